@@ -1,0 +1,303 @@
+"""Hugging Face format checkpoints: load LLaDA2.0 by its real tensor names; build the tiny one.
+
+A checkpoint directory holds config.json, model.safetensors (or shards listed by
+model.safetensors.index.json) and tokenizer files. Routed experts are not loaded into the model:
+they are packed into one (L_moe, E, 3*I*D) host tensor, which the caller hands to a backend
+(all resident, or the offloaded engine's host store).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import ModelConfig, get_preset
+from .model import LLaDA2MoE, ResidentExperts, pack_expert
+from .paths import cache_dir, data_dir
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj")
+SPECIAL_TOKENS = ["<|startoftext|>", "<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<role>{{ m['role'] | upper }}</role>{{ m['content'] }}<|role_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}")
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}") from None
+
+
+def expert_names(cfg: ModelConfig, layer: int, e: int) -> list[str]:
+    return [f"model.layers.{layer}.mlp.experts.{e}.{p}.weight" for p in EXPERT_PARTS]
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the loader needs, by its checkpoint name."""
+    D, H, Hk, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    I, Ie = cfg.intermediate_size, cfg.moe_intermediate_size
+    s = {"model.word_embeddings.weight": (cfg.vocab_size, D), "model.norm.weight": (D,),
+         "lm_head.weight": (cfg.vocab_size, D)}
+    for L in range(cfg.num_hidden_layers):
+        p = f"model.layers.{L}."
+        s[p + "input_layernorm.weight"] = (D,)
+        s[p + "post_attention_layernorm.weight"] = (D,)
+        s[p + "attention.query_key_value.weight"] = ((H + 2 * Hk) * hd, D)
+        if cfg.use_qkv_bias:
+            s[p + "attention.query_key_value.bias"] = ((H + 2 * Hk) * hd,)
+        s[p + "attention.query_layernorm.weight"] = (hd,)
+        s[p + "attention.key_layernorm.weight"] = (hd,)
+        s[p + "attention.dense.weight"] = (D, H * hd)
+        if cfg.use_bias:
+            s[p + "attention.dense.bias"] = (D,)
+        if L < cfg.first_k_dense_replace:
+            s.update({p + "mlp.gate_proj.weight": (I, D), p + "mlp.up_proj.weight": (I, D),
+                      p + "mlp.down_proj.weight": (D, I)})
+            continue
+        s[p + "mlp.gate.weight"] = (cfg.num_experts, D)
+        s[p + "mlp.gate.expert_bias"] = (cfg.num_experts,)
+        if cfg.num_shared_experts:
+            Is = Ie * cfg.num_shared_experts
+            s.update({p + "mlp.shared_experts.gate_proj.weight": (Is, D),
+                      p + "mlp.shared_experts.up_proj.weight": (Is, D),
+                      p + "mlp.shared_experts.down_proj.weight": (D, Is)})
+        for e in range(cfg.num_experts):
+            g, u, d = expert_names(cfg, L, e)
+            s.update({g: (Ie, D), u: (Ie, D), d: (D, Ie)})
+    return s
+
+
+class TensorIndex:
+    """Name -> shard file for a checkpoint directory, with errors that name what is missing."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        single, index = root / "model.safetensors", root / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise ValueError(f"{index}: not a safetensors index (needs a 'weight_map'): {e}") from None
+            self.where = {name: root / shard for name, shard in weight_map.items()}
+            for shard in sorted({p for p in self.where.values()}):
+                if not shard.is_file():
+                    names = [n for n, p in self.where.items() if p == shard]
+                    raise FileNotFoundError(
+                        f"{shard}: shard listed in {index.name} is missing "
+                        f"({len(names)} tensors, e.g. {names[0]})")
+        elif single.is_file():
+            with safe_open(single, "pt") as f:
+                self.where = {name: single for name in f.keys()}
+        else:
+            raise FileNotFoundError(f"{root}: no model.safetensors or model.safetensors.index.json")
+        self._open: dict[Path, object] = {}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        path = self.where.get(name)
+        if path is None:
+            raise KeyError(f"{self.root}: tensor {name} (shape {list(shape)}) is missing from the checkpoint")
+        if path not in self._open:
+            self._open[path] = safe_open(path, "pt")
+        t = self._open[path].get_tensor(name)
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{path.name}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
+        return t
+
+
+@dataclass
+class Loaded:
+    model: LLaDA2MoE            # non-expert weights on the device; backend = all experts resident
+    experts: torch.Tensor       # (L_moe, E, 3*I*D) packed routed experts on the host, in `dtype`
+    tokenizer: object
+    cfg: ModelConfig
+    path: Path
+
+
+def load_checkpoint(path: str | Path, dtype="float32", device="cpu", resident: bool = True) -> Loaded:
+    """Load a LLaDA2 checkpoint directory (or 'tiny', built on first use).
+    resident=True puts all experts on `device` as the model's backend; with False the caller sets one."""
+    root = tiny_checkpoint() if str(path) == "tiny" else Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: checkpoint directory not found (expected config.json + *.safetensors)")
+    dtype = parse_dtype(dtype)
+    tok = load_tokenizer(root)
+    cfg = ModelConfig.from_hf(root)
+    cfg = _with_token_ids(cfg, tok, root)
+    index = TensorIndex(root)
+    shapes = expected_shapes(cfg)
+    model = LLaDA2MoE(cfg)
+    state = {}
+    for name, _ in model.state_dict().items():
+        state[name] = index.get(name, shapes[name]).to(dtype)
+    state = {k: (v.float() if k.endswith("expert_bias") else v) for k, v in state.items()}
+    model.load_state_dict(state, strict=True)
+    model.to(device=device, dtype=dtype)
+    for m in model.modules():                                          # router bias stays fp32 as in the reference
+        if hasattr(m, "expert_bias"):
+            m.expert_bias.data = m.expert_bias.data.float()
+    experts = torch.empty(len(cfg.moe_layers), cfg.num_experts, cfg.expert_params, dtype=dtype)
+    for i, L in enumerate(cfg.moe_layers):
+        for e in range(cfg.num_experts):
+            g, u, d = (index.get(n, shapes[n]) for n in expert_names(cfg, L, e))
+            experts[i, e] = pack_expert(g, u, d).to(dtype)
+    model.eval()
+    if resident:
+        model.backend = ResidentExperts(experts.to(device), cfg)
+    return Loaded(model, experts, tok, cfg, root)
+
+
+def load_tokenizer(root: Path):
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(root), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(f"{root}: no loadable tokenizer (tokenizer.json + tokenizer_config.json): {e}") \
+            from None
+
+
+def _with_token_ids(cfg: ModelConfig, tok, root: Path) -> ModelConfig:
+    """mask/eos ids come from the tokenizer when it knows <|mask|> (they are not in config.json)."""
+    import dataclasses
+    mask = tok.convert_tokens_to_ids("<|mask|>")
+    if mask is None or mask == tok.unk_token_id:
+        return cfg
+    eos = tok.eos_token_id if tok.eos_token_id is not None else cfg.eos_token_id
+    if mask >= cfg.vocab_size or eos >= cfg.vocab_size:
+        raise ValueError(f"{root}: tokenizer ids (mask {mask}, eos {eos}) exceed vocab_size {cfg.vocab_size}")
+    return dataclasses.replace(cfg, mask_token_id=mask, eos_token_id=eos)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing checkpoints (tests and the tiny model)
+# ---------------------------------------------------------------------------------------------
+def state_tensors(model: LLaDA2MoE, experts: torch.Tensor) -> dict[str, torch.Tensor]:
+    """All tensors of a model + packed experts under the released checkpoint names."""
+    cfg = model.cfg
+    out = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    I, D = cfg.moe_intermediate_size, cfg.hidden_size
+    for i, L in enumerate(cfg.moe_layers):
+        for e in range(cfg.num_experts):
+            flat = experts[i, e]
+            g, u, d = expert_names(cfg, L, e)
+            out[g] = flat[:I * D].view(I, D).clone()
+            out[u] = flat[I * D:2 * I * D].view(I, D).clone()
+            out[d] = flat[2 * I * D:].view(D, I).clone()
+    return out
+
+
+def save_checkpoint(root: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor], shards: int = 1) -> Path:
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
+    names = sorted(tensors)
+    if shards == 1:
+        save_file({n: tensors[n] for n in names}, str(root / "model.safetensors"), metadata={"format": "pt"})
+        return root
+    per = -(-len(names) // shards)
+    weight_map = {}
+    for s in range(shards):
+        part = names[s * per:(s + 1) * per]
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: tensors[n] for n in part}, str(root / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in part})
+    (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return root
+
+
+def train_tiny_tokenizer(vocab_size: int):
+    """A byte-level BPE trained on the bundled task prompts, with LLaDA2's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    texts = []
+    for f in sorted((data_dir() / "tasks").glob("*.jsonl")):
+        texts += [json.loads(line)["prompt"] for line in f.read_text().splitlines() if line.strip()]
+    if not texts:
+        raise FileNotFoundError(f"{data_dir() / 'tasks'}: no *.jsonl task prompts to train the tiny tokenizer on")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", mask_token="<|mask|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def init_tiny_weights(cfg: ModelConfig, seed: int) -> tuple[LLaDA2MoE, torch.Tensor]:
+    """Seeded random weights. Scales keep activations O(1); the LM head is sharpened so that some
+    positions pass the 0.95 confidence threshold and a step can accept several tokens."""
+    g = torch.Generator().manual_seed(seed)
+    model = LLaDA2MoE(cfg)
+
+    def normal(shape, std):
+        return torch.randn(shape, generator=g) * std
+
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                p.copy_(1.0 + normal(p.shape, 0.1))
+            elif name == "lm_head.weight":
+                p.copy_(normal(p.shape, 1.0))
+            elif name.endswith("word_embeddings.weight"):
+                p.copy_(normal(p.shape, 1.0))
+            else:
+                p.copy_(normal(p.shape, p.shape[-1] ** -0.5))
+        for m in model.modules():
+            if hasattr(m, "expert_bias"):
+                m.expert_bias.copy_(normal(m.expert_bias.shape, 0.02))
+    D, I = cfg.hidden_size, cfg.moe_intermediate_size
+    experts = torch.empty(len(cfg.moe_layers), cfg.num_experts, cfg.expert_params)
+    for i in range(len(cfg.moe_layers)):
+        for e in range(cfg.num_experts):
+            experts[i, e] = pack_expert(normal((I, D), D ** -0.5), normal((I, D), D ** -0.5),
+                                        normal((D, I), I ** -0.5))
+    return model, experts
+
+
+def build_tiny_checkpoint(root: str | Path, seed: int = 0, shards: int = 1) -> Path:
+    """Write the deterministic tiny checkpoint (weights, config.json, tokenizer) to `root`."""
+    root = Path(root)
+    cfg = get_preset("tiny")
+    tok = train_tiny_tokenizer(cfg.vocab_size)
+    if len(tok) > cfg.vocab_size:
+        raise RuntimeError(f"tiny tokenizer has {len(tok)} tokens > vocab_size {cfg.vocab_size}")
+    ids = (tok.convert_tokens_to_ids("<|mask|>"), tok.eos_token_id)
+    if ids != (cfg.mask_token_id, cfg.eos_token_id):
+        raise RuntimeError(f"tiny tokenizer mask/eos ids {ids} differ from the preset's "
+                           f"{(cfg.mask_token_id, cfg.eos_token_id)}")
+    model, experts = init_tiny_weights(cfg, seed)
+    save_checkpoint(root, cfg, state_tensors(model, experts), shards=shards)
+    tok.save_pretrained(str(root))
+    return root
+
+
+def tiny_checkpoint(seed: int = 0) -> Path:
+    """The tiny checkpoint's directory, built on first use (atomically, so concurrent users are safe)."""
+    root = cache_dir() / "checkpoints" / f"tiny-seed{seed}"
+    if (root / "config.json").is_file():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=".tiny-build-"))
+    try:
+        build_tiny_checkpoint(tmp, seed)
+        try:
+            tmp.rename(root)
+        except OSError:                                                 # another process won the race
+            if not (root / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root

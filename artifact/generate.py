@@ -1,0 +1,202 @@
+"""LLaDA2 block-diffusion decoding (temperature 0) for a batch of 1-8 prompts.
+
+Each sequence is split into 32-token blocks aligned to position 0; the block holding the end of the
+prompt is the first one decoded. A block starts fully masked (after the prompt) and every denoising
+step accepts each masked position whose top probability exceeds `threshold`, or, when fewer than the
+step's quota pass, the `quota` most confident ones. Decoding stops at the first block containing eos.
+
+Batches advance block-synchronously: all rows decode their current block, a row whose block is
+complete waits (its tokens are not routed) until every row's block is complete, then all rows move on.
+So each row's tokens are those it would get alone, and a denoising step has one meaning for the batch.
+
+Two modes give the same tokens:
+  full    re-runs every row's whole prefix each step (the reference generate);
+  cached  keeps a prefix KV cache: a step feeds only the current block; the first step of a block also
+          feeds the previous block's final tokens, whose keys and values are then committed once.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .model import KVCache, LLaDA2MoE, StepInfo
+
+MODES = ("cached", "full")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    gen_length: int = 64           # tokens generated per prompt (rounded up to whole blocks internally)
+    steps: int = 32                # at most this many denoising steps per block
+    threshold: float = 0.95        # accept every masked token above this probability
+    mode: str = "cached"
+    eos_early_stop: bool = True
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"unknown decoding mode {self.mode!r}; choose one of {MODES}")
+        if self.gen_length < 1:
+            raise ValueError(f"gen_length must be >= 1, got {self.gen_length}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+
+
+@dataclass
+class Generation:
+    tokens: list[list[int]]                   # generated ids per prompt, cut before the first eos
+    stats: dict
+    step_logits: dict = field(default_factory=dict)   # (row, block, step) -> (block, V), when recorded
+
+
+def transfer_schedule(block: int, steps: int) -> list[int]:
+    """Tokens a step must accept at least: block split evenly over the steps, remainder first."""
+    steps = min(steps, block)
+    base, extra = divmod(block, steps)
+    return [base + 1] * extra + [base] * (steps - extra)
+
+
+def accept(block: torch.Tensor, logits: torch.Tensor, mask_id: int, threshold: float, quota: int) -> None:
+    """One denoising update of one row's block (in place). block (n,), logits (n, V)."""
+    masked = block == mask_id
+    n_masked = int(masked.sum())
+    if n_masked == 0:
+        return
+    p, x0 = torch.softmax(logits.float(), dim=-1).max(dim=-1)          # (n,) greedy token and its probability
+    conf = torch.where(masked, p, torch.full_like(p, -float("inf")))
+    high = conf > threshold
+    quota = min(quota, n_masked)
+    if int(high.sum()) >= quota:
+        chosen = high
+    else:
+        chosen = torch.zeros_like(masked)
+        chosen[conf.topk(quota).indices] = True
+    block[chosen] = x0[chosen]
+
+
+@torch.no_grad()
+def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = DecodeConfig(),
+             record_logits: bool = False) -> Generation:
+    cfg = model.cfg
+    if not 1 <= len(prompts) <= 8:
+        raise ValueError(f"batch size must be 1-8 prompts, got {len(prompts)}")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        if max(p) >= cfg.vocab_size or min(p) < 0:
+            raise ValueError(f"prompt {i} has token ids outside [0, {cfg.vocab_size})")
+    dev = model.lm_head.weight.device
+    B, n = len(prompts), cfg.block_length
+    mask_id, eos = cfg.mask_token_id, cfg.eos_token_id
+    plen = [len(p) for p in prompts]
+    nblocks = [-(-(p + dc.gen_length) // n) for p in plen]
+    if max(nblocks) * n > cfg.max_position_embeddings:
+        raise ValueError(f"prompt + gen_length needs {max(nblocks) * n} positions > "
+                         f"max_position_embeddings {cfg.max_position_embeddings}")
+    seqs = []
+    for p, nb in zip(prompts, nblocks):
+        x = torch.full((nb * n,), mask_id, dtype=torch.long, device=dev)
+        x[:len(p)] = torch.tensor(p, device=dev)
+        seqs.append(x)
+    first = [p // n for p in plen]                                      # first block each row decodes
+    schedule = transfer_schedule(n, dc.steps)
+    routing = model.routing
+    counter = {"forward": 0, "denoise": 0, "prefill": 0}
+    logits_out: dict = {}
+
+    def run(kind, block, step, *args, **kw):
+        routing.step = StepInfo(counter["forward"], block, step, kind)
+        counter["forward"] += 1
+        counter[kind] += 1
+        return model(*args, **kw)
+
+    t0 = time.perf_counter()
+    rows = list(range(B))                                               # rows still decoding
+    done_at = {}
+    cache = None
+    if dc.mode == "cached":
+        per_row = []
+        for b in rows:
+            c = KVCache(cfg, 1, max(nblocks) * n, dev, model.lm_head.weight.dtype)
+            full = first[b] * n
+            if full:
+                run("prefill", -1, -1, seqs[b][None, :full], torch.arange(full, device=dev)[None], cache=c,
+                    commit=full, logits_rows=slice(0, 0))
+            per_row.append(c)
+        cache = KVCache.stack(per_row)
+
+    r = 0
+    while rows:
+        blk = {b: first[b] + r for b in rows}
+        views = {b: seqs[b][blk[b] * n:(blk[b] + 1) * n] for b in rows}   # views: updates write through
+        for s, quota in enumerate(schedule):
+            active = [b for b in rows if bool((views[b] == mask_id).any())]
+            if not active:
+                break
+            if dc.mode == "cached":
+                commit = n if (r > 0 and s == 0) else 0
+                lo = [(blk[b] * n - commit) for b in rows]
+                ids = torch.stack([seqs[b][a:a + commit + n] for b, a in zip(rows, lo)])
+                pos = torch.stack([torch.arange(a, a + commit + n, device=dev) for a in lo])
+                routed = None
+                if len(active) < len(rows):                             # finished rows wait, not routed
+                    routed = torch.tensor([b in active for b in rows], device=dev)[:, None].expand_as(ids)
+                logits = run("denoise", r, s, ids, pos, cache=cache, commit=commit, rows=routed,
+                             logits_rows=slice(commit, commit + n))
+                fed = rows
+            else:
+                win = [(blk[b] + 1) * n for b in active]
+                T = max(win)
+                ids = torch.full((len(active), T), mask_id, dtype=torch.long, device=dev)
+                valid = torch.zeros(len(active), T, dtype=torch.bool, device=dev)
+                for i, (b, w) in enumerate(zip(active, win)):
+                    ids[i, :w] = seqs[b][:w]
+                    valid[i, :w] = True
+                pos = torch.arange(T, device=dev).expand(len(active), T)
+                gather = torch.stack([torch.arange(w - n, w, device=dev) for w in win])
+                logits = run("denoise", r, s, ids, pos, key_valid=valid, rows=valid, logits_rows=gather)
+                fed = active
+            for i, b in enumerate(fed):
+                if b not in active:
+                    continue
+                if record_logits:
+                    logits_out[(b, blk[b], s)] = logits[i].cpu()
+                accept(views[b], logits[i], mask_id, dc.threshold, quota)
+        finished = []
+        for b in rows:
+            gen = seqs[b][plen[b]:(blk[b] + 1) * n]
+            if blk[b] + 1 == nblocks[b] or (dc.eos_early_stop and bool((gen == eos).any())):
+                finished.append(b)
+                done_at[b] = blk[b]
+        if finished:
+            keep = [i for i, b in enumerate(rows) if b not in finished]
+            rows = [rows[i] for i in keep]
+            if cache is not None and rows:
+                cache = cache.select(keep)
+        r += 1
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    seconds = time.perf_counter() - t0
+
+    tokens = []
+    for b in range(B):
+        gen = seqs[b][plen[b]:plen[b] + dc.gen_length].tolist()
+        if eos in gen:
+            gen = gen[:gen.index(eos)]
+        tokens.append(gen)
+    produced = sum(len(t) for t in tokens)
+    stats = {
+        "batch_size": B,
+        "mode": dc.mode,
+        "forwards": counter["denoise"],
+        "prefill_forwards": counter["prefill"],
+        "tokens_generated": produced,
+        "seconds": seconds,
+        "tokens_per_second": produced / seconds if seconds > 0 else float("nan"),
+        "tokens_per_forward": produced / max(counter["denoise"], 1),
+        "blocks": r,
+    }
+    return Generation(tokens, stats, logits_out)

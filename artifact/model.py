@@ -1,0 +1,376 @@
+"""LLaDA2-MoE forward, written from the reference facts in DESIGN.md.
+
+Legend: B batch, T tokens fed, S keys attended (cached prefix + fed), D hidden, H / Hk query / kv heads,
+hd head dim, N routed tokens of a layer, k experts per token, E routed experts, I expert width.
+
+Routed experts are not parameters of this module: they live in an ExpertBackend (all resident, or
+offloaded behind a cache) that hands out each demanded expert's packed weights; the combine below is
+the same whichever backend computed them, so offloading changes time, never results.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+
+# ---------------------------------------------------------------------------------------------
+# Events: one per (forward, MoE layer); the decoder sets the StepInfo, the router fills the rest.
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepInfo:
+    forward: int        # index of the forward in this run (the paper's denoising step t, prefill included)
+    block: int          # block round of the decoder (-1 for prefill)
+    block_step: int     # denoising step inside the block round (-1 for prefill)
+    kind: str           # "prefill" | "denoise"
+
+
+@dataclass(frozen=True)
+class Demand:
+    step: StepInfo
+    layer: int                   # model layer index (first MoE layer is cfg.first_k_dense_replace)
+    experts: tuple[int, ...]     # distinct routed experts the fed tokens selected, ascending
+    counts: tuple[int, ...]      # tokens per expert, aligned with experts
+
+    @property
+    def working_set(self) -> int:
+        return len(self.experts)
+
+
+class ExpertBackend(Protocol):
+    def experts(self, demand: Demand) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield (expert, packed weights) for every demanded expert, each exactly once, in any order.
+        The caller computes with the weights before asking for the next one."""
+        ...
+
+
+def pack_expert(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """One expert as one contiguous vector [gate (I,D) | up (I,D) | down (D,I)], so a transfer is one copy."""
+    return torch.cat([gate.reshape(-1), up.reshape(-1), down.reshape(-1)])
+
+
+def unpack_expert(flat: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    I, D = cfg.moe_intermediate_size, cfg.hidden_size
+    return flat[:I * D].view(I, D), flat[I * D:2 * I * D].view(I, D), flat[2 * I * D:].view(D, I)
+
+
+def expert_ffn(x: torch.Tensor, flat: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    I, D = cfg.moe_intermediate_size, cfg.hidden_size
+    gate_up = F.linear(x, flat[:2 * I * D].view(2 * I, D))              # (n, 2I): gate and up in one matmul
+    h = F.silu(gate_up[:, :I]) * gate_up[:, I:]                         # (n, I)
+    return F.linear(h, flat[2 * I * D:].view(D, I))                     # (n, D)
+
+
+class ResidentExperts:
+    """Default backend: every routed expert of every MoE layer lives on the compute device."""
+
+    def __init__(self, packed: torch.Tensor, cfg: ModelConfig):
+        assert packed.shape == (len(cfg.moe_layers), cfg.num_experts, cfg.expert_params), packed.shape
+        self.packed = packed                                            # (L_moe, E, 3*I*D)
+        self.first = cfg.first_k_dense_replace
+
+    def experts(self, demand: Demand):
+        w = self.packed[demand.layer - self.first]
+        for e in demand.experts:
+            yield e, w[e]
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(pos: torch.Tensor, cfg: ModelConfig, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables for positions pos (B, T) -> cos, sin (B, 1, T, rope_dim), computed in float32."""
+    r = cfg.rope_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, r, 2, device=pos.device, dtype=torch.float32) / r))
+    freqs = pos.float()[..., None] * inv                                # (B, T, r/2)
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]                    # (B, 1, T, r): rotate-half layout
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    r = cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]                                  # only the first r dims rotate
+    x1, x2 = rot[..., : r // 2], rot[..., r // 2:]
+    rot = rot * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return torch.cat([rot, rest], dim=-1)
+
+
+class KVCache:
+    """Prefix KV cache: per layer (B, Hk, capacity, hd); row b holds positions [0, lengths[b])."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, device, dtype):
+        shape = (batch, cfg.num_key_value_heads, capacity, cfg.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
+        self.lengths = [0] * batch
+        self.capacity = capacity
+
+    @property
+    def max_length(self) -> int:
+        return max(self.lengths, default=0)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Commit k, v (B, Hk, n, hd) after each row's prefix (lengths advance in advance_lengths)."""
+        n = k.shape[2]
+        for b, start in enumerate(self.lengths):
+            if start + n > self.capacity:
+                raise ValueError(f"KV cache overflow: row {b} needs {start + n} > capacity {self.capacity}")
+            self.k[layer][b, :, start:start + n] = k[b]
+            self.v[layer][b, :, start:start + n] = v[b]
+
+    def advance(self, n: int):
+        self.lengths = [x + n for x in self.lengths]
+
+    def select(self, rows: list[int]) -> "KVCache":
+        out = object.__new__(KVCache)
+        idx = torch.tensor(rows, device=self.k[0].device)
+        out.k = [t.index_select(0, idx) for t in self.k]
+        out.v = [t.index_select(0, idx) for t in self.v]
+        out.lengths = [self.lengths[r] for r in rows]
+        out.capacity = self.capacity
+        return out
+
+    @staticmethod
+    def stack(caches: list["KVCache"]) -> "KVCache":
+        out = object.__new__(KVCache)
+        out.k = [torch.cat([c.k[i] for c in caches]) for i in range(len(caches[0].k))]
+        out.v = [torch.cat([c.v[i] for c in caches]) for i in range(len(caches[0].v))]
+        out.lengths = [n for c in caches for n in c.lengths]
+        out.capacity = caches[0].capacity
+        return out
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        H, Hk, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.query_key_value = nn.Linear(cfg.hidden_size, (H + 2 * Hk) * hd, bias=cfg.use_qkv_bias)
+        self.query_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.key_layernorm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.dense = nn.Linear(H * hd, cfg.hidden_size, bias=cfg.use_bias)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, commit: int):
+        B, T, _ = x.shape
+        H, Hk, hd = self.cfg.num_attention_heads, self.cfg.num_key_value_heads, self.cfg.head_dim
+        qkv = self.query_key_value(x).view(B, T, H + 2 * Hk, hd)
+        q, k, v = qkv.split([H, Hk, Hk], dim=2)
+        q = self.query_layernorm(q.transpose(1, 2))                     # (B, H, T, hd)
+        k = self.key_layernorm(k.transpose(1, 2))                       # (B, Hk, T, hd)
+        v = v.transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys, vals = k, v
+        if cache is not None:
+            L = cache.max_length
+            keys = torch.cat([cache.k[self.layer][:, :, :L], k], dim=2)  # (B, Hk, S, hd)
+            vals = torch.cat([cache.v[self.layer][:, :, :L], v], dim=2)
+            if commit:
+                cache.write(self.layer, k[:, :, :commit], v[:, :, :commit])
+        rep = H // Hk
+        keys = keys.repeat_interleave(rep, dim=1)                       # (B, H, S, hd)
+        vals = vals.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)  # (B, H, T, hd), scale 1/sqrt(hd)
+        return self.dense(out.transpose(1, 2).reshape(B, T, H * hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, width: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, width, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, width, bias=False)
+        self.down_proj = nn.Linear(width, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """Group-limited sigmoid router: sigmoid scores in fp32; selection adds expert_bias; groups scored by
+    the sum of their top-2; keep topk_group groups; top-k experts; weights are the unbiased scores of
+    the chosen k, renormalised, times routed_scaling_factor."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
+        self.register_buffer("expert_bias", torch.zeros(cfg.num_experts, dtype=torch.float32))
+
+    def forward(self, x):                                               # x (N, D)
+        c = self.cfg
+        N = x.shape[0]
+        scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))   # (N, E) fp32
+        biased = scores + self.expert_bias
+        group = biased.view(N, c.n_group, -1).topk(2, dim=-1).values.sum(-1)          # (N, n_group)
+        keep = torch.zeros_like(group).scatter_(1, group.topk(c.topk_group, dim=-1).indices, 1.0)
+        allowed = keep.bool().repeat_interleave(c.num_experts // c.n_group, dim=1)     # (N, E)
+        idx = biased.masked_fill(~allowed, float("-inf")).topk(c.num_experts_per_tok, dim=-1).indices  # (N, k)
+        w = scores.gather(1, idx)
+        w = w / (w.sum(-1, keepdim=True) + 1e-20) * c.routed_scaling_factor
+        return idx, w                                                   # (N, k) long, (N, k) fp32
+
+
+class Routing:
+    """What the MoE layers share: the expert backend, the current step, and who listens to demands."""
+
+    def __init__(self, backend: ExpertBackend | None = None):
+        self.backend = backend
+        self.step = StepInfo(0, -1, -1, "denoise")
+        self.listeners: list[Callable[[Demand], None]] = []
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, routing: Routing):
+        super().__init__()
+        self.cfg, self.layer, self.routing = cfg, layer, routing
+        self.gate = Router(cfg)
+        self.shared_experts = MLP(cfg, cfg.moe_intermediate_size * cfg.num_shared_experts) \
+            if cfg.num_shared_experts else None
+
+    def forward(self, x, rows):                                         # x (B, T, D); rows (B, T) bool or None
+        B, T, D = x.shape
+        flat = x.reshape(B * T, D)
+        sel = None if rows is None else rows.reshape(-1).nonzero().squeeze(1)
+        xs = flat if sel is None else flat.index_select(0, sel)         # (N, D) tokens that route
+        routed = self.routed(xs)
+        if sel is None:
+            y = routed.view(B, T, D)
+        else:
+            y = torch.zeros_like(flat).index_copy_(0, sel, routed).view(B, T, D)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y
+
+    def routed(self, x):                                                # x (N, D) -> (N, D)
+        N, D = x.shape
+        k = self.cfg.num_experts_per_tok
+        if N == 0:
+            return x.new_zeros(0, D)
+        idx, w = self.gate(x)
+        flat_idx = idx.reshape(-1)                                      # (N*k,) expert of each (token, slot)
+        order = torch.argsort(flat_idx, stable=True)                    # (token, slot) pairs grouped by expert
+        experts, counts = torch.unique_consecutive(flat_idx[order], return_counts=True)
+        experts, counts = experts.tolist(), counts.tolist()             # the one host sync per layer
+        demand = Demand(self.routing.step, self.layer, tuple(experts), tuple(counts))
+        for listener in self.routing.listeners:
+            listener(demand)
+        start, starts = 0, {}
+        for e, n in zip(experts, counts):
+            starts[e] = (start, start + n)
+            start += n
+        out = x.new_empty(N * k, D)                                     # one row per (token, slot)
+        for e, weights in self.routing.backend.experts(demand):
+            a, b = starts.pop(e)
+            pairs = order[a:b]
+            out.index_copy_(0, pairs, expert_ffn(x.index_select(0, pairs // k), weights, self.cfg))
+        assert not starts, f"layer {self.layer}: backend never served experts {sorted(starts)}"
+        # Combine the k outputs of each token in slot order, whatever order experts were computed in.
+        return (out.view(N, k, D).float() * w.unsqueeze(-1)).sum(1).to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, routing: Routing):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attention = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.is_moe = layer >= cfg.first_k_dense_replace
+        self.mlp = MoE(cfg, layer, routing) if self.is_moe else MLP(cfg, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, mask, cache, commit, rows):
+        x = x + self.attention(self.input_layernorm(x), cos, sin, mask, cache, commit)
+        h = self.post_attention_layernorm(x)
+        return x + (self.mlp(h, rows) if self.is_moe else self.mlp(h))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig, routing: Routing):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i, routing) for i in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+def block_causal_mask(q_pos, k_pos, k_valid, block: int) -> torch.Tensor:
+    """(B, 1, T, S) bool: query i sees key j iff j's block is not after i's block and j is a real key."""
+    allowed = (k_pos[:, None, :] // block) <= (q_pos[:, :, None] // block)         # (B, T, S)
+    return (allowed & k_valid[:, None, :])[:, None]
+
+
+class LLaDA2MoE(nn.Module):
+    """The whole model. Parameter names follow the released checkpoints (model.*, lm_head)."""
+
+    def __init__(self, cfg: ModelConfig, backend: ExpertBackend | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.routing = Routing(backend)
+        self.model = Backbone(cfg, self.routing)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @property
+    def backend(self) -> ExpertBackend | None:
+        return self.routing.backend
+
+    @backend.setter
+    def backend(self, value: ExpertBackend | None):
+        self.routing.backend = value
+
+    @contextlib.contextmanager
+    def listening(self, fn: Callable[[Demand], None]):
+        """Call fn(demand) for every (forward, MoE layer) demand while the block runs."""
+        self.routing.listeners.append(fn)
+        try:
+            yield fn
+        finally:
+            self.routing.listeners.remove(fn)
+
+    @torch.no_grad()
+    def forward(self, ids, pos, *, cache: KVCache | None = None, commit: int = 0, key_valid=None,
+                rows=None, logits_rows: slice | torch.Tensor | None = None):
+        """ids, pos (B, T). With a cache, keys are its prefix plus the fed tokens, and the first `commit`
+        fed tokens are appended to it. key_valid (B, T) marks real fed tokens (right padding);
+        rows (B, T) marks tokens whose routed experts are computed (None: all).
+        logits_rows picks which fed positions get logits: a slice, or (B, n) gather indices."""
+        if self.backend is None:
+            raise RuntimeError("model has no expert backend: load it with checkpoint.load_model")
+        B, T = ids.shape
+        x = self.model.word_embeddings(ids)                             # (B, T, D)
+        cos, sin = rope_cos_sin(pos, self.cfg, x.dtype)
+        if key_valid is None:
+            key_valid = torch.ones(B, T, dtype=torch.bool, device=ids.device)
+        k_pos, k_valid = pos, key_valid
+        if cache is not None and cache.max_length:
+            L = cache.max_length
+            prefix = torch.arange(L, device=ids.device).expand(B, L)
+            lens = torch.tensor(cache.lengths, device=ids.device)[:, None]
+            k_pos = torch.cat([prefix, pos], 1)                         # cached keys sit at positions [0, len)
+            k_valid = torch.cat([prefix < lens, key_valid], 1)
+        mask = block_causal_mask(pos, k_pos, k_valid, self.cfg.block_length)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask, cache, commit, rows)
+        if cache is not None and commit:
+            cache.advance(commit)
+        if logits_rows is not None:
+            if isinstance(logits_rows, slice):
+                x = x[:, logits_rows]
+            else:
+                x = x.gather(1, logits_rows[..., None].expand(-1, -1, x.shape[-1]))
+        return self.lm_head(self.model.norm(x)).float()                 # (B, n, V)

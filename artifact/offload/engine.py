@@ -1,0 +1,88 @@
+"""The offloaded expert backend: executes the cache's plans on the link while the experts compute.
+
+For each demand: the cache plans it; the engine issues the loads for the misses (and then the
+policy's speculative loads for a later layer), hands out the resident experts while those copies are
+in flight, then each missed expert as soon as its copy lands. A copy into a slot whose occupant is
+demanded in the same step is issued right after that occupant has been computed.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from ..model import Demand
+from .cache import EMPTY, ExpertCache, Load
+from .store import HostStore
+
+
+class OffloadEngine:
+    def __init__(self, store: HostStore, cache: ExpertCache, link, device: torch.device | str = "cpu"):
+        self.store, self.cache, self.link = store, cache, link
+        self.device = torch.device(device)
+        P = store.packed.shape[2]
+        self.slots = {layer: torch.zeros(cache.capacity, P, dtype=store.packed.dtype, device=self.device)
+                      for layer in cache.moe_layers}                      # (C, P) per MoE layer
+        self.pending: dict[tuple[int, int], object] = {}                 # (layer, slot) -> ticket not yet waited
+        self.freed: dict[tuple[int, int], object] = {}                   # (layer, slot) -> event after last read
+        self.finished = False
+
+    def _issue(self, ld: Load):
+        dst = self.slots[ld.layer][ld.slot]
+        ticket = self.link.copy(dst, self.store.expert(ld.layer, ld.expert), after=self.freed.get((ld.layer, ld.slot)))
+        self.pending[(ld.layer, ld.slot)] = ticket
+
+    def _land(self, layer: int, slot: int) -> torch.Tensor:
+        ticket = self.pending.pop((layer, slot), None)
+        if ticket is not None:
+            self.link.wait(ticket)
+        return self.slots[layer][slot]
+
+    def _computed(self, layer: int, slot: int):
+        ev = self.link.compute_done(self.slots[layer][slot])
+        if ev is not None:
+            self.freed[(layer, slot)] = ev
+
+    def experts(self, demand: Demand):
+        plan, speculative = self.cache.serve(demand)
+        layer = demand.layer
+        waiting: dict[int, list[Load]] = defaultdict(list)              # occupant -> loads into its slot
+        for ld in plan.loads:
+            if ld.after == EMPTY:
+                self._issue(ld)
+            else:
+                waiting[ld.after].append(ld)
+        for ld in speculative:
+            self._issue(ld)
+        # Resident experts first; those whose (prefetch) copy is still in flight go last among them.
+        hits = sorted(plan.hits, key=lambda es: (not self._ready(layer, es[1]), es[0]))
+        for e, slot in hits + [(ld.expert, ld.slot) for ld in plan.loads]:
+            yield e, self._land(layer, slot)
+            self._computed(layer, slot)
+            for ld in waiting.pop(e, ()):
+                self._issue(ld)
+        assert not waiting, f"layer {layer}: loads never issued for {dict(waiting)}"
+
+    def _ready(self, layer: int, slot: int) -> bool:
+        t = self.pending.get((layer, slot))
+        return t is None or self.link.ready(t)
+
+    def finish(self) -> dict:
+        """End of run: land outstanding copies, settle link timing, count unused prefetches."""
+        counts = self.cache.finish().as_dict()
+        self.pending.clear()                     # unused prefetches: their link time is already counted
+        link = self.link.finish()
+        self.finished = True
+        return {**counts, "transfers": link.transfers, "link_bytes": link.bytes,
+                "stall_seconds": link.stall_seconds, "link_busy_seconds": link.busy_seconds,
+                "achieved_gbps": link.achieved_gbps, "cache_experts": self.cache.capacity}
+
+
+def offload(model, experts: torch.Tensor, capacity: int, policy, link, device="cpu") -> OffloadEngine:
+    """Replace `model`'s expert backend by an offloaded engine over the packed host experts."""
+    cfg = model.cfg
+    store = HostStore(experts, cfg.moe_layers, pin=torch.device(device).type == "cuda")
+    cache = ExpertCache(cfg.moe_layers, cfg.num_experts, capacity, policy, store.expert_bytes)
+    engine = OffloadEngine(store, cache, link, device)
+    model.backend = engine
+    return engine

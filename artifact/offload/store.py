@@ -1,0 +1,31 @@
+"""Host expert store: every routed expert packed contiguous, so one expert is one copy."""
+from __future__ import annotations
+
+import torch
+
+
+class HostStore:
+    """(L_moe, E, P) packed experts in host memory; pinned (page-locked) when the target is CUDA so
+    copies run asynchronously on the DMA engine."""
+
+    def __init__(self, packed: torch.Tensor, moe_layers: list[int], pin: bool = False):
+        if packed.device.type != "cpu":
+            raise ValueError(f"the host store needs experts in host memory, got device {packed.device}")
+        if packed.dim() != 3 or packed.shape[0] != len(moe_layers):
+            raise ValueError(f"packed experts must be (L_moe={len(moe_layers)}, E, P), got {tuple(packed.shape)}")
+        self.packed = packed.contiguous()
+        if pin:
+            self.packed = self.packed.pin_memory()
+        self.index = {layer: i for i, layer in enumerate(moe_layers)}
+        self.expert_bytes = packed.shape[2] * packed.element_size()
+
+    @property
+    def pinned(self) -> bool:
+        return self.packed.is_pinned()
+
+    @property
+    def num_experts(self) -> int:
+        return self.packed.shape[1]
+
+    def expert(self, layer: int, e: int) -> torch.Tensor:
+        return self.packed[self.index[layer], e]
