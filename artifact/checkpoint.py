@@ -25,9 +25,11 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj")
 SPECIAL_TOKENS = ["<|startoftext|>", "<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"]
+# LLaDA2 / Ling style turns: <role>HUMAN</role>text<|role_end|><role>ASSISTANT</role>
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<role>{{ m['role'] | upper }}</role>{{ m['content'] }}<|role_end|>{% endfor %}"
-    "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}")
+    "{% set names = {'user': 'HUMAN', 'assistant': 'ASSISTANT', 'system': 'SYSTEM'} %}"
+    "{% for m in messages %}<role>{{ names.get(m['role'], m['role'] | upper) }}</role>{{ m['content'] }}"
+    "<|role_end|>{% endfor %}{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}")
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -159,11 +161,16 @@ def load_checkpoint(path: str | Path, dtype="float32", device="cpu", resident: b
 
 def load_tokenizer(root: Path):
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()     # config.json's model_type is unknown to transformers: expected
     try:
         return AutoTokenizer.from_pretrained(str(root), local_files_only=True)
     except (OSError, ValueError) as e:
         raise FileNotFoundError(f"{root}: no loadable tokenizer (tokenizer.json + tokenizer_config.json): {e}") \
             from None
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def _with_token_ids(cfg: ModelConfig, tok, root: Path) -> ModelConfig:

@@ -1,0 +1,147 @@
+"""Run prompts through the model, resident or offloaded, and collect tokens, statistics and a trace.
+
+This is the one place that wires checkpoint -> backend (resident or engine + cache + policy + link)
+-> decoder -> stats and trace; the CLI, the benchmark runner and the notebooks all call it.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from .checkpoint import Loaded
+from .generate import DecodeConfig, generate
+from .model import ResidentExperts
+from .offload.engine import OffloadEngine, offload
+from .offload.link import LINKS, PCIE_LATENCY_US, make_link
+from .policies import POLICIES, make_policy
+from .trace import Trace, TraceError, TraceRecorder
+
+
+@dataclass(frozen=True)
+class OffloadSpec:
+    """The user's knobs for an offloaded run."""
+    capacity: int                       # C: device slots per MoE layer
+    policy: str = "demand"
+    link: str = "emulated"
+    bandwidth_gbps: float | None = None  # emulated: the link's bandwidth (default scaled to the model); cuda: a cap
+    latency_us: float = PCIE_LATENCY_US
+    cap_gbps: float | None = None       # throttle: cap the link's bandwidth
+    lookahead: int = 1                  # last_step / oracle: prefetch this many MoE layers ahead
+    tau: int = 4                        # interval_refresh: refresh every tau denoising steps
+
+    def check(self, num_experts: int, device: str) -> None:
+        """Every bad value fails here, before a model is touched."""
+        if not isinstance(self.capacity, int) or not 1 <= self.capacity <= num_experts:
+            raise ValueError(f"cache capacity must be an integer in [1, {num_experts}] experts per layer, "
+                             f"got {self.capacity!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
+        if not POLICIES[self.policy].engine_ok:
+            raise ValueError(f"policy {self.policy!r} runs in the simulator only (python -m artifact simulate)")
+        if self.link not in LINKS:
+            raise ValueError(f"unknown link {self.link!r}; choose one of {LINKS}")
+        if self.link == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("--link cuda needs a CUDA GPU, and none is available (use --link emulated)")
+        if self.link == "cuda" and torch.device(device).type != "cuda":
+            raise ValueError("--link cuda computes on the GPU: pass --device cuda")
+        for name in ("bandwidth_gbps", "cap_gbps"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ValueError(f"{name} must be > 0, got {v}")
+        if self.latency_us < 0:
+            raise ValueError(f"latency_us must be >= 0, got {self.latency_us}")
+
+
+def check_device(device: str) -> None:
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda asked for, but torch.cuda.is_available() is False")
+
+
+@dataclass
+class RunResult:
+    tokens: list[list[int]]
+    stats: dict
+    trace: Trace | None = None
+    generations: list = field(default_factory=list)
+
+
+def run_meta(loaded: Loaded, prompt_ids: list[str], batch_size: int, dc: DecodeConfig, task: str | None) -> dict:
+    """What makes two runs the same run (the oracle's premise): model, prompts, batching, decoding."""
+    cfg = loaded.cfg
+    return {"model": cfg.name, "config_hash": cfg.config_hash(), "task": task, "prompt_ids": list(prompt_ids),
+            "batch_size": batch_size, "decode": dataclasses.asdict(dc), "moe_layers": cfg.moe_layers,
+            "num_experts": cfg.num_experts, "expert_bytes": cfg.expert_params * loaded.experts.element_size()}
+
+
+def check_oracle_trace(trace: Trace, meta: dict) -> None:
+    keys = ("config_hash", "prompt_ids", "batch_size", "decode")
+    diff = [k for k in keys if trace.meta.get(k) != meta.get(k)]
+    if diff:
+        raise TraceError(f"{trace.path}: the oracle trace is of another run (differs in {diff}); record it "
+                         "with the same model, prompts, batch size and decoding settings")
+
+
+def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeConfig = DecodeConfig(),
+        spec: OffloadSpec | None = None, device: str = "cpu", oracle: Trace | None = None,
+        record: bool = False, prompt_ids: list[str] | None = None, task: str | None = None,
+        record_logits: bool = False) -> RunResult:
+    """Decode `prompts` in batches of `batch_size`; offloaded when `spec` is given."""
+    if batch_size < 1 or batch_size > 8:
+        raise ValueError(f"batch size must be 1-8, got {batch_size}")
+    if not prompts:
+        raise ValueError("no prompts to run")
+    check_device(device)
+    cfg = loaded.cfg
+    prompt_ids = prompt_ids or [f"prompt{i}" for i in range(len(prompts))]
+    meta = run_meta(loaded, prompt_ids, batch_size, dc, task)
+    model = loaded.model
+    saved_backend = model.backend
+    engine: OffloadEngine | None = None
+    if spec is not None:
+        spec.check(cfg.num_experts, device)
+        future = None
+        if POLICIES[spec.policy].needs_trace:
+            if oracle is None:
+                raise ValueError(f"policy {spec.policy!r} needs --oracle-trace FILE from an identical earlier run")
+            check_oracle_trace(oracle, meta)
+            future = oracle.future()
+        pol = make_policy(spec.policy, len(cfg.moe_layers), cfg.num_experts, future=future, engine=True,
+                          lookahead=spec.lookahead, tau=spec.tau)
+        link = make_link(spec.link, device=device, bandwidth_gbps=spec.bandwidth_gbps, latency_us=spec.latency_us,
+                         cap_gbps=spec.cap_gbps, expert_bytes=meta["expert_bytes"])
+        engine = offload(model, loaded.experts, spec.capacity, pol, link, device)
+    elif not isinstance(saved_backend, ResidentExperts):
+        model.backend = ResidentExperts(loaded.experts.to(device), cfg)
+    recorder = TraceRecorder() if record else None
+    gens = []
+    try:
+        ctx = model.listening(recorder) if recorder else contextlib.nullcontext()
+        with ctx:
+            for i in range(0, len(prompts), batch_size):
+                gens.append(generate(model, prompts[i:i + batch_size], dc, record_logits=record_logits))
+        engine_stats = engine.finish() if engine else {}
+    finally:
+        if engine is not None:
+            engine.link.close()
+        model.backend = saved_backend
+    stats = merge_stats([g.stats for g in gens])
+    stats.update(engine_stats)
+    if spec is not None:
+        stats.update(policy=spec.policy, link=spec.link, link_bandwidth_gbps=getattr(engine.link, "bandwidth_gbps", None),
+                     offload=True)
+    else:
+        stats.update(policy="resident", offload=False)
+    trace = recorder.trace(meta) if recorder else None
+    return RunResult([t for g in gens for t in g.tokens], stats, trace, gens)
+
+
+def merge_stats(parts: list[dict]) -> dict:
+    out = {k: sum(p[k] for p in parts) for k in ("forwards", "prefill_forwards", "tokens_generated", "seconds")}
+    out["batches"] = len(parts)
+    out["tokens_per_second"] = out["tokens_generated"] / out["seconds"] if out["seconds"] else float("nan")
+    out["tokens_per_forward"] = out["tokens_generated"] / max(out["forwards"], 1)
+    return out
+

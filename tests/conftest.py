@@ -1,0 +1,35 @@
+"""Shared fixtures. The tiny checkpoint is built once per test session into a temporary cache."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("ARTIFACT_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The tiny checkpoint loaded in float32 on the CPU (experts resident)."""
+    from artifact.checkpoint import load_checkpoint
+    return load_checkpoint("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_prompts(tiny):
+    """Five chat-formatted prompts of different lengths (two shorter than a block, one over two)."""
+    from artifact.tasks import encode
+    texts = ["Janet's ducks lay 16 eggs per day.", "def add(a, b):",
+             "Write a haiku about the sea, in exactly three lines, with no commas at all, and a title.",
+             "What is 2 + 2?", "Natalia sold clips to 48 of her friends in April, and then she sold half as "
+             "many clips in May. How many clips did Natalia sell altogether in April and May?"]
+    return [encode(tiny.tokenizer, t) for t in texts]
