@@ -123,7 +123,7 @@ class Loaded:
     experts: torch.Tensor       # (L_moe, E, 3*I*D) packed routed experts on the host, in `dtype`
     tokenizer: object
     cfg: ModelConfig
-    path: Path
+    path: Path | None
 
 
 def load_checkpoint(path: str | Path, dtype="float32", device="cpu", resident: bool = True) -> Loaded:
@@ -243,7 +243,7 @@ def train_tiny_tokenizer(vocab_size: int):
     return fast
 
 
-def init_tiny_weights(cfg: ModelConfig, seed: int) -> tuple[LLaDA2MoE, torch.Tensor]:
+def init_random_weights(cfg: ModelConfig, seed: int, dtype=torch.float32) -> tuple[LLaDA2MoE, torch.Tensor]:
     """Seeded random weights. Scales keep activations O(1); the LM head is sharpened so that some
     positions pass the 0.95 confidence threshold and a step can accept several tokens."""
     g = torch.Generator().manual_seed(seed)
@@ -266,12 +266,26 @@ def init_tiny_weights(cfg: ModelConfig, seed: int) -> tuple[LLaDA2MoE, torch.Ten
             if hasattr(m, "expert_bias"):
                 m.expert_bias.copy_(normal(m.expert_bias.shape, 0.02))
     D, I = cfg.hidden_size, cfg.moe_intermediate_size
-    experts = torch.empty(len(cfg.moe_layers), cfg.num_experts, cfg.expert_params)
+    experts = torch.empty(len(cfg.moe_layers), cfg.num_experts, cfg.expert_params, dtype=dtype)
     for i in range(len(cfg.moe_layers)):
         for e in range(cfg.num_experts):
             experts[i, e] = pack_expert(normal((I, D), D ** -0.5), normal((I, D), D ** -0.5),
-                                        normal((D, I), I ** -0.5))
+                                        normal((D, I), I ** -0.5)).to(dtype)
     return model, experts
+
+
+def random_model(cfg: ModelConfig, seed: int = 0, dtype="float32", device="cpu", resident: bool = True) -> Loaded:
+    """A model of any shape with seeded random weights and no tokenizer (GPU checks, benchmarks of
+    real-model shapes where no checkpoint is at hand). Random weights route unlike a trained model."""
+    dtype = parse_dtype(dtype)
+    model, experts = init_random_weights(cfg, seed, dtype)
+    model.to(device=device, dtype=dtype).eval()
+    for m in model.modules():
+        if hasattr(m, "expert_bias"):
+            m.expert_bias.data = m.expert_bias.data.float()
+    if resident:
+        model.backend = ResidentExperts(experts.to(device), cfg)
+    return Loaded(model, experts, None, cfg, None)
 
 
 def build_tiny_checkpoint(root: str | Path, seed: int = 0, shards: int = 1) -> Path:
@@ -285,7 +299,7 @@ def build_tiny_checkpoint(root: str | Path, seed: int = 0, shards: int = 1) -> P
     if ids != (cfg.mask_token_id, cfg.eos_token_id):
         raise RuntimeError(f"tiny tokenizer mask/eos ids {ids} differ from the preset's "
                            f"{(cfg.mask_token_id, cfg.eos_token_id)}")
-    model, experts = init_tiny_weights(cfg, seed)
+    model, experts = init_random_weights(cfg, seed)
     save_checkpoint(root, cfg, state_tensors(model, experts), shards=shards)
     tok.save_pretrained(str(root))
     return root
