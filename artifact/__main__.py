@@ -67,6 +67,8 @@ def offload_spec(a, num_experts: int):
     spec = OffloadSpec(capacity=a.cache_experts, policy=a.policy, link=a.link, bandwidth_gbps=a.bandwidth_gbps,
                        latency_us=a.latency_us, cap_gbps=a.cap_gbps, lookahead=a.lookahead, tau=a.tau)
     spec.check(num_experts, a.device)
+    if POLICIES[spec.policy].needs_trace and a.oracle_trace is None:
+        raise ValueError(f"policy {spec.policy!r} needs --oracle-trace FILE (a trace of an identical earlier run)")
     return spec
 
 
@@ -192,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--csv", type=Path, default=None)
     s.set_defaults(fn=cmd_simulate)
 
+    from .bench import add_cli as add_bench_cli
+    add_bench_cli(sub)
     return ap
 
 

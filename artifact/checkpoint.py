@@ -148,7 +148,10 @@ def load_checkpoint(path: str | Path, dtype="float32", device="cpu", resident: b
     for m in model.modules():                                          # router bias stays fp32 as in the reference
         if hasattr(m, "expert_bias"):
             m.expert_bias.data = m.expert_bias.data.float()
-    experts = torch.empty(len(cfg.moe_layers), cfg.num_experts, cfg.expert_params, dtype=dtype)
+    # Pinned (page-locked) once here when the target is a GPU, so every offloaded run copies by DMA
+    # without re-pinning tens of GB.
+    pin = torch.device(device).type == "cuda" and torch.cuda.is_available()
+    experts = torch.empty(len(cfg.moe_layers), cfg.num_experts, cfg.expert_params, dtype=dtype, pin_memory=pin)
     for i, L in enumerate(cfg.moe_layers):
         for e in range(cfg.num_experts):
             g, u, d = (index.get(n, shapes[n]) for n in expert_names(cfg, L, e))

@@ -43,9 +43,12 @@ class Demand:
         return len(self.experts)
 
 
+ExpertWeights = tuple[torch.Tensor, torch.Tensor]     # (gate_up (2I, D), down (D, I)): views of a packed expert
+
+
 class ExpertBackend(Protocol):
-    def experts(self, demand: Demand) -> Iterator[tuple[int, torch.Tensor]]:
-        """Yield (expert, packed weights) for every demanded expert, each exactly once, in any order.
+    def experts(self, demand: Demand) -> Iterator[tuple[int, ExpertWeights]]:
+        """Yield (expert, weights) for every demanded expert, each exactly once, in any order.
         The caller computes with the weights before asking for the next one."""
         ...
 
@@ -55,16 +58,17 @@ def pack_expert(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> tor
     return torch.cat([gate.reshape(-1), up.reshape(-1), down.reshape(-1)])
 
 
-def unpack_expert(flat: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def expert_views(flat: torch.Tensor, cfg: ModelConfig) -> ExpertWeights:
+    """The matrices of a packed expert, as views (made once per expert or slot, not per call)."""
     I, D = cfg.moe_intermediate_size, cfg.hidden_size
-    return flat[:I * D].view(I, D), flat[I * D:2 * I * D].view(I, D), flat[2 * I * D:].view(D, I)
+    return flat[:2 * I * D].view(2 * I, D), flat[2 * I * D:].view(D, I)
 
 
-def expert_ffn(x: torch.Tensor, flat: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    I, D = cfg.moe_intermediate_size, cfg.hidden_size
-    gate_up = F.linear(x, flat[:2 * I * D].view(2 * I, D))              # (n, 2I): gate and up in one matmul
-    h = F.silu(gate_up[:, :I]) * gate_up[:, I:]                         # (n, I)
-    return F.linear(h, flat[2 * I * D:].view(D, I))                     # (n, D)
+def expert_ffn(x: torch.Tensor, w: ExpertWeights) -> torch.Tensor:
+    gate_up, down = w
+    I = down.shape[1]
+    h = F.linear(x, gate_up)                                            # (n, 2I): gate and up in one matmul
+    return F.linear(F.silu(h[:, :I]) * h[:, I:], down)                  # (n, D)
 
 
 class ResidentExperts:
@@ -73,12 +77,13 @@ class ResidentExperts:
     def __init__(self, packed: torch.Tensor, cfg: ModelConfig):
         assert packed.shape == (len(cfg.moe_layers), cfg.num_experts, cfg.expert_params), packed.shape
         self.packed = packed                                            # (L_moe, E, 3*I*D)
-        self.first = cfg.first_k_dense_replace
+        self.views = {layer: [expert_views(packed[i, e], cfg) for e in range(cfg.num_experts)]
+                      for i, layer in enumerate(cfg.moe_layers)}
 
     def experts(self, demand: Demand):
-        w = self.packed[demand.layer - self.first]
+        views = self.views[demand.layer]
         for e in demand.experts:
-            yield e, w[e]
+            yield e, views[e]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,16 +277,17 @@ class MoE(nn.Module):
         demand = Demand(self.routing.step, self.layer, tuple(experts), tuple(counts))
         for listener in self.routing.listeners:
             listener(demand)
-        start, starts = 0, {}
+        start, span = 0, {}
         for e, n in zip(experts, counts):
-            starts[e] = (start, start + n)
+            span[e] = (start, start + n)
             start += n
-        out = x.new_empty(N * k, D)                                     # one row per (token, slot)
+        xs = x.index_select(0, order // k)                              # (N*k, D) token rows grouped by expert
+        ys = torch.empty_like(xs)
         for e, weights in self.routing.backend.experts(demand):
-            a, b = starts.pop(e)
-            pairs = order[a:b]
-            out.index_copy_(0, pairs, expert_ffn(x.index_select(0, pairs // k), weights, self.cfg))
-        assert not starts, f"layer {self.layer}: backend never served experts {sorted(starts)}"
+            a, b = span.pop(e)
+            ys[a:b] = expert_ffn(xs[a:b], weights)
+        assert not span, f"layer {self.layer}: the backend never served experts {sorted(span)}"
+        out = torch.empty_like(ys).index_copy_(0, order, ys)            # back to (token, slot) order
         # Combine the k outputs of each token in slot order, whatever order experts were computed in.
         return (out.view(N, k, D).float() * w.unsqueeze(-1)).sum(1).to(x.dtype)
 

@@ -7,6 +7,9 @@ import pytest
 import torch
 
 os.environ.setdefault("ARTIFACT_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache"))
+# The tiny model's matmuls are too small to gain from a second thread, and on a shared 2-core machine
+# OpenMP spin-waiting makes two threads 10-30x slower; one thread also keeps float results stable.
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

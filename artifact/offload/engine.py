@@ -11,18 +11,20 @@ from collections import defaultdict
 
 import torch
 
-from ..model import Demand
+from ..model import Demand, expert_views
 from .cache import EMPTY, ExpertCache, Load
 from .store import HostStore
 
 
 class OffloadEngine:
-    def __init__(self, store: HostStore, cache: ExpertCache, link, device: torch.device | str = "cpu"):
+    def __init__(self, store: HostStore, cache: ExpertCache, link, cfg, device: torch.device | str = "cpu"):
         self.store, self.cache, self.link = store, cache, link
         self.device = torch.device(device)
         P = store.packed.shape[2]
         self.slots = {layer: torch.zeros(cache.capacity, P, dtype=store.packed.dtype, device=self.device)
                       for layer in cache.moe_layers}                      # (C, P) per MoE layer
+        self.views = {layer: [expert_views(s[c], cfg) for c in range(cache.capacity)]
+                      for layer, s in self.slots.items()}
         self.pending: dict[tuple[int, int], object] = {}                 # (layer, slot) -> ticket not yet waited
         self.freed: dict[tuple[int, int], object] = {}                   # (layer, slot) -> event after last read
         self.finished = False
@@ -32,11 +34,11 @@ class OffloadEngine:
         ticket = self.link.copy(dst, self.store.expert(ld.layer, ld.expert), after=self.freed.get((ld.layer, ld.slot)))
         self.pending[(ld.layer, ld.slot)] = ticket
 
-    def _land(self, layer: int, slot: int) -> torch.Tensor:
+    def _land(self, layer: int, slot: int):
         ticket = self.pending.pop((layer, slot), None)
         if ticket is not None:
             self.link.wait(ticket)
-        return self.slots[layer][slot]
+        return self.views[layer][slot]
 
     def _computed(self, layer: int, slot: int):
         ev = self.link.compute_done(self.slots[layer][slot])
@@ -83,6 +85,6 @@ def offload(model, experts: torch.Tensor, capacity: int, policy, link, device="c
     cfg = model.cfg
     store = HostStore(experts, cfg.moe_layers, pin=torch.device(device).type == "cuda")
     cache = ExpertCache(cfg.moe_layers, cfg.num_experts, capacity, policy, store.expert_bytes)
-    engine = OffloadEngine(store, cache, link, device)
+    engine = OffloadEngine(store, cache, link, cfg, device)
     model.backend = engine
     return engine

@@ -14,7 +14,7 @@ class HostStore:
         if packed.dim() != 3 or packed.shape[0] != len(moe_layers):
             raise ValueError(f"packed experts must be (L_moe={len(moe_layers)}, E, P), got {tuple(packed.shape)}")
         self.packed = packed.contiguous()
-        if pin:
+        if pin and not self.packed.is_pinned():      # load_checkpoint pins once for CUDA; this is the fallback
             self.packed = self.packed.pin_memory()
         self.index = {layer: i for i, layer in enumerate(moe_layers)}
         self.expert_bytes = packed.shape[2] * packed.element_size()

@@ -1,0 +1,186 @@
+"""Paired comparisons of two policies' throughput, with 95% confidence intervals.
+
+A pair is two runs of the same cell (task, batch size, C/W, bandwidth scale) and repetition, one per
+policy, on identical prompts, back to back. The effect of A over B is the mean over pairs of the
+per-pair percentage (a - b) / b * 100: each pair is its own baseline, so slow cells and fast cells
+weigh alike and drift between repetitions cancels. Intervals over pairs:
+  t          mean +- t_{n-1} * s / sqrt(n)  (scipy.stats.t; the same as a one-sample t-test of the
+             per-pair percentages, i.e. ttest_rel(a / b * 100, 100))
+  bootstrap  percentile interval of the mean over resampled pairs (seeded numpy Generator)
+A difference "excludes zero" when its t interval lies entirely above or below 0.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+
+CONFIDENCE = 0.95
+CELL_KEYS = ("task", "batch_size", "cache_ratio", "bandwidth_scale")
+PAIR_KEYS = CELL_KEYS + ("rep",)
+
+# The paper's demand-async vs async last-step prefetch results, by C/W: (diff %, CI low, CI high);
+# for 0.83-1.73 it reports the range 4.9-11.8% with CIs that exclude zero.
+PAPER_DEMAND_VS_LAST_STEP = {
+    0.43: {"paper": "+0.73 [-1.16, +2.63]", "paper_verdict": "no difference"},
+    0.83: {"paper": "+4.9..+11.8, CI excludes 0", "paper_verdict": "A faster"},
+    1.0: {"paper": "+4.9..+11.8, CI excludes 0", "paper_verdict": "A faster"},
+    1.3: {"paper": "+4.9..+11.8, CI excludes 0", "paper_verdict": "A faster"},
+    1.73: {"paper": "+4.9..+11.8, CI excludes 0", "paper_verdict": "A faster"},
+}
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    n_pairs: int
+    mean_a: float
+    mean_b: float
+    diff_pct: float          # mean over pairs of (a - b) / b * 100
+    ci_low: float
+    ci_high: float
+    p_value: float           # two-sided, H0: mean percentage difference = 0
+
+    @property
+    def excludes_zero(self) -> bool:
+        return bool(self.ci_low > 0 or self.ci_high < 0)
+
+    @property
+    def verdict(self) -> str:
+        if not self.excludes_zero:
+            return "no difference"
+        return "A faster" if self.diff_pct > 0 else "B faster"
+
+
+def percent_differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
+    """(a - b) / b * 100 per pair; a[i] and b[i] are the two runs of pair i."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"a and b must be 1-d arrays of the same length (one value per pair), "
+                         f"got shapes {a.shape} and {b.shape}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()) or (b <= 0).any():
+        raise ValueError("paired values must be finite, and b > 0 (it is the per-pair baseline)")
+    return (a - b) / b * 100.0
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> PairedDifference:
+    """Mean per-pair percentage difference of a over b with a t interval over pairs."""
+    from scipy import stats
+    d = percent_differences(a, b)
+    n = len(d)
+    if n == 0:
+        raise ValueError("no pairs")
+    mean = float(d.mean())
+    if n < 2:
+        lo = hi = p = float("nan")
+    else:
+        se = float(d.std(ddof=1)) / np.sqrt(n)
+        if se == 0:
+            lo = hi = mean
+            p = 1.0 if mean == 0 else 0.0
+        else:
+            lo, hi = stats.t.interval(confidence, n - 1, loc=mean, scale=se)
+            p = float(2 * stats.t.sf(abs(mean) / se, n - 1))
+    return PairedDifference(n, float(np.mean(a)), float(np.mean(b)), mean, float(lo), float(hi), p)
+
+
+def bootstrap_ci(values: Sequence[float], confidence: float = CONFIDENCE, n_resamples: int = 10_000,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of `values` (e.g. per-pair percentages); deterministic
+    for a seed."""
+    v = np.asarray(values, dtype=float)
+    if len(v) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), size=(n_resamples, len(v)))].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def pairs(rows, a: str, b: str, metric: str = "tokens_per_second"):
+    """One row per (cell, rep) holding both policies' `metric` (columns a and b); pairs missing a
+    side are dropped. Rows: the bench's CSV rows (a DataFrame)."""
+    import pandas as pd
+    rows = pd.DataFrame(rows)
+    missing = [c for c in PAIR_KEYS + ("policy", metric) if c not in rows.columns]
+    if missing:
+        raise ValueError(f"rows lack columns {missing} (expected the bench's CSV)")
+    have = sorted(rows.policy.unique())
+    for p in (a, b):
+        if p not in have:
+            raise ValueError(f"policy {p!r} is not in these rows; they hold {have}")
+    if a == b:
+        raise ValueError(f"compare two different policies, got {a!r} twice")
+    sel = rows[rows.policy.isin([a, b])]
+    dup = sel.duplicated(list(PAIR_KEYS) + ["policy"])
+    if dup.any():
+        first = sel[dup].iloc[0]
+        raise ValueError(f"two rows for the same run: {dict(first[list(PAIR_KEYS) + ['policy']])}; "
+                         "merge shards with `python -m artifact merge` (it refuses duplicates)")
+    wide = sel.pivot(index=list(PAIR_KEYS), columns="policy", values=metric).dropna()
+    return wide[[a, b]].reset_index()
+
+
+def paired_table(rows, a: str = "demand", b: str = "last_step", by: Sequence[str] = ("cache_ratio",),
+                 metric: str = "tokens_per_second", confidence: float = CONFIDENCE, n_resamples: int = 10_000,
+                 seed: int = 0):
+    """The paper's table: policy A vs B per group (default per C/W), one row each with n_pairs,
+    mean_a, mean_b, diff_pct (mean per-pair %), the t interval, the bootstrap interval, excludes_zero,
+    p_value and verdict."""
+    import pandas as pd
+    by = list(by)
+    bad = [k for k in by if k not in CELL_KEYS]
+    if bad:
+        raise ValueError(f"cannot group by {bad}; choose from {list(CELL_KEYS)}")
+    pr = pairs(rows, a, b, metric)
+    out = []
+    for key, g in (pr.groupby(by, sort=True) if by else [((), pr)]):
+        key = key if isinstance(key, tuple) else (key,)
+        res = paired_difference(g[a].to_numpy(), g[b].to_numpy(), confidence)
+        boot = bootstrap_ci(percent_differences(g[a], g[b]), confidence, n_resamples, seed)
+        row = dict(zip(by, key))
+        row.update(asdict(res))
+        row.update(boot_low=boot[0], boot_high=boot[1], excludes_zero=res.excludes_zero, verdict=res.verdict)
+        out.append(row)
+    cols = by + ["n_pairs", "mean_a", "mean_b", "diff_pct", "ci_low", "ci_high", "boot_low", "boot_high",
+                 "excludes_zero", "p_value", "verdict"]
+    table = pd.DataFrame(out, columns=cols)
+    table.attrs.update(a=a, b=b, metric=metric, confidence=confidence)
+    return table
+
+
+def with_paper(table):
+    """Add the paper's figure and verdict per C/W (demand vs last_step tables grouped by cache_ratio
+    only) and whether the measured verdict agrees. Other tables come back unchanged."""
+    if table.attrs.get("a") != "demand" or table.attrs.get("b") != "last_step" or "cache_ratio" not in table:
+        return table
+    t = table.copy()
+    ref = [PAPER_DEMAND_VS_LAST_STEP.get(round(float(r), 2), {}) for r in t.cache_ratio]
+    t["paper"] = [r.get("paper", "") for r in ref]
+    t["paper_verdict"] = [r.get("paper_verdict", "") for r in ref]
+    t["agrees"] = [bool(r) and v == r["paper_verdict"] for v, r in zip(t.verdict, ref)]
+    t.attrs.update(table.attrs)
+    return t
+
+
+def format_table(table) -> str:
+    """A fixed-width text rendering of paired_table (with_paper) output."""
+    a, b = table.attrs.get("a", "A"), table.attrs.get("b", "B")
+    conf = int(round(table.attrs.get("confidence", CONFIDENCE) * 100))
+    metric = table.attrs.get("metric", "tokens_per_second")
+    keys = [c for c in table.columns if c in CELL_KEYS]
+    lines = [f"{a} (A) vs {b} (B): mean per-pair difference in {metric}, {conf}% intervals over pairs"]
+    view = table[keys].astype(str).copy() if keys else table[[]].copy()
+    view["pairs"] = table.n_pairs.astype(str)
+    view[f"A {a}"] = table.mean_a.map("{:.2f}".format)
+    view[f"B {b}"] = table.mean_b.map("{:.2f}".format)
+    view["diff %"] = table.diff_pct.map("{:+.2f}".format)
+    view[f"t CI{conf}"] = [f"[{lo:+.2f}, {hi:+.2f}]" for lo, hi in zip(table.ci_low, table.ci_high)]
+    view["bootstrap CI"] = [f"[{lo:+.2f}, {hi:+.2f}]" for lo, hi in zip(table.boot_low, table.boot_high)]
+    view["excl. 0"] = table.excludes_zero.map({True: "yes", False: "no"})
+    for c in ("paper", "agrees"):
+        if c in table:
+            view[c] = table[c].map({True: "yes", False: "no"}) if c == "agrees" else table[c]
+    lines.append(view.to_string(index=False))
+    return "\n".join(lines)

@@ -1,0 +1,223 @@
+"""Benchmark runner: whole cells only, resume without repeats or losses, shards that merge into one grid.
+
+The bookkeeping tests use a fake runner (instant, deterministic); the interruption test runs the tiny
+model for real on a two-cell grid."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from artifact.bench import (COLUMNS, STAT_COLUMNS, Cell, ModelRunner, grid, main_for_tests, merge, parse_shard,
+                            read_rows, run_bench, shard_cells)
+from artifact.profiles import load_profile
+from artifact.sim import capacity_for
+
+
+def fake_profile(**over):
+    base = {"tasks": ["gsm8k", "mbpp"], "batch_sizes": [1, 4], "cache_ratios": [0.43, 1.0, 1.73],
+            "repetitions": 2, "warmup": 1}
+    base.update(over)
+    return load_profile("cpu", base)
+
+
+class FakeRunner:
+    """Stands in for ModelRunner: counts calls, makes every run's seconds distinct."""
+    num_experts = 256
+    meta = {"model": "fake", "model_hash": "0123456789", "dtype": "float32", "device": "cpu", "link": "emulated",
+            "hardware": "test"}
+
+    def __init__(self, fail_on_cell: int | None = None):
+        self.calls, self.cells, self.fail_on_cell = [], [], fail_on_cell
+
+    def working_set(self, task, batch_size):
+        return 10.0 + batch_size
+
+    def run(self, cell, policy, capacity):
+        if not self.cells or self.cells[-1] != cell:
+            self.cells.append(cell)
+        if self.fail_on_cell is not None and len(self.cells) > self.fail_on_cell:
+            raise RuntimeError("injected failure")
+        self.calls.append((cell, policy))
+        s = 1.0 + len(self.calls) / 1000 + (0.05 if policy == "last_step" else 0.0)
+        out = {k: 0 for k in STAT_COLUMNS}
+        out.update(seconds=s, tokens=64, tokens_per_second=64 / s, link_gbps=0.1, tokens_sha="000042")
+        return out
+
+
+def quiet(*a, **k):
+    pass
+
+
+def test_grid_order_and_shards():
+    p = fake_profile()
+    cells = grid(p)
+    assert len(cells) == 2 * 2 * 3
+    assert cells[0] == Cell("gsm8k", 1, 0.43, 1.0) and cells[1] == Cell("gsm8k", 1, 1.0, 1.0)
+    assert cells[-1] == Cell("mbpp", 4, 1.73, 1.0)
+    for n in (1, 2, 5):
+        parts = [shard_cells(cells, (i, n)) for i in range(n)]
+        assert sorted(c.key for part in parts for c in part) == sorted(c.key for c in cells)
+        assert shard_cells(cells, (0, n))[0] == cells[0]
+    assert parse_shard("2/3") == (2, 3)
+    for bad in ("3/3", "-1/2", "1", "a/b", "0/0"):
+        with pytest.raises(ValueError, match="shard"):
+            parse_shard(bad)
+
+
+def test_rows_alternate_order_and_are_complete(tmp_path):
+    p = fake_profile(tasks=["gsm8k"], batch_sizes=[4], cache_ratios=[1.0])
+    runner = FakeRunner()
+    df = run_bench(p, tmp_path / "b.csv", runner=runner, progress=False, log=quiet)
+    assert list(df.columns) == list(COLUMNS)
+    assert len(df) == 2 * 2                                  # policies x repetitions
+    assert len(runner.calls) == 2 * (2 + 1)                  # + one warm-up run per policy
+    first = df.sort_values(["rep", "order"]).policy.tolist()
+    assert first == ["demand", "last_step", "last_step", "demand"]
+    assert (df.cache_experts == capacity_for(1.0, 14.0, 256)).all() and (df.working_set == 14.0).all()
+    assert set(df.model_hash) == {"0123456789"} and set(df.tokens_sha) == {"000042"}   # strings survive the CSV
+
+
+def test_interrupted_fake_bench_resumes_exactly(tmp_path):
+    p, out = fake_profile(), tmp_path / "b.csv"
+    with pytest.raises(RuntimeError, match="injected"):
+        run_bench(p, out, runner=FakeRunner(fail_on_cell=5), progress=False, log=quiet)
+    part = read_rows(out)
+    assert part.groupby(["task", "batch_size", "cache_ratio"]).ngroups == 5
+    runner = FakeRunner()
+    full = run_bench(p, out, runner=runner, progress=False, log=quiet)
+    assert len(runner.cells) == 12 - 5                       # only the missing cells ran
+    assert len(full) == 12 * 2 * 2 and not full.duplicated(["task", "batch_size", "cache_ratio", "policy", "rep"]).any()
+    pd.testing.assert_frame_equal(full.iloc[:len(part)], part)
+    again = FakeRunner()
+    run_bench(p, out, runner=again, progress=False, log=quiet)
+    assert again.calls == []                                 # nothing left to do
+
+
+def test_two_shards_merge_into_the_unsharded_grid(tmp_path):
+    p = fake_profile()
+    whole = run_bench(p, tmp_path / "all.csv", runner=FakeRunner(), progress=False, log=quiet)
+    shards = [tmp_path / f"s{i}.csv" for i in range(2)]
+    for i, f in enumerate(shards):
+        run_bench(p, f, shard=(i, 2), runner=FakeRunner(), progress=False, log=quiet)
+    assert len(read_rows(shards[0])) == len(read_rows(shards[1])) == len(whole) // 2
+    merged = merge(shards, tmp_path / "merged.csv", log=quiet)
+    run_keys = ["task", "batch_size", "cache_ratio", "bandwidth_scale", "policy", "rep", "order"]
+    as_set = lambda df: set(map(tuple, df[run_keys].itertuples(index=False)))   # noqa: E731
+    assert as_set(merged) == as_set(whole) and len(merged) == len(whole)
+    assert read_rows(tmp_path / "merged.csv").equals(merged)
+    # a shard file is not another shard's output, and merge refuses what is not one grid
+    with pytest.raises(ValueError, match="another shard; each shard needs its own --out"):
+        run_bench(p, shards[0], shard=(1, 2), runner=FakeRunner(), progress=False, log=quiet)
+    with pytest.raises(ValueError, match="appears twice"):
+        merge([shards[0], shards[0], shards[1]], tmp_path / "dup.csv", log=quiet)
+    with pytest.raises(ValueError, match="holds? 6 of the grid's 12 cells"):
+        merge([shards[0]], tmp_path / "half.csv", log=quiet)
+    assert len(merge([shards[0]], tmp_path / "half.csv", partial=True, log=quiet)) == len(whole) // 2
+    with pytest.raises(FileExistsError, match="merged.csv exists"):
+        merge(shards, tmp_path / "merged.csv", log=quiet)
+    merge(shards, tmp_path / "merged.csv", force=True, log=quiet)
+    other = tmp_path / "other.csv"
+    run_bench(fake_profile(repetitions=3), other, shard=(1, 2), runner=FakeRunner(), progress=False, log=quiet)
+    with pytest.raises(ValueError, match="shards disagree on fingerprint"):
+        merge([shards[0], other], tmp_path / "x.csv", log=quiet)
+
+
+def test_resume_refuses_other_settings_and_damaged_files(tmp_path):
+    out = tmp_path / "b.csv"
+    run_bench(fake_profile(), out, runner=FakeRunner(), progress=False, log=quiet)
+    with pytest.raises(ValueError, match="not this profile's"):
+        run_bench(fake_profile(gen_length=64), out, runner=FakeRunner(), progress=False, log=quiet)
+    df = read_rows(out)
+    df.iloc[:-1].to_csv(out, index=False)                    # a cell missing a run
+    with pytest.raises(ValueError, match="has 3 runs, expected"):
+        run_bench(fake_profile(), out, runner=FakeRunner(), progress=False, log=quiet)
+    (tmp_path / "junk.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="lacks columns"):
+        read_rows(tmp_path / "junk.csv")
+
+
+def test_cli_list_report_merge(tmp_path, capsys):
+    p = fake_profile()
+    shards = [tmp_path / f"s{i}.csv" for i in range(2)]
+    for i, f in enumerate(shards):
+        run_bench(p, f, shard=(i, 2), runner=FakeRunner(), progress=False, log=quiet)
+    assert main_for_tests(["bench", "--profile", "cpu", "--shard", "1/5", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == len(shard_cells(grid(load_profile("cpu")), (1, 5))) and listed[0].split()[0] == "1"
+    out = tmp_path / "m.csv"
+    assert main_for_tests(["merge", *map(str, shards), "--out", str(out)]) == 0
+    assert main_for_tests(["merge", *map(str, shards), "--out", str(out)]) == 2
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert main_for_tests(["report", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "demand (A) vs last_step (B)" in text and "1.73" in text and "[-1.16, +2.63]" in text
+    assert main_for_tests(["report", str(out), "--a", "oracle"]) == 2
+    assert "policy 'oracle' is not in these rows" in capsys.readouterr().err
+    assert main_for_tests(["report", str(tmp_path / "none.csv")]) == 2
+    assert main_for_tests(["bench", "--shard", "2/2", "--list"]) == 2
+    assert "0 <= i < n" in capsys.readouterr().err
+
+
+@pytest.fixture
+def one_thread():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
+    """The tiny model on a two-cell grid: fail in cell 2, rerun, and check nothing repeats or is lost."""
+    p = load_profile("cpu", {"tasks": ["gsm8k"], "batch_sizes": [1], "cache_ratios": [1.3, 1.73], "repetitions": 2,
+                             "n_prompts": 1, "gen_length": 32, "max_prompt_tokens": 32})
+    out = tmp_path / "b.csv"
+
+    class Failing(ModelRunner):
+        def run(self, cell, policy, capacity):
+            if cell.cache_ratio == 1.73:
+                raise RuntimeError("injected failure")
+            return super().run(cell, policy, capacity)
+
+    with pytest.raises(RuntimeError, match="injected"):
+        run_bench(p, out, runner=Failing(p, tiny), progress=False, log=quiet)
+    first = read_rows(out)
+    assert len(first) == 4 and set(first.cache_ratio) == {1.3}
+    full = run_bench(p, out, loaded=tiny, progress=False, log=quiet)
+    assert len(full) == 8
+    assert full.groupby(["cache_ratio", "policy", "rep"]).size().eq(1).all()
+    pd.testing.assert_frame_equal(full[full.cache_ratio == 1.3].reset_index(drop=True), first)
+    # the rows are real measurements of identical work
+    W = full.working_set.iloc[0]
+    assert W > 0 and (full.working_set == W).all()
+    for r, g in full.groupby("cache_ratio"):
+        assert (g.cache_experts == capacity_for(r, W, tiny.cfg.num_experts)).all()
+        assert g.tokens_sha.nunique() == 1 and g.tokens.nunique() == 1     # offloading changes time, not tokens
+    assert (full.seconds > 0).all()
+    assert full.tokens_per_second.to_numpy() == pytest.approx((full.tokens / full.seconds).to_numpy())
+    assert (full[full.policy == "demand"].speculative_transfers == 0).all()
+    assert (full.demand_hits + full.demand_misses > 0).all()
+    assert set(full.model) == {tiny.cfg.name} and set(full.link) == {"emulated"}
+
+
+def test_changed_tokens_are_flagged(tmp_path, capsys):
+    from artifact.bench import changed_tokens
+    out = tmp_path / "b.csv"
+    df = run_bench(fake_profile(), out, runner=FakeRunner(), progress=False, log=quiet)
+    assert changed_tokens(df) == []
+    df.loc[0, "tokens_sha"] = "ffffff"
+    assert changed_tokens(df) == [str(Cell(df.task[0], int(df.batch_size[0]), df.cache_ratio[0], 1.0))]
+    df.to_csv(out, index=False)
+    assert main_for_tests(["report", str(out)]) == 0
+    assert "warning: policies generated different tokens in 1 cells" in capsys.readouterr().err
+
+
+def test_real_bench_runs_every_engine_policy(tiny, tmp_path, one_thread):
+    """oracle is fed the traced run of the same prompts; all four policies give the same tokens."""
+    pols = ["demand", "last_step", "oracle", "interval_refresh"]
+    p = load_profile("cpu", {"tasks": ["mbpp"], "batch_sizes": [1], "cache_ratios": [1.0], "repetitions": 1,
+                             "n_prompts": 1, "gen_length": 32, "max_prompt_tokens": 32, "policies": pols})
+    df = run_bench(p, tmp_path / "b.csv", loaded=tiny, progress=False, log=quiet).set_index("policy")
+    assert list(df.index) == pols and df.tokens_sha.nunique() == 1
+    assert df.speculative_transfers["demand"] == 0 and df.speculative_transfers["oracle"] > 0
+    assert df.demand_misses["oracle"] < df.demand_misses["demand"]       # true future knowledge removes misses
+    assert df.prefetch_hits["oracle"] > 0 and df.wasted_prefetches["oracle"] <= df.wasted_prefetches["last_step"]

@@ -1,0 +1,160 @@
+"""Profiles: every bundled one loads; every bad key or value is named in a clear error."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from artifact.profiles import (BASE, PROFILE_KEYS, ProfileError, list_profiles, load_profile, parse_override)
+
+PAPER_RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)
+
+
+def write(tmp_path, text, name="mine.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_bundled_profiles_load():
+    assert list_profiles() == ["a5000", "cpu", "h200"]
+    for name in list_profiles():
+        p = load_profile(name)
+        assert p.name == name and p.description
+        assert p.n_prompts >= max(p.batch_sizes)
+
+
+def test_base_defines_every_key_once():
+    base = yaml.safe_load(BASE.read_text())
+    assert sorted(base) == sorted(PROFILE_KEYS)
+    lines = [ln for ln in BASE.read_text().splitlines() if ln and not ln.startswith((" ", "#"))]
+    keys = [ln.split(":")[0] for ln in lines]
+    assert sorted(keys) == sorted(PROFILE_KEYS)        # one top-level line per key
+
+
+def test_gpu_profiles_hold_the_papers_grid():
+    for name in ("a5000", "h200"):
+        p = load_profile(name)
+        assert p.cache_ratios == PAPER_RATIOS
+        assert p.batch_sizes == (1, 2, 4, 8)
+        assert len(p.tasks) == 5
+        assert p.link == "cuda" and p.device == "cuda" and p.model is None
+        assert {"demand", "last_step"} <= set(p.policies)
+
+
+def test_cpu_profile_is_small_and_states_a_budget():
+    p = load_profile("cpu")
+    assert p.model == "tiny" and p.link == "emulated" and p.device == "cpu"
+    assert p.cache_ratios == PAPER_RATIOS
+    assert p.policies == ("demand", "last_step")
+    assert p.budget_minutes is not None and p.budget_minutes <= 15
+    assert p.torch_dtype == "float32"
+
+
+def test_profile_by_path_overlays_base(tmp_path):
+    path = write(tmp_path, "repetitions: 7\ncache_ratios: [1, 2.5]\n")
+    p = load_profile(path)
+    assert p.name == "mine" and p.repetitions == 7
+    assert p.cache_ratios == (1.0, 2.5) and all(isinstance(r, float) for r in p.cache_ratios)
+    assert p.gen_length == yaml.safe_load(BASE.read_text())["gen_length"]      # from base
+
+
+def test_overrides_are_validated_and_win():
+    p = load_profile("cpu", {"repetitions": 2, "model": "/some/dir", "dtype": None})
+    assert p.repetitions == 2 and p.model == "/some/dir" and p.torch_dtype == "bfloat16"
+    with pytest.raises(ProfileError, match="repetitions must be an integer"):
+        load_profile("cpu", {"repetitions": 2.5})
+    assert parse_override("cache_ratios=[1.0, 1.73]") == ("cache_ratios", [1.0, 1.73])
+    assert parse_override("model=null") == ("model", None)
+    with pytest.raises(ProfileError, match="expected KEY=VALUE"):
+        parse_override("repetitions")
+    with pytest.raises(ProfileError, match="unknown key 'repetition'.*did you mean 'repetitions'"):
+        parse_override("repetition=3")
+
+
+def test_unknown_key_names_it_and_lists_valid_keys(tmp_path):
+    path = write(tmp_path, "batch_size: [1]\n")
+    with pytest.raises(ProfileError) as e:
+        load_profile(path)
+    msg = str(e.value)
+    assert str(path) in msg and "'batch_size'" in msg and "did you mean 'batch_sizes'" in msg
+    for k in PROFILE_KEYS:
+        assert k in msg
+
+
+def test_unknown_profile_name_lists_profiles(tmp_path):
+    with pytest.raises(ProfileError, match=r"unknown profile 'gpu'.*\['a5000', 'cpu', 'h200'\]"):
+        load_profile("gpu")
+    with pytest.raises(ProfileError, match="unknown profile 'base'"):
+        load_profile("base")
+    with pytest.raises(FileNotFoundError, match="profile file not found"):
+        load_profile(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("text, pattern", [
+    ("repetitions: '3'", r"repetitions must be an integer, got '3' \(str\)"),
+    ("repetitions: true", r"repetitions must be an integer, got True \(bool\)"),
+    ("gen_length: 32.0", r"gen_length must be an integer, got 32.0 \(float\)"),
+    ("batch_sizes: 4", r"batch_sizes must be a non-empty list of integers, got 4 \(int\)"),
+    ("batch_sizes: []", r"batch_sizes must be a non-empty list of integers"),
+    ("batch_sizes: [1, two]", r"batch_sizes must be a non-empty list of integers, got \[1, 'two'\]"),
+    ("cache_ratios: [1.0, 1.0]", r"cache_ratios lists a value twice"),
+    ("link_gbps: fast", r"link_gbps must be a number or null, got 'fast' \(str\)"),
+    ("threshold: [0.9]", r"threshold must be a number, got \[0.9\]"),
+    ("model: 3", r"model must be a string or null, got 3 \(int\)"),
+])
+def test_wrong_types_name_key_type_and_value(tmp_path, text, pattern):
+    path = write(tmp_path, text + "\n")
+    with pytest.raises(ProfileError, match=pattern) as e:
+        load_profile(path)
+    assert str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("text, pattern", [
+    ("batch_sizes: [1, 9]", r"batch_sizes must be in 1-8 .*got 9"),
+    ("batch_sizes: [0]", r"batch_sizes must be in 1-8 .*got 0"),
+    ("trace_batch_sizes: [16]", r"trace_batch_sizes must be in 1-8"),
+    ("cache_ratios: [0.5, 0]", r"cache_ratios must be > 0, got 0.0"),
+    ("bandwidth_scales: [-1]", r"bandwidth_scales must be > 0"),
+    ("policies: [demand, belady]", r"policies has unknown value 'belady'; choose from \['demand', 'last_step'"),
+    ("policies: [demand, lru]", r"policies has unknown value 'lru'"),
+    ("sim_policies: [magic]", r"sim_policies has unknown value 'magic'"),
+    ("tasks: [gsm8k, squad]", r"tasks has unknown value 'squad'; choose from \['gsm8k'"),
+    ("link: nvlink", r"link has unknown value 'nvlink'; choose from \['emulated', 'cuda'\]"),
+    ("mode: fast", r"mode has unknown value 'fast'; choose from \['cached', 'full'\]"),
+    ("dtype: int8", r"dtype has unknown value 'int8'"),
+    ("device: tpu", r"device has unknown value 'tpu'"),
+    ("link: cuda", r"link 'cuda' computes on the GPU, but device is 'cpu'"),
+    ("device: cuda\nlink: cuda\nbandwidth_scales: [2.0]", r"bandwidth_scales above 1"),
+    ("repetitions: 0", r"repetitions must be > 0, got 0"),
+    ("warmup: -1", r"warmup must be >= 0"),
+    ("threshold: 1.5", r"threshold must be in \(0, 1\]"),
+    ("budget_minutes: 0", r"budget_minutes must be > 0 or null"),
+    ("n_prompts: 2\nbatch_sizes: [1, 4]", r"n_prompts = 2 cannot fill a batch of 4"),
+])
+def test_out_of_range_values_are_named(tmp_path, text, pattern):
+    path = write(tmp_path, text + "\n")
+    with pytest.raises(ProfileError, match=pattern):
+        load_profile(path)
+
+
+def test_not_a_mapping(tmp_path):
+    with pytest.raises(ProfileError, match="a profile is a mapping"):
+        load_profile(write(tmp_path, "- a\n- b\n"))
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load_profile(write(tmp_path, "a: [1,\n"))
+    assert load_profile(write(tmp_path, "")).name == "mine"       # empty = all defaults
+
+
+def test_as_dict_is_plain():
+    d = load_profile("cpu").as_dict()
+    assert set(d) == set(PROFILE_KEYS) | {"name", "path"}
+    assert isinstance(d["cache_ratios"], list)
+    assert yaml.safe_dump(d)                    # plain values only
+
+
+def test_cli_reports_profile_errors(capsys):
+    from artifact.bench import main_for_tests
+    assert main_for_tests(["bench", "--profile", "nope", "--list"]) == 2
+    assert "error: unknown profile 'nope'" in capsys.readouterr().err
+    assert main_for_tests(["bench", "--profile", "cpu", "--set", "repetitons=2", "--list"]) == 2
+    assert "did you mean 'repetitions'" in capsys.readouterr().err
