@@ -1,0 +1,36 @@
+"""Seconds per denoising step of the tiny model, cached vs full decoding, and tokens/s.
+Printed, not asserted: run it before and after a change to compare.
+
+    .venv/bin/python benchmarks/step_time.py [--gen-length 64] [--threads 1]
+"""
+import argparse
+
+import torch
+
+from artifact.checkpoint import load_checkpoint
+from artifact.generate import DecodeConfig
+from artifact.runner import run
+from artifact.tasks import prompts
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--gen-length", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--task", default="gsm8k")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    loaded = load_checkpoint("tiny")
+    print(f"tiny model, {a.task}, gen_length {a.gen_length}, {a.threads} thread(s)")
+    print(f"{'mode':>7} {'batch':>5} {'forwards':>8} {'s/step':>8} {'tokens/s':>9} {'tok/fwd':>7}")
+    for batch in (1, 4):
+        _, ps = prompts(loaded.tokenizer, a.task, batch, seed=0, max_prompt_tokens=64)
+        run(loaded, ps, batch, DecodeConfig(gen_length=32))                       # warm-up
+        for mode in ("cached", "full"):
+            s = run(loaded, ps, batch, DecodeConfig(gen_length=a.gen_length, mode=mode)).stats
+            print(f"{mode:>7} {batch:>5} {s['forwards']:>8} {s['seconds'] / s['forwards']:>8.4f} "
+                  f"{s['tokens_per_second']:>9.1f} {s['tokens_per_forward']:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()
