@@ -17,7 +17,6 @@ own file and `python -m artifact merge` joins them.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -439,16 +438,3 @@ def add_cli(subparsers) -> None:
     m.add_argument("--partial", action="store_true", help="merge even if cells of the grid are missing")
     m.set_defaults(fn=cmd_merge)
 
-
-def main_for_tests(argv=None) -> int:
-    """`python -m artifact` restricted to these subcommands, with its error handling."""
-    ap = argparse.ArgumentParser(prog="python -m artifact")
-    add_cli(ap.add_subparsers(dest="cmd", required=True))
-    args = ap.parse_args(argv)
-    try:
-        args.fn(args)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError, RuntimeError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"error: {msg}", file=sys.stderr)
-        return 2
-    return 0

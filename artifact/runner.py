@@ -114,7 +114,8 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
                          cap_gbps=spec.cap_gbps, expert_bytes=meta["expert_bytes"])
         engine = offload(model, loaded.experts, spec.capacity, pol, link, device)
     elif not isinstance(saved_backend, ResidentExperts):
-        model.backend = ResidentExperts(loaded.experts.to(device), cfg)
+        # Kept after the run: moving every expert to the device is worth doing once, not per run.
+        saved_backend = model.backend = ResidentExperts(loaded.experts.to(device), cfg)
     recorder = TraceRecorder() if record else None
     gens = []
     try:

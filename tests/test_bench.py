@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from artifact.bench import (COLUMNS, STAT_COLUMNS, Cell, ModelRunner, grid, main_for_tests, merge, parse_shard,
+from artifact.__main__ import main as main_for_tests
+from artifact.bench import (COLUMNS, STAT_COLUMNS, Cell, ModelRunner, grid, merge, parse_shard,
                             read_rows, run_bench, shard_cells)
 from artifact.profiles import load_profile
 from artifact.sim import capacity_for

@@ -153,7 +153,7 @@ def test_as_dict_is_plain():
 
 
 def test_cli_reports_profile_errors(capsys):
-    from artifact.bench import main_for_tests
+    from artifact.__main__ import main as main_for_tests
     assert main_for_tests(["bench", "--profile", "nope", "--list"]) == 2
     assert "error: unknown profile 'nope'" in capsys.readouterr().err
     assert main_for_tests(["bench", "--profile", "cpu", "--set", "repetitons=2", "--list"]) == 2

@@ -160,9 +160,7 @@ class ExpertCache:
         return Load(layer, expert, slot, victim, after, speculative)
 
     def _plan_misses(self, i, layer, experts, hit, order, keep, hits) -> list[Load]:
-        lc = self.layers[i]
-        is_miss = ~hit
-        miss_set = set(experts[is_miss].tolist())
+        miss_set = set(experts[~hit].tolist())
         misses = [int(e) for e in order if int(e) in miss_set]          # streaming ones first, kept ones last
         immediate = self._free_and_victims(i, experts)
         # Slots whose demanded occupant, once computed, may be overwritten: (slot, occupant).
