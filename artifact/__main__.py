@@ -86,6 +86,12 @@ def load(a):
     return load_checkpoint(a.model, dtype=dtype, device=a.device, resident=not getattr(a, "offload", False))
 
 
+def prompt_id(tokens: list[int]) -> str:
+    """A command-line prompt's identity is its tokens (an oracle trace must be of the same prompts)."""
+    import hashlib
+    return "cli/" + hashlib.sha1(json.dumps(tokens).encode()).hexdigest()[:12]
+
+
 def cmd_generate(a):
     from .runner import check_device, run
     from .tasks import encode
@@ -103,7 +109,7 @@ def cmd_generate(a):
     tok = loaded.tokenizer
     prompts = [tok.encode(p) if a.raw else encode(tok, p) for p in a.prompt]
     res = run(loaded, prompts, len(prompts), dc, spec=spec, device=a.device, oracle=oracle,
-              record=bool(a.record_trace), prompt_ids=[f"cli/{i}" for i in range(len(prompts))])
+              record=bool(a.record_trace), prompt_ids=[prompt_id(p) for p in prompts])
     if a.record_trace:
         res.trace.save(a.record_trace)
     text = [tok.decode(t, skip_special_tokens=True) for t in res.tokens]
