@@ -24,6 +24,7 @@ from .paths import cache_dir, data_dir
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj")
+TINY_FORMAT = 2     # bump when build_tiny_checkpoint writes something different: old caches are rebuilt
 SPECIAL_TOKENS = ["<|startoftext|>", "<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"]
 # LLaDA2 / Ling style turns: <role>HUMAN</role>text<|role_end|><role>ASSISTANT</role>
 CHAT_TEMPLATE = (
@@ -305,12 +306,18 @@ def build_tiny_checkpoint(root: str | Path, seed: int = 0, shards: int = 1) -> P
     model, experts = init_random_weights(cfg, seed)
     save_checkpoint(root, cfg, state_tensors(model, experts), shards=shards)
     tok.save_pretrained(str(root))
+    # Name the class every transformers version knows (v5 writes "TokenizersBackend", unknown to v4,
+    # which TIDE pins) and keep the chat template in tokenizer_config.json, where v4 looks for it.
+    tc_path = root / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text())
+    tc.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=CHAT_TEMPLATE)
+    tc_path.write_text(json.dumps(tc, indent=2))
     return root
 
 
 def tiny_checkpoint(seed: int = 0) -> Path:
     """The tiny checkpoint's directory, built on first use (atomically, so concurrent users are safe)."""
-    root = cache_dir() / "checkpoints" / f"tiny-seed{seed}"
+    root = cache_dir() / "checkpoints" / f"tiny-v{TINY_FORMAT}-seed{seed}"
     if (root / "config.json").is_file():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)

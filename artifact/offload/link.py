@@ -135,6 +135,8 @@ class CudaLink:
         if cap_gbps is not None and cap_gbps <= 0:
             raise ValueError(f"bandwidth cap must be > 0 GB/s, got {cap_gbps}")
         self.device = torch.device(device)
+        if self.device.index is None:        # the pacing thread's set_device needs an index
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(self.device)
         self.cap = cap_gbps
         self.chunk = chunk_bytes

@@ -1,0 +1,140 @@
+"""CUDA paths: offloaded generation on the GPU, the CUDA link and the pinned host store.
+Marked cuda: conftest skips them, with a reason, where torch.cuda.is_available() is False."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from artifact.generate import DecodeConfig
+from artifact.runner import OffloadSpec, run
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(scope="module")
+def tiny_cuda():
+    """The tiny checkpoint in float32 on the GPU, all experts resident (the reference)."""
+    from artifact.checkpoint import load_checkpoint
+    return load_checkpoint("tiny", device="cuda")
+
+
+@pytest.mark.parametrize("mode", ["cached", "full"])
+@pytest.mark.parametrize("policy", ["demand", "last_step", "interval_refresh"])
+def test_offloaded_tokens_equal_resident_on_cuda(tiny_cuda, tiny_prompts, policy, mode):
+    dc = DecodeConfig(gen_length=48, mode=mode)
+    ref = run(tiny_cuda, tiny_prompts, 2, dc, device="cuda")
+    res = run(tiny_cuda, tiny_prompts, 2, dc, spec=OffloadSpec(capacity=12, policy=policy, link="cuda"),
+              device="cuda")
+    assert res.tokens == ref.tokens
+    s = res.stats
+    assert s["link"] == "cuda" and s["demand_misses"] > 0
+    expert_bytes = tiny_cuda.cfg.expert_params * 4
+    assert s["link_bytes"] == (s["demand_misses"] + s["speculative_transfers"]) * expert_bytes
+    assert s["transfers"] == s["demand_misses"] + s["speculative_transfers"]
+    assert s["link_busy_seconds"] > 0 and s["achieved_gbps"] > 0 and s["stall_seconds"] >= 0
+
+
+def test_offloaded_logits_match_resident_on_cuda(tiny_cuda, tiny_prompts):
+    dc = DecodeConfig(gen_length=32)
+    ref = run(tiny_cuda, tiny_prompts[:1], 1, dc, device="cuda", record_logits=True)
+    res = run(tiny_cuda, tiny_prompts[:1], 1, dc, spec=OffloadSpec(capacity=8, link="cuda"), device="cuda",
+              record_logits=True)
+    a, b = ref.generations[0].step_logits, res.generations[0].step_logits
+    assert a.keys() == b.keys()
+    for k in a:     # bit for bit is promised on the CPU; on the GPU a stale slot would be off by far more
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_link_copies_land_and_are_counted():
+    from artifact.offload.link import CudaLink
+    link = CudaLink("cuda")
+    try:
+        srcs = [torch.randn(1000 + 37 * i).pin_memory() for i in range(6)]
+        dsts = [torch.zeros(s.numel(), device="cuda") for s in srcs]
+        tickets = [link.copy(d, s) for d, s in zip(dsts, srcs)]
+        for t in tickets:
+            link.wait(t)
+        got = [d.cpu() for d in dsts]                                   # reads on the compute stream
+        assert all(torch.equal(g, s) for g, s in zip(got, srcs))
+        stats = link.finish()
+        assert stats.transfers == 6 and stats.bytes == sum(s.numel() * 4 for s in srcs)
+        assert stats.busy_seconds > 0 and stats.achieved_gbps > 0
+        assert all(link.ready(t) for t in tickets)
+    finally:
+        link.close()
+
+
+def test_cuda_link_copy_waits_for_the_compute_that_frees_its_slot():
+    """A copy issued with `after` must not overwrite a slot a queued kernel still reads."""
+    from artifact.offload.link import CudaLink
+    link = CudaLink("cuda")
+    try:
+        slot = torch.full((1 << 22,), 1.0, device="cuda")
+        new = torch.full((1 << 22,), 2.0).pin_memory()
+        big = torch.randn(4096, 4096, device="cuda")
+        for _ in range(20):                                             # keep the compute stream busy
+            big = big @ big * 1e-3
+        total = slot.sum()                                              # reads the old contents
+        link.wait(link.copy(slot, new, after=link.compute_done(slot)))
+        assert total.item() == float(slot.numel())                     # 1.0 each: read before the copy
+        assert torch.equal(slot.cpu(), new)
+        link.finish()
+    finally:
+        link.close()
+
+
+def _issued(link, ticket) -> None:
+    """A paced copy is issued by the link's worker thread; if that thread died, waiting would hang."""
+    assert ticket.issued.wait(timeout=30), (
+        "the paced copy was never issued: CudaLink's pacing worker thread died (see its traceback above)")
+
+
+def _timed_copy(link, nbytes: int) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    _issued(link, link.copy(dst, src))                                  # warm-up
+    link.finish()
+    t0 = time.perf_counter()
+    ticket = link.copy(dst, src)
+    _issued(link, ticket)
+    link.wait(ticket)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])     # the runner passes the profile's device as written
+def test_throttled_cuda_link_is_slower_than_uncapped(device):
+    from artifact.offload.link import CudaLink
+    nbytes, cap = 64 << 20, 1.0                                         # 64 MiB at 1 GB/s: >= 67 ms
+    fast, slow = CudaLink(device), CudaLink(device, cap_gbps=cap)
+    try:
+        t_fast, t_slow = _timed_copy(fast, nbytes), _timed_copy(slow, nbytes)
+        assert t_slow >= 0.9 * nbytes / (cap * 1e9)
+        assert t_slow > 3 * t_fast
+        stats = slow.finish()
+        assert stats.transfers == 2 and stats.bytes == 2 * nbytes
+        assert stats.achieved_gbps <= 1.2 * cap
+    finally:
+        fast.close()
+        slow.close()
+
+
+def test_host_store_pins_memory_for_cuda(tiny):
+    from artifact.offload.engine import offload
+    from artifact.offload.link import CudaLink
+    from artifact.offload.store import HostStore
+    from artifact.policies import make_policy
+    cfg = tiny.cfg
+    assert HostStore(tiny.experts, cfg.moe_layers, pin=True).pinned
+    assert not HostStore(tiny.experts, cfg.moe_layers, pin=False).pinned
+    saved = tiny.model.backend
+    link = CudaLink("cuda")
+    try:
+        engine = offload(tiny.model, tiny.experts, 8, make_policy("demand", len(cfg.moe_layers), cfg.num_experts),
+                         link, "cuda")
+        assert engine.store.pinned and all(s.is_cuda for s in engine.slots.values())
+    finally:
+        tiny.model.backend = saved
+        link.close()
