@@ -1,4 +1,4 @@
-"""Command line: python -m artifact {generate,trace,simulate,bench,report,merge,tide} ...
+"""Command line: python -m artifact {generate,trace,simulate,bench,report,merge,notebooks} ...
 
 Every argument is checked before a model is loaded: a bad value costs nothing."""
 from __future__ import annotations
@@ -201,19 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_simulate)
 
     from .bench import add_cli as add_bench_cli
+    from .notebooks import add_cli as add_notebooks_cli
     add_bench_cli(sub)
+    add_notebooks_cli(sub)
     return ap
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.fn(args)
+        rc = args.fn(args)             # a command may return an exit code (notebooks: failures)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, RuntimeError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr)
         return 2
-    return 0
+    return int(rc or 0)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,9 @@ class Profile:
     tau: int
     trace_capacity: int | None
     budget_minutes: float | None
+    # bandwidth throttling (notebook 03): one C/W, the link's bandwidth times each scale
+    throttle_scales: tuple[float, ...]
+    throttle_ratio: float
     # traces and the simulator (notebooks)
     trace_tasks: tuple[str, ...]
     trace_n_prompts: int
@@ -246,17 +249,20 @@ def _check_values(p: Profile, origin: dict) -> None:
         choices("dtype", [p.dtype], list(DTYPES))
     if p.link == "cuda" and not p.device.startswith("cuda"):
         fail("link", f"'cuda' computes on the GPU, but device is {p.device!r}; use link: emulated on the CPU")
-    if p.link == "cuda" and max(p.bandwidth_scales) > 1:
-        fail("bandwidth_scales", f"above 1 ({max(p.bandwidth_scales)}) cannot speed up real hardware; "
-                                 "on the cuda link use scales <= 1 (a cap)")
+    for key in ("bandwidth_scales", "throttle_scales"):
+        if p.link == "cuda" and max(getattr(p, key)) > 1:
+            fail(key, f"above 1 ({max(getattr(p, key))}) cannot speed up real hardware; "
+                      "on the cuda link use scales <= 1 (a cap)")
     for key in ("batch_sizes", "trace_batch_sizes"):
         for b in getattr(p, key):
             if not 1 <= b <= 8:
                 fail(key, f"must be in 1-8 (the decoder's batch sizes), got {b}")
-    for key in ("cache_ratios", "bandwidth_scales"):
+    for key in ("cache_ratios", "bandwidth_scales", "throttle_scales"):
         for r in getattr(p, key):
             if r <= 0:
                 fail(key, f"must be > 0, got {r}")
+    if p.throttle_ratio <= 0:
+        fail("throttle_ratio", f"must be > 0, got {p.throttle_ratio}")
     positive = ("gen_length", "steps", "n_prompts", "trace_n_prompts", "repetitions", "lookahead", "tau",
                 "latency_us")
     for key in positive:

@@ -1,0 +1,319 @@
+"""Run the numbered notebooks for one profile with papermill (what run_all.sh calls):
+
+    python -m artifact notebooks [--profile cpu] [--force] [--only 02,04]
+
+1. The profile loads, and every parameter each notebook declares (its cell tagged `parameters`) is a
+   profile key: a typo fails here, before anything runs.
+2. Each notebook runs with `profile` and the profile's values of its parameters injected (kernel
+   python3, working directory notebooks/, a per-cell timeout) into results/<profile>/<name>.ipynb,
+   written under a temporary name and renamed, so a half-written notebook never has the final name.
+   A notebook whose executed copy is complete (every code cell ran, no error, claim lines present,
+   the same parameters) is skipped unless --force. A failure does not stop the others.
+3. A table of every claim's verdict; the exit code is the number of failed notebooks.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .paths import repo_root
+
+KERNEL = "python3"
+CELL_TIMEOUT_S = 1800
+CHECK = "# NBVAL_CHECK_OUTPUT"
+_LINE = re.compile(r"^(claim|verdict)(?: \[[a-z]+\])?: (.*)$")
+_SAVED = re.compile(r"^saved (\S+) and (\S+)$")
+
+
+class NotebookError(ValueError):
+    def __init__(self, message: str, failed: int = 1):
+        super().__init__(message)
+        self.failed = failed          # notebooks this error stops (the exit code counts them)
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str                      # ok | skipped (complete) | FAILED
+    seconds: float = 0.0
+    claims: list[tuple[str, str]] = field(default_factory=list)    # (claim, verdict)
+    error: str = ""
+
+
+def notebook_dir() -> Path:
+    return repo_root() / "notebooks"
+
+
+def find_notebooks(directory: Path, only: list[str] | None = None) -> list[Path]:
+    """The numbered notebooks NN_name.ipynb, in order; `only` keeps those whose number or name is listed."""
+    paths = sorted(p for p in Path(directory).glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        keep = [p for p in paths if any(p.stem == o or p.stem.split("_")[0] == o for o in only)]
+        unknown = [o for o in only if not any(p.stem == o or p.stem.split("_")[0] == o for p in paths)]
+        if unknown:
+            raise NotebookError(f"--only {','.join(unknown)}: no such notebook in {directory}; "
+                                f"have {[p.stem for p in paths]}")
+        paths = keep
+    if not paths:
+        raise NotebookError(f"{directory}: no numbered notebooks (NN_name.ipynb)")
+    return paths
+
+
+def declared_parameters(path: Path) -> list[str]:
+    """Names assigned in the cell tagged `parameters`."""
+    import nbformat
+    nb = nbformat.read(path, as_version=4)
+    if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells if c.cell_type == "code"):
+        raise NotebookError(f"{path}: no code cell tagged 'parameters' (papermill injects the profile after it)")
+    import papermill
+    return list(papermill.inspect_notebook(str(path)))
+
+
+def injected_parameters(paths: list[Path], profile: str, profile_arg: str, overrides: dict | None = None
+                        ) -> dict[Path, dict]:
+    """Per notebook: `profile` plus the profile's value (after `overrides`) of each declared parameter.
+    Every bad name of every notebook is reported at once, before anything runs."""
+    from .profiles import PROFILE_KEYS, load_profile
+    values = load_profile(profile, overrides).as_dict()
+    out, errors, bad = {}, [], set()
+    for path in paths:
+        names = declared_parameters(path)
+        if "profile" not in names:
+            errors.append(f"{path}: the parameters cell does not set `profile`")
+            bad.add(path)
+        for n in names:
+            if n != "profile" and n not in PROFILE_KEYS:
+                close = difflib.get_close_matches(n, PROFILE_KEYS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                errors.append(f"{path}: parameter {n!r} is not a profile key{hint}")
+                bad.add(path)
+        out[path] = {"profile": profile_arg, **{n: values[n] for n in names if n in values}}
+    if errors:
+        raise NotebookError("\n".join(errors) + f"\nvalid keys: {', '.join(PROFILE_KEYS)}", len(bad))
+    return out
+
+
+def claims_of(nb) -> list[tuple[str, str]]:
+    """(claim, verdict) pairs printed by the notebook's cells (a claim line, then its verdict line)."""
+    pairs, claim = [], None
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if out.get("output_type") != "stream" or out.get("name") != "stdout":
+                continue
+            for line in out.get("text", "").splitlines():
+                m = _LINE.match(line.strip())
+                if m and m.group(1) == "claim":
+                    claim = m.group(2)
+                elif m and claim is not None:
+                    pairs.append((claim, m.group(2)))
+                    claim = None
+    return pairs
+
+
+def _code(nb) -> list[str]:
+    return [c.source for c in nb.cells if c.cell_type == "code" and
+            "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+
+
+def saved_files(nb) -> list[Path]:
+    """Files the notebook reported saving ("saved A and B" lines: figures and their CSVs)."""
+    out = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if o.get("output_type") == "stream":
+                for line in o.get("text", "").splitlines():
+                    m = _SAVED.match(line.strip())
+                    if m:
+                        out += [repo_root() / m.group(1), repo_root() / m.group(2)]
+    return out
+
+
+def complete(path: Path, params: dict, source: Path | None = None) -> bool:
+    """An executed notebook that needs no rerun: it holds the source notebook's code, ran every code cell
+    without error with these parameters, printed at least one claim with a verdict, and the files it
+    saved are still there."""
+    import nbformat
+    if not path.is_file():
+        return False
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception:                    # unreadable: run it again
+        return False
+    pm = nb.metadata.get("papermill", {})
+    if pm.get("exception") or pm.get("parameters") != params:
+        return False
+    if source is not None and _code(nb) != _code(nbformat.read(source, as_version=4)):
+        return False
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if cell.get("execution_count") is None and cell.source.strip():
+            return False
+        if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
+            return False
+    return bool(claims_of(nb)) and all(p.is_file() for p in saved_files(nb))
+
+
+def execute(path: Path, out: Path, params: dict, cwd: Path, timeout: int, progress: bool = True) -> None:
+    """papermill into a temporary file beside `out`, renamed onto `out` once written (also when the
+    notebook failed, so its error can be read; complete() then asks for a rerun)."""
+    import papermill
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.ipynb")
+    try:
+        papermill.execute_notebook(str(path), str(tmp), parameters=params, kernel_name=KERNEL, cwd=str(cwd),
+                                   execution_timeout=timeout, progress_bar=progress, log_output=False)
+    finally:
+        if tmp.is_file():
+            os.replace(tmp, out)
+
+
+def run_notebooks(profile: str = "cpu", overrides: dict | None = None, force: bool = False,
+                  only: list[str] | None = None, directory: Path | None = None, results: Path | None = None,
+                  timeout: int = CELL_TIMEOUT_S, progress: bool = True, log=print) -> list[Outcome]:
+    """Run (or skip, when complete) the numbered notebooks for `profile` with `overrides` laid over it."""
+    import nbformat
+
+    from .profiles import PROFILE_DIR, load_profile, profile_path
+    directory = Path(directory or notebook_dir())
+    paths = find_notebooks(directory, only)
+    P = load_profile(profile, overrides)          # a bad profile or override fails here
+    # a bundled profile is injected by name, one given as a file by absolute path (the kernel runs in notebooks/)
+    bundled = profile_path(profile).resolve().parent == PROFILE_DIR
+    arg = P.name if bundled else str(Path(profile).resolve())
+    params = injected_parameters(paths, profile, arg, overrides)
+    unused = sorted(set(overrides or {}) - {k for v in params.values() for k in v})
+    if unused:
+        log(f"note: {', '.join(unused)} is no parameter of these notebooks; the override has no effect there")
+    outdir = Path(results or repo_root() / "results") / P.name
+    outcomes = []
+    for path in paths:
+        out = outdir / path.name
+        if not force and complete(out, params[path], path):
+            outcomes.append(Outcome(path.stem, "skipped (complete)", 0.0, claims_of(nbformat.read(out, as_version=4))))
+            log(f"{path.stem}: executed copy {out} is complete; skipped (--force reruns it)")
+            continue
+        log(f"{path.stem}: running on profile {P.name} -> {out}")
+        t0 = time.perf_counter()
+        try:
+            execute(path, out, params[path], directory, timeout, progress)
+            status, error = "ok", ""
+        except Exception as e:            # keep going: the table reports it, the exit code counts it
+            status, error = "FAILED", _short(e)
+            log(f"{path.stem}: FAILED: {error}")
+        claims = claims_of(nbformat.read(out, as_version=4)) if out.is_file() else []
+        if status == "ok" and not claims:
+            status, error = "FAILED", "no claim/verdict lines printed"
+        outcomes.append(Outcome(path.stem, status, time.perf_counter() - t0, claims, error))
+    return outcomes
+
+
+def _short(e: Exception) -> str:
+    name = getattr(e, "ename", type(e).__name__)
+    value = getattr(e, "evalue", str(e))
+    return f"{name}: {value}".splitlines()[0][:300]
+
+
+def summary_table(outcomes: list[Outcome], width: int = 70) -> str:
+    rows = []
+    for o in outcomes:
+        for k, (claim, verdict) in enumerate(o.claims or [("-", o.error or "-")]):
+            c = claim if len(claim) <= width else claim[:width - 3] + "..."
+            rows.append((o.name if k == 0 else "", o.status if k == 0 else "",
+                         f"{o.seconds:.0f}" if k == 0 else "", c, verdict))
+    head = ("notebook", "status", "seconds", "claim", "verdict")
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
+    lines = [fmt.format(*head), fmt.format(*("-" * w for w in widths), "-" * 7)]
+    lines += [fmt.format(*r) for r in rows]
+    failed = sum(o.status == "FAILED" for o in outcomes)
+    total = sum(o.seconds for o in outcomes)
+    lines.append(f"{len(outcomes)} notebooks, {failed} failed, {total / 60:.1f} min")
+    return "\n".join(lines)
+
+
+def store_claim_outputs(executed: Path, source: Path) -> None:
+    """Copy the claim cells' outputs of an executed cpu run into the source notebook, every other output
+    cleared (what git stores, and what nbval compares against)."""
+    import nbformat
+
+    from .paths import atomic_write_text
+    run = nbformat.read(executed, as_version=4)
+    src = nbformat.read(source, as_version=4)
+    by_source = {c.source: c for c in run.cells if c.cell_type == "code" and c.source.startswith(CHECK)}
+    for cell in src.cells:
+        if cell.cell_type != "code":
+            continue
+        cell.execution_count, cell.outputs = None, []
+        done = by_source.get(cell.source)
+        if done is not None:
+            cell.outputs = [o for o in done.outputs if o.get("output_type") == "stream" and o.get("name") == "stdout"]
+            cell.execution_count = 1
+        cell.metadata.pop("execution", None)
+        cell.metadata.pop("papermill", None)
+    src.metadata.pop("papermill", None)
+    atomic_write_text(source, nbformat.writes(src) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line (registered by artifact/__main__.py)
+# ---------------------------------------------------------------------------------------------
+def _names(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def cmd_notebooks(a) -> int:
+    """Returns the number of failed notebooks."""
+    from .profiles import ProfileError, parse_override
+    try:
+        overrides = dict(parse_override(x) for x in a.set or [])
+        if a.model is not None:
+            overrides["model"] = a.model
+        outcomes = run_notebooks(a.profile, overrides, a.force, a.only, a.notebook_dir, a.results, a.timeout,
+                                 progress=not a.quiet, log=lambda s: print(s, file=sys.stderr))
+    except (NotebookError, ProfileError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        print("nothing was run", file=sys.stderr)
+        return getattr(e, "failed", 1)
+    print(summary_table(outcomes))
+    if a.store and any(o.status == "FAILED" for o in outcomes):
+        print("--store: some notebooks failed; their stored outputs are left as they were", file=sys.stderr)
+    if a.store:
+        from .profiles import load_profile
+        if load_profile(a.profile).name != "cpu" or overrides:
+            print("--store copies claim outputs of a plain cpu run only (no --model/--set); skipped",
+                  file=sys.stderr)
+        else:
+            directory = Path(a.notebook_dir or notebook_dir())
+            for o in outcomes:
+                if o.status != "FAILED":
+                    store_claim_outputs(Path(a.results or repo_root() / "results") / "cpu" / f"{o.name}.ipynb",
+                                        directory / f"{o.name}.ipynb")
+            print(f"stored claim outputs into {directory}", file=sys.stderr)
+    return sum(o.status == "FAILED" for o in outcomes)
+
+
+def add_cli(subparsers) -> None:
+    """Register `notebooks` on an argparse subparsers object. Its exit code counts failed notebooks."""
+    from .profiles import list_profiles
+    n = subparsers.add_parser("notebooks", help="run the numbered notebooks for a profile (papermill) and "
+                                                "print every claim's verdict")
+    n.add_argument("--profile", default="cpu", help=f"one of {list_profiles()} or a path to a .yaml file")
+    n.add_argument("--model", default=None, help="checkpoint directory (overrides the profile's model)")
+    n.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a profile key with a YAML value, e.g. --set repetitions=5 (repeatable)")
+    n.add_argument("--force", action="store_true", help="rerun notebooks whose executed copy is complete")
+    n.add_argument("--only", type=_names, default=None, help="comma-separated numbers or names, e.g. 02,04")
+    n.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S, help="seconds per cell")
+    n.add_argument("--quiet", action="store_true", help="no progress bar")
+    n.add_argument("--store", action="store_true",
+                   help="after a cpu run, copy the claim cells' outputs into notebooks/ (what nbval checks)")
+    n.add_argument("--notebook-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    n.add_argument("--results", type=Path, default=None, help=argparse.SUPPRESS)
+    n.set_defaults(fn=cmd_notebooks)
