@@ -25,29 +25,20 @@ class OffloadEngine:
                       for layer in cache.moe_layers}                      # (C, P) per MoE layer
         self.views = {layer: [expert_views(s[c], cfg) for c in range(cache.capacity)]
                       for layer, s in self.slots.items()}
-        self.pending: dict[tuple[int, int], object] = {}                 # (layer, slot) -> ticket not yet waited
-        self.freed: dict[tuple[int, int], object] = {}                   # (layer, slot) -> event after last read
+        self.pending = {layer: {} for layer in cache.moe_layers}        # layer -> {slot: ticket not yet waited}
+        self.freed = {layer: {} for layer in cache.moe_layers}          # layer -> {slot: event after last read}
+        self.events = link.kind == "cuda"                               # CPU compute is synchronous: no events
         self.finished = False
 
     def _issue(self, ld: Load):
         dst = self.slots[ld.layer][ld.slot]
-        ticket = self.link.copy(dst, self.store.expert(ld.layer, ld.expert), after=self.freed.get((ld.layer, ld.slot)))
-        self.pending[(ld.layer, ld.slot)] = ticket
-
-    def _land(self, layer: int, slot: int):
-        ticket = self.pending.pop((layer, slot), None)
-        if ticket is not None:
-            self.link.wait(ticket)
-        return self.views[layer][slot]
-
-    def _computed(self, layer: int, slot: int):
-        ev = self.link.compute_done(self.slots[layer][slot])
-        if ev is not None:
-            self.freed[(layer, slot)] = ev
+        after = self.freed[ld.layer].get(ld.slot)
+        self.pending[ld.layer][ld.slot] = self.link.copy(dst, self.store.expert(ld.layer, ld.expert), after=after)
 
     def experts(self, demand: Demand):
         plan, speculative = self.cache.serve(demand)
         layer = demand.layer
+        pending, freed, views = self.pending[layer], self.freed[layer], self.views[layer]
         waiting: dict[int, list[Load]] = defaultdict(list)              # occupant -> loads into its slot
         for ld in plan.loads:
             if ld.after == EMPTY:
@@ -56,23 +47,26 @@ class OffloadEngine:
                 waiting[ld.after].append(ld)
         for ld in speculative:
             self._issue(ld)
-        # Resident experts first; those whose (prefetch) copy is still in flight go last among them.
-        hits = sorted(plan.hits, key=lambda es: (not self._ready(layer, es[1]), es[0]))
+        hits = plan.hits
+        if pending:      # resident experts first; those whose (prefetch) copy is still in flight go last
+            hits = sorted(hits, key=lambda es: (es[1] in pending and not self.link.ready(pending[es[1]]), es[0]))
         for e, slot in hits + [(ld.expert, ld.slot) for ld in plan.loads]:
-            yield e, self._land(layer, slot)
-            self._computed(layer, slot)
-            for ld in waiting.pop(e, ()):
-                self._issue(ld)
+            ticket = pending.pop(slot, None)
+            if ticket is not None:
+                self.link.wait(ticket)
+            yield e, views[slot]
+            if self.events:
+                freed[slot] = self.link.compute_done(self.slots[layer][slot])
+            if waiting:
+                for ld in waiting.pop(e, ()):
+                    self._issue(ld)
         assert not waiting, f"layer {layer}: loads never issued for {dict(waiting)}"
-
-    def _ready(self, layer: int, slot: int) -> bool:
-        t = self.pending.get((layer, slot))
-        return t is None or self.link.ready(t)
 
     def finish(self) -> dict:
         """End of run: land outstanding copies, settle link timing, count unused prefetches."""
         counts = self.cache.finish().as_dict()
-        self.pending.clear()                     # unused prefetches: their link time is already counted
+        for p in self.pending.values():          # unused prefetches: their link time is already counted
+            p.clear()
         link = self.link.finish()
         self.finished = True
         return {**counts, "transfers": link.transfers, "link_bytes": link.bytes,
