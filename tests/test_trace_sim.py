@@ -156,3 +156,29 @@ def test_cli_trace_and_simulate(tmp_path, capsys):
     assert len(csv.read_text().splitlines()) == 1 + 5 * 5
     assert main(["trace", "--task", "nope", "--n", "2", "--out", str(tmp_path / "x")]) == 2
     assert "unknown task 'nope'" in capsys.readouterr().err
+
+
+def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, recorded, monkeypatch):
+    """The README's recipe: subclass Policy, register it, and both paths use it unchanged."""
+    from artifact.policies import POLICIES, Policy, PolicySpec
+
+    class TopCount(Policy):
+        name = "top_count"
+
+        def __init__(self, num_layers, num_experts, lookahead=1):
+            super().__init__(num_layers, num_experts)
+            self.uses = np.zeros((num_layers, num_experts), dtype=np.int64)
+            self.lookahead = lookahead
+
+        def predict(self, i, experts, counts, step):
+            self.uses[i, experts] += counts
+            target = (i + self.lookahead) % self.num_layers
+            return target, np.argsort(-self.uses[target], kind="stable")
+
+    monkeypatch.setitem(POLICIES, "top_count", PolicySpec(
+        "top_count", lambda L, E, future=None, lookahead=1, **kw: TopCount(L, E, lookahead), False, True, "test"))
+    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(20, "top_count"), record=True,
+              prompt_ids=["a", "b", "c"], task="test")
+    assert eng.tokens == recorded.tokens
+    sim = replay(eng.trace, "top_count", 20)
+    assert all(eng.stats[k] == sim[k] for k in COUNTS) and sim["speculative_transfers"] > 0
