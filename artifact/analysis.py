@@ -508,7 +508,7 @@ def tide_unavailable(P: Profile) -> str | None:
             from .tide import check_tide
             try:
                 check_tide(P.tide_path, P.device)
-            except (ValueError, FileNotFoundError, ModuleNotFoundError, RuntimeError) as e:
+            except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
                 reasons.append(str(e))
     return "; ".join(reasons) or None
 
@@ -526,8 +526,9 @@ def tide_released(P: Profile, progress: bool = True) -> list[dict]:
     loaded = load_checkpoint(P.model, P.torch_dtype, P.device, resident=False)
     task = P.tasks[0]
     W = ModelRunner(P, loaded).working_set(task, 1)
+    loaded.model.backend = None                  # drop the traced run's resident experts from the GPU ...
     if torch.cuda.is_available():
-        torch.cuda.empty_cache()                 # the traced run's resident experts: TIDE sizes against free memory
+        torch.cuda.empty_cache()                 # ... since TIDE sizes its budget against free GPU memory
     _, ps = prompts(loaded.tokenizer, task, P.n_prompts, P.seed, P.max_prompt_tokens)
     rows = []
     for r in TIDE_RATIOS:
