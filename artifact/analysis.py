@@ -110,18 +110,12 @@ def _load(model, dtype, device, resident):
     return load_checkpoint(model, dtype, device, resident=resident)
 
 
-def link_gbps(P: Profile, expert_bytes: int, scale: float = 1.0) -> float | None:
-    """The emulated link's bandwidth at `scale` (None on the cuda link: the hardware's own)."""
-    from .offload.link import emulated_bandwidth_gbps
-    if P.link != "emulated":
-        return None if scale == 1.0 else (P.link_gbps * scale if P.link_gbps else None)
-    return (P.link_gbps or emulated_bandwidth_gbps(expert_bytes)) * scale
-
-
 def offload_spec(P: Profile, loaded, capacity: int, policy: str = "demand"):
     from .runner import OffloadSpec
     eb = loaded.cfg.expert_params * loaded.experts.element_size()
-    return OffloadSpec(capacity, policy, P.link, bandwidth_gbps=link_gbps(P, eb), latency_us=P.latency_us,
+    from .bench import emulated_gbps
+    gbps = emulated_gbps(P, eb) if P.link == "emulated" else None     # cuda: the hardware's own bandwidth
+    return OffloadSpec(capacity, policy, P.link, bandwidth_gbps=gbps, latency_us=P.latency_us,
                        lookahead=P.lookahead, tau=P.tau)
 
 

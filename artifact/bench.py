@@ -113,6 +113,12 @@ def measure_h2d_gbps(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> 
     return repeats * nbytes / (time.perf_counter() - t0) / 1e9
 
 
+def emulated_gbps(p: Profile, expert_bytes: int, scale: float = 1.0) -> float:
+    """The emulated link's bandwidth for a profile: link_gbps, or PCIe 4 scaled to the model's experts."""
+    from .offload.link import emulated_bandwidth_gbps
+    return (p.link_gbps or emulated_bandwidth_gbps(expert_bytes)) * scale
+
+
 class ModelRunner:
     """Runs a profile's cells on a model. Tests may substitute an object with the same `meta`,
     `num_experts`, `working_set` and `run`."""
@@ -162,10 +168,9 @@ class ModelRunner:
 
     def link_gbps(self, scale: float) -> float | None:
         """The cell's bandwidth; None = the cuda link unpaced at hardware speed."""
-        from .offload.link import emulated_bandwidth_gbps
         p = self.p
         if p.link == "emulated":
-            return (p.link_gbps or emulated_bandwidth_gbps(self.expert_bytes)) * scale
+            return emulated_gbps(p, self.expert_bytes, scale)
         if scale == 1.0:
             return None
         if p.link_gbps is None and self._nominal is None:
