@@ -111,9 +111,9 @@ def _load(model, dtype, device, resident):
 
 
 def offload_spec(P: Profile, loaded, capacity: int, policy: str = "demand"):
+    from .bench import emulated_gbps
     from .runner import OffloadSpec
     eb = loaded.cfg.expert_params * loaded.experts.element_size()
-    from .bench import emulated_gbps
     gbps = emulated_gbps(P, eb) if P.link == "emulated" else None     # cuda: the hardware's own bandwidth
     return OffloadSpec(capacity, policy, P.link, bandwidth_gbps=gbps, latency_us=P.latency_us,
                        lookahead=P.lookahead, tau=P.tau)
