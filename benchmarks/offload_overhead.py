@@ -17,15 +17,15 @@ import time
 
 import torch
 
-from artifact.checkpoint import load_checkpoint
-from artifact.generate import DecodeConfig, generate
+from artifact.model.checkpoint import load_checkpoint
+from artifact.model.decode import DecodeConfig, generate
 from artifact.offload.engine import offload
 from artifact.offload.link import make_link
-from artifact.policies import make_policy
-from artifact.runner import OffloadSpec, run
-from artifact.sim import capacity_for
-from artifact.tasks import prompts
-from artifact.trace import mean_working_set
+from artifact.offload.policies import make_policy
+from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.sim import capacity_for
+from artifact.model.tasks import prompts
+from artifact.offload.trace import mean_working_set
 
 
 def per_step(gen):

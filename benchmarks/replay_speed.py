@@ -10,13 +10,13 @@ import time
 import numpy as np
 import torch
 
-from artifact.checkpoint import load_checkpoint
-from artifact.generate import DecodeConfig
-from artifact.policies import POLICIES
-from artifact.runner import run
-from artifact.sim import capacity_for, replay, sweep
-from artifact.tasks import prompts
-from artifact.trace import Trace, mean_working_set
+from artifact.model.checkpoint import load_checkpoint
+from artifact.model.decode import DecodeConfig
+from artifact.offload.policies import POLICIES
+from artifact.offload.runner import run
+from artifact.offload.sim import capacity_for, replay, sweep
+from artifact.model.tasks import prompts
+from artifact.offload.trace import Trace, mean_working_set
 
 
 def tiled(t: Trace, times: int) -> Trace:

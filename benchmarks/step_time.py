@@ -7,10 +7,10 @@ import argparse
 
 import torch
 
-from artifact.checkpoint import load_checkpoint
-from artifact.generate import DecodeConfig
-from artifact.runner import run
-from artifact.tasks import prompts
+from artifact.model.checkpoint import load_checkpoint
+from artifact.model.decode import DecodeConfig
+from artifact.offload.runner import run
+from artifact.model.tasks import prompts
 
 
 def main():

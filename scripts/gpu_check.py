@@ -133,7 +133,7 @@ def pinned_peak(torch, expert_bytes: int, total_bytes: int = 1 << 30, reps: int 
 
 
 def model_config(a):
-    from artifact.config import get_preset
+    from artifact.model.config import get_preset
     if a.device == "cpu":
         return dataclasses.replace(get_preset("tiny"), num_hidden_layers=a.layers, name=f"tiny-{a.layers}L-random")
     vocab = 32768                # a smaller embedding and LM head: faster to build, same expert shapes
@@ -234,11 +234,11 @@ def main(argv=None) -> int:
 
 def measure(a, torch, summary: dict, t_start: float) -> None:
     """Peak copy, model, W, warm-ups and the paired runs; fills `summary` as it goes."""
-    from artifact.checkpoint import random_model
-    from artifact.generate import DecodeConfig
-    from artifact.runner import OffloadSpec, run
-    from artifact.sim import capacity_for
-    from artifact.trace import mean_working_set
+    from artifact.model.checkpoint import random_model
+    from artifact.model.decode import DecodeConfig
+    from artifact.offload.runner import OffloadSpec, run
+    from artifact.offload.sim import capacity_for
+    from artifact.offload.trace import mean_working_set
 
     cuda = a.device == "cuda"
     link = summary["link"]

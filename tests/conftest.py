@@ -23,14 +23,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny():
     """The tiny checkpoint loaded in float32 on the CPU (experts resident)."""
-    from artifact.checkpoint import load_checkpoint
+    from artifact.model.checkpoint import load_checkpoint
     return load_checkpoint("tiny")
 
 
 @pytest.fixture(scope="session")
 def tiny_prompts(tiny):
     """Five chat-formatted prompts of different lengths (two shorter than a block, one over two)."""
-    from artifact.tasks import encode
+    from artifact.model.tasks import encode
     texts = ["Janet's ducks lay 16 eggs per day.", "def add(a, b):",
              "Write a haiku about the sea, in exactly three lines, with no commas at all, and a title.",
              "What is 2 + 2?", "Natalia sold clips to 48 of her friends in April, and then she sold half as "

@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from artifact import analysis as A
-from artifact import figures as F
-from artifact.analysis import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim
-from artifact.bench import COLUMNS, write_rows
-from artifact.notebooks import claims_of
-from artifact.profiles import load_profile
+from artifact.experiments import analysis as A
+from artifact.experiments import figures as F
+from artifact.experiments.analysis import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim
+from artifact.experiments.bench import COLUMNS, write_rows
+from artifact.experiments.notebooks import claims_of
+from artifact.experiments.settings import load_profile
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from artifact.__main__ import main as main_for_tests
-from artifact.bench import (COLUMNS, STAT_COLUMNS, Cell, ModelRunner, grid, merge, parse_shard,
+from artifact.cli import main as main_for_tests
+from artifact.experiments.bench import (COLUMNS, STAT_COLUMNS, Cell, ModelRunner, grid, merge, parse_shard,
                             read_rows, run_bench, shard_cells)
-from artifact.profiles import load_profile
-from artifact.sim import capacity_for
+from artifact.experiments.settings import load_profile
+from artifact.offload.sim import capacity_for
 
 
 def fake_profile(**over):
@@ -201,7 +201,7 @@ def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
 
 
 def test_changed_tokens_are_flagged(tmp_path, capsys):
-    from artifact.bench import changed_tokens
+    from artifact.experiments.bench import changed_tokens
     out = tmp_path / "b.csv"
     df = run_bench(fake_profile(), out, runner=FakeRunner(), progress=False, log=quiet)
     assert changed_tokens(df) == []

@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from artifact.checkpoint import (build_tiny_checkpoint, expected_shapes, load_checkpoint, save_checkpoint,
+from artifact.model.checkpoint import (build_tiny_checkpoint, expected_shapes, load_checkpoint, save_checkpoint,
                                  state_tensors)
-from artifact.config import ModelConfig
+from artifact.model.config import ModelConfig
 
 
 @pytest.fixture(scope="module")

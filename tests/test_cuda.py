@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from artifact.generate import DecodeConfig
-from artifact.runner import OffloadSpec, run
+from artifact.model.decode import DecodeConfig
+from artifact.offload.runner import OffloadSpec, run
 
 pytestmark = pytest.mark.cuda
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.cuda
 @pytest.fixture(scope="module")
 def tiny_cuda():
     """The tiny checkpoint in float32 on the GPU, all experts resident (the reference)."""
-    from artifact.checkpoint import load_checkpoint
+    from artifact.model.checkpoint import load_checkpoint
     return load_checkpoint("tiny", device="cuda")
 
 
@@ -125,7 +125,7 @@ def test_host_store_pins_memory_for_cuda(tiny):
     from artifact.offload.engine import offload
     from artifact.offload.link import CudaLink
     from artifact.offload.store import HostStore
-    from artifact.policies import make_policy
+    from artifact.offload.policies import make_policy
     cfg = tiny.cfg
     assert HostStore(tiny.experts, cfg.moe_layers, pin=True).pinned
     assert not HostStore(tiny.experts, cfg.moe_layers, pin=False).pinned

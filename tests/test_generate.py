@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import torch
 
-from artifact.generate import DecodeConfig, accept, generate, transfer_schedule
+from artifact.model.decode import DecodeConfig, accept, generate, transfer_schedule
 
 
 @pytest.mark.parametrize("gen_length", [40, 64])

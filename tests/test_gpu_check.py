@@ -78,7 +78,7 @@ def test_cpu_dry_run_writes_the_summary(tmp_path):
     order = [(r["rep"], r["cache_ratio"], r["policy"]) for r in runs]
     assert order[:4] == [(0, 0.5, "demand"), (0, 0.5, "last_step"), (0, 1.5, "last_step"), (0, 1.5, "demand")]
     assert order[4:6] == [(1, 0.5, "last_step"), (1, 0.5, "demand")]    # the order alternates
-    from artifact.sim import capacity_for
+    from artifact.offload.sim import capacity_for
     for r in runs:
         assert r["cache_experts"] == capacity_for(r["cache_ratio"], W, 256)
         assert r["tokens_match_resident"] is True                         # offloading changes time only

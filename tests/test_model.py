@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from artifact.config import PRESETS, ModelConfig, get_preset
-from artifact.model import Router, StepInfo, apply_rope, block_causal_mask, rope_cos_sin
+from artifact.model.config import PRESETS, ModelConfig, get_preset
+from artifact.model.llada2 import Router, StepInfo, apply_rope, block_causal_mask, rope_cos_sin
 
 
 def reference_route(h: np.ndarray, W: np.ndarray, bias: np.ndarray, cfg: ModelConfig):

@@ -10,10 +10,10 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from artifact.notebooks import (CHECK, NotebookError, claims_of, complete, declared_parameters, find_notebooks,
+from artifact.experiments.notebooks import (CHECK, NotebookError, claims_of, complete, declared_parameters, find_notebooks,
                                 injected_parameters)
-from artifact.__main__ import main as main_for_tests
-from artifact.profiles import PROFILE_KEYS, load_profile
+from artifact.cli import main as main_for_tests
+from artifact.experiments.settings import PROFILE_KEYS, load_profile
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -120,7 +120,7 @@ def test_parameters_are_the_cpu_profiles_values(path):
     cpu = load_profile("cpu").as_dict()
     assert ns["profile"] == "cpu"
     wrong = {k: (ns[k], cpu[k]) for k in names[1:] if ns[k] != cpu[k]}
-    assert not wrong, f"{path.name}: parameters differ from artifact/profiles/cpu.yaml (notebook, profile): {wrong}"
+    assert not wrong, f"{path.name}: parameters differ from artifact/experiments/profiles/cpu.yaml (notebook, profile): {wrong}"
 
 
 def test_overrides_reach_the_declared_parameters(tmp_path):

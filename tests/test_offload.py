@@ -8,14 +8,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from artifact.__main__ import main
-from artifact.generate import DecodeConfig
-from artifact.model import StepInfo
+from artifact.cli import main
+from artifact.model.decode import DecodeConfig
+from artifact.model.llada2 import StepInfo
 from artifact.offload.cache import EMPTY, ExpertCache
 from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps, make_link
 from artifact.offload.store import HostStore
-from artifact.policies import TraceFuture, make_policy
-from artifact.runner import OffloadSpec, run
+from artifact.offload.policies import TraceFuture, make_policy
+from artifact.offload.runner import OffloadSpec, run
 
 DC = DecodeConfig(gen_length=40)
 
@@ -36,7 +36,7 @@ def same_bits(a, b):
 @pytest.mark.parametrize("capacity, policy", [(1, "demand"), (20, "demand"), (256, "demand"),
                                               (20, "last_step"), (20, "interval_refresh")])
 def test_offloaded_equals_resident_bit_for_bit(tiny, tiny_prompts, resident, capacity, policy):
-    from artifact.trace import mean_working_set
+    from artifact.offload.trace import mean_working_set
     assert capacity < mean_working_set(resident.trace) or capacity == 256 or capacity == 1
     off = run(tiny, tiny_prompts[:2], 2, DC, spec=OffloadSpec(capacity, policy), record_logits=True)
     assert off.tokens == resident.tokens
@@ -205,7 +205,7 @@ def test_host_store_packs_each_expert_contiguously(tiny):
     ([], "--offload needs --cache-experts"),
 ])
 def test_cli_rejects_bad_offload_arguments_before_loading(monkeypatch, capsys, args, message):
-    import artifact.checkpoint as ck
+    import artifact.model.checkpoint as ck
     monkeypatch.setattr(ck, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
     code = main(["generate", "--prompt", "hi", "--offload", *args])
     assert code == 2 and message in capsys.readouterr().err
@@ -213,7 +213,7 @@ def test_cli_rejects_bad_offload_arguments_before_loading(monkeypatch, capsys, a
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown when CUDA is missing")
 def test_cuda_link_without_cuda_is_a_clear_error(capsys, monkeypatch):
-    import artifact.checkpoint as ck
+    import artifact.model.checkpoint as ck
     monkeypatch.setattr(ck, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
     assert main(["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--link", "cuda"]) == 2
     assert "--link cuda needs a CUDA GPU" in capsys.readouterr().err

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from artifact.profiles import (BASE, PROFILE_KEYS, ProfileError, list_profiles, load_profile, parse_override)
+from artifact.experiments.settings import (BASE, PROFILE_KEYS, ProfileError, list_profiles, load_profile, parse_override)
 
 PAPER_RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)
 
@@ -153,7 +153,7 @@ def test_as_dict_is_plain():
 
 
 def test_cli_reports_profile_errors(capsys):
-    from artifact.__main__ import main as main_for_tests
+    from artifact.cli import main as main_for_tests
     assert main_for_tests(["bench", "--profile", "nope", "--list"]) == 2
     assert "error: unknown profile 'nope'" in capsys.readouterr().err
     assert main_for_tests(["bench", "--profile", "cpu", "--set", "repetitons=2", "--list"]) == 2

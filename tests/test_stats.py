@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from artifact.stats import (bootstrap_ci, format_table, paired_difference, paired_table, pairs,
+from artifact.experiments.stats import (bootstrap_ci, format_table, paired_difference, paired_table, pairs,
                             percent_differences, with_paper)
 
 # Known data: tokens/s of policy A and B in 8 pairs.

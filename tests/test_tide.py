@@ -14,9 +14,9 @@ import textwrap
 import pytest
 import torch
 
-from artifact import tide
-from artifact.checkpoint import tiny_checkpoint
-from artifact.generate import DecodeConfig
+from artifact.experiments import tide
+from artifact.model.checkpoint import tiny_checkpoint
+from artifact.model.decode import DecodeConfig
 
 FAKE_CAP = 64          # the fake lowers any budget above this, as TIDE does when GPU memory is short
 FAKE_STEPS = 3         # denoising steps the fake reports per block
@@ -283,7 +283,7 @@ def test_compare_with_engine_interleaves_three_systems(fake, tiny, tiny_prompts)
     eng = [r for r in rows if r["system"] == "engine"]
     assert all(r["cache_experts"] == 96 and r["batch_size"] == 1 and r["demand_misses"] > 0 for r in eng)
     assert [r["order"] for r in rows] == [0, 1, 2, 0, 1, 2]
-    from artifact.bench import STAT_COLUMNS
+    from artifact.experiments.bench import STAT_COLUMNS
     assert all(set(STAT_COLUMNS) <= set(r) for r in eng)                  # the benchmark's row format
     cached = [r for r in eng if r["mode"] == "cached"]
     full = [r for r in eng if r["mode"] == "full"]
@@ -319,8 +319,8 @@ def test_real_tide_is_the_same_model_as_ours(tmp_path):
     """TIDE's model class loads a checkpoint we write and computes our logits (float32, CPU, experts on
     the CPU so no placement runs): the head to head compares two implementations of one model.
     No tokenizer is involved, so TIDE's pinned transformers may differ from ours."""
-    from artifact.checkpoint import random_model, save_checkpoint, state_tensors
-    from artifact.config import get_preset
+    from artifact.model.checkpoint import random_model, save_checkpoint, state_tensors
+    from artifact.model.config import get_preset
     ours = random_model(get_preset("tiny"), seed=1)
     root = save_checkpoint(tmp_path / "ck", ours.cfg, state_tensors(ours.model, ours.experts))
     info = tide.check_tide(os.environ["ARTIFACT_TIDE_PATH"], device="cpu")
@@ -337,8 +337,8 @@ def test_real_tide_is_the_same_model_as_ours(tmp_path):
 @pytest.mark.skipif(not os.environ.get("ARTIFACT_TIDE_PATH") or torch.cuda.is_available(),
                     reason="set ARTIFACT_TIDE_PATH; checks the error of the real TIDE on a machine without a GPU")
 def test_real_tide_without_a_gpu_fails_clearly(tmp_path):
-    from artifact.checkpoint import random_model, save_checkpoint, state_tensors
-    from artifact.config import get_preset
+    from artifact.model.checkpoint import random_model, save_checkpoint, state_tensors
+    from artifact.model.config import get_preset
     ours = random_model(get_preset("tiny"), seed=1)
     root = save_checkpoint(tmp_path / "ck", ours.cfg, state_tensors(ours.model, ours.experts))
     with pytest.raises(RuntimeError, match="enable_predictive_expert_offload failed: CUDA is not available"):

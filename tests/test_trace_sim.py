@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from artifact.__main__ import main
-from artifact.generate import DecodeConfig
-from artifact.runner import OffloadSpec, run
-from artifact.sim import capacity_for, replay, sweep
-from artifact.trace import SCHEMA, Trace, TraceError, TraceRecorder, mean_working_set, step_similarity, working_sets
-from artifact.model import Demand, StepInfo
+from artifact.cli import main
+from artifact.model.decode import DecodeConfig
+from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.sim import capacity_for, replay, sweep
+from artifact.offload.trace import SCHEMA, Trace, TraceError, TraceRecorder, mean_working_set, step_similarity, working_sets
+from artifact.model.llada2 import Demand, StepInfo
 
 DC = DecodeConfig(gen_length=40)
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d")
@@ -109,7 +109,7 @@ def test_corrupt_and_mismatched_traces_fail_clearly(recorded, tmp_path):
     (tmp_path / "v2.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + raw[8 + n:])
     with pytest.raises(TraceError, match=f"schema '{SCHEMA + 1}'"):
         Trace.load(tmp_path / "v2.safetensors")
-    from artifact.trace import ARRAYS
+    from artifact.offload.trace import ARRAYS
     t = recorded.trace
     bad = Trace(meta=t.meta, **{a: getattr(t, a).copy() for a in ARRAYS})
     bad.experts[3] = 999
@@ -160,7 +160,7 @@ def test_cli_trace_and_simulate(tmp_path, capsys):
 
 def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, recorded, monkeypatch):
     """The README's recipe: subclass Policy, register it, and both paths use it unchanged."""
-    from artifact.policies import POLICIES, Policy, PolicySpec
+    from artifact.offload.policies import POLICIES, Policy, PolicySpec
 
     class TopCount(Policy):
         name = "top_count"

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..policies import Policy
+from artifact.offload.policies import Policy
 
 EMPTY = -1
 

@@ -11,9 +11,9 @@ from collections import defaultdict
 
 import torch
 
-from ..model import Demand, expert_views
-from .cache import EMPTY, ExpertCache, Load
-from .store import HostStore
+from artifact.model.llada2 import Demand, expert_views
+from artifact.offload.cache import EMPTY, ExpertCache, Load
+from artifact.offload.store import HostStore
 
 
 class OffloadEngine:

@@ -6,7 +6,7 @@ import random
 from functools import lru_cache
 from pathlib import Path
 
-from .paths import data_dir
+from artifact.paths import data_dir
 
 TASKS = ("gsm8k", "humaneval", "mbpp", "math500", "ifeval")
 

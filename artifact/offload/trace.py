@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import Demand, StepInfo
-from .paths import atomic_write_bytes
+from artifact.model.llada2 import Demand, StepInfo
+from artifact.paths import atomic_write_bytes
 
 SCHEMA = 1
 FORMAT = "artifact-routing-trace"
@@ -95,7 +95,7 @@ class Trace:
 
     def future(self):
         """Future knowledge for the oracle and Belady: (forward, layer index, experts, counts) per demand."""
-        from .policies import TraceFuture
+        from artifact.offload.policies import TraceFuture
         index = {layer: i for i, layer in enumerate(self.meta["moe_layers"])}
         o = self.offsets
         return TraceFuture([(int(self.forward[n]), index[int(self.layer[n])],

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .paths import repo_root
+from artifact.paths import repo_root
 
 KERNEL = "python3"
 CELL_TIMEOUT_S = 1800
@@ -79,7 +79,7 @@ def injected_parameters(paths: list[Path], profile: str, profile_arg: str, overr
                         ) -> dict[Path, dict]:
     """Per notebook: `profile` plus the profile's value (after `overrides`) of each declared parameter.
     Every bad name of every notebook is reported at once, before anything runs."""
-    from .profiles import PROFILE_KEYS, load_profile
+    from artifact.experiments.settings import PROFILE_KEYS, load_profile
     values = load_profile(profile, overrides).as_dict()
     out, errors, bad = {}, [], set()
     for path in paths:
@@ -180,7 +180,7 @@ def run_notebooks(profile: str = "cpu", overrides: dict | None = None, force: bo
     """Run (or skip, when complete) the numbered notebooks for `profile` with `overrides` laid over it."""
     import nbformat
 
-    from .profiles import PROFILE_DIR, load_profile, profile_path
+    from artifact.experiments.settings import PROFILE_DIR, load_profile, profile_path
     directory = Path(directory or notebook_dir())
     paths = find_notebooks(directory, only)
     P = load_profile(profile, overrides)          # a bad profile or override fails here
@@ -243,7 +243,7 @@ def store_claim_outputs(executed: Path, source: Path) -> None:
     cleared (what git stores, and what nbval compares against)."""
     import nbformat
 
-    from .paths import atomic_write_text
+    from artifact.paths import atomic_write_text
     run = nbformat.read(executed, as_version=4)
     src = nbformat.read(source, as_version=4)
     by_source = {c.source: c for c in run.cells if c.cell_type == "code" and c.source.startswith(CHECK)}
@@ -262,7 +262,7 @@ def store_claim_outputs(executed: Path, source: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Command line (registered by artifact/__main__.py)
+# Command line (registered by artifact/cli.py)
 # ---------------------------------------------------------------------------------------------
 def _names(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
@@ -270,7 +270,7 @@ def _names(s: str) -> list[str]:
 
 def cmd_notebooks(a) -> int:
     """Returns the number of failed notebooks."""
-    from .profiles import ProfileError, parse_override
+    from artifact.experiments.settings import ProfileError, parse_override
     try:
         overrides = dict(parse_override(x) for x in a.set or [])
         if a.model is not None:
@@ -285,7 +285,7 @@ def cmd_notebooks(a) -> int:
     if a.store and any(o.status == "FAILED" for o in outcomes):
         print("--store: some notebooks failed; their stored outputs are left as they were", file=sys.stderr)
     if a.store:
-        from .profiles import load_profile
+        from artifact.experiments.settings import load_profile
         if load_profile(a.profile).name != "cpu" or overrides:
             print("--store copies claim outputs of a plain cpu run only (no --model/--set); skipped",
                   file=sys.stderr)
@@ -301,7 +301,7 @@ def cmd_notebooks(a) -> int:
 
 def add_cli(subparsers) -> None:
     """Register `notebooks` on an argparse subparsers object. Its exit code counts failed notebooks."""
-    from .profiles import list_profiles
+    from artifact.experiments.settings import list_profiles
     n = subparsers.add_parser("notebooks", help="run the numbered notebooks for a profile (papermill) and "
                                                 "print every claim's verdict")
     n.add_argument("--profile", default="cpu", help=f"one of {list_profiles()} or a path to a .yaml file")

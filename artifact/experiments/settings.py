@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
-PROFILE_DIR = Path(__file__).resolve().parent
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 BASE = PROFILE_DIR / "base.yaml"
 
 
@@ -78,7 +78,7 @@ class Profile:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     def decode_config(self):
-        from ..generate import DecodeConfig
+        from artifact.model.decode import DecodeConfig
         return DecodeConfig(gen_length=self.gen_length, steps=self.steps, threshold=self.threshold, mode=self.mode)
 
     @property
@@ -224,11 +224,11 @@ def _check(key: str, value, tp, src: str):
 
 def _check_values(p: Profile, origin: dict) -> None:
     """Ranges and choices, each error naming the key, the file it came from and the valid values."""
-    from ..checkpoint import DTYPES
-    from ..generate import MODES
-    from ..offload.link import LINKS
-    from ..policies import POLICIES
-    from ..tasks import TASKS
+    from artifact.model.checkpoint import DTYPES
+    from artifact.model.decode import MODES
+    from artifact.offload.link import LINKS
+    from artifact.offload.policies import POLICIES
+    from artifact.model.tasks import TASKS
 
     def fail(key, msg):
         raise ProfileError(f"{origin[key]}: {key} {msg}")

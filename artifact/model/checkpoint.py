@@ -17,9 +17,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .config import ModelConfig, get_preset
-from .model import LLaDA2MoE, ResidentExperts, pack_expert
-from .paths import cache_dir, data_dir
+from artifact.model.config import ModelConfig, get_preset
+from artifact.model.llada2 import LLaDA2MoE, ResidentExperts, pack_expert
+from artifact.paths import cache_dir, data_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}

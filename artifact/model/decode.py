@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .model import KVCache, LLaDA2MoE, StepInfo
+from artifact.model.llada2 import KVCache, LLaDA2MoE, StepInfo
 
 MODES = ("cached", "full")
 

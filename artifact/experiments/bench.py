@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .paths import atomic_write_text, data_dir, refuse_overwrite
-from .profiles import Profile, fingerprint, list_profiles, load_profile, parse_override
-from .stats import CELL_KEYS, PAIR_KEYS
+from artifact.paths import atomic_write_text, data_dir, refuse_overwrite
+from artifact.experiments.settings import Profile, fingerprint, list_profiles, load_profile, parse_override
+from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS
 
 # Profile keys that change what a run measures: a result file made under other values cannot be
 # resumed or merged. The grid axes are not among them (a cell names its own axis values), nor is
@@ -115,7 +115,7 @@ def measure_h2d_gbps(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> 
 
 def emulated_gbps(p: Profile, expert_bytes: int, scale: float = 1.0) -> float:
     """The emulated link's bandwidth for a profile: link_gbps, or PCIe 4 scaled to the model's experts."""
-    from .offload.link import emulated_bandwidth_gbps
+    from artifact.offload.link import emulated_bandwidth_gbps
     return (p.link_gbps or emulated_bandwidth_gbps(expert_bytes)) * scale
 
 
@@ -124,8 +124,8 @@ class ModelRunner:
     `num_experts`, `working_set` and `run`."""
 
     def __init__(self, p: Profile, loaded=None):
-        from .checkpoint import load_checkpoint
-        from .runner import check_device
+        from artifact.model.checkpoint import load_checkpoint
+        from artifact.offload.runner import check_device
         if p.model is None:
             raise ValueError(f"profile {p.name!r} needs a checkpoint directory: pass --model DIR")
         check_device(p.device)
@@ -147,9 +147,9 @@ class ModelRunner:
         self._nominal = None
 
     def _prompts(self, task: str, batch_size: int):
-        from .runner import OffloadSpec, run
-        from .tasks import prompts
-        from .trace import mean_working_set
+        from artifact.offload.runner import OffloadSpec, run
+        from artifact.model.tasks import prompts
+        from artifact.offload.trace import mean_working_set
         if self._group is None or self._group[0] != (task, batch_size):
             p = self.p
             ids, ps = prompts(self.loaded.tokenizer, task, p.n_prompts, p.seed, p.max_prompt_tokens)
@@ -178,8 +178,8 @@ class ModelRunner:
         return (p.link_gbps or self._nominal) * scale
 
     def run(self, cell: Cell, policy: str, capacity: int) -> dict:
-        from .policies import POLICIES
-        from .runner import OffloadSpec, run
+        from artifact.offload.policies import POLICIES
+        from artifact.offload.runner import OffloadSpec, run
         p = self.p
         _, _, ids, ps, trace = self._prompts(cell.task, cell.batch_size)
         gbps = self.link_gbps(cell.bandwidth_scale)
@@ -253,7 +253,7 @@ def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] 
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from .sim import capacity_for
+    from artifact.offload.sim import capacity_for
     out = Path(out) if out else default_out(p, shard)
     cells = grid(p)
     mine = shard_cells(cells, shard)
@@ -352,7 +352,7 @@ def merge(inputs: list[Path | str], out: Path | str | None = None, force: bool =
 
 
 # ---------------------------------------------------------------------------------------------
-# Command line (registered by artifact/__main__.py)
+# Command line (registered by artifact/cli.py)
 # ---------------------------------------------------------------------------------------------
 def _profile_from_args(a) -> Profile:
     overrides = dict(parse_override(s) for s in a.set or [])
@@ -385,13 +385,13 @@ def _warn_changed_tokens(df):
 
 
 def _print_report(df, a: str, b: str, by: list[str]):
-    from .stats import format_table, paired_table, with_paper
+    from artifact.experiments.stats import format_table, paired_table, with_paper
     print(format_table(with_paper(paired_table(df, a, b, by))))
 
 
 def cmd_report(a):
     import pandas as pd
-    from .stats import paired_table, with_paper
+    from artifact.experiments.stats import paired_table, with_paper
     df = pd.concat([read_rows(f) for f in a.files], ignore_index=True)
     _warn_changed_tokens(df)
     table = with_paper(paired_table(df, a.a, a.b, a.by))
@@ -401,7 +401,7 @@ def cmd_report(a):
     if a.json:
         print(table.to_json(orient="records"))
     else:
-        from .stats import format_table
+        from artifact.experiments.stats import format_table
         print(format_table(table))
 
 

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checkpoint import Loaded
-from .generate import DecodeConfig, generate
-from .model import ResidentExperts
-from .offload.engine import OffloadEngine, offload
-from .offload.link import LINKS, PCIE_LATENCY_US, make_link
-from .policies import POLICIES, make_policy
-from .trace import Trace, TraceError, TraceRecorder
+from artifact.model.checkpoint import Loaded
+from artifact.model.decode import DecodeConfig, generate
+from artifact.model.llada2 import ResidentExperts
+from artifact.offload.engine import OffloadEngine, offload
+from artifact.offload.link import LINKS, PCIE_LATENCY_US, make_link
+from artifact.offload.policies import POLICIES, make_policy
+from artifact.offload.trace import Trace, TraceError, TraceRecorder
 
 
 @dataclass(frozen=True)

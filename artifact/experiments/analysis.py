@@ -18,8 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .paths import data_dir, repo_root
-from .profiles import Profile, fingerprint, load_profile
+from artifact.paths import data_dir, repo_root
+from artifact.experiments.settings import Profile, fingerprint, load_profile
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -80,7 +80,7 @@ def setup(profile: str, **params) -> Profile:
 
 def parameters(namespace: dict) -> dict:
     """The profile keys a notebook's parameters cell set (e.g. parameters(globals()))."""
-    from .profiles import PROFILE_KEYS
+    from artifact.experiments.settings import PROFILE_KEYS
     return {k: namespace[k] for k in PROFILE_KEYS if k in namespace}
 
 
@@ -106,13 +106,13 @@ def load_model(P: Profile):
 
 @lru_cache(maxsize=2)
 def _load(model, dtype, device, resident):
-    from .checkpoint import load_checkpoint
+    from artifact.model.checkpoint import load_checkpoint
     return load_checkpoint(model, dtype, device, resident=resident)
 
 
 def offload_spec(P: Profile, loaded, capacity: int, policy: str = "demand"):
-    from .bench import emulated_gbps
-    from .runner import OffloadSpec
+    from artifact.experiments.bench import emulated_gbps
+    from artifact.offload.runner import OffloadSpec
     eb = loaded.cfg.expert_params * loaded.experts.element_size()
     gbps = emulated_gbps(P, eb) if P.link == "emulated" else None     # cuda: the hardware's own bandwidth
     return OffloadSpec(capacity, policy, P.link, bandwidth_gbps=gbps, latency_us=P.latency_us,
@@ -124,10 +124,10 @@ def offload_spec(P: Profile, loaded, capacity: int, policy: str = "demand"):
 # ---------------------------------------------------------------------------------------------
 def quickstart(P: Profile, cache_ratio: float = 0.5) -> dict:
     """One prompt of the first task: resident, then offloaded (demand, C = cache_ratio * W)."""
-    from .runner import run
-    from .sim import capacity_for
-    from .tasks import prompts
-    from .trace import mean_working_set
+    from artifact.offload.runner import run
+    from artifact.offload.sim import capacity_for
+    from artifact.model.tasks import prompts
+    from artifact.offload.trace import mean_working_set
     loaded = load_model(P)
     task = P.tasks[0]
     ids, ps = prompts(loaded.tokenizer, task, 1, P.seed, P.max_prompt_tokens)
@@ -171,8 +171,8 @@ def traces(P: Profile, progress: bool = True) -> list:
     saved atomically. The model is loaded only when something is recorded."""
     from tqdm.auto import tqdm
 
-    from .tasks import select
-    from .trace import Trace, TraceError
+    from artifact.model.tasks import select
+    from artifact.offload.trace import Trace, TraceError
     fp = fingerprint(P, TRACE_SETTINGS)
     jobs = [(t, b) for t in P.trace_tasks for b in P.trace_batch_sizes]
     out: dict[tuple, Trace] = {}
@@ -196,8 +196,8 @@ def traces(P: Profile, progress: bool = True) -> list:
 
 
 def record_trace(P: Profile, task: str, batch_size: int):
-    from .runner import run
-    from .tasks import prompts
+    from artifact.offload.runner import run
+    from artifact.model.tasks import prompts
     loaded = load_model(P)
     ids, ps = prompts(loaded.tokenizer, task, P.trace_n_prompts, P.seed, P.max_prompt_tokens)
     spec = None
@@ -217,14 +217,14 @@ def _label(t) -> dict:
 def working_set_table(ts) -> "pd.DataFrame":
     """W = distinct experts one MoE layer needs in one denoising step: one row per (trace, forward, layer)."""
     import pandas as pd
-    from .trace import working_sets
+    from artifact.offload.trace import working_sets
     return pd.concat([working_sets(t).assign(**_label(t)) for t in ts], ignore_index=True)
 
 
 def stability_table(ts) -> "pd.DataFrame":
     """Step-to-step similarity of D(t, l) and D(t-1, l): one row per (trace, forward, layer)."""
     import pandas as pd
-    from .trace import step_similarity
+    from artifact.offload.trace import step_similarity
     return pd.concat([step_similarity(t).assign(**_label(t)) for t in ts], ignore_index=True)
 
 
@@ -232,8 +232,8 @@ def lru_share(ts, ratios) -> "pd.DataFrame":
     """The share of each step's demanded experts already resident under LRU, per trace and C/W: the demand
     hit rate of replaying the trace through the 'demand' policy at C = ratio * W (all demands)."""
     import pandas as pd
-    from .sim import capacity_for, replay
-    from .trace import mean_working_set
+    from artifact.offload.sim import capacity_for, replay
+    from artifact.offload.trace import mean_working_set
     rows = []
     for t in ts:
         W = mean_working_set(t)
@@ -266,7 +266,7 @@ def stability_claim(ws, sim, share) -> Claim:
 # ---------------------------------------------------------------------------------------------
 def miss_sweep(ts, P: Profile, progress: bool = True) -> "pd.DataFrame":
     """Every trace x C/W x simulator policy, replayed (exact counts; sim.sweep)."""
-    from .sim import sweep
+    from artifact.offload.sim import sweep
     df = sweep(ts, P.cache_ratios, P.sim_policies, progress=progress, lookahead=P.lookahead, tau=P.tau)
     df["trace"] = [Path(p).name for p in df.trace]          # no machine paths in saved data
     return df.drop(columns=["replay_seconds"])
@@ -344,7 +344,7 @@ def miss_claims(summary) -> list[Claim]:
 def bench_file(P: Profile, stem: str = "bench") -> Path:
     """data/results/<profile>/<stem>.csv, or <stem>-<fingerprint>.csv when that file holds runs made
     under other settings (so an old result file is never mixed with, nor blocks, this one)."""
-    from .bench import bench_fingerprint, read_rows
+    from artifact.experiments.bench import bench_fingerprint, read_rows
     path = results_dir(P) / f"{stem}.csv"
     if path.is_file():
         try:
@@ -358,7 +358,7 @@ def bench_file(P: Profile, stem: str = "bench") -> Path:
 
 def run_grid(P: Profile, stem: str = "bench", progress: bool = True, log=print):
     """run_bench on the profile's grid into bench_file(P, stem): resumes, skips finished cells."""
-    from .bench import CELL_KEYS, grid, run_bench
+    from artifact.experiments.bench import CELL_KEYS, grid, run_bench
     loaded = _load(P.model, P.torch_dtype, P.device, P.trace_capacity is None) if P.model else None
     rows = run_bench(P, bench_file(P, stem), loaded=loaded, progress=progress, log=log)
     cells = {c.key for c in grid(P)}                # the file may also hold cells of another grid
@@ -368,7 +368,7 @@ def run_grid(P: Profile, stem: str = "bench", progress: bool = True, log=print):
 
 def same_tokens(rows) -> tuple[int, int]:
     """(cells where every policy and repetition decoded the same tokens, cells)."""
-    from .bench import CELL_KEYS
+    from artifact.experiments.bench import CELL_KEYS
     g = rows.groupby(list(CELL_KEYS)).tokens_sha.nunique()
     return int((g == 1).sum()), int(len(g))
 
@@ -422,7 +422,7 @@ def throttle_claims(summary) -> list[Claim]:
 
 def capacity_tables(rows):
     """demand vs last_step, paired per C/W (with the paper's figures), and per (task, batch size)."""
-    from .stats import paired_table, with_paper
+    from artifact.experiments.stats import paired_table, with_paper
     return (with_paper(paired_table(rows, "demand", "last_step", ["cache_ratio"])),
             paired_table(rows, "demand", "last_step", ["task", "batch_size"]))
 
@@ -465,7 +465,7 @@ def tide_style_profile(P: Profile) -> Profile:
 
 
 def tide_style_claim(rows) -> tuple["pd.DataFrame", Claim]:
-    from .stats import paired_table
+    from artifact.experiments.stats import paired_table
     t = paired_table(rows, "demand", "interval_refresh", ["cache_ratio"])
     slower = t[t.verdict == "B faster"]
     return t, Claim(
@@ -499,7 +499,7 @@ def tide_unavailable(P: Profile) -> str | None:
         if not torch.cuda.is_available():
             reasons.append("TIDE's released code runs on CUDA only and no GPU is present on this machine")
         else:
-            from .tide import check_tide
+            from artifact.experiments.tide import check_tide
             try:
                 check_tide(P.tide_path, P.device)
             except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
@@ -512,11 +512,11 @@ def tide_released(P: Profile, progress: bool = True) -> list[dict]:
     on the bench's prompts of the first task; C from the bench's W for that task at batch size 1."""
     import torch
 
-    from .bench import ModelRunner
-    from .checkpoint import load_checkpoint
-    from .sim import capacity_for
-    from .tasks import prompts
-    from .tide import compare_with_engine
+    from artifact.experiments.bench import ModelRunner
+    from artifact.model.checkpoint import load_checkpoint
+    from artifact.offload.sim import capacity_for
+    from artifact.model.tasks import prompts
+    from artifact.experiments.tide import compare_with_engine
     loaded = load_checkpoint(P.model, P.torch_dtype, P.device, resident=False)
     task = P.tasks[0]
     W = ModelRunner(P, loaded).working_set(task, 1)
@@ -537,7 +537,7 @@ def tide_claims(P: Profile, rows: list[dict] | None, reason: str | None) -> list
     claim = "this engine is faster than TIDE's released implementation at the same expert budget"
     if rows is None:
         return [Claim(claim, paper, "-", NOT_MEASURABLE, reason or "not run")]
-    from .tide import speedup_parts
+    from artifact.experiments.tide import speedup_parts
     parts = {r: speedup_parts([x for x in rows if x["cache_ratio"] == r]) for r in TIDE_RATIOS}
     ok = all(parts[r]["speedup_total"] > 1 for r in TIDE_RATIOS)
     return [Claim(claim, paper, "; ".join(

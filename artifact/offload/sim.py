@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-from .offload.cache import ExpertCache
-from .policies import POLICIES, make_policy
-from .trace import Trace, mean_working_set
+from artifact.offload.cache import ExpertCache
+from artifact.offload.policies import POLICIES, make_policy
+from artifact.offload.trace import Trace, mean_working_set
 
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches",
           "bytes_h2d")

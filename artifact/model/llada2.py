@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
+from artifact.model.config import ModelConfig
 
 
 # ---------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from .generate import DecodeConfig
+from artifact.model.decode import DecodeConfig
 
 TIDE_REPO = "https://github.com/ims-kdks/TIDE"
 WRITTEN_AGAINST = "ims-kdks/TIDE@5611ace"
@@ -127,7 +127,7 @@ def check_tide(path, device: str = "cuda", import_module: bool = True) -> TideIn
 
 def check_checkpoint(path) -> Path:
     """The user's Hugging Face directory of safetensors (TIDE loads it with from_pretrained)."""
-    from .config import ModelConfig
+    from artifact.model.config import ModelConfig
     root = Path(path).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: checkpoint directory not found (expected a LLaDA2.0 Hugging Face "
@@ -190,7 +190,7 @@ def load_tide_module(info: TideInfo) -> types.ModuleType:
 
 def load_tide(info: TideInfo, checkpoint, args: dict, dtype: str = "bfloat16"):
     """TIDE's model on the checkpoint with offloading enabled: (model, TIDE's offload info dict)."""
-    from .checkpoint import parse_dtype
+    from artifact.model.checkpoint import parse_dtype
     cls = getattr(load_tide_module(info), MODEL_CLASS)
     # safetensors only (never a pickle), never the network: the user's directory as it is
     model = cls.from_pretrained(str(checkpoint), dtype=parse_dtype(dtype), local_files_only=True,
@@ -300,8 +300,8 @@ def engine_row(loaded, prompts: list[list[int]], budget_experts: int, dc: Decode
                cache_ratio: float | None = None) -> tuple[dict, list[list[int]]]:
     """Our engine at the same budget, batch size 1, in the benchmark row format (CUDA link on a GPU,
     the emulated link on the CPU)."""
-    from .bench import STAT_COLUMNS
-    from .runner import OffloadSpec, run
+    from artifact.experiments.bench import STAT_COLUMNS
+    from artifact.offload.runner import OffloadSpec, run
     link = "cuda" if torch.device(device).type == "cuda" else "emulated"
     res = run(loaded, prompts, 1, dc, spec=OffloadSpec(capacity=budget_experts, policy=policy, link=link, tau=tau),
               device=device, task=task)
@@ -462,7 +462,7 @@ def _git_head(root: Path) -> str | None:
 
 def _checkpoint_ids(root: Path) -> dict:
     """mask/eos ids: config.json when it carries them, else the LLaDA2.0 ones (TIDE's defaults too)."""
-    from .config import ModelConfig
+    from artifact.model.config import ModelConfig
     raw = json.loads((root / "config.json").read_text())
     base = ModelConfig()
     out = {}

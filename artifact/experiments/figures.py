@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import io
 
-from .analysis import (PAPER_AT_043, PAPER_FASTER_PCT, PAPER_FASTER_RANGE, PAPER_ORACLE_CUT, figures_dir,
+from artifact.experiments.analysis import (PAPER_AT_043, PAPER_FASTER_PCT, PAPER_FASTER_RANGE, PAPER_ORACLE_CUT, figures_dir,
                        results_dir)
-from .paths import atomic_write_bytes, atomic_write_text
+from artifact.paths import atomic_write_bytes, atomic_write_text
 
 DPI = 100
 COLORS = {"demand": "tab:blue", "last_step": "tab:orange", "oracle": "tab:green", "interval_refresh": "tab:purple",
@@ -32,7 +32,7 @@ def save(fig, df, P, name: str, log=print):
 
 def _short(path):
     """Relative to the checkout when inside it (the usual case: no machine paths in notebook outputs)."""
-    from .paths import repo_root
+    from artifact.paths import repo_root
     try:
         return str(path.resolve().relative_to(repo_root().resolve()))
     except ValueError:

@@ -1,0 +1,1 @@
+"""The experiments layer: settings, benchmarks and statistics, one module per claim, notebooks, TIDE."""
