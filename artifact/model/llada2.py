@@ -37,6 +37,10 @@ class Demand:
     layer: int                   # model layer index (first MoE layer is cfg.first_k_dense_replace)
     experts: tuple[int, ...]     # distinct routed experts the fed tokens selected, ascending
     counts: tuple[int, ...]      # tokens per expert, aligned with experts
+    # Cross-layer prediction of the *next* MoE layer's demand at this step (experts ascending, counts):
+    # that layer's router applied to this layer's routed hidden states. None unless the model was asked
+    # for it (Routing.predict_next) or this is the last MoE layer.
+    predicted: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
     def working_set(self) -> int:
