@@ -1,16 +1,36 @@
 """Command line: python -m artifact {generate,trace,simulate,bench,report,merge,notebooks} ...
 
-Every argument is checked before a model is loaded: a bad value costs nothing."""
+Every argument is checked before a model is loaded: a bad value costs nothing. Errors a user can fix
+(artifact.errors.UserError, and a missing, existing or unwritable file) print one line and exit 2;
+anything else is a bug and shows its traceback."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import sys
 from pathlib import Path
 
-from artifact.model.decode import MODES, DecodeConfig
-from artifact.offload.link import LINKS, PCIE_LATENCY_US
+from artifact.errors import CheckpointError, SettingError, UserError
+from artifact.experiments import bench, notebooks
+from artifact.experiments.settings import Settings
+from artifact.model.checkpoint import DTYPES, load_checkpoint
+from artifact.model.config import ModelConfig, get_preset
+from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
+from artifact.model.tasks import TASKS, encode, load_task, prompts
+from artifact.offload.link import LINKS
 from artifact.offload.policies import POLICIES
+from artifact.offload.runner import OffloadSpec, RunSettings, check_device, run
+from artifact.offload.sim import COUNTS, replay, sweep
+from artifact.offload.trace import Trace, mean_working_set
+from artifact.paths import atomic_write_text
+from artifact.validate import check_number
+
+D = Settings()          # every default below comes from the settings dataclass: one source of truth
+
+# OSErrors that name a user's file: a path given wrong, not a broken machine.
+USER_OS_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
 def _floats(s: str) -> list[float]:
@@ -20,96 +40,145 @@ def _floats(s: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
 
 
+def _ints(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
 def _names(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
 def add_model_args(p: argparse.ArgumentParser):
-    p.add_argument("--model", default="tiny", help="'tiny' (built on first use) or a checkpoint directory")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: float32 for tiny, bfloat16 otherwise)")
-    p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.add_argument("--model", default=D.model, help="'tiny' (built on first use) or a checkpoint directory")
+    p.add_argument("--dtype", default=D.dtype, help="float32 | bfloat16 (default: float32 for tiny, bfloat16 otherwise)")
+    p.add_argument("--device", default=D.device, help="cpu | cuda")
 
 
 def add_decode_args(p: argparse.ArgumentParser):
-    p.add_argument("--gen-length", type=int, default=64)
-    p.add_argument("--steps", type=int, default=32, help="max denoising steps per 32-token block")
-    p.add_argument("--threshold", type=float, default=0.95)
-    p.add_argument("--mode", choices=MODES, default="cached")
+    p.add_argument("--gen-length", type=int, default=D.gen_length, help="tokens generated per prompt")
+    p.add_argument("--steps", type=int, default=D.steps, help="max denoising steps per 32-token block")
+    p.add_argument("--threshold", type=float, default=D.threshold)
+    p.add_argument("--mode", choices=MODES, default=D.mode)
 
 
 def add_offload_args(p: argparse.ArgumentParser):
     p.add_argument("--offload", action="store_true", help="experts live in host memory behind a per-layer cache")
     p.add_argument("--cache-experts", type=int, default=None, help="C: device slots per MoE layer")
     p.add_argument("--policy", default="demand", help=f"one of {sorted(n for n, s in POLICIES.items() if s.engine_ok)}")
-    p.add_argument("--link", default="emulated", help=f"one of {LINKS}")
-    p.add_argument("--bandwidth-gbps", type=float, default=None,
+    p.add_argument("--link", default=D.link, help=f"one of {LINKS}")
+    p.add_argument("--bandwidth-gbps", type=float, default=D.link_gbps,
                    help="emulated link bandwidth (default: PCIe 4 scaled to this model's expert size)")
-    p.add_argument("--latency-us", type=float, default=PCIE_LATENCY_US)
+    p.add_argument("--latency-us", type=float, default=D.latency_us)
     p.add_argument("--cap-gbps", type=float, default=None, help="throttle: cap the link's bandwidth")
-    p.add_argument("--lookahead", type=int, default=1)
-    p.add_argument("--tau", type=int, default=4)
+    p.add_argument("--lookahead", type=int, default=D.lookahead)
+    p.add_argument("--tau", type=int, default=D.tau)
     p.add_argument("--oracle-trace", type=Path, default=None, help="trace of an identical earlier run (oracle)")
 
 
 def decode_config(a) -> DecodeConfig:
+    check_number("--gen-length", a.gen_length, low=1, integer=True)
+    check_number("--steps", a.steps, low=1, integer=True)
+    check_number("--threshold", a.threshold, low=0, low_open=True, high=1)
     return DecodeConfig(gen_length=a.gen_length, steps=a.steps, threshold=a.threshold, mode=a.mode)
 
 
-def offload_spec(a, num_experts: int):
-    from artifact.offload.runner import OffloadSpec
+def offload_spec(a, cfg: ModelConfig, dtype: str) -> OffloadSpec | None:
     if not a.offload:
         for flag in ("cache_experts", "oracle_trace"):
             if getattr(a, flag) is not None:
-                raise ValueError(f"--{flag.replace('_', '-')} needs --offload")
+                raise SettingError(f"--{flag.replace('_', '-')} needs --offload")
         return None
     if a.cache_experts is None:
-        raise ValueError("--offload needs --cache-experts C (device slots per MoE layer)")
-    spec = OffloadSpec(capacity=a.cache_experts, policy=a.policy, link=a.link, bandwidth_gbps=a.bandwidth_gbps,
-                       latency_us=a.latency_us, cap_gbps=a.cap_gbps, lookahead=a.lookahead, tau=a.tau)
-    spec.check(num_experts, a.device)
+        raise SettingError("--offload needs --cache-experts C (device slots per MoE layer)")
+    for flag in ("bandwidth_gbps", "cap_gbps"):
+        check_number(f"--{flag.replace('_', '-')}", getattr(a, flag), low=0, low_open=True, allow_none=True)
+    s = RunSettings(link=a.link, link_gbps=a.bandwidth_gbps, latency_us=a.latency_us, lookahead=a.lookahead,
+                    tau=a.tau)
+    eb = cfg.expert_params * DTYPES[dtype].itemsize       # what one expert transfer moves once loaded
+    spec = OffloadSpec.from_settings(s, a.cache_experts, a.policy, expert_bytes=eb, cap_gbps=a.cap_gbps)
+    spec.check(cfg.num_experts, a.device)
     if POLICIES[spec.policy].needs_trace and a.oracle_trace is None:
-        raise ValueError(f"policy {spec.policy!r} needs --oracle-trace FILE (a trace of an identical earlier run)")
+        raise SettingError(f"policy {spec.policy!r} needs --oracle-trace FILE (a trace of an identical earlier run)")
     return spec
 
 
-def model_config(model: str):
+@contextlib.contextmanager
+def _checkpoint_errors(model: str):
+    """The core reports a damaged checkpoint (bad config, missing or misshapen tensor) as a ValueError or
+    KeyError that names the file. Here the only input is the user's checkpoint directory, so such an error
+    is about it: it becomes a CheckpointError (one line). The tiny model is built by the artifact itself,
+    so an error there is a bug and keeps its traceback."""
+    if model == "tiny":
+        yield
+        return
+    try:
+        yield
+    except (ValueError, KeyError) as e:
+        if isinstance(e, UserError):
+            raise
+        raise CheckpointError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from e
+
+
+def model_config(model: str) -> ModelConfig:
     """The architecture, read without loading weights (so arguments are checked first)."""
-    from artifact.model.config import ModelConfig, get_preset
     if model == "tiny":
         return get_preset("tiny")
-    return ModelConfig.from_hf(Path(model))
+    with _checkpoint_errors(model):
+        return ModelConfig.from_hf(Path(model))
+
+
+def torch_dtype(a) -> str:
+    dtype = a.dtype or ("float32" if a.model == "tiny" else "bfloat16")
+    if dtype not in DTYPES:
+        raise SettingError(f"--dtype {dtype!r} unknown; choose one of {sorted(DTYPES)}")
+    return dtype
 
 
 def load(a):
-    from artifact.model.checkpoint import load_checkpoint
-    dtype = a.dtype or ("float32" if a.model == "tiny" else "bfloat16")
-    return load_checkpoint(a.model, dtype=dtype, device=a.device, resident=not getattr(a, "offload", False))
+    with _checkpoint_errors(a.model):
+        return load_checkpoint(a.model, dtype=torch_dtype(a), device=a.device,
+                               resident=not getattr(a, "offload", False))
+
+
+def check_positions(cfg: ModelConfig, gen_length: int, prompt_lengths: list[int] | None = None) -> None:
+    """The decoder's position limit, checked before the model runs (prompt lengths when known, else 1)."""
+    n = cfg.block_length
+    need = max(-(-(p + gen_length) // n) * n for p in (prompt_lengths or [1]))
+    if need > cfg.max_position_embeddings:
+        raise SettingError(f"--gen-length {gen_length} with these prompts needs {need} positions > the model's "
+                           f"max_position_embeddings {cfg.max_position_embeddings}")
 
 
 def prompt_id(tokens: list[int]) -> str:
     """A command-line prompt's identity is its tokens (an oracle trace must be of the same prompts)."""
-    import hashlib
     return "cli/" + hashlib.sha1(json.dumps(tokens).encode()).hexdigest()[:12]
 
 
 def cmd_generate(a):
-    from artifact.offload.runner import check_device, run
-    from artifact.model.tasks import encode
-    from artifact.offload.trace import Trace
     dc = decode_config(a)
     check_device(a.device)
+    dtype = torch_dtype(a)
     cfg = model_config(a.model)
-    spec = offload_spec(a, cfg.num_experts)
+    spec = offload_spec(a, cfg, dtype)
     if a.record_trace and a.record_trace.exists() and not a.force:
         raise FileExistsError(f"{a.record_trace} exists; pass --force to replace it")
-    if not 1 <= len(a.prompt) <= 8:
-        raise ValueError(f"give 1-8 --prompt values (one batch), got {len(a.prompt)}")
+    if not 1 <= len(a.prompt) <= MAX_BATCH:
+        raise SettingError(f"give 1-{MAX_BATCH} --prompt values (one batch), got {len(a.prompt)}")
+    if any(not p.strip() for p in a.prompt):
+        raise SettingError("a --prompt is empty; give the text to answer")
+    check_positions(cfg, dc.gen_length)
     oracle = Trace.load(a.oracle_trace, expect_config_hash=cfg.config_hash()) if a.oracle_trace else None
     loaded = load(a)
     tok = loaded.tokenizer
-    prompts = [tok.encode(p) if a.raw else encode(tok, p) for p in a.prompt]
-    res = run(loaded, prompts, len(prompts), dc, spec=spec, device=a.device, oracle=oracle,
-              record=bool(a.record_trace), prompt_ids=[prompt_id(p) for p in prompts])
+    ps = [tok.encode(p) if a.raw else encode(tok, p) for p in a.prompt]
+    if any(not p for p in ps):
+        raise SettingError("a --prompt encodes to no tokens; give the text to answer")
+    check_positions(cfg, dc.gen_length, [len(p) for p in ps])
+    res = run(loaded, ps, len(ps), dc, spec=spec, device=a.device, oracle=oracle,
+              record=bool(a.record_trace), prompt_ids=[prompt_id(p) for p in ps])
     if a.record_trace:
         res.trace.save(a.record_trace)
     text = [tok.decode(t, skip_special_tokens=True) for t in res.tokens]
@@ -122,15 +191,19 @@ def cmd_generate(a):
 
 
 def cmd_trace(a):
-    from artifact.offload.runner import check_device, run
-    from artifact.model.tasks import prompts
-    from artifact.offload.trace import mean_working_set
     dc = decode_config(a)
     check_device(a.device)
+    torch_dtype(a)
+    cfg = model_config(a.model)
     if a.out.exists() and not a.force:
         raise FileExistsError(f"{a.out} exists; pass --force to replace it")
-    if not 1 <= a.batch_size <= 8:
-        raise ValueError(f"--batch-size must be 1-8, got {a.batch_size}")
+    check_number("--batch-size", a.batch_size, low=1, high=MAX_BATCH, integer=True)
+    check_number("--seed", a.seed, low=0, integer=True)
+    if a.task not in TASKS:
+        raise SettingError(f"unknown task {a.task!r}; choose one of {TASKS}")
+    available = len(load_task(a.task))
+    check_number("--n", a.n, low=1, high=available, integer=True)
+    check_positions(cfg, dc.gen_length)
     loaded = load(a)
     ids, ps = prompts(loaded.tokenizer, a.task, a.n, a.seed)
     res = run(loaded, ps, a.batch_size, dc, device=a.device, record=True, prompt_ids=ids, task=a.task)
@@ -140,23 +213,60 @@ def cmd_trace(a):
           f"{res.stats['tokens_per_second']:.1f} tokens/s")
 
 
+def replay_capacities(traces: list[Trace], capacities: list[int], policies: list[str], **options):
+    """Like sim.sweep, at absolute capacities C instead of ratios C/W (cache_ratio = C / W per trace), so
+    an engine run at --cache-experts C can be replayed by hand."""
+    import pandas as pd                    # deferred like the simulator's own: only this command needs it
+    rows = []
+    for t in traces:
+        W = mean_working_set(t)
+        for C in capacities:
+            for p in policies:
+                row = {"task": t.meta.get("task"), "batch_size": t.meta.get("batch_size"), "trace": str(t.path or ""),
+                       "policy": p, "cache_ratio": C / W, "working_set": W, "cache_experts": C}
+                row.update(replay(t, p, C, **options))
+                rows.append(row)
+    df = pd.DataFrame(rows)
+    lru = {(r.trace, r.cache_experts): r.demand_misses for r in df.itertuples() if r.policy == "demand"}
+    df["misses_vs_lru"] = [m / lru[k] if lru.get(k) else float("nan")
+                           for m, k in zip(df.demand_misses, zip(df.trace, df.cache_experts))]
+    return df
+
+
 def cmd_simulate(a):
-    from artifact.offload.sim import sweep
-    from artifact.offload.trace import Trace
+    if not a.policies:
+        raise SettingError("--policies is empty; give at least one of " + ", ".join(POLICIES))
     for p in a.policies:
         if p not in POLICIES:
-            raise ValueError(f"unknown policy {p!r}; choose from {sorted(POLICIES)}")
+            raise SettingError(f"unknown policy {p!r}; choose from {sorted(POLICIES)}")
+    check_number("--lookahead", a.lookahead, low=1, integer=True)
+    check_number("--tau", a.tau, low=1, integer=True)
+    if a.cache_experts is not None:
+        if not a.cache_experts:
+            raise SettingError("--cache-experts is empty; give capacities C, e.g. --cache-experts 40")
+    else:
+        ratios = a.cache_ratios if a.cache_ratios is not None else list(D.cache_ratios)
+        if not ratios:
+            raise SettingError("--cache-ratios is empty; give ratios C/W, e.g. --cache-ratios 0.5,1")
+        for r in ratios:
+            check_number("--cache-ratios", r, low=0, low_open=True)
+    if a.csv and a.csv.exists() and not a.force:
+        raise FileExistsError(f"{a.csv} exists; pass --force to replace it")
     traces = [Trace.load(t) for t in a.trace]
-    df = sweep(traces, a.cache_ratios, a.policies, progress=not a.json, lookahead=a.lookahead, tau=a.tau)
+    if a.cache_experts is not None:
+        for t in traces:
+            for C in a.cache_experts:
+                check_number(f"--cache-experts (trace {t.path})", C, low=1, high=t.meta["num_experts"], integer=True)
+        df = replay_capacities(traces, a.cache_experts, a.policies, lookahead=a.lookahead, tau=a.tau)
+    else:
+        df = sweep(traces, ratios, a.policies, progress=not a.json, lookahead=a.lookahead, tau=a.tau)
     if a.csv:
-        from artifact.paths import atomic_write_text
         atomic_write_text(a.csv, df.to_csv(index=False))
         print(f"wrote {len(df)} rows to {a.csv}", file=sys.stderr)
     if a.json:
         print(df.to_json(orient="records"))
     elif not a.csv:
-        cols = ["task", "batch_size", "cache_ratio", "cache_experts", "policy", "demand_misses",
-                "speculative_transfers", "prefetch_hits", "wasted_prefetches", "misses_vs_lru"]
+        cols = ["task", "batch_size", "cache_ratio", "cache_experts", "policy", *COUNTS[1:5], "misses_vs_lru"]
         print(df[cols].to_string(index=False))
 
 
@@ -172,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(g)
     add_decode_args(g)
     add_offload_args(g)
-    g.add_argument("--prompt", action="append", required=True, help="repeat for a batch (1-8)")
+    g.add_argument("--prompt", action="append", required=True, help=f"repeat for a batch (1-{MAX_BATCH})")
     g.add_argument("--raw", action="store_true", help="encode prompts as is, without the chat template")
     g.add_argument("--record-trace", type=Path, default=None)
     g.add_argument("--force", action="store_true", help="replace an existing --record-trace file")
@@ -182,28 +292,31 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("trace", help="record the routing trace of a task run")
     add_model_args(t)
     add_decode_args(t)
-    t.add_argument("--task", required=True)
-    t.add_argument("--n", type=int, default=8, help="prompts")
+    t.add_argument("--task", required=True, help=f"one of {TASKS}")
+    t.add_argument("--n", type=int, default=D.trace_n_prompts, help="prompts")
     t.add_argument("--batch-size", type=int, default=1)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=D.seed)
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--force", action="store_true")
     t.set_defaults(fn=cmd_trace)
 
     s = sub.add_parser("simulate", help="replay traces through policies and capacities (exact miss counts)")
     s.add_argument("--trace", type=Path, action="append", required=True)
-    s.add_argument("--cache-ratios", type=_floats, default=[0.43, 0.83, 1.0, 1.3, 1.73])
-    s.add_argument("--policies", type=_names, default=list(POLICIES))
-    s.add_argument("--lookahead", type=int, default=1)
-    s.add_argument("--tau", type=int, default=4)
+    cap = s.add_mutually_exclusive_group()
+    cap.add_argument("--cache-ratios", type=_floats, default=None,
+                     help=f"C/W per trace (default: {','.join(f'{r:g}' for r in D.cache_ratios)})")
+    cap.add_argument("--cache-experts", type=_ints, default=None,
+                     help="absolute capacities C (slots per MoE layer), e.g. to replay an engine run by hand")
+    s.add_argument("--policies", type=_names, default=list(D.sim_policies))
+    s.add_argument("--lookahead", type=int, default=D.lookahead)
+    s.add_argument("--tau", type=int, default=D.tau)
     s.add_argument("--json", action="store_true")
     s.add_argument("--csv", type=Path, default=None)
+    s.add_argument("--force", action="store_true", help="replace an existing --csv file")
     s.set_defaults(fn=cmd_simulate)
 
-    from artifact.experiments.bench import add_cli as add_bench_cli
-    from artifact.experiments.notebooks import add_cli as add_notebooks_cli
-    add_bench_cli(sub)
-    add_notebooks_cli(sub)
+    bench.add_cli(sub)
+    notebooks.add_cli(sub)
     return ap
 
 
@@ -211,9 +324,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rc = args.fn(args)             # a command may return an exit code (notebooks: failures)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError, RuntimeError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"error: {msg}", file=sys.stderr)
+    except (UserError, *USER_OS_ERRORS) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     return int(rc or 0)
-

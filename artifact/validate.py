@@ -1,28 +1,31 @@
 """One validator for every number a user gives: CLI flags, profile keys, OffloadSpec fields, link knobs.
 
 NaN and inf fail every check here (`v <= 0` is False for NaN, so a plain range test lets it through).
-Each error names the setting, the value and what is expected.
+Each error is a SettingError (a ValueError the CLI prints as one line) naming the setting, the value
+and what is expected.
 """
 from __future__ import annotations
 
 import math
+
+from artifact.errors import SettingError
 
 
 def check_number(name: str, value, *, low: float | None = None, high: float | None = None,
                  low_open: bool = False, high_open: bool = False, integer: bool = False,
                  allow_none: bool = False):
     """`value` as float (or int when integer=True) if finite and within [low, high] (open ends with
-    low_open / high_open), else a ValueError naming `name`. None passes only with allow_none."""
+    low_open / high_open), else a SettingError naming `name`. None passes only with allow_none."""
     if value is None:
         if allow_none:
             return None
-        raise ValueError(f"{name} is required, got None")
+        raise SettingError(f"{name} is required, got None")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+        raise SettingError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     if integer and (not isinstance(value, int) and not float(value).is_integer()):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise SettingError(f"{name} must be an integer, got {value!r}")
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise SettingError(f"{name} must be a finite number, got {value!r}")
     lo_bad = low is not None and (value <= low if low_open else value < low)
     hi_bad = high is not None and (value >= high if high_open else value > high)
     if lo_bad or hi_bad:
@@ -30,7 +33,7 @@ def check_number(name: str, value, *, low: float | None = None, high: float | No
         hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
         want = (f"in {lo}, {hi}" if low is not None and high is not None else
                 f"{'>' if low_open else '>='} {low:g}" if low is not None else f"{'<' if high_open else '<='} {high:g}")
-        raise ValueError(f"{name} must be {want}, got {value!r}")
+        raise SettingError(f"{name} must be {want}, got {value!r}")
     return int(value) if integer else float(value)
 
 

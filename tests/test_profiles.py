@@ -1,10 +1,17 @@
-"""Profiles: every bundled one loads; every bad key or value is named in a clear error."""
+"""Settings and profiles: the dataclass holds every default, a profile only overrides; every bundled one
+loads; every bad key or value is named in a clear error."""
 from __future__ import annotations
+
+import dataclasses
+import math
+import typing
 
 import pytest
 import yaml
 
-from artifact.experiments.settings import (BASE, PROFILE_KEYS, ProfileError, list_profiles, load_profile, parse_override)
+from artifact.errors import SettingError, UserError
+from artifact.experiments.settings import (PROFILE_DIR, PROFILE_KEYS, RANGES, Profile, ProfileError, Settings,
+                                           list_profiles, load_profile, parse_override)
 
 PAPER_RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)
 
@@ -23,12 +30,64 @@ def test_bundled_profiles_load():
         assert p.n_prompts >= max(p.batch_sizes)
 
 
-def test_base_defines_every_key_once():
-    base = yaml.safe_load(BASE.read_text())
-    assert sorted(base) == sorted(PROFILE_KEYS)
-    lines = [ln for ln in BASE.read_text().splitlines() if ln and not ln.startswith((" ", "#"))]
-    keys = [ln.split(":")[0] for ln in lines]
-    assert sorted(keys) == sorted(PROFILE_KEYS)        # one top-level line per key
+def test_defaults_are_valid_and_profiles_hold_overrides_only():
+    defaults = Settings()
+    assert Profile is Settings and defaults.name == "defaults"
+    assert load_profile(PROFILE_DIR / "cpu.yaml").gen_length == 32          # by path as by name
+    for name in list_profiles():
+        data = yaml.safe_load((PROFILE_DIR / f"{name}.yaml").read_text())
+        same = [k for k, v in data.items()
+                if k != "description" and (tuple(v) if isinstance(v, list) else v) == getattr(defaults, k)]
+        assert not same, f"{name}.yaml repeats defaults {same}: a profile holds overrides only"
+    assert not list(PROFILE_DIR.glob("base.y*ml"))                          # the dataclass is the base
+
+
+def _numeric(key):
+    tp = typing.get_type_hints(Settings)[key]      # int, float, X | None or tuple[X, ...]
+    args = typing.get_args(tp)
+    inner = [a for a in args if a is not type(None)] or [tp]
+    if typing.get_origin(inner[0]) is tuple:
+        inner = typing.get_args(inner[0])[:1]
+    return inner[0] in (int, float)
+
+
+def test_every_numeric_setting_has_a_range():
+    numeric = {k for k in PROFILE_KEYS if _numeric(k)}
+    assert numeric == set(RANGES), "every int/float setting needs a RANGES entry (NaN, inf and range checks)"
+
+
+HINTS = typing.get_type_hints(Settings)
+FLOAT_KEYS = [k for k in PROFILE_KEYS if HINTS[k] in (float, float | None, tuple[float, ...])]
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nan_and_inf_are_refused_for_every_float_setting(tmp_path, key, bad):
+    value = [bad] if HINTS[key] == tuple[float, ...] else bad
+    with pytest.raises(ProfileError, match=f"{key} must be a finite number") as e:
+        load_profile("cpu", {key: value})
+    assert "overrides" in str(e.value)
+    text = {math.nan: ".nan", math.inf: ".inf", -math.inf: "-.inf"}[bad]
+    path = write(tmp_path, f"{key}: {'[' + text + ']' if isinstance(value, list) else text}\n")
+    with pytest.raises(ProfileError, match=f"{path}: {key} must be a finite number"):
+        load_profile(path)
+
+
+def test_float_keys_cover_the_float_settings():
+    assert {"latency_us", "link_gbps", "threshold", "cache_ratios", "bandwidth_scales", "budget_minutes",
+            "throttle_scales", "throttle_ratio"} == set(FLOAT_KEYS)
+
+
+def test_a_key_given_twice_is_refused(tmp_path):
+    path = write(tmp_path, "repetitions: 3\nwarmup: 0\nrepetitions: 4\n")
+    with pytest.raises(ProfileError, match=r"key 'repetitions' given twice \(lines 1 and 3\)") as e:
+        load_profile(path)
+    assert str(path) in str(e.value)
+
+
+def test_errors_are_user_errors():
+    assert issubclass(ProfileError, SettingError) and issubclass(SettingError, UserError)
+    assert issubclass(UserError, ValueError)          # code guarding with `except ValueError` keeps working
 
 
 def test_gpu_profiles_hold_the_papers_grid():
@@ -55,7 +114,7 @@ def test_profile_by_path_overlays_base(tmp_path):
     p = load_profile(path)
     assert p.name == "mine" and p.repetitions == 7
     assert p.cache_ratios == (1.0, 2.5) and all(isinstance(r, float) for r in p.cache_ratios)
-    assert p.gen_length == yaml.safe_load(BASE.read_text())["gen_length"]      # from base
+    assert p.gen_length == Settings().gen_length == 256          # from the defaults
 
 
 def test_overrides_are_validated_and_win():

@@ -18,8 +18,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from artifact.paths import data_dir, repo_root
 from artifact.experiments.settings import Profile, fingerprint, load_profile
+from artifact.offload.runner import OffloadSpec, expert_bytes
+from artifact.paths import data_dir, repo_root
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -111,12 +112,7 @@ def _load(model, dtype, device, resident):
 
 
 def offload_spec(P: Profile, loaded, capacity: int, policy: str = "demand"):
-    from artifact.experiments.bench import emulated_gbps
-    from artifact.offload.runner import OffloadSpec
-    eb = loaded.cfg.expert_params * loaded.experts.element_size()
-    gbps = emulated_gbps(P, eb) if P.link == "emulated" else None     # cuda: the hardware's own bandwidth
-    return OffloadSpec(capacity, policy, P.link, bandwidth_gbps=gbps, latency_us=P.latency_us,
-                       lookahead=P.lookahead, tau=P.tau)
+    return OffloadSpec.from_settings(P, capacity, policy, expert_bytes=expert_bytes(loaded))
 
 
 # ---------------------------------------------------------------------------------------------

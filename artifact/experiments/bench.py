@@ -26,9 +26,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from artifact.paths import atomic_write_text, data_dir, refuse_overwrite
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from artifact.errors import ProfileError, ResultFileError, SettingError
 from artifact.experiments.settings import Profile, fingerprint, list_profiles, load_profile, parse_override
-from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS
+from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, format_table, paired_table, with_paper
+from artifact.model.checkpoint import load_checkpoint
+from artifact.model.tasks import prompts
+from artifact.offload.policies import POLICIES
+from artifact.offload.runner import OffloadSpec, check_device, run
+from artifact.offload.sim import capacity_for
+from artifact.offload.trace import mean_working_set
+from artifact.paths import atomic_write_text, data_dir, refuse_overwrite
 
 # Profile keys that change what a run measures: a result file made under other values cannot be
 # resumed or merged. The grid axes are not among them (a cell names its own axis values), nor is
@@ -72,9 +83,9 @@ def parse_shard(text: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in str(text).split("/"))
     except ValueError:
-        raise ValueError(f"--shard must be i/n with integers, e.g. 0/4, got {text!r}") from None
+        raise SettingError(f"--shard must be i/n with integers, e.g. 0/4, got {text!r}") from None
     if n < 1 or not 0 <= i < n:
-        raise ValueError(f"--shard i/n needs n >= 1 and 0 <= i < n (shards are numbered from 0), got {text!r}")
+        raise SettingError(f"--shard i/n needs n >= 1 and 0 <= i < n (shards are numbered from 0), got {text!r}")
     return i, n
 
 
@@ -93,7 +104,6 @@ def bench_fingerprint(p: Profile) -> str:
 
 
 def hardware(device: str) -> str:
-    import torch
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
     return f"{platform.machine()} cpu x{os.cpu_count()}"
@@ -101,7 +111,6 @@ def hardware(device: str) -> str:
 
 def measure_h2d_gbps(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> float:
     """Host-to-device bandwidth of pinned copies (the cuda link's unthrottled rate)."""
-    import torch
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst.copy_(src, non_blocking=True)
@@ -113,24 +122,15 @@ def measure_h2d_gbps(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> 
     return repeats * nbytes / (time.perf_counter() - t0) / 1e9
 
 
-def emulated_gbps(p: Profile, expert_bytes: int, scale: float = 1.0) -> float:
-    """The emulated link's bandwidth for a profile: link_gbps, or PCIe 4 scaled to the model's experts."""
-    from artifact.offload.link import emulated_bandwidth_gbps
-    return (p.link_gbps or emulated_bandwidth_gbps(expert_bytes)) * scale
-
-
 class ModelRunner:
     """Runs a profile's cells on a model. Tests may substitute an object with the same `meta`,
     `num_experts`, `working_set` and `run`."""
 
     def __init__(self, p: Profile, loaded=None):
-        from artifact.model.checkpoint import load_checkpoint
-        from artifact.offload.runner import check_device
         if p.model is None:
-            raise ValueError(f"profile {p.name!r} needs a checkpoint directory: pass --model DIR")
+            raise ProfileError(f"profile {p.name!r} needs a checkpoint directory: pass --model DIR")
         check_device(p.device)
         if p.torch_threads is not None:
-            import torch
             torch.set_num_threads(p.torch_threads)
         self.p = p
         self.loaded = loaded or load_checkpoint(p.model, p.torch_dtype, p.device,
@@ -146,18 +146,23 @@ class ModelRunner:
         self._group = None           # (task, batch size) -> (W, ids, prompts, trace): the last one only
         self._nominal = None
 
+    def _measure(self) -> float:
+        """The cuda link's unthrottled rate, measured once (only a scale < 1 without link_gbps needs it)."""
+        if self._nominal is None:
+            self._nominal = measure_h2d_gbps(self.p.device)
+        return self._nominal
+
+    def spec(self, capacity: int, policy: str = "demand", bandwidth_scale: float = 1.0) -> OffloadSpec:
+        return OffloadSpec.from_settings(self.p, capacity, policy, expert_bytes=self.expert_bytes,
+                                         bandwidth_scale=bandwidth_scale, measure=self._measure)
+
     def _prompts(self, task: str, batch_size: int):
-        from artifact.offload.runner import OffloadSpec, run
-        from artifact.model.tasks import prompts
-        from artifact.offload.trace import mean_working_set
         if self._group is None or self._group[0] != (task, batch_size):
             p = self.p
             ids, ps = prompts(self.loaded.tokenizer, task, p.n_prompts, p.seed, p.max_prompt_tokens)
             spec = None
             if p.trace_capacity is not None:
-                spec = OffloadSpec(min(p.trace_capacity, self.num_experts), "demand", p.link,
-                                   bandwidth_gbps=self.link_gbps(1.0) if p.link == "emulated" else None,
-                                   latency_us=p.latency_us)
+                spec = self.spec(min(p.trace_capacity, self.num_experts))
             res = run(self.loaded, ps, batch_size, self.dc, spec=spec, device=p.device, record=True,
                       prompt_ids=ids, task=task)
             self._group = ((task, batch_size), mean_working_set(res.trace), ids, ps, res.trace)
@@ -166,32 +171,16 @@ class ModelRunner:
     def working_set(self, task: str, batch_size: int) -> float:
         return self._prompts(task, batch_size)[1]
 
-    def link_gbps(self, scale: float) -> float | None:
-        """The cell's bandwidth; None = the cuda link unpaced at hardware speed."""
-        p = self.p
-        if p.link == "emulated":
-            return emulated_gbps(p, self.expert_bytes, scale)
-        if scale == 1.0:
-            return None
-        if p.link_gbps is None and self._nominal is None:
-            self._nominal = measure_h2d_gbps(p.device)
-        return (p.link_gbps or self._nominal) * scale
-
     def run(self, cell: Cell, policy: str, capacity: int) -> dict:
-        from artifact.offload.policies import POLICIES
-        from artifact.offload.runner import OffloadSpec, run
         p = self.p
         _, _, ids, ps, trace = self._prompts(cell.task, cell.batch_size)
-        gbps = self.link_gbps(cell.bandwidth_scale)
-        spec = OffloadSpec(capacity, policy, p.link, bandwidth_gbps=gbps if p.link == "emulated" else None,
-                           latency_us=p.latency_us, cap_gbps=gbps if p.link == "cuda" else None,
-                           lookahead=p.lookahead, tau=p.tau)
+        spec = self.spec(capacity, policy, cell.bandwidth_scale)
         oracle = trace if POLICIES[policy].needs_trace else None
         res = run(self.loaded, ps, cell.batch_size, self.dc, spec=spec, device=p.device, oracle=oracle,
                   prompt_ids=ids, task=cell.task)
         out = {k: res.stats.get(k) for k in STAT_COLUMNS}
         out["tokens"] = res.stats["tokens_generated"]
-        out["link_gbps"] = gbps
+        out["link_gbps"] = spec.link_gbps
         out["tokens_sha"] = hashlib.sha1(json.dumps(res.tokens).encode()).hexdigest()[:12]
         return out
 
@@ -200,22 +189,20 @@ class ModelRunner:
 # Result files
 # ---------------------------------------------------------------------------------------------
 def read_rows(path: Path | str):
-    import pandas as pd
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: bench result file not found")
     try:
         df = pd.read_csv(path, dtype={c: str for c in STR_COLUMNS})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a bench CSV: {e}") from None
+        raise ResultFileError(f"{path}: not a bench CSV: {e}") from None
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"{path}: not a bench CSV of this version (lacks columns {missing})")
+        raise ResultFileError(f"{path}: not a bench CSV of this version (lacks columns {missing})")
     return df[list(COLUMNS)]
 
 
 def write_rows(path: Path, rows) -> None:
-    import pandas as pd
     atomic_write_text(path, pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(index=False))
 
 
@@ -230,7 +217,7 @@ def _finished_cells(df, p: Profile, path: Path, mine: list[Cell], cells: list[Ce
     for col, want in (("fingerprint", bench_fingerprint(p)), ("profile", p.name)):
         have = sorted(set(df[col]))
         if have != [want]:
-            raise ValueError(f"{path}: rows of {col} {have}, not this profile's {want!r} (settings "
+            raise ResultFileError(f"{path}: rows of {col} {have}, not this profile's {want!r} (settings "
                              f"{', '.join(SETTINGS)} must match to resume); choose another --out or move the file")
     expected = {(pol, r) for pol in p.policies for r in range(p.repetitions)}
     mine_keys, all_keys = {c.key for c in mine}, {c.key for c in cells}
@@ -239,10 +226,10 @@ def _finished_cells(df, p: Profile, path: Path, mine: list[Cell], cells: list[Ce
         key = _cell_key(dict(zip(CELL_KEYS, key)))
         runs = list(zip(g.policy, g.rep.astype(int)))
         if sorted(runs) != sorted(expected):
-            raise ValueError(f"{path}: cell {Cell(*key)} has {len(runs)} runs, expected each of policies "
+            raise ResultFileError(f"{path}: cell {Cell(*key)} has {len(runs)} runs, expected each of policies "
                              f"{list(p.policies)} x {p.repetitions} repetitions once; the file is damaged")
         if key in all_keys and key not in mine_keys:
-            raise ValueError(f"{path}: holds cell {Cell(*key)} of another shard; each shard needs its own --out")
+            raise ResultFileError(f"{path}: holds cell {Cell(*key)} of another shard; each shard needs its own --out")
         done.add(key)
     return done
 
@@ -250,10 +237,6 @@ def _finished_cells(df, p: Profile, path: Path, mine: list[Cell], cells: list[Ce
 def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
               loaded=None, progress: bool = True, log=print):
     """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`."""
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from artifact.offload.sim import capacity_for
     out = Path(out) if out else default_out(p, shard)
     cells = grid(p)
     mine = shard_cells(cells, shard)
@@ -271,7 +254,7 @@ def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] 
     runner = runner or ModelRunner(p, loaded)
     meta = dict(runner.meta, profile=p.name, fingerprint=bench_fingerprint(p), grid_cells=len(cells))
     if len(old) and sorted(set(old.model_hash)) != [meta["model_hash"]]:
-        raise ValueError(f"{out}: rows of model {sorted(set(old.model))} (config hash "
+        raise ResultFileError(f"{out}: rows of model {sorted(set(old.model))} (config hash "
                          f"{sorted(set(old.model_hash))}), not of {meta['model']} ({meta['model_hash']})")
     P, R = list(p.policies), p.repetitions
     t0 = time.perf_counter()
@@ -317,28 +300,27 @@ def merge(inputs: list[Path | str], out: Path | str | None = None, force: bool =
           log=print):
     """Join shard files into one, refusing duplicates, mixed profiles or settings, and (unless
     `partial`) an incomplete grid. Never overwrites `out` unless `force`."""
-    import pandas as pd
     if not inputs:
-        raise ValueError("merge needs at least one shard file")
+        raise ResultFileError("merge needs at least one shard file")
     frames = [read_rows(f).assign(_file=str(f)) for f in inputs]
     df = pd.concat(frames, ignore_index=True)
     if not len(df):
-        raise ValueError(f"no rows in {[str(f) for f in inputs]}")
+        raise ResultFileError(f"no rows in {[str(f) for f in inputs]}")
     for col in ("profile", "fingerprint", "model_hash", "grid_cells"):
         vals = df.groupby(col)._file.unique()
         if len(vals) > 1:
             detail = "; ".join(f"{v!r} in {sorted(fs)}" for v, fs in vals.items())
-            raise ValueError(f"shards disagree on {col}: {detail}; they are not one grid's shards")
+            raise ResultFileError(f"shards disagree on {col}: {detail}; they are not one grid's shards")
     run_key = list(PAIR_KEYS) + ["policy"]
     dup = df[df.duplicated(run_key, keep=False)]
     if len(dup):
         first = dup.iloc[0]
         files = sorted(dup[(dup[run_key] == first[run_key]).all(axis=1)]._file)
-        raise ValueError(f"run {dict(first[run_key])} appears twice (in {files}); a cell belongs to one shard")
+        raise ResultFileError(f"run {dict(first[run_key])} appears twice (in {files}); a cell belongs to one shard")
     n_cells = df.groupby(list(CELL_KEYS)).ngroups
     want = int(df.grid_cells.iloc[0])
     if n_cells < want and not partial:
-        raise ValueError(f"the shards hold {n_cells} of the grid's {want} cells; run the missing shards "
+        raise ResultFileError(f"the shards hold {n_cells} of the grid's {want} cells; run the missing shards "
                          "(or pass --partial to merge what there is)")
     hw = sorted(set(df.hardware))
     if len(hw) > 1:
@@ -385,14 +367,20 @@ def _warn_changed_tokens(df):
 
 
 def _print_report(df, a: str, b: str, by: list[str]):
-    from artifact.experiments.stats import format_table, paired_table, with_paper
     print(format_table(with_paper(paired_table(df, a, b, by))))
 
 
 def cmd_report(a):
-    import pandas as pd
-    from artifact.experiments.stats import paired_table, with_paper
     df = pd.concat([read_rows(f) for f in a.files], ignore_index=True)
+    have = sorted(df.policy.unique())
+    for pol in (a.a, a.b):
+        if pol not in have:
+            raise ResultFileError(f"policy {pol!r} is not in these rows; they hold {have}")
+    if a.a == a.b:
+        raise SettingError(f"compare two different policies, got {a.a!r} twice")
+    bad = [k for k in a.by if k not in CELL_KEYS]
+    if bad:
+        raise SettingError(f"--by: cannot group by {bad}; choose from {list(CELL_KEYS)}")
     _warn_changed_tokens(df)
     table = with_paper(paired_table(df, a.a, a.b, a.by))
     if a.csv:
@@ -401,7 +389,6 @@ def cmd_report(a):
     if a.json:
         print(table.to_json(orient="records"))
     else:
-        from artifact.experiments.stats import format_table
         print(format_table(table))
 
 

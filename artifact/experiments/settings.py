@@ -1,17 +1,19 @@
-"""Profiles: one YAML of literal values per setting (cpu, a5000, h200), over a shared base.yaml.
+"""Settings: one dataclass holds every default; a profile (cpu, a5000, h200, or your own YAML) overrides some.
 
-    profile = load_profile("cpu")                   # or a path: load_profile("my.yaml")
-    profile = load_profile("h200", {"model": "/ckpt/LLaDA2.0-mini"})
+    P = load_profile("cpu")                              # or a path: load_profile("my.yaml")
+    P = load_profile("h200", {"model": "/ckpt/LLaDA2.0-mini"})
+    P.gen_length, P.cache_ratios, ...
 
-A profile file holds only the keys it changes; base.yaml (documented key by key) supplies the rest,
-and a user's profile given as a path is layered over the same base. Loading validates every key and
-value: an unknown key, a wrong type or an out-of-range value names the file, the key and what would
-be right.
+The `Settings` fields below, with their comments, are the documentation of every key. A profile file
+holds only the keys it changes; values are literals. Loading validates everything once: an unknown key,
+a key given twice in one file, a wrong type, NaN or inf, or an out-of-range value fails with the file,
+the key, the value and what is expected.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import json
 import types
 import typing
@@ -19,81 +21,129 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
+import yaml
+
+from artifact.errors import ProfileError, SettingError
+from artifact.model.checkpoint import DTYPES
+from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
+from artifact.model.tasks import TASKS
+from artifact.offload.link import LINKS, PCIE_LATENCY_US
+from artifact.offload.policies import POLICIES
+from artifact.validate import check_number
+
+__all__ = ["PROFILE_DIR", "PROFILE_KEYS", "Profile", "ProfileError", "Settings", "fingerprint", "list_profiles",
+           "load_profile", "parse_override", "profile_path"]
+
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
-BASE = PROFILE_DIR / "base.yaml"
+DEFAULTS_ORIGIN = "defaults (artifact/experiments/settings.py)"
 
-
-class ProfileError(ValueError):
-    pass
+PAPER_RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)           # C/W: the paper's grid
+PAPER_BATCH_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
-class Profile:
-    """Validated values of one profile (lists become tuples). base.yaml documents each key."""
-    name: str = field(metadata={"internal": True})
-    path: str = field(metadata={"internal": True})
-    description: str
-    # model and machine
-    model: str | None
-    dtype: str | None
-    device: str
-    link: str
-    latency_us: float
-    link_gbps: float | None
-    torch_threads: int | None
-    # decoding
-    mode: str
-    gen_length: int
-    steps: int
-    threshold: float
-    # prompts
-    tasks: tuple[str, ...]
-    n_prompts: int
-    seed: int
-    max_prompt_tokens: int | None
-    # the benchmark grid: cells (task, batch size, C/W, bandwidth scale) x policies x repetitions
-    batch_sizes: tuple[int, ...]
-    cache_ratios: tuple[float, ...]
-    bandwidth_scales: tuple[float, ...]
-    policies: tuple[str, ...]
-    repetitions: int
-    warmup: int
-    lookahead: int
-    tau: int
-    trace_capacity: int | None
-    budget_minutes: float | None
-    # bandwidth throttling (notebook 03): one C/W, the link's bandwidth times each scale
-    throttle_scales: tuple[float, ...]
-    throttle_ratio: float
-    # traces and the simulator (notebooks)
-    trace_tasks: tuple[str, ...]
-    trace_n_prompts: int
-    trace_batch_sizes: tuple[int, ...]
-    sim_policies: tuple[str, ...]
-    # TIDE head to head
-    tide_path: str | None
+class Settings:
+    """Every setting of a run, a benchmark grid or a notebook, with its default (lists become tuples)."""
+    name: str = field(default="defaults", metadata={"internal": True})   # the profile's name (file stem)
+    path: str = field(default="", metadata={"internal": True})           # the profile file it came from
+    description: str = "defaults shared by every profile"
+
+    # --- model and machine -------------------------------------------------------------------------
+    model: str | None = "tiny"           # 'tiny' (embedded, built on first use) or a HF checkpoint dir; None: --model DIR
+    dtype: str | None = None             # float32 | bfloat16 | float16; None: float32 for tiny, bfloat16 otherwise
+    device: str = "cpu"                  # cpu | cuda | cuda:N
+    link: str = "emulated"               # emulated (a modelled PCIe copy engine, any machine) | cuda (copy stream)
+    latency_us: float = PCIE_LATENCY_US  # per-copy setup cost of the emulated link (microseconds)
+    # The unthrottled bandwidth, GB/s. None = the link's own: emulated -> PCIe 4 (25 GB/s) scaled to this
+    # model's expert size, so one expert costs what a LLaDA2.0-mini expert costs on PCIe 4
+    # (offload/link.py emulated_bandwidth_gbps); cuda -> the hardware's, measured once with a pinned copy
+    # when a scale < 1 needs it.
+    link_gbps: float | None = None
+    torch_threads: int | None = None     # torch intra-op threads for bench runs; None: torch's default
+
+    # --- decoding (block diffusion, temperature 0) -------------------------------------------------
+    mode: str = "cached"                 # cached (prefix KV cache) | full (re-run the whole prefix every step)
+    gen_length: int = 256                # tokens generated per prompt (whole 32-token blocks): the paper's length
+    steps: int = 32                      # at most this many denoising steps per 32-token block
+    threshold: float = 0.95              # accept every masked token whose probability exceeds this
+
+    # --- prompts -----------------------------------------------------------------------------------
+    tasks: tuple[str, ...] = TASKS   # bench tasks (data/tasks/*.jsonl)
+    n_prompts: int = 8                   # prompts per bench cell, run in batches of the cell's size (>= max batch)
+    seed: int = 0                        # which prompts: a seeded sample of each task
+    max_prompt_tokens: int | None = None  # keep only the last N prompt tokens; None: the whole prompt
+
+    # --- the paired throughput benchmark (python -m artifact bench) --------------------------------
+    # A cell is (task, batch size, C/W, bandwidth scale). W, the mean per-step expert working set, is
+    # measured once per (task, batch size) from a traced run of the cell's prompts; C = round(ratio * W).
+    batch_sizes: tuple[int, ...] = PAPER_BATCH_SIZES
+    cache_ratios: tuple[float, ...] = PAPER_RATIOS
+    # A cell's bandwidth = scale * link_gbps. emulated: the link runs at that rate; cuda: 1.0 = unpaced
+    # hardware copies, < 1 caps the copy stream (token bucket), > 1 is not possible on real hardware.
+    bandwidth_scales: tuple[float, ...] = (1.0,)
+    policies: tuple[str, ...] = ("demand", "last_step")   # run side by side on identical prompts (engine policies)
+    repetitions: int = 5                 # R timed runs of every policy per cell; order alternates with r's parity
+    warmup: int = 1                      # untimed runs of every policy per cell before the R timed ones
+    lookahead: int = 1                   # last_step / oracle: prefetch this many MoE layers ahead
+    tau: int = 4                         # interval_refresh: refresh every tau denoising steps
+    # The traced run that measures W: None = experts resident on the device; an integer C = offloaded
+    # (demand, C slots per layer), for a model whose experts do not fit the GPU.
+    trace_capacity: int | None = None
+    budget_minutes: float | None = None  # stated wall-clock budget of the whole bench (None: none); checked, reported
+
+    # --- bandwidth throttling (notebook 03) --------------------------------------------------------
+    # One cell per scale at C/W = throttle_ratio (first task, largest batch size, demand vs last_step):
+    # the link's bandwidth (link_gbps, as above) times each scale. On cuda, scales must be <= 1 (caps).
+    throttle_scales: tuple[float, ...] = (1.0, 0.5, 0.25)
+    throttle_ratio: float = 1.0
+
+    # --- routing traces and the simulator (notebooks) ----------------------------------------------
+    trace_tasks: tuple[str, ...] = TASKS
+    trace_n_prompts: int = 8
+    trace_batch_sizes: tuple[int, ...] = PAPER_BATCH_SIZES
+    sim_policies: tuple[str, ...] = ("demand", "last_step", "oracle", "interval_refresh", "belady")
+
+    # --- TIDE head to head -------------------------------------------------------------------------
+    tide_path: str | None = None         # a checkout of TIDE's released implementation (None: comparison skipped)
 
     def as_dict(self) -> dict:
         """Plain values (lists, not tuples), e.g. for papermill parameters or JSON."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
-    def decode_config(self):
-        from artifact.model.decode import DecodeConfig
+    def decode_config(self) -> DecodeConfig:
         return DecodeConfig(gen_length=self.gen_length, steps=self.steps, threshold=self.threshold, mode=self.mode)
 
     @property
     def torch_dtype(self) -> str:
-        """dtype, with null resolved: float32 for the tiny model, bfloat16 for a real checkpoint."""
+        """dtype, with None resolved: float32 for the tiny model, bfloat16 for a real checkpoint."""
         return self.dtype or ("float32" if self.model == "tiny" else "bfloat16")
 
 
-PROFILE_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Profile) if not f.metadata.get("internal"))
-_TYPES = typing.get_type_hints(Profile)
+Profile = Settings          # the name the rest of the code (and the notebooks) grew up with
+
+PROFILE_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Settings) if not f.metadata.get("internal"))
+_TYPES = typing.get_type_hints(Settings)
+
+# Ranges of the numeric settings (check_number's keywords), applied to each element of a list setting.
+# Every int or float field is listed here (a test checks it), so NaN, inf and out-of-range values of a
+# new setting cannot slip through.
+_GT0 = {"low": 0, "low_open": True}
+_GE0 = {"low": 0}
+_BATCH = {"low": 1, "high": MAX_BATCH, "integer": True}
+RANGES: dict[str, dict] = {
+    "latency_us": _GE0, "link_gbps": _GT0, "torch_threads": _GT0,
+    "gen_length": _GT0, "steps": _GT0, "threshold": {"low": 0, "low_open": True, "high": 1},
+    "n_prompts": _GT0, "seed": _GE0, "max_prompt_tokens": _GT0,
+    "batch_sizes": _BATCH, "cache_ratios": _GT0, "bandwidth_scales": _GT0, "repetitions": _GT0, "warmup": _GE0,
+    "lookahead": _GT0, "tau": _GT0, "trace_capacity": _GT0, "budget_minutes": _GT0,
+    "throttle_scales": _GT0, "throttle_ratio": _GT0,
+    "trace_n_prompts": _GT0, "trace_batch_sizes": _BATCH,
+}
 
 
 def list_profiles() -> list[str]:
-    """Names of the bundled profiles (base.yaml is not one: it is their shared defaults)."""
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml") if p.name != BASE.name)
+    """Names of the bundled profiles."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
 def profile_path(name_or_path: str | Path) -> Path:
@@ -104,33 +154,29 @@ def profile_path(name_or_path: str | Path) -> Path:
             raise FileNotFoundError(f"{path}: profile file not found")
         return path
     path = PROFILE_DIR / f"{s}.yaml"
-    if s == BASE.stem or not path.is_file():
+    if not path.is_file():
         raise ProfileError(f"unknown profile {s!r}; choose one of {list_profiles()} or give a path to a .yaml file")
     return path
 
 
-def load_profile(name_or_path: str | Path, overrides: dict | None = None) -> Profile:
-    """base.yaml, then the profile's file, then `overrides` (e.g. from the command line), validated."""
+def load_profile(name_or_path: str | Path, overrides: dict | None = None) -> Settings:
+    """The defaults, then the profile file's values, then `overrides` (e.g. from the command line), validated."""
     path = profile_path(name_or_path)
-    values: dict = {}
+    given: dict = {}
     origin: dict = {}
-    for src, data in ((str(BASE), _read(BASE)), (str(path), _read(path)), ("overrides", dict(overrides or {}))):
+    for src, data in ((str(path), _read(path)), ("overrides", dict(overrides or {}))):
         for k, v in data.items():
             if k not in PROFILE_KEYS:
                 raise ProfileError(f"{src}: unknown key {k!r}{_suggest(k)}; valid keys: {', '.join(PROFILE_KEYS)}")
-            values[k], origin[k] = v, src
-    missing = [k for k in PROFILE_KEYS if k not in values]
-    if missing:
-        raise ProfileError(f"{path}: missing keys {missing} (base.yaml should define every key)")
-    checked = {k: _check(k, values[k], _TYPES[k], origin[k]) for k in PROFILE_KEYS}
-    profile = Profile(name=path.stem, path=str(path), **checked)
-    _check_values(profile, origin)
-    return profile
+            given[k], origin[k] = v, src
+    checked = {k: _check(k, v, _TYPES[k], origin[k]) for k, v in given.items()}
+    settings = Settings(name=path.stem, path=str(path), **checked)
+    _check_values(settings, origin)
+    return settings
 
 
 def parse_override(text: str) -> tuple[str, object]:
     """'key=value' with a YAML value (so 'cache_ratios=[1.0, 1.73]' and 'model=null' work)."""
-    import yaml
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -138,25 +184,46 @@ def parse_override(text: str) -> tuple[str, object]:
     if key not in PROFILE_KEYS:
         raise ProfileError(f"unknown key {key!r}{_suggest(key)}; valid keys: {', '.join(PROFILE_KEYS)}")
     try:
-        return key, yaml.safe_load(raw)
+        return key, _load_yaml(raw, f"--set {key}")
     except yaml.YAMLError as e:
         raise ProfileError(f"{key}: value {raw!r} is not YAML: {e}") from None
 
 
-def fingerprint(profile: Profile, keys: typing.Iterable[str]) -> str:
-    """A short hash of some of a profile's values (which settings made a result file)."""
-    import hashlib
-    blob = json.dumps({k: getattr(profile, k) for k in sorted(keys)}, sort_keys=True, default=list)
+def fingerprint(settings: Settings, keys: typing.Iterable[str]) -> str:
+    """A short hash of some of the settings' values (which settings made a result file)."""
+    blob = json.dumps({k: getattr(settings, k) for k in sorted(keys)}, sort_keys=True, default=list)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading and checking
 # ---------------------------------------------------------------------------------------------
-def _read(path: Path) -> dict:
-    import yaml
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a mapping with a key given twice (plain YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ProfileError(f"{node.start_mark.name}: key {key!r} given twice (lines {seen[key]} and "
+                                   f"{key_node.start_mark.line + 1}); keep one")
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str, name: str):
+    loader = _UniqueKeyLoader(text)
+    loader.name = name                   # marks (and so the errors) name the file, not "<unicode string>"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = _load_yaml(path.read_text(encoding="utf-8"), str(path))
     except yaml.YAMLError as e:
         raise ProfileError(f"{path}: not valid YAML: {e}") from None
     if data is None:
@@ -222,16 +289,29 @@ def _check(key: str, value, tp, src: str):
     raise bad()
 
 
-def _check_values(p: Profile, origin: dict) -> None:
+def _check_values(p: Settings, origin: dict) -> None:
     """Ranges and choices, each error naming the key, the file it came from and the valid values."""
-    from artifact.model.checkpoint import DTYPES
-    from artifact.model.decode import MODES
-    from artifact.offload.link import LINKS
-    from artifact.offload.policies import POLICIES
-    from artifact.model.tasks import TASKS
+    def src(key):
+        return origin.get(key, DEFAULTS_ORIGIN)
 
     def fail(key, msg):
-        raise ProfileError(f"{origin[key]}: {key} {msg}")
+        raise ProfileError(f"{src(key)}: {key} {msg}")
+
+    for key, rng in RANGES.items():
+        value = getattr(p, key)
+        nullable = type(None) in typing.get_args(_TYPES[key])
+        for v in (value if isinstance(value, tuple) else (value,)):
+            if v is None and nullable:
+                continue
+            try:
+                check_number(key, v, **rng)
+            except SettingError as e:
+                msg = str(e)
+                if rng is _BATCH:
+                    msg = f"{key} must be in 1-{MAX_BATCH} (the decoder's batch sizes), got {v!r}"
+                elif nullable:
+                    msg = msg.replace(", got", " or null, got", 1)
+                raise ProfileError(f"{src(key)}: {msg}") from None
 
     def choices(key, values, valid):
         for v in values:
@@ -253,30 +333,6 @@ def _check_values(p: Profile, origin: dict) -> None:
         if p.link == "cuda" and max(getattr(p, key)) > 1:
             fail(key, f"above 1 ({max(getattr(p, key))}) cannot speed up real hardware; "
                       "on the cuda link use scales <= 1 (a cap)")
-    for key in ("batch_sizes", "trace_batch_sizes"):
-        for b in getattr(p, key):
-            if not 1 <= b <= 8:
-                fail(key, f"must be in 1-8 (the decoder's batch sizes), got {b}")
-    for key in ("cache_ratios", "bandwidth_scales", "throttle_scales"):
-        for r in getattr(p, key):
-            if r <= 0:
-                fail(key, f"must be > 0, got {r}")
-    if p.throttle_ratio <= 0:
-        fail("throttle_ratio", f"must be > 0, got {p.throttle_ratio}")
-    positive = ("gen_length", "steps", "n_prompts", "trace_n_prompts", "repetitions", "lookahead", "tau",
-                "latency_us")
-    for key in positive:
-        if getattr(p, key) <= 0 and not (key == "latency_us" and p.latency_us == 0):
-            fail(key, f"must be > 0, got {getattr(p, key)}")
-    for key in ("warmup", "seed"):
-        if getattr(p, key) < 0:
-            fail(key, f"must be >= 0, got {getattr(p, key)}")
-    for key in ("link_gbps", "budget_minutes", "max_prompt_tokens", "trace_capacity", "torch_threads"):
-        v = getattr(p, key)
-        if v is not None and v <= 0:
-            fail(key, f"must be > 0 or null, got {v}")
-    if not 0.0 < p.threshold <= 1.0:
-        fail("threshold", f"must be in (0, 1], got {p.threshold}")
     if p.n_prompts < max(p.batch_sizes):
         fail("n_prompts", f"= {p.n_prompts} cannot fill a batch of {max(p.batch_sizes)} (batch_sizes); "
                           f"give at least {max(p.batch_sizes)}")

@@ -301,10 +301,11 @@ def engine_row(loaded, prompts: list[list[int]], budget_experts: int, dc: Decode
     """Our engine at the same budget, batch size 1, in the benchmark row format (CUDA link on a GPU,
     the emulated link on the CPU)."""
     from artifact.experiments.bench import STAT_COLUMNS
-    from artifact.offload.runner import OffloadSpec, run
+    from artifact.offload.runner import OffloadSpec, RunSettings, expert_bytes, run
     link = "cuda" if torch.device(device).type == "cuda" else "emulated"
-    res = run(loaded, prompts, 1, dc, spec=OffloadSpec(capacity=budget_experts, policy=policy, link=link, tau=tau),
-              device=device, task=task)
+    spec = OffloadSpec.from_settings(RunSettings(link=link, tau=tau), budget_experts, policy,
+                                     expert_bytes=expert_bytes(loaded))
+    res = run(loaded, prompts, 1, dc, spec=spec, device=device, task=task)
     row = {"system": "engine", "policy": policy, "mode": dc.mode, "task": task, "batch_size": 1,
            "cache_ratio": cache_ratio, "cache_experts": budget_experts, "rep": rep, "prompts": len(prompts),
            "gen_length": dc.gen_length, "steps": dc.steps, "threshold": dc.threshold}

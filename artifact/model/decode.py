@@ -24,6 +24,7 @@ import torch
 from artifact.model.llada2 import KVCache, LLaDA2MoE, StepInfo
 
 MODES = ("cached", "full")
+MAX_BATCH = 8                  # prompts decoded together: the batch sizes the paper measures (1-8)
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,8 @@ def accept(block: torch.Tensor, logits: torch.Tensor, mask_id: int, threshold: f
 def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = DecodeConfig(),
              record_logits: bool = False) -> Generation:
     cfg = model.cfg
-    if not 1 <= len(prompts) <= 8:
-        raise ValueError(f"batch size must be 1-8 prompts, got {len(prompts)}")
+    if not 1 <= len(prompts) <= MAX_BATCH:
+        raise ValueError(f"batch size must be 1-{MAX_BATCH} prompts, got {len(prompts)}")
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty")

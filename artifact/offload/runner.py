@@ -8,21 +8,60 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
 import torch
 
+from artifact.errors import DeviceError, SettingError
 from artifact.model.checkpoint import Loaded
-from artifact.model.decode import DecodeConfig, generate
+from artifact.model.decode import MAX_BATCH, DecodeConfig, generate
 from artifact.model.llada2 import ResidentExperts
 from artifact.offload.engine import OffloadEngine, offload
-from artifact.offload.link import LINKS, PCIE_LATENCY_US, make_link
+from artifact.offload.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps, make_link
 from artifact.offload.policies import POLICIES, make_policy
 from artifact.offload.trace import Trace, TraceError, TraceRecorder
+from artifact.validate import check_number
+
+
+class LinkSettings(Protocol):
+    """What OffloadSpec.from_settings reads from a settings object (artifact.experiments.settings.Settings
+    has these fields; so does RunSettings below, for callers without a profile)."""
+    link: str
+    link_gbps: float | None
+    latency_us: float
+    lookahead: int
+    tau: int
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The link and policy knobs of one run, with the same names and defaults as the settings dataclass."""
+    link: str = "emulated"
+    link_gbps: float | None = None       # None: emulated -> PCIe 4 scaled to the experts; cuda -> the hardware's
+    latency_us: float = PCIE_LATENCY_US
+    lookahead: int = 1
+    tau: int = 4
+
+
+def link_bandwidth(s: LinkSettings, expert_bytes: int, scale: float = 1.0,
+                   measure: Callable[[], float] | None = None) -> float | None:
+    """A run's link bandwidth in GB/s at `scale` times the settings' nominal one. emulated: link_gbps, or
+    PCIe 4 scaled to these experts (emulated_bandwidth_gbps). cuda: None at scale 1 (unpaced hardware
+    copies); below 1, a cap of scale * (link_gbps, or `measure()`: the hardware's pinned-copy rate)."""
+    check_number("bandwidth scale", scale, low=0, low_open=True)
+    if s.link == "emulated":
+        return (s.link_gbps or emulated_bandwidth_gbps(expert_bytes)) * scale
+    if scale == 1.0:
+        return None
+    if s.link_gbps is None and measure is None:
+        raise SettingError("a cuda link below scale 1 needs link_gbps (or a measured hardware bandwidth)")
+    return (s.link_gbps or measure()) * scale
 
 
 @dataclass(frozen=True)
 class OffloadSpec:
-    """The user's knobs for an offloaded run."""
+    """The user's knobs for an offloaded run. Build it with from_settings wherever a profile or the
+    command line describes the run, so every caller derives bandwidth, cap, lookahead and tau alike."""
     capacity: int                       # C: device slots per MoE layer
     policy: str = "demand"
     link: str = "emulated"
@@ -32,32 +71,57 @@ class OffloadSpec:
     lookahead: int = 1                  # last_step / oracle: prefetch this many MoE layers ahead
     tau: int = 4                        # interval_refresh: refresh every tau denoising steps
 
+    @classmethod
+    def from_settings(cls, s: LinkSettings, capacity: int, policy: str = "demand", *, expert_bytes: int,
+                      bandwidth_scale: float = 1.0, measure: Callable[[], float] | None = None,
+                      cap_gbps: float | None = None) -> OffloadSpec:
+        """The run that settings `s` describe at capacity C: on the emulated link the bandwidth is
+        link_bandwidth(...) (scaled); on cuda that figure, when not None, caps the copy stream. An explicit
+        `cap_gbps` (the CLI's --cap-gbps) throttles either link further."""
+        gbps = link_bandwidth(s, expert_bytes, bandwidth_scale, measure)
+        if s.link == "cuda":
+            caps = [c for c in (gbps, cap_gbps) if c is not None]
+            return cls(capacity, policy, s.link, bandwidth_gbps=None, latency_us=s.latency_us,
+                       cap_gbps=min(caps) if caps else None, lookahead=s.lookahead, tau=s.tau)
+        return cls(capacity, policy, s.link, bandwidth_gbps=gbps, latency_us=s.latency_us, cap_gbps=cap_gbps,
+                   lookahead=s.lookahead, tau=s.tau)
+
+    @property
+    def link_gbps(self) -> float | None:
+        """The bandwidth the run is limited to (None: the cuda link's unpaced hardware rate)."""
+        caps = [c for c in (self.bandwidth_gbps, self.cap_gbps) if c is not None]
+        return min(caps) if caps else None
+
     def check(self, num_experts: int, device: str) -> None:
         """Every bad value fails here, before a model is touched."""
-        if not isinstance(self.capacity, int) or not 1 <= self.capacity <= num_experts:
-            raise ValueError(f"cache capacity must be an integer in [1, {num_experts}] experts per layer, "
-                             f"got {self.capacity!r}")
+        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) \
+                or not 1 <= self.capacity <= num_experts:
+            raise SettingError(f"cache capacity must be an integer in [1, {num_experts}] experts per layer, "
+                               f"got {self.capacity!r}")
         if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
+            raise SettingError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
         if not POLICIES[self.policy].engine_ok:
-            raise ValueError(f"policy {self.policy!r} runs in the simulator only (python -m artifact simulate)")
+            raise SettingError(f"policy {self.policy!r} runs in the simulator only (python -m artifact simulate)")
         if self.link not in LINKS:
-            raise ValueError(f"unknown link {self.link!r}; choose one of {LINKS}")
+            raise SettingError(f"unknown link {self.link!r}; choose one of {LINKS}")
         if self.link == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("--link cuda needs a CUDA GPU, and none is available (use --link emulated)")
+            raise DeviceError("--link cuda needs a CUDA GPU, and none is available (use --link emulated)")
         if self.link == "cuda" and torch.device(device).type != "cuda":
-            raise ValueError("--link cuda computes on the GPU: pass --device cuda")
-        for name in ("bandwidth_gbps", "cap_gbps"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise ValueError(f"{name} must be > 0, got {v}")
-        if self.latency_us < 0:
-            raise ValueError(f"latency_us must be >= 0, got {self.latency_us}")
+            raise SettingError("--link cuda computes on the GPU: pass --device cuda")
+        check_number("bandwidth_gbps", self.bandwidth_gbps, low=0, low_open=True, allow_none=True)
+        check_number("cap_gbps", self.cap_gbps, low=0, low_open=True, allow_none=True)
+        check_number("latency_us", self.latency_us, low=0)
+        check_number("lookahead", self.lookahead, low=1, integer=True)
+        check_number("tau", self.tau, low=1, integer=True)
 
 
 def check_device(device: str) -> None:
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda asked for, but torch.cuda.is_available() is False")
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise SettingError(f"unknown device {device!r}; expected cpu, cuda or cuda:N") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("--device cuda asked for, but torch.cuda.is_available() is False")
 
 
 @dataclass
@@ -68,12 +132,17 @@ class RunResult:
     generations: list = field(default_factory=list)
 
 
+def expert_bytes(loaded: Loaded) -> int:
+    """Bytes of one routed expert as loaded (what one transfer moves)."""
+    return loaded.cfg.expert_params * loaded.experts.element_size()
+
+
 def run_meta(loaded: Loaded, prompt_ids: list[str], batch_size: int, dc: DecodeConfig, task: str | None) -> dict:
     """What makes two runs the same run (the oracle's premise): model, prompts, batching, decoding."""
     cfg = loaded.cfg
     return {"model": cfg.name, "config_hash": cfg.config_hash(), "task": task, "prompt_ids": list(prompt_ids),
             "batch_size": batch_size, "decode": dataclasses.asdict(dc), "moe_layers": cfg.moe_layers,
-            "num_experts": cfg.num_experts, "expert_bytes": cfg.expert_params * loaded.experts.element_size()}
+            "num_experts": cfg.num_experts, "expert_bytes": expert_bytes(loaded)}
 
 
 def check_oracle_trace(trace: Trace, meta: dict) -> None:
@@ -89,10 +158,10 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
         record: bool = False, prompt_ids: list[str] | None = None, task: str | None = None,
         record_logits: bool = False) -> RunResult:
     """Decode `prompts` in batches of `batch_size`; offloaded when `spec` is given."""
-    if batch_size < 1 or batch_size > 8:
-        raise ValueError(f"batch size must be 1-8, got {batch_size}")
+    if batch_size < 1 or batch_size > MAX_BATCH:
+        raise SettingError(f"batch size must be 1-{MAX_BATCH}, got {batch_size}")
     if not prompts:
-        raise ValueError("no prompts to run")
+        raise SettingError("no prompts to run")
     check_device(device)
     cfg = loaded.cfg
     prompt_ids = prompt_ids or [f"prompt{i}" for i in range(len(prompts))]
@@ -105,7 +174,7 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
         future = None
         if POLICIES[spec.policy].needs_trace:
             if oracle is None:
-                raise ValueError(f"policy {spec.policy!r} needs --oracle-trace FILE from an identical earlier run")
+                raise SettingError(f"policy {spec.policy!r} needs --oracle-trace FILE from an identical earlier run")
             check_oracle_trace(oracle, meta)
             future = oracle.future()
         pol = make_policy(spec.policy, len(cfg.moe_layers), cfg.num_experts, future=future, engine=True,

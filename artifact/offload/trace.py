@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from artifact.errors import TraceError  # noqa: F401  (defined with the other user errors; re-exported here)
 from artifact.model.llada2 import Demand, StepInfo
 from artifact.paths import atomic_write_bytes
 
@@ -23,10 +24,6 @@ SCHEMA = 1
 FORMAT = "artifact-routing-trace"
 KINDS = ("prefill", "denoise")
 ARRAYS = ("forward", "layer", "block", "block_step", "kind", "offsets", "experts", "counts")
-
-
-class TraceError(ValueError):
-    pass
 
 
 class TraceRecorder:

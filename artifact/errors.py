@@ -1,0 +1,35 @@
+"""Errors a user can fix: bad settings, files and arguments.
+
+`python -m artifact` prints these as one line and exits 2; anything else is a bug and shows its
+traceback. Each is a ValueError, so code that guards with `except ValueError` keeps working.
+Raise the most specific class, with a message that names the file, key or value and what is expected.
+"""
+from __future__ import annotations
+
+
+class UserError(ValueError):
+    """A bad input, named in the message; not a bug in the artifact."""
+
+
+class SettingError(UserError):
+    """A setting out of range or of the wrong kind: a CLI flag, an OffloadSpec field, a link knob."""
+
+
+class ProfileError(SettingError):
+    """A profile file or a --set override: unknown key, wrong type, out of range, given twice."""
+
+
+class TraceError(UserError):
+    """A routing trace that cannot be read, or is of another model or run."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint directory that is not a readable LLaDA2-MoE checkpoint."""
+
+
+class ResultFileError(UserError):
+    """A result file (bench CSV) that is damaged, of other settings, or would be overwritten."""
+
+
+class DeviceError(UserError):
+    """A device or link that this machine does not have (e.g. --device cuda without a GPU)."""
