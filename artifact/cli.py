@@ -53,7 +53,8 @@ def _names(s: str) -> list[str]:
 
 def add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--model", default=D.model, help="'tiny' (built on first use) or a checkpoint directory")
-    p.add_argument("--dtype", default=D.dtype, help="float32 | bfloat16 (default: float32 for tiny, bfloat16 otherwise)")
+    p.add_argument("--dtype", default=D.dtype,
+                   help="float32 | bfloat16 (default: float32 for tiny, bfloat16 otherwise)")
     p.add_argument("--device", default=D.device, help="cpu | cuda")
 
 
@@ -216,7 +217,7 @@ def cmd_trace(a):
 def replay_capacities(traces: list[Trace], capacities: list[int], policies: list[str], **options):
     """Like sim.sweep, at absolute capacities C instead of ratios C/W (cache_ratio = C / W per trace), so
     an engine run at --cache-experts C can be replayed by hand."""
-    import pandas as pd                    # deferred like the simulator's own: only this command needs it
+    import pandas as pd  # deferred like the simulator's own: only this command needs it
     rows = []
     for t in traces:
         W = mean_working_set(t)

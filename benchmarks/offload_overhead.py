@@ -12,19 +12,18 @@
 """
 import argparse
 import statistics
-
 import time
 
 import torch
 
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig, generate
+from artifact.model.tasks import prompts
 from artifact.offload.engine import offload
 from artifact.offload.link import make_link
 from artifact.offload.policies import make_policy
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for
-from artifact.model.tasks import prompts
 from artifact.offload.trace import mean_working_set
 
 

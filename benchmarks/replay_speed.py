@@ -12,10 +12,10 @@ import torch
 
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig
+from artifact.model.tasks import prompts
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import run
 from artifact.offload.sim import capacity_for, replay, sweep
-from artifact.model.tasks import prompts
 from artifact.offload.trace import Trace, mean_working_set
 
 

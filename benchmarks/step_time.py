@@ -9,8 +9,8 @@ import torch
 
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig
-from artifact.offload.runner import run
 from artifact.model.tasks import prompts
+from artifact.offload.runner import run
 
 
 def main():

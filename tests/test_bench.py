@@ -9,8 +9,18 @@ import pytest
 import torch
 
 from artifact.cli import main as main_for_tests
-from artifact.experiments.bench import (COLUMNS, STAT_COLUMNS, Cell, ModelRunner, grid, merge, parse_shard,
-                            read_rows, run_bench, shard_cells)
+from artifact.experiments.bench import (
+    COLUMNS,
+    STAT_COLUMNS,
+    Cell,
+    ModelRunner,
+    grid,
+    merge,
+    parse_shard,
+    read_rows,
+    run_bench,
+    shard_cells,
+)
 from artifact.experiments.settings import load_profile
 from artifact.offload.sim import capacity_for
 

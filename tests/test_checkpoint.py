@@ -6,8 +6,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from artifact.model.checkpoint import (build_tiny_checkpoint, expected_shapes, load_checkpoint, save_checkpoint,
-                                 state_tensors)
+from artifact.model.checkpoint import (
+    build_tiny_checkpoint,
+    expected_shapes,
+    load_checkpoint,
+    save_checkpoint,
+    state_tensors,
+)
 from artifact.model.config import ModelConfig
 
 

@@ -124,8 +124,8 @@ def test_throttled_cuda_link_is_slower_than_uncapped(device):
 def test_host_store_pins_memory_for_cuda(tiny):
     from artifact.offload.engine import offload
     from artifact.offload.link import CudaLink
-    from artifact.offload.store import HostStore
     from artifact.offload.policies import make_policy
+    from artifact.offload.store import HostStore
     cfg = tiny.cfg
     assert HostStore(tiny.experts, cfg.moe_layers, pin=True).pinned
     assert not HostStore(tiny.experts, cfg.moe_layers, pin=False).pinned

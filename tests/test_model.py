@@ -13,7 +13,7 @@ from artifact.model.llada2 import Router, StepInfo, apply_rope, block_causal_mas
 
 
 def reference_route(h: np.ndarray, W: np.ndarray, bias: np.ndarray, cfg: ModelConfig):
-    """The formula of DESIGN.md, one token at a time, in float64 with plain Python."""
+    """The formula of docs/DESIGN.md, one token at a time, in float64 with plain Python."""
     E, G = cfg.num_experts, cfg.n_group
     per = E // G
     out = []

@@ -10,9 +10,16 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from artifact.experiments.notebooks import (CHECK, NotebookError, claims_of, complete, declared_parameters, find_notebooks,
-                                injected_parameters)
 from artifact.cli import main as main_for_tests
+from artifact.experiments.notebooks import (
+    CHECK,
+    NotebookError,
+    claims_of,
+    complete,
+    declared_parameters,
+    find_notebooks,
+    injected_parameters,
+)
 from artifact.experiments.settings import PROFILE_KEYS, load_profile
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"

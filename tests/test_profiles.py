@@ -2,7 +2,6 @@
 loads; every bad key or value is named in a clear error."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import typing
 
@@ -10,8 +9,17 @@ import pytest
 import yaml
 
 from artifact.errors import SettingError, UserError
-from artifact.experiments.settings import (PROFILE_DIR, PROFILE_KEYS, RANGES, Profile, ProfileError, Settings,
-                                           list_profiles, load_profile, parse_override)
+from artifact.experiments.settings import (
+    PROFILE_DIR,
+    PROFILE_KEYS,
+    RANGES,
+    Profile,
+    ProfileError,
+    Settings,
+    list_profiles,
+    load_profile,
+    parse_override,
+)
 
 PAPER_RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)
 

@@ -9,10 +9,18 @@ from hypothesis import strategies as st
 
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
+from artifact.model.llada2 import Demand, StepInfo
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for, replay, sweep
-from artifact.offload.trace import SCHEMA, Trace, TraceError, TraceRecorder, mean_working_set, step_similarity, working_sets
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.offload.trace import (
+    SCHEMA,
+    Trace,
+    TraceError,
+    TraceRecorder,
+    mean_working_set,
+    step_similarity,
+    working_sets,
+)
 
 DC = DecodeConfig(gen_length=40)
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d")

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable on this profile"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE)
 
-# The paper's figures (DESIGN.md, "What the artifact is for").
+# The paper's figures (docs/DESIGN.md, "Purpose").
 PAPER_ORACLE_CUT = 6.7                  # LRU misses / oracle misses
 PAPER_FASTER_RANGE = (0.83, 1.73)       # C/W where demand-async beats async last-step prefetch...
 PAPER_FASTER_PCT = (4.9, 11.8)          # ...by this much, CIs excluding zero
@@ -120,9 +120,9 @@ def offload_spec(P: Profile, loaded, capacity: int, policy: str = "demand"):
 # ---------------------------------------------------------------------------------------------
 def quickstart(P: Profile, cache_ratio: float = 0.5) -> dict:
     """One prompt of the first task: resident, then offloaded (demand, C = cache_ratio * W)."""
+    from artifact.model.tasks import prompts
     from artifact.offload.runner import run
     from artifact.offload.sim import capacity_for
-    from artifact.model.tasks import prompts
     from artifact.offload.trace import mean_working_set
     loaded = load_model(P)
     task = P.tasks[0]
@@ -192,8 +192,8 @@ def traces(P: Profile, progress: bool = True) -> list:
 
 
 def record_trace(P: Profile, task: str, batch_size: int):
-    from artifact.offload.runner import run
     from artifact.model.tasks import prompts
+    from artifact.offload.runner import run
     loaded = load_model(P)
     ids, ps = prompts(loaded.tokenizer, task, P.trace_n_prompts, P.seed, P.max_prompt_tokens)
     spec = None
@@ -213,6 +213,7 @@ def _label(t) -> dict:
 def working_set_table(ts) -> "pd.DataFrame":
     """W = distinct experts one MoE layer needs in one denoising step: one row per (trace, forward, layer)."""
     import pandas as pd
+
     from artifact.offload.trace import working_sets
     return pd.concat([working_sets(t).assign(**_label(t)) for t in ts], ignore_index=True)
 
@@ -220,6 +221,7 @@ def working_set_table(ts) -> "pd.DataFrame":
 def stability_table(ts) -> "pd.DataFrame":
     """Step-to-step similarity of D(t, l) and D(t-1, l): one row per (trace, forward, layer)."""
     import pandas as pd
+
     from artifact.offload.trace import step_similarity
     return pd.concat([step_similarity(t).assign(**_label(t)) for t in ts], ignore_index=True)
 
@@ -228,6 +230,7 @@ def lru_share(ts, ratios) -> "pd.DataFrame":
     """The share of each step's demanded experts already resident under LRU, per trace and C/W: the demand
     hit rate of replaying the trace through the 'demand' policy at C = ratio * W (all demands)."""
     import pandas as pd
+
     from artifact.offload.sim import capacity_for, replay
     from artifact.offload.trace import mean_working_set
     rows = []
@@ -509,10 +512,10 @@ def tide_released(P: Profile, progress: bool = True) -> list[dict]:
     import torch
 
     from artifact.experiments.bench import ModelRunner
-    from artifact.model.checkpoint import load_checkpoint
-    from artifact.offload.sim import capacity_for
-    from artifact.model.tasks import prompts
     from artifact.experiments.tide import compare_with_engine
+    from artifact.model.checkpoint import load_checkpoint
+    from artifact.model.tasks import prompts
+    from artifact.offload.sim import capacity_for
     loaded = load_checkpoint(P.model, P.torch_dtype, P.device, resident=False)
     task = P.tasks[0]
     W = ModelRunner(P, loaded).working_set(task, 1)

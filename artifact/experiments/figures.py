@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import io
 
-from artifact.experiments.analysis import (PAPER_AT_043, PAPER_FASTER_PCT, PAPER_FASTER_RANGE, PAPER_ORACLE_CUT, figures_dir,
-                       results_dir)
+from artifact.experiments.analysis import (
+    PAPER_AT_043,
+    PAPER_FASTER_PCT,
+    PAPER_FASTER_RANGE,
+    PAPER_ORACLE_CUT,
+    figures_dir,
+    results_dir,
+)
 from artifact.paths import atomic_write_bytes, atomic_write_text
 
 DPI = 100

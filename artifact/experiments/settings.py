@@ -49,7 +49,7 @@ class Settings:
     description: str = "defaults shared by every profile"
 
     # --- model and machine -------------------------------------------------------------------------
-    model: str | None = "tiny"           # 'tiny' (embedded, built on first use) or a HF checkpoint dir; None: --model DIR
+    model: str | None = "tiny"           # 'tiny' (embedded, built on first use) or a HF checkpoint dir (None: --model)
     dtype: str | None = None             # float32 | bfloat16 | float16; None: float32 for tiny, bfloat16 otherwise
     device: str = "cpu"                  # cpu | cuda | cuda:N
     link: str = "emulated"               # emulated (a modelled PCIe copy engine, any machine) | cuda (copy stream)

@@ -1,4 +1,4 @@
-"""LLaDA2-MoE forward, written from the reference facts in DESIGN.md.
+"""LLaDA2-MoE forward, written from the reference facts in docs/DESIGN.md.
 
 Legend: B batch, T tokens fed, S keys attended (cached prefix + fed), D hidden, H / Hk query / kv heads,
 hd head dim, N routed tokens of a layer, k experts per token, E routed experts, I expert width.
