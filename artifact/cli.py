@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from artifact.errors import CheckpointError, SettingError, UserError
 from artifact.experiments import bench, notebooks
 from artifact.experiments.settings import Settings
@@ -217,7 +219,6 @@ def cmd_trace(a):
 def replay_capacities(traces: list[Trace], capacities: list[int], policies: list[str], **options):
     """Like sim.sweep, at absolute capacities C instead of ratios C/W (cache_ratio = C / W per trace), so
     an engine run at --cache-experts C can be replayed by hand."""
-    import pandas as pd  # deferred like the simulator's own: only this command needs it
     rows = []
     for t in traces:
         W = mean_working_set(t)
