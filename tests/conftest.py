@@ -12,7 +12,26 @@ os.environ.setdefault("ARTIFACT_CACHE", os.path.join(os.path.dirname(__file__), 
 torch.set_num_threads(1)
 
 
+# The unit tier (./run_tests.sh --fast, pytest -m "not slow") leaves out what runs the tiny model end to end:
+# tests using these fixtures (they decode prompts or write whole checkpoints), and the tests named below.
+MODEL_RUN_FIXTURES = {"tiny_prompts", "resident", "recorded", "written"}
+SLOW_TESTS = {
+    "test_cli_trace_and_simulate",                           # records a trace through the CLI
+    "test_cpu_dry_run_writes_the_summary",                   # scripts/gpu_check in subprocesses
+    "test_no_gpu_exits_3_with_a_clear_message",
+    "test_a_failing_measurement_keeps_the_summary",
+    "test_run_skip_force_and_failures",                      # executes notebooks in kernels
+    "test_every_figure_is_saved_with_the_data_it_plotted",   # records traces and draws every figure
+    "test_traces_are_recorded_once_and_rerecorded_when_settings_change",
+    "test_tiny_checkpoint_is_deterministic",                 # builds the tiny checkpoint twice
+}
+
+
 def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        if MODEL_RUN_FIXTURES & set(getattr(item, "fixturenames", ())) or item.originalname in SLOW_TESTS:
+            item.add_marker(slow)
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
         for item in items:

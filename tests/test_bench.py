@@ -177,6 +177,7 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.mark.slow
 def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
     """The tiny model on a two-cell grid: fail in cell 2, rerun, and check nothing repeats or is lost."""
     p = load_profile("cpu", {"tasks": ["gsm8k"], "batch_sizes": [1], "cache_ratios": [1.3, 1.73], "repetitions": 2,
@@ -222,6 +223,7 @@ def test_changed_tokens_are_flagged(tmp_path, capsys):
     assert "warning: policies generated different tokens in 1 cells" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_real_bench_runs_every_engine_policy(tiny, tmp_path, one_thread):
     """oracle is fed the traced run of the same prompts; all four policies give the same tokens."""
     pols = ["demand", "last_step", "oracle", "interval_refresh"]

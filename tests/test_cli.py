@@ -147,6 +147,7 @@ def test_unexpected_exceptions_are_not_swallowed(monkeypatch, small_trace, exc):
         main(["simulate", "--trace", str(small_trace)])
 
 
+@pytest.mark.slow
 def test_a_bug_prints_a_traceback_from_the_command_line(tmp_path):
     """End to end in a subprocess: a failing command that is not a user error shows its traceback."""
     code = ("import sys, artifact.cli as c\n"
@@ -240,3 +241,4 @@ def test_simulate_at_the_engines_capacity_gives_the_engines_counts(tmp_path, cap
               "bytes_h2d"):
         assert row[k] == engine[k], k
     assert engine["demand_misses"] > 0
+    assert engine["transfers"] == engine["demand_misses"] + engine["speculative_transfers"]     # docs/DESIGN.md
