@@ -252,6 +252,11 @@ def cmd_simulate(a):
             raise SettingError("--cache-ratios is empty; give ratios C/W, e.g. --cache-ratios 0.5,1")
         for r in ratios:
             check_number("--cache-ratios", r, low=0, low_open=True)
+    for flag, values in (("--trace", [str(t.resolve()) for t in a.trace]), ("--policies", a.policies),
+                         ("--cache-ratios", a.cache_ratios or []), ("--cache-experts", a.cache_experts or [])):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise SettingError(f"{flag} lists {twice} more than once; give each once")
     if a.csv and a.csv.exists() and not a.force:
         raise FileExistsError(f"{a.csv} exists; pass --force to replace it")
     traces = [Trace.load(t) for t in a.trace]

@@ -163,6 +163,12 @@ def test_cli_list_report_merge(tmp_path, capsys):
     assert main_for_tests(["report", str(out)]) == 0
     text = capsys.readouterr().out
     assert "demand (A) vs last_step (B)" in text and "1.73" in text and "[-1.16, +2.63]" in text
+    table = tmp_path / "table.csv"
+    assert main_for_tests(["report", str(out), "--csv", str(table)]) == 0
+    capsys.readouterr()
+    assert main_for_tests(["report", str(out), "--csv", str(table)]) == 2           # never silently replaced
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert main_for_tests(["report", str(out), "--csv", str(table), "--force"]) == 0
     assert main_for_tests(["report", str(out), "--a", "oracle"]) == 2
     assert "policy 'oracle' is not in these rows" in capsys.readouterr().err
     assert main_for_tests(["report", str(tmp_path / "none.csv")]) == 2

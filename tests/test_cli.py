@@ -95,6 +95,9 @@ def test_a_checkpoint_config_error_is_a_checkpoint_error(no_load, capsys, tmp_pa
     (["--cache-experts", "17"], "must be in [1, 16]"),
     (["--cache-experts", ""], "--cache-experts is empty"),
     (["--lookahead", "0"], "--lookahead must be >= 1"),
+    (["--cache-ratios", "1,0.5,1"], "--cache-ratios lists [1.0] more than once"),
+    (["--cache-experts", "3,3"], "--cache-experts lists [3] more than once"),
+    (["--policies", "demand,demand"], "--policies lists ['demand'] more than once"),
 ])
 def test_simulate_bad_arguments(capsys, small_trace, args, message):
     line = one_line_error(capsys, main(["simulate", "--trace", str(small_trace), *args]))
@@ -117,6 +120,11 @@ def test_simulate_csv_is_not_overwritten_without_force(capsys, small_trace, tmp_
     assert out.read_text() == first
     assert main(["simulate", "--trace", str(small_trace), "--cache-experts", "3", "--csv", str(out), "--force"]) == 0
     assert out.read_text() != first
+
+
+def test_the_same_trace_twice_is_refused(capsys, small_trace):
+    line = one_line_error(capsys, main(["simulate", "--trace", str(small_trace), "--trace", str(small_trace)]))
+    assert "--trace lists" in line and "more than once" in line
 
 
 def test_profile_errors_name_the_file(capsys, tmp_path):

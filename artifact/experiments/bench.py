@@ -381,6 +381,8 @@ def cmd_report(a):
     bad = [k for k in a.by if k not in CELL_KEYS]
     if bad:
         raise SettingError(f"--by: cannot group by {bad}; choose from {list(CELL_KEYS)}")
+    if a.csv:
+        refuse_overwrite(a.csv, a.force)
     _warn_changed_tokens(df)
     table = with_paper(paired_table(df, a.a, a.b, a.by))
     if a.csv:
@@ -420,6 +422,7 @@ def add_cli(subparsers) -> None:
     r.add_argument("--b", default="last_step", help="policy B (the per-pair baseline)")
     r.add_argument("--by", type=_by, default=["cache_ratio"], help=f"comma-separated, from {list(CELL_KEYS)}")
     r.add_argument("--csv", type=Path, default=None, help="also write the table as CSV")
+    r.add_argument("--force", action="store_true", help="replace an existing --csv")
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=cmd_report)
 
