@@ -185,6 +185,14 @@ def test_cli_defaults_are_the_settings_defaults():
     assert (s.lookahead, s.tau) == (d.lookahead, d.tau)
 
 
+def test_core_run_defaults_equal_the_settings_defaults():
+    d = Settings()
+    for obj in (RunSettings(), OffloadSpec(capacity=1)):
+        for key in ("link", "latency_us", "lookahead", "tau"):
+            assert getattr(obj, key) == getattr(d, key), (type(obj).__name__, key)
+    assert RunSettings().link_gbps == d.link_gbps and OffloadSpec(capacity=1).policy == d.policies[0]
+
+
 # --- OffloadSpec.from_settings -----------------------------------------------------------------
 def test_from_settings_on_the_emulated_link_scales_the_bandwidth():
     p = load_profile("cpu", {"lookahead": 2, "tau": 3, "latency_us": 5.0})

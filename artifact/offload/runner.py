@@ -35,7 +35,8 @@ class LinkSettings(Protocol):
 
 @dataclass(frozen=True)
 class RunSettings:
-    """The link and policy knobs of one run, with the same names and defaults as the settings dataclass."""
+    """The link and policy knobs of one run, for callers without a profile: the same names and defaults as
+    artifact.experiments.settings.Settings (a test keeps them equal; the core cannot import that layer)."""
     link: str = "emulated"
     link_gbps: float | None = None       # None: emulated -> PCIe 4 scaled to the experts; cuda -> the hardware's
     latency_us: float = PCIE_LATENCY_US
@@ -50,12 +51,13 @@ def link_bandwidth(s: LinkSettings, expert_bytes: int, scale: float = 1.0,
     copies); below 1, a cap of scale * (link_gbps, or `measure()`: the hardware's pinned-copy rate)."""
     check_number("bandwidth scale", scale, low=0, low_open=True)
     if s.link == "emulated":
-        return (s.link_gbps or emulated_bandwidth_gbps(expert_bytes)) * scale
+        nominal = s.link_gbps if s.link_gbps is not None else emulated_bandwidth_gbps(expert_bytes)
+        return nominal * scale
     if scale == 1.0:
         return None
     if s.link_gbps is None and measure is None:
         raise SettingError("a cuda link below scale 1 needs link_gbps (or a measured hardware bandwidth)")
-    return (s.link_gbps or measure()) * scale
+    return (s.link_gbps if s.link_gbps is not None else measure()) * scale
 
 
 @dataclass(frozen=True)
