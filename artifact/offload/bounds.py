@@ -74,10 +74,9 @@ def next_use(trace: Trace) -> np.ndarray:
     asks for e again, or len(trace) when e is never asked for again in that layer."""
     N, M = len(trace), trace.accesses
     demand = np.repeat(np.arange(N, dtype=np.int64), np.diff(trace.offsets))       # (M,) demand of each access
-    layer = trace.layer.astype(np.int64)[demand]                                    # (M,)
-    expert = trace.experts.astype(np.int64)                                          # (M,)
-    order = np.lexsort((demand, expert, layer))            # grouped by (layer, expert), in stream order
-    same = (layer[order][1:] == layer[order][:-1]) & (expert[order][1:] == expert[order][:-1])
+    pair = trace.layer.astype(np.int64)[demand] * (1 << 16) + trace.experts               # (M,) (layer, expert)
+    order = np.argsort(pair, kind="stable")        # grouped by (layer, expert); stable keeps stream order
+    same = pair[order][1:] == pair[order][:-1]
     out = np.full(M, N, dtype=np.int64)
     out[order[:-1]] = np.where(same, demand[order][1:], N)
     return out

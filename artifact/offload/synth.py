@@ -6,7 +6,9 @@ The generator's model. A stream is `sequences` generate calls; each is `batch_si
 from each of the `layers` MoE layers in order. For MoE layer position l (x = l / (L-1)) and block step s
 (y = s / (S-1)):
 
-    W(t, l)  = clip(round~(mu(l, s) * (1 + w_spread * z)), 1, min(E, tokens * top_k)),  z ~ N(0, 1) iid
+    W(t, l)  = clip(round~(mu(l, s) * (1 + w_spread * z)), 1, min(E, tokens * top_k))
+    z        ~ N(0, 1): fresh at a block's first step, then z(s) = rho z(s-1) + sqrt(1 - rho^2) e(s) along
+               the block's steps (rho = w_persistence; the same tokens route alike, so W drifts, not jumps)
     mu(l, s) = w * depth(l) * step(s) / mean_s step(s)
     depth(l) = 1 + w_depth * (x - 1/2)                   (mean 1 over layers: W grows with depth if > 0)
     step(s)  = (1 + w_growth * (y - 1/2)) * (w_first if s == 0 else 1)
@@ -17,14 +19,16 @@ depth(l) * (1 + w_spread * z)) experts drawn uniformly. A denoising demand whose
 demand P in this sequence keeps r = round~((1 - nu) * W) experts of P (a uniform choice, r clipped to
 [W - (E - |P|), |P|]) and draws the other W - r uniformly from the experts not in P, with nu = novelty
 within a block and nu = block_novelty at a block's first step (P is then the previous block's last
-step, or the last prefill forward). Without clipping the share of D(t, l) not in P is nu on average.
+step, or the last prefill forward). Without clipping the share of D(t, l) not in P is nu on average;
+clipping raises it where W grows by more than 1 / (1 - nu) in one step (iid W with a large spread).
 The first demand of a layer in a sequence without prefill is uniform. Token counts: each demanded expert
 gets one token, the remaining tokens * top_k - W assignments are spread uniformly (multinomial).
 
 `fit` measures the same statistics from a trace (moments under this model): mean W; the depth slope
 from per-layer means; growth and first-step multiple from W relative to its layer's mean, by block step;
-spread from what remains (less the generator's rounding variance); novelty and block-start novelty as
-the mean share of a demand not in the layer's previous demand; prefill as mean prefill W over w.
+spread from what remains (less the generator's rounding variance); persistence from the mean squared
+step-to-step change of what remains inside blocks; novelty and block-start novelty as the mean share of a
+demand not in the layer's previous demand; prefill as mean prefill W over w.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from artifact.model.config import PRESETS
 from artifact.offload.link import REFERENCE_EXPERT_BYTES
 from artifact.offload.trace import KINDS, Trace
 from artifact.paths import refuse_overwrite
@@ -61,6 +66,7 @@ class SynthParams:
     w_depth: float = 0.0          # relative change of W from the first to the last MoE layer
     w_growth: float = 0.0         # relative change of W from a block's first to its last step
     w_first: float = 1.0          # W multiple at a block's first step (the decoder also commits a block there)
+    w_persistence: float = 0.0    # rho: step-to-step correlation of W's noise inside a block (0: independent)
     novelty: float = 0.12         # nu: share of D(t, l) not in D(t-1, l) inside a block (cpu traces: 0.14)
     block_novelty: float = 0.5    # the same at a block's first step (a new block's tokens route anew)
     prefill: float = 0.0          # prefill W as a multiple of w; 0: no prefill forwards
@@ -83,6 +89,8 @@ class SynthParams:
         c("w_growth (relative change over a block; W must stay positive)", self.w_growth, low=-2, high=2,
           low_open=True, high_open=True)
         c("w_first (W multiple at a block's first step)", self.w_first, low=0, high=16, low_open=True)
+        c("w_persistence (correlation of W from step to step)", self.w_persistence, low=-1, high=1,
+          low_open=True, high_open=True)
         c("novelty (share of D(t,l) not in D(t-1,l))", self.novelty, low=0, high=1)
         c("block_novelty (the same at a block's first step)", self.block_novelty, low=0, high=1)
         c("prefill (prefill W as a multiple of w; 0 = none)", self.prefill, low=0, high=self.experts)
@@ -140,8 +148,10 @@ def synth(p: SynthParams, expert_bytes: int = REFERENCE_EXPERT_BYTES) -> Trace:
         last: list[np.ndarray | None] = [None] * L                      # each layer's previous demand
         schedule = [(-1, -1)] * (p.batch_size if p.prefill > 0 else 0)
         schedule += [(b, s) for b in range(p.blocks) for s in range(S)]
+        z = np.zeros(L)
         for block, s in schedule:
-            z = rng.standard_normal(L)                                   # (L,)
+            fresh = rng.standard_normal(L)                               # (L,)
+            z = fresh if s <= 0 else p.w_persistence * z + math.sqrt(1 - p.w_persistence ** 2) * fresh
             if block < 0:
                 W = _round(rng, p.prefill * p.w * _depth(p) * (1 + p.w_spread * z))
                 W = np.clip(W, 1, min(E, prefill_tokens * p.top_k))
@@ -252,21 +262,34 @@ def measure(trace: Trace) -> dict:
     w_first = float(ratio[first].mean() / at0) if first.any() and later.any() else 1.0
     fit_ratio = (alpha + beta * (y - 0.5)) * np.where(step == 0, w_first, 1.0)      # (N,)
     resid = ratio[dn] / fit_ratio[dn] - 1
+    # The residuals lost one degree of freedom per fitted number (layer means, the step line, w_first).
+    fitted = int(ok.sum()) + (2 if beta else 1) + (1 if first.any() and later.any() else 0)
+    dof = max(int(dn.sum()) - fitted, 1)
     # Stochastic rounding adds variance frac (1 - frac), 1/6 on average, to each W: not part of the spread.
-    var = float(np.mean(resid ** 2) - np.mean(1 / (6 * (m_of[dn] * fit_ratio[dn]) ** 2)))
+    var = float(np.sum(resid ** 2) / dof - np.mean(1 / (6 * (m_of[dn] * fit_ratio[dn]) ** 2)))
     spread = math.sqrt(max(var, 0.0))
 
     # Novelty: share of a demand not in its layer's previous demand of the same sequence.
-    new_share, prev_ok = _novelty(trace, seq, E)
+    prev_idx = _previous(trace, seq)
+    new_share = _novelty(trace, prev_idx, E)
     prev_step = np.full(len(trace), -2)
     prev_kind = np.full(len(trace), -1)
-    prev_idx = _previous(trace, seq)
     has = prev_idx >= 0
     prev_step[has] = step[prev_idx[has]]
     prev_kind[has] = trace.kind[prev_idx[has]]
     within = dn & has & (step >= 1) & (prev_kind == DENOISE) & (prev_step == step - 1)
     at_start = dn & has & (step == 0)
     novelty = float(new_share[within].mean()) if within.any() else 0.0
+    # Persistence from the step-to-step differences of the residuals, E (e(s) - e(s-1))^2 = 2 sigma^2 (1 - rho)
+    # plus both steps' rounding variance: differences are blind to the layer means the profile fitted (a
+    # lag-1 covariance would lose their variance, biasing rho low by about var(mean z of a layer)).
+    res_all, rnd = np.full(len(trace), np.nan), np.full(len(trace), np.nan)
+    res_all[dn], rnd[dn] = resid, 1 / (6 * (m_of[dn] * fit_ratio[dn]) ** 2)
+    persistence = 0.0
+    if within.any() and var > 0:
+        a, b = np.flatnonzero(within), prev_idx[within]
+        jump = float(np.mean((res_all[a] - res_all[b]) ** 2 - rnd[a] - rnd[b]))
+        persistence = 1 - jump / (2 * var)
     if not within.any():
         notes.append("no consecutive steps inside a block: novelty not measured (0)")
     block_novelty = float(new_share[at_start].mean()) if at_start.any() else 1.0
@@ -281,7 +304,8 @@ def measure(trace: Trace) -> dict:
     return {"layers": L, "experts": E, "top_k": top_k, "tokens": tokens, "blocks": max(1, round(blocks)),
             "steps": S, "sequences": int(seq.max() + 1),
             "batch_size": int(meta.get("batch_size") or max(1, round(prefills))), "w": w, "w_spread": spread,
-            "w_depth": depth, "w_growth": growth, "w_first": w_first, "novelty": novelty,
+            "w_depth": depth, "w_growth": growth, "w_first": w_first, "w_persistence": persistence,
+            "novelty": novelty,
             "block_novelty": block_novelty, "prefill": prefill,
             "measured": {"w_cv_total": float(W[dn].std() / w), "denoise_demands": int(dn.sum()),
                          "prefill_demands": int(pf.sum()), "novelty_pairs": int(within.sum()),
@@ -297,17 +321,19 @@ def fit(trace: Trace) -> SynthParams:
     kw["w_depth"] = float(np.clip(kw["w_depth"], -1.99, 1.99))
     kw["w_growth"] = float(np.clip(kw["w_growth"], -1.99, 1.99))
     kw["w_spread"] = min(kw["w_spread"], 1.0)
+    kw["w_persistence"] = float(np.clip(kw["w_persistence"], -0.99, 0.99))
     kw["w"] = min(kw["w"], float(min(kw["experts"], kw["tokens"] * kw["top_k"])))
     kw["prefill"] = min(kw["prefill"], kw["experts"] / kw["w"] / (1 + abs(kw["w_depth"]) / 2))
     return SynthParams(**kw)
 
 
 def _top_k(meta: dict, notes: list) -> int:
+    """Routed experts per token: from the metadata, else from the preset whose architecture recorded it."""
     if meta.get("top_k"):
         return int(meta["top_k"])
-    from artifact.model.config import PRESETS
-    if meta.get("model") in PRESETS:
-        return PRESETS[meta["model"]].num_experts_per_tok
+    for cfg in PRESETS.values():
+        if cfg.config_hash() == meta.get("config_hash"):
+            return cfg.num_experts_per_tok
     notes.append("top_k not in the trace's metadata: assumed 8 (LLaDA2.0)")
     return 8
 
@@ -322,9 +348,8 @@ def _previous(trace: Trace, seq: np.ndarray) -> np.ndarray:
     return out
 
 
-def _novelty(trace: Trace, seq: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray]:
-    """(N,) share of each demand's experts not in its layer's previous demand (nan where none)."""
-    prev = _previous(trace, seq)
+def _novelty(trace: Trace, prev: np.ndarray, E: int) -> np.ndarray:
+    """(N,) share of each demand's experts not in the demand `prev` points to (nan where prev is -1)."""
     lengths = np.diff(trace.offsets)
     demand = np.repeat(np.arange(len(trace)), lengths)                    # (M,)
     experts = trace.experts.astype(np.int64)
@@ -333,8 +358,7 @@ def _novelty(trace: Trace, seq: np.ndarray, E: int) -> tuple[np.ndarray, np.ndar
     at = np.clip(np.searchsorted(own, ask), 0, len(own) - 1)
     inside = (prev[demand] >= 0) & (own[at] == ask)
     shared = np.bincount(demand, weights=inside, minlength=len(trace))
-    share = np.where(prev >= 0, 1 - shared / np.maximum(lengths, 1), np.nan)
-    return share, prev >= 0
+    return np.where(prev >= 0, 1 - shared / np.maximum(lengths, 1), np.nan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,6 +369,7 @@ _HELP = {"layers": "MoE layers", "experts": "routed experts per layer (E)", "top
          "sequences": "generate calls", "batch_size": "prefill forwards per sequence (batch rows)",
          "w": "mean working set W", "w_spread": "relative sd of W", "w_depth": "relative change of W over depth",
          "w_growth": "relative change of W over a block", "w_first": "W multiple at a block's first step",
+         "w_persistence": "step-to-step correlation of W's noise in a block",
          "novelty": "share of D(t,l) not in D(t-1,l)", "block_novelty": "the same at a block's first step",
          "prefill": "prefill W / w (0: no prefill)", "seed": "random seed"}
 
