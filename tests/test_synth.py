@@ -135,9 +135,10 @@ def novelty_expectation(t: Trace, p: SynthParams):
         nu = p.novelty if t.block_step[n] > 0 else p.block_novelty
         v = (1 - nu) * W[n]
         lo, f = np.floor(v), v - np.floor(v)
-        clip = lambda r: min(max(r, W[n] - (p.experts - W[prev])), W[prev], W[n])   # noqa: E731
-        mean_keep = (1 - f) * clip(lo) + f * clip(lo + 1)
-        var_keep = (1 - f) * clip(lo) ** 2 + f * clip(lo + 1) ** 2 - mean_keep ** 2
+        low, high = W[n] - (p.experts - W[prev]), min(W[prev], W[n])       # the generator's clip of `keep`
+        k0, k1 = min(max(lo, low), high), min(max(lo + 1, low), high)
+        mean_keep = (1 - f) * k0 + f * k1
+        var_keep = (1 - f) * k0 ** 2 + f * k1 ** 2 - mean_keep ** 2
         key = "novelty" if t.block_step[n] > 0 else "block_novelty"
         out[key][0].append(1 - mean_keep / W[n])
         out[key][1].append(var_keep / W[n] ** 2)
@@ -216,7 +217,8 @@ def test_the_issue_stream_gives_oracle_over_lru_of_at_least_5(tmp_path, capsys):
 
 def test_cli_refuses_overwrite_and_bad_numbers(tmp_path, capsys):
     out = tmp_path / "s.safetensors"
-    small = ["--layers", "2", "--experts", "16", "--w", "4", "--blocks", "2", "--steps", "3"]
+    base = {"--layers": "2", "--experts": "16", "--w": "4", "--blocks": "2", "--steps": "3"}
+    small = [x for kv in base.items() for x in kv]
     assert main(["synth", *small, "--out", str(out)]) == 0
     assert main(["synth", *small, "--out", str(out)]) == 2
     assert "exists; pass --force" in capsys.readouterr().err
@@ -226,8 +228,7 @@ def test_cli_refuses_overwrite_and_bad_numbers(tmp_path, capsys):
                        (["--w-depth", "2"], "w_depth"), (["--top-k", "0"], "top_k"),
                        (["--w", "15", "--novelty", "0.5"], "distinct experts"), (["--blocks", "0"], "blocks")]:
         capsys.readouterr()
-        args = dict(zip(small[::2], small[1::2]))
-        args.update(dict(zip(flags[::2], flags[1::2])))
+        args = {**base, **{flags[j]: flags[j + 1] for j in range(0, len(flags), 2)}}
         rc = main(["synth", *[x for kv in args.items() for x in kv], "--out", str(tmp_path / "bad.safetensors")])
         err = capsys.readouterr().err
         assert rc == 2 and msg in err, (flags, err)
