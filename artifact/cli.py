@@ -25,6 +25,7 @@ from artifact.offload.link import LINKS
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, RunSettings, check_device, run
 from artifact.offload.sim import COUNTS, replay, sweep
+from artifact.offload.synth import add_cli as add_synth_cli
 from artifact.offload.trace import Trace, mean_working_set
 from artifact.paths import atomic_write_text
 from artifact.validate import check_number
@@ -324,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench.add_cli(sub)
     notebooks.add_cli(sub)
+    add_synth_cli(sub)
     return ap
 
 
