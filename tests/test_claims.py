@@ -4,6 +4,7 @@ numbers written once."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import matplotlib
@@ -275,3 +276,21 @@ def test_claim_modules_import_at_the_top():
         local = [n.lineno for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                  for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))]
         assert not local, f"{name}.py imports inside functions at lines {local}"
+
+
+# --- the committed cpu figures ----------------------------------------------------------------------
+ROOT = EXPERIMENTS.parent.parent
+
+
+def test_every_notebook_figure_is_committed_small_and_linked_from_the_readme():
+    saved = set()
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for cell in nbformat.read(nb, as_version=4).cells:
+            saved |= set(re.findall(r'save\(fig, df, P, "([^"]+)"\)', cell.source))
+    assert len(saved) == 7
+    readme = (ROOT / "README.md").read_text()
+    for name in sorted(saved):
+        png, csv = ROOT / "figures" / "cpu" / f"{name}.png", ROOT / "data" / "results" / "cpu" / f"{name}.csv"
+        assert png.is_file() and csv.is_file(), f"{name}: run ./run_all.sh cpu --force and commit both"
+        assert png.stat().st_size < 300_000 and csv.stat().st_size < 300_000
+        assert f"(figures/cpu/{name}.png)" in readme, f"README's claims table does not link {name}.png"
