@@ -8,8 +8,15 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from artifact.experiments.stats import (bootstrap_ci, format_table, paired_difference, paired_table, pairs,
-                            percent_differences, with_paper)
+from artifact.experiments.stats import (
+    bootstrap_ci,
+    format_table,
+    paired_difference,
+    paired_table,
+    pairs,
+    percent_differences,
+    with_paper,
+)
 
 # Known data: tokens/s of policy A and B in 8 pairs.
 A = np.array([101.2, 98.7, 105.3, 99.9, 103.1, 100.4, 97.8, 104.6])
