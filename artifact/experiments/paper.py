@@ -1,5 +1,5 @@
 """The paper's numbers, written once. Claim texts, figure marks and the paired table's paper column all
-derive from here (docs/DESIGN.md, "What the artifact is for")."""
+derive from here (the claims are listed in docs/DESIGN.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
