@@ -57,7 +57,7 @@ def test_a_demand_copy_behind_queued_speculative_copies(priority):
 
 
 def test_chunking_keeps_bytes_and_adds_only_per_chunk_latency():
-    clock, by = links(chunk=300_000, latency_us=10.0)
+    _, by = links(chunk=300_000, latency_us=10.0)
     x = torch.zeros(MB // 4)
     for link in by.values():
         for i in range(6):

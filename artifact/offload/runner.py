@@ -141,8 +141,8 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
     stats = merge_stats([g.stats for g in gens])
     stats.update(engine_stats)
     if spec is not None:
-        stats.update(policy=spec.policy, link=spec.link, link_bandwidth_gbps=getattr(engine.link, "bandwidth_gbps", None),
-                     link_priority=spec.link_priority, offload=True)
+        stats.update(policy=spec.policy, link=spec.link, link_priority=spec.link_priority, offload=True,
+                     link_bandwidth_gbps=getattr(engine.link, "bandwidth_gbps", None))
     else:
         stats.update(policy="resident", offload=False)
     trace = recorder.trace(meta) if recorder else None

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Protocol
+from typing import Protocol
 
 PRIORITIES = ("fifo", "demand")
 REFERENCE_CHUNK_BYTES = 1 << 20       # 1 MiB: ~42 us on PCIe 4, a sixth of a LLaDA2.0-mini expert
