@@ -26,6 +26,7 @@ from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, RunSettings, check_device, run
 from artifact.offload.sim import COUNTS, replay, sweep
 from artifact.offload.synth import add_cli as add_synth_cli
+from artifact.offload.timeline import PRIORITIES
 from artifact.offload.trace import Trace, mean_working_set
 from artifact.paths import atomic_write_text
 from artifact.validate import check_number
@@ -76,6 +77,9 @@ def add_offload_args(p: argparse.ArgumentParser):
     p.add_argument("--bandwidth-gbps", type=float, default=D.link_gbps,
                    help="emulated link bandwidth (default: PCIe 4 scaled to this model's expert size)")
     p.add_argument("--latency-us", type=float, default=D.latency_us)
+    p.add_argument("--link-priority", choices=PRIORITIES, default=D.link_priority,
+                   help="fifo: one copy queue in issue order; demand: speculative copies never delay a demand copy "
+                        "by more than one expert copy")
     p.add_argument("--cap-gbps", type=float, default=None, help="throttle: cap the link's bandwidth")
     p.add_argument("--lookahead", type=int, default=D.lookahead)
     p.add_argument("--tau", type=int, default=D.tau)
@@ -99,7 +103,8 @@ def offload_spec(a, cfg: ModelConfig, dtype: str) -> OffloadSpec | None:
         raise SettingError("--offload needs --cache-experts C (device slots per MoE layer)")
     for flag in ("bandwidth_gbps", "cap_gbps"):
         check_number(f"--{flag.replace('_', '-')}", getattr(a, flag), low=0, low_open=True, allow_none=True)
-    s = RunSettings(link=a.link, link_gbps=a.bandwidth_gbps, latency_us=a.latency_us, lookahead=a.lookahead,
+    s = RunSettings(link=a.link, link_gbps=a.bandwidth_gbps, latency_us=a.latency_us, link_priority=a.link_priority,
+                    lookahead=a.lookahead,
                     tau=a.tau)
     eb = cfg.expert_params * DTYPES[dtype].itemsize       # what one expert transfer moves once loaded
     spec = OffloadSpec.from_settings(s, a.cache_experts, a.policy, expert_bytes=eb, cap_gbps=a.cap_gbps)
