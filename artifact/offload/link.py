@@ -1,22 +1,27 @@
-"""The host-to-device link: one interface, two implementations.
+"""The host-to-device link: one Protocol, two implementations.
 
-  CudaLink      copies from pinned memory, non_blocking, on a dedicated copy stream; a copy waits for
-                the event that frees its slot, compute waits for the copy's event (no host sync).
-                A bandwidth cap paces chunked copies from a worker thread (token bucket).
+  CudaLink      copies from pinned memory, non_blocking, on a dedicated copy stream, entered once per
+                batch of copies (one batch per layer, plus one per wave). Compute waits for a copy on the
+                GPU timeline (stream.wait_event), never on the host. Events are preallocated and
+                re-recorded: one per destination slot (copy landed), one per layer (compute that read the
+                layer's slots done). A bandwidth cap is paced on the GPU timeline by the copy stream
+                itself: after each chunk it spins for the time that chunk would have taken at the cap
+                minus the time it took (a calibrated torch.cuda._sleep); uncapped, the spin is zero and
+                the code path is the same.
   EmulatedLink  for CPU runs: a FIFO copy engine on a timeline. Each copy starts when the link is free
                 and ends latency + bytes / bandwidth later; `wait` blocks until then (the stall is real
                 wall-clock time) and only then moves the bytes, so a compute that skipped its wait
                 would read stale weights and the exactness tests would see it.
 
-Both count transfers, bytes, busy seconds (link occupied) and stall seconds (compute waiting).
+Both count transfers, bytes, busy seconds (link occupied) and stall seconds (compute waiting). Every
+host-side wait has a timeout and names the copy it waited for.
 """
 from __future__ import annotations
 
-import queue
-import threading
+import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -24,6 +29,7 @@ LINKS = ("emulated", "cuda")
 PCIE4_GBPS = 25.0          # effective host-to-device bandwidth of a PCIe 4.0 x16 slot
 PCIE_LATENCY_US = 10.0     # per-copy setup cost
 REFERENCE_EXPERT_BYTES = 3 * 512 * 2048 * 2    # one LLaDA2.0-mini routed expert in bf16 (6 MiB)
+WAIT_TIMEOUT_S = 60.0      # a host-side wait longer than this is a hang, not a slow link: raise
 
 
 def emulated_bandwidth_gbps(expert_bytes: int, gbps: float = PCIE4_GBPS) -> float:
@@ -45,11 +51,57 @@ class LinkStats:
         return self.bytes / self.busy_seconds / 1e9 if self.busy_seconds else 0.0
 
 
+class LinkTimeout(TimeoutError):
+    """A host-side wait on the link outlived its timeout (the message names the copy)."""
+
+
+class Link(Protocol):
+    """What the engine needs from a host-to-device link. `after` values come from compute_done."""
+    stats: LinkStats
+
+    def copy(self, items: Sequence[tuple[torch.Tensor, torch.Tensor, str]], after=None) -> list:
+        """Issue the copies (dst, src, label) in order, all after `after`; one ticket per copy."""
+        ...
+
+    def landed(self, ticket) -> bool:
+        """The copy has completed (a non-blocking query)."""
+        ...
+
+    def ready(self, ticket) -> bool:
+        """Compute issued now after this copy would not block the host: landed on a host-timed link;
+        always on a GPU link, where compute waits on the device timeline."""
+        ...
+
+    def wait(self, tickets: Sequence) -> None:
+        """Compute that follows reads the tickets' destinations only once they have landed."""
+        ...
+
+    def compute_done(self, key):
+        """Mark the end of the compute issued so far that read `key`'s slots: the marker to pass as
+        `after` to a copy into them. None where compute is synchronous (CPU)."""
+        ...
+
+    def finish(self) -> LinkStats:
+        """Land everything, settle the timing, return the totals."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def describe(label: str, nbytes: int) -> str:
+    return f"copy {label or '(unlabelled)'} ({nbytes} bytes)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Emulated (CPU)
+# ---------------------------------------------------------------------------------------------
 @dataclass
 class EmulatedTicket:
     dst: torch.Tensor
     src: torch.Tensor
     end: float
+    label: str = ""
     landed: bool = False
 
 
@@ -58,7 +110,7 @@ class EmulatedLink:
 
     def __init__(self, bandwidth_gbps: float, latency_us: float = PCIE_LATENCY_US,
                  cap_gbps: float | None = None, clock: Callable[[], float] = time.perf_counter,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, timeout_s: float = WAIT_TIMEOUT_S):
         if bandwidth_gbps <= 0:
             raise ValueError(f"link bandwidth must be > 0 GB/s, got {bandwidth_gbps}")
         if latency_us < 0:
@@ -67,37 +119,52 @@ class EmulatedLink:
             raise ValueError(f"bandwidth cap must be > 0 GB/s, got {cap_gbps}")
         self.bandwidth_gbps = min(bandwidth_gbps, cap_gbps) if cap_gbps else bandwidth_gbps
         self.latency = latency_us * 1e-6
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep, self.timeout = clock, sleep, timeout_s
         self.free_at = 0.0
         self.stats = LinkStats()
 
     def duration(self, nbytes: int) -> float:
         return self.latency + nbytes / (self.bandwidth_gbps * 1e9)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, after=None) -> EmulatedTicket:
-        nbytes = src.numel() * src.element_size()
-        start = max(self.clock(), self.free_at)
-        d = self.duration(nbytes)
-        self.free_at = start + d
-        self.stats.transfers += 1
-        self.stats.bytes += nbytes
-        self.stats.busy_seconds += d
-        return EmulatedTicket(dst, src, self.free_at)
+    def copy(self, items, after=None) -> list[EmulatedTicket]:
+        out = []
+        for dst, src, label in items:
+            nbytes = src.numel() * src.element_size()
+            start = max(self.clock(), self.free_at)
+            d = self.duration(nbytes)
+            self.free_at = start + d
+            self.stats.transfers += 1
+            self.stats.bytes += nbytes
+            self.stats.busy_seconds += d
+            out.append(EmulatedTicket(dst, src, self.free_at, label))
+        return out
 
-    def wait(self, t: EmulatedTicket) -> None:
-        if t.landed:
-            return
-        now = self.clock()
-        if now < t.end:
-            self._sleep_until(t.end)
-            self.stats.stall_seconds += self.clock() - now
-        t.dst.copy_(t.src)
-        t.landed = True
+    def copy_one(self, dst: torch.Tensor, src: torch.Tensor, label: str = "") -> EmulatedTicket:
+        return self.copy([(dst, src, label)])[0]
 
-    def ready(self, t: EmulatedTicket) -> bool:
+    def wait(self, tickets) -> None:
+        if isinstance(tickets, EmulatedTicket):
+            tickets = (tickets,)
+        for t in tickets:
+            if t.landed:
+                continue
+            now = self.clock()
+            if now < t.end:
+                if t.end - now > self.timeout:
+                    raise LinkTimeout(f"{describe(t.label, t.src.numel() * t.src.element_size())} lands in "
+                                      f"{t.end - now:.1f} s, beyond the {self.timeout:.0f} s wait timeout "
+                                      f"(is the link bandwidth {self.bandwidth_gbps:g} GB/s what you meant?)")
+                self._sleep_until(t.end)
+                self.stats.stall_seconds += self.clock() - now
+            t.dst.copy_(t.src)
+            t.landed = True
+
+    def landed(self, t: EmulatedTicket) -> bool:
         return t.landed or self.clock() >= t.end
 
-    def compute_done(self, dst: torch.Tensor):
+    ready = landed          # compute on the CPU host waits on the host: only a landed copy costs nothing
+
+    def compute_done(self, key):
         return None          # CPU compute is synchronous: a slot is free as soon as the call returns
 
     def _sleep_until(self, deadline: float) -> None:
@@ -106,7 +173,7 @@ class EmulatedLink:
             if left <= 0:
                 return
             if left > 1e-3:
-                self.sleep(left - 5e-4)
+                self.sleep(left - 5e-4)      # > 0.5 ms: never a negative argument
             elif self.sleep is not time.sleep:
                 self.sleep(left)
 
@@ -117,111 +184,236 @@ class EmulatedLink:
         pass
 
 
+# ---------------------------------------------------------------------------------------------
+# Pacing: pure arithmetic, so it is tested on the CPU with an injected clock
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pacing:
+    """How the copy stream paces itself. A chunk of b bytes copies at the measured peak in b / peak
+    seconds; the stream then spins (b / cap - b / peak) seconds, so over any run of chunks the rate is
+    the cap, on the GPU timeline, with no host thread. Uncapped (cap None, or cap >= peak) the spin is
+    zero and nothing else changes: capped and uncapped are the same copies in the same chunks."""
+    peak_gbps: float                   # measured pinned H2D rate of a chunk
+    cap_gbps: float | None = None
+    spin_hz: float = 1.0               # GPU spin cycles per second (torch.cuda._sleep), calibrated
+    chunk_bytes: int | None = None     # None: a copy is one chunk (the cap then holds per copy)
+
+    def __post_init__(self):
+        if not self.peak_gbps > 0:
+            raise ValueError(f"pacing needs a measured peak > 0 GB/s, got {self.peak_gbps}")
+        if self.cap_gbps is not None and not self.cap_gbps > 0:
+            raise ValueError(f"bandwidth cap must be > 0 GB/s, got {self.cap_gbps}")
+        if self.chunk_bytes is not None and self.chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
+        if not self.spin_hz > 0:
+            raise ValueError(f"spin_hz must be > 0, got {self.spin_hz}")
+
+    def chunks(self, nbytes: int) -> list[tuple[int, int]]:
+        step = self.chunk_bytes or max(nbytes, 1)
+        return [(a, min(a + step, nbytes)) for a in range(0, nbytes, step)]
+
+    def spin_seconds(self, nbytes: int) -> float:
+        if self.cap_gbps is None or self.cap_gbps >= self.peak_gbps:
+            return 0.0
+        return max(0.0, nbytes / (self.cap_gbps * 1e9) - nbytes / (self.peak_gbps * 1e9))
+
+    def spin_cycles(self, nbytes: int) -> int:
+        return int(round(self.spin_seconds(nbytes) * self.spin_hz))
+
+    def schedule(self, nbytes: int) -> list[tuple[int, int, int]]:
+        """(start, end, spin cycles after it) for each chunk of a copy."""
+        return [(a, b, self.spin_cycles(b - a)) for a, b in self.chunks(nbytes)]
+
+
+def calibrate_rate(run: Callable[[int], None], clock: Callable[[], float], units: int, reps: int = 3) -> float:
+    """Units per second of `run(units)` timed by `clock` (best of reps; a warm-up first). On CUDA, `run`
+    enqueues work and `clock` is a device-timed clock; on the CPU tests inject both."""
+    if units < 1:
+        raise ValueError(f"calibration needs units >= 1, got {units}")
+    run(units)
+    best = math.inf
+    for _ in range(reps):
+        t0 = clock()
+        run(units)
+        best = min(best, clock() - t0)
+    if not best > 0:
+        raise RuntimeError(f"calibration measured {best} s for {units} units: the clock did not advance")
+    return units / best
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA
+# ---------------------------------------------------------------------------------------------
 @dataclass
 class CudaTicket:
-    done: torch.cuda.Event
-    start: torch.cuda.Event
-    issued: threading.Event = field(default_factory=threading.Event)
+    done: object            # torch.cuda.Event of the destination slot, re-recorded by every copy into it
+    label: str
+    nbytes: int
+
+
+class _TimingPairs:
+    """Timing event pairs from a pool, harvested without a host sync once their end has passed."""
+
+    def __init__(self):
+        self.free: list[tuple] = []
+        self.live: list[tuple] = []         # (start, end, kind)
+        self.seconds = {"busy": 0.0, "stall": 0.0}
+
+    def start(self, stream, kind: str):
+        if not self.free:
+            self.harvest()
+        if self.free:
+            s, e = self.free.pop()
+        else:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(stream)
+        self.live.append((s, e, kind))
+        return e
+
+    def harvest(self, everything: bool = False) -> None:
+        keep = []
+        for s, e, kind in self.live:
+            if everything or e.query():
+                self.seconds[kind] += s.elapsed_time(e) / 1e3
+                self.free.append((s, e))
+            else:
+                keep.append((s, e, kind))
+        self.live = keep
 
 
 class CudaLink:
     kind = "cuda"
 
     def __init__(self, device: torch.device | str = "cuda", cap_gbps: float | None = None,
-                 chunk_bytes: int = 1 << 20):
+                 chunk_bytes: int | None = None, timeout_s: float = WAIT_TIMEOUT_S,
+                 pacing: Pacing | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("--link cuda needs a CUDA GPU, and torch.cuda.is_available() is False "
                                "(use --link emulated on CPU)")
         if cap_gbps is not None and cap_gbps <= 0:
             raise ValueError(f"bandwidth cap must be > 0 GB/s, got {cap_gbps}")
         self.device = torch.device(device)
-        if self.device.index is None:        # the pacing thread's set_device needs an index
+        if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(self.device)
-        self.cap = cap_gbps
-        self.chunk = chunk_bytes
+        self.timeout = timeout_s
         self.stats = LinkStats()
-        self._copies: list[CudaTicket] = []
-        self._waits: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        self._queue: queue.Queue | None = None
-        if cap_gbps:
-            self._queue = queue.Queue()
-            self._worker = threading.Thread(target=self._paced_worker, daemon=True)
-            self._worker.start()
+        self.timing = _TimingPairs()
+        self.slot_events: dict[int, object] = {}        # dst data_ptr -> its re-recorded "landed" event
+        self.layer_events: dict[object, object] = {}    # key -> re-recorded "compute that read it done"
+        self.last: CudaTicket | None = None
+        self.pacing = pacing or (self._calibrate(cap_gbps, chunk_bytes) if cap_gbps else
+                                 Pacing(peak_gbps=math.inf, cap_gbps=None, chunk_bytes=chunk_bytes))
+        self.cap = self.pacing.cap_gbps
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, after: torch.cuda.Event | None = None) -> CudaTicket:
-        t = CudaTicket(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        self.stats.transfers += 1
-        self.stats.bytes += src.numel() * src.element_size()
-        self._copies.append(t)
-        if self._queue is not None:
-            self._queue.put((dst, src, after, t))
-        else:
-            with torch.cuda.stream(self.stream):
-                if after is not None:
-                    self.stream.wait_event(after)
-                t.start.record(self.stream)
-                dst.copy_(src, non_blocking=True)
-                t.done.record(self.stream)
-            t.issued.set()
-        return t
+    def _calibrate(self, cap_gbps: float, chunk_bytes: int | None, nbytes: int = 64 << 20) -> Pacing:
+        """Peak pinned H2D rate and the spin kernel's cycles per second, timed with CUDA events once at
+        construction (not in the hot path)."""
+        src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        clock = _EventClock(self.stream, self.timeout)
+        with torch.cuda.stream(self.stream):
+            peak = calibrate_rate(lambda n: dst[:n].copy_(src[:n], non_blocking=True), clock, nbytes) / 1e9
+            hz = calibrate_rate(torch.cuda._sleep, clock, 20_000_000)
+        del src, dst
+        return Pacing(peak_gbps=peak, cap_gbps=cap_gbps, spin_hz=hz, chunk_bytes=chunk_bytes)
 
-    def _paced_worker(self):
-        torch.cuda.set_device(self.device)
-        rate = self.cap * 1e9
-        budget_time = time.perf_counter()
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            dst, src, after, t = item
-            d, s = dst.view(-1).view(torch.uint8), src.view(-1).view(torch.uint8)
-            with torch.cuda.stream(self.stream):
-                if after is not None:
-                    self.stream.wait_event(after)
-                t.start.record(self.stream)
-                for a in range(0, d.numel(), self.chunk):
-                    b = min(a + self.chunk, d.numel())
-                    budget_time = max(budget_time, time.perf_counter()) + (b - a) / rate
+    def copy(self, items, after=None) -> list[CudaTicket]:
+        out = []
+        if not items:
+            return out
+        with torch.cuda.stream(self.stream):          # entered once per batch
+            if after is not None:
+                self.stream.wait_event(after)
+            end = self.timing.start(self.stream, "busy")    # after the wait: waiting is not busy time
+            for dst, src, label in items:
+                nbytes = src.numel() * src.element_size()
+                d, s = dst.view(-1).view(torch.uint8), src.view(-1).view(torch.uint8)
+                for a, b, spin in self.pacing.schedule(nbytes):
                     d[a:b].copy_(s[a:b], non_blocking=True)
-                    while time.perf_counter() < budget_time:         # token bucket: pace the next chunk
-                        time.sleep(min(1e-4, budget_time - time.perf_counter()))
-                t.done.record(self.stream)
-            t.issued.set()
+                    if spin:
+                        torch.cuda._sleep(spin)
+                ev = self.slot_events.get(dst.data_ptr())
+                if ev is None:
+                    ev = self.slot_events[dst.data_ptr()] = torch.cuda.Event()
+                ev.record(self.stream)
+                self.stats.transfers += 1
+                self.stats.bytes += nbytes
+                out.append(CudaTicket(ev, label, nbytes))
+            end.record(self.stream)
+        self.last = out[-1]
+        return out
 
-    def wait(self, t: CudaTicket) -> None:
-        t.issued.wait()
-        stream = torch.cuda.current_stream(self.device)
-        ready = torch.cuda.Event(enable_timing=True)
-        ready.record(stream)
-        stream.wait_event(t.done)
-        self._waits.append((ready, t.done))
+    def landed(self, t: CudaTicket) -> bool:
+        return t.done.query()
 
     def ready(self, t: CudaTicket) -> bool:
-        return t.issued.is_set() and t.done.query()
+        return True          # issued copies are ordered before compute on the GPU, not by the host
 
-    def compute_done(self, dst: torch.Tensor) -> torch.cuda.Event:
-        """Event after the compute that last read a slot: a later copy into the slot waits for it."""
-        ev = torch.cuda.Event()
+    def wait(self, tickets) -> None:
+        if isinstance(tickets, CudaTicket):
+            tickets = (tickets,)
+        tickets = [t for t in tickets if not t.done.query()]
+        if not tickets:
+            return
+        stream = torch.cuda.current_stream(self.device)
+        end = self.timing.start(stream, "stall")          # the compute stream reaches its wait ...
+        for t in tickets:
+            stream.wait_event(t.done)
+        end.record(stream)                                # ... and passes it: the interval is the stall
+
+    def compute_done(self, key):
+        ev = self.layer_events.get(key)
+        if ev is None:
+            ev = self.layer_events[key] = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(self.device))
         return ev
 
     def finish(self) -> LinkStats:
-        """Synchronise once and read the timing events: busy = sum of copy durations, stall = time
-        compute was ready but its copy had not landed."""
-        if self._queue is not None:
-            for t in self._copies:
-                t.issued.wait()
-        torch.cuda.synchronize(self.device)
-        self.stats.busy_seconds += sum(t.start.elapsed_time(t.done) for t in self._copies) / 1e3
-        self.stats.stall_seconds += sum(max(0.0, r.elapsed_time(d)) for r, d in self._waits) / 1e3
-        self._copies.clear()
-        self._waits.clear()
+        """Land everything (a bounded wait that names the last copy), then read the timing pairs."""
+        streams = (self.stream, torch.cuda.current_stream(self.device))
+        for stream in streams:
+            ev = torch.cuda.Event()
+            ev.record(stream)
+            what = describe(self.last.label, self.last.nbytes) if self.last and stream is self.stream else \
+                "the compute stream"
+            wait_event(ev, self.timeout, what)
+        self.timing.harvest(everything=True)
+        self.stats.busy_seconds += self.timing.seconds["busy"]
+        self.stats.stall_seconds += self.timing.seconds["stall"]
+        self.timing.seconds = {"busy": 0.0, "stall": 0.0}
         return self.stats
 
     def close(self) -> None:
-        if self._queue is not None:
-            self._queue.put(None)
+        pass
+
+
+def wait_event(ev, timeout_s: float, what: str, clock: Callable[[], float] = time.perf_counter,
+               sleep: Callable[[float], None] = time.sleep) -> None:
+    """Poll `ev.query()` until it is done; past timeout_s raise LinkTimeout naming `what`."""
+    t0 = clock()
+    pause = 1e-5
+    while not ev.query():
+        if clock() - t0 > timeout_s:
+            raise LinkTimeout(f"{what} did not complete within {timeout_s:g} s (the copy stream or the "
+                              "compute it waits for is stuck)")
+        sleep(pause)
+        pause = min(pause * 2, 1e-3)
+
+
+class _EventClock:
+    """A clock in seconds read off CUDA events on one stream (calibration only: it syncs the host)."""
+
+    def __init__(self, stream, timeout_s: float):
+        self.stream, self.timeout = stream, timeout_s
+        self.origin = torch.cuda.Event(enable_timing=True)
+        self.origin.record(stream)
+
+    def __call__(self) -> float:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(self.stream)
+        wait_event(ev, self.timeout, "a calibration copy")
+        return self.origin.elapsed_time(ev) / 1e3
 
 
 def make_link(kind: str, *, device="cpu", bandwidth_gbps: float | None = None, latency_us: float = PCIE_LATENCY_US,
