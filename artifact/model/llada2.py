@@ -108,10 +108,11 @@ def grouped_ffn(xs: torch.Tensor, group: ExpertGroup, spans: list[tuple[int, int
     Both kernels compute each expert with the same matmuls on the same rows: on CPU their outputs are
     equal bit for bit (tested), so the kernel changes time, never results."""
     if kernel == "grouped" and HAS_GROUPED_MM and _grouped_mm_ok(xs):
-        offs = torch.tensor(offsets, dtype=torch.int32, device=xs.device)           # (G,)
+        hi = group.rows[-1] + 1                     # rows past the last member hold no tokens: not passed
+        offs = torch.tensor(offsets[:hi], dtype=torch.int32, device=xs.device)     # (hi,)
         I = group.down.shape[2]
-        h = torch._grouped_mm(xs, group.gate_up.transpose(1, 2), offs)             # (n, 2I)
-        return torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], group.down.transpose(1, 2), offs)  # (n, D)
+        h = torch._grouped_mm(xs, group.gate_up[:hi].transpose(1, 2), offs)        # (n, 2I)
+        return torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], group.down[:hi].transpose(1, 2), offs)  # (n, D)
     ys = torch.empty_like(xs)                                          # (n, D)
     for row, a, b in spans:
         ys[a:b] = expert_ffn(xs[a:b], (group.gate_up[row], group.down[row]))
