@@ -173,7 +173,8 @@ def capped_link(a, torch, expert_bytes: int) -> dict:
         wall = time.perf_counter() - t0
         achieved = n * expert_bytes / wall / 1e9
         out["caps"].append({"fraction": fraction, "target_gbps": target, "achieved_gbps": achieved,
-                            "achieved_over_target": achieved / target, "within_10pct": abs(achieved / target - 1) <= 0.1})
+                            "achieved_over_target": achieved / target,
+                            "within_10pct": abs(achieved / target - 1) <= 0.1})
         link.close()
     return out
 

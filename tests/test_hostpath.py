@@ -11,7 +11,7 @@ from artifact.model.checkpoint import load_checkpoint, random_model, save_checkp
 from artifact.model.config import get_preset
 from artifact.model.decode import DecodeConfig
 from artifact.model.llada2 import HAS_GROUPED_MM, ExpertGroup, grouped_ffn, stack_views
-from artifact.offload.link import (EmulatedLink, LinkTimeout, Pacing, calibrate_rate, wait_event)
+from artifact.offload.link import EmulatedLink, LinkTimeout, Pacing, calibrate_rate, wait_event
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.store import check_slots_fit, non_expert_bytes
@@ -96,10 +96,10 @@ def test_offloaded_equals_resident_for_every_policy_and_capacity(tiny, tiny_prom
 
 
 def test_offloaded_loop_kernel_equals_resident_grouped(tiny, tiny_prompts, reference):
+    from artifact.model.decode import generate
     from artifact.offload.engine import offload
     from artifact.offload.link import make_link
     from artifact.offload.policies import make_policy
-    from artifact.model.decode import generate
     cfg = tiny.cfg
     saved = tiny.model.backend
     try:

@@ -13,9 +13,9 @@ from artifact.model.decode import DecodeConfig
 from artifact.model.llada2 import StepInfo
 from artifact.offload.cache import EMPTY, ExpertCache
 from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps, make_link
-from artifact.offload.store import HostStore
 from artifact.offload.policies import TraceFuture, make_policy
 from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.store import HostStore
 
 DC = DecodeConfig(gen_length=40)
 

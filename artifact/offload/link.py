@@ -315,7 +315,6 @@ class CudaLink:
         with torch.cuda.stream(self.stream):
             peak = calibrate_rate(lambda n: dst[:n].copy_(src[:n], non_blocking=True), clock, nbytes) / 1e9
             hz = calibrate_rate(torch.cuda._sleep, clock, 20_000_000)
-        del src, dst
         return Pacing(peak_gbps=peak, cap_gbps=cap_gbps, spin_hz=hz, chunk_bytes=chunk_bytes)
 
     def copy(self, items, after=None) -> list[CudaTicket]:
