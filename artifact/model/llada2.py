@@ -109,7 +109,7 @@ def grouped_ffn(xs: torch.Tensor, group: ExpertGroup, spans: list[tuple[int, int
     equal bit for bit (tested), so the kernel changes time, never results."""
     if kernel == "grouped" and HAS_GROUPED_MM and _grouped_mm_ok(xs):
         hi = group.rows[-1] + 1                     # rows past the last member hold no tokens: not passed
-        offs = torch.tensor(offsets[:hi], dtype=torch.int32, device=xs.device)     # (hi,)
+        offs = small_tensor(offsets[:hi], torch.int32, xs.device)                  # (hi,)
         I = group.down.shape[2]
         h = torch._grouped_mm(xs, group.gate_up[:hi].transpose(1, 2), offs)        # (n, 2I)
         return torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], group.down[:hi].transpose(1, 2), offs)  # (n, D)
@@ -117,6 +117,15 @@ def grouped_ffn(xs: torch.Tensor, group: ExpertGroup, spans: list[tuple[int, int
     for row, a, b in spans:
         ys[a:b] = expert_ffn(xs[a:b], (group.gate_up[row], group.down[row]))
     return ys
+
+
+def small_tensor(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on the device without syncing the host: a blocking H2D copy would wait for every
+    queued kernel, so on CUDA the list goes through pinned memory and copies non_blocking (the caching
+    host allocator keeps the pinned block until the copy is done)."""
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=dtype)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 def _grouped_mm_ok(xs: torch.Tensor) -> bool:
@@ -352,7 +361,7 @@ class MoE(nn.Module):
                 key = [G] * E
                 for e, r in zip(group.experts, group.rows):
                     key[e] = r
-                key = torch.tensor(key, device=x.device)[flat_idx]      # (P,) row of each pair, G if not here
+                key = small_tensor(key, torch.long, x.device)[flat_idx]   # (P,) row of each pair, G if absent
                 sel = torch.argsort(key, stable=True)[:start]           # (n,)
             xs = x.index_select(0, sel // k)                            # (n, D) token row of each pair
             ys.index_copy_(0, sel, grouped_ffn(xs, group, spans, list(accumulate(counts)),

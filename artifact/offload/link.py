@@ -270,10 +270,12 @@ class _TimingPairs:
         self.live.append((s, e, kind))
         return e
 
-    def harvest(self, everything: bool = False) -> None:
+    def harvest(self, everything: bool = False, window: int = 64) -> None:
+        """Read the pairs whose end has passed, among the oldest `window` (all when `everything`, after
+        the caller synchronised): a host that runs far ahead does not rescan a long queue each time."""
         keep = []
-        for s, e, kind in self.live:
-            if everything or e.query():
+        for n, (s, e, kind) in enumerate(self.live):
+            if everything or (n < window and e.query()):
                 self.seconds[kind] += s.elapsed_time(e) / 1e3
                 self.free.append((s, e))
             else:
