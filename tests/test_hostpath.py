@@ -178,6 +178,25 @@ def test_capped_rate_holds_on_the_gpu_timeline(fraction, chunk):
     assert achieved == pytest.approx(peak * fraction, rel=1e-3)
 
 
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75, 0.9])
+def test_feedback_holds_the_cap_when_calibration_was_off(fraction):
+    """Expert-sized copies at 40 GB/s where calibration measured 50, and a spin clock 15% slower than
+    calibrated: open-loop pacing misses the cap, the feedback from each batch's GPU time brings it back."""
+    true_peak, true_hz = 40.0, 1.7e9
+    pacing = Pacing(peak_gbps=50.0, cap_gbps=true_peak * fraction, spin_hz=2.0e9)
+    nbytes = 8 * 6 * 2 ** 20                                             # one batch: 8 mini experts
+    achieved = []
+    for _ in range(30):
+        tl = Timeline(true_peak, true_hz)
+        tl.run(pacing, nbytes)
+        achieved.append(nbytes / tl.t / 1e9)
+        pacing = pacing.observed(nbytes, tl.t)
+    target = true_peak * fraction
+    assert abs(achieved[0] / target - 1) > 0.03                          # open loop: off
+    assert achieved[-1] == pytest.approx(target, rel=0.01)               # closed loop: on the cap
+    assert all(a == pytest.approx(target, rel=0.02) for a in achieved[-10:])
+
+
 def test_the_capped_path_is_the_uncapped_path_with_pacing():
     uncapped = Pacing(peak_gbps=50.0, cap_gbps=None, spin_hz=1e9, chunk_bytes=1 << 20)
     capped = Pacing(peak_gbps=50.0, cap_gbps=12.5, spin_hz=1e9, chunk_bytes=1 << 20)

@@ -18,6 +18,7 @@ host-side wait has a timeout and names the copy it waited for.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -197,6 +198,7 @@ class Pacing:
     cap_gbps: float | None = None
     spin_hz: float = 1.0               # GPU spin cycles per second (torch.cuda._sleep), calibrated
     chunk_bytes: int | None = None     # None: a copy is one chunk (the cap then holds per copy)
+    spin_scale: float = 1.0            # feedback: corrects the spin for a peak or clock that drifted
 
     def __post_init__(self):
         if not self.peak_gbps > 0:
@@ -218,7 +220,20 @@ class Pacing:
         return max(0.0, nbytes / (self.cap_gbps * 1e9) - nbytes / (self.peak_gbps * 1e9))
 
     def spin_cycles(self, nbytes: int) -> int:
-        return int(round(self.spin_seconds(nbytes) * self.spin_hz))
+        return round(self.spin_seconds(nbytes) * self.spin_hz * self.spin_scale)
+
+    def observed(self, nbytes: int, seconds: float, weight: float = 0.5) -> Pacing:
+        """Feedback from one paced batch that took `seconds` on the GPU timeline for `nbytes`: scale the
+        spin so the next batch takes nbytes / cap. Expert-sized copies can run below the calibration's
+        peak, and the SM clock that times a spin moves with boost; both show up here and are absorbed.
+        The step is damped (weight) and bounded (x0.5 .. x2 per batch)."""
+        if self.cap_gbps is None or self.cap_gbps >= self.peak_gbps or nbytes <= 0 or not seconds > 0:
+            return self
+        target = nbytes / (self.cap_gbps * 1e9)
+        copy = nbytes / (self.peak_gbps * 1e9)
+        ratio = (target - copy) / (seconds - copy) if seconds > copy else 2.0
+        ratio = min(2.0, max(0.5, ratio))
+        return dataclasses.replace(self, spin_scale=self.spin_scale * ratio ** weight)
 
     def schedule(self, nbytes: int) -> list[tuple[int, int, int]]:
         """(start, end, spin cycles after it) for each chunk of a copy."""
@@ -254,12 +269,13 @@ class CudaTicket:
 class _TimingPairs:
     """Timing event pairs from a pool, harvested without a host sync once their end has passed."""
 
-    def __init__(self):
+    def __init__(self, on_busy: Callable[[int, float], None] | None = None):
         self.free: list[tuple] = []
-        self.live: list[tuple] = []         # (start, end, kind)
+        self.live: list[tuple] = []         # (start, end, kind, bytes)
         self.seconds = {"busy": 0.0, "stall": 0.0}
+        self.on_busy = on_busy              # (bytes, seconds) of each finished busy pair: the pacing feedback
 
-    def start(self, stream, kind: str):
+    def start(self, stream, kind: str, nbytes: int = 0):
         if not self.free:
             self.harvest()
         if self.free:
@@ -267,19 +283,22 @@ class _TimingPairs:
         else:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record(stream)
-        self.live.append((s, e, kind))
+        self.live.append((s, e, kind, nbytes))
         return e
 
     def harvest(self, everything: bool = False, window: int = 64) -> None:
         """Read the pairs whose end has passed, among the oldest `window` (all when `everything`, after
         the caller synchronised): a host that runs far ahead does not rescan a long queue each time."""
         keep = []
-        for n, (s, e, kind) in enumerate(self.live):
+        for n, (s, e, kind, nbytes) in enumerate(self.live):
             if everything or (n < window and e.query()):
-                self.seconds[kind] += s.elapsed_time(e) / 1e3
+                seconds = s.elapsed_time(e) / 1e3
+                self.seconds[kind] += seconds
+                if kind == "busy" and self.on_busy is not None:
+                    self.on_busy(nbytes, seconds)
                 self.free.append((s, e))
             else:
-                keep.append((s, e, kind))
+                keep.append((s, e, kind, nbytes))
         self.live = keep
 
 
@@ -300,7 +319,7 @@ class CudaLink:
         self.stream = torch.cuda.Stream(self.device)
         self.timeout = timeout_s
         self.stats = LinkStats()
-        self.timing = _TimingPairs()
+        self.timing = _TimingPairs(on_busy=self._observe)
         self.slot_events: dict[int, object] = {}        # dst data_ptr -> its re-recorded "landed" event
         self.layer_events: dict[object, object] = {}    # key -> re-recorded "compute that read it done"
         self.last: CudaTicket | None = None
@@ -319,14 +338,20 @@ class CudaLink:
             hz = calibrate_rate(torch.cuda._sleep, clock, 20_000_000)
         return Pacing(peak_gbps=peak, cap_gbps=cap_gbps, spin_hz=hz, chunk_bytes=chunk_bytes)
 
+    def _observe(self, nbytes: int, seconds: float) -> None:
+        self.pacing = self.pacing.observed(nbytes, seconds)
+
     def copy(self, items, after=None) -> list[CudaTicket]:
         out = []
         if not items:
             return out
+        if self.pacing.cap_gbps is not None:
+            self.timing.harvest(window=4)             # pacing feedback from batches that have finished
+        nbytes = sum(src.numel() * src.element_size() for _, src, _ in items)
         with torch.cuda.stream(self.stream):          # entered once per batch
             if after is not None:
                 self.stream.wait_event(after)
-            end = self.timing.start(self.stream, "busy")    # after the wait: waiting is not busy time
+            end = self.timing.start(self.stream, "busy", nbytes)   # after the wait: waiting is not busy
             for dst, src, label in items:
                 nbytes = src.numel() * src.element_size()
                 d, s = dst.view(-1).view(torch.uint8), src.view(-1).view(torch.uint8)
