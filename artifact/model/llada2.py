@@ -108,11 +108,14 @@ def grouped_ffn(xs: torch.Tensor, group: ExpertGroup, spans: list[tuple[int, int
     Both kernels compute each expert with the same matmuls on the same rows: on CPU their outputs are
     equal bit for bit (tested), so the kernel changes time, never results."""
     if kernel == "grouped" and HAS_GROUPED_MM and _grouped_mm_ok(xs):
+        gate_up, down = group.gate_up, group.down
         hi = group.rows[-1] + 1                     # rows past the last member hold no tokens: not passed
+        if hi < gate_up.shape[0]:
+            gate_up, down = gate_up[:hi], down[:hi]
         offs = small_tensor(offsets[:hi], torch.int32, xs.device)                  # (hi,)
-        I = group.down.shape[2]
-        h = torch._grouped_mm(xs, group.gate_up[:hi].transpose(1, 2), offs)        # (n, 2I)
-        return torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], group.down[:hi].transpose(1, 2), offs)  # (n, D)
+        I = down.shape[2]
+        h = torch._grouped_mm(xs, gate_up.transpose(1, 2), offs)                   # (n, 2I)
+        return torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], down.transpose(1, 2), offs)   # (n, D)
     ys = torch.empty_like(xs)                                          # (n, D)
     for row, a, b in spans:
         ys[a:b] = expert_ffn(xs[a:b], (group.gate_up[row], group.down[row]))
