@@ -346,7 +346,8 @@ class MoE(nn.Module):
             listener(demand)
         by_expert = None                                                # (P,) pairs sorted by expert, made once
         ys = torch.empty(N * k, D, dtype=x.dtype, device=x.device)     # (P, D) output of each pair
-        served = 0
+        served: set[int] = set()
+        computed = 0                                                    # an expert served twice counts twice
         for group in self.routing.backend.groups(demand):
             G = group.gate_up.shape[0]
             counts = [0] * G
@@ -369,8 +370,10 @@ class MoE(nn.Module):
             xs = x.index_select(0, sel // k)                            # (n, D) token row of each pair
             ys.index_copy_(0, sel, grouped_ffn(xs, group, spans, list(accumulate(counts)),
                                                self.routing.expert_kernel))
-            served += len(group.experts)
-        assert served == len(experts), f"layer {self.layer}: the backend served {served} of {len(experts)} experts"
+            served.update(group.experts)
+            computed += len(group.experts)
+        assert computed == len(experts) and served == set(experts), \
+            f"layer {self.layer}: the backend served {computed} experts ({len(served)} distinct) of {len(experts)}"
         # Combine the k outputs of each token in slot order, whatever order experts were computed in.
         return (ys.view(N, k, D).float() * w.unsqueeze(-1)).sum(1).to(x.dtype)
 
