@@ -306,6 +306,9 @@ def test_a_capacity_whose_slots_do_not_fit_is_refused_with_the_numbers():
                   f"largest capacity that fits is {budget['max_capacity']}"):
         assert words in msg, (words, msg)
     assert check_slots_fit(flash, 200, torch.bfloat16, "cpu") is None  # host memory: not this check's job
+    loaded = check_slots_fit(flash, 150, torch.bfloat16, "cuda", free_bytes=free - non_expert_bytes(flash, 2),
+                             weights_loaded=True)                       # the model already took its share
+    assert loaded["max_capacity"] == budget["max_capacity"]
     assert non_expert_bytes(flash, 2) > 5 * 10 ** 9
 
 

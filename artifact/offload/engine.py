@@ -121,7 +121,7 @@ def offload(model, experts: torch.Tensor, capacity: int, policy, link: Link, dev
         if expert_kernel not in EXPERT_KERNELS:
             raise ValueError(f"unknown expert_kernel {expert_kernel!r}; choose one of {EXPERT_KERNELS}")
         model.expert_kernel = expert_kernel
-    check_slots_fit(cfg, capacity, experts.dtype, device)
+    check_slots_fit(cfg, capacity, experts.dtype, device, weights_loaded=True)
     store = HostStore(experts, cfg.moe_layers, pin=torch.device(device).type == "cuda")
     cache = ExpertCache(cfg.moe_layers, cfg.num_experts, capacity, policy, store.expert_bytes)
     engine = OffloadEngine(store, cache, link, cfg, device)

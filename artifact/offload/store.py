@@ -91,9 +91,10 @@ def non_expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
 
 
 def check_slots_fit(cfg: ModelConfig, capacity: int, dtype: torch.dtype, device, free_bytes: int | None = None,
-                    reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> dict | None:
+                    reserve_bytes: int = DEFAULT_RESERVE_BYTES, weights_loaded: bool = False) -> dict | None:
     """Refuse a capacity whose slots (capacity x expert bytes x MoE layers), plus the non-expert weights
-    and a reserve, exceed the device's free memory. Call it before the checkpoint loads. free_bytes
+    and a reserve, exceed the device's free memory. Call it before the checkpoint loads; once the model
+    is on the device (weights_loaded) its weights are already out of the free figure. free_bytes
     overrides the measured figure (tests). Returns the budget, or None on a CPU device (host memory)."""
     device = torch.device(device)
     if device.type != "cuda" and free_bytes is None:
@@ -102,15 +103,16 @@ def check_slots_fit(cfg: ModelConfig, capacity: int, dtype: torch.dtype, device,
         free_bytes = torch.cuda.mem_get_info(device)[0]
     dtype_bytes = torch.empty((), dtype=dtype).element_size()
     per_slot = cfg.expert_params * dtype_bytes * len(cfg.moe_layers)
-    fixed = non_expert_bytes(cfg, dtype_bytes) + reserve_bytes
+    fixed = (0 if weights_loaded else non_expert_bytes(cfg, dtype_bytes)) + reserve_bytes
     need = capacity * per_slot + fixed
     max_capacity = max(0, (free_bytes - fixed) // per_slot)
     budget = {"capacity": capacity, "slot_bytes": per_slot, "fixed_bytes": fixed, "need_bytes": need,
               "free_bytes": free_bytes, "max_capacity": int(min(max_capacity, cfg.num_experts))}
     if need > free_bytes:
+        what = "reserve" if weights_loaded else "non-expert weights and reserve"
         raise ValueError(
             f"cache capacity {capacity} does not fit on {device}: {capacity} slots x {per_slot / 1e6:.0f} MB "
             f"(one expert across {len(cfg.moe_layers)} MoE layers) = {capacity * per_slot / 1e9:.1f} GB, plus "
-            f"{fixed / 1e9:.1f} GB of non-expert weights and reserve, is {need / 1e9:.1f} GB > "
+            f"{fixed / 1e9:.1f} GB of {what}, is {need / 1e9:.1f} GB > "
             f"{free_bytes / 1e9:.1f} GB free; the largest capacity that fits is {budget['max_capacity']}")
     return budget
