@@ -314,7 +314,7 @@ def test_a_capacity_whose_slots_do_not_fit_is_refused_with_the_numbers():
 
 def test_load_checkpoint_refuses_the_capacity_before_reading_tensors(monkeypatch):
     import artifact.model.checkpoint as ck
-    import artifact.offload.store as store
+    import artifact.model.memory as store
     monkeypatch.setattr(store.torch.cuda, "mem_get_info", lambda device=None: (2 * 10 ** 9, 80 * 10 ** 9))
     monkeypatch.setattr(ck, "TensorIndex", lambda *a, **k: pytest.fail("read the checkpoint despite the refusal"))
     with pytest.raises(ValueError, match=r"cache capacity 256 does not fit on cuda.* 2.0 GB free"):

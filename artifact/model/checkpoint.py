@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from artifact.model.config import ModelConfig, get_preset
 from artifact.model.llada2 import LLaDA2MoE, ResidentExperts, pack_expert
-from artifact.offload.store import check_slots_fit, pin_host
+from artifact.model.memory import check_slots_fit, pin_host
 from artifact.paths import cache_dir, data_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
