@@ -10,7 +10,7 @@ from pathlib import Path
 
 from artifact.model.decode import MODES, DecodeConfig
 from artifact.offload.link import LINKS, PCIE_LATENCY_US
-from artifact.offload.policies import POLICIES
+from artifact.offload.policies import POLICIES, check_policy, split_policies
 
 
 def _floats(s: str) -> list[float]:
@@ -144,8 +144,7 @@ def cmd_simulate(a):
     from artifact.offload.sim import sweep
     from artifact.offload.trace import Trace
     for p in a.policies:
-        if p not in POLICIES:
-            raise ValueError(f"unknown policy {p!r}; choose from {sorted(POLICIES)}")
+        check_policy(p)
     traces = [Trace.load(t) for t in a.trace]
     df = sweep(traces, a.cache_ratios, a.policies, progress=not a.json, lookahead=a.lookahead, tau=a.tau)
     if a.csv:
@@ -193,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("simulate", help="replay traces through policies and capacities (exact miss counts)")
     s.add_argument("--trace", type=Path, action="append", required=True)
     s.add_argument("--cache-ratios", type=_floats, default=[0.43, 0.83, 1.0, 1.3, 1.73])
-    s.add_argument("--policies", type=_names, default=list(POLICIES))
+    s.add_argument("--policies", type=split_policies, help="policy specs name[:key=value,...], comma-separated",
+                   default=[n for n, c in POLICIES.items() if not c.needs_prediction])
     s.add_argument("--lookahead", type=int, default=1)
     s.add_argument("--tau", type=int, default=4)
     s.add_argument("--json", action="store_true")

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
+from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for, replay, sweep
 from artifact.offload.trace import SCHEMA, Trace, TraceError, TraceRecorder, mean_working_set, step_similarity, working_sets
@@ -153,17 +154,19 @@ def test_cli_trace_and_simulate(tmp_path, capsys):
     assert len(rows) == 4 and {r["policy"] for r in rows} == {"demand", "belady"}
     csv = tmp_path / "s.csv"
     assert main(["simulate", "--trace", str(out), "--csv", str(csv)]) == 0
-    assert len(csv.read_text().splitlines()) == 1 + 5 * 5
+    runnable = [n for n, c in POLICIES.items() if not c.needs_prediction]    # schema-1 traces lack predictions
+    assert len(csv.read_text().splitlines()) == 1 + 5 * len(runnable)
     assert main(["trace", "--task", "nope", "--n", "2", "--out", str(tmp_path / "x")]) == 2
     assert "unknown task 'nope'" in capsys.readouterr().err
 
 
-def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, recorded, monkeypatch):
+def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, recorded):
     """The README's recipe: subclass Policy, register it, and both paths use it unchanged."""
-    from artifact.offload.policies import POLICIES, Policy, PolicySpec
+    from artifact.offload.policies import Policy, register
 
     class TopCount(Policy):
         name = "top_count"
+        summary = "prefetch the most used experts"
 
         def __init__(self, num_layers, num_experts, lookahead=1):
             super().__init__(num_layers, num_experts)
@@ -175,10 +178,14 @@ def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, re
             target = (i + self.lookahead) % self.num_layers
             return target, np.argsort(-self.uses[target], kind="stable")
 
-    monkeypatch.setitem(POLICIES, "top_count", PolicySpec(
-        "top_count", lambda L, E, future=None, lookahead=1, **kw: TopCount(L, E, lookahead), False, True, "test"))
-    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(20, "top_count"), record=True,
-              prompt_ids=["a", "b", "c"], task="test")
-    assert eng.tokens == recorded.tokens
-    sim = replay(eng.trace, "top_count", 20)
-    assert all(eng.stats[k] == sim[k] for k in COUNTS) and sim["speculative_transfers"] > 0
+    register(TopCount)
+    try:
+        eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(20, "top_count"), record=True,
+                  prompt_ids=["a", "b", "c"], task="test")
+        assert eng.tokens == recorded.tokens
+        two, one = replay(eng.trace, "top_count:lookahead=2", 20), replay(eng.trace, "top_count", 20)
+        assert [two[k] for k in COUNTS] != [one[k] for k in COUNTS], "the spec option reaches the constructor"
+        sim = replay(eng.trace, "top_count", 20)
+        assert all(eng.stats[k] == sim[k] for k in COUNTS) and sim["speculative_transfers"] > 0
+    finally:
+        del POLICIES["top_count"]
