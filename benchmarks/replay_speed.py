@@ -21,7 +21,7 @@ from artifact.model.tasks import prompts
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import run
 from artifact.offload.sim import capacity_for, replay, sweep
-from artifact.offload.trace import Trace, mean_working_set
+from artifact.offload.trace import ARRAYS, Trace, mean_working_set
 
 
 def tiled(t: Trace, times: int) -> Trace:
@@ -36,6 +36,15 @@ def tiled(t: Trace, times: int) -> Trace:
     out = Trace(meta=dict(t.meta), **arrays)
     out.validate()
     return out
+
+
+def with_next_layer_predictions(t: Trace) -> Trace:
+    """A copy whose demands carry a cross-layer prediction (for timing cross_layer only): the next MoE
+    layer's true demand at the same forward, None at the last MoE layer."""
+    pos, same = t.positions, np.r_[t.forward[1:] == t.forward[:-1], False]
+    pred = [(t.expert_arrays[n + 1], t.count_arrays[n + 1]) if same[n] and pos[n + 1] == pos[n] + 1 else None
+            for n in range(len(t))]
+    return Trace(meta=dict(t.meta), **{a: getattr(t, a) for a in ARRAYS}, predicted=pred)
 
 
 def stream(t: Trace) -> list[tuple[int, np.ndarray]]:
@@ -107,11 +116,14 @@ def main():
     E = big.meta["num_experts"]
     C = capacity_for(a.ratio, W, E)
     replay(big, "demand", E)                                         # decode the stream once, untimed
+    predicted = with_next_layer_predictions(big)
+    replay(predicted, "demand", E)
     demands = stream(big)
     s, (hits, misses) = timed(lambda: reference_lru(demands, len(big.meta["moe_layers"]), E, C), a.repeat)
     rows = [{"policy": "reference_lru", "accesses_per_s": big.accesses / s, "seconds": s, "demand_misses": misses}]
     for p in POLICIES:
-        s, r = timed(lambda: replay(big, p, C), a.repeat)
+        t = predicted if POLICIES[p].needs_prediction else big
+        s, r = timed(lambda: replay(t, p, C), a.repeat)
         rows.append({"policy": p, "accesses_per_s": big.accesses / s, "seconds": s,
                      "demand_misses": r["demand_misses"]})
         if p == "demand" and (r["demand_hits"], r["demand_misses"]) != (hits, misses):
@@ -131,8 +143,9 @@ def main():
               f"{r['vs_reference']:.2f}x reference), misses {r['demand_misses']:,}")
     traces = [Trace.load(p) for p in a.traces] or [base]
     t0 = time.perf_counter()
-    df = sweep(traces, [0.43, 0.83, 1.0, 1.3, 1.73], list(POLICIES))
-    print(f"sweep: {len(traces)} traces x 5 ratios x {len(POLICIES)} policies = {len(df)} replays, "
+    names = [p for p, c in POLICIES.items() if not c.needs_prediction]
+    df = sweep(traces, [0.43, 0.83, 1.0, 1.3, 1.73], names)
+    print(f"sweep: {len(traces)} traces x 5 ratios x {len(names)} policies = {len(df)} replays, "
           f"{sum(t.accesses for t in traces) * 25:,} accesses in {time.perf_counter() - t0:.1f} s")
 
 

@@ -38,6 +38,7 @@ COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hit
 HITS, MISSES, SPECULATIVE, PREFETCH_HITS, WASTED, BYTES = range(len(COUNTS))
 _NONE = np.zeros(0, dtype=np.int64)
 _NONE.flags.writeable = False
+_NEVER_EVICT = np.iinfo(np.int64).max
 
 
 def phase_of(step) -> int:
@@ -69,21 +70,52 @@ class Plan:
                                (a wave reusing its slot), EMPTY: issue at once
       speculative              True for a prefetch plan (no hits)
 
-    The engine should read the arrays. For the engine as it is, `.layer` (model layer index), `.hits`
-    (list of (expert, slot)) and `.loads` (list of Load) are built on first access; the simulator
-    never builds them."""
+    The engine should read the arrays. load_slots/load_victims/load_after are assembled on first
+    access from what planning produced (the simulator never reads them), and so are, for the engine
+    as it is, `.layer` (model layer index), `.hits` (list of (expert, slot)) and `.loads` (list of
+    Load)."""
 
-    __slots__ = ("layer", "index", "hit_experts", "hit_slots", "load_experts", "load_slots", "load_victims",
-                 "load_after", "speculative", "_hits", "_loads")
+    __slots__ = ("layer", "index", "hit_experts", "hit_slots", "load_experts", "speculative", "_slots", "_free",
+                 "_evicted", "_wave", "_victims", "_after", "_hits", "_loads")
 
     def __init__(self, layer: int, index: int, hit_experts: np.ndarray, hit_slots: np.ndarray,
-                 load_experts: np.ndarray = _NONE, load_slots: np.ndarray = _NONE, load_victims: np.ndarray = _NONE,
-                 load_after: np.ndarray = _NONE, speculative: bool = False):
+                 load_experts: np.ndarray = _NONE, load_slots: np.ndarray | None = _NONE, free: int = 0,
+                 evicted: np.ndarray = _NONE, wave: tuple | None = None, speculative: bool = False):
+        """Without `wave`: copy j goes to load_slots[j]; the first `free` slots were free, the rest
+        evict `evicted` in order. With wave = (period, a, going_hits): slot j = period[j % p] and copy
+        j >= a waits for the slot's occupant (see ExpertCache._stream_through)."""
         self.layer, self.index, self.speculative = layer, index, speculative
-        self.hit_experts, self.hit_slots = hit_experts, hit_slots
-        self.load_experts, self.load_slots, self.load_victims, self.load_after = (
-            load_experts, load_slots, load_victims, load_after)
-        self._hits = self._loads = None
+        self.hit_experts, self.hit_slots, self.load_experts = hit_experts, hit_slots, load_experts
+        self._slots, self._free, self._evicted, self._wave = load_slots, free, evicted, wave
+        self._victims = self._after = self._hits = self._loads = None
+
+    @property
+    def load_slots(self) -> np.ndarray:
+        if self._slots is None:
+            period = self._wave[0]
+            self._slots = period[np.arange(len(self.load_experts)) % len(period)]
+        return self._slots
+
+    @property
+    def load_after(self) -> np.ndarray:
+        if self._after is None:
+            m = len(self.load_experts)
+            if self._wave is None:
+                self._after = np.full(m, EMPTY, dtype=np.int64)
+            else:
+                period, a, going_hits = self._wave
+                self._after = np.concatenate((np.full(a, EMPTY, dtype=np.int64), going_hits,
+                                              self.load_experts[:m - len(period)]))
+        return self._after
+
+    @property
+    def load_victims(self) -> np.ndarray:
+        if self._victims is None:
+            parts = [np.full(self._free, EMPTY, dtype=np.int64), self._evicted]
+            if self._wave is not None:
+                parts.append(self.load_after[self._wave[1]:])
+            self._victims = np.concatenate(parts)
+        return self._victims
 
     @property
     def hits(self) -> list[tuple[int, int]]:
@@ -106,6 +138,9 @@ class Plan:
 
 class CacheCounts:
     """The counts of a run, kept per phase (PHASES) as plain ints; totals are the phases' sums.
+    Every prefetch ends as exactly one of: prefetch hit, wasted prefetch, or still unused (until
+    finish); so prefetch hits are not tallied on the hot path but derived per issuing phase as
+    speculative_transfers - wasted_prefetches - still unused.
 
       demand_hits            demanded experts resident (or in flight) when their demand was planned
       demand_misses          demanded experts no load had been issued for: the compute waits on a copy
@@ -117,32 +152,41 @@ class CacheCounts:
 
     FIELDS = COUNTS
 
-    def __init__(self):
-        self.phases: list[list[int]] = [[0] * len(COUNTS) for _ in PHASES]
+    def __init__(self, unused=None):
+        self.phases: list[list[int]] = [[0] * len(COUNTS) for _ in PHASES]   # PREFETCH_HITS column unused
+        self._unused = unused or (lambda: [0] * len(PHASES))   # still-unused prefetches per issuing phase
+
+    def rows(self) -> list[list[int]]:
+        """Per phase, every count in COUNTS order (prefetch hits derived)."""
+        out = [list(p) for p in self.phases]
+        for row, pending in zip(out, self._unused()):
+            row[PREFETCH_HITS] = row[SPECULATIVE] - row[WASTED] - pending
+        return out
 
     def total(self, field: str) -> int:
         k = COUNTS.index(field)
-        return sum(p[k] for p in self.phases)
+        return sum(p[k] for p in self.rows())
 
     def as_dict(self) -> dict:
-        return {f: sum(p[k] for p in self.phases) for k, f in enumerate(COUNTS)}
+        rows = self.rows()
+        return {f: sum(p[k] for p in rows) for k, f in enumerate(COUNTS)}
 
     def by_phase(self) -> dict[str, dict]:
-        return {name: dict(zip(COUNTS, p)) for name, p in zip(PHASES, self.phases)}
+        return {name: dict(zip(COUNTS, p)) for name, p in zip(PHASES, self.rows())}
 
     def __repr__(self) -> str:
         return f"CacheCounts({self.as_dict()})"
 
 
-for _k, _f in enumerate(COUNTS):                 # counts.demand_misses etc.: read-only totals
-    setattr(CacheCounts, _f, property(lambda self, k=_k: sum(p[k] for p in self.phases)))
+for _f in COUNTS:                                # counts.demand_misses etc.: read-only totals
+    setattr(CacheCounts, _f, property(lambda self, f=_f: self.total(f)))
 
 
 class LayerCache:
     """One layer's C slots. Slots fill in order 0, 1, ... and never empty again, so the free slots are
     always [filled, C)."""
 
-    __slots__ = ("capacity", "num_experts", "slot_of", "expert_in", "unused", "filled", "n_unused")
+    __slots__ = ("capacity", "num_experts", "slot_of", "expert_in", "unused", "filled", "prefetched")
 
     def __init__(self, capacity: int, num_experts: int):
         self.capacity, self.num_experts = capacity, num_experts
@@ -150,7 +194,7 @@ class LayerCache:
         self.expert_in = np.full(capacity, EMPTY, dtype=np.int64)     # (C,) expert or EMPTY
         self.unused = np.zeros(num_experts, dtype=np.int8)            # (E,) prefetched, not yet demanded: 1 + phase
         self.filled = 0
-        self.n_unused = 0
+        self.prefetched = False      # a prefetch was ever placed here: only then is `unused` looked at
 
     def resident(self) -> np.ndarray:
         return self.expert_in[:self.filled]
@@ -172,10 +216,15 @@ class ExpertCache:
         self.capacity, self.num_experts, self.expert_bytes = capacity, num_experts, expert_bytes
         self.layers = [LayerCache(capacity, num_experts) for _ in self.moe_layers]
         self.policy = policy
-        self.counts = CacheCounts()
+        self.counts = CacheCounts(self._still_unused)
         self.finished = False
-        self._slots = np.arange(capacity, dtype=np.int64)
+        self._slots = np.arange(capacity, dtype=np.int64)           # slot ids, sliced for free slots
+        self._slots.flags.writeable = False
         self._keep = np.zeros(num_experts, dtype=bool)              # scratch mark for oversized demands
+        # Fast paths chosen once: the LRU keep order is computed inline, and victims come from the
+        # policy's eviction keys unless it orders candidates itself.
+        self._lru_keep = type(policy).keep_order is Policy.keep_order
+        self._own_victim_order = type(policy).victim_order is not Policy.victim_order
 
     # --- the calls the engine and the simulator make per demand --------------------------------
     def serve(self, demand) -> tuple[Plan, list[Load]]:
@@ -199,22 +248,29 @@ class ExpertCache:
         pol.advance()
         if guess is None or guess[0] == i:             # never prefetch into the layer being computed
             return plan, None
-        return plan, self._plan_prefetch(guess[0], guess[1], phase)
+        return plan, self._plan_prefetch(guess[0], guess[1], guess[2] if len(guess) > 2 else None, phase)
 
     def finish(self) -> CacheCounts:
         """End of run: prefetched experts never used count as wasted (in their issuing phase)."""
         if not self.finished:
             for lc in self.layers:
-                if lc.n_unused:
-                    self._book_wasted(lc.unused[lc.unused > 0])
+                if lc.prefetched:
+                    self._book_wasted(lc.unused)
                     lc.unused[:] = 0
-                    lc.n_unused = 0
             self.finished = True
         return self.counts
 
     # --- planning ------------------------------------------------------------------------------
+    def _still_unused(self) -> list[int]:
+        """Prefetched experts resident and not yet demanded, per issuing phase."""
+        codes = np.zeros(len(PHASES) + 1, dtype=np.int64)
+        for lc in self.layers:
+            if lc.prefetched:
+                codes += np.bincount(lc.unused, minlength=len(PHASES) + 1)
+        return codes[1:].tolist()
+
     def _book_wasted(self, issued: np.ndarray) -> None:
-        """Count unused prefetches (their `unused` codes, 1 + issuing phase) as wasted."""
+        """Count unused prefetches (their `unused` codes, 1 + issuing phase; zeros ignored) as wasted."""
         for p, k in enumerate(np.bincount(issued, minlength=len(PHASES) + 1)[1:].tolist()):
             self.counts.phases[p][WASTED] += k
 
@@ -229,66 +285,70 @@ class ExpertCache:
         m = n - nh
         tally[HITS] += nh
         tally[MISSES] += m
-        if lc.n_unused:
-            u = lc.unused[experts]
-            used = u[u > 0]                               # unused implies resident: these are hits
-            if len(used):
-                for p, k in enumerate(np.bincount(used, minlength=len(PHASES) + 1)[1:].tolist()):
-                    self.counts.phases[p][PREFETCH_HITS] += k
-                lc.unused[experts] = 0
-                lc.n_unused -= len(used)
-        order = pol.keep_order(i, experts, counts, hit, step)
+        if lc.prefetched:                                 # demanded prefetches are used now (CacheCounts
+            lc.unused[experts] = 0                        # derives prefetch hits per issuing phase)
         layer = self.moe_layers[i]
         if m == 0:
-            pol.touch(i, order)
+            pol.touch(i, experts if self._lru_keep else pol.keep_order(i, experts, counts, hit, step))
             return Plan(layer, i, experts, slots)
-        hit_experts, hit_slots = (experts[hit], slots[hit]) if nh else (_NONE, _NONE)
         tally[BYTES] += m * self.expert_bytes
-        if n <= C:
-            misses = order[lc.slot_of[order] < 0] if nh else order
-            load_slots, victims = self._take_slots(i, lc, m, hit_slots)
-            self._place(lc, misses, load_slots, victims)
-            plan = Plan(layer, i, hit_experts, hit_slots, misses, load_slots, victims, np.full(m, EMPTY))
+        if nh:
+            hit_experts, hit_slots = experts[hit], slots[hit]
         else:
-            plan = self._stream_through(i, lc, order, hit_experts, hit_slots, layer)
+            hit_experts = hit_slots = _NONE
+        if self._lru_keep:                                # LRU keep order: hits, then misses, each ascending
+            misses = experts[~hit] if nh else experts
+            order = np.concatenate((hit_experts, misses)) if nh else experts
+        else:
+            order = pol.keep_order(i, experts, counts, hit, step)
+            misses = order[lc.slot_of[order] < 0] if nh else order
+        if n <= C:
+            load_slots, free, evicted = self._take_slots(i, lc, m, hit_slots)
+            self._place(lc, misses, load_slots, evicted)
+            plan = Plan(layer, i, hit_experts, hit_slots, misses, load_slots, free, evicted)
+        else:
+            plan = self._stream_through(i, lc, order, misses, hit_experts, hit_slots, layer)
         pol.touch(i, order)
         return plan
 
     def _take_slots(self, i: int, lc: LayerCache, k: int, protected_slots: np.ndarray):
         """Slots for k copies that may start at once: free slots first, then those of residents outside
-        `protected_slots` in the policy's eviction order. Returns (slots, victims) with EMPTY for a
-        free slot's victim."""
-        free = min(self.capacity - lc.filled, k)
+        `protected_slots` in the policy's eviction order. Returns (slots, free, evicted): the first
+        `free` slots were free, the others evict `evicted`, in order."""
+        filled = lc.filled
+        free = min(self.capacity - filled, k)
         rest = k - free
         if rest == 0:
-            slots = self._slots[lc.filled:lc.filled + k]
-            return slots, np.full(k, EMPTY)
-        keep = np.ones(lc.filled, dtype=bool)
-        keep[protected_slots] = False
-        chosen = self.policy.victim_order(i, lc.expert_in[:lc.filled][keep])[:rest]
+            return self._slots[filled:filled + k], k, _NONE
+        if self._own_victim_order:                        # a policy that orders candidates itself
+            keep = np.ones(filled, dtype=bool)
+            keep[protected_slots] = False
+            evicted = self.policy.victim_order(i, lc.expert_in[:filled][keep])[:rest]
+            taken = lc.slot_of[evicted]
+        else:
+            keys = self.policy.victim_keys(i, lc.expert_in[:filled])     # (filled,) by slot; a fresh array
+            keys[protected_slots] = _NEVER_EVICT
+            taken = keys.argsort()[:rest]                                # slots, first victim first
+            evicted = lc.expert_in[taken]
         if free == 0:
-            return lc.slot_of[chosen], chosen
-        return (np.concatenate((self._slots[lc.filled:lc.filled + free], lc.slot_of[chosen])),
-                np.concatenate((np.full(free, EMPTY), chosen)))
+            return taken, 0, evicted
+        return np.concatenate((self._slots[filled:filled + free], taken)), free, evicted
 
-    def _place(self, lc: LayerCache, experts: np.ndarray, slots: np.ndarray, victims: np.ndarray) -> None:
-        """Copy `experts` into `slots` (distinct), evicting `victims` (EMPTY: the slot was free)."""
-        evicted = victims[victims >= 0]
+    def _place(self, lc: LayerCache, experts: np.ndarray, slots: np.ndarray, evicted: np.ndarray) -> None:
+        """Copy `experts` into `slots` (distinct), evicting the residents `evicted` (the rest were free)."""
         if len(evicted):
-            if lc.n_unused:
+            if lc.prefetched:
                 u = lc.unused[evicted]
-                wasted = u[u > 0]
-                if len(wasted):
-                    self._book_wasted(wasted)
+                if np.count_nonzero(u):
+                    self._book_wasted(u)
                     lc.unused[evicted] = 0
-                    lc.n_unused -= len(wasted)
             lc.slot_of[evicted] = EMPTY
         lc.filled += len(experts) - len(evicted)
         lc.expert_in[slots] = experts
         lc.slot_of[experts] = slots
 
-    def _stream_through(self, i: int, lc: LayerCache, order: np.ndarray, hit_experts: np.ndarray,
-                        hit_slots: np.ndarray, layer: int) -> Plan:
+    def _stream_through(self, i: int, lc: LayerCache, order: np.ndarray, misses: np.ndarray,
+                        hit_experts: np.ndarray, hit_slots: np.ndarray, layer: int) -> Plan:
         """A demand larger than C: its misses stream through the slots in waves; the last C of `order`
         stay resident.
 
@@ -300,56 +360,71 @@ class ExpertCache:
         period p = a + those hits, and copy j waits for the occupant copied p places earlier. If every
         hit stays and no slot is free of demanded experts (p = 0), the hit least worth keeping gives up
         its slot to the stream."""
-        C, n = self.capacity, len(order)
-        keep = self._keep
-        kept = order[n - C:]
-        keep[kept] = True
-        miss = lc.slot_of[order] < 0
-        misses = order[miss]
-        m = len(misses)
-        going_hits = hit_experts[~keep[hit_experts]] if len(hit_experts) else _NONE
-        if len(going_hits) == 0 and len(hit_experts) == C:            # p = 0: demote one kept hit
-            going_hits = kept[~miss[n - C:]][:1]
-        keep[kept] = False
-        a = C - len(hit_experts)
-        first, victims = self._take_slots(i, lc, a, hit_slots)           # every non-demanded resident goes
-        period = np.concatenate((first, lc.slot_of[going_hits]))
+        C, n, m = self.capacity, len(order), len(misses)
+        nh = len(hit_experts)
+        if nh and self._lru_keep:                        # order = hits, misses: the first n - C hits go
+            going_hits = hit_experts[:n - C]
+        elif nh:
+            keep = self._keep
+            kept = order[n - C:]
+            keep[kept] = True
+            going_hits = hit_experts[~keep[hit_experts]]
+            keep[kept] = False
+            if len(going_hits) == 0 and nh == C:                      # p = 0: demote one kept hit
+                going_hits = kept[lc.slot_of[kept] >= 0][:1]
+        else:
+            going_hits = _NONE
+        a = C - nh
+        first, free, evicted = self._take_slots(i, lc, a, hit_slots)     # every non-demanded resident goes
+        period = np.concatenate((first, lc.slot_of[going_hits])) if len(going_hits) else first
         p = len(period)
-        load_slots = np.resize(period, m)                                # (m,) slot j = slot j - p
-        after = np.concatenate((np.full(a, EMPTY), going_hits, misses[:m - p]))[:m]
-        load_victims = np.concatenate((victims, after[a:]))
-        # State afterwards: the last period of copies holds the kept misses; the streamed-through
-        # experts and the hits that gave up their slots are no longer resident.
-        self._place(lc, misses[m - p:], load_slots[m - p:], np.concatenate((victims, going_hits)))
-        return Plan(layer, i, hit_experts, hit_slots, misses, load_slots, load_victims, after)
+        # State afterwards: the last period of copies, j = m-p .. m-1 into period[j % p], holds the kept
+        # misses; the streamed-through experts and the hits that gave up their slots are gone.
+        r = (m - p) % p
+        self._place(lc, misses[m - p:], np.concatenate((period[r:], period[:r])) if r else period,
+                    np.concatenate((evicted, going_hits)) if len(going_hits) else evicted)
+        return Plan(layer, i, hit_experts, hit_slots, misses, None, free, evicted, (period, a, going_hits))
 
-    def _plan_prefetch(self, i: int, ranked, phase: int) -> Plan | None:
-        """Load a prediction for layer i (experts, most wanted first). Default: make the C most wanted
-        resident, evicting residents outside them in the policy's order. Conservative policies: load
-        the non-resident predicted experts only into free slots and slots of residents outside the whole
-        prediction, most wanted first (a predicted resident is never swapped out)."""
-        lc, C = self.layers[i], self.capacity
-        ranked = np.asarray(ranked, dtype=np.int64)
-        target = ranked if self.policy.conservative else ranked[:C]
-        slots = lc.slot_of[target]
-        present = slots >= 0
-        wanted = target[~present]
-        if self.policy.conservative:
-            room = C - int(np.count_nonzero(present))                    # free + residents outside the prediction
-            wanted = wanted[:room]
+    def _plan_prefetch(self, i: int, experts, counts, phase: int) -> Plan | None:
+        """Load a prediction for layer i: `experts` ranked most wanted first, or, with `counts`, experts
+        to rank by token count (most first, then id); ranking is skipped when nothing is to load.
+        Default placement: make the C most wanted resident, evicting residents outside them in the
+        policy's order. Conservative policies: load the non-resident predicted experts only into free
+        slots and slots of residents outside the whole prediction, most wanted first (a predicted
+        resident is never swapped out)."""
+        lc, C, conservative = self.layers[i], self.capacity, self.policy.conservative
+        if not isinstance(experts, np.ndarray) or experts.dtype != np.int64:
+            experts = np.asarray(experts, dtype=np.int64)
+        if counts is not None and (len(experts) <= C or conservative):
+            # The whole prediction is the target: rank only its non-resident part (same order).
+            slots = lc.slot_of[experts]
+            present = slots >= 0
+            if np.count_nonzero(present) == len(present):  # all resident: nothing to load
+                return None
+            absent = ~present
+            wanted = experts[absent]
+            wanted = wanted[(wanted - counts[absent] * self.num_experts).argsort()]
+        else:
+            if counts is not None:
+                experts = experts[(experts - counts * self.num_experts).argsort()[:C]]
+            target = experts if conservative else experts[:C]
+            slots = lc.slot_of[target]
+            present = slots >= 0
+            wanted = target[~present]
+        if conservative:
+            wanted = wanted[:C - int(np.count_nonzero(present))]   # room: free + residents outside the prediction
         k = len(wanted)
         if k == 0:
             return None
-        load_slots, victims = self._take_slots(i, lc, k, slots[present])
-        self._place(lc, wanted, load_slots, victims)
+        load_slots, free, evicted = self._take_slots(i, lc, k, slots[present])
+        self._place(lc, wanted, load_slots, evicted)
         lc.unused[wanted] = phase + 1
-        lc.n_unused += k
+        lc.prefetched = True
         tally = self.counts.phases[phase]
         tally[SPECULATIVE] += k
         tally[BYTES] += k * self.expert_bytes
         self.policy.touch(i, wanted)
-        return Plan(self.moe_layers[i], i, _NONE, _NONE, wanted, load_slots, victims, np.full(k, EMPTY),
-                    speculative=True)
+        return Plan(self.moe_layers[i], i, _NONE, _NONE, wanted, load_slots, free, evicted, speculative=True)
 
     # --- inspection ----------------------------------------------------------------------------
     def resident(self, layer: int) -> np.ndarray:

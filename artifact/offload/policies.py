@@ -34,7 +34,7 @@ EMPTY_EXPERTS = np.zeros(0, dtype=np.int64)
 
 def rank_by_tokens(experts: np.ndarray, counts: np.ndarray, num_experts: int) -> np.ndarray:
     """Experts most tokens first, ties by ascending id (one argsort over a unique integer key)."""
-    return experts[np.argsort(experts - counts * num_experts)]
+    return experts[(experts - counts * num_experts).argsort()]
 
 
 class Policy:
@@ -43,9 +43,12 @@ class Policy:
     Hooks (override to make a policy; each has a cheap default):
       observe(i, experts, counts, step)             every demand, before it is planned
       keep_order(i, experts, counts, hit, step)     demanded experts least worth keeping first
-      victim_order(i, candidates)                   non-demanded residents, first to evict first
+      victim_keys(i, residents)                     eviction keys, lowest evicted first (or override
+                                                    victim_order(i, candidates) to order them yourself)
       touch(i, ordered)                             record uses, the later the more recent
-      predict(i, experts, counts, step)             (target layer, experts ranked most wanted first) | None
+      predict(i, experts, counts, step)             (target layer, experts ranked most wanted first),
+                                                    (target layer, experts, token counts) to be ranked by
+                                                    count (most first, then id) only if needed, or None
       advance()                                     after each demand
     `experts` are ascending int64 arrays and `counts` their token counts; `step` is the model's
     StepInfo (.forward, .block, .block_step, .kind). Subclass options are keyword parameters of
@@ -68,14 +71,20 @@ class Policy:
         self.predicted = None      # the current demand's (experts, counts) prediction; set when needs_prediction
 
     # --- eviction ------------------------------------------------------------------------------
+    def victim_keys(self, i: int, residents: np.ndarray) -> np.ndarray:
+        """A new int64 array of eviction keys for residents of layer i, distinct among residents: the
+        lowest is evicted first. LRU: the last use (touch gives every use a fresh clock value)."""
+        return self._stamp_rows[i][residents]
+
     def victim_order(self, i: int, candidates: np.ndarray) -> np.ndarray:
-        """Non-demanded resident experts of layer i, the first to evict first (LRU: oldest use, then id)."""
-        return candidates[np.argsort(self._stamp_rows[i][candidates] * self.num_experts + candidates)]
+        """Non-demanded resident experts of layer i, the first to evict first. Derived from victim_keys;
+        a policy may override this instead (the cache then calls it, at some cost in speed)."""
+        return candidates[self.victim_keys(i, candidates).argsort(kind="stable")]
 
     def keep_order(self, i: int, experts: np.ndarray, counts: np.ndarray, hit: np.ndarray, step) -> np.ndarray:
         """The demanded experts ordered least-worth-keeping first; when the demand outgrows the cache,
         the last C stay resident. LRU: hits then misses, each ascending (the last computed stay)."""
-        return experts[np.argsort(~hit, kind="stable")]
+        return experts[(~hit).argsort(kind="stable")]
 
     def touch(self, i: int, ordered: np.ndarray) -> None:
         """Record uses in order (the later, the more recent)."""
@@ -86,7 +95,8 @@ class Policy:
     # --- prefetch ------------------------------------------------------------------------------
     def predict(self, i: int, experts: np.ndarray, counts: np.ndarray, step) -> tuple[int, np.ndarray] | None:
         """Called when layer i's demand is known (before it computes). Return (target layer, experts
-        ranked most-wanted first) to load speculatively, or None."""
+        ranked most wanted first) or (target layer, experts, token counts) to load speculatively, or
+        None. With counts, the cache ranks by count (most first, then id) only when something is to load."""
         return None
 
     def observe(self, i: int, experts: np.ndarray, counts: np.ndarray, step) -> None:
@@ -116,7 +126,7 @@ class LastStep(Policy):
         self.last[i] = (experts, counts)
         if seen is None:
             return None
-        return target, rank_by_tokens(seen[0], seen[1], self.num_experts)
+        return target, seen[0], seen[1]
 
 
 class LastStepConservative(LastStep):
@@ -152,8 +162,7 @@ class CrossLayer(Policy):
                 f"{i}) has none: run the model with the prediction switched on, or replay a trace that records "
                 "it (trace schema 2)")
         e, c = self.predicted
-        return i + 1, rank_by_tokens(np.asarray(e, dtype=np.int64), np.asarray(c, dtype=np.int64),
-                                     self.num_experts)
+        return i + 1, np.asarray(e, dtype=np.int64), np.asarray(c, dtype=np.int64)
 
 
 class TraceFuture:
@@ -230,7 +239,7 @@ class Oracle(Policy):
         f = self.future
         if ahead >= len(f.index):
             return None
-        return f.index[ahead], rank_by_tokens(f.experts[ahead], f.counts[ahead], self.num_experts)
+        return f.index[ahead], f.experts[ahead], f.counts[ahead]
 
 
 class IntervalRefresh(Policy):
@@ -256,7 +265,7 @@ class IntervalRefresh(Policy):
     def keep_order(self, i, experts, counts, hit, step):
         if not self.refreshing(step):
             return super().keep_order(i, experts, counts, hit, step)
-        return experts[np.argsort(counts * self.num_experts - experts)]   # fewest tokens first, then higher id
+        return experts[(counts * self.num_experts - experts).argsort()]   # fewest tokens first, then higher id
 
 
 class Belady(Policy):
@@ -273,23 +282,30 @@ class Belady(Policy):
         super().__init__(num_layers, num_experts)
         self.future = future
         self.never = len(future)                      # "no next use": farther than any stream position
-        self.next_use = np.full((num_layers, num_experts), self.never, dtype=np.int64)
-        self._next_rows = list(self.next_use)
         self._next = future.next_uses()
+        # Eviction key of each expert, set when it is demanded: (never - next use) * E + id, so the
+        # lowest key is the farthest next use, ties (never used again) by ascending id.
+        self.key = np.zeros((num_layers, num_experts), dtype=np.int64)
+        self._key_rows = list(self.key)
+        self._keys_at = (-1, None)                   # (position, keys of that demand's experts)
 
     def observe(self, i, experts, counts, step):
         self.future.check(self.position, i, experts, step)
 
-    def victim_order(self, i, candidates):
-        return candidates[np.argsort((self.never - self._next_rows[i][candidates]) * self.num_experts + candidates)]
+    def _demand_keys(self) -> np.ndarray:
+        p = self.position
+        if self._keys_at[0] != p:
+            self._keys_at = (p, (self.never - self._next[p]) * self.num_experts + self.future.experts[p])
+        return self._keys_at[1]
+
+    def victim_keys(self, i, residents):
+        return self._key_rows[i][residents]
 
     def keep_order(self, i, experts, counts, hit, step):
-        nxt = self._next[self.position]
-        return experts[np.argsort((self.never - nxt) * self.num_experts + experts)]   # farthest next use first
+        return experts[self._demand_keys().argsort()]                 # farthest next use first
 
-    def touch(self, i, ordered):
-        super().touch(i, ordered)
-        self._next_rows[i][self.future.experts[self.position]] = self._next[self.position]
+    def touch(self, i, ordered):                                       # no LRU stamps: keys decide
+        self._key_rows[i][self.future.experts[self.position]] = self._demand_keys()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def replay(trace: Trace, policy: str, capacity: int, expert_bytes: int | None = 
         expert_bytes = int(trace.meta.get("expert_bytes", 1))
     t0 = time.perf_counter()
     cache = build_cache(trace, policy, capacity, expert_bytes, **settings)
-    predicted = getattr(trace, "predicted", None)
+    predicted = trace.predicted
     if cache.policy.needs_prediction and predicted is None:
         raise ValueError(f"policy {policy!r} needs the cross-layer prediction of each demand, and trace "
                          f"{trace.path or '(in memory)'} does not record it (schema {trace.meta.get('schema', 1)}): "

@@ -38,6 +38,7 @@ class TraceRecorder:
         self.rows: list[tuple[int, int, int, int, int]] = []
         self.experts: list[tuple[int, ...]] = []
         self.counts: list[tuple[int, ...]] = []
+        self.predicted: list = []            # Demand.predicted per demand (None when not computed)
         self._base = 0
         self._last = -1
 
@@ -49,6 +50,7 @@ class TraceRecorder:
         self.rows.append((f, d.layer, d.step.block, d.step.block_step, KINDS.index(d.step.kind)))
         self.experts.append(d.experts)
         self.counts.append(d.counts)
+        self.predicted.append(getattr(d, "predicted", None))
 
     def trace(self, meta: dict) -> "Trace":
         rows = np.array(self.rows, dtype=np.int64).reshape(-1, 5)
@@ -60,7 +62,14 @@ class TraceRecorder:
             kind=rows[:, 4].astype(np.uint8),
             offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             experts=np.fromiter((x for e in self.experts for x in e), dtype=np.int16),
-            counts=np.fromiter((x for c in self.counts for x in c), dtype=np.int32))
+            counts=np.fromiter((x for c in self.counts for x in c), dtype=np.int32),
+            predicted=predictions(self.predicted) if any(p is not None for p in self.predicted) else None)
+
+
+def predictions(items) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    """Cross-layer predictions as int64 (experts, counts) array pairs, None where a demand has none."""
+    return [None if p is None else (np.asarray(p[0], dtype=np.int64), np.asarray(p[1], dtype=np.int64))
+            for p in items]
 
 
 @dataclass(eq=False)
@@ -75,6 +84,9 @@ class Trace:
     experts: np.ndarray
     counts: np.ndarray
     path: Path | None = field(default=None, compare=False)
+    # In memory only (schema 1 does not store it): per demand, the cross-layer prediction of the next MoE
+    # layer's demand as (experts, counts) arrays, or None. The cross_layer policy replays it.
+    predicted: list | None = field(default=None, compare=False)
 
     def __len__(self) -> int:
         return len(self.forward)
@@ -121,8 +133,10 @@ class Trace:
     def demands(self) -> list[Demand]:
         """The stream as the model emitted it (forward indices run on across batches), as Demand objects.
         For the engine-facing view and tests; the simulator reads the arrays above."""
-        return [Demand(s, int(layer), tuple(e.tolist()), tuple(c.tolist()))
-                for s, layer, e, c in zip(self.steps, self.layer, self.expert_arrays, self.count_arrays)]
+        pred = self.predicted or [None] * len(self)
+        return [Demand(s, int(layer), tuple(e.tolist()), tuple(c.tolist()),
+                       None if q is None else (tuple(q[0].tolist()), tuple(q[1].tolist())))
+                for s, layer, e, c, q in zip(self.steps, self.layer, self.expert_arrays, self.count_arrays, pred)]
 
     def future(self) -> TraceFuture:
         """Future knowledge for the oracle and Belady over this trace's arrays (no copy)."""
@@ -134,6 +148,9 @@ class Trace:
     # --- file ---------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         from safetensors.numpy import save
+        if self.predicted is not None:
+            raise TraceError(f"{path}: this trace holds cross-layer predictions, which trace schema {SCHEMA} "
+                             "cannot store; saving would drop them")
         meta = {"format": FORMAT, "schema": str(SCHEMA), "meta": json.dumps(self.meta, sort_keys=True)}
         data = save({a: np.ascontiguousarray(getattr(self, a)) for a in ARRAYS}, metadata=meta)
         return atomic_write_bytes(path, data)
