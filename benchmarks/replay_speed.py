@@ -123,7 +123,7 @@ def main():
     rows = [{"policy": "reference_lru", "accesses_per_s": big.accesses / s, "seconds": s, "demand_misses": misses}]
     for p in POLICIES:
         t = predicted if POLICIES[p].needs_prediction else big
-        s, r = timed(lambda: replay(t, p, C), a.repeat)
+        s, r = timed(lambda t=t, p=p: replay(t, p, C), a.repeat)
         rows.append({"policy": p, "accesses_per_s": big.accesses / s, "seconds": s,
                      "demand_misses": r["demand_misses"]})
         if p == "demand" and (r["demand_hits"], r["demand_misses"]) != (hits, misses):

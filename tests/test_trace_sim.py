@@ -9,11 +9,19 @@ from hypothesis import strategies as st
 
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
+from artifact.model.llada2 import Demand, StepInfo
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for, replay, sweep
-from artifact.offload.trace import SCHEMA, Trace, TraceError, TraceRecorder, mean_working_set, step_similarity, working_sets
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.offload.trace import (
+    SCHEMA,
+    Trace,
+    TraceError,
+    TraceRecorder,
+    mean_working_set,
+    step_similarity,
+    working_sets,
+)
 
 DC = DecodeConfig(gen_length=40)
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d")
@@ -33,15 +41,20 @@ def test_a_second_greedy_run_reproduces_the_trace(tiny, tiny_prompts, recorded):
     assert (np.diff(f) >= 0).all(), "forward indices run on across the two batches"
 
 
-@pytest.mark.parametrize("policy, capacity", [("demand", 12), ("demand", 40), ("last_step", 12),
-                                              ("last_step", 40), ("oracle", 40), ("interval_refresh", 12)])
-def test_engine_counts_equal_the_simulator_replay(tiny, tiny_prompts, recorded, policy, capacity):
-    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(capacity, policy, tau=2), record=True,
-              oracle=recorded.trace if policy == "oracle" else None, prompt_ids=["a", "b", "c"], task="test")
+@pytest.mark.parametrize("policy, capacity, lookahead", [
+    ("demand", 12, 1), ("demand", 40, 1), ("last_step", 12, 1), ("last_step", 40, 1), ("last_step", 12, 2),
+    ("oracle", 40, 1), ("oracle", 12, 2), ("interval_refresh", 12, 1), ("last_step_conservative", 12, 1),
+    ("last_step_conservative", 40, 2)])
+def test_engine_counts_equal_the_simulator_replay(tiny, tiny_prompts, recorded, policy, capacity, lookahead):
+    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(capacity, policy, tau=2, lookahead=lookahead),
+              record=True, oracle=recorded.trace if policy == "oracle" else None, prompt_ids=["a", "b", "c"],
+              task="test")
     assert eng.trace.equal_routing(recorded.trace)
-    sim = replay(eng.trace, policy, capacity, tau=2)
+    sim = replay(eng.trace, f"{policy}:lookahead={lookahead}" if lookahead > 1 else policy, capacity, tau=2,
+                 by_phase=True)
     for k in COUNTS:
         assert eng.stats[k] == sim[k], k
+    assert all(sum(p[k] for p in sim["by_phase"].values()) == sim[k] for k in COUNTS)
     if policy in ("last_step", "oracle"):
         assert sim["speculative_transfers"] > 0
 
@@ -144,7 +157,8 @@ def test_sweep_table(recorded):
 
 def test_cli_trace_and_simulate(tmp_path, capsys):
     out = tmp_path / "t.safetensors"
-    assert main(["trace", "--task", "gsm8k", "--n", "2", "--batch-size", "2", "--gen-length", "32", "--out", str(out)]) == 0
+    assert main(["trace", "--task", "gsm8k", "--n", "2", "--batch-size", "2", "--gen-length", "32",
+                 "--out", str(out)]) == 0
     assert "mean working set W" in capsys.readouterr().out
     assert main(["trace", "--task", "gsm8k", "--n", "2", "--out", str(out)]) == 2
     assert "exists; pass --force" in capsys.readouterr().err
