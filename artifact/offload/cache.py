@@ -399,7 +399,8 @@ class ExpertCache:
             # The whole prediction is the target: rank only its non-resident part (same order).
             slots = lc.slot_of[experts]
             present = slots >= 0
-            if np.count_nonzero(present) == len(present):  # all resident: nothing to load
+            resident = int(np.count_nonzero(present))
+            if resident == len(present) or (conservative and resident == C):   # nothing to load, or no room
                 return None
             absent = ~present
             wanted = experts[absent]
@@ -411,8 +412,8 @@ class ExpertCache:
             slots = lc.slot_of[target]
             present = slots >= 0
             wanted = target[~present]
-        if conservative:
-            wanted = wanted[:C - int(np.count_nonzero(present))]   # room: free + residents outside the prediction
+        if conservative:                                  # room: free slots + residents outside the prediction
+            wanted = wanted[:C - int(np.count_nonzero(present))]
         k = len(wanted)
         if k == 0:
             return None
