@@ -39,6 +39,7 @@ HITS, MISSES, SPECULATIVE, PREFETCH_HITS, WASTED, BYTES = range(len(COUNTS))
 _NONE = np.zeros(0, dtype=np.int64)
 _NONE.flags.writeable = False
 _NEVER_EVICT = np.iinfo(np.int64).max
+_INT64 = np.dtype(np.int64)
 
 
 def phase_of(step) -> int:
@@ -393,13 +394,13 @@ class ExpertCache:
         slots and slots of residents outside the whole prediction, most wanted first (a predicted
         resident is never swapped out)."""
         lc, C, conservative = self.layers[i], self.capacity, self.policy.conservative
-        if not isinstance(experts, np.ndarray) or experts.dtype != np.int64:
+        if type(experts) is not np.ndarray or experts.dtype is not _INT64:
             experts = np.asarray(experts, dtype=np.int64)
         if counts is not None and (len(experts) <= C or conservative):
             # The whole prediction is the target: rank only its non-resident part (same order).
             slots = lc.slot_of[experts]
             present = slots >= 0
-            resident = int(np.count_nonzero(present))
+            resident = np.count_nonzero(present)
             if resident == len(present) or (conservative and resident == C):   # nothing to load, or no room
                 return None
             absent = ~present
@@ -425,7 +426,7 @@ class ExpertCache:
         tally[SPECULATIVE] += k
         tally[BYTES] += k * self.expert_bytes
         self.policy.touch(i, wanted)
-        return Plan(self.moe_layers[i], i, _NONE, _NONE, wanted, load_slots, free, evicted, speculative=True)
+        return Plan(self.moe_layers[i], i, _NONE, _NONE, wanted, load_slots, free, evicted, None, True)
 
     # --- inspection ----------------------------------------------------------------------------
     def resident(self, layer: int) -> np.ndarray:
