@@ -35,7 +35,7 @@ from artifact.experiments.settings import Profile, fingerprint, list_profiles, l
 from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, format_table, paired_table, with_paper
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.tasks import prompts
-from artifact.offload.policies import POLICIES
+from artifact.offload.policies import check_policy
 from artifact.offload.runner import OffloadSpec, check_device, run
 from artifact.offload.sim import capacity_for
 from artifact.offload.trace import mean_working_set
@@ -175,7 +175,7 @@ class ModelRunner:
         p = self.p
         _, _, ids, ps, trace = self._prompts(cell.task, cell.batch_size)
         spec = self.spec(capacity, policy, cell.bandwidth_scale)
-        oracle = trace if POLICIES[policy].needs_trace else None
+        oracle = trace if check_policy(policy).needs_trace else None
         res = run(self.loaded, ps, cell.batch_size, self.dc, spec=spec, device=p.device, oracle=oracle,
                   prompt_ids=ids, task=cell.task)
         out = {k: res.stats.get(k) for k in STAT_COLUMNS}

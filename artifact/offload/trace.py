@@ -21,6 +21,7 @@ import numpy as np
 
 from artifact.errors import TraceError  # noqa: F401  (defined with the other user errors; re-exported here)
 from artifact.model.llada2 import Demand, StepInfo
+from artifact.offload.policies import TraceFuture
 from artifact.paths import atomic_write_bytes
 
 SCHEMA = 2
@@ -100,6 +101,18 @@ class Trace:
                              "and this trace has none (a schema-1 trace, or a run that did not predict); "
                              "re-record it with `python -m artifact trace`, which records them (schema 2)")
 
+    @cached_property
+    def predicted(self) -> list | None:
+        """Per demand, the recorded cross-layer prediction as (experts, counts) int64 arrays, None where the
+        demand has none (the last MoE layer); None for a trace without predictions. The cross_layer policy
+        replays it."""
+        if not self.has_predictions:
+            return None
+        cut = self.pred_offsets[1:-1]
+        experts = np.split(self.pred_experts.astype(np.int64), cut)
+        counts = np.split(self.pred_counts.astype(np.int64), cut)
+        return [None if len(e) == 0 else (e, c) for e, c in zip(experts, counts)]
+
     def __len__(self) -> int:
         return len(self.forward)
 
@@ -107,29 +120,52 @@ class Trace:
     def accesses(self) -> int:
         return int(len(self.experts))
 
+    # --- in-memory accessors (decoded once per Trace object, shared by the simulator and policies) ---
     @cached_property
-    def demands(self) -> list[Demand]:
-        """The stream as the model emitted it (forward indices run on across batches)."""
-        out = []
-        o, po = self.offsets, self.pred_offsets
-        for n in range(len(self)):
-            step = StepInfo(int(self.forward[n]), int(self.block[n]), int(self.block_step[n]), KINDS[self.kind[n]])
-            pred = None
-            if po is not None and po[n + 1] > po[n]:
-                pred = (tuple(self.pred_experts[po[n]:po[n + 1]].tolist()),
-                        tuple(self.pred_counts[po[n]:po[n + 1]].tolist()))
-            out.append(Demand(step, int(self.layer[n]), tuple(self.experts[o[n]:o[n + 1]].tolist()),
-                              tuple(self.counts[o[n]:o[n + 1]].tolist()), pred))
+    def positions(self) -> list[int]:
+        """MoE position i (0..L_moe-1) of each demand: the layer convention inside offload/."""
+        lookup = np.full(int(max(self.meta["moe_layers"])) + 1, -1, dtype=np.int64)
+        lookup[self.meta["moe_layers"]] = np.arange(len(self.meta["moe_layers"]))
+        return lookup[self.layer].tolist()
+
+    @cached_property
+    def phases(self) -> list[int]:
+        """Phase of each demand: 0 prefill, 1 first denoising step of a block round, 2 later (cache.PHASES)."""
+        return np.where(self.kind == KINDS.index("prefill"), 0, np.where(self.block_step == 0, 1, 2)).tolist()
+
+    @cached_property
+    def expert_arrays(self) -> list[np.ndarray]:
+        """Each demand's experts (ascending, int64): views into one decoded copy."""
+        return np.split(self.experts.astype(np.int64), self.offsets[1:-1])
+
+    @cached_property
+    def count_arrays(self) -> list[np.ndarray]:
+        """Each demand's token counts (int64), aligned with expert_arrays."""
+        return np.split(self.counts.astype(np.int64), self.offsets[1:-1])
+
+    @cached_property
+    def steps(self) -> list[StepInfo]:
+        """Each demand's StepInfo; demands of one forward share one object."""
+        rows = np.stack([self.forward, self.block, self.block_step, self.kind], axis=1).tolist()
+        out, last, info = [], None, None
+        for r in rows:
+            if r != last:
+                info, last = StepInfo(r[0], r[1], r[2], KINDS[r[3]]), r
+            out.append(info)
         return out
 
-    def future(self):
-        """Future knowledge for the oracle and Belady: (forward, layer index, experts, counts) per demand."""
-        from artifact.offload.policies import TraceFuture
-        index = {layer: i for i, layer in enumerate(self.meta["moe_layers"])}
-        o = self.offsets
-        return TraceFuture([(int(self.forward[n]), index[int(self.layer[n])],
-                             self.experts[o[n]:o[n + 1]].astype(np.int64), self.counts[o[n]:o[n + 1]].astype(np.int64))
-                            for n in range(len(self))])
+    @cached_property
+    def demands(self) -> list[Demand]:
+        """The stream as the model emitted it (forward indices run on across batches), as Demand objects.
+        For the engine-facing view and tests; the simulator reads the arrays above."""
+        pred = self.predicted or [None] * len(self)
+        return [Demand(s, int(layer), tuple(e.tolist()), tuple(c.tolist()),
+                       None if q is None else (tuple(q[0].tolist()), tuple(q[1].tolist())))
+                for s, layer, e, c, q in zip(self.steps, self.layer, self.expert_arrays, self.count_arrays, pred)]
+
+    def future(self) -> TraceFuture:
+        """Future knowledge for the oracle and Belady over this trace's arrays (no copy)."""
+        return TraceFuture.from_arrays(self.forward.tolist(), self.positions, self.expert_arrays, self.count_arrays)
 
     def equal_routing(self, other: "Trace") -> bool:
         return all(np.array_equal(getattr(self, a), getattr(other, a)) for a in ARRAYS)
