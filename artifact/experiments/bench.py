@@ -288,7 +288,9 @@ def check_rows(df, path: Path | str, expected: set[tuple[str, int]] | None = Non
                 bad |= ~np.isfinite(num.astype(float))
         if bad.any():
             i = int(np.flatnonzero(bad.to_numpy())[0])
-            raise ResultFileError(f"{path}: line {i + 2}, column {col}: {df[col].iloc[i]!r} is not a "
+            v = df[col].iloc[i]
+            shown = "empty or nan" if pd.isna(v) else repr(v) if isinstance(v, str) else str(v)
+            raise ResultFileError(f"{path}: line {i + 2}, column {col}: {shown} is not a "
                                   f"{'name' if col in STR_COLUMNS else 'finite number'}; the file is damaged")
     if not len(df):
         return
