@@ -345,3 +345,15 @@ def test_appended_rows_are_fsynced(tmp_path, monkeypatch):
               progress=False, log=quiet)
     assert str(out) in synced
     assert list(pd.read_csv(out).columns) == list(COLUMNS)
+
+
+def test_a_header_the_reader_rejects_is_named(tiny, tmp_path, capsys):
+    root = _copy(tiny.path, tmp_path)
+    f = root / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    header = data[8:8 + n].replace(b'"F32"', b'"X32"', 1)                # an unknown dtype, same length
+    f.write_bytes(bytes(data[:8] + header + data[8 + n:]))
+    with pytest.raises(CheckpointError, match="model.safetensors: cannot read tensor"):
+        load_checkpoint(root)
+    _refused_by_cli(root, capsys, "the file is damaged")

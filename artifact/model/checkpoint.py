@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from artifact.model.config import ModelConfig, get_preset
@@ -167,9 +167,12 @@ class TensorIndex:
         path = self.where.get(name)
         if path is None:
             raise KeyError(f"{self.root}: tensor {name} (shape {list(shape)}) is missing from the checkpoint")
-        if path not in self._open:
-            self._open[path] = safe_open(path, "pt")
-        t = self._open[path].get_tensor(name)
+        try:
+            if path not in self._open:
+                self._open[path] = safe_open(path, "pt")
+            t = self._open[path].get_tensor(name)
+        except SafetensorError as e:                   # not a ValueError: say which file and tensor
+            raise CheckpointError(f"{path}: cannot read tensor {name} ({e}); the file is damaged") from None
         if tuple(t.shape) != tuple(shape):
             raise ValueError(f"{path.name}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
         return t
