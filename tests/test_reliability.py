@@ -357,3 +357,17 @@ def test_a_header_the_reader_rejects_is_named(tiny, tmp_path, capsys):
     with pytest.raises(CheckpointError, match="model.safetensors: cannot read tensor"):
         load_checkpoint(root)
     _refused_by_cli(root, capsys, "the file is damaged")
+
+
+def test_bench_appends_only_to_files_in_this_versions_column_order(tmp_path, capsys):
+    out, p = tmp_path / "b.csv", fake_profile()
+    run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet, shard=(0, 2))
+    df = read_rows(out)
+    df[list(COLUMNS)[::-1]].to_csv(out, index=False)                     # readable, but appends would misalign
+    assert len(read_rows(out)) == len(df)
+    with pytest.raises(ValueError, match="not in this version's order"):
+        run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet, shard=(1, 2))
+    fixed = tmp_path / "fixed.csv"
+    assert main(["merge", str(out), "--partial", "--out", str(fixed)]) == 0
+    both = run_bench(p, fixed, runner=FakeRunner(), progress=False, log=quiet, shard=(1, 2))
+    assert runs(both) == expected_runs(p)

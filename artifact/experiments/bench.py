@@ -371,6 +371,11 @@ def _load_for_append(path: Path, p: Profile, log=print):
     if data and not data.endswith(b"\n"):
         keep = data.rfind(b"\n") + 1
         notes.append(f"a torn last line ({len(data) - keep} bytes)")
+    header = data[:keep].split(b"\n", 1)[0].decode(errors="replace").strip()
+    if header and header != ",".join(COLUMNS):
+        _parse(data[:keep], path)                  # names an old version's or a foreign file's columns first
+        raise ResultFileError(f"{path}: its columns are not in this version's order ({', '.join(COLUMNS)}), so rows "
+                              "cannot be appended to it; re-run into a fresh --out (merge rewrites files in order)")
     df = _parse(data[:keep], path)
     lines = data[:keep].splitlines(keepends=True)[1:]
     if len(lines) != len(df):
@@ -520,9 +525,10 @@ def merge(inputs: list[Path | str], out: Path | str | None = None, force: bool =
     if len(hw) > 1:
         log(f"note: the shards ran on different hardware: {hw}")
     out = Path(out) if out else data_dir() / "results" / str(df.profile.iloc[0]) / "bench.csv"
-    refuse_overwrite(out, force)
     merged = df.drop(columns="_file").sort_values(list(SORT), kind="stable").reset_index(drop=True)
-    write_rows(out, merged)
+    with locked(out, log=log):                     # not while a bench appends to the same file
+        refuse_overwrite(out, force)
+        write_rows(out, merged)
     log(f"merged {len(inputs)} files: {n_cells} of {want} cells, {len(merged)} rows -> {out}")
     return merged
 
@@ -594,7 +600,8 @@ def add_cli(subparsers) -> None:
     b = subparsers.add_parser("bench", help="paired throughput runs of a profile's grid (resumable, shardable)")
     b.add_argument("--profile", default="cpu", help=f"one of {list_profiles()} or a path to a .yaml file")
     b.add_argument("--out", type=Path, default=None,
-                   help="result CSV (default: data/results/PROFILE/bench.csv, or bench.shard-I-of-N.csv)")
+                   help="result CSV (default: data/results/PROFILE/bench.csv, or bench.shard-I-of-N.csv); shards and "
+                        "reruns may share one: cells are appended under a lock on OUT.lock, a second writer waits")
     b.add_argument("--shard", default="0/1", help="i/n: run the cells whose index %% n == i (0 <= i < n)")
     b.add_argument("--model", default=None, help="checkpoint directory (overrides the profile's model)")
     b.add_argument("--set", action="append", metavar="KEY=VALUE",
