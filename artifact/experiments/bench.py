@@ -239,8 +239,9 @@ def locked(path: Path | str, shared: bool = False, log=print):
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            log(f"waiting for PID {holder}, which is writing {path} (lock file {lock})")
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            log(f"waiting for PID {holder}, which is writing {path} (lock file {lock})" if holder else
+                f"waiting for another process reading {path} (lock file {lock})")
             fcntl.flock(fd, mode)
         if not shared:
             os.ftruncate(fd, 0)
