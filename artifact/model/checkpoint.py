@@ -127,12 +127,17 @@ def _shard_path(root: Path, index: Path, shard) -> Path:
     return root / name
 
 
+def _hashable(shard):
+    return shard if isinstance(shard, (str, int, float, bool, type(None))) else json.dumps(shard)
+
+
 class TensorIndex:
     """Name -> shard file for a checkpoint directory, with errors that name what is missing.
     Every shard's header is read and checked up front (size, names the index promises)."""
 
     def __init__(self, root: Path):
         self.root = root
+        self.tables: dict[Path, dict] = {}          # shard -> its checked header (read_header)
         single, index = root / "model.safetensors", root / "model.safetensors.index.json"
         if index.is_file():
             try:
@@ -142,19 +147,24 @@ class TensorIndex:
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
                 raise CheckpointError(f"{index}: not a safetensors index (needs a 'weight_map' object "
                                       f"{{tensor name: shard file}}): {e}") from None
-            self.where = {name: _shard_path(root, index, shard) for name, shard in weight_map.items()}
-            for shard in sorted(set(self.where.values())):
-                names = [n for n, p in self.where.items() if p == shard]
+            shards = {shard: _shard_path(root, index, shard) for shard in set(map(_hashable, weight_map.values()))}
+            self.where = {name: shards[_hashable(shard)] for name, shard in weight_map.items()}
+            by_shard: dict[Path, list[str]] = {}
+            for name, shard in self.where.items():
+                by_shard.setdefault(shard, []).append(name)
+            for shard, names in sorted(by_shard.items()):
                 if not shard.is_file():
                     raise FileNotFoundError(
                         f"{shard}: shard listed in {index.name} is missing "
                         f"({len(names)} tensors, e.g. {names[0]})")
-                lacks = [n for n in names if n not in read_header(shard)]
+                table = self.tables[shard] = read_header(shard)
+                lacks = [n for n in names if n not in table]
                 if lacks:
                     raise CheckpointError(f"{index}: names {len(lacks)} tensors in {shard.name} that the shard "
                                           f"lacks (e.g. {lacks[0]}); the index and the shard files disagree")
         elif single.is_file():
-            self.where = {name: single for name in read_header(single)}
+            self.tables[single] = read_header(single)
+            self.where = {name: single for name in self.tables[single]}
         else:
             raise FileNotFoundError(f"{root}: no model.safetensors or model.safetensors.index.json")
         self._open: dict[Path, object] = {}
@@ -194,7 +204,8 @@ def weights_fingerprint(path: str | Path) -> str:
     its fingerprint, and rewriting one with other weights must."""
     root = tiny_checkpoint() if str(path) == "tiny" else Path(path)
     h = hashlib.sha256()
-    for f in TensorIndex(root).files:
+    index = TensorIndex(root)
+    for f in index.files:
         size = f.stat().st_size
         with open(f, "rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
@@ -204,8 +215,7 @@ def weights_fingerprint(path: str | Path) -> str:
                 for block in iter(lambda: fh.read(1 << 20), b""):
                     h.update(block)
                 continue
-            table = read_header(f)
-            for start, end in sorted(tuple(int(x) for x in info["data_offsets"]) for info in table.values()):
+            for start, end in sorted(tuple(int(x) for x in info["data_offsets"]) for info in index.tables[f].values()):
                 fh.seek(8 + n + start)
                 h.update(fh.read(min(SAMPLE_BYTES, end - start)))
     return h.hexdigest()[:16]
