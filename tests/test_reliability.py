@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from safetensors.torch import load_file, save_file
 import artifact.model.checkpoint as ckpt
 import artifact.paths as paths
 from artifact.cli import main
-from artifact.experiments.bench import COLUMNS, grid, locked, merge, read_rows, run_bench
+from artifact.experiments.bench import COLUMNS, CellClaims, grid, locked, merge, read_rows, run_bench
 from artifact.experiments.settings import load_profile
 from artifact.model.checkpoint import (CheckpointError, init_random_weights, load_checkpoint, save_checkpoint,
                                        state_tensors, weights_fingerprint)
@@ -72,6 +73,8 @@ def test_two_bench_processes_on_one_output_keep_every_row_once(tiny, tmp_path, s
         _wait_for(logs, f"waiting for PID {os.getpid()}, which is writing {out}")
     for proc in procs:
         assert proc.wait(timeout=600) == 0, [f.read_text() for f in logs]
+    ran = [int(re.search(r"ran (\d+) cells", f.read_text()).group(1)) for f in logs]
+    assert sum(ran) == 4                                      # claims split the work: no cell computed twice
     df = read_rows(out)
     p = load_profile("cpu", REAL_GRID)
     assert runs(df) == expected_runs(p)                       # every run present, none twice
@@ -112,6 +115,44 @@ def test_a_process_skips_or_drops_cells_another_one_appended(tmp_path):
     assert runs(df) == expected_runs(p) and len(df) == len(expected_runs(p))
     assert any("finished" in s and "first; this run's rows are dropped" in s for s in said)
     assert any("was finished meanwhile" in s and "C/W=1.73" in s for s in said)
+
+
+CLAIMER = """
+import sys
+from pathlib import Path
+from artifact.experiments.bench import Cell, CellClaims
+with CellClaims(Path(sys.argv[1])) as claims:
+    assert claims.take(Cell("gsm8k", 1, 1.0, 1.0), wait=False)
+    print("claimed", flush=True)
+    sys.stdin.read()                                 # holds the claim until the test closes stdin, then dies
+"""
+
+
+def test_a_cell_claimed_by_another_process_runs_last_and_here_if_that_process_dies(tmp_path):
+    out = tmp_path / "b.csv"
+    p = fake_profile(tasks=["gsm8k"], batch_sizes=[1], cache_ratios=[1.0, 1.73])
+    other = subprocess.Popen([sys.executable, "-c", CLAIMER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    assert other.stdout.readline().strip() == "claimed"
+    said, runner = [], FakeRunner()
+
+    def log(s):
+        said.append(s)
+        if "were being run by another process" in s:
+            other.stdin.close()                               # the claimant dies without finishing its cell
+    df = run_bench(p, out, runner=runner, progress=False, log=log)
+    assert other.wait(timeout=60) == 0
+    assert [c.cache_ratio for c in runner.cells] == [1.73, 1.0]           # the unclaimed cell first
+    assert any("1 cells (e.g. gsm8k b=1 C/W=1 bw=1x) were being run by another process" in s for s in said)
+    assert runs(df) == expected_runs(p)
+    with CellClaims(out) as claims:                       # held here, so another process cannot take them
+        assert all(claims.take(c, wait=False) for c in grid(p))
+        probe = ("import sys; from pathlib import Path; from artifact.experiments.bench import Cell, CellClaims\n"
+                 "with CellClaims(Path(sys.argv[1])) as c: print(c.take(Cell('gsm8k', 1, 1.0, 1.0), wait=False))")
+        held = subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True, check=True)
+        assert held.stdout.strip() == "False"
+    free = subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True, check=True)
+    assert free.stdout.strip() == "True"                                 # released with the file
 
 
 # ---------------------------------------------------------------------------------------------

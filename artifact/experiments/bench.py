@@ -215,7 +215,9 @@ class ModelRunner:
 # while a cell runs). A second process therefore WAITS for the lock, saying once which PID holds it;
 # it never refuses. Under the lock a writer re-reads the file, so a cell that another process finished
 # meanwhile is skipped (before it runs) or its rows are dropped (if both ran it): every run is in the
-# file once. Two processes on the same shard may both compute a cell; only the first to finish keeps it.
+# file once. Processes on the same shard also split the work: a cell being run is claimed (CellClaims),
+# others run unclaimed cells first and then wait for the claimed ones, running one only if its claimant
+# died before finishing it.
 # The lock file stays in place (removing it would let two processes lock different files); flock is
 # released by the kernel when its holder exits or is killed, so a crash leaves no stale lock.
 class ResultFileError(ValueError):
@@ -253,6 +255,40 @@ def locked(path: Path | str, shared: bool = False, log=print):
                 os.ftruncate(fd, 0)
     finally:
         os.close(fd)                                   # releases the flock
+
+
+class CellClaims:
+    """Which process is running which cell of a result file, so that processes on the same shard split
+    the work instead of computing every cell twice. A claim is a POSIX byte-range lock (fcntl.lockf) on
+    one byte of the sidecar `<out>.cells.lock`, at an offset hashed from the cell key: the kernel drops
+    it when its holder exits or dies, so a crash leaves no stale claim. A claim only saves work; the
+    file lock and the re-read before each append keep the file right even without one (a hash collision
+    or a claim lost to another close of the file in this process merely lets a cell run twice, and the
+    second copy is dropped). Record locks never conflict within one process."""
+
+    def __init__(self, path: Path):
+        self.path = path.with_name(path.name + ".cells.lock")
+
+    def __enter__(self) -> "CellClaims":
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)                              # releases every claim still held
+
+    @staticmethod
+    def _offset(cell: Cell) -> int:
+        return int.from_bytes(hashlib.sha1(repr(cell.key).encode()).digest()[:4], "little")
+
+    def take(self, cell: Cell, wait: bool) -> bool:
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1, self._offset(cell))
+        except (BlockingIOError, PermissionError):     # held by another process (EAGAIN or EACCES)
+            return False
+        return True
+
+    def release(self, cell: Cell) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, self._offset(cell))
 
 
 def _parse(data: bytes, path: Path):
@@ -446,37 +482,59 @@ def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] 
     t0, ran = time.perf_counter(), 0
     bar = tqdm(total=len(todo) * len(P) * (R + p.warmup), unit="run", desc=f"bench {p.name}",
                disable=not progress, file=sys.stderr)
+
+    def run_cell(cell: Cell) -> bool:
+        """Run one cell and append its rows; False when another process had finished it."""
+        with locked(out, log=log):
+            if cell.key in _finished_cells(_load_for_append(out, p, log)):
+                log(f"note: {cell} was finished meanwhile by another process writing {out}; skipped")
+                bar.update(len(P) * (R + p.warmup))
+                return False
+        bar.set_postfix_str(str(cell))
+        W = runner.working_set(cell.task, cell.batch_size)
+        C = capacity_for(cell.cache_ratio, W, runner.num_experts)
+        for _ in range(p.warmup):
+            for pol in P:
+                runner.run(cell, pol, C)
+                bar.update()
+        new = []
+        for r in range(R):
+            for pos, pol in enumerate(P if r % 2 == 0 else P[::-1]):
+                s = runner.run(cell, pol, C)
+                new.append({**meta, "task": cell.task, "batch_size": cell.batch_size,
+                            "cache_ratio": cell.cache_ratio, "bandwidth_scale": cell.bandwidth_scale,
+                            "policy": pol, "rep": r, "order": pos, "working_set": W, "cache_experts": C, **s})
+                bar.update()
+        with locked(out, log=log):                       # re-read: another process may have appended meanwhile
+            now = _load_for_append(out, p, log)
+            _check_same_model(now, meta, out)
+            if cell.key in _finished_cells(now):
+                log(f"note: another process writing {out} finished {cell} first; this run's rows are dropped "
+                    "so that no run is in the file twice")
+                return False
+            append_rows(out, new)                        # whole cells only: the resume invariant
+        return True
+
     try:
-        for cell in todo:
-            with locked(out, log=log):
-                if cell.key in _finished_cells(_load_for_append(out, p, log)):
-                    log(f"note: {cell} was finished meanwhile by another process writing {out}; skipped")
-                    bar.update(len(P) * (R + p.warmup))
+        with CellClaims(out) as claims:
+            later = []
+            for cell in todo:                            # cells nobody else is running, first
+                if not claims.take(cell, wait=False):
+                    later.append(cell)
                     continue
-            bar.set_postfix_str(str(cell))
-            W = runner.working_set(cell.task, cell.batch_size)
-            C = capacity_for(cell.cache_ratio, W, runner.num_experts)
-            for _ in range(p.warmup):
-                for pol in P:
-                    runner.run(cell, pol, C)
-                    bar.update()
-            new = []
-            for r in range(R):
-                for pos, pol in enumerate(P if r % 2 == 0 else P[::-1]):
-                    s = runner.run(cell, pol, C)
-                    new.append({**meta, "task": cell.task, "batch_size": cell.batch_size,
-                                "cache_ratio": cell.cache_ratio, "bandwidth_scale": cell.bandwidth_scale,
-                                "policy": pol, "rep": r, "order": pos, "working_set": W, "cache_experts": C, **s})
-                    bar.update()
-            with locked(out, log=log):                   # re-read: another process may have appended meanwhile
-                now = _load_for_append(out, p, log)
-                _check_same_model(now, meta, out)
-                if cell.key in _finished_cells(now):
-                    log(f"note: another process writing {out} finished {cell} first; this run's rows are dropped "
-                        "so that no run is in the file twice")
-                    continue
-                append_rows(out, new)                    # whole cells only: the resume invariant
-            ran += 1
+                try:
+                    ran += run_cell(cell)
+                finally:
+                    claims.release(cell)
+            if later:
+                log(f"note: {len(later)} cells (e.g. {later[0]}) were being run by another process writing {out}; "
+                    "waiting for each, then running it here only if that process did not finish it")
+            for cell in later:
+                claims.take(cell, wait=True)             # returns when the other process finished it or died
+                try:
+                    ran += run_cell(cell)
+                finally:
+                    claims.release(cell)
     finally:
         bar.close()
     minutes = (time.perf_counter() - t0) / 60
