@@ -17,6 +17,7 @@ import pytest
 from safetensors.numpy import save as save_numpy
 from safetensors.torch import load_file, save_file
 
+import artifact.experiments.bench as bench
 import artifact.model.checkpoint as ckpt
 import artifact.paths as paths
 from artifact.cli import main
@@ -90,7 +91,7 @@ def test_a_waiting_writer_names_the_holder_and_then_appends(tmp_path):
         t = threading.Thread(target=lambda: result.update(df=run_bench(p, out, runner=FakeRunner(), progress=False,
                                                                        log=said.append)))
         t.start()
-        t.join(timeout=1.0)
+        t.join(timeout=bench.QUIET_WAIT_S + 1.0)
         assert t.is_alive() and not out.exists()              # it waits, it does not refuse or write
         assert (tmp_path / "b.csv.lock").read_text().strip() == str(os.getpid())
         assert any(f"waiting for PID {os.getpid()}" in s for s in said)

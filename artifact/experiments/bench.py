@@ -229,18 +229,31 @@ def lock_path(path: Path | str) -> Path:
     return path.with_name(path.name + ".lock")
 
 
+QUIET_WAIT_S = 2.0       # a wait for the result file's lock is logged after this long
+
+
+def _try_flock(fd: int, mode: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
 @contextmanager
 def locked(path: Path | str, shared: bool = False, log=print):
     """Hold `<path>.lock`: exclusive (a writer; its PID is written into the lock file) or shared (a reader).
-    Waits while another process holds it, logging the holder's PID once."""
+    Waits while another process holds it, logging the holder's PID once the wait passes QUIET_WAIT_S."""
     lock = lock_path(path)
     lock.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _try_flock(fd, mode, QUIET_WAIT_S):     # appends take milliseconds: only a longer wait is news
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             log(f"waiting for PID {holder}, which is writing {path} (lock file {lock})" if holder else
                 f"waiting for another process reading {path} (lock file {lock})")
