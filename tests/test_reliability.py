@@ -68,7 +68,7 @@ def test_two_bench_processes_on_one_output_keep_every_row_once(tiny, tmp_path, s
     logs = [tmp_path / f"err{i}.txt" for i in range(2)]
     procs = []
     with locked(out):
-        for shard, log in zip(shards, logs):
+        for shard, log in zip(shards, logs, strict=True):
             with open(log, "w") as f:
                 procs.append(subprocess.Popen(_bench_cmd(out, shard), stdout=subprocess.DEVNULL, stderr=f, env=env))
         _wait_for(logs, f"waiting for PID {os.getpid()}, which is writing {out}")
@@ -329,7 +329,8 @@ def test_index_shard_names_outside_the_directory_are_refused(sharded, tmp_path, 
     _refused_by_cli(root, capsys, "would read outside the checkpoint directory")
 
 
-def _trace_file(path, meta="{}", experts=np.array([1, 2], np.int16)):
+def _trace_file(path, meta="{}", experts=None):
+    experts = np.array([1, 2], np.int16) if experts is None else experts
     arrays = {"forward": np.zeros(1, np.int32), "layer": np.ones(1, np.int16), "block": np.zeros(1, np.int32),
               "block_step": np.zeros(1, np.int32), "kind": np.ones(1, np.uint8), "offsets": np.array([0, 2]),
               "experts": experts, "counts": np.ones(2, np.int32)}
