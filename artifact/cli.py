@@ -11,6 +11,7 @@ from pathlib import Path
 from artifact.model.decode import MODES, DecodeConfig
 from artifact.offload.link import LINKS, PCIE_LATENCY_US
 from artifact.offload.policies import POLICIES
+from artifact.offload.synth import add_cli as add_synth_cli
 
 
 def _floats(s: str) -> list[float]:
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     from artifact.experiments.notebooks import add_cli as add_notebooks_cli
     add_bench_cli(sub)
     add_notebooks_cli(sub)
+    add_synth_cli(sub)
     return ap
 
 
