@@ -39,7 +39,7 @@ def hand_map(values: dict) -> pd.DataFrame:
     """A map with oracle cuts given per (prefill, novelty) as a row over spreads (0, 0.1, 0.2)."""
     rows = []
     for (pf, nu), cuts in values.items():
-        for s, c in zip((0.0, 0.1, 0.2), cuts):
+        for s, c in zip((0.0, 0.1, 0.2), cuts, strict=True):
             rows.append({"prefill": pf, "novelty": nu, "w_spread": s, "cache_ratio": 1.0, "policy": "oracle", "cut": c})
     return pd.DataFrame(rows)
 
@@ -150,7 +150,8 @@ def test_figures_are_saved_with_their_data(small_map, tmp_path, monkeypatch):
     png, csv = save(fig, df, P, "07_test_map", log=lambda *_: None)
     assert png.stat().st_size > 10_000 and len(pd.read_csv(csv)) == len(small_map)
     rows = pd.DataFrame([{"task": k, "batch_size": 1, "cache_ratio": 1.0, "bandwidth_scale": 1.0, "rep": r,
-                          "policy": p, "novelty": 0.1, "w_spread": 0.2, "forwards_per_second": 5.0 + r + (p == "demand"),
+                          "policy": p, "novelty": 0.1, "w_spread": 0.2,
+                          "forwards_per_second": 5.0 + r + (p == "demand"),
                           "stall_seconds": 0.1} for k in ("a", "b") for r in range(2) for p in ("demand", "last_step")])
     fig, df = rm.plot_throughput(rows, rm.throughput_table(rows), P)
     assert set(df.columns) >= {"forwards_per_second", "diff_pct", "verdict"} and len(df) == 8
@@ -172,7 +173,7 @@ def test_timed_streams_run_through_the_engine(tiny):
     rows = rm.stream_runs(P, BASE, points, TINY, Calibration(20.0, 100.0), progress=False)
     assert len(rows) == 2 * 2 * TINY.repetitions
     assert (rows.forwards == TINY.stream_steps).all() and (rows.forwards_per_second > 0).all()
-    for name, g in rows.groupby("task"):
+    for _, g in rows.groupby("task"):
         by = g.groupby("policy")
         assert by.demand_misses.nunique().max() == 1            # counts repeat exactly across repetitions
         assert (g[g.policy == "demand"].speculative_transfers == 0).all()

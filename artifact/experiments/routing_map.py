@@ -164,7 +164,7 @@ def numbers(map_df: pd.DataFrame, fits: pd.DataFrame) -> Numbers:
     row = float(nus[np.argmin(np.abs(nus - cpu[0]))])
     implied = (row, limit[(False, row)]) if limit[(False, row)] is not None else None
     bi, bj = np.unravel_index(np.argmax(c), c.shape)
-    at = [at_point(map_df, "oracle", r, False, a, b) for a, b in zip(fits.novelty, fits.w_spread)]
+    at = [at_point(map_df, "oracle", r, False, a, b) for a, b in zip(fits.novelty, fits.w_spread, strict=True)]
     return Numbers(r, target, limit, implied, (float(nus[bi]), float(ss[bj]), float(c[bi, bj])), cpu,
                    int(sum(v >= target for v in at)), len(fits), (min(at), max(at)),
                    (float(fits.trace_oracle_cut.min()), float(fits.trace_oracle_cut.max())),
@@ -199,8 +199,8 @@ def verdicts(n: Numbers) -> list[Claim]:
         f"routing statistics under which an oracle cuts misses {n.target}x at C/W {n.ratio:g} ({own})",
         paper_text,
         f"cut >= {n.target}x without prefill at {region_text(n, False)}; with prefill at {region_text(n, True)}; "
-        + (f"at the cpu traces' novelty (nu {n.implied[0]:g}) it needs a W spread <= {n.implied[1]:.2f} (the cpu traces "
-           f"fit {n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f})" if n.implied else
+        + (f"at the cpu traces' novelty (nu {n.implied[0]:g}) it needs a W spread <= {n.implied[1]:.2f} (the cpu "
+           f"traces fit {n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f})" if n.implied else
            f"no spread reaches it at the cpu traces' novelty; largest cut {n.best[2]:.1f}x at nu {n.best[0]:g}, "
            f"spread {n.best[1]:g}"),
         judged(any_region) if any_region else NOT_MEASURABLE,

@@ -16,8 +16,8 @@ the same stream. What the model would compute is replaced by two calibrated cost
 `calibrate` measures both on a resident model run: the time the model spends between receiving an expert
 and asking for the next one (its per-expert compute: gather, FFN, weighting, scatter), and the rest of
 the run's time spread over its demands. Both spins are host time: they model a CPU run on the emulated
-link (on a GPU leave the calibration empty and let the matmul run on the device). The experts are seeded random tensors of the calibrated model's
-shape (values do not change what is loaded or how long it takes).
+link (on a GPU leave the calibration empty and let the matmul run on the device). The experts are seeded
+random tensors of the calibrated model's shape (values do not change what is loaded or how long it takes).
 """
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration:
         for d in demands:
             if other:
                 _spin_until(time.perf_counter() + other)
-            count = dict(zip(d.experts, d.counts))
+            count = dict(zip(d.experts, d.counts, strict=True))
             for e, w in engine.experts(d):
                 start = time.perf_counter()
                 y = expert_compute(w, x[:count[e]])                    # (n, D)
