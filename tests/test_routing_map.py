@@ -126,7 +126,7 @@ def test_throughput_table_and_claim():
     assert tab.loc["paper point", "verdict"] == paper.FASTER
     assert tab.loc["paper point", "diff_pct"] == pytest.approx(10.0, abs=0.2)
     c = rm.throughput_claim(tab.reset_index(), Calibration(50.0, 400.0))
-    assert c.timing and c.verdict == NOT_REPRODUCED and "50 us per expert" in c.claim
+    assert c.timing and c.verdict == NOT_REPRODUCED and "50 us per expert" in c.measured
     assert paper.demand_vs_last_step(1.0)[0] in c.paper
 
 

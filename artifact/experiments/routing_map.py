@@ -159,7 +159,7 @@ def numbers(map_df: pd.DataFrame, fits: pd.DataFrame) -> Numbers:
         for i, nu in enumerate(nus):
             limit[(pf, float(nu))] = crossing(ss, c[i], target)
     c = cuts(map_df, "oracle", r, False)
-    cpu = (float(fits.novelty.median()), float(fits.w_spread.median()))
+    cpu = (round(float(fits.novelty.median()), 3), round(float(fits.w_spread.median()), 3))
     # What the cpu routing would need: keep its novelty (the nearest grid row), find the spread that reaches the cut.
     row = float(nus[np.argmin(np.abs(nus - cpu[0]))])
     implied = (row, limit[(False, row)]) if limit[(False, row)] is not None else None
@@ -280,9 +280,9 @@ def throughput_claim(table: pd.DataFrame, cal: Calibration) -> Claim:
             if cal.compute_us_per_expert is not None else "device compute")
     ok = all(v == paper.FASTER for v in table.verdict)
     return Claim("demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
-                 "stream-driven engine (emulated link, calibrated compute: " + cost + ")",
-                 f"{paper_verdict[0]} (a model-driven run)", measured + " (forwards/s, paired)", judged(ok),
-                 timing=True)
+                 "stream-driven engine (emulated link, compute calibrated on the model)",
+                 f"{paper_verdict[0]} (a model-driven run)", f"{measured} (forwards/s, paired); compute: {cost}",
+                 judged(ok), timing=True)
 
 
 # --- figures --------------------------------------------------------------------------------------
