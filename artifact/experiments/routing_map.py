@@ -192,7 +192,7 @@ def region_text(n: Numbers, prefill: bool) -> str:
 
 
 def verdicts(n: Numbers) -> list[Claim]:
-    own = "this artifact's own result (synthetic streams, exact replay)"
+    own = "this artifact's own result: synthetic streams, exact replay"
     paper_text = f"an oracle prefetcher cuts demand misses {paper.ORACLE_CUT}x versus LRU (C/W {n.ratio:g})"
     any_region = any(v is not None for (pf, _), v in n.limit.items() if not pf)
     claims = [Claim(
@@ -336,8 +336,8 @@ def plot_throughput(rows: pd.DataFrame, table: pd.DataFrame, P: Profile):
                        label=p + (" (LRU)" if p == "demand" else "") if k == 0 else None)
                 ax.scatter(np.full(len(g), k + d), g[col], s=10, color="black", zorder=3)
     for ax in (ax1, ax2):
-        ax.set_xticks(range(len(names)), [f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:g}, spread "
-                                          f"{rows[rows.task == n].w_spread.iloc[0]:g}" for n in names], fontsize=8)
+        ax.set_xticks(range(len(names)), [f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:.3g}, spread "
+                                          f"{rows[rows.task == n].w_spread.iloc[0]:.3g}" for n in names], fontsize=8)
         ax.legend(fontsize=8)
     ax1.set(ylabel="denoising forwards / s", title=f"throughput at C/W {rows.cache_ratio.iloc[0]:g}")
     ax2.set(ylabel="compute stalled on the link (s)", title="stall per run")
