@@ -35,6 +35,7 @@ from artifact.model.tasks import prompts
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.runner import OffloadSpec
 from artifact.offload.sim import capacity_for, replay
+from artifact.offload.store import HostStore
 from artifact.offload.stream import Calibration, ExpertShape, calibrate, make_store, run_stream
 from artifact.offload.synth import SynthParams, measure, synth
 from artifact.offload.trace import Trace, mean_working_set
@@ -249,7 +250,7 @@ def stream_runs(P: Profile, base: SynthParams, points: dict, g: MapGrid, cal: Ca
             nu, s = points[name]
             t = synth(dataclasses.replace(base, novelty=nu, w_spread=s, prefill=0.0, layers=g.stream_layers,
                                           steps=g.stream_steps))
-            streams[name] = (t, make_store(t, shape, seed=g.seed))
+            streams[name] = (t, stream_store(loaded, t, shape, g.seed, P.device))
         t, store = streams[name]
         C = capacity_for(ratio, mean_working_set(t), base.experts)
         gbps = emulated_gbps(P, store.expert_bytes) if P.link == "emulated" else None
@@ -265,6 +266,16 @@ def stream_runs(P: Profile, base: SynthParams, points: dict, g: MapGrid, cal: Ca
                          "link_busy_seconds": st["link_busy_seconds"], "demand_misses": st["demand_misses"],
                          "speculative_transfers": st["speculative_transfers"], "transfers": st["transfers"]})
     return pd.DataFrame(rows)
+
+
+def stream_store(loaded, t: Trace, shape: ExpertShape, seed: int, device: str) -> HostStore:
+    """The model's own host experts when the stream has its layers and experts (the tiny model's on cpu),
+    else seeded random experts of its shape and dtype."""
+    packed = loaded.experts
+    pin = device.startswith("cuda")
+    if packed.device.type == "cpu" and tuple(packed.shape[:2]) == (len(t.meta["moe_layers"]), t.meta["num_experts"]):
+        return HostStore(packed, t.meta["moe_layers"], pin=pin)
+    return make_store(t, shape, seed=seed, pin=pin, dtype=packed.dtype)
 
 
 def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:

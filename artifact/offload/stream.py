@@ -123,12 +123,13 @@ def _spin_until(deadline: float) -> None:
         pass
 
 
-def make_store(trace: Trace, shape: ExpertShape, seed: int = 0, pin: bool = False) -> HostStore:
+def make_store(trace: Trace, shape: ExpertShape, seed: int = 0, pin: bool = False,
+               dtype: torch.dtype = torch.float32) -> HostStore:
     """Seeded random experts of `shape` for every (MoE layer, expert) of the trace, packed as the engine
-    expects: (L_moe, E, 3 I D) float32 (small values, so FFN outputs stay finite)."""
+    expects: (L_moe, E, 3 I D) (small values, so FFN outputs stay finite)."""
     layers, E = trace.meta["moe_layers"], int(trace.meta["num_experts"])
     g = torch.Generator().manual_seed(seed)
-    packed = torch.randn(len(layers), E, shape.params, generator=g) * 0.05    # (L_moe, E, P)
+    packed = (torch.randn(len(layers), E, shape.params, generator=g) * 0.05).to(dtype)    # (L_moe, E, P)
     return HostStore(packed, layers, pin=pin)
 
 
@@ -157,7 +158,7 @@ def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration:
     demands = trace.demands
     tokens = max((max(d.counts) for d in demands if d.counts), default=1)
     g = torch.Generator().manual_seed(seed + 1)
-    x = (torch.randn(tokens, shape.hidden_size, generator=g)).to(device)     # (T_max, D) routed tokens
+    x = torch.randn(tokens, shape.hidden_size, generator=g).to(device, store.packed.dtype)    # (T_max, D) tokens
     other = calibration.other_us_per_demand * 1e-6
     per_expert = calibration.compute_us_per_expert
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
