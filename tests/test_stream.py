@@ -85,3 +85,13 @@ def test_bad_input_fails_clearly(recorded, tiny):
         run_stream(t, OffloadSpec(8, "demand"), ExpertShape(8, 8), store=make_store(t, shape_of(tiny)))
     with pytest.raises(ValueError, match="other_us_per_demand"):
         Calibration(other_us_per_demand=-1.0)
+
+
+@pytest.mark.cuda
+def test_stream_on_the_cuda_link_counts_like_the_replay():
+    t, shape = small_stream(), ExpertShape(16, 8)
+    s = run_stream(t, OffloadSpec(8, "last_step", link="cuda"), shape, device="cuda", verify=True)
+    sim = replay(t, "last_step", 8, expert_bytes=shape.params * 4)
+    for k in COUNTS:
+        assert s[k] == sim[k], k
+    assert s["link_busy_seconds"] > 0 and s["transfers"] == s["demand_misses"] + s["speculative_transfers"]
