@@ -26,7 +26,6 @@ from scipy.interpolate import RegularGridInterpolator
 from tqdm.auto import tqdm
 
 from artifact.experiments import paper
-from artifact.experiments.bench import emulated_gbps
 from artifact.experiments.claims import NOT_MEASURABLE, PAPER_STYLE, Claim, judged, title
 from artifact.experiments.runs import load_model
 from artifact.experiments.settings import Profile
@@ -253,11 +252,9 @@ def stream_runs(P: Profile, base: SynthParams, points: dict, g: MapGrid, cal: Ca
             streams[name] = (t, stream_store(loaded, t, shape, g.seed, P.device))
         t, store = streams[name]
         C = capacity_for(ratio, mean_working_set(t), base.experts)
-        gbps = emulated_gbps(P, store.expert_bytes) if P.link == "emulated" else None
         order = ("demand", "last_step") if rep % 2 == 0 else ("last_step", "demand")
         for policy in order:
-            spec = OffloadSpec(C, policy, P.link, bandwidth_gbps=gbps, latency_us=P.latency_us, lookahead=P.lookahead,
-                               tau=P.tau)
+            spec = OffloadSpec.from_settings(P, C, policy, expert_bytes=store.expert_bytes)
             st = run_stream(t, spec, shape, cal, device=P.device, store=store)
             rows.append({"task": name, "batch_size": 1, "cache_ratio": ratio, "bandwidth_scale": 1.0, "rep": rep,
                          "policy": policy, "novelty": points[name][0], "w_spread": points[name][1],

@@ -32,7 +32,7 @@ from artifact.model.llada2 import Demand, ExpertWeights, ResidentExperts, expert
 from artifact.offload.cache import ExpertCache
 from artifact.offload.engine import OffloadEngine
 from artifact.offload.link import make_link
-from artifact.offload.policies import POLICIES, make_policy
+from artifact.offload.policies import check_policy, make_policy
 from artifact.offload.runner import OffloadSpec, check_device
 from artifact.offload.store import HostStore
 from artifact.offload.trace import KINDS, Trace
@@ -75,13 +75,13 @@ class TimedExperts:
         self.experts_computed = 0
         self.demands = 0
 
-    def experts(self, demand: Demand):
+    def groups(self, demand: Demand):
         self.demands += 1
-        for e, w in self.inner.experts(demand):
+        for g in self.inner.groups(demand):
             t0 = time.perf_counter()
-            yield e, w                   # the model computes this expert before resuming us
+            yield g                      # the model computes this group before resuming us
             self.expert_seconds += time.perf_counter() - t0
-            self.experts_computed += 1
+            self.experts_computed += len(g.experts)
 
 
 def calibrate(loaded, prompts: list[list[int]], dc, batch_size: int = 1) -> Calibration:
@@ -148,11 +148,11 @@ def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration:
         raise ValueError(f"host store holds {tuple(store.packed.shape)} experts; the trace needs "
                          f"(L_moe, {E}, {shape.params})")
     layers = trace.meta["moe_layers"]
-    future = trace.future() if POLICIES[spec.policy].needs_trace else None
+    future = trace.future() if check_policy(spec.policy).needs_trace else None
     policy = make_policy(spec.policy, len(layers), E, future=future, engine=True, lookahead=spec.lookahead,
                          tau=spec.tau)
     link = make_link(spec.link, device=device, bandwidth_gbps=spec.bandwidth_gbps, latency_us=spec.latency_us,
-                     cap_gbps=spec.cap_gbps, expert_bytes=store.expert_bytes)
+                     cap_gbps=spec.cap_gbps, expert_bytes=store.expert_bytes, priority=spec.link_priority)
     cache = ExpertCache(layers, E, spec.capacity, policy, store.expert_bytes)
     engine = OffloadEngine(store, cache, link, shape, device)
     demands = trace.demands
@@ -169,14 +169,16 @@ def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration:
             if other:
                 _spin_until(time.perf_counter() + other)
             count = dict(zip(d.experts, d.counts, strict=True))
-            for e, w in engine.experts(d):
-                start = time.perf_counter()
-                y = expert_compute(w, x[:count[e]])                    # (n, D)
-                if verify:
-                    ref = expert_compute(expert_views(store.expert(d.layer, e).to(device), shape), x[:count[e]])
-                    assert torch.equal(y, ref), f"layer {d.layer} expert {e}: computed from a stale slot"
-                if per_expert is not None:
-                    _spin_until(start + per_expert * 1e-6)
+            for g in engine.groups(d):
+                for e, row in zip(g.experts, g.rows):                 # the group's experts, each its own FFN
+                    start = time.perf_counter()
+                    y = expert_compute((g.gate_up[row], g.down[row]), x[:count[e]])    # (n, D)
+                    if verify:
+                        ref = expert_compute(expert_views(store.expert(d.layer, e).to(device), shape),
+                                             x[:count[e]])
+                        assert torch.equal(y, ref), f"layer {d.layer} expert {e}: computed from a stale slot"
+                    if per_expert is not None:
+                        _spin_until(start + per_expert * 1e-6)
         stats = engine.finish()
         sync()
         seconds = time.perf_counter() - t0
