@@ -202,8 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from artifact.experiments.bench import add_cli as add_bench_cli
     from artifact.experiments.notebooks import add_cli as add_notebooks_cli
+    from artifact.experiments.submit import add_cli as add_submit_cli
     add_bench_cli(sub)
     add_notebooks_cli(sub)
+    add_submit_cli(sub)
     return ap
 
 

@@ -248,8 +248,9 @@ def _finished_cells(df, p: Profile, path: Path, mine: list[Cell], cells: list[Ce
 
 
 def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
-              loaded=None, progress: bool = True, log=print):
-    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`."""
+              loaded=None, progress: bool = True, log=print, skip=frozenset()):
+    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`.
+    `skip`: keys of cells that are complete elsewhere (a submission's merged target file), not run here."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -259,10 +260,12 @@ def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] 
     mine = shard_cells(cells, shard)
     old = read_rows(out) if out.exists() else pd.DataFrame(columns=list(COLUMNS))
     done = _finished_cells(old, p, out, mine, cells)
-    todo = [c for c in mine if c.key not in done]
+    todo = [c for c in mine if c.key not in done and c.key not in skip]
     rows = old.to_dict("records")
+    elsewhere = sum(c.key in skip and c.key not in done for c in mine)
     log(f"bench {p.name}: shard {shard[0]}/{shard[1]} has {len(mine)} of {len(cells)} cells; "
-        f"{len(mine) - len(todo)} done in {out}, {len(todo)} to run")
+        f"{len(mine) - len(todo) - elsewhere} done in {out}, " + (f"{elsewhere} done elsewhere, " if elsewhere else "")
+        + f"{len(todo)} to run")
     extra = len(done - {c.key for c in cells})
     if extra:
         log(f"note: {out} also holds {extra} cells outside this profile's grid; they are kept")
@@ -362,6 +365,9 @@ def _profile_from_args(a) -> Profile:
 
 
 def cmd_bench(a):
+    if a.submit or a.shards is not None or a.wait:
+        from artifact.experiments.submit import cmd_bench_submit        # submit imports this module
+        return cmd_bench_submit(a)
     p = _profile_from_args(a)
     shard = parse_shard(a.shard)
     if a.list:
@@ -425,6 +431,8 @@ def add_cli(subparsers) -> None:
                    help="override a profile key with a YAML value, e.g. --set repetitions=5 (repeatable)")
     b.add_argument("--list", action="store_true", help="print this shard's cells and exit")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    from artifact.experiments.submit import add_submit_args             # submit imports this module
+    add_submit_args(b)
     b.set_defaults(fn=cmd_bench)
 
     r = subparsers.add_parser("report", help="paired table of two policies from bench CSVs (t and bootstrap CIs)")
