@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import os
 import shlex
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from artifact.paths import repo_root
 
 BACKENDS = ("local", "slurm")
 POLL_S = 5.0                       # how often --wait looks at the shard files and the jobs
+RESULT_GRACE_S = 15               # a cluster's shared file system may show a finished job's result file late
 LOCAL_TIMEOUT_MIN = 7 * 24 * 60    # a local job has no scheduler limit; submitit's default (2 min) would kill it
 
 
@@ -222,7 +224,7 @@ def wait_jobs(jobs: list, labels: list[str], count_done, total: int, unit: str, 
     bar = tqdm(total=total, unit=unit, desc=desc, disable=not progress, file=sys.stderr)
     try:
         while True:
-            finished = all(j.done() for j in jobs)
+            finished = all(_done(j) for j in jobs)
             bar.update(max(0, count_done() - bar.n))
             if finished:
                 break
@@ -231,13 +233,39 @@ def wait_jobs(jobs: list, labels: list[str], count_done, total: int, unit: str, 
         bar.close()
     failures = []
     for label, job in zip(labels, jobs, strict=True):
-        err = job.exception()
+        err = _outcome(job)
         if isinstance(err, submitit.core.utils.UncompletedJobError):
             msg = f"it ended without a result (state {job.state}): killed, cancelled, out of memory or out of time"
             failures.append(Failure(label, str(job.job_id), msg, job.paths.stderr, job.paths.stdout))
         elif err is not None:
             failures.append(Failure(label, str(job.job_id), _last_error_line(err), job.paths.stderr, job.paths.stdout))
     return failures
+
+
+def _done(job) -> bool:
+    """submitit's answer, except that a Slurm job submitit cannot see (sacct fails where accounting is off,
+    e.g. a single-node Slurm) is done once squeue no longer lists it, so a killed job is not waited on forever."""
+    if job.done():
+        return True
+    if isinstance(job, submitit.SlurmJob) and job.state == "UNKNOWN":
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", str(job.job_id)], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return (out.returncode == 0 and not out.stdout.strip()) or "Invalid job id" in out.stderr
+    return False
+
+
+def _outcome(job) -> Exception | None:
+    """The job's error, None if it succeeded. A job that ended without a result file (killed, timed out)
+    is an UncompletedJobError; asked directly, submitit would wait for it as long as sacct cannot say it ended."""
+    grace = 0 if isinstance(job, submitit.LocalJob) else RESULT_GRACE_S
+    deadline = time.time() + grace
+    while not job.paths.result_pickle.exists() and time.time() < deadline:
+        time.sleep(1)
+    if not job.paths.result_pickle.exists():
+        return submitit.core.utils.UncompletedJobError(f"job {job.job_id} ended without a result")
+    return job.exception()
 
 
 def failure_report(failures: list[Failure], rerun: str, what: str) -> str:
@@ -430,6 +458,8 @@ def command(name: str, a, extra: list[str]) -> str:
         args += ["--set", s]
     if getattr(a, "out", None) is not None:
         args += ["--out", str(a.out)]
+    if getattr(a, "jobs_dir", None) is not None:
+        args += ["--jobs-dir", str(a.jobs_dir)]
     return shlex.join(args + extra)
 
 
