@@ -74,12 +74,17 @@ def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path
     target, jobs = tmp_path / "bench.csv", tmp_path / "jobs"
     shard1 = submit.shard_file(target, 1, 2)
     lines: list[str] = []
+    refused: list[str] = []
 
     def kill_shard_1_after_its_first_cell():
         deadline = time.time() + 300
         while time.time() < deadline:
             ids = [m.group(1) for ln in lines for m in [re.search(r"shard 1/2: job (\d+)", ln)] if m]
             if ids and len(submit._cells_in(shard1)) >= 1:
+                try:                                      # a second submission while the jobs run is refused
+                    submit.check_not_running(jobs / "bench")
+                except submit.SubmitError as e:
+                    refused.append(str(e))
                 os.kill(int(ids[0]), signal.SIGINT)        # the local job's controller: what job.cancel() sends
                 return
             time.sleep(0.05)
@@ -90,8 +95,9 @@ def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path
         submit.submit_bench(P, target, 2, "local", folder=jobs, rerun="RERUN-COMMAND", poll_s=0.2, progress=False,
                             log=lines.append)
     killer.join()
+    assert refused and "still running" in refused[0] and "shard 1/2: job" in refused[0]
     report = str(e.value)
-    assert "1 shards failed" in report and "shard 1/2 (job" in report and "shard 0/2" not in report
+    assert "1 of 2 shards failed" in report and "shard 1/2 (job" in report and "shard 0/2" not in report
     log = re.search(r"log: (\S+)", report).group(1)
     assert log.endswith("_log.err") and os.path.isfile(log) and str(jobs) in log
     assert "RERUN-COMMAND" in report

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shlex
 import subprocess
@@ -44,7 +45,7 @@ from artifact.experiments.settings import Profile
 from artifact.experiments.stats import CELL_KEYS
 from artifact.model.tasks import select
 from artifact.offload.trace import Trace, TraceError
-from artifact.paths import repo_root
+from artifact.paths import atomic_write_text, repo_root
 
 BACKENDS = ("local", "slurm")
 POLL_S = 5.0                       # how often --wait looks at the shard files and the jobs
@@ -175,20 +176,63 @@ def local_slots(P: Profile, count: int) -> list[dict]:
     return [{"gpu": None, "cpu": cores[i]} for i in range(count)]
 
 
-def _submit(backend: str, P: Profile, folder: Path, name: str, fn, arglists: list[tuple]) -> list:
+def _submit(backend: str, P: Profile, folder: Path, name: str, fn, arglists: list[tuple], labels: list[str]) -> list:
     """One job per argument tuple: a job array on slurm, pinned processes locally. A local job's
     arguments end with its pin_cpu (None on a GPU)."""
+    check_not_running(folder)
     ex = make_executor(backend, P, folder / "%j", len(arglists), name)      # one subfolder per job
     if backend == "slurm":
         with ex.batch():
             jobs = [ex.submit(fn, *args, None) for args in arglists]
-        return jobs
-    jobs = []
-    for args, slot in zip(arglists, local_slots(P, len(arglists)), strict=True):
-        gpus = [slot["gpu"]] if slot["gpu"] is not None else []
-        ex.update_parameters(gpus_per_node=len(gpus), visible_gpus=gpus)
-        jobs.append(ex.submit(fn, *args, slot["cpu"]))
+    else:
+        jobs = []
+        for args, slot in zip(arglists, local_slots(P, len(arglists)), strict=True):
+            gpus = [slot["gpu"]] if slot["gpu"] is not None else []
+            ex.update_parameters(gpus_per_node=len(gpus), visible_gpus=gpus)
+            jobs.append(ex.submit(fn, *args, slot["cpu"]))
+    _record(folder, backend, labels, jobs)
     return jobs
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs still running from an earlier submission (a second submission must not run their cells again)
+# ---------------------------------------------------------------------------------------------
+MANIFEST = "submitted.json"
+
+
+def _record(folder: Path, backend: str, labels: list[str], jobs: list) -> None:
+    entries = [{"label": lb, "backend": backend, "job_id": str(j.job_id)} for lb, j in zip(labels, jobs, strict=True)]
+    atomic_write_text(folder / MANIFEST, json.dumps(entries, indent=1))
+
+
+def _running(entry: dict) -> bool:
+    if entry["backend"] == "local":               # the job id is the pid of submitit's controller process
+        try:
+            cmd = Path(f"/proc/{int(entry['job_id'])}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return False
+        return b"submitit.local._local" in cmd
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", entry["job_id"]], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False                              # no Slurm here: nothing of it can be running
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def check_not_running(folder: Path) -> None:
+    """Refuse while a job of the last submission into this folder still runs: its cells would run twice."""
+    path = folder / MANIFEST
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    busy = [e for e in entries if isinstance(e, dict) and {"label", "backend", "job_id"} <= set(e) and _running(e)]
+    if busy:
+        ids = " ".join(e["job_id"] for e in busy)
+        stop = f"scancel {ids}" if busy[0]["backend"] == "slurm" else f"kill -INT {ids}"
+        which = ", ".join(f"{e['label']}: job {e['job_id']}" for e in busy)
+        raise SubmitError(f"jobs of the last submission are still running ({which}, recorded in {path}); "
+                          f"wait for them or stop them ({stop}), then submit again")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,8 +312,8 @@ def _outcome(job) -> Exception | None:
     return job.exception()
 
 
-def failure_report(failures: list[Failure], rerun: str, what: str) -> str:
-    lines = [f"{len(failures)} {what} failed:"]
+def failure_report(failures: list[Failure], rerun: str, what: str, total: int) -> str:
+    lines = [f"{len(failures)} of {total} {what} failed:"]
     for f in failures:
         lines += f.lines()
     lines += ["resubmit them (finished work is kept and each job resumes where it stopped):", f"  {rerun}"]
@@ -351,7 +395,7 @@ def submit_bench(P: Profile, target: Path, n: int, backend: str, wait: bool = Tr
     jobs = []
     if plan.pending:
         args = [(P, (i, n), plan.files[i], plan.skip) for i in plan.pending]
-        jobs = _submit(backend, P, folder, target.stem, run_shard, args)
+        jobs = _submit(backend, P, folder, target.stem, run_shard, args, [f"shard {i}/{n}" for i in plan.pending])
         for i, job in zip(plan.pending, jobs, strict=True):
             log(f"  shard {i}/{n}: job {job.job_id}, {len(plan.todo[i])} cells -> {plan.files[i]}")
     if not wait:
@@ -374,7 +418,7 @@ def submit_bench(P: Profile, target: Path, n: int, backend: str, wait: bool = Tr
                 failures.append(Failure(f"shard {i}/{n}", str(job.job_id), f"finished with {len(missing)} cells "
                                         "missing", job.paths.stderr, job.paths.stdout))
         if failures:
-            raise SubmitError(failure_report(failures, rerun or "the same command", "shards"))
+            raise SubmitError(failure_report(failures, rerun or "the same command", "shards", len(jobs)))
     inputs = plan.merge_inputs()
     shards = [f for f in inputs if f != target]
     if not shards:
@@ -405,8 +449,8 @@ def submit_traces(P: Profile, backend: str, jobs: int | None = None, wait: bool 
     else:
         width = min(len(todo), jobs or _local_capacity(P))
         groups = [todo[k::width] for k in range(width)]
-    submitted = _submit(backend, P, folder, "traces", record_traces, [(P, g) for g in groups])
     labels = [", ".join(f"trace {t} b={b}" for t, b in g) for g in groups]
+    submitted = _submit(backend, P, folder, "traces", record_traces, [(P, g) for g in groups], labels)
     for label, job in zip(labels, submitted, strict=True):
         log(f"  {label}: job {job.job_id}")
     if not wait:
@@ -415,7 +459,7 @@ def submit_traces(P: Profile, backend: str, jobs: int | None = None, wait: bool 
     failures = wait_jobs(submitted, labels, lambda: sum(trace_current(P, *j) for j in todo), len(todo), "trace",
                          f"traces {P.name}", poll_s, progress)
     if failures:
-        raise SubmitError(failure_report(failures, rerun or "the same command", "trace jobs"))
+        raise SubmitError(failure_report(failures, rerun or "the same command", "trace jobs", len(submitted)))
     return todo
 
 
