@@ -239,3 +239,28 @@ def test_local_jobs_get_one_core_each():
     assert [s["cpu"] for s in slots] == cores and all(s["gpu"] is None for s in slots)
     with pytest.raises(submit.SubmitError, match=f"need {len(cores) + 1} CPU cores"):
         submit.local_slots(P, len(cores) + 1)
+
+
+@pytest.mark.slow
+def test_trace_all_records_what_is_missing_as_local_jobs(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from artifact.experiments import analysis
+    from artifact.offload.trace import Trace, mean_working_set
+    from artifact.paths import data_dir
+    data = tmp_path / "data"
+    shutil.copytree(data_dir() / "tasks", data / "tasks")
+    monkeypatch.setenv("ARTIFACT_DATA", str(data))             # the job processes inherit it
+    args = ["trace-all", "--profile", "cpu", "--set", "trace_tasks=[gsm8k, mbpp]", "--set", "trace_batch_sizes=[1]",
+            "--set", "trace_n_prompts=1", "--set", "gen_length=32", "--submit", "local", "--wait",
+            "--jobs-dir", str(tmp_path / "jobs"), "--poll-seconds", "0.5", "--quiet"]
+    assert main_for_tests(args) == 0, capsys.readouterr().err
+    assert "2 to record" in capsys.readouterr().err
+    P = load_profile("cpu", {"trace_tasks": ["gsm8k", "mbpp"], "trace_batch_sizes": [1], "trace_n_prompts": 1,
+                             "gen_length": 32})
+    assert all(submit.trace_current(P, t, 1) for t in ("gsm8k", "mbpp"))
+    recorded = Trace.load(analysis.trace_path(P, "mbpp", 1))
+    here = analysis.record_trace(P, "mbpp", 1)                 # the same trace, recorded in this process
+    assert len(recorded) == len(here) and mean_working_set(recorded) == mean_working_set(here)
+    assert main_for_tests(args) == 0
+    assert "2 current, 0 to record" in capsys.readouterr().err

@@ -13,7 +13,8 @@ whole cells, so a rerun resumes by skipping the cells it already has.
 
 Sharding: `--shard i/n` (0 <= i < n) takes the cells whose grid index % n == i, so n GPUs or a job
 array (Slurm: --array=0-(n-1), --shard $SLURM_ARRAY_TASK_ID/n) run one grid; each shard writes its
-own file and `python -m artifact merge` joins them.
+own file and `python -m artifact merge` joins them. `--submit slurm|local --shards n` (submit.py) submits
+the n shards as jobs through submitit, waits and merges.
 """
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ A bench submission runs shard i of n (`bench --shard i/n`) as one job writing it
 - `local`: one process per shard on this machine (submitit's LocalExecutor): shard i sees only GPU i
   (CUDA_VISIBLE_DEVICES) on a cuda profile, or runs on core i with one torch thread on the CPU.
 Cells already complete in the target are skipped by every shard, so a submission never duplicates them.
-Giving the same command again submits only the shards with cells left, and each resumes per cell.
+Giving the same command again submits only the shards with cells left, and each resumes per cell; a job
+Slurm stops at its time limit or preempts is requeued by submitit and resumes the same way.
 With --wait: a progress bar over finished cells, then every failed job with its log files and the
 command that resubmits it; when all succeeded the shard files are merged into the target (and removed:
 their rows are all in the target). Without --wait: the job ids and the exact merge command.
@@ -120,6 +121,17 @@ def run_shard(P: Profile, shard: tuple[int, int], out: Path, skip: frozenset, pi
     return len(rows)
 
 
+class Resumable(submitit.helpers.Checkpointable):
+    """A job that Slurm may stop early (time limit, preemption): submitit requeues it (at most 3 times, with
+    the same arguments) and, since shards and traces keep their finished work, it resumes where it stopped."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
 def make_executor(backend: str, P: Profile, folder: Path, count: int, name: str):
     """A submitit executor for `count` jobs, its parameters checked by submitit."""
     if backend == "local":
@@ -144,7 +156,9 @@ def slurm_parameters(P: Profile, count: int, name: str) -> dict:
     """sbatch parameters (submitit's names) of a `count`-task job array, from the profile's slurm section."""
     s = P.slurm
     params = {"job_name": f"artifact-{P.name}-{name}", "time": s.time_minutes, "cpus_per_task": s.cpus_per_task,
-              "array_parallelism": min(count, s.array_parallelism or count)}
+              "array_parallelism": min(count, s.array_parallelism or count),
+              # the requeue signal comes this long before the time limit (submitit's 90 s, less for short limits)
+              "signal_delay_s": min(90, 15 * s.time_minutes)}
     for key in ("partition", "account", "qos", "constraint"):
         if getattr(s, key) is not None:
             params[key] = getattr(s, key)
@@ -183,13 +197,13 @@ def _submit(backend: str, P: Profile, folder: Path, name: str, fn, arglists: lis
     ex = make_executor(backend, P, folder / "%j", len(arglists), name)      # one subfolder per job
     if backend == "slurm":
         with ex.batch():
-            jobs = [ex.submit(fn, *args, None) for args in arglists]
+            jobs = [ex.submit(Resumable(fn), *args, None) for args in arglists]
     else:
         jobs = []
         for args, slot in zip(arglists, local_slots(P, len(arglists)), strict=True):
             gpus = [slot["gpu"]] if slot["gpu"] is not None else []
             ex.update_parameters(gpus_per_node=len(gpus), visible_gpus=gpus)
-            jobs.append(ex.submit(fn, *args, slot["cpu"]))
+            jobs.append(ex.submit(Resumable(fn), *args, slot["cpu"]))
     _record(folder, backend, labels, jobs)
     return jobs
 
