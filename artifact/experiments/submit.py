@@ -366,8 +366,11 @@ class BenchPlan:
         return ([self.target] if self.target.is_file() else []) + [f for f in self.files if f.is_file()]
 
     def merge_command(self) -> str:
-        args = ["python", "-m", "artifact", "merge", *map(str, self.merge_inputs() or self.files),
-                "--out", str(self.target)]
+        """What joins the shards once the jobs have finished: the target (when it exists) and every shard file
+        that has or will have rows."""
+        files = [f for i, f in enumerate(self.files) if f.is_file() or self.todo[i]]
+        inputs = ([self.target] if self.target.is_file() else []) + files
+        args = ["python", "-m", "artifact", "merge", *map(str, inputs), "--out", str(self.target)]
         return shlex.join(args + (["--force"] if self.target.is_file() else []))
 
 
