@@ -264,3 +264,15 @@ def test_trace_all_records_what_is_missing_as_local_jobs(tmp_path, monkeypatch, 
     assert len(recorded) == len(here) and mean_working_set(recorded) == mean_working_set(here)
     assert main_for_tests(args) == 0
     assert "2 current, 0 to record" in capsys.readouterr().err
+
+
+def test_local_jobs_get_one_gpu_each_on_a_cuda_profile():
+    import torch
+    P = load_profile("a5000", {"model": "/ckpt"})                  # device: cuda
+    gpus = torch.cuda.device_count()
+    if gpus:
+        assert [s["gpu"] for s in submit.local_slots(P, gpus)] == list(range(gpus))
+    with pytest.raises(submit.SubmitError, match=f"{gpus + 1} local jobs need {gpus + 1} GPUs .* has {gpus}"):
+        submit.local_slots(P, gpus + 1)
+    with pytest.raises(submit.SubmitError, match="set device: cuda, not 'cuda:1'"):
+        submit.local_slots(load_profile("a5000", {"model": "/ckpt", "device": "cuda:1"}), 1)
