@@ -298,7 +298,13 @@ def _phase_table(df, keys: list[str], counts) -> str:
 
 
 def _table(stats: dict) -> str:
-    return "\n".join(f"{k:>24}: {v:.4g}" if isinstance(v, float) else f"{k:>24}: {v}" for k, v in stats.items())
+    lines = []
+    for k, v in stats.items():
+        if isinstance(v, dict):              # by_phase: one line per phase
+            lines += [f"{k + '.' + p:>24}: " + ", ".join(f"{c}={n}" for c, n in d.items()) for p, d in v.items()]
+        else:
+            lines.append(f"{k:>24}: {v:.4g}" if isinstance(v, float) else f"{k:>24}: {v}")
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:

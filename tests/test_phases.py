@@ -170,3 +170,16 @@ def test_simulate_by_phase_on_a_recorded_trace(recorded, tmp_path, capsys):
     by = {(r["cache_ratio"], r["policy"]): r["demand_misses"] for r in rows}
     for ratio in (1, 1.73):
         assert by[ratio, "min"] <= by[ratio, "belady"] <= by[ratio, "demand"]
+
+
+def test_generate_json_shows_the_engine_counts_by_phase(tiny, capsys):
+    assert main(["generate", "--prompt", "What is 2 + 2?", "--gen-length", "32", "--offload", "--cache-experts", "16",
+                 "--policy", "last_step", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert_phases_add_up(stats, COUNTS)
+    assert stats["by_phase"]["first"]["demand_misses"] > 0         # the cache starts cold in the first step
+    assert stats["by_phase"]["later"]["speculative_transfers"] > 0
+    assert main(["generate", "--prompt", "What is 2 + 2?", "--gen-length", "32", "--offload", "--cache-experts",
+                 "16"]) == 0
+    err = capsys.readouterr().err
+    assert all(f"by_phase.{p}: demand_hits=" in err for p in PHASES)

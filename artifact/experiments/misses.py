@@ -4,7 +4,7 @@ with C slots; bounds.relaxed_min) beside `belady` (the floor under this cache's 
 
 Every count is kept per phase, so each comparison is made twice: over all demands, and with the prefill
 forwards excluded (denoising steps only). The verdicts judge the denoising steps: the paper's oracle
-figure counts decode steps, and a prefill forward is a one-off demand (about 2x W here) that no
+figure counts decode steps, and a prefill forward is a one-off demand (1.1-3.5x W on the cpu traces) that no
 step-to-step predictor sees coming (JUDGED)."""
 from __future__ import annotations
 
