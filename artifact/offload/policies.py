@@ -374,8 +374,9 @@ def parse_policy(spec: str) -> tuple[type[Policy], dict[str, Any]]:
     cls = POLICIES.get(name.strip())
     if cls is None and name.strip() in SIMULATOR_BOUNDS:
         raise SettingError(f"{name.strip()!r} is a bound (bounds.relaxed_min, the demand-paging floor), not a cache "
-                           "policy: it never runs in the engine or the bench; replay it in the simulator "
-                           "(python -m artifact simulate --policies demand,belady,min)")
+                           "policy: the engine, the bench and a profile's policy lists do not take it; the "
+                           "simulator replays it (python -m artifact simulate --policies demand,belady,min; "
+                           "notebook 02 adds it)")
     if cls is None:
         raise SettingError(f"unknown policy {name.strip()!r}; choose one of {sorted(POLICIES)}")
     valid = options_of(cls)
