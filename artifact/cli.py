@@ -24,7 +24,7 @@ from artifact.model.tasks import TASKS, encode, load_task, prompts
 from artifact.offload.link import LINKS
 from artifact.offload.policies import POLICIES, check_policy, split_policies
 from artifact.offload.runner import OffloadSpec, RunSettings, check_device, run
-from artifact.offload.sim import COUNTS, replay, sweep
+from artifact.offload.sim import BOUNDS, COUNTS, PHASES, check_spec, phase_columns, replay, sweep
 from artifact.offload.synth import add_cli as add_synth_cli
 from artifact.offload.timeline import PRIORITIES
 from artifact.offload.trace import Trace, mean_working_set
@@ -243,9 +243,9 @@ def replay_capacities(traces: list[Trace], capacities: list[int], policies: list
 
 def cmd_simulate(a):
     if not a.policies:
-        raise SettingError("--policies is empty; give at least one of " + ", ".join(POLICIES))
+        raise SettingError("--policies is empty; give at least one of " + ", ".join([*POLICIES, *BOUNDS]))
     for p in a.policies:
-        check_policy(p)
+        check_spec(p)                       # a policy spec, or the bound `min`
     check_number("--lookahead", a.lookahead, low=1, integer=True)
     check_number("--tau", a.tau, low=1, integer=True)
     if a.cache_experts is not None:
@@ -269,21 +269,42 @@ def cmd_simulate(a):
         for t in traces:
             for C in a.cache_experts:
                 check_number(f"--cache-experts (trace {t.path})", C, low=1, high=t.meta["num_experts"], integer=True)
-        df = replay_capacities(traces, a.cache_experts, a.policies, lookahead=a.lookahead, tau=a.tau)
+        df = replay_capacities(traces, a.cache_experts, a.policies, by_phase=a.by_phase, lookahead=a.lookahead,
+                               tau=a.tau)
     else:
-        df = sweep(traces, ratios, a.policies, progress=not a.json, lookahead=a.lookahead, tau=a.tau)
-    if a.csv:
-        atomic_write_text(a.csv, df.to_csv(index=False))
+        df = sweep(traces, ratios, a.policies, progress=not a.json, by_phase=a.by_phase, lookahead=a.lookahead,
+                   tau=a.tau)
+    if a.csv:                               # a CSV holds flat columns: <count>_<phase> beside the totals
+        atomic_write_text(a.csv, (phase_columns(df) if a.by_phase else df).to_csv(index=False))
         print(f"wrote {len(df)} rows to {a.csv}", file=sys.stderr)
-    if a.json:
+    if a.json:                              # rows keep "by_phase": {"prefill": {...}, "first": {...}, "later": {...}}
         print(df.to_json(orient="records"))
     elif not a.csv:
         cols = ["task", "batch_size", "cache_ratio", "cache_experts", "policy", *COUNTS[1:5], "misses_vs_lru"]
-        print(df[cols].to_string(index=False))
+        if a.by_phase:
+            print(_phase_table(df, cols[:5], COUNTS[1:5]))
+        else:
+            print(df[cols].to_string(index=False))
+
+
+def _phase_table(df, keys: list[str], counts) -> str:
+    """One line per (row, phase) and the row's total: the per-phase table of `simulate --by-phase`."""
+    rows = []
+    for r in df.to_dict("records"):
+        for phase in (*PHASES, "total"):
+            got = r if phase == "total" else r["by_phase"][phase]
+            rows.append({**{k: r[k] for k in keys}, "phase": phase, **{c: got[c] for c in counts}})
+    return pd.DataFrame(rows).to_string(index=False)
 
 
 def _table(stats: dict) -> str:
-    return "\n".join(f"{k:>24}: {v:.4g}" if isinstance(v, float) else f"{k:>24}: {v}" for k, v in stats.items())
+    lines = []
+    for k, v in stats.items():
+        if isinstance(v, dict):              # by_phase: one line per phase
+            lines += [f"{k + '.' + p:>24}: " + ", ".join(f"{c}={n}" for c, n in d.items()) for p, d in v.items()]
+        else:
+            lines.append(f"{k:>24}: {v:.4g}" if isinstance(v, float) else f"{k:>24}: {v}")
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -320,9 +341,13 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--cache-experts", type=_ints, default=None,
                      help="absolute capacities C (slots per MoE layer), e.g. to replay an engine run by hand")
     s.add_argument("--policies", type=split_policies, default=list(D.sim_policies),
-                   help="policy specs name[:key=value,...], comma-separated")
+                   help="policy specs name[:key=value,...], comma-separated; also the bound min "
+                        "(relaxed MIN, the floor of any C-slot demand paging; belady is this cache's floor)")
     s.add_argument("--lookahead", type=int, default=D.lookahead)
     s.add_argument("--tau", type=int, default=D.tau)
+    s.add_argument("--by-phase", action="store_true",
+                   help="also count per phase (prefill, first = a block's step 0, later): a by_phase object per "
+                        "JSON row, <count>_<phase> CSV columns, or a per-phase table")
     s.add_argument("--json", action="store_true")
     s.add_argument("--csv", type=Path, default=None)
     s.add_argument("--force", action="store_true", help="replace an existing --csv file")

@@ -213,7 +213,7 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
     assert claim.verdict in (REPRODUCED, NOT_REPRODUCED) and "C/W = 1" in claim.measured
     summary = misses.miss_summary(misses.miss_sweep(ts, load_profile("cpu", {"cache_ratios": [0.5, 1.0]}),
                                                     progress=False))
-    assert set(summary.policy) == set(P.sim_policies)
+    assert set(summary.policy) == set(P.sim_policies) | {misses.BOUND}
     assert (summary[summary.policy == "demand"].misses_vs_lru == 1).all()
     by_ratio, by_cell = capacity.tables(bench_rows({0.43: 1.0, 1.0: 5.0}))
     q = {"resident": {"seconds": 1.0}, "offloaded": {"seconds": 2.0, "stall_seconds": 0.5}, "cache_experts": 5}

@@ -41,6 +41,7 @@ from artifact.experiments.settings import Profile, fingerprint, list_profiles, l
 from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, format_table, paired_table, with_paper
 from artifact.model.checkpoint import load_checkpoint, weights_fingerprint
 from artifact.model.tasks import prompts
+from artifact.offload.cache import COUNTS, PHASES
 from artifact.offload.policies import check_policy
 from artifact.offload.runner import OffloadSpec, check_device, run
 from artifact.offload.sim import capacity_for
@@ -59,7 +60,10 @@ RUN_COLUMNS = ("policy", "rep", "order", "working_set", "cache_experts", "link_g
 STAT_COLUMNS = ("seconds", "tokens", "tokens_per_second", "forwards", "tokens_per_forward", "demand_hits",
                 "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d",
                 "stall_seconds", "link_busy_seconds", "achieved_gbps", "tokens_sha")
-COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS
+# Every engine count per phase of the demand stream (cache.PHASES: prefill, first = a block's step 0, later),
+# e.g. demand_misses_prefill; each count's phases add up to its total in STAT_COLUMNS.
+PHASE_COLUMNS = tuple(f"{c}_{phase}" for c in COUNTS for phase in PHASES)
+COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS + PHASE_COLUMNS
 STR_COLUMNS = ("profile", "fingerprint", "model", "model_hash", "weights_fingerprint", "dtype", "device", "link",
                "hardware", "task", "policy", "tokens_sha")
 # Numbers every row must hold (the other numeric columns may be empty, e.g. link_gbps of an unpaced cuda link).
@@ -191,10 +195,16 @@ class ModelRunner:
         res = run(self.loaded, ps, cell.batch_size, self.dc, spec=spec, device=p.device, oracle=oracle,
                   prompt_ids=ids, task=cell.task)
         out = {k: res.stats.get(k) for k in STAT_COLUMNS}
+        out.update(phase_stats(res.stats))
         out["tokens"] = res.stats["tokens_generated"]
         out["link_gbps"] = spec.link_gbps
         out["tokens_sha"] = hashlib.sha1(json.dumps(res.tokens).encode()).hexdigest()[:12]
         return out
+
+
+def phase_stats(stats: dict) -> dict:
+    """An offloaded run's `by_phase` counts as the flat PHASE_COLUMNS."""
+    return {f"{c}_{phase}": stats["by_phase"][phase][c] for c in COUNTS for phase in PHASES}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,6 +313,9 @@ def _parse(data: bytes, path: Path):
         raise ResultFileError(f"{path}: written before bench rows recorded the checkpoint's weights fingerprint, so "
                               "its rows cannot be matched to a checkpoint; re-run the bench into a fresh --out "
                               "(or move this file away)")
+    if missing and set(missing) == set(PHASE_COLUMNS):
+        raise ResultFileError(f"{path}: written before bench rows carried per-phase counts (columns such as "
+                              f"{PHASE_COLUMNS[0]}); re-run the bench into a fresh --out (or move this file away)")
     if missing:
         raise ResultFileError(f"{path}: not a bench CSV of this version (lacks columns {missing})")
     return df[list(COLUMNS)]

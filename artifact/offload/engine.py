@@ -121,7 +121,8 @@ class OffloadEngine:
 
     def finish(self) -> dict:
         """End of run: land outstanding copies, settle link timing, count unused prefetches."""
-        counts = self.cache.finish().as_dict()
+        finished = self.cache.finish()
+        counts = {**finished.as_dict(), "by_phase": finished.by_phase()}     # the phases add up to the totals
         for p in self.pending.values():          # unused prefetches: their link time is already counted
             p.clear()
         link = self.link.finish()

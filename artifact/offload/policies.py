@@ -362,12 +362,21 @@ def _coerce(name: str, option: str, raw: str, default: Any):
     return raw
 
 
+# Names the simulator replays that are bounds, not policies (sim.BOUNDS): refused here with their reason.
+SIMULATOR_BOUNDS = ("min",)
+
+
 def parse_policy(spec: str) -> tuple[type[Policy], dict[str, Any]]:
     """`name[:key=value,...]` -> (policy class, options), each option checked against the class."""
     if not isinstance(spec, str) or not spec.strip():
         raise SettingError(f"a policy spec is 'name[:key=value,...]', got {spec!r}")
     name, _, rest = spec.strip().partition(":")
     cls = POLICIES.get(name.strip())
+    if cls is None and name.strip() in SIMULATOR_BOUNDS:
+        raise SettingError(f"{name.strip()!r} is a bound (bounds.relaxed_min, the demand-paging floor), not a cache "
+                           "policy: the engine, the bench and a profile's policy lists do not take it; the "
+                           "simulator replays it (python -m artifact simulate --policies demand,belady,min; "
+                           "notebook 02 adds it)")
     if cls is None:
         raise SettingError(f"unknown policy {name.strip()!r}; choose one of {sorted(POLICIES)}")
     valid = options_of(cls)

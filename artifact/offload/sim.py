@@ -2,18 +2,44 @@
 engine drives. No timing enters: the counts are exact, and equal an engine run's for the same stream.
 
 A policy is given as a spec, `name[:key=value,...]` (policies.make_policy); run-wide settings such as
-lookahead= and tau= go to every policy that takes them."""
+lookahead= and tau= go to every policy that takes them.
+
+Besides the policies, the simulator takes the bound `min` (bounds.relaxed_min). It is not a cache policy
+(it never runs in the engine) and the two floors hold under different rules (docs/bounds.md):
+  belady  the floor under *this cache's* rules: a demanded expert stays resident until its demand is
+          done, and a demand larger than C first evicts every non-demanded resident;
+  min     the floor of *any* demand-paging schedule with C slots per layer (evict after compute, any
+          order inside a demand, non-demanded residents may stay during a wave), so
+          min <= belady <= demand, interval_refresh, and min <= demand_misses + speculative_transfers
+          of every prefetching policy.
+
+Every count is also kept per phase (`by_phase=True`): prefill (prefill forwards), first (a denoising
+block's step 0) and later (its other steps); the phases add up to the totals."""
 from __future__ import annotations
 
 import time
 from typing import Iterable
 
 from artifact.errors import SettingError, TraceError
-from artifact.offload.cache import COUNTS, ExpertCache
+from artifact.offload.bounds import relaxed_min
+from artifact.offload.cache import COUNTS, PHASES, ExpertCache
 from artifact.offload.policies import make_policy, parse_policy
 from artifact.offload.trace import Trace, mean_working_set
 
-__all__ = ["COUNTS", "build_cache", "capacity_for", "replay", "sweep"]
+__all__ = ["BOUNDS", "COUNTS", "PHASES", "build_cache", "capacity_for", "check_spec", "phase_columns", "replay",
+           "sweep"]
+
+# Simulator-only bounds: a name the simulator replays besides the registered policies (no options).
+BOUNDS = {"min": relaxed_min}
+
+
+def check_spec(spec: str) -> None:
+    """A policy spec or a bound name, checked before any replay."""
+    if isinstance(spec, str) and spec.strip().partition(":")[0].strip() in BOUNDS:
+        if spec.strip() not in BOUNDS:
+            raise SettingError(f"the bound {spec.strip().partition(':')[0]!r} takes no options, got {spec!r}")
+        return
+    parse_policy(spec)
 
 
 def capacity_for(ratio: float, working_set: float, num_experts: int) -> int:
@@ -36,8 +62,14 @@ def build_cache(trace: Trace, policy: str, capacity: int, expert_bytes: int = 1,
 
 def replay(trace: Trace, policy: str, capacity: int, expert_bytes: int | None = None, by_phase: bool = False,
            **settings) -> dict:
-    """Counts of one policy (spec) at one capacity over the whole trace; with by_phase, also
-    {"by_phase": {"prefill": {...}, "first": {...}, "later": {...}}}, whose phases add up to the totals."""
+    """Counts of one policy (spec), or of the bound `min`, at one capacity over the whole trace; with
+    by_phase, also {"by_phase": {"prefill": {...}, "first": {...}, "later": {...}}} (the count keys and
+    accesses), whose phases add up to the totals."""
+    if isinstance(policy, str) and policy.strip() in BOUNDS:      # a bound: no cache, no policy settings
+        out = BOUNDS[policy.strip()](trace, capacity, expert_bytes, by_phase=by_phase)
+        out.setdefault("accesses", trace.accesses)
+        return out
+    check_spec(policy)
     if expert_bytes is None:
         expert_bytes = int(trace.meta.get("expert_bytes", 1))
     t0 = time.perf_counter()
@@ -60,6 +92,8 @@ def replay(trace: Trace, policy: str, capacity: int, expert_bytes: int | None = 
     out = counts.as_dict()
     if by_phase:
         out["by_phase"] = counts.by_phase()
+        for phase in out["by_phase"].values():      # every demanded expert is a hit or a miss
+            phase["accesses"] = phase["demand_hits"] + phase["demand_misses"]
     out["replay_seconds"] = time.perf_counter() - t0
     out["accesses"] = trace.accesses
     return out
@@ -67,12 +101,13 @@ def replay(trace: Trace, policy: str, capacity: int, expert_bytes: int | None = 
 
 def sweep(traces: Iterable[Trace], ratios: Iterable[float], policies: Iterable[str], progress: bool = False,
           by_phase: bool = False, **settings):
-    """Every (trace, C/W, policy spec) replayed; a DataFrame with one row each, W measured per trace."""
+    """Every (trace, C/W, policy spec or bound) replayed; a DataFrame with one row each, W measured per
+    trace. With by_phase, each row also holds a `by_phase` dict (see replay; phase_columns flattens it)."""
     import pandas as pd
     from tqdm.auto import tqdm
     traces, ratios, policies = list(traces), list(ratios), list(policies)
     for p in policies:
-        parse_policy(p)                      # every spec checked before any replay
+        check_spec(p)                        # every spec checked before any replay
     rows = []
     jobs = [(t, r, p) for t in traces for r in ratios for p in policies]
     for t, r, p in tqdm(jobs, desc="replay", disable=not progress):
@@ -89,3 +124,12 @@ def sweep(traces: Iterable[Trace], ratios: Iterable[float], policies: Iterable[s
         df["misses_vs_lru"] = [m / base.get(k, float("nan")) if base.get(k) else float("nan")
                                for m, k in zip(df.demand_misses, key)]
     return df
+
+
+def phase_columns(df, counts=(*COUNTS, "accesses")):
+    """A sweep's `by_phase` dicts as flat columns `<count>_<phase>` (e.g. demand_misses_prefill), for CSV."""
+    df = df.copy()
+    for phase in PHASES:
+        for c in counts:
+            df[f"{c}_{phase}"] = [d[phase][c] for d in df.by_phase]
+    return df.drop(columns=["by_phase"])

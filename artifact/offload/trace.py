@@ -21,6 +21,7 @@ import numpy as np
 
 from artifact.errors import TraceError  # noqa: F401  (defined with the other user errors; re-exported here)
 from artifact.model.llada2 import Demand, StepInfo
+from artifact.offload.cache import PHASES
 from artifact.offload.policies import TraceFuture
 from artifact.paths import atomic_write_bytes
 
@@ -270,12 +271,22 @@ def _header(raw: bytes) -> dict:
 # Metrics
 # ---------------------------------------------------------------------------------------------
 def working_sets(trace: Trace, denoise_only: bool = True):
-    """One row per (forward, layer): W = distinct experts demanded. A pandas DataFrame."""
+    """One row per (forward, layer): W = distinct experts demanded, and the demand's phase (PHASES).
+    A pandas DataFrame."""
     import pandas as pd
     df = pd.DataFrame({"forward": trace.forward, "layer": trace.layer, "block": trace.block,
                        "block_step": trace.block_step, "kind": [KINDS[k] for k in trace.kind],
-                       "working_set": np.diff(trace.offsets)})
+                       "phase": [PHASES[p] for p in trace.phases], "working_set": np.diff(trace.offsets)})
     return df[df.kind == "denoise"].reset_index(drop=True) if denoise_only else df
+
+
+def working_set_by_phase(trace: Trace):
+    """W per phase: one row per phase present (prefill, first, later) with its demands and the mean,
+    std and max of W. The denoising phases' demand-weighted mean is mean_working_set (the C/W unit)."""
+    ws = working_sets(trace, denoise_only=False)
+    g = ws.groupby("phase", sort=False).working_set
+    out = g.agg(demands="size", mean_working_set="mean", std_working_set="std", max_working_set="max")
+    return out.reindex([p for p in PHASES if p in out.index]).reset_index()
 
 
 def mean_working_set(trace: Trace) -> float:
