@@ -203,7 +203,14 @@ class Trace:
         if present and (header["schema"] == "1" or len(present) != len(PRED_ARRAYS)):
             raise TraceError(f"{path}: prediction arrays {present} in a schema-{header['schema']} trace; "
                              f"expected all of {list(PRED_ARRAYS)} in a schema-2 trace, or none")
-        meta = json.loads(header["meta"])
+        try:
+            meta = json.loads(header["meta"])
+        except KeyError:
+            raise TraceError(f"{path}: trace header lacks its 'meta' entry (a JSON object)") from None
+        except (json.JSONDecodeError, TypeError) as e:
+            raise TraceError(f"{path}: trace metadata is not JSON ({e}); expected a JSON object") from None
+        if not isinstance(meta, dict):
+            raise TraceError(f"{path}: trace metadata is JSON {type(meta).__name__}, expected a JSON object")
         t = cls(meta=meta, path=path, **{a: arrays[a] for a in ARRAYS + tuple(present)})
         t.validate(str(path))
         if expect_config_hash is not None and meta.get("config_hash") != expect_config_hash:
@@ -212,6 +219,17 @@ class Trace:
         return t
 
     def validate(self, where: str = "trace") -> None:
+        bad = {a: str(getattr(self, a).dtype) for a in ARRAYS if getattr(self, a).dtype.kind not in "iu"}
+        if bad:
+            raise TraceError(f"{where}: arrays hold {bad}, expected integers (expert ids, layers, steps, counts "
+                             "and offsets are whole numbers)")
+        flat = [a for a in ARRAYS if getattr(self, a).ndim != 1]
+        if flat:
+            raise TraceError(f"{where}: arrays {flat} are not one-dimensional")
+        E, layers = self.meta.get("num_experts"), self.meta.get("moe_layers")
+        if not _is_int(E) or not isinstance(layers, list) or not all(_is_int(x) for x in layers):
+            raise TraceError(f"{where}: metadata needs num_experts (an integer) and moe_layers (a list of integers), "
+                             f"got {E!r} and {layers!r}")
         n = len(self.forward)
         for a in ("layer", "block", "block_step", "kind"):
             if len(getattr(self, a)) != n:
@@ -221,9 +239,6 @@ class Trace:
             raise TraceError(f"{where}: offsets do not index the experts array")
         if len(self.counts) != len(self.experts):
             raise TraceError(f"{where}: {len(self.counts)} counts for {len(self.experts)} experts")
-        E = self.meta.get("num_experts")
-        if E is None or "moe_layers" not in self.meta:
-            raise TraceError(f"{where}: metadata lacks num_experts / moe_layers")
         if len(self.experts) and (self.experts.min() < 0 or self.experts.max() >= E):
             raise TraceError(f"{where}: expert ids outside [0, {E})")
         if not set(np.unique(self.layer).tolist()) <= set(self.meta["moe_layers"]):
@@ -239,9 +254,16 @@ class Trace:
                 raise TraceError(f"{where}: predicted expert ids outside [0, {E}) or non-positive predicted counts")
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _header(raw: bytes) -> dict:
     n = int.from_bytes(raw[:8], "little")
-    return json.loads(raw[8:8 + n]).get("__metadata__", {})
+    header = json.loads(raw[8:8 + n]).get("__metadata__") or {}
+    if not isinstance(header, dict):
+        raise ValueError("__metadata__ is not a JSON object")
+    return header
 
 
 # ---------------------------------------------------------------------------------------------
