@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from artifact.errors import CheckpointError, SettingError, UserError
-from artifact.experiments import bench, notebooks
+from artifact.experiments import bench, notebooks, submit
 from artifact.experiments.settings import Settings
 from artifact.model.checkpoint import DTYPES, load_checkpoint
 from artifact.model.config import ModelConfig, get_preset
@@ -330,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench.add_cli(sub)
     notebooks.add_cli(sub)
+    submit.add_cli(sub)
     add_synth_cli(sub)
     return ap
 
