@@ -245,7 +245,7 @@ def test_local_jobs_get_one_core_each():
 def test_trace_all_records_what_is_missing_as_local_jobs(tmp_path, monkeypatch, capsys):
     import shutil
 
-    from artifact.experiments import analysis
+    from artifact.experiments import runs
     from artifact.offload.trace import Trace, mean_working_set
     from artifact.paths import data_dir
     data = tmp_path / "data"
@@ -259,8 +259,8 @@ def test_trace_all_records_what_is_missing_as_local_jobs(tmp_path, monkeypatch, 
     P = load_profile("cpu", {"trace_tasks": ["gsm8k", "mbpp"], "trace_batch_sizes": [1], "trace_n_prompts": 1,
                              "gen_length": 32})
     assert all(submit.trace_current(P, t, 1) for t in ("gsm8k", "mbpp"))
-    recorded = Trace.load(analysis.trace_path(P, "mbpp", 1))
-    here = analysis.record_trace(P, "mbpp", 1)                 # the same trace, recorded in this process
+    recorded = Trace.load(runs.trace_path(P, "mbpp", 1))
+    here = runs.record_trace(P, "mbpp", 1)                 # the same trace, recorded in this process
     assert len(recorded) == len(here) and mean_working_set(recorded) == mean_working_set(here)
     assert main_for_tests(args) == 0
     assert "2 current, 0 to record" in capsys.readouterr().err

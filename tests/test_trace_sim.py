@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from artifact.cli import main
+from artifact.experiments.settings import Settings
 from artifact.model.decode import DecodeConfig
 from artifact.model.llada2 import Demand, StepInfo
 from artifact.offload.policies import POLICIES
@@ -168,8 +169,7 @@ def test_cli_trace_and_simulate(tmp_path, capsys):
     assert len(rows) == 4 and {r["policy"] for r in rows} == {"demand", "belady"}
     csv = tmp_path / "s.csv"
     assert main(["simulate", "--trace", str(out), "--csv", str(csv)]) == 0
-    runnable = [n for n, c in POLICIES.items() if not c.needs_prediction]    # schema-1 traces lack predictions
-    assert len(csv.read_text().splitlines()) == 1 + 5 * len(runnable)
+    assert len(csv.read_text().splitlines()) == 1 + 5 * len(Settings().sim_policies)     # the default policies
     assert main(["trace", "--task", "nope", "--n", "2", "--out", str(tmp_path / "x")]) == 2
     assert "unknown task 'nope'" in capsys.readouterr().err
 
