@@ -38,10 +38,11 @@ BENCH_PREDICTORS = ("last_step", "last_step_conservative", "cross_layer")
 PRIORITIES = ("fifo", "demand")
 STEM = "beyond"          # data/results/<profile>/beyond-fifo.csv and beyond-demand.csv
 
-# The cpu profile's bench, trimmed so the notebook's run stays near 2 minutes on 2 cores: 96 timed runs of
-# the tiny model (2 priorities x 3 C/W spanning 0.43-1.73 x 2 batch sizes x 4 policies x 2 repetitions), one
-# task, 4 prompts (the fewest that fill a batch of 4), 8 denoising steps per block; measured ~1.5 s a run on
-# a shared 2-core machine at 32 steps that was ~3 s. GPU profiles run their own grid unchanged, oracle added.
+# The cpu profile's bench, trimmed to keep ./run_all.sh affordable on 2 cores: 96 timed runs of the tiny model
+# (2 priorities x 3 C/W spanning 0.43-1.73 x 2 batch sizes x 4 policies x 2 repetitions), one task, 4 prompts
+# (the fewest that fill a batch of 4), 8 denoising steps per block. Measured: 1.3-1.4 min per priority, the
+# whole notebook 3.0 min from scratch on a 2-core machine shared with other jobs (load average 4); a run at 32
+# steps took about twice as long. GPU profiles run their own grid unchanged, with the oracle added.
 CPU_TRIM = {"tasks": ("gsm8k",), "n_prompts": 4, "repetitions": 2, "warmup": 0, "steps": 8,
             "cache_ratios": (0.43, 1.0, 1.73)}
 
