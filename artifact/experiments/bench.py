@@ -53,7 +53,7 @@ from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsyn
 # the model path (rows carry the model's config hash and its weights fingerprint instead).
 SETTINGS = ("dtype", "device", "link", "latency_us", "link_gbps", "torch_threads", "mode", "gen_length", "steps",
             "threshold", "n_prompts", "seed", "max_prompt_tokens", "policies", "repetitions", "warmup", "lookahead",
-            "tau", "trace_capacity")
+            "tau", "trace_capacity", "link_priority")
 META_COLUMNS = ("profile", "fingerprint", "model", "model_hash", "weights_fingerprint", "dtype", "device", "link",
                 "hardware", "grid_cells")
 RUN_COLUMNS = ("policy", "rep", "order", "working_set", "cache_experts", "link_gbps")
