@@ -174,10 +174,13 @@ def test_user_errors_are_value_errors():
 # --- defaults come from the settings dataclass -------------------------------------------------
 def test_cli_defaults_are_the_settings_defaults():
     d = Settings()
-    g = build_parser().parse_args(["generate", "--prompt", "x"])
+    g = build_parser().parse_args(["generate", "--prompt", "x", "--offload"])
     assert (g.gen_length, g.steps, g.threshold, g.mode) == (d.gen_length, d.steps, d.threshold, d.mode)
-    assert (g.model, g.dtype, g.device, g.link) == (d.model, d.dtype, d.device, d.link)
-    assert (g.latency_us, g.lookahead, g.tau, g.bandwidth_gbps) == (d.latency_us, d.lookahead, d.tau, d.link_gbps)
+    assert (g.model, g.dtype, g.device) == (d.model, d.dtype, d.device)
+    assert g.link is None and g.tau is None             # offload flags: None until resolved, to see what was given
+    cli.offload_flags(g)
+    assert (g.link, g.latency_us, g.lookahead, g.tau) == (d.link, d.latency_us, d.lookahead, d.tau)
+    assert (g.bandwidth_gbps, g.policy) == (d.link_gbps, d.policies[0])
     t = build_parser().parse_args(["trace", "--task", "gsm8k", "--out", "x"])
     assert (t.n, t.seed, t.gen_length) == (d.trace_n_prompts, d.seed, d.gen_length)
     s = build_parser().parse_args(["simulate", "--trace", "x"])

@@ -14,6 +14,7 @@ import torch
 
 from artifact.errors import DeviceError, SettingError
 from artifact.model.checkpoint import Loaded
+from artifact.model.config import ModelConfig
 from artifact.model.decode import MAX_BATCH, DecodeConfig, generate
 from artifact.model.llada2 import ResidentExperts
 from artifact.offload.engine import OffloadEngine, offload
@@ -147,9 +148,20 @@ def run_meta(loaded: Loaded, prompt_ids: list[str], batch_size: int, dc: DecodeC
             "num_experts": cfg.num_experts, "expert_bytes": expert_bytes(loaded)}
 
 
+ORACLE_KEYS = ("config_hash", "prompt_ids", "batch_size", "decode")   # what an oracle trace must share with the run
+
+
+def check_oracle_before_load(trace: Trace, cfg: ModelConfig, prompt_ids: list[str], batch_size: int,
+                             dc: DecodeConfig) -> None:
+    """check_oracle_trace from what is known before the weights are read: every key it compares comes from
+    the config (with the tokenizer's mask/eos ids), the prompts and the decoding settings, so a trace of
+    another run is refused before a long load, not after it."""
+    check_oracle_trace(trace, {"config_hash": cfg.config_hash(), "prompt_ids": list(prompt_ids),
+                               "batch_size": batch_size, "decode": dataclasses.asdict(dc)})
+
+
 def check_oracle_trace(trace: Trace, meta: dict) -> None:
-    keys = ("config_hash", "prompt_ids", "batch_size", "decode")
-    diff = [k for k in keys if trace.meta.get(k) != meta.get(k)]
+    diff = [k for k in ORACLE_KEYS if trace.meta.get(k) != meta.get(k)]
     if diff:
         raise TraceError(f"{trace.path}: the oracle trace is of another run (differs in {diff}); record it "
                          "with the same model, prompts, batch size and decoding settings")
