@@ -88,7 +88,7 @@ def test_a_checkpoint_config_error_is_a_checkpoint_error(no_load, capsys, tmp_pa
 @pytest.mark.parametrize("args, message", [
     (["--cache-ratios", "nan"], "--cache-ratios must be a finite number"),
     (["--cache-ratios", "1,inf"], "--cache-ratios must be a finite number"),
-    (["--cache-ratios", "-inf"], "--cache-ratios must be a finite number"),
+    (["--cache-ratios=-inf"], "--cache-ratios must be a finite number"),
     (["--cache-ratios", "0"], "--cache-ratios must be > 0"),
     (["--cache-ratios", ""], "--cache-ratios is empty"),
     (["--policies", ""], "--policies is empty"),
