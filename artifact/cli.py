@@ -295,6 +295,8 @@ def cmd_trace(a):
         raise SettingError(f"unknown task {a.task!r}; choose one of {TASKS}")
     available = len(load_task(a.task))
     check_number("--n", a.n, low=1, high=available, integer=True)
+    if a.batch_size > a.n:                   # the trace would say batch size B but hold smaller batches
+        raise SettingError(f"--batch-size {a.batch_size} needs at least that many prompts; got --n {a.n}")
     check_positions(cfg, dc.gen_length)
     tok, cfg = tokenizer_and_config(a.model, cfg)           # the tokenizer only: no weights read yet
     ids, ps = prompts(tok, a.task, a.n, a.seed)

@@ -71,6 +71,8 @@ def one_line_error(capsys, code) -> str:
     (["trace", "--task", "squad", "--out", "x.safetensors"], "unknown task 'squad'"),
     (["trace", "--task", "gsm8k", "--n", "100000", "--out", "x.safetensors"], "--n must be in [1, "),
     (["trace", "--task", "gsm8k", "--batch-size", "9", "--out", "x.safetensors"], "--batch-size must be in [1, 8]"),
+    (["trace", "--task", "gsm8k", "--batch-size", "4", "--n", "2", "--out", "x.safetensors"],
+     "--batch-size 4 needs at least that many prompts; got --n 2"),
     (["generate", "--prompt", "hi", "--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
 ])
 def test_bad_arguments_are_one_line_before_loading(no_load, capsys, tmp_path, monkeypatch, args, message):
