@@ -432,6 +432,8 @@ def set_threads(a) -> int | None:
         return None
     if a.cmd == "bench":
         if a.threads is not None:
+            if any(x.partition("=")[0].strip() == "torch_threads" for x in a.set or []):
+                raise SettingError("give --threads N or --set torch_threads=N, not both")
             a.set = [*(a.set or []), f"torch_threads={a.threads}"]
         overrides = dict(parse_override(s) for s in a.set or [])
         if a.model is not None:

@@ -277,6 +277,7 @@ def test_bench_threads_are_the_profile_key(restore_threads):
 def test_bad_thread_counts_are_one_line(capsys, restore_threads):
     assert "--threads must be >= 1" in one_line_error(capsys, main(["generate", "--prompt", "x", "--threads", "0"]))
     assert "torch_threads must be >= 1" in one_line_error(capsys, main(["bench", "--threads", "0", "--list"]))
+    assert "not both" in one_line_error(capsys, main(["bench", "--threads", "2", "--set", "torch_threads=1", "--list"]))
 
 
 @pytest.mark.slow
