@@ -61,7 +61,7 @@ def one_line_error(capsys, code) -> str:
     (["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--bandwidth-gbps", "inf"],
      "--bandwidth-gbps must be a finite number"),
     (["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--latency-us", "-1"],
-     "latency_us must be >= 0"),
+     "latency_us must be in [0, 1e+06]"),
     (["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--tau", "0"], "tau must be >= 1"),
     (["generate", "--prompt", "hi", "--cache-experts", "8"], "--cache-experts needs --offload"),
     (["generate", "--prompt", "  "], "a --prompt is empty"),

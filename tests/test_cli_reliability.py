@@ -218,6 +218,19 @@ def test_from_a_shell_bad_input_is_rc_2_without_a_traceback(tmp_path, argv, mess
     assert p.returncode == 2 and "Traceback" not in p.stderr and message in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("--latency-us", "1e300", "latency_us must be in [0, 1e+06]"),
+    ("--bandwidth-gbps", "1e-300", "bandwidth_gbps must be >= 0.0001"),
+    ("--cap-gbps", "1e-300", "cap_gbps must be >= 0.0001"),
+])
+def test_link_knobs_too_extreme_to_sleep_on_are_refused_before_the_weights(unreadable, weights_opened, capsys,
+                                                                           flag, value, message):
+    """Finite, but one copy would outlast what time.sleep can express: an OverflowError mid-run before."""
+    line = one_line_error(capsys, main(["generate", "--prompt", "hi", "--model", str(unreadable), "--offload",
+                                        "--cache-experts", "8", flag, value]))
+    assert message in line and weights_opened == []
+
+
 # --- item 6: offload flags without --offload -----------------------------------------------------
 @pytest.mark.parametrize("flag", [["--policy", "last_step"], ["--link", "emulated"], ["--bandwidth-gbps", "10"],
                                   ["--latency-us", "5"], ["--cap-gbps", "5"], ["--lookahead", "2"], ["--tau", "2"],

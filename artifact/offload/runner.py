@@ -23,6 +23,9 @@ from artifact.offload.policies import POLICIES, make_policy
 from artifact.offload.trace import Trace, TraceError, TraceRecorder
 from artifact.validate import check_number
 
+MIN_LINK_GBPS = 1e-4       # 100 KB/s: a 24 MiB LLaDA2.0-flash expert still copies in ~4 minutes
+MAX_LATENCY_US = 1e6       # one second of setup per copy (PCIe: ~10 us)
+
 
 class LinkSettings(Protocol):
     """What OffloadSpec.from_settings reads from a settings object (artifact.experiments.settings.Settings
@@ -111,9 +114,11 @@ class OffloadSpec:
             raise DeviceError("--link cuda needs a CUDA GPU, and none is available (use --link emulated)")
         if self.link == "cuda" and torch.device(device).type != "cuda":
             raise SettingError("--link cuda computes on the GPU: pass --device cuda")
-        check_number("bandwidth_gbps", self.bandwidth_gbps, low=0, low_open=True, allow_none=True)
-        check_number("cap_gbps", self.cap_gbps, low=0, low_open=True, allow_none=True)
-        check_number("latency_us", self.latency_us, low=0)
+        # Finite is not enough: at 1e-300 GB/s or 1e300 us one copy takes longer than a sleep can express
+        # (OverflowError mid-run). Bounds far beyond any real link keep every copy under a few minutes.
+        check_number("bandwidth_gbps", self.bandwidth_gbps, low=MIN_LINK_GBPS, allow_none=True)
+        check_number("cap_gbps", self.cap_gbps, low=MIN_LINK_GBPS, allow_none=True)
+        check_number("latency_us", self.latency_us, low=0, high=MAX_LATENCY_US)
         check_number("lookahead", self.lookahead, low=1, integer=True)
         check_number("tau", self.tau, low=1, integer=True)
 
