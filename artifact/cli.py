@@ -440,7 +440,7 @@ def set_threads(a) -> int | None:
             overrides["model"] = a.model
         n = load_profile(a.profile, overrides).threads
     else:
-        check_number("--threads", a.threads, low=1, integer=True, allow_none=True)
+        check_number("--threads", a.threads, low=1, high=1024, integer=True, allow_none=True)
         n = resolve_threads(a.threads, getattr(a, "model", None), getattr(a, "device", "cpu"))
     torch.set_num_threads(n)
     return n

@@ -262,7 +262,7 @@ def test_resolve_threads():
     assert resolve_threads(3, "tiny", "cpu") == 3
     assert resolve_threads(None, "/ckpt", "cpu") == torch.get_num_threads()     # a real model: torch's choice
     assert Settings().threads == 1 and load_profile("cpu").threads == 1
-    with pytest.raises(SettingError, match="torch_threads must be >= 1"):
+    with pytest.raises(SettingError, match=r"torch_threads must be in \[1, 1024\]"):
         resolve_threads(0, "tiny", "cpu")
 
 
@@ -288,8 +288,11 @@ def test_bench_threads_are_the_profile_key(restore_threads):
 
 
 def test_bad_thread_counts_are_one_line(capsys, restore_threads):
-    assert "--threads must be >= 1" in one_line_error(capsys, main(["generate", "--prompt", "x", "--threads", "0"]))
-    assert "torch_threads must be >= 1" in one_line_error(capsys, main(["bench", "--threads", "0", "--list"]))
+    for n in ("0", "100000"):
+        line = one_line_error(capsys, main(["generate", "--prompt", "x", "--threads", n]))
+        assert f"--threads must be in [1, 1024], got {n}" in line
+        line = one_line_error(capsys, main(["bench", "--threads", n, "--list"]))
+        assert f"overrides: torch_threads must be in [1, 1024] or null, got {n}" in line
     assert "not both" in one_line_error(capsys, main(["bench", "--threads", "2", "--set", "torch_threads=1", "--list"]))
 
 

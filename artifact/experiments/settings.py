@@ -139,8 +139,9 @@ _TYPES = typing.get_type_hints(Settings)
 _GT0 = {"low": 0, "low_open": True}
 _GE0 = {"low": 0}
 _BATCH = {"low": 1, "high": MAX_BATCH, "integer": True}
+_THREADS = {"low": 1, "high": 1024, "integer": True}   # more only fails later, spawning the threads
 RANGES: dict[str, dict] = {
-    "latency_us": _GE0, "link_gbps": _GT0, "torch_threads": {"low": 1, "integer": True},
+    "latency_us": _GE0, "link_gbps": _GT0, "torch_threads": _THREADS,
     "gen_length": _GT0, "steps": _GT0, "threshold": {"low": 0, "low_open": True, "high": 1},
     "n_prompts": _GT0, "seed": _GE0, "max_prompt_tokens": _GT0,
     "batch_sizes": _BATCH, "cache_ratios": _GT0, "bandwidth_scales": _GT0, "repetitions": _GT0, "warmup": _GE0,
@@ -156,7 +157,7 @@ def resolve_threads(threads: int | None, model: str | None, device: str) -> int:
     OpenMP spin-waiting, which on 2 shared cores made `generate` 27 s instead of 1.2 s), and torch's
     default (one per core) for a real checkpoint or a GPU, where large kernels gain from threads."""
     if threads is not None:
-        return check_number("torch_threads", threads, low=1, integer=True)
+        return check_number("torch_threads", threads, **_THREADS)
     if model in (None, "tiny") and device.split(":")[0] == "cpu":
         return 1
     return torch.get_num_threads()
