@@ -435,10 +435,7 @@ def set_threads(a) -> int | None:
             if any(x.partition("=")[0].strip() == "torch_threads" for x in a.set or []):
                 raise SettingError("give --threads N or --set torch_threads=N, not both")
             a.set = [*(a.set or []), f"torch_threads={a.threads}"]
-        overrides = dict(parse_override(s) for s in a.set or [])
-        if a.model is not None:
-            overrides["model"] = a.model
-        n = load_profile(a.profile, overrides).threads
+        n = _bench_profile(a).threads
     else:
         check_number("--threads", a.threads, low=1, high=1024, integer=True, allow_none=True)
         n = resolve_threads(a.threads, getattr(a, "model", None), getattr(a, "device", "cpu"))
@@ -446,10 +443,19 @@ def set_threads(a) -> int | None:
     return n
 
 
+def _bench_profile(a):
+    """The profile `bench` will run (as bench.cmd_bench loads it: --set overrides, then --model)."""
+    overrides = dict(parse_override(s) for s in a.set or [])
+    if a.model is not None:
+        overrides["model"] = a.model
+    return load_profile(a.profile, overrides)
+
+
 def check_outputs(a) -> None:
     """Output paths of the commands registered by artifact.experiments.bench, probed before any work."""
     if a.cmd == "bench" and not a.list:
-        check_output(a.out, "--out", exists_ok=True)           # an existing result file is resumed
+        out = a.out or bench.default_out(_bench_profile(a), bench.parse_shard(a.shard))
+        check_output(out, "--out", exists_ok=True)              # an existing result file is resumed
     elif a.cmd == "report":
         check_output(a.csv, "--csv", a.force)
     elif a.cmd == "merge":

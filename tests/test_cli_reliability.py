@@ -330,3 +330,10 @@ def test_a_failed_notebook_shows_its_error_beside_its_claims():
     assert "ValueError: C/W must be finite" in table and "oracle cuts misses 6.7x" in table
     assert "KeyError: 'x'" in table and "3 notebooks, 2 failed" in table
     assert table.count("error") == 1                          # only the failed notebook with claims gets the row
+
+
+def test_the_bench_default_output_is_probed_too(tmp_path, capsys, monkeypatch, restore_threads):
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "a-file"))        # data/results/cpu/bench.csv under a file
+    line = one_line_error(capsys, main(["bench", "--profile", "cpu"]))
+    assert "a-file/results/cpu/bench.csv" in line and "is a file, not a directory" in line
