@@ -112,6 +112,23 @@ def test_an_oracle_trace_of_other_prompts_is_refused_before_the_weights(unreadab
     assert weights_opened == []
 
 
+@pytest.mark.slow
+def test_the_oracle_check_before_the_load_agrees_with_the_run(tmp_path, capsys, weights_opened, restore_threads):
+    """A trace recorded by generate passes the early check (and the run's own); other prompts fail it
+    before the tiny model's weights are opened."""
+    trace = tmp_path / "run.safetensors"
+    base = ["generate", "--prompt", "How many eggs?", "--gen-length", "32", "--json"]
+    assert main([*base, "--record-trace", str(trace)]) == 0
+    resident = json.loads(capsys.readouterr().out)["tokens"]
+    oracle = ["--offload", "--cache-experts", "20", "--policy", "oracle", "--oracle-trace", str(trace)]
+    assert main([*base, *oracle]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == resident
+    weights_opened.clear()
+    base[2] = "How many ducks?"
+    line = one_line_error(capsys, main([*base, *oracle]))
+    assert "differs in ['prompt_ids']" in line and weights_opened == []
+
+
 LONG_PROMPT = " ".join(["Natalia sold clips to 48 of her friends in April."] * 8)
 
 
