@@ -23,8 +23,13 @@ fi
 "$PY" -m pytest tests -q
 # --- nbval ---------------------------------------------------------------------------------------------
 # Claim cells are compared with their stored outputs; wall-clock figures are masked (see the cfg).
-# (The notebooks' results directory for this step is set here: issue 10 moves it to a temporary one.)
+# Tests never overwrite a user's results: the notebooks write into a temporary data/ and figures/.
 if ls notebooks/*.ipynb >/dev/null 2>&1; then
-  "$PY" -m pytest -q --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider notebooks
+  nbval_out="$(mktemp -d)"
+  trap 'rm -rf "$nbval_out"' EXIT
+  mkdir -p "$nbval_out/data"
+  ln -s "$PWD/data/tasks" "$nbval_out/data/tasks"
+  ARTIFACT_DATA="$nbval_out/data" ARTIFACT_FIGURES="$nbval_out/figures" \
+    "$PY" -m pytest -q --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider notebooks
 fi
 # --- end nbval -----------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from artifact.offload.link import LINKS
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, RunSettings, check_device, check_oracle_before_load, run
 from artifact.offload.sim import COUNTS, replay, sweep
+from artifact.offload.synth import add_cli as add_synth_cli
 from artifact.offload.trace import Trace, mean_working_set
 from artifact.paths import atomic_write_text
 from artifact.validate import check_number
@@ -421,13 +422,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("bench", "report", "merge"):
         add_threads_arg(sub.choices[name], bench_like=name == "bench")
     notebooks.add_cli(sub)
+    add_synth_cli(sub)
+    for name in ("synth", "fit"):
+        add_threads_arg(sub.choices[name])
     return ap
 
 
 def set_threads(a) -> int | None:
     """torch's intra-op thread count for this command, from --threads or the settings (resolve_threads).
     bench: --threads N is the profile key torch_threads (part of the result file's settings). notebooks run
-    in their own kernels, which take it from the profile (analysis.setup)."""
+    in their own kernels, which take it from the profile (runs.setup)."""
     if a.cmd == "notebooks":
         return None
     if a.cmd == "bench":
@@ -452,13 +456,16 @@ def _bench_profile(a):
 
 
 def check_outputs(a) -> None:
-    """Output paths of the commands registered by artifact.experiments.bench, probed before any work."""
+    """Output paths of the commands registered by other modules (bench, report, merge, synth), probed
+    before any work."""
     if a.cmd == "bench" and not a.list:
         out = a.out or bench.default_out(_bench_profile(a), bench.parse_shard(a.shard))
         check_output(out, "--out", exists_ok=True)              # an existing result file is resumed
     elif a.cmd == "report":
         check_output(a.csv, "--csv", a.force)
     elif a.cmd == "merge":
+        check_output(a.out, "--out", a.force)
+    elif a.cmd == "synth":
         check_output(a.out, "--out", a.force)
 
 

@@ -183,7 +183,7 @@ def _unwritable_dir(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("where", ["unwritable", "file-as-dir", "directory", "too-long", "nul"])
-@pytest.mark.parametrize("command", ["generate", "trace", "simulate", "report", "merge", "bench"])
+@pytest.mark.parametrize("command", ["generate", "trace", "simulate", "report", "merge", "bench", "synth"])
 def test_unwritable_outputs_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, weights_opened,
                                                          restore_threads, where, command):
     monkeypatch.chdir(tmp_path)
@@ -197,7 +197,8 @@ def test_unwritable_outputs_are_one_line_before_any_work(tmp_path, capsys, monke
             "simulate": ["simulate", "--trace", "none.safetensors", "--csv", str(out)],
             "report": ["report", "none.csv", "--csv", str(out)],
             "merge": ["merge", "none.csv", "--out", str(out)],
-            "bench": ["bench", "--profile", "cpu", "--out", str(out)]}[command]
+            "bench": ["bench", "--profile", "cpu", "--out", str(out)],
+            "synth": ["synth", "--out", str(out)]}[command]
     monkeypatch.setattr(cli, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad output"))
     line = one_line_error(capsys, main(argv))
     expect = {"unwritable": "Permission denied", "file-as-dir": "is a file, not a directory",
@@ -291,6 +292,8 @@ def test_resolve_threads():
     (["report", "x.csv", "--threads", "2"], 2),
     (["bench", "--profile", "cpu"], 1),
     (["bench", "--profile", "cpu", "--threads", "2"], 2),
+    (["synth", "--out", "x", "--threads", "2"], 2),
+    (["fit", "x"], 1),
 ])
 def test_every_command_sets_its_thread_count(restore_threads, argv, threads):
     torch.set_num_threads(5)

@@ -13,14 +13,15 @@ from nbformat.v4 import new_code_cell, new_notebook
 from artifact.cli import main as main_for_tests
 from artifact.experiments.notebooks import (
     CHECK,
+    SETTINGS_KEY,
     NotebookError,
     claims_of,
     complete,
-    declared_parameters,
     find_notebooks,
     injected_parameters,
+    settings_of,
 )
-from artifact.experiments.settings import PROFILE_KEYS, load_profile
+from artifact.experiments.settings import load_profile
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -35,17 +36,21 @@ def write_nb(path: Path, params: str, body: str) -> Path:
     return path
 
 
-OK_BODY = 'print("claim: the tiny one works\\npaper: -\\nmeasured: " + str(gen_length) + "\\nverdict: reproduced")'
+PARAMS = 'profile = "cpu"\noverrides = {}'
+# prints the gen_length of the profile it was given, with its overrides (what the runner injected)
+OK_BODY = ('from artifact.experiments.settings import load_profile\n'
+           'n = load_profile(profile, overrides).gen_length\n'
+           'print("claim: the tiny one works\\npaper: -\\nmeasured: " + str(n) + "\\nverdict: reproduced")')
 
 
-def test_a_parameter_that_is_not_a_profile_key_fails_before_anything_runs(tmp_path):
-    write_nb(tmp_path / "00_good.ipynb", 'profile = "cpu"\ngen_length = 32', OK_BODY)
-    write_nb(tmp_path / "01_typo.ipynb", 'profile = "cpu"\ngen_lenght = 32\nrepetitions = 1', OK_BODY)
+def test_a_parameters_cell_that_is_not_profile_and_overrides_fails_before_anything_runs(tmp_path):
+    write_nb(tmp_path / "00_good.ipynb", PARAMS, OK_BODY)
+    write_nb(tmp_path / "01_old.ipynb", 'profile = "cpu"\ngen_length = 32', OK_BODY)
     with pytest.raises(NotebookError) as e:
-        injected_parameters(find_notebooks(tmp_path), "cpu", "cpu")
+        injected_parameters(find_notebooks(tmp_path), "cpu")
     msg = str(e.value)
-    assert "01_typo.ipynb" in msg and "'gen_lenght'" in msg and "did you mean 'gen_length'" in msg
-    assert "00_good" not in msg and "valid keys:" in msg
+    assert "01_old.ipynb" in msg and "'gen_length'" in msg and "exactly `profile` and `overrides`" in msg
+    assert "00_good" not in msg
     rc = main_for_tests(["notebooks", "--notebook-dir", str(tmp_path), "--results", str(tmp_path / "results"),
                          "--quiet"])
     assert rc == 1 and not (tmp_path / "results").exists()
@@ -54,30 +59,45 @@ def test_a_parameter_that_is_not_a_profile_key_fails_before_anything_runs(tmp_pa
         find_notebooks(tmp_path, ["07"])
 
 
-def test_injected_values_are_the_profiles(tmp_path):
-    write_nb(tmp_path / "00_a.ipynb", 'profile = "cpu"\ngen_length = 1\ntasks = ["x"]', OK_BODY)
-    (params,) = injected_parameters(find_notebooks(tmp_path), "h200", "h200").values()
-    h200 = load_profile("h200")
-    assert params == {"profile": "h200", "gen_length": h200.gen_length, "tasks": list(h200.tasks)}
+def test_a_bad_override_fails_before_anything_runs(tmp_path, capsys):
+    write_nb(tmp_path / "00_a.ipynb", PARAMS, OK_BODY)
+    res = tmp_path / "results"
+    for bad in (["--set", "gen_lenght=3"], ["--set", "gen_length=-1"]):
+        rc = main_for_tests(["notebooks", "--notebook-dir", str(tmp_path), "--results", str(res), "--quiet", *bad])
+        err = capsys.readouterr().err
+        assert rc == 1 and "nothing was run" in err and "gen_len" in err and not res.exists()
+    assert "did you mean 'gen_length'" in err or "gen_length" in err
+
+
+def test_injected_parameters_are_the_profile_and_its_overrides(tmp_path):
+    write_nb(tmp_path / "00_a.ipynb", PARAMS, OK_BODY)
+    (params,) = injected_parameters(find_notebooks(tmp_path), "h200", {"model": "/ckpt", "gen_length": 64}).values()
+    assert params == {"profile": "h200", "overrides": {"model": "/ckpt", "gen_length": 64}}
+    (params,) = injected_parameters(find_notebooks(tmp_path), "cpu").values()
+    assert params == {"profile": "cpu", "overrides": {}}
 
 
 def test_run_skip_force_and_failures(tmp_path, capsys):
     """Real papermill runs of two tiny notebooks (no model): one prints a claim, one raises."""
     d, res = tmp_path / "nb", tmp_path / "results"
     d.mkdir()
-    good = write_nb(d / "00_good.ipynb", 'profile = "cpu"\ngen_length = 7', OK_BODY)
-    write_nb(d / "01_bad.ipynb", 'profile = "cpu"', 'raise RuntimeError("boom")')
+    good = write_nb(d / "00_good.ipynb", PARAMS, OK_BODY)
+    write_nb(d / "01_bad.ipynb", PARAMS, 'raise RuntimeError("boom")')
     args = ["notebooks", "--notebook-dir", str(d), "--results", str(res), "--quiet"]
-    assert main_for_tests(args) == 1                         # one failure, the other still ran
+    assert main_for_tests(args + ["--set", "gen_length=48"]) == 1       # one failure, the other still ran
     out = capsys.readouterr().out
     assert re.search(r"00_good\s+ok\s+\d+\s+the tiny one works\s+reproduced", out)
     assert re.search(r"01_bad\s+FAILED", out) and "RuntimeError: boom" in out
     executed = res / "cpu" / "00_good.ipynb"
     nb = nbformat.read(executed, as_version=4)
     assert claims_of(nb) == [("the tiny one works", "reproduced")]
-    assert "measured: 32" in json.dumps(nb.dict())          # the cpu profile's gen_length was injected
+    assert "measured: 48" in json.dumps(nb.dict())          # the override reached the notebook
+    assert nb.metadata[SETTINGS_KEY]["gen_length"] == 48
     assert (res / "cpu" / "01_bad.ipynb").is_file() and not list((res / "cpu").glob(".*tmp*"))
 
+    assert main_for_tests(args) == 1                         # other overrides: both run again
+    out = capsys.readouterr().out
+    assert re.search(r"00_good\s+ok", out) and "measured: 32" in json.dumps(nbformat.read(executed, 4).dict())
     assert main_for_tests(args) == 1                         # good: skipped; bad: run again
     out = capsys.readouterr().out
     assert re.search(r"00_good\s+skipped \(complete\)", out) and re.search(r"01_bad\s+FAILED", out)
@@ -86,11 +106,12 @@ def test_run_skip_force_and_failures(tmp_path, capsys):
     assert main_for_tests(args + ["--force"]) == 0
     assert re.search(r"00_good\s+ok", capsys.readouterr().out)
 
-    params = {"profile": "cpu", "gen_length": 32}
-    assert complete(executed, params, good)
-    assert not complete(executed, {"profile": "cpu", "gen_length": 64}, good)     # the profile changed
-    write_nb(good, 'profile = "cpu"\ngen_length = 7', OK_BODY + "\n1 + 1")            # the notebook changed
-    assert not complete(executed, params, good)
+    params, cpu = {"profile": "cpu", "overrides": {}}, settings_of(load_profile("cpu"))
+    assert complete(executed, params, cpu, good)
+    assert not complete(executed, params, cpu | {"gen_length": 64}, good)    # the profile file changed
+    assert not complete(executed, {"profile": "cpu", "overrides": {"seed": 1}}, cpu, good)
+    write_nb(good, PARAMS, OK_BODY + "\n1 + 1")                             # the notebook changed
+    assert not complete(executed, params, cpu, good)
 
 
 # --- the stored notebooks -----------------------------------------------------------------------
@@ -119,21 +140,20 @@ def test_stored_notebook_is_clean_and_ends_with_a_checked_claim_cell(path):
 
 
 @pytest.mark.parametrize("path", STORED, ids=lambda p: p.stem)
-def test_parameters_are_the_cpu_profiles_values(path):
-    names = declared_parameters(path)
-    assert names[0] == "profile" and set(names[1:]) <= set(PROFILE_KEYS)
-    ns: dict = {}
-    exec(next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code").source, ns)
-    cpu = load_profile("cpu").as_dict()
-    assert ns["profile"] == "cpu"
-    wrong = {k: (ns[k], cpu[k]) for k in names[1:] if ns[k] != cpu[k]}
-    assert not wrong, f"{path.name}: parameters differ from artifact/experiments/profiles/cpu.yaml (notebook, profile): {wrong}"
-
-
-def test_overrides_reach_the_declared_parameters(tmp_path):
-    write_nb(tmp_path / "00_a.ipynb", 'profile = "cpu"\nmodel = "tiny"\ngen_length = 1', OK_BODY)
-    (params,) = injected_parameters(find_notebooks(tmp_path), "cpu", "cpu", {"model": "/ckpt", "gen_length": 64}
-                                    ).values()
-    assert params == {"profile": "cpu", "model": "/ckpt", "gen_length": 64}
-    rc = main_for_tests(["notebooks", "--notebook-dir", str(tmp_path), "--set", "gen_lenght=3", "--quiet"])
-    assert rc == 1
+def test_a_notebook_is_the_thin_face_of_its_module(path):
+    """Parameters `profile = "cpu"` and `overrides = {}`; calls into artifact, no definitions; one markdown
+    sentence under each figure; the figure saved through claims.save."""
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code[0].source == 'profile = "cpu"\noverrides = {}'
+    assert sum("runs.setup(profile, overrides)" in c.source for c in code) == 1
+    for c in code:
+        assert not re.search(r"^\s*(def|class) ", c.source, re.M), f"{path.name}: logic belongs in the package"
+        assert len(c.source.splitlines()) <= 6, f"{path.name}: a cell of {len(c.source.splitlines())} lines"
+    figures = [k for k, c in enumerate(nb.cells) if c.cell_type == "code" and "save(fig, df, P," in c.source]
+    assert figures, f"{path.name}: no figure saved"
+    for k in figures:
+        below = nb.cells[k + 1]
+        assert below.cell_type == "markdown", f"{path.name}: no sentence under the figure of cell {k}"
+        text = below.source.strip()
+        assert text.count(". ") == 0 and text.endswith(".") and "TODO" not in text, f"{path.name}: {text!r}"

@@ -1,20 +1,24 @@
 """Run the numbered notebooks for one profile with papermill (what run_all.sh calls):
 
-    python -m artifact notebooks [--profile cpu] [--force] [--only 02,04]
+    python -m artifact notebooks [--profile cpu] [--set KEY=VALUE ...] [--model DIR] [--force] [--only 02,04]
 
-1. The profile loads, and every parameter each notebook declares (its cell tagged `parameters`) is a
-   profile key: a typo fails here, before anything runs.
-2. Each notebook runs with `profile` and the profile's values of its parameters injected (kernel
-   python3, working directory notebooks/, a per-cell timeout) into results/<profile>/<name>.ipynb,
-   written under a temporary name and renamed, so a half-written notebook never has the final name.
-   A notebook whose executed copy is complete (every code cell ran, no error, claim lines present,
-   the same parameters) is skipped unless --force. A failure does not stop the others.
+1. The profile loads with its overrides (--set, --model): a bad key or value fails here, before anything
+   runs. Every notebook's parameters cell (tagged `parameters`) must set exactly `profile` and `overrides`.
+2. Each notebook runs with `profile` and `overrides` injected (kernel python3, working directory
+   notebooks/, a per-cell timeout) into results/<profile>/<name>.ipynb, written under a temporary name and
+   renamed, so a half-written notebook never has the final name; the executed copy records the settings
+   it ran with. A notebook whose executed copy is complete (every code cell ran, no error, claim lines
+   present, the same parameters and settings, the files it saved still there) is skipped unless --force.
+   A failure does not stop the others.
 3. A table of every claim's verdict; the exit code is the number of failed notebooks.
+
+nbformat and papermill are imported inside the functions that use them: the CLI imports this module to
+register the command, and the two take seconds to import (jsonschema, nbclient), which every
+`python -m artifact ...` call would pay.
 """
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import re
 import sys
@@ -22,11 +26,23 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifact.paths import repo_root
+from artifact.experiments.settings import (
+    PROFILE_DIR,
+    PROFILE_KEYS,
+    Profile,
+    ProfileError,
+    list_profiles,
+    load_profile,
+    parse_override,
+    profile_path,
+)
+from artifact.paths import atomic_write_text, repo_root
 
 KERNEL = "python3"
 CELL_TIMEOUT_S = 1800
 CHECK = "# NBVAL_CHECK_OUTPUT"
+PARAMETERS = ("profile", "overrides")      # the one parameters cell every notebook has
+SETTINGS_KEY = "artifact_settings"         # executed notebook metadata: the profile's values it ran with
 _LINE = re.compile(r"^(claim|verdict)(?: \[[a-z]+\])?: (.*)$")
 _SAVED = re.compile(r"^saved (\S+) and (\S+)$")
 _TMP = re.compile(r"^\..+\.(\d+)\.tmp\.ipynb$")       # execute()'s temporary name: .NAME.<pid>.tmp.ipynb
@@ -69,35 +85,32 @@ def find_notebooks(directory: Path, only: list[str] | None = None) -> list[Path]
 def declared_parameters(path: Path) -> list[str]:
     """Names assigned in the cell tagged `parameters`."""
     import nbformat
+    import papermill
+
     nb = nbformat.read(path, as_version=4)
     if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells if c.cell_type == "code"):
         raise NotebookError(f"{path}: no code cell tagged 'parameters' (papermill injects the profile after it)")
-    import papermill
     return list(papermill.inspect_notebook(str(path)))
 
 
-def injected_parameters(paths: list[Path], profile: str, profile_arg: str, overrides: dict | None = None
-                        ) -> dict[Path, dict]:
-    """Per notebook: `profile` plus the profile's value (after `overrides`) of each declared parameter.
-    Every bad name of every notebook is reported at once, before anything runs."""
-    from artifact.experiments.settings import PROFILE_KEYS, load_profile
-    values = load_profile(profile, overrides).as_dict()
-    out, errors, bad = {}, [], set()
+def injected_parameters(paths: list[Path], profile_arg: str, overrides: dict | None = None) -> dict[Path, dict]:
+    """Per notebook: {"profile": profile_arg, "overrides": overrides}. Every notebook whose parameters cell
+    does not set exactly `profile` and `overrides` is reported at once, before anything runs."""
+    errors = []
     for path in paths:
         names = declared_parameters(path)
-        if "profile" not in names:
-            errors.append(f"{path}: the parameters cell does not set `profile`")
-            bad.add(path)
-        for n in names:
-            if n != "profile" and n not in PROFILE_KEYS:
-                close = difflib.get_close_matches(n, PROFILE_KEYS, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                errors.append(f"{path}: parameter {n!r} is not a profile key{hint}")
-                bad.add(path)
-        out[path] = {"profile": profile_arg, **{n: values[n] for n in names if n in values}}
+        if sorted(names) != sorted(PARAMETERS):
+            errors.append(f"{path}: the parameters cell sets {names}; it must set exactly `profile` and "
+                          "`overrides` (settings are profile keys, given as overrides)")
     if errors:
-        raise NotebookError("\n".join(errors) + f"\nvalid keys: {', '.join(PROFILE_KEYS)}", len(bad))
-    return out
+        raise NotebookError("\n".join(errors), len(errors))
+    return {path: {"profile": profile_arg, "overrides": dict(overrides or {})} for path in paths}
+
+
+def settings_of(P: Profile) -> dict:
+    """The profile's values (no file path): what an executed notebook records and complete() compares."""
+    values = P.as_dict()
+    return {k: values[k] for k in PROFILE_KEYS}
 
 
 def claims_of(nb) -> list[tuple[str, str]]:
@@ -135,11 +148,12 @@ def saved_files(nb) -> list[Path]:
     return out
 
 
-def complete(path: Path, params: dict, source: Path | None = None) -> bool:
+def complete(path: Path, params: dict, settings: dict, source: Path | None = None) -> bool:
     """An executed notebook that needs no rerun: it holds the source notebook's code, ran every code cell
-    without error with these parameters, printed at least one claim with a verdict, and the files it
-    saved are still there."""
+    without error with these parameters and these profile values, printed at least one claim with a
+    verdict, and the files it saved are still there."""
     import nbformat
+
     if not path.is_file():
         return False
     try:
@@ -147,7 +161,7 @@ def complete(path: Path, params: dict, source: Path | None = None) -> bool:
     except Exception:                    # unreadable: run it again
         return False
     pm = nb.metadata.get("papermill", {})
-    if pm.get("exception") or pm.get("parameters") != params:
+    if pm.get("exception") or pm.get("parameters") != params or nb.metadata.get(SETTINGS_KEY) != settings:
         return False
     if source is not None and _code(nb) != _code(nbformat.read(source, as_version=4)):
         return False
@@ -161,10 +175,13 @@ def complete(path: Path, params: dict, source: Path | None = None) -> bool:
     return bool(claims_of(nb)) and all(p.is_file() for p in saved_files(nb))
 
 
-def execute(path: Path, out: Path, params: dict, cwd: Path, timeout: int, progress: bool = True) -> None:
-    """papermill into a temporary file beside `out`, renamed onto `out` once written (also when the
-    notebook failed, so its error can be read; complete() then asks for a rerun)."""
+def execute(path: Path, out: Path, params: dict, settings: dict, cwd: Path, timeout: int,
+            progress: bool = True) -> None:
+    """papermill into a temporary file beside `out`, the settings recorded in its metadata, renamed onto `out`
+    once written (also when the notebook failed, so its error can be read; complete() then asks for a rerun)."""
+    import nbformat
     import papermill
+
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.ipynb")
     try:
@@ -172,6 +189,12 @@ def execute(path: Path, out: Path, params: dict, cwd: Path, timeout: int, progre
                                    execution_timeout=timeout, progress_bar=progress, log_output=False)
     finally:
         if tmp.is_file():
+            try:
+                nb = nbformat.read(tmp, as_version=4)
+                nb.metadata[SETTINGS_KEY] = settings
+                nbformat.write(nb, tmp)
+            except (OSError, ValueError):     # unreadable: without the settings complete() asks for a rerun
+                pass
             os.replace(tmp, out)
 
 
@@ -208,30 +231,27 @@ def run_notebooks(profile: str = "cpu", overrides: dict | None = None, force: bo
     """Run (or skip, when complete) the numbered notebooks for `profile` with `overrides` laid over it."""
     import nbformat
 
-    from artifact.experiments.settings import PROFILE_DIR, load_profile, profile_path
     directory = Path(directory or notebook_dir())
     paths = find_notebooks(directory, only)
     P = load_profile(profile, overrides)          # a bad profile or override fails here
     # a bundled profile is injected by name, one given as a file by absolute path (the kernel runs in notebooks/)
     bundled = profile_path(profile).resolve().parent == PROFILE_DIR
     arg = P.name if bundled else str(Path(profile).resolve())
-    params = injected_parameters(paths, profile, arg, overrides)
-    unused = sorted(set(overrides or {}) - {k for v in params.values() for k in v})
-    if unused:
-        log(f"note: {', '.join(unused)} is no parameter of these notebooks; the override has no effect there")
+    params = injected_parameters(paths, arg, overrides)
+    settings = settings_of(P)
     outdir = Path(results or repo_root() / "results") / P.name
     clean_stale_temps(outdir, log)
     outcomes = []
     for path in paths:
         out = outdir / path.name
-        if not force and complete(out, params[path], path):
+        if not force and complete(out, params[path], settings, path):
             outcomes.append(Outcome(path.stem, "skipped (complete)", 0.0, claims_of(nbformat.read(out, as_version=4))))
             log(f"{path.stem}: executed copy {out} is complete; skipped (--force reruns it)")
             continue
         log(f"{path.stem}: running on profile {P.name} -> {out}")
         t0 = time.perf_counter()
         try:
-            execute(path, out, params[path], directory, timeout, progress)
+            execute(path, out, params[path], settings, directory, timeout, progress)
             status, error = "ok", ""
         except Exception as e:            # keep going: the table reports it, the exit code counts it
             status, error = "FAILED", _short(e)
@@ -275,7 +295,6 @@ def store_claim_outputs(executed: Path, source: Path) -> None:
     cleared (what git stores, and what nbval compares against)."""
     import nbformat
 
-    from artifact.paths import atomic_write_text
     run = nbformat.read(executed, as_version=4)
     src = nbformat.read(source, as_version=4)
     by_source = {c.source: c for c in run.cells if c.cell_type == "code" and c.source.startswith(CHECK)}
@@ -290,6 +309,7 @@ def store_claim_outputs(executed: Path, source: Path) -> None:
         cell.metadata.pop("execution", None)
         cell.metadata.pop("papermill", None)
     src.metadata.pop("papermill", None)
+    src.metadata.pop(SETTINGS_KEY, None)
     atomic_write_text(source, nbformat.writes(src) + "\n")
 
 
@@ -302,7 +322,6 @@ def _names(s: str) -> list[str]:
 
 def cmd_notebooks(a) -> int:
     """Returns the number of failed notebooks."""
-    from artifact.experiments.settings import ProfileError, parse_override
     try:
         overrides = dict(parse_override(x) for x in a.set or [])
         if a.model is not None:
@@ -317,7 +336,6 @@ def cmd_notebooks(a) -> int:
     if a.store and any(o.status == "FAILED" for o in outcomes):
         print("--store: some notebooks failed; their stored outputs are left as they were", file=sys.stderr)
     if a.store:
-        from artifact.experiments.settings import load_profile
         if load_profile(a.profile).name != "cpu" or overrides:
             print("--store copies claim outputs of a plain cpu run only (no --model/--set); skipped",
                   file=sys.stderr)
@@ -333,7 +351,6 @@ def cmd_notebooks(a) -> int:
 
 def add_cli(subparsers) -> None:
     """Register `notebooks` on an argparse subparsers object. Its exit code counts failed notebooks."""
-    from artifact.experiments.settings import list_profiles
     n = subparsers.add_parser("notebooks", help="run the numbered notebooks for a profile (papermill) and "
                                                 "print every claim's verdict")
     n.add_argument("--profile", default="cpu", help=f"one of {list_profiles()} or a path to a .yaml file")

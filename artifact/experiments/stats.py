@@ -15,21 +15,14 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
+from scipy import stats
+
+from artifact.experiments import paper
 
 CONFIDENCE = 0.95
 CELL_KEYS = ("task", "batch_size", "cache_ratio", "bandwidth_scale")
 PAIR_KEYS = CELL_KEYS + ("rep",)
-
-# The paper's demand-async vs async last-step prefetch results, by C/W: (diff %, CI low, CI high);
-# for 0.83-1.73 it reports the range 4.9-11.8% with CIs that exclude zero.
-PAPER_DEMAND_VS_LAST_STEP = {
-    0.43: {"paper": "+0.73 [-1.16, +2.63]", "paper_verdict": "no difference"},
-    0.83: {"paper": "+4.9..+11.8, CI excludes 0", "paper_verdict": "A faster"},
-    1.0: {"paper": "+4.9..+11.8, CI excludes 0", "paper_verdict": "A faster"},
-    1.3: {"paper": "+4.9..+11.8, CI excludes 0", "paper_verdict": "A faster"},
-    1.73: {"paper": "+4.9..+11.8, CI excludes 0", "paper_verdict": "A faster"},
-}
-
 
 @dataclass(frozen=True)
 class PairedDifference:
@@ -65,7 +58,6 @@ def percent_differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
 
 def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> PairedDifference:
     """Mean per-pair percentage difference of a over b with a t interval over pairs."""
-    from scipy import stats
     d = percent_differences(a, b)
     n = len(d)
     if n == 0:
@@ -101,7 +93,6 @@ def bootstrap_ci(values: Sequence[float], confidence: float = CONFIDENCE, n_resa
 def pairs(rows, a: str, b: str, metric: str = "tokens_per_second"):
     """One row per (cell, rep) holding both policies' `metric` (columns a and b); pairs missing a
     side are dropped. Rows: the bench's CSV rows (a DataFrame)."""
-    import pandas as pd
     rows = pd.DataFrame(rows)
     missing = [c for c in PAIR_KEYS + ("policy", metric) if c not in rows.columns]
     if missing:
@@ -128,7 +119,6 @@ def paired_table(rows, a: str = "demand", b: str = "last_step", by: Sequence[str
     """The paper's table: policy A vs B per group (default per C/W), one row each with n_pairs,
     mean_a, mean_b, diff_pct (mean per-pair %), the t interval, the bootstrap interval, excludes_zero,
     p_value and verdict."""
-    import pandas as pd
     by = list(by)
     bad = [k for k in by if k not in CELL_KEYS]
     if bad:
@@ -151,15 +141,15 @@ def paired_table(rows, a: str = "demand", b: str = "last_step", by: Sequence[str
 
 
 def with_paper(table):
-    """Add the paper's figure and verdict per C/W (demand vs last_step tables grouped by cache_ratio
-    only) and whether the measured verdict agrees. Other tables come back unchanged."""
+    """Add the paper's figure and verdict per C/W (from paper.py; demand vs last_step tables grouped by
+    cache_ratio only) and whether the measured verdict agrees. Other tables come back unchanged."""
     if table.attrs.get("a") != "demand" or table.attrs.get("b") != "last_step" or "cache_ratio" not in table:
         return table
     t = table.copy()
-    ref = [PAPER_DEMAND_VS_LAST_STEP.get(round(float(r), 2), {}) for r in t.cache_ratio]
-    t["paper"] = [r.get("paper", "") for r in ref]
-    t["paper_verdict"] = [r.get("paper_verdict", "") for r in ref]
-    t["agrees"] = [bool(r) and v == r["paper_verdict"] for v, r in zip(t.verdict, ref)]
+    ref = [paper.demand_vs_last_step(r) or ("", "") for r in t.cache_ratio]
+    t["paper"] = [text for text, _ in ref]
+    t["paper_verdict"] = [verdict for _, verdict in ref]
+    t["agrees"] = [bool(pv) and v == pv for v, (_, pv) in zip(t.verdict, ref)]
     t.attrs.update(table.attrs)
     return t
 

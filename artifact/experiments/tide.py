@@ -48,7 +48,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
+from artifact.model.checkpoint import parse_dtype
+from artifact.model.config import ModelConfig
 from artifact.model.decode import DecodeConfig
 
 TIDE_REPO = "https://github.com/ims-kdks/TIDE"
@@ -127,7 +130,6 @@ def check_tide(path, device: str = "cuda", import_module: bool = True) -> TideIn
 
 def check_checkpoint(path) -> Path:
     """The user's Hugging Face directory of safetensors (TIDE loads it with from_pretrained)."""
-    from artifact.model.config import ModelConfig
     root = Path(path).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: checkpoint directory not found (expected a LLaDA2.0 Hugging Face "
@@ -190,7 +192,6 @@ def load_tide_module(info: TideInfo) -> types.ModuleType:
 
 def load_tide(info: TideInfo, checkpoint, args: dict, dtype: str = "bfloat16"):
     """TIDE's model on the checkpoint with offloading enabled: (model, TIDE's offload info dict)."""
-    from artifact.model.checkpoint import parse_dtype
     cls = getattr(load_tide_module(info), MODEL_CLASS)
     # safetensors only (never a pickle), never the network: the user's directory as it is
     model = cls.from_pretrained(str(checkpoint), dtype=parse_dtype(dtype), local_files_only=True,
@@ -323,7 +324,6 @@ def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_expe
     rotates each rep, so drift hits all alike). `loaded` is our model (load_checkpoint(..., resident=False));
     both models sit in host memory at once. TIDE rows get same_tokens_as_engine: the share of prompts
     where TIDE decoded exactly the engine's full-mode tokens (bf16 numerics may differ)."""
-    from tqdm.auto import tqdm
     _check_prompts(prompts, reps)
     checkpoint = checkpoint if checkpoint is not None else loaded.path
     if torch.device(device).type == "cuda":
@@ -463,7 +463,6 @@ def _git_head(root: Path) -> str | None:
 
 def _checkpoint_ids(root: Path) -> dict:
     """mask/eos ids: config.json when it carries them, else the LLaDA2.0 ones (TIDE's defaults too)."""
-    from artifact.model.config import ModelConfig
     raw = json.loads((root / "config.json").read_text())
     base = ModelConfig()
     out = {}

@@ -1,0 +1,172 @@
+"""05 head to head at the same expert budget: our engine (demand vs the TIDE-style interval_refresh policy)
+and, where it can run, TIDE's released implementation through the adapter in tide.py.
+
+The adapter module keeps the name tide.py (its tests and CLI-facing helpers refer to it); this module is
+the claim, named after the notebook."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+
+from artifact.experiments import paper
+from artifact.experiments.bench import ModelRunner
+from artifact.experiments.claims import COLORS, NOT_MEASURABLE, Claim, judged, title
+from artifact.experiments.runs import run_grid
+from artifact.experiments.settings import Profile
+from artifact.experiments.stats import paired_table
+from artifact.experiments.tide import check_tide, compare_with_engine, speedup_parts
+from artifact.model.checkpoint import load_checkpoint
+from artifact.model.tasks import prompts
+from artifact.offload.sim import capacity_for
+
+RATIOS = tuple(paper.TIDE_SPEEDUP)      # "the same budget" C = W, and half of it
+STEM = "tide_style_runs"                # data/results/<profile>/tide_style_runs.csv
+
+
+# --- our engine at TIDE's budgets -----------------------------------------------------------------
+def tide_style_profile(P: Profile) -> Profile:
+    """The 05 grid: our engine at the TIDE budget and half of it, demand vs interval_refresh, batch size 1
+    (TIDE decodes one prompt at a time), every task."""
+    return dataclasses.replace(P, batch_sizes=(1,), cache_ratios=RATIOS, bandwidth_scales=(1.0,),
+                               policies=("demand", "interval_refresh"))
+
+
+def runs(P: Profile, progress: bool = True) -> pd.DataFrame:
+    return run_grid(tide_style_profile(P), STEM, progress=progress)
+
+
+def style_table(rows) -> pd.DataFrame:
+    """demand (A) vs interval_refresh (B), paired per C/W."""
+    return paired_table(rows, "demand", "interval_refresh", ["cache_ratio"])
+
+
+# --- TIDE's released code -------------------------------------------------------------------------
+def tide_unavailable(P: Profile) -> str | None:
+    """Why TIDE's released code cannot run on this profile, or None when it can. The profile's own reasons
+    come first and alone (so the cpu profile's answer is the same on every machine); the machine's and the
+    checkout's only when the profile asks for TIDE."""
+    reasons = []
+    if P.tide_path is None:
+        reasons.append(f"tide_path is null in profile {P.name!r} (set it to a clone of TIDE's repository)")
+    if not P.device.startswith("cuda"):
+        reasons.append(f"TIDE's released code runs on CUDA only and the profile's device is {P.device!r}")
+    if P.model in (None, "tiny"):
+        reasons.append("it needs a real LLaDA2.0 checkpoint (profile key model), not "
+                       + ("the tiny random model" if P.model == "tiny" else "null"))
+    if not reasons:
+        if not torch.cuda.is_available():
+            reasons.append("TIDE's released code runs on CUDA only and no GPU is present on this machine")
+        else:
+            try:
+                check_tide(P.tide_path, P.device)
+            except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
+                reasons.append(str(e))
+    return "; ".join(reasons) or None
+
+
+def tide_released(P: Profile, progress: bool = True) -> list[dict]:
+    """TIDE's released implementation vs our engine at the budget and half of it (tide.compare_with_engine),
+    on the bench's prompts of the first task; C from the bench's W for that task at batch size 1."""
+    loaded = load_checkpoint(P.model, P.torch_dtype, P.device, resident=False)
+    task = P.tasks[0]
+    W = ModelRunner(P, loaded).working_set(task, 1)
+    loaded.model.backend = None                  # drop the traced run's resident experts from the GPU ...
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()                 # ... since TIDE sizes its budget against free GPU memory
+    _, ps = prompts(loaded.tokenizer, task, P.n_prompts, P.seed, P.max_prompt_tokens)
+    rows = []
+    for r in RATIOS:
+        C = capacity_for(r, W, loaded.cfg.num_experts)
+        rows += compare_with_engine(loaded, P.tide_path, ps, C, P.tau, P.decode_config(), reps=P.repetitions,
+                                    task=task, cache_ratio=r, device=P.device, dtype=P.torch_dtype, progress=progress)
+    return rows
+
+
+# --- verdicts -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StyleNumbers:
+    # per C/W, highest first: (C/W, diff %, CI low, CI high, pairs, interval_refresh misses / demand's - 1)
+    by_ratio: tuple
+    refresh_faster: bool         # interval_refresh faster with a CI excluding zero at some C/W
+
+
+def style_numbers(table, rows) -> StyleNumbers:
+    per = []
+    for r in table.sort_values("cache_ratio", ascending=False).itertuples():
+        m = rows[rows.cache_ratio == r.cache_ratio].groupby("policy").demand_misses.sum()
+        per.append((r.cache_ratio, r.diff_pct, r.ci_low, r.ci_high, r.n_pairs,
+                    m["interval_refresh"] / m["demand"] - 1))
+    return StyleNumbers(tuple(per), bool((table.verdict == "B faster").any()))
+
+
+def style_text(n: StyleNumbers) -> str:
+    return "; ".join(f"C/W {r:g}: demand {d:+.1f}% [{lo:+.1f}, {hi:+.1f}] vs interval_refresh ({k} pairs), "
+                     f"interval_refresh misses {m:+.0%} vs demand" for r, d, lo, hi, k, m in n.by_ratio)
+
+
+def style_verdict(n: StyleNumbers) -> Claim:
+    return Claim(
+        "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and half",
+        "interval refresh does not beat LRU", style_text(n), judged(not n.refresh_faster),
+        "interval_refresh faster" if n.refresh_faster else "", timing=True)
+
+
+def released_numbers(rows: list[dict]) -> dict:
+    """C/W -> tide.speedup_parts of the released-code rows at that budget."""
+    return {r: speedup_parts([x for x in rows if x["cache_ratio"] == r]) for r in RATIOS}
+
+
+def released_text(parts: dict) -> str:
+    return "; ".join(f"C/W {r:g}: {p['speedup_total']:.1f}x (KV cache {p['speedup_kv_cache']:.1f}x, "
+                     f"offload {p['speedup_offload']:.1f}x)" for r, p in parts.items())
+
+
+def released_verdict(parts: dict | None, reason: str | None) -> Claim:
+    """parts: released_numbers(rows), or None when TIDE's code did not run (reason says why)."""
+    claim = "this engine is faster than TIDE's released implementation at the same expert budget"
+    text = f"{paper.TIDE_SPEEDUP[1.0]}x at the same budget, {paper.TIDE_SPEEDUP[0.5]}x at half of it"
+    if parts is None:
+        return Claim(claim, text, "-", NOT_MEASURABLE, reason or "not run")
+    return Claim(claim, text, released_text(parts), judged(all(p["speedup_total"] > 1 for p in parts.values())),
+                 timing=True)
+
+
+# --- figure ---------------------------------------------------------------------------------------
+def _per_budget(r) -> pd.DataFrame:
+    g = r.groupby(["cache_ratio", "policy"], sort=False).agg(
+        tokens_per_second=("tokens_per_second", "mean"), sd=("tokens_per_second", "std"),
+        runs=("tokens_per_second", "size"),
+        cache_experts=("cache_experts", lambda c: "/".join(str(int(x)) for x in dict.fromkeys(c))))
+    return g.reset_index()
+
+
+def plot(rows, P: Profile, released=None):
+    """Tokens/s of our engine, demand vs TIDE-style interval_refresh, at the budget and half of it;
+    TIDE's released code beside them when it was measured."""
+    df = _per_budget(rows).assign(system="engine")
+    if released:
+        r = pd.DataFrame(released)
+        r = r[r.system == "tide_released"].assign(policy="TIDE released")
+        df = pd.concat([df, _per_budget(r).assign(system="tide_released")], ignore_index=True)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    budgets = sorted(df.cache_ratio.unique(), reverse=True)
+    pols = list(dict.fromkeys(df.policy))
+    width = 0.8 / len(pols)
+    for k, pol in enumerate(pols):
+        g = df[df.policy == pol].set_index("cache_ratio").reindex(budgets)
+        ax.bar([i + k * width for i in range(len(budgets))], g.tokens_per_second, width, yerr=g.sd.fillna(0),
+               capsize=3, color=COLORS.get(pol, "tab:red"), label=pol)
+    ticks = [f"C/W {b:g} (C = {df[df.cache_ratio == b].cache_experts.iloc[0]})" for b in budgets]
+    ax.set_xticks([i + width * (len(pols) - 1) / 2 for i in range(len(budgets))], ticks)
+    ax.set(xlabel="expert budget per MoE layer (C per task: " + ", ".join(dict.fromkeys(rows.task)) + ")",
+           ylabel="throughput (tokens/s)\nmean, bars: sd over tasks x reps")
+    note = "" if released else (f"TIDE released: not run on this profile (paper: engine {paper.TIDE_SPEEDUP[1.0]}x "
+                                f"faster, {paper.TIDE_SPEEDUP[0.5]}x at half)")
+    ax.set_title(note, fontsize=8, color="crimson")
+    ax.legend(fontsize=8)
+    title(fig, P, "05 head to head at the same expert budget")
+    return fig, df

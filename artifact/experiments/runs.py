@@ -1,0 +1,137 @@
+"""What the claim modules run on: the profile with a notebook's overrides, its model (loaded once per
+process), routing traces (recorded once per (task, batch size) and reused), and benchmark grids (one
+resumable CSV per grid that never mixes settings).
+
+    P = setup("cpu", {"gen_length": 64})          # a notebook's `profile` and `overrides`
+    ts = traces(P)                                # 01, 02
+    rows = run_grid(P, "bench")                   # 03, 04, 05
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from artifact.experiments.bench import CELL_KEYS, bench_fingerprint, grid, read_rows, run_bench
+from artifact.experiments.claims import results_dir, traces_dir
+from artifact.experiments.settings import Profile, fingerprint, load_profile
+from artifact.model.checkpoint import load_checkpoint
+from artifact.model.tasks import prompts, select
+from artifact.offload.runner import OffloadSpec, expert_bytes, run
+from artifact.offload.trace import Trace, TraceError
+
+
+def setup(profile: str, overrides: dict | None = None) -> Profile:
+    """The profile with `overrides` laid over it (a bad key or value fails here, naming it), and torch's
+    thread count set from it."""
+    P = load_profile(profile, overrides)
+    if P.torch_threads is not None:
+        torch.set_num_threads(P.torch_threads)
+    return P
+
+
+# ---------------------------------------------------------------------------------------------
+# Model and run spec
+# ---------------------------------------------------------------------------------------------
+def load_model(P: Profile):
+    """The profile's checkpoint, loaded once per process (experts resident unless traces are offloaded)."""
+    if P.model is None:
+        raise ValueError(f"profile {P.name!r} has model: null; set it to a checkpoint directory "
+                         "(overrides = {'model': DIR} in the notebook, or --model DIR)")
+    return _load(P.model, P.torch_dtype, P.device, P.trace_capacity is None)
+
+
+@lru_cache(maxsize=2)
+def _load(model, dtype, device, resident):
+    return load_checkpoint(model, dtype, device, resident=resident)
+
+
+def offload_spec(P: Profile, loaded, capacity: int, policy: str = "demand") -> OffloadSpec:
+    """The one place the claim modules turn a profile into a run spec."""
+    return OffloadSpec.from_settings(P, capacity, policy, expert_bytes=expert_bytes(loaded))
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing traces (01, 02)
+# ---------------------------------------------------------------------------------------------
+# Profile keys that decide what a trace holds; a stored trace made under other values is re-recorded.
+TRACE_SETTINGS = ("model", "dtype", "device", "link", "latency_us", "link_gbps", "mode", "gen_length", "steps",
+                  "threshold", "trace_n_prompts", "seed", "max_prompt_tokens", "trace_capacity")
+
+
+def trace_path(P: Profile, task: str, batch_size: int) -> Path:
+    return traces_dir(P) / f"{task}-b{batch_size}.safetensors"
+
+
+def traces(P: Profile, progress: bool = True) -> list[Trace]:
+    """One trace per (trace task, trace batch size), from data/traces/<profile>/ when one there was
+    made with this profile's settings, else recorded (resident, or offloaded at trace_capacity) and
+    saved atomically. The model is loaded only when something is recorded."""
+    fp = fingerprint(P, TRACE_SETTINGS)
+    jobs = [(t, b) for t in P.trace_tasks for b in P.trace_batch_sizes]
+    out: dict[tuple, Trace] = {}
+    for task, b in jobs:
+        path = trace_path(P, task, b)
+        if not path.is_file():
+            continue
+        try:
+            t = Trace.load(path)
+        except TraceError:
+            continue                    # unreadable: recorded again below
+        ids = [r["id"] for r in select(task, P.trace_n_prompts, P.seed)]
+        if (t.meta.get("profile_fingerprint"), t.meta.get("prompt_ids"), t.meta.get("batch_size")) == (fp, ids, b):
+            out[(task, b)] = t
+    todo = [j for j in jobs if j not in out]
+    for task, b in tqdm(todo, desc="record traces", disable=not progress or not todo):
+        t = record_trace(P, task, b)
+        t.meta["profile_fingerprint"] = fp
+        out[(task, b)] = Trace.load(t.save(trace_path(P, task, b)))
+    return [out[j] for j in jobs]
+
+
+def record_trace(P: Profile, task: str, batch_size: int) -> Trace:
+    loaded = load_model(P)
+    ids, ps = prompts(loaded.tokenizer, task, P.trace_n_prompts, P.seed, P.max_prompt_tokens)
+    spec = None
+    if P.trace_capacity is not None:
+        spec = offload_spec(P, loaded, min(P.trace_capacity, loaded.cfg.num_experts))
+    return run(loaded, ps, batch_size, P.decode_config(), spec=spec, device=P.device, record=True,
+               prompt_ids=ids, task=task).trace
+
+
+def trace_label(t: Trace) -> dict:
+    return {"task": t.meta.get("task"), "batch_size": int(t.meta.get("batch_size"))}
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark grids (03, 04, 05)
+# ---------------------------------------------------------------------------------------------
+def bench_file(P: Profile, stem: str = "bench") -> Path:
+    """data/results/<profile>/<stem>.csv, or <stem>-<fingerprint>.csv when that file holds runs made
+    under other settings (so an old result file is never mixed with, nor blocks, this one)."""
+    path = results_dir(P) / f"{stem}.csv"
+    if path.is_file():
+        try:
+            fps = set(read_rows(path).fingerprint)
+        except ValueError:
+            fps = {None}
+        if fps and fps != {bench_fingerprint(P)}:
+            return results_dir(P) / f"{stem}-{bench_fingerprint(P)}.csv"
+    return path
+
+
+def run_grid(P: Profile, stem: str = "bench", progress: bool = True, log=print):
+    """run_bench on the profile's grid into bench_file(P, stem): resumes, skips finished cells."""
+    loaded = _load(P.model, P.torch_dtype, P.device, P.trace_capacity is None) if P.model else None
+    rows = run_bench(P, bench_file(P, stem), loaded=loaded, progress=progress, log=log)
+    cells = {c.key for c in grid(P)}                # the file may also hold cells of another grid
+    keep = [(str(t), int(b), float(r), float(s)) in cells for t, b, r, s in zip(*(rows[k] for k in CELL_KEYS))]
+    return rows[keep].reset_index(drop=True)
+
+
+def same_tokens(rows) -> tuple[int, int]:
+    """(cells where every policy and repetition decoded the same tokens, cells)."""
+    g = rows.groupby(list(CELL_KEYS)).tokens_sha.nunique()
+    return int((g == 1).sum()), int(len(g))

@@ -1,0 +1,108 @@
+"""03 bandwidth throttling: demand and last_step end to end at one C/W while the link's bandwidth is scaled;
+do speculative transfers compete with demand transfers?"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from artifact.experiments.claims import COLORS, Claim, judged, title
+from artifact.experiments.runs import run_grid
+from artifact.experiments.settings import Profile
+
+STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
+
+
+def throttle_profile(P: Profile) -> Profile:
+    """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step,
+    one cell per bandwidth in throttle_scales."""
+    return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(max(P.batch_sizes),),
+                               cache_ratios=(P.throttle_ratio,), bandwidth_scales=tuple(P.throttle_scales),
+                               policies=("demand", "last_step"))
+
+
+def runs(P: Profile, progress: bool = True) -> pd.DataFrame:
+    """The 03 grid's rows (resumable; see runs.run_grid)."""
+    return run_grid(throttle_profile(P), STEM, progress=progress)
+
+
+def summary_table(rows) -> pd.DataFrame:
+    """Mean over repetitions per (bandwidth, policy): tokens/s, stall and link-busy seconds, transfers.
+    On the cuda link the unpaced scale 1 has no link_gbps in the rows: it is filled in from the others."""
+    rows = rows.assign(transfers=rows.demand_misses + rows.speculative_transfers)
+    nominal = (rows.link_gbps / rows.bandwidth_scale).dropna()
+    if len(nominal):
+        rows = rows.assign(link_gbps=rows.link_gbps.fillna(rows.bandwidth_scale * nominal.median()))
+    g = rows.groupby(["bandwidth_scale", "link_gbps", "policy"], sort=True, dropna=False).agg(
+        runs=("seconds", "size"), tokens_per_second=("tokens_per_second", "mean"),
+        stall_seconds=("stall_seconds", "mean"), link_busy_seconds=("link_busy_seconds", "mean"),
+        seconds=("seconds", "mean"), demand_misses=("demand_misses", "first"),
+        speculative_transfers=("speculative_transfers", "first"), transfers=("transfers", "first"))
+    return g.reset_index()
+
+
+# --- verdicts -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Numbers:
+    # counts of one run (the first row; counts never depend on the bandwidth: no timing enters them)
+    fewer_demand: float          # 1 - last_step's demand loads / demand's
+    more_speculative: float      # last_step's speculative loads / demand's transfers
+    extra_transfers: float       # last_step's transfers / demand's - 1
+    by_bandwidth: tuple          # (link GB/s, stall demand, stall last_step, tokens/s demand, tokens/s last_step),
+                                 # highest bandwidth first
+
+
+def numbers(summary) -> Numbers:
+    d = summary[summary.policy == "demand"].set_index("bandwidth_scale")
+    s = summary[summary.policy == "last_step"].set_index("bandwidth_scale")
+    scales = sorted(d.index, reverse=True)
+    return Numbers(1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
+                   s.speculative_transfers.iloc[0] / d.transfers.iloc[0],
+                   s.transfers.iloc[0] / d.transfers.iloc[0] - 1,
+                   tuple((d.link_gbps[x], d.stall_seconds[x], s.stall_seconds[x], d.tokens_per_second[x],
+                          s.tokens_per_second[x]) for x in scales))
+
+
+def counts_text(n: Numbers) -> str:
+    return (f"per run, last_step vs demand: {n.fewer_demand:.0%} fewer demand loads, "
+            f"{n.more_speculative:.0%} more speculative ones, {n.extra_transfers:+.0%} link transfers in all")
+
+
+def stall_text(n: Numbers) -> str:
+    return "; ".join(f"{gbps:.3g} GB/s: stall {sd:.2f} s vs {ss:.2f} s, {td:.1f} vs {ts:.1f} tokens/s"
+                     for gbps, sd, ss, td, ts in n.by_bandwidth)
+
+
+def verdicts(n: Numbers) -> list[Claim]:
+    gap = [ss - sd for _, sd, ss, _, _ in n.by_bandwidth]
+    counts = Claim(
+        "last-step prefetch puts more transfers on the link than demand loading serves misses",
+        "speculative transfers compete with demand transfers for host-to-device bandwidth",
+        counts_text(n), judged(n.extra_transfers > 0))
+    stall = Claim(
+        "speculative transfers delay demand transfers: last_step stalls longer, more so as bandwidth falls",
+        "speculative loads queue ahead of demand loads on the copy engine (qualitative)",
+        stall_text(n), judged(all(g > 0 for g in gap) and gap[-1] > gap[0]), timing=True)
+    return [counts, stall]
+
+
+# --- figure ---------------------------------------------------------------------------------------
+def plot(summary, P: Profile):
+    """(a) tokens/s and (b) stall seconds vs link bandwidth, demand and last_step."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for pol, g in summary.groupby("policy", sort=False):
+        kw = dict(marker="o", color=COLORS.get(pol), label=pol)
+        ax1.plot(g.link_gbps, g.tokens_per_second, **kw)
+        ax2.plot(g.link_gbps, g.stall_seconds, **kw)
+    ax1.set(xlabel="link bandwidth (GB/s)", ylabel="throughput (tokens/s)", title="throughput")
+    ax2.set(xlabel="link bandwidth (GB/s)", ylabel="stall per run (seconds)", title="compute waiting on the link")
+    ticks = sorted(summary.link_gbps.unique())
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [f"{x:.3g}" for x in ticks])
+        ax.minorticks_off()
+        ax.legend(fontsize=8)
+    title(fig, P, "03 bandwidth throttling (no paper figure: qualitative)")
+    return fig, summary.copy()

@@ -1,0 +1,126 @@
+"""01 the per-step expert working set W and its step-to-step stability, from routing traces."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from artifact.experiments.claims import Claim, judged, title
+from artifact.experiments.runs import trace_label
+from artifact.offload.sim import capacity_for, replay
+from artifact.offload.trace import mean_working_set, step_similarity, working_sets
+
+STABLE = 0.80    # "very stable" routing (our reading): >= 80% of D(t, l) was already in D(t-1, l), on every task
+
+
+# --- tables ---------------------------------------------------------------------------------------
+def working_set_table(ts) -> pd.DataFrame:
+    """W = distinct experts one MoE layer needs in one denoising step: one row per (trace, forward, layer)."""
+    return pd.concat([working_sets(t).assign(**trace_label(t)) for t in ts], ignore_index=True)
+
+
+def stability_table(ts) -> pd.DataFrame:
+    """Step-to-step similarity of D(t, l) and D(t-1, l): one row per (trace, forward, layer)."""
+    return pd.concat([step_similarity(t).assign(**trace_label(t)) for t in ts], ignore_index=True)
+
+
+def lru_share(ts, ratios) -> pd.DataFrame:
+    """The share of each step's demanded experts already resident under LRU, per trace and C/W: the demand
+    hit rate of replaying the trace through the 'demand' policy at C = ratio * W (all demands)."""
+    rows = []
+    for t in ts:
+        W = mean_working_set(t)
+        for r in ratios:
+            C = capacity_for(r, W, t.meta["num_experts"])
+            c = replay(t, "demand", C)
+            rows.append({**trace_label(t), "cache_ratio": r, "working_set": W, "cache_experts": C,
+                         "demand_hits": c["demand_hits"], "demand_misses": c["demand_misses"],
+                         "resident_share": c["demand_hits"] / (c["demand_hits"] + c["demand_misses"])})
+    return pd.DataFrame(rows)
+
+
+# --- verdict --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Numbers:
+    mean_working_set: float
+    reuse: float                 # mean share of D(t, l) already in D(t-1, l)
+    reuse_by_task: dict          # task -> mean reuse
+    jaccard: float
+    lru_ratio: float             # the C/W closest to 1 ...
+    lru_resident: float          # ... and the share of demands already resident under LRU there
+
+
+def numbers(ws, sim, share) -> Numbers:
+    at1 = share.loc[(share.cache_ratio - 1.0).abs().idxmin()].cache_ratio
+    s1 = share[share.cache_ratio == at1]
+    return Numbers(float(ws.working_set.mean()), float(sim.reuse.mean()), sim.groupby("task").reuse.mean().to_dict(),
+                   float(sim.jaccard.mean()), float(at1),
+                   float(s1.demand_hits.sum() / (s1.demand_hits.sum() + s1.demand_misses.sum())))
+
+
+def measured_text(n: Numbers) -> str:
+    worst = min(n.reuse_by_task, key=n.reuse_by_task.get)
+    return (f"mean W {n.mean_working_set:.0f} experts/layer/step; share of D(t, l) in D(t-1, l) {n.reuse:.2f} "
+            f"(lowest task {worst}: {n.reuse_by_task[worst]:.2f}), Jaccard {n.jaccard:.2f}; "
+            f"already resident under LRU at C/W = {n.lru_ratio:g}: {n.lru_resident:.2f}")
+
+
+def verdict(n: Numbers) -> Claim:
+    return Claim("expert routing is very stable from one denoising step to the next",
+                 f"qualitative (no figure); judged: >= {STABLE:.0%} of D(t, l) already in D(t-1, l) on every task",
+                 measured_text(n), judged(all(v >= STABLE for v in n.reuse_by_task.values())))
+
+
+# --- figures --------------------------------------------------------------------------------------
+def _grouped_bars(ax, df, value, scale=1.0):
+    """One bar per (task, batch size), tasks along x; returns the tasks and batch sizes drawn."""
+    tasks, sizes = list(dict.fromkeys(df.task)), sorted(df.batch_size.unique())
+    width = 0.8 / len(sizes)
+    for k, s in enumerate(sizes):
+        g = df[df.batch_size == s].set_index("task").reindex(tasks)
+        ax.bar([i + k * width for i in range(len(tasks))], scale * g[value], width, label=f"batch size {s}")
+    ax.set_xticks([i + width * (len(sizes) - 1) / 2 for i in range(len(tasks))], tasks)
+    return tasks, sizes
+
+
+def plot_working_set(ws, P):
+    """(a) W per denoising step of a block, per MoE layer (all tasks, the smallest batch size);
+    (b) mean W per task and batch size."""
+    b0 = ws.batch_size.min()
+    a = ws[ws.batch_size == b0].groupby(["layer", "block_step"]).working_set.mean().reset_index()
+    b = ws.groupby(["task", "batch_size"]).working_set.mean().reset_index()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for layer, g in a.groupby("layer"):
+        ax1.plot(g.block_step, g.working_set, marker=".", label=f"layer {layer}")
+    ax1.set(xlabel="denoising step within a block", ylabel="working set W (experts)",
+            title=f"W per layer and step (batch size {b0}, all tasks)")
+    ax1.legend(fontsize=8)
+    _, sizes = _grouped_bars(ax2, b, "working_set")
+    ax2.set(ylabel="mean working set W (experts)", title="mean W per task", ylim=(0, 1.25 * b.working_set.max()))
+    ax2.legend(fontsize=8, loc="upper left", ncol=len(sizes))
+    title(fig, P, "01 working set")
+    df = pd.concat([a.assign(panel="W per layer and step", batch_size=b0),
+                    b.assign(panel="mean W per task and batch size")], ignore_index=True)
+    return fig, df
+
+
+def plot_stability(sim, share, P):
+    """(a) share of D(t, l) already in D(t-1, l) per task and batch size, the STABLE threshold marked;
+    (b) share of each step's experts already resident under LRU vs C/W, per task and batch size."""
+    a = sim.groupby(["task", "batch_size"]).agg(reuse=("reuse", "mean"), jaccard=("jaccard", "mean")).reset_index()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    tasks, sizes = _grouped_bars(ax1, a, "reuse", 100)
+    ax1.axhline(100 * STABLE, color="black", lw=1, ls=":", label=f"'very stable' threshold {STABLE:.0%}")
+    ax1.set(ylabel="D(t, l) already in D(t-1, l) (%)", ylim=(0, 118), title="step-to-step reuse")
+    ax1.legend(fontsize=7, loc="upper left", ncol=3)
+    styles = ["-", "--", ":", "-."]
+    for (task, s), g in share.groupby(["task", "batch_size"], sort=False):
+        ax2.plot(g.cache_ratio, 100 * g.resident_share, ls=styles[sizes.index(s) % 4], marker="o", ms=3,
+                 color=f"C{tasks.index(task) % 10}", label=f"{task} b={s}")
+    ax2.set(xlabel="cache capacity C/W (C slots per layer / mean W)",
+            ylabel="demanded experts already resident (%)", ylim=(0, 100), title="LRU: resident share")
+    ax2.legend(fontsize=7, ncol=2)
+    title(fig, P, "01 step-to-step stability")
+    df = pd.concat([a.assign(panel="reuse"), share.assign(panel="LRU resident share")], ignore_index=True)
+    return fig, df

@@ -1,0 +1,296 @@
+"""The claim modules behind the notebooks: verdicts on known numbers, traces recorded once and reused, bench
+files that never mix settings, every figure saved as PNG + the CSV of what it plotted, and the paper's
+numbers written once."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import nbformat  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from artifact.experiments import (  # noqa: E402
+    capacity,
+    claims,
+    head_to_head,
+    misses,
+    paper,
+    quickstart,
+    runs,
+    throttle,
+    working_set,
+)
+from artifact.experiments.bench import COLUMNS, write_rows  # noqa: E402
+from artifact.experiments.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
+from artifact.experiments.notebooks import claims_of  # noqa: E402
+from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
+from artifact.paths import data_dir  # noqa: E402
+
+EXPERIMENTS = Path(claims.__file__).resolve().parent
+
+
+@pytest.fixture
+def places(tmp_path, monkeypatch):
+    """Figures, results and traces under tmp_path, through the environment variables the notebooks honour
+    (ARTIFACT_DATA, with the bundled task prompts linked in; ARTIFACT_FIGURES)."""
+    tasks = data_dir() / "tasks"
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tasks").symlink_to(tasks.resolve(), target_is_directory=True)
+    monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("ARTIFACT_FIGURES", str(tmp_path / "figures"))
+    return tmp_path
+
+
+def test_claim_lines_round_trip_through_the_runner_parser(capsys):
+    claims.report(Claim("c1", "p1", "m1", REPRODUCED), Claim("c2", "p2", "m2", NOT_REPRODUCED, "why", timing=True))
+    text = capsys.readouterr().out
+    assert "measured [timing]: m2" in text and "verdict [timing]: not reproduced (why)" in text
+    nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}]}
+    assert claims_of(nbformat.from_dict(nb)) == [("c1", "reproduced"), ("c2", "not reproduced (why)")]
+    with pytest.raises(AssertionError):
+        Claim("c", "p", "m", "maybe")
+
+
+def test_setup_lays_overrides_over_the_profile():
+    P = runs.setup("cpu", {"gen_length": 64, "repetitions": 2})
+    assert P.name == "cpu" and P.gen_length == 64 and P.repetitions == 2
+    assert runs.setup("cpu") == load_profile("cpu")
+    with pytest.raises(ProfileError, match="gen_lenght"):
+        runs.setup("cpu", {"gen_lenght": 64})
+
+
+def sweep_rows(lru, last, spec, oracle, refresh, ratios=(0.43, 1.0, 1.73)):
+    rows = []
+    for k, r in enumerate(ratios):
+        for pol, m, s in (("demand", lru[k], 0), ("last_step", last[k], spec[k]), ("oracle", oracle[k], spec[k]),
+                          ("interval_refresh", refresh[k], 0), ("belady", oracle[k], 0)):
+            rows.append({"trace": "t", "task": "x", "batch_size": 1, "policy": pol, "cache_ratio": r,
+                         "demand_misses": m, "speculative_transfers": s, "prefetch_hits": 0, "wasted_prefetches": 0,
+                         "accesses": 1000})
+    return pd.DataFrame(rows)
+
+
+def miss_verdicts(df):
+    return misses.verdicts(misses.numbers(misses.miss_summary(df)))
+
+
+def test_miss_claims_judge_known_counts():
+    useless, oracle, refresh = miss_verdicts(sweep_rows(lru=[500, 300, 100], last=[480, 290, 99],
+                                                        spec=[200, 150, 40], oracle=[400, 45, 10],
+                                                        refresh=[495, 298, 100]))
+    assert useless.verdict == REPRODUCED and "1: 3% removed" in useless.measured
+    assert oracle.verdict == REPRODUCED and "C/W = 1: 6.7x" in oracle.measured
+    assert refresh.verdict == REPRODUCED
+    useless, oracle, refresh = miss_verdicts(sweep_rows(lru=[500, 300, 100], last=[400, 150, 50],
+                                                        spec=[200, 150, 40], oracle=[400, 200, 10],
+                                                        refresh=[400, 250, 100]))
+    assert (useless.verdict, oracle.verdict, refresh.verdict) == (NOT_REPRODUCED,) * 3
+    assert not any(c.timing for c in (useless, oracle, refresh))       # exact counts: compared by nbval
+    no_last = sweep_rows([500, 300, 100], [480, 290, 99], [200, 150, 40], [400, 45, 10], [495, 298, 100])
+    (c, *_) = miss_verdicts(no_last[no_last.policy != "last_step"])
+    assert c.verdict == NOT_MEASURABLE and "0.83-1.73" in c.reason
+
+
+def bench_rows(diffs: dict, reps=2, policies=("demand", "last_step")):
+    """Rows whose paired tokens/s differ by diffs[C/W] percent, +-0.3 points alternating pair by pair."""
+    rng = np.random.default_rng(0)
+    rows, sign = [], 1
+    for r, d in diffs.items():
+        for task in ("gsm8k", "mbpp"):
+            for b in (1, 4):
+                for rep in range(reps):
+                    base, sign = 50 + 10 * rng.random(), -sign
+                    for k, pol in enumerate(policies):
+                        tps = base * (1 + (d + 0.3 * sign) / 100) if k == 0 else base
+                        rows.append({c: 0 for c in COLUMNS} | {
+                            "task": task, "batch_size": b, "cache_ratio": r, "bandwidth_scale": 1.0, "policy": pol,
+                            "rep": rep, "order": k, "tokens_per_second": tps, "seconds": 128 / tps,
+                            "tokens_sha": "abc", "demand_misses": 100 - 10 * k, "cache_experts": 10})
+    return pd.DataFrame(rows)
+
+
+def test_capacity_claims_follow_the_paired_intervals():
+    rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0})
+    by_ratio, by_cell = capacity.tables(rows)
+    same, faster, low = capacity.verdicts(capacity.numbers(by_ratio, rows))
+    assert same.verdict == REPRODUCED and "16 of 16 cells" in same.measured
+    assert faster.verdict == REPRODUCED and faster.timing
+    assert low.verdict == REPRODUCED and low.paper == "+0.73% [-1.16, +2.63]"
+    assert set(by_cell.task) == {"gsm8k", "mbpp"} and len(by_cell) == 4
+    rows = bench_rows({0.43: 20.0, 0.83: 8.0, 1.73: 0.0})
+    rows.loc[0, "tokens_sha"] = "changed"
+    by_ratio, _ = capacity.tables(rows)
+    same, faster, low = capacity.verdicts(capacity.numbers(by_ratio, rows))
+    assert same.verdict == NOT_REPRODUCED
+    assert faster.verdict == NOT_REPRODUCED and "1.73" in faster.reason
+    assert low.verdict == NOT_REPRODUCED and "demand faster" in low.reason
+
+
+def throttle_rows():
+    rows = []
+    for scale, gbps in ((2.0, 0.2), (1.0, 0.1), (0.5, 0.05)):
+        for pol, stall, m, spec in (("demand", 0.5 / scale, 100, 0), ("last_step", 0.9 / scale, 90, 40)):
+            rows.append({"bandwidth_scale": scale, "link_gbps": gbps, "policy": pol, "seconds": 2 + stall,
+                         "tokens_per_second": 128 / (2 + stall), "stall_seconds": stall, "link_busy_seconds": 1.0,
+                         "demand_misses": m, "speculative_transfers": spec})
+    return pd.DataFrame(rows)
+
+
+def test_throttle_claims():
+    counts, stall = throttle.verdicts(throttle.numbers(throttle.summary_table(throttle_rows())))
+    assert counts.verdict == REPRODUCED and "+30% link transfers" in counts.measured and not counts.timing
+    assert stall.verdict == REPRODUCED and stall.timing
+    assert stall.measured.startswith("0.2 GB/s: stall 0.25 s vs 0.45 s")          # highest bandwidth first
+    P = load_profile("cpu")
+    T = throttle.throttle_profile(P)
+    assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (P.tasks[:1], (4,), (1.0,), ("demand", "last_step"))
+    assert T.bandwidth_scales == P.throttle_scales == (2.0, 1.0, 0.5)
+
+
+def test_throttle_summary_fills_the_unpaced_cuda_bandwidth():
+    rows = throttle_rows()
+    rows.loc[rows.bandwidth_scale == 2.0, "link_gbps"] = None        # as a cuda row at scale 1 holds it
+    s = throttle.summary_table(rows)
+    assert len(s) == 6 and np.allclose(sorted(s.link_gbps.unique()), [0.05, 0.1, 0.2])
+
+
+def test_tide_claims_without_tide_say_why():
+    P = load_profile("cpu")
+    reason = head_to_head.tide_unavailable(P)
+    assert "tide_path is null" in reason and "tiny" in reason
+    c = head_to_head.released_verdict(None, reason)
+    assert c.verdict == NOT_MEASURABLE and reason in c.lines()[-1]
+    rows = bench_rows({1.0: 0.0, 0.5: 0.5}, policies=("demand", "interval_refresh"))
+    table = head_to_head.style_table(rows)
+    claim = head_to_head.style_verdict(head_to_head.style_numbers(table, rows))
+    assert claim.verdict == REPRODUCED and set(table.cache_ratio) == {1.0, 0.5}
+    assert claim.measured.startswith("C/W 1: demand") and "misses -10% vs demand" in claim.measured
+    parts = {1.0: {"speedup_total": 3.0, "speedup_kv_cache": 2.0, "speedup_offload": 1.5},
+             0.5: {"speedup_total": 0.9, "speedup_kv_cache": 0.9, "speedup_offload": 1.0}}
+    c = head_to_head.released_verdict(parts, None)
+    assert c.verdict == NOT_REPRODUCED and "C/W 1: 3.0x (KV cache 2.0x, offload 1.5x)" in c.measured
+
+
+def test_bench_file_never_mixes_settings(places):
+    P = load_profile("cpu")
+    assert runs.bench_file(P) == places / "data" / "results" / "cpu" / "bench.csv"
+    row = {c: 0 for c in COLUMNS} | {"profile": "cpu", "fingerprint": "other", "task": "gsm8k", "policy": "demand",
+                                      "tokens_sha": "x"}
+    write_rows(runs.bench_file(P), [row])
+    other = runs.bench_file(P)
+    assert other.name.startswith("bench-") and other.name != "bench.csv"
+
+
+def test_traces_are_recorded_once_and_rerecorded_when_settings_change(places, monkeypatch):
+    P = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1})
+    first = runs.traces(P, progress=False)
+    assert len(first) == 1 and runs.trace_path(P, "gsm8k", 1).is_file()
+    assert runs.trace_path(P, "gsm8k", 1).is_relative_to(places / "data" / "traces")
+    calls = []
+    real = runs.record_trace
+    monkeypatch.setattr(runs, "record_trace", lambda *a: calls.append(a) or real(*a))
+    again = runs.traces(P, progress=False)
+    assert calls == [] and again[0].equal_routing(first[0])
+    changed = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1,
+                                   "threshold": 0.9})
+    runs.traces(changed, progress=False)
+    assert len(calls) == 1
+
+
+def test_every_figure_is_saved_with_the_data_it_plotted(places):
+    P = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1})
+    ts = runs.traces(P, progress=False)
+    ws, sim = working_set.working_set_table(ts), working_set.stability_table(ts)
+    share = working_set.lru_share(ts, (0.5, 1.0))
+    claim = working_set.verdict(working_set.numbers(ws, sim, share))
+    assert claim.verdict in (REPRODUCED, NOT_REPRODUCED) and "C/W = 1" in claim.measured
+    summary = misses.miss_summary(misses.miss_sweep(ts, load_profile("cpu", {"cache_ratios": [0.5, 1.0]}),
+                                                    progress=False))
+    assert set(summary.policy) == set(P.sim_policies)
+    assert (summary[summary.policy == "demand"].misses_vs_lru == 1).all()
+    by_ratio, by_cell = capacity.tables(bench_rows({0.43: 1.0, 1.0: 5.0}))
+    q = {"resident": {"seconds": 1.0}, "offloaded": {"seconds": 2.0, "stall_seconds": 0.5}, "cache_experts": 5}
+    made = {
+        "00": quickstart.plot(q, P),
+        "01a": working_set.plot_working_set(ws, P),
+        "01b": working_set.plot_stability(sim, share, P),
+        "02": misses.plot(summary, P),
+        "03": throttle.plot(throttle.summary_table(throttle_rows()), P),
+        "04": capacity.plot(by_ratio, by_cell, P),
+        "05": head_to_head.plot(bench_rows({1.0: 0.0, 0.5: 0.5}, policies=("demand", "interval_refresh")), P),
+    }
+    for name, (fig, df) in made.items():
+        png, csv = claims.save(fig, df, P, name, log=lambda s: None)
+        assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size < 300_000
+        assert len(pd.read_csv(csv)) == len(df) > 0
+        assert not list(png.parent.glob(".*.tmp")) and not list(csv.parent.glob(".*.tmp"))
+    assert (places / "figures" / "cpu" / "04.png").is_file()
+    assert (places / "data" / "results" / "cpu" / "04.csv").is_file()
+
+
+def test_quickstart_claim_follows_the_tokens():
+    q = {"offloaded": {"demand_misses": 62, "demand_hits": 38}, "cache_experts": 27, "num_experts": 256,
+         "cache_ratio": 0.5, "same_tokens": True}
+    c = quickstart.verdict(quickstart.numbers(q))
+    assert c.verdict == REPRODUCED and c.measured == ("C = 27 of 256 experts per layer (C/W = 0.5), 62% of expert "
+                                                      "uses missed, identical tokens: yes")
+    assert quickstart.verdict(quickstart.numbers(q | {"same_tokens": False})).verdict == NOT_REPRODUCED
+
+
+# --- the paper's numbers, once ---------------------------------------------------------------------
+PAPER_FIGURES = ("6.7", "4.9", "11.8", "0.73", "1.16", "2.63", "14.4", "6.1")
+
+
+def test_the_papers_numbers_live_only_in_paper_py():
+    """No other experiments module writes one of the paper's figures as a literal."""
+    for path in sorted(EXPERIMENTS.glob("*.py")):
+        if path.name == "paper.py":
+            continue
+        tree = ast.parse(path.read_text())
+        literals = {repr(n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                    and isinstance(n.value, float)}
+        strings = " ".join(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+        found = [f for f in PAPER_FIGURES if f in literals or f in strings]
+        assert not found, f"{path.name} writes the paper's figure(s) {found}; take them from paper.py"
+
+
+def test_paper_table_derives_from_paper_py():
+    assert paper.demand_vs_last_step(0.43) == ("+0.73 [-1.16, +2.63]", paper.NO_DIFFERENCE)
+    assert paper.demand_vs_last_step(1.3) == ("+4.9..+11.8, CI excludes 0", paper.FASTER)
+    assert paper.demand_vs_last_step(0.5) is None
+    assert tuple(head_to_head.RATIOS) == (1.0, 0.5)
+
+
+def test_claim_modules_import_at_the_top():
+    """Imports sit at the top of the claim modules (no function-local imports)."""
+    for name in ("claims", "runs", "paper", "quickstart", "working_set", "misses", "throttle", "capacity",
+                 "head_to_head", "stats"):
+        tree = ast.parse((EXPERIMENTS / f"{name}.py").read_text())
+        local = [n.lineno for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert not local, f"{name}.py imports inside functions at lines {local}"
+
+
+# --- the committed cpu figures ----------------------------------------------------------------------
+ROOT = EXPERIMENTS.parent.parent
+
+
+def test_every_notebook_figure_is_committed_small_and_linked_from_the_readme():
+    saved = set()
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for cell in nbformat.read(nb, as_version=4).cells:
+            saved |= set(re.findall(r'save\(fig, df, P, "([^"]+)"\)', cell.source))
+    assert len(saved) == 7
+    readme = (ROOT / "README.md").read_text()
+    for name in sorted(saved):
+        png, csv = ROOT / "figures" / "cpu" / f"{name}.png", ROOT / "data" / "results" / "cpu" / f"{name}.csv"
+        assert png.is_file() and csv.is_file(), f"{name}: run ./run_all.sh cpu --force and commit both"
+        assert png.stat().st_size < 300_000 and csv.stat().st_size < 300_000
+        assert f"(figures/cpu/{name}.png)" in readme, f"README's claims table does not link {name}.png"
