@@ -32,6 +32,7 @@ from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, RunSettings, check_device, check_oracle_before_load, run
 from artifact.offload.sim import COUNTS, replay, sweep
 from artifact.offload.synth import add_cli as add_synth_cli
+from artifact.offload.timeline import PRIORITIES
 from artifact.offload.trace import Trace, mean_working_set
 from artifact.paths import atomic_write_text
 from artifact.validate import check_number
@@ -45,8 +46,8 @@ USER_OS_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, IsADirect
 # argparse's default is None, so "given explicitly" is known after parsing and such a flag without
 # --offload is refused instead of silently ignored.
 OFFLOAD_DEFAULTS = {"cache_experts": None, "policy": D.policies[0], "link": D.link, "bandwidth_gbps": D.link_gbps,
-                    "latency_us": D.latency_us, "cap_gbps": None, "lookahead": D.lookahead, "tau": D.tau,
-                    "oracle_trace": None}
+                    "latency_us": D.latency_us, "link_priority": D.link_priority, "cap_gbps": None,
+                    "lookahead": D.lookahead, "tau": D.tau, "oracle_trace": None}
 
 
 def _flag(dest: str) -> str:
@@ -102,6 +103,9 @@ def add_offload_args(p: argparse.ArgumentParser):
     p.add_argument("--bandwidth-gbps", type=float, default=None,
                    help="emulated link bandwidth (default: PCIe 4 scaled to this model's expert size)")
     p.add_argument("--latency-us", type=float, default=None, help=f"default: {OFFLOAD_DEFAULTS['latency_us']}")
+    p.add_argument("--link-priority", choices=PRIORITIES, default=None,
+                   help="fifo: one copy queue in issue order; demand: speculative copies never delay a demand copy "
+                        f"by more than one expert copy (default: {OFFLOAD_DEFAULTS['link_priority']})")
     p.add_argument("--cap-gbps", type=float, default=None, help="throttle: cap the link's bandwidth")
     p.add_argument("--lookahead", type=int, default=None, help=f"default: {OFFLOAD_DEFAULTS['lookahead']}")
     p.add_argument("--tau", type=int, default=None, help=f"default: {OFFLOAD_DEFAULTS['tau']}")
@@ -134,8 +138,8 @@ def offload_spec(a, cfg: ModelConfig, dtype: str) -> OffloadSpec | None:
         raise SettingError("--offload needs --cache-experts C (device slots per MoE layer)")
     for flag in ("bandwidth_gbps", "cap_gbps"):
         check_number(f"--{flag.replace('_', '-')}", getattr(a, flag), low=0, low_open=True, allow_none=True)
-    s = RunSettings(link=a.link, link_gbps=a.bandwidth_gbps, latency_us=a.latency_us, lookahead=a.lookahead,
-                    tau=a.tau)
+    s = RunSettings(link=a.link, link_gbps=a.bandwidth_gbps, latency_us=a.latency_us, link_priority=a.link_priority,
+                    lookahead=a.lookahead, tau=a.tau)
     eb = cfg.expert_params * DTYPES[dtype].itemsize       # what one expert transfer moves once loaded
     spec = OffloadSpec.from_settings(s, a.cache_experts, a.policy, expert_bytes=eb, cap_gbps=a.cap_gbps)
     spec.check(cfg.num_experts, a.device)

@@ -184,7 +184,7 @@ def test_cli_defaults_are_the_settings_defaults():
     assert g.link is None and g.tau is None             # offload flags: None until resolved, to see what was given
     cli.offload_flags(g)
     assert (g.link, g.latency_us, g.lookahead, g.tau) == (d.link, d.latency_us, d.lookahead, d.tau)
-    assert (g.bandwidth_gbps, g.policy) == (d.link_gbps, d.policies[0])
+    assert (g.bandwidth_gbps, g.policy, g.link_priority) == (d.link_gbps, d.policies[0], d.link_priority)
     t = build_parser().parse_args(["trace", "--task", "gsm8k", "--out", "x"])
     assert (t.n, t.seed, t.gen_length) == (d.trace_n_prompts, d.seed, d.gen_length)
     s = build_parser().parse_args(["simulate", "--trace", "x"])

@@ -251,7 +251,8 @@ def test_link_knobs_too_extreme_to_sleep_on_are_refused_before_the_weights(unrea
 
 # --- item 6: offload flags without --offload -----------------------------------------------------
 @pytest.mark.parametrize("flag", [["--policy", "last_step"], ["--link", "emulated"], ["--bandwidth-gbps", "10"],
-                                  ["--latency-us", "5"], ["--cap-gbps", "5"], ["--lookahead", "2"], ["--tau", "2"],
+                                  ["--latency-us", "5"], ["--link-priority", "fifo"], ["--cap-gbps", "5"],
+                                  ["--lookahead", "2"], ["--tau", "2"],
                                   ["--oracle-trace", "t.safetensors"], ["--cache-experts", "8"]])
 def test_offload_flags_without_offload_are_refused(capsys, flag):
     line = one_line_error(capsys, main(["generate", "--prompt", "hi", *flag]))

@@ -30,6 +30,7 @@ from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
 from artifact.model.tasks import TASKS
 from artifact.offload.link import LINKS, PCIE_LATENCY_US
 from artifact.offload.policies import POLICIES
+from artifact.offload.timeline import PRIORITIES
 from artifact.validate import check_number
 
 __all__ = ["PROFILE_DIR", "PROFILE_KEYS", "Profile", "ProfileError", "Settings", "fingerprint", "list_profiles",
@@ -55,6 +56,8 @@ class Settings:
     device: str = "cpu"                  # cpu | cuda | cuda:N
     link: str = "emulated"               # emulated (a modelled PCIe copy engine, any machine) | cuda (copy stream)
     latency_us: float = PCIE_LATENCY_US  # per-copy setup cost of the emulated link (microseconds)
+    link_priority: str = "fifo"          # fifo: one copy queue in issue order | demand: speculative copies wait
+                                         # while a demand copy is queued (offload/timeline.py)
     # The unthrottled bandwidth, GB/s. None = the link's own: emulated -> PCIe 4 (25 GB/s) scaled to this
     # model's expert size, so one expert costs what a LLaDA2.0-mini expert costs on PCIe 4
     # (offload/link.py emulated_bandwidth_gbps); cuda -> the hardware's, measured once with a pinned copy
@@ -342,6 +345,7 @@ def _check_values(p: Settings, origin: dict) -> None:
 
     choices("device", [p.device.split(":")[0]], ("cpu", "cuda"))
     choices("link", [p.link], LINKS)
+    choices("link_priority", [p.link_priority], PRIORITIES)
     choices("mode", [p.mode], MODES)
     choices("tasks", p.tasks, TASKS)
     choices("trace_tasks", p.trace_tasks, TASKS)

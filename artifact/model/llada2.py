@@ -237,6 +237,17 @@ class Router(nn.Module):
         return idx, w                                                   # (N, k) long, (N, k) fp32
 
 
+def predict_demand(next_router: Router, x: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Cross-layer prediction (the predictor of Pre-gated MoE, ProMoE, HOBBIT): the next MoE layer's
+    router applied to this layer's MoE input x (N, D), the post-attention-norm hidden states of the
+    tokens that route here. The input, not this layer's output: the prediction must exist when this
+    layer's demand is served, before its experts compute, so the link can move the next layer's experts
+    meanwhile. Returns (experts ascending, token counts). Pure: the model's outputs do not change."""
+    idx, _ = next_router(x)                                             # (N, k)
+    experts, counts = torch.unique(idx.reshape(-1), sorted=True, return_counts=True)
+    return tuple(experts.tolist()), tuple(counts.tolist())              # one more host sync, only when asked
+
+
 class Routing:
     """What the MoE layers share: the expert backend, the current step, and who listens to demands."""
 
@@ -244,6 +255,11 @@ class Routing:
         self.backend = backend
         self.step = StepInfo(0, -1, -1, "denoise")
         self.listeners: list[Callable[[Demand], None]] = []
+        # Cross-layer prediction: when predict_next is set, each MoE layer's Demand carries the next MoE
+        # layer's predicted demand (predict_demand). next_router maps a MoE layer to the next one's router;
+        # kept here, not on the modules, so the routers are not registered twice in the state dict.
+        self.predict_next = False
+        self.next_router: dict[int, Router] = {}
 
 
 class MoE(nn.Module):
@@ -278,7 +294,9 @@ class MoE(nn.Module):
         order = torch.argsort(flat_idx, stable=True)                    # (token, slot) pairs grouped by expert
         experts, counts = torch.unique_consecutive(flat_idx[order], return_counts=True)
         experts, counts = experts.tolist(), counts.tolist()             # the one host sync per layer
-        demand = Demand(self.routing.step, self.layer, tuple(experts), tuple(counts))
+        nxt = self.routing.next_router.get(self.layer) if self.routing.predict_next else None
+        predicted = predict_demand(nxt, x) if nxt is not None else None
+        demand = Demand(self.routing.step, self.layer, tuple(experts), tuple(counts), predicted)
         for listener in self.routing.listeners:
             listener(demand)
         start, span = 0, {}
@@ -317,6 +335,9 @@ class Backbone(nn.Module):
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(cfg, i, routing) for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        moe = cfg.moe_layers
+        # For predict_demand: each MoE layer -> the next MoE layer's router.
+        routing.next_router = {a: self.layers[b].mlp.gate for a, b in zip(moe, moe[1:], strict=False)}
 
 
 def block_causal_mask(q_pos, k_pos, k_valid, block: int) -> torch.Tensor:

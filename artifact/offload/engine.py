@@ -1,9 +1,10 @@
 """The offloaded expert backend: executes the cache's plans on the link while the experts compute.
 
-For each demand: the cache plans it; the engine issues the loads for the misses (and then the
-policy's speculative loads for a later layer), hands out the resident experts while those copies are
-in flight, then each missed expert as soon as its copy lands. A copy into a slot whose occupant is
-demanded in the same step is issued right after that occupant has been computed.
+For each demand: the cache plans it; the engine issues the loads for the misses, hands out the
+resident experts while those copies are in flight, then each missed expert as soon as its copy lands.
+A copy into a slot whose occupant is demanded in the same step is issued right after that occupant has
+been computed. The policy's speculative loads for a later layer are issued only after every demand load
+of this layer, so no demand copy ever queues behind them on the link (whatever the link priority).
 """
 from __future__ import annotations
 
@@ -33,20 +34,29 @@ class OffloadEngine:
     def _issue(self, ld: Load):
         dst = self.slots[ld.layer][ld.slot]
         after = self.freed[ld.layer].get(ld.slot)
-        self.pending[ld.layer][ld.slot] = self.link.copy(dst, self.store.expert(ld.layer, ld.expert), after=after)
+        self.pending[ld.layer][ld.slot] = self.link.copy(dst, self.store.expert(ld.layer, ld.expert), after=after,
+                                                         speculative=ld.speculative)
 
     def experts(self, demand: Demand):
         plan, speculative = self.cache.serve(demand)
         layer = demand.layer
         pending, freed, views = self.pending[layer], self.freed[layer], self.views[layer]
         waiting: dict[int, list[Load]] = defaultdict(list)              # occupant -> loads into its slot
+        promote = getattr(self.link, "promote", None)       # demand priority: a demanded prefetch is demand,
+        if pending and promote is not None:                 # queued ahead of this layer's misses
+            for _, slot in plan.hits:
+                if slot in pending:
+                    promote(pending[slot])
         for ld in plan.loads:
             if ld.after == EMPTY:
                 self._issue(ld)
             else:
                 waiting[ld.after].append(ld)
-        for ld in speculative:
-            self._issue(ld)
+        # Issue order (issue 13): speculative loads only once all of this layer's demand loads are
+        # issued, i.e. now if no load waits for a compute, else right after the last waiting one.
+        if not waiting:
+            for ld in speculative:
+                self._issue(ld)
         hits = plan.hits
         if pending:      # resident experts first; those whose (prefetch) copy is still in flight go last
             hits = sorted(hits, key=lambda es: (es[1] in pending and not self.link.ready(pending[es[1]]), es[0]))
@@ -60,6 +70,9 @@ class OffloadEngine:
             if waiting:
                 for ld in waiting.pop(e, ()):
                     self._issue(ld)
+                if not waiting:                                 # the last demand load is issued
+                    for ld in speculative:
+                        self._issue(ld)
         assert not waiting, f"layer {layer}: loads never issued for {dict(waiting)}"
 
     def finish(self) -> dict:

@@ -20,6 +20,7 @@ from artifact.model.llada2 import ResidentExperts
 from artifact.offload.engine import OffloadEngine, offload
 from artifact.offload.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps, make_link
 from artifact.offload.policies import POLICIES, make_policy
+from artifact.offload.timeline import PRIORITIES
 from artifact.offload.trace import Trace, TraceError, TraceRecorder
 from artifact.validate import check_number
 
@@ -33,6 +34,7 @@ class LinkSettings(Protocol):
     link: str
     link_gbps: float | None
     latency_us: float
+    link_priority: str
     lookahead: int
     tau: int
 
@@ -44,6 +46,7 @@ class RunSettings:
     link: str = "emulated"
     link_gbps: float | None = None       # None: emulated -> PCIe 4 scaled to the experts; cuda -> the hardware's
     latency_us: float = PCIE_LATENCY_US
+    link_priority: str = "fifo"
     lookahead: int = 1
     tau: int = 4
 
@@ -76,6 +79,7 @@ class OffloadSpec:
     cap_gbps: float | None = None       # throttle: cap the link's bandwidth
     lookahead: int = 1                  # last_step / oracle: prefetch this many MoE layers ahead
     tau: int = 4                        # interval_refresh: refresh every tau denoising steps
+    link_priority: str = "fifo"         # fifo | demand: speculative copies never delay demand copies (timeline.py)
 
     @classmethod
     def from_settings(cls, s: LinkSettings, capacity: int, policy: str = "demand", *, expert_bytes: int,
@@ -88,9 +92,10 @@ class OffloadSpec:
         if s.link == "cuda":
             caps = [c for c in (gbps, cap_gbps) if c is not None]
             return cls(capacity, policy, s.link, bandwidth_gbps=None, latency_us=s.latency_us,
-                       cap_gbps=min(caps) if caps else None, lookahead=s.lookahead, tau=s.tau)
+                       cap_gbps=min(caps) if caps else None, lookahead=s.lookahead, tau=s.tau,
+                       link_priority=s.link_priority)
         return cls(capacity, policy, s.link, bandwidth_gbps=gbps, latency_us=s.latency_us, cap_gbps=cap_gbps,
-                   lookahead=s.lookahead, tau=s.tau)
+                   lookahead=s.lookahead, tau=s.tau, link_priority=s.link_priority)
 
     @property
     def link_gbps(self) -> float | None:
@@ -110,6 +115,8 @@ class OffloadSpec:
             raise SettingError(f"policy {self.policy!r} runs in the simulator only (python -m artifact simulate)")
         if self.link not in LINKS:
             raise SettingError(f"unknown link {self.link!r}; choose one of {LINKS}")
+        if self.link_priority not in PRIORITIES:
+            raise SettingError(f"unknown link priority {self.link_priority!r}; choose one of {PRIORITIES}")
         if self.link == "cuda" and not torch.cuda.is_available():
             raise DeviceError("--link cuda needs a CUDA GPU, and none is available (use --link emulated)")
         if self.link == "cuda" and torch.device(device).type != "cuda":
@@ -199,12 +206,17 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
         pol = make_policy(spec.policy, len(cfg.moe_layers), cfg.num_experts, future=future, engine=True,
                           lookahead=spec.lookahead, tau=spec.tau)
         link = make_link(spec.link, device=device, bandwidth_gbps=spec.bandwidth_gbps, latency_us=spec.latency_us,
-                         cap_gbps=spec.cap_gbps, expert_bytes=meta["expert_bytes"])
+                         cap_gbps=spec.cap_gbps, expert_bytes=meta["expert_bytes"], priority=spec.link_priority)
         engine = offload(model, loaded.experts, spec.capacity, pol, link, device)
     elif not isinstance(saved_backend, ResidentExperts):
         # Kept after the run: moving every expert to the device is worth doing once, not per run.
         saved_backend = model.backend = ResidentExperts(loaded.experts.to(device), cfg)
     recorder = TraceRecorder() if record else None
+    # Cross-layer predictions (Demand.predicted): recorded in every trace (schema 2) so the simulator can
+    # replay the cross_layer policy, and computed for a policy that reads them live.
+    saved_predict = model.routing.predict_next
+    model.routing.predict_next = saved_predict or record or bool(
+        spec is not None and getattr(POLICIES[spec.policy], "needs_prediction", False))
     gens = []
     try:
         ctx = model.listening(recorder) if recorder else contextlib.nullcontext()
@@ -216,10 +228,11 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
         if engine is not None:
             engine.link.close()
         model.backend = saved_backend
+        model.routing.predict_next = saved_predict
     stats = merge_stats([g.stats for g in gens])
     stats.update(engine_stats)
     if spec is not None:
-        stats.update(policy=spec.policy, link=spec.link, offload=True,
+        stats.update(policy=spec.policy, link=spec.link, link_priority=spec.link_priority, offload=True,
                      link_bandwidth_gbps=getattr(engine.link, "bandwidth_gbps", None))
     else:
         stats.update(policy="resident", offload=False)

@@ -24,6 +24,8 @@ def build_cache(trace: Trace, policy: str, capacity: int, expert_bytes: int = 1,
     meta = trace.meta
     layers, E = meta["moe_layers"], meta["num_experts"]
     future = trace.future() if POLICIES.get(policy) and POLICIES[policy].needs_trace else None
+    if getattr(POLICIES.get(policy), "needs_prediction", False):    # reads Demand.predicted (cross_layer)
+        trace.require_predictions(f"policy {policy!r}")
     pol = make_policy(policy, len(layers), E, future=future, **options)
     return ExpertCache(layers, E, capacity, pol, expert_bytes)
 

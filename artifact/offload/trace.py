@@ -4,6 +4,9 @@ File format: safetensors (no pickle), flat int arrays plus JSON metadata:
   forward, layer, block, block_step, kind (N,)   one row per demand, in stream order
   offsets (N+1,)                                  experts[offsets[n]:offsets[n+1]] belong to demand n
   experts, counts (M,)                            demanded experts (ascending) and their token counts
+  pred_offsets (N+1,), pred_experts, pred_counts  schema 2, present when the run predicted: each demand's
+                                                  cross-layer prediction of the next MoE layer's demand
+                                                  (Demand.predicted), an empty range where it has none
 Metadata: schema version, model config hash, model name, task, prompt ids, batch size, decoding
 parameters, MoE layer list, number of experts.
 """
@@ -20,10 +23,12 @@ from artifact.errors import TraceError  # noqa: F401  (defined with the other us
 from artifact.model.llada2 import Demand, StepInfo
 from artifact.paths import atomic_write_bytes
 
-SCHEMA = 1
+SCHEMA = 2
+READS = ("1", "2")          # schema 1: no prediction arrays; it loads with no predictions
 FORMAT = "artifact-routing-trace"
 KINDS = ("prefill", "denoise")
 ARRAYS = ("forward", "layer", "block", "block_step", "kind", "offsets", "experts", "counts")
+PRED_ARRAYS = ("pred_offsets", "pred_experts", "pred_counts")     # schema 2, optional
 
 
 class TraceRecorder:
@@ -34,6 +39,7 @@ class TraceRecorder:
         self.rows: list[tuple[int, int, int, int, int]] = []
         self.experts: list[tuple[int, ...]] = []
         self.counts: list[tuple[int, ...]] = []
+        self.predicted: list[tuple[tuple[int, ...], tuple[int, ...]] | None] = []
         self._base = 0
         self._last = -1
 
@@ -45,10 +51,18 @@ class TraceRecorder:
         self.rows.append((f, d.layer, d.step.block, d.step.block_step, KINDS.index(d.step.kind)))
         self.experts.append(d.experts)
         self.counts.append(d.counts)
+        self.predicted.append(d.predicted)
 
     def trace(self, meta: dict) -> "Trace":
         rows = np.array(self.rows, dtype=np.int64).reshape(-1, 5)
         lengths = np.array([len(e) for e in self.experts], dtype=np.int64)
+        pred = {}
+        if any(p is not None for p in self.predicted):
+            preds = [p or ((), ()) for p in self.predicted]
+            plen = np.array([len(e) for e, _ in preds], dtype=np.int64)
+            pred = dict(pred_offsets=np.concatenate([[0], np.cumsum(plen)]).astype(np.int64),
+                        pred_experts=np.fromiter((x for e, _ in preds for x in e), dtype=np.int16),
+                        pred_counts=np.fromiter((x for _, c in preds for x in c), dtype=np.int32))
         return Trace(
             meta=dict(meta),
             forward=rows[:, 0].astype(np.int32), layer=rows[:, 1].astype(np.int16),
@@ -56,7 +70,7 @@ class TraceRecorder:
             kind=rows[:, 4].astype(np.uint8),
             offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             experts=np.fromiter((x for e in self.experts for x in e), dtype=np.int16),
-            counts=np.fromiter((x for c in self.counts for x in c), dtype=np.int32))
+            counts=np.fromiter((x for c in self.counts for x in c), dtype=np.int32), **pred)
 
 
 @dataclass(eq=False)
@@ -71,6 +85,20 @@ class Trace:
     experts: np.ndarray
     counts: np.ndarray
     path: Path | None = field(default=None, compare=False)
+    pred_offsets: np.ndarray | None = None      # cross-layer predictions (schema 2), None if not recorded
+    pred_experts: np.ndarray | None = None
+    pred_counts: np.ndarray | None = None
+
+    @property
+    def has_predictions(self) -> bool:
+        return self.pred_offsets is not None
+
+    def require_predictions(self, who: str) -> None:
+        """For a consumer of Demand.predicted (the cross_layer policy): a clear error when they are missing."""
+        if not self.has_predictions:
+            raise TraceError(f"{self.path or 'trace'}: {who} needs the cross-layer predictions (Demand.predicted), "
+                             "and this trace has none (a schema-1 trace, or a run that did not predict); "
+                             "re-record it with `python -m artifact trace`, which records them (schema 2)")
 
     def __len__(self) -> int:
         return len(self.forward)
@@ -83,11 +111,15 @@ class Trace:
     def demands(self) -> list[Demand]:
         """The stream as the model emitted it (forward indices run on across batches)."""
         out = []
-        o = self.offsets
+        o, po = self.offsets, self.pred_offsets
         for n in range(len(self)):
             step = StepInfo(int(self.forward[n]), int(self.block[n]), int(self.block_step[n]), KINDS[self.kind[n]])
+            pred = None
+            if po is not None and po[n + 1] > po[n]:
+                pred = (tuple(self.pred_experts[po[n]:po[n + 1]].tolist()),
+                        tuple(self.pred_counts[po[n]:po[n + 1]].tolist()))
             out.append(Demand(step, int(self.layer[n]), tuple(self.experts[o[n]:o[n + 1]].tolist()),
-                              tuple(self.counts[o[n]:o[n + 1]].tolist())))
+                              tuple(self.counts[o[n]:o[n + 1]].tolist()), pred))
         return out
 
     def future(self):
@@ -106,7 +138,8 @@ class Trace:
     def save(self, path: str | Path) -> Path:
         from safetensors.numpy import save
         meta = {"format": FORMAT, "schema": str(SCHEMA), "meta": json.dumps(self.meta, sort_keys=True)}
-        data = save({a: np.ascontiguousarray(getattr(self, a)) for a in ARRAYS}, metadata=meta)
+        names = ARRAYS + (PRED_ARRAYS if self.has_predictions else ())
+        data = save({a: np.ascontiguousarray(getattr(self, a)) for a in names}, metadata=meta)
         return atomic_write_bytes(path, data)
 
     @classmethod
@@ -124,14 +157,18 @@ class Trace:
             raise TraceError(f"{path}: not a readable trace file (corrupt or truncated safetensors: {e})") from None
         if header.get("format") != FORMAT:
             raise TraceError(f"{path}: not a routing trace (format {header.get('format')!r}, expected {FORMAT!r})")
-        if header.get("schema") != str(SCHEMA):
-            raise TraceError(f"{path}: trace schema {header.get('schema')!r}, this code reads schema {SCHEMA}; "
-                             "re-record it with `python -m artifact trace`")
+        if header.get("schema") not in READS:
+            raise TraceError(f"{path}: trace schema {header.get('schema')!r}, this code reads schemas "
+                             f"{', '.join(READS)}; re-record it with `python -m artifact trace`")
         missing = [a for a in ARRAYS if a not in arrays]
         if missing:
             raise TraceError(f"{path}: trace lacks arrays {missing}")
+        present = [a for a in PRED_ARRAYS if a in arrays]
+        if present and (header["schema"] == "1" or len(present) != len(PRED_ARRAYS)):
+            raise TraceError(f"{path}: prediction arrays {present} in a schema-{header['schema']} trace; "
+                             f"expected all of {list(PRED_ARRAYS)} in a schema-2 trace, or none")
         meta = json.loads(header["meta"])
-        t = cls(meta=meta, path=path, **{a: arrays[a] for a in ARRAYS})
+        t = cls(meta=meta, path=path, **{a: arrays[a] for a in ARRAYS + tuple(present)})
         t.validate(str(path))
         if expect_config_hash is not None and meta.get("config_hash") != expect_config_hash:
             raise TraceError(f"{path}: trace was recorded on model {meta.get('model')!r} (config hash "
@@ -158,6 +195,12 @@ class Trace:
                              f"{self.meta['moe_layers']}")
         if (self.counts <= 0).any() or (self.kind >= len(KINDS)).any():
             raise TraceError(f"{where}: non-positive token counts or unknown event kinds")
+        if self.has_predictions:
+            po, pe, pc = self.pred_offsets, self.pred_experts, self.pred_counts
+            if len(po) != n + 1 or po[0] != 0 or po[-1] != len(pe) or (np.diff(po) < 0).any() or len(pc) != len(pe):
+                raise TraceError(f"{where}: pred_offsets do not index the pred_experts / pred_counts arrays")
+            if len(pe) and (pe.min() < 0 or pe.max() >= E or (pc <= 0).any()):
+                raise TraceError(f"{where}: predicted expert ids outside [0, {E}) or non-positive predicted counts")
 
 
 def _header(raw: bytes) -> dict:

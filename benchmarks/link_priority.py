@@ -1,0 +1,165 @@
+"""Link priority on the tiny model (printed, not asserted): demand loading against last_step, each under
+the fifo and the demand-priority link, across C/W, on the emulated link (PCIe 4 scaled to the tiny
+experts).
+
+Default: virtual time. The real engine, cache, policy and emulated link run, but on a virtual clock
+that advances by a fixed compute model (per layer, per expert, per routed token; fitted once from a
+timed resident run and printed) and by the link's waits. Every number is then a deterministic function
+of the routing, the policy and the priority, so the comparison is exact and immune to a busy machine;
+what it does not show is how real compute time varies. `--wall`: real clock, R repetitions per
+(policy, priority), order reversed on odd repetitions, medians (noisy on a shared machine).
+Counts (misses, transfers) are exact and the same under both priorities.
+
+    .venv/bin/python benchmarks/link_priority.py [--batch 1] [--n 2] [--ratios 0.43,0.83,1,1.73] [--wall --reps 3]
+"""
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from artifact.model.checkpoint import load_checkpoint
+from artifact.model.decode import DecodeConfig, generate
+from artifact.model.tasks import prompts
+from artifact.offload.engine import offload
+from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps, scaled_chunk_bytes
+from artifact.offload.policies import make_policy
+from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.sim import capacity_for
+from artifact.offload.trace import mean_working_set
+
+CONFIGS = [(p, q) for p in ("demand", "last_step") for q in ("fifo", "demand")]
+
+
+class VirtualClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, dt):
+        self.t += dt
+
+
+class Timed:
+    """Expert backend wrapper: after each expert the caller computed, advance the virtual clock by the
+    compute model (without a clock: measure the caller's real compute time, for the fit)."""
+
+    def __init__(self, inner, clock=None, per_expert=0.0, per_token=0.0):
+        self.inner, self.clock = inner, clock
+        self.per_expert, self.per_token = per_expert, per_token
+        self.samples: list[tuple[int, float]] = []
+
+    def experts(self, demand):
+        counts = dict(zip(demand.experts, demand.counts, strict=True))
+        for e, w in self.inner.experts(demand):
+            t0 = time.perf_counter()
+            yield e, w
+            if self.clock is None:
+                self.samples.append((counts[e], time.perf_counter() - t0))
+            else:
+                self.clock.t += self.per_expert + self.per_token * counts[e]
+
+
+def fit_compute(loaded, ps, batch, dc):
+    """(per layer, per expert, per token) seconds from one timed resident run."""
+    model = loaded.model
+    run(loaded, ps[:1], 1, dc)                                      # makes the resident backend, warms up
+    saved = model.backend
+    timer = model.backend = Timed(saved)
+    demands = []
+    try:
+        with model.listening(demands.append):
+            t0 = time.perf_counter()
+            for i in range(0, len(ps), batch):
+                generate(model, ps[i:i + batch], dc)
+            total = time.perf_counter() - t0
+    finally:
+        model.backend = saved
+    n, t = np.array(timer.samples, dtype=float).T
+    per_token, per_expert = np.polyfit(n, t, 1)
+    per_layer = (total - t.sum()) / len(demands)
+    return per_layer, max(per_expert, 0.0), max(per_token, 0.0)
+
+
+def run_virtual(loaded, ps, batch, dc, C, policy, prio, costs, chunk_bytes=None):
+    cfg = loaded.cfg
+    per_layer, per_expert, per_token = costs
+    expert_bytes = cfg.expert_params * loaded.experts.element_size()
+    vc = VirtualClock()
+    link = EmulatedLink(emulated_bandwidth_gbps(expert_bytes), clock=vc, sleep=vc.sleep, priority=prio,
+                        chunk_bytes=(chunk_bytes or scaled_chunk_bytes(expert_bytes)) if prio == "demand" else None)
+    pol = make_policy(policy, len(cfg.moe_layers), cfg.num_experts, engine=True)
+    model = loaded.model
+    saved = model.backend
+    engine = offload(model, loaded.experts, C, pol, link)
+    model.backend = Timed(engine, vc, per_expert, per_token)
+    tokens = []
+    try:
+        with model.listening(lambda d: setattr(vc, "t", vc.t + per_layer)):   # attention etc. before routing
+            for i in range(0, len(ps), batch):
+                tokens += generate(model, ps[i:i + batch], dc).tokens
+        stats = engine.finish()
+    finally:
+        model.backend = saved
+    n = sum(len(t) for t in tokens)
+    return tokens, {**stats, "tokens_per_second": n / vc.t, "seconds": vc.t}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--wall", action="store_true", help="real clock instead of virtual time")
+    ap.add_argument("--reps", type=int, default=3, help="--wall: repetitions")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--n", type=int, default=2, help="prompts (gsm8k)")
+    ap.add_argument("--gen-length", type=int, default=32)
+    ap.add_argument("--ratios", default="0.43,0.83,1,1.73")
+    ap.add_argument("--costs", default=None, help="virtual time: compute model 'layer,expert,token' in us "
+                    "(default: fitted from a timed resident run); pin it to compare two runs of this script")
+    ap.add_argument("--chunk-bytes", type=int, default=None, help="demand priority: speculative chunk size "
+                    "(default: scaled_chunk_bytes, a sixth of an expert)")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    loaded = load_checkpoint("tiny")
+    _, ps = prompts(loaded.tokenizer, "gsm8k", a.n, seed=0, max_prompt_tokens=64)
+    dc = DecodeConfig(gen_length=a.gen_length)
+    base = run(loaded, ps, a.batch, dc, record=True)
+    W = mean_working_set(base.trace)
+    print(f"W = {W:.1f} experts/layer/step; {a.n} prompts, batch {a.batch}, "
+          + ("wall clock, %d repetitions" % a.reps if a.wall else "virtual time"))
+    if not a.wall:
+        costs = (tuple(float(c) * 1e-6 for c in a.costs.split(",")) if a.costs
+                 else fit_compute(loaded, ps, a.batch, dc))
+        print("compute model (--costs): %.1f,%.2f,%.3f us per layer, per expert, per routed token"
+              % tuple(c * 1e6 for c in costs))
+    print(f"{'C/W':>5} {'C':>3} {'policy':>10} {'priority':>8} {'tok/s':>7} {'stall s':>8} {'busy s':>7} "
+          f"{'misses':>6} {'spec':>5}")
+    for ratio in (float(r) for r in a.ratios.split(",")):
+        C = capacity_for(ratio, W, loaded.cfg.num_experts)
+        rows = {c: [] for c in CONFIGS}
+        for rep in range(a.reps if a.wall else 1):
+            for policy, prio in (CONFIGS if rep % 2 == 0 else CONFIGS[::-1]):
+                if a.wall:
+                    r = run(loaded, ps, a.batch, dc, spec=OffloadSpec(C, policy, link_priority=prio))
+                    tokens, stats = r.tokens, r.stats
+                else:
+                    tokens, stats = run_virtual(loaded, ps, a.batch, dc, C, policy, prio, costs, a.chunk_bytes)
+                assert tokens == base.tokens, "offloaded tokens differ from resident ones"
+                rows[(policy, prio)].append(stats)
+        med = {c: {k: statistics.median(s[k] for s in v) for k in ("tokens_per_second", "stall_seconds",
+                                                                     "link_busy_seconds")}
+               for c, v in rows.items()}
+        for (policy, prio), m in med.items():
+            s = rows[(policy, prio)][0]
+            print(f"{ratio:>5g} {C:>3} {policy:>10} {prio:>8} {m['tokens_per_second']:>7.1f} "
+                  f"{m['stall_seconds']:>8.3f} {m['link_busy_seconds']:>7.3f} {s['demand_misses']:>6} "
+                  f"{s['speculative_transfers']:>5}")
+        for prio in dict.fromkeys(q for _, q in CONFIGS):
+            rel = med[("last_step", prio)]["tokens_per_second"] / med[("demand", prio)]["tokens_per_second"]
+            print(f"{'':>5} last_step / demand tokens/s under {prio}: {rel:.3f}")
+
+
+if __name__ == "__main__":
+    main()
