@@ -55,7 +55,6 @@ def main():
           f"ratio {o / r:.3f} (target <= 1.10)")
 
     # overlap: C near W on the emulated link (PCIe 4 scaled to the tiny experts)
-    cfg = loaded.cfg
     for ratio in (0.83, 1.0, 1.3):
         C = capacity_for(ratio, W, 256)
         rows = []
@@ -63,7 +62,8 @@ def main():
             compute = run(loaded, ps, a.batch, dc).stats["seconds"]
             rows.append((compute, *timed_layers(loaded, ps, dc, C)))
         compute, total, busy, stall, causal = sorted(rows, key=lambda r: r[1] / max(r[0], r[2]))[len(rows) // 2]
-        print(f"overlap C/W={ratio} (C={C}, W={W:.1f}): {total:.3f} s; bound max(compute {compute:.3f}, link {busy:.3f}) "
+        print(f"overlap C/W={ratio} (C={C}, W={W:.1f}): {total:.3f} s; "
+              f"bound max(compute {compute:.3f}, link {busy:.3f}) "
               f"-> ratio {total / max(compute, busy):.3f} (target <= 1.15); causal per-layer bound {causal:.3f} "
               f"-> ratio {total / causal:.3f}; stall {stall:.3f} s")
     loaded.model.backend = None
@@ -74,14 +74,14 @@ def timed_layers(loaded, ps, dc, C):
     cfg = loaded.cfg
     link = make_link("emulated", expert_bytes=cfg.expert_bytes(loaded.experts.element_size()))
     eng = offload(loaded.model, loaded.experts, C, make_policy("demand", len(cfg.moe_layers), cfg.num_experts), link)
-    serve, layers = eng.experts, []
+    serve, layers = eng.groups, []
 
     def timed(d):
         t0, b0, s0 = time.perf_counter(), link.stats.busy_seconds, link.stats.stall_seconds
         yield from serve(d)
         layers.append((time.perf_counter() - t0, link.stats.busy_seconds - b0, link.stats.stall_seconds - s0))
 
-    eng.experts = timed
+    eng.groups = timed
     t0 = time.perf_counter()
     generate(loaded.model, ps, dc)
     total = time.perf_counter() - t0

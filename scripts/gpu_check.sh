@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One command for a machine with one GPU and this project checked out: the GPU tests, the H2D engine
-# check and a short paired demand vs last_step run, summarised in results/gpu_check.json (--out).
-# Under 8 minutes, nothing downloaded or built. Arguments go to scripts/gpu_check.py (--help, --quick).
-# Exit codes: 0 done, 1 GPU tests failed, 2 bad arguments, 3 no CUDA GPU visible (nothing run).
+# The first GPU session, one command: environment, CUDA tests, pinned H2D peak, capped link, one MoE layer
+# loop vs grouped, a 9 GB pinned store, the engine on a 6-layer mini-shaped random model; each step
+# written to results/gpu_check.json (--out) as it ends. At most 6 minutes on one H200, no checkpoint,
+# nothing downloaded or built. Arguments go to scripts/gpu_check.py (--help).
+# Exit codes: 0 done, 1 GPU tests failed, 2 bad arguments, 3 no CUDA GPU visible (nothing run), 4 a step raised.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

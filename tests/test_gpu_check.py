@@ -41,7 +41,9 @@ def test_no_gpu_exits_3_with_a_clear_message(tmp_path):
     (["--device", "cpu"], "--allow-cpu"),
     (["--ratios", "0.5,x"], "comma-separated"),
     (["--ratios", "0,1"], "positive"),
-    (["--batch-size", "3", "--prompts", "2"], "--batch-size"),
+    (["--batches", "9"], "--batches"),
+    (["--store-gb", "0"], "--store-gb"),
+    (["--layers", "1"], "--layers"),
 ])
 def test_bad_arguments_exit_2(args, words, capsys):
     with pytest.raises(SystemExit) as e:
@@ -49,53 +51,46 @@ def test_bad_arguments_exit_2(args, words, capsys):
     assert e.value.code == 2 and words in capsys.readouterr().err
 
 
-def test_paired_summary_pairs_by_rep():
-    rows = [{"rep": rep, "policy": p, "cache_ratio": 1.0, "cache_experts": 10, "tokens_per_second": tps,
-             "demand_misses": 5} for rep, p, tps in
-            [(0, "demand", 110.0), (0, "last_step", 100.0), (1, "demand", 96.0), (1, "last_step", 80.0),
-             (2, "demand", 50.0)]]                                        # rep 2 has no partner
-    (s,) = load_script().paired_summary(rows, [1.0])
-    assert s["pairs"] == 2 and s["cache_experts"] == 10
-    assert s["demand_vs_last_step_pct"] == pytest.approx(15.0)          # mean of +10% and +20%
-    assert s["ci95_pct"][0] < 15.0 < s["ci95_pct"][1]
-    assert s["demand_tokens_per_second"] == pytest.approx(103.0)
-
-
 @pytest.mark.slow
-def test_cpu_dry_run_writes_the_summary(tmp_path):
+def test_cpu_dry_run_writes_the_seven_steps_in_order(tmp_path):
     out = tmp_path / "gpu_check.json"
-    p = sh("--device", "cpu", "--allow-cpu", "--skip-tests", "--reps", 2, "--ratios", "0.5,1.5", "--gen-length", 32,
-           "--prompt-length", 20, "--layers", 3, "--prompts", 1, "--out", out)
+    p = sh("--device", "cpu", "--allow-cpu", "--skip-tests", "--ratios", "0.83,1.0", "--gen-length", 32,
+           "--prompt-length", 20, "--layers", 3, "--out", out)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     d = json.loads(out.read_text())
-    assert "Random weights route differently" in d["note"] and "Random weights" in p.stdout
-    assert d["dry_run_on_cpu"] is True and d["link"] == "emulated" and d["tests"] == {"skipped": "--skip-tests"}
-    assert d["model"]["moe_layers"] == 2 and d["truncated"] is False and d["exit_code"] == 0
-    W = d["working_set"]
-    assert 1 <= W <= 256
-    runs = d["runs"]
-    assert len(runs) == 2 * 2 * 2
-    order = [(r["rep"], r["cache_ratio"], r["policy"]) for r in runs]
-    assert order[:4] == [(0, 0.5, "demand"), (0, 0.5, "last_step"), (0, 1.5, "last_step"), (0, 1.5, "demand")]
-    assert order[4:6] == [(1, 0.5, "last_step"), (1, 0.5, "demand")]    # the order alternates
-    from artifact.offload.sim import capacity_for
+    mod = load_script()
+    assert d["steps"] == list(mod.STEPS) == ["environment", "cuda_tests", "pinned_peak", "capped_link",
+                                             "moe_layer", "pinned_store", "engine"]
+    assert "Random weights route differently" in d["note"] and d["dry_run_on_cpu"] is True
+    assert d["exit_code"] == 0 and d["cuda_tests"]["skipped"] == "--skip-tests"
+    assert "no pinned memory" in d["pinned_peak"]["skipped"] and "needs CUDA" in d["pinned_store"]["skipped"]
+    caps = d["capped_link"]["caps"]
+    assert [c["fraction"] for c in caps] == [1.0, 0.5, 0.25]
+    assert all(c["achieved_gbps"] > 0 and c["target_gbps"] == pytest.approx(d["capped_link"]["peak_gbps"] *
+                                                                            c["fraction"]) for c in caps)
+    m = d["moe_layer"]
+    assert m["equal_outputs"] is True and m["max_abs_diff"] == 0.0                  # CPU fp32: bit for bit
+    assert m["kernels"]["loop"]["host_ms"] > 0 and m["kernels"]["grouped"]["host_ms"] > 0
+    e = d["engine"]
+    runs = e["runs"]
+    assert [(r["batch"], r["cache_ratio"], r["policy"]) for r in runs] == [
+        (b, c, p) for b in (1, 4) for c in (0.83, 1.0) for p in ("demand", "last_step")]
+    assert e["all_tokens_equal_resident"] is True
     for r in runs:
-        assert r["cache_experts"] == capacity_for(r["cache_ratio"], W, 256)
-        assert r["tokens_match_resident"] is True                         # offloading changes time only
-        assert r["tokens"] == 32 and r["tokens_per_second"] > 0 and r["link_bytes"] > 0
+        assert r["ms_per_forward"] > 0 and r["link_bytes"] > 0 and 0 < r["link_busy_over_wall"] <= 1.0
+        assert r["stall_seconds"] >= 0 and r["demand_misses"] > 0
     assert all(r["speculative_transfers"] == 0 for r in runs if r["policy"] == "demand")
     assert sum(r["speculative_transfers"] for r in runs if r["policy"] == "last_step") > 0
-    assert [s["pairs"] for s in d["paired"]] == [2, 2]
-    assert all(len(s["ci95_pct"]) == 2 for s in d["paired"])
-    h = d["h2d"]
-    assert 0 < h["engine_vs_peak"] <= 1.01 and h["peak_gbps"] == runs[0]["link_bandwidth_gbps"]
+    assert [x["batch"] for x in e["resident"]] == [1, 4]
 
 
-def test_a_failing_measurement_keeps_the_summary(tmp_path):
+def test_a_failing_step_keeps_the_report(tmp_path):
     out = tmp_path / "gpu_check.json"
-    p = sh("--device", "cpu", "--allow-cpu", "--skip-tests", "--prompt-length", 5000, "--layers", 2, "--out", out)
+    p = sh("--device", "cpu", "--allow-cpu", "--skip-tests", "--prompt-length", 5000, "--layers", 2,
+           "--batches", "1", "--ratios", "1", "--out", out)
     assert p.returncode == load_script().EXIT_ERROR == 4
     d = json.loads(out.read_text())
-    assert d["exit_code"] == 4 and d["error"]["type"] == "ValueError"
-    assert "max_position_embeddings" in d["error"]["message"]             # tiny: 4096 positions
-    assert d["model"]["layers"] == 2 and d["runs"] == [] and "Random weights" in d["note"]
+    assert d["exit_code"] == 4 and d["engine"]["error"]["type"] == "ValueError"
+    assert "max_position_embeddings" in d["engine"]["error"]["message"]            # tiny: 4096 positions
+    assert d["engine"]["runs"] == [] and d["steps"][-1] == "engine"
+    assert d["moe_layer"]["equal_outputs"] is True                                   # earlier steps kept

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from artifact.model.config import PRESETS, ModelConfig, get_preset
-from artifact.model.llada2 import Router, StepInfo, apply_rope, block_causal_mask, rope_cos_sin
+from artifact.model.llada2 import ExpertGroup, Router, StepInfo, apply_rope, block_causal_mask, rope_cos_sin
 
 
 def reference_route(h: np.ndarray, W: np.ndarray, bias: np.ndarray, cfg: ModelConfig):
@@ -113,15 +113,21 @@ def test_config_rejects_inconsistent_values():
 
 
 class ShuffledBackend:
-    """Serves the demanded experts in a random order: the output must not change by a single bit."""
+    """Serves the demanded experts in random groups, in a random order: the output must not change by a
+    single bit."""
 
     def __init__(self, inner, seed):
         self.inner, self.rng = inner, random.Random(seed)
 
-    def experts(self, demand):
-        items = list(self.inner.experts(demand))
-        self.rng.shuffle(items)
-        yield from items
+    def groups(self, demand):
+        (whole,) = list(self.inner.groups(demand))
+        experts = list(whole.experts)
+        self.rng.shuffle(experts)
+        cuts = sorted(self.rng.sample(range(1, len(experts)), min(3, len(experts) - 1)))
+        parts = [experts[a:b] for a, b in zip([0] + cuts, cuts + [len(experts)])]
+        for part in parts:
+            part = sorted(part)
+            yield ExpertGroup(tuple(part), tuple(part), whole.gate_up, whole.down)
 
 
 def test_combine_is_independent_of_expert_order(tiny, tiny_prompts):

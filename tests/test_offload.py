@@ -139,7 +139,7 @@ def test_emulated_link_is_a_fifo_with_latency_plus_bytes_over_bandwidth():
     link = EmulatedLink(bandwidth_gbps=1.0, latency_us=10, clock=clock, sleep=clock.sleep)
     src = [torch.full((250_000,), float(i)) for i in range(3)]     # 1 MB each -> 1 ms + 10 us
     dst = [torch.zeros(250_000) for _ in range(3)]
-    tickets = [link.copy(d, s) for d, s in zip(dst, src)]
+    tickets = link.copy([(d, s, f"copy {i}") for i, (d, s) in enumerate(zip(dst, src))])
     assert [t.end for t in tickets] == pytest.approx([1.01e-3, 2.02e-3, 3.03e-3])
     assert not dst[0].any(), "bytes move when the copy lands, not when it is issued"
     clock.t = 1.5e-3                                                # compute ran meanwhile
@@ -150,7 +150,7 @@ def test_emulated_link_is_a_fifo_with_latency_plus_bytes_over_bandwidth():
     assert link.stats.stall_seconds == pytest.approx(3.03e-3 - 1.5e-3)
     assert link.stats.busy_seconds == pytest.approx(3.03e-3) and link.stats.bytes == 3_000_000
     clock.t = 10.0                                                  # an idle link starts a copy at once
-    t = link.copy(dst[1], src[1])
+    t = link.copy_one(dst[1], src[1])
     assert t.end == pytest.approx(10.0 + 1.01e-3)
 
 
@@ -161,7 +161,7 @@ def test_throttled_link_is_proportionally_slower():
     x = torch.zeros(1_000_000)
     for link in (fast, slow):
         for _ in range(5):
-            link.copy(torch.empty_like(x), x)
+            link.copy_one(torch.empty_like(x), x)
     assert slow.stats.busy_seconds == pytest.approx(4 * fast.stats.busy_seconds)
 
 
@@ -169,7 +169,7 @@ def test_emulated_link_real_clock_within_tolerance():
     link = EmulatedLink(bandwidth_gbps=0.4, latency_us=0)           # 400 KB -> 1 ms per copy
     x = torch.zeros(100_000)
     t0 = time.perf_counter()
-    tickets = [link.copy(torch.empty_like(x), x) for _ in range(20)]
+    tickets = [link.copy_one(torch.empty_like(x), x) for _ in range(20)]
     for t in tickets:
         link.wait(t)
     took = time.perf_counter() - t0

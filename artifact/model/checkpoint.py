@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from artifact.model.config import ModelConfig, get_preset
 from artifact.model.llada2 import LLaDA2MoE, ResidentExperts, pack_expert
+from artifact.model.memory import check_slots_fit, pin_host
 from artifact.paths import cache_dir, data_dir
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -127,9 +128,12 @@ class Loaded:
     path: Path | None
 
 
-def load_checkpoint(path: str | Path, dtype="float32", device="cpu", resident: bool = True) -> Loaded:
+def load_checkpoint(path: str | Path, dtype="float32", device="cpu", resident: bool = True,
+                    capacity: int | None = None) -> Loaded:
     """Load a LLaDA2 checkpoint directory (or 'tiny', built on first use).
-    resident=True puts all experts on `device` as the model's backend; with False the caller sets one."""
+    resident=True puts all experts on `device` as the model's backend; with False the caller sets one.
+    capacity: the offloaded cache's slots per MoE layer, if one will be built; a capacity whose slots do
+    not fit in the device's free memory is refused here, before any tensor is read."""
     root = tiny_checkpoint() if str(path) == "tiny" else Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: checkpoint directory not found (expected config.json + *.safetensors)")
@@ -137,30 +141,42 @@ def load_checkpoint(path: str | Path, dtype="float32", device="cpu", resident: b
     tok = load_tokenizer(root)
     cfg = ModelConfig.from_hf(root)
     cfg = _with_token_ids(cfg, tok, root)
+    if capacity is not None:
+        check_slots_fit(cfg, capacity, dtype, device)
     index = TensorIndex(root)
     shapes = expected_shapes(cfg)
     model = LLaDA2MoE(cfg)
-    state = {}
-    for name, _ in model.state_dict().items():
-        state[name] = index.get(name, shapes[name]).to(dtype)
-    state = {k: (v.float() if k.endswith("expert_bias") else v) for k, v in state.items()}
+    state, biases = {}, {}
+    for name in model.state_dict():
+        t = index.get(name, shapes[name])
+        if name.endswith("expert_bias"):
+            biases[name] = t.float()          # the router adds it in fp32: kept bit for bit, never via dtype
+        state[name] = t.to(dtype)
     model.load_state_dict(state, strict=True)
     model.to(device=device, dtype=dtype)
-    for m in model.modules():                                          # router bias stays fp32 as in the reference
-        if hasattr(m, "expert_bias"):
-            m.expert_bias.data = m.expert_bias.data.float()
-    # Pinned (page-locked) once here when the target is a GPU, so every offloaded run copies by DMA
-    # without re-pinning tens of GB.
+    restore_expert_bias(model, biases)
+    # Page-locked once here when the target is a GPU, so every offloaded run copies by DMA. pin_host
+    # registers the tensor in place (no power-of-two rounding; see offload/store.py).
     pin = torch.device(device).type == "cuda" and torch.cuda.is_available()
-    experts = torch.empty(len(cfg.moe_layers), cfg.num_experts, cfg.expert_params, dtype=dtype, pin_memory=pin)
+    experts = torch.empty(len(cfg.moe_layers), cfg.num_experts, cfg.expert_params, dtype=dtype)
     for i, L in enumerate(cfg.moe_layers):
         for e in range(cfg.num_experts):
             g, u, d = (index.get(n, shapes[n]) for n in expert_names(cfg, L, e))
             experts[i, e] = pack_expert(g, u, d).to(dtype)
+    if pin:
+        pin_host(experts)
     model.eval()
     if resident:
         model.backend = ResidentExperts(experts.to(device), cfg)
     return Loaded(model, experts, tok, cfg, root)
+
+
+def restore_expert_bias(model: LLaDA2MoE, biases: dict[str, torch.Tensor]) -> None:
+    """Put the fp32 router biases back after model.to(dtype), which would have rounded them."""
+    for name, buf in model.named_buffers():
+        if name.endswith("expert_bias"):
+            owner = model.get_submodule(name.rsplit(".", 1)[0])
+            owner.expert_bias = biases[name].to(device=buf.device, dtype=torch.float32)
 
 
 def load_tokenizer(root: Path):
@@ -283,10 +299,9 @@ def random_model(cfg: ModelConfig, seed: int = 0, dtype="float32", device="cpu",
     real-model shapes where no checkpoint is at hand). Random weights route unlike a trained model."""
     dtype = parse_dtype(dtype)
     model, experts = init_random_weights(cfg, seed, dtype)
+    biases = {n: b.clone() for n, b in model.named_buffers() if n.endswith("expert_bias")}
     model.to(device=device, dtype=dtype).eval()
-    for m in model.modules():
-        if hasattr(m, "expert_bias"):
-            m.expert_bias.data = m.expert_bias.data.float()
+    restore_expert_bias(model, biases)
     if resident:
         model.backend = ResidentExperts(experts.to(device), cfg)
     return Loaded(model, experts, None, cfg, None)

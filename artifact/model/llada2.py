@@ -4,13 +4,16 @@ Legend: B batch, T tokens fed, S keys attended (cached prefix + fed), D hidden, 
 hd head dim, N routed tokens of a layer, k experts per token, E routed experts, I expert width.
 
 Routed experts are not parameters of this module: they live in an ExpertBackend (all resident, or
-offloaded behind a cache) that hands out each demanded expert's packed weights; the combine below is
-the same whichever backend computed them, so offloading changes time, never results.
+offloaded behind a cache) that hands out the demanded experts in groups, each a set of rows of stacked
+weight views (the resident packed tensor, or an offloaded layer's slot tensor). A group is computed in
+one grouped call (torch._grouped_mm; expert_kernel "loop" keeps one call per expert). The combine is
+the same whichever backend and kernel computed the experts, so offloading changes time, never results.
 """
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Callable, Iterator, Protocol
 
 import torch
@@ -48,12 +51,27 @@ class Demand:
 
 
 ExpertWeights = tuple[torch.Tensor, torch.Tensor]     # (gate_up (2I, D), down (D, I)): views of a packed expert
+EXPERT_KERNELS = ("grouped", "loop")
+# torch._grouped_mm exists from torch 2.8 (on CPU in 2.13); older torch computes a group with the loop kernel.
+HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")
+
+
+@dataclass(frozen=True)
+class ExpertGroup:
+    """Routed experts computed together: one grouped call over stacked weight views.
+
+    Shape legend: G rows of the weight stacks (C slots of an offloaded layer, or E experts when resident),
+    I expert width, D hidden."""
+    experts: tuple[int, ...]     # routed experts of the group, listed in ascending `rows`
+    rows: tuple[int, ...]        # each one's row in the stacks: its slot (offloaded) or its id (resident)
+    gate_up: torch.Tensor        # (G, 2I, D) view: gate and up of every row
+    down: torch.Tensor           # (G, D, I) view
 
 
 class ExpertBackend(Protocol):
-    def experts(self, demand: Demand) -> Iterator[tuple[int, ExpertWeights]]:
-        """Yield (expert, weights) for every demanded expert, each exactly once, in any order.
-        The caller computes with the weights before asking for the next one."""
+    def groups(self, demand: Demand) -> Iterator[ExpertGroup]:
+        """Yield groups that together hold every demanded expert exactly once, in any order.
+        The caller computes a group before asking for the next (so a slot it read may then be reused)."""
         ...
 
 
@@ -68,6 +86,13 @@ def expert_views(flat: torch.Tensor, cfg: ModelConfig) -> ExpertWeights:
     return flat[:2 * I * D].view(2 * I, D), flat[2 * I * D:].view(D, I)
 
 
+def stack_views(packed: torch.Tensor, cfg: ModelConfig) -> ExpertWeights:
+    """Views of G packed experts (G, 3*I*D) as stacks: gate_up (G, 2I, D) and down (G, D, I); no copy."""
+    I, D = cfg.moe_intermediate_size, cfg.hidden_size
+    G = packed.shape[0]
+    return packed[:, :2 * I * D].view(G, 2 * I, D), packed[:, 2 * I * D:].view(G, D, I)
+
+
 def expert_ffn(x: torch.Tensor, w: ExpertWeights) -> torch.Tensor:
     gate_up, down = w
     I = down.shape[1]
@@ -75,19 +100,55 @@ def expert_ffn(x: torch.Tensor, w: ExpertWeights) -> torch.Tensor:
     return F.linear(F.silu(h[:, :I]) * h[:, I:], down)                  # (n, D)
 
 
+def grouped_ffn(xs: torch.Tensor, group: ExpertGroup, spans: list[tuple[int, int, int]], offsets: list[int],
+                kernel: str) -> torch.Tensor:
+    """The experts of a group on their tokens. xs (n, D) holds each member's token rows in the group's row
+    order; spans[j] = (row, start, end) of member j in xs; offsets (G,) are the cumulative row counts of
+    every stack row (empty rows included), as torch._grouped_mm wants them. -> (n, D).
+    Both kernels compute each expert with the same matmuls on the same rows: on CPU their outputs are
+    equal bit for bit (tested), so the kernel changes time, never results."""
+    if kernel == "grouped" and HAS_GROUPED_MM and _grouped_mm_ok(xs):
+        gate_up, down = group.gate_up, group.down
+        hi = group.rows[-1] + 1                     # rows past the last member hold no tokens: not passed
+        if hi < gate_up.shape[0]:
+            gate_up, down = gate_up[:hi], down[:hi]
+        offs = small_tensor(offsets[:hi], torch.int32, xs.device)                  # (hi,)
+        I = down.shape[2]
+        h = torch._grouped_mm(xs, gate_up.transpose(1, 2), offs)                   # (n, 2I)
+        return torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], down.transpose(1, 2), offs)   # (n, D)
+    ys = torch.empty_like(xs)                                          # (n, D)
+    for row, a, b in spans:
+        ys[a:b] = expert_ffn(xs[a:b], (group.gate_up[row], group.down[row]))
+    return ys
+
+
+def small_tensor(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on the device without syncing the host: a blocking H2D copy would wait for every
+    queued kernel, so on CUDA the list goes through pinned memory and copies non_blocking (the caching
+    host allocator keeps the pinned block until the copy is done)."""
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=dtype)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
+def _grouped_mm_ok(xs: torch.Tensor) -> bool:
+    # CPU runs any float dtype; CUDA's grouped GEMM needs bf16 on compute capability >= 9.0 (H100/H200).
+    if xs.device.type == "cpu":
+        return True
+    return xs.device.type == "cuda" and xs.dtype == torch.bfloat16 and \
+        torch.cuda.get_device_capability(xs.device) >= (9, 0)
+
+
 class ResidentExperts:
-    """Default backend: every routed expert of every MoE layer lives on the compute device."""
+    """Default backend: every routed expert of every MoE layer lives on the compute device, one group."""
 
     def __init__(self, packed: torch.Tensor, cfg: ModelConfig):
         assert packed.shape == (len(cfg.moe_layers), cfg.num_experts, cfg.expert_params), packed.shape
         self.packed = packed                                            # (L_moe, E, 3*I*D)
-        self.views = {layer: [expert_views(packed[i, e], cfg) for e in range(cfg.num_experts)]
-                      for i, layer in enumerate(cfg.moe_layers)}
+        self.stacks = {layer: stack_views(packed[i], cfg) for i, layer in enumerate(cfg.moe_layers)}
 
-    def experts(self, demand: Demand):
-        views = self.views[demand.layer]
-        for e in demand.experts:
-            yield e, views[e]
+    def groups(self, demand: Demand):
+        yield ExpertGroup(demand.experts, demand.experts, *self.stacks[demand.layer])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,6 +321,7 @@ class Routing:
         # kept here, not on the modules, so the routers are not registered twice in the state dict.
         self.predict_next = False
         self.next_router: dict[int, Router] = {}
+        self.expert_kernel = "grouped"      # "loop": one call per expert, kept to compare the two in one run
 
 
 class MoE(nn.Module):
@@ -285,33 +347,53 @@ class MoE(nn.Module):
         return y
 
     def routed(self, x):                                                # x (N, D) -> (N, D)
+        # Legend: N routed tokens, k experts per token, P = N*k (token, slot) pairs, E experts, D hidden;
+        # per group: n pairs, G rows of its weight stacks.
         N, D = x.shape
-        k = self.cfg.num_experts_per_tok
+        k, E = self.cfg.num_experts_per_tok, self.cfg.num_experts
         if N == 0:
             return x.new_zeros(0, D)
-        idx, w = self.gate(x)
-        flat_idx = idx.reshape(-1)                                      # (N*k,) expert of each (token, slot)
-        order = torch.argsort(flat_idx, stable=True)                    # (token, slot) pairs grouped by expert
-        experts, counts = torch.unique_consecutive(flat_idx[order], return_counts=True)
-        experts, counts = experts.tolist(), counts.tolist()             # the one host sync per layer
+        idx, w = self.gate(x)                                           # (N, k) long, (N, k) fp32
+        flat_idx = idx.view(-1)                                         # (P,) expert of each (token, slot)
+        per_expert = torch.bincount(flat_idx, minlength=E).tolist()    # the one host sync per layer
+        experts = tuple(e for e in range(E) if per_expert[e])
         nxt = self.routing.next_router.get(self.layer) if self.routing.predict_next else None
         predicted = predict_demand(nxt, x) if nxt is not None else None
-        demand = Demand(self.routing.step, self.layer, tuple(experts), tuple(counts), predicted)
+        demand = Demand(self.routing.step, self.layer, experts, tuple(per_expert[e] for e in experts), predicted)
         for listener in self.routing.listeners:
             listener(demand)
-        start, span = 0, {}
-        for e, n in zip(experts, counts):
-            span[e] = (start, start + n)
-            start += n
-        xs = x.index_select(0, order // k)                              # (N*k, D) token rows grouped by expert
-        ys = torch.empty_like(xs)
-        for e, weights in self.routing.backend.experts(demand):
-            a, b = span.pop(e)
-            ys[a:b] = expert_ffn(xs[a:b], weights)
-        assert not span, f"layer {self.layer}: the backend never served experts {sorted(span)}"
-        out = torch.empty_like(ys).index_copy_(0, order, ys)            # back to (token, slot) order
+        by_expert = None                                                # (P,) pairs sorted by expert, made once
+        ys = torch.empty(N * k, D, dtype=x.dtype, device=x.device)     # (P, D) output of each pair
+        served: set[int] = set()
+        computed = 0                                                    # an expert served twice counts twice
+        for group in self.routing.backend.groups(demand):
+            G = group.gate_up.shape[0]
+            counts = [0] * G
+            spans, start = [], 0
+            for e, r in zip(group.experts, group.rows):
+                n = per_expert[e]
+                counts[r] = n
+                spans.append((r, start, start + n))
+                start += n
+            if group.experts == group.rows == experts:                  # resident: rows are the experts
+                if by_expert is None:
+                    by_expert = torch.argsort(flat_idx, stable=True)
+                sel = by_expert                                         # (n,) = (P,)
+            else:                                                       # pairs of the members, in row order
+                key = [G] * E
+                for e, r in zip(group.experts, group.rows):
+                    key[e] = r
+                key = small_tensor(key, torch.long, x.device)[flat_idx]   # (P,) row of each pair, G if absent
+                sel = torch.argsort(key, stable=True)[:start]           # (n,)
+            xs = x.index_select(0, sel // k)                            # (n, D) token row of each pair
+            ys.index_copy_(0, sel, grouped_ffn(xs, group, spans, list(accumulate(counts)),
+                                               self.routing.expert_kernel))
+            served.update(group.experts)
+            computed += len(group.experts)
+        assert computed == len(experts) and served == set(experts), \
+            f"layer {self.layer}: the backend served {computed} experts ({len(served)} distinct) of {len(experts)}"
         # Combine the k outputs of each token in slot order, whatever order experts were computed in.
-        return (out.view(N, k, D).float() * w.unsqueeze(-1)).sum(1).to(x.dtype)
+        return (ys.view(N, k, D).float() * w.unsqueeze(-1)).sum(1).to(x.dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -363,6 +445,16 @@ class LLaDA2MoE(nn.Module):
     @backend.setter
     def backend(self, value: ExpertBackend | None):
         self.routing.backend = value
+
+    @property
+    def expert_kernel(self) -> str:
+        return self.routing.expert_kernel
+
+    @expert_kernel.setter
+    def expert_kernel(self, value: str):
+        if value not in EXPERT_KERNELS:
+            raise ValueError(f"unknown expert_kernel {value!r}; choose one of {EXPERT_KERNELS}")
+        self.routing.expert_kernel = value
 
     @contextlib.contextmanager
     def listening(self, fn: Callable[[Demand], None]):

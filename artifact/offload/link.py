@@ -1,23 +1,29 @@
-"""The host-to-device link: one interface, two implementations.
+"""The host-to-device link: one Protocol, two implementations.
 
-  CudaLink      copies from pinned memory, non_blocking, on a dedicated copy stream; a copy waits for
-                the event that frees its slot, compute waits for the copy's event (no host sync).
-                A bandwidth cap paces chunked copies from a worker thread (token bucket).
+  CudaLink      copies from pinned memory, non_blocking, on a dedicated copy stream, entered once per
+                batch of copies (one batch per layer, plus one per wave). Compute waits for a copy on the
+                GPU timeline (stream.wait_event), never on the host. Events are preallocated and
+                re-recorded: one per destination slot (copy landed), one per layer (compute that read the
+                layer's slots done). A bandwidth cap is paced on the GPU timeline by the copy stream
+                itself: after each chunk it spins for the time that chunk would have taken at the cap
+                minus the time it took (a calibrated torch.cuda._sleep); uncapped, the spin is zero and
+                the code path is the same.
   EmulatedLink  for CPU runs: a copy engine on a timeline (offload/timeline.py): FIFO, or with demand
                 priority two queues and chunked speculative copies. Each copy (chunk) starts when the
                 link is free and takes latency + bytes / bandwidth; `wait` blocks until the copy ends
                 (the stall is real wall-clock time) and only then moves the bytes, so a compute that
                 skipped its wait would read stale weights and the exactness tests would see it.
 
-Both count transfers, bytes, busy seconds (link occupied) and stall seconds (compute waiting).
+Both count transfers, bytes, busy seconds (link occupied) and stall seconds (compute waiting). Every
+host-side wait has a timeout and names the copy it waited for.
 """
 from __future__ import annotations
 
-import queue
-import threading
+import dataclasses
+import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -27,6 +33,7 @@ LINKS = ("emulated", "cuda")
 PCIE4_GBPS = 25.0          # effective host-to-device bandwidth of a PCIe 4.0 x16 slot
 PCIE_LATENCY_US = 10.0     # per-copy setup cost
 REFERENCE_EXPERT_BYTES = 3 * 512 * 2048 * 2    # one LLaDA2.0-mini routed expert in bf16 (6 MiB)
+WAIT_TIMEOUT_S = 60.0      # a host-side wait longer than this is a hang, not a slow link: raise
 
 
 def emulated_bandwidth_gbps(expert_bytes: int, gbps: float = PCIE4_GBPS) -> float:
@@ -48,12 +55,60 @@ class LinkStats:
         return self.bytes / self.busy_seconds / 1e9 if self.busy_seconds else 0.0
 
 
+class LinkTimeout(TimeoutError):
+    """A host-side wait on the link outlived its timeout (the message names the copy)."""
+
+
+class Link(Protocol):
+    """What the engine needs from a host-to-device link. `after` values come from compute_done."""
+    stats: LinkStats
+
+    def copy(self, items: Sequence[tuple[torch.Tensor, torch.Tensor, str]], after=None,
+             speculative: bool = False) -> list:
+        """Issue the copies (dst, src, label) in order, all after `after`; one ticket per copy.
+        `speculative`: prefetches, which a demand-priority link never lets delay a demand copy."""
+        ...
+
+    def landed(self, ticket) -> bool:
+        """The copy has completed (a non-blocking query)."""
+        ...
+
+    def ready(self, ticket) -> bool:
+        """Compute issued now after this copy would not block the host: landed on a host-timed link;
+        always on a GPU link, where compute waits on the device timeline."""
+        ...
+
+    def wait(self, tickets: Sequence) -> None:
+        """Compute that follows reads the tickets' destinations only once they have landed."""
+        ...
+
+    def compute_done(self, key):
+        """Mark the end of the compute issued so far that read `key`'s slots: the marker to pass as
+        `after` to a copy into them. None where compute is synchronous (CPU)."""
+        ...
+
+    def finish(self) -> LinkStats:
+        """Land everything, settle the timing, return the totals."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def describe(label: str, nbytes: int) -> str:
+    return f"copy {label or '(unlabelled)'} ({nbytes} bytes)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Emulated (CPU)
+# ---------------------------------------------------------------------------------------------
 @dataclass(eq=False)
 class EmulatedTicket:
     dst: torch.Tensor
     src: torch.Tensor
     copy: Copy
     link: "EmulatedLink"
+    label: str = ""
     landed: bool = False
 
     @property
@@ -76,7 +131,7 @@ class EmulatedLink:
     def __init__(self, bandwidth_gbps: float, latency_us: float = PCIE_LATENCY_US,
                  cap_gbps: float | None = None, clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep, priority: str = "fifo",
-                 chunk_bytes: int | None = None):
+                 chunk_bytes: int | None = None, timeout_s: float = WAIT_TIMEOUT_S):
         if bandwidth_gbps <= 0:
             raise ValueError(f"link bandwidth must be > 0 GB/s, got {bandwidth_gbps}")
         if latency_us < 0:
@@ -86,7 +141,7 @@ class EmulatedLink:
         self.bandwidth_gbps = min(bandwidth_gbps, cap_gbps) if cap_gbps else bandwidth_gbps
         self.latency = latency_us * 1e-6
         check_priority(priority, chunk_bytes)
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep, self.timeout = clock, sleep, timeout_s
         self.priority, self.chunk_bytes = priority, chunk_bytes
         self.timeline = CopyTimeline(self.bandwidth_gbps, self.latency, priority, chunk_bytes)
         self.stats = LinkStats()
@@ -94,36 +149,52 @@ class EmulatedLink:
     def duration(self, nbytes: int) -> float:
         return self.timeline.chunk_seconds(nbytes)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, after=None, speculative: bool = False) -> EmulatedTicket:
-        nbytes = src.numel() * src.element_size()
-        # The slot's address names the destination: a copy into a slot promotes an earlier speculative
-        # copy into it that is still waiting, so the slot's copies land in issue order.
-        c = self.timeline.issue(self.clock(), nbytes, speculative, key=dst.data_ptr())
-        self.stats.transfers += 1
-        self.stats.bytes += nbytes
-        self.stats.busy_seconds += sum(self.duration(n) for n in c.chunks)   # latency once per chunk
-        return EmulatedTicket(dst, src, c, self)
+    def copy(self, items, after=None, speculative: bool = False) -> list[EmulatedTicket]:
+        out = []
+        for dst, src, label in items:
+            nbytes = src.numel() * src.element_size()
+            # The slot's address names the destination: a copy into a slot promotes an earlier speculative
+            # copy into it that is still waiting, so the slot's copies land in issue order.
+            c = self.timeline.issue(self.clock(), nbytes, speculative, key=dst.data_ptr())
+            self.stats.transfers += 1
+            self.stats.bytes += nbytes
+            self.stats.busy_seconds += sum(self.duration(n) for n in c.chunks)   # latency once per chunk
+            out.append(EmulatedTicket(dst, src, c, self, label))
+        return out
+
+    def copy_one(self, dst: torch.Tensor, src: torch.Tensor, label: str = "",
+                 speculative: bool = False) -> EmulatedTicket:
+        return self.copy([(dst, src, label)], speculative=speculative)[0]
 
     def promote(self, t: EmulatedTicket) -> None:
         """The copy's expert is demanded: from now on it is a demand copy (no-op under fifo)."""
         if not t.landed:
             self.timeline.promote(t.copy, self.clock())
 
-    def wait(self, t: EmulatedTicket) -> None:
-        if t.landed:
-            return
-        now = self.clock()
-        end = t.end                # final: nothing is issued while this thread sleeps
-        if now < end:
-            self._sleep_until(end)
-            self.stats.stall_seconds += self.clock() - now
-        t.dst.copy_(t.src)
-        t.landed = True
+    def wait(self, tickets) -> None:
+        if isinstance(tickets, EmulatedTicket):
+            tickets = (tickets,)
+        for t in tickets:
+            if t.landed:
+                continue
+            now = self.clock()
+            end = t.end            # final: nothing is issued while this thread sleeps
+            if now < end:
+                if end - now > self.timeout:
+                    raise LinkTimeout(f"{describe(t.label, t.src.numel() * t.src.element_size())} lands in "
+                                      f"{end - now:.1f} s, beyond the {self.timeout:.0f} s wait timeout "
+                                      f"(is the link bandwidth {self.bandwidth_gbps:g} GB/s what you meant?)")
+                self._sleep_until(end)
+                self.stats.stall_seconds += self.clock() - now
+            t.dst.copy_(t.src)
+            t.landed = True
 
-    def ready(self, t: EmulatedTicket) -> bool:
+    def landed(self, t: EmulatedTicket) -> bool:
         return t.landed or self.clock() >= t.end
 
-    def compute_done(self, dst: torch.Tensor):
+    ready = landed          # compute on the CPU host waits on the host: only a landed copy costs nothing
+
+    def compute_done(self, key):
         return None          # CPU compute is synchronous: a slot is free as soon as the call returns
 
     def _sleep_until(self, deadline: float) -> None:
@@ -132,7 +203,7 @@ class EmulatedLink:
             if left <= 0:
                 return
             if left > 1e-3:
-                self.sleep(left - 5e-4)
+                self.sleep(left - 5e-4)      # > 0.5 ms: never a negative argument
             elif self.sleep is not time.sleep:
                 self.sleep(left)
 
@@ -143,112 +214,263 @@ class EmulatedLink:
         pass
 
 
+# ---------------------------------------------------------------------------------------------
+# Pacing: pure arithmetic, so it is tested on the CPU with an injected clock
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pacing:
+    """How the copy stream paces itself. A chunk of b bytes copies at the measured peak in b / peak
+    seconds; the stream then spins (b / cap - b / peak) seconds, so over any run of chunks the rate is
+    the cap, on the GPU timeline, with no host thread. Uncapped (cap None, or cap >= peak) the spin is
+    zero and nothing else changes: capped and uncapped are the same copies in the same chunks."""
+    peak_gbps: float                   # measured pinned H2D rate of a chunk
+    cap_gbps: float | None = None
+    spin_hz: float = 1.0               # GPU spin cycles per second (torch.cuda._sleep), calibrated
+    chunk_bytes: int | None = None     # None: a copy is one chunk (the cap then holds per copy)
+    spin_scale: float = 1.0            # feedback: corrects the spin for a peak or clock that drifted
+
+    def __post_init__(self):
+        if not self.peak_gbps > 0:
+            raise ValueError(f"pacing needs a measured peak > 0 GB/s, got {self.peak_gbps}")
+        if self.cap_gbps is not None and not self.cap_gbps > 0:
+            raise ValueError(f"bandwidth cap must be > 0 GB/s, got {self.cap_gbps}")
+        if self.chunk_bytes is not None and self.chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
+        if not self.spin_hz > 0:
+            raise ValueError(f"spin_hz must be > 0, got {self.spin_hz}")
+
+    def chunks(self, nbytes: int) -> list[tuple[int, int]]:
+        step = self.chunk_bytes or max(nbytes, 1)
+        return [(a, min(a + step, nbytes)) for a in range(0, nbytes, step)]
+
+    def spin_seconds(self, nbytes: int) -> float:
+        if self.cap_gbps is None or self.cap_gbps >= self.peak_gbps:
+            return 0.0
+        return max(0.0, nbytes / (self.cap_gbps * 1e9) - nbytes / (self.peak_gbps * 1e9))
+
+    def spin_cycles(self, nbytes: int) -> int:
+        return round(self.spin_seconds(nbytes) * self.spin_hz * self.spin_scale)
+
+    def observed(self, nbytes: int, seconds: float, weight: float = 0.5) -> Pacing:
+        """Feedback from one paced batch that took `seconds` on the GPU timeline for `nbytes`: scale the
+        spin so the next batch takes nbytes / cap. Expert-sized copies can run below the calibration's
+        peak, and the SM clock that times a spin moves with boost; both show up here and are absorbed.
+        The step is damped (weight) and bounded (x0.5 .. x2 per batch)."""
+        if self.cap_gbps is None or self.cap_gbps >= self.peak_gbps or nbytes <= 0 or not seconds > 0:
+            return self
+        target = nbytes / (self.cap_gbps * 1e9)
+        copy = nbytes / (self.peak_gbps * 1e9)
+        ratio = (target - copy) / (seconds - copy) if seconds > copy else 2.0
+        ratio = min(2.0, max(0.5, ratio))
+        return dataclasses.replace(self, spin_scale=self.spin_scale * ratio ** weight)
+
+    def schedule(self, nbytes: int) -> list[tuple[int, int, int]]:
+        """(start, end, spin cycles after it) for each chunk of a copy."""
+        return [(a, b, self.spin_cycles(b - a)) for a, b in self.chunks(nbytes)]
+
+
+def calibrate_rate(run: Callable[[int], None], clock: Callable[[], float], units: int, reps: int = 3) -> float:
+    """Units per second of `run(units)` timed by `clock` (best of reps; a warm-up first). On CUDA, `run`
+    enqueues work and `clock` is a device-timed clock; on the CPU tests inject both."""
+    if units < 1:
+        raise ValueError(f"calibration needs units >= 1, got {units}")
+    run(units)
+    best = math.inf
+    for _ in range(reps):
+        t0 = clock()
+        run(units)
+        best = min(best, clock() - t0)
+    if not best > 0:
+        raise RuntimeError(f"calibration measured {best} s for {units} units: the clock did not advance")
+    return units / best
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA
+# ---------------------------------------------------------------------------------------------
 @dataclass
 class CudaTicket:
-    done: torch.cuda.Event
-    start: torch.cuda.Event
-    issued: threading.Event = field(default_factory=threading.Event)
+    done: object            # torch.cuda.Event of the destination slot, re-recorded by every copy into it
+    label: str
+    nbytes: int
+
+
+class _TimingPairs:
+    """Timing event pairs from a pool, harvested without a host sync once their end has passed."""
+
+    def __init__(self, on_busy: Callable[[int, float], None] | None = None):
+        self.free: list[tuple] = []
+        self.live: list[tuple] = []         # (start, end, kind, bytes)
+        self.seconds = {"busy": 0.0, "stall": 0.0}
+        self.on_busy = on_busy              # (bytes, seconds) of each finished busy pair: the pacing feedback
+
+    def start(self, stream, kind: str, nbytes: int = 0):
+        if not self.free:
+            self.harvest()
+        if self.free:
+            s, e = self.free.pop()
+        else:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(stream)
+        self.live.append((s, e, kind, nbytes))
+        return e
+
+    def harvest(self, everything: bool = False, window: int = 64) -> None:
+        """Read the pairs whose end has passed, among the oldest `window` (all when `everything`, after
+        the caller synchronised): a host that runs far ahead does not rescan a long queue each time."""
+        keep = []
+        for n, (s, e, kind, nbytes) in enumerate(self.live):
+            if everything or (n < window and e.query()):
+                seconds = s.elapsed_time(e) / 1e3
+                self.seconds[kind] += seconds
+                if kind == "busy" and self.on_busy is not None:
+                    self.on_busy(nbytes, seconds)
+                self.free.append((s, e))
+            else:
+                keep.append((s, e, kind, nbytes))
+        self.live = keep
 
 
 class CudaLink:
     kind = "cuda"
 
     def __init__(self, device: torch.device | str = "cuda", cap_gbps: float | None = None,
-                 chunk_bytes: int = 1 << 20):
+                 chunk_bytes: int | None = None, timeout_s: float = WAIT_TIMEOUT_S,
+                 pacing: Pacing | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("--link cuda needs a CUDA GPU, and torch.cuda.is_available() is False "
                                "(use --link emulated on CPU)")
         if cap_gbps is not None and cap_gbps <= 0:
             raise ValueError(f"bandwidth cap must be > 0 GB/s, got {cap_gbps}")
         self.device = torch.device(device)
-        if self.device.index is None:        # the pacing thread's set_device needs an index
+        if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(self.device)
-        self.cap = cap_gbps
-        self.chunk = chunk_bytes
+        self.timeout = timeout_s
         self.stats = LinkStats()
-        self._copies: list[CudaTicket] = []
-        self._waits: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        self._queue: queue.Queue | None = None
-        if cap_gbps:
-            self._queue = queue.Queue()
-            self._worker = threading.Thread(target=self._paced_worker, daemon=True)
-            self._worker.start()
+        self.timing = _TimingPairs(on_busy=self._observe)
+        self.slot_events: dict[int, object] = {}        # dst data_ptr -> its re-recorded "landed" event
+        self.layer_events: dict[object, object] = {}    # key -> re-recorded "compute that read it done"
+        self.last: CudaTicket | None = None
+        self.pacing = pacing or (self._calibrate(cap_gbps, chunk_bytes) if cap_gbps else
+                                 Pacing(peak_gbps=math.inf, cap_gbps=None, chunk_bytes=chunk_bytes))
+        self.cap = self.pacing.cap_gbps
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, after: torch.cuda.Event | None = None,
-             speculative: bool = False) -> CudaTicket:     # speculative: accepted, ignored (fifo only so far)
-        t = CudaTicket(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        self.stats.transfers += 1
-        self.stats.bytes += src.numel() * src.element_size()
-        self._copies.append(t)
-        if self._queue is not None:
-            self._queue.put((dst, src, after, t))
-        else:
-            with torch.cuda.stream(self.stream):
-                if after is not None:
-                    self.stream.wait_event(after)
-                t.start.record(self.stream)
-                dst.copy_(src, non_blocking=True)
-                t.done.record(self.stream)
-            t.issued.set()
-        return t
+    def _calibrate(self, cap_gbps: float, chunk_bytes: int | None, nbytes: int = 64 << 20) -> Pacing:
+        """Peak pinned H2D rate and the spin kernel's cycles per second, timed with CUDA events once at
+        construction (not in the hot path)."""
+        src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        clock = _EventClock(self.stream, self.timeout)
+        with torch.cuda.stream(self.stream):
+            peak = calibrate_rate(lambda n: dst[:n].copy_(src[:n], non_blocking=True), clock, nbytes) / 1e9
+            hz = calibrate_rate(torch.cuda._sleep, clock, 20_000_000)
+        return Pacing(peak_gbps=peak, cap_gbps=cap_gbps, spin_hz=hz, chunk_bytes=chunk_bytes)
 
-    def _paced_worker(self):
-        torch.cuda.set_device(self.device)
-        rate = self.cap * 1e9
-        budget_time = time.perf_counter()
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            dst, src, after, t = item
-            d, s = dst.view(-1).view(torch.uint8), src.view(-1).view(torch.uint8)
-            with torch.cuda.stream(self.stream):
-                if after is not None:
-                    self.stream.wait_event(after)
-                t.start.record(self.stream)
-                for a in range(0, d.numel(), self.chunk):
-                    b = min(a + self.chunk, d.numel())
-                    budget_time = max(budget_time, time.perf_counter()) + (b - a) / rate
+    def _observe(self, nbytes: int, seconds: float) -> None:
+        self.pacing = self.pacing.observed(nbytes, seconds)
+
+    def copy(self, items, after=None, speculative: bool = False) -> list[CudaTicket]:
+        # speculative: only fifo is wired on CUDA (make_link refuses demand priority here; the holding logic
+        # is timeline.SpeculativeHold), so a speculative batch is issued like any other.
+        out = []
+        if not items:
+            return out
+        if self.pacing.cap_gbps is not None:
+            self.timing.harvest(window=4)             # pacing feedback from batches that have finished
+        nbytes = sum(src.numel() * src.element_size() for _, src, _ in items)
+        with torch.cuda.stream(self.stream):          # entered once per batch
+            if after is not None:
+                self.stream.wait_event(after)
+            end = self.timing.start(self.stream, "busy", nbytes)   # after the wait: waiting is not busy
+            for dst, src, label in items:
+                nbytes = src.numel() * src.element_size()
+                d, s = dst.view(-1).view(torch.uint8), src.view(-1).view(torch.uint8)
+                for a, b, spin in self.pacing.schedule(nbytes):
                     d[a:b].copy_(s[a:b], non_blocking=True)
-                    while time.perf_counter() < budget_time:         # token bucket: pace the next chunk
-                        time.sleep(min(1e-4, budget_time - time.perf_counter()))
-                t.done.record(self.stream)
-            t.issued.set()
+                    if spin:
+                        torch.cuda._sleep(spin)
+                ev = self.slot_events.get(dst.data_ptr())
+                if ev is None:
+                    ev = self.slot_events[dst.data_ptr()] = torch.cuda.Event()
+                ev.record(self.stream)
+                self.stats.transfers += 1
+                self.stats.bytes += nbytes
+                out.append(CudaTicket(ev, label, nbytes))
+            end.record(self.stream)
+        self.last = out[-1]
+        return out
 
-    def wait(self, t: CudaTicket) -> None:
-        t.issued.wait()
-        stream = torch.cuda.current_stream(self.device)
-        ready = torch.cuda.Event(enable_timing=True)
-        ready.record(stream)
-        stream.wait_event(t.done)
-        self._waits.append((ready, t.done))
+    def landed(self, t: CudaTicket) -> bool:
+        return t.done.query()
 
     def ready(self, t: CudaTicket) -> bool:
-        return t.issued.is_set() and t.done.query()
+        return True          # issued copies are ordered before compute on the GPU, not by the host
 
-    def compute_done(self, dst: torch.Tensor) -> torch.cuda.Event:
-        """Event after the compute that last read a slot: a later copy into the slot waits for it."""
-        ev = torch.cuda.Event()
+    def wait(self, tickets) -> None:
+        if isinstance(tickets, CudaTicket):
+            tickets = (tickets,)
+        tickets = [t for t in tickets if not t.done.query()]
+        if not tickets:
+            return
+        stream = torch.cuda.current_stream(self.device)
+        end = self.timing.start(stream, "stall")          # the compute stream reaches its wait ...
+        for t in tickets:
+            stream.wait_event(t.done)
+        end.record(stream)                                # ... and passes it: the interval is the stall
+
+    def compute_done(self, key):
+        ev = self.layer_events.get(key)
+        if ev is None:
+            ev = self.layer_events[key] = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(self.device))
         return ev
 
     def finish(self) -> LinkStats:
-        """Synchronise once and read the timing events: busy = sum of copy durations, stall = time
-        compute was ready but its copy had not landed."""
-        if self._queue is not None:
-            for t in self._copies:
-                t.issued.wait()
-        torch.cuda.synchronize(self.device)
-        self.stats.busy_seconds += sum(t.start.elapsed_time(t.done) for t in self._copies) / 1e3
-        self.stats.stall_seconds += sum(max(0.0, r.elapsed_time(d)) for r, d in self._waits) / 1e3
-        self._copies.clear()
-        self._waits.clear()
+        """Land everything (a bounded wait that names the last copy), then read the timing pairs."""
+        streams = (self.stream, torch.cuda.current_stream(self.device))
+        for stream in streams:
+            ev = torch.cuda.Event()
+            ev.record(stream)
+            what = describe(self.last.label, self.last.nbytes) if self.last and stream is self.stream else \
+                "the compute stream"
+            wait_event(ev, self.timeout, what)
+        self.timing.harvest(everything=True)
+        self.stats.busy_seconds += self.timing.seconds["busy"]
+        self.stats.stall_seconds += self.timing.seconds["stall"]
+        self.timing.seconds = {"busy": 0.0, "stall": 0.0}
         return self.stats
 
     def close(self) -> None:
-        if self._queue is not None:
-            self._queue.put(None)
+        pass
+
+
+def wait_event(ev, timeout_s: float, what: str, clock: Callable[[], float] = time.perf_counter,
+               sleep: Callable[[float], None] = time.sleep) -> None:
+    """Poll `ev.query()` until it is done; past timeout_s raise LinkTimeout naming `what`."""
+    t0 = clock()
+    pause = 1e-5
+    while not ev.query():
+        if clock() - t0 > timeout_s:
+            raise LinkTimeout(f"{what} did not complete within {timeout_s:g} s (the copy stream or the "
+                              "compute it waits for is stuck)")
+        sleep(pause)
+        pause = min(pause * 2, 1e-3)
+
+
+class _EventClock:
+    """A clock in seconds read off CUDA events on one stream (calibration only: it syncs the host)."""
+
+    def __init__(self, stream, timeout_s: float):
+        self.stream, self.timeout = stream, timeout_s
+        self.origin = torch.cuda.Event(enable_timing=True)
+        self.origin.record(stream)
+
+    def __call__(self) -> float:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(self.stream)
+        wait_event(ev, self.timeout, "a calibration copy")
+        return self.origin.elapsed_time(ev) / 1e3
 
 
 def make_link(kind: str, *, device="cpu", bandwidth_gbps: float | None = None, latency_us: float = PCIE_LATENCY_US,

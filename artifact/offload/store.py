@@ -1,7 +1,15 @@
-"""Host expert store: every routed expert packed contiguous, so one expert is one copy."""
+"""Host expert store: every routed expert packed contiguous, so one expert is one copy.
+
+Pinned with artifact.model.memory.pin_host (cudaHostRegister in place: no power-of-two rounding);
+check_slots_fit (the device budget for the slots) is re-exported here for the offload layer's callers.
+"""
 from __future__ import annotations
 
 import torch
+
+from artifact.model.memory import check_slots_fit, non_expert_bytes, pin_host, pinned_bytes
+
+__all__ = ["HostStore", "check_slots_fit", "non_expert_bytes", "pin_host", "pinned_bytes"]
 
 
 class HostStore:
@@ -15,7 +23,7 @@ class HostStore:
             raise ValueError(f"packed experts must be (L_moe={len(moe_layers)}, E, P), got {tuple(packed.shape)}")
         self.packed = packed.contiguous()
         if pin and not self.packed.is_pinned():      # load_checkpoint pins once for CUDA; this is the fallback
-            self.packed = self.packed.pin_memory()
+            pin_host(self.packed)
         self.index = {layer: i for i, layer in enumerate(moe_layers)}
         self.expert_bytes = packed.shape[2] * packed.element_size()
 
