@@ -28,7 +28,7 @@ from artifact.model.config import ModelConfig, get_preset
 from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
 from artifact.model.tasks import TASKS, encode, load_task, prompts
 from artifact.offload.link import LINKS
-from artifact.offload.policies import POLICIES
+from artifact.offload.policies import POLICIES, check_policy, split_policies
 from artifact.offload.runner import OffloadSpec, RunSettings, check_device, check_oracle_before_load, run
 from artifact.offload.sim import COUNTS, replay, sweep
 from artifact.offload.synth import add_cli as add_synth_cli
@@ -143,10 +143,10 @@ def offload_spec(a, cfg: ModelConfig, dtype: str) -> OffloadSpec | None:
     eb = cfg.expert_params * DTYPES[dtype].itemsize       # what one expert transfer moves once loaded
     spec = OffloadSpec.from_settings(s, a.cache_experts, a.policy, expert_bytes=eb, cap_gbps=a.cap_gbps)
     spec.check(cfg.num_experts, a.device)
-    if POLICIES[spec.policy].needs_trace and a.oracle_trace is None:
+    if check_policy(spec.policy).needs_trace and a.oracle_trace is None:
         raise SettingError(f"policy {spec.policy!r} needs --oracle-trace FILE (a trace of an identical earlier run)")
-    if a.oracle_trace is not None and not POLICIES[spec.policy].needs_trace:
-        users = sorted(n for n, s in POLICIES.items() if s.needs_trace and s.engine_ok)
+    if a.oracle_trace is not None and not check_policy(spec.policy).needs_trace:
+        users = sorted(n for n, c in POLICIES.items() if c.needs_trace and c.engine_ok)
         raise SettingError(f"--oracle-trace is read only by {users}; policy {spec.policy!r} would ignore it")
     return spec
 
@@ -337,8 +337,7 @@ def cmd_simulate(a):
     if not a.policies:
         raise SettingError("--policies is empty; give at least one of " + ", ".join(POLICIES))
     for p in a.policies:
-        if p not in POLICIES:
-            raise SettingError(f"unknown policy {p!r}; choose from {sorted(POLICIES)}")
+        check_policy(p)
     check_number("--lookahead", a.lookahead, low=1, integer=True)
     check_number("--tau", a.tau, low=1, integer=True)
     if a.cache_experts is not None:
@@ -413,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"C/W per trace (default: {','.join(f'{r:g}' for r in D.cache_ratios)})")
     cap.add_argument("--cache-experts", type=_ints, default=None,
                      help="absolute capacities C (slots per MoE layer), e.g. to replay an engine run by hand")
-    s.add_argument("--policies", type=_names, default=list(D.sim_policies))
+    s.add_argument("--policies", type=split_policies, default=list(D.sim_policies),
+                   help="policy specs name[:key=value,...], comma-separated")
     s.add_argument("--lookahead", type=int, default=D.lookahead)
     s.add_argument("--tau", type=int, default=D.tau)
     s.add_argument("--json", action="store_true")

@@ -24,19 +24,38 @@ def data_dir() -> Path:
 
 
 def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    """Write to a temporary file beside `path`, fsync it, rename it over `path`, then fsync the directory:
+    readers never see half a file, and after a power loss `path` holds the old bytes or the new ones."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())               # the data reaches the disk before the rename can
         os.chmod(tmp, 0o644 & ~_umask())       # mkstemp makes 0600; results are for everyone to read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
     return path
+
+
+def fsync_dir(directory: Path | str) -> None:
+    """Make a rename or a new file in `directory` durable. A no-op where directories cannot be opened
+    or fsynced (Windows, some network file systems): the rename itself is still atomic there."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:

@@ -35,8 +35,8 @@ def fake_profile(**over):
 class FakeRunner:
     """Stands in for ModelRunner: counts calls, makes every run's seconds distinct."""
     num_experts = 256
-    meta = {"model": "fake", "model_hash": "0123456789", "dtype": "float32", "device": "cpu", "link": "emulated",
-            "hardware": "test"}
+    meta = {"model": "fake", "model_hash": "0123456789", "weights_fingerprint": "fedcba9876543210", "dtype": "float32",
+            "device": "cpu", "link": "emulated", "hardware": "test"}
 
     def __init__(self, fail_on_cell: int | None = None):
         self.calls, self.cells, self.fail_on_cell = [], [], fail_on_cell
@@ -117,9 +117,12 @@ def test_two_shards_merge_into_the_unsharded_grid(tmp_path):
     as_set = lambda df: set(map(tuple, df[run_keys].itertuples(index=False)))   # noqa: E731
     assert as_set(merged) == as_set(whole) and len(merged) == len(whole)
     assert read_rows(tmp_path / "merged.csv").equals(merged)
-    # a shard file is not another shard's output, and merge refuses what is not one grid
-    with pytest.raises(ValueError, match="another shard; each shard needs its own --out"):
-        run_bench(p, shards[0], shard=(1, 2), runner=FakeRunner(), progress=False, log=quiet)
+    # shards may share a file: shard 1 run into a copy of shard 0's file completes the grid there
+    shared = tmp_path / "shared.csv"
+    shared.write_bytes(shards[0].read_bytes())
+    both = run_bench(p, shared, shard=(1, 2), runner=FakeRunner(), progress=False, log=quiet)
+    assert as_set(both) == as_set(whole) and len(both) == len(whole)
+    # merge refuses what is not one grid
     with pytest.raises(ValueError, match="appears twice"):
         merge([shards[0], shards[0], shards[1]], tmp_path / "dup.csv", log=quiet)
     with pytest.raises(ValueError, match="holds? 6 of the grid's 12 cells"):
@@ -140,9 +143,11 @@ def test_resume_refuses_other_settings_and_damaged_files(tmp_path):
     with pytest.raises(ValueError, match="not this profile's"):
         run_bench(fake_profile(gen_length=64), out, runner=FakeRunner(), progress=False, log=quiet)
     df = read_rows(out)
-    df.iloc[:-1].to_csv(out, index=False)                    # a cell missing a run
+    df.drop(index=1).to_csv(out, index=False)                # a cell missing a run (not the last cell: see below)
     with pytest.raises(ValueError, match="has 3 runs, expected"):
         run_bench(fake_profile(), out, runner=FakeRunner(), progress=False, log=quiet)
+    with pytest.raises(ValueError, match="has 3 runs, expected"):
+        read_rows(out)                                       # what report reads: refused like bench refuses it
     (tmp_path / "junk.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="lacks columns"):
         read_rows(tmp_path / "junk.csv")

@@ -1,7 +1,8 @@
 """Issue 12 on the command line: every check that does not need the weights runs before they are read
-(shown with a checkpoint whose safetensors are garbage and a spy on safe_open); unwritable outputs are one
-line before any work; offload flags without --offload are refused; every command sets its thread count
-from one setting and generate reports it; notebooks: stale temporary files, failed notebooks' errors."""
+(shown with a checkpoint whose safetensors are garbage, and a watch on every open of its weight files);
+unwritable outputs are one line before any work; offload flags without --offload are refused; every
+command sets its thread count from one setting and generate reports it; notebooks: stale temporary
+files, failed notebooks' errors."""
 from __future__ import annotations
 
 import json
@@ -44,17 +45,38 @@ def restore_threads():
     torch.set_num_threads(n)
 
 
+_WATCHERS: list[list[str]] = []
+
+
+def _audit(event: str, args: tuple) -> None:
+    """Python-level reads of checkpoint weight files (model*.safetensors), e.g. a header read (a test writing
+    its garbage weights is not a read)."""
+    if event != "open" or not _WATCHERS or not isinstance(args[0], (str, Path)):
+        return
+    path, mode, flags = args
+    writes = any(c in mode for c in "wax+") if mode else bool(flags & (os.O_WRONLY | os.O_RDWR))
+    if Path(path).name.startswith("model") and str(path).endswith(".safetensors") and not writes:
+        _WATCHERS[-1].append(str(path))
+
+
+sys.addaudithook(_audit)      # cannot be removed; it records only while a test's weights_opened is active
+
+
 @pytest.fixture
 def weights_opened(monkeypatch):
-    """Every safetensors file the checkpoint loader opens (a spy: the real safe_open still runs)."""
+    """Every checkpoint weight file opened, by Python's open (audit hook) or by safetensors' safe_open (a
+    spy: the real one still runs). Routing traces are safetensors too; they are not named model*."""
     opened: list[str] = []
     real = checkpoint.safe_open
 
     def spy(path, *args, **kwargs):
-        opened.append(str(path))
+        if Path(path).name.startswith("model"):
+            opened.append(str(path))
         return real(path, *args, **kwargs)
     monkeypatch.setattr(checkpoint, "safe_open", spy)
-    return opened
+    _WATCHERS.append(opened)
+    yield opened
+    _WATCHERS.remove(opened)
 
 
 def _copy_without_weights(dst: Path, config_changes: dict | None = None) -> Path:
@@ -85,7 +107,7 @@ def test_the_unreadable_checkpoint_fails_once_its_weights_are_read(unreadable, w
     except Exception:              # a damaged safetensors file: helper C's loader checks report it
         rc = None
     assert rc != 0
-    assert weights_opened == [str(unreadable / "model.safetensors")]
+    assert weights_opened and set(weights_opened) == {str(unreadable / "model.safetensors")}
 
 
 def _hand_trace(path: Path, meta: dict) -> Path:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -17,6 +20,9 @@ import torch
 from artifact.experiments import tide
 from artifact.model.checkpoint import tiny_checkpoint
 from artifact.model.decode import DecodeConfig
+
+# The fake is not TIDE's pinned model file: check_tide warns about that; the warning has its own test.
+pytestmark = pytest.mark.filterwarnings("ignore:.*is not the model file of ims-kdks/TIDE:UserWarning")
 
 FAKE_CAP = 64          # the fake lowers any budget above this, as TIDE does when GPU memory is short
 FAKE_STEPS = 3         # denoising steps the fake reports per block
@@ -30,6 +36,7 @@ FAKE_MODELING = textwrap.dedent(f'''
     from .configuration_llada2_moe import LLaDA2MoeConfig
 
     CALLS = []
+    THREADS = []          # torch threads seen by each generate call
 
     class LLaDA2MoeModelLM:
         @classmethod
@@ -56,6 +63,8 @@ FAKE_MODELING = textwrap.dedent(f'''
                           block_length=block_length, steps=steps, gen_length=gen_length, threshold=threshold,
                           eos_early_stop=eos_early_stop, minimal_topk=minimal_topk, eos_id=eos_id,
                           mask_id=mask_id, do_sample=do_sample)))
+            THREADS.append(torch.get_num_threads())
+            self.sampled_with = self._sample(do_sample=do_sample)
             n = len(input_ids[0])
             body = [100 + i for i in range(min(n, gen_length))]     # n tokens, then eos (if room)
             out = body + ([eos_id] if n < gen_length else [])
@@ -63,6 +72,11 @@ FAKE_MODELING = textwrap.dedent(f'''
             stats = [{{"block": b, "step": s, "offload_stats": dict({COUNTS!r})}}
                      for b in range(blocks) for s in range({FAKE_STEPS})] if self.collect_stats else []
             return torch.tensor([out]), stats
+
+        def _sample(self, temperature=0.0, do_sample=True):
+            if do_sample:
+                return "multinomial"
+            return "argmax"
 ''')
 
 
@@ -343,3 +357,85 @@ def test_real_tide_without_a_gpu_fails_clearly(tmp_path):
     root = save_checkpoint(tmp_path / "ck", ours.cfg, state_tensors(ours.model, ours.experts))
     with pytest.raises(RuntimeError, match="enable_predictive_expert_offload failed: CUDA is not available"):
         tide.run_tide(os.environ["ARTIFACT_TIDE_PATH"], root, [[5, 6, 7]], 8, device="cpu")
+
+
+# --- fairness: pinned revision, jump_steps sweep, seconds per forward, threads -----------------------
+def test_check_tide_refuses_a_sampler_that_ignores_do_sample(tmp_path):
+    """TIDE before 0d8c547 accepted do_sample in generate but always sampled: greedy runs were random."""
+    old = FAKE_MODELING.replace("self.sampled_with = self._sample(do_sample=do_sample)",
+                                "self.sampled_with = self._sample()")
+    with pytest.raises(ValueError, match=r"generate\(\) accepts do_sample but no sampler it calls branches on it.*"
+                                         r"0d8c547.*git checkout 5611ace"):
+        tide.check_tide(write_fake(tmp_path / "a", old), device="cpu")
+    ignores = FAKE_MODELING.replace("if do_sample:\n", "if temperature > 1:\n")
+    with pytest.raises(ValueError, match="no sampler it calls branches on it"):
+        tide.check_tide(write_fake(tmp_path / "b", ignores), device="cpu")
+
+
+def test_the_pinned_revision_is_recognised_by_the_model_file(fake, monkeypatch):
+    modeling = fake / "model" / "modeling_llada2_moe.py"
+    if shutil.which("git"):
+        out = subprocess.run(["git", "hash-object", str(modeling)], capture_output=True, text=True, check=True)
+        assert tide._blob_sha(modeling) == out.stdout.strip()              # git's own blob id
+    with pytest.warns(UserWarning, match="is not the model file of ims-kdks/TIDE@5611ace.*git -C .* checkout 5611ace"):
+        info = tide.check_tide(fake, device="cpu")
+    assert not info.pinned
+    monkeypatch.setattr(tide, "PINNED_MODELING_BLOB", tide._blob_sha(modeling))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tide.check_tide(fake, device="cpu").pinned
+    row = tide.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False,
+                        dc=DecodeConfig(gen_length=32))[0]
+    assert row["tide_pinned"] is True and row["tide_modeling_sha"] == tide._blob_sha(modeling)
+
+
+def test_tide_runs_on_the_machines_cores_and_restores_the_bench_threads(fake):
+    assert torch.get_num_threads() == 1                                    # the bench's (conftest's) setting
+    rows = tide.run_tide(fake, tiny_checkpoint(), [[1, 2, 3], [4, 5]], 8, device="cpu", reps=2,
+                         dc=DecodeConfig(gen_length=32))
+    seen = tide.load_tide_module(tide.check_tide(fake, device="cpu")).THREADS
+    assert seen == [tide.machine_threads()] * (1 + 2 * 2)                 # warm-up and every timed generate
+    assert all(r["threads"] == tide.machine_threads() for r in rows)
+    assert torch.get_num_threads() == 1                                    # restored
+    tide.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False, threads=3,
+                  dc=DecodeConfig(gen_length=32))
+    assert seen[-1] == 3 and torch.get_num_threads() == 1
+    with pytest.raises(RuntimeError, match="boom"), tide.tide_threads(2):
+        raise RuntimeError("boom")
+    assert torch.get_num_threads() == 1                                    # restored after an error too
+
+
+def test_compare_with_engine_sweeps_jump_steps_and_reports_seconds_per_forward(fake, tiny, tiny_prompts):
+    rows = tide.compare_with_engine(tiny, fake, [tiny_prompts[3]], budget_experts=96, dc=DecodeConfig(gen_length=32),
+                                    reps=2, device="cpu", progress=False)
+    assert tide.JUMP_STEPS == (1, 2, 4)
+    t = [r for r in rows if r["system"] == "tide_released"]
+    assert sorted(r["jump_steps"] for r in t) == [1, 1, 2, 2, 4, 4]
+    jobs = [(r["system"], r["mode"], r.get("jump_steps") if r["system"] != "engine" else None) for r in rows]
+    assert jobs[:5] == [("engine", "cached", None), ("engine", "full", None), ("tide_released", "full", 1),
+                        ("tide_released", "full", 2), ("tide_released", "full", 4)]
+    assert jobs[5:] == jobs[1:5] + jobs[:1]                                # rep 1 rotated by one
+    enables = [c[1]["jump_steps"] for c in calls(fake) if c[0] == "enable"]
+    assert enables == [1, 2, 4, 1, 2, 4]                                   # TIDE's own call sets each interval
+    for r in rows:
+        assert r["seconds_per_forward"] == pytest.approx(r["seconds"] / r["forwards"]) and r["forwards"] > 0
+    assert all(r["threads"] == tide.machine_threads() for r in t)
+    assert all(r["threads"] == 1 for r in rows if r["system"] == "engine")
+    s = tide.speedup_parts(rows)
+    best = max((1, 2, 4), key=lambda j: sum(r["tokens_per_second"] for r in t if r["jump_steps"] == j))
+    assert s["tide_jump_steps"] == best
+    assert s["tide_seconds_per_forward"] == pytest.approx(
+        sum(r["seconds_per_forward"] for r in t if r["jump_steps"] == best) / 2)
+    with pytest.raises(ValueError, match="jump_steps"):
+        tide.compare_with_engine(tiny, fake, [[1, 2]], 96, jump_steps=(2, 2), device="cpu", progress=False)
+
+
+def test_speedup_parts_takes_tide_at_its_best_jump_steps():
+    rows = [{"system": "engine", "mode": m, "policy": "demand", "tokens_per_second": v, "seconds_per_forward": f}
+            for m, v, f in (("cached", 40.0, 0.01), ("full", 10.0, 0.04))]
+    rows += [{"system": "tide_released", "mode": "full", "policy": "tide_released", "jump_steps": j,
+              "tokens_per_second": v, "seconds_per_forward": 0.1 * j} for j, v in ((1, 2.0), (2, 5.0), (4, 4.0))]
+    s = tide.speedup_parts(rows)
+    assert s["tide_jump_steps"] == 2 and s["tide_tps"] == 5.0 and s["speedup_total"] == pytest.approx(8.0)
+    assert s["tide_seconds_per_forward"] == pytest.approx(0.2) and s["engine_full_seconds_per_forward"] == 0.04
+    assert tide.speedup_parts(rows, jump_steps=1)["speedup_total"] == pytest.approx(20.0)

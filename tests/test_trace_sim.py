@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
 from artifact.model.llada2 import Demand, StepInfo
+from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for, replay, sweep
 from artifact.offload.trace import (
@@ -40,15 +41,20 @@ def test_a_second_greedy_run_reproduces_the_trace(tiny, tiny_prompts, recorded):
     assert (np.diff(f) >= 0).all(), "forward indices run on across the two batches"
 
 
-@pytest.mark.parametrize("policy, capacity", [("demand", 12), ("demand", 40), ("last_step", 12),
-                                              ("last_step", 40), ("oracle", 40), ("interval_refresh", 12)])
-def test_engine_counts_equal_the_simulator_replay(tiny, tiny_prompts, recorded, policy, capacity):
-    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(capacity, policy, tau=2), record=True,
-              oracle=recorded.trace if policy == "oracle" else None, prompt_ids=["a", "b", "c"], task="test")
+@pytest.mark.parametrize("policy, capacity, lookahead", [
+    ("demand", 12, 1), ("demand", 40, 1), ("last_step", 12, 1), ("last_step", 40, 1), ("last_step", 12, 2),
+    ("oracle", 40, 1), ("oracle", 12, 2), ("interval_refresh", 12, 1), ("last_step_conservative", 12, 1),
+    ("last_step_conservative", 40, 2)])
+def test_engine_counts_equal_the_simulator_replay(tiny, tiny_prompts, recorded, policy, capacity, lookahead):
+    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(capacity, policy, tau=2, lookahead=lookahead),
+              record=True, oracle=recorded.trace if policy == "oracle" else None, prompt_ids=["a", "b", "c"],
+              task="test")
     assert eng.trace.equal_routing(recorded.trace)
-    sim = replay(eng.trace, policy, capacity, tau=2)
+    sim = replay(eng.trace, f"{policy}:lookahead={lookahead}" if lookahead > 1 else policy, capacity, tau=2,
+                 by_phase=True)
     for k in COUNTS:
         assert eng.stats[k] == sim[k], k
+    assert all(sum(p[k] for p in sim["by_phase"].values()) == sim[k] for k in COUNTS)
     if policy in ("last_step", "oracle"):
         assert sim["speculative_transfers"] > 0
 
@@ -151,7 +157,8 @@ def test_sweep_table(recorded):
 
 def test_cli_trace_and_simulate(tmp_path, capsys):
     out = tmp_path / "t.safetensors"
-    assert main(["trace", "--task", "gsm8k", "--n", "2", "--batch-size", "2", "--gen-length", "32", "--out", str(out)]) == 0
+    assert main(["trace", "--task", "gsm8k", "--n", "2", "--batch-size", "2", "--gen-length", "32",
+                 "--out", str(out)]) == 0
     assert "mean working set W" in capsys.readouterr().out
     assert main(["trace", "--task", "gsm8k", "--n", "2", "--out", str(out)]) == 2
     assert "exists; pass --force" in capsys.readouterr().err
@@ -161,17 +168,19 @@ def test_cli_trace_and_simulate(tmp_path, capsys):
     assert len(rows) == 4 and {r["policy"] for r in rows} == {"demand", "belady"}
     csv = tmp_path / "s.csv"
     assert main(["simulate", "--trace", str(out), "--csv", str(csv)]) == 0
-    assert len(csv.read_text().splitlines()) == 1 + 5 * 5
+    runnable = [n for n, c in POLICIES.items() if not c.needs_prediction]    # schema-1 traces lack predictions
+    assert len(csv.read_text().splitlines()) == 1 + 5 * len(runnable)
     assert main(["trace", "--task", "nope", "--n", "2", "--out", str(tmp_path / "x")]) == 2
     assert "unknown task 'nope'" in capsys.readouterr().err
 
 
-def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, recorded, monkeypatch):
+def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, recorded):
     """The README's recipe: subclass Policy, register it, and both paths use it unchanged."""
-    from artifact.offload.policies import POLICIES, Policy, PolicySpec
+    from artifact.offload.policies import Policy, register
 
     class TopCount(Policy):
         name = "top_count"
+        summary = "prefetch the most used experts"
 
         def __init__(self, num_layers, num_experts, lookahead=1):
             super().__init__(num_layers, num_experts)
@@ -183,10 +192,14 @@ def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, re
             target = (i + self.lookahead) % self.num_layers
             return target, np.argsort(-self.uses[target], kind="stable")
 
-    monkeypatch.setitem(POLICIES, "top_count", PolicySpec(
-        "top_count", lambda L, E, future=None, lookahead=1, **kw: TopCount(L, E, lookahead), False, True, "test"))
-    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(20, "top_count"), record=True,
-              prompt_ids=["a", "b", "c"], task="test")
-    assert eng.tokens == recorded.tokens
-    sim = replay(eng.trace, "top_count", 20)
-    assert all(eng.stats[k] == sim[k] for k in COUNTS) and sim["speculative_transfers"] > 0
+    register(TopCount)
+    try:
+        eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(20, "top_count"), record=True,
+                  prompt_ids=["a", "b", "c"], task="test")
+        assert eng.tokens == recorded.tokens
+        two, one = replay(eng.trace, "top_count:lookahead=2", 20), replay(eng.trace, "top_count", 20)
+        assert [two[k] for k in COUNTS] != [one[k] for k in COUNTS], "the spec option reaches the constructor"
+        sim = replay(eng.trace, "top_count", 20)
+        assert all(eng.stats[k] == sim[k] for k in COUNTS) and sim["speculative_transfers"] > 0
+    finally:
+        del POLICIES["top_count"]

@@ -8,24 +8,29 @@ then batch sizes, then bandwidth scales, then C/W ratios, each in the profile's 
   2. `warmup` untimed runs of every policy.
   3. R repetitions; repetition r runs every policy once, in the listed order when r is even and
      reversed when r is odd, so neither policy always runs first. One CSV row per timed run.
-After each cell the whole CSV is rewritten atomically (temp file + rename): the file only ever holds
-whole cells, so a rerun resumes by skipping the cells it already has.
+After each cell its rows are appended to the CSV in one write and fsynced, under an exclusive lock on
+the sidecar `<out>.lock`, so the file only ever holds whole cells and a rerun resumes by skipping the
+cells it already has (see "Result files" below for concurrent writers and interrupted appends).
 
 Sharding: `--shard i/n` (0 <= i < n) takes the cells whose grid index % n == i, so n GPUs or a job
 array (Slurm: --array=0-(n-1), --shard $SLURM_ARRAY_TASK_ID/n) run one grid; each shard writes its
-own file and `python -m artifact merge` joins them.
+own file by default and `python -m artifact merge` joins them. Shards may also share one --out.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import io
 import json
 import os
 import platform
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -33,28 +38,32 @@ from tqdm.auto import tqdm
 from artifact.errors import ProfileError, ResultFileError, SettingError
 from artifact.experiments.settings import Profile, fingerprint, list_profiles, load_profile, parse_override
 from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, format_table, paired_table, with_paper
-from artifact.model.checkpoint import load_checkpoint
+from artifact.model.checkpoint import load_checkpoint, weights_fingerprint
 from artifact.model.tasks import prompts
-from artifact.offload.policies import POLICIES
+from artifact.offload.policies import check_policy
 from artifact.offload.runner import OffloadSpec, check_device, run
 from artifact.offload.sim import capacity_for
 from artifact.offload.trace import mean_working_set
-from artifact.paths import atomic_write_text, data_dir, refuse_overwrite
+from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsync_dir, refuse_overwrite
 
 # Profile keys that change what a run measures: a result file made under other values cannot be
 # resumed or merged. The grid axes are not among them (a cell names its own axis values), nor is
-# the model path (rows carry the model's config hash instead).
+# the model path (rows carry the model's config hash and its weights fingerprint instead).
 SETTINGS = ("dtype", "device", "link", "latency_us", "link_gbps", "torch_threads", "mode", "gen_length", "steps",
             "threshold", "n_prompts", "seed", "max_prompt_tokens", "policies", "repetitions", "warmup", "lookahead",
             "tau", "trace_capacity")
-META_COLUMNS = ("profile", "fingerprint", "model", "model_hash", "dtype", "device", "link", "hardware", "grid_cells")
+META_COLUMNS = ("profile", "fingerprint", "model", "model_hash", "weights_fingerprint", "dtype", "device", "link",
+                "hardware", "grid_cells")
 RUN_COLUMNS = ("policy", "rep", "order", "working_set", "cache_experts", "link_gbps")
 STAT_COLUMNS = ("seconds", "tokens", "tokens_per_second", "forwards", "tokens_per_forward", "demand_hits",
                 "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d",
                 "stall_seconds", "link_busy_seconds", "achieved_gbps", "tokens_sha")
 COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS
-STR_COLUMNS = ("profile", "fingerprint", "model", "model_hash", "dtype", "device", "link", "hardware", "task",
-               "policy", "tokens_sha")
+STR_COLUMNS = ("profile", "fingerprint", "model", "model_hash", "weights_fingerprint", "dtype", "device", "link",
+               "hardware", "task", "policy", "tokens_sha")
+# Numbers every row must hold (the other numeric columns may be empty, e.g. link_gbps of an unpaced cuda link).
+FINITE_COLUMNS = ("grid_cells", "batch_size", "cache_ratio", "bandwidth_scale", "rep", "order", "working_set",
+                  "cache_experts", "seconds", "tokens", "tokens_per_second")
 SORT = ("task", "batch_size", "bandwidth_scale", "cache_ratio", "rep", "order")
 
 
@@ -141,8 +150,10 @@ class ModelRunner:
         self.num_experts = cfg.num_experts
         self.expert_bytes = cfg.expert_params * self.loaded.experts.element_size()
         self.dc = p.decode_config()
-        self.meta = {"model": cfg.name, "model_hash": cfg.config_hash(), "dtype": str(self.loaded.experts.dtype)
-                     .removeprefix("torch."), "device": p.device, "link": p.link, "hardware": hardware(p.device)}
+        self.meta = {"model": cfg.name, "model_hash": cfg.config_hash(),
+                     "weights_fingerprint": weights_fingerprint(self.loaded.path) if self.loaded.path else "none",
+                     "dtype": str(self.loaded.experts.dtype).removeprefix("torch."), "device": p.device,
+                     "link": p.link, "hardware": hardware(p.device)}
         self._group = None           # (task, batch size) -> (W, ids, prompts, trace): the last one only
         self._nominal = None
 
@@ -175,7 +186,7 @@ class ModelRunner:
         p = self.p
         _, _, ids, ps, trace = self._prompts(cell.task, cell.batch_size)
         spec = self.spec(capacity, policy, cell.bandwidth_scale)
-        oracle = trace if POLICIES[policy].needs_trace else None
+        oracle = trace if check_policy(policy).needs_trace else None
         res = run(self.loaded, ps, cell.batch_size, self.dc, spec=spec, device=p.device, oracle=oracle,
                   prompt_ids=ids, task=cell.task)
         out = {k: res.stats.get(k) for k in STAT_COLUMNS}
@@ -186,64 +197,267 @@ class ModelRunner:
 
 
 # ---------------------------------------------------------------------------------------------
-# Result files
+# Result files: one writer at a time, whole cells appended, an interrupted append repaired
 # ---------------------------------------------------------------------------------------------
-def read_rows(path: Path | str):
+# A result file may be shared by several processes (shards of one grid, or a rerun started while an
+# earlier one still runs). They coordinate through an exclusive fcntl.flock on the sidecar `<out>.lock`,
+# which a writer holds only while it reads the file and appends one finished cell (milliseconds, never
+# while a cell runs). A second process therefore WAITS for the lock, saying once which PID holds it;
+# it never refuses. Under the lock a writer re-reads the file, so a cell that another process finished
+# meanwhile is skipped (before it runs) or its rows are dropped (if both ran it): every run is in the
+# file once. Processes on the same shard also split the work: a cell being run is claimed (CellClaims),
+# others run unclaimed cells first and then wait for the claimed ones, running one only if its claimant
+# died before finishing it.
+# The lock file stays in place (removing it would let two processes lock different files); flock is
+# released by the kernel when its holder exits or is killed, so a crash leaves no stale lock.
+def lock_path(path: Path | str) -> Path:
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: bench result file not found")
+    return path.with_name(path.name + ".lock")
+
+
+QUIET_WAIT_S = 2.0       # a wait for the result file's lock is logged after this long
+
+
+def _try_flock(fd: int, mode: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
+@contextmanager
+def locked(path: Path | str, shared: bool = False, log=print):
+    """Hold `<path>.lock`: exclusive (a writer; its PID is written into the lock file) or shared (a reader).
+    Waits while another process holds it, logging the holder's PID once the wait passes QUIET_WAIT_S."""
+    lock = lock_path(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        df = pd.read_csv(path, dtype={c: str for c in STR_COLUMNS})
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        if not _try_flock(fd, mode, QUIET_WAIT_S):     # appends take milliseconds: only a longer wait is news
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            log(f"waiting for PID {holder}, which is writing {path} (lock file {lock})" if holder else
+                f"waiting for another process reading {path} (lock file {lock})")
+            fcntl.flock(fd, mode)
+        if not shared:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            if not shared:
+                os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)                                   # releases the flock
+
+
+class CellClaims:
+    """Which process is running which cell of a result file, so that processes on the same shard split
+    the work instead of computing every cell twice. A claim is a POSIX byte-range lock (fcntl.lockf) on
+    one byte of the sidecar `<out>.cells.lock`, at an offset hashed from the cell key: the kernel drops
+    it when its holder exits or dies, so a crash leaves no stale claim. A claim only saves work; the
+    file lock and the re-read before each append keep the file right even without one (a hash collision
+    or a claim lost to another close of the file in this process merely lets a cell run twice, and the
+    second copy is dropped). Record locks never conflict within one process."""
+
+    def __init__(self, path: Path):
+        self.path = path.with_name(path.name + ".cells.lock")
+
+    def __enter__(self) -> "CellClaims":
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)                              # releases every claim still held
+
+    @staticmethod
+    def _offset(cell: Cell) -> int:
+        return int.from_bytes(hashlib.sha1(repr(cell.key).encode()).digest()[:4], "little")
+
+    def take(self, cell: Cell, wait: bool) -> bool:
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1, self._offset(cell))
+        except (BlockingIOError, PermissionError):     # held by another process (EAGAIN or EACCES)
+            return False
+        return True
+
+    def release(self, cell: Cell) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, self._offset(cell))
+
+
+def _parse(data: bytes, path: Path):
+    if not data.strip():
+        return pd.DataFrame(columns=list(COLUMNS))
+    try:
+        df = pd.read_csv(io.BytesIO(data), dtype={c: str for c in STR_COLUMNS})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise ResultFileError(f"{path}: not a bench CSV: {e}") from None
     missing = [c for c in COLUMNS if c not in df.columns]
+    if missing == ["weights_fingerprint"]:
+        raise ResultFileError(f"{path}: written before bench rows recorded the checkpoint's weights fingerprint, so "
+                              "its rows cannot be matched to a checkpoint; re-run the bench into a fresh --out "
+                              "(or move this file away)")
     if missing:
         raise ResultFileError(f"{path}: not a bench CSV of this version (lacks columns {missing})")
     return df[list(COLUMNS)]
 
 
+def check_rows(df, path: Path | str, expected: set[tuple[str, int]] | None = None) -> None:
+    """Refuse damaged rows: a non-number or a missing number where one is required, or a cell that does
+    not hold each (policy, repetition) exactly once. `expected` defaults to the file's own policies x
+    repetitions (every cell of one file was run under the same settings)."""
+    for col in COLUMNS:
+        if col in STR_COLUMNS:
+            bad = df[col].isna() if col in ("task", "policy") else pd.Series(False, index=df.index)
+        else:
+            num = pd.to_numeric(df[col], errors="coerce")
+            bad = num.isna() & df[col].notna()
+            if col in FINITE_COLUMNS:
+                bad |= ~np.isfinite(num.astype(float))
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            v = df[col].iloc[i]
+            shown = "empty or nan" if pd.isna(v) else repr(v) if isinstance(v, str) else str(v)
+            raise ResultFileError(f"{path}: line {i + 2}, column {col}: {shown} is not a "
+                                  f"{'name' if col in STR_COLUMNS else 'finite number'}; the file is damaged")
+    if not len(df):
+        return
+    if expected is None:
+        expected = {(pol, r) for pol in set(df.policy) for r in range(int(df.rep.max()) + 1)}
+    for key, g in df.groupby(list(CELL_KEYS), sort=False):
+        runs = sorted(zip(g.policy, g.rep.astype(int)))
+        if runs != sorted(expected):
+            pols = sorted({pol for pol, _ in expected})
+            reps = len({r for _, r in expected})
+            raise ResultFileError(f"{path}: cell {Cell(*_cell_key(dict(zip(CELL_KEYS, key))))} has {len(runs)} "
+                                  f"runs, expected each of policies {pols} x {reps} repetitions once; the file is "
+                                  "damaged")
+
+
+def read_rows(path: Path | str):
+    """A bench result file's rows, checked (columns, numbers, whole cells). Takes the shared lock where a
+    lock file exists, so a file being appended to is read between two appends."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: bench result file not found")
+    if lock_path(path).exists():
+        try:
+            with locked(path, shared=True, log=lambda s: print(s, file=sys.stderr)):
+                data = path.read_bytes()
+        except PermissionError:                        # a read-only copy: nobody can be writing it
+            data = path.read_bytes()
+    else:
+        data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        raise ResultFileError(f"{path}: the last line is torn (an interrupted write); rerun `bench` on this file "
+                              "to repair it, then read it")
+    df = _parse(data, path)
+    check_rows(df, path)
+    return df
+
+
 def write_rows(path: Path, rows) -> None:
+    """Replace a whole result file atomically (merge); `append_rows` adds a cell."""
     atomic_write_text(path, pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(index=False))
+
+
+def append_rows(path: Path, rows) -> None:
+    """Append rows (one finished cell) in one write, then fsync. Call it holding `locked(path)`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        new = os.fstat(fd).st_size == 0
+        view = memoryview(pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(index=False, header=new).encode())
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if new:
+        fsync_dir(path.parent)
 
 
 def _cell_key(row) -> tuple:
     return (str(row["task"]), int(row["batch_size"]), float(row["cache_ratio"]), float(row["bandwidth_scale"]))
 
 
-def _finished_cells(df, p: Profile, path: Path, mine: list[Cell], cells: list[Cell]) -> set[tuple]:
-    """Cells already in a result file, after checking the file is this bench's and holds whole cells."""
-    if not len(df):
-        return set()
+def _expected_runs(p: Profile) -> set[tuple[str, int]]:
+    return {(pol, r) for pol in p.policies for r in range(p.repetitions)}
+
+
+def _load_for_append(path: Path, p: Profile, log=print):
+    """The rows of `path` (held under `locked(path)`), checked to be this profile's, after repairing what
+    an interrupted append leaves: a torn last line, and the incomplete cell at the end of the file.
+    Both are cut off (with a note) by an atomic rewrite of the intact prefix; that cell runs again."""
+    if not path.exists():
+        return pd.DataFrame(columns=list(COLUMNS))
+    data = path.read_bytes()
+    keep, notes = len(data), []
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        notes.append(f"a torn last line ({len(data) - keep} bytes)")
+    header = data[:keep].split(b"\n", 1)[0].decode(errors="replace").strip()
+    if header and header != ",".join(COLUMNS):
+        _parse(data[:keep], path)                  # names an old version's or a foreign file's columns first
+        raise ResultFileError(f"{path}: its columns are not in this version's order ({', '.join(COLUMNS)}), so rows "
+                              "cannot be appended to it; re-run into a fresh --out (merge rewrites files in order)")
+    df = _parse(data[:keep], path)
+    lines = data[:keep].splitlines(keepends=True)[1:]
+    if len(lines) != len(df):
+        raise ResultFileError(f"{path}: {len(lines)} lines hold {len(df)} rows; the file is damaged")
     for col, want in (("fingerprint", bench_fingerprint(p)), ("profile", p.name)):
         have = sorted(set(df[col]))
-        if have != [want]:
+        if have and have != [want]:
             raise ResultFileError(f"{path}: rows of {col} {have}, not this profile's {want!r} (settings "
-                             f"{', '.join(SETTINGS)} must match to resume); choose another --out or move the file")
-    expected = {(pol, r) for pol in p.policies for r in range(p.repetitions)}
-    mine_keys, all_keys = {c.key for c in mine}, {c.key for c in cells}
-    done = set()
-    for key, g in df.groupby(list(CELL_KEYS), sort=False):
-        key = _cell_key(dict(zip(CELL_KEYS, key)))
-        runs = list(zip(g.policy, g.rep.astype(int)))
-        if sorted(runs) != sorted(expected):
-            raise ResultFileError(f"{path}: cell {Cell(*key)} has {len(runs)} runs, expected each of policies "
-                             f"{list(p.policies)} x {p.repetitions} repetitions once; the file is damaged")
-        if key in all_keys and key not in mine_keys:
-            raise ResultFileError(f"{path}: holds cell {Cell(*key)} of another shard; each shard needs its own --out")
-        done.add(key)
-    return done
+                                  f"{', '.join(SETTINGS)} must match to resume); choose another --out or move the "
+                                  "file")
+    if len(df):
+        keys = [_cell_key(r) for r in df[list(CELL_KEYS)].to_dict("records")]
+        k = next((i for i, key in enumerate(reversed(keys)) if key != keys[-1]), len(keys))
+        tail = df.iloc[len(df) - k:]
+        if keys[-1] not in keys[:-k] and sorted(zip(tail.policy, tail.rep.astype(int))) != sorted(_expected_runs(p)):
+            keep -= sum(len(line) for line in lines[len(lines) - k:])
+            df = df.iloc[:len(df) - k]
+            notes.append(f"the incomplete last cell {Cell(*keys[-1])} ({k} of {len(_expected_runs(p))} runs)")
+    if notes:
+        atomic_write_bytes(path, data[:keep])
+        log(f"note: {path}: dropped {' and '.join(notes)}, left by an interrupted append; that cell runs again")
+    check_rows(df, path, _expected_runs(p))
+    return df.reset_index(drop=True)
+
+
+def _finished_cells(df) -> set[tuple]:
+    """Cells in rows checked by `_load_for_append` (every one whole). They may be any shard's: shards can
+    share a file, and a cell is skipped whoever ran it."""
+    return {_cell_key(r) for r in df[list(CELL_KEYS)].drop_duplicates().to_dict("records")}
+
+
+def _check_same_model(df, meta: dict, path: Path) -> None:
+    """Rows of a result file must come from this model config and these very weights."""
+    for col, what in (("model_hash", "model config hash"), ("weights_fingerprint", "checkpoint weights fingerprint")):
+        have = sorted(set(df[col]))
+        if have and have != [meta[col]]:
+            raise ResultFileError(f"{path}: rows of model {sorted(set(df.model))} with {what} {have}, not this "
+                                  f"run's {meta['model']} ({meta[col]}); results of different checkpoints are never "
+                                  "mixed: choose a fresh --out or move the file")
 
 
 def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
               loaded=None, progress: bool = True, log=print):
-    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`."""
+    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`.
+    Safe to run concurrently with other shards or reruns on the same `out` (see "Result files")."""
     out = Path(out) if out else default_out(p, shard)
     cells = grid(p)
     mine = shard_cells(cells, shard)
-    old = read_rows(out) if out.exists() else pd.DataFrame(columns=list(COLUMNS))
-    done = _finished_cells(old, p, out, mine, cells)
+    with locked(out, log=log):
+        old = _load_for_append(out, p, log)
+    done = _finished_cells(old)
     todo = [c for c in mine if c.key not in done]
-    rows = old.to_dict("records")
     log(f"bench {p.name}: shard {shard[0]}/{shard[1]} has {len(mine)} of {len(cells)} cells; "
         f"{len(mine) - len(todo)} done in {out}, {len(todo)} to run")
     extra = len(done - {c.key for c in cells})
@@ -253,41 +467,74 @@ def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] 
         return old
     runner = runner or ModelRunner(p, loaded)
     meta = dict(runner.meta, profile=p.name, fingerprint=bench_fingerprint(p), grid_cells=len(cells))
-    if len(old) and sorted(set(old.model_hash)) != [meta["model_hash"]]:
-        raise ResultFileError(f"{out}: rows of model {sorted(set(old.model))} (config hash "
-                         f"{sorted(set(old.model_hash))}), not of {meta['model']} ({meta['model_hash']})")
+    _check_same_model(old, meta, out)
     P, R = list(p.policies), p.repetitions
-    t0 = time.perf_counter()
+    t0, ran = time.perf_counter(), 0
     bar = tqdm(total=len(todo) * len(P) * (R + p.warmup), unit="run", desc=f"bench {p.name}",
                disable=not progress, file=sys.stderr)
+
+    def run_cell(cell: Cell) -> bool:
+        """Run one cell and append its rows; False when another process had finished it."""
+        with locked(out, log=log):
+            if cell.key in _finished_cells(_load_for_append(out, p, log)):
+                log(f"note: {cell} was finished meanwhile by another process writing {out}; skipped")
+                bar.update(len(P) * (R + p.warmup))
+                return False
+        bar.set_postfix_str(str(cell))
+        W = runner.working_set(cell.task, cell.batch_size)
+        C = capacity_for(cell.cache_ratio, W, runner.num_experts)
+        for _ in range(p.warmup):
+            for pol in P:
+                runner.run(cell, pol, C)
+                bar.update()
+        new = []
+        for r in range(R):
+            for pos, pol in enumerate(P if r % 2 == 0 else P[::-1]):
+                s = runner.run(cell, pol, C)
+                new.append({**meta, "task": cell.task, "batch_size": cell.batch_size,
+                            "cache_ratio": cell.cache_ratio, "bandwidth_scale": cell.bandwidth_scale,
+                            "policy": pol, "rep": r, "order": pos, "working_set": W, "cache_experts": C, **s})
+                bar.update()
+        with locked(out, log=log):                       # re-read: another process may have appended meanwhile
+            now = _load_for_append(out, p, log)
+            _check_same_model(now, meta, out)
+            if cell.key in _finished_cells(now):
+                log(f"note: another process writing {out} finished {cell} first; this run's rows are dropped "
+                    "so that no run is in the file twice")
+                return False
+            append_rows(out, new)                        # whole cells only: the resume invariant
+        return True
+
     try:
-        for cell in todo:
-            bar.set_postfix_str(str(cell))
-            W = runner.working_set(cell.task, cell.batch_size)
-            C = capacity_for(cell.cache_ratio, W, runner.num_experts)
-            for _ in range(p.warmup):
-                for pol in P:
-                    runner.run(cell, pol, C)
-                    bar.update()
-            new = []
-            for r in range(R):
-                for pos, pol in enumerate(P if r % 2 == 0 else P[::-1]):
-                    s = runner.run(cell, pol, C)
-                    new.append({**meta, "task": cell.task, "batch_size": cell.batch_size,
-                                "cache_ratio": cell.cache_ratio, "bandwidth_scale": cell.bandwidth_scale,
-                                "policy": pol, "rep": r, "order": pos, "working_set": W, "cache_experts": C, **s})
-                    bar.update()
-            rows.extend(new)
-            write_rows(out, rows)                      # whole cells only: the resume invariant
+        with CellClaims(out) as claims:
+            later = []
+            for cell in todo:                            # cells nobody else is running, first
+                if not claims.take(cell, wait=False):
+                    later.append(cell)
+                    continue
+                try:
+                    ran += run_cell(cell)
+                finally:
+                    claims.release(cell)
+            if later:
+                log(f"note: {len(later)} cells (e.g. {later[0]}) were being run by another process writing {out}; "
+                    "waiting for each, then running it here only if that process did not finish it")
+            for cell in later:
+                claims.take(cell, wait=True)             # returns when the other process finished it or died
+                try:
+                    ran += run_cell(cell)
+                finally:
+                    claims.release(cell)
     finally:
         bar.close()
     minutes = (time.perf_counter() - t0) / 60
     note = ""
-    if p.budget_minutes is not None and len(todo) == len(cells):
+    if p.budget_minutes is not None and ran == len(cells):
         note = f"; budget {p.budget_minutes:g} min: {'within' if minutes <= p.budget_minutes else 'OVER'}"
-    log(f"bench {p.name}: ran {len(todo)} cells ({len(todo) * len(P) * R} timed runs) in {minutes:.2f} min{note}; "
+    rows = read_rows(out)
+    log(f"bench {p.name}: ran {ran} cells ({ran * len(P) * R} timed runs) in {minutes:.2f} min{note}; "
         f"{len(rows)} rows in {out}")
-    return read_rows(out)
+    return rows
 
 
 def changed_tokens(df) -> list[str]:
@@ -306,7 +553,7 @@ def merge(inputs: list[Path | str], out: Path | str | None = None, force: bool =
     df = pd.concat(frames, ignore_index=True)
     if not len(df):
         raise ResultFileError(f"no rows in {[str(f) for f in inputs]}")
-    for col in ("profile", "fingerprint", "model_hash", "grid_cells"):
+    for col in ("profile", "fingerprint", "model_hash", "weights_fingerprint", "grid_cells"):
         vals = df.groupby(col)._file.unique()
         if len(vals) > 1:
             detail = "; ".join(f"{v!r} in {sorted(fs)}" for v, fs in vals.items())
@@ -326,9 +573,10 @@ def merge(inputs: list[Path | str], out: Path | str | None = None, force: bool =
     if len(hw) > 1:
         log(f"note: the shards ran on different hardware: {hw}")
     out = Path(out) if out else data_dir() / "results" / str(df.profile.iloc[0]) / "bench.csv"
-    refuse_overwrite(out, force)
     merged = df.drop(columns="_file").sort_values(list(SORT), kind="stable").reset_index(drop=True)
-    write_rows(out, merged)
+    with locked(out, log=log):                     # not while a bench appends to the same file
+        refuse_overwrite(out, force)
+        write_rows(out, merged)
     log(f"merged {len(inputs)} files: {n_cells} of {want} cells, {len(merged)} rows -> {out}")
     return merged
 
@@ -407,7 +655,8 @@ def add_cli(subparsers) -> None:
     b = subparsers.add_parser("bench", help="paired throughput runs of a profile's grid (resumable, shardable)")
     b.add_argument("--profile", default="cpu", help=f"one of {list_profiles()} or a path to a .yaml file")
     b.add_argument("--out", type=Path, default=None,
-                   help="result CSV (default: data/results/PROFILE/bench.csv, or bench.shard-I-of-N.csv)")
+                   help="result CSV (default: data/results/PROFILE/bench.csv, or bench.shard-I-of-N.csv); shards and "
+                        "reruns may share one: cells are appended under a lock on OUT.lock, a second writer waits")
     b.add_argument("--shard", default="0/1", help="i/n: run the cells whose index %% n == i (0 <= i < n)")
     b.add_argument("--model", default=None, help="checkpoint directory (overrides the profile's model)")
     b.add_argument("--set", action="append", metavar="KEY=VALUE",

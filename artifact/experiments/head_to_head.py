@@ -18,7 +18,7 @@ from artifact.experiments.claims import COLORS, NOT_MEASURABLE, Claim, judged, t
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table
-from artifact.experiments.tide import check_tide, compare_with_engine, speedup_parts
+from artifact.experiments.tide import JUMP_STEPS, check_tide, compare_with_engine, speedup_parts
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.tasks import prompts
 from artifact.offload.sim import capacity_for
@@ -81,7 +81,8 @@ def tide_released(P: Profile, progress: bool = True) -> list[dict]:
     rows = []
     for r in RATIOS:
         C = capacity_for(r, W, loaded.cfg.num_experts)
-        rows += compare_with_engine(loaded, P.tide_path, ps, C, P.tau, P.decode_config(), reps=P.repetitions,
+        rows += compare_with_engine(loaded, P.tide_path, ps, C, JUMP_STEPS, P.decode_config(), tau=P.tau,
+                                    reps=P.repetitions,
                                     task=task, cache_ratio=r, device=P.device, dtype=P.torch_dtype, progress=progress)
     return rows
 

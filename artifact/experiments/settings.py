@@ -29,7 +29,7 @@ from artifact.model.checkpoint import DTYPES
 from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
 from artifact.model.tasks import TASKS
 from artifact.offload.link import LINKS, PCIE_LATENCY_US
-from artifact.offload.policies import POLICIES
+from artifact.offload.policies import check_policy
 from artifact.offload.timeline import PRIORITIES
 from artifact.validate import check_number
 
@@ -349,8 +349,12 @@ def _check_values(p: Settings, origin: dict) -> None:
     choices("mode", [p.mode], MODES)
     choices("tasks", p.tasks, TASKS)
     choices("trace_tasks", p.trace_tasks, TASKS)
-    choices("sim_policies", p.sim_policies, list(POLICIES))
-    choices("policies", p.policies, [n for n, s in POLICIES.items() if s.engine_ok])
+    for key, engine in (("sim_policies", False), ("policies", True)):
+        for spec in getattr(p, key):
+            try:
+                check_policy(spec, engine=engine)
+            except SettingError as e:
+                fail(key, f"has {spec!r}: {e}")
     if p.dtype is not None:
         choices("dtype", [p.dtype], list(DTYPES))
     if p.link == "cuda" and not p.device.startswith("cuda"):

@@ -26,6 +26,18 @@ Differences that matter for a fair reading (each handled or recorded):
              (TIDE's count is kept as tide_tokens_with_eos).
   budget     TIDE lowers the budget when free GPU memory is short (reserve: max(1.5 GiB, 10%));
              rows carry the effective budget and tide_budget_capped.
+  jump_steps compare_with_engine sweeps TIDE's refresh interval over JUMP_STEPS = (1, 2, 4): its own
+             defaults (1 in enable_predictive_expert_offload, 2 in main.py) and 4 (our tau), so TIDE is
+             judged at its best setting (speedup_parts picks it), not at one we chose.
+  threads    TIDE computes non-resident experts on the CPU, so it runs with torch's intra-op threads at
+             the cores this process may use (tide_threads), not the bench's own setting (often 1); the
+             previous count is restored afterwards. Rows carry `threads`.
+  revision   written against TIDE_REVISION. check_tide refuses a checkout whose sampler ignores
+             do_sample (TIDE before 0d8c547 "add deterministic method" always drew with multinomial, so
+             do_sample=False would still sample); another revision that passes is used with a warning,
+             and rows carry tide_modeling_sha / tide_pinned.
+  speed      rows report seconds_per_forward beside tokens_per_second: TIDE re-runs the prefix, so a
+             forward costs more, and the two measures separate "more forwards" from "slower forwards".
 
 Use (notebook 05; the profile key tide_path names the checkout, run where TIDE's requirements are met):
     loaded = load_checkpoint(profile["model"], dtype="bfloat16", device="cuda", resident=False)
@@ -40,22 +52,33 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
 import types
+import warnings
+from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from artifact.experiments.bench import STAT_COLUMNS
 from artifact.model.checkpoint import parse_dtype
 from artifact.model.config import ModelConfig
 from artifact.model.decode import DecodeConfig
+from artifact.offload.runner import OffloadSpec, RunSettings, expert_bytes, run
 
 TIDE_REPO = "https://github.com/ims-kdks/TIDE"
-WRITTEN_AGAINST = "ims-kdks/TIDE@5611ace"
+TIDE_REVISION = "5611ace31501230f6dece29307b29a9a554a5a01"       # the commit the adapter was written against
+WRITTEN_AGAINST = f"ims-kdks/TIDE@{TIDE_REVISION[:7]}"
+# git's blob id of model/modeling_llada2_moe.py at TIDE_REVISION (last changed in 76d3dad): a checkout, or
+# a copy without .git, holds the pinned model file exactly when its blob id is this one.
+PINNED_MODELING_BLOB = "2dc9efdced9508694057e04ee372a1abc43c81ff"
+JUMP_STEPS = (1, 2, 4)      # TIDE's defaults (enable_predictive_expert_offload: 1, main.py: 2) and our tau
 MODELING = "model/modeling_llada2_moe.py"
 CONFIGURATION = "model/configuration_llada2_moe.py"
 MODEL_CLASS = "LLaDA2MoeModelLM"
@@ -78,6 +101,11 @@ class TideInfo:
     generate_defaults: dict                # generate's parameters -> defaults
     imports: tuple[str, ...]               # third-party modules the model files import
     pins: dict = field(default_factory=dict)   # requirements.txt: name -> line
+    modeling_sha: str = ""                 # git blob id of the model file (works without .git)
+
+    @property
+    def pinned(self) -> bool:
+        return self.modeling_sha == PINNED_MODELING_BLOB
 
 
 def require_cuda() -> None:
@@ -112,6 +140,7 @@ def check_tide(path, device: str = "cuda", import_module: bool = True) -> TideIn
         if lacking:
             raise ValueError(f"{modeling}: {MODEL_CLASS}.{name}() lacks arguments {lacking}; this adapter was "
                              f"written against {WRITTEN_AGAINST}")
+    _check_sampling(methods, modeling)
     imports = sorted(set(_third_party_imports(tree)) | set(_third_party_imports(_parse(root / CONFIGURATION))))
     pins = _pins(root / "requirements.txt")
     absent = [m for m in imports if importlib.util.find_spec(m) is None]
@@ -122,7 +151,12 @@ def check_tide(path, device: str = "cuda", import_module: bool = True) -> TideIn
                                   name=absent[0])
     if torch.device(device).type == "cuda":
         require_cuda()
-    info = TideInfo(root, modeling, _git_head(root), sigs[OFFLOAD_METHOD], sigs["generate"], tuple(imports), pins)
+    info = TideInfo(root, modeling, _git_head(root), sigs[OFFLOAD_METHOD], sigs["generate"], tuple(imports), pins,
+                    _blob_sha(modeling))
+    if not info.pinned:
+        warnings.warn(f"{modeling} is not the model file of {WRITTEN_AGAINST} (git blob {info.modeling_sha[:12]}, "
+                      f"pinned {PINNED_MODELING_BLOB[:12]}); its interface checks passed, but results may differ "
+                      f"from the pinned revision's (git -C {root} checkout {TIDE_REVISION[:7]})", stacklevel=2)
     if import_module:
         load_tide_module(info)
     return info
@@ -203,6 +237,26 @@ def load_tide(info: TideInfo, checkpoint, args: dict, dtype: str = "bfloat16"):
     return model, dict(offload_info or {})
 
 
+def machine_threads() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def tide_threads(n: int | None = None):
+    """torch's intra-op threads at `n` (default: machine_threads()) for TIDE's CPU expert compute, restored
+    afterwards so the bench's own setting (often 1 thread) holds again for our engine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n or machine_threads())
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
 def tide_generate(model, prompt: list[int], gen_args: dict, device: str) -> tuple[list[int], int, list, float]:
     """One timed TIDE generate: (tokens before eos, TIDE's own token count, its per-step stats, seconds)."""
     ids = torch.tensor([prompt], dtype=torch.long)
@@ -226,6 +280,23 @@ class TideRun:
     offload_info: dict
     budget_experts: int
     device: str
+    threads: int | None = None             # torch threads while TIDE runs (None: machine_threads())
+
+    def set_jump_steps(self, jump_steps: int) -> None:
+        """Re-enable offloading with another refresh interval. TIDE's public call re-places the experts as
+        a fresh load does and resets its counters, so each setting starts from the same state."""
+        if jump_steps == self.args["offload"]["jump_steps"]:
+            return
+        args = tide_arguments(self.budget_experts, jump_steps, self.args["generate"]["gen_length"],
+                              self.args["generate"]["steps"], self.args["generate"]["threshold"],
+                              self.args["generate"]["block_length"], mask_id=self.args["generate"]["mask_id"],
+                              eos_id=self.args["generate"]["eos_id"],
+                              collect_stats=self.args["offload"]["collect_stats"])
+        try:
+            info = getattr(self.model, OFFLOAD_METHOD)(**args["offload"])
+        except RuntimeError as e:
+            raise RuntimeError(f"TIDE's {OFFLOAD_METHOD} failed: {e}") from e
+        self.args, self.offload_info = args, dict(info or {})
 
     def measure(self, prompts: list[list[int]], rep: int = 0, task: str | None = None,
                 cache_ratio: float | None = None) -> tuple[dict, list[list[int]]]:
@@ -234,14 +305,15 @@ class TideRun:
         totals = dict.fromkeys(COUNTERS, 0)
         tokens = seconds = with_eos = forwards = 0
         outs = []
-        for p in prompts:
-            toks, n_eos, stats, s = tide_generate(self.model, p, g, self.device)
-            outs.append(toks)
-            tokens, with_eos, seconds = tokens + len(toks), with_eos + n_eos, seconds + s
-            forwards += len(stats)                 # one stats entry per denoising forward
-            for step in stats:
-                for k in COUNTERS:
-                    totals[k] += step.get("offload_stats", {}).get(k, 0)
+        with tide_threads(self.threads) as threads:
+            for p in prompts:
+                toks, n_eos, stats, s = tide_generate(self.model, p, g, self.device)
+                outs.append(toks)
+                tokens, with_eos, seconds = tokens + len(toks), with_eos + n_eos, seconds + s
+                forwards += len(stats)                 # one stats entry per denoising forward
+                for step in stats:
+                    for k in COUNTERS:
+                        totals[k] += step.get("offload_stats", {}).get(k, 0)
         budget = int(self.offload_info.get("gpu_expert_budget_per_layer", self.budget_experts))
         routed = totals["cpu_tokens"] + totals["gpu_tokens"]
         row = {"system": "tide_released", "policy": "tide_released", "mode": "full", "task": task,
@@ -250,10 +322,12 @@ class TideRun:
                "tokens_per_second": tokens / seconds if seconds > 0 else float("nan"),
                "forwards": forwards if collect else None,
                "tokens_per_forward": tokens / forwards if collect and forwards else None,
+               "seconds_per_forward": seconds / forwards if collect and forwards else None, "threads": threads,
                "jump_steps": self.args["offload"]["jump_steps"], "gen_length": g["gen_length"],
                "steps": g["steps"], "threshold": g["threshold"], "budget_experts": self.budget_experts,
                "tide_budget_capped": budget < self.budget_experts, "tide_tokens_with_eos": with_eos,
                "tide_hit_ratio": totals["gpu_tokens"] / routed if routed else None, "tide_commit": self.info.commit,
+               "tide_modeling_sha": self.info.modeling_sha, "tide_pinned": self.info.pinned,
                "tokens_sha": tokens_sha(outs)}
         row.update({f"tide_{k}": v for k, v in totals.items()})
         row.update({f"tide_{k}": v for k, v in self.offload_info.items() if isinstance(v, (int, float, bool, str))})
@@ -263,8 +337,9 @@ class TideRun:
 def open_tide(tide_path, checkpoint, budget_experts: int, jump_steps: int = 1, dc: DecodeConfig = DecodeConfig(),
               *, device: str = "cuda", dtype: str = "bfloat16", mask_id: int | None = None,
               eos_id: int | None = None, block_length: int = 32, collect_stats: bool = True,
-              warmup_prompt: list[int] | None = None) -> TideRun:
-    """Check everything, then load TIDE on the checkpoint (slow: the whole model is read once)."""
+              warmup_prompt: list[int] | None = None, threads: int | None = None) -> TideRun:
+    """Check everything, then load TIDE on the checkpoint (slow: the whole model is read once).
+    TIDE runs with `threads` torch threads (default: the machine's cores; see tide_threads)."""
     if dtype not in ("bfloat16", "bf16", torch.bfloat16):
         raise ValueError(f"dtype {dtype!r}: TIDE's generate builds its attention mask in bfloat16, so its model "
                          "runs in bfloat16 only (compare with our engine in bfloat16 too)")
@@ -275,24 +350,25 @@ def open_tide(tide_path, checkpoint, budget_experts: int, jump_steps: int = 1, d
                           mask_id=ids["mask_token_id"] if mask_id is None else mask_id,
                           eos_id=ids["eos_token_id"] if eos_id is None else eos_id,
                           eos_early_stop=dc.eos_early_stop, collect_stats=collect_stats)
-    model, offload_info = load_tide(info, root, args, dtype)
-    if warmup_prompt:                              # CUDA context, allocator, kernels: not TIDE's speed
-        tide_generate(model, warmup_prompt, {**args["generate"], "gen_length": block_length}, device)
-    return TideRun(info, model, args, offload_info, budget_experts, device)
+    with tide_threads(threads):
+        model, offload_info = load_tide(info, root, args, dtype)
+        if warmup_prompt:                          # CUDA context, allocator, kernels: not TIDE's speed
+            tide_generate(model, warmup_prompt, {**args["generate"], "gen_length": block_length}, device)
+    return TideRun(info, model, args, offload_info, budget_experts, device, threads)
 
 
 def run_tide(tide_path, checkpoint, prompts: list[list[int]], budget_experts: int, jump_steps: int = 1,
              dc: DecodeConfig = DecodeConfig(), *, reps: int = 1, warmup: bool = True, task: str | None = None,
              cache_ratio: float | None = None, device: str = "cuda", dtype: str = "bfloat16",
              mask_id: int | None = None, eos_id: int | None = None, block_length: int = 32,
-             collect_stats: bool = True) -> list[dict]:
+             collect_stats: bool = True, threads: int | None = None) -> list[dict]:
     """Time TIDE's released generate on `prompts` (token lists): one row per repetition over all prompts.
     jump_steps=1 is TIDE's own default (its main.py uses 2, eval.sh sweeps 1-31). mask/eos ids default to
     the checkpoint's config.json, else LLaDA2.0's. device="cpu" only serves a stand-in TIDE (the tests')."""
     _check_prompts(prompts, reps)
     run = open_tide(tide_path, checkpoint, budget_experts, jump_steps, dc, device=device, dtype=dtype,
                     mask_id=mask_id, eos_id=eos_id, block_length=block_length, collect_stats=collect_stats,
-                    warmup_prompt=prompts[0] if warmup else None)
+                    warmup_prompt=prompts[0] if warmup else None, threads=threads)
     return [run.measure(prompts, rep, task, cache_ratio)[0] for rep in range(reps)]
 
 
@@ -301,8 +377,6 @@ def engine_row(loaded, prompts: list[list[int]], budget_experts: int, dc: Decode
                cache_ratio: float | None = None) -> tuple[dict, list[list[int]]]:
     """Our engine at the same budget, batch size 1, in the benchmark row format (CUDA link on a GPU,
     the emulated link on the CPU)."""
-    from artifact.experiments.bench import STAT_COLUMNS
-    from artifact.offload.runner import OffloadSpec, RunSettings, expert_bytes, run
     link = "cuda" if torch.device(device).type == "cuda" else "emulated"
     spec = OffloadSpec.from_settings(RunSettings(link=link, tau=tau), budget_experts, policy,
                                      expert_bytes=expert_bytes(loaded))
@@ -311,20 +385,28 @@ def engine_row(loaded, prompts: list[list[int]], budget_experts: int, dc: Decode
            "cache_ratio": cache_ratio, "cache_experts": budget_experts, "rep": rep, "prompts": len(prompts),
            "gen_length": dc.gen_length, "steps": dc.steps, "threshold": dc.threshold}
     row.update({k: res.stats.get(k) for k in STAT_COLUMNS})               # bench.py's columns
-    row.update(tokens=res.stats["tokens_generated"], tokens_sha=tokens_sha(res.tokens))
+    row.update(tokens=res.stats["tokens_generated"], tokens_sha=tokens_sha(res.tokens),
+               threads=torch.get_num_threads())
+    row["seconds_per_forward"] = row["seconds"] / row["forwards"] if row.get("forwards") else None
     return row, res.tokens
 
 
-def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_experts: int, jump_steps: int = 1,
-                        dc: DecodeConfig = DecodeConfig(), *, checkpoint=None, reps: int = 3,
-                        policies: tuple[str, ...] = ("demand",), task: str | None = None,
-                        cache_ratio: float | None = None, device: str = "cuda", dtype: str = "bfloat16",
-                        progress: bool = True) -> list[dict]:
-    """Engine cached, engine full and TIDE released at one budget, interleaved by repetition (the order
-    rotates each rep, so drift hits all alike). `loaded` is our model (load_checkpoint(..., resident=False));
-    both models sit in host memory at once. TIDE rows get same_tokens_as_engine: the share of prompts
-    where TIDE decoded exactly the engine's full-mode tokens (bf16 numerics may differ)."""
+def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_experts: int,
+                        jump_steps: int | Sequence[int] = JUMP_STEPS, dc: DecodeConfig = DecodeConfig(), *,
+                        checkpoint=None, reps: int = 3, policies: tuple[str, ...] = ("demand",), tau: int = 4,
+                        task: str | None = None, cache_ratio: float | None = None, device: str = "cuda",
+                        dtype: str = "bfloat16", threads: int | None = None, progress: bool = True) -> list[dict]:
+    """Engine cached, engine full and TIDE released at each of `jump_steps` (default JUMP_STEPS), at one
+    budget, interleaved by repetition (the order rotates each rep, so drift hits all alike). `loaded` is
+    our model (load_checkpoint(..., resident=False)); both models sit in host memory at once. `tau` is the
+    engine's interval_refresh period (only that policy reads it). TIDE runs with `threads` torch threads
+    (default: the machine's cores), the engine with the caller's setting. TIDE rows get
+    same_tokens_as_engine: the share of prompts where TIDE decoded exactly the engine's full-mode tokens
+    (bf16 numerics may differ)."""
     _check_prompts(prompts, reps)
+    sweep = (jump_steps,) if isinstance(jump_steps, int) else tuple(jump_steps)
+    if not sweep or len(set(sweep)) != len(sweep):
+        raise ValueError(f"jump_steps must be one integer or distinct integers, got {jump_steps!r}")
     checkpoint = checkpoint if checkpoint is not None else loaded.path
     if torch.device(device).type == "cuda":
         require_cuda()
@@ -339,46 +421,67 @@ def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_expe
             loaded.experts = loaded.experts.pin_memory()
     if checkpoint is None:
         raise ValueError("loaded has no checkpoint directory (random_model?): pass checkpoint=PATH for TIDE")
-    run = open_tide(tide_path, checkpoint, budget_experts, jump_steps, dc, device=device, dtype=dtype,
+    for j in sweep:                                # refuse a bad value before the slow load
+        tide_arguments(budget_experts, j, dc.gen_length, dc.steps, dc.threshold, loaded.cfg.block_length,
+                       mask_id=loaded.cfg.mask_token_id, eos_id=loaded.cfg.eos_token_id)
+    run = open_tide(tide_path, checkpoint, budget_experts, sweep[0], dc, device=device, dtype=dtype,
                     mask_id=loaded.cfg.mask_token_id, eos_id=loaded.cfg.eos_token_id,
-                    block_length=loaded.cfg.block_length, warmup_prompt=prompts[0])
+                    block_length=loaded.cfg.block_length, warmup_prompt=prompts[0], threads=threads)
     engine_row(loaded, prompts[:1], budget_experts, replace(dc, gen_length=loaded.cfg.block_length),
                device=device)                                           # warm-up, as for TIDE
-    jobs = [("engine", mode, p) for p in policies for mode in ("cached", "full")] + [("tide_released", "full", None)]
+    jobs = [("engine", mode, p) for p in policies for mode in ("cached", "full")]
+    jobs += [("tide_released", "full", j) for j in sweep]
     rows = []
     for rep in tqdm(range(reps), desc="tide vs engine", disable=not progress):
         shift = rep % len(jobs)
-        engine_tokens = None
-        for order, (system, mode, policy) in enumerate(jobs[shift:] + jobs[:shift]):
+        engine_tokens, tide_rows = None, []
+        for order, (system, mode, arg) in enumerate(jobs[shift:] + jobs[:shift]):
             if system == "engine":
                 row, toks = engine_row(loaded, prompts, budget_experts, replace(dc, mode=mode),
-                                       policy=policy, tau=jump_steps, device=device, rep=rep, task=task,
+                                       policy=arg, tau=tau, device=device, rep=rep, task=task,
                                        cache_ratio=cache_ratio)
                 if mode == "full" and engine_tokens is None:
                     engine_tokens = toks
             else:
+                run.set_jump_steps(arg)
                 row, toks = run.measure(prompts, rep, task, cache_ratio)
-                tide_row, tide_tokens = row, toks
+                tide_rows.append((row, toks))
             row["order"] = order                   # position in this rep's rotated order
             rows.append(row)
-        tide_row["same_tokens_as_engine"] = sum(a == b for a, b in zip(tide_tokens, engine_tokens)) / len(prompts)
+        for row, toks in tide_rows:
+            row["same_tokens_as_engine"] = sum(a == b for a, b in zip(toks, engine_tokens)) / len(prompts)
     return rows
 
 
-def speedup_parts(rows: list[dict], policy: str = "demand") -> dict:
+def speedup_parts(rows: list[dict], policy: str = "demand", jump_steps: int | None = None) -> dict:
     """Split engine-vs-TIDE into its parts from mean tokens/s over reps:
     total = engine cached / TIDE = (engine cached / engine full) x (engine full / TIDE)
-          = kv_cache (prefix KV cache)                           x offload (the offloading design)."""
-    def mean_tps(system, mode, pol):
-        v = [r["tokens_per_second"] for r in rows if r["system"] == system and r["mode"] == mode
-             and (pol is None or r["policy"] == pol)]
+          = kv_cache (prefix KV cache)                           x offload (the offloading design).
+    TIDE is taken at `jump_steps`, or by default at its fastest jump_steps among the rows (the fair
+    reading of a sweep: TIDE at its best setting); the choice is returned as tide_jump_steps."""
+    def mean(system, mode, pol, key="tokens_per_second", j=None):
+        v = [r[key] for r in rows if r["system"] == system and r["mode"] == mode
+             and (pol is None or r["policy"] == pol) and (j is None or r.get("jump_steps") == j)
+             and r.get(key) is not None]
         if not v:
-            raise ValueError(f"no rows for system={system!r} mode={mode!r} policy={pol!r}")
+            raise ValueError(f"no rows for system={system!r} mode={mode!r} policy={pol!r}"
+                             + (f" jump_steps={j}" if j is not None else ""))
         return sum(v) / len(v)
-    cached, full = mean_tps("engine", "cached", policy), mean_tps("engine", "full", policy)
-    tide = mean_tps("tide_released", "full", None)
-    return {"engine_cached_tps": cached, "engine_full_tps": full, "tide_tps": tide,
-            "speedup_total": cached / tide, "speedup_kv_cache": cached / full, "speedup_offload": full / tide}
+    cached, full = mean("engine", "cached", policy), mean("engine", "full", policy)
+    if jump_steps is None:
+        swept = sorted({r.get("jump_steps") for r in rows if r["system"] == "tide_released"}, key=str)
+        jump_steps = max(swept, key=lambda j: mean("tide_released", "full", None, j=j)) if swept else None
+    tide = mean("tide_released", "full", None, j=jump_steps)
+    out = {"engine_cached_tps": cached, "engine_full_tps": full, "tide_tps": tide, "tide_jump_steps": jump_steps,
+           "speedup_total": cached / tide, "speedup_kv_cache": cached / full, "speedup_offload": full / tide}
+    for name, system, mode, pol, j in (("engine_cached", "engine", "cached", policy, None),
+                                       ("engine_full", "engine", "full", policy, None),
+                                       ("tide", "tide_released", "full", None, jump_steps)):
+        try:
+            out[f"{name}_seconds_per_forward"] = mean(system, mode, pol, "seconds_per_forward", j)
+        except ValueError:                         # rows without forward counts (collect_stats=False)
+            out[f"{name}_seconds_per_forward"] = None
+    return out
 
 
 def tokens_sha(tokens: list[list[int]]) -> str:
@@ -419,6 +522,37 @@ def _defaults(fn: ast.FunctionDef) -> dict:
         out[p.arg] = _literal(d) if d is not None else None
     out.pop("self", None)
     return out
+
+
+def _check_sampling(methods: dict[str, ast.FunctionDef], where: Path) -> None:
+    """Refuse a TIDE whose generate accepts do_sample but samples whatever it says: the greedy decoding
+    the comparison needs (do_sample=False) must reach a sampler that branches on it. TIDE before 0d8c547
+    ("add deterministic method") passed no do_sample on and always drew with torch.multinomial."""
+    def passes_do_sample(call: ast.Call) -> str | None:
+        f = call.func
+        if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"
+                and any(k.arg == "do_sample" for k in call.keywords)):
+            return f.attr
+        return None
+
+    samplers = {passes_do_sample(n) for n in ast.walk(methods["generate"]) if isinstance(n, ast.Call)} - {None}
+    for name in samplers:
+        fn = methods.get(name)
+        if fn is None or "do_sample" not in _defaults(fn):
+            continue
+        if any(isinstance(n, (ast.If, ast.IfExp)) and any(isinstance(x, ast.Name) and x.id == "do_sample"
+                                                           for x in ast.walk(n.test)) for n in ast.walk(fn)):
+            return
+    raise ValueError(f"{where}: {MODEL_CLASS}.generate() accepts do_sample but no sampler it calls branches on it, "
+                     "so do_sample=False would still sample (TIDE before commit 0d8c547, 'add deterministic "
+                     f"method', always drew with torch.multinomial); check out {WRITTEN_AGAINST} "
+                     f"(git checkout {TIDE_REVISION[:7]}), the revision this adapter was written against")
+
+
+def _blob_sha(path: Path) -> str:
+    """git's blob id of a file (sha1 of 'blob <size>\\0' + bytes): the same as `git hash-object`."""
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _literal(node):

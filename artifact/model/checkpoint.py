@@ -7,6 +7,7 @@ they are packed into one (L_moe, E, 3*I*D) host tensor, which the caller hands t
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from artifact.model.config import ModelConfig, get_preset
@@ -82,41 +83,143 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return s
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file or index that cannot be what it claims to be; the message names the file."""
+
+
+HEADER_LIMIT = 100 << 20     # safetensors refuses headers over 100 MB; a larger length field is a damaged file
+
+
+def read_header(path: Path) -> dict[str, dict]:
+    """A safetensors file's tensor table {name: {dtype, shape, data_offsets}}, checked against the file's
+    size, so a truncated or damaged file is named here rather than failing inside a later read."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or n > HEADER_LIMIT or 8 + n > size:
+            raise CheckpointError(f"{path}: not a complete safetensors file ({size} bytes; the header length field "
+                                  f"reads {n}); the file is truncated or damaged: copy it again")
+        try:
+            table = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path}: safetensors header is not JSON ({e}); the file is damaged") from None
+    if not isinstance(table, dict):
+        raise CheckpointError(f"{path}: safetensors header is not a JSON object; the file is damaged")
+    table.pop("__metadata__", None)
+    data = size - 8 - n
+    for name, info in table.items():
+        try:
+            start, end = (int(x) for x in info["data_offsets"])
+        except (TypeError, KeyError, ValueError):
+            raise CheckpointError(f"{path}: tensor {name} has no valid data_offsets in the header") from None
+        if not 0 <= start <= end <= data:
+            raise CheckpointError(f"{path}: tensor {name} needs bytes {start}-{end} of the data section, which has "
+                                  f"{data} bytes; the file is truncated ({size} bytes on disk): copy it again")
+    return table
+
+
+def _shard_path(root: Path, index: Path, shard) -> Path:
+    """A shard name from index.json, refused unless it names a file inside the checkpoint directory."""
+    name = Path(str(shard))
+    if not isinstance(shard, str) or not shard or name.is_absolute() or ".." in name.parts:
+        raise CheckpointError(f"{index}: shard name {shard!r} is not a file name inside {root} (absolute paths and "
+                              "'..' would read outside the checkpoint directory)")
+    return root / name
+
+
+def _hashable(shard):
+    return shard if isinstance(shard, (str, int, float, bool, type(None))) else json.dumps(shard)
+
+
 class TensorIndex:
-    """Name -> shard file for a checkpoint directory, with errors that name what is missing."""
+    """Name -> shard file for a checkpoint directory, with errors that name what is missing.
+    Every shard's header is read and checked up front (size, names the index promises)."""
 
     def __init__(self, root: Path):
         self.root = root
+        self.tables: dict[Path, dict] = {}          # shard -> its checked header (read_header)
         single, index = root / "model.safetensors", root / "model.safetensors.index.json"
         if index.is_file():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError) as e:
-                raise ValueError(f"{index}: not a safetensors index (needs a 'weight_map'): {e}") from None
-            self.where = {name: root / shard for name, shard in weight_map.items()}
-            for shard in sorted({p for p in self.where.values()}):
+                if not isinstance(weight_map, dict):
+                    raise TypeError("weight_map is not an object")
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{index}: not a safetensors index (needs a 'weight_map' object "
+                                      f"{{tensor name: shard file}}): {e}") from None
+            shards = {shard: _shard_path(root, index, shard) for shard in set(map(_hashable, weight_map.values()))}
+            self.where = {name: shards[_hashable(shard)] for name, shard in weight_map.items()}
+            by_shard: dict[Path, list[str]] = {}
+            for name, shard in self.where.items():
+                by_shard.setdefault(shard, []).append(name)
+            for shard, names in sorted(by_shard.items()):
                 if not shard.is_file():
-                    names = [n for n, p in self.where.items() if p == shard]
                     raise FileNotFoundError(
                         f"{shard}: shard listed in {index.name} is missing "
                         f"({len(names)} tensors, e.g. {names[0]})")
+                table = self.tables[shard] = read_header(shard)
+                lacks = [n for n in names if n not in table]
+                if lacks:
+                    raise CheckpointError(f"{index}: names {len(lacks)} tensors in {shard.name} that the shard "
+                                          f"lacks (e.g. {lacks[0]}); the index and the shard files disagree")
         elif single.is_file():
-            with safe_open(single, "pt") as f:
-                self.where = {name: single for name in f.keys()}
+            self.tables[single] = read_header(single)
+            self.where = {name: single for name in self.tables[single]}
         else:
             raise FileNotFoundError(f"{root}: no model.safetensors or model.safetensors.index.json")
         self._open: dict[Path, object] = {}
+
+    @property
+    def files(self) -> list[Path]:
+        return sorted(set(self.where.values()))
 
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         path = self.where.get(name)
         if path is None:
             raise KeyError(f"{self.root}: tensor {name} (shape {list(shape)}) is missing from the checkpoint")
-        if path not in self._open:
-            self._open[path] = safe_open(path, "pt")
-        t = self._open[path].get_tensor(name)
+        try:
+            if path not in self._open:
+                self._open[path] = safe_open(path, "pt")
+            t = self._open[path].get_tensor(name)
+        except SafetensorError as e:                   # not a ValueError: say which file and tensor
+            raise CheckpointError(f"{path}: cannot read tensor {name} ({e}); the file is damaged") from None
         if tuple(t.shape) != tuple(shape):
             raise ValueError(f"{path.name}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
         return t
+
+
+FULL_HASH_BYTES = 64 << 20   # files up to this size are hashed whole
+SAMPLE_BYTES = 64            # from larger files: the first bytes of every tensor
+
+
+def weights_fingerprint(path: str | Path) -> str:
+    """A short hash that tells checkpoints with other weights apart, cheaply enough for 200 GB ones.
+
+    It covers, per weight file (in name order): the file name, its size, its whole safetensors header
+    (names, dtypes, shapes, offsets), and content: the whole file up to FULL_HASH_BYTES (the tiny model,
+    test checkpoints), else the first SAMPLE_BYTES of every tensor's data (~25k reads of one page for
+    LLaDA2.0-flash, under a second on NVMe). Any retrained or fine-tuned tensor changes its first bytes,
+    so other weights of the same shapes are told apart; a change confined to the unsampled interior of a
+    tensor is not. Modification times are left out on purpose: copying a checkpoint must not change
+    its fingerprint, and rewriting one with other weights must."""
+    root = tiny_checkpoint() if str(path) == "tiny" else Path(path)
+    h = hashlib.sha256()
+    index = TensorIndex(root)
+    for f in index.files:
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = fh.read(n)
+            h.update(f"{f.relative_to(root).as_posix()}\0{size}\0".encode() + header)
+            if size <= FULL_HASH_BYTES:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+                continue
+            for start, end in sorted(tuple(int(x) for x in info["data_offsets"]) for info in index.tables[f].values()):
+                fh.seek(8 + n + start)
+                h.update(fh.read(min(SAMPLE_BYTES, end - start)))
+    return h.hexdigest()[:16]
 
 
 @dataclass

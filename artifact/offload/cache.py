@@ -1,9 +1,9 @@
 """Per-layer slot caches: turn each demand into an execution plan, and count what happened.
 
 One ExpertCache drives one Policy over the demand stream. The engine executes its plans on a link;
-the simulator only calls it. Both therefore count the same hits, misses and transfers by
-construction; no timing enters (a prefetched expert still in flight when demanded is a prefetch hit,
-and the engine's stall for it is measured separately).
+the simulator only plans. Both therefore count the same hits, misses and transfers by construction;
+no timing enters (a prefetched expert still in flight when demanded is a prefetch hit, and the
+engine's stall for it is measured separately).
 
 A plan for a demand D on a layer with C slots:
   hits   resident demanded experts, computed first;
@@ -12,17 +12,42 @@ A plan for a demand D on a layer with C slots:
          in waves through slots whose demanded occupant has already been computed (`after` names it:
          the copy must not start before that compute is done). The policy's keep order decides which
          C of D are still resident afterwards.
+
+Inside this module (and the policies and the simulator) a layer is its MoE position i = 0..L_moe-1;
+`serve(demand)` converts the model layer index once, and Plan/Load keep `.layer` (model index) for
+the engine.
+
+Every count is kept per phase of the demand stream: `prefill` (step.kind == "prefill"), `first` (the
+first denoising step of a block round, block_step == 0) and `later`; the totals are their sums. A
+count belongs to the phase of the demand whose plan made it, and a prefetch's fate (prefetch hit or
+wasted prefetch) belongs to the phase of the demand that issued the prefetch, so in every phase
+speculative_transfers == prefetch_hits + wasted_prefetches once the run is finished.
 """
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from artifact.errors import SettingError
 from artifact.offload.policies import Policy
 
 EMPTY = -1
+PHASES = ("prefill", "first", "later")
+COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches",
+          "bytes_h2d")
+HITS, MISSES, SPECULATIVE, PREFETCH_HITS, WASTED, BYTES = range(len(COUNTS))
+_NONE = np.zeros(0, dtype=np.int64)
+_NONE.flags.writeable = False
+_NEVER_EVICT = np.iinfo(np.int64).max
+_INT64 = np.dtype(np.int64)
+
+
+def phase_of(step) -> int:
+    """0 prefill, 1 first denoising step of a block round, 2 later steps (an index into PHASES)."""
+    if step.kind == "prefill":
+        return 0
+    return 1 if step.block_step == 0 else 2
 
 
 @dataclass(frozen=True)
@@ -35,173 +60,376 @@ class Load:
     speculative: bool = False
 
 
-@dataclass
 class Plan:
-    layer: int
-    hits: list[tuple[int, int]]      # (expert, slot)
-    loads: list[Load]
+    """What one demand (or one prefetch) asks of a layer, as arrays (int64, aligned per row):
+
+      index                    MoE position i of the layer
+      hit_experts, hit_slots   (H,) resident demanded experts and their slots, computed first
+      load_experts             (M,) experts to copy, in issue and compute order
+      load_slots               (M,) destination slot of each copy
+      load_victims             (M,) expert evicted by each copy, EMPTY for a free slot
+      load_after               (M,) demanded expert whose compute must finish before the copy may start
+                               (a wave reusing its slot), EMPTY: issue at once
+      speculative              True for a prefetch plan (no hits)
+
+    The engine should read the arrays. load_slots/load_victims/load_after are assembled on first
+    access from what planning produced (the simulator never reads them), and so are, for the engine
+    as it is, `.layer` (model layer index), `.hits` (list of (expert, slot)) and `.loads` (list of
+    Load)."""
+
+    __slots__ = ("layer", "index", "hit_experts", "hit_slots", "load_experts", "speculative", "_slots", "_free",
+                 "_evicted", "_wave", "_victims", "_after", "_hits", "_loads")
+
+    def __init__(self, layer: int, index: int, hit_experts: np.ndarray, hit_slots: np.ndarray,
+                 load_experts: np.ndarray = _NONE, load_slots: np.ndarray | None = _NONE, free: int = 0,
+                 evicted: np.ndarray = _NONE, wave: tuple | None = None, speculative: bool = False):
+        """Without `wave`: copy j goes to load_slots[j]; the first `free` slots were free, the rest
+        evict `evicted` in order. With wave = (period, a, going_hits): slot j = period[j % p] and copy
+        j >= a waits for the slot's occupant (see ExpertCache._stream_through)."""
+        self.layer, self.index, self.speculative = layer, index, speculative
+        self.hit_experts, self.hit_slots, self.load_experts = hit_experts, hit_slots, load_experts
+        self._slots, self._free, self._evicted, self._wave = load_slots, free, evicted, wave
+        self._victims = self._after = self._hits = self._loads = None
+
+    @property
+    def load_slots(self) -> np.ndarray:
+        if self._slots is None:
+            period = self._wave[0]
+            self._slots = period[np.arange(len(self.load_experts)) % len(period)]
+        return self._slots
+
+    @property
+    def load_after(self) -> np.ndarray:
+        if self._after is None:
+            m = len(self.load_experts)
+            if self._wave is None:
+                self._after = np.full(m, EMPTY, dtype=np.int64)
+            else:
+                period, a, going_hits = self._wave
+                self._after = np.concatenate((np.full(a, EMPTY, dtype=np.int64), going_hits,
+                                              self.load_experts[:m - len(period)]))
+        return self._after
+
+    @property
+    def load_victims(self) -> np.ndarray:
+        if self._victims is None:
+            parts = [np.full(self._free, EMPTY, dtype=np.int64), self._evicted]
+            if self._wave is not None:
+                parts.append(self.load_after[self._wave[1]:])
+            self._victims = np.concatenate(parts)
+        return self._victims
+
+    @property
+    def hits(self) -> list[tuple[int, int]]:
+        if self._hits is None:
+            self._hits = list(zip(self.hit_experts.tolist(), self.hit_slots.tolist()))
+        return self._hits
+
+    @property
+    def loads(self) -> list[Load]:
+        if self._loads is None:
+            self._loads = [Load(self.layer, e, s, v, a, self.speculative) for e, s, v, a in zip(
+                self.load_experts.tolist(), self.load_slots.tolist(), self.load_victims.tolist(),
+                self.load_after.tolist())]
+        return self._loads
+
+    def __repr__(self) -> str:
+        return (f"Plan(layer={self.layer}, hits={self.hits}, loads={self.loads}"
+                f"{', speculative' if self.speculative else ''})")
 
 
-@dataclass
 class CacheCounts:
-    demand_hits: int = 0
-    demand_misses: int = 0            # compute needed an expert that no load had been issued for
-    speculative_transfers: int = 0
-    prefetch_hits: int = 0            # demanded while resident (or in flight) thanks to an unused prefetch
-    wasted_prefetches: int = 0        # prefetched, then evicted (or left at the end) without a use
-    bytes_h2d: int = 0
+    """The counts of a run, kept per phase (PHASES) as plain ints; totals are the phases' sums.
+    Every prefetch ends as exactly one of: prefetch hit, wasted prefetch, or still unused (until
+    finish); so prefetch hits are not tallied on the hot path but derived per issuing phase as
+    speculative_transfers - wasted_prefetches - still unused.
+
+      demand_hits            demanded experts resident (or in flight) when their demand was planned
+      demand_misses          demanded experts no load had been issued for: the compute waits on a copy
+      speculative_transfers  copies a policy asked for ahead of a demand
+      prefetch_hits          demand hits on a prefetched expert not used before (issuing demand's phase)
+      wasted_prefetches      prefetched experts evicted, or left at the end, unused (issuing demand's phase)
+      bytes_h2d              bytes copied host to device (demand and speculative copies)
+    """
+
+    FIELDS = COUNTS
+
+    def __init__(self, unused=None):
+        self.phases: list[list[int]] = [[0] * len(COUNTS) for _ in PHASES]   # PREFETCH_HITS column unused
+        self._unused = unused or (lambda: [0] * len(PHASES))   # still-unused prefetches per issuing phase
+
+    def rows(self) -> list[list[int]]:
+        """Per phase, every count in COUNTS order (prefetch hits derived)."""
+        out = [list(p) for p in self.phases]
+        for row, pending in zip(out, self._unused()):
+            row[PREFETCH_HITS] = row[SPECULATIVE] - row[WASTED] - pending
+        return out
+
+    def total(self, field: str) -> int:
+        k = COUNTS.index(field)
+        return sum(p[k] for p in self.rows())
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        rows = self.rows()
+        return {f: sum(p[k] for p in rows) for k, f in enumerate(COUNTS)}
+
+    def by_phase(self) -> dict[str, dict]:
+        return {name: dict(zip(COUNTS, p)) for name, p in zip(PHASES, self.rows())}
+
+    def __repr__(self) -> str:
+        return f"CacheCounts({self.as_dict()})"
 
 
-@dataclass
+for _f in COUNTS:                                # counts.demand_misses etc.: read-only totals
+    setattr(CacheCounts, _f, property(lambda self, f=_f: self.total(f)))
+
+
 class LayerCache:
-    capacity: int
-    num_experts: int
-    slot_of: np.ndarray = field(init=False)       # (E,) slot or EMPTY
-    expert_in: np.ndarray = field(init=False)     # (C,) expert or EMPTY
-    unused: np.ndarray = field(init=False)        # (E,) prefetched and not yet demanded
+    """One layer's C slots. Slots fill in order 0, 1, ... and never empty again, so the free slots are
+    always [filled, C)."""
 
-    def __post_init__(self):
-        self.slot_of = np.full(self.num_experts, EMPTY, dtype=np.int64)
-        self.expert_in = np.full(self.capacity, EMPTY, dtype=np.int64)
-        self.unused = np.zeros(self.num_experts, dtype=bool)
+    __slots__ = ("capacity", "num_experts", "slot_of", "expert_in", "unused", "filled", "prefetched")
+
+    def __init__(self, capacity: int, num_experts: int):
+        self.capacity, self.num_experts = capacity, num_experts
+        self.slot_of = np.full(num_experts, EMPTY, dtype=np.int64)    # (E,) slot or EMPTY
+        self.expert_in = np.full(capacity, EMPTY, dtype=np.int64)     # (C,) expert or EMPTY
+        self.unused = np.zeros(num_experts, dtype=np.int8)            # (E,) prefetched, not yet demanded: 1 + phase
+        self.filled = 0
+        self.prefetched = False      # a prefetch was ever placed here: only then is `unused` looked at
 
     def resident(self) -> np.ndarray:
-        return self.expert_in[self.expert_in != EMPTY]
-
-    def place(self, expert: int, slot: int) -> int:
-        victim = int(self.expert_in[slot])
-        if victim != EMPTY:
-            self.slot_of[victim] = EMPTY
-        self.expert_in[slot] = expert
-        self.slot_of[expert] = slot
-        assert (self.expert_in != EMPTY).sum() <= self.capacity
-        return victim
+        return self.expert_in[:self.filled]
 
 
 class ExpertCache:
-    """C slots for each MoE layer, driven by one policy. Layer arguments are model layer indices."""
+    """C slots for each MoE layer, driven by one policy. `serve` takes the model's Demand (model layer
+    index); `plan` is the same call on the MoE position with arrays (the simulator's entry)."""
 
     def __init__(self, moe_layers: list[int], num_experts: int, capacity: int, policy: Policy,
                  expert_bytes: int):
         if not 1 <= capacity <= num_experts:
-            raise ValueError(f"cache capacity must be in [1, {num_experts}] experts per layer, got {capacity}")
+            raise SettingError(f"cache capacity must be in [1, {num_experts}] experts per layer, got {capacity}")
+        if policy.num_layers != len(moe_layers) or policy.num_experts != num_experts:
+            raise ValueError(f"policy built for {policy.num_layers} layers x {policy.num_experts} experts, "
+                             f"cache has {len(moe_layers)} x {num_experts}")
         self.moe_layers = list(moe_layers)
         self.index = {layer: i for i, layer in enumerate(self.moe_layers)}
         self.capacity, self.num_experts, self.expert_bytes = capacity, num_experts, expert_bytes
         self.layers = [LayerCache(capacity, num_experts) for _ in self.moe_layers]
         self.policy = policy
-        self.counts = CacheCounts()
+        self.counts = CacheCounts(self._still_unused)
         self.finished = False
+        self._slots = np.arange(capacity, dtype=np.int64)           # slot ids, sliced for free slots
+        self._slots.flags.writeable = False
+        self._keep = np.zeros(num_experts, dtype=bool)              # scratch mark for oversized demands
+        # Fast paths chosen once: the LRU keep order is computed inline, and victims come from the
+        # policy's eviction keys unless it orders candidates itself.
+        self._lru_keep = type(policy).keep_order is Policy.keep_order
+        self._own_victim_order = type(policy).victim_order is not Policy.victim_order
 
-    # --- the one call the engine and the simulator make per demand -----------------------------
+    # --- the calls the engine and the simulator make per demand --------------------------------
     def serve(self, demand) -> tuple[Plan, list[Load]]:
-        """Plan one (forward, layer) demand, then let the policy ask for speculative loads (issued
-        after the demand's own loads). `demand` has .layer, .experts, .counts and .step."""
+        """Plan one (forward, layer) demand of the model (.layer model index, .experts, .counts, .step,
+        optional .predicted), then the policy's speculative loads (issued after the demand's own)."""
         i = self.index[demand.layer]
-        experts = np.asarray(demand.experts, dtype=np.int64)
-        counts = np.asarray(demand.counts, dtype=np.int64)
-        plan = self._plan_demand(i, demand.layer, experts, counts, demand.step)
-        guess = self.policy.predict(i, experts, counts, demand.step)
-        self.policy.advance()
-        spec = []
-        if guess is not None and guess[0] != i:      # never prefetch into the layer being computed
-            spec = self._plan_prefetch(guess[0], np.asarray(guess[1], dtype=np.int64))
-        return plan, spec
+        plan, prefetch = self.plan(i, np.asarray(demand.experts, dtype=np.int64),
+                                   np.asarray(demand.counts, dtype=np.int64), demand.step, phase_of(demand.step),
+                                   getattr(demand, "predicted", None))
+        return plan, (prefetch.loads if prefetch is not None else [])
+
+    def plan(self, i: int, experts: np.ndarray, counts: np.ndarray, step, phase: int,
+             predicted=None) -> tuple[Plan, Plan | None]:
+        """Plan the demand of MoE layer i (experts ascending, int64), then ask the policy for a
+        prediction and plan it. Returns (demand plan, prefetch plan or None)."""
+        pol = self.policy
+        plan = self._plan_demand(i, experts, counts, step, phase)
+        if pol.needs_prediction:
+            pol.predicted = predicted
+        guess = pol.predict(i, experts, counts, step)
+        pol.advance()
+        if guess is None or guess[0] == i:             # never prefetch into the layer being computed
+            return plan, None
+        return plan, self._plan_prefetch(guess[0], guess[1], guess[2] if len(guess) > 2 else None, phase)
 
     def finish(self) -> CacheCounts:
-        """End of run: prefetched experts never used count as wasted."""
+        """End of run: prefetched experts never used count as wasted (in their issuing phase)."""
         if not self.finished:
-            self.counts.wasted_prefetches += int(sum(lc.unused.sum() for lc in self.layers))
             for lc in self.layers:
-                lc.unused[:] = False
+                if lc.prefetched:
+                    self._book_wasted(lc.unused)
+                    lc.unused[:] = 0
             self.finished = True
         return self.counts
 
     # --- planning ------------------------------------------------------------------------------
-    def _plan_demand(self, i, layer, experts, counts, step) -> Plan:
-        lc, pol, c = self.layers[i], self.policy, self.counts
+    def _still_unused(self) -> list[int]:
+        """Prefetched experts resident and not yet demanded, per issuing phase."""
+        codes = np.zeros(len(PHASES) + 1, dtype=np.int64)
+        for lc in self.layers:
+            if lc.prefetched:
+                codes += np.bincount(lc.unused, minlength=len(PHASES) + 1)
+        return codes[1:].tolist()
+
+    def _book_wasted(self, issued: np.ndarray) -> None:
+        """Count unused prefetches (their `unused` codes, 1 + issuing phase; zeros ignored) as wasted."""
+        for p, k in enumerate(np.bincount(issued, minlength=len(PHASES) + 1)[1:].tolist()):
+            self.counts.phases[p][WASTED] += k
+
+    def _plan_demand(self, i: int, experts: np.ndarray, counts: np.ndarray, step, phase: int) -> Plan:
+        lc, pol, C = self.layers[i], self.policy, self.capacity
+        tally = self.counts.phases[phase]
         pol.observe(i, experts, counts, step)
         slots = lc.slot_of[experts]
         hit = slots >= 0
-        c.demand_hits += int(hit.sum())
-        c.demand_misses += int((~hit).sum())
-        c.prefetch_hits += int(lc.unused[experts[hit]].sum())
-        lc.unused[experts] = False
-        order = pol.keep_order(i, experts, counts, hit, step)
-        keep = set(order[-self.capacity:].tolist()) if len(experts) > self.capacity else None
-        hits = [(int(e), int(s)) for e, s in zip(experts[hit], slots[hit])]
-        loads = []
-        if not hit.all():
-            loads = self._plan_misses(i, layer, experts, hit, order, keep, hits)
-        pol.touch(i, order)
-        return Plan(layer, hits, loads)
-
-    def _free_and_victims(self, i: int, protect: np.ndarray):
-        """Slots usable right now: free ones first, then those of non-protected residents in the
-        policy's eviction order (a generator, so victims are chosen only as needed)."""
-        lc = self.layers[i]
-        for s in np.flatnonzero(lc.expert_in == EMPTY):
-            yield int(s)
-        res = lc.resident()
-        cand = res[~np.isin(res, protect)]
-        for e in self.policy.victim_order(i, cand):
-            yield int(lc.slot_of[e])
-
-    def _evict(self, i: int, expert: int, slot: int, speculative: bool, layer: int, after: int) -> Load:
-        lc = self.layers[i]
-        victim = lc.place(expert, slot)
-        if victim != EMPTY and lc.unused[victim]:
-            lc.unused[victim] = False
-            self.counts.wasted_prefetches += 1
-        self.counts.bytes_h2d += self.expert_bytes
-        return Load(layer, expert, slot, victim, after, speculative)
-
-    def _plan_misses(self, i, layer, experts, hit, order, keep, hits) -> list[Load]:
-        miss_set = set(experts[~hit].tolist())
-        misses = [int(e) for e in order if int(e) in miss_set]          # streaming ones first, kept ones last
-        immediate = self._free_and_victims(i, experts)
-        # Slots whose demanded occupant, once computed, may be overwritten: (slot, occupant).
-        reusable: deque[tuple[int, int]] = deque()
-        kept_hits: list[tuple[int, int]] = []
-        if keep is not None:
-            rank = {int(e): r for r, e in enumerate(order)}
-            for e, s in hits:
-                (kept_hits if e in keep else reusable).append((s, e))
-            kept_hits.sort(key=lambda se: rank[se[1]])                  # least worth keeping first
-        loads = []
-        for e in misses:
-            slot = next(immediate, None)
-            after = EMPTY
-            if slot is None:
-                if not reusable:                                        # every slot holds a kept hit:
-                    reusable.append(kept_hits.pop(0))                   # demote the least worth keeping
-                slot, after = reusable.popleft()
-            loads.append(self._evict(i, e, slot, False, layer, after))
-            if keep is not None and e not in keep:
-                reusable.append((slot, e))
-        return loads
-
-    def _plan_prefetch(self, i: int, ranked: np.ndarray) -> list[Load]:
-        """Make the C most wanted of a prediction resident: load those missing, evicting residents
-        outside them in the policy's order."""
-        lc = self.layers[i]
-        target = ranked[:self.capacity]
-        wanted = target[lc.slot_of[target] < 0]
-        if len(wanted) == 0:
-            return []
-        slots = self._free_and_victims(i, target)
+        n = len(experts)
+        nh = int(np.count_nonzero(hit))
+        m = n - nh
+        tally[HITS] += nh
+        tally[MISSES] += m
+        if lc.prefetched:                                 # demanded prefetches are used now (CacheCounts
+            lc.unused[experts] = 0                        # derives prefetch hits per issuing phase)
         layer = self.moe_layers[i]
-        loads = []
-        for e in wanted:
-            loads.append(self._evict(i, int(e), next(slots), True, layer, EMPTY))
-            lc.unused[e] = True
-        self.counts.speculative_transfers += len(loads)
+        if m == 0:
+            pol.touch(i, experts if self._lru_keep else pol.keep_order(i, experts, counts, hit, step))
+            return Plan(layer, i, experts, slots)
+        tally[BYTES] += m * self.expert_bytes
+        if nh:
+            hit_experts, hit_slots = experts[hit], slots[hit]
+        else:
+            hit_experts = hit_slots = _NONE
+        if self._lru_keep:                                # LRU keep order: hits, then misses, each ascending
+            misses = experts[~hit] if nh else experts
+            order = np.concatenate((hit_experts, misses)) if nh else experts
+        else:
+            order = pol.keep_order(i, experts, counts, hit, step)
+            misses = order[lc.slot_of[order] < 0] if nh else order
+        if n <= C:
+            load_slots, free, evicted = self._take_slots(i, lc, m, hit_slots)
+            self._place(lc, misses, load_slots, evicted)
+            plan = Plan(layer, i, hit_experts, hit_slots, misses, load_slots, free, evicted)
+        else:
+            plan = self._stream_through(i, lc, order, misses, hit_experts, hit_slots, layer)
+        pol.touch(i, order)
+        return plan
+
+    def _take_slots(self, i: int, lc: LayerCache, k: int, protected_slots: np.ndarray):
+        """Slots for k copies that may start at once: free slots first, then those of residents outside
+        `protected_slots` in the policy's eviction order. Returns (slots, free, evicted): the first
+        `free` slots were free, the others evict `evicted`, in order."""
+        filled = lc.filled
+        free = min(self.capacity - filled, k)
+        rest = k - free
+        if rest == 0:
+            return self._slots[filled:filled + k], k, _NONE
+        if self._own_victim_order:                        # a policy that orders candidates itself
+            keep = np.ones(filled, dtype=bool)
+            keep[protected_slots] = False
+            evicted = self.policy.victim_order(i, lc.expert_in[:filled][keep])[:rest]
+            taken = lc.slot_of[evicted]
+        else:
+            keys = self.policy.victim_keys(i, lc.expert_in[:filled])     # (filled,) by slot; a fresh array
+            keys[protected_slots] = _NEVER_EVICT
+            taken = keys.argsort()[:rest]                                # slots, first victim first
+            evicted = lc.expert_in[taken]
+        if free == 0:
+            return taken, 0, evicted
+        return np.concatenate((self._slots[filled:filled + free], taken)), free, evicted
+
+    def _place(self, lc: LayerCache, experts: np.ndarray, slots: np.ndarray, evicted: np.ndarray) -> None:
+        """Copy `experts` into `slots` (distinct), evicting the residents `evicted` (the rest were free)."""
+        if len(evicted):
+            if lc.prefetched:
+                u = lc.unused[evicted]
+                if np.count_nonzero(u):
+                    self._book_wasted(u)
+                    lc.unused[evicted] = 0
+            lc.slot_of[evicted] = EMPTY
+        lc.filled += len(experts) - len(evicted)
+        lc.expert_in[slots] = experts
+        lc.slot_of[experts] = slots
+
+    def _stream_through(self, i: int, lc: LayerCache, order: np.ndarray, misses: np.ndarray,
+                        hit_experts: np.ndarray, hit_slots: np.ndarray, layer: int) -> Plan:
+        """A demand larger than C: its misses stream through the slots in waves; the last C of `order`
+        stay resident.
+
+        Misses are loaded in `order` (those that will not stay first). The a = C - hits slots that hold
+        no demanded expert take the first a copies at once (free slots, then every non-demanded
+        resident in eviction order). Every later copy reuses the slot of a demanded expert that will not
+        stay, once that expert is computed: first the hits that will not stay (ascending), then the
+        misses that will not stay, in the order they were loaded. So the slot sequence repeats with
+        period p = a + those hits, and copy j waits for the occupant copied p places earlier. If every
+        hit stays and no slot is free of demanded experts (p = 0), the hit least worth keeping gives up
+        its slot to the stream."""
+        C, n, m = self.capacity, len(order), len(misses)
+        nh = len(hit_experts)
+        if nh and self._lru_keep:                        # order = hits, misses: the first n - C hits go
+            going_hits = hit_experts[:n - C]
+        elif nh:
+            keep = self._keep
+            kept = order[n - C:]
+            keep[kept] = True
+            going_hits = hit_experts[~keep[hit_experts]]
+            keep[kept] = False
+            if len(going_hits) == 0 and nh == C:                      # p = 0: demote one kept hit
+                going_hits = kept[lc.slot_of[kept] >= 0][:1]
+        else:
+            going_hits = _NONE
+        a = C - nh
+        first, free, evicted = self._take_slots(i, lc, a, hit_slots)     # every non-demanded resident goes
+        period = np.concatenate((first, lc.slot_of[going_hits])) if len(going_hits) else first
+        p = len(period)
+        # State afterwards: the last period of copies, j = m-p .. m-1 into period[j % p], holds the kept
+        # misses; the streamed-through experts and the hits that gave up their slots are gone.
+        r = (m - p) % p
+        self._place(lc, misses[m - p:], np.concatenate((period[r:], period[:r])) if r else period,
+                    np.concatenate((evicted, going_hits)) if len(going_hits) else evicted)
+        return Plan(layer, i, hit_experts, hit_slots, misses, None, free, evicted, (period, a, going_hits))
+
+    def _plan_prefetch(self, i: int, experts, counts, phase: int) -> Plan | None:
+        """Load a prediction for layer i: `experts` ranked most wanted first, or, with `counts`, experts
+        to rank by token count (most first, then id); ranking is skipped when nothing is to load.
+        Default placement: make the C most wanted resident, evicting residents outside them in the
+        policy's order. Conservative policies: load the non-resident predicted experts only into free
+        slots and slots of residents outside the whole prediction, most wanted first (a predicted
+        resident is never swapped out)."""
+        lc, C, conservative = self.layers[i], self.capacity, self.policy.conservative
+        if type(experts) is not np.ndarray or experts.dtype is not _INT64:
+            experts = np.asarray(experts, dtype=np.int64)
+        if counts is not None and (len(experts) <= C or conservative):
+            # The whole prediction is the target: rank only its non-resident part (same order).
+            slots = lc.slot_of[experts]
+            present = slots >= 0
+            resident = np.count_nonzero(present)
+            if resident == len(present) or (conservative and resident == C):   # nothing to load, or no room
+                return None
+            absent = ~present
+            wanted = experts[absent]
+            wanted = wanted[(wanted - counts[absent] * self.num_experts).argsort()]
+        else:
+            if counts is not None:
+                experts = experts[(experts - counts * self.num_experts).argsort()[:C]]
+            target = experts if conservative else experts[:C]
+            slots = lc.slot_of[target]
+            present = slots >= 0
+            wanted = target[~present]
+        if conservative:                                  # room: free slots + residents outside the prediction
+            wanted = wanted[:C - int(np.count_nonzero(present))]
+        k = len(wanted)
+        if k == 0:
+            return None
+        load_slots, free, evicted = self._take_slots(i, lc, k, slots[present])
+        self._place(lc, wanted, load_slots, evicted)
+        lc.unused[wanted] = phase + 1
+        lc.prefetched = True
+        tally = self.counts.phases[phase]
+        tally[SPECULATIVE] += k
+        tally[BYTES] += k * self.expert_bytes
         self.policy.touch(i, wanted)
-        return loads
+        return Plan(self.moe_layers[i], i, _NONE, _NONE, wanted, load_slots, free, evicted, None, True)
 
     # --- inspection ----------------------------------------------------------------------------
     def resident(self, layer: int) -> np.ndarray:
+        """Resident experts of a model layer, ascending."""
         return np.sort(self.layers[self.index[layer]].resident())

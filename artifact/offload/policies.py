@@ -2,59 +2,103 @@
 
 Imports nothing from the model or the engine: the same objects serve the live engine and the trace
 simulator (offload/cache.py drives them). A policy sees the demand stream one (forward, layer) event
-at a time, in the order the model computes them.
+at a time, in the order the model computes them. Layers are MoE positions i = 0..L_moe-1 throughout.
 
-  demand            LRU eviction, no prefetch (the design the paper argues for)
-  last_step         LRU + when layer l starts, load what the target layer demanded last time
-  oracle            LRU + when layer l starts, load what the target layer will truly demand (a trace)
-  interval_refresh  LRU, but every tau steps of a block each layer keeps the top-C experts of this step
-                    by token count (TIDE-inspired; see IntervalRefresh)
-  belady            evict the expert whose next use is farthest (needs the trace; the miss floor)
+  demand                  LRU eviction, no prefetch (the design the paper argues for)
+  last_step               LRU + when layer i starts, make the C most wanted of the target layer's
+                          previous demand resident (may swap out predicted residents ranked below C)
+  last_step_conservative  LRU + load only predicted experts that are not resident, evicting only
+                          residents outside the prediction (never swaps a predicted resident out)
+  cross_layer             LRU + load layer i+1's demand as predicted at this step by layer i+1's router
+                          applied to layer i's hidden states (Demand.predicted)
+  oracle                  LRU + load the target layer's true next demand (a trace of the same run)
+  interval_refresh        LRU, but every tau steps of a block each layer keeps the top-C experts of this
+                          step by token count (TIDE-inspired; see IntervalRefresh)
+  belady                  evict the expert whose next use is farthest (needs the trace; the miss floor
+                          under this cache's rules)
 
-Adding a policy: subclass Policy, override `keep_order` / `victim_order` (eviction) or `predict`
-(prefetch), and register a factory in POLICIES.
+The registry is built from the classes: `@register` reads the class attributes (name, needs_trace,
+engine_ok, needs_prediction, summary) and takes the options from the constructor's keyword parameters.
+`make_policy` is the one factory; it reads a policy spec `name[:key=value,...]` (e.g.
+`last_step:lookahead=2`) and rejects unknown options by name. See docs/policies.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+import inspect
+from typing import Any, Sequence
 
 import numpy as np
 
+from artifact.errors import SettingError, TraceError
+
+EMPTY_EXPERTS = np.zeros(0, dtype=np.int64)
+
+
+def rank_by_tokens(experts: np.ndarray, counts: np.ndarray, num_experts: int) -> np.ndarray:
+    """Experts most tokens first, ties by ascending id (one argsort over a unique integer key)."""
+    return experts[(experts - counts * num_experts).argsort()]
+
 
 class Policy:
-    """Base: LRU eviction, no prefetch. Per-layer state is indexed by the MoE layer's position i."""
+    """Base: LRU eviction, no prefetch. Per-layer state is indexed by the MoE position i.
+
+    Hooks (override to make a policy; each has a cheap default):
+      observe(i, experts, counts, step)             every demand, before it is planned
+      keep_order(i, experts, counts, hit, step)     demanded experts least worth keeping first
+      victim_keys(i, residents)                     eviction keys, lowest evicted first (or override
+                                                    victim_order(i, candidates) to order them yourself)
+      touch(i, ordered)                             record uses, the later the more recent
+      predict(i, experts, counts, step)             (target layer, experts ranked most wanted first),
+                                                    (target layer, experts, token counts) to be ranked by
+                                                    count (most first, then id) only if needed, or None
+      advance()                                     after each demand
+    `experts` are ascending int64 arrays and `counts` their token counts; `step` is the model's
+    StepInfo (.forward, .block, .block_step, .kind). Subclass options are keyword parameters of
+    __init__ with defaults (they become the policy's spec options).
+    """
 
     name = "demand"
-    needs_trace = False      # True: built from a recorded run (future knowledge)
-    engine_ok = True         # False: simulator only
+    summary = "LRU, misses load on demand"
+    needs_trace = False        # True: built from a recorded run of the same prompts (future knowledge)
+    engine_ok = True           # False: simulator only
+    needs_prediction = False   # True: reads the cross-layer prediction each demand carries (Demand.predicted)
+    conservative = False       # True: a prefetch never evicts a predicted expert (see ExpertCache)
 
     def __init__(self, num_layers: int, num_experts: int):
         self.num_layers, self.num_experts = num_layers, num_experts
         self.stamp = np.full((num_layers, num_experts), -1, dtype=np.int64)   # last use, for LRU
+        self._stamp_rows = list(self.stamp)                                   # row views, built once
         self.clock = 0
-        self.position = 0    # index of the current event in the demand stream
+        self.position = 0          # index of the current event in the demand stream
+        self.predicted = None      # the current demand's (experts, counts) prediction; set when needs_prediction
 
     # --- eviction ------------------------------------------------------------------------------
+    def victim_keys(self, i: int, residents: np.ndarray) -> np.ndarray:
+        """A new int64 array of eviction keys for residents of layer i, distinct among residents: the
+        lowest is evicted first. LRU: the last use (touch gives every use a fresh clock value)."""
+        return self._stamp_rows[i][residents]
+
     def victim_order(self, i: int, candidates: np.ndarray) -> np.ndarray:
-        """Non-demanded resident experts of layer i, the first to evict first (LRU: oldest use)."""
-        return candidates[np.lexsort((candidates, self.stamp[i, candidates]))]
+        """Non-demanded resident experts of layer i, the first to evict first. Derived from victim_keys;
+        a policy may override this instead (the cache then calls it, at some cost in speed)."""
+        return candidates[self.victim_keys(i, candidates).argsort(kind="stable")]
 
     def keep_order(self, i: int, experts: np.ndarray, counts: np.ndarray, hit: np.ndarray, step) -> np.ndarray:
         """The demanded experts ordered least-worth-keeping first; when the demand outgrows the cache,
         the last C stay resident. LRU: hits then misses, each ascending (the last computed stay)."""
-        return np.concatenate([experts[hit], experts[~hit]])
+        return experts[(~hit).argsort(kind="stable")]
 
     def touch(self, i: int, ordered: np.ndarray) -> None:
         """Record uses in order (the later, the more recent)."""
         n = len(ordered)
-        self.stamp[i, ordered] = np.arange(self.clock, self.clock + n)
+        self._stamp_rows[i][ordered] = np.arange(self.clock, self.clock + n)
         self.clock += n
 
     # --- prefetch ------------------------------------------------------------------------------
     def predict(self, i: int, experts: np.ndarray, counts: np.ndarray, step) -> tuple[int, np.ndarray] | None:
         """Called when layer i's demand is known (before it computes). Return (target layer, experts
-        ranked most-wanted first) to load speculatively, or None."""
+        ranked most wanted first) or (target layer, experts, token counts) to load speculatively, or
+        None. With counts, the cache ranks by count (most first, then id) only when something is to load."""
         return None
 
     def observe(self, i: int, experts: np.ndarray, counts: np.ndarray, step) -> None:
@@ -65,14 +109,16 @@ class Policy:
 
 
 class LastStep(Policy):
-    """Predicts D(t, target) := the target layer's most recent demand, D(t-1, target)."""
+    """Predicts D(t, target) := the target layer's most recent demand, D(t-1, target), for the target
+    `lookahead` MoE layers ahead (wrapping into the next forward)."""
 
     name = "last_step"
+    summary = "LRU + make the C most wanted of the target layer's previous demand resident"
 
     def __init__(self, num_layers: int, num_experts: int, lookahead: int = 1):
         super().__init__(num_layers, num_experts)
         if lookahead < 1:
-            raise ValueError(f"lookahead must be >= 1, got {lookahead}")
+            raise SettingError(f"lookahead must be >= 1 MoE layers, got {lookahead}")
         self.lookahead = lookahead
         self.last: list[tuple[np.ndarray, np.ndarray] | None] = [None] * num_layers
 
@@ -82,35 +128,109 @@ class LastStep(Policy):
         self.last[i] = (experts, counts)
         if seen is None:
             return None
-        e, c = seen
-        return target, e[np.lexsort((e, -c))]                         # most tokens first
+        return target, seen[0], seen[1]
+
+
+class LastStepConservative(LastStep):
+    """last_step's prediction, placed conservatively: load only predicted experts that are not resident,
+    evicting only residents outside the prediction, so a predicted resident is never swapped out (at
+    C >= the prediction's size this is last_step)."""
+
+    name = "last_step_conservative"
+    summary = "last_step, but never evicts a predicted expert to load another"
+    conservative = True
+
+
+class CrossLayer(Policy):
+    """Predicts D(t, i+1) from layer i+1's router applied to layer i's hidden states at the same step
+    (Demand.predicted, the predictor class of Pre-gated MoE, ProMoE and HOBBIT). The last MoE layer
+    has no next layer and prefetches nothing."""
+
+    name = "cross_layer"
+    summary = "LRU + load the next layer's demand predicted by its router on this layer's hidden states"
+    needs_prediction = True
+
+    def __init__(self, num_layers: int, num_experts: int, conservative: bool = False):
+        super().__init__(num_layers, num_experts)
+        self.conservative = conservative
+
+    def predict(self, i, experts, counts, step):
+        if i + 1 >= self.num_layers:
+            return None
+        if self.predicted is None:
+            raise ValueError(
+                f"policy 'cross_layer' needs the cross-layer prediction of each demand (Demand.predicted: the "
+                f"next MoE layer's router on this layer's hidden states), and demand {self.position} (MoE layer "
+                f"{i}) has none: run the model with the prediction switched on, or replay a trace that records "
+                "it (trace schema 2)")
+        e, c = self.predicted
+        return i + 1, np.asarray(e, dtype=np.int64), np.asarray(c, dtype=np.int64)
 
 
 class TraceFuture:
-    """Future knowledge from a recorded run of the same prompts: the flat (layer, experts, counts)
-    stream. Checks that the live stream is the recorded one, so a diverged run fails loudly."""
+    """Future knowledge from a recorded run of the same prompts: the demand stream as arrays. Checks
+    that the live stream is the recorded one, so a diverged run fails loudly.
 
-    def __init__(self, events: Sequence[tuple[int, int, np.ndarray, np.ndarray]]):
-        self.events = events     # (forward, layer index i, experts, counts), in stream order
+    `TraceFuture(events)` takes (forward, MoE position i, experts, counts) tuples; Trace.future() builds
+    one from the trace's cached arrays (`from_arrays`), which the simulator replays as they are, so the
+    check is an identity test there and a comparison only for a live run."""
+
+    def __init__(self, events: Sequence[tuple[int, int, np.ndarray, np.ndarray]] = ()):
+        self.forward = [int(f) for f, _, _, _ in events]
+        self.index = [int(i) for _, i, _, _ in events]
+        self.experts = [np.asarray(e, dtype=np.int64) for _, _, e, _ in events]
+        self.counts = [np.asarray(c, dtype=np.int64) for _, _, _, c in events]
+
+    @classmethod
+    def from_arrays(cls, forward: Sequence[int], index: Sequence[int], experts: Sequence[np.ndarray],
+                    counts: Sequence[np.ndarray]) -> "TraceFuture":
+        f = cls()
+        f.forward, f.index, f.experts, f.counts = forward, index, experts, counts
+        return f
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def events(self) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+        return list(zip(self.forward, self.index, self.experts, self.counts))
 
     def check(self, position: int, i: int, experts: np.ndarray, step) -> None:
-        if position >= len(self.events):
-            raise RuntimeError(f"the run has more demands than the trace ({len(self.events)} events): "
+        if position >= len(self.index):
+            raise TraceError(f"the run has more demands than the trace ({len(self.index)} events): "
                                "the trace was recorded on other prompts or decoding settings")
-        f, ti, te, _ = self.events[position]
-        if ti != i or not np.array_equal(te, experts):       # forward indices restart per batch: not compared
-            raise RuntimeError(f"demand {position} (layer index {i}) differs from the trace's (forward {f}, "
-                               f"layer index {ti}): not the same run")
+        te = self.experts[position]
+        if experts is te:                                  # replaying the trace itself
+            return
+        if self.index[position] != i or not np.array_equal(te, experts):   # forward indices restart per batch
+            raise TraceError(f"demand {position} (layer index {i}) differs from the trace's (forward "
+                               f"{self.forward[position]}, layer index {self.index[position]}): not the same run")
+
+    def next_uses(self) -> list[np.ndarray]:
+        """For each demand, the stream position of each demanded expert's next demand in that layer
+        (len(self) when it is never demanded again). One backward pass over the demands."""
+        n = len(self.index)
+        E = 1 + max((int(e[-1]) for e in self.experts if len(e)), default=0)
+        last_seen = np.full((max(self.index, default=0) + 1, E), n, dtype=np.int64)
+        out: list[np.ndarray] = [EMPTY_EXPERTS] * n
+        for p in range(n - 1, -1, -1):
+            row, e = last_seen[self.index[p]], self.experts[p]
+            out[p] = row[e]
+            row[e] = p
+        return out
 
 
 class Oracle(Policy):
     """Loads the true D(t, target) of the event `lookahead` positions ahead, from a trace."""
 
     name = "oracle"
+    summary = "LRU + prefetch the true future demand"
     needs_trace = True
 
     def __init__(self, num_layers: int, num_experts: int, future: TraceFuture, lookahead: int = 1):
         super().__init__(num_layers, num_experts)
+        if lookahead < 1:
+            raise SettingError(f"lookahead must be >= 1, got {lookahead}")
         self.future, self.lookahead = future, lookahead
 
     def observe(self, i, experts, counts, step):
@@ -118,10 +238,10 @@ class Oracle(Policy):
 
     def predict(self, i, experts, counts, step):
         ahead = self.position + self.lookahead
-        if ahead >= len(self.future.events):
+        f = self.future
+        if ahead >= len(f.index):
             return None
-        _, target, e, c = self.future.events[ahead]
-        return target, e[np.lexsort((e, -c))]
+        return f.index[ahead], f.experts[ahead], f.counts[ahead]
 
 
 class IntervalRefresh(Policy):
@@ -133,11 +253,12 @@ class IntervalRefresh(Policy):
     computes on the device, so a non-resident one is loaded (the only option for a GPU-only engine)."""
 
     name = "interval_refresh"
+    summary = "top-C by token count every tau steps, LRU between"
 
     def __init__(self, num_layers: int, num_experts: int, tau: int = 4):
         super().__init__(num_layers, num_experts)
         if tau < 1:
-            raise ValueError(f"tau must be >= 1, got {tau}")
+            raise SettingError(f"tau must be >= 1, got {tau}")
         self.tau = tau
 
     def refreshing(self, step) -> bool:
@@ -146,79 +267,169 @@ class IntervalRefresh(Policy):
     def keep_order(self, i, experts, counts, hit, step):
         if not self.refreshing(step):
             return super().keep_order(i, experts, counts, hit, step)
-        return experts[np.lexsort((-experts, counts))]                 # fewest tokens first: top-C by count stay
+        return experts[(counts * self.num_experts - experts).argsort()]   # fewest tokens first, then higher id
 
 
 class Belady(Policy):
     """Belady's MIN: evict (and, inside an oversized demand, stream first) the expert whose next use is
-    farthest. With demand paging this is the minimum number of misses for capacity C."""
+    farthest. The miss floor for demand paging under this cache's rules (a demanded expert stays until
+    computed; a wave evicts non-demanded residents)."""
 
     name = "belady"
+    summary = "evict the farthest next use (miss floor under this cache's rules)"
     needs_trace = True
     engine_ok = False
 
     def __init__(self, num_layers: int, num_experts: int, future: TraceFuture):
         super().__init__(num_layers, num_experts)
         self.future = future
-        self.next_use = np.full((num_layers, num_experts), np.iinfo(np.int64).max, dtype=np.int64)
-        # For each event, the stream position of each demanded expert's next demand in that layer.
-        last_seen: dict[tuple[int, int], int] = {}
-        self._next: list[np.ndarray] = [None] * len(future.events)     # type: ignore[list-item]
-        for p in range(len(future.events) - 1, -1, -1):
-            _, i, e, _ = future.events[p]
-            nxt = np.array([last_seen.get((i, int(x)), np.iinfo(np.int64).max) for x in e], dtype=np.int64)
-            self._next[p] = nxt
-            for x in e:
-                last_seen[(i, int(x))] = p
+        self.never = len(future)                      # "no next use": farther than any stream position
+        self._next = future.next_uses()
+        # Eviction key of each expert, set when it is demanded: (never - next use) * E + id, so the
+        # lowest key is the farthest next use, ties (never used again) by ascending id.
+        self.key = np.zeros((num_layers, num_experts), dtype=np.int64)
+        self._key_rows = list(self.key)
+        self._keys_at = (-1, None)                   # (position, keys of that demand's experts)
 
     def observe(self, i, experts, counts, step):
         self.future.check(self.position, i, experts, step)
 
-    def victim_order(self, i, candidates):
-        return candidates[np.lexsort((candidates, -self.next_use[i, candidates]))]
+    def _demand_keys(self) -> np.ndarray:
+        p = self.position
+        if self._keys_at[0] != p:
+            self._keys_at = (p, (self.never - self._next[p]) * self.num_experts + self.future.experts[p])
+        return self._keys_at[1]
+
+    def victim_keys(self, i, residents):
+        return self._key_rows[i][residents]
 
     def keep_order(self, i, experts, counts, hit, step):
-        nxt = self._next[self.position]
-        return experts[np.lexsort((experts, -nxt))]                    # farthest next use first
+        return experts[self._demand_keys().argsort()]                 # farthest next use first
 
-    def touch(self, i, ordered):
-        super().touch(i, ordered)
-        _, _, e, _ = self.future.events[self.position]
-        self.next_use[i, e] = self._next[self.position]
+    def touch(self, i, ordered):                                       # no LRU stamps: keys decide
+        self._key_rows[i][self.future.experts[self.position]] = self._demand_keys()
 
 
-@dataclass(frozen=True)
-class PolicySpec:
-    name: str
-    factory: Callable[..., Policy]
-    needs_trace: bool
-    engine_ok: bool
-    summary: str
+# ---------------------------------------------------------------------------------------------
+# The registry and the one factory
+# ---------------------------------------------------------------------------------------------
+POLICIES: dict[str, type[Policy]] = {}
+_POSITIONAL = ("self", "num_layers", "num_experts", "future")
 
 
-POLICIES: dict[str, PolicySpec] = {
-    "demand": PolicySpec("demand", lambda L, E, future=None, **kw: Policy(L, E), False, True,
-                         "LRU, misses load on demand"),
-    "last_step": PolicySpec("last_step", lambda L, E, future=None, lookahead=1, **kw: LastStep(L, E, lookahead),
-                            False, True, "LRU + prefetch the target layer's previous demand"),
-    "oracle": PolicySpec("oracle", lambda L, E, future=None, lookahead=1, **kw: Oracle(L, E, future, lookahead),
-                         True, True, "LRU + prefetch the true future demand"),
-    "interval_refresh": PolicySpec("interval_refresh",
-                                   lambda L, E, future=None, tau=4, **kw: IntervalRefresh(L, E, tau),
-                                   False, True, "top-C by token count every tau steps, LRU between"),
-    "belady": PolicySpec("belady", lambda L, E, future=None, **kw: Belady(L, E, future), True, False,
-                         "evict the farthest next use (miss floor)"),
-}
+def options_of(cls: type[Policy]) -> dict[str, Any]:
+    """A policy's options: its constructor's keyword parameters and their defaults."""
+    return {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+            if p.name not in _POSITIONAL and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
-def make_policy(name: str, num_layers: int, num_experts: int, future: TraceFuture | None = None,
-                engine: bool = False, **options) -> Policy:
-    spec = POLICIES.get(name)
-    if spec is None:
-        raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}")
-    if engine and not spec.engine_ok:
-        raise ValueError(f"policy {name!r} needs the whole future and runs in the simulator only "
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: add a Policy subclass to POLICIES under its `name`. Every constructor parameter
+    after (num_layers, num_experts[, future]) is an option and needs a default."""
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise TypeError(f"{cls!r} is not a Policy subclass")
+    params = inspect.signature(cls.__init__).parameters.values()
+    bad = [p.name for p in params if p.name not in _POSITIONAL and p.default is inspect.Parameter.empty
+           and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if bad:
+        raise TypeError(f"policy {cls.name!r}: options {bad} need defaults (they are keyword options of the spec)")
+    if cls.needs_trace != ("future" in inspect.signature(cls.__init__).parameters):
+        raise TypeError(f"policy {cls.name!r}: needs_trace={cls.needs_trace} but its constructor "
+                        f"{'lacks' if cls.needs_trace else 'takes'} a `future` parameter")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+for _cls in (Policy, LastStep, LastStepConservative, CrossLayer, Oracle, IntervalRefresh, Belady):
+    register(_cls)
+
+
+def _coerce(name: str, option: str, raw: str, default: Any):
+    """A spec option's text as the type of its default."""
+    try:
+        if isinstance(default, bool):
+            if raw.lower() in ("1", "true", "yes"):
+                return True
+            if raw.lower() in ("0", "false", "no"):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+    except ValueError:
+        raise SettingError(f"policy {name!r}: option {option}={raw!r} is not a {type(default).__name__}") from None
+    return raw
+
+
+def parse_policy(spec: str) -> tuple[type[Policy], dict[str, Any]]:
+    """`name[:key=value,...]` -> (policy class, options), each option checked against the class."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise SettingError(f"a policy spec is 'name[:key=value,...]', got {spec!r}")
+    name, _, rest = spec.strip().partition(":")
+    cls = POLICIES.get(name.strip())
+    if cls is None:
+        raise SettingError(f"unknown policy {name.strip()!r}; choose one of {sorted(POLICIES)}")
+    valid = options_of(cls)
+    options = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, eq, raw = (s.strip() for s in item.partition("="))
+        if not eq or not key:
+            raise SettingError(f"policy spec {spec!r}: expected key=value after ':', got {item!r}")
+        if key not in valid:
+            raise SettingError(f"policy {cls.name!r} has no option {key!r}; its options: "
+                             f"{', '.join(f'{k}={v!r}' for k, v in valid.items()) or 'none'}")
+        options[key] = _coerce(cls.name, key, raw, valid[key])
+    return cls, options
+
+
+def split_policies(text: str) -> list[str]:
+    """A comma-separated list of policy specs, where a spec's own options also use commas:
+    'demand,last_step:lookahead=2,conservative=true,oracle' -> 3 specs (a piece with '=' and no ':'
+    continues the spec before it)."""
+    out: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if "=" in piece and ":" not in piece and out:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
+
+
+def check_policy(spec: str, engine: bool = False) -> type[Policy]:
+    """Validate a policy spec without building it (for checking arguments before a model loads)."""
+    cls, _ = parse_policy(spec)
+    if engine and not cls.engine_ok:
+        raise SettingError(f"policy {cls.name!r} needs the whole future and runs in the simulator only "
                          "(python -m artifact simulate); the engine takes 'oracle' for future knowledge")
-    if spec.needs_trace and future is None:
-        raise ValueError(f"policy {name!r} needs a trace of an identical earlier run (--oracle-trace FILE)")
-    return spec.factory(num_layers, num_experts, future=future, **options)
+    return cls
+
+
+def make_policy(spec: str, num_layers: int, num_experts: int, future: TraceFuture | None = None,
+                engine: bool = False, **settings) -> Policy:
+    """The one factory. `spec` is a policy name with optional options, `name[:key=value,...]`; an option
+    the policy does not take is an error naming the policy's valid options. `settings` are run-wide
+    values (e.g. lookahead=, tau= from the command line or a profile) given to every policy that takes
+    an option of that name; a setting no registered policy takes is an error. Spec options win."""
+    cls, options = parse_policy(spec)
+    check_policy(spec, engine)
+    known = {k for c in POLICIES.values() for k in options_of(c)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise SettingError(f"no policy takes the option(s) {unknown}; policy options are {sorted(known)}")
+    valid = options_of(cls)
+    kwargs = {k: v for k, v in settings.items() if k in valid}
+    kwargs.update(options)
+    if cls.needs_trace:
+        if future is None:
+            raise SettingError(f"policy {cls.name!r} needs a trace of an identical earlier run (--oracle-trace FILE)")
+        kwargs["future"] = future
+    return cls(num_layers, num_experts, **kwargs)
+
+
+def describe() -> list[dict]:
+    """One row per registered policy (name, options, flags, summary), for help texts and docs."""
+    return [{"name": n, "options": options_of(c), "needs_trace": c.needs_trace, "engine_ok": c.engine_ok,
+             "needs_prediction": c.needs_prediction, "summary": c.summary} for n, c in POLICIES.items()]

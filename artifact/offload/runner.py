@@ -19,7 +19,7 @@ from artifact.model.decode import MAX_BATCH, DecodeConfig, generate
 from artifact.model.llada2 import ResidentExperts
 from artifact.offload.engine import OffloadEngine, offload
 from artifact.offload.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps, make_link
-from artifact.offload.policies import POLICIES, make_policy
+from artifact.offload.policies import check_policy, make_policy
 from artifact.offload.timeline import PRIORITIES
 from artifact.offload.trace import Trace, TraceError, TraceRecorder
 from artifact.validate import check_number
@@ -109,9 +109,7 @@ class OffloadSpec:
                 or not 1 <= self.capacity <= num_experts:
             raise SettingError(f"cache capacity must be an integer in [1, {num_experts}] experts per layer, "
                                f"got {self.capacity!r}")
-        if self.policy not in POLICIES:
-            raise SettingError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
-        if not POLICIES[self.policy].engine_ok:
+        if not check_policy(self.policy).engine_ok:
             raise SettingError(f"policy {self.policy!r} runs in the simulator only (python -m artifact simulate)")
         if self.link not in LINKS:
             raise SettingError(f"unknown link {self.link!r}; choose one of {LINKS}")
@@ -198,7 +196,7 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
     if spec is not None:
         spec.check(cfg.num_experts, device)
         future = None
-        if POLICIES[spec.policy].needs_trace:
+        if check_policy(spec.policy).needs_trace:
             if oracle is None:
                 raise SettingError(f"policy {spec.policy!r} needs --oracle-trace FILE from an identical earlier run")
             check_oracle_trace(oracle, meta)
@@ -216,7 +214,7 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
     # replay the cross_layer policy, and computed for a policy that reads them live.
     saved_predict = model.routing.predict_next
     model.routing.predict_next = saved_predict or record or bool(
-        spec is not None and getattr(POLICIES[spec.policy], "needs_prediction", False))
+        spec is not None and check_policy(spec.policy).needs_prediction)
     gens = []
     try:
         ctx = model.listening(recorder) if recorder else contextlib.nullcontext()

@@ -21,6 +21,7 @@ import numpy as np
 
 from artifact.errors import TraceError  # noqa: F401  (defined with the other user errors; re-exported here)
 from artifact.model.llada2 import Demand, StepInfo
+from artifact.offload.policies import TraceFuture
 from artifact.paths import atomic_write_bytes
 
 SCHEMA = 2
@@ -100,6 +101,18 @@ class Trace:
                              "and this trace has none (a schema-1 trace, or a run that did not predict); "
                              "re-record it with `python -m artifact trace`, which records them (schema 2)")
 
+    @cached_property
+    def predicted(self) -> list | None:
+        """Per demand, the recorded cross-layer prediction as (experts, counts) int64 arrays, None where the
+        demand has none (the last MoE layer); None for a trace without predictions. The cross_layer policy
+        replays it."""
+        if not self.has_predictions:
+            return None
+        cut = self.pred_offsets[1:-1]
+        experts = np.split(self.pred_experts.astype(np.int64), cut)
+        counts = np.split(self.pred_counts.astype(np.int64), cut)
+        return [None if len(e) == 0 else (e, c) for e, c in zip(experts, counts)]
+
     def __len__(self) -> int:
         return len(self.forward)
 
@@ -107,29 +120,52 @@ class Trace:
     def accesses(self) -> int:
         return int(len(self.experts))
 
+    # --- in-memory accessors (decoded once per Trace object, shared by the simulator and policies) ---
     @cached_property
-    def demands(self) -> list[Demand]:
-        """The stream as the model emitted it (forward indices run on across batches)."""
-        out = []
-        o, po = self.offsets, self.pred_offsets
-        for n in range(len(self)):
-            step = StepInfo(int(self.forward[n]), int(self.block[n]), int(self.block_step[n]), KINDS[self.kind[n]])
-            pred = None
-            if po is not None and po[n + 1] > po[n]:
-                pred = (tuple(self.pred_experts[po[n]:po[n + 1]].tolist()),
-                        tuple(self.pred_counts[po[n]:po[n + 1]].tolist()))
-            out.append(Demand(step, int(self.layer[n]), tuple(self.experts[o[n]:o[n + 1]].tolist()),
-                              tuple(self.counts[o[n]:o[n + 1]].tolist()), pred))
+    def positions(self) -> list[int]:
+        """MoE position i (0..L_moe-1) of each demand: the layer convention inside offload/."""
+        lookup = np.full(int(max(self.meta["moe_layers"])) + 1, -1, dtype=np.int64)
+        lookup[self.meta["moe_layers"]] = np.arange(len(self.meta["moe_layers"]))
+        return lookup[self.layer].tolist()
+
+    @cached_property
+    def phases(self) -> list[int]:
+        """Phase of each demand: 0 prefill, 1 first denoising step of a block round, 2 later (cache.PHASES)."""
+        return np.where(self.kind == KINDS.index("prefill"), 0, np.where(self.block_step == 0, 1, 2)).tolist()
+
+    @cached_property
+    def expert_arrays(self) -> list[np.ndarray]:
+        """Each demand's experts (ascending, int64): views into one decoded copy."""
+        return np.split(self.experts.astype(np.int64), self.offsets[1:-1])
+
+    @cached_property
+    def count_arrays(self) -> list[np.ndarray]:
+        """Each demand's token counts (int64), aligned with expert_arrays."""
+        return np.split(self.counts.astype(np.int64), self.offsets[1:-1])
+
+    @cached_property
+    def steps(self) -> list[StepInfo]:
+        """Each demand's StepInfo; demands of one forward share one object."""
+        rows = np.stack([self.forward, self.block, self.block_step, self.kind], axis=1).tolist()
+        out, last, info = [], None, None
+        for r in rows:
+            if r != last:
+                info, last = StepInfo(r[0], r[1], r[2], KINDS[r[3]]), r
+            out.append(info)
         return out
 
-    def future(self):
-        """Future knowledge for the oracle and Belady: (forward, layer index, experts, counts) per demand."""
-        from artifact.offload.policies import TraceFuture
-        index = {layer: i for i, layer in enumerate(self.meta["moe_layers"])}
-        o = self.offsets
-        return TraceFuture([(int(self.forward[n]), index[int(self.layer[n])],
-                             self.experts[o[n]:o[n + 1]].astype(np.int64), self.counts[o[n]:o[n + 1]].astype(np.int64))
-                            for n in range(len(self))])
+    @cached_property
+    def demands(self) -> list[Demand]:
+        """The stream as the model emitted it (forward indices run on across batches), as Demand objects.
+        For the engine-facing view and tests; the simulator reads the arrays above."""
+        pred = self.predicted or [None] * len(self)
+        return [Demand(s, int(layer), tuple(e.tolist()), tuple(c.tolist()),
+                       None if q is None else (tuple(q[0].tolist()), tuple(q[1].tolist())))
+                for s, layer, e, c, q in zip(self.steps, self.layer, self.expert_arrays, self.count_arrays, pred)]
+
+    def future(self) -> TraceFuture:
+        """Future knowledge for the oracle and Belady over this trace's arrays (no copy)."""
+        return TraceFuture.from_arrays(self.forward.tolist(), self.positions, self.expert_arrays, self.count_arrays)
 
     def equal_routing(self, other: "Trace") -> bool:
         return all(np.array_equal(getattr(self, a), getattr(other, a)) for a in ARRAYS)
@@ -167,7 +203,14 @@ class Trace:
         if present and (header["schema"] == "1" or len(present) != len(PRED_ARRAYS)):
             raise TraceError(f"{path}: prediction arrays {present} in a schema-{header['schema']} trace; "
                              f"expected all of {list(PRED_ARRAYS)} in a schema-2 trace, or none")
-        meta = json.loads(header["meta"])
+        try:
+            meta = json.loads(header["meta"])
+        except KeyError:
+            raise TraceError(f"{path}: trace header lacks its 'meta' entry (a JSON object)") from None
+        except (json.JSONDecodeError, TypeError) as e:
+            raise TraceError(f"{path}: trace metadata is not JSON ({e}); expected a JSON object") from None
+        if not isinstance(meta, dict):
+            raise TraceError(f"{path}: trace metadata is JSON {type(meta).__name__}, expected a JSON object")
         t = cls(meta=meta, path=path, **{a: arrays[a] for a in ARRAYS + tuple(present)})
         t.validate(str(path))
         if expect_config_hash is not None and meta.get("config_hash") != expect_config_hash:
@@ -176,6 +219,17 @@ class Trace:
         return t
 
     def validate(self, where: str = "trace") -> None:
+        bad = {a: str(getattr(self, a).dtype) for a in ARRAYS if getattr(self, a).dtype.kind not in "iu"}
+        if bad:
+            raise TraceError(f"{where}: arrays hold {bad}, expected integers (expert ids, layers, steps, counts "
+                             "and offsets are whole numbers)")
+        flat = [a for a in ARRAYS if getattr(self, a).ndim != 1]
+        if flat:
+            raise TraceError(f"{where}: arrays {flat} are not one-dimensional")
+        E, layers = self.meta.get("num_experts"), self.meta.get("moe_layers")
+        if not _is_int(E) or not isinstance(layers, list) or not all(_is_int(x) for x in layers):
+            raise TraceError(f"{where}: metadata needs num_experts (an integer) and moe_layers (a list of integers), "
+                             f"got {E!r} and {layers!r}")
         n = len(self.forward)
         for a in ("layer", "block", "block_step", "kind"):
             if len(getattr(self, a)) != n:
@@ -185,9 +239,6 @@ class Trace:
             raise TraceError(f"{where}: offsets do not index the experts array")
         if len(self.counts) != len(self.experts):
             raise TraceError(f"{where}: {len(self.counts)} counts for {len(self.experts)} experts")
-        E = self.meta.get("num_experts")
-        if E is None or "moe_layers" not in self.meta:
-            raise TraceError(f"{where}: metadata lacks num_experts / moe_layers")
         if len(self.experts) and (self.experts.min() < 0 or self.experts.max() >= E):
             raise TraceError(f"{where}: expert ids outside [0, {E})")
         if not set(np.unique(self.layer).tolist()) <= set(self.meta["moe_layers"]):
@@ -203,9 +254,16 @@ class Trace:
                 raise TraceError(f"{where}: predicted expert ids outside [0, {E}) or non-positive predicted counts")
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _header(raw: bytes) -> dict:
     n = int.from_bytes(raw[:8], "little")
-    return json.loads(raw[8:8 + n]).get("__metadata__", {})
+    header = json.loads(raw[8:8 + n]).get("__metadata__") or {}
+    if not isinstance(header, dict):
+        raise ValueError("__metadata__ is not a JSON object")
+    return header
 
 
 # ---------------------------------------------------------------------------------------------

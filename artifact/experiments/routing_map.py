@@ -1,0 +1,354 @@
+"""07 routing map: which routing statistics let prediction win. Synthetic streams (synth.py) over a grid
+of step novelty nu x W spread are replayed (sim.replay; `min` is bounds.relaxed_min) at C/W 1 and 1.73,
+with and without prefill forwards; the cpu traces are placed on the map from their fitted parameters, the
+paper's oracle cut is drawn as a contour, and two streams (at the paper's implied point and at the cpu
+traces' point) run through the stream-driven engine (offload/stream.py) on the emulated link, demand vs
+last_step, paired by repetition. The map is this artifact's own result, not a figure of the paper.
+
+The map's streams share one base (`base_params`): LLaDA2.0-mini's shape (E 256, top-k 8, 32 tokens and
+up to 32 steps a block, W 70) with the generator's neutral W profile, except the W persistence (how
+W drifts from step to step) and, for the prefill rows, the prefill W multiple: both are the median of
+the cpu traces' fits, because real routing drifts (the same tokens route alike) and without drift a
+large spread would force extra novelty through clipping, so the two axes would not be independent.
+All streams of one map use the same seed (common random numbers: neighbouring cells differ by the
+parameters, not by the draw).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.colors import LogNorm
+from scipy.interpolate import RegularGridInterpolator
+from tqdm.auto import tqdm
+
+from artifact.experiments import paper
+from artifact.experiments.claims import NOT_MEASURABLE, PAPER_STYLE, Claim, judged, title
+from artifact.experiments.runs import load_model
+from artifact.experiments.settings import Profile
+from artifact.experiments.stats import paired_table
+from artifact.model.tasks import prompts
+from artifact.offload.bounds import relaxed_min
+from artifact.offload.runner import OffloadSpec
+from artifact.offload.sim import capacity_for, replay
+from artifact.offload.store import HostStore
+from artifact.offload.stream import Calibration, ExpertShape, calibrate, make_store, run_stream
+from artifact.offload.synth import SynthParams, measure, synth
+from artifact.offload.trace import Trace, mean_working_set
+
+POLICIES = ("last_step", "oracle", "min")      # each against LRU ('demand') at the same C
+
+
+@dataclass(frozen=True)
+class MapGrid:
+    """How much of the map a profile computes (the grid, the streams' length, the timed repetitions)."""
+    novelty: tuple[float, ...]      # nu: share of D(t, l) not in D(t-1, l)
+    spread: tuple[float, ...]       # relative sd of W around its profile
+    ratios: tuple[float, ...]       # C/W; the first is the paper's W-scale cache
+    layers: int                     # MoE layers of a map stream (fewer than LLaDA2.0-mini's 19: run time)
+    blocks: int
+    steps: int
+    seed: int = 0
+    stream_layers: int = 4          # MoE layers of the timed streams (the tiny model's, whose compute is calibrated)
+    stream_steps: int = 16          # steps of a block in the timed streams (through the engine, in real time)
+    repetitions: int = 3            # timed pairs per stream
+
+
+# Grids by profile name (others get DEFAULT_GRID). The cpu grid replays 50 streams of ~13k accesses eight
+# times each (about 30 s on 2 shared cores) and times 2 streams x 2 policies x 3 pairs (about 20 s).
+GRIDS = {"cpu": MapGrid(novelty=(0.02, 0.06, 0.12, 0.2, 0.3), spread=(0.0, 0.05, 0.1, 0.25, 0.5),
+                        ratios=(1.0, 1.73), layers=6, blocks=1, steps=32)}
+DEFAULT_GRID = MapGrid(novelty=(0.02, 0.04, 0.08, 0.12, 0.16, 0.2, 0.3), spread=(0.0, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5),
+                       ratios=(1.0, 1.73), layers=19, blocks=2, steps=32, stream_layers=19, stream_steps=32,
+                       repetitions=5)
+
+
+def grid_for(P: Profile) -> MapGrid:
+    return GRIDS.get(P.name, DEFAULT_GRID)
+
+
+# --- the cpu traces' statistics -------------------------------------------------------------------
+def trace_fits(ts: list[Trace], ratio: float = 1.0) -> pd.DataFrame:
+    """One row per trace: its fitted statistics (synth.measure) and its own replayed LRU / oracle cut."""
+    rows = []
+    for t in ts:
+        m = measure(t)
+        C = capacity_for(ratio, mean_working_set(t), t.meta["num_experts"])
+        lru, oracle = (replay(t, p, C)["demand_misses"] for p in ("demand", "oracle"))
+        rows.append({"task": t.meta.get("task"), "batch_size": int(t.meta.get("batch_size")), "w": m["w"],
+                     "novelty": m["novelty"], "w_spread": m["w_spread"], "w_cv_total": m["measured"]["w_cv_total"],
+                     "w_persistence": m["w_persistence"], "prefill": m["prefill"], "cache_ratio": ratio,
+                     "trace_oracle_cut": lru / oracle if oracle else float("inf")})
+    return pd.DataFrame(rows)
+
+
+def base_params(fits: pd.DataFrame, g: MapGrid) -> SynthParams:
+    """The map's base stream (module docstring); its novelty, spread and prefill are set per cell."""
+    return SynthParams(layers=g.layers, blocks=g.blocks, steps=g.steps, seed=g.seed,
+                       w_persistence=float(np.clip(fits.w_persistence.median(), 0.0, 0.95)), prefill=0.0)
+
+
+def prefill_multiple(fits: pd.DataFrame) -> float:
+    return float(fits.prefill.median())
+
+
+# --- the map --------------------------------------------------------------------------------------
+def routing_map(base: SynthParams, g: MapGrid, prefill: float, progress: bool = True) -> pd.DataFrame:
+    """Every (prefill or not) x nu x spread stream, replayed at each C/W: one row per policy with its
+    demand misses, speculative transfers, LRU's misses and cut = LRU misses / the policy's."""
+    jobs = [(pf, nu, s) for pf in (0.0, prefill) for nu in g.novelty for s in g.spread]
+    rows = []
+    for pf, nu, s in tqdm(jobs, desc="routing map", disable=not progress):
+        t = synth(dataclasses.replace(base, novelty=nu, w_spread=s, prefill=pf))
+        W, E = mean_working_set(t), base.experts
+        for r in g.ratios:
+            C = capacity_for(r, W, E)
+            lru = replay(t, "demand", C)["demand_misses"]
+            for p in POLICIES:
+                got = relaxed_min(t, C) if p == "min" else replay(t, p, C, lookahead=1)
+                m = got["demand_misses"]
+                rows.append({"prefill": pf > 0, "prefill_multiple": pf, "novelty": nu, "w_spread": s,
+                             "cache_ratio": r, "policy": p, "working_set": W, "cache_experts": C,
+                             "accesses": t.accesses, "lru_misses": lru, "demand_misses": m,
+                             "speculative_transfers": got["speculative_transfers"],
+                             "cut": lru / m if m else float("inf")})
+    return pd.DataFrame(rows)
+
+
+def cuts(map_df: pd.DataFrame, policy: str, ratio: float, prefill: bool) -> np.ndarray:
+    """(len(novelty), len(spread)) LRU/policy cut, rows by novelty, columns by spread (both ascending)."""
+    sel = map_df[(map_df.policy == policy) & (map_df.cache_ratio == ratio) & (map_df.prefill == prefill)]
+    return sel.pivot(index="novelty", columns="w_spread", values="cut").sort_index().sort_index(axis=1).to_numpy()
+
+
+def at_point(map_df, policy: str, ratio: float, prefill: bool, novelty: float, spread: float) -> float:
+    """The map's cut at (novelty, spread), interpolated linearly in log(cut), clamped to the grid."""
+    sel = map_df[(map_df.policy == policy) & (map_df.cache_ratio == ratio) & (map_df.prefill == prefill)]
+    nus, ss = np.sort(sel.novelty.unique()), np.sort(sel.w_spread.unique())
+    f = RegularGridInterpolator((nus, ss), np.log(cuts(map_df, policy, ratio, prefill)))
+    return float(np.exp(f([[np.clip(novelty, nus[0], nus[-1]), np.clip(spread, ss[0], ss[-1])]])[0]))
+
+
+# --- what the paper's figure implies ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Numbers:
+    ratio: float
+    target: float                            # the paper's oracle cut
+    limit: dict                              # (prefill, novelty) -> largest grid spread with cut >= target, or None
+    implied: tuple[float, float] | None      # at the grid novelty nearest the cpu traces', the spread where the cut
+                                             # falls to the target (no prefill); None if that row never reaches it
+    best: tuple[float, float, float]         # (novelty, spread, cut) of the largest no-prefill cut
+    cpu_point: tuple[float, float]           # median fitted (novelty, spread) of the cpu traces
+    cpu_inside: int                          # cpu traces whose map cut (no prefill) reaches the target
+    cpu_traces: int
+    cpu_map_cut: tuple[float, float]         # (min, max) map cut at the traces' points, no prefill
+    cpu_trace_cut: tuple[float, float]       # (min, max) of the traces' own replayed cut
+    cpu_ranges: tuple[float, float, float, float]    # novelty min, max, spread min, max
+
+
+def numbers(map_df: pd.DataFrame, fits: pd.DataFrame) -> Numbers:
+    r = float(min(map_df.cache_ratio))
+    target = paper.ORACLE_CUT
+    nus, ss = np.sort(map_df.novelty.unique()), np.sort(map_df.w_spread.unique())
+    limit = {}
+    for pf in (False, True):
+        c = cuts(map_df, "oracle", r, pf)
+        for i, nu in enumerate(nus):
+            limit[(pf, float(nu))] = crossing(ss, c[i], target)
+    c = cuts(map_df, "oracle", r, False)
+    cpu = (round(float(fits.novelty.median()), 3), round(float(fits.w_spread.median()), 3))
+    # What the cpu routing would need: keep its novelty (the nearest grid row), find the spread that reaches the cut.
+    row = float(nus[np.argmin(np.abs(nus - cpu[0]))])
+    implied = (row, limit[(False, row)]) if limit[(False, row)] is not None else None
+    bi, bj = np.unravel_index(np.argmax(c), c.shape)
+    at = [at_point(map_df, "oracle", r, False, a, b) for a, b in zip(fits.novelty, fits.w_spread, strict=True)]
+    return Numbers(r, target, limit, implied, (float(nus[bi]), float(ss[bj]), float(c[bi, bj])), cpu,
+                   int(sum(v >= target for v in at)), len(fits), (min(at), max(at)),
+                   (float(fits.trace_oracle_cut.min()), float(fits.trace_oracle_cut.max())),
+                   (float(fits.novelty.min()), float(fits.novelty.max()), float(fits.w_spread.min()),
+                    float(fits.w_spread.max())))
+
+
+def crossing(spreads: np.ndarray, cut: np.ndarray, target: float) -> float | None:
+    """The spread at which a row's cut falls to `target` (linear in log cut between grid cells): the largest
+    spread that still reaches it. None if even the smallest spread falls short; the last spread if all reach it."""
+    if cut[0] < target:
+        return None
+    below = np.flatnonzero(cut < target)
+    if not len(below):
+        return float(spreads[-1])
+    j = below[0]
+    a, b = np.log(cut[j - 1]), np.log(cut[j])
+    return float(spreads[j - 1] + (spreads[j] - spreads[j - 1]) * (a - np.log(target)) / (a - b))
+
+
+def region_text(n: Numbers, prefill: bool) -> str:
+    parts = [f"nu {nu:g}: spread <= {lim:.2f}" if lim is not None else f"nu {nu:g}: none"
+             for (pf, nu), lim in n.limit.items() if pf == prefill]
+    return "; ".join(parts)
+
+
+def verdicts(n: Numbers) -> list[Claim]:
+    own = "this artifact's own result: synthetic streams, exact replay"
+    paper_text = f"an oracle prefetcher cuts demand misses {paper.ORACLE_CUT}x versus LRU (C/W {n.ratio:g})"
+    any_region = any(v is not None for (pf, _), v in n.limit.items() if not pf)
+    claims = [Claim(
+        f"routing statistics under which an oracle cuts misses {n.target}x at C/W {n.ratio:g} ({own})",
+        paper_text,
+        f"cut >= {n.target}x without prefill at {region_text(n, False)}; with prefill at {region_text(n, True)}; "
+        + (f"at the cpu traces' novelty (nu {n.implied[0]:g}) it needs a W spread <= {n.implied[1]:.2f} (the cpu "
+           f"traces fit {n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f})" if n.implied else
+           f"no spread reaches it at the cpu traces' novelty; largest cut {n.best[2]:.1f}x at nu {n.best[0]:g}, "
+           f"spread {n.best[1]:g}"),
+        judged(any_region) if any_region else NOT_MEASURABLE,
+        "" if any_region else "no grid cell reaches the paper's cut; widen the grid")]
+    lo_nu, hi_nu, lo_s, hi_s = n.cpu_ranges
+    claims.append(Claim(
+        f"the cpu traces' routing lies in the region where an oracle cuts misses {n.target}x ({own})",
+        paper_text,
+        f"{n.cpu_inside} of {n.cpu_traces} traces inside; fitted nu {lo_nu:.2f}-{hi_nu:.2f}, spread "
+        f"{lo_s:.2f}-{hi_s:.2f}; the map there: {n.cpu_map_cut[0]:.1f}-{n.cpu_map_cut[1]:.1f}x; the traces' own "
+        f"replay: {n.cpu_trace_cut[0]:.1f}-{n.cpu_trace_cut[1]:.1f}x",
+        judged(n.cpu_inside == n.cpu_traces)))
+    return claims
+
+
+# --- throughput through the stream-driven engine ---------------------------------------------------
+def calibration(P: Profile) -> Calibration:
+    """The tiny model's per-expert compute and other time per demand, measured on this machine (cpu);
+    on a GPU the matmul runs on the device and nothing is padded."""
+    if P.device != "cpu":
+        return Calibration(source="none: device compute")
+    loaded = load_model(P)
+    _, ps = prompts(loaded.tokenizer, P.tasks[0], 2, P.seed, P.max_prompt_tokens)
+    return calibrate(loaded, ps, P.decode_config())
+
+
+def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
+    """The two timed streams: the paper's implied point (at the cpu traces' novelty, the largest spread that
+    reaches the cut; the best cell if none does) and the cpu traces' median point."""
+    paper_point = n.implied if n.implied is not None else n.best[:2]
+    return {"paper point": paper_point, "cpu point": n.cpu_point}
+
+
+def stream_runs(P: Profile, base: SynthParams, points: dict, g: MapGrid, cal: Calibration,
+                progress: bool = True) -> pd.DataFrame:
+    """demand and last_step at the first C/W of the grid on each point's stream (no prefill,
+    g.stream_steps steps), g.repetitions pairs, the order alternating per pair; one row per run."""
+    loaded = load_model(P)
+    shape = ExpertShape(loaded.cfg.hidden_size, loaded.cfg.moe_intermediate_size)
+    ratio = g.ratios[0]
+    rows = []
+    jobs = [(name, rep) for name in points for rep in range(g.repetitions)]
+    streams = {}
+    for name, rep in tqdm(jobs, desc="stream engine", disable=not progress):
+        if name not in streams:
+            nu, s = points[name]
+            t = synth(dataclasses.replace(base, novelty=nu, w_spread=s, prefill=0.0, layers=g.stream_layers,
+                                          steps=g.stream_steps))
+            streams[name] = (t, stream_store(loaded, t, shape, g.seed, P.device))
+        t, store = streams[name]
+        C = capacity_for(ratio, mean_working_set(t), base.experts)
+        order = ("demand", "last_step") if rep % 2 == 0 else ("last_step", "demand")
+        for policy in order:
+            spec = OffloadSpec.from_settings(P, C, policy, expert_bytes=store.expert_bytes)
+            st = run_stream(t, spec, shape, cal, device=P.device, store=store)
+            rows.append({"task": name, "batch_size": 1, "cache_ratio": ratio, "bandwidth_scale": 1.0, "rep": rep,
+                         "policy": policy, "novelty": points[name][0], "w_spread": points[name][1],
+                         "cache_experts": C, "forwards": st["forwards"], "seconds": st["seconds"],
+                         "forwards_per_second": st["forwards_per_second"], "stall_seconds": st["stall_seconds"],
+                         "link_busy_seconds": st["link_busy_seconds"], "demand_misses": st["demand_misses"],
+                         "speculative_transfers": st["speculative_transfers"], "transfers": st["transfers"]})
+    return pd.DataFrame(rows)
+
+
+def stream_store(loaded, t: Trace, shape: ExpertShape, seed: int, device: str) -> HostStore:
+    """The model's own host experts when the stream has its layers and experts (the tiny model's on cpu),
+    else seeded random experts of its shape and dtype."""
+    packed = loaded.experts
+    pin = device.startswith("cuda")
+    if packed.device.type == "cpu" and tuple(packed.shape[:2]) == (len(t.meta["moe_layers"]), t.meta["num_experts"]):
+        return HostStore(packed, t.meta["moe_layers"], pin=pin)
+    return make_store(t, shape, seed=seed, pin=pin, dtype=packed.dtype)
+
+
+def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """demand vs last_step forwards/s per stream, paired by repetition (stats.paired_table)."""
+    return paired_table(rows, "demand", "last_step", ["task"], metric="forwards_per_second")
+
+
+def throughput_claim(table: pd.DataFrame, cal: Calibration) -> Claim:
+    paper_verdict = paper.demand_vs_last_step(1.0)
+    measured = "; ".join(f"{r.task}: {r.diff_pct:+.1f}% [{r.ci_low:+.1f}, {r.ci_high:+.1f}] ({r.verdict})"
+                         for r in table.itertuples())
+    cost = (f"{cal.compute_us_per_expert:.0f} us per expert, {cal.other_us_per_demand:.0f} us other per demand"
+            if cal.compute_us_per_expert is not None else "device compute")
+    ok = all(v == paper.FASTER for v in table.verdict)
+    return Claim("demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
+                 "stream-driven engine (emulated link, compute calibrated on the model)",
+                 f"{paper_verdict[0]} (a model-driven run)", f"{measured} (forwards/s, paired); compute: {cost}",
+                 judged(ok), timing=True)
+
+
+# --- figures --------------------------------------------------------------------------------------
+def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Profile):
+    """Rows: (C/W, prefill or not); columns: LRU misses / policy misses for last_step, oracle, min. The
+    paper's oracle cut is the dashed contour; the cpu traces are the white dots (nu, spread from the fit)."""
+    ratios = sorted(map_df.cache_ratio.unique())
+    panels = [(r, pf) for r in ratios for pf in (False, True)]
+    nus, ss = np.sort(map_df.novelty.unique()), np.sort(map_df.w_spread.unique())
+    finite = map_df.cut[np.isfinite(map_df.cut)]
+    norm = LogNorm(vmin=max(0.8, float(finite.min())), vmax=float(finite.max()))
+    fig, axes = plt.subplots(len(panels), len(POLICIES), figsize=(4 * len(POLICIES), 3.2 * len(panels)),
+                             squeeze=False, layout="constrained")
+    xi = np.interp(fits.w_spread, ss, np.arange(len(ss)))
+    yi = np.interp(fits.novelty, nus, np.arange(len(nus)))
+    for row, (r, pf) in enumerate(panels):
+        for col, p in enumerate(POLICIES):
+            ax = axes[row, col]
+            c = cuts(map_df, p, r, pf)
+            im = ax.imshow(c, origin="lower", cmap="viridis", norm=norm, aspect="auto")
+            for (i, j), v in np.ndenumerate(c):
+                ax.text(j, i, f"{v:.2f}" if v < 2 else f"{v:.1f}", ha="center", va="center", fontsize=7,
+                        color="white" if v < np.sqrt(norm.vmin * norm.vmax) else "black")
+            if p == "oracle" and c.min() < n.target < c.max():
+                ax.contour(np.arange(len(ss)), np.arange(len(nus)), c, levels=[n.target],
+                           colors=PAPER_STYLE["color"], linestyles="dashed", linewidths=PAPER_STYLE["lw"])
+            ax.scatter(xi, yi, s=14, c="white", edgecolors="black", linewidths=0.5, zorder=3)
+            ax.set_xticks(range(len(ss)), [f"{v:g}" for v in ss], fontsize=8)
+            ax.set_yticks(range(len(nus)), [f"{v:g}" for v in nus], fontsize=8)
+            ax.set_title(f"LRU / {p}: C/W {r:g}, {'with' if pf else 'no'} prefill", fontsize=9)
+            if row == len(panels) - 1:
+                ax.set_xlabel("W spread (relative sd)")
+            if col == 0:
+                ax.set_ylabel("step novelty nu")
+    fig.colorbar(im, ax=axes, shrink=0.4, label="LRU's demand misses / the policy's (x)")
+    title(fig, P, f"07 routing map: where prediction wins (synthetic streams; dashed: the paper's oracle "
+                  f"{n.target}x; dots: cpu traces)")
+    return fig, map_df.copy()
+
+
+def plot_throughput(rows: pd.DataFrame, table: pd.DataFrame, P: Profile):
+    """Forwards/s per stream and policy (each repetition a dot, the mean a bar), and link stall seconds."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+    names = list(dict.fromkeys(rows.task))
+    colors = {"demand": "tab:blue", "last_step": "tab:orange"}
+    for k, name in enumerate(names):
+        for d, p in ((-0.18, "demand"), (0.18, "last_step")):
+            g = rows[(rows.task == name) & (rows.policy == p)]
+            for ax, col in ((ax1, "forwards_per_second"), (ax2, "stall_seconds")):
+                ax.bar(k + d, g[col].mean(), width=0.34, color=colors[p], alpha=0.6,
+                       label=p + (" (LRU)" if p == "demand" else "") if k == 0 else None)
+                ax.scatter(np.full(len(g), k + d), g[col], s=10, color="black", zorder=3)
+    for ax in (ax1, ax2):
+        ax.set_xticks(range(len(names)), [f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:.3g}, spread "
+                                          f"{rows[rows.task == n].w_spread.iloc[0]:.3g}" for n in names], fontsize=8)
+        ax.legend(fontsize=8)
+    ax1.set(ylabel="denoising forwards / s", title=f"throughput at C/W {rows.cache_ratio.iloc[0]:g}")
+    ax2.set(ylabel="compute stalled on the link (s)", title="stall per run")
+    title(fig, P, "07 stream-driven engine: demand vs last_step on synthetic streams")
+    out = rows.merge(table[["task", "diff_pct", "ci_low", "ci_high", "verdict"]], on="task", how="left")
+    return fig, out

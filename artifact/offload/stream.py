@@ -1,0 +1,194 @@
+"""Stream-driven engine: the offloaded engine driven by a routing trace (recorded or synthetic) instead of
+the model, so throughput can be measured on routing the model does not produce.
+
+Each demand of the trace goes, in stream order, through the same OffloadEngine, ExpertCache, policy and
+link a model-driven run uses; the counts are therefore the model-driven run's (and the simulator's) for
+the same stream. What the model would compute is replaced by two calibrated costs:
+
+  expert compute   the demanded expert's FFN on `count` tokens (the demand's token count for it), a real
+                   matmul that reads the slot's weights (so a compute that skipped its copy's wait would
+                   read stale weights; `verify=True` checks every output against the host store's expert),
+                   padded by a spin to `compute_us_per_expert` when that is given;
+  everything else  attention, router, dense layers and the decoder's bookkeeping, as a spin of
+                   `other_us_per_demand` before each (forward, MoE layer) demand is served: the time in
+                   which a prefetch issued at the previous layer lands.
+
+`calibrate` measures both on a resident model run: the time the model spends between receiving an expert
+and asking for the next one (its per-expert compute: gather, FFN, weighting, scatter), and the rest of
+the run's time spread over its demands. Both spins are host time: they model a CPU run on the emulated
+link (on a GPU leave the calibration empty and let the matmul run on the device). The experts are seeded
+random tensors of the calibrated model's shape (values do not change what is loaded or how long it takes).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from artifact.model.decode import generate
+from artifact.model.llada2 import Demand, ExpertWeights, ResidentExperts, expert_ffn, expert_views
+from artifact.offload.cache import ExpertCache
+from artifact.offload.engine import OffloadEngine
+from artifact.offload.link import make_link
+from artifact.offload.policies import check_policy, make_policy
+from artifact.offload.runner import OffloadSpec, check_device
+from artifact.offload.store import HostStore
+from artifact.offload.trace import KINDS, Trace
+from artifact.validate import check_number
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """The matrices of one routed expert (expert_views reads these two names)."""
+    hidden_size: int               # D
+    moe_intermediate_size: int     # I
+
+    @property
+    def params(self) -> int:
+        return 3 * self.hidden_size * self.moe_intermediate_size      # [gate (I,D) | up (I,D) | down (D,I)]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-demand costs the stream replaces the model by (microseconds on the machine that measured them)."""
+    compute_us_per_expert: float | None = None   # None: the bare matmul's own time
+    other_us_per_demand: float = 0.0             # non-expert time per (forward, MoE layer)
+    source: str = "given"
+
+    def __post_init__(self):
+        if self.compute_us_per_expert is not None:
+            check_number("compute_us_per_expert", self.compute_us_per_expert, low=0)
+        check_number("other_us_per_demand", self.other_us_per_demand, low=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration on the model
+# ---------------------------------------------------------------------------------------------
+class TimedExperts:
+    """A backend wrapper that times the model's work between receiving an expert and asking for the next."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.expert_seconds = 0.0
+        self.experts_computed = 0
+        self.demands = 0
+
+    def groups(self, demand: Demand):
+        self.demands += 1
+        for g in self.inner.groups(demand):
+            t0 = time.perf_counter()
+            yield g                      # the model computes this group before resuming us
+            self.expert_seconds += time.perf_counter() - t0
+            self.experts_computed += len(g.experts)
+
+
+def calibrate(loaded, prompts: list[list[int]], dc, batch_size: int = 1) -> Calibration:
+    """Per-expert compute and per-demand other time of a resident run of `loaded` on `prompts` (one run
+    after a warm-up forward of the first prompt, so first-call allocations are not counted)."""
+    model = loaded.model
+    saved = model.backend
+    resident = saved if isinstance(saved, ResidentExperts) else ResidentExperts(loaded.experts, loaded.cfg)
+    timed = TimedExperts(resident)
+    model.backend = timed
+    try:
+        generate(model, prompts[:1], dc)                  # warm-up
+        timed.__init__(resident)
+        t0 = time.perf_counter()
+        for i in range(0, len(prompts), batch_size):
+            generate(model, prompts[i:i + batch_size], dc)
+        total = time.perf_counter() - t0
+    finally:
+        model.backend = saved
+    if not timed.experts_computed:
+        raise ValueError("calibration run computed no routed experts (empty prompts?)")
+    return Calibration(compute_us_per_expert=1e6 * timed.expert_seconds / timed.experts_computed,
+                       other_us_per_demand=1e6 * max(total - timed.expert_seconds, 0.0) / timed.demands,
+                       source=f"{loaded.cfg.name}: {len(prompts)} prompts, {timed.demands} demands, "
+                              f"{timed.experts_computed} expert computes")
+
+
+# ---------------------------------------------------------------------------------------------
+# The stream's compute
+# ---------------------------------------------------------------------------------------------
+def expert_compute(weights: ExpertWeights, x: torch.Tensor) -> torch.Tensor:
+    """The one per-expert compute of a stream run (the place to switch to grouped experts): the FFN of
+    `x` (n, D) through one expert's weights."""
+    return expert_ffn(x, weights)                                       # (n, D)
+
+
+def _spin_until(deadline: float) -> None:
+    while time.perf_counter() < deadline:     # microsecond costs: sleep overshoots by ~100 us
+        pass
+
+
+def make_store(trace: Trace, shape: ExpertShape, seed: int = 0, pin: bool = False,
+               dtype: torch.dtype = torch.float32) -> HostStore:
+    """Seeded random experts of `shape` for every (MoE layer, expert) of the trace, packed as the engine
+    expects: (L_moe, E, 3 I D) (small values, so FFN outputs stay finite)."""
+    layers, E = trace.meta["moe_layers"], int(trace.meta["num_experts"])
+    g = torch.Generator().manual_seed(seed)
+    packed = (torch.randn(len(layers), E, shape.params, generator=g) * 0.05).to(dtype)    # (L_moe, E, P)
+    return HostStore(packed, layers, pin=pin)
+
+
+def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration: Calibration = Calibration(),
+               device: str = "cpu", store: HostStore | None = None, seed: int = 0, verify: bool = False) -> dict:
+    """Serve every demand of `trace` through an offloaded engine built from `spec` (the oracle's future is
+    the trace itself), computing as described in the module docstring. Returns the stats of a model-driven
+    run: the cache counts, the link's transfers, bytes, busy and stall seconds, wall seconds, forwards
+    (and prefill forwards), plus demands, accesses and forwards_per_second."""
+    E = int(trace.meta["num_experts"])
+    spec.check(E, device)
+    check_device(device)
+    if store is None:
+        store = make_store(trace, shape, seed, pin=torch.device(device).type == "cuda")
+    if store.packed.shape[2] != shape.params or store.num_experts != E:
+        raise ValueError(f"host store holds {tuple(store.packed.shape)} experts; the trace needs "
+                         f"(L_moe, {E}, {shape.params})")
+    layers = trace.meta["moe_layers"]
+    future = trace.future() if check_policy(spec.policy).needs_trace else None
+    policy = make_policy(spec.policy, len(layers), E, future=future, engine=True, lookahead=spec.lookahead,
+                         tau=spec.tau)
+    link = make_link(spec.link, device=device, bandwidth_gbps=spec.bandwidth_gbps, latency_us=spec.latency_us,
+                     cap_gbps=spec.cap_gbps, expert_bytes=store.expert_bytes, priority=spec.link_priority)
+    cache = ExpertCache(layers, E, spec.capacity, policy, store.expert_bytes)
+    engine = OffloadEngine(store, cache, link, shape, device)
+    demands = trace.demands
+    tokens = max((max(d.counts) for d in demands if d.counts), default=1)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(tokens, shape.hidden_size, generator=g).to(device, store.packed.dtype)    # (T_max, D) tokens
+    other = calibration.other_us_per_demand * 1e-6
+    per_expert = calibration.compute_us_per_expert
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    try:
+        sync()
+        t0 = time.perf_counter()
+        for d in demands:
+            if other:
+                _spin_until(time.perf_counter() + other)
+            count = dict(zip(d.experts, d.counts, strict=True))
+            for g in engine.groups(d):
+                for e, row in zip(g.experts, g.rows):                 # the group's experts, each its own FFN
+                    start = time.perf_counter()
+                    y = expert_compute((g.gate_up[row], g.down[row]), x[:count[e]])    # (n, D)
+                    if verify:
+                        ref = expert_compute(expert_views(store.expert(d.layer, e).to(device), shape),
+                                             x[:count[e]])
+                        assert torch.equal(y, ref), f"layer {d.layer} expert {e}: computed from a stale slot"
+                    if per_expert is not None:
+                        _spin_until(start + per_expert * 1e-6)
+        stats = engine.finish()
+        sync()
+        seconds = time.perf_counter() - t0
+    finally:
+        link.close()
+    prefill = trace.kind == KINDS.index("prefill")
+    forwards = len(np.unique(trace.forward[~prefill]))            # denoising forwards, as the decoder counts them
+    prefills = len(np.unique(trace.forward[prefill]))
+    stats.update(seconds=seconds, forwards=forwards, prefill_forwards=prefills, demands=len(trace),
+                 accesses=trace.accesses, forwards_per_second=forwards / seconds if seconds else float("nan"),
+                 policy=spec.policy, link=spec.link, link_bandwidth_gbps=getattr(link, "bandwidth_gbps", None),
+                 offload=True, driven_by="stream")
+    return stats

@@ -1,0 +1,181 @@
+"""07 routing map: the map's logic on small grids (exact replay numbers checked against the simulator and
+the floor), what the paper's figure implies read off a hand-made map, the claims, the figures, and the
+timed streams through the stream-driven engine (slow)."""
+import ast
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from artifact.experiments import paper
+from artifact.experiments import routing_map as rm
+from artifact.experiments.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, save
+from artifact.experiments.settings import load_profile
+from artifact.offload.bounds import relaxed_min
+from artifact.offload.sim import capacity_for, replay
+from artifact.offload.stream import Calibration
+from artifact.offload.synth import SynthParams, synth
+from artifact.offload.trace import mean_working_set
+
+TINY = rm.MapGrid(novelty=(0.05, 0.3), spread=(0.0, 0.3), ratios=(1.0, 1.73), layers=3, blocks=1, steps=8,
+                  stream_layers=2, stream_steps=4, repetitions=2)
+BASE = SynthParams(layers=3, experts=64, top_k=4, tokens=8, blocks=1, steps=8, w=16, w_persistence=0.5)
+
+
+@pytest.fixture(scope="module")
+def small_map():
+    return rm.routing_map(BASE, TINY, prefill=1.5, progress=False)
+
+
+def fits_at(points, cut=1.5):
+    return pd.DataFrame([{"task": f"t{i}", "batch_size": 1, "w": 16.0, "novelty": nu, "w_spread": s,
+                          "w_cv_total": s, "w_persistence": 0.5, "prefill": 1.5, "cache_ratio": 1.0,
+                          "trace_oracle_cut": cut} for i, (nu, s) in enumerate(points)])
+
+
+def hand_map(values: dict) -> pd.DataFrame:
+    """A map with oracle cuts given per (prefill, novelty) as a row over spreads (0, 0.1, 0.2)."""
+    rows = []
+    for (pf, nu), cuts in values.items():
+        for s, c in zip((0.0, 0.1, 0.2), cuts, strict=True):
+            rows.append({"prefill": pf, "novelty": nu, "w_spread": s, "cache_ratio": 1.0, "policy": "oracle", "cut": c})
+    return pd.DataFrame(rows)
+
+
+def test_map_rows_are_the_simulators_counts(small_map):
+    assert len(small_map) == 2 * 2 * 2 * 2 * len(rm.POLICIES)
+    r = small_map[(small_map.novelty == 0.3) & (small_map.w_spread == 0.3) & small_map.prefill
+                  & (small_map.cache_ratio == 1.0)].set_index("policy")
+    t = synth(dataclasses.replace(BASE, novelty=0.3, w_spread=0.3, prefill=1.5))
+    C = capacity_for(1.0, mean_working_set(t), BASE.experts)
+    assert (r.cache_experts == C).all()
+    lru = replay(t, "demand", C)["demand_misses"]
+    assert (r.lru_misses == lru).all()
+    assert r.loc["oracle", "demand_misses"] == replay(t, "oracle", C)["demand_misses"]
+    assert r.loc["min", "demand_misses"] == relaxed_min(t, C)["demand_misses"]
+    assert r.loc["oracle", "cut"] == pytest.approx(lru / r.loc["oracle", "demand_misses"])
+
+
+def test_map_respects_the_floor_and_the_prefill_rows_have_prefill(small_map):
+    lru = small_map.lru_misses
+    mins = small_map[small_map.policy == "min"]
+    assert (mins.demand_misses <= mins.lru_misses).all()          # min <= LRU, a demand-paging policy
+    key = ["prefill", "novelty", "w_spread", "cache_ratio"]
+    floor = mins.set_index(key).demand_misses
+    for pol in ("last_step", "oracle"):
+        p = small_map[small_map.policy == pol].set_index(key)
+        assert ((p.demand_misses + p.speculative_transfers) >= floor).all(), pol   # min <= misses + speculative
+    assert (lru > 0).all()
+    flat = small_map[small_map.w_spread == 0]                    # W is exactly w = 16 then: accesses are known
+    L, S = BASE.layers, BASE.steps
+    assert (flat[~flat.prefill].accesses == L * S * 16).all()
+    assert (flat[flat.prefill].accesses == L * S * 16 + L * 24).all()     # one prefill forward of 1.5 w
+
+
+def test_more_cache_never_costs_lru_misses(small_map):
+    lru = small_map[small_map.policy == "oracle"].pivot_table(index=["prefill", "novelty", "w_spread"],
+                                                              columns="cache_ratio", values="lru_misses")
+    assert (lru[1.73] <= lru[1.0]).all()
+
+
+def test_crossing_and_the_implied_region_on_a_hand_made_map():
+    t = paper.ORACLE_CUT
+    assert rm.crossing(np.array([0.0, 0.1, 0.2]), np.array([4 * t, t, t / 4]), t) == pytest.approx(0.1)
+    assert rm.crossing(np.array([0.0, 0.1]), np.array([t * np.e, t / np.e]), t) == pytest.approx(0.05)
+    assert rm.crossing(np.array([0.0, 0.1]), np.array([t / 2, t / 3]), t) is None
+    assert rm.crossing(np.array([0.0, 0.1]), np.array([2 * t, 2 * t]), t) == 0.1
+    m = hand_map({(False, 0.05): (t / 2, t / 3, t / 4), (False, 0.15): (4 * t, t, t / 4),
+                  (True, 0.05): (t / 2, t / 3, t / 4), (True, 0.15): (t / 2, t / 3, t / 4)})
+    n = rm.numbers(m, fits_at([(0.14, 0.2), (0.16, 0.05)]))
+    assert n.limit[(False, 0.05)] is None and n.limit[(False, 0.15)] == pytest.approx(0.1)
+    assert n.limit[(True, 0.15)] is None
+    assert n.implied == (0.15, pytest.approx(0.1))          # the cpu traces' novelty row, its crossing
+    assert n.cpu_inside == 1 and n.cpu_traces == 2           # (0.16, 0.05) lies left of the crossing
+    assert n.best == (0.15, 0.0, 4 * t)
+    assert rm.stream_points(n) == {"paper point": n.implied, "cpu point": n.cpu_point}
+    c1, c2 = rm.verdicts(n)
+    assert c1.verdict == REPRODUCED and "nu 0.15: spread <= 0.10" in c1.measured and "nu 0.05: none" in c1.measured
+    assert c2.verdict == NOT_REPRODUCED and c2.measured.startswith("1 of 2 traces inside")
+    assert "own result" in c1.claim and "own result" in c2.claim
+
+
+def test_nothing_reaches_the_cut():
+    t = paper.ORACLE_CUT
+    m = hand_map({(pf, nu): (t / 2, t / 3, t / 4) for pf in (False, True) for nu in (0.05, 0.15)})
+    n = rm.numbers(m, fits_at([(0.1, 0.1)]))
+    assert n.implied is None and rm.stream_points(n)["paper point"] == n.best[:2] == (0.05, 0.0)   # the best cell
+    assert rm.verdicts(n)[0].verdict == NOT_MEASURABLE and rm.verdicts(n)[1].verdict == NOT_REPRODUCED
+
+
+def test_at_point_interpolates_in_log_cut():
+    m = hand_map({(False, 0.1): (1.0, 4.0, 16.0), (False, 0.2): (1.0, 4.0, 16.0)})
+    assert rm.at_point(m, "oracle", 1.0, False, 0.15, 0.05) == pytest.approx(2.0)
+    assert rm.at_point(m, "oracle", 1.0, False, 0.5, 0.5) == pytest.approx(16.0)     # clamped to the grid
+
+
+def test_throughput_table_and_claim():
+    rows = []
+    for name, gain in (("paper point", 1.10), ("cpu point", 1.0)):
+        for rep in range(4):
+            for pol, v in (("demand", 10.0 * gain * (1 + 0.01 * rep)), ("last_step", 10.0 * (1 + 0.01 * rep))):
+                rows.append({"task": name, "batch_size": 1, "cache_ratio": 1.0, "bandwidth_scale": 1.0, "rep": rep,
+                             "policy": pol, "forwards_per_second": v + (0.01 * rep if pol == "demand" else 0)})
+    tab = rm.throughput_table(pd.DataFrame(rows)).set_index("task")
+    assert tab.loc["paper point", "verdict"] == paper.FASTER
+    assert tab.loc["paper point", "diff_pct"] == pytest.approx(10.0, abs=0.2)
+    c = rm.throughput_claim(tab.reset_index(), Calibration(50.0, 400.0))
+    assert c.timing and c.verdict == NOT_REPRODUCED and "50 us per expert" in c.measured
+    assert paper.demand_vs_last_step(1.0)[0] in c.paper
+
+
+def test_base_params_take_persistence_and_prefill_from_the_fits():
+    f = fits_at([(0.1, 0.2), (0.2, 0.3), (0.3, 0.4)])
+    f["w_persistence"] = [0.6, 0.8, 0.99]
+    f["prefill"] = [1.0, 2.0, 4.0]
+    b = rm.base_params(f, TINY)
+    assert b.w_persistence == 0.8 and b.prefill == 0 and (b.layers, b.steps) == (TINY.layers, TINY.steps)
+    assert rm.prefill_multiple(f) == 2.0
+    assert rm.grid_for(load_profile("cpu")) is rm.GRIDS["cpu"]
+
+
+def test_figures_are_saved_with_their_data(small_map, tmp_path, monkeypatch):
+    monkeypatch.setenv("ARTIFACT_FIGURES", str(tmp_path / "figures"))
+    monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
+    P = load_profile("cpu")
+    fits = fits_at([(0.1, 0.1), (0.3, 0.2)])
+    n = rm.numbers(small_map, fits)
+    fig, df = rm.plot_map(small_map, fits, n, P)
+    png, csv = save(fig, df, P, "07_test_map", log=lambda *_: None)
+    assert png.stat().st_size > 10_000 and len(pd.read_csv(csv)) == len(small_map)
+    rows = pd.DataFrame([{"task": k, "batch_size": 1, "cache_ratio": 1.0, "bandwidth_scale": 1.0, "rep": r,
+                          "policy": p, "novelty": 0.1, "w_spread": 0.2,
+                          "forwards_per_second": 5.0 + r + (p == "demand"),
+                          "stall_seconds": 0.1} for k in ("a", "b") for r in range(2) for p in ("demand", "last_step")])
+    fig, df = rm.plot_throughput(rows, rm.throughput_table(rows), P)
+    assert set(df.columns) >= {"forwards_per_second", "diff_pct", "verdict"} and len(df) == 8
+
+
+def test_module_imports_at_the_top_and_writes_no_paper_figure():
+    tree = ast.parse(Path(rm.__file__).read_text())
+    local = [n.lineno for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+             for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not local
+    literals = {repr(n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, float)}
+    assert repr(paper.ORACLE_CUT) not in literals
+
+
+@pytest.mark.slow
+def test_timed_streams_run_through_the_engine(tiny):
+    P = load_profile("cpu")
+    points = {"paper point": (0.05, 0.0), "cpu point": (0.3, 0.3)}
+    rows = rm.stream_runs(P, BASE, points, TINY, Calibration(20.0, 100.0), progress=False)
+    assert len(rows) == 2 * 2 * TINY.repetitions
+    assert (rows.forwards == TINY.stream_steps).all() and (rows.forwards_per_second > 0).all()
+    for _, g in rows.groupby("task"):
+        by = g.groupby("policy")
+        assert by.demand_misses.nunique().max() == 1            # counts repeat exactly across repetitions
+        assert (g[g.policy == "demand"].speculative_transfers == 0).all()
+    first = rows.groupby("rep").policy.first().tolist()
+    assert first[:2] == ["demand", "last_step"]                   # the order alternates per pair
