@@ -3,11 +3,27 @@
 #   ./run_all.sh              the cpu profile (tiny checkpoint, emulated link; minutes on 2 cores)
 #   ./run_all.sh h200 --model /path/to/LLaDA2.0-mini     a GPU profile on a real checkpoint
 #   ./run_all.sh cpu --force  re-run notebooks whose executed copies are already complete
+#   ./run_all.sh h200 --model DIR --submit slurm [--shards N]
+#                             first the heavy stages (traces, bench grids) as jobs (python -m artifact
+#                             run-jobs), waited for and merged; then the notebooks, which find them complete
 # Executed notebooks go to results/<profile>/, figures to figures/<profile>/, data to data/results/<profile>/.
-# The exit code is the number of notebooks that failed.
+# The exit code is the number of notebooks that failed (or the jobs' exit code when a stage failed).
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/env.sh
 profile="${1:-cpu}"
 [ $# -gt 0 ] && shift
-exec "$PY" -m artifact notebooks --profile "$profile" "$@"
+jobs=()          # run-jobs arguments: --submit, --shards, and the profile's --model/--set
+notebooks=()     # notebooks arguments: everything but --submit and --shards
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --submit|--shards) jobs+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
+    --model|--set) jobs+=("$1" "${2:?$1 needs a value}"); notebooks+=("$1" "$2"); shift 2 ;;
+    --quiet) jobs+=("$1"); notebooks+=("$1"); shift ;;
+    *) notebooks+=("$1"); shift ;;
+  esac
+done
+if printf '%s\n' "${jobs[@]}" | grep -qx -- --submit; then
+  "$PY" -m artifact run-jobs --profile "$profile" "${jobs[@]}"
+fi
+exec "$PY" -m artifact notebooks --profile "$profile" "${notebooks[@]}"

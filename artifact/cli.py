@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from artifact.errors import CheckpointError, ResultFileError, SettingError, UserError
-from artifact.experiments import bench, notebooks
+from artifact.experiments import bench, notebooks, submit
 from artifact.experiments.settings import Settings, load_profile, parse_override, resolve_threads
 from artifact.model.checkpoint import DTYPES, _with_token_ids, load_checkpoint, load_tokenizer, tiny_checkpoint
 from artifact.model.config import ModelConfig, get_preset
@@ -426,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("bench", "report", "merge"):
         add_threads_arg(sub.choices[name], bench_like=name == "bench")
     notebooks.add_cli(sub)
+    submit.add_cli(sub)
     add_synth_cli(sub)
     for name in ("synth", "fit"):
         add_threads_arg(sub.choices[name])
@@ -436,7 +437,7 @@ def set_threads(a) -> int | None:
     """torch's intra-op thread count for this command, from --threads or the settings (resolve_threads).
     bench: --threads N is the profile key torch_threads (part of the result file's settings). notebooks run
     in their own kernels, which take it from the profile (runs.setup)."""
-    if a.cmd == "notebooks":
+    if not hasattr(a, "threads"):      # notebooks, trace-all, run-jobs: kernels and jobs take the profile's key
         return None
     if a.cmd == "bench":
         if a.threads is not None:

@@ -380,3 +380,9 @@ def test_the_bench_default_output_is_probed_too(tmp_path, capsys, monkeypatch, r
     monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "a-file"))        # data/results/cpu/bench.csv under a file
     line = one_line_error(capsys, main(["bench", "--profile", "cpu"]))
     assert "a-file/results/cpu/bench.csv" in line and "is a file, not a directory" in line
+
+
+@pytest.mark.parametrize("argv", [["notebooks"], ["trace-all", "--submit", "local"], ["run-jobs", "--submit", "local"]])
+def test_commands_whose_jobs_take_the_profiles_threads_leave_them(argv, restore_threads):
+    torch.set_num_threads(3)
+    assert cli.set_threads(build_parser().parse_args(argv)) is None and torch.get_num_threads() == 3

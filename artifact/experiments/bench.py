@@ -15,6 +15,7 @@ cells it already has (see "Result files" below for concurrent writers and interr
 Sharding: `--shard i/n` (0 <= i < n) takes the cells whose grid index % n == i, so n GPUs or a job
 array (Slurm: --array=0-(n-1), --shard $SLURM_ARRAY_TASK_ID/n) run one grid; each shard writes its
 own file by default and `python -m artifact merge` joins them. Shards may also share one --out.
+`--submit slurm|local --shards n` (submit.py) submits the n shards as jobs through submitit, waits and merges.
 """
 from __future__ import annotations
 
@@ -448,18 +449,21 @@ def _check_same_model(df, meta: dict, path: Path) -> None:
 
 
 def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
-              loaded=None, progress: bool = True, log=print):
+              loaded=None, progress: bool = True, log=print, skip=frozenset()):
     """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`.
-    Safe to run concurrently with other shards or reruns on the same `out` (see "Result files")."""
+    Safe to run concurrently with other shards or reruns on the same `out` (see "Result files").
+    `skip`: keys of cells that are complete elsewhere (a submission's merged target file), not run here."""
     out = Path(out) if out else default_out(p, shard)
     cells = grid(p)
     mine = shard_cells(cells, shard)
     with locked(out, log=log):
         old = _load_for_append(out, p, log)
     done = _finished_cells(old)
-    todo = [c for c in mine if c.key not in done]
+    todo = [c for c in mine if c.key not in done and c.key not in skip]
+    elsewhere = sum(c.key in skip and c.key not in done for c in mine)
     log(f"bench {p.name}: shard {shard[0]}/{shard[1]} has {len(mine)} of {len(cells)} cells; "
-        f"{len(mine) - len(todo)} done in {out}, {len(todo)} to run")
+        f"{len(mine) - len(todo) - elsewhere} done in {out}, " + (f"{elsewhere} done elsewhere, " if elsewhere else "")
+        + f"{len(todo)} to run")
     extra = len(done - {c.key for c in cells})
     if extra:
         log(f"note: {out} also holds {extra} cells outside this profile's grid; they are kept")
@@ -592,6 +596,9 @@ def _profile_from_args(a) -> Profile:
 
 
 def cmd_bench(a):
+    if a.submit or a.shards is not None or a.wait:
+        from artifact.experiments.submit import cmd_bench_submit  # submit imports this module
+        return cmd_bench_submit(a)
     p = _profile_from_args(a)
     shard = parse_shard(a.shard)
     if a.list:
@@ -663,6 +670,8 @@ def add_cli(subparsers) -> None:
                    help="override a profile key with a YAML value, e.g. --set repetitions=5 (repeatable)")
     b.add_argument("--list", action="store_true", help="print this shard's cells and exit")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    from artifact.experiments.submit import add_submit_args  # submit imports this module
+    add_submit_args(b)
     b.set_defaults(fn=cmd_bench)
 
     r = subparsers.add_parser("report", help="paired table of two policies from bench CSVs (t and bootstrap CIs)")

@@ -44,6 +44,25 @@ PAPER_BATCH_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
+class SlurmSettings:
+    """The `slurm:` section of a profile: what each job of a --submit slurm array asks for.
+    A profile (or --set slurm.KEY=VALUE) changes single keys; the others keep these defaults."""
+    partition: str | None = None        # None: the cluster's default partition
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None       # a node feature, e.g. a GPU type
+    time_minutes: int = 240             # wall-clock limit of one job (one shard, or one trace)
+    gpus_per_task: int = 1              # 0 for a CPU profile
+    cpus_per_task: int = 4
+    mem_gb: float | None = None         # None: the partition's default
+    array_parallelism: int | None = None   # at most this many array tasks at once (None: all)
+    setup: tuple[str, ...] = ()         # shell lines each job runs first, e.g. "module load cuda/12.4"
+
+
+SLURM_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SlurmSettings))
+
+
+@dataclass(frozen=True)
 class Settings:
     """Every setting of a run, a benchmark grid or a notebook, with its default (lists become tuples)."""
     name: str = field(default="defaults", metadata={"internal": True})   # the profile's name (file stem)
@@ -113,9 +132,16 @@ class Settings:
     # --- TIDE head to head -------------------------------------------------------------------------
     tide_path: str | None = None         # a checkout of TIDE's released implementation (None: comparison skipped)
 
+    # --- jobs on a Slurm cluster (python -m artifact bench --submit slurm) ----------------------------
+    # A nested mapping (see SlurmSettings): a profile's `slurm:` section or `--set slurm.KEY=VALUE`
+    # changes single keys.
+    slurm: SlurmSettings = field(default_factory=lambda: SlurmSettings())
+
     def as_dict(self) -> dict:
         """Plain values (lists, not tuples), e.g. for papermill parameters or JSON."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        d = dataclasses.asdict(self)
+        d["slurm"] = {k: list(v) if isinstance(v, tuple) else v for k, v in d["slurm"].items()}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     def decode_config(self) -> DecodeConfig:
         return DecodeConfig(gen_length=self.gen_length, steps=self.steps, threshold=self.threshold, mode=self.mode)
@@ -191,6 +217,10 @@ def load_profile(name_or_path: str | Path, overrides: dict | None = None) -> Set
     origin: dict = {}
     for src, data in ((str(path), _read(path)), ("overrides", dict(overrides or {}))):
         for k, v in data.items():
+            if str(k).partition(".")[0] == "slurm":        # a nested section: merged key by key
+                given["slurm"] = _merge_slurm(given.get("slurm"), k, v, src)
+                origin["slurm"] = src
+                continue
             if k not in PROFILE_KEYS:
                 raise ProfileError(f"{src}: unknown key {k!r}{_suggest(k)}; valid keys: {', '.join(PROFILE_KEYS)}")
             given[k], origin[k] = v, src
@@ -206,7 +236,11 @@ def parse_override(text: str) -> tuple[str, object]:
     key = key.strip()
     if not sep or not key:
         raise ProfileError(f"expected KEY=VALUE, got {text!r}")
-    if key not in PROFILE_KEYS:
+    head, dot, sub = key.partition(".")
+    if dot and head == "slurm":
+        if sub not in SLURM_KEYS:
+            raise ProfileError(f"unknown key {key!r}{_suggest(sub, SLURM_KEYS)}; slurm keys: {', '.join(SLURM_KEYS)}")
+    elif key not in PROFILE_KEYS:
         raise ProfileError(f"unknown key {key!r}{_suggest(key)}; valid keys: {', '.join(PROFILE_KEYS)}")
     try:
         return key, _load_yaml(raw, f"--set {key}")
@@ -258,8 +292,8 @@ def _read(path: Path) -> dict:
     return data
 
 
-def _suggest(key: str) -> str:
-    close = difflib.get_close_matches(str(key), PROFILE_KEYS, n=1)
+def _suggest(key: str, keys: typing.Sequence[str] = PROFILE_KEYS) -> str:
+    close = difflib.get_close_matches(str(key), keys, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -284,6 +318,8 @@ def _check(key: str, value, tp, src: str):
     def bad():
         return ProfileError(f"{src}: {key} must be {_describe(tp)}, got {value!r} ({type(value).__name__})")
 
+    if tp is SlurmSettings:
+        return _check_slurm(value, src)
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (Union, types.UnionType):
         if value is None:
@@ -312,6 +348,57 @@ def _check(key: str, value, tp, src: str):
     if tp is str and isinstance(value, str):
         return value
     raise bad()
+
+
+# ---------------------------------------------------------------------------------------------
+# The slurm section: a mapping whose keys are layered one by one (base, profile, --set slurm.KEY=V)
+# ---------------------------------------------------------------------------------------------
+_SLURM_TYPES = typing.get_type_hints(SlurmSettings)
+
+
+def _merge_slurm(current: dict | None, key: str, value, src: str) -> dict:
+    """`slurm: {...}` (a mapping) or `slurm.KEY: value` (one key, from --set) laid over the keys so far,
+    each value checked where it came from (so an error names the file or the override that set it)."""
+    merged = dict(current or {})
+    _, dot, sub = str(key).partition(".")
+    if dot:
+        updates = {sub: value}
+    elif isinstance(value, dict):
+        updates = value
+    else:
+        raise ProfileError(f"{src}: slurm must be a mapping of {', '.join(SLURM_KEYS)}, got {value!r} "
+                           f"({type(value).__name__})")
+    for k, v in updates.items():
+        if k not in SLURM_KEYS:
+            raise ProfileError(f"{src}: unknown key slurm.{k}{_suggest(str(k), SLURM_KEYS)}; "
+                               f"slurm keys: {', '.join(SLURM_KEYS)}")
+        merged[k] = _check_slurm_key(k, v, src)
+    return merged
+
+
+_SLURM_LOWEST = {"time_minutes": 1, "gpus_per_task": 0, "cpus_per_task": 1, "array_parallelism": 1}
+
+
+def _check_slurm_key(k: str, v, src: str):
+    """One slurm value, typed and in range (submitit checks the assembled sbatch parameters again)."""
+    if k == "setup":
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ProfileError(f"{src}: slurm.setup must be a list of shell lines (strings), got {v!r}")
+        return tuple(v)
+    v = _check(f"slurm.{k}", v, _SLURM_TYPES[k], src)
+    if k in _SLURM_LOWEST and v is not None and v < _SLURM_LOWEST[k]:
+        raise ProfileError(f"{src}: slurm.{k} must be >= {_SLURM_LOWEST[k]}, got {v}")
+    if k == "mem_gb" and v is not None and not 0 < v < float("inf"):
+        raise ProfileError(f"{src}: slurm.mem_gb must be a finite number > 0 or null, got {v}")
+    if isinstance(v, str) and (not v.strip() or any(c.isspace() for c in v)):
+        raise ProfileError(f"{src}: slurm.{k} must be a name without spaces or null, got {v!r}")
+    return v
+
+
+def _check_slurm(value, src: str) -> SlurmSettings:
+    if not isinstance(value, dict):           # the mapping's keys were checked as they were merged
+        raise ProfileError(f"{src}: slurm must be a mapping of {', '.join(SLURM_KEYS)}, got {value!r}")
+    return SlurmSettings(**value)
 
 
 def _check_values(p: Settings, origin: dict) -> None:

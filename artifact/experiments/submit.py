@@ -1,0 +1,609 @@
+"""Sweeps that outgrow one process: the bench's shards and the profile's traces as jobs, through submitit.
+
+    python -m artifact bench --profile h200 --model DIR --submit slurm --shards 8 --wait
+    python -m artifact trace-all --profile h200 --model DIR --submit slurm --wait
+    python -m artifact run-jobs --profile h200 --model DIR --submit slurm     # what ./run_all.sh --submit runs
+
+A bench submission runs shard i of n (`bench --shard i/n`) as one job writing its own file
+<target>.shard-I-of-N.csv beside the target (data/results/<profile>/bench.csv by default).
+- `slurm`: one job array, one task per shard; partition, account, time, GPUs, CPUs and memory come from
+  the profile's `slurm:` section, and submitit checks the assembled sbatch parameters before anything
+  is submitted.
+- `local`: one process per shard on this machine (submitit's LocalExecutor): shard i sees only GPU i
+  (CUDA_VISIBLE_DEVICES) on a cuda profile, or runs on core i with one torch thread on the CPU.
+Cells already complete in the target are skipped by every shard, so a submission never duplicates them.
+Giving the same command again submits only the shards with cells left, and each resumes per cell; a job
+Slurm stops at its time limit or preempts is requeued by submitit and resumes the same way.
+With --wait: a progress bar over finished cells, then every failed job with its log files and the
+command that resubmits it; when all succeeded the shard files are merged into the target (and removed:
+their rows are all in the target). Without --wait: the job ids and the exact merge command.
+Logs and submitit's folders go to results/<profile>/jobs/ (ignored by git).
+
+submitit moves the job's function and arguments to the job as a pickle it writes itself (in the jobs
+folder); no result data passes through pickles: shards write CSVs, traces write safetensors.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import submitit
+import torch
+from tqdm.auto import tqdm
+
+from artifact.errors import UserError
+from artifact.experiments import capacity, head_to_head, runs, throttle
+from artifact.experiments.bench import (
+    Cell,
+    _finished_cells,
+    _profile_from_args,
+    default_out,
+    grid,
+    merge,
+    read_rows,
+    run_bench,
+    shard_cells,
+)
+from artifact.experiments.settings import Profile, fingerprint
+from artifact.experiments.stats import CELL_KEYS
+from artifact.model.tasks import select
+from artifact.offload.trace import Trace, TraceError
+from artifact.paths import atomic_write_text, repo_root
+
+BACKENDS = ("local", "slurm")
+POLL_S = 5.0                       # how often --wait looks at the shard files and the jobs
+RESULT_GRACE_S = 15               # a cluster's shared file system may show a finished job's result file late
+LOCAL_TIMEOUT_MIN = 7 * 24 * 60    # a local job has no scheduler limit; submitit's default (2 min) would kill it
+
+
+class SubmitError(UserError):
+    """A submission that cannot go ahead, or jobs that failed (the message says which and what to do)."""
+
+
+def jobs_dir(P: Profile) -> Path:
+    return repo_root() / "results" / P.name / "jobs"
+
+
+def shard_file(target: Path, i: int, n: int) -> Path:
+    """Shard i of n's own file beside the target (for bench.csv: bench.shard-I-of-N.csv, as `bench --shard`)."""
+    return target.with_name(f"{target.stem}.shard-{i}-of-{n}.csv")
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace recording: the one place that calls the experiments' trace functions (their module may move)
+# ---------------------------------------------------------------------------------------------
+def trace_jobs(P: Profile) -> list[tuple[str, int]]:
+    return [(t, b) for t in P.trace_tasks for b in P.trace_batch_sizes]
+
+
+def _one_trace(P: Profile, task: str, batch_size: int) -> Profile:
+    return dataclasses.replace(P, trace_tasks=(task,), trace_batch_sizes=(batch_size,))
+
+
+def trace_current(P: Profile, task: str, batch_size: int) -> bool:
+    """A trace file for (task, batch size) exists and was made with this profile's settings (the check
+    runs.traces makes before it reuses a file)."""
+    path = runs.trace_path(P, task, batch_size)
+    if not path.is_file():
+        return False
+    try:
+        meta = Trace.load(path).meta
+    except TraceError:
+        return False
+    ids = [r["id"] for r in select(task, P.trace_n_prompts, P.seed)]
+    return (meta.get("profile_fingerprint"), meta.get("prompt_ids"), meta.get("batch_size")) == (
+        fingerprint(P, runs.TRACE_SETTINGS), ids, batch_size)
+
+
+def record_traces(P: Profile, pairs: list[tuple[str, int]], pin_cpu: int | None = None) -> int:
+    """The job of trace-all: record (or find current) the traces of these (task, batch size) pairs."""
+    _pin(pin_cpu)
+    for task, b in pairs:
+        print(f"trace {task} b={b}", flush=True)
+        runs.traces(_one_trace(P, task, b), progress=False)      # records only what is missing
+    return len(pairs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The jobs
+# ---------------------------------------------------------------------------------------------
+def _pin(cpu: int | None) -> None:
+    """A local job on the CPU: one core and one torch thread (a profile's torch_threads still wins)."""
+    if cpu is None:
+        return
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+    torch.set_num_threads(1)
+
+
+def run_shard(P: Profile, shard: tuple[int, int], out: Path, skip: frozenset, pin_cpu: int | None = None) -> int:
+    """The job of one bench shard: run_bench into its own file, skipping the target's finished cells."""
+    _pin(pin_cpu)
+    rows = run_bench(P, out, shard, progress=False, skip=skip, log=lambda s: print(s, flush=True))
+    return len(rows)
+
+
+class Resumable(submitit.helpers.Checkpointable):
+    """A job that Slurm may stop early (time limit, preemption): submitit requeues it (at most 3 times, with
+    the same arguments) and, since shards and traces keep their finished work, it resumes where it stopped."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def make_executor(backend: str, P: Profile, folder: Path, count: int, name: str):
+    """A submitit executor for `count` jobs, its parameters checked by submitit."""
+    if backend == "local":
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN)
+        return ex
+    if backend != "slurm":
+        raise SubmitError(f"--submit must be one of {BACKENDS}, got {backend!r}")
+    try:
+        ex = submitit.SlurmExecutor(folder=folder)
+    except RuntimeError as e:
+        raise SubmitError(f"--submit slurm needs Slurm's commands (srun, sbatch, sacct) on PATH, as on a "
+                          f"cluster's login node ({e}); on one machine use --submit local") from None
+    try:
+        ex.update_parameters(**slurm_parameters(P, count, name))
+    except ValueError as e:
+        raise SubmitError(f"profile {P.name!r}: submitit refused the slurm parameters: {e}") from None
+    return ex
+
+
+def slurm_parameters(P: Profile, count: int, name: str) -> dict:
+    """sbatch parameters (submitit's names) of a `count`-task job array, from the profile's slurm section."""
+    s = P.slurm
+    params = {"job_name": f"artifact-{P.name}-{name}", "time": s.time_minutes, "cpus_per_task": s.cpus_per_task,
+              "array_parallelism": min(count, s.array_parallelism or count),
+              # the requeue signal comes this long before the time limit (submitit's 90 s, less for short limits)
+              "signal_delay_s": min(90, 15 * s.time_minutes)}
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(s, key) is not None:
+            params[key] = getattr(s, key)
+    if s.gpus_per_task:
+        params["gpus_per_task"] = s.gpus_per_task
+    if s.mem_gb is not None:
+        params["mem"] = f"{max(1, round(s.mem_gb * 1024))}MB"        # sbatch takes whole units
+    if s.setup:
+        params["setup"] = list(s.setup)
+    return params
+
+
+def local_slots(P: Profile, count: int) -> list[dict]:
+    """Per local job: the GPU it sees (cuda profiles) or the core it is pinned to (cpu). One GPU or core each,
+    since jobs sharing one would distort each other's timings."""
+    if P.device.startswith("cuda"):
+        if P.device not in ("cuda", "cuda:0"):
+            raise SubmitError(f"local jobs choose their GPU themselves (job i sees GPU i as cuda:0); "
+                              f"set device: cuda, not {P.device!r}")
+        gpus = torch.cuda.device_count()
+        if count > gpus:
+            raise SubmitError(f"{count} local jobs need {count} GPUs (one each); this machine has {gpus}: "
+                              f"pass --shards {max(gpus, 1)} or fewer")
+        return [{"gpu": i, "cpu": None} for i in range(count)]
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if count > len(cores):
+        raise SubmitError(f"{count} local jobs need {count} CPU cores (one each); this process may use "
+                          f"{len(cores)}: pass --shards {len(cores)} or fewer")
+    return [{"gpu": None, "cpu": cores[i]} for i in range(count)]
+
+
+def _submit(backend: str, P: Profile, folder: Path, name: str, fn, arglists: list[tuple], labels: list[str]) -> list:
+    """One job per argument tuple: a job array on slurm, pinned processes locally. A local job's
+    arguments end with its pin_cpu (None on a GPU)."""
+    check_not_running(folder)
+    ex = make_executor(backend, P, folder / "%j", len(arglists), name)      # one subfolder per job
+    if backend == "slurm":
+        with ex.batch():
+            jobs = [ex.submit(Resumable(fn), *args, None) for args in arglists]
+    else:
+        jobs = []
+        for args, slot in zip(arglists, local_slots(P, len(arglists)), strict=True):
+            gpus = [slot["gpu"]] if slot["gpu"] is not None else []
+            ex.update_parameters(gpus_per_node=len(gpus), visible_gpus=gpus)
+            jobs.append(ex.submit(Resumable(fn), *args, slot["cpu"]))
+    _record(folder, backend, labels, jobs)
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs still running from an earlier submission (a second submission must not run their cells again)
+# ---------------------------------------------------------------------------------------------
+MANIFEST = "submitted.json"
+
+
+def _record(folder: Path, backend: str, labels: list[str], jobs: list) -> None:
+    entries = [{"label": lb, "backend": backend, "job_id": str(j.job_id)} for lb, j in zip(labels, jobs, strict=True)]
+    atomic_write_text(folder / MANIFEST, json.dumps(entries, indent=1))
+
+
+def _running(entry: dict) -> bool:
+    if entry["backend"] == "local":               # the job id is the pid of submitit's controller process
+        try:
+            cmd = Path(f"/proc/{int(entry['job_id'])}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return False
+        return b"submitit.local._local" in cmd
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", entry["job_id"]], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False                              # no Slurm here: nothing of it can be running
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def check_not_running(folder: Path) -> None:
+    """Refuse while a job of the last submission into this folder still runs: its cells would run twice."""
+    path = folder / MANIFEST
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    busy = [e for e in entries if isinstance(e, dict) and {"label", "backend", "job_id"} <= set(e) and _running(e)]
+    if busy:
+        ids = " ".join(e["job_id"] for e in busy)
+        stop = f"scancel {ids}" if busy[0]["backend"] == "slurm" else f"kill -INT {ids}"
+        which = ", ".join(f"{e['label']}: job {e['job_id']}" for e in busy)
+        raise SubmitError(f"jobs of the last submission are still running ({which}, recorded in {path}); "
+                          f"wait for them or stop them ({stop}), then submit again")
+
+
+# ---------------------------------------------------------------------------------------------
+# Waiting and reporting
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Failure:
+    label: str
+    job_id: str
+    error: str
+    stderr: Path
+    stdout: Path
+
+    def lines(self) -> list[str]:
+        return [f"{self.label} (job {self.job_id}) failed: {self.error}",
+                f"  log: {self.stderr}", f"  stdout: {self.stdout}"]
+
+
+def _last_error_line(err: Exception) -> str:
+    """The exception line of a job's traceback (submitit wraps it in a long message)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    if "----------------------" in lines:
+        body = lines[lines.index("----------------------") + 1:]
+        body = body[:body.index("----------------------")] if "----------------------" in body else body
+        if body:
+            return body[-1]
+    return lines[0] if lines else type(err).__name__
+
+
+def wait_jobs(jobs: list, labels: list[str], count_done, total: int, unit: str, desc: str, poll_s: float = POLL_S,
+              progress: bool = True) -> list[Failure]:
+    """Wait for every job, a tqdm bar over count_done() (finished cells or traces); the failed jobs."""
+    bar = tqdm(total=total, unit=unit, desc=desc, disable=not progress, file=sys.stderr)
+    try:
+        while True:
+            finished = all(_done(j) for j in jobs)
+            bar.update(max(0, count_done() - bar.n))
+            if finished:
+                break
+            time.sleep(poll_s)
+    finally:
+        bar.close()
+    failures = []
+    for label, job in zip(labels, jobs, strict=True):
+        err = _outcome(job)
+        if isinstance(err, submitit.core.utils.UncompletedJobError):
+            msg = f"it ended without a result (state {job.state}): killed, cancelled, out of memory or out of time"
+            failures.append(Failure(label, str(job.job_id), msg, job.paths.stderr, job.paths.stdout))
+        elif err is not None:
+            failures.append(Failure(label, str(job.job_id), _last_error_line(err), job.paths.stderr, job.paths.stdout))
+    return failures
+
+
+def _done(job) -> bool:
+    """submitit's answer, except that a Slurm job submitit cannot see (sacct fails where accounting is off,
+    e.g. a single-node Slurm) is done once squeue no longer lists it, so a killed job is not waited on forever."""
+    if job.done():
+        return True
+    if isinstance(job, submitit.SlurmJob) and job.state == "UNKNOWN":
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", str(job.job_id)], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return (out.returncode == 0 and not out.stdout.strip()) or "Invalid job id" in out.stderr
+    return False
+
+
+def _outcome(job) -> Exception | None:
+    """The job's error, None if it succeeded. A job that ended without a result file (killed, timed out)
+    is an UncompletedJobError; asked directly, submitit would wait for it as long as sacct cannot say it ended."""
+    grace = 0 if isinstance(job, submitit.LocalJob) else RESULT_GRACE_S
+    deadline = time.time() + grace
+    while not job.paths.result_pickle.exists() and time.time() < deadline:
+        time.sleep(1)
+    if not job.paths.result_pickle.exists():
+        return submitit.core.utils.UncompletedJobError(f"job {job.job_id} ended without a result")
+    return job.exception()
+
+
+def failure_report(failures: list[Failure], rerun: str, what: str, total: int) -> str:
+    lines = [f"{len(failures)} of {total} {what} failed:"]
+    for f in failures:
+        lines += f.lines()
+    lines += ["resubmit them (finished work is kept and each job resumes where it stopped):", f"  {rerun}"]
+    return "\n".join(lines)
+
+
+def _cells_in(path: Path) -> set[tuple]:
+    """Cell keys in a result file (empty while it does not exist yet; it is always replaced whole)."""
+    try:
+        df = read_rows(path)
+    except (FileNotFoundError, ValueError):
+        return set()
+    return {(str(t), int(b), float(r), float(s)) for t, b, r, s in zip(*(df[k] for k in CELL_KEYS), strict=True)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The bench
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class BenchPlan:
+    P: Profile
+    target: Path
+    n: int
+    skip: frozenset                      # cells complete in the target
+    todo: dict[int, list[Cell]]          # shard -> its cells still to run
+
+    @property
+    def files(self) -> list[Path]:
+        return [shard_file(self.target, i, self.n) for i in range(self.n)]
+
+    @property
+    def pending(self) -> list[int]:
+        return [i for i in range(self.n) if self.todo[i]]
+
+    def merge_inputs(self) -> list[Path]:
+        return ([self.target] if self.target.is_file() else []) + [f for f in self.files if f.is_file()]
+
+    def merge_command(self) -> str:
+        """What joins the shards once the jobs have finished: the target (when it exists) and every shard file
+        that has or will have rows."""
+        files = [f for i, f in enumerate(self.files) if f.is_file() or self.todo[i]]
+        inputs = ([self.target] if self.target.is_file() else []) + files
+        args = ["python", "-m", "artifact", "merge", *map(str, inputs), "--out", str(self.target)]
+        return shlex.join(args + (["--force"] if self.target.is_file() else []))
+
+
+def plan_bench(P: Profile, target: Path, n: int) -> BenchPlan:
+    """What a submission of n shards into `target` has left to do; refuses files that would collide."""
+    if n < 1:
+        raise SubmitError(f"--shards must be >= 1, got {n}")
+    cells = grid(P)
+    in_target = set()
+    if target.is_file():
+        in_target = _finished_cells(read_rows(target))
+    others = [f for f in target.parent.glob(f"{target.stem}.shard-*-of-*.csv")
+              if not f.name.endswith(f"-of-{n}.csv")]
+    if others:
+        raise SubmitError(f"{', '.join(map(str, sorted(others)))}: shard files of another shard count; merge them "
+                          f"into {target} first (python -m artifact merge {target.parent}/{target.stem}.shard-*.csv "
+                          f"--out {target} --partial) or move them away")
+    todo = {}
+    for i in range(n):
+        mine = shard_cells(cells, (i, n))
+        f = shard_file(target, i, n)
+        done = _finished_cells(read_rows(f)) if f.is_file() else set()
+        twice = done & in_target
+        if twice:
+            raise SubmitError(f"{f} holds {len(twice)} cells that {target} already has (left over from an earlier "
+                              f"merge?); delete {f} or merge by hand")
+        todo[i] = [c for c in mine if c.key not in done and c.key not in in_target]
+    return BenchPlan(P, target, n, frozenset(in_target), todo)
+
+
+def submit_bench(P: Profile, target: Path, n: int, backend: str, wait: bool = True, folder: Path | None = None,
+                 rerun: str = "", poll_s: float = POLL_S, progress: bool = True, log=print) -> BenchPlan:
+    """Submit the shards that have cells left, then (wait) watch, report failures, merge into the target."""
+    plan = plan_bench(P, target, n)
+    folder = Path(folder or jobs_dir(P)) / target.stem
+    total = sum(len(v) for v in plan.todo.values())
+    log(f"bench {P.name} -> {target}: {len(grid(P))} cells, {len(plan.skip)} already there, {total} to run "
+        f"in {len(plan.pending)} of {n} shards ({backend}; logs in {folder})")
+    jobs = []
+    if plan.pending:
+        args = [(P, (i, n), plan.files[i], plan.skip) for i in plan.pending]
+        jobs = _submit(backend, P, folder, target.stem, run_shard, args, [f"shard {i}/{n}" for i in plan.pending])
+        for i, job in zip(plan.pending, jobs, strict=True):
+            log(f"  shard {i}/{n}: job {job.job_id}, {len(plan.todo[i])} cells -> {plan.files[i]}")
+    if not wait:
+        if jobs:
+            log(f"job ids: {' '.join(str(j.job_id) for j in jobs)}")
+        log(f"when they have finished, join the shards:\n  {plan.merge_command()}")
+        return plan
+    if jobs:
+        todo_keys = [{c.key for c in plan.todo[i]} for i in plan.pending]
+        files = [plan.files[i] for i in plan.pending]
+
+        def finished_cells() -> int:
+            return sum(len(_cells_in(f) & keys) for f, keys in zip(files, todo_keys, strict=True))
+
+        failures = wait_jobs(jobs, [f"shard {i}/{n}" for i in plan.pending], finished_cells, total, "cell",
+                             f"bench {P.name}", poll_s, progress)
+        for i, keys, job in zip(plan.pending, todo_keys, jobs, strict=True):
+            missing = keys - _cells_in(plan.files[i])
+            if missing and not any(f.label == f"shard {i}/{n}" for f in failures):
+                failures.append(Failure(f"shard {i}/{n}", str(job.job_id), f"finished with {len(missing)} cells "
+                                        "missing", job.paths.stderr, job.paths.stdout))
+        if failures:
+            raise SubmitError(failure_report(failures, rerun or "the same command", "shards", len(jobs)))
+    inputs = plan.merge_inputs()
+    shards = [f for f in inputs if f != target]
+    if not shards:
+        log(f"{target} holds every cell of the grid; nothing to submit")
+        return plan
+    merge(inputs, target, force=True, log=log)        # the target is one of the inputs: extended, not replaced
+    for f in shards:
+        f.unlink()                                    # every row of it is now in the target
+    log(f"removed the merged shard files {', '.join(f.name for f in shards)}")
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# Traces
+# ---------------------------------------------------------------------------------------------
+def submit_traces(P: Profile, backend: str, jobs: int | None = None, wait: bool = True, folder: Path | None = None,
+                  rerun: str = "", poll_s: float = POLL_S, progress: bool = True, log=print) -> list[tuple[str, int]]:
+    """Record the profile's missing traces: slurm: one job per (task, batch size); local: `jobs` processes
+    (default: one per GPU or core) taking the pairs round robin. Returns the pairs that were missing."""
+    todo = [j for j in trace_jobs(P) if not trace_current(P, *j)]
+    folder = Path(folder or jobs_dir(P)) / "traces"
+    log(f"traces {P.name}: {len(trace_jobs(P))} (task, batch size) pairs, {len(trace_jobs(P)) - len(todo)} current, "
+        f"{len(todo)} to record ({backend}; logs in {folder})")
+    if not todo:
+        return todo
+    if backend == "slurm":
+        groups = [[j] for j in todo]
+    else:
+        width = min(len(todo), jobs or _local_capacity(P))
+        groups = [todo[k::width] for k in range(width)]
+    labels = [", ".join(f"trace {t} b={b}" for t, b in g) for g in groups]
+    submitted = _submit(backend, P, folder, "traces", record_traces, [(P, g) for g in groups], labels)
+    for label, job in zip(labels, submitted, strict=True):
+        log(f"  {label}: job {job.job_id}")
+    if not wait:
+        log(f"job ids: {' '.join(str(j.job_id) for j in submitted)}")
+        return todo
+    failures = wait_jobs(submitted, labels, lambda: sum(trace_current(P, *j) for j in todo), len(todo), "trace",
+                         f"traces {P.name}", poll_s, progress)
+    if failures:
+        raise SubmitError(failure_report(failures, rerun or "the same command", "trace jobs", len(submitted)))
+    return todo
+
+
+def _local_capacity(P: Profile) -> int:
+    """How many local jobs this machine runs side by side: its GPUs (cuda profiles) or cores."""
+    if P.device.startswith("cuda"):
+        return max(1, torch.cuda.device_count())
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Every heavy stage of the notebooks (./run_all.sh PROFILE --submit ...)
+# ---------------------------------------------------------------------------------------------
+def bench_stages(P: Profile) -> list[tuple[Profile, Path]]:
+    """The grids the notebooks run (04 bench, 03 throttling, 05 TIDE-style), each with the file they read."""
+    grids = [(P, capacity.STEM), (throttle.throttle_profile(P), throttle.STEM),
+             (head_to_head.tide_style_profile(P), head_to_head.STEM)]
+    return [(g, runs.bench_file(g, stem)) for g, stem in grids]
+
+
+def run_jobs(P: Profile, backend: str, shards: int, folder: Path | None = None, rerun: str = "",
+             poll_s: float = POLL_S, progress: bool = True, log=print) -> None:
+    """Traces, then each bench grid, as jobs; each waited for (and merged) before the next, so local jobs
+    never share a GPU or core."""
+    submit_traces(P, backend, None if backend == "slurm" else shards, True, folder, rerun, poll_s, progress, log)
+    for g, target in bench_stages(P):
+        n = max(1, min(shards, len(grid(g))))
+        submit_bench(g, target, n, backend, True, folder, rerun, poll_s, progress, log)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+def command(name: str, a, extra: list[str]) -> str:
+    """The command line that repeats a submission (what a user runs again after a failure)."""
+    args = ["python", "-m", "artifact", name, "--profile", str(a.profile)]
+    if getattr(a, "model", None) is not None:
+        args += ["--model", str(a.model)]
+    for s in getattr(a, "set", None) or []:
+        args += ["--set", s]
+    if getattr(a, "out", None) is not None:
+        args += ["--out", str(a.out)]
+    if getattr(a, "jobs_dir", None) is not None:
+        args += ["--jobs-dir", str(a.jobs_dir)]
+    return shlex.join(args + extra)
+
+
+def cmd_bench_submit(a) -> int:
+    """`bench --submit`: called by bench.cmd_bench."""
+    if not a.submit or a.shards is None:
+        raise SubmitError(f"--shards and --wait go with --submit: give --submit {'|'.join(BACKENDS)} --shards N")
+    if a.shard != "0/1" or a.list:
+        raise SubmitError("--submit runs every shard itself: give --shards N, without --shard or --list")
+    P = _profile_from_args(a)
+    target = Path(a.out or default_out(P))
+    extra = ["--submit", a.submit, "--shards", str(a.shards), "--wait"]
+    submit_bench(P, target, a.shards, a.submit, a.wait, a.jobs_dir, command("bench", a, extra), a.poll_seconds,
+                 progress=not a.quiet, log=_err)
+    return 0
+
+
+def cmd_trace_all(a) -> int:
+    P = _profile_from_args(a)
+    extra = ["--submit", a.submit] + (["--jobs", str(a.jobs)] if a.jobs else []) + ["--wait"]
+    submit_traces(P, a.submit, a.jobs, a.wait, a.jobs_dir, command("trace-all", a, extra), a.poll_seconds,
+                  progress=not a.quiet, log=_err)
+    return 0
+
+
+def cmd_run_jobs(a) -> int:
+    P = _profile_from_args(a)
+    shards = a.shards or (_local_capacity(P) if a.submit == "local" else 1)
+    extra = ["--submit", a.submit, "--shards", str(shards)]
+    run_jobs(P, a.submit, shards, a.jobs_dir, command("run-jobs", a, extra), a.poll_seconds, progress=not a.quiet,
+             log=_err)
+    return 0
+
+
+def _err(s: str) -> None:
+    print(s, file=sys.stderr, flush=True)
+
+
+def add_submit_args(p, shards: bool = True) -> None:
+    """--submit and friends (bench registers them on its own parser)."""
+    p.add_argument("--submit", choices=BACKENDS, default=None,
+                   help="run as jobs through submitit: slurm (a job array) or local (one process per GPU or core)")
+    if shards:
+        p.add_argument("--shards", type=int, default=None, help="with --submit: how many jobs (shards) to split into")
+    p.add_argument("--wait", action="store_true", help="with --submit: wait (progress bar), report failures, merge")
+    p.add_argument("--jobs-dir", type=Path, default=None,
+                   help="submitit's folders and the jobs' logs (default: results/PROFILE/jobs/)")
+    p.add_argument("--poll-seconds", type=float, default=POLL_S, help=argparse.SUPPRESS)
+
+
+def add_cli(subparsers) -> None:
+    """Register `trace-all` and `run-jobs` (bench's --submit flags are registered by bench.add_cli)."""
+    from artifact.experiments.settings import list_profiles
+    for name, fn, text in (
+            ("trace-all", cmd_trace_all, "record the profile's routing traces as parallel jobs (one per task "
+                                         "and batch size on slurm)"),
+            ("run-jobs", cmd_run_jobs, "the notebooks' heavy stages as jobs (traces, then the bench, throttling "
+                                       "and TIDE-style grids), each waited for and merged")):
+        t = subparsers.add_parser(name, help=text)
+        t.add_argument("--profile", default="cpu", help=f"one of {list_profiles()} or a path to a .yaml file")
+        t.add_argument("--model", default=None, help="checkpoint directory (overrides the profile's model)")
+        t.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a profile key with a YAML value, e.g. --set slurm.partition=gpu (repeatable)")
+        t.add_argument("--submit", choices=BACKENDS, required=True, help="slurm (job arrays) or local (processes)")
+        t.add_argument("--quiet", action="store_true", help="no progress bar")
+        t.add_argument("--jobs-dir", type=Path, default=None,
+                       help="submitit's folders and the jobs' logs (default: results/PROFILE/jobs/)")
+        t.add_argument("--poll-seconds", type=float, default=POLL_S, help=argparse.SUPPRESS)
+        if name == "trace-all":
+            t.add_argument("--jobs", type=int, default=None,
+                           help="local: processes (default: one per GPU or core); slurm: one job per trace")
+            t.add_argument("--wait", action="store_true", help="wait (progress bar) and report failed jobs")
+        else:
+            t.add_argument("--shards", type=int, default=None,
+                           help="jobs per bench grid (default: local: GPUs or cores; slurm: 1)")
+        t.set_defaults(fn=fn)
