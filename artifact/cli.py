@@ -1,29 +1,35 @@
 """Command line: python -m artifact {generate,trace,simulate,bench,report,merge,notebooks} ...
 
-Every argument is checked before a model is loaded: a bad value costs nothing. Errors a user can fix
-(artifact.errors.UserError, and a missing, existing or unwritable file) print one line and exit 2;
-anything else is a bug and shows its traceback."""
+Every argument is checked before a checkpoint's weights are read: values and flags first, then what needs
+the config or the tokenizer (positions, the oracle trace's prompts, the tokenizer's fit to the vocabulary),
+and every output path is probed for writability, so a bad input costs seconds, not a load or a finished
+run. Errors a user can fix (artifact.errors.UserError, and a missing, existing or unwritable file) print one
+line and exit 2; anything else is a bug and shows its traceback. Every command sets torch's thread count
+from one setting (--threads; default: Settings.torch_threads resolved by resolve_threads)."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import hashlib
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
+import torch
 
-from artifact.errors import CheckpointError, SettingError, UserError
+from artifact.errors import CheckpointError, ResultFileError, SettingError, UserError
 from artifact.experiments import bench, notebooks, submit
-from artifact.experiments.settings import Settings
-from artifact.model.checkpoint import DTYPES, load_checkpoint
+from artifact.experiments.settings import Settings, load_profile, parse_override, resolve_threads
+from artifact.model.checkpoint import DTYPES, _with_token_ids, load_checkpoint, load_tokenizer, tiny_checkpoint
 from artifact.model.config import ModelConfig, get_preset
 from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
 from artifact.model.tasks import TASKS, encode, load_task, prompts
 from artifact.offload.link import LINKS
 from artifact.offload.policies import POLICIES, check_policy, split_policies
-from artifact.offload.runner import OffloadSpec, RunSettings, check_device, run
+from artifact.offload.runner import OffloadSpec, RunSettings, check_device, check_oracle_before_load, run
 from artifact.offload.sim import BOUNDS, COUNTS, PHASES, check_spec, phase_columns, replay, sweep
 from artifact.offload.synth import add_cli as add_synth_cli
 from artifact.offload.timeline import PRIORITIES
@@ -35,6 +41,17 @@ D = Settings()          # every default below comes from the settings dataclass:
 
 # OSErrors that name a user's file: a path given wrong, not a broken machine.
 USER_OS_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+# Flags that only mean something for an offloaded run, with the defaults they take then (from Settings).
+# argparse's default is None, so "given explicitly" is known after parsing and such a flag without
+# --offload is refused instead of silently ignored.
+OFFLOAD_DEFAULTS = {"cache_experts": None, "policy": D.policies[0], "link": D.link, "bandwidth_gbps": D.link_gbps,
+                    "latency_us": D.latency_us, "link_priority": D.link_priority, "cap_gbps": None,
+                    "lookahead": D.lookahead, "tau": D.tau, "oracle_trace": None}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
 
 
 def _floats(s: str) -> list[float]:
@@ -62,6 +79,13 @@ def add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--device", default=D.device, help="cpu | cuda")
 
 
+def add_threads_arg(p: argparse.ArgumentParser, bench_like: bool = False):
+    where = "the profile's torch_threads" if bench_like else "Settings.torch_threads"
+    p.add_argument("--threads", type=int, default=None,
+                   help=f"torch intra-op threads (default: {where}; unset: 1 for the tiny model or no model on "
+                        "the CPU, where more threads only spin, else torch's default of one per core)")
+
+
 def add_decode_args(p: argparse.ArgumentParser):
     p.add_argument("--gen-length", type=int, default=D.gen_length, help="tokens generated per prompt")
     p.add_argument("--steps", type=int, default=D.steps, help="max denoising steps per 32-token block")
@@ -71,19 +95,32 @@ def add_decode_args(p: argparse.ArgumentParser):
 
 def add_offload_args(p: argparse.ArgumentParser):
     p.add_argument("--offload", action="store_true", help="experts live in host memory behind a per-layer cache")
-    p.add_argument("--cache-experts", type=int, default=None, help="C: device slots per MoE layer")
-    p.add_argument("--policy", default="demand", help=f"one of {sorted(n for n, s in POLICIES.items() if s.engine_ok)}")
-    p.add_argument("--link", default=D.link, help=f"one of {LINKS}")
-    p.add_argument("--bandwidth-gbps", type=float, default=D.link_gbps,
+    # Defaults are None here and filled from OFFLOAD_DEFAULTS by offload_flags (see there).
+    p.add_argument("--cache-experts", type=int, default=None, help="C: device slots per MoE layer (with --offload)")
+    p.add_argument("--policy", default=None, help=f"one of {sorted(n for n, s in POLICIES.items() if s.engine_ok)} "
+                                                  f"(default: {OFFLOAD_DEFAULTS['policy']})")
+    p.add_argument("--link", default=None, help=f"one of {LINKS} (default: {OFFLOAD_DEFAULTS['link']})")
+    p.add_argument("--bandwidth-gbps", type=float, default=None,
                    help="emulated link bandwidth (default: PCIe 4 scaled to this model's expert size)")
-    p.add_argument("--latency-us", type=float, default=D.latency_us)
-    p.add_argument("--link-priority", choices=PRIORITIES, default=D.link_priority,
+    p.add_argument("--latency-us", type=float, default=None, help=f"default: {OFFLOAD_DEFAULTS['latency_us']}")
+    p.add_argument("--link-priority", choices=PRIORITIES, default=None,
                    help="fifo: one copy queue in issue order; demand: speculative copies never delay a demand copy "
-                        "by more than one expert copy")
+                        f"by more than one expert copy (default: {OFFLOAD_DEFAULTS['link_priority']})")
     p.add_argument("--cap-gbps", type=float, default=None, help="throttle: cap the link's bandwidth")
-    p.add_argument("--lookahead", type=int, default=D.lookahead)
-    p.add_argument("--tau", type=int, default=D.tau)
+    p.add_argument("--lookahead", type=int, default=None, help=f"default: {OFFLOAD_DEFAULTS['lookahead']}")
+    p.add_argument("--tau", type=int, default=None, help=f"default: {OFFLOAD_DEFAULTS['tau']}")
     p.add_argument("--oracle-trace", type=Path, default=None, help="trace of an identical earlier run (oracle)")
+
+
+def offload_flags(a) -> None:
+    """Refuse offload flags given without --offload (they would be ignored), then fill in the defaults."""
+    given = [_flag(k) for k in OFFLOAD_DEFAULTS if getattr(a, k) is not None]
+    if not a.offload and given:
+        raise SettingError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --offload (without it "
+                           "every expert is resident and these flags would be ignored)")
+    for k, v in OFFLOAD_DEFAULTS.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
 
 
 def decode_config(a) -> DecodeConfig:
@@ -94,24 +131,52 @@ def decode_config(a) -> DecodeConfig:
 
 
 def offload_spec(a, cfg: ModelConfig, dtype: str) -> OffloadSpec | None:
+    offload_flags(a)
     if not a.offload:
-        for flag in ("cache_experts", "oracle_trace"):
-            if getattr(a, flag) is not None:
-                raise SettingError(f"--{flag.replace('_', '-')} needs --offload")
         return None
     if a.cache_experts is None:
         raise SettingError("--offload needs --cache-experts C (device slots per MoE layer)")
     for flag in ("bandwidth_gbps", "cap_gbps"):
         check_number(f"--{flag.replace('_', '-')}", getattr(a, flag), low=0, low_open=True, allow_none=True)
     s = RunSettings(link=a.link, link_gbps=a.bandwidth_gbps, latency_us=a.latency_us, link_priority=a.link_priority,
-                    lookahead=a.lookahead,
-                    tau=a.tau)
+                    lookahead=a.lookahead, tau=a.tau)
     eb = cfg.expert_params * DTYPES[dtype].itemsize       # what one expert transfer moves once loaded
     spec = OffloadSpec.from_settings(s, a.cache_experts, a.policy, expert_bytes=eb, cap_gbps=a.cap_gbps)
     spec.check(cfg.num_experts, a.device)
     if check_policy(spec.policy).needs_trace and a.oracle_trace is None:
         raise SettingError(f"policy {spec.policy!r} needs --oracle-trace FILE (a trace of an identical earlier run)")
+    if a.oracle_trace is not None and not check_policy(spec.policy).needs_trace:
+        users = sorted(n for n, c in POLICIES.items() if c.needs_trace and c.engine_ok)
+        raise SettingError(f"--oracle-trace is read only by {users}; policy {spec.policy!r} would ignore it")
     return spec
+
+
+def check_output(path: Path | None, flag: str, force: bool = False, exists_ok: bool = False) -> None:
+    """Before any work: `path` can be written the way artifact.paths.atomic_write_* writes it (a temporary file
+    beside it, then a rename). The probe creates and removes such a file in the nearest existing directory
+    (so nothing is left when the directories are still to be made), so an unwritable destination fails
+    now, not after a finished run. An existing file is refused unless `force` (or `exists_ok`: a resumable
+    result file)."""
+    if path is None:
+        return
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(f"{flag} {path} is a directory; give a file name")
+        if path.exists() and not (force or exists_ok):
+            raise FileExistsError(f"{path} exists; pass --force to replace it")
+        where = path.parent
+        while not where.exists():
+            where = where.parent
+        if not where.is_dir():
+            raise NotADirectoryError(f"{flag} {path}: {where} is a file, not a directory")
+        fd, probe = tempfile.mkstemp(dir=where, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except (FileExistsError, IsADirectoryError, NotADirectoryError):
+        raise                                              # ours above, each naming the path and the fix
+    except (OSError, ValueError, OverflowError) as e:     # EACCES, EROFS, ENAMETOOLONG, a NUL byte, ...
+        raise ResultFileError(f"{flag} {path}: cannot write there ({getattr(e, 'strerror', None) or e}); "
+                              "choose a writable path") from None
 
 
 @contextlib.contextmanager
@@ -146,10 +211,28 @@ def torch_dtype(a) -> str:
     return dtype
 
 
-def load(a):
+def tokenizer_and_config(model: str, cfg: ModelConfig):
+    """The tokenizer and the config with the tokenizer's mask/eos ids (what the loader will use), read
+    without the weights: prompt lengths, the oracle trace's prompt ids and config hash, and the tokenizer's
+    fit to vocab_size are checked before a long load."""
+    root = tiny_checkpoint() if model == "tiny" else Path(model)
+    with _checkpoint_errors(model):
+        tok = load_tokenizer(root)
+        cfg = _with_token_ids(cfg, tok, root)
+    if len(tok) > cfg.vocab_size:
+        raise CheckpointError(f"{root}: the tokenizer has {len(tok)} tokens but config.json's vocab_size is "
+                              f"{cfg.vocab_size}, so ids >= {cfg.vocab_size} have no embedding; use the tokenizer "
+                              "that belongs to this checkpoint")
+    return tok, cfg
+
+
+def load(a, cfg: ModelConfig | None = None):
+    """The weights. `cfg`, when given, is what the checks used; the loader must arrive at the same one."""
     with _checkpoint_errors(a.model):
-        return load_checkpoint(a.model, dtype=torch_dtype(a), device=a.device,
-                               resident=not getattr(a, "offload", False))
+        loaded = load_checkpoint(a.model, dtype=torch_dtype(a), device=a.device,
+                                 resident=not getattr(a, "offload", False))
+    assert cfg is None or loaded.cfg.config_hash() == cfg.config_hash(), "checked another config than loaded"
+    return loaded
 
 
 def check_positions(cfg: ModelConfig, gen_length: int, prompt_lengths: list[int] | None = None) -> None:
@@ -170,26 +253,30 @@ def cmd_generate(a):
     dc = decode_config(a)
     check_device(a.device)
     dtype = torch_dtype(a)
-    cfg = model_config(a.model)
-    spec = offload_spec(a, cfg, dtype)
-    if a.record_trace and a.record_trace.exists() and not a.force:
-        raise FileExistsError(f"{a.record_trace} exists; pass --force to replace it")
+    if not a.record_trace and a.force:
+        raise SettingError("--force replaces an existing --record-trace file; give --record-trace too")
     if not 1 <= len(a.prompt) <= MAX_BATCH:
         raise SettingError(f"give 1-{MAX_BATCH} --prompt values (one batch), got {len(a.prompt)}")
     if any(not p.strip() for p in a.prompt):
-        raise SettingError("a --prompt is empty; give the text to answer")
+        raise SettingError("a --prompt is empty" + (" (--raw)" if a.raw else "") + "; give the text to answer")
+    cfg = model_config(a.model)
+    spec = offload_spec(a, cfg, dtype)
+    check_output(a.record_trace, "--record-trace", a.force)
     check_positions(cfg, dc.gen_length)
-    oracle = Trace.load(a.oracle_trace, expect_config_hash=cfg.config_hash()) if a.oracle_trace else None
-    loaded = load(a)
-    tok = loaded.tokenizer
+    tok, cfg = tokenizer_and_config(a.model, cfg)           # the tokenizer only: no weights read yet
     ps = [tok.encode(p) if a.raw else encode(tok, p) for p in a.prompt]
     if any(not p for p in ps):
         raise SettingError("a --prompt encodes to no tokens; give the text to answer")
     check_positions(cfg, dc.gen_length, [len(p) for p in ps])
+    ids = [prompt_id(p) for p in ps]
+    oracle = None
+    if a.oracle_trace:
+        oracle = Trace.load(a.oracle_trace, expect_config_hash=cfg.config_hash())
+        check_oracle_before_load(oracle, cfg, ids, len(ps), dc)
+    loaded = load(a, cfg)
     res = run(loaded, ps, len(ps), dc, spec=spec, device=a.device, oracle=oracle,
-              record=bool(a.record_trace), prompt_ids=[prompt_id(p) for p in ps])
-    if a.record_trace:
-        res.trace.save(a.record_trace)
+              record=bool(a.record_trace), prompt_ids=ids)
+    res.stats["threads"] = torch.get_num_threads()
     text = [tok.decode(t, skip_special_tokens=True) for t in res.tokens]
     if a.json:
         print(json.dumps({"tokens": res.tokens, "text": text, "stats": res.stats}))
@@ -197,6 +284,8 @@ def cmd_generate(a):
         for t in text:
             print(t)
         print(_table(res.stats), file=sys.stderr)
+    if a.record_trace:              # after the output: a failing write (disk full) loses the file, not the run
+        res.trace.save(a.record_trace)
 
 
 def cmd_trace(a):
@@ -204,22 +293,25 @@ def cmd_trace(a):
     check_device(a.device)
     torch_dtype(a)
     cfg = model_config(a.model)
-    if a.out.exists() and not a.force:
-        raise FileExistsError(f"{a.out} exists; pass --force to replace it")
+    check_output(a.out, "--out", a.force)
     check_number("--batch-size", a.batch_size, low=1, high=MAX_BATCH, integer=True)
     check_number("--seed", a.seed, low=0, integer=True)
     if a.task not in TASKS:
         raise SettingError(f"unknown task {a.task!r}; choose one of {TASKS}")
     available = len(load_task(a.task))
     check_number("--n", a.n, low=1, high=available, integer=True)
+    if a.batch_size > a.n:                   # the trace would say batch size B but hold smaller batches
+        raise SettingError(f"--batch-size {a.batch_size} needs at least that many prompts; got --n {a.n}")
     check_positions(cfg, dc.gen_length)
-    loaded = load(a)
-    ids, ps = prompts(loaded.tokenizer, a.task, a.n, a.seed)
+    tok, cfg = tokenizer_and_config(a.model, cfg)           # the tokenizer only: no weights read yet
+    ids, ps = prompts(tok, a.task, a.n, a.seed)
+    check_positions(cfg, dc.gen_length, [len(p) for p in ps])
+    loaded = load(a, cfg)
     res = run(loaded, ps, a.batch_size, dc, device=a.device, record=True, prompt_ids=ids, task=a.task)
     res.trace.save(a.out)
     print(f"{a.out}: {len(res.trace)} demands, {res.trace.accesses} expert accesses, "
           f"mean working set W = {mean_working_set(res.trace):.1f} experts/layer/step, "
-          f"{res.stats['tokens_per_second']:.1f} tokens/s")
+          f"{res.stats['tokens_per_second']:.1f} tokens/s, {torch.get_num_threads()} torch threads")
 
 
 def replay_capacities(traces: list[Trace], capacities: list[int], policies: list[str], **options):
@@ -262,8 +354,7 @@ def cmd_simulate(a):
         twice = sorted({v for v in values if values.count(v) > 1})
         if twice:
             raise SettingError(f"{flag} lists {twice} more than once; give each once")
-    if a.csv and a.csv.exists() and not a.force:
-        raise FileExistsError(f"{a.csv} exists; pass --force to replace it")
+    check_output(a.csv, "--csv", a.force)
     traces = [Trace.load(t) for t in a.trace]
     if a.cache_experts is not None:
         for t in traces:
@@ -320,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--record-trace", type=Path, default=None)
     g.add_argument("--force", action="store_true", help="replace an existing --record-trace file")
     g.add_argument("--json", action="store_true")
+    add_threads_arg(g)
     g.set_defaults(fn=cmd_generate)
 
     t = sub.add_parser("trace", help="record the routing trace of a task run")
@@ -331,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=D.seed)
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--force", action="store_true")
+    add_threads_arg(t)
     t.set_defaults(fn=cmd_trace)
 
     s = sub.add_parser("simulate", help="replay traces through policies and capacities (exact miss counts)")
@@ -351,18 +444,66 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--csv", type=Path, default=None)
     s.add_argument("--force", action="store_true", help="replace an existing --csv file")
+    add_threads_arg(s)
     s.set_defaults(fn=cmd_simulate)
 
     bench.add_cli(sub)
+    for name in ("bench", "report", "merge"):
+        add_threads_arg(sub.choices[name], bench_like=name == "bench")
     notebooks.add_cli(sub)
     submit.add_cli(sub)
     add_synth_cli(sub)
+    for name in ("synth", "fit"):
+        add_threads_arg(sub.choices[name])
     return ap
+
+
+def set_threads(a) -> int | None:
+    """torch's intra-op thread count for this command, from --threads or the settings (resolve_threads).
+    bench: --threads N is the profile key torch_threads (part of the result file's settings). notebooks run
+    in their own kernels, which take it from the profile (runs.setup)."""
+    if not hasattr(a, "threads"):      # notebooks, trace-all, run-jobs: kernels and jobs take the profile's key
+        return None
+    if a.cmd == "bench":
+        if a.threads is not None:
+            if any(x.partition("=")[0].strip() == "torch_threads" for x in a.set or []):
+                raise SettingError("give --threads N or --set torch_threads=N, not both")
+            a.set = [*(a.set or []), f"torch_threads={a.threads}"]
+        n = _bench_profile(a).threads
+    else:
+        check_number("--threads", a.threads, low=1, high=1024, integer=True, allow_none=True)
+        n = resolve_threads(a.threads, getattr(a, "model", None), getattr(a, "device", "cpu"))
+    torch.set_num_threads(n)
+    return n
+
+
+def _bench_profile(a):
+    """The profile `bench` will run (as bench.cmd_bench loads it: --set overrides, then --model)."""
+    overrides = dict(parse_override(s) for s in a.set or [])
+    if a.model is not None:
+        overrides["model"] = a.model
+    return load_profile(a.profile, overrides)
+
+
+def check_outputs(a) -> None:
+    """Output paths of the commands registered by other modules (bench, report, merge, synth), probed
+    before any work."""
+    if a.cmd == "bench" and not a.list:
+        out = a.out or bench.default_out(_bench_profile(a), bench.parse_shard(a.shard))
+        check_output(out, "--out", exists_ok=True)              # an existing result file is resumed
+    elif a.cmd == "report":
+        check_output(a.csv, "--csv", a.force)
+    elif a.cmd == "merge":
+        check_output(a.out, "--out", a.force)
+    elif a.cmd == "synth":
+        check_output(a.out, "--out", a.force)
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        set_threads(args)
+        check_outputs(args)
         rc = args.fn(args)             # a command may return an exit code (notebooks: failures)
     except (UserError, *USER_OS_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -61,7 +61,7 @@ def one_line_error(capsys, code) -> str:
     (["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--bandwidth-gbps", "inf"],
      "--bandwidth-gbps must be a finite number"),
     (["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--latency-us", "-1"],
-     "latency_us must be >= 0"),
+     "latency_us must be in [0, 1e+06]"),
     (["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--tau", "0"], "tau must be >= 1"),
     (["generate", "--prompt", "hi", "--cache-experts", "8"], "--cache-experts needs --offload"),
     (["generate", "--prompt", "  "], "a --prompt is empty"),
@@ -71,6 +71,8 @@ def one_line_error(capsys, code) -> str:
     (["trace", "--task", "squad", "--out", "x.safetensors"], "unknown task 'squad'"),
     (["trace", "--task", "gsm8k", "--n", "100000", "--out", "x.safetensors"], "--n must be in [1, "),
     (["trace", "--task", "gsm8k", "--batch-size", "9", "--out", "x.safetensors"], "--batch-size must be in [1, 8]"),
+    (["trace", "--task", "gsm8k", "--batch-size", "4", "--n", "2", "--out", "x.safetensors"],
+     "--batch-size 4 needs at least that many prompts; got --n 2"),
     (["generate", "--prompt", "hi", "--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
 ])
 def test_bad_arguments_are_one_line_before_loading(no_load, capsys, tmp_path, monkeypatch, args, message):
@@ -87,6 +89,8 @@ def test_a_checkpoint_config_error_is_a_checkpoint_error(no_load, capsys, tmp_pa
 
 @pytest.mark.parametrize("args, message", [
     (["--cache-ratios", "nan"], "--cache-ratios must be a finite number"),
+    (["--cache-ratios", "1,inf"], "--cache-ratios must be a finite number"),
+    (["--cache-ratios=-inf"], "--cache-ratios must be a finite number"),
     (["--cache-ratios", "0"], "--cache-ratios must be > 0"),
     (["--cache-ratios", ""], "--cache-ratios is empty"),
     (["--policies", ""], "--policies is empty"),
@@ -174,10 +178,13 @@ def test_user_errors_are_value_errors():
 # --- defaults come from the settings dataclass -------------------------------------------------
 def test_cli_defaults_are_the_settings_defaults():
     d = Settings()
-    g = build_parser().parse_args(["generate", "--prompt", "x"])
+    g = build_parser().parse_args(["generate", "--prompt", "x", "--offload"])
     assert (g.gen_length, g.steps, g.threshold, g.mode) == (d.gen_length, d.steps, d.threshold, d.mode)
-    assert (g.model, g.dtype, g.device, g.link) == (d.model, d.dtype, d.device, d.link)
-    assert (g.latency_us, g.lookahead, g.tau, g.bandwidth_gbps) == (d.latency_us, d.lookahead, d.tau, d.link_gbps)
+    assert (g.model, g.dtype, g.device) == (d.model, d.dtype, d.device)
+    assert g.link is None and g.tau is None             # offload flags: None until resolved, to see what was given
+    cli.offload_flags(g)
+    assert (g.link, g.latency_us, g.lookahead, g.tau) == (d.link, d.latency_us, d.lookahead, d.tau)
+    assert (g.bandwidth_gbps, g.policy, g.link_priority) == (d.link_gbps, d.policies[0], d.link_priority)
     t = build_parser().parse_args(["trace", "--task", "gsm8k", "--out", "x"])
     assert (t.n, t.seed, t.gen_length) == (d.trace_n_prompts, d.seed, d.gen_length)
     s = build_parser().parse_args(["simulate", "--trace", "x"])

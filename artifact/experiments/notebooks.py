@@ -45,6 +45,7 @@ PARAMETERS = ("profile", "overrides")      # the one parameters cell every noteb
 SETTINGS_KEY = "artifact_settings"         # executed notebook metadata: the profile's values it ran with
 _LINE = re.compile(r"^(claim|verdict)(?: \[[a-z]+\])?: (.*)$")
 _SAVED = re.compile(r"^saved (\S+) and (\S+)$")
+_TMP = re.compile(r"^\..+\.(\d+)\.tmp\.ipynb$")       # execute()'s temporary name: .NAME.<pid>.tmp.ipynb
 
 
 class NotebookError(ValueError):
@@ -197,6 +198,33 @@ def execute(path: Path, out: Path, params: dict, settings: dict, cwd: Path, time
             os.replace(tmp, out)
 
 
+def clean_stale_temps(outdir: Path, log=print) -> list[Path]:
+    """Remove the `.NAME.<pid>.tmp.ipynb` files that execute() leaves when its process was killed. A file
+    whose process is still alive (another run on this results directory) is left alone."""
+    removed = []
+    for tmp in sorted(Path(outdir).glob(".*.tmp.ipynb")):
+        m = _TMP.match(tmp.name)
+        if m is None:
+            continue
+        pid = int(m.group(1))
+        if pid != os.getpid() and _alive(pid):
+            continue
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+        log(f"note: removed {tmp} (a half-written notebook of a run that was killed, pid {pid})")
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:              # exists, owned by someone else
+        return True
+    return True
+
+
 def run_notebooks(profile: str = "cpu", overrides: dict | None = None, force: bool = False,
                   only: list[str] | None = None, directory: Path | None = None, results: Path | None = None,
                   timeout: int = CELL_TIMEOUT_S, progress: bool = True, log=print) -> list[Outcome]:
@@ -212,6 +240,7 @@ def run_notebooks(profile: str = "cpu", overrides: dict | None = None, force: bo
     params = injected_parameters(paths, arg, overrides)
     settings = settings_of(P)
     outdir = Path(results or repo_root() / "results") / P.name
+    clean_stale_temps(outdir, log)
     outcomes = []
     for path in paths:
         out = outdir / path.name
@@ -243,7 +272,10 @@ def _short(e: Exception) -> str:
 def summary_table(outcomes: list[Outcome], width: int = 70) -> str:
     rows = []
     for o in outcomes:
-        for k, (claim, verdict) in enumerate(o.claims or [("-", o.error or "-")]):
+        # A notebook that printed claims and then failed shows them and its error (claims alone would
+        # read like a success).
+        pairs = list(o.claims) + ([("error", o.error)] if o.claims and o.error else [])
+        for k, (claim, verdict) in enumerate(pairs or [("-", o.error or "-")]):
             c = claim if len(claim) <= width else claim[:width - 3] + "..."
             rows.append((o.name if k == 0 else "", o.status if k == 0 else "",
                          f"{o.seconds:.0f}" if k == 0 else "", c, verdict))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
+import torch
 import yaml
 
 from artifact.errors import ProfileError, SettingError
@@ -33,7 +34,7 @@ from artifact.offload.timeline import PRIORITIES
 from artifact.validate import check_number
 
 __all__ = ["PROFILE_DIR", "PROFILE_KEYS", "Profile", "ProfileError", "Settings", "fingerprint", "list_profiles",
-           "load_profile", "parse_override", "profile_path"]
+           "load_profile", "parse_override", "profile_path", "resolve_threads"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULTS_ORIGIN = "defaults (artifact/experiments/settings.py)"
@@ -81,7 +82,10 @@ class Settings:
     # (offload/link.py emulated_bandwidth_gbps); cuda -> the hardware's, measured once with a pinned copy
     # when a scale < 1 needs it.
     link_gbps: float | None = None
-    torch_threads: int | None = None     # torch intra-op threads for bench runs; None: torch's default
+    # torch intra-op threads of every command (CLI --threads) and bench run. None: 1 for the tiny model on
+    # the CPU (its ops are too small to gain from threads, and on 2 shared cores OpenMP spin-waiting made
+    # `generate` 27 s instead of 1.2 s), else torch's default (one per core): see resolve_threads.
+    torch_threads: int | None = None
 
     # --- decoding (block diffusion, temperature 0) -------------------------------------------------
     mode: str = "cached"                 # cached (prefix KV cache) | full (re-run the whole prefix every step)
@@ -143,6 +147,11 @@ class Settings:
         return DecodeConfig(gen_length=self.gen_length, steps=self.steps, threshold=self.threshold, mode=self.mode)
 
     @property
+    def threads(self) -> int:
+        """torch_threads, with None resolved (resolve_threads)."""
+        return resolve_threads(self.torch_threads, self.model, self.device)
+
+    @property
     def torch_dtype(self) -> str:
         """dtype, with None resolved: float32 for the tiny model, bfloat16 for a real checkpoint."""
         return self.dtype or ("float32" if self.model == "tiny" else "bfloat16")
@@ -159,8 +168,9 @@ _TYPES = typing.get_type_hints(Settings)
 _GT0 = {"low": 0, "low_open": True}
 _GE0 = {"low": 0}
 _BATCH = {"low": 1, "high": MAX_BATCH, "integer": True}
+_THREADS = {"low": 1, "high": 1024, "integer": True}   # more only fails later, spawning the threads
 RANGES: dict[str, dict] = {
-    "latency_us": _GE0, "link_gbps": _GT0, "torch_threads": _GT0,
+    "latency_us": _GE0, "link_gbps": _GT0, "torch_threads": _THREADS,
     "gen_length": _GT0, "steps": _GT0, "threshold": {"low": 0, "low_open": True, "high": 1},
     "n_prompts": _GT0, "seed": _GE0, "max_prompt_tokens": _GT0,
     "batch_sizes": _BATCH, "cache_ratios": _GT0, "bandwidth_scales": _GT0, "repetitions": _GT0, "warmup": _GE0,
@@ -168,6 +178,18 @@ RANGES: dict[str, dict] = {
     "throttle_scales": _GT0, "throttle_ratio": _GT0,
     "trace_n_prompts": _GT0, "trace_batch_sizes": _BATCH,
 }
+
+
+def resolve_threads(threads: int | None, model: str | None, device: str) -> int:
+    """The torch intra-op thread count a run uses: `threads` when given; otherwise 1 when the work is the
+    tiny model on the CPU, or no model at all (its matmuls are a few KiB: a second thread only adds
+    OpenMP spin-waiting, which on 2 shared cores made `generate` 27 s instead of 1.2 s), and torch's
+    default (one per core) for a real checkpoint or a GPU, where large kernels gain from threads."""
+    if threads is not None:
+        return check_number("torch_threads", threads, **_THREADS)
+    if model in (None, "tiny") and device.split(":")[0] == "cpu":
+        return 1
+    return torch.get_num_threads()
 
 
 def list_profiles() -> list[str]:

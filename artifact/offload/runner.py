@@ -14,6 +14,7 @@ import torch
 
 from artifact.errors import DeviceError, SettingError
 from artifact.model.checkpoint import Loaded
+from artifact.model.config import ModelConfig
 from artifact.model.decode import MAX_BATCH, DecodeConfig, generate
 from artifact.model.llada2 import ResidentExperts
 from artifact.offload.engine import OffloadEngine, offload
@@ -22,6 +23,9 @@ from artifact.offload.policies import check_policy, make_policy
 from artifact.offload.timeline import PRIORITIES
 from artifact.offload.trace import Trace, TraceError, TraceRecorder
 from artifact.validate import check_number
+
+MIN_LINK_GBPS = 1e-4       # 100 KB/s: a 24 MiB LLaDA2.0-flash expert still copies in ~4 minutes
+MAX_LATENCY_US = 1e6       # one second of setup per copy (PCIe: ~10 us)
 
 
 class LinkSettings(Protocol):
@@ -115,9 +119,11 @@ class OffloadSpec:
             raise DeviceError("--link cuda needs a CUDA GPU, and none is available (use --link emulated)")
         if self.link == "cuda" and torch.device(device).type != "cuda":
             raise SettingError("--link cuda computes on the GPU: pass --device cuda")
-        check_number("bandwidth_gbps", self.bandwidth_gbps, low=0, low_open=True, allow_none=True)
-        check_number("cap_gbps", self.cap_gbps, low=0, low_open=True, allow_none=True)
-        check_number("latency_us", self.latency_us, low=0)
+        # Finite is not enough: at 1e-300 GB/s or 1e300 us one copy takes longer than a sleep can express
+        # (OverflowError mid-run). Bounds far beyond any real link keep every copy under a few minutes.
+        check_number("bandwidth_gbps", self.bandwidth_gbps, low=MIN_LINK_GBPS, allow_none=True)
+        check_number("cap_gbps", self.cap_gbps, low=MIN_LINK_GBPS, allow_none=True)
+        check_number("latency_us", self.latency_us, low=0, high=MAX_LATENCY_US)
         check_number("lookahead", self.lookahead, low=1, integer=True)
         check_number("tau", self.tau, low=1, integer=True)
 
@@ -152,9 +158,20 @@ def run_meta(loaded: Loaded, prompt_ids: list[str], batch_size: int, dc: DecodeC
             "num_experts": cfg.num_experts, "expert_bytes": expert_bytes(loaded)}
 
 
+ORACLE_KEYS = ("config_hash", "prompt_ids", "batch_size", "decode")   # what an oracle trace must share with the run
+
+
+def check_oracle_before_load(trace: Trace, cfg: ModelConfig, prompt_ids: list[str], batch_size: int,
+                             dc: DecodeConfig) -> None:
+    """check_oracle_trace from what is known before the weights are read: every key it compares comes from
+    the config (with the tokenizer's mask/eos ids), the prompts and the decoding settings, so a trace of
+    another run is refused before a long load, not after it."""
+    check_oracle_trace(trace, {"config_hash": cfg.config_hash(), "prompt_ids": list(prompt_ids),
+                               "batch_size": batch_size, "decode": dataclasses.asdict(dc)})
+
+
 def check_oracle_trace(trace: Trace, meta: dict) -> None:
-    keys = ("config_hash", "prompt_ids", "batch_size", "decode")
-    diff = [k for k in keys if trace.meta.get(k) != meta.get(k)]
+    diff = [k for k in ORACLE_KEYS if trace.meta.get(k) != meta.get(k)]
     if diff:
         raise TraceError(f"{trace.path}: the oracle trace is of another run (differs in {diff}); record it "
                          "with the same model, prompts, batch size and decoding settings")
