@@ -272,8 +272,9 @@ class IntervalRefresh(Policy):
 
 class Belady(Policy):
     """Belady's MIN: evict (and, inside an oversized demand, stream first) the expert whose next use is
-    farthest. The miss floor for demand paging under this cache's rules (a demanded expert stays until
-    computed; a wave evicts non-demanded residents)."""
+    farthest. The miss floor for demand paging under this cache's rules while no demand outgrows the cache
+    (with waves its greedy keep order can lose to another policy: tests/test_bounds.py; `min` is the true
+    floor). The rules: a demanded expert stays until computed; a wave evicts non-demanded residents."""
 
     name = "belady"
     summary = "evict the farthest next use (miss floor under this cache's rules)"

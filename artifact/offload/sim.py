@@ -10,8 +10,10 @@ Besides the policies, the simulator takes the bound `min` (bounds.relaxed_min). 
           done, and a demand larger than C first evicts every non-demanded resident;
   min     the floor of *any* demand-paging schedule with C slots per layer (evict after compute, any
           order inside a demand, non-demanded residents may stay during a wave), so
-          min <= belady <= demand, interval_refresh, and min <= demand_misses + speculative_transfers
-          of every prefetching policy.
+          min <= belady, min <= every demand-paging policy, and min <= demand_misses +
+          speculative_transfers of every prefetching policy. belady <= demand, interval_refresh holds
+          when no demand outgrows the cache; with waves belady's greedy keep order can lose (a tested
+          counterexample: tests/test_bounds.py::test_belady_is_no_floor_with_waves).
 
 Every count is also kept per phase (`by_phase=True`): prefill (prefill forwards), first (a denoising
 block's step 0) and later (its other steps); the phases add up to the totals."""
