@@ -172,6 +172,7 @@ def test_simulate_by_phase_on_a_recorded_trace(recorded, tmp_path, capsys):
         assert by[ratio, "min"] <= by[ratio, "belady"] <= by[ratio, "demand"]
 
 
+@pytest.mark.slow        # runs the tiny model end to end (subprocesses): not in the --fast tier
 def test_generate_json_shows_the_engine_counts_by_phase(tiny, capsys):
     assert main(["generate", "--prompt", "What is 2 + 2?", "--gen-length", "32", "--offload", "--cache-experts", "16",
                  "--policy", "last_step", "--json"]) == 0

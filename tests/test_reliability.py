@@ -65,6 +65,7 @@ def _wait_for(files, text, timeout=300):
         time.sleep(0.2)
 
 
+@pytest.mark.slow        # runs the tiny model end to end (subprocesses): not in the --fast tier
 @pytest.mark.parametrize("shards", [("0/1", "0/1"), ("0/2", "1/2")], ids=["same-shard", "two-shards"])
 def test_two_bench_processes_on_one_output_keep_every_row_once(tiny, tmp_path, shards):
     """Real `python -m artifact bench` processes. The test holds the output's lock while both start, so
@@ -89,6 +90,7 @@ def test_two_bench_processes_on_one_output_keep_every_row_once(tiny, tmp_path, s
     assert "Traceback" not in "".join(f.read_text() for f in logs)
 
 
+@pytest.mark.slow        # runs the tiny model end to end (subprocesses): not in the --fast tier
 def test_a_waiting_writer_names_the_holder_and_then_appends(tmp_path):
     out = tmp_path / "b.csv"
     p = fake_profile(tasks=["gsm8k"], batch_sizes=[1], cache_ratios=[1.0, 1.73])
@@ -135,6 +137,7 @@ with CellClaims(Path(sys.argv[1])) as claims:
 """
 
 
+@pytest.mark.slow        # runs the tiny model end to end (subprocesses): not in the --fast tier
 def test_a_cell_claimed_by_another_process_runs_last_and_here_if_that_process_dies(tmp_path):
     out = tmp_path / "b.csv"
     p = fake_profile(tasks=["gsm8k"], batch_sizes=[1], cache_ratios=[1.0, 1.73])
@@ -256,6 +259,7 @@ def test_fingerprint_follows_the_weights_not_the_copy(tiny, other_weights, tmp_p
     assert weights_fingerprint(copy) != sampled
 
 
+@pytest.mark.slow        # runs the tiny model end to end (subprocesses): not in the --fast tier
 def test_resume_and_merge_refuse_a_checkpoint_with_other_weights(tiny, other_weights, tmp_path, capsys):
     p = load_profile("cpu", dict(REAL_GRID, cache_ratios=[1.0, 1.73]))
     first = tmp_path / "b.csv"
