@@ -27,20 +27,13 @@ from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps, scaled_
 from artifact.offload.policies import make_policy
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for
+from artifact.offload.timeline import ManualClock
 from artifact.offload.trace import mean_working_set
 
 CONFIGS = [(p, q) for p in ("demand", "last_step") for q in ("fifo", "demand")]
 
 
-class VirtualClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-    def sleep(self, dt):
-        self.t += dt
+VirtualClock = ManualClock          # virtual time: the clock moves only when slept on
 
 
 class Timed:

@@ -16,6 +16,7 @@ from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps, make_li
 from artifact.offload.policies import TraceFuture, make_policy
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.store import HostStore
+from artifact.offload.timeline import ManualClock
 
 DC = DecodeConfig(gen_length=40)
 
@@ -123,15 +124,7 @@ def test_cache_never_exceeds_capacity_and_plans_are_sound(stream):
 
 
 # --- the link ---------------------------------------------------------------------------------
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-    def sleep(self, dt):
-        self.t += dt
+FakeClock = ManualClock          # virtual time: the clock moves only when slept on
 
 
 def test_emulated_link_is_a_fifo_with_latency_plus_bytes_over_bandwidth():

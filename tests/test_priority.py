@@ -11,21 +11,13 @@ from artifact.model.decode import DecodeConfig
 from artifact.offload.link import EmulatedLink, make_link, scaled_chunk_bytes
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import replay
-from artifact.offload.timeline import CopyTimeline, SpeculativeHold, split
+from artifact.offload.timeline import CopyTimeline, ManualClock, SpeculativeHold, split
 
 MB = 1_000_000
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d")
 
 
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-    def sleep(self, dt):
-        self.t += dt
+FakeClock = ManualClock          # virtual time: the clock moves only when slept on
 
 
 def links(chunk=100_000, latency_us=0.0):

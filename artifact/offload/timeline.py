@@ -221,3 +221,17 @@ class SpeculativeHold:
             lo, hi = h.chunks.popleft()
             self.in_flight.append(self._issue(h.copy, lo, hi))
         self.held.remove(h)
+
+
+class ManualClock:
+    """A clock that only moves when slept on: inject it as a link's `clock` and `sleep` to run copies on
+    virtual time (tests of the link's arithmetic, virtual-time benchmarks)."""
+
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, dt: float) -> None:
+        self.t += dt
