@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_cli import one_line_error
 
 import artifact.cli as cli
 import artifact.model.checkpoint as checkpoint
@@ -28,14 +29,6 @@ from artifact.offload.trace import TraceRecorder
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-def one_line_error(capsys, code) -> str:
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture
