@@ -1,4 +1,4 @@
-"""python -m artifact: the command line (artifact/cli.py)."""
+"""python -m artifact: the command line (artifact/cli/)."""
 import sys
 
 from artifact.cli import main

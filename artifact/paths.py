@@ -5,6 +5,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from artifact.errors import ResultFileError
+
 PACKAGE = Path(__file__).resolve().parent
 
 
@@ -71,3 +73,31 @@ def atomic_write_text(path: Path | str, text: str) -> Path:
 def refuse_overwrite(path: Path | str, force: bool) -> None:
     if Path(path).exists() and not force:
         raise FileExistsError(f"{path} exists; pass --force (force=True) to replace it")
+
+
+def check_writable(path: Path | None, flag: str, force: bool = False, exists_ok: bool = False) -> None:
+    """Before any work: `path` can be written the way atomic_write_* writes it (a temporary file beside it,
+    then a rename). The probe creates and removes such a file in the nearest existing directory (so nothing
+    is left when the directories are still to be made), so an unwritable destination fails now, not after a
+    finished run. An existing file is refused unless `force` (or `exists_ok`: a resumable result file)."""
+    if path is None:
+        return
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(f"{flag} {path} is a directory; give a file name")
+        if path.exists() and not (force or exists_ok):
+            raise FileExistsError(f"{path} exists; pass --force to replace it")
+        where = path.parent
+        while not where.exists():
+            where = where.parent
+        if not where.is_dir():
+            raise NotADirectoryError(f"{flag} {path}: {where} is a file, not a directory")
+        fd, probe = tempfile.mkstemp(dir=where, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except (FileExistsError, IsADirectoryError, NotADirectoryError):
+        raise                                              # ours above, each naming the path and the fix
+    except (OSError, ValueError, OverflowError) as e:     # EACCES, EROFS, ENAMETOOLONG, a NUL byte, ...
+        raise ResultFileError(f"{flag} {path}: cannot write there ({getattr(e, 'strerror', None) or e}); "
+                              "choose a writable path") from None

@@ -9,18 +9,10 @@ import pytest
 import torch
 
 from artifact.cli import main as main_for_tests
-from artifact.experiments.bench import (
-    COLUMNS,
-    STAT_COLUMNS,
-    Cell,
-    ModelRunner,
-    grid,
-    merge,
-    parse_shard,
-    read_rows,
-    run_bench,
-    shard_cells,
-)
+from artifact.experiments.bench import run_bench
+from artifact.experiments.grid import Cell, grid, parse_shard, shard_cells
+from artifact.experiments.model_runner import ModelRunner
+from artifact.experiments.results import COLUMNS, STAT_COLUMNS, merge, read_rows
 from artifact.experiments.settings import load_profile
 from artifact.offload.sim import capacity_for
 
@@ -223,7 +215,7 @@ def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
 
 
 def test_changed_tokens_are_flagged(tmp_path, capsys):
-    from artifact.experiments.bench import changed_tokens
+    from artifact.experiments.results import changed_tokens
     out = tmp_path / "b.csv"
     df = run_bench(fake_profile(), out, runner=FakeRunner(), progress=False, log=quiet)
     assert changed_tokens(df) == []

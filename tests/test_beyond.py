@@ -14,8 +14,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from artifact.experiments import beyond, claims  # noqa: E402
-from artifact.experiments.bench import COLUMNS, bench_fingerprint  # noqa: E402
 from artifact.experiments.claims import NOT_REPRODUCED, REPRODUCED  # noqa: E402
+from artifact.experiments.results import COLUMNS, bench_fingerprint  # noqa: E402
 from artifact.experiments.settings import load_profile  # noqa: E402
 from artifact.model.decode import DecodeConfig  # noqa: E402
 from artifact.offload.runner import run  # noqa: E402
@@ -109,7 +109,7 @@ def test_bench_profiles_differ_only_in_priority_and_never_share_a_file():
     fifo, dem = beyond.bench_profile(P, "fifo"), beyond.bench_profile(P, "demand")
     assert (fifo.link_priority, dem.link_priority) == ("fifo", "demand")
     assert fifo.policies == dem.policies == ("demand",) + beyond.BENCH_PREDICTORS
-    assert bench_fingerprint(fifo) != bench_fingerprint(dem)      # link_priority is in bench.SETTINGS
+    assert bench_fingerprint(fifo) != bench_fingerprint(dem)      # link_priority is in results.SETTINGS
     assert fifo.n_prompts >= max(fifo.batch_sizes) and fifo.batch_sizes == (1, 4)
     assert min(fifo.cache_ratios) == 0.43 and max(fifo.cache_ratios) == 1.73
     gpu = load_profile("h200")

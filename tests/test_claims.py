@@ -27,9 +27,9 @@ from artifact.experiments import (  # noqa: E402
     throttle,
     working_set,
 )
-from artifact.experiments.bench import COLUMNS, write_rows  # noqa: E402
 from artifact.experiments.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
 from artifact.experiments.notebooks import claims_of  # noqa: E402
+from artifact.experiments.results import COLUMNS, write_rows  # noqa: E402
 from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
 from artifact.paths import data_dir  # noqa: E402
 

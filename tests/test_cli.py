@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import artifact.cli as cli
+import artifact.cli.engine as engine
+import artifact.offload.prepare as prepare
 from artifact.cli import build_parser, main
 from artifact.errors import DeviceError, SettingError, UserError
 from artifact.experiments.settings import Settings, load_profile
@@ -28,7 +29,7 @@ EB = 3 * 512 * 2048 * 2          # one LLaDA2.0-mini expert in bf16
 @pytest.fixture
 def no_load(monkeypatch):
     """A model load fails the test: every bad input must be refused before it."""
-    monkeypatch.setattr(cli, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
+    monkeypatch.setattr(prepare, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
 
 
 @pytest.fixture
@@ -154,7 +155,7 @@ def test_missing_files_are_one_line(capsys, tmp_path):
 def test_unexpected_exceptions_are_not_swallowed(monkeypatch, small_trace, exc):
     def broken(a):
         raise exc
-    monkeypatch.setattr(cli, "cmd_simulate", broken)
+    monkeypatch.setattr(engine, "cmd_simulate", broken)
     with pytest.raises(type(exc)):
         main(["simulate", "--trace", str(small_trace)])
 
@@ -162,9 +163,9 @@ def test_unexpected_exceptions_are_not_swallowed(monkeypatch, small_trace, exc):
 @pytest.mark.slow
 def test_a_bug_prints_a_traceback_from_the_command_line(tmp_path):
     """End to end in a subprocess: a failing command that is not a user error shows its traceback."""
-    code = ("import sys, artifact.cli as c\n"
+    code = ("import sys, artifact.cli as c, artifact.cli.engine as e\n"
             "def broken(a): raise KeyError('slot 3')\n"
-            "c.cmd_simulate = broken\n"
+            "e.cmd_simulate = broken\n"
             "sys.exit(c.main(['simulate', '--trace', 'x']))\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert p.returncode == 1 and "Traceback" in p.stderr and "KeyError: 'slot 3'" in p.stderr
@@ -182,7 +183,7 @@ def test_cli_defaults_are_the_settings_defaults():
     assert (g.gen_length, g.steps, g.threshold, g.mode) == (d.gen_length, d.steps, d.threshold, d.mode)
     assert (g.model, g.dtype, g.device) == (d.model, d.dtype, d.device)
     assert g.link is None and g.tau is None             # offload flags: None until resolved, to see what was given
-    cli.offload_flags(g)
+    engine.offload_flags(g)
     assert (g.link, g.latency_us, g.lookahead, g.tau) == (d.link, d.latency_us, d.lookahead, d.tau)
     assert (g.bandwidth_gbps, g.policy, g.link_priority) == (d.link_gbps, d.policies[0], d.link_priority)
     t = build_parser().parse_args(["trace", "--task", "gsm8k", "--out", "x"])
@@ -241,8 +242,8 @@ def test_spec_check_refuses_nan_and_bad_knobs():
 
 def test_every_run_is_built_with_from_settings():
     """The hand-written copies the issue found (bench, analysis, tide, cli) all go through from_settings."""
-    for rel in ("artifact/experiments/bench.py", "artifact/experiments/runs.py", "artifact/experiments/tide.py",
-                "artifact/cli.py"):
+    for rel in ("artifact/experiments/model_runner.py", "artifact/experiments/runs.py", "artifact/experiments/tide.py",
+                "artifact/offload/prepare.py"):
         text = (ROOT / rel).read_text()
         assert "OffloadSpec.from_settings(" in text, rel
         assert not re.search(r"OffloadSpec\((?!\*)", text.replace("OffloadSpec.from_settings(", "")), rel

@@ -18,6 +18,7 @@ from test_cli import one_line_error
 
 import artifact.cli as cli
 import artifact.model.checkpoint as checkpoint
+import artifact.offload.prepare as prepare
 from artifact.cli import build_parser, main
 from artifact.errors import SettingError
 from artifact.experiments.notebooks import Outcome, clean_stale_temps, summary_table
@@ -26,6 +27,7 @@ from artifact.model.config import get_preset
 from artifact.model.decode import DecodeConfig
 from artifact.model.llada2 import Demand, StepInfo
 from artifact.offload.trace import TraceRecorder
+from artifact.paths import check_writable
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -214,7 +216,7 @@ def test_unwritable_outputs_are_one_line_before_any_work(tmp_path, capsys, monke
             "merge": ["merge", "none.csv", "--out", str(out)],
             "bench": ["bench", "--profile", "cpu", "--out", str(out)],
             "synth": ["synth", "--out", str(out)]}[command]
-    monkeypatch.setattr(cli, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad output"))
+    monkeypatch.setattr(prepare, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad output"))
     line = one_line_error(capsys, main(argv))
     expect = {"unwritable": "Permission denied", "file-as-dir": "is a file, not a directory",
               "directory": "is a directory", "too-long": "File name too long", "nul": "null"}[where]
@@ -225,11 +227,11 @@ def test_unwritable_outputs_are_one_line_before_any_work(tmp_path, capsys, monke
 def test_an_existing_bench_file_is_resumed_not_refused(tmp_path):
     out = tmp_path / "bench.csv"
     out.write_text("")
-    cli.check_output(out, "--out", exists_ok=True)          # no error: bench resumes into it
+    check_writable(out, "--out", exists_ok=True)          # no error: bench resumes into it
     with pytest.raises(FileExistsError, match="pass --force"):
-        cli.check_output(out, "--csv")
-    cli.check_output(out, "--csv", force=True)
-    cli.check_output(tmp_path / "new" / "deeper" / "x.csv", "--csv")
+        check_writable(out, "--csv")
+    check_writable(out, "--csv", force=True)
+    check_writable(tmp_path / "new" / "deeper" / "x.csv", "--csv")
     assert not (tmp_path / "new").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv"]
 
 

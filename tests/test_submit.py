@@ -16,8 +16,11 @@ import pytest
 
 from artifact.cli import main as main_for_tests
 from artifact.experiments import submit
-from artifact.experiments.bench import CELL_KEYS, grid, read_rows, write_rows
+from artifact.experiments.grid import grid, shard_file
+from artifact.experiments.results import read_rows, write_rows
+from artifact.experiments.runs import trace_current
 from artifact.experiments.settings import ProfileError, load_profile, parse_override
+from artifact.experiments.stats import CELL_KEYS
 
 # A reduced cpu grid: one task, batch 1, one prompt, 32 tokens, one repetition of demand and last_step.
 SMALL = ["tasks=[gsm8k]", "batch_sizes=[1]", "repetitions=1", "gen_length=32", "n_prompts=1", "warmup=0"]
@@ -72,7 +75,7 @@ def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path
     two_cores()
     P = profile("cache_ratios=[0.5, 0.9, 1.3, 1.7]")          # 4 cells: 2 per shard
     target, jobs = tmp_path / "bench.csv", tmp_path / "jobs"
-    shard1 = submit.shard_file(target, 1, 2)
+    shard1 = shard_file(target, 1, 2)
     lines: list[str] = []
     refused: list[str] = []
 
@@ -217,7 +220,7 @@ def test_slurm_section_layers_key_by_key(tmp_path):
 def test_submission_refuses_clashing_files(tmp_path):
     P = profile("cache_ratios=[0.83, 1.3]")
     target = tmp_path / "bench.csv"
-    stray = submit.shard_file(target, 0, 3)
+    stray = shard_file(target, 0, 3)
     stray.write_text("x")
     with pytest.raises(submit.SubmitError, match="shard files of another shard count"):
         submit.plan_bench(P, target, 2)
@@ -258,7 +261,7 @@ def test_trace_all_records_what_is_missing_as_local_jobs(tmp_path, monkeypatch, 
     assert "2 to record" in capsys.readouterr().err
     P = load_profile("cpu", {"trace_tasks": ["gsm8k", "mbpp"], "trace_batch_sizes": [1], "trace_n_prompts": 1,
                              "gen_length": 32})
-    assert all(submit.trace_current(P, t, 1) for t in ("gsm8k", "mbpp"))
+    assert all(trace_current(P, t, 1) for t in ("gsm8k", "mbpp"))
     recorded = Trace.load(runs.trace_path(P, "mbpp", 1))
     here = runs.record_trace(P, "mbpp", 1)                 # the same trace, recorded in this process
     assert len(recorded) == len(here) and mean_working_set(recorded) == mean_working_set(here)

@@ -17,9 +17,11 @@ import warnings
 import pytest
 import torch
 
-from artifact.experiments import tide
+from artifact.experiments import tide, tide_checkout
+from artifact.experiments.model_runner import usable_cores
 from artifact.model.checkpoint import tiny_checkpoint
 from artifact.model.decode import DecodeConfig
+from artifact.model.tasks import tokens_sha
 
 # The fake is not TIDE's pinned model file: check_tide warns about that; the warning has its own test.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is not the model file of ims-kdks/TIDE:UserWarning")
@@ -94,7 +96,7 @@ def fake(tmp_path):
 
 
 def calls(root):
-    return tide.load_tide_module(tide.check_tide(root, device="cpu")).CALLS
+    return tide_checkout.load_tide_module(tide_checkout.check_tide(root, device="cpu")).CALLS
 
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when there is no GPU")
@@ -110,7 +112,7 @@ def test_tide_arguments_map_our_settings():
     assert (g["mask_id"], g["eos_id"]) == (7, 5)
     assert g["temperature"] == 0.0 and g["do_sample"] is False and g["minimal_topk"] == 1
     assert g["eos_early_stop"] is False          # TIDE's block-level eos stop is our eos_early_stop=True
-    assert set(a["offload"]) <= set(tide.OFFLOAD_ARGS) and set(g) <= set(tide.GENERATE_ARGS)
+    assert set(a["offload"]) <= set(tide_checkout.OFFLOAD_ARGS) and set(g) <= set(tide_checkout.GENERATE_ARGS)
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -129,7 +131,7 @@ def test_tide_arguments_refuse_what_tide_would_decode_differently(kw, words):
 
 # --- checking a checkout ---------------------------------------------------------------------------
 def test_check_tide_reads_the_interface(fake):
-    info = tide.check_tide(fake, device="cpu")
+    info = tide_checkout.check_tide(fake, device="cpu")
     assert info.modeling_file == fake / "model" / "modeling_llada2_moe.py"
     assert info.offload_defaults == {"max_gpu_experts_per_layer": None, "reserve_vram_gb": 1.5,
                                      "collect_stats": False, "jump_steps": 1}
@@ -144,33 +146,33 @@ def test_check_tide_reads_the_interface(fake):
 ])
 def test_check_tide_needs_a_path(path, exc, words):
     with pytest.raises(exc) as e:
-        tide.check_tide(path, device="cpu")
+        tide_checkout.check_tide(path, device="cpu")
     assert all(w in str(e.value) for w in words)
 
 
 def test_check_tide_names_a_missing_checkout_or_file(tmp_path, fake):
     with pytest.raises(FileNotFoundError, match="nowhere.*TIDE checkout not found"):
-        tide.check_tide(tmp_path / "nowhere", device="cpu")
+        tide_checkout.check_tide(tmp_path / "nowhere", device="cpu")
     (fake / "model" / "modeling_llada2_moe.py").unlink()
     with pytest.raises(FileNotFoundError) as e:
-        tide.check_tide(fake, device="cpu")
+        tide_checkout.check_tide(fake, device="cpu")
     assert "model/modeling_llada2_moe.py" in str(e.value) and "configuration" not in str(e.value)
 
 
 def test_check_tide_names_an_interface_change(tmp_path):
     renamed = FAKE_MODELING.replace("jump_steps=1):", "refresh_every=1):")
     with pytest.raises(ValueError, match=r"enable_predictive_expert_offload\(\) lacks arguments \['jump_steps'\]"):
-        tide.check_tide(write_fake(tmp_path / "a", renamed), device="cpu")
+        tide_checkout.check_tide(write_fake(tmp_path / "a", renamed), device="cpu")
     no_class = FAKE_MODELING.replace("class LLaDA2MoeModelLM", "class Other")
     with pytest.raises(ValueError, match="no class LLaDA2MoeModelLM"):
-        tide.check_tide(write_fake(tmp_path / "b", no_class), device="cpu")
+        tide_checkout.check_tide(write_fake(tmp_path / "b", no_class), device="cpu")
 
 
 def test_check_tide_names_missing_requirements(tmp_path):
     modeling = "import not_a_real_pkg_4711.sub\nfrom json import loads\n" + FAKE_MODELING
     root = write_fake(tmp_path / "T", modeling, requirements="torch==2.9.1\nnot-a-real-pkg-4711==1.2\n")
     with pytest.raises(ModuleNotFoundError) as e:
-        tide.check_tide(root, device="cpu")
+        tide_checkout.check_tide(root, device="cpu")
     msg = str(e.value)
     assert "not_a_real_pkg_4711" in msg and "not-a-real-pkg-4711==1.2" in msg and "requirements.txt" in msg
     assert "'json'" not in msg and "'torch'" not in msg         # stdlib and installed modules are fine
@@ -179,24 +181,24 @@ def test_check_tide_names_missing_requirements(tmp_path):
 @no_gpu
 def test_check_tide_needs_cuda(fake):
     with pytest.raises(RuntimeError, match=r"CUDA only.*torch.cuda.is_available\(\) is False"):
-        tide.check_tide(fake)
+        tide_checkout.check_tide(fake)
 
 
 def test_check_checkpoint_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint directory not found"):
-        tide.check_checkpoint(tmp_path / "none")
+        tide_checkout.check_checkpoint(tmp_path / "none")
     ck = tmp_path / "ck"
     ck.mkdir()
     with pytest.raises(FileNotFoundError, match="config.json"):
-        tide.check_checkpoint(ck)
+        tide_checkout.check_checkpoint(ck)
     (ck / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ValueError, match="model_type is 'llama'"):
-        tide.check_checkpoint(ck)
+        tide_checkout.check_checkpoint(ck)
     (ck / "config.json").write_text((tiny_checkpoint() / "config.json").read_text())
     (ck / "pytorch_model.bin").write_bytes(b"pickle")
     with pytest.raises(FileNotFoundError, match=r"no model.safetensors.*pytorch_model.bin.*never loaded"):
-        tide.check_checkpoint(ck)
-    assert tide.check_checkpoint(tiny_checkpoint()) == tiny_checkpoint()
+        tide_checkout.check_checkpoint(ck)
+    assert tide_checkout.check_checkpoint(tiny_checkpoint()) == tiny_checkpoint()
 
 
 # --- running TIDE (the fake) ------------------------------------------------------------------------
@@ -229,7 +231,7 @@ def test_run_tide_maps_arguments_and_builds_rows(fake):
         assert (r["system"], r["policy"], r["mode"], r["batch_size"]) == ("tide_released", "tide_released", "full", 1)
         assert (r["task"], r["cache_ratio"], r["cache_experts"], r["budget_experts"]) == ("gsm8k", 0.5, 8, 8)
         assert r["tokens"] == tokens and r["tide_tokens_with_eos"] == with_eos
-        assert r["tokens_sha"] == tide.tokens_sha([[100 + i for i in range(min(len(p), 64))] for p in prompts])
+        assert r["tokens_sha"] == tokens_sha([[100 + i for i in range(min(len(p), 64))] for p in prompts])
         assert r["forwards"] == steps
         assert r["tokens_per_second"] == pytest.approx(tokens / r["seconds"])
         assert r["tide_promotions"] == COUNTS["promotions"] * steps
@@ -266,10 +268,10 @@ def test_run_tide_on_cuda_without_a_gpu_says_so(fake):
 def test_import_failure_names_the_pins(tmp_path):
     broken = FAKE_MODELING.replace("import torch\n", "import torch\nfrom torch import no_such_symbol_4711\n", 1)
     root = write_fake(tmp_path / "T", broken)
-    info = tide.check_tide(root, device="cpu", import_module=False)     # the static checks pass
+    info = tide_checkout.check_tide(root, device="cpu", import_module=False)     # the static checks pass
     assert info.imports == ("torch",)
     with pytest.raises(ImportError) as e:
-        tide.check_tide(root, device="cpu")                              # importing it does not
+        tide_checkout.check_tide(root, device="cpu")                              # importing it does not
     msg = str(e.value)
     assert "no_such_symbol_4711" in msg and "transformers==4.57.1" in msg and "pip install -r" in msg
 
@@ -297,7 +299,7 @@ def test_compare_with_engine_interleaves_three_systems(fake, tiny, tiny_prompts)
     eng = [r for r in rows if r["system"] == "engine"]
     assert all(r["cache_experts"] == 96 and r["batch_size"] == 1 and r["demand_misses"] > 0 for r in eng)
     assert [r["order"] for r in rows] == [0, 1, 2, 0, 1, 2]
-    from artifact.experiments.bench import STAT_COLUMNS
+    from artifact.experiments.results import STAT_COLUMNS
     assert all(set(STAT_COLUMNS) <= set(r) for r in eng)                  # the benchmark's row format
     cached = [r for r in eng if r["mode"] == "cached"]
     full = [r for r in eng if r["mode"] == "full"]
@@ -337,8 +339,8 @@ def test_real_tide_is_the_same_model_as_ours(tmp_path):
     from artifact.model.config import get_preset
     ours = random_model(get_preset("tiny"), seed=1)
     root = save_checkpoint(tmp_path / "ck", ours.cfg, state_tensors(ours.model, ours.experts))
-    info = tide.check_tide(os.environ["ARTIFACT_TIDE_PATH"], device="cpu")
-    cls = getattr(tide.load_tide_module(info), tide.MODEL_CLASS)
+    info = tide_checkout.check_tide(os.environ["ARTIFACT_TIDE_PATH"], device="cpu")
+    cls = getattr(tide_checkout.load_tide_module(info), tide_checkout.MODEL_CLASS)
     theirs = cls.from_pretrained(str(root), dtype=torch.float32, local_files_only=True, use_safetensors=True).eval()
     ids = torch.arange(5, 5 + 64)[None]
     n = ids.shape[1] // 32
@@ -366,36 +368,36 @@ def test_check_tide_refuses_a_sampler_that_ignores_do_sample(tmp_path):
                                 "self.sampled_with = self._sample()")
     with pytest.raises(ValueError, match=r"generate\(\) accepts do_sample but no sampler it calls branches on it.*"
                                          r"0d8c547.*git checkout 5611ace"):
-        tide.check_tide(write_fake(tmp_path / "a", old), device="cpu")
+        tide_checkout.check_tide(write_fake(tmp_path / "a", old), device="cpu")
     ignores = FAKE_MODELING.replace("if do_sample:\n", "if temperature > 1:\n")
     with pytest.raises(ValueError, match="no sampler it calls branches on it"):
-        tide.check_tide(write_fake(tmp_path / "b", ignores), device="cpu")
+        tide_checkout.check_tide(write_fake(tmp_path / "b", ignores), device="cpu")
 
 
 def test_the_pinned_revision_is_recognised_by_the_model_file(fake, monkeypatch):
     modeling = fake / "model" / "modeling_llada2_moe.py"
     if shutil.which("git"):
         out = subprocess.run(["git", "hash-object", str(modeling)], capture_output=True, text=True, check=True)
-        assert tide._blob_sha(modeling) == out.stdout.strip()              # git's own blob id
+        assert tide_checkout._blob_sha(modeling) == out.stdout.strip()              # git's own blob id
     with pytest.warns(UserWarning, match="is not the model file of ims-kdks/TIDE@5611ace.*git -C .* checkout 5611ace"):
-        info = tide.check_tide(fake, device="cpu")
+        info = tide_checkout.check_tide(fake, device="cpu")
     assert not info.pinned
-    monkeypatch.setattr(tide, "PINNED_MODELING_BLOB", tide._blob_sha(modeling))
+    monkeypatch.setattr(tide_checkout, "PINNED_MODELING_BLOB", tide_checkout._blob_sha(modeling))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert tide.check_tide(fake, device="cpu").pinned
+        assert tide_checkout.check_tide(fake, device="cpu").pinned
     row = tide.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False,
                         dc=DecodeConfig(gen_length=32))[0]
-    assert row["tide_pinned"] is True and row["tide_modeling_sha"] == tide._blob_sha(modeling)
+    assert row["tide_pinned"] is True and row["tide_modeling_sha"] == tide_checkout._blob_sha(modeling)
 
 
 def test_tide_runs_on_the_machines_cores_and_restores_the_bench_threads(fake):
     assert torch.get_num_threads() == 1                                    # the bench's (conftest's) setting
     rows = tide.run_tide(fake, tiny_checkpoint(), [[1, 2, 3], [4, 5]], 8, device="cpu", reps=2,
                          dc=DecodeConfig(gen_length=32))
-    seen = tide.load_tide_module(tide.check_tide(fake, device="cpu")).THREADS
-    assert seen == [tide.machine_threads()] * (1 + 2 * 2)                 # warm-up and every timed generate
-    assert all(r["threads"] == tide.machine_threads() for r in rows)
+    seen = tide_checkout.load_tide_module(tide_checkout.check_tide(fake, device="cpu")).THREADS
+    assert seen == [usable_cores()] * (1 + 2 * 2)                 # warm-up and every timed generate
+    assert all(r["threads"] == usable_cores() for r in rows)
     assert torch.get_num_threads() == 1                                    # restored
     tide.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False, threads=3,
                   dc=DecodeConfig(gen_length=32))
@@ -419,7 +421,7 @@ def test_compare_with_engine_sweeps_jump_steps_and_reports_seconds_per_forward(f
     assert enables == [1, 2, 4, 1, 2, 4]                                   # TIDE's own call sets each interval
     for r in rows:
         assert r["seconds_per_forward"] == pytest.approx(r["seconds"] / r["forwards"]) and r["forwards"] > 0
-    assert all(r["threads"] == tide.machine_threads() for r in t)
+    assert all(r["threads"] == usable_cores() for r in t)
     assert all(r["threads"] == 1 for r in rows if r["system"] == "engine")
     s = tide.speedup_parts(rows)
     best = max((1, 2, 4), key=lambda j: sum(r["tokens_per_second"] for r in t if r["jump_steps"] == j))

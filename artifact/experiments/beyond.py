@@ -16,11 +16,12 @@ import pandas as pd
 
 from artifact.experiments import paper
 from artifact.experiments.claims import COLORS, Claim, judged, title
-from artifact.experiments.runs import run_grid, same_tokens
+from artifact.experiments.results import same_tokens
+from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import CONFIDENCE, format_table, paired_table
 from artifact.offload.bounds import relaxed_min
-from artifact.offload.sim import capacity_for, sweep
+from artifact.offload.sim import capacity_for, relative_to_lru, sweep
 from artifact.offload.trace import mean_working_set
 
 OWN = "not a claim of the paper: this artifact's own result (issue 13)"
@@ -71,13 +72,7 @@ def miss_summary(sweep_df) -> pd.DataFrame:
     predictor's share of the misses the oracle removes (`of_oracle`)."""
     g = sweep_df.groupby(["cache_ratio", "policy"], sort=True)[
         ["demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "accesses"]].sum()
-    g = g.reset_index()
-    at = g.set_index(["cache_ratio", "policy"]).demand_misses
-    g["lru_misses"] = [at[(r, "demand")] for r in g.cache_ratio]
-    g["misses_vs_lru"] = g.demand_misses / g.lru_misses
-    g["transfers"] = g.demand_misses + g.speculative_transfers
-    g["transfers_vs_lru"] = g.transfers / g.lru_misses
-    g["misses_removed"] = g.lru_misses - g.demand_misses
+    g = relative_to_lru(g.reset_index(), ["cache_ratio"])
     oracle_removed = g.cache_ratio.map(g[g.policy == "oracle"].set_index("cache_ratio").misses_removed)
     g["of_oracle"] = g.misses_removed / oracle_removed.where(oracle_removed > 0)
     return g

@@ -9,7 +9,8 @@ import pandas as pd
 
 from artifact.experiments import paper
 from artifact.experiments.claims import Claim, judged, title
-from artifact.experiments.runs import run_grid, same_tokens
+from artifact.experiments.results import same_tokens
+from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table, with_paper
 

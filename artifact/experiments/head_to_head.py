@@ -13,13 +13,13 @@ import pandas as pd
 import torch
 
 from artifact.experiments import paper
-from artifact.experiments.bench import ModelRunner
 from artifact.experiments.claims import COLORS, NOT_MEASURABLE, Claim, judged, title
-from artifact.experiments.runs import run_grid
+from artifact.experiments.model_runner import ModelRunner
+from artifact.experiments.runs import load_model, run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table
-from artifact.experiments.tide import JUMP_STEPS, check_tide, compare_with_engine, speedup_parts
-from artifact.model.checkpoint import load_checkpoint
+from artifact.experiments.tide import JUMP_STEPS, compare_with_engine, speedup_parts
+from artifact.experiments.tide_checkout import check_tide
 from artifact.model.tasks import prompts
 from artifact.offload.sim import capacity_for
 
@@ -71,7 +71,7 @@ def tide_unavailable(P: Profile) -> str | None:
 def tide_released(P: Profile, progress: bool = True) -> list[dict]:
     """TIDE's released implementation vs our engine at the budget and half of it (tide.compare_with_engine),
     on the bench's prompts of the first task; C from the bench's W for that task at batch size 1."""
-    loaded = load_checkpoint(P.model, P.torch_dtype, P.device, resident=False)
+    loaded = load_model(P, resident=False)
     task = P.tasks[0]
     W = ModelRunner(P, loaded).working_set(task, 1)
     loaded.model.backend = None                  # drop the traced run's resident experts from the GPU ...

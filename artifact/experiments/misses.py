@@ -18,7 +18,7 @@ from artifact.experiments import paper
 from artifact.experiments.claims import COLORS, NOT_MEASURABLE, PAPER_STYLE, Claim, judged, title
 from artifact.experiments.settings import Profile
 from artifact.offload.cache import COUNTS
-from artifact.offload.sim import phase_columns, sweep
+from artifact.offload.sim import phase_columns, relative_to_lru, sweep
 
 FEW = 0.10       # "few or no misses removed" (our reading): under 10% of LRU's misses
 FACTOR = 1.5     # a paper ratio is reproduced within a factor of 1.5
@@ -53,14 +53,7 @@ def miss_summary(sweep_df) -> pd.DataFrame:
         g = counts.groupby(["cache_ratio", "policy"], sort=True)[list(SUMMED)].sum().reset_index()
         g.insert(0, "prefill", prefill)
         parts.append(g)
-    g = pd.concat(parts, ignore_index=True)
-    lru = g[g.policy == "demand"].set_index(["prefill", "cache_ratio"]).demand_misses
-    g["lru_misses"] = [lru.get((p, r)) for p, r in zip(g.prefill, g.cache_ratio, strict=True)]
-    g["misses_vs_lru"] = g.demand_misses / g.lru_misses
-    g["transfers"] = g.demand_misses + g.speculative_transfers
-    g["transfers_vs_lru"] = g.transfers / g.lru_misses
-    g["misses_removed"] = g.lru_misses - g.demand_misses
-    return g
+    return relative_to_lru(pd.concat(parts, ignore_index=True), ["prefill", "cache_ratio"])
 
 
 # --- verdicts -------------------------------------------------------------------------------------

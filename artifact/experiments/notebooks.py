@@ -13,15 +13,13 @@
 3. A table of every claim's verdict; the exit code is the number of failed notebooks.
 
 nbformat and papermill are imported inside the functions that use them: the CLI imports this module to
-register the command, and the two take seconds to import (jsonschema, nbclient), which every
-`python -m artifact ...` call would pay.
+register the command (artifact/cli/notebooks.py), and the two take seconds to import (jsonschema,
+nbclient), which every `python -m artifact ...` call would pay.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +28,7 @@ from artifact.experiments.settings import (
     PROFILE_DIR,
     PROFILE_KEYS,
     Profile,
-    ProfileError,
-    list_profiles,
     load_profile,
-    parse_override,
     profile_path,
 )
 from artifact.paths import atomic_write_text, repo_root
@@ -313,56 +308,19 @@ def store_claim_outputs(executed: Path, source: Path) -> None:
     atomic_write_text(source, nbformat.writes(src) + "\n")
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line (registered by artifact/cli.py)
-# ---------------------------------------------------------------------------------------------
-def _names(s: str) -> list[str]:
-    return [x.strip() for x in s.split(",") if x.strip()]
-
-
-def cmd_notebooks(a) -> int:
-    """Returns the number of failed notebooks."""
-    try:
-        overrides = dict(parse_override(x) for x in a.set or [])
-        if a.model is not None:
-            overrides["model"] = a.model
-        outcomes = run_notebooks(a.profile, overrides, a.force, a.only, a.notebook_dir, a.results, a.timeout,
-                                 progress=not a.quiet, log=lambda s: print(s, file=sys.stderr))
-    except (NotebookError, ProfileError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        print("nothing was run", file=sys.stderr)
-        return getattr(e, "failed", 1)
-    print(summary_table(outcomes))
-    if a.store and any(o.status == "FAILED" for o in outcomes):
-        print("--store: some notebooks failed; their stored outputs are left as they were", file=sys.stderr)
-    if a.store:
-        if load_profile(a.profile).name != "cpu" or overrides:
-            print("--store copies claim outputs of a plain cpu run only (no --model/--set); skipped",
-                  file=sys.stderr)
-        else:
-            directory = Path(a.notebook_dir or notebook_dir())
-            for o in outcomes:
-                if o.status != "FAILED":
-                    store_claim_outputs(Path(a.results or repo_root() / "results") / "cpu" / f"{o.name}.ipynb",
-                                        directory / f"{o.name}.ipynb")
-            print(f"stored claim outputs into {directory}", file=sys.stderr)
-    return sum(o.status == "FAILED" for o in outcomes)
-
-
-def add_cli(subparsers) -> None:
-    """Register `notebooks` on an argparse subparsers object. Its exit code counts failed notebooks."""
-    n = subparsers.add_parser("notebooks", help="run the numbered notebooks for a profile (papermill) and "
-                                                "print every claim's verdict")
-    n.add_argument("--profile", default="cpu", help=f"one of {list_profiles()} or a path to a .yaml file")
-    n.add_argument("--model", default=None, help="checkpoint directory (overrides the profile's model)")
-    n.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a profile key with a YAML value, e.g. --set repetitions=5 (repeatable)")
-    n.add_argument("--force", action="store_true", help="rerun notebooks whose executed copy is complete")
-    n.add_argument("--only", type=_names, default=None, help="comma-separated numbers or names, e.g. 02,04")
-    n.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S, help="seconds per cell")
-    n.add_argument("--quiet", action="store_true", help="no progress bar")
-    n.add_argument("--store", action="store_true",
-                   help="after a cpu run, copy the claim cells' outputs into notebooks/ (what nbval checks)")
-    n.add_argument("--notebook-dir", type=Path, default=None, help=argparse.SUPPRESS)
-    n.add_argument("--results", type=Path, default=None, help=argparse.SUPPRESS)
-    n.set_defaults(fn=cmd_notebooks)
+def store_outputs(profile: str, overrides: dict, outcomes: list[Outcome], notebooks: Path | None = None,
+                  results: Path | None = None, log=print) -> bool:
+    """--store: copy the claim outputs of a plain cpu run's notebooks that did not fail into the source
+    notebooks (store_claim_outputs). False (nothing stored) for another profile or a run with overrides."""
+    if any(o.status == "FAILED" for o in outcomes):
+        log("--store: some notebooks failed; their stored outputs are left as they were")
+    if load_profile(profile).name != "cpu" or overrides:
+        log("--store copies claim outputs of a plain cpu run only (no --model/--set); skipped")
+        return False
+    directory = Path(notebooks or notebook_dir())
+    for o in outcomes:
+        if o.status != "FAILED":
+            store_claim_outputs(Path(results or repo_root() / "results") / "cpu" / f"{o.name}.ipynb",
+                                directory / f"{o.name}.ipynb")
+    log(f"stored claim outputs into {directory}")
+    return True

@@ -14,8 +14,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from artifact.experiments.bench import CELL_KEYS, bench_fingerprint, grid, read_rows, run_bench
+from artifact.experiments.bench import run_bench
 from artifact.experiments.claims import results_dir, traces_dir
+from artifact.experiments.grid import cell_keys, grid
+from artifact.experiments.results import bench_fingerprint, read_rows
 from artifact.experiments.settings import Profile, fingerprint, load_profile
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.tasks import prompts, select
@@ -35,12 +37,13 @@ def setup(profile: str, overrides: dict | None = None) -> Profile:
 # ---------------------------------------------------------------------------------------------
 # Model and run spec
 # ---------------------------------------------------------------------------------------------
-def load_model(P: Profile):
-    """The profile's checkpoint, loaded once per process (experts resident unless traces are offloaded)."""
+def load_model(P: Profile, resident: bool | None = None):
+    """The profile's checkpoint, loaded once per process and residency (experts resident unless traces are
+    offloaded, or as `resident` says)."""
     if P.model is None:
         raise ValueError(f"profile {P.name!r} has model: null; set it to a checkpoint directory "
                          "(overrides = {'model': DIR} in the notebook, or --model DIR)")
-    return _load(P.model, P.torch_dtype, P.device, P.trace_capacity is None)
+    return _load(P.model, P.torch_dtype, P.device, P.trace_capacity is None if resident is None else resident)
 
 
 @lru_cache(maxsize=2)
@@ -65,24 +68,30 @@ def trace_path(P: Profile, task: str, batch_size: int) -> Path:
     return traces_dir(P) / f"{task}-b{batch_size}.safetensors"
 
 
+def trace_current(P: Profile, task: str, batch_size: int) -> Trace | None:
+    """The stored trace for (task, batch size) when one exists and was made with this profile's settings
+    (fingerprint of TRACE_SETTINGS, the same prompts, the same batch size); None when it is missing,
+    unreadable or of other settings (it is then recorded again)."""
+    path = trace_path(P, task, batch_size)
+    if not path.is_file():
+        return None
+    try:
+        t = Trace.load(path)
+    except TraceError:
+        return None
+    ids = [r["id"] for r in select(task, P.trace_n_prompts, P.seed)]
+    want = (fingerprint(P, TRACE_SETTINGS), ids, batch_size)
+    return t if (t.meta.get("profile_fingerprint"), t.meta.get("prompt_ids"), t.meta.get("batch_size")) == want \
+        else None
+
+
 def traces(P: Profile, progress: bool = True) -> list[Trace]:
     """One trace per (trace task, trace batch size), from data/traces/<profile>/ when one there was
-    made with this profile's settings, else recorded (resident, or offloaded at trace_capacity) and
-    saved atomically. The model is loaded only when something is recorded."""
+    made with this profile's settings (trace_current), else recorded (resident, or offloaded at
+    trace_capacity) and saved atomically. The model is loaded only when something is recorded."""
     fp = fingerprint(P, TRACE_SETTINGS)
     jobs = [(t, b) for t in P.trace_tasks for b in P.trace_batch_sizes]
-    out: dict[tuple, Trace] = {}
-    for task, b in jobs:
-        path = trace_path(P, task, b)
-        if not path.is_file():
-            continue
-        try:
-            t = Trace.load(path)
-        except TraceError:
-            continue                    # unreadable: recorded again below
-        ids = [r["id"] for r in select(task, P.trace_n_prompts, P.seed)]
-        if (t.meta.get("profile_fingerprint"), t.meta.get("prompt_ids"), t.meta.get("batch_size")) == (fp, ids, b):
-            out[(task, b)] = t
+    out = {j: t for j in jobs if (t := trace_current(P, *j)) is not None}
     todo = [j for j in jobs if j not in out]
     for task, b in tqdm(todo, desc="record traces", disable=not progress or not todo):
         t = record_trace(P, task, b)
@@ -124,14 +133,8 @@ def bench_file(P: Profile, stem: str = "bench") -> Path:
 
 def run_grid(P: Profile, stem: str = "bench", progress: bool = True, log=print):
     """run_bench on the profile's grid into bench_file(P, stem): resumes, skips finished cells."""
-    loaded = _load(P.model, P.torch_dtype, P.device, P.trace_capacity is None) if P.model else None
+    loaded = load_model(P) if P.model else None
     rows = run_bench(P, bench_file(P, stem), loaded=loaded, progress=progress, log=log)
     cells = {c.key for c in grid(P)}                # the file may also hold cells of another grid
-    keep = [(str(t), int(b), float(r), float(s)) in cells for t, b, r, s in zip(*(rows[k] for k in CELL_KEYS))]
+    keep = [k in cells for k in cell_keys(rows)]
     return rows[keep].reset_index(drop=True)
-
-
-def same_tokens(rows) -> tuple[int, int]:
-    """(cells where every policy and repetition decoded the same tokens, cells)."""
-    g = rows.groupby(list(CELL_KEYS)).tokens_sha.nunique()
-    return int((g == 1).sum()), int(len(g))

@@ -24,7 +24,6 @@ folder); no result data passes through pickles: shards write CSVs, traces write 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -41,21 +40,12 @@ from tqdm.auto import tqdm
 
 from artifact.errors import UserError
 from artifact.experiments import capacity, head_to_head, runs, throttle
-from artifact.experiments.bench import (
-    Cell,
-    _finished_cells,
-    _profile_from_args,
-    default_out,
-    grid,
-    merge,
-    read_rows,
-    run_bench,
-    shard_cells,
-)
-from artifact.experiments.settings import Profile, fingerprint
-from artifact.experiments.stats import CELL_KEYS
-from artifact.model.tasks import select
-from artifact.offload.trace import Trace, TraceError
+from artifact.experiments.bench import run_bench
+from artifact.experiments.grid import Cell, cell_keys, grid, shard_cells, shard_file
+from artifact.experiments.model_runner import usable_cores
+from artifact.experiments.results import finished_cells, merge, read_rows
+from artifact.experiments.runs import trace_current
+from artifact.experiments.settings import Profile
 from artifact.paths import atomic_write_text, repo_root
 
 BACKENDS = ("local", "slurm")
@@ -72,11 +62,6 @@ def jobs_dir(P: Profile) -> Path:
     return repo_root() / "results" / P.name / "jobs"
 
 
-def shard_file(target: Path, i: int, n: int) -> Path:
-    """Shard i of n's own file beside the target (for bench.csv: bench.shard-I-of-N.csv, as `bench --shard`)."""
-    return target.with_name(f"{target.stem}.shard-{i}-of-{n}.csv")
-
-
 # ---------------------------------------------------------------------------------------------
 # Trace recording: the one place that calls the experiments' trace functions (their module may move)
 # ---------------------------------------------------------------------------------------------
@@ -86,21 +71,6 @@ def trace_jobs(P: Profile) -> list[tuple[str, int]]:
 
 def _one_trace(P: Profile, task: str, batch_size: int) -> Profile:
     return dataclasses.replace(P, trace_tasks=(task,), trace_batch_sizes=(batch_size,))
-
-
-def trace_current(P: Profile, task: str, batch_size: int) -> bool:
-    """A trace file for (task, batch size) exists and was made with this profile's settings (the check
-    runs.traces makes before it reuses a file)."""
-    path = runs.trace_path(P, task, batch_size)
-    if not path.is_file():
-        return False
-    try:
-        meta = Trace.load(path).meta
-    except TraceError:
-        return False
-    ids = [r["id"] for r in select(task, P.trace_n_prompts, P.seed)]
-    return (meta.get("profile_fingerprint"), meta.get("prompt_ids"), meta.get("batch_size")) == (
-        fingerprint(P, runs.TRACE_SETTINGS), ids, batch_size)
 
 
 def record_traces(P: Profile, pairs: list[tuple[str, int]], pin_cpu: int | None = None) -> int:
@@ -193,7 +163,7 @@ def local_slots(P: Profile, count: int) -> list[dict]:
             raise SubmitError(f"{count} local jobs need {count} GPUs (one each); this machine has {gpus}: "
                               f"pass --shards {max(gpus, 1)} or fewer")
         return [{"gpu": i, "cpu": None} for i in range(count)]
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(usable_cores()))
     if count > len(cores):
         raise SubmitError(f"{count} local jobs need {count} CPU cores (one each); this process may use "
                           f"{len(cores)}: pass --shards {len(cores)} or fewer")
@@ -350,7 +320,7 @@ def _cells_in(path: Path) -> set[tuple]:
         df = read_rows(path)
     except (FileNotFoundError, ValueError):
         return set()
-    return {(str(t), int(b), float(r), float(s)) for t, b, r, s in zip(*(df[k] for k in CELL_KEYS), strict=True)}
+    return set(cell_keys(df))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,7 +361,7 @@ def plan_bench(P: Profile, target: Path, n: int) -> BenchPlan:
     cells = grid(P)
     in_target = set()
     if target.is_file():
-        in_target = _finished_cells(read_rows(target))
+        in_target = finished_cells(read_rows(target))
     others = [f for f in target.parent.glob(f"{target.stem}.shard-*-of-*.csv")
               if not f.name.endswith(f"-of-{n}.csv")]
     if others:
@@ -402,7 +372,7 @@ def plan_bench(P: Profile, target: Path, n: int) -> BenchPlan:
     for i in range(n):
         mine = shard_cells(cells, (i, n))
         f = shard_file(target, i, n)
-        done = _finished_cells(read_rows(f)) if f.is_file() else set()
+        done = finished_cells(read_rows(f)) if f.is_file() else set()
         twice = done & in_target
         if twice:
             raise SubmitError(f"{f} holds {len(twice)} cells that {target} already has (left over from an earlier "
@@ -474,7 +444,7 @@ def submit_traces(P: Profile, backend: str, jobs: int | None = None, wait: bool 
     if backend == "slurm":
         groups = [[j] for j in todo]
     else:
-        width = min(len(todo), jobs or _local_capacity(P))
+        width = min(len(todo), jobs or local_capacity(P))
         groups = [todo[k::width] for k in range(width)]
     labels = [", ".join(f"trace {t} b={b}" for t, b in g) for g in groups]
     submitted = _submit(backend, P, folder, "traces", record_traces, [(P, g) for g in groups], labels)
@@ -490,11 +460,11 @@ def submit_traces(P: Profile, backend: str, jobs: int | None = None, wait: bool 
     return todo
 
 
-def _local_capacity(P: Profile) -> int:
+def local_capacity(P: Profile) -> int:
     """How many local jobs this machine runs side by side: its GPUs (cuda profiles) or cores."""
     if P.device.startswith("cuda"):
         return max(1, torch.cuda.device_count())
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return usable_cores()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,95 +485,3 @@ def run_jobs(P: Profile, backend: str, shards: int, folder: Path | None = None, 
     for g, target in bench_stages(P):
         n = max(1, min(shards, len(grid(g))))
         submit_bench(g, target, n, backend, True, folder, rerun, poll_s, progress, log)
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-# ---------------------------------------------------------------------------------------------
-def command(name: str, a, extra: list[str]) -> str:
-    """The command line that repeats a submission (what a user runs again after a failure)."""
-    args = ["python", "-m", "artifact", name, "--profile", str(a.profile)]
-    if getattr(a, "model", None) is not None:
-        args += ["--model", str(a.model)]
-    for s in getattr(a, "set", None) or []:
-        args += ["--set", s]
-    if getattr(a, "out", None) is not None:
-        args += ["--out", str(a.out)]
-    if getattr(a, "jobs_dir", None) is not None:
-        args += ["--jobs-dir", str(a.jobs_dir)]
-    return shlex.join(args + extra)
-
-
-def cmd_bench_submit(a) -> int:
-    """`bench --submit`: called by bench.cmd_bench."""
-    if not a.submit or a.shards is None:
-        raise SubmitError(f"--shards and --wait go with --submit: give --submit {'|'.join(BACKENDS)} --shards N")
-    if a.shard != "0/1" or a.list:
-        raise SubmitError("--submit runs every shard itself: give --shards N, without --shard or --list")
-    P = _profile_from_args(a)
-    target = Path(a.out or default_out(P))
-    extra = ["--submit", a.submit, "--shards", str(a.shards), "--wait"]
-    submit_bench(P, target, a.shards, a.submit, a.wait, a.jobs_dir, command("bench", a, extra), a.poll_seconds,
-                 progress=not a.quiet, log=_err)
-    return 0
-
-
-def cmd_trace_all(a) -> int:
-    P = _profile_from_args(a)
-    extra = ["--submit", a.submit] + (["--jobs", str(a.jobs)] if a.jobs else []) + ["--wait"]
-    submit_traces(P, a.submit, a.jobs, a.wait, a.jobs_dir, command("trace-all", a, extra), a.poll_seconds,
-                  progress=not a.quiet, log=_err)
-    return 0
-
-
-def cmd_run_jobs(a) -> int:
-    P = _profile_from_args(a)
-    shards = a.shards or (_local_capacity(P) if a.submit == "local" else 1)
-    extra = ["--submit", a.submit, "--shards", str(shards)]
-    run_jobs(P, a.submit, shards, a.jobs_dir, command("run-jobs", a, extra), a.poll_seconds, progress=not a.quiet,
-             log=_err)
-    return 0
-
-
-def _err(s: str) -> None:
-    print(s, file=sys.stderr, flush=True)
-
-
-def add_submit_args(p, shards: bool = True) -> None:
-    """--submit and friends (bench registers them on its own parser)."""
-    p.add_argument("--submit", choices=BACKENDS, default=None,
-                   help="run as jobs through submitit: slurm (a job array) or local (one process per GPU or core)")
-    if shards:
-        p.add_argument("--shards", type=int, default=None, help="with --submit: how many jobs (shards) to split into")
-    p.add_argument("--wait", action="store_true", help="with --submit: wait (progress bar), report failures, merge")
-    p.add_argument("--jobs-dir", type=Path, default=None,
-                   help="submitit's folders and the jobs' logs (default: results/PROFILE/jobs/)")
-    p.add_argument("--poll-seconds", type=float, default=POLL_S, help=argparse.SUPPRESS)
-
-
-def add_cli(subparsers) -> None:
-    """Register `trace-all` and `run-jobs` (bench's --submit flags are registered by bench.add_cli)."""
-    from artifact.experiments.settings import list_profiles
-    for name, fn, text in (
-            ("trace-all", cmd_trace_all, "record the profile's routing traces as parallel jobs (one per task "
-                                         "and batch size on slurm)"),
-            ("run-jobs", cmd_run_jobs, "the notebooks' heavy stages as jobs (traces, then the bench, throttling "
-                                       "and TIDE-style grids), each waited for and merged")):
-        t = subparsers.add_parser(name, help=text)
-        t.add_argument("--profile", default="cpu", help=f"one of {list_profiles()} or a path to a .yaml file")
-        t.add_argument("--model", default=None, help="checkpoint directory (overrides the profile's model)")
-        t.add_argument("--set", action="append", metavar="KEY=VALUE",
-                       help="override a profile key with a YAML value, e.g. --set slurm.partition=gpu (repeatable)")
-        t.add_argument("--submit", choices=BACKENDS, required=True, help="slurm (job arrays) or local (processes)")
-        t.add_argument("--quiet", action="store_true", help="no progress bar")
-        t.add_argument("--jobs-dir", type=Path, default=None,
-                       help="submitit's folders and the jobs' logs (default: results/PROFILE/jobs/)")
-        t.add_argument("--poll-seconds", type=float, default=POLL_S, help=argparse.SUPPRESS)
-        if name == "trace-all":
-            t.add_argument("--jobs", type=int, default=None,
-                           help="local: processes (default: one per GPU or core); slurm: one job per trace")
-            t.add_argument("--wait", action="store_true", help="wait (progress bar) and report failed jobs")
-        else:
-            t.add_argument("--shards", type=int, default=None,
-                           help="jobs per bench grid (default: local: GPUs or cores; slurm: 1)")
-        t.set_defaults(fn=fn)

@@ -243,7 +243,7 @@ def load_checkpoint(path: str | Path, dtype="float32", device="cpu", resident: b
     dtype = parse_dtype(dtype)
     tok = load_tokenizer(root)
     cfg = ModelConfig.from_hf(root)
-    cfg = _with_token_ids(cfg, tok, root)
+    cfg = with_token_ids(cfg, tok, root)
     if capacity is not None:
         check_slots_fit(cfg, capacity, dtype, device)
     index = TensorIndex(root)
@@ -296,7 +296,7 @@ def load_tokenizer(root: Path):
         hf_logging.set_verbosity(level)
 
 
-def _with_token_ids(cfg: ModelConfig, tok, root: Path) -> ModelConfig:
+def with_token_ids(cfg: ModelConfig, tok, root: Path) -> ModelConfig:
     """mask/eos ids come from the tokenizer when it knows <|mask|> (they are not in config.json)."""
     import dataclasses
     mask = tok.convert_tokens_to_ids("<|mask|>")

@@ -1,6 +1,7 @@
 """The five benchmark prompt sets (data/tasks/*.jsonl, sources and licences in data/tasks/SOURCES.md)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from functools import lru_cache
@@ -61,3 +62,8 @@ def prompts(tokenizer, name: str, n: int, seed: int = 0, max_prompt_tokens: int 
     """(ids, token lists) for n prompts of a task."""
     rows = select(name, n, seed)
     return [r["id"] for r in rows], [encode(tokenizer, r["prompt"], max_prompt_tokens) for r in rows]
+
+
+def tokens_sha(tokens: list[list[int]]) -> str:
+    """A fingerprint of token lists (generated outputs, or a command-line prompt): equal hashes, equal tokens."""
+    return hashlib.sha1(json.dumps(tokens).encode()).hexdigest()[:12]

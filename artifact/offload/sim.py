@@ -121,11 +121,52 @@ def sweep(traces: Iterable[Trace], ratios: Iterable[float], policies: Iterable[s
         rows.append(row)
     df = pd.DataFrame(rows)
     if len(df):
-        base = df[df.policy == "demand"].set_index(["trace", "task", "batch_size", "cache_ratio"]).demand_misses
-        key = list(zip(df.trace, df.task, df.batch_size, df.cache_ratio))
-        df["misses_vs_lru"] = [m / base.get(k, float("nan")) if base.get(k) else float("nan")
-                               for m, k in zip(df.demand_misses, key)]
+        df["misses_vs_lru"] = _vs_lru(df, ("trace", "task", "batch_size", "cache_ratio"))
     return df
+
+
+def replay_capacities(traces: Iterable[Trace], capacities: Iterable[int], policies: Iterable[str], **settings):
+    """Like sweep, at absolute capacities C instead of ratios C/W (cache_ratio = C / W per trace), so an
+    engine run at --cache-experts C can be replayed by hand."""
+    import pandas as pd
+    rows = []
+    for t in traces:
+        W = mean_working_set(t)
+        for C in capacities:
+            for p in policies:
+                row = {"task": t.meta.get("task"), "batch_size": t.meta.get("batch_size"), "trace": str(t.path or ""),
+                       "policy": p, "cache_ratio": C / W, "working_set": W, "cache_experts": C}
+                row.update(replay(t, p, C, **settings))
+                rows.append(row)
+    df = pd.DataFrame(rows)
+    df["misses_vs_lru"] = _vs_lru(df, ("trace", "cache_experts"))
+    return df
+
+
+def lru_misses(df, keys) -> list:
+    """Each row's LRU ('demand') demand misses: those of the 'demand' row with the same values of `keys`
+    (nan where there is none)."""
+    keys = list(keys)
+    lru = df[df.policy == "demand"]
+    base = dict(zip(zip(*(lru[k] for k in keys)), lru.demand_misses))
+    return [base.get(k, float("nan")) for k in zip(*(df[k] for k in keys))]
+
+
+def _vs_lru(df, keys) -> list:
+    """demand misses / LRU's at the same keys; nan where LRU has none (or no 'demand' row)."""
+    return [m / b if b == b and b else float("nan") for m, b in zip(df.demand_misses, lru_misses(df, keys))]
+
+
+def relative_to_lru(counts, keys):
+    """Pooled counts (a row per `keys` x policy) against LRU's at the same keys: lru_misses, misses_vs_lru,
+    transfers (demand misses + speculative transfers), transfers_vs_lru and misses_removed."""
+    g = counts.copy()
+    g["lru_misses"] = lru_misses(g, keys)
+    g["misses_vs_lru"] = g.demand_misses / g.lru_misses
+    g["transfers"] = g.demand_misses + g.speculative_transfers
+    g["transfers_vs_lru"] = g.transfers / g.lru_misses
+    g["misses_removed"] = g.lru_misses - g.demand_misses
+    return g
 
 
 def phase_columns(df, counts=(*COUNTS, "accesses")):

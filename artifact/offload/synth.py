@@ -32,13 +32,10 @@ demand not in the layer's previous demand; prefill as mean prefill W over w.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
-import sys
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 
 import numpy as np
 
@@ -46,7 +43,6 @@ from artifact.errors import SettingError, TraceError
 from artifact.model.config import PRESETS
 from artifact.offload.link import REFERENCE_EXPERT_BYTES
 from artifact.offload.trace import KINDS, Trace
-from artifact.paths import refuse_overwrite
 from artifact.validate import check_number
 
 PREFILL, DENOISE = KINDS.index("prefill"), KINDS.index("denoise")
@@ -365,7 +361,8 @@ def _novelty(trace: Trace, prev: np.ndarray, E: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # Command line: python -m artifact synth ... / fit TRACE
 # ---------------------------------------------------------------------------------------------
-_HELP = {"layers": "MoE layers", "experts": "routed experts per layer (E)", "top_k": "experts per token",
+# What each SynthParams field means, in a few words (the synth command's help).
+PARAM_HELP = {"layers": "MoE layers", "experts": "routed experts per layer (E)", "top_k": "experts per token",
          "tokens": "tokens per denoising step", "blocks": "blocks per sequence", "steps": "steps per block",
          "sequences": "generate calls", "batch_size": "prefill forwards per sequence (batch rows)",
          "w": "mean working set W", "w_spread": "relative sd of W", "w_depth": "relative change of W over depth",
@@ -373,43 +370,3 @@ _HELP = {"layers": "MoE layers", "experts": "routed experts per layer (E)", "top
          "w_persistence": "step-to-step correlation of W's noise in a block",
          "novelty": "share of D(t,l) not in D(t-1,l)", "block_novelty": "the same at a block's first step",
          "prefill": "prefill W / w (0: no prefill)", "seed": "random seed"}
-
-
-def add_cli(sub) -> None:
-    s = sub.add_parser("synth", help="write a synthetic routing stream with chosen W, spread and novelty")
-    for f in fields(SynthParams):
-        s.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=f.default,
-                       help=f"{_HELP[f.name]} (default {f.default})")
-    s.add_argument("--expert-bytes", type=int, default=REFERENCE_EXPERT_BYTES,
-                   help="bytes per routed expert (default: LLaDA2.0-mini in bf16)")
-    s.add_argument("--out", type=Path, required=True)
-    s.add_argument("--force", action="store_true", help="replace an existing --out file")
-    s.set_defaults(fn=cmd_synth)
-
-    f = sub.add_parser("fit", help="fit the synthetic stream's parameters to a routing trace")
-    f.add_argument("trace", type=Path)
-    f.add_argument("--json", action="store_true")
-    f.set_defaults(fn=cmd_fit)
-
-
-def cmd_synth(a: argparse.Namespace) -> None:
-    p = SynthParams(**{f.name: getattr(a, f.name) for f in fields(SynthParams)})
-    refuse_overwrite(a.out, a.force)
-    t = synth(p, a.expert_bytes)
-    t.save(a.out)
-    got = measure(t)
-    print(f"{a.out}: {len(t)} demands, {t.accesses} expert accesses; measured W {got['w']:.1f} (asked {p.w:g}), "
-          f"spread {got['w_spread']:.3f} ({p.w_spread:g}), novelty {got['novelty']:.3f} ({p.novelty:g})")
-
-
-def cmd_fit(a: argparse.Namespace) -> None:
-    t = Trace.load(a.trace)
-    p, got = fit(t), measure(t)
-    if a.json:
-        print(json.dumps({"trace": str(a.trace), "params": asdict(p), "measured": got["measured"],
-                          "generated_with": t.meta.get("synth")}))
-        return
-    print(p.describe())
-    print(f"{'w_cv_total':>14} = {got['measured']['w_cv_total']:.3f}  (all of W's spread: profile and noise)")
-    for note in got["measured"]["notes"]:
-        print(f"note: {note}", file=sys.stderr)

@@ -1,0 +1,93 @@
+"""Arguments several commands share: the model and decoding flags, --threads, the profile flags
+(--profile/--model/--set, declared and read once here) and the submission flags."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from artifact.experiments.settings import Profile, Settings, list_profiles, load_profile, parse_override
+from artifact.experiments.submit import BACKENDS, POLL_S
+from artifact.model.decode import MODES
+
+D = Settings()          # every default comes from the settings dataclass: one source of truth
+
+
+def floats(s: str) -> list[float]:
+    try:
+        return [float(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
+
+
+def ints(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def names(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=D.model, help="'tiny' (built on first use) or a checkpoint directory")
+    p.add_argument("--dtype", default=D.dtype,
+                   help="float32 | bfloat16 (default: float32 for tiny, bfloat16 otherwise)")
+    p.add_argument("--device", default=D.device, help="cpu | cuda")
+
+
+def add_threads_arg(p: argparse.ArgumentParser, bench_like: bool = False) -> None:
+    where = "the profile's torch_threads" if bench_like else "Settings.torch_threads"
+    p.add_argument("--threads", type=int, default=None,
+                   help=f"torch intra-op threads (default: {where}; unset: 1 for the tiny model or no model on "
+                        "the CPU, where more threads only spin, else torch's default of one per core)")
+
+
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gen-length", type=int, default=D.gen_length, help="tokens generated per prompt")
+    p.add_argument("--steps", type=int, default=D.steps, help="max denoising steps per 32-token block")
+    p.add_argument("--threshold", type=float, default=D.threshold)
+    p.add_argument("--mode", choices=MODES, default=D.mode)
+
+
+def add_profile_args(p: argparse.ArgumentParser, set_example: str = "repetitions=5", model: bool = True,
+                     after_profile=None) -> None:
+    """--profile, --model and --set: the one declaration of the profile flags. `after_profile` adds flags
+    that the help lists between --profile and --model (as the commands always have)."""
+    p.add_argument("--profile", default="cpu", help=f"one of {list_profiles()} or a path to a .yaml file")
+    if after_profile is not None:
+        after_profile(p)
+    if model:
+        p.add_argument("--model", default=None, help="checkpoint directory (overrides the profile's model)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help=f"override a profile key with a YAML value, e.g. --set {set_example} (repeatable)")
+
+
+def overrides_from_args(a) -> dict:
+    """--set overrides, then --model."""
+    overrides = dict(parse_override(s) for s in a.set or [])
+    if getattr(a, "model", None) is not None:
+        overrides["model"] = a.model
+    return overrides
+
+
+def profile_from_args(a) -> Profile:
+    """The profile the command runs: --profile with --set overrides, then --model."""
+    return load_profile(a.profile, overrides_from_args(a))
+
+
+def add_submit_args(p: argparse.ArgumentParser, shards: bool = True) -> None:
+    """--submit and friends, as `bench` takes them."""
+    p.add_argument("--submit", choices=BACKENDS, default=None,
+                   help="run as jobs through submitit: slurm (a job array) or local (one process per GPU or core)")
+    if shards:
+        p.add_argument("--shards", type=int, default=None, help="with --submit: how many jobs (shards) to split into")
+    p.add_argument("--wait", action="store_true", help="with --submit: wait (progress bar), report failures, merge")
+    add_jobs_dir_args(p)
+
+
+def add_jobs_dir_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs-dir", type=Path, default=None,
+                   help="submitit's folders and the jobs' logs (default: results/PROFILE/jobs/)")
+    p.add_argument("--poll-seconds", type=float, default=POLL_S, help=argparse.SUPPRESS)

@@ -1,0 +1,226 @@
+"""`generate`, `trace` and `simulate`: the engine's commands. Each parses its flags into a RunRequest,
+calls artifact.offload.prepare.prepare (every check that needs no weights), loads, runs and prints."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from artifact.cli.args import D, add_decode_args, add_model_args, add_threads_arg, floats, ints
+from artifact.errors import SettingError
+from artifact.model.decode import MAX_BATCH
+from artifact.model.tasks import TASKS
+from artifact.offload.link import LINKS
+from artifact.offload.policies import POLICIES, split_policies
+from artifact.offload.prepare import Offload, Output, RunRequest, TaskPrompts, prepare
+from artifact.offload.runner import RunSettings, run
+from artifact.offload.sim import BOUNDS, COUNTS, PHASES, check_spec, phase_columns, replay_capacities, sweep
+from artifact.offload.timeline import PRIORITIES
+from artifact.offload.trace import Trace, mean_working_set
+from artifact.paths import atomic_write_text, check_writable
+from artifact.validate import check_number
+
+# Flags that only mean something for an offloaded run, with the defaults they take then (from Settings).
+# argparse's default is None, so "given explicitly" is known after parsing and such a flag without
+# --offload is refused instead of silently ignored.
+OFFLOAD_DEFAULTS = {"cache_experts": None, "policy": D.policies[0], "link": D.link, "bandwidth_gbps": D.link_gbps,
+                    "latency_us": D.latency_us, "link_priority": D.link_priority, "cap_gbps": None,
+                    "lookahead": D.lookahead, "tau": D.tau, "oracle_trace": None}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def add_offload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--offload", action="store_true", help="experts live in host memory behind a per-layer cache")
+    # Defaults are None here and filled from OFFLOAD_DEFAULTS by offload_flags (see there).
+    p.add_argument("--cache-experts", type=int, default=None, help="C: device slots per MoE layer (with --offload)")
+    p.add_argument("--policy", default=None, help=f"one of {sorted(n for n, s in POLICIES.items() if s.engine_ok)} "
+                                                  f"(default: {OFFLOAD_DEFAULTS['policy']})")
+    p.add_argument("--link", default=None, help=f"one of {LINKS} (default: {OFFLOAD_DEFAULTS['link']})")
+    p.add_argument("--bandwidth-gbps", type=float, default=None,
+                   help="emulated link bandwidth (default: PCIe 4 scaled to this model's expert size)")
+    p.add_argument("--latency-us", type=float, default=None, help=f"default: {OFFLOAD_DEFAULTS['latency_us']}")
+    p.add_argument("--link-priority", choices=PRIORITIES, default=None,
+                   help="fifo: one copy queue in issue order; demand: speculative copies never delay a demand copy "
+                        f"by more than one expert copy (default: {OFFLOAD_DEFAULTS['link_priority']})")
+    p.add_argument("--cap-gbps", type=float, default=None, help="throttle: cap the link's bandwidth")
+    p.add_argument("--lookahead", type=int, default=None, help=f"default: {OFFLOAD_DEFAULTS['lookahead']}")
+    p.add_argument("--tau", type=int, default=None, help=f"default: {OFFLOAD_DEFAULTS['tau']}")
+    p.add_argument("--oracle-trace", type=Path, default=None, help="trace of an identical earlier run (oracle)")
+
+
+def offload_flags(a) -> None:
+    """Refuse offload flags given without --offload (they would be ignored), then fill in the defaults."""
+    given = [_flag(k) for k in OFFLOAD_DEFAULTS if getattr(a, k) is not None]
+    if not a.offload and given:
+        raise SettingError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --offload (without it "
+                           "every expert is resident and these flags would be ignored)")
+    for k, v in OFFLOAD_DEFAULTS.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+
+
+def offload_request(a) -> Offload | None:
+    """The --offload flags as prepare's Offload (None for a resident run); flags without --offload are refused."""
+    offload_flags(a)
+    if not a.offload:
+        return None
+    s = RunSettings(link=a.link, link_gbps=a.bandwidth_gbps, latency_us=a.latency_us, link_priority=a.link_priority,
+                    lookahead=a.lookahead, tau=a.tau)
+    return Offload(a.cache_experts, a.policy, s, cap_gbps=a.cap_gbps, oracle_trace=a.oracle_trace)
+
+
+def _decoding(a) -> dict:
+    return dict(model=a.model, device=a.device, dtype=a.dtype, gen_length=a.gen_length, steps=a.steps,
+                threshold=a.threshold, mode=a.mode)
+
+
+def cmd_generate(a):
+    request = RunRequest(**_decoding(a), texts=tuple(a.prompt), raw=a.raw, offload=offload_request(a),
+                         outputs=(Output(a.record_trace, "--record-trace", a.force),))
+    r = prepare(request)
+    loaded = r.load()
+    res = run(loaded, r.prompts, r.batch_size, r.dc, spec=r.spec, device=a.device, oracle=r.oracle,
+              record=bool(a.record_trace), prompt_ids=r.prompt_ids)
+    res.stats["threads"] = torch.get_num_threads()
+    text = [r.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
+    if a.json:
+        print(json.dumps({"tokens": res.tokens, "text": text, "stats": res.stats}))
+    else:
+        for t in text:
+            print(t)
+        print(_table(res.stats), file=sys.stderr)
+    if a.record_trace:              # after the output: a failing write (disk full) loses the file, not the run
+        res.trace.save(a.record_trace)
+
+
+def cmd_trace(a):
+    request = RunRequest(**_decoding(a), task=TaskPrompts(a.task, a.n, a.batch_size, a.seed),
+                         outputs=(Output(a.out, "--out", a.force),))
+    r = prepare(request)
+    loaded = r.load()
+    res = run(loaded, r.prompts, r.batch_size, r.dc, device=a.device, record=True, prompt_ids=r.prompt_ids,
+              task=a.task)
+    res.trace.save(a.out)
+    print(f"{a.out}: {len(res.trace)} demands, {res.trace.accesses} expert accesses, "
+          f"mean working set W = {mean_working_set(res.trace):.1f} experts/layer/step, "
+          f"{res.stats['tokens_per_second']:.1f} tokens/s, {torch.get_num_threads()} torch threads")
+
+
+def cmd_simulate(a):
+    if not a.policies:
+        raise SettingError("--policies is empty; give at least one of " + ", ".join([*POLICIES, *BOUNDS]))
+    for p in a.policies:
+        check_spec(p)                       # a policy spec, or the bound `min`
+    check_number("--lookahead", a.lookahead, low=1, integer=True)
+    check_number("--tau", a.tau, low=1, integer=True)
+    if a.cache_experts is not None:
+        if not a.cache_experts:
+            raise SettingError("--cache-experts is empty; give capacities C, e.g. --cache-experts 40")
+    else:
+        ratios = a.cache_ratios if a.cache_ratios is not None else list(D.cache_ratios)
+        if not ratios:
+            raise SettingError("--cache-ratios is empty; give ratios C/W, e.g. --cache-ratios 0.5,1")
+        for r in ratios:
+            check_number("--cache-ratios", r, low=0, low_open=True)
+    for flag, values in (("--trace", [str(t.resolve()) for t in a.trace]), ("--policies", a.policies),
+                         ("--cache-ratios", a.cache_ratios or []), ("--cache-experts", a.cache_experts or [])):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise SettingError(f"{flag} lists {twice} more than once; give each once")
+    check_writable(a.csv, "--csv", a.force)
+    traces = [Trace.load(t) for t in a.trace]
+    if a.cache_experts is not None:
+        for t in traces:
+            for C in a.cache_experts:
+                check_number(f"--cache-experts (trace {t.path})", C, low=1, high=t.meta["num_experts"], integer=True)
+        df = replay_capacities(traces, a.cache_experts, a.policies, by_phase=a.by_phase, lookahead=a.lookahead,
+                               tau=a.tau)
+    else:
+        df = sweep(traces, ratios, a.policies, progress=not a.json, by_phase=a.by_phase, lookahead=a.lookahead,
+                   tau=a.tau)
+    if a.csv:                               # a CSV holds flat columns: <count>_<phase> beside the totals
+        atomic_write_text(a.csv, (phase_columns(df) if a.by_phase else df).to_csv(index=False))
+        print(f"wrote {len(df)} rows to {a.csv}", file=sys.stderr)
+    if a.json:                              # rows keep "by_phase": {"prefill": {...}, "first": {...}, "later": {...}}
+        print(df.to_json(orient="records"))
+    elif not a.csv:
+        cols = ["task", "batch_size", "cache_ratio", "cache_experts", "policy", *COUNTS[1:5], "misses_vs_lru"]
+        if a.by_phase:
+            print(_phase_table(df, cols[:5], COUNTS[1:5]))
+        else:
+            print(df[cols].to_string(index=False))
+
+
+def _phase_table(df, keys: list[str], counts) -> str:
+    """One line per (row, phase) and the row's total: the per-phase table of `simulate --by-phase`."""
+    rows = []
+    for r in df.to_dict("records"):
+        for phase in (*PHASES, "total"):
+            got = r if phase == "total" else r["by_phase"][phase]
+            rows.append({**{k: r[k] for k in keys}, "phase": phase, **{c: got[c] for c in counts}})
+    return pd.DataFrame(rows).to_string(index=False)
+
+
+def _table(stats: dict) -> str:
+    lines = []
+    for k, v in stats.items():
+        if isinstance(v, dict):              # by_phase: one line per phase
+            lines += [f"{k + '.' + p:>24}: " + ", ".join(f"{c}={n}" for c, n in d.items()) for p, d in v.items()]
+        else:
+            lines.append(f"{k:>24}: {v:.4g}" if isinstance(v, float) else f"{k:>24}: {v}")
+    return "\n".join(lines)
+
+
+def add_cli(sub) -> None:
+    """Register `generate`, `trace` and `simulate`."""
+    g = sub.add_parser("generate", help="decode prompts (resident or offloaded) and print tokens and stats")
+    add_model_args(g)
+    add_decode_args(g)
+    add_offload_args(g)
+    g.add_argument("--prompt", action="append", required=True, help=f"repeat for a batch (1-{MAX_BATCH})")
+    g.add_argument("--raw", action="store_true", help="encode prompts as is, without the chat template")
+    g.add_argument("--record-trace", type=Path, default=None)
+    g.add_argument("--force", action="store_true", help="replace an existing --record-trace file")
+    g.add_argument("--json", action="store_true")
+    add_threads_arg(g)
+    g.set_defaults(fn=cmd_generate)
+
+    t = sub.add_parser("trace", help="record the routing trace of a task run")
+    add_model_args(t)
+    add_decode_args(t)
+    t.add_argument("--task", required=True, help=f"one of {TASKS}")
+    t.add_argument("--n", type=int, default=D.trace_n_prompts, help="prompts")
+    t.add_argument("--batch-size", type=int, default=1)
+    t.add_argument("--seed", type=int, default=D.seed)
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--force", action="store_true")
+    add_threads_arg(t)
+    t.set_defaults(fn=cmd_trace)
+
+    s = sub.add_parser("simulate", help="replay traces through policies and capacities (exact miss counts)")
+    s.add_argument("--trace", type=Path, action="append", required=True)
+    cap = s.add_mutually_exclusive_group()
+    cap.add_argument("--cache-ratios", type=floats, default=None,
+                     help=f"C/W per trace (default: {','.join(f'{r:g}' for r in D.cache_ratios)})")
+    cap.add_argument("--cache-experts", type=ints, default=None,
+                     help="absolute capacities C (slots per MoE layer), e.g. to replay an engine run by hand")
+    s.add_argument("--policies", type=split_policies, default=list(D.sim_policies),
+                   help="policy specs name[:key=value,...], comma-separated; also the bound min "
+                        "(relaxed MIN, the floor of any C-slot demand paging; belady is this cache's floor)")
+    s.add_argument("--lookahead", type=int, default=D.lookahead)
+    s.add_argument("--tau", type=int, default=D.tau)
+    s.add_argument("--by-phase", action="store_true",
+                   help="also count per phase (prefill, first = a block's step 0, later): a by_phase object per "
+                        "JSON row, <count>_<phase> CSV columns, or a per-phase table")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--csv", type=Path, default=None)
+    s.add_argument("--force", action="store_true", help="replace an existing --csv file")
+    add_threads_arg(s)
+    s.set_defaults(fn=cmd_simulate)

@@ -1,0 +1,50 @@
+"""`notebooks`: run the numbered notebooks for a profile (artifact.experiments.notebooks) and print every
+claim's verdict; the exit code counts failed notebooks."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from artifact.cli.args import add_profile_args, names, overrides_from_args
+from artifact.experiments.notebooks import (
+    CELL_TIMEOUT_S,
+    NotebookError,
+    run_notebooks,
+    store_outputs,
+    summary_table,
+)
+from artifact.experiments.settings import ProfileError
+
+
+def cmd_notebooks(a) -> int:
+    """Returns the number of failed notebooks."""
+    log = lambda s: print(s, file=sys.stderr)      # noqa: E731
+    try:
+        overrides = overrides_from_args(a)
+        outcomes = run_notebooks(a.profile, overrides, a.force, a.only, a.notebook_dir, a.results, a.timeout,
+                                 progress=not a.quiet, log=log)
+    except (NotebookError, ProfileError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        print("nothing was run", file=sys.stderr)
+        return getattr(e, "failed", 1)
+    print(summary_table(outcomes))
+    if a.store:
+        store_outputs(a.profile, overrides, outcomes, a.notebook_dir, a.results, log=log)
+    return sum(o.status == "FAILED" for o in outcomes)
+
+
+def add_cli(subparsers) -> None:
+    """Register `notebooks`."""
+    n = subparsers.add_parser("notebooks", help="run the numbered notebooks for a profile (papermill) and "
+                                                "print every claim's verdict")
+    add_profile_args(n)
+    n.add_argument("--force", action="store_true", help="rerun notebooks whose executed copy is complete")
+    n.add_argument("--only", type=names, default=None, help="comma-separated numbers or names, e.g. 02,04")
+    n.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S, help="seconds per cell")
+    n.add_argument("--quiet", action="store_true", help="no progress bar")
+    n.add_argument("--store", action="store_true",
+                   help="after a cpu run, copy the claim cells' outputs into notebooks/ (what nbval checks)")
+    n.add_argument("--notebook-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    n.add_argument("--results", type=Path, default=None, help=argparse.SUPPRESS)
+    n.set_defaults(fn=cmd_notebooks)

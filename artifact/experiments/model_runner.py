@@ -1,0 +1,120 @@
+"""Running a profile's bench cells on a model, and the facts of the machine the rows record.
+
+ModelRunner loads the profile's checkpoint once (after every check `prepare` can make before the weights
+are read), traces each (task, batch size) once to measure W (the run doubles as the warm-up and its trace
+feeds the oracle), and runs one policy at a capacity, returning a row of the result file's STAT_COLUMNS.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import torch
+
+from artifact.errors import ProfileError
+from artifact.experiments.grid import Cell
+from artifact.experiments.results import STAT_COLUMNS, phase_stats
+from artifact.experiments.settings import Profile
+from artifact.model.checkpoint import weights_fingerprint
+from artifact.model.tasks import prompts, tokens_sha
+from artifact.offload.policies import check_policy
+from artifact.offload.prepare import RunRequest, prepare
+from artifact.offload.runner import OffloadSpec, check_device, run
+from artifact.offload.trace import mean_working_set
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def hardware(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{platform.machine()} cpu x{os.cpu_count()}"
+
+
+def measure_h2d_gbps(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Host-to-device bandwidth of pinned copies (the cuda link's unthrottled rate)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize(device)
+    return repeats * nbytes / (time.perf_counter() - t0) / 1e9
+
+
+class ModelRunner:
+    """Runs a profile's cells on a model. Tests may substitute an object with the same `meta`,
+    `num_experts`, `working_set` and `run`."""
+
+    def __init__(self, p: Profile, loaded=None):
+        if p.model is None:
+            raise ProfileError(f"profile {p.name!r} needs a checkpoint directory: pass --model DIR")
+        check_device(p.device)
+        if p.torch_threads is not None:
+            torch.set_num_threads(p.torch_threads)
+        self.p = p
+        if loaded is None:           # every check that needs no weights first (artifact.offload.prepare)
+            request = RunRequest(p.model, p.device, p.torch_dtype, p.gen_length, p.steps, p.threshold, p.mode)
+            loaded = prepare(request).load(resident=p.trace_capacity is None)
+        self.loaded = loaded
+        if p.device.startswith("cuda") and not self.loaded.experts.is_pinned():
+            self.loaded.experts = self.loaded.experts.pin_memory()   # once, not in every run's HostStore
+        cfg = self.loaded.cfg
+        self.num_experts = cfg.num_experts
+        self.expert_bytes = cfg.expert_params * self.loaded.experts.element_size()
+        self.dc = p.decode_config()
+        self.meta = {"model": cfg.name, "model_hash": cfg.config_hash(),
+                     "weights_fingerprint": weights_fingerprint(self.loaded.path) if self.loaded.path else "none",
+                     "dtype": str(self.loaded.experts.dtype).removeprefix("torch."), "device": p.device,
+                     "link": p.link, "hardware": hardware(p.device)}
+        self._group = None           # (task, batch size) -> (W, ids, prompts, trace): the last one only
+        self._nominal = None
+
+    def _measure(self) -> float:
+        """The cuda link's unthrottled rate, measured once (only a scale < 1 without link_gbps needs it)."""
+        if self._nominal is None:
+            self._nominal = measure_h2d_gbps(self.p.device)
+        return self._nominal
+
+    def spec(self, capacity: int, policy: str = "demand", bandwidth_scale: float = 1.0) -> OffloadSpec:
+        return OffloadSpec.from_settings(self.p, capacity, policy, expert_bytes=self.expert_bytes,
+                                         bandwidth_scale=bandwidth_scale, measure=self._measure)
+
+    def _prompts(self, task: str, batch_size: int):
+        if self._group is None or self._group[0] != (task, batch_size):
+            p = self.p
+            ids, ps = prompts(self.loaded.tokenizer, task, p.n_prompts, p.seed, p.max_prompt_tokens)
+            spec = None
+            if p.trace_capacity is not None:
+                spec = self.spec(min(p.trace_capacity, self.num_experts))
+            res = run(self.loaded, ps, batch_size, self.dc, spec=spec, device=p.device, record=True,
+                      prompt_ids=ids, task=task)
+            self._group = ((task, batch_size), mean_working_set(res.trace), ids, ps, res.trace)
+        return self._group
+
+    def working_set(self, task: str, batch_size: int) -> float:
+        return self._prompts(task, batch_size)[1]
+
+    def run(self, cell: Cell, policy: str, capacity: int) -> dict:
+        p = self.p
+        _, _, ids, ps, trace = self._prompts(cell.task, cell.batch_size)
+        spec = self.spec(capacity, policy, cell.bandwidth_scale)
+        oracle = trace if check_policy(policy).needs_trace else None
+        res = run(self.loaded, ps, cell.batch_size, self.dc, spec=spec, device=p.device, oracle=oracle,
+                  prompt_ids=ids, task=cell.task)
+        out = {k: res.stats.get(k) for k in STAT_COLUMNS}
+        out.update(phase_stats(res.stats))
+        out["tokens"] = res.stats["tokens_generated"]
+        out["link_gbps"] = spec.link_gbps
+        out["tokens_sha"] = tokens_sha(res.tokens)
+        return out
+

@@ -1,0 +1,366 @@
+"""Benchmark result files: their columns, the settings fingerprint, locks, repair, reading, appending, merging.
+
+A result file (data/results/<profile>/<grid>.csv) holds one row per timed run, whole cells only. It may be
+shared by several processes (shards of one grid, or a rerun started while an earlier one still runs): see
+"Result files" below for how they coordinate and how an interrupted append is repaired.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from artifact.errors import ResultFileError
+from artifact.experiments.grid import Cell, cell_key, cell_keys, shard_file
+from artifact.experiments.settings import Profile, fingerprint
+from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS
+from artifact.offload.cache import COUNTS, PHASES
+from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsync_dir, refuse_overwrite
+
+# Profile keys that change what a run measures: a result file made under other values cannot be
+# resumed or merged. The grid axes are not among them (a cell names its own axis values), nor is
+# the model path (rows carry the model's config hash and its weights fingerprint instead).
+SETTINGS = ("dtype", "device", "link", "latency_us", "link_gbps", "torch_threads", "mode", "gen_length", "steps",
+            "threshold", "n_prompts", "seed", "max_prompt_tokens", "policies", "repetitions", "warmup", "lookahead",
+            "tau", "trace_capacity", "link_priority")
+META_COLUMNS = ("profile", "fingerprint", "model", "model_hash", "weights_fingerprint", "dtype", "device", "link",
+                "hardware", "grid_cells")
+RUN_COLUMNS = ("policy", "rep", "order", "working_set", "cache_experts", "link_gbps")
+STAT_COLUMNS = ("seconds", "tokens", "tokens_per_second", "forwards", "tokens_per_forward", "demand_hits",
+                "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d",
+                "stall_seconds", "link_busy_seconds", "achieved_gbps", "tokens_sha")
+# Every engine count per phase of the demand stream (cache.PHASES: prefill, first = a block's step 0, later),
+# e.g. demand_misses_prefill; each count's phases add up to its total in STAT_COLUMNS.
+PHASE_COLUMNS = tuple(f"{c}_{phase}" for c in COUNTS for phase in PHASES)
+COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS + PHASE_COLUMNS
+STR_COLUMNS = ("profile", "fingerprint", "model", "model_hash", "weights_fingerprint", "dtype", "device", "link",
+               "hardware", "task", "policy", "tokens_sha")
+# Numbers every row must hold (the other numeric columns may be empty, e.g. link_gbps of an unpaced cuda link).
+FINITE_COLUMNS = ("grid_cells", "batch_size", "cache_ratio", "bandwidth_scale", "rep", "order", "working_set",
+                  "cache_experts", "seconds", "tokens", "tokens_per_second")
+SORT = ("task", "batch_size", "bandwidth_scale", "cache_ratio", "rep", "order")
+
+
+def default_out(p: Profile, shard: tuple[int, int] = (0, 1)) -> Path:
+    """data/results/<profile>/bench.csv, or shard i of n's own file beside it."""
+    target = data_dir() / "results" / p.name / "bench.csv"
+    return target if shard[1] == 1 else shard_file(target, *shard)
+
+
+def bench_fingerprint(p: Profile) -> str:
+    return fingerprint(p, SETTINGS)
+
+
+def phase_stats(stats: dict) -> dict:
+    """An offloaded run's `by_phase` counts as the flat PHASE_COLUMNS."""
+    return {f"{c}_{phase}": stats["by_phase"][phase][c] for c in COUNTS for phase in PHASES}
+
+
+def changed_tokens(df) -> list[str]:
+    """Cells whose runs generated different tokens (offloading must change time, never results)."""
+    n = df.groupby(list(CELL_KEYS)).tokens_sha.nunique()
+    return [str(Cell(*k)) for k, v in n.items() if v > 1]
+
+
+def same_tokens(rows) -> tuple[int, int]:
+    """(cells where every policy and repetition decoded the same tokens, cells)."""
+    cells = rows.groupby(list(CELL_KEYS)).ngroups
+    return cells - len(changed_tokens(rows)), cells
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Result files: one writer at a time, whole cells appended, an interrupted append repaired
+# ---------------------------------------------------------------------------------------------
+# A result file may be shared by several processes (shards of one grid, or a rerun started while an
+# earlier one still runs). They coordinate through an exclusive fcntl.flock on the sidecar `<out>.lock`,
+# which a writer holds only while it reads the file and appends one finished cell (milliseconds, never
+# while a cell runs). A second process therefore WAITS for the lock, saying once which PID holds it;
+# it never refuses. Under the lock a writer re-reads the file, so a cell that another process finished
+# meanwhile is skipped (before it runs) or its rows are dropped (if both ran it): every run is in the
+# file once. Processes on the same shard also split the work: a cell being run is claimed (CellClaims),
+# others run unclaimed cells first and then wait for the claimed ones, running one only if its claimant
+# died before finishing it.
+# The lock file stays in place (removing it would let two processes lock different files); flock is
+# released by the kernel when its holder exits or is killed, so a crash leaves no stale lock.
+def lock_path(path: Path | str) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".lock")
+
+
+QUIET_WAIT_S = 2.0       # a wait for the result file's lock is logged after this long
+
+
+def _try_flock(fd: int, mode: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
+@contextmanager
+def locked(path: Path | str, shared: bool = False, log=print):
+    """Hold `<path>.lock`: exclusive (a writer; its PID is written into the lock file) or shared (a reader).
+    Waits while another process holds it, logging the holder's PID once the wait passes QUIET_WAIT_S."""
+    lock = lock_path(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        if not _try_flock(fd, mode, QUIET_WAIT_S):     # appends take milliseconds: only a longer wait is news
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            log(f"waiting for PID {holder}, which is writing {path} (lock file {lock})" if holder else
+                f"waiting for another process reading {path} (lock file {lock})")
+            fcntl.flock(fd, mode)
+        if not shared:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            if not shared:
+                os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)                                   # releases the flock
+
+
+class CellClaims:
+    """Which process is running which cell of a result file, so that processes on the same shard split
+    the work instead of computing every cell twice. A claim is a POSIX byte-range lock (fcntl.lockf) on
+    one byte of the sidecar `<out>.cells.lock`, at an offset hashed from the cell key: the kernel drops
+    it when its holder exits or dies, so a crash leaves no stale claim. A claim only saves work; the
+    file lock and the re-read before each append keep the file right even without one (a hash collision
+    or a claim lost to another close of the file in this process merely lets a cell run twice, and the
+    second copy is dropped). Record locks never conflict within one process."""
+
+    def __init__(self, path: Path):
+        self.path = path.with_name(path.name + ".cells.lock")
+
+    def __enter__(self) -> "CellClaims":
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)                              # releases every claim still held
+
+    @staticmethod
+    def _offset(cell: Cell) -> int:
+        return int.from_bytes(hashlib.sha1(repr(cell.key).encode()).digest()[:4], "little")
+
+    def take(self, cell: Cell, wait: bool) -> bool:
+        try:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1, self._offset(cell))
+        except (BlockingIOError, PermissionError):     # held by another process (EAGAIN or EACCES)
+            return False
+        return True
+
+    def release(self, cell: Cell) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, self._offset(cell))
+
+
+def _parse(data: bytes, path: Path):
+    if not data.strip():
+        return pd.DataFrame(columns=list(COLUMNS))
+    try:
+        df = pd.read_csv(io.BytesIO(data), dtype={c: str for c in STR_COLUMNS})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ResultFileError(f"{path}: not a bench CSV: {e}") from None
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing == ["weights_fingerprint"]:
+        raise ResultFileError(f"{path}: written before bench rows recorded the checkpoint's weights fingerprint, so "
+                              "its rows cannot be matched to a checkpoint; re-run the bench into a fresh --out "
+                              "(or move this file away)")
+    if missing and set(missing) == set(PHASE_COLUMNS):
+        raise ResultFileError(f"{path}: written before bench rows carried per-phase counts (columns such as "
+                              f"{PHASE_COLUMNS[0]}); re-run the bench into a fresh --out (or move this file away)")
+    if missing:
+        raise ResultFileError(f"{path}: not a bench CSV of this version (lacks columns {missing})")
+    return df[list(COLUMNS)]
+
+
+def check_rows(df, path: Path | str, expected: set[tuple[str, int]] | None = None) -> None:
+    """Refuse damaged rows: a non-number or a missing number where one is required, or a cell that does
+    not hold each (policy, repetition) exactly once. `expected` defaults to the file's own policies x
+    repetitions (every cell of one file was run under the same settings)."""
+    for col in COLUMNS:
+        if col in STR_COLUMNS:
+            bad = df[col].isna() if col in ("task", "policy") else pd.Series(False, index=df.index)
+        else:
+            num = pd.to_numeric(df[col], errors="coerce")
+            bad = num.isna() & df[col].notna()
+            if col in FINITE_COLUMNS:
+                bad |= ~np.isfinite(num.astype(float))
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            v = df[col].iloc[i]
+            shown = "empty or nan" if pd.isna(v) else repr(v) if isinstance(v, str) else str(v)
+            raise ResultFileError(f"{path}: line {i + 2}, column {col}: {shown} is not a "
+                                  f"{'name' if col in STR_COLUMNS else 'finite number'}; the file is damaged")
+    if not len(df):
+        return
+    if expected is None:
+        expected = {(pol, r) for pol in set(df.policy) for r in range(int(df.rep.max()) + 1)}
+    for key, g in df.groupby(list(CELL_KEYS), sort=False):
+        runs = sorted(zip(g.policy, g.rep.astype(int)))
+        if runs != sorted(expected):
+            pols = sorted({pol for pol, _ in expected})
+            reps = len({r for _, r in expected})
+            raise ResultFileError(f"{path}: cell {Cell(*cell_key(dict(zip(CELL_KEYS, key))))} has {len(runs)} "
+                                  f"runs, expected each of policies {pols} x {reps} repetitions once; the file is "
+                                  "damaged")
+
+
+def read_rows(path: Path | str):
+    """A bench result file's rows, checked (columns, numbers, whole cells). Takes the shared lock where a
+    lock file exists, so a file being appended to is read between two appends."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: bench result file not found")
+    if lock_path(path).exists():
+        try:
+            with locked(path, shared=True, log=lambda s: print(s, file=sys.stderr)):
+                data = path.read_bytes()
+        except PermissionError:                        # a read-only copy: nobody can be writing it
+            data = path.read_bytes()
+    else:
+        data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        raise ResultFileError(f"{path}: the last line is torn (an interrupted write); rerun `bench` on this file "
+                              "to repair it, then read it")
+    df = _parse(data, path)
+    check_rows(df, path)
+    return df
+
+
+def write_rows(path: Path, rows) -> None:
+    """Replace a whole result file atomically (merge); `append_rows` adds a cell."""
+    atomic_write_text(path, pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(index=False))
+
+
+def append_rows(path: Path, rows) -> None:
+    """Append rows (one finished cell) in one write, then fsync. Call it holding `locked(path)`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        new = os.fstat(fd).st_size == 0
+        view = memoryview(pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(index=False, header=new).encode())
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if new:
+        fsync_dir(path.parent)
+
+
+def expected_runs(p: Profile) -> set[tuple[str, int]]:
+    return {(pol, r) for pol in p.policies for r in range(p.repetitions)}
+
+
+def load_for_append(path: Path, p: Profile, log=print):
+    """The rows of `path` (held under `locked(path)`), checked to be this profile's, after repairing what
+    an interrupted append leaves: a torn last line, and the incomplete cell at the end of the file.
+    Both are cut off (with a note) by an atomic rewrite of the intact prefix; that cell runs again."""
+    if not path.exists():
+        return pd.DataFrame(columns=list(COLUMNS))
+    data = path.read_bytes()
+    keep, notes = len(data), []
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        notes.append(f"a torn last line ({len(data) - keep} bytes)")
+    header = data[:keep].split(b"\n", 1)[0].decode(errors="replace").strip()
+    if header and header != ",".join(COLUMNS):
+        _parse(data[:keep], path)                  # names an old version's or a foreign file's columns first
+        raise ResultFileError(f"{path}: its columns are not in this version's order ({', '.join(COLUMNS)}), so rows "
+                              "cannot be appended to it; re-run into a fresh --out (merge rewrites files in order)")
+    df = _parse(data[:keep], path)
+    lines = data[:keep].splitlines(keepends=True)[1:]
+    if len(lines) != len(df):
+        raise ResultFileError(f"{path}: {len(lines)} lines hold {len(df)} rows; the file is damaged")
+    for col, want in (("fingerprint", bench_fingerprint(p)), ("profile", p.name)):
+        have = sorted(set(df[col]))
+        if have and have != [want]:
+            raise ResultFileError(f"{path}: rows of {col} {have}, not this profile's {want!r} (settings "
+                                  f"{', '.join(SETTINGS)} must match to resume); choose another --out or move the "
+                                  "file")
+    if len(df):
+        keys = cell_keys(df)
+        k = next((i for i, key in enumerate(reversed(keys)) if key != keys[-1]), len(keys))
+        tail = df.iloc[len(df) - k:]
+        if keys[-1] not in keys[:-k] and sorted(zip(tail.policy, tail.rep.astype(int))) != sorted(expected_runs(p)):
+            keep -= sum(len(line) for line in lines[len(lines) - k:])
+            df = df.iloc[:len(df) - k]
+            notes.append(f"the incomplete last cell {Cell(*keys[-1])} ({k} of {len(expected_runs(p))} runs)")
+    if notes:
+        atomic_write_bytes(path, data[:keep])
+        log(f"note: {path}: dropped {' and '.join(notes)}, left by an interrupted append; that cell runs again")
+    check_rows(df, path, expected_runs(p))
+    return df.reset_index(drop=True)
+
+
+def finished_cells(df) -> set[tuple]:
+    """Cells in rows checked by `load_for_append` (every one whole). They may be any shard's: shards can
+    share a file, and a cell is skipped whoever ran it."""
+    return set(cell_keys(df))
+
+
+def check_same_model(df, meta: dict, path: Path) -> None:
+    """Rows of a result file must come from this model config and these very weights."""
+    for col, what in (("model_hash", "model config hash"), ("weights_fingerprint", "checkpoint weights fingerprint")):
+        have = sorted(set(df[col]))
+        if have and have != [meta[col]]:
+            raise ResultFileError(f"{path}: rows of model {sorted(set(df.model))} with {what} {have}, not this "
+                                  f"run's {meta['model']} ({meta[col]}); results of different checkpoints are never "
+                                  "mixed: choose a fresh --out or move the file")
+
+
+def merge(inputs: list[Path | str], out: Path | str | None = None, force: bool = False, partial: bool = False,
+          log=print):
+    """Join shard files into one, refusing duplicates, mixed profiles or settings, and (unless
+    `partial`) an incomplete grid. Never overwrites `out` unless `force`."""
+    if not inputs:
+        raise ResultFileError("merge needs at least one shard file")
+    frames = [read_rows(f).assign(_file=str(f)) for f in inputs]
+    df = pd.concat(frames, ignore_index=True)
+    if not len(df):
+        raise ResultFileError(f"no rows in {[str(f) for f in inputs]}")
+    for col in ("profile", "fingerprint", "model_hash", "weights_fingerprint", "grid_cells"):
+        vals = df.groupby(col)._file.unique()
+        if len(vals) > 1:
+            detail = "; ".join(f"{v!r} in {sorted(fs)}" for v, fs in vals.items())
+            raise ResultFileError(f"shards disagree on {col}: {detail}; they are not one grid's shards")
+    run_key = list(PAIR_KEYS) + ["policy"]
+    dup = df[df.duplicated(run_key, keep=False)]
+    if len(dup):
+        first = dup.iloc[0]
+        files = sorted(dup[(dup[run_key] == first[run_key]).all(axis=1)]._file)
+        raise ResultFileError(f"run {dict(first[run_key])} appears twice (in {files}); a cell belongs to one shard")
+    n_cells = df.groupby(list(CELL_KEYS)).ngroups
+    want = int(df.grid_cells.iloc[0])
+    if n_cells < want and not partial:
+        raise ResultFileError(f"the shards hold {n_cells} of the grid's {want} cells; run the missing shards "
+                         "(or pass --partial to merge what there is)")
+    hw = sorted(set(df.hardware))
+    if len(hw) > 1:
+        log(f"note: the shards ran on different hardware: {hw}")
+    out = Path(out) if out else data_dir() / "results" / str(df.profile.iloc[0]) / "bench.csv"
+    merged = df.drop(columns="_file").sort_values(list(SORT), kind="stable").reset_index(drop=True)
+    with locked(out, log=log):                     # not while a bench appends to the same file
+        refuse_overwrite(out, force)
+        write_rows(out, merged)
+    log(f"merged {len(inputs)} files: {n_cells} of {want} cells, {len(merged)} rows -> {out}")
+    return merged
+
