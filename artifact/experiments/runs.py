@@ -68,7 +68,12 @@ def trace_path(P: Profile, task: str, batch_size: int) -> Path:
     return traces_dir(P) / f"{task}-b{batch_size}.safetensors"
 
 
-def trace_current(P: Profile, task: str, batch_size: int) -> Trace | None:
+def trace_current(P: Profile, task: str, batch_size: int) -> bool:
+    """A trace file for (task, batch size) exists and was made with this profile's settings."""
+    return current_trace(P, task, batch_size) is not None
+
+
+def current_trace(P: Profile, task: str, batch_size: int) -> Trace | None:
     """The stored trace for (task, batch size) when one exists and was made with this profile's settings
     (fingerprint of TRACE_SETTINGS, the same prompts, the same batch size); None when it is missing,
     unreadable or of other settings (it is then recorded again)."""
@@ -87,11 +92,11 @@ def trace_current(P: Profile, task: str, batch_size: int) -> Trace | None:
 
 def traces(P: Profile, progress: bool = True) -> list[Trace]:
     """One trace per (trace task, trace batch size), from data/traces/<profile>/ when one there was
-    made with this profile's settings (trace_current), else recorded (resident, or offloaded at
+    made with this profile's settings (current_trace), else recorded (resident, or offloaded at
     trace_capacity) and saved atomically. The model is loaded only when something is recorded."""
     fp = fingerprint(P, TRACE_SETTINGS)
     jobs = [(t, b) for t in P.trace_tasks for b in P.trace_batch_sizes]
-    out = {j: t for j in jobs if (t := trace_current(P, *j)) is not None}
+    out = {j: t for j in jobs if (t := current_trace(P, *j)) is not None}
     todo = [j for j in jobs if j not in out]
     for task, b in tqdm(todo, desc="record traces", disable=not progress or not todo):
         t = record_trace(P, task, b)
