@@ -55,9 +55,9 @@ def demand_vs_last_step(cache_ratio: float) -> tuple[str, str] | None:
 # ---------------------------------------------------------------------------------------------
 CONFIDENCE = 0.95        # the one interval of every timing verdict: the 95% t interval over pairs (the paper's
                          # own intervals are 95%)
-MIN_PAIRS = 4            # fewer pairs than this: inconclusive. With 3 pairs t_{0.975, 2} = 4.3 makes the
-                         # interval about 2.2x wider than with 4 (t_{0.975, 3} = 3.18 over sqrt 3 vs sqrt 4), and
-                         # the sd of 2 or 3 differences is too unstable to size it
+MIN_PAIRS = 4            # fewer pairs than this: inconclusive. With 3 pairs t_{0.975, 2} = 4.30 makes the
+                         # interval about 1.6x wider than with 4 (4.30 / sqrt 3 vs 3.18 / sqrt 4), and the sd of
+                         # 2 or 3 differences is too unstable to size it
 EQUIV_MARGIN = 3.0       # points of tokens/s: "no difference" means the whole interval lies inside +-3%, and
                          # "not faster" that it lies below +3% (the paper's smallest effect, +4.9%, is
                          # well outside it; its own no-difference interval, [-1.16, +2.63], inside it)
