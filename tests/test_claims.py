@@ -194,7 +194,8 @@ def test_tide_claims_without_tide_say_why():
     table = head_to_head.style_table(rows)
     claim = head_to_head.style_verdict(head_to_head.style_numbers(table, rows))
     assert claim.verdict == REPRODUCED and set(table.cache_ratio) == {1.0, 0.5}
-    assert claim.measured.startswith("C/W 1: interval_refresh over demand") and "misses -10% vs demand" in claim.measured
+    assert claim.measured.startswith("C/W 1: interval_refresh over demand")
+    assert "misses -10% vs demand" in claim.measured
     # "does not beat" is non-superiority: a wide interval decides nothing, a faster interval_refresh fails it
     wide = bench_rows({1.0: 0.0, 0.5: 0.0}, policies=("demand", "interval_refresh"), noise=10.0)
     c = head_to_head.style_verdict(head_to_head.style_numbers(head_to_head.style_table(wide), wide))
