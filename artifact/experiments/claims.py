@@ -86,8 +86,9 @@ def record_path(P: Profile, notebook: str) -> Path:
 
 def run_info() -> dict:
     """The run that prints these claims: UTC date, the checkout's commit (with "-dirty" when the code that
-    produced them, artifact/ and notebooks/, differs from it; the run's own outputs under data/ and figures/
-    do not count) and the command that started the notebook (the kernel's parent process, when readable)."""
+    produced them, artifact/, differs from it; the notebooks only call into it, and their stored outputs, like
+    the run's own outputs under data/ and figures/, change with every --store) and the command that started
+    the notebook (the kernel's parent process, when readable)."""
     def git(*args):
         try:
             return subprocess.run(["git", "-C", str(repo_root()), *args], capture_output=True, text=True,
@@ -95,7 +96,7 @@ def run_info() -> dict:
         except (OSError, subprocess.SubprocessError):
             return ""
     commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    if git("status", "--porcelain", "--untracked-files=no", "--", "artifact", "notebooks"):
+    if git("status", "--porcelain", "--untracked-files=no", "--", "artifact"):
         commit += "-dirty"
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "commit": commit,
             "command": _parent_command()}
