@@ -49,8 +49,9 @@ def test_every_row_names_its_basis_and_run():
     for r in rows:
         cells = [c.strip() for c in r.strip("|").split(" | ")]
         basis, run = cells[5], cells[6]
-        assert basis and run.startswith("run "), r
-        assert "exact counts" in basis or "t interval over pairs" in basis or "not measurable" in cells[4], r
+        assert run.startswith("run "), r
+        if not cells[4].startswith("not measurable"):
+            assert "exact counts" in basis or "t interval over pairs" in basis, r
     assert "- run 1: `python -m artifact notebooks --profile cpu" in block
 
 
