@@ -10,6 +10,6 @@ Three layers, each importing only the ones below it (an import-linter contract i
   artifact.experiments  settings (profiles), the paired benchmark and its statistics, one module per
                         claim, the notebook runner, the TIDE adapter
 
-`python -m artifact` is the command line (artifact/cli.py); docs/DESIGN.md is the design.
+`python -m artifact` is the command line (artifact/cli/); docs/DESIGN.md is the design.
 """
 __version__ = "0.2.0"

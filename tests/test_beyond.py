@@ -96,7 +96,7 @@ def test_throughput_claim_follows_the_intervals_under_demand_priority():
 
     wins = bench_rows({("demand", "cross_layer"): 6.0})
     q1 = beyond.verdicts(beyond.numbers(summary, beyond.throughput_table(wins), wins))[1]
-    assert q1.verdict == NOT_REPRODUCED and "cross_layer at C/W 0.43" in q1.reason
+    assert q1.verdict == NOT_REPRODUCED and "cross_layer C/W 0.43" in q1.reason
 
     changed = slower.copy()
     changed.loc[(changed.policy == "cross_layer") & (changed.link_priority == "demand") & (changed.rep == 1),

@@ -27,7 +27,13 @@ from artifact.experiments import (  # noqa: E402
     throttle,
     working_set,
 )
-from artifact.experiments.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
+from artifact.experiments.claims import (  # noqa: E402
+    INCONCLUSIVE,
+    NOT_MEASURABLE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Claim,
+)
 from artifact.experiments.notebooks import claims_of  # noqa: E402
 from artifact.experiments.results import COLUMNS, write_rows  # noqa: E402
 from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
@@ -98,8 +104,8 @@ def test_miss_claims_judge_known_counts():
     assert c.verdict == NOT_MEASURABLE and "0.83-1.73" in c.reason
 
 
-def bench_rows(diffs: dict, reps=2, policies=("demand", "last_step")):
-    """Rows whose paired tokens/s differ by diffs[C/W] percent, +-0.3 points alternating pair by pair."""
+def bench_rows(diffs: dict, reps=2, policies=("demand", "last_step"), noise=0.3):
+    """Rows whose paired tokens/s differ by diffs[C/W] percent, +-noise points alternating pair by pair."""
     rng = np.random.default_rng(0)
     rows, sign = [], 1
     for r, d in diffs.items():
@@ -108,7 +114,7 @@ def bench_rows(diffs: dict, reps=2, policies=("demand", "last_step")):
                 for rep in range(reps):
                     base, sign = 50 + 10 * rng.random(), -sign
                     for k, pol in enumerate(policies):
-                        tps = base * (1 + (d + 0.3 * sign) / 100) if k == 0 else base
+                        tps = base * (1 + (d + noise * sign) / 100) if k == 0 else base
                         rows.append({c: 0 for c in COLUMNS} | {
                             "task": task, "batch_size": b, "cache_ratio": r, "bandwidth_scale": 1.0, "policy": pol,
                             "rep": rep, "order": k, "tokens_per_second": tps, "seconds": 128 / tps,
@@ -133,25 +139,42 @@ def test_capacity_claims_follow_the_paired_intervals():
     assert low.verdict == NOT_REPRODUCED and "demand faster" in low.reason
 
 
-def throttle_rows():
+def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
     rows = []
     for scale, gbps in ((2.0, 0.2), (1.0, 0.1), (0.5, 0.05)):
-        for pol, stall, m, spec in (("demand", 0.5 / scale, 100, 0), ("last_step", 0.9 / scale, 90, 40)):
-            rows.append({"bandwidth_scale": scale, "link_gbps": gbps, "policy": pol, "seconds": 2 + stall,
-                         "tokens_per_second": 128 / (2 + stall), "stall_seconds": stall, "link_busy_seconds": 1.0,
-                         "demand_misses": m, "speculative_transfers": spec})
+        for rep in range(reps):
+            wobble = jitter * (1 if rep % 2 else -1)
+            for pol, stall, m, spec in (("demand", 0.5 / scale, 100, 0),
+                                        ("last_step", (last_step_stall + wobble) / scale, 90, 40)):
+                rows.append({"task": "gsm8k", "batch_size": 4, "cache_ratio": 1.0, "rep": rep,
+                             "bandwidth_scale": scale, "link_gbps": gbps, "policy": pol, "seconds": 2 + stall,
+                             "tokens_per_second": 128 / (2 + stall), "stall_seconds": stall,
+                             "link_busy_seconds": 1.0, "demand_misses": m, "speculative_transfers": spec})
     return pd.DataFrame(rows)
 
 
 def test_throttle_claims():
-    counts, stall = throttle.verdicts(throttle.numbers(throttle.summary_table(throttle_rows())))
+    rows = throttle_rows(reps=4, jitter=0.02)
+    counts, stall = throttle.verdicts(throttle.numbers(throttle.summary_table(rows), rows))
     assert counts.verdict == REPRODUCED and "+30% link transfers" in counts.measured and not counts.timing
-    assert stall.verdict == REPRODUCED and stall.timing
-    assert stall.measured.startswith("0.2 GB/s: stall 0.25 s vs 0.45 s")          # highest bandwidth first
+    assert stall.verdict == REPRODUCED and stall.timing and stall.pairs == 4
+    assert stall.measured.startswith("0.2 GB/s: stall 0.25 s (demand) vs 0.45 s (last_step), last_step over "
+                                     "demand +80.0%")          # highest bandwidth first
+    assert "lower bound" in stall.margin
+    # Claim 03 has an interval: too few pairs, or a stall gap inside the noise, is inconclusive; none at all
+    # (means only) is inconclusive too
+    few = throttle_rows(reps=2, jitter=0.02)
+    assert throttle.verdicts(throttle.numbers(throttle.summary_table(few), few))[1].verdict == INCONCLUSIVE
+    noisy = throttle_rows(reps=4, jitter=0.5, last_step_stall=0.55)
+    assert throttle.verdicts(throttle.numbers(throttle.summary_table(noisy), noisy))[1].verdict == INCONCLUSIVE
+    shorter = throttle_rows(reps=4, jitter=0.02, last_step_stall=0.3)
+    assert throttle.verdicts(throttle.numbers(throttle.summary_table(shorter), shorter))[1].verdict == NOT_REPRODUCED
+    assert throttle.verdicts(throttle.numbers(throttle.summary_table(rows)))[1].verdict == INCONCLUSIVE
     P = load_profile("cpu")
     T = throttle.throttle_profile(P)
     assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (P.tasks[:1], (4,), (1.0,), ("demand", "last_step"))
     assert T.bandwidth_scales == P.throttle_scales == (2.0, 1.0, 0.5)
+    assert T.repetitions == max(P.repetitions, paper.MIN_PAIRS)
 
 
 def test_throttle_summary_fills_the_unpaced_cuda_bandwidth():
@@ -171,7 +194,15 @@ def test_tide_claims_without_tide_say_why():
     table = head_to_head.style_table(rows)
     claim = head_to_head.style_verdict(head_to_head.style_numbers(table, rows))
     assert claim.verdict == REPRODUCED and set(table.cache_ratio) == {1.0, 0.5}
-    assert claim.measured.startswith("C/W 1: demand") and "misses -10% vs demand" in claim.measured
+    assert claim.measured.startswith("C/W 1: interval_refresh over demand")
+    assert "misses -10% vs demand" in claim.measured
+    # "does not beat" is non-superiority: a wide interval decides nothing, a faster interval_refresh fails it
+    wide = bench_rows({1.0: 0.0, 0.5: 0.0}, policies=("demand", "interval_refresh"), noise=10.0)
+    c = head_to_head.style_verdict(head_to_head.style_numbers(head_to_head.style_table(wide), wide))
+    assert c.verdict == INCONCLUSIVE
+    wins = bench_rows({1.0: -8.0, 0.5: 0.0}, policies=("demand", "interval_refresh"))
+    c = head_to_head.style_verdict(head_to_head.style_numbers(head_to_head.style_table(wins), wins))
+    assert c.verdict == NOT_REPRODUCED and "C/W 1" in c.reason
     parts = {1.0: {"speedup_total": 3.0, "speedup_kv_cache": 2.0, "speedup_offload": 1.5},
              0.5: {"speedup_total": 0.9, "speedup_kv_cache": 0.9, "speedup_offload": 1.0}}
     c = head_to_head.released_verdict(parts, None)

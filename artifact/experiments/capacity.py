@@ -8,11 +8,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments import paper
-from artifact.experiments.claims import Claim, judged, title
+from artifact.experiments.claims import EXACT, NOT_REPRODUCED, PER_RUN, REPRODUCED, Claim, judged, title
 from artifact.experiments.results import same_tokens
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table, with_paper
+from artifact.experiments.verdicts import METHOD, Interval, combine, faster, no_difference
 
 STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
 
@@ -50,26 +51,32 @@ def paired_text(r) -> str:
 
 def verdicts(n: Numbers) -> list[Claim]:
     lo, hi = paper.FASTER_RANGE
+    timed = dict(timing=True, counting="tokens/s per run, demand over last_step % per pair", interval=METHOD)
     claims = [Claim("offloading changes time, never results: every policy decoded the same tokens in every cell",
                     "the engine is exact (design invariant)", f"{n.same_cells} of {n.cells} cells identical",
-                    judged(n.same_cells == n.cells))]
+                    judged(n.same_cells == n.cells), counting=PER_RUN, interval=EXACT,
+                    margin=f"{n.cells - n.same_cells} cells differ")]
     if len(n.in_range):
-        bad = n.in_range[n.in_range.verdict != paper.FASTER]
+        verdict, reason, margin = combine((f"C/W {r.cache_ratio:g}", faster(Interval.of(r), paper.FASTER_PCT))
+                                          for r in n.in_range.itertuples())
         claims.append(Claim(
             f"demand-async is faster than async last-step prefetch at C/W {lo:g}-{hi:g} (95% CIs exclude zero)",
             f"+{paper.FASTER_PCT[0]} to +{paper.FASTER_PCT[1]}%, CIs exclude zero",
             "; ".join(paired_text(r) for r in n.in_range.itertuples())
             + f" ({int(n.in_range.n_pairs.min())} pairs each)",
-            judged(bad.empty),
-            "" if bad.empty else "not faster with a CI excluding zero at C/W "
-            + ", ".join(f"{x:g}" for x in bad.cache_ratio), timing=True))
+            verdict, reason, pairs=int(n.in_range.n_pairs.min()), margin=margin, **timed))
     if n.at_low is not None:
-        r, same = n.at_low, n.at_low.verdict == paper.NO_DIFFERENCE
+        r = n.at_low
+        ruling = no_difference(Interval.of(r))
         claims.append(Claim(
-            f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ",
+            f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ "
+            f"(equivalence within +-{paper.EQUIV_MARGIN:g}%)",
             paper.paired_text(paper.AT_LOW, "%"),
-            paired_text(r) + f" ({int(r.n_pairs)} pairs)", judged(same),
-            "" if same else f"measured: {'demand' if r.diff_pct > 0 else 'last_step'} faster", timing=True))
+            paired_text(r) + f" ({int(r.n_pairs)} pairs)", ruling.verdict,
+            "" if ruling.verdict == REPRODUCED else ruling.why
+            + (f": {'demand' if r.diff_pct > 0 else 'last_step'} faster" if ruling.verdict == NOT_REPRODUCED else ""),
+            pairs=int(r.n_pairs), margin=ruling.margin,
+            **timed))
     return claims
 
 

@@ -1,19 +1,29 @@
 """What every claim module hands a notebook: `Claim`s (printed by `report` as the lines the notebook runner
-parses) and figures saved with the data they drew (`save`: figures/<profile>/<name>.png and
+parses, and recorded with the run that printed them in data/results/<profile>/<notebook>.claims.json, the
+source of the README's claims table: claims_table.py) and figures saved with the data they drew (`save`:
+figures/<profile>/<name>.png and
 data/results/<profile>/<name>.csv, both written atomically, both relocatable by ARTIFACT_FIGURES and
 ARTIFACT_DATA so tests never overwrite a user's results)."""
 from __future__ import annotations
 
+import datetime
 import io
+import json
 import os
-from dataclasses import dataclass
+import subprocess
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from artifact.experiments.settings import Profile
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, repo_root
 
-REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable on this profile"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE)
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+NOT_MEASURABLE = "not measurable on this profile"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURABLE)
+
+# Counting bases (what an exact count counts) and the interval of timing verdicts (docs/verdicts.md)
+DENOISING, ALL_DEMANDS, PER_RUN = "denoising steps only (prefill excluded)", "all demands (prefill included)", "per run"
+EXACT = "exact counts, no interval"
 
 
 @dataclass(frozen=True)
@@ -24,24 +34,89 @@ class Claim:
     verdict: str
     reason: str = ""
     timing: bool = False     # judged from wall-clock time: may differ run to run (nbval masks these lines)
+    counting: str = ""       # what is counted or timed (DENOISING, ALL_DEMANDS, PER_RUN, "tokens/s", ...)
+    interval: str = ""       # EXACT, or the interval ruled on (verdicts.METHOD)
+    pairs: int | None = None  # pairs per cell behind the interval (the fewest over cells)
+    margin: str = ""         # where the measured value lies against the threshold or interval bounds
 
     def __post_init__(self):
         assert self.verdict in VERDICTS, self.verdict
 
+    def basis(self) -> str:
+        parts = [p for p in (self.counting, self.interval) if p]
+        if self.pairs is not None:
+            parts.append(f"{self.pairs} pairs")
+        return "; ".join(parts)
+
+    def verdict_text(self) -> str:
+        return f"{self.verdict} ({self.reason})" if self.reason else self.verdict
+
     def lines(self) -> list[str]:
         tag = " [timing]" if self.timing else ""
-        verdict = f"{self.verdict} ({self.reason})" if self.reason else self.verdict
-        return [f"claim: {self.claim}", f"paper: {self.paper}", f"measured{tag}: {self.measured}",
-                f"verdict{tag}: {verdict}"]
+        out = [f"claim: {self.claim}", f"paper: {self.paper}"]
+        if self.basis():
+            out.append(f"basis: {self.basis()}")
+        out.append(f"measured{tag}: {self.measured}")
+        if self.margin:
+            out.append(f"margin{tag}: {self.margin}")
+        return out + [f"verdict{tag}: {self.verdict_text()}"]
 
 
 def judged(ok: bool) -> str:
     return REPRODUCED if ok else NOT_REPRODUCED
 
 
-def report(*claims: Claim) -> None:
-    """The claim cell's output: four lines per claim (the notebook runner parses them)."""
+def report(*claims: Claim, P: Profile | None = None, notebook: str | None = None) -> None:
+    """The claim cell's output: a few lines per claim (the notebook runner parses claim and verdict). With a
+    profile and the notebook's name, the claims are also recorded with the run (record)."""
     print("\n\n".join("\n".join(c.lines()) for c in claims))
+    if P is not None and notebook is not None:
+        record(P, notebook, claims)
+
+
+# ---------------------------------------------------------------------------------------------
+# The record of a claim cell's run: what the claims table is generated from
+# ---------------------------------------------------------------------------------------------
+RECORD_SUFFIX = ".claims.json"
+
+
+def record_path(P: Profile, notebook: str) -> Path:
+    return results_dir(P) / f"{notebook}{RECORD_SUFFIX}"
+
+
+def run_info() -> dict:
+    """The run that prints these claims: UTC date, the checkout's commit (with "-dirty" when the code that
+    produced them, artifact/, differs from it; the notebooks only call into it, and their stored outputs, like
+    the run's own outputs under data/ and figures/, change with every --store) and the command that started
+    the notebook (the kernel's parent process, when readable)."""
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", str(repo_root()), *args], capture_output=True, text=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no", "--", "artifact"):
+        commit += "-dirty"
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "commit": commit,
+            "command": _parent_command()}
+
+
+def _parent_command() -> str:
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return "unknown"
+    argv = [a for a in raw.decode(errors="replace").split("\0") if a]
+    if len(argv) > 2 and argv[1:3] == ["-m", "artifact"]:
+        return " ".join(["python", *argv[1:]])
+    return "notebook run outside `python -m artifact notebooks`"
+
+
+def record(P: Profile, notebook: str, claims) -> Path:
+    """Write data/results/<profile>/<notebook>.claims.json atomically: the run (run_info) and every claim."""
+    doc = {"notebook": notebook, "profile": P.name, **run_info(), "claims": [asdict(c) for c in claims]}
+    return atomic_write_text(record_path(P, notebook), json.dumps(doc, indent=1) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from artifact.experiments.claims_table import update_readme
 from artifact.experiments.settings import (
     PROFILE_DIR,
     PROFILE_KEYS,
@@ -323,4 +324,8 @@ def store_outputs(profile: str, overrides: dict, outcomes: list[Outcome], notebo
             store_claim_outputs(Path(results or repo_root() / "results") / "cpu" / f"{o.name}.ipynb",
                                 directory / f"{o.name}.ipynb")
     log(f"stored claim outputs into {directory}")
+    if notebooks is None:                 # the checkout's own notebooks: its README's table follows them
+        readme = repo_root() / "README.md"
+        changed = update_readme(readme, "cpu")
+        log(f"{readme.name}: the cpu claims table {'rewritten from the stored records' if changed else 'unchanged'}")
     return True

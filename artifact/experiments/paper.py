@@ -1,5 +1,7 @@
-"""The paper's numbers, written once. Claim texts, figure marks and the paired table's paper column all
-derive from here (the claims are listed in docs/DESIGN.md)."""
+"""The paper's numbers, written once, and the thresholds this artifact judges them by (the second section:
+each named once, with its reason). Claim texts, figure marks, verdict rules (verdicts.py) and the paired
+table's paper column all derive from here (the claims are listed in docs/DESIGN.md, the rules in
+docs/verdicts.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,3 +47,25 @@ def demand_vs_last_step(cache_ratio: float) -> tuple[str, str] | None:
     if r in RATIOS and FASTER_RANGE[0] <= r <= FASTER_RANGE[1]:
         return faster_text(), FASTER
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Thresholds: this artifact's readings of the paper's words, and the interval rule's parameters.
+# Every claim cell prints its margin to the threshold it is judged by (docs/verdicts.md).
+# ---------------------------------------------------------------------------------------------
+CONFIDENCE = 0.95        # the one interval of every timing verdict: the 95% t interval over pairs (the paper's
+                         # own intervals are 95%)
+MIN_PAIRS = 4            # fewer pairs than this: inconclusive. With 3 pairs t_{0.975, 2} = 4.30 makes the
+                         # interval about 1.6x wider than with 4 (4.30 / sqrt 3 vs 3.18 / sqrt 4), and the sd of
+                         # 2 or 3 differences is too unstable to size it
+EQUIV_MARGIN = 3.0       # points of tokens/s: "no difference" means the whole interval lies inside +-3%, and
+                         # "not faster" that it lies below +3% (the paper's smallest effect, +4.9%, is
+                         # well outside it; its own no-difference interval, [-1.16, +2.63], inside it)
+STABLE = 0.80            # "very stable" routing: >= 80% of D(t, l) already in D(t-1, l) on every task (the paper
+                         # gives no number; 80% is the share at which most of a step's experts are a repeat)
+FEW = 0.10               # "few or no misses removed": under 10% of LRU's misses (an order of magnitude below
+                         # LRU's own misses, and below the oracle's 6.7x cut by far)
+FACTOR = 1.5             # a paper ratio (the oracle's 6.7x) is reproduced within a factor of 1.5 either way: the
+                         # tiny model's routing is not LLaDA2.0's, so only the order of the cut can carry over
+HEADROOM = 0.5           # (06, 2a) last_step "understates" prediction when it removes < half of the misses the
+                         # oracle removes beyond LRU (the oracle is every predictor's ceiling)

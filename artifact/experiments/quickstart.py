@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments.claims import Claim, judged, title
+from artifact.experiments.claims import EXACT, Claim, judged, title
 from artifact.experiments.runs import load_model, offload_spec
 from artifact.experiments.settings import Profile
 from artifact.model.tasks import prompts
@@ -64,7 +64,17 @@ def measured_text(n: Numbers) -> str:
 def verdict(n: Numbers) -> Claim:
     return Claim("offloading changes time, never results: the offloaded run decodes the resident run's tokens",
                  "the engine is exact (a design invariant of the paper's system, no figure)",
-                 measured_text(n), judged(n.same_tokens))
+                 measured_text(n), judged(n.same_tokens), counting="the decoded tokens of one prompt, two runs",
+                 interval=EXACT, margin="exact: tokens equal or not")
+
+
+def reading(q: dict) -> str:
+    """What the figure shows, in this run's numbers (printed by notebook 00)."""
+    r, o = q["resident"], q["offloaded"]
+    extra = o["seconds"] - r["seconds"]
+    share = f", {o['stall_seconds'] / extra:.0%} of the {extra:.2f} s it adds" if extra > 0 else ""
+    return (f"The offloaded run took {o['seconds']:.2f} s against {r['seconds']:.2f} s resident; its stall (compute "
+            f"waiting on the link) was {o['stall_seconds']:.2f} s{share}.")
 
 
 # --- figure ---------------------------------------------------------------------------------------

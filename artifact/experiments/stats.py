@@ -20,7 +20,7 @@ from scipy import stats
 
 from artifact.experiments import paper
 
-CONFIDENCE = 0.95
+CONFIDENCE = paper.CONFIDENCE
 CELL_KEYS = ("task", "batch_size", "cache_ratio", "bandwidth_scale")
 PAIR_KEYS = CELL_KEYS + ("rep",)
 

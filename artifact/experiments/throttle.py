@@ -8,19 +8,23 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments.claims import COLORS, Claim, judged, title
+from artifact.experiments import paper
+from artifact.experiments.claims import COLORS, EXACT, PER_RUN, Claim, judged, title
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
+from artifact.experiments.stats import paired_table
+from artifact.experiments.verdicts import METHOD, Interval, combine, faster
 
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
 
 
 def throttle_profile(P: Profile) -> Profile:
     """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step,
-    one cell per bandwidth in throttle_scales."""
+    one cell per bandwidth in throttle_scales, with at least paper.MIN_PAIRS repetitions (the fewest pairs
+    the interval rule rules on)."""
     return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(max(P.batch_sizes),),
                                cache_ratios=(P.throttle_ratio,), bandwidth_scales=tuple(P.throttle_scales),
-                               policies=("demand", "last_step"))
+                               policies=("demand", "last_step"), repetitions=max(P.repetitions, paper.MIN_PAIRS))
 
 
 def runs(P: Profile, progress: bool = True) -> pd.DataFrame:
@@ -52,17 +56,28 @@ class Numbers:
     extra_transfers: float       # last_step's transfers / demand's - 1
     by_bandwidth: tuple          # (link GB/s, stall demand, stall last_step, tokens/s demand, tokens/s last_step),
                                  # highest bandwidth first
+    stall: tuple = ()            # (link GB/s, Interval of last_step's stall over demand's, % per pair), highest
+                                 # bandwidth first; empty without the runs
 
 
-def numbers(summary) -> Numbers:
+def stall_table(rows) -> pd.DataFrame:
+    """last_step (A) over demand (B) in stall seconds, paired by repetition, per bandwidth."""
+    return paired_table(rows, "last_step", "demand", ["bandwidth_scale"], metric="stall_seconds")
+
+
+def numbers(summary, rows=None) -> Numbers:
     d = summary[summary.policy == "demand"].set_index("bandwidth_scale")
     s = summary[summary.policy == "last_step"].set_index("bandwidth_scale")
     scales = sorted(d.index, reverse=True)
+    stall = ()
+    if rows is not None:
+        t = stall_table(rows).set_index("bandwidth_scale")
+        stall = tuple((d.link_gbps[x], Interval.of(t.loc[x])) for x in scales)
     return Numbers(1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
                    s.speculative_transfers.iloc[0] / d.transfers.iloc[0],
                    s.transfers.iloc[0] / d.transfers.iloc[0] - 1,
                    tuple((d.link_gbps[x], d.stall_seconds[x], s.stall_seconds[x], d.tokens_per_second[x],
-                          s.tokens_per_second[x]) for x in scales))
+                          s.tokens_per_second[x]) for x in scales), stall)
 
 
 def counts_text(n: Numbers) -> str:
@@ -71,21 +86,33 @@ def counts_text(n: Numbers) -> str:
 
 
 def stall_text(n: Numbers) -> str:
-    return "; ".join(f"{gbps:.3g} GB/s: stall {sd:.2f} s vs {ss:.2f} s, {td:.1f} vs {ts:.1f} tokens/s"
-                     for gbps, sd, ss, td, ts in n.by_bandwidth)
+    ivs = dict(n.stall)
+    return "; ".join(f"{gbps:.3g} GB/s: stall {sd:.2f} s (demand) vs {ss:.2f} s (last_step)"
+                     + (f", last_step over demand {ivs[gbps].text()}" if gbps in ivs else "")
+                     + f", {td:.1f} vs {ts:.1f} tokens/s" for gbps, sd, ss, td, ts in n.by_bandwidth)
 
 
 def verdicts(n: Numbers) -> list[Claim]:
-    gap = [ss - sd for _, sd, ss, _, _ in n.by_bandwidth]
     counts = Claim(
         "last-step prefetch puts more transfers on the link than demand loading serves misses",
         "speculative transfers compete with demand transfers for host-to-device bandwidth",
-        counts_text(n), judged(n.extra_transfers > 0))
+        counts_text(n), judged(n.extra_transfers > 0), counting=PER_RUN, interval=EXACT,
+        margin=f"{n.extra_transfers:+.1%} link transfers vs > 0")
+    verdict, reason, margin = combine((f"{gbps:.3g} GB/s", faster(iv)) for gbps, iv in n.stall)
     stall = Claim(
-        "speculative transfers delay demand transfers: last_step stalls longer, more so as bandwidth falls",
+        "speculative transfers delay demand transfers: last_step stalls longer than demand at every bandwidth",
         "speculative loads queue ahead of demand loads on the copy engine (qualitative)",
-        stall_text(n), judged(all(g > 0 for g in gap) and gap[-1] > gap[0]), timing=True)
+        stall_text(n), verdict, reason, timing=True, counting="stall seconds per run, % per pair",
+        interval=METHOD, pairs=min((iv.n for _, iv in n.stall), default=0), margin=margin)
     return [counts, stall]
+
+
+def reading(n: Numbers) -> str:
+    """What the figure shows, from the fastest link to the slowest, in this run's means (printed by notebook 03)."""
+    (g0, sd0, ss0, td0, ts0), (g1, sd1, ss1, td1, ts1) = n.by_bandwidth[0], n.by_bandwidth[-1]
+    return (f"From {g0:.3g} GB/s to {g1:.3g} GB/s, last_step's stall minus demand's goes from {ss0 - sd0:+.2f} s to "
+            f"{ss1 - sd1:+.2f} s per run, and its tokens/s relative to demand's from {ts0 / td0 - 1:+.0%} to "
+            f"{ts1 / td1 - 1:+.0%} (means over repetitions; the claim below rules on the paired intervals).")
 
 
 # --- figure ---------------------------------------------------------------------------------------

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments.claims import Claim, judged, title
+from artifact.experiments import paper
+from artifact.experiments.claims import DENOISING, EXACT, Claim, judged, title
 from artifact.experiments.runs import trace_label
+from artifact.experiments.verdicts import margin_at_least
 from artifact.offload.sim import capacity_for, replay
 from artifact.offload.trace import mean_working_set, step_similarity, working_sets
-
-STABLE = 0.80    # "very stable" routing (our reading): >= 80% of D(t, l) was already in D(t-1, l), on every task
 
 
 # --- tables ---------------------------------------------------------------------------------------
@@ -67,9 +67,24 @@ def measured_text(n: Numbers) -> str:
 
 
 def verdict(n: Numbers) -> Claim:
+    worst = min(n.reuse_by_task, key=n.reuse_by_task.get)
     return Claim("expert routing is very stable from one denoising step to the next",
-                 f"qualitative (no figure); judged: >= {STABLE:.0%} of D(t, l) already in D(t-1, l) on every task",
-                 measured_text(n), judged(all(v >= STABLE for v in n.reuse_by_task.values())))
+                 f"qualitative (no figure); judged: >= {paper.STABLE:.0%} of D(t, l) already in D(t-1, l) on every "
+                 "task",
+                 measured_text(n), judged(all(v >= paper.STABLE for v in n.reuse_by_task.values())),
+                 counting=DENOISING, interval=EXACT,
+                 margin=f"lowest task {worst}: " + margin_at_least(n.reuse_by_task[worst], paper.STABLE))
+
+
+def reading(ws) -> str:
+    """What the working-set figure shows, in this run's numbers (printed by notebook 01)."""
+    b0 = ws.batch_size.min()
+    by_step = ws[ws.batch_size == b0].groupby("block_step").working_set.mean()
+    by_size = ws.groupby("batch_size").working_set.mean()
+    sizes = ", ".join(f"{w:.0f} at batch size {b}" for b, w in by_size.items())
+    return (f"At batch size {b0}, mean W over layers goes from {by_step.iloc[0]:.0f} experts at the first denoising "
+            f"step of a block to {by_step.iloc[-1]:.0f} at the last (range {by_step.min():.0f}-{by_step.max():.0f}); "
+            f"mean W by batch size: {sizes}.")
 
 
 # --- figures --------------------------------------------------------------------------------------
@@ -111,7 +126,7 @@ def plot_stability(sim, share, P):
     a = sim.groupby(["task", "batch_size"]).agg(reuse=("reuse", "mean"), jaccard=("jaccard", "mean")).reset_index()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     tasks, sizes = _grouped_bars(ax1, a, "reuse", 100)
-    ax1.axhline(100 * STABLE, color="black", lw=1, ls=":", label=f"'very stable' threshold {STABLE:.0%}")
+    ax1.axhline(100 * paper.STABLE, color="black", lw=1, ls=":", label=f"'very stable' threshold {paper.STABLE:.0%}")
     ax1.set(ylabel="D(t, l) already in D(t-1, l) (%)", ylim=(0, 118), title="step-to-step reuse")
     ax1.legend(fontsize=7, loc="upper left", ncol=3)
     styles = ["-", "--", ":", "-."]

@@ -1,0 +1,31 @@
+"""`claims`: the README's claims table for a profile, rendered from its stored claim records
+(artifact.experiments.claims_table); `--update-readme` rewrites the block between its markers."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from artifact.experiments.claims_table import render, update_readme
+from artifact.experiments.settings import load_profile
+
+
+def cmd_claims(a) -> int:
+    name = load_profile(a.profile).name            # a bad profile name fails with the known ones
+    if a.update_readme:
+        changed = update_readme(a.readme, name)
+        print(f"{a.readme or 'README.md'}: the {name} claims table {'rewritten' if changed else 'already current'}",
+              file=sys.stderr)
+        return 0
+    print(render(name))
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    """Register `claims`."""
+    c = subparsers.add_parser("claims", help="the claims table (Markdown) generated from a profile's stored claim "
+                                             "records under data/results/PROFILE/")
+    c.add_argument("--profile", default="cpu", help="the profile whose records to render (default: cpu)")
+    c.add_argument("--update-readme", action="store_true",
+                   help="rewrite the README's block between <!-- claims:PROFILE:begin/end --> instead of printing")
+    c.add_argument("--readme", type=Path, default=None, help="the README to update (default: the checkout's)")
+    c.set_defaults(fn=cmd_claims)

@@ -1,0 +1,129 @@
+"""The README's claims table, generated from the stored claim outputs: every claim cell records its claims
+with the run that printed them (claims.record: data/results/<profile>/<notebook>.claims.json, the same
+lines the stored notebook's claim cell holds). One row per claim, in notebook order, with its counting
+basis, interval method and pairs, and the run it came from (command, date, commit); the profile's runs are
+listed under the table. Other profiles with records under data/results/ get a column each.
+
+    render(profile_name)                   -> the Markdown block (table and runs)
+    update_readme(readme_path, profile)    -> rewrite the block between the profile's markers; True if changed
+
+The README holds the block between `<!-- claims:<profile>:begin -->` and `<!-- claims:<profile>:end -->`;
+tests/test_claims_table.py regenerates it from the committed records and fails on any difference."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from artifact.experiments.claims import RECORD_SUFFIX
+from artifact.paths import atomic_write_text, data_dir, repo_root
+
+# The module behind each notebook (artifact/experiments/<module>.py)
+MODULES = {"00": "quickstart", "01": "working_set", "02": "misses", "03": "throttle", "04": "capacity",
+           "05": "head_to_head", "06": "beyond", "07": "routing_map"}
+_SAVE = re.compile(r'save\(fig, df, P, "([^"]+)"\)')
+
+
+def markers(profile_name: str) -> tuple[str, str]:
+    return f"<!-- claims:{profile_name}:begin -->", f"<!-- claims:{profile_name}:end -->"
+
+
+def records(profile_name: str, results: Path | None = None) -> list[dict]:
+    """The profile's claim records, in notebook order (empty when it has none)."""
+    d = Path(results or data_dir() / "results") / profile_name
+    return [json.loads(p.read_text()) for p in sorted(d.glob(f"[0-9][0-9]_*{RECORD_SUFFIX}"))]
+
+
+def other_profiles(profile_name: str, results: Path | None = None) -> list[str]:
+    """Profiles other than `profile_name` with claim records under data/results/ (a GPU profile's run)."""
+    root = Path(results or data_dir() / "results")
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != profile_name
+                  and any(p.glob(f"[0-9][0-9]_*{RECORD_SUFFIX}"))) if root.is_dir() else []
+
+
+def figures(notebook: str, notebook_dir: Path | None = None) -> list[str]:
+    """The figure names a notebook saves (its `save(fig, df, P, "name")` calls)."""
+    path = Path(notebook_dir or repo_root() / "notebooks") / f"{notebook}.ipynb"
+    if not path.is_file():
+        return []
+    cells = json.loads(path.read_text())["cells"]
+    return [m for c in cells for m in _SAVE.findall("".join(c["source"]))]
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+
+
+def basis(c: dict) -> str:
+    parts = [c.get("counting") or "", c.get("interval") or ""]
+    if c.get("pairs") is not None:
+        parts.append(f"{c['pairs']} pairs")
+    return "; ".join(p for p in parts if p)
+
+
+def verdict(c: dict) -> str:
+    return f"{c['verdict']} ({c['reason']})" if c.get("reason") else c["verdict"]
+
+
+def _run_key(r: dict) -> tuple:
+    return (r.get("command", "unknown"), r.get("date", "unknown"), r.get("commit", "unknown"))
+
+
+def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir: Path | None = None) -> str:
+    """The claims block for `profile_name`: a Markdown table, one row per recorded claim, and its runs."""
+    recs = records(profile_name, results)
+    if not recs:
+        return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
+    others = {p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)}
+    runs: list[tuple] = []
+    for r in recs:
+        if _run_key(r) not in runs:
+            runs.append(_run_key(r))
+    head = ["notebook (module, figures)", "claim", "paper", f"measured ({profile_name})",
+            f"verdict ({profile_name})", "basis (counting; interval; pairs)", "run"]
+    head += [f"{p}: verdict (measured)" for p in others]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in recs:
+        nb = r["notebook"]
+        num = nb.split("_")[0]
+        module = MODULES.get(num)
+        where = num + (f" ([{module}](artifact/experiments/{module}.py))" if module else "")
+        figs = figures(nb, notebook_dir)
+        if figs:
+            where += ": " + ", ".join(f"[{f}](figures/{profile_name}/{f}.png)" for f in figs)
+        run = f"run {runs.index(_run_key(r)) + 1}"
+        for k, c in enumerate(r["claims"]):
+            measured = c["measured"] + (f" (margin: {c['margin']})" if c.get("margin") else "")
+            row = [where if k == 0 else "", c["claim"], c["paper"], measured, verdict(c), basis(c), run]
+            for by_nb in others.values():
+                oc = by_nb.get(nb, {}).get("claims", [])
+                row.append(f"{verdict(oc[k])} ({oc[k]['measured']})" if k < len(oc) else "not run")
+            lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
+    lines.append("")
+    for i, (command, date, commit) in enumerate(runs, 1):
+        nbs = ", ".join(r["notebook"].split("_")[0] for r in recs if _run_key(r) == (command, date, commit))
+        lines.append(f"- run {i}: `{command}` on {date}, commit `{commit}` (notebooks {nbs})")
+    for p, by_nb in others.items():
+        prun = sorted({_run_key(r) for r in by_nb.values()})
+        lines.append(f"- {p}: " + "; ".join(f"`{c}` on {d}, commit `{h}`" for c, d, h in prun))
+    return "\n".join(lines)
+
+
+def replace_block(text: str, profile_name: str, block: str) -> str:
+    begin, end = markers(profile_name)
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"expected one {begin} ... {end} pair in the README")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    return f"{head}{begin}\n{block}\n{end}{tail}"
+
+
+def update_readme(readme_path: Path | str | None = None, profile_name: str = "cpu") -> bool:
+    """Rewrite the README's block for `profile_name` from the records (atomically); True when it changed."""
+    path = Path(readme_path or repo_root() / "README.md")
+    text = path.read_text()
+    new = replace_block(text, profile_name, render(profile_name))
+    if new == text:
+        return False
+    atomic_write_text(path, new)
+    return True

@@ -1,0 +1,157 @@
+"""The verdict rules (docs/verdicts.md): every timing verdict is ruled on one interval, the 95% t interval of
+the mean per-pair percentage difference over pairs (stats.paired_difference), with at least
+paper.MIN_PAIRS pairs, and has three outcomes: reproduced, not reproduced, inconclusive.
+
+  faster(iv)          "A is faster than B": reproduced when the interval lies above 0; not reproduced when it
+                      lies below 0, or when it crosses 0 but lies below the paper's range (the paper's effect
+                      is excluded); inconclusive when it crosses 0 and reaches the paper's range.
+  no_difference(iv)   "A and B do not differ" (an equivalence test, TOST at 2.5% per side): reproduced when the
+                      whole interval lies inside +-paper.EQUIV_MARGIN; not reproduced when it lies wholly
+                      outside; inconclusive otherwise (a wide interval decides nothing).
+  not_faster(iv)      "A is not faster than B" (non-superiority): reproduced when the interval lies below
+                      +paper.EQUIV_MARGIN; not reproduced when it lies above 0; inconclusive otherwise.
+
+A grid's verdict combines its cells' (`combine`): not reproduced if any cell is, reproduced if every cell is,
+else inconclusive. An A/A control (two policies that do identical work) whose interval excludes 0 makes the
+cells it controls inconclusive (`gated`): the instrument is biased there. Exact counts have no interval;
+their verdicts compare a number with a threshold of paper.py and print the margin (`margin_below`,
+`margin_at_least`)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+from artifact.experiments import paper
+from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+
+METHOD = f"{paper.CONFIDENCE:.0%} t interval over pairs"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A paired effect: the mean per-pair percentage, its 95% t interval and the number of pairs."""
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, row) -> "Interval":
+        """From a stats.paired_table row (diff_pct, ci_low, ci_high, n_pairs)."""
+        return cls(float(row.diff_pct), float(row.ci_low), float(row.ci_high), int(row.n_pairs))
+
+    def text(self, unit: str = "%") -> str:
+        return f"{self.mean:+.1f}{unit} [{self.low:+.1f}, {self.high:+.1f}]"
+
+    @property
+    def usable(self) -> bool:
+        return self.n >= paper.MIN_PAIRS and math.isfinite(self.low) and math.isfinite(self.high)
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.usable and (self.low > 0 or self.high < 0)
+
+
+@dataclass(frozen=True)
+class Ruling:
+    verdict: str
+    why: str            # one phrase: what decided it
+    margin: str         # where the interval lies against the rule's bounds (printed by the claim cell)
+
+
+def _few(iv: Interval) -> Ruling | None:
+    if iv.usable:
+        return None
+    return Ruling(INCONCLUSIVE, f"{iv.n} pairs, the rule needs >= {paper.MIN_PAIRS}", f"{iv.n} pairs")
+
+
+def position(iv: Interval, lo: float, hi: float) -> str:
+    """Where the interval lies against a range [lo, hi] (the paper's)."""
+    if iv.high < lo:
+        where = "below"
+    elif iv.low > hi:
+        where = "above"
+    elif lo <= iv.low and iv.high <= hi:
+        where = "inside"
+    else:
+        where = "overlapping"
+    return f"{where} the paper's {lo:+g}..{hi:+g}"
+
+
+def faster(iv: Interval, paper_range: tuple[float, float] | None = None) -> Ruling:
+    few = _few(iv)
+    if few:
+        return few
+    where = f"; {position(iv, *paper_range)}" if paper_range else ""
+    margin = f"lower bound {iv.low:+.1f} vs 0{where}"
+    if iv.low > 0:
+        return Ruling(REPRODUCED, "interval above 0", margin)
+    if iv.high < 0:
+        return Ruling(NOT_REPRODUCED, "interval below 0: the other one is faster", margin)
+    if paper_range and iv.high < paper_range[0]:
+        return Ruling(NOT_REPRODUCED, f"interval below the paper's +{paper_range[0]:g}", margin)
+    return Ruling(INCONCLUSIVE, "interval crosses 0", margin)
+
+
+def no_difference(iv: Interval, margin: float = paper.EQUIV_MARGIN) -> Ruling:
+    few = _few(iv)
+    if few:
+        return few
+    spare = margin - max(abs(iv.low), abs(iv.high))
+    text = (f"interval inside +-{margin:g} by {spare:.1f} points" if spare >= 0 else
+            f"interval exceeds +-{margin:g} by {-spare:.1f} points")
+    if spare >= 0:
+        return Ruling(REPRODUCED, f"interval inside +-{margin:g}%", text)
+    if iv.low > margin or iv.high < -margin:
+        return Ruling(NOT_REPRODUCED, f"interval wholly outside +-{margin:g}%", text)
+    return Ruling(INCONCLUSIVE, f"interval too wide for +-{margin:g}%", text)
+
+
+def not_faster(iv: Interval, margin: float = paper.EQUIV_MARGIN) -> Ruling:
+    few = _few(iv)
+    if few:
+        return few
+    text = f"upper bound {iv.high:+.1f} vs +{margin:g}"
+    if iv.high < margin:
+        return Ruling(REPRODUCED, f"interval below +{margin:g}%", text)
+    if iv.low > 0:
+        return Ruling(NOT_REPRODUCED, "interval above 0: faster", text)
+    return Ruling(INCONCLUSIVE, f"interval reaches +{margin:g}% and crosses 0", text)
+
+
+def gated(ruling: Ruling, control: Interval | None) -> Ruling:
+    """The ruling, or inconclusive when the A/A control of its cell excludes 0."""
+    if control is None or not control.excludes_zero:
+        return ruling
+    return Ruling(INCONCLUSIVE, f"A/A control {control.text()} excludes 0", ruling.margin)
+
+
+def combine(rulings: Iterable[tuple[str, Ruling]]) -> tuple[str, str, str]:
+    """(verdict, reason, margin) over labelled cells: not reproduced if any is, reproduced if all are, else
+    inconclusive; the reason names the cells that decided it, the margin lists every cell's."""
+    rulings = list(rulings)
+    if not rulings:
+        return INCONCLUSIVE, "no cells", ""
+    verdicts = [r.verdict for _, r in rulings]
+    verdict = (NOT_REPRODUCED if NOT_REPRODUCED in verdicts else REPRODUCED if all(v == REPRODUCED for v in verdicts)
+               else INCONCLUSIVE)
+    reason = "" if verdict == REPRODUCED else "; ".join(f"{label}: {r.why}" for label, r in rulings
+                                                         if r.verdict == verdict)
+    return verdict, reason, "; ".join(f"{label}: {r.margin}" for label, r in rulings)
+
+
+def margin_below(value: float, threshold: float, pct: bool = True) -> str:
+    """A number judged `< threshold`: how far below (or above) it lies."""
+    if pct:
+        return (f"{value:.1%} vs < {threshold:.0%}: " +
+                (f"{(threshold - value) * 100:.1f} points under" if value < threshold else
+                 f"{(value - threshold) * 100:.1f} points over"))
+    side = "under" if value < threshold else "over"
+    return f"{value:.3g} vs < {threshold:.3g}: {side} by {abs(threshold - value):.3g}"
+
+
+def margin_at_least(value: float, threshold: float) -> str:
+    """A share judged `>= threshold`."""
+    d = (value - threshold) * 100
+    return f"{value:.1%} vs >= {threshold:.0%}: " + (f"{d:.1f} points over" if d >= 0 else f"{-d:.1f} points under")

@@ -1,0 +1,84 @@
+"""The README's claims table is generated from the committed claim records (data/results/cpu/*.claims.json),
+and those records are what the stored notebooks' claim cells print."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from artifact.experiments import claims_table
+from artifact.experiments.claims import Claim, record, record_path, report
+from artifact.experiments.settings import load_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "data" / "results"
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_the_readme_claims_table_is_the_generated_one():
+    readme = (ROOT / "README.md").read_text()
+    begin, end = claims_table.markers("cpu")
+    stored = readme.split(begin)[1].split(end)[0].strip()
+    assert stored == claims_table.render("cpu", RESULTS, ROOT / "notebooks"), (
+        "README's claims table differs from the committed records: regenerate it with "
+        "`python -c 'from artifact.experiments import claims_table; claims_table.update_readme()'`")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_stored_claim_cell_has_its_record_and_they_agree(path):
+    """The record is written by the same claim cell whose output --store copied: the same lines."""
+    rec = RESULTS / "cpu" / f"{path.stem}.claims.json"
+    assert rec.is_file(), f"{rec.name} missing: run ./run_all.sh cpu --force with --store and commit it"
+    doc = json.loads(rec.read_text())
+    assert doc["notebook"] == path.stem and doc["profile"] == "cpu"
+    assert doc["date"] and doc["commit"] and doc["command"]
+    assert not doc["commit"].endswith("-dirty"), f"{rec.name} was run from uncommitted code"
+    lines = "\n\n".join("\n".join(Claim(**c).lines()) for c in doc["claims"])
+    nb = nbformat.read(path, as_version=4)
+    out = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
+    assert lines in out, f"{path.name}: stored claim output differs from {rec.name}"
+
+
+def test_every_row_names_its_basis_and_run():
+    block = claims_table.render("cpu", RESULTS, ROOT / "notebooks")
+    rows = [r for r in block.splitlines() if r.startswith("| ") and not r.startswith("| notebook")]
+    assert len(rows) == sum(len(json.loads(p.read_text())["claims"])
+                            for p in (RESULTS / "cpu").glob("*.claims.json"))
+    for r in rows:
+        cells = [c.strip() for c in r.strip("|").split(" | ")]
+        basis, run = cells[5], cells[6]
+        assert run.startswith("run "), r
+        if not cells[4].startswith("not measurable"):
+            assert "exact counts" in basis or "t interval over pairs" in basis, r
+    assert "- run 1: `python -m artifact notebooks --profile cpu" in block
+
+
+def test_records_render_update_and_a_gpu_column(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
+    P = load_profile("cpu")
+    report(Claim("c1", "p1", "m1", "reproduced", counting="per run", interval="exact counts, no interval"),
+           Claim("c2", "p2", "m|2", "inconclusive", "too wide", timing=True, pairs=4, margin="upper bound +9"),
+           P=P, notebook="09_x")
+    assert "verdict [timing]: inconclusive (too wide)" in capsys.readouterr().out
+    doc = json.loads(record_path(P, "09_x").read_text())
+    assert [c["claim"] for c in doc["claims"]] == ["c1", "c2"] and {"date", "commit", "command"} <= set(doc)
+    results = tmp_path / "data" / "results"
+    block = claims_table.render("cpu", results, tmp_path)
+    assert "| c2 | p2 | m\\|2 (margin: upper bound +9) | inconclusive (too wide) | 4 pairs | run 1 |" in block
+    assert "h200" not in block
+    gpu = load_profile("h200") if (ROOT / "artifact/experiments/profiles/h200.yaml").is_file() else None
+    if gpu is not None:
+        record(gpu, "09_x", [Claim("c1", "p1", "g1", "not reproduced")])
+        block = claims_table.render("cpu", results, tmp_path)
+        assert "h200: verdict (measured)" in block and "| not reproduced (g1) |" in block
+    readme = tmp_path / "README.md"
+    readme.write_text("head\n<!-- claims:cpu:begin -->\nold\n<!-- claims:cpu:end -->\ntail\n")
+    monkeypatch.setattr(claims_table, "render", lambda name: "NEW")
+    assert claims_table.update_readme(readme, "cpu") is True
+    assert readme.read_text() == "head\n<!-- claims:cpu:begin -->\nNEW\n<!-- claims:cpu:end -->\ntail\n"
+    assert claims_table.update_readme(readme, "cpu") is False
+    readme.write_text("no markers")
+    with pytest.raises(ValueError, match="claims:cpu:begin"):
+        claims_table.update_readme(readme, "cpu")
