@@ -23,6 +23,13 @@ while [ $# -gt 0 ]; do
     *) notebooks+=("$1"); shift ;;
   esac
 done
+# The preflight first: device and host memory, disk and the grid's size, from the config and the safetensors
+# headers only (python -m artifact doctor); a run that cannot fit stops here, with the line that says why.
+doctor=()
+for ((i = 0; i < ${#notebooks[@]}; i++)); do
+  case "${notebooks[$i]}" in --model|--set) doctor+=("${notebooks[$i]}" "${notebooks[$((i + 1))]}"); i=$((i + 1)) ;; esac
+done
+"$PY" -m artifact doctor --profile "$profile" "${doctor[@]}"
 if printf '%s\n' "${jobs[@]}" | grep -qx -- --submit; then
   "$PY" -m artifact run-jobs --profile "$profile" "${jobs[@]}"
 fi

@@ -1,0 +1,271 @@
+"""A preflight for a profile's run: will it fit, and how long will it take? (`python -m artifact doctor`)
+
+It reads only the checkpoint's config.json, its safetensors headers (checked against the file sizes, as
+the loader does, and for every tensor the loader will read, with its shape) and its tokenizer, never a
+weight, and the profile. For every batch size and C/W of the
+profile's grid it adds up the device memory a run needs:
+
+    non-expert weights (artifact.model.memory.non_expert_bytes)
+  + C slots x MoE layers x expert bytes              (C = capacity_for(C/W, W, E), as the bench sizes it)
+  + the prefix KV cache: 2 x layers x kv heads x head dim x positions x batch x dtype bytes
+  + activations of the largest forward, the prefill of a batch (its logits, in float32, dominate)
+  + CONTEXT_BYTES for the CUDA context and the allocator's slack (a stated figure)
+
+W is the mean working set of the profile's stored trace for that (task, batch size) when one is current
+(runs.current_trace), else its upper bound min(E, batch x block x top-k), marked as such. The device
+memory is the GPU's total (torch.cuda.get_device_properties), or --gpu-memory-gb to plan for another GPU.
+Host memory must hold the expert store (MemAvailable in /proc/meminfo); on CUDA it is page-locked in place
+(RLIMIT_MEMLOCK is reported). Disk must hold the traces and result files (estimated from their formats).
+The run time is an estimate from a stated seconds-per-forward figure (SECONDS_PER_FORWARD), not a
+measurement: no performance model exists yet.
+
+A blocking problem (a cell that does not fit, an expert store larger than host memory, a profile that
+cannot run on this machine) is raised as DoctorError naming it; otherwise `check` returns the report.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from artifact.errors import UserError
+from artifact.experiments.grid import grid
+from artifact.experiments.runs import current_trace
+from artifact.experiments.settings import Profile
+from artifact.model.checkpoint import DTYPES, TensorIndex, expected_shapes, tiny_checkpoint
+from artifact.model.memory import non_expert_bytes
+from artifact.model.tasks import prompts
+from artifact.offload.prepare import model_config, tokenizer_and_config
+from artifact.offload.sim import capacity_for
+from artifact.offload.trace import mean_working_set
+from artifact.paths import data_dir
+
+GB = 1e9
+CONTEXT_BYTES = 1 << 30          # CUDA context + allocator slack: a stated figure, not measured here
+ACTIVATION_FACTOR = 16           # hidden-sized float tensors alive at once in a layer's forward (a stated bound)
+TRACE_BYTES_PER_EXPERT = 6       # a trace stores an expert id (int16) and its token count (int32) per use
+TRACE_BYTES_PER_DEMAND = 24      # and a position, step and phase per (forward, MoE layer)
+RESULT_BYTES_PER_ROW = 1024      # a bench CSV row, rounded up
+# Seconds per forward of one batch, stated (not measured) for the estimate: the tiny model on 2 CPU cores,
+# and an LLaDA2.0-mini-sized forward on a data-centre GPU. Replace with your own figure via the profile's
+# bench (its CSV's seconds / forwards) once one cell has run.
+SECONDS_PER_FORWARD = {"cpu": 0.02, "cuda": 0.05}
+
+
+class DoctorError(UserError):
+    """A profile's run that cannot go ahead here: the message names what does not fit or cannot run."""
+
+
+@dataclass
+class Cell:
+    batch_size: int
+    cache_ratio: float
+    working_set: float
+    measured_w: bool
+    capacity: int
+    slots: int                   # bytes
+    kv: int
+    activations: int
+    total: int
+
+    def fits(self, device_bytes: int | None) -> bool:
+        return device_bytes is None or self.total <= device_bytes
+
+
+@dataclass
+class Report:
+    profile: str
+    model: str
+    dtype: str
+    device: str
+    device_bytes: int | None
+    device_source: str
+    weights: int                 # non-expert bytes on the device
+    expert_store: int            # host bytes of every routed expert
+    checkpoint_bytes: int        # tensor bytes in the safetensors headers
+    host_available: int | None
+    memlock: str
+    disk_free: int
+    disk_need: int
+    cells: list[Cell]
+    grid_cells: int
+    runs: int
+    forwards: int
+    hours: float
+    notes: list[str] = field(default_factory=list)
+
+    def table(self) -> str:
+        g = lambda b: f"{b / GB:8.2f}"          # noqa: E731
+        head = (f"{'batch':>5} {'C/W':>5} {'W':>7} {'C':>5} {'slots GB':>8} {'weights':>8} {'KV GB':>8} "
+                f"{'act GB':>8} {'total GB':>8}  fits")
+        lines = [f"doctor: profile {self.profile}, model {self.model} ({self.dtype}), device {self.device}",
+                 f"device memory: {self.device_bytes / GB:.2f} GB ({self.device_source})" if self.device_bytes
+                 else f"device memory: host memory ({self.device_source})",
+                 head]
+        for c in self.cells:
+            w = f"{c.working_set:.1f}" + ("" if c.measured_w else "*")
+            lines.append(f"{c.batch_size:>5} {c.cache_ratio:>5g} {w:>7} {c.capacity:>5} {g(c.slots)} {g(self.weights)} "
+                         f"{g(c.kv)} {g(c.activations)} {g(c.total)}  {'yes' if c.fits(self.device_bytes) else 'NO'}")
+        if any(not c.measured_w for c in self.cells):
+            lines.append("  * no current trace for this (task, batch size): W is its upper bound min(E, batch x "
+                         "block x top-k), so C and the slots are upper bounds too")
+        lines.append(f"  totals add {CONTEXT_BYTES / GB:.2f} GB of CUDA context and allocator slack (stated)")
+        host = "unknown" if self.host_available is None else f"{self.host_available / GB:.2f} GB available"
+        lines += [f"host memory: expert store {self.expert_store / GB:.2f} GB ({self.checkpoint_bytes / GB:.2f} GB "
+                  f"of tensors in the checkpoint); {host}; page-lockable (RLIMIT_MEMLOCK): {self.memlock}",
+                  f"disk: traces and results need about {self.disk_need / GB:.3f} GB; {self.disk_free / GB:.1f} GB "
+                  f"free under {data_dir()}",
+                  f"grid: {self.grid_cells} cells, {self.runs} runs, about {self.forwards} forwards: roughly "
+                  f"{self.hours:.2f} h at a stated {SECONDS_PER_FORWARD[_kind(self.device)]} s per forward "
+                  "(an estimate, not a measurement)"]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _kind(device: str) -> str:
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def _root(model: str) -> Path:
+    return tiny_checkpoint() if model == "tiny" else Path(model)
+
+
+def _host_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _memlock() -> tuple[str, int | None]:
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return "unlimited", None
+    return f"{soft / GB:.3f} GB", soft
+
+
+def _prompt_tokens(P: Profile, tok) -> int:
+    """The longest prompt the grid will run, in tokens (after max_prompt_tokens)."""
+    longest = 1
+    for task in P.tasks:
+        _, ps = prompts(tok, task, P.n_prompts, P.seed, P.max_prompt_tokens)
+        longest = max([longest, *map(len, ps)])
+    return longest
+
+
+def _working_set(P: Profile, batch: int, bound: int) -> tuple[float, bool]:
+    """The largest W over the profile's tasks at this batch size: measured where a trace is current."""
+    ws = []
+    for task in P.tasks:
+        t = current_trace(P, task, batch) if task in P.trace_tasks and batch in P.trace_batch_sizes else None
+        ws.append((mean_working_set(t), True) if t is not None else (float(bound), False))
+    return max(ws)
+
+
+def check_tensors(index: TensorIndex, cfg) -> None:
+    """Every tensor the loader will read is in the headers, with its shape (no weight is read)."""
+    for name, shape in expected_shapes(cfg).items():
+        path = index.where.get(name)
+        if path is None:
+            raise DoctorError(f"{index.root}: tensor {name} (shape {list(shape)}) is missing from the checkpoint")
+        have = tuple(index.tables[path][name]["shape"])
+        if have != tuple(shape):
+            raise DoctorError(f"{path.name}: tensor {name} has shape {list(have)}, expected {list(shape)}")
+
+
+def check(P: Profile, gpu_memory_gb: float | None = None) -> Report:
+    """Everything a run of profile P needs, against this machine (or the stated GPU memory)."""
+    if P.model is None:
+        raise DoctorError(f"profile {P.name!r} has model: null: pass --model DIR (a LLaDA2.0 checkpoint directory)")
+    notes = []
+    dtype = P.torch_dtype
+    cfg = model_config(P.model)
+    tok, cfg = tokenizer_and_config(P.model, cfg)
+    index = TensorIndex(_root(P.model))
+    check_tensors(index, cfg)
+    ckpt = sum(int(i["data_offsets"][1]) - int(i["data_offsets"][0]) for t in index.tables.values() for i in t.values())
+    nbytes = DTYPES[dtype].itemsize
+    kind = _kind(P.device)
+    if gpu_memory_gb is not None:
+        device_bytes, source = int(gpu_memory_gb * GB), "--gpu-memory-gb"
+        if kind == "cuda" and not torch.cuda.is_available():
+            notes.append(f"device {P.device} is not on this machine: planned for {gpu_memory_gb:g} GB of GPU memory")
+    elif kind == "cuda":
+        if not torch.cuda.is_available():
+            raise DoctorError(f"profile {P.name!r} runs on {P.device}, and this machine has no CUDA GPU; plan for "
+                              "one with --gpu-memory-gb N")
+        device_bytes = torch.cuda.get_device_properties(torch.device(P.device)).total_memory
+        source = torch.cuda.get_device_name(torch.device(P.device))
+    else:
+        device_bytes, source = None, "cpu device: weights, slots and KV cache live in host memory"
+    if P.link == "cuda" and kind != "cuda":
+        raise DoctorError(f"profile {P.name!r}: link cuda needs device cuda, not {P.device!r}")
+    weights = non_expert_bytes(cfg, nbytes)
+    per_slot = cfg.expert_params * nbytes * len(cfg.moe_layers)
+    store = per_slot * cfg.num_experts
+    prompt_len = _prompt_tokens(P, tok)
+    block = cfg.block_length
+    positions = -(-(prompt_len + P.gen_length) // block) * block
+    cells = []
+    for b in P.batch_sizes:
+        bound = min(cfg.num_experts, b * block * cfg.num_experts_per_tok)
+        W, measured = _working_set(P, b, bound)
+        kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * positions * b * nbytes
+        act = b * (prompt_len + block) * (cfg.vocab_size * 4 + ACTIVATION_FACTOR * cfg.hidden_size * nbytes)
+        for r in P.cache_ratios:
+            C = capacity_for(r, W, cfg.num_experts)
+            total = weights + C * per_slot + kv + act + (CONTEXT_BYTES if device_bytes is not None else 0)
+            cells.append(Cell(b, r, W, measured, C, C * per_slot, kv, act, total))
+    for c in cells:
+        if not c.fits(device_bytes):
+            raise DoctorError(f"batch {c.batch_size} at C/W {c.cache_ratio:g} (C = {c.capacity}) needs "
+                              f"{c.total / GB:.2f} GB of device memory ({weights / GB:.2f} GB weights + "
+                              f"{c.slots / GB:.2f} GB slots + {c.kv / GB:.2f} GB KV cache + "
+                              f"{c.activations / GB:.2f} GB activations + context) > {device_bytes / GB:.3g} GB "
+                              f"({source}); lower the batch size or C/W, or use a larger GPU")
+    host = _host_available()
+    need_host = store + (0 if kind == "cuda" else max(c.total for c in cells))
+    if host is not None and need_host > host:
+        raise DoctorError(f"the expert store needs {store / GB:.2f} GB of host memory"
+                          + ("" if kind == "cuda" else " (plus the model and cache on this CPU device)")
+                          + f", and {host / GB:.2f} GB is available (MemAvailable)")
+    memlock, limit = _memlock()
+    if kind == "cuda" and limit is not None and limit < store and os.geteuid() != 0:
+        notes.append(f"RLIMIT_MEMLOCK is {memlock} < the store's {store / GB:.2f} GB: pinning may fail "
+                     "(raise it with ulimit -l, or run where it is unlimited)")
+    forwards_per_prompt = (P.gen_length // block) * P.steps + 1        # at most steps per block, plus the prefill
+    cells_ = grid(P)
+    runs = len(cells_) * len(P.policies) * (P.repetitions + P.warmup)
+    forwards = sum(-(-P.n_prompts // c.batch_size) * forwards_per_prompt for c in cells_) * len(P.policies) \
+        * (P.repetitions + P.warmup)
+    traces = [(t, b) for t in P.trace_tasks for b in P.trace_batch_sizes]
+    trace_bytes = 0
+    for _, b in traces:
+        W = _working_set(P, b, min(cfg.num_experts, b * block * cfg.num_experts_per_tok))[0]
+        demands = -(-P.trace_n_prompts // b) * forwards_per_prompt * len(cfg.moe_layers)
+        trace_bytes += int(demands * (W * TRACE_BYTES_PER_EXPERT + TRACE_BYTES_PER_DEMAND))
+    disk_need = trace_bytes + runs * RESULT_BYTES_PER_ROW
+    free = shutil.disk_usage(_existing(data_dir())).free
+    if disk_need > free:
+        raise DoctorError(f"traces and results need about {disk_need / GB:.2f} GB and {data_dir()} has "
+                          f"{free / GB:.2f} GB free")
+    if P.tide_path is None:
+        notes.append("tide_path is null: notebook 05 runs the TIDE-style policy only, not TIDE's released code")
+    if P.budget_minutes is not None:
+        notes.append(f"the profile states a bench budget of {P.budget_minutes:g} min")
+    return Report(P.name, cfg.name if P.model == "tiny" else str(P.model), dtype, P.device, device_bytes, source,
+                  weights, store, ckpt, host, memlock, free, disk_need, cells, len(cells_), runs, forwards,
+                  forwards * SECONDS_PER_FORWARD[kind] / 3600, notes)
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path

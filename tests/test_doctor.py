@@ -1,0 +1,116 @@
+"""`python -m artifact doctor`: the preflight reads the config, the safetensors headers and the tokenizer,
+never a weight, and says before a run whether the profile's grid fits (device memory per batch size and C/W,
+host memory, disk) or exits 2 naming what does not."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from test_cli import one_line_error
+
+import artifact.model.checkpoint as checkpoint
+from artifact.cli import main
+from artifact.experiments.doctor import CONTEXT_BYTES, GB, DoctorError, check
+from artifact.experiments.settings import load_profile
+from artifact.model.checkpoint import expected_shapes, tiny_checkpoint
+from artifact.model.config import get_preset
+from artifact.model.memory import non_expert_bytes
+from artifact.offload.sim import capacity_for
+
+DTYPE_BYTES = {"BF16": 2, "F32": 4}
+
+
+def write_header_only_checkpoint(root: Path, cfg, dtype: str = "BF16", drop: str | None = None,
+                                 reshape: str | None = None) -> Path:
+    """A checkpoint of `cfg`'s shapes whose data section is a hole in a sparse file: its headers are real
+    (the doctor and the loader's header check read them), its weights are zeros never written to disk."""
+    root.mkdir(parents=True)
+    table, offset = {}, 0
+    for name, shape in sorted(expected_shapes(cfg).items()):
+        if name == drop:
+            continue
+        if name == reshape:
+            shape = tuple(shape[::-1]) if len(shape) > 1 else (shape[0] + 1,)
+        n = DTYPE_BYTES[dtype]
+        for d in shape:
+            n *= d
+        table[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    head = json.dumps(table).encode()
+    head += b" " * (-len(head) % 8)
+    with open(root / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        f.truncate(8 + len(head) + offset)              # sparse: no weight bytes on disk
+    (root / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_checkpoint() / name).is_file():
+            shutil.copy(tiny_checkpoint() / name, root / name)
+    return root
+
+
+@pytest.fixture
+def mini4(tmp_path, monkeypatch):
+    """LLaDA2.0-mini's shapes (hidden 2048, 256 experts of 3 x 512 x 2048, vocab 157184) with 4 layers."""
+    cfg = get_preset("llada2-mini")
+    cfg = dataclasses.replace(cfg, num_hidden_layers=4)
+    monkeypatch.setattr(checkpoint, "safe_open", lambda *a, **k: pytest.fail("the doctor read a weight"))
+    return write_header_only_checkpoint(tmp_path / "mini4", cfg), cfg
+
+
+def test_the_table_adds_up_to_the_stated_parts(mini4):
+    root, cfg = mini4
+    P = load_profile("h200", {"model": str(root), "batch_sizes": [1, 8], "cache_ratios": [0.43, 1.73]})
+    r = check(P, gpu_memory_gb=141)
+    per_slot = cfg.expert_params * 2 * len(cfg.moe_layers)
+    assert r.weights == non_expert_bytes(cfg, 2) and r.expert_store == per_slot * cfg.num_experts
+    assert [(c.batch_size, c.cache_ratio) for c in r.cells] == [(1, 0.43), (1, 1.73), (8, 0.43), (8, 1.73)]
+    for c in r.cells:
+        assert not c.measured_w and c.working_set == min(256, c.batch_size * 32 * 8)    # the stated bound
+        assert c.capacity == capacity_for(c.cache_ratio, c.working_set, 256) and c.slots == c.capacity * per_slot
+        assert c.total == r.weights + c.slots + c.kv + c.activations + CONTEXT_BYTES
+    b1, b8 = r.cells[0], r.cells[2]
+    assert b8.kv == 8 * b1.kv and b8.activations > b1.activations        # the KV cache grows with the batch
+    text = r.table()
+    assert "141.00 GB (--gpu-memory-gb)" in text and "NO" not in text and "upper bound" in text
+
+
+def test_a_cell_that_does_not_fit_is_named(mini4):
+    root, cfg = mini4
+    P = load_profile("h200", {"model": str(root), "batch_sizes": [1, 8], "cache_ratios": [0.43, 1.73]})
+    r = check(P, gpu_memory_gb=141)
+    between = (r.cells[0].total + r.cells[1].total) / 2 / GB      # the small cache fits, the large one not
+    with pytest.raises(DoctorError, match=r"batch 1 at C/W 1\.73 \(C = 256\) needs .* GB of device memory"):
+        check(P, gpu_memory_gb=between)
+
+
+@pytest.mark.parametrize("damage, message", [("drop", "is missing from the checkpoint"),
+                                             ("reshape", "has shape")])
+def test_a_damaged_checkpoint_is_named_from_its_headers(tmp_path, monkeypatch, damage, message):
+    cfg = get_preset("tiny")
+    name = next(n for n in expected_shapes(cfg) if n.endswith("mlp.experts.3.down_proj.weight"))
+    root = write_header_only_checkpoint(tmp_path / "bad", cfg, "F32", **{damage: name})
+    with pytest.raises(DoctorError, match=message):
+        check(load_profile("cpu", {"model": str(root)}))
+
+
+def test_the_command_prints_the_table_or_one_line(capsys):
+    assert main(["doctor", "--profile", "h200", "--model", "tiny", "--gpu-memory-gb", "141"]) == 0
+    out = capsys.readouterr().out
+    assert "device memory: 141.00 GB" in out and "host memory: expert store" in out and "grid: " in out
+    line = one_line_error(capsys, main(["doctor", "--profile", "h200", "--model", "tiny", "--gpu-memory-gb",
+                                        "0.001"]))
+    assert "needs" in line and "> 0.001 GB (--gpu-memory-gb)" in line
+
+
+def test_a_gpu_profile_without_a_gpu_or_a_stated_memory_is_refused(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the profile can run here")
+    line = one_line_error(capsys, main(["doctor", "--profile", "h200", "--model", "tiny"]))
+    assert "no CUDA GPU" in line and "--gpu-memory-gb" in line
+    line = one_line_error(capsys, main(["doctor", "--profile", "h200"]))
+    assert "model: null" in line
