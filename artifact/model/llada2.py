@@ -344,15 +344,33 @@ class Router(nn.Module):
         return idx, w                                                   # (N, k) long, (N, k) fp32
 
 
-def predict_demand(next_router: Router, x: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def expert_counts(idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Tokens per expert of router choices idx (N, k), as a fixed-size (E,) device tensor: a scatter_add_ of
+    ones, not bincount, whose output is sized by the data (a host sync on CUDA)."""
+    flat = idx.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.long, device=idx.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
+def nonzero_counts(counts: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(experts ascending, their counts) from host counts per expert."""
+    experts = tuple(e for e, n in enumerate(counts) if n)
+    return experts, tuple(counts[e] for e in experts)
+
+
+def predict_counts(next_router: Router, x: torch.Tensor) -> torch.Tensor:
     """Cross-layer prediction (the predictor of Pre-gated MoE, ProMoE, HOBBIT): the next MoE layer's
     router applied to this layer's MoE input x (N, D), the post-attention-norm hidden states of the
     tokens that route here. The input, not this layer's output: the prediction must exist when this
     layer's demand is served, before its experts compute, so the link can move the next layer's experts
-    meanwhile. Returns (experts ascending, token counts). Pure: the model's outputs do not change."""
+    meanwhile. Returns the predicted tokens per expert (E,) on the device; MoE.routed reads it to the host
+    in the same copy as the layer's own counts. Pure: the model's outputs do not change."""
     idx, _ = next_router(x)                                             # (N, k)
-    experts, counts = torch.unique(idx.reshape(-1), sorted=True, return_counts=True)
-    return tuple(experts.tolist()), tuple(counts.tolist())              # one more host sync, only when asked
+    return expert_counts(idx, next_router.cfg.num_experts)
+
+
+def predict_demand(next_router: Router, x: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """predict_counts as (experts ascending, token counts) on the host (a host read of its own)."""
+    return nonzero_counts(predict_counts(next_router, x).tolist())
 
 
 class Routing:
@@ -402,13 +420,16 @@ class MoE(nn.Module):
             return x.new_zeros(0, D)
         idx, w = self.gate(x)                                           # (N, k) long, (N, k) fp32
         flat_idx = idx.view(-1)                                         # (P,) expert of each (token, slot)
-        counts = torch.zeros(E, dtype=torch.long, device=x.device).scatter_add_(
-            0, flat_idx, torch.ones_like(flat_idx))                     # (E,) fixed size: no data-sized output
-        per_expert = self.routing.host_counts.read(counts)             # the one host sync per layer
-        experts = tuple(e for e in range(E) if per_expert[e])
+        counts = expert_counts(idx, E)                                  # (E,) fixed size: no data-sized output
         nxt = self.routing.next_router.get(self.layer) if self.routing.predict_next else None
-        predicted = predict_demand(nxt, x) if nxt is not None else None
-        demand = Demand(self.routing.step, self.layer, experts, tuple(per_expert[e] for e in experts), predicted)
+        if nxt is None:
+            per_expert = self.routing.host_counts.read(counts)         # the one host sync per layer
+            predicted = None
+        else:                                                           # the prediction rides in the same copy
+            both = self.routing.host_counts.read(torch.cat([counts, predict_counts(nxt, x)]))
+            per_expert, predicted = both[:E], nonzero_counts(both[E:])
+        experts, demanded = nonzero_counts(per_expert)
+        demand = Demand(self.routing.step, self.layer, experts, demanded, predicted)
         for listener in self.routing.listeners:
             listener(demand)
         by_expert = None                                                # (P,) pairs sorted by expert, made once
