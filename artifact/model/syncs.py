@@ -6,7 +6,8 @@ SyncCounter counts, while it is active:
     unique, bincount (its output is sized by the data's max), masked_select;
   - copies from a device tensor into host memory (aten.copy_ / _to_copy with a CPU destination and a
     non-CPU source);
-  - Tensor.tolist() and Tensor.numpy(), which dispatch no ATen op (seen through a TorchFunctionMode).
+  - Tensor.tolist() and Tensor.numpy(), which dispatch no ATen op (seen through a TorchFunctionMode),
+    except of pinned host memory: that is the end of a device-to-host copy, counted as the copy.
 On the CPU nothing really syncs, but the same calls are counted, so a test on the CPU counts what a
 CUDA run would wait for. `by_key` splits the count by whatever `key` was set to when each one happened
 (the benchmark and the tests set it to the MoE layer running, with forward hooks).
@@ -55,7 +56,7 @@ class _Function(TorchFunctionMode):
         self.owner = owner
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _HOST_READS:
+        if func in _HOST_READS and not (args and args[0].device.type == "cpu" and args[0].is_pinned()):
             self.owner.note(func.__name__)
         return func(*args, **(kwargs or {}))
 

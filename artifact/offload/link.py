@@ -35,8 +35,14 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from artifact.offload.timeline import (PRIORITIES, REFERENCE_CHUNK_BYTES, Copy, CopyTimeline, SpeculativeHold,
-                                      check_priority)
+from artifact.offload.timeline import (
+    PRIORITIES,
+    REFERENCE_CHUNK_BYTES,
+    Copy,
+    CopyTimeline,
+    SpeculativeHold,
+    check_priority,
+)
 
 LINKS = ("emulated", "cuda")
 PCIE4_GBPS = 25.0          # effective host-to-device bandwidth of a PCIe 4.0 x16 slot
