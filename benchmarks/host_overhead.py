@@ -13,7 +13,24 @@ at batch 1 and 4, one denoising step = one forward of a 32-token block per row, 
 
 Loop and grouped run interleaved in one process, so their ratio is fair on a shared machine.
 
-    .venv/bin/python benchmarks/host_overhead.py --json [--reps 20]
+The offloaded path (rows with "path": "offloaded"; the tiny model through the engine, cache and an
+emulated link with no latency and a fast bandwidth, so no time is spent waiting for copies; policy
+last_step; C/W 0.83 and 1.73 of the batch's mean working set), per MoE layer of one denoising forward:
+
+  ops_per_moe_layer   top-level ATen ops, as above (each is at least one kernel launch on CUDA)
+  syncs_per_moe_layer host reads of device data (artifact.model.syncs.SyncCounter: on CUDA each one waits)
+  python_us_per_moe_layer  wall us of the layer minus the time inside its top-level ATen ops (torch.profiler
+                      on both): the Python of the model, the engine, the cache and the link. It includes the
+                      emulated link's timeline bookkeeping, which CudaLink does not run, and profiler overhead.
+  copies_per_moe_layer, groups_per_moe_layer   what the engine did
+  derived_host_ms_per_mini_step   19 MoE layers x (ops x launch_us + python_us): the host time of one
+                      LLaDA2.0-mini denoising step's MoE layers at a stated per-launch cost (--launch-us,
+                      default 5 us: a CUDA eager op's dispatch and launch), from these measured counts. The
+                      tiny model's W (~58 at batch 1) is close to mini's (~70); its experts are smaller,
+                      which changes kernel time, not host time.
+  h2d_ms_per_mini_step_at_1.73   the goal's yardstick: 22 ms (9 misses x 19 layers x 6.29 MB at 50 GB/s)
+
+    .venv/bin/python benchmarks/host_overhead.py --json [--reps 20] [--launch-us 5]
 """
 from __future__ import annotations
 
@@ -29,6 +46,14 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from artifact.model.checkpoint import random_model
 from artifact.model.config import get_preset
 from artifact.model.llada2 import MoE
+from artifact.model.syncs import SyncCounter
+from artifact.offload.engine import offload
+from artifact.offload.link import make_link
+from artifact.offload.policies import make_policy
+from artifact.offload.sim import capacity_for
+
+MINI_MOE_LAYERS = 19
+H2D_MS_AT_173 = 22.0         # docs/host_path.md: LLaDA2.0-mini batch 1 at C/W 1.73, 50 GB/s
 
 KERNELS = ("loop", "grouped")
 RANGE = "moe_layer"
@@ -119,15 +144,112 @@ def measure(name: str, cfg, dtype: str, batch: int, reps: int) -> list[dict]:
     return rows
 
 
+class CountingBackend:
+    """Wraps the engine: copies issued and groups served, per demand."""
+
+    def __init__(self, engine):
+        self.engine, self.groups_served, self.copies = engine, 0, 0
+        inner = engine.link.copy
+
+        def copy(items, *a, **k):
+            self.copies += len(items)
+            return inner(items, *a, **k)
+
+        engine.link.copy = copy
+
+    def groups(self, demand):
+        for g in self.engine.groups(demand):
+            self.groups_served += 1
+            yield g
+
+
+def moe_ranges(model):
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    ranges = []
+    hooks = [m.register_forward_pre_hook(lambda mod, args: ranges.append(record_function(RANGE).__enter__()))
+             for m in layers]
+    hooks += [m.register_forward_hook(lambda mod, args, out: ranges.pop().__exit__(None, None, None))
+              for m in layers]
+    return layers, hooks
+
+
+def offloaded(name: str, cfg, dtype: str, batch: int, ratio: float, reps: int, launch_us: float) -> dict:
+    """The offloaded path's host cost per MoE layer (see the module docstring)."""
+    loaded = random_model(cfg, seed=0, dtype=dtype, device="cpu", resident=True)
+    model = loaded.model
+    g = torch.Generator().manual_seed(batch)
+    ids = torch.randint(8, cfg.vocab_size - 8, (batch, cfg.block_length), generator=g)   # (B, 32)
+    pos = torch.arange(cfg.block_length).expand(batch, -1)
+    W = []
+    with model.listening(lambda d: W.append(len(d.experts))):
+        model(ids, pos)
+    C = capacity_for(ratio, sum(W) / len(W), cfg.num_experts)
+    L = len(cfg.moe_layers)
+    pol = make_policy("last_step", L, cfg.num_experts, engine=True)
+    link = make_link("emulated", bandwidth_gbps=1000.0, latency_us=0.0)
+    engine = offload(model, loaded.experts, C, pol, link)
+    counting = CountingBackend(engine)
+    model.backend = counting
+    model(ids, pos)                                                     # warm-up: the cache fills
+    layers, hooks = moe_ranges(model)
+    counter = SyncCounter()
+    syncs = [m.register_forward_pre_hook(lambda mod, args: setattr(counter, "key", mod.layer)) for m in layers]
+    syncs += [m.register_forward_hook(lambda mod, args, out: setattr(counter, "key", None)) for m in layers]
+    ops = python = 0.0
+    copies0, groups0 = counting.copies, counting.groups_served
+    try:
+        with counter:
+            for _ in range(reps):
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    model(ids, pos)
+                for ev in prof.events():
+                    if ev.name == RANGE:
+                        inside = sum(c.time_range.elapsed_us() for c in ev.cpu_children
+                                     if c.name.startswith("aten::"))
+                        python += ev.time_range.elapsed_us() - inside
+                        ops += sum(1 for c in ev.cpu_children if c.name.startswith("aten::"))
+    finally:
+        for h in hooks + syncs:
+            h.remove()
+    n = reps * L
+    engine.finish()
+    row = {"path": "offloaded", "model": name, "batch": batch, "policy": "last_step", "cache_ratio": ratio,
+           "cache_experts": C, "working_set": sum(W) / len(W), "ops_per_moe_layer": ops / n,
+           "syncs_per_moe_layer": sum(counter.by_key[layer] for layer in cfg.moe_layers) / n,
+           "python_us_per_moe_layer": python / n, "copies_per_moe_layer": (counting.copies - copies0) / n,
+           "groups_per_moe_layer": (counting.groups_served - groups0) / n, "launch_us": launch_us}
+    row["derived_host_ms_per_mini_step"] = MINI_MOE_LAYERS * (row["ops_per_moe_layer"] * launch_us +
+                                                              row["python_us_per_moe_layer"]) / 1e3
+    row["h2d_ms_per_mini_step_at_1.73"] = H2D_MS_AT_173
+    row["host_over_h2d_at_1.73"] = row["derived_host_ms_per_mini_step"] / H2D_MS_AT_173
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--models", default="tiny,mini-width")
     ap.add_argument("--batches", default="1,4")
+    ap.add_argument("--launch-us", type=float, default=5.0, help="stated host cost of one CUDA op launch, us")
+    ap.add_argument("--ratios", default="0.83,1.73", help="C/W of the offloaded rows")
+    ap.add_argument("--no-resident", action="store_true", help="only the offloaded rows")
     a = ap.parse_args()
     torch.set_num_threads(1)
     known = models()
+    for batch in (int(b) for b in a.batches.split(",")):
+        for ratio in (float(r) for r in a.ratios.split(",")):
+            r = offloaded("tiny", *known["tiny"], batch, ratio, max(3, a.reps // 4), a.launch_us)
+            if a.json:
+                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+            else:
+                print(f"offloaded tiny batch {batch} C/W {ratio}: ops {r['ops_per_moe_layer']:.1f}, syncs "
+                      f"{r['syncs_per_moe_layer']:.2f}, python {r['python_us_per_moe_layer']:.0f} us per MoE layer; "
+                      f"{r['copies_per_moe_layer']:.1f} copies, {r['groups_per_moe_layer']:.1f} groups; derived "
+                      f"{r['derived_host_ms_per_mini_step']:.1f} ms host per mini step at {a.launch_us:g} us/launch "
+                      f"(H2D at C/W 1.73: {H2D_MS_AT_173:g} ms)", flush=True)
+    if a.no_resident:
+        return
     for name in a.models.split(","):
         if name not in known:
             ap.error(f"unknown model {name!r}; choose from {sorted(known)}")

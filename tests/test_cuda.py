@@ -130,3 +130,78 @@ def test_host_store_pins_memory_for_cuda(tiny):
     finally:
         tiny.model.backend = saved
         link.close()
+
+
+# --- issue 23: the finished CUDA link -------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["last_step", "cross_layer"])
+def test_demand_priority_on_cuda_tokens_equal_resident(tiny_cuda, tiny_prompts, policy):
+    dc = DecodeConfig(gen_length=48)
+    ref = run(tiny_cuda, tiny_prompts, 2, dc, device="cuda")
+    res = run(tiny_cuda, tiny_prompts, 2, dc, device="cuda",
+              spec=OffloadSpec(capacity=12, policy=policy, link="cuda", link_priority="demand"))
+    assert res.tokens == ref.tokens and res.stats["link_priority"] == "demand"
+    s = res.stats
+    assert s["transfers"] == s["demand_misses"] + s["speculative_transfers"]
+    assert s["speculative_transfers"] > 0 or policy != "last_step"
+
+
+def test_after_an_exception_in_a_forward_close_leaves_no_copy_in_flight(tiny_cuda, tiny_prompts, monkeypatch):
+    import artifact.offload.runner as runner
+    engines = []
+    inner = runner.offload
+    monkeypatch.setattr(runner, "offload", lambda *a, **k: engines.append(inner(*a, **k)) or engines[-1])
+    seen = []
+
+    def boom(demand):
+        seen.append(demand)
+        if len(seen) == 7:
+            raise RuntimeError("injected failure inside a forward")
+
+    spec = OffloadSpec(capacity=6, policy="last_step", link="cuda", link_priority="demand", cap_gbps=0.05)
+    with tiny_cuda.model.listening(boom), pytest.raises(RuntimeError, match="injected failure"):
+        run(tiny_cuda, tiny_prompts[:1], 1, DecodeConfig(gen_length=32), spec=spec, device="cuda")
+    (eng,) = engines
+    assert eng.link.closed and eng.link.stream.query()          # drained: nothing can land in freed slots
+    assert all(t.cancelled or not t.held for p in eng.pending.values() for t in p.values())
+
+
+def test_calibrated_peak_and_spin_are_plausible():
+    from artifact.offload.link import CudaLink
+    p = CudaLink("cuda", cap_gbps=1e9).pacing
+    assert 1 < p.peak_gbps < 1000 and 1e8 < p.spin_hz < 1e10
+
+
+def test_one_host_sync_per_moe_layer_on_cuda(tiny_cuda):
+    from artifact.model.llada2 import MoE
+    from artifact.model.syncs import SyncCounter
+    from artifact.offload.engine import offload
+    from artifact.offload.link import CudaLink
+    from artifact.offload.policies import make_policy
+    cfg, model = tiny_cuda.cfg, tiny_cuda.model
+    ids = torch.randint(8, cfg.vocab_size - 8, (2, cfg.block_length), device="cuda")
+    pos = torch.arange(cfg.block_length, device="cuda").expand(2, -1)
+    saved, link = model.backend, CudaLink("cuda", priority="demand", chunk_bytes=cfg.expert_params)
+    counter = SyncCounter()
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    hooks = [m.register_forward_pre_hook(lambda mod, a: setattr(counter, "key", mod.layer)) for m in layers]
+    try:
+        offload(model, tiny_cuda.experts.cpu(), 6, make_policy("last_step", len(cfg.moe_layers), cfg.num_experts),
+                link, "cuda")
+        model(ids, pos)
+        with counter:
+            model(ids, pos)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.backend = saved
+        link.close()
+    assert [counter.by_key[layer] for layer in cfg.moe_layers] == [1] * len(cfg.moe_layers), counter.kinds
+    assert counter.kinds == {"copy to host": len(cfg.moe_layers)}
+
+
+def test_pin_host_portable_and_empty():
+    from artifact.offload.store import pin_host, pinned_bytes
+    e = torch.empty(0)
+    assert pin_host(e) is e and pinned_bytes(e) == 0
+    t = torch.ones(1000)
+    assert pin_host(t).is_pinned()

@@ -76,12 +76,37 @@ def test_cpu_dry_run_writes_the_seven_steps_in_order(tmp_path):
     assert [(r["batch"], r["cache_ratio"], r["policy"]) for r in runs] == [
         (b, c, p) for b in (1, 4) for c in (0.83, 1.0) for p in ("demand", "last_step")]
     assert e["all_tokens_equal_resident"] is True
+    assert e["all_forwards_denoising_steps"] is True and e["decode"]["threshold"] == 1.0
     for r in runs:
         assert r["ms_per_forward"] > 0 and r["link_bytes"] > 0 and 0 < r["link_busy_over_wall"] <= 1.0
+        assert r["prefill_ms"] > 0 and r["prefill_forwards"] >= 1                  # prompt of 20 -> 32: a block
+        assert r["denoise_forwards"] == r["forwards"] == 8 and r["all_forwards_denoising_steps"] is True
+        assert r["denoise_ms_per_forward"] > 0 and 0 < r["host_ms_per_forward"] <= r["denoise_ms_per_forward"]
         assert r["stall_seconds"] >= 0 and r["demand_misses"] > 0
+    assert set(e["measures"]) >= {"prefill_ms", "denoise_ms_per_forward", "host_ms_per_forward",
+                                  "link_busy_over_wall"}
+    assert m["within_tolerance"] is True and m["tolerance"]["rtol"] == 0.0
     assert all(r["speculative_transfers"] == 0 for r in runs if r["policy"] == "demand")
     assert sum(r["speculative_transfers"] for r in runs if r["policy"] == "last_step") > 0
     assert [x["batch"] for x in e["resident"]] == [1, 4]
+
+
+def test_cuda_tests_that_cannot_be_collected_have_their_own_exit_code(monkeypatch):
+    mod = load_script()
+    a = mod.parse_args(["--device", "cpu", "--allow-cpu"])
+
+    class Done:
+        def __init__(self, rc, out):
+            self.returncode, self.stdout, self.stderr = rc, out, ""
+
+    monkeypatch.setattr(mod.subprocess, "run", lambda *x, **k: Done(2, "ERROR tests/test_cuda.py - ImportError"))
+    r = mod.cuda_tests(a, torch)
+    assert r["collection_ok"] is False and r["ok"] is False and mod.EXIT_TESTS_NOT_RUN == 5
+    runs = iter([Done(0, "tests/test_cuda.py::a\ntests/test_cuda.py::b\ntests/test_cuda.py::c\n"),
+                 Done(0, "== 2 passed in 1.0s ==")])
+    monkeypatch.setattr(mod.subprocess, "run", lambda *x, **k: next(runs))
+    r = mod.cuda_tests(a, torch)
+    assert r["collected"] == 3 and r["ran"] == 2 and r["all_ran"] is False
 
 
 def test_a_failing_step_keeps_the_report(tmp_path):

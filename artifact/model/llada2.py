@@ -12,6 +12,7 @@ the same whichever backend and kernel computed the experts, so offloading change
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Callable, Iterator, Protocol
@@ -135,8 +136,41 @@ def _grouped_mm_ok(xs: torch.Tensor) -> bool:
     # CPU runs any float dtype; CUDA's grouped GEMM needs bf16 on compute capability >= 9.0 (H100/H200).
     if xs.device.type == "cpu":
         return True
-    return xs.device.type == "cuda" and xs.dtype == torch.bfloat16 and \
-        torch.cuda.get_device_capability(xs.device) >= (9, 0)
+    return xs.device.type == "cuda" and xs.dtype == torch.bfloat16 and _capability(xs.device.index) >= (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    """A device's compute capability, queried once per device (it was once per group)."""
+    return torch.cuda.get_device_capability(index)
+
+
+class HostCounts:
+    """The router's per-expert token counts on the host, in one device-to-host copy per MoE layer.
+
+    counts (E,) is a fixed-size device tensor (scatter_add_ of ones: no bincount, which on CUDA syncs to
+    size its output from the data). On CUDA it is copied non_blocking into a pinned buffer that is reused,
+    and the host waits once, on an event recorded after the copy; the expert ids are read off the counts
+    on the host. On the CPU, `tolist` of the counts is the one read."""
+
+    def __init__(self):
+        self.buffers: dict[tuple, torch.Tensor] = {}       # (device, E) -> pinned (E,) int64
+        self.events: dict[object, object] = {}
+
+    def read(self, counts: torch.Tensor) -> list[int]:
+        if counts.device.type != "cuda":
+            return counts.tolist()
+        key = (counts.device, counts.shape[0])
+        buf = self.buffers.get(key)
+        if buf is None:
+            buf = self.buffers[key] = torch.empty(counts.shape[0], dtype=torch.int64, pin_memory=True)
+        ev = self.events.get(counts.device)
+        if ev is None:
+            ev = self.events[counts.device] = torch.cuda.Event()
+        buf.copy_(counts, non_blocking=True)               # one D2H transfer, queued behind the router
+        ev.record(torch.cuda.current_stream(counts.device))
+        ev.synchronize()                                   # the one host sync of the layer
+        return buf.tolist()                                # host memory: no further sync
 
 
 class ResidentExperts:
@@ -283,11 +317,23 @@ class Router(nn.Module):
         self.cfg = cfg
         self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
         self.register_buffer("expert_bias", torch.zeros(cfg.num_experts, dtype=torch.float32))
+        self._fp32 = None                  # (key, weight in fp32): cast once, not on every call
+
+    def weight_fp32(self) -> torch.Tensor:
+        """The router weight in fp32, cast once and kept while the weight is unchanged (same storage,
+        device and version: a load_state_dict or .to() makes a new cast). fp32 weights are used as they are."""
+        w = self.weight
+        if w.dtype == torch.float32:
+            return w
+        key = (w.data_ptr(), w.device, w._version)
+        if self._fp32 is None or self._fp32[0] != key:
+            self._fp32 = (key, w.detach().float())
+        return self._fp32[1]
 
     def forward(self, x):                                               # x (N, D)
         c = self.cfg
         N = x.shape[0]
-        scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))   # (N, E) fp32
+        scores = torch.sigmoid(F.linear(x.float(), self.weight_fp32()))   # (N, E) fp32
         biased = scores + self.expert_bias
         group = biased.view(N, c.n_group, -1).topk(2, dim=-1).values.sum(-1)          # (N, n_group)
         keep = torch.zeros_like(group).scatter_(1, group.topk(c.topk_group, dim=-1).indices, 1.0)
@@ -298,15 +344,33 @@ class Router(nn.Module):
         return idx, w                                                   # (N, k) long, (N, k) fp32
 
 
-def predict_demand(next_router: Router, x: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def expert_counts(idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Tokens per expert of router choices idx (N, k), as a fixed-size (E,) device tensor: a scatter_add_ of
+    ones, not bincount, whose output is sized by the data (a host sync on CUDA)."""
+    flat = idx.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.long, device=idx.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
+def nonzero_counts(counts: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(experts ascending, their counts) from host counts per expert."""
+    experts = tuple(e for e, n in enumerate(counts) if n)
+    return experts, tuple(counts[e] for e in experts)
+
+
+def predict_counts(next_router: Router, x: torch.Tensor) -> torch.Tensor:
     """Cross-layer prediction (the predictor of Pre-gated MoE, ProMoE, HOBBIT): the next MoE layer's
     router applied to this layer's MoE input x (N, D), the post-attention-norm hidden states of the
     tokens that route here. The input, not this layer's output: the prediction must exist when this
     layer's demand is served, before its experts compute, so the link can move the next layer's experts
-    meanwhile. Returns (experts ascending, token counts). Pure: the model's outputs do not change."""
+    meanwhile. Returns the predicted tokens per expert (E,) on the device; MoE.routed reads it to the host
+    in the same copy as the layer's own counts. Pure: the model's outputs do not change."""
     idx, _ = next_router(x)                                             # (N, k)
-    experts, counts = torch.unique(idx.reshape(-1), sorted=True, return_counts=True)
-    return tuple(experts.tolist()), tuple(counts.tolist())              # one more host sync, only when asked
+    return expert_counts(idx, next_router.cfg.num_experts)
+
+
+def predict_demand(next_router: Router, x: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """predict_counts as (experts ascending, token counts) on the host (a host read of its own)."""
+    return nonzero_counts(predict_counts(next_router, x).tolist())
 
 
 class Routing:
@@ -322,6 +386,7 @@ class Routing:
         self.predict_next = False
         self.next_router: dict[int, Router] = {}
         self.expert_kernel = "grouped"      # "loop": one call per expert, kept to compare the two in one run
+        self.host_counts = HostCounts()     # the router's counts to the host: the one sync per MoE layer
 
 
 class MoE(nn.Module):
@@ -332,10 +397,10 @@ class MoE(nn.Module):
         self.shared_experts = MLP(cfg, cfg.moe_intermediate_size * cfg.num_shared_experts) \
             if cfg.num_shared_experts else None
 
-    def forward(self, x, rows):                                         # x (B, T, D); rows (B, T) bool or None
+    def forward(self, x, rows):            # x (B, T, D); rows (B, T) bool, or (N,) long flat indices, or None
         B, T, D = x.shape
         flat = x.reshape(B * T, D)
-        sel = None if rows is None else rows.reshape(-1).nonzero().squeeze(1)
+        sel = rows if rows is None or rows.dtype == torch.long else routed_indices(rows)
         xs = flat if sel is None else flat.index_select(0, sel)         # (N, D) tokens that route
         routed = self.routed(xs)
         if sel is None:
@@ -355,11 +420,16 @@ class MoE(nn.Module):
             return x.new_zeros(0, D)
         idx, w = self.gate(x)                                           # (N, k) long, (N, k) fp32
         flat_idx = idx.view(-1)                                         # (P,) expert of each (token, slot)
-        per_expert = torch.bincount(flat_idx, minlength=E).tolist()    # the one host sync per layer
-        experts = tuple(e for e in range(E) if per_expert[e])
+        counts = expert_counts(idx, E)                                  # (E,) fixed size: no data-sized output
         nxt = self.routing.next_router.get(self.layer) if self.routing.predict_next else None
-        predicted = predict_demand(nxt, x) if nxt is not None else None
-        demand = Demand(self.routing.step, self.layer, experts, tuple(per_expert[e] for e in experts), predicted)
+        if nxt is None:
+            per_expert = self.routing.host_counts.read(counts)         # the one host sync per layer
+            predicted = None
+        else:                                                           # the prediction rides in the same copy
+            both = self.routing.host_counts.read(torch.cat([counts, predict_counts(nxt, x)]))
+            per_expert, predicted = both[:E], nonzero_counts(both[E:])
+        experts, demanded = nonzero_counts(per_expert)
+        demand = Demand(self.routing.step, self.layer, experts, demanded, predicted)
         for listener in self.routing.listeners:
             listener(demand)
         by_expert = None                                                # (P,) pairs sorted by expert, made once
@@ -420,6 +490,12 @@ class Backbone(nn.Module):
         moe = cfg.moe_layers
         # For predict_demand: each MoE layer -> the next MoE layer's router.
         routing.next_router = {a: self.layers[b].mlp.gate for a, b in zip(moe, moe[1:], strict=False)}
+
+
+def routed_indices(rows: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool -> (N,) flat indices of the tokens that route. Data-sized (a host sync on CUDA), so the
+    model computes it once per forward, not once per MoE layer."""
+    return rows.reshape(-1).nonzero().squeeze(1)
 
 
 def block_causal_mask(q_pos, k_pos, k_valid, block: int) -> torch.Tensor:
@@ -487,6 +563,8 @@ class LLaDA2MoE(nn.Module):
             k_pos = torch.cat([prefix, pos], 1)                         # cached keys sit at positions [0, len)
             k_valid = torch.cat([prefix < lens, key_valid], 1)
         mask = block_causal_mask(pos, k_pos, k_valid, self.cfg.block_length)
+        if rows is not None and rows.dtype == torch.bool:
+            rows = routed_indices(rows)                                 # once per forward, for every MoE layer
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache, commit, rows)
         if cache is not None and commit:

@@ -23,21 +23,24 @@ DEFAULT_RESERVE_BYTES = 4 * GIB    # activations, KV cache, allocator slack and 
 
 
 _registered: dict[int, weakref.finalize] = {}
+HOST_REGISTER_PORTABLE = 1     # cudaHostRegisterPortable: pinned for every CUDA context, not only the current one
 
 
 def pin_host(t: torch.Tensor) -> torch.Tensor:
-    """Page-lock a contiguous CPU tensor in place (cudaHostRegister): exactly t's bytes, no rounding and
-    no copy. Returns t. Unregistered when t is garbage-collected."""
+    """Page-lock a contiguous CPU tensor in place (cudaHostRegister, portable: usable from every device's
+    context): exactly t's bytes, no rounding and no copy. Returns t. Unregistered when t is
+    garbage-collected. An empty tensor has no bytes to lock (cudaHostRegister refuses a size of 0): it is
+    returned as it is."""
     if t.device.type != "cpu" or not t.is_contiguous():
         raise ValueError(f"pin_host needs a contiguous CPU tensor, got device {t.device}, "
                          f"contiguous={t.is_contiguous()}")
     if not torch.cuda.is_available():
         raise RuntimeError("pinning host memory needs CUDA, and torch.cuda.is_available() is False")
-    if t.is_pinned():
-        return t
     ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+    if nbytes == 0 or ptr in _registered or t.is_pinned():
+        return t
     cudart = torch.cuda.cudart()
-    torch.cuda.check_error(cudart.cudaHostRegister(ptr, nbytes, 0))
+    torch.cuda.check_error(cudart.cudaHostRegister(ptr, nbytes, HOST_REGISTER_PORTABLE))
     _registered[ptr] = weakref.finalize(t, _unregister, ptr)
     return t
 

@@ -59,6 +59,9 @@ class Load:
     after: int            # demanded expert whose compute must finish before the copy starts, EMPTY: none
     speculative: bool = False
 
+    def __str__(self) -> str:            # the copy's label: formatted only when a message needs it
+        return f"layer {self.layer} expert {self.expert} -> slot {self.slot}"
+
 
 class Plan:
     """What one demand (or one prefetch) asks of a layer, as arrays (int64, aligned per row):

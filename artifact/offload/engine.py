@@ -32,6 +32,8 @@ class OffloadEngine:
         self.slots = {layer: torch.zeros(cache.capacity, P, dtype=store.packed.dtype, device=self.device)
                       for layer in cache.moe_layers}                      # (C, P) per MoE layer
         self.stacks = {layer: stack_views(s, cfg) for layer, s in self.slots.items()}   # (C, 2I, D), (C, D, I)
+        self.slot_rows = {layer: s.unbind(0) for layer, s in self.slots.items()}    # (P,) view per slot, made once
+        self.pump = getattr(link, "pump", None) or (lambda: None)       # an issue point for a holding link
         self.pending = {layer: {} for layer in cache.moe_layers}        # layer -> {slot: ticket not yet waited}
         self.freed = {layer: None for layer in cache.moe_layers}        # layer -> marker after its last compute
         self.finished = False
@@ -40,8 +42,8 @@ class OffloadEngine:
         """One batch of copies on the link; `after` orders them behind the compute that freed their slots."""
         if not loads:
             return
-        items = [(self.slots[ld.layer][ld.slot], self.store.expert(ld.layer, ld.expert),
-                  f"layer {ld.layer} expert {ld.expert} -> slot {ld.slot}") for ld in loads]
+        slots, rows = self.slot_rows, self.store.rows
+        items = [(slots[ld.layer][ld.slot], rows[ld.layer][ld.expert], ld) for ld in loads]   # str(ld): the label
         for ld, ticket in zip(loads, self.link.copy(items, after=after, speculative=speculative)):
             self.pending[ld.layer][ld.slot] = ticket
 
@@ -58,6 +60,7 @@ class OffloadEngine:
     def groups(self, demand: Demand):
         plan, speculative = self.cache.serve(demand)
         layer, link = demand.layer, self.link
+        self.pump()                                         # issue points: here and after each group
         pending = self.pending[layer]
         waiting: dict[int, list[Load]] = defaultdict(list)              # occupant -> loads into its slot
         promote = getattr(link, "promote", None)            # demand priority: a demanded prefetch is demand,
@@ -89,6 +92,7 @@ class OffloadEngine:
             link.wait(landed)                                           # landed: no stall, but ordered
             yield self._group(layer, ready)
             speculative = self._release(layer, ready, waiting, speculative)
+            self.pump()
         i = 0
         while i < len(queue):
             # The next expert in copy order, then every following one whose copy is issued and ready.
@@ -101,6 +105,7 @@ class OffloadEngine:
             link.wait([pending.pop(s) for _, s in members if s in pending])
             yield self._group(layer, members)
             speculative = self._release(layer, members, waiting, speculative)
+            self.pump()
             i = j
         assert not waiting, f"layer {layer}: loads never issued for {dict(waiting)}"
         self.freed[layer] = link.compute_done(layer)

@@ -7,7 +7,9 @@
                 layer's slots done). A bandwidth cap is paced on the GPU timeline by the copy stream
                 itself: after each chunk it spins for the time that chunk would have taken at the cap
                 minus the time it took (a calibrated torch.cuda._sleep); uncapped, the spin is zero and
-                the code path is the same.
+                the code path is the same. With demand priority, speculative copies are held on the host
+                (timeline.SpeculativeHold) and issued chunk by chunk at the engine's issue points (`pump`)
+                while the last demand copy's event says the demand copies are done; no host thread.
   EmulatedLink  for CPU runs: a copy engine on a timeline (offload/timeline.py): FIFO, or with demand
                 priority two queues and chunked speculative copies. Each copy (chunk) starts when the
                 link is free and takes latency + bytes / bandwidth; `wait` blocks until the copy ends
@@ -16,6 +18,12 @@
 
 Both count transfers, bytes, busy seconds (link occupied) and stall seconds (compute waiting). Every
 host-side wait has a timeout and names the copy it waited for.
+
+close() ends a link for good, also after an exception in a forward: once it returns, no copy issued on
+the link writes into its destination any more, so the engine's slots may be freed. EmulatedLink moves
+bytes only in `wait`, which a closed link refuses. CudaLink drops the speculative chunks it still holds
+and drains its copy stream (a wait bounded by close_timeout_s); if that wait times out it keeps the
+destinations of every copy alive (never freed, so never reused) and raises LinkTimeout.
 """
 from __future__ import annotations
 
@@ -27,13 +35,26 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from artifact.offload.timeline import PRIORITIES, REFERENCE_CHUNK_BYTES, Copy, CopyTimeline, check_priority
+from artifact.offload.timeline import (
+    PRIORITIES,
+    REFERENCE_CHUNK_BYTES,
+    Copy,
+    CopyTimeline,
+    SpeculativeHold,
+    check_priority,
+)
 
 LINKS = ("emulated", "cuda")
 PCIE4_GBPS = 25.0          # effective host-to-device bandwidth of a PCIe 4.0 x16 slot
 PCIE_LATENCY_US = 10.0     # per-copy setup cost
 REFERENCE_EXPERT_BYTES = 3 * 512 * 2048 * 2    # one LLaDA2.0-mini routed expert in bf16 (6 MiB)
 WAIT_TIMEOUT_S = 60.0      # a host-side wait longer than this is a hang, not a slow link: raise
+CLOSE_TIMEOUT_S = 10.0     # close(): the copy stream's in-flight copies get this long to land
+_QUARANTINE: list = []     # destinations of copies a close() could not drain: kept alive, never reused
+
+
+class LinkClosed(RuntimeError):
+    """A copy or wait on a link after close(): nothing may write into the destinations any more."""
 
 
 def emulated_bandwidth_gbps(expert_bytes: int, gbps: float = PCIE4_GBPS) -> float:
@@ -87,11 +108,16 @@ class Link(Protocol):
         `after` to a copy into them. None where compute is synchronous (CPU)."""
         ...
 
+    def pump(self) -> None:
+        """An issue point of the engine: a link that holds speculative copies may issue some now."""
+        ...
+
     def finish(self) -> LinkStats:
         """Land everything, settle the timing, return the totals."""
         ...
 
     def close(self) -> None:
+        """No copy writes into a destination once this returns (see the module docstring)."""
         ...
 
 
@@ -145,11 +171,14 @@ class EmulatedLink:
         self.priority, self.chunk_bytes = priority, chunk_bytes
         self.timeline = CopyTimeline(self.bandwidth_gbps, self.latency, priority, chunk_bytes)
         self.stats = LinkStats()
+        self.closed = False
 
     def duration(self, nbytes: int) -> float:
         return self.timeline.chunk_seconds(nbytes)
 
     def copy(self, items, after=None, speculative: bool = False) -> list[EmulatedTicket]:
+        if self.closed:
+            raise LinkClosed("copy on a closed link")
         out = []
         for dst, src, label in items:
             nbytes = src.numel() * src.element_size()
@@ -177,6 +206,9 @@ class EmulatedLink:
         for t in tickets:
             if t.landed:
                 continue
+            if self.closed:          # the bytes move here: a closed link's destinations may be freed
+                raise LinkClosed(f"wait for {describe(t.label, t.src.numel() * t.src.element_size())} on a "
+                                 "closed link: the copy was cancelled")
             now = self.clock()
             end = t.end            # final: nothing is issued while this thread sleeps
             if now < end:
@@ -207,11 +239,15 @@ class EmulatedLink:
             elif self.sleep is not time.sleep:
                 self.sleep(left)
 
+    def pump(self) -> None:
+        pass                 # the timeline orders speculative copies itself
+
     def finish(self) -> LinkStats:
         return self.stats
 
     def close(self) -> None:
-        pass
+        """Cancel every copy not yet landed: they never move their bytes (wait refuses)."""
+        self.closed = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,29 +306,49 @@ class Pacing:
 
 
 def calibrate_rate(run: Callable[[int], None], clock: Callable[[], float], units: int, reps: int = 3) -> float:
-    """Units per second of `run(units)` timed by `clock` (best of reps; a warm-up first). On CUDA, `run`
-    enqueues work and `clock` is a device-timed clock; on the CPU tests inject both."""
+    """Units per second of `run(units)` timed by `clock`, free of any fixed cost per measurement.
+
+    Each timed interval holds the work and a fixed overhead: on CUDA the host's sync on the start event,
+    the launch that follows and the end event's record (tens of us to ~1 ms of polling), which made a
+    plain units / seconds read 2-10 % low, so a capped link ran above its cap. So the rate is read off the
+    difference of two sizes: units / (t(2 units) - t(units)), each the best of `reps` (after a warm-up),
+    which cancels any overhead that does not grow with the work. On CUDA, `run` enqueues work and
+    `clock` is a device-timed clock; the tests inject both (timeline.ManualClock)."""
     if units < 1:
         raise ValueError(f"calibration needs units >= 1, got {units}")
     run(units)
-    best = math.inf
-    for _ in range(reps):
-        t0 = clock()
-        run(units)
-        best = min(best, clock() - t0)
-    if not best > 0:
-        raise RuntimeError(f"calibration measured {best} s for {units} units: the clock did not advance")
-    return units / best
+
+    def best(n: int) -> float:
+        b = math.inf
+        for _ in range(reps):
+            t0 = clock()
+            run(n)
+            b = min(b, clock() - t0)
+        return b
+
+    one, two = best(units), best(2 * units)
+    if not one > 0 or not two > 0:
+        raise RuntimeError(f"calibration measured {min(one, two)} s for {units} units: the clock did not advance")
+    if not two > one:
+        raise RuntimeError(f"calibration: {2 * units} units took {two:.3g} s, not longer than {units} units "
+                           f"({one:.3g} s); the measurement is noise, not the work")
+    return units / (two - one)
 
 
 # ---------------------------------------------------------------------------------------------
 # CUDA
 # ---------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(eq=False)
 class CudaTicket:
     done: object            # torch.cuda.Event of the destination slot, re-recorded by every copy into it
-    label: str
+    label: object           # str() names the copy (built only when a message needs it)
     nbytes: int
+    # Demand priority only: a speculative copy held on the host until its chunks are issued.
+    d: object = None        # destination bytes (uint8 view)
+    s: object = None        # source bytes (uint8 view)
+    after: object = None    # the event its first chunk waits for on the copy stream
+    held: bool = False      # some chunks not yet on the stream: `done` does not describe this copy yet
+    cancelled: bool = False  # dropped by close(): it never lands
 
 
 class _TimingPairs:
@@ -336,73 +392,165 @@ class CudaLink:
 
     def __init__(self, device: torch.device | str = "cuda", cap_gbps: float | None = None,
                  chunk_bytes: int | None = None, timeout_s: float = WAIT_TIMEOUT_S,
-                 pacing: Pacing | None = None):
+                 pacing: Pacing | None = None, priority: str = "fifo", hold_depth: int = 1,
+                 close_timeout_s: float = CLOSE_TIMEOUT_S):
+        """chunk_bytes: under fifo the pacing chunk (None: whole copies); under demand priority the size of
+        a held speculative chunk (None: REFERENCE_CHUNK_BYTES). hold_depth: speculative chunks in flight
+        at once under demand priority (a demand copy waits for at most that many)."""
         if not torch.cuda.is_available():
             raise RuntimeError("--link cuda needs a CUDA GPU, and torch.cuda.is_available() is False "
                                "(use --link emulated on CPU)")
         if cap_gbps is not None and cap_gbps <= 0:
             raise ValueError(f"bandwidth cap must be > 0 GB/s, got {cap_gbps}")
+        check_priority(priority, chunk_bytes)
         self.device = torch.device(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(self.device)
-        self.timeout = timeout_s
+        self.timeout, self.close_timeout = timeout_s, close_timeout_s
         self.stats = LinkStats()
         self.timing = _TimingPairs(on_busy=self._observe)
         self.slot_events: dict[int, object] = {}        # dst data_ptr -> its re-recorded "landed" event
         self.layer_events: dict[object, object] = {}    # key -> re-recorded "compute that read it done"
+        self._bytes: dict[int, object] = {}             # data_ptr -> uint8 view of a tensor (made once)
+        self._dsts: dict[int, torch.Tensor] = {}        # dst data_ptr -> the tensor (kept if close times out)
+        self._schedules: dict[int, list] = {}           # nbytes -> pacing schedule (reset by feedback)
         self.last: CudaTicket | None = None
-        self.pacing = pacing or (self._calibrate(cap_gbps, chunk_bytes) if cap_gbps else
-                                 Pacing(peak_gbps=math.inf, cap_gbps=None, chunk_bytes=chunk_bytes))
+        self.closed = False
+        self.priority = priority
+        pace_chunk = chunk_bytes if priority == "fifo" else None
+        self.pacing = pacing or (self._calibrate(cap_gbps, pace_chunk) if cap_gbps else
+                                 Pacing(peak_gbps=math.inf, cap_gbps=None, chunk_bytes=pace_chunk))
         self.cap = self.pacing.cap_gbps
+        self.hold: SpeculativeHold | None = None
+        self.demand_done = None                         # event after the last demand batch on the copy stream
+        if priority == "demand":
+            self.hold = SpeculativeHold(self._issue_held, self._drained, chunk_bytes or REFERENCE_CHUNK_BYTES,
+                                        depth=hold_depth)
 
     def _calibrate(self, cap_gbps: float, chunk_bytes: int | None, nbytes: int = 64 << 20) -> Pacing:
         """Peak pinned H2D rate and the spin kernel's cycles per second, timed with CUDA events once at
-        construction (not in the hot path)."""
+        construction (not in the hot path); calibrate_rate differences two sizes (half and all of nbytes)."""
         src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         dst = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         clock = _EventClock(self.stream, self.timeout)
         with torch.cuda.stream(self.stream):
-            peak = calibrate_rate(lambda n: dst[:n].copy_(src[:n], non_blocking=True), clock, nbytes) / 1e9
-            hz = calibrate_rate(torch.cuda._sleep, clock, 20_000_000)
+            peak = calibrate_rate(lambda n: dst[:n].copy_(src[:n], non_blocking=True), clock, nbytes // 2) / 1e9
+            hz = calibrate_rate(torch.cuda._sleep, clock, 10_000_000)
         return Pacing(peak_gbps=peak, cap_gbps=cap_gbps, spin_hz=hz, chunk_bytes=chunk_bytes)
 
     def _observe(self, nbytes: int, seconds: float) -> None:
         self.pacing = self.pacing.observed(nbytes, seconds)
+        self._schedules.clear()
+
+    def _as_bytes(self, t: torch.Tensor):
+        """t's bytes as a flat uint8 view, made once per tensor (slots and store rows are long-lived)."""
+        ptr = t.data_ptr()
+        v = self._bytes.get(ptr)
+        if v is None or v.numel() != t.numel() * t.element_size():
+            v = self._bytes[ptr] = t.view(-1).view(torch.uint8)
+        return v
+
+    def _schedule(self, nbytes: int) -> list:
+        sched = self._schedules.get(nbytes)
+        if sched is None:
+            sched = self._schedules[nbytes] = self.pacing.schedule(nbytes)
+        return sched
+
+    def _slot_event(self, dst: torch.Tensor):
+        ptr = dst.data_ptr()
+        ev = self.slot_events.get(ptr)
+        if ev is None:
+            ev = self.slot_events[ptr] = torch.cuda.Event()
+            self._dsts[ptr] = dst
+        return ev
 
     def copy(self, items, after=None, speculative: bool = False) -> list[CudaTicket]:
-        # speculative: only fifo is wired on CUDA (make_link refuses demand priority here; the holding logic
-        # is timeline.SpeculativeHold), so a speculative batch is issued like any other.
+        if self.closed:
+            raise LinkClosed("copy on a closed link")
         out = []
         if not items:
             return out
+        if self.hold is not None:
+            if speculative:
+                return self._hold(items, after)
+            for dst, _, _ in items:                   # a held copy into one of these slots goes first
+                self.hold.before_copy(dst.data_ptr())
         if self.pacing.cap_gbps is not None:
             self.timing.harvest(window=4)             # pacing feedback from batches that have finished
-        nbytes = sum(src.numel() * src.element_size() for _, src, _ in items)
+        views = [(self._as_bytes(dst), self._as_bytes(src), dst, label) for dst, src, label in items]
+        total = sum(s.numel() for _, s, _, _ in views)
         with torch.cuda.stream(self.stream):          # entered once per batch
             if after is not None:
                 self.stream.wait_event(after)
-            end = self.timing.start(self.stream, "busy", nbytes)   # after the wait: waiting is not busy
-            for dst, src, label in items:
-                nbytes = src.numel() * src.element_size()
-                d, s = dst.view(-1).view(torch.uint8), src.view(-1).view(torch.uint8)
-                for a, b, spin in self.pacing.schedule(nbytes):
+            end = self.timing.start(self.stream, "busy", total)   # after the wait: waiting is not busy
+            for d, s, dst, label in views:
+                nbytes = s.numel()
+                for a, b, spin in self._schedule(nbytes):
                     d[a:b].copy_(s[a:b], non_blocking=True)
                     if spin:
                         torch.cuda._sleep(spin)
-                ev = self.slot_events.get(dst.data_ptr())
-                if ev is None:
-                    ev = self.slot_events[dst.data_ptr()] = torch.cuda.Event()
+                ev = self._slot_event(dst)
                 ev.record(self.stream)
-                self.stats.transfers += 1
-                self.stats.bytes += nbytes
                 out.append(CudaTicket(ev, label, nbytes))
             end.record(self.stream)
+            if self.hold is not None:                 # drained() reads this: the demand copies issued so far
+                if self.demand_done is None:
+                    self.demand_done = torch.cuda.Event()
+                self.demand_done.record(self.stream)
+        self.stats.transfers += len(out)
+        self.stats.bytes += total
         self.last = out[-1]
         return out
 
+    # --- demand priority: speculative copies held on the host (timeline.SpeculativeHold) ------------
+    def _hold(self, items, after) -> list[CudaTicket]:
+        out = []
+        for dst, src, label in items:
+            d, s = self._as_bytes(dst), self._as_bytes(src)
+            t = CudaTicket(self._slot_event(dst), label, s.numel(), d, s, after, held=True)
+            self.hold.hold(t, t.nbytes, key=dst.data_ptr())
+            self.stats.transfers += 1
+            self.stats.bytes += t.nbytes
+            out.append(t)
+        self.hold.pump()
+        return out
+
+    def _drained(self) -> bool:
+        return self.demand_done is None or self.demand_done.query()
+
+    def _issue_held(self, t: CudaTicket, lo: int, hi: int):
+        """Bytes [lo, hi) of a held copy on the copy stream; returns an event recorded after them."""
+        with torch.cuda.stream(self.stream):
+            if lo == 0 and t.after is not None:
+                # `after` is a re-recorded layer event: by now it may mark a later compute of that layer,
+                # which only delays this copy (never before the compute that freed its slot).
+                self.stream.wait_event(t.after)
+            end = self.timing.start(self.stream, "busy", hi - lo)
+            t.d[lo:hi].copy_(t.s[lo:hi], non_blocking=True)
+            spin = self.pacing.spin_cycles(hi - lo)
+            if spin:
+                torch.cuda._sleep(spin)
+            end.record(self.stream)
+            if hi == t.nbytes:
+                t.done.record(self.stream)
+                t.held = False
+                self.last = t
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        return ev
+
+    def promote(self, t: CudaTicket) -> None:
+        """The held copy's expert is demanded: its remaining chunks go on the stream now."""
+        if t.held and self.hold is not None:
+            self.hold.promote(t)
+
+    def pump(self) -> None:
+        if self.hold is not None and self.hold.held:
+            self.hold.pump()
+
     def landed(self, t: CudaTicket) -> bool:
-        return t.done.query()
+        return not t.held and not t.cancelled and t.done.query()
 
     def ready(self, t: CudaTicket) -> bool:
         return True          # issued copies are ordered before compute on the GPU, not by the host
@@ -410,6 +558,11 @@ class CudaLink:
     def wait(self, tickets) -> None:
         if isinstance(tickets, CudaTicket):
             tickets = (tickets,)
+        if self.closed:
+            raise LinkClosed("wait on a closed link: its copies were drained or cancelled")
+        for t in tickets:
+            if t.held:       # an unrecorded event would not order anything: issue its chunks first
+                self.promote(t)
         tickets = [t for t in tickets if not t.done.query()]
         if not tickets:
             return
@@ -428,6 +581,8 @@ class CudaLink:
 
     def finish(self) -> LinkStats:
         """Land everything (a bounded wait that names the last copy), then read the timing pairs."""
+        if self.hold is not None:
+            self.hold.flush()
         streams = (self.stream, torch.cuda.current_stream(self.device))
         for stream in streams:
             ev = torch.cuda.Event()
@@ -442,7 +597,28 @@ class CudaLink:
         return self.stats
 
     def close(self) -> None:
-        pass
+        """Drop the held speculative chunks (they never land), then drain the copy stream within
+        close_timeout_s. Past it, every destination this link ever wrote is kept alive for the life of
+        the process (_QUARANTINE: a copy still in flight cannot land in reused memory) and LinkTimeout
+        is raised. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.hold is not None:
+            for h in self.hold.held:
+                h.copy.cancelled = True
+            self.hold.held.clear()
+        ev = torch.cuda.Event()
+        ev.record(self.stream)
+        last = describe(self.last.label, self.last.nbytes) if self.last else "no copy"
+        try:
+            wait_event(ev, self.close_timeout, f"closing the link: the copy stream's copies (last issued: {last})")
+        except LinkTimeout:
+            _QUARANTINE.extend(self._dsts.values())
+            raise
+        finally:
+            self._bytes.clear()
+        self._dsts.clear()
 
 
 def wait_event(ev, timeout_s: float, what: str, clock: Callable[[], float] = time.perf_counter,
@@ -486,10 +662,11 @@ def make_link(kind: str, *, device="cpu", bandwidth_gbps: float | None = None, l
     if kind == "cuda":
         if torch.device(device).type != "cuda":
             raise ValueError("--link cuda needs --device cuda")
-        if priority != "fifo":       # timeline.SpeculativeHold is the logic; CudaLink does not call it yet
-            raise ValueError("link priority 'demand' is not wired into the cuda link yet; use --link emulated")
         caps = [c for c in (cap_gbps, bandwidth_gbps) if c]
-        return CudaLink(device, cap_gbps=min(caps) if caps else None)
+        if chunk_bytes is None and priority == "demand":     # as on the emulated link: one expert per chunk
+            chunk_bytes = expert_bytes if expert_bytes else REFERENCE_CHUNK_BYTES
+        return CudaLink(device, cap_gbps=min(caps) if caps else None, priority=priority,
+                        chunk_bytes=chunk_bytes if priority == "demand" else None)
     if bandwidth_gbps is None:
         if expert_bytes is None:
             raise ValueError("the emulated link needs bandwidth_gbps or expert_bytes to scale its default")

@@ -26,6 +26,8 @@ class HostStore:
             pin_host(self.packed)
         self.index = {layer: i for i, layer in enumerate(moe_layers)}
         self.expert_bytes = packed.shape[2] * packed.element_size()
+        # One view per expert, made once: the engine's copies index these instead of slicing per copy.
+        self.rows = {layer: self.packed[i].unbind(0) for layer, i in self.index.items()}
 
     @property
     def pinned(self) -> bool:
@@ -36,4 +38,4 @@ class HostStore:
         return self.packed.shape[1]
 
     def expert(self, layer: int, e: int) -> torch.Tensor:
-        return self.packed[self.index[layer], e]
+        return self.rows[layer][e]

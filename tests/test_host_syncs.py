@@ -1,0 +1,96 @@
+"""One host sync per MoE layer: a dispatch-mode counter (artifact.model.syncs.SyncCounter) counts the host
+reads of device data inside every MoE layer's forward, offloaded (every engine policy's path through the
+link and the cache) and resident, with and without routed-row selection. On the CPU nothing syncs, but the
+counter sees the same calls a CUDA run would wait for (aten._local_scalar_dense, data-sized ops, copies to
+the host, tolist)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from artifact.model.llada2 import MoE
+from artifact.model.syncs import SyncCounter
+from artifact.offload.engine import offload
+from artifact.offload.link import make_link
+from artifact.offload.policies import make_policy
+
+
+def count_per_moe_layer(model, *calls):
+    """Run model(*args, **kw) for each (args, kw) in calls under a SyncCounter keyed by MoE layer."""
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    counter = SyncCounter()
+    hooks = [m.register_forward_pre_hook(lambda mod, args: setattr(counter, "key", mod.layer)) for m in layers]
+    hooks += [m.register_forward_hook(lambda mod, args, out: setattr(counter, "key", None)) for m in layers]
+    try:
+        with counter:
+            for args, kw in calls:
+                model(*args, **kw)
+    finally:
+        for h in hooks:
+            h.remove()
+    return counter, len(layers) * len(calls)
+
+
+def inputs(cfg, batch=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(8, cfg.vocab_size - 8, (batch, cfg.block_length), generator=g)      # (B, 32)
+    pos = torch.arange(cfg.block_length).expand(batch, -1)
+    rows = torch.ones(batch, cfg.block_length, dtype=torch.bool)
+    rows[1] = False                                                      # a finished row: not routed
+    return ids, pos, rows
+
+
+def test_the_counter_sees_what_would_sync_on_cuda():
+    x = torch.arange(6)
+    with SyncCounter() as c:
+        x.tolist()
+        int(x[2])
+        torch.bincount(x)
+        x.nonzero()
+        x + 1                                                            # no host read
+    assert c.total == 4 and c.kinds == {"tolist": 1, "_local_scalar_dense": 1, "bincount": 1, "nonzero": 1}
+
+
+@pytest.mark.parametrize("policy", ["demand", "last_step", "interval_refresh", "cross_layer"])
+@pytest.mark.parametrize("capacity", [4, 12])
+def test_one_host_sync_per_moe_layer_on_the_offloaded_path(tiny, policy, capacity):
+    cfg = tiny.cfg
+    saved = tiny.model.backend
+    saved_predict = tiny.model.routing.predict_next
+    ids, pos, rows = inputs(cfg)
+    try:
+        pol = make_policy(policy, len(cfg.moe_layers), cfg.num_experts, engine=True)
+        offload(tiny.model, tiny.experts, capacity, pol, make_link("emulated", bandwidth_gbps=1000.0))
+        tiny.model.routing.predict_next = pol.needs_prediction     # cross_layer: the prediction rides along
+        c, n_layers = count_per_moe_layer(tiny.model, ((ids, pos), {}), ((ids, pos), {}),
+                                          ((ids, pos), {"rows": rows}))
+    finally:
+        tiny.model.backend = saved
+        tiny.model.routing.predict_next = saved_predict
+    per_layer = [c.by_key[layer] for layer in cfg.moe_layers]
+    assert per_layer == [3] * len(cfg.moe_layers), (per_layer, c.kinds)   # 3 forwards: one read each
+    assert c.kinds == {"tolist": n_layers, "nonzero": 1}, c.kinds
+    assert c.by_key[None] == 1                         # the routed rows: once per forward, outside the layers
+
+
+def test_one_host_sync_per_moe_layer_resident(tiny):
+    ids, pos, rows = inputs(tiny.cfg, seed=1)
+    c, n_layers = count_per_moe_layer(tiny.model, ((ids, pos), {}), ((ids, pos), {"rows": rows}))
+    assert [c.by_key[layer] for layer in tiny.cfg.moe_layers] == [2] * len(tiny.cfg.moe_layers)    # 2 forwards
+    assert c.by_key[None] == 1
+
+
+def test_router_weight_is_cast_once_and_recast_when_it_changes():
+    import dataclasses
+
+    from artifact.model.checkpoint import random_model
+    from artifact.model.config import get_preset
+    cfg = dataclasses.replace(get_preset("tiny"), num_hidden_layers=2)
+    gate = random_model(cfg, seed=0, dtype="bfloat16", resident=True).model.model.layers[1].mlp.gate
+    a = gate.weight_fp32()
+    assert a.dtype == torch.float32 and torch.equal(a, gate.weight.float())
+    assert gate.weight_fp32() is a                                       # cached
+    with torch.no_grad():
+        gate.weight.mul_(2)                                              # in place: the version moves
+    b = gate.weight_fp32()
+    assert b is not a and torch.equal(b, gate.weight.float())
