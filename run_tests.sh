@@ -29,7 +29,7 @@ if ls notebooks/*.ipynb >/dev/null 2>&1; then
   trap 'rm -rf "$nbval_out"' EXIT
   mkdir -p "$nbval_out/data"
   ln -s "$PWD/data/tasks" "$nbval_out/data/tasks"
-  ARTIFACT_DATA="$nbval_out/data" ARTIFACT_FIGURES="$nbval_out/figures" \
+  ARTIFACT_DATA="$nbval_out/data" ARTIFACT_OUTPUT="$nbval_out/results" \
     "$PY" -m pytest -q --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider notebooks
 fi
 # --- end nbval -----------------------------------------------------------------------------------------

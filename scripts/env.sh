@@ -21,5 +21,10 @@ if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
   "$PY" -m pip install -q --disable-pip-version-check -e "$ROOT[dev]"
   echo "$_want" > "$_stamp"
 fi
+# The notebooks' kernel, registered inside the venv (committed notebooks name it, never a machine path):
+# `.venv/bin/jupyter lab` lists it as "artifact (.venv)"; papermill and nbval start it by name.
+if [ ! -f "$VENV/share/jupyter/kernels/artifact/kernel.json" ]; then
+  "$PY" -m ipykernel install --sys-prefix --name artifact --display-name "artifact (.venv)" >/dev/null
+fi
 export PYTHONHASHSEED=0
 export ARTIFACT_CACHE="${ARTIFACT_CACHE:-$ROOT/.cache}"

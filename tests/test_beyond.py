@@ -121,6 +121,7 @@ def test_bench_profiles_differ_only_in_priority_and_never_share_a_file():
 def test_the_figure_is_saved_with_both_tables(tmp_path, monkeypatch):
     monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
     monkeypatch.setenv("ARTIFACT_FIGURES", str(tmp_path / "figures"))
+    monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "results"))
     P = load_profile("cpu")
     rows = bench_rows({("fifo", "last_step"): -5.0})
     fig, df = beyond.plot(beyond.miss_summary(sweep_rows({"oracle": 20})), beyond.throughput_table(rows), P)

@@ -45,12 +45,13 @@ EXPERIMENTS = Path(claims.__file__).resolve().parent
 @pytest.fixture
 def places(tmp_path, monkeypatch):
     """Figures, results and traces under tmp_path, through the environment variables the notebooks honour
-    (ARTIFACT_DATA, with the bundled task prompts linked in; ARTIFACT_FIGURES)."""
+    (ARTIFACT_DATA, with the bundled task prompts linked in; ARTIFACT_FIGURES; ARTIFACT_OUTPUT)."""
     tasks = data_dir() / "tasks"
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "tasks").symlink_to(tasks.resolve(), target_is_directory=True)
     monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
     monkeypatch.setenv("ARTIFACT_FIGURES", str(tmp_path / "figures"))
+    monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "results"))
     return tmp_path
 
 
@@ -263,7 +264,8 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
         assert len(pd.read_csv(csv)) == len(df) > 0
         assert not list(png.parent.glob(".*.tmp")) and not list(csv.parent.glob(".*.tmp"))
     assert (places / "figures" / "cpu" / "04.png").is_file()
-    assert (places / "data" / "results" / "cpu" / "04.csv").is_file()
+    assert (places / "results" / "cpu" / "data" / "04.csv").is_file()          # a run's data: ignored by git
+    assert not (places / "data" / "results" / "cpu" / "04.csv").exists()      # the reference: only --store
 
 
 def test_quickstart_claim_follows_the_tokens():

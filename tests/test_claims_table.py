@@ -3,6 +3,7 @@ and those records are what the stored notebooks' claim cells print."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -57,20 +58,25 @@ def test_every_row_names_its_basis_and_run():
 
 def test_records_render_update_and_a_gpu_column(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "run"))
     P = load_profile("cpu")
     report(Claim("c1", "p1", "m1", "reproduced", counting="per run", interval="exact counts, no interval"),
            Claim("c2", "p2", "m|2", "inconclusive", "too wide", timing=True, pairs=4, margin="upper bound +9"),
            P=P, notebook="09_x")
     assert "verdict [timing]: inconclusive (too wide)" in capsys.readouterr().out
+    assert record_path(P, "09_x") == tmp_path / "run" / "cpu" / "data" / "09_x.claims.json"   # the run's, ignored
     doc = json.loads(record_path(P, "09_x").read_text())
     assert [c["claim"] for c in doc["claims"]] == ["c1", "c2"] and {"date", "commit", "command"} <= set(doc)
     results = tmp_path / "data" / "results"
+    (results / "cpu").mkdir(parents=True)
+    shutil.copy(record_path(P, "09_x"), results / "cpu")                # what --store does with a run's records
     block = claims_table.render("cpu", results, tmp_path)
     assert "| c2 | p2 | m\\|2 (margin: upper bound +9) | inconclusive (too wide) | 4 pairs | run 1 |" in block
     assert "h200" not in block
     gpu = load_profile("h200") if (ROOT / "artifact/experiments/profiles/h200.yaml").is_file() else None
     if gpu is not None:
-        record(gpu, "09_x", [Claim("c1", "p1", "g1", "not reproduced")])
+        (results / "h200").mkdir()
+        shutil.copy(record(gpu, "09_x", [Claim("c1", "p1", "g1", "not reproduced")]), results / "h200")
         block = claims_table.render("cpu", results, tmp_path)
         assert "h200: verdict (measured)" in block and "| not reproduced (g1) |" in block
     readme = tmp_path / "README.md"

@@ -12,7 +12,10 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from artifact.cli import main as main_for_tests
 from artifact.experiments.notebooks import (
+    CELL_METADATA,
     CHECK,
+    KERNELSPEC,
+    NOTEBOOK_METADATA,
     SETTINGS_KEY,
     NotebookError,
     claims_of,
@@ -20,6 +23,7 @@ from artifact.experiments.notebooks import (
     find_notebooks,
     injected_parameters,
     settings_of,
+    strip,
 )
 from artifact.experiments.settings import load_profile
 
@@ -133,7 +137,10 @@ def test_stored_notebook_is_clean_and_ends_with_a_checked_claim_cell(path):
     assert "parameters" in code[0].metadata.get("tags", [])
     assert code[-1].source.startswith(CHECK)
     assert [c for c in code if c.source.startswith(CHECK)] == [code[-1]]
-    assert all(not c.outputs for c in code[:-1]), "only the claim cell keeps its output"
+    assert all(not c.outputs and c.execution_count is None for c in code[:-1]), "only the claim cell keeps output"
+    assert set(nb.metadata) <= set(NOTEBOOK_METADATA) and nb.metadata["kernelspec"] == KERNELSPEC
+    assert all(set(c.metadata) <= set(CELL_METADATA) for c in nb.cells), "no machine or run metadata in cells"
+    assert nbformat.writes(strip(nbformat.reads(raw, as_version=4))) + "\n" == raw, "scripts/strip_notebooks.py"
     claims = claims_of(nb)
     assert claims and all(v.split(" (")[0] in ("reproduced", "not reproduced", "inconclusive",
                                                "not measurable on this profile")
@@ -158,3 +165,44 @@ def test_a_notebook_is_the_thin_face_of_its_module(path):
         assert below.cell_type == "markdown", f"{path.name}: no sentence under the figure of cell {k}"
         text = below.source.strip()
         assert text.count(". ") == 0 and text.endswith(".") and "TODO" not in text, f"{path.name}: {text!r}"
+
+
+def test_strip_keeps_only_the_claim_output_and_names_the_kernel():
+    nb = new_notebook(cells=[new_code_cell("x = 1", execution_count=3, outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="noise\n")], metadata={"tags": ["parameters"],
+                                                                              "execution": {"iopub.status.busy": "2026-12-04T00:00:00Z"}}),
+        new_code_cell(f"{CHECK}\nreport()", execution_count=9, outputs=[
+            nbformat.v4.new_output("stream", name="stdout", text="claim: x\n"),
+            nbformat.v4.new_output("stream", name="stderr", text="progress\n")])],
+        metadata={"kernelspec": {"name": "python3", "display_name": "/venv/bin/python"}, "papermill": {}})
+    out = strip(nb)
+    assert out.cells[0].outputs == [] and out.cells[0].execution_count is None
+    assert out.cells[0].metadata == {"tags": ["parameters"]}
+    assert [o["text"] for o in out.cells[1].outputs] == ["claim: x\n"] and out.cells[1].execution_count == 1
+    assert out.metadata == {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
+
+
+def test_store_copies_a_runs_files_to_the_reference_and_only_with_the_profiles_own_settings(tmp_path):
+    from artifact.experiments.notebooks import Outcome, store_outputs
+    results, ref, nbdir = tmp_path / "results", tmp_path / "ref", tmp_path / "nb"
+    run = results / "cpu"
+    for rel in ("figures/02_misses.png", "data/02_misses.csv", "data/02_miss_accounting.claims.json",
+                "figures/03_throttle.png"):
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text(rel)
+    claim = new_code_cell(f"{CHECK}\nreport()")
+    executed = new_notebook(cells=[new_code_cell("x = 1", outputs=[nbformat.v4.new_output(
+        "stream", name="stdout", text="noise\n")]), new_code_cell(claim.source, outputs=[nbformat.v4.new_output(
+            "stream", name="stdout", text="claim: c\nverdict: reproduced\n")])])
+    nbformat.write(executed, run / "02_miss_accounting.ipynb")
+    nbdir.mkdir()
+    nbformat.write(new_notebook(cells=[new_code_cell("x = 1"), claim]), nbdir / "02_miss_accounting.ipynb")
+    ok = [Outcome("02_miss_accounting", "ok", 1.0, []), Outcome("03_bandwidth_throttling", "FAILED", 1.0, [])]
+    assert not store_outputs("cpu", {"repetitions": 5}, ok, nbdir, results, ref, log=lambda s: None)
+    assert not ref.exists()                                      # a run with overrides is no reference
+    assert store_outputs("cpu", {}, ok, nbdir, results, ref, log=lambda s: None)
+    assert sorted(str(p.relative_to(ref)) for p in ref.rglob("*") if p.is_file()) == [
+        "data/results/cpu/02_miss_accounting.claims.json", "data/results/cpu/02_misses.csv",
+        "figures/cpu/02_misses.png"]                             # the failed notebook's figure stays behind
+    stored = nbformat.read(nbdir / "02_miss_accounting.ipynb", as_version=4)
+    assert stored.cells[0].outputs == [] and stored.cells[1].outputs[0]["text"].startswith("claim: c")

@@ -142,6 +142,7 @@ def test_base_params_take_persistence_and_prefill_from_the_fits():
 
 def test_figures_are_saved_with_their_data(small_map, tmp_path, monkeypatch):
     monkeypatch.setenv("ARTIFACT_FIGURES", str(tmp_path / "figures"))
+    monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "results"))
     monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
     P = load_profile("cpu")
     fits = fits_at([(0.1, 0.1), (0.3, 0.2)])

@@ -44,7 +44,9 @@ def add_cli(subparsers) -> None:
     n.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S, help="seconds per cell")
     n.add_argument("--quiet", action="store_true", help="no progress bar")
     n.add_argument("--store", action="store_true",
-                   help="after a cpu run, copy the claim cells' outputs into notebooks/ (what nbval checks)")
+                   help="make this run the committed reference: its figures, their data and its claim records into "
+                        "figures/PROFILE/ and data/results/PROFILE/, the claim cells' outputs into notebooks/ (cpu: "
+                        "what nbval checks), and the README's claims table")
     n.add_argument("--notebook-dir", type=Path, default=None, help=argparse.SUPPRESS)
     n.add_argument("--results", type=Path, default=None, help=argparse.SUPPRESS)
     n.set_defaults(fn=cmd_notebooks)

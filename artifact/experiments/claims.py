@@ -1,9 +1,9 @@
 """What every claim module hands a notebook: `Claim`s (printed by `report` as the lines the notebook runner
-parses, and recorded with the run that printed them in data/results/<profile>/<notebook>.claims.json, the
-source of the README's claims table: claims_table.py) and figures saved with the data they drew (`save`:
-figures/<profile>/<name>.png and
-data/results/<profile>/<name>.csv, both written atomically, both relocatable by ARTIFACT_FIGURES and
-ARTIFACT_DATA so tests never overwrite a user's results)."""
+parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the README's
+claims table: claims_table.py) and figures saved with the data they drew (`save`: <name>.png and
+<name>.csv). A run writes them into ignored places (results/<profile>/figures and results/<profile>/data,
+relocatable by ARTIFACT_OUTPUT and ARTIFACT_FIGURES, so tests never overwrite a user's results); only
+`--store` copies them to the committed figures/<profile>/ and data/results/<profile>/."""
 from __future__ import annotations
 
 import datetime
@@ -81,7 +81,7 @@ RECORD_SUFFIX = ".claims.json"
 
 
 def record_path(P: Profile, notebook: str) -> Path:
-    return results_dir(P) / f"{notebook}{RECORD_SUFFIX}"
+    return run_data_dir(P) / f"{notebook}{RECORD_SUFFIX}"
 
 
 def run_info() -> dict:
@@ -114,7 +114,8 @@ def _parent_command() -> str:
 
 
 def record(P: Profile, notebook: str, claims) -> Path:
-    """Write data/results/<profile>/<notebook>.claims.json atomically: the run (run_info) and every claim."""
+    """Write <run dir>/data/<notebook>.claims.json atomically: the run (run_info) and every claim (`--store`
+    copies it to data/results/<profile>/, where the claims table is generated from)."""
     doc = {"notebook": notebook, "profile": P.name, **run_info(), "claims": [asdict(c) for c in claims]}
     return atomic_write_text(record_path(P, notebook), json.dumps(doc, indent=1) + "\n")
 
@@ -122,11 +123,39 @@ def record(P: Profile, notebook: str, claims) -> Path:
 # ---------------------------------------------------------------------------------------------
 # Where a profile's outputs go
 # ---------------------------------------------------------------------------------------------
+# A run writes only into ignored places: results/<profile>/ (ARTIFACT_OUTPUT relocates it) holds the executed
+# notebooks, figures/ (ARTIFACT_FIGURES relocates it) and data/ (each figure's CSV and each claim cell's
+# record); the resumable bench grids and the traces live in data/results/<profile>/ and data/traces/<profile>/
+# (ignored but for the reference files). The committed reference results, figures/<profile>/*.png and
+# data/results/<profile>/NN_*.csv and NN_*.claims.json, change only with an explicit `--store`
+# (notebooks.store_outputs copies a run's files there).
+def run_dir(P: Profile) -> Path:
+    return Path(os.environ.get("ARTIFACT_OUTPUT", repo_root() / "results")) / P.name
+
+
 def figures_dir(P: Profile) -> Path:
-    return Path(os.environ.get("ARTIFACT_FIGURES", repo_root() / "figures")) / P.name
+    """Where a run saves its figures: ARTIFACT_FIGURES/<profile>, else results/<profile>/figures."""
+    env = os.environ.get("ARTIFACT_FIGURES")
+    return Path(env) / P.name if env else run_dir(P) / "figures"
+
+
+def run_data_dir(P: Profile) -> Path:
+    """Where a run saves each figure's data and its claim records: results/<profile>/data."""
+    return run_dir(P) / "data"
+
+
+def reference_figures_dir(profile_name: str) -> Path:
+    """The committed figures (README links them): figures/<profile>/."""
+    return repo_root() / "figures" / profile_name
+
+
+def reference_data_dir(profile_name: str) -> Path:
+    """The committed figure data and claim records (the claims table reads them): data/results/<profile>/."""
+    return data_dir() / "results" / profile_name
 
 
 def results_dir(P: Profile) -> Path:
+    """The resumable result files of the bench grids (ignored by git): data/results/<profile>/."""
     return data_dir() / "results" / P.name
 
 
@@ -149,11 +178,11 @@ def title(fig, P: Profile, text: str) -> None:
 
 
 def save(fig, df, P: Profile, name: str, log=print) -> tuple[Path, Path]:
-    """Write figures/<profile>/<name>.png (dpi 100) and data/results/<profile>/<name>.csv; returns both paths."""
+    """Write <name>.png (dpi 100) into figures_dir(P) and <name>.csv into run_data_dir(P); returns both paths."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     png = atomic_write_bytes(figures_dir(P) / f"{name}.png", buf.getvalue())
-    csv = atomic_write_text(results_dir(P) / f"{name}.csv", df.to_csv(index=False))
+    csv = atomic_write_text(run_data_dir(P) / f"{name}.csv", df.to_csv(index=False))
     log(f"saved {short_path(png)} and {short_path(csv)}")
     return png, csv
 

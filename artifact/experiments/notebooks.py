@@ -24,6 +24,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from artifact.experiments.claims import (
+    figures_dir,
+    reference_data_dir,
+    reference_figures_dir,
+    run_data_dir,
+    short_path,
+)
 from artifact.experiments.claims_table import update_readme
 from artifact.experiments.settings import (
     PROFILE_DIR,
@@ -32,9 +39,9 @@ from artifact.experiments.settings import (
     load_profile,
     profile_path,
 )
-from artifact.paths import atomic_write_text, repo_root
+from artifact.paths import atomic_write_bytes, atomic_write_text, repo_root
 
-KERNEL = "python3"
+KERNEL = "artifact"                 # the kernel scripts/env.sh registers in the venv (KERNELSPEC)
 CELL_TIMEOUT_S = 1800
 CHECK = "# NBVAL_CHECK_OUTPUT"
 PARAMETERS = ("profile", "overrides")      # the one parameters cell every notebook has
@@ -225,7 +232,6 @@ def run_notebooks(profile: str = "cpu", overrides: dict | None = None, force: bo
                   only: list[str] | None = None, directory: Path | None = None, results: Path | None = None,
                   timeout: int = CELL_TIMEOUT_S, progress: bool = True, log=print) -> list[Outcome]:
     """Run (or skip, when complete) the numbered notebooks for `profile` with `overrides` laid over it."""
-    import nbformat
 
     directory = Path(directory or notebook_dir())
     paths = find_notebooks(directory, only)
@@ -237,6 +243,20 @@ def run_notebooks(profile: str = "cpu", overrides: dict | None = None, force: bo
     settings = settings_of(P)
     outdir = Path(results or repo_root() / "results") / P.name
     clean_stale_temps(outdir, log)
+    saved_env = os.environ.get("ARTIFACT_OUTPUT")
+    if results is not None and saved_env is None:   # the kernels save figures and data beside the notebooks
+        os.environ["ARTIFACT_OUTPUT"] = str(Path(results).resolve())
+    try:
+        return _run_each(paths, P, params, settings, outdir, directory, force, timeout, progress, log)
+    finally:
+        if results is not None and saved_env is None:
+            os.environ.pop("ARTIFACT_OUTPUT", None)
+
+
+def _run_each(paths, P, params, settings, outdir: Path, directory: Path, force: bool, timeout: int, progress: bool,
+              log) -> list[Outcome]:
+    import nbformat
+
     outcomes = []
     for path in paths:
         out = outdir / path.name
@@ -286,46 +306,82 @@ def summary_table(outcomes: list[Outcome], width: int = 70) -> str:
     return "\n".join(lines)
 
 
+KERNELSPEC = {"name": "artifact", "display_name": "artifact (.venv)", "language": "python"}   # scripts/env.sh
+NOTEBOOK_METADATA = ("kernelspec", "language_info")      # all a committed notebook's metadata holds
+CELL_METADATA = ("tags",)                                # all a committed cell's metadata holds
+
+
+def strip(nb, claim_outputs: dict | None = None):
+    """A notebook as git stores it: every output cleared but the claim cell's stdout (taken from
+    `claim_outputs`, claim cell source -> executed cell, when given; else kept as it is), no execution counts
+    but the claim cell's, no metadata beyond NOTEBOOK_METADATA and CELL_METADATA, the project's kernel."""
+    for cell in nb.cells:
+        cell.metadata = {k: v for k, v in cell.metadata.items() if k in CELL_METADATA}
+        if cell.cell_type != "code":
+            cell.pop("outputs", None)
+            cell.pop("execution_count", None)
+            continue
+        claim = cell.source.startswith(CHECK)
+        done = (claim_outputs or {}).get(cell.source, cell if claim_outputs is None else None) if claim else None
+        outputs = [] if done is None else [o for o in done.outputs
+                                           if o.get("output_type") == "stream" and o.get("name") == "stdout"]
+        cell.outputs, cell.execution_count = outputs, (1 if outputs else None)
+    nb.metadata = {k: v for k, v in nb.metadata.items() if k in NOTEBOOK_METADATA}
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    nb.metadata["language_info"] = {"name": "python"}
+    return nb
+
+
 def store_claim_outputs(executed: Path, source: Path) -> None:
     """Copy the claim cells' outputs of an executed cpu run into the source notebook, every other output
-    cleared (what git stores, and what nbval compares against)."""
+    cleared (strip: what git stores, and what nbval compares against)."""
     import nbformat
 
     run = nbformat.read(executed, as_version=4)
     src = nbformat.read(source, as_version=4)
     by_source = {c.source: c for c in run.cells if c.cell_type == "code" and c.source.startswith(CHECK)}
-    for cell in src.cells:
-        if cell.cell_type != "code":
-            continue
-        cell.execution_count, cell.outputs = None, []
-        done = by_source.get(cell.source)
-        if done is not None:
-            cell.outputs = [o for o in done.outputs if o.get("output_type") == "stream" and o.get("name") == "stdout"]
-            cell.execution_count = 1
-        cell.metadata.pop("execution", None)
-        cell.metadata.pop("papermill", None)
-    src.metadata.pop("papermill", None)
-    src.metadata.pop(SETTINGS_KEY, None)
-    atomic_write_text(source, nbformat.writes(src) + "\n")
+    atomic_write_text(source, nbformat.writes(strip(src, by_source)) + "\n")
 
 
 def store_outputs(profile: str, overrides: dict, outcomes: list[Outcome], notebooks: Path | None = None,
-                  results: Path | None = None, log=print) -> bool:
-    """--store: copy the claim outputs of a plain cpu run's notebooks that did not fail into the source
-    notebooks (store_claim_outputs). False (nothing stored) for another profile or a run with overrides."""
+                  results: Path | None = None, reference: Path | None = None, log=print) -> bool:
+    """--store: make a run the committed reference. For every notebook that did not fail, the figures, their
+    data and the claim record it saved (in the run's ignored folders, claims.figures_dir and run_data_dir)
+    are copied to figures/<profile>/ and data/results/<profile>/ (under `reference` when given, else the
+    checkout), and on the cpu profile its claim cells' outputs into the source notebook (what nbval
+    compares); then the README's claims table is generated again. A reference is a profile's own settings:
+    refused with --set overrides, and on the cpu profile with --model. False when nothing was stored."""
     if any(o.status == "FAILED" for o in outcomes):
         log("--store: some notebooks failed; their stored outputs are left as they were")
-    if load_profile(profile).name != "cpu" or overrides:
-        log("--store copies claim outputs of a plain cpu run only (no --model/--set); skipped")
+    P = load_profile(profile, {k: v for k, v in overrides.items() if k == "model"})
+    if set(overrides) - {"model"} or (P.name == "cpu" and overrides):
+        log("--store keeps the reference of a profile's own settings only (no --set; --model only off the cpu "
+            "profile); skipped")
         return False
-    directory = Path(notebooks or notebook_dir())
-    for o in outcomes:
-        if o.status != "FAILED":
-            store_claim_outputs(Path(results or repo_root() / "results") / "cpu" / f"{o.name}.ipynb",
-                                directory / f"{o.name}.ipynb")
-    log(f"stored claim outputs into {directory}")
-    if notebooks is None:                 # the checkout's own notebooks: its README's table follows them
+    ok = [o.name for o in outcomes if o.status != "FAILED"]
+    if reference is None and notebooks is not None:
+        log("--store with another notebook directory: the reference results are left as they are")
+    else:
+        figs = Path(reference) / "figures" / P.name if reference else reference_figures_dir(P.name)
+        data = Path(reference) / "data" / "results" / P.name if reference else reference_data_dir(P.name)
+        n = 0
+        for name in ok:
+            prefix = name[:3]                        # "02_": the files notebook 02 saved
+            run = Path(results) / P.name if results else None
+            for src, dst in ((run / "figures" if run else figures_dir(P), figs),
+                             (run / "data" if run else run_data_dir(P), data)):
+                for f in sorted(src.glob(f"{prefix}*")) if src.is_dir() else []:
+                    atomic_write_bytes(dst / f.name, f.read_bytes())
+                    n += 1
+        log(f"stored {n} reference files into {short_path(figs)} and {short_path(data)}")
+    if P.name == "cpu":
+        directory = Path(notebooks or notebook_dir())
+        for name in ok:
+            store_claim_outputs(Path(results or repo_root() / "results") / "cpu" / f"{name}.ipynb",
+                                directory / f"{name}.ipynb")
+        log(f"stored claim outputs into {short_path(directory)}")
+    if notebooks is None and reference is None:    # the checkout's own notebooks: its README's table follows them
         readme = repo_root() / "README.md"
         changed = update_readme(readme, "cpu")
-        log(f"{readme.name}: the cpu claims table {'rewritten from the stored records' if changed else 'unchanged'}")
+        log(f"{readme.name}: the claims table {'rewritten from the stored records' if changed else 'unchanged'}")
     return True
