@@ -1,6 +1,7 @@
 """Where things live: the repository root (for data/, figures/, results/) and the ignored build cache."""
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -29,8 +30,11 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
     """Write to a temporary file beside `path`, fsync it, rename it over `path`, then fsync the directory:
     readers never see half a file, and after a power loss `path` holds the old bytes or the new ones."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise _named(e, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -38,11 +42,24 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
             os.fsync(f.fileno())               # the data reaches the disk before the rename can
         os.chmod(tmp, 0o644 & ~_umask())       # mkstemp makes 0600; results are for everyone to read
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise _named(e, path) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
     return path
+
+
+# Write failures of the storage, not of the program: a full disk, a quota, a read-only file system.
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def _named(e: OSError, path: Path) -> OSError:
+    """The error of writing `path`, naming `path` (not the temporary file beside it), errno kept."""
+    out = OSError(e.errno, e.strerror or str(e), str(path))
+    return out
 
 
 def fsync_dir(directory: Path | str) -> None:

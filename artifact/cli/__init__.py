@@ -19,7 +19,7 @@ from artifact.errors import SettingError, UserError
 from artifact.experiments.grid import parse_shard
 from artifact.experiments.results import default_out
 from artifact.experiments.settings import resolve_threads
-from artifact.paths import check_writable
+from artifact.paths import DISK_ERRORS, check_writable
 from artifact.validate import check_number
 
 # OSErrors that name a user's file: a path given wrong, not a broken machine.
@@ -84,5 +84,11 @@ def main(argv=None) -> int:
         rc = args.fn(args)             # a command may return an exit code (notebooks: failures)
     except (UserError, *USER_OS_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in DISK_ERRORS:
+            raise                      # anything else is a bug: its traceback
+        print(f"error: {e.filename or 'an output'}: {e.strerror}: nothing partial was kept; make room (or choose "
+              "another output) and run the same command again: finished work is kept", file=sys.stderr)
         return 2
     return int(rc or 0)

@@ -253,13 +253,22 @@ def write_rows(path: Path, rows) -> None:
 def append_rows(path: Path, rows) -> None:
     """Append rows (one finished cell) in one write, then fsync. Call it holding `locked(path)`."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    existed = path.exists()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        new = os.fstat(fd).st_size == 0
+        size = os.fstat(fd).st_size
+        new = size == 0
         view = memoryview(pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(index=False, header=new).encode())
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as e:             # disk full, quota, read-only: the file goes back to its whole cells
+            os.ftruncate(fd, size)
+            if not existed:
+                path.unlink(missing_ok=True)
+            raise OSError(e.errno, f"{e.strerror} while appending a cell (the file keeps its whole cells; the "
+                                   "cell runs again)", str(path)) from None
     finally:
         os.close(fd)
     if new:
