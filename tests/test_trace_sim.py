@@ -170,8 +170,8 @@ def test_sweep_table(recorded):
     assert len(df) == 6 and set(df.policy) == {"demand", "last_step", "belady"}
     assert (df[df.policy == "demand"].misses_vs_lru == 1.0).all()
     assert (df.cache_experts == [capacity_for(r, mean_working_set(recorded.trace), 256) for r in df.cache_ratio]).all()
-    with pytest.raises(ValueError, match="unknown policy 'lfu'"):
-        sweep([recorded.trace], [1.0], ["lfu"])
+    with pytest.raises(ValueError, match="unknown policy 'mru'"):
+        sweep([recorded.trace], [1.0], ["mru"])
 
 
 def test_cli_trace_and_simulate(tmp_path, capsys):

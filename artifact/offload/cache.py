@@ -229,6 +229,7 @@ class ExpertCache:
         # spec named one). Fast paths: the LRU keep order is computed inline, and victims come from
         # eviction keys unless the deciding object orders candidates itself.
         ev, kind = policy.eviction, type(policy)
+        ev.attach(capacity)
         own = {h: getattr(kind, h) is not getattr(Policy, h) for h in ("keep_order", "victim_keys", "touch",
                                                                          "victim_order")}
         self._keep_order = policy.keep_order if own["keep_order"] else ev.keep_order
