@@ -464,8 +464,8 @@ def make_policy(spec: str, num_layers: int, num_experts: int, future: TraceFutur
     optionally an eviction policy after a '+' (`last_step+token_lru`, `demand+lrfu:lam=0.25`; eviction.py;
     LRU without one); an option the policy does not take is an error naming the policy's valid options.
     `settings` are run-wide values (e.g. lookahead=, tau= from the command line or a profile) given to every
-    policy that takes
-    an option of that name; a setting no registered policy takes is an error. Spec options win."""
+    policy that takes an option of that name; a setting no registered policy takes is an error. Spec
+    options win."""
     cls, options, ev_cls, ev_options = parse_spec(spec)
     check_policy(spec, engine)
     known = {k for c in POLICIES.values() for k in options_of(c)}
