@@ -194,3 +194,11 @@ def test_token_counts_decide_what_token_lru_keeps():
     assert replay(tr, "demand", 2)["demand_misses"] == 4
     assert replay(tr, "demand+token_lru", 2)["demand_misses"] == 3
     assert replay(tr, "demand+token_lru:reverse=true", 2)["demand_misses"] == 4
+
+
+def test_a_profile_names_evictions_in_the_same_syntax():
+    from artifact.experiments.settings import load_profile
+    s = load_profile("cpu", {"policies": ["demand", "last_step+token_lru"], "sim_policies": ["demand", "demand+arc"]})
+    assert s.policies == ("demand", "last_step+token_lru") and s.sim_policies == ("demand", "demand+arc")
+    with pytest.raises(ValueError, match="policies has 'demand\\+nope': unknown eviction policy 'nope'"):
+        load_profile("cpu", {"policies": ["demand+nope"]})
