@@ -1,6 +1,8 @@
-"""Simulator speed: expert accesses replayed per second for every policy, against `reference_lru`, a
-plain numpy per-demand LRU with the same semantics as the `demand` policy, run in the same process on
-the same trace (a recorded tiny-model trace tiled to at least 1M accesses). Printed, not asserted;
+"""Simulator speed: expert accesses replayed per second for every policy and every eviction policy
+(`demand+<eviction>`), against `reference_lru`, a plain numpy per-demand LRU with the same semantics as
+the `demand` policy, and against libCacheSim's C loop (`process_trace`, its LRU) on the same trace exported
+with the hits-first feed, all run in the same process on the same trace (a recorded tiny-model trace tiled
+to at least 1M accesses); `vs_libcachesim` is each row's rate over libCacheSim's. Printed, not asserted;
 the reference's counts are checked against the `demand` replay, so the comparison is like for like.
 
     .venv/bin/python benchmarks/replay_speed.py [--json] [--accesses N] [--ratio 1.0] [--traces T ...]
@@ -11,7 +13,10 @@ the time of a 5-ratio sweep over every policy on --traces (default: the recorded
 import argparse
 import functools
 import json
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,6 +24,7 @@ import torch
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import prompts
+from artifact.offload.eviction import EVICTIONS
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import run
 from artifact.offload.sim import capacity_for, replay, sweep
@@ -95,6 +101,28 @@ def reference_lru(demands: list[tuple[int, np.ndarray]], num_layers: int, num_ex
     return hits, misses
 
 
+def libcachesim_lru(trace: Trace, capacity: int, folder: str):
+    """libCacheSim's C loop (`process_trace`) running its LRU over the trace exported as per-layer
+    oracleGeneral streams with the hits-first feed (artifact.offload.export), one cache per layer, as
+    libCacheSim users would run it. Returns a job for best_of (its result: the misses) or None when
+    libcachesim is not installed."""
+    try:
+        import libcachesim as lcs
+    except ImportError:
+        return None
+    from artifact.offload.export import export
+    paths = [str(p) for p in export(trace, folder, "oracleGeneral", "demand", capacity)]
+    sizes = [Path(p).stat().st_size // 24 for p in paths]
+
+    def job():
+        misses = 0
+        for p, n in zip(paths, sizes):
+            ratio, _ = lcs.LRU(capacity).process_trace(lcs.TraceReader(p, lcs.TraceType.ORACLE_GENERAL_TRACE))
+            misses += round(ratio * n)
+        return misses
+    return job
+
+
 def best_of(jobs: dict, rounds: int) -> dict:
     """Each job's best time over `rounds` rounds, the jobs taking turns within a round, so that a
     change in the load of a shared machine reaches every job alike: name -> (seconds, result)."""
@@ -131,9 +159,20 @@ def main():
     demands = stream(big)
     L = len(big.meta["moe_layers"])
     jobs = {"reference_lru": lambda: reference_lru(demands, L, E, C)}
-    for p in POLICIES:
-        jobs[p] = functools.partial(replay, predicted if POLICIES[p].needs_prediction else big, p, C)
+    folder = tempfile.mkdtemp(prefix="replay-speed-")
+    lcs_job = libcachesim_lru(big, C, folder)
+    if lcs_job is not None:
+        jobs["libcachesim_lru"] = lcs_job
+    for p in [*POLICIES, *(f"demand+{e}" for e in EVICTIONS if e != "lru")]:
+        name = p.partition("+")[0]
+        jobs[p] = functools.partial(replay, predicted if POLICIES[name].needs_prediction else big, p, C)
     best = best_of(jobs, a.repeat)
+    shutil.rmtree(folder, ignore_errors=True)
+    lcs_row = None
+    if lcs_job is not None:
+        s, lcs_misses = best.pop("libcachesim_lru")
+        lcs_row = {"policy": "libcachesim_lru (process_trace)", "accesses_per_s": big.accesses / s, "seconds": s,
+                   "demand_misses": lcs_misses}
     s, (hits, misses) = best.pop("reference_lru")
     rows = [{"policy": "reference_lru", "accesses_per_s": big.accesses / s, "seconds": s, "demand_misses": misses}]
     for p, (s, r) in best.items():
@@ -144,9 +183,16 @@ def main():
         raise SystemExit(f"reference_lru counts ({hits}, {misses}) differ from the demand replay's "
                          f"({lru['demand_hits']}, {lru['demand_misses']}): not the same semantics")
     ref, lru_rate = rows[0]["accesses_per_s"], rows[1]["accesses_per_s"]
+    if lcs_row is not None:
+        if lcs_row["demand_misses"] != lru["demand_misses"]:
+            raise SystemExit(f"libCacheSim's LRU misses ({lcs_row['demand_misses']}) differ from the demand "
+                             f"replay's ({lru['demand_misses']}): not the same semantics")
+        rows.insert(1, lcs_row)
     for r in rows:
         r.update(vs_reference=r["accesses_per_s"] / ref, time_vs_demand=lru_rate / r["accesses_per_s"],
                  accesses=big.accesses, cache_experts=C, cache_ratio=a.ratio)
+        if lcs_row is not None:
+            r["vs_libcachesim"] = r["accesses_per_s"] / lcs_row["accesses_per_s"]
     if a.json:
         for r in rows:
             print(json.dumps(r))

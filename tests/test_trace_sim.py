@@ -11,6 +11,7 @@ from artifact.cli import main
 from artifact.experiments.settings import Settings
 from artifact.model.decode import DecodeConfig
 from artifact.model.llada2 import Demand, StepInfo
+from artifact.offload.eviction import EVICTIONS
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for, replay, sweep
@@ -57,6 +58,25 @@ def test_engine_counts_equal_the_simulator_replay(tiny, tiny_prompts, recorded, 
         assert eng.stats[k] == sim[k], k
     assert all(sum(p[k] for p in sim["by_phase"].values()) == sim[k] for k in COUNTS)
     if policy in ("last_step", "oracle"):
+        assert sim["speculative_transfers"] > 0
+
+
+# arc and s3fifo keep LRU's last C of a demand larger than C, so they need a C that most demands fit in.
+@pytest.mark.parametrize("spec, capacity", [*((f"demand+{e}", 100 if e in ("arc", "s3fifo") else 12)
+                                              for e in sorted(EVICTIONS)),
+                                            ("last_step+token_lru", 20), ("interval_refresh+lfu", 12)])
+def test_every_eviction_counts_alike_in_engine_and_replay(tiny, tiny_prompts, recorded, spec, capacity):
+    """The eviction interface is one code path too: `prefetch+eviction` in the engine, replayed."""
+    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(capacity, spec, tau=2), record=True,
+              prompt_ids=["a", "b", "c"], task="test")
+    assert eng.tokens == recorded.tokens and eng.trace.equal_routing(recorded.trace)
+    sim = replay(eng.trace, spec, capacity, by_phase=True, tau=2)
+    assert {k: eng.stats[k] for k in COUNTS} == {k: sim[k] for k in COUNTS}
+    prefetch, eviction = spec.split("+")
+    if eviction != "lru":                # the eviction reaches the cache: another rule, other counts
+        lru = replay(eng.trace, prefetch, capacity, tau=2)
+        assert {k: sim[k] for k in COUNTS} != {k: lru[k] for k in COUNTS}
+    if prefetch == "last_step":
         assert sim["speculative_transfers"] > 0
 
 
@@ -152,8 +172,8 @@ def test_sweep_table(recorded):
     assert len(df) == 6 and set(df.policy) == {"demand", "last_step", "belady"}
     assert (df[df.policy == "demand"].misses_vs_lru == 1.0).all()
     assert (df.cache_experts == [capacity_for(r, mean_working_set(recorded.trace), 256) for r in df.cache_ratio]).all()
-    with pytest.raises(ValueError, match="unknown policy 'lfu'"):
-        sweep([recorded.trace], [1.0], ["lfu"])
+    with pytest.raises(ValueError, match="unknown policy 'mru'"):
+        sweep([recorded.trace], [1.0], ["mru"])
 
 
 def test_cli_trace_and_simulate(tmp_path, capsys):

@@ -1,5 +1,6 @@
-"""`generate`, `trace` and `simulate`: the engine's commands. Each parses its flags into a RunRequest,
-calls artifact.offload.prepare.prepare (every check that needs no weights), loads, runs and prints."""
+"""`generate`, `trace`, `simulate` and `export-trace`: the engine's commands. generate and trace parse their
+flags into a RunRequest, call artifact.offload.prepare.prepare (every check that needs no weights), load,
+run and print; simulate and export-trace replay recorded traces."""
 from __future__ import annotations
 
 import argparse
@@ -14,11 +15,22 @@ from artifact.cli.args import D, add_decode_args, add_model_args, add_threads_ar
 from artifact.errors import SettingError
 from artifact.model.decode import MAX_BATCH
 from artifact.model.tasks import TASKS
+from artifact.offload.eviction import EVICTIONS
+from artifact.offload.export import FORMATS, export
 from artifact.offload.link import LINKS
 from artifact.offload.policies import POLICIES, split_policies
 from artifact.offload.prepare import Offload, Output, RunRequest, TaskPrompts, prepare
 from artifact.offload.runner import RunSettings, run
-from artifact.offload.sim import BOUNDS, COUNTS, PHASES, check_spec, phase_columns, replay_capacities, sweep
+from artifact.offload.sim import (
+    BOUNDS,
+    COUNTS,
+    PHASES,
+    capacity_for,
+    check_spec,
+    phase_columns,
+    replay_capacities,
+    sweep,
+)
 from artifact.offload.timeline import PRIORITIES
 from artifact.offload.trace import Trace, mean_working_set
 from artifact.paths import atomic_write_text, check_writable
@@ -40,8 +52,9 @@ def add_offload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offload", action="store_true", help="experts live in host memory behind a per-layer cache")
     # Defaults are None here and filled from OFFLOAD_DEFAULTS by offload_flags (see there).
     p.add_argument("--cache-experts", type=int, default=None, help="C: device slots per MoE layer (with --offload)")
-    p.add_argument("--policy", default=None, help=f"one of {sorted(n for n, s in POLICIES.items() if s.engine_ok)} "
-                                                  f"(default: {OFFLOAD_DEFAULTS['policy']})")
+    p.add_argument("--policy", default=None, help=f"one of {sorted(n for n, s in POLICIES.items() if s.engine_ok)}, "
+                                                  f"optionally +eviction, one of {sorted(EVICTIONS)} (e.g. "
+                                                  f"last_step+token_lru; default: {OFFLOAD_DEFAULTS['policy']})")
     p.add_argument("--link", default=None, help=f"one of {LINKS} (default: {OFFLOAD_DEFAULTS['link']})")
     p.add_argument("--bandwidth-gbps", type=float, default=None,
                    help="emulated link bandwidth (default: PCIe 4 scaled to this model's expert size)")
@@ -158,6 +171,27 @@ def cmd_simulate(a):
             print(df[cols].to_string(index=False))
 
 
+def cmd_export_trace(a):
+    check_spec(a.policy)
+    if a.policy.strip() in BOUNDS:
+        raise SettingError(f"--policy {a.policy!r} is a bound, not a cache: give a policy spec, e.g. demand")
+    check_number("--lookahead", a.lookahead, low=1, integer=True)
+    check_number("--tau", a.tau, low=1, integer=True)
+    t = Trace.load(a.trace)
+    E = t.meta["num_experts"]
+    if a.cache_experts is not None:
+        check_number("--cache-experts", a.cache_experts, low=1, high=E, integer=True)
+        C = a.cache_experts
+    else:
+        check_number("--cache-ratio", a.cache_ratio, low=0, low_open=True)
+        C = capacity_for(a.cache_ratio, mean_working_set(t), E)
+    for layer in t.meta["moe_layers"]:
+        check_writable(a.out / f"layer{layer}.{a.format}", "--out", a.force)
+    paths = export(t, a.out, a.format, a.policy, C, lookahead=a.lookahead, tau=a.tau)
+    print(f"wrote {len(paths)} per-layer {a.format} streams ({t.accesses} requests, hits-first feed of "
+          f"{a.policy} at C = {C}) to {a.out}/layer<L>.{a.format}")
+
+
 def _phase_table(df, keys: list[str], counts) -> str:
     """One line per (row, phase) and the row's total: the per-phase table of `simulate --by-phase`."""
     rows = []
@@ -212,7 +246,8 @@ def add_cli(sub) -> None:
     cap.add_argument("--cache-experts", type=ints, default=None,
                      help="absolute capacities C (slots per MoE layer), e.g. to replay an engine run by hand")
     s.add_argument("--policies", type=split_policies, default=list(D.sim_policies),
-                   help="policy specs name[:key=value,...], comma-separated; also the bound min "
+                   help="policy specs name[:key=value,...][+eviction[:key=value,...]], comma-separated (e.g. "
+                        "demand,demand+token_lru,last_step+lrfu:lam=0.25); also the bound min "
                         "(relaxed MIN, the floor of any C-slot demand paging; belady is this cache's floor)")
     s.add_argument("--lookahead", type=int, default=D.lookahead)
     s.add_argument("--tau", type=int, default=D.tau)
@@ -224,3 +259,19 @@ def add_cli(sub) -> None:
     s.add_argument("--force", action="store_true", help="replace an existing --csv file")
     add_threads_arg(s)
     s.set_defaults(fn=cmd_simulate)
+
+    x = sub.add_parser("export-trace", help="write a trace as per-layer request streams for libCacheSim "
+                                            "(hits-first feed)")
+    x.add_argument("--trace", type=Path, required=True)
+    x.add_argument("--out", type=Path, required=True, help="folder for layer<L>.<format>, one file per MoE layer")
+    x.add_argument("--format", choices=FORMATS, default="oracleGeneral",
+                   help="oracleGeneral (libCacheSim's binary format) or csv (time,obj_id,layer)")
+    x.add_argument("--policy", default="demand",
+                   help="the policy spec whose residency orders each demand: its hits first, then its misses")
+    xc = x.add_mutually_exclusive_group()
+    xc.add_argument("--cache-experts", type=int, default=None, help="C, slots per MoE layer")
+    xc.add_argument("--cache-ratio", type=float, default=1.0, help="C/W (default: 1)")
+    x.add_argument("--lookahead", type=int, default=D.lookahead)
+    x.add_argument("--tau", type=int, default=D.tau)
+    x.add_argument("--force", action="store_true", help="replace existing files")
+    x.set_defaults(fn=cmd_export_trace)

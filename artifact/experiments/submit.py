@@ -453,8 +453,8 @@ def submit_traces(P: Profile, backend: str, jobs: int | None = None, wait: bool 
     if not wait:
         log(f"job ids: {' '.join(str(j.job_id) for j in submitted)}")
         return todo
-    failures = wait_jobs(submitted, labels, lambda: sum(trace_current(P, *j) for j in todo), len(todo), "trace",
-                         f"traces {P.name}", poll_s, progress)
+    done = lambda: sum(trace_current(P, *j) is not None for j in todo)     # noqa: E731  (traces now current)
+    failures = wait_jobs(submitted, labels, done, len(todo), "trace", f"traces {P.name}", poll_s, progress)
     if failures:
         raise SubmitError(failure_report(failures, rerun or "the same command", "trace jobs", len(submitted)))
     return todo

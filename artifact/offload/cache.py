@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from artifact.errors import SettingError
+from artifact.offload.eviction import Eviction
 from artifact.offload.policies import Policy
 
 EMPTY = -1
@@ -226,10 +227,26 @@ class ExpertCache:
         self._slots = np.arange(capacity, dtype=np.int64)           # slot ids, sliced for free slots
         self._slots.flags.writeable = False
         self._keep = np.zeros(num_experts, dtype=bool)              # scratch mark for oversized demands
-        # Fast paths chosen once: the LRU keep order is computed inline, and victims come from the
-        # policy's eviction keys unless it orders candidates itself.
-        self._lru_keep = type(policy).keep_order is Policy.keep_order
-        self._own_victim_order = type(policy).victim_order is not Policy.victim_order
+        # The eviction hooks, resolved once: a policy that overrides one decides it (belady,
+        # interval_refresh's keep order), else its eviction policy does (policy.eviction: LRU unless the
+        # spec named one). Fast paths: the LRU keep order is computed inline, and victims come from
+        # eviction keys unless the deciding object orders candidates itself.
+        ev, kind = policy.eviction, type(policy)
+        ev.attach(capacity)
+        own = {h: getattr(kind, h) is not getattr(Policy, h) for h in ("keep_order", "victim_keys", "touch",
+                                                                         "victim_order")}
+        self._keep_order = policy.keep_order if own["keep_order"] else ev.keep_order
+        self._victim_keys = policy.victim_keys if own["victim_keys"] else ev.victim_keys
+        self._touch = policy.touch if own["touch"] else ev.touch
+        self._lru_keep = not own["keep_order"] and type(ev).keep_order is Eviction.keep_order
+        if own["victim_order"]:
+            self._victim_order = policy.victim_order
+        elif not own["victim_keys"] and type(ev).victim_order is not Eviction.victim_order:
+            self._victim_order = ev.victim_order
+        else:
+            self._victim_order = None
+        self._demanded = ev.demanded if type(ev).demanded is not Eviction.demanded else None
+        self._evicted = ev.evicted if type(ev).evicted is not Eviction.evicted else None
 
     # --- the calls the engine and the simulator make per demand --------------------------------
     def serve(self, demand) -> tuple[Plan, list[Load]]:
@@ -285,6 +302,8 @@ class ExpertCache:
         pol.observe(i, experts, counts, step)
         slots = lc.slot_of[experts]
         hit = slots >= 0
+        if self._demanded is not None:
+            self._demanded(i, experts, counts, hit, step)
         n = len(experts)
         nh = int(np.count_nonzero(hit))
         m = n - nh
@@ -294,7 +313,7 @@ class ExpertCache:
             lc.unused[experts] = 0                        # derives prefetch hits per issuing phase)
         layer = self.moe_layers[i]
         if m == 0:
-            pol.touch(i, experts if self._lru_keep else pol.keep_order(i, experts, counts, hit, step))
+            self._touch(i, experts if self._lru_keep else self._keep_order(i, experts, counts, hit, step))
             return Plan(layer, i, experts, slots)
         tally[BYTES] += m * self.expert_bytes
         if nh:
@@ -305,15 +324,15 @@ class ExpertCache:
             misses = experts[~hit] if nh else experts
             order = np.concatenate((hit_experts, misses)) if nh else experts
         else:
-            order = pol.keep_order(i, experts, counts, hit, step)
+            order = self._keep_order(i, experts, counts, hit, step)
             misses = order[lc.slot_of[order] < 0] if nh else order
         if n <= C:
             load_slots, free, evicted = self._take_slots(i, lc, m, hit_slots)
-            self._place(lc, misses, load_slots, evicted)
+            self._place(i, lc, misses, load_slots, evicted)
             plan = Plan(layer, i, hit_experts, hit_slots, misses, load_slots, free, evicted)
         else:
             plan = self._stream_through(i, lc, order, misses, hit_experts, hit_slots, layer)
-        pol.touch(i, order)
+        self._touch(i, order)
         return plan
 
     def _take_slots(self, i: int, lc: LayerCache, k: int, protected_slots: np.ndarray):
@@ -325,13 +344,13 @@ class ExpertCache:
         rest = k - free
         if rest == 0:
             return self._slots[filled:filled + k], k, _NONE
-        if self._own_victim_order:                        # a policy that orders candidates itself
+        if self._victim_order is not None:                # a policy that orders candidates itself
             keep = np.ones(filled, dtype=bool)
             keep[protected_slots] = False
-            evicted = self.policy.victim_order(i, lc.expert_in[:filled][keep])[:rest]
+            evicted = self._victim_order(i, lc.expert_in[:filled][keep])[:rest]
             taken = lc.slot_of[evicted]
         else:
-            keys = self.policy.victim_keys(i, lc.expert_in[:filled])     # (filled,) by slot; a fresh array
+            keys = self._victim_keys(i, lc.expert_in[:filled])           # (filled,) by slot; a fresh array
             keys[protected_slots] = _NEVER_EVICT
             taken = keys.argsort()[:rest]                                # slots, first victim first
             evicted = lc.expert_in[taken]
@@ -339,9 +358,11 @@ class ExpertCache:
             return taken, 0, evicted
         return np.concatenate((self._slots[filled:filled + free], taken)), free, evicted
 
-    def _place(self, lc: LayerCache, experts: np.ndarray, slots: np.ndarray, evicted: np.ndarray) -> None:
+    def _place(self, i: int, lc: LayerCache, experts: np.ndarray, slots: np.ndarray, evicted: np.ndarray) -> None:
         """Copy `experts` into `slots` (distinct), evicting the residents `evicted` (the rest were free)."""
         if len(evicted):
+            if self._evicted is not None:
+                self._evicted(i, evicted)
             if lc.prefetched:
                 u = lc.unused[evicted]
                 if np.count_nonzero(u):
@@ -386,7 +407,7 @@ class ExpertCache:
         # State afterwards: the last period of copies, j = m-p .. m-1 into period[j % p], holds the kept
         # misses; the streamed-through experts and the hits that gave up their slots are gone.
         r = (m - p) % p
-        self._place(lc, misses[m - p:], np.concatenate((period[r:], period[:r])) if r else period,
+        self._place(i, lc, misses[m - p:], np.concatenate((period[r:], period[:r])) if r else period,
                     np.concatenate((evicted, going_hits)) if len(going_hits) else evicted)
         return Plan(layer, i, hit_experts, hit_slots, misses, None, free, evicted, (period, a, going_hits))
 
@@ -423,13 +444,13 @@ class ExpertCache:
         if k == 0:
             return None
         load_slots, free, evicted = self._take_slots(i, lc, k, slots[present])
-        self._place(lc, wanted, load_slots, evicted)
+        self._place(i, lc, wanted, load_slots, evicted)
         lc.unused[wanted] = phase + 1
         lc.prefetched = True
         tally = self.counts.phases[phase]
         tally[SPECULATIVE] += k
         tally[BYTES] += k * self.expert_bytes
-        self.policy.touch(i, wanted)
+        self._touch(i, wanted)
         return Plan(self.moe_layers[i], i, _NONE, _NONE, wanted, load_slots, free, evicted, None, True)
 
     # --- inspection ----------------------------------------------------------------------------

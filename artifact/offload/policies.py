@@ -20,7 +20,8 @@ at a time, in the order the model computes them. Layers are MoE positions i = 0.
 The registry is built from the classes: `@register` reads the class attributes (name, needs_trace,
 engine_ok, needs_prediction, summary) and takes the options from the constructor's keyword parameters.
 `make_policy` is the one factory; it reads a policy spec `name[:key=value,...]` (e.g.
-`last_step:lookahead=2`) and rejects unknown options by name. See docs/policies.md.
+`last_step:lookahead=2`) and rejects unknown options by name. A spec may add an eviction policy after a
+'+' (`last_step+token_lru`, eviction.py); without one, eviction is LRU. See docs/policies.md.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from artifact.errors import SettingError, TraceError
+from artifact.offload.eviction import EVICTIONS, LRU, Eviction
 
 EMPTY_EXPERTS = np.zeros(0, dtype=np.int64)
 
@@ -63,20 +65,19 @@ class Policy:
     engine_ok = True           # False: simulator only
     needs_prediction = False   # True: reads the cross-layer prediction each demand carries (Demand.predicted)
     conservative = False       # True: a prefetch never evicts a predicted expert (see ExpertCache)
+    owns_eviction = False      # True: decides eviction itself (belady); refuses a spec's `+eviction`
 
     def __init__(self, num_layers: int, num_experts: int):
         self.num_layers, self.num_experts = num_layers, num_experts
-        self.stamp = np.full((num_layers, num_experts), -1, dtype=np.int64)   # last use, for LRU
-        self._stamp_rows = list(self.stamp)                                   # row views, built once
-        self.clock = 0
+        self.eviction: Eviction = LRU(num_layers, num_experts)   # make_policy puts a spec's `+eviction` here
         self.position = 0          # index of the current event in the demand stream
         self.predicted = None      # the current demand's (experts, counts) prediction; set when needs_prediction
 
-    # --- eviction ------------------------------------------------------------------------------
+    # --- eviction: delegated to self.eviction (eviction.py) unless a subclass decides itself -----
     def victim_keys(self, i: int, residents: np.ndarray) -> np.ndarray:
         """A new int64 array of eviction keys for residents of layer i, distinct among residents: the
-        lowest is evicted first. LRU: the last use (touch gives every use a fresh clock value)."""
-        return self._stamp_rows[i][residents]
+        lowest is evicted first. By default the eviction policy's (LRU: the last use)."""
+        return self.eviction.victim_keys(i, residents)
 
     def victim_order(self, i: int, candidates: np.ndarray) -> np.ndarray:
         """Non-demanded resident experts of layer i, the first to evict first. Derived from victim_keys;
@@ -85,14 +86,12 @@ class Policy:
 
     def keep_order(self, i: int, experts: np.ndarray, counts: np.ndarray, hit: np.ndarray, step) -> np.ndarray:
         """The demanded experts ordered least-worth-keeping first; when the demand outgrows the cache,
-        the last C stay resident. LRU: hits then misses, each ascending (the last computed stay)."""
-        return experts[(~hit).argsort(kind="stable")]
+        the last C stay resident. By default the eviction policy's (LRU: hits then misses, each ascending)."""
+        return self.eviction.keep_order(i, experts, counts, hit, step)
 
     def touch(self, i: int, ordered: np.ndarray) -> None:
-        """Record uses in order (the later, the more recent)."""
-        n = len(ordered)
-        self._stamp_rows[i][ordered] = np.arange(self.clock, self.clock + n)
-        self.clock += n
+        """Record uses in order (the later, the more recent). By default the eviction policy's."""
+        self.eviction.touch(i, ordered)
 
     # --- prefetch ------------------------------------------------------------------------------
     def predict(self, i: int, experts: np.ndarray, counts: np.ndarray, step) -> tuple[int, np.ndarray] | None:
@@ -280,6 +279,7 @@ class Belady(Policy):
     summary = "evict the farthest next use (miss floor under this cache's rules)"
     needs_trace = True
     engine_ok = False
+    owns_eviction = True
 
     def __init__(self, num_layers: int, num_experts: int, future: TraceFuture):
         super().__init__(num_layers, num_experts)
@@ -367,19 +367,8 @@ def _coerce(name: str, option: str, raw: str, default: Any):
 SIMULATOR_BOUNDS = ("min",)
 
 
-def parse_policy(spec: str) -> tuple[type[Policy], dict[str, Any]]:
-    """`name[:key=value,...]` -> (policy class, options), each option checked against the class."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise SettingError(f"a policy spec is 'name[:key=value,...]', got {spec!r}")
-    name, _, rest = spec.strip().partition(":")
-    cls = POLICIES.get(name.strip())
-    if cls is None and name.strip() in SIMULATOR_BOUNDS:
-        raise SettingError(f"{name.strip()!r} is a bound (bounds.relaxed_min, the demand-paging floor), not a cache "
-                           "policy: the engine, the bench and a profile's policy lists do not take it; the "
-                           "simulator replays it (python -m artifact simulate --policies demand,belady,min; "
-                           "notebook 02 adds it)")
-    if cls is None:
-        raise SettingError(f"unknown policy {name.strip()!r}; choose one of {sorted(POLICIES)}")
+def _options(kind: str, cls, spec: str, rest: str) -> dict[str, Any]:
+    """The `key=value,...` text after a name's ':' as options, each checked against the class."""
     valid = options_of(cls)
     options = {}
     for item in filter(None, (x.strip() for x in rest.split(","))):
@@ -387,9 +376,61 @@ def parse_policy(spec: str) -> tuple[type[Policy], dict[str, Any]]:
         if not eq or not key:
             raise SettingError(f"policy spec {spec!r}: expected key=value after ':', got {item!r}")
         if key not in valid:
-            raise SettingError(f"policy {cls.name!r} has no option {key!r}; its options: "
-                             f"{', '.join(f'{k}={v!r}' for k, v in valid.items()) or 'none'}")
+            raise SettingError(f"{kind} {cls.name!r} has no option {key!r}; its options: "
+                               f"{', '.join(f'{k}={v!r}' for k, v in valid.items()) or 'none'}")
         options[key] = _coerce(cls.name, key, raw, valid[key])
+    return options
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """'prefetch[:opts][+eviction[:opts]]' -> (prefetch part, eviction part or None)."""
+    head, plus, tail = spec.partition("+")
+    if plus and ("+" in tail or not tail.strip() or not head.strip()):
+        raise SettingError(f"policy spec {spec!r}: expected 'prefetch[:opts]+eviction[:opts]' (one '+', a name "
+                           f"on each side), e.g. 'last_step+token_lru'")
+    return head, (tail if plus else None)
+
+
+def parse_eviction(text: str, spec: str | None = None) -> tuple[type[Eviction], dict[str, Any]]:
+    """`name[:key=value,...]` of an eviction policy -> (class, options)."""
+    name, _, rest = text.strip().partition(":")
+    cls = EVICTIONS.get(name.strip())
+    if cls is None:
+        raise SettingError(f"unknown eviction policy {name.strip()!r} in {spec or text!r}; choose one of "
+                           f"{sorted(EVICTIONS)}")
+    return cls, _options("eviction", cls, spec or text, rest)
+
+
+def parse_spec(spec: str) -> tuple[type[Policy], dict[str, Any], type[Eviction], dict[str, Any]]:
+    """`prefetch[:key=value,...][+eviction[:key=value,...]]` -> (policy class, options, eviction class,
+    options); the eviction is LRU when none is named. Every name and option is checked."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise SettingError(f"a policy spec is 'name[:key=value,...][+eviction[:key=value,...]]', got {spec!r}")
+    head, tail = split_spec(spec.strip())
+    name, _, rest = head.strip().partition(":")
+    cls = POLICIES.get(name.strip())
+    if cls is None and name.strip() in SIMULATOR_BOUNDS:
+        raise SettingError(f"{name.strip()!r} is a bound (bounds.relaxed_min, the demand-paging floor), not a cache "
+                           "policy: the engine, the bench and a profile's policy lists do not take it; the "
+                           "simulator replays it (python -m artifact simulate --policies demand,belady,min; "
+                           "notebook 02 adds it)")
+    if cls is None and name.strip() in EVICTIONS:
+        raise SettingError(f"{name.strip()!r} is an eviction policy, not a prefetch policy: combine it with one, "
+                           f"e.g. 'demand+{head.strip()}' (LRU's place in the demand policy)")
+    if cls is None:
+        raise SettingError(f"unknown policy {name.strip()!r}; choose one of {sorted(POLICIES)}")
+    options = _options("policy", cls, spec, rest)
+    if tail is None:
+        return cls, options, LRU, {}
+    if cls.owns_eviction:
+        raise SettingError(f"policy {cls.name!r} decides eviction itself; it takes no '+eviction' (got {spec!r})")
+    ev, ev_options = parse_eviction(tail, spec)
+    return cls, options, ev, ev_options
+
+
+def parse_policy(spec: str) -> tuple[type[Policy], dict[str, Any]]:
+    """A spec -> (prefetch policy class, its options); the `+eviction` part, if any, is checked too."""
+    cls, options, _, _ = parse_spec(spec)
     return cls, options
 
 
@@ -419,11 +460,13 @@ def check_policy(spec: str, engine: bool = False) -> type[Policy]:
 
 def make_policy(spec: str, num_layers: int, num_experts: int, future: TraceFuture | None = None,
                 engine: bool = False, **settings) -> Policy:
-    """The one factory. `spec` is a policy name with optional options, `name[:key=value,...]`; an option
-    the policy does not take is an error naming the policy's valid options. `settings` are run-wide
-    values (e.g. lookahead=, tau= from the command line or a profile) given to every policy that takes
-    an option of that name; a setting no registered policy takes is an error. Spec options win."""
-    cls, options = parse_policy(spec)
+    """The one factory. `spec` is a policy name with optional options, `name[:key=value,...]`, and
+    optionally an eviction policy after a '+' (`last_step+token_lru`, `demand+lrfu:lam=0.25`; eviction.py;
+    LRU without one); an option the policy does not take is an error naming the policy's valid options.
+    `settings` are run-wide values (e.g. lookahead=, tau= from the command line or a profile) given to every
+    policy that takes an option of that name; a setting no registered policy takes is an error. Spec
+    options win."""
+    cls, options, ev_cls, ev_options = parse_spec(spec)
     check_policy(spec, engine)
     known = {k for c in POLICIES.values() for k in options_of(c)}
     unknown = sorted(set(settings) - known)
@@ -436,7 +479,15 @@ def make_policy(spec: str, num_layers: int, num_experts: int, future: TraceFutur
         if future is None:
             raise SettingError(f"policy {cls.name!r} needs a trace of an identical earlier run (--oracle-trace FILE)")
         kwargs["future"] = future
-    return cls(num_layers, num_experts, **kwargs)
+    policy = cls(num_layers, num_experts, **kwargs)
+    if ev_cls is not LRU or ev_options:
+        policy.eviction = ev_cls(num_layers, num_experts, **ev_options)
+    return policy
+
+
+def describe_evictions() -> list[dict]:
+    """One row per registered eviction policy (name, options, summary)."""
+    return [{"name": n, "options": options_of(c), "summary": c.summary} for n, c in EVICTIONS.items()]
 
 
 def describe() -> list[dict]:
