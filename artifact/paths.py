@@ -11,10 +11,22 @@ from artifact.errors import ResultFileError
 PACKAGE = Path(__file__).resolve().parent
 
 
+def is_checkout(d: Path) -> bool:
+    """A checkout of this project: its pyproject.toml beside the artifact/ package and notebooks/."""
+    return (d / "pyproject.toml").is_file() and (d / "artifact" / "__init__.py").is_file() and (d / "notebooks").is_dir()
+
+
 def repo_root() -> Path:
-    """The checkout holding this package (editable install), else the working directory."""
+    """The checkout a command or notebook runs in: the nearest checkout of this project at or above the
+    working directory (a notebook's kernel starts in notebooks/), so outputs land in the checkout it was
+    opened from even when another clone's editable install is the one imported; else the checkout holding
+    this package (editable install), else the working directory."""
+    cwd = Path.cwd()
+    for d in (cwd, *cwd.parents):
+        if is_checkout(d):
+            return d
     root = PACKAGE.parent
-    return root if (root / "pyproject.toml").is_file() else Path.cwd()
+    return root if (root / "pyproject.toml").is_file() else cwd
 
 
 def cache_dir() -> Path:

@@ -66,3 +66,19 @@ def test_no_machine_paths_in_tracked_files():
     for path, text in texts():
         m = pattern.search(text)
         assert m is None, f"{path.relative_to(ROOT)} names a machine path: {text[m.start():m.start() + 40]!r}"
+
+
+def test_outputs_go_to_the_checkout_a_notebook_runs_in(tmp_path, monkeypatch):
+    """Two clones sharing one editable install: a notebook opened in the other clone (its kernel starts in
+    that clone's notebooks/) writes under that clone, not under the installed one."""
+    from artifact.paths import data_dir, repo_root
+    other = tmp_path / "other-clone"
+    (other / "artifact").mkdir(parents=True)
+    (other / "artifact" / "__init__.py").write_text("")
+    (other / "notebooks").mkdir()
+    (other / "pyproject.toml").write_text("[project]\nname = 'artifact'\n")
+    monkeypatch.delenv("ARTIFACT_DATA", raising=False)
+    monkeypatch.chdir(other / "notebooks")
+    assert repo_root() == other and data_dir() == other / "data"
+    monkeypatch.chdir(tmp_path)                       # outside any checkout: the installed one
+    assert repo_root() == ROOT

@@ -15,8 +15,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from artifact.experiments.claims import Claim, judged, title
+from artifact.experiments.claims import ALL_DEMANDS, EXACT, Claim, judged, title
+from artifact.experiments.paper import EVICTION_GAIN, GAP_LEFT
 from artifact.experiments.settings import Profile
+from artifact.experiments.verdicts import margin_below
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, phase_columns, relative_to_lru, sweep
 from artifact.offload.trace import mean_working_set
@@ -28,7 +30,6 @@ EVICTIONS = ("demand", "demand+token_lru", "demand+token_lru:reverse=true", "dem
              "demand+arc", "demand+s3fifo")
 FLOORS = ("belady", "min")
 PREFETCH = ("last_step", "cross_layer", "oracle")
-TEN_PERCENT = 0.10
 
 
 def label(spec: str) -> str:
@@ -154,14 +155,16 @@ def summary_by_ratio(s: pd.DataFrame) -> pd.DataFrame:
 
 def verdicts(n: Numbers) -> list[Claim]:
     top = max(n.removed, key=n.removed.get)
+    basis = dict(counting=ALL_DEMANDS, interval=EXACT)
     claims = [Claim(
-        f"[own result] an eviction policy removes more than {TEN_PERCENT:.0%} of LRU's demand misses (no prefetch) at "
-        "some batch size and C/W",
+        f"[own result] an eviction policy removes more than {EVICTION_GAIN:.0%} of LRU's demand misses (no "
+        "prefetch) at some batch size and C/W",
         f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4",
         "largest share removed per eviction: " + ", ".join(f"{k} {v:+.1%}" for k, v in
                                                           sorted(n.removed.items(), key=lambda kv: -kv[1])),
-        judged(n.removed[top] > TEN_PERCENT),
-        "" if n.removed[top] > TEN_PERCENT else f"the best, {top}, removes {n.removed[top]:.1%}")]
+        judged(n.removed[top] > EVICTION_GAIN),
+        "" if n.removed[top] > EVICTION_GAIN else f"the best, {top}, removes {n.removed[top]:.1%}",
+        margin=f"best ({top}): " + margin_below(n.removed[top], EVICTION_GAIN), **basis)]
     per = {r: v for r, v in n.gap_closed.items() if r != "pooled"}
     claims.append(Claim(
         f"[own result] most of the gap is left: the best eviction ({label(n.best)}) closes less than half of "
@@ -169,7 +172,8 @@ def verdicts(n: Numbers) -> list[Claim]:
         f"{OWN}; gap = LRU's misses - min's (min: relaxed MIN, the floor of any demand-paging schedule)",
         f"share of the gap closed: pooled {n.gap_closed['pooled']:.0%}; "
         + ", ".join(f"C/W {r:g}: {v:.0%}" for r, v in sorted(per.items())),
-        judged(n.gap_closed["pooled"] < 0.5)))
+        judged(n.gap_closed["pooled"] < GAP_LEFT),
+        margin="pooled: " + margin_below(n.gap_closed["pooled"], GAP_LEFT), **basis))
     lru, tok, rev = n.token["lru"], n.token["token_lru"], n.token["token_lru:reverse=true"]
     claims.append(Claim(
         "[own result] token counts carry the signal: token_lru (a demand's most used expert becomes the most "
@@ -177,7 +181,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         f"{OWN}; exact counts pooled over the profile's traces and C/W {RATIOS[0]}-{RATIOS[-1]}",
         f"demand misses: lru {lru}, token_lru {tok} ({tok / lru - 1:+.1%}), token_lru reversed {rev} "
         f"({rev / lru - 1:+.1%})" + ("" if tok < lru else "; token_lru is NOT lower than lru"),
-        judged(tok < lru < rev)))
+        judged(tok < lru < rev), margin="exact: the order holds or not", **basis))
     if len(n.check):
         differ = int(n.check.requests_that_differ.sum())
         claims.append(Claim(
@@ -185,7 +189,8 @@ def verdicts(n: Numbers) -> list[Claim]:
             "the demand policy on every request",
             f"{OWN}; libCacheSim {_lcs_version()} as an independent oracle",
             f"{differ} of {int(n.check.requests.sum())} requests differ over {len(n.check)} trace x C/W pairs",
-            judged(differ == 0)))
+            judged(differ == 0), margin="exact: equal or not", counting="every request of every layer",
+            interval=EXACT))
     return claims
 
 

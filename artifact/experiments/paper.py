@@ -69,3 +69,7 @@ FACTOR = 1.5             # a paper ratio (the oracle's 6.7x) is reproduced withi
                          # tiny model's routing is not LLaDA2.0's, so only the order of the cut can carry over
 HEADROOM = 0.5           # (06, 2a) last_step "understates" prediction when it removes < half of the misses the
                          # oracle removes beyond LRU (the oracle is every predictor's ceiling)
+EVICTION_GAIN = 0.10     # (09) an eviction policy "beats" LRU when it removes more than 10% of LRU's misses: the
+                         # margin FlashMoE-style reports of +51% hits would clear by far, and FEW's mirror image
+GAP_LEFT = 0.5           # (09) "most of the gap to min is left" when the best eviction closes under half of it
+
