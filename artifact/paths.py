@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parent
 
 def is_checkout(d: Path) -> bool:
     """A checkout of this project: its pyproject.toml beside the artifact/ package and notebooks/."""
-    return (d / "pyproject.toml").is_file() and (d / "artifact" / "__init__.py").is_file() and (d / "notebooks").is_dir()
+    return ((d / "pyproject.toml").is_file() and (d / "artifact" / "__init__.py").is_file()
+            and (d / "notebooks").is_dir())
 
 
 def repo_root() -> Path:
