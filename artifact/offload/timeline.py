@@ -235,3 +235,17 @@ class ManualClock:
 
     def sleep(self, dt: float) -> None:
         self.t += dt
+
+
+class VirtualClock(ManualClock):
+    """The clock of a virtual-time run (offload/stream.py, clock "virtual"): the run advances it by each
+    action's modelled cost, and a link that waits on it jumps exactly to the copy's end (no float drift
+    from sleeping a difference), so a wait's length is the stall, to the bit."""
+
+    def advance(self, dt: float) -> None:
+        assert dt >= 0, f"virtual time cannot run backwards ({dt})"
+        self.t += dt
+
+    def sleep_until(self, deadline: float) -> None:
+        self.t = max(self.t, deadline)
+
