@@ -1,0 +1,281 @@
+"""The performance model: the engine on a virtual clock (offload/stream.run_virtual) priced by a hardware
+profile (hardware.py), and its validation against measured runs.
+
+model_grid replays routing traces (recorded or synthetic) through the real engine, cache, policies and
+link timeline for every policy x C/W x link priority and returns, per cell, the modelled seconds per step,
+tokens/s, stall, link busy / wall, host time per step and the per-phase split, with the physical limit
+beside them: max(compute, misses x expert bytes / bandwidth), once with the policy's own link transfers and
+once with `min`'s misses (the floor of any C-slot demand paging). Every number is a pure function of the
+inputs: two runs give identical bits.
+
+validate_cpu runs the tiny model offloaded on the emulated link (real compute, wall clock), records each
+run's routing, and models the same run on its own trace with the cpu-emulated profile (its compute costs
+calibrated on the model in the same session): the error of seconds per step per cell, and whether every
+measured policy difference whose interval excludes 0 has the modelled difference's sign.
+validate_gpu does the same for the runs of a gpu_check report, whose routing traces are committed beside
+it (data/gpu_check/), with the h200 profile.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from artifact.errors import SettingError
+from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
+from artifact.experiments.runs import load_model, offload_spec
+from artifact.experiments.settings import Profile
+from artifact.experiments.stats import paired_table
+from artifact.model.config import PRESETS, get_preset
+from artifact.model.tasks import prompts
+from artifact.offload.costs import Costs, Hardware, Shape
+from artifact.offload.policies import check_policy
+from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.sim import capacity_for, replay
+from artifact.offload.stream import Calibration, ExpertShape, calibrate, run_stream, run_virtual
+from artifact.offload.timeline import CLOCKS, PRIORITIES
+from artifact.offload.trace import KINDS, Trace, mean_working_set
+from artifact.paths import data_dir
+
+SHAPES = ("llada2-mini", "llada2-flash", "tiny")     # model.config presets; tiny in float32 (the cpu profile)
+OUTPUTS = ("seconds_per_step", "tokens_per_second", "stall_per_step", "link_busy_over_wall", "host_per_step",
+           "limit_per_step", "floor_per_step")
+
+
+def shape(name: str) -> Shape:
+    if name not in SHAPES:
+        raise SettingError(f"unknown shape {name!r}; choose one of {list(SHAPES)}")
+    return Shape.of(get_preset(name), dtype_bytes=4 if name == "tiny" else 2)
+
+
+def tokens_decoded(trace: Trace) -> int:
+    """Tokens the traced run decoded: every block round decodes block_length tokens per batch row."""
+    first = trace.meta["moe_layers"][0]
+    rounds = int(np.sum((trace.kind == KINDS.index("denoise")) & (trace.block_step == 0) & (trace.layer == first)))
+    block = int((trace.meta.get("decode") or {}).get("block_length", 32))
+    return rounds * block * int(trace.meta.get("batch_size") or 1)
+
+
+def virtual_spec(costs: Costs, capacity: int, policy: str, priority: str, lookahead: int = 1,
+                 tau: int = 4) -> OffloadSpec:
+    return OffloadSpec(capacity, policy, "emulated", bandwidth_gbps=costs.link_gbps,
+                       latency_us=costs.hw.copy_latency_us, lookahead=lookahead, tau=tau, link_priority=priority)
+
+
+def model_run(trace: Trace, costs: Costs, capacity: int, policy: str, priority: str = "fifo",
+              min_misses: int | None = None) -> dict:
+    """One modelled run: run_virtual's stats and the outputs (module docstring), per denoising step."""
+    st = run_virtual(trace, virtual_spec(costs, capacity, policy, priority), costs)
+    steps = max(st["forwards"], 1)
+    first = trace.meta["moe_layers"][0]
+    compute = sum(costs.compute(d, d.layer == first) + costs.group(list(d.counts)) for d in trace.demands)
+    link_s = costs.expert_bytes / (costs.link_gbps * 1e9)
+    if min_misses is None:
+        min_misses = replay(trace, "min", capacity)["demand_misses"]
+    t = st["time"]
+    tokens = tokens_decoded(trace)
+    return {
+        "seconds": st["seconds"], "steps": st["forwards"], "prefill_forwards": st["prefill_forwards"],
+        "seconds_per_step": st["seconds"] / steps,
+        "tokens_per_second": tokens / st["seconds"] if st["seconds"] else float("nan"), "tokens": tokens,
+        "stall_per_step": t["stall"] / steps, "host_per_step": t["host"] / steps,
+        "compute_per_step": t["compute"] / steps, "experts_per_step": t["experts"] / steps,
+        "link_busy_over_wall": st["link_busy_seconds"] / st["seconds"] if st["seconds"] else float("nan"),
+        "limit_per_step": max(compute, st["transfers"] * link_s) / steps,
+        "floor_per_step": max(compute, min_misses * link_s) / steps,
+        "demand_misses": st["demand_misses"], "speculative_transfers": st["speculative_transfers"],
+        "prefetch_hits": st["prefetch_hits"], "transfers": st["transfers"], "min_misses": min_misses,
+        **{f"{k}_{ph}": v for ph, d in t["by_phase"].items() for k, v in d.items()},
+    }
+
+
+WALL_STORE_LIMIT = 2 << 30     # bytes: the wall clock replays real expert tensors on this machine
+
+
+def wall_run(trace: Trace, costs: Costs, capacity: int, policy: str, priority: str = "fifo",
+             min_misses: int | None = None) -> dict:
+    """The same cell on the wall clock (clock 'wall'): the stream engine with the emulated link sleeping and
+    the calibrated compute spinning on this machine (cpu-emulated), for a check of the virtual clock."""
+    hw, s = costs.hw, costs.shape
+    check_clock("wall", hw)
+    store = len(trace.meta["moe_layers"]) * trace.meta["num_experts"] * s.expert_bytes
+    if store > WALL_STORE_LIMIT:
+        raise SettingError(f"clock 'wall' would allocate {store / 2**30:.1f} GiB of experts for this shape; "
+                           "use shape 'tiny' or clock 'virtual'")
+    spec = virtual_spec(costs, capacity, policy, priority)
+    st = run_stream(trace, spec, ExpertShape(s.hidden_size, s.moe_intermediate_size),
+                    Calibration(hw.expert_us, hw.other_us_per_demand, source=hw.name))
+    steps = max(st["forwards"], 1)
+    tokens = tokens_decoded(trace)
+    return {"seconds": st["seconds"], "steps": st["forwards"], "prefill_forwards": st["prefill_forwards"],
+            "seconds_per_step": st["seconds"] / steps, "tokens": tokens,
+            "tokens_per_second": tokens / st["seconds"] if st["seconds"] else float("nan"),
+            "stall_per_step": st["stall_seconds"] / steps,
+            "link_busy_over_wall": st["link_busy_seconds"] / st["seconds"] if st["seconds"] else float("nan"),
+            "demand_misses": st["demand_misses"], "speculative_transfers": st["speculative_transfers"],
+            "prefetch_hits": st["prefetch_hits"], "transfers": st["transfers"]}
+
+
+def check_clock(clock: str, hw: Hardware) -> None:
+    if clock not in CLOCKS:
+        raise SettingError(f"unknown clock {clock!r}; choose one of {CLOCKS}")
+    if clock == "wall" and not hw.calibrated:
+        raise SettingError(f"clock 'wall' runs the stream on this machine: it needs a calibrated hardware profile "
+                           f"(cpu-emulated), not {hw.name!r}; use clock 'virtual'")
+
+
+def check_grid(policies, ratios, priorities, batch_sizes=None) -> None:
+    """Every bad value fails before a replay."""
+    if not policies:
+        raise SettingError("--policies is empty; give at least one engine policy, e.g. demand,last_step")
+    for p in policies:
+        if not check_policy(p).engine_ok:
+            raise SettingError(f"policy {p!r} runs in the simulator only; the model runs the engine's policies")
+    if not ratios:
+        raise SettingError("--cache-ratios is empty; give ratios C/W, e.g. 0.43,1,1.73")
+    for r in ratios:
+        if not (isinstance(r, (int, float)) and np.isfinite(r) and r > 0):
+            raise SettingError(f"--cache-ratios: a ratio C/W must be a finite number > 0, got {r!r}")
+    for p in priorities:
+        if p not in PRIORITIES:
+            raise SettingError(f"--link-priority: unknown {p!r}; choose one of {PRIORITIES}")
+    for b in batch_sizes or ():
+        if not (isinstance(b, int) and b >= 1):
+            raise SettingError(f"--batch-sizes: a batch size is an integer >= 1, got {b!r}")
+
+
+def model_grid(traces: list[Trace], hw: Hardware, shape_name: str, policies, ratios, priorities=("fifo",),
+               progress: bool = False, names: list[str] | None = None, clock: str = "virtual") -> pd.DataFrame:
+    """One row per trace x C/W x link priority x policy (module docstring); clock 'wall' runs each cell on
+    this machine instead (wall_run)."""
+    check_grid(policies, ratios, priorities)
+    check_clock(clock, hw)
+    one = model_run if clock == "virtual" else wall_run
+    costs = Costs(hw, shape(shape_name))
+    rows = []
+    jobs = [(i, r) for i in range(len(traces)) for r in ratios]
+    for i, ratio in tqdm(jobs, desc="model", disable=not progress):
+        t = traces[i]
+        C = capacity_for(ratio, mean_working_set(t), t.meta["num_experts"])
+        floor = replay(t, "min", C)["demand_misses"]
+        for priority in priorities:
+            for policy in policies:
+                out = one(t, costs, C, policy, priority, min_misses=floor)
+                rows.append({"trace": names[i] if names else str(t.path or i), "task": t.meta.get("task"),
+                             "batch_size": int(t.meta.get("batch_size") or 1), "hardware": hw.name,
+                             "shape": shape_name, "clock": clock, "cache_ratio": ratio, "cache_experts": C,
+                             "link_priority": priority, "policy": policy, **out})
+    return pd.DataFrame(rows)
+
+
+def to_json(df: pd.DataFrame) -> str:
+    """Rows as JSON, floats written by Python's repr (shortest round-trip): identical bits give identical text."""
+    return json.dumps(df.to_dict("records"), sort_keys=False)
+
+
+# --- validation on the cpu profile -----------------------------------------------------------------
+VALIDATION_RATIOS = (0.43, 1.0, 1.73)
+VALIDATION_POLICIES = ("demand", "last_step")
+
+
+def cpu_emulated(P: Profile, n_prompts: int = 2) -> tuple[Hardware, str]:
+    """The cpu-emulated profile with its compute calibrated on the profile's model now (stream.calibrate)."""
+    loaded = load_model(P)
+    _, ps = prompts(loaded.tokenizer, P.tasks[0], n_prompts, P.seed, P.max_prompt_tokens)
+    cal = calibrate(loaded, ps, P.decode_config())
+    hw = dataclasses.replace(HARDWARE["cpu-emulated"], expert_us=cal.compute_us_per_expert,
+                             other_us_per_demand=cal.other_us_per_demand)
+    return hw, cal.source
+
+
+def validate_cpu(P: Profile, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLICIES, batch_sizes=(1, 4),
+                 repetitions: int = 2, n_prompts: int = 2, progress: bool = True) -> tuple[pd.DataFrame, str]:
+    """Measured (wall clock, real compute, emulated link) against modelled seconds per step, one row per run.
+    Returns the rows and the calibration's description."""
+    loaded = load_model(P)
+    hw, source = cpu_emulated(P, n_prompts)
+    costs = Costs(hw, shape("tiny") if loaded.cfg.name == "tiny" else Shape.of(loaded.cfg, 4))
+    task = P.tasks[0]
+    _, ps = prompts(loaded.tokenizer, task, n_prompts, P.seed, P.max_prompt_tokens)
+    dc = P.decode_config()
+    rows = []
+    jobs = [(b, r, rep) for b in batch_sizes for r in ratios for rep in range(repetitions)]
+    traces: dict[int, Trace] = {}
+    for b, ratio, rep in tqdm(jobs, desc="validate", disable=not progress):
+        if b not in traces:
+            traces[b] = run(loaded, ps, b, dc, device=P.device, record=True, task=task).trace
+        t = traces[b]
+        C = capacity_for(ratio, mean_working_set(t), loaded.cfg.num_experts)
+        order = policies if rep % 2 == 0 else tuple(reversed(policies))
+        for policy in order:
+            spec = offload_spec(P, loaded, C, policy)
+            res = run(loaded, ps, b, dc, spec=spec, device=P.device, record=True, task=task)
+            m = model_run(res.trace, costs, C, policy, P.link_priority)
+            s = res.stats
+            rows.append({"task": task, "batch_size": b, "cache_ratio": ratio, "bandwidth_scale": 1.0,
+                         "cache_experts": C, "rep": rep,
+                         "policy": policy, "measured_seconds_per_step": s["seconds"] / s["forwards"],
+                         "modeled_seconds_per_step": m["seconds_per_step"],
+                         "measured_stall": s["stall_seconds"], "modeled_stall": m["stall_per_step"] * m["steps"],
+                         "demand_misses": s["demand_misses"], "modeled_demand_misses": m["demand_misses"],
+                         "forwards": s["forwards"]})
+    df = pd.DataFrame(rows)
+    df["error"] = df.modeled_seconds_per_step / df.measured_seconds_per_step - 1
+    return df, source
+
+
+def validate_gpu(report: str | Path | None = None, traces: dict[int, str | Path] | None = None) -> pd.DataFrame:
+    """The runs of a gpu_check report against the model on their recorded routing (h200 profile with the
+    report's measurements). One row per run: measured and modelled seconds per forward (prefill included,
+    as gpu_check's ms_per_forward)."""
+    report = Path(report) if report else committed_gpu_check()
+    r = load_gpu_check(report)
+    hw = hardware("h200", report)
+    traces = traces or {b: data_dir() / "gpu_check" / f"h200_trace_b{b}.safetensors" for b in (1, 4)}
+    eng = r["engine"]
+    cfg = dataclasses.replace(PRESETS["llada2-mini"], num_hidden_layers=eng["layers"], vocab_size=32768)
+    costs = Costs(hw, Shape.of(cfg, 2))
+    rows = []
+    loaded = {b: Trace.load(p) for b, p in traces.items()}
+    for run_ in eng["runs"]:
+        t = loaded.get(run_["batch"])
+        if t is None:
+            continue
+        m = model_run(t, costs, run_["cache_experts"], run_["policy"], "fifo")
+        forwards = m["steps"] + m["prefill_forwards"]
+        rows.append({"batch_size": run_["batch"], "cache_ratio": run_["cache_ratio"],
+                     "cache_experts": run_["cache_experts"], "policy": run_["policy"],
+                     "measured_seconds_per_step": run_["ms_per_forward"] / 1e3,
+                     "modeled_seconds_per_step": m["seconds"] / m["steps"],
+                     "measured_demand_misses": run_["demand_misses"], "modeled_demand_misses": m["demand_misses"],
+                     "forwards": forwards})
+    df = pd.DataFrame(rows)
+    df["error"] = df.modeled_seconds_per_step / df.measured_seconds_per_step - 1
+    return df
+
+
+def validation_summary(rows: pd.DataFrame, a: str = "demand", b: str = "last_step") -> dict:
+    """Median and worst absolute error of seconds per step over cells (a cell: batch x C/W x policy, its
+    repetitions' mean), and sign agreement: every cell pair whose measured a-vs-b difference has an interval
+    excluding 0 (paired t, stats.paired_table; needs repetitions) must have the modelled difference's sign."""
+    keys = ["batch_size", "cache_ratio", "policy"]
+    cells = rows.groupby(keys, as_index=False)[["measured_seconds_per_step", "modeled_seconds_per_step"]].mean()
+    err = (cells.modeled_seconds_per_step / cells.measured_seconds_per_step - 1).abs()
+    out = {"cells": len(cells), "median_abs_error": float(err.median()), "worst_abs_error": float(err.max()),
+           "signs": []}
+    if "rep" in rows and rows.rep.nunique() >= 2:
+        tab = paired_table(rows, a, b, ["batch_size", "cache_ratio"], metric="measured_seconds_per_step")
+        for r in tab.itertuples():
+            if not r.excludes_zero:
+                continue
+            mod = cells.set_index(keys).modeled_seconds_per_step
+            d_mod = mod[(r.batch_size, r.cache_ratio, a)] - mod[(r.batch_size, r.cache_ratio, b)]
+            out["signs"].append({"batch_size": r.batch_size, "cache_ratio": r.cache_ratio,
+                                 "measured_diff_pct": r.diff_pct, "modeled_sign_agrees":
+                                 bool(np.sign(d_mod) == np.sign(r.diff_pct))})
+    out["all_signs_agree"] = all(s["modeled_sign_agrees"] for s in out["signs"])
+    return out
