@@ -11,56 +11,35 @@ gpu: the runs of the committed gpu_check report (data/gpu_check/h200.json, one H
 their recorded routing with the h200 profile. The profile's host costs were fitted on these same runs, so
 this is a check of the model's structure, not an independent validation.
 
---measure-host: the offloaded engine's host time per demand (plan_us) and per copy (copy_host_us) on this
-CPU, the cpu-emulated profile's two host numbers: the tiny model offloaded on a link too fast to wait on, at
-several C, minus its resident run's time; least squares on (demands, copies).
+--calibrate: the cpu-emulated profile's measured numbers on this machine (perf_model.cpu_emulated, batch 1):
+per-expert compute, other time per demand, host time per copy.
 
     .venv/bin/python benchmarks/validate_model.py [--which cpu|gpu|both] [--reps 2] [--json]
-    .venv/bin/python benchmarks/validate_model.py --measure-host
+    .venv/bin/python benchmarks/validate_model.py --calibrate
 """
 from __future__ import annotations
 
 import argparse
 import json
 
-import numpy as np
 import torch
 
-from artifact.experiments.perf_model import validate_cpu, validate_gpu, validation_summary
+from artifact.experiments.perf_model import cpu_emulated, validate_cpu, validate_gpu, validation_summary
 from artifact.experiments.runs import load_model
 from artifact.experiments.settings import load_profile
 from artifact.model.tasks import prompts
-from artifact.offload.runner import OffloadSpec, run
-from artifact.offload.sim import capacity_for
-from artifact.offload.trace import mean_working_set
 
 COLS = ["batch_size", "cache_ratio", "policy", "measured_seconds_per_step", "modeled_seconds_per_step", "error"]
 
 
-def measure_host(reps: int = 3) -> dict:
-    """The engine's host time beyond the model's own: offloaded runs of the tiny model on a link too fast to
-    wait on (so no stall) at several C, minus the resident run's time, fitted on (demands, copies)."""
+def calibrate_now(batch_size: int = 1) -> dict:
+    """perf_model.cpu_emulated on this machine: the numbers of the cpu-emulated profile."""
     P = load_profile("cpu")
     loaded = load_model(P)
-    _, ps = prompts(loaded.tokenizer, P.tasks[0], 2, P.seed, P.max_prompt_tokens)
-    dc = P.decode_config()
-
-    def best(spec) -> tuple[float, dict]:
-        run(loaded, ps, 1, dc, spec=spec, device=P.device)                       # warm-up
-        res = [run(loaded, ps, 1, dc, spec=spec, device=P.device) for _ in range(reps)]
-        return min(r.stats["seconds"] for r in res), res[0].stats
-
-    resident, st0 = best(None)
-    W = mean_working_set(run(loaded, ps, 1, dc, device=P.device, record=True).trace)
-    xs, ys = [], []
-    for ratio in (0.43, 0.83, 1.0, 1.73, 3.0):
-        C = capacity_for(ratio, W, loaded.cfg.num_experts)
-        seconds, st = best(OffloadSpec(C, "last_step", "emulated", bandwidth_gbps=1e6, latency_us=0.0))
-        xs.append((st["demands"] if "demands" in st else st["forwards"] * len(loaded.cfg.moe_layers), st["transfers"]))
-        ys.append(seconds - resident)
-    coef = np.linalg.lstsq(np.array(xs, dtype=float), np.array(ys), rcond=None)[0]
-    return {"plan_us": 1e6 * coef[0], "copy_host_us": 1e6 * coef[1], "demands_transfers": xs,
-            "seconds_over_resident": ys, "resident_seconds": resident, "statistic": f"best of {reps}"}
+    _, ps = prompts(loaded.tokenizer, P.tasks[0], max(P.batch_sizes), P.seed, P.max_prompt_tokens)
+    hw, source = cpu_emulated(P, loaded, ps, batch_size)
+    return {"batch_size": batch_size, "expert_us": hw.expert_us, "other_us_per_demand": hw.other_us_per_demand,
+            "copy_host_us": hw.copy_host_us, "source": source}
 
 
 def table(df) -> str:
@@ -71,12 +50,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--which", choices=("cpu", "gpu", "both"), default="both")
     ap.add_argument("--reps", type=int, default=2, help="measured pairs per cell (cpu)")
-    ap.add_argument("--measure-host", action="store_true")
+    ap.add_argument("--calibrate", action="store_true", help="print the cpu-emulated profile's numbers, measured now")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    if a.measure_host:
-        print(json.dumps(measure_host(), indent=1))
+    if a.calibrate:
+        print(json.dumps(calibrate_now(), indent=1))
         return
     out = {}
     if a.which in ("gpu", "both"):

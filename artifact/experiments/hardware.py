@@ -6,8 +6,8 @@
   h200           H200 on PCIe 5.0 x16: the link and the host costs measured by scripts/gpu_check.py on one
                  H200 (data/gpu_check/h200.json); peak compute and memory from the datasheet.
   cpu-emulated   the cpu profile: the emulated link's constants (PCIe 4 scaled to the expert's size) and the
-                 tiny model's compute on this CPU, calibrated (stream.calibrate), plus the engine's host
-                 time per layer and per copy on this CPU.
+                 tiny model's offloaded compute and host time per copy, measured on this CPU
+                 (perf_model.cpu_emulated; validate_cpu measures them again in its own session).
 
 A gpu_check JSON report (`from_gpu_check`) overrides what it measures: the H2D rate of expert copies from
 a registered store, the host time per launch, the launches per layer and the host time per copy.
@@ -37,8 +37,8 @@ HARDWARE: dict[str, Hardware] = {
     "h200": Hardware("h200", h2d_gbps=53.05, copy_latency_us=PCIE_LATENCY_US, bf16_tflops=989.0,
                      memory_gbps=4800.0, **H200_HOST),
     "cpu-emulated": Hardware("cpu-emulated", h2d_gbps=PCIE4_GBPS, copy_latency_us=PCIE_LATENCY_US, launch_us=0.0,
-                             sync_us=0.0, plan_us=95.0, copy_host_us=20.0, kernels_per_group=0, kernels_per_layer=0,
-                             expert_us=13.0, other_us_per_demand=856.0, scale_link=True),
+                             sync_us=0.0, plan_us=0.0, copy_host_us=26.9, kernels_per_group=0, kernels_per_layer=0,
+                             expert_us=16.0, other_us_per_demand=1273.0, scale_link=True),
 }
 
 SOURCES: dict[str, dict[str, str]] = {
@@ -67,12 +67,12 @@ SOURCES: dict[str, dict[str, str]] = {
         "h2d_gbps": "the emulated link: PCIe 4 (offload/link.py PCIE4_GBPS) scaled to the expert's size "
                     "(emulated_bandwidth_gbps)",
         "copy_latency_us": "the emulated link's PCIE_LATENCY_US",
-        "expert_us": "stream.calibrate on the tiny model (notebook 07's recorded calibration, "
-                     "data/results/cpu/07_routing_map.claims.json: 13 us per expert)",
-        "other_us_per_demand": "the same calibration: 856 us other per demand",
-        "plan_us": "the stream engine's host time per demand on this CPU: benchmarks/validate_model.py "
-                   "--measure-host (least squares over wall-clock stream runs without spins)",
-        "copy_host_us": "the same fit: host time per copy issued",
+        "expert_us": "perf_model.cpu_emulated on this 2-core machine, batch 1 (2026-12-04): "
+                     "python benchmarks/validate_model.py --calibrate; the offloaded engine's compute on a link too "
+                     "fast to wait on, split by stream.calibrate's share of expert time",
+        "other_us_per_demand": "the same measurement: the rest of the compute per (forward, MoE layer)",
+        "copy_host_us": "the same measurement: the slope of run time on copies between C/W 0.43 and 3",
+        "plan_us": "0: inside other_us_per_demand (measured on the offloaded engine)",
     },
 }
 
