@@ -173,3 +173,19 @@ def test_gpu_validation_replays_the_measured_counts():
     df = validate_gpu()
     assert len(df) == 12
     assert (df.modeled_demand_misses == df.measured_demand_misses).all()
+
+
+def test_notebook_grid_and_claims_on_a_small_stream():
+    """Notebook 08's grid, figure data and claims, on a stream small enough for the unit tier."""
+    from artifact.experiments import perf_model as pm
+    small = synth(SynthParams(layers=2, blocks=1, steps=4, w=30.0, seed=2))
+    grid = pm.gpu_grid({"paper point": small, "other": small}, progress=False)
+    assert set(grid.hardware) == {"a5000", "h200"} and set(grid["shape"]) == {"llada2-mini", "llada2-flash"}
+    assert set(grid[grid.trace == "other"]["shape"]) == {"llada2-mini"}
+    assert "cross_layer" not in set(grid.policy)             # a synthetic stream carries no predictions
+    d = pm.diffs(grid)
+    assert len(d) == 2 * 2 * len(pm.GRID_RATIOS) + 2 * len(pm.GRID_RATIOS)
+    summary = {"median_abs_error": 0.05, "worst_abs_error": 0.2, "cells": 6, "signs": []}
+    claims = pm.verdicts(grid, summary, summary, "given")
+    assert len(claims) == 4 and claims[-1].verdict == "reproduced" and claims[-1].timing
+    assert all(c.claim.startswith("[modeled") or c.claim.startswith("[own result") for c in claims)
