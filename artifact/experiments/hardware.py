@@ -23,7 +23,7 @@ import numpy as np
 from artifact.errors import SettingError
 from artifact.offload.costs import Hardware
 from artifact.offload.link import PCIE4_GBPS, PCIE_LATENCY_US
-from artifact.paths import data_dir
+from artifact.paths import repo_root
 
 GPU_CHECK_H200 = "gpu_check/h200.json"      # under data/: the report the h200 profile's measured numbers are from
 
@@ -126,4 +126,5 @@ def from_gpu_check(report: dict) -> dict:
 
 
 def committed_gpu_check() -> Path:
-    return data_dir() / GPU_CHECK_H200
+    """The committed report (in the checkout's data/, whatever ARTIFACT_DATA says: it is an input, not output)."""
+    return repo_root() / "data" / GPU_CHECK_H200

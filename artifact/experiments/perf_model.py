@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from artifact.errors import SettingError
 from artifact.experiments import paper
-from artifact.experiments.claims import MODELED, Claim, judged, reference_data_dir, title
+from artifact.experiments.claims import MODELED, Claim, judged, title
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
 from artifact.experiments.runs import load_model, offload_spec
 from artifact.experiments.settings import Profile
@@ -43,7 +43,7 @@ from artifact.offload.stream import Calibration, ExpertShape, calibrate, run_str
 from artifact.offload.synth import SynthParams, synth
 from artifact.offload.timeline import CLOCKS, PRIORITIES
 from artifact.offload.trace import KINDS, Trace, mean_working_set
-from artifact.paths import data_dir
+from artifact.paths import repo_root
 
 SHAPES = ("llada2-mini", "llada2-flash", "tiny")     # model.config presets; tiny in float32 (the cpu profile)
 OUTPUTS = ("seconds_per_step", "tokens_per_second", "stall_per_step", "link_busy_over_wall", "host_per_step",
@@ -276,7 +276,7 @@ def validate_gpu(report: str | Path | None = None, traces: dict[int, str | Path]
     report = Path(report) if report else committed_gpu_check()
     r = load_gpu_check(report)
     hw = hardware("h200", report)
-    traces = traces or {b: data_dir() / "gpu_check" / f"h200_trace_b{b}.safetensors" for b in (1, 4)}
+    traces = traces or {b: report.parent / f"h200_trace_b{b}.safetensors" for b in (1, 4)}
     eng = r["engine"]
     cfg = dataclasses.replace(PRESETS["llada2-mini"], num_hidden_layers=eng["layers"], vocab_size=32768)
     costs = Costs(hw, Shape.of(cfg, 2))
@@ -333,9 +333,10 @@ def paper_point(P: Profile) -> Trace:
     """A synthetic stream at the routing point the paper implies (notebook 07's 'paper point': its novelty
     and W spread, from the profile's committed 07 record, else the cpu profile's), 4 MoE layers, one block of
     16 steps, no prefill (short: the grid replays it 128 times)."""
-    path = reference_data_dir(P.name) / "07_stream_throughput.csv"
+    committed = repo_root() / "data" / "results"         # inputs from the checkout, whatever ARTIFACT_DATA says
+    path = committed / P.name / "07_stream_throughput.csv"
     if not path.is_file():
-        path = reference_data_dir("cpu") / "07_stream_throughput.csv"
+        path = committed / "cpu" / "07_stream_throughput.csv"
     row = pd.read_csv(path).query("task == 'paper point'").iloc[0]
     return synth(SynthParams(layers=4, blocks=1, steps=16, novelty=float(row.novelty),
                              w_spread=float(row.w_spread), prefill=0.0))
