@@ -142,8 +142,9 @@ def test_wall_clock_runs_the_same_counts(stream):
     short = synth(SynthParams(layers=2, blocks=1, steps=4, w=20.0, seed=1))
     hw = HARDWARE["cpu-emulated"]
     v, w = (model_grid([short], hw, "tiny", ["last_step"], [1.0], clock=c) for c in ("virtual", "wall"))
-    for k in ("demand_misses", "speculative_transfers", "prefetch_hits"):
+    for k in ("demand_misses", "speculative_transfers", "prefetch_hits", "limit_per_step", "floor_per_step"):
         assert v[k].tolist() == w[k].tolist()
+    assert (w.seconds > 0).all() and (w.clock == "wall").all()
 
 
 # --- hardware profiles and settings -------------------------------------------------------------------

@@ -75,11 +75,6 @@ def model_run(trace: Trace, costs: Costs, capacity: int, policy: str, priority: 
     """One modelled run: run_virtual's stats and the outputs (module docstring), per denoising step."""
     st = run_virtual(trace, virtual_spec(costs, capacity, policy, priority), costs)
     steps = max(st["forwards"], 1)
-    first = trace.meta["moe_layers"][0]
-    compute = sum(costs.compute(d, d.layer == first) + costs.group(list(d.counts)) for d in trace.demands)
-    link_s = costs.expert_bytes / (costs.link_gbps * 1e9)
-    if min_misses is None:
-        min_misses = replay(trace, "min", capacity)["demand_misses"]
     t = st["time"]
     tokens = tokens_decoded(trace)
     return {
@@ -89,12 +84,24 @@ def model_run(trace: Trace, costs: Costs, capacity: int, policy: str, priority: 
         "stall_per_step": t["stall"] / steps, "host_per_step": t["host"] / steps,
         "compute_per_step": t["compute"] / steps, "experts_per_step": t["experts"] / steps,
         "link_busy_over_wall": st["link_busy_seconds"] / st["seconds"] if st["seconds"] else float("nan"),
-        "limit_per_step": max(compute, st["transfers"] * link_s) / steps,
-        "floor_per_step": max(compute, min_misses * link_s) / steps,
+        **limits(trace, costs, capacity, st["transfers"], steps, min_misses),
         "demand_misses": st["demand_misses"], "speculative_transfers": st["speculative_transfers"],
-        "prefetch_hits": st["prefetch_hits"], "transfers": st["transfers"], "min_misses": min_misses,
+        "prefetch_hits": st["prefetch_hits"], "transfers": st["transfers"],
         **{f"{k}_{ph}": v for ph, d in t["by_phase"].items() for k, v in d.items()},
     }
+
+
+def limits(trace: Trace, costs: Costs, capacity: int, transfers: int, steps: int,
+           min_misses: int | None = None) -> dict:
+    """The physical limit per step, max(compute, transfers x expert bytes / bandwidth), and its floor with
+    min's misses; compute is every demand's non-expert compute and all its experts in one group."""
+    first = trace.meta["moe_layers"][0]
+    compute = sum(costs.compute(d, d.layer == first) + costs.group(list(d.counts)) for d in trace.demands)
+    link_s = costs.expert_bytes / (costs.link_gbps * 1e9)
+    if min_misses is None:
+        min_misses = replay(trace, "min", capacity)["demand_misses"]
+    return {"limit_per_step": max(compute, transfers * link_s) / steps,
+            "floor_per_step": max(compute, min_misses * link_s) / steps, "min_misses": min_misses}
 
 
 WALL_STORE_LIMIT = 2 << 30     # bytes: the wall clock replays real expert tensors on this machine
@@ -120,6 +127,7 @@ def wall_run(trace: Trace, costs: Costs, capacity: int, policy: str, priority: s
             "tokens_per_second": tokens / st["seconds"] if st["seconds"] else float("nan"),
             "stall_per_step": st["stall_seconds"] / steps,
             "link_busy_over_wall": st["link_busy_seconds"] / st["seconds"] if st["seconds"] else float("nan"),
+            **limits(trace, costs, capacity, st["transfers"], steps, min_misses),
             "demand_misses": st["demand_misses"], "speculative_transfers": st["speculative_transfers"],
             "prefetch_hits": st["prefetch_hits"], "transfers": st["transfers"]}
 
