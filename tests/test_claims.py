@@ -37,6 +37,7 @@ from artifact.experiments.claims import (  # noqa: E402
 from artifact.experiments.notebooks import claims_of  # noqa: E402
 from artifact.experiments.results import COLUMNS, write_rows  # noqa: E402
 from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
+from artifact.experiments.verdicts import CONTROL  # noqa: E402
 from artifact.paths import data_dir  # noqa: E402
 
 EXPERIMENTS = Path(claims.__file__).resolve().parent
@@ -140,6 +141,27 @@ def test_capacity_claims_follow_the_paired_intervals():
     assert low.verdict == NOT_REPRODUCED and "demand faster" in low.reason
 
 
+def test_the_aa_control_gates_the_capacity_verdicts():
+    """A control that does demand's work and times like it leaves the verdicts alone and is printed; one that
+    times like last_step (a biased instrument) makes the C/W it controls inconclusive."""
+    rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0})
+    demand = rows[rows.policy == "demand"]
+    wobble = np.where(np.arange(len(demand)) % 2, 1.002, 0.998)
+    fair = pd.concat([rows, demand.assign(policy=CONTROL, tokens_per_second=demand.tokens_per_second * wobble)],
+                     ignore_index=True)
+    by_ratio, _ = capacity.tables(fair)
+    _, faster, low = capacity.verdicts(capacity.numbers(by_ratio, fair))
+    assert faster.verdict == low.verdict == REPRODUCED
+    assert f"A/A control ({CONTROL} over demand): C/W 0.83" in faster.measured
+    biased = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, policies=("demand", "last_step", CONTROL))
+    by_ratio, _ = capacity.tables(biased)
+    _, faster, low = capacity.verdicts(capacity.numbers(by_ratio, biased))
+    assert faster.verdict == INCONCLUSIVE and "A/A control" in faster.reason and "excludes 0" in faster.reason
+    assert low.verdict == REPRODUCED            # at 0.43 the control does not differ: that C/W stays judged
+    old, _ = capacity.tables(rows)
+    assert "no A/A control" in capacity.verdicts(capacity.numbers(old, rows))[1].measured
+
+
 def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
     rows = []
     for scale, gbps in ((2.0, 0.2), (1.0, 0.1), (0.5, 0.05)):
@@ -173,7 +195,8 @@ def test_throttle_claims():
     assert throttle.verdicts(throttle.numbers(throttle.summary_table(rows)))[1].verdict == INCONCLUSIVE
     P = load_profile("cpu")
     T = throttle.throttle_profile(P)
-    assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (P.tasks[:1], (4,), (1.0,), ("demand", "last_step"))
+    assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (P.tasks[:1], (4,), (1.0,),
+                                                                     ("demand", "last_step", CONTROL))
     assert T.bandwidth_scales == P.throttle_scales == (2.0, 1.0, 0.5)
     assert T.repetitions == max(P.repetitions, paper.MIN_PAIRS)
 

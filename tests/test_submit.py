@@ -23,7 +23,8 @@ from artifact.experiments.settings import ProfileError, load_profile, parse_over
 from artifact.experiments.stats import CELL_KEYS
 
 # A reduced cpu grid: one task, batch 1, one prompt, 32 tokens, one repetition of demand and last_step.
-SMALL = ["tasks=[gsm8k]", "batch_sizes=[1]", "repetitions=1", "gen_length=32", "n_prompts=1", "warmup=0"]
+SMALL = ["tasks=[gsm8k]", "batch_sizes=[1]", "repetitions=1", "gen_length=32", "n_prompts=1", "warmup=0",
+         "policies=[demand,last_step]"]      # the mechanics of shards and jobs: two policies
 EXACT = ["demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d",
          "tokens", "tokens_sha", "working_set", "cache_experts"]
 RUN_KEY = list(CELL_KEYS) + ["policy", "rep"]

@@ -1,5 +1,6 @@
 """04 capacity sweep: demand-async vs async last-step prefetch end to end over the profile's grid (tasks x
-batch sizes x C/W), paired by repetition, with 95% intervals."""
+batch sizes x C/W), paired by repetition, with 95% intervals; the grid's A/A control (verdicts.CONTROL against
+demand, identical work) gates every C/W's verdict."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +14,16 @@ from artifact.experiments.results import same_tokens
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table, with_paper
-from artifact.experiments.verdicts import METHOD, Interval, combine, faster, no_difference
+from artifact.experiments.verdicts import (
+    METHOD,
+    Interval,
+    combine,
+    controls,
+    controls_text,
+    faster,
+    gated,
+    no_difference,
+)
 
 STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
 
@@ -35,6 +45,7 @@ class Numbers:
     cells: int                   # ... of all cells
     in_range: pd.DataFrame       # by_ratio rows at C/W in the paper's faster range
     at_low: pd.Series | None     # the by_ratio row at the paper's low C/W, if measured
+    control: dict                # {(C/W,): Interval of the A/A control over demand} (verdicts.controls)
 
 
 def numbers(by_ratio, rows) -> Numbers:
@@ -42,7 +53,12 @@ def numbers(by_ratio, rows) -> Numbers:
     lo, hi = paper.FASTER_RANGE
     low = by_ratio[by_ratio.cache_ratio == paper.AT_LOW.cache_ratio]
     return Numbers(n_same, n_cells, by_ratio[(by_ratio.cache_ratio >= lo) & (by_ratio.cache_ratio <= hi)],
-                   low.iloc[0] if len(low) else None)
+                   low.iloc[0] if len(low) else None, controls(rows, ["cache_ratio"]))
+
+
+def control_text(n: Numbers, ratio: float | None = None) -> str:
+    aa = {k: v for k, v in n.control.items() if ratio is None or k == (ratio,)}
+    return controls_text(aa, lambda key: f"C/W {key[0]:g}")
 
 
 def paired_text(r) -> str:
@@ -57,22 +73,24 @@ def verdicts(n: Numbers) -> list[Claim]:
                     judged(n.same_cells == n.cells), counting=PER_RUN, interval=EXACT,
                     margin=f"{n.cells - n.same_cells} cells differ")]
     if len(n.in_range):
-        verdict, reason, margin = combine((f"C/W {r.cache_ratio:g}", faster(Interval.of(r), paper.FASTER_PCT))
+        verdict, reason, margin = combine((f"C/W {r.cache_ratio:g}", gated(faster(Interval.of(r), paper.FASTER_PCT),
+                                                                            n.control.get((r.cache_ratio,))))
                                           for r in n.in_range.itertuples())
         claims.append(Claim(
             f"demand-async is faster than async last-step prefetch at C/W {lo:g}-{hi:g} (95% CIs exclude zero)",
             f"+{paper.FASTER_PCT[0]} to +{paper.FASTER_PCT[1]}%, CIs exclude zero",
             "; ".join(paired_text(r) for r in n.in_range.itertuples())
-            + f" ({int(n.in_range.n_pairs.min())} pairs each)",
+            + f" ({int(n.in_range.n_pairs.min())} pairs each); "
+            + "; ".join(control_text(n, r.cache_ratio) for r in n.in_range.itertuples()),
             verdict, reason, pairs=int(n.in_range.n_pairs.min()), margin=margin, **timed))
     if n.at_low is not None:
         r = n.at_low
-        ruling = no_difference(Interval.of(r))
+        ruling = gated(no_difference(Interval.of(r)), n.control.get((r.cache_ratio,)))
         claims.append(Claim(
             f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ "
             f"(equivalence within +-{paper.EQUIV_MARGIN:g}%)",
             paper.paired_text(paper.AT_LOW, "%"),
-            paired_text(r) + f" ({int(r.n_pairs)} pairs)", ruling.verdict,
+            paired_text(r) + f" ({int(r.n_pairs)} pairs); " + control_text(n, r.cache_ratio), ruling.verdict,
             "" if ruling.verdict == REPRODUCED else ruling.why
             + (f": {'demand' if r.diff_pct > 0 else 'last_step'} faster" if ruling.verdict == NOT_REPRODUCED else ""),
             pairs=int(r.n_pairs), margin=ruling.margin,

@@ -107,7 +107,9 @@ class Settings:
     # A cell's bandwidth = scale * link_gbps. emulated: the link runs at that rate; cuda: 1.0 = unpaced
     # hardware copies, < 1 caps the copy stream (token bucket), > 1 is not possible on real hardware.
     bandwidth_scales: tuple[float, ...] = (1.0,)
-    policies: tuple[str, ...] = ("demand", "last_step")   # run side by side on identical prompts (engine policies)
+    # Run side by side on identical prompts (engine policies). last_step_conservative does exactly demand's
+    # work: it is the grid's A/A control (verdicts.CONTROL), and a cell whose control differs is inconclusive.
+    policies: tuple[str, ...] = ("demand", "last_step", "last_step_conservative")
     repetitions: int = 5                 # R timed runs of every policy per cell; order alternates with r's parity
     warmup: int = 1                      # untimed runs of every policy per cell before the R timed ones
     lookahead: int = 1                   # last_step / oracle: prefetch this many MoE layers ahead
