@@ -65,6 +65,27 @@ def test_claim_lines_round_trip_through_the_runner_parser(capsys):
         Claim("c", "p", "m", "maybe")
 
 
+def test_long_claim_lines_wrap_between_words_and_read_back_whole(capsys):
+    """Claim cells print lines of at most WRAP characters, broken between words (a word longer than that
+    stays whole); the runner's parser and the nbval sanitizer (timing lines) read them back as one line."""
+    long_claim = " ".join(f"word{k}" for k in range(40)) + " a-hyphenated-term " + "x" * 120
+    measured = "1.23 s vs 4.56 s over " + " ".join(f"cell{k}" for k in range(30))
+    cs = Claim(long_claim, "p", "m", REPRODUCED), Claim("c2", "p2", measured, REPRODUCED, timing=True)
+    claims.report(*cs)
+    text = capsys.readouterr().out
+    words = {w for c in cs for line in c.lines() for w in line.split()}
+    for line in text.splitlines():
+        assert len(line) <= claims.WRAP or " " not in line.strip(), line
+        assert set(line.split()) <= words, line                           # no word cut in two
+    assert claims.unwrap(text).splitlines()[0] == f"claim: {long_claim}"
+    nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}]}
+    assert claims_of(nbformat.from_dict(nb)) == [(long_claim, "reproduced"), ("c2", "reproduced")]
+    cfg = (Path(__file__).parents[1] / "notebooks" / "nbval_sanitize.cfg").read_text()
+    regex = re.search(r"^regex: (.*)$", cfg, re.M).group(1)
+    masked = re.sub(regex, r"\1 [timing]: (masked)", text)
+    assert "measured [timing]: (masked)\nverdict [timing]: (masked)" in masked and "cell29" not in masked
+
+
 def test_setup_lays_overrides_over_the_profile():
     P = runs.setup("cpu", {"gen_length": 64, "repetitions": 2})
     assert P.name == "cpu" and P.gen_length == 64 and P.repetitions == 2
