@@ -302,6 +302,23 @@ def test_quickstart_claim_follows_the_tokens():
 PAPER_FIGURES = ("6.7", "4.9", "11.8", "0.73", "1.16", "2.63", "14.4", "6.1")
 
 
+def test_quickstart_says_why_the_tiny_models_text_is_gibberish():
+    q = {"text": "beginbegin work"}
+    assert "seeded random weights" in quickstart.generated(q, load_profile("cpu"))
+    assert quickstart.generated(q, load_profile("cpu", {"model": "/models/LLaDA2.0-mini"})) == \
+        "generated: 'beginbegin work'"
+
+
+def test_the_throttle_axis_names_the_pcie_generation_of_each_scaled_bandwidth():
+    summary = pd.DataFrame({"bandwidth_scale": [0.5, 1.0, 2.0], "link_gbps": [0.05, 0.1, 0.2]})
+    why, ticks = throttle._bandwidth_axis(summary, load_profile("cpu"))
+    assert "scaled to the tiny model's experts" in why and "PCIe 4 = 25 GB/s" in why
+    assert [t.split("\n")[1] for t in ticks.values()] == ["~PCIe 3", "~PCIe 4", "~PCIe 5"]
+    assert throttle._pcie(0.3) == "0.3 x PCIe 4"
+    why, ticks = throttle._bandwidth_axis(summary, load_profile("cpu", {"link_gbps": 1.0}))   # a stated rate
+    assert why == "" and list(ticks.values()) == ["0.05", "0.1", "0.2"]
+
+
 def test_the_papers_numbers_live_only_in_paper_py():
     """No other experiments module writes one of the paper's figures as a literal."""
     for path in sorted(EXPERIMENTS.glob("*.py")):
