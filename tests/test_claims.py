@@ -66,6 +66,27 @@ def test_claim_lines_round_trip_through_the_runner_parser(capsys):
         Claim("c", "p", "m", "maybe")
 
 
+def test_long_claim_lines_wrap_between_words_and_read_back_whole(capsys):
+    """Claim cells print lines of at most WRAP characters, broken between words (a word longer than that
+    stays whole); the runner's parser and the nbval sanitizer (timing lines) read them back as one line."""
+    long_claim = " ".join(f"word{k}" for k in range(40)) + " a-hyphenated-term " + "x" * 120
+    measured = "1.23 s vs 4.56 s over " + " ".join(f"cell{k}" for k in range(30))
+    cs = Claim(long_claim, "p", "m", REPRODUCED), Claim("c2", "p2", measured, REPRODUCED, timing=True)
+    claims.report(*cs)
+    text = capsys.readouterr().out
+    words = {w for c in cs for line in c.lines() for w in line.split()}
+    for line in text.splitlines():
+        assert len(line) <= claims.WRAP or " " not in line.strip(), line
+        assert set(line.split()) <= words, line                           # no word cut in two
+    assert claims.unwrap(text).splitlines()[0] == f"claim: {long_claim}"
+    nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}]}
+    assert claims_of(nbformat.from_dict(nb)) == [(long_claim, "reproduced"), ("c2", "reproduced")]
+    cfg = (Path(__file__).parents[1] / "notebooks" / "nbval_sanitize.cfg").read_text()
+    regex = re.search(r"^regex: (.*)$", cfg, re.M).group(1)
+    masked = re.sub(regex, r"\1 [timing]: (masked)", text)
+    assert "measured [timing]: (masked)\nverdict [timing]: (masked)" in masked and "cell29" not in masked
+
+
 def test_setup_lays_overrides_over_the_profile():
     P = runs.setup("cpu", {"gen_length": 64, "repetitions": 2})
     assert P.name == "cpu" and P.gen_length == 64 and P.repetitions == 2
@@ -302,6 +323,23 @@ def test_quickstart_claim_follows_the_tokens():
 
 # --- the paper's numbers, once ---------------------------------------------------------------------
 PAPER_FIGURES = ("6.7", "4.9", "11.8", "0.73", "1.16", "2.63", "14.4", "6.1")
+
+
+def test_quickstart_says_why_the_tiny_models_text_is_gibberish():
+    q = {"text": "beginbegin work"}
+    assert "seeded random weights" in quickstart.generated(q, load_profile("cpu"))
+    assert quickstart.generated(q, load_profile("cpu", {"model": "/models/LLaDA2.0-mini"})) == \
+        "generated: 'beginbegin work'"
+
+
+def test_the_throttle_axis_names_the_pcie_generation_of_each_scaled_bandwidth():
+    summary = pd.DataFrame({"bandwidth_scale": [0.5, 1.0, 2.0], "link_gbps": [0.05, 0.1, 0.2]})
+    why, ticks = throttle._bandwidth_axis(summary, load_profile("cpu"))
+    assert "scaled to the tiny model's experts" in why and "PCIe 4 = 25 GB/s" in why
+    assert [t.split("\n")[1] for t in ticks.values()] == ["~PCIe 3", "~PCIe 4", "~PCIe 5"]
+    assert throttle._pcie(0.3) == "0.3 x PCIe 4"
+    why, ticks = throttle._bandwidth_axis(summary, load_profile("cpu", {"link_gbps": 1.0}))   # a stated rate
+    assert why == "" and list(ticks.values()) == ["0.05", "0.1", "0.2"]
 
 
 def test_the_papers_numbers_live_only_in_paper_py():

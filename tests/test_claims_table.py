@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 from artifact.experiments import claims_table
-from artifact.experiments.claims import Claim, record, record_path, report
+from artifact.experiments.claims import Claim, record, record_path, report, unwrap
 from artifact.experiments.settings import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def test_every_stored_claim_cell_has_its_record_and_they_agree(path):
     lines = "\n\n".join("\n".join(Claim(**c).lines()) for c in doc["claims"])
     nb = nbformat.read(path, as_version=4)
     out = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
-    assert lines in out, f"{path.name}: stored claim output differs from {rec.name}"
+    assert lines in unwrap(out), f"{path.name}: stored claim output differs from {rec.name}"
 
 
 def test_every_row_names_its_basis_and_run():

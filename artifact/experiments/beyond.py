@@ -276,7 +276,6 @@ def plot(summary, table, P: Profile):
         ax.axhline(100, color="gray", lw=0.8, ls=":")
         ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses", title=f"{what}, exact replay")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7)
     pols = list(dict.fromkeys(table.policy))
     width = 0.03
     for ax, pr in zip(axes[1], PRIORITIES):
@@ -290,12 +289,14 @@ def plot(summary, table, P: Profile):
         ax.axhline(0, color="black", lw=1, ls=":")
         ax.set(xlabel="cache capacity C/W", ylabel="predictor over demand (% tokens/s)",
                title=f"throughput vs demand-async, link_priority {pr}")
-        ax.legend(fontsize=7)
     lo = min(a.get_ylim()[0] for a in axes[1])
     hi = max(a.get_ylim()[1] for a in axes[1])
     for a in axes[1]:
         a.set_ylim(lo, hi)                         # one scale, so the two priorities compare by eye
+    for ax in axes[:, 1]:                          # beside each row, over no curve
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
+    for ax in axes.flat:
+        ax.title.set_fontsize(10)
     title(fig, P, "06 beyond the paper (this artifact's own results)")
-    fig.tight_layout()
     df = pd.concat([summary.assign(panel="misses"), table.assign(panel="throughput")], ignore_index=True)
     return fig, df

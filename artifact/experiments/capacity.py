@@ -115,7 +115,7 @@ def plot(by_ratio, by_cell, P: Profile):
                  label=f"paper: {paper.paired_text(low, '%')} at {low.cache_ratio:g}")
     ax1.axhline(0, color="black", lw=1, ls=":")
     ax1.set(xlabel="cache capacity C/W", ylabel="demand over last_step (% tokens/s)",
-            title="demand-async vs async last-step prefetch")
+            title="demand vs last_step, by C/W")
     ax1.legend(fontsize=8)
     labels = [f"{t}\nb={b}" for t, b in zip(by_cell.task, by_cell.batch_size)]
     e2 = [by_cell.diff_pct - by_cell.ci_low, by_cell.ci_high - by_cell.diff_pct]
@@ -123,7 +123,9 @@ def plot(by_ratio, by_cell, P: Profile):
     ax2.axhline(0, color="black", lw=1, ls=":")
     ax2.set_xticks(range(len(by_cell)), labels, fontsize=8)
     ax2.set(xlabel="task, batch size b", ylabel="demand over last_step (% tokens/s)",
-            title="per task and batch size (all C/W pooled)")
+            title="by task and batch size (C/W pooled)")
+    for ax in (ax1, ax2):
+        ax.title.set_fontsize(10)
     title(fig, P, "04 capacity sweep")
     df = pd.concat([by_ratio.assign(panel="by C/W"), by_cell.assign(panel="by task and batch size")],
                    ignore_index=True)

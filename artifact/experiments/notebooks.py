@@ -30,6 +30,7 @@ from artifact.experiments.claims import (
     reference_figures_dir,
     run_data_dir,
     short_path,
+    unwrap,
 )
 from artifact.experiments.claims_table import update_readme
 from artifact.experiments.settings import (
@@ -123,7 +124,7 @@ def claims_of(nb) -> list[tuple[str, str]]:
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if out.get("output_type") != "stream" or out.get("name") != "stdout":
                 continue
-            for line in out.get("text", "").splitlines():
+            for line in unwrap(out.get("text", "")).splitlines():       # a claim line printed over several
                 m = _LINE.match(line.strip())
                 if m and m.group(1) == "claim":
                     claim = m.group(2)
