@@ -56,8 +56,9 @@ def numbers(by_ratio, rows) -> Numbers:
                    low.iloc[0] if len(low) else None, controls(rows, ["cache_ratio"]))
 
 
-def control_text(n: Numbers, ratio: float | None = None) -> str:
-    aa = {k: v for k, v in n.control.items() if ratio is None or k == (ratio,)}
+def control_text(n: Numbers, ratios=None) -> str:
+    """The A/A control at these C/W (all when None), in one phrase."""
+    aa = {k: v for k, v in n.control.items() if ratios is None or k[0] in ratios}
     return controls_text(aa, lambda key: f"C/W {key[0]:g}")
 
 
@@ -81,7 +82,7 @@ def verdicts(n: Numbers) -> list[Claim]:
             f"+{paper.FASTER_PCT[0]} to +{paper.FASTER_PCT[1]}%, CIs exclude zero",
             "; ".join(paired_text(r) for r in n.in_range.itertuples())
             + f" ({int(n.in_range.n_pairs.min())} pairs each); "
-            + "; ".join(control_text(n, r.cache_ratio) for r in n.in_range.itertuples()),
+            + control_text(n, set(n.in_range.cache_ratio)),
             verdict, reason, pairs=int(n.in_range.n_pairs.min()), margin=margin, **timed))
     if n.at_low is not None:
         r = n.at_low
@@ -90,7 +91,7 @@ def verdicts(n: Numbers) -> list[Claim]:
             f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ "
             f"(equivalence within +-{paper.EQUIV_MARGIN:g}%)",
             paper.paired_text(paper.AT_LOW, "%"),
-            paired_text(r) + f" ({int(r.n_pairs)} pairs); " + control_text(n, r.cache_ratio), ruling.verdict,
+            paired_text(r) + f" ({int(r.n_pairs)} pairs); " + control_text(n, {r.cache_ratio}), ruling.verdict,
             "" if ruling.verdict == REPRODUCED else ruling.why
             + (f": {'demand' if r.diff_pct > 0 else 'last_step'} faster" if ruling.verdict == NOT_REPRODUCED else ""),
             pairs=int(r.n_pairs), margin=ruling.margin,
