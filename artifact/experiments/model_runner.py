@@ -24,12 +24,18 @@ from artifact.offload.runner import OffloadSpec, check_device, run
 from artifact.offload.trace import mean_working_set
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+def usable_core_ids() -> list[int]:
+    """The ids of the CPU cores this process may run on: its affinity mask where the OS has one, else
+    0..cpu_count-1."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """How many CPU cores this process may run on (usable_core_ids)."""
+    return len(usable_core_ids())
 
 
 def hardware(device: str) -> str:
