@@ -264,6 +264,17 @@ def test_bench_file_never_mixes_settings(places):
     assert other.name.startswith("bench-") and other.name != "bench.csv"
 
 
+def test_the_notebooks_load_their_model_after_preparing_the_run(places, monkeypatch):
+    """run_grid and traces load through runs.load_model, which makes prepare's checks before any weights."""
+    from artifact.errors import SettingError
+    from artifact.offload import prepare
+    monkeypatch.setattr(prepare, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
+    P = load_profile("cpu", {"gen_length": 8192})               # more positions than the tiny model has
+    for path in (lambda: runs.run_grid(P, progress=False, log=lambda *a: None), lambda: runs.traces(P, False)):
+        with pytest.raises(SettingError, match="positions > the model's max_position_embeddings"):
+            path()
+
+
 def test_traces_are_recorded_once_and_rerecorded_when_settings_change(places, monkeypatch):
     P = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1})
     first = runs.traces(P, progress=False)

@@ -245,6 +245,24 @@ def test_local_jobs_get_one_core_each():
         submit.local_slots(P, len(cores) + 1)
 
 
+def test_trace_progress_counts_only_the_traces_now_current(tmp_path, monkeypatch):
+    P = profile("trace_tasks=[gsm8k, mbpp]", "trace_batch_sizes=[1, 2]")
+    current = set()                                              # nothing recorded yet: 4 to record
+    monkeypatch.setattr(submit, "trace_current", lambda P, task, b: (task, b) in current)
+    monkeypatch.setattr(submit, "_submit", lambda *a: [type("Job", (), {"job_id": i})() for i in range(len(a[5]))])
+    seen = []
+
+    def wait(jobs, labels, count_done, total, *a):
+        seen.append((count_done(), total))
+        current.add(("mbpp", 2))                                 # one job finishes its trace
+        seen.append((count_done(), total))
+        return []
+
+    monkeypatch.setattr(submit, "wait_jobs", wait)
+    submit.submit_traces(P, "local", jobs=1, folder=tmp_path, progress=False, log=quiet)
+    assert seen == [(0, 4), (1, 4)]
+
+
 @pytest.mark.slow
 def test_trace_all_records_what_is_missing_as_local_jobs(tmp_path, monkeypatch, capsys):
     import shutil

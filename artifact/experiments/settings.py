@@ -30,6 +30,7 @@ from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
 from artifact.model.tasks import TASKS
 from artifact.offload.link import LINKS, PCIE_LATENCY_US
 from artifact.offload.policies import check_policy
+from artifact.offload.prepare import RunRequest
 from artifact.offload.timeline import PRIORITIES
 from artifact.validate import check_number
 
@@ -147,6 +148,11 @@ class Settings:
 
     def decode_config(self) -> DecodeConfig:
         return DecodeConfig(gen_length=self.gen_length, steps=self.steps, threshold=self.threshold, mode=self.mode)
+
+    def run_request(self) -> RunRequest:
+        """What artifact.offload.prepare checks before this profile's model is loaded (every path that loads one)."""
+        return RunRequest(self.model, self.device, self.torch_dtype, self.gen_length, self.steps, self.threshold,
+                          self.mode)
 
     @property
     def threads(self) -> int:
