@@ -3,7 +3,8 @@
 # on the cpu profile.
 #   ./run_tests.sh              everything
 #   ./run_tests.sh --fast       ruff, the import contract and the unit tier (tests not marked slow: no tiny-model
-#                               end-to-end runs, no nbval); prints its wall time (target: under 60 s on 2 cores)
+#                               end-to-end runs, no nbval) on 2 pytest-xdist workers; prints its wall time (target:
+#                               under 60 s on 2 cores)
 #   ./run_tests.sh tests/x.py   extra pytest arguments replace the default selection
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -15,7 +16,7 @@ start=$(date +%s%N)
 "$VENV/bin/ruff" check .
 "$VENV/bin/lint-imports" --no-cache >/dev/null || "$VENV/bin/lint-imports" --no-cache   # details only on failure
 if [ "${1:-}" = "--fast" ]; then
-  "$PY" -m pytest tests -q -m "not slow"
+  "$PY" -m pytest tests -q -m "not slow" -n 2 -p no:nbval     # pytest-xdist: a worker per core of a 2-core machine
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
   printf '[fast] ruff + import contract + unit tier: %d.%01d s wall\n' $((ms / 1000)) $((ms % 1000 / 100))
   exit 0

@@ -19,7 +19,7 @@ from artifact.offload.sim import capacity_for
 
 def fake_profile(**over):
     base = {"tasks": ["gsm8k", "mbpp"], "batch_sizes": [1, 4], "cache_ratios": [0.43, 1.0, 1.73],
-            "repetitions": 2, "warmup": 1}
+            "repetitions": 2, "warmup": 1, "policies": ["demand", "last_step"]}     # the bench's mechanics: 2 policies
     base.update(over)
     return load_profile("cpu", base)
 
@@ -184,7 +184,8 @@ def one_thread():
 def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
     """The tiny model on a two-cell grid: fail in cell 2, rerun, and check nothing repeats or is lost."""
     p = load_profile("cpu", {"tasks": ["gsm8k"], "batch_sizes": [1], "cache_ratios": [1.3, 1.73], "repetitions": 2,
-                             "n_prompts": 1, "gen_length": 32, "max_prompt_tokens": 32})
+                             "n_prompts": 1, "gen_length": 32, "max_prompt_tokens": 32,
+                             "policies": ["demand", "last_step"]})
     out = tmp_path / "b.csv"
 
     class Failing(ModelRunner):

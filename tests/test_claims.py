@@ -37,6 +37,7 @@ from artifact.experiments.claims import (  # noqa: E402
 from artifact.experiments.notebooks import claims_of  # noqa: E402
 from artifact.experiments.results import COLUMNS, write_rows  # noqa: E402
 from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
+from artifact.experiments.verdicts import CONTROL  # noqa: E402
 from artifact.paths import data_dir  # noqa: E402
 
 EXPERIMENTS = Path(claims.__file__).resolve().parent
@@ -63,6 +64,27 @@ def test_claim_lines_round_trip_through_the_runner_parser(capsys):
     assert claims_of(nbformat.from_dict(nb)) == [("c1", "reproduced"), ("c2", "not reproduced (why)")]
     with pytest.raises(AssertionError):
         Claim("c", "p", "m", "maybe")
+
+
+def test_long_claim_lines_wrap_between_words_and_read_back_whole(capsys):
+    """Claim cells print lines of at most WRAP characters, broken between words (a word longer than that
+    stays whole); the runner's parser and the nbval sanitizer (timing lines) read them back as one line."""
+    long_claim = " ".join(f"word{k}" for k in range(40)) + " a-hyphenated-term " + "x" * 120
+    measured = "1.23 s vs 4.56 s over " + " ".join(f"cell{k}" for k in range(30))
+    cs = Claim(long_claim, "p", "m", REPRODUCED), Claim("c2", "p2", measured, REPRODUCED, timing=True)
+    claims.report(*cs)
+    text = capsys.readouterr().out
+    words = {w for c in cs for line in c.lines() for w in line.split()}
+    for line in text.splitlines():
+        assert len(line) <= claims.WRAP or " " not in line.strip(), line
+        assert set(line.split()) <= words, line                           # no word cut in two
+    assert claims.unwrap(text).splitlines()[0] == f"claim: {long_claim}"
+    nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}]}
+    assert claims_of(nbformat.from_dict(nb)) == [(long_claim, "reproduced"), ("c2", "reproduced")]
+    cfg = (Path(__file__).parents[1] / "notebooks" / "nbval_sanitize.cfg").read_text()
+    regex = re.search(r"^regex: (.*)$", cfg, re.M).group(1)
+    masked = re.sub(regex, r"\1 [timing]: (masked)", text)
+    assert "measured [timing]: (masked)\nverdict [timing]: (masked)" in masked and "cell29" not in masked
 
 
 def test_setup_lays_overrides_over_the_profile():
@@ -140,6 +162,27 @@ def test_capacity_claims_follow_the_paired_intervals():
     assert low.verdict == NOT_REPRODUCED and "demand faster" in low.reason
 
 
+def test_the_aa_control_gates_the_capacity_verdicts():
+    """A control that does demand's work and times like it leaves the verdicts alone and is printed; one that
+    times like last_step (a biased instrument) makes the C/W it controls inconclusive."""
+    rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0})
+    demand = rows[rows.policy == "demand"]
+    wobble = np.where(np.arange(len(demand)) % 2, 1.002, 0.998)
+    fair = pd.concat([rows, demand.assign(policy=CONTROL, tokens_per_second=demand.tokens_per_second * wobble)],
+                     ignore_index=True)
+    by_ratio, _ = capacity.tables(fair)
+    _, faster, low = capacity.verdicts(capacity.numbers(by_ratio, fair))
+    assert faster.verdict == low.verdict == REPRODUCED
+    assert f"A/A control ({CONTROL} over demand): C/W 0.83" in faster.measured
+    biased = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, policies=("demand", "last_step", CONTROL))
+    by_ratio, _ = capacity.tables(biased)
+    _, faster, low = capacity.verdicts(capacity.numbers(by_ratio, biased))
+    assert faster.verdict == INCONCLUSIVE and "A/A control" in faster.reason and "excludes 0" in faster.reason
+    assert low.verdict == REPRODUCED            # at 0.43 the control does not differ: that C/W stays judged
+    old, _ = capacity.tables(rows)
+    assert "no A/A control" in capacity.verdicts(capacity.numbers(old, rows))[1].measured
+
+
 def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
     rows = []
     for scale, gbps in ((2.0, 0.2), (1.0, 0.1), (0.5, 0.05)):
@@ -173,7 +216,8 @@ def test_throttle_claims():
     assert throttle.verdicts(throttle.numbers(throttle.summary_table(rows)))[1].verdict == INCONCLUSIVE
     P = load_profile("cpu")
     T = throttle.throttle_profile(P)
-    assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (P.tasks[:1], (4,), (1.0,), ("demand", "last_step"))
+    assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (P.tasks[:1], (4,), (1.0,),
+                                                                     ("demand", "last_step", CONTROL))
     assert T.bandwidth_scales == P.throttle_scales == (2.0, 1.0, 0.5)
     assert T.repetitions == max(P.repetitions, paper.MIN_PAIRS)
 
@@ -218,6 +262,17 @@ def test_bench_file_never_mixes_settings(places):
     write_rows(runs.bench_file(P), [row])
     other = runs.bench_file(P)
     assert other.name.startswith("bench-") and other.name != "bench.csv"
+
+
+def test_the_notebooks_load_their_model_after_preparing_the_run(places, monkeypatch):
+    """run_grid and traces load through runs.load_model, which makes prepare's checks before any weights."""
+    from artifact.errors import SettingError
+    from artifact.offload import prepare
+    monkeypatch.setattr(prepare, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
+    P = load_profile("cpu", {"gen_length": 8192})               # more positions than the tiny model has
+    for path in (lambda: runs.run_grid(P, progress=False, log=lambda *a: None), lambda: runs.traces(P, False)):
+        with pytest.raises(SettingError, match="positions > the model's max_position_embeddings"):
+            path()
 
 
 def test_traces_are_recorded_once_and_rerecorded_when_settings_change(places, monkeypatch):
@@ -279,6 +334,23 @@ def test_quickstart_claim_follows_the_tokens():
 
 # --- the paper's numbers, once ---------------------------------------------------------------------
 PAPER_FIGURES = ("6.7", "4.9", "11.8", "0.73", "1.16", "2.63", "14.4", "6.1")
+
+
+def test_quickstart_says_why_the_tiny_models_text_is_gibberish():
+    q = {"text": "beginbegin work"}
+    assert "seeded random weights" in quickstart.generated(q, load_profile("cpu"))
+    assert quickstart.generated(q, load_profile("cpu", {"model": "/models/LLaDA2.0-mini"})) == \
+        "generated: 'beginbegin work'"
+
+
+def test_the_throttle_axis_names_the_pcie_generation_of_each_scaled_bandwidth():
+    summary = pd.DataFrame({"bandwidth_scale": [0.5, 1.0, 2.0], "link_gbps": [0.05, 0.1, 0.2]})
+    why, ticks = throttle._bandwidth_axis(summary, load_profile("cpu"))
+    assert "scaled to the tiny model's experts" in why and "PCIe 4 = 25 GB/s" in why
+    assert [t.split("\n")[1] for t in ticks.values()] == ["~PCIe 3", "~PCIe 4", "~PCIe 5"]
+    assert throttle._pcie(0.3) == "0.3 x PCIe 4"
+    why, ticks = throttle._bandwidth_axis(summary, load_profile("cpu", {"link_gbps": 1.0}))   # a stated rate
+    assert why == "" and list(ticks.values()) == ["0.05", "0.1", "0.2"]
 
 
 def test_the_papers_numbers_live_only_in_paper_py():

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 from artifact.experiments import claims_table
-from artifact.experiments.claims import Claim, record, record_path, report
+from artifact.experiments.claims import Claim, record, record_path, report, unwrap
 from artifact.experiments.settings import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +27,24 @@ def test_the_readme_claims_table_is_the_generated_one():
         "`python -c 'from artifact.experiments import claims_table; claims_table.update_readme()'`")
 
 
+def test_agreement_counts_runs_that_disagree(tmp_path):
+    def run(name, verdicts):
+        d = tmp_path / name
+        d.mkdir()
+        claims = [{"claim": f"c{i}", "verdict": v, "timing": True} for i, v in enumerate(verdicts)]
+        claims.append({"claim": "a count", "verdict": "reproduced", "timing": False})
+        (d / "04_x.claims.json").write_text(json.dumps({"notebook": "04_x", "claims": claims, "command": "cmd",
+                                                        "date": "d", "commit": "c"}))
+        return d
+
+    dirs = [run("run1", ["reproduced", "inconclusive"]), run("run2", ["reproduced", "not reproduced"]),
+            run("run3", ["reproduced", "inconclusive"])]
+    text = claims_table.render_agreement(dirs)
+    assert "1 of 2 timing verdicts agree in all 3 runs." in text        # the count is not a timing verdict
+    assert "| 04 | c1 | inconclusive | not reproduced | inconclusive | no |" in text
+    assert "a count" not in text and "fewer than two" in claims_table.render_agreement(dirs[:1]).lower()
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_stored_claim_cell_has_its_record_and_they_agree(path):
     """The record is written by the same claim cell whose output --store copied: the same lines."""
@@ -39,7 +57,7 @@ def test_every_stored_claim_cell_has_its_record_and_they_agree(path):
     lines = "\n\n".join("\n".join(Claim(**c).lines()) for c in doc["claims"])
     nb = nbformat.read(path, as_version=4)
     out = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("output_type") == "stream")
-    assert lines in out, f"{path.name}: stored claim output differs from {rec.name}"
+    assert lines in unwrap(out), f"{path.name}: stored claim output differs from {rec.name}"
 
 
 def test_every_row_names_its_basis_and_run():

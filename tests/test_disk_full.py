@@ -11,24 +11,30 @@ from test_bench import FakeRunner, fake_profile, quiet
 from test_cli import one_line_error
 
 from artifact.cli import main
+from artifact.experiments import bench
 from artifact.experiments.bench import run_bench
 from artifact.experiments.results import read_rows
 from artifact.model.llada2 import Demand, StepInfo
 from artifact.offload.trace import TraceRecorder
+from artifact.paths import DISK_ERRORS
 
 REAL_FSYNC = os.fsync
 
 
-@pytest.fixture
-def full_disk(monkeypatch):
-    """Every fsync of a regular file fails as a full disk does (directories still sync)."""
+def fail_fsync(monkeypatch, code: int = errno.ENOSPC):
+    """Every fsync of a regular file fails with `code` as the storage reports it (directories still sync)."""
     def fsync(fd):
         import stat
         if stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise OSError(code, os.strerror(code))
         return REAL_FSYNC(fd)
     monkeypatch.setattr(os, "fsync", fsync)
     return monkeypatch
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    return fail_fsync(monkeypatch)
 
 
 @pytest.fixture
@@ -74,6 +80,25 @@ def test_a_bench_append_on_a_full_disk_leaves_no_empty_file_and_resumes(tmp_path
     full_disk.undo()
     run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet)
     assert len(read_rows(out)) == 2 * 2 * 2                          # cells x policies x repetitions
+
+
+@pytest.mark.parametrize("code", [c for c in DISK_ERRORS if c != errno.EFBIG], ids=errno.errorcode.get)
+def test_bench_out_through_the_command_line_is_one_line_and_resumes(tmp_path, capsys, monkeypatch, code):
+    """`python -m artifact bench --out` on a full disk, a quota or a read-only file system (the model stands
+    in: FakeRunner): one line naming the file, exit 2, no traceback, no empty result file; then it resumes."""
+    monkeypatch.setattr(bench, "ModelRunner", lambda p, loaded=None: FakeRunner())
+    out = tmp_path / "b.csv"
+    argv = ["bench", "--profile", "cpu", "--set", "tasks=[gsm8k]", "--set", "batch_sizes=[1]",
+            "--set", "cache_ratios=[0.43]", "--set", "repetitions=1", "--set", "warmup=0", "--out", str(out), "--quiet"]
+    fail_fsync(monkeypatch, code)
+    rc, err = main(argv), capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]                # bench's status line, then the error
+    assert rc == 2 and "Traceback" not in err and [ln for ln in lines if ln.startswith("error: ")] == lines[-1:], err
+    line = lines[-1]
+    assert str(out) in line and os.strerror(code) in line and "run the same command again" in line
+    assert not out.exists() and _leftovers(tmp_path) == []          # no result file, no temporary file
+    monkeypatch.setattr(os, "fsync", REAL_FSYNC)
+    assert main(argv) == 0 and len(read_rows(out)) == 3             # 1 cell x 3 policies (the A/A control) x 1 rep
 
 
 def test_a_failed_append_to_an_existing_file_keeps_its_whole_cells(tmp_path, monkeypatch):

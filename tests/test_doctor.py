@@ -106,6 +106,15 @@ def test_the_command_prints_the_table_or_one_line(capsys):
     assert "needs" in line and "> 0.001 GB (--gpu-memory-gb)" in line
 
 
+def test_the_context_line_says_what_the_totals_hold(capsys):
+    """The CUDA context is added only where the totals are device memory; on the cpu profile they are not."""
+    assert main(["doctor", "--profile", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "totals add no CUDA context" in out and "GB of CUDA context" not in out
+    assert main(["doctor", "--profile", "cpu", "--gpu-memory-gb", "141"]) == 0
+    assert f"totals add {CONTEXT_BYTES / GB:.2f} GB of CUDA context" in capsys.readouterr().out
+
+
 def test_a_gpu_profile_without_a_gpu_or_a_stated_memory_is_refused(capsys):
     import torch
     if torch.cuda.is_available():

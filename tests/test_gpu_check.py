@@ -82,9 +82,12 @@ def test_cpu_dry_run_writes_the_seven_steps_in_order(tmp_path):
         assert r["prefill_ms"] > 0 and r["prefill_forwards"] >= 1                  # prompt of 20 -> 32: a block
         assert r["denoise_forwards"] == r["forwards"] == 8 and r["all_forwards_denoising_steps"] is True
         assert r["denoise_ms_per_forward"] > 0 and 0 < r["host_ms_per_forward"] <= r["denoise_ms_per_forward"]
+        assert r["sync_wait_ms_per_forward"] == 0.0          # on the CPU the counts' read blocks on nothing
         assert r["stall_seconds"] >= 0 and r["demand_misses"] > 0
     assert set(e["measures"]) >= {"prefill_ms", "denoise_ms_per_forward", "host_ms_per_forward",
-                                  "link_busy_over_wall"}
+                                  "sync_wait_ms_per_forward", "link_busy_over_wall"}
+    steps = ("pinned_peak", "capped_link", "moe_layer", "engine")
+    assert all("measures" in d[step] or "skipped" in d[step] for step in steps)     # every figure says what it is
     assert m["within_tolerance"] is True and m["tolerance"]["rtol"] == 0.0
     assert all(r["speculative_transfers"] == 0 for r in runs if r["policy"] == "demand")
     assert sum(r["speculative_transfers"] for r in runs if r["policy"] == "last_step") > 0
@@ -107,6 +110,13 @@ def test_cuda_tests_that_cannot_be_collected_have_their_own_exit_code(monkeypatc
     monkeypatch.setattr(mod.subprocess, "run", lambda *x, **k: next(runs))
     r = mod.cuda_tests(a, torch)
     assert r["collected"] == 3 and r["ran"] == 2 and r["all_ran"] is False
+    runs = iter([Done(0, "tests/test_cuda.py::a\ntests/test_cuda.py::b\n"), Done(0, "== 1 passed, 1 skipped ==")])
+    monkeypatch.setattr(mod.subprocess, "run", lambda *x, **k: next(runs))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)      # on a GPU a skipped CUDA test did not run
+    assert mod.cuda_tests(a, torch)["all_ran"] is False
+    runs = iter([Done(0, "tests/test_cuda.py::a\ntests/test_cuda.py::b\n"), Done(0, "== 1 passed, 1 skipped ==")])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # without one it skips with its reason
+    assert mod.cuda_tests(a, torch)["all_ran"] is True
 
 
 def test_a_failing_step_keeps_the_report(tmp_path):

@@ -169,8 +169,8 @@ def test_a_notebook_is_the_thin_face_of_its_module(path):
 
 def test_strip_keeps_only_the_claim_output_and_names_the_kernel():
     nb = new_notebook(cells=[new_code_cell("x = 1", execution_count=3, outputs=[
-        nbformat.v4.new_output("stream", name="stdout", text="noise\n")], metadata={"tags": ["parameters"],
-                                                                              "execution": {"iopub.status.busy": "2026-12-04T00:00:00Z"}}),
+        nbformat.v4.new_output("stream", name="stdout", text="noise\n")],
+        metadata={"tags": ["parameters"], "execution": {"iopub.status.busy": "2026-12-04T00:00:00Z"}}),
         new_code_cell(f"{CHECK}\nreport()", execution_count=9, outputs=[
             nbformat.v4.new_output("stream", name="stdout", text="claim: x\n"),
             nbformat.v4.new_output("stream", name="stderr", text="progress\n")])],

@@ -78,6 +78,7 @@ def test_libcachesim_lru_equals_demand_request_by_request(path):
 RECORDED = [FIXTURES / "tiny-gsm8k-b1.safetensors", FIXTURES / "tiny-mbpp-b4.safetensors"]
 
 
+@pytest.mark.slow              # 3-8 s a case: every request of a recorded trace at four capacities, one by one
 @pytest.mark.parametrize("eviction", ["lfu", "arc", "s3fifo"])
 @pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
 def test_lfu_arc_s3fifo_equal_libcachesim_where_the_rules_coincide(path, eviction):

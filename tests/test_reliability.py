@@ -38,7 +38,7 @@ from artifact.offload.trace import Trace, TraceError
 
 RUN_KEYS = ["task", "batch_size", "cache_ratio", "bandwidth_scale", "policy", "rep"]
 REAL_GRID = {"tasks": ["gsm8k"], "batch_sizes": [1], "cache_ratios": [0.83, 1.0, 1.3, 1.73], "repetitions": 1,
-             "n_prompts": 1, "gen_length": 32, "max_prompt_tokens": 32}
+             "n_prompts": 1, "gen_length": 32, "max_prompt_tokens": 32, "policies": ["demand", "last_step"]}
 
 
 def runs(df) -> list[tuple]:

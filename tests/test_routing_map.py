@@ -13,6 +13,7 @@ from artifact.experiments import paper
 from artifact.experiments import routing_map as rm
 from artifact.experiments.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, save
 from artifact.experiments.settings import load_profile
+from artifact.experiments.verdicts import CONTROL
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, replay
 from artifact.offload.stream import Calibration
@@ -172,11 +173,15 @@ def test_timed_streams_run_through_the_engine(tiny):
     P = load_profile("cpu")
     points = {"paper point": (0.05, 0.0), "cpu point": (0.3, 0.3)}
     rows = rm.stream_runs(P, BASE, points, TINY, Calibration(20.0, 100.0), progress=False)
-    assert len(rows) == 2 * 2 * TINY.repetitions
+    assert len(rows) == 2 * 3 * TINY.repetitions                  # demand, last_step, the A/A control; no warm-up row
     assert (rows.forwards == TINY.stream_steps).all() and (rows.forwards_per_second > 0).all()
     for _, g in rows.groupby("task"):
         by = g.groupby("policy")
         assert by.demand_misses.nunique().max() == 1            # counts repeat exactly across repetitions
         assert (g[g.policy == "demand"].speculative_transfers == 0).all()
+        control, demand = g[g.policy == CONTROL], g[g.policy == "demand"]
+        assert control.transfers.tolist() == demand.transfers.tolist()   # the control does demand's work
     first = rows.groupby("rep").policy.first().tolist()
-    assert first[:2] == ["demand", "last_step"]                   # the order alternates per pair
+    assert first[:2] == ["demand", CONTROL]                       # the order reverses every other round
+    claim = rm.throughput_claim(rm.throughput_table(rows), Calibration(20.0, 100.0), rows)
+    assert f"A/A control ({CONTROL} over demand): " in claim.measured and claim.pairs == TINY.repetitions

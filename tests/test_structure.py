@@ -23,7 +23,7 @@ MAX_LINES = 500                 # issue 26: no file of the experiments layer ove
 
 def _lint(root: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(root))        # the copy's `artifact`, not the installed one
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--config", str(root / "pyproject.toml")], cwd=root,
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", str(root / "pyproject.toml")], cwd=root,
                           env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -23,7 +23,8 @@ from artifact.experiments.settings import ProfileError, load_profile, parse_over
 from artifact.experiments.stats import CELL_KEYS
 
 # A reduced cpu grid: one task, batch 1, one prompt, 32 tokens, one repetition of demand and last_step.
-SMALL = ["tasks=[gsm8k]", "batch_sizes=[1]", "repetitions=1", "gen_length=32", "n_prompts=1", "warmup=0"]
+SMALL = ["tasks=[gsm8k]", "batch_sizes=[1]", "repetitions=1", "gen_length=32", "n_prompts=1", "warmup=0",
+         "policies=[demand,last_step]"]      # the mechanics of shards and jobs: two policies
 EXACT = ["demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d",
          "tokens", "tokens_sha", "working_set", "cache_experts"]
 RUN_KEY = list(CELL_KEYS) + ["policy", "rep"]
@@ -242,6 +243,24 @@ def test_local_jobs_get_one_core_each():
     assert [s["cpu"] for s in slots] == cores and all(s["gpu"] is None for s in slots)
     with pytest.raises(submit.SubmitError, match=f"need {len(cores) + 1} CPU cores"):
         submit.local_slots(P, len(cores) + 1)
+
+
+def test_trace_progress_counts_only_the_traces_now_current(tmp_path, monkeypatch):
+    P = profile("trace_tasks=[gsm8k, mbpp]", "trace_batch_sizes=[1, 2]")
+    current = set()                                              # nothing recorded yet: 4 to record
+    monkeypatch.setattr(submit, "trace_current", lambda P, task, b: (task, b) in current)
+    monkeypatch.setattr(submit, "_submit", lambda *a: [type("Job", (), {"job_id": i})() for i in range(len(a[5]))])
+    seen = []
+
+    def wait(jobs, labels, count_done, total, *a):
+        seen.append((count_done(), total))
+        current.add(("mbpp", 2))                                 # one job finishes its trace
+        seen.append((count_done(), total))
+        return []
+
+    monkeypatch.setattr(submit, "wait_jobs", wait)
+    submit.submit_traces(P, "local", jobs=1, folder=tmp_path, progress=False, log=quiet)
+    assert seen == [(0, 4), (1, 4)]
 
 
 @pytest.mark.slow

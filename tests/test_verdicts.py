@@ -108,7 +108,8 @@ def test_every_threshold_is_named_once_in_paper_py():
     import ast
     from pathlib import Path
 
-    names = ("FEW", "FACTOR", "STABLE", "HEADROOM", "EQUIV_MARGIN", "MIN_PAIRS", "CONFIDENCE")
+    names = ("FEW", "FACTOR", "STABLE", "HEADROOM", "EQUIV_MARGIN", "MIN_PAIRS", "CONFIDENCE", "EVICTION_GAIN",
+             "GAP_LEFT")
     for n in names:
         assert isinstance(getattr(paper, n), (int, float))
     here = Path(paper.__file__).parent

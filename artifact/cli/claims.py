@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from artifact.experiments.claims_table import render, update_readme
+from artifact.errors import UserError
+from artifact.experiments.claims_table import agreement_runs, render, render_agreement, update_readme
 from artifact.experiments.settings import load_profile
 
 
@@ -15,6 +16,14 @@ def cmd_claims(a) -> int:
         changed = update_readme(a.readme, name)
         print(f"{a.readme or 'README.md'}: the {name} claims table {'rewritten' if changed else 'already current'}",
               file=sys.stderr)
+        return 0
+    if a.agreement is not None:
+        dirs = a.agreement or agreement_runs(name)
+        missing = [str(d) for d in dirs if not Path(d).is_dir()]
+        if missing:
+            raise UserError(f"--agreement: no such directory {missing[0]} (expected a run's claim records, "
+                            "e.g. results/PROFILE/data/)")
+        print(render_agreement([Path(d) for d in dirs]))
         return 0
     print(render(name))
     return 0
@@ -28,4 +37,7 @@ def add_cli(subparsers) -> None:
     c.add_argument("--update-readme", action="store_true",
                    help="rewrite the README's block between <!-- claims:PROFILE:begin/end --> instead of printing")
     c.add_argument("--readme", type=Path, default=None, help="the README to update (default: the checkout's)")
+    c.add_argument("--agreement", nargs="*", type=Path, default=None, metavar="DIR",
+                   help="compare the timing verdicts of repeated runs (each DIR holds a run's *.claims.json; none "
+                        "given: the stored runs under data/results/PROFILE/agreement/run*/)")
     c.set_defaults(fn=cmd_claims)

@@ -20,13 +20,12 @@ from artifact.experiments.results import same_tokens
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import CONFIDENCE, format_table, paired_table
-from artifact.experiments.verdicts import METHOD, Interval, combine, gated, margin_below, not_faster
+from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, gated, margin_below, not_faster
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, relative_to_lru, sweep
 from artifact.offload.trace import mean_working_set
 
 OWN = "not a claim of the paper: this artifact's own result (issue 13)"
-CONTROL = "last_step_conservative"      # does exactly demand's work (tested): the bench's A/A control
 
 # Miss accounting: every predictor, then the floors. "min" is bounds.relaxed_min, computed here directly.
 PREDICTORS = ("last_step", "last_step:lookahead=2", "last_step_conservative", "last_step_conservative:lookahead=2",
@@ -40,12 +39,12 @@ BENCH_PREDICTORS = ("last_step", CONTROL, "cross_layer")
 PRIORITIES = ("fifo", "demand")
 STEM = "beyond"          # data/results/<profile>/beyond-fifo.csv and beyond-demand.csv
 
-# The cpu profile's bench, trimmed to keep ./run_all.sh affordable on 2 cores: 96 timed runs of the tiny model
-# (2 priorities x 3 C/W spanning 0.43-1.73 x 2 batch sizes x 4 policies x 2 repetitions), one task, 4 prompts
-# (the fewest that fill a batch of 4), 8 denoising steps per block. Measured: 1.3-1.4 min per priority, the
-# whole notebook 3.0 min from scratch on a 2-core machine shared with other jobs (load average 4); a run at 32
-# steps took about twice as long. GPU profiles run their own grid unchanged, with the oracle added.
-CPU_TRIM = {"tasks": ("gsm8k",), "n_prompts": 4, "repetitions": 2, "warmup": 0, "steps": 8,
+# The cpu profile's bench, trimmed to keep ./run_all.sh affordable on 2 cores: 96 timed and 48 untimed warm-up
+# runs of the tiny model (2 priorities x 3 C/W spanning 0.43-1.73 x 2 batch sizes x 4 policies x (2 repetitions
+# + 1 warm-up)), one task, 4 prompts (the fewest that fill a batch of 4), 8 denoising steps per block: 4 pairs
+# per (priority, C/W). The warm-up: with 4 policies in alternating order the middle ones are never first in a
+# cell. GPU profiles run their own grid unchanged, with the oracle added.
+CPU_TRIM = {"tasks": ("gsm8k",), "n_prompts": 4, "repetitions": 2, "warmup": 1, "steps": 8,
             "cache_ratios": (0.43, 1.0, 1.73)}
 
 
@@ -277,7 +276,6 @@ def plot(summary, table, P: Profile):
         ax.axhline(100, color="gray", lw=0.8, ls=":")
         ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses", title=f"{what}, exact replay")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7)
     pols = list(dict.fromkeys(table.policy))
     width = 0.03
     for ax, pr in zip(axes[1], PRIORITIES):
@@ -291,12 +289,14 @@ def plot(summary, table, P: Profile):
         ax.axhline(0, color="black", lw=1, ls=":")
         ax.set(xlabel="cache capacity C/W", ylabel="predictor over demand (% tokens/s)",
                title=f"throughput vs demand-async, link_priority {pr}")
-        ax.legend(fontsize=7)
     lo = min(a.get_ylim()[0] for a in axes[1])
     hi = max(a.get_ylim()[1] for a in axes[1])
     for a in axes[1]:
         a.set_ylim(lo, hi)                         # one scale, so the two priorities compare by eye
+    for ax in axes[:, 1]:                          # beside each row, over no curve
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
+    for ax in axes.flat:
+        ax.title.set_fontsize(10)
     title(fig, P, "06 beyond the paper (this artifact's own results)")
-    fig.tight_layout()
     df = pd.concat([summary.assign(panel="misses"), table.assign(panel="throughput")], ignore_index=True)
     return fig, df

@@ -29,6 +29,7 @@ EVICTIONS = ("demand", "demand+token_lru", "demand+token_lru:reverse=true", "dem
              "demand+lfu_window:steps=8", "demand+lrfu:lam=0.5", "demand+lrfu:lam=2", "demand+block_tokens",
              "demand+arc", "demand+s3fifo")
 FLOORS = ("belady", "min")
+FLOOR_STYLE = {"belady": dict(ls=":", lw=2, color="black"), "min": dict(ls="--", lw=1.5, color="dimgray")}
 PREFETCH = ("last_step", "cross_layer", "oracle")
 
 
@@ -207,25 +208,26 @@ def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Profile):
     fig, axes = plt.subplots(1, len(batches) + 1, figsize=(5 * (len(batches) + 1), 4.2))
     for ax, b in zip(axes, batches):
         g = s[s.batch_size == b]
-        for pol in [*EVICTIONS, *FLOORS]:
+        for k, pol in enumerate([*EVICTIONS, *FLOORS]):
             h = g[g.policy == pol]
-            ls = ":" if pol in FLOORS else "-"
-            ax.plot(h.cache_ratio, 100 * h.misses_vs_lru, ls=ls, marker="" if pol in FLOORS else "o", ms=3,
-                    label=label(pol) + (" (floor)" if pol in FLOORS else ""),
-                    color="black" if pol in FLOORS else None)
+            style = FLOOR_STYLE[pol] if pol in FLOORS else dict(ls="-", marker="os^"[k // 10], ms=3, color=f"C{k % 10}")
+            ax.plot(h.cache_ratio, 100 * h.misses_vs_lru, label=label(pol) + (" (floor)" if pol in FLOORS else ""),
+                    **style)
         ax.axhline(100, color="gray", lw=0.8, ls=":")
         ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses",
                title=f"eviction policies, batch {int(b)}, exact replay")
-        ax.legend(fontsize=6, ncol=2)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=7, fontsize=8,
+               title="eviction (left two panels)", title_fontsize=8)
     ax = axes[-1]
     for pol, h in comb.groupby("policy", sort=False):
         ax.plot(h.cache_ratio, 100 * h.transfers_vs_lru, marker="o", ms=3, ls="--" if "+" in pol else "-",
                 label=pol)
     ax.axhline(100, color="gray", lw=0.8, ls=":")
-    ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses (misses + prefetches)",
+    ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses\n(misses + prefetches)",
            title="prefetching with lru vs the best eviction")
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), title="prefetch (+ eviction)", title_fontsize=8)
+    for ax in axes:
+        ax.title.set_fontsize(10)
     title(fig, P, "09 the cache's own design space (this artifact's own results)")
-    fig.tight_layout()
     df = pd.concat([s.assign(panel="evictions"), comb.assign(panel="prefetch")], ignore_index=True)
     return fig, df

@@ -1,5 +1,6 @@
 """04 capacity sweep: demand-async vs async last-step prefetch end to end over the profile's grid (tasks x
-batch sizes x C/W), paired by repetition, with 95% intervals."""
+batch sizes x C/W), paired by repetition, with 95% intervals; the grid's A/A control (verdicts.CONTROL against
+demand, identical work) gates every C/W's verdict."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +14,16 @@ from artifact.experiments.results import same_tokens
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table, with_paper
-from artifact.experiments.verdicts import METHOD, Interval, combine, faster, no_difference
+from artifact.experiments.verdicts import (
+    METHOD,
+    Interval,
+    combine,
+    controls,
+    controls_text,
+    faster,
+    gated,
+    no_difference,
+)
 
 STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
 
@@ -35,6 +45,7 @@ class Numbers:
     cells: int                   # ... of all cells
     in_range: pd.DataFrame       # by_ratio rows at C/W in the paper's faster range
     at_low: pd.Series | None     # the by_ratio row at the paper's low C/W, if measured
+    control: dict                # {(C/W,): Interval of the A/A control over demand} (verdicts.controls)
 
 
 def numbers(by_ratio, rows) -> Numbers:
@@ -42,7 +53,13 @@ def numbers(by_ratio, rows) -> Numbers:
     lo, hi = paper.FASTER_RANGE
     low = by_ratio[by_ratio.cache_ratio == paper.AT_LOW.cache_ratio]
     return Numbers(n_same, n_cells, by_ratio[(by_ratio.cache_ratio >= lo) & (by_ratio.cache_ratio <= hi)],
-                   low.iloc[0] if len(low) else None)
+                   low.iloc[0] if len(low) else None, controls(rows, ["cache_ratio"]))
+
+
+def control_text(n: Numbers, ratios=None) -> str:
+    """The A/A control at these C/W (all when None), in one phrase."""
+    aa = {k: v for k, v in n.control.items() if ratios is None or k[0] in ratios}
+    return controls_text(aa, lambda key: f"C/W {key[0]:g}")
 
 
 def paired_text(r) -> str:
@@ -57,22 +74,24 @@ def verdicts(n: Numbers) -> list[Claim]:
                     judged(n.same_cells == n.cells), counting=PER_RUN, interval=EXACT,
                     margin=f"{n.cells - n.same_cells} cells differ")]
     if len(n.in_range):
-        verdict, reason, margin = combine((f"C/W {r.cache_ratio:g}", faster(Interval.of(r), paper.FASTER_PCT))
+        verdict, reason, margin = combine((f"C/W {r.cache_ratio:g}", gated(faster(Interval.of(r), paper.FASTER_PCT),
+                                                                            n.control.get((r.cache_ratio,))))
                                           for r in n.in_range.itertuples())
         claims.append(Claim(
             f"demand-async is faster than async last-step prefetch at C/W {lo:g}-{hi:g} (95% CIs exclude zero)",
             f"+{paper.FASTER_PCT[0]} to +{paper.FASTER_PCT[1]}%, CIs exclude zero",
             "; ".join(paired_text(r) for r in n.in_range.itertuples())
-            + f" ({int(n.in_range.n_pairs.min())} pairs each)",
+            + f" ({int(n.in_range.n_pairs.min())} pairs each); "
+            + control_text(n, set(n.in_range.cache_ratio)),
             verdict, reason, pairs=int(n.in_range.n_pairs.min()), margin=margin, **timed))
     if n.at_low is not None:
         r = n.at_low
-        ruling = no_difference(Interval.of(r))
+        ruling = gated(no_difference(Interval.of(r)), n.control.get((r.cache_ratio,)))
         claims.append(Claim(
             f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ "
             f"(equivalence within +-{paper.EQUIV_MARGIN:g}%)",
             paper.paired_text(paper.AT_LOW, "%"),
-            paired_text(r) + f" ({int(r.n_pairs)} pairs)", ruling.verdict,
+            paired_text(r) + f" ({int(r.n_pairs)} pairs); " + control_text(n, {r.cache_ratio}), ruling.verdict,
             "" if ruling.verdict == REPRODUCED else ruling.why
             + (f": {'demand' if r.diff_pct > 0 else 'last_step'} faster" if ruling.verdict == NOT_REPRODUCED else ""),
             pairs=int(r.n_pairs), margin=ruling.margin,
@@ -97,7 +116,7 @@ def plot(by_ratio, by_cell, P: Profile):
                  label=f"paper: {paper.paired_text(low, '%')} at {low.cache_ratio:g}")
     ax1.axhline(0, color="black", lw=1, ls=":")
     ax1.set(xlabel="cache capacity C/W", ylabel="demand over last_step (% tokens/s)",
-            title="demand-async vs async last-step prefetch")
+            title="demand vs last_step, by C/W")
     ax1.legend(fontsize=8)
     labels = [f"{t}\nb={b}" for t, b in zip(by_cell.task, by_cell.batch_size)]
     e2 = [by_cell.diff_pct - by_cell.ci_low, by_cell.ci_high - by_cell.diff_pct]
@@ -105,7 +124,9 @@ def plot(by_ratio, by_cell, P: Profile):
     ax2.axhline(0, color="black", lw=1, ls=":")
     ax2.set_xticks(range(len(by_cell)), labels, fontsize=8)
     ax2.set(xlabel="task, batch size b", ylabel="demand over last_step (% tokens/s)",
-            title="per task and batch size (all C/W pooled)")
+            title="by task and batch size (C/W pooled)")
+    for ax in (ax1, ax2):
+        ax.title.set_fontsize(10)
     title(fig, P, "04 capacity sweep")
     df = pd.concat([by_ratio.assign(panel="by C/W"), by_cell.assign(panel="by task and batch size")],
                    ignore_index=True)

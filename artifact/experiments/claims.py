@@ -11,6 +11,7 @@ import io
 import json
 import os
 import subprocess
+import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -63,6 +64,26 @@ class Claim:
         return out + [f"verdict{tag}: {self.verdict_text()}"]
 
 
+WRAP = 88              # printed claim lines break at a word before this many characters (notebook output areas)
+CONTINUED = "    "     # ... and go on, indented by this, on the next line (unwrap joins them back)
+
+
+def wrapped(line: str) -> str:
+    """One claim line as printed: broken between words only (a long number or path stays whole)."""
+    return textwrap.fill(line, WRAP, subsequent_indent=CONTINUED, break_long_words=False, break_on_hyphens=False)
+
+
+def unwrap(text: str) -> str:
+    """Printed claim lines back to one line each: a line indented by CONTINUED continues the one above."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        if out and out[-1] and line.startswith(CONTINUED) and line.strip():
+            out[-1] += " " + line[len(CONTINUED):]
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
 def judged(ok: bool) -> str:
     return REPRODUCED if ok else NOT_REPRODUCED
 
@@ -70,7 +91,7 @@ def judged(ok: bool) -> str:
 def report(*claims: Claim, P: Profile | None = None, notebook: str | None = None) -> None:
     """The claim cell's output: a few lines per claim (the notebook runner parses claim and verdict). With a
     profile and the notebook's name, the claims are also recorded with the run (record)."""
-    print("\n\n".join("\n".join(c.lines()) for c in claims))
+    print("\n\n".join("\n".join(wrapped(line) for line in c.lines()) for c in claims))
     if P is not None and notebook is not None:
         record(P, notebook, claims)
 
@@ -174,6 +195,10 @@ PAPER_STYLE = dict(color="crimson", lw=1.5, ls="--")     # how the paper's figur
 
 
 def title(fig, P: Profile, text: str) -> None:
+    """The figure's title, naming the profile. Constrained layout makes room for it above the panels' titles
+    (and for a legend placed outside the axes: fig.legend(loc="outside lower center"))."""
+    if fig.get_layout_engine() is None:
+        fig.set_layout_engine("constrained")
     fig.suptitle(f"{text}  [profile {P.name}: {P.model if P.model == 'tiny' else 'checkpoint'}, {P.device}]",
                  fontsize=11)
 

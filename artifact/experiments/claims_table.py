@@ -5,7 +5,8 @@ basis, interval method and pairs, and the run it came from (command, date, commi
 listed under the table. Other profiles with records under data/results/ get a column each.
 
     render(profile_name)                   -> the Markdown block (table and runs)
-    update_readme(readme_path, profile)    -> rewrite the block between the profile's markers; True if changed
+    render_agreement(run_dirs)             -> per timing claim, its verdict in each repeated run, and the count
+    update_readme(readme_path, profile)    -> rewrite the blocks between the profile's markers; True if changed
 
 The README holds the block between `<!-- claims:<profile>:begin -->` and `<!-- claims:<profile>:end -->`;
 tests/test_claims_table.py regenerates it from the committed records and fails on any difference."""
@@ -110,8 +111,51 @@ def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir:
     return "\n".join(lines)
 
 
-def replace_block(text: str, profile_name: str, block: str) -> str:
-    begin, end = markers(profile_name)
+# --- how stable the timing verdicts are ------------------------------------------------------------
+# Repeated runs of the timing notebooks keep their claim records under data/results/<profile>/agreement/run*/
+# (the same files a run writes); render_agreement compares their verdicts claim by claim.
+AGREEMENT = "agreement"
+
+
+def agreement_runs(profile_name: str, results: Path | None = None) -> list[Path]:
+    """The stored repeated runs of a profile (data/results/<profile>/agreement/run*/), in name order."""
+    d = Path(results or data_dir() / "results") / profile_name / AGREEMENT
+    return sorted(p for p in d.glob("run*") if p.is_dir()) if d.is_dir() else []
+
+
+def render_agreement(run_dirs: list[Path], timing_only: bool = True) -> str:
+    """Per timing claim, its verdict in each run and whether all runs agree; then the count and the runs."""
+    if len(run_dirs) < 2:
+        return "Fewer than two repeated runs are stored: nothing to compare."
+    runs = [{r["notebook"]: r for r in (json.loads(p.read_text()) for p in sorted(Path(d).glob(f"*{RECORD_SUFFIX}")))}
+            for d in run_dirs]
+    notebooks = sorted(set().union(*runs))
+    head = ["notebook", "claim"] + [f"run {i}" for i in range(1, len(runs) + 1)] + ["agree"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    agree = total = 0
+    for nb in notebooks:
+        first = next(r[nb] for r in runs if nb in r)
+        for k, c in enumerate(first["claims"]):
+            if timing_only and not c.get("timing"):
+                continue
+            got = [r[nb]["claims"][k]["verdict"] if nb in r and k < len(r[nb]["claims"]) else "not run" for r in runs]
+            same = len(set(got)) == 1
+            agree, total = agree + same, total + 1
+            lines.append("| " + " | ".join(_cell(x) for x in [nb.split("_")[0], c["claim"], *got,
+                                                                "yes" if same else "no"]) + " |")
+    lines += ["", f"{agree} of {total} {'timing ' if timing_only else ''}verdicts agree in all {len(runs)} runs.", ""]
+    for i, r in enumerate(runs, 1):
+        keys = sorted({_run_key(x) for x in r.values()})
+        lines.append(f"- run {i}: " + "; ".join(f"`{c}` on {d}, commit `{h}`" for c, d, h in keys))
+    return "\n".join(lines)
+
+
+def agreement_markers(profile_name: str) -> tuple[str, str]:
+    return f"<!-- agreement:{profile_name}:begin -->", f"<!-- agreement:{profile_name}:end -->"
+
+
+def replace_block(text: str, profile_name: str, block: str, marks: tuple[str, str] | None = None) -> str:
+    begin, end = marks or markers(profile_name)
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
         raise ValueError(f"expected one {begin} ... {end} pair in the README")
     head, rest = text.split(begin)
@@ -124,6 +168,9 @@ def update_readme(readme_path: Path | str | None = None, profile_name: str = "cp
     path = Path(readme_path or repo_root() / "README.md")
     text = path.read_text()
     new = replace_block(text, profile_name, render(profile_name))
+    stored = agreement_runs(profile_name)
+    if stored and agreement_markers(profile_name)[0] in new:
+        new = replace_block(new, profile_name, render_agreement(stored), agreement_markers(profile_name))
     if new == text:
         return False
     atomic_write_text(path, new)

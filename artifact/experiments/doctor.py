@@ -113,7 +113,10 @@ class Report:
         if any(not c.measured_w for c in self.cells):
             lines.append("  * no current trace for this (task, batch size): W is its upper bound min(E, batch x "
                          "block x top-k), so C and the slots are upper bounds too")
-        lines.append(f"  totals add {CONTEXT_BYTES / GB:.2f} GB of CUDA context and allocator slack (stated)")
+        if self.device_bytes is not None:     # the same condition under which plan() adds it to each total
+            lines.append(f"  totals add {CONTEXT_BYTES / GB:.2f} GB of CUDA context and allocator slack (stated)")
+        else:
+            lines.append("  totals add no CUDA context: they run in host memory (--gpu-memory-gb plans a GPU)")
         host = "unknown" if self.host_available is None else f"{self.host_available / GB:.2f} GB available"
         lines += [f"host memory: expert store {self.expert_store / GB:.2f} GB ({self.checkpoint_bytes / GB:.2f} GB "
                   f"of tensors in the checkpoint); {host}; page-lockable (RLIMIT_MEMLOCK): {self.memlock}",

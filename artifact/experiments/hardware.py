@@ -56,7 +56,9 @@ SOURCES: dict[str, dict[str, str]] = {
         "copy_latency_us": "offload/link.py PCIE_LATENCY_US (stated, not measured)",
         "bf16_tflops": "NVIDIA H200 SXM datasheet: 1,979 TFLOPS bf16 with sparsity; dense is half",
         "memory_gbps": "NVIDIA H200 datasheet: 4.8 TB/s HBM3e",
-        "launch_us": "gpu_check engine, batch 1, C/W 1, demand: host_ms_per_forward / launches_per_forward",
+        "launch_us": "gpu_check engine, batch 1, C/W 1, demand: host_ms_per_forward / launches_per_forward "
+                     "(that run's gpu_check counted the router-count sync's wait in host_ms; later versions "
+                     "report it apart as sync_wait_ms_per_forward)",
         "kernels_per_layer": "gpu_check engine, resident batch 1: launches_per_forward / model layers",
         "copy_host_us": "gpu_check engine, batch 1: least-squares slope of host_ms_per_forward on transfers "
                         "per forward over its 6 offloaded runs",

@@ -20,7 +20,7 @@ from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table
 from artifact.experiments.tide import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide_checkout import check_tide
-from artifact.experiments.verdicts import METHOD, Interval, combine, not_faster
+from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, gated, not_faster
 from artifact.model.tasks import prompts
 from artifact.offload.sim import capacity_for
 
@@ -30,10 +30,12 @@ STEM = "tide_style_runs"                # data/results/<profile>/tide_style_runs
 
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
 def tide_style_profile(P: Profile) -> Profile:
-    """The 05 grid: our engine at the TIDE budget and half of it, demand vs interval_refresh, batch size 1
-    (TIDE decodes one prompt at a time), every task."""
+    """The 05 grid: our engine at the TIDE budget and half of it, demand vs interval_refresh with the A/A
+    control (verdicts.CONTROL), batch size 1 (TIDE decodes one prompt at a time), every task, with enough
+    repetitions for paper.MIN_PAIRS pairs per C/W."""
+    reps = max(P.repetitions, -(-paper.MIN_PAIRS // len(P.tasks)))
     return dataclasses.replace(P, batch_sizes=(1,), cache_ratios=RATIOS, bandwidth_scales=(1.0,),
-                               policies=("demand", "interval_refresh"))
+                               policies=("demand", "interval_refresh", CONTROL), repetitions=reps)
 
 
 def runs(P: Profile, progress: bool = True) -> pd.DataFrame:
@@ -93,6 +95,7 @@ def tide_released(P: Profile, progress: bool = True) -> list[dict]:
 class StyleNumbers:
     # per C/W, highest first: (C/W, Interval of interval_refresh over demand, interval_refresh misses / demand's - 1)
     by_ratio: tuple
+    control: dict = dataclasses.field(default_factory=dict)   # {(C/W,): Interval of the A/A control over demand}
 
 
 def style_numbers(table, rows) -> StyleNumbers:
@@ -103,16 +106,18 @@ def style_numbers(table, rows) -> StyleNumbers:
     for r in sorted(over.index, reverse=True):
         m = rows[rows.cache_ratio == r].groupby("policy").demand_misses.sum()
         per.append((float(r), Interval.of(over.loc[r]), m["interval_refresh"] / m["demand"] - 1))
-    return StyleNumbers(tuple(per))
+    return StyleNumbers(tuple(per), controls(rows, ["cache_ratio"]))
 
 
 def style_text(n: StyleNumbers) -> str:
-    return "; ".join(f"C/W {r:g}: interval_refresh over demand {iv.text()} ({iv.n} pairs), "
-                     f"interval_refresh misses {m:+.0%} vs demand" for r, iv, m in n.by_ratio)
+    return ("; ".join(f"C/W {r:g}: interval_refresh over demand {iv.text()} ({iv.n} pairs), "
+                      f"interval_refresh misses {m:+.0%} vs demand" for r, iv, m in n.by_ratio)
+            + "; " + controls_text(n.control, lambda key: f"C/W {key[0]:g}"))
 
 
 def style_verdict(n: StyleNumbers) -> Claim:
-    verdict, reason, margin = combine((f"C/W {r:g}", not_faster(iv)) for r, iv, _ in n.by_ratio)
+    verdict, reason, margin = combine((f"C/W {r:g}", gated(not_faster(iv), n.control.get((r,))))
+                                      for r, iv, _ in n.by_ratio)
     return Claim(
         "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and half "
         f"(not faster by more than {paper.EQUIV_MARGIN:g}%)",

@@ -220,8 +220,9 @@ def plot(summary, P: Profile):
     ax.set(xlabel="cache capacity C/W", ylabel="host-to-device transfers (% of LRU's)",
            title="transfers (demand + speculative) vs LRU")
     for ax in axes:
-        ax.legend(fontsize=7)
         ax.title.set_fontsize(9)
+    handles = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels())}   # one per label
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=4, fontsize=8)
     title(fig, P, "02 miss accounting (exact replay, all traces pooled)")
     return fig, summary.copy()
 

@@ -19,17 +19,23 @@ from artifact.experiments.settings import Profile
 from artifact.model.checkpoint import weights_fingerprint
 from artifact.model.tasks import prompts, tokens_sha
 from artifact.offload.policies import check_policy
-from artifact.offload.prepare import RunRequest, prepare
+from artifact.offload.prepare import prepare
 from artifact.offload.runner import OffloadSpec, check_device, run
 from artifact.offload.trace import mean_working_set
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+def usable_core_ids() -> list[int]:
+    """The ids of the CPU cores this process may run on: its affinity mask where the OS has one, else
+    0..cpu_count-1."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """How many CPU cores this process may run on (usable_core_ids)."""
+    return len(usable_core_ids())
 
 
 def hardware(device: str) -> str:
@@ -63,8 +69,7 @@ class ModelRunner:
             torch.set_num_threads(p.torch_threads)
         self.p = p
         if loaded is None:           # every check that needs no weights first (artifact.offload.prepare)
-            request = RunRequest(p.model, p.device, p.torch_dtype, p.gen_length, p.steps, p.threshold, p.mode)
-            loaded = prepare(request).load(resident=p.trace_capacity is None)
+            loaded = prepare(p.run_request()).load(resident=p.trace_capacity is None)
         self.loaded = loaded
         if p.device.startswith("cuda") and not self.loaded.experts.is_pinned():
             self.loaded.experts = self.loaded.experts.pin_memory()   # once, not in every run's HostStore

@@ -29,7 +29,9 @@ from artifact.experiments.claims import (
     reference_data_dir,
     reference_figures_dir,
     run_data_dir,
+    run_dir,
     short_path,
+    unwrap,
 )
 from artifact.experiments.claims_table import update_readme
 from artifact.experiments.settings import (
@@ -123,7 +125,7 @@ def claims_of(nb) -> list[tuple[str, str]]:
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if out.get("output_type") != "stream" or out.get("name") != "stdout":
                 continue
-            for line in out.get("text", "").splitlines():
+            for line in unwrap(out.get("text", "")).splitlines():       # a claim line printed over several
                 m = _LINE.match(line.strip())
                 if m and m.group(1) == "claim":
                     claim = m.group(2)
@@ -241,7 +243,7 @@ def run_notebooks(profile: str = "cpu", overrides: dict | None = None, force: bo
     arg = P.name if bundled else str(Path(profile).resolve())
     params = injected_parameters(paths, arg, overrides)
     settings = settings_of(P)
-    outdir = Path(results or repo_root() / "results") / P.name
+    outdir = Path(results) / P.name if results else run_dir(P)        # ARTIFACT_OUTPUT relocates it, as for the kernels
     clean_stale_temps(outdir, log)
     saved_env = os.environ.get("ARTIFACT_OUTPUT")
     if results is not None and saved_env is None:   # the kernels save figures and data beside the notebooks
@@ -377,7 +379,7 @@ def store_outputs(profile: str, overrides: dict, outcomes: list[Outcome], notebo
     if P.name == "cpu":
         directory = Path(notebooks or notebook_dir())
         for name in ok:
-            store_claim_outputs(Path(results or repo_root() / "results") / "cpu" / f"{name}.ipynb",
+            store_claim_outputs((Path(results) / "cpu" if results else run_dir(P)) / f"{name}.ipynb",
                                 directory / f"{name}.ipynb")
         log(f"stored claim outputs into {short_path(directory)}")
     if notebooks is None and reference is None:    # the checkout's own notebooks: its README's table follows them

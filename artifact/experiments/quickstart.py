@@ -35,6 +35,13 @@ def quickstart(P: Profile, cache_ratio: float = 0.5) -> dict:
             "same_tokens": resident.tokens == offloaded.tokens}
 
 
+def generated(q: dict, P: Profile) -> str:
+    """The decoded text (its first 200 characters) and, for the tiny checkpoint, why it reads as gibberish."""
+    why = ("\n(the tiny checkpoint has seeded random weights, so this text is gibberish by design; "
+           "a real checkpoint, --model DIR, writes words)" if P.model == "tiny" else "")
+    return "generated: " + repr(q["text"][:200]) + why
+
+
 def stats_table(q: dict) -> pd.DataFrame:
     """The two runs' headline counters side by side."""
     return pd.DataFrame({"resident": q["resident"], "offloaded": q["offloaded"]}).reindex(list(STAT_KEYS))

@@ -8,7 +8,6 @@ resumable CSV per grid that never mixes settings).
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -19,8 +18,9 @@ from artifact.experiments.claims import results_dir, traces_dir
 from artifact.experiments.grid import cell_keys, grid
 from artifact.experiments.results import bench_fingerprint, read_rows
 from artifact.experiments.settings import Profile, fingerprint, load_profile
-from artifact.model.checkpoint import load_checkpoint
+from artifact.model.checkpoint import Loaded
 from artifact.model.tasks import prompts, select
+from artifact.offload.prepare import prepare
 from artifact.offload.runner import OffloadSpec, expert_bytes, run
 from artifact.offload.trace import Trace, TraceError
 
@@ -37,18 +37,24 @@ def setup(profile: str, overrides: dict | None = None) -> Profile:
 # ---------------------------------------------------------------------------------------------
 # Model and run spec
 # ---------------------------------------------------------------------------------------------
-def load_model(P: Profile, resident: bool | None = None):
+_LOADED: dict[tuple, Loaded] = {}      # (model, dtype, device, resident) -> the model; the last two
+
+
+def load_model(P: Profile, resident: bool | None = None) -> Loaded:
     """The profile's checkpoint, loaded once per process and residency (experts resident unless traces are
-    offloaded, or as `resident` says)."""
+    offloaded, or as `resident` says). Every call first runs the checks that need no weights
+    (artifact.offload.prepare, as generate, trace and the bench's ModelRunner do)."""
     if P.model is None:
         raise ValueError(f"profile {P.name!r} has model: null; set it to a checkpoint directory "
                          "(overrides = {'model': DIR} in the notebook, or --model DIR)")
-    return _load(P.model, P.torch_dtype, P.device, P.trace_capacity is None if resident is None else resident)
-
-
-@lru_cache(maxsize=2)
-def _load(model, dtype, device, resident):
-    return load_checkpoint(model, dtype, device, resident=resident)
+    run = prepare(P.run_request())
+    resident = P.trace_capacity is None if resident is None else resident
+    key = (P.model, run.dtype, P.device, resident)
+    loaded = _LOADED.pop(key, None) or run.load(resident=resident)
+    _LOADED[key] = loaded                              # the most recently used last
+    if len(_LOADED) > 2:
+        del _LOADED[next(iter(_LOADED))]
+    return loaded
 
 
 def offload_spec(P: Profile, loaded, capacity: int, policy: str = "demand") -> OffloadSpec:

@@ -31,6 +31,7 @@ from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
 from artifact.model.tasks import TASKS
 from artifact.offload.link import LINKS, PCIE_LATENCY_US
 from artifact.offload.policies import check_policy
+from artifact.offload.prepare import RunRequest
 from artifact.offload.timeline import CLOCKS, PRIORITIES
 from artifact.validate import check_number
 
@@ -113,7 +114,9 @@ class Settings:
     # A cell's bandwidth = scale * link_gbps. emulated: the link runs at that rate; cuda: 1.0 = unpaced
     # hardware copies, < 1 caps the copy stream (token bucket), > 1 is not possible on real hardware.
     bandwidth_scales: tuple[float, ...] = (1.0,)
-    policies: tuple[str, ...] = ("demand", "last_step")   # run side by side on identical prompts (engine policies)
+    # Run side by side on identical prompts (engine policies). last_step_conservative does exactly demand's
+    # work: it is the grid's A/A control (verdicts.CONTROL), and a cell whose control differs is inconclusive.
+    policies: tuple[str, ...] = ("demand", "last_step", "last_step_conservative")
     repetitions: int = 5                 # R timed runs of every policy per cell; order alternates with r's parity
     warmup: int = 1                      # untimed runs of every policy per cell before the R timed ones
     lookahead: int = 1                   # last_step / oracle: prefetch this many MoE layers ahead
@@ -151,6 +154,11 @@ class Settings:
 
     def decode_config(self) -> DecodeConfig:
         return DecodeConfig(gen_length=self.gen_length, steps=self.steps, threshold=self.threshold, mode=self.mode)
+
+    def run_request(self) -> RunRequest:
+        """What artifact.offload.prepare checks before this profile's model is loaded (every path that loads one)."""
+        return RunRequest(self.model, self.device, self.torch_dtype, self.gen_length, self.steps, self.threshold,
+                          self.mode)
 
     @property
     def threads(self) -> int:

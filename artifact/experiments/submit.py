@@ -42,7 +42,7 @@ from artifact.errors import UserError
 from artifact.experiments import capacity, head_to_head, runs, throttle
 from artifact.experiments.bench import run_bench
 from artifact.experiments.grid import Cell, cell_keys, grid, shard_cells, shard_file
-from artifact.experiments.model_runner import usable_cores
+from artifact.experiments.model_runner import usable_core_ids, usable_cores
 from artifact.experiments.results import finished_cells, merge, read_rows
 from artifact.experiments.runs import trace_current
 from artifact.experiments.settings import Profile
@@ -163,7 +163,7 @@ def local_slots(P: Profile, count: int) -> list[dict]:
             raise SubmitError(f"{count} local jobs need {count} GPUs (one each); this machine has {gpus}: "
                               f"pass --shards {max(gpus, 1)} or fewer")
         return [{"gpu": i, "cpu": None} for i in range(count)]
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(usable_cores()))
+    cores = usable_core_ids()
     if count > len(cores):
         raise SubmitError(f"{count} local jobs need {count} CPU cores (one each); this process may use "
                           f"{len(cores)}: pass --shards {len(cores)} or fewer")
@@ -453,7 +453,7 @@ def submit_traces(P: Profile, backend: str, jobs: int | None = None, wait: bool 
     if not wait:
         log(f"job ids: {' '.join(str(j.job_id) for j in submitted)}")
         return todo
-    done = lambda: sum(trace_current(P, *j) is not None for j in todo)     # noqa: E731  (traces now current)
+    done = lambda: sum(trace_current(P, *j) for j in todo)     # noqa: E731  (traces now current)
     failures = wait_jobs(submitted, labels, done, len(todo), "trace", f"traces {P.name}", poll_s, progress)
     if failures:
         raise SubmitError(failure_report(failures, rerun or "the same command", "trace jobs", len(submitted)))

@@ -3,6 +3,7 @@ do speculative transfers compete with demand transfers?"""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -13,18 +14,20 @@ from artifact.experiments.claims import COLORS, EXACT, PER_RUN, Claim, judged, t
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import METHOD, Interval, combine, faster
+from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, faster, gated
+from artifact.offload.link import PCIE4_GBPS
 
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
 
 
 def throttle_profile(P: Profile) -> Profile:
-    """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step,
-    one cell per bandwidth in throttle_scales, with at least paper.MIN_PAIRS repetitions (the fewest pairs
-    the interval rule rules on)."""
+    """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step with
+    the A/A control (verdicts.CONTROL), one cell per bandwidth in throttle_scales, with at least
+    paper.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
     return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(max(P.batch_sizes),),
                                cache_ratios=(P.throttle_ratio,), bandwidth_scales=tuple(P.throttle_scales),
-                               policies=("demand", "last_step"), repetitions=max(P.repetitions, paper.MIN_PAIRS))
+                               policies=("demand", "last_step", CONTROL),
+                               repetitions=max(P.repetitions, paper.MIN_PAIRS))
 
 
 def runs(P: Profile, progress: bool = True) -> pd.DataFrame:
@@ -58,6 +61,7 @@ class Numbers:
                                  # highest bandwidth first
     stall: tuple = ()            # (link GB/s, Interval of last_step's stall over demand's, % per pair), highest
                                  # bandwidth first; empty without the runs
+    control: tuple = ()          # (link GB/s, Interval of the A/A control's stall over demand's), the same order
 
 
 def stall_table(rows) -> pd.DataFrame:
@@ -69,15 +73,17 @@ def numbers(summary, rows=None) -> Numbers:
     d = summary[summary.policy == "demand"].set_index("bandwidth_scale")
     s = summary[summary.policy == "last_step"].set_index("bandwidth_scale")
     scales = sorted(d.index, reverse=True)
-    stall = ()
+    stall, control = (), ()
     if rows is not None:
         t = stall_table(rows).set_index("bandwidth_scale")
         stall = tuple((d.link_gbps[x], Interval.of(t.loc[x])) for x in scales)
+        aa = controls(rows, ["bandwidth_scale"], metric="stall_seconds")
+        control = tuple((d.link_gbps[x], aa[(x,)]) for x in scales if (x,) in aa)
     return Numbers(1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
                    s.speculative_transfers.iloc[0] / d.transfers.iloc[0],
                    s.transfers.iloc[0] / d.transfers.iloc[0] - 1,
                    tuple((d.link_gbps[x], d.stall_seconds[x], s.stall_seconds[x], d.tokens_per_second[x],
-                          s.tokens_per_second[x]) for x in scales), stall)
+                          s.tokens_per_second[x]) for x in scales), stall, control)
 
 
 def counts_text(n: Numbers) -> str:
@@ -98,11 +104,13 @@ def verdicts(n: Numbers) -> list[Claim]:
         "speculative transfers compete with demand transfers for host-to-device bandwidth",
         counts_text(n), judged(n.extra_transfers > 0), counting=PER_RUN, interval=EXACT,
         margin=f"{n.extra_transfers:+.1%} link transfers vs > 0")
-    verdict, reason, margin = combine((f"{gbps:.3g} GB/s", faster(iv)) for gbps, iv in n.stall)
+    aa = dict(n.control)
+    verdict, reason, margin = combine((f"{gbps:.3g} GB/s", gated(faster(iv), aa.get(gbps))) for gbps, iv in n.stall)
     stall = Claim(
         "speculative transfers delay demand transfers: last_step stalls longer than demand at every bandwidth",
         "speculative loads queue ahead of demand loads on the copy engine (qualitative)",
-        stall_text(n), verdict, reason, timing=True, counting="stall seconds per run, % per pair",
+        stall_text(n) + "; stall " + controls_text({(g,): iv for g, iv in n.control}, lambda k: f"{k[0]:.3g} GB/s"),
+        verdict, reason, timing=True, counting="stall seconds per run, % per pair",
         interval=METHOD, pairs=min((iv.n for _, iv in n.stall), default=0), margin=margin)
     return [counts, stall]
 
@@ -123,13 +131,36 @@ def plot(summary, P: Profile):
         kw = dict(marker="o", color=COLORS.get(pol), label=pol)
         ax1.plot(g.link_gbps, g.tokens_per_second, **kw)
         ax2.plot(g.link_gbps, g.stall_seconds, **kw)
+    why, ticks = _bandwidth_axis(summary, P)
     ax1.set(xlabel="link bandwidth (GB/s)", ylabel="throughput (tokens/s)", title="throughput")
     ax2.set(xlabel="link bandwidth (GB/s)", ylabel="stall per run (seconds)", title="compute waiting on the link")
-    ticks = sorted(summary.link_gbps.unique())
+    if why:
+        fig.supxlabel(why, fontsize=9)
     for ax in (ax1, ax2):
+        ax.title.set_fontsize(10)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [f"{x:.3g}" for x in ticks])
+        ax.set_xticks(list(ticks), list(ticks.values()))
         ax.minorticks_off()
         ax.legend(fontsize=8)
     title(fig, P, "03 bandwidth throttling (no paper figure: qualitative)")
     return fig, summary.copy()
+
+
+def _bandwidth_axis(summary, P: Profile) -> tuple[str, dict]:
+    """Why the link is that slow (a line under the panels, or "") and the x ticks {GB/s: label}. The emulated
+    link's default bandwidth is PCIe 4 scaled
+    to this model's expert size (offload.link.emulated_bandwidth_gbps): a tiny expert then costs what a
+    LLaDA2.0-mini expert costs on PCIe 4, so scale s is the PCIe generation whose rate is s x PCIe 4's."""
+    pairs = summary[["link_gbps", "bandwidth_scale"]].drop_duplicates().sort_values("link_gbps")
+    scaled = P.link == "emulated" and P.link_gbps is None
+    if not scaled:
+        return "", {g: f"{g:.3g}" for g in pairs.link_gbps}
+    return (f"emulated link, scaled to the {P.model} model's experts: one costs what a LLaDA2.0-mini expert costs "
+            f"on the PCIe x16 link named (PCIe 4 = {PCIE4_GBPS:g} GB/s)",
+            {g: f"{g:.3g}\n~{_pcie(s)}" for g, s in zip(pairs.link_gbps, pairs.bandwidth_scale)})
+
+
+def _pcie(scale: float) -> str:
+    """The PCIe x16 generation whose bandwidth is `scale` times PCIe 4's (each generation doubles it)."""
+    gen = 4 + math.log2(scale)
+    return f"PCIe {gen:g}" if gen.is_integer() and 1 <= gen <= 6 else f"{scale:g} x PCIe 4"

@@ -13,19 +13,25 @@ paper.MIN_PAIRS pairs, and has three outcomes: reproduced, not reproduced, incon
 
 A grid's verdict combines its cells' (`combine`): not reproduced if any cell is, reproduced if every cell is,
 else inconclusive. An A/A control (two policies that do identical work) whose interval excludes 0 makes the
-cells it controls inconclusive (`gated`): the instrument is biased there. Exact counts have no interval;
-their verdicts compare a number with a threshold of paper.py and print the margin (`margin_below`,
+cells it controls inconclusive (`gated`): the instrument is biased there. Every timing grid carries one:
+CONTROL, which does exactly demand's work, timed against demand in the same cells (`controls`). Exact counts
+have no interval; their verdicts compare a number with a threshold of paper.py and print the margin (`margin_below`,
 `margin_at_least`)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable
 
 from artifact.experiments import paper
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.stats import paired_table
 
 METHOD = f"{paper.CONFIDENCE:.0%} t interval over pairs"
+# The A/A control of every timing grid: last_step_conservative loads only predicted experts that are not
+# resident and never evicts for them, so on every cell it does exactly demand's work (every count equal:
+# tests/test_beyond.py, tests/test_priority.py). Its time against demand's measures the bench's own bias.
+CONTROL = "last_step_conservative"
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,23 @@ def gated(ruling: Ruling, control: Interval | None) -> Ruling:
     if control is None or not control.excludes_zero:
         return ruling
     return Ruling(INCONCLUSIVE, f"A/A control {control.text()} excludes 0", ruling.margin)
+
+
+def controls(rows, by: Sequence[str], metric: str = "tokens_per_second", base: str = "demand") -> dict:
+    """The A/A control per group of `by`: {key tuple: Interval of CONTROL over `base` in `metric`}; {} when the
+    rows carry no CONTROL runs (a grid recorded before the control existed)."""
+    if CONTROL not in set(rows.policy) or base not in set(rows.policy):
+        return {}
+    t = paired_table(rows, CONTROL, base, list(by), metric=metric)
+    return {tuple(getattr(r, k) for k in by): Interval.of(r) for r in t.itertuples()}
+
+
+def controls_text(aa: dict, label=lambda key: ", ".join(f"{k:g}" if isinstance(k, float) else str(k)
+                                                       for k in key)) -> str:
+    """'A/A control (CONTROL over demand): <cell> +x% [lo, hi]; ...', or a note that the grid has none."""
+    if not aa:
+        return f"no A/A control in these rows (rerun the grid: it now times {CONTROL} beside demand)"
+    return f"A/A control ({CONTROL} over demand): " + "; ".join(f"{label(k)} {iv.text()}" for k, iv in aa.items())
 
 
 def combine(rulings: Iterable[tuple[str, Ruling]]) -> tuple[str, str, str]:

@@ -128,14 +128,14 @@ def plot_stability(sim, share, P):
     tasks, sizes = _grouped_bars(ax1, a, "reuse", 100)
     ax1.axhline(100 * paper.STABLE, color="black", lw=1, ls=":", label=f"'very stable' threshold {paper.STABLE:.0%}")
     ax1.set(ylabel="D(t, l) already in D(t-1, l) (%)", ylim=(0, 118), title="step-to-step reuse")
-    ax1.legend(fontsize=7, loc="upper left", ncol=3)
+    ax1.legend(fontsize=8, loc="upper left", ncol=3)
     styles = ["-", "--", ":", "-."]
     for (task, s), g in share.groupby(["task", "batch_size"], sort=False):
         ax2.plot(g.cache_ratio, 100 * g.resident_share, ls=styles[sizes.index(s) % 4], marker="o", ms=3,
                  color=f"C{tasks.index(task) % 10}", label=f"{task} b={s}")
     ax2.set(xlabel="cache capacity C/W (C slots per layer / mean W)",
             ylabel="demanded experts already resident (%)", ylim=(0, 100), title="LRU: resident share")
-    ax2.legend(fontsize=7, ncol=2)
+    ax2.legend(fontsize=8, ncol=2)
     title(fig, P, "01 step-to-step stability")
     df = pd.concat([a.assign(panel="reuse"), share.assign(panel="LRU resident share")], ignore_index=True)
     return fig, df

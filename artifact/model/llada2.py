@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Callable, Iterator, Protocol
@@ -156,6 +157,7 @@ class HostCounts:
     def __init__(self):
         self.buffers: dict[tuple, torch.Tensor] = {}       # (device, E) -> pinned (E,) int64
         self.events: dict[object, object] = {}
+        self.wait_seconds = 0.0       # host time blocked in the layer syncs (CUDA), so a timer can take it out
 
     def read(self, counts: torch.Tensor) -> list[int]:
         if counts.device.type != "cuda":
@@ -169,7 +171,9 @@ class HostCounts:
             ev = self.events[counts.device] = torch.cuda.Event()
         buf.copy_(counts, non_blocking=True)               # one D2H transfer, queued behind the router
         ev.record(torch.cuda.current_stream(counts.device))
+        t0 = time.perf_counter()
         ev.synchronize()                                   # the one host sync of the layer
+        self.wait_seconds += time.perf_counter() - t0
         return buf.tolist()                                # host memory: no further sync
 
 
