@@ -392,7 +392,7 @@ def test_every_notebook_figure_is_committed_small_and_linked_from_the_readme():
     for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         for cell in nbformat.read(nb, as_version=4).cells:
             saved |= set(re.findall(r'save\(fig, df, P, "([^"]+)"\)', cell.source))
-    assert len(saved) == 11
+    assert len(saved) == 12
     readme = (ROOT / "README.md").read_text()
     for name in sorted(saved):
         png, csv = ROOT / "figures" / "cpu" / f"{name}.png", ROOT / "data" / "results" / "cpu" / f"{name}.csv"

@@ -123,7 +123,7 @@ STORED = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
 def test_the_eight_notebooks_exist():
-    assert [p.stem.split("_")[0] for p in STORED] == ["00", "01", "02", "03", "04", "05", "06", "07", "09"]
+    assert [p.stem.split("_")[0] for p in STORED] == ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09"]
 
 
 @pytest.mark.parametrize("path", STORED, ids=lambda p: p.stem)

@@ -1,4 +1,4 @@
-"""Command line: python -m artifact {generate,trace,simulate,bench,report,merge,notebooks} ...
+"""Command line: python -m artifact {generate,trace,simulate,bench,report,merge,notebooks,model} ...
 
 Every argument is checked before a checkpoint's weights are read: values and flags first, then what needs
 the config or the tokenizer (positions, the oracle trace's prompts, the tokenizer's fit to the vocabulary),
@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from artifact.cli import bench, claims, doctor, engine, jobs, notebooks, synth
+from artifact.cli import bench, claims, doctor, engine, jobs, model, notebooks, synth
 from artifact.cli.args import add_threads_arg, profile_from_args
 from artifact.errors import SettingError, UserError
 from artifact.experiments.grid import parse_shard
@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_cli(sub)
     jobs.add_cli(sub)
     synth.add_cli(sub)
-    for name in ("synth", "fit"):
+    model.add_cli(sub)
+    for name in ("synth", "fit", "model"):
         add_threads_arg(sub.choices[name])
     return ap
 

@@ -25,6 +25,7 @@ VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURABLE)
 # Counting bases (what an exact count counts) and the interval of timing verdicts (docs/verdicts.md)
 DENOISING, ALL_DEMANDS, PER_RUN = "denoising steps only (prefill excluded)", "all demands (prefill included)", "per run"
 EXACT = "exact counts, no interval"
+MODELED = "modelled: deterministic, no interval"   # a performance-model figure (virtual clock, notebook 08)
 
 
 @dataclass(frozen=True)

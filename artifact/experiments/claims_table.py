@@ -21,7 +21,8 @@ from artifact.paths import atomic_write_text, data_dir, repo_root
 
 # The module behind each notebook (artifact/experiments/<module>.py)
 MODULES = {"00": "quickstart", "01": "working_set", "02": "misses", "03": "throttle", "04": "capacity",
-           "05": "head_to_head", "06": "beyond", "07": "routing_map", "09": "cache_design"}
+           "05": "head_to_head", "06": "beyond", "07": "routing_map", "08": "perf_model",
+           "09": "cache_design"}
 _SAVE = re.compile(r'save\(fig, df, P, "([^"]+)"\)')
 
 

@@ -73,3 +73,5 @@ EVICTION_GAIN = 0.10     # (09) an eviction policy "beats" LRU when it removes m
                          # margin FlashMoE-style reports of +51% hits would clear by far, and FEW's mirror image
 GAP_LEFT = 0.5           # (09) "most of the gap to min is left" when the best eviction closes under half of it
 
+MODEL_ERROR = 0.10       # (08) the performance model is validated when the median absolute error of its seconds per
+                         # step over measured cells is at most 10% (LLM inference simulators such as Vidur report ~9%)

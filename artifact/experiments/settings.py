@@ -25,13 +25,14 @@ import torch
 import yaml
 
 from artifact.errors import ProfileError, SettingError
+from artifact.experiments.hardware import HARDWARE
 from artifact.model.checkpoint import DTYPES
 from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
 from artifact.model.tasks import TASKS
 from artifact.offload.link import LINKS, PCIE_LATENCY_US
 from artifact.offload.policies import check_policy
 from artifact.offload.prepare import RunRequest
-from artifact.offload.timeline import PRIORITIES
+from artifact.offload.timeline import CLOCKS, PRIORITIES
 from artifact.validate import check_number
 
 __all__ = ["PROFILE_DIR", "PROFILE_KEYS", "Profile", "ProfileError", "Settings", "fingerprint", "list_profiles",
@@ -83,6 +84,11 @@ class Settings:
     # (offload/link.py emulated_bandwidth_gbps); cuda -> the hardware's, measured once with a pinned copy
     # when a scale < 1 needs it.
     link_gbps: float | None = None
+    # Time of the stream-driven runs of the performance model (python -m artifact model, notebook 08):
+    # wall = the emulated link sleeps and compute spins for real (cpu-emulated only); virtual = a virtual
+    # clock advances by the hardware profile's modelled costs, nothing sleeps (offload/costs.py).
+    clock: str = "virtual"
+    hardware: str = "cpu-emulated"       # the performance model's hardware profile: a5000 | h200 | cpu-emulated
     # torch intra-op threads of every command (CLI --threads) and bench run. None: 1 for the tiny model on
     # the CPU (its ops are too small to gain from threads, and on 2 shared cores OpenMP spin-waiting made
     # `generate` 27 s instead of 1.2 s), else torch's default (one per core): see resolve_threads.
@@ -441,6 +447,8 @@ def _check_values(p: Settings, origin: dict) -> None:
     choices("device", [p.device.split(":")[0]], ("cpu", "cuda"))
     choices("link", [p.link], LINKS)
     choices("link_priority", [p.link_priority], PRIORITIES)
+    choices("clock", [p.clock], CLOCKS)
+    choices("hardware", [p.hardware], sorted(HARDWARE))
     choices("mode", [p.mode], MODES)
     choices("tasks", p.tasks, TASKS)
     choices("trace_tasks", p.trace_tasks, TASKS)

@@ -157,7 +157,10 @@ class EmulatedLink:
     def __init__(self, bandwidth_gbps: float, latency_us: float = PCIE_LATENCY_US,
                  cap_gbps: float | None = None, clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep, priority: str = "fifo",
-                 chunk_bytes: int | None = None, timeout_s: float = WAIT_TIMEOUT_S):
+                 chunk_bytes: int | None = None, timeout_s: float = WAIT_TIMEOUT_S,
+                 copy_bytes: int | None = None):
+        """copy_bytes: the bytes every copy stands for on the timeline and in the counts, whatever the
+        tensors hold (a virtual-time run of a real model's shape over a small stand-in store)."""
         if bandwidth_gbps <= 0:
             raise ValueError(f"link bandwidth must be > 0 GB/s, got {bandwidth_gbps}")
         if latency_us < 0:
@@ -169,6 +172,7 @@ class EmulatedLink:
         check_priority(priority, chunk_bytes)
         self.clock, self.sleep, self.timeout = clock, sleep, timeout_s
         self.priority, self.chunk_bytes = priority, chunk_bytes
+        self.copy_bytes = copy_bytes
         self.timeline = CopyTimeline(self.bandwidth_gbps, self.latency, priority, chunk_bytes)
         self.stats = LinkStats()
         self.closed = False
@@ -181,7 +185,7 @@ class EmulatedLink:
             raise LinkClosed("copy on a closed link")
         out = []
         for dst, src, label in items:
-            nbytes = src.numel() * src.element_size()
+            nbytes = self.copy_bytes or src.numel() * src.element_size()
             # The slot's address names the destination: a copy into a slot promotes an earlier speculative
             # copy into it that is still waiting, so the slot's copies land in issue order.
             c = self.timeline.issue(self.clock(), nbytes, speculative, key=dst.data_ptr())
@@ -230,6 +234,10 @@ class EmulatedLink:
         return None          # CPU compute is synchronous: a slot is free as soon as the call returns
 
     def _sleep_until(self, deadline: float) -> None:
+        exact = getattr(self.clock, "sleep_until", None)
+        if exact is not None:          # a virtual clock: jump to the deadline
+            exact(deadline)
+            return
         while True:          # coarse sleep, then a short spin: time.sleep overshoots by ~0.1 ms
             left = deadline - self.clock()
             if left <= 0:
@@ -651,7 +659,7 @@ class _EventClock:
 
 def make_link(kind: str, *, device="cpu", bandwidth_gbps: float | None = None, latency_us: float = PCIE_LATENCY_US,
               cap_gbps: float | None = None, expert_bytes: int | None = None, priority: str = "fifo",
-              chunk_bytes: int | None = None):
+              chunk_bytes: int | None = None, clock=None):
     """Build a link by name. The emulated link's default bandwidth is scaled to the model (see
     emulated_bandwidth_gbps); its default speculative chunk under demand priority is one expert; on CUDA the
     bandwidth is the hardware's, and bandwidth_gbps, if given, acts as the cap."""
@@ -675,4 +683,7 @@ def make_link(kind: str, *, device="cpu", bandwidth_gbps: float | None = None, l
         # One expert per chunk: a demand copy waits for at most one speculative expert copy. Smaller chunks pay
         # the per-copy latency again each (measured: 1/6-expert chunks made demand priority slower than fifo).
         chunk_bytes = expert_bytes if expert_bytes else REFERENCE_CHUNK_BYTES
+    if clock is not None:              # virtual time (timeline.VirtualClock): copies of `expert_bytes` each
+        return EmulatedLink(bandwidth_gbps, latency_us, cap_gbps, clock=clock, sleep=clock.sleep, priority=priority,
+                            chunk_bytes=chunk_bytes, timeout_s=math.inf, copy_bytes=expert_bytes)
     return EmulatedLink(bandwidth_gbps, latency_us, cap_gbps, priority=priority, chunk_bytes=chunk_bytes)

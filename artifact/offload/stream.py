@@ -29,12 +29,14 @@ import torch
 
 from artifact.model.decode import generate
 from artifact.model.llada2 import Demand, ExpertWeights, ResidentExperts, expert_ffn, expert_views
-from artifact.offload.cache import ExpertCache
+from artifact.offload.cache import PHASES, ExpertCache
+from artifact.offload.costs import Costs
 from artifact.offload.engine import OffloadEngine
 from artifact.offload.link import make_link
 from artifact.offload.policies import check_policy, make_policy
 from artifact.offload.runner import OffloadSpec, check_device
 from artifact.offload.store import HostStore
+from artifact.offload.timeline import VirtualClock
 from artifact.offload.trace import KINDS, Trace
 from artifact.validate import check_number
 
@@ -134,11 +136,17 @@ def make_store(trace: Trace, shape: ExpertShape, seed: int = 0, pin: bool = Fals
 
 
 def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration: Calibration = Calibration(),
-               device: str = "cpu", store: HostStore | None = None, seed: int = 0, verify: bool = False) -> dict:
+               device: str = "cpu", store: HostStore | None = None, seed: int = 0, verify: bool = False,
+               costs: Costs | None = None) -> dict:
     """Serve every demand of `trace` through an offloaded engine built from `spec` (the oracle's future is
     the trace itself), computing as described in the module docstring. Returns the stats of a model-driven
     run: the cache counts, the link's transfers, bytes, busy and stall seconds, wall seconds, forwards
-    (and prefill forwards), plus demands, accesses and forwards_per_second."""
+    (and prefill forwards), plus demands, accesses and forwards_per_second.
+
+    With `costs` the run is on virtual time (clock "virtual", see run_virtual): nothing sleeps, spins or
+    computes, and `seconds` is the modelled time."""
+    if costs is not None:
+        return run_virtual(trace, spec, costs, seed=seed)
     E = int(trace.meta["num_experts"])
     spec.check(E, device)
     check_device(device)
@@ -147,14 +155,7 @@ def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration:
     if store.packed.shape[2] != shape.params or store.num_experts != E:
         raise ValueError(f"host store holds {tuple(store.packed.shape)} experts; the trace needs "
                          f"(L_moe, {E}, {shape.params})")
-    layers = trace.meta["moe_layers"]
-    future = trace.future() if check_policy(spec.policy).needs_trace else None
-    policy = make_policy(spec.policy, len(layers), E, future=future, engine=True, lookahead=spec.lookahead,
-                         tau=spec.tau)
-    link = make_link(spec.link, device=device, bandwidth_gbps=spec.bandwidth_gbps, latency_us=spec.latency_us,
-                     cap_gbps=spec.cap_gbps, expert_bytes=store.expert_bytes, priority=spec.link_priority)
-    cache = ExpertCache(layers, E, spec.capacity, policy, store.expert_bytes)
-    engine = OffloadEngine(store, cache, link, shape, device)
+    engine, link = _engine(trace, spec, shape, store, device)
     demands = trace.demands
     tokens = max((max(d.counts) for d in demands if d.counts), default=1)
     g = torch.Generator().manual_seed(seed + 1)
@@ -184,6 +185,25 @@ def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration:
         seconds = time.perf_counter() - t0
     finally:
         link.close()
+    return _totals(stats, trace, spec, link, seconds)
+
+
+def _engine(trace: Trace, spec: OffloadSpec, shape: ExpertShape, store: HostStore, device: str, clock=None,
+            expert_bytes: int | None = None):
+    """The engine and link of a stream run; with `clock` (virtual time) every copy stands for
+    `expert_bytes` whatever the store's rows hold."""
+    layers, E = trace.meta["moe_layers"], int(trace.meta["num_experts"])
+    future = trace.future() if check_policy(spec.policy).needs_trace else None
+    policy = make_policy(spec.policy, len(layers), E, future=future, engine=True, lookahead=spec.lookahead,
+                         tau=spec.tau)
+    nbytes = expert_bytes or store.expert_bytes
+    link = make_link(spec.link, device=device, bandwidth_gbps=spec.bandwidth_gbps, latency_us=spec.latency_us,
+                     cap_gbps=spec.cap_gbps, expert_bytes=nbytes, priority=spec.link_priority, clock=clock)
+    cache = ExpertCache(layers, E, spec.capacity, policy, nbytes)
+    return OffloadEngine(store, cache, link, shape, device), link
+
+
+def _totals(stats: dict, trace: Trace, spec: OffloadSpec, link, seconds: float) -> dict:
     prefill = trace.kind == KINDS.index("prefill")
     forwards = len(np.unique(trace.forward[~prefill]))            # denoising forwards, as the decoder counts them
     prefills = len(np.unique(trace.forward[prefill]))
@@ -191,4 +211,59 @@ def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration:
                  accesses=trace.accesses, forwards_per_second=forwards / seconds if seconds else float("nan"),
                  policy=spec.policy, link=spec.link, link_bandwidth_gbps=getattr(link, "bandwidth_gbps", None),
                  offload=True, driven_by="stream")
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Virtual time
+# ---------------------------------------------------------------------------------------------
+STAND_IN = ExpertShape(1, 1)      # the store of a virtual run: 3 numbers per expert (bytes come from costs)
+
+
+def run_virtual(trace: Trace, spec: OffloadSpec, costs: Costs, seed: int = 0) -> dict:
+    """The stream run on virtual time: the same engine, cache, policy and link (an EmulatedLink on a
+    VirtualClock, every copy costs.expert_bytes), with each action charged its modelled cost (offload/costs.py)
+    instead of being done. The host store is a stand-in (STAND_IN), so any model shape replays in kilobytes.
+
+    Besides run_stream's stats, `time` holds the modelled split in seconds: compute (non-expert), experts,
+    host, stall, and the same per phase (prefill, first, later), plus steps."""
+    E = int(trace.meta["num_experts"])
+    spec.check(E, "cpu")
+    if spec.link != "emulated":
+        raise ValueError(f"a virtual-time run models the link on its timeline: give link 'emulated', not {spec.link!r}")
+    clock = VirtualClock()
+    store = make_store(trace, STAND_IN, seed)
+    engine, link = _engine(trace, spec, STAND_IN, store, "cpu", clock=clock, expert_bytes=costs.expert_bytes)
+    first_layer = trace.meta["moe_layers"][0]
+    split = {ph: dict.fromkeys(("compute", "experts", "host", "stall", "seconds"), 0.0) for ph in PHASES}
+    try:
+        for d, phase in zip(trace.demands, trace.phases):
+            acc = split[PHASES[phase]]
+            t0, stall0, copies0 = clock(), link.stats.stall_seconds, link.stats.transfers
+            c = costs.compute(d, d.layer == first_layer)
+            h = costs.host()
+            clock.advance(c)
+            clock.advance(h)
+            acc["compute"] += c
+            count = dict(zip(d.experts, d.counts, strict=True))
+            first = True
+            for g in engine.groups(d):
+                if first:          # the host issued the layer's copies (Python per copy) before computing
+                    dh = costs.per_copy * (link.stats.transfers - copies0)
+                    clock.advance(dh)
+                    h += dh
+                    first = False
+                dt = costs.group([count[e] for e in g.experts])
+                clock.advance(dt)
+                acc["experts"] += dt
+            acc["host"] += h
+            acc["stall"] += link.stats.stall_seconds - stall0
+            acc["seconds"] += clock() - t0
+        stats = engine.finish()
+    finally:
+        link.close()
+    stats = _totals(stats, trace, spec, link, clock())
+    totals = {k: sum(p[k] for p in split.values()) for k in ("compute", "experts", "host", "stall")}
+    stats["time"] = {**totals, "by_phase": split}
+    stats["link_bandwidth_gbps"] = link.bandwidth_gbps
     return stats

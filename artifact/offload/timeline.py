@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 PRIORITIES = ("fifo", "demand")
+CLOCKS = ("wall", "virtual")          # real time, or a VirtualClock advanced by modelled costs (offload/costs.py)
 REFERENCE_CHUNK_BYTES = 1 << 20       # 1 MiB: ~42 us on PCIe 4, a sixth of a LLaDA2.0-mini expert
 
 
@@ -235,3 +236,17 @@ class ManualClock:
 
     def sleep(self, dt: float) -> None:
         self.t += dt
+
+
+class VirtualClock(ManualClock):
+    """The clock of a virtual-time run (offload/stream.py, clock "virtual"): the run advances it by each
+    action's modelled cost, and a link that waits on it jumps exactly to the copy's end (no float drift
+    from sleeping a difference), so a wait's length is the stall, to the bit."""
+
+    def advance(self, dt: float) -> None:
+        assert dt >= 0, f"virtual time cannot run backwards ({dt})"
+        self.t += dt
+
+    def sleep_until(self, deadline: float) -> None:
+        self.t = max(self.t, deadline)
+

@@ -1,0 +1,192 @@
+"""The performance model: the engine on a virtual clock (offload/stream.run_virtual, offload/costs.py),
+its hardware profiles (experiments/hardware.py), `python -m artifact model`, and the GPU validation's counts."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from artifact.cli import main
+from artifact.errors import ProfileError
+from artifact.experiments.hardware import HARDWARE, committed_gpu_check, from_gpu_check, hardware, load_gpu_check
+from artifact.experiments.perf_model import model_grid, validate_gpu
+from artifact.experiments.settings import load_profile
+from artifact.model.llada2 import Demand, StepInfo
+from artifact.offload.costs import Costs, Hardware, Shape
+from artifact.offload.policies import POLICIES
+from artifact.offload.runner import OffloadSpec
+from artifact.offload.sim import replay
+from artifact.offload.stream import run_virtual
+from artifact.offload.synth import SynthParams, synth
+from artifact.offload.trace import TraceRecorder
+
+US = 1e-6
+
+# --- the worked example of docs/perf_model.md -----------------------------------------------------------
+# Every (forward, MoE layer) costs 10 us of non-expert compute, every expert 10 us, no host time; a copy is
+# 20 us latency + 60 000 bytes at 1 GB/s = 80 us. Two MoE layers, C = 2 slots each, last_step.
+HAND = Hardware("hand", h2d_gbps=1.0, copy_latency_us=20.0, launch_us=0.0, sync_us=0.0, plan_us=0.0,
+                copy_host_us=0.0, expert_us=10.0, other_us_per_demand=10.0, kernels_per_layer=0, kernels_per_group=0)
+HAND_SHAPE = Shape(hidden_size=1000, moe_intermediate_size=10, intermediate_size=1, num_attention_heads=1,
+                   num_key_value_heads=1, head_dim=1, num_experts=6, top_k=1, num_shared_experts=0, dense_layers=0,
+                   vocab_size=1, block_length=32)        # 3 x 1000 x 10 x 2 bytes = 60 000 bytes per expert
+
+
+def hand_trace():
+    rec = TraceRecorder()
+    steps = [{1: (5,), 2: (0, 1, 3, 4)},       # step 0: layer 2's four experts stream through its 2 slots
+             {1: (0,), 2: (4,)}]               # step 1: last_step refetches 0 and 1 into layer 2, evicting 3 and 4
+    for t, layers in enumerate(steps):
+        for layer, experts in layers.items():
+            rec(Demand(StepInfo(t, 0, t, "denoise"), layer, experts, (1,) * len(experts)))
+    return rec.trace({"moe_layers": [1, 2], "num_experts": 6, "config_hash": "hand", "task": "hand",
+                      "batch_size": 1, "expert_bytes": 60_000})
+
+
+@pytest.mark.parametrize("priority, step1, stall", [
+    # fifo: layer 2's demand copy of expert 4 (issued at 550) waits behind both prefetches: lands at 770.
+    ("fifo", 340.0, 670.0),
+    # demand: it waits only for the prefetch already on the link (530-610), lands at 690.
+    ("demand", 260.0, 590.0),
+])
+def test_worked_example(priority, step1, stall):
+    costs = Costs(HAND, HAND_SHAPE)
+    assert costs.expert_bytes == 60_000 and costs.link_gbps == 1.0
+    spec = OffloadSpec(2, "last_step", "emulated", bandwidth_gbps=1.0, latency_us=20.0, link_priority=priority)
+    st = run_virtual(hand_trace(), spec, costs)
+    by_phase = st["time"]["by_phase"]
+    # step 0 (the block's first step): 10 + 80 stall + 10 (layer 1, ends 100); 10 + 80 + 10 + 70 + 10 + 70 + 10
+    # + 70 + 10 (layer 2: four experts, each copy queued behind the last, ends 440).
+    assert by_phase["first"]["seconds"] == pytest.approx(440 * US, abs=1e-12)
+    assert by_phase["first"]["stall"] == pytest.approx(370 * US, abs=1e-12)
+    assert by_phase["later"]["seconds"] == pytest.approx(step1 * US, abs=1e-12)
+    assert st["seconds"] == pytest.approx((440 + step1) * US, abs=1e-12)
+    assert st["stall_seconds"] == pytest.approx(stall * US, abs=1e-12)
+    assert (st["demand_misses"], st["speculative_transfers"], st["prefetch_hits"]) == (7, 2, 0)
+
+
+# --- counts: the simulator's, for every engine policy -------------------------------------------------
+ENGINE_POLICIES = sorted(n for n, cls in POLICIES.items() if cls.engine_ok and not cls.needs_prediction)
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return synth(SynthParams(layers=4, blocks=2, steps=8, prefill=2.0, w=40.0, seed=3))
+
+
+@pytest.mark.parametrize("policy", ENGINE_POLICIES)
+@pytest.mark.parametrize("priority", ["fifo", "demand"])
+def test_virtual_counts_equal_the_simulator(stream, policy, priority):
+    costs = Costs(HARDWARE["h200"], Shape.of_name("llada2-mini"))
+    spec = OffloadSpec(40, policy, "emulated", bandwidth_gbps=costs.link_gbps, latency_us=10.0,
+                       link_priority=priority)
+    st = run_virtual(stream, spec, costs)
+    sim = replay(stream, policy, 40)
+    for k in ("demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches"):
+        assert st[k] == sim[k], k
+    assert st["seconds"] > 0 and st["stall_seconds"] >= 0
+
+
+def test_limits_bound_the_modelled_time(stream):
+    df = model_grid([stream], HARDWARE["h200"], "llada2-mini", ["demand", "oracle"], [0.5, 1.0], ["fifo", "demand"])
+    assert len(df) == 8
+    assert (df.floor_per_step <= df.limit_per_step + 1e-15).all()
+    assert (df.limit_per_step <= df.seconds_per_step + 1e-15).all()
+    assert (df.min_misses <= df.transfers).all()          # min bounds every policy's link transfers
+
+
+# --- the command line ---------------------------------------------------------------------------------
+@pytest.fixture
+def trace_file(tmp_path, stream):
+    return stream.save(tmp_path / "stream.safetensors")
+
+
+def test_two_runs_give_identical_json(trace_file, capsys):
+    args = ["model", "--trace", str(trace_file), "--hardware", "h200", "--shape", "llada2-mini", "--policies",
+            "demand,last_step,oracle", "--cache-ratios", "0.43,1,1.73", "--link-priority", "fifo,demand", "--json"]
+    outs = []
+    for _ in range(2):
+        assert main(args) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1]
+    rows = json.loads(outs[0])
+    assert len(rows) == 3 * 3 * 2
+    assert all(r["tokens_per_second"] > 0 and r["limit_per_step"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--hardware", "h100"], "unknown hardware 'h100'"),
+    (["--shape", "llada2-huge"], "unknown shape 'llada2-huge'"),
+    (["--cache-ratios", "0"], "--cache-ratios"),
+    (["--cache-ratios=-1,1"], "--cache-ratios"),
+    (["--link-priority", "lifo"], "--link-priority"),
+    (["--policies", "belady"], "belady"),
+    (["--clock", "sundial"], "--clock"),
+    (["--clock", "wall", "--hardware", "h200"], "calibrated"),
+])
+def test_bad_input_is_one_line_and_exit_2(trace_file, capsys, args, says):
+    code = main(["model", "--trace", str(trace_file), *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error:") and err.count("\n") == 1 and says in err, err
+
+
+def test_missing_trace_is_one_line(tmp_path, capsys):
+    code = main(["model", "--trace", str(tmp_path / "none.safetensors")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+
+
+def test_wall_clock_runs_the_same_counts(stream):
+    """clock 'wall' (cpu-emulated, shape tiny): the same engine on real time, the same counts."""
+    short = synth(SynthParams(layers=2, blocks=1, steps=4, w=20.0, seed=1))
+    hw = HARDWARE["cpu-emulated"]
+    v, w = (model_grid([short], hw, "tiny", ["last_step"], [1.0], clock=c) for c in ("virtual", "wall"))
+    for k in ("demand_misses", "speculative_transfers", "prefetch_hits", "limit_per_step", "floor_per_step"):
+        assert v[k].tolist() == w[k].tolist()
+    assert (w.seconds > 0).all() and (w.clock == "wall").all()
+
+
+# --- hardware profiles and settings -------------------------------------------------------------------
+def test_h200_numbers_are_the_committed_gpu_check():
+    measured = from_gpu_check(load_gpu_check(committed_gpu_check()))
+    for k, v in measured.items():
+        assert getattr(HARDWARE["h200"], k) == v, k
+    assert hardware("h200", committed_gpu_check()) == HARDWARE["h200"]
+
+
+def test_a_dry_run_report_is_refused(tmp_path):
+    p = tmp_path / "dry.json"
+    p.write_text(json.dumps({"dry_run_on_cpu": True}))
+    with pytest.raises(ValueError, match="not a GPU run"):
+        hardware("h200", p)
+
+
+def test_clock_and_hardware_are_settings():
+    assert load_profile("cpu", {"clock": "wall", "hardware": "a5000"}).clock == "wall"
+    for key, bad in (("clock", "sundial"), ("hardware", "h100")):
+        with pytest.raises(ProfileError, match=key):
+            load_profile("cpu", {key: bad})
+
+
+def test_gpu_validation_replays_the_measured_counts():
+    """The model on gpu_check's recorded routing gives the H200 runs' own miss and transfer counts."""
+    df = validate_gpu()
+    assert len(df) == 12
+    assert (df.modeled_demand_misses == df.measured_demand_misses).all()
+
+
+def test_notebook_grid_and_claims_on_a_small_stream():
+    """Notebook 08's grid, figure data and claims, on a stream small enough for the unit tier."""
+    from artifact.experiments import perf_model as pm
+    small = synth(SynthParams(layers=2, blocks=1, steps=4, w=30.0, seed=2))
+    grid = pm.gpu_grid({"paper point": small, "other": small}, progress=False)
+    assert set(grid.hardware) == {"a5000", "h200"} and set(grid["shape"]) == {"llada2-mini", "llada2-flash"}
+    assert set(grid[grid.trace == "other"]["shape"]) == {"llada2-mini"}
+    assert "cross_layer" not in set(grid.policy)             # a synthetic stream carries no predictions
+    d = pm.diffs(grid)
+    assert len(d) == 2 * 2 * len(pm.GRID_RATIOS) + 2 * len(pm.GRID_RATIOS)
+    summary = {"median_abs_error": 0.05, "worst_abs_error": 0.2, "cells": 6, "signs": []}
+    claims = pm.verdicts(grid, summary, summary, "given")
+    assert len(claims) == 4 and claims[-1].verdict == "reproduced" and claims[-1].timing
+    assert all(c.claim.startswith("[modeled") or c.claim.startswith("[own result") for c in claims)
