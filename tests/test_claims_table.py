@@ -27,6 +27,17 @@ def test_the_readme_claims_table_is_the_generated_one():
         "`python -c 'from artifact.experiments import claims_table; claims_table.update_readme()'`")
 
 
+def test_the_readme_agreement_block_is_the_generated_one():
+    """The README's verdict agreement over repeated runs is rendered from the stored runs' records."""
+    readme = (ROOT / "README.md").read_text()
+    runs = claims_table.agreement_runs("cpu", RESULTS)
+    assert len(runs) >= 3, "the README states the agreement of 3 runs: data/results/cpu/agreement/run*/"
+    begin, end = claims_table.agreement_markers("cpu")
+    stored = readme.split(begin)[1].split(end)[0].strip()
+    assert stored == claims_table.render_agreement(runs), (
+        "README's agreement block differs from the stored runs: `python -m artifact claims --update-readme`")
+
+
 def test_agreement_counts_runs_that_disagree(tmp_path):
     def run(name, verdicts):
         d = tmp_path / name
