@@ -137,21 +137,28 @@ class TokenLRU(Eviction):
 
 class _ScoredEviction(Eviction):
     """Evicts the lowest score, ties by LRU; keeps an oversized demand's highest scores (ties: LRU's order
-    of hits then misses). Subclasses keep `self.score` (L, E) up to date in `demanded`."""
+    of hits then misses). Subclasses keep `self.score` (L, E) up to date in `demanded`, or override
+    `current_row` when the score of a layer's experts is derived from it."""
 
     def __init__(self, num_layers: int, num_experts: int):
         super().__init__(num_layers, num_experts)
         self.score = np.zeros((num_layers, num_experts), dtype=np.float64)
+        self._score_rows = list(self.score)                                # row views, built once
+
+    def current_row(self, i: int) -> np.ndarray:
+        """(E,) the scores of layer i's experts now (a view; read only)."""
+        return self._score_rows[i]
 
     def current(self, i: int, experts: np.ndarray) -> np.ndarray:
-        return self.score[i, experts]
+        return self.current_row(i)[experts]
 
     def keep_order(self, i, experts, counts, hit, step):
-        lru = super().keep_order(i, experts, counts, hit, step)
-        return lru[np.argsort(self.current(i, lru), kind="stable")]
+        # lowest score first; ties by LRU's keep order (hits, then misses, each ascending: experts is ascending
+        # and lexsort is stable)
+        return experts[np.lexsort((~hit, self.current_row(i)[experts]))]
 
     def victim_keys(self, i, residents):
-        return ranks(self._stamp_rows[i][residents], self.current(i, residents))
+        return ranks(self._stamp_rows[i][residents], self.current_row(i)[residents])
 
 
 @register_eviction
@@ -169,14 +176,14 @@ class LFU(_ScoredEviction):
         self.perfect = perfect
 
     def demanded(self, i, experts, counts, hit, step):
-        row = self.score[i]
+        row = self._score_rows[i]
         if not self.perfect:
             row[experts[~hit]] = 0.0          # a miss is loaded now (also one that streams through)
         row[experts] += 1.0
 
     def evicted(self, i, experts):
         if not self.perfect:
-            self.score[i, experts] = 0.0
+            self._score_rows[i][experts] = 0.0
 
 
 @register_eviction
@@ -196,7 +203,7 @@ class LFUWindow(_ScoredEviction):
         self.window = [deque() for _ in range(num_layers)]
 
     def demanded(self, i, experts, counts, hit, step):
-        w, row = self.window[i], self.score[i]
+        w, row = self.window[i], self._score_rows[i]
         w.append(experts)
         row[experts] += 1.0
         if len(w) > self.steps:
@@ -219,14 +226,22 @@ class LRFU(_ScoredEviction):
         self.lam = lam
         self.now = np.zeros(num_layers, dtype=_INT64)                     # forwards seen per layer
         self.at = np.zeros((num_layers, num_experts), dtype=_INT64)       # when score was last brought up to date
+        # The decayed scores of each layer at its `now`: a layer's scores change only at its own forwards, so
+        # they are computed once per forward (every expert's, elementwise as before) and read by keep_order,
+        # victim_keys and the prefetches into the layer until its next forward.
+        self._now_rows = [np.zeros(num_experts) for _ in range(num_layers)]
 
-    def current(self, i, experts):
-        return self.score[i, experts] * np.exp2(-self.lam * (self.now[i] - self.at[i, experts]))
+    def current_row(self, i):
+        return self._now_rows[i]
 
     def demanded(self, i, experts, counts, hit, step):
         self.now[i] += 1
-        self.score[i, experts] = self.current(i, experts) + counts
-        self.at[i, experts] = self.now[i]
+        now, at, score = self.now[i], self.at[i], self._score_rows[i]
+        row = score * np.exp2(-self.lam * (now - at))
+        row[experts] += counts
+        score[experts] = row[experts]
+        at[experts] = now
+        self._now_rows[i] = row
 
 
 @register_eviction
@@ -248,7 +263,7 @@ class BlockTokens(_ScoredEviction):
         self.carry = carry
 
     def demanded(self, i, experts, counts, hit, step):
-        row = self.score[i]
+        row = self._score_rows[i]
         if step.kind == "prefill" or step.block_step == 0:
             row *= self.carry
         row[experts] += counts
