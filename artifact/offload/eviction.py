@@ -338,18 +338,23 @@ class ARC(_ListEviction):
         C, T1, T2, B1, B2 = self.capacity, self.T1[i], self.T2[i], self.B1[i], self.B2[i]
         self._demanding = True
         demand = set(experts.tolist())
-        for e in experts[hit].tolist():                    # a hit moves to T2's most recent end
-            T1.pop(e, None)
-            T2.pop(e, None)
-            T2[e] = True
+        hits = experts[hit].tolist()
+        if hits:                                           # the hits move to T2's most recent end, in order
+            moved = set(hits)                              # (T1 and T2 rebuilt: one pass, not a pop per hit)
+            if not moved.isdisjoint(T1):
+                T1 = self.T1[i] = {e: True for e in T1 if e not in moved}
+            T2 = self.T2[i] = {e: True for e in T2 if e not in moved}
+            T2.update(dict.fromkeys(hits, True))
         misses = experts[~hit].tolist()
         self._victims = None
         if len(experts) > C:                               # a wave: LRU's last C stay (the misses come last);
-            kept = set(misses[-C:])                        # the cache reports the residents it evicts
-            for e in misses:
-                B1.pop(e, None)
-                B2.pop(e, None)
-                (T1 if e in kept else B1)[e] = True
+            loaded = set(misses)                           # the cache reports the residents it evicts
+            if not loaded.isdisjoint(B1):
+                B1 = self.B1[i] = {e: True for e in B1 if e not in loaded}
+            if not loaded.isdisjoint(B2):
+                B2 = self.B2[i] = {e: True for e in B2 if e not in loaded}
+            B1.update(dict.fromkeys(misses[:-C], True))
+            T1.update(dict.fromkeys(misses[-C:], True))
             self._trim(i)
             return
         victims = []
@@ -493,11 +498,19 @@ class S3FIFO(_ListEviction):
         misses = experts[~hit].tolist()
         C = self.capacity
         if len(experts) > C:                               # a wave: LRU's last C stay (the misses come last)
-            for e in misses[:-C]:
-                self.ghost[i].pop(e, None)
-                self._ghost_add(i, e)
+            ghost, size = self.ghost[i], self.ghost_size   # (_ghost_add and _insert inlined: a wave is most
+            for e in misses[:-C]:                          # of a demand's misses)
+                ghost.pop(e, None)
+                if size > 0:
+                    if len(ghost) >= size:
+                        del ghost[next(iter(ghost))]
+                    ghost[e] = True
+            small_size, fresh = self.small_size, not self.has_evicted[i]
             for e in misses[-C:]:
-                self._insert(i, e, self.ghost[i].pop(e, None) is not None)
+                if ghost.pop(e, None) is not None or small_size == 0 or (fresh and len(small) >= small_size):
+                    main[e] = 0
+                else:
+                    small[e] = 0
             return
         demand = set(experts.tolist())
         victims = []
@@ -509,11 +522,15 @@ class S3FIFO(_ListEviction):
         self._victims = (i, victims)
 
     def evicted(self, i, experts):
+        small, main, ghost, size = self.small[i], self.main[i], self.ghost[i], self.ghost_size
         for e in experts.tolist():
-            if self.small[i].pop(e, None) is not None:
-                self._ghost_add(i, e)
+            if small.pop(e, None) is not None:
+                if size > 0 and e not in ghost:           # _ghost_add, inlined: a wave evicts many
+                    if len(ghost) >= size:
+                        del ghost[next(iter(ghost))]
+                    ghost[e] = True
             else:
-                self.main[i].pop(e, None)
+                main.pop(e, None)
 
     def prefetch_victims(self, i, candidates):
         cand = set(candidates.tolist())
