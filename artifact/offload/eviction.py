@@ -17,8 +17,9 @@ resident, step the model's StepInfo; i is the MoE position):
   demanded(i, experts, counts, hit, step)   every demand, once, before it is planned (update scores)
   keep_order(i, experts, counts, hit, step) the demanded experts, least worth keeping first: when the demand
                                             outgrows C the last C stay, and `touch` gets this order
-  victim_keys(i, residents)                 a fresh int64 array of keys, distinct among residents; the lowest
-                                            is evicted first (or override victim_order(i, candidates))
+  victim_keys(i, residents)                 a fresh array of keys (int64, or complex: ordered by real part, then
+                                            imaginary part), distinct among residents; the lowest is evicted
+                                            first (or override victim_order(i, candidates))
   touch(i, ordered)                         uses in order, the later the more recent (demands and prefetches)
   evicted(i, experts)                       residents that just lost their slot
   attach(capacity)                          once, by the cache: C
@@ -46,14 +47,6 @@ import numpy as np
 from artifact.errors import SettingError
 
 _INT64 = np.int64
-
-
-def ranks(*keys: np.ndarray) -> np.ndarray:
-    """Distinct int64 keys from a lexicographic order (the last key is the primary one, as np.lexsort)."""
-    order = np.lexsort(keys)
-    out = np.empty(len(order), dtype=_INT64)
-    out[order] = np.arange(len(order), dtype=_INT64)
-    return out
 
 
 class Eviction:
@@ -158,7 +151,10 @@ class _ScoredEviction(Eviction):
         return experts[np.lexsort((~hit, self.current_row(i)[experts]))]
 
     def victim_keys(self, i, residents):
-        return ranks(self._stamp_rows[i][residents], self.current_row(i)[residents])
+        # score first, then last use, as one complex key: numpy orders complex numbers by their real part, then
+        # their imaginary part (np.sort), so its argsort is lexsort((stamp, score))'s; stamps are exact in
+        # float64 (< 2**53), and the cache's never-evict mark (int64 max) exceeds every score
+        return self.current_row(i)[residents] + self._stamp_rows[i][residents] * 1j
 
 
 @register_eviction
