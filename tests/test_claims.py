@@ -17,6 +17,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from artifact.experiments import (  # noqa: E402
+    cache_design,
     capacity,
     claims,
     head_to_head,
@@ -181,6 +182,39 @@ def test_the_aa_control_gates_the_capacity_verdicts():
     assert low.verdict == REPRODUCED            # at 0.43 the control does not differ: that C/W stays judged
     old, _ = capacity.tables(rows)
     assert "no A/A control" in capacity.verdicts(capacity.numbers(old, rows))[1].measured
+
+
+def test_cache_design_bench_judges_the_best_eviction_against_lru_gated_by_the_control():
+    """09's throughput claim: the best eviction over lru in tokens/s, ruled by `faster` and gated by the A/A
+    control, labelled as the artifact's own result; its bench is one small cell with enough pairs."""
+    best = "demand+lrfu:lam=2"
+
+    def verdict(rows):
+        return cache_design.bench_verdict(cache_design.bench_numbers(rows, best))
+
+    def with_control(rows, like: str):
+        same = rows[rows.policy == like]
+        return pd.concat([rows, same.assign(policy=CONTROL)], ignore_index=True)
+
+    ahead = with_control(bench_rows({1.0: 6.0}, policies=(best, "demand")), "demand")
+    c = verdict(ahead)
+    assert c.verdict == REPRODUCED and c.timing and c.claim.startswith("[own result]") and "lrfu:lam=2" in c.claim
+    assert c.pairs == 8 and f"A/A control ({CONTROL} over demand): C/W 1" in c.measured
+    assert "demand misses over the timed runs: lru 720, lrfu:lam=2 800" in c.measured
+    behind = with_control(bench_rows({1.0: -6.0}, policies=(best, "demand")), "demand")
+    assert verdict(behind).verdict == NOT_REPRODUCED
+    level = with_control(bench_rows({1.0: 0.0}, policies=(best, "demand"), noise=3.0), "demand")
+    assert verdict(level).verdict == INCONCLUSIVE
+    biased = with_control(bench_rows({1.0: 6.0}, policies=(best, "demand")), best)    # times like the best
+    c = verdict(biased)
+    assert c.verdict == INCONCLUSIVE and "A/A control" in c.reason and "excludes 0" in c.reason
+    assert "no A/A control" in verdict(bench_rows({1.0: 6.0}, policies=(best, "demand"))).measured
+    few = bench_rows({1.0: 6.0}, reps=1, policies=(best, "demand"))
+    assert verdict(few[(few.task == "gsm8k") & (few.batch_size == 1)]).verdict == INCONCLUSIVE   # 1 pair
+    P = cache_design.bench_profile(load_profile("cpu"), best)
+    assert P.policies == ("demand", best, CONTROL) and P.batch_sizes == (1,) and len(P.tasks) == 1
+    assert P.cache_ratios == (cache_design.BENCH_RATIO,) and P.warmup == 1
+    assert P.repetitions * len(P.tasks) * len(P.batch_sizes) >= paper.MIN_PAIRS
 
 
 def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):

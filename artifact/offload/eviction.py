@@ -17,8 +17,9 @@ resident, step the model's StepInfo; i is the MoE position):
   demanded(i, experts, counts, hit, step)   every demand, once, before it is planned (update scores)
   keep_order(i, experts, counts, hit, step) the demanded experts, least worth keeping first: when the demand
                                             outgrows C the last C stay, and `touch` gets this order
-  victim_keys(i, residents)                 a fresh int64 array of keys, distinct among residents; the lowest
-                                            is evicted first (or override victim_order(i, candidates))
+  victim_keys(i, residents)                 a fresh array of keys (int64, or complex: ordered by real part, then
+                                            imaginary part), distinct among residents; the lowest is evicted
+                                            first (or override victim_order(i, candidates))
   touch(i, ordered)                         uses in order, the later the more recent (demands and prefetches)
   evicted(i, experts)                       residents that just lost their slot
   attach(capacity)                          once, by the cache: C
@@ -46,14 +47,6 @@ import numpy as np
 from artifact.errors import SettingError
 
 _INT64 = np.int64
-
-
-def ranks(*keys: np.ndarray) -> np.ndarray:
-    """Distinct int64 keys from a lexicographic order (the last key is the primary one, as np.lexsort)."""
-    order = np.lexsort(keys)
-    out = np.empty(len(order), dtype=_INT64)
-    out[order] = np.arange(len(order), dtype=_INT64)
-    return out
 
 
 class Eviction:
@@ -137,21 +130,31 @@ class TokenLRU(Eviction):
 
 class _ScoredEviction(Eviction):
     """Evicts the lowest score, ties by LRU; keeps an oversized demand's highest scores (ties: LRU's order
-    of hits then misses). Subclasses keep `self.score` (L, E) up to date in `demanded`."""
+    of hits then misses). Subclasses keep `self.score` (L, E) up to date in `demanded`, or override
+    `current_row` when the score of a layer's experts is derived from it."""
 
     def __init__(self, num_layers: int, num_experts: int):
         super().__init__(num_layers, num_experts)
         self.score = np.zeros((num_layers, num_experts), dtype=np.float64)
+        self._score_rows = list(self.score)                                # row views, built once
+
+    def current_row(self, i: int) -> np.ndarray:
+        """(E,) the scores of layer i's experts now (a view; read only)."""
+        return self._score_rows[i]
 
     def current(self, i: int, experts: np.ndarray) -> np.ndarray:
-        return self.score[i, experts]
+        return self.current_row(i)[experts]
 
     def keep_order(self, i, experts, counts, hit, step):
-        lru = super().keep_order(i, experts, counts, hit, step)
-        return lru[np.argsort(self.current(i, lru), kind="stable")]
+        # lowest score first; ties by LRU's keep order (hits, then misses, each ascending: experts is ascending
+        # and lexsort is stable)
+        return experts[np.lexsort((~hit, self.current_row(i)[experts]))]
 
     def victim_keys(self, i, residents):
-        return ranks(self._stamp_rows[i][residents], self.current(i, residents))
+        # score first, then last use, as one complex key: numpy orders complex numbers by their real part, then
+        # their imaginary part (np.sort), so its argsort is lexsort((stamp, score))'s; stamps are exact in
+        # float64 (< 2**53), and the cache's never-evict mark (int64 max) exceeds every score
+        return self.current_row(i)[residents] + self._stamp_rows[i][residents] * 1j
 
 
 @register_eviction
@@ -169,14 +172,14 @@ class LFU(_ScoredEviction):
         self.perfect = perfect
 
     def demanded(self, i, experts, counts, hit, step):
-        row = self.score[i]
+        row = self._score_rows[i]
         if not self.perfect:
             row[experts[~hit]] = 0.0          # a miss is loaded now (also one that streams through)
         row[experts] += 1.0
 
     def evicted(self, i, experts):
         if not self.perfect:
-            self.score[i, experts] = 0.0
+            self._score_rows[i][experts] = 0.0
 
 
 @register_eviction
@@ -196,7 +199,7 @@ class LFUWindow(_ScoredEviction):
         self.window = [deque() for _ in range(num_layers)]
 
     def demanded(self, i, experts, counts, hit, step):
-        w, row = self.window[i], self.score[i]
+        w, row = self.window[i], self._score_rows[i]
         w.append(experts)
         row[experts] += 1.0
         if len(w) > self.steps:
@@ -219,14 +222,22 @@ class LRFU(_ScoredEviction):
         self.lam = lam
         self.now = np.zeros(num_layers, dtype=_INT64)                     # forwards seen per layer
         self.at = np.zeros((num_layers, num_experts), dtype=_INT64)       # when score was last brought up to date
+        # The decayed scores of each layer at its `now`: a layer's scores change only at its own forwards, so
+        # they are computed once per forward (every expert's, elementwise as before) and read by keep_order,
+        # victim_keys and the prefetches into the layer until its next forward.
+        self._now_rows = [np.zeros(num_experts) for _ in range(num_layers)]
 
-    def current(self, i, experts):
-        return self.score[i, experts] * np.exp2(-self.lam * (self.now[i] - self.at[i, experts]))
+    def current_row(self, i):
+        return self._now_rows[i]
 
     def demanded(self, i, experts, counts, hit, step):
         self.now[i] += 1
-        self.score[i, experts] = self.current(i, experts) + counts
-        self.at[i, experts] = self.now[i]
+        now, at, score = self.now[i], self.at[i], self._score_rows[i]
+        row = score * np.exp2(-self.lam * (now - at))
+        row[experts] += counts
+        score[experts] = row[experts]
+        at[experts] = now
+        self._now_rows[i] = row
 
 
 @register_eviction
@@ -248,7 +259,7 @@ class BlockTokens(_ScoredEviction):
         self.carry = carry
 
     def demanded(self, i, experts, counts, hit, step):
-        row = self.score[i]
+        row = self._score_rows[i]
         if step.kind == "prefill" or step.block_step == 0:
             row *= self.carry
         row[experts] += counts
@@ -323,18 +334,23 @@ class ARC(_ListEviction):
         C, T1, T2, B1, B2 = self.capacity, self.T1[i], self.T2[i], self.B1[i], self.B2[i]
         self._demanding = True
         demand = set(experts.tolist())
-        for e in experts[hit].tolist():                    # a hit moves to T2's most recent end
-            T1.pop(e, None)
-            T2.pop(e, None)
-            T2[e] = True
+        hits = experts[hit].tolist()
+        if hits:                                           # the hits move to T2's most recent end, in order
+            moved = set(hits)                              # (T1 and T2 rebuilt: one pass, not a pop per hit)
+            if not moved.isdisjoint(T1):
+                T1 = self.T1[i] = {e: True for e in T1 if e not in moved}
+            T2 = self.T2[i] = {e: True for e in T2 if e not in moved}
+            T2.update(dict.fromkeys(hits, True))
         misses = experts[~hit].tolist()
         self._victims = None
         if len(experts) > C:                               # a wave: LRU's last C stay (the misses come last);
-            kept = set(misses[-C:])                        # the cache reports the residents it evicts
-            for e in misses:
-                B1.pop(e, None)
-                B2.pop(e, None)
-                (T1 if e in kept else B1)[e] = True
+            loaded = set(misses)                           # the cache reports the residents it evicts
+            if not loaded.isdisjoint(B1):
+                B1 = self.B1[i] = {e: True for e in B1 if e not in loaded}
+            if not loaded.isdisjoint(B2):
+                B2 = self.B2[i] = {e: True for e in B2 if e not in loaded}
+            B1.update(dict.fromkeys(misses[:-C], True))
+            T1.update(dict.fromkeys(misses[-C:], True))
             self._trim(i)
             return
         victims = []
@@ -478,11 +494,19 @@ class S3FIFO(_ListEviction):
         misses = experts[~hit].tolist()
         C = self.capacity
         if len(experts) > C:                               # a wave: LRU's last C stay (the misses come last)
-            for e in misses[:-C]:
-                self.ghost[i].pop(e, None)
-                self._ghost_add(i, e)
+            ghost, size = self.ghost[i], self.ghost_size   # (_ghost_add and _insert inlined: a wave is most
+            for e in misses[:-C]:                          # of a demand's misses)
+                ghost.pop(e, None)
+                if size > 0:
+                    if len(ghost) >= size:
+                        del ghost[next(iter(ghost))]
+                    ghost[e] = True
+            small_size, fresh = self.small_size, not self.has_evicted[i]
             for e in misses[-C:]:
-                self._insert(i, e, self.ghost[i].pop(e, None) is not None)
+                if ghost.pop(e, None) is not None or small_size == 0 or (fresh and len(small) >= small_size):
+                    main[e] = 0
+                else:
+                    small[e] = 0
             return
         demand = set(experts.tolist())
         victims = []
@@ -494,11 +518,15 @@ class S3FIFO(_ListEviction):
         self._victims = (i, victims)
 
     def evicted(self, i, experts):
+        small, main, ghost, size = self.small[i], self.main[i], self.ghost[i], self.ghost_size
         for e in experts.tolist():
-            if self.small[i].pop(e, None) is not None:
-                self._ghost_add(i, e)
+            if small.pop(e, None) is not None:
+                if size > 0 and e not in ghost:           # _ghost_add, inlined: a wave evicts many
+                    if len(ghost) >= size:
+                        del ghost[next(iter(ghost))]
+                    ghost[e] = True
             else:
-                self.main[i].pop(e, None)
+                main.pop(e, None)
 
     def prefetch_victims(self, i, candidates):
         cand = set(candidates.tolist())
