@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_cli import one_line_error
 
 from artifact.cli import main
 from artifact.errors import ProfileError
@@ -125,16 +126,11 @@ def test_two_runs_give_identical_json(trace_file, capsys):
     (["--clock", "wall", "--hardware", "h200"], "calibrated"),
 ])
 def test_bad_input_is_one_line_and_exit_2(trace_file, capsys, args, says):
-    code = main(["model", "--trace", str(trace_file), *args])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.startswith("error:") and err.count("\n") == 1 and says in err, err
+    assert says in one_line_error(capsys, main(["model", "--trace", str(trace_file), *args]))
 
 
 def test_missing_trace_is_one_line(tmp_path, capsys):
-    code = main(["model", "--trace", str(tmp_path / "none.safetensors")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1, err
+    one_line_error(capsys, main(["model", "--trace", str(tmp_path / "none.safetensors")]))
 
 
 def test_wall_clock_runs_the_same_counts(stream):
