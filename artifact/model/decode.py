@@ -53,6 +53,15 @@ class Generation:
     step_logits: dict = field(default_factory=dict)   # (row, block, step) -> (block, V), when recorded
 
 
+def _event_pair(dev: torch.device):
+    """(start recorded now, end) CUDA timing events on the current stream; None on the CPU."""
+    if dev.type != "cuda":
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    return start, end
+
+
 def transfer_schedule(block: int, steps: int) -> list[int]:
     """Tokens a step must accept at least: block split evenly over the steps, remainder first."""
     steps = min(steps, block)
@@ -108,11 +117,29 @@ def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = Deco
     counter = {"forward": 0, "denoise": 0, "prefill": 0}
     logits_out: dict = {}
 
+    # Per denoising forward: host ms (the Python of the forward, minus the time blocked in the router syncs)
+    # and wall ms (CUDA: an event pair around it on the compute stream, read once at the end; CPU: elapsed).
+    host_ms: list[float] = []
+    timers: list = []
+
     def run(kind, block, step, *args, **kw):
         routing.step = StepInfo(counter["forward"], block, step, kind)
         counter["forward"] += 1
         counter[kind] += 1
-        return model(*args, **kw)
+        timed = kind == "denoise"
+        if timed:
+            w0, t0 = routing.host_counts.wait_seconds, time.perf_counter()
+            pair = _event_pair(dev)
+        out = model(*args, **kw)
+        if timed:
+            t1 = time.perf_counter()
+            host_ms.append(1e3 * (t1 - t0 - (routing.host_counts.wait_seconds - w0)))
+            if pair is None:
+                timers.append(1e3 * (t1 - t0))
+            else:
+                pair[1].record()
+                timers.append(pair)
+        return out
 
     t0 = time.perf_counter()
     rows = list(range(B))                                               # rows still decoding
@@ -199,5 +226,7 @@ def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = Deco
         "tokens_per_second": produced / seconds if seconds > 0 else float("nan"),
         "tokens_per_forward": produced / max(counter["denoise"], 1),
         "blocks": r,
+        "forward_host_ms": host_ms,
+        "forward_wall_ms": [t if isinstance(t, float) else t[0].elapsed_time(t[1]) for t in timers],
     }
     return Generation(tokens, stats, logits_out)

@@ -54,6 +54,9 @@ class Demand:
 
 ExpertWeights = tuple[torch.Tensor, torch.Tensor]     # (gate_up (2I, D), down (D, I)): views of a packed expert
 EXPERT_KERNELS = ("grouped", "loop")
+# graphs "on": the forward runs as segments between the router syncs, each captured once and replayed as a
+# CUDA graph on a CUDA device (on the CPU the same segments run eagerly); "off": the eager reference path.
+GRAPH_MODES = ("off", "on")
 # torch._grouped_mm exists from torch 2.8 (on CPU in 2.13); older torch computes a group with the loop kernel.
 HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")
 
@@ -391,6 +394,7 @@ class Routing:
         self.next_router: dict[int, Router] = {}
         self.expert_kernel = "grouped"      # "loop": one call per expert, kept to compare the two in one run
         self.host_counts = HostCounts()     # the router's counts to the host: the one sync per MoE layer
+        self.graphs = "off"                 # GRAPH_MODES: "on" runs the forward as captured segments (CUDA)
 
 
 class MoE(nn.Module):
@@ -535,6 +539,16 @@ class LLaDA2MoE(nn.Module):
         if value not in EXPERT_KERNELS:
             raise ValueError(f"unknown expert_kernel {value!r}; choose one of {EXPERT_KERNELS}")
         self.routing.expert_kernel = value
+
+    @property
+    def graphs(self) -> str:
+        return self.routing.graphs
+
+    @graphs.setter
+    def graphs(self, value: str):
+        if value not in GRAPH_MODES:
+            raise ValueError(f"unknown graphs mode {value!r}; choose one of {GRAPH_MODES}")
+        self.routing.graphs = value
 
     @contextlib.contextmanager
     def listening(self, fn: Callable[[Demand], None]):

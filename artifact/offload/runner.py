@@ -241,6 +241,8 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
 def merge_stats(parts: list[dict]) -> dict:
     out = {k: sum(p[k] for p in parts) for k in ("forwards", "prefill_forwards", "tokens_generated", "seconds")}
     out["batches"] = len(parts)
+    for k in ("forward_host_ms", "forward_wall_ms"):          # per denoising forward, in run order
+        out[k] = [x for p in parts for x in p.get(k, ())]
     out["tokens_per_second"] = out["tokens_generated"] / out["seconds"] if out["seconds"] else float("nan")
     out["tokens_per_forward"] = out["tokens_generated"] / max(out["forwards"], 1)
     return out
