@@ -179,6 +179,17 @@ class HostCounts:
         self.wait_seconds += time.perf_counter() - t0
         return buf.tolist()                                # host memory: no further sync
 
+    def wait(self, buf: torch.Tensor) -> list[int]:
+        """A pinned buffer that a captured copy (graphs "on") fills on the current stream: one event, one sync."""
+        ev = self.events.get(buf.device)
+        if ev is None:
+            ev = self.events[buf.device] = torch.cuda.Event()
+        ev.record()
+        t0 = time.perf_counter()
+        ev.synchronize()
+        self.wait_seconds += time.perf_counter() - t0
+        return buf.tolist()
+
 
 class ResidentExperts:
     """Default backend: every routed expert of every MoE layer lives on the compute device, one group."""
@@ -226,37 +237,56 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class KVCache:
-    """Prefix KV cache: per layer (B, Hk, capacity, hd); row b holds positions [0, lengths[b])."""
+    """Prefix KV cache at a fixed capacity: per layer (B, Hk, capacity, hd); row b holds positions [0, lengths[b]).
+
+    Static shapes: attention always reads the whole capacity and masks the keys past each row's length, so
+    a forward's shapes do not change as the prefix grows (a captured CUDA graph stays valid). The lengths
+    live twice: `lengths` on the host (the decoder's bookkeeping, never read back from the device) and
+    `lens` (B,) on the device, which the mask and the commit read, so no forward copies a host list to the
+    device. A commit writes each row's new keys at its own length with one indexed write (no per-row slice
+    taken from a host integer) and advances `lens` in place."""
 
     def __init__(self, cfg: ModelConfig, batch: int, capacity: int, device, dtype):
         shape = (batch, cfg.num_key_value_heads, capacity, cfg.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.lengths = [0] * batch
+        self.lens = torch.zeros(batch, dtype=torch.long, device=device)       # (B,) device copy of lengths
         self.capacity = capacity
 
     @property
     def max_length(self) -> int:
         return max(self.lengths, default=0)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Commit k, v (B, Hk, n, hd) after each row's prefix (lengths advance in advance_lengths)."""
-        n = k.shape[2]
+    def key_valid(self) -> torch.Tensor:
+        """(B, capacity) bool: which cached positions hold a key (device-side, no host data)."""
+        return torch.arange(self.capacity, device=self.lens.device)[None] < self.lens[:, None]
+
+    def check_commit(self, n: int) -> None:
+        """Host-side check before a forward commits n keys per row (the host knows every length)."""
         for b, start in enumerate(self.lengths):
             if start + n > self.capacity:
                 raise ValueError(f"KV cache overflow: row {b} needs {start + n} > capacity {self.capacity}")
-            self.k[layer][b, :, start:start + n] = k[b]
-            self.v[layer][b, :, start:start + n] = v[b]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Commit k, v (B, Hk, n, hd) after each row's prefix, at the device lengths (advance moves them)."""
+        B, n = k.shape[0], k.shape[2]
+        at = self.lens[:, None] + torch.arange(n, device=k.device)                  # (B, n) positions
+        rows = torch.arange(B, device=k.device)[:, None]                            # (B, 1)
+        self.k[layer][rows, :, at] = k.transpose(1, 2)                              # (B, n, Hk, hd)
+        self.v[layer][rows, :, at] = v.transpose(1, 2)
 
     def advance(self, n: int):
         self.lengths = [x + n for x in self.lengths]
+        self.lens.add_(n)
 
     def select(self, rows: list[int]) -> "KVCache":
         out = object.__new__(KVCache)
-        idx = torch.tensor(rows, device=self.k[0].device)
+        idx = small_tensor(rows, torch.long, self.k[0].device)
         out.k = [t.index_select(0, idx) for t in self.k]
         out.v = [t.index_select(0, idx) for t in self.v]
         out.lengths = [self.lengths[r] for r in rows]
+        out.lens = self.lens.index_select(0, idx)
         out.capacity = self.capacity
         return out
 
@@ -266,6 +296,7 @@ class KVCache:
         out.k = [torch.cat([c.k[i] for c in caches]) for i in range(len(caches[0].k))]
         out.v = [torch.cat([c.v[i] for c in caches]) for i in range(len(caches[0].v))]
         out.lengths = [n for c in caches for n in c.lengths]
+        out.lens = torch.cat([c.lens for c in caches])
         out.capacity = caches[0].capacity
         return out
 
@@ -290,10 +321,9 @@ class Attention(nn.Module):
         v = v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, vals = k, v
-        if cache is not None:
-            L = cache.max_length
-            keys = torch.cat([cache.k[self.layer][:, :, :L], k], dim=2)  # (B, Hk, S, hd)
-            vals = torch.cat([cache.v[self.layer][:, :, :L], v], dim=2)
+        if cache is not None:                                           # the whole capacity, masked: S = cap + T
+            keys = torch.cat([cache.k[self.layer], k], dim=2)           # (B, Hk, S, hd)
+            vals = torch.cat([cache.v[self.layer], v], dim=2)
             if commit:
                 cache.write(self.layer, k[:, :, :commit], v[:, :, :commit])
         rep = H // Hk
@@ -351,11 +381,13 @@ class Router(nn.Module):
         return idx, w                                                   # (N, k) long, (N, k) fp32
 
 
-def expert_counts(idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+def expert_counts(idx: torch.Tensor, num_experts: int, pair_valid: torch.Tensor | None = None) -> torch.Tensor:
     """Tokens per expert of router choices idx (N, k), as a fixed-size (E,) device tensor: a scatter_add_ of
-    ones, not bincount, whose output is sized by the data (a host sync on CUDA)."""
+    ones, not bincount, whose output is sized by the data (a host sync on CUDA). pair_valid (N*k,) bool, if
+    given, counts only the pairs of tokens that route (the static-shape path routes every fed token)."""
     flat = idx.reshape(-1)
-    return torch.zeros(num_experts, dtype=torch.long, device=idx.device).scatter_add_(0, flat, torch.ones_like(flat))
+    ones = torch.ones_like(flat) if pair_valid is None else pair_valid.long()
+    return torch.zeros(num_experts, dtype=torch.long, device=idx.device).scatter_add_(0, flat, ones)
 
 
 def nonzero_counts(counts: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -364,7 +396,7 @@ def nonzero_counts(counts: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]
     return experts, tuple(counts[e] for e in experts)
 
 
-def predict_counts(next_router: Router, x: torch.Tensor) -> torch.Tensor:
+def predict_counts(next_router: Router, x: torch.Tensor, pair_valid: torch.Tensor | None = None) -> torch.Tensor:
     """Cross-layer prediction (the predictor of Pre-gated MoE, ProMoE, HOBBIT): the next MoE layer's
     router applied to this layer's MoE input x (N, D), the post-attention-norm hidden states of the
     tokens that route here. The input, not this layer's output: the prediction must exist when this
@@ -372,7 +404,7 @@ def predict_counts(next_router: Router, x: torch.Tensor) -> torch.Tensor:
     meanwhile. Returns the predicted tokens per expert (E,) on the device; MoE.routed reads it to the host
     in the same copy as the layer's own counts. Pure: the model's outputs do not change."""
     idx, _ = next_router(x)                                             # (N, k)
-    return expert_counts(idx, next_router.cfg.num_experts)
+    return expert_counts(idx, next_router.cfg.num_experts, pair_valid)
 
 
 def predict_demand(next_router: Router, x: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -474,6 +506,52 @@ class MoE(nn.Module):
         return (ys.view(N, k, D).float() * w.unsqueeze(-1)).sum(1).to(x.dtype)
 
 
+    # --- the static-shape pieces (graphs "on", artifact/model/segments.py) ----------------------------------
+    # Every fed token goes through the router (no data-sized selection); pair_valid (P,) marks the (token, slot)
+    # pairs of tokens that route. Shapes depend only on B and T, so each piece can be captured once.
+    def start(self, h: torch.Tensor, pair_valid: torch.Tensor):
+        """h (B, T, D) -> flat (N, D), idx (N, k), w (N, k) fp32, counts (E,) or (2E,) with the next layer's
+        predicted counts after this layer's, shared (B, T, D) or None. No host read."""
+        B, T, D = h.shape
+        flat = h.reshape(B * T, D)
+        idx, w = self.gate(flat)
+        counts = expert_counts(idx, self.cfg.num_experts, pair_valid)
+        nxt = self.routing.next_router.get(self.layer) if self.routing.predict_next else None
+        if nxt is not None:
+            counts = torch.cat([counts, predict_counts(nxt, flat, pair_valid)])
+        shared = self.shared_experts(h) if self.shared_experts is not None else None
+        return flat, idx, w, counts, shared
+
+    def stage(self, flat: torch.Tensor, idx: torch.Tensor, pair_valid: torch.Tensor, rowmap: torch.Tensor,
+              gate_up: torch.Tensor, down: torch.Tensor, ys: torch.Tensor) -> None:
+        """One expert group from a device-side plan: rowmap (E,) long holds each routed expert's row in the
+        stacks gate_up (G, 2I, D) / down (G, D, I), or G when the group does not hold it. Writes the outputs of
+        the group's pairs into ys (P, D) in place; other rows of ys are kept. Offsets are computed on the
+        device, every shape is static: the grouped GEMM runs over all P pairs sorted by row, and the rows past
+        the group's last member (garbage) are masked off by a where, never read."""
+        G = gate_up.shape[0]
+        k = self.cfg.num_experts_per_tok
+        row = torch.where(pair_valid, rowmap[idx.view(-1)], G)                     # (P,) row of each pair
+        order = torch.argsort(row, stable=True)                                    # (P,) pairs by row
+        sizes = torch.zeros(G + 1, dtype=torch.long, device=ys.device).scatter_add_(0, row, torch.ones_like(row))
+        offs = sizes[:G].cumsum(0).to(torch.int32)                                 # (G,)
+        xs = flat.index_select(0, order // k)                                      # (P, D)
+        I = down.shape[2]
+        h = torch._grouped_mm(xs, gate_up.transpose(1, 2), offs)                   # (P, 2I)
+        out = torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], down.transpose(1, 2), offs)   # (P, D)
+        member = (row.index_select(0, order) < G)[:, None]                         # (P, 1)
+        ys.index_copy_(0, order, torch.where(member, out, ys.index_select(0, order)))
+
+    def finish(self, x_res: torch.Tensor, ys: torch.Tensor, w: torch.Tensor, shared: torch.Tensor | None):
+        """The layer's output: x_res (B, T, D) + combine of ys (P, D) in slot order + the shared expert."""
+        B, T, D = x_res.shape
+        k = self.cfg.num_experts_per_tok
+        y = (ys.view(B * T, k, D).float() * w.unsqueeze(-1)).sum(1).to(x_res.dtype).view(B, T, D)
+        if shared is not None:
+            y = y + shared
+        return x_res + y
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, routing: Routing):
         super().__init__()
@@ -484,9 +562,13 @@ class DecoderLayer(nn.Module):
         self.mlp = MoE(cfg, layer, routing) if self.is_moe else MLP(cfg, cfg.intermediate_size)
 
     def forward(self, x, cos, sin, mask, cache, commit, rows):
-        x = x + self.attention(self.input_layernorm(x), cos, sin, mask, cache, commit)
-        h = self.post_attention_layernorm(x)
+        x, h = self.attend(x, cos, sin, mask, cache, commit)
         return x + (self.mlp(h, rows) if self.is_moe else self.mlp(h))
+
+    def attend(self, x, cos, sin, mask, cache, commit):
+        """The attention half: -> (x after the attention residual, its post-attention norm)."""
+        x = x + self.attention(self.input_layernorm(x), cos, sin, mask, cache, commit)
+        return x, self.post_attention_layernorm(x)
 
 
 class Backbone(nn.Module):
@@ -565,31 +647,54 @@ class LLaDA2MoE(nn.Module):
         """ids, pos (B, T). With a cache, keys are its prefix plus the fed tokens, and the first `commit`
         fed tokens are appended to it. key_valid (B, T) marks real fed tokens (right padding);
         rows (B, T) marks tokens whose routed experts are computed (None: all).
-        logits_rows picks which fed positions get logits: a slice, or (B, n) gather indices."""
+        logits_rows picks which fed positions get logits: a slice, or (B, n) gather indices.
+        With graphs "on", a denoising forward over a cache runs as segments (artifact/model/segments.py),
+        captured as CUDA graphs on a CUDA device; every other forward takes this eager path."""
         if self.backend is None:
             raise RuntimeError("model has no expert backend: load it with checkpoint.load_model")
-        B, T = ids.shape
-        x = self.model.word_embeddings(ids)                             # (B, T, D)
-        cos, sin = rope_cos_sin(pos, self.cfg, x.dtype)
-        if key_valid is None:
-            key_valid = torch.ones(B, T, dtype=torch.bool, device=ids.device)
-        k_pos, k_valid = pos, key_valid
-        if cache is not None and cache.max_length:
-            L = cache.max_length
-            prefix = torch.arange(L, device=ids.device).expand(B, L)
-            lens = torch.tensor(cache.lengths, device=ids.device)[:, None]
-            k_pos = torch.cat([prefix, pos], 1)                         # cached keys sit at positions [0, len)
-            k_valid = torch.cat([prefix < lens, key_valid], 1)
-        mask = block_causal_mask(pos, k_pos, k_valid, self.cfg.block_length)
+        if cache is not None and commit:
+            cache.check_commit(commit)
+        if self.routing.graphs == "on" and segmented(self, cache, logits_rows, rows):
+            from artifact.model.segments import run_segments
+            return run_segments(self, ids, pos, cache=cache, commit=commit, key_valid=key_valid, rows=rows,
+                                logits_rows=logits_rows)
+        x, cos, sin, mask = self.prologue(ids, pos, cache, key_valid)
         if rows is not None and rows.dtype == torch.bool:
             rows = routed_indices(rows)                                 # once per forward, for every MoE layer
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache, commit, rows)
         if cache is not None and commit:
             cache.advance(commit)
+        return self.head(x, logits_rows)
+
+    def prologue(self, ids, pos, cache: KVCache | None, key_valid):
+        """Embeddings, rotary tables and the block-causal mask over the cache's capacity plus the fed keys:
+        -> x (B, T, D), cos, sin (B, 1, T, r), mask (B, 1, T, S). No host data reaches the device."""
+        B, T = ids.shape
+        x = self.model.word_embeddings(ids)                             # (B, T, D)
+        cos, sin = rope_cos_sin(pos, self.cfg, x.dtype)
+        if key_valid is None:
+            key_valid = torch.ones(B, T, dtype=torch.bool, device=ids.device)
+        k_pos, k_valid = pos, key_valid
+        if cache is not None:
+            prefix = torch.arange(cache.capacity, device=ids.device).expand(B, cache.capacity)
+            k_pos = torch.cat([prefix, pos], 1)                         # cached keys sit at positions [0, len)
+            k_valid = torch.cat([cache.key_valid(), key_valid], 1)      # (B, cap + T): no host list copied
+        return x, cos, sin, block_causal_mask(pos, k_pos, k_valid, self.cfg.block_length)
+
+    def head(self, x, logits_rows):
+        """Final norm and lm_head on the picked positions -> (B, n, V) float32 logits."""
         if logits_rows is not None:
             if isinstance(logits_rows, slice):
                 x = x[:, logits_rows]
             else:
                 x = x.gather(1, logits_rows[..., None].expand(-1, -1, x.shape[-1]))
         return self.lm_head(self.model.norm(x)).float()                 # (B, n, V)
+
+
+def segmented(model: LLaDA2MoE, cache: KVCache | None, logits_rows, rows) -> bool:
+    """Whether graphs "on" runs this forward as segments: a denoising forward over a prefix cache with a slice
+    of logits (the shapes the decoder repeats every step). Prefill and the full (uncached) mode stay eager."""
+    return (cache is not None and model.routing.step.kind == "denoise"
+            and (logits_rows is None or isinstance(logits_rows, slice))
+            and (rows is None or rows.dtype == torch.bool))

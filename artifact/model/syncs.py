@@ -8,6 +8,12 @@ SyncCounter counts, while it is active:
     non-CPU source);
   - Tensor.tolist() and Tensor.numpy(), which dispatch no ATen op (seen through a TorchFunctionMode),
     except of pinned host memory: that is the end of a device-to-host copy, counted as the copy.
+and blocking copies the other way, host to device:
+  - copies from host memory into a device tensor that are not non_blocking from pinned memory (on CUDA the
+    host waits for the copy, and the copy for every kernel queued before it);
+  - torch.tensor / torch.as_tensor of host data (a list, a number, a numpy array) unless staged in pinned
+    memory (pin_memory=True): on the compute device that is a blocking upload. On the CPU it is counted
+    too, so a CPU test sees every host list a CUDA forward would upload.
 On the CPU nothing really syncs, but the same calls are counted, so a test on the CPU counts what a
 CUDA run would wait for. `by_key` splits the count by whatever `key` was set to when each one happened
 (the benchmark and the tests set it to the MoE layer running, with forward hooks).
@@ -25,6 +31,7 @@ _SYNC_PACKETS = {aten._local_scalar_dense, aten.nonzero, aten.unique_consecutive
                  aten.unique_dim, aten.bincount, aten.masked_select}
 _COPIES = {aten.copy_, aten._to_copy, aten.to}
 _HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy}
+_HOST_DATA = {torch.tensor, torch.as_tensor}
 
 
 def _device_of(x) -> torch.device | None:
@@ -47,6 +54,11 @@ class _Dispatch(TorchDispatchMode):
             dst = _device_of(args[0]) if packet is aten.copy_ else _device_of(out)
             if src is not None and dst is not None and src.type != "cpu" and dst.type == "cpu":
                 self.owner.note("copy to host")
+            elif src is not None and dst is not None and src.type == "cpu" and dst.type != "cpu":
+                pinned = args[1].is_pinned() if packet is aten.copy_ else args[0].is_pinned()
+                if not (kwargs.get("non_blocking") or (packet is aten.copy_ and len(args) > 2 and args[2])) \
+                        or not pinned:
+                    self.owner.note("blocking copy to device")
         return out
 
 
@@ -56,13 +68,21 @@ class _Function(TorchFunctionMode):
         self.owner = owner
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if func in _HOST_READS and not (args and args[0].device.type == "cpu" and args[0].is_pinned()):
             self.owner.note(func.__name__)
-        return func(*args, **(kwargs or {}))
+        elif func in _HOST_DATA and args and not isinstance(args[0], torch.Tensor) \
+                and not kwargs.get("pin_memory"):
+            self.owner.note("tensor from host data")
+        return func(*args, **kwargs)
+
+
+UPLOADS = ("blocking copy to device", "tensor from host data")     # the host-to-device kinds
 
 
 class SyncCounter:
-    """with SyncCounter() as c: ...; c.total, c.by_key[key], c.kinds (op name -> count)."""
+    """with SyncCounter() as c: ...; c.total, c.by_key[key], c.kinds (op name -> count).
+    c.reads: the device-to-host reads among them; c.uploads: the host-to-device kinds (UPLOADS)."""
 
     def __init__(self):
         self.total = 0
@@ -75,6 +95,14 @@ class SyncCounter:
         self.total += 1
         self.by_key[self.key] += 1
         self.kinds[kind] += 1
+
+    @property
+    def uploads(self) -> int:
+        return sum(self.kinds[k] for k in UPLOADS)
+
+    @property
+    def reads(self) -> int:
+        return self.total - self.uploads
 
     def __enter__(self) -> SyncCounter:
         for m in self._modes:

@@ -16,7 +16,7 @@ from artifact.errors import DeviceError, SettingError
 from artifact.model.checkpoint import Loaded
 from artifact.model.config import ModelConfig
 from artifact.model.decode import MAX_BATCH, DecodeConfig, generate
-from artifact.model.llada2 import ResidentExperts
+from artifact.model.llada2 import GRAPH_MODES, ResidentExperts
 from artifact.offload.engine import OffloadEngine, offload
 from artifact.offload.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps, make_link
 from artifact.offload.policies import check_policy, make_policy
@@ -180,8 +180,9 @@ def check_oracle_trace(trace: Trace, meta: dict) -> None:
 def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeConfig = DecodeConfig(),
         spec: OffloadSpec | None = None, device: str = "cpu", oracle: Trace | None = None,
         record: bool = False, prompt_ids: list[str] | None = None, task: str | None = None,
-        record_logits: bool = False) -> RunResult:
-    """Decode `prompts` in batches of `batch_size`; offloaded when `spec` is given."""
+        record_logits: bool = False, graphs: str | None = None) -> RunResult:
+    """Decode `prompts` in batches of `batch_size`; offloaded when `spec` is given. graphs ("off" | "on"),
+    if given, sets how the model runs its denoising forwards for this run (llada2.GRAPH_MODES)."""
     if batch_size < 1 or batch_size > MAX_BATCH:
         raise SettingError(f"batch size must be 1-{MAX_BATCH}, got {batch_size}")
     if not prompts:
@@ -191,7 +192,9 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
     prompt_ids = prompt_ids or [f"prompt{i}" for i in range(len(prompts))]
     meta = run_meta(loaded, prompt_ids, batch_size, dc, task)
     model = loaded.model
-    saved_backend = model.backend
+    if graphs is not None and graphs not in GRAPH_MODES:
+        raise SettingError(f"unknown graphs mode {graphs!r}; choose one of {GRAPH_MODES}")
+    saved_backend, saved_graphs = model.backend, model.graphs
     engine: OffloadEngine | None = None
     if spec is not None:
         spec.check(cfg.num_experts, device)
@@ -216,6 +219,8 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
     model.routing.predict_next = saved_predict or record or bool(
         spec is not None and check_policy(spec.policy).needs_prediction)
     gens = []
+    if graphs is not None:
+        model.graphs = graphs
     try:
         ctx = model.listening(recorder) if recorder else contextlib.nullcontext()
         with ctx:
@@ -227,6 +232,7 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
             engine.link.close()
         model.backend = saved_backend
         model.routing.predict_next = saved_predict
+        model.graphs = saved_graphs
     stats = merge_stats([g.stats for g in gens])
     stats.update(engine_stats)
     if spec is not None:
@@ -234,6 +240,7 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
                      link_bandwidth_gbps=getattr(engine.link, "bandwidth_gbps", None))
     else:
         stats.update(policy="resident", offload=False)
+    stats["graphs"] = graphs if graphs is not None else saved_graphs
     trace = recorder.trace(meta) if recorder else None
     return RunResult([t for g in gens for t in g.tokens], stats, trace, gens)
 
