@@ -128,6 +128,28 @@ def test_programs_are_kept_per_forward_shape_and_bounded(tiny):
         programs(model).clear()
 
 
+def test_a_second_run_of_the_same_shapes_reuses_the_programs(tiny):
+    """The decoder's KV caches come from the model's pool, so a second generate over the same prompts finds
+    the programs (and on CUDA the graphs) of the first: nothing new is built."""
+    from artifact.model.decode import DecodeConfig, generate
+    model = tiny.model
+    saved = model.graphs
+    prompts = [[11, 12, 13] * 5, [14, 15] * 20]
+    try:
+        model.graphs = "on"
+        programs(model).clear()
+        first = generate(model, prompts, DecodeConfig(gen_length=32))
+        built = dict(programs(model))
+        runs = {k: p.runs for k, p in built.items()}
+        second = generate(model, prompts, DecodeConfig(gen_length=32))
+        assert second.tokens == first.tokens
+        assert dict(programs(model)) == built                            # the same Program objects
+        assert sum(p.runs for p in built.values()) == 2 * sum(runs.values())
+    finally:
+        model.graphs = saved
+        programs(model).clear()
+
+
 def test_a_bad_graphs_mode_is_refused(tiny):
     with pytest.raises(ValueError, match=r"unknown graphs mode 'yes'; choose one of \('off', 'on'\)"):
         tiny.model.graphs = "yes"

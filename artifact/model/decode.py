@@ -145,16 +145,19 @@ def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = Deco
     rows = list(range(B))                                               # rows still decoding
     done_at = {}
     cache = None
+    pool = routing.kv_pool
     if dc.mode == "cached":
-        per_row = []
+        # One batched cache from the model's pool (the same tensors for every run of this shape, so graphs
+        # captured over it stay valid); each row's prompt prefilled alone into its row.
+        shape = (B, cfg.num_key_value_heads, max(nblocks) * n, cfg.head_dim)
+        cache = KVCache.pooled(pool, cfg.num_hidden_layers, shape, dev, model.lm_head.weight.dtype)
         for b in rows:
-            c = KVCache(cfg, 1, max(nblocks) * n, dev, model.lm_head.weight.dtype)
             full = first[b] * n
             if full:
+                c = cache.row(b)
                 run("prefill", -1, -1, seqs[b][None, :full], torch.arange(full, device=dev)[None], cache=c,
                     commit=full, logits_rows=slice(0, 0))
-            per_row.append(c)
-        cache = KVCache.stack(per_row)
+                cache.lengths[b] = c.lengths[0]
 
     r = 0
     while rows:
@@ -203,7 +206,7 @@ def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = Deco
             keep = [i for i, b in enumerate(rows) if b not in finished]
             rows = [rows[i] for i in keep]
             if cache is not None and rows:
-                cache = cache.select(keep)
+                cache = cache.select(keep, pool)
         r += 1
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

@@ -280,24 +280,53 @@ class KVCache:
         self.lengths = [x + n for x in self.lengths]
         self.lens.add_(n)
 
-    def select(self, rows: list[int]) -> "KVCache":
+    @classmethod
+    def pooled(cls, pool: dict, layers: int, shape: tuple[int, int, int, int], device, dtype) -> "KVCache":
+        """An empty cache of `layers` layers of `shape` (B, Hk, capacity, hd) whose tensors come from `pool` (a
+        dict the caller keeps), allocated on first use and reused by later calls of the same shape: the same
+        tensors run after run, so captured graphs that read them stay valid (segments.program_key). Stale keys
+        past each length are masked, never read."""
+        key = (layers, tuple(shape), torch.device(device), dtype)
+        base = pool.get(key)
+        if base is None:
+            base = pool[key] = object.__new__(cls)
+            base.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
+            base.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
+            base.lens = torch.zeros(shape[0], dtype=torch.long, device=device)
+        out = object.__new__(cls)
+        out.k, out.v, out.capacity = base.k, base.v, shape[2]
+        out.lens = base.lens.zero_()
+        out.lengths = [0] * shape[0]
+        return out
+
+    def row(self, b: int) -> "KVCache":
+        """Row b as a cache of batch 1 over the same memory (a commit into it writes through, its device
+        length too). Its host length is its own: the caller copies it back after writing."""
         out = object.__new__(KVCache)
-        idx = small_tensor(rows, torch.long, self.k[0].device)
-        out.k = [t.index_select(0, idx) for t in self.k]
-        out.v = [t.index_select(0, idx) for t in self.v]
-        out.lengths = [self.lengths[r] for r in rows]
-        out.lens = self.lens.index_select(0, idx)
+        out.k = [t[b:b + 1] for t in self.k]
+        out.v = [t[b:b + 1] for t in self.v]
+        out.lens = self.lens[b:b + 1]
+        out.lengths = [self.lengths[b]]
         out.capacity = self.capacity
         return out
 
-    @staticmethod
-    def stack(caches: list["KVCache"]) -> "KVCache":
-        out = object.__new__(KVCache)
-        out.k = [torch.cat([c.k[i] for c in caches]) for i in range(len(caches[0].k))]
-        out.v = [torch.cat([c.v[i] for c in caches]) for i in range(len(caches[0].v))]
-        out.lengths = [n for c in caches for n in c.lengths]
-        out.lens = torch.cat([c.lens for c in caches])
-        out.capacity = caches[0].capacity
+    def select(self, rows: list[int], pool: dict | None = None) -> "KVCache":
+        """The cache of `rows` (in that order): new tensors, or pooled ones when a pool is given."""
+        idx = small_tensor(rows, torch.long, self.k[0].device)
+        if pool is None:
+            out = object.__new__(KVCache)
+            out.k = [t.index_select(0, idx) for t in self.k]
+            out.v = [t.index_select(0, idx) for t in self.v]
+            out.lens = self.lens.index_select(0, idx)
+            out.capacity = self.capacity
+        else:
+            shape = (len(rows),) + tuple(self.k[0].shape[1:])
+            out = KVCache.pooled(pool, len(self.k), shape, self.k[0].device, self.k[0].dtype)
+            assert out.k[0].data_ptr() != self.k[0].data_ptr(), "select into the cache's own tensors"
+            for src, dst in zip(self.k + self.v, out.k + out.v):
+                torch.index_select(src, 0, idx, out=dst)
+            torch.index_select(self.lens, 0, idx, out=out.lens)
+        out.lengths = [self.lengths[r] for r in rows]
         return out
 
 
@@ -427,6 +456,7 @@ class Routing:
         self.expert_kernel = "grouped"      # "loop": one call per expert, kept to compare the two in one run
         self.host_counts = HostCounts()     # the router's counts to the host: the one sync per MoE layer
         self.graphs = "off"                 # GRAPH_MODES: "on" runs the forward as captured segments (CUDA)
+        self.kv_pool: dict = {}             # KVCache.pooled: the decoder's caches, reused run after run
 
 
 class MoE(nn.Module):

@@ -29,6 +29,7 @@ G rows of a weight stack, D hidden.
 """
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -44,6 +45,7 @@ from artifact.model.llada2 import (
     nonzero_counts,
 )
 
+GRAPHED = [0]             # > 0 while a segment or expert stage runs: ops issued then are a graph's on CUDA
 MAX_PROGRAMS = 8          # forward shapes kept per model (each holds its graphs' memory pool)
 RING = 64                 # pinned row-map buffers in flight on CUDA (a buffer is reused once its copy is done)
 
@@ -80,6 +82,7 @@ class Program:
         self.pool = None
         self.captures = 0
         self.replays = 0
+        self.error: str | None = None      # why capture failed, if it did (the program then runs eagerly)
 
     # --- the segment functions: tensors in self.st and the inputs only; no host data, no host read ---------
     def segment(self, i: int) -> None:
@@ -133,20 +136,32 @@ class Program:
 
     # --- running ---------------------------------------------------------------------------------------
     def launch(self, name, fn) -> None:
-        """Run fn eagerly (CPU; a program's first forward on CUDA), or capture it once and replay it."""
-        if not self.cuda or self.runs == 0:
-            fn()
-            return
-        g = self.graphs.get(name)
-        if g is None:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
+        """Run fn eagerly (CPU; a program's first forward on CUDA), or capture it once and replay it. A capture
+        that fails leaves this program eager from then on, with the reason in `error` (never a failed run)."""
+        GRAPHED[0] += 1                    # what runs in here is a graph on CUDA (benchmarks count the rest)
+        try:
+            if not self.cuda or self.runs == 0 or self.error is not None:
                 fn()
-            self.pool = self.pool or g.pool()
-            self.graphs[name] = g
-            self.captures += 1
-        g.replay()
-        self.replays += 1
+                return
+            g = self.graphs.get(name)
+            if g is None:
+                g = torch.cuda.CUDAGraph()
+                try:
+                    with torch.cuda.graph(g, pool=self.pool):
+                        fn()
+                except RuntimeError as e:
+                    self.error = f"capture of {name} failed: {e}".splitlines()[0]
+                    warnings.warn(f"graphs on: {self.error}; this forward shape runs eagerly", stacklevel=2)
+                    torch.cuda.synchronize()
+                    fn()
+                    return
+                self.pool = self.pool or g.pool()
+                self.graphs[name] = g
+                self.captures += 1
+            g.replay()
+            self.replays += 1
+        finally:
+            GRAPHED[0] -= 1
 
     def rowmap(self, i: int, group) -> torch.Tensor:
         """The group's plan as a device (E,) row map: each member's stack row, G for every other expert."""
