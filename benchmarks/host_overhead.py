@@ -42,10 +42,12 @@ import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from artifact.model import segments
 from artifact.model.checkpoint import random_model
 from artifact.model.config import get_preset
-from artifact.model.llada2 import MoE
+from artifact.model.llada2 import KVCache, MoE, StepInfo
 from artifact.model.syncs import SyncCounter
 from artifact.offload.engine import offload
 from artifact.offload.link import make_link
@@ -225,6 +227,67 @@ def offloaded(name: str, cfg, dtype: str, batch: int, ratio: float, reps: int, l
     return row
 
 
+class OpCounter(TorchDispatchMode):
+    """ATen ops at dispatch (what becomes a kernel launch on CUDA), split by whether a graph segment or expert
+    stage was running (artifact.model.segments.GRAPHED): on CUDA with graphs "on" those are replayed from a
+    graph, the rest the host issues one by one. Copies (aten.copy_ into the slots: the link's) apart."""
+
+    def __init__(self, slots: set[int]):
+        super().__init__()
+        self.slots = slots                 # storage addresses of the engine's slot tensors
+        self.inside = self.outside = self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if segments.GRAPHED[0] > 0:
+            self.inside += 1
+        elif func.overloadpacket is torch.ops.aten.copy_ and args[0].untyped_storage().data_ptr() in self.slots:
+            self.copies += 1
+        else:
+            self.outside += 1
+        return func(*args, **(kwargs or {}))
+
+
+def graphs_side_by_side(batch: int, ratio: float, reps: int) -> list[dict]:
+    """Today's path (graphs "off") and the new one (graphs "on") on the tiny model in one process: a denoising
+    forward over a prefix cache, offloaded (last_step, emulated link with no latency), per MoE layer: ATen ops
+    issued outside graphs, ops a graph would replay, link copies, host reads, tensors made from host data.
+    On the CPU graphs "on" runs its segments eagerly: the split says what CUDA would capture."""
+    cfg, dtype = models()["tiny"]
+    loaded = random_model(cfg, seed=0, dtype=dtype, device="cpu", resident=True)
+    model, n, L = loaded.model, cfg.block_length, len(cfg.moe_layers)
+    g = torch.Generator().manual_seed(batch)
+    prefix = torch.randint(8, cfg.vocab_size - 8, (batch, n), generator=g)
+    ids = torch.randint(8, cfg.vocab_size - 8, (batch, n), generator=g)
+    W = []
+    with model.listening(lambda d: W.append(len(d.experts))):
+        model(ids, torch.arange(n, 2 * n).expand(batch, n))
+    C = capacity_for(ratio, sum(W) / len(W), cfg.num_experts)
+    out = []
+    for graphs in ("off", "on"):
+        pol = make_policy("last_step", L, cfg.num_experts, engine=True)
+        engine = offload(model, loaded.experts, C, pol, make_link("emulated", bandwidth_gbps=1000.0, latency_us=0.0))
+        model.graphs = graphs
+        cache = KVCache(cfg, batch, 2 * n, "cpu", torch.float32)
+        model.routing.step = StepInfo(0, -1, -1, "prefill")
+        model(prefix, torch.arange(n).expand(batch, n), cache=cache, commit=n, logits_rows=slice(0, 0))
+        model.routing.step = StepInfo(1, 0, 0, "denoise")
+        pos = torch.arange(n, 2 * n).expand(batch, n)
+        for _ in range(2):                                              # warm-up: the cache fills, programs exist
+            model(ids, pos, cache=cache, logits_rows=slice(0, n))
+        ops, syncs = OpCounter({t.untyped_storage().data_ptr() for t in engine.slots.values()}), SyncCounter()
+        with syncs, ops:
+            for _ in range(reps):
+                model(ids, pos, cache=cache, logits_rows=slice(0, n))
+        engine.finish()
+        k = reps * L
+        out.append({"path": "graphs", "graphs": graphs, "model": "tiny", "batch": batch, "cache_ratio": ratio,
+                    "cache_experts": C, "ops_outside_graphs_per_moe_layer": ops.outside / k,
+                    "ops_in_graphs_per_moe_layer": ops.inside / k, "link_copies_per_moe_layer": ops.copies / k,
+                    "host_reads_per_moe_layer": syncs.reads / k, "host_data_tensors_per_moe_layer": syncs.uploads / k})
+    model.graphs = "off"
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -234,9 +297,25 @@ def main():
     ap.add_argument("--launch-us", type=float, default=5.0, help="stated host cost of one CUDA op launch, us")
     ap.add_argument("--ratios", default="0.83,1.73", help="C/W of the offloaded rows")
     ap.add_argument("--no-resident", action="store_true", help="only the offloaded rows")
+    ap.add_argument("--graphs-only", action="store_true", help="only graphs off vs on, side by side")
     a = ap.parse_args()
     torch.set_num_threads(1)
     known = models()
+    for batch in (int(b) for b in a.batches.split(",")):
+        for ratio in (float(r) for r in a.ratios.split(",")):
+            rows = graphs_side_by_side(batch, ratio, max(3, a.reps // 4))
+            for r in rows:
+                if a.json:
+                    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
+                          flush=True)
+                else:
+                    print(f"graphs {r['graphs']:3s} tiny batch {batch} C/W {ratio}: per MoE layer "
+                          f"{r['ops_outside_graphs_per_moe_layer']:.1f} ops issued outside graphs "
+                          f"({r['ops_in_graphs_per_moe_layer']:.1f} in graphs), {r['link_copies_per_moe_layer']:.1f} "
+                          f"link copies, {r['host_reads_per_moe_layer']:.2f} host reads, "
+                          f"{r['host_data_tensors_per_moe_layer']:.2f} tensors from host data", flush=True)
+    if a.graphs_only:
+        return
     for batch in (int(b) for b in a.batches.split(",")):
         for ratio in (float(r) for r in a.ratios.split(",")):
             r = offloaded("tiny", *known["tiny"], batch, ratio, max(3, a.reps // 4), a.launch_us)
