@@ -252,13 +252,14 @@ def test_every_run_is_built_with_from_settings():
 
 # --- simulate --cache-experts reproduces an engine run -----------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["demand", "last_step"])
-def test_simulate_at_the_engines_capacity_gives_the_engines_counts(tmp_path, capsys, policy):
+@pytest.mark.parametrize("policy, graphs", [("demand", "off"), ("last_step", "off"), ("last_step", "on")])
+def test_simulate_at_the_engines_capacity_gives_the_engines_counts(tmp_path, capsys, policy, graphs):
     trace = tmp_path / "run.safetensors"
     assert main(["generate", "--prompt", "How many eggs?", "--prompt", "def add(a, b):", "--gen-length", "32",
                  "--offload", "--cache-experts", "20", "--policy", policy, "--record-trace", str(trace),
-                 "--json"]) == 0
+                 "--graphs", graphs, "--json"]) == 0
     engine = json.loads(capsys.readouterr().out)["stats"]
+    assert engine["graphs"] == graphs
     assert main(["simulate", "--trace", str(trace), "--cache-experts", "20", "--policies", policy, "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["cache_experts"] == engine["cache_experts"] == 20

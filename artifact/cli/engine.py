@@ -14,6 +14,7 @@ import torch
 from artifact.cli.args import D, add_decode_args, add_model_args, add_threads_arg, floats, ints
 from artifact.errors import SettingError
 from artifact.model.decode import MAX_BATCH
+from artifact.model.llada2 import GRAPH_MODES
 from artifact.model.tasks import TASKS
 from artifact.offload.eviction import EVICTIONS
 from artifact.offload.export import FORMATS, export
@@ -100,7 +101,7 @@ def cmd_generate(a):
     r = prepare(request)
     loaded = r.load()
     res = run(loaded, r.prompts, r.batch_size, r.dc, spec=r.spec, device=a.device, oracle=r.oracle,
-              record=bool(a.record_trace), prompt_ids=r.prompt_ids)
+              record=bool(a.record_trace), prompt_ids=r.prompt_ids, graphs=a.graphs)
     res.stats["threads"] = torch.get_num_threads()
     text = [r.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
     if a.json:
@@ -223,6 +224,9 @@ def add_cli(sub) -> None:
     g.add_argument("--record-trace", type=Path, default=None)
     g.add_argument("--force", action="store_true", help="replace an existing --record-trace file")
     g.add_argument("--json", action="store_true")
+    g.add_argument("--graphs", choices=GRAPH_MODES, default="off",
+                   help="on: denoising forwards run as segments between the router syncs, captured as CUDA "
+                        "graphs on a GPU (eager on the CPU); off: the eager forward")
     add_threads_arg(g)
     g.set_defaults(fn=cmd_generate)
 
