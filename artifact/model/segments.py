@@ -5,15 +5,16 @@ it (which experts are resident, which to copy, into which slot). Between two suc
 work on static shapes, so it is cut into segments and each is captured once as a CUDA graph and replayed:
 
   segment 0          embeddings, rotary tables, mask; the dense layers; the first MoE layer's attention half,
-                     router, expert counts (copied into a pinned host buffer) and shared expert
+                     router, expert counts and shared expert (the counts are then copied into a pinned
+                     host buffer, outside the graph, and read after one event sync)
   segment i          MoE layer i-1's combine and residual; the layers up to MoE layer i's router, as above
   segment M          the last MoE layer's combine; the final norm and lm_head (M = number of MoE layers)
   expert stage       one group of the backend (the resident hits, a group of landed misses, a wave): its plan
                      is one integer row map (E,) written by the host into pinned memory and copied to the
                      device before the replay; offsets, order and masks are computed on the device
 
-So a forward issues M + 1 segment replays, one replay plus one small copy per expert group, the link's
-copies, and one host sync per MoE layer (the counts). On the CPU the same segment functions run eagerly, which
+So a forward issues M + 1 segment replays, one small counts copy per MoE layer, one replay plus one small
+copy per expert group, the link's copies, and one host sync per MoE layer (the counts). On the CPU the same segment functions run eagerly, which
 is how the tests check them: bit for bit equal to the eager forward (LLaDA2MoE.forward, graphs "off").
 
 Programs: the static tensors and graphs of one forward shape, keyed by everything a captured graph bakes in
@@ -104,8 +105,6 @@ class Program:
             layer = self.layers[hi]
             x_res, h = layer.attend(x, cos, sin, mask, self.cache, self.commit)
             flat, idx, w, counts, shared = layer.mlp.start(h, st["pair_valid"])
-            if self.cuda:
-                self.host[i].copy_(counts, non_blocking=True)              # D2H into pinned: read after a sync
             ys = torch.zeros(flat.shape[0] * self.k, flat.shape[1], dtype=flat.dtype, device=flat.device)
             st.update({f"x_res{i}": x_res, f"flat{i}": flat, f"idx{i}": idx, f"w{i}": w, f"counts{i}": counts,
                        f"shared{i}": shared, f"ys{i}": ys})
@@ -212,7 +211,11 @@ class Program:
                 break
             layer = self.moe[i]
             if self.cuda:
-                per = routing.host_counts.wait(self.host[i])               # the one host sync of the layer
+                # The counts to pinned memory, queued behind the replay (outside the graph: a device-to-host
+                # copy into the caching host allocator's memory is not relied on inside a capture), then the
+                # one host sync of the layer.
+                self.host[i].copy_(self.st[f"counts{i}"], non_blocking=True)
+                per = routing.host_counts.wait(self.host[i])
             else:
                 per = self.st[f"counts{i}"].tolist()                       # the one host read of the layer
             E = self.E
