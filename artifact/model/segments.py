@@ -14,8 +14,9 @@ work on static shapes, so it is cut into segments and each is captured once as a
                      device before the replay; offsets, order and masks are computed on the device
 
 So a forward issues M + 1 segment replays, one small counts copy per MoE layer, one replay plus one small
-copy per expert group, the link's copies, and one host sync per MoE layer (the counts). On the CPU the same segment functions run eagerly, which
-is how the tests check them: bit for bit equal to the eager forward (LLaDA2MoE.forward, graphs "off").
+copy per expert group, the link's copies, and one host sync per MoE layer (the counts). On the CPU the same
+segment functions run eagerly, which is how the tests check them: bit for bit equal to the eager forward
+(LLaDA2MoE.forward, graphs "off").
 
 Programs: the static tensors and graphs of one forward shape, keyed by everything a captured graph bakes in
 (batch, fed length, commit, the KV cache's tensors, the logits slice, cross-layer prediction, kernel). The
