@@ -34,6 +34,9 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import pathlib
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -169,13 +172,40 @@ class TorchCuda:
         torch.cuda._sleep(cycles)
 
     def memcpy_batch(self, device: torch.device):
-        """(issue, note): issue(dst pointers, src pointers, sizes, stream) or None, and why."""
+        """(issue, note): issue(dst pointers, src pointers, sizes, stream) or None, and why. The probe runs
+        first in a child process: a raw call this code got wrong could crash, and must not take the run
+        with it; only if the child's self-test passed does this process probe (and self-test) too."""
         if device not in self._batch:
             if device.index != torch.cuda.current_device():      # the raw call uses the current device
                 self._batch[device] = (None, f"{device} is not the current device")
             else:
-                self._batch[device] = probe_memcpy_batch(device)
+                ok, note = _probe_in_child(device)
+                self._batch[device] = probe_memcpy_batch(device) if ok else (None, note)
         return self._batch[device]
+
+
+def _probe_in_child(device: torch.device, timeout_s: float = 120.0) -> tuple[bool, str]:
+    """probe_memcpy_batch in a fresh interpreter: (passed, its note, or how the child failed)."""
+    if os.environ.get(NO_BATCH_ENV, "") not in ("", "0"):
+        return False, f"{NO_BATCH_ENV} is set"
+    code = ("import sys, torch\n"
+            "from artifact.offload.cuda_link import probe_memcpy_batch\n"
+            f"issue, note = probe_memcpy_batch(torch.device('cuda', {device.index}))\n"
+            "print(note)\n"
+            "sys.exit(0 if issue is not None else 3)\n")
+    root = str(pathlib.Path(__file__).resolve().parents[2])       # the checkout this module came from
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"the cudaMemcpyBatchAsync probe did not run: {e}"
+    note = (r.stdout.strip().splitlines() or [""])[-1]
+    if r.returncode == 0:
+        return True, note
+    if r.returncode == 3:
+        return False, note
+    tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+    return False, f"the cudaMemcpyBatchAsync probe's process exited with {r.returncode}: {tail}"
 
 
 _TORCH_CUDA: TorchCuda | None = None
