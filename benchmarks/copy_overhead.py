@@ -233,10 +233,11 @@ def print_stub(r: dict) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--stub", action="store_true", default=None,
+    ap.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                    help="cuda: CudaLink on the GPU (the default with one); cpu: the emulated link")
+    ap.add_argument("--stub", action="store_true",
                     help="CudaLink on the CPU with its CUDA calls stubbed, at 1 and 8 copies per call "
-                         "(the default without a GPU)")
+                         "(the default without a GPU and without --device)")
     ap.add_argument("--batch", type=int, default=8, help="copies per call (a layer's misses)")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--slots", type=int, default=64)
@@ -248,11 +249,13 @@ def main(argv=None) -> None:
     for k in ("batch", "calls", "slots", "expert_kib", "drain", "reps"):
         if getattr(a, k) < 1:
             ap.error(f"--{k.replace('_', '-')} must be >= 1, got {getattr(a, k)}")
-    if a.stub or (a.stub is None and not torch.cuda.is_available()):
+    if a.stub and a.device is not None:
+        ap.error("--stub runs CudaLink on the CPU with stubbed CUDA calls: leave out --device")
+    if a.stub or (a.device is None and not torch.cuda.is_available()):
         r = measure_stub(tuple(dict.fromkeys((1, a.batch))), a.calls, a.slots, a.expert_kib, a.reps)
         print(json.dumps(r, indent=1)) if a.json else print_stub(r)
         return
-    r = measure(a.device, a.batch, a.calls, a.slots, a.expert_kib, a.drain, a.reps)
+    r = measure(a.device or "cuda", a.batch, a.calls, a.slots, a.expert_kib, a.drain, a.reps)
     if a.json:
         print(json.dumps(r, indent=1))
     else:

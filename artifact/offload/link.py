@@ -82,8 +82,9 @@ class Link(Protocol):
 
     def copy(self, items: Sequence[tuple[torch.Tensor, torch.Tensor, str]], after=None,
              speculative: bool = False) -> list:
-        """Issue the copies (dst, src, label) in order, all after `after`; one ticket per copy.
-        `speculative`: prefetches, which a demand-priority link never lets delay a demand copy."""
+        """Issue the copies (dst, src, label) in order, all after `after`; one ticket per copy (copies of
+        one batch may share one, landing together). `speculative`: prefetches, which a demand-priority link
+        never lets delay a demand copy."""
         ...
 
     def landed(self, ticket) -> bool:
