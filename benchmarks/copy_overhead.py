@@ -90,6 +90,7 @@ def measure(device: str, batch: int, calls: int, slots: int, expert_kib: int, dr
     lk = statistics.median(link_us)
     br = statistics.median(bare_us) if bare_us else 0.0
     return {"device": torch.cuda.get_device_name() if cuda else "cpu", "link": link.kind, "batch": batch,
+            "copy_path": getattr(link, "copy_path", None), "batch_note": getattr(link, "batch_note", None),
             "calls": calls, "reps": reps, "expert_kib": expert_kib, "link_us_per_copy": round(lk, 2),
             "bare_us_per_copy": round(br, 2), "python_us_per_copy": round(lk - br, 2),
             "link_us_per_copy_reps": [round(x, 2) for x in link_us],
@@ -259,9 +260,10 @@ def main(argv=None) -> None:
     if a.json:
         print(json.dumps(r, indent=1))
     else:
+        path = f"; {r['copy_path']}: {r['batch_note']}" if r["copy_path"] else ""
         print(f"{r['link']} link on {r['device']}: {r['link_us_per_copy']} us per copy inside Link.copy, "
               f"{r['bare_us_per_copy']} us bare copy_ -> {r['python_us_per_copy']} us of the link's Python per copy "
-              f"(median of {r['reps']}; batch {r['batch']})")
+              f"(median of {r['reps']}; batch {r['batch']}{path})")
 
 
 if __name__ == "__main__":
