@@ -1,95 +1,27 @@
 """The CUDA link's logic on the CPU, and close() on both links.
 
-CudaLink runs here against a fake torch.cuda (FakeCuda): streams and events are bookkeeping, copies run on
-CPU tensors at once, and an event completes only after `delay` queries (or never, for a stuck stream), so
-"the demand copies are not drained yet" happens as it does on a GPU. What this cannot check (real
-asynchrony, timing, pinned memory) is in tests/test_cuda.py, which skips without a GPU.
+CudaLink runs here on a stub CUDA runtime (offload/cuda_stub.StubCuda): streams and events are
+bookkeeping, copies run on CPU tensors at once, and an event completes only after `delay` queries (or
+never, for a stuck stream), so "the demand copies are not drained yet" happens as it does on a GPU. What
+this cannot check (real asynchrony, timing, pinned memory) is in tests/test_cuda.py, which skips without a
+GPU; the call sequence of a batch is in tests/test_cuda_link.py.
 """
 from __future__ import annotations
-
-import contextlib
 
 import pytest
 import torch
 
-import artifact.offload.link as link_mod
-from artifact.offload.link import CudaLink, EmulatedLink, LinkClosed, LinkTimeout, calibrate_rate, make_link
+import artifact.offload.cuda_link as cuda_link_mod
+from artifact.offload.cuda_link import CudaLink
+from artifact.offload.cuda_stub import StubCuda
+from artifact.offload.link import EmulatedLink, LinkClosed, LinkTimeout, make_link
+from artifact.offload.pacing import calibrate_rate
 from artifact.offload.timeline import ManualClock
 
 
-class FakeEvent:
-    def __init__(self, cuda, enable_timing=False):
-        self.cuda, self.recorded, self.left = cuda, False, 0
-
-    def record(self, stream=None):
-        self.recorded = True
-        self.left = -1 if self.cuda.stuck else self.cuda.delay
-
-    def query(self):
-        if not self.recorded:               # as on CUDA: an event never recorded reads as complete
-            return True
-        if self.left > 0:
-            self.left -= 1
-        return self.left == 0
-
-    def synchronize(self):
-        assert self.left >= 0, "synchronize on a stuck event would hang"
-        self.left = 0
-
-    def elapsed_time(self, other):
-        return 0.5                          # ms
-
-
-class FakeStream:
-    def __init__(self, cuda, device=None):
-        self.cuda, self.waits = cuda, []
-
-    def wait_event(self, ev):
-        self.waits.append(ev)
-
-
-class FakeCuda:
-    def __init__(self, delay=0):
-        self.delay, self.stuck = delay, False
-        self.compute = FakeStream(self)
-        self.sleeps = []
-
-    def is_available(self):
-        return True
-
-    def current_device(self):
-        return 0
-
-    def Event(self, enable_timing=False):       # noqa: N802 (torch's name)
-        return FakeEvent(self, enable_timing)
-
-    def Stream(self, device=None):              # noqa: N802
-        return FakeStream(self, device)
-
-    def current_stream(self, device=None):
-        return self.compute
-
-    @contextlib.contextmanager
-    def stream(self, s):
-        yield s
-
-    def _sleep(self, cycles):
-        self.sleeps.append(cycles)
-
-
-class TorchWithFakeCuda:
-    def __init__(self, cuda):
-        self.cuda = cuda
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-
 @pytest.fixture
-def fake_cuda(monkeypatch):
-    cuda = FakeCuda()
-    monkeypatch.setattr(link_mod, "torch", TorchWithFakeCuda(cuda))
-    return cuda
+def fake_cuda():
+    return StubCuda()
 
 
 def tensors(n, size=1000, seed=0):
@@ -113,19 +45,20 @@ def spy_chunks(link):
 
 # --- the CUDA link's logic, on the fake -----------------------------------------------------------
 def test_fifo_copies_land_and_are_counted(fake_cuda):
-    link = CudaLink("cuda")
+    link = CudaLink("cuda", runtime=fake_cuda)
     srcs, dsts = tensors(3)
     tickets = link.copy([(d, s, f"c{i}") for i, (d, s) in enumerate(zip(dsts, srcs))])
     link.wait(tickets)
     assert all(torch.equal(d, s) for d, s in zip(dsts, srcs))
-    assert link.stats.transfers == 3 and link.stats.bytes == 3 * 4000 and len(link.slot_events) == 3
+    assert link.stats.transfers == 3 and link.stats.bytes == 3 * 4000
+    assert len(tickets) == 3 and len({id(t.done) for t in tickets}) == 1, "one event for the batch"
     assert link.finish().busy_seconds > 0
     link.close()
 
 
 def test_demand_priority_holds_speculative_chunks_until_the_demand_copies_are_done(fake_cuda):
     fake_cuda.delay = 3                                   # an event completes on its third query
-    link = CudaLink("cuda", priority="demand", chunk_bytes=1000)
+    link = CudaLink("cuda", runtime=fake_cuda, priority="demand", chunk_bytes=1000)
     log = spy_chunks(link)
     (ds, dd), (xd, xs) = tensors(2, seed=1), tensors(2, seed=2)
     link.copy([(dd[0], ds[0], "demand 0")])
@@ -150,7 +83,7 @@ def test_demand_priority_holds_speculative_chunks_until_the_demand_copies_are_do
 
 def test_a_demand_copy_into_a_held_copys_slot_lands_after_it(fake_cuda):
     fake_cuda.stuck = True                                # nothing ever drains: held copies stay held
-    link = CudaLink("cuda", priority="demand", chunk_bytes=1000)
+    link = CudaLink("cuda", runtime=fake_cuda, priority="demand", chunk_bytes=1000)
     log = spy_chunks(link)
     (src_a, src_b), _ = tensors(2, seed=3)
     slot = torch.zeros(1000)
@@ -164,7 +97,7 @@ def test_a_demand_copy_into_a_held_copys_slot_lands_after_it(fake_cuda):
 
 def test_promote_issues_a_held_copy_and_finish_flushes(fake_cuda):
     fake_cuda.stuck = True
-    link = CudaLink("cuda", priority="demand", chunk_bytes=500)
+    link = CudaLink("cuda", runtime=fake_cuda, priority="demand", chunk_bytes=500)
     log = spy_chunks(link)
     srcs, dsts = tensors(2, seed=4)
     link.copy([(torch.zeros(10), torch.ones(10), "demand")])
@@ -180,15 +113,15 @@ def test_promote_issues_a_held_copy_and_finish_flushes(fake_cuda):
 
 def test_close_drops_held_chunks_and_drains_the_copy_stream(fake_cuda):
     fake_cuda.stuck = True
-    link = CudaLink("cuda", priority="demand", chunk_bytes=1000, close_timeout_s=0.05)
+    link = CudaLink("cuda", runtime=fake_cuda, priority="demand", chunk_bytes=1000, close_timeout_s=0.05)
     srcs, dsts = tensors(2, seed=5)
     link.copy([(dsts[0], srcs[0], "layer 1 expert 3 -> slot 0")])
     (held,) = link.copy([(dsts[1], srcs[1], "prefetch")], speculative=True)
     with pytest.raises(LinkTimeout, match=r"closing the link.*layer 1 expert 3 -> slot 0.*within 0.05 s"):
         link.close()                                      # the stream never drains: bounded, then raise
     assert held.cancelled and not dsts[1].any(), "a cancelled prefetch must never write"
-    assert any(t is dsts[0] for t in link_mod._QUARANTINE), "an undrained slot is kept, never reused"
-    link_mod._QUARANTINE.clear()
+    assert any(t is dsts[0] for t in cuda_link_mod._QUARANTINE), "an undrained slot is kept, never reused"
+    cuda_link_mod._QUARANTINE.clear()
     with pytest.raises(LinkClosed):
         link.copy([(dsts[0], srcs[0], "late")])
     with pytest.raises(LinkClosed):
@@ -196,7 +129,7 @@ def test_close_drops_held_chunks_and_drains_the_copy_stream(fake_cuda):
     link.close()                                          # idempotent
 
     fake_cuda.stuck = False
-    ok = CudaLink("cuda")
+    ok = CudaLink("cuda", runtime=fake_cuda)
     ok.copy([(dsts[0], srcs[0], "x")])
     ok.close()                                            # drains at once
     assert ok.closed and not ok._dsts
@@ -215,7 +148,8 @@ def test_engine_on_the_cuda_link_logic_equals_resident(tiny, fake_cuda, delay):
     ref = [tiny.model(ids, pos), tiny.model(ids + 1, pos)]
     saved = tiny.model.backend
     fake_cuda.delay = delay
-    link = CudaLink("cuda", priority="demand", chunk_bytes=tiny.cfg.expert_params)    # a quarter expert
+    link = CudaLink("cuda", runtime=fake_cuda, priority="demand",
+                    chunk_bytes=tiny.cfg.expert_params)                    # a quarter expert
     log = spy_chunks(link)
     try:
         eng = offload(tiny.model, tiny.experts, 6, make_policy("last_step", len(cfg.moe_layers), cfg.num_experts),
@@ -232,9 +166,9 @@ def test_engine_on_the_cuda_link_logic_equals_resident(tiny, fake_cuda, delay):
 
 
 def test_make_link_builds_cuda_with_demand_priority(fake_cuda):
-    link = make_link("cuda", device="cuda", priority="demand", expert_bytes=24_576)
+    link = make_link("cuda", device="cuda", priority="demand", expert_bytes=24_576, runtime=fake_cuda)
     assert isinstance(link, CudaLink) and link.priority == "demand" and link.hold.chunk_bytes == 24_576
-    assert make_link("cuda", device="cuda").hold is None
+    assert link.rt is fake_cuda and make_link("cuda", device="cuda", runtime=fake_cuda).hold is None
     with pytest.raises(ValueError, match="needs --device cuda"):
         make_link("cuda", device="cpu", priority="demand")
 
