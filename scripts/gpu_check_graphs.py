@@ -415,13 +415,19 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
                denoise + s["prefill_forwards"], 1), "tokens_equal_resident": res.tokens == ref_tokens,
            **{k: s[k] for k in COUNT_KEYS}}
     row["host_over_h2d"] = row["host_ms_median"] / h2d if h2d > 0 and row["host_ms_median"] is not None else None
-    rec = run(loaded, prompts, batch, dc, spec=spec, device=a.device, record=True)
-    sim = replay(rec.trace, spec.policy, spec.capacity)
-    row["replay"] = {k: sim[k] for k in COUNT_KEYS}
-    row["counts_equal_replay"] = (all(rec.stats[k] == sim[k] == s[k] for k in COUNT_KEYS)
-                                  and rec.tokens == res.tokens)
+    try:                            # apart, so that a failure here keeps the timed run's figures
+        rec = run(loaded, prompts, batch, dc, spec=spec, device=a.device, record=True)
+        sim = replay(rec.trace, spec.policy, spec.capacity)
+        row["replay"] = {k: sim[k] for k in COUNT_KEYS}
+        row["counts_equal_replay"] = (all(rec.stats[k] == sim[k] == s[k] for k in COUNT_KEYS)
+                                      and rec.tokens == res.tokens)
+    except Exception as e:
+        row["counts_equal_replay"], row["replay_error"] = None, f"{type(e).__name__}: {e}"
     if profile:
-        row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec)
+        try:
+            row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec)
+        except Exception as e:
+            row["profile"] = {"error": f"{type(e).__name__}: {e}"}
     return row
 
 
@@ -451,6 +457,12 @@ def _find(runs: list[dict], **key) -> dict | None:
     return None
 
 
+def _profiled(runs: list[dict]) -> list[dict]:
+    """The graphs-on runs whose profiled run measured its counts."""
+    return [r for r in runs if "error" not in r and r.get("graphs") == "on"
+            and "error" not in r.get("profile", {"error": "not profiled"})]
+
+
 def t1(runs: list[dict]) -> dict:
     need = [(1, 1.0, T1_HOST_OVER_H2D), (4, 1.0, T1_HOST_OVER_H2D), (1, 1.73, T1_AT_173)]
     figures, missing, ok = {}, [], True
@@ -468,7 +480,7 @@ def t1(runs: list[dict]) -> dict:
 
 def t2(runs: list[dict]) -> dict:
     figures, missing, ok = {}, [], True
-    for r in [r for r in runs if "error" not in r and r.get("graphs") == "on" and "profile" in r]:
+    for r in _profiled(runs):
         p = r["profile"]
         figures[f"batch {r['batch']}"] = {k: p[k] for k in ("launches_per_moe_layer", "copies_per_moe_layer",
                                                             "aten_ops_per_moe_layer")}
@@ -480,7 +492,7 @@ def t2(runs: list[dict]) -> dict:
 
 def t3(runs: list[dict], cuda: bool) -> dict:
     figures, missing, ok = {}, [], True
-    for r in [r for r in runs if "error" not in r and r.get("graphs") == "on" and "profile" in r]:
+    for r in _profiled(runs):
         p = r["profile"]
         if cuda:
             keys = ("event_syncs_per_moe_layer", "stream_syncs_per_moe_layer", "device_syncs_per_moe_layer",
@@ -506,8 +518,10 @@ def t4(runs: list[dict]) -> dict:
 
 def t5(runs: list[dict], caps: list[dict]) -> dict:
     ok_runs = [r for r in runs if "error" not in r]
-    missing = ([] if ok_runs else ["an offloaded run"]) + [f"the capped link at {f}x" for f in (0.5, 0.25)
-                                                            if not any(c.get("fraction") == f for c in caps)]
+    missing = [] if ok_runs else ["an offloaded run"]
+    missing += [f"the replay of graphs {r['graphs']} batch {r['batch']} C/W {r['cache_ratio']:g} {r['policy']}"
+                for r in ok_runs if r.get("counts_equal_replay") is None]          # its recorded run raised
+    missing += [f"the capped link at {f}x" for f in (0.5, 0.25) if not any(c.get("fraction") == f for c in caps)]
     figures = {"runs": len(ok_runs), "runs_with_errors": len(runs) - len(ok_runs),
                "counts_equal_replay": sum(bool(r.get("counts_equal_replay")) for r in ok_runs),
                "tokens_equal_resident": sum(bool(r.get("tokens_equal_resident")) for r in ok_runs),

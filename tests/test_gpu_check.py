@@ -287,3 +287,12 @@ def test_counting_inside_forwards():
     assert c == {"forwards": 2, "launches": 2, "copies": 1, "event_syncs": 1, "stream_syncs": 0, "device_syncs": 0,
                  "blocking_copies": 1, "aten_ops": 1}
     assert mod.p90([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0]) == 9.0 and mod.p90([]) is None
+
+
+def test_a_failed_replay_or_profile_leaves_its_target_unmeasured():
+    mod = load_graphs()
+    caps = [{"fraction": 0.5, "achieved_over_target": 1.0}, {"fraction": 0.25, "achieved_over_target": 1.0}]
+    v = mod.t5([_run(), _run(counts_equal_replay=None)], caps)
+    assert v["status"] == "unmeasured" and "the replay of graphs on batch 1" in v["missing"][0]
+    broken = _run(profile={"error": "RuntimeError: capture failed"})
+    assert mod.t2([broken])["status"] == mod.t3([broken], cuda=True)["status"] == "unmeasured"
