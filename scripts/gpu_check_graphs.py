@@ -174,6 +174,7 @@ def host_costs(a, torch, expert_bytes: int) -> dict:
     dst = [torch.empty(expert_bytes, dtype=torch.uint8, device=a.device) for _ in range(BATCH)]
     calls = 32 if cuda else CALLS          # a copy takes ~120 us of link time: keep the queue short
     out["copy_us"] = _per_call_us(lambda: dst[0].copy_(src[0], non_blocking=True), calls=calls, sync=sync)
+    out["copy_calls"] = {"copy_us": calls, "batched_copy_us": max(1, calls // BATCH)}     # per batch of the median
     if hasattr(torch, "_foreach_copy_"):
         out["batched_copy_us"] = _per_call_us(lambda: torch._foreach_copy_(dst, src, non_blocking=True),
                                               calls=max(1, calls // BATCH), sync=sync) / BATCH
