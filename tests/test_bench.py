@@ -209,6 +209,8 @@ def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
         assert (g.cache_experts == capacity_for(r, W, tiny.cfg.num_experts)).all()
         assert g.tokens_sha.nunique() == 1 and g.tokens.nunique() == 1     # offloading changes time, not tokens
     assert (full.seconds > 0).all()
+    # host time per forward (CPU: the forward computes on the host, so host is its wall time less nothing)
+    assert (full.host_ms_per_forward > 0).all() and (full.host_ms_per_forward <= full.wall_ms_per_forward).all()
     assert full.tokens_per_second.to_numpy() == pytest.approx((full.tokens / full.seconds).to_numpy())
     assert (full[full.policy == "demand"].speculative_transfers == 0).all()
     assert (full.demand_hits + full.demand_misses > 0).all()
@@ -238,3 +240,23 @@ def test_real_bench_runs_every_engine_policy(tiny, tmp_path, one_thread):
     assert df.speculative_transfers["demand"] == 0 and df.speculative_transfers["oracle"] > 0
     assert df.demand_misses["oracle"] < df.demand_misses["demand"]       # true future knowledge removes misses
     assert df.prefetch_hits["oracle"] > 0 and df.wasted_prefetches["oracle"] <= df.wasted_prefetches["last_step"]
+
+
+def test_rows_carry_host_time_and_old_files_read_without_it(tmp_path):
+    """host_ms_per_forward / wall_ms_per_forward: medians of a run's per-forward lists; a file written before
+    them reads with them empty and takes appends in its own columns."""
+    from artifact.experiments.model_runner import host_medians
+    from artifact.experiments.results import BEFORE_HOST, HOST_COLUMNS
+    assert host_medians({"forward_host_ms": [3.0, 1.0, 2.0], "forward_wall_ms": [4.0, 8.0]}) == {
+        "host_ms_per_forward": 2.0, "wall_ms_per_forward": 6.0}
+    assert host_medians({"forward_host_ms": []}) == {"host_ms_per_forward": None, "wall_ms_per_forward": None}
+    p = fake_profile(tasks=["gsm8k"], batch_sizes=[4], cache_ratios=[1.0, 1.73])
+    out = tmp_path / "b.csv"
+    df = run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet)
+    old = df[df.cache_ratio == 1.0][list(BEFORE_HOST)]
+    old.to_csv(out, index=False)                                         # as the previous version wrote it
+    back = read_rows(out)
+    assert list(back.columns) == list(COLUMNS) and back[list(HOST_COLUMNS)].isna().all().all()
+    df = run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet)        # resumes: appends C/W 1.73
+    assert sorted(set(df.cache_ratio)) == [1.0, 1.73] and len(df) == 8
+    assert out.read_text().splitlines()[0] == ",".join(BEFORE_HOST)

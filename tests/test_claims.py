@@ -433,3 +433,16 @@ def test_every_notebook_figure_is_committed_small_and_linked_from_the_readme():
         assert png.is_file() and csv.is_file(), f"{name}: run ./run_all.sh cpu --force and commit both"
         assert png.stat().st_size < 300_000 and csv.stat().st_size < 300_000
         assert f"(figures/cpu/{name}.png)" in readme, f"README's claims table does not link {name}.png"
+
+
+def test_host_bound_gpu_cells_make_the_capacity_verdict_inconclusive():
+    """The same intervals on GPU rows: host-bound cells (host > 50% of wall per forward) flip reproduced to
+    inconclusive with the reason; below the bound, and on the CPU whatever the share, the verdict stands."""
+    rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}).assign(wall_ms_per_forward=10.0)
+    for device, host, want in (("cuda:0", 7.4, INCONCLUSIVE), ("cuda:0", 3.0, REPRODUCED), ("cpu", 9.9, REPRODUCED)):
+        r = rows.assign(device=device, host_ms_per_forward=host)
+        by_ratio, _ = capacity.tables(r)
+        _, faster, low = capacity.verdicts(capacity.numbers(by_ratio, r))
+        assert faster.verdict == low.verdict == want, (device, host)
+        if want == INCONCLUSIVE:
+            assert "host-bound: host 74% of wall" in faster.reason and "host-bound" in low.reason

@@ -129,3 +129,173 @@ def test_a_failing_step_keeps_the_report(tmp_path):
     assert "max_position_embeddings" in d["engine"]["error"]["message"]            # tiny: 4096 positions
     assert d["engine"]["runs"] == [] and d["steps"][-1] == "engine"
     assert d["moe_layer"]["equal_outputs"] is True                                   # earlier steps kept
+
+
+# --- scripts/gpu_check.sh graphs (scripts/gpu_check_graphs.py): issue 30's check ----------------------
+def load_graphs():
+    spec = importlib.util.spec_from_file_location("gpu_check_graphs", ROOT / "scripts" / "gpu_check_graphs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--device", "cpu"], "--allow-cpu"),
+    (["--ratios", "1,x"], "comma-separated"),
+    (["--batches", "0"], "--batches"),
+    (["--budget-s", "0"], "--budget-s"),
+    (["--layers", "1"], "--layers"),
+])
+def test_graphs_check_bad_arguments_exit_2(args, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        load_graphs().parse_args(args)
+    assert e.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens on a machine without a GPU")
+def test_graphs_check_without_a_gpu_exits_3(tmp_path):
+    out = tmp_path / "g.json"
+    p = sh("graphs", "--out", out)
+    assert p.returncode == 3 and "no CUDA GPU visible" in p.stderr and not out.exists()
+
+
+@pytest.mark.slow
+def test_graphs_check_dry_run_measures_both_paths_and_judges_the_targets(tmp_path):
+    out = tmp_path / "g.json"
+    p = sh("graphs", "--device", "cpu", "--allow-cpu", "--batches", "1", "--ratios", "1.0", "--gen-length", 32,
+           "--prompt-length", 20, "--layers", 3, "--out", out)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    d = json.loads(out.read_text())
+    mod = load_graphs()
+    assert d["steps"] == list(mod.STEPS) and d["exit_code"] == 0 and d["dry_run_on_cpu"] is True
+    assert d["environment"]["kernel"] and d["environment"]["graph_modes"] == ["off", "on"]
+    h = d["host_costs"]
+    assert h["launch_us"] > 0 and h["copy_us"] > 0 and h["batched_copy_us"] > 0
+    assert h["graph_replay_us"] is None and "CUDA" in h["graph_replay_skipped"]
+    e = d["engine"]
+    assert e["moe_layers"] == 2 and e["errors"] == 0 and e["skipped"] == []
+    assert [(r["graphs"], r["policy"]) for r in e["runs"]] == [(g, p) for g in ("off", "on")
+                                                               for p in ("demand", "last_step")]
+    assert [(r["graphs"], r["batch"]) for r in e["resident"]] == [("off", 1), ("on", 1)]
+    assert e["all_tokens_equal_resident"] is True and e["all_counts_equal_replay"] is True
+    for r in e["runs"] + e["resident"]:
+        assert len(r["host_ms"]) == len(r["wall_ms"]) == r["forwards"] == 8           # one block of 8 steps
+        assert 0 < r["host_ms_median"] <= r["host_ms_p90"] and r["wall_ms_median"] > 0
+    for r in e["runs"]:
+        assert r["replay"] == {k: r[k] for k in mod.COUNT_KEYS} and r["demand_misses"] > 0
+        assert r["h2d_ms_per_forward"] > 0 and r["host_over_h2d"] == pytest.approx(
+            r["host_ms_median"] / r["h2d_ms_per_forward"])
+        assert ("profile" in r) == (r["policy"] == "demand")                          # C/W 1, demand only
+    for r in e["runs"][::2]:
+        prof = r["profile"]
+        assert prof["forwards"] == 8 and prof["device_reads_per_moe_layer"] == 1.0     # the router's one read
+        assert prof["aten_ops_per_moe_layer"] > 0 and prof["launches_per_moe_layer"] == 0   # no kernels on a CPU
+    t = d["targets"]
+    assert sorted(t) == ["T1", "T2", "T3", "T4", "T5", "T6"]
+    assert all(x["status"] == "unmeasured" and "dry run" in x["why"] for x in t.values())
+    assert t["T3"]["would_be"] == "met"
+    f5 = t["T5"]["figures"]                    # (its cap figures are the emulated link's timing on a shared CPU)
+    assert f5["runs"] == f5["counts_equal_replay"] == f5["tokens_equal_resident"] == 4 and set(f5["caps"]) == {
+        "0.5x", "0.25x"}
+    assert t["T1"]["would_be"] == "unmeasured" and "batch 4, C/W 1" in t["T1"]["missing"]
+    assert "T3: unmeasured (would be met" in p.stdout
+
+
+def _run(graphs="on", batch=1, ratio=1.0, policy="demand", host=2.0, h2d=10.0, **kw):
+    r = {"graphs": graphs, "batch": batch, "cache_ratio": ratio, "policy": policy, "cache_experts": 80,
+         "num_experts": 256, "host_ms_median": host, "h2d_ms_per_forward": h2d, "host_over_h2d": host / h2d,
+         "link_busy_over_wall": 0.9, "counts_equal_replay": True, "tokens_equal_resident": True}
+    return r | kw
+
+
+def test_t1_host_over_h2d():
+    mod = load_graphs()
+    runs = [_run(batch=1), _run(batch=4), _run(ratio=1.73, host=4.0)]
+    assert mod.t1(runs)["status"] == "met"
+    runs[2] = _run(ratio=1.73, host=6.0)                                   # 0.6 > 0.5 at C/W 1.73
+    v = mod.t1(runs)
+    assert v["status"] == "not met" and v["figures"]["batch 1, C/W 1.73"]["host_over_h2d"] == 0.6
+    assert mod.t1(runs[:2])["status"] == "unmeasured"                       # a figure missing: never guessed
+    assert mod.t1([_run(batch=1, graphs="off"), *runs[1:]])["status"] == "unmeasured"   # graphs off: not judged
+
+
+def _profiled(launches=10.0, event_syncs=1.0, stream_syncs=0.0, blocking=0.0):
+    return _run(profile={"launches_per_moe_layer": launches, "copies_per_moe_layer": 20.0,
+                         "aten_ops_per_moe_layer": 3.0, "event_syncs_per_moe_layer": event_syncs,
+                         "stream_syncs_per_moe_layer": stream_syncs, "device_syncs_per_moe_layer": 0.0,
+                         "blocking_copies_per_moe_layer": blocking, "device_reads_per_moe_layer": 1.0})
+
+
+def test_t2_launches_per_moe_layer():
+    mod = load_graphs()
+    assert mod.t2([_profiled(12.0)])["status"] == "met"
+    assert mod.t2([_profiled(12.2)])["status"] == "not met"
+    assert mod.t2([_run()])["status"] == "unmeasured"
+
+
+def test_t3_syncs_per_forward():
+    mod = load_graphs()
+    assert mod.t3([_profiled()], cuda=True)["status"] == "met"
+    for bad in (_profiled(event_syncs=2.0), _profiled(stream_syncs=0.2), _profiled(blocking=1.0)):
+        assert mod.t3([bad], cuda=True)["status"] == "not met"
+    assert mod.t3([_profiled(event_syncs=0.0)], cuda=False)["status"] == "met"      # CPU: the device reads
+
+
+def test_t4_link_busy():
+    mod = load_graphs()
+    assert mod.t4([_run(link_busy_over_wall=0.85)])["status"] == "met"
+    assert mod.t4([_run(link_busy_over_wall=0.58)])["status"] == "not met"
+
+
+def test_t5_counts_tokens_and_cap():
+    mod = load_graphs()
+    caps = [{"fraction": 0.5, "achieved_over_target": 1.05}, {"fraction": 0.25, "achieved_over_target": 0.95}]
+    assert mod.t5([_run(), _run(graphs="off")], caps)["status"] == "met"
+    assert mod.t5([_run(), _run(counts_equal_replay=False)], caps)["status"] == "not met"
+    assert mod.t5([_run(), _run(tokens_equal_resident=False)], caps)["status"] == "not met"
+    assert mod.t5([_run(), {"graphs": "on", "error": "RuntimeError: x"}], caps)["status"] == "not met"
+    assert mod.t5([_run()], [caps[0], {"fraction": 0.25, "achieved_over_target": 1.2}])["status"] == "not met"
+    assert mod.t5([_run()], caps[:1])["status"] == "unmeasured"
+
+
+def test_t6_policies_host_difference():
+    mod = load_graphs()
+    runs = [_run(host=2.0), _run(policy="last_step", host=2.9),                 # |0.9| <= 0.1 x 10
+            _run(ratio=1.73, host=2.0, cache_experts=256), _run(ratio=1.73, policy="last_step", host=9.0,
+                                                                cache_experts=256)]
+    v = mod.t6(runs)
+    assert v["status"] == "met" and v["figures"]["batch 1, C/W 1.73"].startswith("excluded: C = E")
+    runs[1] = _run(policy="last_step", host=3.1)
+    assert mod.t6(runs)["status"] == "not met"
+    assert mod.t6(runs[2:])["status"] == "unmeasured"                          # only C = E cells
+
+
+def test_judge_marks_a_dry_run_unmeasured_and_a_gpu_report_judged():
+    mod = load_graphs()
+    report = {"engine": {"runs": [_run(link_busy_over_wall=0.9)]}, "capped_link": {"caps": []}}
+    assert mod.judge(report)["T4"]["status"] == "met"
+    dry = mod.judge({**report, "dry_run_on_cpu": True})["T4"]
+    assert dry["status"] == "unmeasured" and dry["would_be"] == "met"
+
+
+def test_counting_inside_forwards():
+    mod = load_graphs()
+    f = mod.FORWARD
+    events = [(f, 0, 100), (f, 200, 300),
+              ("aten::add", 10, 20), ("aten::mul", 12, 15),          # mul inside add: not top-level
+              ("cudaLaunchKernel", 13, 14), ("cudaGraphLaunch", 210, 211), ("cudaEventSynchronize", 220, 230),
+              ("cudaStreamSynchronize", 150, 160),                   # between the forwards: the decode loop's
+              ("cudaMemcpyAsync", 250, 251), ("cudaMemcpy", 260, 270), ("aten::sum", 150, 160)]
+    c = mod.count_in_forwards(events)
+    assert c == {"forwards": 2, "launches": 2, "copies": 1, "event_syncs": 1, "stream_syncs": 0, "device_syncs": 0,
+                 "blocking_copies": 1, "aten_ops": 1}
+    assert mod.p90([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0]) == 9.0 and mod.p90([]) is None
+
+
+def test_a_failed_replay_or_profile_leaves_its_target_unmeasured():
+    mod = load_graphs()
+    caps = [{"fraction": 0.5, "achieved_over_target": 1.0}, {"fraction": 0.25, "achieved_over_target": 1.0}]
+    v = mod.t5([_run(), _run(counts_equal_replay=None)], caps)
+    assert v["status"] == "unmeasured" and "the replay of graphs on batch 1" in v["missing"][0]
+    broken = _run(profile={"error": "RuntimeError: capture failed"})
+    assert mod.t2([broken])["status"] == mod.t3([broken], cuda=True)["status"] == "unmeasured"

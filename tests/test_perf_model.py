@@ -186,3 +186,58 @@ def test_notebook_grid_and_claims_on_a_small_stream():
     claims = pm.verdicts(grid, summary, summary, "given")
     assert len(claims) == 4 and claims[-1].verdict == "reproduced" and claims[-1].timing
     assert all(c.claim.startswith("[modeled") or c.claim.startswith("[own result") for c in claims)
+
+
+# --- GPU compute apart from host time (issue 30) ------------------------------------------------------
+def test_the_physical_limit_is_the_devices_not_the_hosts(stream):
+    """The limit and the floor do not move with the host's launch cost; the modelled time does."""
+    import dataclasses
+    slow_host = dataclasses.replace(HARDWARE["h200"], launch_us=10 * HARDWARE["h200"].launch_us)
+    a, b = (model_grid([stream], hw, "llada2-mini", ["demand"], [1.0], ["fifo"]) for hw in (HARDWARE["h200"],
+                                                                                              slow_host))
+    assert a.limit_per_step.tolist() == b.limit_per_step.tolist()
+    assert a.floor_per_step.tolist() == b.floor_per_step.tolist()
+    assert (b.seconds_per_step > a.seconds_per_step).all()
+    costs = Costs(HARDWARE["h200"], Shape.of_name("llada2-mini"))
+    assert costs.device_only().hw.launch_us == 0 and costs.hw.launch_us > 0
+    cal = Costs(HAND, HAND_SHAPE)
+    assert cal.device_only() is cal                         # calibrated: compute measured as a whole
+
+
+def graphs_report(host_b1=(6.0, 9.0), resident_host_over_wall=0.3):
+    """A hand-made graphs-check report: batch-1 graphs-on runs at two transfer counts, a profiled one."""
+    runs = [{"graphs": "on", "batch": 1, "cache_ratio": 1.0, "policy": "demand", "forwards": 10,
+             "transfers_denoising": 100, "host_ms_median": host_b1[0],
+             "profile": {"launches_per_moe_layer": 6.0, "moe_layers": 5}},
+            {"graphs": "on", "batch": 1, "cache_ratio": 0.83, "policy": "demand", "forwards": 10,
+             "transfers_denoising": 400, "host_ms_median": host_b1[1]},
+            {"graphs": "off", "batch": 1, "cache_ratio": 0.5, "policy": "demand", "forwards": 10,
+             "transfers_denoising": 900, "host_ms_median": 99.0},            # graphs off: not the new path's
+            {"graphs": "on", "batch": 4, "error": "RuntimeError: x"}]
+    resident = [{"graphs": "on", "batch": 1, "wall_ms_median": 2.5, "host_over_wall": resident_host_over_wall},
+                {"graphs": "on", "batch": 4, "wall_ms_median": 4.0, "host_over_wall": 0.9},     # host-bound
+                {"graphs": "off", "batch": 1, "wall_ms_median": 30.0, "host_over_wall": 0.2}]
+    return {"engine": {"runs": runs, "resident": resident}}
+
+
+def test_graphs_on_figures_from_a_report_and_unmeasured_without_one(tmp_path):
+    from artifact.experiments.hardware import GRAPHS_FIGURES, from_graphs_check, graphs_on, h200_graphs
+    f = from_graphs_check(graphs_report())
+    assert f["kernels_per_layer"] == 6 and f["launch_us"] == pytest.approx(1e3 * 6.0 / 30)
+    assert f["copy_host_us"] == pytest.approx(100.0)          # (9 - 6) ms over (40 - 10) transfers per forward
+    assert f["gpu_forward_ms"] == {1: 2.5}                    # batch 4's resident forward was host-bound
+    assert from_graphs_check(graphs_report(resident_host_over_wall=0.6))["gpu_forward_ms"] is None
+    assert from_graphs_check({}) == dict.fromkeys(GRAPHS_FIGURES)
+    none = h200_graphs(tmp_path / "h200_graphs.json")
+    assert none["unmeasured"] == list(GRAPHS_FIGURES) and "has not run on an H200" in none["source"]
+    with pytest.raises(ValueError, match="graphs-on host costs unmeasured .*launch_us") as e:
+        graphs_on("h200", tmp_path / "h200_graphs.json")
+    assert "\n" not in str(e.value)
+    p = tmp_path / "report.json"
+    p.write_text(json.dumps(graphs_report()))
+    hw = graphs_on("h200", p)
+    assert hw.name == "h200-graphs" and hw.kernels_per_layer == 6 and hw.copy_host_us == pytest.approx(100.0)
+    assert hw.h2d_gbps == HARDWARE["h200"].h2d_gbps           # the link stays the eager profile's
+    p.write_text(json.dumps({**graphs_report(), "dry_run_on_cpu": True}))
+    with pytest.raises(ValueError, match="not a GPU run"):    # a CPU dry run never feeds the profile
+        graphs_on("h200", p)

@@ -10,7 +10,7 @@ import pytest
 
 from artifact.cli import main
 from artifact.errors import ProfileError, ResultFileError, SettingError
-from artifact.experiments.results import COLUMNS, PHASE_COLUMNS, STAT_COLUMNS, phase_stats, read_rows
+from artifact.experiments.results import COLUMNS, HOST_COLUMNS, PHASE_COLUMNS, STAT_COLUMNS, phase_stats, read_rows
 from artifact.experiments.settings import load_profile
 from artifact.model.decode import DecodeConfig
 from artifact.model.llada2 import Demand, StepInfo
@@ -126,7 +126,7 @@ def test_trace_metrics_per_phase():
 
 def test_bench_phase_columns_and_old_files(tmp_path):
     assert set(PHASE_COLUMNS) == {f"{c}_{p}" for c in COUNTS for p in PHASES}
-    assert list(COLUMNS[-len(PHASE_COLUMNS):]) == list(PHASE_COLUMNS)
+    assert list(COLUMNS[-len(PHASE_COLUMNS) - len(HOST_COLUMNS):-len(HOST_COLUMNS)]) == list(PHASE_COLUMNS)
     stats = {c: 0 for c in COUNTS}
     stats["by_phase"] = {p: {c: i + 10 * j for j, c in enumerate(COUNTS)} for i, p in enumerate(PHASES)}
     flat = phase_stats(stats)

@@ -120,3 +120,33 @@ def test_every_threshold_is_named_once_in_paper_py():
         defined = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) for t in node.targets
                    if isinstance(t, ast.Name) and node.col_offset == 0}
         assert not defined & set(names), f"{path.name} defines {defined & set(names)}; name it in paper.py"
+
+
+# --- a GPU cell that timed the host (issue 30) -----------------------------------------------------
+def host_rows(device: str, host: dict, wall: float = 10.0):
+    """Two policies x 4 repetitions per C/W; host[C/W] = (demand's host ms, last_step's host ms) per forward."""
+    import pandas as pd
+    return pd.DataFrame([{"device": device, "cache_ratio": r, "policy": pol, "rep": k,
+                          "host_ms_per_forward": h + 0.1 * k, "wall_ms_per_forward": wall}
+                         for r, hs in host.items() for pol, h in zip(("demand", "last_step"), hs) for k in range(4)])
+
+
+def test_host_shares_of_gpu_cells_and_none_on_the_cpu():
+    rows = host_rows("cuda:0", {1.0: (2.0, 3.0), 1.73: (7.0, 4.0)})
+    s = verdicts.host_shares(rows, ["cache_ratio"])
+    assert s[(1.0,)] == pytest.approx(0.315) and s[(1.73,)] == pytest.approx(0.715)   # the larger policy's median
+    assert verdicts.host_shares(host_rows("cpu", {1.0: (9.0, 9.0)}), ["cache_ratio"]) == {}   # CPU: not applied
+    assert verdicts.host_shares(rows.drop(columns=["host_ms_per_forward"]), ["cache_ratio"]) == {}   # old rows
+    nan = rows.assign(host_ms_per_forward=float("nan"))                      # written before host time: unmeasured
+    assert verdicts.host_shares(nan, ["cache_ratio"]) == {}
+
+
+def test_a_host_bound_gpu_cell_is_inconclusive():
+    ok = faster(iv(1.0, 4.0))
+    assert ok.verdict == REPRODUCED
+    flipped = gated(ok, None, host=0.74)
+    assert flipped.verdict == INCONCLUSIVE and "host-bound: host 74% of wall" in flipped.why
+    assert flipped.margin == ok.margin
+    assert gated(ok, None, host=0.5) == ok and gated(ok, None, host=None) == ok      # at the bound: judged
+    no = faster(iv(-4.0, -1.0))
+    assert gated(no, iv(-1.0, 1.0), host=0.9).verdict == INCONCLUSIVE             # not reproduced flips too

@@ -20,7 +20,16 @@ from artifact.experiments.results import same_tokens
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import CONFIDENCE, format_table, paired_table
-from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, gated, margin_below, not_faster
+from artifact.experiments.verdicts import (
+    CONTROL,
+    METHOD,
+    Interval,
+    combine,
+    gated,
+    host_shares,
+    margin_below,
+    not_faster,
+)
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, relative_to_lru, sweep
 from artifact.offload.trace import mean_working_set
@@ -129,6 +138,7 @@ class Numbers:
     conservative_is_lru: bool        # last_step_conservative: no transfer, demand's misses, at every C/W
     removed: dict                    # policy -> {C/W: misses removed beyond LRU / LRU's misses}
     of_oracle: dict                  # policy -> {C/W: share of the oracle's removed misses}
+    host: dict = dataclasses.field(default_factory=dict)   # {(priority, C/W): GPU host share (host_shares)}
 
 
 def numbers(summary, table, rows) -> Numbers:
@@ -138,7 +148,8 @@ def numbers(summary, table, rows) -> Numbers:
     is_lru = bool(len(cons)) and bool((cons.speculative_transfers == 0).all() and (cons.misses_vs_lru == 1).all())
     removed = {p: dict(zip(g.cache_ratio, g.misses_removed / g.lru_misses)) for p, g in summary.groupby("policy")}
     of_or = {p: dict(zip(g.cache_ratio, g.of_oracle)) for p, g in summary.groupby("policy")}
-    return Numbers(n_same, n_cells, fast, table, is_lru, removed, of_or)
+    return Numbers(n_same, n_cells, fast, table, is_lru, removed, of_or,
+                   host_shares(rows, ["link_priority", "cache_ratio"]))
 
 
 def paired_text(r) -> str:
@@ -173,7 +184,8 @@ def verdicts(n: Numbers) -> list[Claim]:
     if len(preds):
         aa = {r.cache_ratio: Interval.of(r) for r in dem[dem.policy == CONTROL].itertuples()}
         verdict, reason, margin = combine(
-            (f"{r.policy} C/W {r.cache_ratio:g}", gated(not_faster(Interval.of(r)), aa.get(r.cache_ratio)))
+            (f"{r.policy} C/W {r.cache_ratio:g}", gated(not_faster(Interval.of(r)), aa.get(r.cache_ratio),
+                                                             n.host.get(("demand", r.cache_ratio))))
             for r in preds.itertuples())
         boot = [c for c in bootstrap_above_zero(n.table) if c.endswith("(demand)")]
         claims.append(Claim(

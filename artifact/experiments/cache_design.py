@@ -28,6 +28,7 @@ from artifact.experiments.verdicts import (
     controls_text,
     faster,
     gated,
+    host_shares,
     margin_below,
 )
 from artifact.offload.bounds import relaxed_min
@@ -161,17 +162,18 @@ class BenchNumbers:
     over_lru: Interval       # tokens/s of the best eviction over lru's, % per pair
     misses: tuple            # (lru's, the best's) demand misses, summed over the timed runs
     control: dict            # {(C/W,): Interval of the A/A control over demand}
+    host: dict = dataclasses.field(default_factory=dict)   # {(C/W,): GPU host share of wall (host_shares)}
 
 
 def bench_numbers(rows: pd.DataFrame, best: str) -> BenchNumbers:
     t = paired_table(rows, best, "demand", ["cache_ratio"])
     m = rows.groupby("policy").demand_misses.sum()
     return BenchNumbers(best, Interval.of(t.iloc[0]), (int(m["demand"]), int(m[best])),
-                        controls(rows, ["cache_ratio"]))
+                        controls(rows, ["cache_ratio"]), host_shares(rows, ["cache_ratio"]))
 
 
 def bench_verdict(b: BenchNumbers) -> Claim:
-    ruling = gated(faster(b.over_lru), b.control.get((BENCH_RATIO,)))
+    ruling = gated(faster(b.over_lru), b.control.get((BENCH_RATIO,)), b.host.get((BENCH_RATIO,)))
     lru, ours = b.misses
     return Claim(
         f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end (tokens/s, C/W "

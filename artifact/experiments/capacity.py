@@ -3,7 +3,7 @@ batch sizes x C/W), paired by repetition, with 95% intervals; the grid's A/A con
 demand, identical work) gates every C/W's verdict."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -22,6 +22,7 @@ from artifact.experiments.verdicts import (
     controls_text,
     faster,
     gated,
+    host_shares,
     no_difference,
 )
 
@@ -46,6 +47,7 @@ class Numbers:
     in_range: pd.DataFrame       # by_ratio rows at C/W in the paper's faster range
     at_low: pd.Series | None     # the by_ratio row at the paper's low C/W, if measured
     control: dict                # {(C/W,): Interval of the A/A control over demand} (verdicts.controls)
+    host: dict = field(default_factory=dict)   # {(C/W,): host share of wall time per forward} (host_shares)
 
 
 def numbers(by_ratio, rows) -> Numbers:
@@ -53,7 +55,8 @@ def numbers(by_ratio, rows) -> Numbers:
     lo, hi = paper.FASTER_RANGE
     low = by_ratio[by_ratio.cache_ratio == paper.AT_LOW.cache_ratio]
     return Numbers(n_same, n_cells, by_ratio[(by_ratio.cache_ratio >= lo) & (by_ratio.cache_ratio <= hi)],
-                   low.iloc[0] if len(low) else None, controls(rows, ["cache_ratio"]))
+                   low.iloc[0] if len(low) else None, controls(rows, ["cache_ratio"]),
+                   host_shares(rows, ["cache_ratio"]))
 
 
 def control_text(n: Numbers, ratios=None) -> str:
@@ -75,7 +78,8 @@ def verdicts(n: Numbers) -> list[Claim]:
                     margin=f"{n.cells - n.same_cells} cells differ")]
     if len(n.in_range):
         verdict, reason, margin = combine((f"C/W {r.cache_ratio:g}", gated(faster(Interval.of(r), paper.FASTER_PCT),
-                                                                            n.control.get((r.cache_ratio,))))
+                                                                            n.control.get((r.cache_ratio,)),
+                                                                            n.host.get((r.cache_ratio,))))
                                           for r in n.in_range.itertuples())
         claims.append(Claim(
             f"demand-async is faster than async last-step prefetch at C/W {lo:g}-{hi:g} (95% CIs exclude zero)",
@@ -86,7 +90,7 @@ def verdicts(n: Numbers) -> list[Claim]:
             verdict, reason, pairs=int(n.in_range.n_pairs.min()), margin=margin, **timed))
     if n.at_low is not None:
         r = n.at_low
-        ruling = gated(no_difference(Interval.of(r)), n.control.get((r.cache_ratio,)))
+        ruling = gated(no_difference(Interval.of(r)), n.control.get((r.cache_ratio,)), n.host.get((r.cache_ratio,)))
         claims.append(Claim(
             f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ "
             f"(equivalence within +-{paper.EQUIV_MARGIN:g}%)",

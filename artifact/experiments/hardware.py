@@ -11,6 +11,14 @@
 
 A gpu_check JSON report (`from_gpu_check`) overrides what it measures: the H2D rate of expert copies from
 a registered store, the host time per launch, the launches per layer and the host time per copy.
+
+GPU compute and host time are apart. The physical limit's compute is the device's alone (perf_model.limits,
+Costs.device_only: the rooflines without the host's launch term). The measured GPU compute, the CUDA-event
+time of a resident forward that the host does not pace (graphs on, host <= half the wall), and the graphs-on
+host costs come from the graphs check's report (scripts/gpu_check.sh graphs, GPU_CHECK_GRAPHS: `h200_graphs`,
+`from_graphs_check`, `graphs_on`). Until that report exists every one of those figures is unmeasured (None,
+with the reason), never a guess; the committed gpu_check reports time resident forwards host-bound (host
+74-100% of wall), so their wall time is not the GPU's compute.
 """
 from __future__ import annotations
 
@@ -26,6 +34,11 @@ from artifact.offload.link import PCIE4_GBPS, PCIE_LATENCY_US
 from artifact.paths import repo_root
 
 GPU_CHECK_H200 = "gpu_check/h200.json"      # under data/: the report the h200 profile's measured numbers are from
+GPU_CHECK_GRAPHS = "gpu_check/h200_graphs.json"    # under data/: scripts/gpu_check.sh graphs on an H200 (issue 30)
+# What the graphs check measures for the model: the graphs-on host costs in Hardware's terms and the GPU compute
+# of a resident forward per batch size (ms, CUDA events).
+GRAPHS_FIGURES = ("launch_us", "kernels_per_layer", "copy_host_us", "gpu_forward_ms")
+HOST_BOUND = 0.5            # a resident forward whose host is above this share of its wall: its wall is not compute
 
 # Host costs measured by gpu_check on the H200 machine (data/gpu_check/h200.json, step 7 "engine"; derived
 # by from_gpu_check, and tests/test_perf_model.py checks these equal what it derives from the report).
@@ -64,6 +77,11 @@ SOURCES: dict[str, dict[str, str]] = {
                         "per forward over its 6 offloaded runs",
         "sync_us": "0: inside the measured host time per launch (the run's syncs are among its launches' time)",
         "plan_us": "0: inside the measured host time per launch and per copy",
+        "gpu_compute": "unmeasured until scripts/gpu_check.sh graphs runs on an H200 (h200_graphs): the CUDA-event "
+                       "time of a resident graphs-on forward whose host is at most half its wall; meanwhile the "
+                       "physical limit's compute is the rooflines' device compute alone (Costs.device_only)",
+        "graphs_on_host": "unmeasured until scripts/gpu_check.sh graphs runs on an H200 (graphs_on(report) raises "
+                          "until then): launch_us, kernels_per_layer, copy_host_us of the graphs-on engine",
     },
     "cpu-emulated": {
         "h2d_gbps": "the emulated link: PCIe 4 (offload/link.py PCIE4_GBPS) scaled to the expert's size "
@@ -130,3 +148,54 @@ def from_gpu_check(report: dict) -> dict:
 def committed_gpu_check() -> Path:
     """The committed report (in the checkout's data/, whatever ARTIFACT_DATA says: it is an input, not output)."""
     return repo_root() / "data" / GPU_CHECK_H200
+
+
+def from_graphs_check(report: dict) -> dict:
+    """GRAPHS_FIGURES from a graphs check's report (scripts/gpu_check_graphs.py), each None where the report
+    did not measure it: launch_us (batch 1, C/W 1, demand, graphs on: host ms per forward / host-issued
+    launches per forward), kernels_per_layer (its launches per MoE layer), copy_host_us (the least-squares
+    slope of graphs-on host ms per forward on transfers per forward over the batch-1 runs), gpu_forward_ms
+    ({batch: wall ms of a resident graphs-on forward}, only where its host is at most HOST_BOUND of it)."""
+    eng = report.get("engine") or {}
+    runs = [r for r in eng.get("runs", []) if isinstance(r, dict) and "error" not in r and r.get("graphs") == "on"]
+    out = dict.fromkeys(GRAPHS_FIGURES)
+    ref = [r for r in runs if r.get("batch") == 1 and r.get("cache_ratio") == 1.0 and r.get("policy") == "demand"
+           and (r.get("profile") or {}).get("launches_per_moe_layer")]
+    if ref and ref[0].get("host_ms_median"):
+        p = ref[0]["profile"]
+        out["kernels_per_layer"] = round(p["launches_per_moe_layer"])
+        out["launch_us"] = round(1e3 * ref[0]["host_ms_median"] / (p["launches_per_moe_layer"] * p["moe_layers"]), 2)
+    b1 = [r for r in runs if r.get("batch") == 1 and r.get("forwards") and r.get("host_ms_median") is not None]
+    if len(b1) >= 2:
+        x = np.array([r["transfers_denoising"] / r["forwards"] for r in b1])
+        if np.ptp(x) > 0:
+            slope = np.polyfit(x, np.array([r["host_ms_median"] for r in b1]), 1)[0]
+            out["copy_host_us"] = round(1e3 * float(slope), 2)
+    gpu = {r["batch"]: r["wall_ms_median"] for r in eng.get("resident", []) if isinstance(r, dict)
+           and "error" not in r and r.get("graphs") == "on" and r.get("host_over_wall") is not None
+           and r["host_over_wall"] <= HOST_BOUND}
+    out["gpu_forward_ms"] = gpu or None
+    return out
+
+
+def h200_graphs(path: str | Path | None = None) -> dict:
+    """{"figures": GRAPHS_FIGURES -> value or None, "unmeasured": the names without a value, "source": the report
+    or why there is none}: what the h200 profile knows of the GPU compute and the graphs-on host costs."""
+    path = Path(path) if path is not None else repo_root() / "data" / GPU_CHECK_GRAPHS
+    if not path.exists():
+        return {"figures": dict.fromkeys(GRAPHS_FIGURES), "unmeasured": list(GRAPHS_FIGURES),
+                "source": f"unmeasured: {path.name} does not exist "
+                          "(scripts/gpu_check.sh graphs has not run on an H200)"}
+    figures = from_graphs_check(load_gpu_check(path))
+    return {"figures": figures, "unmeasured": [k for k, v in figures.items() if v is None], "source": str(path)}
+
+
+def graphs_on(name: str = "h200", path: str | Path | None = None) -> Hardware:
+    """The profile with the graphs-on host costs of a graphs check's report in place of the eager ones;
+    refuses (naming what is unmeasured) rather than inventing a figure the report lacks."""
+    g = h200_graphs(path)
+    host = {k: g["figures"][k] for k in ("launch_us", "kernels_per_layer", "copy_host_us")}
+    missing = [k for k, v in host.items() if v is None]
+    if missing:
+        raise SettingError(f"graphs-on host costs unmeasured ({', '.join(missing)}): {g['source']}")
+    return dataclasses.replace(hardware(name), name=f"{name}-graphs", **host)

@@ -20,7 +20,17 @@ from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table
 from artifact.experiments.tide import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide_checkout import check_tide
-from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, gated, not_faster
+from artifact.experiments.verdicts import (
+    CONTROL,
+    METHOD,
+    Interval,
+    combine,
+    controls,
+    controls_text,
+    gated,
+    host_shares,
+    not_faster,
+)
 from artifact.model.tasks import prompts
 from artifact.offload.sim import capacity_for
 
@@ -96,6 +106,7 @@ class StyleNumbers:
     # per C/W, highest first: (C/W, Interval of interval_refresh over demand, interval_refresh misses / demand's - 1)
     by_ratio: tuple
     control: dict = dataclasses.field(default_factory=dict)   # {(C/W,): Interval of the A/A control over demand}
+    host: dict = dataclasses.field(default_factory=dict)      # {(C/W,): GPU host share of wall (host_shares)}
 
 
 def style_numbers(table, rows) -> StyleNumbers:
@@ -106,7 +117,7 @@ def style_numbers(table, rows) -> StyleNumbers:
     for r in sorted(over.index, reverse=True):
         m = rows[rows.cache_ratio == r].groupby("policy").demand_misses.sum()
         per.append((float(r), Interval.of(over.loc[r]), m["interval_refresh"] / m["demand"] - 1))
-    return StyleNumbers(tuple(per), controls(rows, ["cache_ratio"]))
+    return StyleNumbers(tuple(per), controls(rows, ["cache_ratio"]), host_shares(rows, ["cache_ratio"]))
 
 
 def style_text(n: StyleNumbers) -> str:
@@ -116,7 +127,7 @@ def style_text(n: StyleNumbers) -> str:
 
 
 def style_verdict(n: StyleNumbers) -> Claim:
-    verdict, reason, margin = combine((f"C/W {r:g}", gated(not_faster(iv), n.control.get((r,))))
+    verdict, reason, margin = combine((f"C/W {r:g}", gated(not_faster(iv), n.control.get((r,)), n.host.get((r,))))
                                       for r, iv, _ in n.by_ratio)
     return Claim(
         "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and half "

@@ -10,11 +10,12 @@ import os
 import platform
 import time
 
+import numpy as np
 import torch
 
 from artifact.errors import ProfileError
 from artifact.experiments.grid import Cell
-from artifact.experiments.results import STAT_COLUMNS, phase_stats
+from artifact.experiments.results import HOST_COLUMNS, STAT_COLUMNS, phase_stats
 from artifact.experiments.settings import Profile
 from artifact.model.checkpoint import weights_fingerprint
 from artifact.model.tasks import prompts, tokens_sha
@@ -55,6 +56,12 @@ def measure_h2d_gbps(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> 
         dst.copy_(src, non_blocking=True)
     torch.cuda.synchronize(device)
     return repeats * nbytes / (time.perf_counter() - t0) / 1e9
+
+
+def host_medians(stats: dict) -> dict:
+    """The run's HOST_COLUMNS: medians over its denoising forwards of host and wall ms (None without any)."""
+    return {col: float(np.median(stats[key])) if stats.get(key) else None
+            for col, key in zip(HOST_COLUMNS, ("forward_host_ms", "forward_wall_ms"))}
 
 
 class ModelRunner:
@@ -121,5 +128,6 @@ class ModelRunner:
         out["tokens"] = res.stats["tokens_generated"]
         out["link_gbps"] = spec.link_gbps
         out["tokens_sha"] = tokens_sha(res.tokens)
+        out.update(host_medians(res.stats))
         return out
 

@@ -94,9 +94,11 @@ def model_run(trace: Trace, costs: Costs, capacity: int, policy: str, priority: 
 def limits(trace: Trace, costs: Costs, capacity: int, transfers: int, steps: int,
            min_misses: int | None = None) -> dict:
     """The physical limit per step, max(compute, transfers x expert bytes / bandwidth), and its floor with
-    min's misses; compute is every demand's non-expert compute and all its experts in one group."""
+    min's misses; compute is the device's (Costs.device_only: no host launch term), every demand's non-expert
+    compute and all its experts in one group."""
     first = trace.meta["moe_layers"][0]
-    compute = sum(costs.compute(d, d.layer == first) + costs.group(list(d.counts)) for d in trace.demands)
+    dev = costs.device_only()
+    compute = sum(dev.compute(d, d.layer == first) + dev.group(list(d.counts)) for d in trace.demands)
     link_s = costs.expert_bytes / (costs.link_gbps * 1e9)
     if min_misses is None:
         min_misses = replay(trace, "min", capacity)["demand_misses"]

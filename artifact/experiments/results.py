@@ -40,7 +40,13 @@ STAT_COLUMNS = ("seconds", "tokens", "tokens_per_second", "forwards", "tokens_pe
 # Every engine count per phase of the demand stream (cache.PHASES: prefill, first = a block's step 0, later),
 # e.g. demand_misses_prefill; each count's phases add up to its total in STAT_COLUMNS.
 PHASE_COLUMNS = tuple(f"{c}_{phase}" for c in COUNTS for phase in PHASES)
-COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS + PHASE_COLUMNS
+# Per run, the medians over its denoising forwards of the host ms (the forward's CPU time less the time blocked
+# in the router syncs) and of the wall ms (CUDA: an event pair on the compute stream): a GPU cell whose host
+# time is most of its wall time timed the host, not the link (verdicts.host_bound).
+HOST_COLUMNS = ("host_ms_per_forward", "wall_ms_per_forward")
+COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS + PHASE_COLUMNS + HOST_COLUMNS
+# A file written before rows carried host time: read with those columns empty, appended to in its own columns.
+BEFORE_HOST = COLUMNS[:-len(HOST_COLUMNS)]
 STR_COLUMNS = ("profile", "fingerprint", "model", "model_hash", "weights_fingerprint", "dtype", "device", "link",
                "hardware", "task", "policy", "tokens_sha")
 # Numbers every row must hold (the other numeric columns may be empty, e.g. link_gbps of an unpaced cuda link).
@@ -179,6 +185,9 @@ def _parse(data: bytes, path: Path):
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise ResultFileError(f"{path}: not a bench CSV: {e}") from None
     missing = [c for c in COLUMNS if c not in df.columns]
+    if missing == list(HOST_COLUMNS):             # written before rows carried host time: not measured
+        df = df.assign(**{c: np.nan for c in HOST_COLUMNS})
+        missing = []
     if missing == ["weights_fingerprint"]:
         raise ResultFileError(f"{path}: written before bench rows recorded the checkpoint's weights fingerprint, so "
                               "its rows cannot be matched to a checkpoint; re-run the bench into a fresh --out "
@@ -250,6 +259,15 @@ def write_rows(path: Path, rows) -> None:
     atomic_write_text(path, pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(index=False))
 
 
+def _file_columns(path: Path, new: bool) -> tuple[str, ...]:
+    """The columns rows are appended in: COLUMNS, or BEFORE_HOST for a file written before host time."""
+    if new:
+        return COLUMNS
+    with open(path, "rb") as f:
+        header = f.readline().decode(errors="replace").strip()
+    return BEFORE_HOST if header == ",".join(BEFORE_HOST) else COLUMNS
+
+
 def append_rows(path: Path, rows) -> None:
     """Append rows (one finished cell) in one write, then fsync. Call it holding `locked(path)`."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -258,7 +276,8 @@ def append_rows(path: Path, rows) -> None:
     try:
         size = os.fstat(fd).st_size
         new = size == 0
-        view = memoryview(pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(index=False, header=new).encode())
+        view = memoryview(pd.DataFrame(rows, columns=list(_file_columns(path, new))).to_csv(
+            index=False, header=new).encode())
         try:
             while view:
                 view = view[os.write(fd, view):]
@@ -291,7 +310,7 @@ def load_for_append(path: Path, p: Profile, log=print):
         keep = data.rfind(b"\n") + 1
         notes.append(f"a torn last line ({len(data) - keep} bytes)")
     header = data[:keep].split(b"\n", 1)[0].decode(errors="replace").strip()
-    if header and header != ",".join(COLUMNS):
+    if header and header not in (",".join(COLUMNS), ",".join(BEFORE_HOST)):
         _parse(data[:keep], path)                  # names an old version's or a foreign file's columns first
         raise ResultFileError(f"{path}: its columns are not in this version's order ({', '.join(COLUMNS)}), so rows "
                               "cannot be appended to it; re-run into a fresh --out (merge rewrites files in order)")

@@ -30,7 +30,17 @@ from artifact.experiments.claims import EXACT, NOT_MEASURABLE, PAPER_STYLE, Clai
 from artifact.experiments.runs import load_model
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, faster, gated
+from artifact.experiments.verdicts import (
+    CONTROL,
+    METHOD,
+    Interval,
+    combine,
+    controls,
+    controls_text,
+    faster,
+    gated,
+    host_shares,
+)
 from artifact.model.tasks import prompts
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.runner import OffloadSpec
@@ -320,11 +330,13 @@ def throughput_claim(table: pd.DataFrame, cal: Calibration, rows: pd.DataFrame |
     """The streams' verdict: `faster` per stream, gated by the A/A control of `rows` (stream_runs)."""
     paper_verdict = paper.demand_vs_last_step(1.0)
     aa = controls(rows, ["task"], metric="forwards_per_second") if rows is not None else {}
+    hs = host_shares(rows, ["task"])
     measured = ("; ".join(f"{r.task}: {r.diff_pct:+.1f}% [{r.ci_low:+.1f}, {r.ci_high:+.1f}]"
                           for r in table.itertuples()) + "; " + controls_text(aa, lambda k: k[0]))
     cost = (f"{cal.compute_us_per_expert:.0f} us per expert, {cal.other_us_per_demand:.0f} us other per demand"
             if cal.compute_us_per_expert is not None else "device compute")
-    verdict, reason, margin = combine((r.task, gated(faster(Interval.of(r), paper.FASTER_PCT), aa.get((r.task,))))
+    verdict, reason, margin = combine((r.task, gated(faster(Interval.of(r), paper.FASTER_PCT), aa.get((r.task,)),
+                                                             hs.get((r.task,))))
                                       for r in table.itertuples())
     return Claim("demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
                  "stream-driven engine (emulated link, compute calibrated on the model)",

@@ -14,7 +14,17 @@ from artifact.experiments.claims import COLORS, EXACT, PER_RUN, Claim, judged, t
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, faster, gated
+from artifact.experiments.verdicts import (
+    CONTROL,
+    METHOD,
+    Interval,
+    combine,
+    controls,
+    controls_text,
+    faster,
+    gated,
+    host_shares,
+)
 from artifact.offload.link import PCIE4_GBPS
 
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
@@ -62,6 +72,7 @@ class Numbers:
     stall: tuple = ()            # (link GB/s, Interval of last_step's stall over demand's, % per pair), highest
                                  # bandwidth first; empty without the runs
     control: tuple = ()          # (link GB/s, Interval of the A/A control's stall over demand's), the same order
+    host: tuple = ()             # (link GB/s, GPU host share of wall per forward: verdicts.host_shares)
 
 
 def stall_table(rows) -> pd.DataFrame:
@@ -73,17 +84,19 @@ def numbers(summary, rows=None) -> Numbers:
     d = summary[summary.policy == "demand"].set_index("bandwidth_scale")
     s = summary[summary.policy == "last_step"].set_index("bandwidth_scale")
     scales = sorted(d.index, reverse=True)
-    stall, control = (), ()
+    stall, control, host = (), (), ()
     if rows is not None:
         t = stall_table(rows).set_index("bandwidth_scale")
         stall = tuple((d.link_gbps[x], Interval.of(t.loc[x])) for x in scales)
         aa = controls(rows, ["bandwidth_scale"], metric="stall_seconds")
         control = tuple((d.link_gbps[x], aa[(x,)]) for x in scales if (x,) in aa)
+        hs = host_shares(rows, ["bandwidth_scale"])
+        host = tuple((d.link_gbps[x], hs[(x,)]) for x in scales if (x,) in hs)
     return Numbers(1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
                    s.speculative_transfers.iloc[0] / d.transfers.iloc[0],
                    s.transfers.iloc[0] / d.transfers.iloc[0] - 1,
                    tuple((d.link_gbps[x], d.stall_seconds[x], s.stall_seconds[x], d.tokens_per_second[x],
-                          s.tokens_per_second[x]) for x in scales), stall, control)
+                          s.tokens_per_second[x]) for x in scales), stall, control, host)
 
 
 def counts_text(n: Numbers) -> str:
@@ -104,8 +117,9 @@ def verdicts(n: Numbers) -> list[Claim]:
         "speculative transfers compete with demand transfers for host-to-device bandwidth",
         counts_text(n), judged(n.extra_transfers > 0), counting=PER_RUN, interval=EXACT,
         margin=f"{n.extra_transfers:+.1%} link transfers vs > 0")
-    aa = dict(n.control)
-    verdict, reason, margin = combine((f"{gbps:.3g} GB/s", gated(faster(iv), aa.get(gbps))) for gbps, iv in n.stall)
+    aa, hs = dict(n.control), dict(n.host)
+    verdict, reason, margin = combine((f"{gbps:.3g} GB/s", gated(faster(iv), aa.get(gbps), hs.get(gbps)))
+                                      for gbps, iv in n.stall)
     stall = Claim(
         "speculative transfers delay demand transfers: last_step stalls longer than demand at every bandwidth",
         "speculative loads queue ahead of demand loads on the copy engine (qualitative)",

@@ -16,7 +16,12 @@ else inconclusive. An A/A control (two policies that do identical work) whose in
 cells it controls inconclusive (`gated`): the instrument is biased there. Every timing grid carries one:
 CONTROL, which does exactly demand's work, timed against demand in the same cells (`controls`). Exact counts
 have no interval; their verdicts compare a number with a threshold of paper.py and print the margin (`margin_below`,
-`margin_at_least`)."""
+`margin_at_least`).
+
+A GPU timing cell whose host time per forward is more than HOST_BOUND of its wall time (`host_shares`, from the
+rows' host_ms_per_forward and wall_ms_per_forward) timed the host's Python and launches, not the link: its
+ruling is inconclusive (`gated(..., host=)`). On the CPU the rule does not apply: the CPU computes on the host,
+so host time is the compute itself (host_shares returns nothing for CPU rows)."""
 from __future__ import annotations
 
 import math
@@ -32,6 +37,9 @@ METHOD = f"{paper.CONFIDENCE:.0%} t interval over pairs"
 # resident and never evicts for them, so on every cell it does exactly demand's work (every count equal:
 # tests/test_beyond.py, tests/test_priority.py). Its time against demand's measures the bench's own bias.
 CONTROL = "last_step_conservative"
+# A GPU cell whose host ms per forward exceed this share of its wall ms is host-bound: issue 30 measured the H200
+# engine at 74-100%, where a policy comparison compares host work, not transfers.
+HOST_BOUND = 0.5
 
 
 @dataclass(frozen=True)
@@ -126,11 +134,30 @@ def not_faster(iv: Interval, margin: float = paper.EQUIV_MARGIN) -> Ruling:
     return Ruling(INCONCLUSIVE, f"interval reaches +{margin:g}% and crosses 0", text)
 
 
-def gated(ruling: Ruling, control: Interval | None) -> Ruling:
-    """The ruling, or inconclusive when the A/A control of its cell excludes 0."""
-    if control is None or not control.excludes_zero:
-        return ruling
-    return Ruling(INCONCLUSIVE, f"A/A control {control.text()} excludes 0", ruling.margin)
+def gated(ruling: Ruling, control: Interval | None, host: float | None = None) -> Ruling:
+    """The ruling, or inconclusive when the A/A control of its cell excludes 0, or when the cell is host-bound
+    (`host`: its host share of wall time on a GPU, host_shares; None: not measured, or not a GPU)."""
+    if control is not None and control.excludes_zero:
+        return Ruling(INCONCLUSIVE, f"A/A control {control.text()} excludes 0", ruling.margin)
+    if host is not None and host > HOST_BOUND:
+        return Ruling(INCONCLUSIVE, f"host-bound: host {host:.0%} of wall time per forward (> {HOST_BOUND:.0%}), "
+                      "so it timed the host, not the link", ruling.margin)
+    return ruling
+
+
+def host_shares(rows, by: Sequence[str]) -> dict:
+    """{key tuple of `by`: the cell's host share of wall time per forward} over GPU rows (device cuda): per
+    row host_ms_per_forward / wall_ms_per_forward, the median per policy, the largest over the policies (one
+    host-bound policy makes the comparison one of host work). {} for CPU rows, where the rule does not apply,
+    and for rows recorded before they carried host time."""
+    if rows is None or not {"host_ms_per_forward", "wall_ms_per_forward", "device"} <= set(rows.columns):
+        return {}
+    gpu = rows[rows.device.astype(str).str.startswith("cuda")]
+    share = (gpu.host_ms_per_forward.astype(float) / gpu.wall_ms_per_forward.astype(float)).where(
+        gpu.wall_ms_per_forward.astype(float) > 0)
+    per = gpu.assign(_share=share).dropna(subset=["_share"]).groupby([*by, "policy"])._share.median()
+    out = per.groupby(level=list(range(len(by)))).max()
+    return {(k if isinstance(k, tuple) else (k,)): float(v) for k, v in out.items()}
 
 
 def controls(rows, by: Sequence[str], metric: str = "tokens_per_second", base: str = "demand") -> dict:

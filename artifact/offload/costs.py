@@ -23,6 +23,7 @@ A calibrated Hardware (expert_us, other_us_per_demand) replaces the rooflines by
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from artifact.model.llada2 import Demand
@@ -157,6 +158,14 @@ class Costs:
             head = s.hidden_size * s.vocab_size
             t += self.roofline(2 * T * head, head * s.dtype_bytes, 2)
         return t
+
+    def device_only(self) -> Costs:
+        """These costs without the host's launch term: the rooflines' device compute and memory reads only,
+        so a physical limit is the device's and the link's, never the host's. A calibrated profile is
+        returned as it is (it measured compute as a whole, on a CPU that computes on the host)."""
+        if self.hw.calibrated or self.hw.launch_us == 0:
+            return self
+        return Costs(dataclasses.replace(self.hw, launch_us=0.0), self.shape)
 
     def host(self) -> float:
         """Host time per MoE layer on the critical path: the router sync and the planning."""
