@@ -225,6 +225,108 @@ def offloaded(name: str, cfg, dtype: str, batch: int, ratio: float, reps: int, l
     return row
 
 
+# --- The engine's own host cost per demand (issue 30, item 4) --------------------------------------
+ENGINE_QUEUED = (60, 150)          # copies the plan of one demand queues
+ENGINE_TARGET_US = 50.0            # host us per demand, at each of ENGINE_QUEUED
+
+
+class _FreeLink:
+    """A link whose calls cost ~nothing and whose copies are always ready, as on CUDA (compute waits on
+    the device timeline): what is left of a demand's host time is the engine's and the cache's."""
+
+    _TICKET = object()
+
+    def __init__(self):
+        from artifact.offload.link import LinkStats
+        self.stats = LinkStats()
+
+    def copy(self, items, after=None, speculative=False):
+        self.stats.transfers += len(items)
+        return [self._TICKET] * len(items)
+
+    def landed(self, t):
+        return True
+
+    def ready(self, t):
+        return True
+
+    def wait(self, tickets):
+        pass
+
+    def promote(self, t):
+        pass
+
+    def pump(self):
+        pass
+
+    def compute_done(self, key):
+        return None
+
+    def finish(self):
+        return self.stats
+
+
+def engine_per_demand(queued: int, demands: int = 300, reps: int = 5) -> dict:
+    """Host us of one `engine.groups(demand)`, consumed, for a demand of `queued` misses and no waves: C =
+    queued slots on one layer of 2 x queued experts, demands alternating between the two halves, so each
+    one evicts the other's experts (policy demand). Also the planning share (ExpertCache.serve on its own,
+    the same demands). Best of `reps` runs of `demands` demands."""
+    from artifact.model.llada2 import Demand, StepInfo
+    from artifact.offload.cache import ExpertCache
+    from artifact.offload.engine import OffloadEngine
+    from artifact.offload.store import HostStore
+    from artifact.offload.stream import STAND_IN
+    E, layer = 2 * queued, 1
+    halves = (tuple(range(queued)), tuple(range(queued, E)))
+    stream = [Demand(StepInfo(f, 0, f, "denoise"), layer, halves[f % 2], (1,) * queued) for f in range(demands)]
+
+    def cache():
+        return ExpertCache([layer], E, queued, make_policy("demand", 1, E, engine=True), 1)
+
+    def timed(serve) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            serve(stream[0])                                            # the slots fill: later demands evict
+            t0 = time.perf_counter()
+            for d in stream[1:]:
+                serve(d)
+            best = min(best, (time.perf_counter() - t0) / (len(stream) - 1))
+        return 1e6 * best
+
+    store = HostStore(torch.zeros(1, E, STAND_IN.params), [layer])
+    engines = []
+
+    def run_engine(d):
+        if d is stream[0]:
+            engines.append(OffloadEngine(store, cache(), _FreeLink(), STAND_IN))
+        for _ in engines[-1].groups(d):
+            pass
+
+    caches = []
+
+    def run_plan(d):
+        if d is stream[0]:
+            caches.append(cache())
+        caches[-1].serve(d)
+
+    engine_us, plan_us = timed(run_engine), timed(run_plan)
+    copies = engines[-1].link.stats.transfers / len(stream)
+    assert copies == queued, f"the stream meant {queued} copies per demand, the engine issued {copies}"
+    return {"path": "engine", "queued_copies": queued, "engine_us_per_demand": engine_us,
+            "planning_us_per_demand": plan_us, "target_us": ENGINE_TARGET_US, "met": engine_us <= ENGINE_TARGET_US}
+
+
+def print_engine_per_demand(as_json: bool) -> None:
+    for queued in ENGINE_QUEUED:
+        r = engine_per_demand(queued)
+        if as_json:
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+        else:
+            print(f"engine, {queued} queued copies per demand: {r['engine_us_per_demand']:.1f} us host per demand "
+                  f"(of which planning {r['planning_us_per_demand']:.1f}); target <= {ENGINE_TARGET_US:g}: "
+                  f"{'met' if r['met'] else 'not met'}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -236,6 +338,7 @@ def main():
     ap.add_argument("--no-resident", action="store_true", help="only the offloaded rows")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    print_engine_per_demand(a.json)
     known = models()
     for batch in (int(b) for b in a.batches.split(",")):
         for ratio in (float(r) for r in a.ratios.split(",")):
