@@ -124,6 +124,12 @@ class Plan:
         return self._victims
 
     @property
+    def streams(self) -> bool:
+        """Copies stream through the slots in waves: some wait for a demanded expert's compute (load_after);
+        False: every copy may start at once (load_after is all EMPTY)."""
+        return self._wave is not None
+
+    @property
     def hits(self) -> list[tuple[int, int]]:
         if self._hits is None:
             self._hits = list(zip(self.hit_experts.tolist(), self.hit_slots.tolist()))
@@ -252,11 +258,14 @@ class ExpertCache:
     def serve(self, demand) -> tuple[Plan, list[Load]]:
         """Plan one (forward, layer) demand of the model (.layer model index, .experts, .counts, .step,
         optional .predicted), then the policy's speculative loads (issued after the demand's own)."""
-        i = self.index[demand.layer]
-        plan, prefetch = self.plan(i, np.asarray(demand.experts, dtype=np.int64),
-                                   np.asarray(demand.counts, dtype=np.int64), demand.step, phase_of(demand.step),
-                                   getattr(demand, "predicted", None))
+        plan, prefetch = self.serve_plans(demand)
         return plan, (prefetch.loads if prefetch is not None else [])
+
+    def serve_plans(self, demand) -> tuple[Plan, Plan | None]:
+        """serve, with the prefetch as its plan (arrays; None: no prefetch): the engine's entry."""
+        return self.plan(self.index[demand.layer], np.asarray(demand.experts, dtype=np.int64),
+                         np.asarray(demand.counts, dtype=np.int64), demand.step, phase_of(demand.step),
+                         getattr(demand, "predicted", None))
 
     def plan(self, i: int, experts: np.ndarray, counts: np.ndarray, step, phase: int,
              predicted=None) -> tuple[Plan, Plan | None]:
