@@ -15,6 +15,7 @@ never holds two experts of one slot, because a slot's next copy waits for the co
 from __future__ import annotations
 
 from itertools import repeat
+from operator import itemgetter
 
 import torch
 
@@ -22,6 +23,13 @@ from artifact.model.llada2 import EXPERT_KERNELS, Demand, ExpertGroup, stack_vie
 from artifact.offload.cache import EMPTY, ExpertCache, Plan
 from artifact.offload.link import Link
 from artifact.offload.store import HostStore, check_slots_fit
+
+NUMPY_SORT = 32          # a group of at least this many experts is sorted by its slots in numpy
+
+
+def _pick(seq, index: list[int]) -> tuple:
+    """seq[k] for k in index (at least one), gathered in C."""
+    return itemgetter(*index)(seq) if len(index) > 1 else (seq[index[0]],)
 
 
 class OffloadEngine:
@@ -43,9 +51,8 @@ class OffloadEngine:
     def _issue(self, layer: int, experts: list[int], slots: list[int], after, speculative: bool = False) -> list:
         """One batch of copies on the link, experts[k] into slots[k]; `after` orders them behind the compute
         that freed their slots. Returns the tickets, also kept in `pending` until waited."""
-        items = list(zip(map(self.slot_rows[layer].__getitem__, slots), map(self.store.rows[layer].__getitem__,
-                                                                              experts),
-                         map(self.labels[layer].__getitem__, experts)))
+        items = list(zip(_pick(self.slot_rows[layer], slots), _pick(self.store.rows[layer], experts),
+                         _pick(self.labels[layer], experts)))
         tickets = self.link.copy(items, after=after, speculative=speculative)
         self.pending[layer].update(zip(slots, tickets))
         return tickets
@@ -55,9 +62,14 @@ class OffloadEngine:
         self._issue(prefetch.layer, prefetch.load_experts.tolist(), prefetch.load_slots.tolist(),
                     self.freed[prefetch.layer], speculative=True)
 
-    def _group(self, layer: int, experts: list[int], slots: list[int]) -> ExpertGroup:
-        order = sorted(range(len(slots)), key=slots.__getitem__)       # ascending slots: the stack rows
+    def _group(self, layer: int, experts: list[int], slots: list[int], arrays=None) -> ExpertGroup:
+        """The group of experts[k] in slots[k], listed by ascending slot (the stack rows). `arrays`: the same
+        as (experts, slots) int64 arrays, which sort a large group faster."""
         gate_up, down = self.stacks[layer]
+        if arrays is not None and len(slots) >= NUMPY_SORT:
+            order = arrays[1].argsort()
+            return ExpertGroup(tuple(arrays[0][order].tolist()), tuple(arrays[1][order].tolist()), gate_up, down)
+        order = sorted(range(len(slots)), key=slots.__getitem__)
         return ExpertGroup(tuple(map(experts.__getitem__, order)), tuple(map(slots.__getitem__, order)), gate_up,
                            down)
 
@@ -110,12 +122,14 @@ class OffloadEngine:
             queue_e += load_e
             queue_s += load_s
             queue_t += now_t
+            hits = None
         else:
             ready_e, ready_s, landed, queue_e, queue_s, queue_t = hit_e, hit_s, [], load_e, load_s, now_t
+            hits = (plan.hit_experts, plan.hit_slots)
         streams = bool(waiting)
         if ready_e:
             link.wait(landed)                                           # landed: no stall, but ordered
-            yield self._group(layer, ready_e, ready_s)
+            yield self._group(layer, ready_e, ready_s, hits)
             prefetch = self._release(layer, ready_e, waiting, prefetch)
             link.pump()
         if streams:
@@ -124,6 +138,7 @@ class OffloadEngine:
             # Every copy is issued (queue_t), into distinct slots: a group is the next expert in copy order,
             # then every following one whose copy is ready.
             n, i, ready = len(queue_t), 0, link.ready
+            h = n - len(load_s)                             # in-flight hits ahead of the loads
             while i < n:
                 j = i + 1
                 while j < n and ready(queue_t[j]):
@@ -134,7 +149,8 @@ class OffloadEngine:
                     for s in queue_s[i:j]:
                         del pending[s]
                 link.wait(queue_t[i:j])
-                yield self._group(layer, queue_e[i:j], queue_s[i:j])
+                loads = (plan.load_experts[i - h:j - h], plan.load_slots[i - h:j - h]) if i >= h else None
+                yield self._group(layer, queue_e[i:j], queue_s[i:j], loads)
                 link.pump()
                 i = j
         self.freed[layer] = link.compute_done(layer)
