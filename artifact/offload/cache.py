@@ -76,10 +76,10 @@ class Plan:
                                (a wave reusing its slot), EMPTY: issue at once
       speculative              True for a prefetch plan (no hits)
 
-    The engine should read the arrays. load_slots/load_victims/load_after are assembled on first
-    access from what planning produced (the simulator never reads them), and so are, for the engine
-    as it is, `.layer` (model layer index), `.hits` (list of (expert, slot)) and `.loads` (list of
-    Load)."""
+    The engine reads the arrays, and `streams` (some copy waits for a compute). load_slots/load_victims/
+    load_after are assembled on first access from what planning produced (the simulator never reads
+    them), and so are, for tests and inspection, `.hits` (list of (expert, slot)) and `.loads` (list of
+    Load). `.layer` is the model layer index."""
 
     __slots__ = ("layer", "index", "hit_experts", "hit_slots", "load_experts", "speculative", "_slots", "_free",
                  "_evicted", "_wave", "_victims", "_after", "_hits", "_loads")

@@ -3,14 +3,21 @@
 For each demand: the cache plans it; the engine issues the loads for the misses as one batch on the
 link (the policy's speculative loads for a later layer only once every demand load of this layer is
 issued, so no demand copy ever queues behind them, whatever the link priority), hands out the resident
-experts as one
-group while those copies are in flight, then the misses in groups as they land: on a host-timed link
-(emulated) whatever has landed by then, on a GPU link a whole wave at once (compute waits for the copies
-on the GPU timeline, so the host never blocks). A copy into a slot whose occupant is demanded in the same
-step (a wave) is issued right after the group that computed that occupant.
+experts as one group while those copies are in flight, then the misses in groups as they land: on a
+host-timed link (emulated) whatever has landed by then, on a GPU link a whole wave at once (compute waits
+for the copies on the GPU timeline, so the host never blocks). A copy into a slot whose occupant is
+demanded in the same step (a wave) is issued right after the group that computed that occupant.
 
 Groups are rows of the layer's slot tensor (C, P), viewed as stacks (see llada2.ExpertGroup); a group
 never holds two experts of one slot, because a slot's next copy waits for the compute of its occupant.
+
+The host path costs little per copy, as a GPU run needs (issue 30): copies are issued straight from the
+plan's arrays (one gather per batch, labels made once per expert, no object per miss), and a demand's
+groups are found in one pass over its queue. Without waves every copy is issued before the first group,
+into distinct slots, so a group runs on while copies are ready (on a GPU link: all of them, one group);
+with waves a copy's ticket is looked up when the scan reaches it, and a group stops before a slot it
+already holds. tests/test_engine_golden.py pins the calls on the link and the groups to those of the
+engine before this path.
 """
 from __future__ import annotations
 
@@ -149,7 +156,8 @@ class OffloadEngine:
                     for s in queue_s[i:j]:
                         del pending[s]
                 link.wait(queue_t[i:j])
-                loads = (plan.load_experts[i - h:j - h], plan.load_slots[i - h:j - h]) if i >= h else None
+                loads = (plan.load_experts[i - h:j - h], plan.load_slots[i - h:j - h]) \
+                    if i >= h and j - i >= NUMPY_SORT else None
                 yield self._group(layer, queue_e[i:j], queue_s[i:j], loads)
                 link.pump()
                 i = j
