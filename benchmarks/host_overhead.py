@@ -30,7 +30,19 @@ last_step; C/W 0.83 and 1.73 of the batch's mean working set), per MoE layer of 
                       which changes kernel time, not host time.
   h2d_ms_per_mini_step_at_1.73   the goal's yardstick: 22 ms (9 misses x 19 layers x 6.29 MB at 50 GB/s)
 
-    .venv/bin/python benchmarks/host_overhead.py --json [--reps 20] [--launch-us 5]
+The lean host path, printed first (--lean-only prints only these), today's path beside the new one:
+
+  engine per demand   the engine's host us per demand at 60 and 150 queued copies, over a link whose calls
+                      cost nothing (target <= 50 us at both), with the planning's share
+  link per copy       CudaLink's own host us per copy with the CUDA calls stubbed (cuda_stub.StubCuda), at 1
+                      and 8 copies per call, beside the link before the lean rewrite run on the same stub
+                      (target <= 5 us at 8 copies per call; benchmarks/copy_overhead.py)
+  graphs off / on     per MoE layer of a denoising forward over a prefix cache (tiny, offloaded, last_step):
+                      ATen ops issued outside graphs (on CUDA each is a launch; with graphs on, only the
+                      inputs' copies and fills remain, plus one row-map copy per expert group that the CPU
+                      does not show), ops a graph replays, link copies, host reads, tensors from host data
+
+    .venv/bin/python benchmarks/host_overhead.py --json [--reps 20] [--launch-us 5] [--lean-only]
 """
 from __future__ import annotations
 
@@ -40,6 +52,7 @@ import json
 import statistics
 import time
 
+import copy_overhead  # benchmarks/copy_overhead.py, beside this script: the link's host us per copy
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -286,6 +299,107 @@ def graphs_side_by_side(batch: int, ratio: float, reps: int) -> list[dict]:
                     "host_reads_per_moe_layer": syncs.reads / k, "host_data_tensors_per_moe_layer": syncs.uploads / k})
     model.graphs = "off"
     return out
+# --- The engine's own host cost per demand (the lean path) --------------------------------------
+ENGINE_QUEUED = (60, 150)          # copies the plan of one demand queues
+ENGINE_TARGET_US = 50.0            # host us per demand, at each of ENGINE_QUEUED
+
+
+class _FreeLink:
+    """A link whose calls cost ~nothing and whose copies are always ready, as on CUDA (compute waits on
+    the device timeline): what is left of a demand's host time is the engine's and the cache's."""
+
+    _TICKET = object()
+
+    def __init__(self):
+        from artifact.offload.link import LinkStats
+        self.stats = LinkStats()
+
+    def copy(self, items, after=None, speculative=False):
+        self.stats.transfers += len(items)
+        return [self._TICKET] * len(items)
+
+    def landed(self, t):
+        return True
+
+    def ready(self, t):
+        return True
+
+    def wait(self, tickets):
+        pass
+
+    def promote(self, t):
+        pass
+
+    def pump(self):
+        pass
+
+    def compute_done(self, key):
+        return None
+
+    def finish(self):
+        return self.stats
+
+
+def engine_per_demand(queued: int, demands: int = 300, reps: int = 5) -> dict:
+    """Host us of one `engine.groups(demand)`, consumed, for a demand of `queued` misses and no waves: C =
+    queued slots on one layer of 2 x queued experts, demands alternating between the two halves, so each
+    one evicts the other's experts (policy demand). Also the planning share (ExpertCache.serve on its own,
+    the same demands). Best of `reps` runs of `demands` demands, in process CPU time: no device, no wait, so
+    on an idle machine it is the wall time, and on a shared one it leaves out the time other jobs took."""
+    from artifact.model.llada2 import Demand, StepInfo
+    from artifact.offload.cache import ExpertCache
+    from artifact.offload.engine import OffloadEngine
+    from artifact.offload.store import HostStore
+    from artifact.offload.stream import STAND_IN
+    E, layer = 2 * queued, 1
+    halves = (tuple(range(queued)), tuple(range(queued, E)))
+    stream = [Demand(StepInfo(f, 0, f, "denoise"), layer, halves[f % 2], (1,) * queued) for f in range(demands)]
+
+    def cache():
+        return ExpertCache([layer], E, queued, make_policy("demand", 1, E, engine=True), 1)
+
+    def timed(serve) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            serve(stream[0])                                            # the slots fill: later demands evict
+            t0 = time.process_time()
+            for d in stream[1:]:
+                serve(d)
+            best = min(best, (time.process_time() - t0) / (len(stream) - 1))
+        return 1e6 * best
+
+    store = HostStore(torch.zeros(1, E, STAND_IN.params), [layer])
+    engines = []
+
+    def run_engine(d):
+        if d is stream[0]:
+            engines.append(OffloadEngine(store, cache(), _FreeLink(), STAND_IN))
+        for _ in engines[-1].groups(d):
+            pass
+
+    caches = []
+
+    def run_plan(d):
+        if d is stream[0]:
+            caches.append(cache())
+        caches[-1].serve(d)
+
+    engine_us, plan_us = timed(run_engine), timed(run_plan)
+    copies = engines[-1].link.stats.transfers / len(stream)
+    assert copies == queued, f"the stream meant {queued} copies per demand, the engine issued {copies}"
+    return {"path": "engine", "queued_copies": queued, "engine_us_per_demand": engine_us,
+            "planning_us_per_demand": plan_us, "target_us": ENGINE_TARGET_US, "met": engine_us <= ENGINE_TARGET_US}
+
+
+def print_engine_per_demand(as_json: bool) -> None:
+    for queued in ENGINE_QUEUED:
+        r = engine_per_demand(queued)
+        if as_json:
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+        else:
+            print(f"engine, {queued} queued copies per demand: {r['engine_us_per_demand']:.1f} us host per demand "
+                  f"(of which planning {r['planning_us_per_demand']:.1f}); target <= {ENGINE_TARGET_US:g}: "
+                  f"{'met' if r['met'] else 'not met'}", flush=True)
 
 
 def main():
@@ -297,9 +411,16 @@ def main():
     ap.add_argument("--launch-us", type=float, default=5.0, help="stated host cost of one CUDA op launch, us")
     ap.add_argument("--ratios", default="0.83,1.73", help="C/W of the offloaded rows")
     ap.add_argument("--no-resident", action="store_true", help="only the offloaded rows")
-    ap.add_argument("--graphs-only", action="store_true", help="only graphs off vs on, side by side")
+    ap.add_argument("--lean-only", action="store_true",
+                    help="only the lean host path: the engine per demand, the link per copy, graphs off vs on")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    print_engine_per_demand(a.json)
+    link = copy_overhead.measure_stub((1, 8), calls=2000, slots=64, expert_kib=64, reps=5)   # the link's own us
+    if a.json:
+        print(json.dumps({"path": "link", **link}), flush=True)
+    else:
+        copy_overhead.print_stub(link)
     known = models()
     for batch in (int(b) for b in a.batches.split(",")):
         for ratio in (float(r) for r in a.ratios.split(",")):
@@ -314,7 +435,7 @@ def main():
                           f"({r['ops_in_graphs_per_moe_layer']:.1f} in graphs), {r['link_copies_per_moe_layer']:.1f} "
                           f"link copies, {r['host_reads_per_moe_layer']:.2f} host reads, "
                           f"{r['host_data_tensors_per_moe_layer']:.2f} tensors from host data", flush=True)
-    if a.graphs_only:
+    if a.lean_only:
         return
     for batch in (int(b) for b in a.batches.split(",")):
         for ratio in (float(r) for r in a.ratios.split(",")):

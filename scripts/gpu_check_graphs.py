@@ -1,4 +1,4 @@
-"""The GPU check of issue 30: did CUDA graphs between the router syncs make the engine run at the speed of
+"""The graphs check: did CUDA graphs between the router syncs make the engine run at the speed of
 its link? At most 7 minutes on one H200, no checkpoint, nothing downloaded; `scripts/gpu_check.sh graphs`.
 
 Five steps, in this order, each written to the JSON report (--out, atomically) as soon as it ends:
@@ -18,7 +18,7 @@ Five steps, in this order, each written to the JSON report (--out, atomically) a
                    link busy / wall, tokens equal to the resident model's; at C/W 1, demand, a profiled
                    run counts per MoE layer the host-issued launches and the syncs inside the forwards
 
-Then the targets of issue 30 (T1-T6, `judge`) are printed as met / not met / unmeasured and recorded under
+Then the targets (T1-T6, `judge`) are printed as met / not met / unmeasured and recorded under
 "targets" with the figures each was judged on. A configuration that raises is recorded with its error and
 the check goes on (GPU time is scarce); a target that lacks a figure is unmeasured, never guessed. After
 --budget-s seconds the remaining configurations are skipped (said so in the report).
@@ -57,7 +57,7 @@ COPIES = ("cudaMemcpyAsync", "cudaMemcpyBatchAsync", "cudaMemcpy2DAsync")
 EVENT_SYNCS, STREAM_SYNCS, DEVICE_SYNCS = ("cudaEventSynchronize",), ("cudaStreamSynchronize",), (
     "cudaDeviceSynchronize",)
 BLOCKING_COPIES = ("cudaMemcpy", "cudaMemcpy2D")
-# The targets of issue 30 ("Must show", on an H200), each judged on the graphs-on rows.
+# The targets (docs/host_path.md, "Graphs on"), each judged on the graphs-on rows.
 T1_HOST_OVER_H2D, T1_AT_173 = 0.3, 0.5
 T2_LAUNCHES = 12
 T4_BUSY = 0.85

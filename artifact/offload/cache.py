@@ -76,10 +76,10 @@ class Plan:
                                (a wave reusing its slot), EMPTY: issue at once
       speculative              True for a prefetch plan (no hits)
 
-    The engine should read the arrays. load_slots/load_victims/load_after are assembled on first
-    access from what planning produced (the simulator never reads them), and so are, for the engine
-    as it is, `.layer` (model layer index), `.hits` (list of (expert, slot)) and `.loads` (list of
-    Load)."""
+    The engine reads the arrays, and `streams` (some copy waits for a compute). load_slots/load_victims/
+    load_after are assembled on first access from what planning produced (the simulator never reads
+    them), and so are, for tests and inspection, `.hits` (list of (expert, slot)) and `.loads` (list of
+    Load). `.layer` is the model layer index."""
 
     __slots__ = ("layer", "index", "hit_experts", "hit_slots", "load_experts", "speculative", "_slots", "_free",
                  "_evicted", "_wave", "_victims", "_after", "_hits", "_loads")
@@ -122,6 +122,12 @@ class Plan:
                 parts.append(self.load_after[self._wave[1]:])
             self._victims = np.concatenate(parts)
         return self._victims
+
+    @property
+    def streams(self) -> bool:
+        """Copies stream through the slots in waves: some wait for a demanded expert's compute (load_after);
+        False: every copy may start at once (load_after is all EMPTY)."""
+        return self._wave is not None
 
     @property
     def hits(self) -> list[tuple[int, int]]:
@@ -252,11 +258,14 @@ class ExpertCache:
     def serve(self, demand) -> tuple[Plan, list[Load]]:
         """Plan one (forward, layer) demand of the model (.layer model index, .experts, .counts, .step,
         optional .predicted), then the policy's speculative loads (issued after the demand's own)."""
-        i = self.index[demand.layer]
-        plan, prefetch = self.plan(i, np.asarray(demand.experts, dtype=np.int64),
-                                   np.asarray(demand.counts, dtype=np.int64), demand.step, phase_of(demand.step),
-                                   getattr(demand, "predicted", None))
+        plan, prefetch = self.serve_plans(demand)
         return plan, (prefetch.loads if prefetch is not None else [])
+
+    def serve_plans(self, demand) -> tuple[Plan, Plan | None]:
+        """serve, with the prefetch as its plan (arrays; None: no prefetch): the engine's entry."""
+        return self.plan(self.index[demand.layer], np.asarray(demand.experts, dtype=np.int64),
+                         np.asarray(demand.counts, dtype=np.int64), demand.step, phase_of(demand.step),
+                         getattr(demand, "predicted", None))
 
     def plan(self, i: int, experts: np.ndarray, counts: np.ndarray, step, phase: int,
              predicted=None) -> tuple[Plan, Plan | None]:

@@ -3,25 +3,40 @@
 For each demand: the cache plans it; the engine issues the loads for the misses as one batch on the
 link (the policy's speculative loads for a later layer only once every demand load of this layer is
 issued, so no demand copy ever queues behind them, whatever the link priority), hands out the resident
-experts as one
-group while those copies are in flight, then the misses in groups as they land: on a host-timed link
-(emulated) whatever has landed by then, on a GPU link a whole wave at once (compute waits for the copies
-on the GPU timeline, so the host never blocks). A copy into a slot whose occupant is demanded in the same
-step (a wave) is issued right after the group that computed that occupant.
+experts as one group while those copies are in flight, then the misses in groups as they land: on a
+host-timed link (emulated) whatever has landed by then, on a GPU link a whole wave at once (compute waits
+for the copies on the GPU timeline, so the host never blocks). A copy into a slot whose occupant is
+demanded in the same step (a wave) is issued right after the group that computed that occupant.
 
 Groups are rows of the layer's slot tensor (C, P), viewed as stacks (see llada2.ExpertGroup); a group
 never holds two experts of one slot, because a slot's next copy waits for the compute of its occupant.
+
+The host path costs little per copy, as a GPU run needs: copies are issued straight from the
+plan's arrays (one gather per batch, labels made once per expert, no object per miss), and a demand's
+groups are found in one pass over its queue. Without waves every copy is issued before the first group,
+into distinct slots, so a group runs on while copies are ready (on a GPU link: all of them, one group);
+with waves a copy's ticket is looked up when the scan reaches it, and a group stops before a slot it
+already holds. tests/test_engine_golden.py pins the calls on the link and the groups to those of the
+engine before this path.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from itertools import repeat
+from operator import itemgetter
 
 import torch
 
 from artifact.model.llada2 import EXPERT_KERNELS, Demand, ExpertGroup, stack_views
-from artifact.offload.cache import EMPTY, ExpertCache, Load
+from artifact.offload.cache import EMPTY, ExpertCache, Plan
 from artifact.offload.link import Link
 from artifact.offload.store import HostStore, check_slots_fit
+
+NUMPY_SORT = 32          # a group of at least this many experts is sorted by its slots in numpy
+
+
+def _pick(seq, index: list[int]) -> tuple:
+    """seq[k] for k in index (at least one), gathered in C."""
+    return itemgetter(*index)(seq) if len(index) > 1 else (seq[index[0]],)
 
 
 class OffloadEngine:
@@ -33,96 +48,162 @@ class OffloadEngine:
                       for layer in cache.moe_layers}                      # (C, P) per MoE layer
         self.stacks = {layer: stack_views(s, cfg) for layer, s in self.slots.items()}   # (C, 2I, D), (C, D, I)
         self.slot_rows = {layer: s.unbind(0) for layer, s in self.slots.items()}    # (P,) view per slot, made once
-        self.pump = getattr(link, "pump", None) or (lambda: None)       # an issue point for a holding link
+        # A copy's label names its expert (the slot is its destination): made once, so a copy costs no string.
+        self.labels = {layer: [f"layer {layer} expert {e}" for e in range(store.num_experts)]
+                       for layer in cache.moe_layers}
         self.pending = {layer: {} for layer in cache.moe_layers}        # layer -> {slot: ticket not yet waited}
         self.freed = {layer: None for layer in cache.moe_layers}        # layer -> marker after its last compute
         self.finished = False
 
-    def _issue(self, loads: list[Load], after, speculative: bool = False) -> None:
-        """One batch of copies on the link; `after` orders them behind the compute that freed their slots."""
-        if not loads:
-            return
-        slots, rows = self.slot_rows, self.store.rows
-        items = [(slots[ld.layer][ld.slot], rows[ld.layer][ld.expert], ld) for ld in loads]   # str(ld): the label
-        for ld, ticket in zip(loads, self.link.copy(items, after=after, speculative=speculative)):
-            self.pending[ld.layer][ld.slot] = ticket
+    def _issue(self, layer: int, experts: list[int], slots: list[int], after, speculative: bool = False) -> list:
+        """One batch of copies on the link, experts[k] into slots[k]; `after` orders them behind the compute
+        that freed their slots. Returns the tickets, also kept in `pending` until waited."""
+        items = list(zip(_pick(self.slot_rows[layer], slots), _pick(self.store.rows[layer], experts),
+                         _pick(self.labels[layer], experts)))
+        tickets = self.link.copy(items, after=after, speculative=speculative)
+        self.pending[layer].update(zip(slots, tickets))
+        return tickets
 
-    def _issue_speculative(self, speculative: list[Load]) -> None:
-        """The policy's prefetches, per target layer, each behind its own layer's last compute."""
-        for target in dict.fromkeys(ld.layer for ld in speculative):
-            self._issue([ld for ld in speculative if ld.layer == target], self.freed[target], speculative=True)
+    def _issue_speculative(self, prefetch: Plan) -> None:
+        """The policy's prefetches (one target layer), behind that layer's last compute."""
+        self._issue(prefetch.layer, prefetch.load_experts.tolist(), prefetch.load_slots.tolist(),
+                    self.freed[prefetch.layer], speculative=True)
 
-    def _group(self, layer: int, members: list[tuple[int, int]]) -> ExpertGroup:
-        members = sorted(members, key=lambda es: es[1])                 # ascending slots: the stack rows
+    def _group(self, layer: int, experts: list[int], slots: list[int], arrays=None) -> ExpertGroup:
+        """The group of experts[k] in slots[k], listed by ascending slot (the stack rows). `arrays`: the same
+        as (experts, slots) int64 arrays, which sort a large group faster."""
         gate_up, down = self.stacks[layer]
-        return ExpertGroup(tuple(e for e, _ in members), tuple(s for _, s in members), gate_up, down)
+        if arrays is not None and len(slots) >= NUMPY_SORT:
+            order = arrays[1].argsort()
+            return ExpertGroup(tuple(arrays[0][order].tolist()), tuple(arrays[1][order].tolist()), gate_up, down)
+        order = sorted(range(len(slots)), key=slots.__getitem__)
+        return ExpertGroup(tuple(map(experts.__getitem__, order)), tuple(map(slots.__getitem__, order)), gate_up,
+                           down)
 
     def groups(self, demand: Demand):
-        plan, speculative = self.cache.serve(demand)
+        plan, prefetch = self.cache.serve_plans(demand)
         layer, link = demand.layer, self.link
-        self.pump()                                         # issue points: here and after each group
+        link.pump()                                         # issue points: here and after each group
         pending = self.pending[layer]
-        waiting: dict[int, list[Load]] = defaultdict(list)              # occupant -> loads into its slot
-        promote = getattr(link, "promote", None)            # demand priority: a demanded prefetch is demand,
-        if pending and promote is not None:                 # queued ahead of this layer's misses
-            for _, slot in plan.hits:
-                if slot in pending:
-                    promote(pending[slot])
-        now = []
-        for ld in plan.loads:
-            (now if ld.after == EMPTY else waiting[ld.after]).append(ld)
+        hit_e, hit_s = plan.hit_experts.tolist(), plan.hit_slots.tolist()
+        if pending:                                         # demand priority: a demanded prefetch is demand,
+            for s in hit_s:                                 # queued ahead of this layer's misses
+                if s in pending:
+                    link.promote(pending[s])
+        load_e, load_s = plan.load_experts.tolist(), plan.load_slots.tolist()
+        # Copies into slots whose occupant is demanded wait for its compute: occupant -> (experts, slots).
+        waiting: dict[int, tuple[list[int], list[int]]] = {}
+        if plan.streams:
+            now_e, now_s = [], []
+            for e, s, a in zip(load_e, load_s, plan.load_after.tolist()):
+                if a == EMPTY:
+                    now_e.append(e)
+                    now_s.append(s)
+                elif a in waiting:
+                    waiting[a][0].append(e)
+                    waiting[a][1].append(s)
+                else:
+                    waiting[a] = ([e], [s])
+        else:
+            now_e, now_s = load_e, load_s
         # This layer's copies wait for its last compute; speculative ones for their own layer's.
-        self._issue(now, self.freed[layer])
-        if not waiting:                 # every demand load is issued: now the prefetches (else after the last wave)
-            self._issue_speculative(speculative)
-            speculative = []
-        # Resident experts first, in one group; hits whose (prefetch) copy is still in flight queue up
-        # in front of the misses, in the order their copies were issued.
-        ready, queue, landed = [], [], []
-        for e, slot in plan.hits:
-            t = pending.get(slot)
-            if t is None or link.landed(t):
-                if t is not None:
-                    landed.append(pending.pop(slot))
-                ready.append((e, slot))
-            else:
-                queue.append((e, slot))
-        queue += [(ld.expert, ld.slot) for ld in plan.loads]
-        if ready:
+        now_t = self._issue(layer, now_e, now_s, self.freed[layer]) if now_e else []
+        if not waiting and prefetch is not None:    # every demand load is issued: now the prefetches (else
+            self._issue_speculative(prefetch)       # after the last wave)
+            prefetch = None
+        # Resident experts first, in one group; hits whose (prefetch) copy is still in flight queue up in
+        # front of the misses, in hit order. queue_e/_s/_t: experts, slots and (issued) tickets to compute.
+        if any(map(pending.__contains__, hit_s)):
+            ready_e, ready_s, landed, queue_e, queue_s, queue_t = [], [], [], [], [], []
+            for e, s in zip(hit_e, hit_s):
+                t = pending.get(s)
+                if t is None or link.landed(t):
+                    if t is not None:
+                        landed.append(pending.pop(s))
+                    ready_e.append(e)
+                    ready_s.append(s)
+                else:
+                    queue_e.append(e)
+                    queue_s.append(s)
+                    queue_t.append(t)
+            queue_e += load_e
+            queue_s += load_s
+            queue_t += now_t
+            hits = None
+        else:
+            ready_e, ready_s, landed, queue_e, queue_s, queue_t = hit_e, hit_s, [], load_e, load_s, now_t
+            hits = (plan.hit_experts, plan.hit_slots)
+        streams = bool(waiting)
+        if ready_e:
             link.wait(landed)                                           # landed: no stall, but ordered
-            yield self._group(layer, ready)
-            speculative = self._release(layer, ready, waiting, speculative)
-            self.pump()
-        i = 0
-        while i < len(queue):
-            # The next expert in copy order, then every following one whose copy is issued and ready.
-            j = i + 1
-            while j < len(queue) and queue[j][1] in pending and link.ready(pending[queue[j][1]]):
-                if any(s == queue[j][1] for _, s in queue[i:j]):
-                    break
-                j += 1
-            members = queue[i:j]
-            link.wait([pending.pop(s) for _, s in members if s in pending])
-            yield self._group(layer, members)
-            speculative = self._release(layer, members, waiting, speculative)
-            self.pump()
-            i = j
-        assert not waiting, f"layer {layer}: loads never issued for {dict(waiting)}"
+            yield self._group(layer, ready_e, ready_s, hits)
+            prefetch = self._release(layer, ready_e, waiting, prefetch)
+            link.pump()
+        if streams:
+            yield from self._waves(layer, queue_e, queue_s, waiting, prefetch)
+        else:
+            # Every copy is issued (queue_t), into distinct slots: a group is the next expert in copy order,
+            # then every following one whose copy is ready.
+            n, i, ready = len(queue_t), 0, link.ready
+            h = n - len(load_s)                             # in-flight hits ahead of the loads
+            while i < n:
+                j = i + 1
+                while j < n and ready(queue_t[j]):
+                    j += 1
+                if len(pending) == j - i:                   # the group's copies are all that is pending
+                    pending.clear()
+                else:
+                    for s in queue_s[i:j]:
+                        del pending[s]
+                link.wait(queue_t[i:j])
+                loads = (plan.load_experts[i - h:j - h], plan.load_slots[i - h:j - h]) \
+                    if i >= h and j - i >= NUMPY_SORT else None
+                yield self._group(layer, queue_e[i:j], queue_s[i:j], loads)
+                link.pump()
+                i = j
         self.freed[layer] = link.compute_done(layer)
 
-    def _release(self, layer: int, computed: list[tuple[int, int]], waiting: dict[int, list[Load]],
-                 speculative: list[Load]) -> list[Load]:
-        """After a group's compute: issue the wave loads that waited for one of its experts; once the last
-        one is issued, the held prefetches. Returns the prefetches still held."""
+    def _waves(self, layer: int, queue_e: list[int], queue_s: list[int], waiting: dict, prefetch: Plan | None):
+        """The groups of a demand whose copies stream through the slots in waves: a wave's copy is issued
+        only once the group that computed its slot's occupant is done, so its ticket is looked up when the
+        scan reaches it; a group stops before a slot it already holds."""
+        pending, link = self.pending[layer], self.link
+        n, i, ready, get = len(queue_s), 0, link.ready, pending.get
+        while i < n:
+            j, held = i + 1, {queue_s[i]}
+            while j < n:
+                s = queue_s[j]
+                t = get(s)
+                if t is None or not ready(t) or s in held:
+                    break
+                held.add(s)
+                j += 1
+            members_e, members_s = queue_e[i:j], queue_s[i:j]
+            link.wait([t for t in map(pending.pop, members_s, repeat(None)) if t is not None])
+            yield self._group(layer, members_e, members_s)
+            prefetch = self._release(layer, members_e, waiting, prefetch)
+            link.pump()
+            i = j
+        assert not waiting, f"layer {layer}: loads never issued for {waiting}"
+
+    def _release(self, layer: int, computed: list[int], waiting: dict[int, tuple[list[int], list[int]]],
+                 prefetch: Plan | None) -> Plan | None:
+        """After a group's compute: issue the wave copies that waited for one of its experts; once the last
+        one is issued, the held prefetch. Returns the prefetch still held."""
         if not waiting:
-            return speculative
-        loads = [ld for e, _ in computed for ld in waiting.pop(e, ())]
-        if loads:
-            self._issue(loads, self.link.compute_done(layer))
-        if not waiting and speculative:
-            self._issue_speculative(speculative)
-            return []
-        return speculative
+            return prefetch
+        experts, slots = [], []
+        for e in computed:
+            w = waiting.pop(e, None)
+            if w is not None:
+                experts += w[0]
+                slots += w[1]
+        if experts:
+            self._issue(layer, experts, slots, self.link.compute_done(layer))
+        if not waiting and prefetch is not None:
+            self._issue_speculative(prefetch)
+            return None
+        return prefetch
 
     def finish(self) -> dict:
         """End of run: land outstanding copies, settle link timing, count unused prefetches."""
