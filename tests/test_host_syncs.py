@@ -59,7 +59,7 @@ def test_the_counter_sees_host_data_reaching_a_tensor_unless_staged_in_pinned_me
     with SyncCounter() as c:
         torch.tensor([1, 2, 3])
         torch.as_tensor([4.0])
-        torch.tensor(torch.arange(3))                                    # a tensor: no host data
+        torch.as_tensor(torch.arange(3))                                 # a tensor: no host data
         torch.zeros(3)                                                   # a factory: no host data
     assert c.kinds == {"tensor from host data": 2} and c.uploads == 2 and c.reads == 0, c.kinds
     if torch.cuda.is_available():

@@ -82,12 +82,15 @@ UPLOADS = ("blocking copy to device", "tensor from host data")     # the host-to
 
 class SyncCounter:
     """with SyncCounter() as c: ...; c.total, c.by_key[key], c.kinds (op name -> count).
-    c.reads: the device-to-host reads among them; c.uploads: the host-to-device kinds (UPLOADS)."""
+    c.reads / c.reads_by_key: the device-to-host reads among them; c.uploads / c.uploads_by_key: the
+    host-to-device kinds (UPLOADS)."""
 
     def __init__(self):
         self.total = 0
         self.key = None
         self.by_key: Counter = Counter()
+        self.reads_by_key: Counter = Counter()       # by_key, the device-to-host reads only
+        self.uploads_by_key: Counter = Counter()     # by_key, the host-to-device kinds only
         self.kinds: Counter = Counter()
         self._modes = (_Function(self), _Dispatch(self))
 
@@ -95,6 +98,7 @@ class SyncCounter:
         self.total += 1
         self.by_key[self.key] += 1
         self.kinds[kind] += 1
+        (self.uploads_by_key if kind in UPLOADS else self.reads_by_key)[self.key] += 1
 
     @property
     def uploads(self) -> int:
