@@ -72,7 +72,7 @@ class Program:
         self.st: dict = {}                 # tensors passed between segments (graph-owned once captured)
         width = 2 * self.E if model.routing.predict_next else self.E
         self.host = [torch.zeros(width, dtype=torch.long, pin_memory=self.cuda) for _ in self.moe]  # counts
-        self.rowmaps: dict = {}            # (MoE index, stack data_ptr) -> device (E,) long
+        self.rowmaps: dict = {}            # stack_key -> device (E,) long
         self.rowmap_np: dict = {}          # CPU: the same keys -> the numpy array behind the row map
         if self.cuda:
             self.ring = torch.empty(RING, self.E, dtype=torch.long, pin_memory=True)
@@ -166,7 +166,7 @@ class Program:
     def rowmap(self, i: int, group) -> torch.Tensor:
         """The group's plan as a device (E,) row map: each member's stack row, G for every other expert."""
         G = group.gate_up.shape[0]
-        key = (i, group.gate_up.data_ptr())
+        key = stack_key(i, group)
         dev = self.rowmaps.get(key)
         if dev is None and self.cuda:
             dev = self.rowmaps[key] = torch.empty(self.E, dtype=torch.long, device=self.device)
@@ -231,7 +231,7 @@ class Program:
                 rowmap = self.rowmap(i, group)
                 if grouped:
                     gu, dn = group.gate_up, group.down
-                    self.launch(("stage", i, gu.data_ptr()),
+                    self.launch(("stage", *stack_key(i, group)),
                                 lambda i=i, r=rowmap, gu=gu, dn=dn: self.stage(i, r, gu, dn))
                 else:
                     self.stage_loop(i, rowmap, group, per)
@@ -248,6 +248,14 @@ class Program:
     def st_probe(self) -> torch.Tensor:
         """A tensor of the hidden dtype on the device, for the grouped GEMM's capability check."""
         return self.model.model.word_embeddings.weight
+
+
+def stack_key(i: int, group) -> tuple:
+    """What a captured expert stage bakes in of its weight stacks: addresses, shapes and strides. A new engine's
+    slots may come back at a freed engine's address; only with the same shape and strides is the old stage
+    graph valid for them (it then reads the new slots, which is right)."""
+    gu, dn = group.gate_up, group.down
+    return (i, gu.data_ptr(), tuple(gu.shape), gu.stride(), dn.data_ptr(), tuple(dn.shape), dn.stride())
 
 
 def program_key(model: LLaDA2MoE, ids, cache: KVCache, commit: int, logits_rows) -> tuple:
