@@ -122,7 +122,7 @@ class ModelRunner:
         spec = self.spec(capacity, policy, cell.bandwidth_scale)
         oracle = trace if check_policy(policy).needs_trace else None
         res = run(self.loaded, ps, cell.batch_size, self.dc, spec=spec, device=p.device, oracle=oracle,
-                  prompt_ids=ids, task=cell.task)
+                  prompt_ids=ids, task=cell.task, graphs=p.graphs)
         out = {k: res.stats.get(k) for k in STAT_COLUMNS}
         out.update(phase_stats(res.stats))
         out["tokens"] = res.stats["tokens_generated"]

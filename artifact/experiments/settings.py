@@ -28,6 +28,7 @@ from artifact.errors import ProfileError, SettingError
 from artifact.experiments.hardware import HARDWARE
 from artifact.model.checkpoint import DTYPES
 from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
+from artifact.model.llada2 import GRAPH_MODES
 from artifact.model.tasks import TASKS
 from artifact.offload.link import LINKS, PCIE_LATENCY_US
 from artifact.offload.policies import check_policy
@@ -88,6 +89,9 @@ class Settings:
     # wall = the emulated link sleeps and compute spins for real (cpu-emulated only); virtual = a virtual
     # clock advances by the hardware profile's modelled costs, nothing sleeps (offload/costs.py).
     clock: str = "virtual"
+    # How the model runs its denoising forwards in the bench: off = the eager forward; on = segments between
+    # the router syncs, captured as CUDA graphs on a GPU (artifact/model/segments.py; eager on the CPU).
+    graphs: str = "off"
     hardware: str = "cpu-emulated"       # the performance model's hardware profile: a5000 | h200 | cpu-emulated
     # torch intra-op threads of every command (CLI --threads) and bench run. None: 1 for the tiny model on
     # the CPU (its ops are too small to gain from threads, and on 2 shared cores OpenMP spin-waiting made
@@ -448,6 +452,7 @@ def _check_values(p: Settings, origin: dict) -> None:
     choices("link", [p.link], LINKS)
     choices("link_priority", [p.link_priority], PRIORITIES)
     choices("clock", [p.clock], CLOCKS)
+    choices("graphs", [p.graphs], GRAPH_MODES)
     choices("hardware", [p.hardware], sorted(HARDWARE))
     choices("mode", [p.mode], MODES)
     choices("tasks", p.tasks, TASKS)
