@@ -24,9 +24,9 @@ import json
 
 import torch
 
-from artifact.experiments.perf_model import cpu_emulated, validate_cpu, validate_gpu, validation_summary
 from artifact.experiments.runs import load_model
 from artifact.experiments.settings import load_profile
+from artifact.experiments.studies.performance_model import cpu_emulated, validate_cpu, validate_gpu, validation_summary
 from artifact.model.tasks import prompts
 
 COLS = ["batch_size", "cache_ratio", "policy", "measured_seconds_per_step", "modeled_seconds_per_step", "error"]

@@ -10,9 +10,9 @@ import torch
 
 from artifact.cli import main as main_for_tests
 from artifact.experiments.bench import run_bench
-from artifact.experiments.grid import Cell, grid, parse_shard, shard_cells
-from artifact.experiments.model_runner import ModelRunner
-from artifact.experiments.results import COLUMNS, STAT_COLUMNS, merge, read_rows
+from artifact.experiments.bench.grid import Cell, grid, parse_shard, shard_cells
+from artifact.experiments.bench.model_runner import ModelRunner
+from artifact.experiments.bench.results import COLUMNS, STAT_COLUMNS, merge, read_rows
 from artifact.experiments.settings import load_profile
 from artifact.offload.sim import capacity_for
 
@@ -216,7 +216,7 @@ def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
 
 
 def test_changed_tokens_are_flagged(tmp_path, capsys):
-    from artifact.experiments.results import changed_tokens
+    from artifact.experiments.bench.results import changed_tokens
     out = tmp_path / "b.csv"
     df = run_bench(fake_profile(), out, runner=FakeRunner(), progress=False, log=quiet)
     assert changed_tokens(df) == []

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from artifact.errors import UserError
-from artifact.experiments.grid import grid
+from artifact.experiments.bench.grid import grid
 from artifact.experiments.runs import current_trace
 from artifact.experiments.settings import Profile
 from artifact.model.checkpoint import DTYPES, TensorIndex, expected_shapes, tiny_checkpoint

@@ -39,13 +39,16 @@ import torch
 from tqdm.auto import tqdm
 
 from artifact.errors import UserError
-from artifact.experiments import capacity, head_to_head, runs, throttle
+from artifact.experiments import runs
 from artifact.experiments.bench import run_bench
-from artifact.experiments.grid import Cell, cell_keys, grid, shard_cells, shard_file
-from artifact.experiments.model_runner import usable_core_ids, usable_cores
-from artifact.experiments.results import finished_cells, merge, read_rows
+from artifact.experiments.bench.grid import Cell, cell_keys, grid, shard_cells, shard_file
+from artifact.experiments.bench.model_runner import usable_core_ids, usable_cores
+from artifact.experiments.bench.results import finished_cells, merge, read_rows
 from artifact.experiments.runs import trace_current
 from artifact.experiments.settings import Profile
+from artifact.experiments.studies import bandwidth_throttling as throttle
+from artifact.experiments.studies import capacity_sweep as capacity
+from artifact.experiments.studies import tide_head_to_head as head_to_head
 from artifact.paths import atomic_write_text, repo_root
 
 BACKENDS = ("local", "slurm")

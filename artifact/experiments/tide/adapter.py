@@ -56,9 +56,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from artifact.experiments.model_runner import usable_cores
-from artifact.experiments.results import STAT_COLUMNS
-from artifact.experiments.tide_checkout import (
+from artifact.experiments.bench.model_runner import usable_cores
+from artifact.experiments.bench.results import STAT_COLUMNS
+from artifact.experiments.tide.checkout import (
     MODEL_CLASS,
     OFFLOAD_METHOD,
     TideInfo,

@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments import paper
+from artifact.experiments.bench.results import same_tokens
 from artifact.experiments.claims import EXACT, NOT_REPRODUCED, PER_RUN, REPRODUCED, Claim, judged, title
-from artifact.experiments.results import same_tokens
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table, with_paper

@@ -15,8 +15,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments import paper
+from artifact.experiments.bench.results import same_tokens
 from artifact.experiments.claims import ALL_DEMANDS, COLORS, EXACT, PER_RUN, Claim, judged, title
-from artifact.experiments.results import same_tokens
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import CONFIDENCE, format_table, paired_table

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from artifact.errors import ResultFileError
-from artifact.experiments.grid import Cell, cell_key, cell_keys, shard_file
+from artifact.experiments.bench.grid import Cell, cell_key, cell_keys, shard_file
 from artifact.experiments.settings import Profile, fingerprint
 from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS
 from artifact.offload.cache import COUNTS, PHASES

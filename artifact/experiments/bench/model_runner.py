@@ -13,8 +13,8 @@ import time
 import torch
 
 from artifact.errors import ProfileError
-from artifact.experiments.grid import Cell
-from artifact.experiments.results import STAT_COLUMNS, phase_stats
+from artifact.experiments.bench.grid import Cell
+from artifact.experiments.bench.results import STAT_COLUMNS, phase_stats
 from artifact.experiments.settings import Profile
 from artifact.model.checkpoint import weights_fingerprint
 from artifact.model.tasks import prompts, tokens_sha

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from artifact.experiments.grid import Cell, grid, shard_cells
-from artifact.experiments.model_runner import ModelRunner
-from artifact.experiments.results import (
+from artifact.experiments.bench.grid import Cell, grid, shard_cells
+from artifact.experiments.bench.model_runner import ModelRunner
+from artifact.experiments.bench.results import (
     CellClaims,
     append_rows,
     bench_fingerprint,

@@ -13,13 +13,13 @@ import pandas as pd
 import torch
 
 from artifact.experiments import paper
+from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.claims import COLORS, NOT_MEASURABLE, Claim, judged, title
-from artifact.experiments.model_runner import ModelRunner
 from artifact.experiments.runs import load_model, run_grid
 from artifact.experiments.settings import Profile
 from artifact.experiments.stats import paired_table
-from artifact.experiments.tide import JUMP_STEPS, compare_with_engine, speedup_parts
-from artifact.experiments.tide_checkout import check_tide
+from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
+from artifact.experiments.tide.checkout import check_tide
 from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, gated, not_faster
 from artifact.model.tasks import prompts
 from artifact.offload.sim import capacity_for
