@@ -1,6 +1,6 @@
 """Paired throughput benchmark: the profile's policies side by side on identical prompts, cell by cell.
 
-The grid (grid.py) is a fixed, ordered list of cells (task, batch_size, cache_ratio, bandwidth_scale).
+The grid (bench/grid.py) is a fixed, ordered list of cells (task, batch_size, cache_ratio, bandwidth_scale).
 Per cell:
   1. W, the mean per-step expert working set, from one traced run of the cell's prompts (once per
      task and batch size; resident, or offloaded at trace_capacity). It doubles as the warm-up, and
@@ -10,7 +10,7 @@ Per cell:
      reversed when r is odd, so neither policy always runs first. One CSV row per timed run.
 After each cell its rows are appended to the CSV in one write and fsynced, under an exclusive lock on
 the sidecar `<out>.lock`, so the file only ever holds whole cells and a rerun resumes by skipping the
-cells it already has (results.py: concurrent writers and interrupted appends).
+cells it already has (bench/results.py: concurrent writers and interrupted appends).
 
 Sharding: `--shard i/n` (0 <= i < n) takes the cells whose grid index % n == i, so n GPUs or a job
 array (Slurm: --array=0-(n-1), --shard $SLURM_ARRAY_TASK_ID/n) run one grid; each shard writes its
@@ -44,7 +44,9 @@ from artifact.offload.sim import capacity_for
 
 def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
               loaded=None, progress: bool = True, log=print, skip=frozenset()):
-    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`.
+    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`. The coordinator:
+    which cells are this shard's and still to run, the cell claims and the file's lock around each cell; the
+    measurement itself is measure_cell's.
     Safe to run concurrently with other shards or reruns on the same `out` (see "Result files").
     `skip`: keys of cells that are complete elsewhere (a submission's merged target file), not run here."""
     out = Path(out) if out else default_out(p, shard)
@@ -72,27 +74,14 @@ def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] 
                disable=not progress, file=sys.stderr)
 
     def run_cell(cell: Cell) -> bool:
-        """Run one cell and append its rows; False when another process had finished it."""
+        """Measure one cell and append its rows; False when another process had finished it."""
         with locked(out, log=log):
             if cell.key in finished_cells(load_for_append(out, p, log)):
                 log(f"note: {cell} was finished meanwhile by another process writing {out}; skipped")
                 bar.update(len(P) * (R + p.warmup))
                 return False
         bar.set_postfix_str(str(cell))
-        W = runner.working_set(cell.task, cell.batch_size)
-        C = capacity_for(cell.cache_ratio, W, runner.num_experts)
-        for _ in range(p.warmup):
-            for pol in P:
-                runner.run(cell, pol, C)
-                bar.update()
-        new = []
-        for r in range(R):
-            for pos, pol in enumerate(P if r % 2 == 0 else P[::-1]):
-                s = runner.run(cell, pol, C)
-                new.append({**meta, "task": cell.task, "batch_size": cell.batch_size,
-                            "cache_ratio": cell.cache_ratio, "bandwidth_scale": cell.bandwidth_scale,
-                            "policy": pol, "rep": r, "order": pos, "working_set": W, "cache_experts": C, **s})
-                bar.update()
+        new = measure_cell(runner, cell, P, R, p.warmup, meta, on_run=bar.update)
         with locked(out, log=log):                       # re-read: another process may have appended meanwhile
             now = load_for_append(out, p, log)
             check_same_model(now, meta, out)
@@ -134,3 +123,24 @@ def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] 
         f"{len(rows)} rows in {out}")
     return rows
 
+
+def measure_cell(runner, cell: Cell, policies: list[str], repetitions: int, warmup: int, meta: dict,
+                 on_run=lambda: None) -> list[dict]:
+    """One cell's rows, measured: W from the runner's traced run, C from the cell's C/W, `warmup` untimed runs
+    of every policy, then `repetitions` timed ones in alternating order. No file, no lock: run_bench decides
+    whether a cell runs and where its rows go. `on_run` is called after every run (a progress bar)."""
+    W = runner.working_set(cell.task, cell.batch_size)
+    C = capacity_for(cell.cache_ratio, W, runner.num_experts)
+    for _ in range(warmup):
+        for pol in policies:
+            runner.run(cell, pol, C)
+            on_run()
+    rows = []
+    for r in range(repetitions):
+        for pos, pol in enumerate(policies if r % 2 == 0 else policies[::-1]):
+            s = runner.run(cell, pol, C)
+            rows.append({**meta, "task": cell.task, "batch_size": cell.batch_size,
+                         "cache_ratio": cell.cache_ratio, "bandwidth_scale": cell.bandwidth_scale,
+                         "policy": pol, "rep": r, "order": pos, "working_set": W, "cache_experts": C, **s})
+            on_run()
+    return rows
