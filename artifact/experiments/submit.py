@@ -46,9 +46,7 @@ from artifact.experiments.bench.model_runner import usable_core_ids, usable_core
 from artifact.experiments.bench.results import finished_cells, merge, read_rows
 from artifact.experiments.runs import trace_current
 from artifact.experiments.settings import Profile
-from artifact.experiments.studies import bandwidth_throttling as throttle
-from artifact.experiments.studies import capacity_sweep as capacity
-from artifact.experiments.studies import tide_head_to_head as head_to_head
+from artifact.experiments.studies import bandwidth_throttling, capacity_sweep, tide_head_to_head
 from artifact.paths import atomic_write_text, repo_root
 
 BACKENDS = ("local", "slurm")
@@ -475,8 +473,8 @@ def local_capacity(P: Profile) -> int:
 # ---------------------------------------------------------------------------------------------
 def bench_stages(P: Profile) -> list[tuple[Profile, Path]]:
     """The grids the notebooks run (04 bench, 03 throttling, 05 TIDE-style), each with the file they read."""
-    grids = [(P, capacity.STEM), (throttle.throttle_profile(P), throttle.STEM),
-             (head_to_head.tide_style_profile(P), head_to_head.STEM)]
+    grids = [(P, capacity_sweep.STEM), (bandwidth_throttling.throttle_profile(P), bandwidth_throttling.STEM),
+             (tide_head_to_head.tide_style_profile(P), tide_head_to_head.STEM)]
     return [(g, runs.bench_file(g, stem)) for g, stem in grids]
 
 

@@ -1,8 +1,5 @@
 """05 head to head at the same expert budget: our engine (demand vs the TIDE-style interval_refresh policy)
-and, where it can run, TIDE's released implementation through the adapter in tide.py.
-
-The adapter module keeps the name tide.py (its tests and CLI-facing helpers refer to it); this module is
-the claim, named after the notebook."""
+and, where it can run, TIDE's released implementation through its adapter (experiments/tide/adapter.py)."""
 from __future__ import annotations
 
 import dataclasses
