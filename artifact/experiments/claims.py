@@ -1,6 +1,6 @@
 """What every claim module hands a notebook: `Claim`s (printed by `report` as the lines the notebook runner
-parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the README's
-claims table: claims_table.py) and figures saved with the data they drew (`save`: <name>.png and
+parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the
+claims tables: claims_table.py) and figures saved with the data they drew (`save`: <name>.png and
 <name>.csv). A run writes them into ignored places (results/<profile>/figures and results/<profile>/data,
 relocatable by ARTIFACT_OUTPUT and ARTIFACT_FIGURES, so tests never overwrite a user's results); only
 `--store` copies them to the committed figures/<profile>/ and data/results/<profile>/."""
