@@ -1,5 +1,5 @@
 """06 beyond the paper (this artifact's own results, not the paper's): the prefetcher design space and a
-demand-priority link. Two questions (issue 13):
+demand-priority link. Two questions:
   (1) does prediction still lose once it can never delay a demand transfer (link_priority: demand)?
   (2) is last-step the right predictor to judge prediction by?
 Miss accounting replays the profile's traces exactly for every predictor, against the miss floors belady
@@ -25,7 +25,7 @@ from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, relative_to_lru, sweep
 from artifact.offload.trace import mean_working_set
 
-OWN = "not a claim of the paper: this artifact's own result (issue 13)"
+OWN = "not a claim of the paper: this artifact's own result"
 
 # Miss accounting: every predictor, then the floors. "min" is bounds.relaxed_min, computed here directly.
 PREDICTORS = ("last_step", "last_step:lookahead=2", "last_step_conservative", "last_step_conservative:lookahead=2",

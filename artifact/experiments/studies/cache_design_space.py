@@ -1,4 +1,4 @@
-"""09 the cache's own design space (this artifact's own results, not the paper's; issue 25): is LRU the right
+"""09 the cache's own design space (this artifact's own results, not the paper's): is LRU the right
 cache for diffusion MoE? Every eviction policy (offload/eviction.py) replays the profile's traces exactly,
 against LRU and the two floors belady (this cache's rules) and min (any demand-paging schedule), per C/W,
 batch size and phase; the best eviction is combined with last_step, cross_layer and oracle prefetching; and
@@ -34,7 +34,7 @@ from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, phase_columns, relative_to_lru, sweep
 from artifact.offload.trace import mean_working_set
 
-OWN = "not a claim of the paper: this artifact's own result (issue 25)"
+OWN = "not a claim of the paper: this artifact's own result"
 RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)
 EVICTIONS = ("demand", "demand+token_lru", "demand+token_lru:reverse=true", "demand+lfu", "demand+lfu:perfect=true",
              "demand+lfu_window:steps=8", "demand+lrfu:lam=0.5", "demand+lrfu:lam=2", "demand+block_tokens",

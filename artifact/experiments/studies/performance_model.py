@@ -444,7 +444,7 @@ def verdicts(grid: pd.DataFrame, summary: dict, gpu_summary: dict, source: str) 
         parts.append(f"{tr}: over the floor {far}; the oracle closes {100 * share:.0f}% of demand's gap")
     claims.append(Claim("[own result, modeled: h200, llada2-mini] most of demand's distance to the physical "
                         "floor is beyond prediction: the oracle closes less than half of it at C/W 1",
-                        "not a claim of the paper: this artifact's own result (issue 24); floor = max(compute, "
+                        "not a claim of the paper: this artifact's own result; floor = max(compute, "
                         "min's misses x expert bytes / bandwidth) per step",
                         "; ".join(parts), judged(max(shares) < paper.GAP_LEFT),
                         counting="modelled seconds per step (virtual clock)",
@@ -455,7 +455,7 @@ def verdicts(grid: pd.DataFrame, summary: dict, gpu_summary: dict, source: str) 
     claims.append(Claim(
         "[own result] the performance model predicts measured seconds per step within 10% (median absolute error "
         "over cells; cpu: the tiny model on the emulated link against the model with cpu-emulated costs)",
-        "not a claim of the paper: this artifact's own result (issue 24); judged: median absolute error <= "
+        "not a claim of the paper: this artifact's own result; judged: median absolute error <= "
         f"{100 * paper.MODEL_ERROR:.0f}%",
         f"cpu: median {100 * med:.1f}%, worst {100 * summary['worst_abs_error']:.1f}% over {summary['cells']} cells; "
         f"measured demand-vs-last_step differences with an interval excluding 0: {len(signs)}, of which the "
