@@ -37,7 +37,7 @@ from artifact.experiments.claims_table import update_readme
 from artifact.experiments.settings import (
     PROFILE_DIR,
     PROFILE_KEYS,
-    Profile,
+    Settings,
     load_profile,
     profile_path,
 )
@@ -112,7 +112,7 @@ def injected_parameters(paths: list[Path], profile_arg: str, overrides: dict | N
     return {path: {"profile": profile_arg, "overrides": dict(overrides or {})} for path in paths}
 
 
-def settings_of(P: Profile) -> dict:
+def settings_of(P: Settings) -> dict:
     """The profile's values (no file path): what an executed notebook records and complete() compares."""
     values = P.as_dict()
     return {k: values[k] for k in PROFILE_KEYS}

@@ -35,7 +35,7 @@ from artifact.offload.prepare import RunRequest
 from artifact.offload.timeline import CLOCKS, PRIORITIES
 from artifact.validate import check_number
 
-__all__ = ["PROFILE_DIR", "PROFILE_KEYS", "Profile", "ProfileError", "Settings", "fingerprint", "list_profiles",
+__all__ = ["PROFILE_DIR", "PROFILE_KEYS", "ProfileError", "Settings", "fingerprint", "list_profiles",
            "load_profile", "parse_override", "profile_path", "resolve_threads"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -170,8 +170,6 @@ class Settings:
         """dtype, with None resolved: float32 for the tiny model, bfloat16 for a real checkpoint."""
         return self.dtype or ("float32" if self.model == "tiny" else "bfloat16")
 
-
-Profile = Settings          # the name the rest of the code (and the notebooks) grew up with
 
 PROFILE_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Settings) if not f.metadata.get("internal"))
 _TYPES = typing.get_type_hints(Settings)
@@ -415,7 +413,7 @@ def _check_slurm(value, src: str) -> SlurmSettings:
     return SlurmSettings(**value)
 
 
-def _check_values(p: Settings, origin: dict) -> None:
+def _check_values(P: Settings, origin: dict) -> None:
     """Ranges and choices, each error naming the key, the file it came from and the valid values."""
     def src(key):
         return origin.get(key, DEFAULTS_ORIGIN)
@@ -424,7 +422,7 @@ def _check_values(p: Settings, origin: dict) -> None:
         raise ProfileError(f"{src(key)}: {key} {msg}")
 
     for key, rng in RANGES.items():
-        value = getattr(p, key)
+        value = getattr(P, key)
         nullable = type(None) in typing.get_args(_TYPES[key])
         for v in (value if isinstance(value, tuple) else (value,)):
             if v is None and nullable:
@@ -444,31 +442,31 @@ def _check_values(p: Settings, origin: dict) -> None:
             if v not in valid:
                 fail(key, f"has unknown value {v!r}; choose from {list(valid)}")
 
-    choices("device", [p.device.split(":")[0]], ("cpu", "cuda"))
-    choices("link", [p.link], LINKS)
-    choices("link_priority", [p.link_priority], PRIORITIES)
-    choices("clock", [p.clock], CLOCKS)
-    choices("hardware", [p.hardware], sorted(HARDWARE))
-    choices("mode", [p.mode], MODES)
-    choices("tasks", p.tasks, TASKS)
-    choices("trace_tasks", p.trace_tasks, TASKS)
+    choices("device", [P.device.split(":")[0]], ("cpu", "cuda"))
+    choices("link", [P.link], LINKS)
+    choices("link_priority", [P.link_priority], PRIORITIES)
+    choices("clock", [P.clock], CLOCKS)
+    choices("hardware", [P.hardware], sorted(HARDWARE))
+    choices("mode", [P.mode], MODES)
+    choices("tasks", P.tasks, TASKS)
+    choices("trace_tasks", P.trace_tasks, TASKS)
     for key, engine in (("sim_policies", False), ("policies", True)):
-        for spec in getattr(p, key):
+        for spec in getattr(P, key):
             try:
                 check_policy(spec, engine=engine)
             except SettingError as e:
                 fail(key, f"has {spec!r}: {e}")
-    if p.dtype is not None:
-        choices("dtype", [p.dtype], list(DTYPES))
-    if p.link == "cuda" and not p.device.startswith("cuda"):
-        fail("link", f"'cuda' computes on the GPU, but device is {p.device!r}; use link: emulated on the CPU")
+    if P.dtype is not None:
+        choices("dtype", [P.dtype], list(DTYPES))
+    if P.link == "cuda" and not P.device.startswith("cuda"):
+        fail("link", f"'cuda' computes on the GPU, but device is {P.device!r}; use link: emulated on the CPU")
     for key in ("bandwidth_scales", "throttle_scales"):
-        if p.link == "cuda" and max(getattr(p, key)) > 1:
-            fail(key, f"above 1 ({max(getattr(p, key))}) cannot speed up real hardware; "
+        if P.link == "cuda" and max(getattr(P, key)) > 1:
+            fail(key, f"above 1 ({max(getattr(P, key))}) cannot speed up real hardware; "
                       "on the cuda link use scales <= 1 (a cap)")
-    if p.n_prompts < max(p.batch_sizes):
-        fail("n_prompts", f"= {p.n_prompts} cannot fill a batch of {max(p.batch_sizes)} (batch_sizes); "
-                          f"give at least {max(p.batch_sizes)}")
-    if p.trace_n_prompts < max(p.trace_batch_sizes):
-        fail("trace_n_prompts", f"= {p.trace_n_prompts} cannot fill a batch of {max(p.trace_batch_sizes)} "
-                                f"(trace_batch_sizes); give at least {max(p.trace_batch_sizes)}")
+    if P.n_prompts < max(P.batch_sizes):
+        fail("n_prompts", f"= {P.n_prompts} cannot fill a batch of {max(P.batch_sizes)} (batch_sizes); "
+                          f"give at least {max(P.batch_sizes)}")
+    if P.trace_n_prompts < max(P.trace_batch_sizes):
+        fail("trace_n_prompts", f"= {P.trace_n_prompts} cannot fill a batch of {max(P.trace_batch_sizes)} "
+                                f"(trace_batch_sizes); give at least {max(P.trace_batch_sizes)}")

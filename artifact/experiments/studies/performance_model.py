@@ -31,7 +31,7 @@ from artifact.experiments import paper
 from artifact.experiments.claims import MODELED, Claim, judged, title
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
 from artifact.experiments.runs import load_model, offload_spec
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.model.config import PRESETS, get_preset
 from artifact.model.tasks import prompts
@@ -203,7 +203,7 @@ VALIDATION_POLICIES = ("demand", "last_step")
 FAST_LINK = dict(link="emulated", bandwidth_gbps=1e6, latency_us=0.0)     # a link no compute ever waits on
 
 
-def cpu_emulated(P: Profile, loaded, ps: list[list[int]], batch_size: int = 1, reps: int = 1,
+def cpu_emulated(P: Settings, loaded, ps: list[list[int]], batch_size: int = 1, reps: int = 1,
                  trace: Trace | None = None) -> tuple[Hardware, str]:
     """The cpu-emulated profile with its costs measured now, on this machine, on the offloaded engine:
     runs on a link too fast to wait on at two C (demand) give the host time per copy (the slope of time on
@@ -235,7 +235,7 @@ def cpu_emulated(P: Profile, loaded, ps: list[list[int]], batch_size: int = 1, r
     return hw, source
 
 
-def validate_cpu(P: Profile, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLICIES, batch_sizes=(1, 4),
+def validate_cpu(P: Settings, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLICIES, batch_sizes=(1, 4),
                  repetitions: int = 2, n_prompts: int = 2, progress: bool = True) -> tuple[pd.DataFrame, str]:
     """Measured (wall clock, real compute, emulated link) against modelled seconds per step, one row per run.
     Returns the rows and the calibration's description."""
@@ -337,7 +337,7 @@ GPUS = ("a5000", "h200")
 GPU_SHAPES = ("llada2-mini", "llada2-flash")
 
 
-def paper_point(P: Profile) -> Trace:
+def paper_point(P: Settings) -> Trace:
     """A synthetic stream at the routing point the paper implies (notebook 07's 'paper point': its novelty
     and W spread, from the profile's committed 07 record, else the cpu profile's), 4 MoE layers, one block of
     16 steps, no prefill (short: the grid replays it 128 times)."""
@@ -374,7 +374,7 @@ def diffs(grid: pd.DataFrame, a: str = "demand", b: str = "last_step", priority:
     return (100 * (g[a] / g[b] - 1)).rename("diff_pct").reset_index()
 
 
-def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Profile, stream: str = "paper point"):
+def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, stream: str = "paper point"):
     """Left: modelled vs measured seconds per step (cpu validation, one dot per cell). Right: modelled
     tokens/s per GPU x shape on `stream` (fifo solid, demand priority dashed), the physical floor dotted."""
     fig, axes = plt.subplots(1, 5, figsize=(22, 4.2))
