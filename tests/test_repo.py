@@ -84,3 +84,14 @@ def test_outputs_go_to_the_checkout_a_notebook_runs_in(tmp_path, monkeypatch):
     assert repo_root() == other and data_dir() == other / "data"
     monkeypatch.chdir(tmp_path)                       # outside any checkout: the installed one
     assert repo_root() == ROOT
+
+
+def test_no_tracker_references_in_user_facing_text():
+    """The issue tracker does not ship with the artifact: README, docs, the package (claim texts included) and
+    the notebooks say what was decided, never "issue N"."""
+    pattern = re.compile(r"issue \d")
+    for path, text in texts():
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in ("docs", "artifact", "notebooks") or rel.name == "README.md":
+            m = pattern.search(text)
+            assert m is None, f"{rel} names a tracker issue: {text[max(0, m.start() - 30):m.start() + 20]!r}"
