@@ -69,7 +69,7 @@ def test_the_readme_is_short():
 
 def test_the_docs_index_lists_every_doc_once_in_both_places():
     docs = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
-    index = re.findall(r"^- \[([^\]]+)\]\(\1\): (.+)$", (ROOT / "docs/README.md").read_text(), re.M)
+    index = re.findall(r"^- \[docs/([^\]]+)\]\(\.\./docs/\1\): (.+)$", (ROOT / "docs/README.md").read_text(), re.M)
     readme = re.findall(r"^- \[docs/([^\]]+)\]\(docs/\1\): (.+)$", (ROOT / "README.md").read_text(), re.M)
     assert sorted(f for f, _ in index) == docs, "docs/README.md must list every file of docs/, one line each"
     assert readme == index, "the README's index of docs/ differs from docs/README.md"
