@@ -195,7 +195,7 @@ RANGES: dict[str, dict] = {
 def resolve_threads(threads: int | None, model: str | None, device: str) -> int:
     """The torch intra-op thread count a run uses: `threads` when given; otherwise 1 when the work is the
     tiny model on the CPU, or no model at all (its matmuls are a few KiB: a second thread only adds
-    OpenMP spin-waiting, which on 2 shared cores made `generate` 27 s instead of 1.2 s), and torch's
+    OpenMP spin-waiting; the slowdown measured is beside the torch_threads field), and torch's
     default (one per core) for a real checkpoint or a GPU, where large kernels gain from threads."""
     if threads is not None:
         return check_number("torch_threads", threads, **_THREADS)
