@@ -47,7 +47,7 @@ from artifact.offload.link import make_link
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BEFORE_COMMIT = "2c159b43318f6297bc270e97d53bba2e487d5ba0"   # the last commit with the per-copy CudaLink
 REFERENCE_FILE = "data/gpu_check/h200_copy_overhead_b8.json"    # its H200 figure: 27.02 us, 20.12 of Python
-TARGET_PYTHON_US = 5.0          # issue 30: the link's own host us per copy at 8 copies per call
+TARGET_PYTHON_US = 5.0          # the target: the link's own host us per copy at 8 copies per call
 
 
 def measure(device: str, batch: int, calls: int, slots: int, expert_kib: int, drain: int, reps: int) -> dict:

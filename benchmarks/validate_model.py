@@ -11,7 +11,7 @@ gpu: the runs of the committed gpu_check report (data/gpu_check/h200.json, one H
 their recorded routing with the h200 profile. The profile's host costs were fitted on these same runs, so
 this is a check of the model's structure, not an independent validation.
 
---calibrate: the cpu-emulated profile's measured numbers on this machine (perf_model.cpu_emulated, batch 1):
+--calibrate: the cpu-emulated profile's measured numbers on this machine (performance_model.cpu_emulated, batch 1):
 per-expert compute, other time per demand, host time per copy.
 
     .venv/bin/python benchmarks/validate_model.py [--which cpu|gpu|both] [--reps 2] [--json]
@@ -24,16 +24,16 @@ import json
 
 import torch
 
-from artifact.experiments.perf_model import cpu_emulated, validate_cpu, validate_gpu, validation_summary
 from artifact.experiments.runs import load_model
 from artifact.experiments.settings import load_profile
+from artifact.experiments.studies.performance_model import cpu_emulated, validate_cpu, validate_gpu, validation_summary
 from artifact.model.tasks import prompts
 
 COLS = ["batch_size", "cache_ratio", "policy", "measured_seconds_per_step", "modeled_seconds_per_step", "error"]
 
 
 def calibrate_now(batch_size: int = 1) -> dict:
-    """perf_model.cpu_emulated on this machine: the numbers of the cpu-emulated profile."""
+    """performance_model.cpu_emulated on this machine: the numbers of the cpu-emulated profile."""
     P = load_profile("cpu")
     loaded = load_model(P)
     _, ps = prompts(loaded.tokenizer, P.tasks[0], max(P.batch_sizes), P.seed, P.max_prompt_tokens)

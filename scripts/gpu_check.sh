@@ -4,7 +4,7 @@
 # written to results/gpu_check.json (--out) as it ends. At most 6 minutes on one H200, no checkpoint,
 # nothing downloaded or built. Arguments go to scripts/gpu_check.py (--help).
 # Exit codes: 0 done, 1 GPU tests failed, 2 bad arguments, 3 no CUDA GPU visible (nothing run), 4 a step raised.
-# `gpu_check.sh graphs [ARGS]` runs the check of issue 30 instead (scripts/gpu_check_graphs.py: graphs off vs on
+# `gpu_check.sh graphs [ARGS]` runs the graphs check instead (scripts/gpu_check_graphs.py: graphs off vs on
 # on step 7's model, targets T1-T6, at most 7 minutes on one H200).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

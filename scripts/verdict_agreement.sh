@@ -2,7 +2,7 @@
 # How stable are a profile's timing verdicts? Run the timing notebooks (03-07) N times, each from scratch in
 # its own temporary data and output folders (fresh bench grids; routing traces copied when present), store
 # each run's claim records under data/results/<profile>/agreement/runK/ and print the agreement table
-# (python -m artifact claims --agreement; `--update-readme` puts the stored runs' table into the README).
+# (python -m artifact claims --agreement; `--update-readme` puts the stored runs' table into docs/claims.md).
 #   scripts/verdict_agreement.sh [PROFILE] [RUNS]      default: cpu 3
 # A run directory that exists is never overwritten: remove data/results/<profile>/agreement/ to start over.
 set -euo pipefail

@@ -10,9 +10,9 @@ import torch
 
 from artifact.cli import main as main_for_tests
 from artifact.experiments.bench import run_bench
-from artifact.experiments.grid import Cell, grid, parse_shard, shard_cells
-from artifact.experiments.model_runner import ModelRunner
-from artifact.experiments.results import COLUMNS, STAT_COLUMNS, merge, read_rows
+from artifact.experiments.bench.grid import Cell, grid, parse_shard, shard_cells
+from artifact.experiments.bench.model_runner import ModelRunner
+from artifact.experiments.bench.results import COLUMNS, STAT_COLUMNS, merge, read_rows
 from artifact.experiments.settings import load_profile
 from artifact.offload.sim import capacity_for
 
@@ -218,7 +218,7 @@ def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
 
 
 def test_changed_tokens_are_flagged(tmp_path, capsys):
-    from artifact.experiments.results import changed_tokens
+    from artifact.experiments.bench.results import changed_tokens
     out = tmp_path / "b.csv"
     df = run_bench(fake_profile(), out, runner=FakeRunner(), progress=False, log=quiet)
     assert changed_tokens(df) == []
@@ -245,8 +245,8 @@ def test_real_bench_runs_every_engine_policy(tiny, tmp_path, one_thread):
 def test_rows_carry_host_time_and_old_files_read_without_it(tmp_path):
     """host_ms_per_forward / wall_ms_per_forward: medians of a run's per-forward lists; a file written before
     them reads with them empty and takes appends in its own columns."""
-    from artifact.experiments.model_runner import host_medians
-    from artifact.experiments.results import BEFORE_HOST, HOST_COLUMNS
+    from artifact.experiments.bench.model_runner import host_medians
+    from artifact.experiments.bench.results import BEFORE_HOST, HOST_COLUMNS
     assert host_medians({"forward_host_ms": [3.0, 1.0, 2.0], "forward_wall_ms": [4.0, 8.0]}) == {
         "host_ms_per_forward": 2.0, "wall_ms_per_forward": 6.0}
     assert host_medians({"forward_host_ms": []}) == {"host_ms_per_forward": None, "wall_ms_per_forward": None}

@@ -13,10 +13,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from artifact.experiments import beyond, claims  # noqa: E402
+from artifact.experiments import claims  # noqa: E402
+from artifact.experiments.bench.results import COLUMNS, bench_fingerprint  # noqa: E402
 from artifact.experiments.claims import NOT_REPRODUCED, REPRODUCED  # noqa: E402
-from artifact.experiments.results import COLUMNS, bench_fingerprint  # noqa: E402
 from artifact.experiments.settings import load_profile  # noqa: E402
+from artifact.experiments.studies import beyond_the_paper as beyond  # noqa: E402
 from artifact.model.decode import DecodeConfig  # noqa: E402
 from artifact.offload.runner import run  # noqa: E402
 

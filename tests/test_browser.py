@@ -3,7 +3,8 @@ with a token, driven by headless Chromium through Selenium, opens notebook 00 an
 on the `artifact` kernel and waits for the claim cell's verdict. The notebooks are copies in a temporary
 folder and write into a temporary data/ and results/ (as nbval does), so the checkout stays clean.
 
-Skipped with the reason when Chromium, its driver or selenium is missing (CI installs none of them)."""
+Skipped with the reason when Chromium, its driver or selenium is missing (.ci/run installs Chromium and its
+driver from apt when it can)."""
 from __future__ import annotations
 
 import json

@@ -1,8 +1,10 @@
-"""The README's claims table is generated from the committed claim records (data/results/cpu/*.claims.json),
-and those records are what the stored notebooks' claim cells print."""
+"""The claims tables (the README's compact one, docs/claims.md's full one and its agreement block) are generated
+from the committed claim records (data/results/cpu/*.claims.json), and those records are what the stored
+notebooks' claim cells print. The README stays what an evaluator reads in ten minutes."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -16,26 +18,61 @@ from artifact.experiments.settings import load_profile
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "data" / "results"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+CLAIMS_DOC = ROOT / claims_table.CLAIMS_DOC
+README_LINES, README_WIDTH = 250, 300          # what an evaluator reads in ten minutes
+
+
+def _block(path: Path, marks: tuple[str, str]) -> str:
+    begin, end = marks
+    return path.read_text().split(begin)[1].split(end)[0].strip()
 
 
 def test_the_readme_claims_table_is_the_generated_one():
-    readme = (ROOT / "README.md").read_text()
-    begin, end = claims_table.markers("cpu")
-    stored = readme.split(begin)[1].split(end)[0].strip()
-    assert stored == claims_table.render("cpu", RESULTS, ROOT / "notebooks"), (
-        "README's claims table differs from the committed records: regenerate it with "
-        "`python -c 'from artifact.experiments import claims_table; claims_table.update_readme()'`")
+    assert _block(ROOT / "README.md", claims_table.markers("cpu")) == claims_table.render_compact(
+        "cpu", RESULTS, ROOT / "notebooks"), (
+        "README's claims table differs from the committed records: `python -m artifact claims --update-readme`")
 
 
-def test_the_readme_agreement_block_is_the_generated_one():
-    """The README's verdict agreement over repeated runs is rendered from the stored runs' records."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_full_claims_table_in_docs_is_the_generated_one():
+    assert _block(CLAIMS_DOC, claims_table.markers("cpu")) == claims_table.render("cpu", RESULTS, ROOT / "notebooks"), (
+        f"{claims_table.CLAIMS_DOC}'s claims table differs from the committed records: "
+        "`python -m artifact claims --update-readme`")
+
+
+def test_the_agreement_block_is_the_generated_one():
+    """docs/claims.md's verdict agreement over repeated runs is rendered from the stored runs' records."""
     runs = claims_table.agreement_runs("cpu", RESULTS)
-    assert len(runs) >= 3, "the README states the agreement of 3 runs: data/results/cpu/agreement/run*/"
-    begin, end = claims_table.agreement_markers("cpu")
-    stored = readme.split(begin)[1].split(end)[0].strip()
-    assert stored == claims_table.render_agreement(runs), (
-        "README's agreement block differs from the stored runs: `python -m artifact claims --update-readme`")
+    assert len(runs) >= 3, "docs/claims.md states the agreement of 3 runs: data/results/cpu/agreement/run*/"
+    assert _block(CLAIMS_DOC, claims_table.agreement_markers("cpu")) == claims_table.render_agreement(runs), (
+        "docs/claims.md's agreement block differs from the stored runs: `python -m artifact claims --update-readme`")
+
+
+def test_the_compact_table_has_one_row_per_claim_and_the_runs_that_agree():
+    block = claims_table.render_compact("cpu", RESULTS, ROOT / "notebooks")
+    rows = [r for r in block.splitlines() if r.startswith("| ") and not r.startswith("| notebook")]
+    recs = claims_table.records("cpu", RESULTS)
+    claims = [c for r in recs for c in r["claims"]]
+    assert len(rows) == len(claims)
+    runs = len(claims_table.agreement_runs("cpu", RESULTS))
+    for row, c in zip(rows, claims):
+        cells = [x.strip() for x in row.strip("|").split(" | ")]
+        assert cells[3] == c["verdict"], row
+        assert cells[-1] == "" if not c.get("timing") else re.fullmatch(rf"\d of {runs}|not repeated", cells[-1]), row
+
+
+def test_the_readme_is_short():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines (> {README_LINES}): move the detail to docs/"
+    wide = [i + 1 for i, line in enumerate(lines) if len(line) > README_WIDTH]
+    assert not wide, f"README.md lines {wide} are over {README_WIDTH} characters"
+
+
+def test_the_docs_index_lists_every_doc_once_in_both_places():
+    docs = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    index = re.findall(r"^- \[docs/([^\]]+)\]\(\.\./docs/\1\): (.+)$", (ROOT / "docs/README.md").read_text(), re.M)
+    readme = re.findall(r"^- \[docs/([^\]]+)\]\(docs/\1\): (.+)$", (ROOT / "README.md").read_text(), re.M)
+    assert sorted(f for f, _ in index) == docs, "docs/README.md must list every file of docs/, one line each"
+    assert readme == index, "the README's index of docs/ differs from docs/README.md"
 
 
 def test_agreement_counts_runs_that_disagree(tmp_path):
@@ -102,17 +139,26 @@ def test_records_render_update_and_a_gpu_column(tmp_path, monkeypatch, capsys):
     block = claims_table.render("cpu", results, tmp_path)
     assert "| c2 | p2 | m\\|2 (margin: upper bound +9) | inconclusive (too wide) | 4 pairs | run 1 |" in block
     assert "h200" not in block
+    compact = claims_table.render_compact("cpu", results, tmp_path)
+    assert "| c2 |  | inconclusive | not repeated |" in compact and "| c1 |  | reproduced |  |" in compact
     gpu = load_profile("h200") if (ROOT / "artifact/experiments/profiles/h200.yaml").is_file() else None
     if gpu is not None:
         (results / "h200").mkdir()
         shutil.copy(record(gpu, "09_x", [Claim("c1", "p1", "g1", "not reproduced")]), results / "h200")
         block = claims_table.render("cpu", results, tmp_path)
         assert "h200: verdict (measured)" in block and "| not reproduced (g1) |" in block
+        compact = claims_table.render_compact("cpu", results, tmp_path)
+        assert "| cpu | h200 |" in compact and "| c1 |  | reproduced | not reproduced |  |" in compact
     readme = tmp_path / "README.md"
     readme.write_text("head\n<!-- claims:cpu:begin -->\nold\n<!-- claims:cpu:end -->\ntail\n")
-    monkeypatch.setattr(claims_table, "render", lambda name: "NEW")
+    doc = tmp_path / "docs" / "claims.md"
+    doc.parent.mkdir()
+    doc.write_text("top\n<!-- claims:cpu:begin -->\nold\n<!-- claims:cpu:end -->\n")
+    monkeypatch.setattr(claims_table, "render_compact", lambda name: "NEW")
+    monkeypatch.setattr(claims_table, "render", lambda name: "FULL")
     assert claims_table.update_readme(readme, "cpu") is True
     assert readme.read_text() == "head\n<!-- claims:cpu:begin -->\nNEW\n<!-- claims:cpu:end -->\ntail\n"
+    assert doc.read_text() == "top\n<!-- claims:cpu:begin -->\nFULL\n<!-- claims:cpu:end -->\n"
     assert claims_table.update_readme(readme, "cpu") is False
     readme.write_text("no markers")
     with pytest.raises(ValueError, match="claims:cpu:begin"):

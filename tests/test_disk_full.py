@@ -11,9 +11,9 @@ from test_bench import FakeRunner, fake_profile, quiet
 from test_cli import one_line_error
 
 from artifact.cli import main
-from artifact.experiments import bench
+from artifact.experiments.bench import run as bench
 from artifact.experiments.bench import run_bench
-from artifact.experiments.results import read_rows
+from artifact.experiments.bench.results import read_rows
 from artifact.model.llada2 import Demand, StepInfo
 from artifact.offload.trace import TraceRecorder
 from artifact.paths import DISK_ERRORS

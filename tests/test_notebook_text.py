@@ -9,8 +9,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from artifact.experiments import beyond, paper, routing_map
+from artifact.experiments import paper
 from artifact.experiments.settings import list_profiles, load_profile
+from artifact.experiments.studies import beyond_the_paper as beyond
+from artifact.experiments.studies import routing_map
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

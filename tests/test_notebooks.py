@@ -122,7 +122,7 @@ def test_run_skip_force_and_failures(tmp_path, capsys):
 STORED = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
-def test_the_eight_notebooks_exist():
+def test_the_ten_notebooks_exist():
     assert [p.stem.split("_")[0] for p in STORED] == ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09"]
 
 

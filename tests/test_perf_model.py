@@ -10,8 +10,8 @@ from test_cli import one_line_error
 from artifact.cli import main
 from artifact.errors import ProfileError
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, from_gpu_check, hardware, load_gpu_check
-from artifact.experiments.perf_model import model_grid, validate_gpu
 from artifact.experiments.settings import load_profile
+from artifact.experiments.studies.performance_model import model_grid, validate_gpu
 from artifact.model.llada2 import Demand, StepInfo
 from artifact.offload.costs import Costs, Hardware, Shape
 from artifact.offload.policies import POLICIES
@@ -174,7 +174,7 @@ def test_gpu_validation_replays_the_measured_counts():
 
 def test_notebook_grid_and_claims_on_a_small_stream():
     """Notebook 08's grid, figure data and claims, on a stream small enough for the unit tier."""
-    from artifact.experiments import perf_model as pm
+    from artifact.experiments.studies import performance_model as pm
     small = synth(SynthParams(layers=2, blocks=1, steps=4, w=30.0, seed=2))
     grid = pm.gpu_grid({"paper point": small, "other": small}, progress=False)
     assert set(grid.hardware) == {"a5000", "h200"} and set(grid["shape"]) == {"llada2-mini", "llada2-flash"}

@@ -10,7 +10,14 @@ import pytest
 
 from artifact.cli import main
 from artifact.errors import ProfileError, ResultFileError, SettingError
-from artifact.experiments.results import COLUMNS, HOST_COLUMNS, PHASE_COLUMNS, STAT_COLUMNS, phase_stats, read_rows
+from artifact.experiments.bench.results import (
+    COLUMNS,
+    HOST_COLUMNS,
+    PHASE_COLUMNS,
+    STAT_COLUMNS,
+    phase_stats,
+    read_rows,
+)
 from artifact.experiments.settings import load_profile
 from artifact.model.decode import DecodeConfig
 from artifact.model.llada2 import Demand, StepInfo

@@ -18,13 +18,13 @@ from safetensors.numpy import save as save_numpy
 from safetensors.torch import load_file, save_file
 from test_bench import FakeRunner, fake_profile, quiet
 
-import artifact.experiments.results as results
+import artifact.experiments.bench.results as results
 import artifact.model.checkpoint as ckpt
 import artifact.paths as paths
 from artifact.cli import main
 from artifact.experiments.bench import run_bench
-from artifact.experiments.grid import grid
-from artifact.experiments.results import COLUMNS, CellClaims, locked, merge, read_rows
+from artifact.experiments.bench.grid import grid
+from artifact.experiments.bench.results import COLUMNS, CellClaims, locked, merge, read_rows
 from artifact.experiments.settings import load_profile
 from artifact.model.checkpoint import (
     CheckpointError,
@@ -131,8 +131,8 @@ def test_a_process_skips_or_drops_cells_another_one_appended(tmp_path):
 CLAIMER = """
 import sys
 from pathlib import Path
-from artifact.experiments.grid import Cell
-from artifact.experiments.results import CellClaims
+from artifact.experiments.bench.grid import Cell
+from artifact.experiments.bench.results import CellClaims
 with CellClaims(Path(sys.argv[1])) as claims:
     assert claims.take(Cell("gsm8k", 1, 1.0, 1.0), wait=False)
     print("claimed", flush=True)
@@ -160,8 +160,8 @@ def test_a_cell_claimed_by_another_process_runs_last_and_here_if_that_process_di
     assert runs(df) == expected_runs(p)
     with CellClaims(out) as claims:                       # held here, so another process cannot take them
         assert all(claims.take(c, wait=False) for c in grid(p))
-        probe = ("import sys; from pathlib import Path; from artifact.experiments.grid import Cell\n"
-                 "from artifact.experiments.results import CellClaims\n"
+        probe = ("import sys; from pathlib import Path; from artifact.experiments.bench.grid import Cell\n"
+                 "from artifact.experiments.bench.results import CellClaims\n"
                  "with CellClaims(Path(sys.argv[1])) as c: print(c.take(Cell('gsm8k', 1, 1.0, 1.0), wait=False))")
         held = subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True, check=True)
         assert held.stdout.strip() == "False"

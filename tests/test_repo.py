@@ -1,4 +1,4 @@
-"""The repository explains itself: the README's layout matches the tree, docs are cited inside the
+"""The repository explains itself: docs/layout.md matches the tree, docs are cited inside the
 repository, and no tracked file names a path of the machine it was written on."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("model", "offload", "experiments")
-PACKAGES = LAYERS + ("cli",)            # every module of these is named in the README layout
+PACKAGES = LAYERS + ("cli",)            # every module of these (sub-packages too) is named in docs/layout.md
 
 
 def tracked_files() -> list[Path]:
@@ -30,8 +30,8 @@ def texts():
 
 
 def readme_layout() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Layout"):]
+    text = (ROOT / "docs" / "layout.md").read_text()
+    section = text[text.index("# Layout"):] + "\n## "
     return section[:section.index("\n## ", 4)]
 
 
@@ -39,9 +39,11 @@ def test_readme_layout_names_every_module_of_the_three_layers():
     layout = readme_layout()
     for layer in PACKAGES:
         assert f"{layer}/" in layout, layer
-        for module in sorted((ROOT / "artifact" / layer).glob("*.py")):
+        for module in sorted((ROOT / "artifact" / layer).rglob("*.py")):
             if module.stem != "__init__":
-                assert re.search(rf"\b{module.stem}\b", layout), f"README layout misses {layer}/{module.stem}.py"
+                assert re.search(rf"\b{module.stem}\b", layout), f"docs/layout.md misses {layer}/{module.stem}.py"
+        for package in sorted((ROOT / "artifact" / layer).glob("*/__init__.py")):
+            assert f"{package.parent.name}/" in layout, f"docs/layout.md misses {layer}/{package.parent.name}/"
     for top in ("errors.py", "validate.py", "paths.py", "docs/", "notebooks/", "benchmarks/", "tests/"):
         assert top.rstrip("/").removesuffix(".py") in layout, top
 
@@ -82,3 +84,14 @@ def test_outputs_go_to_the_checkout_a_notebook_runs_in(tmp_path, monkeypatch):
     assert repo_root() == other and data_dir() == other / "data"
     monkeypatch.chdir(tmp_path)                       # outside any checkout: the installed one
     assert repo_root() == ROOT
+
+
+def test_no_tracker_references_in_user_facing_text():
+    """The issue tracker does not ship with the artifact: README, docs, the package (claim texts included) and
+    the notebooks say what was decided, never "issue N"."""
+    pattern = re.compile(r"issue \d")
+    for path, text in texts():
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in ("docs", "artifact", "notebooks") or rel.name == "README.md":
+            m = pattern.search(text)
+            assert m is None, f"{rel} names a tracker issue: {text[max(0, m.start() - 30):m.start() + 20]!r}"

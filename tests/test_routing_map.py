@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from artifact.experiments import paper
-from artifact.experiments import routing_map as rm
 from artifact.experiments.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, save
 from artifact.experiments.settings import load_profile
+from artifact.experiments.studies import routing_map as rm
 from artifact.experiments.verdicts import CONTROL
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, replay

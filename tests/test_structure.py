@@ -18,7 +18,8 @@ from artifact.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 LIBRARY = ("model", "offload", "experiments")
-MAX_LINES = 500                 # issue 26: no file of the experiments layer over this
+MAX_LINES = 500                 # no file of the experiments layer over this
+MAX_MODULES = 12                # no folder of the experiments layer holds more modules than this (its __init__ aside)
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess:
@@ -39,9 +40,17 @@ def tree_copy(tmp_path_factory):
 
 
 @pytest.mark.parametrize("module, back_edge, contract", [
-    ("artifact/experiments/grid.py", "from artifact.experiments import runs", "experiments: entry points > claims"),
-    ("artifact/experiments/results.py", "from artifact.experiments import submit", "only artifact.cli imports"),
+    ("artifact/experiments/bench/grid.py", "from artifact.experiments import runs", "experiments: entry points"),
+    ("artifact/experiments/bench/results.py", "from artifact.experiments import submit", "only artifact.cli imports"),
     ("artifact/offload/cache.py", "import artifact.experiments.settings", "layers: cli > experiments"),
+    ("artifact/experiments/studies/capacity_sweep.py", "from artifact.experiments.studies import quickstart",
+     "studies never import each other"),
+    ("artifact/experiments/bench/results.py", "import artifact.experiments.studies.quickstart",
+     "the bench never imports a study"),
+    ("artifact/experiments/tide/adapter.py", "from artifact.experiments import verdicts",
+     "TIDE's adapter imports only the bench and the settings"),
+    ("artifact/experiments/bench/grid.py", "from artifact.experiments.bench import results",
+     "bench: run > model_runner"),
 ])
 def test_the_import_contracts_pass_and_fail_on_a_back_edge(tree_copy, module, back_edge, contract):
     ok = _lint(tree_copy)
@@ -98,6 +107,29 @@ def test_every_command_takes_the_options_it_always_took():
 
 
 def test_no_experiments_module_is_over_500_lines():
-    for path in sorted((ROOT / "artifact" / "experiments").glob("*.py")):
+    for path in sorted((ROOT / "artifact" / "experiments").rglob("*.py")):
         n = len(path.read_text().splitlines())
         assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines (> {MAX_LINES}): split it by job"
+
+
+def test_no_experiments_folder_is_a_flat_folder_of_more_than_12_modules():
+    layer = ROOT / "artifact" / "experiments"
+    folders = [layer, *(p.parent for p in layer.glob("*/__init__.py"))]
+    assert len(folders) >= 4, folders                   # the layer and its sub-packages: bench, studies, tide
+    for folder in folders:
+        modules = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
+        assert len(modules) <= MAX_MODULES, f"{folder.relative_to(ROOT)} holds {len(modules)} modules: group them"
+
+
+def test_the_flat_module_paths_of_before_still_import():
+    """Pickled jobs and scripts of before the sub-packages name `artifact.experiments.<module>`: each imports
+    as the module it became (one module object), and the names in it are the same objects."""
+    import importlib
+
+    from artifact.experiments import _MOVED
+    for old, new in _MOVED.items():
+        moved = importlib.import_module(f"artifact.experiments.{new}")
+        assert importlib.import_module(f"artifact.experiments.{old}") is moved, old
+    from artifact.experiments.capacity import runs as old_runs
+    from artifact.experiments.studies.capacity_sweep import runs
+    assert old_runs is runs

@@ -16,8 +16,8 @@ import pytest
 
 from artifact.cli import main as main_for_tests
 from artifact.experiments import submit
-from artifact.experiments.grid import grid, shard_file
-from artifact.experiments.results import read_rows, write_rows
+from artifact.experiments.bench.grid import grid, shard_file
+from artifact.experiments.bench.results import read_rows, write_rows
 from artifact.experiments.runs import trace_current
 from artifact.experiments.settings import ProfileError, load_profile, parse_override
 from artifact.experiments.stats import CELL_KEYS

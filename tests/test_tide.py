@@ -17,8 +17,9 @@ import warnings
 import pytest
 import torch
 
-from artifact.experiments import tide, tide_checkout
-from artifact.experiments.model_runner import usable_cores
+from artifact.experiments.bench.model_runner import usable_cores
+from artifact.experiments.tide import adapter as tide
+from artifact.experiments.tide import checkout as tide_checkout
 from artifact.model.checkpoint import tiny_checkpoint
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import tokens_sha
@@ -299,7 +300,7 @@ def test_compare_with_engine_interleaves_three_systems(fake, tiny, tiny_prompts)
     eng = [r for r in rows if r["system"] == "engine"]
     assert all(r["cache_experts"] == 96 and r["batch_size"] == 1 and r["demand_misses"] > 0 for r in eng)
     assert [r["order"] for r in rows] == [0, 1, 2, 0, 1, 2]
-    from artifact.experiments.results import STAT_COLUMNS
+    from artifact.experiments.bench.results import STAT_COLUMNS
     assert all(set(STAT_COLUMNS) <= set(r) for r in eng)                  # the benchmark's row format
     cached = [r for r in eng if r["mode"] == "cached"]
     full = [r for r in eng if r["mode"] == "full"]

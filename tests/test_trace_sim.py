@@ -195,7 +195,7 @@ def test_cli_trace_and_simulate(tmp_path, capsys):
 
 
 def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, recorded):
-    """The README's recipe: subclass Policy, register it, and both paths use it unchanged."""
+    """docs/policies.md's recipe: subclass Policy, register it, and both paths use it unchanged."""
     from artifact.offload.policies import Policy, register
 
     class TopCount(Policy):

@@ -113,7 +113,7 @@ def test_every_threshold_is_named_once_in_paper_py():
     for n in names:
         assert isinstance(getattr(paper, n), (int, float))
     here = Path(paper.__file__).parent
-    for path in here.glob("*.py"):
+    for path in here.rglob("*.py"):
         if path.name in ("paper.py", "stats.py"):       # stats.CONFIDENCE = paper.CONFIDENCE (its default)
             continue
         tree = ast.parse(path.read_text())

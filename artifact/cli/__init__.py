@@ -16,8 +16,8 @@ import torch
 from artifact.cli import bench, claims, doctor, engine, jobs, model, notebooks, synth
 from artifact.cli.args import add_threads_arg, profile_from_args
 from artifact.errors import SettingError, UserError
-from artifact.experiments.grid import parse_shard
-from artifact.experiments.results import default_out
+from artifact.experiments.bench.grid import parse_shard
+from artifact.experiments.bench.results import default_out
 from artifact.experiments.settings import resolve_threads
 from artifact.paths import DISK_ERRORS, check_writable
 from artifact.validate import check_number

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from artifact.experiments.settings import Profile, Settings, list_profiles, load_profile, parse_override
+from artifact.experiments.settings import Settings, list_profiles, load_profile, parse_override
 from artifact.experiments.submit import BACKENDS, POLL_S
 from artifact.model.decode import MODES
 
@@ -72,7 +72,7 @@ def overrides_from_args(a) -> dict:
     return overrides
 
 
-def profile_from_args(a) -> Profile:
+def profile_from_args(a) -> Settings:
     """The profile the command runs: --profile with --set overrides, then --model."""
     return load_profile(a.profile, overrides_from_args(a))
 

@@ -11,8 +11,8 @@ from artifact.cli.args import add_profile_args, add_submit_args, names, profile_
 from artifact.cli.jobs import command, err
 from artifact.errors import ResultFileError, SettingError
 from artifact.experiments.bench import run_bench
-from artifact.experiments.grid import grid, parse_shard
-from artifact.experiments.results import changed_tokens, default_out, merge, read_rows
+from artifact.experiments.bench.grid import grid, parse_shard
+from artifact.experiments.bench.results import changed_tokens, default_out, merge, read_rows
 from artifact.experiments.stats import CELL_KEYS, format_table, paired_table, with_paper
 from artifact.experiments.submit import BACKENDS, SubmitError, submit_bench
 from artifact.paths import atomic_write_text, refuse_overwrite

@@ -1,5 +1,6 @@
-"""`claims`: the README's claims table for a profile, rendered from its stored claim records
-(artifact.experiments.claims_table); `--update-readme` rewrites the block between its markers."""
+"""`claims`: the claims table for a profile, rendered from its stored claim records
+(artifact.experiments.claims_table); `--update-readme` rewrites the blocks between its markers in the README
+(the compact table) and docs/claims.md (the full table and the agreement of repeated runs)."""
 from __future__ import annotations
 
 import sys
@@ -35,7 +36,8 @@ def add_cli(subparsers) -> None:
                                              "records under data/results/PROFILE/")
     c.add_argument("--profile", default="cpu", help="the profile whose records to render (default: cpu)")
     c.add_argument("--update-readme", action="store_true",
-                   help="rewrite the README's block between <!-- claims:PROFILE:begin/end --> instead of printing")
+                   help="rewrite the blocks between <!-- claims:PROFILE:begin/end --> in the README and "
+                        "docs/claims.md instead of printing")
     c.add_argument("--readme", type=Path, default=None, help="the README to update (default: the checkout's)")
     c.add_argument("--agreement", nargs="*", type=Path, default=None, metavar="DIR",
                    help="compare the timing verdicts of repeated runs (each DIR holds a run's *.claims.json; none "

@@ -1,6 +1,6 @@
-"""`model`: the performance model (artifact.experiments.perf_model): modelled tokens/s and seconds per step
-of every policy x C/W x link priority on routing traces, for a hardware profile and a model shape, with the
-physical limit beside each cell."""
+"""`model`: the performance model (artifact.experiments.studies.performance_model): modelled tokens/s and
+seconds per step of every policy x C/W x link priority on routing traces, for a hardware profile and a model shape,
+with the physical limit beside each cell."""
 from __future__ import annotations
 
 import sys
@@ -9,7 +9,7 @@ from pathlib import Path
 from artifact.cli.args import D, floats, ints, names
 from artifact.errors import SettingError
 from artifact.experiments.hardware import HARDWARE, hardware
-from artifact.experiments.perf_model import SHAPES, check_clock, check_grid, model_grid, shape, to_json
+from artifact.experiments.studies.performance_model import SHAPES, check_clock, check_grid, model_grid, shape, to_json
 from artifact.offload.policies import split_policies
 from artifact.offload.timeline import CLOCKS, PRIORITIES
 from artifact.offload.trace import Trace

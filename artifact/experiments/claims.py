@@ -1,6 +1,6 @@
 """What every claim module hands a notebook: `Claim`s (printed by `report` as the lines the notebook runner
-parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the README's
-claims table: claims_table.py) and figures saved with the data they drew (`save`: <name>.png and
+parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the
+claims tables: claims_table.py) and figures saved with the data they drew (`save`: <name>.png and
 <name>.csv). A run writes them into ignored places (results/<profile>/figures and results/<profile>/data,
 relocatable by ARTIFACT_OUTPUT and ARTIFACT_FIGURES, so tests never overwrite a user's results); only
 `--store` copies them to the committed figures/<profile>/ and data/results/<profile>/."""
@@ -15,7 +15,7 @@ import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, repo_root
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
@@ -88,7 +88,7 @@ def judged(ok: bool) -> str:
     return REPRODUCED if ok else NOT_REPRODUCED
 
 
-def report(*claims: Claim, P: Profile | None = None, notebook: str | None = None) -> None:
+def report(*claims: Claim, P: Settings | None = None, notebook: str | None = None) -> None:
     """The claim cell's output: a few lines per claim (the notebook runner parses claim and verdict). With a
     profile and the notebook's name, the claims are also recorded with the run (record)."""
     print("\n\n".join("\n".join(wrapped(line) for line in c.lines()) for c in claims))
@@ -102,7 +102,7 @@ def report(*claims: Claim, P: Profile | None = None, notebook: str | None = None
 RECORD_SUFFIX = ".claims.json"
 
 
-def record_path(P: Profile, notebook: str) -> Path:
+def record_path(P: Settings, notebook: str) -> Path:
     return run_data_dir(P) / f"{notebook}{RECORD_SUFFIX}"
 
 
@@ -135,7 +135,7 @@ def _parent_command() -> str:
     return "notebook run outside `python -m artifact notebooks`"
 
 
-def record(P: Profile, notebook: str, claims) -> Path:
+def record(P: Settings, notebook: str, claims) -> Path:
     """Write <run dir>/data/<notebook>.claims.json atomically: the run (run_info) and every claim (`--store`
     copies it to data/results/<profile>/, where the claims table is generated from)."""
     doc = {"notebook": notebook, "profile": P.name, **run_info(), "claims": [asdict(c) for c in claims]}
@@ -151,17 +151,17 @@ def record(P: Profile, notebook: str, claims) -> Path:
 # (ignored but for the reference files). The committed reference results, figures/<profile>/*.png and
 # data/results/<profile>/NN_*.csv and NN_*.claims.json, change only with an explicit `--store`
 # (notebooks.store_outputs copies a run's files there).
-def run_dir(P: Profile) -> Path:
+def run_dir(P: Settings) -> Path:
     return Path(os.environ.get("ARTIFACT_OUTPUT", repo_root() / "results")) / P.name
 
 
-def figures_dir(P: Profile) -> Path:
+def figures_dir(P: Settings) -> Path:
     """Where a run saves its figures: ARTIFACT_FIGURES/<profile>, else results/<profile>/figures."""
     env = os.environ.get("ARTIFACT_FIGURES")
     return Path(env) / P.name if env else run_dir(P) / "figures"
 
 
-def run_data_dir(P: Profile) -> Path:
+def run_data_dir(P: Settings) -> Path:
     """Where a run saves each figure's data and its claim records: results/<profile>/data."""
     return run_dir(P) / "data"
 
@@ -176,12 +176,12 @@ def reference_data_dir(profile_name: str) -> Path:
     return data_dir() / "results" / profile_name
 
 
-def results_dir(P: Profile) -> Path:
+def results_dir(P: Settings) -> Path:
     """The resumable result files of the bench grids (ignored by git): data/results/<profile>/."""
     return data_dir() / "results" / P.name
 
 
-def traces_dir(P: Profile) -> Path:
+def traces_dir(P: Settings) -> Path:
     return data_dir() / "traces" / P.name
 
 
@@ -194,7 +194,7 @@ COLORS = {"demand": "tab:blue", "last_step": "tab:orange", "oracle": "tab:green"
 PAPER_STYLE = dict(color="crimson", lw=1.5, ls="--")     # how the paper's figures are marked on a plot
 
 
-def title(fig, P: Profile, text: str) -> None:
+def title(fig, P: Settings, text: str) -> None:
     """The figure's title, naming the profile. Constrained layout makes room for it above the panels' titles
     (and for a legend placed outside the axes: fig.legend(loc="outside lower center"))."""
     if fig.get_layout_engine() is None:
@@ -203,7 +203,7 @@ def title(fig, P: Profile, text: str) -> None:
                  fontsize=11)
 
 
-def save(fig, df, P: Profile, name: str, log=print) -> tuple[Path, Path]:
+def save(fig, df, P: Settings, name: str, log=print) -> tuple[Path, Path]:
     """Write <name>.png (dpi 100) into figures_dir(P) and <name>.csv into run_data_dir(P); returns both paths."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")

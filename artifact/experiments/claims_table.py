@@ -1,15 +1,19 @@
-"""The README's claims table, generated from the stored claim outputs: every claim cell records its claims
-with the run that printed them (claims.record: data/results/<profile>/<notebook>.claims.json, the same
-lines the stored notebook's claim cell holds). One row per claim, in notebook order, with its counting
-basis, interval method and pairs, and the run it came from (command, date, commit); the profile's runs are
-listed under the table. Other profiles with records under data/results/ get a column each.
+"""The claims tables, generated from the stored claim outputs: every claim cell records its claims with the
+run that printed them (claims.record: data/results/<profile>/<notebook>.claims.json, the same lines the
+stored notebook's claim cell holds). Other profiles with records under data/results/ get a column each.
 
-    render(profile_name)                   -> the Markdown block (table and runs)
+    render_compact(profile_name)           -> the README's table: one row per claim, its notebook, figures,
+                                              verdict per profile, and for a timing claim how many of the
+                                              repeated runs gave that verdict
+    render(profile_name)                   -> docs/claims.md's table: one row per claim with the paper's figure,
+                                              the measured one, the basis (counting, interval, pairs) and
+                                              the run it came from (command, date, commit), listed under it
     render_agreement(run_dirs)             -> per timing claim, its verdict in each repeated run, and the count
-    update_readme(readme_path, profile)    -> rewrite the blocks between the profile's markers; True if changed
+    update_readme(readme_path, profile)    -> rewrite the blocks between the profile's markers in the README
+                                              and docs/claims.md; True if either changed
 
-The README holds the block between `<!-- claims:<profile>:begin -->` and `<!-- claims:<profile>:end -->`;
-tests/test_claims_table.py regenerates it from the committed records and fails on any difference."""
+Each file holds its block between `<!-- claims:<profile>:begin -->` and `<!-- claims:<profile>:end -->`;
+tests/test_claims_table.py regenerates both from the committed records and fails on any difference."""
 from __future__ import annotations
 
 import json
@@ -19,11 +23,12 @@ from pathlib import Path
 from artifact.experiments.claims import RECORD_SUFFIX
 from artifact.paths import atomic_write_text, data_dir, repo_root
 
-# The module behind each notebook (artifact/experiments/<module>.py)
-MODULES = {"00": "quickstart", "01": "working_set", "02": "misses", "03": "throttle", "04": "capacity",
-           "05": "head_to_head", "06": "beyond", "07": "routing_map", "08": "perf_model",
-           "09": "cache_design"}
 _SAVE = re.compile(r'save\(fig, df, P, "([^"]+)"\)')
+
+
+def study(notebook: str) -> str:
+    """The module behind a notebook, named after it: 04_capacity_sweep -> studies/capacity_sweep.py."""
+    return f"artifact/experiments/studies/{notebook.split('_', 1)[1]}.py"
 
 
 def markers(profile_name: str) -> tuple[str, str]:
@@ -71,8 +76,10 @@ def _run_key(r: dict) -> tuple:
     return (r.get("command", "unknown"), r.get("date", "unknown"), r.get("commit", "unknown"))
 
 
-def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir: Path | None = None) -> str:
-    """The claims block for `profile_name`: a Markdown table, one row per recorded claim, and its runs."""
+def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir: Path | None = None,
+           root: str = "../") -> str:
+    """The full claims block for `profile_name` (docs/claims.md): a Markdown table, one row per recorded claim,
+    and its runs. `root`: the repository root as seen from the file that holds the block (its links)."""
     recs = records(profile_name, results)
     if not recs:
         return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
@@ -88,11 +95,10 @@ def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir:
     for r in recs:
         nb = r["notebook"]
         num = nb.split("_")[0]
-        module = MODULES.get(num)
-        where = num + (f" ([{module}](artifact/experiments/{module}.py))" if module else "")
+        where = f"{num} ([{Path(study(nb)).stem}]({root}{study(nb)}))"
         figs = figures(nb, notebook_dir)
         if figs:
-            where += ": " + ", ".join(f"[{f}](figures/{profile_name}/{f}.png)" for f in figs)
+            where += ": " + ", ".join(f"[{f}]({root}figures/{profile_name}/{f}.png)" for f in figs)
         run = f"run {runs.index(_run_key(r)) + 1}"
         for k, c in enumerate(r["claims"]):
             measured = c["measured"] + (f" (margin: {c['margin']})" if c.get("margin") else "")
@@ -108,6 +114,34 @@ def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir:
     for p, by_nb in others.items():
         prun = sorted({_run_key(r) for r in by_nb.values()})
         lines.append(f"- {p}: " + "; ".join(f"`{c}` on {d}, commit `{h}`" for c, d, h in prun))
+    return "\n".join(lines)
+
+
+def render_compact(profile_name: str = "cpu", results: Path | None = None, notebook_dir: Path | None = None) -> str:
+    """The README's claims block: one row per claim with its notebook, the notebook's first figure (first
+    row), the verdict of every profile with records, and, for a timing claim, in how many of the stored
+    repeated runs (agreement_runs) it got the recorded verdict."""
+    recs = records(profile_name, results)
+    if not recs:
+        return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
+    others = {p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)}
+    repeats = [{r["notebook"]: r for r in map(json.loads, map(Path.read_text, sorted(d.glob(f"*{RECORD_SUFFIX}"))))}
+               for d in agreement_runs(profile_name, results)]
+    head = ["notebook", "claim", "figure", f"{profile_name}"] + list(others) + [f"{profile_name} runs (timing)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in recs:
+        nb = r["notebook"]
+        figs = [f"[{f}](figures/{profile_name}/{f}.png)" for f in figures(nb, notebook_dir)][:1]
+        for k, c in enumerate(r["claims"]):
+            row = [f"[{nb[:2]}](notebooks/{nb}.ipynb)" if k == 0 else "", c["claim"], "".join(figs) if k == 0 else "",
+                   c["verdict"]]
+            for by_nb in others.values():
+                oc = by_nb.get(nb, {}).get("claims", [])
+                row.append(oc[k]["verdict"] if k < len(oc) else "not run")
+            same = [x[nb]["claims"][k]["verdict"] == c["verdict"] for x in repeats
+                    if nb in x and k < len(x[nb]["claims"])]
+            row.append("" if not c.get("timing") else f"{sum(same)} of {len(same)}" if same else "not repeated")
+            lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
     return "\n".join(lines)
 
 
@@ -157,20 +191,36 @@ def agreement_markers(profile_name: str) -> tuple[str, str]:
 def replace_block(text: str, profile_name: str, block: str, marks: tuple[str, str] | None = None) -> str:
     begin, end = marks or markers(profile_name)
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
-        raise ValueError(f"expected one {begin} ... {end} pair in the README")
+        raise ValueError(f"expected one {begin} ... {end} pair in the file")
     head, rest = text.split(begin)
     _, tail = rest.split(end)
     return f"{head}{begin}\n{block}\n{end}{tail}"
 
 
-def update_readme(readme_path: Path | str | None = None, profile_name: str = "cpu") -> bool:
-    """Rewrite the README's block for `profile_name` from the records (atomically); True when it changed."""
+CLAIMS_DOC = "docs/claims.md"     # the full table and the agreement block, beside the README's compact one
+
+
+def update_readme(readme_path: Path | str | None = None, profile_name: str = "cpu",
+                  claims_doc: Path | str | None = None) -> bool:
+    """Rewrite the README's compact block for `profile_name` and docs/claims.md's full and agreement blocks
+    (beside that README) from the records, atomically; True when either changed."""
     path = Path(readme_path or repo_root() / "README.md")
+    doc = Path(claims_doc or path.parent / CLAIMS_DOC)
+    changed = _rewrite(path, lambda t: replace_block(t, profile_name, render_compact(profile_name)))
+    if doc.is_file():
+        def full(text: str) -> str:
+            new = replace_block(text, profile_name, render(profile_name))
+            stored = agreement_runs(profile_name)
+            if stored and agreement_markers(profile_name)[0] in new:
+                new = replace_block(new, profile_name, render_agreement(stored), agreement_markers(profile_name))
+            return new
+        changed = _rewrite(doc, full) or changed
+    return changed
+
+
+def _rewrite(path: Path, edit) -> bool:
     text = path.read_text()
-    new = replace_block(text, profile_name, render(profile_name))
-    stored = agreement_runs(profile_name)
-    if stored and agreement_markers(profile_name)[0] in new:
-        new = replace_block(new, profile_name, render_agreement(stored), agreement_markers(profile_name))
+    new = edit(text)
     if new == text:
         return False
     atomic_write_text(path, new)

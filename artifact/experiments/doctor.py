@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 
 from artifact.errors import UserError
-from artifact.experiments.grid import grid
+from artifact.experiments.bench.grid import grid
 from artifact.experiments.runs import current_trace
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.model.checkpoint import DTYPES, TensorIndex, expected_shapes, tiny_checkpoint
 from artifact.model.memory import non_expert_bytes
 from artifact.model.tasks import prompts
@@ -154,7 +154,7 @@ def _memlock() -> tuple[str, int | None]:
     return f"{soft / GB:.3f} GB", soft
 
 
-def _prompt_tokens(P: Profile, tok) -> int:
+def _prompt_tokens(P: Settings, tok) -> int:
     """The longest prompt the grid will run, in tokens (after max_prompt_tokens)."""
     longest = 1
     for task in P.tasks:
@@ -163,7 +163,7 @@ def _prompt_tokens(P: Profile, tok) -> int:
     return longest
 
 
-def _working_set(P: Profile, batch: int, bound: int) -> tuple[float, bool]:
+def _working_set(P: Settings, batch: int, bound: int) -> tuple[float, bool]:
     """The largest W over the profile's tasks at this batch size: measured where a trace is current."""
     ws = []
     for task in P.tasks:
@@ -183,7 +183,7 @@ def check_tensors(index: TensorIndex, cfg) -> None:
             raise DoctorError(f"{path.name}: tensor {name} has shape {list(have)}, expected {list(shape)}")
 
 
-def check(P: Profile, gpu_memory_gb: float | None = None) -> Report:
+def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
     """Everything a run of profile P needs, against this machine (or the stated GPU memory)."""
     if P.model is None:
         raise DoctorError(f"profile {P.name!r} has model: null: pass --model DIR (a LLaDA2.0 checkpoint directory)")

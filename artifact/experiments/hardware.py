@@ -7,7 +7,7 @@
                  H200 (data/gpu_check/h200.json); peak compute and memory from the datasheet.
   cpu-emulated   the cpu profile: the emulated link's constants (PCIe 4 scaled to the expert's size) and the
                  tiny model's offloaded compute and host time per copy, measured on this CPU
-                 (perf_model.cpu_emulated; validate_cpu measures them again in its own session).
+                 (performance_model.cpu_emulated; validate_cpu measures them again in its own session).
 
 A gpu_check JSON report (`from_gpu_check`) overrides what it measures: the H2D rate of expert copies from
 a registered store, the host time per launch, the launches per layer and the host time per copy.
@@ -34,7 +34,7 @@ from artifact.offload.link import PCIE4_GBPS, PCIE_LATENCY_US
 from artifact.paths import repo_root
 
 GPU_CHECK_H200 = "gpu_check/h200.json"      # under data/: the report the h200 profile's measured numbers are from
-GPU_CHECK_GRAPHS = "gpu_check/h200_graphs.json"    # under data/: scripts/gpu_check.sh graphs on an H200 (issue 30)
+GPU_CHECK_GRAPHS = "gpu_check/h200_graphs.json"    # under data/: scripts/gpu_check.sh graphs on an H200
 # What the graphs check measures for the model: the graphs-on host costs in Hardware's terms and the GPU compute
 # of a resident forward per batch size (ms, CUDA events).
 GRAPHS_FIGURES = ("launch_us", "kernels_per_layer", "copy_host_us", "gpu_forward_ms")
@@ -87,7 +87,7 @@ SOURCES: dict[str, dict[str, str]] = {
         "h2d_gbps": "the emulated link: PCIe 4 (offload/link.py PCIE4_GBPS) scaled to the expert's size "
                     "(emulated_bandwidth_gbps)",
         "copy_latency_us": "the emulated link's PCIE_LATENCY_US",
-        "expert_us": "perf_model.cpu_emulated on this 2-core machine, batch 1 (2026-12-04): "
+        "expert_us": "performance_model.cpu_emulated on this 2-core machine, batch 1 (2026-12-04): "
                      "python benchmarks/validate_model.py --calibrate; the offloaded engine's compute on a link too "
                      "fast to wait on, split by stream.calibrate's share of expert time",
         "other_us_per_demand": "the same measurement: the rest of the compute per (forward, MoE layer)",

@@ -37,7 +37,7 @@ from artifact.experiments.claims_table import update_readme
 from artifact.experiments.settings import (
     PROFILE_DIR,
     PROFILE_KEYS,
-    Profile,
+    Settings,
     load_profile,
     profile_path,
 )
@@ -112,7 +112,7 @@ def injected_parameters(paths: list[Path], profile_arg: str, overrides: dict | N
     return {path: {"profile": profile_arg, "overrides": dict(overrides or {})} for path in paths}
 
 
-def settings_of(P: Profile) -> dict:
+def settings_of(P: Settings) -> dict:
     """The profile's values (no file path): what an executed notebook records and complete() compares."""
     values = P.as_dict()
     return {k: values[k] for k in PROFILE_KEYS}
@@ -351,8 +351,9 @@ def store_outputs(profile: str, overrides: dict, outcomes: list[Outcome], notebo
     data and the claim record it saved (in the run's ignored folders, claims.figures_dir and run_data_dir)
     are copied to figures/<profile>/ and data/results/<profile>/ (under `reference` when given, else the
     checkout), and on the cpu profile its claim cells' outputs into the source notebook (what nbval
-    compares); then the README's claims table is generated again. A reference is a profile's own settings:
-    refused with --set overrides, and on the cpu profile with --model. False when nothing was stored."""
+    compares); then the claims tables (README, docs/claims.md) are generated again. A reference is a
+    profile's own settings: refused with --set overrides, and on the cpu profile with --model. False when
+    nothing was stored."""
     if any(o.status == "FAILED" for o in outcomes):
         log("--store: some notebooks failed; their stored outputs are left as they were")
     P = load_profile(profile, {k: v for k, v in overrides.items() if k == "model"})
@@ -382,7 +383,7 @@ def store_outputs(profile: str, overrides: dict, outcomes: list[Outcome], notebo
             store_claim_outputs((Path(results) / "cpu" if results else run_dir(P)) / f"{name}.ipynb",
                                 directory / f"{name}.ipynb")
         log(f"stored claim outputs into {short_path(directory)}")
-    if notebooks is None and reference is None:    # the checkout's own notebooks: its README's table follows them
+    if notebooks is None and reference is None:    # the checkout's own notebooks: its claims tables follow them
         readme = repo_root() / "README.md"
         changed = update_readme(readme, "cpu")
         log(f"{readme.name}: the claims table {'rewritten from the stored records' if changed else 'unchanged'}")

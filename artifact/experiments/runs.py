@@ -14,10 +14,10 @@ import torch
 from tqdm.auto import tqdm
 
 from artifact.experiments.bench import run_bench
+from artifact.experiments.bench.grid import cell_keys, grid
+from artifact.experiments.bench.results import bench_fingerprint, read_rows
 from artifact.experiments.claims import results_dir, traces_dir
-from artifact.experiments.grid import cell_keys, grid
-from artifact.experiments.results import bench_fingerprint, read_rows
-from artifact.experiments.settings import Profile, fingerprint, load_profile
+from artifact.experiments.settings import Settings, fingerprint, load_profile
 from artifact.model.checkpoint import Loaded
 from artifact.model.tasks import prompts, select
 from artifact.offload.prepare import prepare
@@ -25,7 +25,7 @@ from artifact.offload.runner import OffloadSpec, expert_bytes, run
 from artifact.offload.trace import Trace, TraceError
 
 
-def setup(profile: str, overrides: dict | None = None) -> Profile:
+def setup(profile: str, overrides: dict | None = None) -> Settings:
     """The profile with `overrides` laid over it (a bad key or value fails here, naming it), and torch's
     thread count set from it."""
     P = load_profile(profile, overrides)
@@ -40,7 +40,7 @@ def setup(profile: str, overrides: dict | None = None) -> Profile:
 _LOADED: dict[tuple, Loaded] = {}      # (model, dtype, device, resident) -> the model; the last two
 
 
-def load_model(P: Profile, resident: bool | None = None) -> Loaded:
+def load_model(P: Settings, resident: bool | None = None) -> Loaded:
     """The profile's checkpoint, loaded once per process and residency (experts resident unless traces are
     offloaded, or as `resident` says). Every call first runs the checks that need no weights
     (artifact.offload.prepare, as generate, trace and the bench's ModelRunner do)."""
@@ -57,7 +57,7 @@ def load_model(P: Profile, resident: bool | None = None) -> Loaded:
     return loaded
 
 
-def offload_spec(P: Profile, loaded, capacity: int, policy: str = "demand") -> OffloadSpec:
+def offload_spec(P: Settings, loaded, capacity: int, policy: str = "demand") -> OffloadSpec:
     """The one place the claim modules turn a profile into a run spec."""
     return OffloadSpec.from_settings(P, capacity, policy, expert_bytes=expert_bytes(loaded))
 
@@ -70,16 +70,16 @@ TRACE_SETTINGS = ("model", "dtype", "device", "link", "latency_us", "link_gbps",
                   "threshold", "trace_n_prompts", "seed", "max_prompt_tokens", "trace_capacity")
 
 
-def trace_path(P: Profile, task: str, batch_size: int) -> Path:
+def trace_path(P: Settings, task: str, batch_size: int) -> Path:
     return traces_dir(P) / f"{task}-b{batch_size}.safetensors"
 
 
-def trace_current(P: Profile, task: str, batch_size: int) -> bool:
+def trace_current(P: Settings, task: str, batch_size: int) -> bool:
     """A trace file for (task, batch size) exists and was made with this profile's settings."""
     return current_trace(P, task, batch_size) is not None
 
 
-def current_trace(P: Profile, task: str, batch_size: int) -> Trace | None:
+def current_trace(P: Settings, task: str, batch_size: int) -> Trace | None:
     """The stored trace for (task, batch size) when one exists and was made with this profile's settings
     (fingerprint of TRACE_SETTINGS, the same prompts, the same batch size); None when it is missing,
     unreadable or of other settings (it is then recorded again)."""
@@ -96,7 +96,7 @@ def current_trace(P: Profile, task: str, batch_size: int) -> Trace | None:
         else None
 
 
-def traces(P: Profile, progress: bool = True) -> list[Trace]:
+def traces(P: Settings, progress: bool = True) -> list[Trace]:
     """One trace per (trace task, trace batch size), from data/traces/<profile>/ when one there was
     made with this profile's settings (current_trace), else recorded (resident, or offloaded at
     trace_capacity) and saved atomically. The model is loaded only when something is recorded."""
@@ -111,7 +111,7 @@ def traces(P: Profile, progress: bool = True) -> list[Trace]:
     return [out[j] for j in jobs]
 
 
-def record_trace(P: Profile, task: str, batch_size: int) -> Trace:
+def record_trace(P: Settings, task: str, batch_size: int) -> Trace:
     loaded = load_model(P)
     ids, ps = prompts(loaded.tokenizer, task, P.trace_n_prompts, P.seed, P.max_prompt_tokens)
     spec = None
@@ -128,7 +128,7 @@ def trace_label(t: Trace) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Benchmark grids (03, 04, 05)
 # ---------------------------------------------------------------------------------------------
-def bench_file(P: Profile, stem: str = "bench") -> Path:
+def bench_file(P: Settings, stem: str = "bench") -> Path:
     """data/results/<profile>/<stem>.csv, or <stem>-<fingerprint>.csv when that file holds runs made
     under other settings (so an old result file is never mixed with, nor blocks, this one)."""
     path = results_dir(P) / f"{stem}.csv"
@@ -142,7 +142,7 @@ def bench_file(P: Profile, stem: str = "bench") -> Path:
     return path
 
 
-def run_grid(P: Profile, stem: str = "bench", progress: bool = True, log=print):
+def run_grid(P: Settings, stem: str = "bench", progress: bool = True, log=print):
     """run_bench on the profile's grid into bench_file(P, stem): resumes, skips finished cells."""
     loaded = load_model(P) if P.model else None
     rows = run_bench(P, bench_file(P, stem), loaded=loaded, progress=progress, log=log)

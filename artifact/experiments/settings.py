@@ -36,7 +36,7 @@ from artifact.offload.prepare import RunRequest
 from artifact.offload.timeline import CLOCKS, PRIORITIES
 from artifact.validate import check_number
 
-__all__ = ["PROFILE_DIR", "PROFILE_KEYS", "Profile", "ProfileError", "Settings", "fingerprint", "list_profiles",
+__all__ = ["PROFILE_DIR", "PROFILE_KEYS", "ProfileError", "Settings", "fingerprint", "list_profiles",
            "load_profile", "parse_override", "profile_path", "resolve_threads"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -175,8 +175,6 @@ class Settings:
         return self.dtype or ("float32" if self.model == "tiny" else "bfloat16")
 
 
-Profile = Settings          # the name the rest of the code (and the notebooks) grew up with
-
 PROFILE_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Settings) if not f.metadata.get("internal"))
 _TYPES = typing.get_type_hints(Settings)
 
@@ -201,7 +199,7 @@ RANGES: dict[str, dict] = {
 def resolve_threads(threads: int | None, model: str | None, device: str) -> int:
     """The torch intra-op thread count a run uses: `threads` when given; otherwise 1 when the work is the
     tiny model on the CPU, or no model at all (its matmuls are a few KiB: a second thread only adds
-    OpenMP spin-waiting, which on 2 shared cores made `generate` 27 s instead of 1.2 s), and torch's
+    OpenMP spin-waiting; the slowdown measured is beside the torch_threads field), and torch's
     default (one per core) for a real checkpoint or a GPU, where large kernels gain from threads."""
     if threads is not None:
         return check_number("torch_threads", threads, **_THREADS)
@@ -419,7 +417,7 @@ def _check_slurm(value, src: str) -> SlurmSettings:
     return SlurmSettings(**value)
 
 
-def _check_values(p: Settings, origin: dict) -> None:
+def _check_values(P: Settings, origin: dict) -> None:
     """Ranges and choices, each error naming the key, the file it came from and the valid values."""
     def src(key):
         return origin.get(key, DEFAULTS_ORIGIN)
@@ -428,7 +426,7 @@ def _check_values(p: Settings, origin: dict) -> None:
         raise ProfileError(f"{src(key)}: {key} {msg}")
 
     for key, rng in RANGES.items():
-        value = getattr(p, key)
+        value = getattr(P, key)
         nullable = type(None) in typing.get_args(_TYPES[key])
         for v in (value if isinstance(value, tuple) else (value,)):
             if v is None and nullable:
@@ -448,32 +446,32 @@ def _check_values(p: Settings, origin: dict) -> None:
             if v not in valid:
                 fail(key, f"has unknown value {v!r}; choose from {list(valid)}")
 
-    choices("device", [p.device.split(":")[0]], ("cpu", "cuda"))
-    choices("link", [p.link], LINKS)
-    choices("link_priority", [p.link_priority], PRIORITIES)
-    choices("clock", [p.clock], CLOCKS)
-    choices("graphs", [p.graphs], GRAPH_MODES)
-    choices("hardware", [p.hardware], sorted(HARDWARE))
-    choices("mode", [p.mode], MODES)
-    choices("tasks", p.tasks, TASKS)
-    choices("trace_tasks", p.trace_tasks, TASKS)
+    choices("device", [P.device.split(":")[0]], ("cpu", "cuda"))
+    choices("link", [P.link], LINKS)
+    choices("link_priority", [P.link_priority], PRIORITIES)
+    choices("clock", [P.clock], CLOCKS)
+    choices("graphs", [P.graphs], GRAPH_MODES)
+    choices("hardware", [P.hardware], sorted(HARDWARE))
+    choices("mode", [P.mode], MODES)
+    choices("tasks", P.tasks, TASKS)
+    choices("trace_tasks", P.trace_tasks, TASKS)
     for key, engine in (("sim_policies", False), ("policies", True)):
-        for spec in getattr(p, key):
+        for spec in getattr(P, key):
             try:
                 check_policy(spec, engine=engine)
             except SettingError as e:
                 fail(key, f"has {spec!r}: {e}")
-    if p.dtype is not None:
-        choices("dtype", [p.dtype], list(DTYPES))
-    if p.link == "cuda" and not p.device.startswith("cuda"):
-        fail("link", f"'cuda' computes on the GPU, but device is {p.device!r}; use link: emulated on the CPU")
+    if P.dtype is not None:
+        choices("dtype", [P.dtype], list(DTYPES))
+    if P.link == "cuda" and not P.device.startswith("cuda"):
+        fail("link", f"'cuda' computes on the GPU, but device is {P.device!r}; use link: emulated on the CPU")
     for key in ("bandwidth_scales", "throttle_scales"):
-        if p.link == "cuda" and max(getattr(p, key)) > 1:
-            fail(key, f"above 1 ({max(getattr(p, key))}) cannot speed up real hardware; "
+        if P.link == "cuda" and max(getattr(P, key)) > 1:
+            fail(key, f"above 1 ({max(getattr(P, key))}) cannot speed up real hardware; "
                       "on the cuda link use scales <= 1 (a cap)")
-    if p.n_prompts < max(p.batch_sizes):
-        fail("n_prompts", f"= {p.n_prompts} cannot fill a batch of {max(p.batch_sizes)} (batch_sizes); "
-                          f"give at least {max(p.batch_sizes)}")
-    if p.trace_n_prompts < max(p.trace_batch_sizes):
-        fail("trace_n_prompts", f"= {p.trace_n_prompts} cannot fill a batch of {max(p.trace_batch_sizes)} "
-                                f"(trace_batch_sizes); give at least {max(p.trace_batch_sizes)}")
+    if P.n_prompts < max(P.batch_sizes):
+        fail("n_prompts", f"= {P.n_prompts} cannot fill a batch of {max(P.batch_sizes)} (batch_sizes); "
+                          f"give at least {max(P.batch_sizes)}")
+    if P.trace_n_prompts < max(P.trace_batch_sizes):
+        fail("trace_n_prompts", f"= {P.trace_n_prompts} cannot fill a batch of {max(P.trace_batch_sizes)} "
+                                f"(trace_batch_sizes); give at least {max(P.trace_batch_sizes)}")

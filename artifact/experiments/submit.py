@@ -39,13 +39,14 @@ import torch
 from tqdm.auto import tqdm
 
 from artifact.errors import UserError
-from artifact.experiments import capacity, head_to_head, runs, throttle
+from artifact.experiments import runs
 from artifact.experiments.bench import run_bench
-from artifact.experiments.grid import Cell, cell_keys, grid, shard_cells, shard_file
-from artifact.experiments.model_runner import usable_core_ids, usable_cores
-from artifact.experiments.results import finished_cells, merge, read_rows
+from artifact.experiments.bench.grid import Cell, cell_keys, grid, shard_cells, shard_file
+from artifact.experiments.bench.model_runner import usable_core_ids, usable_cores
+from artifact.experiments.bench.results import finished_cells, merge, read_rows
 from artifact.experiments.runs import trace_current
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
+from artifact.experiments.studies import bandwidth_throttling, capacity_sweep, tide_head_to_head
 from artifact.paths import atomic_write_text, repo_root
 
 BACKENDS = ("local", "slurm")
@@ -58,22 +59,22 @@ class SubmitError(UserError):
     """A submission that cannot go ahead, or jobs that failed (the message says which and what to do)."""
 
 
-def jobs_dir(P: Profile) -> Path:
+def jobs_dir(P: Settings) -> Path:
     return repo_root() / "results" / P.name / "jobs"
 
 
 # ---------------------------------------------------------------------------------------------
 # Trace recording: the one place that calls the experiments' trace functions (their module may move)
 # ---------------------------------------------------------------------------------------------
-def trace_jobs(P: Profile) -> list[tuple[str, int]]:
+def trace_jobs(P: Settings) -> list[tuple[str, int]]:
     return [(t, b) for t in P.trace_tasks for b in P.trace_batch_sizes]
 
 
-def _one_trace(P: Profile, task: str, batch_size: int) -> Profile:
+def _one_trace(P: Settings, task: str, batch_size: int) -> Settings:
     return dataclasses.replace(P, trace_tasks=(task,), trace_batch_sizes=(batch_size,))
 
 
-def record_traces(P: Profile, pairs: list[tuple[str, int]], pin_cpu: int | None = None) -> int:
+def record_traces(P: Settings, pairs: list[tuple[str, int]], pin_cpu: int | None = None) -> int:
     """The job of trace-all: record (or find current) the traces of these (task, batch size) pairs."""
     _pin(pin_cpu)
     for task, b in pairs:
@@ -94,7 +95,7 @@ def _pin(cpu: int | None) -> None:
     torch.set_num_threads(1)
 
 
-def run_shard(P: Profile, shard: tuple[int, int], out: Path, skip: frozenset, pin_cpu: int | None = None) -> int:
+def run_shard(P: Settings, shard: tuple[int, int], out: Path, skip: frozenset, pin_cpu: int | None = None) -> int:
     """The job of one bench shard: run_bench into its own file, skipping the target's finished cells."""
     _pin(pin_cpu)
     rows = run_bench(P, out, shard, progress=False, skip=skip, log=lambda s: print(s, flush=True))
@@ -112,7 +113,7 @@ class Resumable(submitit.helpers.Checkpointable):
         return self.fn(*args)
 
 
-def make_executor(backend: str, P: Profile, folder: Path, count: int, name: str):
+def make_executor(backend: str, P: Settings, folder: Path, count: int, name: str):
     """A submitit executor for `count` jobs, its parameters checked by submitit."""
     if backend == "local":
         ex = submitit.LocalExecutor(folder=folder)
@@ -132,7 +133,7 @@ def make_executor(backend: str, P: Profile, folder: Path, count: int, name: str)
     return ex
 
 
-def slurm_parameters(P: Profile, count: int, name: str) -> dict:
+def slurm_parameters(P: Settings, count: int, name: str) -> dict:
     """sbatch parameters (submitit's names) of a `count`-task job array, from the profile's slurm section."""
     s = P.slurm
     params = {"job_name": f"artifact-{P.name}-{name}", "time": s.time_minutes, "cpus_per_task": s.cpus_per_task,
@@ -151,7 +152,7 @@ def slurm_parameters(P: Profile, count: int, name: str) -> dict:
     return params
 
 
-def local_slots(P: Profile, count: int) -> list[dict]:
+def local_slots(P: Settings, count: int) -> list[dict]:
     """Per local job: the GPU it sees (cuda profiles) or the core it is pinned to (cpu). One GPU or core each,
     since jobs sharing one would distort each other's timings."""
     if P.device.startswith("cuda"):
@@ -170,7 +171,7 @@ def local_slots(P: Profile, count: int) -> list[dict]:
     return [{"gpu": None, "cpu": cores[i]} for i in range(count)]
 
 
-def _submit(backend: str, P: Profile, folder: Path, name: str, fn, arglists: list[tuple], labels: list[str]) -> list:
+def _submit(backend: str, P: Settings, folder: Path, name: str, fn, arglists: list[tuple], labels: list[str]) -> list:
     """One job per argument tuple: a job array on slurm, pinned processes locally. A local job's
     arguments end with its pin_cpu (None on a GPU)."""
     check_not_running(folder)
@@ -328,7 +329,7 @@ def _cells_in(path: Path) -> set[tuple]:
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class BenchPlan:
-    P: Profile
+    P: Settings
     target: Path
     n: int
     skip: frozenset                      # cells complete in the target
@@ -354,7 +355,7 @@ class BenchPlan:
         return shlex.join(args + (["--force"] if self.target.is_file() else []))
 
 
-def plan_bench(P: Profile, target: Path, n: int) -> BenchPlan:
+def plan_bench(P: Settings, target: Path, n: int) -> BenchPlan:
     """What a submission of n shards into `target` has left to do; refuses files that would collide."""
     if n < 1:
         raise SubmitError(f"--shards must be >= 1, got {n}")
@@ -381,7 +382,7 @@ def plan_bench(P: Profile, target: Path, n: int) -> BenchPlan:
     return BenchPlan(P, target, n, frozenset(in_target), todo)
 
 
-def submit_bench(P: Profile, target: Path, n: int, backend: str, wait: bool = True, folder: Path | None = None,
+def submit_bench(P: Settings, target: Path, n: int, backend: str, wait: bool = True, folder: Path | None = None,
                  rerun: str = "", poll_s: float = POLL_S, progress: bool = True, log=print) -> BenchPlan:
     """Submit the shards that have cells left, then (wait) watch, report failures, merge into the target."""
     plan = plan_bench(P, target, n)
@@ -431,7 +432,7 @@ def submit_bench(P: Profile, target: Path, n: int, backend: str, wait: bool = Tr
 # ---------------------------------------------------------------------------------------------
 # Traces
 # ---------------------------------------------------------------------------------------------
-def submit_traces(P: Profile, backend: str, jobs: int | None = None, wait: bool = True, folder: Path | None = None,
+def submit_traces(P: Settings, backend: str, jobs: int | None = None, wait: bool = True, folder: Path | None = None,
                   rerun: str = "", poll_s: float = POLL_S, progress: bool = True, log=print) -> list[tuple[str, int]]:
     """Record the profile's missing traces: slurm: one job per (task, batch size); local: `jobs` processes
     (default: one per GPU or core) taking the pairs round robin. Returns the pairs that were missing."""
@@ -460,7 +461,7 @@ def submit_traces(P: Profile, backend: str, jobs: int | None = None, wait: bool 
     return todo
 
 
-def local_capacity(P: Profile) -> int:
+def local_capacity(P: Settings) -> int:
     """How many local jobs this machine runs side by side: its GPUs (cuda profiles) or cores."""
     if P.device.startswith("cuda"):
         return max(1, torch.cuda.device_count())
@@ -470,14 +471,14 @@ def local_capacity(P: Profile) -> int:
 # ---------------------------------------------------------------------------------------------
 # Every heavy stage of the notebooks (./run_all.sh PROFILE --submit ...)
 # ---------------------------------------------------------------------------------------------
-def bench_stages(P: Profile) -> list[tuple[Profile, Path]]:
+def bench_stages(P: Settings) -> list[tuple[Settings, Path]]:
     """The grids the notebooks run (04 bench, 03 throttling, 05 TIDE-style), each with the file they read."""
-    grids = [(P, capacity.STEM), (throttle.throttle_profile(P), throttle.STEM),
-             (head_to_head.tide_style_profile(P), head_to_head.STEM)]
+    grids = [(P, capacity_sweep.STEM), (bandwidth_throttling.throttle_profile(P), bandwidth_throttling.STEM),
+             (tide_head_to_head.tide_style_profile(P), tide_head_to_head.STEM)]
     return [(g, runs.bench_file(g, stem)) for g, stem in grids]
 
 
-def run_jobs(P: Profile, backend: str, shards: int, folder: Path | None = None, rerun: str = "",
+def run_jobs(P: Settings, backend: str, shards: int, folder: Path | None = None, rerun: str = "",
              poll_s: float = POLL_S, progress: bool = True, log=print) -> None:
     """Traces, then each bench grid, as jobs; each waited for (and merged) before the next, so local jobs
     never share a GPU or core."""

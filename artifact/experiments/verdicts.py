@@ -37,8 +37,8 @@ METHOD = f"{paper.CONFIDENCE:.0%} t interval over pairs"
 # resident and never evicts for them, so on every cell it does exactly demand's work (every count equal:
 # tests/test_beyond.py, tests/test_priority.py). Its time against demand's measures the bench's own bias.
 CONTROL = "last_step_conservative"
-# A GPU cell whose host ms per forward exceed this share of its wall ms is host-bound: issue 30 measured the H200
-# engine at 74-100%, where a policy comparison compares host work, not transfers.
+# A GPU cell whose host ms per forward exceed this share of its wall ms is host-bound: the first H200 runs of
+# scripts/gpu_check.py measured the engine at 74-100%, where a policy comparison compares host work, not transfers.
 HOST_BOUND = 0.5
 
 

@@ -1,54 +1,12 @@
-"""The true floor: a relaxed MIN, a lower bound on the expert loads of every demand-paging cache of C
-slots per layer, and a real C-slot schedule that bounds the C-slot optimum from above.
-
-Two floors, under two sets of rules (both simulator only, both need the whole trace):
-
-  belady (policies.py)  the floor under *this cache's* rules: a demanded expert stays resident until the
-                        demand is done (|D| <= C: all of D is resident afterwards), and a demand larger
-                        than C first evicts every non-demanded resident, then streams through C slots.
-  min (this module)     a floor for *any* demand-paging schedule with C slots per layer.
-
-The schedules. Each MoE layer is an independent cache; its demands D(1), D(2), ... arrive in trace
-order. A schedule serves each demand's experts one at a time, in any order (within one (step, layer)
-demand the order is free); an expert is computed from a slot; a non-resident one is loaded into a slot
-(a miss), evicting any resident: an expert of the same demand that is already computed, one not
-demanded at all, even one the demand still needs (it is then loaded again). Nothing is loaded before it
-is needed (demand paging); every load counts. A prefetcher's loads can always be postponed to their
-first use without adding loads (the classic lazy-paging argument), so a floor on demand paging is also
-a floor on misses + speculative transfers of every prefetching policy.
-
-What `min` is the minimum of: the loads of such schedules when each demand may also use one extra,
-streaming slot that is released when the demand ends (a miss may be computed without keeping it).
-Every C-slot schedule is one of these, so min <= the C-slot optimum <= belady, and min <= every policy
-under the cache's rules (demand, interval_refresh). With the streaming slot, serving D from residents S
-costs |D - S| loads and can leave *any* subset of S | D of at most C experts resident (hits first, then
-the misses through the streaming slot and the slots of whatever is not kept). The greedy keeps the C
-experts of S | D whose next use (the next demand of this layer that asks for them) is soonest.
-
-Why nothing does better, by induction over demands. Every schedule pays at least |D - S| for D, and
-ends in a state T within S | D of at most C experts (extra loads only add to its cost). The greedy's
-state G is element-wise no later than T in next use. Belady's exchange argument holds for set demands:
-a state that holds x where another holds y, with x next demanded no later than y, never needs more
-future loads (mimic the other schedule with x in y's role: if x comes first, the mimic saves that load
-and owes at most one when y comes; if both come in the same demand, both pay one and the mimic can then
-take the other's state), and a superset of a state never needs more. Swapping T into G one expert at a
-time, G's future costs no more than T's. At C = E only compulsory misses remain (one per distinct
-(layer, expert)).
-
-Within exactly C slots the last expert loaded for a demand still holds its slot when the demand ends, so
-the end state must hold a miss of D (or leave a slot free). `min_schedule` is the greedy with that rule
-(hits first, misses loaded in order of decreasing next use, each evicting the resident needed farthest:
-the miss needed soonest is loaded last and stays): a real C-slot schedule, so
+"""The true floor: `relaxed_min`, a lower bound on the expert loads of every demand-paging cache of C slots
+per layer (a relaxed MIN: each demand may also use one streaming slot), and `min_schedule`, a real C-slot
+schedule that bounds the C-slot optimum from above:
 
     relaxed_min <= the C-slot optimum <= min(min_schedule, belady).
 
-They can differ (tests/test_bounds.py has a three-demand example); on the traces measured so far they
-coincide, so there min is the C-slot optimum. The tests check both against an exhaustive search.
-Next-use ties are broken by expert id (deterministic); with the streaming slot they cannot change the
-count, without it they can (why min_schedule is an upper bound, not the optimum).
-
-Counts use the keys of `sim.replay`; `by_phase=True` splits them into prefill (prefill forwards),
-first (a denoising block's step 0) and later (its other steps).
+What the schedules are, why the greedy is optimal with the streaming slot (Belady's exchange argument for
+set demands) and where the two differ: docs/bounds.md. Counts use the keys of `sim.replay`; `by_phase=True`
+splits them into prefill (prefill forwards), first (a denoising block's step 0) and later (its other steps).
 """
 from __future__ import annotations
 

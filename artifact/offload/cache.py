@@ -31,7 +31,7 @@ import numpy as np
 
 from artifact.errors import SettingError
 from artifact.offload.eviction import Eviction
-from artifact.offload.policies import Policy
+from artifact.offload.policies import Policy, Prediction
 
 EMPTY = -1
 PHASES = ("prefill", "first", "later")
@@ -233,14 +233,13 @@ class ExpertCache:
         self._slots = np.arange(capacity, dtype=np.int64)           # slot ids, sliced for free slots
         self._slots.flags.writeable = False
         self._keep = np.zeros(num_experts, dtype=bool)              # scratch mark for oversized demands
-        # The eviction hooks, resolved once: a policy that overrides one decides it (belady,
+        # The eviction hooks, resolved once (the one dispatch): a policy that defines one decides it (belady,
         # interval_refresh's keep order), else its eviction policy does (policy.eviction: LRU unless the
         # spec named one). Fast paths: the LRU keep order is computed inline, and victims come from
         # eviction keys unless the deciding object orders candidates itself.
-        ev, kind = policy.eviction, type(policy)
+        ev = policy.eviction
         ev.attach(capacity)
-        own = {h: getattr(kind, h) is not getattr(Policy, h) for h in ("keep_order", "victim_keys", "touch",
-                                                                         "victim_order")}
+        own = {h: policy.decides(h) for h in ("keep_order", "victim_keys", "touch", "victim_order")}
         self._keep_order = policy.keep_order if own["keep_order"] else ev.keep_order
         self._victim_keys = policy.victim_keys if own["victim_keys"] else ev.victim_keys
         self._touch = policy.touch if own["touch"] else ev.touch
@@ -277,9 +276,13 @@ class ExpertCache:
             pol.predicted = predicted
         guess = pol.predict(i, experts, counts, step)
         pol.advance()
-        if guess is None or guess[0] == i:             # never prefetch into the layer being computed
+        if guess is None:
             return plan, None
-        return plan, self._plan_prefetch(guess[0], guess[1], guess[2] if len(guess) > 2 else None, phase)
+        if type(guess) is not Prediction:
+            guess = Prediction(*guess)                 # a policy may return a plain tuple
+        if guess.target == i:                          # never prefetch into the layer being computed
+            return plan, None
+        return plan, self._plan_prefetch(guess.target, guess.experts, guess.counts, phase)
 
     def finish(self) -> CacheCounts:
         """End of run: prefetched experts never used count as wasted (in their issuing phase)."""

@@ -113,7 +113,7 @@ register_eviction(Eviction)
 class TokenLRU(Eviction):
     """LRU whose order within one demand is its token counts: the expert with the most tokens becomes the
     most recent, and an oversized demand keeps its C most used experts (ties: ascending id). Source: this
-    artifact (issue 25), from the observation that a step's token count predicts the next step's use;
+    artifact, from the observation that a step's token count predicts the next step's use;
     reverse=true orders fewest tokens most recent, the control that shows what the counts carry."""
 
     name = "token_lru"
@@ -242,7 +242,7 @@ class LRFU(_ScoredEviction):
 
 @register_eviction
 class BlockTokens(_ScoredEviction):
-    """Diffusion-aware (this artifact's own design, issue 25): a block is denoised by repeated forwards over
+    """Diffusion-aware (this artifact's own design): a block is denoised by repeated forwards over
     the same positions, so the experts that the current block's earlier steps used are the likeliest to be
     used again before the block ends. The score is the tokens an expert has served in the current block so
     far (this step included); the lowest goes first, ties by LRU. A new block (a prefill forward, or a

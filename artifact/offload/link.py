@@ -155,7 +155,7 @@ def scaled_chunk_bytes(expert_bytes: int) -> int:
 class EmulatedLink:
     kind = "emulated"
 
-    # priority/chunk_bytes/speculative: the demand-priority link (issue 13), see offload/timeline.py.
+    # priority/chunk_bytes/speculative: the demand-priority link, see offload/timeline.py.
     def __init__(self, bandwidth_gbps: float, latency_us: float = PCIE_LATENCY_US,
                  cap_gbps: float | None = None, clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep, priority: str = "fifo",

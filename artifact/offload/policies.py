@@ -26,7 +26,7 @@ engine_ok, needs_prediction, summary) and takes the options from the constructor
 from __future__ import annotations
 
 import inspect
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -36,24 +36,30 @@ from artifact.offload.eviction import EVICTIONS, LRU, Eviction
 EMPTY_EXPERTS = np.zeros(0, dtype=np.int64)
 
 
-def rank_by_tokens(experts: np.ndarray, counts: np.ndarray, num_experts: int) -> np.ndarray:
-    """Experts most tokens first, ties by ascending id (one argsort over a unique integer key)."""
-    return experts[(experts - counts * num_experts).argsort()]
+class Prediction(NamedTuple):
+    """What `Policy.predict` asks the cache to make resident in layer `target`: `experts` ranked most wanted
+    first, or, with `counts` (their token counts), ranked by count (most first, then id) by the cache, and
+    only when something is to load. A plain (target, experts[, counts]) tuple is read the same way."""
+    target: int
+    experts: np.ndarray
+    counts: np.ndarray | None = None
 
 
 class Policy:
     """Base: LRU eviction, no prefetch. Per-layer state is indexed by the MoE position i.
 
-    Hooks (override to make a policy; each has a cheap default):
+    Hooks (override to make a policy):
       observe(i, experts, counts, step)             every demand, before it is planned
+      predict(i, experts, counts, step)             a Prediction (target layer, experts[, token counts]),
+                                                    or None
+      advance()                                     after each demand
+    Eviction hooks, defined only by a policy that decides eviction itself (belady; interval_refresh's keep
+    order); otherwise its eviction policy (`self.eviction`, eviction.py) decides, and ExpertCache resolves
+    each hook once, at construction (the one dispatch):
       keep_order(i, experts, counts, hit, step)     demanded experts least worth keeping first
-      victim_keys(i, residents)                     eviction keys, lowest evicted first (or override
+      victim_keys(i, residents)                     eviction keys, lowest evicted first (or define
                                                     victim_order(i, candidates) to order them yourself)
       touch(i, ordered)                             record uses, the later the more recent
-      predict(i, experts, counts, step)             (target layer, experts ranked most wanted first),
-                                                    (target layer, experts, token counts) to be ranked by
-                                                    count (most first, then id) only if needed, or None
-      advance()                                     after each demand
     `experts` are ascending int64 arrays and `counts` their token counts; `step` is the model's
     StepInfo (.forward, .block, .block_step, .kind). Subclass options are keyword parameters of
     __init__ with defaults (they become the policy's spec options).
@@ -73,31 +79,12 @@ class Policy:
         self.position = 0          # index of the current event in the demand stream
         self.predicted = None      # the current demand's (experts, counts) prediction; set when needs_prediction
 
-    # --- eviction: delegated to self.eviction (eviction.py) unless a subclass decides itself -----
-    def victim_keys(self, i: int, residents: np.ndarray) -> np.ndarray:
-        """A new int64 array of eviction keys for residents of layer i, distinct among residents: the
-        lowest is evicted first. By default the eviction policy's (LRU: the last use)."""
-        return self.eviction.victim_keys(i, residents)
+    def decides(self, hook: str) -> bool:
+        """Whether this policy's class defines the eviction hook `hook` itself (else self.eviction decides)."""
+        return hasattr(type(self), hook)
 
-    def victim_order(self, i: int, candidates: np.ndarray) -> np.ndarray:
-        """Non-demanded resident experts of layer i, the first to evict first. Derived from victim_keys;
-        a policy may override this instead (the cache then calls it, at some cost in speed)."""
-        return candidates[self.victim_keys(i, candidates).argsort(kind="stable")]
-
-    def keep_order(self, i: int, experts: np.ndarray, counts: np.ndarray, hit: np.ndarray, step) -> np.ndarray:
-        """The demanded experts ordered least-worth-keeping first; when the demand outgrows the cache,
-        the last C stay resident. By default the eviction policy's (LRU: hits then misses, each ascending)."""
-        return self.eviction.keep_order(i, experts, counts, hit, step)
-
-    def touch(self, i: int, ordered: np.ndarray) -> None:
-        """Record uses in order (the later, the more recent). By default the eviction policy's."""
-        self.eviction.touch(i, ordered)
-
-    # --- prefetch ------------------------------------------------------------------------------
-    def predict(self, i: int, experts: np.ndarray, counts: np.ndarray, step) -> tuple[int, np.ndarray] | None:
-        """Called when layer i's demand is known (before it computes). Return (target layer, experts
-        ranked most wanted first) or (target layer, experts, token counts) to load speculatively, or
-        None. With counts, the cache ranks by count (most first, then id) only when something is to load."""
+    def predict(self, i: int, experts: np.ndarray, counts: np.ndarray, step) -> Prediction | None:
+        """Called when layer i's demand is known (before it computes): what to load speculatively, or None."""
         return None
 
     def observe(self, i: int, experts: np.ndarray, counts: np.ndarray, step) -> None:
@@ -127,7 +114,7 @@ class LastStep(Policy):
         self.last[i] = (experts, counts)
         if seen is None:
             return None
-        return target, seen[0], seen[1]
+        return Prediction(target, seen[0], seen[1])
 
 
 class LastStepConservative(LastStep):
@@ -163,7 +150,7 @@ class CrossLayer(Policy):
                 f"{i}) has none: run the model with the prediction switched on, or replay a trace that records "
                 "it (trace schema 2)")
         e, c = self.predicted
-        return i + 1, np.asarray(e, dtype=np.int64), np.asarray(c, dtype=np.int64)
+        return Prediction(i + 1, np.asarray(e, dtype=np.int64), np.asarray(c, dtype=np.int64))
 
 
 class TraceFuture:
@@ -240,7 +227,7 @@ class Oracle(Policy):
         f = self.future
         if ahead >= len(f.index):
             return None
-        return f.index[ahead], f.experts[ahead], f.counts[ahead]
+        return Prediction(f.index[ahead], f.experts[ahead], f.counts[ahead])
 
 
 class IntervalRefresh(Policy):
@@ -265,7 +252,7 @@ class IntervalRefresh(Policy):
 
     def keep_order(self, i, experts, counts, hit, step):
         if not self.refreshing(step):
-            return super().keep_order(i, experts, counts, hit, step)
+            return self.eviction.keep_order(i, experts, counts, hit, step)
         return experts[(counts * self.num_experts - experts).argsort()]   # fewest tokens first, then higher id
 
 

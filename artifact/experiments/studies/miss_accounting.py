@@ -26,7 +26,7 @@ from artifact.experiments.claims import (
     judged,
     title,
 )
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.experiments.verdicts import margin_below
 from artifact.offload.cache import COUNTS
 from artifact.offload.sim import phase_columns, relative_to_lru, sweep
@@ -39,7 +39,7 @@ SUMMED = ("demand_misses", "speculative_transfers", "prefetch_hits", "wasted_pre
 
 
 # --- replay and table -----------------------------------------------------------------------------
-def miss_sweep(ts, P: Profile, progress: bool = True) -> pd.DataFrame:
+def miss_sweep(ts, P: Settings, progress: bool = True) -> pd.DataFrame:
     """Every trace x C/W x (simulator policy, and the bound min), replayed (exact counts; sim.sweep), with
     each count per phase as <count>_<phase> columns (prefill, first, later)."""
     policies = list(P.sim_policies) + ([BOUND] if BOUND not in P.sim_policies else [])
@@ -197,7 +197,7 @@ def verdicts(n: Numbers) -> list[Claim]:
 
 
 # --- figure ---------------------------------------------------------------------------------------
-def plot(summary, P: Profile):
+def plot(summary, P: Settings):
     """(a) demand misses relative to LRU per policy vs C/W over all demands, (b) the same over the denoising
     steps only (prefill excluded), the paper's oracle cut marked on both; (c) all transfers (demand +
     speculative; min's loads) relative to LRU's, all demands."""

@@ -1,5 +1,5 @@
 """06 beyond the paper (this artifact's own results, not the paper's): the prefetcher design space and a
-demand-priority link. Two questions (issue 13):
+demand-priority link. Two questions:
   (1) does prediction still lose once it can never delay a demand transfer (link_priority: demand)?
   (2) is last-step the right predictor to judge prediction by?
 Miss accounting replays the profile's traces exactly for every predictor, against the miss floors belady
@@ -15,10 +15,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments import paper
+from artifact.experiments.bench.results import same_tokens
 from artifact.experiments.claims import ALL_DEMANDS, COLORS, EXACT, PER_RUN, Claim, judged, title
-from artifact.experiments.results import same_tokens
 from artifact.experiments.runs import run_grid
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.experiments.stats import CONFIDENCE, format_table, paired_table
 from artifact.experiments.verdicts import (
     CONTROL,
@@ -34,7 +34,7 @@ from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, relative_to_lru, sweep
 from artifact.offload.trace import mean_working_set
 
-OWN = "not a claim of the paper: this artifact's own result (issue 13)"
+OWN = "not a claim of the paper: this artifact's own result"
 
 # Miss accounting: every predictor, then the floors. "min" is bounds.relaxed_min, computed here directly.
 PREDICTORS = ("last_step", "last_step:lookahead=2", "last_step_conservative", "last_step_conservative:lookahead=2",
@@ -58,7 +58,7 @@ CPU_TRIM = {"tasks": ("gsm8k",), "n_prompts": 4, "repetitions": 2, "warmup": 1, 
 
 
 # --- miss accounting --------------------------------------------------------------------------------
-def miss_sweep(ts, P: Profile, progress: bool = True) -> pd.DataFrame:
+def miss_sweep(ts, P: Settings, progress: bool = True) -> pd.DataFrame:
     """Every trace x C/W x policy replayed (sim.sweep, exact counts), plus the relaxed-MIN floor per
     (trace, C/W) as policy 'min'."""
     df = sweep(ts, P.cache_ratios, MISS_POLICIES, progress=progress, lookahead=P.lookahead, tau=P.tau)
@@ -88,7 +88,7 @@ def miss_summary(sweep_df) -> pd.DataFrame:
 
 
 # --- paired throughput --------------------------------------------------------------------------------
-def bench_profile(P: Profile, priority: str) -> Profile:
+def bench_profile(P: Settings, priority: str) -> Settings:
     """The profile's bench under one link priority: demand and the predictors (the oracle too off the cpu
     profile), trimmed on cpu (CPU_TRIM)."""
     policies = ("demand",) + BENCH_PREDICTORS + (() if P.name == "cpu" else ("oracle",))
@@ -96,7 +96,7 @@ def bench_profile(P: Profile, priority: str) -> Profile:
     return dataclasses.replace(P, link_priority=priority, policies=policies, **trim)
 
 
-def runs(P: Profile, progress: bool = True) -> pd.DataFrame:
+def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
     """Both priorities' bench rows (column link_priority), each from its own resumable file."""
     frames = []
     for pr in PRIORITIES:
@@ -269,7 +269,7 @@ STYLE = {"demand": ("tab:blue", "o", "-"), "last_step": ("tab:orange", "o", "-")
          "oracle": (COLORS["oracle"], "o", "-"), "belady": ("black", "", ":"), MIN: ("black", "", "--")}
 
 
-def plot(summary, table, P: Profile):
+def plot(summary, table, P: Settings):
     """(a) demand misses relative to LRU per policy vs C/W; (b) all transfers (demand + speculative) relative
     to LRU's misses, with the floors belady and min (they bound every policy's transfers: a prefetch can be
     postponed to its first use); (c, d) each predictor's throughput over demand (% tokens/s, 95% CIs) vs C/W

@@ -56,9 +56,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from artifact.experiments.model_runner import usable_cores
-from artifact.experiments.results import STAT_COLUMNS
-from artifact.experiments.tide_checkout import (
+from artifact.experiments.bench.model_runner import usable_cores
+from artifact.experiments.bench.results import STAT_COLUMNS
+from artifact.experiments.tide.checkout import (
     MODEL_CLASS,
     OFFLOAD_METHOD,
     TideInfo,
@@ -261,7 +261,7 @@ def engine_row(loaded, prompts: list[list[int]], budget_experts: int, dc: Decode
     row = {"system": "engine", "policy": policy, "mode": dc.mode, "task": task, "batch_size": 1,
            "cache_ratio": cache_ratio, "cache_experts": budget_experts, "rep": rep, "prompts": len(prompts),
            "gen_length": dc.gen_length, "steps": dc.steps, "threshold": dc.threshold}
-    row.update({k: res.stats.get(k) for k in STAT_COLUMNS})               # bench.py's columns
+    row.update({k: res.stats.get(k) for k in STAT_COLUMNS})               # the bench's columns
     row.update(tokens=res.stats["tokens_generated"], tokens_sha=tokens_sha(res.tokens),
                threads=torch.get_num_threads())
     row["seconds_per_forward"] = row["seconds"] / row["forwards"] if row.get("forwards") else None
@@ -294,7 +294,7 @@ def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_expe
             raise ValueError("our model's experts are resident on the GPU (load_checkpoint(..., resident=False), or "
                              "set loaded.model.backend = None after a resident run): TIDE sizes its budget "
                              "against the free GPU memory")
-        if not loaded.experts.is_pinned():       # once, not in every run's HostStore (as bench.py does)
+        if not loaded.experts.is_pinned():       # once, not in every run's HostStore (as the bench's ModelRunner does)
             loaded.experts = loaded.experts.pin_memory()
     if checkpoint is None:
         raise ValueError("loaded has no checkpoint directory (random_model?): pass checkpoint=PATH for TIDE")

@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from artifact.errors import ResultFileError
-from artifact.experiments.grid import Cell, cell_key, cell_keys, shard_file
-from artifact.experiments.settings import Profile, fingerprint
+from artifact.experiments.bench.grid import Cell, cell_key, cell_keys, shard_file
+from artifact.experiments.settings import Settings, fingerprint
 from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS
 from artifact.offload.cache import COUNTS, PHASES
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsync_dir, refuse_overwrite
@@ -55,14 +55,14 @@ FINITE_COLUMNS = ("grid_cells", "batch_size", "cache_ratio", "bandwidth_scale", 
 SORT = ("task", "batch_size", "bandwidth_scale", "cache_ratio", "rep", "order")
 
 
-def default_out(p: Profile, shard: tuple[int, int] = (0, 1)) -> Path:
+def default_out(P: Settings, shard: tuple[int, int] = (0, 1)) -> Path:
     """data/results/<profile>/bench.csv, or shard i of n's own file beside it."""
-    target = data_dir() / "results" / p.name / "bench.csv"
+    target = data_dir() / "results" / P.name / "bench.csv"
     return target if shard[1] == 1 else shard_file(target, *shard)
 
 
-def bench_fingerprint(p: Profile) -> str:
-    return fingerprint(p, SETTINGS)
+def bench_fingerprint(P: Settings) -> str:
+    return fingerprint(P, SETTINGS)
 
 
 def phase_stats(stats: dict) -> dict:
@@ -294,11 +294,11 @@ def append_rows(path: Path, rows) -> None:
         fsync_dir(path.parent)
 
 
-def expected_runs(p: Profile) -> set[tuple[str, int]]:
-    return {(pol, r) for pol in p.policies for r in range(p.repetitions)}
+def expected_runs(P: Settings) -> set[tuple[str, int]]:
+    return {(pol, r) for pol in P.policies for r in range(P.repetitions)}
 
 
-def load_for_append(path: Path, p: Profile, log=print):
+def load_for_append(path: Path, P: Settings, log=print):
     """The rows of `path` (held under `locked(path)`), checked to be this profile's, after repairing what
     an interrupted append leaves: a torn last line, and the incomplete cell at the end of the file.
     Both are cut off (with a note) by an atomic rewrite of the intact prefix; that cell runs again."""
@@ -318,7 +318,7 @@ def load_for_append(path: Path, p: Profile, log=print):
     lines = data[:keep].splitlines(keepends=True)[1:]
     if len(lines) != len(df):
         raise ResultFileError(f"{path}: {len(lines)} lines hold {len(df)} rows; the file is damaged")
-    for col, want in (("fingerprint", bench_fingerprint(p)), ("profile", p.name)):
+    for col, want in (("fingerprint", bench_fingerprint(P)), ("profile", P.name)):
         have = sorted(set(df[col]))
         if have and have != [want]:
             raise ResultFileError(f"{path}: rows of {col} {have}, not this profile's {want!r} (settings "
@@ -328,14 +328,14 @@ def load_for_append(path: Path, p: Profile, log=print):
         keys = cell_keys(df)
         k = next((i for i, key in enumerate(reversed(keys)) if key != keys[-1]), len(keys))
         tail = df.iloc[len(df) - k:]
-        if keys[-1] not in keys[:-k] and sorted(zip(tail.policy, tail.rep.astype(int))) != sorted(expected_runs(p)):
+        if keys[-1] not in keys[:-k] and sorted(zip(tail.policy, tail.rep.astype(int))) != sorted(expected_runs(P)):
             keep -= sum(len(line) for line in lines[len(lines) - k:])
             df = df.iloc[:len(df) - k]
-            notes.append(f"the incomplete last cell {Cell(*keys[-1])} ({k} of {len(expected_runs(p))} runs)")
+            notes.append(f"the incomplete last cell {Cell(*keys[-1])} ({k} of {len(expected_runs(P))} runs)")
     if notes:
         atomic_write_bytes(path, data[:keep])
         log(f"note: {path}: dropped {' and '.join(notes)}, left by an interrupted append; that cell runs again")
-    check_rows(df, path, expected_runs(p))
+    check_rows(df, path, expected_runs(P))
     return df.reset_index(drop=True)
 
 

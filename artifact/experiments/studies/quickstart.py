@@ -9,7 +9,7 @@ import pandas as pd
 
 from artifact.experiments.claims import EXACT, Claim, judged, title
 from artifact.experiments.runs import load_model, offload_spec
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.model.tasks import prompts
 from artifact.offload.runner import run
 from artifact.offload.sim import capacity_for
@@ -19,7 +19,7 @@ STAT_KEYS = ("tokens_generated", "forwards", "tokens_per_second", "demand_hits",
              "link_busy_seconds", "achieved_gbps")
 
 
-def quickstart(P: Profile, cache_ratio: float = 0.5) -> dict:
+def quickstart(P: Settings, cache_ratio: float = 0.5) -> dict:
     """One prompt of the first task: resident, then offloaded (demand, C = cache_ratio * W)."""
     loaded = load_model(P)
     task = P.tasks[0]
@@ -35,7 +35,7 @@ def quickstart(P: Profile, cache_ratio: float = 0.5) -> dict:
             "same_tokens": resident.tokens == offloaded.tokens}
 
 
-def generated(q: dict, P: Profile) -> str:
+def generated(q: dict, P: Settings) -> str:
     """The decoded text (its first 200 characters) and, for the tiny checkpoint, why it reads as gibberish."""
     why = ("\n(the tiny checkpoint has seeded random weights, so this text is gibberish by design; "
            "a real checkpoint, --model DIR, writes words)" if P.model == "tiny" else "")
@@ -85,7 +85,7 @@ def reading(q: dict) -> str:
 
 
 # --- figure ---------------------------------------------------------------------------------------
-def plot(q: dict, P: Profile):
+def plot(q: dict, P: Settings):
     """Wall-clock time of the two runs, the offloaded one split into compute and stall."""
     r, o = q["resident"], q["offloaded"]
     off = f"offloaded C={q['cache_experts']}"

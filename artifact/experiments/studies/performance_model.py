@@ -31,7 +31,7 @@ from artifact.experiments import paper
 from artifact.experiments.claims import MODELED, Claim, judged, title
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
 from artifact.experiments.runs import load_model, offload_spec
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.model.config import PRESETS, get_preset
 from artifact.model.tasks import prompts
@@ -205,7 +205,7 @@ VALIDATION_POLICIES = ("demand", "last_step")
 FAST_LINK = dict(link="emulated", bandwidth_gbps=1e6, latency_us=0.0)     # a link no compute ever waits on
 
 
-def cpu_emulated(P: Profile, loaded, ps: list[list[int]], batch_size: int = 1, reps: int = 1,
+def cpu_emulated(P: Settings, loaded, ps: list[list[int]], batch_size: int = 1, reps: int = 1,
                  trace: Trace | None = None) -> tuple[Hardware, str]:
     """The cpu-emulated profile with its costs measured now, on this machine, on the offloaded engine:
     runs on a link too fast to wait on at two C (demand) give the host time per copy (the slope of time on
@@ -237,7 +237,7 @@ def cpu_emulated(P: Profile, loaded, ps: list[list[int]], batch_size: int = 1, r
     return hw, source
 
 
-def validate_cpu(P: Profile, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLICIES, batch_sizes=(1, 4),
+def validate_cpu(P: Settings, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLICIES, batch_sizes=(1, 4),
                  repetitions: int = 2, n_prompts: int = 2, progress: bool = True) -> tuple[pd.DataFrame, str]:
     """Measured (wall clock, real compute, emulated link) against modelled seconds per step, one row per run.
     Returns the rows and the calibration's description."""
@@ -339,7 +339,7 @@ GPUS = ("a5000", "h200")
 GPU_SHAPES = ("llada2-mini", "llada2-flash")
 
 
-def paper_point(P: Profile) -> Trace:
+def paper_point(P: Settings) -> Trace:
     """A synthetic stream at the routing point the paper implies (notebook 07's 'paper point': its novelty
     and W spread, from the profile's committed 07 record, else the cpu profile's), 4 MoE layers, one block of
     16 steps, no prefill (short: the grid replays it 128 times)."""
@@ -376,7 +376,7 @@ def diffs(grid: pd.DataFrame, a: str = "demand", b: str = "last_step", priority:
     return (100 * (g[a] / g[b] - 1)).rename("diff_pct").reset_index()
 
 
-def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Profile, stream: str = "paper point"):
+def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, stream: str = "paper point"):
     """Left: modelled vs measured seconds per step (cpu validation, one dot per cell). Right: modelled
     tokens/s per GPU x shape on `stream` (fifo solid, demand priority dashed), the physical floor dotted."""
     fig, axes = plt.subplots(1, 5, figsize=(22, 4.2))
@@ -446,7 +446,7 @@ def verdicts(grid: pd.DataFrame, summary: dict, gpu_summary: dict, source: str) 
         parts.append(f"{tr}: over the floor {far}; the oracle closes {100 * share:.0f}% of demand's gap")
     claims.append(Claim("[own result, modeled: h200, llada2-mini] most of demand's distance to the physical "
                         "floor is beyond prediction: the oracle closes less than half of it at C/W 1",
-                        "not a claim of the paper: this artifact's own result (issue 24); floor = max(compute, "
+                        "not a claim of the paper: this artifact's own result; floor = max(compute, "
                         "min's misses x expert bytes / bandwidth) per step",
                         "; ".join(parts), judged(max(shares) < paper.GAP_LEFT),
                         counting="modelled seconds per step (virtual clock)",
@@ -457,7 +457,7 @@ def verdicts(grid: pd.DataFrame, summary: dict, gpu_summary: dict, source: str) 
     claims.append(Claim(
         "[own result] the performance model predicts measured seconds per step within 10% (median absolute error "
         "over cells; cpu: the tiny model on the emulated link against the model with cpu-emulated costs)",
-        "not a claim of the paper: this artifact's own result (issue 24); judged: median absolute error <= "
+        "not a claim of the paper: this artifact's own result; judged: median absolute error <= "
         f"{100 * paper.MODEL_ERROR:.0f}%",
         f"cpu: median {100 * med:.1f}%, worst {100 * summary['worst_abs_error']:.1f}% over {summary['cells']} cells; "
         f"measured demand-vs-last_step differences with an interval excluding 0: {len(signs)}, of which the "

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from artifact.errors import ProfileError
-from artifact.experiments.grid import Cell
-from artifact.experiments.results import HOST_COLUMNS, STAT_COLUMNS, phase_stats
-from artifact.experiments.settings import Profile
+from artifact.experiments.bench.grid import Cell
+from artifact.experiments.bench.results import HOST_COLUMNS, STAT_COLUMNS, phase_stats
+from artifact.experiments.settings import Settings
 from artifact.model.checkpoint import weights_fingerprint
 from artifact.model.tasks import prompts, tokens_sha
 from artifact.offload.policies import check_policy
@@ -68,47 +68,47 @@ class ModelRunner:
     """Runs a profile's cells on a model. Tests may substitute an object with the same `meta`,
     `num_experts`, `working_set` and `run`."""
 
-    def __init__(self, p: Profile, loaded=None):
-        if p.model is None:
-            raise ProfileError(f"profile {p.name!r} needs a checkpoint directory: pass --model DIR")
-        check_device(p.device)
-        if p.torch_threads is not None:
-            torch.set_num_threads(p.torch_threads)
-        self.p = p
+    def __init__(self, P: Settings, loaded=None):
+        if P.model is None:
+            raise ProfileError(f"profile {P.name!r} needs a checkpoint directory: pass --model DIR")
+        check_device(P.device)
+        if P.torch_threads is not None:
+            torch.set_num_threads(P.torch_threads)
+        self.P = P
         if loaded is None:           # every check that needs no weights first (artifact.offload.prepare)
-            loaded = prepare(p.run_request()).load(resident=p.trace_capacity is None)
+            loaded = prepare(P.run_request()).load(resident=P.trace_capacity is None)
         self.loaded = loaded
-        if p.device.startswith("cuda") and not self.loaded.experts.is_pinned():
+        if P.device.startswith("cuda") and not self.loaded.experts.is_pinned():
             self.loaded.experts = self.loaded.experts.pin_memory()   # once, not in every run's HostStore
         cfg = self.loaded.cfg
         self.num_experts = cfg.num_experts
         self.expert_bytes = cfg.expert_params * self.loaded.experts.element_size()
-        self.dc = p.decode_config()
+        self.dc = P.decode_config()
         self.meta = {"model": cfg.name, "model_hash": cfg.config_hash(),
                      "weights_fingerprint": weights_fingerprint(self.loaded.path) if self.loaded.path else "none",
-                     "dtype": str(self.loaded.experts.dtype).removeprefix("torch."), "device": p.device,
-                     "link": p.link, "hardware": hardware(p.device)}
+                     "dtype": str(self.loaded.experts.dtype).removeprefix("torch."), "device": P.device,
+                     "link": P.link, "hardware": hardware(P.device)}
         self._group = None           # (task, batch size) -> (W, ids, prompts, trace): the last one only
         self._nominal = None
 
     def _measure(self) -> float:
         """The cuda link's unthrottled rate, measured once (only a scale < 1 without link_gbps needs it)."""
         if self._nominal is None:
-            self._nominal = measure_h2d_gbps(self.p.device)
+            self._nominal = measure_h2d_gbps(self.P.device)
         return self._nominal
 
     def spec(self, capacity: int, policy: str = "demand", bandwidth_scale: float = 1.0) -> OffloadSpec:
-        return OffloadSpec.from_settings(self.p, capacity, policy, expert_bytes=self.expert_bytes,
+        return OffloadSpec.from_settings(self.P, capacity, policy, expert_bytes=self.expert_bytes,
                                          bandwidth_scale=bandwidth_scale, measure=self._measure)
 
     def _prompts(self, task: str, batch_size: int):
         if self._group is None or self._group[0] != (task, batch_size):
-            p = self.p
-            ids, ps = prompts(self.loaded.tokenizer, task, p.n_prompts, p.seed, p.max_prompt_tokens)
+            P = self.P
+            ids, ps = prompts(self.loaded.tokenizer, task, P.n_prompts, P.seed, P.max_prompt_tokens)
             spec = None
-            if p.trace_capacity is not None:
-                spec = self.spec(min(p.trace_capacity, self.num_experts))
-            res = run(self.loaded, ps, batch_size, self.dc, spec=spec, device=p.device, record=True,
+            if P.trace_capacity is not None:
+                spec = self.spec(min(P.trace_capacity, self.num_experts))
+            res = run(self.loaded, ps, batch_size, self.dc, spec=spec, device=P.device, record=True,
                       prompt_ids=ids, task=task)
             self._group = ((task, batch_size), mean_working_set(res.trace), ids, ps, res.trace)
         return self._group
@@ -117,12 +117,12 @@ class ModelRunner:
         return self._prompts(task, batch_size)[1]
 
     def run(self, cell: Cell, policy: str, capacity: int) -> dict:
-        p = self.p
+        P = self.P
         _, _, ids, ps, trace = self._prompts(cell.task, cell.batch_size)
         spec = self.spec(capacity, policy, cell.bandwidth_scale)
         oracle = trace if check_policy(policy).needs_trace else None
-        res = run(self.loaded, ps, cell.batch_size, self.dc, spec=spec, device=p.device, oracle=oracle,
-                  prompt_ids=ids, task=cell.task, graphs=p.graphs)
+        res = run(self.loaded, ps, cell.batch_size, self.dc, spec=spec, device=P.device, oracle=oracle,
+                  prompt_ids=ids, task=cell.task, graphs=P.graphs)
         out = {k: res.stats.get(k) for k in STAT_COLUMNS}
         out.update(phase_stats(res.stats))
         out["tokens"] = res.stats["tokens_generated"]

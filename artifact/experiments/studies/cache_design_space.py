@@ -1,4 +1,4 @@
-"""09 the cache's own design space (this artifact's own results, not the paper's; issue 25): is LRU the right
+"""09 the cache's own design space (this artifact's own results, not the paper's): is LRU the right
 cache for diffusion MoE? Every eviction policy (offload/eviction.py) replays the profile's traces exactly,
 against LRU and the two floors belady (this cache's rules) and min (any demand-paging schedule), per C/W,
 batch size and phase; the best eviction is combined with last_step, cross_layer and oracle prefetching; and
@@ -18,7 +18,7 @@ from artifact.experiments import paper
 from artifact.experiments.claims import ALL_DEMANDS, EXACT, Claim, judged, title
 from artifact.experiments.paper import EVICTION_GAIN, GAP_LEFT
 from artifact.experiments.runs import run_grid
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.verdicts import (
     CONTROL,
@@ -35,7 +35,7 @@ from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, phase_columns, relative_to_lru, sweep
 from artifact.offload.trace import mean_working_set
 
-OWN = "not a claim of the paper: this artifact's own result (issue 25)"
+OWN = "not a claim of the paper: this artifact's own result"
 RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)
 EVICTIONS = ("demand", "demand+token_lru", "demand+token_lru:reverse=true", "demand+lfu", "demand+lfu:perfect=true",
              "demand+lfu_window:steps=8", "demand+lrfu:lam=0.5", "demand+lrfu:lam=2", "demand+block_tokens",
@@ -66,7 +66,7 @@ def _min_rows(ts, ratios) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def eviction_sweep(ts, P: Profile) -> pd.DataFrame:
+def eviction_sweep(ts, P: Settings) -> pd.DataFrame:
     """Every eviction (with no prefetch) and belady per trace x C/W, by phase, plus min; exact counts."""
     df = phase_columns(sweep(ts, RATIOS, EVICTIONS + ("belady",), by_phase=True, lookahead=P.lookahead, tau=P.tau))
     df = df.drop(columns=["trace", "replay_seconds", "misses_vs_lru"], errors="ignore")
@@ -101,7 +101,7 @@ def best_eviction(s: pd.DataFrame) -> str:
     return str(tot.idxmin())
 
 
-def combined(ts, P: Profile, best: str) -> pd.DataFrame:
+def combined(ts, P: Settings, best: str) -> pd.DataFrame:
     """Each prefetcher with LRU and with the best eviction: misses and transfers per C/W, pooled."""
     ev = best.partition("+")[2]
     specs = ["demand", best] + [p for q in PREFETCH for p in (q, f"{q}+{ev}")]
@@ -142,7 +142,7 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
 
 
 # --- throughput ---------------------------------------------------------------------------------
-def bench_profile(P: Profile, best: str) -> Profile:
+def bench_profile(P: Settings, best: str) -> Settings:
     """The 09 bench: lru (`demand`) vs the best eviction (`demand+<eviction>`) with the A/A control
     (verdicts.CONTROL), one cell (the first task, batch size 1, C/W BENCH_RATIO, at most BENCH_PROMPTS
     prompts), one warm-up run of each policy and enough repetitions for paper.MIN_PAIRS pairs."""
@@ -152,7 +152,7 @@ def bench_profile(P: Profile, best: str) -> Profile:
                                repetitions=max(P.repetitions, paper.MIN_PAIRS), warmup=1)
 
 
-def bench_runs(P: Profile, best: str, progress: bool = True) -> pd.DataFrame:
+def bench_runs(P: Settings, best: str, progress: bool = True) -> pd.DataFrame:
     return run_grid(bench_profile(P, best), STEM, progress=progress)
 
 
@@ -261,7 +261,7 @@ def _lcs_version() -> str:
 
 
 # --- figure ---------------------------------------------------------------------------------------
-def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Profile):
+def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
     """(a, b) demand misses relative to LRU per eviction vs C/W, batch 1 and batch 4, with belady and min;
     (c) each prefetcher's demand misses + transfers relative to LRU's misses, with lru and with the best eviction."""
     batches = sorted(s.batch_size.dropna().unique())

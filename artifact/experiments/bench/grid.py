@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from artifact.errors import SettingError
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.experiments.stats import CELL_KEYS
 
 
@@ -40,9 +40,9 @@ def cell_keys(df) -> list[tuple]:
     return [cell_key(r) for r in df[list(CELL_KEYS)].to_dict("records")]
 
 
-def grid(p: Profile) -> list[Cell]:
-    return [Cell(t, b, r, s) for t in p.tasks for b in p.batch_sizes for s in p.bandwidth_scales
-            for r in p.cache_ratios]
+def grid(P: Settings) -> list[Cell]:
+    return [Cell(t, b, r, s) for t in P.tasks for b in P.batch_sizes for s in P.bandwidth_scales
+            for r in P.cache_ratios]
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -1,8 +1,5 @@
 """05 head to head at the same expert budget: our engine (demand vs the TIDE-style interval_refresh policy)
-and, where it can run, TIDE's released implementation through the adapter in tide.py.
-
-The adapter module keeps the name tide.py (its tests and CLI-facing helpers refer to it); this module is
-the claim, named after the notebook."""
+and, where it can run, TIDE's released implementation through its adapter (experiments/tide/adapter.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,13 +10,13 @@ import pandas as pd
 import torch
 
 from artifact.experiments import paper
+from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.claims import COLORS, NOT_MEASURABLE, Claim, judged, title
-from artifact.experiments.model_runner import ModelRunner
 from artifact.experiments.runs import load_model, run_grid
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
-from artifact.experiments.tide import JUMP_STEPS, compare_with_engine, speedup_parts
-from artifact.experiments.tide_checkout import check_tide
+from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
+from artifact.experiments.tide.checkout import check_tide
 from artifact.experiments.verdicts import (
     CONTROL,
     METHOD,
@@ -39,7 +36,7 @@ STEM = "tide_style_runs"                # data/results/<profile>/tide_style_runs
 
 
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
-def tide_style_profile(P: Profile) -> Profile:
+def tide_style_profile(P: Settings) -> Settings:
     """The 05 grid: our engine at the TIDE budget and half of it, demand vs interval_refresh with the A/A
     control (verdicts.CONTROL), batch size 1 (TIDE decodes one prompt at a time), every task, with enough
     repetitions for paper.MIN_PAIRS pairs per C/W."""
@@ -48,7 +45,7 @@ def tide_style_profile(P: Profile) -> Profile:
                                policies=("demand", "interval_refresh", CONTROL), repetitions=reps)
 
 
-def runs(P: Profile, progress: bool = True) -> pd.DataFrame:
+def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
     return run_grid(tide_style_profile(P), STEM, progress=progress)
 
 
@@ -58,7 +55,7 @@ def style_table(rows) -> pd.DataFrame:
 
 
 # --- TIDE's released code -------------------------------------------------------------------------
-def tide_unavailable(P: Profile) -> str | None:
+def tide_unavailable(P: Settings) -> str | None:
     """Why TIDE's released code cannot run on this profile, or None when it can. The profile's own reasons
     come first and alone (so the cpu profile's answer is the same on every machine); the machine's and the
     checkout's only when the profile asks for TIDE."""
@@ -81,7 +78,7 @@ def tide_unavailable(P: Profile) -> str | None:
     return "; ".join(reasons) or None
 
 
-def tide_released(P: Profile, progress: bool = True) -> list[dict]:
+def tide_released(P: Settings, progress: bool = True) -> list[dict]:
     """TIDE's released implementation vs our engine at the budget and half of it (tide.compare_with_engine),
     on the bench's prompts of the first task; C from the bench's W for that task at batch size 1."""
     loaded = load_model(P, resident=False)
@@ -166,7 +163,7 @@ def _per_budget(r) -> pd.DataFrame:
     return g.reset_index()
 
 
-def plot(rows, P: Profile, released=None):
+def plot(rows, P: Settings, released=None):
     """Tokens/s of our engine, demand vs TIDE-style interval_refresh, at the budget and half of it;
     TIDE's released code beside them when it was measured."""
     df = _per_budget(rows).assign(system="engine")

@@ -1,6 +1,6 @@
 """Paired throughput benchmark: the profile's policies side by side on identical prompts, cell by cell.
 
-The grid (grid.py) is a fixed, ordered list of cells (task, batch_size, cache_ratio, bandwidth_scale).
+The grid (bench/grid.py) is a fixed, ordered list of cells (task, batch_size, cache_ratio, bandwidth_scale).
 Per cell:
   1. W, the mean per-step expert working set, from one traced run of the cell's prompts (once per
      task and batch size; resident, or offloaded at trace_capacity). It doubles as the warm-up, and
@@ -10,7 +10,7 @@ Per cell:
      reversed when r is odd, so neither policy always runs first. One CSV row per timed run.
 After each cell its rows are appended to the CSV in one write and fsynced, under an exclusive lock on
 the sidecar `<out>.lock`, so the file only ever holds whole cells and a rerun resumes by skipping the
-cells it already has (results.py: concurrent writers and interrupted appends).
+cells it already has (bench/results.py: concurrent writers and interrupted appends).
 
 Sharding: `--shard i/n` (0 <= i < n) takes the cells whose grid index % n == i, so n GPUs or a job
 array (Slurm: --array=0-(n-1), --shard $SLURM_ARRAY_TASK_ID/n) run one grid; each shard writes its
@@ -25,9 +25,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from artifact.experiments.grid import Cell, grid, shard_cells
-from artifact.experiments.model_runner import ModelRunner
-from artifact.experiments.results import (
+from artifact.experiments.bench.grid import Cell, grid, shard_cells
+from artifact.experiments.bench.model_runner import ModelRunner
+from artifact.experiments.bench.results import (
     CellClaims,
     append_rows,
     bench_fingerprint,
@@ -38,24 +38,26 @@ from artifact.experiments.results import (
     locked,
     read_rows,
 )
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.offload.sim import capacity_for
 
 
-def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
+def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
               loaded=None, progress: bool = True, log=print, skip=frozenset()):
-    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`.
+    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`. The coordinator:
+    which cells are this shard's and still to run, the cell claims and the file's lock around each cell; the
+    measurement itself is measure_cell's.
     Safe to run concurrently with other shards or reruns on the same `out` (see "Result files").
     `skip`: keys of cells that are complete elsewhere (a submission's merged target file), not run here."""
-    out = Path(out) if out else default_out(p, shard)
-    cells = grid(p)
+    out = Path(out) if out else default_out(P, shard)
+    cells = grid(P)
     mine = shard_cells(cells, shard)
     with locked(out, log=log):
-        old = load_for_append(out, p, log)
+        old = load_for_append(out, P, log)
     done = finished_cells(old)
     todo = [c for c in mine if c.key not in done and c.key not in skip]
     elsewhere = sum(c.key in skip and c.key not in done for c in mine)
-    log(f"bench {p.name}: shard {shard[0]}/{shard[1]} has {len(mine)} of {len(cells)} cells; "
+    log(f"bench {P.name}: shard {shard[0]}/{shard[1]} has {len(mine)} of {len(cells)} cells; "
         f"{len(mine) - len(todo) - elsewhere} done in {out}, " + (f"{elsewhere} done elsewhere, " if elsewhere else "")
         + f"{len(todo)} to run")
     extra = len(done - {c.key for c in cells})
@@ -63,38 +65,25 @@ def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] 
         log(f"note: {out} also holds {extra} cells outside this profile's grid; they are kept")
     if not todo:
         return old
-    runner = runner or ModelRunner(p, loaded)
-    meta = dict(runner.meta, profile=p.name, fingerprint=bench_fingerprint(p), grid_cells=len(cells))
+    runner = runner or ModelRunner(P, loaded)
+    meta = dict(runner.meta, profile=P.name, fingerprint=bench_fingerprint(P), grid_cells=len(cells))
     check_same_model(old, meta, out)
-    P, R = list(p.policies), p.repetitions
+    policies, R = list(P.policies), P.repetitions
     t0, ran = time.perf_counter(), 0
-    bar = tqdm(total=len(todo) * len(P) * (R + p.warmup), unit="run", desc=f"bench {p.name}",
+    bar = tqdm(total=len(todo) * len(policies) * (R + P.warmup), unit="run", desc=f"bench {P.name}",
                disable=not progress, file=sys.stderr)
 
     def run_cell(cell: Cell) -> bool:
-        """Run one cell and append its rows; False when another process had finished it."""
+        """Measure one cell and append its rows; False when another process had finished it."""
         with locked(out, log=log):
-            if cell.key in finished_cells(load_for_append(out, p, log)):
+            if cell.key in finished_cells(load_for_append(out, P, log)):
                 log(f"note: {cell} was finished meanwhile by another process writing {out}; skipped")
-                bar.update(len(P) * (R + p.warmup))
+                bar.update(len(policies) * (R + P.warmup))
                 return False
         bar.set_postfix_str(str(cell))
-        W = runner.working_set(cell.task, cell.batch_size)
-        C = capacity_for(cell.cache_ratio, W, runner.num_experts)
-        for _ in range(p.warmup):
-            for pol in P:
-                runner.run(cell, pol, C)
-                bar.update()
-        new = []
-        for r in range(R):
-            for pos, pol in enumerate(P if r % 2 == 0 else P[::-1]):
-                s = runner.run(cell, pol, C)
-                new.append({**meta, "task": cell.task, "batch_size": cell.batch_size,
-                            "cache_ratio": cell.cache_ratio, "bandwidth_scale": cell.bandwidth_scale,
-                            "policy": pol, "rep": r, "order": pos, "working_set": W, "cache_experts": C, **s})
-                bar.update()
+        new = measure_cell(runner, cell, policies, R, P.warmup, meta, on_run=bar.update)
         with locked(out, log=log):                       # re-read: another process may have appended meanwhile
-            now = load_for_append(out, p, log)
+            now = load_for_append(out, P, log)
             check_same_model(now, meta, out)
             if cell.key in finished_cells(now):
                 log(f"note: another process writing {out} finished {cell} first; this run's rows are dropped "
@@ -127,10 +116,31 @@ def run_bench(p: Profile, out: Path | str | None = None, shard: tuple[int, int] 
         bar.close()
     minutes = (time.perf_counter() - t0) / 60
     note = ""
-    if p.budget_minutes is not None and ran == len(cells):
-        note = f"; budget {p.budget_minutes:g} min: {'within' if minutes <= p.budget_minutes else 'OVER'}"
+    if P.budget_minutes is not None and ran == len(cells):
+        note = f"; budget {P.budget_minutes:g} min: {'within' if minutes <= P.budget_minutes else 'OVER'}"
     rows = read_rows(out)
-    log(f"bench {p.name}: ran {ran} cells ({ran * len(P) * R} timed runs) in {minutes:.2f} min{note}; "
+    log(f"bench {P.name}: ran {ran} cells ({ran * len(policies) * R} timed runs) in {minutes:.2f} min{note}; "
         f"{len(rows)} rows in {out}")
     return rows
 
+
+def measure_cell(runner, cell: Cell, policies: list[str], repetitions: int, warmup: int, meta: dict,
+                 on_run=lambda: None) -> list[dict]:
+    """One cell's rows, measured: W from the runner's traced run, C from the cell's C/W, `warmup` untimed runs
+    of every policy, then `repetitions` timed ones in alternating order. No file, no lock: run_bench decides
+    whether a cell runs and where its rows go. `on_run` is called after every run (a progress bar)."""
+    W = runner.working_set(cell.task, cell.batch_size)
+    C = capacity_for(cell.cache_ratio, W, runner.num_experts)
+    for _ in range(warmup):
+        for pol in policies:
+            runner.run(cell, pol, C)
+            on_run()
+    rows = []
+    for r in range(repetitions):
+        for pos, pol in enumerate(policies if r % 2 == 0 else policies[::-1]):
+            s = runner.run(cell, pol, C)
+            rows.append({**meta, "task": cell.task, "batch_size": cell.batch_size,
+                         "cache_ratio": cell.cache_ratio, "bandwidth_scale": cell.bandwidth_scale,
+                         "policy": pol, "rep": r, "order": pos, "working_set": W, "cache_experts": C, **s})
+            on_run()
+    return rows

@@ -9,10 +9,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments import paper
+from artifact.experiments.bench.results import same_tokens
 from artifact.experiments.claims import EXACT, NOT_REPRODUCED, PER_RUN, REPRODUCED, Claim, judged, title
-from artifact.experiments.results import same_tokens
 from artifact.experiments.runs import run_grid
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table, with_paper
 from artifact.experiments.verdicts import (
     METHOD,
@@ -29,7 +29,7 @@ from artifact.experiments.verdicts import (
 STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
 
 
-def runs(P: Profile, progress: bool = True) -> pd.DataFrame:
+def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
     return run_grid(P, STEM, progress=progress)
 
 
@@ -104,7 +104,7 @@ def verdicts(n: Numbers) -> list[Claim]:
 
 
 # --- figure ---------------------------------------------------------------------------------------
-def plot(by_ratio, by_cell, P: Profile):
+def plot(by_ratio, by_cell, P: Settings):
     """(a) demand over last_step (% tokens/s) vs C/W with 95% CIs, the paper's figures marked;
     (b) the same per task and batch size."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 2]})

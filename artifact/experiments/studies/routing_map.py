@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from artifact.experiments import paper
 from artifact.experiments.claims import EXACT, NOT_MEASURABLE, PAPER_STYLE, Claim, judged, title
 from artifact.experiments.runs import load_model
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.verdicts import (
     CONTROL,
@@ -77,7 +77,7 @@ DEFAULT_GRID = MapGrid(novelty=(0.02, 0.04, 0.08, 0.12, 0.16, 0.2, 0.3), spread=
                        repetitions=5)
 
 
-def grid_for(P: Profile) -> MapGrid:
+def grid_for(P: Settings) -> MapGrid:
     return GRIDS.get(P.name, DEFAULT_GRID)
 
 
@@ -259,7 +259,7 @@ def verdicts(n: Numbers) -> list[Claim]:
 
 
 # --- throughput through the stream-driven engine ---------------------------------------------------
-def calibration(P: Profile) -> Calibration:
+def calibration(P: Settings) -> Calibration:
     """The tiny model's per-expert compute and other time per demand, measured on this machine (cpu);
     on a GPU the matmul runs on the device and nothing is padded."""
     if P.device != "cpu":
@@ -276,7 +276,7 @@ def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
     return {"paper point": paper_point, "cpu point": n.cpu_point}
 
 
-def stream_runs(P: Profile, base: SynthParams, points: dict, g: MapGrid, cal: Calibration,
+def stream_runs(P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: Calibration,
                 progress: bool = True) -> pd.DataFrame:
     """demand, last_step and the A/A control (verdicts.CONTROL) at the first C/W of the grid on each point's
     stream (no prefill, g.stream_steps steps): one untimed warm-up run of each, then g.repetitions timed
@@ -346,7 +346,7 @@ def throughput_claim(table: pd.DataFrame, cal: Calibration, rows: pd.DataFrame |
 
 
 # --- figures --------------------------------------------------------------------------------------
-def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Profile):
+def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
     """Rows: (C/W, prefill or not); columns: LRU misses / policy misses for last_step, oracle, min. The
     paper's oracle cut is the dashed contour; the cpu traces are the white dots (nu, spread from the fit)."""
     ratios = sorted(map_df.cache_ratio.unique())
@@ -383,7 +383,7 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Profile):
     return fig, map_df.copy()
 
 
-def plot_throughput(rows: pd.DataFrame, table: pd.DataFrame, P: Profile):
+def plot_throughput(rows: pd.DataFrame, table: pd.DataFrame, P: Settings):
     """Forwards/s per stream and policy (each repetition a dot, the mean a bar), and link stall seconds."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
     names = list(dict.fromkeys(rows.task))

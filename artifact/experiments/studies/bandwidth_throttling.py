@@ -12,7 +12,7 @@ import pandas as pd
 from artifact.experiments import paper
 from artifact.experiments.claims import COLORS, EXACT, PER_RUN, Claim, judged, title
 from artifact.experiments.runs import run_grid
-from artifact.experiments.settings import Profile
+from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.verdicts import (
     CONTROL,
@@ -30,7 +30,7 @@ from artifact.offload.link import PCIE4_GBPS
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
 
 
-def throttle_profile(P: Profile) -> Profile:
+def throttle_profile(P: Settings) -> Settings:
     """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step with
     the A/A control (verdicts.CONTROL), one cell per bandwidth in throttle_scales, with at least
     paper.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
@@ -40,7 +40,7 @@ def throttle_profile(P: Profile) -> Profile:
                                repetitions=max(P.repetitions, paper.MIN_PAIRS))
 
 
-def runs(P: Profile, progress: bool = True) -> pd.DataFrame:
+def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
     """The 03 grid's rows (resumable; see runs.run_grid)."""
     return run_grid(throttle_profile(P), STEM, progress=progress)
 
@@ -138,7 +138,7 @@ def reading(n: Numbers) -> str:
 
 
 # --- figure ---------------------------------------------------------------------------------------
-def plot(summary, P: Profile):
+def plot(summary, P: Settings):
     """(a) tokens/s and (b) stall seconds vs link bandwidth, demand and last_step."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     for pol, g in summary.groupby("policy", sort=False):
@@ -160,7 +160,7 @@ def plot(summary, P: Profile):
     return fig, summary.copy()
 
 
-def _bandwidth_axis(summary, P: Profile) -> tuple[str, dict]:
+def _bandwidth_axis(summary, P: Settings) -> tuple[str, dict]:
     """Why the link is that slow (a line under the panels, or "") and the x ticks {GB/s: label}. The emulated
     link's default bandwidth is PCIe 4 scaled
     to this model's expert size (offload.link.emulated_bandwidth_gbps): a tiny expert then costs what a
