@@ -9,10 +9,11 @@ Batches advance block-synchronously: all rows decode their current block, a row 
 complete waits (its tokens are not routed) until every row's block is complete, then all rows move on.
 So each row's tokens are those it would get alone, and a denoising step has one meaning for the batch.
 
-Two modes give the same tokens:
-  full    re-runs every row's whole prefix each step (the reference generate);
-  cached  keeps a prefix KV cache: a step feeds only the current block; the first step of a block also
-          feeds the previous block's final tokens, whose keys and values are then committed once.
+Two modes give the same tokens; generate runs the block rounds, and each mode's step is its own function:
+  full    (step_full) re-runs every row's whole prefix each step (the reference generate);
+  cached  (prefill, step_cached) keeps a prefix KV cache: a step feeds only the current block; the first
+          step of a block also feeds the previous block's final tokens, whose keys and values are then
+          committed once.
 """
 from __future__ import annotations
 
@@ -87,6 +88,57 @@ def accept(block: torch.Tensor, logits: torch.Tensor, mask_id: int, threshold: f
     block[chosen] = x0[chosen]
 
 
+def prefill(model: LLaDA2MoE, run, seqs: list[torch.Tensor], first: list[int], nblocks: list[int],
+            pool: dict) -> KVCache:
+    """cached mode: one batched cache from the model's pool (the same tensors for every run of this shape, so
+    graphs captured over it stay valid), each row's prompt prefilled alone into its row."""
+    cfg, n = model.cfg, model.cfg.block_length
+    dev = seqs[0].device
+    shape = (len(seqs), cfg.num_key_value_heads, max(nblocks) * n, cfg.head_dim)
+    cache = KVCache.pooled(pool, cfg.num_hidden_layers, shape, dev, model.lm_head.weight.dtype)
+    for b, seq in enumerate(seqs):
+        full = first[b] * n
+        if full:
+            c = cache.row(b)
+            run("prefill", -1, -1, seq[None, :full], torch.arange(full, device=dev)[None], cache=c, commit=full,
+                logits_rows=slice(0, 0))
+            cache.lengths[b] = c.lengths[0]
+    return cache
+
+
+def step_cached(run, seqs, rows: list[int], active: list[int], blk: dict, r: int, s: int, n: int,
+                cache: KVCache):
+    """One denoising step, cached mode: every row still decoding feeds its current block (the first step of a
+    block also feeds the previous block's final tokens, committed to the cache); rows whose block is done are
+    fed but not routed. -> (logits (len(rows), n, V), the rows they belong to)."""
+    dev = seqs[0].device
+    commit = n if (r > 0 and s == 0) else 0
+    lo = [(blk[b] * n - commit) for b in rows]
+    ids = torch.stack([seqs[b][a:a + commit + n] for b, a in zip(rows, lo)])
+    pos = torch.stack([torch.arange(a, a + commit + n, device=dev) for a in lo])
+    routed = None
+    if len(active) < len(rows):                                         # finished rows wait, not routed
+        routed = torch.tensor([b in active for b in rows], device=dev)[:, None].expand_as(ids)
+    return run("denoise", r, s, ids, pos, cache=cache, commit=commit, rows=routed,
+               logits_rows=slice(commit, commit + n)), rows
+
+
+def step_full(run, seqs, active: list[int], blk: dict, r: int, s: int, n: int, mask_id: int):
+    """One denoising step, full mode: each active row re-feeds its whole prefix up to its current block,
+    right-padded with masks. -> (logits (len(active), n, V), the rows they belong to)."""
+    dev = seqs[0].device
+    win = [(blk[b] + 1) * n for b in active]
+    T = max(win)
+    ids = torch.full((len(active), T), mask_id, dtype=torch.long, device=dev)
+    valid = torch.zeros(len(active), T, dtype=torch.bool, device=dev)
+    for i, (b, w) in enumerate(zip(active, win)):
+        ids[i, :w] = seqs[b][:w]
+        valid[i, :w] = True
+    pos = torch.arange(T, device=dev).expand(len(active), T)
+    gather = torch.stack([torch.arange(w - n, w, device=dev) for w in win])
+    return run("denoise", r, s, ids, pos, key_valid=valid, rows=valid, logits_rows=gather), active
+
+
 @torch.no_grad()
 def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = DecodeConfig(),
              record_logits: bool = False) -> Generation:
@@ -147,18 +199,7 @@ def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = Deco
     cache = None
     pool = routing.kv_pool
     if dc.mode == "cached":
-        # One batched cache from the model's pool (the same tensors for every run of this shape, so graphs
-        # captured over it stay valid); each row's prompt prefilled alone into its row.
-        shape = (B, cfg.num_key_value_heads, max(nblocks) * n, cfg.head_dim)
-        cache = KVCache.pooled(pool, cfg.num_hidden_layers, shape, dev, model.lm_head.weight.dtype)
-        for b in rows:
-            full = first[b] * n
-            if full:
-                c = cache.row(b)
-                run("prefill", -1, -1, seqs[b][None, :full], torch.arange(full, device=dev)[None], cache=c,
-                    commit=full, logits_rows=slice(0, 0))
-                cache.lengths[b] = c.lengths[0]
-
+        cache = prefill(model, run, seqs, first, nblocks, pool)
     r = 0
     while rows:
         blk = {b: first[b] + r for b in rows}
@@ -168,28 +209,9 @@ def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = Deco
             if not active:
                 break
             if dc.mode == "cached":
-                commit = n if (r > 0 and s == 0) else 0
-                lo = [(blk[b] * n - commit) for b in rows]
-                ids = torch.stack([seqs[b][a:a + commit + n] for b, a in zip(rows, lo)])
-                pos = torch.stack([torch.arange(a, a + commit + n, device=dev) for a in lo])
-                routed = None
-                if len(active) < len(rows):                             # finished rows wait, not routed
-                    routed = torch.tensor([b in active for b in rows], device=dev)[:, None].expand_as(ids)
-                logits = run("denoise", r, s, ids, pos, cache=cache, commit=commit, rows=routed,
-                             logits_rows=slice(commit, commit + n))
-                fed = rows
+                logits, fed = step_cached(run, seqs, rows, active, blk, r, s, n, cache)
             else:
-                win = [(blk[b] + 1) * n for b in active]
-                T = max(win)
-                ids = torch.full((len(active), T), mask_id, dtype=torch.long, device=dev)
-                valid = torch.zeros(len(active), T, dtype=torch.bool, device=dev)
-                for i, (b, w) in enumerate(zip(active, win)):
-                    ids[i, :w] = seqs[b][:w]
-                    valid[i, :w] = True
-                pos = torch.arange(T, device=dev).expand(len(active), T)
-                gather = torch.stack([torch.arange(w - n, w, device=dev) for w in win])
-                logits = run("denoise", r, s, ids, pos, key_valid=valid, rows=valid, logits_rows=gather)
-                fed = active
+                logits, fed = step_full(run, seqs, active, blk, r, s, n, mask_id)
             for i, b in enumerate(fed):
                 if b not in active:
                     continue
