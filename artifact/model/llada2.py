@@ -624,6 +624,18 @@ def block_causal_mask(q_pos, k_pos, k_valid, block: int) -> torch.Tensor:
     return (allowed & k_valid[:, None, :])[:, None]
 
 
+def routing_choice(name: str, choices: tuple[str, ...], what: str) -> property:
+    """A model attribute kept on its Routing, refused (one line, naming the choices) unless one of `choices`."""
+    def get(self) -> str:
+        return getattr(self.routing, name)
+
+    def put(self, value: str) -> None:
+        if value not in choices:
+            raise ValueError(f"unknown {what} {value!r}; choose one of {choices}")
+        setattr(self.routing, name, value)
+    return property(get, put)
+
+
 class LLaDA2MoE(nn.Module):
     """The whole model. Parameter names follow the released checkpoints (model.*, lm_head)."""
 
@@ -642,25 +654,8 @@ class LLaDA2MoE(nn.Module):
     def backend(self, value: ExpertBackend | None):
         self.routing.backend = value
 
-    @property
-    def expert_kernel(self) -> str:
-        return self.routing.expert_kernel
-
-    @expert_kernel.setter
-    def expert_kernel(self, value: str):
-        if value not in EXPERT_KERNELS:
-            raise ValueError(f"unknown expert_kernel {value!r}; choose one of {EXPERT_KERNELS}")
-        self.routing.expert_kernel = value
-
-    @property
-    def graphs(self) -> str:
-        return self.routing.graphs
-
-    @graphs.setter
-    def graphs(self, value: str):
-        if value not in GRAPH_MODES:
-            raise ValueError(f"unknown graphs mode {value!r}; choose one of {GRAPH_MODES}")
-        self.routing.graphs = value
+    expert_kernel = routing_choice("expert_kernel", EXPERT_KERNELS, "expert_kernel")   # grouped | loop
+    graphs = routing_choice("graphs", GRAPH_MODES, "graphs mode")                      # off | on
 
     @contextlib.contextmanager
     def listening(self, fn: Callable[[Demand], None]):
