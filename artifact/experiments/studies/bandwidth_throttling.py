@@ -10,21 +10,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments import paper
+from artifact.experiments import verdicts as verdict_rules
 from artifact.experiments.claims import COLORS, EXACT, PER_RUN, Claim, judged, title
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import (
-    CONTROL,
-    METHOD,
-    Interval,
-    combine,
-    controls,
-    controls_text,
-    faster,
-    gated,
-    host_shares,
-)
+from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, faster, gated
 from artifact.offload.link import PCIE4_GBPS
 
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
@@ -90,7 +81,7 @@ def numbers(summary, rows=None) -> Numbers:
         stall = tuple((d.link_gbps[x], Interval.of(t.loc[x])) for x in scales)
         aa = controls(rows, ["bandwidth_scale"], metric="stall_seconds")
         control = tuple((d.link_gbps[x], aa[(x,)]) for x in scales if (x,) in aa)
-        hs = host_shares(rows, ["bandwidth_scale"])
+        hs = verdict_rules.host_shares(rows, ["bandwidth_scale"])
         host = tuple((d.link_gbps[x], hs[(x,)]) for x in scales if (x,) in hs)
     return Numbers(1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
                    s.speculative_transfers.iloc[0] / d.transfers.iloc[0],

@@ -9,22 +9,13 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments import paper
+from artifact.experiments import verdicts as verdict_rules
 from artifact.experiments.bench.results import same_tokens
 from artifact.experiments.claims import EXACT, NOT_REPRODUCED, PER_RUN, REPRODUCED, Claim, judged, title
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table, with_paper
-from artifact.experiments.verdicts import (
-    METHOD,
-    Interval,
-    combine,
-    controls,
-    controls_text,
-    faster,
-    gated,
-    host_shares,
-    no_difference,
-)
+from artifact.experiments.verdicts import METHOD, Interval, combine, controls, controls_text, faster, gated
 
 STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
 
@@ -56,7 +47,7 @@ def numbers(by_ratio, rows) -> Numbers:
     low = by_ratio[by_ratio.cache_ratio == paper.AT_LOW.cache_ratio]
     return Numbers(n_same, n_cells, by_ratio[(by_ratio.cache_ratio >= lo) & (by_ratio.cache_ratio <= hi)],
                    low.iloc[0] if len(low) else None, controls(rows, ["cache_ratio"]),
-                   host_shares(rows, ["cache_ratio"]))
+                   verdict_rules.host_shares(rows, ["cache_ratio"]))
 
 
 def control_text(n: Numbers, ratios=None) -> str:
@@ -90,7 +81,8 @@ def verdicts(n: Numbers) -> list[Claim]:
             verdict, reason, pairs=int(n.in_range.n_pairs.min()), margin=margin, **timed))
     if n.at_low is not None:
         r = n.at_low
-        ruling = gated(no_difference(Interval.of(r)), n.control.get((r.cache_ratio,)), n.host.get((r.cache_ratio,)))
+        ruling = gated(verdict_rules.no_difference(Interval.of(r)), n.control.get((r.cache_ratio,)),
+                       n.host.get((r.cache_ratio,)))
         claims.append(Claim(
             f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ "
             f"(equivalence within +-{paper.EQUIV_MARGIN:g}%)",

@@ -26,21 +26,12 @@ from scipy.interpolate import RegularGridInterpolator
 from tqdm.auto import tqdm
 
 from artifact.experiments import paper
+from artifact.experiments import verdicts as verdict_rules
 from artifact.experiments.claims import EXACT, NOT_MEASURABLE, PAPER_STYLE, Claim, judged, title
 from artifact.experiments.runs import load_model
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import (
-    CONTROL,
-    METHOD,
-    Interval,
-    combine,
-    controls,
-    controls_text,
-    faster,
-    gated,
-    host_shares,
-)
+from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, faster, gated
 from artifact.model.tasks import prompts
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.runner import OffloadSpec
@@ -330,7 +321,7 @@ def throughput_claim(table: pd.DataFrame, cal: Calibration, rows: pd.DataFrame |
     """The streams' verdict: `faster` per stream, gated by the A/A control of `rows` (stream_runs)."""
     paper_verdict = paper.demand_vs_last_step(1.0)
     aa = controls(rows, ["task"], metric="forwards_per_second") if rows is not None else {}
-    hs = host_shares(rows, ["task"])
+    hs = verdict_rules.host_shares(rows, ["task"])
     measured = ("; ".join(f"{r.task}: {r.diff_pct:+.1f}% [{r.ci_low:+.1f}, {r.ci_high:+.1f}]"
                           for r in table.itertuples()) + "; " + controls_text(aa, lambda k: k[0]))
     cost = (f"{cal.compute_us_per_expert:.0f} us per expert, {cal.other_us_per_demand:.0f} us other per demand"

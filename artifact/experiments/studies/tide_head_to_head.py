@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from artifact.experiments import paper
+from artifact.experiments import verdicts as verdict_rules
 from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.claims import COLORS, NOT_MEASURABLE, Claim, judged, title
 from artifact.experiments.runs import load_model, run_grid
@@ -17,17 +18,7 @@ from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide.checkout import check_tide
-from artifact.experiments.verdicts import (
-    CONTROL,
-    METHOD,
-    Interval,
-    combine,
-    controls,
-    controls_text,
-    gated,
-    host_shares,
-    not_faster,
-)
+from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, gated, not_faster
 from artifact.model.tasks import prompts
 from artifact.offload.sim import capacity_for
 
@@ -114,7 +105,7 @@ def style_numbers(table, rows) -> StyleNumbers:
     for r in sorted(over.index, reverse=True):
         m = rows[rows.cache_ratio == r].groupby("policy").demand_misses.sum()
         per.append((float(r), Interval.of(over.loc[r]), m["interval_refresh"] / m["demand"] - 1))
-    return StyleNumbers(tuple(per), controls(rows, ["cache_ratio"]), host_shares(rows, ["cache_ratio"]))
+    return StyleNumbers(tuple(per), controls(rows, ["cache_ratio"]), verdict_rules.host_shares(rows, ["cache_ratio"]))
 
 
 def style_text(n: StyleNumbers) -> str:
