@@ -21,7 +21,10 @@ if [ "${1:-}" = "--fast" ]; then
   printf '[fast] ruff + import contract + unit tier: %d.%01d s wall\n' $((ms / 1000)) $((ms % 1000 / 100))
   exit 0
 fi
-"$PY" -m pytest tests -q
+# The unit tier on 2 pytest-xdist workers (as --fast), then the slow tier (tiny-model runs, jobs, timing
+# against an emulated link) in one process, where no test competes with another for the cores.
+"$PY" -m pytest tests -q -m "not slow" -n 2 -p no:nbval
+"$PY" -m pytest tests -q -m slow -p no:nbval
 # --- nbval ---------------------------------------------------------------------------------------------
 # Claim cells are compared with their stored outputs; wall-clock figures are masked (see the cfg).
 # Tests never overwrite a user's results: the notebooks write into a temporary data/ and figures/.
