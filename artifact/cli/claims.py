@@ -1,13 +1,14 @@
 """`claims`: the claims table for a profile, rendered from its stored claim records
-(artifact.experiments.claims_table); `--update-readme` rewrites the blocks between its markers in the README
-(the compact table) and docs/claims.md (the full table and the agreement of repeated runs)."""
+(artifact.experiments.claims_table): the README's compact table, or with --full docs/claims.md's.
+`--update-readme` rewrites the blocks between its markers in the README (the compact table) and
+docs/claims.md (the full table and the agreement of repeated runs)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 from artifact.errors import UserError
-from artifact.experiments.claims_table import agreement_runs, render, render_agreement, update_readme
+from artifact.experiments.claims_table import agreement_runs, render, render_agreement, render_compact, update_readme
 from artifact.experiments.settings import load_profile
 
 
@@ -26,7 +27,7 @@ def cmd_claims(a) -> int:
                             "e.g. results/PROFILE/data/)")
         print(render_agreement([Path(d) for d in dirs]))
         return 0
-    print(render(name))
+    print(render(name) if a.full else render_compact(name))    # docs/claims.md's table, or the README's
     return 0
 
 
@@ -38,6 +39,8 @@ def add_cli(subparsers) -> None:
     c.add_argument("--update-readme", action="store_true",
                    help="rewrite the blocks between <!-- claims:PROFILE:begin/end --> in the README and "
                         "docs/claims.md instead of printing")
+    c.add_argument("--full", action="store_true",
+                   help="print the full table (docs/claims.md's) instead of the README's compact one")
     c.add_argument("--readme", type=Path, default=None, help="the README to update (default: the checkout's)")
     c.add_argument("--agreement", nargs="*", type=Path, default=None, metavar="DIR",
                    help="compare the timing verdicts of repeated runs (each DIR holds a run's *.claims.json; none "
