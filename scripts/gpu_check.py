@@ -52,20 +52,8 @@ NOTE = ("Random weights route differently from the trained LLaDA2.0-mini: the wo
 NO_GPU = "gpu_check: no CUDA GPU visible (torch.cuda.is_available() is False); nothing was run."
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_check.json")
-    ap.add_argument("--ratios", default="0.83,1.0,1.73", help="C/W ratios of step 7")
-    ap.add_argument("--batches", default="1,4", help="batch sizes of step 7")
-    ap.add_argument("--prompt-length", type=int, default=64)
-    ap.add_argument("--gen-length", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=6, help="model layers of step 7, layer 0 dense")
-    ap.add_argument("--store-gb", type=float, default=9.0, help="size of the host store pinned in step 6")
-    ap.add_argument("--skip-tests", action="store_true", help="skip step 2 (pytest -m cuda)")
-    ap.add_argument("--test-timeout", type=int, default=150, help="seconds for step 2")
-    ap.add_argument("--device", default="cuda", help="cuda, or cpu with --allow-cpu (dry run)")
-    ap.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU: tiny shapes, emulated link")
-    a = ap.parse_args(argv)
+def check_engine_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The engine step's flags, shared with scripts/gpu_check_graphs.py: parsed in place, or ap.error."""
     try:
         a.ratios = [float(r) for r in a.ratios.split(",") if r.strip()]
         a.batches = [int(b) for b in a.batches.split(",") if b.strip()]
@@ -80,12 +68,29 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.layers < 2:
         ap.error("--layers must be >= 2 (layer 0 is dense)")
-    if not a.store_gb > 0:
-        ap.error(f"--store-gb must be > 0, got {a.store_gb}")
     if a.device not in ("cuda", "cpu"):
         ap.error(f"--device must be cuda or cpu, got {a.device!r}")
     if a.device == "cpu" and not a.allow_cpu:
         ap.error("--device cpu is a dry run of the pipeline: add --allow-cpu")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_check.json")
+    ap.add_argument("--ratios", default="0.83,1.0,1.73", help="C/W ratios of step 7")
+    ap.add_argument("--batches", default="1,4", help="batch sizes of step 7")
+    ap.add_argument("--prompt-length", type=int, default=64)
+    ap.add_argument("--gen-length", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=6, help="model layers of step 7, layer 0 dense")
+    ap.add_argument("--store-gb", type=float, default=9.0, help="size of the host store pinned in step 6")
+    ap.add_argument("--skip-tests", action="store_true", help="skip step 2 (pytest -m cuda)")
+    ap.add_argument("--test-timeout", type=int, default=150, help="seconds for step 2")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu with --allow-cpu (dry run)")
+    ap.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU: tiny shapes, emulated link")
+    a = ap.parse_args(argv)
+    check_engine_args(ap, a)
+    if not a.store_gb > 0:
+        ap.error(f"--store-gb must be > 0, got {a.store_gb}")
     return a
 
 

@@ -92,26 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda", help="cuda, or cpu with --allow-cpu (dry run)")
     ap.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU: tiny shapes, emulated link")
     a = ap.parse_args(argv)
-    try:
-        a.ratios = [float(r) for r in a.ratios.split(",") if r.strip()]
-        a.batches = [int(b) for b in a.batches.split(",") if b.strip()]
-    except ValueError:
-        ap.error(f"--ratios and --batches must be comma-separated numbers, got {a.ratios!r}, {a.batches!r}")
-    if not a.ratios or min(a.ratios) <= 0:
-        ap.error(f"--ratios must be positive, got {a.ratios}")
-    if not a.batches or not all(1 <= b <= 8 for b in a.batches):
-        ap.error(f"--batches must be in [1, 8], got {a.batches}")
-    for name in ("prompt_length", "gen_length"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    if a.layers < 2:
-        ap.error("--layers must be >= 2 (layer 0 is dense)")
+    base.check_engine_args(ap, a)
     if not a.budget_s > 0:
         ap.error(f"--budget-s must be > 0, got {a.budget_s}")
-    if a.device not in ("cuda", "cpu"):
-        ap.error(f"--device must be cuda or cpu, got {a.device!r}")
-    if a.device == "cpu" and not a.allow_cpu:
-        ap.error("--device cpu is a dry run of the pipeline: add --allow-cpu")
     a.store_gb, a.skip_tests = 0.0, True           # the shared steps read these; nothing here pins a store
     return a
 
