@@ -37,17 +37,23 @@ def test_no_gpu_exits_3_with_a_clear_message(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--device", "cpu"], "--allow-cpu"),
-    (["--ratios", "0.5,x"], "comma-separated"),
-    (["--ratios", "0,1"], "positive"),
-    (["--batches", "9"], "--batches"),
-    (["--store-gb", "0"], "--store-gb"),
-    (["--layers", "1"], "--layers"),
+@pytest.mark.parametrize("script, args, words", [
+    ("check", ["--device", "cpu"], "--allow-cpu"),
+    ("check", ["--ratios", "0.5,x"], "comma-separated"),
+    ("check", ["--ratios", "0,1"], "positive"),
+    ("check", ["--batches", "9"], "--batches"),
+    ("check", ["--store-gb", "0"], "--store-gb"),
+    ("check", ["--layers", "1"], "--layers"),
+    ("graphs", ["--device", "cpu"], "--allow-cpu"),
+    ("graphs", ["--ratios", "1,x"], "comma-separated"),
+    ("graphs", ["--batches", "0"], "--batches"),
+    ("graphs", ["--budget-s", "0"], "--budget-s"),
+    ("graphs", ["--layers", "1"], "--layers"),
 ])
-def test_bad_arguments_exit_2(args, words, capsys):
+def test_bad_arguments_exit_2(script, args, words, capsys):
+    """scripts/gpu_check.py and its graphs check (scripts/gpu_check_graphs.py) alike."""
     with pytest.raises(SystemExit) as e:
-        load_script().parse_args(args)
+        (load_script() if script == "check" else load_graphs()).parse_args(args)
     assert e.value.code == 2 and words in capsys.readouterr().err
 
 
@@ -139,17 +145,6 @@ def load_graphs():
     return mod
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--device", "cpu"], "--allow-cpu"),
-    (["--ratios", "1,x"], "comma-separated"),
-    (["--batches", "0"], "--batches"),
-    (["--budget-s", "0"], "--budget-s"),
-    (["--layers", "1"], "--layers"),
-])
-def test_graphs_check_bad_arguments_exit_2(args, words, capsys):
-    with pytest.raises(SystemExit) as e:
-        load_graphs().parse_args(args)
-    assert e.value.code == 2 and words in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens on a machine without a GPU")
