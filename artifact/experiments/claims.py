@@ -40,6 +40,10 @@ class Claim:
     interval: str = ""       # EXACT, or the interval ruled on (verdicts.METHOD)
     pairs: int | None = None  # pairs per cell behind the interval (the fewest over cells)
     margin: str = ""         # where the measured value lies against the threshold or interval bounds
+    per_run: tuple = ()      # timing: each stored run's own verdict (replication.py), in run order
+    pooled: str = ""         # timing: the pooled verdict over the stored runs ("" with fewer than 2)
+    this_run: str = ""       # timing: this run's own verdict (differs from `verdict` when this run is stored)
+    ruled: str = ""          # timing: "pooled" (this run is a stored run) or "this run" (a single run)
 
     def __post_init__(self):
         assert self.verdict in VERDICTS, self.verdict
@@ -49,6 +53,18 @@ class Claim:
         if self.pairs is not None:
             parts.append(f"{self.pairs} pairs")
         return "; ".join(parts)
+
+    def runs_text(self) -> str:
+        """Each stored run's own verdict beside the pooled one, and which one this verdict is."""
+        own = f"this run alone: {self.this_run or self.verdict}"
+        if not self.per_run:
+            return f"this verdict comes from one run, with no stored runs to compare ({own})"
+        n = len(self.per_run)
+        same = sum(v == self.pooled for v in self.per_run)
+        other = sum(v not in (self.pooled, INCONCLUSIVE) for v in self.per_run)
+        head = "this verdict is the pooled one" if self.ruled == "pooled" else "this verdict comes from one run"
+        return (f"{head} ({own}); {n} stored runs: pooled {self.pooled}, per run {', '.join(self.per_run)} "
+                f"({same} of {n} give the pooled verdict, {other} another)")
 
     def verdict_text(self) -> str:
         return f"{self.verdict} ({self.reason})" if self.reason else self.verdict
@@ -61,6 +77,8 @@ class Claim:
         out.append(f"measured{tag}: {self.measured}")
         if self.margin:
             out.append(f"margin{tag}: {self.margin}")
+        if self.timing:
+            out.append(f"runs{tag}: {self.runs_text()}")
         return out + [f"verdict{tag}: {self.verdict_text()}"]
 
 
@@ -191,6 +209,7 @@ def traces_dir(P: Settings) -> Path:
 DPI = 100
 COLORS = {"demand": "tab:blue", "last_step": "tab:orange", "oracle": "tab:green", "interval_refresh": "tab:purple",
           "belady": "tab:gray", "resident": "tab:gray"}
+CONTROL_COLOR = "dimgray"     # the A/A control (verdicts.CONTROL over demand): never a policy's colour
 PAPER_STYLE = dict(color="crimson", lw=1.5, ls="--")     # how the paper's figures are marked on a plot
 
 

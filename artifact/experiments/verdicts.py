@@ -1,22 +1,25 @@
-"""The verdict rules (docs/verdicts.md): every timing verdict is ruled on one interval, the 95% t interval of
-the mean per-pair percentage difference over pairs (stats.paired_difference), with at least
-paper.MIN_PAIRS pairs, and has three outcomes: reproduced, not reproduced, inconclusive.
+"""The verdict rules (docs/verdicts.md). Every timing verdict is ruled on one interval per cell (one task, batch
+size, C/W, bandwidth: no interval pools cells) and has three outcomes: reproduced, not reproduced, inconclusive.
+Which interval: a stored result's is the t interval over its runs' per-cell means, a single run's is its own mean
+widened by the stored runs' spread (replication.py: the run is the unit of replication); `Interval.unit` says which.
 
-  faster(iv)          "A is faster than B": reproduced when the interval lies above 0; not reproduced when it
-                      lies below 0, or when it crosses 0 but lies below the paper's range (the paper's effect
-                      is excluded); inconclusive when it crosses 0 and reaches the paper's range.
-  no_difference(iv)   "A and B do not differ" (an equivalence test, TOST at 2.5% per side): reproduced when the
-                      whole interval lies inside +-paper.EQUIV_MARGIN; not reproduced when it lies wholly
-                      outside; inconclusive otherwise (a wide interval decides nothing).
-  not_faster(iv)      "A is not faster than B" (non-superiority): reproduced when the interval lies below
-                      +paper.EQUIV_MARGIN; not reproduced when it lies above 0; inconclusive otherwise.
+  faster(iv)          "A is faster than B": the verdict is the direction. Reproduced when the interval lies above
+                      0; not reproduced when it lies below 0, or crosses 0 but lies below the paper's range;
+                      inconclusive when it crosses 0 and reaches the paper's range. The magnitude is ruled apart
+                      (`Ruling.magnitude`): below, inside, above or overlapping the paper's range.
+  no_difference(iv)   "A and B do not differ" (equivalence, TOST at 2.5% per side): reproduced when the whole
+                      interval lies inside +-paper.EQUIV_MARGIN, even when it excludes 0 (the reason says both);
+                      not reproduced when it lies wholly outside; inconclusive otherwise.
+  not_faster(iv)      "A is not faster than B" (non-superiority by +EQUIV_MARGIN): reproduced when the upper bound
+                      lies below +EQUIV_MARGIN, even when the interval lies above 0 (the reason says both); not
+                      reproduced when it lies above 0 and reaches the margin; inconclusive otherwise.
 
-A grid's verdict combines its cells' (`combine`): not reproduced if any cell is, reproduced if every cell is,
-else inconclusive. An A/A control (two policies that do identical work) whose interval excludes 0 makes the
-cells it controls inconclusive (`gated`): the instrument is biased there. Every timing grid carries one:
-CONTROL, which does exactly demand's work, timed against demand in the same cells (`controls`). Exact counts
-have no interval; their verdicts compare a number with a threshold of paper.py and print the margin (`margin_below`,
-`margin_at_least`).
+A claim over cells combines them (`combine`): not reproduced if any cell is, reproduced if every cell is, else
+inconclusive. Every timing grid carries an A/A control: CONTROL, which does exactly demand's work, timed against
+demand in the same cells (`controls`). A cell whose control does not show equivalence (inside +-EQUIV_MARGIN;
+containing 0 is not enough) is inconclusive (`gated`, `control_ruling`): the instrument is biased or too noisy
+there. Exact counts have no interval; their verdicts compare a number with a threshold of paper.py and print the
+margin (`margin_below`, `margin_at_least`).
 
 A GPU timing cell whose host time per forward is more than HOST_BOUND of its wall time (`host_shares`, from the
 rows' host_ms_per_forward and wall_ms_per_forward) timed the host's Python and launches, not the link: its
@@ -44,27 +47,37 @@ HOST_BOUND = 0.5
 
 @dataclass(frozen=True)
 class Interval:
-    """A paired effect: the mean per-pair percentage, its 95% t interval and the number of pairs."""
+    """An effect (A over B, % per pair) and its 95% interval. `unit` says what the interval is over: "pairs"
+    (within one run), "runs" (pooled over runs: replication.METHOD) or "run" (one run widened by the stored runs'
+    spread: replication.ONE_RUN); `n` counts that unit (for "run", the stored runs whose spread it borrows)."""
     mean: float
     low: float
     high: float
     n: int
+    unit: str = "pairs"
 
     @classmethod
     def of(cls, row) -> "Interval":
-        """From a stats.paired_table row (diff_pct, ci_low, ci_high, n_pairs)."""
+        """From a stats.paired_table row (diff_pct, ci_low, ci_high, n_pairs): an interval over pairs."""
         return cls(float(row.diff_pct), float(row.ci_low), float(row.ci_high), int(row.n_pairs))
 
     def text(self, unit: str = "%") -> str:
         return f"{self.mean:+.1f}{unit} [{self.low:+.1f}, {self.high:+.1f}]"
 
     @property
+    def needed(self) -> int:
+        return paper.MIN_PAIRS if self.unit == "pairs" else paper.MIN_RUNS
+
+    @property
     def usable(self) -> bool:
-        return self.n >= paper.MIN_PAIRS and math.isfinite(self.low) and math.isfinite(self.high)
+        return self.n >= self.needed and math.isfinite(self.low) and math.isfinite(self.high)
 
     @property
     def excludes_zero(self) -> bool:
         return self.usable and (self.low > 0 or self.high < 0)
+
+    def count_text(self) -> str:
+        return {"pairs": f"{self.n} pairs", "runs": f"{self.n} runs"}.get(self.unit, f"1 run, sd of {self.n} runs")
 
 
 @dataclass(frozen=True)
@@ -72,16 +85,20 @@ class Ruling:
     verdict: str
     why: str            # one phrase: what decided it
     margin: str         # where the interval lies against the rule's bounds (printed by the claim cell)
+    magnitude: str = ""  # `faster` with a paper range: below, inside or above it (the direction is the verdict)
 
 
 def _few(iv: Interval) -> Ruling | None:
     if iv.usable:
         return None
-    return Ruling(INCONCLUSIVE, f"{iv.n} pairs, the rule needs >= {paper.MIN_PAIRS}", f"{iv.n} pairs")
+    if iv.n < iv.needed:
+        return Ruling(INCONCLUSIVE, f"{iv.count_text()}, the rule needs >= {iv.needed} {iv.unit.rstrip('s')}s",
+                      iv.count_text())
+    return Ruling(INCONCLUSIVE, "no interval (the pairs have no spread to size it)", iv.count_text())
 
 
 def position(iv: Interval, lo: float, hi: float) -> str:
-    """Where the interval lies against a range [lo, hi] (the paper's)."""
+    """Where the interval lies against a range [lo, hi] (the paper's): below, inside, above or overlapping."""
     if iv.high < lo:
         where = "below"
     elif iv.low > hi:
@@ -94,21 +111,31 @@ def position(iv: Interval, lo: float, hi: float) -> str:
 
 
 def faster(iv: Interval, paper_range: tuple[float, float] | None = None) -> Ruling:
+    """"A is faster than B": the verdict is the direction (reproduced when the interval lies above 0); the
+    magnitude is ruled apart, as below, inside, above or overlapping the paper's range."""
     few = _few(iv)
     if few:
         return few
-    where = f"; {position(iv, *paper_range)}" if paper_range else ""
-    margin = f"lower bound {iv.low:+.1f} vs 0{where}"
+    where = position(iv, *paper_range) if paper_range else ""
+    margin = f"lower bound {iv.low:+.1f} vs 0" + (f"; {where}" if where else "")
+    magnitude = f"magnitude {where}" if where else ""
     if iv.low > 0:
-        return Ruling(REPRODUCED, "interval above 0", margin)
+        return Ruling(REPRODUCED, "direction: interval above 0", margin, magnitude)
     if iv.high < 0:
-        return Ruling(NOT_REPRODUCED, "interval below 0: the other one is faster", margin)
+        return Ruling(NOT_REPRODUCED, "interval below 0: the other one is faster", margin, magnitude)
     if paper_range and iv.high < paper_range[0]:
-        return Ruling(NOT_REPRODUCED, f"interval below the paper's +{paper_range[0]:g}", margin)
-    return Ruling(INCONCLUSIVE, "interval crosses 0", margin)
+        return Ruling(NOT_REPRODUCED, f"interval below the paper's +{paper_range[0]:g}", margin, magnitude)
+    return Ruling(INCONCLUSIVE, "interval crosses 0", margin, magnitude)
+
+
+def _significant(iv: Interval) -> str:
+    return (f"; the interval also excludes 0 ({iv.text()}): a significant difference, smaller than the margin"
+            if iv.excludes_zero else "")
 
 
 def no_difference(iv: Interval, margin: float = paper.EQUIV_MARGIN) -> Ruling:
+    """"A and B do not differ": equivalence within +-margin. One answer per interval: inside the margin is
+    reproduced even when the interval excludes 0 (the reason then says both)."""
     few = _few(iv)
     if few:
         return few
@@ -116,32 +143,53 @@ def no_difference(iv: Interval, margin: float = paper.EQUIV_MARGIN) -> Ruling:
     text = (f"interval inside +-{margin:g} by {spare:.1f} points" if spare >= 0 else
             f"interval exceeds +-{margin:g} by {-spare:.1f} points")
     if spare >= 0:
-        return Ruling(REPRODUCED, f"interval inside +-{margin:g}%", text)
+        return Ruling(REPRODUCED, f"interval inside +-{margin:g}%" + _significant(iv), text)
     if iv.low > margin or iv.high < -margin:
         return Ruling(NOT_REPRODUCED, f"interval wholly outside +-{margin:g}%", text)
     return Ruling(INCONCLUSIVE, f"interval too wide for +-{margin:g}%", text)
 
 
 def not_faster(iv: Interval, margin: float = paper.EQUIV_MARGIN) -> Ruling:
+    """"A is not faster than B" (non-superiority by +margin). One answer per interval: reproduced when the upper
+    bound lies below +margin, even when the interval lies above 0 (then A is faster by less than the margin, and
+    the reason says both); not reproduced when the interval lies above 0 and reaches +margin; else inconclusive."""
     few = _few(iv)
     if few:
         return few
     text = f"upper bound {iv.high:+.1f} vs +{margin:g}"
     if iv.high < margin:
-        return Ruling(REPRODUCED, f"interval below +{margin:g}%", text)
+        return Ruling(REPRODUCED, f"interval below +{margin:g}%" + _significant(iv), text)
     if iv.low > 0:
-        return Ruling(NOT_REPRODUCED, "interval above 0: faster", text)
+        return Ruling(NOT_REPRODUCED, "interval above 0 and reaching the margin: faster", text)
     return Ruling(INCONCLUSIVE, f"interval reaches +{margin:g}% and crosses 0", text)
 
 
+def control_ruling(control: Interval | None) -> str | None:
+    """Why an A/A control disqualifies its cell, or None when it shows equivalence: its interval must lie inside
+    +-EQUIV_MARGIN (containing 0 is not enough: a wide interval contains 0 and says the instrument is too noisy)."""
+    if control is None:
+        return None
+    r = no_difference(control)
+    if r.verdict == REPRODUCED:
+        return None
+    if control.excludes_zero:
+        return f"A/A control {control.text()} excludes 0: the instrument is biased here"
+    if not control.usable:
+        return f"A/A control {control.text()}: {r.why}"
+    return (f"A/A control {control.text()} is not inside +-{paper.EQUIV_MARGIN:g}%: the instrument is too noisy "
+            "here to rule")
+
+
 def gated(ruling: Ruling, control: Interval | None, host: float | None = None) -> Ruling:
-    """The ruling, or inconclusive when the A/A control of its cell excludes 0, or when the cell is host-bound
-    (`host`: its host share of wall time on a GPU, host_shares; None: not measured, or not a GPU)."""
-    if control is not None and control.excludes_zero:
-        return Ruling(INCONCLUSIVE, f"A/A control {control.text()} excludes 0", ruling.margin)
+    """The ruling, or inconclusive when the A/A control of its cell does not show equivalence (control_ruling),
+    or when the cell is host-bound (`host`: its host share of wall time on a GPU, host_shares; None: not
+    measured, or not a GPU)."""
+    bad = control_ruling(control)
+    if bad:
+        return Ruling(INCONCLUSIVE, bad, ruling.margin, ruling.magnitude)
     if host is not None and host > HOST_BOUND:
         return Ruling(INCONCLUSIVE, f"host-bound: host {host:.0%} of wall time per forward (> {HOST_BOUND:.0%}), "
-                      "so it timed the host, not the link", ruling.margin)
+                      "so it timed the host, not the link", ruling.margin, ruling.magnitude)
     return ruling
 
 
@@ -179,15 +227,20 @@ def controls_text(aa: dict, label=lambda key: ", ".join(f"{k:g}" if isinstance(k
 
 def combine(rulings: Iterable[tuple[str, Ruling]]) -> tuple[str, str, str]:
     """(verdict, reason, margin) over labelled cells: not reproduced if any is, reproduced if all are, else
-    inconclusive; the reason names the cells that decided it, the margin lists every cell's."""
+    inconclusive; the reason names the cells that decided it (for a reproduced `faster`, the magnitude of each
+    cell), the margin lists every cell's."""
     rulings = list(rulings)
     if not rulings:
         return INCONCLUSIVE, "no cells", ""
     verdicts = [r.verdict for _, r in rulings]
     verdict = (NOT_REPRODUCED if NOT_REPRODUCED in verdicts else REPRODUCED if all(v == REPRODUCED for v in verdicts)
                else INCONCLUSIVE)
-    reason = "" if verdict == REPRODUCED else "; ".join(f"{label}: {r.why}" for label, r in rulings
-                                                         if r.verdict == verdict)
+    if verdict == REPRODUCED:
+        parts = [f"{label}: {r.magnitude}" for label, r in rulings if r.magnitude]
+        extra = [f"{label}: {r.why.split('; ', 1)[1]}" for label, r in rulings if "; " in r.why]
+        reason = "; ".join((["direction reproduced; " + "; ".join(parts)] if parts else []) + extra)
+    else:
+        reason = "; ".join(f"{label}: {r.why}" for label, r in rulings if r.verdict == verdict)
     return verdict, reason, "; ".join(f"{label}: {r.margin}" for label, r in rulings)
 
 

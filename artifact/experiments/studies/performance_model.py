@@ -28,8 +28,10 @@ from tqdm.auto import tqdm
 
 from artifact.errors import SettingError
 from artifact.experiments import paper
+from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import MODELED, Claim, judged, title
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
+from artifact.experiments.replication import cached_rows
 from artifact.experiments.runs import load_model, offload_spec
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
@@ -277,6 +279,21 @@ def validate_cpu(P: Settings, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLI
     df = pd.DataFrame(rows)
     df["error"] = df.modeled_seconds_per_step / df.measured_seconds_per_step - 1
     return df, source
+
+
+VALIDATION = "validation"    # data/results/<profile>/validation.csv: the timed validation rows (replication.py)
+
+
+def validation(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
+    """The validation protocol of docs/perf_model.md: validate_cpu at batch sizes 1 and 4 and every C/W of the
+    profile's grid, 2 repetitions, reused from data/results/<profile>/validation.csv when made under these settings
+    (replication.cached_rows). Returns the rows and the calibration's description."""
+    def measure():
+        df, source = validate_cpu(P, ratios=tuple(P.cache_ratios), batch_sizes=(1, 4), repetitions=2,
+                                  progress=progress)
+        return df.assign(calibration=source)
+    rows = cached_rows(P, VALIDATION, bench_fingerprint(P), measure)
+    return rows, str(rows.calibration.iloc[0]) if len(rows) else ""
 
 
 def validate_gpu(report: str | Path | None = None, traces: dict[int, str | Path] | None = None) -> pd.DataFrame:

@@ -27,8 +27,10 @@ from tqdm.auto import tqdm
 
 from artifact.experiments import paper
 from artifact.experiments import verdicts as verdict_rules
+from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, NOT_MEASURABLE, PAPER_STYLE, Claim, judged, title
-from artifact.experiments.runs import load_model
+from artifact.experiments.replication import cached_rows
+from artifact.experiments.runs import load_model, traces
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, faster, gated
@@ -300,6 +302,24 @@ def stream_runs(P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: C
                          "link_busy_seconds": st["link_busy_seconds"], "demand_misses": st["demand_misses"],
                          "speculative_transfers": st["speculative_transfers"], "transfers": st["transfers"]})
     return pd.DataFrame(rows)
+
+
+STREAMS = "streams"      # data/results/<profile>/streams.csv: the timed stream rows (replication.cached_rows)
+
+
+def streams(P: Settings, base: SynthParams | None = None, points: dict | None = None, g: MapGrid | None = None,
+            cal: Calibration | None = None, progress: bool = True) -> pd.DataFrame:
+    """stream_runs' rows, reused from data/results/<profile>/streams.csv when made under these settings (so a
+    stored run is ruled on its own rows); the map's inputs are computed from the traces when not given."""
+    if base is None or points is None or g is None:
+        g = grid_for(P)
+        fits = trace_fits(traces(P))
+        base = base_params(fits, g)
+        points = stream_points(numbers(routing_map(base, g, prefill_multiple(fits), progress=False), fits))
+
+    def measure():
+        return stream_runs(P, base, points, g, cal or calibration(P), progress=progress)
+    return cached_rows(P, STREAMS, bench_fingerprint(P), measure)
 
 
 def stream_store(loaded, t: Trace, shape: ExpertShape, seed: int, device: str) -> HostStore:

@@ -1,0 +1,346 @@
+"""The run as the unit of replication: every timing verdict is ruled on an interval that carries the variation
+between runs, not only the variation between the pairs of one run.
+
+The pairs of one run share the machine's state (its load, its clock, where the allocator put things), so an
+interval over them says how precisely that run measured itself, not what another run on another day will see:
+on the cpu profile, estimates of one run fell outside another run's 95% intervals over pairs. So a stored
+(headline) result is N >= MIN_RUNS runs of the timing notebooks at one commit, and their raw rows are committed:
+
+    data/results/<profile>/runs/run<k>/<stem>.csv    run k's raw rows of grid <stem>, as the bench wrote them
+    data/results/<profile>/runs/run<k>/run.json      its commit, date, load average and command
+
+Per cell (one task, batch size, C/W, bandwidth; no interval pools cells), with x_i the mean over run i's pairs of
+the per-pair percentage difference (stats.percent_differences) and s the standard deviation of x_1..x_N:
+
+    pooled     mean(x) +- t_{N-1} * s / sqrt(N)          the t interval over per-run means (METHOD)
+    one run    x_i +- max(t_{N-1} * s, t_{n-1} * w)      a single run's interval (ONE_RUN): its own mean, with the
+                                                         spread of a run's mean that the stored runs showed, or
+                                                         its own pairs' standard error w when that is larger
+
+A run that is one of the stored runs (its rows are a stored run's rows, `--store`) is ruled on the pooled
+interval; any other run (a fresh clone's ./run_all.sh) on its one-run interval, and says so. A run with no stored
+runs to borrow from has only its own pairs: its interval is the t interval over them (WITHIN), labelled as such.
+The widening makes a single run's verdict agree with the pooled one or be inconclusive: with a run's mean x_i
+inside mean(x) +- t s, a one-run interval that excludes 0 has the pooled mean on the same side.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from artifact.experiments import paper
+from artifact.experiments.claims import Claim, reference_data_dir, results_dir, run_info
+from artifact.experiments.stats import pairs, percent_differences
+from artifact.experiments.verdicts import Interval, Ruling, combine, gated
+from artifact.paths import atomic_write_text
+
+RUNS = "runs"
+METHOD = f"{paper.CONFIDENCE:.0%} t interval over per-run means (runs are the unit, df = N - 1)"
+ONE_RUN = f"one run: its mean +- t_(N-1) x the sd of the stored runs' means ({paper.CONFIDENCE:.0%})"
+WITHIN = f"{paper.CONFIDENCE:.0%} t interval over this run's pairs (within one run: no between-run variance)"
+# The raw row files of the timing notebooks (data/results/<profile>/<stem>.csv): what a stored run keeps.
+TIMED_STEMS = ("throttle_runs", "bench", "tide_style_runs", "beyond-fifo", "beyond-demand", "cache_design_runs",
+               "streams", "validation")
+
+
+class RunsError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Stored runs
+# ---------------------------------------------------------------------------------------------
+def runs_root(profile_name: str, reference: Path | None = None) -> Path:
+    base = Path(reference) / "data" / "results" / profile_name if reference else reference_data_dir(profile_name)
+    return base / RUNS
+
+
+def stored_runs(profile_name: str, reference: Path | None = None) -> list[Path]:
+    """The stored runs of a profile, run1, run2, ... in number order (a folder without run.json is skipped: a
+    copy that never finished)."""
+    root = runs_root(profile_name, reference)
+    found = [p for p in root.glob("run*") if p.is_dir() and p.name[3:].isdigit() and (p / "run.json").is_file()]
+    return sorted(found, key=lambda p: int(p.name[3:]))
+
+
+def run_meta(run: Path) -> dict:
+    try:
+        return json.loads((Path(run) / "run.json").read_text())
+    except (OSError, ValueError) as e:
+        raise RunsError(f"{run}/run.json: unreadable ({e}); a stored run needs its run.json") from e
+
+
+def row_files(P, stem: str, directory: Path | None = None) -> list[Path]:
+    """The files of grid `stem` in a folder (default: this profile's working folder, results_dir): <stem>.csv
+    and the <stem>-<fingerprint>.csv files runs.bench_file writes when settings changed."""
+    d = Path(directory) if directory is not None else results_dir(P)
+    return sorted(p for p in d.glob(f"{stem}*.csv") if p.stem == stem or p.stem.startswith(f"{stem}-"))
+
+
+def stored_rows(P, stem: str, fingerprint: str | None = None, reference: Path | None = None,
+                read=pd.read_csv) -> list[tuple[str, pd.DataFrame]]:
+    """[(run name, its rows of grid `stem`)] over the stored runs that hold rows made under `fingerprint`
+    (every row when None or when the file has no fingerprint column)."""
+    out = []
+    for run in stored_runs(P.name, reference):
+        frames = []
+        for f in row_files(P, stem, run):
+            df = read(f)
+            if fingerprint is not None and "fingerprint" in df.columns:
+                df = df[df.fingerprint.astype(str) == fingerprint]
+            if len(df):
+                frames.append(df)
+        if frames:
+            out.append((run.name, pd.concat(frames, ignore_index=True)))
+    return out
+
+
+def record_run(P, stems: Sequence[str] = TIMED_STEMS, reference: Path | None = None, seconds: float | None = None,
+               log=print) -> Path:
+    """Copy this profile's working row files (results_dir) of `stems` into a new stored run, runs/run<k>/ with k
+    one more than the last: written into a temporary folder and renamed, so a run is either whole or absent;
+    never over an existing run."""
+    files = [f for s in stems for f in row_files(P, s)]
+    if not files:
+        raise RunsError(f"{results_dir(P)}: no row files of the timing notebooks ({', '.join(stems)}); run them "
+                        "first (python -m artifact notebooks --only 03,04,05,06,07,08,09)")
+    root = runs_root(P.name, reference)
+    root.mkdir(parents=True, exist_ok=True)
+    have = stored_runs(P.name, reference)
+    k = int(have[-1].name[3:]) + 1 if have else 1
+    dest = root / f"run{k}"
+    if dest.exists():
+        raise RunsError(f"{dest} exists without run.json (an unfinished copy?); remove it, then record again")
+    tmp = root / f".run{k}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for f in files:
+        shutil.copyfile(f, tmp / f.name)
+    meta = {"run": k, **run_info(), "host": socket.gethostname(), "load_average": list(os.getloadavg()),
+            "cpus": os.cpu_count(), "seconds": seconds, "files": sorted(f.name for f in files)}
+    atomic_write_text(tmp / "run.json", json.dumps(meta, indent=1) + "\n")
+    tmp.rename(dest)
+    log(f"recorded {len(files)} row files as {dest}")
+    return dest
+
+
+def clear_working(P, stems: Sequence[str] = TIMED_STEMS, log=print) -> int:
+    """Remove this profile's working row files of `stems` (and their lock sidecars), so the next run of the timing
+    notebooks measures afresh. Stored runs and the committed reference are untouched."""
+    n = 0
+    for s in stems:
+        for f in row_files(P, s):
+            for g in (f, f.with_name(f.name + ".lock")):
+                if g.exists():
+                    g.unlink()
+            n += 1
+    log(f"cleared {n} working row files in {results_dir(P)}")
+    return n
+
+
+def cached_rows(P, stem: str, fingerprint: str, measure: Callable[[], pd.DataFrame], log=print) -> pd.DataFrame:
+    """A timing notebook's rows that are not a bench grid (07's streams, 08's validation cells), kept like a grid:
+    data/results/<profile>/<stem>.csv is reused when it holds rows made under `fingerprint`, else `measure()` runs
+    and its rows are written there atomically (column `fingerprint` added). Read back from the file either way, so
+    a run compares equal to its stored copy."""
+    path = results_dir(P) / f"{stem}.csv"
+    if path.is_file():
+        have = pd.read_csv(path)
+        if "fingerprint" in have.columns and set(have.fingerprint.astype(str)) == {fingerprint}:
+            log(f"{stem}: reusing {len(have)} rows of {path.name} (remove it to measure again)")
+            return have
+    rows = measure().assign(fingerprint=fingerprint)
+    atomic_write_text(path, rows.to_csv(index=False))
+    return pd.read_csv(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Intervals per cell
+# ---------------------------------------------------------------------------------------------
+def t_interval(values: Sequence[float], confidence: float = paper.CONFIDENCE) -> tuple[float, float, float]:
+    """(mean, low, high): the t interval of the mean of `values` (nan bounds for fewer than 2)."""
+    v = np.asarray(values, dtype=float)
+    mean = float(v.mean()) if len(v) else float("nan")
+    if len(v) < 2:
+        return mean, float("nan"), float("nan")
+    se = float(v.std(ddof=1)) / math.sqrt(len(v))
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(v) - 1)) * se
+    return mean, mean - half, mean + half
+
+
+@dataclass(frozen=True)
+class RunEffect:
+    """One run's effect in one cell: the mean per-pair % and the per-pair values."""
+    mean: float
+    diffs: tuple[float, ...]
+
+    @property
+    def se(self) -> float:
+        d = np.asarray(self.diffs)
+        return float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else float("nan")
+
+
+def run_effects(rows, a: str, b: str, by: Sequence[str], metric: str) -> dict[tuple, RunEffect]:
+    """{cell key: RunEffect} of A over B in one run's rows, per cell of `by`."""
+    pr = pairs(rows, a, b, metric)
+    out = {}
+    for key, g in pr.groupby(list(by), sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        d = percent_differences(g[a].to_numpy(), g[b].to_numpy())
+        out[tuple(_plain(k) for k in key)] = RunEffect(float(d.mean()), tuple(float(x) for x in d))
+    return out
+
+
+def _plain(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def pooled_interval(means: Sequence[float], confidence: float = paper.CONFIDENCE) -> Interval:
+    mean, lo, hi = t_interval(means, confidence)
+    return Interval(mean, lo, hi, len(means), "runs")
+
+
+def one_run_interval(run: RunEffect, stored_means: Sequence[float], confidence: float = paper.CONFIDENCE) -> Interval:
+    """A single run's interval (ONE_RUN); with fewer than 2 stored runs, the t interval over its own pairs."""
+    q = 0.5 + confidence / 2
+    if len(stored_means) < 2:
+        _, lo, hi = t_interval(run.diffs, confidence)
+        return Interval(run.mean, lo, hi, len(run.diffs), "pairs")
+    s = float(np.std(stored_means, ddof=1))
+    half = float(stats.t.ppf(q, len(stored_means) - 1)) * s
+    if len(run.diffs) >= 2 and math.isfinite(run.se):
+        half = max(half, float(stats.t.ppf(q, len(run.diffs) - 1)) * run.se)
+    return Interval(run.mean, run.mean - half, run.mean + half, len(stored_means), "run")
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """One cell's effect in every view: this run's, each stored run's, and pooled over the stored runs."""
+    this: Interval                   # this run's own interval (ONE_RUN, or WITHIN without stored runs)
+    runs: tuple[Interval, ...]       # each stored run's one-run interval, in run order (empty: none stored)
+    pooled: Interval | None          # over the stored runs' means (None: fewer than 2 stored runs)
+    stored: bool                     # this run is one of the stored runs: it is ruled on the pooled interval
+
+    @property
+    def ruled(self) -> Interval:
+        return self.pooled if self.stored and self.pooled is not None else self.this
+
+
+@dataclass(frozen=True)
+class Runs:
+    """This run's rows and the stored runs' rows of the same grid (same settings)."""
+    this: pd.DataFrame
+    stored: tuple[tuple[str, pd.DataFrame], ...] = ()
+    commit: str = ""                 # the stored runs' commit ("" when none, "a, b" when they differ)
+    metric: str = "tokens_per_second"
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.stored]
+
+    @property
+    def n(self) -> int:
+        return len(self.stored)
+
+    def is_stored(self, a: str, b: str, by: Sequence[str]) -> bool:
+        """This run's rows are one stored run's rows: same cells, same pairs, same values."""
+        mine = run_effects(self.this, a, b, by, self.metric)
+        for _, rows in self.stored:
+            other = run_effects(rows, a, b, by, self.metric)
+            if other.keys() == mine.keys() and all(
+                    len(other[k].diffs) == len(mine[k].diffs)
+                    and np.allclose(other[k].diffs, mine[k].diffs, rtol=1e-9, atol=1e-12) for k in mine):
+                return True
+        return False
+
+    def effects(self, a: str, b: str, by: Sequence[str], metric: str | None = None) -> dict[tuple, Replicated]:
+        """{cell key: Replicated} of A over B per cell of `by` (the cells of this run)."""
+        metric = metric or self.metric
+        mine = run_effects(self.this, a, b, by, metric)
+        theirs = [run_effects(rows, a, b, by, metric) for _, rows in self.stored]
+        me_stored = self.n >= 2 and Runs(self.this, self.stored, metric=metric).is_stored(a, b, by)
+        out = {}
+        for key, eff in mine.items():
+            per = [t[key] for t in theirs if key in t]
+            means = [p.mean for p in per]
+            out[key] = Replicated(one_run_interval(eff, means), tuple(one_run_interval(p, means) for p in per),
+                                  pooled_interval(means) if len(means) >= 2 else None, me_stored)
+        return out
+
+
+def gather(P, this: pd.DataFrame, stem: str | Sequence[str], fingerprint: str | None = None,
+           metric: str = "tokens_per_second", reference: Path | None = None, read=pd.read_csv) -> Runs:
+    """This run's rows with the stored runs' rows of the same grid(s) and settings, keeping the cells this run
+    has (a stored file may hold other grids' cells)."""
+    stems = [stem] if isinstance(stem, str) else list(stem)
+    by_run: dict[str, list[pd.DataFrame]] = {}
+    for s in stems:
+        for name, rows in stored_rows(P, s, fingerprint, reference, read):
+            by_run.setdefault(name, []).append(rows)
+    stored = tuple((n, pd.concat(fs, ignore_index=True)) for n, fs in by_run.items())
+    commits = sorted({run_meta(runs_root(P.name, reference) / n).get("commit", "?") for n, _ in stored})
+    return Runs(this, stored, ", ".join(commits), metric)
+
+
+# ---------------------------------------------------------------------------------------------
+# A timing claim over its cells, in every view
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Timed:
+    """The verdict of one timing claim: ruled on this run (or pooled, when this run is a stored one), with each
+    stored run's own verdict beside it."""
+    verdict: str
+    reason: str
+    margin: str
+    measured: str                    # per cell: the ruled interval (and its A/A control)
+    ruled_on: str                    # METHOD, ONE_RUN or WITHIN, with N
+    per_run: tuple[str, ...] = ()    # each stored run's own verdict (run order)
+    this_run: str = ""               # this run's own verdict (equal to `verdict` unless this run is stored)
+    pooled: str = ""                 # the pooled verdict over the stored runs ("" with fewer than 2)
+
+
+def judge(effects: dict[tuple, Replicated], controls: dict[tuple, Replicated], rule: Callable[[Interval], Ruling],
+          label: Callable[[tuple], str], host: dict | None = None) -> Timed:
+    """Rule every cell of `effects` with `rule`, gated by its A/A control and host share (verdicts.gated), and
+    combine the cells (verdicts.combine), in every view: the ruled one (this run, or pooled when this run is a
+    stored one), each stored run, this run alone and pooled."""
+    host = host or {}
+
+    def view(pick) -> tuple[str, str, str]:
+        return combine((label(k), gated(rule(pick(r)), pick(controls[k]) if k in controls else None, host.get(k)))
+                       for k, r in effects.items())
+
+    cells = list(effects.values())
+    n_runs = min((len(r.runs) for r in cells), default=0)
+    ruled = view(lambda r: r.ruled)
+    this = view(lambda r: r.this)
+    pooled = view(lambda r: r.pooled) if cells and all(r.pooled for r in cells) else None
+    per_run = tuple(view(lambda r, i=i: r.runs[i])[0] for i in range(n_runs))
+    if cells and cells[0].stored:
+        on = f"{METHOD}, N = {n_runs}"
+    elif n_runs >= 2:
+        on = f"{ONE_RUN}, N = {n_runs}"
+    else:
+        on = WITHIN
+    measured = "; ".join(f"{label(k)}: {r.ruled.text()}"
+                         + (f" (A/A {controls[k].ruled.text()})" if k in controls else "") for k, r in effects.items())
+    return Timed(ruled[0], ruled[1], ruled[2], measured, on, per_run, this[0], pooled[0] if pooled else "")
+
+
+def timed_claim(claim: str, paper_text: str, t: Timed, counting: str, note: str = "") -> Claim:
+    """The Claim of a timing verdict: measured per cell (with `note` after it), ruled on t.ruled_on, with every
+    stored run's own verdict."""
+    measured = t.measured + (f"; {note}" if note else "")
+    return Claim(claim, paper_text, measured, t.verdict, t.reason, timing=True, counting=counting,
+                 interval=t.ruled_on, margin=t.margin, per_run=t.per_run, pooled=t.pooled, this_run=t.this_run,
+                 ruled="pooled" if t.ruled_on.startswith(METHOD) else "this run")
