@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from artifact.experiments import claims, paper, runs  # noqa: E402
+from artifact.experiments import claims, paper, replication, runs  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, write_rows  # noqa: E402
 from artifact.experiments.claims import (  # noqa: E402
     INCONCLUSIVE,
@@ -26,6 +26,7 @@ from artifact.experiments.claims import (  # noqa: E402
     Claim,
 )
 from artifact.experiments.notebooks import claims_of  # noqa: E402
+from artifact.experiments.replication import Runs  # noqa: E402
 from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
 from artifact.experiments.studies import (  # noqa: E402
     bandwidth_throttling as throttle,
@@ -93,7 +94,8 @@ def test_long_claim_lines_wrap_between_words_and_read_back_whole(capsys):
     cfg = (Path(__file__).parents[1] / "notebooks" / "nbval_sanitize.cfg").read_text()
     regex = re.search(r"^regex: (.*)$", cfg, re.M).group(1)
     masked = re.sub(regex, r"\1 [timing]: (masked)", text)
-    assert "measured [timing]: (masked)\nverdict [timing]: (masked)" in masked and "cell29" not in masked
+    assert "measured [timing]: (masked)\nruns [timing]: (masked)\nverdict [timing]: (masked)" in masked
+    assert "cell29" not in masked
 
 
 def test_setup_lays_overrides_over_the_profile():
@@ -154,42 +156,46 @@ def bench_rows(diffs: dict, reps=2, policies=("demand", "last_step"), noise=0.3)
     return pd.DataFrame(rows)
 
 
-def test_capacity_claims_follow_the_paired_intervals():
-    rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0})
-    by_ratio, by_cell = capacity.tables(rows)
-    same, faster, low = capacity.verdicts(capacity.numbers(by_ratio, rows))
+def capacity_claims(rows):
+    """04's claims on rows of one run with no stored runs (the interval over each cell's own pairs)."""
+    return capacity.verdicts(capacity.numbers(Runs(rows)))
+
+
+def test_capacity_claims_follow_the_per_cell_intervals():
+    rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, reps=4)
+    same, faster, low = capacity_claims(rows)
     assert same.verdict == REPRODUCED and "16 of 16 cells" in same.measured
-    assert faster.verdict == REPRODUCED and faster.timing
+    assert faster.verdict == REPRODUCED and faster.timing and faster.interval == replication.WITHIN
+    assert "C/W 0.83 b=4 mbpp: +8.0%" in faster.measured           # one interval per cell: task, batch, C/W
+    assert "direction reproduced" in faster.reason and "magnitude" in faster.reason
     assert low.verdict == REPRODUCED and low.paper == "+0.73% [-1.16, +2.63]"
-    assert set(by_cell.task) == {"gsm8k", "mbpp"} and len(by_cell) == 4
-    rows = bench_rows({0.43: 20.0, 0.83: 8.0, 1.73: 0.0})
+    assert len(capacity.tables(rows)) == 16
+    rows = bench_rows({0.43: 20.0, 0.83: 8.0, 1.73: 0.0}, reps=4)
     rows.loc[0, "tokens_sha"] = "changed"
-    by_ratio, _ = capacity.tables(rows)
-    same, faster, low = capacity.verdicts(capacity.numbers(by_ratio, rows))
+    same, faster, low = capacity_claims(rows)
     assert same.verdict == NOT_REPRODUCED
     assert faster.verdict == NOT_REPRODUCED and "1.73" in faster.reason
-    assert low.verdict == NOT_REPRODUCED and "demand faster" in low.reason
+    assert low.verdict == NOT_REPRODUCED and "wholly outside" in low.reason
+    # 2 pairs per cell and no stored runs: too few to rule
+    assert capacity_claims(bench_rows({0.83: 8.0}, reps=2))[1].verdict == INCONCLUSIVE
 
 
 def test_the_aa_control_gates_the_capacity_verdicts():
     """A control that does demand's work and times like it leaves the verdicts alone and is printed; one that
-    times like last_step (a biased instrument) makes the C/W it controls inconclusive."""
-    rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0})
+    times like last_step (a biased instrument) makes the cells it controls inconclusive."""
+    rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, reps=4)
     demand = rows[rows.policy == "demand"]
     wobble = np.where(np.arange(len(demand)) % 2, 1.002, 0.998)
     fair = pd.concat([rows, demand.assign(policy=CONTROL, tokens_per_second=demand.tokens_per_second * wobble)],
                      ignore_index=True)
-    by_ratio, _ = capacity.tables(fair)
-    _, faster, low = capacity.verdicts(capacity.numbers(by_ratio, fair))
+    _, faster, low = capacity_claims(fair)
     assert faster.verdict == low.verdict == REPRODUCED
-    assert f"A/A control ({CONTROL} over demand): C/W 0.83" in faster.measured
-    biased = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, policies=("demand", "last_step", CONTROL))
-    by_ratio, _ = capacity.tables(biased)
-    _, faster, low = capacity.verdicts(capacity.numbers(by_ratio, biased))
+    assert "C/W 0.83 b=1: +8.0% [" in faster.measured and "(A/A +" in faster.measured
+    biased = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, reps=4, policies=("demand", "last_step", CONTROL))
+    _, faster, low = capacity_claims(biased)
     assert faster.verdict == INCONCLUSIVE and "A/A control" in faster.reason and "excludes 0" in faster.reason
-    assert low.verdict == REPRODUCED            # at 0.43 the control does not differ: that C/W stays judged
-    old, _ = capacity.tables(rows)
-    assert "no A/A control" in capacity.verdicts(capacity.numbers(old, rows))[1].measured
+    assert low.verdict == REPRODUCED            # at 0.43 the control does not differ: those cells stay judged
+    assert "(A/A" not in capacity_claims(rows)[1].measured
 
 
 def test_cache_design_bench_judges_the_best_eviction_against_lru_gated_by_the_control():
@@ -344,7 +350,7 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
                                                     progress=False))
     assert set(summary.policy) == set(P.sim_policies) | {misses.BOUND}
     assert (summary[summary.policy == "demand"].misses_vs_lru == 1).all()
-    by_ratio, by_cell = capacity.tables(bench_rows({0.43: 1.0, 1.0: 5.0}))
+    n04 = capacity.numbers(Runs(bench_rows({0.43: 1.0, 1.0: 5.0}, policies=("demand", "last_step", CONTROL))))
     q = {"resident": {"seconds": 1.0}, "offloaded": {"seconds": 2.0, "stall_seconds": 0.5}, "cache_experts": 5}
     made = {
         "00": quickstart.plot(q, P),
@@ -352,7 +358,7 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
         "01b": working_set.plot_stability(sim, share, P),
         "02": misses.plot(summary, P),
         "03": throttle.plot(throttle.summary_table(throttle_rows()), P),
-        "04": capacity.plot(by_ratio, by_cell, P),
+        "04": capacity.plot(n04, P),
         "05": head_to_head.plot(bench_rows({1.0: 0.0, 0.5: 0.5}, policies=("demand", "interval_refresh")), P),
     }
     for name, (fig, df) in made.items():
@@ -446,11 +452,10 @@ def test_every_notebook_figure_is_committed_small_and_linked_from_the_claims_tab
 def test_host_bound_gpu_cells_make_the_capacity_verdict_inconclusive():
     """The same intervals on GPU rows: host-bound cells (host > 50% of wall per forward) flip reproduced to
     inconclusive with the reason; below the bound, and on the CPU whatever the share, the verdict stands."""
-    rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}).assign(wall_ms_per_forward=10.0)
+    rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, reps=4).assign(wall_ms_per_forward=10.0)
     for device, host, want in (("cuda:0", 7.4, INCONCLUSIVE), ("cuda:0", 3.0, REPRODUCED), ("cpu", 9.9, REPRODUCED)):
         r = rows.assign(device=device, host_ms_per_forward=host)
-        by_ratio, _ = capacity.tables(r)
-        _, faster, low = capacity.verdicts(capacity.numbers(by_ratio, r))
+        _, faster, low = capacity_claims(r)
         assert faster.verdict == low.verdict == want, (device, host)
         if want == INCONCLUSIVE:
             assert "host-bound: host 74% of wall" in faster.reason and "host-bound" in low.reason

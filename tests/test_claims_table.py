@@ -40,24 +40,25 @@ def test_the_full_claims_table_in_docs_is_the_generated_one():
 
 
 def test_the_agreement_block_is_the_generated_one():
-    """docs/claims.md's verdict agreement over repeated runs is rendered from the stored runs' records."""
-    runs = claims_table.agreement_runs("cpu", RESULTS)
-    assert len(runs) >= 3, "docs/claims.md states the agreement of 3 runs: data/results/cpu/agreement/run*/"
-    assert _block(CLAIMS_DOC, claims_table.agreement_markers("cpu")) == claims_table.render_agreement(runs), (
-        "docs/claims.md's agreement block differs from the stored runs: `python -m artifact claims --update-readme`")
+    """docs/claims.md's per-run verdicts of the timing claims are rendered from the committed records."""
+    assert _block(CLAIMS_DOC, claims_table.agreement_markers("cpu")) == claims_table.render_agreement("cpu", RESULTS), (
+        "docs/claims.md's agreement block differs from the records: `python -m artifact claims --update-readme`")
 
 
-def test_the_compact_table_has_one_row_per_claim_and_the_runs_that_agree():
+def test_the_compact_table_has_one_row_per_claim_and_k_of_n_for_timing_claims():
     block = claims_table.render_compact("cpu", RESULTS, ROOT / "notebooks")
     rows = [r for r in block.splitlines() if r.startswith("| ") and not r.startswith("| notebook")]
     recs = claims_table.records("cpu", RESULTS)
     claims = [c for r in recs for c in r["claims"]]
     assert len(rows) == len(claims)
-    runs = len(claims_table.agreement_runs("cpu", RESULTS))
     for row, c in zip(rows, claims):
         cells = [x.strip() for x in row.strip("|").split(" | ")]
         assert cells[3] == c["verdict"], row
-        assert cells[-1] == "" if not c.get("timing") else re.fullmatch(rf"\d of {runs}|not repeated", cells[-1]), row
+        if not c.get("timing"):
+            assert cells[-1] == "", row
+        else:
+            n = len(c.get("per_run") or [])
+            assert n >= 3 and re.fullmatch(rf"\d of {n}( \(\d opposite\))?", cells[-1]), row
 
 
 def test_the_readme_is_short():
@@ -75,22 +76,21 @@ def test_the_docs_index_lists_every_doc_once_in_both_places():
     assert readme == index, "the README's index of docs/ differs from docs/README.md"
 
 
-def test_agreement_counts_runs_that_disagree(tmp_path):
-    def run(name, verdicts):
-        d = tmp_path / name
-        d.mkdir()
-        claims = [{"claim": f"c{i}", "verdict": v, "timing": True} for i, v in enumerate(verdicts)]
-        claims.append({"claim": "a count", "verdict": "reproduced", "timing": False})
-        (d / "04_x.claims.json").write_text(json.dumps({"notebook": "04_x", "claims": claims, "command": "cmd",
-                                                        "date": "d", "commit": "c"}))
-        return d
-
-    dirs = [run("run1", ["reproduced", "inconclusive"]), run("run2", ["reproduced", "not reproduced"]),
-            run("run3", ["reproduced", "inconclusive"])]
-    text = claims_table.render_agreement(dirs)
-    assert "1 of 2 timing verdicts agree in all 3 runs." in text        # the count is not a timing verdict
-    assert "| 04 | c1 | inconclusive | not reproduced | inconclusive | no |" in text
-    assert "a count" not in text and "fewer than two" in claims_table.render_agreement(dirs[:1]).lower()
+def test_k_of_n_counts_the_runs_that_give_the_pooled_verdict_and_the_opposite_ones(tmp_path):
+    def claim(i, pooled, runs):
+        return {"claim": f"c{i}", "verdict": pooled, "timing": True, "pooled": pooled, "per_run": runs}
+    claims = [claim(0, "reproduced", ["reproduced", "inconclusive", "reproduced"]),
+              claim(1, "inconclusive", ["inconclusive", "not reproduced", "inconclusive"]),
+              {"claim": "a count", "verdict": "reproduced", "timing": False}]
+    d = tmp_path / "cpu"
+    d.mkdir()
+    (d / "04_x.claims.json").write_text(json.dumps({"notebook": "04_x", "claims": claims, "command": "cmd",
+                                                    "date": "d", "commit": "c"}))
+    assert [claims_table.k_of_n(c) for c in claims] == ["2 of 3", "2 of 3 (1 opposite)", ""]
+    assert claims_table.k_of_n({"timing": True, "verdict": "reproduced"}) == "one run"
+    text = claims_table.render_agreement("cpu", tmp_path)
+    assert "| 04 | c1 | inconclusive | not reproduced | inconclusive | inconclusive | 2 of 3 (1 opposite) |" in text
+    assert "In 1 of 2 timing claims no stored run's own verdict is the opposite" in text and "a count" not in text
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

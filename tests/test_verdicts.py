@@ -75,7 +75,8 @@ def test_an_aa_control_that_excludes_zero_makes_its_cells_inconclusive():
     assert gated(ok, iv(-12.2, -2.0)).verdict == INCONCLUSIVE
     assert "A/A control" in gated(ok, iv(-12.2, -2.0)).why
     assert gated(ok, iv(-2.0, 1.0)) == ok and gated(ok, None) == ok
-    assert gated(ok, iv(-12.2, -2.0, 2)) == ok          # an A/A interval on too few pairs rules on nothing
+    # an A/A interval on too few pairs cannot show equivalence: the cell cannot be ruled either
+    assert gated(ok, iv(-1.0, 1.0, 2)).verdict == INCONCLUSIVE and "needs >= 4" in gated(ok, iv(-1.0, 1.0, 2)).why
 
 
 def test_combine_over_cells():

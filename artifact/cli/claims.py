@@ -7,8 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from artifact.errors import UserError
-from artifact.experiments.claims_table import agreement_runs, render, render_agreement, render_compact, update_readme
+from artifact.experiments.claims_table import render, render_agreement, render_compact, update_readme
 from artifact.experiments.settings import load_profile
 
 
@@ -19,13 +18,8 @@ def cmd_claims(a) -> int:
         print(f"{a.readme or 'README.md'}: the {name} claims table {'rewritten' if changed else 'already current'}",
               file=sys.stderr)
         return 0
-    if a.agreement is not None:
-        dirs = a.agreement or agreement_runs(name)
-        missing = [str(d) for d in dirs if not Path(d).is_dir()]
-        if missing:
-            raise UserError(f"--agreement: no such directory {missing[0]} (expected a run's claim records, "
-                            "e.g. results/PROFILE/data/)")
-        print(render_agreement([Path(d) for d in dirs]))
+    if a.agreement:
+        print(render_agreement(name))
         return 0
     print(render(name) if a.full else render_compact(name))    # docs/claims.md's table, or the README's
     return 0
@@ -42,7 +36,7 @@ def add_cli(subparsers) -> None:
     c.add_argument("--full", action="store_true",
                    help="print the full table (docs/claims.md's) instead of the README's compact one")
     c.add_argument("--readme", type=Path, default=None, help="the README to update (default: the checkout's)")
-    c.add_argument("--agreement", nargs="*", type=Path, default=None, metavar="DIR",
-                   help="compare the timing verdicts of repeated runs (each DIR holds a run's *.claims.json; none "
-                        "given: the stored runs under data/results/PROFILE/agreement/run*/)")
+    c.add_argument("--agreement", action="store_true",
+                   help="per timing claim, the verdict each stored run gets on its own beside the pooled one "
+                        "(data/results/PROFILE/runs/)")
     c.set_defaults(fn=cmd_claims)

@@ -73,7 +73,7 @@ class Claim:
         tag = " [timing]" if self.timing else ""
         out = [f"claim: {self.claim}", f"paper: {self.paper}"]
         if self.basis():
-            out.append(f"basis: {self.basis()}")
+            out.append(f"basis{tag}: {self.basis()}")
         out.append(f"measured{tag}: {self.measured}")
         if self.margin:
             out.append(f"margin{tag}: {self.margin}")

@@ -4,11 +4,11 @@ stored notebook's claim cell holds). Other profiles with records under data/resu
 
     render_compact(profile_name)           -> the README's table: one row per claim, its notebook, figures,
                                               verdict per profile, and for a timing claim how many of the
-                                              repeated runs gave that verdict
+                                              stored runs gave that verdict on their own (k of N)
     render(profile_name)                   -> docs/claims.md's table: one row per claim with the paper's figure,
                                               the measured one, the basis (counting, interval, pairs) and
                                               the run it came from (command, date, commit), listed under it
-    render_agreement(run_dirs)             -> per timing claim, its verdict in each repeated run, and the count
+    render_agreement(profile_name)         -> per timing claim, its verdict in each stored run and pooled
     update_readme(readme_path, profile)    -> rewrite the blocks between the profile's markers in the README
                                               and docs/claims.md; True if either changed
 
@@ -119,14 +119,11 @@ def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir:
 
 def render_compact(profile_name: str = "cpu", results: Path | None = None, notebook_dir: Path | None = None) -> str:
     """The README's claims block: one row per claim with its notebook, the notebook's first figure (first
-    row), the verdict of every profile with records, and, for a timing claim, in how many of the stored
-    repeated runs (agreement_runs) it got the recorded verdict."""
+    row), the verdict of every profile with records, and, for a timing claim, k_of_n."""
     recs = records(profile_name, results)
     if not recs:
         return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
     others = {p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)}
-    repeats = [{r["notebook"]: r for r in map(json.loads, map(Path.read_text, sorted(d.glob(f"*{RECORD_SUFFIX}"))))}
-               for d in agreement_runs(profile_name, results)]
     head = ["notebook", "claim", "figure", f"{profile_name}"] + list(others) + [f"{profile_name} runs (timing)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in recs:
@@ -138,49 +135,46 @@ def render_compact(profile_name: str = "cpu", results: Path | None = None, noteb
             for by_nb in others.values():
                 oc = by_nb.get(nb, {}).get("claims", [])
                 row.append(oc[k]["verdict"] if k < len(oc) else "not run")
-            same = [x[nb]["claims"][k]["verdict"] == c["verdict"] for x in repeats
-                    if nb in x and k < len(x[nb]["claims"])]
-            row.append("" if not c.get("timing") else f"{sum(same)} of {len(same)}" if same else "not repeated")
+            row.append(k_of_n(c))
             lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
     return "\n".join(lines)
 
 
 # --- how stable the timing verdicts are ------------------------------------------------------------
-# Repeated runs of the timing notebooks keep their claim records under data/results/<profile>/agreement/run*/
-# (the same files a run writes); render_agreement compares their verdicts claim by claim.
-AGREEMENT = "agreement"
+# A timing claim's record holds the verdict each stored run gets on its own (`per_run`, replication.py) beside the
+# pooled one: the README counts them (k of N), docs/claims.md lists them.
+def k_of_n(c: dict) -> str:
+    """'k of N' stored runs whose own verdict is the pooled one, with the count of opposite verdicts when there
+    are any; "" for a claim that is not timed, "one run" for a timing claim without stored runs."""
+    if not c.get("timing"):
+        return ""
+    runs = c.get("per_run") or []
+    if not runs:
+        return "one run"
+    pooled = c.get("pooled") or c["verdict"]
+    same = sum(v == pooled for v in runs)
+    other = sum(v not in (pooled, "inconclusive") for v in runs)
+    return f"{same} of {len(runs)}" + (f" ({other} opposite)" if other else "")
 
 
-def agreement_runs(profile_name: str, results: Path | None = None) -> list[Path]:
-    """The stored repeated runs of a profile (data/results/<profile>/agreement/run*/), in name order."""
-    d = Path(results or data_dir() / "results") / profile_name / AGREEMENT
-    return sorted(p for p in d.glob("run*") if p.is_dir()) if d.is_dir() else []
-
-
-def render_agreement(run_dirs: list[Path], timing_only: bool = True) -> str:
-    """Per timing claim, its verdict in each run and whether all runs agree; then the count and the runs."""
-    if len(run_dirs) < 2:
-        return "Fewer than two repeated runs are stored: nothing to compare."
-    runs = [{r["notebook"]: r for r in (json.loads(p.read_text()) for p in sorted(Path(d).glob(f"*{RECORD_SUFFIX}")))}
-            for d in run_dirs]
-    notebooks = sorted(set().union(*runs))
-    head = ["notebook", "claim"] + [f"run {i}" for i in range(1, len(runs) + 1)] + ["agree"]
+def render_agreement(profile_name: str = "cpu", results: Path | None = None) -> str:
+    """Per timing claim: each stored run's own verdict, the pooled verdict, and k of N; then the count of claims
+    where no run gave the opposite of the pooled verdict (a single run's verdict is the pooled one or
+    inconclusive)."""
+    recs = [(r["notebook"], c) for r in records(profile_name, results) for c in r["claims"] if c.get("timing")]
+    n = max((len(c.get("per_run") or []) for _, c in recs), default=0)
+    if n < 2:
+        return "Fewer than two stored runs: nothing to compare."
+    head = ["notebook", "claim"] + [f"run {i}" for i in range(1, n + 1)] + ["pooled", "k of N"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    agree = total = 0
-    for nb in notebooks:
-        first = next(r[nb] for r in runs if nb in r)
-        for k, c in enumerate(first["claims"]):
-            if timing_only and not c.get("timing"):
-                continue
-            got = [r[nb]["claims"][k]["verdict"] if nb in r and k < len(r[nb]["claims"]) else "not run" for r in runs]
-            same = len(set(got)) == 1
-            agree, total = agree + same, total + 1
-            lines.append("| " + " | ".join(_cell(x) for x in [nb.split("_")[0], c["claim"], *got,
-                                                                "yes" if same else "no"]) + " |")
-    lines += ["", f"{agree} of {total} {'timing ' if timing_only else ''}verdicts agree in all {len(runs)} runs.", ""]
-    for i, r in enumerate(runs, 1):
-        keys = sorted({_run_key(x) for x in r.values()})
-        lines.append(f"- run {i}: " + "; ".join(f"`{c}` on {d}, commit `{h}`" for c, d, h in keys))
+    holds = 0
+    for nb, c in recs:
+        runs = list(c.get("per_run") or []) + ["not run"] * (n - len(c.get("per_run") or []))
+        holds += "opposite" not in k_of_n(c)
+        lines.append("| " + " | ".join(_cell(x) for x in [nb.split("_")[0], c["claim"], *runs,
+                                                            c.get("pooled") or "", k_of_n(c)]) + " |")
+    lines += ["", f"In {holds} of {len(recs)} timing claims no stored run's own verdict is the opposite of the "
+                  "pooled one."]
     return "\n".join(lines)
 
 
@@ -210,9 +204,8 @@ def update_readme(readme_path: Path | str | None = None, profile_name: str = "cp
     if doc.is_file():
         def full(text: str) -> str:
             new = replace_block(text, profile_name, render(profile_name))
-            stored = agreement_runs(profile_name)
-            if stored and agreement_markers(profile_name)[0] in new:
-                new = replace_block(new, profile_name, render_agreement(stored), agreement_markers(profile_name))
+            if agreement_markers(profile_name)[0] in new:
+                new = replace_block(new, profile_name, render_agreement(profile_name), agreement_markers(profile_name))
             return new
         changed = _rewrite(doc, full) or changed
     return changed

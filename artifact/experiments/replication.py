@@ -40,7 +40,7 @@ from scipy import stats
 
 from artifact.experiments import paper
 from artifact.experiments.claims import Claim, reference_data_dir, results_dir, run_info
-from artifact.experiments.stats import pairs, percent_differences
+from artifact.experiments.stats import PAIR_KEYS, pairs, percent_differences
 from artifact.experiments.verdicts import Interval, Ruling, combine, gated
 from artifact.paths import atomic_write_text
 
@@ -191,14 +191,19 @@ class RunEffect:
 
 
 def run_effects(rows, a: str, b: str, by: Sequence[str], metric: str) -> dict[tuple, RunEffect]:
-    """{cell key: RunEffect} of A over B in one run's rows, per cell of `by`."""
-    pr = pairs(rows, a, b, metric)
+    """{cell key: RunEffect} of A over B in one run's rows, per cell of `by` (keys beyond the bench's cell keys,
+    such as 06's link_priority, split the rows first: pairs never cross them)."""
+    extra = [k for k in by if k not in PAIR_KEYS]
+    groups = rows.groupby(extra, sort=False) if extra else [((), rows)]
     out = {}
-    for key, g in pr.groupby(list(by), sort=True):
-        key = key if isinstance(key, tuple) else (key,)
-        d = percent_differences(g[a].to_numpy(), g[b].to_numpy())
-        out[tuple(_plain(k) for k in key)] = RunEffect(float(d.mean()), tuple(float(x) for x in d))
-    return out
+    for xkey, part in groups:
+        xkey = xkey if isinstance(xkey, tuple) else (xkey,)
+        pr = pairs(part, a, b, metric).assign(**dict(zip(extra, xkey)))
+        for key, g in pr.groupby(list(by), sort=True):
+            key = key if isinstance(key, tuple) else (key,)
+            d = percent_differences(g[a].to_numpy(), g[b].to_numpy())
+            out[tuple(_plain(k) for k in key)] = RunEffect(float(d.mean()), tuple(float(x) for x in d))
+    return dict(sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0])))
 
 
 def _plain(v):
@@ -309,6 +314,21 @@ class Timed:
     pooled: str = ""                 # the pooled verdict over the stored runs ("" with fewer than 2)
 
 
+def table(effects: dict[tuple, Replicated], keys: Sequence[str]) -> pd.DataFrame:
+    """One row per cell: the interval it is ruled on, this run's one-run interval, the pooled interval over the
+    stored runs and each stored run's mean (% A over B)."""
+    out = []
+    for k, r in effects.items():
+        row = dict(zip(keys, k))
+        row.update(ruled=r.ruled.unit, ruled_mean=r.ruled.mean, ruled_low=r.ruled.low, ruled_high=r.ruled.high,
+                   this_mean=r.this.mean, this_low=r.this.low, this_high=r.this.high)
+        if r.pooled is not None:
+            row.update(pooled_mean=r.pooled.mean, pooled_low=r.pooled.low, pooled_high=r.pooled.high)
+        row.update({f"run{i + 1}_mean": iv.mean for i, iv in enumerate(r.runs)})
+        out.append(row)
+    return pd.DataFrame(out).round(2)
+
+
 def judge(effects: dict[tuple, Replicated], controls: dict[tuple, Replicated], rule: Callable[[Interval], Ruling],
           label: Callable[[tuple], str], host: dict | None = None) -> Timed:
     """Rule every cell of `effects` with `rule`, gated by its A/A control and host share (verdicts.gated), and
@@ -344,3 +364,50 @@ def timed_claim(claim: str, paper_text: str, t: Timed, counting: str, note: str 
     return Claim(claim, paper_text, measured, t.verdict, t.reason, timing=True, counting=counting,
                  interval=t.ruled_on, margin=t.margin, per_run=t.per_run, pooled=t.pooled, this_run=t.this_run,
                  ruled="pooled" if t.ruled_on.startswith(METHOD) else "this run")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the stored runs say about the instrument
+# ---------------------------------------------------------------------------------------------
+def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dict:
+    """Over every stored grid that times CONTROL beside `base`: in how many cells the pooled interval of the A/A
+    control contains 0, and in how many (cell, run) the interval over one run's pairs does (its true effect is
+    0, so a 95% interval should contain it about 95% of the time)."""
+    from artifact.experiments.verdicts import CONTROL
+    out = {"pooled": [0, 0], "within": [0, 0], "runs": len(stored_runs(P.name))}
+    for stem in stems:
+        per_run = stored_rows(P, stem)
+        have = [(n, r) for n, r in per_run if {CONTROL, base} <= set(r.policy)] if per_run else []
+        if not have:
+            continue
+        for fp in sorted(set.intersection(*(set(r.fingerprint.astype(str)) if "fingerprint" in r else {""}
+                                            for _, r in have))):
+            runs_ = tuple((n, r[r.fingerprint.astype(str) == fp] if "fingerprint" in r else r) for n, r in have)
+            by = [k for k in ("task", "batch_size", "cache_ratio", "bandwidth_scale") if k in runs_[0][1]]
+            for r in Runs(runs_[0][1], runs_).effects(CONTROL, base, by).values():
+                if r.pooled is not None and r.pooled.usable:
+                    out["pooled"][0] += r.pooled.low <= 0 <= r.pooled.high
+                    out["pooled"][1] += 1
+            for _, rows in runs_:
+                for eff in run_effects(rows, CONTROL, base, by, "tokens_per_second").values():
+                    _, lo, hi = t_interval(eff.diffs)
+                    if math.isfinite(lo):
+                        out["within"][0] += lo <= 0 <= hi
+                        out["within"][1] += 1
+    return out
+
+
+def coverage_text(P) -> str:
+    runs = stored_runs(P.name)
+    lines = [f"{len(runs)} stored runs of profile {P.name}:"]
+    for r in runs:
+        m = run_meta(r)
+        lines.append(f"  {r.name}: commit {m.get('commit')}, {m.get('date')}, load average "
+                     f"{', '.join(f'{x:.1f}' for x in m.get('load_average') or [])}, {m.get('seconds')} s, "
+                     f"{len(m.get('files') or [])} row files")
+    c = coverage(P)
+    for key, what in (("pooled", f"pooled over runs ({METHOD})"), ("within", "over one run's pairs")):
+        k, n = c[key]
+        lines.append(f"A/A control, 95% interval {what}: contains 0 in {k} of {n} cells"
+                     + (f" ({k / n:.0%})" if n else ""))
+    return "\n".join(lines)

@@ -15,17 +15,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments import paper
-from artifact.experiments.bench.results import same_tokens
-from artifact.experiments.claims import ALL_DEMANDS, COLORS, EXACT, PER_RUN, Claim, judged, title
+from artifact.experiments.bench.results import bench_fingerprint, same_tokens
+from artifact.experiments.claims import ALL_DEMANDS, COLORS, CONTROL_COLOR, EXACT, PER_RUN, Claim, judged, title
+from artifact.experiments.replication import Runs, judge, stored_rows, timed_claim
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import CONFIDENCE, format_table, paired_table
 from artifact.experiments.verdicts import (
     CONTROL,
-    METHOD,
-    Interval,
-    combine,
-    gated,
     host_shares,
     margin_below,
     not_faster,
@@ -105,9 +102,22 @@ def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def throughput_table(rows, by=("cache_ratio",)) -> pd.DataFrame:
-    """Each predictor over demand (% tokens/s, positive = the predictor is faster), per link priority and
-    `by`, with 95% t intervals over pairs (stats.paired_table)."""
+CELL = ["link_priority", "task", "batch_size", "cache_ratio", "bandwidth_scale"]   # one interval per cell
+
+
+def replicas(P: Settings, rows) -> Runs:
+    """This run's rows of both priorities with the stored runs' rows of the same grids (replication.py)."""
+    stored: dict[str, list] = {}
+    for pr in PRIORITIES:
+        for name, df in stored_rows(P, f"{STEM}-{pr}", bench_fingerprint(bench_profile(P, pr))):
+            stored.setdefault(name, []).append(df.assign(link_priority=pr))
+    return Runs(rows, tuple((n, pd.concat(f, ignore_index=True)) for n, f in stored.items()))
+
+
+def throughput_table(rows, by=("task", "batch_size", "cache_ratio")) -> pd.DataFrame:
+    """Each predictor over demand (% tokens/s, positive = the predictor is faster) within this run, per link
+    priority and cell, with 95% t intervals over its pairs (stats.paired_table; shown, the verdicts rule on
+    replication's intervals)."""
     out = []
     for pr, g in rows.groupby("link_priority", sort=False):
         for pol in [p for p in g.policy.unique() if p != "demand"]:
@@ -138,39 +148,38 @@ class Numbers:
     conservative_is_lru: bool        # last_step_conservative: no transfer, demand's misses, at every C/W
     removed: dict                    # policy -> {C/W: misses removed beyond LRU / LRU's misses}
     of_oracle: dict                  # policy -> {C/W: share of the oracle's removed misses}
-    host: dict = dataclasses.field(default_factory=dict)   # {(priority, C/W): GPU host share (host_shares)}
+    host: dict = dataclasses.field(default_factory=dict)   # {cell: GPU host share (host_shares)}
+    effects: dict = dataclasses.field(default_factory=dict)    # {policy: {cell: Replicated}} predictor over demand
+    control: dict = dataclasses.field(default_factory=dict)    # {cell: Replicated} CONTROL over demand
 
 
-def numbers(summary, table, rows) -> Numbers:
+def numbers(summary, table, runs_: Runs) -> Numbers:
+    rows = runs_.this
     n_same, n_cells = same_tokens(rows.assign(task=rows.task + "/" + rows.link_priority))
     fast = table[(table.verdict == paper.FASTER)]
     cons = summary[summary.policy.str.startswith("last_step_conservative")]
     is_lru = bool(len(cons)) and bool((cons.speculative_transfers == 0).all() and (cons.misses_vs_lru == 1).all())
     removed = {p: dict(zip(g.cache_ratio, g.misses_removed / g.lru_misses)) for p, g in summary.groupby("policy")}
     of_or = {p: dict(zip(g.cache_ratio, g.of_oracle)) for p, g in summary.groupby("policy")}
-    return Numbers(n_same, n_cells, fast, table, is_lru, removed, of_or,
-                   host_shares(rows, ["link_priority", "cache_ratio"]))
+    preds = [p for p in dict.fromkeys(rows.policy) if p not in ("demand", CONTROL)]
+    return Numbers(n_same, n_cells, fast, table, is_lru, removed, of_or, host_shares(rows, CELL),
+                   {p: runs_.effects(p, "demand", CELL) for p in preds},
+                   runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {})
 
 
-def paired_text(r) -> str:
-    return f"C/W {r.cache_ratio:g}: {r.diff_pct:+.1f}% [{r.ci_low:+.1f}, {r.ci_high:+.1f}]"
+def label(key) -> str:
+    pr, task, b, ratio, scale = key
+    return f"C/W {ratio:g} b={b}" + (f" {task}" if task != "gsm8k" else "") + (f" x{scale:g}" if scale != 1 else "")
 
 
 def _by_ratio(d: dict, fmt: str = "{:+.0%}") -> str:
     return ", ".join(f"{r:g}: {fmt.format(v)}" for r, v in sorted(d.items()))
 
 
-def control_text(table) -> str:
-    """The A/A control (CONTROL over demand) per link priority and C/W, with both intervals."""
-    t = table[table.policy == CONTROL]
-    return "; ".join(f"{r.link_priority} C/W {r.cache_ratio:g}: {r.diff_pct:+.1f}% t [{r.ci_low:+.1f}, "
-                     f"{r.ci_high:+.1f}], bootstrap [{r.boot_low:+.1f}, {r.boot_high:+.1f}]" for r in t.itertuples())
-
-
 def bootstrap_above_zero(table) -> list[str]:
     """Predictor cells whose bootstrap interval (shown, not ruled on) lies above zero."""
     t = table[(table.policy != CONTROL) & (table.boot_low > 0)]
-    return [f"{r.policy} at C/W {r.cache_ratio:g} ({r.link_priority})" for r in t.itertuples()]
+    return [f"{r.policy} at C/W {r.cache_ratio:g} b={r.batch_size} ({r.link_priority})" for r in t.itertuples()]
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -179,27 +188,20 @@ def verdicts(n: Numbers) -> list[Claim]:
                     f"{n.same_cells} of {n.cells} cells identical", judged(n.same_cells == n.cells),
                     counting=PER_RUN, interval=EXACT, margin=f"{n.cells - n.same_cells} cells differ")]
     # (1) does prediction still lose once it can never delay a demand transfer?
-    dem = n.table[n.table.link_priority == "demand"]
-    preds = dem[dem.policy != CONTROL]
-    if len(preds):
-        aa = {r.cache_ratio: Interval.of(r) for r in dem[dem.policy == CONTROL].itertuples()}
-        verdict, reason, margin = combine(
-            (f"{r.policy} C/W {r.cache_ratio:g}", gated(not_faster(Interval.of(r)), aa.get(r.cache_ratio),
-                                                             n.host.get(("demand", r.cache_ratio))))
-            for r in preds.itertuples())
+    cells = {(pol, k): r for pol, eff in n.effects.items() for k, r in eff.items() if k[0] == "demand"}
+    if cells:
+        control = {(pol, k): n.control[k] for pol, k in cells if k in n.control}
+        host = {(pol, k): n.host[k] for pol, k in cells if k in n.host}
+        t = judge(cells, control, not_faster, lambda pk: f"{pk[0]} {label(pk[1])}", host)
         boot = [c for c in bootstrap_above_zero(n.table) if c.endswith("(demand)")]
-        claims.append(Claim(
+        claims.append(timed_claim(
             "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
             "link_priority demand no predictor is faster than demand-async at any measured C/W (not faster by "
             f"more than {paper.EQUIV_MARGIN:g}%)",
-            f"{OWN}; judged on the 95% t intervals (docs/verdicts.md), {CONTROL} vs demand as the A/A control",
-            "; ".join(f"{pol}: " + ", ".join(paired_text(r) for r in g.itertuples())
-                      for pol, g in preds.groupby("policy", sort=False))
-            + f" (predictor over demand, {int(dem.n_pairs.min())} pairs each); A/A control {CONTROL}: "
-            + ", ".join(f"C/W {r:g}: {iv.text()}" for r, iv in aa.items())
-            + "; bootstrap intervals (not ruled on) above 0: " + (", ".join(boot) if boot else "none"),
-            verdict, reason, timing=True, counting="tokens/s per run, predictor over demand % per pair",
-            interval=METHOD, pairs=int(dem.n_pairs.min()), margin=margin))
+            f"{OWN}; judged per cell (docs/verdicts.md), {CONTROL} vs demand as the A/A control", t,
+            "tokens/s per run, predictor over demand % per pair, one interval per cell (task, batch, C/W)",
+            "this run's bootstrap intervals over pairs (not ruled on) above 0: "
+            + (", ".join(boot) if boot else "none")))
     # (2) is last-step the right predictor to judge prediction by?
     if {"last_step", "oracle"} <= set(n.removed):
         ls, orc = n.removed["last_step"], n.removed["oracle"]
@@ -269,7 +271,7 @@ STYLE = {"demand": ("tab:blue", "o", "-"), "last_step": ("tab:orange", "o", "-")
          "oracle": (COLORS["oracle"], "o", "-"), "belady": ("black", "", ":"), MIN: ("black", "", "--")}
 
 
-def plot(summary, table, P: Settings):
+def plot(summary, n: "Numbers", P: Settings):
     """(a) demand misses relative to LRU per policy vs C/W; (b) all transfers (demand + speculative) relative
     to LRU's misses, with the floors belady and min (they bound every policy's transfers: a prefetch can be
     postponed to its first use); (c, d) each predictor's throughput over demand (% tokens/s, 95% CIs) vs C/W
@@ -288,19 +290,33 @@ def plot(summary, table, P: Settings):
         ax.axhline(100, color="gray", lw=0.8, ls=":")
         ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses", title=f"{what}, exact replay")
         ax.set_ylim(bottom=0)
-    pols = list(dict.fromkeys(table.policy))
-    width = 0.03
+    series = {**n.effects, CONTROL: n.control}
+    pols = list(series)
+    batches = sorted({k[2] for eff in series.values() for k in eff})
+    width = 0.02
+    rows = []
     for ax, pr in zip(axes[1], PRIORITIES):
-        t = table[table.link_priority == pr]
         for k, pol in enumerate(pols):
-            g = t[t.policy == pol]
-            x = g.cache_ratio + (k - (len(pols) - 1) / 2) * width
-            err = [(g.diff_pct - g.ci_low).fillna(0), (g.ci_high - g.diff_pct).fillna(0)]
-            color, marker, _ = STYLE.get(pol, ("gray", "o", "-"))
-            ax.errorbar(x, g.diff_pct, yerr=err, fmt=marker, color=color, capsize=3, ms=4, label=pol)
+            for j, b in enumerate(batches):
+                keys = sorted(c for c in series[pol] if c[0] == pr and c[2] == b)
+                if not keys:
+                    continue
+                iv = [series[pol][c].ruled for c in keys]
+                x = [c[3] + (k * len(batches) + j - (len(pols) * len(batches) - 1) / 2) * width for c in keys]
+                color, marker, _ = STYLE.get(pol, ("gray", "o", "-"))
+                if pol == CONTROL:
+                    color = CONTROL_COLOR
+                ax.errorbar(x, [i.mean for i in iv], yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
+                            fmt=marker if j == 0 else "x", color=color, capsize=3, ms=4,
+                            label=f"{pol}{' (A/A control)' if pol == CONTROL else ''}, b={b}")
+                rows += [dict(panel="throughput", link_priority=pr, policy=pol, batch_size=b, cache_ratio=c[3],
+                              diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
+                         for c, i in zip(keys, iv)]
+        ax.axhspan(-paper.EQUIV_MARGIN, paper.EQUIV_MARGIN, color="gray", alpha=0.12,
+                   label=f"+-{paper.EQUIV_MARGIN:g}% (margin)")
         ax.axhline(0, color="black", lw=1, ls=":")
         ax.set(xlabel="cache capacity C/W", ylabel="predictor over demand (% tokens/s)",
-               title=f"throughput vs demand-async, link_priority {pr}")
+               title=f"throughput vs demand-async per cell, link_priority {pr} (95% intervals as ruled)")
     lo = min(a.get_ylim()[0] for a in axes[1])
     hi = max(a.get_ylim()[1] for a in axes[1])
     for a in axes[1]:
@@ -310,5 +326,5 @@ def plot(summary, table, P: Settings):
     for ax in axes.flat:
         ax.title.set_fontsize(10)
     title(fig, P, "06 beyond the paper (this artifact's own results)")
-    df = pd.concat([summary.assign(panel="misses"), table.assign(panel="throughput")], ignore_index=True)
+    df = pd.concat([summary.assign(panel="misses"), pd.DataFrame(rows)], ignore_index=True)
     return fig, df
