@@ -305,7 +305,13 @@ def summary_table(outcomes: list[Outcome], width: int = 70) -> str:
     failed = sum(o.status == "FAILED" for o in outcomes)
     total = sum(o.seconds for o in outcomes)
     lines.append(f"{len(outcomes)} notebooks, {failed} failed, {total / 60:.1f} min")
+    lines.append(TIMING_NOTE)
     return "\n".join(lines)
+
+
+TIMING_NOTE = ("Timing verdicts (03-09) of a run come from that run alone, each cell's interval widened to the spread "
+               "of the stored runs (its claim cell says so); the stored result, in the README, pools >= 3 runs "
+               "(k of N). docs/verdicts.md")
 
 
 KERNELSPEC = {"name": "artifact", "display_name": "artifact (.venv)", "language": "python"}   # scripts/env.sh

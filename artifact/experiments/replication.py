@@ -257,6 +257,12 @@ class Runs:
     def n(self) -> int:
         return len(self.stored)
 
+    def last_stored(self) -> "Runs":
+        """These runs with the last stored run as this run: what a `--store` pass on the stored runs rules on."""
+        if not self.stored:
+            raise RunsError("no stored runs: nothing to recompute")
+        return Runs(self.stored[-1][1], self.stored, self.commit, self.metric)
+
     def is_stored(self, a: str, b: str, by: Sequence[str]) -> bool:
         """This run's rows are one stored run's rows: same cells, same pairs, same values."""
         mine = run_effects(self.this, a, b, by, self.metric)

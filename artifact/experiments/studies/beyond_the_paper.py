@@ -182,26 +182,41 @@ def bootstrap_above_zero(table) -> list[str]:
     return [f"{r.policy} at C/W {r.cache_ratio:g} b={r.batch_size} ({r.link_priority})" for r in t.itertuples()]
 
 
+def priority_claim(effects: dict, control: dict, host: dict, table: pd.DataFrame | None = None) -> Claim:
+    """(1): under link_priority demand, no predictor is faster than demand-async (not_faster per predictor and
+    cell, gated by the cell's A/A control); `table` (throughput_table, this run) adds its bootstrap note."""
+    cells = {(pol, k): r for pol, eff in effects.items() for k, r in eff.items() if k[0] == "demand"}
+    aa = {(pol, k): control[k] for pol, k in cells if k in control}
+    t = judge(cells, aa, not_faster, lambda pk: f"{pk[0]} {label(pk[1])}",
+              {(pol, k): host[k] for pol, k in cells if k in host})
+    boot = [] if table is None else [c for c in bootstrap_above_zero(table) if c.endswith("(demand)")]
+    return timed_claim(
+        "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
+        "link_priority demand no predictor is faster than demand-async at any measured C/W (not faster by "
+        f"more than {paper.EQUIV_MARGIN:g}%)",
+        f"{OWN}; judged per cell (docs/verdicts.md), {CONTROL} vs demand as the A/A control", t,
+        "tokens/s per run, predictor over demand % per pair, one interval per cell (task, batch, C/W)",
+        "this run's bootstrap intervals over pairs (not ruled on) above 0: " + (", ".join(boot) if boot else "none"))
+
+
+def stored_claims(P: Settings) -> list[Claim]:
+    """The timing claim as a `--store` run of the stored runs' last one rules it (tests/test_stored_runs.py
+    recomputes the committed record with it): from the committed rows alone."""
+    r = replicas(P, None).last_stored()
+    rows = r.this
+    preds = [p for p in dict.fromkeys(rows.policy) if p not in ("demand", CONTROL)]
+    return [priority_claim({p: r.effects(p, "demand", CELL) for p in preds}, r.effects(CONTROL, "demand", CELL),
+                           host_shares(rows, CELL), throughput_table(rows))]
+
+
 def verdicts(n: Numbers) -> list[Claim]:
     claims = [Claim("[own result] offloading changes time, never results: every policy under both link priorities "
                     "decoded the same tokens in every cell", f"{OWN}; the engine is exact (design invariant)",
                     f"{n.same_cells} of {n.cells} cells identical", judged(n.same_cells == n.cells),
                     counting=PER_RUN, interval=EXACT, margin=f"{n.cells - n.same_cells} cells differ")]
     # (1) does prediction still lose once it can never delay a demand transfer?
-    cells = {(pol, k): r for pol, eff in n.effects.items() for k, r in eff.items() if k[0] == "demand"}
-    if cells:
-        control = {(pol, k): n.control[k] for pol, k in cells if k in n.control}
-        host = {(pol, k): n.host[k] for pol, k in cells if k in n.host}
-        t = judge(cells, control, not_faster, lambda pk: f"{pk[0]} {label(pk[1])}", host)
-        boot = [c for c in bootstrap_above_zero(n.table) if c.endswith("(demand)")]
-        claims.append(timed_claim(
-            "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
-            "link_priority demand no predictor is faster than demand-async at any measured C/W (not faster by "
-            f"more than {paper.EQUIV_MARGIN:g}%)",
-            f"{OWN}; judged per cell (docs/verdicts.md), {CONTROL} vs demand as the A/A control", t,
-            "tokens/s per run, predictor over demand % per pair, one interval per cell (task, batch, C/W)",
-            "this run's bootstrap intervals over pairs (not ruled on) above 0: "
-            + (", ".join(boot) if boot else "none")))
+    if any(k[0] == "demand" for eff in n.effects.values() for k in eff):
+        claims.append(priority_claim(n.effects, n.control, n.host, n.table))
     # (2) is last-step the right predictor to judge prediction by?
     if {"last_step", "oracle"} <= set(n.removed):
         ls, orc = n.removed["last_step"], n.removed["oracle"]

@@ -83,6 +83,12 @@ def verdicts(n: Numbers) -> list[Claim]:
     return claims
 
 
+def stored_claims(P: Settings) -> list[Claim]:
+    """The timing claims as a `--store` run of the stored runs' last one rules them, from the committed rows
+    alone (tests/test_stored_runs.py recomputes the committed record with it)."""
+    return [c for c in verdicts(numbers(replicas(P, None).last_stored())) if c.timing]
+
+
 # --- figure ---------------------------------------------------------------------------------------
 def plot(n: Numbers, P: Settings):
     """demand over last_step (% tokens/s) vs C/W, one point per cell (batch sizes side by side) with the interval
