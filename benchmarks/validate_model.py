@@ -1,11 +1,14 @@
 """The performance model against measured runs (printed, not asserted).
 
-cpu (default): the tiny model offloaded on the emulated link, wall clock, real compute (the cpu profile's
-first task, batch 1 and 4, C/W 0.43 / 1 / 1.73, demand and last_step, --reps pairs with alternating order);
-each run's own routing is replayed on the virtual clock with the cpu-emulated profile, whose compute costs
-are calibrated on the model in the same process (stream.calibrate). Prints one row per cell (measured and
-modelled seconds per step, the error) and the summary: median and worst absolute error over cells, and for
-every cell whose measured demand-vs-last_step interval excludes 0 whether the modelled difference has its sign.
+cpu (default): the validation protocol of docs/perf_model.md ("Validation", performance_model.validation): the
+tiny model offloaded on the emulated link, wall clock, real compute (the cpu profile's first task, batch 1 and 4,
+every C/W of the profile's grid, demand and last_step, 2 repetitions in alternating order); each run's own routing
+is replayed on the virtual clock with the cpu-emulated profile, whose compute costs are calibrated on the model in
+the same process (stream.calibrate). The rows are reused from data/results/cpu/validation.csv when made under the
+same settings (remove it to measure again). Prints one row per timed run (measured and modelled seconds per step, the
+error), the summary (median and worst absolute error over cells, and for every cell whose measured
+demand-vs-last_step interval excludes 0 whether the modelled difference has its sign), and every stored run's
+figure (data/results/cpu/runs/run<k>/validation.csv) beside this run's, with the median over the stored runs.
 
 gpu: the runs of the committed gpu_check report (data/gpu_check/h200.json, one H200) against the model on
 their recorded routing with the h200 profile. The profile's host costs were fitted on these same runs, so
@@ -14,19 +17,28 @@ this is a check of the model's structure, not an independent validation.
 --calibrate: the cpu-emulated profile's measured numbers on this machine (performance_model.cpu_emulated, batch 1):
 per-expert compute, other time per demand, host time per copy.
 
-    .venv/bin/python benchmarks/validate_model.py [--which cpu|gpu|both] [--reps 2] [--json]
+    .venv/bin/python benchmarks/validate_model.py [--which cpu|gpu|both] [--json]
     .venv/bin/python benchmarks/validate_model.py --calibrate
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 
 import torch
 
 from artifact.experiments.runs import load_model
 from artifact.experiments.settings import load_profile
-from artifact.experiments.studies.performance_model import cpu_emulated, validate_cpu, validate_gpu, validation_summary
+from artifact.experiments.studies.performance_model import (
+    cpu_emulated,
+    errors_table,
+    model_errors,
+    validate_gpu,
+    validation,
+    validation_summary,
+)
 from artifact.model.tasks import prompts
 
 COLS = ["batch_size", "cache_ratio", "policy", "measured_seconds_per_step", "modeled_seconds_per_step", "error"]
@@ -49,7 +61,6 @@ def table(df) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--which", choices=("cpu", "gpu", "both"), default="both")
-    ap.add_argument("--reps", type=int, default=2, help="measured pairs per cell (cpu)")
     ap.add_argument("--calibrate", action="store_true", help="print the cpu-emulated profile's numbers, measured now")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -67,12 +78,20 @@ def main() -> None:
             print(json.dumps(out["gpu"]["summary"]))
     if a.which in ("cpu", "both"):
         P = load_profile("cpu")
-        df, source = validate_cpu(P, repetitions=a.reps, n_prompts=max(P.batch_sizes), progress=not a.json)
-        out["cpu"] = {"summary": validation_summary(df), "calibration": source, "rows": df.to_dict("records")}
+        with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():   # stdout: JSON only
+            df, source = validation(P, progress=not a.json)
+        e = model_errors(P, df)
+        runs = errors_table(e)
+        out["cpu"] = {"summary": validation_summary(df), "calibration": source, "runs": runs.to_dict("records"),
+                      "median_over_stored_runs": e.pooled, "rows": df.to_dict("records")}
         if not a.json:
             print(f"cpu (tiny model, emulated link, wall clock; calibration: {source}):")
             print(table(df))
             print(json.dumps(out["cpu"]["summary"]))
+            print("every run's figure (median absolute error over its cells):")
+            print(runs.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+            if e.pooled is not None:
+                print(f"median over the {len(e.runs)} stored runs: {100 * e.pooled:.1f}%")
     if a.json:
         print(json.dumps(out))
 

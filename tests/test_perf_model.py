@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
+from helpers_streams import store_run, validation_rows
 from test_cli import one_line_error
 
 from artifact.cli import main
@@ -183,9 +185,85 @@ def test_notebook_grid_and_claims_on_a_small_stream():
     d = pm.diffs(grid)
     assert len(d) == 2 * 2 * len(pm.GRID_RATIOS) + 2 * len(pm.GRID_RATIOS)
     summary = {"median_abs_error": 0.05, "worst_abs_error": 0.2, "cells": 6, "signs": []}
-    claims = pm.verdicts(grid, summary, summary, "given")
+    rows = validation_rows(0.05)
+    claims = pm.verdicts(grid, pm.errors_of(rows, []), summary, "given")
     assert len(claims) == 4 and claims[-1].verdict == "reproduced" and claims[-1].timing
     assert all(c.claim.startswith("[modeled") or c.claim.startswith("[own result") for c in claims)
+    # The figure plots every stream the modelled claims rule on (llada2-mini, both GPUs), each panel named
+    fig, _ = pm.plot(grid, rows, load_profile("cpu"))
+    titles = [ax.get_title() for ax in fig.axes[1:]]
+    assert titles == [f"{hw}, {pm.CLAIM_SHAPE}: {st}" for hw in pm.GPUS for st in ("paper point", "other")]
+    assert set(pm.diffs(grid).trace) == {"paper point", "other"}          # the streams the claims read
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+# --- the model's error over stored runs (docs/perf_model.md, "Validation") -------------------------------
+GPU = {"median_abs_error": 0.148, "worst_abs_error": 0.45, "cells": 12, "signs": []}
+FIGURES = (0.12, 0.06, 0.07)       # run1 alone misses 10%; the median of the three runs is 7%
+
+
+def stored_validation(monkeypatch, tmp_path, figures=FIGURES):
+    from artifact.experiments.bench.results import bench_fingerprint
+    from artifact.experiments.studies import performance_model as pm
+    monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
+    P = load_profile("cpu")
+    for k, e in enumerate(figures, 1):
+        store_run(P.name, k, pm.VALIDATION, validation_rows(e, 0.10 + 0.01 * k), bench_fingerprint(P))
+    store_run(P.name, 9, pm.VALIDATION, validation_rows(0.5), "other settings")      # filtered out
+    return P
+
+
+def test_model_error_of_a_stored_run_is_ruled_on_the_median_of_the_runs(monkeypatch, tmp_path):
+    from artifact.experiments.studies import performance_model as pm
+    P = stored_validation(monkeypatch, tmp_path)
+    this = pd.read_csv(tmp_path / "data" / "results" / "cpu" / "runs" / "run1" / f"{pm.VALIDATION}.csv")
+    e = pm.model_errors(P, this)
+    assert [n for n, _ in e.runs] == ["run1", "run2", "run3"] and e.stored == "run1"
+    assert e.figures == pytest.approx(FIGURES) and e.pooled == pytest.approx(0.07) and e.is_pooled
+    c = pm.model_error_claim(e, GPU, "given")
+    assert c.verdict == "reproduced" and c.ruled == "pooled" and c.timing
+    assert c.this_run == "not reproduced" and c.per_run == ("not reproduced", "reproduced", "reproduced")
+    assert c.pooled == "reproduced" and "median over N = 3 stored runs" in c.interval
+    for text in ("run1 12.0%", "run2 6.0%", "run3 7.0%", "median of the 3 runs 7.0%", "this run (it is run1): 12.0%"):
+        assert text in c.measured                                      # every run's figure is printed
+    assert c.margin.startswith("median over runs 7.0% vs <= 10%")
+    lines = "\n".join(c.lines())
+    assert "this verdict is the pooled one (this run alone: not reproduced)" in lines
+    table = pm.errors_table(e)
+    assert table.run.tolist() == ["run1", "run2", "run3", "this run (= run1)"]
+    assert table.verdict.tolist() == ["not reproduced", "reproduced", "reproduced", "not reproduced"]
+
+
+def test_model_error_of_a_fresh_run_is_its_own_figure(monkeypatch, tmp_path):
+    """A run whose rows are no stored run's is ruled on its own figure, and says it is one run; the stored
+    runs' figures and their median are printed beside it."""
+    from artifact.experiments.studies import performance_model as pm
+    P = stored_validation(monkeypatch, tmp_path)
+    c = pm.model_error_claim(pm.model_errors(P, validation_rows(0.12, 0.105)), GPU, "given")
+    assert c.verdict == "not reproduced" and c.ruled == "this run" and "one run" in c.reason
+    assert c.pooled == "reproduced" and c.interval.startswith("one run") and "median of the 3 runs 7.0%" in c.measured
+    assert "this verdict comes from one run" in c.runs_text()
+    alone = pm.model_error_claim(pm.errors_of(validation_rows(0.05), []), GPU, "given")
+    assert alone.verdict == "reproduced" and alone.per_run == () and "no stored runs" in alone.reason
+
+
+def test_model_error_prints_measured_and_modelled_differences_with_their_signs(monkeypatch, tmp_path):
+    from artifact.experiments.studies import performance_model as pm
+    from artifact.experiments.verdicts import Interval
+    P = stored_validation(monkeypatch, tmp_path)
+    this = pd.read_csv(tmp_path / "data" / "results" / "cpu" / "runs" / "run2" / f"{pm.VALIDATION}.csv")
+    e = pm.model_errors(P, this)
+    assert [(c.batch_size, c.cache_ratio) for c in e.cells] == [(1, 0.43), (1, 1.0), (4, 0.43), (4, 1.0)]
+    cell = e.cells[0]
+    assert cell.measured.unit == "runs" and cell.measured.mean == pytest.approx(100 * (1.12 * 1.0005 / 1.0005 - 1))
+    assert cell.modeled == pytest.approx(12.0) and cell.agrees
+    c = pm.model_error_claim(e, GPU, "given")
+    assert "b=1 C/W 0.43: measured +12.0% [" in c.measured and "modelled +12.0% (signs agree)" in c.measured
+    assert "the modelled sign agrees in 4 of 4 cells whose measured interval excludes 0" in c.measured
+    assert pm.CellSign(1, 1.0, Interval(5.0, 2.0, 8.0, 3, "runs"), -1.0).agrees is False
+    assert "signs DISAGREE" in pm.CellSign(1, 1.0, Interval(5.0, 2.0, 8.0, 3, "runs"), -1.0).text()
+    assert pm.CellSign(1, 1.0, Interval(1.0, -2.0, 4.0, 3, "runs"), -1.0).agrees is None
 
 
 # --- GPU compute apart from host time (issue 30) ------------------------------------------------------

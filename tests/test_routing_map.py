@@ -8,9 +8,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers_streams import store_run, stream_rows
 
 from artifact.experiments import paper
-from artifact.experiments.claims import NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, save
+from artifact.experiments.bench.results import bench_fingerprint
+from artifact.experiments.claims import CONTROL_COLOR, INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, save
+from artifact.experiments.replication import METHOD, ONE_RUN, WITHIN, Runs
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies import routing_map as rm
 from artifact.experiments.verdicts import CONTROL
@@ -126,9 +129,93 @@ def test_throughput_table_and_claim():
     tab = rm.throughput_table(pd.DataFrame(rows)).set_index("task")
     assert tab.loc["paper point", "verdict"] == paper.FASTER
     assert tab.loc["paper point", "diff_pct"] == pytest.approx(10.0, abs=0.2)
-    c = rm.throughput_claim(tab.reset_index(), Calibration(50.0, 400.0))
+    c = rm.throughput_claim(rm.throughput(Runs(pd.DataFrame(rows), metric=rm.METRIC)), Calibration(50.0, 400.0))
     assert c.timing and c.verdict == NOT_REPRODUCED and "50 us per expert" in c.measured
     assert paper.demand_vs_last_step(1.0)[0] in c.paper
+    assert c.interval == WITHIN and "no stored runs" in c.runs_text()       # one run, nothing stored beside it
+
+
+# --- the streams' verdict over stored runs (replication.py) --------------------------------------------
+STORED = [({"paper point": 7.0, "cpu point": 6.0}, {"paper point": -0.2, "cpu point": 0.1}),
+          ({"paper point": 8.0, "cpu point": 5.0}, {"paper point": 0.0, "cpu point": 0.1}),
+          ({"paper point": 9.0, "cpu point": 7.0}, {"paper point": 0.2, "cpu point": 0.1})]
+
+
+def stored_streams(monkeypatch, tmp_path, runs=STORED):
+    """The cpu profile with three stored runs of the streams (ARTIFACT_DATA in tmp_path)."""
+    monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
+    P = load_profile("cpu")
+    for k, (effect, control) in enumerate(runs, 1):
+        store_run(P.name, k, rm.STREAMS, stream_rows(effect, control), bench_fingerprint(P))
+    return P
+
+
+def test_stream_claim_of_a_stored_run_is_the_pooled_one(monkeypatch, tmp_path):
+    P = stored_streams(monkeypatch, tmp_path)
+    this = pd.read_csv(tmp_path / "data" / "results" / "cpu" / "runs" / "run2" / f"{rm.STREAMS}.csv")
+    runs_ = rm.replicas(P, this)
+    assert runs_.names == ["run1", "run2", "run3"] and runs_.metric == "forwards_per_second"
+    t = rm.throughput(runs_)
+    assert set(t.effects) == {("paper point",), ("cpu point",)} and set(t.control) == set(t.effects)
+    iv = t.effects[("paper point",)].ruled
+    assert iv.unit == "runs" and iv.mean == pytest.approx(8.0) and iv.low > 0      # over the 3 runs' means 7, 8, 9
+    c = rm.throughput_claim(t)
+    assert c.verdict == REPRODUCED and c.ruled == "pooled" and c.interval.startswith(METHOD)
+    assert c.per_run == (REPRODUCED,) * 3 and c.pooled == REPRODUCED
+    assert "paper point: +8.0% [" in c.measured and "(A/A " in c.measured
+    assert "compute: 20 us per expert" in c.measured                   # the calibration the rows were timed with
+    assert "runs [timing]: this verdict is the pooled one" in "\n".join(c.lines())
+
+
+def test_stream_claim_of_a_fresh_run_is_its_own_and_may_differ_from_the_pooled(monkeypatch, tmp_path):
+    """A run that is not a stored one is ruled on its own mean widened by the stored runs' spread: +2% on the
+    paper point crosses 0 there (inconclusive) while the stored runs, pooled, are reproduced."""
+    P = stored_streams(monkeypatch, tmp_path)
+    t = rm.throughput(rm.replicas(P, stream_rows({"paper point": 2.0, "cpu point": 6.5})))
+    iv = t.effects[("paper point",)].ruled
+    assert iv.unit == "run" and iv.mean == pytest.approx(2.0) and iv.low < 0 < iv.high
+    c = rm.throughput_claim(t)
+    assert c.verdict == INCONCLUSIVE and c.ruled == "this run" and c.interval.startswith(ONE_RUN)
+    assert c.pooled == REPRODUCED and c.this_run == INCONCLUSIVE and "paper point: interval crosses 0" in c.reason
+    assert "this verdict comes from one run (this run alone: inconclusive)" in c.runs_text()
+    good = rm.throughput_claim(rm.throughput(rm.replicas(P, stream_rows({"paper point": 8.5, "cpu point": 6.5}))))
+    assert good.verdict == REPRODUCED and good.ruled == "this run"
+
+
+def test_stream_claim_with_a_too_wide_control_is_inconclusive(monkeypatch, tmp_path):
+    """The A/A control varies from -4% to +4% between runs: its pooled interval is not inside +-3%, so the
+    instrument cannot rule that stream, however clear its effect."""
+    wide = [({"paper point": 8.0 + d, "cpu point": 6.0 + d}, {"paper point": c, "cpu point": 0.0})
+            for d, c in ((-1, -4.0), (0, 0.0), (1, 4.0))]
+    P = stored_streams(monkeypatch, tmp_path, wide)
+    this = pd.read_csv(tmp_path / "data" / "results" / "cpu" / "runs" / "run1" / f"{rm.STREAMS}.csv")
+    c = rm.throughput_claim(rm.throughput(rm.replicas(P, this)))
+    assert c.verdict == INCONCLUSIVE and c.ruled == "pooled"
+    assert "paper point: A/A control" in c.reason and f"not inside +-{paper.EQUIV_MARGIN:g}%" in c.reason
+    assert "cpu point" not in c.reason                                # its control is equivalent: ruled as usual
+    assert c.per_run == (INCONCLUSIVE,) * 3      # each run's control is widened by that spread too, run2's 0% too
+
+
+def test_stream_figure_draws_the_ruled_intervals_the_control_and_the_papers_band(monkeypatch, tmp_path):
+    P = stored_streams(monkeypatch, tmp_path)
+    monkeypatch.setenv("ARTIFACT_FIGURES", str(tmp_path / "figures"))
+    monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "results"))
+    rows = pd.read_csv(tmp_path / "data" / "results" / "cpu" / "runs" / "run3" / f"{rm.STREAMS}.csv")
+    t = rm.throughput(rm.replicas(P, rows))
+    fig, df = rm.plot_throughput(rows, t, P)
+    ax = fig.axes[2]
+    labels = ax.get_legend_handles_labels()[1]
+    assert any(lb.startswith(f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}%") for lb in labels)
+    assert f"A/A control ({CONTROL} over demand)" in labels and "demand over last_step" in labels
+    colors = {c.get_label(): c.lines[0].get_color() for c in ax.containers}
+    assert colors[f"A/A control ({CONTROL} over demand)"] == CONTROL_COLOR
+    pp = df[df.task == "paper point"].iloc[0]
+    ruled, control = t.effects[("paper point",)].ruled, t.control[("paper point",)].ruled
+    assert (pp["diff_pct"], pp["low"], pp["high"], pp["interval"]) == (ruled.mean, ruled.low, ruled.high, "runs")
+    assert (pp["control_diff_pct"], pp["control_low"]) == (control.mean, control.low)
+    assert len(df) == len(rows) and set(df.novelty) == {0.1}             # 08 reads the paper point's novelty here
+    png, _ = save(fig, df, P, "07_test_streams", log=lambda *_: None)
+    assert png.stat().st_size > 10_000
 
 
 def test_base_params_take_persistence_and_prefill_from_the_fits():
@@ -155,8 +242,8 @@ def test_figures_are_saved_with_their_data(small_map, tmp_path, monkeypatch):
                           "policy": p, "novelty": 0.1, "w_spread": 0.2,
                           "forwards_per_second": 5.0 + r + (p == "demand"),
                           "stall_seconds": 0.1} for k in ("a", "b") for r in range(2) for p in ("demand", "last_step")])
-    fig, df = rm.plot_throughput(rows, rm.throughput_table(rows), P)
-    assert set(df.columns) >= {"forwards_per_second", "diff_pct", "verdict"} and len(df) == 8
+    fig, df = rm.plot_throughput(rows, rm.throughput(Runs(rows, metric=rm.METRIC)), P)
+    assert set(df.columns) >= {"forwards_per_second", "diff_pct", "low", "high", "control_diff_pct"} and len(df) == 8
 
 
 def test_module_imports_at_the_top_and_writes_no_paper_figure():
@@ -183,5 +270,6 @@ def test_timed_streams_run_through_the_engine(tiny):
         assert control.transfers.tolist() == demand.transfers.tolist()   # the control does demand's work
     first = rows.groupby("rep").policy.first().tolist()
     assert first[:2] == ["demand", CONTROL]                       # the order reverses every other round
-    claim = rm.throughput_claim(rm.throughput_table(rows), Calibration(20.0, 100.0), rows)
-    assert f"A/A control ({CONTROL} over demand): " in claim.measured and claim.pairs == TINY.repetitions
+    claim = rm.throughput_claim(rm.throughput(Runs(rows, metric=rm.METRIC)))
+    assert "(A/A " in claim.measured and f"A/A control: {CONTROL} over demand" in claim.measured
+    assert "compute: 20 us per expert, 100 us other per demand" in claim.measured    # the rows' own calibration

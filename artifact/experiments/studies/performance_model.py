@@ -14,11 +14,18 @@ calibrated on the model in the same session): the error of seconds per step per 
 measured policy difference whose interval excludes 0 has the modelled difference's sign.
 validate_gpu does the same for the runs of a gpu_check report, whose routing traces are committed beside
 it (data/gpu_check/), with the h200 profile.
+
+The model-error claim follows the protocol of docs/perf_model.md ("Validation"): `validation` keeps a run's rows,
+`model_errors` sets its figure (the median absolute error over its cells) beside every stored run's
+(data/results/<profile>/runs/run<k>/validation.csv), and the claim is ruled on the median of the stored runs'
+figures when this run is one of them, else on this run's own figure; each validation cell's measured
+demand-over-last_step difference is printed beside the virtual clock's, with their sign agreement.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -29,9 +36,9 @@ from tqdm.auto import tqdm
 from artifact.errors import SettingError
 from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import MODELED, Claim, judged, title
+from artifact.experiments.claims import MODELED, PAPER_STYLE, Claim, judged, title
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
-from artifact.experiments.replication import cached_rows
+from artifact.experiments.replication import Runs, cached_rows, stored_rows
 from artifact.experiments.runs import load_model, offload_spec
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
@@ -349,6 +356,176 @@ def validation_summary(rows: pd.DataFrame, a: str = "demand", b: str = "last_ste
     return out
 
 
+# --- the model's error, run by run (docs/perf_model.md, "Validation") ----------------------------------
+VALIDATION_CELL = ["batch_size", "cache_ratio"]     # a measured demand-vs-last_step comparison: one per cell
+
+
+def same_rows(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Two runs' validation rows are the same rows (a run compared with its stored copy): same cells, repetitions
+    and policies, same measured and modelled seconds per step."""
+    keys = ["batch_size", "cache_ratio", "policy", "rep"]
+    vals = ["measured_seconds_per_step", "modeled_seconds_per_step"]
+    if len(a) != len(b) or not set(keys + vals) <= set(a.columns) & set(b.columns):
+        return False
+    a, b = (x.sort_values(keys)[keys + vals].reset_index(drop=True) for x in (a, b))
+    return bool((a[keys].astype(str).to_numpy() == b[keys].astype(str).to_numpy()).all()
+                and np.allclose(a[vals].to_numpy(float), b[vals].to_numpy(float), rtol=1e-9, atol=0))
+
+
+@dataclass(frozen=True)
+class CellSign:
+    """One validation cell's demand over last_step (% steps per second): the measured interval it is ruled on
+    (replication.py) beside the virtual clock's modelled value, and whether their signs agree."""
+    batch_size: int
+    cache_ratio: float
+    measured: object             # verdicts.Interval: the ruled interval (pooled, one run widened, or within)
+    modeled: float               # this run's modelled difference, %
+
+    @property
+    def agrees(self) -> bool | None:
+        """None when the measured interval has no sign (it crosses 0, or is unusable)."""
+        if not self.measured.excludes_zero:
+            return None
+        return bool(np.sign(self.measured.mean) == np.sign(self.modeled))
+
+    def text(self) -> str:
+        if self.agrees is None:
+            why = "too few pairs for a sign" if not self.measured.usable else "crosses 0: no sign to agree with"
+        else:
+            why = "signs agree" if self.agrees else "signs DISAGREE"
+        return (f"b={self.batch_size} C/W {self.cache_ratio:g}: measured {self.measured.text()}, modelled "
+                f"{self.modeled:+.1f}% ({why})")
+
+
+@dataclass(frozen=True)
+class ModelErrors:
+    """The model-error figure of every run: this run's and each stored run's validation_summary (docs/perf_model.md,
+    "Validation": a run's figure is the median absolute error over its cells; the claim is ruled on the median of
+    the stored runs' figures when this run is one of them, else on this run's own figure)."""
+    this: dict                                  # validation_summary of this run's rows
+    runs: tuple[tuple[str, dict], ...] = ()     # (stored run, its validation_summary), in run order
+    stored: str = ""                            # the stored run whose rows this run's rows are ("" when none)
+    cells: tuple[CellSign, ...] = ()            # measured vs modelled demand over last_step per cell
+
+    @property
+    def figures(self) -> list[float]:
+        return [s["median_abs_error"] for _, s in self.runs]
+
+    @property
+    def pooled(self) -> float | None:
+        """The median over the stored runs' figures (None with fewer than 2 stored runs)."""
+        return float(np.median(self.figures)) if len(self.runs) >= 2 else None
+
+    @property
+    def is_pooled(self) -> bool:
+        return bool(self.stored) and self.pooled is not None
+
+    @property
+    def ruled(self) -> float:
+        return self.pooled if self.is_pooled else self.this["median_abs_error"]
+
+
+def steps_per_second(rows: pd.DataFrame) -> pd.DataFrame:
+    """Validation rows with measured and modelled steps per second (higher is faster, as tokens/s)."""
+    return rows.assign(measured_steps_per_second=1.0 / rows.measured_seconds_per_step,
+                       modeled_steps_per_second=1.0 / rows.modeled_seconds_per_step)
+
+
+def cell_signs(rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]], a: str = "demand",
+               b: str = "last_step") -> tuple[CellSign, ...]:
+    """Per validation cell, a over b in measured steps per second on the interval replication.py rules on (the
+    stored runs' rows give the between-run spread), beside the modelled difference of this run."""
+    if not {a, b} <= set(rows.policy):
+        return ()
+    runs_ = Runs(steps_per_second(rows), tuple((n, steps_per_second(r)) for n, r in stored),
+                 metric="measured_steps_per_second")
+    effects = runs_.effects(a, b, VALIDATION_CELL)
+    mod = rows.groupby([*VALIDATION_CELL, "policy"]).modeled_seconds_per_step.mean()
+    out = []
+    for (bs, ratio), r in effects.items():
+        modeled = 100.0 * (mod[(bs, ratio, b)] / mod[(bs, ratio, a)] - 1)     # steps/s: a over b
+        out.append(CellSign(int(bs), float(ratio), r.ruled, float(modeled)))
+    return tuple(out)
+
+
+def errors_of(rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]]) -> ModelErrors:
+    """ModelErrors of this run's validation rows beside the stored runs' rows (each [(run name, rows)])."""
+    same = next((name for name, r in stored if same_rows(rows, r)), "")
+    return ModelErrors(validation_summary(rows), tuple((name, validation_summary(r)) for name, r in stored), same,
+                       cell_signs(rows, stored))
+
+
+def model_errors(P: Settings, rows: pd.DataFrame) -> ModelErrors:
+    """errors_of this run's rows (performance_model.validation) and the stored runs' rows of the same settings
+    (data/results/<profile>/runs/run<k>/validation.csv, replication.stored_rows)."""
+    return errors_of(rows, stored_rows(P, VALIDATION, bench_fingerprint(P)))
+
+
+def summary_text(s: dict) -> str:
+    """A run's figure: its median absolute error, the worst cell, and its sign agreement (validation_summary)."""
+    signs = s["signs"]
+    return (f"{100 * s['median_abs_error']:.1f}% (worst {100 * s['worst_abs_error']:.1f}%, {s['cells']} cells, signs "
+            f"{sum(x['modeled_sign_agrees'] for x in signs)} of {len(signs)})")
+
+
+def errors_table(e: ModelErrors) -> pd.DataFrame:
+    """One row per run (every stored run, then this run): its median and worst absolute error, its cells, its
+    sign agreement and its own verdict against paper.MODEL_ERROR."""
+    rows = [(name, s) for name, s in e.runs] + [(f"this run{f' (= {e.stored})' if e.stored else ''}", e.this)]
+    return pd.DataFrame([{"run": name, "median_abs_error": s["median_abs_error"],
+                          "worst_abs_error": s["worst_abs_error"], "cells": s["cells"],
+                          "signs_agree": f"{sum(x['modeled_sign_agrees'] for x in s['signs'])} of {len(s['signs'])}",
+                          "verdict": judged(s["median_abs_error"] <= paper.MODEL_ERROR)} for name, s in rows])
+
+
+def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
+    """The model-error claim (docs/perf_model.md, "Validation"): every run's figure printed, ruled on the median of
+    the stored runs' figures when this run is one of them, else on this run's own figure (one run); each stored
+    run's own verdict beside it. The measured demand-over-last_step difference of every validation cell is printed
+    beside the virtual clock's, with their sign agreement."""
+    limit = paper.MODEL_ERROR
+    per_run = tuple(judged(f <= limit) for f in e.figures)
+    pooled = judged(e.pooled <= limit) if e.pooled is not None else ""
+    this_run = judged(e.this["median_abs_error"] <= limit)
+    n = len(e.runs)
+    if e.is_pooled:
+        verdict, ruled = pooled, "pooled"
+        on = f"the median over N = {n} stored runs of each run's median absolute error (runs are the unit)"
+        reason = f"median of the {n} runs' figures"
+    else:
+        verdict, ruled = this_run, "this run"
+        on = (f"one run: its own median absolute error ({n} stored runs beside it)" if n else
+              "one run: its own median absolute error (no stored runs to compare)")
+        reason = ("one run: this run is not one of the stored runs, so its own figure rules" if n else
+                  "one run: no stored runs")
+    runs_text = "; ".join(f"{name} {summary_text(s)}" for name, s in e.runs)
+    this_text = f"this run{f' (it is {e.stored})' if e.stored else ''}: {summary_text(e.this)}"
+    cells = e.cells
+    signed = [c for c in cells if c.agrees is not None]
+    cell_text = ("; ".join(c.text() for c in cells) + f"; the modelled sign agrees in {sum(c.agrees for c in signed)} "
+                 f"of {len(signed)} cells whose measured interval excludes 0") if cells else "no paired cells"
+    measured = ("cpu, each run's median absolute error of seconds per step (signs: the modelled sign agrees with k "
+                "of the n measured demand-vs-last_step differences whose interval over the run's pairs excludes 0): "
+                + (f"{runs_text}; median of the {n} runs {100 * e.pooled:.1f}%; " if n >= 2 else
+                   f"{runs_text}; " if n else "")
+                + f"{this_text}; demand over last_step per cell (steps/s), measured on the ruled interval vs "
+                f"modelled (virtual clock): {cell_text}; h200 (gpu_check runs, host costs fitted on them): median "
+                f"{100 * gpu_summary['median_abs_error']:.1f}%, worst {100 * gpu_summary['worst_abs_error']:.1f}%; "
+                f"calibration (this run): {source}")
+    value = e.ruled
+    side = f"{(limit - value) * 100:.1f} points under" if value <= limit else f"{(value - limit) * 100:.1f} points over"
+    margin = (f"{'median over runs' if e.is_pooled else 'this run'} {100 * value:.1f}% vs <= {100 * limit:.0f}%: "
+              f"{side}")
+    return Claim(
+        "[own result] the performance model predicts measured seconds per step within 10% (median absolute error "
+        "over cells; cpu: the tiny model on the emulated link against the model with cpu-emulated costs)",
+        "not a claim of the paper: this artifact's own result; judged: median absolute error <= "
+        f"{100 * limit:.0f}% (docs/perf_model.md, Validation: the median over the stored runs' figures)",
+        measured, verdict, reason, timing=True,
+        counting="seconds per denoising step, modelled against measured (a cell: the mean of its 2 repetitions)",
+        interval=on, margin=margin, per_run=per_run, pooled=pooled, this_run=this_run, ruled=ruled)
+
+
 # --- notebook 08: the modelled grid, the figure and the claims ----------------------------------------
 GRID_RATIOS = (0.43, 0.83, 1.0, 1.73)
 GRID_POLICIES = ("demand", "last_step", "last_step_conservative", "cross_layer", "oracle")
@@ -393,10 +570,20 @@ def diffs(grid: pd.DataFrame, a: str = "demand", b: str = "last_step", priority:
     return (100 * (g[a] / g[b] - 1)).rename("diff_pct").reset_index()
 
 
-def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, stream: str = "paper point"):
-    """Left: modelled vs measured seconds per step (cpu validation, one dot per cell). Right: modelled
-    tokens/s per GPU x shape on `stream` (fifo solid, demand priority dashed), the physical floor dotted."""
-    fig, axes = plt.subplots(1, 5, figsize=(22, 4.2))
+CLAIM_SHAPE = "llada2-mini"     # the shape the modelled claims rule on (every stream of the grid, fifo)
+
+
+def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper point"):
+    """Left: modelled vs measured seconds per step (cpu validation, one dot per cell). Right: modelled tokens/s
+    per GPU on every stream the claims rule on (CLAIM_SHAPE, each stream of the grid: `full` with both link
+    priorities, fifo solid and demand priority dashed, the others fifo), the physical floor dotted, and at each
+    C/W the modelled demand-over-last_step difference (fifo) the claims read."""
+    streams = list(dict.fromkeys(grid.trace))
+    streams = [full] + [s for s in streams if s != full] if full in streams else streams
+    panels = [(hw, st) for hw in GPUS for st in streams]
+    fig, axes = plt.subplots(1, 1 + len(panels), figsize=(4.4 * (1 + len(panels)), 4.4), squeeze=False,
+                             layout="constrained")
+    axes = axes[0]
     ax = axes[0]
     cells = rows.groupby(["batch_size", "cache_ratio", "policy"], as_index=False)[
         ["measured_seconds_per_step", "modeled_seconds_per_step"]].mean()
@@ -405,38 +592,46 @@ def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, stream: str = "pap
     hi = 1e3 * float(cells[["measured_seconds_per_step", "modeled_seconds_per_step"]].max().max()) * 1.05
     ax.plot([0, hi], [0, hi], "k:", label="modelled = measured")
     ax.set(xlabel="measured ms per step (cpu, wall clock)", ylabel="modelled ms per step (cpu-emulated)",
-           title="validation (cpu)", xlim=(0, hi), ylim=(0, hi))
+           title="validation (cpu, this run)", xlim=(0, hi), ylim=(0, hi))
     ax.legend(fontsize=7)
-    panels = [(hw, s) for hw in GPUS for s in GPU_SHAPES]
-    for ax, (hw, s) in zip(axes[1:], panels):
-        d = grid[(grid.hardware == hw) & (grid["shape"] == s) & (grid.trace == stream)]
-        for i, (pol, g) in enumerate(d.groupby("policy", sort=False)):
+    d = diffs(grid)
+    for ax, (hw, st) in zip(axes[1:], panels):
+        sel = grid[(grid.hardware == hw) & (grid["shape"] == CLAIM_SHAPE) & (grid.trace == st)]
+        for i, (pol, g) in enumerate(sel.groupby("policy", sort=False)):
             for pr, style in (("fifo", "-"), ("demand", "--")):
                 gg = g[g.link_priority == pr].sort_values("cache_ratio")
                 ax.plot(gg.cache_ratio, gg.tokens_per_second, style, color=f"C{i}", marker="o", ms=3,
                         label=pol if pr == "fifo" else None)
-        fl = d[d.policy == "demand"].drop_duplicates("cache_ratio").sort_values("cache_ratio")
+        fl = sel[sel.policy == "demand"].drop_duplicates("cache_ratio").sort_values("cache_ratio")
         ax.plot(fl.cache_ratio, fl.floor_tokens_per_second, "k:", label="physical limit (min's misses)")
-        ax.set(xlabel="cache ratio C/W", ylabel="modelled tokens/s", title=f"{hw}, {s} ({stream})")
+        here = d[(d.hardware == hw) & (d["shape"] == CLAIM_SHAPE) & (d.trace == st)]
+        for r in here.itertuples():
+            ax.annotate(f"{r.diff_pct:+.1f}%", (r.cache_ratio, 0), xytext=(0, 4), textcoords="offset points",
+                        xycoords=("data", "axes fraction"), ha="center", fontsize=7)
+        ax.axvspan(*paper.FASTER_RANGE, color=PAPER_STYLE["color"], alpha=0.06)
+        ax.set(xlabel="cache ratio C/W (bottom: demand over last_step, fifo)", ylabel="modelled tokens/s",
+               title=f"{hw}, {CLAIM_SHAPE}: {st}")
+        ax.title.set_fontsize(9)
     axes[1].legend(fontsize=7)
-    title(fig, P, "08 performance model: validation and modelled tokens/s (dashed: demand priority)")
-    fig.tight_layout()
+    title(fig, P, f"08 performance model: validation, and modelled tokens/s on the streams the claims rule on "
+                  f"({CLAIM_SHAPE}; dashed: demand priority; shaded: C/W {paper.FASTER_RANGE[0]}-"
+                  f"{paper.FASTER_RANGE[1]})")
     cols = ["hardware", "shape", "trace", "cache_ratio", "link_priority", "policy", "tokens_per_second",
             "seconds_per_step", "stall_per_step", "limit_per_step", "floor_per_step"]
     return fig, grid[cols]
 
 
 def _model_claim(d: pd.DataFrame, lo: float, hi: float, text: str, paper_text: str, ok, judged_on: str) -> Claim:
-    sel = d[(d.cache_ratio >= lo - 1e-9) & (d.cache_ratio <= hi + 1e-9) & (d["shape"] == "llada2-mini")]
+    sel = d[(d.cache_ratio >= lo - 1e-9) & (d.cache_ratio <= hi + 1e-9) & (d["shape"] == CLAIM_SHAPE)]
     parts = [f"{r.hardware} {r.trace} C/W {r.cache_ratio:g}: {r.diff_pct:+.1f}%" for r in sel.itertuples()]
     good = bool(ok(sel.diff_pct).all())
-    return Claim(f"[modeled: {', '.join(GPUS)}, llada2-mini] {text}", paper_text,
+    return Claim(f"[modeled: {', '.join(GPUS)}, {CLAIM_SHAPE}] {text}", paper_text,
                  "demand over last_step, modelled tokens/s, fifo: " + "; ".join(parts), judged(good),
                  counting="modelled tokens/s (virtual clock)", interval=MODELED,
                  margin=f"range {sel.diff_pct.min():+.1f}..{sel.diff_pct.max():+.1f}% vs {judged_on}")
 
 
-def verdicts(grid: pd.DataFrame, summary: dict, gpu_summary: dict, source: str) -> list[Claim]:
+def verdicts(grid: pd.DataFrame, errors: ModelErrors, gpu_summary: dict, source: str) -> list[Claim]:
     d = diffs(grid)
     lo, hi = paper.FASTER_RANGE
     claims = [
@@ -450,7 +645,7 @@ def verdicts(grid: pd.DataFrame, summary: dict, gpu_summary: dict, source: str) 
                      f"{paper.EQUIV_MARGIN:g}% on both streams and both GPUs",
                      lambda x: x.abs() <= paper.EQUIV_MARGIN, f"+-{paper.EQUIV_MARGIN:g}%"),
     ]
-    h = grid[(grid.hardware == "h200") & (grid["shape"] == "llada2-mini") & (grid.cache_ratio == 1.0)
+    h = grid[(grid.hardware == "h200") & (grid["shape"] == CLAIM_SHAPE) & (grid.cache_ratio == 1.0)
              & (grid.link_priority == "fifo")].set_index(["trace", "policy"])
     parts, shares = [], []
     for tr in h.index.get_level_values(0).unique():
@@ -469,20 +664,5 @@ def verdicts(grid: pd.DataFrame, summary: dict, gpu_summary: dict, source: str) 
                         counting="modelled seconds per step (virtual clock)",
                         interval=MODELED,
                         margin=f"largest share closed {100 * max(shares):.0f}% vs < {100 * paper.GAP_LEFT:.0f}%"))
-    med = summary["median_abs_error"]
-    signs = summary["signs"]
-    claims.append(Claim(
-        "[own result] the performance model predicts measured seconds per step within 10% (median absolute error "
-        "over cells; cpu: the tiny model on the emulated link against the model with cpu-emulated costs)",
-        "not a claim of the paper: this artifact's own result; judged: median absolute error <= "
-        f"{100 * paper.MODEL_ERROR:.0f}%",
-        f"cpu: median {100 * med:.1f}%, worst {100 * summary['worst_abs_error']:.1f}% over {summary['cells']} cells; "
-        f"measured demand-vs-last_step differences with an interval excluding 0: {len(signs)}, of which the "
-        f"modelled sign agrees: {sum(s['modeled_sign_agrees'] for s in signs)}; h200 (gpu_check runs, host costs "
-        f"fitted on them): median {100 * gpu_summary['median_abs_error']:.1f}%, worst "
-        f"{100 * gpu_summary['worst_abs_error']:.1f}%; calibration: {source}",
-        judged(med <= paper.MODEL_ERROR), timing=True,
-        counting="seconds per denoising step, modelled against measured (the mean of 2 pairs per cell)",
-        interval="modelled: deterministic; measured: the error of means, no interval",
-        margin=f"median {100 * med:.1f}% vs <= {100 * paper.MODEL_ERROR:.0f}%"))
+    claims.append(model_error_claim(errors, gpu_summary, source))
     return claims

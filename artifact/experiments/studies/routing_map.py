@@ -28,12 +28,21 @@ from tqdm.auto import tqdm
 from artifact.experiments import paper
 from artifact.experiments import verdicts as verdict_rules
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import EXACT, NOT_MEASURABLE, PAPER_STYLE, Claim, judged, title
-from artifact.experiments.replication import cached_rows
+from artifact.experiments.claims import (
+    COLORS,
+    CONTROL_COLOR,
+    EXACT,
+    NOT_MEASURABLE,
+    PAPER_STYLE,
+    Claim,
+    judged,
+    title,
+)
+from artifact.experiments.replication import Runs, cached_rows, gather, judge, timed_claim
 from artifact.experiments.runs import load_model, traces
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, faster, gated
+from artifact.experiments.verdicts import CONTROL, faster
 from artifact.model.tasks import prompts
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.runner import OffloadSpec
@@ -300,8 +309,15 @@ def stream_runs(P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: C
                          "cache_experts": C, "forwards": st["forwards"], "seconds": st["seconds"],
                          "forwards_per_second": st["forwards_per_second"], "stall_seconds": st["stall_seconds"],
                          "link_busy_seconds": st["link_busy_seconds"], "demand_misses": st["demand_misses"],
-                         "speculative_transfers": st["speculative_transfers"], "transfers": st["transfers"]})
+                         "speculative_transfers": st["speculative_transfers"], "transfers": st["transfers"],
+                         "calibration": cost_text(cal)})
     return pd.DataFrame(rows)
+
+
+def cost_text(cal: Calibration) -> str:
+    """The compute the timed streams spin per demand (the calibration), in words."""
+    return (f"{cal.compute_us_per_expert:.0f} us per expert, {cal.other_us_per_demand:.0f} us other per demand"
+            if cal.compute_us_per_expert is not None else "device compute")
 
 
 STREAMS = "streams"      # data/results/<profile>/streams.csv: the timed stream rows (replication.cached_rows)
@@ -333,27 +349,50 @@ def stream_store(loaded, t: Trace, shape: ExpertShape, seed: int, device: str) -
 
 
 def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """demand vs last_step forwards/s per stream, paired by repetition (stats.paired_table)."""
+    """demand vs last_step forwards/s per stream within this run, paired by repetition (stats.paired_table)."""
     return paired_table(rows, "demand", "last_step", ["task"], metric="forwards_per_second")
 
 
-def throughput_claim(table: pd.DataFrame, cal: Calibration, rows: pd.DataFrame | None = None) -> Claim:
-    """The streams' verdict: `faster` per stream, gated by the A/A control of `rows` (stream_runs)."""
+STREAM = ["task"]        # one cell per stream: the "task" column holds the stream's name (paper point, cpu point)
+METRIC = "forwards_per_second"
+
+
+def replicas(P: Settings, rows: pd.DataFrame) -> Runs:
+    """This run's stream rows with the stored runs' rows of the same streams and settings (replication.py)."""
+    return gather(P, rows, STREAMS, bench_fingerprint(P), metric=METRIC)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    effects: dict            # {(stream,): Replicated} demand over last_step, forwards/s (replication.Runs.effects)
+    control: dict            # {(stream,): Replicated} the A/A control over demand on the same stream
+    host: dict               # {(stream,): host share of wall time per forward} (verdicts.host_shares; GPU rows)
+    calibration: str = ""    # the compute the rows were timed with (their "calibration" column; "" if absent)
+
+
+def throughput(runs_: Runs) -> Throughput:
+    rows = runs_.this
+    cal = rows.calibration.dropna().astype(str).unique() if "calibration" in rows else []
+    return Throughput(runs_.effects("demand", "last_step", STREAM, METRIC),
+                      runs_.effects(CONTROL, "demand", STREAM, METRIC) if CONTROL in set(rows.policy) else {},
+                      verdict_rules.host_shares(rows, STREAM), "; ".join(cal))
+
+
+def stream_label(key) -> str:
+    return str(key[0])
+
+
+def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
+    """The streams' verdict: `faster` (direction; magnitude against the paper's range) per stream on the interval
+    replication.py rules it on, gated by the A/A control on the same stream."""
     paper_verdict = paper.demand_vs_last_step(1.0)
-    aa = controls(rows, ["task"], metric="forwards_per_second") if rows is not None else {}
-    hs = verdict_rules.host_shares(rows, ["task"])
-    measured = ("; ".join(f"{r.task}: {r.diff_pct:+.1f}% [{r.ci_low:+.1f}, {r.ci_high:+.1f}]"
-                          for r in table.itertuples()) + "; " + controls_text(aa, lambda k: k[0]))
-    cost = (f"{cal.compute_us_per_expert:.0f} us per expert, {cal.other_us_per_demand:.0f} us other per demand"
-            if cal.compute_us_per_expert is not None else "device compute")
-    verdict, reason, margin = combine((r.task, gated(faster(Interval.of(r), paper.FASTER_PCT), aa.get((r.task,)),
-                                                             hs.get((r.task,))))
-                                      for r in table.itertuples())
-    return Claim("demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
-                 "stream-driven engine (emulated link, compute calibrated on the model)",
-                 f"{paper_verdict[0]} (a model-driven run)", f"{measured} (forwards/s, paired); compute: {cost}",
-                 verdict, reason, timing=True, counting="forwards/s per run, demand over last_step % per pair",
-                 interval=METHOD, pairs=int(table.n_pairs.min()), margin=margin)
+    cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
+    ruling = judge(t.effects, t.control, lambda iv: faster(iv, paper.FASTER_PCT), stream_label, t.host)
+    return timed_claim("demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
+                       "stream-driven engine (emulated link, compute calibrated on the model)",
+                       f"{paper_verdict[0]} (a model-driven run)", ruling,
+                       "forwards/s per run, demand over last_step % per pair, one interval per stream",
+                       note=f"A/A control: {CONTROL} over demand; compute: {cost}")
 
 
 # --- figures --------------------------------------------------------------------------------------
@@ -394,24 +433,62 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
     return fig, map_df.copy()
 
 
-def plot_throughput(rows: pd.DataFrame, table: pd.DataFrame, P: Settings):
-    """Forwards/s per stream and policy (each repetition a dot, the mean a bar), and link stall seconds."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
+def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
+    """Left: forwards/s per stream and policy (each repetition a dot, the mean a bar). Middle: link stall seconds.
+    Right: demand over last_step (% forwards/s) per stream with the interval its verdict is ruled on, the A/A
+    control (verdicts.CONTROL over demand) in its own colour with its interval, the paper's band
+    (paper.FASTER_PCT) and the equivalence margin."""
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     names = list(dict.fromkeys(rows.task))
-    colors = {"demand": "tab:blue", "last_step": "tab:orange"}
+    bars = [(p, CONTROL_COLOR if p == CONTROL else COLORS[p])
+            for p in ("demand", "last_step", CONTROL) if p in set(rows.policy)]
+    w = 0.8 / len(bars)
     for k, name in enumerate(names):
-        for d, p in ((-0.18, "demand"), (0.18, "last_step")):
+        for j, (p, color) in enumerate(bars):
             g = rows[(rows.task == name) & (rows.policy == p)]
+            x = k + (j - (len(bars) - 1) / 2) * w
             for ax, col in ((ax1, "forwards_per_second"), (ax2, "stall_seconds")):
-                ax.bar(k + d, g[col].mean(), width=0.34, color=colors[p], alpha=0.6,
-                       label=p + (" (LRU)" if p == "demand" else "") if k == 0 else None)
-                ax.scatter(np.full(len(g), k + d), g[col], s=10, color="black", zorder=3)
-    for ax in (ax1, ax2):
-        ax.set_xticks(range(len(names)), [f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:.3g}, spread "
-                                          f"{rows[rows.task == n].w_spread.iloc[0]:.3g}" for n in names], fontsize=8)
-        ax.legend(fontsize=8)
-    ax1.set(ylabel="denoising forwards / s", title=f"throughput at C/W {rows.cache_ratio.iloc[0]:g}")
+                ax.bar(x, g[col].mean(), width=w * 0.95, color=color, alpha=0.6,
+                       label=p + (" (LRU)" if p == "demand" else " (A/A control)" if p == CONTROL else "")
+                       if k == 0 else None)
+                ax.scatter(np.full(len(g), x), g[col], s=10, color="black", zorder=3)
+    ticks = [f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:.3g}, spread {rows[rows.task == n].w_spread.iloc[0]:.3g}"
+             for n in names]
+    for ax in (ax1, ax2, ax3):
+        ax.set_xticks(range(len(names)), ticks, fontsize=8)
+    ax1.legend(fontsize=7)
+    ratio = rows.cache_ratio.iloc[0]
+    ax1.set(ylabel="denoising forwards / s", title=f"throughput at C/W {ratio:g}")
     ax2.set(ylabel="compute stalled on the link (s)", title="stall per run")
+    out = []
+    for name, src, color, dx in (("demand over last_step", t.effects, COLORS["demand"], -0.1),
+                                 (f"A/A control ({CONTROL} over demand)", t.control, CONTROL_COLOR, 0.1)):
+        keys = [(n,) for n in names if (n,) in src]
+        if not keys:
+            continue
+        iv = [src[k].ruled for k in keys]
+        ax3.errorbar([names.index(k[0]) + dx for k in keys], [i.mean for i in iv],
+                     yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]], fmt="o", capsize=4,
+                     color=color, ms=5, label=name)
+        out += [dict(task=k[0], series=name, diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
+                for k, i in zip(keys, iv)]
+    ax3.axhspan(*paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
+                label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% (C/W "
+                      f"{paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})")
+    ax3.axhspan(-paper.EQUIV_MARGIN, paper.EQUIV_MARGIN, color="gray", alpha=0.12,
+                label=f"+-{paper.EQUIV_MARGIN:g}% (equivalence margin)")
+    ax3.axhline(0, color="black", lw=1, ls=":")
+    ax3.set_xlim(-0.6, len(names) - 0.4)
+    any_iv = next(iter(t.effects.values()), None)
+    basis = {"runs": "pooled over runs", "run": "one run, widened by the stored runs' spread",
+             "pairs": "within one run"}[any_iv.ruled.unit] if any_iv else ""
+    ax3.set(ylabel="A over B (% forwards/s)", title=f"the verdict's 95% intervals\n({basis})")
+    ax3.title.set_fontsize(9)
+    ax3.legend(fontsize=6, loc="best")
     title(fig, P, "07 stream-driven engine: demand vs last_step on synthetic streams")
-    out = rows.merge(table[["task", "diff_pct", "ci_low", "ci_high", "verdict"]], on="task", how="left")
-    return fig, out
+    ruled = pd.DataFrame(out, columns=["task", "series", "diff_pct", "low", "high", "interval", "n"])
+    effect = ruled[ruled.series == "demand over last_step"].drop(columns="series")
+    control = ruled[ruled.series != "demand over last_step"].drop(columns="series").add_prefix("control_")
+    merged = rows.merge(effect, on="task", how="left").merge(control.rename(columns={"control_task": "task"}),
+                                                               on="task", how="left")
+    return fig, merged
