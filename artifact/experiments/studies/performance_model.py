@@ -461,6 +461,17 @@ def model_errors(P: Settings, rows: pd.DataFrame) -> ModelErrors:
     return errors_of(rows, stored_rows(P, VALIDATION, bench_fingerprint(P)))
 
 
+def stored_claims(P: Settings) -> list[Claim]:
+    """The model-error claim as a `--store` run of the stored runs' last one rules it, from the committed rows
+    alone (tests/test_stored_runs.py recomputes the committed record with it)."""
+    stored = stored_rows(P, VALIDATION, bench_fingerprint(P))
+    if not stored:
+        raise ValueError(f"profile {P.name}: no stored validation rows (data/results/{P.name}/runs/run<k>/)")
+    rows = stored[-1][1]
+    return [model_error_claim(errors_of(rows, stored), validation_summary(validate_gpu()),
+                              str(rows.calibration.iloc[0]))]
+
+
 def summary_text(s: dict) -> str:
     """A run's figure: its median absolute error, the worst cell, and its sign agreement (validation_summary)."""
     signs = s["signs"]

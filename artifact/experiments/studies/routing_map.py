@@ -378,6 +378,12 @@ def throughput(runs_: Runs) -> Throughput:
                       verdict_rules.host_shares(rows, STREAM), "; ".join(cal))
 
 
+def stored_claims(P: Settings) -> list[Claim]:
+    """The streams' timing claim as a `--store` run of the stored runs' last one rules it, from the committed rows
+    alone (tests/test_stored_runs.py recomputes the committed record with it)."""
+    return [throughput_claim(throughput(replicas(P, None).last_stored()))]
+
+
 def stream_label(key) -> str:
     return str(key[0])
 
