@@ -58,7 +58,8 @@ def main(argv=None) -> int:
         t0 = time.time()
         print(f"run {k + 1} of {a.runs}", flush=True)
         measure(P)
-        replication.record_run(P, seconds=round(time.time() - t0, 1))
+        replication.record_run(P, seconds=round(time.time() - t0, 1),
+                               command=f"python scripts/record_runs.py {' '.join(sys.argv[1:])} (run {k + 1})")
     return 0
 
 

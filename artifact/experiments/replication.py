@@ -106,7 +106,7 @@ def stored_rows(P, stem: str, fingerprint: str | None = None, reference: Path | 
 
 
 def record_run(P, stems: Sequence[str] = TIMED_STEMS, reference: Path | None = None, seconds: float | None = None,
-               log=print) -> Path:
+               command: str | None = None, log=print) -> Path:
     """Copy this profile's working row files (results_dir) of `stems` into a new stored run, runs/run<k>/ with k
     one more than the last: written into a temporary folder and renamed, so a run is either whole or absent;
     never over an existing run."""
@@ -126,7 +126,7 @@ def record_run(P, stems: Sequence[str] = TIMED_STEMS, reference: Path | None = N
     tmp.mkdir()
     for f in files:
         shutil.copyfile(f, tmp / f.name)
-    meta = {"run": k, **run_info(), "host": socket.gethostname(), "load_average": list(os.getloadavg()),
+    meta = {"run": k, **run_info(), **({"command": command} if command else {}), "host": socket.gethostname(), "load_average": list(os.getloadavg()),
             "cpus": os.cpu_count(), "seconds": seconds, "files": sorted(f.name for f in files)}
     atomic_write_text(tmp / "run.json", json.dumps(meta, indent=1) + "\n")
     tmp.rename(dest)
