@@ -26,7 +26,7 @@ from artifact.experiments.claims import (  # noqa: E402
     Claim,
 )
 from artifact.experiments.notebooks import claims_of  # noqa: E402
-from artifact.experiments.replication import Runs  # noqa: E402
+from artifact.experiments.replication import WITHIN, Runs  # noqa: E402
 from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
 from artifact.experiments.studies import (  # noqa: E402
     bandwidth_throttling as throttle,
@@ -245,23 +245,22 @@ def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
     return pd.DataFrame(rows)
 
 
+def throttle_verdicts(rows):
+    return throttle.verdicts(throttle.numbers(Runs(rows)))
+
+
 def test_throttle_claims():
     rows = throttle_rows(reps=4, jitter=0.02)
-    counts, stall = throttle.verdicts(throttle.numbers(throttle.summary_table(rows), rows))
+    counts, stall = throttle_verdicts(rows)
     assert counts.verdict == REPRODUCED and "+30% link transfers" in counts.measured and not counts.timing
-    assert stall.verdict == REPRODUCED and stall.timing and stall.pairs == 4
-    assert stall.measured.startswith("0.2 GB/s: stall 0.25 s (demand) vs 0.45 s (last_step), last_step over "
-                                     "demand +80.0%")          # highest bandwidth first
+    assert stall.verdict == REPRODUCED and stall.timing and stall.interval == WITHIN
+    assert stall.measured.startswith("0.2 GB/s b=4 C/W 1: +80.0%")          # highest bandwidth first
+    assert "this run's means: 0.2 GB/s: stall 0.25 s (demand) vs 0.45 s (last_step)" in stall.measured
     assert "lower bound" in stall.margin
-    # Claim 03 has an interval: too few pairs, or a stall gap inside the noise, is inconclusive; none at all
-    # (means only) is inconclusive too
-    few = throttle_rows(reps=2, jitter=0.02)
-    assert throttle.verdicts(throttle.numbers(throttle.summary_table(few), few))[1].verdict == INCONCLUSIVE
-    noisy = throttle_rows(reps=4, jitter=0.5, last_step_stall=0.55)
-    assert throttle.verdicts(throttle.numbers(throttle.summary_table(noisy), noisy))[1].verdict == INCONCLUSIVE
-    shorter = throttle_rows(reps=4, jitter=0.02, last_step_stall=0.3)
-    assert throttle.verdicts(throttle.numbers(throttle.summary_table(shorter), shorter))[1].verdict == NOT_REPRODUCED
-    assert throttle.verdicts(throttle.numbers(throttle.summary_table(rows)))[1].verdict == INCONCLUSIVE
+    # Claim 03 has an interval per cell: too few pairs, or a stall gap inside the noise, is inconclusive
+    assert throttle_verdicts(throttle_rows(reps=2, jitter=0.02))[1].verdict == INCONCLUSIVE
+    assert throttle_verdicts(throttle_rows(reps=4, jitter=0.5, last_step_stall=0.55))[1].verdict == INCONCLUSIVE
+    assert throttle_verdicts(throttle_rows(reps=4, jitter=0.02, last_step_stall=0.3))[1].verdict == NOT_REPRODUCED
     P = load_profile("cpu")
     T = throttle.throttle_profile(P)
     assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (P.tasks[:1], (4,), (1.0,),
@@ -357,7 +356,8 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
         "01a": working_set.plot_working_set(ws, P),
         "01b": working_set.plot_stability(sim, share, P),
         "02": misses.plot(summary, P),
-        "03": throttle.plot(throttle.summary_table(throttle_rows()), P),
+        "03": throttle.plot(throttle.summary_table(throttle_rows(reps=4)),
+                            throttle.numbers(Runs(throttle_rows(reps=4))), P),
         "04": capacity.plot(n04, P),
         "05": head_to_head.plot(bench_rows({1.0: 0.0, 0.5: 0.5}, policies=("demand", "interval_refresh")), P),
     }
