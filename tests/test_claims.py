@@ -282,18 +282,17 @@ def test_tide_claims_without_tide_say_why():
     assert "tide_path is null" in reason and "tiny" in reason
     c = head_to_head.released_verdict(None, reason)
     assert c.verdict == NOT_MEASURABLE and reason in c.lines()[-1]
-    rows = bench_rows({1.0: 0.0, 0.5: 0.5}, policies=("demand", "interval_refresh"))
+    rows = bench_rows({1.0: 0.0, 0.5: 0.5}, reps=4, policies=("demand", "interval_refresh"))
     table = head_to_head.style_table(rows)
-    claim = head_to_head.style_verdict(head_to_head.style_numbers(table, rows))
-    assert claim.verdict == REPRODUCED and set(table.cache_ratio) == {1.0, 0.5}
-    assert claim.measured.startswith("C/W 1: interval_refresh over demand")
-    assert "misses -10% vs demand" in claim.measured
+    claim = head_to_head.style_verdict(head_to_head.style_numbers(Runs(rows)))
+    assert claim.verdict == REPRODUCED and set(table.cache_ratio) == {1.0, 0.5} and len(table) == 8
+    assert claim.measured.startswith("C/W 1: +0.0%") and "C/W 0.5 mbpp b=4: -0.5%" in claim.measured
+    assert "misses vs demand's, this run: C/W 1 -10%" in claim.measured
     # "does not beat" is non-superiority: a wide interval decides nothing, a faster interval_refresh fails it
-    wide = bench_rows({1.0: 0.0, 0.5: 0.0}, policies=("demand", "interval_refresh"), noise=10.0)
-    c = head_to_head.style_verdict(head_to_head.style_numbers(head_to_head.style_table(wide), wide))
-    assert c.verdict == INCONCLUSIVE
-    wins = bench_rows({1.0: -8.0, 0.5: 0.0}, policies=("demand", "interval_refresh"))
-    c = head_to_head.style_verdict(head_to_head.style_numbers(head_to_head.style_table(wins), wins))
+    wide = bench_rows({1.0: 0.0, 0.5: 0.0}, reps=4, policies=("demand", "interval_refresh"), noise=10.0)
+    assert head_to_head.style_verdict(head_to_head.style_numbers(Runs(wide))).verdict == INCONCLUSIVE
+    wins = bench_rows({1.0: -8.0, 0.5: 0.0}, reps=4, policies=("demand", "interval_refresh"))
+    c = head_to_head.style_verdict(head_to_head.style_numbers(Runs(wins)))
     assert c.verdict == NOT_REPRODUCED and "C/W 1" in c.reason
     parts = {1.0: {"speedup_total": 3.0, "speedup_kv_cache": 2.0, "speedup_offload": 1.5},
              0.5: {"speedup_total": 0.9, "speedup_kv_cache": 0.9, "speedup_offload": 1.0}}
