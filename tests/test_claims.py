@@ -199,36 +199,37 @@ def test_the_aa_control_gates_the_capacity_verdicts():
 
 
 def test_cache_design_bench_judges_the_best_eviction_against_lru_gated_by_the_control():
-    """09's throughput claim: the best eviction over lru in tokens/s, ruled by `faster` and gated by the A/A
-    control, labelled as the artifact's own result; its bench is one small cell with enough pairs."""
+    """09's throughput claim: the best eviction over lru in tokens/s, ruled by `faster` per cell and gated by
+    the A/A control, labelled as the artifact's own result; its bench is one small cell with enough pairs."""
     best = "demand+lrfu:lam=2"
 
     def verdict(rows):
-        return cache_design.bench_verdict(cache_design.bench_numbers(rows, best))
+        return cache_design.bench_verdict(cache_design.bench_numbers(Runs(rows), best))
 
     def with_control(rows, like: str):
         same = rows[rows.policy == like]
         return pd.concat([rows, same.assign(policy=CONTROL)], ignore_index=True)
 
-    ahead = with_control(bench_rows({1.0: 6.0}, policies=(best, "demand")), "demand")
+    ahead = with_control(bench_rows({1.0: 6.0}, reps=4, policies=(best, "demand")), "demand")
     c = verdict(ahead)
     assert c.verdict == REPRODUCED and c.timing and c.claim.startswith("[own result]") and "lrfu:lam=2" in c.claim
-    assert c.pairs == 8 and f"A/A control ({CONTROL} over demand): C/W 1" in c.measured
-    assert "demand misses over the timed runs: lru 720, lrfu:lam=2 800" in c.measured
-    behind = with_control(bench_rows({1.0: -6.0}, policies=(best, "demand")), "demand")
+    assert c.interval == WITHIN and c.ruled == "this run" and "C/W 1 b=1: +6.0%" in c.measured
+    assert "(A/A +0.0% [+0.0, +0.0])" in c.measured
+    assert "demand misses over this run's timed runs: lru 1440, lrfu:lam=2 1600" in c.measured
+    behind = with_control(bench_rows({1.0: -6.0}, reps=4, policies=(best, "demand")), "demand")
     assert verdict(behind).verdict == NOT_REPRODUCED
-    level = with_control(bench_rows({1.0: 0.0}, policies=(best, "demand"), noise=3.0), "demand")
+    level = with_control(bench_rows({1.0: 0.0}, reps=4, policies=(best, "demand"), noise=3.0), "demand")
     assert verdict(level).verdict == INCONCLUSIVE
-    biased = with_control(bench_rows({1.0: 6.0}, policies=(best, "demand")), best)    # times like the best
+    biased = with_control(bench_rows({1.0: 6.0}, reps=4, policies=(best, "demand")), best)    # times like the best
     c = verdict(biased)
     assert c.verdict == INCONCLUSIVE and "A/A control" in c.reason and "excludes 0" in c.reason
-    assert "no A/A control" in verdict(bench_rows({1.0: 6.0}, policies=(best, "demand"))).measured
+    assert "A/A" not in verdict(bench_rows({1.0: 6.0}, reps=4, policies=(best, "demand"))).measured
     few = bench_rows({1.0: 6.0}, reps=1, policies=(best, "demand"))
     assert verdict(few[(few.task == "gsm8k") & (few.batch_size == 1)]).verdict == INCONCLUSIVE   # 1 pair
     P = cache_design.bench_profile(load_profile("cpu"), best)
     assert P.policies == ("demand", best, CONTROL) and P.batch_sizes == (1,) and len(P.tasks) == 1
     assert P.cache_ratios == (cache_design.BENCH_RATIO,) and P.warmup == 1
-    assert P.repetitions * len(P.tasks) * len(P.batch_sizes) >= paper.MIN_PAIRS
+    assert P.repetitions >= paper.MIN_PAIRS             # one cell: its pairs are its repetitions
 
 
 def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
