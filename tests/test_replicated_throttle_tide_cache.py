@@ -151,3 +151,12 @@ def test_the_throttle_figure_draws_the_control_apart_with_intervals(data):
     iv = df[df.panel == "intervals"]
     assert set(iv.series) == {"last_step over demand", f"A/A control ({CONTROL} over demand)"} and len(iv) == 6
     assert (iv.low < iv.diff_pct).all() and (iv.diff_pct < iv.high).all() and set(iv.interval) == {"pairs"}
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_stored_claims_rule_the_last_stored_run_pooled(name, data):
+    st = STUDIES[name]
+    stored(data, st, {1: st.good})
+    module = {"throttle": throttle, "tide": head_to_head, "cache": cache_design}[name]
+    (c,) = module.stored_claims(load_profile("cpu"))
+    assert c.timing and c.verdict == REPRODUCED and c.ruled == "pooled" and c.per_run == (REPRODUCED,) * 3

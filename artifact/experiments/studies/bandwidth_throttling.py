@@ -136,6 +136,12 @@ def verdicts(n: Numbers) -> list[Claim]:
     return [counts, stall]
 
 
+def stored_claims(P: Settings) -> list[Claim]:
+    """The timing claims as a `--store` run of the stored runs' last one rules them, from the committed rows
+    alone (tests/test_stored_runs.py recomputes the committed record with it)."""
+    return [c for c in verdicts(numbers(replicas(P, None).last_stored())) if c.timing]
+
+
 def reading(n: Numbers) -> str:
     """What the figure shows, from the fastest link to the slowest, in this run's means (printed by notebook 03)."""
     (g0, sd0, ss0, td0, ts0), (g1, sd1, ss1, td1, ts1) = n.by_bandwidth[0], n.by_bandwidth[-1]

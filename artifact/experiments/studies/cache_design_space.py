@@ -18,7 +18,7 @@ from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import ALL_DEMANDS, EXACT, Claim, judged, title
 from artifact.experiments.paper import EVICTION_GAIN, GAP_LEFT
-from artifact.experiments.replication import Runs, gather, judge, timed_claim
+from artifact.experiments.replication import Runs, RunsError, gather, judge, stored_rows, timed_claim
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Settings
 from artifact.experiments.verdicts import CONTROL, faster, host_shares, margin_below
@@ -185,6 +185,17 @@ def bench_verdict(b: BenchNumbers) -> Claim:
         "the A/A control", t,
         f"tokens/s per run, {label(b.best)} over lru % per pair, one interval per cell",
         note=f"demand misses over this run's timed runs: lru {lru}, {label(b.best)} {ours}")
+
+
+def stored_claims(P: Settings) -> list[Claim]:
+    """The bench's timing claim as a `--store` run of the stored runs' last one rules it, from the committed rows
+    alone (tests/test_stored_runs.py); the best eviction is the one policy the stored bench times beside lru and
+    the A/A control."""
+    names = {p for _, rows in stored_rows(P, STEM) for p in set(rows.policy)} - {"demand", CONTROL}
+    if len(names) != 1:
+        raise RunsError(f"the stored {STEM} rows time {sorted(names)} beside lru: expected one best eviction")
+    best = names.pop()
+    return [bench_verdict(bench_numbers(bench_replicas(P, best, None).last_stored(), best))]
 
 
 # --- verdicts -------------------------------------------------------------------------------------

@@ -140,6 +140,12 @@ def style_verdict(n: StyleNumbers) -> Claim:
         note=style_text(n))
 
 
+def stored_claims(P: Settings) -> list[Claim]:
+    """The timing claim ruled on our engine, as a `--store` run of the stored runs' last one rules it, from the
+    committed rows alone (tests/test_stored_runs.py)."""
+    return [style_verdict(style_numbers(replicas(P, None).last_stored()))]
+
+
 def released_numbers(rows: list[dict]) -> dict:
     """C/W -> tide.speedup_parts of the released-code rows at that budget."""
     return {r: speedup_parts([x for x in rows if x["cache_ratio"] == r]) for r in RATIOS}
