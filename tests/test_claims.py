@@ -26,7 +26,7 @@ from artifact.experiments.claims import (  # noqa: E402
     Claim,
 )
 from artifact.experiments.notebooks import claims_of  # noqa: E402
-from artifact.experiments.replication import Runs  # noqa: E402
+from artifact.experiments.replication import WITHIN, Runs  # noqa: E402
 from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
 from artifact.experiments.studies import (  # noqa: E402
     bandwidth_throttling as throttle,
@@ -199,36 +199,37 @@ def test_the_aa_control_gates_the_capacity_verdicts():
 
 
 def test_cache_design_bench_judges_the_best_eviction_against_lru_gated_by_the_control():
-    """09's throughput claim: the best eviction over lru in tokens/s, ruled by `faster` and gated by the A/A
-    control, labelled as the artifact's own result; its bench is one small cell with enough pairs."""
+    """09's throughput claim: the best eviction over lru in tokens/s, ruled by `faster` per cell and gated by
+    the A/A control, labelled as the artifact's own result; its bench is one small cell with enough pairs."""
     best = "demand+lrfu:lam=2"
 
     def verdict(rows):
-        return cache_design.bench_verdict(cache_design.bench_numbers(rows, best))
+        return cache_design.bench_verdict(cache_design.bench_numbers(Runs(rows), best))
 
     def with_control(rows, like: str):
         same = rows[rows.policy == like]
         return pd.concat([rows, same.assign(policy=CONTROL)], ignore_index=True)
 
-    ahead = with_control(bench_rows({1.0: 6.0}, policies=(best, "demand")), "demand")
+    ahead = with_control(bench_rows({1.0: 6.0}, reps=4, policies=(best, "demand")), "demand")
     c = verdict(ahead)
     assert c.verdict == REPRODUCED and c.timing and c.claim.startswith("[own result]") and "lrfu:lam=2" in c.claim
-    assert c.pairs == 8 and f"A/A control ({CONTROL} over demand): C/W 1" in c.measured
-    assert "demand misses over the timed runs: lru 720, lrfu:lam=2 800" in c.measured
-    behind = with_control(bench_rows({1.0: -6.0}, policies=(best, "demand")), "demand")
+    assert c.interval == WITHIN and c.ruled == "this run" and "C/W 1 b=1: +6.0%" in c.measured
+    assert "(A/A +0.0% [+0.0, +0.0])" in c.measured
+    assert "demand misses over this run's timed runs: lru 1440, lrfu:lam=2 1600" in c.measured
+    behind = with_control(bench_rows({1.0: -6.0}, reps=4, policies=(best, "demand")), "demand")
     assert verdict(behind).verdict == NOT_REPRODUCED
-    level = with_control(bench_rows({1.0: 0.0}, policies=(best, "demand"), noise=3.0), "demand")
+    level = with_control(bench_rows({1.0: 0.0}, reps=4, policies=(best, "demand"), noise=3.0), "demand")
     assert verdict(level).verdict == INCONCLUSIVE
-    biased = with_control(bench_rows({1.0: 6.0}, policies=(best, "demand")), best)    # times like the best
+    biased = with_control(bench_rows({1.0: 6.0}, reps=4, policies=(best, "demand")), best)    # times like the best
     c = verdict(biased)
     assert c.verdict == INCONCLUSIVE and "A/A control" in c.reason and "excludes 0" in c.reason
-    assert "no A/A control" in verdict(bench_rows({1.0: 6.0}, policies=(best, "demand"))).measured
+    assert "A/A" not in verdict(bench_rows({1.0: 6.0}, reps=4, policies=(best, "demand"))).measured
     few = bench_rows({1.0: 6.0}, reps=1, policies=(best, "demand"))
     assert verdict(few[(few.task == "gsm8k") & (few.batch_size == 1)]).verdict == INCONCLUSIVE   # 1 pair
     P = cache_design.bench_profile(load_profile("cpu"), best)
     assert P.policies == ("demand", best, CONTROL) and P.batch_sizes == (1,) and len(P.tasks) == 1
     assert P.cache_ratios == (cache_design.BENCH_RATIO,) and P.warmup == 1
-    assert P.repetitions * len(P.tasks) * len(P.batch_sizes) >= paper.MIN_PAIRS
+    assert P.repetitions >= paper.MIN_PAIRS             # one cell: its pairs are its repetitions
 
 
 def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
@@ -245,23 +246,22 @@ def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
     return pd.DataFrame(rows)
 
 
+def throttle_verdicts(rows):
+    return throttle.verdicts(throttle.numbers(Runs(rows)))
+
+
 def test_throttle_claims():
     rows = throttle_rows(reps=4, jitter=0.02)
-    counts, stall = throttle.verdicts(throttle.numbers(throttle.summary_table(rows), rows))
+    counts, stall = throttle_verdicts(rows)
     assert counts.verdict == REPRODUCED and "+30% link transfers" in counts.measured and not counts.timing
-    assert stall.verdict == REPRODUCED and stall.timing and stall.pairs == 4
-    assert stall.measured.startswith("0.2 GB/s: stall 0.25 s (demand) vs 0.45 s (last_step), last_step over "
-                                     "demand +80.0%")          # highest bandwidth first
+    assert stall.verdict == REPRODUCED and stall.timing and stall.interval == WITHIN
+    assert stall.measured.startswith("0.2 GB/s b=4 C/W 1: +80.0%")          # highest bandwidth first
+    assert "this run's means: 0.2 GB/s: stall 0.25 s (demand) vs 0.45 s (last_step)" in stall.measured
     assert "lower bound" in stall.margin
-    # Claim 03 has an interval: too few pairs, or a stall gap inside the noise, is inconclusive; none at all
-    # (means only) is inconclusive too
-    few = throttle_rows(reps=2, jitter=0.02)
-    assert throttle.verdicts(throttle.numbers(throttle.summary_table(few), few))[1].verdict == INCONCLUSIVE
-    noisy = throttle_rows(reps=4, jitter=0.5, last_step_stall=0.55)
-    assert throttle.verdicts(throttle.numbers(throttle.summary_table(noisy), noisy))[1].verdict == INCONCLUSIVE
-    shorter = throttle_rows(reps=4, jitter=0.02, last_step_stall=0.3)
-    assert throttle.verdicts(throttle.numbers(throttle.summary_table(shorter), shorter))[1].verdict == NOT_REPRODUCED
-    assert throttle.verdicts(throttle.numbers(throttle.summary_table(rows)))[1].verdict == INCONCLUSIVE
+    # Claim 03 has an interval per cell: too few pairs, or a stall gap inside the noise, is inconclusive
+    assert throttle_verdicts(throttle_rows(reps=2, jitter=0.02))[1].verdict == INCONCLUSIVE
+    assert throttle_verdicts(throttle_rows(reps=4, jitter=0.5, last_step_stall=0.55))[1].verdict == INCONCLUSIVE
+    assert throttle_verdicts(throttle_rows(reps=4, jitter=0.02, last_step_stall=0.3))[1].verdict == NOT_REPRODUCED
     P = load_profile("cpu")
     T = throttle.throttle_profile(P)
     assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (P.tasks[:1], (4,), (1.0,),
@@ -283,18 +283,17 @@ def test_tide_claims_without_tide_say_why():
     assert "tide_path is null" in reason and "tiny" in reason
     c = head_to_head.released_verdict(None, reason)
     assert c.verdict == NOT_MEASURABLE and reason in c.lines()[-1]
-    rows = bench_rows({1.0: 0.0, 0.5: 0.5}, policies=("demand", "interval_refresh"))
+    rows = bench_rows({1.0: 0.0, 0.5: 0.5}, reps=4, policies=("demand", "interval_refresh"))
     table = head_to_head.style_table(rows)
-    claim = head_to_head.style_verdict(head_to_head.style_numbers(table, rows))
-    assert claim.verdict == REPRODUCED and set(table.cache_ratio) == {1.0, 0.5}
-    assert claim.measured.startswith("C/W 1: interval_refresh over demand")
-    assert "misses -10% vs demand" in claim.measured
+    claim = head_to_head.style_verdict(head_to_head.style_numbers(Runs(rows)))
+    assert claim.verdict == REPRODUCED and set(table.cache_ratio) == {1.0, 0.5} and len(table) == 8
+    assert claim.measured.startswith("C/W 1: +0.0%") and "C/W 0.5 mbpp b=4: -0.5%" in claim.measured
+    assert "misses vs demand's, this run: C/W 1 -10%" in claim.measured
     # "does not beat" is non-superiority: a wide interval decides nothing, a faster interval_refresh fails it
-    wide = bench_rows({1.0: 0.0, 0.5: 0.0}, policies=("demand", "interval_refresh"), noise=10.0)
-    c = head_to_head.style_verdict(head_to_head.style_numbers(head_to_head.style_table(wide), wide))
-    assert c.verdict == INCONCLUSIVE
-    wins = bench_rows({1.0: -8.0, 0.5: 0.0}, policies=("demand", "interval_refresh"))
-    c = head_to_head.style_verdict(head_to_head.style_numbers(head_to_head.style_table(wins), wins))
+    wide = bench_rows({1.0: 0.0, 0.5: 0.0}, reps=4, policies=("demand", "interval_refresh"), noise=10.0)
+    assert head_to_head.style_verdict(head_to_head.style_numbers(Runs(wide))).verdict == INCONCLUSIVE
+    wins = bench_rows({1.0: -8.0, 0.5: 0.0}, reps=4, policies=("demand", "interval_refresh"))
+    c = head_to_head.style_verdict(head_to_head.style_numbers(Runs(wins)))
     assert c.verdict == NOT_REPRODUCED and "C/W 1" in c.reason
     parts = {1.0: {"speedup_total": 3.0, "speedup_kv_cache": 2.0, "speedup_offload": 1.5},
              0.5: {"speedup_total": 0.9, "speedup_kv_cache": 0.9, "speedup_offload": 1.0}}
@@ -357,7 +356,8 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
         "01a": working_set.plot_working_set(ws, P),
         "01b": working_set.plot_stability(sim, share, P),
         "02": misses.plot(summary, P),
-        "03": throttle.plot(throttle.summary_table(throttle_rows()), P),
+        "03": throttle.plot(throttle.summary_table(throttle_rows(reps=4)),
+                            throttle.numbers(Runs(throttle_rows(reps=4))), P),
         "04": capacity.plot(n04, P),
         "05": head_to_head.plot(bench_rows({1.0: 0.0, 0.5: 0.5}, policies=("demand", "interval_refresh")), P),
     }

@@ -1,24 +1,29 @@
 """03 bandwidth throttling: demand and last_step end to end at one C/W while the link's bandwidth is scaled;
-do speculative transfers compete with demand transfers?"""
+do speculative transfers compete with demand transfers? The stall verdict is ruled per cell (bandwidth, batch
+size, C/W) on an interval over runs (replication.py), each cell gated by its A/A control."""
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments import paper
 from artifact.experiments import verdicts as verdict_rules
-from artifact.experiments.claims import COLORS, EXACT, PER_RUN, Claim, judged, title
+from artifact.experiments.bench.results import bench_fingerprint
+from artifact.experiments.claims import COLORS, CONTROL_COLOR, EXACT, PER_RUN, Claim, judged, title
+from artifact.experiments.replication import Runs, gather, judge, timed_claim
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, faster, gated
+from artifact.experiments.verdicts import CONTROL, faster
 from artifact.offload.link import PCIE4_GBPS
 
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
+CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one interval per cell: nothing pooled
+METRIC = "stall_seconds"
 
 
 def throttle_profile(P: Settings) -> Settings:
@@ -34,6 +39,11 @@ def throttle_profile(P: Settings) -> Settings:
 def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
     """The 03 grid's rows (resumable; see runs.run_grid)."""
     return run_grid(throttle_profile(P), STEM, progress=progress)
+
+
+def replicas(P: Settings, rows) -> Runs:
+    """This run's rows with the stored runs' rows of the same grid and settings (replication.py)."""
+    return gather(P, rows, STEM, bench_fingerprint(throttle_profile(P)), metric=METRIC)
 
 
 def summary_table(rows) -> pd.DataFrame:
@@ -59,35 +69,44 @@ class Numbers:
     more_speculative: float      # last_step's speculative loads / demand's transfers
     extra_transfers: float       # last_step's transfers / demand's - 1
     by_bandwidth: tuple          # (link GB/s, stall demand, stall last_step, tokens/s demand, tokens/s last_step),
-                                 # highest bandwidth first
-    stall: tuple = ()            # (link GB/s, Interval of last_step's stall over demand's, % per pair), highest
-                                 # bandwidth first; empty without the runs
-    control: tuple = ()          # (link GB/s, Interval of the A/A control's stall over demand's), the same order
-    host: tuple = ()             # (link GB/s, GPU host share of wall per forward: verdicts.host_shares)
+                                 # this run's means, highest bandwidth first
+    stall: dict = field(default_factory=dict)     # {cell: Replicated} last_step's stall over demand's, % per
+                                                  # pair (replication.Runs.effects), highest bandwidth first
+    control: dict = field(default_factory=dict)   # {cell: Replicated} the A/A control's stall over demand's
+    host: dict = field(default_factory=dict)      # {cell: GPU host share of wall per forward (host_shares)}
+    gbps: dict = field(default_factory=dict)      # {bandwidth scale: link GB/s}
 
 
 def stall_table(rows) -> pd.DataFrame:
-    """last_step (A) over demand (B) in stall seconds, paired by repetition, per bandwidth."""
-    return paired_table(rows, "last_step", "demand", ["bandwidth_scale"], metric="stall_seconds")
+    """last_step (A) over demand (B) in stall seconds, paired by repetition, one row per cell, within one run."""
+    return paired_table(rows, "last_step", "demand", CELL, metric=METRIC)
 
 
-def numbers(summary, rows=None) -> Numbers:
+def _fastest_first(effects: dict) -> dict:
+    return dict(sorted(effects.items(), key=lambda kv: (-kv[0][3], kv[0][:3])))
+
+
+def numbers(runs_: Runs) -> Numbers:
+    rows = runs_.this
+    summary = summary_table(rows)
     d = summary[summary.policy == "demand"].set_index("bandwidth_scale")
     s = summary[summary.policy == "last_step"].set_index("bandwidth_scale")
     scales = sorted(d.index, reverse=True)
-    stall, control, host = (), (), ()
-    if rows is not None:
-        t = stall_table(rows).set_index("bandwidth_scale")
-        stall = tuple((d.link_gbps[x], Interval.of(t.loc[x])) for x in scales)
-        aa = controls(rows, ["bandwidth_scale"], metric="stall_seconds")
-        control = tuple((d.link_gbps[x], aa[(x,)]) for x in scales if (x,) in aa)
-        hs = verdict_rules.host_shares(rows, ["bandwidth_scale"])
-        host = tuple((d.link_gbps[x], hs[(x,)]) for x in scales if (x,) in hs)
+    control = runs_.effects(CONTROL, "demand", CELL, METRIC) if CONTROL in set(rows.policy) else {}
     return Numbers(1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
                    s.speculative_transfers.iloc[0] / d.transfers.iloc[0],
                    s.transfers.iloc[0] / d.transfers.iloc[0] - 1,
                    tuple((d.link_gbps[x], d.stall_seconds[x], s.stall_seconds[x], d.tokens_per_second[x],
-                          s.tokens_per_second[x]) for x in scales), stall, control, host)
+                          s.tokens_per_second[x]) for x in scales),
+                   _fastest_first(runs_.effects("last_step", "demand", CELL, METRIC)), _fastest_first(control),
+                   verdict_rules.host_shares(rows, CELL), {float(x): float(d.link_gbps[x]) for x in scales})
+
+
+def label(key, gbps: dict) -> str:
+    """A cell's name: its link bandwidth, batch size and C/W (and task, when not the first one)."""
+    task, b, ratio, scale = key
+    link = f"{gbps[scale]:.3g} GB/s" if scale in gbps else f"x{scale:g}"
+    return f"{link} b={b} C/W {ratio:g}" + (f" {task}" if task != "gsm8k" else "")
 
 
 def counts_text(n: Numbers) -> str:
@@ -96,10 +115,10 @@ def counts_text(n: Numbers) -> str:
 
 
 def stall_text(n: Numbers) -> str:
-    ivs = dict(n.stall)
-    return "; ".join(f"{gbps:.3g} GB/s: stall {sd:.2f} s (demand) vs {ss:.2f} s (last_step)"
-                     + (f", last_step over demand {ivs[gbps].text()}" if gbps in ivs else "")
-                     + f", {td:.1f} vs {ts:.1f} tokens/s" for gbps, sd, ss, td, ts in n.by_bandwidth)
+    """This run's means per bandwidth (the claim rules on the per-cell intervals before it)."""
+    return "this run's means: " + "; ".join(
+        f"{gbps:.3g} GB/s: stall {sd:.2f} s (demand) vs {ss:.2f} s (last_step), {td:.1f} vs {ts:.1f} tokens/s"
+        for gbps, sd, ss, td, ts in n.by_bandwidth)
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -108,16 +127,19 @@ def verdicts(n: Numbers) -> list[Claim]:
         "speculative transfers compete with demand transfers for host-to-device bandwidth",
         counts_text(n), judged(n.extra_transfers > 0), counting=PER_RUN, interval=EXACT,
         margin=f"{n.extra_transfers:+.1%} link transfers vs > 0")
-    aa, hs = dict(n.control), dict(n.host)
-    verdict, reason, margin = combine((f"{gbps:.3g} GB/s", gated(faster(iv), aa.get(gbps), hs.get(gbps)))
-                                      for gbps, iv in n.stall)
-    stall = Claim(
+    t = judge(n.stall, n.control, faster, lambda k: label(k, n.gbps), n.host)
+    stall = timed_claim(
         "speculative transfers delay demand transfers: last_step stalls longer than demand at every bandwidth",
-        "speculative loads queue ahead of demand loads on the copy engine (qualitative)",
-        stall_text(n) + "; stall " + controls_text({(g,): iv for g, iv in n.control}, lambda k: f"{k[0]:.3g} GB/s"),
-        verdict, reason, timing=True, counting="stall seconds per run, % per pair",
-        interval=METHOD, pairs=min((iv.n for _, iv in n.stall), default=0), margin=margin)
+        "speculative loads queue ahead of demand loads on the copy engine (qualitative)", t,
+        "stall seconds per run, last_step over demand % per pair, one interval per cell (bandwidth, batch, C/W)",
+        note=stall_text(n))
     return [counts, stall]
+
+
+def stored_claims(P: Settings) -> list[Claim]:
+    """The timing claims as a `--store` run of the stored runs' last one rules them, from the committed rows
+    alone (tests/test_stored_runs.py recomputes the committed record with it)."""
+    return [c for c in verdicts(numbers(replicas(P, None).last_stored())) if c.timing]
 
 
 def reading(n: Numbers) -> str:
@@ -125,30 +147,61 @@ def reading(n: Numbers) -> str:
     (g0, sd0, ss0, td0, ts0), (g1, sd1, ss1, td1, ts1) = n.by_bandwidth[0], n.by_bandwidth[-1]
     return (f"From {g0:.3g} GB/s to {g1:.3g} GB/s, last_step's stall minus demand's goes from {ss0 - sd0:+.2f} s to "
             f"{ss1 - sd1:+.2f} s per run, and its tokens/s relative to demand's from {ts0 / td0 - 1:+.0%} to "
-            f"{ts1 / td1 - 1:+.0%} (means over repetitions; the claim below rules on the paired intervals).")
+            f"{ts1 / td1 - 1:+.0%} (means over repetitions; the claim below rules on one interval per cell).")
 
 
 # --- figure ---------------------------------------------------------------------------------------
-def plot(summary, P: Settings):
-    """(a) tokens/s and (b) stall seconds vs link bandwidth, demand and last_step."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+def _color(pol: str):
+    return CONTROL_COLOR if pol == CONTROL else COLORS.get(pol)
+
+
+def plot(summary, n: Numbers, P: Settings):
+    """(a) tokens/s and (b) stall seconds vs link bandwidth, per policy (this run's means; the A/A control in its
+    own colour); (c) last_step's stall over demand's per cell with the interval it is ruled on, beside the A/A
+    control's with its interval."""
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 3.8))
     for pol, g in summary.groupby("policy", sort=False):
-        kw = dict(marker="o", color=COLORS.get(pol), label=pol)
+        kw = dict(marker="o", color=_color(pol), label=f"A/A control ({pol})" if pol == CONTROL else pol)
         ax1.plot(g.link_gbps, g.tokens_per_second, **kw)
         ax2.plot(g.link_gbps, g.stall_seconds, **kw)
+    rows = []
+    for name, src, color, shift in (("last_step over demand", n.stall, COLORS["last_step"], 2 ** -0.05),
+                                    (f"A/A control ({CONTROL} over demand)", n.control, CONTROL_COLOR, 2 ** 0.05)):
+        groups = sorted({k[:3] for k in src})
+        for j, group in enumerate(groups):
+            keys = [k for k in src if k[:3] == group and k[3] in n.gbps]
+            iv = [src[k].ruled for k in keys]
+            x = [n.gbps[k[3]] * shift for k in keys]
+            cell = f"b={group[1]} C/W {group[2]:g}" + (f" {group[0]}" if group[0] != "gsm8k" else "")
+            ax3.errorbar(x, [i.mean for i in iv], yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
+                         fmt="os^D"[j % 4], capsize=3, ms=4, color=color, label=f"{name}, {cell}")
+            rows += [dict(series=name, task=k[0], batch_size=k[1], cache_ratio=k[2], bandwidth_scale=k[3],
+                          link_gbps=n.gbps[k[3]], diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
+                     for k, i in zip(keys, iv)]
+    ax3.axhspan(-paper.EQUIV_MARGIN, paper.EQUIV_MARGIN, color="gray", alpha=0.12,
+                label=f"+-{paper.EQUIV_MARGIN:g}% (the A/A control must lie inside)")
+    ax3.axhline(0, color="black", lw=1, ls=":")
+    ax3.set_yscale("symlog", linthresh=10)     # a near-zero demand stall makes the % of a fast link huge
+    any_iv = next(iter(n.stall.values()), None)
+    basis = {"runs": "pooled over runs", "run": "one run, widened by the stored runs' spread",
+             "pairs": "within one run"}[any_iv.ruled.unit] if any_iv else "no intervals"
     why, ticks = _bandwidth_axis(summary, P)
-    ax1.set(xlabel="link bandwidth (GB/s)", ylabel="throughput (tokens/s)", title="throughput")
-    ax2.set(xlabel="link bandwidth (GB/s)", ylabel="stall per run (seconds)", title="compute waiting on the link")
+    ax1.set(xlabel="link bandwidth (GB/s)", ylabel="throughput (tokens/s)", title="throughput (means)")
+    ax2.set(xlabel="link bandwidth (GB/s)", ylabel="stall per run (seconds)",
+            title="compute waiting on the link (means)")
+    ax3.set(xlabel="link bandwidth (GB/s)", ylabel="A over B (% stall seconds)",
+            title=f"stall per cell, 95% intervals ({basis})")
     if why:
         fig.supxlabel(why, fontsize=9)
-    for ax in (ax1, ax2):
+    for ax in (ax1, ax2, ax3):
         ax.title.set_fontsize(10)
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(ticks), list(ticks.values()))
         ax.minorticks_off()
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     title(fig, P, "03 bandwidth throttling (no paper figure: qualitative)")
-    return fig, summary.copy()
+    df = pd.concat([summary.assign(panel="means"), pd.DataFrame(rows).assign(panel="intervals")], ignore_index=True)
+    return fig, df
 
 
 def _bandwidth_axis(summary, P: Settings) -> tuple[str, dict]:

@@ -3,8 +3,8 @@ cache for diffusion MoE? Every eviction policy (offload/eviction.py) replays the
 against LRU and the two floors belady (this cache's rules) and min (any demand-paging schedule), per C/W,
 batch size and phase; the best eviction is combined with last_step, cross_layer and oracle prefetching; and
 libCacheSim's LRU, fed each demand hits first, is checked against `demand` on every request; and a small
-paired bench times the best eviction against lru end to end (tokens/s, gated by the A/A control, as the other
-timing claims)."""
+paired bench times the best eviction against lru end to end (tokens/s, ruled per cell on an interval over runs
+and gated by the A/A control, as the other timing claims)."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,22 +15,13 @@ import numpy as np
 import pandas as pd
 
 from artifact.experiments import paper
+from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import ALL_DEMANDS, EXACT, Claim, judged, title
 from artifact.experiments.paper import EVICTION_GAIN, GAP_LEFT
+from artifact.experiments.replication import Runs, RunsError, gather, judge, stored_rows, timed_claim
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Settings
-from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import (
-    CONTROL,
-    METHOD,
-    Interval,
-    controls,
-    controls_text,
-    faster,
-    gated,
-    host_shares,
-    margin_below,
-)
+from artifact.experiments.verdicts import CONTROL, faster, host_shares, margin_below
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, phase_columns, relative_to_lru, sweep
 from artifact.offload.trace import mean_working_set
@@ -46,6 +37,7 @@ PREFETCH = ("last_step", "cross_layer", "oracle")
 BENCH_RATIO = 1.0                    # the timed cell's C/W: the cache holds one mean working set
 BENCH_PROMPTS = 2                    # prompts per timed run: 3 policies x 5 runs stay well under a minute on cpu
 STEM = "cache_design_runs"           # data/results/<profile>/cache_design_runs.csv
+CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one interval per cell: nothing pooled
 
 
 def label(spec: str) -> str:
@@ -156,34 +148,54 @@ def bench_runs(P: Settings, best: str, progress: bool = True) -> pd.DataFrame:
     return run_grid(bench_profile(P, best), STEM, progress=progress)
 
 
+def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Runs:
+    """The bench's rows with the stored runs' rows of the same grid and settings (replication.py)."""
+    return gather(P, rows, STEM, bench_fingerprint(bench_profile(P, best)))
+
+
 @dataclass(frozen=True)
 class BenchNumbers:
     best: str                # the eviction spec timed against lru
-    over_lru: Interval       # tokens/s of the best eviction over lru's, % per pair
-    misses: tuple            # (lru's, the best's) demand misses, summed over the timed runs
-    control: dict            # {(C/W,): Interval of the A/A control over demand}
-    host: dict = dataclasses.field(default_factory=dict)   # {(C/W,): GPU host share of wall (host_shares)}
+    over_lru: dict           # {cell: Replicated} tokens/s of the best eviction over lru's (replication.Runs.effects)
+    misses: tuple            # (lru's, the best's) demand misses, summed over this run's timed runs
+    control: dict            # {cell: Replicated} the A/A control over demand in the same cells
+    host: dict = dataclasses.field(default_factory=dict)   # {cell: GPU host share of wall (host_shares)}
 
 
-def bench_numbers(rows: pd.DataFrame, best: str) -> BenchNumbers:
-    t = paired_table(rows, best, "demand", ["cache_ratio"])
+def bench_numbers(runs_: Runs, best: str) -> BenchNumbers:
+    rows = runs_.this
     m = rows.groupby("policy").demand_misses.sum()
-    return BenchNumbers(best, Interval.of(t.iloc[0]), (int(m["demand"]), int(m[best])),
-                        controls(rows, ["cache_ratio"]), host_shares(rows, ["cache_ratio"]))
+    return BenchNumbers(best, runs_.effects(best, "demand", CELL), (int(m["demand"]), int(m[best])),
+                        runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {},
+                        host_shares(rows, CELL))
+
+
+def bench_label(key) -> str:
+    task, b, ratio, scale = key
+    return f"C/W {ratio:g} b={b}" + (f" {task}" if task != "gsm8k" else "") + (f" x{scale:g}" if scale != 1 else "")
 
 
 def bench_verdict(b: BenchNumbers) -> Claim:
-    ruling = gated(faster(b.over_lru), b.control.get((BENCH_RATIO,)), b.host.get((BENCH_RATIO,)))
+    t = judge(b.over_lru, b.control, faster, bench_label, b.host)
     lru, ours = b.misses
-    return Claim(
+    return timed_claim(
         f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end (tokens/s, C/W "
         f"{BENCH_RATIO:g}, batch size 1)",
-        f"{OWN}; the same paired statistics as the paper's timing claims, gated by the A/A control",
-        f"{label(b.best)} over lru: {b.over_lru.text()} ({b.over_lru.n} pairs); demand misses over the timed runs: "
-        f"lru {lru}, {label(b.best)} {ours}; " + controls_text(b.control, lambda key: f"C/W {key[0]:g}"),
-        ruling.verdict, "" if ruling.verdict == judged(True) else ruling.why, timing=True,
-        counting=f"tokens/s per run, {label(b.best)} over lru % per pair", interval=METHOD, pairs=b.over_lru.n,
-        margin=ruling.margin)
+        f"{OWN}; the same statistics as the paper's timing claims (one interval per cell, over runs), gated by "
+        "the A/A control", t,
+        f"tokens/s per run, {label(b.best)} over lru % per pair, one interval per cell",
+        note=f"demand misses over this run's timed runs: lru {lru}, {label(b.best)} {ours}")
+
+
+def stored_claims(P: Settings) -> list[Claim]:
+    """The bench's timing claim as a `--store` run of the stored runs' last one rules it, from the committed rows
+    alone (tests/test_stored_runs.py); the best eviction is the one policy the stored bench times beside lru and
+    the A/A control."""
+    names = {p for _, rows in stored_rows(P, STEM) for p in set(rows.policy)} - {"demand", CONTROL}
+    if len(names) != 1:
+        raise RunsError(f"the stored {STEM} rows time {sorted(names)} beside lru: expected one best eviction")
+    best = names.pop()
+    return [bench_verdict(bench_numbers(bench_replicas(P, best, None).last_stored(), best))]
 
 
 # --- verdicts -------------------------------------------------------------------------------------

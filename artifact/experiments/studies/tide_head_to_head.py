@@ -12,18 +12,21 @@ import torch
 from artifact.experiments import paper
 from artifact.experiments import verdicts as verdict_rules
 from artifact.experiments.bench.model_runner import ModelRunner
+from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import COLORS, NOT_MEASURABLE, Claim, judged, title
+from artifact.experiments.replication import Runs, gather, judge, timed_claim
 from artifact.experiments.runs import load_model, run_grid
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide.checkout import check_tide
-from artifact.experiments.verdicts import CONTROL, METHOD, Interval, combine, controls, controls_text, gated, not_faster
+from artifact.experiments.verdicts import CONTROL, not_faster
 from artifact.model.tasks import prompts
 from artifact.offload.sim import capacity_for
 
 RATIOS = tuple(paper.TIDE_SPEEDUP)      # "the same budget" C = W, and half of it
 STEM = "tide_style_runs"                # data/results/<profile>/tide_style_runs.csv
+CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one interval per cell: nothing pooled
 
 
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
@@ -40,9 +43,14 @@ def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
     return run_grid(tide_style_profile(P), STEM, progress=progress)
 
 
+def replicas(P: Settings, rows) -> Runs:
+    """This run's rows with the stored runs' rows of the same grid and settings (replication.py)."""
+    return gather(P, rows, STEM, bench_fingerprint(tide_style_profile(P)))
+
+
 def style_table(rows) -> pd.DataFrame:
-    """demand (A) vs interval_refresh (B), paired per C/W."""
-    return paired_table(rows, "demand", "interval_refresh", ["cache_ratio"])
+    """interval_refresh (A) over demand (B) within this run, paired, one row per cell (task, batch size, C/W)."""
+    return paired_table(rows, "interval_refresh", "demand", CELL)
 
 
 # --- TIDE's released code -------------------------------------------------------------------------
@@ -91,38 +99,51 @@ def tide_released(P: Settings, progress: bool = True) -> list[dict]:
 # --- verdicts -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StyleNumbers:
-    # per C/W, highest first: (C/W, Interval of interval_refresh over demand, interval_refresh misses / demand's - 1)
-    by_ratio: tuple
-    control: dict = dataclasses.field(default_factory=dict)   # {(C/W,): Interval of the A/A control over demand}
-    host: dict = dataclasses.field(default_factory=dict)      # {(C/W,): GPU host share of wall (host_shares)}
+    effects: dict    # {cell: Replicated} interval_refresh over demand, tokens/s (replication.Runs.effects),
+                     # highest C/W first
+    misses: dict     # {cell: interval_refresh's demand misses / demand's - 1}, this run
+    control: dict = dataclasses.field(default_factory=dict)   # {cell: Replicated} the A/A control over demand
+    host: dict = dataclasses.field(default_factory=dict)      # {cell: GPU host share of wall (host_shares)}
 
 
-def style_numbers(table, rows) -> StyleNumbers:
-    """`table` (style_table: demand over interval_refresh) is shown; the verdict rules on interval_refresh
-    over demand, paired from the rows."""
-    over = paired_table(rows, "interval_refresh", "demand", ["cache_ratio"]).set_index("cache_ratio")
-    per = []
-    for r in sorted(over.index, reverse=True):
-        m = rows[rows.cache_ratio == r].groupby("policy").demand_misses.sum()
-        per.append((float(r), Interval.of(over.loc[r]), m["interval_refresh"] / m["demand"] - 1))
-    return StyleNumbers(tuple(per), controls(rows, ["cache_ratio"]), verdict_rules.host_shares(rows, ["cache_ratio"]))
+def style_numbers(runs_: Runs) -> StyleNumbers:
+    """interval_refresh over demand per cell (the direction the claim is about: does it beat demand?)."""
+    rows = runs_.this
+    effects = runs_.effects("interval_refresh", "demand", CELL)
+    effects = dict(sorted(effects.items(), key=lambda kv: (-kv[0][2], kv[0][:2], kv[0][3])))
+    m = rows.groupby([*CELL, "policy"]).demand_misses.sum()
+    misses = {k: m[(*k, "interval_refresh")] / m[(*k, "demand")] - 1 for k in effects}
+    control = runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {}
+    return StyleNumbers(effects, misses, control, verdict_rules.host_shares(rows, CELL))
+
+
+def label(key) -> str:
+    """A cell's name: its C/W (and task, batch size and bandwidth where they are not the grid's usual ones)."""
+    task, b, ratio, scale = key
+    return (f"C/W {ratio:g}" + (f" {task}" if task != "gsm8k" else "") + (f" b={b}" if b != 1 else "")
+            + (f" x{scale:g}" if scale != 1 else ""))
 
 
 def style_text(n: StyleNumbers) -> str:
-    return ("; ".join(f"C/W {r:g}: interval_refresh over demand {iv.text()} ({iv.n} pairs), "
-                      f"interval_refresh misses {m:+.0%} vs demand" for r, iv, m in n.by_ratio)
-            + "; " + controls_text(n.control, lambda key: f"C/W {key[0]:g}"))
+    """This run's misses per cell (the claim rules on the per-cell intervals before it)."""
+    return "interval_refresh's demand misses vs demand's, this run: " + "; ".join(
+        f"{label(k)} {m:+.0%}" for k, m in n.misses.items())
 
 
 def style_verdict(n: StyleNumbers) -> Claim:
-    verdict, reason, margin = combine((f"C/W {r:g}", gated(not_faster(iv), n.control.get((r,)), n.host.get((r,))))
-                                      for r, iv, _ in n.by_ratio)
-    return Claim(
+    t = judge(n.effects, n.control, not_faster, label, n.host)
+    return timed_claim(
         "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and half "
         f"(not faster by more than {paper.EQUIV_MARGIN:g}%)",
-        "interval refresh does not beat LRU", style_text(n), verdict, reason, timing=True,
-        counting="tokens/s per run, interval_refresh over demand % per pair", interval=METHOD,
-        pairs=min((iv.n for _, iv, _ in n.by_ratio), default=0), margin=margin)
+        "interval refresh does not beat LRU", t,
+        "tokens/s per run, interval_refresh over demand % per pair, one interval per cell (task, C/W)",
+        note=style_text(n))
+
+
+def stored_claims(P: Settings) -> list[Claim]:
+    """The timing claim ruled on our engine, as a `--store` run of the stored runs' last one rules it, from the
+    committed rows alone (tests/test_stored_runs.py)."""
+    return [style_verdict(style_numbers(replicas(P, None).last_stored()))]
 
 
 def released_numbers(rows: list[dict]) -> dict:
