@@ -15,6 +15,7 @@ import nbformat  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from test_phases import phase_split  # noqa: E402
 
 from artifact.experiments import claims, paper, runs  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, write_rows  # noqa: E402
@@ -134,6 +135,33 @@ def test_miss_claims_judge_known_counts():
     no_last = sweep_rows([500, 300, 100], [480, 290, 99], [200, 150, 40], [400, 45, 10], [495, 298, 100])
     (c, *_) = miss_verdicts(no_last[no_last.policy != "last_step"])
     assert c.verdict == NOT_MEASURABLE and "0.83-1.73" in c.reason
+
+
+def test_a_count_claim_rules_on_one_basis_and_names_the_other_only_where_it_disagrees():
+    assert claims.on_bases({"excluded": True, "included": True}, {"excluded": "1", "included": "2"},
+                           "excluded") == (REPRODUCED, "")
+    assert claims.on_bases({"excluded": False, "included": True}, {"excluded": "56.6%", "included": "48.4%"},
+                           "excluded") == (NOT_REPRODUCED, "denoising steps: 56.6% (rules); all demands: 48.4% "
+                                                           "(would say reproduced)")
+    assert claims.on_bases({"included": False}, {"included": "x"}, "included") == (NOT_REPRODUCED, "")
+
+
+def test_miss_claims_rule_on_the_denoising_steps_and_print_all_demands_where_the_verdict_flips():
+    """Constructed so that the prefill forwards flip two verdicts: over the denoising steps last_step removes 12%
+    of LRU's misses (not few) and the oracle cuts them 6.7x; the prefill forwards add LRU's misses that no
+    policy removes, so over all demands last_step would remove 6% and the oracle cut 1.7x."""
+    steps = sweep_rows(lru=[500, 300, 100], last=[480, 264, 88], spec=[200, 150, 40], oracle=[400, 45, 10],
+                       refresh=[495, 298, 100])
+    prefill = sweep_rows(lru=[500, 300, 100], last=[500, 300, 100], spec=[0, 0, 0], oracle=[500, 300, 100],
+                         refresh=[500, 300, 100])
+    useless, oracle, refresh = miss_verdicts(phase_split(steps, prefill, misses.SUMMED))
+    assert all(c.counting == claims.DENOISING for c in (useless, oracle, refresh))
+    assert useless.verdict == NOT_REPRODUCED and useless.reason == (
+        "denoising steps: most removed 12.0% (C/W 1) (rules); all demands: most removed 6.0% (C/W 1) "
+        "(would say reproduced)")
+    assert oracle.verdict == REPRODUCED and oracle.reason == (
+        "denoising steps: 6.7x (rules); all demands: 1.7x (would say not reproduced)")
+    assert refresh.verdict == REPRODUCED and refresh.reason == ""        # both bases agree: nothing more to say
 
 
 def bench_rows(diffs: dict, reps=2, policies=("demand", "last_step"), noise=0.3):
