@@ -253,6 +253,41 @@ def test_cache_design_bench_judges_the_best_eviction_against_lru_gated_by_the_co
     assert P.repetitions * len(P.tasks) * len(P.batch_sizes) >= paper.MIN_PAIRS
 
 
+def eviction_rows(misses: dict, lru=100, floor=50) -> pd.DataFrame:
+    """An eviction sweep (cache_design.eviction_sweep's columns): per batch size, C/W and policy, LRU's misses
+    unless `misses` says otherwise, min's `floor`."""
+    rows = []
+    for b in (1, 4):
+        for r in cache_design.RATIOS:
+            for pol in cache_design.EVICTIONS + cache_design.FLOORS:
+                m = floor if pol == "min" else misses.get(pol, lru)
+                rows.append({"task": "x", "batch_size": b, "policy": pol, "cache_ratio": r, "demand_misses": m,
+                             "speculative_transfers": 0, "accesses": 1000})
+    return pd.DataFrame(rows)
+
+
+def test_eviction_claims_rule_on_the_denoising_steps_and_print_all_demands_where_the_verdict_flips():
+    """Over the denoising steps lrfu removes 12% of LRU's misses and token_lru < lru < its reverse; the prefill
+    forwards add misses where lrfu gains nothing and token_lru loses, so over all demands the first claim would
+    fail (6%) and so would the token order; the gap to min (24% closed) is the same on both bases."""
+    steps = eviction_rows({"demand+lrfu:lam=2": 88, "demand+token_lru": 95, "demand+token_lru:reverse=true": 105,
+                           "belady": 60})
+    prefill = eviction_rows({"demand+token_lru": 110, "belady": 100}, floor=100)
+    s = cache_design.summary(phase_split(steps, prefill, cache_design.SUMMED))
+    assert cache_design.best_eviction(s) == "demand+lrfu:lam=2"
+    gain, gap, token = cache_design.verdicts(cache_design.numbers(s, pd.DataFrame()))
+    assert all(c.counting == claims.DENOISING for c in (gain, gap, token))
+    assert gain.verdict == REPRODUCED and gain.reason == (
+        "denoising steps: the best, lrfu:lam=2, removes 12.0% (rules); all demands: the best, lrfu:lam=2, "
+        "removes 6.0% (would say not reproduced)")
+    assert gap.verdict == REPRODUCED and gap.reason == "" and "pooled 24%" in gap.measured
+    assert token.verdict == REPRODUCED and token.reason == (
+        "denoising steps: lru 1000, token_lru 950, reversed 1050 (rules); all demands: lru 2000, token_lru 2050, "
+        "reversed 2050 (would say not reproduced)")
+    plain = cache_design.numbers(cache_design.summary(steps), pd.DataFrame())      # no phases: all demands
+    assert plain.judged == "included" and cache_design.verdicts(plain)[0].counting == claims.ALL_DEMANDS
+
+
 def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
     rows = []
     for scale, gbps in ((2.0, 0.2), (1.0, 0.1), (0.5, 0.05)):
