@@ -48,6 +48,8 @@ from artifact.experiments.studies import (  # noqa: E402
     tide_head_to_head as head_to_head,
 )
 from artifact.experiments.verdicts import CONTROL  # noqa: E402
+from artifact.offload.sim import replay  # noqa: E402
+from artifact.offload.synth import SynthParams, synth  # noqa: E402
 from artifact.paths import data_dir  # noqa: E402
 
 EXPERIMENTS = Path(claims.__file__).resolve().parent
@@ -286,6 +288,24 @@ def test_eviction_claims_rule_on_the_denoising_steps_and_print_all_demands_where
         "reversed 2050 (would say not reproduced)")
     plain = cache_design.numbers(cache_design.summary(steps), pd.DataFrame())      # no phases: all demands
     assert plain.judged == "included" and cache_design.verdicts(plain)[0].counting == claims.ALL_DEMANDS
+
+
+def test_the_lru_resident_share_counts_the_denoising_steps_as_its_label_says():
+    """01's share of demanded experts already resident under LRU: the demand policy's hits over the denoising
+    steps (prefill excluded), not over all demands; a stream with large prefill forwards tells them apart."""
+    t = synth(SynthParams(layers=3, experts=64, top_k=4, tokens=8, blocks=2, steps=8, w=16, prefill=3.0))
+    share = working_set.lru_share([t], (1.0,))
+    C = int(share.cache_experts.iloc[0])
+    by = replay(t, "demand", C, by_phase=True)["by_phase"]
+    hits, misses_ = (sum(by[p][k] for p in ("first", "later")) for k in ("demand_hits", "demand_misses"))
+    every = replay(t, "demand", C)
+    denoising, all_demands = hits / (hits + misses_), every["demand_hits"] / every["accesses"]
+    assert share.resident_share.iloc[0] == pytest.approx(denoising) and abs(denoising - all_demands) > 0.02
+    n = working_set.numbers(working_set.working_set_table([t]), working_set.stability_table([t]), share)
+    c = working_set.verdict(n)
+    assert n.lru_resident == pytest.approx(denoising)
+    assert f"denoising steps' demands already resident under LRU at C/W = 1: {denoising:.2f}" in c.measured
+    assert c.counting.startswith(claims.DENOISING) and "resident under LRU" in c.counting
 
 
 def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
