@@ -3,6 +3,7 @@ predictor-over-demand tables, and verdicts that follow the numbers."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +13,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from test_phases import phase_split  # noqa: E402
 
 from artifact.experiments import claims  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, bench_fingerprint  # noqa: E402
@@ -82,6 +84,35 @@ def test_miss_verdicts_follow_the_counts():
 
     bad = claims_of({"last_step": 12, "cross_layer": 10, "oracle": 20, "last_step_conservative": 1})
     assert bad["2a"].verdict == bad["2b"].verdict == bad["last_step_conservative"].verdict == NOT_REPRODUCED
+
+
+def test_count_claims_rule_on_the_denoising_steps_and_print_all_demands_where_the_verdict_flips():
+    """Constructed so that the two counting bases disagree: over the denoising steps last_step removes 60% of
+    what the oracle removes (not < 50%), cross_layer more than last_step, and last_step_conservative matches
+    LRU; the prefill forwards add oracle removals, cross_layer misses and a conservative transfer, so over all
+    demands (2a) would hold, and (2b) and the conservative claim would fail."""
+    steps = sweep_rows({"last_step": 6, "cross_layer": 8, "oracle": 10})
+    prefill = sweep_rows({"oracle": 10, "cross_layer": -10, "last_step_conservative": 1}, lru=(50, 50, 50))
+    prefill.loc[prefill.policy == "last_step_conservative", "speculative_transfers"] = 1
+    summary = beyond.miss_summary(phase_split(steps, prefill, beyond.SUMMED))
+    assert set(summary.prefill) == {"included", "excluded"}
+    n = beyond.numbers(summary, beyond.throughput_table(bench_rows({})), Runs(bench_rows({})))
+    got = {c.claim.split(")")[0].split("(")[-1] if "(2" in c.claim else c.claim.split()[2]: c
+           for c in beyond.verdicts(n)}
+    a, b, cons = got["2a"], got["2b"], got["last_step_conservative"]
+    assert all(c.counting == claims.DENOISING for c in (a, b, cons))
+    assert a.verdict == NOT_REPRODUCED and re.fullmatch(r"denoising steps: 60\.0% at C/W [\d.]+ \(rules\); all "
+                                                        r"demands: 30\.0% at C/W [\d.]+ \(would say reproduced\)",
+                                                        a.reason)
+    assert "last_step's share of the oracle's: 0.43: 60.0%" in a.measured and "60.0% vs < 50%" in a.margin
+    assert b.verdict == REPRODUCED and b.reason == ("denoising steps: smallest lead +2.0 points at C/W 0.43 (rules); "
+                                                    "all demands: smallest lead -7.3 points at C/W 1.73 (would say "
+                                                    "not reproduced)")
+    assert cons.verdict == REPRODUCED and cons.reason == "denoising steps: equal (rules); all demands: not equal " \
+                                                         "(would say not reproduced)"
+    same = beyond.verdicts(beyond.numbers(beyond.miss_summary(phase_split(steps, steps, beyond.SUMMED)),
+                                          beyond.throughput_table(bench_rows({})), Runs(bench_rows({}))))
+    assert not any(c.reason for c in same if not c.timing)       # bases agree: one verdict, nothing more to print
 
 
 def test_throughput_claim_follows_the_intervals_under_demand_priority():

@@ -15,6 +15,7 @@ import nbformat  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from test_phases import phase_split  # noqa: E402
 
 from artifact.experiments import claims, paper, replication, runs  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, write_rows  # noqa: E402
@@ -48,6 +49,8 @@ from artifact.experiments.studies import (  # noqa: E402
     tide_head_to_head as head_to_head,
 )
 from artifact.experiments.verdicts import CONTROL  # noqa: E402
+from artifact.offload.sim import replay  # noqa: E402
+from artifact.offload.synth import SynthParams, synth  # noqa: E402
 from artifact.paths import data_dir  # noqa: E402
 
 EXPERIMENTS = Path(claims.__file__).resolve().parent
@@ -136,6 +139,33 @@ def test_miss_claims_judge_known_counts():
     no_last = sweep_rows([500, 300, 100], [480, 290, 99], [200, 150, 40], [400, 45, 10], [495, 298, 100])
     (c, *_) = miss_verdicts(no_last[no_last.policy != "last_step"])
     assert c.verdict == NOT_MEASURABLE and "0.83-1.73" in c.reason
+
+
+def test_a_count_claim_rules_on_one_basis_and_names_the_other_only_where_it_disagrees():
+    assert claims.on_bases({"excluded": True, "included": True}, {"excluded": "1", "included": "2"},
+                           "excluded") == (REPRODUCED, "")
+    assert claims.on_bases({"excluded": False, "included": True}, {"excluded": "56.6%", "included": "48.4%"},
+                           "excluded") == (NOT_REPRODUCED, "denoising steps: 56.6% (rules); all demands: 48.4% "
+                                                           "(would say reproduced)")
+    assert claims.on_bases({"included": False}, {"included": "x"}, "included") == (NOT_REPRODUCED, "")
+
+
+def test_miss_claims_rule_on_the_denoising_steps_and_print_all_demands_where_the_verdict_flips():
+    """Constructed so that the prefill forwards flip two verdicts: over the denoising steps last_step removes 12%
+    of LRU's misses (not few) and the oracle cuts them 6.7x; the prefill forwards add LRU's misses that no
+    policy removes, so over all demands last_step would remove 6% and the oracle cut 1.7x."""
+    steps = sweep_rows(lru=[500, 300, 100], last=[480, 264, 88], spec=[200, 150, 40], oracle=[400, 45, 10],
+                       refresh=[495, 298, 100])
+    prefill = sweep_rows(lru=[500, 300, 100], last=[500, 300, 100], spec=[0, 0, 0], oracle=[500, 300, 100],
+                         refresh=[500, 300, 100])
+    useless, oracle, refresh = miss_verdicts(phase_split(steps, prefill, misses.SUMMED))
+    assert all(c.counting == claims.DENOISING for c in (useless, oracle, refresh))
+    assert useless.verdict == NOT_REPRODUCED and useless.reason == (
+        "denoising steps: most removed 12.0% (C/W 1) (rules); all demands: most removed 6.0% (C/W 1) "
+        "(would say reproduced)")
+    assert oracle.verdict == REPRODUCED and oracle.reason == (
+        "denoising steps: 6.7x (rules); all demands: 1.7x (would say not reproduced)")
+    assert refresh.verdict == REPRODUCED and refresh.reason == ""        # both bases agree: nothing more to say
 
 
 def bench_rows(diffs: dict, reps=2, policies=("demand", "last_step"), noise=0.3):
@@ -230,6 +260,59 @@ def test_cache_design_bench_judges_the_best_eviction_against_lru_gated_by_the_co
     assert P.policies == ("demand", best, CONTROL) and P.batch_sizes == (1,) and len(P.tasks) == 1
     assert P.cache_ratios == (cache_design.BENCH_RATIO,) and P.warmup == 1
     assert P.repetitions >= paper.MIN_PAIRS             # one cell: its pairs are its repetitions
+
+
+def eviction_rows(misses: dict, lru=100, floor=50) -> pd.DataFrame:
+    """An eviction sweep (cache_design.eviction_sweep's columns): per batch size, C/W and policy, LRU's misses
+    unless `misses` says otherwise, min's `floor`."""
+    rows = []
+    for b in (1, 4):
+        for r in cache_design.RATIOS:
+            for pol in cache_design.EVICTIONS + cache_design.FLOORS:
+                m = floor if pol == "min" else misses.get(pol, lru)
+                rows.append({"task": "x", "batch_size": b, "policy": pol, "cache_ratio": r, "demand_misses": m,
+                             "speculative_transfers": 0, "accesses": 1000})
+    return pd.DataFrame(rows)
+
+
+def test_eviction_claims_rule_on_the_denoising_steps_and_print_all_demands_where_the_verdict_flips():
+    """Over the denoising steps lrfu removes 12% of LRU's misses and token_lru < lru < its reverse; the prefill
+    forwards add misses where lrfu gains nothing and token_lru loses, so over all demands the first claim would
+    fail (6%) and so would the token order; the gap to min (24% closed) is the same on both bases."""
+    steps = eviction_rows({"demand+lrfu:lam=2": 88, "demand+token_lru": 95, "demand+token_lru:reverse=true": 105,
+                           "belady": 60})
+    prefill = eviction_rows({"demand+token_lru": 110, "belady": 100}, floor=100)
+    s = cache_design.summary(phase_split(steps, prefill, cache_design.SUMMED))
+    assert cache_design.best_eviction(s) == "demand+lrfu:lam=2"
+    gain, gap, token = cache_design.verdicts(cache_design.numbers(s, pd.DataFrame()))
+    assert all(c.counting == claims.DENOISING for c in (gain, gap, token))
+    assert gain.verdict == REPRODUCED and gain.reason == (
+        "denoising steps: the best, lrfu:lam=2, removes 12.0% (rules); all demands: the best, lrfu:lam=2, "
+        "removes 6.0% (would say not reproduced)")
+    assert gap.verdict == REPRODUCED and gap.reason == "" and "pooled 24%" in gap.measured
+    assert token.verdict == REPRODUCED and token.reason == (
+        "denoising steps: lru 1000, token_lru 950, reversed 1050 (rules); all demands: lru 2000, token_lru 2050, "
+        "reversed 2050 (would say not reproduced)")
+    plain = cache_design.numbers(cache_design.summary(steps), pd.DataFrame())      # no phases: all demands
+    assert plain.judged == "included" and cache_design.verdicts(plain)[0].counting == claims.ALL_DEMANDS
+
+
+def test_the_lru_resident_share_counts_the_denoising_steps_as_its_label_says():
+    """01's share of demanded experts already resident under LRU: the demand policy's hits over the denoising
+    steps (prefill excluded), not over all demands; a stream with large prefill forwards tells them apart."""
+    t = synth(SynthParams(layers=3, experts=64, top_k=4, tokens=8, blocks=2, steps=8, w=16, prefill=3.0))
+    share = working_set.lru_share([t], (1.0,))
+    C = int(share.cache_experts.iloc[0])
+    by = replay(t, "demand", C, by_phase=True)["by_phase"]
+    hits, misses_ = (sum(by[p][k] for p in ("first", "later")) for k in ("demand_hits", "demand_misses"))
+    every = replay(t, "demand", C)
+    denoising, all_demands = hits / (hits + misses_), every["demand_hits"] / every["accesses"]
+    assert share.resident_share.iloc[0] == pytest.approx(denoising) and abs(denoising - all_demands) > 0.02
+    n = working_set.numbers(working_set.working_set_table([t]), working_set.stability_table([t]), share)
+    c = working_set.verdict(n)
+    assert n.lru_resident == pytest.approx(denoising)
+    assert f"denoising steps' demands already resident under LRU at C/W = 1: {denoising:.2f}" in c.measured
+    assert c.counting.startswith(claims.DENOISING) and "resident under LRU" in c.counting
 
 
 def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):

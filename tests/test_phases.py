@@ -25,7 +25,17 @@ from artifact.offload.bounds import relaxed_min
 from artifact.offload.cache import COUNTS, PHASES
 from artifact.offload.policies import check_policy
 from artifact.offload.runner import OffloadSpec, run
-from artifact.offload.sim import phase_columns, replay, sweep
+from artifact.offload.sim import (
+    BASES,
+    DENOISING_ONLY,
+    WITH_PREFILL,
+    by_basis,
+    denoising_only,
+    phase_columns,
+    replay,
+    ruling_basis,
+    sweep,
+)
 from artifact.offload.trace import TraceRecorder, mean_working_set, working_set_by_phase, working_sets
 
 DC = DecodeConfig(gen_length=40)
@@ -82,6 +92,39 @@ def test_sweep_takes_min_and_flattens_phases():
         assert (flat[[f"{k}_{p}" for p in PHASES]].sum(axis=1) == flat[k]).all(), k
     with pytest.raises(SettingError, match="takes no options"):
         sweep([t], [1.0], ["min:x=1"])
+
+
+def phase_split(steps: pd.DataFrame, prefill: pd.DataFrame, counts) -> pd.DataFrame:
+    """A sweep as sweep(by_phase=True) and phase_columns give it, from two sweeps of the same rows: `steps`
+    counts the denoising steps, `prefill` the prefill forwards; each total is their sum, `<count>_prefill` the
+    prefill's (other tests build constructed cases where the two counting bases disagree with it)."""
+    out = steps.copy()
+    for c in counts:
+        out[c] = steps[c] + prefill[c]
+        out[f"{c}_prefill"] = prefill[c]
+    return out
+
+
+def test_by_basis_pools_all_demands_and_the_denoising_steps():
+    t = stream()
+    pols = ["demand", "last_step", "oracle", "min"]
+    df = phase_columns(sweep([t], [0.5, 1.0], pols, by_phase=True))
+    counts = ("demand_misses", "speculative_transfers", "accesses")
+    s = by_basis(df, ["cache_ratio"], counts).set_index(["prefill", "cache_ratio", "policy"])
+    assert set(s.index.get_level_values("prefill")) == set(BASES)
+    assert ruling_basis(s.reset_index()) == DENOISING_ONLY
+    for r in (0.5, 1.0):
+        for p in pols:
+            row = df[(df.cache_ratio == r) & (df.policy == p)].iloc[0]
+            for c in counts:                 # all demands: the totals; denoising steps: the phases first and later
+                assert s.loc[(WITH_PREFILL, r, p), c] == row[c], (r, p, c)
+                assert s.loc[(DENOISING_ONLY, r, p), c] == row[f"{c}_first"] + row[f"{c}_later"], (r, p, c)
+            assert s.loc[(DENOISING_ONLY, r, p), "lru_misses"] == s.loc[(DENOISING_ONLY, r, "demand"), "demand_misses"]
+    lru = s.xs("demand", level="policy").demand_misses
+    assert lru[(DENOISING_ONLY, 1.0)] < lru[(WITH_PREFILL, 1.0)]
+    assert (denoising_only(df, counts).accesses == df.accesses - df.accesses_prefill).all()
+    plain = by_basis(df[[c for c in df if not c.endswith(("_prefill", "_first", "_later"))]], ["cache_ratio"], counts)
+    assert set(plain.prefill) == {WITH_PREFILL} and ruling_basis(plain) == WITH_PREFILL    # no phases: all demands
 
 
 def test_min_is_refused_by_the_engine_and_the_bench_with_its_reason():

@@ -105,6 +105,37 @@ def test_crossing_and_the_implied_region_on_a_hand_made_map():
     assert "own result" in c1.claim and "own result" in c2.claim
 
 
+def test_the_claims_rule_on_the_rows_without_prefill_and_their_basis_says_so():
+    """The map's rows without prefill forwards (every demand a denoising step) decide; the with-prefill rows are
+    printed beside them. Here at the traces' novelty (0.15) only the with-prefill row reaches the cut, so a rule
+    on it would say reproduced; with the rows swapped the verdict swaps."""
+    t = paper.ORACLE_CUT
+    m = hand_map({(False, 0.05): (4 * t, t, t / 4), (False, 0.15): (t / 2, t / 3, t / 4),
+                  (True, 0.05): (t / 2, t / 3, t / 4), (True, 0.15): (4 * t, t, t / 4)})
+    c1, c2 = rm.verdicts(rm.numbers(m, fits_at([(0.14, 0.05)])))
+    assert c1.verdict == NOT_REPRODUCED and "with prefill at nu 0.05: none; nu 0.15: spread <= 0.100" in c1.measured
+    assert c1.counting == ("synthetic streams without prefill forwards (every demand a denoising step); the "
+                           "with-prefill rows printed, not ruled on")
+    assert c2.verdict == NOT_REPRODUCED and c2.counting.startswith("synthetic streams without prefill forwards")
+    flipped = hand_map({(pf, nu): m[(m.prefill != pf) & (m.novelty == nu)].cut.tolist()
+                        for pf in (False, True) for nu in (0.05, 0.15)})
+    assert rm.verdicts(rm.numbers(flipped, fits_at([(0.14, 0.05)])))[0].verdict == REPRODUCED
+
+
+def test_a_traces_own_cut_counts_its_denoising_steps_like_the_map_it_is_compared_with():
+    t = synth(dataclasses.replace(BASE, prefill=3.0))
+    fit = rm.trace_fits([t]).iloc[0]
+    C = capacity_for(1.0, mean_working_set(t), BASE.experts)
+    steps = {p: sum(replay(t, p, C, by_phase=True)["by_phase"][q]["demand_misses"] for q in ("first", "later"))
+             for p in ("demand", "oracle")}
+    every = {p: replay(t, p, C)["demand_misses"] for p in ("demand", "oracle")}
+    assert fit.trace_oracle_cut == pytest.approx(steps["demand"] / steps["oracle"])
+    assert fit.trace_oracle_cut != pytest.approx(every["demand"] / every["oracle"], rel=0.01)
+    c2 = rm.verdicts(rm.numbers(hand_map({(pf, nu): (1.0, 1.0, 1.0) for pf in (False, True) for nu in (0.05, 0.15)}),
+                                rm.trace_fits([t])))[1]
+    assert f"the traces' own replay (denoising steps): {fit.trace_oracle_cut:.1f}-" in c2.measured
+
+
 def test_nothing_reaches_the_cut():
     t = paper.ORACLE_CUT
     m = hand_map({(pf, nu): (t / 2, t / 3, t / 4) for pf in (False, True) for nu in (0.05, 0.15)})
@@ -137,8 +168,8 @@ def test_throughput_table_and_claim():
 
 # --- the streams' verdict over stored runs (replication.py) --------------------------------------------
 STORED = [({"paper point": 7.0, "cpu point": 6.0}, {"paper point": -0.2, "cpu point": 0.1}),
-          ({"paper point": 8.0, "cpu point": 5.0}, {"paper point": 0.0, "cpu point": 0.1}),
-          ({"paper point": 9.0, "cpu point": 7.0}, {"paper point": 0.2, "cpu point": 0.1})]
+          ({"paper point": 8.0, "cpu point": 5.0}, {"paper point": 0.0, "cpu point": -0.2}),
+          ({"paper point": 9.0, "cpu point": 7.0}, {"paper point": 0.2, "cpu point": 0.1})]   # controls around 0
 
 
 def stored_streams(monkeypatch, tmp_path, runs=STORED):

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from artifact.experiments.settings import Settings
+from artifact.offload.sim import DENOISING_ONLY, WITH_PREFILL
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, repo_root
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
@@ -25,6 +26,9 @@ VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURABLE)
 # Counting bases (what an exact count counts) and the interval of timing verdicts (docs/verdicts.md)
 DENOISING, ALL_DEMANDS, PER_RUN = "denoising steps only (prefill excluded)", "all demands (prefill included)", "per run"
 EXACT = "exact counts, no interval"
+# A count's two bases (sim.BASES) as a claim names them: in its basis line, and short in its text
+BASIS = {DENOISING_ONLY: DENOISING, WITH_PREFILL: ALL_DEMANDS}
+BASIS_SHORT = {DENOISING_ONLY: "denoising steps", WITH_PREFILL: "all demands"}
 MODELED = "modelled: deterministic, no interval"   # a performance-model figure (virtual clock, notebook 08)
 
 
@@ -104,6 +108,20 @@ def unwrap(text: str) -> str:
 
 def judged(ok: bool) -> str:
     return REPRODUCED if ok else NOT_REPRODUCED
+
+
+def on_bases(holds: dict, figures: dict, rules: str) -> tuple[str, str]:
+    """A count claim judged on each counting basis (sim.BASES): `holds` says whether it holds on a basis,
+    `figures` its deciding figure there, and the claim rules on `rules` (docs/verdicts.md: denoising steps
+    where counted). Returns the verdict on `rules` and, where another basis would give another verdict, a
+    note naming both for the claim's measured text and reason ("denoising steps: 56.6% (rules); all
+    demands: 48.4% (would say reproduced)"), else ''."""
+    verdict = judged(holds[rules])
+    other = [b for b in holds if b != rules and judged(holds[b]) != verdict]
+    if not other:
+        return verdict, ""
+    return verdict, "; ".join([f"{BASIS_SHORT[rules]}: {figures[rules]} (rules)"]
+                              + [f"{BASIS_SHORT[b]}: {figures[b]} (would say {judged(holds[b])})" for b in other])
 
 
 def report(*claims: Claim, P: Settings | None = None, notebook: str | None = None) -> None:

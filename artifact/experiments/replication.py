@@ -127,7 +127,8 @@ def record_run(P, stems: Sequence[str] = TIMED_STEMS, reference: Path | None = N
     for f in files:
         shutil.copyfile(f, tmp / f.name)
     meta = {"run": k, **run_info(), **({"command": command} if command else {}), "host": socket.gethostname(),
-            "load_average": list(os.getloadavg()), "cpus": os.cpu_count(), "seconds": seconds, "files": sorted(f.name for f in files)}
+            "load_average": list(os.getloadavg()), "cpus": os.cpu_count(), "seconds": seconds,
+            "files": sorted(f.name for f in files)}
     atomic_write_text(tmp / "run.json", json.dumps(meta, indent=1) + "\n")
     tmp.rename(dest)
     log(f"recorded {len(files)} row files as {dest}")

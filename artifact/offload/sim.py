@@ -16,7 +16,9 @@ Besides the policies, the simulator takes the bound `min` (bounds.relaxed_min). 
           counterexample: tests/test_bounds.py::test_belady_is_no_floor_with_waves).
 
 Every count is also kept per phase (`by_phase=True`): prefill (prefill forwards), first (a denoising
-block's step 0) and later (its other steps); the phases add up to the totals."""
+block's step 0) and later (its other steps); the phases add up to the totals. So every count has two
+counting bases (BASES): all demands (`included`: the totals) and denoising steps only (`excluded`: the
+totals less the prefill phase, `denoising_only`); `by_basis` pools a sweep's counts on both."""
 from __future__ import annotations
 
 import time
@@ -28,8 +30,13 @@ from artifact.offload.cache import COUNTS, PHASES, ExpertCache
 from artifact.offload.policies import make_policy, parse_policy
 from artifact.offload.trace import Trace, mean_working_set
 
-__all__ = ["BOUNDS", "COUNTS", "PHASES", "build_cache", "capacity_for", "check_spec", "phase_columns", "replay",
-           "sweep"]
+__all__ = ["BASES", "BOUNDS", "COUNTS", "DENOISING_ONLY", "PHASES", "WITH_PREFILL", "build_cache", "by_basis",
+           "capacity_for", "check_spec", "denoising_only", "phase_columns", "replay", "ruling_basis", "sweep"]
+
+# The two counting bases of a count, by what happens to the prefill phase: included (all demands) or
+# excluded (denoising steps only: the first and later phases). The paper's oracle figure counts decode steps.
+BASES = ("included", "excluded")
+WITH_PREFILL, DENOISING_ONLY = BASES
 
 # Simulator-only bounds: a name the simulator replays besides the registered policies (no options).
 BOUNDS = {"min": relaxed_min}
@@ -167,6 +174,40 @@ def relative_to_lru(counts, keys):
     g["transfers_vs_lru"] = g.transfers / g.lru_misses
     g["misses_removed"] = g.lru_misses - g.demand_misses
     return g
+
+
+def denoising_only(df, counts):
+    """A phase-split sweep (phase_columns) with each of `counts` over the denoising steps only: its total
+    less its prefill phase (`<count>_prefill`), i.e. the first and later phases."""
+    out = df.copy()
+    for c in counts:
+        out[c] = df[c] - df[f"{c}_prefill"]
+    return out
+
+
+def by_basis(df, keys, counts):
+    """`counts` of a sweep summed per `keys` x policy on each counting basis (column `prefill`: BASES), each
+    relative to LRU's at the same keys and basis (relative_to_lru). The `excluded` rows (denoising steps only)
+    need the per-phase columns (sweep(by_phase=True), then phase_columns); without them only `included`."""
+    import pandas as pd
+    keys, counts = list(keys), list(counts)
+    parts = []
+    for basis in BASES:
+        if basis == DENOISING_ONLY:
+            if not all(f"{c}_prefill" in df for c in counts):
+                continue
+            src = denoising_only(df, counts)
+        else:
+            src = df
+        g = src.groupby([*keys, "policy"], sort=True)[counts].sum().reset_index()
+        g.insert(0, "prefill", basis)
+        parts.append(g)
+    return relative_to_lru(pd.concat(parts, ignore_index=True), ["prefill", *keys])
+
+
+def ruling_basis(summary) -> str:
+    """The basis a count claim rules on: denoising steps only where the summary has it, else all demands."""
+    return DENOISING_ONLY if DENOISING_ONLY in set(summary.prefill) else WITH_PREFILL
 
 
 def phase_columns(df, counts=(*COUNTS, "accesses")):

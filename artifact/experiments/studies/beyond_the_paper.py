@@ -3,8 +3,10 @@ demand-priority link. Two questions:
   (1) does prediction still lose once it can never delay a demand transfer (link_priority: demand)?
   (2) is last-step the right predictor to judge prediction by?
 Miss accounting replays the profile's traces exactly for every predictor, against the miss floors belady
-(this cache's rules) and min (relaxed MIN, any demand-paging schedule); paired throughput runs demand
-against the predictors under each link priority, one bench file per priority."""
+(this cache's rules) and min (relaxed MIN, any demand-paging schedule), with every count per phase: the count
+claims rule on the denoising steps (prefill excluded), as notebook 02 and the paper's oracle figure count, and
+print all demands beside them where that basis would give another verdict (claims.on_bases). Paired
+throughput runs demand against the predictors under each link priority, one bench file per priority."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +18,18 @@ import pandas as pd
 
 from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
-from artifact.experiments.claims import ALL_DEMANDS, COLORS, CONTROL_COLOR, EXACT, PER_RUN, Claim, judged, title
+from artifact.experiments.claims import (
+    BASIS,
+    BASIS_SHORT,
+    COLORS,
+    CONTROL_COLOR,
+    EXACT,
+    PER_RUN,
+    Claim,
+    judged,
+    on_bases,
+    title,
+)
 from artifact.experiments.replication import Runs, judge, stored_rows, timed_claim
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Settings
@@ -27,18 +40,17 @@ from artifact.experiments.verdicts import (
     margin_below,
     not_faster,
 )
-from artifact.offload.bounds import relaxed_min
-from artifact.offload.sim import capacity_for, relative_to_lru, sweep
-from artifact.offload.trace import mean_working_set
+from artifact.offload.sim import by_basis, phase_columns, ruling_basis, sweep
 
 OWN = "not a claim of the paper: this artifact's own result"
 
-# Miss accounting: every predictor, then the floors. "min" is bounds.relaxed_min, computed here directly.
+# Miss accounting: every predictor, then the floors. "min" is bounds.relaxed_min, a bound the simulator replays.
 PREDICTORS = ("last_step", "last_step:lookahead=2", "last_step_conservative", "last_step_conservative:lookahead=2",
               "cross_layer", "oracle")
 MISS_POLICIES = ("demand",) + PREDICTORS + ("belady",)
 MIN = "min"
 BOUNDS = ("belady", MIN)
+SUMMED = ("demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "accesses")
 
 # Throughput: demand against these, under each link priority (one bench file per priority); CONTROL among them.
 BENCH_PREDICTORS = ("last_step", CONTROL, "cross_layer")
@@ -56,30 +68,23 @@ CPU_TRIM = {"tasks": ("gsm8k",), "n_prompts": 4, "repetitions": 2, "warmup": 1, 
 
 # --- miss accounting --------------------------------------------------------------------------------
 def miss_sweep(ts, P: Settings, progress: bool = True) -> pd.DataFrame:
-    """Every trace x C/W x policy replayed (sim.sweep, exact counts), plus the relaxed-MIN floor per
-    (trace, C/W) as policy 'min'."""
-    df = sweep(ts, P.cache_ratios, MISS_POLICIES, progress=progress, lookahead=P.lookahead, tau=P.tau)
+    """Every trace x C/W x policy and the relaxed-MIN floor 'min' replayed (sim.sweep, exact counts), each count
+    also per phase (<count>_<phase> columns, sim.phase_columns), so that both counting bases can be pooled."""
+    df = sweep(ts, P.cache_ratios, MISS_POLICIES + (MIN,), progress=progress, by_phase=True, lookahead=P.lookahead,
+               tau=P.tau)
+    df = phase_columns(df)
     df["trace"] = [Path(p).name for p in df.trace]          # no machine paths in saved data
-    rows = []
-    for t in ts:
-        W = mean_working_set(t)
-        for r in P.cache_ratios:
-            C = capacity_for(r, W, t.meta["num_experts"])
-            m = relaxed_min(t, C)
-            rows.append({"task": t.meta.get("task"), "batch_size": t.meta.get("batch_size"),
-                         "trace": Path(t.path or "").name, "policy": MIN, "cache_ratio": r, "working_set": W,
-                         "cache_experts": C, **{k: v for k, v in m.items() if k in df.columns}})
-    out = pd.concat([df, pd.DataFrame(rows)], ignore_index=True)
-    return out.drop(columns=["replay_seconds", "misses_vs_lru"], errors="ignore")
+    return df.drop(columns=["replay_seconds", "misses_vs_lru"], errors="ignore")
 
 
 def miss_summary(sweep_df) -> pd.DataFrame:
-    """Counts pooled over traces per (C/W, policy), relative to LRU ('demand') at the same C/W, and each
-    predictor's share of the misses the oracle removes (`of_oracle`)."""
-    g = sweep_df.groupby(["cache_ratio", "policy"], sort=True)[
-        ["demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "accesses"]].sum()
-    g = relative_to_lru(g.reset_index(), ["cache_ratio"])
-    oracle_removed = g.cache_ratio.map(g[g.policy == "oracle"].set_index("cache_ratio").misses_removed)
+    """Counts pooled over traces per (counting basis, C/W, policy), relative to LRU ('demand') at the same C/W
+    and basis (sim.by_basis: column `prefill`, 'excluded' = denoising steps only, 'included' = all demands;
+    without per-phase columns only 'included'), and each predictor's share of the misses the oracle removes
+    (`of_oracle`) on the same basis."""
+    g = by_basis(sweep_df, ["cache_ratio"], SUMMED)
+    oracle = g[g.policy == "oracle"].set_index(["prefill", "cache_ratio"]).misses_removed
+    oracle_removed = pd.Series([oracle.get(k, float("nan")) for k in zip(g.prefill, g.cache_ratio)], index=g.index)
     g["of_oracle"] = g.misses_removed / oracle_removed.where(oracle_removed > 0)
     return g
 
@@ -140,29 +145,53 @@ def format_tables(table) -> str:
 
 # --- verdicts -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Counts:
+    """The exact counts of one counting basis (sim.BASES)."""
+    conservative_is_lru: bool        # last_step_conservative: no transfer, demand's misses, at every C/W
+    removed: dict                    # policy -> {C/W: misses removed beyond LRU / LRU's misses}
+    of_oracle: dict                  # policy -> {C/W: share of the oracle's removed misses}
+
+
+def counts(summary) -> Counts:
+    cons = summary[summary.policy.str.startswith("last_step_conservative")]
+    is_lru = bool(len(cons)) and bool((cons.speculative_transfers == 0).all() and (cons.misses_vs_lru == 1).all())
+    removed = {p: dict(zip(g.cache_ratio, g.misses_removed / g.lru_misses)) for p, g in summary.groupby("policy")}
+    of_or = {p: dict(zip(g.cache_ratio, g.of_oracle)) for p, g in summary.groupby("policy")}
+    return Counts(is_lru, removed, of_or)
+
+
+@dataclass(frozen=True)
 class Numbers:
     same_cells: int                  # cells where every policy and repetition decoded the same tokens ...
     cells: int                       # ... of all cells (both priorities)
     faster: pd.DataFrame             # throughput rows where a predictor beats demand (CI excludes zero)
     table: pd.DataFrame              # every predictor over demand, per link priority and C/W
-    conservative_is_lru: bool        # last_step_conservative: no transfer, demand's misses, at every C/W
-    removed: dict                    # policy -> {C/W: misses removed beyond LRU / LRU's misses}
-    of_oracle: dict                  # policy -> {C/W: share of the oracle's removed misses}
+    judged: str                      # the counting basis the count claims rule on (sim.ruling_basis)
+    by_prefill: dict                 # counting basis -> Counts
     host: dict = dataclasses.field(default_factory=dict)   # {cell: GPU host share (host_shares)}
     effects: dict = dataclasses.field(default_factory=dict)    # {policy: {cell: Replicated}} predictor over demand
     control: dict = dataclasses.field(default_factory=dict)    # {cell: Replicated} CONTROL over demand
+
+    @property
+    def conservative_is_lru(self) -> bool:
+        return self.by_prefill[self.judged].conservative_is_lru
+
+    @property
+    def removed(self) -> dict:
+        return self.by_prefill[self.judged].removed
+
+    @property
+    def of_oracle(self) -> dict:
+        return self.by_prefill[self.judged].of_oracle
 
 
 def numbers(summary, table, runs_: Runs) -> Numbers:
     rows = runs_.this
     n_same, n_cells = same_tokens(rows.assign(task=rows.task + "/" + rows.link_priority))
     fast = table[(table.verdict == paper.FASTER)]
-    cons = summary[summary.policy.str.startswith("last_step_conservative")]
-    is_lru = bool(len(cons)) and bool((cons.speculative_transfers == 0).all() and (cons.misses_vs_lru == 1).all())
-    removed = {p: dict(zip(g.cache_ratio, g.misses_removed / g.lru_misses)) for p, g in summary.groupby("policy")}
-    of_or = {p: dict(zip(g.cache_ratio, g.of_oracle)) for p, g in summary.groupby("policy")}
+    by_prefill = {p: counts(g) for p, g in summary.groupby("prefill", sort=False)}
     preds = [p for p in dict.fromkeys(rows.policy) if p not in ("demand", CONTROL)]
-    return Numbers(n_same, n_cells, fast, table, is_lru, removed, of_or, host_shares(rows, CELL),
+    return Numbers(n_same, n_cells, fast, table, ruling_basis(summary), by_prefill, host_shares(rows, CELL),
                    {p: runs_.effects(p, "demand", CELL) for p in preds},
                    runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {})
 
@@ -217,48 +246,68 @@ def verdicts(n: Numbers) -> list[Claim]:
     # (1) does prediction still lose once it can never delay a demand transfer?
     if any(k[0] == "demand" for eff in n.effects.values() for k in eff):
         claims.append(priority_claim(n.effects, n.control, n.host, n.table))
-    # (2) is last-step the right predictor to judge prediction by?
-    if {"last_step", "oracle"} <= set(n.removed):
-        ls, orc = n.removed["last_step"], n.removed["oracle"]
-        small = all(ls[r] < paper.HEADROOM * orc[r] for r in ls if orc[r] > 0)
-        share = {r: ls[r] / orc[r] for r in ls if orc[r] > 0}
-        worst = max(share, key=share.get) if share else None
+    # (2) is last-step the right predictor to judge prediction by? Exact counts, ruled on n.judged (docs/verdicts.md)
+    on = BASIS_SHORT[n.judged]
+    bases = n.by_prefill
+    if all({"last_step", "oracle"} <= set(c.removed) for c in bases.values()):
+        share = {p: _of_oracle(c.removed["last_step"], c.removed["oracle"]) for p, c in bases.items()}
+        worst = {p: max(sh, key=sh.get) if sh else None for p, sh in share.items()}
+        holds = {p: all(v < paper.HEADROOM for v in sh.values()) for p, sh in share.items()}
+        verdict, note = on_bases(holds, {p: f"{share[p][worst[p]]:.1%} at C/W {worst[p]:g}" if worst[p] is not None
+                                         else "-" for p in bases}, n.judged)
+        ls, orc, w = n.removed["last_step"], n.removed["oracle"], worst[n.judged]
         claims.append(Claim(
             "[own result] (2a) last-step understates what prediction can do: it removes less than "
             f"{paper.HEADROOM:.0%} of the misses the oracle removes beyond LRU at every C/W",
-            f"{OWN}; judged on exact replay (the oracle is the ceiling of any predictor)",
-            f"misses removed beyond LRU: last_step {_by_ratio(ls)}; oracle {_by_ratio(orc)}",
-            judged(small), counting=ALL_DEMANDS, interval=EXACT,
-            margin="" if worst is None else f"largest share of the oracle's (C/W {worst:g}): "
-            + margin_below(share[worst], paper.HEADROOM)))
-    if {"last_step", "cross_layer", "oracle"} <= set(n.removed):
-        ls, cl = n.removed["last_step"], n.removed["cross_layer"]
-        better = all(cl[r] > ls[r] for r in ls)
-        gap = {r: (cl[r] - ls[r]) * 100 for r in ls}
-        least = min(gap, key=gap.get)
+            f"{OWN}; judged on exact replay (the oracle is the ceiling of any predictor), over the {on}",
+            f"misses removed beyond LRU ({on}): last_step {_by_ratio(ls)}; oracle {_by_ratio(orc)}; last_step's "
+            f"share of the oracle's: {_by_ratio(share[n.judged], '{:.1%}')}",
+            verdict, note, counting=BASIS[n.judged], interval=EXACT,
+            margin="" if w is None else f"largest share of the oracle's (C/W {w:g}): "
+            + margin_below(share[n.judged][w], paper.HEADROOM)))
+    if all({"last_step", "cross_layer", "oracle"} <= set(c.removed) for c in bases.values()):
+        gap = {p: {r: (c.removed["cross_layer"][r] - v) * 100 for r, v in c.removed["last_step"].items()}
+               for p, c in bases.items()}
+        least = {p: min(g, key=g.get) for p, g in gap.items()}
+        holds = {p: all(v > 0 for v in g.values()) for p, g in gap.items()}
+        verdict, note = on_bases(holds, {p: f"smallest lead {gap[p][least[p]]:+.1f} points at C/W {least[p]:g}"
+                                         for p in bases}, n.judged)
+        r = least[n.judged]
         claims.append(Claim(
             "[own result] (2b) a better predictor exists: the cross-layer predictor (layer l+1's router on layer "
             "l's hidden states) removes more of LRU's misses than last_step at every C/W",
-            f"{OWN}; judged on exact replay: cross_layer's misses removed > last_step's at every C/W",
-            f"misses removed beyond LRU: cross_layer {_by_ratio(cl)}; its share of the oracle's: "
-            f"{_by_ratio(n.of_oracle['cross_layer'], '{:.0%}')}",
-            judged(better), counting=ALL_DEMANDS, interval=EXACT,
-            margin=f"smallest lead over last_step (C/W {least:g}): {gap[least]:+.1f} points of LRU's misses vs > 0"))
+            f"{OWN}; judged on exact replay: cross_layer's misses removed > last_step's at every C/W, over the {on}",
+            f"misses removed beyond LRU ({on}): cross_layer {_by_ratio(n.removed['cross_layer'])}; its share of the "
+            f"oracle's: {_by_ratio(n.of_oracle['cross_layer'], '{:.0%}')}",
+            verdict, note, counting=BASIS[n.judged], interval=EXACT,
+            margin=f"smallest lead over last_step (C/W {r:g}): {gap[n.judged][r]:+.1f} points of LRU's misses vs > 0"))
     if "last_step_conservative" in n.removed:
+        verdict, note = on_bases({p: c.conservative_is_lru for p, c in bases.items()},
+                                 {p: "equal" if c.conservative_is_lru else "not equal" for p, c in bases.items()},
+                                 n.judged)
         claims.append(Claim(
             "[own result] last_step_conservative never issues a transfer under this cache's rules: its counts "
             "equal demand's (LRU already holds or fills the slots with the previous demand)",
-            f"{OWN}; judged: zero speculative transfers and LRU's demand misses at every C/W, lookahead 1 and 2",
+            f"{OWN}; judged: zero speculative transfers and LRU's demand misses at every C/W, lookahead 1 and 2, "
+            f"over the {on}",
             "conservative lookahead 1: " + _by_ratio(n.removed["last_step_conservative"])
             + "; lookahead 2: " + _by_ratio(n.removed.get("last_step_conservative:lookahead=2", {}))
-            + " misses removed", judged(n.conservative_is_lru), counting=ALL_DEMANDS, interval=EXACT,
+            + " misses removed", verdict, note, counting=BASIS[n.judged], interval=EXACT,
             margin="exact: equal counts or not"))
     return claims
 
 
+def _of_oracle(ls: dict, orc: dict) -> dict:
+    """{C/W: last_step's misses removed / the oracle's} where the oracle removes any."""
+    return {r: ls[r] / orc[r] for r in ls if orc[r] > 0}
+
+
 def lookahead_text(summary) -> str:
     """What lookahead 2 changes in exact replay, per predictor: the C/W where its counts equal lookahead 1's,
-    and its speculative transfers against lookahead 1's elsewhere (printed by notebook 06)."""
+    and its speculative transfers against lookahead 1's elsewhere, on the basis the claims rule on (printed by
+    notebook 06)."""
+    basis = ruling_basis(summary)
+    summary = summary[summary.prefill == basis]
     parts = []
     for pol in ("last_step", CONTROL):
         a = summary[summary.policy == pol].set_index("cache_ratio")
@@ -276,7 +325,8 @@ def lookahead_text(summary) -> str:
                 f"(C/W {r:g})" for r in diff) + " and its demand misses " + ", ".join(
                 f"{int(b.loc[r, 'demand_misses'])} vs {int(a.loc[r, 'demand_misses'])}" for r in diff)
         parts.append(text)
-    return "Lookahead in exact replay: " + "; ".join(parts) + "." if parts else "No lookahead variants replayed."
+    return (f"Lookahead in exact replay ({BASIS_SHORT[basis]}): " + "; ".join(parts) + "." if parts
+            else "No lookahead variants replayed.")
 
 
 # --- figure ---------------------------------------------------------------------------------------
@@ -290,20 +340,24 @@ def plot(summary, n: "Numbers", P: Settings):
     """(a) demand misses relative to LRU per policy vs C/W; (b) all transfers (demand + speculative) relative
     to LRU's misses, with the floors belady and min (they bound every policy's transfers: a prefetch can be
     postponed to its first use); (c, d) each predictor's throughput over demand (% tokens/s, 95% CIs) vs C/W
-    under FIFO and under demand priority."""
+    under FIFO and under demand priority. The counts are drawn on the basis the claims rule on (sim.ruling_basis);
+    the saved data holds both."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    have = [p for p in STYLE if p in set(summary.policy)]
+    basis = ruling_basis(summary)
+    counted = summary[summary.prefill == basis]
+    have = [p for p in STYLE if p in set(counted.policy)]
     for ax, col, what in ((axes[0, 0], "misses_vs_lru", "demand misses"),
                           (axes[0, 1], "transfers_vs_lru", "transfers (demand + speculative)")):
         for pol in have:
             if pol in BOUNDS and col == "misses_vs_lru":
                 continue                           # a floor on loads, not on a prefetcher's demand misses
-            g = summary[summary.policy == pol]
+            g = counted[counted.policy == pol]
             color, marker, ls = STYLE[pol]
             label = pol + (" (LRU)" if pol == "demand" else " (floor)" if pol in BOUNDS else "")
             ax.plot(g.cache_ratio, 100 * g[col], marker=marker, ms=4, ls=ls, color=color, label=label)
         ax.axhline(100, color="gray", lw=0.8, ls=":")
-        ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses", title=f"{what}, exact replay")
+        ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses",
+               title=f"{what}, exact replay, {BASIS_SHORT[basis]}")
         ax.set_ylim(bottom=0)
     series = {**n.effects, CONTROL: n.control}
     pols = list(series)

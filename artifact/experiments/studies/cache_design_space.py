@@ -4,7 +4,9 @@ against LRU and the two floors belady (this cache's rules) and min (any demand-p
 batch size and phase; the best eviction is combined with last_step, cross_layer and oracle prefetching; and
 libCacheSim's LRU, fed each demand hits first, is checked against `demand` on every request; and a small
 paired bench times the best eviction against lru end to end (tokens/s, ruled per cell on an interval over runs
-and gated by the A/A control, as the other timing claims)."""
+and gated by the A/A control, as the other timing claims). The count claims rule on the denoising steps
+(prefill excluded), as notebooks 02 and 06 and the paper's oracle figure count, and print all demands beside
+them where that basis would give another verdict (claims.on_bases)."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,14 +18,13 @@ import pandas as pd
 
 from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import ALL_DEMANDS, EXACT, Claim, judged, title
+from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, judged, on_bases, title
 from artifact.experiments.paper import EVICTION_GAIN, GAP_LEFT
 from artifact.experiments.replication import Runs, RunsError, gather, judge, stored_rows, timed_claim
 from artifact.experiments.runs import run_grid
 from artifact.experiments.settings import Settings
 from artifact.experiments.verdicts import CONTROL, faster, host_shares, margin_below
-from artifact.offload.bounds import relaxed_min
-from artifact.offload.sim import capacity_for, phase_columns, relative_to_lru, sweep
+from artifact.offload.sim import by_basis, capacity_for, phase_columns, relative_to_lru, ruling_basis, sweep
 from artifact.offload.trace import mean_working_set
 
 OWN = "not a claim of the paper: this artifact's own result"
@@ -45,33 +46,28 @@ def label(spec: str) -> str:
     return "lru" if spec == "demand" else spec.removeprefix("demand+")
 
 
-def _min_rows(ts, ratios) -> pd.DataFrame:
-    rows = []
-    for t in ts:
-        W = mean_working_set(t)
-        for r in ratios:
-            C = capacity_for(r, W, t.meta["num_experts"])
-            m = relaxed_min(t, C)
-            rows.append({"task": t.meta.get("task"), "batch_size": t.meta.get("batch_size"), "policy": "min",
-                         "cache_ratio": r, "cache_experts": C, "demand_misses": m["demand_misses"],
-                         "accesses": t.accesses})
-    return pd.DataFrame(rows)
+SUMMED = ("demand_misses", "speculative_transfers", "accesses")
 
 
 def eviction_sweep(ts, P: Settings) -> pd.DataFrame:
-    """Every eviction (with no prefetch) and belady per trace x C/W, by phase, plus min; exact counts."""
-    df = phase_columns(sweep(ts, RATIOS, EVICTIONS + ("belady",), by_phase=True, lookahead=P.lookahead, tau=P.tau))
-    df = df.drop(columns=["trace", "replay_seconds", "misses_vs_lru"], errors="ignore")
-    return pd.concat([df, _min_rows(ts, RATIOS)], ignore_index=True)
+    """Every eviction (with no prefetch), belady and the bound min per trace x C/W, by phase; exact counts."""
+    df = phase_columns(sweep(ts, RATIOS, EVICTIONS + FLOORS, by_phase=True, lookahead=P.lookahead, tau=P.tau))
+    return df.drop(columns=["trace", "replay_seconds", "misses_vs_lru"], errors="ignore")
 
 
 def summary(df: pd.DataFrame, by=("batch_size", "cache_ratio")) -> pd.DataFrame:
-    """Misses pooled over traces per `by` x policy: against LRU, and the share of LRU's gap to min removed."""
-    by = list(by)
-    g = df.groupby(by + ["policy"], sort=True)[["demand_misses", "speculative_transfers", "accesses"]].sum()
-    g = relative_to_lru(g.reset_index().fillna({"speculative_transfers": 0}), by)
-    floor = g[g.policy == "min"].set_index(by).demand_misses
-    g["min_misses"] = [floor.get(tuple(k) if len(k) > 1 else k[0], np.nan) for k in g[by].itertuples(index=False)]
+    """Misses pooled over traces per counting basis (column `prefill`, sim.by_basis: 'excluded' = denoising
+    steps only, 'included' = all demands) x `by` x policy: against LRU, and the share of LRU's gap to min
+    removed."""
+    return _gap(by_basis(df, by, SUMMED), ["prefill", *by])
+
+
+def _gap(g: pd.DataFrame, keys: list) -> pd.DataFrame:
+    """Pooled counts against LRU (relative_to_lru at `keys`) with min's misses at the same keys and the share
+    of LRU's gap to them that each policy closes."""
+    floor = g[g.policy == "min"].set_index(keys).demand_misses
+    g = g.copy()
+    g["min_misses"] = [floor.get(tuple(k), np.nan) for k in g[keys].itertuples(index=False)]
     g["gap_closed"] = (g.lru_misses - g.demand_misses) / (g.lru_misses - g.min_misses)
     g["eviction"] = g.policy.map(label)
     return g
@@ -88,13 +84,16 @@ def phase_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_eviction(s: pd.DataFrame) -> str:
-    """The eviction spec with the fewest misses pooled over every batch size and C/W."""
+    """The eviction spec with the fewest misses pooled over every batch size and C/W, on the basis the claims
+    rule on (sim.ruling_basis)."""
+    s = s[s.prefill == ruling_basis(s)]
     tot = s[s.policy.isin(EVICTIONS[1:])].groupby("policy").demand_misses.sum()
     return str(tot.idxmin())
 
 
 def combined(ts, P: Settings, best: str) -> pd.DataFrame:
-    """Each prefetcher with LRU and with the best eviction: misses and transfers per C/W, pooled."""
+    """Each prefetcher with LRU and with the best eviction: misses and transfers per C/W, pooled over all
+    demands (a figure panel, no claim)."""
     ev = best.partition("+")[2]
     specs = ["demand", best] + [p for q in PREFETCH for p in (q, f"{q}+{ev}")]
     have = [t for t in ts if t.has_predictions]
@@ -200,15 +199,16 @@ def stored_claims(P: Settings) -> list[Claim]:
 
 # --- verdicts -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Numbers:
+class Counts:
+    """The exact counts of one counting basis (sim.BASES)."""
     removed: dict            # eviction label -> max over (batch, C/W) of misses removed beyond LRU / LRU's
     best: str                # best eviction spec (fewest pooled misses)
     gap_closed: dict         # C/W (and "pooled") -> share of LRU's gap to min the best eviction closes
     token: dict              # 'lru' / 'token_lru' / 'token_lru:reverse=true' -> pooled exact demand misses
-    check: pd.DataFrame      # the libCacheSim table
 
 
-def numbers(s: pd.DataFrame, check: pd.DataFrame) -> Numbers:
+def counts(s: pd.DataFrame) -> Counts:
+    """Counts of one basis: `s` is a summary's rows of that basis."""
     ev = s[s.policy.isin(EVICTIONS)]
     removed = {label(p): float((1 - g.misses_vs_lru).max()) for p, g in ev.groupby("policy")}
     best = best_eviction(s)
@@ -218,43 +218,83 @@ def numbers(s: pd.DataFrame, check: pd.DataFrame) -> Numbers:
     gap["pooled"] = float((b.lru_misses - b.demand_misses).sum() / (b.lru_misses - b.min_misses).sum())
     tot = ev.groupby("policy").demand_misses.sum()
     token = {label(p): int(tot[p]) for p in ("demand", "demand+token_lru", "demand+token_lru:reverse=true")}
-    return Numbers(removed, best, gap, token, check)
+    return Counts(removed, best, gap, token)
+
+
+@dataclass(frozen=True)
+class Numbers:
+    judged: str              # the counting basis the count claims rule on (sim.ruling_basis)
+    by_prefill: dict         # counting basis -> Counts
+    check: pd.DataFrame      # the libCacheSim table
+
+    @property
+    def removed(self) -> dict:
+        return self.by_prefill[self.judged].removed
+
+    @property
+    def best(self) -> str:
+        return self.by_prefill[self.judged].best
+
+    @property
+    def gap_closed(self) -> dict:
+        return self.by_prefill[self.judged].gap_closed
+
+    @property
+    def token(self) -> dict:
+        return self.by_prefill[self.judged].token
+
+
+def numbers(s: pd.DataFrame, check: pd.DataFrame) -> Numbers:
+    return Numbers(ruling_basis(s), {p: counts(g) for p, g in s.groupby("prefill", sort=False)}, check)
 
 
 def summary_by_ratio(s: pd.DataFrame) -> pd.DataFrame:
-    raw = s.groupby(["cache_ratio", "policy"])[["demand_misses", "speculative_transfers", "accesses"]].sum()
-    return summary(raw.reset_index(), by=("cache_ratio",))
+    """A summary pooled over batch sizes: per counting basis x C/W x policy."""
+    keys = ["prefill", "cache_ratio"]
+    raw = s.groupby([*keys, "policy"])[list(SUMMED)].sum().reset_index()
+    return _gap(relative_to_lru(raw, keys), keys)
 
 
 def verdicts(n: Numbers) -> list[Claim]:
     top = max(n.removed, key=n.removed.get)
-    basis = dict(counting=ALL_DEMANDS, interval=EXACT)
+    on = BASIS_SHORT[n.judged]
+    basis = dict(counting=BASIS[n.judged], interval=EXACT)
+    bases = n.by_prefill
+    tops = {p: max(c.removed, key=c.removed.get) for p, c in bases.items()}
+    verdict, note = on_bases({p: c.removed[tops[p]] > EVICTION_GAIN for p, c in bases.items()},
+                             {p: f"the best, {tops[p]}, removes {c.removed[tops[p]]:.1%}" for p, c in bases.items()},
+                             n.judged)
     claims = [Claim(
         f"[own result] an eviction policy removes more than {EVICTION_GAIN:.0%} of LRU's demand misses (no "
         "prefetch) at some batch size and C/W",
-        f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4",
+        f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4, over the {on}",
         "largest share removed per eviction: " + ", ".join(f"{k} {v:+.1%}" for k, v in
                                                           sorted(n.removed.items(), key=lambda kv: -kv[1])),
-        judged(n.removed[top] > EVICTION_GAIN),
-        "" if n.removed[top] > EVICTION_GAIN else f"the best, {top}, removes {n.removed[top]:.1%}",
+        verdict, note or ("" if n.removed[top] > EVICTION_GAIN else f"the best, {top}, removes {n.removed[top]:.1%}"),
         margin=f"best ({top}): " + margin_below(n.removed[top], EVICTION_GAIN), **basis)]
     per = {r: v for r, v in n.gap_closed.items() if r != "pooled"}
+    verdict, note = on_bases({p: c.gap_closed["pooled"] < GAP_LEFT for p, c in bases.items()},
+                             {p: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}" for p, c in bases.items()},
+                             n.judged)
     claims.append(Claim(
         f"[own result] most of the gap is left: the best eviction ({label(n.best)}) closes less than half of "
         "LRU's gap to min, pooled over C/W and batch sizes",
-        f"{OWN}; gap = LRU's misses - min's (min: relaxed MIN, the floor of any demand-paging schedule)",
+        f"{OWN}; gap = LRU's misses - min's (min: relaxed MIN, the floor of any demand-paging schedule), over the "
+        f"{on}",
         f"share of the gap closed: pooled {n.gap_closed['pooled']:.0%}; "
         + ", ".join(f"C/W {r:g}: {v:.0%}" for r, v in sorted(per.items())),
-        judged(n.gap_closed["pooled"] < GAP_LEFT),
-        margin="pooled: " + margin_below(n.gap_closed["pooled"], GAP_LEFT), **basis))
+        verdict, note, margin="pooled: " + margin_below(n.gap_closed["pooled"], GAP_LEFT), **basis))
     lru, tok, rev = n.token["lru"], n.token["token_lru"], n.token["token_lru:reverse=true"]
+    verdict, note = on_bases({p: c.token["token_lru"] < c.token["lru"] < c.token["token_lru:reverse=true"]
+                              for p, c in bases.items()},
+                             {p: _order(c.token) for p, c in bases.items()}, n.judged)
     claims.append(Claim(
         "[own result] token counts carry the signal: token_lru (a demand's most used expert becomes the most "
         "recent) has fewer demand misses than lru, and reversing that order has more",
-        f"{OWN}; exact counts pooled over the profile's traces and C/W {RATIOS[0]}-{RATIOS[-1]}",
+        f"{OWN}; exact counts pooled over the profile's traces and C/W {RATIOS[0]}-{RATIOS[-1]}, over the {on}",
         f"demand misses: lru {lru}, token_lru {tok} ({tok / lru - 1:+.1%}), token_lru reversed {rev} "
         f"({rev / lru - 1:+.1%})" + ("" if tok < lru else "; token_lru is NOT lower than lru"),
-        judged(tok < lru < rev), margin="exact: the order holds or not", **basis))
+        verdict, note, margin="exact: the order holds or not", **basis))
     if len(n.check):
         differ = int(n.check.requests_that_differ.sum())
         claims.append(Claim(
@@ -267,6 +307,10 @@ def verdicts(n: Numbers) -> list[Claim]:
     return claims
 
 
+def _order(token: dict) -> str:
+    return f"lru {token['lru']}, token_lru {token['token_lru']}, reversed {token['token_lru:reverse=true']}"
+
+
 def _lcs_version() -> str:
     from importlib.metadata import version
     return version("libcachesim")
@@ -275,11 +319,14 @@ def _lcs_version() -> str:
 # --- figure ---------------------------------------------------------------------------------------
 def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
     """(a, b) demand misses relative to LRU per eviction vs C/W, batch 1 and batch 4, with belady and min;
-    (c) each prefetcher's demand misses + transfers relative to LRU's misses, with lru and with the best eviction."""
-    batches = sorted(s.batch_size.dropna().unique())
+    (c) each prefetcher's demand misses + transfers relative to LRU's misses, with lru and with the best eviction.
+    (a, b) are drawn on the basis the claims rule on (sim.ruling_basis); the saved data holds both bases."""
+    basis = ruling_basis(s)
+    drawn = s[s.prefill == basis]
+    batches = sorted(drawn.batch_size.dropna().unique())
     fig, axes = plt.subplots(1, len(batches) + 1, figsize=(5 * (len(batches) + 1), 4.2))
     for ax, b in zip(axes, batches):
-        g = s[s.batch_size == b]
+        g = drawn[drawn.batch_size == b]
         for k, pol in enumerate([*EVICTIONS, *FLOORS]):
             h = g[g.policy == pol]
             style = FLOOR_STYLE[pol] if pol in FLOORS else dict(ls="-", marker="os^"[k // 10], ms=3, color=f"C{k % 10}")
@@ -287,7 +334,7 @@ def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
                     **style)
         ax.axhline(100, color="gray", lw=0.8, ls=":")
         ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses",
-               title=f"eviction policies, batch {int(b)}, exact replay")
+               title=f"eviction policies, batch {int(b)}, exact replay, {BASIS_SHORT[basis]}")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=7, fontsize=8,
                title="eviction (left two panels)", title_fontsize=8)
     ax = axes[-1]
@@ -296,7 +343,7 @@ def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
                 label=pol)
     ax.axhline(100, color="gray", lw=0.8, ls=":")
     ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses\n(misses + prefetches)",
-           title="prefetching with lru vs the best eviction")
+           title="prefetching with lru vs the best eviction, all demands")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), title="prefetch (+ eviction)", title_fontsize=8)
     for ax in axes:
         ax.title.set_fontsize(10)

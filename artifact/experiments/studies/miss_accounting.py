@@ -2,10 +2,11 @@
 what each prefetcher removes beyond LRU, with the bound `min` (relaxed MIN, the floor of any demand paging
 with C slots; bounds.relaxed_min) beside `belady` (the floor under this cache's rules).
 
-Every count is kept per phase, so each comparison is made twice: over all demands, and with the prefill
-forwards excluded (denoising steps only). The verdicts judge the denoising steps: the paper's oracle
-figure counts decode steps, and a prefill forward is a one-off demand (several times W: prefill_text prints
-the multiple on the run's traces) that no step-to-step predictor sees coming (JUDGED)."""
+Every count is kept per phase, so each comparison is made twice (sim.by_basis): over all demands, and with
+the prefill forwards excluded (denoising steps only). The verdicts rule on the denoising steps: the paper's
+oracle figure counts decode steps, and a prefill forward is a one-off demand (several times W: prefill_text
+prints the multiple on the run's traces) that no step-to-step predictor sees coming. Where all demands would
+give another verdict, the claim prints both (claims.on_bases)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,25 +17,22 @@ import pandas as pd
 
 from artifact.experiments import paper
 from artifact.experiments.claims import (
-    ALL_DEMANDS,
+    BASIS,
     COLORS,
-    DENOISING,
     EXACT,
     NOT_MEASURABLE,
     PAPER_STYLE,
     Claim,
-    judged,
+    on_bases,
     title,
 )
 from artifact.experiments.settings import Settings
 from artifact.experiments.verdicts import margin_below
 from artifact.offload.cache import COUNTS
-from artifact.offload.sim import phase_columns, relative_to_lru, sweep
+from artifact.offload.sim import BASES, DENOISING_ONLY, WITH_PREFILL, by_basis, phase_columns, ruling_basis, sweep
 from artifact.offload.trace import mean_working_set, working_set_by_phase
 
 BOUND = "min"    # replayed beside the profile's sim_policies (a bound, not a policy: not in Settings' list)
-PREFILL = ("included", "excluded")    # the two comparisons: all demands, or denoising steps only
-JUDGED = "excluded"                   # which one the verdicts use (module docstring)
 SUMMED = ("demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "accesses")
 
 
@@ -51,19 +49,9 @@ def miss_sweep(ts, P: Settings, progress: bool = True) -> pd.DataFrame:
 
 def miss_summary(sweep_df) -> pd.DataFrame:
     """Counts pooled over traces per (prefill included or excluded, C/W, policy), relative to LRU ('demand')
-    at the same C/W and prefill setting. Without per-phase columns only the 'included' rows are made."""
-    parts = []
-    for prefill in PREFILL:
-        counts = sweep_df[["cache_ratio", "policy", *SUMMED]].copy()
-        if prefill == "excluded":
-            if not all(f"{c}_prefill" in sweep_df for c in SUMMED):
-                continue
-            for c in SUMMED:                 # denoising steps only: the totals less the prefill phase
-                counts[c] = sweep_df[c] - sweep_df[f"{c}_prefill"]
-        g = counts.groupby(["cache_ratio", "policy"], sort=True)[list(SUMMED)].sum().reset_index()
-        g.insert(0, "prefill", prefill)
-        parts.append(g)
-    return relative_to_lru(pd.concat(parts, ignore_index=True), ["prefill", "cache_ratio"])
+    at the same C/W and prefill setting (sim.by_basis). Without per-phase columns only the 'included' rows
+    are made."""
+    return by_basis(sweep_df, ["cache_ratio"], SUMMED)
 
 
 def prefill_multiples(ts) -> list[float]:
@@ -97,38 +85,51 @@ def _nearest(ratios, target: float) -> float:
 @dataclass(frozen=True)
 class Numbers:
     ratios: tuple[float, ...]
-    judged: str                  # the comparison the verdicts use: PREFILL value ('excluded' when measured)
-    # at each C/W in the paper's W-scale range: (misses removed / LRU's, speculative transfers / LRU's misses,
-    # speculative transfers > misses removed); empty without last_step
-    last_step: dict
-    oracle_cut: dict             # C/W -> LRU misses / oracle misses (judged comparison); empty without oracle
-    refresh_removed: dict        # C/W -> misses removed by interval_refresh / LRU's; empty without it
-    oracle_cut_by_prefill: dict  # prefill ('included', 'excluded') -> {C/W -> LRU / oracle misses}
-    min_cut: dict                # C/W -> LRU misses / min's loads (judged comparison); empty without min
+    judged: str                  # the basis the verdicts rule on (sim.ruling_basis: 'excluded' when measured)
+    # per basis (sim.BASES), at each C/W in the paper's W-scale range: (misses removed / LRU's, speculative
+    # transfers / LRU's misses, speculative transfers > misses removed); empty without last_step
+    last_step_by_prefill: dict
+    refresh_by_prefill: dict     # basis -> {C/W -> misses removed by interval_refresh / LRU's}; empty without it
+    oracle_cut_by_prefill: dict  # basis -> {C/W -> LRU / oracle misses}; empty without oracle
+    min_cut: dict                # C/W -> LRU misses / min's loads (judged basis); empty without min
+
+    @property
+    def last_step(self) -> dict:
+        return self.last_step_by_prefill.get(self.judged, {})
+
+    @property
+    def oracle_cut(self) -> dict:
+        return self.oracle_cut_by_prefill.get(self.judged, {})
+
+    @property
+    def refresh_removed(self) -> dict:
+        return self.refresh_by_prefill.get(self.judged, {})
 
 
 def numbers(summary) -> Numbers:
-    judged_on = JUDGED if JUDGED in set(summary.prefill) else "included"
-    by_prefill = {p: summary[summary.prefill == p] for p in PREFILL if p in set(summary.prefill)}
-    summary = by_prefill[judged_on]
-    ratios = tuple(sorted(float(r) for r in summary.cache_ratio.unique()))
+    judged_on = ruling_basis(summary)
+    by_prefill = {p: summary[summary.prefill == p] for p in BASES if p in set(summary.prefill)}
+    ratios = tuple(sorted(float(r) for r in by_prefill[judged_on].cache_ratio.unique()))
     policies = set(summary.policy)
-    last = {}
-    if "last_step" in policies:
-        for r in ratios:
-            if paper.FASTER_RANGE[0] <= r <= paper.FASTER_RANGE[1]:
-                s = _at(summary, "last_step", r)
-                last[r] = (s.misses_removed / s.lru_misses, s.speculative_transfers / s.lru_misses,
-                           bool(s.speculative_transfers > s.misses_removed))
-    cuts = {p: {r: 1 / _at(g, "oracle", r).misses_vs_lru for r in ratios} for p, g in by_prefill.items()} \
-        if "oracle" in policies else {}
-    refresh = {}
-    if "interval_refresh" in policies:
-        for r in ratios:
-            s = _at(summary, "interval_refresh", r)
-            refresh[r] = s.misses_removed / s.lru_misses
-    floor = {r: 1 / _at(summary, BOUND, r).misses_vs_lru for r in ratios} if BOUND in policies else {}
-    return Numbers(ratios, judged_on, last, cuts.get(judged_on, {}), refresh, cuts, floor)
+    in_range = [r for r in ratios if paper.FASTER_RANGE[0] <= r <= paper.FASTER_RANGE[1]]
+    last, refresh, cuts = {}, {}, {}
+    for p, g in by_prefill.items():
+        if "last_step" in policies:
+            last[p] = {}
+            for r in in_range:
+                s = _at(g, "last_step", r)
+                last[p][r] = (s.misses_removed / s.lru_misses, s.speculative_transfers / s.lru_misses,
+                              bool(s.speculative_transfers > s.misses_removed))
+        if "interval_refresh" in policies:
+            refresh[p] = {}
+            for r in ratios:
+                s = _at(g, "interval_refresh", r)
+                refresh[p][r] = s.misses_removed / s.lru_misses
+        if "oracle" in policies:
+            cuts[p] = {r: 1 / _at(g, "oracle", r).misses_vs_lru for r in ratios}
+    g = by_prefill[judged_on]
+    floor = {r: 1 / _at(g, BOUND, r).misses_vs_lru for r in ratios} if BOUND in policies else {}
+    return Numbers(ratios, judged_on, last, refresh, cuts, floor)
 
 
 def last_step_text(n: Numbers) -> str:
@@ -137,7 +138,7 @@ def last_step_text(n: Numbers) -> str:
 
 
 def _label(prefill: str) -> str:
-    return "denoising steps (prefill excluded)" if prefill == "excluded" else "all demands (prefill included)"
+    return "denoising steps (prefill excluded)" if prefill == DENOISING_ONLY else "all demands (prefill included)"
 
 
 def oracle_text(n: Numbers, r1: float) -> str:
@@ -161,16 +162,23 @@ def verdicts(n: Numbers) -> list[Claim]:
     lo, hi = paper.FASTER_RANGE
     FEW, FACTOR = paper.FEW, paper.FACTOR
     on = f"; counted over {_label(n.judged)}"
-    basis = dict(counting=DENOISING if n.judged == "excluded" else ALL_DEMANDS, interval=EXACT)
+    basis = dict(counting=BASIS[n.judged], interval=EXACT)
     if n.last_step:
-        ok = all(removed < FEW and more for removed, _, more in n.last_step.values())
-        worst = max(n.last_step, key=lambda r: n.last_step[r][0])
+        def most(by):                # the C/W where last_step removes the most
+            return max(by, key=lambda r: by[r][0])
+        holds = {p: all(removed < FEW and more for removed, _, more in by.values())
+                 for p, by in n.last_step_by_prefill.items()}
+        figures = {p: f"most removed {by[most(by)][0]:.1%} (C/W {most(by):g})"
+                   + ("" if all(more for *_, more in by.values()) else ", fewer speculative transfers than misses "
+                      "removed somewhere") for p, by in n.last_step_by_prefill.items()}
+        verdict, note = on_bases(holds, figures, n.judged)
+        worst = most(n.last_step)
         claims.append(Claim(
             "W-scale caches make last-step prefetch nearly useless: few or no misses removed beyond LRU, "
             "extra speculative transfers",
             f"few or no misses removed; judged: < {FEW:.0%} of LRU's misses removed and more speculative "
             f"transfers than misses removed, at every C/W in {lo:g}-{hi:g}{on}",
-            last_step_text(n), judged(ok), **basis,
+            last_step_text(n), verdict, note, **basis,
             margin=f"most removed (C/W {worst:g}): " + margin_below(n.last_step[worst][0], FEW)))
     else:
         claims.append(Claim("W-scale caches make last-step prefetch nearly useless", "few or no misses removed",
@@ -180,17 +188,23 @@ def verdicts(n: Numbers) -> list[Claim]:
         r1 = _nearest(n.ratios, 1.0)
         cut = paper.ORACLE_CUT
         why = (", the paper's oracle figure counts decode steps (a prefill forward is a one-off demand no "
-               "step-to-step predictor sees coming)") if n.judged == "excluded" else ""
+               "step-to-step predictor sees coming)") if n.judged == DENOISING_ONLY else ""
+        holds = {p: cut / FACTOR <= c[r1] <= cut * FACTOR for p, c in n.oracle_cut_by_prefill.items()}
+        verdict, note = on_bases(holds, {p: f"{c[r1]:.1f}x" for p, c in n.oracle_cut_by_prefill.items()}, n.judged)
         claims.append(Claim(
             f"an oracle prefetcher cuts demand misses {cut}x versus LRU",
             f"{cut}x; judged at the W-scale cache C/W = {r1:g}, within a factor {FACTOR}{on}{why}",
-            oracle_text(n, r1), judged(cut / FACTOR <= n.oracle_cut[r1] <= cut * FACTOR), **basis,
+            oracle_text(n, r1), verdict, note, **basis,
             margin=f"{n.oracle_cut[r1]:.2f}x vs the band {cut / FACTOR:.2f}-{cut * FACTOR:.2f}x"))
     if n.refresh_removed:
+        holds = {p: all(v < FEW for v in by.values()) for p, by in n.refresh_by_prefill.items()}
+        figures = {p: f"most removed {max(by.values()):.1%} (C/W {max(by, key=by.get):g})"
+                   for p, by in n.refresh_by_prefill.items()}
+        verdict, note = on_bases(holds, figures, n.judged)
         claims.append(Claim(
             "interval refresh (TIDE-style) does not beat LRU",
             f"does not beat LRU; judged: removes < {FEW:.0%} of LRU's misses at every C/W{on}",
-            refresh_text(n), judged(all(v < FEW for v in n.refresh_removed.values())), **basis,
+            refresh_text(n), verdict, note, **basis,
             margin=f"most removed (C/W {max(n.refresh_removed, key=n.refresh_removed.get):g}): "
             + margin_below(max(n.refresh_removed.values()), FEW)))
     return claims
@@ -201,7 +215,7 @@ def plot(summary, P: Settings):
     """(a) demand misses relative to LRU per policy vs C/W over all demands, (b) the same over the denoising
     steps only (prefill excluded), the paper's oracle cut marked on both; (c) all transfers (demand +
     speculative; min's loads) relative to LRU's, all demands."""
-    shown = [p for p in PREFILL if p in set(summary.prefill)]
+    shown = [p for p in BASES if p in set(summary.prefill)]
     fig, axes = plt.subplots(1, len(shown) + 1, figsize=(5.2 * (len(shown) + 1), 3.8))
     for ax, prefill in zip(axes, shown):
         part = summary[summary.prefill == prefill]
@@ -212,7 +226,7 @@ def plot(summary, P: Settings):
         ax.set(xlabel="cache capacity C/W", ylabel="demand misses (% of LRU's)", ylim=(0, 110),
                title=f"demand misses vs LRU: {_label(prefill)}")
     ax = axes[-1]
-    part = summary[summary.prefill == "included"]
+    part = summary[summary.prefill == WITH_PREFILL]
     for pol in [p for p in (*COLORS, BOUND) if p in set(part.policy)]:
         g = part[part.policy == pol]
         ax.plot(g.cache_ratio, 100 * g.transfers_vs_lru, **_style(pol))

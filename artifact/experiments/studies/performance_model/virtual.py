@@ -1,0 +1,174 @@
+"""The performance model's virtual runs: model_grid replays routing traces (recorded or synthetic) through the real
+engine, cache, policies and link timeline on a virtual clock priced by a hardware profile (hardware.py), for
+every policy x C/W x link priority, with the physical limit beside each cell. Every number is a pure function of
+the inputs: two runs give identical bits."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from artifact.errors import SettingError
+from artifact.model.config import get_preset
+from artifact.offload.costs import Costs, Hardware, Shape
+from artifact.offload.policies import check_policy
+from artifact.offload.runner import OffloadSpec
+from artifact.offload.sim import capacity_for, replay
+from artifact.offload.stream import Calibration, ExpertShape, run_stream, run_virtual
+from artifact.offload.timeline import CLOCKS, PRIORITIES
+from artifact.offload.trace import KINDS, Trace, mean_working_set
+
+SHAPES = ("llada2-mini", "llada2-flash", "tiny")     # model.config presets; tiny in float32 (the cpu profile)
+OUTPUTS = ("seconds_per_step", "tokens_per_second", "stall_per_step", "link_busy_over_wall", "host_per_step",
+           "limit_per_step", "floor_per_step")
+
+
+def shape(name: str) -> Shape:
+    if name not in SHAPES:
+        raise SettingError(f"unknown shape {name!r}; choose one of {list(SHAPES)}")
+    return Shape.of(get_preset(name), dtype_bytes=4 if name == "tiny" else 2)
+
+
+def tokens_decoded(trace: Trace) -> int:
+    """Tokens the traced run decoded: every block round decodes block_length tokens per batch row."""
+    first = trace.meta["moe_layers"][0]
+    rounds = int(np.sum((trace.kind == KINDS.index("denoise")) & (trace.block_step == 0) & (trace.layer == first)))
+    block = int((trace.meta.get("decode") or {}).get("block_length", 32))
+    return rounds * block * int(trace.meta.get("batch_size") or 1)
+
+
+def virtual_spec(costs: Costs, capacity: int, policy: str, priority: str, lookahead: int = 1,
+                 tau: int = 4) -> OffloadSpec:
+    return OffloadSpec(capacity, policy, "emulated", bandwidth_gbps=costs.link_gbps,
+                       latency_us=costs.hw.copy_latency_us, lookahead=lookahead, tau=tau, link_priority=priority)
+
+
+def model_run(trace: Trace, costs: Costs, capacity: int, policy: str, priority: str = "fifo",
+              min_misses: int | None = None) -> dict:
+    """One modelled run: run_virtual's stats and the outputs (module docstring), per denoising step."""
+    st = run_virtual(trace, virtual_spec(costs, capacity, policy, priority), costs)
+    steps = max(st["forwards"], 1)
+    t = st["time"]
+    tokens = tokens_decoded(trace)
+    return {
+        "seconds": st["seconds"], "steps": st["forwards"], "prefill_forwards": st["prefill_forwards"],
+        "seconds_per_step": st["seconds"] / steps,
+        "tokens_per_second": tokens / st["seconds"] if st["seconds"] else float("nan"), "tokens": tokens,
+        "stall_per_step": t["stall"] / steps, "host_per_step": t["host"] / steps,
+        "compute_per_step": t["compute"] / steps, "experts_per_step": t["experts"] / steps,
+        "link_busy_over_wall": st["link_busy_seconds"] / st["seconds"] if st["seconds"] else float("nan"),
+        **limits(trace, costs, capacity, st["transfers"], steps, min_misses),
+        "demand_misses": st["demand_misses"], "speculative_transfers": st["speculative_transfers"],
+        "prefetch_hits": st["prefetch_hits"], "transfers": st["transfers"],
+        **{f"{k}_{ph}": v for ph, d in t["by_phase"].items() for k, v in d.items()},
+    }
+
+
+def limits(trace: Trace, costs: Costs, capacity: int, transfers: int, steps: int,
+           min_misses: int | None = None) -> dict:
+    """The physical limit per step, max(compute, transfers x expert bytes / bandwidth), and its floor with
+    min's misses; compute is the device's (Costs.device_only: no host launch term), every demand's non-expert
+    compute and all its experts in one group."""
+    first = trace.meta["moe_layers"][0]
+    dev = costs.device_only()
+    compute = sum(dev.compute(d, d.layer == first) + dev.group(list(d.counts)) for d in trace.demands)
+    link_s = costs.expert_bytes / (costs.link_gbps * 1e9)
+    if min_misses is None:
+        min_misses = replay(trace, "min", capacity)["demand_misses"]
+    return {"limit_per_step": max(compute, transfers * link_s) / steps,
+            "floor_per_step": max(compute, min_misses * link_s) / steps, "min_misses": min_misses}
+
+
+WALL_STORE_LIMIT = 2 << 30     # bytes: the wall clock replays real expert tensors on this machine
+
+
+def wall_run(trace: Trace, costs: Costs, capacity: int, policy: str, priority: str = "fifo",
+             min_misses: int | None = None) -> dict:
+    """The same cell on the wall clock (clock 'wall'): the stream engine with the emulated link sleeping and
+    the calibrated compute spinning on this machine (cpu-emulated), for a check of the virtual clock."""
+    hw, s = costs.hw, costs.shape
+    check_clock("wall", hw)
+    store = len(trace.meta["moe_layers"]) * trace.meta["num_experts"] * s.expert_bytes
+    if store > WALL_STORE_LIMIT:
+        raise SettingError(f"clock 'wall' would allocate {store / 2**30:.1f} GiB of experts for this shape; "
+                           "use shape 'tiny' or clock 'virtual'")
+    spec = virtual_spec(costs, capacity, policy, priority)
+    st = run_stream(trace, spec, ExpertShape(s.hidden_size, s.moe_intermediate_size),
+                    Calibration(hw.expert_us, hw.other_us_per_demand, source=hw.name))
+    steps = max(st["forwards"], 1)
+    tokens = tokens_decoded(trace)
+    return {"seconds": st["seconds"], "steps": st["forwards"], "prefill_forwards": st["prefill_forwards"],
+            "seconds_per_step": st["seconds"] / steps, "tokens": tokens,
+            "tokens_per_second": tokens / st["seconds"] if st["seconds"] else float("nan"),
+            "stall_per_step": st["stall_seconds"] / steps,
+            "link_busy_over_wall": st["link_busy_seconds"] / st["seconds"] if st["seconds"] else float("nan"),
+            **limits(trace, costs, capacity, st["transfers"], steps, min_misses),
+            "demand_misses": st["demand_misses"], "speculative_transfers": st["speculative_transfers"],
+            "prefetch_hits": st["prefetch_hits"], "transfers": st["transfers"]}
+
+
+def check_clock(clock: str, hw: Hardware) -> None:
+    if clock not in CLOCKS:
+        raise SettingError(f"unknown clock {clock!r}; choose one of {CLOCKS}")
+    if clock == "wall" and not hw.calibrated:
+        raise SettingError(f"clock 'wall' runs the stream on this machine: it needs a calibrated hardware profile "
+                           f"(cpu-emulated), not {hw.name!r}; use clock 'virtual'")
+
+
+def check_grid(policies, ratios, priorities, batch_sizes=None) -> None:
+    """Every bad value fails before a replay."""
+    if not policies:
+        raise SettingError("--policies is empty; give at least one engine policy, e.g. demand,last_step")
+    for p in policies:
+        if not check_policy(p).engine_ok:
+            raise SettingError(f"policy {p!r} runs in the simulator only; the model runs the engine's policies")
+    if not ratios:
+        raise SettingError("--cache-ratios is empty; give ratios C/W, e.g. 0.43,1,1.73")
+    for r in ratios:
+        if not (isinstance(r, (int, float)) and np.isfinite(r) and r > 0):
+            raise SettingError(f"--cache-ratios: a ratio C/W must be a finite number > 0, got {r!r}")
+    for p in priorities:
+        if p not in PRIORITIES:
+            raise SettingError(f"--link-priority: unknown {p!r}; choose one of {PRIORITIES}")
+    for b in batch_sizes or ():
+        if not (isinstance(b, int) and b >= 1):
+            raise SettingError(f"--batch-sizes: a batch size is an integer >= 1, got {b!r}")
+
+
+def model_grid(traces: list[Trace], hw: Hardware, shape_name: str, policies, ratios, priorities=("fifo",),
+               progress: bool = False, names: list[str] | None = None, clock: str = "virtual",
+               floors: dict | None = None) -> pd.DataFrame:
+    """One row per trace x C/W x link priority x policy (module docstring); clock 'wall' runs each cell on
+    this machine instead (wall_run)."""
+    check_grid(policies, ratios, priorities)
+    check_clock(clock, hw)
+    one = model_run if clock == "virtual" else wall_run
+    costs = Costs(hw, shape(shape_name))
+    rows = []
+    jobs = [(i, r) for i in range(len(traces)) for r in ratios]
+    for i, ratio in tqdm(jobs, desc="model", disable=not progress):
+        t = traces[i]
+        C = capacity_for(ratio, mean_working_set(t), t.meta["num_experts"])
+        key = (id(t), C)
+        floor = floors.get(key) if floors is not None else None
+        if floor is None:
+            floor = replay(t, "min", C)["demand_misses"]
+            if floors is not None:
+                floors[key] = floor
+        for priority in priorities:
+            for policy in policies:
+                out = one(t, costs, C, policy, priority, min_misses=floor)
+                rows.append({"trace": names[i] if names else str(t.path or i), "task": t.meta.get("task"),
+                             "batch_size": int(t.meta.get("batch_size") or 1), "hardware": hw.name,
+                             "shape": shape_name, "clock": clock, "cache_ratio": ratio, "cache_experts": C,
+                             "link_priority": priority, "policy": policy, **out})
+    return pd.DataFrame(rows)
+
+
+def to_json(df: pd.DataFrame) -> str:
+    """Rows as JSON, floats written by Python's repr (shortest round-trip): identical bits give identical text."""
+    return json.dumps(df.to_dict("records"), sort_keys=False)
+
+
