@@ -5,12 +5,15 @@ and a shard that dies is reported with its log and completed by resubmitting.
 The local tests run the tiny model for real in submitit's LocalExecutor processes."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
+import socket
 import stat
+import tempfile
 import threading
-import time
 
 import pytest
 
@@ -71,34 +74,91 @@ def test_local_shards_equal_a_single_process_run(tmp_path, capsys):
     assert len(logs) == 2 and all("bench cpu: shard" in p.read_text() for p in logs)
 
 
+WAIT_S = 600      # a failure guard only: an event that never comes fails the test instead of hanging it
+
+
+@contextlib.contextmanager
+def cell_events(monkeypatch, on_event):
+    """Shard jobs submitted inside tell each cell they wrote to a Unix socket and wait for its answer
+    (submit._cell_written): on_event(line) runs for each, in a thread; True lets the shard go on, False holds it
+    until the block ends. on_event's errors are raised at the end (and the shard is let go)."""
+    folder = tempfile.mkdtemp(prefix="cells-")              # short: a Unix socket's path has at most 107 bytes
+    path = os.path.join(folder, "socket")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+    held, errors = [], []
+
+    def serve():
+        while True:
+            conn, _ = server.accept()                       # blocks until a shard (or the end below) connects
+            conn.settimeout(WAIT_S)
+            try:
+                event = conn.makefile().readline()
+                if event == "end\n":
+                    conn.close()
+                    return
+                go = on_event(event)
+            except BaseException as e:                      # raised below; the shard must not wait forever
+                errors.append(e)
+                go = True
+            if go:
+                conn.close()                                # the shard's recv returns: it goes on
+            else:
+                held.append(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    monkeypatch.setenv(submit.CELL_SOCKET, path)            # submitit's local jobs inherit this environment
+    try:
+        yield
+    finally:
+        monkeypatch.delenv(submit.CELL_SOCKET)
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(b"end\n")
+        thread.join(WAIT_S)
+        for conn in held:
+            conn.close()
+        server.close()
+        shutil.rmtree(folder)
+        if errors:
+            raise errors[0]
+
+
 @pytest.mark.slow
-def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path):
+def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path, monkeypatch):
     two_cores()
     P = profile("cache_ratios=[0.5, 0.9, 1.3, 1.7]")          # 4 cells: 2 per shard
     target, jobs = tmp_path / "bench.csv", tmp_path / "jobs"
     shard1 = shard_file(target, 1, 2)
     lines: list[str] = []
     refused: list[str] = []
+    cells_at_kill: list[int] = []
+    submitted = threading.Event()                              # the submission has logged shard 1's job id
 
-    def kill_shard_1_after_its_first_cell():
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            ids = [m.group(1) for ln in lines for m in [re.search(r"shard 1/2: job (\d+)", ln)] if m]
-            if ids and len(submit._cells_in(shard1)) >= 1:
-                try:                                      # a second submission while the jobs run is refused
-                    submit.check_not_running(jobs / "bench")
-                except submit.SubmitError as e:
-                    refused.append(str(e))
-                os.kill(int(ids[0]), signal.SIGINT)        # the local job's controller: what job.cancel() sends
-                return
-            time.sleep(0.05)
+    def log(line: str) -> None:
+        lines.append(line)
+        if "shard 1/2: job" in line:
+            submitted.set()
 
-    killer = threading.Thread(target=kill_shard_1_after_its_first_cell)
-    killer.start()
-    with pytest.raises(submit.SubmitError) as e:
+    def kill_shard_1_after_its_first_cell(event: str) -> bool:
+        if not event.startswith("shard 1/2:"):
+            return True                                        # shard 0 goes on
+        assert submitted.wait(WAIT_S), f"no job id of shard 1 logged in {WAIT_S} s: {lines}"
+        cells_at_kill.append(len(submit._cells_in(shard1)))
+        try:                                                   # a second submission while the jobs run is refused
+            submit.check_not_running(jobs / "bench")
+        except submit.SubmitError as e:
+            refused.append(str(e))
+        job = re.search(r"shard 1/2: job (\d+)", "\n".join(lines)).group(1)
+        os.kill(int(job), signal.SIGINT)                       # the local job's controller: what job.cancel() sends
+        return False                                           # held: shard 1 dies before its second cell
+
+    with cell_events(monkeypatch, kill_shard_1_after_its_first_cell), pytest.raises(submit.SubmitError) as e:
         submit.submit_bench(P, target, 2, "local", folder=jobs, rerun="RERUN-COMMAND", poll_s=0.2, progress=False,
-                            log=lines.append)
-    killer.join()
+                            log=log)
+    assert cells_at_kill == [1], "shard 1 was stopped right after writing its first cell"
     assert refused and "still running" in refused[0] and "shard 1/2: job" in refused[0]
     report = str(e.value)
     assert "1 of 2 shards failed" in report and "shard 1/2 (job" in report and "shard 0/2" not in report

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -53,6 +54,7 @@ BACKENDS = ("local", "slurm")
 POLL_S = 5.0                       # how often --wait looks at the shard files and the jobs
 RESULT_GRACE_S = 15               # a cluster's shared file system may show a finished job's result file late
 LOCAL_TIMEOUT_MIN = 7 * 24 * 60    # a local job has no scheduler limit; submitit's default (2 min) would kill it
+CELL_SOCKET = "ARTIFACT_CELL_SOCKET"  # tests: a Unix socket told of each cell a shard job wrote (see _cell_written)
 
 
 class SubmitError(UserError):
@@ -98,8 +100,19 @@ def _pin(cpu: int | None) -> None:
 def run_shard(P: Settings, shard: tuple[int, int], out: Path, skip: frozenset, pin_cpu: int | None = None) -> int:
     """The job of one bench shard: run_bench into its own file, skipping the target's finished cells."""
     _pin(pin_cpu)
-    rows = run_bench(P, out, shard, progress=False, skip=skip, log=lambda s: print(s, flush=True))
+    rows = run_bench(P, out, shard, progress=False, skip=skip, log=lambda s: print(s, flush=True),
+                     on_cell=lambda cell: _cell_written(shard, cell))
     return len(rows)
+
+
+def _cell_written(shard: tuple[int, int], cell: Cell) -> None:
+    """With $ARTIFACT_CELL_SOCKET set (tests only), tell that socket the cell and wait until it answers or hangs up."""
+    path = os.environ.get(CELL_SOCKET)
+    if path:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(f"shard {shard[0]}/{shard[1]}: {cell}\n".encode())
+            s.recv(1)                  # blocks: a test holds the shard here (e.g. to kill it after a known cell)
 
 
 class Resumable(submitit.helpers.Checkpointable):

@@ -43,12 +43,13 @@ from artifact.offload.sim import capacity_for
 
 
 def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
-              loaded=None, progress: bool = True, log=print, skip=frozenset()):
+              loaded=None, progress: bool = True, log=print, skip=frozenset(), on_cell=lambda cell: None):
     """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`. The coordinator:
     which cells are this shard's and still to run, the cell claims and the file's lock around each cell; the
     measurement itself is measure_cell's.
     Safe to run concurrently with other shards or reruns on the same `out` (see "Result files").
-    `skip`: keys of cells that are complete elsewhere (a submission's merged target file), not run here."""
+    `skip`: keys of cells that are complete elsewhere (a submission's merged target file), not run here.
+    `on_cell(cell)`: called after each cell whose rows this process wrote (the file's lock released)."""
     out = Path(out) if out else default_out(P, shard)
     cells = grid(P)
     mine = shard_cells(cells, shard)
@@ -90,6 +91,7 @@ def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int]
                     "so that no run is in the file twice")
                 return False
             append_rows(out, new)                        # whole cells only: the resume invariant
+        on_cell(cell)
         return True
 
     try:
