@@ -163,3 +163,23 @@ def test_records_render_update_and_a_gpu_column(tmp_path, monkeypatch, capsys):
     readme.write_text("no markers")
     with pytest.raises(ValueError, match="claims:cpu:begin"):
         claims_table.update_readme(readme, "cpu")
+
+
+def test_a_runs_verdicts_are_compared_with_the_stored_pooled_ones(tmp_path):
+    """The single-run property, per timing claim: the run's verdict is the pooled one or inconclusive."""
+    def write(d, claims):
+        d.mkdir(parents=True)
+        (d / "04_x.claims.json").write_text(json.dumps({"notebook": "04_x", "claims": claims, "command": "c",
+                                                        "date": "d", "commit": "h"}))
+    stored = [{"claim": c, "verdict": v, "timing": True, "pooled": v, "per_run": [v] * 3}
+              for c, v in (("a", "reproduced"), ("b", "reproduced"), ("c", "not reproduced"))]
+    write(tmp_path / "results" / "cpu", stored + [{"claim": "count", "verdict": "reproduced", "timing": False}])
+    mine = [{"claim": "a", "verdict": "reproduced", "timing": True, "this_run": "reproduced"},
+            {"claim": "b", "verdict": "inconclusive", "timing": True, "this_run": "inconclusive"},
+            {"claim": "c", "verdict": "reproduced", "timing": True, "this_run": "reproduced"}]
+    write(tmp_path / "run", mine + [{"claim": "count", "verdict": "reproduced", "timing": False}])
+    text = claims_table.render_this_run("cpu", tmp_path / "run", tmp_path / "results")
+    assert "| 04 | a | reproduced | reproduced | yes |" in text
+    assert "| 04 | b | inconclusive | reproduced | yes |" in text
+    assert "| 04 | c | reproduced | not reproduced | NO |" in text and "count" not in text
+    assert "holds for 2 of 3 timing claims" in text

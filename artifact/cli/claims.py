@@ -7,7 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from artifact.experiments.claims_table import render, render_agreement, render_compact, update_readme
+from artifact.errors import UserError
+from artifact.experiments.claims_table import render, render_agreement, render_compact, render_this_run, update_readme
 from artifact.experiments.settings import load_profile
 
 
@@ -20,6 +21,12 @@ def cmd_claims(a) -> int:
         return 0
     if a.agreement:
         print(render_agreement(name))
+        return 0
+    if a.this_run is not None:
+        if not a.this_run.is_dir():
+            raise UserError(f"--this-run {a.this_run}: no such directory (expected a run's claim records, e.g. "
+                            f"results/{name}/data/)")
+        print(render_this_run(name, a.this_run))
         return 0
     print(render(name) if a.full else render_compact(name))    # docs/claims.md's table, or the README's
     return 0
@@ -36,6 +43,9 @@ def add_cli(subparsers) -> None:
     c.add_argument("--full", action="store_true",
                    help="print the full table (docs/claims.md's) instead of the README's compact one")
     c.add_argument("--readme", type=Path, default=None, help="the README to update (default: the checkout's)")
+    c.add_argument("--this-run", type=Path, default=None, metavar="DIR",
+                   help="compare a run's timing verdicts (DIR: its claim records, e.g. results/PROFILE/data/) with "
+                        "the stored pooled ones: is each the pooled verdict or inconclusive?")
     c.add_argument("--agreement", action="store_true",
                    help="per timing claim, the verdict each stored run gets on its own beside the pooled one "
                         "(data/results/PROFILE/runs/)")

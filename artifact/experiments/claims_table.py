@@ -178,6 +178,30 @@ def render_agreement(profile_name: str = "cpu", results: Path | None = None) -> 
     return "\n".join(lines)
 
 
+def render_this_run(profile_name: str, run_data: Path, results: Path | None = None) -> str:
+    """A run's timing verdicts (its claim records in `run_data`, e.g. results/<profile>/data/) beside the stored
+    pooled ones: per claim whether the single-run property holds (the run's verdict is the pooled one or
+    inconclusive, never the other one), and the count."""
+    stored = {r["notebook"]: r for r in records(profile_name, results)}
+    mine = [json.loads(p.read_text()) for p in sorted(Path(run_data).glob(f"[0-9][0-9]_*{RECORD_SUFFIX}"))]
+    head = ["notebook", "claim", "this run", "pooled (stored)", "holds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    holds = total = 0
+    for r in mine:
+        ref = stored.get(r["notebook"], {}).get("claims", [])
+        for k, c in enumerate(r["claims"]):
+            if not c.get("timing"):
+                continue
+            pooled = (ref[k].get("pooled") or ref[k]["verdict"]) if k < len(ref) else "not stored"
+            mine_v = c.get("this_run") or c["verdict"]
+            ok = mine_v in (pooled, "inconclusive")
+            holds, total = holds + ok, total + 1
+            lines.append("| " + " | ".join(_cell(x) for x in [r["notebook"][:2], c["claim"], mine_v, pooled,
+                                                                "yes" if ok else "NO"]) + " |")
+    lines += ["", f"The single-run property holds for {holds} of {total} timing claims."]
+    return "\n".join(lines)
+
+
 def agreement_markers(profile_name: str) -> tuple[str, str]:
     return f"<!-- agreement:{profile_name}:begin -->", f"<!-- agreement:{profile_name}:end -->"
 
