@@ -6,9 +6,8 @@
 
 A bench submission runs shard i of n (`bench --shard i/n`) as one job writing its own file
 <target>.shard-I-of-N.csv beside the target (data/results/<profile>/bench.csv by default).
-- `slurm`: one job array, one task per shard; partition, account, time, GPUs, CPUs and memory come from
-  the profile's `slurm:` section, and submitit checks the assembled sbatch parameters before anything
-  is submitted.
+- `slurm`: one job array, one task per shard; partition, account, time, GPUs, CPUs and memory come from the
+  profile's `slurm:` section, and submitit checks the assembled sbatch parameters before anything is submitted.
 - `local`: one process per shard on this machine (submitit's LocalExecutor): shard i sees only GPU i
   (CUDA_VISIBLE_DEVICES) on a cuda profile, or runs on core i with one torch thread on the CPU.
 Cells already complete in the target are skipped by every shard, so a submission never duplicates them.
