@@ -390,13 +390,17 @@ def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dic
         for fp in sorted(set.intersection(*(set(r.fingerprint.astype(str)) if "fingerprint" in r else {""}
                                             for _, r in have))):
             runs_ = tuple((n, r[r.fingerprint.astype(str) == fp] if "fingerprint" in r else r) for n, r in have)
-            by = [k for k in ("task", "batch_size", "cache_ratio", "bandwidth_scale") if k in runs_[0][1]]
-            for r in Runs(runs_[0][1], runs_).effects(CONTROL, base, by).values():
+            cols = set(runs_[0][1].columns)
+            metric = next((m for m in ("tokens_per_second", "forwards_per_second") if m in cols), None)
+            if metric is None:
+                continue
+            by = [k for k in ("task", "batch_size", "cache_ratio", "bandwidth_scale") if k in cols]
+            for r in Runs(runs_[0][1], runs_, metric=metric).effects(CONTROL, base, by).values():
                 if r.pooled is not None and r.pooled.usable:
                     out["pooled"][0] += r.pooled.low <= 0 <= r.pooled.high
                     out["pooled"][1] += 1
             for _, rows in runs_:
-                for eff in run_effects(rows, CONTROL, base, by, "tokens_per_second").values():
+                for eff in run_effects(rows, CONTROL, base, by, metric).values():
                     _, lo, hi = t_interval(eff.diffs)
                     if math.isfinite(lo):
                         out["within"][0] += lo <= 0 <= hi
