@@ -114,10 +114,11 @@ def test_no_interval_pools_batch_sizes_and_the_verdict_flips_with_it():
 def test_an_aa_control_must_show_equivalence_not_merely_contain_zero():
     ok = Interval(0.2, -1.0, 1.4, 3, "runs")
     wide = Interval(-6.9, -21.6, 7.8, 3, "runs")           # contains 0, far wider than +-3
-    biased = Interval(2.0, 1.0, 3.0, 3, "runs")
-    assert control_ruling(ok) is None
+    small_bias = Interval(2.0, 1.0, 3.0, 3, "runs")          # significant, but inside the margin: one answer
+    biased = Interval(4.0, 2.0, 6.0, 3, "runs")
+    assert control_ruling(ok) is None and control_ruling(small_bias) is None
     assert "too noisy" in control_ruling(wide)
-    assert "excludes 0" in control_ruling(biased)
+    assert "excludes 0" in control_ruling(biased) and "biased" in control_ruling(biased)
     effect = faster(Interval(12.0, 8.0, 16.0, 3, "runs"))
     assert effect.verdict == REPRODUCED
     assert gated(effect, ok).verdict == REPRODUCED

@@ -17,8 +17,8 @@ widened by the stored runs' spread (replication.py: the run is the unit of repli
 A claim over cells combines them (`combine`): not reproduced if any cell is, reproduced if every cell is, else
 inconclusive. Every timing grid carries an A/A control: CONTROL, which does exactly demand's work, timed against
 demand in the same cells (`controls`). A cell whose control does not show equivalence (inside +-EQUIV_MARGIN;
-containing 0 is not enough), or that excludes 0, is inconclusive (`gated`, `control_ruling`): the instrument is
-biased or too noisy there. Exact counts have no interval; their verdicts compare a number with a threshold of
+containing 0 is not enough) is inconclusive (`gated`, `control_ruling`): the instrument is biased or too noisy
+there. Exact counts have no interval; their verdicts compare a number with a threshold of
 paper.py and print the margin (`margin_below`, `margin_at_least`).
 
 A GPU timing cell whose host time per forward is more than HOST_BOUND of its wall time (`host_shares`, from the
@@ -166,17 +166,18 @@ def not_faster(iv: Interval, margin: float = paper.EQUIV_MARGIN) -> Ruling:
 
 def control_ruling(control: Interval | None) -> str | None:
     """Why an A/A control disqualifies its cell, or None when it shows equivalence: its interval must lie inside
-    +-EQUIV_MARGIN (containing 0 is not enough: a wide interval contains 0 and says the instrument is too noisy)
-    and must not exclude 0 (the instrument would be biased)."""
+    +-EQUIV_MARGIN. Containing 0 is not enough (a wide interval contains 0 and says the instrument is too noisy);
+    excluding 0 inside the margin is a bias smaller than the margin, so, as in no_difference, one answer: it passes."""
     if control is None:
         return None
-    if control.excludes_zero:
-        return f"A/A control {control.text()} excludes 0: the instrument is biased here"
     r = no_difference(control)
     if r.verdict == REPRODUCED:
         return None
     if not control.usable:
         return f"A/A control {control.text()}: {r.why}"
+    if control.excludes_zero:
+        return (f"A/A control {control.text()} excludes 0 and is not inside +-{paper.EQUIV_MARGIN:g}%: the instrument "
+                "is biased here")
     return (f"A/A control {control.text()} is not inside +-{paper.EQUIV_MARGIN:g}%: the instrument is too noisy "
             "here to rule")
 
