@@ -21,29 +21,33 @@ if [ "${1:-}" = "--fast" ]; then
   printf '[fast] ruff + import contract + unit tier: %d.%01d s wall\n' $((ms / 1000)) $((ms % 1000 / 100))
   exit 0
 fi
-# The unit tier on 2 pytest-xdist workers (as --fast); then the slow tier (tiny-model runs, jobs) and nbval side by
-# side, one process each on a 2-core machine (no test asserts a time; nbval masks the wall-clock claim lines). The
-# slow tier's output is printed when both are done; the exit code fails if either failed.
+# The unit tier on 2 pytest-xdist workers (as --fast); then nbval and the slow tier (tiny-model runs, jobs) side by
+# side, one process each on a 2-core machine (no test asserts a time; nbval masks the wall-clock claim lines).
+# nbval runs in the background and the slow tier in the foreground: bash starts a background command with SIGINT
+# ignored, which its children inherit, and the slow tier stops jobs with SIGINT. nbval's output is printed when both
+# are done; the exit code fails if either failed.
 "$PY" -m pytest tests -q -m "not slow" -n 2 -p no:nbval
-slow_log="$(mktemp)"
-"$PY" -m pytest tests -q -m slow -p no:nbval >"$slow_log" 2>&1 &
-slow_pid=$!
-nbval_rc=0
+nbval_pid=""
 # --- nbval ---------------------------------------------------------------------------------------------
 # Claim cells are compared with their stored outputs; wall-clock figures are masked (see the cfg).
 # Tests never overwrite a user's results: the notebooks write into a temporary data/ and figures/.
 if ls notebooks/*.ipynb >/dev/null 2>&1; then
   nbval_out="$(mktemp -d)"
-  trap 'rm -rf "$nbval_out" "$slow_log"' EXIT
+  trap 'rm -rf "$nbval_out"' EXIT
   mkdir -p "$nbval_out/data"
   ln -s "$PWD/data/tasks" "$nbval_out/data/tasks"
   ARTIFACT_DATA="$nbval_out/data" ARTIFACT_OUTPUT="$nbval_out/results" \
     "$PY" -m pytest -q --nbval-lax --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider notebooks \
-    || nbval_rc=$?
+    >"$nbval_out/log" 2>&1 &
+  nbval_pid=$!
 fi
 slow_rc=0
-wait "$slow_pid" || slow_rc=$?
-echo "--- the slow tier (ran beside nbval) ---"
-cat "$slow_log"
+"$PY" -m pytest tests -q -m slow -p no:nbval || slow_rc=$?
+nbval_rc=0
+if [ -n "$nbval_pid" ]; then
+  wait "$nbval_pid" || nbval_rc=$?
+  echo "--- nbval (ran beside the slow tier) ---"
+  cat "$nbval_out/log"
+fi
 [ "$slow_rc" -eq 0 ] && [ "$nbval_rc" -eq 0 ] || { echo "slow tier: exit $slow_rc; nbval: exit $nbval_rc" >&2; exit 1; }
 # --- end nbval -----------------------------------------------------------------------------------------

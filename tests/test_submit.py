@@ -135,6 +135,8 @@ def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path
     lines: list[str] = []
     refused: list[str] = []
     cells_at_kill: list[int] = []
+    unstopped: list[int] = []
+    guards: list[threading.Timer] = []
     submitted = threading.Event()                              # the submission has logged shard 1's job id
 
     def log(line: str) -> None:
@@ -151,13 +153,27 @@ def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path
             submit.check_not_running(jobs / "bench")
         except submit.SubmitError as e:
             refused.append(str(e))
-        job = re.search(r"shard 1/2: job (\d+)", "\n".join(lines)).group(1)
-        os.kill(int(job), signal.SIGINT)                       # the local job's controller: what job.cancel() sends
+        job = int(re.search(r"shard 1/2: job (\d+)", "\n".join(lines)).group(1))
+        os.kill(job, signal.SIGINT)                            # the local job's controller: what job.cancel() sends
+        guard = threading.Timer(WAIT_S, lambda: unstopped.append(job) or os.kill(job, signal.SIGKILL))
+        guard.daemon = True                                    # a failure guard: a controller that outlives SIGINT
+        guard.start()                                          # by WAIT_S is killed, and the test fails below
+        guards.append(guard)
         return False                                           # held: shard 1 dies before its second cell
 
-    with cell_events(monkeypatch, kill_shard_1_after_its_first_cell), pytest.raises(submit.SubmitError) as e:
-        submit.submit_bench(P, target, 2, "local", folder=jobs, rerun="RERUN-COMMAND", poll_s=0.2, progress=False,
-                            log=log)
+    # The jobs inherit this process's SIGINT disposition: under a shell that started the tests in the background it
+    # is "ignored", and a job controller that ignores SIGINT never stops. Python's handler resets to the default on
+    # exec, so the jobs start with SIGINT live wherever the tests run.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with cell_events(monkeypatch, kill_shard_1_after_its_first_cell), pytest.raises(submit.SubmitError) as e:
+            submit.submit_bench(P, target, 2, "local", folder=jobs, rerun="RERUN-COMMAND", poll_s=0.2,
+                                progress=False, log=log)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    for g in guards:
+        g.cancel()
+    assert not unstopped, f"SIGINT did not stop shard 1's job controller {unstopped} in {WAIT_S} s"
     assert cells_at_kill == [1], "shard 1 was stopped right after writing its first cell"
     assert refused and "still running" in refused[0] and "shard 1/2: job" in refused[0]
     report = str(e.value)
