@@ -207,3 +207,17 @@ def test_cached_rows_are_reused_only_under_the_same_settings(cpu):
     assert len(calls) == 1 and a.equals(b)
     replication.cached_rows(cpu, "streams", "fp2", measure, log=lambda s: None)
     assert len(calls) == 2
+
+
+def test_a_zero_baseline_has_no_percentage_and_its_cell_no_interval():
+    """03 rules on stall seconds: where demand never stalled, last_step over demand in % is undefined."""
+    r = rows({(1, 1.0): 5.0, (4, 1.0): 5.0}, reps=4)
+    r.loc[(r.batch_size == 1) & (r.policy == "last_step"), "tokens_per_second"] = 0.0      # the baseline B below
+    eff = Runs(r).effects("last_step", "demand", CELL)
+    assert eff[("gsm8k", 4, 1.0, 1.0)].this.usable
+    zero = replication.run_effects(r.assign(tokens_per_second=r.tokens_per_second.where(r.policy != "demand", 0.0)),
+                                   "last_step", "demand", CELL, "tokens_per_second")
+    assert all(e.diffs == () for e in zero.values())
+    t = judge(Runs(r.assign(tokens_per_second=r.tokens_per_second.where(r.policy != "demand", 0.0))).effects(
+        "last_step", "demand", CELL), {}, faster, str)
+    assert t.verdict == INCONCLUSIVE

@@ -193,7 +193,8 @@ class RunEffect:
 
 def run_effects(rows, a: str, b: str, by: Sequence[str], metric: str) -> dict[tuple, RunEffect]:
     """{cell key: RunEffect} of A over B in one run's rows, per cell of `by` (keys beyond the bench's cell keys,
-    such as 06's link_priority, split the rows first: pairs never cross them)."""
+    such as 06's link_priority, split the rows first: pairs never cross them). A pair whose B is 0 (03: demand never
+    stalled) has no percentage and is left out; a cell left without pairs has no interval (inconclusive)."""
     extra = [k for k in by if k not in PAIR_KEYS]
     groups = rows.groupby(extra, sort=False) if extra else [((), rows)]
     out = {}
@@ -202,8 +203,10 @@ def run_effects(rows, a: str, b: str, by: Sequence[str], metric: str) -> dict[tu
         pr = pairs(part, a, b, metric).assign(**dict(zip(extra, xkey)))
         for key, g in pr.groupby(list(by), sort=True):
             key = key if isinstance(key, tuple) else (key,)
-            d = percent_differences(g[a].to_numpy(), g[b].to_numpy())
-            out[tuple(_plain(k) for k in key)] = RunEffect(float(d.mean()), tuple(float(x) for x in d))
+            ok = (g[b] > 0) & np.isfinite(g[a]) & np.isfinite(g[b])   # a 0 baseline (no stall at all): % undefined
+            d = percent_differences(g[a][ok].to_numpy(), g[b][ok].to_numpy())
+            out[tuple(_plain(k) for k in key)] = RunEffect(float(d.mean()) if len(d) else float("nan"),
+                                                           tuple(float(x) for x in d))
     return dict(sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0])))
 
 
