@@ -96,6 +96,8 @@ class OffloadEngine:
                            down)
 
     def groups(self, demand: Demand):
+        """The demand's expert groups, in compute order (the module docstring): its resident experts in one
+        group while the misses' copies are in flight, then the rest as their copies land."""
         plan, prefetch = self.cache.serve_plans(demand)
         layer, link = demand.layer, self.link
         link.pump()                                         # issue points: here and after each group
@@ -112,7 +114,7 @@ class OffloadEngine:
         if not waiting and prefetch is not None:    # every demand load is issued: now the prefetches (else
             self._issue_speculative(prefetch)       # after the last wave)
             prefetch = None
-        ready, queue, hits = self._partition(plan, hit_e, hit_s, Queue(load_e, load_s, now_t))
+        ready, queue, hits = self._partition(layer, plan, hit_e, hit_s, Queue(load_e, load_s, now_t))
         streams = bool(waiting)
         if ready.experts:
             link.wait(ready.tickets)                                    # landed: no stall, but ordered
@@ -144,11 +146,11 @@ class OffloadEngine:
                 waiting[a] = ([e], [s])
         return now_e, now_s, waiting
 
-    def _partition(self, plan: Plan, hit_e: list[int], hit_s: list[int], loads: Queue):
+    def _partition(self, layer: int, plan: Plan, hit_e: list[int], hit_s: list[int], loads: Queue):
         """(ready, queue, hits): the resident experts, computed first in one group (with the tickets of their
         landed prefetches, to wait on in order), and the queue behind them: hits whose prefetch copy is still
         in flight, in hit order, then the loads. `hits`: the ready group as arrays when it is every hit."""
-        pending, landed = self.pending[plan.layer], self.link.landed
+        pending, landed = self.pending[layer], self.link.landed
         if not any(map(pending.__contains__, hit_s)):
             return Queue(hit_e, hit_s, []), loads, (plan.hit_experts, plan.hit_slots)
         ready, queue = Queue([], [], []), Queue([], [], [])
