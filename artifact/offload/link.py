@@ -30,6 +30,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from artifact.model.config import PRESETS
 from artifact.offload.pacing import Pacing as Pacing
 from artifact.offload.pacing import calibrate_rate as calibrate_rate
 from artifact.offload.timeline import (
@@ -43,7 +44,7 @@ from artifact.offload.timeline import (
 LINKS = ("emulated", "cuda")
 PCIE4_GBPS = 25.0          # effective host-to-device bandwidth of a PCIe 4.0 x16 slot
 PCIE_LATENCY_US = 10.0     # per-copy setup cost
-REFERENCE_EXPERT_BYTES = 3 * 512 * 2048 * 2    # one LLaDA2.0-mini routed expert in bf16 (6 MiB)
+REFERENCE_EXPERT_BYTES = PRESETS["llada2-mini"].expert_bytes(2)   # one LLaDA2.0-mini routed expert in bf16 (6 MiB)
 WAIT_TIMEOUT_S = 60.0      # a host-side wait longer than this is a hang, not a slow link: raise
 CLOSE_TIMEOUT_S = 10.0     # close(): the copy stream's in-flight copies get this long to land
 _FROM_CUDA_LINK = ("CudaLink", "wait_event")    # re-exported lazily (see the module docstring)
