@@ -222,7 +222,8 @@ def pinned_peak(a, torch, expert_bytes: int) -> dict:
 
 def capped_link(a, torch, expert_bytes: int) -> dict:
     """Copies of expert size through the link, capped at fractions of its peak: link busy vs wall."""
-    from artifact.offload.link import CudaLink, EmulatedLink, emulated_bandwidth_gbps
+    from artifact.offload.cuda_link import CudaLink
+    from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps
     cuda = a.device == "cuda"
     n = 64
     src = torch.empty(expert_bytes, dtype=torch.uint8, pin_memory=cuda)
