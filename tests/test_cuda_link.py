@@ -13,7 +13,8 @@ import torch
 import artifact.offload.cuda_link as cuda_link
 import artifact.offload.link as link_mod
 import artifact.offload.pacing as pacing
-from artifact.offload.cuda_link import CudaBatch, CudaLink, probe_memcpy_batch
+from artifact.offload.cuda_batch import NO_BATCH_ENV, probe_memcpy_batch
+from artifact.offload.cuda_link import CudaBatch, CudaLink
 from artifact.offload.cuda_stub import StubCuda
 from artifact.offload.link import EmulatedLink, Link, LinkClosed, LinkTimeout
 
@@ -202,8 +203,8 @@ def test_bad_construction_is_refused_in_one_line():
 
 
 def test_the_batched_copy_probe_can_be_switched_off(monkeypatch):
-    monkeypatch.setenv(cuda_link.NO_BATCH_ENV, "1")
-    assert probe_memcpy_batch(torch.device("cuda", 0)) == (None, f"{cuda_link.NO_BATCH_ENV} is set")
+    monkeypatch.setenv(NO_BATCH_ENV, "1")
+    assert probe_memcpy_batch(torch.device("cuda", 0)) == (None, f"{NO_BATCH_ENV} is set")
 
 
 def test_both_links_have_the_whole_protocol_and_link_py_imports_neither_cuda_link_nor_the_factory():

@@ -3,6 +3,7 @@
   link.py          the Protocol (what the engine calls), the stats and errors, EmulatedLink
   cuda_link.py     CudaLink: copies from pinned memory on a dedicated copy stream, one event and one timing
                    pair per batch; its CUDA calls go through an injectable runtime (cuda_stub.py on the CPU)
+  cuda_batch.py    the cudaMemcpyBatchAsync binding and its probe (CudaLink's batched copy)
   pacing.py        the capped CUDA link's pacing arithmetic (Pacing, calibrate_rate)
   link_factory.py  make_link: a link by name (it imports both implementations; link.py imports neither)
 
