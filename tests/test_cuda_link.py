@@ -15,7 +15,7 @@ import artifact.offload.link as link_mod
 import artifact.offload.pacing as pacing
 from artifact.offload.cuda_batch import NO_BATCH_ENV, probe_memcpy_batch
 from artifact.offload.cuda_link import CudaBatch, CudaLink
-from artifact.offload.cuda_stub import StubCuda
+from artifact.offload.cuda_stub import StubCuda, StubCudart
 from artifact.offload.link import EmulatedLink, Link, LinkClosed, LinkTimeout
 
 
@@ -220,3 +220,31 @@ def test_both_links_have_the_whole_protocol_and_link_py_imports_neither_cuda_lin
     link.promote(t)                                       # a batch ticket: nothing held, nothing to do
     link.pump()
     assert link.landed(t)
+
+
+def test_the_batched_copy_probe_orders_its_copies_after_the_destination_is_filled():
+    """The self-test's stream waits for the current stream (where the destination was zero-filled) before
+    the batch: without that wait the zero fill could land after the copies on a GPU."""
+    cuda = StubCuda()
+    issue, note = probe_memcpy_batch(torch.device("cpu"), lib=StubCudart(cuda), runtime=cuda)
+    assert issue is not None and note == "cudaMemcpyBatchAsync (CUDA runtime 12080)"
+    calls = cuda.only("wait_stream", "batch", "sync_stream")
+    assert [c[0] for c in calls] == ["wait_stream", "batch", "sync_stream"]
+    assert calls[0][1:] == ("copy", "compute") and calls[1][1] == "copy"
+
+
+@pytest.mark.parametrize("version", [12080, 13000])
+def test_a_failed_batched_copy_clears_the_runtimes_last_error(version):
+    """A failed cudaMemcpyBatchAsync leaves its error as the runtime's last error, which the next unrelated CUDA
+    call would report: the probe and the bound call both clear it (cudaGetLastError) before they say so."""
+    cuda = StubCuda()
+    lib = StubCudart(cuda, version=version, fail=700)
+    issue, note = probe_memcpy_batch(torch.device("cpu"), lib=lib, runtime=cuda)
+    assert issue is None and "self-test failed: cudaMemcpyBatchAsync of 2 copies failed with CUDA error 700" in note
+    assert lib.last_error == 0 and ("last_error", 700) in cuda.calls
+    lib.fail = 0
+    issue, _ = probe_memcpy_batch(torch.device("cpu"), lib=lib, runtime=cuda)
+    lib.fail = 1
+    with pytest.raises(RuntimeError, match="of 1 copies failed with CUDA error 1"):
+        issue([0], [0], [4], cuda.compute)
+    assert lib.last_error == 0

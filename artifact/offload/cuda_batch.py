@@ -7,6 +7,7 @@ made: the link copies with its copy_ loop (an A/B comparison of the two paths).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import pathlib
@@ -47,14 +48,15 @@ def _libcudart():
     return None
 
 
-def probe_memcpy_batch(device: torch.device):
+def probe_memcpy_batch(device: torch.device, lib=None, runtime=None):
     """cudaMemcpyBatchAsync as `issue(dst pointers, src pointers, sizes, stream)`, and a note saying which
     runtime it came from; or (None, why not). Needs a CUDA runtime >= 12.8 and a self-test batch (two
     copies, crossed) that lands the right bytes: a signature or struct this code got wrong fails here, once,
-    and the link falls back to the copy_ loop."""
+    and the link falls back to the copy_ loop. lib: the runtime library (None: the libcudart torch loaded;
+    cuda_stub.StubCudart on the CPU); runtime: the streams (None: torch.cuda; cuda_stub.StubCuda)."""
     if os.environ.get(NO_BATCH_ENV, "") not in ("", "0"):
         return None, f"{NO_BATCH_ENV} is set"
-    lib = _libcudart()
+    lib = lib if lib is not None else _libcudart()
     if lib is None:
         return None, "no libcudart in the process"
     v = ctypes.c_int(0)
@@ -66,8 +68,22 @@ def probe_memcpy_batch(device: torch.device):
         return None, f"CUDA runtime {v.value} has no cudaMemcpyBatchAsync (needs >= {BATCH_MIN_RUNTIME})"
     if v.value < BATCH_MIN_RUNTIME:
         return None, f"CUDA runtime {v.value} < {BATCH_MIN_RUNTIME}: no cudaMemcpyBatchAsync"
+    issue = bind(lib, fn, v.value)
+    try:
+        if not self_test(issue, device, runtime):
+            return None, "cudaMemcpyBatchAsync self-test landed the wrong bytes"
+    except Exception as e:          # any failure of the probe means: use the copy_ loop
+        lib.cudaGetLastError()      # and leave no sticky error behind for the next CUDA call to report
+        return None, f"cudaMemcpyBatchAsync self-test failed: {e}"
+    return issue, f"cudaMemcpyBatchAsync (CUDA runtime {v.value})"
+
+
+def bind(lib, fn, version: int):
+    """issue(dst pointers, src pointers, sizes, stream): one cudaMemcpyBatchAsync of the copies on `stream`
+    (sources read in stream order). A failed call raises, after clearing the runtime's last error
+    (cudaGetLastError), so that the failure is not reported again by an unrelated later call."""
     P, S = ctypes.c_void_p, ctypes.c_size_t
-    fail_idx = v.value < BATCH_NO_FAIL_IDX
+    fail_idx = version < BATCH_NO_FAIL_IDX
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.POINTER(P), ctypes.POINTER(P), ctypes.POINTER(S), S, ctypes.POINTER(_MemcpyAttributes),
                     ctypes.POINTER(S), S] + ([ctypes.POINTER(S)] if fail_idx else []) + [P])
@@ -80,20 +96,27 @@ def probe_memcpy_batch(device: torch.device):
         n = len(dsts)
         rc = fn((P * n)(*dsts), (P * n)(*srcs), (S * n)(*sizes), n, attrs, first, 1, *tail, stream.cuda_stream)
         if rc:
+            lib.cudaGetLastError()
             raise RuntimeError(f"cudaMemcpyBatchAsync of {n} copies failed with CUDA error {rc}")
+    return issue
 
-    try:
-        with torch.cuda.device(device):
-            src = (torch.arange(8192) % 251).to(torch.uint8).pin_memory()
-            dst = torch.zeros(8192, dtype=torch.uint8, device=device)
-            s = torch.cuda.Stream(device)
-            issue([dst.data_ptr(), dst.data_ptr() + 4096], [src.data_ptr() + 4096, src.data_ptr()], [4096, 4096], s)
-            s.synchronize()
-            if not torch.equal(dst.cpu(), torch.cat([src[4096:], src[:4096]])):
-                return None, "cudaMemcpyBatchAsync self-test landed the wrong bytes"
-    except Exception as e:          # any failure of the probe means: use the copy_ loop
-        return None, f"cudaMemcpyBatchAsync self-test failed: {e}"
-    return issue, f"cudaMemcpyBatchAsync (CUDA runtime {v.value})"
+
+def self_test(issue, device: torch.device, runtime=None) -> bool:
+    """Two crossed 4 KiB copies on a stream of their own: whether they landed the right bytes. The stream
+    waits for the current stream first, where the destination was zero-filled: the copies land after it."""
+    cuda = device.type == "cuda"
+    with torch.cuda.device(device) if cuda else contextlib.nullcontext():
+        src = (torch.arange(8192) % 251).to(torch.uint8)
+        src = src.pin_memory() if cuda else src
+        dst = torch.zeros(8192, dtype=torch.uint8, device=device)
+        if runtime is None:
+            s, current = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+        else:
+            s, current = runtime.stream(device), runtime.current_stream(device)
+        s.wait_stream(current)
+        issue([dst.data_ptr(), dst.data_ptr() + 4096], [src.data_ptr() + 4096, src.data_ptr()], [4096, 4096], s)
+        s.synchronize()
+        return torch.equal(dst.cpu(), torch.cat([src[4096:], src[:4096]]))
 
 
 def probe_in_child(device: torch.device, timeout_s: float = 120.0) -> tuple[bool, str]:
