@@ -30,7 +30,6 @@ Exit codes as scripts/gpu_check.py: 0 done, 2 bad arguments, 3 no CUDA GPU visib
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import math
 import platform
@@ -42,43 +41,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_check as base  # noqa: E402  (scripts/gpu_check.py: the shared steps and shapes)
+from gpu_profile import profiled  # noqa: E402
+from gpu_targets import judge  # noqa: E402
 
 ROOT = base.ROOT
 STEPS = ("environment", "host_costs", "pinned_peak", "capped_link", "engine")
 GRAPH_MODES = ("off", "on")
 POLICIES = ("demand", "last_step")
 CALLS, REPEATS, BATCH, GRAPH_OPS = 200, 5, 8, 8
-FORWARD = "gpu_check.forward"         # the profiler range around each denoising forward
-MET, NOT_MET, UNMEASURED = "met", "not met", "unmeasured"
-# Kernel launches the host issues (a graph replay is one launch, whatever it holds), copies, and syncs:
-# CUDA runtime calls as torch.profiler names them on the CPU side.
-LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
-COPIES = ("cudaMemcpyAsync", "cudaMemcpyBatchAsync", "cudaMemcpy2DAsync")
-EVENT_SYNCS, STREAM_SYNCS, DEVICE_SYNCS = ("cudaEventSynchronize",), ("cudaStreamSynchronize",), (
-    "cudaDeviceSynchronize",)
-BLOCKING_COPIES = ("cudaMemcpy", "cudaMemcpy2D")
-# The targets (docs/host_path.md, "Graphs on"), each judged on the graphs-on rows.
-T1_HOST_OVER_H2D, T1_AT_173 = 0.3, 0.5
-T2_LAUNCHES = 12
-T4_BUSY = 0.85
-T5_CAP = 0.1
-T6_SHARE = 0.1
-RULES = {
-    "T1": f"graphs on, demand: host / H2D per forward (medians) <= {T1_HOST_OVER_H2D} at C/W 1, batch 1 and 4; "
-          f"<= {T1_AT_173} at batch 1, C/W 1.73",
-    "T2": f"graphs on, C/W 1, demand: host-issued kernel launches (graph launches included) per MoE layer <= "
-          f"{T2_LAUNCHES}, the copies counted apart (copies_per_moe_layer)",
-    "T3": "graphs on, C/W 1, demand, per forward: one event sync per MoE layer, no stream or device sync, no "
-          "blocking copy (CPU: SyncCounter's device reads, one per MoE layer)",
-    "T4": f"graphs on, batch 1, C/W 1, demand: link busy / wall >= {T4_BUSY}",
-    "T5": f"every run (graphs off and on): counts equal sim.replay of its trace and tokens equal resident; the "
-          f"capped link at 0.5x and 0.25x within {T5_CAP:.0%} of its cap",
-    "T6": f"graphs on, every batch and C/W with C < E: |host(last_step) - host(demand)| <= {T6_SHARE} x demand's "
-          "H2D per forward (C = E copies nothing: no link time to compare against)",
-}
-NO_GPU_TARGETS = "dry run on the CPU: the tiny model on the emulated link, not an H200"
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_check_graphs.json")
@@ -183,101 +153,7 @@ def host_costs(a, torch, expert_bytes: int) -> dict:
     return out
 
 
-# --- step 5: the engine, graphs off and on --------------------------------------------------------
-class ForwardRanges:
-    """Forward hooks that open a profiler range (FORWARD) around each denoising forward, and point a
-    SyncCounter's key at the forward's kind, so both count what happens inside the forwards only."""
-
-    def __init__(self, torch, model, counter=None):
-        self.torch, self.model, self.counter = torch, model, counter
-        self.hooks, self.open = [], None
-
-    def __enter__(self):
-        def pre(mod, args, kwargs):
-            kind = self.model.routing.step.kind
-            if self.counter is not None:
-                self.counter.key = kind
-            if kind == "denoise":
-                self.open = self.torch.autograd.profiler.record_function(FORWARD)
-                self.open.__enter__()
-
-        def post(mod, args, kwargs, out):
-            if self.open is not None:
-                self.open.__exit__(None, None, None)
-                self.open = None
-            if self.counter is not None:
-                self.counter.key = None
-
-        self.hooks = [self.model.register_forward_pre_hook(pre, with_kwargs=True),
-                      self.model.register_forward_hook(post, with_kwargs=True)]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.hooks:
-            h.remove()
-
-
-def raw_events(torch, prof) -> list[tuple[str, int, int]]:
-    """(name, start ns, end ns) of every host-side event torch.profiler recorded (its raw results: building
-    the FunctionEvent tree of a run's ~10^5 events takes seconds). Device-side events (kernels, the GPU's copy
-    of a record_function range) are left out: their times are on the GPU's timeline."""
-    cpu = torch.autograd.DeviceType.CPU
-    return [(e.name(), e.start_ns(), e.start_ns() + e.duration_ns()) for e in prof.profiler.kineto_results.events()
-            if e.device_type() == cpu]
-
-
-def count_in_forwards(events: list[tuple[str, int, int]]) -> dict:
-    """Of (name, start, end) events: the CUDA runtime calls that start inside a FORWARD range, by kind, and
-    the top-level ATen ops inside one (not inside another ATen op: the ops the forward issues outside any
-    graph; on the CPU the stand-in for launches)."""
-    ranges = sorted((lo, hi) for name, lo, hi in events if name == FORWARD)
-    starts = [lo for lo, _ in ranges]
-
-    def inside(t: int) -> bool:
-        i = bisect.bisect_right(starts, t) - 1
-        return i >= 0 and t <= ranges[i][1]
-
-    kinds = {**{n: "launches" for n in LAUNCHES}, **{n: "copies" for n in COPIES},
-             **{n: "event_syncs" for n in EVENT_SYNCS}, **{n: "stream_syncs" for n in STREAM_SYNCS},
-             **{n: "device_syncs" for n in DEVICE_SYNCS}, **{n: "blocking_copies" for n in BLOCKING_COPIES}}
-    out = {"forwards": len(ranges), "launches": 0, "copies": 0, "event_syncs": 0, "stream_syncs": 0,
-           "device_syncs": 0, "blocking_copies": 0, "aten_ops": 0}
-    for name, lo, _ in events:
-        if name in kinds and inside(lo):
-            out[kinds[name]] += 1
-    end = -1
-    for lo, hi in sorted((lo, -hi) for name, lo, hi in events if name.startswith("aten::") and inside(lo)):
-        if lo >= end:                     # not inside the last top-level op
-            out["aten_ops"] += 1
-            end = -hi
-    return out
-
-
-def profiled(torch, a, loaded, prompts, batch, dc, spec) -> dict:
-    """One run under torch.profiler and SyncCounter: per MoE layer of a denoising forward, the host-issued
-    launches, copies and syncs (CUDA runtime calls), ATen ops called by the forward, and device reads."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from artifact.model.syncs import SyncCounter
-    from artifact.offload.runner import run
-    moe = len(loaded.cfg.moe_layers)
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
-    counter = SyncCounter()
-    with profile(activities=acts) as prof, ForwardRanges(torch, loaded.model):
-        run(loaded, prompts, batch, dc, spec=spec, device=a.device)
-    c = count_in_forwards(raw_events(torch, prof))
-    with counter, ForwardRanges(torch, loaded.model, counter):       # apart: its modes would show in the profile
-        res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
-    n = max(c["forwards"], 1)
-    out = {f"{k}_per_moe_layer": v / n / moe for k, v in c.items() if k != "forwards"}
-    out.update(forwards=c["forwards"], moe_layers=moe,
-               device_reads_per_moe_layer=counter.reads_by_key["denoise"] / max(res.stats["forwards"], 1) / moe,
-               host_data_uploads_per_moe_layer=counter.uploads_by_key["denoise"] / max(res.stats["forwards"], 1)
-               / moe,
-               run_device_read_kinds=dict(counter.kinds))      # the whole run's, decode loop included
-    return out
-
-
+# --- step 5: the engine, graphs off and on (the profiled run: gpu_profile.py) ----------------------
 def timing(stats: dict) -> dict:
     host, wall = list(stats.get("forward_host_ms", [])), list(stats.get("forward_wall_ms", []))
     out = {"host_ms": host, "wall_ms": wall, "host_ms_median": median(host), "host_ms_p90": p90(host),
@@ -426,131 +302,6 @@ def log_row(kind: str, r: dict) -> None:
     h2d = f", H2D {r['h2d_ms_per_forward']:.2f} ms" if "h2d_ms_per_forward" in r else ""
     base.log(f"{head}: host {r['host_ms_median']:.2f} ms (p90 {r['host_ms_p90']:.2f}), wall "
              f"{r['wall_ms_median']:.2f} ms{h2d}, tokens equal: {r['tokens_equal_resident']}")
-
-
-# --- the targets: pure functions of the report's rows ---------------------------------------------
-def _verdict(name: str, figures: dict, ok: bool | None, missing: list[str] | None = None) -> dict:
-    if missing:
-        return {"status": UNMEASURED, "rule": RULES[name], "figures": figures, "missing": missing}
-    return {"status": MET if ok else NOT_MET, "rule": RULES[name], "figures": figures}
-
-
-def _find(runs: list[dict], **key) -> dict | None:
-    """The run (graphs, batch, cache_ratio, policy, ...) matching key, if it ran without error."""
-    for r in runs:
-        if "error" not in r and all(r.get(k) == v for k, v in key.items()):
-            return r
-    return None
-
-
-def _profiled(runs: list[dict]) -> list[dict]:
-    """The graphs-on runs whose profiled run measured its counts."""
-    return [r for r in runs if "error" not in r and r.get("graphs") == "on"
-            and "error" not in r.get("profile", {"error": "not profiled"})]
-
-
-def t1(runs: list[dict]) -> dict:
-    need = [(1, 1.0, T1_HOST_OVER_H2D), (4, 1.0, T1_HOST_OVER_H2D), (1, 1.73, T1_AT_173)]
-    figures, missing, ok = {}, [], True
-    for b, ratio, limit in need:
-        r = _find(runs, graphs="on", batch=b, cache_ratio=ratio, policy="demand")
-        label = f"batch {b}, C/W {ratio:g}"
-        if r is None or r.get("host_over_h2d") is None:
-            missing.append(label)
-            continue
-        figures[label] = {"host_ms_median": r["host_ms_median"], "h2d_ms_per_forward": r["h2d_ms_per_forward"],
-                          "host_over_h2d": r["host_over_h2d"], "limit": limit}
-        ok &= r["host_over_h2d"] <= limit
-    return _verdict("T1", figures, ok, missing)
-
-
-def t2(runs: list[dict]) -> dict:
-    figures, missing, ok = {}, [], True
-    for r in _profiled(runs):
-        p = r["profile"]
-        figures[f"batch {r['batch']}"] = {k: p[k] for k in ("launches_per_moe_layer", "copies_per_moe_layer",
-                                                            "aten_ops_per_moe_layer")}
-        ok &= p["launches_per_moe_layer"] <= T2_LAUNCHES
-    if not figures:
-        missing.append("a profiled graphs-on run (C/W 1, demand)")
-    return _verdict("T2", figures, ok, missing)
-
-
-def t3(runs: list[dict], cuda: bool) -> dict:
-    figures, missing, ok = {}, [], True
-    for r in _profiled(runs):
-        p = r["profile"]
-        if cuda:
-            keys = ("event_syncs_per_moe_layer", "stream_syncs_per_moe_layer", "device_syncs_per_moe_layer",
-                    "blocking_copies_per_moe_layer")
-            good = (p["event_syncs_per_moe_layer"] == 1 and p["stream_syncs_per_moe_layer"] == 0
-                    and p["device_syncs_per_moe_layer"] == 0 and p["blocking_copies_per_moe_layer"] == 0)
-        else:
-            keys = ("device_reads_per_moe_layer",)
-            good = p["device_reads_per_moe_layer"] == 1
-        figures[f"batch {r['batch']}"] = {k: p[k] for k in keys}
-        ok &= good
-    if not figures:
-        missing.append("a profiled graphs-on run (C/W 1, demand)")
-    return _verdict("T3", figures, ok, missing)
-
-
-def t4(runs: list[dict]) -> dict:
-    r = _find(runs, graphs="on", batch=1, cache_ratio=1.0, policy="demand")
-    if r is None or r.get("link_busy_over_wall") is None:
-        return _verdict("T4", {}, None, ["batch 1, C/W 1, demand, graphs on"])
-    return _verdict("T4", {"link_busy_over_wall": r["link_busy_over_wall"]}, r["link_busy_over_wall"] >= T4_BUSY)
-
-
-def t5(runs: list[dict], caps: list[dict]) -> dict:
-    ok_runs = [r for r in runs if "error" not in r]
-    missing = [] if ok_runs else ["an offloaded run"]
-    missing += [f"the replay of graphs {r['graphs']} batch {r['batch']} C/W {r['cache_ratio']:g} {r['policy']}"
-                for r in ok_runs if r.get("counts_equal_replay") is None]          # its recorded run raised
-    missing += [f"the capped link at {f}x" for f in (0.5, 0.25) if not any(c.get("fraction") == f for c in caps)]
-    figures = {"runs": len(ok_runs), "runs_with_errors": len(runs) - len(ok_runs),
-               "counts_equal_replay": sum(bool(r.get("counts_equal_replay")) for r in ok_runs),
-               "tokens_equal_resident": sum(bool(r.get("tokens_equal_resident")) for r in ok_runs),
-               "caps": {f"{c['fraction']}x": c["achieved_over_target"] for c in caps
-                        if c.get("fraction") in (0.5, 0.25)}}
-    ok = (figures["counts_equal_replay"] == figures["tokens_equal_resident"] == len(ok_runs)
-          and figures["runs_with_errors"] == 0
-          and all(abs(v - 1) <= T5_CAP for v in figures["caps"].values()))
-    return _verdict("T5", figures, ok, missing)
-
-
-def t6(runs: list[dict]) -> dict:
-    figures, ok = {}, True
-    cells = sorted({(r["batch"], r["cache_ratio"]) for r in runs if r.get("graphs") == "on" and "batch" in r})
-    for b, ratio in cells:
-        d = _find(runs, graphs="on", batch=b, cache_ratio=ratio, policy="demand")
-        s = _find(runs, graphs="on", batch=b, cache_ratio=ratio, policy="last_step")
-        label = f"batch {b}, C/W {ratio:g}"
-        if d is None or s is None:
-            continue
-        if d["cache_experts"] >= d["num_experts"]:
-            figures[label] = "excluded: C = E, no copies"
-            continue
-        diff = abs(s["host_ms_median"] - d["host_ms_median"])
-        figures[label] = {"host_diff_ms": diff, "h2d_ms_per_forward": d["h2d_ms_per_forward"],
-                          "limit_ms": T6_SHARE * d["h2d_ms_per_forward"]}
-        ok &= diff <= T6_SHARE * d["h2d_ms_per_forward"]
-    judged = [v for v in figures.values() if isinstance(v, dict)]
-    return _verdict("T6", figures, ok, [] if judged else ["a graphs-on cell with C < E run under both policies"])
-
-
-def judge(report: dict) -> dict:
-    """T1-T6 from a report's engine and capped_link steps; on a CPU dry run every target is unmeasured
-    and says what the CPU figures would give (would_be)."""
-    runs = (report.get("engine") or {}).get("runs", [])
-    caps = (report.get("capped_link") or {}).get("caps", [])
-    cuda = not report.get("dry_run_on_cpu")
-    out = {"T1": t1(runs), "T2": t2(runs), "T3": t3(runs, cuda), "T4": t4(runs), "T5": t5(runs, caps),
-           "T6": t6(runs)}
-    if not cuda:
-        for t in out.values():
-            t["would_be"], t["status"], t["why"] = t["status"], UNMEASURED, NO_GPU_TARGETS
-    return out
 
 
 def main(argv=None) -> int:

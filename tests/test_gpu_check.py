@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+def load(name: str):
+    """scripts/<name>.py as a module (scripts/ on sys.path: the scripts import each other)."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_script():
+    return load("gpu_check")
 
 
 def sh(*args, timeout=120):
@@ -101,28 +109,28 @@ def test_cpu_dry_run_writes_the_seven_steps_in_order(tmp_path):
 
 
 def test_cuda_tests_that_cannot_be_collected_have_their_own_exit_code(monkeypatch):
-    mod = load_script()
+    mod, tests = load_script(), load("gpu_tests")
     a = mod.parse_args(["--device", "cpu", "--allow-cpu"])
 
     class Done:
         def __init__(self, rc, out):
             self.returncode, self.stdout, self.stderr = rc, out, ""
 
-    monkeypatch.setattr(mod.subprocess, "run", lambda *x, **k: Done(2, "ERROR tests/test_cuda.py - ImportError"))
-    r = mod.cuda_tests(a, torch)
+    monkeypatch.setattr(tests.subprocess, "run", lambda *x, **k: Done(2, "ERROR tests/test_cuda.py - ImportError"))
+    r = tests.cuda_tests(a, torch)
     assert r["collection_ok"] is False and r["ok"] is False and mod.EXIT_TESTS_NOT_RUN == 5
     runs = iter([Done(0, "tests/test_cuda.py::a\ntests/test_cuda.py::b\ntests/test_cuda.py::c\n"),
                  Done(0, "== 2 passed in 1.0s ==")])
-    monkeypatch.setattr(mod.subprocess, "run", lambda *x, **k: next(runs))
-    r = mod.cuda_tests(a, torch)
+    monkeypatch.setattr(tests.subprocess, "run", lambda *x, **k: next(runs))
+    r = tests.cuda_tests(a, torch)
     assert r["collected"] == 3 and r["ran"] == 2 and r["all_ran"] is False
     runs = iter([Done(0, "tests/test_cuda.py::a\ntests/test_cuda.py::b\n"), Done(0, "== 1 passed, 1 skipped ==")])
-    monkeypatch.setattr(mod.subprocess, "run", lambda *x, **k: next(runs))
+    monkeypatch.setattr(tests.subprocess, "run", lambda *x, **k: next(runs))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)      # on a GPU a skipped CUDA test did not run
-    assert mod.cuda_tests(a, torch)["all_ran"] is False
+    assert tests.cuda_tests(a, torch)["all_ran"] is False
     runs = iter([Done(0, "tests/test_cuda.py::a\ntests/test_cuda.py::b\n"), Done(0, "== 1 passed, 1 skipped ==")])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # without one it skips with its reason
-    assert mod.cuda_tests(a, torch)["all_ran"] is True
+    assert tests.cuda_tests(a, torch)["all_ran"] is True
 
 
 def test_a_failing_step_keeps_the_report(tmp_path):
@@ -139,10 +147,7 @@ def test_a_failing_step_keeps_the_report(tmp_path):
 
 # --- scripts/gpu_check.sh graphs (scripts/gpu_check_graphs.py): issue 30's check ----------------------
 def load_graphs():
-    spec = importlib.util.spec_from_file_location("gpu_check_graphs", ROOT / "scripts" / "gpu_check_graphs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("gpu_check_graphs")
 
 
 
@@ -204,7 +209,7 @@ def _run(graphs="on", batch=1, ratio=1.0, policy="demand", host=2.0, h2d=10.0, *
 
 
 def test_t1_host_over_h2d():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     runs = [_run(batch=1), _run(batch=4), _run(ratio=1.73, host=4.0)]
     assert mod.t1(runs)["status"] == "met"
     runs[2] = _run(ratio=1.73, host=6.0)                                   # 0.6 > 0.5 at C/W 1.73
@@ -222,14 +227,14 @@ def _profiled(launches=10.0, event_syncs=1.0, stream_syncs=0.0, blocking=0.0):
 
 
 def test_t2_launches_per_moe_layer():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     assert mod.t2([_profiled(12.0)])["status"] == "met"
     assert mod.t2([_profiled(12.2)])["status"] == "not met"
     assert mod.t2([_run()])["status"] == "unmeasured"
 
 
 def test_t3_syncs_per_forward():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     assert mod.t3([_profiled()], cuda=True)["status"] == "met"
     for bad in (_profiled(event_syncs=2.0), _profiled(stream_syncs=0.2), _profiled(blocking=1.0)):
         assert mod.t3([bad], cuda=True)["status"] == "not met"
@@ -237,13 +242,13 @@ def test_t3_syncs_per_forward():
 
 
 def test_t4_link_busy():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     assert mod.t4([_run(link_busy_over_wall=0.85)])["status"] == "met"
     assert mod.t4([_run(link_busy_over_wall=0.58)])["status"] == "not met"
 
 
 def test_t5_counts_tokens_and_cap():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     caps = [{"fraction": 0.5, "achieved_over_target": 1.05}, {"fraction": 0.25, "achieved_over_target": 0.95}]
     assert mod.t5([_run(), _run(graphs="off")], caps)["status"] == "met"
     assert mod.t5([_run(), _run(counts_equal_replay=False)], caps)["status"] == "not met"
@@ -254,7 +259,7 @@ def test_t5_counts_tokens_and_cap():
 
 
 def test_t6_policies_host_difference():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     runs = [_run(host=2.0), _run(policy="last_step", host=2.9),                 # |0.9| <= 0.1 x 10
             _run(ratio=1.73, host=2.0, cache_experts=256), _run(ratio=1.73, policy="last_step", host=9.0,
                                                                 cache_experts=256)]
@@ -266,7 +271,7 @@ def test_t6_policies_host_difference():
 
 
 def test_judge_marks_a_dry_run_unmeasured_and_a_gpu_report_judged():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     report = {"engine": {"runs": [_run(link_busy_over_wall=0.9)]}, "capped_link": {"caps": []}}
     assert mod.judge(report)["T4"]["status"] == "met"
     dry = mod.judge({**report, "dry_run_on_cpu": True})["T4"]
@@ -274,7 +279,7 @@ def test_judge_marks_a_dry_run_unmeasured_and_a_gpu_report_judged():
 
 
 def test_counting_inside_forwards():
-    mod = load_graphs()
+    mod, graphs = load("gpu_profile"), load_graphs()
     f = mod.FORWARD
     events = [(f, 0, 100), (f, 200, 300),
               ("aten::add", 10, 20), ("aten::mul", 12, 15),          # mul inside add: not top-level
@@ -284,11 +289,11 @@ def test_counting_inside_forwards():
     c = mod.count_in_forwards(events)
     assert c == {"forwards": 2, "launches": 2, "copies": 1, "event_syncs": 1, "stream_syncs": 0, "device_syncs": 0,
                  "blocking_copies": 1, "aten_ops": 1}
-    assert mod.p90([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0]) == 9.0 and mod.p90([]) is None
+    assert graphs.p90([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0]) == 9.0 and graphs.p90([]) is None
 
 
 def test_a_failed_replay_or_profile_leaves_its_target_unmeasured():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     caps = [{"fraction": 0.5, "achieved_over_target": 1.0}, {"fraction": 0.25, "achieved_over_target": 1.0}]
     v = mod.t5([_run(), _run(counts_equal_replay=None)], caps)
     assert v["status"] == "unmeasured" and "the replay of graphs on batch 1" in v["missing"][0]
