@@ -42,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check_steps import capped_link, moe_layer, pinned_peak, pinned_store  # noqa: E402
+from gpu_profile import call_kind  # noqa: E402
 from gpu_tests import cuda_tests  # noqa: E402
 
 EXIT_OK, EXIT_TESTS_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_ERROR, EXIT_TESTS_NOT_RUN = 0, 1, 2, 3, 4, 5
@@ -265,7 +266,7 @@ def launches_per_forward(torch, a, loaded, prompts, batch, dc, spec) -> float | 
     from artifact.offload.runner import run
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
-    launches = sum(ev.count for ev in prof.key_averages() if "LaunchKernel" in ev.key)
+    launches = sum(ev.count for ev in prof.key_averages() if call_kind(ev.key) == "launches")
     return launches / res.stats["forwards"]
 
 

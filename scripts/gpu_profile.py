@@ -4,9 +4,9 @@ copies and syncs (CUDA runtime calls), top-level ATen ops; and SyncCounter's dev
 from __future__ import annotations
 
 import bisect
+import re
 
 FORWARD = "gpu_check.forward"         # the profiler range around each denoising forward
-MET, NOT_MET, UNMEASURED = "met", "not met", "unmeasured"
 # Kernel launches the host issues (a graph replay is one launch, whatever it holds), copies, and syncs:
 # CUDA runtime calls as torch.profiler names them on the CPU side.
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
@@ -14,6 +14,21 @@ COPIES = ("cudaMemcpyAsync", "cudaMemcpyBatchAsync", "cudaMemcpy2DAsync")
 EVENT_SYNCS, STREAM_SYNCS, DEVICE_SYNCS = ("cudaEventSynchronize",), ("cudaStreamSynchronize",), (
     "cudaDeviceSynchronize",)
 BLOCKING_COPIES = ("cudaMemcpy", "cudaMemcpy2D")
+KINDS = {**dict.fromkeys(LAUNCHES, "launches"), **dict.fromkeys(COPIES, "copies"),
+         **dict.fromkeys(EVENT_SYNCS, "event_syncs"), **dict.fromkeys(STREAM_SYNCS, "stream_syncs"),
+         **dict.fromkeys(DEVICE_SYNCS, "device_syncs"), **dict.fromkeys(BLOCKING_COPIES, "blocking_copies")}
+# What the profiler may append to a runtime call's name: its API version (cudaLaunchKernel_v7000), the
+# per-thread default stream variants (_ptsz, _ptds).
+SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds)+$")
+
+
+def call_kind(name: str) -> str | None:
+    """The kind (KINDS) of a CUDA runtime call by its profiler name: one of the names above, exactly or
+    followed by a version or stream suffix; None for anything else (cudaMemcpyAsync is a copy, never a
+    blocking cudaMemcpy)."""
+    return KINDS.get(name) or KINDS.get(SUFFIX.sub("", name))
+
+
 class ForwardRanges:
     """Forward hooks that open a profiler range (FORWARD) around each denoising forward, and point a
     SyncCounter's key at the forward's kind, so both count what happens inside the forwards only."""
@@ -67,14 +82,12 @@ def count_in_forwards(events: list[tuple[str, int, int]]) -> dict:
         i = bisect.bisect_right(starts, t) - 1
         return i >= 0 and t <= ranges[i][1]
 
-    kinds = {**{n: "launches" for n in LAUNCHES}, **{n: "copies" for n in COPIES},
-             **{n: "event_syncs" for n in EVENT_SYNCS}, **{n: "stream_syncs" for n in STREAM_SYNCS},
-             **{n: "device_syncs" for n in DEVICE_SYNCS}, **{n: "blocking_copies" for n in BLOCKING_COPIES}}
     out = {"forwards": len(ranges), "launches": 0, "copies": 0, "event_syncs": 0, "stream_syncs": 0,
            "device_syncs": 0, "blocking_copies": 0, "aten_ops": 0}
     for name, lo, _ in events:
-        if name in kinds and inside(lo):
-            out[kinds[name]] += 1
+        kind = call_kind(name)
+        if kind is not None and inside(lo):
+            out[kind] += 1
     end = -1
     for lo, hi in sorted((lo, -hi) for name, lo, hi in events if name.startswith("aten::") and inside(lo)):
         if lo >= end:                     # not inside the last top-level op

@@ -289,6 +289,13 @@ def test_counting_inside_forwards():
     c = mod.count_in_forwards(events)
     assert c == {"forwards": 2, "launches": 2, "copies": 1, "event_syncs": 1, "stream_syncs": 0, "device_syncs": 0,
                  "blocking_copies": 1, "aten_ops": 1}
+    versioned = [(f, 0, 100), ("cudaLaunchKernel_v7000", 1, 2), ("cudaLaunchKernelExC_v11060", 3, 4),
+                 ("cudaGraphLaunch_v10000", 5, 6), ("cudaMemcpyAsync_v3020", 7, 8), ("cudaMemcpy_v3020", 9, 10),
+                 ("cudaEventSynchronize_v3020", 11, 12), ("cudaStreamSynchronize_ptsz", 13, 14),
+                 ("cudaLaunchKernelFoo", 15, 16)]                   # not a runtime call this counts
+    assert mod.count_in_forwards(versioned) == {"forwards": 1, "launches": 3, "copies": 1, "event_syncs": 1,
+                                                "stream_syncs": 1, "device_syncs": 0, "blocking_copies": 1,
+                                                "aten_ops": 0}
     assert graphs.p90([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0]) == 9.0 and graphs.p90([]) is None
 
 
