@@ -1,35 +1,41 @@
-"""The graphs check: did CUDA graphs between the router syncs make the engine run at the speed of
-its link? At most 7 minutes on one H200, no checkpoint, nothing downloaded; `scripts/gpu_check.sh graphs`.
+"""The graphs check: does the segmented forward (the forward cut into segments between the router syncs,
+each captured once as a CUDA graph and replayed) make the engine run at the speed of its link? No
+checkpoint, nothing downloaded; step 2 of scripts/gpu_run.sh (its budget there: docs/benchmarks.md).
 
-Five steps, in this order, each written to the JSON report (--out, atomically) as soon as it ends:
-  1. environment   torch, CUDA, the GPU, Python, the VM's kernel (uname -r), the graph modes
+Five steps, in this order, each written to the JSON report (--out, atomically) as soon as it ends, and
+every engine row as soon as it is measured (a kill at the time limit keeps the rows measured so far):
+  1. environment   torch, CUDA, the GPU, Python, the VM's kernel (uname -r), the forward modes
   2. host_costs    host us per call of: a kernel launch (one tiny in-place add), an event record, a bare
                    expert-sized copy_ from pinned memory, a batched copy (one torch._foreach_copy_ of
                    BATCH copies, per copy) and a graph replay (a captured CUDA graph of GRAPH_OPS ops);
                    medians over REPEATS batches of CALLS calls
-  3. pinned_peak   pinned H2D GB/s (scripts/gpu_check.py step 3): the bandwidth H2D time is costed at
-  4. capped_link   the CUDA link capped at 0.5x and 0.25x of its peak (scripts/gpu_check.py step 4)
-  5. engine        the step-7 model (scripts/gpu_check.py: layer 0 dense, the others MoE) with graphs off
-                   (today's eager path) and on, at each batch, C/W and policy (demand, last_step); every
-                   configuration first runs once in full on the same prompts and shapes (the warm-up: graphs
-                   are captured there), then the timed run, then a recorded run whose trace sim.replay
-                   replays; per denoising forward the host and wall ms (lists; median and p90), H2D ms
-                   from the run's transfers in its denoising forwards over the measured pinned bandwidth,
-                   link busy / wall, tokens equal to the resident model's; at C/W 1, demand, a profiled
-                   run counts per MoE layer the host-issued launches and the syncs inside the forwards
+  3. pinned_peak   pinned H2D GB/s (gpu_check_steps.pinned_peak): the bandwidth H2D time is costed at
+  4. capped_link   the CUDA link capped at 0.5x and 0.25x of its peak (gpu_check_steps.capped_link)
+  5. engine        scripts/gpu_check.py's engine model (layer 0 dense, the others MoE), forward "eager" and
+                   "segmented", at each batch, C/W and policy (demand, last_step); every configuration first
+                   runs once in full on the same prompts and shapes (the warm-up: the segments are captured
+                   there), then the timed run, then a recorded run whose trace sim.replay replays; per
+                   denoising forward the host and wall ms (lists; median and p90), H2D ms from the run's
+                   transfers in its denoising forwards over the measured pinned bandwidth, link busy / wall,
+                   tokens equal to the resident model's, the segments' captures and replays
+                   (RunResult.segments); at C/W 1, demand, a profiled run counts per MoE layer the
+                   host-issued launches and the syncs inside the forwards (gpu_profile.py)
 
-Then the targets (T1-T6, `judge`) are printed as met / not met / unmeasured and recorded under
-"targets" with the figures each was judged on. A configuration that raises is recorded with its error and
-the check goes on (GPU time is scarce); a target that lacks a figure is unmeasured, never guessed. After
---budget-s seconds the remaining configurations are skipped (said so in the report).
+Then the targets (T1-T6, gpu_targets.judge) are printed as met / not met / unmeasured / not judged and
+recorded under "targets" with the figures each was judged on; a segmented row whose segments did not
+replay is marked so (`replayed` false, `not_judged`) and judged by no target. A configuration that raises
+is recorded with its error and the check goes on (GPU time is scarce); a target that lacks a figure is
+unmeasured, never guessed. After --budget-s seconds the remaining configurations are skipped (said so in
+the report).
 
---device cpu --allow-cpu runs the same steps in miniature (the tiny model, the emulated link, graphs on
-running the same segments eagerly): a dry run whose targets are all "unmeasured" (each with the status the
-CPU figures would give, `would_be`), so the tests cover the logic without a GPU.
+--device cpu --allow-cpu runs the same steps in miniature (the tiny model, the emulated link, the segmented
+forward running its segments eagerly): a dry run whose targets are all "unmeasured" (each with the status
+the CPU figures would give, `would_be`), so the tests cover the logic without a GPU.
 Exit codes as scripts/gpu_check.py: 0 done, 2 bad arguments, 3 no CUDA GPU visible, 4 a step raised."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import platform
@@ -42,11 +48,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_check as base  # noqa: E402  (scripts/gpu_check.py: the shared steps and shapes)
 from gpu_profile import profiled  # noqa: E402
-from gpu_targets import judge  # noqa: E402
+from gpu_targets import judge, line  # noqa: E402
 
 ROOT = base.ROOT
 STEPS = ("environment", "host_costs", "pinned_peak", "capped_link", "engine")
-GRAPH_MODES = ("off", "on")
+FORWARD_MODES = ("eager", "segmented")     # artifact.model's forward modes: the eager path, and the forward cut
+                                           # into segments between the router syncs (CUDA graphs on a GPU)
 POLICIES = ("demand", "last_step")
 CALLS, REPEATS, BATCH, GRAPH_OPS = 200, 5, 8, 8
 def parse_args(argv=None) -> argparse.Namespace:
@@ -84,11 +91,38 @@ def median(xs: list[float]) -> float | None:
 
 # --- step 1 and 2 ---------------------------------------------------------------------------------
 def environment(a, torch) -> dict:
-    from artifact.model.llada2 import GRAPH_MODES as modes
     out = base.environment(a, torch)
-    out.update(kernel=platform.release(), graph_modes=list(modes),
-               foreach_copy=hasattr(torch, "_foreach_copy_"))
+    out.update(kernel=platform.release(), forward_modes=list(FORWARD_MODES),
+               run_forward_keyword=next(iter(forward_kwargs("eager"))), foreach_copy=hasattr(torch, "_foreach_copy_"))
     return out
+
+
+def forward_kwargs(mode: str) -> dict:
+    """runner.run's keyword for a forward mode (FORWARD_MODES): forward=, or graphs= off / on for a runner
+    that names the modes so."""
+    from artifact.offload.runner import run
+    if "forward" in inspect.signature(run).parameters:
+        return {"forward": mode}
+    return {"graphs": {"eager": "off", "segmented": "on"}[mode]}
+
+
+def segment_counters(mode: str, *results) -> dict:
+    """A row's forward mode and its segments' counters over its runs (warm-up and timed): captures summed,
+    the timed run's replays, the first capture error; `replayed` (hardware.replayed). A segmented row whose
+    runs report no counters (RunResult.segments missing or None) did not show a replay: replayed False."""
+    from artifact.experiments.hardware import replayed
+    row = {"forward": mode, "captures": None, "replays": None, "capture_error": None}
+    if mode == "eager":
+        return row
+    segs = [getattr(r, "segments", None) for r in results]
+    if all(s is not None for s in segs):
+        row.update(captures=sum(s.captures for s in segs), replays=segs[-1].replays,
+                   capture_error=next((s.capture_error for s in segs if s.capture_error), None))
+    row["replayed"] = replayed(row)
+    if not row["replayed"]:
+        row["not_judged"] = ("segments did not replay: " + (row["capture_error"] or "no replays") if segs[-1]
+                             is not None else "segments did not replay: the run reports no segment counters")
+    return row
 
 
 def _per_call_us(fn, calls: int = CALLS, repeats: int = REPEATS, sync=None) -> float:
@@ -153,7 +187,7 @@ def host_costs(a, torch, expert_bytes: int) -> dict:
     return out
 
 
-# --- step 5: the engine, graphs off and on (the profiled run: gpu_profile.py) ----------------------
+# --- step 5: the engine, forward eager and segmented (the profiled run: gpu_profile.py) -------------
 def timing(stats: dict) -> dict:
     host, wall = list(stats.get("forward_host_ms", [])), list(stats.get("forward_wall_ms", []))
     out = {"host_ms": host, "wall_ms": wall, "host_ms_median": median(host), "host_ms_p90": p90(host),
@@ -183,7 +217,8 @@ MEASURES = {
 }
 
 
-def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float) -> dict:
+def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float, write=lambda: None) -> dict:
+    """Step 5; `write` is called after every row, so each row is on disk as soon as it is measured."""
     from artifact.model.checkpoint import random_model
     from artifact.model.decode import DecodeConfig
     from artifact.offload.runner import OffloadSpec, run
@@ -196,7 +231,6 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
                               "measures": MEASURES}
     t0 = time.perf_counter()
     loaded = random_model(cfg, seed=0, dtype=dtype, device=a.device, resident=True)
-    model = loaded.model
     out["build_seconds"] = time.perf_counter() - t0
     expert_bytes = cfg.expert_params * (2 if cuda else 4)
     steps = cfg.block_length // 4
@@ -206,9 +240,8 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
     length = -(-a.prompt_length // cfg.block_length) * cfg.block_length       # block-aligned prompts
     prompts = {b: base.random_prompts(torch, cfg, b, length, seed=b, spread=0) for b in a.batches}
     ref, W = {}, {}
-    for b in a.batches:              # the reference tokens and W: graphs off, resident, recorded (untimed)
-        model.graphs = "off"
-        res = run(loaded, prompts[b], b, dc, device=a.device, record=True)
+    for b in a.batches:              # the reference tokens and W: eager, resident, recorded (untimed)
+        res = run(loaded, prompts[b], b, dc, device=a.device, record=True, **forward_kwargs("eager"))
         ref[b], W[b] = res.tokens, mean_working_set(res.trace)
 
     def over_budget(what: dict) -> bool:
@@ -217,40 +250,40 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
         out["skipped"].append({**what, "why": f"--budget-s {a.budget_s:g} s spent"})
         return True
 
-    for mode in GRAPH_MODES:
+    for mode in FORWARD_MODES:
+        fw = forward_kwargs(mode)
         for b in a.batches:
-            if over_budget({"graphs": mode, "batch": b, "resident": True}):
+            if over_budget({"forward": mode, "batch": b, "resident": True}):
                 continue
-            row = {"graphs": mode, "batch": b, "working_set": W[b]}
+            row = {"forward": mode, "batch": b, "working_set": W[b]}
             try:
-                model.graphs = mode
-                run(loaded, prompts[b], b, dc, device=a.device)                      # warm-up, in full
-                res = run(loaded, prompts[b], b, dc, device=a.device)
+                warm = run(loaded, prompts[b], b, dc, device=a.device, **fw)          # warm-up, in full
+                res = run(loaded, prompts[b], b, dc, device=a.device, **fw)
                 row.update(timing(res.stats), tokens_equal_resident=res.tokens == ref[b],
-                           forwards=res.stats["forwards"])
+                           forwards=res.stats["forwards"], **segment_counters(mode, warm, res))
             except Exception as e:                       # keep the other configurations: GPU time is scarce
                 row["error"] = f"{type(e).__name__}: {e}"
             out["resident"].append(row)
+            write()
             log_row("resident", row)
         for b in a.batches:
             for ratio in a.ratios:
                 C = capacity_for(ratio, W[b], cfg.num_experts)
                 for policy in POLICIES:
-                    what = {"graphs": mode, "batch": b, "cache_ratio": ratio, "policy": policy}
+                    what = {"forward": mode, "batch": b, "cache_ratio": ratio, "policy": policy}
                     if over_budget(what):
                         continue
                     row = {**what, "cache_experts": C, "num_experts": cfg.num_experts}
                     try:
-                        model.graphs = mode
                         row.update(offloaded(torch, a, loaded, prompts[b], b, dc, OffloadSpec(
                             capacity=C, policy=policy, link=link), ref[b], expert_bytes, bandwidth_gbps,
-                            replay, profile=ratio == 1.0 and policy == "demand"))
+                            replay, profile=ratio == 1.0 and policy == "demand", mode=mode))
                     except Exception as e:
                         row["error"] = f"{type(e).__name__}: {e}"
                         row["traceback"] = traceback.format_exc()[-2000:]
                     out["runs"].append(row)
+                    write()
                     log_row("offloaded", row)
-    model.graphs = "off"
     ok = [r for r in out["runs"] if "error" not in r]
     out["all_tokens_equal_resident"] = bool(ok) and all(r["tokens_equal_resident"] for r in ok)
     out["all_counts_equal_replay"] = bool(ok) and all(r["counts_equal_replay"] for r in ok)
@@ -259,11 +292,12 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
 
 
 def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_bytes, gbps, replay,
-              profile: bool) -> dict:
+              profile: bool, mode: str) -> dict:
     from artifact.offload.runner import run
-    run(loaded, prompts, batch, dc, spec=spec, device=a.device)                      # warm-up, in full
+    fw = forward_kwargs(mode)
+    warm = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)         # warm-up, in full
     w0 = loaded.model.routing.host_counts.wait_seconds
-    res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
+    res = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)
     wait = loaded.model.routing.host_counts.wait_seconds - w0
     s = res.stats
     denoise = s["forwards"]
@@ -275,10 +309,10 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
            "link_busy_over_wall": s["link_busy_seconds"] / s["seconds"] if s["seconds"] else None,
            "stall_seconds": s["stall_seconds"], "sync_wait_ms_per_forward": 1e3 * wait / max(
                denoise + s["prefill_forwards"], 1), "tokens_equal_resident": res.tokens == ref_tokens,
-           **{k: s[k] for k in COUNT_KEYS}}
+           **{k: s[k] for k in COUNT_KEYS}, **segment_counters(mode, warm, res)}
     row["host_over_h2d"] = row["host_ms_median"] / h2d if h2d > 0 and row["host_ms_median"] is not None else None
     try:                            # apart, so that a failure here keeps the timed run's figures
-        rec = run(loaded, prompts, batch, dc, spec=spec, device=a.device, record=True)
+        rec = run(loaded, prompts, batch, dc, spec=spec, device=a.device, record=True, **fw)
         sim = replay(rec.trace, spec.policy, spec.capacity)
         row["replay"] = {k: sim[k] for k in COUNT_KEYS}
         row["counts_equal_replay"] = (all(rec.stats[k] == sim[k] == s[k] for k in COUNT_KEYS)
@@ -287,14 +321,15 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
         row["counts_equal_replay"], row["replay_error"] = None, f"{type(e).__name__}: {e}"
     if profile:
         try:
-            row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec)
+            row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec, fw)
         except Exception as e:
             row["profile"] = {"error": f"{type(e).__name__}: {e}"}
     return row
 
 
 def log_row(kind: str, r: dict) -> None:
-    head = f"graphs {r['graphs']:3s} batch {r['batch']} " + (
+    replay = "" if r.get("forward") == "eager" or r.get("replayed") else " (did not replay)"
+    head = f"forward {r['forward']}{replay} batch {r['batch']} " + (
         f"C/W {r['cache_ratio']} {r['policy']:9s}" if "policy" in r else "resident")
     if "error" in r:
         base.log(f"{head}: {r['error']}")
@@ -314,7 +349,7 @@ def main(argv=None) -> int:
     try:
         from artifact.paths import atomic_write_text
     except ImportError as e:
-        print(f"gpu_check_graphs: cannot import the artifact package ({e}); run scripts/gpu_check.sh graphs from "
+        print(f"gpu_check_graphs: cannot import the artifact package ({e}); run scripts/gpu_run.sh from "
               "the checkout", file=sys.stderr)
         return base.EXIT_USAGE
     cuda = a.device == "cuda"
@@ -348,7 +383,7 @@ def main(argv=None) -> int:
              "host_costs": lambda: host_costs(a, torch, expert_bytes),
              "pinned_peak": lambda: base.pinned_peak(a, torch, expert_bytes),
              "capped_link": lambda: base.capped_link(a, torch, expert_bytes),
-             "engine": lambda: torch.no_grad()(engine)(a, torch, cfg, dtype, report, bandwidth(), deadline)}
+             "engine": lambda: torch.no_grad()(engine)(a, torch, cfg, dtype, report, bandwidth(), deadline, write)}
     for i, name in enumerate(STEPS, 1):
         base.log(f"step {i}/{len(STEPS)}: {name}")
         t0 = time.perf_counter()
@@ -368,10 +403,7 @@ def main(argv=None) -> int:
         base.log(f"{name}: done in {report[name]['seconds']:.1f} s")
     report["targets"] = judge(report)
     for name, t in report["targets"].items():
-        extra = f" (would be {t['would_be']}: {t['why']})" if "would_be" in t else (
-            f" (missing: {'; '.join(t['missing'])})" if t.get("missing") else "")
-        print(f"{name}: {t['status']}{extra} -- {t['rule']}; figures: {json.dumps(t['figures'], default=str)}",
-              flush=True)
+        print(line(name, t), flush=True)
     write()
     base.log(f"wrote {a.out} in {report['seconds_total']:.0f} s. NOTE: {base.NOTE}")
     return code

@@ -96,7 +96,7 @@ def count_in_forwards(events: list[tuple[str, int, int]]) -> dict:
     return out
 
 
-def profiled(torch, a, loaded, prompts, batch, dc, spec) -> dict:
+def profiled(torch, a, loaded, prompts, batch, dc, spec, fw: dict) -> dict:
     """One run under torch.profiler and SyncCounter: per MoE layer of a denoising forward, the host-issued
     launches, copies and syncs (CUDA runtime calls), ATen ops called by the forward, and device reads."""
     from torch.profiler import ProfilerActivity, profile
@@ -107,10 +107,10 @@ def profiled(torch, a, loaded, prompts, batch, dc, spec) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
     counter = SyncCounter()
     with profile(activities=acts) as prof, ForwardRanges(torch, loaded.model):
-        run(loaded, prompts, batch, dc, spec=spec, device=a.device)
+        run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)
     c = count_in_forwards(raw_events(torch, prof))
     with counter, ForwardRanges(torch, loaded.model, counter):       # apart: its modes would show in the profile
-        res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
+        res = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)
     n = max(c["forwards"], 1)
     out = {f"{k}_per_moe_layer": v / n / moe for k, v in c.items() if k != "forwards"}
     out.update(forwards=c["forwards"], moe_layers=moe,

@@ -168,15 +168,21 @@ def test_graphs_check_dry_run_measures_both_paths_and_judges_the_targets(tmp_pat
     d = json.loads(out.read_text())
     mod = load_graphs()
     assert d["steps"] == list(mod.STEPS) and d["exit_code"] == 0 and d["dry_run_on_cpu"] is True
-    assert d["environment"]["kernel"] and d["environment"]["graph_modes"] == ["off", "on"]
+    assert d["environment"]["kernel"] and d["environment"]["forward_modes"] == ["eager", "segmented"]
     h = d["host_costs"]
     assert h["launch_us"] > 0 and h["copy_us"] > 0 and h["batched_copy_us"] > 0
     assert h["graph_replay_us"] is None and "CUDA" in h["graph_replay_skipped"]
     e = d["engine"]
     assert e["moe_layers"] == 2 and e["errors"] == 0 and e["skipped"] == []
-    assert [(r["graphs"], r["policy"]) for r in e["runs"]] == [(g, p) for g in ("off", "on")
-                                                               for p in ("demand", "last_step")]
-    assert [(r["graphs"], r["batch"]) for r in e["resident"]] == [("off", 1), ("on", 1)]
+    assert [(r["forward"], r["policy"]) for r in e["runs"]] == [(g, p) for g in ("eager", "segmented")
+                                                                for p in ("demand", "last_step")]
+    assert [(r["forward"], r["batch"]) for r in e["resident"]] == [("eager", 1), ("segmented", 1)]
+    for r in e["runs"] + e["resident"]:            # on the CPU the segments run eagerly: never a replay
+        if r["forward"] == "segmented":
+            assert r["replayed"] is False and r["not_judged"].startswith("segments did not replay")
+            assert not r["replays"]
+        else:
+            assert r["captures"] is r["replays"] is r["capture_error"] is None
     assert e["all_tokens_equal_resident"] is True and e["all_counts_equal_replay"] is True
     for r in e["runs"] + e["resident"]:
         assert len(r["host_ms"]) == len(r["wall_ms"]) == r["forwards"] == 8           # one block of 8 steps
@@ -193,16 +199,17 @@ def test_graphs_check_dry_run_measures_both_paths_and_judges_the_targets(tmp_pat
     t = d["targets"]
     assert sorted(t) == ["T1", "T2", "T3", "T4", "T5", "T6"]
     assert all(x["status"] == "unmeasured" and "dry run" in x["why"] for x in t.values())
-    assert t["T3"]["would_be"] == "met"
-    f5 = t["T5"]["figures"]                    # (its cap figures are the emulated link's timing on a shared CPU)
-    assert f5["runs"] == f5["counts_equal_replay"] == f5["tokens_equal_resident"] == 4 and set(f5["caps"]) == {
+    for name in ("T1", "T2", "T3", "T4", "T6"):           # judged on segmented rows only: none replayed
+        assert t[name]["would_be"] == "not judged" and t[name]["not_judged"] == "not judged: 2 rows did not replay"
+    f5 = t["T5"]["figures"]          # the eager rows (its cap figures: the emulated link's timing on a shared CPU)
+    assert f5["runs"] == f5["counts_equal_replay"] == f5["tokens_equal_resident"] == 2 and set(f5["caps"]) == {
         "0.5x", "0.25x"}
-    assert t["T1"]["would_be"] == "unmeasured" and "batch 4, C/W 1" in t["T1"]["missing"]
-    assert "T3: unmeasured (would be met" in p.stdout
+    assert "T3: unmeasured (would be not judged: dry run" in p.stdout and "2 rows did not replay" in p.stdout
 
 
-def _run(graphs="on", batch=1, ratio=1.0, policy="demand", host=2.0, h2d=10.0, **kw):
-    r = {"graphs": graphs, "batch": batch, "cache_ratio": ratio, "policy": policy, "cache_experts": 80,
+def _run(forward="segmented", batch=1, ratio=1.0, policy="demand", host=2.0, h2d=10.0, **kw):
+    seg = {"captures": 4, "replays": 40, "capture_error": None} if forward == "segmented" else {}
+    r = {"forward": forward, **seg, "batch": batch, "cache_ratio": ratio, "policy": policy, "cache_experts": 80,
          "num_experts": 256, "host_ms_median": host, "h2d_ms_per_forward": h2d, "host_over_h2d": host / h2d,
          "link_busy_over_wall": 0.9, "counts_equal_replay": True, "tokens_equal_resident": True}
     return r | kw
@@ -216,7 +223,7 @@ def test_t1_host_over_h2d():
     v = mod.t1(runs)
     assert v["status"] == "not met" and v["figures"]["batch 1, C/W 1.73"]["host_over_h2d"] == 0.6
     assert mod.t1(runs[:2])["status"] == "unmeasured"                       # a figure missing: never guessed
-    assert mod.t1([_run(batch=1, graphs="off"), *runs[1:]])["status"] == "unmeasured"   # graphs off: not judged
+    assert mod.t1([_run(batch=1, forward="eager"), *runs[1:]])["status"] == "unmeasured"   # eager: not judged
 
 
 def _profiled(launches=10.0, event_syncs=1.0, stream_syncs=0.0, blocking=0.0):
@@ -250,10 +257,10 @@ def test_t4_link_busy():
 def test_t5_counts_tokens_and_cap():
     mod = load("gpu_targets")
     caps = [{"fraction": 0.5, "achieved_over_target": 1.05}, {"fraction": 0.25, "achieved_over_target": 0.95}]
-    assert mod.t5([_run(), _run(graphs="off")], caps)["status"] == "met"
+    assert mod.t5([_run(), _run(forward="eager")], caps)["status"] == "met"
     assert mod.t5([_run(), _run(counts_equal_replay=False)], caps)["status"] == "not met"
     assert mod.t5([_run(), _run(tokens_equal_resident=False)], caps)["status"] == "not met"
-    assert mod.t5([_run(), {"graphs": "on", "error": "RuntimeError: x"}], caps)["status"] == "not met"
+    assert mod.t5([_run(), {"forward": "segmented", "error": "RuntimeError: x"}], caps)["status"] == "not met"
     assert mod.t5([_run()], [caps[0], {"fraction": 0.25, "achieved_over_target": 1.2}])["status"] == "not met"
     assert mod.t5([_run()], caps[:1])["status"] == "unmeasured"
 
@@ -303,6 +310,48 @@ def test_a_failed_replay_or_profile_leaves_its_target_unmeasured():
     mod = load("gpu_targets")
     caps = [{"fraction": 0.5, "achieved_over_target": 1.0}, {"fraction": 0.25, "achieved_over_target": 1.0}]
     v = mod.t5([_run(), _run(counts_equal_replay=None)], caps)
-    assert v["status"] == "unmeasured" and "the replay of graphs on batch 1" in v["missing"][0]
+    assert v["status"] == "unmeasured" and "the replay of segmented batch 1" in v["missing"][0]
     broken = _run(profile={"error": "RuntimeError: capture failed"})
     assert mod.t2([broken])["status"] == mod.t3([broken], cuda=True)["status"] == "unmeasured"
+
+
+def test_rows_whose_segments_did_not_replay_are_not_judged():
+    """A segmented row with no replay (its segments ran eagerly), a capture error, or no counters at all (a
+    report's old `graphs: "on"` row) measured the eager path: no target judges it."""
+    mod = load("gpu_targets")
+    good = {"engine": {"runs": [_run(link_busy_over_wall=0.9)]}, "capped_link": {"caps": []}}
+    assert mod.judge(good)["T4"]["status"] == "met"
+    for bad in (_run(replays=0), _run(capture_error="RuntimeError: capture failed"),
+                {k: v for k, v in _run(forward=None, graphs="on").items()
+                 if k not in ("forward", "captures", "replays", "capture_error")}):
+        t = mod.judge({"engine": {"runs": [bad]}, "capped_link": {"caps": []}})
+        assert t["T4"]["status"] == "not judged" and t["T4"]["not_judged"] == "not judged: 1 row did not replay"
+        assert "T4: not judged (not judged: 1 row did not replay" in mod.line("T4", t["T4"])
+        assert t["T5"]["figures"]["runs"] == 0                       # nor counted among T5's runs
+    mixed = mod.judge({"engine": {"runs": [_run(link_busy_over_wall=0.9), _run(batch=4, replays=0)]},
+                       "capped_link": {"caps": []}})
+    assert mixed["T4"]["status"] == "met" and mixed["T4"]["did_not_replay"] == 1
+    assert "1 rows that did not replay left out" in mod.line("T4", mixed["T4"])
+
+
+@pytest.mark.slow
+def test_graphs_check_writes_each_engine_row_as_it_is_measured(tmp_path, monkeypatch):
+    """Killed during its third configuration (here: an interrupt raised in place of it), the graphs check's
+    report already holds the two rows measured before, and the step's partial state."""
+    mod = load_graphs()
+    real, calls = mod.offloaded, []
+
+    def offloaded(*args, **kw):
+        calls.append(kw["mode"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt("the step's time limit")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(mod, "offloaded", offloaded)
+    out = tmp_path / "g.json"
+    with pytest.raises(KeyboardInterrupt):
+        mod.main(["--device", "cpu", "--allow-cpu", "--batches", "1", "--ratios", "1.0", "--gen-length", "8",
+                  "--prompt-length", "4", "--layers", "2", "--out", str(out)])
+    e = json.loads(out.read_text())["engine"]
+    assert [(r["forward"], r["policy"]) for r in e["runs"]] == [("eager", "demand"), ("eager", "last_step")]
+    assert [r["forward"] for r in e["resident"]] == ["eager", "segmented"] and all("host_ms" in r for r in e["runs"])
