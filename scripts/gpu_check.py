@@ -3,8 +3,9 @@
 Seven steps, in this order, each written to the JSON report (--out, atomically) as soon as it ends:
   1. environment     torch, CUDA, the GPU, host; topology where readable: nvidia-smi topo -m, the GPU's
                      NUMA node, its PCIe generation and width
-  2. cuda_tests      pytest -m cuda, with a time limit; the tests collected first, so a collection failure
-                     or fewer tests run than collected is its own exit code
+  2. cuda_tests      the CUDA tests of scripts/gpu_tests.py (an explicit list of files, pytest -m cuda), with
+                     a time limit; the tests collected first, so a collection failure or fewer tests run
+                     than collected is its own exit code
   3. pinned_peak     pinned H2D GB/s at 256 MiB and at one expert's size (back to back), from a fresh
                      pinned buffer and from a store registered in place (pin_host), as the engine copies
   4. capped_link     the CUDA link capped at 0.5x and 0.25x of its measured peak: achieved vs target
@@ -317,7 +318,7 @@ def main(argv=None) -> int:
         atomic_write_text(a.out, json.dumps(report, indent=2, default=str))
 
     steps = {"environment": lambda: environment(a, torch),
-             "cuda_tests": lambda: cuda_tests(a, torch),
+             "cuda_tests": lambda: {k: v for k, v in cuda_tests(a, torch).items() if k != "log"},
              "pinned_peak": lambda: pinned_peak(a, torch, expert_bytes),
              "capped_link": lambda: capped_link(a, torch, expert_bytes),
              "moe_layer": lambda: torch.no_grad()(moe_layer)(a, torch, cfg, dtype),

@@ -355,3 +355,35 @@ def test_graphs_check_writes_each_engine_row_as_it_is_measured(tmp_path, monkeyp
     e = json.loads(out.read_text())["engine"]
     assert [(r["forward"], r["policy"]) for r in e["runs"]] == [("eager", "demand"), ("eager", "last_step")]
     assert [r["forward"] for r in e["resident"]] == ["eager", "segmented"] and all("host_ms" in r for r in e["runs"])
+
+
+BARE_IMAGE_LACKS = ("transformers", "tokenizers", "pandas", "tqdm", "nbformat", "nbclient", "submitit",
+                    "matplotlib", "scipy", "huggingface_hub")
+
+
+@pytest.mark.slow
+def test_the_gpu_tests_collect_with_only_what_a_bare_gpu_image_has(tmp_path):
+    """The CUDA tests step names its test files (never the whole tests/ folder, whose notebook and submitter
+    tests import nbformat and submitit) and they collect in a python where only torch, numpy, safetensors
+    and pytest are installed: here, the packages such an image lacks refuse to import."""
+    tests = load("gpu_tests")
+    cmd = tests.command()
+    assert "tests" not in cmd and all(f in cmd for f in tests.FILES)
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Bare:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {BARE_IMAGE_LACKS!r}:\n"
+        "            raise ImportError(name + ' is not on a bare GPU image')\n"
+        "sys.meta_path.insert(0, Bare())\n")
+    env = tests.run_env(no_tiny=True)
+    env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
+    p = subprocess.run(cmd + ["--collect-only"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    ids = [ln for ln in p.stdout.splitlines() if "::" in ln]
+    assert ids and not any("test_offloaded_tokens_equal_resident_on_cuda" in i for i in ids)   # tiny: deselected
+    assert any("test_cuda_link_copies_land_and_are_counted" in i for i in ids)
+    assert any("test_stream_on_the_cuda_link" in i for i in ids)
+    whole = subprocess.run([*cmd[:3], "tests", "-m", "cuda", "-q", "--collect-only", "-p", "no:cacheprovider"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert whole.returncode != 0 and "bare GPU image" in whole.stdout + whole.stderr    # the folder would not
