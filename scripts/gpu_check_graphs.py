@@ -59,8 +59,8 @@ CALLS, REPEATS, BATCH, GRAPH_OPS = 200, 5, 8, 8
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_check_graphs.json")
-    ap.add_argument("--ratios", default="0.83,1.0,1.73", help="C/W ratios")
-    ap.add_argument("--batches", default="1,4", help="batch sizes")
+    ap.add_argument("--ratios", default="1.0,1.73,0.83", help="C/W ratios, in the order they run")
+    ap.add_argument("--batches", default="1,4", help="batch sizes, in the order they run")
     ap.add_argument("--prompt-length", type=int, default=64)
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--layers", type=int, default=6, help="model layers, layer 0 dense (step 7's model: 6)")
@@ -250,13 +250,15 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
         out["skipped"].append({**what, "why": f"--budget-s {a.budget_s:g} s spent"})
         return True
 
-    for mode in FORWARD_MODES:
-        fw = forward_kwargs(mode)
-        for b in a.batches:
+    # In order of what the targets need first, so that a budget running out leaves the rest: each batch's
+    # resident rows, then per batch the C/W ratios in the order given, each policy, each forward mode.
+    for b in a.batches:
+        for mode in FORWARD_MODES:
             if over_budget({"forward": mode, "batch": b, "resident": True}):
                 continue
             row = {"forward": mode, "batch": b, "working_set": W[b]}
             try:
+                fw = forward_kwargs(mode)
                 warm = run(loaded, prompts[b], b, dc, device=a.device, **fw)          # warm-up, in full
                 res = run(loaded, prompts[b], b, dc, device=a.device, **fw)
                 row.update(timing(res.stats), tokens_equal_resident=res.tokens == ref[b],
@@ -266,10 +268,11 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
             out["resident"].append(row)
             write()
             log_row("resident", row)
-        for b in a.batches:
-            for ratio in a.ratios:
-                C = capacity_for(ratio, W[b], cfg.num_experts)
-                for policy in POLICIES:
+    for b in a.batches:
+        for ratio in a.ratios:
+            C = capacity_for(ratio, W[b], cfg.num_experts)
+            for policy in POLICIES:
+                for mode in FORWARD_MODES:
                     what = {"forward": mode, "batch": b, "cache_ratio": ratio, "policy": policy}
                     if over_budget(what):
                         continue
