@@ -178,14 +178,14 @@ def judge(report: dict) -> dict:
 def line(name: str, t: dict) -> str:
     """One printed line per target: its status, why (dry run, rows that did not replay, what is missing),
     its rule and figures."""
-    why = []
-    if "would_be" in t:
-        why.append(f"would be {t['would_be']}: {t['why']}")
-    if t.get("not_judged"):
-        why.append(t["not_judged"])
-    elif t.get("did_not_replay"):
+    status, why = t["status"], []
+    if "would_be" in t:                      # a dry run: what the CPU figures would give
+        why += [t["why"], f"would be {t['not_judged'] if t.get('not_judged') else t['would_be']}"]
+    elif t.get("not_judged"):
+        status = t["not_judged"]
+    if t.get("did_not_replay") and not t.get("not_judged"):
         why.append(f"{t['did_not_replay']} rows that did not replay left out")
     if t.get("missing"):
         why.append(f"missing: {'; '.join(t['missing'])}")
     extra = f" ({'; '.join(why)})" if why else ""
-    return f"{name}: {t['status']}{extra} -- {t['rule']}; figures: {json.dumps(t['figures'], default=str)}"
+    return f"{name}: {status}{extra} -- {t['rule']}; figures: {json.dumps(t['figures'], default=str)}"

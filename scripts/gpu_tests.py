@@ -9,8 +9,8 @@ data/gpu_check/h200_cuda_tests.log). Tests that load the tiny checkpoint (TINY_F
 (transformers, tokenizers): where those are not importable they are deselected and the report says so
 (`not_run`), never counted as passed.
 
-`python scripts/gpu_tests.py --out DIR --timeout S` runs the step alone: DIR/cuda_tests.json (atomically)
-and the pytest output in DIR/cuda_tests.log."""
+`python scripts/gpu_tests.py --out DIR --name NAME --timeout S` runs the step alone:
+DIR/NAME_gpu_run_tests.json (atomically) and the pytest output in DIR/NAME_gpu_run_tests.log."""
 from __future__ import annotations
 
 import argparse
@@ -119,7 +119,8 @@ def verdict(r: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="folder for cuda_tests.json and cuda_tests.log")
+    ap.add_argument("--out", type=Path, required=True, help="folder for NAME_gpu_run_tests.json and .log")
+    ap.add_argument("--name", default="gpu", help="the files' prefix (scripts/gpu_run.sh: --name)")
     ap.add_argument("--timeout", type=int, default=150, help="seconds for collection and the run together")
     a = ap.parse_args(argv)
     if a.timeout < 1:
@@ -131,9 +132,9 @@ def main(argv=None) -> int:
     r = cuda_tests(a, torch)
     log = r.pop("log", None)
     if log is not None:
-        atomic_write_text(a.out / "cuda_tests.log", log)
+        atomic_write_text(a.out / f"{a.name}_gpu_run_tests.log", log)
     r["verdict"] = verdict(r)
-    atomic_write_text(a.out / "cuda_tests.json", json.dumps(r, indent=2))
+    atomic_write_text(a.out / f"{a.name}_gpu_run_tests.json", json.dumps(r, indent=2))
     print(f"cuda tests: {r['verdict']}", flush=True)
     return 0 if r.get("ok") else 1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -204,7 +205,8 @@ def test_graphs_check_dry_run_measures_both_paths_and_judges_the_targets(tmp_pat
     f5 = t["T5"]["figures"]          # the eager rows (its cap figures: the emulated link's timing on a shared CPU)
     assert f5["runs"] == f5["counts_equal_replay"] == f5["tokens_equal_resident"] == 2 and set(f5["caps"]) == {
         "0.5x", "0.25x"}
-    assert "T3: unmeasured (would be not judged: dry run" in p.stdout and "2 rows did not replay" in p.stdout
+    assert "T3: unmeasured (dry run on the CPU: the tiny model on the emulated link, not an H200; would be not " \
+           "judged: 2 rows did not replay; missing: " in p.stdout
 
 
 def _run(forward="segmented", batch=1, ratio=1.0, policy="demand", host=2.0, h2d=10.0, **kw):
@@ -326,7 +328,7 @@ def test_rows_whose_segments_did_not_replay_are_not_judged():
                  if k not in ("forward", "captures", "replays", "capture_error")}):
         t = mod.judge({"engine": {"runs": [bad]}, "capped_link": {"caps": []}})
         assert t["T4"]["status"] == "not judged" and t["T4"]["not_judged"] == "not judged: 1 row did not replay"
-        assert "T4: not judged (not judged: 1 row did not replay" in mod.line("T4", t["T4"])
+        assert mod.line("T4", t["T4"]).startswith("T4: not judged: 1 row did not replay (missing: ")
         assert t["T5"]["figures"]["runs"] == 0                       # nor counted among T5's runs
     mixed = mod.judge({"engine": {"runs": [_run(link_busy_over_wall=0.9), _run(batch=4, replays=0)]},
                        "capped_link": {"caps": []}})
@@ -387,3 +389,41 @@ def test_the_gpu_tests_collect_with_only_what_a_bare_gpu_image_has(tmp_path):
     whole = subprocess.run([*cmd[:3], "tests", "-m", "cuda", "-q", "--collect-only", "-p", "no:cacheprovider"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert whole.returncode != 0 and "bare GPU image" in whole.stdout + whole.stderr    # the folder would not
+
+
+# --- scripts/gpu_run.sh: the one prepared GPU run ---------------------------------------------------------
+RUN = ROOT / "scripts" / "gpu_run.sh"
+BUDGETS = (("environment", 30), ("cuda_tests", 150), ("graphs", 270), ("summary", 30))
+
+
+def test_gpu_run_refuses_an_unknown_argument():
+    p = subprocess.run(["bash", str(RUN), "--fast"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "unknown argument '--fast'; expected --out DIR, --name NAME, --dry-run" in p.stderr
+
+
+@pytest.mark.slow
+def test_gpu_run_dry_run_prints_budgets_writes_each_step_and_the_targets(tmp_path):
+    """The CPU dry run of the GPU run: each step's budget printed (8 minutes in all), each step's JSON on
+    disk, the CUDA tests skipped with their reason, T1-T6 printed as unmeasured, the rows that did not
+    replay counted; nothing offered to commit."""
+    env = {**os.environ, "ARTIFACT_CACHE": os.environ.get("ARTIFACT_CACHE", str(ROOT / ".cache"))}
+    p = subprocess.run(["bash", str(RUN), "--dry-run", "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert sum(b for _, b in BUDGETS) <= 8 * 60
+    for i, (name, budget) in enumerate(BUDGETS, 1):
+        assert f"== step {i}/4 {name}: budget {budget} s" in p.stdout
+        d = json.loads((tmp_path / f"cpu_gpu_run.{name}.json").read_text())
+        assert d == {**d, "step": name, "budget_s": budget, "rc": 0, "timed_out": False} and d["seconds"] >= 0
+    tests = json.loads((tmp_path / "cpu_gpu_run_tests.json").read_text())
+    assert tests["collection_ok"] is True and tests["verdict"].startswith("none ran: ")
+    assert tests["verdict"].endswith("skipped (no CUDA GPU visible)") and "tests" not in tests["command"].split()
+    report = json.loads((tmp_path / "cpu_graphs.json").read_text())
+    assert report["dry_run_on_cpu"] is True and len(report["engine"]["runs"]) == 4
+    summary = p.stdout[p.stdout.index("== step 4/4 summary: budget"):]
+    for name in ("T1", "T2", "T3", "T4", "T5", "T6"):
+        assert re.search(rf"^{name}: unmeasured \(dry run on the CPU", summary, re.M), name
+    assert "graphs check: 4 offloaded rows, 2 of them segmented rows that did not replay" in summary
+    assert "dry run on the CPU: nothing to commit" in summary and "reports to commit" not in summary
+    s = json.loads((tmp_path / "cpu_gpu_run_summary.json").read_text())
+    assert s["rows_not_replayed"] == 2 and all(t["status"] == "unmeasured" for t in s["targets"].values())
