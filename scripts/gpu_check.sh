@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first GPU session, one command: environment, CUDA tests, pinned H2D peak, capped link, one MoE layer
+# The GPU check, one command: environment, CUDA tests, pinned H2D peak, capped link, one MoE layer
 # loop vs grouped, a 9 GB pinned store, the engine on a 6-layer mini-shaped random model; each step
 # written to results/gpu_check.json (--out) as it ends. At most 6 minutes on one H200, no checkpoint,
 # nothing downloaded or built. Arguments go to scripts/gpu_check.py (--help).

@@ -361,7 +361,7 @@ def main(argv=None) -> int:
     cfg = base.model_config(a, a.layers)
     dtype = "bfloat16" if cuda else "float32"
     expert_bytes = cfg.expert_params * (2 if cuda else 4)
-    report = {"note": base.NOTE, "issue": 30, "dry_run_on_cpu": not cuda,
+    report = {"note": base.NOTE, "dry_run_on_cpu": not cuda,
               "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}, "steps": []}
     code = base.EXIT_OK

@@ -146,7 +146,7 @@ def test_a_failing_step_keeps_the_report(tmp_path):
     assert d["moe_layer"]["equal_outputs"] is True                                   # earlier steps kept
 
 
-# --- scripts/gpu_check.sh graphs (scripts/gpu_check_graphs.py): issue 30's check ----------------------
+# --- the graphs check (scripts/gpu_check_graphs.py, step 3 of scripts/gpu_run.sh) ----------------------
 def load_graphs():
     return load("gpu_check_graphs")
 
