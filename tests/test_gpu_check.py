@@ -427,3 +427,33 @@ def test_gpu_run_dry_run_prints_budgets_writes_each_step_and_the_targets(tmp_pat
     assert "dry run on the CPU: nothing to commit" in summary and "reports to commit" not in summary
     s = json.loads((tmp_path / "cpu_gpu_run_summary.json").read_text())
     assert s["rows_not_replayed"] == 2 and all(t["status"] == "unmeasured" for t in s["targets"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens on a machine without a GPU")
+def test_gpu_run_stops_after_the_environment_without_a_gpu(tmp_path):
+    p = subprocess.run(["bash", str(RUN), "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 3 and "no CUDA GPU visible" in p.stderr and "--dry-run runs the steps" in p.stderr
+    assert "== step 1/4 environment: budget 30 s" in p.stdout and "step 2/4" not in p.stdout
+    assert json.loads((tmp_path / "h200_gpu_run.environment.json").read_text())["rc"] == 3
+    assert not (tmp_path / "h200_graphs.json").exists()
+
+
+def test_gpu_run_summary_judges_the_rows_of_a_graphs_check_cut_short(tmp_path, capsys):
+    """The graphs step killed at its limit leaves rows and no targets: the summary judges those rows (a
+    segmented row that replayed is judged, one that did not is not) and lists the reports to commit."""
+    run = load("gpu_run")
+    rows = [_run(link_busy_over_wall=0.9), _run(batch=4, replays=0)]
+    (tmp_path / "h200_graphs.json").write_text(json.dumps({"engine": {"runs": rows}, "capped_link": {"caps": []}}))
+    (tmp_path / "h200_gpu_run.graphs.json").write_text(json.dumps(
+        {"step": "graphs", "budget_s": 270, "rc": 124, "timed_out": True, "seconds": 270.0}))
+    assert run.main(["summary", "--out", str(tmp_path), "--name", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert "  graphs: timed out after its 270 s in 270 s" in out and "  cuda_tests: not run" in out
+    assert "2 offloaded rows, 1 of them segmented rows that did not replay (the step did not finish" in out
+    assert re.search(r"^T4: met \(1 rows that did not replay left out\)", out, re.M)
+    assert re.search(r"^T2: not judged: 1 row did not replay \(missing: ", out, re.M)
+    listed = out[out.index("reports to commit:"):]
+    assert str(tmp_path / "h200_graphs.json") in listed and str(tmp_path / "h200_gpu_run_summary.json") in listed
+    s = json.loads((tmp_path / "h200_gpu_run_summary.json").read_text())
+    assert s["targets"]["T4"]["status"] == "met" and s["rows_not_replayed"] == 1
