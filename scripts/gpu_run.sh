@@ -44,8 +44,9 @@ export PYTHONPATH="$ROOT:$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONHASHSEED=0
 export ARTIFACT_CACHE="${ARTIFACT_CACHE:-$ROOT/.cache}"
 
-# Budgets in seconds (480 in all: 8 minutes); each step's own limit sits inside its budget.
-B_ENV=30 B_TESTS=150 B_GRAPHS=270 B_SUMMARY=30
+# Budgets in seconds, each with KILL_S of grace after it for a step that ignores the timeout's TERM: 450 + 4 x 5
+# = 470 s at most, under 8 minutes. Each step's own limit sits inside its budget.
+B_ENV=25 B_TESTS=145 B_GRAPHS=260 B_SUMMARY=20 KILL_S=5
 DRY_ARGS=()
 GRAPHS_ARGS=(--budget-s $((B_GRAPHS - 60)))
 if [ "$DRY" = 1 ]; then
@@ -60,7 +61,7 @@ step() {
     echo "== step $i/4 $name: budget $budget s"
     local t0 t1 rc timed_out=false
     t0=$(date +%s.%N)
-    timeout -k 10 "$budget" "$@"
+    timeout -k "$KILL_S" "$budget" "$@"
     rc=$?
     t1=$(date +%s.%N)
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then timed_out=true; FAILED=1; elif [ "$rc" != 0 ]; then FAILED=1; fi
@@ -72,7 +73,7 @@ step() {
     return "$rc"
 }
 
-echo "gpu_run: python $PY, reports under $OUT (prefix ${NAME}_), 4 steps, 480 s in all"
+echo "gpu_run: python $PY, reports under $OUT (prefix ${NAME}_), 4 steps, $((B_ENV + B_TESTS + B_GRAPHS + B_SUMMARY)) s of budgets"
 step 1 environment "$B_ENV" "$PY" scripts/gpu_run.py environment --out "$OUT" --name "$NAME" ${DRY_ARGS[@]+"${DRY_ARGS[@]}"}
 rc=$?
 if [ "$rc" = 3 ]; then exit 3; fi
