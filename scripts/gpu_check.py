@@ -1,4 +1,4 @@
-"""First GPU session: one command, at most 6 minutes on one H200, no checkpoint, nothing downloaded.
+"""The GPU check: one command, at most 6 minutes on one H200, no checkpoint, nothing downloaded.
 
 Seven steps, in this order, each written to the JSON report (--out, atomically) as soon as it ends:
   1. environment     torch, CUDA, the GPU, host; topology where readable: nvidia-smi topo -m, the GPU's
