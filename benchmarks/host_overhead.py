@@ -60,7 +60,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from artifact.model import segments
 from artifact.model.checkpoint import random_model
 from artifact.model.config import get_preset
-from artifact.model.llada2 import KVCache, MoE, StepInfo
+from artifact.model.kv_cache import KVCache
+from artifact.model.llada2 import MoE
+from artifact.model.routing import StepInfo
 from artifact.model.syncs import SyncCounter
 from artifact.offload.engine import offload
 from artifact.offload.link import make_link
@@ -346,7 +348,7 @@ def engine_per_demand(queued: int, demands: int = 300, reps: int = 5) -> dict:
     one evicts the other's experts (policy demand). Also the planning share (ExpertCache.serve on its own,
     the same demands). Best of `reps` runs of `demands` demands, in process CPU time: no device, no wait, so
     on an idle machine it is the wall time, and on a shared one it leaves out the time other jobs took."""
-    from artifact.model.llada2 import Demand, StepInfo
+    from artifact.model.routing import Demand, StepInfo
     from artifact.offload.cache import ExpertCache
     from artifact.offload.engine import OffloadEngine
     from artifact.offload.store import HostStore

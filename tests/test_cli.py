@@ -17,7 +17,7 @@ import artifact.offload.prepare as prepare
 from artifact.cli import build_parser, main
 from artifact.errors import DeviceError, SettingError, UserError
 from artifact.experiments.settings import Settings, load_profile
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.link import emulated_bandwidth_gbps
 from artifact.offload.runner import OffloadSpec, RunSettings
 from artifact.offload.trace import TraceRecorder

@@ -10,7 +10,7 @@ import torch
 from artifact.model.checkpoint import load_checkpoint, random_model, save_checkpoint, state_tensors
 from artifact.model.config import get_preset
 from artifact.model.decode import DecodeConfig
-from artifact.model.llada2 import HAS_GROUPED_MM, ExpertGroup, grouped_ffn, stack_views
+from artifact.model.experts import HAS_GROUPED_MM, ExpertGroup, grouped_ffn, stack_views
 from artifact.offload.link import EmulatedLink, LinkTimeout, Pacing, calibrate_rate, wait_event
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, run

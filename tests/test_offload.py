@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
-from artifact.model.llada2 import StepInfo
+from artifact.model.routing import StepInfo
 from artifact.offload.cache import EMPTY, ExpertCache
 from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps, make_link
 from artifact.offload.policies import TraceFuture, make_policy

@@ -20,7 +20,7 @@ from artifact.experiments.bench.results import (
 )
 from artifact.experiments.settings import load_profile
 from artifact.model.decode import DecodeConfig
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.cache import COUNTS, PHASES
 from artifact.offload.policies import check_policy

@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from artifact.model.llada2 import GRAPH_MODES, KVCache, StepInfo
+from artifact.model.kv_cache import KVCache
+from artifact.model.llada2 import GRAPH_MODES
+from artifact.model.routing import StepInfo
 from artifact.model.segments import MAX_PROGRAMS, programs
 from artifact.model.syncs import SyncCounter
 from artifact.offload.engine import offload

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from artifact.cli import main
 from artifact.experiments.settings import Settings
 from artifact.model.decode import DecodeConfig
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.eviction import EVICTIONS
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, run

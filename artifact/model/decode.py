@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from artifact.model.llada2 import KVCache, LLaDA2MoE, StepInfo
+from artifact.model.kv_cache import KVCache
+from artifact.model.llada2 import LLaDA2MoE
+from artifact.model.routing import StepInfo
 
 MODES = ("cached", "full")
 MAX_BATCH = 8                  # prompts decoded together: the batch sizes the paper measures (1-8)

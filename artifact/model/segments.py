@@ -37,15 +37,10 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from artifact.model.llada2 import (
-    HAS_GROUPED_MM,
-    Demand,
-    KVCache,
-    LLaDA2MoE,
-    _grouped_mm_ok,
-    expert_ffn,
-    nonzero_counts,
-)
+from artifact.model.experts import HAS_GROUPED_MM, expert_ffn, grouped_mm_ok
+from artifact.model.kv_cache import KVCache
+from artifact.model.llada2 import LLaDA2MoE
+from artifact.model.routing import Demand, nonzero_counts
 
 GRAPHED = [0]             # > 0 while a segment or expert stage runs: ops issued then are a graph's on CUDA
 MAX_PROGRAMS = 8          # forward shapes kept per model (each holds its graphs' memory pool)
@@ -205,7 +200,7 @@ class Program:
             self.valid.fill_(True)
         else:
             self.valid.copy_(rows)
-        grouped = model.expert_kernel == "grouped" and HAS_GROUPED_MM and _grouped_mm_ok(self.st_probe())
+        grouped = model.expert_kernel == "grouped" and HAS_GROUPED_MM and grouped_mm_ok(self.st_probe())
         for i in range(len(self.moe) + 1):
             self.launch(("segment", i), lambda i=i: self.segment(i))
             if i == len(self.moe):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from artifact.model.llada2 import Demand
+from artifact.model.routing import Demand
 from artifact.validate import check_number
 
 

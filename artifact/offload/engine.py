@@ -8,7 +8,7 @@ host-timed link (emulated) whatever has landed by then, on a GPU link a whole wa
 for the copies on the GPU timeline, so the host never blocks). A copy into a slot whose occupant is
 demanded in the same step (a wave) is issued right after the group that computed that occupant.
 
-Groups are rows of the layer's slot tensor (C, P), viewed as stacks (see llada2.ExpertGroup); a group
+Groups are rows of the layer's slot tensor (C, P), viewed as stacks (see experts.ExpertGroup); a group
 never holds two experts of one slot, because a slot's next copy waits for the compute of its occupant.
 
 The host path costs little per copy, as a GPU run needs: copies are issued straight from the
@@ -26,7 +26,8 @@ from operator import itemgetter
 
 import torch
 
-from artifact.model.llada2 import EXPERT_KERNELS, Demand, ExpertGroup, stack_views
+from artifact.model.experts import EXPERT_KERNELS, ExpertGroup, stack_views
+from artifact.model.routing import Demand
 from artifact.offload.cache import EMPTY, ExpertCache, Plan
 from artifact.offload.link import Link
 from artifact.offload.store import HostStore, check_slots_fit

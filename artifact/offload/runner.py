@@ -16,7 +16,8 @@ from artifact.errors import DeviceError, SettingError
 from artifact.model.checkpoint import Loaded
 from artifact.model.config import ModelConfig
 from artifact.model.decode import MAX_BATCH, DecodeConfig, generate
-from artifact.model.llada2 import GRAPH_MODES, ResidentExperts
+from artifact.model.experts import ResidentExperts
+from artifact.model.llada2 import GRAPH_MODES
 from artifact.offload.engine import OffloadEngine, offload
 from artifact.offload.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps, make_link
 from artifact.offload.policies import check_policy, make_policy

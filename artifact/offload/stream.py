@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from artifact.model.decode import generate
-from artifact.model.llada2 import Demand, ExpertWeights, ResidentExperts, expert_ffn, expert_views
+from artifact.model.experts import ExpertWeights, ResidentExperts, expert_ffn, expert_views
+from artifact.model.routing import Demand
 from artifact.offload.cache import PHASES, ExpertCache
 from artifact.offload.costs import Costs
 from artifact.offload.engine import OffloadEngine
