@@ -258,6 +258,7 @@ def capped_link(a, torch, expert_bytes: int) -> dict:
 
 def moe_layer(a, torch, cfg, dtype) -> dict:
     from artifact.model.checkpoint import random_model
+    from artifact.model.options import ForwardOptions
     one = dataclasses.replace(cfg, num_hidden_layers=2, name=cfg.name + "-1moe")
     loaded = random_model(one, seed=0, dtype=dtype, device=a.device, resident=True)
     layer = loaded.model.model.layers[1].mlp                               # the MoE layer
@@ -274,7 +275,8 @@ def moe_layer(a, torch, cfg, dtype) -> dict:
     results = {}
     for kernel in ("loop", "grouped"):
         loaded.model.expert_kernel = kernel
-        layer(x, None)                                                     # warm-up
+        opts = ForwardOptions(backend=loaded.model.backend)                # the layer's experts: resident
+        layer(x, None, opts)                                               # warm-up
         if cuda:
             torch.cuda.synchronize()
         host, dev = [], []
@@ -283,7 +285,7 @@ def moe_layer(a, torch, cfg, dtype) -> dict:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             t0 = time.perf_counter()
-            y = layer(x, None)
+            y = layer(x, None, opts)
             host.append(time.perf_counter() - t0)
             if cuda:
                 end.record()
@@ -419,7 +421,7 @@ def engine(a, torch, cfg, dtype, report) -> dict:
                 run(loaded, prompts[:1], 1, warm, spec=spec, device=a.device)          # warm-up, untimed
                 with ForwardTimer(torch, loaded.model, cuda) as ft:
                     res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
-                s, f = res.stats, ft.summary()
+                s, f = res.stats.as_dict(), ft.summary()
                 row = {"batch": batch, "cache_ratio": ratio, "cache_experts": C, "policy": policy, **f,
                        "ms_per_forward": 1e3 * s["seconds"] / s["forwards"], "forwards": s["forwards"],
                        "all_forwards_denoising_steps": f["denoise_forwards"] == s["forwards"] == blocks * steps,
@@ -449,7 +451,7 @@ def launches_per_forward(torch, a, loaded, prompts, batch, dc, spec) -> float | 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
     launches = sum(ev.count for ev in prof.key_averages() if "LaunchKernel" in ev.key)
-    return launches / res.stats["forwards"]
+    return launches / res.stats.forwards
 
 
 # --- shapes and prompts -------------------------------------------------------------------------

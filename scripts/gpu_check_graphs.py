@@ -46,6 +46,7 @@ import gpu_check as base  # noqa: E402  (scripts/gpu_check.py: the shared steps 
 ROOT = base.ROOT
 STEPS = ("environment", "host_costs", "pinned_peak", "capped_link", "engine")
 GRAPH_MODES = ("off", "on")
+FORWARD_OF = {"off": "eager", "on": "segmented"}  # the forward mode each graphs mode runs
 POLICIES = ("demand", "last_step")
 CALLS, REPEATS, BATCH, GRAPH_OPS = 200, 5, 8, 8
 FORWARD = "gpu_check.forward"         # the profiler range around each denoising forward
@@ -114,9 +115,8 @@ def median(xs: list[float]) -> float | None:
 
 # --- step 1 and 2 ---------------------------------------------------------------------------------
 def environment(a, torch) -> dict:
-    from artifact.model.llada2 import GRAPH_MODES as modes
     out = base.environment(a, torch)
-    out.update(kernel=platform.release(), graph_modes=list(modes),
+    out.update(kernel=platform.release(), graph_modes=list(GRAPH_MODES),
                foreach_copy=hasattr(torch, "_foreach_copy_"))
     return out
 
@@ -253,7 +253,7 @@ def count_in_forwards(events: list[tuple[str, int, int]]) -> dict:
     return out
 
 
-def profiled(torch, a, loaded, prompts, batch, dc, spec) -> dict:
+def profiled(torch, a, loaded, prompts, batch, dc, spec, forward: str = "eager") -> dict:
     """One run under torch.profiler and SyncCounter: per MoE layer of a denoising forward, the host-issued
     launches, copies and syncs (CUDA runtime calls), ATen ops called by the forward, and device reads."""
     from torch.profiler import ProfilerActivity, profile
@@ -264,15 +264,15 @@ def profiled(torch, a, loaded, prompts, batch, dc, spec) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
     counter = SyncCounter()
     with profile(activities=acts) as prof, ForwardRanges(torch, loaded.model):
-        run(loaded, prompts, batch, dc, spec=spec, device=a.device)
+        run(loaded, prompts, batch, dc, spec=spec, device=a.device, forward=forward, capture=False)
     c = count_in_forwards(raw_events(torch, prof))
     with counter, ForwardRanges(torch, loaded.model, counter):       # apart: its modes would show in the profile
-        res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
+        res = run(loaded, prompts, batch, dc, spec=spec, device=a.device, forward=forward, capture=False)
     n = max(c["forwards"], 1)
     out = {f"{k}_per_moe_layer": v / n / moe for k, v in c.items() if k != "forwards"}
     out.update(forwards=c["forwards"], moe_layers=moe,
-               device_reads_per_moe_layer=counter.reads_by_key["denoise"] / max(res.stats["forwards"], 1) / moe,
-               host_data_uploads_per_moe_layer=counter.uploads_by_key["denoise"] / max(res.stats["forwards"], 1)
+               device_reads_per_moe_layer=counter.reads_by_key["denoise"] / max(res.stats.forwards, 1) / moe,
+               host_data_uploads_per_moe_layer=counter.uploads_by_key["denoise"] / max(res.stats.forwards, 1)
                / moe,
                run_device_read_kinds=dict(counter.kinds))      # the whole run's, decode loop included
     return out
@@ -320,7 +320,6 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
                               "measures": MEASURES}
     t0 = time.perf_counter()
     loaded = random_model(cfg, seed=0, dtype=dtype, device=a.device, resident=True)
-    model = loaded.model
     out["build_seconds"] = time.perf_counter() - t0
     expert_bytes = cfg.expert_params * (2 if cuda else 4)
     steps = cfg.block_length // 4
@@ -331,7 +330,6 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
     prompts = {b: base.random_prompts(torch, cfg, b, length, seed=b, spread=0) for b in a.batches}
     ref, W = {}, {}
     for b in a.batches:              # the reference tokens and W: graphs off, resident, recorded (untimed)
-        model.graphs = "off"
         res = run(loaded, prompts[b], b, dc, device=a.device, record=True)
         ref[b], W[b] = res.tokens, mean_working_set(res.trace)
 
@@ -347,11 +345,10 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
                 continue
             row = {"graphs": mode, "batch": b, "working_set": W[b]}
             try:
-                model.graphs = mode
-                run(loaded, prompts[b], b, dc, device=a.device)                      # warm-up, in full
-                res = run(loaded, prompts[b], b, dc, device=a.device)
-                row.update(timing(res.stats), tokens_equal_resident=res.tokens == ref[b],
-                           forwards=res.stats["forwards"])
+                run(loaded, prompts[b], b, dc, device=a.device, forward=FORWARD_OF[mode])   # warm-up, in full
+                res = run(loaded, prompts[b], b, dc, device=a.device, forward=FORWARD_OF[mode], capture=False)
+                row.update(timing(res.stats.as_dict()), tokens_equal_resident=res.tokens == ref[b],
+                           forwards=res.stats.forwards)
             except Exception as e:                       # keep the other configurations: GPU time is scarce
                 row["error"] = f"{type(e).__name__}: {e}"
             out["resident"].append(row)
@@ -365,16 +362,14 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
                         continue
                     row = {**what, "cache_experts": C, "num_experts": cfg.num_experts}
                     try:
-                        model.graphs = mode
                         row.update(offloaded(torch, a, loaded, prompts[b], b, dc, OffloadSpec(
                             capacity=C, policy=policy, link=link), ref[b], expert_bytes, bandwidth_gbps,
-                            replay, profile=ratio == 1.0 and policy == "demand"))
+                            replay, profile=ratio == 1.0 and policy == "demand", forward=FORWARD_OF[mode]))
                     except Exception as e:
                         row["error"] = f"{type(e).__name__}: {e}"
                         row["traceback"] = traceback.format_exc()[-2000:]
                     out["runs"].append(row)
                     log_row("offloaded", row)
-    model.graphs = "off"
     ok = [r for r in out["runs"] if "error" not in r]
     out["all_tokens_equal_resident"] = bool(ok) and all(r["tokens_equal_resident"] for r in ok)
     out["all_counts_equal_replay"] = bool(ok) and all(r["counts_equal_replay"] for r in ok)
@@ -383,13 +378,13 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
 
 
 def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_bytes, gbps, replay,
-              profile: bool) -> dict:
+              profile: bool, forward: str = "eager") -> dict:
     from artifact.offload.runner import run
-    run(loaded, prompts, batch, dc, spec=spec, device=a.device)                      # warm-up, in full
+    run(loaded, prompts, batch, dc, spec=spec, device=a.device, forward=forward)    # warm-up, in full
     w0 = loaded.model.routing.host_counts.wait_seconds
-    res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
+    res = run(loaded, prompts, batch, dc, spec=spec, device=a.device, forward=forward, capture=False)
     wait = loaded.model.routing.host_counts.wait_seconds - w0
-    s = res.stats
+    s = res.stats.as_dict()
     denoise = s["forwards"]
     den = [s["by_phase"][ph] for ph in ("first", "later")]
     transfers = sum(p["demand_misses"] + p["speculative_transfers"] for p in den)
@@ -402,16 +397,16 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
            **{k: s[k] for k in COUNT_KEYS}}
     row["host_over_h2d"] = row["host_ms_median"] / h2d if h2d > 0 and row["host_ms_median"] is not None else None
     try:                            # apart, so that a failure here keeps the timed run's figures
-        rec = run(loaded, prompts, batch, dc, spec=spec, device=a.device, record=True)
+        rec = run(loaded, prompts, batch, dc, spec=spec, device=a.device, record=True, forward=forward)
         sim = replay(rec.trace, spec.policy, spec.capacity)
         row["replay"] = {k: sim[k] for k in COUNT_KEYS}
-        row["counts_equal_replay"] = (all(rec.stats[k] == sim[k] == s[k] for k in COUNT_KEYS)
+        row["counts_equal_replay"] = (all(getattr(rec.stats, k) == sim[k] == s[k] for k in COUNT_KEYS)
                                       and rec.tokens == res.tokens)
     except Exception as e:
         row["counts_equal_replay"], row["replay_error"] = None, f"{type(e).__name__}: {e}"
     if profile:
         try:
-            row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec)
+            row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec, forward)
         except Exception as e:
             row["profile"] = {"error": f"{type(e).__name__}: {e}"}
     return row

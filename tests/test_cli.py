@@ -253,14 +253,14 @@ def test_every_run_is_built_with_from_settings():
 
 # --- simulate --cache-experts reproduces an engine run -----------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("policy, graphs", [("demand", "off"), ("last_step", "off"), ("last_step", "on")])
-def test_simulate_at_the_engines_capacity_gives_the_engines_counts(tmp_path, capsys, policy, graphs):
+@pytest.mark.parametrize("policy, forward", [("demand", "eager"), ("last_step", "eager"), ("last_step", "segmented")])
+def test_simulate_at_the_engines_capacity_gives_the_engines_counts(tmp_path, capsys, policy, forward):
     trace = tmp_path / "run.safetensors"
     assert main(["generate", "--prompt", "How many eggs?", "--prompt", "def add(a, b):", "--gen-length", "32",
                  "--offload", "--cache-experts", "20", "--policy", policy, "--record-trace", str(trace),
-                 "--graphs", graphs, "--json"]) == 0
+                 "--forward", forward, "--json"]) == 0
     engine = json.loads(capsys.readouterr().out)["stats"]
-    assert engine["graphs"] == graphs
+    assert engine["forward"] == forward
     assert main(["simulate", "--trace", str(trace), "--cache-experts", "20", "--policies", policy, "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["cache_experts"] == engine["cache_experts"] == 20

@@ -26,7 +26,7 @@ def test_offloaded_tokens_equal_resident_on_cuda(tiny_cuda, tiny_prompts, policy
     res = run(tiny_cuda, tiny_prompts, 2, dc, spec=OffloadSpec(capacity=12, policy=policy, link="cuda"),
               device="cuda")
     assert res.tokens == ref.tokens
-    s = res.stats
+    s = res.stats.as_dict()
     assert s["link"] == "cuda" and s["demand_misses"] > 0
     expert_bytes = tiny_cuda.cfg.expert_params * 4
     assert s["link_bytes"] == (s["demand_misses"] + s["speculative_transfers"]) * expert_bytes
@@ -139,8 +139,8 @@ def test_demand_priority_on_cuda_tokens_equal_resident(tiny_cuda, tiny_prompts, 
     ref = run(tiny_cuda, tiny_prompts, 2, dc, device="cuda")
     res = run(tiny_cuda, tiny_prompts, 2, dc, device="cuda",
               spec=OffloadSpec(capacity=12, policy=policy, link="cuda", link_priority="demand"))
-    assert res.tokens == ref.tokens and res.stats["link_priority"] == "demand"
-    s = res.stats
+    assert res.tokens == ref.tokens and res.stats.link_priority == "demand"
+    s = res.stats.as_dict()
     assert s["transfers"] == s["demand_misses"] + s["speculative_transfers"]
     assert s["speculative_transfers"] > 0 or policy != "last_step"
 
@@ -207,30 +207,31 @@ def test_pin_host_portable_and_empty():
     assert pin_host(t).is_pinned()
 
 
-# --- graphs "on": segments captured as CUDA graphs (artifact/model/segments.py) ---------------------------
+# --- forward "segmented": segments captured as CUDA graphs (artifact/model/segments.py) ---------------------------
 @pytest.mark.parametrize("policy", [None, "demand", "last_step"])
-def test_graphs_on_captures_and_equals_graphs_off_on_cuda(tiny_cuda, tiny_prompts, policy):
+def test_segmented_captures_and_equals_eager_on_cuda(tiny_cuda, tiny_prompts, policy):
     """float32 tiny: segments captured and replayed (its experts take the eager loop stage: CUDA's grouped
-    GEMM needs bf16); tokens, counts and close logits as graphs "off"; the logits are not the pool's memory."""
+    GEMM needs bf16); tokens, counts and close logits as the eager forward; the logits are not the pool's memory."""
     from artifact.model.segments import programs
     dc = DecodeConfig(gen_length=48)
     spec = None if policy is None else OffloadSpec(capacity=12, policy=policy, link="cuda")
     programs(tiny_cuda.model).clear()
-    off = run(tiny_cuda, tiny_prompts[:3], 3, dc, spec=spec, device="cuda", record_logits=True, graphs="off")
-    on = run(tiny_cuda, tiny_prompts[:3], 3, dc, spec=spec, device="cuda", record_logits=True, graphs="on")
+    off = run(tiny_cuda, tiny_prompts[:3], 3, dc, spec=spec, device="cuda", record_logits=True, forward="eager")
+    on = run(tiny_cuda, tiny_prompts[:3], 3, dc, spec=spec, device="cuda", record_logits=True, forward="segmented")
     assert on.tokens == off.tokens
     for k in ("demand_hits", "demand_misses", "speculative_transfers", "transfers", "link_bytes"):
-        assert on.stats.get(k) == off.stats.get(k), k
+        assert getattr(on.stats, k) == getattr(off.stats, k), k
     progs = list(programs(tiny_cuda.model).values())
     assert progs and sum(p.captures for p in progs) > 0 and sum(p.replays for p in progs) > 0
+    assert on.segments.replayed and on.segments.captures > 0, on.segments
     for x, y in zip(off.generations, on.generations):
         for k in x.step_logits:
             torch.testing.assert_close(y.step_logits[k], x.step_logits[k], rtol=1e-4, atol=1e-4)
 
 
-def test_graphs_on_grouped_stage_is_captured_in_bf16_on_cuda():
+def test_segmented_grouped_stage_is_captured_in_bf16_on_cuda():
     """bf16 on compute capability >= 9.0: the expert stages too are graphs (grouped GEMM); a second run of
-    the same shapes replays only (no new capture); logits close to graphs "off"."""
+    the same shapes replays only (no new capture); logits close to the eager forward."""
     import dataclasses
 
     from artifact.model.checkpoint import random_model
@@ -243,14 +244,14 @@ def test_graphs_on_grouped_stage_is_captured_in_bf16_on_cuda():
     prompts = [[5, 6, 7, 8] * 10, [9, 10] * 30]
     dc = DecodeConfig(gen_length=64, threshold=1.0)
     spec = OffloadSpec(capacity=16, policy="demand", link="cuda")
-    run(loaded, prompts, 2, dc, spec=spec, device="cuda", graphs="on")
+    run(loaded, prompts, 2, dc, spec=spec, device="cuda", forward="segmented")
     progs = programs(loaded.model)
     captured = sum(p.captures for p in progs.values())
     stages = sum(1 for p in progs.values() for name in p.graphs if name[0] == "stage")
     assert captured > 0 and stages > 0
-    again = run(loaded, prompts, 2, dc, spec=spec, device="cuda", graphs="on", record_logits=True)
+    again = run(loaded, prompts, 2, dc, spec=spec, device="cuda", forward="segmented", record_logits=True)
     assert sum(p.captures for p in progs.values()) == captured
-    off = run(loaded, prompts, 2, dc, spec=spec, device="cuda", graphs="off", record_logits=True)
+    off = run(loaded, prompts, 2, dc, spec=spec, device="cuda", forward="eager", record_logits=True)
     a, b = off.generations[0].step_logits, again.generations[0].step_logits
     first = min(a)
     torch.testing.assert_close(b[first], a[first], rtol=2e-2, atol=2e-2)     # bf16; later steps may diverge

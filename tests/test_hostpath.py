@@ -92,7 +92,7 @@ def test_offloaded_equals_resident_for_every_policy_and_capacity(tiny, tiny_prom
         off = run(tiny, tiny_prompts[:2], 2, DC, spec=spec, record_logits=True,
                   oracle=reference.trace if POLICIES[policy].needs_trace else None)
         assert same_bits(off, reference), (policy, capacity)
-        assert off.stats["demand_misses"] > 0
+        assert off.stats.demand_misses > 0
 
 
 def test_offloaded_loop_kernel_equals_resident_grouped(tiny, tiny_prompts, reference):

@@ -122,3 +122,24 @@ class ResidentExperts:
 
     def groups(self, demand: Demand):
         yield ExpertGroup(demand.experts, demand.experts, *self.stacks[demand.layer])
+
+
+class SlotPool:
+    """The slot tensors of offloaded layers, kept with the model (LLaDA2MoE.slot_pool) and handed to each new
+    engine: a run's engine gets the tensors of the previous run's engine of the same capacity, so the expert
+    stages captured over them (artifact/model/segments.py) stay valid. One capacity per layer is kept: asking
+    for another frees the old one. One engine uses the slots at a time (a run's; its link is drained before
+    the next run makes its engine)."""
+
+    def __init__(self):
+        self.tensors: dict[tuple, tuple[tuple, torch.Tensor]] = {}
+
+    def slots(self, layer: int, capacity: int, width: int, dtype: torch.dtype, device) -> torch.Tensor:
+        """(capacity, width) slots of `layer`: the pooled tensor of this (layer, capacity, dtype), else new."""
+        where = (layer, torch.device(device))
+        key = (capacity, width, dtype)
+        got = self.tensors.get(where)
+        if got is None or got[0] != key:
+            self.tensors.pop(where, None)                      # the old capacity's memory goes first
+            got = self.tensors[where] = (key, torch.zeros(capacity, width, dtype=dtype, device=device))
+        return got[1]

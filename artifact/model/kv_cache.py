@@ -51,25 +51,6 @@ class KVCache:
         self.lengths = [x + n for x in self.lengths]
         self.lens.add_(n)
 
-    @classmethod
-    def pooled(cls, pool: dict, layers: int, shape: tuple[int, int, int, int], device, dtype) -> "KVCache":
-        """An empty cache of `layers` layers of `shape` (B, Hk, capacity, hd) whose tensors come from `pool` (a
-        dict the caller keeps), allocated on first use and reused by later calls of the same shape: the same
-        tensors run after run, so captured graphs that read them stay valid (segments.program_key). Stale keys
-        past each length are masked, never read."""
-        key = (layers, tuple(shape), torch.device(device), dtype)
-        base = pool.get(key)
-        if base is None:
-            base = pool[key] = object.__new__(cls)
-            base.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
-            base.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)]
-            base.lens = torch.zeros(shape[0], dtype=torch.long, device=device)
-        out = object.__new__(cls)
-        out.k, out.v, out.capacity = base.k, base.v, shape[2]
-        out.lens = base.lens.zero_()
-        out.lengths = [0] * shape[0]
-        return out
-
     def row(self, b: int) -> "KVCache":
         """Row b as a cache of batch 1 over the same memory (a commit into it writes through, its device
         length too). Its host length is its own: the caller copies it back after writing."""
@@ -81,7 +62,7 @@ class KVCache:
         out.capacity = self.capacity
         return out
 
-    def select(self, rows: list[int], pool: dict | None = None) -> "KVCache":
+    def select(self, rows: list[int], pool: KVPool | None = None) -> KVCache:
         """The cache of `rows` (in that order): new tensors, or pooled ones when a pool is given."""
         idx = small_tensor(rows, torch.long, self.k[0].device)
         if pool is None:
@@ -92,10 +73,34 @@ class KVCache:
             out.capacity = self.capacity
         else:
             shape = (len(rows),) + tuple(self.k[0].shape[1:])
-            out = KVCache.pooled(pool, len(self.k), shape, self.k[0].device, self.k[0].dtype)
+            out = pool.cache(len(self.k), shape, self.k[0].device, self.k[0].dtype)
             assert out.k[0].data_ptr() != self.k[0].data_ptr(), "select into the cache's own tensors"
             for src, dst in zip(self.k + self.v, out.k + out.v):
                 torch.index_select(src, 0, idx, out=dst)
             torch.index_select(self.lens, 0, idx, out=out.lens)
         out.lengths = [self.lengths[r] for r in rows]
+        return out
+
+
+class KVPool:
+    """The KV cache tensors of a model, kept with it (LLaDA2MoE.kv_pool) and reused run after run: a cache of a
+    shape seen before gets the same tensors, so captured graphs that read them stay valid (segments.program_key).
+    Stale keys past each length are masked, never read."""
+
+    def __init__(self):
+        self.tensors: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]] = {}
+
+    def cache(self, layers: int, shape: tuple[int, int, int, int], device, dtype) -> KVCache:
+        """An empty cache of `layers` layers of `shape` (B, Hk, capacity, hd): pooled tensors, allocated on
+        first use of the shape."""
+        key = (layers, tuple(shape), torch.device(device), dtype)
+        got = self.tensors.get(key)
+        if got is None:
+            got = self.tensors[key] = ([torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)],
+                                       [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)],
+                                       torch.zeros(shape[0], dtype=torch.long, device=device))
+        out = object.__new__(KVCache)
+        out.k, out.v, out.capacity = got[0], got[1], shape[2]
+        out.lens = got[2].zero_()
+        out.lengths = [0] * shape[0]
         return out

@@ -12,6 +12,7 @@ the same whichever backend and kernel computed the experts, so offloading change
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from itertools import accumulate
 from typing import Callable
 
@@ -23,15 +24,14 @@ from artifact.model.config import ModelConfig
 from artifact.model.experts import (
     EXPERT_KERNELS,
     ExpertBackend,
+    SlotPool,
     grouped_ffn,
     small_tensor,
 )
-from artifact.model.kv_cache import KVCache
+from artifact.model.kv_cache import KVCache, KVPool
+from artifact.model.options import EAGER, ForwardOptions
 from artifact.model.routing import Demand, Router, Routing, expert_counts, nonzero_counts, predict_counts
-
-# graphs "on": the forward runs as segments between the router syncs, each captured once and replayed as a
-# CUDA graph on a CUDA device (on the CPU the same segments run eagerly); "off": the eager reference path.
-GRAPH_MODES = ("off", "on")
+from artifact.model.segments import Programs, run_segments
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,12 +120,13 @@ class MoE(nn.Module):
         self.shared_experts = MLP(cfg, cfg.moe_intermediate_size * cfg.num_shared_experts) \
             if cfg.num_shared_experts else None
 
-    def forward(self, x, rows):            # x (B, T, D); rows (B, T) bool, or (N,) long flat indices, or None
+    def forward(self, x, rows, opts: ForwardOptions):
+        # x (B, T, D); rows (B, T) bool, or (N,) long flat indices, or None; opts with its backend set
         B, T, D = x.shape
         flat = x.reshape(B * T, D)
         sel = rows if rows is None or rows.dtype == torch.long else routed_indices(rows)
         xs = flat if sel is None else flat.index_select(0, sel)         # (N, D) tokens that route
-        routed = self.routed(xs)
+        routed = self.routed(xs, opts)
         if sel is None:
             y = routed.view(B, T, D)
         else:
@@ -134,7 +135,7 @@ class MoE(nn.Module):
             y = y + self.shared_experts(x)
         return y
 
-    def routed(self, x):                                                # x (N, D) -> (N, D)
+    def routed(self, x, opts: ForwardOptions):                          # x (N, D) -> (N, D)
         # Legend: N routed tokens, k experts per token, P = N*k (token, slot) pairs, E experts, D hidden;
         # per group: n pairs, G rows of its weight stacks.
         N, D = x.shape
@@ -144,7 +145,7 @@ class MoE(nn.Module):
         idx, w = self.gate(x)                                           # (N, k) long, (N, k) fp32
         flat_idx = idx.view(-1)                                         # (P,) expert of each (token, slot)
         counts = expert_counts(idx, E)                                  # (E,) fixed size: no data-sized output
-        nxt = self.routing.next_router.get(self.layer) if self.routing.predict_next else None
+        nxt = self.routing.next_router.get(self.layer) if opts.predict_next else None
         if nxt is None:
             per_expert = self.routing.host_counts.read(counts)         # the one host sync per layer
             predicted = None
@@ -159,7 +160,7 @@ class MoE(nn.Module):
         ys = torch.empty(N * k, D, dtype=x.dtype, device=x.device)     # (P, D) output of each pair
         served: set[int] = set()
         computed = 0                                                    # an expert served twice counts twice
-        for group in self.routing.backend.groups(demand):
+        for group in opts.backend.groups(demand):
             G = group.gate_up.shape[0]
             counts = [0] * G
             spans, start = [], 0
@@ -189,17 +190,17 @@ class MoE(nn.Module):
         return (ys.view(N, k, D).float() * w.unsqueeze(-1)).sum(1).to(x.dtype)
 
 
-    # --- the static-shape pieces (graphs "on", artifact/model/segments.py) ----------------------------------
+    # --- the static-shape pieces (forward "segmented", artifact/model/segments.py) ----------------------------
     # Every fed token goes through the router (no data-sized selection); pair_valid (P,) marks the (token, slot)
     # pairs of tokens that route. Shapes depend only on B and T, so each piece can be captured once.
-    def start(self, h: torch.Tensor, pair_valid: torch.Tensor):
+    def start(self, h: torch.Tensor, pair_valid: torch.Tensor, predict_next: bool):
         """h (B, T, D) -> flat (N, D), idx (N, k), w (N, k) fp32, counts (E,) or (2E,) with the next layer's
         predicted counts after this layer's, shared (B, T, D) or None. No host read."""
         B, T, D = h.shape
         flat = h.reshape(B * T, D)
         idx, w = self.gate(flat)
         counts = expert_counts(idx, self.cfg.num_experts, pair_valid)
-        nxt = self.routing.next_router.get(self.layer) if self.routing.predict_next else None
+        nxt = self.routing.next_router.get(self.layer) if predict_next else None
         if nxt is not None:
             counts = torch.cat([counts, predict_counts(nxt, flat, pair_valid)])
         shared = self.shared_experts(h) if self.shared_experts is not None else None
@@ -244,9 +245,9 @@ class DecoderLayer(nn.Module):
         self.is_moe = layer >= cfg.first_k_dense_replace
         self.mlp = MoE(cfg, layer, routing) if self.is_moe else MLP(cfg, cfg.intermediate_size)
 
-    def forward(self, x, cos, sin, mask, cache, commit, rows):
+    def forward(self, x, cos, sin, mask, cache, commit, rows, opts: ForwardOptions):
         x, h = self.attend(x, cos, sin, mask, cache, commit)
-        return x + (self.mlp(h, rows) if self.is_moe else self.mlp(h))
+        return x + (self.mlp(h, rows, opts) if self.is_moe else self.mlp(h))
 
     def attend(self, x, cos, sin, mask, cache, commit):
         """The attention half: -> (x after the attention residual, its post-attention norm)."""
@@ -295,20 +296,17 @@ class LLaDA2MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: ExpertBackend | None = None):
         super().__init__()
         self.cfg = cfg
-        self.routing = Routing(backend)
+        self.backend = backend              # the model's own experts (a forward's options may name another)
+        self.routing = Routing()
         self.model = Backbone(cfg, self.routing)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-
-    @property
-    def backend(self) -> ExpertBackend | None:
-        return self.routing.backend
-
-    @backend.setter
-    def backend(self, value: ExpertBackend | None):
-        self.routing.backend = value
+        # Device memory kept with the model, not in its state dict, so that captured graphs stay valid run
+        # after run: the decoder's KV caches, the offloaded layers' slots, the segmented forward's programs.
+        self.kv_pool = KVPool()
+        self.slot_pool = SlotPool()
+        self.programs = Programs()
 
     expert_kernel = routing_choice("expert_kernel", EXPERT_KERNELS, "expert_kernel")   # grouped | loop
-    graphs = routing_choice("graphs", GRAPH_MODES, "graphs mode")                      # off | on
 
     @contextlib.contextmanager
     def listening(self, fn: Callable[[Demand], None]):
@@ -321,26 +319,27 @@ class LLaDA2MoE(nn.Module):
 
     @torch.no_grad()
     def forward(self, ids, pos, *, cache: KVCache | None = None, commit: int = 0, key_valid=None,
-                rows=None, logits_rows: slice | torch.Tensor | None = None):
+                rows=None, logits_rows: slice | torch.Tensor | None = None, options: ForwardOptions = EAGER):
         """ids, pos (B, T). With a cache, keys are its prefix plus the fed tokens, and the first `commit`
         fed tokens are appended to it. key_valid (B, T) marks real fed tokens (right padding);
         rows (B, T) marks tokens whose routed experts are computed (None: all).
         logits_rows picks which fed positions get logits: a slice, or (B, n) gather indices.
-        With graphs "on", a denoising forward over a cache runs as segments (artifact/model/segments.py),
-        captured as CUDA graphs on a CUDA device; every other forward takes this eager path."""
-        if self.backend is None:
+        options (artifact/model/options.py) say how this forward runs: with forward "segmented", a denoising
+        forward over a cache runs as segments (artifact/model/segments.py), captured as CUDA graphs on a CUDA
+        device; every other forward takes this eager path."""
+        opts = options if options.backend is not None else dataclasses.replace(options, backend=self.backend)
+        if opts.backend is None:
             raise RuntimeError("model has no expert backend: load it with checkpoint.load_model")
         if cache is not None and commit:
             cache.check_commit(commit)
-        if self.routing.graphs == "on" and segmented(self, cache, logits_rows, rows):
-            from artifact.model.segments import run_segments
-            return run_segments(self, ids, pos, cache=cache, commit=commit, key_valid=key_valid, rows=rows,
+        if opts.forward == "segmented" and segmented(self, cache, logits_rows, rows):
+            return run_segments(self, opts, ids, pos, cache=cache, commit=commit, key_valid=key_valid, rows=rows,
                                 logits_rows=logits_rows)
         x, cos, sin, mask = self.prologue(ids, pos, cache, key_valid)
         if rows is not None and rows.dtype == torch.bool:
             rows = routed_indices(rows)                                 # once per forward, for every MoE layer
         for layer in self.model.layers:
-            x = layer(x, cos, sin, mask, cache, commit, rows)
+            x = layer(x, cos, sin, mask, cache, commit, rows, opts)
         if cache is not None and commit:
             cache.advance(commit)
         return self.head(x, logits_rows)
@@ -371,7 +370,7 @@ class LLaDA2MoE(nn.Module):
 
 
 def segmented(model: LLaDA2MoE, cache: KVCache | None, logits_rows, rows) -> bool:
-    """Whether graphs "on" runs this forward as segments: a denoising forward over a prefix cache with a slice
+    """Whether forward "segmented" runs this forward as segments: a denoising forward over a prefix cache with a slice
     of logits (the shapes the decoder repeats every step). Prefill and the full (uncached) mode stay eager."""
     return (cache is not None and model.routing.step.kind == "denoise"
             and (logits_rows is None or isinstance(logits_rows, slice))

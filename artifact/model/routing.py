@@ -32,7 +32,7 @@ class Demand:
     counts: tuple[int, ...]      # tokens per expert, aligned with experts
     # Cross-layer prediction of the *next* MoE layer's demand at this step (experts ascending, counts):
     # that layer's router applied to this layer's routed hidden states. None unless the model was asked
-    # for it (Routing.predict_next) or this is the last MoE layer.
+    # for it (ForwardOptions.predict_next) or this is the last MoE layer.
     predicted: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
@@ -72,7 +72,7 @@ class HostCounts:
         return buf.tolist()                                # host memory: no further sync
 
     def wait(self, buf: torch.Tensor) -> list[int]:
-        """A pinned buffer that a captured copy (graphs "on") fills on the current stream: one event, one sync."""
+        """A pinned buffer that a copy (forward "segmented") fills on the current stream: one event, one sync."""
         ev = self.events.get(buf.device)
         if ev is None:
             ev = self.events[buf.device] = torch.cuda.Event()
@@ -153,19 +153,15 @@ def predict_demand(next_router: Router, x: torch.Tensor) -> tuple[tuple[int, ...
 
 
 class Routing:
-    """What the MoE layers share: the expert backend, the current step, and who listens to demands."""
+    """What the MoE layers of one model share: the current step, who listens to demands, the next MoE layer's
+    router, the expert kernel and the host counts. How a forward runs (its expert backend, the cross-layer
+    prediction, the forward mode) is not here: the forward's options carry it (artifact/model/options.py)."""
 
-    def __init__(self, backend=None):
-        self.backend = backend
+    def __init__(self):
         self.step = StepInfo(0, -1, -1, "denoise")
         self.listeners: list[Callable[[Demand], None]] = []
-        # Cross-layer prediction: when predict_next is set, each MoE layer's Demand carries the next MoE
-        # layer's predicted demand (predict_demand). next_router maps a MoE layer to the next one's router;
-        # kept here, not on the modules, so the routers are not registered twice in the state dict.
-        self.predict_next = False
+        # Cross-layer prediction (ForwardOptions.predict_next): next_router maps a MoE layer to the next one's
+        # router; kept here, not on the modules, so the routers are not registered twice in the state dict.
         self.next_router: dict[int, Router] = {}
         self.expert_kernel = "grouped"      # "loop": one call per expert, kept to compare the two in one run
         self.host_counts = HostCounts()     # the router's counts to the host: the one sync per MoE layer
-        self.graphs = "off"                 # GRAPH_MODES: "on" runs the forward as captured segments (CUDA)
-        self.kv_pool: dict = {}             # KVCache.pooled: the decoder's caches, reused run after run
-

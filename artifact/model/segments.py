@@ -1,4 +1,4 @@
-"""The forward as segments between the router syncs (graphs "on").
+"""The forward as segments between the router syncs (forward "segmented", artifact/model/options.py).
 
 A denoising forward of an MoE model must stop once per MoE layer: the host reads the router's demand to plan
 it (which experts are resident, which to copy, into which slot). Between two such reads everything is fixed
@@ -16,7 +16,7 @@ work on static shapes, so it is cut into segments and each is captured once as a
 So a forward issues M + 1 segment replays, one small counts copy per MoE layer, one replay plus one small
 copy per expert group, the link's copies, and one host sync per MoE layer (the counts). On the CPU the same
 segment functions run eagerly, which is how the tests check them: bit for bit equal to the eager forward
-(LLaDA2MoE.forward, graphs "off").
+(LLaDA2MoE.forward, forward "eager").
 
 Programs: the static tensors and graphs of one forward shape, keyed by everything a captured graph bakes in
 (batch, fed length, commit, the KV cache's tensors, the logits slice, cross-layer prediction, kernel). The
@@ -33,26 +33,59 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from artifact.model.experts import HAS_GROUPED_MM, expert_ffn, grouped_mm_ok
 from artifact.model.kv_cache import KVCache
-from artifact.model.llada2 import LLaDA2MoE
+from artifact.model.options import ForwardOptions
 from artifact.model.routing import Demand, nonzero_counts
 
-GRAPHED = [0]             # > 0 while a segment or expert stage runs: ops issued then are a graph's on CUDA
 MAX_PROGRAMS = 8          # forward shapes kept per model (each holds its graphs' memory pool)
 RING = 64                 # pinned row-map buffers in flight on CUDA (a buffer is reused once its copy is done)
+
+
+@dataclass
+class SegmentCounts:
+    """What the segmented forward did: graphs captured and replayed, segments and stages run eagerly on CUDA
+    for want of a graph (a timed forward meeting an uncaptured shape, or capture off after an error), and
+    the model's capture error, if any (capture is then off for every shape of the model)."""
+    captures: int = 0
+    replays: int = 0
+    eager: int = 0
+    capture_error: str | None = None
+
+    @property
+    def replayed(self) -> bool:
+        return self.replays > 0 and self.capture_error is None
+
+    def since(self, before: SegmentCounts) -> SegmentCounts:
+        """The counts added since `before` (the error is the model's: kept)."""
+        return SegmentCounts(self.captures - before.captures, self.replays - before.replays,
+                             self.eager - before.eager, self.capture_error)
+
+
+class Programs(OrderedDict):
+    """A model's programs (LLaDA2MoE.programs), keyed by program_key, least recently used first; `counts`
+    adds up what all of them did over the model's life; `active` is > 0 while a segment or expert stage runs
+    (what is issued then is a graph's on CUDA: benchmarks/host_overhead.py counts the rest)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = SegmentCounts()
+        self.active = 0
 
 
 class Program:
     """One forward shape: its static state, its segment functions and, on CUDA, their graphs."""
 
-    def __init__(self, model: LLaDA2MoE, cache: KVCache, B: int, T: int, commit: int, logits_rows: slice | None):
+    def __init__(self, model, opts: ForwardOptions, cache: KVCache, B: int, T: int, commit: int,
+                 logits_rows: slice | None):
         cfg = model.cfg
-        self.model, self.cache, self.commit, self.logits_rows = model, cache, commit, logits_rows
+        self.model, self.opts, self.cache, self.commit, self.logits_rows = model, opts, cache, commit, logits_rows
+        self.all: Programs = model.programs
         self.layers = list(model.model.layers)
         self.moe = [i for i, layer in enumerate(self.layers) if layer.is_moe]      # model layer indices
         dev = model.lm_head.weight.device
@@ -65,7 +98,7 @@ class Program:
         self.key_valid = torch.ones(B, T, dtype=torch.bool, device=dev)
         self.valid = torch.ones(B, T, dtype=torch.bool, device=dev)               # tokens that route
         self.st: dict = {}                 # tensors passed between segments (graph-owned once captured)
-        width = 2 * self.E if model.routing.predict_next else self.E
+        width = 2 * self.E if opts.predict_next else self.E
         self.host = [torch.zeros(width, dtype=torch.long, pin_memory=self.cuda) for _ in self.moe]  # counts
         self.rowmaps: dict = {}            # stack_key -> device (E,) long
         self.rowmap_np: dict = {}          # CPU: the same keys -> the numpy array behind the row map
@@ -96,11 +129,11 @@ class Program:
         hi = self.moe[i] if i < len(self.moe) else len(self.layers)
         cos, sin, mask = st["cos"], st["sin"], st["mask"]
         for layer in self.layers[lo:hi]:                                   # dense layers
-            x = layer(x, cos, sin, mask, self.cache, self.commit, None)
+            x = layer(x, cos, sin, mask, self.cache, self.commit, None, self.opts)
         if i < len(self.moe):
             layer = self.layers[hi]
             x_res, h = layer.attend(x, cos, sin, mask, self.cache, self.commit)
-            flat, idx, w, counts, shared = layer.mlp.start(h, st["pair_valid"])
+            flat, idx, w, counts, shared = layer.mlp.start(h, st["pair_valid"], self.opts.predict_next)
             ys = torch.zeros(flat.shape[0] * self.k, flat.shape[1], dtype=flat.dtype, device=flat.device)
             st.update({f"x_res{i}": x_res, f"flat{i}": flat, f"idx{i}": idx, f"w{i}": w, f"counts{i}": counts,
                        f"shared{i}": shared, f"ys{i}": ys})
@@ -133,7 +166,7 @@ class Program:
     def launch(self, name, fn) -> None:
         """Run fn eagerly (CPU; a program's first forward on CUDA), or capture it once and replay it. A capture
         that fails leaves this program eager from then on, with the reason in `error` (never a failed run)."""
-        GRAPHED[0] += 1                    # what runs in here is a graph on CUDA (benchmarks count the rest)
+        self.all.active += 1               # what runs in here is a graph on CUDA (benchmarks count the rest)
         try:
             if not self.cuda or self.runs == 0 or self.error is not None:
                 fn()
@@ -146,17 +179,20 @@ class Program:
                         fn()
                 except RuntimeError as e:
                     self.error = f"capture of {name} failed: {e}".splitlines()[0]
-                    warnings.warn(f"graphs on: {self.error}; this forward shape runs eagerly", stacklevel=2)
+                    self.all.counts.capture_error = self.error
+                    warnings.warn(f"forward segmented: {self.error}; this forward shape runs eagerly", stacklevel=2)
                     torch.cuda.synchronize()
                     fn()
                     return
                 self.pool = self.pool or g.pool()
                 self.graphs[name] = g
                 self.captures += 1
+                self.all.counts.captures += 1
             g.replay()
             self.replays += 1
+            self.all.counts.replays += 1
         finally:
-            GRAPHED[0] -= 1
+            self.all.active -= 1
 
     def rowmap(self, i: int, group) -> torch.Tensor:
         """The group's plan as a device (E,) row map: each member's stack row, G for every other expert."""
@@ -222,7 +258,7 @@ class Program:
                 listener(demand)
             served: set[int] = set()
             computed = 0
-            for group in routing.backend.groups(demand):
+            for group in self.opts.backend.groups(demand):
                 rowmap = self.rowmap(i, group)
                 if grouped:
                     gu, dn = group.gate_up, group.down
@@ -253,34 +289,32 @@ def stack_key(i: int, group) -> tuple:
     return (i, gu.data_ptr(), tuple(gu.shape), gu.stride(), dn.data_ptr(), tuple(dn.shape), dn.stride())
 
 
-def program_key(model: LLaDA2MoE, ids, cache: KVCache, commit: int, logits_rows) -> tuple:
+def program_key(model, opts: ForwardOptions, ids, cache: KVCache, commit: int, logits_rows) -> tuple:
     """What a captured graph bakes in: shapes, the cache's tensors, the logits slice, the layer options."""
     B, T = ids.shape
     sl = (logits_rows.start, logits_rows.stop, logits_rows.step) if logits_rows is not None else None
-    routing = model.routing
-    return (B, T, commit, cache.capacity, cache.k[0].data_ptr(), cache.lens.data_ptr(), sl, routing.predict_next,
+    return (B, T, commit, cache.capacity, cache.k[0].data_ptr(), cache.lens.data_ptr(), sl, opts.predict_next,
             model.expert_kernel)
 
 
-def programs(model: LLaDA2MoE) -> OrderedDict:
-    """The model's programs (kept on its Routing, so they go with the model, not in its state dict)."""
-    progs = getattr(model.routing, "programs", None)
-    if progs is None:
-        progs = model.routing.programs = OrderedDict()
-    return progs
+def programs(model) -> Programs:
+    """The model's programs (kept with the model, not in its state dict)."""
+    return model.programs
 
 
-def run_segments(model: LLaDA2MoE, ids, pos, *, cache: KVCache, commit: int = 0, key_valid=None, rows=None,
-                 logits_rows: slice | None = None) -> torch.Tensor:
-    """LLaDA2MoE.forward for graphs "on" (see the module docstring); the same logits as the eager forward."""
+def run_segments(model, opts: ForwardOptions, ids, pos, *, cache: KVCache, commit: int = 0, key_valid=None,
+                 rows=None, logits_rows: slice | None = None) -> torch.Tensor:
+    """LLaDA2MoE.forward for forward "segmented" (see the module docstring); the same logits as the eager
+    forward. `opts` carries the forward's backend."""
     progs = programs(model)
-    key = program_key(model, ids, cache, commit, logits_rows)
+    key = program_key(model, opts, ids, cache, commit, logits_rows)
     prog = progs.get(key)
     if prog is None:
-        prog = progs[key] = Program(model, cache, ids.shape[0], ids.shape[1], commit, logits_rows)
+        prog = progs[key] = Program(model, opts, cache, ids.shape[0], ids.shape[1], commit, logits_rows)
         while len(progs) > MAX_PROGRAMS:
             progs.popitem(last=False)
     else:
         progs.move_to_end(key)
+        prog.opts = opts                   # the same key: the same shapes and prediction; the backend may be new
     return prog.run(ids, pos, key_valid, rows, cache)
 

@@ -26,7 +26,7 @@ from operator import itemgetter
 
 import torch
 
-from artifact.model.experts import EXPERT_KERNELS, ExpertGroup, stack_views
+from artifact.model.experts import EXPERT_KERNELS, ExpertGroup, SlotPool, stack_views
 from artifact.model.routing import Demand
 from artifact.offload.cache import EMPTY, ExpertCache, Plan
 from artifact.offload.link import Link
@@ -41,11 +41,13 @@ def _pick(seq, index: list[int]) -> tuple:
 
 
 class OffloadEngine:
-    def __init__(self, store: HostStore, cache: ExpertCache, link: Link, cfg, device: torch.device | str = "cpu"):
+    def __init__(self, store: HostStore, cache: ExpertCache, link: Link, cfg, device: torch.device | str = "cpu",
+                 slot_pool: SlotPool | None = None):
         self.store, self.cache, self.link = store, cache, link
         self.device = torch.device(device)
         P = store.packed.shape[2]
-        self.slots = {layer: torch.zeros(cache.capacity, P, dtype=store.packed.dtype, device=self.device)
+        pool = slot_pool or SlotPool()          # the model's pool: the previous engine's slots, reused
+        self.slots = {layer: pool.slots(layer, cache.capacity, P, store.packed.dtype, self.device)
                       for layer in cache.moe_layers}                      # (C, P) per MoE layer
         self.stacks = {layer: stack_views(s, cfg) for layer, s in self.slots.items()}   # (C, 2I, D), (C, D, I)
         self.slot_rows = {layer: s.unbind(0) for layer, s in self.slots.items()}    # (P,) view per slot, made once
@@ -220,8 +222,9 @@ class OffloadEngine:
 
 
 def offload(model, experts: torch.Tensor, capacity: int, policy, link: Link, device="cpu",
-            expert_kernel: str | None = None) -> OffloadEngine:
-    """Replace `model`'s expert backend by an offloaded engine over the packed host experts.
+            expert_kernel: str | None = None, install: bool = True) -> OffloadEngine:
+    """An offloaded engine over the packed host experts, its slots from the model's slot pool; with install,
+    it replaces `model`'s own expert backend (else the caller passes it in a forward's options).
     expert_kernel ("grouped" | "loop"), if given, sets how the model computes a group."""
     cfg = model.cfg
     if expert_kernel is not None:
@@ -231,6 +234,7 @@ def offload(model, experts: torch.Tensor, capacity: int, policy, link: Link, dev
     check_slots_fit(cfg, capacity, experts.dtype, device, weights_loaded=True)
     store = HostStore(experts, cfg.moe_layers, pin=torch.device(device).type == "cuda")
     cache = ExpertCache(cfg.moe_layers, cfg.num_experts, capacity, policy, store.expert_bytes)
-    engine = OffloadEngine(store, cache, link, cfg, device)
-    model.backend = engine
+    engine = OffloadEngine(store, cache, link, cfg, device, slot_pool=model.slot_pool)
+    if install:
+        model.backend = engine
     return engine
