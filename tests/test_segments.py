@@ -144,6 +144,13 @@ def test_a_bad_forward_mode_is_refused():
     assert ForwardOptions().forward == FORWARD_MODES[0] == "eager"
 
 
+def test_a_run_refuses_a_bad_forward_mode_before_it_decodes(tiny):
+    from artifact.errors import SettingError
+    from artifact.offload.runner import run
+    with pytest.raises(SettingError, match=r"unknown forward mode 'on'; choose one of \('eager', 'segmented'\)"):
+        run(tiny, [[11, 12]], 1, forward="on")
+
+
 @pytest.mark.parametrize("policy", [None, "last_step"])
 def test_segmented_runs_equal_eager_runs(tiny, tiny_prompts, policy):
     """Whole runs: tokens, every step's logits and the engine's counts are the same."""

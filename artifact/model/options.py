@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from artifact.model.experts import ExpertBackend
 
 FORWARD_MODES = ("eager", "segmented")
+DEFAULT_FORWARD = "eager"        # Settings.forward has the same default (tests/test_cli.py keeps them equal)
 
 
 def check_forward(forward: str) -> str:
@@ -30,7 +31,7 @@ def check_forward(forward: str) -> str:
 
 @dataclass(frozen=True)
 class ForwardOptions:
-    forward: str = "eager"
+    forward: str = DEFAULT_FORWARD
     predict_next: bool = False
     backend: ExpertBackend | None = None
     capture: bool = True

@@ -17,7 +17,7 @@ from artifact.model.checkpoint import Loaded
 from artifact.model.config import ModelConfig
 from artifact.model.decode import MAX_BATCH, DecodeConfig, DecodeStats, generate
 from artifact.model.experts import ResidentExperts
-from artifact.model.options import FORWARD_MODES, ForwardOptions
+from artifact.model.options import DEFAULT_FORWARD, FORWARD_MODES, ForwardOptions
 from artifact.model.segments import SegmentCounts
 from artifact.offload.engine import OffloadEngine, offload
 from artifact.offload.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps, make_link
@@ -170,7 +170,7 @@ class RunStats:
     link_priority: str | None = None
     offload: bool = False
     link_bandwidth_gbps: float | None = None
-    forward: str = "eager"               # FORWARD_MODES
+    forward: str = DEFAULT_FORWARD       # FORWARD_MODES
     threads: int | None = None           # torch threads, where a caller records them
 
     def as_dict(self) -> dict:
@@ -232,7 +232,7 @@ def check_oracle_trace(trace: Trace, meta: dict) -> None:
 def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeConfig = DecodeConfig(),
         spec: OffloadSpec | None = None, device: str = "cpu", oracle: Trace | None = None,
         record: bool = False, prompt_ids: list[str] | None = None, task: str | None = None,
-        record_logits: bool = False, forward: str = "eager", capture: bool = True) -> RunResult:
+        record_logits: bool = False, forward: str = DEFAULT_FORWARD, capture: bool = True) -> RunResult:
     """Decode `prompts` in batches of `batch_size`; offloaded when `spec` is given. Every forward runs with
     `forward` (FORWARD_MODES, artifact/model/options.py); capture=False (a timed or profiled run) lets no
     forward capture a CUDA graph: shapes not captured by an earlier run run eagerly, counted in `segments`."""
@@ -294,7 +294,7 @@ def make_engine(loaded: Loaded, spec: OffloadSpec, oracle: Trace | None, meta: d
     return offload(loaded.model, loaded.experts, spec.capacity, pol, link, device, install=False)
 
 
-def merge_stats(parts: list[DecodeStats], forward: str = "eager") -> RunStats:
+def merge_stats(parts: list[DecodeStats], forward: str = DEFAULT_FORWARD) -> RunStats:
     """The batches' decoder stats as one resident run's (the caller adds the engine's)."""
     forwards = sum(p.forwards for p in parts)
     tokens = sum(p.tokens_generated for p in parts)
