@@ -37,8 +37,8 @@ The lean host path, printed first (--lean-only prints only these), today's path 
   link per copy       CudaLink's own host us per copy with the CUDA calls stubbed (cuda_stub.StubCuda), at 1
                       and 8 copies per call, beside the link before the lean rewrite run on the same stub
                       (target <= 5 us at 8 copies per call; benchmarks/copy_overhead.py)
-  graphs off / on     per MoE layer of a denoising forward over a prefix cache (tiny, offloaded, last_step):
-                      ATen ops issued outside graphs (on CUDA each is a launch; with graphs on, only the
+  forward eager / segmented   per MoE layer of a denoising forward over a prefix cache (tiny, offloaded,
+                      last_step): ATen ops issued outside graphs (on CUDA each is a launch; segmented: only the
                       inputs' copies and fills remain, plus one row-map copy per expert group that the CPU
                       does not show), ops a graph replays, link copies, host reads, tensors from host data
 
@@ -57,10 +57,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from artifact.model import segments
 from artifact.model.checkpoint import random_model
 from artifact.model.config import get_preset
-from artifact.model.llada2 import KVCache, MoE, StepInfo
+from artifact.model.kv_cache import KVCache
+from artifact.model.llada2 import MoE
+from artifact.model.options import FORWARD_MODES, ForwardOptions
+from artifact.model.routing import StepInfo
 from artifact.model.syncs import SyncCounter
 from artifact.offload.engine import offload
 from artifact.offload.link_factory import make_link
@@ -242,16 +244,18 @@ def offloaded(name: str, cfg, dtype: str, batch: int, ratio: float, reps: int, l
 
 class OpCounter(TorchDispatchMode):
     """ATen ops at dispatch (what becomes a kernel launch on CUDA), split by whether a graph segment or expert
-    stage was running (artifact.model.segments.GRAPHED): on CUDA with graphs "on" those are replayed from a
-    graph, the rest the host issues one by one. Copies (aten.copy_ into the slots: the link's) apart."""
+    stage was running (the model's programs' `active`, artifact/model/segments.py): on CUDA with forward
+    "segmented" those are replayed from a graph, the rest the host issues one by one. Copies (aten.copy_ into
+    the slots: the link's) apart."""
 
-    def __init__(self, slots: set[int]):
+    def __init__(self, slots: set[int], programs):
         super().__init__()
         self.slots = slots                 # storage addresses of the engine's slot tensors
+        self.programs = programs           # the model's programs (LLaDA2MoE.programs)
         self.inside = self.outside = self.copies = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if segments.GRAPHED[0] > 0:
+        if self.programs.active > 0:
             self.inside += 1
         elif func.overloadpacket is torch.ops.aten.copy_ and args[0].untyped_storage().data_ptr() in self.slots:
             self.copies += 1
@@ -261,10 +265,10 @@ class OpCounter(TorchDispatchMode):
 
 
 def graphs_side_by_side(batch: int, ratio: float, reps: int) -> list[dict]:
-    """Today's path (graphs "off") and the new one (graphs "on") on the tiny model in one process: a denoising
+    """The eager forward and the segmented one on the tiny model in one process: a denoising
     forward over a prefix cache, offloaded (last_step, emulated link with no latency), per MoE layer: ATen ops
     issued outside graphs, ops a graph would replay, link copies, host reads, tensors made from host data.
-    On the CPU graphs "on" runs its segments eagerly: the split says what CUDA would capture."""
+    On the CPU forward "segmented" runs its segments eagerly: the split says what CUDA would capture."""
     cfg, dtype = models()["tiny"]
     loaded = random_model(cfg, seed=0, dtype=dtype, device="cpu", resident=True)
     model, n, L = loaded.model, cfg.block_length, len(cfg.moe_layers)
@@ -276,28 +280,29 @@ def graphs_side_by_side(batch: int, ratio: float, reps: int) -> list[dict]:
         model(ids, torch.arange(n, 2 * n).expand(batch, n))
     C = capacity_for(ratio, sum(W) / len(W), cfg.num_experts)
     out = []
-    for graphs in ("off", "on"):
+    for forward in FORWARD_MODES:
         pol = make_policy("last_step", L, cfg.num_experts, engine=True)
-        engine = offload(model, loaded.experts, C, pol, make_link("emulated", bandwidth_gbps=1000.0, latency_us=0.0))
-        model.graphs = graphs
+        engine = offload(model, loaded.experts, C, pol, make_link("emulated", bandwidth_gbps=1000.0, latency_us=0.0),
+                         install=False)
+        opts = ForwardOptions(forward, backend=engine)
         cache = KVCache(cfg, batch, 2 * n, "cpu", torch.float32)
         model.routing.step = StepInfo(0, -1, -1, "prefill")
-        model(prefix, torch.arange(n).expand(batch, n), cache=cache, commit=n, logits_rows=slice(0, 0))
+        model(prefix, torch.arange(n).expand(batch, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts)
         model.routing.step = StepInfo(1, 0, 0, "denoise")
         pos = torch.arange(n, 2 * n).expand(batch, n)
         for _ in range(2):                                              # warm-up: the cache fills, programs exist
-            model(ids, pos, cache=cache, logits_rows=slice(0, n))
-        ops, syncs = OpCounter({t.untyped_storage().data_ptr() for t in engine.slots.values()}), SyncCounter()
+            model(ids, pos, cache=cache, logits_rows=slice(0, n), options=opts)
+        ops = OpCounter({t.untyped_storage().data_ptr() for t in engine.slots.values()}, model.programs)
+        syncs = SyncCounter()
         with syncs, ops:
             for _ in range(reps):
-                model(ids, pos, cache=cache, logits_rows=slice(0, n))
+                model(ids, pos, cache=cache, logits_rows=slice(0, n), options=opts)
         engine.finish()
         k = reps * L
-        out.append({"path": "graphs", "graphs": graphs, "model": "tiny", "batch": batch, "cache_ratio": ratio,
+        out.append({"path": "graphs", "forward": forward, "model": "tiny", "batch": batch, "cache_ratio": ratio,
                     "cache_experts": C, "ops_outside_graphs_per_moe_layer": ops.outside / k,
                     "ops_in_graphs_per_moe_layer": ops.inside / k, "link_copies_per_moe_layer": ops.copies / k,
                     "host_reads_per_moe_layer": syncs.reads / k, "host_data_tensors_per_moe_layer": syncs.uploads / k})
-    model.graphs = "off"
     return out
 # --- The engine's own host cost per demand (the lean path) --------------------------------------
 ENGINE_QUEUED = (60, 150)          # copies the plan of one demand queues
@@ -346,7 +351,7 @@ def engine_per_demand(queued: int, demands: int = 300, reps: int = 5) -> dict:
     one evicts the other's experts (policy demand). Also the planning share (ExpertCache.serve on its own,
     the same demands). Best of `reps` runs of `demands` demands, in process CPU time: no device, no wait, so
     on an idle machine it is the wall time, and on a shared one it leaves out the time other jobs took."""
-    from artifact.model.llada2 import Demand, StepInfo
+    from artifact.model.routing import Demand, StepInfo
     from artifact.offload.cache import ExpertCache
     from artifact.offload.engine import OffloadEngine
     from artifact.offload.store import HostStore
@@ -412,7 +417,7 @@ def main():
     ap.add_argument("--ratios", default="0.83,1.73", help="C/W of the offloaded rows")
     ap.add_argument("--no-resident", action="store_true", help="only the offloaded rows")
     ap.add_argument("--lean-only", action="store_true",
-                    help="only the lean host path: the engine per demand, the link per copy, graphs off vs on")
+                    help="only the lean host path: the engine per demand, the link per copy, eager vs segmented")
     a = ap.parse_args()
     torch.set_num_threads(1)
     print_engine_per_demand(a.json)
@@ -430,7 +435,7 @@ def main():
                     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
                           flush=True)
                 else:
-                    print(f"graphs {r['graphs']:3s} tiny batch {batch} C/W {ratio}: per MoE layer "
+                    print(f"forward {r['forward']:9s} tiny batch {batch} C/W {ratio}: per MoE layer "
                           f"{r['ops_outside_graphs_per_moe_layer']:.1f} ops issued outside graphs "
                           f"({r['ops_in_graphs_per_moe_layer']:.1f} in graphs), {r['link_copies_per_moe_layer']:.1f} "
                           f"link copies, {r['host_reads_per_moe_layer']:.2f} host reads, "

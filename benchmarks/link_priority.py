@@ -136,7 +136,7 @@ def main():
             for policy, prio in (CONFIGS if rep % 2 == 0 else CONFIGS[::-1]):
                 if a.wall:
                     r = run(loaded, ps, a.batch, dc, spec=OffloadSpec(C, policy, link_priority=prio))
-                    tokens, stats = r.tokens, r.stats
+                    tokens, stats = r.tokens, r.stats.as_dict()
                 else:
                     tokens, stats = run_virtual(loaded, ps, a.batch, dc, C, policy, prio, costs, a.chunk_bytes)
                 assert tokens == base.tokens, "offloaded tokens differ from resident ones"

@@ -28,7 +28,7 @@ from artifact.offload.trace import mean_working_set
 
 
 def per_step(gen):
-    return gen.stats["seconds"] / gen.stats["forwards"]
+    return gen.stats.seconds / gen.stats.forwards
 
 
 def main():
@@ -59,7 +59,7 @@ def main():
         C = capacity_for(ratio, W, 256)
         rows = []
         for _ in range(a.reps):
-            compute = run(loaded, ps, a.batch, dc).stats["seconds"]
+            compute = run(loaded, ps, a.batch, dc).stats.seconds
             rows.append((compute, *timed_layers(loaded, ps, dc, C)))
         compute, total, busy, stall, causal = sorted(rows, key=lambda r: r[1] / max(r[0], r[2]))[len(rows) // 2]
         print(f"overlap C/W={ratio} (C={C}, W={W:.1f}): {total:.3f} s; "

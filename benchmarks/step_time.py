@@ -28,8 +28,8 @@ def main():
         run(loaded, ps, batch, DecodeConfig(gen_length=32))                       # warm-up
         for mode in ("cached", "full"):
             s = run(loaded, ps, batch, DecodeConfig(gen_length=a.gen_length, mode=mode)).stats
-            print(f"{mode:>7} {batch:>5} {s['forwards']:>8} {s['seconds'] / s['forwards']:>8.4f} "
-                  f"{s['tokens_per_second']:>9.1f} {s['tokens_per_forward']:>7.2f}")
+            print(f"{mode:>7} {batch:>5} {s.forwards:>8} {s.seconds / s.forwards:>8.4f} "
+                  f"{s.tokens_per_second:>9.1f} {s.tokens_per_forward:>7.2f}")
 
 
 if __name__ == "__main__":

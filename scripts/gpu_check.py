@@ -238,7 +238,7 @@ def engine(a, torch, cfg, dtype, report) -> dict:
                 run(loaded, prompts[:1], 1, warm, spec=spec, device=a.device)          # warm-up, untimed
                 with ForwardTimer(torch, loaded.model, cuda) as ft:
                     res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
-                s, f = res.stats, ft.summary()
+                s, f = res.stats.as_dict(), ft.summary()
                 row = {"batch": batch, "cache_ratio": ratio, "cache_experts": C, "policy": policy, **f,
                        "ms_per_forward": 1e3 * s["seconds"] / s["forwards"], "forwards": s["forwards"],
                        "all_forwards_denoising_steps": f["denoise_forwards"] == s["forwards"] == blocks * steps,
@@ -268,7 +268,7 @@ def launches_per_forward(torch, a, loaded, prompts, batch, dc, spec) -> float | 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
     launches = sum(ev.count for ev in prof.key_averages() if call_kind(ev.key) == "launches")
-    return launches / res.stats["forwards"]
+    return launches / res.stats.forwards
 
 
 # --- shapes and prompts -------------------------------------------------------------------------

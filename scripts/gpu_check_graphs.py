@@ -35,7 +35,6 @@ Exit codes as scripts/gpu_check.py: 0 done, 2 bad arguments, 3 no CUDA GPU visib
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import platform
@@ -93,17 +92,14 @@ def median(xs: list[float]) -> float | None:
 def environment(a, torch) -> dict:
     out = base.environment(a, torch)
     out.update(kernel=platform.release(), forward_modes=list(FORWARD_MODES),
-               run_forward_keyword=next(iter(forward_kwargs("eager"))), foreach_copy=hasattr(torch, "_foreach_copy_"))
+               foreach_copy=hasattr(torch, "_foreach_copy_"))
     return out
 
 
-def forward_kwargs(mode: str) -> dict:
-    """runner.run's keyword for a forward mode (FORWARD_MODES): forward=, or graphs= off / on for a runner
-    that names the modes so."""
-    from artifact.offload.runner import run
-    if "forward" in inspect.signature(run).parameters:
-        return {"forward": mode}
-    return {"graphs": {"eager": "off", "segmented": "on"}[mode]}
+def forward_kwargs(mode: str, timed: bool = False) -> dict:
+    """runner.run's keywords for a forward mode (FORWARD_MODES); a timed or profiled run never captures
+    (capture=False: its shapes were captured by the warm-up run before it)."""
+    return {"forward": mode, "capture": False} if timed else {"forward": mode}
 
 
 def segment_counters(mode: str, *results) -> dict:
@@ -111,16 +107,17 @@ def segment_counters(mode: str, *results) -> dict:
     the timed run's replays, the first capture error; `replayed` (hardware.replayed). A segmented row whose
     runs report no counters (RunResult.segments missing or None) did not show a replay: replayed False."""
     from artifact.experiments.hardware import replayed
-    row = {"forward": mode, "captures": None, "replays": None, "capture_error": None}
+    row = {"forward": mode, "captures": None, "replays": None, "eager": None, "capture_error": None}
     if mode == "eager":
         return row
     segs = [getattr(r, "segments", None) for r in results]
     if all(s is not None for s in segs):
-        row.update(captures=sum(s.captures for s in segs), replays=segs[-1].replays,
+        row.update(captures=sum(s.captures for s in segs), replays=segs[-1].replays, eager=segs[-1].eager,
                    capture_error=next((s.capture_error for s in segs if s.capture_error), None))
     row["replayed"] = replayed(row)
     if not row["replayed"]:
-        row["not_judged"] = ("segments did not replay: " + (row["capture_error"] or "no replays") if segs[-1]
+        why = row["capture_error"] or (f"{row['eager']} pieces ran eagerly" if row["eager"] else "no replays")
+        row["not_judged"] = ("segments did not replay: " + why if segs[-1]
                              is not None else "segments did not replay: the run reports no segment counters")
     return row
 
@@ -260,9 +257,9 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
             try:
                 fw = forward_kwargs(mode)
                 warm = run(loaded, prompts[b], b, dc, device=a.device, **fw)          # warm-up, in full
-                res = run(loaded, prompts[b], b, dc, device=a.device, **fw)
-                row.update(timing(res.stats), tokens_equal_resident=res.tokens == ref[b],
-                           forwards=res.stats["forwards"], **segment_counters(mode, warm, res))
+                res = run(loaded, prompts[b], b, dc, device=a.device, **forward_kwargs(mode, timed=True))
+                row.update(timing(res.stats.as_dict()), tokens_equal_resident=res.tokens == ref[b],
+                           forwards=res.stats.forwards, **segment_counters(mode, warm, res))
             except Exception as e:                       # keep the other configurations: GPU time is scarce
                 row["error"] = f"{type(e).__name__}: {e}"
             out["resident"].append(row)
@@ -300,9 +297,9 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
     fw = forward_kwargs(mode)
     warm = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)         # warm-up, in full
     w0 = loaded.model.routing.host_counts.wait_seconds
-    res = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)
+    res = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **forward_kwargs(mode, timed=True))
     wait = loaded.model.routing.host_counts.wait_seconds - w0
-    s = res.stats
+    s = res.stats.as_dict()
     denoise = s["forwards"]
     den = [s["by_phase"][ph] for ph in ("first", "later")]
     transfers = sum(p["demand_misses"] + p["speculative_transfers"] for p in den)
@@ -318,13 +315,13 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
         rec = run(loaded, prompts, batch, dc, spec=spec, device=a.device, record=True, **fw)
         sim = replay(rec.trace, spec.policy, spec.capacity)
         row["replay"] = {k: sim[k] for k in COUNT_KEYS}
-        row["counts_equal_replay"] = (all(rec.stats[k] == sim[k] == s[k] for k in COUNT_KEYS)
+        row["counts_equal_replay"] = (all(getattr(rec.stats, k) == sim[k] == s[k] for k in COUNT_KEYS)
                                       and rec.tokens == res.tokens)
     except Exception as e:
         row["counts_equal_replay"], row["replay_error"] = None, f"{type(e).__name__}: {e}"
     if profile:
         try:
-            row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec, fw)
+            row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec, forward_kwargs(mode, timed=True))
         except Exception as e:
             row["profile"] = {"error": f"{type(e).__name__}: {e}"}
     return row

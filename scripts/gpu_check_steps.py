@@ -94,6 +94,7 @@ def capped_link(a, torch, expert_bytes: int) -> dict:
 
 def moe_layer(a, torch, cfg, dtype) -> dict:
     from artifact.model.checkpoint import random_model
+    from artifact.model.options import ForwardOptions
     one = dataclasses.replace(cfg, num_hidden_layers=2, name=cfg.name + "-1moe")
     loaded = random_model(one, seed=0, dtype=dtype, device=a.device, resident=True)
     layer = loaded.model.model.layers[1].mlp                               # the MoE layer
@@ -108,9 +109,10 @@ def moe_layer(a, torch, cfg, dtype) -> dict:
     x = x.to(device=a.device, dtype=next(layer.parameters()).dtype)
     out["tokens"] = x.shape[0] * x.shape[1]
     results = {}
+    opts = ForwardOptions(backend=loaded.model.backend)                    # the layer's experts: resident
     for kernel in ("loop", "grouped"):
         loaded.model.expert_kernel = kernel
-        layer(x, None)                                                     # warm-up
+        layer(x, None, opts)                                               # warm-up
         if cuda:
             torch.cuda.synchronize()
         host, dev = [], []
@@ -119,7 +121,7 @@ def moe_layer(a, torch, cfg, dtype) -> dict:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             t0 = time.perf_counter()
-            y = layer(x, None)
+            y = layer(x, None, opts)
             host.append(time.perf_counter() - t0)
             if cuda:
                 end.record()

@@ -114,8 +114,8 @@ def profiled(torch, a, loaded, prompts, batch, dc, spec, fw: dict) -> dict:
     n = max(c["forwards"], 1)
     out = {f"{k}_per_moe_layer": v / n / moe for k, v in c.items() if k != "forwards"}
     out.update(forwards=c["forwards"], moe_layers=moe,
-               device_reads_per_moe_layer=counter.reads_by_key["denoise"] / max(res.stats["forwards"], 1) / moe,
-               host_data_uploads_per_moe_layer=counter.uploads_by_key["denoise"] / max(res.stats["forwards"], 1)
+               device_reads_per_moe_layer=counter.reads_by_key["denoise"] / max(res.stats.forwards, 1) / moe,
+               host_data_uploads_per_moe_layer=counter.uploads_by_key["denoise"] / max(res.stats.forwards, 1)
                / moe,
                run_device_read_kinds=dict(counter.kinds))      # the whole run's, decode loop included
     return out

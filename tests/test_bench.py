@@ -247,9 +247,9 @@ def test_rows_carry_host_time_and_old_files_read_without_it(tmp_path):
     them reads with them empty and takes appends in its own columns."""
     from artifact.experiments.bench.model_runner import host_medians
     from artifact.experiments.bench.results import BEFORE_HOST, HOST_COLUMNS
-    assert host_medians({"forward_host_ms": [3.0, 1.0, 2.0], "forward_wall_ms": [4.0, 8.0]}) == {
+    assert host_medians([3.0, 1.0, 2.0], [4.0, 8.0]) == {
         "host_ms_per_forward": 2.0, "wall_ms_per_forward": 6.0}
-    assert host_medians({"forward_host_ms": []}) == {"host_ms_per_forward": None, "wall_ms_per_forward": None}
+    assert host_medians([], []) == {"host_ms_per_forward": None, "wall_ms_per_forward": None}
     p = fake_profile(tasks=["gsm8k"], batch_sizes=[4], cache_ratios=[1.0, 1.73])
     out = tmp_path / "b.csv"
     df = run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet)

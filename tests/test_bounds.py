@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from artifact.model.decode import DecodeConfig
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.bounds import PHASES, min_schedule, next_use, relaxed_min
 from artifact.offload.runner import run
 from artifact.offload.sim import capacity_for, replay

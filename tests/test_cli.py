@@ -3,6 +3,7 @@ settings dataclass; OffloadSpec.from_settings derives every run alike; simulate 
 engine run at its absolute capacity."""
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -17,9 +18,10 @@ import artifact.offload.prepare as prepare
 from artifact.cli import build_parser, main
 from artifact.errors import DeviceError, SettingError, UserError
 from artifact.experiments.settings import Settings, load_profile
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.options import ForwardOptions
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.link import REFERENCE_EXPERT_BYTES, emulated_bandwidth_gbps
-from artifact.offload.runner import OffloadSpec, RunSettings
+from artifact.offload.runner import OffloadSpec, RunSettings, run
 from artifact.offload.trace import TraceRecorder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,6 +202,7 @@ def test_core_run_defaults_equal_the_settings_defaults():
         for key in ("link", "latency_us", "lookahead", "tau"):
             assert getattr(obj, key) == getattr(d, key), (type(obj).__name__, key)
     assert RunSettings().link_gbps == d.link_gbps and OffloadSpec(capacity=1).policy == d.policies[0]
+    assert ForwardOptions().forward == inspect.signature(run).parameters["forward"].default == d.forward
 
 
 # --- OffloadSpec.from_settings -----------------------------------------------------------------
@@ -253,14 +256,14 @@ def test_every_run_is_built_with_from_settings():
 
 # --- simulate --cache-experts reproduces an engine run -----------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("policy, graphs", [("demand", "off"), ("last_step", "off"), ("last_step", "on")])
-def test_simulate_at_the_engines_capacity_gives_the_engines_counts(tmp_path, capsys, policy, graphs):
+@pytest.mark.parametrize("policy, forward", [("demand", "eager"), ("last_step", "eager"), ("last_step", "segmented")])
+def test_simulate_at_the_engines_capacity_gives_the_engines_counts(tmp_path, capsys, policy, forward):
     trace = tmp_path / "run.safetensors"
     assert main(["generate", "--prompt", "How many eggs?", "--prompt", "def add(a, b):", "--gen-length", "32",
                  "--offload", "--cache-experts", "20", "--policy", policy, "--record-trace", str(trace),
-                 "--graphs", graphs, "--json"]) == 0
+                 "--forward", forward, "--json"]) == 0
     engine = json.loads(capsys.readouterr().out)["stats"]
-    assert engine["graphs"] == graphs
+    assert engine["forward"] == forward
     assert main(["simulate", "--trace", str(trace), "--cache-experts", "20", "--policies", policy, "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["cache_experts"] == engine["cache_experts"] == 20

@@ -25,7 +25,7 @@ from artifact.experiments.notebooks import Outcome, clean_stale_temps, summary_t
 from artifact.experiments.settings import Settings, load_profile, resolve_threads
 from artifact.model.config import get_preset
 from artifact.model.decode import DecodeConfig
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.trace import TraceRecorder
 from artifact.paths import check_writable
 

@@ -8,6 +8,7 @@ import torch
 
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig, generate
+from artifact.model.options import ForwardOptions
 from artifact.offload.runner import run
 from artifact.offload.trace import PRED_ARRAYS, SCHEMA, Trace, TraceError
 from artifact.paths import atomic_write_bytes
@@ -17,12 +18,8 @@ DC = DecodeConfig(gen_length=32)
 
 def live_demands(model, prompts, predict: bool):
     seen = []
-    model.routing.predict_next = predict
-    try:
-        with model.listening(seen.append):
-            gen = generate(model, prompts, DC, record_logits=True)
-    finally:
-        model.routing.predict_next = False
+    with model.listening(seen.append):
+        gen = generate(model, prompts, DC, record_logits=True, options=ForwardOptions(predict_next=predict))
     return seen, gen
 
 
@@ -52,12 +49,10 @@ def test_prediction_does_not_change_the_model_and_is_the_next_router_on_this_lay
     rows = torch.zeros(B, T, dtype=torch.bool)
     rows[0, 2:] = True                                              # only some tokens route
     seen = []
-    model.routing.predict_next = True
     try:
         with model.listening(seen.append):
-            model(ids, pos, rows=rows)
+            model(ids, pos, rows=rows, options=ForwardOptions(predict_next=True))
     finally:
-        model.routing.predict_next = False
         for h in hooks:
             h.remove()
     for d in seen[:-1]:
@@ -72,7 +67,6 @@ def test_prediction_does_not_change_the_model_and_is_the_next_router_on_this_lay
 def test_recorded_prediction_equals_the_live_prediction(tiny, tiny_prompts, tmp_path):
     live, _ = live_demands(tiny.model, tiny_prompts[:2], True)
     rec = run(tiny, tiny_prompts[:2], 2, DC, record=True, prompt_ids=["a", "b"])
-    assert not tiny.model.routing.predict_next, "the run restores the model's setting"
     t = rec.trace
     assert t.has_predictions and len(t) == len(live)
     assert [d.predicted for d in t.demands] == [d.predicted for d in live]

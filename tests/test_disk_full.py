@@ -14,7 +14,7 @@ from artifact.cli import main
 from artifact.experiments.bench import run as bench
 from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.results import read_rows
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.trace import TraceRecorder
 from artifact.paths import DISK_ERRORS
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.eviction import EVICTIONS, LRU, Eviction, TokenLRU
 from artifact.offload.policies import check_policy, describe_evictions, make_policy, parse_spec, split_policies
 from artifact.offload.sim import COUNTS, capacity_for, replay

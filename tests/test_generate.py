@@ -19,8 +19,8 @@ def test_cached_and_full_modes_agree(tiny, tiny_prompts, gen_length):
     assert cached.step_logits.keys() == full.step_logits.keys() and len(full.step_logits) > 10
     for k, v in full.step_logits.items():
         torch.testing.assert_close(cached.step_logits[k], v, rtol=1e-4, atol=1e-4)
-    assert cached.stats["forwards"] == full.stats["forwards"]
-    assert cached.stats["prefill_forwards"] == 2 and full.stats["prefill_forwards"] == 0
+    assert cached.stats.forwards == full.stats.forwards
+    assert cached.stats.prefill_forwards == 2 and full.stats.prefill_forwards == 0
 
 
 def test_batch_decoding_equals_decoding_alone(tiny, tiny_prompts):
@@ -28,13 +28,13 @@ def test_batch_decoding_equals_decoding_alone(tiny, tiny_prompts):
     batch = generate(tiny.model, tiny_prompts, dc)
     alone = [generate(tiny.model, [p], dc).tokens[0] for p in tiny_prompts]
     assert batch.tokens == alone
-    assert batch.stats["batch_size"] == 5 and batch.stats["tokens_generated"] == 5 * 40
+    assert batch.stats.batch_size == 5 and batch.stats.tokens_generated == 5 * 40
 
 
 def test_fewer_steps_accept_more_tokens_per_step(tiny, tiny_prompts):
     many = generate(tiny.model, [tiny_prompts[1]], DecodeConfig(gen_length=64, steps=32))
     few = generate(tiny.model, [tiny_prompts[1]], DecodeConfig(gen_length=64, steps=4))
-    assert few.stats["forwards"] <= 4 * few.stats["blocks"] < many.stats["forwards"]
+    assert few.stats.forwards <= 4 * few.stats.blocks < many.stats.forwards
     assert len(few.tokens[0]) == 64
 
 
@@ -78,7 +78,7 @@ def test_eos_stops_a_row_early(tiny, tiny_prompts):
     cut = first.tokens[0].index(eos)
     assert again.tokens[0] == first.tokens[0][:cut]
     assert eos not in again.tokens[1]
-    assert again.stats["tokens_generated"] == sum(map(len, again.tokens)) < 2 * 64
+    assert again.stats.tokens_generated == sum(map(len, again.tokens)) < 2 * 64
 
 
 def test_events_per_forward(tiny, tiny_prompts):
@@ -88,9 +88,9 @@ def test_events_per_forward(tiny, tiny_prompts):
     cfg = tiny.cfg
     denoise = [d for d in seen if d.step.kind == "denoise"]
     prefill = [d for d in seen if d.step.kind == "prefill"]
-    assert len(denoise) == g.stats["forwards"] * len(cfg.moe_layers)
+    assert len(denoise) == g.stats.forwards * len(cfg.moe_layers)
     # only the 78-token prompt has whole blocks before its first decoded block: one prefill forward
-    assert len(prefill) == g.stats["prefill_forwards"] * len(cfg.moe_layers) == len(cfg.moe_layers)
+    assert len(prefill) == g.stats.prefill_forwards * len(cfg.moe_layers) == len(cfg.moe_layers)
     forwards = [d.step.forward for d in seen]
     assert forwards == sorted(forwards)
     first_step = [d for d in denoise if d.step.block == 1 and d.step.block_step == 0]

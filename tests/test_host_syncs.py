@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from artifact.model.llada2 import MoE
+from artifact.model.options import ForwardOptions
 from artifact.model.syncs import UPLOADS, SyncCounter
 from artifact.offload.engine import offload
 from artifact.offload.link_factory import make_link
@@ -73,18 +74,13 @@ def test_the_counter_sees_host_data_reaching_a_tensor_unless_staged_in_pinned_me
 @pytest.mark.parametrize("capacity", [4, 12])
 def test_one_host_sync_per_moe_layer_on_the_offloaded_path(tiny, policy, capacity):
     cfg = tiny.cfg
-    saved = tiny.model.backend
-    saved_predict = tiny.model.routing.predict_next
     ids, pos, rows = inputs(cfg)
-    try:
-        pol = make_policy(policy, len(cfg.moe_layers), cfg.num_experts, engine=True)
-        offload(tiny.model, tiny.experts, capacity, pol, make_link("emulated", bandwidth_gbps=1000.0))
-        tiny.model.routing.predict_next = pol.needs_prediction     # cross_layer: the prediction rides along
-        c, n_layers = count_per_moe_layer(tiny.model, ((ids, pos), {}), ((ids, pos), {}),
-                                          ((ids, pos), {"rows": rows}))
-    finally:
-        tiny.model.backend = saved
-        tiny.model.routing.predict_next = saved_predict
+    pol = make_policy(policy, len(cfg.moe_layers), cfg.num_experts, engine=True)
+    engine = offload(tiny.model, tiny.experts, capacity, pol, make_link("emulated", bandwidth_gbps=1000.0),
+                     install=False)
+    opts = ForwardOptions(predict_next=pol.needs_prediction, backend=engine)   # cross_layer: the prediction rides
+    c, n_layers = count_per_moe_layer(tiny.model, ((ids, pos), {"options": opts}), ((ids, pos), {"options": opts}),
+                                      ((ids, pos), {"rows": rows, "options": opts}))
     reads = without_uploads(c.kinds)
     assert reads == {"tolist": n_layers, "nonzero": 1}, c.kinds       # 3 forwards: one read per MoE layer each
     assert c.by_key[None] == 1                         # the routed rows: once per forward, outside the layers

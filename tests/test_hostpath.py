@@ -10,7 +10,7 @@ import torch
 from artifact.model.checkpoint import load_checkpoint, random_model, save_checkpoint, state_tensors
 from artifact.model.config import get_preset
 from artifact.model.decode import DecodeConfig
-from artifact.model.llada2 import HAS_GROUPED_MM, ExpertGroup, grouped_ffn, stack_views
+from artifact.model.experts import HAS_GROUPED_MM, ExpertGroup, grouped_ffn, stack_views
 from artifact.offload.cuda_link import wait_event
 from artifact.offload.link import EmulatedLink, LinkTimeout
 from artifact.offload.pacing import Pacing, calibrate_rate
@@ -94,7 +94,7 @@ def test_offloaded_equals_resident_for_every_policy_and_capacity(tiny, tiny_prom
         off = run(tiny, tiny_prompts[:2], 2, DC, spec=spec, record_logits=True,
                   oracle=reference.trace if POLICIES[policy].needs_trace else None)
         assert same_bits(off, reference), (policy, capacity)
-        assert off.stats["demand_misses"] > 0
+        assert off.stats.demand_misses > 0
 
 
 def test_offloaded_loop_kernel_equals_resident_grouped(tiny, tiny_prompts, reference):

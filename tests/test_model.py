@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from artifact.model.config import PRESETS, ModelConfig, get_preset
-from artifact.model.llada2 import ExpertGroup, Router, StepInfo, apply_rope, block_causal_mask, rope_cos_sin
+from artifact.model.experts import ExpertGroup
+from artifact.model.llada2 import apply_rope, block_causal_mask, rope_cos_sin
+from artifact.model.routing import Router, StepInfo
 
 
 def reference_route(h: np.ndarray, W: np.ndarray, bias: np.ndarray, cfg: ModelConfig):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
-from artifact.model.llada2 import StepInfo
+from artifact.model.routing import StepInfo
 from artifact.offload.cache import EMPTY, ExpertCache
 from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps
 from artifact.offload.link_factory import make_link
@@ -43,23 +43,23 @@ def test_offloaded_equals_resident_bit_for_bit(tiny, tiny_prompts, resident, cap
     off = run(tiny, tiny_prompts[:2], 2, DC, spec=OffloadSpec(capacity, policy), record_logits=True)
     assert off.tokens == resident.tokens
     assert same_bits(off, resident)
-    assert off.stats["demand_misses"] > 0 and off.stats["cache_experts"] == capacity
+    assert off.stats.demand_misses > 0 and off.stats.cache_experts == capacity
 
 
 def test_oracle_run_is_exact_too(tiny, tiny_prompts, resident):
     off = run(tiny, tiny_prompts[:2], 2, DC, spec=OffloadSpec(20, "oracle"), oracle=resident.trace,
               record_logits=True)
     assert same_bits(off, resident)
-    assert off.stats["speculative_transfers"] > 0
+    assert off.stats.speculative_transfers > 0
 
 
 def test_full_capacity_has_only_compulsory_misses(tiny, tiny_prompts, resident):
     off = run(tiny, tiny_prompts[:2], 2, DC, spec=OffloadSpec(256, "demand"))
     t = resident.trace
     pairs = {(int(layer), int(e)) for n, layer in enumerate(t.layer) for e in t.experts[t.offsets[n]:t.offsets[n + 1]]}
-    assert off.stats["demand_misses"] == len(pairs)
-    assert off.stats["demand_hits"] + off.stats["demand_misses"] == t.accesses
-    assert off.stats["bytes_h2d"] == len(pairs) * tiny.cfg.expert_params * 4
+    assert off.stats.demand_misses == len(pairs)
+    assert off.stats.demand_hits + off.stats.demand_misses == t.accesses
+    assert off.stats.bytes_h2d == len(pairs) * tiny.cfg.expert_params * 4
 
 
 # --- the cache, on random demand streams ------------------------------------------------------

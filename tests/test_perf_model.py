@@ -14,7 +14,7 @@ from artifact.errors import ProfileError
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, from_gpu_check, hardware, load_gpu_check
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies.performance_model import model_grid, validate_gpu
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.costs import Costs, Hardware, Shape
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec

@@ -20,7 +20,7 @@ from artifact.experiments.bench.results import (
 )
 from artifact.experiments.settings import load_profile
 from artifact.model.decode import DecodeConfig
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.cache import COUNTS, PHASES
 from artifact.offload.policies import check_policy
@@ -179,7 +179,7 @@ def test_bench_phase_columns_and_old_files(tmp_path):
     assert list(COLUMNS[-len(PHASE_COLUMNS) - len(HOST_COLUMNS):-len(HOST_COLUMNS)]) == list(PHASE_COLUMNS)
     stats = {c: 0 for c in COUNTS}
     stats["by_phase"] = {p: {c: i + 10 * j for j, c in enumerate(COUNTS)} for i, p in enumerate(PHASES)}
-    flat = phase_stats(stats)
+    flat = phase_stats(stats["by_phase"])
     assert flat["demand_misses_first"] == 11 and flat["bytes_h2d_later"] == 52
     old = tmp_path / "bench.csv"                      # a file from before the phase columns
     pd.DataFrame(columns=[c for c in COLUMNS if c not in PHASE_COLUMNS]).to_csv(old, index=False)
@@ -199,14 +199,14 @@ def test_engine_stats_by_phase_equal_the_replay(tiny, tiny_prompts, recorded, po
     eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(capacity, policy), record=True,
               prompt_ids=["a", "b", "c"], task="test")
     assert eng.trace.equal_routing(recorded.trace)
-    assert_phases_add_up(eng.stats, COUNTS)
+    assert_phases_add_up(eng.stats.as_dict(), COUNTS)
     sim = replay(eng.trace, policy, capacity, by_phase=True)
     for p in PHASES:
         for k in COUNTS:
-            assert eng.stats["by_phase"][p][k] == sim["by_phase"][p][k], (p, k)
-    assert eng.stats["by_phase"]["prefill"]["demand_misses"] > 0
+            assert eng.stats.by_phase[p][k] == sim["by_phase"][p][k], (p, k)
+    assert eng.stats.by_phase["prefill"]["demand_misses"] > 0
     if policy == "last_step":
-        assert sum(eng.stats["by_phase"][p]["speculative_transfers"] for p in ("first", "later")) > 0
+        assert sum(eng.stats.by_phase[p]["speculative_transfers"] for p in ("first", "later")) > 0
 
 
 def test_simulate_by_phase_on_a_recorded_trace(recorded, tmp_path, capsys):

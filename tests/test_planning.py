@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.cache import COUNTS, EMPTY, PHASES, ExpertCache, phase_of
 from artifact.offload.policies import (
     POLICIES,

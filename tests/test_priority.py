@@ -284,10 +284,10 @@ def test_engine_counts_equal_replay_under_demand_priority(tiny, tiny_prompts, po
         spec = OffloadSpec(12, policy, link_priority=prio)
         out[prio] = run(tiny, tiny_prompts[:2], 2, DC, spec=spec, record=True, prompt_ids=ids,
                         oracle=rec.trace if policy == "oracle" else None)
-        assert out[prio].tokens == rec.tokens and out[prio].stats["link_priority"] == prio
+        assert out[prio].tokens == rec.tokens and out[prio].stats.link_priority == prio
     sim = replay(out["demand"].trace, policy, 12)
     for k in COUNTS:
-        assert out["demand"].stats[k] == sim[k] == out["fifo"].stats[k], k
-    assert out["demand"].stats["link_bytes"] == out["fifo"].stats["link_bytes"]
+        assert getattr(out["demand"].stats, k) == sim[k] == getattr(out["fifo"].stats, k), k
+    assert out["demand"].stats.link_bytes == out["fifo"].stats.link_bytes
     if policy not in ("demand", "last_step_conservative"):     # conservative never transfers (docs/policies.md)
         assert sim["speculative_transfers"] > 0

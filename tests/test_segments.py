@@ -1,4 +1,4 @@
-"""graphs "on": the forward as segments between the router syncs (artifact/model/segments.py).
+"""forward "segmented": the forward as segments between the router syncs (artifact/model/segments.py).
 
 On the CPU the segments run eagerly; these tests check what capture relies on and what it must not change:
 the segments equal the eager forward bit for bit (float32), resident and offloaded, with and without routed
@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from artifact.model.llada2 import GRAPH_MODES, KVCache, StepInfo
+from artifact.model.kv_cache import KVCache
+from artifact.model.options import FORWARD_MODES, ForwardOptions
+from artifact.model.routing import StepInfo
 from artifact.model.segments import MAX_PROGRAMS, programs
 from artifact.model.syncs import SyncCounter
 from artifact.offload.engine import offload
@@ -26,36 +28,33 @@ def inputs(cfg, batch, seed):
     return prefix, ids
 
 
-def decode_like(model, graphs, prefix, ids, rows):
+def decode_like(model, opts, prefix, ids, rows):
     """Prefill a block (eager), then a committing denoising forward and a plain one, as the decoder does.
     -> (logits of both denoising forwards, the KV cache after them)."""
     cfg = model.cfg
     B, n = prefix.shape[0], cfg.block_length
-    model.graphs = graphs
     cache = KVCache(cfg, B, 4 * n, "cpu", torch.float32)
     model.routing.step = StepInfo(0, -1, -1, "prefill")
-    model(prefix, torch.arange(n).expand(B, n), cache=cache, commit=n, logits_rows=slice(0, 0))
+    model(prefix, torch.arange(n).expand(B, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts)
     model.routing.step = StepInfo(1, 0, 0, "denoise")
     pos = torch.arange(n, 3 * n).expand(B, 2 * n)
-    a = model(ids, pos, cache=cache, commit=n, rows=rows, logits_rows=slice(n, 2 * n))
+    a = model(ids, pos, cache=cache, commit=n, rows=rows, logits_rows=slice(n, 2 * n), options=opts)
     model.routing.step = StepInfo(2, 0, 1, "denoise")
     b = model(ids[:, n:], pos[:, n:], cache=cache, rows=None if rows is None else rows[:, n:],
-              logits_rows=slice(0, n))
+              logits_rows=slice(0, n), options=opts)
     return (a, b), cache
 
 
-def with_backend(tiny, policy, capacity, fn):
-    """fn() with a fresh offloaded engine (policy at capacity C), or resident when policy is None."""
-    model = tiny.model
-    saved, saved_predict, saved_graphs = model.backend, model.routing.predict_next, model.graphs
-    try:
-        if policy is not None:
-            pol = make_policy(policy, len(tiny.cfg.moe_layers), tiny.cfg.num_experts, engine=True)
-            offload(model, tiny.experts, capacity, pol, make_link("emulated", bandwidth_gbps=1000.0))
-            model.routing.predict_next = pol.needs_prediction
-        return fn()
-    finally:
-        model.backend, model.routing.predict_next, model.graphs = saved, saved_predict, saved_graphs
+def options(tiny, policy, capacity, forward, predict_next=None):
+    """Options of a forward with a fresh offloaded engine (policy at capacity C), or resident when policy is None;
+    the cross-layer prediction when the policy reads it (or as given)."""
+    if policy is None:
+        return ForwardOptions(forward, predict_next=bool(predict_next))
+    pol = make_policy(policy, len(tiny.cfg.moe_layers), tiny.cfg.num_experts, engine=True)
+    engine = offload(tiny.model, tiny.experts, capacity, pol, make_link("emulated", bandwidth_gbps=1000.0),
+                     install=False)
+    predict = pol.needs_prediction if predict_next is None else predict_next
+    return ForwardOptions(forward, predict_next=predict, backend=engine)
 
 
 @pytest.mark.parametrize("policy, capacity", [(None, 0), ("demand", 6), ("last_step", 12), ("cross_layer", 12)])
@@ -66,8 +65,8 @@ def test_segments_equal_the_eager_forward_bit_for_bit(tiny, policy, capacity, fi
     rows = None
     if finished_row:                                     # row 1 has finished its block: fed, not routed
         rows = torch.tensor([[True], [False]]).expand(B, ids.shape[1])
-    (a0, b0), c0 = with_backend(tiny, policy, capacity, lambda: decode_like(tiny.model, "off", prefix, ids, rows))
-    (a1, b1), c1 = with_backend(tiny, policy, capacity, lambda: decode_like(tiny.model, "on", prefix, ids, rows))
+    (a0, b0), c0 = decode_like(tiny.model, options(tiny, policy, capacity, "eager"), prefix, ids, rows)
+    (a1, b1), c1 = decode_like(tiny.model, options(tiny, policy, capacity, "segmented"), prefix, ids, rows)
     assert torch.equal(a0, a1) and torch.equal(b0, b1)
     assert c0.lengths == c1.lengths == [2 * tiny.cfg.block_length] * B
     assert torch.equal(c0.lens, c1.lens)
@@ -75,28 +74,25 @@ def test_segments_equal_the_eager_forward_bit_for_bit(tiny, policy, capacity, fi
 
 
 @pytest.mark.parametrize("policy", [None, "demand", "last_step", "cross_layer"])
-def test_one_host_read_per_moe_layer_and_no_host_data_with_graphs_on(tiny, policy):
+def test_one_host_read_per_moe_layer_and_no_host_data_when_segmented(tiny, policy):
     B = 2
     prefix, ids = inputs(tiny.cfg, B, seed=4)
     rows = torch.tensor([[True], [False]]).expand(B, ids.shape[1])
     n_moe = len(tiny.cfg.moe_layers)
 
-    def count():
-        counter = SyncCounter()
-        model = tiny.model
-        model.graphs = "on"
-        n = tiny.cfg.block_length
-        cache = KVCache(tiny.cfg, B, 4 * n, "cpu", torch.float32)
-        model.routing.step = StepInfo(0, -1, -1, "prefill")
-        model(prefix, torch.arange(n).expand(B, n), cache=cache, commit=n, logits_rows=slice(0, 0))
-        model.routing.step = StepInfo(1, 0, 0, "denoise")
-        pos = torch.arange(n, 3 * n).expand(B, 2 * n)
-        with counter:
-            model(ids, pos, cache=cache, commit=n, rows=rows, logits_rows=slice(n, 2 * n))
-            model(ids[:, n:], pos[:, n:], cache=cache, logits_rows=slice(0, n))
-        return counter
-
-    c = with_backend(tiny, policy, 6, count)
+    counter = SyncCounter()
+    model = tiny.model
+    opts = options(tiny, policy, 6, "segmented")
+    n = tiny.cfg.block_length
+    cache = KVCache(tiny.cfg, B, 4 * n, "cpu", torch.float32)
+    model.routing.step = StepInfo(0, -1, -1, "prefill")
+    model(prefix, torch.arange(n).expand(B, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts)
+    model.routing.step = StepInfo(1, 0, 0, "denoise")
+    pos = torch.arange(n, 3 * n).expand(B, 2 * n)
+    with counter:
+        model(ids, pos, cache=cache, commit=n, rows=rows, logits_rows=slice(n, 2 * n), options=opts)
+        model(ids[:, n:], pos[:, n:], cache=cache, logits_rows=slice(0, n), options=opts)
+    c = counter
     assert c.kinds == {"tolist": 2 * n_moe}, c.kinds     # 2 forwards: the counts of each MoE layer, nothing else
     assert c.uploads == 0
 
@@ -104,28 +100,24 @@ def test_one_host_read_per_moe_layer_and_no_host_data_with_graphs_on(tiny, polic
 def test_programs_are_kept_per_forward_shape_and_bounded(tiny):
     model, cfg = tiny.model, tiny.cfg
     n = cfg.block_length
-    saved = model.graphs
-    try:
-        model.graphs = "on"
-        progs = programs(model)
-        progs.clear()
-        cache = KVCache(cfg, 1, 8 * n, "cpu", torch.float32)
-        ids = torch.randint(8, 100, (1, n))
-        model.routing.step = StepInfo(0, 0, 0, "denoise")
-        for _ in range(3):                               # same shape, same cache: one program, three runs
-            model(ids, torch.arange(n)[None], cache=cache, logits_rows=slice(0, n))
-        assert len(progs) == 1 and next(iter(progs.values())).runs == 3
-        model.routing.step = StepInfo(1, -1, -1, "prefill")
-        model(ids, torch.arange(n)[None], cache=cache, commit=n, logits_rows=slice(0, 0))
-        assert len(progs) == 1                           # a prefill forward stays eager
-        model.routing.step = StepInfo(2, 0, 0, "denoise")
-        for _ in range(MAX_PROGRAMS + 2):                # each cache is a new shape key
-            other = KVCache(cfg, 1, 8 * n, "cpu", torch.float32)
-            model(ids, torch.arange(n)[None], cache=other, logits_rows=slice(0, n))
-        assert len(progs) == MAX_PROGRAMS
-    finally:
-        model.graphs = saved
-        programs(model).clear()
+    opts = ForwardOptions("segmented")
+    progs = programs(model)
+    progs.clear()
+    cache = KVCache(cfg, 1, 8 * n, "cpu", torch.float32)
+    ids = torch.randint(8, 100, (1, n))
+    model.routing.step = StepInfo(0, 0, 0, "denoise")
+    for _ in range(3):                                   # same shape, same cache: one program, three runs
+        model(ids, torch.arange(n)[None], cache=cache, logits_rows=slice(0, n), options=opts)
+    assert len(progs) == 1 and next(iter(progs.values())).runs == 3
+    model.routing.step = StepInfo(1, -1, -1, "prefill")
+    model(ids, torch.arange(n)[None], cache=cache, commit=n, logits_rows=slice(0, 0), options=opts)
+    assert len(progs) == 1                               # a prefill forward stays eager
+    model.routing.step = StepInfo(2, 0, 0, "denoise")
+    for _ in range(MAX_PROGRAMS + 2):                    # each cache is a new shape key
+        other = KVCache(cfg, 1, 8 * n, "cpu", torch.float32)
+        model(ids, torch.arange(n)[None], cache=other, logits_rows=slice(0, n), options=opts)
+    assert len(progs) == MAX_PROGRAMS
+    progs.clear()
 
 
 def test_a_second_run_of_the_same_shapes_reuses_the_programs(tiny):
@@ -133,44 +125,48 @@ def test_a_second_run_of_the_same_shapes_reuses_the_programs(tiny):
     the programs (and on CUDA the graphs) of the first: nothing new is built."""
     from artifact.model.decode import DecodeConfig, generate
     model = tiny.model
-    saved = model.graphs
+    opts = ForwardOptions("segmented")
     prompts = [[11, 12, 13] * 5, [14, 15] * 20]
-    try:
-        model.graphs = "on"
-        programs(model).clear()
-        first = generate(model, prompts, DecodeConfig(gen_length=32))
-        built = dict(programs(model))
-        runs = {k: p.runs for k, p in built.items()}
-        second = generate(model, prompts, DecodeConfig(gen_length=32))
-        assert second.tokens == first.tokens
-        assert dict(programs(model)) == built                            # the same Program objects
-        assert sum(p.runs for p in built.values()) == 2 * sum(runs.values())
-    finally:
-        model.graphs = saved
-        programs(model).clear()
+    programs(model).clear()
+    first = generate(model, prompts, DecodeConfig(gen_length=32), options=opts)
+    built = dict(programs(model))
+    runs = {k: p.runs for k, p in built.items()}
+    second = generate(model, prompts, DecodeConfig(gen_length=32), options=opts)
+    assert second.tokens == first.tokens
+    assert dict(programs(model)) == built                                # the same Program objects
+    assert sum(p.runs for p in built.values()) == 2 * sum(runs.values())
+    programs(model).clear()
 
 
-def test_a_bad_graphs_mode_is_refused(tiny):
-    with pytest.raises(ValueError, match=r"unknown graphs mode 'yes'; choose one of \('off', 'on'\)"):
-        tiny.model.graphs = "yes"
-    assert tiny.model.graphs in GRAPH_MODES
+def test_a_bad_forward_mode_is_refused():
+    with pytest.raises(ValueError, match=r"unknown forward mode 'yes'; choose one of \('eager', 'segmented'\)"):
+        ForwardOptions("yes")
+    assert ForwardOptions().forward == FORWARD_MODES[0] == "eager"
+
+
+def test_a_run_refuses_a_bad_forward_mode_before_it_decodes(tiny):
+    from artifact.errors import SettingError
+    from artifact.offload.runner import run
+    with pytest.raises(SettingError, match=r"unknown forward mode 'on'; choose one of \('eager', 'segmented'\)"):
+        run(tiny, [[11, 12]], 1, forward="on")
 
 
 @pytest.mark.parametrize("policy", [None, "last_step"])
-def test_runs_with_graphs_on_equal_graphs_off(tiny, tiny_prompts, policy):
+def test_segmented_runs_equal_eager_runs(tiny, tiny_prompts, policy):
     """Whole runs: tokens, every step's logits and the engine's counts are the same."""
     from artifact.model.decode import DecodeConfig
     from artifact.offload.runner import OffloadSpec, run
     dc = DecodeConfig(gen_length=40)
     # a link that never makes compute wait: the run checks exactness, not timing
     spec = None if policy is None else OffloadSpec(12, policy, bandwidth_gbps=1000.0, latency_us=0.0)
-    off = run(tiny, tiny_prompts[:3], 3, dc, spec=spec, record_logits=True, graphs="off")
-    on = run(tiny, tiny_prompts[:3], 3, dc, spec=spec, record_logits=True, graphs="on")
-    assert on.tokens == off.tokens and on.stats["graphs"] == "on"
-    assert policy is None or on.stats["demand_misses"] > 0               # the groups came through the engine
+    off = run(tiny, tiny_prompts[:3], 3, dc, spec=spec, record_logits=True, forward="eager")
+    on = run(tiny, tiny_prompts[:3], 3, dc, spec=spec, record_logits=True, forward="segmented")
+    assert on.tokens == off.tokens and on.stats.forward == "segmented" and off.segments is None
+    assert on.segments.captures == on.segments.replays == 0 and not on.segments.replayed     # CPU: eager segments
+    assert policy is None or on.stats.demand_misses > 0                  # the groups came through the engine
     for x, y in zip(off.generations, on.generations):
         assert x.step_logits.keys() == y.step_logits.keys()
         assert all(torch.equal(x.step_logits[k], y.step_logits[k]) for k in x.step_logits)
     keys = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "transfers", "link_bytes")
-    assert {k: on.stats.get(k) for k in keys} == {k: off.stats.get(k) for k in keys}
-    assert len(on.stats["forward_host_ms"]) == on.stats["forwards"]
+    assert {k: getattr(on.stats, k) for k in keys} == {k: getattr(off.stats, k) for k in keys}
+    assert len(on.stats.forward_host_ms) == on.stats.forwards

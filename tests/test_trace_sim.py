@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from artifact.cli import main
 from artifact.experiments.settings import Settings
 from artifact.model.decode import DecodeConfig
-from artifact.model.llada2 import Demand, StepInfo
+from artifact.model.routing import Demand, StepInfo
 from artifact.offload.eviction import EVICTIONS
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for, replay, sweep
@@ -37,7 +37,7 @@ def recorded(tiny, tiny_prompts):
 def test_a_second_greedy_run_reproduces_the_trace(tiny, tiny_prompts, recorded):
     again = run(tiny, tiny_prompts[:3], 2, DC, record=True, prompt_ids=["a", "b", "c"], task="test")
     assert again.trace.equal_routing(recorded.trace) and again.tokens == recorded.tokens
-    assert recorded.trace.meta["batch_size"] == 2 and recorded.stats["batches"] == 2
+    assert recorded.trace.meta["batch_size"] == 2 and recorded.stats.batches == 2
     f = recorded.trace.forward
     assert (np.diff(f) >= 0).all(), "forward indices run on across the two batches"
 
@@ -54,7 +54,7 @@ def test_engine_counts_equal_the_simulator_replay(tiny, tiny_prompts, recorded, 
     sim = replay(eng.trace, f"{policy}:lookahead={lookahead}" if lookahead > 1 else policy, capacity, tau=2,
                  by_phase=True)
     for k in COUNTS:
-        assert eng.stats[k] == sim[k], k
+        assert getattr(eng.stats, k) == sim[k], k
     assert all(sum(p[k] for p in sim["by_phase"].values()) == sim[k] for k in COUNTS)
     if policy in ("last_step", "oracle"):
         assert sim["speculative_transfers"] > 0
@@ -70,7 +70,7 @@ def test_every_eviction_counts_alike_in_engine_and_replay(tiny, tiny_prompts, re
               prompt_ids=["a", "b", "c"], task="test")
     assert eng.tokens == recorded.tokens and eng.trace.equal_routing(recorded.trace)
     sim = replay(eng.trace, spec, capacity, by_phase=True, tau=2)
-    assert {k: eng.stats[k] for k in COUNTS} == {k: sim[k] for k in COUNTS}
+    assert {k: getattr(eng.stats, k) for k in COUNTS} == {k: sim[k] for k in COUNTS}
     prefetch, eviction = spec.split("+")
     if eviction != "lru":                # the eviction reaches the cache: another rule, other counts
         lru = replay(eng.trace, prefetch, capacity, tau=2)
@@ -201,4 +201,4 @@ def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, re
     two, one = replay(eng.trace, "top_count:lookahead=2", 20), replay(eng.trace, "top_count", 20)
     assert [two[k] for k in COUNTS] != [one[k] for k in COUNTS], "the spec option reaches the constructor"
     sim = replay(eng.trace, "top_count", 20)
-    assert all(eng.stats[k] == sim[k] for k in COUNTS) and sim["speculative_transfers"] > 0
+    assert all(getattr(eng.stats, k) == sim[k] for k in COUNTS) and sim["speculative_transfers"] > 0

@@ -14,7 +14,7 @@ import torch
 from artifact.cli.args import D, add_decode_args, add_model_args, add_policy_module_arg, add_threads_arg, floats, ints
 from artifact.errors import SettingError
 from artifact.model.decode import MAX_BATCH
-from artifact.model.llada2 import GRAPH_MODES
+from artifact.model.options import FORWARD_MODES
 from artifact.model.tasks import TASKS
 from artifact.offload.eviction import EVICTIONS
 from artifact.offload.export import FORMATS, export
@@ -101,15 +101,15 @@ def cmd_generate(a):
     r = prepare(request)
     loaded = r.load()
     res = run(loaded, r.prompts, r.batch_size, r.dc, spec=r.spec, device=a.device, oracle=r.oracle,
-              record=bool(a.record_trace), prompt_ids=r.prompt_ids, graphs=a.graphs)
-    res.stats["threads"] = torch.get_num_threads()
+              record=bool(a.record_trace), prompt_ids=r.prompt_ids, forward=a.forward)
+    res.stats.threads = torch.get_num_threads()
     text = [r.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
     if a.json:
-        print(json.dumps({"tokens": res.tokens, "text": text, "stats": res.stats}))
+        print(json.dumps({"tokens": res.tokens, "text": text, "stats": res.stats.as_dict()}))
     else:
         for t in text:
             print(t)
-        print(_table(res.stats), file=sys.stderr)
+        print(_table(res.stats.as_dict()), file=sys.stderr)
     if a.record_trace:              # after the output: a failing write (disk full) loses the file, not the run
         res.trace.save(a.record_trace)
 
@@ -124,7 +124,7 @@ def cmd_trace(a):
     res.trace.save(a.out)
     print(f"{a.out}: {len(res.trace)} demands, {res.trace.accesses} expert accesses, "
           f"mean working set W = {mean_working_set(res.trace):.1f} experts/layer/step, "
-          f"{res.stats['tokens_per_second']:.1f} tokens/s, {torch.get_num_threads()} torch threads")
+          f"{res.stats.tokens_per_second:.1f} tokens/s, {torch.get_num_threads()} torch threads")
 
 
 def cmd_simulate(a):
@@ -225,9 +225,9 @@ def add_cli(sub) -> None:
     g.add_argument("--record-trace", type=Path, default=None)
     g.add_argument("--force", action="store_true", help="replace an existing --record-trace file")
     g.add_argument("--json", action="store_true")
-    g.add_argument("--graphs", choices=GRAPH_MODES, default="off",
-                   help="on: denoising forwards run as segments between the router syncs, captured as CUDA "
-                        "graphs on a GPU (eager on the CPU); off: the eager forward")
+    g.add_argument("--forward", choices=FORWARD_MODES, default=D.forward,
+                   help="segmented: denoising forwards run as segments between the router syncs, captured as "
+                        f"CUDA graphs on a GPU (eager on the CPU); eager: the reference forward (default: {D.forward})")
     add_threads_arg(g)
     g.set_defaults(fn=cmd_generate)
 

@@ -162,9 +162,9 @@ def forward_of(row: dict) -> str | None:
 
 
 def replayed(row: dict) -> bool:
-    """A segmented row whose segments replayed as CUDA graphs (replays > 0, no capture error); False for a
-    row without the counters."""
-    return bool(row.get("replays")) and not row.get("capture_error")
+    """A segmented row whose segments replayed as CUDA graphs (replays > 0, no capture error, no piece of its
+    timed run eager for want of a graph); False for a row without the counters."""
+    return bool(row.get("replays")) and not row.get("capture_error") and not row.get("eager")
 
 
 def measured_segmented(row: dict) -> bool:

@@ -28,7 +28,7 @@ from artifact.errors import ProfileError, SettingError
 from artifact.experiments.hardware import HARDWARE
 from artifact.model.checkpoint import DTYPES
 from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
-from artifact.model.llada2 import GRAPH_MODES
+from artifact.model.options import FORWARD_MODES
 from artifact.model.tasks import TASKS
 from artifact.offload.link import LINKS, PCIE_LATENCY_US
 from artifact.offload.policies import check_policy
@@ -90,9 +90,9 @@ class Settings:
     # wall = the emulated link sleeps and compute spins for real (cpu-emulated only); virtual = a virtual
     # clock advances by the hardware profile's modelled costs, nothing sleeps (offload/costs.py).
     clock: str = "virtual"
-    # How the model runs its denoising forwards in the bench: off = the eager forward; on = segments between
-    # the router syncs, captured as CUDA graphs on a GPU (artifact/model/segments.py; eager on the CPU).
-    graphs: str = "off"
+    # How the model runs its denoising forwards (artifact/model/options.py): eager = the reference forward;
+    # segmented = segments between the router syncs, captured as CUDA graphs on a GPU (eager on the CPU).
+    forward: str = "eager"
     hardware: str = "cpu-emulated"       # the performance model's hardware profile: a5000 | h200 | cpu-emulated
     # torch intra-op threads of every command (CLI --threads) and bench run. None: 1 for the tiny model on
     # the CPU (its ops are too small to gain from threads, and on 2 shared cores OpenMP spin-waiting made
@@ -460,7 +460,7 @@ def _check_values(P: Settings, origin: dict) -> None:
     choices("link", [P.link], LINKS)
     choices("link_priority", [P.link_priority], PRIORITIES)
     choices("clock", [P.clock], CLOCKS)
-    choices("graphs", [P.graphs], GRAPH_MODES)
+    choices("forward", [P.forward], FORWARD_MODES)
     choices("hardware", [P.hardware], sorted(HARDWARE))
     choices("mode", [P.mode], MODES)
     choices("tasks", P.tasks, TASKS)

@@ -19,7 +19,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from artifact.model.config import ModelConfig, get_preset
-from artifact.model.llada2 import LLaDA2MoE, ResidentExperts, pack_expert
+from artifact.model.experts import ResidentExperts, pack_expert
+from artifact.model.llada2 import LLaDA2MoE
 from artifact.model.memory import check_slots_fit, pin_host
 from artifact.paths import cache_dir, data_dir
 

@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from artifact.model.llada2 import KVCache, LLaDA2MoE, StepInfo
+from artifact.model.kv_cache import KVCache
+from artifact.model.llada2 import LLaDA2MoE
+from artifact.model.options import EAGER, ForwardOptions
+from artifact.model.routing import StepInfo
 
 MODES = ("cached", "full")
 MAX_BATCH = 8                  # prompts decoded together: the batch sizes the paper measures (1-8)
@@ -48,9 +51,25 @@ class DecodeConfig:
 
 
 @dataclass
+class DecodeStats:
+    """What one generate did."""
+    batch_size: int
+    mode: str
+    forwards: int                    # denoising forwards
+    prefill_forwards: int
+    tokens_generated: int
+    seconds: float
+    tokens_per_second: float
+    tokens_per_forward: float
+    blocks: int                      # block rounds
+    forward_host_ms: list[float]     # per denoising forward: host ms less the time blocked in router syncs
+    forward_wall_ms: list[float]     # per denoising forward: CUDA event ms (GPU), elapsed ms (CPU)
+
+
+@dataclass
 class Generation:
     tokens: list[list[int]]                   # generated ids per prompt, cut before the first eos
-    stats: dict
+    stats: DecodeStats
     step_logits: dict = field(default_factory=dict)   # (row, block, step) -> (block, V), when recorded
 
 
@@ -88,14 +107,13 @@ def accept(block: torch.Tensor, logits: torch.Tensor, mask_id: int, threshold: f
     block[chosen] = x0[chosen]
 
 
-def prefill(model: LLaDA2MoE, run, seqs: list[torch.Tensor], first: list[int], nblocks: list[int],
-            pool: dict) -> KVCache:
+def prefill(model: LLaDA2MoE, run, seqs: list[torch.Tensor], first: list[int], nblocks: list[int]) -> KVCache:
     """cached mode: one batched cache from the model's pool (the same tensors for every run of this shape, so
     graphs captured over it stay valid), each row's prompt prefilled alone into its row."""
     cfg, n = model.cfg, model.cfg.block_length
     dev = seqs[0].device
     shape = (len(seqs), cfg.num_key_value_heads, max(nblocks) * n, cfg.head_dim)
-    cache = KVCache.pooled(pool, cfg.num_hidden_layers, shape, dev, model.lm_head.weight.dtype)
+    cache = model.kv_pool.cache(cfg.num_hidden_layers, shape, dev, model.lm_head.weight.dtype)
     for b, seq in enumerate(seqs):
         full = first[b] * n
         if full:
@@ -139,10 +157,51 @@ def step_full(run, seqs, active: list[int], blk: dict, r: int, s: int, n: int, m
     return run("denoise", r, s, ids, pos, key_valid=valid, rows=valid, logits_rows=gather), active
 
 
-@torch.no_grad()
-def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = DecodeConfig(),
-             record_logits: bool = False) -> Generation:
-    cfg = model.cfg
+class Forwards:
+    """The decoder's forwards: each gets its StepInfo and the run's options; a denoising forward is timed.
+    Per denoising forward: host ms (the Python of the forward, minus the time blocked in the router syncs)
+    and wall ms (CUDA: an event pair around it on the compute stream, read once at the end; CPU: elapsed)."""
+
+    def __init__(self, model: LLaDA2MoE, options: ForwardOptions):
+        self.model, self.options = model, options
+        self.dev = model.lm_head.weight.device
+        self.counter = {"forward": 0, "denoise": 0, "prefill": 0}
+        self.host_ms: list[float] = []
+        self.timers: list = []
+
+    def __call__(self, kind: str, block: int, step: int, *args, **kw) -> torch.Tensor:
+        routing = self.model.routing
+        routing.step = StepInfo(self.counter["forward"], block, step, kind)
+        self.counter["forward"] += 1
+        self.counter[kind] += 1
+        if kind != "denoise":
+            return self.model(*args, options=self.options, **kw)
+        w0, t0 = routing.host_counts.wait_seconds, time.perf_counter()
+        pair = _event_pair(self.dev)
+        out = self.model(*args, options=self.options, **kw)
+        t1 = time.perf_counter()
+        self.host_ms.append(1e3 * (t1 - t0 - (routing.host_counts.wait_seconds - w0)))
+        if pair is None:
+            self.timers.append(1e3 * (t1 - t0))
+        else:
+            pair[1].record()
+            self.timers.append(pair)
+        return out
+
+    def wall_ms(self) -> list[float]:
+        return [t if isinstance(t, float) else t[0].elapsed_time(t[1]) for t in self.timers]
+
+
+@dataclass
+class Layout:
+    """The sequences of a batch: each row's prompt then masks up to whole blocks."""
+    seqs: list[torch.Tensor]      # (nblocks[b] * n,) per row
+    plen: list[int]               # prompt lengths
+    nblocks: list[int]            # blocks per row
+    first: list[int]              # first block each row decodes
+
+
+def check_prompts(cfg, prompts: list[list[int]], dc: DecodeConfig) -> None:
     if not 1 <= len(prompts) <= MAX_BATCH:
         raise ValueError(f"batch size must be 1-{MAX_BATCH} prompts, got {len(prompts)}")
     for i, p in enumerate(prompts):
@@ -150,108 +209,110 @@ def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = Deco
             raise ValueError(f"prompt {i} is empty")
         if max(p) >= cfg.vocab_size or min(p) < 0:
             raise ValueError(f"prompt {i} has token ids outside [0, {cfg.vocab_size})")
-    dev = model.lm_head.weight.device
-    B, n = len(prompts), cfg.block_length
-    mask_id, eos = cfg.mask_token_id, cfg.eos_token_id
+    n = cfg.block_length
+    need = max(-(-(len(p) + dc.gen_length) // n) for p in prompts) * n
+    if need > cfg.max_position_embeddings:
+        raise ValueError(f"prompt + gen_length needs {need} positions > "
+                         f"max_position_embeddings {cfg.max_position_embeddings}")
+
+
+def layout(cfg, prompts: list[list[int]], dc: DecodeConfig, dev) -> Layout:
+    n = cfg.block_length
     plen = [len(p) for p in prompts]
     nblocks = [-(-(p + dc.gen_length) // n) for p in plen]
-    if max(nblocks) * n > cfg.max_position_embeddings:
-        raise ValueError(f"prompt + gen_length needs {max(nblocks) * n} positions > "
-                         f"max_position_embeddings {cfg.max_position_embeddings}")
     seqs = []
     for p, nb in zip(prompts, nblocks):
-        x = torch.full((nb * n,), mask_id, dtype=torch.long, device=dev)
+        x = torch.full((nb * n,), cfg.mask_token_id, dtype=torch.long, device=dev)
         x[:len(p)] = torch.tensor(p, device=dev)
         seqs.append(x)
-    first = [p // n for p in plen]                                      # first block each row decodes
-    schedule = transfer_schedule(n, dc.steps)
-    routing = model.routing
-    counter = {"forward": 0, "denoise": 0, "prefill": 0}
+    return Layout(seqs, plen, nblocks, [p // n for p in plen])
+
+
+def decode_round(run: Forwards, lay: Layout, rows: list[int], r: int, cache: KVCache | None, dc: DecodeConfig,
+                 schedule: list[int], logits_out: dict | None) -> dict[int, int]:
+    """Block round r: every row in `rows` denoises its current block (the rows' first block + r) until no mask
+    is left or the schedule ends. -> each row's block."""
+    cfg = run.model.cfg
+    n, mask_id = cfg.block_length, cfg.mask_token_id
+    blk = {b: lay.first[b] + r for b in rows}
+    views = {b: lay.seqs[b][blk[b] * n:(blk[b] + 1) * n] for b in rows}   # views: updates write through
+    for s, quota in enumerate(schedule):
+        active = [b for b in rows if bool((views[b] == mask_id).any())]
+        if not active:
+            break
+        if cache is not None:
+            logits, fed = step_cached(run, lay.seqs, rows, active, blk, r, s, n, cache)
+        else:
+            logits, fed = step_full(run, lay.seqs, active, blk, r, s, n, mask_id)
+        for i, b in enumerate(fed):
+            if b not in active:
+                continue
+            if logits_out is not None:
+                logits_out[(b, blk[b], s)] = logits[i].cpu()
+            accept(views[b], logits[i], mask_id, dc.threshold, quota)
+    return blk
+
+
+def finished_rows(cfg, lay: Layout, rows: list[int], blk: dict[int, int], dc: DecodeConfig) -> list[int]:
+    """The rows whose sequence ends with this round: last block decoded, or eos generated (early stop)."""
+    n = cfg.block_length
+    out = []
+    for b in rows:
+        gen = lay.seqs[b][lay.plen[b]:(blk[b] + 1) * n]
+        if blk[b] + 1 == lay.nblocks[b] or (dc.eos_early_stop and bool((gen == cfg.eos_token_id).any())):
+            out.append(b)
+    return out
+
+
+@torch.no_grad()
+def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = DecodeConfig(),
+             record_logits: bool = False, options: ForwardOptions = EAGER) -> Generation:
+    """Decode a batch of prompts; every forward runs with `options` (artifact/model/options.py)."""
+    cfg = model.cfg
+    check_prompts(cfg, prompts, dc)
+    dev = model.lm_head.weight.device
+    lay = layout(cfg, prompts, dc, dev)
+    schedule = transfer_schedule(cfg.block_length, dc.steps)
+    run = Forwards(model, options)
     logits_out: dict = {}
-
-    # Per denoising forward: host ms (the Python of the forward, minus the time blocked in the router syncs)
-    # and wall ms (CUDA: an event pair around it on the compute stream, read once at the end; CPU: elapsed).
-    host_ms: list[float] = []
-    timers: list = []
-
-    def run(kind, block, step, *args, **kw):
-        routing.step = StepInfo(counter["forward"], block, step, kind)
-        counter["forward"] += 1
-        counter[kind] += 1
-        timed = kind == "denoise"
-        if timed:
-            w0, t0 = routing.host_counts.wait_seconds, time.perf_counter()
-            pair = _event_pair(dev)
-        out = model(*args, **kw)
-        if timed:
-            t1 = time.perf_counter()
-            host_ms.append(1e3 * (t1 - t0 - (routing.host_counts.wait_seconds - w0)))
-            if pair is None:
-                timers.append(1e3 * (t1 - t0))
-            else:
-                pair[1].record()
-                timers.append(pair)
-        return out
-
     t0 = time.perf_counter()
-    rows = list(range(B))                                               # rows still decoding
-    done_at = {}
-    cache = None
-    pool = routing.kv_pool
-    if dc.mode == "cached":
-        cache = prefill(model, run, seqs, first, nblocks, pool)
+    rows = list(range(len(prompts)))                                    # rows still decoding
+    cache = prefill(model, run, lay.seqs, lay.first, lay.nblocks) if dc.mode == "cached" else None
     r = 0
     while rows:
-        blk = {b: first[b] + r for b in rows}
-        views = {b: seqs[b][blk[b] * n:(blk[b] + 1) * n] for b in rows}   # views: updates write through
-        for s, quota in enumerate(schedule):
-            active = [b for b in rows if bool((views[b] == mask_id).any())]
-            if not active:
-                break
-            if dc.mode == "cached":
-                logits, fed = step_cached(run, seqs, rows, active, blk, r, s, n, cache)
-            else:
-                logits, fed = step_full(run, seqs, active, blk, r, s, n, mask_id)
-            for i, b in enumerate(fed):
-                if b not in active:
-                    continue
-                if record_logits:
-                    logits_out[(b, blk[b], s)] = logits[i].cpu()
-                accept(views[b], logits[i], mask_id, dc.threshold, quota)
-        finished = []
-        for b in rows:
-            gen = seqs[b][plen[b]:(blk[b] + 1) * n]
-            if blk[b] + 1 == nblocks[b] or (dc.eos_early_stop and bool((gen == eos).any())):
-                finished.append(b)
-                done_at[b] = blk[b]
+        blk = decode_round(run, lay, rows, r, cache, dc, schedule, logits_out if record_logits else None)
+        finished = finished_rows(cfg, lay, rows, blk, dc)
         if finished:
             keep = [i for i, b in enumerate(rows) if b not in finished]
             rows = [rows[i] for i in keep]
             if cache is not None and rows:
-                cache = cache.select(keep, pool)
+                cache = cache.select(keep, model.kv_pool)
         r += 1
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     seconds = time.perf_counter() - t0
+    tokens = tokens_of(cfg, lay, dc)
+    return Generation(tokens, decode_stats(run, len(prompts), dc, seconds, r, tokens), logits_out)
 
+
+def tokens_of(cfg, lay: Layout, dc: DecodeConfig) -> list[list[int]]:
+    """Each row's generated ids, cut before the first eos."""
     tokens = []
-    for b in range(B):
-        gen = seqs[b][plen[b]:plen[b] + dc.gen_length].tolist()
-        if eos in gen:
-            gen = gen[:gen.index(eos)]
+    for b, seq in enumerate(lay.seqs):
+        gen = seq[lay.plen[b]:lay.plen[b] + dc.gen_length].tolist()
+        if cfg.eos_token_id in gen:
+            gen = gen[:gen.index(cfg.eos_token_id)]
         tokens.append(gen)
+    return tokens
+
+
+def decode_stats(run: Forwards, batch: int, dc: DecodeConfig, seconds: float, blocks: int,
+                 tokens: list[list[int]]) -> DecodeStats:
     produced = sum(len(t) for t in tokens)
-    stats = {
-        "batch_size": B,
-        "mode": dc.mode,
-        "forwards": counter["denoise"],
-        "prefill_forwards": counter["prefill"],
-        "tokens_generated": produced,
-        "seconds": seconds,
-        "tokens_per_second": produced / seconds if seconds > 0 else float("nan"),
-        "tokens_per_forward": produced / max(counter["denoise"], 1),
-        "blocks": r,
-        "forward_host_ms": host_ms,
-        "forward_wall_ms": [t if isinstance(t, float) else t[0].elapsed_time(t[1]) for t in timers],
-    }
-    return Generation(tokens, stats, logits_out)
+    denoise = run.counter["denoise"]
+    return DecodeStats(
+        batch_size=batch, mode=dc.mode, forwards=denoise, prefill_forwards=run.counter["prefill"],
+        tokens_generated=produced, seconds=seconds,
+        tokens_per_second=produced / seconds if seconds > 0 else float("nan"),
+        tokens_per_forward=produced / max(denoise, 1), blocks=blocks, forward_host_ms=run.host_ms,
+        forward_wall_ms=run.wall_ms())

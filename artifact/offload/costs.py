@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from artifact.model.config import expert_params_of
-from artifact.model.llada2 import Demand
+from artifact.model.routing import Demand
 from artifact.offload.link import emulated_bandwidth_gbps
 from artifact.validate import check_number
 

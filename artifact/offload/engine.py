@@ -8,7 +8,7 @@ host-timed link (emulated) whatever has landed by then, on a GPU link a whole wa
 for the copies on the GPU timeline, so the host never blocks). A copy into a slot whose occupant is
 demanded in the same step (a wave) is issued right after the group that computed that occupant.
 
-Groups are rows of the layer's slot tensor (C, P), viewed as stacks (see llada2.ExpertGroup); a group
+Groups are rows of the layer's slot tensor (C, P), viewed as stacks (see experts.ExpertGroup); a group
 never holds two experts of one slot, because a slot's next copy waits for the compute of its occupant.
 
 The host path costs little per copy, as a GPU run needs: copies are issued straight from the
@@ -27,7 +27,8 @@ from operator import itemgetter
 
 import torch
 
-from artifact.model.llada2 import EXPERT_KERNELS, Demand, ExpertGroup, stack_views
+from artifact.model.experts import EXPERT_KERNELS, ExpertGroup, SlotPool, stack_views
+from artifact.model.routing import Demand
 from artifact.offload.cache import EMPTY, ExpertCache, Plan
 from artifact.offload.link import Link
 from artifact.offload.store import HostStore, check_slots_fit
@@ -49,18 +50,21 @@ def _pick(seq, index: list[int]) -> tuple:
     return itemgetter(*index)(seq) if len(index) > 1 else (seq[index[0]],)
 
 
-def allocate_slots(store: HostStore, cache: ExpertCache, device: torch.device) -> dict[int, torch.Tensor]:
-    """The device slots: per MoE layer one (C, P) tensor of the experts' dtype, a row per slot."""
+def allocate_slots(store: HostStore, cache: ExpertCache, device: torch.device,
+                   slot_pool: SlotPool | None = None) -> dict[int, torch.Tensor]:
+    """The device slots: per MoE layer one (C, P) tensor of the experts' dtype, a row per slot, from the model's
+    pool when given (a new engine then reuses the previous engine's slots, and the stages captured over them)."""
     P = store.packed.shape[2]
-    return {layer: torch.zeros(cache.capacity, P, dtype=store.packed.dtype, device=device)
-            for layer in cache.moe_layers}
+    pool = slot_pool or SlotPool()
+    return {layer: pool.slots(layer, cache.capacity, P, store.packed.dtype, device) for layer in cache.moe_layers}
 
 
 class OffloadEngine:
-    def __init__(self, store: HostStore, cache: ExpertCache, link: Link, cfg, device: torch.device | str = "cpu"):
+    def __init__(self, store: HostStore, cache: ExpertCache, link: Link, cfg, device: torch.device | str = "cpu",
+                 slot_pool: SlotPool | None = None):
         self.store, self.cache, self.link = store, cache, link
         self.device = torch.device(device)
-        self.slots = allocate_slots(store, cache, self.device)              # (C, P) per MoE layer
+        self.slots = allocate_slots(store, cache, self.device, slot_pool)   # (C, P) per MoE layer
         self.stacks = {layer: stack_views(s, cfg) for layer, s in self.slots.items()}   # (C, 2I, D), (C, D, I)
         self.slot_rows = {layer: s.unbind(0) for layer, s in self.slots.items()}    # (P,) view per slot, made once
         # A copy's label names its expert (the slot is its destination): made once, so a copy costs no string.
@@ -248,8 +252,9 @@ class OffloadEngine:
 
 
 def offload(model, experts: torch.Tensor, capacity: int, policy, link: Link, device="cpu",
-            expert_kernel: str | None = None) -> OffloadEngine:
-    """Replace `model`'s expert backend by an offloaded engine over the packed host experts.
+            expert_kernel: str | None = None, install: bool = True) -> OffloadEngine:
+    """An offloaded engine over the packed host experts, its slots from the model's slot pool; with install,
+    it replaces `model`'s own expert backend (else the caller passes it in a forward's options).
     expert_kernel ("grouped" | "loop"), if given, sets how the model computes a group."""
     cfg = model.cfg
     if expert_kernel is not None:
@@ -259,6 +264,7 @@ def offload(model, experts: torch.Tensor, capacity: int, policy, link: Link, dev
     check_slots_fit(cfg, capacity, experts.dtype, device, weights_loaded=True)
     store = HostStore(experts, cfg.moe_layers, pin=torch.device(device).type == "cuda")
     cache = ExpertCache(cfg.moe_layers, cfg.num_experts, capacity, policy, store.expert_bytes)
-    engine = OffloadEngine(store, cache, link, cfg, device)
-    model.backend = engine
+    engine = OffloadEngine(store, cache, link, cfg, device, slot_pool=model.slot_pool)
+    if install:
+        model.backend = engine
     return engine

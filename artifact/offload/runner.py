@@ -15,8 +15,10 @@ import torch
 from artifact.errors import DeviceError, SettingError
 from artifact.model.checkpoint import Loaded
 from artifact.model.config import ModelConfig
-from artifact.model.decode import MAX_BATCH, DecodeConfig, generate
-from artifact.model.llada2 import GRAPH_MODES, ResidentExperts
+from artifact.model.decode import MAX_BATCH, DecodeConfig, DecodeStats, generate
+from artifact.model.experts import ResidentExperts
+from artifact.model.options import DEFAULT_FORWARD, FORWARD_MODES, ForwardOptions
+from artifact.model.segments import SegmentCounts
 from artifact.offload.engine import OffloadEngine, offload
 from artifact.offload.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps
 from artifact.offload.link_factory import make_link
@@ -139,11 +141,61 @@ def check_device(device: str) -> None:
 
 
 @dataclass
+class RunStats:
+    """What a run did: the decoder's totals over its batches, and for an offloaded run the engine's counts
+    (artifact/offload/cache.py COUNTS, per phase in by_phase) and the link's figures (None when resident)."""
+    forwards: int                        # denoising forwards
+    prefill_forwards: int
+    tokens_generated: int
+    seconds: float
+    batches: int
+    forward_host_ms: list[float]         # per denoising forward, in run order
+    forward_wall_ms: list[float]
+    tokens_per_second: float
+    tokens_per_forward: float
+    demand_hits: int | None = None
+    demand_misses: int | None = None
+    speculative_transfers: int | None = None
+    prefetch_hits: int | None = None
+    wasted_prefetches: int | None = None
+    bytes_h2d: int | None = None
+    by_phase: dict[str, dict[str, int]] | None = None
+    transfers: int | None = None
+    link_bytes: int | None = None
+    stall_seconds: float | None = None
+    link_busy_seconds: float | None = None
+    achieved_gbps: float | None = None
+    cache_experts: int | None = None
+    policy: str = "resident"
+    link: str | None = None
+    link_priority: str | None = None
+    offload: bool = False
+    link_bandwidth_gbps: float | None = None
+    forward: str = DEFAULT_FORWARD       # FORWARD_MODES
+    threads: int | None = None           # torch threads, where a caller records them
+
+    def as_dict(self) -> dict:
+        """The stats as one flat dict (JSON, tables): a resident run leaves out the engine's and link's keys."""
+        out = dataclasses.asdict(self)
+        if not self.offload:
+            out = {k: v for k, v in out.items() if k not in OFFLOAD_ONLY}
+        if self.threads is None:
+            del out["threads"]
+        return out
+
+
+OFFLOAD_ONLY = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches",
+                "bytes_h2d", "by_phase", "transfers", "link_bytes", "stall_seconds", "link_busy_seconds",
+                "achieved_gbps", "cache_experts", "link", "link_priority", "link_bandwidth_gbps")
+
+
+@dataclass
 class RunResult:
     tokens: list[list[int]]
-    stats: dict
+    stats: RunStats
     trace: Trace | None = None
     generations: list = field(default_factory=list)
+    segments: SegmentCounts | None = None       # forward "segmented": what its programs did in this run
 
 
 def expert_bytes(loaded: Loaded) -> int:
@@ -181,77 +233,76 @@ def check_oracle_trace(trace: Trace, meta: dict) -> None:
 def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeConfig = DecodeConfig(),
         spec: OffloadSpec | None = None, device: str = "cpu", oracle: Trace | None = None,
         record: bool = False, prompt_ids: list[str] | None = None, task: str | None = None,
-        record_logits: bool = False, graphs: str | None = None) -> RunResult:
-    """Decode `prompts` in batches of `batch_size`; offloaded when `spec` is given. graphs ("off" | "on"),
-    if given, sets how the model runs its denoising forwards for this run (llada2.GRAPH_MODES)."""
+        record_logits: bool = False, forward: str = DEFAULT_FORWARD, capture: bool = True) -> RunResult:
+    """Decode `prompts` in batches of `batch_size`; offloaded when `spec` is given. Every forward runs with
+    `forward` (FORWARD_MODES, artifact/model/options.py); capture=False (a timed or profiled run) lets no
+    forward capture a CUDA graph: shapes not captured by an earlier run run eagerly, counted in `segments`."""
     if batch_size < 1 or batch_size > MAX_BATCH:
         raise SettingError(f"batch size must be 1-{MAX_BATCH}, got {batch_size}")
     if not prompts:
         raise SettingError("no prompts to run")
+    if forward not in FORWARD_MODES:
+        raise SettingError(f"unknown forward mode {forward!r}; choose one of {FORWARD_MODES}")
     check_device(device)
     cfg = loaded.cfg
     prompt_ids = prompt_ids or [f"prompt{i}" for i in range(len(prompts))]
     meta = run_meta(loaded, prompt_ids, batch_size, dc, task)
     model = loaded.model
-    if graphs is not None and graphs not in GRAPH_MODES:
-        raise SettingError(f"unknown graphs mode {graphs!r}; choose one of {GRAPH_MODES}")
-    saved_backend, saved_graphs = model.backend, model.graphs
-    engine: OffloadEngine | None = None
-    if spec is not None:
-        spec.check(cfg.num_experts, device)
-        future = None
-        if check_policy(spec.policy).needs_trace:
-            if oracle is None:
-                raise SettingError(f"policy {spec.policy!r} needs --oracle-trace FILE from an identical earlier run")
-            check_oracle_trace(oracle, meta)
-            future = oracle.future()
-        pol = make_policy(spec.policy, len(cfg.moe_layers), cfg.num_experts, future=future, engine=True,
-                          lookahead=spec.lookahead, tau=spec.tau)
-        link = make_link(spec.link, device=device, bandwidth_gbps=spec.bandwidth_gbps, latency_us=spec.latency_us,
-                         cap_gbps=spec.cap_gbps, expert_bytes=meta["expert_bytes"], priority=spec.link_priority)
-        engine = offload(model, loaded.experts, spec.capacity, pol, link, device)
-    elif not isinstance(saved_backend, ResidentExperts):
+    engine = make_engine(loaded, spec, oracle, meta, device) if spec is not None else None
+    if engine is None and not isinstance(model.backend, ResidentExperts):
         # Kept after the run: moving every expert to the device is worth doing once, not per run.
-        saved_backend = model.backend = ResidentExperts(loaded.experts.to(device), cfg)
+        model.backend = ResidentExperts(loaded.experts.to(device), cfg)
     recorder = TraceRecorder() if record else None
     # Cross-layer predictions (Demand.predicted): recorded in every trace (schema 2) so the simulator can
     # replay the cross_layer policy, and computed for a policy that reads them live.
-    saved_predict = model.routing.predict_next
-    model.routing.predict_next = saved_predict or record or bool(
-        spec is not None and check_policy(spec.policy).needs_prediction)
+    predict = record or bool(spec is not None and check_policy(spec.policy).needs_prediction)
+    options = ForwardOptions(forward, predict_next=predict, backend=engine or model.backend, capture=capture)
+    before = dataclasses.replace(model.programs.counts)
     gens = []
-    if graphs is not None:
-        model.graphs = graphs
     try:
-        ctx = model.listening(recorder) if recorder else contextlib.nullcontext()
-        with ctx:
+        with model.listening(recorder) if recorder else contextlib.nullcontext():
             for i in range(0, len(prompts), batch_size):
-                gens.append(generate(model, prompts[i:i + batch_size], dc, record_logits=record_logits))
+                gens.append(generate(model, prompts[i:i + batch_size], dc, record_logits=record_logits,
+                                     options=options))
         engine_stats = engine.finish() if engine else {}
     finally:
         if engine is not None:
             engine.link.close()
-        model.backend = saved_backend
-        model.routing.predict_next = saved_predict
-        model.graphs = saved_graphs
-    stats = merge_stats([g.stats for g in gens])
-    stats.update(engine_stats)
+    stats = merge_stats([g.stats for g in gens], forward)
     if spec is not None:
-        stats.update(policy=spec.policy, link=spec.link, link_priority=spec.link_priority, offload=True,
-                     link_bandwidth_gbps=getattr(engine.link, "bandwidth_gbps", None))
-    else:
-        stats.update(policy="resident", offload=False)
-    stats["graphs"] = graphs if graphs is not None else saved_graphs
+        stats = dataclasses.replace(stats, **engine_stats, policy=spec.policy, link=spec.link,
+                                    link_priority=spec.link_priority, offload=True,
+                                    link_bandwidth_gbps=getattr(engine.link, "bandwidth_gbps", None))
+    segments = model.programs.counts.since(before) if forward == "segmented" else None
     trace = recorder.trace(meta) if recorder else None
-    return RunResult([t for g in gens for t in g.tokens], stats, trace, gens)
+    return RunResult([t for g in gens for t in g.tokens], stats, trace, gens, segments)
 
 
-def merge_stats(parts: list[dict]) -> dict:
-    out = {k: sum(p[k] for p in parts) for k in ("forwards", "prefill_forwards", "tokens_generated", "seconds")}
-    out["batches"] = len(parts)
-    for k in ("forward_host_ms", "forward_wall_ms"):          # per denoising forward, in run order
-        out[k] = [x for p in parts for x in p.get(k, ())]
-    out["tokens_per_second"] = out["tokens_generated"] / out["seconds"] if out["seconds"] else float("nan")
-    out["tokens_per_forward"] = out["tokens_generated"] / max(out["forwards"], 1)
-    return out
+def make_engine(loaded: Loaded, spec: OffloadSpec, oracle: Trace | None, meta: dict, device: str) -> OffloadEngine:
+    """The run's offloaded engine (not installed on the model: the run passes it in its forwards' options)."""
+    cfg = loaded.cfg
+    spec.check(cfg.num_experts, device)
+    future = None
+    if check_policy(spec.policy).needs_trace:
+        if oracle is None:
+            raise SettingError(f"policy {spec.policy!r} needs --oracle-trace FILE from an identical earlier run")
+        check_oracle_trace(oracle, meta)
+        future = oracle.future()
+    pol = make_policy(spec.policy, len(cfg.moe_layers), cfg.num_experts, future=future, engine=True,
+                      lookahead=spec.lookahead, tau=spec.tau)
+    link = make_link(spec.link, device=device, bandwidth_gbps=spec.bandwidth_gbps, latency_us=spec.latency_us,
+                     cap_gbps=spec.cap_gbps, expert_bytes=meta["expert_bytes"], priority=spec.link_priority)
+    return offload(loaded.model, loaded.experts, spec.capacity, pol, link, device, install=False)
 
+
+def merge_stats(parts: list[DecodeStats], forward: str = DEFAULT_FORWARD) -> RunStats:
+    """The batches' decoder stats as one resident run's (the caller adds the engine's)."""
+    forwards = sum(p.forwards for p in parts)
+    tokens = sum(p.tokens_generated for p in parts)
+    seconds = sum(p.seconds for p in parts)
+    return RunStats(forwards=forwards, prefill_forwards=sum(p.prefill_forwards for p in parts),
+                    tokens_generated=tokens, seconds=seconds, batches=len(parts),
+                    forward_host_ms=[x for p in parts for x in p.forward_host_ms],
+                    forward_wall_ms=[x for p in parts for x in p.forward_wall_ms],
+                    tokens_per_second=tokens / seconds if seconds else float("nan"),
+                    tokens_per_forward=tokens / max(forwards, 1), forward=forward)

@@ -28,7 +28,9 @@ import numpy as np
 import torch
 
 from artifact.model.decode import generate
-from artifact.model.llada2 import Demand, ExpertWeights, ResidentExperts, expert_ffn, expert_views
+from artifact.model.experts import ExpertWeights, ResidentExperts, expert_ffn, expert_views
+from artifact.model.options import ForwardOptions
+from artifact.model.routing import Demand
 from artifact.offload.cache import PHASES, ExpertCache
 from artifact.offload.costs import Costs
 from artifact.offload.engine import OffloadEngine
@@ -90,19 +92,16 @@ def calibrate(loaded, prompts: list[list[int]], dc, batch_size: int = 1) -> Cali
     """Per-expert compute and per-demand other time of a resident run of `loaded` on `prompts` (one run
     after a warm-up forward of the first prompt, so first-call allocations are not counted)."""
     model = loaded.model
-    saved = model.backend
-    resident = saved if isinstance(saved, ResidentExperts) else ResidentExperts(loaded.experts, loaded.cfg)
+    own = model.backend
+    resident = own if isinstance(own, ResidentExperts) else ResidentExperts(loaded.experts, loaded.cfg)
     timed = TimedExperts(resident)
-    model.backend = timed
-    try:
-        generate(model, prompts[:1], dc)                  # warm-up
-        timed.__init__(resident)
-        t0 = time.perf_counter()
-        for i in range(0, len(prompts), batch_size):
-            generate(model, prompts[i:i + batch_size], dc)
-        total = time.perf_counter() - t0
-    finally:
-        model.backend = saved
+    options = ForwardOptions(backend=timed)
+    generate(model, prompts[:1], dc, options=options)               # warm-up
+    timed.__init__(resident)
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        generate(model, prompts[i:i + batch_size], dc, options=options)
+    total = time.perf_counter() - t0
     if not timed.experts_computed:
         raise ValueError("calibration run computed no routed experts (empty prompts?)")
     return Calibration(compute_us_per_expert=1e6 * timed.expert_seconds / timed.experts_computed,

@@ -58,10 +58,9 @@ def measure_h2d_gbps(device: str, nbytes: int = 256 << 20, repeats: int = 5) -> 
     return repeats * nbytes / (time.perf_counter() - t0) / 1e9
 
 
-def host_medians(stats: dict) -> dict:
+def host_medians(host_ms: list[float], wall_ms: list[float]) -> dict:
     """The run's HOST_COLUMNS: medians over its denoising forwards of host and wall ms (None without any)."""
-    return {col: float(np.median(stats[key])) if stats.get(key) else None
-            for col, key in zip(HOST_COLUMNS, ("forward_host_ms", "forward_wall_ms"))}
+    return {col: float(np.median(ms)) if ms else None for col, ms in zip(HOST_COLUMNS, (host_ms, wall_ms))}
 
 
 class ModelRunner:
@@ -122,12 +121,12 @@ class ModelRunner:
         spec = self.spec(capacity, policy, cell.bandwidth_scale)
         oracle = trace if check_policy(policy).needs_trace else None
         res = run(self.loaded, ps, cell.batch_size, self.dc, spec=spec, device=P.device, oracle=oracle,
-                  prompt_ids=ids, task=cell.task, graphs=P.graphs)
-        out = {k: res.stats.get(k) for k in STAT_COLUMNS}
-        out.update(phase_stats(res.stats))
-        out["tokens"] = res.stats["tokens_generated"]
+                  prompt_ids=ids, task=cell.task, forward=P.forward)
+        out = {k: getattr(res.stats, k, None) for k in STAT_COLUMNS}
+        out.update(phase_stats(res.stats.by_phase))
+        out["tokens"] = res.stats.tokens_generated
         out["link_gbps"] = spec.link_gbps
         out["tokens_sha"] = tokens_sha(res.tokens)
-        out.update(host_medians(res.stats))
+        out.update(host_medians(res.stats.forward_host_ms, res.stats.forward_wall_ms))
         return out
 

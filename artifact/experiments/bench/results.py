@@ -65,9 +65,9 @@ def bench_fingerprint(P: Settings) -> str:
     return fingerprint(P, SETTINGS)
 
 
-def phase_stats(stats: dict) -> dict:
+def phase_stats(by_phase: dict[str, dict[str, int]]) -> dict:
     """An offloaded run's `by_phase` counts as the flat PHASE_COLUMNS."""
-    return {f"{c}_{phase}": stats["by_phase"][phase][c] for c in COUNTS for phase in PHASES}
+    return {f"{c}_{phase}": by_phase[phase][c] for c in COUNTS for phase in PHASES}
 
 
 def changed_tokens(df) -> list[str]:

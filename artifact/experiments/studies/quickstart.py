@@ -31,7 +31,7 @@ def quickstart(P: Settings, cache_ratio: float = 0.5) -> dict:
     offloaded = run(loaded, ps, 1, dc, spec=offload_spec(P, loaded, C), device=P.device, prompt_ids=ids, task=task)
     return {"task": task, "prompt_id": ids[0], "text": loaded.tokenizer.decode(resident.tokens[0]),
             "working_set": W, "cache_ratio": cache_ratio, "cache_experts": C, "num_experts": loaded.cfg.num_experts,
-            "resident": resident.stats, "offloaded": offloaded.stats,
+            "resident": resident.stats.as_dict(), "offloaded": offloaded.stats.as_dict(),
             "same_tokens": resident.tokens == offloaded.tokens}
 
 

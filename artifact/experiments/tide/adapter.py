@@ -261,8 +261,8 @@ def engine_row(loaded, prompts: list[list[int]], budget_experts: int, dc: Decode
     row = {"system": "engine", "policy": policy, "mode": dc.mode, "task": task, "batch_size": 1,
            "cache_ratio": cache_ratio, "cache_experts": budget_experts, "rep": rep, "prompts": len(prompts),
            "gen_length": dc.gen_length, "steps": dc.steps, "threshold": dc.threshold}
-    row.update({k: res.stats.get(k) for k in STAT_COLUMNS})               # the bench's columns
-    row.update(tokens=res.stats["tokens_generated"], tokens_sha=tokens_sha(res.tokens),
+    row.update({k: getattr(res.stats, k, None) for k in STAT_COLUMNS})    # the bench's columns
+    row.update(tokens=res.stats.tokens_generated, tokens_sha=tokens_sha(res.tokens),
                threads=torch.get_num_threads())
     row["seconds_per_forward"] = row["seconds"] / row["forwards"] if row.get("forwards") else None
     return row, res.tokens

@@ -56,8 +56,8 @@ def cpu_emulated(P: Settings, loaded, ps: list[list[int]], batch_size: int = 1, 
         C = capacity_for(ratio, W, loaded.cfg.num_experts)
         spec = OffloadSpec(C, "demand", **FAST_LINK)
         res = [run(loaded, ps, batch_size, dc, spec=spec, device=P.device) for _ in range(reps + 1)][1:]
-        best = min(res, key=lambda r: r.stats["seconds"]).stats
-        points.append((best["transfers"], best["seconds"], best["demand_hits"] + best["demand_misses"]))
+        best = min(res, key=lambda r: r.stats.seconds).stats
+        points.append((best.transfers, best.seconds, best.demand_hits + best.demand_misses))
     (x1, t1, accesses), (x2, t2, _) = points
     copy_s = max(0.0, (t1 - t2) / (x1 - x2)) if x1 != x2 else 0.0
     compute = t2 - x2 * copy_s
@@ -104,11 +104,11 @@ def validate_cpu(P: Settings, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLI
             s = res.stats
             rows.append({"task": task, "batch_size": b, "cache_ratio": ratio, "bandwidth_scale": 1.0,
                          "cache_experts": C, "rep": rep,
-                         "policy": policy, "measured_seconds_per_step": s["seconds"] / s["forwards"],
+                         "policy": policy, "measured_seconds_per_step": s.seconds / s.forwards,
                          "modeled_seconds_per_step": m["seconds_per_step"],
-                         "measured_stall": s["stall_seconds"], "modeled_stall": m["stall_per_step"] * m["steps"],
-                         "demand_misses": s["demand_misses"], "modeled_demand_misses": m["demand_misses"],
-                         "forwards": s["forwards"]})
+                         "measured_stall": s.stall_seconds, "modeled_stall": m["stall_per_step"] * m["steps"],
+                         "demand_misses": s.demand_misses, "modeled_demand_misses": m["demand_misses"],
+                         "forwards": s.forwards})
     df = pd.DataFrame(rows)
     df["error"] = df.modeled_seconds_per_step / df.measured_seconds_per_step - 1
     return df, source
