@@ -19,7 +19,7 @@ from artifact.model.options import ForwardOptions
 from artifact.model.routing import StepInfo
 from artifact.model.segments import Programs, programs
 from artifact.offload.engine import offload
-from artifact.offload.link import make_link
+from artifact.offload.link_factory import make_link
 from artifact.offload.policies import make_policy
 from artifact.offload.runner import run
 
