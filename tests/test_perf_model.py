@@ -1,4 +1,4 @@
-"""The performance model: the engine on a virtual clock (offload/stream.run_virtual, offload/costs.py),
+"""The performance model: the engine on a virtual clock (offload/trace_engine.run_virtual, offload/costs.py),
 its hardware profiles (experiments/hardware.py), `python -m artifact model`, and the GPU validation's counts."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from artifact.offload.costs import Costs, Hardware, Shape
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec
 from artifact.offload.sim import replay
-from artifact.offload.stream import run_virtual
+from artifact.offload.trace_engine import run_virtual
 from artifact.offload.synth import SynthParams, synth
 from artifact.offload.trace import TraceRecorder
 

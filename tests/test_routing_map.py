@@ -19,7 +19,7 @@ from artifact.experiments.studies import routing_map as rm
 from artifact.experiments.verdicts import CONTROL
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, replay
-from artifact.offload.stream import Calibration
+from artifact.offload.trace_engine import Calibration
 from artifact.offload.synth import SynthParams, synth
 from artifact.offload.trace import mean_working_set
 

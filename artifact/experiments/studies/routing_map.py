@@ -2,7 +2,7 @@
 of step novelty nu x W spread are replayed (sim.replay; `min` is bounds.relaxed_min) at C/W 1 and 1.73,
 with and without prefill forwards; the cpu traces are placed on the map from their fitted parameters, the
 paper's oracle cut is drawn as a contour, and two streams (at the paper's implied point and at the cpu
-traces' point) run through the stream-driven engine (offload/stream.py) on the emulated link, demand vs
+traces' point) run through the stream-driven engine (offload/trace_engine.py) on the emulated link, demand vs
 last_step, paired by repetition. The map is this artifact's own result, not a figure of the paper.
 
 The map's streams share one base (`base_params`): LLaDA2.0-mini's shape (E 256, top-k 8, 32 tokens and up to 32
@@ -46,7 +46,7 @@ from artifact.offload.bounds import relaxed_min
 from artifact.offload.runner import OffloadSpec
 from artifact.offload.sim import capacity_for, denoising_only, phase_columns, replay, sweep
 from artifact.offload.store import HostStore
-from artifact.offload.stream import Calibration, ExpertShape, calibrate, make_store, run_stream
+from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 from artifact.offload.synth import SynthParams, measure, synth
 from artifact.offload.trace import Trace, mean_working_set
 

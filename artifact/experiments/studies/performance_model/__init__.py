@@ -1,4 +1,4 @@
-"""The performance model: the engine on a virtual clock (offload/stream.run_virtual) priced by a hardware
+"""The performance model: the engine on a virtual clock (offload/trace_engine.run_virtual) priced by a hardware
 profile (hardware.py), and its validation against measured runs.
 
 model_grid replays routing traces (recorded or synthetic) through the real engine, cache, policies and

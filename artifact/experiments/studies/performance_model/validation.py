@@ -29,7 +29,7 @@ from artifact.model.tasks import prompts
 from artifact.offload.costs import Costs, Hardware, Shape
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for
-from artifact.offload.stream import calibrate
+from artifact.offload.trace_engine import calibrate
 from artifact.offload.trace import Trace, mean_working_set
 
 # --- validation on the cpu profile -----------------------------------------------------------------
@@ -44,7 +44,7 @@ def cpu_emulated(P: Settings, loaded, ps: list[list[int]], batch_size: int = 1, 
                  trace: Trace | None = None) -> tuple[Hardware, str]:
     """The cpu-emulated profile with its costs measured now, on this machine, on the offloaded engine:
     runs on a link too fast to wait on at two C (demand) give the host time per copy (the slope of time on
-    copies) and the compute; stream.calibrate's resident run splits that compute between the experts and
+    copies) and the compute; trace_engine.calibrate's resident run splits that compute between the experts and
     the rest (its share of expert time)."""
     dc = P.decode_config()
     cal = calibrate(loaded, ps, dc, batch_size)

@@ -16,7 +16,7 @@ from artifact.offload.costs import Costs, Hardware, Shape
 from artifact.offload.policies import check_policy
 from artifact.offload.runner import OffloadSpec
 from artifact.offload.sim import capacity_for, replay
-from artifact.offload.stream import Calibration, ExpertShape, run_stream, run_virtual
+from artifact.offload.trace_engine import Calibration, ExpertShape, run_stream, run_virtual
 from artifact.offload.timeline import CLOCKS, PRIORITIES
 from artifact.offload.trace import KINDS, Trace, mean_working_set
 

@@ -6,7 +6,7 @@ import pytest
 from artifact.model.decode import DecodeConfig
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import replay
-from artifact.offload.stream import Calibration, ExpertShape, calibrate, make_store, run_stream
+from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 from artifact.offload.synth import SynthParams, synth
 
 DC = DecodeConfig(gen_length=40)
