@@ -29,7 +29,7 @@ import sys
 
 import torch
 
-from artifact.experiments.runs import load_model
+from artifact.experiments.harness import load_model
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies.performance_model import (
     cpu_emulated,

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 
 def measure(P, log=print) -> None:
-    from artifact.experiments import runs
+    from artifact.experiments import harness
     from artifact.experiments.studies import (
         bandwidth_throttling,
         beyond_the_paper,
@@ -37,7 +37,7 @@ def measure(P, log=print) -> None:
              ("08 validation cells", lambda: performance_model.validation(P, progress=False)),
              ("09 end-to-end bench", lambda: cache_design_space.bench_runs(
                  P, cache_design_space.best_eviction(cache_design_space.summary(
-                     cache_design_space.eviction_sweep(runs.traces(P), P))), progress=False))]
+                     cache_design_space.eviction_sweep(harness.traces(P), P))), progress=False))]
     for name, step in tqdm(steps, desc="timing notebooks' measurements"):
         t0 = time.time()
         step()
@@ -51,8 +51,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.runs < 1:
         ap.error(f"--runs {a.runs}: give at least 1")
-    from artifact.experiments import replication, runs
-    P = runs.setup(a.profile)
+    from artifact.experiments import harness, replication
+    P = harness.setup(a.profile)
     for k in range(a.runs):
         replication.clear_working(P)
         t0 = time.time()

@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from test_phases import phase_split  # noqa: E402
 
-from artifact.experiments import claims, paper, replication, runs  # noqa: E402
+from artifact.experiments import claims, harness, paper, replication  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, write_rows  # noqa: E402
 from artifact.experiments.claims import (  # noqa: E402
     INCONCLUSIVE,
@@ -28,6 +28,7 @@ from artifact.experiments.claims import (  # noqa: E402
 )
 from artifact.experiments.notebooks import claims_of  # noqa: E402
 from artifact.experiments.replication import WITHIN, Runs  # noqa: E402
+from artifact.experiments.rules import CONTROL  # noqa: E402
 from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
 from artifact.experiments.studies import (  # noqa: E402
     bandwidth_throttling as throttle,
@@ -48,7 +49,6 @@ from artifact.experiments.studies import (  # noqa: E402
 from artifact.experiments.studies import (  # noqa: E402
     tide_head_to_head as head_to_head,
 )
-from artifact.experiments.verdicts import CONTROL  # noqa: E402
 from artifact.offload.sim import replay  # noqa: E402
 from artifact.offload.synth import SynthParams, synth  # noqa: E402
 from artifact.paths import data_dir  # noqa: E402
@@ -102,11 +102,11 @@ def test_long_claim_lines_wrap_between_words_and_read_back_whole(capsys):
 
 
 def test_setup_lays_overrides_over_the_profile():
-    P = runs.setup("cpu", {"gen_length": 64, "repetitions": 2})
+    P = harness.setup("cpu", {"gen_length": 64, "repetitions": 2})
     assert P.name == "cpu" and P.gen_length == 64 and P.repetitions == 2
-    assert runs.setup("cpu") == load_profile("cpu")
+    assert harness.setup("cpu") == load_profile("cpu")
     with pytest.raises(ProfileError, match="gen_lenght"):
-        runs.setup("cpu", {"gen_lenght": 64})
+        harness.setup("cpu", {"gen_lenght": 64})
 
 
 def sweep_rows(lru, last, spec, oracle, refresh, ratios=(0.43, 1.0, 1.73)):
@@ -386,44 +386,44 @@ def test_tide_claims_without_tide_say_why():
 
 def test_bench_file_never_mixes_settings(places):
     P = load_profile("cpu")
-    assert runs.bench_file(P) == places / "data" / "results" / "cpu" / "bench.csv"
+    assert harness.bench_file(P) == places / "data" / "results" / "cpu" / "bench.csv"
     row = {c: 0 for c in COLUMNS} | {"profile": "cpu", "fingerprint": "other", "task": "gsm8k", "policy": "demand",
                                       "tokens_sha": "x"}
-    write_rows(runs.bench_file(P), [row])
-    other = runs.bench_file(P)
+    write_rows(harness.bench_file(P), [row])
+    other = harness.bench_file(P)
     assert other.name.startswith("bench-") and other.name != "bench.csv"
 
 
 def test_the_notebooks_load_their_model_after_preparing_the_run(places, monkeypatch):
-    """run_grid and traces load through runs.load_model, which makes prepare's checks before any weights."""
+    """run_grid and traces load through harness.load_model, which makes prepare's checks before any weights."""
     from artifact.errors import SettingError
     from artifact.offload import prepare
     monkeypatch.setattr(prepare, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
     P = load_profile("cpu", {"gen_length": 8192})               # more positions than the tiny model has
-    for path in (lambda: runs.run_grid(P, progress=False, log=lambda *a: None), lambda: runs.traces(P, False)):
+    for path in (lambda: harness.run_grid(P, progress=False, log=lambda *a: None), lambda: harness.traces(P, False)):
         with pytest.raises(SettingError, match="positions > the model's max_position_embeddings"):
             path()
 
 
 def test_traces_are_recorded_once_and_rerecorded_when_settings_change(places, monkeypatch):
     P = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1})
-    first = runs.traces(P, progress=False)
-    assert len(first) == 1 and runs.trace_path(P, "gsm8k", 1).is_file()
-    assert runs.trace_path(P, "gsm8k", 1).is_relative_to(places / "data" / "traces")
+    first = harness.traces(P, progress=False)
+    assert len(first) == 1 and harness.trace_path(P, "gsm8k", 1).is_file()
+    assert harness.trace_path(P, "gsm8k", 1).is_relative_to(places / "data" / "traces")
     calls = []
-    real = runs.record_trace
-    monkeypatch.setattr(runs, "record_trace", lambda *a: calls.append(a) or real(*a))
-    again = runs.traces(P, progress=False)
+    real = harness.record_trace
+    monkeypatch.setattr(harness, "record_trace", lambda *a: calls.append(a) or real(*a))
+    again = harness.traces(P, progress=False)
     assert calls == [] and again[0].equal_routing(first[0])
     changed = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1,
                                    "threshold": 0.9})
-    runs.traces(changed, progress=False)
+    harness.traces(changed, progress=False)
     assert len(calls) == 1
 
 
 def test_every_figure_is_saved_with_the_data_it_plotted(places):
     P = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1})
-    ts = runs.traces(P, progress=False)
+    ts = harness.traces(P, progress=False)
     ws, sim = working_set.working_set_table(ts), working_set.stability_table(ts)
     share = working_set.lru_share(ts, (0.5, 1.0))
     claim = working_set.verdict(working_set.numbers(ws, sim, share))
@@ -506,7 +506,7 @@ def test_paper_table_derives_from_paper_py():
 
 def test_claim_modules_import_at_the_top():
     """Imports sit at the top of the claim modules (no function-local imports)."""
-    for name in ("claims", "runs", "paper", "studies/quickstart", "studies/working_set", "studies/miss_accounting",
+    for name in ("claims", "harness", "paper", "studies/quickstart", "studies/working_set", "studies/miss_accounting",
                  "studies/bandwidth_throttling", "studies/capacity_sweep", "studies/tide_head_to_head", "stats"):
         tree = ast.parse((EXPERIMENTS / f"{name}.py").read_text())
         local = [n.lineno for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))

@@ -154,7 +154,7 @@ def test_a_notebook_is_the_thin_face_of_its_module(path):
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code[0].source == 'profile = "cpu"\noverrides = {}'
-    assert sum("runs.setup(profile, overrides)" in c.source for c in code) == 1
+    assert sum("harness.setup(profile, overrides)" in c.source for c in code) == 1
     for c in code:
         assert not re.search(r"^\s*(def|class) ", c.source, re.M), f"{path.name}: logic belongs in the package"
         assert len(c.source.splitlines()) <= 6, f"{path.name}: a cell of {len(c.source.splitlines())} lines"

@@ -18,11 +18,11 @@ from helpers_runs import make_rows, read_back, store_runs  # noqa: E402
 from artifact.experiments.bench.results import bench_fingerprint  # noqa: E402
 from artifact.experiments.claims import CONTROL_COLOR, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
 from artifact.experiments.replication import METHOD, ONE_RUN, WITHIN, Runs  # noqa: E402
+from artifact.experiments.rules import CONTROL  # noqa: E402
 from artifact.experiments.settings import Settings, load_profile  # noqa: E402
 from artifact.experiments.studies import bandwidth_throttling as throttle  # noqa: E402
 from artifact.experiments.studies import cache_design_space as cache_design  # noqa: E402
 from artifact.experiments.studies import tide_head_to_head as head_to_head  # noqa: E402
-from artifact.experiments.verdicts import CONTROL  # noqa: E402
 
 BEST = "demand+lrfu:lam=2"
 OFFSETS = (-0.5, 0.0, 0.5)          # the stored runs' effects around the cell's: the spread between runs

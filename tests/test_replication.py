@@ -1,5 +1,5 @@
 """The run as the unit of replication (artifact/experiments/replication.py) and the verdict rules it feeds
-(verdicts.py): intervals over per-run means, one-run intervals, the A/A equivalence gate, one interval per cell,
+(rules.py): intervals over per-run means, one-run intervals, the A/A equivalence gate, one interval per cell,
 faster's magnitude, one answer where a margin meets a significant difference, stored runs on disk."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from scipy import stats
 from artifact.experiments import paper, replication
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.replication import Runs, judge, one_run_interval, pooled_interval
+from artifact.experiments.rules import CONTROL, Interval, control_ruling, faster, gated, no_difference, not_faster
 from artifact.experiments.settings import load_profile
-from artifact.experiments.verdicts import CONTROL, Interval, control_ruling, faster, gated, no_difference, not_faster
 
 CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]
 

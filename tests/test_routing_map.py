@@ -14,14 +14,14 @@ from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import CONTROL_COLOR, INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, save
 from artifact.experiments.replication import METHOD, ONE_RUN, WITHIN, Runs
+from artifact.experiments.rules import CONTROL
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies import routing_map as rm
-from artifact.experiments.verdicts import CONTROL
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, replay
-from artifact.offload.trace_engine import Calibration
 from artifact.offload.synth import SynthParams, synth
 from artifact.offload.trace import mean_working_set
+from artifact.offload.trace_engine import Calibration
 
 TINY = rm.MapGrid(novelty=(0.05, 0.3), spread=(0.0, 0.3), ratios=(1.0, 1.73), layers=3, blocks=1, steps=8,
                   stream_layers=2, stream_steps=4, repetitions=2)

@@ -40,14 +40,14 @@ def tree_copy(tmp_path_factory):
 
 
 @pytest.mark.parametrize("module, back_edge, contract", [
-    ("artifact/experiments/bench/grid.py", "from artifact.experiments import runs", "experiments: entry points"),
+    ("artifact/experiments/bench/grid.py", "from artifact.experiments import harness", "experiments: entry points"),
     ("artifact/experiments/bench/results.py", "from artifact.experiments import submit", "only artifact.cli imports"),
     ("artifact/offload/cache.py", "import artifact.experiments.settings", "layers: cli > experiments"),
     ("artifact/experiments/studies/capacity_sweep.py", "from artifact.experiments.studies import quickstart",
      "studies never import each other"),
     ("artifact/experiments/bench/results.py", "import artifact.experiments.studies.quickstart",
      "the bench never imports a study"),
-    ("artifact/experiments/tide/adapter.py", "from artifact.experiments import verdicts",
+    ("artifact/experiments/tide/adapter.py", "from artifact.experiments import rules",
      "TIDE's adapter imports only the bench and the settings"),
     ("artifact/experiments/bench/grid.py", "from artifact.experiments.bench import results",
      "bench: run > model_runner"),

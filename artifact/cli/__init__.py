@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def set_threads(a) -> int | None:
     """torch's intra-op thread count for this command, from --threads or the settings (resolve_threads).
     bench: --threads N is the profile key torch_threads (part of the result file's settings). notebooks run
-    in their own kernels, which take it from the profile (runs.setup)."""
+    in their own kernels, which take it from the profile (harness.setup)."""
     if not hasattr(a, "threads"):      # notebooks, trace-all, run-jobs: kernels and jobs take the profile's key
         return None
     if a.cmd == "bench":

@@ -41,7 +41,7 @@ class Claim:
     reason: str = ""
     timing: bool = False     # judged from wall-clock time: may differ run to run (nbval masks these lines)
     counting: str = ""       # what is counted or timed (DENOISING, ALL_DEMANDS, PER_RUN, "tokens/s", ...)
-    interval: str = ""       # EXACT, or the interval ruled on (verdicts.METHOD)
+    interval: str = ""       # EXACT, or the interval ruled on (rules.METHOD)
     pairs: int | None = None  # pairs per cell behind the interval (the fewest over cells)
     margin: str = ""         # where the measured value lies against the threshold or interval bounds
     per_run: tuple = ()      # timing: each stored run's own verdict (replication.py), in run order
@@ -227,7 +227,7 @@ def traces_dir(P: Settings) -> Path:
 DPI = 100
 COLORS = {"demand": "tab:blue", "last_step": "tab:orange", "oracle": "tab:green", "interval_refresh": "tab:purple",
           "belady": "tab:gray", "resident": "tab:gray"}
-CONTROL_COLOR = "dimgray"     # the A/A control (verdicts.CONTROL over demand): never a policy's colour
+CONTROL_COLOR = "dimgray"     # the A/A control (rules.CONTROL over demand): never a policy's colour
 PAPER_STYLE = dict(color="crimson", lw=1.5, ls="--")     # how the paper's figures are marked on a plot
 
 

@@ -12,7 +12,7 @@ profile's grid it adds up the device memory a run needs:
   + CONTEXT_BYTES for the CUDA context and the allocator's slack (a stated figure)
 
 W is the mean working set of the profile's stored trace for that (task, batch size) when one is current
-(runs.current_trace), else its upper bound min(E, batch x block x top-k), marked as such. The device
+(harness.current_trace), else its upper bound min(E, batch x block x top-k), marked as such. The device
 memory is the GPU's total (torch.cuda.get_device_properties), or --gpu-memory-gb to plan for another GPU.
 Host memory must hold the expert store (MemAvailable in /proc/meminfo); on CUDA it is page-locked in place
 (RLIMIT_MEMLOCK is reported). Disk must hold the traces and result files (estimated from their formats).
@@ -34,7 +34,7 @@ import torch
 
 from artifact.errors import UserError
 from artifact.experiments.bench.grid import grid
-from artifact.experiments.runs import current_trace
+from artifact.experiments.harness import current_trace
 from artifact.experiments.settings import Settings
 from artifact.model.checkpoint import DTYPES, TensorIndex, expected_shapes, tiny_checkpoint
 from artifact.model.memory import non_expert_bytes

@@ -1,5 +1,5 @@
 """The paper's numbers, written once, and the thresholds this artifact judges them by (the second section:
-each named once, with its reason). Claim texts, figure marks, verdict rules (verdicts.py) and the paired
+each named once, with its reason). Claim texts, figure marks, verdict rules (rules.py) and the paired
 table's paper column all derive from here (the claims are listed in docs/DESIGN.md, the rules in
 docs/verdicts.md)."""
 from __future__ import annotations

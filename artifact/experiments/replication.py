@@ -40,8 +40,8 @@ from scipy import stats
 
 from artifact.experiments import paper
 from artifact.experiments.claims import Claim, reference_data_dir, results_dir, run_info
+from artifact.experiments.rules import Interval, Ruling, combine, gated
 from artifact.experiments.stats import PAIR_KEYS, pairs, percent_differences
-from artifact.experiments.verdicts import Interval, Ruling, combine, gated
 from artifact.paths import atomic_write_text
 
 RUNS = "runs"
@@ -82,7 +82,7 @@ def run_meta(run: Path) -> dict:
 
 def row_files(P, stem: str, directory: Path | None = None) -> list[Path]:
     """The files of grid `stem` in a folder (default: this profile's working folder, results_dir): <stem>.csv
-    and the <stem>-<fingerprint>.csv files runs.bench_file writes when settings changed."""
+    and the <stem>-<fingerprint>.csv files harness.bench_file writes when settings changed."""
     d = Path(directory) if directory is not None else results_dir(P)
     return sorted(p for p in d.glob(f"{stem}*.csv") if p.stem == stem or p.stem.startswith(f"{stem}-"))
 
@@ -341,8 +341,8 @@ def table(effects: dict[tuple, Replicated], keys: Sequence[str]) -> pd.DataFrame
 
 def judge(effects: dict[tuple, Replicated], controls: dict[tuple, Replicated], rule: Callable[[Interval], Ruling],
           label: Callable[[tuple], str], host: dict | None = None) -> Timed:
-    """Rule every cell of `effects` with `rule`, gated by its A/A control and host share (verdicts.gated), and
-    combine the cells (verdicts.combine), in every view: the ruled one (this run, or pooled when this run is a
+    """Rule every cell of `effects` with `rule`, gated by its A/A control and host share (rules.gated), and
+    combine the cells (rules.combine), in every view: the ruled one (this run, or pooled when this run is a
     stored one), each stored run, this run alone and pooled."""
     host = host or {}
 
@@ -383,7 +383,7 @@ def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dic
     """Over every stored grid that times CONTROL beside `base`: in how many cells the pooled interval of the A/A
     control contains 0, and in how many (cell, run) the interval over one run's pairs does (its true effect is
     0, so a 95% interval should contain it about 95% of the time)."""
-    from artifact.experiments.verdicts import CONTROL
+    from artifact.experiments.rules import CONTROL
     out = {"pooled": [0, 0], "within": [0, 0], "runs": len(stored_runs(P.name))}
     for stem in stems:
         per_run = stored_rows(P, stem)

@@ -119,7 +119,7 @@ class Settings:
     # hardware copies, < 1 caps the copy stream (token bucket), > 1 is not possible on real hardware.
     bandwidth_scales: tuple[float, ...] = (1.0,)
     # Run side by side on identical prompts (engine policies). last_step_conservative does exactly demand's
-    # work: it is the grid's A/A control (verdicts.CONTROL), and a cell whose control differs is inconclusive.
+    # work: it is the grid's A/A control (rules.CONTROL), and a cell whose control differs is inconclusive.
     policies: tuple[str, ...] = ("demand", "last_step", "last_step_conservative")
     repetitions: int = 5                 # R timed runs of every policy per cell; order alternates with r's parity
     warmup: int = 1                      # untimed runs of every policy per cell before the R timed ones

@@ -10,15 +10,14 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments import paper
-from artifact.experiments import verdicts as verdict_rules
+from artifact.experiments import paper, rules
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import COLORS, CONTROL_COLOR, EXACT, PER_RUN, Claim, judged, title
+from artifact.experiments.harness import run_grid
 from artifact.experiments.replication import Runs, gather, judge, timed_claim
-from artifact.experiments.runs import run_grid
+from artifact.experiments.rules import CONTROL, faster
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import CONTROL, faster
 from artifact.offload.link import PCIE4_GBPS
 
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
@@ -28,7 +27,7 @@ METRIC = "stall_seconds"
 
 def throttle_profile(P: Settings) -> Settings:
     """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step with
-    the A/A control (verdicts.CONTROL), one cell per bandwidth in throttle_scales, with at least
+    the A/A control (rules.CONTROL), one cell per bandwidth in throttle_scales, with at least
     paper.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
     return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(max(P.batch_sizes),),
                                cache_ratios=(P.throttle_ratio,), bandwidth_scales=tuple(P.throttle_scales),
@@ -37,7 +36,7 @@ def throttle_profile(P: Settings) -> Settings:
 
 
 def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
-    """The 03 grid's rows (resumable; see runs.run_grid)."""
+    """The 03 grid's rows (resumable; see harness.run_grid)."""
     return run_grid(throttle_profile(P), STEM, progress=progress)
 
 
@@ -99,7 +98,7 @@ def numbers(runs_: Runs) -> Numbers:
                    tuple((d.link_gbps[x], d.stall_seconds[x], s.stall_seconds[x], d.tokens_per_second[x],
                           s.tokens_per_second[x]) for x in scales),
                    _fastest_first(runs_.effects("last_step", "demand", CELL, METRIC)), _fastest_first(control),
-                   verdict_rules.host_shares(rows, CELL), {float(x): float(d.link_gbps[x]) for x in scales})
+                   rules.host_shares(rows, CELL), {float(x): float(d.link_gbps[x]) for x in scales})
 
 
 def label(key, gbps: dict) -> str:

@@ -30,16 +30,16 @@ from artifact.experiments.claims import (
     on_bases,
     title,
 )
+from artifact.experiments.harness import run_grid
 from artifact.experiments.replication import Runs, judge, stored_rows, timed_claim
-from artifact.experiments.runs import run_grid
-from artifact.experiments.settings import Settings
-from artifact.experiments.stats import CONFIDENCE, format_table, paired_table
-from artifact.experiments.verdicts import (
+from artifact.experiments.rules import (
     CONTROL,
     host_shares,
     margin_below,
     not_faster,
 )
+from artifact.experiments.settings import Settings
+from artifact.experiments.stats import CONFIDENCE, format_table, paired_table
 from artifact.offload.sim import by_basis, phase_columns, ruling_basis, sweep
 
 OWN = "not a claim of the paper: this artifact's own result"

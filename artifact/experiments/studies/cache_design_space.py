@@ -19,11 +19,11 @@ import pandas as pd
 from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, judged, on_bases, title
+from artifact.experiments.harness import run_grid
 from artifact.experiments.paper import EVICTION_GAIN, GAP_LEFT
 from artifact.experiments.replication import Runs, RunsError, gather, judge, stored_rows, timed_claim
-from artifact.experiments.runs import run_grid
+from artifact.experiments.rules import CONTROL, faster, host_shares, margin_below
 from artifact.experiments.settings import Settings
-from artifact.experiments.verdicts import CONTROL, faster, host_shares, margin_below
 from artifact.offload.sim import by_basis, capacity_for, phase_columns, relative_to_lru, ruling_basis, sweep
 from artifact.offload.trace import mean_working_set
 
@@ -135,7 +135,7 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
 # --- throughput ---------------------------------------------------------------------------------
 def bench_profile(P: Settings, best: str) -> Settings:
     """The 09 bench: lru (`demand`) vs the best eviction (`demand+<eviction>`) with the A/A control
-    (verdicts.CONTROL), one cell (the first task, batch size 1, C/W BENCH_RATIO, at most BENCH_PROMPTS
+    (rules.CONTROL), one cell (the first task, batch size 1, C/W BENCH_RATIO, at most BENCH_PROMPTS
     prompts), one warm-up run of each policy and enough repetitions for paper.MIN_PAIRS pairs."""
     return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(1,), cache_ratios=(BENCH_RATIO,),
                                bandwidth_scales=(1.0,), policies=("demand", best, CONTROL),

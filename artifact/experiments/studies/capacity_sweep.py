@@ -1,5 +1,5 @@
 """04 capacity sweep: demand-async vs async last-step prefetch end to end over the profile's grid (tasks x
-batch sizes x C/W), paired by repetition, with 95% intervals; the grid's A/A control (verdicts.CONTROL against
+batch sizes x C/W), paired by repetition, with 95% intervals; the grid's A/A control (rules.CONTROL against
 demand, identical work) gates every C/W's verdict."""
 from __future__ import annotations
 
@@ -8,15 +8,14 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments import paper
-from artifact.experiments import verdicts as verdict_rules
+from artifact.experiments import paper, rules
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
 from artifact.experiments.claims import COLORS, CONTROL_COLOR, EXACT, PAPER_STYLE, PER_RUN, Claim, judged, title
+from artifact.experiments.harness import run_grid
 from artifact.experiments.replication import Runs, gather, judge, timed_claim
-from artifact.experiments.runs import run_grid
+from artifact.experiments.rules import CONTROL, faster
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import CONTROL, faster
 
 STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
 CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one interval per cell: nothing pooled
@@ -53,7 +52,7 @@ def numbers(runs_: Runs) -> Numbers:
     n_same, n_cells = same_tokens(rows)
     return Numbers(n_same, n_cells, runs_.effects("demand", "last_step", CELL),
                    runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {},
-                   verdict_rules.host_shares(rows, CELL))
+                   rules.host_shares(rows, CELL))
 
 
 def label(key) -> str:
@@ -76,7 +75,7 @@ def verdicts(n: Numbers) -> list[Claim]:
             f"+{paper.FASTER_PCT[0]} to +{paper.FASTER_PCT[1]}%, CIs exclude zero", t, counting))
     at_low = {k: v for k, v in n.effects.items() if k[2] == paper.AT_LOW.cache_ratio}
     if at_low:
-        t = judge(at_low, n.control, verdict_rules.no_difference, label, n.host)
+        t = judge(at_low, n.control, rules.no_difference, label, n.host)
         claims.append(timed_claim(
             f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ "
             f"(equivalence within +-{paper.EQUIV_MARGIN:g}%)", paper.paired_text(paper.AT_LOW, "%"), t, counting))

@@ -26,8 +26,8 @@ from artifact.experiments.claims import (
     on_bases,
     title,
 )
+from artifact.experiments.rules import margin_below
 from artifact.experiments.settings import Settings
-from artifact.experiments.verdicts import margin_below
 from artifact.offload.cache import COUNTS
 from artifact.offload.sim import BASES, DENOISING_ONLY, WITH_PREFILL, by_basis, phase_columns, ruling_basis, sweep
 from artifact.offload.trace import mean_working_set, working_set_by_phase

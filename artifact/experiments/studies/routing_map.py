@@ -23,8 +23,7 @@ from matplotlib.colors import LogNorm
 from scipy.interpolate import RegularGridInterpolator
 from tqdm.auto import tqdm
 
-from artifact.experiments import paper
-from artifact.experiments import verdicts as verdict_rules
+from artifact.experiments import paper, rules
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import (
     COLORS,
@@ -36,19 +35,19 @@ from artifact.experiments.claims import (
     judged,
     title,
 )
+from artifact.experiments.harness import load_model, traces
 from artifact.experiments.replication import Runs, cached_rows, gather, judge, timed_claim
-from artifact.experiments.runs import load_model, traces
+from artifact.experiments.rules import CONTROL, faster
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import CONTROL, faster
 from artifact.model.tasks import prompts
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.runner import OffloadSpec
 from artifact.offload.sim import capacity_for, denoising_only, phase_columns, replay, sweep
 from artifact.offload.store import HostStore
-from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 from artifact.offload.synth import SynthParams, measure, synth
 from artifact.offload.trace import Trace, mean_working_set
+from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 
 POLICIES = ("last_step", "oracle", "min")      # each against LRU ('demand') at the same C
 
@@ -284,7 +283,7 @@ def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
 
 def stream_runs(P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: Calibration,
                 progress: bool = True) -> pd.DataFrame:
-    """demand, last_step and the A/A control (verdicts.CONTROL) at the grid's first C/W on each point's stream (no
+    """demand, last_step and the A/A control (rules.CONTROL) at the grid's first C/W on each point's stream (no
     prefill): one untimed warm-up run each, then g.repetitions rounds in alternating order; a row per timed run."""
     loaded = load_model(P)
     shape = ExpertShape(loaded.cfg.hidden_size, loaded.cfg.moe_intermediate_size)
@@ -378,7 +377,7 @@ def throughput(runs_: Runs) -> Throughput:
     cal = rows.calibration.dropna().astype(str).unique() if "calibration" in rows else []
     return Throughput(runs_.effects("demand", "last_step", STREAM, METRIC),
                       runs_.effects(CONTROL, "demand", STREAM, METRIC) if CONTROL in set(rows.policy) else {},
-                      verdict_rules.host_shares(rows, STREAM), "; ".join(cal))
+                      rules.host_shares(rows, STREAM), "; ".join(cal))
 
 
 def stored_claims(P: Settings) -> list[Claim]:

@@ -9,18 +9,17 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from artifact.experiments import paper
-from artifact.experiments import verdicts as verdict_rules
+from artifact.experiments import paper, rules
 from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import COLORS, NOT_MEASURABLE, Claim, judged, title
+from artifact.experiments.harness import load_model, run_grid
 from artifact.experiments.replication import Runs, gather, judge, timed_claim
-from artifact.experiments.runs import load_model, run_grid
+from artifact.experiments.rules import CONTROL, not_faster
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide.checkout import check_tide
-from artifact.experiments.verdicts import CONTROL, not_faster
 from artifact.model.tasks import prompts
 from artifact.offload.sim import capacity_for
 
@@ -32,7 +31,7 @@ CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one inter
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
 def tide_style_profile(P: Settings) -> Settings:
     """The 05 grid: our engine at the TIDE budget and half of it, demand vs interval_refresh with the A/A
-    control (verdicts.CONTROL), batch size 1 (TIDE decodes one prompt at a time), every task, with enough
+    control (rules.CONTROL), batch size 1 (TIDE decodes one prompt at a time), every task, with enough
     repetitions for paper.MIN_PAIRS pairs per C/W."""
     reps = max(P.repetitions, -(-paper.MIN_PAIRS // len(P.tasks)))
     return dataclasses.replace(P, batch_sizes=(1,), cache_ratios=RATIOS, bandwidth_scales=(1.0,),
@@ -114,7 +113,7 @@ def style_numbers(runs_: Runs) -> StyleNumbers:
     m = rows.groupby([*CELL, "policy"]).demand_misses.sum()
     misses = {k: m[(*k, "interval_refresh")] / m[(*k, "demand")] - 1 for k in effects}
     control = runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {}
-    return StyleNumbers(effects, misses, control, verdict_rules.host_shares(rows, CELL))
+    return StyleNumbers(effects, misses, control, rules.host_shares(rows, CELL))
 
 
 def label(key) -> str:

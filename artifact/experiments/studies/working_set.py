@@ -10,8 +10,8 @@ import pandas as pd
 
 from artifact.experiments import paper
 from artifact.experiments.claims import DENOISING, EXACT, Claim, judged, title
-from artifact.experiments.runs import trace_label
-from artifact.experiments.verdicts import margin_at_least
+from artifact.experiments.harness import trace_label
+from artifact.experiments.rules import margin_at_least
 from artifact.offload.sim import denoising_only, phase_columns, sweep
 from artifact.offload.trace import step_similarity, working_sets
 

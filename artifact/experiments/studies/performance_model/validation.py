@@ -16,8 +16,8 @@ from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import Claim, judged
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
+from artifact.experiments.harness import load_model, offload_spec
 from artifact.experiments.replication import Runs, cached_rows, stored_rows
-from artifact.experiments.runs import load_model, offload_spec
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.studies.performance_model.virtual import (
@@ -29,8 +29,8 @@ from artifact.model.tasks import prompts
 from artifact.offload.costs import Costs, Hardware, Shape
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for
-from artifact.offload.trace_engine import calibrate
 from artifact.offload.trace import Trace, mean_working_set
+from artifact.offload.trace_engine import calibrate
 
 # --- validation on the cpu profile -----------------------------------------------------------------
 VALIDATION_RATIOS = (0.43, 1.0, 1.73)
@@ -204,7 +204,7 @@ class CellSign:
     (replication.py) beside the virtual clock's modelled value, and whether their signs agree."""
     batch_size: int
     cache_ratio: float
-    measured: object             # verdicts.Interval: the ruled interval (pooled, one run widened, or within)
+    measured: object             # rules.Interval: the ruled interval (pooled, one run widened, or within)
     modeled: float               # this run's modelled difference, %
 
     @property

@@ -1,14 +1,14 @@
-"""The verdict rules (artifact/experiments/verdicts.py, docs/verdicts.md): three outcomes, one interval, an
+"""The verdict rules (artifact/experiments/rules.py, docs/verdicts.md): three outcomes, one interval, an
 equivalence test for "no difference", and a "faster" verdict that a crossing interval cannot pass."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from artifact.experiments import paper, verdicts
+from artifact.experiments import paper, rules
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.rules import Interval, combine, faster, gated, no_difference, not_faster
 from artifact.experiments.stats import paired_difference
-from artifact.experiments.verdicts import Interval, combine, faster, gated, no_difference, not_faster
 
 M = paper.EQUIV_MARGIN
 
@@ -95,13 +95,13 @@ def test_the_interval_is_the_t_interval_of_stats():
     d = paired_difference(a, b)
     got = Interval(d.diff_pct, d.ci_low, d.ci_high, d.n_pairs)
     assert got.low == pytest.approx(d.ci_low) and got.excludes_zero and faster(got).verdict == REPRODUCED
-    assert verdicts.METHOD == "95% t interval over pairs"
+    assert rules.METHOD == "95% t interval over pairs"
 
 
 def test_margins_name_the_threshold():
-    assert verdicts.margin_below(0.090, paper.FEW) == "9.0% vs < 10%: 1.0 points under"
-    assert verdicts.margin_below(0.12, paper.FEW) == "12.0% vs < 10%: 2.0 points over"
-    assert verdicts.margin_at_least(0.83, paper.STABLE) == "83.0% vs >= 80%: 3.0 points over"
+    assert rules.margin_below(0.090, paper.FEW) == "9.0% vs < 10%: 1.0 points under"
+    assert rules.margin_below(0.12, paper.FEW) == "12.0% vs < 10%: 2.0 points over"
+    assert rules.margin_at_least(0.83, paper.STABLE) == "83.0% vs >= 80%: 3.0 points over"
 
 
 def test_every_threshold_is_named_once_in_paper_py():
@@ -134,12 +134,12 @@ def host_rows(device: str, host: dict, wall: float = 10.0):
 
 def test_host_shares_of_gpu_cells_and_none_on_the_cpu():
     rows = host_rows("cuda:0", {1.0: (2.0, 3.0), 1.73: (7.0, 4.0)})
-    s = verdicts.host_shares(rows, ["cache_ratio"])
+    s = rules.host_shares(rows, ["cache_ratio"])
     assert s[(1.0,)] == pytest.approx(0.315) and s[(1.73,)] == pytest.approx(0.715)   # the larger policy's median
-    assert verdicts.host_shares(host_rows("cpu", {1.0: (9.0, 9.0)}), ["cache_ratio"]) == {}   # CPU: not applied
-    assert verdicts.host_shares(rows.drop(columns=["host_ms_per_forward"]), ["cache_ratio"]) == {}   # old rows
+    assert rules.host_shares(host_rows("cpu", {1.0: (9.0, 9.0)}), ["cache_ratio"]) == {}   # CPU: not applied
+    assert rules.host_shares(rows.drop(columns=["host_ms_per_forward"]), ["cache_ratio"]) == {}   # old rows
     nan = rows.assign(host_ms_per_forward=float("nan"))                      # written before host time: unmeasured
-    assert verdicts.host_shares(nan, ["cache_ratio"]) == {}
+    assert rules.host_shares(nan, ["cache_ratio"]) == {}
 
 
 def test_a_host_bound_gpu_cell_is_inconclusive():
