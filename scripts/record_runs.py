@@ -29,13 +29,13 @@ def measure(P, log=print) -> None:
         routing_map,
         tide_head_to_head,
     )
-    steps = [("03 throttle grid", lambda: bandwidth_throttling.runs(P, progress=False)),
-             ("04 bench grid", lambda: capacity_sweep.runs(P, progress=False)),
-             ("05 TIDE-style grid", lambda: tide_head_to_head.runs(P, progress=False)),
-             ("06 link-priority grids", lambda: beyond_the_paper.runs(P, progress=False)),
+    steps = [("03 throttle grid", lambda: bandwidth_throttling.measure(P, progress=False)),
+             ("04 bench grid", lambda: capacity_sweep.measure(P, progress=False)),
+             ("05 TIDE-style grid", lambda: tide_head_to_head.measure(P, progress=False)),
+             ("06 link-priority grids", lambda: beyond_the_paper.measure(P, progress=False)),
              ("07 synthetic streams", lambda: routing_map.streams(P, progress=False)),
              ("08 validation cells", lambda: performance_model.validation(P, progress=False)),
-             ("09 end-to-end bench", lambda: cache_design_space.bench_runs(
+             ("09 end-to-end bench", lambda: cache_design_space.measure_bench(
                  P, cache_design_space.best_eviction(cache_design_space.summary(
                      cache_design_space.eviction_sweep(harness.traces(P), P))), progress=False))]
     for name, step in tqdm(steps, desc="timing notebooks' measurements"):

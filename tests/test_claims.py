@@ -27,7 +27,7 @@ from artifact.experiments.claims import (  # noqa: E402
     Claim,
 )
 from artifact.experiments.notebooks import claims_of  # noqa: E402
-from artifact.experiments.replication import WITHIN, Runs  # noqa: E402
+from artifact.experiments.replication import WITHIN, Replicas  # noqa: E402
 from artifact.experiments.rules import CONTROL  # noqa: E402
 from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
 from artifact.experiments.studies import (  # noqa: E402
@@ -188,7 +188,7 @@ def bench_rows(diffs: dict, reps=2, policies=("demand", "last_step"), noise=0.3)
 
 def capacity_claims(rows):
     """04's claims on rows of one run with no stored runs (the interval over each cell's own pairs)."""
-    return capacity.verdicts(capacity.numbers(Runs(rows)))
+    return capacity.verdicts(capacity.numbers(Replicas(rows)))
 
 
 def test_capacity_claims_follow_the_per_cell_intervals():
@@ -234,7 +234,7 @@ def test_cache_design_bench_judges_the_best_eviction_against_lru_gated_by_the_co
     best = "demand+lrfu:lam=2"
 
     def verdict(rows):
-        return cache_design.bench_verdict(cache_design.bench_numbers(Runs(rows), best))
+        return cache_design.bench_verdict(cache_design.bench_numbers(Replicas(rows), best))
 
     def with_control(rows, like: str):
         same = rows[rows.policy == like]
@@ -330,7 +330,7 @@ def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
 
 
 def throttle_verdicts(rows):
-    return throttle.verdicts(throttle.numbers(Runs(rows)))
+    return throttle.verdicts(throttle.numbers(Replicas(rows)))
 
 
 def test_throttle_claims():
@@ -368,15 +368,15 @@ def test_tide_claims_without_tide_say_why():
     assert c.verdict == NOT_MEASURABLE and reason in c.lines()[-1]
     rows = bench_rows({1.0: 0.0, 0.5: 0.5}, reps=4, policies=("demand", "interval_refresh"))
     table = head_to_head.style_table(rows)
-    claim = head_to_head.style_verdict(head_to_head.style_numbers(Runs(rows)))
+    claim = head_to_head.style_verdict(head_to_head.style_numbers(Replicas(rows)))
     assert claim.verdict == REPRODUCED and set(table.cache_ratio) == {1.0, 0.5} and len(table) == 8
     assert claim.measured.startswith("C/W 1: +0.0%") and "C/W 0.5 mbpp b=4: -0.5%" in claim.measured
     assert "misses vs demand's, this run: C/W 1 -10%" in claim.measured
     # "does not beat" is non-superiority: a wide interval decides nothing, a faster interval_refresh fails it
     wide = bench_rows({1.0: 0.0, 0.5: 0.0}, reps=4, policies=("demand", "interval_refresh"), noise=10.0)
-    assert head_to_head.style_verdict(head_to_head.style_numbers(Runs(wide))).verdict == INCONCLUSIVE
+    assert head_to_head.style_verdict(head_to_head.style_numbers(Replicas(wide))).verdict == INCONCLUSIVE
     wins = bench_rows({1.0: -8.0, 0.5: 0.0}, reps=4, policies=("demand", "interval_refresh"))
-    c = head_to_head.style_verdict(head_to_head.style_numbers(Runs(wins)))
+    c = head_to_head.style_verdict(head_to_head.style_numbers(Replicas(wins)))
     assert c.verdict == NOT_REPRODUCED and "C/W 1" in c.reason
     parts = {1.0: {"speedup_total": 3.0, "speedup_kv_cache": 2.0, "speedup_offload": 1.5},
              0.5: {"speedup_total": 0.9, "speedup_kv_cache": 0.9, "speedup_offload": 1.0}}
@@ -432,7 +432,7 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
                                                     progress=False))
     assert set(summary.policy) == set(P.sim_policies) | {misses.BOUND}
     assert (summary[summary.policy == "demand"].misses_vs_lru == 1).all()
-    n04 = capacity.numbers(Runs(bench_rows({0.43: 1.0, 1.0: 5.0}, policies=("demand", "last_step", CONTROL))))
+    n04 = capacity.numbers(Replicas(bench_rows({0.43: 1.0, 1.0: 5.0}, policies=("demand", "last_step", CONTROL))))
     q = {"resident": {"seconds": 1.0}, "offloaded": {"seconds": 2.0, "stall_seconds": 0.5}, "cache_experts": 5}
     made = {
         "00": quickstart.plot(q, P),
@@ -440,7 +440,7 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
         "01b": working_set.plot_stability(sim, share, P),
         "02": misses.plot(summary, P),
         "03": throttle.plot(throttle.summary_table(throttle_rows(reps=4)),
-                            throttle.numbers(Runs(throttle_rows(reps=4))), P),
+                            throttle.numbers(Replicas(throttle_rows(reps=4))), P),
         "04": capacity.plot(n04, P),
         "05": head_to_head.plot(bench_rows({1.0: 0.0, 0.5: 0.5}, policies=("demand", "interval_refresh")), P),
     }

@@ -12,7 +12,7 @@ from scipy import stats
 
 from artifact.experiments import paper, replication
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
-from artifact.experiments.replication import Runs, judge, one_run_interval, pooled_interval
+from artifact.experiments.replication import Replicas, judge, one_run_interval, pooled_interval
 from artifact.experiments.rules import CONTROL, Interval, control_ruling, faster, gated, no_difference, not_faster
 from artifact.experiments.settings import load_profile
 
@@ -44,7 +44,7 @@ def stored(*frames) -> tuple:
 # --- intervals ------------------------------------------------------------------------------------
 def test_the_pooled_interval_is_the_t_interval_over_per_run_means():
     runs = stored(*(rows({(1, 1.0): m}) for m in (10.0, 14.0, 12.0)))
-    r = Runs(runs[0][1], runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
+    r = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
     means = [10.0, 14.0, 12.0]
     half = stats.t.ppf(0.975, 2) * np.std(means, ddof=1) / np.sqrt(3)
     assert r.pooled.unit == "runs" and r.pooled.n == 3
@@ -58,20 +58,20 @@ def test_the_pooled_interval_is_the_t_interval_over_per_run_means():
 
 def test_a_stored_run_is_ruled_pooled_and_another_run_on_its_own_widened_interval():
     runs = stored(*(rows({(1, 1.0): m}) for m in (10.0, 14.0, 12.0)))
-    mine = Runs(runs[1][1], runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
+    mine = Replicas(runs[1][1], runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
     assert mine.stored and mine.ruled is mine.pooled
     fresh = rows({(1, 1.0): 11.0}, jitter=0.5)
-    other = Runs(fresh, runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
+    other = Replicas(fresh, runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
     assert not other.stored and other.ruled is other.this and other.this.unit == "run"
     assert other.this.mean == pytest.approx(11.0, abs=0.01)
     # the widening: the stored runs' spread, or this run's own pairs' when that is larger
     wide = rows({(1, 1.0): 11.0}, jitter=30.0)
-    w = Runs(wide, runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)].this
+    w = Replicas(wide, runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)].this
     assert w.high - w.low > other.this.high - other.this.low
 
 
 def test_without_stored_runs_a_run_has_only_its_pairs_and_says_so():
-    r = Runs(rows({(1, 1.0): 5.0}, reps=4, jitter=1.0)).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
+    r = Replicas(rows({(1, 1.0): 5.0}, reps=4, jitter=1.0)).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
     assert r.this.unit == "pairs" and r.this.n == 4 and r.pooled is None and not r.stored
     t = judge({("c",): r}, {}, faster, str)
     assert t.ruled_on == replication.WITHIN and t.per_run == ()
@@ -102,11 +102,11 @@ def test_no_interval_pools_batch_sizes_and_the_verdict_flips_with_it():
     """Batch 1 is faster by 10%, batch 4 slower by 10%: pooled over batch sizes the interval crosses 0
     (inconclusive); per cell, batch 4 rules `not reproduced`, and so does the claim."""
     runs = stored(*(rows({(1, 1.0): 10.0 + d, (4, 1.0): -10.0 + d}) for d in (-0.3, 0.0, 0.4)))
-    eff = Runs(runs[0][1], runs).effects("demand", "last_step", CELL)
+    eff = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)
     assert len(eff) == 2
     per_cell = judge(eff, {}, faster, lambda k: f"b={k[1]}")
     assert per_cell.verdict == NOT_REPRODUCED and "b=4" in per_cell.reason
-    pooled_over_batches = Runs(runs[0][1], runs).effects("demand", "last_step", ["task", "cache_ratio"])
+    pooled_over_batches = Replicas(runs[0][1], runs).effects("demand", "last_step", ["task", "cache_ratio"])
     assert judge(pooled_over_batches, {}, faster, str).verdict == INCONCLUSIVE
 
 
@@ -130,13 +130,13 @@ def test_the_control_gates_its_own_cell_in_every_view():
     quiet = [rows({(1, 1.0): 12.0 + d, (4, 1.0): 12.0 + d}, {(1, 1.0): 0.1 * d, (4, 1.0): 0.1 * d}) for d in
              (-1, 0, 1)]
     runs = stored(*quiet)
-    eff = Runs(runs[0][1], runs).effects("demand", "last_step", CELL)
-    aa = Runs(runs[0][1], runs).effects(CONTROL, "demand", CELL)
+    eff = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)
+    aa = Replicas(runs[0][1], runs).effects(CONTROL, "demand", CELL)
     assert judge(eff, aa, faster, str).verdict == REPRODUCED
     noisy = [rows({(1, 1.0): 12.0 + d, (4, 1.0): 12.0 + d}, {(1, 1.0): 0.0, (4, 1.0): 8.0 * d}) for d in (-1, 0, 1)]
     runs = stored(*noisy)
-    eff = Runs(runs[0][1], runs).effects("demand", "last_step", CELL)
-    aa = Runs(runs[0][1], runs).effects(CONTROL, "demand", CELL)
+    eff = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)
+    aa = Replicas(runs[0][1], runs).effects(CONTROL, "demand", CELL)
     t = judge(eff, aa, faster, lambda k: f"b={k[1]}")
     assert t.verdict == INCONCLUSIVE and "b=4: A/A control" in t.reason and "too noisy" in t.reason
     assert len(t.per_run) == 3 and ctl
@@ -213,11 +213,11 @@ def test_a_zero_baseline_has_no_percentage_and_its_cell_no_interval():
     """03 rules on stall seconds: where demand never stalled, last_step over demand in % is undefined."""
     r = rows({(1, 1.0): 5.0, (4, 1.0): 5.0}, reps=4)
     r.loc[(r.batch_size == 1) & (r.policy == "last_step"), "tokens_per_second"] = 0.0      # the baseline B below
-    eff = Runs(r).effects("last_step", "demand", CELL)
+    eff = Replicas(r).effects("last_step", "demand", CELL)
     assert eff[("gsm8k", 4, 1.0, 1.0)].this.usable
     zero = replication.run_effects(r.assign(tokens_per_second=r.tokens_per_second.where(r.policy != "demand", 0.0)),
                                    "last_step", "demand", CELL, "tokens_per_second")
     assert all(e.diffs == () for e in zero.values())
-    t = judge(Runs(r.assign(tokens_per_second=r.tokens_per_second.where(r.policy != "demand", 0.0))).effects(
+    t = judge(Replicas(r.assign(tokens_per_second=r.tokens_per_second.where(r.policy != "demand", 0.0))).effects(
         "last_step", "demand", CELL), {}, faster, str)
     assert t.verdict == INCONCLUSIVE

@@ -246,7 +246,7 @@ class Replicated:
 
 
 @dataclass(frozen=True)
-class Runs:
+class Replicas:
     """This run's rows and the stored runs' rows of the same grid (same settings)."""
     this: pd.DataFrame
     stored: tuple[tuple[str, pd.DataFrame], ...] = ()
@@ -261,11 +261,11 @@ class Runs:
     def n(self) -> int:
         return len(self.stored)
 
-    def last_stored(self) -> "Runs":
+    def last_stored(self) -> "Replicas":
         """These runs with the last stored run as this run: what a `--store` pass on the stored runs rules on."""
         if not self.stored:
             raise RunsError("no stored runs: nothing to recompute")
-        return Runs(self.stored[-1][1], self.stored, self.commit, self.metric)
+        return Replicas(self.stored[-1][1], self.stored, self.commit, self.metric)
 
     def is_stored(self, a: str, b: str, by: Sequence[str]) -> bool:
         """This run's rows are one stored run's rows: same cells, same pairs, same values."""
@@ -283,7 +283,7 @@ class Runs:
         metric = metric or self.metric
         mine = run_effects(self.this, a, b, by, metric)
         theirs = [run_effects(rows, a, b, by, metric) for _, rows in self.stored]
-        me_stored = self.n >= 2 and Runs(self.this, self.stored, metric=metric).is_stored(a, b, by)
+        me_stored = self.n >= 2 and Replicas(self.this, self.stored, metric=metric).is_stored(a, b, by)
         out = {}
         for key, eff in mine.items():
             per = [t[key] for t in theirs if key in t]
@@ -294,7 +294,7 @@ class Runs:
 
 
 def gather(P, this: pd.DataFrame, stem: str | Sequence[str], fingerprint: str | None = None,
-           metric: str = "tokens_per_second", reference: Path | None = None, read=pd.read_csv) -> Runs:
+           metric: str = "tokens_per_second", reference: Path | None = None, read=pd.read_csv) -> Replicas:
     """This run's rows with the stored runs' rows of the same grid(s) and settings, keeping the cells this run
     has (a stored file may hold other grids' cells)."""
     stems = [stem] if isinstance(stem, str) else list(stem)
@@ -304,7 +304,7 @@ def gather(P, this: pd.DataFrame, stem: str | Sequence[str], fingerprint: str | 
             by_run.setdefault(name, []).append(rows)
     stored = tuple((n, pd.concat(fs, ignore_index=True)) for n, fs in by_run.items())
     commits = sorted({run_meta(runs_root(P.name, reference) / n).get("commit", "?") for n, _ in stored})
-    return Runs(this, stored, ", ".join(commits), metric)
+    return Replicas(this, stored, ", ".join(commits), metric)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,17 +392,17 @@ def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dic
             continue
         for fp in sorted(set.intersection(*(set(r.fingerprint.astype(str)) if "fingerprint" in r else {""}
                                             for _, r in have))):
-            runs_ = tuple((n, r[r.fingerprint.astype(str) == fp] if "fingerprint" in r else r) for n, r in have)
-            cols = set(runs_[0][1].columns)
+            kept = tuple((n, r[r.fingerprint.astype(str) == fp] if "fingerprint" in r else r) for n, r in have)
+            cols = set(kept[0][1].columns)
             metric = next((m for m in ("tokens_per_second", "forwards_per_second") if m in cols), None)
             if metric is None:
                 continue
             by = [k for k in ("task", "batch_size", "cache_ratio", "bandwidth_scale") if k in cols]
-            for r in Runs(runs_[0][1], runs_, metric=metric).effects(CONTROL, base, by).values():
+            for r in Replicas(kept[0][1], kept, metric=metric).effects(CONTROL, base, by).values():
                 if r.pooled is not None and r.pooled.usable:
                     out["pooled"][0] += r.pooled.low <= 0 <= r.pooled.high
                     out["pooled"][1] += 1
-            for _, rows in runs_:
+            for _, rows in kept:
                 for eff in run_effects(rows, CONTROL, base, by, metric).values():
                     _, lo, hi = t_interval(eff.diffs)
                     if math.isfinite(lo):

@@ -14,7 +14,7 @@ from artifact.experiments import paper, rules
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import COLORS, CONTROL_COLOR, EXACT, PER_RUN, Claim, judged, title
 from artifact.experiments.harness import run_grid
-from artifact.experiments.replication import Runs, gather, judge, timed_claim
+from artifact.experiments.replication import Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import CONTROL, faster
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
@@ -35,12 +35,12 @@ def throttle_profile(P: Settings) -> Settings:
                                repetitions=max(P.repetitions, paper.MIN_PAIRS))
 
 
-def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     """The 03 grid's rows (resumable; see harness.run_grid)."""
     return run_grid(throttle_profile(P), STEM, progress=progress)
 
 
-def replicas(P: Settings, rows) -> Runs:
+def replicas(P: Settings, rows) -> Replicas:
     """This run's rows with the stored runs' rows of the same grid and settings (replication.py)."""
     return gather(P, rows, STEM, bench_fingerprint(throttle_profile(P)), metric=METRIC)
 
@@ -70,7 +70,7 @@ class Numbers:
     by_bandwidth: tuple          # (link GB/s, stall demand, stall last_step, tokens/s demand, tokens/s last_step),
                                  # this run's means, highest bandwidth first
     stall: dict = field(default_factory=dict)     # {cell: Replicated} last_step's stall over demand's, % per
-                                                  # pair (replication.Runs.effects), highest bandwidth first
+                                                  # pair (replication.Replicas.effects), highest bandwidth first
     control: dict = field(default_factory=dict)   # {cell: Replicated} the A/A control's stall over demand's
     host: dict = field(default_factory=dict)      # {cell: GPU host share of wall per forward (host_shares)}
     gbps: dict = field(default_factory=dict)      # {bandwidth scale: link GB/s}
@@ -85,19 +85,19 @@ def _fastest_first(effects: dict) -> dict:
     return dict(sorted(effects.items(), key=lambda kv: (-kv[0][3], kv[0][:3])))
 
 
-def numbers(runs_: Runs) -> Numbers:
-    rows = runs_.this
+def numbers(reps: Replicas) -> Numbers:
+    rows = reps.this
     summary = summary_table(rows)
     d = summary[summary.policy == "demand"].set_index("bandwidth_scale")
     s = summary[summary.policy == "last_step"].set_index("bandwidth_scale")
     scales = sorted(d.index, reverse=True)
-    control = runs_.effects(CONTROL, "demand", CELL, METRIC) if CONTROL in set(rows.policy) else {}
+    control = reps.effects(CONTROL, "demand", CELL, METRIC) if CONTROL in set(rows.policy) else {}
     return Numbers(1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
                    s.speculative_transfers.iloc[0] / d.transfers.iloc[0],
                    s.transfers.iloc[0] / d.transfers.iloc[0] - 1,
                    tuple((d.link_gbps[x], d.stall_seconds[x], s.stall_seconds[x], d.tokens_per_second[x],
                           s.tokens_per_second[x]) for x in scales),
-                   _fastest_first(runs_.effects("last_step", "demand", CELL, METRIC)), _fastest_first(control),
+                   _fastest_first(reps.effects("last_step", "demand", CELL, METRIC)), _fastest_first(control),
                    rules.host_shares(rows, CELL), {float(x): float(d.link_gbps[x]) for x in scales})
 
 

@@ -31,7 +31,7 @@ from artifact.experiments.claims import (
     title,
 )
 from artifact.experiments.harness import run_grid
-from artifact.experiments.replication import Runs, judge, stored_rows, timed_claim
+from artifact.experiments.replication import Replicas, judge, stored_rows, timed_claim
 from artifact.experiments.rules import (
     CONTROL,
     host_shares,
@@ -98,7 +98,7 @@ def bench_profile(P: Settings, priority: str) -> Settings:
     return dataclasses.replace(P, link_priority=priority, policies=policies, **trim)
 
 
-def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     """Both priorities' bench rows (column link_priority), each from its own resumable file."""
     frames = []
     for pr in PRIORITIES:
@@ -110,13 +110,13 @@ def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
 CELL = ["link_priority", "task", "batch_size", "cache_ratio", "bandwidth_scale"]   # one interval per cell
 
 
-def replicas(P: Settings, rows) -> Runs:
+def replicas(P: Settings, rows) -> Replicas:
     """This run's rows of both priorities with the stored runs' rows of the same grids (replication.py)."""
     stored: dict[str, list] = {}
     for pr in PRIORITIES:
         for name, df in stored_rows(P, f"{STEM}-{pr}", bench_fingerprint(bench_profile(P, pr))):
             stored.setdefault(name, []).append(df.assign(link_priority=pr))
-    return Runs(rows, tuple((n, pd.concat(f, ignore_index=True)) for n, f in stored.items()))
+    return Replicas(rows, tuple((n, pd.concat(f, ignore_index=True)) for n, f in stored.items()))
 
 
 def throughput_table(rows, by=("task", "batch_size", "cache_ratio")) -> pd.DataFrame:
@@ -185,15 +185,15 @@ class Numbers:
         return self.by_prefill[self.judged].of_oracle
 
 
-def numbers(summary, table, runs_: Runs) -> Numbers:
-    rows = runs_.this
+def numbers(summary, table, reps: Replicas) -> Numbers:
+    rows = reps.this
     n_same, n_cells = same_tokens(rows.assign(task=rows.task + "/" + rows.link_priority))
     fast = table[(table.verdict == paper.FASTER)]
     by_prefill = {p: counts(g) for p, g in summary.groupby("prefill", sort=False)}
     preds = [p for p in dict.fromkeys(rows.policy) if p not in ("demand", CONTROL)]
     return Numbers(n_same, n_cells, fast, table, ruling_basis(summary), by_prefill, host_shares(rows, CELL),
-                   {p: runs_.effects(p, "demand", CELL) for p in preds},
-                   runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {})
+                   {p: reps.effects(p, "demand", CELL) for p in preds},
+                   reps.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {})
 
 
 def label(key) -> str:

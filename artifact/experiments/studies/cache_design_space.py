@@ -21,7 +21,7 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, judged, on_bases, title
 from artifact.experiments.harness import run_grid
 from artifact.experiments.paper import EVICTION_GAIN, GAP_LEFT
-from artifact.experiments.replication import Runs, RunsError, gather, judge, stored_rows, timed_claim
+from artifact.experiments.replication import Replicas, RunsError, gather, judge, stored_rows, timed_claim
 from artifact.experiments.rules import CONTROL, faster, host_shares, margin_below
 from artifact.experiments.settings import Settings
 from artifact.offload.sim import by_basis, capacity_for, phase_columns, relative_to_lru, ruling_basis, sweep
@@ -143,11 +143,11 @@ def bench_profile(P: Settings, best: str) -> Settings:
                                repetitions=max(P.repetitions, paper.MIN_PAIRS), warmup=1)
 
 
-def bench_runs(P: Settings, best: str, progress: bool = True) -> pd.DataFrame:
+def measure_bench(P: Settings, best: str, progress: bool = True) -> pd.DataFrame:
     return run_grid(bench_profile(P, best), STEM, progress=progress)
 
 
-def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Runs:
+def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Replicas:
     """The bench's rows with the stored runs' rows of the same grid and settings (replication.py)."""
     return gather(P, rows, STEM, bench_fingerprint(bench_profile(P, best)))
 
@@ -155,17 +155,17 @@ def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Runs:
 @dataclass(frozen=True)
 class BenchNumbers:
     best: str                # the eviction spec timed against lru
-    over_lru: dict           # {cell: Replicated} tokens/s of the best eviction over lru's (replication.Runs.effects)
+    over_lru: dict           # {cell: Replicated} tokens/s of the best eviction over lru's (Replicas.effects)
     misses: tuple            # (lru's, the best's) demand misses, summed over this run's timed runs
     control: dict            # {cell: Replicated} the A/A control over demand in the same cells
     host: dict = dataclasses.field(default_factory=dict)   # {cell: GPU host share of wall (host_shares)}
 
 
-def bench_numbers(runs_: Runs, best: str) -> BenchNumbers:
-    rows = runs_.this
+def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
+    rows = reps.this
     m = rows.groupby("policy").demand_misses.sum()
-    return BenchNumbers(best, runs_.effects(best, "demand", CELL), (int(m["demand"]), int(m[best])),
-                        runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {},
+    return BenchNumbers(best, reps.effects(best, "demand", CELL), (int(m["demand"]), int(m[best])),
+                        reps.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {},
                         host_shares(rows, CELL))
 
 

@@ -12,7 +12,7 @@ from artifact.experiments import paper, rules
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
 from artifact.experiments.claims import COLORS, CONTROL_COLOR, EXACT, PAPER_STYLE, PER_RUN, Claim, judged, title
 from artifact.experiments.harness import run_grid
-from artifact.experiments.replication import Runs, gather, judge, timed_claim
+from artifact.experiments.replication import Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import CONTROL, faster
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
@@ -21,11 +21,11 @@ STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m
 CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one interval per cell: nothing pooled
 
 
-def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     return run_grid(P, STEM, progress=progress)
 
 
-def replicas(P: Settings, rows) -> Runs:
+def replicas(P: Settings, rows) -> Replicas:
     """This run's rows with the stored runs' rows of the same grid (replication.py)."""
     return gather(P, rows, STEM, bench_fingerprint(P))
 
@@ -42,16 +42,16 @@ def tables(rows) -> pd.DataFrame:
 class Numbers:
     same_cells: int              # cells where every policy and repetition decoded the same tokens ...
     cells: int                   # ... of all cells
-    effects: dict                # {cell: Replicated} demand over last_step, tokens/s (replication.Runs.effects)
+    effects: dict                # {cell: Replicated} demand over last_step, tokens/s (replication.Replicas.effects)
     control: dict                # {cell: Replicated} the A/A control over demand in the same cells
     host: dict = field(default_factory=dict)   # {cell: host share of wall time per forward} (host_shares)
 
 
-def numbers(runs_: Runs) -> Numbers:
-    rows = runs_.this
+def numbers(reps: Replicas) -> Numbers:
+    rows = reps.this
     n_same, n_cells = same_tokens(rows)
-    return Numbers(n_same, n_cells, runs_.effects("demand", "last_step", CELL),
-                   runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {},
+    return Numbers(n_same, n_cells, reps.effects("demand", "last_step", CELL),
+                   reps.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {},
                    rules.host_shares(rows, CELL))
 
 

@@ -36,7 +36,7 @@ from artifact.experiments.claims import (
     title,
 )
 from artifact.experiments.harness import load_model, traces
-from artifact.experiments.replication import Runs, cached_rows, gather, judge, timed_claim
+from artifact.experiments.replication import Replicas, cached_rows, gather, judge, timed_claim
 from artifact.experiments.rules import CONTROL, faster
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
@@ -359,7 +359,7 @@ def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
     return paired_table(rows, "demand", "last_step", STREAM, metric=METRIC)
 
 
-def replicas(P: Settings, rows: pd.DataFrame) -> Runs:
+def replicas(P: Settings, rows: pd.DataFrame) -> Replicas:
     """This run's stream rows with the stored runs' rows of the same streams and settings (replication.py)."""
     return gather(P, rows, STREAMS, bench_fingerprint(P), metric=METRIC)
 
@@ -372,11 +372,11 @@ class Throughput:
     calibration: str = ""    # the compute the rows were timed with (their "calibration" column; "" if absent)
 
 
-def throughput(runs_: Runs) -> Throughput:
-    rows = runs_.this
+def throughput(reps: Replicas) -> Throughput:
+    rows = reps.this
     cal = rows.calibration.dropna().astype(str).unique() if "calibration" in rows else []
-    return Throughput(runs_.effects("demand", "last_step", STREAM, METRIC),
-                      runs_.effects(CONTROL, "demand", STREAM, METRIC) if CONTROL in set(rows.policy) else {},
+    return Throughput(reps.effects("demand", "last_step", STREAM, METRIC),
+                      reps.effects(CONTROL, "demand", STREAM, METRIC) if CONTROL in set(rows.policy) else {},
                       rules.host_shares(rows, STREAM), "; ".join(cal))
 
 

@@ -14,7 +14,7 @@ from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import COLORS, NOT_MEASURABLE, Claim, judged, title
 from artifact.experiments.harness import load_model, run_grid
-from artifact.experiments.replication import Runs, gather, judge, timed_claim
+from artifact.experiments.replication import Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import CONTROL, not_faster
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
@@ -38,11 +38,11 @@ def tide_style_profile(P: Settings) -> Settings:
                                policies=("demand", "interval_refresh", CONTROL), repetitions=reps)
 
 
-def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     return run_grid(tide_style_profile(P), STEM, progress=progress)
 
 
-def replicas(P: Settings, rows) -> Runs:
+def replicas(P: Settings, rows) -> Replicas:
     """This run's rows with the stored runs' rows of the same grid and settings (replication.py)."""
     return gather(P, rows, STEM, bench_fingerprint(tide_style_profile(P)))
 
@@ -98,21 +98,21 @@ def tide_released(P: Settings, progress: bool = True) -> list[dict]:
 # --- verdicts -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StyleNumbers:
-    effects: dict    # {cell: Replicated} interval_refresh over demand, tokens/s (replication.Runs.effects),
+    effects: dict    # {cell: Replicated} interval_refresh over demand, tokens/s (replication.Replicas.effects),
                      # highest C/W first
     misses: dict     # {cell: interval_refresh's demand misses / demand's - 1}, this run
     control: dict = dataclasses.field(default_factory=dict)   # {cell: Replicated} the A/A control over demand
     host: dict = dataclasses.field(default_factory=dict)      # {cell: GPU host share of wall (host_shares)}
 
 
-def style_numbers(runs_: Runs) -> StyleNumbers:
+def style_numbers(reps: Replicas) -> StyleNumbers:
     """interval_refresh over demand per cell (the direction the claim is about: does it beat demand?)."""
-    rows = runs_.this
-    effects = runs_.effects("interval_refresh", "demand", CELL)
+    rows = reps.this
+    effects = reps.effects("interval_refresh", "demand", CELL)
     effects = dict(sorted(effects.items(), key=lambda kv: (-kv[0][2], kv[0][:2], kv[0][3])))
     m = rows.groupby([*CELL, "policy"]).demand_misses.sum()
     misses = {k: m[(*k, "interval_refresh")] / m[(*k, "demand")] - 1 for k in effects}
-    control = runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {}
+    control = reps.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {}
     return StyleNumbers(effects, misses, control, rules.host_shares(rows, CELL))
 
 

@@ -17,7 +17,7 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import Claim, judged
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
 from artifact.experiments.harness import load_model, offload_spec
-from artifact.experiments.replication import Runs, cached_rows, stored_rows
+from artifact.experiments.replication import Replicas, cached_rows, stored_rows
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.studies.performance_model.virtual import (
@@ -263,9 +263,9 @@ def cell_signs(rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]], a: st
     stored runs' rows give the between-run spread), beside the modelled difference of this run."""
     if not {a, b} <= set(rows.policy):
         return ()
-    runs_ = Runs(steps_per_second(rows), tuple((n, steps_per_second(r)) for n, r in stored),
+    reps = Replicas(steps_per_second(rows), tuple((n, steps_per_second(r)) for n, r in stored),
                  metric="measured_steps_per_second")
-    effects = runs_.effects(a, b, VALIDATION_CELL)
+    effects = reps.effects(a, b, VALIDATION_CELL)
     mod = rows.groupby([*VALIDATION_CELL, "policy"]).modeled_seconds_per_step.mean()
     out = []
     for (bs, ratio), r in effects.items():
