@@ -18,6 +18,7 @@ from test_phases import phase_split  # noqa: E402
 from artifact.experiments import claims  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, bench_fingerprint  # noqa: E402
 from artifact.experiments.claims import NOT_REPRODUCED, REPRODUCED  # noqa: E402
+from artifact.experiments.outputs import figures  # noqa: E402
 from artifact.experiments.replication import Replicas  # noqa: E402
 from artifact.experiments.settings import load_profile  # noqa: E402
 from artifact.experiments.studies import beyond_the_paper as beyond  # noqa: E402
@@ -159,7 +160,7 @@ def test_the_figure_is_saved_with_both_tables(tmp_path, monkeypatch):
     rows = bench_rows({("fifo", "last_step"): -5.0})
     summary = beyond.miss_summary(sweep_rows({"oracle": 20}))
     fig, df = beyond.plot(summary, beyond.numbers(summary, beyond.throughput_table(rows), Replicas(rows)), P)
-    png, csv = claims.save(fig, df, P, "06_beyond", log=lambda s: None)
+    png, csv = figures.save(fig, df, P, "06_beyond", log=lambda s: None)
     assert png.read_bytes()[:4] == b"\x89PNG" and len(fig.axes) == 4
     assert "link_priority demand: last_step (A) vs demand (B)" in beyond.format_tables(beyond.throughput_table(rows))
     assert set(pd.read_csv(csv).panel) == {"misses", "throughput"}

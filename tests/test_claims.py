@@ -17,16 +17,15 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from test_phases import phase_split  # noqa: E402
 
-from artifact.experiments import claims, harness, paper, replication  # noqa: E402
+from artifact.experiments import claims, harness, replication  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, write_rows  # noqa: E402
-from artifact.experiments.claims import (  # noqa: E402
-    INCONCLUSIVE,
-    NOT_MEASURABLE,
-    NOT_REPRODUCED,
-    REPRODUCED,
-    Claim,
+from artifact.experiments.claims import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
+from artifact.experiments.criteria import (
+    paper,  # noqa: E402
+    thresholds,  # noqa: E402
 )
 from artifact.experiments.notebooks import claims_of  # noqa: E402
+from artifact.experiments.outputs import figures  # noqa: E402
 from artifact.experiments.replication import WITHIN, Replicas  # noqa: E402
 from artifact.experiments.rules import CONTROL  # noqa: E402
 from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
@@ -259,7 +258,7 @@ def test_cache_design_bench_judges_the_best_eviction_against_lru_gated_by_the_co
     P = cache_design.bench_profile(load_profile("cpu"), best)
     assert P.policies == ("demand", best, CONTROL) and P.batch_sizes == (1,) and len(P.tasks) == 1
     assert P.cache_ratios == (cache_design.BENCH_RATIO,) and P.warmup == 1
-    assert P.repetitions >= paper.MIN_PAIRS             # one cell: its pairs are its repetitions
+    assert P.repetitions >= thresholds.MIN_PAIRS             # one cell: its pairs are its repetitions
 
 
 def eviction_rows(misses: dict, lru=100, floor=50) -> pd.DataFrame:
@@ -350,7 +349,7 @@ def test_throttle_claims():
     assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (P.tasks[:1], (4,), (1.0,),
                                                                      ("demand", "last_step", CONTROL))
     assert T.bandwidth_scales == P.throttle_scales == (2.0, 1.0, 0.5)
-    assert T.repetitions == max(P.repetitions, paper.MIN_PAIRS)
+    assert T.repetitions == max(P.repetitions, thresholds.MIN_PAIRS)
 
 
 def test_throttle_summary_fills_the_unpaced_cuda_bandwidth():
@@ -445,7 +444,7 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
         "05": head_to_head.plot(bench_rows({1.0: 0.0, 0.5: 0.5}, policies=("demand", "interval_refresh")), P),
     }
     for name, (fig, df) in made.items():
-        png, csv = claims.save(fig, df, P, name, log=lambda s: None)
+        png, csv = figures.save(fig, df, P, name, log=lambda s: None)
         assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size < 300_000
         assert len(pd.read_csv(csv)) == len(df) > 0
         assert not list(png.parent.glob(".*.tmp")) and not list(csv.parent.glob(".*.tmp"))
@@ -506,8 +505,9 @@ def test_paper_table_derives_from_paper_py():
 
 def test_claim_modules_import_at_the_top():
     """Imports sit at the top of the claim modules (no function-local imports)."""
-    for name in ("claims", "harness", "paper", "studies/quickstart", "studies/working_set", "studies/miss_accounting",
-                 "studies/bandwidth_throttling", "studies/capacity_sweep", "studies/tide_head_to_head", "stats"):
+    for name in ("claims", "harness", "criteria/paper", "criteria/thresholds", "outputs/paths", "outputs/figures",
+                 "studies/quickstart", "studies/working_set", "studies/miss_accounting", "studies/bandwidth_throttling",
+                 "studies/capacity_sweep", "studies/tide_head_to_head", "stats"):
         tree = ast.parse((EXPERIMENTS / f"{name}.py").read_text())
         local = [n.lineno for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                  for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))]

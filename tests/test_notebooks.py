@@ -150,7 +150,7 @@ def test_stored_notebook_is_clean_and_ends_with_a_checked_claim_cell(path):
 @pytest.mark.parametrize("path", STORED, ids=lambda p: p.stem)
 def test_a_notebook_is_the_thin_face_of_its_module(path):
     """Parameters `profile = "cpu"` and `overrides = {}`; calls into artifact, no definitions; one markdown
-    sentence under each figure; the figure saved through claims.save."""
+    sentence under each figure; the figure saved through figures.save."""
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code[0].source == 'profile = "cpu"\noverrides = {}'

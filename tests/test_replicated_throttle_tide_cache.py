@@ -16,7 +16,8 @@ import pytest  # noqa: E402
 from helpers_runs import make_rows, read_back, store_runs  # noqa: E402
 
 from artifact.experiments.bench.results import bench_fingerprint  # noqa: E402
-from artifact.experiments.claims import CONTROL_COLOR, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
+from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
+from artifact.experiments.outputs.figures import CONTROL_COLOR
 from artifact.experiments.replication import METHOD, ONE_RUN, WITHIN, Replicas  # noqa: E402
 from artifact.experiments.rules import CONTROL  # noqa: E402
 from artifact.experiments.settings import Settings, load_profile  # noqa: E402

@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from artifact.experiments import paper, replication
+from artifact.experiments import replication
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.replication import Replicas, judge, one_run_interval, pooled_interval
 from artifact.experiments.rules import CONTROL, Interval, control_ruling, faster, gated, no_difference, not_faster
 from artifact.experiments.settings import load_profile
@@ -79,7 +80,7 @@ def test_without_stored_runs_a_run_has_only_its_pairs_and_says_so():
 
 def test_fewer_runs_than_the_minimum_is_inconclusive():
     iv = pooled_interval([10.0, 11.0])
-    assert iv.n == 2 < paper.MIN_RUNS and not iv.usable
+    assert iv.n == 2 < thresholds.MIN_RUNS and not iv.usable
     assert faster(iv).verdict == INCONCLUSIVE and "needs >= 3 runs" in faster(iv).why
 
 

@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 from helpers_streams import store_run, stream_rows
 
-from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import CONTROL_COLOR, INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, save
+from artifact.experiments.claims import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.outputs.figures import CONTROL_COLOR, save
 from artifact.experiments.replication import METHOD, ONE_RUN, WITHIN, Replicas
 from artifact.experiments.rules import CONTROL
 from artifact.experiments.settings import load_profile
@@ -222,7 +223,7 @@ def test_stream_claim_with_a_too_wide_control_is_inconclusive(monkeypatch, tmp_p
     this = pd.read_csv(tmp_path / "data" / "results" / "cpu" / "runs" / "run1" / f"{rm.STREAMS}.csv")
     c = rm.throughput_claim(rm.throughput(rm.replicas(P, this)))
     assert c.verdict == INCONCLUSIVE and c.ruled == "pooled"
-    assert "paper point: A/A control" in c.reason and f"not inside +-{paper.EQUIV_MARGIN:g}%" in c.reason
+    assert "paper point: A/A control" in c.reason and f"not inside +-{thresholds.EQUIV_MARGIN:g}%" in c.reason
     assert "cpu point" not in c.reason                                # its control is equivalent: ruled as usual
     assert c.per_run == (INCONCLUSIVE,) * 3      # each run's control is widened by that spread too, run2's 0% too
 

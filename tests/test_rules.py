@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from artifact.experiments import paper, rules
+from artifact.experiments import rules
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.rules import Interval, combine, faster, gated, no_difference, not_faster
 from artifact.experiments.stats import paired_difference
 
-M = paper.EQUIV_MARGIN
+M = thresholds.EQUIV_MARGIN
 
 
 def iv(low, high, n=8):
@@ -56,7 +57,7 @@ def test_faster_rules_and_the_position_against_the_papers_range():
 
 
 def test_too_few_pairs_is_inconclusive_whatever_the_interval():
-    n = paper.MIN_PAIRS - 1
+    n = thresholds.MIN_PAIRS - 1
     for rule in (faster, no_difference, not_faster):
         r = rule(iv(5.0, 6.0, n))
         assert r.verdict == INCONCLUSIVE and f"{n} pairs" in r.why
@@ -99,28 +100,28 @@ def test_the_interval_is_the_t_interval_of_stats():
 
 
 def test_margins_name_the_threshold():
-    assert rules.margin_below(0.090, paper.FEW) == "9.0% vs < 10%: 1.0 points under"
-    assert rules.margin_below(0.12, paper.FEW) == "12.0% vs < 10%: 2.0 points over"
-    assert rules.margin_at_least(0.83, paper.STABLE) == "83.0% vs >= 80%: 3.0 points over"
+    assert rules.margin_below(0.090, thresholds.FEW) == "9.0% vs < 10%: 1.0 points under"
+    assert rules.margin_below(0.12, thresholds.FEW) == "12.0% vs < 10%: 2.0 points over"
+    assert rules.margin_at_least(0.83, thresholds.STABLE) == "83.0% vs >= 80%: 3.0 points over"
 
 
-def test_every_threshold_is_named_once_in_paper_py():
-    """The claim modules take their thresholds from paper.py and define none of their own."""
+def test_every_threshold_is_named_once_in_thresholds_py():
+    """The claim modules take their thresholds from criteria/thresholds.py and define none of their own."""
     import ast
     from pathlib import Path
 
     names = ("FEW", "FACTOR", "STABLE", "HEADROOM", "EQUIV_MARGIN", "MIN_PAIRS", "CONFIDENCE", "EVICTION_GAIN",
-             "GAP_LEFT")
+             "GAP_LEFT", "MIN_RUNS", "MODEL_ERROR")
     for n in names:
-        assert isinstance(getattr(paper, n), (int, float))
-    here = Path(paper.__file__).parent
+        assert isinstance(getattr(thresholds, n), (int, float))
+    here = Path(thresholds.__file__).parent.parent
     for path in here.rglob("*.py"):
-        if path.name in ("paper.py", "stats.py"):       # stats.CONFIDENCE = paper.CONFIDENCE (its default)
+        if path.name in ("thresholds.py", "stats.py"):       # stats.CONFIDENCE = thresholds.CONFIDENCE (its default)
             continue
         tree = ast.parse(path.read_text())
         defined = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) for t in node.targets
                    if isinstance(t, ast.Name) and node.col_offset == 0}
-        assert not defined & set(names), f"{path.name} defines {defined & set(names)}; name it in paper.py"
+        assert not defined & set(names), f"{path.name} defines {defined & set(names)}; name it in thresholds.py"
 
 
 # --- a GPU cell that timed the host (issue 30) -----------------------------------------------------

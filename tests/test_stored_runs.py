@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from artifact.experiments import paper, replication
+from artifact.experiments import replication
 from artifact.experiments.claims_table import records
+from artifact.experiments.criteria import thresholds
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies import (
     bandwidth_throttling,
@@ -37,7 +38,7 @@ def cpu():
 
 def test_the_stored_result_is_at_least_three_runs_at_one_commit():
     runs = replication.stored_runs("cpu", ROOT)
-    assert len(runs) >= paper.MIN_RUNS, "data/results/cpu/runs/ must hold >= 3 runs (scripts/record_runs.py)"
+    assert len(runs) >= thresholds.MIN_RUNS, "data/results/cpu/runs/ must hold >= 3 runs (scripts/record_runs.py)"
     metas = [json.loads((r / "run.json").read_text()) for r in runs]
     assert len({m["commit"] for m in metas}) == 1 and "dirty" not in metas[0]["commit"], [m["commit"] for m in metas]
     for r, m in zip(runs, metas):
@@ -49,7 +50,7 @@ def test_every_timing_notebook_has_a_record_from_the_stored_runs():
     assert {nb[:2] for nb, _ in TIMED} == set(STUDIES)
     for nb, claims in TIMED:
         for c in claims:
-            assert len(c.get("per_run") or []) >= paper.MIN_RUNS and c["ruled"] == "pooled", (nb, c["claim"])
+            assert len(c.get("per_run") or []) >= thresholds.MIN_RUNS and c["ruled"] == "pooled", (nb, c["claim"])
 
 
 @pytest.mark.parametrize("notebook, recorded", TIMED, ids=[nb for nb, _ in TIMED])

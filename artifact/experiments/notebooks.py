@@ -24,16 +24,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifact.experiments.claims import (
+from artifact.experiments.claims import unwrap
+from artifact.experiments.claims_table import update_readme
+from artifact.experiments.outputs.paths import (
     figures_dir,
     reference_data_dir,
     reference_figures_dir,
     run_data_dir,
     run_dir,
     short_path,
-    unwrap,
 )
-from artifact.experiments.claims_table import update_readme
 from artifact.experiments.settings import (
     PROFILE_DIR,
     PROFILE_KEYS,
@@ -354,7 +354,7 @@ def store_claim_outputs(executed: Path, source: Path) -> None:
 def store_outputs(profile: str, overrides: dict, outcomes: list[Outcome], notebooks: Path | None = None,
                   results: Path | None = None, reference: Path | None = None, log=print) -> bool:
     """--store: make a run the committed reference. For every notebook that did not fail, the figures, their
-    data and the claim record it saved (in the run's ignored folders, claims.figures_dir and run_data_dir)
+    data and the claim record it saved (in the run's ignored folders, outputs.figures_dir and run_data_dir)
     are copied to figures/<profile>/ and data/results/<profile>/ (under `reference` when given, else the
     checkout), and on the cpu profile its claim cells' outputs into the source notebook (what nbval
     compares); then the claims tables (README, docs/claims.md) are generated again. A reference is a

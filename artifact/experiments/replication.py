@@ -38,16 +38,17 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from artifact.experiments import paper
-from artifact.experiments.claims import Claim, reference_data_dir, results_dir, run_info
+from artifact.experiments.claims import Claim, run_info
+from artifact.experiments.criteria import thresholds
+from artifact.experiments.outputs.paths import reference_data_dir, results_dir
 from artifact.experiments.rules import Interval, Ruling, combine, gated
 from artifact.experiments.stats import PAIR_KEYS, pairs, percent_differences
 from artifact.paths import atomic_write_text
 
 RUNS = "runs"
-METHOD = f"{paper.CONFIDENCE:.0%} t interval over per-run means (runs are the unit, df = N - 1)"
-ONE_RUN = f"one run: its mean +- t_(N-1) x the sd of the stored runs' means ({paper.CONFIDENCE:.0%})"
-WITHIN = f"{paper.CONFIDENCE:.0%} t interval over this run's pairs (within one run: no between-run variance)"
+METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over per-run means (runs are the unit, df = N - 1)"
+ONE_RUN = f"one run: its mean +- t_(N-1) x the sd of the stored runs' means ({thresholds.CONFIDENCE:.0%})"
+WITHIN = f"{thresholds.CONFIDENCE:.0%} t interval over this run's pairs (within one run: no between-run variance)"
 # The raw row files of the timing notebooks (data/results/<profile>/<stem>.csv): what a stored run keeps.
 TIMED_STEMS = ("throttle_runs", "bench", "tide_style_runs", "beyond-fifo", "beyond-demand", "cache_design_runs",
                "streams", "validation")
@@ -168,7 +169,7 @@ def cached_rows(P, stem: str, fingerprint: str, measure: Callable[[], pd.DataFra
 # ---------------------------------------------------------------------------------------------
 # Intervals per cell
 # ---------------------------------------------------------------------------------------------
-def t_interval(values: Sequence[float], confidence: float = paper.CONFIDENCE) -> tuple[float, float, float]:
+def t_interval(values: Sequence[float], confidence: float = thresholds.CONFIDENCE) -> tuple[float, float, float]:
     """(mean, low, high): the t interval of the mean of `values` (nan bounds for fewer than 2)."""
     v = np.asarray(values, dtype=float)
     mean = float(v.mean()) if len(v) else float("nan")
@@ -214,12 +215,13 @@ def _plain(v):
     return v.item() if hasattr(v, "item") else v
 
 
-def pooled_interval(means: Sequence[float], confidence: float = paper.CONFIDENCE) -> Interval:
+def pooled_interval(means: Sequence[float], confidence: float = thresholds.CONFIDENCE) -> Interval:
     mean, lo, hi = t_interval(means, confidence)
     return Interval(mean, lo, hi, len(means), "runs")
 
 
-def one_run_interval(run: RunEffect, stored_means: Sequence[float], confidence: float = paper.CONFIDENCE) -> Interval:
+def one_run_interval(run: RunEffect, stored_means: Sequence[float],
+                     confidence: float = thresholds.CONFIDENCE) -> Interval:
     """A single run's interval (ONE_RUN); with fewer than 2 stored runs, the t interval over its own pairs."""
     q = 0.5 + confidence / 2
     if len(stored_means) < 2:

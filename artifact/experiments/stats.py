@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from artifact.experiments import paper
+from artifact.experiments.criteria import paper, thresholds
 
-CONFIDENCE = paper.CONFIDENCE
+CONFIDENCE = thresholds.CONFIDENCE
 CELL_KEYS = ("task", "batch_size", "cache_ratio", "bandwidth_scale")
 PAIR_KEYS = CELL_KEYS + ("rep",)
 
@@ -141,7 +141,7 @@ def paired_table(rows, a: str = "demand", b: str = "last_step", by: Sequence[str
 
 
 def with_paper(table):
-    """Add the paper's figure and verdict per C/W (from paper.py; demand vs last_step tables grouped by
+    """Add the paper's figure and verdict per C/W (from criteria/paper.py; demand vs last_step tables grouped by
     cache_ratio only) and whether the measured verdict agrees. Other tables come back unchanged."""
     if table.attrs.get("a") != "demand" or table.attrs.get("b") != "last_step" or "cache_ratio" not in table:
         return table

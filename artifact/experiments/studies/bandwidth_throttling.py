@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments import paper, rules
+from artifact.experiments import rules
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import COLORS, CONTROL_COLOR, EXACT, PER_RUN, Claim, judged, title
+from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
+from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import run_grid
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, title
 from artifact.experiments.replication import Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import CONTROL, faster
 from artifact.experiments.settings import Settings
@@ -28,11 +30,11 @@ METRIC = "stall_seconds"
 def throttle_profile(P: Settings) -> Settings:
     """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step with
     the A/A control (rules.CONTROL), one cell per bandwidth in throttle_scales, with at least
-    paper.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
+    thresholds.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
     return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(max(P.batch_sizes),),
                                cache_ratios=(P.throttle_ratio,), bandwidth_scales=tuple(P.throttle_scales),
                                policies=("demand", "last_step", CONTROL),
-                               repetitions=max(P.repetitions, paper.MIN_PAIRS))
+                               repetitions=max(P.repetitions, thresholds.MIN_PAIRS))
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
@@ -177,8 +179,8 @@ def plot(summary, n: Numbers, P: Settings):
             rows += [dict(series=name, task=k[0], batch_size=k[1], cache_ratio=k[2], bandwidth_scale=k[3],
                           link_gbps=n.gbps[k[3]], diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
                      for k, i in zip(keys, iv)]
-    ax3.axhspan(-paper.EQUIV_MARGIN, paper.EQUIV_MARGIN, color="gray", alpha=0.12,
-                label=f"+-{paper.EQUIV_MARGIN:g}% (the A/A control must lie inside)")
+    ax3.axhspan(-thresholds.EQUIV_MARGIN, thresholds.EQUIV_MARGIN, color="gray", alpha=0.12,
+                label=f"+-{thresholds.EQUIV_MARGIN:g}% (the A/A control must lie inside)")
     ax3.axhline(0, color="black", lw=1, ls=":")
     ax3.set_yscale("symlog", linthresh=10)     # a near-zero demand stall makes the % of a fast link huge
     any_iv = next(iter(n.stall.values()), None)

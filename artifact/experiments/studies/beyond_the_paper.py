@@ -16,21 +16,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
-from artifact.experiments.claims import (
-    BASIS,
-    BASIS_SHORT,
-    COLORS,
-    CONTROL_COLOR,
-    EXACT,
-    PER_RUN,
-    Claim,
-    judged,
-    on_bases,
-    title,
-)
+from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, PER_RUN, Claim, judged, on_bases
+from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import run_grid
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, title
 from artifact.experiments.replication import Replicas, judge, stored_rows, timed_claim
 from artifact.experiments.rules import (
     CONTROL,
@@ -222,7 +212,7 @@ def priority_claim(effects: dict, control: dict, host: dict, table: pd.DataFrame
     return timed_claim(
         "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
         "link_priority demand no predictor is faster than demand-async at any measured C/W (not faster by "
-        f"more than {paper.EQUIV_MARGIN:g}%)",
+        f"more than {thresholds.EQUIV_MARGIN:g}%)",
         f"{OWN}; judged per cell (docs/verdicts.md), {CONTROL} vs demand as the A/A control", t,
         "tokens/s per run, predictor over demand % per pair, one interval per cell (task, batch, C/W)",
         "this run's bootstrap intervals over pairs (not ruled on) above 0: " + (", ".join(boot) if boot else "none"))
@@ -252,19 +242,19 @@ def verdicts(n: Numbers) -> list[Claim]:
     if all({"last_step", "oracle"} <= set(c.removed) for c in bases.values()):
         share = {p: _of_oracle(c.removed["last_step"], c.removed["oracle"]) for p, c in bases.items()}
         worst = {p: max(sh, key=sh.get) if sh else None for p, sh in share.items()}
-        holds = {p: all(v < paper.HEADROOM for v in sh.values()) for p, sh in share.items()}
+        holds = {p: all(v < thresholds.HEADROOM for v in sh.values()) for p, sh in share.items()}
         verdict, note = on_bases(holds, {p: f"{share[p][worst[p]]:.1%} at C/W {worst[p]:g}" if worst[p] is not None
                                          else "-" for p in bases}, n.judged)
         ls, orc, w = n.removed["last_step"], n.removed["oracle"], worst[n.judged]
         claims.append(Claim(
             "[own result] (2a) last-step understates what prediction can do: it removes less than "
-            f"{paper.HEADROOM:.0%} of the misses the oracle removes beyond LRU at every C/W",
+            f"{thresholds.HEADROOM:.0%} of the misses the oracle removes beyond LRU at every C/W",
             f"{OWN}; judged on exact replay (the oracle is the ceiling of any predictor), over the {on}",
             f"misses removed beyond LRU ({on}): last_step {_by_ratio(ls)}; oracle {_by_ratio(orc)}; last_step's "
             f"share of the oracle's: {_by_ratio(share[n.judged], '{:.1%}')}",
             verdict, note, counting=BASIS[n.judged], interval=EXACT,
             margin="" if w is None else f"largest share of the oracle's (C/W {w:g}): "
-            + margin_below(share[n.judged][w], paper.HEADROOM)))
+            + margin_below(share[n.judged][w], thresholds.HEADROOM)))
     if all({"last_step", "cross_layer", "oracle"} <= set(c.removed) for c in bases.values()):
         gap = {p: {r: (c.removed["cross_layer"][r] - v) * 100 for r, v in c.removed["last_step"].items()}
                for p, c in bases.items()}
@@ -381,8 +371,8 @@ def plot(summary, n: "Numbers", P: Settings):
                 rows += [dict(panel="throughput", link_priority=pr, policy=pol, batch_size=b, cache_ratio=c[3],
                               diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
                          for c, i in zip(keys, iv)]
-        ax.axhspan(-paper.EQUIV_MARGIN, paper.EQUIV_MARGIN, color="gray", alpha=0.12,
-                   label=f"+-{paper.EQUIV_MARGIN:g}% (margin)")
+        ax.axhspan(-thresholds.EQUIV_MARGIN, thresholds.EQUIV_MARGIN, color="gray", alpha=0.12,
+                   label=f"+-{thresholds.EQUIV_MARGIN:g}% (margin)")
         ax.axhline(0, color="black", lw=1, ls=":")
         ax.set(xlabel="cache capacity C/W", ylabel="predictor over demand (% tokens/s)",
                title=f"throughput vs demand-async per cell, link_priority {pr} (95% intervals as ruled)")

@@ -16,11 +16,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, judged, on_bases, title
+from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, judged, on_bases
+from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import run_grid
-from artifact.experiments.paper import EVICTION_GAIN, GAP_LEFT
+from artifact.experiments.outputs.figures import title
 from artifact.experiments.replication import Replicas, RunsError, gather, judge, stored_rows, timed_claim
 from artifact.experiments.rules import CONTROL, faster, host_shares, margin_below
 from artifact.experiments.settings import Settings
@@ -136,11 +136,11 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
 def bench_profile(P: Settings, best: str) -> Settings:
     """The 09 bench: lru (`demand`) vs the best eviction (`demand+<eviction>`) with the A/A control
     (rules.CONTROL), one cell (the first task, batch size 1, C/W BENCH_RATIO, at most BENCH_PROMPTS
-    prompts), one warm-up run of each policy and enough repetitions for paper.MIN_PAIRS pairs."""
+    prompts), one warm-up run of each policy and enough repetitions for thresholds.MIN_PAIRS pairs."""
     return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(1,), cache_ratios=(BENCH_RATIO,),
                                bandwidth_scales=(1.0,), policies=("demand", best, CONTROL),
                                n_prompts=min(P.n_prompts, BENCH_PROMPTS),
-                               repetitions=max(P.repetitions, paper.MIN_PAIRS), warmup=1)
+                               repetitions=max(P.repetitions, thresholds.MIN_PAIRS), warmup=1)
 
 
 def measure_bench(P: Settings, best: str, progress: bool = True) -> pd.DataFrame:
@@ -261,19 +261,20 @@ def verdicts(n: Numbers) -> list[Claim]:
     basis = dict(counting=BASIS[n.judged], interval=EXACT)
     bases = n.by_prefill
     tops = {p: max(c.removed, key=c.removed.get) for p, c in bases.items()}
-    verdict, note = on_bases({p: c.removed[tops[p]] > EVICTION_GAIN for p, c in bases.items()},
+    verdict, note = on_bases({p: c.removed[tops[p]] > thresholds.EVICTION_GAIN for p, c in bases.items()},
                              {p: f"the best, {tops[p]}, removes {c.removed[tops[p]]:.1%}" for p, c in bases.items()},
                              n.judged)
     claims = [Claim(
-        f"[own result] an eviction policy removes more than {EVICTION_GAIN:.0%} of LRU's demand misses (no "
+        f"[own result] an eviction policy removes more than {thresholds.EVICTION_GAIN:.0%} of LRU's demand misses (no "
         "prefetch) at some batch size and C/W",
         f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4, over the {on}",
         "largest share removed per eviction: " + ", ".join(f"{k} {v:+.1%}" for k, v in
                                                           sorted(n.removed.items(), key=lambda kv: -kv[1])),
-        verdict, note or ("" if n.removed[top] > EVICTION_GAIN else f"the best, {top}, removes {n.removed[top]:.1%}"),
-        margin=f"best ({top}): " + margin_below(n.removed[top], EVICTION_GAIN), **basis)]
+        verdict,
+        note or ("" if n.removed[top] > thresholds.EVICTION_GAIN else f"the best, {top}, removes {n.removed[top]:.1%}"),
+        margin=f"best ({top}): " + margin_below(n.removed[top], thresholds.EVICTION_GAIN), **basis)]
     per = {r: v for r, v in n.gap_closed.items() if r != "pooled"}
-    verdict, note = on_bases({p: c.gap_closed["pooled"] < GAP_LEFT for p, c in bases.items()},
+    verdict, note = on_bases({p: c.gap_closed["pooled"] < thresholds.GAP_LEFT for p, c in bases.items()},
                              {p: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}" for p, c in bases.items()},
                              n.judged)
     claims.append(Claim(
@@ -283,7 +284,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         f"{on}",
         f"share of the gap closed: pooled {n.gap_closed['pooled']:.0%}; "
         + ", ".join(f"C/W {r:g}: {v:.0%}" for r, v in sorted(per.items())),
-        verdict, note, margin="pooled: " + margin_below(n.gap_closed["pooled"], GAP_LEFT), **basis))
+        verdict, note, margin="pooled: " + margin_below(n.gap_closed["pooled"], thresholds.GAP_LEFT), **basis))
     lru, tok, rev = n.token["lru"], n.token["token_lru"], n.token["token_lru:reverse=true"]
     verdict, note = on_bases({p: c.token["token_lru"] < c.token["lru"] < c.token["token_lru:reverse=true"]
                               for p, c in bases.items()},

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments import paper, rules
+from artifact.experiments import rules
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
-from artifact.experiments.claims import COLORS, CONTROL_COLOR, EXACT, PAPER_STYLE, PER_RUN, Claim, judged, title
+from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
+from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import run_grid
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, title
 from artifact.experiments.replication import Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import CONTROL, faster
 from artifact.experiments.settings import Settings
@@ -78,7 +80,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         t = judge(at_low, n.control, rules.no_difference, label, n.host)
         claims.append(timed_claim(
             f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ "
-            f"(equivalence within +-{paper.EQUIV_MARGIN:g}%)", paper.paired_text(paper.AT_LOW, "%"), t, counting))
+            f"(equivalence within +-{thresholds.EQUIV_MARGIN:g}%)", paper.paired_text(paper.AT_LOW, "%"), t, counting))
     return claims
 
 
@@ -116,8 +118,8 @@ def plot(n: Numbers, P: Settings):
     low = paper.AT_LOW
     ax.errorbar([low.cache_ratio], [low.diff_pct], yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
                 fmt="D", color=PAPER_STYLE["color"], capsize=4, label=f"paper: {paper.paired_text(low, '%')}")
-    ax.axhspan(-paper.EQUIV_MARGIN, paper.EQUIV_MARGIN, color="gray", alpha=0.12,
-               label=f"+-{paper.EQUIV_MARGIN:g}% (equivalence margin)")
+    ax.axhspan(-thresholds.EQUIV_MARGIN, thresholds.EQUIV_MARGIN, color="gray", alpha=0.12,
+               label=f"+-{thresholds.EQUIV_MARGIN:g}% (equivalence margin)")
     ax.axhline(0, color="black", lw=1, ls=":")
     any_iv = next(iter(n.effects.values()), None)
     basis = {"runs": "pooled over runs", "run": "one run, widened by the stored runs' spread",

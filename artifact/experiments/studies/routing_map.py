@@ -23,19 +23,12 @@ from matplotlib.colors import LogNorm
 from scipy.interpolate import RegularGridInterpolator
 from tqdm.auto import tqdm
 
-from artifact.experiments import paper, rules
+from artifact.experiments import rules
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import (
-    COLORS,
-    CONTROL_COLOR,
-    EXACT,
-    NOT_MEASURABLE,
-    PAPER_STYLE,
-    Claim,
-    judged,
-    title,
-)
+from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, judged
+from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import load_model, traces
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, title
 from artifact.experiments.replication import Replicas, cached_rows, gather, judge, timed_claim
 from artifact.experiments.rules import CONTROL, faster
 from artifact.experiments.settings import Settings
@@ -64,7 +57,7 @@ class MapGrid:
     seed: int = 0
     stream_layers: int = 4          # MoE layers of the timed streams (the tiny model's, whose compute is calibrated)
     stream_steps: int = 16          # steps of a block in the timed streams (through the engine, in real time)
-    repetitions: int = 4            # timed pairs per stream (at least paper.MIN_PAIRS: the interval rule)
+    repetitions: int = 4            # timed pairs per stream (at least thresholds.MIN_PAIRS: the interval rule)
 
 
 # Grids by profile name (others get DEFAULT_GRID). The cpu grid replays 50 streams of ~13k accesses eight
@@ -480,8 +473,8 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     ax3.axhspan(*paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
                 label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% (C/W "
                       f"{paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})")
-    ax3.axhspan(-paper.EQUIV_MARGIN, paper.EQUIV_MARGIN, color="gray", alpha=0.12,
-                label=f"+-{paper.EQUIV_MARGIN:g}% (equivalence margin)")
+    ax3.axhspan(-thresholds.EQUIV_MARGIN, thresholds.EQUIV_MARGIN, color="gray", alpha=0.12,
+                label=f"+-{thresholds.EQUIV_MARGIN:g}% (equivalence margin)")
     ax3.axhline(0, color="black", lw=1, ls=":")
     ax3.set_xlim(-0.6, len(names) - 0.4)
     any_iv = next(iter(t.effects.values()), None)

@@ -9,11 +9,13 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from artifact.experiments import paper, rules
+from artifact.experiments import rules
 from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import COLORS, NOT_MEASURABLE, Claim, judged, title
+from artifact.experiments.claims import NOT_MEASURABLE, Claim, judged
+from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import load_model, run_grid
+from artifact.experiments.outputs.figures import COLORS, title
 from artifact.experiments.replication import Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import CONTROL, not_faster
 from artifact.experiments.settings import Settings
@@ -32,8 +34,8 @@ CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one inter
 def tide_style_profile(P: Settings) -> Settings:
     """The 05 grid: our engine at the TIDE budget and half of it, demand vs interval_refresh with the A/A
     control (rules.CONTROL), batch size 1 (TIDE decodes one prompt at a time), every task, with enough
-    repetitions for paper.MIN_PAIRS pairs per C/W."""
-    reps = max(P.repetitions, -(-paper.MIN_PAIRS // len(P.tasks)))
+    repetitions for thresholds.MIN_PAIRS pairs per C/W."""
+    reps = max(P.repetitions, -(-thresholds.MIN_PAIRS // len(P.tasks)))
     return dataclasses.replace(P, batch_sizes=(1,), cache_ratios=RATIOS, bandwidth_scales=(1.0,),
                                policies=("demand", "interval_refresh", CONTROL), repetitions=reps)
 
@@ -133,7 +135,7 @@ def style_verdict(n: StyleNumbers) -> Claim:
     t = judge(n.effects, n.control, not_faster, label, n.host)
     return timed_claim(
         "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and half "
-        f"(not faster by more than {paper.EQUIV_MARGIN:g}%)",
+        f"(not faster by more than {thresholds.EQUIV_MARGIN:g}%)",
         "interval refresh does not beat LRU", t,
         "tokens/s per run, interval_refresh over demand % per pair, one interval per cell (task, C/W)",
         note=style_text(n))

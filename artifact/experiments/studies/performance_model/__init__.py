@@ -27,9 +27,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from tqdm.auto import tqdm
 
-from artifact.experiments import paper
-from artifact.experiments.claims import MODELED, PAPER_STYLE, Claim, judged, title
+from artifact.experiments.claims import MODELED, Claim, judged
+from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.hardware import HARDWARE
+from artifact.experiments.outputs.figures import PAPER_STYLE, title
 from artifact.experiments.settings import Settings
 from artifact.experiments.studies.performance_model.validation import (
     FAST_LINK,
@@ -191,8 +192,8 @@ def verdicts(grid: pd.DataFrame, errors: ModelErrors, gpu_summary: dict, source:
         _model_claim(d, paper.AT_LOW.cache_ratio, paper.AT_LOW.cache_ratio,
                      "at C/W 0.43 demand-async and async last-step prefetch do not differ (within +-3%)",
                      f"{paper.paired_text(paper.AT_LOW)}; judged on the model: |difference| <= "
-                     f"{paper.EQUIV_MARGIN:g}% on both streams and both GPUs",
-                     lambda x: x.abs() <= paper.EQUIV_MARGIN, f"+-{paper.EQUIV_MARGIN:g}%"),
+                     f"{thresholds.EQUIV_MARGIN:g}% on both streams and both GPUs",
+                     lambda x: x.abs() <= thresholds.EQUIV_MARGIN, f"+-{thresholds.EQUIV_MARGIN:g}%"),
     ]
     h = grid[(grid.hardware == "h200") & (grid["shape"] == CLAIM_SHAPE) & (grid.cache_ratio == 1.0)
              & (grid.link_priority == "fifo")].set_index(["trace", "policy"])
@@ -209,10 +210,10 @@ def verdicts(grid: pd.DataFrame, errors: ModelErrors, gpu_summary: dict, source:
                         "floor is beyond prediction: the oracle closes less than half of it at C/W 1",
                         "not a claim of the paper: this artifact's own result; floor = max(compute, "
                         "min's misses x expert bytes / bandwidth) per step",
-                        "; ".join(parts), judged(max(shares) < paper.GAP_LEFT),
+                        "; ".join(parts), judged(max(shares) < thresholds.GAP_LEFT),
                         counting="modelled seconds per step (virtual clock)",
                         interval=MODELED,
-                        margin=f"largest share closed {100 * max(shares):.0f}% vs < {100 * paper.GAP_LEFT:.0f}%"))
+                        margin=f"largest share closed {100 * max(shares):.0f}% vs < {100 * thresholds.GAP_LEFT:.0f}%"))
     claims.append(model_error_claim(errors, gpu_summary, source))
     return claims
 

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import Claim, judged
+from artifact.experiments.criteria import thresholds
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
 from artifact.experiments.harness import load_model, offload_spec
 from artifact.experiments.replication import Replicas, cached_rows, stored_rows
@@ -307,12 +307,12 @@ def summary_text(s: dict) -> str:
 
 def errors_table(e: ModelErrors) -> pd.DataFrame:
     """One row per run (every stored run, then this run): its median and worst absolute error, its cells, its
-    sign agreement and its own verdict against paper.MODEL_ERROR."""
+    sign agreement and its own verdict against thresholds.MODEL_ERROR."""
     rows = [(name, s) for name, s in e.runs] + [(f"this run{f' (= {e.stored})' if e.stored else ''}", e.this)]
     return pd.DataFrame([{"run": name, "median_abs_error": s["median_abs_error"],
                           "worst_abs_error": s["worst_abs_error"], "cells": s["cells"],
                           "signs_agree": f"{sum(x['modeled_sign_agrees'] for x in s['signs'])} of {len(s['signs'])}",
-                          "verdict": judged(s["median_abs_error"] <= paper.MODEL_ERROR)} for name, s in rows])
+                          "verdict": judged(s["median_abs_error"] <= thresholds.MODEL_ERROR)} for name, s in rows])
 
 
 def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
@@ -320,7 +320,7 @@ def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
     the stored runs' figures when this run is one of them, else on this run's own figure (one run); each stored
     run's own verdict beside it. The measured demand-over-last_step difference of every validation cell is printed
     beside the virtual clock's, with their sign agreement."""
-    limit = paper.MODEL_ERROR
+    limit = thresholds.MODEL_ERROR
     per_run = tuple(judged(f <= limit) for f in e.figures)
     pooled = judged(e.pooled <= limit) if e.pooled is not None else ""
     this_run = judged(e.this["median_abs_error"] <= limit)
