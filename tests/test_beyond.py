@@ -160,7 +160,7 @@ def test_the_figure_is_saved_with_both_tables(tmp_path, monkeypatch):
     rows = bench_rows({("fifo", "last_step"): -5.0})
     summary = beyond.miss_summary(sweep_rows({"oracle": 20}))
     fig, df = beyond.plot(summary, beyond.numbers(summary, beyond.throughput_table(rows), Replicas(rows)), P)
-    png, csv = figures.save(fig, df, P, "06_beyond", log=lambda s: None)
+    png, csv = figures.save(fig, df, P, "06_beyond_the_paper", log=lambda s: None)
     assert png.read_bytes()[:4] == b"\x89PNG" and len(fig.axes) == 4
     assert "link_priority demand: last_step (A) vs demand (B)" in beyond.format_tables(beyond.throughput_table(rows))
     assert set(pd.read_csv(csv).panel) == {"misses", "throughput"}

@@ -186,8 +186,8 @@ def test_store_copies_a_runs_files_to_the_reference_and_only_with_the_profiles_o
     from artifact.experiments.notebooks import Outcome, store_outputs
     results, ref, nbdir = tmp_path / "results", tmp_path / "ref", tmp_path / "nb"
     run = results / "cpu"
-    for rel in ("figures/02_misses.png", "data/02_misses.csv", "data/02_miss_accounting.claims.json",
-                "figures/03_throttle.png"):
+    for rel in ("figures/02_miss_accounting.png", "data/02_miss_accounting.csv", "data/02_miss_accounting.claims.json",
+                "figures/03_bandwidth_throttling.png"):
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text(rel)
     claim = new_code_cell(f"{CHECK}\nreport()")
@@ -202,7 +202,7 @@ def test_store_copies_a_runs_files_to_the_reference_and_only_with_the_profiles_o
     assert not ref.exists()                                      # a run with overrides is no reference
     assert store_outputs("cpu", {}, ok, nbdir, results, ref, log=lambda s: None)
     assert sorted(str(p.relative_to(ref)) for p in ref.rglob("*") if p.is_file()) == [
-        "data/results/cpu/02_miss_accounting.claims.json", "data/results/cpu/02_misses.csv",
-        "figures/cpu/02_misses.png"]                             # the failed notebook's figure stays behind
+        "data/results/cpu/02_miss_accounting.claims.json", "data/results/cpu/02_miss_accounting.csv",
+        "figures/cpu/02_miss_accounting.png"]                             # the failed notebook's figure stays behind
     stored = nbformat.read(nbdir / "02_miss_accounting.ipynb", as_version=4)
     assert stored.cells[0].outputs == [] and stored.cells[1].outputs[0]["text"].startswith("claim: c")

@@ -88,9 +88,9 @@ def paper_point(P: Settings) -> Trace:
     and W spread, from the profile's committed 07 record, else the cpu profile's), 4 MoE layers, one block of
     16 steps, no prefill (short: the grid replays it 128 times)."""
     committed = repo_root() / "data" / "results"         # inputs from the checkout, whatever ARTIFACT_DATA says
-    path = committed / P.name / "07_stream_throughput.csv"
+    path = committed / P.name / "07_routing_map_throughput.csv"
     if not path.is_file():
-        path = committed / "cpu" / "07_stream_throughput.csv"
+        path = committed / "cpu" / "07_routing_map_throughput.csv"
     row = pd.read_csv(path).query("task == 'paper point'").iloc[0]
     return synth(SynthParams(layers=4, blocks=1, steps=16, novelty=float(row.novelty),
                              w_spread=float(row.w_spread), prefill=0.0))
