@@ -27,8 +27,11 @@ from artifact.experiments.criteria import (
 from artifact.experiments.notebooks import claims_of  # noqa: E402
 from artifact.experiments.outputs import figures  # noqa: E402
 from artifact.experiments.replication import WITHIN, Replicas  # noqa: E402
-from artifact.experiments.rules import CONTROL  # noqa: E402
-from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
+from artifact.experiments.settings import (  # noqa: E402
+    CONTROL,  # noqa: E402
+    ProfileError,
+    load_profile,
+)
 from artifact.experiments.studies import (  # noqa: E402
     bandwidth_throttling as throttle,
 )

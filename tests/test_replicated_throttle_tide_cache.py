@@ -19,8 +19,11 @@ from artifact.experiments.bench.results import bench_fingerprint  # noqa: E402
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
 from artifact.experiments.outputs.figures import CONTROL_COLOR
 from artifact.experiments.replication import METHOD, ONE_RUN, WITHIN, Replicas  # noqa: E402
-from artifact.experiments.rules import CONTROL  # noqa: E402
-from artifact.experiments.settings import Settings, load_profile  # noqa: E402
+from artifact.experiments.settings import (  # noqa: E402
+    CONTROL,  # noqa: E402
+    Settings,
+    load_profile,
+)
 from artifact.experiments.studies import bandwidth_throttling as throttle  # noqa: E402
 from artifact.experiments.studies import cache_design_space as cache_design  # noqa: E402
 from artifact.experiments.studies import tide_head_to_head as head_to_head  # noqa: E402

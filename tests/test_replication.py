@@ -14,8 +14,8 @@ from artifact.experiments import replication
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.replication import Replicas, judge, one_run_interval, pooled_interval
-from artifact.experiments.rules import CONTROL, Interval, control_ruling, faster, gated, no_difference, not_faster
-from artifact.experiments.settings import load_profile
+from artifact.experiments.rules import Interval, control_ruling, faster, gated, no_difference, not_faster
+from artifact.experiments.settings import CONTROL, load_profile
 
 CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]
 

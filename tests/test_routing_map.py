@@ -15,8 +15,7 @@ from artifact.experiments.claims import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPROD
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figures import CONTROL_COLOR, save
 from artifact.experiments.replication import METHOD, ONE_RUN, WITHIN, Replicas
-from artifact.experiments.rules import CONTROL
-from artifact.experiments.settings import load_profile
+from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.studies import routing_map as rm
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, replay

@@ -42,6 +42,7 @@ from artifact.experiments.claims import Claim, run_info
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.paths import reference_data_dir, results_dir
 from artifact.experiments.rules import Interval, Ruling, combine, gated
+from artifact.experiments.settings import CONTROL
 from artifact.experiments.stats import PAIR_KEYS, pairs, percent_differences
 from artifact.paths import atomic_write_text
 
@@ -385,7 +386,6 @@ def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dic
     """Over every stored grid that times CONTROL beside `base`: in how many cells the pooled interval of the A/A
     control contains 0, and in how many (cell, run) the interval over one run's pairs does (its true effect is
     0, so a 95% interval should contain it about 95% of the time)."""
-    from artifact.experiments.rules import CONTROL
     out = {"pooled": [0, 0], "within": [0, 0], "runs": len(stored_runs(P.name))}
     for stem in stems:
         per_run = stored_rows(P, stem)

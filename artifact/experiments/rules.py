@@ -15,16 +15,16 @@ widened by the stored runs' spread (replication.py: the run is the unit of repli
                       reproduced when it lies above 0 and reaches the margin; inconclusive otherwise.
 
 A claim over cells combines them (`combine`): not reproduced if any cell is, reproduced if every cell is, else
-inconclusive. Every timing grid carries an A/A control: CONTROL, which does exactly demand's work, timed against
-demand in the same cells (`controls`). A cell whose control does not show equivalence (inside +-EQUIV_MARGIN;
+inconclusive. Every timing grid carries an A/A control: settings.CONTROL, which does exactly demand's work, timed
+against demand in the same cells (`controls`). A cell whose control does not show equivalence (inside +-EQUIV_MARGIN;
 containing 0 is not enough) is inconclusive (`gated`, `control_ruling`): the instrument is biased or too noisy
 there. Exact counts have no interval; their verdicts compare a number with a threshold of
 criteria/thresholds.py and print the margin (`margin_below`, `margin_at_least`).
 
-A GPU timing cell whose host time per forward is more than HOST_BOUND of its wall time (`host_shares`, from the
-rows' host_ms_per_forward and wall_ms_per_forward) timed the host's Python and launches, not the link: its
-ruling is inconclusive (`gated(..., host=)`). On the CPU the rule does not apply: the CPU computes on the host,
-so host time is the compute itself (host_shares returns nothing for CPU rows)."""
+A GPU timing cell whose host time per forward is more than thresholds.HOST_SHARE_LIMIT of its wall time
+(`host_shares`, from the rows' host_ms_per_forward and wall_ms_per_forward) timed the host's Python and
+launches, not the link: its ruling is inconclusive (`gated(..., host=)`). On the CPU the rule does not apply:
+the CPU computes on the host, so host time is the compute itself (host_shares returns nothing for CPU rows)."""
 from __future__ import annotations
 
 import math
@@ -33,16 +33,10 @@ from dataclasses import dataclass
 
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.settings import CONTROL
 from artifact.experiments.stats import paired_table
 
 METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over pairs"
-# The A/A control of every timing grid: last_step_conservative loads only predicted experts that are not
-# resident and never evicts for them, so on every cell it does exactly demand's work (every count equal:
-# tests/test_beyond.py, tests/test_priority.py). Its time against demand's measures the bench's own bias.
-CONTROL = "last_step_conservative"
-# A GPU cell whose host ms per forward exceed this share of its wall ms is host-bound: the first H200 runs of
-# scripts/gpu_check.py measured the engine at 74-100%, where a policy comparison compares host work, not transfers.
-HOST_BOUND = 0.5
 
 
 @dataclass(frozen=True)
@@ -189,9 +183,10 @@ def gated(ruling: Ruling, control: Interval | None, host: float | None = None) -
     bad = control_ruling(control)
     if bad:
         return Ruling(INCONCLUSIVE, bad, ruling.margin, ruling.magnitude)
-    if host is not None and host > HOST_BOUND:
-        return Ruling(INCONCLUSIVE, f"host-bound: host {host:.0%} of wall time per forward (> {HOST_BOUND:.0%}), "
-                      "so it timed the host, not the link", ruling.margin, ruling.magnitude)
+    if host is not None and host > thresholds.HOST_SHARE_LIMIT:
+        return Ruling(INCONCLUSIVE, f"host-bound: host {host:.0%} of wall time per forward "
+                      f"(> {thresholds.HOST_SHARE_LIMIT:.0%}), so it timed the host, not the link", ruling.margin,
+                      ruling.magnitude)
     return ruling
 
 

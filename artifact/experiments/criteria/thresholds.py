@@ -27,5 +27,9 @@ EVICTION_GAIN = 0.10     # (09) an eviction policy "beats" LRU when it removes m
                          # margin FlashMoE-style reports of +51% hits would clear by far, and FEW's mirror image
 GAP_LEFT = 0.5           # (09) "most of the gap to min is left" when the best eviction closes under half of it
 
+HOST_SHARE_LIMIT = 0.5   # a GPU timing cell whose host ms per forward exceed this share of its wall ms is host-bound
+                         # (inconclusive): the first H200 runs of scripts/gpu_check.py measured the engine at
+                         # 74-100%, where a policy comparison compares host work, not transfers
+
 MODEL_ERROR = 0.10       # (08) the performance model is validated when the median absolute error of its seconds per
                          # step over measured cells is at most 10% (LLM inference simulators such as Vidur report ~9%)

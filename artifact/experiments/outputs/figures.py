@@ -13,7 +13,7 @@ from artifact.paths import atomic_write_bytes, atomic_write_text
 DPI = 100
 COLORS = {"demand": "tab:blue", "last_step": "tab:orange", "oracle": "tab:green", "interval_refresh": "tab:purple",
           "belady": "tab:gray", "resident": "tab:gray"}
-CONTROL_COLOR = "dimgray"     # the A/A control (rules.CONTROL over demand): never a policy's colour
+CONTROL_COLOR = "dimgray"     # the A/A control (settings.CONTROL over demand): never a policy's colour
 PAPER_STYLE = dict(color="crimson", lw=1.5, ls="--")     # how the paper's figures are marked on a plot
 
 

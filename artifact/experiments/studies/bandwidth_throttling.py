@@ -17,8 +17,8 @@ from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, title
 from artifact.experiments.replication import Replicas, gather, judge, timed_claim
-from artifact.experiments.rules import CONTROL, faster
-from artifact.experiments.settings import Settings
+from artifact.experiments.rules import faster
+from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import paired_table
 from artifact.offload.link import PCIE4_GBPS
 
@@ -29,7 +29,7 @@ METRIC = "stall_seconds"
 
 def throttle_profile(P: Settings) -> Settings:
     """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step with
-    the A/A control (rules.CONTROL), one cell per bandwidth in throttle_scales, with at least
+    the A/A control (settings.CONTROL), one cell per bandwidth in throttle_scales, with at least
     thresholds.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
     return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(max(P.batch_sizes),),
                                cache_ratios=(P.throttle_ratio,), bandwidth_scales=tuple(P.throttle_scales),

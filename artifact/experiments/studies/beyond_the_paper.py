@@ -22,13 +22,8 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, title
 from artifact.experiments.replication import Replicas, judge, stored_rows, timed_claim
-from artifact.experiments.rules import (
-    CONTROL,
-    host_shares,
-    margin_below,
-    not_faster,
-)
-from artifact.experiments.settings import Settings
+from artifact.experiments.rules import host_shares, margin_below, not_faster
+from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CONFIDENCE, format_table, paired_table
 from artifact.offload.sim import by_basis, phase_columns, ruling_basis, sweep
 

@@ -22,8 +22,8 @@ from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import title
 from artifact.experiments.replication import Replicas, RunsError, gather, judge, stored_rows, timed_claim
-from artifact.experiments.rules import CONTROL, faster, host_shares, margin_below
-from artifact.experiments.settings import Settings
+from artifact.experiments.rules import faster, host_shares, margin_below
+from artifact.experiments.settings import CONTROL, Settings
 from artifact.offload.sim import by_basis, capacity_for, phase_columns, relative_to_lru, ruling_basis, sweep
 from artifact.offload.trace import mean_working_set
 
@@ -135,7 +135,7 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
 # --- throughput ---------------------------------------------------------------------------------
 def bench_profile(P: Settings, best: str) -> Settings:
     """The 09 bench: lru (`demand`) vs the best eviction (`demand+<eviction>`) with the A/A control
-    (rules.CONTROL), one cell (the first task, batch size 1, C/W BENCH_RATIO, at most BENCH_PROMPTS
+    (settings.CONTROL), one cell (the first task, batch size 1, C/W BENCH_RATIO, at most BENCH_PROMPTS
     prompts), one warm-up run of each policy and enough repetitions for thresholds.MIN_PAIRS pairs."""
     return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(1,), cache_ratios=(BENCH_RATIO,),
                                bandwidth_scales=(1.0,), policies=("demand", best, CONTROL),

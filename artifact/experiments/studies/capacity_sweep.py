@@ -1,5 +1,5 @@
 """04 capacity sweep: demand-async vs async last-step prefetch end to end over the profile's grid (tasks x
-batch sizes x C/W), paired by repetition, with 95% intervals; the grid's A/A control (rules.CONTROL against
+batch sizes x C/W), paired by repetition, with 95% intervals; the grid's A/A control (settings.CONTROL against
 demand, identical work) gates every C/W's verdict."""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, title
 from artifact.experiments.replication import Replicas, gather, judge, timed_claim
-from artifact.experiments.rules import CONTROL, faster
-from artifact.experiments.settings import Settings
+from artifact.experiments.rules import faster
+from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import paired_table
 
 STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes

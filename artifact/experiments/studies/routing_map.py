@@ -30,8 +30,8 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import load_model, traces
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, title
 from artifact.experiments.replication import Replicas, cached_rows, gather, judge, timed_claim
-from artifact.experiments.rules import CONTROL, faster
-from artifact.experiments.settings import Settings
+from artifact.experiments.rules import faster
+from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import paired_table
 from artifact.model.tasks import prompts
 from artifact.offload.bounds import relaxed_min
@@ -276,7 +276,7 @@ def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
 
 def stream_runs(P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: Calibration,
                 progress: bool = True) -> pd.DataFrame:
-    """demand, last_step and the A/A control (rules.CONTROL) at the grid's first C/W on each point's stream (no
+    """demand, last_step and the A/A control (settings.CONTROL) at the grid's first C/W on each point's stream (no
     prefill): one untimed warm-up run each, then g.repetitions rounds in alternating order; a row per timed run."""
     loaded = load_model(P)
     shape = ExpertShape(loaded.cfg.hidden_size, loaded.cfg.moe_intermediate_size)

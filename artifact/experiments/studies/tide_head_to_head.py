@@ -17,8 +17,8 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import load_model, run_grid
 from artifact.experiments.outputs.figures import COLORS, title
 from artifact.experiments.replication import Replicas, gather, judge, timed_claim
-from artifact.experiments.rules import CONTROL, not_faster
-from artifact.experiments.settings import Settings
+from artifact.experiments.rules import not_faster
+from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide.checkout import check_tide
@@ -33,7 +33,7 @@ CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one inter
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
 def tide_style_profile(P: Settings) -> Settings:
     """The 05 grid: our engine at the TIDE budget and half of it, demand vs interval_refresh with the A/A
-    control (rules.CONTROL), batch size 1 (TIDE decodes one prompt at a time), every task, with enough
+    control (settings.CONTROL), batch size 1 (TIDE decodes one prompt at a time), every task, with enough
     repetitions for thresholds.MIN_PAIRS pairs per C/W."""
     reps = max(P.repetitions, -(-thresholds.MIN_PAIRS // len(P.tasks)))
     return dataclasses.replace(P, batch_sizes=(1,), cache_ratios=RATIOS, bandwidth_scales=(1.0,),

@@ -31,7 +31,7 @@ from artifact.experiments.claims import MODELED, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.hardware import HARDWARE
 from artifact.experiments.outputs.figures import PAPER_STYLE, title
-from artifact.experiments.settings import Settings
+from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.performance_model.validation import (
     FAST_LINK,
     VALIDATION,
@@ -78,7 +78,7 @@ from artifact.paths import repo_root
 
 # --- notebook 08: the modelled grid, the figure and the claims ----------------------------------------
 GRID_RATIOS = (0.43, 0.83, 1.0, 1.73)
-GRID_POLICIES = ("demand", "last_step", "last_step_conservative", "cross_layer", "oracle")
+GRID_POLICIES = ("demand", "last_step", CONTROL, "cross_layer", "oracle")      # CONTROL: the A/A control
 GPUS = ("a5000", "h200")
 GPU_SHAPES = ("llada2-mini", "llada2-flash")
 
