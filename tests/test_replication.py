@@ -13,11 +13,12 @@ from scipy import stats
 from artifact.experiments import replication
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.replication import Replicas, judge, one_run_interval, pooled_interval
+from artifact.experiments.replication import Compared, Replicas, judge, one_run_interval, pooled_interval
 from artifact.experiments.rules import Interval, control_ruling, faster, gated, no_difference, not_faster
 from artifact.experiments.settings import CONTROL, load_profile
+from artifact.experiments.stats import CELL_KEYS
 
-CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]
+CELL = list(CELL_KEYS)
 
 
 def rows(effects: dict, control: dict | None = None, reps: int = 2, base: float = 100.0, jitter: float = 0.0,
@@ -74,7 +75,7 @@ def test_a_stored_run_is_ruled_pooled_and_another_run_on_its_own_widened_interva
 def test_without_stored_runs_a_run_has_only_its_pairs_and_says_so():
     r = Replicas(rows({(1, 1.0): 5.0}, reps=4, jitter=1.0)).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
     assert r.this.unit == "pairs" and r.this.n == 4 and r.pooled is None and not r.stored
-    t = judge({("c",): r}, {}, faster, str)
+    t = judge(Compared({("c",): r}), faster, str)
     assert t.ruled_on == replication.WITHIN and t.per_run == ()
 
 
@@ -105,10 +106,10 @@ def test_no_interval_pools_batch_sizes_and_the_verdict_flips_with_it():
     runs = stored(*(rows({(1, 1.0): 10.0 + d, (4, 1.0): -10.0 + d}) for d in (-0.3, 0.0, 0.4)))
     eff = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)
     assert len(eff) == 2
-    per_cell = judge(eff, {}, faster, lambda k: f"b={k[1]}")
+    per_cell = judge(Compared(eff), faster, lambda k: f"b={k[1]}")
     assert per_cell.verdict == NOT_REPRODUCED and "b=4" in per_cell.reason
     pooled_over_batches = Replicas(runs[0][1], runs).effects("demand", "last_step", ["task", "cache_ratio"])
-    assert judge(pooled_over_batches, {}, faster, str).verdict == INCONCLUSIVE
+    assert judge(Compared(pooled_over_batches), faster, str).verdict == INCONCLUSIVE
 
 
 # --- the A/A control ---------------------------------------------------------------------------------
@@ -133,12 +134,12 @@ def test_the_control_gates_its_own_cell_in_every_view():
     runs = stored(*quiet)
     eff = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)
     aa = Replicas(runs[0][1], runs).effects(CONTROL, "demand", CELL)
-    assert judge(eff, aa, faster, str).verdict == REPRODUCED
+    assert judge(Compared(eff, aa), faster, str).verdict == REPRODUCED
     noisy = [rows({(1, 1.0): 12.0 + d, (4, 1.0): 12.0 + d}, {(1, 1.0): 0.0, (4, 1.0): 8.0 * d}) for d in (-1, 0, 1)]
     runs = stored(*noisy)
     eff = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)
     aa = Replicas(runs[0][1], runs).effects(CONTROL, "demand", CELL)
-    t = judge(eff, aa, faster, lambda k: f"b={k[1]}")
+    t = judge(Compared(eff, aa), faster, lambda k: f"b={k[1]}")
     assert t.verdict == INCONCLUSIVE and "b=4: A/A control" in t.reason and "too noisy" in t.reason
     assert len(t.per_run) == 3 and ctl
 
@@ -149,7 +150,7 @@ def test_the_control_gates_its_own_cell_in_every_view():
 def test_faster_rules_the_direction_and_states_the_magnitude_apart(low, high, where):
     r = faster(Interval((low + high) / 2, low, high, 3, "runs"), paper.FASTER_PCT)
     assert r.verdict == REPRODUCED and r.magnitude.startswith(f"magnitude {where} the paper's")
-    t = judge({("a",): _const(Interval((low + high) / 2, low, high, 3, "runs"))}, {},
+    t = judge(Compared({("a",): _const(Interval((low + high) / 2, low, high, 3, "runs"))}),
               lambda iv: faster(iv, paper.FASTER_PCT), lambda k: "C/W 1")
     assert t.verdict == REPRODUCED and f"direction reproduced; C/W 1: magnitude {where}" in t.reason
 
@@ -219,6 +220,6 @@ def test_a_zero_baseline_has_no_percentage_and_its_cell_no_interval():
     zero = replication.run_effects(r.assign(tokens_per_second=r.tokens_per_second.where(r.policy != "demand", 0.0)),
                                    "last_step", "demand", CELL, "tokens_per_second")
     assert all(e.diffs == () for e in zero.values())
-    t = judge(Replicas(r.assign(tokens_per_second=r.tokens_per_second.where(r.policy != "demand", 0.0))).effects(
-        "last_step", "demand", CELL), {}, faster, str)
+    t = judge(Compared(Replicas(r.assign(tokens_per_second=r.tokens_per_second.where(r.policy != "demand", 0.0)))
+                       .effects("last_step", "demand", CELL)), faster, str)
     assert t.verdict == INCONCLUSIVE

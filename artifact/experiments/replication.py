@@ -31,7 +31,7 @@ import os
 import shutil
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,9 +41,9 @@ from scipy import stats
 from artifact.experiments.claims import Claim, run_info
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.paths import reference_data_dir, results_dir
-from artifact.experiments.rules import Interval, Ruling, combine, gated
+from artifact.experiments.rules import Interval, Ruling, combine, gated, host_shares
 from artifact.experiments.settings import CONTROL
-from artifact.experiments.stats import PAIR_KEYS, pairs, percent_differences
+from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, CellKey, pairs, percent_differences
 from artifact.paths import atomic_write_text
 
 RUNS = "runs"
@@ -207,13 +207,19 @@ def run_effects(rows, a: str, b: str, by: Sequence[str], metric: str) -> dict[tu
             key = key if isinstance(key, tuple) else (key,)
             ok = (g[b] > 0) & np.isfinite(g[a]) & np.isfinite(g[b])   # a 0 baseline (no stall at all): % undefined
             d = percent_differences(g[a][ok].to_numpy(), g[b][ok].to_numpy())
-            out[tuple(_plain(k) for k in key)] = RunEffect(float(d.mean()) if len(d) else float("nan"),
+            out[_key(by, key)] = RunEffect(float(d.mean()) if len(d) else float("nan"),
                                                            tuple(float(x) for x in d))
     return dict(sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0])))
 
 
 def _plain(v):
     return v.item() if hasattr(v, "item") else v
+
+
+def _key(by: Sequence[str], key: tuple) -> tuple:
+    """A group's key as plain values: a CellKey when the groups are the cells."""
+    plain = tuple(_plain(k) for k in key)
+    return CellKey(*plain) if tuple(by) == CELL_KEYS else plain
 
 
 def pooled_interval(means: Sequence[float], confidence: float = thresholds.CONFIDENCE) -> Interval:
@@ -249,6 +255,20 @@ class Replicated:
 
 
 @dataclass(frozen=True)
+class Compared:
+    """A over B per cell (`effects`), with the A/A control over demand in the same cells (`control`: {} when the
+    rows carry no control runs) and each cell's GPU host share of wall time per forward (`host`: {} on the CPU,
+    rules.host_shares): what `judge` rules on, and what every timing study's numbers hold."""
+    effects: dict
+    control: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)
+
+    def where(self, keep: Callable[[tuple], bool]) -> "Compared":
+        """Only the cells whose key `keep` accepts (their controls and host shares go with them)."""
+        return Compared({k: v for k, v in self.effects.items() if keep(k)}, self.control, self.host)
+
+
+@dataclass(frozen=True)
 class Replicas:
     """This run's rows and the stored runs' rows of the same grid (same settings)."""
     this: pd.DataFrame
@@ -280,6 +300,12 @@ class Replicas:
                     and np.allclose(other[k].diffs, mine[k].diffs, rtol=1e-9, atol=1e-12) for k in mine):
                 return True
         return False
+
+    def compare(self, a: str, b: str, by: Sequence[str], metric: str | None = None) -> Compared:
+        """A over B per cell of `by`, with the A/A control (CONTROL over demand) in the same cells when the rows
+        carry it, and the cells' GPU host shares."""
+        control = self.effects(CONTROL, "demand", by, metric) if CONTROL in set(self.this.policy) else {}
+        return Compared(self.effects(a, b, by, metric), control, host_shares(self.this, by))
 
     def effects(self, a: str, b: str, by: Sequence[str], metric: str | None = None) -> dict[tuple, Replicated]:
         """{cell key: Replicated} of A over B per cell of `by` (the cells of this run)."""
@@ -342,12 +368,11 @@ def table(effects: dict[tuple, Replicated], keys: Sequence[str]) -> pd.DataFrame
     return pd.DataFrame(out).round(2)
 
 
-def judge(effects: dict[tuple, Replicated], controls: dict[tuple, Replicated], rule: Callable[[Interval], Ruling],
-          label: Callable[[tuple], str], host: dict | None = None) -> Timed:
-    """Rule every cell of `effects` with `rule`, gated by its A/A control and host share (rules.gated), and
+def judge(compared: Compared, rule: Callable[[Interval], Ruling], label: Callable[[tuple], str]) -> Timed:
+    """Rule every cell of `compared` with `rule`, gated by its A/A control and host share (rules.gated), and
     combine the cells (rules.combine), in every view: the ruled one (this run, or pooled when this run is a
     stored one), each stored run, this run alone and pooled."""
-    host = host or {}
+    effects, controls, host = compared.effects, compared.control, compared.host
 
     def view(pick) -> tuple[str, str, str]:
         return combine((label(k), gated(rule(pick(r)), pick(controls[k]) if k in controls else None, host.get(k)))
@@ -399,7 +424,7 @@ def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dic
             metric = next((m for m in ("tokens_per_second", "forwards_per_second") if m in cols), None)
             if metric is None:
                 continue
-            by = [k for k in ("task", "batch_size", "cache_ratio", "bandwidth_scale") if k in cols]
+            by = [k for k in CELL_KEYS if k in cols]
             for r in Replicas(kept[0][1], kept, metric=metric).effects(CONTROL, base, by).values():
                 if r.pooled is not None and r.pooled.usable:
                     out["pooled"][0] += r.pooled.low <= 0 <= r.pooled.high

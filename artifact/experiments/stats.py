@@ -12,7 +12,7 @@ A difference "excludes zero" when its t interval lies entirely above or below 0.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -21,7 +21,18 @@ from scipy import stats
 from artifact.experiments.criteria import paper, thresholds
 
 CONFIDENCE = thresholds.CONFIDENCE
-CELL_KEYS = ("task", "batch_size", "cache_ratio", "bandwidth_scale")
+
+
+class CellKey(NamedTuple):
+    """One cell of a grid, the unit every interval is computed in (nothing pools cells): the key of every
+    study's {cell: effect} maps and of the bench's cells (bench.grid.Cell.key)."""
+    task: str
+    batch_size: int
+    cache_ratio: float
+    bandwidth_scale: float
+
+
+CELL_KEYS = CellKey._fields           # the result columns that name a cell
 PAIR_KEYS = CELL_KEYS + ("rep",)
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, PER_RUN, Clai
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, title
-from artifact.experiments.replication import Replicas, judge, stored_rows, timed_claim
-from artifact.experiments.rules import host_shares, margin_below, not_faster
+from artifact.experiments.replication import Compared, Replicas, judge, stored_rows, timed_claim
+from artifact.experiments.rules import margin_below, not_faster
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.stats import CONFIDENCE, format_table, paired_table
+from artifact.experiments.stats import CELL_KEYS, CONFIDENCE, format_table, paired_table
 from artifact.offload.sim import by_basis, phase_columns, ruling_basis, sweep
 
 OWN = "not a claim of the paper: this artifact's own result"
@@ -92,7 +92,7 @@ def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-CELL = ["link_priority", "task", "batch_size", "cache_ratio", "bandwidth_scale"]   # one interval per cell
+CELL = ["link_priority", *CELL_KEYS]   # one interval per cell
 
 
 def replicas(P: Settings, rows) -> Replicas:
@@ -153,9 +153,8 @@ class Numbers:
     table: pd.DataFrame              # every predictor over demand, per link priority and C/W
     judged: str                      # the counting basis the count claims rule on (sim.ruling_basis)
     by_prefill: dict                 # counting basis -> Counts
-    host: dict = dataclasses.field(default_factory=dict)   # {cell: GPU host share (host_shares)}
-    effects: dict = dataclasses.field(default_factory=dict)    # {policy: {cell: Replicated}} predictor over demand
-    control: dict = dataclasses.field(default_factory=dict)    # {cell: Replicated} CONTROL over demand
+    timed: dict = dataclasses.field(default_factory=dict)    # {policy: Compared} predictor over demand per cell,
+                                                             # with the A/A control and host shares
 
     @property
     def conservative_is_lru(self) -> bool:
@@ -176,9 +175,8 @@ def numbers(summary, table, reps: Replicas) -> Numbers:
     fast = table[(table.verdict == paper.FASTER)]
     by_prefill = {p: counts(g) for p, g in summary.groupby("prefill", sort=False)}
     preds = [p for p in dict.fromkeys(rows.policy) if p not in ("demand", CONTROL)]
-    return Numbers(n_same, n_cells, fast, table, ruling_basis(summary), by_prefill, host_shares(rows, CELL),
-                   {p: reps.effects(p, "demand", CELL) for p in preds},
-                   reps.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {})
+    return Numbers(n_same, n_cells, fast, table, ruling_basis(summary), by_prefill,
+                   {p: reps.compare(p, "demand", CELL) for p in preds})
 
 
 def label(key) -> str:
@@ -196,13 +194,14 @@ def bootstrap_above_zero(table) -> list[str]:
     return [f"{r.policy} at C/W {r.cache_ratio:g} b={r.batch_size} ({r.link_priority})" for r in t.itertuples()]
 
 
-def priority_claim(effects: dict, control: dict, host: dict, table: pd.DataFrame | None = None) -> Claim:
+def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
     """(1): under link_priority demand, no predictor is faster than demand-async (not_faster per predictor and
-    cell, gated by the cell's A/A control); `table` (throughput_table, this run) adds its bootstrap note."""
-    cells = {(pol, k): r for pol, eff in effects.items() for k, r in eff.items() if k[0] == "demand"}
-    aa = {(pol, k): control[k] for pol, k in cells if k in control}
-    t = judge(cells, aa, not_faster, lambda pk: f"{pk[0]} {label(pk[1])}",
-              {(pol, k): host[k] for pol, k in cells if k in host})
+    cell of `timed`, {predictor: Compared}, gated by the cell's A/A control); `table` (throughput_table, this run)
+    adds its bootstrap note."""
+    cells = {(pol, k): r for pol, c in timed.items() for k, r in c.effects.items() if k[0] == "demand"}
+    aa = {(pol, k): timed[pol].control[k] for pol, k in cells if k in timed[pol].control}
+    host = {(pol, k): timed[pol].host[k] for pol, k in cells if k in timed[pol].host}
+    t = judge(Compared(cells, aa, host), not_faster, lambda pk: f"{pk[0]} {label(pk[1])}")
     boot = [] if table is None else [c for c in bootstrap_above_zero(table) if c.endswith("(demand)")]
     return timed_claim(
         "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
@@ -219,8 +218,7 @@ def stored_claims(P: Settings) -> list[Claim]:
     r = replicas(P, None).last_stored()
     rows = r.this
     preds = [p for p in dict.fromkeys(rows.policy) if p not in ("demand", CONTROL)]
-    return [priority_claim({p: r.effects(p, "demand", CELL) for p in preds}, r.effects(CONTROL, "demand", CELL),
-                           host_shares(rows, CELL), throughput_table(rows))]
+    return [priority_claim({p: r.compare(p, "demand", CELL) for p in preds}, throughput_table(rows))]
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -229,8 +227,8 @@ def verdicts(n: Numbers) -> list[Claim]:
                     f"{n.same_cells} of {n.cells} cells identical", judged(n.same_cells == n.cells),
                     counting=PER_RUN, interval=EXACT, margin=f"{n.cells - n.same_cells} cells differ")]
     # (1) does prediction still lose once it can never delay a demand transfer?
-    if any(k[0] == "demand" for eff in n.effects.values() for k in eff):
-        claims.append(priority_claim(n.effects, n.control, n.host, n.table))
+    if any(k[0] == "demand" for c in n.timed.values() for k in c.effects):
+        claims.append(priority_claim(n.timed, n.table))
     # (2) is last-step the right predictor to judge prediction by? Exact counts, ruled on n.judged (docs/verdicts.md)
     on = BASIS_SHORT[n.judged]
     bases = n.by_prefill
@@ -344,7 +342,8 @@ def plot(summary, n: "Numbers", P: Settings):
         ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses",
                title=f"{what}, exact replay, {BASIS_SHORT[basis]}")
         ax.set_ylim(bottom=0)
-    series = {**n.effects, CONTROL: n.control}
+    control = next(iter(n.timed.values())).control if n.timed else {}
+    series = {**{p: c.effects for p, c in n.timed.items()}, CONTROL: control}
     pols = list(series)
     batches = sorted({k[2] for eff in series.values() for k in eff})
     width = 0.02

@@ -21,9 +21,10 @@ from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, judged
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import title
-from artifact.experiments.replication import Replicas, RunsError, gather, judge, stored_rows, timed_claim
-from artifact.experiments.rules import faster, host_shares, margin_below
+from artifact.experiments.replication import Compared, Replicas, RunsError, gather, judge, stored_rows, timed_claim
+from artifact.experiments.rules import faster, margin_below
 from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.stats import CELL_KEYS
 from artifact.offload.sim import by_basis, capacity_for, phase_columns, relative_to_lru, ruling_basis, sweep
 from artifact.offload.trace import mean_working_set
 
@@ -38,7 +39,7 @@ PREFETCH = ("last_step", "cross_layer", "oracle")
 BENCH_RATIO = 1.0                    # the timed cell's C/W: the cache holds one mean working set
 BENCH_PROMPTS = 2                    # prompts per timed run: 3 policies x 5 runs stay well under a minute on cpu
 STEM = "cache_design_runs"           # data/results/<profile>/cache_design_runs.csv
-CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one interval per cell: nothing pooled
+CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
 
 
 def label(spec: str) -> str:
@@ -155,18 +156,14 @@ def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Replicas:
 @dataclass(frozen=True)
 class BenchNumbers:
     best: str                # the eviction spec timed against lru
-    over_lru: dict           # {cell: Replicated} tokens/s of the best eviction over lru's (Replicas.effects)
+    over_lru: Compared       # {cell: Replicated} tokens/s of the best eviction over lru's, with the A/A control
     misses: tuple            # (lru's, the best's) demand misses, summed over this run's timed runs
-    control: dict            # {cell: Replicated} the A/A control over demand in the same cells
-    host: dict = dataclasses.field(default_factory=dict)   # {cell: GPU host share of wall (host_shares)}
 
 
 def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
     rows = reps.this
     m = rows.groupby("policy").demand_misses.sum()
-    return BenchNumbers(best, reps.effects(best, "demand", CELL), (int(m["demand"]), int(m[best])),
-                        reps.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {},
-                        host_shares(rows, CELL))
+    return BenchNumbers(best, reps.compare(best, "demand", CELL), (int(m["demand"]), int(m[best])))
 
 
 def bench_label(key) -> str:
@@ -175,7 +172,7 @@ def bench_label(key) -> str:
 
 
 def bench_verdict(b: BenchNumbers) -> Claim:
-    t = judge(b.over_lru, b.control, faster, bench_label, b.host)
+    t = judge(b.over_lru, faster, bench_label)
     lru, ours = b.misses
     return timed_claim(
         f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end (tokens/s, C/W "

@@ -23,13 +23,12 @@ from matplotlib.colors import LogNorm
 from scipy.interpolate import RegularGridInterpolator
 from tqdm.auto import tqdm
 
-from artifact.experiments import rules
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import load_model, traces
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, title
-from artifact.experiments.replication import Replicas, cached_rows, gather, judge, timed_claim
+from artifact.experiments.replication import Compared, Replicas, cached_rows, gather, judge, timed_claim
 from artifact.experiments.rules import faster
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import paired_table
@@ -358,19 +357,16 @@ def replicas(P: Settings, rows: pd.DataFrame) -> Replicas:
 
 
 @dataclass(frozen=True)
-class Throughput:
-    effects: dict            # {(stream,): Replicated} demand over last_step, forwards/s; control: the A/A control
-    control: dict            # over demand; host: host share of wall per forward (host_shares; GPU rows)
-    host: dict
+class Throughput(Compared):
+    """{(stream,): Replicated} demand over last_step, forwards/s, with the A/A control and host shares."""
     calibration: str = ""    # the compute the rows were timed with (their "calibration" column; "" if absent)
 
 
 def throughput(reps: Replicas) -> Throughput:
     rows = reps.this
     cal = rows.calibration.dropna().astype(str).unique() if "calibration" in rows else []
-    return Throughput(reps.effects("demand", "last_step", STREAM, METRIC),
-                      reps.effects(CONTROL, "demand", STREAM, METRIC) if CONTROL in set(rows.policy) else {},
-                      rules.host_shares(rows, STREAM), "; ".join(cal))
+    c = reps.compare("demand", "last_step", STREAM, METRIC)
+    return Throughput(c.effects, c.control, c.host, "; ".join(cal))
 
 
 def stored_claims(P: Settings) -> list[Claim]:
@@ -387,7 +383,7 @@ def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
     replication.py rules it on, gated by the A/A control on the same stream."""
     paper_verdict = paper.demand_vs_last_step(1.0)
     cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
-    ruling = judge(t.effects, t.control, lambda iv: faster(iv, paper.FASTER_PCT), stream_label, t.host)
+    ruling = judge(t, lambda iv: faster(iv, paper.FASTER_PCT), stream_label)
     return timed_claim("demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
                        "stream-driven engine (emulated link, compute calibrated on the model)",
                        f"{paper_verdict[0]} (a model-driven run)", ruling,

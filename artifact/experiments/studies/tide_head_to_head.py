@@ -9,17 +9,16 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from artifact.experiments import rules
 from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import NOT_MEASURABLE, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import load_model, run_grid
 from artifact.experiments.outputs.figures import COLORS, title
-from artifact.experiments.replication import Replicas, gather, judge, timed_claim
+from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import not_faster
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.stats import paired_table
+from artifact.experiments.stats import CELL_KEYS, paired_table
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide.checkout import check_tide
 from artifact.model.tasks import prompts
@@ -27,7 +26,7 @@ from artifact.offload.sim import capacity_for
 
 RATIOS = tuple(paper.TIDE_SPEEDUP)      # "the same budget" C = W, and half of it
 STEM = "tide_style_runs"                # data/results/<profile>/tide_style_runs.csv
-CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one interval per cell: nothing pooled
+CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
 
 
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
@@ -100,22 +99,18 @@ def tide_released(P: Settings, progress: bool = True) -> list[dict]:
 # --- verdicts -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StyleNumbers:
-    effects: dict    # {cell: Replicated} interval_refresh over demand, tokens/s (replication.Replicas.effects),
-                     # highest C/W first
+    timed: Compared  # {cell: Replicated} interval_refresh over demand, tokens/s, highest C/W first, with the A/A
+                     # control and host shares
     misses: dict     # {cell: interval_refresh's demand misses / demand's - 1}, this run
-    control: dict = dataclasses.field(default_factory=dict)   # {cell: Replicated} the A/A control over demand
-    host: dict = dataclasses.field(default_factory=dict)      # {cell: GPU host share of wall (host_shares)}
 
 
 def style_numbers(reps: Replicas) -> StyleNumbers:
     """interval_refresh over demand per cell (the direction the claim is about: does it beat demand?)."""
-    rows = reps.this
-    effects = reps.effects("interval_refresh", "demand", CELL)
-    effects = dict(sorted(effects.items(), key=lambda kv: (-kv[0][2], kv[0][:2], kv[0][3])))
-    m = rows.groupby([*CELL, "policy"]).demand_misses.sum()
+    c = reps.compare("interval_refresh", "demand", CELL)
+    effects = dict(sorted(c.effects.items(), key=lambda kv: (-kv[0].cache_ratio, kv[0][:2], kv[0].bandwidth_scale)))
+    m = reps.this.groupby([*CELL, "policy"]).demand_misses.sum()
     misses = {k: m[(*k, "interval_refresh")] / m[(*k, "demand")] - 1 for k in effects}
-    control = reps.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {}
-    return StyleNumbers(effects, misses, control, rules.host_shares(rows, CELL))
+    return StyleNumbers(Compared(effects, c.control, c.host), misses)
 
 
 def label(key) -> str:
@@ -132,7 +127,7 @@ def style_text(n: StyleNumbers) -> str:
 
 
 def style_verdict(n: StyleNumbers) -> Claim:
-    t = judge(n.effects, n.control, not_faster, label, n.host)
+    t = judge(n.timed, not_faster, label)
     return timed_claim(
         "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and half "
         f"(not faster by more than {thresholds.EQUIV_MARGIN:g}%)",
