@@ -50,9 +50,29 @@ RUNS = "runs"
 METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over per-run means (runs are the unit, df = N - 1)"
 ONE_RUN = f"one run: its mean +- t_(N-1) x the sd of the stored runs' means ({thresholds.CONFIDENCE:.0%})"
 WITHIN = f"{thresholds.CONFIDENCE:.0%} t interval over this run's pairs (within one run: no between-run variance)"
-# The raw row files of the timing notebooks (data/results/<profile>/<stem>.csv): what a stored run keeps.
-TIMED_STEMS = ("throttle_runs", "bench", "tide_style_runs", "beyond-fifo", "beyond-demand", "cache_design_runs",
-               "streams", "validation")
+
+
+@dataclass(frozen=True)
+class TimedStudy:
+    """A timing notebook: its study (artifact/experiments/studies/<module>, whose `measure(P, progress)` writes the
+    rows a stored run keeps and whose `stored_claims(P)` rules on the stored ones) and its raw row files
+    (data/results/<profile>/<stem>.csv)."""
+    notebook: str
+    module: str
+    stems: tuple[str, ...]
+
+
+# The timing notebooks, once: scripts/record_runs.py measures them, tests/test_stored_runs.py recomputes them.
+TIMED_STUDIES = (
+    TimedStudy("03_bandwidth_throttling", "bandwidth_throttling", ("throttle_runs",)),
+    TimedStudy("04_capacity_sweep", "capacity_sweep", ("bench",)),
+    TimedStudy("05_tide_head_to_head", "tide_head_to_head", ("tide_style_runs",)),
+    TimedStudy("06_beyond_the_paper", "beyond_the_paper", ("beyond-fifo", "beyond-demand")),
+    TimedStudy("07_routing_map", "routing_map", ("streams",)),
+    TimedStudy("08_performance_model", "performance_model", ("validation",)),
+    TimedStudy("09_cache_design_space", "cache_design_space", ("cache_design_runs",)),
+)
+TIMED_STEMS = tuple(s for t in TIMED_STUDIES for s in t.stems)     # what a stored run keeps
 
 
 class RunsError(ValueError):
@@ -114,8 +134,9 @@ def record_run(P, stems: Sequence[str] = TIMED_STEMS, reference: Path | None = N
     never over an existing run."""
     files = [f for s in stems for f in row_files(P, s)]
     if not files:
+        only = ",".join(t.notebook[:2] for t in TIMED_STUDIES)
         raise RunsError(f"{results_dir(P)}: no row files of the timing notebooks ({', '.join(stems)}); run them "
-                        "first (python -m artifact notebooks --only 03,04,05,06,07,08,09)")
+                        f"first (python -m artifact notebooks --only {only})")
     root = runs_root(P.name, reference)
     root.mkdir(parents=True, exist_ok=True)
     have = stored_runs(P.name, reference)

@@ -19,7 +19,7 @@ import pandas as pd
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, judged, on_bases
 from artifact.experiments.criteria import thresholds
-from artifact.experiments.harness import run_grid
+from artifact.experiments.harness import run_grid, traces
 from artifact.experiments.outputs.figures import title
 from artifact.experiments.replication import Compared, Replicas, RunsError, gather, judge, stored_rows, timed_claim
 from artifact.experiments.rules import faster, margin_below
@@ -146,6 +146,12 @@ def bench_profile(P: Settings, best: str) -> Settings:
 
 def measure_bench(P: Settings, best: str, progress: bool = True) -> pd.DataFrame:
     return run_grid(bench_profile(P, best), STEM, progress=progress)
+
+
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
+    """What a stored run keeps of notebook 09 (replication.TIMED_STUDIES): the end-to-end bench of the best
+    eviction on the profile's traces."""
+    return measure_bench(P, best_eviction(summary(eviction_sweep(traces(P, progress=progress), P))), progress)
 
 
 def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Replicas:

@@ -37,7 +37,8 @@ from artifact.offload.bounds import relaxed_min
 from artifact.offload.runner import OffloadSpec
 from artifact.offload.sim import capacity_for, denoising_only, phase_columns, replay, sweep
 from artifact.offload.store import HostStore
-from artifact.offload.synth import SynthParams, measure, synth
+from artifact.offload.synth import SynthParams, synth
+from artifact.offload.synth import measure as routing_statistics
 from artifact.offload.trace import Trace, mean_working_set
 from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 
@@ -79,7 +80,7 @@ def trace_fits(ts: list[Trace], ratio: float = 1.0) -> pd.DataFrame:
     claims rule on)."""
     rows = []
     for t in ts:
-        m = measure(t)
+        m = routing_statistics(t)
         replayed = denoising_only(phase_columns(sweep([t], [ratio], ["demand", "oracle"], by_phase=True)),
                                   ["demand_misses"]).set_index("policy").demand_misses
         lru, oracle = int(replayed["demand"]), int(replayed["oracle"])
@@ -315,6 +316,11 @@ def cost_text(cal: Calibration) -> str:
 
 
 STREAMS = "streams"      # data/results/<profile>/streams.csv: the timed stream rows (replication.cached_rows)
+
+
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
+    """What a stored run keeps of notebook 07 (replication.TIMED_STUDIES): the timed streams."""
+    return streams(P, progress=progress)
 
 
 def streams(P: Settings, base: SynthParams | None = None, points: dict | None = None, g: MapGrid | None = None,

@@ -76,6 +76,12 @@ from artifact.offload.timeline import PRIORITIES
 from artifact.offload.trace import Trace
 from artifact.paths import repo_root
 
+
+def measure(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
+    """What a stored run keeps of notebook 08: the validation cells' rows (replication.TIMED_STUDIES)."""
+    return validation(P, progress=progress)
+
+
 # --- notebook 08: the modelled grid, the figure and the claims ----------------------------------------
 GRID_RATIOS = (0.43, 0.83, 1.0, 1.73)
 GRID_POLICIES = ("demand", "last_step", CONTROL, "cross_layer", "oracle")      # CONTROL: the A/A control
