@@ -23,7 +23,6 @@ folder); no result data passes through pickles: shards write CSVs, traces write 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shlex
@@ -31,7 +30,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import submitit
@@ -72,7 +71,7 @@ def trace_jobs(P: Settings) -> list[tuple[str, int]]:
 
 
 def _one_trace(P: Settings, task: str, batch_size: int) -> Settings:
-    return dataclasses.replace(P, trace_tasks=(task,), trace_batch_sizes=(batch_size,))
+    return replace(P, trace_tasks=(task,), trace_batch_sizes=(batch_size,))
 
 
 def record_traces(P: Settings, pairs: list[tuple[str, int]], pin_cpu: int | None = None) -> int:
