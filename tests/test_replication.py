@@ -82,7 +82,7 @@ def test_without_stored_runs_a_run_has_only_its_pairs_and_says_so():
 def test_fewer_runs_than_the_minimum_is_inconclusive():
     iv = pooled_interval([10.0, 11.0])
     assert iv.n == 2 < thresholds.MIN_RUNS and not iv.usable
-    assert faster(iv).verdict == INCONCLUSIVE and "needs >= 3 runs" in faster(iv).why
+    assert faster(iv).verdict == INCONCLUSIVE and f"needs >= {thresholds.MIN_RUNS} runs" in faster(iv).why
 
 
 def test_a_single_run_never_contradicts_the_pooled_verdict_on_the_stored_runs():

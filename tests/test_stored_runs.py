@@ -1,5 +1,5 @@
-"""The committed stored runs (data/results/cpu/runs/run<k>/) are the headline of every timing claim: N >= 3 runs at
-one commit, and every timing interval, verdict and per-run verdict in the claim records (and so in the README's
+"""The committed stored runs (data/results/cpu/runs/run<k>/) are the headline of every timing claim: N >= MIN_RUNS
+runs at one commit, and every timing interval, verdict and per-run verdict in the claim records (and so in the README's
 and docs/claims.md's tables) is recomputed here from their raw rows alone."""
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def cpu():
 
 def test_the_stored_result_is_at_least_three_runs_at_one_commit():
     runs = replication.stored_runs("cpu", ROOT)
-    assert len(runs) >= thresholds.MIN_RUNS, "data/results/cpu/runs/ must hold >= 3 runs (scripts/record_runs.py)"
+    assert len(runs) >= thresholds.MIN_RUNS, \
+        f"data/results/cpu/runs/ must hold >= {thresholds.MIN_RUNS} runs (scripts/record_runs.py)"
     metas = [json.loads((r / "run.json").read_text()) for r in runs]
     assert len({m["commit"] for m in metas}) == 1 and "dirty" not in metas[0]["commit"], [m["commit"] for m in metas]
     for r, m in zip(runs, metas):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from artifact.experiments.claims import unwrap
 from artifact.experiments.claims_table import update_readme
+from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.paths import (
     figures_dir,
     reference_data_dir,
@@ -310,8 +311,8 @@ def summary_table(outcomes: list[Outcome], width: int = 70) -> str:
 
 
 TIMING_NOTE = ("Timing verdicts (03-09) of a run come from that run alone, each cell's interval widened to the spread "
-               "of the stored runs (its claim cell says so); the stored result, in the README, pools >= 3 runs "
-               "(k of N). docs/verdicts.md")
+               "of the stored runs (its claim cell says so); the stored result, in the README, pools "
+               f">= {thresholds.MIN_RUNS} runs (k of N). docs/verdicts.md")
 
 
 KERNELSPEC = {"name": "artifact", "display_name": "artifact (.venv)", "language": "python"}   # scripts/env.sh

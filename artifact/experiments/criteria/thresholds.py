@@ -4,14 +4,14 @@ parameters and the margins of its own results, each named once with its reason. 
 (docs/verdicts.md)."""
 from __future__ import annotations
 
-# ---------------------------------------------------------------------------------------------
-CONFIDENCE = 0.95        # the one interval of every timing verdict: the 95% t interval over pairs (the paper's
-                         # own intervals are 95%)
+CONFIDENCE = 0.95        # the level of every timing interval (the paper's own intervals are 95%): a stored result's
+                         # t interval over its runs' per-cell means, a single run's mean widened by the stored
+                         # runs' spread, or, with no stored runs, the t interval over the run's pairs (replication.py)
 MIN_PAIRS = 4            # fewer pairs than this: inconclusive. With 3 pairs t_{0.975, 2} = 4.30 makes the
                          # interval about 1.6x wider than with 4 (4.30 / sqrt 3 vs 3.18 / sqrt 4), and the sd of
                          # 2 or 3 differences is too unstable to size it
-MIN_RUNS = 3             # a stored (headline) result is at least 3 runs of the timing notebooks at one commit: the
-                         # pooled interval is a t interval over per-run means with N - 1 degrees of freedom
+MIN_RUNS = 3             # a stored (headline) result is N >= MIN_RUNS runs of the timing notebooks at one commit:
+                         # the pooled interval is a t interval over per-run means with N - 1 degrees of freedom
 EQUIV_MARGIN = 3.0       # points of tokens/s: "no difference" means the whole interval lies inside +-3%, and
                          # "not faster" that it lies below +3% (the paper's smallest effect, +4.9%, is
                          # well outside it; its own no-difference interval, [-1.16, +2.63], inside it)
