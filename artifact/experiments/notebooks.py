@@ -181,6 +181,21 @@ def complete(path: Path, params: dict, settings: dict, source: Path | None = Non
     return bool(claims_of(nb)) and all(p.is_file() for p in saved_files(nb))
 
 
+def ipc_kernel_manager():
+    """The kernel manager papermill starts each notebook's kernel with: jupyter_client's, over IPC transport (Unix
+    sockets beside the kernel's connection file) instead of TCP on localhost. The kernel then has no unencrypted
+    TCP ports to warn about (ipykernel's "Kernel is running over TCP without encryption" on every notebook)."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class IPCKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _transport_default(self) -> str:
+            return "ipc"
+
+    return IPCKernelManager
+
+
 def execute(path: Path, out: Path, params: dict, settings: dict, cwd: Path, timeout: int,
             progress: bool = True) -> None:
     """papermill into a temporary file beside `out`, the settings recorded in its metadata, renamed onto `out`
@@ -192,7 +207,8 @@ def execute(path: Path, out: Path, params: dict, settings: dict, cwd: Path, time
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.ipynb")
     try:
         papermill.execute_notebook(str(path), str(tmp), parameters=params, kernel_name=KERNEL, cwd=str(cwd),
-                                   execution_timeout=timeout, progress_bar=progress, log_output=False)
+                                   execution_timeout=timeout, progress_bar=progress, log_output=False,
+                                   kernel_manager_class=ipc_kernel_manager())
     finally:
         if tmp.is_file():
             try:
