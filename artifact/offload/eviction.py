@@ -223,7 +223,7 @@ class LRFU(_ScoredEviction):
         self.now = np.zeros(num_layers, dtype=_INT64)                     # forwards seen per layer
         self.at = np.zeros((num_layers, num_experts), dtype=_INT64)       # when score was last brought up to date
         # The decayed scores of each layer at its `now`: a layer's scores change only at its own forwards, so
-        # they are computed once per forward (every expert's, elementwise) and read by keep_order,
+        # they are computed once per forward (every expert's, elementwise as before) and read by keep_order,
         # victim_keys and the prefetches into the layer until its next forward.
         self._now_rows = [np.zeros(num_experts) for _ in range(num_layers)]
 

@@ -69,7 +69,7 @@ class CopyTimeline:
         check_priority(priority, chunk_bytes)
         self.bandwidth_gbps, self.latency = bandwidth_gbps, latency
         self.priority = priority
-        self.chunk_bytes = chunk_bytes if priority == "demand" else None   # fifo: whole copies
+        self.chunk_bytes = chunk_bytes if priority == "demand" else None   # fifo: whole copies, as before
         self.free_at = 0.0                 # end of the last committed chunk
         self.demand: deque[list] = deque()
         self.speculative: deque[list] = deque()
@@ -239,7 +239,7 @@ class ManualClock:
 
 
 class VirtualClock(ManualClock):
-    """The clock of a virtual-time run (offload/trace_engine.py, clock "virtual"): the run advances it by each
+    """The clock of a virtual-time run (offload/stream.py, clock "virtual"): the run advances it by each
     action's modelled cost, and a link that waits on it jumps exactly to the copy's end (no float drift
     from sleeping a difference), so a wait's length is the stall, to the bit."""
 
