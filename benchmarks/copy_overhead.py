@@ -42,7 +42,7 @@ import torch
 
 from artifact.offload.cuda_link import CudaLink
 from artifact.offload.cuda_stub import StubCuda
-from artifact.offload.link import make_link
+from artifact.offload.link_factory import make_link
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BEFORE_COMMIT = "2c159b43318f6297bc270e97d53bba2e487d5ba0"   # the last commit with the per-copy CudaLink

@@ -63,7 +63,7 @@ from artifact.model.config import get_preset
 from artifact.model.llada2 import KVCache, MoE, StepInfo
 from artifact.model.syncs import SyncCounter
 from artifact.offload.engine import offload
-from artifact.offload.link import make_link
+from artifact.offload.link_factory import make_link
 from artifact.offload.policies import make_policy
 from artifact.offload.sim import capacity_for
 

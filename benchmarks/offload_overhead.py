@@ -20,7 +20,7 @@ from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig, generate
 from artifact.model.tasks import prompts
 from artifact.offload.engine import offload
-from artifact.offload.link import make_link
+from artifact.offload.link_factory import make_link
 from artifact.offload.policies import make_policy
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for

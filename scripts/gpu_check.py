@@ -1,10 +1,11 @@
-"""First GPU session: one command, at most 6 minutes on one H200, no checkpoint, nothing downloaded.
+"""The GPU check: one command, at most 6 minutes on one H200, no checkpoint, nothing downloaded.
 
 Seven steps, in this order, each written to the JSON report (--out, atomically) as soon as it ends:
   1. environment     torch, CUDA, the GPU, host; topology where readable: nvidia-smi topo -m, the GPU's
                      NUMA node, its PCIe generation and width
-  2. cuda_tests      pytest -m cuda, with a time limit; the tests collected first, so a collection failure
-                     or fewer tests run than collected is its own exit code
+  2. cuda_tests      the CUDA tests of scripts/gpu_tests.py (an explicit list of files, pytest -m cuda), with
+                     a time limit; the tests collected first, so a collection failure or fewer tests run
+                     than collected is its own exit code
   3. pinned_peak     pinned H2D GB/s at 256 MiB and at one expert's size (back to back), from a fresh
                      pinned buffer and from a store registered in place (pin_host), as the engine copies
   4. capped_link     the CUDA link capped at 0.5x and 0.25x of its measured peak: achieved vs target
@@ -32,9 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -42,8 +41,12 @@ import time
 import traceback
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check_steps import capped_link, moe_layer, pinned_peak, pinned_store  # noqa: E402
+from gpu_profile import call_kind  # noqa: E402
+from gpu_tests import cuda_tests  # noqa: E402
+
 EXIT_OK, EXIT_TESTS_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_ERROR, EXIT_TESTS_NOT_RUN = 0, 1, 2, 3, 4, 5
-BF16_RTOL, BF16_ATOL = 1.6e-2, 1e-2     # torch.testing's bf16 tolerance; loop and grouped sum in other orders
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ("environment", "cuda_tests", "pinned_peak", "capped_link", "moe_layer", "pinned_store", "engine")
 NOTE = ("Random weights route differently from the trained LLaDA2.0-mini: the working set W, its "
@@ -138,190 +141,6 @@ def topology(cuda: bool) -> dict:
         except (OSError, ValueError):
             pass
         out["sources"] = {"pcie": "nvidia-smi --query-gpu", "numa_node": str(node)}
-    return out
-
-
-def cuda_tests(a, torch) -> dict:
-    if a.skip_tests:
-        return {"skipped": "--skip-tests"}
-    base = [sys.executable, "-m", "pytest", "-m", "cuda", "tests", "-q", "-p", "no:cacheprovider"]
-    t0 = time.perf_counter()
-    try:
-        c = subprocess.run(base + ["--collect-only"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=a.test_timeout)
-    except subprocess.TimeoutExpired:
-        return {"collected": None, "collection_ok": False, "ok": False, "timed_out": True}
-    collected = sum(1 for ln in c.stdout.splitlines() if "::" in ln)
-    if c.returncode not in (0, 5) or collected == 0:
-        return {"command": " ".join(base[1:]) + " --collect-only", "returncode": c.returncode, "collected": collected,
-                "collection_ok": False, "ok": False, "tail": (c.stdout + c.stderr)[-2000:]}
-    cmd = base
-    try:
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                           timeout=max(1, a.test_timeout - (time.perf_counter() - t0)))
-    except subprocess.TimeoutExpired as e:
-        tail = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return {"command": " ".join(cmd[1:]), "returncode": None, "timed_out": True, "ok": False,
-                "collected": collected, "collection_ok": True, "seconds": time.perf_counter() - t0,
-                "tail": tail[-2000:]}
-    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
-    summary = next((ln for ln in reversed(lines) if re.search(r"passed|failed|error|skipped|deselected", ln)), "")
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
-    ran = counts.get("passed", 0) + counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
-    return {"command": " ".join(cmd[1:]), "returncode": p.returncode, "timed_out": False, "collected": collected,
-            "collection_ok": True, "ran": ran, "counts": counts,
-            # on a GPU a skipped CUDA test did not run (it skipped for a reason the report must show)
-            "all_ran": ran + (0 if torch.cuda.is_available() else counts.get("skipped", 0)) >= collected,
-            "ok": p.returncode == 0, "summary": summary.strip("= "), "tail": (p.stdout + p.stderr)[-2000:]}
-
-
-def _best_seconds(torch, fn, reps: int = 5) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    torch.cuda.synchronize()
-    best = math.inf
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return best
-
-
-def pinned_peak(a, torch, expert_bytes: int) -> dict:
-    if a.device != "cuda":
-        return {"skipped": "dry run on the CPU: no pinned memory; the emulated link's bandwidth is its peak"}
-    total = 256 << 20
-    src = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(total, dtype=torch.uint8, device="cuda")
-    big = _best_seconds(torch, lambda: dst.copy_(src, non_blocking=True))
-    n = total // expert_bytes
-
-    def experts():
-        for i in range(n):
-            dst[i * expert_bytes:(i + 1) * expert_bytes].copy_(src[i * expert_bytes:(i + 1) * expert_bytes],
-                                                                non_blocking=True)
-    small = _best_seconds(torch, experts)
-    from artifact.offload.store import pin_host
-    store = pin_host(torch.empty(total, dtype=torch.uint8))          # registered in place, as HostStore pins
-    store_big = _best_seconds(torch, lambda: dst.copy_(store, non_blocking=True))
-
-    def store_experts():
-        for i in range(n):
-            dst[i * expert_bytes:(i + 1) * expert_bytes].copy_(store[i * expert_bytes:(i + 1) * expert_bytes],
-                                                                non_blocking=True)
-    store_small = _best_seconds(torch, store_experts)
-    return {"peak_gbps_256MiB": total / big / 1e9, "expert_copy_gbps": n * expert_bytes / small / 1e9,
-            "store_peak_gbps_256MiB": total / store_big / 1e9,
-            "store_expert_copy_gbps": n * expert_bytes / store_small / 1e9,
-            "expert_bytes": expert_bytes, "statistic": "best of 5",
-            "measures": "H2D GB/s of one 256 MiB copy and of back-to-back expert-sized copies, from a fresh "
-                        "pin_memory() buffer and from a cudaHostRegister'd store (what the engine copies from)"}
-
-
-def capped_link(a, torch, expert_bytes: int) -> dict:
-    """Copies of expert size through the link, capped at fractions of its peak: link busy vs wall."""
-    from artifact.offload.link import CudaLink, EmulatedLink, emulated_bandwidth_gbps
-    cuda = a.device == "cuda"
-    n = 64
-    src = torch.empty(expert_bytes, dtype=torch.uint8, pin_memory=cuda)
-    dst = [torch.empty(expert_bytes, dtype=torch.uint8, device=a.device) for _ in range(4)]
-    out = {"copies": n, "expert_bytes": expert_bytes, "caps": [],
-           "measures": "per cap (a fraction of the link's calibrated peak): 64 expert-sized copies through the "
-                       "link, their bytes over the wall time from the first copy to the host seeing the last land "
-                       "(achieved_gbps), against the cap (within_10pct: the pacing's accuracy)"}
-    if cuda:
-        peak = CudaLink("cuda", cap_gbps=1e9).pacing.peak_gbps          # calibration only: the cap never binds
-    else:
-        peak = emulated_bandwidth_gbps(expert_bytes)
-    out["peak_gbps"] = peak
-    for fraction in (1.0, 0.5, 0.25):
-        target = peak * fraction
-        link = CudaLink("cuda", cap_gbps=target) if cuda else EmulatedLink(peak, latency_us=0, cap_gbps=target)
-        items = [(dst[i % 4], src, f"check copy {i}") for i in range(n)]
-        link.copy(items[:4])                                            # warm-up
-        link.wait(link.copy(items[:4]))
-        link.finish()
-        t0 = time.perf_counter()
-        link.wait(link.copy(items))
-        if cuda:
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-        achieved = n * expert_bytes / wall / 1e9
-        out["caps"].append({"fraction": fraction, "target_gbps": target, "achieved_gbps": achieved,
-                            "achieved_over_target": achieved / target,
-                            "within_10pct": abs(achieved / target - 1) <= 0.1})
-        link.close()
-    return out
-
-
-def moe_layer(a, torch, cfg, dtype) -> dict:
-    from artifact.model.checkpoint import random_model
-    one = dataclasses.replace(cfg, num_hidden_layers=2, name=cfg.name + "-1moe")
-    loaded = random_model(one, seed=0, dtype=dtype, device=a.device, resident=True)
-    layer = loaded.model.model.layers[1].mlp                               # the MoE layer
-    cuda = a.device == "cuda"
-    out = {"tokens": None, "kernels": {},
-           "measures": "one MoE layer's forward on a batch of 4 blocks, experts resident, per expert kernel (loop, "
-                       "grouped): host_ms = CPU time of the call (launches and Python; the GPU runs behind it), "
-                       "gpu_ms = CUDA-event time of the same call on the GPU; medians of 5 after a warm-up; "
-                       "loop vs grouped outputs within the stated bf16 tolerance"}
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(4, cfg.block_length, cfg.hidden_size, generator=g)                  # (B, T, D): batch 4
-    x = x.to(device=a.device, dtype=next(layer.parameters()).dtype)
-    out["tokens"] = x.shape[0] * x.shape[1]
-    results = {}
-    for kernel in ("loop", "grouped"):
-        loaded.model.expert_kernel = kernel
-        layer(x, None)                                                     # warm-up
-        if cuda:
-            torch.cuda.synchronize()
-        host, dev = [], []
-        for _ in range(5):
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-            t0 = time.perf_counter()
-            y = layer(x, None)
-            host.append(time.perf_counter() - t0)
-            if cuda:
-                end.record()
-                end.synchronize()
-                dev.append(start.elapsed_time(end) / 1e3)
-        results[kernel] = y
-        out["kernels"][kernel] = {"host_ms": 1e3 * statistics.median(host),
-                                  "gpu_ms": 1e3 * statistics.median(dev) if dev else None}
-    loaded.model.expert_kernel = "grouped"
-    a_, b_ = results["loop"].float(), results["grouped"].float()
-    out["equal_outputs"] = bool(torch.equal(a_, b_))
-    out["max_abs_diff"] = float((a_ - b_).abs().max())
-    rtol, atol = (BF16_RTOL, BF16_ATOL) if dtype == "bfloat16" else (0.0, 0.0)
-    out["tolerance"] = {"rtol": rtol, "atol": atol, "dtype": dtype,
-                        "why": "bf16: loop and grouped GEMMs may sum in different orders on the GPU" if rtol
-                        else "fp32 on the CPU: bit for bit"}
-    out["within_tolerance"] = bool(torch.allclose(b_, a_, rtol=rtol, atol=atol))
-    out["grouped_over_loop_host"] = out["kernels"]["grouped"]["host_ms"] / out["kernels"]["loop"]["host_ms"]
-    return out
-
-
-def pinned_store(a, torch) -> dict:
-    if a.device != "cuda":
-        return {"skipped": "dry run on the CPU: page-locking needs CUDA"}
-    from artifact.offload.store import pin_host, pinned_bytes
-    nbytes = int(a.store_gb * 1e9)
-    t0 = time.perf_counter()
-    store = torch.empty(nbytes, dtype=torch.uint8)
-    alloc = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    pin_host(store)
-    pin = time.perf_counter() - t0
-    out = {"bytes_requested": nbytes, "bytes_pinned": pinned_bytes(store), "is_pinned": store.is_pinned(),
-           "allocate_seconds": alloc, "pin_seconds": pin,
-           "measures": "page-locking a store_gb host tensor in place (cudaHostRegister, artifact pin_host): the bytes "
-                       "pinned (no power-of-two rounding, compare power_of_two_would_be) and the seconds it takes",
-           "power_of_two_would_be": 1 << (nbytes - 1).bit_length()}
-    del store
     return out
 
 
@@ -448,7 +267,7 @@ def launches_per_forward(torch, a, loaded, prompts, batch, dc, spec) -> float | 
     from artifact.offload.runner import run
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
-    launches = sum(ev.count for ev in prof.key_averages() if "LaunchKernel" in ev.key)
+    launches = sum(ev.count for ev in prof.key_averages() if call_kind(ev.key) == "launches")
     return launches / res.stats["forwards"]
 
 
@@ -499,7 +318,7 @@ def main(argv=None) -> int:
         atomic_write_text(a.out, json.dumps(report, indent=2, default=str))
 
     steps = {"environment": lambda: environment(a, torch),
-             "cuda_tests": lambda: cuda_tests(a, torch),
+             "cuda_tests": lambda: {k: v for k, v in cuda_tests(a, torch).items() if k != "log"},
              "pinned_peak": lambda: pinned_peak(a, torch, expert_bytes),
              "capped_link": lambda: capped_link(a, torch, expert_bytes),
              "moe_layer": lambda: torch.no_grad()(moe_layer)(a, torch, cfg, dtype),

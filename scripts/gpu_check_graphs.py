@@ -1,36 +1,41 @@
-"""The graphs check: did CUDA graphs between the router syncs make the engine run at the speed of
-its link? At most 7 minutes on one H200, no checkpoint, nothing downloaded; `scripts/gpu_check.sh graphs`.
+"""The graphs check: does the segmented forward (the forward cut into segments between the router syncs,
+each captured once as a CUDA graph and replayed) make the engine run at the speed of its link? No
+checkpoint, nothing downloaded; step 2 of scripts/gpu_run.sh (its budget there: docs/benchmarks.md).
 
-Five steps, in this order, each written to the JSON report (--out, atomically) as soon as it ends:
-  1. environment   torch, CUDA, the GPU, Python, the VM's kernel (uname -r), the graph modes
+Five steps, in this order, each written to the JSON report (--out, atomically) as soon as it ends, and
+every engine row as soon as it is measured (a kill at the time limit keeps the rows measured so far):
+  1. environment   torch, CUDA, the GPU, Python, the VM's kernel (uname -r), the forward modes
   2. host_costs    host us per call of: a kernel launch (one tiny in-place add), an event record, a bare
                    expert-sized copy_ from pinned memory, a batched copy (one torch._foreach_copy_ of
                    BATCH copies, per copy) and a graph replay (a captured CUDA graph of GRAPH_OPS ops);
                    medians over REPEATS batches of CALLS calls
-  3. pinned_peak   pinned H2D GB/s (scripts/gpu_check.py step 3): the bandwidth H2D time is costed at
-  4. capped_link   the CUDA link capped at 0.5x and 0.25x of its peak (scripts/gpu_check.py step 4)
-  5. engine        the step-7 model (scripts/gpu_check.py: layer 0 dense, the others MoE) with graphs off
-                   (today's eager path) and on, at each batch, C/W and policy (demand, last_step); every
-                   configuration first runs once in full on the same prompts and shapes (the warm-up: graphs
-                   are captured there), then the timed run, then a recorded run whose trace sim.replay
-                   replays; per denoising forward the host and wall ms (lists; median and p90), H2D ms
-                   from the run's transfers in its denoising forwards over the measured pinned bandwidth,
-                   link busy / wall, tokens equal to the resident model's; at C/W 1, demand, a profiled
-                   run counts per MoE layer the host-issued launches and the syncs inside the forwards
+  3. pinned_peak   pinned H2D GB/s (gpu_check_steps.pinned_peak): the bandwidth H2D time is costed at
+  4. capped_link   the CUDA link capped at 0.5x and 0.25x of its peak (gpu_check_steps.capped_link)
+  5. engine        scripts/gpu_check.py's engine model (layer 0 dense, the others MoE), forward "eager" and
+                   "segmented", at each batch, C/W and policy (demand, last_step); every configuration first
+                   runs once in full on the same prompts and shapes (the warm-up: the segments are captured
+                   there), then the timed run, then a recorded run whose trace sim.replay replays; per
+                   denoising forward the host and wall ms (lists; median and p90), H2D ms from the run's
+                   transfers in its denoising forwards over the measured pinned bandwidth, link busy / wall,
+                   tokens equal to the resident model's, the segments' captures and replays
+                   (RunResult.segments); at C/W 1, demand, a profiled run counts per MoE layer the
+                   host-issued launches and the syncs inside the forwards (gpu_profile.py)
 
-Then the targets (T1-T6, `judge`) are printed as met / not met / unmeasured and recorded under
-"targets" with the figures each was judged on. A configuration that raises is recorded with its error and
-the check goes on (GPU time is scarce); a target that lacks a figure is unmeasured, never guessed. After
---budget-s seconds the remaining configurations are skipped (said so in the report).
+Then the targets (T1-T6, gpu_targets.judge) are printed as met / not met / unmeasured / not judged and
+recorded under "targets" with the figures each was judged on; a segmented row whose segments did not
+replay is marked so (`replayed` false, `not_judged`) and judged by no target. A configuration that raises
+is recorded with its error and the check goes on (GPU time is scarce); a target that lacks a figure is
+unmeasured, never guessed. After --budget-s seconds the remaining configurations are skipped (said so in
+the report).
 
---device cpu --allow-cpu runs the same steps in miniature (the tiny model, the emulated link, graphs on
-running the same segments eagerly): a dry run whose targets are all "unmeasured" (each with the status the
-CPU figures would give, `would_be`), so the tests cover the logic without a GPU.
+--device cpu --allow-cpu runs the same steps in miniature (the tiny model, the emulated link, the segmented
+forward running its segments eagerly): a dry run whose targets are all "unmeasured" (each with the status
+the CPU figures would give, `would_be`), so the tests cover the logic without a GPU.
 Exit codes as scripts/gpu_check.py: 0 done, 2 bad arguments, 3 no CUDA GPU visible, 4 a step raised."""
 from __future__ import annotations
 
 import argparse
-import bisect
+import inspect
 import json
 import math
 import platform
@@ -42,48 +47,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_check as base  # noqa: E402  (scripts/gpu_check.py: the shared steps and shapes)
+from gpu_profile import profiled  # noqa: E402
+from gpu_targets import judge, line  # noqa: E402
 
 ROOT = base.ROOT
 STEPS = ("environment", "host_costs", "pinned_peak", "capped_link", "engine")
-GRAPH_MODES = ("off", "on")
+FORWARD_MODES = ("eager", "segmented")     # artifact.model's forward modes: the eager path, and the forward cut
+                                           # into segments between the router syncs (CUDA graphs on a GPU)
 POLICIES = ("demand", "last_step")
 CALLS, REPEATS, BATCH, GRAPH_OPS = 200, 5, 8, 8
-FORWARD = "gpu_check.forward"         # the profiler range around each denoising forward
-MET, NOT_MET, UNMEASURED = "met", "not met", "unmeasured"
-# Kernel launches the host issues (a graph replay is one launch, whatever it holds), copies, and syncs:
-# CUDA runtime calls as torch.profiler names them on the CPU side.
-LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
-COPIES = ("cudaMemcpyAsync", "cudaMemcpyBatchAsync", "cudaMemcpy2DAsync")
-EVENT_SYNCS, STREAM_SYNCS, DEVICE_SYNCS = ("cudaEventSynchronize",), ("cudaStreamSynchronize",), (
-    "cudaDeviceSynchronize",)
-BLOCKING_COPIES = ("cudaMemcpy", "cudaMemcpy2D")
-# The targets (docs/host_path.md, "Graphs on"), each judged on the graphs-on rows.
-T1_HOST_OVER_H2D, T1_AT_173 = 0.3, 0.5
-T2_LAUNCHES = 12
-T4_BUSY = 0.85
-T5_CAP = 0.1
-T6_SHARE = 0.1
-RULES = {
-    "T1": f"graphs on, demand: host / H2D per forward (medians) <= {T1_HOST_OVER_H2D} at C/W 1, batch 1 and 4; "
-          f"<= {T1_AT_173} at batch 1, C/W 1.73",
-    "T2": f"graphs on, C/W 1, demand: host-issued kernel launches (graph launches included) per MoE layer <= "
-          f"{T2_LAUNCHES}, the copies counted apart (copies_per_moe_layer)",
-    "T3": "graphs on, C/W 1, demand, per forward: one event sync per MoE layer, no stream or device sync, no "
-          "blocking copy (CPU: SyncCounter's device reads, one per MoE layer)",
-    "T4": f"graphs on, batch 1, C/W 1, demand: link busy / wall >= {T4_BUSY}",
-    "T5": f"every run (graphs off and on): counts equal sim.replay of its trace and tokens equal resident; the "
-          f"capped link at 0.5x and 0.25x within {T5_CAP:.0%} of its cap",
-    "T6": f"graphs on, every batch and C/W with C < E: |host(last_step) - host(demand)| <= {T6_SHARE} x demand's "
-          "H2D per forward (C = E copies nothing: no link time to compare against)",
-}
-NO_GPU_TARGETS = "dry run on the CPU: the tiny model on the emulated link, not an H200"
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_check_graphs.json")
-    ap.add_argument("--ratios", default="0.83,1.0,1.73", help="C/W ratios")
-    ap.add_argument("--batches", default="1,4", help="batch sizes")
+    ap.add_argument("--ratios", default="1.0,1.73,0.83", help="C/W ratios, in the order they run")
+    ap.add_argument("--batches", default="1,4", help="batch sizes, in the order they run")
     ap.add_argument("--prompt-length", type=int, default=64)
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--layers", type=int, default=6, help="model layers, layer 0 dense (step 7's model: 6)")
@@ -114,11 +91,38 @@ def median(xs: list[float]) -> float | None:
 
 # --- step 1 and 2 ---------------------------------------------------------------------------------
 def environment(a, torch) -> dict:
-    from artifact.model.llada2 import GRAPH_MODES as modes
     out = base.environment(a, torch)
-    out.update(kernel=platform.release(), graph_modes=list(modes),
-               foreach_copy=hasattr(torch, "_foreach_copy_"))
+    out.update(kernel=platform.release(), forward_modes=list(FORWARD_MODES),
+               run_forward_keyword=next(iter(forward_kwargs("eager"))), foreach_copy=hasattr(torch, "_foreach_copy_"))
     return out
+
+
+def forward_kwargs(mode: str) -> dict:
+    """runner.run's keyword for a forward mode (FORWARD_MODES): forward=, or graphs= off / on for a runner
+    that names the modes so."""
+    from artifact.offload.runner import run
+    if "forward" in inspect.signature(run).parameters:
+        return {"forward": mode}
+    return {"graphs": {"eager": "off", "segmented": "on"}[mode]}
+
+
+def segment_counters(mode: str, *results) -> dict:
+    """A row's forward mode and its segments' counters over its runs (warm-up and timed): captures summed,
+    the timed run's replays, the first capture error; `replayed` (hardware.replayed). A segmented row whose
+    runs report no counters (RunResult.segments missing or None) did not show a replay: replayed False."""
+    from artifact.experiments.hardware import replayed
+    row = {"forward": mode, "captures": None, "replays": None, "capture_error": None}
+    if mode == "eager":
+        return row
+    segs = [getattr(r, "segments", None) for r in results]
+    if all(s is not None for s in segs):
+        row.update(captures=sum(s.captures for s in segs), replays=segs[-1].replays,
+                   capture_error=next((s.capture_error for s in segs if s.capture_error), None))
+    row["replayed"] = replayed(row)
+    if not row["replayed"]:
+        row["not_judged"] = ("segments did not replay: " + (row["capture_error"] or "no replays") if segs[-1]
+                             is not None else "segments did not replay: the run reports no segment counters")
+    return row
 
 
 def _per_call_us(fn, calls: int = CALLS, repeats: int = REPEATS, sync=None) -> float:
@@ -183,101 +187,7 @@ def host_costs(a, torch, expert_bytes: int) -> dict:
     return out
 
 
-# --- step 5: the engine, graphs off and on --------------------------------------------------------
-class ForwardRanges:
-    """Forward hooks that open a profiler range (FORWARD) around each denoising forward, and point a
-    SyncCounter's key at the forward's kind, so both count what happens inside the forwards only."""
-
-    def __init__(self, torch, model, counter=None):
-        self.torch, self.model, self.counter = torch, model, counter
-        self.hooks, self.open = [], None
-
-    def __enter__(self):
-        def pre(mod, args, kwargs):
-            kind = self.model.routing.step.kind
-            if self.counter is not None:
-                self.counter.key = kind
-            if kind == "denoise":
-                self.open = self.torch.autograd.profiler.record_function(FORWARD)
-                self.open.__enter__()
-
-        def post(mod, args, kwargs, out):
-            if self.open is not None:
-                self.open.__exit__(None, None, None)
-                self.open = None
-            if self.counter is not None:
-                self.counter.key = None
-
-        self.hooks = [self.model.register_forward_pre_hook(pre, with_kwargs=True),
-                      self.model.register_forward_hook(post, with_kwargs=True)]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.hooks:
-            h.remove()
-
-
-def raw_events(torch, prof) -> list[tuple[str, int, int]]:
-    """(name, start ns, end ns) of every host-side event torch.profiler recorded (its raw results: building
-    the FunctionEvent tree of a run's ~10^5 events takes seconds). Device-side events (kernels, the GPU's copy
-    of a record_function range) are left out: their times are on the GPU's timeline."""
-    cpu = torch.autograd.DeviceType.CPU
-    return [(e.name(), e.start_ns(), e.start_ns() + e.duration_ns()) for e in prof.profiler.kineto_results.events()
-            if e.device_type() == cpu]
-
-
-def count_in_forwards(events: list[tuple[str, int, int]]) -> dict:
-    """Of (name, start, end) events: the CUDA runtime calls that start inside a FORWARD range, by kind, and
-    the top-level ATen ops inside one (not inside another ATen op: the ops the forward issues outside any
-    graph; on the CPU the stand-in for launches)."""
-    ranges = sorted((lo, hi) for name, lo, hi in events if name == FORWARD)
-    starts = [lo for lo, _ in ranges]
-
-    def inside(t: int) -> bool:
-        i = bisect.bisect_right(starts, t) - 1
-        return i >= 0 and t <= ranges[i][1]
-
-    kinds = {**{n: "launches" for n in LAUNCHES}, **{n: "copies" for n in COPIES},
-             **{n: "event_syncs" for n in EVENT_SYNCS}, **{n: "stream_syncs" for n in STREAM_SYNCS},
-             **{n: "device_syncs" for n in DEVICE_SYNCS}, **{n: "blocking_copies" for n in BLOCKING_COPIES}}
-    out = {"forwards": len(ranges), "launches": 0, "copies": 0, "event_syncs": 0, "stream_syncs": 0,
-           "device_syncs": 0, "blocking_copies": 0, "aten_ops": 0}
-    for name, lo, _ in events:
-        if name in kinds and inside(lo):
-            out[kinds[name]] += 1
-    end = -1
-    for lo, hi in sorted((lo, -hi) for name, lo, hi in events if name.startswith("aten::") and inside(lo)):
-        if lo >= end:                     # not inside the last top-level op
-            out["aten_ops"] += 1
-            end = -hi
-    return out
-
-
-def profiled(torch, a, loaded, prompts, batch, dc, spec) -> dict:
-    """One run under torch.profiler and SyncCounter: per MoE layer of a denoising forward, the host-issued
-    launches, copies and syncs (CUDA runtime calls), ATen ops called by the forward, and device reads."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from artifact.model.syncs import SyncCounter
-    from artifact.offload.runner import run
-    moe = len(loaded.cfg.moe_layers)
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
-    counter = SyncCounter()
-    with profile(activities=acts) as prof, ForwardRanges(torch, loaded.model):
-        run(loaded, prompts, batch, dc, spec=spec, device=a.device)
-    c = count_in_forwards(raw_events(torch, prof))
-    with counter, ForwardRanges(torch, loaded.model, counter):       # apart: its modes would show in the profile
-        res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
-    n = max(c["forwards"], 1)
-    out = {f"{k}_per_moe_layer": v / n / moe for k, v in c.items() if k != "forwards"}
-    out.update(forwards=c["forwards"], moe_layers=moe,
-               device_reads_per_moe_layer=counter.reads_by_key["denoise"] / max(res.stats["forwards"], 1) / moe,
-               host_data_uploads_per_moe_layer=counter.uploads_by_key["denoise"] / max(res.stats["forwards"], 1)
-               / moe,
-               run_device_read_kinds=dict(counter.kinds))      # the whole run's, decode loop included
-    return out
-
-
+# --- step 5: the engine, forward eager and segmented (the profiled run: gpu_profile.py) -------------
 def timing(stats: dict) -> dict:
     host, wall = list(stats.get("forward_host_ms", [])), list(stats.get("forward_wall_ms", []))
     out = {"host_ms": host, "wall_ms": wall, "host_ms_median": median(host), "host_ms_p90": p90(host),
@@ -307,7 +217,8 @@ MEASURES = {
 }
 
 
-def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float) -> dict:
+def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float, write=lambda: None) -> dict:
+    """Step 5; `write` is called after every row, so each row is on disk as soon as it is measured."""
     from artifact.model.checkpoint import random_model
     from artifact.model.decode import DecodeConfig
     from artifact.offload.runner import OffloadSpec, run
@@ -320,7 +231,6 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
                               "measures": MEASURES}
     t0 = time.perf_counter()
     loaded = random_model(cfg, seed=0, dtype=dtype, device=a.device, resident=True)
-    model = loaded.model
     out["build_seconds"] = time.perf_counter() - t0
     expert_bytes = cfg.expert_params * (2 if cuda else 4)
     steps = cfg.block_length // 4
@@ -330,9 +240,8 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
     length = -(-a.prompt_length // cfg.block_length) * cfg.block_length       # block-aligned prompts
     prompts = {b: base.random_prompts(torch, cfg, b, length, seed=b, spread=0) for b in a.batches}
     ref, W = {}, {}
-    for b in a.batches:              # the reference tokens and W: graphs off, resident, recorded (untimed)
-        model.graphs = "off"
-        res = run(loaded, prompts[b], b, dc, device=a.device, record=True)
+    for b in a.batches:              # the reference tokens and W: eager, resident, recorded (untimed)
+        res = run(loaded, prompts[b], b, dc, device=a.device, record=True, **forward_kwargs("eager"))
         ref[b], W[b] = res.tokens, mean_working_set(res.trace)
 
     def over_budget(what: dict) -> bool:
@@ -341,40 +250,43 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
         out["skipped"].append({**what, "why": f"--budget-s {a.budget_s:g} s spent"})
         return True
 
-    for mode in GRAPH_MODES:
-        for b in a.batches:
-            if over_budget({"graphs": mode, "batch": b, "resident": True}):
+    # In order of what the targets need first, so that a budget running out leaves the rest: each batch's
+    # resident rows, then per batch the C/W ratios in the order given, each policy, each forward mode.
+    for b in a.batches:
+        for mode in FORWARD_MODES:
+            if over_budget({"forward": mode, "batch": b, "resident": True}):
                 continue
-            row = {"graphs": mode, "batch": b, "working_set": W[b]}
+            row = {"forward": mode, "batch": b, "working_set": W[b]}
             try:
-                model.graphs = mode
-                run(loaded, prompts[b], b, dc, device=a.device)                      # warm-up, in full
-                res = run(loaded, prompts[b], b, dc, device=a.device)
+                fw = forward_kwargs(mode)
+                warm = run(loaded, prompts[b], b, dc, device=a.device, **fw)          # warm-up, in full
+                res = run(loaded, prompts[b], b, dc, device=a.device, **fw)
                 row.update(timing(res.stats), tokens_equal_resident=res.tokens == ref[b],
-                           forwards=res.stats["forwards"])
+                           forwards=res.stats["forwards"], **segment_counters(mode, warm, res))
             except Exception as e:                       # keep the other configurations: GPU time is scarce
                 row["error"] = f"{type(e).__name__}: {e}"
             out["resident"].append(row)
+            write()
             log_row("resident", row)
-        for b in a.batches:
-            for ratio in a.ratios:
-                C = capacity_for(ratio, W[b], cfg.num_experts)
-                for policy in POLICIES:
-                    what = {"graphs": mode, "batch": b, "cache_ratio": ratio, "policy": policy}
+    for b in a.batches:
+        for ratio in a.ratios:
+            C = capacity_for(ratio, W[b], cfg.num_experts)
+            for policy in POLICIES:
+                for mode in FORWARD_MODES:
+                    what = {"forward": mode, "batch": b, "cache_ratio": ratio, "policy": policy}
                     if over_budget(what):
                         continue
                     row = {**what, "cache_experts": C, "num_experts": cfg.num_experts}
                     try:
-                        model.graphs = mode
                         row.update(offloaded(torch, a, loaded, prompts[b], b, dc, OffloadSpec(
                             capacity=C, policy=policy, link=link), ref[b], expert_bytes, bandwidth_gbps,
-                            replay, profile=ratio == 1.0 and policy == "demand"))
+                            replay, profile=ratio == 1.0 and policy == "demand", mode=mode))
                     except Exception as e:
                         row["error"] = f"{type(e).__name__}: {e}"
                         row["traceback"] = traceback.format_exc()[-2000:]
                     out["runs"].append(row)
+                    write()
                     log_row("offloaded", row)
-    model.graphs = "off"
     ok = [r for r in out["runs"] if "error" not in r]
     out["all_tokens_equal_resident"] = bool(ok) and all(r["tokens_equal_resident"] for r in ok)
     out["all_counts_equal_replay"] = bool(ok) and all(r["counts_equal_replay"] for r in ok)
@@ -383,11 +295,12 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float)
 
 
 def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_bytes, gbps, replay,
-              profile: bool) -> dict:
+              profile: bool, mode: str) -> dict:
     from artifact.offload.runner import run
-    run(loaded, prompts, batch, dc, spec=spec, device=a.device)                      # warm-up, in full
+    fw = forward_kwargs(mode)
+    warm = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)         # warm-up, in full
     w0 = loaded.model.routing.host_counts.wait_seconds
-    res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
+    res = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)
     wait = loaded.model.routing.host_counts.wait_seconds - w0
     s = res.stats
     denoise = s["forwards"]
@@ -399,10 +312,10 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
            "link_busy_over_wall": s["link_busy_seconds"] / s["seconds"] if s["seconds"] else None,
            "stall_seconds": s["stall_seconds"], "sync_wait_ms_per_forward": 1e3 * wait / max(
                denoise + s["prefill_forwards"], 1), "tokens_equal_resident": res.tokens == ref_tokens,
-           **{k: s[k] for k in COUNT_KEYS}}
+           **{k: s[k] for k in COUNT_KEYS}, **segment_counters(mode, warm, res)}
     row["host_over_h2d"] = row["host_ms_median"] / h2d if h2d > 0 and row["host_ms_median"] is not None else None
     try:                            # apart, so that a failure here keeps the timed run's figures
-        rec = run(loaded, prompts, batch, dc, spec=spec, device=a.device, record=True)
+        rec = run(loaded, prompts, batch, dc, spec=spec, device=a.device, record=True, **fw)
         sim = replay(rec.trace, spec.policy, spec.capacity)
         row["replay"] = {k: sim[k] for k in COUNT_KEYS}
         row["counts_equal_replay"] = (all(rec.stats[k] == sim[k] == s[k] for k in COUNT_KEYS)
@@ -411,14 +324,15 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
         row["counts_equal_replay"], row["replay_error"] = None, f"{type(e).__name__}: {e}"
     if profile:
         try:
-            row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec)
+            row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec, fw)
         except Exception as e:
             row["profile"] = {"error": f"{type(e).__name__}: {e}"}
     return row
 
 
 def log_row(kind: str, r: dict) -> None:
-    head = f"graphs {r['graphs']:3s} batch {r['batch']} " + (
+    replay = "" if r.get("forward") == "eager" or r.get("replayed") else " (did not replay)"
+    head = f"forward {r['forward']}{replay} batch {r['batch']} " + (
         f"C/W {r['cache_ratio']} {r['policy']:9s}" if "policy" in r else "resident")
     if "error" in r:
         base.log(f"{head}: {r['error']}")
@@ -426,131 +340,6 @@ def log_row(kind: str, r: dict) -> None:
     h2d = f", H2D {r['h2d_ms_per_forward']:.2f} ms" if "h2d_ms_per_forward" in r else ""
     base.log(f"{head}: host {r['host_ms_median']:.2f} ms (p90 {r['host_ms_p90']:.2f}), wall "
              f"{r['wall_ms_median']:.2f} ms{h2d}, tokens equal: {r['tokens_equal_resident']}")
-
-
-# --- the targets: pure functions of the report's rows ---------------------------------------------
-def _verdict(name: str, figures: dict, ok: bool | None, missing: list[str] | None = None) -> dict:
-    if missing:
-        return {"status": UNMEASURED, "rule": RULES[name], "figures": figures, "missing": missing}
-    return {"status": MET if ok else NOT_MET, "rule": RULES[name], "figures": figures}
-
-
-def _find(runs: list[dict], **key) -> dict | None:
-    """The run (graphs, batch, cache_ratio, policy, ...) matching key, if it ran without error."""
-    for r in runs:
-        if "error" not in r and all(r.get(k) == v for k, v in key.items()):
-            return r
-    return None
-
-
-def _profiled(runs: list[dict]) -> list[dict]:
-    """The graphs-on runs whose profiled run measured its counts."""
-    return [r for r in runs if "error" not in r and r.get("graphs") == "on"
-            and "error" not in r.get("profile", {"error": "not profiled"})]
-
-
-def t1(runs: list[dict]) -> dict:
-    need = [(1, 1.0, T1_HOST_OVER_H2D), (4, 1.0, T1_HOST_OVER_H2D), (1, 1.73, T1_AT_173)]
-    figures, missing, ok = {}, [], True
-    for b, ratio, limit in need:
-        r = _find(runs, graphs="on", batch=b, cache_ratio=ratio, policy="demand")
-        label = f"batch {b}, C/W {ratio:g}"
-        if r is None or r.get("host_over_h2d") is None:
-            missing.append(label)
-            continue
-        figures[label] = {"host_ms_median": r["host_ms_median"], "h2d_ms_per_forward": r["h2d_ms_per_forward"],
-                          "host_over_h2d": r["host_over_h2d"], "limit": limit}
-        ok &= r["host_over_h2d"] <= limit
-    return _verdict("T1", figures, ok, missing)
-
-
-def t2(runs: list[dict]) -> dict:
-    figures, missing, ok = {}, [], True
-    for r in _profiled(runs):
-        p = r["profile"]
-        figures[f"batch {r['batch']}"] = {k: p[k] for k in ("launches_per_moe_layer", "copies_per_moe_layer",
-                                                            "aten_ops_per_moe_layer")}
-        ok &= p["launches_per_moe_layer"] <= T2_LAUNCHES
-    if not figures:
-        missing.append("a profiled graphs-on run (C/W 1, demand)")
-    return _verdict("T2", figures, ok, missing)
-
-
-def t3(runs: list[dict], cuda: bool) -> dict:
-    figures, missing, ok = {}, [], True
-    for r in _profiled(runs):
-        p = r["profile"]
-        if cuda:
-            keys = ("event_syncs_per_moe_layer", "stream_syncs_per_moe_layer", "device_syncs_per_moe_layer",
-                    "blocking_copies_per_moe_layer")
-            good = (p["event_syncs_per_moe_layer"] == 1 and p["stream_syncs_per_moe_layer"] == 0
-                    and p["device_syncs_per_moe_layer"] == 0 and p["blocking_copies_per_moe_layer"] == 0)
-        else:
-            keys = ("device_reads_per_moe_layer",)
-            good = p["device_reads_per_moe_layer"] == 1
-        figures[f"batch {r['batch']}"] = {k: p[k] for k in keys}
-        ok &= good
-    if not figures:
-        missing.append("a profiled graphs-on run (C/W 1, demand)")
-    return _verdict("T3", figures, ok, missing)
-
-
-def t4(runs: list[dict]) -> dict:
-    r = _find(runs, graphs="on", batch=1, cache_ratio=1.0, policy="demand")
-    if r is None or r.get("link_busy_over_wall") is None:
-        return _verdict("T4", {}, None, ["batch 1, C/W 1, demand, graphs on"])
-    return _verdict("T4", {"link_busy_over_wall": r["link_busy_over_wall"]}, r["link_busy_over_wall"] >= T4_BUSY)
-
-
-def t5(runs: list[dict], caps: list[dict]) -> dict:
-    ok_runs = [r for r in runs if "error" not in r]
-    missing = [] if ok_runs else ["an offloaded run"]
-    missing += [f"the replay of graphs {r['graphs']} batch {r['batch']} C/W {r['cache_ratio']:g} {r['policy']}"
-                for r in ok_runs if r.get("counts_equal_replay") is None]          # its recorded run raised
-    missing += [f"the capped link at {f}x" for f in (0.5, 0.25) if not any(c.get("fraction") == f for c in caps)]
-    figures = {"runs": len(ok_runs), "runs_with_errors": len(runs) - len(ok_runs),
-               "counts_equal_replay": sum(bool(r.get("counts_equal_replay")) for r in ok_runs),
-               "tokens_equal_resident": sum(bool(r.get("tokens_equal_resident")) for r in ok_runs),
-               "caps": {f"{c['fraction']}x": c["achieved_over_target"] for c in caps
-                        if c.get("fraction") in (0.5, 0.25)}}
-    ok = (figures["counts_equal_replay"] == figures["tokens_equal_resident"] == len(ok_runs)
-          and figures["runs_with_errors"] == 0
-          and all(abs(v - 1) <= T5_CAP for v in figures["caps"].values()))
-    return _verdict("T5", figures, ok, missing)
-
-
-def t6(runs: list[dict]) -> dict:
-    figures, ok = {}, True
-    cells = sorted({(r["batch"], r["cache_ratio"]) for r in runs if r.get("graphs") == "on" and "batch" in r})
-    for b, ratio in cells:
-        d = _find(runs, graphs="on", batch=b, cache_ratio=ratio, policy="demand")
-        s = _find(runs, graphs="on", batch=b, cache_ratio=ratio, policy="last_step")
-        label = f"batch {b}, C/W {ratio:g}"
-        if d is None or s is None:
-            continue
-        if d["cache_experts"] >= d["num_experts"]:
-            figures[label] = "excluded: C = E, no copies"
-            continue
-        diff = abs(s["host_ms_median"] - d["host_ms_median"])
-        figures[label] = {"host_diff_ms": diff, "h2d_ms_per_forward": d["h2d_ms_per_forward"],
-                          "limit_ms": T6_SHARE * d["h2d_ms_per_forward"]}
-        ok &= diff <= T6_SHARE * d["h2d_ms_per_forward"]
-    judged = [v for v in figures.values() if isinstance(v, dict)]
-    return _verdict("T6", figures, ok, [] if judged else ["a graphs-on cell with C < E run under both policies"])
-
-
-def judge(report: dict) -> dict:
-    """T1-T6 from a report's engine and capped_link steps; on a CPU dry run every target is unmeasured
-    and says what the CPU figures would give (would_be)."""
-    runs = (report.get("engine") or {}).get("runs", [])
-    caps = (report.get("capped_link") or {}).get("caps", [])
-    cuda = not report.get("dry_run_on_cpu")
-    out = {"T1": t1(runs), "T2": t2(runs), "T3": t3(runs, cuda), "T4": t4(runs), "T5": t5(runs, caps),
-           "T6": t6(runs)}
-    if not cuda:
-        for t in out.values():
-            t["would_be"], t["status"], t["why"] = t["status"], UNMEASURED, NO_GPU_TARGETS
-    return out
 
 
 def main(argv=None) -> int:
@@ -563,7 +352,7 @@ def main(argv=None) -> int:
     try:
         from artifact.paths import atomic_write_text
     except ImportError as e:
-        print(f"gpu_check_graphs: cannot import the artifact package ({e}); run scripts/gpu_check.sh graphs from "
+        print(f"gpu_check_graphs: cannot import the artifact package ({e}); run scripts/gpu_run.sh from "
               "the checkout", file=sys.stderr)
         return base.EXIT_USAGE
     cuda = a.device == "cuda"
@@ -572,7 +361,7 @@ def main(argv=None) -> int:
     cfg = base.model_config(a, a.layers)
     dtype = "bfloat16" if cuda else "float32"
     expert_bytes = cfg.expert_params * (2 if cuda else 4)
-    report = {"note": base.NOTE, "issue": 30, "dry_run_on_cpu": not cuda,
+    report = {"note": base.NOTE, "dry_run_on_cpu": not cuda,
               "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}, "steps": []}
     code = base.EXIT_OK
@@ -597,7 +386,7 @@ def main(argv=None) -> int:
              "host_costs": lambda: host_costs(a, torch, expert_bytes),
              "pinned_peak": lambda: base.pinned_peak(a, torch, expert_bytes),
              "capped_link": lambda: base.capped_link(a, torch, expert_bytes),
-             "engine": lambda: torch.no_grad()(engine)(a, torch, cfg, dtype, report, bandwidth(), deadline)}
+             "engine": lambda: torch.no_grad()(engine)(a, torch, cfg, dtype, report, bandwidth(), deadline, write)}
     for i, name in enumerate(STEPS, 1):
         base.log(f"step {i}/{len(STEPS)}: {name}")
         t0 = time.perf_counter()
@@ -617,10 +406,7 @@ def main(argv=None) -> int:
         base.log(f"{name}: done in {report[name]['seconds']:.1f} s")
     report["targets"] = judge(report)
     for name, t in report["targets"].items():
-        extra = f" (would be {t['would_be']}: {t['why']})" if "would_be" in t else (
-            f" (missing: {'; '.join(t['missing'])})" if t.get("missing") else "")
-        print(f"{name}: {t['status']}{extra} -- {t['rule']}; figures: {json.dumps(t['figures'], default=str)}",
-              flush=True)
+        print(line(name, t), flush=True)
     write()
     base.log(f"wrote {a.out} in {report['seconds_total']:.0f} s. NOTE: {base.NOTE}")
     return code

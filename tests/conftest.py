@@ -56,3 +56,22 @@ def tiny_prompts(tiny):
              "What is 2 + 2?", "Natalia sold clips to 48 of her friends in April, and then she sold half as "
              "many clips in May. How many clips did Natalia sell altogether in April and May?"]
     return [encode(tiny.tokenizer, t) for t in texts]
+
+
+@pytest.fixture
+def user_policy():
+    """examples/top_count_policy.py (docs/policies.md's example policy, `top_count`) imported as a policy module;
+    afterwards its registration and module are removed, so no other test sees the extra policy."""
+    import sys
+
+    from artifact.offload.policies import POLICIES
+    from artifact.offload.policy_modules import load_policy_module
+    before = set(sys.modules)
+    module = load_policy_module(os.path.join(os.path.dirname(__file__), "..", "examples", "top_count_policy.py"))
+    try:
+        yield module
+    finally:
+        for name in [n for n, c in POLICIES.items() if c.__module__ == module.__name__]:
+            del POLICIES[name]
+        for name in set(sys.modules) - before:
+            del sys.modules[name]

@@ -18,12 +18,12 @@ from artifact.cli import build_parser, main
 from artifact.errors import DeviceError, SettingError, UserError
 from artifact.experiments.settings import Settings, load_profile
 from artifact.model.llada2 import Demand, StepInfo
-from artifact.offload.link import emulated_bandwidth_gbps
+from artifact.offload.link import REFERENCE_EXPERT_BYTES, emulated_bandwidth_gbps
 from artifact.offload.runner import OffloadSpec, RunSettings
 from artifact.offload.trace import TraceRecorder
 
 ROOT = Path(__file__).resolve().parents[1]
-EB = 3 * 512 * 2048 * 2          # one LLaDA2.0-mini expert in bf16
+EB = REFERENCE_EXPERT_BYTES     # one LLaDA2.0-mini expert in bf16
 
 
 @pytest.fixture

@@ -4,14 +4,18 @@ priority's order on the copy stream, close(), and its one-line errors for bad in
 are in tests/test_cuda.py (skipped without one)."""
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 
 import artifact.offload.cuda_link as cuda_link
 import artifact.offload.link as link_mod
 import artifact.offload.pacing as pacing
-from artifact.offload.cuda_link import CudaBatch, CudaLink, probe_memcpy_batch
-from artifact.offload.cuda_stub import StubCuda
+from artifact.offload.cuda_batch import NO_BATCH_ENV, probe_memcpy_batch
+from artifact.offload.cuda_link import CudaBatch, CudaLink
+from artifact.offload.cuda_stub import StubCuda, StubCudart
 from artifact.offload.link import EmulatedLink, Link, LinkClosed, LinkTimeout
 
 
@@ -199,19 +203,48 @@ def test_bad_construction_is_refused_in_one_line():
 
 
 def test_the_batched_copy_probe_can_be_switched_off(monkeypatch):
-    monkeypatch.setenv(cuda_link.NO_BATCH_ENV, "1")
-    assert probe_memcpy_batch(torch.device("cuda", 0)) == (None, f"{cuda_link.NO_BATCH_ENV} is set")
+    monkeypatch.setenv(NO_BATCH_ENV, "1")
+    assert probe_memcpy_batch(torch.device("cuda", 0)) == (None, f"{NO_BATCH_ENV} is set")
 
 
-def test_both_links_have_the_whole_protocol_and_the_old_names_still_import():
+def test_both_links_have_the_whole_protocol_and_link_py_imports_neither_cuda_link_nor_the_factory():
     for name in ("copy", "landed", "promote", "ready", "wait", "compute_done", "pump", "finish", "close"):
         assert hasattr(Link, name) and callable(getattr(EmulatedLink, name)) and callable(getattr(CudaLink, name))
-    assert link_mod.CudaLink is CudaLink and link_mod.wait_event is cuda_link.wait_event
-    assert link_mod.Pacing is pacing.Pacing and link_mod.calibrate_rate is pacing.calibrate_rate
-    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
-        link_mod.Nope  # noqa: B018
+    imported = {n.module for n in ast.walk(ast.parse(Path(link_mod.__file__).read_text()))
+                if isinstance(n, ast.ImportFrom)}
+    assert not imported & {"artifact.offload.cuda_link", "artifact.offload.link_factory"}, imported
+    for name in ("CudaLink", "wait_event", "make_link", "Pacing", "calibrate_rate"):     # no re-exports
+        assert not hasattr(link_mod, name), name
     link = CudaLink("cuda", runtime=StubCuda())
     (t,) = link.copy([(torch.zeros(4), torch.ones(4), "x")])
     link.promote(t)                                       # a batch ticket: nothing held, nothing to do
     link.pump()
     assert link.landed(t)
+
+
+def test_the_batched_copy_probe_orders_its_copies_after_the_destination_is_filled():
+    """The self-test's stream waits for the current stream (where the destination was zero-filled) before
+    the batch: without that wait the zero fill could land after the copies on a GPU."""
+    cuda = StubCuda()
+    issue, note = probe_memcpy_batch(torch.device("cpu"), lib=StubCudart(cuda), runtime=cuda)
+    assert issue is not None and note == "cudaMemcpyBatchAsync (CUDA runtime 12080)"
+    calls = cuda.only("wait_stream", "batch", "sync_stream")
+    assert [c[0] for c in calls] == ["wait_stream", "batch", "sync_stream"]
+    assert calls[0][1:] == ("copy", "compute") and calls[1][1] == "copy"
+
+
+@pytest.mark.parametrize("version", [12080, 13000])
+def test_a_failed_batched_copy_clears_the_runtimes_last_error(version):
+    """A failed cudaMemcpyBatchAsync leaves its error as the runtime's last error, which the next unrelated CUDA
+    call would report: the probe and the bound call both clear it (cudaGetLastError) before they say so."""
+    cuda = StubCuda()
+    lib = StubCudart(cuda, version=version, fail=700)
+    issue, note = probe_memcpy_batch(torch.device("cpu"), lib=lib, runtime=cuda)
+    assert issue is None and "self-test failed: cudaMemcpyBatchAsync of 2 copies failed with CUDA error 700" in note
+    assert lib.last_error == 0 and ("last_error", 700) in cuda.calls
+    lib.fail = 0
+    issue, _ = probe_memcpy_batch(torch.device("cpu"), lib=lib, runtime=cuda)
+    lib.fail = 1
+    with pytest.raises(RuntimeError, match="of 1 copies failed with CUDA error 1"):
+        issue([0], [0], [4], cuda.compute)
+    assert lib.last_error == 0

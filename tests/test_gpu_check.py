@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +17,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+def load(name: str):
+    """scripts/<name>.py as a module (scripts/ on sys.path: the scripts import each other)."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_script():
+    return load("gpu_check")
 
 
 def sh(*args, timeout=120):
@@ -101,28 +110,28 @@ def test_cpu_dry_run_writes_the_seven_steps_in_order(tmp_path):
 
 
 def test_cuda_tests_that_cannot_be_collected_have_their_own_exit_code(monkeypatch):
-    mod = load_script()
+    mod, tests = load_script(), load("gpu_tests")
     a = mod.parse_args(["--device", "cpu", "--allow-cpu"])
 
     class Done:
         def __init__(self, rc, out):
             self.returncode, self.stdout, self.stderr = rc, out, ""
 
-    monkeypatch.setattr(mod.subprocess, "run", lambda *x, **k: Done(2, "ERROR tests/test_cuda.py - ImportError"))
-    r = mod.cuda_tests(a, torch)
+    monkeypatch.setattr(tests.subprocess, "run", lambda *x, **k: Done(2, "ERROR tests/test_cuda.py - ImportError"))
+    r = tests.cuda_tests(a, torch)
     assert r["collection_ok"] is False and r["ok"] is False and mod.EXIT_TESTS_NOT_RUN == 5
     runs = iter([Done(0, "tests/test_cuda.py::a\ntests/test_cuda.py::b\ntests/test_cuda.py::c\n"),
                  Done(0, "== 2 passed in 1.0s ==")])
-    monkeypatch.setattr(mod.subprocess, "run", lambda *x, **k: next(runs))
-    r = mod.cuda_tests(a, torch)
+    monkeypatch.setattr(tests.subprocess, "run", lambda *x, **k: next(runs))
+    r = tests.cuda_tests(a, torch)
     assert r["collected"] == 3 and r["ran"] == 2 and r["all_ran"] is False
     runs = iter([Done(0, "tests/test_cuda.py::a\ntests/test_cuda.py::b\n"), Done(0, "== 1 passed, 1 skipped ==")])
-    monkeypatch.setattr(mod.subprocess, "run", lambda *x, **k: next(runs))
+    monkeypatch.setattr(tests.subprocess, "run", lambda *x, **k: next(runs))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)      # on a GPU a skipped CUDA test did not run
-    assert mod.cuda_tests(a, torch)["all_ran"] is False
+    assert tests.cuda_tests(a, torch)["all_ran"] is False
     runs = iter([Done(0, "tests/test_cuda.py::a\ntests/test_cuda.py::b\n"), Done(0, "== 1 passed, 1 skipped ==")])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # without one it skips with its reason
-    assert mod.cuda_tests(a, torch)["all_ran"] is True
+    assert tests.cuda_tests(a, torch)["all_ran"] is True
 
 
 def test_a_failing_step_keeps_the_report(tmp_path):
@@ -137,12 +146,9 @@ def test_a_failing_step_keeps_the_report(tmp_path):
     assert d["moe_layer"]["equal_outputs"] is True                                   # earlier steps kept
 
 
-# --- scripts/gpu_check.sh graphs (scripts/gpu_check_graphs.py): issue 30's check ----------------------
+# --- the graphs check (scripts/gpu_check_graphs.py, step 3 of scripts/gpu_run.sh) ----------------------
 def load_graphs():
-    spec = importlib.util.spec_from_file_location("gpu_check_graphs", ROOT / "scripts" / "gpu_check_graphs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("gpu_check_graphs")
 
 
 
@@ -163,15 +169,21 @@ def test_graphs_check_dry_run_measures_both_paths_and_judges_the_targets(tmp_pat
     d = json.loads(out.read_text())
     mod = load_graphs()
     assert d["steps"] == list(mod.STEPS) and d["exit_code"] == 0 and d["dry_run_on_cpu"] is True
-    assert d["environment"]["kernel"] and d["environment"]["graph_modes"] == ["off", "on"]
+    assert d["environment"]["kernel"] and d["environment"]["forward_modes"] == ["eager", "segmented"]
     h = d["host_costs"]
     assert h["launch_us"] > 0 and h["copy_us"] > 0 and h["batched_copy_us"] > 0
     assert h["graph_replay_us"] is None and "CUDA" in h["graph_replay_skipped"]
     e = d["engine"]
     assert e["moe_layers"] == 2 and e["errors"] == 0 and e["skipped"] == []
-    assert [(r["graphs"], r["policy"]) for r in e["runs"]] == [(g, p) for g in ("off", "on")
-                                                               for p in ("demand", "last_step")]
-    assert [(r["graphs"], r["batch"]) for r in e["resident"]] == [("off", 1), ("on", 1)]
+    assert [(r["forward"], r["policy"]) for r in e["runs"]] == [(g, p) for p in ("demand", "last_step")
+                                                                for g in ("eager", "segmented")]
+    assert [(r["forward"], r["batch"]) for r in e["resident"]] == [("eager", 1), ("segmented", 1)]
+    for r in e["runs"] + e["resident"]:            # on the CPU the segments run eagerly: never a replay
+        if r["forward"] == "segmented":
+            assert r["replayed"] is False and r["not_judged"].startswith("segments did not replay")
+            assert not r["replays"]
+        else:
+            assert r["captures"] is r["replays"] is r["capture_error"] is None
     assert e["all_tokens_equal_resident"] is True and e["all_counts_equal_replay"] is True
     for r in e["runs"] + e["resident"]:
         assert len(r["host_ms"]) == len(r["wall_ms"]) == r["forwards"] == 8           # one block of 8 steps
@@ -181,37 +193,39 @@ def test_graphs_check_dry_run_measures_both_paths_and_judges_the_targets(tmp_pat
         assert r["h2d_ms_per_forward"] > 0 and r["host_over_h2d"] == pytest.approx(
             r["host_ms_median"] / r["h2d_ms_per_forward"])
         assert ("profile" in r) == (r["policy"] == "demand")                          # C/W 1, demand only
-    for r in e["runs"][::2]:
+    for r in (r for r in e["runs"] if r["policy"] == "demand"):
         prof = r["profile"]
         assert prof["forwards"] == 8 and prof["device_reads_per_moe_layer"] == 1.0     # the router's one read
         assert prof["aten_ops_per_moe_layer"] > 0 and prof["launches_per_moe_layer"] == 0   # no kernels on a CPU
     t = d["targets"]
     assert sorted(t) == ["T1", "T2", "T3", "T4", "T5", "T6"]
     assert all(x["status"] == "unmeasured" and "dry run" in x["why"] for x in t.values())
-    assert t["T3"]["would_be"] == "met"
-    f5 = t["T5"]["figures"]                    # (its cap figures are the emulated link's timing on a shared CPU)
-    assert f5["runs"] == f5["counts_equal_replay"] == f5["tokens_equal_resident"] == 4 and set(f5["caps"]) == {
+    for name in ("T1", "T2", "T3", "T4", "T6"):           # judged on segmented rows only: none replayed
+        assert t[name]["would_be"] == "not judged" and t[name]["not_judged"] == "not judged: 2 rows did not replay"
+    f5 = t["T5"]["figures"]          # the eager rows (its cap figures: the emulated link's timing on a shared CPU)
+    assert f5["runs"] == f5["counts_equal_replay"] == f5["tokens_equal_resident"] == 2 and set(f5["caps"]) == {
         "0.5x", "0.25x"}
-    assert t["T1"]["would_be"] == "unmeasured" and "batch 4, C/W 1" in t["T1"]["missing"]
-    assert "T3: unmeasured (would be met" in p.stdout
+    assert "T3: unmeasured (dry run on the CPU: the tiny model on the emulated link, not an H200; would be not " \
+           "judged: 2 rows did not replay; missing: " in p.stdout
 
 
-def _run(graphs="on", batch=1, ratio=1.0, policy="demand", host=2.0, h2d=10.0, **kw):
-    r = {"graphs": graphs, "batch": batch, "cache_ratio": ratio, "policy": policy, "cache_experts": 80,
+def _run(forward="segmented", batch=1, ratio=1.0, policy="demand", host=2.0, h2d=10.0, **kw):
+    seg = {"captures": 4, "replays": 40, "capture_error": None} if forward == "segmented" else {}
+    r = {"forward": forward, **seg, "batch": batch, "cache_ratio": ratio, "policy": policy, "cache_experts": 80,
          "num_experts": 256, "host_ms_median": host, "h2d_ms_per_forward": h2d, "host_over_h2d": host / h2d,
          "link_busy_over_wall": 0.9, "counts_equal_replay": True, "tokens_equal_resident": True}
     return r | kw
 
 
 def test_t1_host_over_h2d():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     runs = [_run(batch=1), _run(batch=4), _run(ratio=1.73, host=4.0)]
     assert mod.t1(runs)["status"] == "met"
     runs[2] = _run(ratio=1.73, host=6.0)                                   # 0.6 > 0.5 at C/W 1.73
     v = mod.t1(runs)
     assert v["status"] == "not met" and v["figures"]["batch 1, C/W 1.73"]["host_over_h2d"] == 0.6
     assert mod.t1(runs[:2])["status"] == "unmeasured"                       # a figure missing: never guessed
-    assert mod.t1([_run(batch=1, graphs="off"), *runs[1:]])["status"] == "unmeasured"   # graphs off: not judged
+    assert mod.t1([_run(batch=1, forward="eager"), *runs[1:]])["status"] == "unmeasured"   # eager: not judged
 
 
 def _profiled(launches=10.0, event_syncs=1.0, stream_syncs=0.0, blocking=0.0):
@@ -222,14 +236,14 @@ def _profiled(launches=10.0, event_syncs=1.0, stream_syncs=0.0, blocking=0.0):
 
 
 def test_t2_launches_per_moe_layer():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     assert mod.t2([_profiled(12.0)])["status"] == "met"
     assert mod.t2([_profiled(12.2)])["status"] == "not met"
     assert mod.t2([_run()])["status"] == "unmeasured"
 
 
 def test_t3_syncs_per_forward():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     assert mod.t3([_profiled()], cuda=True)["status"] == "met"
     for bad in (_profiled(event_syncs=2.0), _profiled(stream_syncs=0.2), _profiled(blocking=1.0)):
         assert mod.t3([bad], cuda=True)["status"] == "not met"
@@ -237,24 +251,24 @@ def test_t3_syncs_per_forward():
 
 
 def test_t4_link_busy():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     assert mod.t4([_run(link_busy_over_wall=0.85)])["status"] == "met"
     assert mod.t4([_run(link_busy_over_wall=0.58)])["status"] == "not met"
 
 
 def test_t5_counts_tokens_and_cap():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     caps = [{"fraction": 0.5, "achieved_over_target": 1.05}, {"fraction": 0.25, "achieved_over_target": 0.95}]
-    assert mod.t5([_run(), _run(graphs="off")], caps)["status"] == "met"
+    assert mod.t5([_run(), _run(forward="eager")], caps)["status"] == "met"
     assert mod.t5([_run(), _run(counts_equal_replay=False)], caps)["status"] == "not met"
     assert mod.t5([_run(), _run(tokens_equal_resident=False)], caps)["status"] == "not met"
-    assert mod.t5([_run(), {"graphs": "on", "error": "RuntimeError: x"}], caps)["status"] == "not met"
+    assert mod.t5([_run(), {"forward": "segmented", "error": "RuntimeError: x"}], caps)["status"] == "not met"
     assert mod.t5([_run()], [caps[0], {"fraction": 0.25, "achieved_over_target": 1.2}])["status"] == "not met"
     assert mod.t5([_run()], caps[:1])["status"] == "unmeasured"
 
 
 def test_t6_policies_host_difference():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     runs = [_run(host=2.0), _run(policy="last_step", host=2.9),                 # |0.9| <= 0.1 x 10
             _run(ratio=1.73, host=2.0, cache_experts=256), _run(ratio=1.73, policy="last_step", host=9.0,
                                                                 cache_experts=256)]
@@ -266,7 +280,7 @@ def test_t6_policies_host_difference():
 
 
 def test_judge_marks_a_dry_run_unmeasured_and_a_gpu_report_judged():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     report = {"engine": {"runs": [_run(link_busy_over_wall=0.9)]}, "capped_link": {"caps": []}}
     assert mod.judge(report)["T4"]["status"] == "met"
     dry = mod.judge({**report, "dry_run_on_cpu": True})["T4"]
@@ -274,7 +288,7 @@ def test_judge_marks_a_dry_run_unmeasured_and_a_gpu_report_judged():
 
 
 def test_counting_inside_forwards():
-    mod = load_graphs()
+    mod, graphs = load("gpu_profile"), load_graphs()
     f = mod.FORWARD
     events = [(f, 0, 100), (f, 200, 300),
               ("aten::add", 10, 20), ("aten::mul", 12, 15),          # mul inside add: not top-level
@@ -284,13 +298,185 @@ def test_counting_inside_forwards():
     c = mod.count_in_forwards(events)
     assert c == {"forwards": 2, "launches": 2, "copies": 1, "event_syncs": 1, "stream_syncs": 0, "device_syncs": 0,
                  "blocking_copies": 1, "aten_ops": 1}
-    assert mod.p90([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0]) == 9.0 and mod.p90([]) is None
+    versioned = [(f, 0, 100), ("cudaLaunchKernel_v7000", 1, 2), ("cudaLaunchKernelExC_v11060", 3, 4),
+                 ("cudaGraphLaunch_v10000", 5, 6), ("cudaMemcpyAsync_v3020", 7, 8), ("cudaMemcpy_v3020", 9, 10),
+                 ("cudaEventSynchronize_v3020", 11, 12), ("cudaStreamSynchronize_ptsz", 13, 14),
+                 ("cudaLaunchKernelFoo", 15, 16)]                   # not a runtime call this counts
+    assert mod.count_in_forwards(versioned) == {"forwards": 1, "launches": 3, "copies": 1, "event_syncs": 1,
+                                                "stream_syncs": 1, "device_syncs": 0, "blocking_copies": 1,
+                                                "aten_ops": 0}
+    assert graphs.p90([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0]) == 9.0 and graphs.p90([]) is None
 
 
 def test_a_failed_replay_or_profile_leaves_its_target_unmeasured():
-    mod = load_graphs()
+    mod = load("gpu_targets")
     caps = [{"fraction": 0.5, "achieved_over_target": 1.0}, {"fraction": 0.25, "achieved_over_target": 1.0}]
     v = mod.t5([_run(), _run(counts_equal_replay=None)], caps)
-    assert v["status"] == "unmeasured" and "the replay of graphs on batch 1" in v["missing"][0]
+    assert v["status"] == "unmeasured" and "the replay of segmented batch 1" in v["missing"][0]
     broken = _run(profile={"error": "RuntimeError: capture failed"})
     assert mod.t2([broken])["status"] == mod.t3([broken], cuda=True)["status"] == "unmeasured"
+
+
+def test_rows_whose_segments_did_not_replay_are_not_judged():
+    """A segmented row with no replay (its segments ran eagerly), a capture error, or no counters at all (a
+    report's old `graphs: "on"` row) measured the eager path: no target judges it."""
+    mod = load("gpu_targets")
+    good = {"engine": {"runs": [_run(link_busy_over_wall=0.9)]}, "capped_link": {"caps": []}}
+    assert mod.judge(good)["T4"]["status"] == "met"
+    for bad in (_run(replays=0), _run(capture_error="RuntimeError: capture failed"),
+                {k: v for k, v in _run(forward=None, graphs="on").items()
+                 if k not in ("forward", "captures", "replays", "capture_error")}):
+        t = mod.judge({"engine": {"runs": [bad]}, "capped_link": {"caps": []}})
+        assert t["T4"]["status"] == "not judged" and t["T4"]["not_judged"] == "not judged: 1 row did not replay"
+        assert mod.line("T4", t["T4"]).startswith("T4: not judged: 1 row did not replay (missing: ")
+        assert t["T5"]["figures"]["runs"] == 0                       # nor counted among T5's runs
+    mixed = mod.judge({"engine": {"runs": [_run(link_busy_over_wall=0.9), _run(batch=4, replays=0)]},
+                       "capped_link": {"caps": []}})
+    assert mixed["T4"]["status"] == "met" and mixed["T4"]["did_not_replay"] == 1
+    assert "1 rows that did not replay left out" in mod.line("T4", mixed["T4"])
+
+
+@pytest.mark.slow
+def test_graphs_check_writes_each_engine_row_as_it_is_measured(tmp_path, monkeypatch):
+    """Killed during its third configuration (here: an interrupt raised in place of it), the graphs check's
+    report already holds the two rows measured before, and the step's partial state."""
+    mod = load_graphs()
+    real, calls = mod.offloaded, []
+
+    def offloaded(*args, **kw):
+        calls.append(kw["mode"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt("the step's time limit")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(mod, "offloaded", offloaded)
+    out = tmp_path / "g.json"
+    with pytest.raises(KeyboardInterrupt):
+        mod.main(["--device", "cpu", "--allow-cpu", "--batches", "1", "--ratios", "1.0", "--gen-length", "8",
+                  "--prompt-length", "4", "--layers", "2", "--out", str(out)])
+    e = json.loads(out.read_text())["engine"]
+    assert [(r["forward"], r["policy"]) for r in e["runs"]] == [("eager", "demand"), ("segmented", "demand")]
+    assert [r["forward"] for r in e["resident"]] == ["eager", "segmented"] and all("host_ms" in r for r in e["runs"])
+
+
+BARE_IMAGE_LACKS = ("transformers", "tokenizers", "pandas", "tqdm", "nbformat", "nbclient", "submitit",
+                    "matplotlib", "scipy", "huggingface_hub")
+
+
+@pytest.mark.slow
+def test_the_gpu_tests_collect_with_only_what_a_bare_gpu_image_has(tmp_path):
+    """The CUDA tests step names its test files (never the whole tests/ folder, whose notebook and submitter
+    tests import nbformat and submitit) and they collect in a python where only torch, numpy, safetensors
+    and pytest are installed: here, the packages such an image lacks refuse to import."""
+    tests = load("gpu_tests")
+    cmd = tests.command()
+    assert "tests" not in cmd and all(f in cmd for f in tests.FILES)
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Bare:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {BARE_IMAGE_LACKS!r}:\n"
+        "            raise ImportError(name + ' is not on a bare GPU image')\n"
+        "sys.meta_path.insert(0, Bare())\n")
+    env = tests.run_env(no_tiny=True)
+    env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
+    p = subprocess.run(cmd + ["--collect-only"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    ids = [ln for ln in p.stdout.splitlines() if "::" in ln]
+    assert ids and not any("test_offloaded_tokens_equal_resident_on_cuda" in i for i in ids)   # tiny: deselected
+    assert any("test_cuda_link_copies_land_and_are_counted" in i for i in ids)
+    assert any("test_stream_on_the_cuda_link" in i for i in ids)
+    whole = subprocess.run([*cmd[:3], "tests", "-m", "cuda", "-q", "--collect-only", "-p", "no:cacheprovider"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert whole.returncode != 0 and "bare GPU image" in whole.stdout + whole.stderr    # the folder would not
+
+
+# --- scripts/gpu_run.sh: the one prepared GPU run ---------------------------------------------------------
+RUN = ROOT / "scripts" / "gpu_run.sh"
+BUDGETS = (("environment", 25), ("cuda_tests", 145), ("graphs", 260), ("summary", 20))
+
+
+def test_gpu_run_refuses_an_unknown_argument():
+    p = subprocess.run(["bash", str(RUN), "--fast"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "unknown argument '--fast'; expected --out DIR, --name NAME, --dry-run" in p.stderr
+
+
+@pytest.mark.slow
+def test_gpu_run_dry_run_prints_budgets_writes_each_step_and_the_targets(tmp_path):
+    """The CPU dry run of the GPU run: each step's budget printed (8 minutes in all), each step's JSON on
+    disk, the CUDA tests skipped with their reason, T1-T6 printed as unmeasured, the rows that did not
+    replay counted; nothing offered to commit."""
+    env = {**os.environ, "ARTIFACT_CACHE": os.environ.get("ARTIFACT_CACHE", str(ROOT / ".cache"))}
+    p = subprocess.run(["bash", str(RUN), "--dry-run", "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert sum(b + 5 for _, b in BUDGETS) <= 8 * 60          # each budget plus timeout's kill grace
+    for i, (name, budget) in enumerate(BUDGETS, 1):
+        assert f"== step {i}/4 {name}: budget {budget} s" in p.stdout
+        d = json.loads((tmp_path / f"cpu_gpu_run.{name}.json").read_text())
+        assert d == {**d, "step": name, "budget_s": budget, "rc": 0, "timed_out": False} and d["seconds"] >= 0
+    tests = json.loads((tmp_path / "cpu_gpu_run_tests.json").read_text())
+    assert tests["collection_ok"] is True and tests["verdict"].startswith("none ran: ")
+    assert tests["verdict"].endswith("skipped (no CUDA GPU visible)") and "tests" not in tests["command"].split()
+    report = json.loads((tmp_path / "cpu_graphs.json").read_text())
+    assert report["dry_run_on_cpu"] is True and len(report["engine"]["runs"]) == 4
+    summary = p.stdout[p.stdout.index("== step 4/4 summary: budget"):]
+    for name in ("T1", "T2", "T3", "T4", "T5", "T6"):
+        assert re.search(rf"^{name}: unmeasured \(dry run on the CPU", summary, re.M), name
+    assert "graphs check: 4 offloaded rows, 2 of them segmented rows that did not replay" in summary
+    assert "dry run on the CPU: nothing to commit" in summary and "reports to commit" not in summary
+    s = json.loads((tmp_path / "cpu_gpu_run_summary.json").read_text())
+    assert s["rows_not_replayed"] == 2 and all(t["status"] == "unmeasured" for t in s["targets"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens on a machine without a GPU")
+def test_gpu_run_stops_after_the_environment_without_a_gpu(tmp_path):
+    p = subprocess.run(["bash", str(RUN), "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 3 and "no CUDA GPU visible" in p.stderr and "--dry-run runs the steps" in p.stderr
+    assert "== step 1/4 environment: budget 25 s" in p.stdout and "step 2/4" not in p.stdout
+    assert json.loads((tmp_path / "h200_gpu_run.environment.json").read_text())["rc"] == 3
+    assert not (tmp_path / "h200_graphs.json").exists()
+
+
+def test_gpu_run_summary_judges_the_rows_of_a_graphs_check_cut_short(tmp_path, capsys):
+    """The graphs step killed at its limit leaves rows and no targets: the summary judges those rows (a
+    segmented row that replayed is judged, one that did not is not) and lists the reports to commit."""
+    run = load("gpu_run")
+    rows = [_run(link_busy_over_wall=0.9), _run(batch=4, replays=0)]
+    (tmp_path / "h200_graphs.json").write_text(json.dumps({"engine": {"runs": rows}, "capped_link": {"caps": []}}))
+    (tmp_path / "h200_gpu_run.graphs.json").write_text(json.dumps(
+        {"step": "graphs", "budget_s": 260, "rc": 124, "timed_out": True, "seconds": 260.0}))
+    assert run.main(["summary", "--out", str(tmp_path), "--name", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert "  graphs: timed out after its 260 s in 260 s" in out and "  cuda_tests: not run" in out
+    assert "2 offloaded rows, 1 of them segmented rows that did not replay (the step did not finish" in out
+    assert re.search(r"^T4: met \(1 rows that did not replay left out\)", out, re.M)
+    assert re.search(r"^T2: not judged: 1 row did not replay \(missing: ", out, re.M)
+    listed = out[out.index("reports to commit:"):]
+    assert str(tmp_path / "h200_graphs.json") in listed and str(tmp_path / "h200_gpu_run_summary.json") in listed
+    s = json.loads((tmp_path / "h200_gpu_run_summary.json").read_text())
+    assert s["targets"]["T4"]["status"] == "met" and s["rows_not_replayed"] == 1
+
+
+LINK_MODULES = ("link", "cuda_link", "cuda_batch", "link_factory", "cuda_stub", "pacing")
+LINK_AND_GPU_FILES = [*(ROOT / "artifact" / "offload" / f"{m}.py" for m in LINK_MODULES),
+                      *sorted((ROOT / "scripts").glob("gpu*"))]
+
+
+def test_the_link_modules_and_gpu_scripts_are_under_500_lines_and_say_what_is():
+    """The line budget, and no text that tells history or cites what a reader cannot see, in the link's
+    modules, the GPU scripts and the docs that give their figures."""
+    from artifact.experiments import hardware
+    for path in LINK_AND_GPU_FILES:
+        n = len(path.read_text().splitlines())
+        assert n <= 500, f"{path.relative_to(ROOT)} has {n} lines (> 500): split it by what it does"
+    docs = [ROOT / "docs" / "host_path.md", ROOT / "docs" / "benchmarks.md"]
+    for path in LINK_AND_GPU_FILES + docs:
+        text = path.read_text()
+        for phrase in ("not run yet", "as before", "no GPU was available", "the issue's", "the review's", "today's"):
+            assert phrase not in text, f"{path.relative_to(ROOT)}: {phrase!r}"
+    host_path = docs[0].read_text()
+    assert "52.92 GB/s in `h200_run2.json`" in host_path.replace("\n", " ").replace("54.80 and ", "")
+    assert "53.05 GB/s in `h200.json`" in host_path.replace("\n", " ").replace("54.77 and ", "")
+    assert not hasattr(hardware, "HOST_BOUND") and hardware.HOST_SHARE_NOT_COMPUTE == 0.5

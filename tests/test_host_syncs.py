@@ -11,7 +11,7 @@ import torch
 from artifact.model.llada2 import MoE
 from artifact.model.syncs import UPLOADS, SyncCounter
 from artifact.offload.engine import offload
-from artifact.offload.link import make_link
+from artifact.offload.link_factory import make_link
 from artifact.offload.policies import make_policy
 
 

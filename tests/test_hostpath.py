@@ -11,7 +11,9 @@ from artifact.model.checkpoint import load_checkpoint, random_model, save_checkp
 from artifact.model.config import get_preset
 from artifact.model.decode import DecodeConfig
 from artifact.model.llada2 import HAS_GROUPED_MM, ExpertGroup, grouped_ffn, stack_views
-from artifact.offload.link import EmulatedLink, LinkTimeout, Pacing, calibrate_rate, wait_event
+from artifact.offload.cuda_link import wait_event
+from artifact.offload.link import EmulatedLink, LinkTimeout
+from artifact.offload.pacing import Pacing, calibrate_rate
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.store import check_slots_fit, non_expert_bytes
@@ -98,7 +100,7 @@ def test_offloaded_equals_resident_for_every_policy_and_capacity(tiny, tiny_prom
 def test_offloaded_loop_kernel_equals_resident_grouped(tiny, tiny_prompts, reference):
     from artifact.model.decode import generate
     from artifact.offload.engine import offload
-    from artifact.offload.link import make_link
+    from artifact.offload.link_factory import make_link
     from artifact.offload.policies import make_policy
     cfg = tiny.cfg
     saved = tiny.model.backend
@@ -119,7 +121,7 @@ def test_engine_groups_hits_first_then_misses_as_they_land(tiny, tiny_prompts):
     """Groups never hold one slot twice, the first group is the resident hits, and every demanded
     expert is computed exactly once."""
     from artifact.offload.engine import offload
-    from artifact.offload.link import make_link
+    from artifact.offload.link_factory import make_link
     from artifact.offload.policies import make_policy
     cfg = tiny.cfg
     saved = tiny.model.backend

@@ -14,7 +14,8 @@ import torch
 import artifact.offload.cuda_link as cuda_link_mod
 from artifact.offload.cuda_link import CudaLink
 from artifact.offload.cuda_stub import StubCuda
-from artifact.offload.link import EmulatedLink, LinkClosed, LinkTimeout, make_link
+from artifact.offload.link import EmulatedLink, LinkClosed, LinkTimeout
+from artifact.offload.link_factory import make_link
 from artifact.offload.pacing import calibrate_rate
 from artifact.offload.timeline import ManualClock
 

@@ -12,7 +12,8 @@ from artifact.cli import main
 from artifact.model.decode import DecodeConfig
 from artifact.model.llada2 import StepInfo
 from artifact.offload.cache import EMPTY, ExpertCache
-from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps, make_link
+from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps
+from artifact.offload.link_factory import make_link
 from artifact.offload.policies import TraceFuture, make_policy
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.store import HostStore

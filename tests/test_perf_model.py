@@ -283,18 +283,23 @@ def test_the_physical_limit_is_the_devices_not_the_hosts(stream):
 
 
 def graphs_report(host_b1=(6.0, 9.0), resident_host_over_wall=0.3):
-    """A hand-made graphs-check report: batch-1 graphs-on runs at two transfer counts, a profiled one."""
-    runs = [{"graphs": "on", "batch": 1, "cache_ratio": 1.0, "policy": "demand", "forwards": 10,
+    """A hand-made graphs-check report: batch-1 segmented runs that replayed at two transfer counts, a
+    profiled one; rows that must not be read (eager, an error, segments that did not replay)."""
+    seg = {"forward": "segmented", "captures": 3, "replays": 90, "capture_error": None}
+    runs = [{**seg, "batch": 1, "cache_ratio": 1.0, "policy": "demand", "forwards": 10,
              "transfers_denoising": 100, "host_ms_median": host_b1[0],
              "profile": {"launches_per_moe_layer": 6.0, "moe_layers": 5}},
-            {"graphs": "on", "batch": 1, "cache_ratio": 0.83, "policy": "demand", "forwards": 10,
+            {**seg, "batch": 1, "cache_ratio": 0.83, "policy": "demand", "forwards": 10,
              "transfers_denoising": 400, "host_ms_median": host_b1[1]},
-            {"graphs": "off", "batch": 1, "cache_ratio": 0.5, "policy": "demand", "forwards": 10,
-             "transfers_denoising": 900, "host_ms_median": 99.0},            # graphs off: not the new path's
-            {"graphs": "on", "batch": 4, "error": "RuntimeError: x"}]
-    resident = [{"graphs": "on", "batch": 1, "wall_ms_median": 2.5, "host_over_wall": resident_host_over_wall},
-                {"graphs": "on", "batch": 4, "wall_ms_median": 4.0, "host_over_wall": 0.9},     # host-bound
-                {"graphs": "off", "batch": 1, "wall_ms_median": 30.0, "host_over_wall": 0.2}]
+            {**seg, "replays": 0, "batch": 1, "cache_ratio": 0.5, "policy": "demand", "forwards": 10,
+             "transfers_denoising": 700, "host_ms_median": 50.0},            # ran eagerly: not the graphs' path
+            {"forward": "eager", "batch": 1, "cache_ratio": 0.5, "policy": "demand", "forwards": 10,
+             "transfers_denoising": 900, "host_ms_median": 99.0},            # eager: not the new path's
+            {**seg, "batch": 4, "error": "RuntimeError: x"}]
+    resident = [{**seg, "batch": 1, "wall_ms_median": 2.5, "host_over_wall": resident_host_over_wall},
+                {**seg, "batch": 4, "wall_ms_median": 4.0, "host_over_wall": 0.9},     # host-bound
+                {**seg, "capture_error": "x", "batch": 8, "wall_ms_median": 1.0, "host_over_wall": 0.1},
+                {"forward": "eager", "batch": 1, "wall_ms_median": 30.0, "host_over_wall": 0.2}]
     return {"engine": {"runs": runs, "resident": resident}}
 
 
@@ -319,3 +324,30 @@ def test_graphs_on_figures_from_a_report_and_unmeasured_without_one(tmp_path):
     p.write_text(json.dumps({**graphs_report(), "dry_run_on_cpu": True}))
     with pytest.raises(ValueError, match="not a GPU run"):    # a CPU dry run never feeds the profile
         graphs_on("h200", p)
+
+
+def test_rows_without_segment_counters_are_not_read():
+    """A report's `graphs: "on"` rows are segmented rows; without captures/replays they did not show that
+    their segments replayed, so they measured nothing of the graphs' path."""
+    from artifact.experiments.hardware import GRAPHS_FIGURES, forward_of, from_graphs_check
+    old = graphs_report()
+    for r in old["engine"]["runs"] + old["engine"]["resident"]:
+        for k in ("forward", "captures", "replays", "capture_error"):
+            r.pop(k, None)
+        r["graphs"] = "on"
+    assert forward_of(old["engine"]["runs"][0]) == "segmented" and forward_of({"graphs": "off"}) == "eager"
+    assert from_graphs_check(old) == dict.fromkeys(GRAPHS_FIGURES)
+
+
+def test_the_graphs_report_is_read_once_it_is_in_the_data_dir(tmp_path, monkeypatch):
+    from artifact.experiments import hardware
+    monkeypatch.setattr(hardware, "repo_root", lambda: tmp_path)
+    assert hardware.h200_graphs()["unmeasured"] == list(hardware.GRAPHS_FIGURES)
+    with pytest.raises(ValueError, match="graphs-on host costs unmeasured"):
+        hardware.graphs_on("h200")
+    p = tmp_path / "data" / hardware.GPU_CHECK_GRAPHS
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(graphs_report()))
+    got = hardware.h200_graphs()
+    assert got["source"] == str(p) and got["unmeasured"] == [] and got["figures"]["gpu_forward_ms"] == {1: 2.5}
+    assert hardware.graphs_on("h200").kernels_per_layer == 6

@@ -147,7 +147,7 @@ def test_simulate_by_phase_json_csv_and_table(tmp_path, capsys):
         assert set(r["by_phase"]) == {"prefill", "first", "later"}
         assert set(KEYS) <= set(r["by_phase"]["first"])
         assert_phases_add_up(r)
-    assert main([*args, "--json"]) == 0                       # without --by-phase the rows are as before
+    assert main([*args, "--json"]) == 0                       # without --by-phase the rows carry no by_phase
     assert all("by_phase" not in r for r in json.loads(capsys.readouterr().out))
     out = tmp_path / "m.csv"
     assert main([*args, "--by-phase", "--csv", str(out)]) == 0

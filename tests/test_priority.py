@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from artifact.model.decode import DecodeConfig
-from artifact.offload.link import EmulatedLink, make_link, scaled_chunk_bytes
+from artifact.offload.link import EmulatedLink, scaled_chunk_bytes
+from artifact.offload.link_factory import make_link
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import replay
 from artifact.offload.timeline import CopyTimeline, ManualClock, SpeculativeHold, split

@@ -14,7 +14,7 @@ from artifact.model.llada2 import GRAPH_MODES, KVCache, StepInfo
 from artifact.model.segments import MAX_PROGRAMS, programs
 from artifact.model.syncs import SyncCounter
 from artifact.offload.engine import offload
-from artifact.offload.link import make_link
+from artifact.offload.link_factory import make_link
 from artifact.offload.policies import make_policy
 
 

@@ -12,7 +12,6 @@ from artifact.experiments.settings import Settings
 from artifact.model.decode import DecodeConfig
 from artifact.model.llada2 import Demand, StepInfo
 from artifact.offload.eviction import EVICTIONS
-from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for, replay, sweep
 from artifact.offload.trace import (
@@ -194,32 +193,12 @@ def test_cli_trace_and_simulate(tmp_path, capsys):
     assert "unknown task 'nope'" in capsys.readouterr().err
 
 
-def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, recorded):
-    """docs/policies.md's recipe: subclass Policy, register it, and both paths use it unchanged."""
-    from artifact.offload.policies import Policy, register
-
-    class TopCount(Policy):
-        name = "top_count"
-        summary = "prefetch the most used experts"
-
-        def __init__(self, num_layers, num_experts, lookahead=1):
-            super().__init__(num_layers, num_experts)
-            self.uses = np.zeros((num_layers, num_experts), dtype=np.int64)
-            self.lookahead = lookahead
-
-        def predict(self, i, experts, counts, step):
-            self.uses[i, experts] += counts
-            target = (i + self.lookahead) % self.num_layers
-            return target, np.argsort(-self.uses[target], kind="stable")
-
-    register(TopCount)
-    try:
-        eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(20, "top_count"), record=True,
-                  prompt_ids=["a", "b", "c"], task="test")
-        assert eng.tokens == recorded.tokens
-        two, one = replay(eng.trace, "top_count:lookahead=2", 20), replay(eng.trace, "top_count", 20)
-        assert [two[k] for k in COUNTS] != [one[k] for k in COUNTS], "the spec option reaches the constructor"
-        sim = replay(eng.trace, "top_count", 20)
-        assert all(eng.stats[k] == sim[k] for k in COUNTS) and sim["speculative_transfers"] > 0
-    finally:
-        del POLICIES["top_count"]
+def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, recorded, user_policy):
+    """docs/policies.md's example file (a Policy subclass, registered): both paths use it unchanged."""
+    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(20, "top_count"), record=True,
+              prompt_ids=["a", "b", "c"], task="test")
+    assert eng.tokens == recorded.tokens
+    two, one = replay(eng.trace, "top_count:lookahead=2", 20), replay(eng.trace, "top_count", 20)
+    assert [two[k] for k in COUNTS] != [one[k] for k in COUNTS], "the spec option reaches the constructor"
+    sim = replay(eng.trace, "top_count", 20)
+    assert all(eng.stats[k] == sim[k] for k in COUNTS) and sim["speculative_transfers"] > 0

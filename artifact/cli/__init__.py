@@ -14,7 +14,7 @@ import sys
 import torch
 
 from artifact.cli import bench, claims, doctor, engine, jobs, model, notebooks, stored_runs, synth
-from artifact.cli.args import add_threads_arg, profile_from_args
+from artifact.cli.args import add_threads_arg, policy_modules_from_args, profile_from_args
 from artifact.errors import SettingError, UserError
 from artifact.experiments.bench.grid import parse_shard
 from artifact.experiments.bench.results import default_out
@@ -81,6 +81,7 @@ def check_outputs(a) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        policy_modules_from_args(args)  # the user's policies first: every later check may name them
         set_threads(args)
         check_outputs(args)
         rc = args.fn(args)             # a command may return an exit code (notebooks: failures)

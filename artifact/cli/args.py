@@ -1,5 +1,5 @@
 """Arguments several commands share: the model and decoding flags, --threads, the profile flags
-(--profile/--model/--set, declared and read once here) and the submission flags."""
+(--profile/--model/--set/--policy-module, declared and read once here) and the submission flags."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,7 @@ from pathlib import Path
 from artifact.experiments.settings import Settings, list_profiles, load_profile, parse_override
 from artifact.experiments.submit import BACKENDS, POLL_S
 from artifact.model.decode import MODES
+from artifact.offload.policy_modules import load_policy_modules
 
 D = Settings()          # every default comes from the settings dataclass: one source of truth
 
@@ -62,13 +63,30 @@ def add_profile_args(p: argparse.ArgumentParser, set_example: str = "repetitions
         p.add_argument("--model", default=None, help="checkpoint directory (overrides the profile's model)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help=f"override a profile key with a YAML value, e.g. --set {set_example} (repeatable)")
+    add_policy_module_arg(p, profile=True)
+
+
+def add_policy_module_arg(p: argparse.ArgumentParser, profile: bool = False) -> None:
+    """--policy-module: the user's own policy modules, imported (their code runs) before any policy is resolved."""
+    p.add_argument("--policy-module", action="append", default=None, metavar="MODULE",
+                   help="import this module before the policies are resolved: a path to a .py file or a dotted "
+                        "module name, whose code registers policies (docs/policies.md); it runs as your code "
+                        "(repeatable" + ("; added to the profile's policy_modules)" if profile else ")"))
+
+
+def policy_modules_from_args(a) -> None:
+    """Import the --policy-module modules (before anything reads a policy name, a profile's among them)."""
+    load_policy_modules(getattr(a, "policy_module", None) or [], "--policy-module")
 
 
 def overrides_from_args(a) -> dict:
-    """--set overrides, then --model."""
+    """--set overrides, then --model, then --policy-module."""
     overrides = dict(parse_override(s) for s in a.set or [])
     if getattr(a, "model", None) is not None:
         overrides["model"] = a.model
+    if getattr(a, "policy_module", None):       # --policy-module: added to the profile's (or --set's) list
+        base = list(overrides.get("policy_modules") or load_profile(a.profile, overrides).policy_modules)
+        overrides["policy_modules"] = base + [m for m in dict.fromkeys(a.policy_module) if m not in base]
     return overrides
 
 

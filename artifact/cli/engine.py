@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from artifact.cli.args import D, add_decode_args, add_model_args, add_threads_arg, floats, ints
+from artifact.cli.args import D, add_decode_args, add_model_args, add_policy_module_arg, add_threads_arg, floats, ints
 from artifact.errors import SettingError
 from artifact.model.decode import MAX_BATCH
 from artifact.model.llada2 import GRAPH_MODES
@@ -219,6 +219,7 @@ def add_cli(sub) -> None:
     add_model_args(g)
     add_decode_args(g)
     add_offload_args(g)
+    add_policy_module_arg(g)
     g.add_argument("--prompt", action="append", required=True, help=f"repeat for a batch (1-{MAX_BATCH})")
     g.add_argument("--raw", action="store_true", help="encode prompts as is, without the chat template")
     g.add_argument("--record-trace", type=Path, default=None)
@@ -253,6 +254,7 @@ def add_cli(sub) -> None:
                    help="policy specs name[:key=value,...][+eviction[:key=value,...]], comma-separated (e.g. "
                         "demand,demand+token_lru,last_step+lrfu:lam=0.25); also the bound min "
                         "(relaxed MIN, the floor of any C-slot demand paging; belady is this cache's floor)")
+    add_policy_module_arg(s)
     s.add_argument("--lookahead", type=int, default=D.lookahead)
     s.add_argument("--tau", type=int, default=D.tau)
     s.add_argument("--by-phase", action="store_true",
@@ -275,6 +277,7 @@ def add_cli(sub) -> None:
     xc = x.add_mutually_exclusive_group()
     xc.add_argument("--cache-experts", type=int, default=None, help="C, slots per MoE layer")
     xc.add_argument("--cache-ratio", type=float, default=1.0, help="C/W (default: 1)")
+    add_policy_module_arg(x)
     x.add_argument("--lookahead", type=int, default=D.lookahead)
     x.add_argument("--tau", type=int, default=D.tau)
     x.add_argument("--force", action="store_true", help="replace existing files")

@@ -16,6 +16,8 @@ def command(name: str, a, extra: list[str]) -> str:
         args += ["--model", str(a.model)]
     for s in getattr(a, "set", None) or []:
         args += ["--set", s]
+    for m in getattr(a, "policy_module", None) or []:
+        args += ["--policy-module", m]
     if getattr(a, "out", None) is not None:
         args += ["--out", str(a.out)]
     if getattr(a, "jobs_dir", None) is not None:

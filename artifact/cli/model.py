@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from artifact.cli.args import D, floats, ints, names
+from artifact.cli.args import D, add_policy_module_arg, floats, ints, names
 from artifact.errors import SettingError
 from artifact.experiments.hardware import HARDWARE, hardware
 from artifact.experiments.studies.performance_model import SHAPES, check_clock, check_grid, model_grid, shape, to_json
@@ -64,6 +64,7 @@ def add_cli(sub) -> None:
     m.add_argument("--shape", default="llada2-mini", help=f"model shape, one of {list(SHAPES)} (default: llada2-mini)")
     m.add_argument("--policies", type=split_policies, default=["demand", "last_step", "oracle"],
                    help="engine policy specs, comma-separated (default: demand,last_step,oracle)")
+    add_policy_module_arg(m)
     m.add_argument("--cache-ratios", type=floats, default=list(D.cache_ratios),
                    help=f"C/W per trace (default: {','.join(f'{r:g}' for r in D.cache_ratios)})")
     m.add_argument("--batch-sizes", type=ints, default=None,

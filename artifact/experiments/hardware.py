@@ -14,11 +14,14 @@ a registered store, the host time per launch, the launches per layer and the hos
 
 GPU compute and host time are apart. The physical limit's compute is the device's alone (perf_model.limits,
 Costs.device_only: the rooflines without the host's launch term). The measured GPU compute, the CUDA-event
-time of a resident forward that the host does not pace (graphs on, host <= half the wall), and the graphs-on
-host costs come from the graphs check's report (scripts/gpu_check.sh graphs, GPU_CHECK_GRAPHS: `h200_graphs`,
-`from_graphs_check`, `graphs_on`). Until that report exists every one of those figures is unmeasured (None,
-with the reason), never a guess; the committed gpu_check reports time resident forwards host-bound (host
-74-100% of wall), so their wall time is not the GPU's compute.
+time of a resident forward that the host does not pace (forward "segmented", host at most
+HOST_SHARE_NOT_COMPUTE of the wall), and the host costs of the segmented forward (its segments replayed as
+CUDA graphs) come from the graphs check's report (scripts/gpu_run.sh, GPU_CHECK_GRAPHS: `h200_graphs`,
+`from_graphs_check`, `graphs_on`), read whenever it exists. A row whose segments did not replay (`replayed`
+is False, or a report without the counters) measured the eager path and is not read. Until that report
+exists every one of those figures is unmeasured (None, with the reason), never a guess; the committed
+gpu_check reports (data/gpu_check/h200.json, h200_run2.json) time resident forwards host-bound (host 74-100%
+of wall), so their wall time is not the GPU's compute.
 """
 from __future__ import annotations
 
@@ -34,11 +37,12 @@ from artifact.offload.link import PCIE4_GBPS, PCIE_LATENCY_US
 from artifact.paths import repo_root
 
 GPU_CHECK_H200 = "gpu_check/h200.json"      # under data/: the report the h200 profile's measured numbers are from
-GPU_CHECK_GRAPHS = "gpu_check/h200_graphs.json"    # under data/: scripts/gpu_check.sh graphs on an H200
+GPU_CHECK_GRAPHS = "gpu_check/h200_graphs.json"    # under data/: the graphs check of scripts/gpu_run.sh on an H200
 # What the graphs check measures for the model: the graphs-on host costs in Hardware's terms and the GPU compute
 # of a resident forward per batch size (ms, CUDA events).
 GRAPHS_FIGURES = ("launch_us", "kernels_per_layer", "copy_host_us", "gpu_forward_ms")
-HOST_BOUND = 0.5            # a resident forward whose host is above this share of its wall: its wall is not compute
+HOST_SHARE_NOT_COMPUTE = 0.5    # the share of a resident forward's wall above which its host time paces it: its
+                                # wall is then not the GPU's compute
 
 # Host costs measured by gpu_check on the H200 machine (data/gpu_check/h200.json, step 7 "engine"; derived
 # by from_gpu_check, and tests/test_perf_model.py checks these equal what it derives from the report).
@@ -77,11 +81,12 @@ SOURCES: dict[str, dict[str, str]] = {
                         "per forward over its 6 offloaded runs",
         "sync_us": "0: inside the measured host time per launch (the run's syncs are among its launches' time)",
         "plan_us": "0: inside the measured host time per launch and per copy",
-        "gpu_compute": "unmeasured until scripts/gpu_check.sh graphs runs on an H200 (h200_graphs): the CUDA-event "
-                       "time of a resident graphs-on forward whose host is at most half its wall; meanwhile the "
-                       "physical limit's compute is the rooflines' device compute alone (Costs.device_only)",
-        "graphs_on_host": "unmeasured until scripts/gpu_check.sh graphs runs on an H200 (graphs_on(report) raises "
-                          "until then): launch_us, kernels_per_layer, copy_host_us of the graphs-on engine",
+        "gpu_compute": "unmeasured until scripts/gpu_run.sh runs on an H200 (h200_graphs, data/gpu_check/"
+                       "h200_graphs.json): the CUDA-event time of a resident segmented forward that replayed, "
+                       "whose host is at most half its wall; meanwhile the physical limit's compute is the "
+                       "rooflines' device compute alone (Costs.device_only)",
+        "graphs_on_host": "unmeasured until scripts/gpu_run.sh runs on an H200 (graphs_on(report) raises until "
+                          "then): launch_us, kernels_per_layer, copy_host_us of the segmented engine, replayed",
     },
     "cpu-emulated": {
         "h2d_gbps": "the emulated link: PCIe 4 (offload/link.py PCIE4_GBPS) scaled to the expert's size "
@@ -150,14 +155,32 @@ def committed_gpu_check() -> Path:
     return repo_root() / "data" / GPU_CHECK_H200
 
 
+def forward_of(row: dict) -> str | None:
+    """A graphs-check row's forward mode: its `forward`, or "segmented" / "eager" for a report's `graphs`
+    "on" / "off"."""
+    return row.get("forward") or {"on": "segmented", "off": "eager"}.get(row.get("graphs"))
+
+
+def replayed(row: dict) -> bool:
+    """A segmented row whose segments replayed as CUDA graphs (replays > 0, no capture error); False for a
+    row without the counters."""
+    return bool(row.get("replays")) and not row.get("capture_error")
+
+
+def measured_segmented(row: dict) -> bool:
+    """A row that measured the segmented forward as graphs: segmented, no error, its segments replayed."""
+    return isinstance(row, dict) and "error" not in row and forward_of(row) == "segmented" and replayed(row)
+
+
 def from_graphs_check(report: dict) -> dict:
     """GRAPHS_FIGURES from a graphs check's report (scripts/gpu_check_graphs.py), each None where the report
-    did not measure it: launch_us (batch 1, C/W 1, demand, graphs on: host ms per forward / host-issued
-    launches per forward), kernels_per_layer (its launches per MoE layer), copy_host_us (the least-squares
-    slope of graphs-on host ms per forward on transfers per forward over the batch-1 runs), gpu_forward_ms
-    ({batch: wall ms of a resident graphs-on forward}, only where its host is at most HOST_BOUND of it)."""
+    did not measure it, read off its segmented rows that replayed (measured_segmented): launch_us (batch 1,
+    C/W 1, demand: host ms per forward / host-issued launches per forward), kernels_per_layer (its launches
+    per MoE layer), copy_host_us (the least-squares slope of host ms per forward on transfers per forward over
+    the batch-1 runs), gpu_forward_ms ({batch: wall ms of a resident forward}, only where its host is at most
+    HOST_SHARE_NOT_COMPUTE of it)."""
     eng = report.get("engine") or {}
-    runs = [r for r in eng.get("runs", []) if isinstance(r, dict) and "error" not in r and r.get("graphs") == "on"]
+    runs = [r for r in eng.get("runs", []) if measured_segmented(r)]
     out = dict.fromkeys(GRAPHS_FIGURES)
     ref = [r for r in runs if r.get("batch") == 1 and r.get("cache_ratio") == 1.0 and r.get("policy") == "demand"
            and (r.get("profile") or {}).get("launches_per_moe_layer")]
@@ -171,9 +194,8 @@ def from_graphs_check(report: dict) -> dict:
         if np.ptp(x) > 0:
             slope = np.polyfit(x, np.array([r["host_ms_median"] for r in b1]), 1)[0]
             out["copy_host_us"] = round(1e3 * float(slope), 2)
-    gpu = {r["batch"]: r["wall_ms_median"] for r in eng.get("resident", []) if isinstance(r, dict)
-           and "error" not in r and r.get("graphs") == "on" and r.get("host_over_wall") is not None
-           and r["host_over_wall"] <= HOST_BOUND}
+    gpu = {r["batch"]: r["wall_ms_median"] for r in eng.get("resident", []) if measured_segmented(r)
+           and r.get("host_over_wall") is not None and r["host_over_wall"] <= HOST_SHARE_NOT_COMPUTE}
     out["gpu_forward_ms"] = gpu or None
     return out
 
@@ -185,7 +207,7 @@ def h200_graphs(path: str | Path | None = None) -> dict:
     if not path.exists():
         return {"figures": dict.fromkeys(GRAPHS_FIGURES), "unmeasured": list(GRAPHS_FIGURES),
                 "source": f"unmeasured: {path.name} does not exist "
-                          "(scripts/gpu_check.sh graphs has not run on an H200)"}
+                          "(the graphs check of scripts/gpu_run.sh has not run on an H200)"}
     figures = from_graphs_check(load_gpu_check(path))
     return {"figures": figures, "unmeasured": [k for k, v in figures.items() if v is None], "source": str(path)}
 

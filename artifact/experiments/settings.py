@@ -32,6 +32,7 @@ from artifact.model.llada2 import GRAPH_MODES
 from artifact.model.tasks import TASKS
 from artifact.offload.link import LINKS, PCIE_LATENCY_US
 from artifact.offload.policies import check_policy
+from artifact.offload.policy_modules import load_policy_modules
 from artifact.offload.prepare import RunRequest
 from artifact.offload.timeline import CLOCKS, PRIORITIES
 from artifact.validate import check_number
@@ -126,6 +127,10 @@ class Settings:
     # Run side by side on identical prompts (engine policies). CONTROL, the A/A control, does exactly demand's
     # work; a cell whose control differs from demand is inconclusive (rules.gated).
     policies: tuple[str, ...] = ("demand", "last_step", CONTROL)
+    # Your own policies: modules imported before any policy is resolved, each a dotted module name on sys.path
+    # or a path to a .py file (relative to the working directory) whose code registers policies
+    # (docs/policies.md). Importing runs the module's code: name only your own.
+    policy_modules: tuple[str, ...] = ()
     repetitions: int = 5                 # R timed runs of every policy per cell; order alternates with r's parity
     warmup: int = 1                      # untimed runs of every policy per cell before the R timed ones
     lookahead: int = 1                   # last_step / oracle: prefetch this many MoE layers ahead
@@ -154,6 +159,11 @@ class Settings:
     # A nested mapping (see SlurmSettings): a profile's `slurm:` section or `--set slurm.KEY=VALUE`
     # changes single keys.
     slurm: SlurmSettings = field(default_factory=lambda: SlurmSettings())
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled (a submitted job's process): the profile's policy modules are imported there too."""
+        self.__dict__.update(state)
+        load_policy_modules(self.policy_modules, "policy_modules")
 
     def as_dict(self) -> dict:
         """Plain values (lists, not tuples), e.g. for papermill parameters or JSON."""
@@ -460,6 +470,10 @@ def _check_values(P: Settings, origin: dict) -> None:
     choices("mode", [P.mode], MODES)
     choices("tasks", P.tasks, TASKS)
     choices("trace_tasks", P.trace_tasks, TASKS)
+    try:                                        # before the policy names: a module may define them
+        load_policy_modules(P.policy_modules, f"{src('policy_modules')}: policy_modules")
+    except SettingError as e:
+        raise ProfileError(str(e)) from None
     for key, engine in (("sim_policies", False), ("policies", True)):
         for spec in getattr(P, key):
             try:

@@ -10,6 +10,13 @@ from pathlib import Path
 MODEL_TYPE = "llada2_moe"
 
 
+def expert_params_of(hidden_size: int, moe_intermediate_size: int) -> int:
+    """Parameters of one routed expert of width D = hidden_size and I = moe_intermediate_size: gate, up
+    (I x D each) and down (D x I), packed as one row [gate | up | down] (llada2.expert_views). The one place
+    this size is computed: every expert size in the artifact comes from here."""
+    return 3 * moe_intermediate_size * hidden_size
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 157184
@@ -69,8 +76,8 @@ class ModelConfig:
 
     @property
     def expert_params(self) -> int:
-        """Parameters of one routed expert: gate, up (I x D each) and down (D x I)."""
-        return 3 * self.moe_intermediate_size * self.hidden_size
+        """Parameters of one routed expert (expert_params_of)."""
+        return expert_params_of(self.hidden_size, self.moe_intermediate_size)
 
     def expert_bytes(self, dtype_bytes: int = 2) -> int:
         return self.expert_params * dtype_bytes

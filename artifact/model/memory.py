@@ -61,7 +61,7 @@ def non_expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     D, H, Hk, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     attn = (H + 2 * Hk) * hd * D + H * hd * D + 2 * hd + 2 * D
     dense = 3 * D * cfg.intermediate_size
-    moe = cfg.num_experts * D + 3 * D * cfg.moe_intermediate_size * cfg.num_shared_experts
+    moe = cfg.num_experts * D + cfg.expert_params * cfg.num_shared_experts
     params = (2 * cfg.vocab_size * D + D + cfg.num_hidden_layers * attn + cfg.first_k_dense_replace * dense
               + len(cfg.moe_layers) * moe)
     return params * dtype_bytes + len(cfg.moe_layers) * cfg.num_experts * 4

@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from artifact.model.config import expert_params_of
 from artifact.model.llada2 import Demand
+from artifact.offload.link import emulated_bandwidth_gbps
 from artifact.validate import check_number
 
 
@@ -99,8 +101,12 @@ class Shape:
         return cls.of(get_preset(preset), dtype_bytes)
 
     @property
+    def expert_params(self) -> int:
+        return expert_params_of(self.hidden_size, self.moe_intermediate_size)
+
+    @property
     def expert_bytes(self) -> int:
-        return 3 * self.hidden_size * self.moe_intermediate_size * self.dtype_bytes
+        return self.expert_params * self.dtype_bytes
 
 
 class Costs:
@@ -114,7 +120,7 @@ class Costs:
     @property
     def link_gbps(self) -> float:
         if self.hw.scale_link:
-            return self.hw.h2d_gbps * self.expert_bytes / (3 * 512 * 2048 * 2)     # per LLaDA2.0-mini expert
+            return emulated_bandwidth_gbps(self.expert_bytes, self.hw.h2d_gbps)     # per LLaDA2.0-mini expert
         return self.hw.h2d_gbps
 
     def roofline(self, flops: float, nbytes: float, launches: int) -> float:
@@ -147,7 +153,7 @@ class Costs:
         ctx = (d.step.block + 1) * s.block_length           # prefix KV cache and the block being denoised
         flops, nbytes = self._attention(T, ctx)
         flops += 2 * T * s.hidden_size * s.num_experts                                       # router
-        shared = 3 * s.hidden_size * s.moe_intermediate_size * s.num_shared_experts
+        shared = s.expert_params * s.num_shared_experts
         flops += 2 * T * shared
         nbytes += (s.hidden_size * s.num_experts + shared) * s.dtype_bytes
         t = self.roofline(flops, nbytes, self.hw.kernels_per_layer)
@@ -176,7 +182,7 @@ class Costs:
         if self.hw.calibrated:
             return len(tokens) * self.hw.expert_us * 1e-6
         s = self.shape
-        flops = sum(tokens) * 3 * s.hidden_size * s.moe_intermediate_size * 2
+        flops = sum(tokens) * s.expert_params * 2
         return self.roofline(flops, len(tokens) * self.expert_bytes, self.hw.kernels_per_group)
 
     def expert_compute(self, tokens: int) -> float:

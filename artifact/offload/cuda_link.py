@@ -6,7 +6,7 @@ Copies go from pinned host rows to device slots, non_blocking, on a dedicated co
   stream.wait_event(after)   the compute that read the slots is done (only when `after` is given)
   timing pair                start and end events around the copies: busy time, the pacing feedback
   the copies                 one cudaMemcpyBatchAsync where the runtime has it (CUDA >= 12.8, probed once
-                             per process with a self-test copy), else one copy_ per copy; capped or
+                             per process with a self-test copy: cuda_batch.py), else one copy_ per copy; capped or
                              chunked, copy_ per chunk with a spin after each (pacing.py)
   one event                  recorded after the copies: the batch's ticket
 
@@ -31,18 +31,14 @@ never reused) and raises LinkTimeout.
 """
 from __future__ import annotations
 
-import ctypes
 import math
-import os
-import pathlib
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
+from artifact.offload.cuda_batch import probe_in_child, probe_memcpy_batch
 from artifact.offload.link import (
     CLOSE_TIMEOUT_S,
     WAIT_TIMEOUT_S,
@@ -56,90 +52,11 @@ from artifact.offload.timeline import REFERENCE_CHUNK_BYTES, SpeculativeHold, ch
 
 _QUARANTINE: list = []     # destinations of copies a close() could not drain: kept alive, never reused
 VIEW_CACHE = 1 << 16       # tensors whose views a link keeps; past it the cache starts over (fresh views per call)
-NO_BATCH_ENV = "ARTIFACT_NO_MEMCPY_BATCH"     # set to 1: never probe cudaMemcpyBatchAsync (the copy_ loop)
 
 
 # ---------------------------------------------------------------------------------------------
 # The runtime: every CUDA call a CudaLink makes
 # ---------------------------------------------------------------------------------------------
-class _MemLocation(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class _MemcpyAttributes(ctypes.Structure):
-    _fields_ = [("srcAccessOrder", ctypes.c_int), ("srcLocHint", _MemLocation), ("dstLocHint", _MemLocation),
-                ("flags", ctypes.c_uint)]
-
-
-SRC_ACCESS_ORDER_STREAM = 1    # cudaMemcpySrcAccessOrderStream: sources are read in stream order (pinned rows)
-BATCH_MIN_RUNTIME = 12080      # cudaMemcpyBatchAsync appeared in CUDA 12.8 ...
-BATCH_NO_FAIL_IDX = 13000      # ... with a failIdx out-parameter before the stream, which CUDA 13 dropped
-
-
-def _libcudart():
-    """The libcudart torch loaded (its path from /proc/self/maps), else one by soname; None if none loads."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({ln.split()[-1] for ln in f if "libcudart" in ln.rsplit("/", 1)[-1]})
-    except OSError:
-        paths = []
-    for name in paths + ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]:
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
-
-
-def probe_memcpy_batch(device: torch.device):
-    """cudaMemcpyBatchAsync as `issue(dst pointers, src pointers, sizes, stream)`, and a note saying which
-    runtime it came from; or (None, why not). Needs a CUDA runtime >= 12.8 and a self-test batch (two
-    copies, crossed) that lands the right bytes: a signature or struct this code got wrong fails here, once,
-    and the link falls back to the copy_ loop."""
-    if os.environ.get(NO_BATCH_ENV, "") not in ("", "0"):
-        return None, f"{NO_BATCH_ENV} is set"
-    lib = _libcudart()
-    if lib is None:
-        return None, "no libcudart in the process"
-    v = ctypes.c_int(0)
-    try:
-        if lib.cudaRuntimeGetVersion(ctypes.byref(v)) != 0:
-            return None, "cudaRuntimeGetVersion failed"
-        fn = lib.cudaMemcpyBatchAsync
-    except AttributeError:
-        return None, f"CUDA runtime {v.value} has no cudaMemcpyBatchAsync (needs >= {BATCH_MIN_RUNTIME})"
-    if v.value < BATCH_MIN_RUNTIME:
-        return None, f"CUDA runtime {v.value} < {BATCH_MIN_RUNTIME}: no cudaMemcpyBatchAsync"
-    P, S = ctypes.c_void_p, ctypes.c_size_t
-    fail_idx = v.value < BATCH_NO_FAIL_IDX
-    fn.restype = ctypes.c_int
-    fn.argtypes = ([ctypes.POINTER(P), ctypes.POINTER(P), ctypes.POINTER(S), S, ctypes.POINTER(_MemcpyAttributes),
-                    ctypes.POINTER(S), S] + ([ctypes.POINTER(S)] if fail_idx else []) + [P])
-    attrs = _MemcpyAttributes(srcAccessOrder=SRC_ACCESS_ORDER_STREAM)      # location hints: none (type 0)
-    first = (S * 1)(0)                                                      # the one attribute covers copy 0..n-1
-    failed = S(0)
-    tail = (ctypes.byref(failed),) if fail_idx else ()
-
-    def issue(dsts: list[int], srcs: list[int], sizes: list[int], stream) -> None:
-        n = len(dsts)
-        rc = fn((P * n)(*dsts), (P * n)(*srcs), (S * n)(*sizes), n, attrs, first, 1, *tail, stream.cuda_stream)
-        if rc:
-            raise RuntimeError(f"cudaMemcpyBatchAsync of {n} copies failed with CUDA error {rc}")
-
-    try:
-        with torch.cuda.device(device):
-            src = (torch.arange(8192) % 251).to(torch.uint8).pin_memory()
-            dst = torch.zeros(8192, dtype=torch.uint8, device=device)
-            s = torch.cuda.Stream(device)
-            issue([dst.data_ptr(), dst.data_ptr() + 4096], [src.data_ptr() + 4096, src.data_ptr()], [4096, 4096], s)
-            s.synchronize()
-            if not torch.equal(dst.cpu(), torch.cat([src[4096:], src[:4096]])):
-                return None, "cudaMemcpyBatchAsync self-test landed the wrong bytes"
-    except Exception as e:          # any failure of the probe means: use the copy_ loop
-        return None, f"cudaMemcpyBatchAsync self-test failed: {e}"
-    return issue, f"cudaMemcpyBatchAsync (CUDA runtime {v.value})"
-
-
 class TorchCuda:
     """The CUDA calls of a CudaLink, through torch.cuda; the batched copy through libcudart (probed once
     per device). cuda_stub.StubCuda has the same methods."""
@@ -179,33 +96,9 @@ class TorchCuda:
             if device.index != torch.cuda.current_device():      # the raw call uses the current device
                 self._batch[device] = (None, f"{device} is not the current device")
             else:
-                ok, note = _probe_in_child(device)
+                ok, note = probe_in_child(device)
                 self._batch[device] = probe_memcpy_batch(device) if ok else (None, note)
         return self._batch[device]
-
-
-def _probe_in_child(device: torch.device, timeout_s: float = 120.0) -> tuple[bool, str]:
-    """probe_memcpy_batch in a fresh interpreter: (passed, its note, or how the child failed)."""
-    if os.environ.get(NO_BATCH_ENV, "") not in ("", "0"):
-        return False, f"{NO_BATCH_ENV} is set"
-    code = ("import sys, torch\n"
-            "from artifact.offload.cuda_link import probe_memcpy_batch\n"
-            f"issue, note = probe_memcpy_batch(torch.device('cuda', {device.index}))\n"
-            "print(note)\n"
-            "sys.exit(0 if issue is not None else 3)\n")
-    root = str(pathlib.Path(__file__).resolve().parents[2])       # the checkout this module came from
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
-    try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"the cudaMemcpyBatchAsync probe did not run: {e}"
-    note = (r.stdout.strip().splitlines() or [""])[-1]
-    if r.returncode == 0:
-        return True, note
-    if r.returncode == 3:
-        return False, note
-    tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
-    return False, f"the cudaMemcpyBatchAsync probe's process exited with {r.returncode}: {tail}"
 
 
 _TORCH_CUDA: TorchCuda | None = None

@@ -10,9 +10,11 @@ in `calls`, in order:
   ("record", event, stream)           ("wait", stream, event)          ("on", stream)
   ("copy", dst ptr, src ptr, bytes)   ("batch", stream, ((dst ptr, src ptr, bytes), ...))
   ("sleep", cycles)                   ("event", event, timing)          ("sync", event)
+  ("wait_stream", stream, other)      ("sync_stream", stream)           ("last_error", error it cleared)
 
 events by their number (creation order), streams by name ("copy": the link's stream, "compute": the
-current stream). What a stub cannot show (real asynchrony, timing, pinned memory) is in tests/test_cuda.py.
+current stream). StubCudart stands in for libcudart's batched copy (cuda_batch.probe_memcpy_batch's calls).
+What a stub cannot show (real asynchrony, timing, pinned memory) is in tests/test_cuda.py.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ class StubStream:
     def __init__(self, cuda: StubCuda, name: str):
         self.cuda, self.name, self.waits = cuda, name, []
         self.cuda_stream = id(self)         # the handle a raw runtime call takes
+        cuda.by_handle[self.cuda_stream] = self
 
     def wait_event(self, ev: StubEvent) -> None:
         self.waits.append(ev)
@@ -63,6 +66,15 @@ class StubStream:
 
     def query(self) -> bool:
         return not self.cuda.stuck
+
+    def wait_stream(self, other: StubStream) -> None:
+        if self.cuda.log:
+            self.cuda.calls.append(("wait_stream", self.name, other.name))
+
+    def synchronize(self) -> None:
+        assert not self.cuda.stuck, "synchronize on a stuck stream would hang"
+        if self.cuda.log:
+            self.cuda.calls.append(("sync_stream", self.name))
 
 
 class StubCuda:
@@ -74,6 +86,7 @@ class StubCuda:
         self.batched, self.move, self.log = batched, move, log
         self.delay, self.stuck, self.elapsed_ms = delay, False, elapsed_ms
         self.calls: list[tuple] = []
+        self.by_handle: dict[int, StubStream] = {}
         self.compute = StubStream(self, "compute")
         self._n = itertools.count()
 
@@ -124,3 +137,33 @@ class StubCuda:
     def only(self, *kinds: str) -> list[tuple]:
         """The logged calls of these kinds, in order."""
         return [c for c in self.calls if c[0] in kinds]
+
+
+class StubCudart:
+    """The libcudart calls of the batched copy (cuda_batch.probe_memcpy_batch, lib=): cudaRuntimeGetVersion,
+    cudaMemcpyBatchAsync (moves the bytes by pointer and logs ("batch", ...) on `cuda`, or with `fail` set
+    returns that error and leaves it as the last error, as the runtime does) and cudaGetLastError (returns the
+    last error and clears it). Functions, not methods: the binding sets their restype and argtypes."""
+
+    def __init__(self, cuda: StubCuda, version: int = 12080, fail: int = 0):
+        self.cuda, self.version, self.fail, self.last_error = cuda, version, fail, 0
+
+        def get_version(ref) -> int:
+            ref._obj.value = self.version          # ctypes.byref(c_int): the int it points at
+            return 0
+
+        def batch(dsts, srcs, sizes, n, attrs, first, n_attrs, *rest) -> int:
+            if self.fail:
+                self.last_error = self.fail
+                return self.fail
+            cuda._batch(list(dsts[:n]), list(srcs[:n]), list(sizes[:n]), cuda.by_handle[rest[-1]])
+            return 0
+
+        def get_last_error() -> int:
+            err, self.last_error = self.last_error, 0
+            if cuda.log:
+                cuda.calls.append(("last_error", err))
+            return err
+
+        self.cudaRuntimeGetVersion, self.cudaMemcpyBatchAsync, self.cudaGetLastError = (
+            get_version, batch, get_last_error)

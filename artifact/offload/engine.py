@@ -21,6 +21,7 @@ engine before this path.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
 
@@ -34,18 +35,32 @@ from artifact.offload.store import HostStore, check_slots_fit
 NUMPY_SORT = 32          # a group of at least this many experts is sorted by its slots in numpy
 
 
+@dataclass
+class Queue:
+    """Experts of one demand in the order their groups compute them, as columns: their slots and the tickets
+    of their copies still to wait on (columns, not an object per copy: the host path's budget per copy)."""
+    experts: list[int]
+    slots: list[int]
+    tickets: list
+
+
 def _pick(seq, index: list[int]) -> tuple:
     """seq[k] for k in index (at least one), gathered in C."""
     return itemgetter(*index)(seq) if len(index) > 1 else (seq[index[0]],)
+
+
+def allocate_slots(store: HostStore, cache: ExpertCache, device: torch.device) -> dict[int, torch.Tensor]:
+    """The device slots: per MoE layer one (C, P) tensor of the experts' dtype, a row per slot."""
+    P = store.packed.shape[2]
+    return {layer: torch.zeros(cache.capacity, P, dtype=store.packed.dtype, device=device)
+            for layer in cache.moe_layers}
 
 
 class OffloadEngine:
     def __init__(self, store: HostStore, cache: ExpertCache, link: Link, cfg, device: torch.device | str = "cpu"):
         self.store, self.cache, self.link = store, cache, link
         self.device = torch.device(device)
-        P = store.packed.shape[2]
-        self.slots = {layer: torch.zeros(cache.capacity, P, dtype=store.packed.dtype, device=self.device)
-                      for layer in cache.moe_layers}                      # (C, P) per MoE layer
+        self.slots = allocate_slots(store, cache, self.device)              # (C, P) per MoE layer
         self.stacks = {layer: stack_views(s, cfg) for layer, s in self.slots.items()}   # (C, 2I, D), (C, D, I)
         self.slot_rows = {layer: s.unbind(0) for layer, s in self.slots.items()}    # (P,) view per slot, made once
         # A copy's label names its expert (the slot is its destination): made once, so a copy costs no string.
@@ -81,6 +96,8 @@ class OffloadEngine:
                            down)
 
     def groups(self, demand: Demand):
+        """The demand's expert groups, in compute order (the module docstring): its resident experts in one
+        group while the misses' copies are in flight, then the rest as their copies land."""
         plan, prefetch = self.cache.serve_plans(demand)
         layer, link = demand.layer, self.link
         link.pump()                                         # issue points: here and after each group
@@ -91,77 +108,89 @@ class OffloadEngine:
                 if s in pending:
                     link.promote(pending[s])
         load_e, load_s = plan.load_experts.tolist(), plan.load_slots.tolist()
-        # Copies into slots whose occupant is demanded wait for its compute: occupant -> (experts, slots).
-        waiting: dict[int, tuple[list[int], list[int]]] = {}
-        if plan.streams:
-            now_e, now_s = [], []
-            for e, s, a in zip(load_e, load_s, plan.load_after.tolist()):
-                if a == EMPTY:
-                    now_e.append(e)
-                    now_s.append(s)
-                elif a in waiting:
-                    waiting[a][0].append(e)
-                    waiting[a][1].append(s)
-                else:
-                    waiting[a] = ([e], [s])
-        else:
-            now_e, now_s = load_e, load_s
+        now_e, now_s, waiting = self._split_waves(plan, load_e, load_s)
         # This layer's copies wait for its last compute; speculative ones for their own layer's.
         now_t = self._issue(layer, now_e, now_s, self.freed[layer]) if now_e else []
         if not waiting and prefetch is not None:    # every demand load is issued: now the prefetches (else
             self._issue_speculative(prefetch)       # after the last wave)
             prefetch = None
-        # Resident experts first, in one group; hits whose (prefetch) copy is still in flight queue up in
-        # front of the misses, in hit order. queue_e/_s/_t: experts, slots and (issued) tickets to compute.
-        if any(map(pending.__contains__, hit_s)):
-            ready_e, ready_s, landed, queue_e, queue_s, queue_t = [], [], [], [], [], []
-            for e, s in zip(hit_e, hit_s):
-                t = pending.get(s)
-                if t is None or link.landed(t):
-                    if t is not None:
-                        landed.append(pending.pop(s))
-                    ready_e.append(e)
-                    ready_s.append(s)
-                else:
-                    queue_e.append(e)
-                    queue_s.append(s)
-                    queue_t.append(t)
-            queue_e += load_e
-            queue_s += load_s
-            queue_t += now_t
-            hits = None
-        else:
-            ready_e, ready_s, landed, queue_e, queue_s, queue_t = hit_e, hit_s, [], load_e, load_s, now_t
-            hits = (plan.hit_experts, plan.hit_slots)
+        ready, queue, hits = self._partition(layer, plan, hit_e, hit_s, Queue(load_e, load_s, now_t))
         streams = bool(waiting)
-        if ready_e:
-            link.wait(landed)                                           # landed: no stall, but ordered
-            yield self._group(layer, ready_e, ready_s, hits)
-            prefetch = self._release(layer, ready_e, waiting, prefetch)
+        if ready.experts:
+            link.wait(ready.tickets)                                    # landed: no stall, but ordered
+            yield self._group(layer, ready.experts, ready.slots, hits)
+            prefetch = self._release(layer, ready.experts, waiting, prefetch)
             link.pump()
         if streams:
-            yield from self._waves(layer, queue_e, queue_s, waiting, prefetch)
+            yield from self._waves(layer, queue.experts, queue.slots, waiting, prefetch)
         else:
-            # Every copy is issued (queue_t), into distinct slots: a group is the next expert in copy order,
-            # then every following one whose copy is ready.
-            n, i, ready = len(queue_t), 0, link.ready
-            h = n - len(load_s)                             # in-flight hits ahead of the loads
-            while i < n:
-                j = i + 1
-                while j < n and ready(queue_t[j]):
-                    j += 1
-                if len(pending) == j - i:                   # the group's copies are all that is pending
-                    pending.clear()
-                else:
-                    for s in queue_s[i:j]:
-                        del pending[s]
-                link.wait(queue_t[i:j])
-                loads = (plan.load_experts[i - h:j - h], plan.load_slots[i - h:j - h]) \
-                    if i >= h and j - i >= NUMPY_SORT else None
-                yield self._group(layer, queue_e[i:j], queue_s[i:j], loads)
-                link.pump()
-                i = j
+            yield from self._stream(layer, plan, queue)
         self.freed[layer] = link.compute_done(layer)
+
+    @staticmethod
+    def _split_waves(plan: Plan, load_e: list[int], load_s: list[int]) -> tuple[list[int], list[int], dict]:
+        """The demand's loads to issue now, and those whose slot's occupant is demanded too (a wave): they wait
+        for its compute, as `waiting`: occupant -> (experts, slots)."""
+        waiting: dict[int, tuple[list[int], list[int]]] = {}
+        if not plan.streams:
+            return load_e, load_s, waiting
+        now_e, now_s = [], []
+        for e, s, a in zip(load_e, load_s, plan.load_after.tolist()):
+            if a == EMPTY:
+                now_e.append(e)
+                now_s.append(s)
+            elif a in waiting:
+                waiting[a][0].append(e)
+                waiting[a][1].append(s)
+            else:
+                waiting[a] = ([e], [s])
+        return now_e, now_s, waiting
+
+    def _partition(self, layer: int, plan: Plan, hit_e: list[int], hit_s: list[int], loads: Queue):
+        """(ready, queue, hits): the resident experts, computed first in one group (with the tickets of their
+        landed prefetches, to wait on in order), and the queue behind them: hits whose prefetch copy is still
+        in flight, in hit order, then the loads. `hits`: the ready group as arrays when it is every hit."""
+        pending, landed = self.pending[layer], self.link.landed
+        if not any(map(pending.__contains__, hit_s)):
+            return Queue(hit_e, hit_s, []), loads, (plan.hit_experts, plan.hit_slots)
+        ready, queue = Queue([], [], []), Queue([], [], [])
+        for e, s in zip(hit_e, hit_s):
+            t = pending.get(s)
+            if t is None or landed(t):
+                if t is not None:
+                    ready.tickets.append(pending.pop(s))
+                ready.experts.append(e)
+                ready.slots.append(s)
+            else:
+                queue.experts.append(e)
+                queue.slots.append(s)
+                queue.tickets.append(t)
+        queue.experts += loads.experts
+        queue.slots += loads.slots
+        queue.tickets += loads.tickets
+        return ready, queue, None
+
+    def _stream(self, layer: int, plan: Plan, queue: Queue):
+        """The groups of a demand whose copies are all issued (queue.tickets), into distinct slots: a group is
+        the next expert in copy order, then every following one whose copy is ready."""
+        pending, link = self.pending[layer], self.link
+        tickets, n, i, ready = queue.tickets, len(queue.tickets), 0, link.ready
+        h = n - len(plan.load_slots)                       # in-flight hits ahead of the loads
+        while i < n:
+            j = i + 1
+            while j < n and ready(tickets[j]):
+                j += 1
+            if len(pending) == j - i:                       # the group's copies are all that is pending
+                pending.clear()
+            else:
+                for s in queue.slots[i:j]:
+                    del pending[s]
+            link.wait(tickets[i:j])
+            loads = (plan.load_experts[i - h:j - h], plan.load_slots[i - h:j - h]) \
+                if i >= h and j - i >= NUMPY_SORT else None
+            yield self._group(layer, queue.experts[i:j], queue.slots[i:j], loads)
+            link.pump()
+            i = j
 
     def _waves(self, layer: int, queue_e: list[int], queue_s: list[int], waiting: dict, prefetch: Plan | None):
         """The groups of a demand whose copies stream through the slots in waves: a wave's copy is issued

@@ -1,9 +1,11 @@
-"""The host-to-device link: one Protocol, two implementations, in three modules.
+"""The host-to-device link: one Protocol, two implementations, in these modules.
 
-  link.py       the Protocol (what the engine calls), the stats and errors, EmulatedLink and make_link
-  cuda_link.py  CudaLink: copies from pinned memory on a dedicated copy stream, one event and one timing
-                pair per batch; its CUDA calls go through an injectable runtime (cuda_stub.py on the CPU)
-  pacing.py     the capped CUDA link's pacing arithmetic (Pacing, calibrate_rate)
+  link.py          the Protocol (what the engine calls), the stats and errors, EmulatedLink
+  cuda_link.py     CudaLink: copies from pinned memory on a dedicated copy stream, one event and one timing
+                   pair per batch; its CUDA calls go through an injectable runtime (cuda_stub.py on the CPU)
+  cuda_batch.py    the cudaMemcpyBatchAsync binding and its probe (CudaLink's batched copy)
+  pacing.py        the capped CUDA link's pacing arithmetic (Pacing, calibrate_rate)
+  link_factory.py  make_link: a link by name (it imports both implementations; link.py imports neither)
 
   EmulatedLink  for CPU runs: a copy engine on a timeline (offload/timeline.py): FIFO, or with demand
                 priority two queues and chunked speculative copies. Each copy (chunk) starts when the
@@ -18,22 +20,17 @@ close() ends a link for good, also after an exception in a forward: once it retu
 the link writes into its destination any more, so the engine's slots may be freed. EmulatedLink moves
 bytes only in `wait`, which a closed link refuses; CudaLink drains its copy stream (cuda_link.py).
 
-CudaLink and wait_event are importable from here as before (loaded on first use: cuda_link imports this
-module for the stats and errors); Pacing and calibrate_rate likewise.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import torch
 
-from artifact.offload.pacing import Pacing as Pacing
-from artifact.offload.pacing import calibrate_rate as calibrate_rate
+from artifact.model.config import PRESETS
 from artifact.offload.timeline import (
-    PRIORITIES,
     REFERENCE_CHUNK_BYTES,
     Copy,
     CopyTimeline,
@@ -43,10 +40,9 @@ from artifact.offload.timeline import (
 LINKS = ("emulated", "cuda")
 PCIE4_GBPS = 25.0          # effective host-to-device bandwidth of a PCIe 4.0 x16 slot
 PCIE_LATENCY_US = 10.0     # per-copy setup cost
-REFERENCE_EXPERT_BYTES = 3 * 512 * 2048 * 2    # one LLaDA2.0-mini routed expert in bf16 (6 MiB)
+REFERENCE_EXPERT_BYTES = PRESETS["llada2-mini"].expert_bytes(2)   # one LLaDA2.0-mini routed expert in bf16 (6 MiB)
 WAIT_TIMEOUT_S = 60.0      # a host-side wait longer than this is a hang, not a slow link: raise
 CLOSE_TIMEOUT_S = 10.0     # close(): the copy stream's in-flight copies get this long to land
-_FROM_CUDA_LINK = ("CudaLink", "wait_event")    # re-exported lazily (see the module docstring)
 
 
 class LinkClosed(RuntimeError):
@@ -258,45 +254,3 @@ class EmulatedLink:
     def close(self) -> None:
         """Cancel every copy not yet landed: they never move their bytes (wait refuses)."""
         self.closed = True
-
-
-
-def make_link(kind: str, *, device="cpu", bandwidth_gbps: float | None = None, latency_us: float = PCIE_LATENCY_US,
-              cap_gbps: float | None = None, expert_bytes: int | None = None, priority: str = "fifo",
-              chunk_bytes: int | None = None, clock=None, runtime=None):
-    """Build a link by name. The emulated link's default bandwidth is scaled to the model (see
-    emulated_bandwidth_gbps); its default speculative chunk under demand priority is one expert; on CUDA the
-    bandwidth is the hardware's, and bandwidth_gbps, if given, acts as the cap. runtime: the CUDA calls of a
-    CudaLink (None: torch.cuda; cuda_stub.StubCuda runs it on the CPU)."""
-    if kind not in LINKS:
-        raise ValueError(f"unknown link {kind!r}; choose one of {LINKS}")
-    if priority not in PRIORITIES:
-        raise ValueError(f"unknown link priority {priority!r}; choose one of {PRIORITIES}")
-    if kind == "cuda":
-        if torch.device(device).type != "cuda":
-            raise ValueError("--link cuda needs --device cuda")
-        caps = [c for c in (cap_gbps, bandwidth_gbps) if c]
-        if chunk_bytes is None and priority == "demand":     # as on the emulated link: one expert per chunk
-            chunk_bytes = expert_bytes if expert_bytes else REFERENCE_CHUNK_BYTES
-        from artifact.offload.cuda_link import CudaLink
-        return CudaLink(device, cap_gbps=min(caps) if caps else None, priority=priority,
-                        chunk_bytes=chunk_bytes if priority == "demand" else None, runtime=runtime)
-    if bandwidth_gbps is None:
-        if expert_bytes is None:
-            raise ValueError("the emulated link needs bandwidth_gbps or expert_bytes to scale its default")
-        bandwidth_gbps = emulated_bandwidth_gbps(expert_bytes)
-    if chunk_bytes is None and priority == "demand":
-        # One expert per chunk: a demand copy waits for at most one speculative expert copy. Smaller chunks pay
-        # the per-copy latency again each (measured: 1/6-expert chunks made demand priority slower than fifo).
-        chunk_bytes = expert_bytes if expert_bytes else REFERENCE_CHUNK_BYTES
-    if clock is not None:              # virtual time (timeline.VirtualClock): copies of `expert_bytes` each
-        return EmulatedLink(bandwidth_gbps, latency_us, cap_gbps, clock=clock, sleep=clock.sleep, priority=priority,
-                            chunk_bytes=chunk_bytes, timeout_s=math.inf, copy_bytes=expert_bytes)
-    return EmulatedLink(bandwidth_gbps, latency_us, cap_gbps, priority=priority, chunk_bytes=chunk_bytes)
-
-
-def __getattr__(name: str):
-    if name in _FROM_CUDA_LINK:
-        from artifact.offload import cuda_link
-        return getattr(cuda_link, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,6 +26,7 @@ engine_ok, needs_prediction, summary) and takes the options from the constructor
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -324,6 +325,11 @@ def register(cls: type[Policy]) -> type[Policy]:
     if cls.needs_trace != ("future" in inspect.signature(cls.__init__).parameters):
         raise TypeError(f"policy {cls.name!r}: needs_trace={cls.needs_trace} but its constructor "
                         f"{'lacks' if cls.needs_trace else 'takes'} a `future` parameter")
+    old = POLICIES.get(cls.name)
+    files = [getattr(sys.modules.get(c.__module__), "__file__", c.__module__) for c in (old, cls)] if old else []
+    if files and files[0] != files[1]:             # a class of the same file (a module imported twice) replaces
+        raise TypeError(f"policy name {cls.name!r} is taken by {old.__module__}.{old.__qualname__} ({files[0]}); "
+                        f"give {cls.__qualname__} another name")
     POLICIES[cls.name] = cls
     return cls
 
@@ -405,7 +411,8 @@ def parse_spec(spec: str) -> tuple[type[Policy], dict[str, Any], type[Eviction],
         raise SettingError(f"{name.strip()!r} is an eviction policy, not a prefetch policy: combine it with one, "
                            f"e.g. 'demand+{head.strip()}' (LRU's place in the demand policy)")
     if cls is None:
-        raise SettingError(f"unknown policy {name.strip()!r}; choose one of {sorted(POLICIES)}")
+        raise SettingError(f"unknown policy {name.strip()!r}; choose one of {sorted(POLICIES)} (a policy of your own: "
+                           "name its module with --policy-module or the profile key policy_modules)")
     options = _options("policy", cls, spec, rest)
     if tail is None:
         return cls, options, LRU, {}

@@ -18,7 +18,8 @@ from artifact.model.config import ModelConfig
 from artifact.model.decode import MAX_BATCH, DecodeConfig, generate
 from artifact.model.llada2 import GRAPH_MODES, ResidentExperts
 from artifact.offload.engine import OffloadEngine, offload
-from artifact.offload.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps, make_link
+from artifact.offload.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps
+from artifact.offload.link_factory import make_link
 from artifact.offload.policies import check_policy, make_policy
 from artifact.offload.timeline import PRIORITIES
 from artifact.offload.trace import Trace, TraceError, TraceRecorder

@@ -230,14 +230,39 @@ def measure(trace: Trace) -> dict:
     pos = np.searchsorted(meta["moe_layers"], trace.layer.astype(np.int64))   # (N,) MoE layer position
     step = trace.block_step.astype(np.int64)
     w = float(W[dn].mean())
+    blocks, steps_per, S = _blocks_and_steps(trace, seq, step, dn)
+    depth, m_of, layers_fitted = _depth_fit(W, dn, pos, L)
+    prof = _step_profile(W, dn, step, S, m_of, layers_fitted)
+    nov = _novelty_stats(trace, seq, step, dn, E, prof, notes)
+    pf = trace.kind == PREFILL
+    prefill = float(W[pf].mean() / w) if pf.any() else 0.0
+    counts_sum = np.add.reduceat(trace.counts.astype(np.int64), o[:-1]) if len(trace) else np.zeros(0)
+    tokens = max(1, round(float(np.median(counts_sum[prof.later if prof.later.any() else dn])) / top_k))
+    prefills = pf.sum() / max(L, 1) / (seq.max() + 1)
+    return {"layers": L, "experts": E, "top_k": top_k, "tokens": tokens, "blocks": max(1, round(blocks)),
+            "steps": S, "sequences": int(seq.max() + 1),
+            "batch_size": int(meta.get("batch_size") or max(1, round(prefills))), "w": w, "w_spread": prof.spread,
+            "w_depth": depth, "w_growth": prof.growth, "w_first": prof.w_first, "w_persistence": nov.persistence,
+            "novelty": nov.novelty,
+            "block_novelty": nov.block_novelty, "prefill": prefill,
+            "measured": {"w_cv_total": float(W[dn].std() / w), "denoise_demands": int(dn.sum()),
+                         "prefill_demands": int(pf.sum()), "novelty_pairs": int(nov.within.sum()),
+                         "block_start_pairs": int(nov.at_start.sum()),
+                         "steps_per_block_mean": float(np.mean(steps_per)),
+                         "blocks_per_sequence_mean": float(blocks), "notes": notes}}
 
-    # Blocks and steps: per sequence, per (sequence, block).
+
+def _blocks_and_steps(trace: Trace, seq: np.ndarray, step: np.ndarray, dn: np.ndarray) -> tuple[float, list, int]:
+    """Blocks per sequence, the steps of each (sequence, block), and S: their mean, rounded (at least 1)."""
     blk = np.unique(np.stack([seq[dn], trace.block[dn]]), axis=1)       # (2, blocks)
     blocks = blk.shape[1] / (seq.max() + 1)
     steps_per = [len(np.unique(step[dn & (seq == q) & (trace.block == b)])) for q, b in blk.T]
-    S = max(1, round(float(np.mean(steps_per))))
+    return blocks, steps_per, max(1, round(float(np.mean(steps_per))))
 
-    # Depth: per-layer means of denoising W, a line over x = l / (L - 1).
+
+def _depth_fit(W: np.ndarray, dn: np.ndarray, pos: np.ndarray, L: int) -> tuple[float, np.ndarray, int]:
+    """Depth: per-layer means of denoising W, a line over x = l / (L - 1). Returns the slope relative to the
+    mean, each demand's layer mean (N,) and how many layer means there are."""
     m = np.array([W[dn & (pos == i)].mean() if (dn & (pos == i)).any() else np.nan for i in range(L)])
     x = np.arange(L) / max(L - 1, 1)
     ok = np.isfinite(m)
@@ -245,9 +270,26 @@ def measure(trace: Trace) -> dict:
     if ok.sum() >= 2:
         b, a = np.polyfit(x[ok] - 0.5, m[ok], 1)
         depth = float(b / a)
-    m_of = m[pos]                                                        # (N,) the demand's layer mean
+    return depth, m[pos], int(ok.sum())
 
-    # Step profile: W relative to its layer's mean, a line over y = s / (S - 1) for s >= 1, then step 0.
+
+@dataclass(frozen=True)
+class _Profile:
+    """The step profile's fit (_step_profile) and what the novelty and persistence measures read from it."""
+    growth: float
+    w_first: float
+    spread: float
+    var: float
+    resid: np.ndarray           # (denoising demands,) W over its fitted profile, less 1
+    rounding: np.ndarray        # (denoising demands,) the generator's rounding variance of each, relative
+    later: np.ndarray           # (N,) denoising demands at block step >= 1
+    first: np.ndarray           # (N,) denoising demands at block step 0
+
+
+def _step_profile(W: np.ndarray, dn: np.ndarray, step: np.ndarray, S: int, m_of: np.ndarray,
+                  layers_fitted: int) -> _Profile:
+    """Step profile: W relative to its layer's mean, a line over y = s / (S - 1) for s >= 1, then step 0; the
+    spread is what remains."""
     ratio = W / m_of
     y = step / max(S - 1, 1)
     later, first = dn & (step >= 1), dn & (step == 0)
@@ -260,15 +302,29 @@ def measure(trace: Trace) -> dict:
     fit_ratio = (alpha + beta * (y - 0.5)) * np.where(step == 0, w_first, 1.0)      # (N,)
     resid = ratio[dn] / fit_ratio[dn] - 1
     # The residuals lost one degree of freedom per fitted number (layer means, the step line, w_first).
-    fitted = int(ok.sum()) + (2 if beta else 1) + (1 if first.any() and later.any() else 0)
+    fitted = layers_fitted + (2 if beta else 1) + (1 if first.any() and later.any() else 0)
     dof = max(int(dn.sum()) - fitted, 1)
     # Stochastic rounding adds variance frac (1 - frac), 1/6 on average, to each W: not part of the spread.
-    var = float(np.sum(resid ** 2) / dof - np.mean(1 / (6 * (m_of[dn] * fit_ratio[dn]) ** 2)))
-    spread = math.sqrt(max(var, 0.0))
+    rounding = 1 / (6 * (m_of[dn] * fit_ratio[dn]) ** 2)
+    var = float(np.sum(resid ** 2) / dof - np.mean(rounding))
+    return _Profile(growth, w_first, math.sqrt(max(var, 0.0)), var, resid, rounding, later, first)
 
-    # Novelty: share of a demand not in its layer's previous demand of the same sequence.
+
+@dataclass(frozen=True)
+class _Novelty:
+    novelty: float
+    block_novelty: float
+    persistence: float
+    within: np.ndarray          # (N,) denoising demands whose previous demand is the step before, in the block
+    at_start: np.ndarray        # (N,) denoising demands at a block start with an earlier demand
+
+
+def _novelty_stats(trace: Trace, seq: np.ndarray, step: np.ndarray, dn: np.ndarray, E: int, prof: _Profile,
+             notes: list) -> _Novelty:
+    """Novelty: share of a demand not in its layer's previous demand of the same sequence, inside blocks and at
+    block starts; persistence of the profile's residuals from step to step inside blocks."""
     prev_idx = _previous(trace, seq)
-    new_share = _novelty(trace, prev_idx, E)
+    new_share = _new_share(trace, prev_idx, E)
     prev_step = np.full(len(trace), -2)
     prev_kind = np.full(len(trace), -1)
     has = prev_idx >= 0
@@ -281,33 +337,18 @@ def measure(trace: Trace) -> dict:
     # plus both steps' rounding variance: differences are blind to the layer means the profile fitted (a
     # lag-1 covariance would lose their variance, biasing rho low by about var(mean z of a layer)).
     res_all, rnd = np.full(len(trace), np.nan), np.full(len(trace), np.nan)
-    res_all[dn], rnd[dn] = resid, 1 / (6 * (m_of[dn] * fit_ratio[dn]) ** 2)
+    res_all[dn], rnd[dn] = prof.resid, prof.rounding
     persistence = 0.0
-    if within.any() and var > 0:
+    if within.any() and prof.var > 0:
         a, b = np.flatnonzero(within), prev_idx[within]
         jump = float(np.mean((res_all[a] - res_all[b]) ** 2 - rnd[a] - rnd[b]))
-        persistence = 1 - jump / (2 * var)
+        persistence = 1 - jump / (2 * prof.var)
     if not within.any():
         notes.append("no consecutive steps inside a block: novelty not measured (0)")
     block_novelty = float(new_share[at_start].mean()) if at_start.any() else 1.0
     if not at_start.any():
         notes.append("no block start follows an earlier demand: block_novelty not measured (1)")
-
-    pf = trace.kind == PREFILL
-    prefill = float(W[pf].mean() / w) if pf.any() else 0.0
-    counts_sum = np.add.reduceat(trace.counts.astype(np.int64), o[:-1]) if len(trace) else np.zeros(0)
-    tokens = max(1, round(float(np.median(counts_sum[later if later.any() else dn])) / top_k))
-    prefills = pf.sum() / max(L, 1) / (seq.max() + 1)
-    return {"layers": L, "experts": E, "top_k": top_k, "tokens": tokens, "blocks": max(1, round(blocks)),
-            "steps": S, "sequences": int(seq.max() + 1),
-            "batch_size": int(meta.get("batch_size") or max(1, round(prefills))), "w": w, "w_spread": spread,
-            "w_depth": depth, "w_growth": growth, "w_first": w_first, "w_persistence": persistence,
-            "novelty": novelty,
-            "block_novelty": block_novelty, "prefill": prefill,
-            "measured": {"w_cv_total": float(W[dn].std() / w), "denoise_demands": int(dn.sum()),
-                         "prefill_demands": int(pf.sum()), "novelty_pairs": int(within.sum()),
-                         "block_start_pairs": int(at_start.sum()), "steps_per_block_mean": float(np.mean(steps_per)),
-                         "blocks_per_sequence_mean": float(blocks), "notes": notes}}
+    return _Novelty(novelty, block_novelty, persistence, within, at_start)
 
 
 def fit(trace: Trace) -> SynthParams:
@@ -345,7 +386,7 @@ def _previous(trace: Trace, seq: np.ndarray) -> np.ndarray:
     return out
 
 
-def _novelty(trace: Trace, prev: np.ndarray, E: int) -> np.ndarray:
+def _new_share(trace: Trace, prev: np.ndarray, E: int) -> np.ndarray:
     """(N,) share of each demand's experts not in the demand `prev` points to (nan where prev is -1)."""
     lengths = np.diff(trace.offsets)
     demand = np.repeat(np.arange(len(trace)), lengths)                    # (M,)

@@ -69,7 +69,7 @@ class CopyTimeline:
         check_priority(priority, chunk_bytes)
         self.bandwidth_gbps, self.latency = bandwidth_gbps, latency
         self.priority = priority
-        self.chunk_bytes = chunk_bytes if priority == "demand" else None   # fifo: whole copies, as before
+        self.chunk_bytes = chunk_bytes if priority == "demand" else None   # fifo: whole copies, never chunked
         self.free_at = 0.0                 # end of the last committed chunk
         self.demand: deque[list] = deque()
         self.speculative: deque[list] = deque()

@@ -32,7 +32,7 @@ from artifact.model.llada2 import Demand, ExpertWeights, ResidentExperts, expert
 from artifact.offload.cache import PHASES, ExpertCache
 from artifact.offload.costs import Costs
 from artifact.offload.engine import OffloadEngine
-from artifact.offload.link import make_link
+from artifact.offload.link_factory import make_link
 from artifact.offload.policies import check_policy, make_policy
 from artifact.offload.runner import OffloadSpec, check_device
 from artifact.offload.store import HostStore
