@@ -291,7 +291,8 @@ class Compared:
 
 @dataclass(frozen=True)
 class Replicas:
-    """This run's rows and the stored runs' rows of the same grid (same settings)."""
+    """This run's rows beside the stored runs' rows of the same grid (same settings): the replicas every per-cell
+    interval is computed over (`effects`, `compare`)."""
     this: pd.DataFrame
     stored: tuple[tuple[str, pd.DataFrame], ...] = ()
     commit: str = ""                 # the stored runs' commit ("" when none, "a, b" when they differ)
