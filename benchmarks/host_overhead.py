@@ -355,7 +355,7 @@ def engine_per_demand(queued: int, demands: int = 300, reps: int = 5) -> dict:
     from artifact.offload.cache import ExpertCache
     from artifact.offload.engine import OffloadEngine
     from artifact.offload.store import HostStore
-    from artifact.offload.stream import STAND_IN
+    from artifact.offload.trace_engine import STAND_IN
     E, layer = 2 * queued, 1
     halves = (tuple(range(queued)), tuple(range(queued, E)))
     stream = [Demand(StepInfo(f, 0, f, "denoise"), layer, halves[f % 2], (1,) * queued) for f in range(demands)]

@@ -1,7 +1,7 @@
 """Synthetic bench rows and stored runs for the timing claims' tests (replication.py): no model runs.
 
 make_rows builds one run's rows: per cell, `reps` pairs of policy A and B whose `metric` differs by the cell's
-percentage, +-noise points alternating pair by pair, and optionally the A/A control (verdicts.CONTROL) beside
+percentage, +-noise points alternating pair by pair, and optionally the A/A control (settings.CONTROL) beside
 B. store_runs writes runs as data/results/<profile>/runs/run<k>/<stem>.csv with their run.json, the layout
 replication.stored_runs reads (under ARTIFACT_DATA)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from artifact.experiments.verdicts import CONTROL
+from artifact.experiments.settings import CONTROL
 
 
 def make_rows(cells: dict, a: str, b: str, metric: str = "tokens_per_second", reps: int = 4, noise: float = 0.3,

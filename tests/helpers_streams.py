@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from artifact.experiments.replication import runs_root
-from artifact.experiments.verdicts import CONTROL
+from artifact.experiments.settings import CONTROL
 
 STREAM_NAMES = ("paper point", "cpu point")
 

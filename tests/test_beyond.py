@@ -18,7 +18,8 @@ from test_phases import phase_split  # noqa: E402
 from artifact.experiments import claims  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, bench_fingerprint  # noqa: E402
 from artifact.experiments.claims import NOT_REPRODUCED, REPRODUCED  # noqa: E402
-from artifact.experiments.replication import Runs  # noqa: E402
+from artifact.experiments.outputs import figures  # noqa: E402
+from artifact.experiments.replication import Replicas  # noqa: E402
 from artifact.experiments.settings import load_profile  # noqa: E402
 from artifact.experiments.studies import beyond_the_paper as beyond  # noqa: E402
 from artifact.model.decode import DecodeConfig  # noqa: E402
@@ -72,7 +73,7 @@ def test_miss_summary_relates_every_policy_to_lru_and_the_oracle():
 def test_miss_verdicts_follow_the_counts():
     def claims_of(removed):
         n = beyond.numbers(beyond.miss_summary(sweep_rows(removed)), beyond.throughput_table(bench_rows({})),
-                           Runs(bench_rows({})))
+                           Replicas(bench_rows({})))
         out = beyond.verdicts(n)
         assert all("[own result]" in c.claim and beyond.OWN in c.paper for c in out)
         return {c.claim.split(")")[0].split("(")[-1] if "(2" in c.claim else c.claim.split()[2]: c for c in out}
@@ -96,7 +97,7 @@ def test_count_claims_rule_on_the_denoising_steps_and_print_all_demands_where_th
     prefill.loc[prefill.policy == "last_step_conservative", "speculative_transfers"] = 1
     summary = beyond.miss_summary(phase_split(steps, prefill, beyond.SUMMED))
     assert set(summary.prefill) == {"included", "excluded"}
-    n = beyond.numbers(summary, beyond.throughput_table(bench_rows({})), Runs(bench_rows({})))
+    n = beyond.numbers(summary, beyond.throughput_table(bench_rows({})), Replicas(bench_rows({})))
     got = {c.claim.split(")")[0].split("(")[-1] if "(2" in c.claim else c.claim.split()[2]: c
            for c in beyond.verdicts(n)}
     a, b, cons = got["2a"], got["2b"], got["last_step_conservative"]
@@ -111,7 +112,7 @@ def test_count_claims_rule_on_the_denoising_steps_and_print_all_demands_where_th
     assert cons.verdict == REPRODUCED and cons.reason == "denoising steps: equal (rules); all demands: not equal " \
                                                          "(would say not reproduced)"
     same = beyond.verdicts(beyond.numbers(beyond.miss_summary(phase_split(steps, steps, beyond.SUMMED)),
-                                          beyond.throughput_table(bench_rows({})), Runs(bench_rows({}))))
+                                          beyond.throughput_table(bench_rows({})), Replicas(bench_rows({}))))
     assert not any(c.reason for c in same if not c.timing)       # bases agree: one verdict, nothing more to print
 
 
@@ -123,18 +124,18 @@ def test_throughput_claim_follows_the_intervals_under_demand_priority():
     assert set(table.link_priority) == set(beyond.PRIORITIES) and set(table.policy) == set(beyond.BENCH_PREDICTORS)
     row = table[(table.link_priority == "fifo") & (table.policy == "last_step") & (table.cache_ratio == 1.0)].iloc[0]
     assert row.diff_pct == pytest.approx(-8.0, abs=0.5) and row.ci_high < 0       # predictor over demand
-    same, q1 = beyond.verdicts(beyond.numbers(summary, table, Runs(slower)))[:2]
+    same, q1 = beyond.verdicts(beyond.numbers(summary, table, Replicas(slower)))[:2]
     assert same.verdict == REPRODUCED and f"{3 * 2 * 2} of {3 * 2 * 2} cells" in same.measured
     assert q1.timing and q1.verdict == REPRODUCED and "last_step C/W 0.43 b=1: -3.0%" in q1.measured
 
     wins = bench_rows({("demand", "cross_layer"): 6.0})
-    q1 = beyond.verdicts(beyond.numbers(summary, beyond.throughput_table(wins), Runs(wins)))[1]
+    q1 = beyond.verdicts(beyond.numbers(summary, beyond.throughput_table(wins), Replicas(wins)))[1]
     assert q1.verdict == NOT_REPRODUCED and "cross_layer C/W 0.43 b=1" in q1.reason
 
     changed = slower.copy()
     changed.loc[(changed.policy == "cross_layer") & (changed.link_priority == "demand") & (changed.rep == 1),
                 "tokens_sha"] = "def"
-    assert beyond.verdicts(beyond.numbers(summary, table, Runs(changed)))[0].verdict == NOT_REPRODUCED
+    assert beyond.verdicts(beyond.numbers(summary, table, Replicas(changed)))[0].verdict == NOT_REPRODUCED
 
 
 def test_bench_profiles_differ_only_in_priority_and_never_share_a_file():
@@ -158,8 +159,8 @@ def test_the_figure_is_saved_with_both_tables(tmp_path, monkeypatch):
     P = load_profile("cpu")
     rows = bench_rows({("fifo", "last_step"): -5.0})
     summary = beyond.miss_summary(sweep_rows({"oracle": 20}))
-    fig, df = beyond.plot(summary, beyond.numbers(summary, beyond.throughput_table(rows), Runs(rows)), P)
-    png, csv = claims.save(fig, df, P, "06_beyond", log=lambda s: None)
+    fig, df = beyond.plot(summary, beyond.numbers(summary, beyond.throughput_table(rows), Replicas(rows)), P)
+    png, csv = figures.save(fig, df, P, "06_beyond_the_paper", log=lambda s: None)
     assert png.read_bytes()[:4] == b"\x89PNG" and len(fig.axes) == 4
     assert "link_priority demand: last_step (A) vs demand (B)" in beyond.format_tables(beyond.throughput_table(rows))
     assert set(pd.read_csv(csv).panel) == {"misses", "throughput"}

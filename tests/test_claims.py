@@ -17,18 +17,21 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from test_phases import phase_split  # noqa: E402
 
-from artifact.experiments import claims, paper, replication, runs  # noqa: E402
+from artifact.experiments import claims, harness, replication  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, write_rows  # noqa: E402
-from artifact.experiments.claims import (  # noqa: E402
-    INCONCLUSIVE,
-    NOT_MEASURABLE,
-    NOT_REPRODUCED,
-    REPRODUCED,
-    Claim,
+from artifact.experiments.claims import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
+from artifact.experiments.criteria import (
+    paper,  # noqa: E402
+    thresholds,  # noqa: E402
 )
 from artifact.experiments.notebooks import claims_of  # noqa: E402
-from artifact.experiments.replication import WITHIN, Runs  # noqa: E402
-from artifact.experiments.settings import ProfileError, load_profile  # noqa: E402
+from artifact.experiments.outputs import figures  # noqa: E402
+from artifact.experiments.replication import WITHIN, Replicas  # noqa: E402
+from artifact.experiments.settings import (  # noqa: E402
+    CONTROL,  # noqa: E402
+    ProfileError,
+    load_profile,
+)
 from artifact.experiments.studies import (  # noqa: E402
     bandwidth_throttling as throttle,
 )
@@ -48,7 +51,6 @@ from artifact.experiments.studies import (  # noqa: E402
 from artifact.experiments.studies import (  # noqa: E402
     tide_head_to_head as head_to_head,
 )
-from artifact.experiments.verdicts import CONTROL  # noqa: E402
 from artifact.offload.sim import replay  # noqa: E402
 from artifact.offload.synth import SynthParams, synth  # noqa: E402
 from artifact.paths import data_dir  # noqa: E402
@@ -102,11 +104,11 @@ def test_long_claim_lines_wrap_between_words_and_read_back_whole(capsys):
 
 
 def test_setup_lays_overrides_over_the_profile():
-    P = runs.setup("cpu", {"gen_length": 64, "repetitions": 2})
+    P = harness.setup("cpu", {"gen_length": 64, "repetitions": 2})
     assert P.name == "cpu" and P.gen_length == 64 and P.repetitions == 2
-    assert runs.setup("cpu") == load_profile("cpu")
+    assert harness.setup("cpu") == load_profile("cpu")
     with pytest.raises(ProfileError, match="gen_lenght"):
-        runs.setup("cpu", {"gen_lenght": 64})
+        harness.setup("cpu", {"gen_lenght": 64})
 
 
 def sweep_rows(lru, last, spec, oracle, refresh, ratios=(0.43, 1.0, 1.73)):
@@ -188,7 +190,7 @@ def bench_rows(diffs: dict, reps=2, policies=("demand", "last_step"), noise=0.3)
 
 def capacity_claims(rows):
     """04's claims on rows of one run with no stored runs (the interval over each cell's own pairs)."""
-    return capacity.verdicts(capacity.numbers(Runs(rows)))
+    return capacity.verdicts(capacity.numbers(Replicas(rows)))
 
 
 def test_capacity_claims_follow_the_per_cell_intervals():
@@ -234,7 +236,7 @@ def test_cache_design_bench_judges_the_best_eviction_against_lru_gated_by_the_co
     best = "demand+lrfu:lam=2"
 
     def verdict(rows):
-        return cache_design.bench_verdict(cache_design.bench_numbers(Runs(rows), best))
+        return cache_design.bench_verdict(cache_design.bench_numbers(Replicas(rows), best))
 
     def with_control(rows, like: str):
         same = rows[rows.policy == like]
@@ -259,7 +261,7 @@ def test_cache_design_bench_judges_the_best_eviction_against_lru_gated_by_the_co
     P = cache_design.bench_profile(load_profile("cpu"), best)
     assert P.policies == ("demand", best, CONTROL) and P.batch_sizes == (1,) and len(P.tasks) == 1
     assert P.cache_ratios == (cache_design.BENCH_RATIO,) and P.warmup == 1
-    assert P.repetitions >= paper.MIN_PAIRS             # one cell: its pairs are its repetitions
+    assert P.repetitions >= thresholds.MIN_PAIRS             # one cell: its pairs are its repetitions
 
 
 def eviction_rows(misses: dict, lru=100, floor=50) -> pd.DataFrame:
@@ -330,7 +332,7 @@ def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
 
 
 def throttle_verdicts(rows):
-    return throttle.verdicts(throttle.numbers(Runs(rows)))
+    return throttle.verdicts(throttle.numbers(Replicas(rows)))
 
 
 def test_throttle_claims():
@@ -350,7 +352,7 @@ def test_throttle_claims():
     assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (P.tasks[:1], (4,), (1.0,),
                                                                      ("demand", "last_step", CONTROL))
     assert T.bandwidth_scales == P.throttle_scales == (2.0, 1.0, 0.5)
-    assert T.repetitions == max(P.repetitions, paper.MIN_PAIRS)
+    assert T.repetitions == max(P.repetitions, thresholds.MIN_PAIRS)
 
 
 def test_throttle_summary_fills_the_unpaced_cuda_bandwidth():
@@ -368,15 +370,15 @@ def test_tide_claims_without_tide_say_why():
     assert c.verdict == NOT_MEASURABLE and reason in c.lines()[-1]
     rows = bench_rows({1.0: 0.0, 0.5: 0.5}, reps=4, policies=("demand", "interval_refresh"))
     table = head_to_head.style_table(rows)
-    claim = head_to_head.style_verdict(head_to_head.style_numbers(Runs(rows)))
+    claim = head_to_head.style_verdict(head_to_head.style_numbers(Replicas(rows)))
     assert claim.verdict == REPRODUCED and set(table.cache_ratio) == {1.0, 0.5} and len(table) == 8
     assert claim.measured.startswith("C/W 1: +0.0%") and "C/W 0.5 mbpp b=4: -0.5%" in claim.measured
     assert "misses vs demand's, this run: C/W 1 -10%" in claim.measured
     # "does not beat" is non-superiority: a wide interval decides nothing, a faster interval_refresh fails it
     wide = bench_rows({1.0: 0.0, 0.5: 0.0}, reps=4, policies=("demand", "interval_refresh"), noise=10.0)
-    assert head_to_head.style_verdict(head_to_head.style_numbers(Runs(wide))).verdict == INCONCLUSIVE
+    assert head_to_head.style_verdict(head_to_head.style_numbers(Replicas(wide))).verdict == INCONCLUSIVE
     wins = bench_rows({1.0: -8.0, 0.5: 0.0}, reps=4, policies=("demand", "interval_refresh"))
-    c = head_to_head.style_verdict(head_to_head.style_numbers(Runs(wins)))
+    c = head_to_head.style_verdict(head_to_head.style_numbers(Replicas(wins)))
     assert c.verdict == NOT_REPRODUCED and "C/W 1" in c.reason
     parts = {1.0: {"speedup_total": 3.0, "speedup_kv_cache": 2.0, "speedup_offload": 1.5},
              0.5: {"speedup_total": 0.9, "speedup_kv_cache": 0.9, "speedup_offload": 1.0}}
@@ -386,44 +388,44 @@ def test_tide_claims_without_tide_say_why():
 
 def test_bench_file_never_mixes_settings(places):
     P = load_profile("cpu")
-    assert runs.bench_file(P) == places / "data" / "results" / "cpu" / "bench.csv"
+    assert harness.bench_file(P) == places / "data" / "results" / "cpu" / "bench.csv"
     row = {c: 0 for c in COLUMNS} | {"profile": "cpu", "fingerprint": "other", "task": "gsm8k", "policy": "demand",
                                       "tokens_sha": "x"}
-    write_rows(runs.bench_file(P), [row])
-    other = runs.bench_file(P)
+    write_rows(harness.bench_file(P), [row])
+    other = harness.bench_file(P)
     assert other.name.startswith("bench-") and other.name != "bench.csv"
 
 
 def test_the_notebooks_load_their_model_after_preparing_the_run(places, monkeypatch):
-    """run_grid and traces load through runs.load_model, which makes prepare's checks before any weights."""
+    """run_grid and traces load through harness.load_model, which makes prepare's checks before any weights."""
     from artifact.errors import SettingError
     from artifact.offload import prepare
     monkeypatch.setattr(prepare, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
     P = load_profile("cpu", {"gen_length": 8192})               # more positions than the tiny model has
-    for path in (lambda: runs.run_grid(P, progress=False, log=lambda *a: None), lambda: runs.traces(P, False)):
+    for path in (lambda: harness.run_grid(P, progress=False, log=lambda *a: None), lambda: harness.traces(P, False)):
         with pytest.raises(SettingError, match="positions > the model's max_position_embeddings"):
             path()
 
 
 def test_traces_are_recorded_once_and_rerecorded_when_settings_change(places, monkeypatch):
     P = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1})
-    first = runs.traces(P, progress=False)
-    assert len(first) == 1 and runs.trace_path(P, "gsm8k", 1).is_file()
-    assert runs.trace_path(P, "gsm8k", 1).is_relative_to(places / "data" / "traces")
+    first = harness.traces(P, progress=False)
+    assert len(first) == 1 and harness.trace_path(P, "gsm8k", 1).is_file()
+    assert harness.trace_path(P, "gsm8k", 1).is_relative_to(places / "data" / "traces")
     calls = []
-    real = runs.record_trace
-    monkeypatch.setattr(runs, "record_trace", lambda *a: calls.append(a) or real(*a))
-    again = runs.traces(P, progress=False)
+    real = harness.record_trace
+    monkeypatch.setattr(harness, "record_trace", lambda *a: calls.append(a) or real(*a))
+    again = harness.traces(P, progress=False)
     assert calls == [] and again[0].equal_routing(first[0])
     changed = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1,
                                    "threshold": 0.9})
-    runs.traces(changed, progress=False)
+    harness.traces(changed, progress=False)
     assert len(calls) == 1
 
 
 def test_every_figure_is_saved_with_the_data_it_plotted(places):
     P = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1})
-    ts = runs.traces(P, progress=False)
+    ts = harness.traces(P, progress=False)
     ws, sim = working_set.working_set_table(ts), working_set.stability_table(ts)
     share = working_set.lru_share(ts, (0.5, 1.0))
     claim = working_set.verdict(working_set.numbers(ws, sim, share))
@@ -432,7 +434,7 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
                                                     progress=False))
     assert set(summary.policy) == set(P.sim_policies) | {misses.BOUND}
     assert (summary[summary.policy == "demand"].misses_vs_lru == 1).all()
-    n04 = capacity.numbers(Runs(bench_rows({0.43: 1.0, 1.0: 5.0}, policies=("demand", "last_step", CONTROL))))
+    n04 = capacity.numbers(Replicas(bench_rows({0.43: 1.0, 1.0: 5.0}, policies=("demand", "last_step", CONTROL))))
     q = {"resident": {"seconds": 1.0}, "offloaded": {"seconds": 2.0, "stall_seconds": 0.5}, "cache_experts": 5}
     made = {
         "00": quickstart.plot(q, P),
@@ -440,12 +442,12 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
         "01b": working_set.plot_stability(sim, share, P),
         "02": misses.plot(summary, P),
         "03": throttle.plot(throttle.summary_table(throttle_rows(reps=4)),
-                            throttle.numbers(Runs(throttle_rows(reps=4))), P),
+                            throttle.numbers(Replicas(throttle_rows(reps=4))), P),
         "04": capacity.plot(n04, P),
         "05": head_to_head.plot(bench_rows({1.0: 0.0, 0.5: 0.5}, policies=("demand", "interval_refresh")), P),
     }
     for name, (fig, df) in made.items():
-        png, csv = claims.save(fig, df, P, name, log=lambda s: None)
+        png, csv = figures.save(fig, df, P, name, log=lambda s: None)
         assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size < 300_000
         assert len(pd.read_csv(csv)) == len(df) > 0
         assert not list(png.parent.glob(".*.tmp")) and not list(csv.parent.glob(".*.tmp"))
@@ -506,8 +508,9 @@ def test_paper_table_derives_from_paper_py():
 
 def test_claim_modules_import_at_the_top():
     """Imports sit at the top of the claim modules (no function-local imports)."""
-    for name in ("claims", "runs", "paper", "studies/quickstart", "studies/working_set", "studies/miss_accounting",
-                 "studies/bandwidth_throttling", "studies/capacity_sweep", "studies/tide_head_to_head", "stats"):
+    for name in ("claims", "harness", "criteria/paper", "criteria/thresholds", "outputs/paths", "outputs/figures",
+                 "studies/quickstart", "studies/working_set", "studies/miss_accounting", "studies/bandwidth_throttling",
+                 "studies/capacity_sweep", "studies/tide_head_to_head", "stats"):
         tree = ast.parse((EXPERIMENTS / f"{name}.py").read_text())
         local = [n.lineno for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                  for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))]

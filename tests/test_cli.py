@@ -246,7 +246,7 @@ def test_spec_check_refuses_nan_and_bad_knobs():
 
 def test_every_run_is_built_with_from_settings():
     """The hand-written copies the issue found (bench, analysis, tide, cli) all go through from_settings."""
-    for rel in ("artifact/experiments/bench/model_runner.py", "artifact/experiments/runs.py",
+    for rel in ("artifact/experiments/bench/model_runner.py", "artifact/experiments/harness.py",
                 "artifact/experiments/tide/adapter.py",
                 "artifact/offload/prepare.py"):
         text = (ROOT / rel).read_text()

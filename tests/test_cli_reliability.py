@@ -347,8 +347,8 @@ def test_generate_reports_the_thread_count_it_set(capsys, restore_threads):
 def test_stale_notebook_temporaries_are_removed(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()                                              # a pid that is certainly gone
-    dead = tmp_path / f".02_misses.{child.pid}.tmp.ipynb"
-    live = tmp_path / f".03_throttle.{os.getppid()}.tmp.ipynb"    # our parent: alive
+    dead = tmp_path / f".02_miss_accounting.{child.pid}.tmp.ipynb"
+    live = tmp_path / f".03_bandwidth_throttling.{os.getppid()}.tmp.ipynb"    # our parent: alive
     other = tmp_path / ".hidden.ipynb"
     for p in (dead, live, other):
         p.write_text("{}")
@@ -360,10 +360,10 @@ def test_stale_notebook_temporaries_are_removed(tmp_path):
 
 
 def test_a_failed_notebook_shows_its_error_beside_its_claims():
-    outcomes = [Outcome("02_misses", "FAILED", 3.0, [("oracle cuts misses 6.7x", "not reproduced")],
+    outcomes = [Outcome("02_miss_accounting", "FAILED", 3.0, [("oracle cuts misses 6.7x", "not reproduced")],
                         "ValueError: C/W must be finite"),
-                Outcome("03_throttle", "FAILED", 1.0, [], "KeyError: 'x'"),
-                Outcome("04_capacity", "ok", 9.0, [("demand beats last_step", "reproduced")])]
+                Outcome("03_bandwidth_throttling", "FAILED", 1.0, [], "KeyError: 'x'"),
+                Outcome("04_capacity_sweep", "ok", 9.0, [("demand beats last_step", "reproduced")])]
     table = summary_table(outcomes)
     assert "ValueError: C/W must be finite" in table and "oracle cuts misses 6.7x" in table
     assert "KeyError: 'x'" in table and "3 notebooks, 2 failed" in table

@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from artifact.experiments import paper
+from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.settings import list_profiles, load_profile
 from artifact.experiments.studies import beyond_the_paper as beyond
 from artifact.experiments.studies import routing_map
@@ -42,12 +42,13 @@ def _numbers(value) -> set[float]:
 
 
 def allowed() -> set[float]:
-    """The paper's figures and this artifact's thresholds (paper.py), every bundled profile's settings,
+    """The paper's figures and this artifact's thresholds (criteria/), every bundled profile's settings,
     the cpu trims and map grids (parameters), the 95% of the intervals, and the notation above."""
     ok = set(map(float, NOTATION)) | {95.0}
-    for name in dir(paper):
-        if name.isupper():
-            ok |= _numbers(getattr(paper, name))
+    for module in (paper, thresholds):
+        for name in dir(module):
+            if name.isupper():
+                ok |= _numbers(getattr(module, name))
     for name in list_profiles():
         P = load_profile(name)
         ok |= _numbers({k: v for k, v in P.as_dict().items() if k != "slurm"})

@@ -150,11 +150,11 @@ def test_stored_notebook_is_clean_and_ends_with_a_checked_claim_cell(path):
 @pytest.mark.parametrize("path", STORED, ids=lambda p: p.stem)
 def test_a_notebook_is_the_thin_face_of_its_module(path):
     """Parameters `profile = "cpu"` and `overrides = {}`; calls into artifact, no definitions; one markdown
-    sentence under each figure; the figure saved through claims.save."""
+    sentence under each figure; the figure saved through figures.save."""
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code[0].source == 'profile = "cpu"\noverrides = {}'
-    assert sum("runs.setup(profile, overrides)" in c.source for c in code) == 1
+    assert sum("harness.setup(profile, overrides)" in c.source for c in code) == 1
     for c in code:
         assert not re.search(r"^\s*(def|class) ", c.source, re.M), f"{path.name}: logic belongs in the package"
         assert len(c.source.splitlines()) <= 6, f"{path.name}: a cell of {len(c.source.splitlines())} lines"
@@ -186,8 +186,8 @@ def test_store_copies_a_runs_files_to_the_reference_and_only_with_the_profiles_o
     from artifact.experiments.notebooks import Outcome, store_outputs
     results, ref, nbdir = tmp_path / "results", tmp_path / "ref", tmp_path / "nb"
     run = results / "cpu"
-    for rel in ("figures/02_misses.png", "data/02_misses.csv", "data/02_miss_accounting.claims.json",
-                "figures/03_throttle.png"):
+    for rel in ("figures/02_miss_accounting.png", "data/02_miss_accounting.csv", "data/02_miss_accounting.claims.json",
+                "figures/03_bandwidth_throttling.png"):
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text(rel)
     claim = new_code_cell(f"{CHECK}\nreport()")
@@ -202,7 +202,16 @@ def test_store_copies_a_runs_files_to_the_reference_and_only_with_the_profiles_o
     assert not ref.exists()                                      # a run with overrides is no reference
     assert store_outputs("cpu", {}, ok, nbdir, results, ref, log=lambda s: None)
     assert sorted(str(p.relative_to(ref)) for p in ref.rglob("*") if p.is_file()) == [
-        "data/results/cpu/02_miss_accounting.claims.json", "data/results/cpu/02_misses.csv",
-        "figures/cpu/02_misses.png"]                             # the failed notebook's figure stays behind
+        "data/results/cpu/02_miss_accounting.claims.json", "data/results/cpu/02_miss_accounting.csv",
+        "figures/cpu/02_miss_accounting.png"]                             # the failed notebook's figure stays behind
     stored = nbformat.read(nbdir / "02_miss_accounting.ipynb", as_version=4)
     assert stored.cells[0].outputs == [] and stored.cells[1].outputs[0]["text"].startswith("claim: c")
+
+
+def test_the_runner_starts_kernels_over_ipc_not_unencrypted_tcp():
+    """papermill's kernels talk over Unix sockets: ipykernel warns on every notebook that runs over TCP without
+    encryption (a warning the user cannot act on), and says nothing over IPC."""
+    from artifact.experiments.notebooks import ipc_kernel_manager
+
+    km = ipc_kernel_manager()(kernel_name="python3")
+    assert km.transport == "ipc"

@@ -1,4 +1,4 @@
-"""The performance model: the engine on a virtual clock (offload/stream.run_virtual, offload/costs.py),
+"""The performance model: the engine on a virtual clock (offload/trace_engine.run_virtual, offload/costs.py),
 its hardware profiles (experiments/hardware.py), `python -m artifact model`, and the GPU validation's counts."""
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from artifact.offload.costs import Costs, Hardware, Shape
 from artifact.offload.policies import POLICIES
 from artifact.offload.runner import OffloadSpec
 from artifact.offload.sim import replay
-from artifact.offload.stream import run_virtual
 from artifact.offload.synth import SynthParams, synth
 from artifact.offload.trace import TraceRecorder
+from artifact.offload.trace_engine import run_virtual
 
 US = 1e-6
 
@@ -249,8 +249,8 @@ def test_model_error_of_a_fresh_run_is_its_own_figure(monkeypatch, tmp_path):
 
 
 def test_model_error_prints_measured_and_modelled_differences_with_their_signs(monkeypatch, tmp_path):
+    from artifact.experiments.rules import Interval
     from artifact.experiments.studies import performance_model as pm
-    from artifact.experiments.verdicts import Interval
     P = stored_validation(monkeypatch, tmp_path)
     this = pd.read_csv(tmp_path / "data" / "results" / "cpu" / "runs" / "run2" / f"{pm.VALIDATION}.csv")
     e = pm.model_errors(P, this)

@@ -112,7 +112,7 @@ def test_cpu_profile_is_small_and_states_a_budget():
     p = load_profile("cpu")
     assert p.model == "tiny" and p.link == "emulated" and p.device == "cpu"
     assert p.cache_ratios == PAPER_RATIOS
-    assert p.policies == ("demand", "last_step", "last_step_conservative")      # the A/A control (verdicts.CONTROL)
+    assert p.policies == ("demand", "last_step", "last_step_conservative")      # the A/A control (settings.CONTROL)
     assert p.budget_minutes is not None and p.budget_minutes <= 15
     assert p.torch_dtype == "float32"
 

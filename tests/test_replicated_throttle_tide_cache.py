@@ -16,13 +16,17 @@ import pytest  # noqa: E402
 from helpers_runs import make_rows, read_back, store_runs  # noqa: E402
 
 from artifact.experiments.bench.results import bench_fingerprint  # noqa: E402
-from artifact.experiments.claims import CONTROL_COLOR, INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
-from artifact.experiments.replication import METHOD, ONE_RUN, WITHIN, Runs  # noqa: E402
-from artifact.experiments.settings import Settings, load_profile  # noqa: E402
+from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
+from artifact.experiments.outputs.figures import CONTROL_COLOR
+from artifact.experiments.replication import METHOD, ONE_RUN, WITHIN, Replicas  # noqa: E402
+from artifact.experiments.settings import (  # noqa: E402
+    CONTROL,  # noqa: E402
+    Settings,
+    load_profile,
+)
 from artifact.experiments.studies import bandwidth_throttling as throttle  # noqa: E402
 from artifact.experiments.studies import cache_design_space as cache_design  # noqa: E402
 from artifact.experiments.studies import tide_head_to_head as head_to_head  # noqa: E402
-from artifact.experiments.verdicts import CONTROL  # noqa: E402
 
 BEST = "demand+lrfu:lam=2"
 OFFSETS = (-0.5, 0.0, 0.5)          # the stored runs' effects around the cell's: the spread between runs
@@ -142,7 +146,7 @@ def test_not_faster_by_less_than_the_margin_says_both(data, tmp_path):
 def test_the_throttle_figure_draws_the_control_apart_with_intervals(data):
     st = STUDIES["throttle"]
     rows = st.rows({1: st.good})
-    n = throttle.numbers(Runs(rows))
+    n = throttle.numbers(Replicas(rows))
     fig, df = throttle.plot(throttle.summary_table(rows), n, load_profile("cpu"))
     ax1, ax2, ax3 = fig.axes[:3]
     colors = {line.get_label(): line.get_color() for line in ax2.get_lines()}

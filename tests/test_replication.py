@@ -1,5 +1,5 @@
 """The run as the unit of replication (artifact/experiments/replication.py) and the verdict rules it feeds
-(verdicts.py): intervals over per-run means, one-run intervals, the A/A equivalence gate, one interval per cell,
+(rules.py): intervals over per-run means, one-run intervals, the A/A equivalence gate, one interval per cell,
 faster's magnitude, one answer where a margin meets a significant difference, stored runs on disk."""
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from artifact.experiments import paper, replication
+from artifact.experiments import replication
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
-from artifact.experiments.replication import Runs, judge, one_run_interval, pooled_interval
-from artifact.experiments.settings import load_profile
-from artifact.experiments.verdicts import CONTROL, Interval, control_ruling, faster, gated, no_difference, not_faster
+from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.replication import Compared, Replicas, judge, one_run_interval, pooled_interval
+from artifact.experiments.rules import Interval, control_ruling, faster, gated, no_difference, not_faster
+from artifact.experiments.settings import CONTROL, load_profile
+from artifact.experiments.stats import CELL_KEYS
 
-CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]
+CELL = list(CELL_KEYS)
 
 
 def rows(effects: dict, control: dict | None = None, reps: int = 2, base: float = 100.0, jitter: float = 0.0,
@@ -44,7 +46,7 @@ def stored(*frames) -> tuple:
 # --- intervals ------------------------------------------------------------------------------------
 def test_the_pooled_interval_is_the_t_interval_over_per_run_means():
     runs = stored(*(rows({(1, 1.0): m}) for m in (10.0, 14.0, 12.0)))
-    r = Runs(runs[0][1], runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
+    r = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
     means = [10.0, 14.0, 12.0]
     half = stats.t.ppf(0.975, 2) * np.std(means, ddof=1) / np.sqrt(3)
     assert r.pooled.unit == "runs" and r.pooled.n == 3
@@ -58,29 +60,29 @@ def test_the_pooled_interval_is_the_t_interval_over_per_run_means():
 
 def test_a_stored_run_is_ruled_pooled_and_another_run_on_its_own_widened_interval():
     runs = stored(*(rows({(1, 1.0): m}) for m in (10.0, 14.0, 12.0)))
-    mine = Runs(runs[1][1], runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
+    mine = Replicas(runs[1][1], runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
     assert mine.stored and mine.ruled is mine.pooled
     fresh = rows({(1, 1.0): 11.0}, jitter=0.5)
-    other = Runs(fresh, runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
+    other = Replicas(fresh, runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
     assert not other.stored and other.ruled is other.this and other.this.unit == "run"
     assert other.this.mean == pytest.approx(11.0, abs=0.01)
     # the widening: the stored runs' spread, or this run's own pairs' when that is larger
     wide = rows({(1, 1.0): 11.0}, jitter=30.0)
-    w = Runs(wide, runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)].this
+    w = Replicas(wide, runs).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)].this
     assert w.high - w.low > other.this.high - other.this.low
 
 
 def test_without_stored_runs_a_run_has_only_its_pairs_and_says_so():
-    r = Runs(rows({(1, 1.0): 5.0}, reps=4, jitter=1.0)).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
+    r = Replicas(rows({(1, 1.0): 5.0}, reps=4, jitter=1.0)).effects("demand", "last_step", CELL)[("gsm8k", 1, 1.0, 1.0)]
     assert r.this.unit == "pairs" and r.this.n == 4 and r.pooled is None and not r.stored
-    t = judge({("c",): r}, {}, faster, str)
+    t = judge(Compared({("c",): r}), faster, str)
     assert t.ruled_on == replication.WITHIN and t.per_run == ()
 
 
 def test_fewer_runs_than_the_minimum_is_inconclusive():
     iv = pooled_interval([10.0, 11.0])
-    assert iv.n == 2 < paper.MIN_RUNS and not iv.usable
-    assert faster(iv).verdict == INCONCLUSIVE and "needs >= 3 runs" in faster(iv).why
+    assert iv.n == 2 < thresholds.MIN_RUNS and not iv.usable
+    assert faster(iv).verdict == INCONCLUSIVE and f"needs >= {thresholds.MIN_RUNS} runs" in faster(iv).why
 
 
 def test_a_single_run_never_contradicts_the_pooled_verdict_on_the_stored_runs():
@@ -102,12 +104,12 @@ def test_no_interval_pools_batch_sizes_and_the_verdict_flips_with_it():
     """Batch 1 is faster by 10%, batch 4 slower by 10%: pooled over batch sizes the interval crosses 0
     (inconclusive); per cell, batch 4 rules `not reproduced`, and so does the claim."""
     runs = stored(*(rows({(1, 1.0): 10.0 + d, (4, 1.0): -10.0 + d}) for d in (-0.3, 0.0, 0.4)))
-    eff = Runs(runs[0][1], runs).effects("demand", "last_step", CELL)
+    eff = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)
     assert len(eff) == 2
-    per_cell = judge(eff, {}, faster, lambda k: f"b={k[1]}")
+    per_cell = judge(Compared(eff), faster, lambda k: f"b={k[1]}")
     assert per_cell.verdict == NOT_REPRODUCED and "b=4" in per_cell.reason
-    pooled_over_batches = Runs(runs[0][1], runs).effects("demand", "last_step", ["task", "cache_ratio"])
-    assert judge(pooled_over_batches, {}, faster, str).verdict == INCONCLUSIVE
+    pooled_over_batches = Replicas(runs[0][1], runs).effects("demand", "last_step", ["task", "cache_ratio"])
+    assert judge(Compared(pooled_over_batches), faster, str).verdict == INCONCLUSIVE
 
 
 # --- the A/A control ---------------------------------------------------------------------------------
@@ -130,14 +132,14 @@ def test_the_control_gates_its_own_cell_in_every_view():
     quiet = [rows({(1, 1.0): 12.0 + d, (4, 1.0): 12.0 + d}, {(1, 1.0): 0.1 * d, (4, 1.0): 0.1 * d}) for d in
              (-1, 0, 1)]
     runs = stored(*quiet)
-    eff = Runs(runs[0][1], runs).effects("demand", "last_step", CELL)
-    aa = Runs(runs[0][1], runs).effects(CONTROL, "demand", CELL)
-    assert judge(eff, aa, faster, str).verdict == REPRODUCED
+    eff = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)
+    aa = Replicas(runs[0][1], runs).effects(CONTROL, "demand", CELL)
+    assert judge(Compared(eff, aa), faster, str).verdict == REPRODUCED
     noisy = [rows({(1, 1.0): 12.0 + d, (4, 1.0): 12.0 + d}, {(1, 1.0): 0.0, (4, 1.0): 8.0 * d}) for d in (-1, 0, 1)]
     runs = stored(*noisy)
-    eff = Runs(runs[0][1], runs).effects("demand", "last_step", CELL)
-    aa = Runs(runs[0][1], runs).effects(CONTROL, "demand", CELL)
-    t = judge(eff, aa, faster, lambda k: f"b={k[1]}")
+    eff = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)
+    aa = Replicas(runs[0][1], runs).effects(CONTROL, "demand", CELL)
+    t = judge(Compared(eff, aa), faster, lambda k: f"b={k[1]}")
     assert t.verdict == INCONCLUSIVE and "b=4: A/A control" in t.reason and "too noisy" in t.reason
     assert len(t.per_run) == 3 and ctl
 
@@ -148,7 +150,7 @@ def test_the_control_gates_its_own_cell_in_every_view():
 def test_faster_rules_the_direction_and_states_the_magnitude_apart(low, high, where):
     r = faster(Interval((low + high) / 2, low, high, 3, "runs"), paper.FASTER_PCT)
     assert r.verdict == REPRODUCED and r.magnitude.startswith(f"magnitude {where} the paper's")
-    t = judge({("a",): _const(Interval((low + high) / 2, low, high, 3, "runs"))}, {},
+    t = judge(Compared({("a",): _const(Interval((low + high) / 2, low, high, 3, "runs"))}),
               lambda iv: faster(iv, paper.FASTER_PCT), lambda k: "C/W 1")
     assert t.verdict == REPRODUCED and f"direction reproduced; C/W 1: magnitude {where}" in t.reason
 
@@ -213,11 +215,11 @@ def test_a_zero_baseline_has_no_percentage_and_its_cell_no_interval():
     """03 rules on stall seconds: where demand never stalled, last_step over demand in % is undefined."""
     r = rows({(1, 1.0): 5.0, (4, 1.0): 5.0}, reps=4)
     r.loc[(r.batch_size == 1) & (r.policy == "last_step"), "tokens_per_second"] = 0.0      # the baseline B below
-    eff = Runs(r).effects("last_step", "demand", CELL)
+    eff = Replicas(r).effects("last_step", "demand", CELL)
     assert eff[("gsm8k", 4, 1.0, 1.0)].this.usable
     zero = replication.run_effects(r.assign(tokens_per_second=r.tokens_per_second.where(r.policy != "demand", 0.0)),
                                    "last_step", "demand", CELL, "tokens_per_second")
     assert all(e.diffs == () for e in zero.values())
-    t = judge(Runs(r.assign(tokens_per_second=r.tokens_per_second.where(r.policy != "demand", 0.0))).effects(
-        "last_step", "demand", CELL), {}, faster, str)
+    t = judge(Compared(Replicas(r.assign(tokens_per_second=r.tokens_per_second.where(r.policy != "demand", 0.0)))
+                       .effects("last_step", "demand", CELL)), faster, str)
     assert t.verdict == INCONCLUSIVE

@@ -10,18 +10,18 @@ import pandas as pd
 import pytest
 from helpers_streams import store_run, stream_rows
 
-from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import CONTROL_COLOR, INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, save
-from artifact.experiments.replication import METHOD, ONE_RUN, WITHIN, Runs
-from artifact.experiments.settings import load_profile
+from artifact.experiments.claims import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.outputs.figures import CONTROL_COLOR, save
+from artifact.experiments.replication import METHOD, ONE_RUN, WITHIN, Replicas
+from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.studies import routing_map as rm
-from artifact.experiments.verdicts import CONTROL
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.sim import capacity_for, replay
-from artifact.offload.stream import Calibration
 from artifact.offload.synth import SynthParams, synth
 from artifact.offload.trace import mean_working_set
+from artifact.offload.trace_engine import Calibration
 
 TINY = rm.MapGrid(novelty=(0.05, 0.3), spread=(0.0, 0.3), ratios=(1.0, 1.73), layers=3, blocks=1, steps=8,
                   stream_layers=2, stream_steps=4, repetitions=2)
@@ -160,7 +160,7 @@ def test_throughput_table_and_claim():
     tab = rm.throughput_table(pd.DataFrame(rows)).set_index("task")
     assert tab.loc["paper point", "verdict"] == paper.FASTER
     assert tab.loc["paper point", "diff_pct"] == pytest.approx(10.0, abs=0.2)
-    c = rm.throughput_claim(rm.throughput(Runs(pd.DataFrame(rows), metric=rm.METRIC)), Calibration(50.0, 400.0))
+    c = rm.throughput_claim(rm.throughput(Replicas(pd.DataFrame(rows), metric=rm.METRIC)), Calibration(50.0, 400.0))
     assert c.timing and c.verdict == NOT_REPRODUCED and "50 us per expert" in c.measured
     assert paper.demand_vs_last_step(1.0)[0] in c.paper
     assert c.interval == WITHIN and "no stored runs" in c.runs_text()       # one run, nothing stored beside it
@@ -184,9 +184,9 @@ def stored_streams(monkeypatch, tmp_path, runs=STORED):
 def test_stream_claim_of_a_stored_run_is_the_pooled_one(monkeypatch, tmp_path):
     P = stored_streams(monkeypatch, tmp_path)
     this = pd.read_csv(tmp_path / "data" / "results" / "cpu" / "runs" / "run2" / f"{rm.STREAMS}.csv")
-    runs_ = rm.replicas(P, this)
-    assert runs_.names == ["run1", "run2", "run3"] and runs_.metric == "forwards_per_second"
-    t = rm.throughput(runs_)
+    reps = rm.replicas(P, this)
+    assert reps.names == ["run1", "run2", "run3"] and reps.metric == "forwards_per_second"
+    t = rm.throughput(reps)
     assert set(t.effects) == {("paper point",), ("cpu point",)} and set(t.control) == set(t.effects)
     iv = t.effects[("paper point",)].ruled
     assert iv.unit == "runs" and iv.mean == pytest.approx(8.0) and iv.low > 0      # over the 3 runs' means 7, 8, 9
@@ -222,7 +222,7 @@ def test_stream_claim_with_a_too_wide_control_is_inconclusive(monkeypatch, tmp_p
     this = pd.read_csv(tmp_path / "data" / "results" / "cpu" / "runs" / "run1" / f"{rm.STREAMS}.csv")
     c = rm.throughput_claim(rm.throughput(rm.replicas(P, this)))
     assert c.verdict == INCONCLUSIVE and c.ruled == "pooled"
-    assert "paper point: A/A control" in c.reason and f"not inside +-{paper.EQUIV_MARGIN:g}%" in c.reason
+    assert "paper point: A/A control" in c.reason and f"not inside +-{thresholds.EQUIV_MARGIN:g}%" in c.reason
     assert "cpu point" not in c.reason                                # its control is equivalent: ruled as usual
     assert c.per_run == (INCONCLUSIVE,) * 3      # each run's control is widened by that spread too, run2's 0% too
 
@@ -273,7 +273,7 @@ def test_figures_are_saved_with_their_data(small_map, tmp_path, monkeypatch):
                           "policy": p, "novelty": 0.1, "w_spread": 0.2,
                           "forwards_per_second": 5.0 + r + (p == "demand"),
                           "stall_seconds": 0.1} for k in ("a", "b") for r in range(2) for p in ("demand", "last_step")])
-    fig, df = rm.plot_throughput(rows, rm.throughput(Runs(rows, metric=rm.METRIC)), P)
+    fig, df = rm.plot_throughput(rows, rm.throughput(Replicas(rows, metric=rm.METRIC)), P)
     assert set(df.columns) >= {"forwards_per_second", "diff_pct", "low", "high", "control_diff_pct"} and len(df) == 8
 
 
@@ -301,6 +301,6 @@ def test_timed_streams_run_through_the_engine(tiny):
         assert control.transfers.tolist() == demand.transfers.tolist()   # the control does demand's work
     first = rows.groupby("rep").policy.first().tolist()
     assert first[:2] == ["demand", CONTROL]                       # the order reverses every other round
-    claim = rm.throughput_claim(rm.throughput(Runs(rows, metric=rm.METRIC)))
+    claim = rm.throughput_claim(rm.throughput(Replicas(rows, metric=rm.METRIC)))
     assert "(A/A " in claim.measured and f"A/A control: {CONTROL} over demand" in claim.measured
     assert "compute: 20 us per expert, 100 us other per demand" in claim.measured    # the rows' own calibration

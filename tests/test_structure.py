@@ -40,14 +40,14 @@ def tree_copy(tmp_path_factory):
 
 
 @pytest.mark.parametrize("module, back_edge, contract", [
-    ("artifact/experiments/bench/grid.py", "from artifact.experiments import runs", "experiments: entry points"),
+    ("artifact/experiments/bench/grid.py", "from artifact.experiments import harness", "experiments: entry points"),
     ("artifact/experiments/bench/results.py", "from artifact.experiments import submit", "only artifact.cli imports"),
     ("artifact/offload/cache.py", "import artifact.experiments.settings", "layers: cli > experiments"),
     ("artifact/experiments/studies/capacity_sweep.py", "from artifact.experiments.studies import quickstart",
      "studies never import each other"),
     ("artifact/experiments/bench/results.py", "import artifact.experiments.studies.quickstart",
      "the bench never imports a study"),
-    ("artifact/experiments/tide/adapter.py", "from artifact.experiments import verdicts",
+    ("artifact/experiments/tide/adapter.py", "from artifact.experiments import rules",
      "TIDE's adapter imports only the bench and the settings"),
     ("artifact/experiments/bench/grid.py", "from artifact.experiments.bench import results",
      "bench: run > model_runner"),
@@ -119,17 +119,3 @@ def test_no_experiments_folder_is_a_flat_folder_of_more_than_12_modules():
     for folder in folders:
         modules = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
         assert len(modules) <= MAX_MODULES, f"{folder.relative_to(ROOT)} holds {len(modules)} modules: group them"
-
-
-def test_the_flat_module_paths_of_before_still_import():
-    """Pickled jobs and scripts of before the sub-packages name `artifact.experiments.<module>`: each imports
-    as the module it became (one module object), and the names in it are the same objects."""
-    import importlib
-
-    from artifact.experiments import _MOVED
-    for old, new in _MOVED.items():
-        moved = importlib.import_module(f"artifact.experiments.{new}")
-        assert importlib.import_module(f"artifact.experiments.{old}") is moved, old
-    from artifact.experiments.capacity import runs as old_runs
-    from artifact.experiments.studies.capacity_sweep import runs
-    assert old_runs is runs

@@ -21,7 +21,7 @@ from artifact.cli import main as main_for_tests
 from artifact.experiments import submit
 from artifact.experiments.bench.grid import grid, shard_file
 from artifact.experiments.bench.results import read_rows, write_rows
-from artifact.experiments.runs import trace_current
+from artifact.experiments.harness import trace_current
 from artifact.experiments.settings import ProfileError, load_profile, parse_override
 from artifact.experiments.stats import CELL_KEYS
 
@@ -343,7 +343,7 @@ def test_trace_progress_counts_only_the_traces_now_current(tmp_path, monkeypatch
 def test_trace_all_records_what_is_missing_as_local_jobs(tmp_path, monkeypatch, capsys):
     import shutil
 
-    from artifact.experiments import runs
+    from artifact.experiments import harness
     from artifact.offload.trace import Trace, mean_working_set
     from artifact.paths import data_dir
     data = tmp_path / "data"
@@ -357,8 +357,8 @@ def test_trace_all_records_what_is_missing_as_local_jobs(tmp_path, monkeypatch, 
     P = load_profile("cpu", {"trace_tasks": ["gsm8k", "mbpp"], "trace_batch_sizes": [1], "trace_n_prompts": 1,
                              "gen_length": 32})
     assert all(trace_current(P, t, 1) for t in ("gsm8k", "mbpp"))
-    recorded = Trace.load(runs.trace_path(P, "mbpp", 1))
-    here = runs.record_trace(P, "mbpp", 1)                 # the same trace, recorded in this process
+    recorded = Trace.load(harness.trace_path(P, "mbpp", 1))
+    here = harness.record_trace(P, "mbpp", 1)                 # the same trace, recorded in this process
     assert len(recorded) == len(here) and mean_working_set(recorded) == mean_working_set(here)
     assert main_for_tests(args) == 0
     assert "2 current, 0 to record" in capsys.readouterr().err

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from artifact.cli import bench, claims, doctor, engine, jobs, model, notebooks, runs, synth
+from artifact.cli import bench, claims, doctor, engine, jobs, model, notebooks, stored_runs, synth
 from artifact.cli.args import add_threads_arg, policy_modules_from_args, profile_from_args
 from artifact.errors import SettingError, UserError
 from artifact.experiments.bench.grid import parse_shard
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_threads_arg(sub.choices[name], bench_like=name == "bench")
     notebooks.add_cli(sub)
     claims.add_cli(sub)
-    runs.add_cli(sub)
+    stored_runs.add_cli(sub)
     doctor.add_cli(sub)
     jobs.add_cli(sub)
     synth.add_cli(sub)
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def set_threads(a) -> int | None:
     """torch's intra-op thread count for this command, from --threads or the settings (resolve_threads).
     bench: --threads N is the profile key torch_threads (part of the result file's settings). notebooks run
-    in their own kernels, which take it from the profile (runs.setup)."""
+    in their own kernels, which take it from the profile (harness.setup)."""
     if not hasattr(a, "threads"):      # notebooks, trace-all, run-jobs: kernels and jobs take the profile's key
         return None
     if a.cmd == "bench":

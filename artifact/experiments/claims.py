@@ -1,13 +1,11 @@
-"""What every claim module hands a notebook: `Claim`s (printed by `report` as the lines the notebook runner
-parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the
-claims tables: claims_table.py) and figures saved with the data they drew (`save`: <name>.png and
-<name>.csv). A run writes them into ignored places (results/<profile>/figures and results/<profile>/data,
-relocatable by ARTIFACT_OUTPUT and ARTIFACT_FIGURES, so tests never overwrite a user's results); only
-`--store` copies them to the committed figures/<profile>/ and data/results/<profile>/."""
+"""What every claim module hands a notebook: `Claim`s, printed by `report` as the lines the notebook runner
+parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the claims tables
+(claims_table.py). A run writes the record into an ignored place (results/<profile>/data: outputs.run_data_dir,
+relocatable by ARTIFACT_OUTPUT, so tests never overwrite a user's results); only `--store` copies it to the
+committed data/results/<profile>/. Figures and the data they drew: figures.py."""
 from __future__ import annotations
 
 import datetime
-import io
 import json
 import os
 import subprocess
@@ -15,9 +13,10 @@ import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from artifact.experiments.outputs.paths import run_data_dir
 from artifact.experiments.settings import Settings
 from artifact.offload.sim import DENOISING_ONLY, WITH_PREFILL
-from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, repo_root
+from artifact.paths import atomic_write_text, repo_root
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 NOT_MEASURABLE = "not measurable on this profile"
@@ -41,7 +40,7 @@ class Claim:
     reason: str = ""
     timing: bool = False     # judged from wall-clock time: may differ run to run (nbval masks these lines)
     counting: str = ""       # what is counted or timed (DENOISING, ALL_DEMANDS, PER_RUN, "tokens/s", ...)
-    interval: str = ""       # EXACT, or the interval ruled on (verdicts.METHOD)
+    interval: str = ""       # EXACT, or the interval ruled on (rules.METHOD)
     pairs: int | None = None  # pairs per cell behind the interval (the fewest over cells)
     margin: str = ""         # where the measured value lies against the threshold or interval bounds
     per_run: tuple = ()      # timing: each stored run's own verdict (replication.py), in run order
@@ -176,83 +175,3 @@ def record(P: Settings, notebook: str, claims) -> Path:
     copies it to data/results/<profile>/, where the claims table is generated from)."""
     doc = {"notebook": notebook, "profile": P.name, **run_info(), "claims": [asdict(c) for c in claims]}
     return atomic_write_text(record_path(P, notebook), json.dumps(doc, indent=1) + "\n")
-
-
-# ---------------------------------------------------------------------------------------------
-# Where a profile's outputs go
-# ---------------------------------------------------------------------------------------------
-# A run writes only into ignored places: results/<profile>/ (ARTIFACT_OUTPUT relocates it) holds the executed
-# notebooks, figures/ (ARTIFACT_FIGURES relocates it) and data/ (each figure's CSV and each claim cell's
-# record); the resumable bench grids and the traces live in data/results/<profile>/ and data/traces/<profile>/
-# (ignored but for the reference files). The committed reference results, figures/<profile>/*.png and
-# data/results/<profile>/NN_*.csv and NN_*.claims.json, change only with an explicit `--store`
-# (notebooks.store_outputs copies a run's files there).
-def run_dir(P: Settings) -> Path:
-    return Path(os.environ.get("ARTIFACT_OUTPUT", repo_root() / "results")) / P.name
-
-
-def figures_dir(P: Settings) -> Path:
-    """Where a run saves its figures: ARTIFACT_FIGURES/<profile>, else results/<profile>/figures."""
-    env = os.environ.get("ARTIFACT_FIGURES")
-    return Path(env) / P.name if env else run_dir(P) / "figures"
-
-
-def run_data_dir(P: Settings) -> Path:
-    """Where a run saves each figure's data and its claim records: results/<profile>/data."""
-    return run_dir(P) / "data"
-
-
-def reference_figures_dir(profile_name: str) -> Path:
-    """The committed figures (README links them): figures/<profile>/."""
-    return repo_root() / "figures" / profile_name
-
-
-def reference_data_dir(profile_name: str) -> Path:
-    """The committed figure data and claim records (the claims table reads them): data/results/<profile>/."""
-    return data_dir() / "results" / profile_name
-
-
-def results_dir(P: Settings) -> Path:
-    """The resumable result files of the bench grids (ignored by git): data/results/<profile>/."""
-    return data_dir() / "results" / P.name
-
-
-def traces_dir(P: Settings) -> Path:
-    return data_dir() / "traces" / P.name
-
-
-# ---------------------------------------------------------------------------------------------
-# Figures
-# ---------------------------------------------------------------------------------------------
-DPI = 100
-COLORS = {"demand": "tab:blue", "last_step": "tab:orange", "oracle": "tab:green", "interval_refresh": "tab:purple",
-          "belady": "tab:gray", "resident": "tab:gray"}
-CONTROL_COLOR = "dimgray"     # the A/A control (verdicts.CONTROL over demand): never a policy's colour
-PAPER_STYLE = dict(color="crimson", lw=1.5, ls="--")     # how the paper's figures are marked on a plot
-
-
-def title(fig, P: Settings, text: str) -> None:
-    """The figure's title, naming the profile. Constrained layout makes room for it above the panels' titles
-    (and for a legend placed outside the axes: fig.legend(loc="outside lower center"))."""
-    if fig.get_layout_engine() is None:
-        fig.set_layout_engine("constrained")
-    fig.suptitle(f"{text}  [profile {P.name}: {P.model if P.model == 'tiny' else 'checkpoint'}, {P.device}]",
-                 fontsize=11)
-
-
-def save(fig, df, P: Settings, name: str, log=print) -> tuple[Path, Path]:
-    """Write <name>.png (dpi 100) into figures_dir(P) and <name>.csv into run_data_dir(P); returns both paths."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    png = atomic_write_bytes(figures_dir(P) / f"{name}.png", buf.getvalue())
-    csv = atomic_write_text(run_data_dir(P) / f"{name}.csv", df.to_csv(index=False))
-    log(f"saved {short_path(png)} and {short_path(csv)}")
-    return png, csv
-
-
-def short_path(path: Path) -> str:
-    """Relative to the checkout when inside it (the usual case: no machine paths in notebook outputs)."""
-    try:
-        return str(path.resolve().relative_to(repo_root().resolve()))
-    except ValueError:
-        return str(path.resolve())

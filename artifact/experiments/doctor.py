@@ -12,7 +12,7 @@ profile's grid it adds up the device memory a run needs:
   + CONTEXT_BYTES for the CUDA context and the allocator's slack (a stated figure)
 
 W is the mean working set of the profile's stored trace for that (task, batch size) when one is current
-(runs.current_trace), else its upper bound min(E, batch x block x top-k), marked as such. The device
+(harness.current_trace), else its upper bound min(E, batch x block x top-k), marked as such. The device
 memory is the GPU's total (torch.cuda.get_device_properties), or --gpu-memory-gb to plan for another GPU.
 Host memory must hold the expert store (MemAvailable in /proc/meminfo); on CUDA it is page-locked in place
 (RLIMIT_MEMLOCK is reported). Disk must hold the traces and result files (estimated from their formats).
@@ -34,7 +34,7 @@ import torch
 
 from artifact.errors import UserError
 from artifact.experiments.bench.grid import grid
-from artifact.experiments.runs import current_trace
+from artifact.experiments.harness import current_trace
 from artifact.experiments.settings import Settings
 from artifact.model.checkpoint import DTYPES, TensorIndex, expected_shapes, tiny_checkpoint
 from artifact.model.memory import non_expert_bytes
@@ -196,18 +196,7 @@ def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
     ckpt = sum(int(i["data_offsets"][1]) - int(i["data_offsets"][0]) for t in index.tables.values() for i in t.values())
     nbytes = DTYPES[dtype].itemsize
     kind = _kind(P.device)
-    if gpu_memory_gb is not None:
-        device_bytes, source = int(gpu_memory_gb * GB), "--gpu-memory-gb"
-        if kind == "cuda" and not torch.cuda.is_available():
-            notes.append(f"device {P.device} is not on this machine: planned for {gpu_memory_gb:g} GB of GPU memory")
-    elif kind == "cuda":
-        if not torch.cuda.is_available():
-            raise DoctorError(f"profile {P.name!r} runs on {P.device}, and this machine has no CUDA GPU; plan for "
-                              "one with --gpu-memory-gb N")
-        device_bytes = torch.cuda.get_device_properties(torch.device(P.device)).total_memory
-        source = torch.cuda.get_device_name(torch.device(P.device))
-    else:
-        device_bytes, source = None, "cpu device: weights, slots and KV cache live in host memory"
+    device_bytes, source = _device_memory(P, kind, gpu_memory_gb, notes)
     if P.link == "cuda" and kind != "cuda":
         raise DoctorError(f"profile {P.name!r}: link cuda needs device cuda, not {P.device!r}")
     weights = non_expert_bytes(cfg, nbytes)
@@ -248,13 +237,7 @@ def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
     runs = len(cells_) * len(P.policies) * (P.repetitions + P.warmup)
     forwards = sum(-(-P.n_prompts // c.batch_size) * forwards_per_prompt for c in cells_) * len(P.policies) \
         * (P.repetitions + P.warmup)
-    traces = [(t, b) for t in P.trace_tasks for b in P.trace_batch_sizes]
-    trace_bytes = 0
-    for _, b in traces:
-        W = _working_set(P, b, min(cfg.num_experts, b * block * cfg.num_experts_per_tok))[0]
-        demands = -(-P.trace_n_prompts // b) * forwards_per_prompt * len(cfg.moe_layers)
-        trace_bytes += int(demands * (W * TRACE_BYTES_PER_EXPERT + TRACE_BYTES_PER_DEMAND))
-    disk_need = trace_bytes + runs * RESULT_BYTES_PER_ROW
+    disk_need = _trace_bytes(P, cfg, forwards_per_prompt) + runs * RESULT_BYTES_PER_ROW
     free = shutil.disk_usage(_existing(data_dir())).free
     if disk_need > free:
         raise DoctorError(f"traces and results need about {disk_need / GB:.2f} GB and {data_dir()} has "
@@ -266,6 +249,32 @@ def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
     return Report(P.name, cfg.name if P.model == "tiny" else str(P.model), dtype, P.device, device_bytes, source,
                   weights, store, ckpt, host, memlock, free, disk_need, cells, len(cells_), runs, forwards,
                   forwards * SECONDS_PER_FORWARD[kind] / 3600, notes)
+
+
+def _device_memory(P: Settings, kind: str, gpu_memory_gb: float | None, notes: list) -> tuple[int | None, str]:
+    """(device memory in bytes, where the figure comes from): the stated --gpu-memory-gb, this machine's GPU, or
+    None on a CPU device (everything lives in host memory)."""
+    if gpu_memory_gb is not None:
+        if kind == "cuda" and not torch.cuda.is_available():
+            notes.append(f"device {P.device} is not on this machine: planned for {gpu_memory_gb:g} GB of GPU memory")
+        return int(gpu_memory_gb * GB), "--gpu-memory-gb"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise DoctorError(f"profile {P.name!r} runs on {P.device}, and this machine has no CUDA GPU; plan for "
+                              "one with --gpu-memory-gb N")
+        return (torch.cuda.get_device_properties(torch.device(P.device)).total_memory,
+                torch.cuda.get_device_name(torch.device(P.device)))
+    return None, "cpu device: weights, slots and KV cache live in host memory"
+
+
+def _trace_bytes(P: Settings, cfg, forwards_per_prompt: int) -> int:
+    """The disk the profile's routing traces take: per trace, its demands times the bytes of a demand."""
+    total = 0
+    for b in P.trace_batch_sizes:
+        W = _working_set(P, b, min(cfg.num_experts, b * cfg.block_length * cfg.num_experts_per_tok))[0]
+        demands = -(-P.trace_n_prompts // b) * forwards_per_prompt * len(cfg.moe_layers)
+        total += len(P.trace_tasks) * int(demands * (W * TRACE_BYTES_PER_EXPERT + TRACE_BYTES_PER_DEMAND))
+    return total
 
 
 def _existing(path: Path) -> Path:

@@ -24,16 +24,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifact.experiments.claims import (
+from artifact.experiments.claims import unwrap
+from artifact.experiments.claims_table import update_readme
+from artifact.experiments.criteria import thresholds
+from artifact.experiments.outputs.paths import (
     figures_dir,
     reference_data_dir,
     reference_figures_dir,
     run_data_dir,
     run_dir,
     short_path,
-    unwrap,
 )
-from artifact.experiments.claims_table import update_readme
 from artifact.experiments.settings import (
     PROFILE_DIR,
     PROFILE_KEYS,
@@ -180,6 +181,21 @@ def complete(path: Path, params: dict, settings: dict, source: Path | None = Non
     return bool(claims_of(nb)) and all(p.is_file() for p in saved_files(nb))
 
 
+def ipc_kernel_manager():
+    """The kernel manager papermill starts each notebook's kernel with: jupyter_client's, over IPC transport (Unix
+    sockets beside the kernel's connection file) instead of TCP on localhost. The kernel then has no unencrypted
+    TCP ports to warn about (ipykernel's "Kernel is running over TCP without encryption" on every notebook)."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class IPCKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _transport_default(self) -> str:
+            return "ipc"
+
+    return IPCKernelManager
+
+
 def execute(path: Path, out: Path, params: dict, settings: dict, cwd: Path, timeout: int,
             progress: bool = True) -> None:
     """papermill into a temporary file beside `out`, the settings recorded in its metadata, renamed onto `out`
@@ -191,7 +207,8 @@ def execute(path: Path, out: Path, params: dict, settings: dict, cwd: Path, time
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.ipynb")
     try:
         papermill.execute_notebook(str(path), str(tmp), parameters=params, kernel_name=KERNEL, cwd=str(cwd),
-                                   execution_timeout=timeout, progress_bar=progress, log_output=False)
+                                   execution_timeout=timeout, progress_bar=progress, log_output=False,
+                                   kernel_manager_class=ipc_kernel_manager())
     finally:
         if tmp.is_file():
             try:
@@ -310,8 +327,8 @@ def summary_table(outcomes: list[Outcome], width: int = 70) -> str:
 
 
 TIMING_NOTE = ("Timing verdicts (03-09) of a run come from that run alone, each cell's interval widened to the spread "
-               "of the stored runs (its claim cell says so); the stored result, in the README, pools >= 3 runs "
-               "(k of N). docs/verdicts.md")
+               "of the stored runs (its claim cell says so); the stored result, in the README, pools "
+               f">= {thresholds.MIN_RUNS} runs (k of N). docs/verdicts.md")
 
 
 KERNELSPEC = {"name": "artifact", "display_name": "artifact (.venv)", "language": "python"}   # scripts/env.sh
@@ -354,7 +371,7 @@ def store_claim_outputs(executed: Path, source: Path) -> None:
 def store_outputs(profile: str, overrides: dict, outcomes: list[Outcome], notebooks: Path | None = None,
                   results: Path | None = None, reference: Path | None = None, log=print) -> bool:
     """--store: make a run the committed reference. For every notebook that did not fail, the figures, their
-    data and the claim record it saved (in the run's ignored folders, claims.figures_dir and run_data_dir)
+    data and the claim record it saved (in the run's ignored folders, outputs.figures_dir and run_data_dir)
     are copied to figures/<profile>/ and data/results/<profile>/ (under `reference` when given, else the
     checkout), and on the cpu profile its claim cells' outputs into the source notebook (what nbval
     compares); then the claims tables (README, docs/claims.md) are generated again. A reference is a

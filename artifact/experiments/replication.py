@@ -31,26 +31,48 @@ import os
 import shutil
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from artifact.experiments import paper
-from artifact.experiments.claims import Claim, reference_data_dir, results_dir, run_info
-from artifact.experiments.stats import PAIR_KEYS, pairs, percent_differences
-from artifact.experiments.verdicts import Interval, Ruling, combine, gated
+from artifact.experiments.claims import Claim, run_info
+from artifact.experiments.criteria import thresholds
+from artifact.experiments.outputs.paths import reference_data_dir, results_dir
+from artifact.experiments.rules import Interval, Ruling, combine, gated, host_shares
+from artifact.experiments.settings import CONTROL
+from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, CellKey, pairs, percent_differences
 from artifact.paths import atomic_write_text
 
 RUNS = "runs"
-METHOD = f"{paper.CONFIDENCE:.0%} t interval over per-run means (runs are the unit, df = N - 1)"
-ONE_RUN = f"one run: its mean +- t_(N-1) x the sd of the stored runs' means ({paper.CONFIDENCE:.0%})"
-WITHIN = f"{paper.CONFIDENCE:.0%} t interval over this run's pairs (within one run: no between-run variance)"
-# The raw row files of the timing notebooks (data/results/<profile>/<stem>.csv): what a stored run keeps.
-TIMED_STEMS = ("throttle_runs", "bench", "tide_style_runs", "beyond-fifo", "beyond-demand", "cache_design_runs",
-               "streams", "validation")
+METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over per-run means (runs are the unit, df = N - 1)"
+ONE_RUN = f"one run: its mean +- t_(N-1) x the sd of the stored runs' means ({thresholds.CONFIDENCE:.0%})"
+WITHIN = f"{thresholds.CONFIDENCE:.0%} t interval over this run's pairs (within one run: no between-run variance)"
+
+
+@dataclass(frozen=True)
+class TimedStudy:
+    """A timing notebook: its study (artifact/experiments/studies/<module>, whose `measure(P, progress)` writes the
+    rows a stored run keeps and whose `stored_claims(P)` rules on the stored ones) and its raw row files
+    (data/results/<profile>/<stem>.csv)."""
+    notebook: str
+    module: str
+    stems: tuple[str, ...]
+
+
+# The timing notebooks, once: scripts/record_runs.py measures them, tests/test_stored_runs.py recomputes them.
+TIMED_STUDIES = (
+    TimedStudy("03_bandwidth_throttling", "bandwidth_throttling", ("throttle_runs",)),
+    TimedStudy("04_capacity_sweep", "capacity_sweep", ("bench",)),
+    TimedStudy("05_tide_head_to_head", "tide_head_to_head", ("tide_style_runs",)),
+    TimedStudy("06_beyond_the_paper", "beyond_the_paper", ("beyond-fifo", "beyond-demand")),
+    TimedStudy("07_routing_map", "routing_map", ("streams",)),
+    TimedStudy("08_performance_model", "performance_model", ("validation",)),
+    TimedStudy("09_cache_design_space", "cache_design_space", ("cache_design_runs",)),
+)
+TIMED_STEMS = tuple(s for t in TIMED_STUDIES for s in t.stems)     # what a stored run keeps
 
 
 class RunsError(ValueError):
@@ -82,7 +104,7 @@ def run_meta(run: Path) -> dict:
 
 def row_files(P, stem: str, directory: Path | None = None) -> list[Path]:
     """The files of grid `stem` in a folder (default: this profile's working folder, results_dir): <stem>.csv
-    and the <stem>-<fingerprint>.csv files runs.bench_file writes when settings changed."""
+    and the <stem>-<fingerprint>.csv files harness.bench_file writes when settings changed."""
     d = Path(directory) if directory is not None else results_dir(P)
     return sorted(p for p in d.glob(f"{stem}*.csv") if p.stem == stem or p.stem.startswith(f"{stem}-"))
 
@@ -112,8 +134,9 @@ def record_run(P, stems: Sequence[str] = TIMED_STEMS, reference: Path | None = N
     never over an existing run."""
     files = [f for s in stems for f in row_files(P, s)]
     if not files:
+        only = ",".join(t.notebook[:2] for t in TIMED_STUDIES)
         raise RunsError(f"{results_dir(P)}: no row files of the timing notebooks ({', '.join(stems)}); run them "
-                        "first (python -m artifact notebooks --only 03,04,05,06,07,08,09)")
+                        f"first (python -m artifact notebooks --only {only})")
     root = runs_root(P.name, reference)
     root.mkdir(parents=True, exist_ok=True)
     have = stored_runs(P.name, reference)
@@ -168,7 +191,7 @@ def cached_rows(P, stem: str, fingerprint: str, measure: Callable[[], pd.DataFra
 # ---------------------------------------------------------------------------------------------
 # Intervals per cell
 # ---------------------------------------------------------------------------------------------
-def t_interval(values: Sequence[float], confidence: float = paper.CONFIDENCE) -> tuple[float, float, float]:
+def t_interval(values: Sequence[float], confidence: float = thresholds.CONFIDENCE) -> tuple[float, float, float]:
     """(mean, low, high): the t interval of the mean of `values` (nan bounds for fewer than 2)."""
     v = np.asarray(values, dtype=float)
     mean = float(v.mean()) if len(v) else float("nan")
@@ -205,7 +228,7 @@ def run_effects(rows, a: str, b: str, by: Sequence[str], metric: str) -> dict[tu
             key = key if isinstance(key, tuple) else (key,)
             ok = (g[b] > 0) & np.isfinite(g[a]) & np.isfinite(g[b])   # a 0 baseline (no stall at all): % undefined
             d = percent_differences(g[a][ok].to_numpy(), g[b][ok].to_numpy())
-            out[tuple(_plain(k) for k in key)] = RunEffect(float(d.mean()) if len(d) else float("nan"),
+            out[_key(by, key)] = RunEffect(float(d.mean()) if len(d) else float("nan"),
                                                            tuple(float(x) for x in d))
     return dict(sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0])))
 
@@ -214,12 +237,19 @@ def _plain(v):
     return v.item() if hasattr(v, "item") else v
 
 
-def pooled_interval(means: Sequence[float], confidence: float = paper.CONFIDENCE) -> Interval:
+def _key(by: Sequence[str], key: tuple) -> tuple:
+    """A group's key as plain values: a CellKey when the groups are the cells."""
+    plain = tuple(_plain(k) for k in key)
+    return CellKey(*plain) if tuple(by) == CELL_KEYS else plain
+
+
+def pooled_interval(means: Sequence[float], confidence: float = thresholds.CONFIDENCE) -> Interval:
     mean, lo, hi = t_interval(means, confidence)
     return Interval(mean, lo, hi, len(means), "runs")
 
 
-def one_run_interval(run: RunEffect, stored_means: Sequence[float], confidence: float = paper.CONFIDENCE) -> Interval:
+def one_run_interval(run: RunEffect, stored_means: Sequence[float],
+                     confidence: float = thresholds.CONFIDENCE) -> Interval:
     """A single run's interval (ONE_RUN); with fewer than 2 stored runs, the t interval over its own pairs."""
     q = 0.5 + confidence / 2
     if len(stored_means) < 2:
@@ -246,8 +276,23 @@ class Replicated:
 
 
 @dataclass(frozen=True)
-class Runs:
-    """This run's rows and the stored runs' rows of the same grid (same settings)."""
+class Compared:
+    """A over B per cell (`effects`), with the A/A control over demand in the same cells (`control`: {} when the
+    rows carry no control runs) and each cell's GPU host share of wall time per forward (`host`: {} on the CPU,
+    rules.host_shares): what `judge` rules on, and what every timing study's numbers hold."""
+    effects: dict
+    control: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)
+
+    def where(self, keep: Callable[[tuple], bool]) -> "Compared":
+        """Only the cells whose key `keep` accepts (their controls and host shares go with them)."""
+        return Compared({k: v for k, v in self.effects.items() if keep(k)}, self.control, self.host)
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """This run's rows beside the stored runs' rows of the same grid (same settings): the replicas every per-cell
+    interval is computed over (`effects`, `compare`)."""
     this: pd.DataFrame
     stored: tuple[tuple[str, pd.DataFrame], ...] = ()
     commit: str = ""                 # the stored runs' commit ("" when none, "a, b" when they differ)
@@ -261,11 +306,11 @@ class Runs:
     def n(self) -> int:
         return len(self.stored)
 
-    def last_stored(self) -> "Runs":
+    def last_stored(self) -> "Replicas":
         """These runs with the last stored run as this run: what a `--store` pass on the stored runs rules on."""
         if not self.stored:
             raise RunsError("no stored runs: nothing to recompute")
-        return Runs(self.stored[-1][1], self.stored, self.commit, self.metric)
+        return Replicas(self.stored[-1][1], self.stored, self.commit, self.metric)
 
     def is_stored(self, a: str, b: str, by: Sequence[str]) -> bool:
         """This run's rows are one stored run's rows: same cells, same pairs, same values."""
@@ -278,12 +323,18 @@ class Runs:
                 return True
         return False
 
+    def compare(self, a: str, b: str, by: Sequence[str], metric: str | None = None) -> Compared:
+        """A over B per cell of `by`, with the A/A control (CONTROL over demand) in the same cells when the rows
+        carry it, and the cells' GPU host shares."""
+        control = self.effects(CONTROL, "demand", by, metric) if CONTROL in set(self.this.policy) else {}
+        return Compared(self.effects(a, b, by, metric), control, host_shares(self.this, by))
+
     def effects(self, a: str, b: str, by: Sequence[str], metric: str | None = None) -> dict[tuple, Replicated]:
         """{cell key: Replicated} of A over B per cell of `by` (the cells of this run)."""
         metric = metric or self.metric
         mine = run_effects(self.this, a, b, by, metric)
         theirs = [run_effects(rows, a, b, by, metric) for _, rows in self.stored]
-        me_stored = self.n >= 2 and Runs(self.this, self.stored, metric=metric).is_stored(a, b, by)
+        me_stored = self.n >= 2 and Replicas(self.this, self.stored, metric=metric).is_stored(a, b, by)
         out = {}
         for key, eff in mine.items():
             per = [t[key] for t in theirs if key in t]
@@ -294,7 +345,7 @@ class Runs:
 
 
 def gather(P, this: pd.DataFrame, stem: str | Sequence[str], fingerprint: str | None = None,
-           metric: str = "tokens_per_second", reference: Path | None = None, read=pd.read_csv) -> Runs:
+           metric: str = "tokens_per_second", reference: Path | None = None, read=pd.read_csv) -> Replicas:
     """This run's rows with the stored runs' rows of the same grid(s) and settings, keeping the cells this run
     has (a stored file may hold other grids' cells)."""
     stems = [stem] if isinstance(stem, str) else list(stem)
@@ -304,7 +355,7 @@ def gather(P, this: pd.DataFrame, stem: str | Sequence[str], fingerprint: str | 
             by_run.setdefault(name, []).append(rows)
     stored = tuple((n, pd.concat(fs, ignore_index=True)) for n, fs in by_run.items())
     commits = sorted({run_meta(runs_root(P.name, reference) / n).get("commit", "?") for n, _ in stored})
-    return Runs(this, stored, ", ".join(commits), metric)
+    return Replicas(this, stored, ", ".join(commits), metric)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,12 +390,11 @@ def table(effects: dict[tuple, Replicated], keys: Sequence[str]) -> pd.DataFrame
     return pd.DataFrame(out).round(2)
 
 
-def judge(effects: dict[tuple, Replicated], controls: dict[tuple, Replicated], rule: Callable[[Interval], Ruling],
-          label: Callable[[tuple], str], host: dict | None = None) -> Timed:
-    """Rule every cell of `effects` with `rule`, gated by its A/A control and host share (verdicts.gated), and
-    combine the cells (verdicts.combine), in every view: the ruled one (this run, or pooled when this run is a
+def judge(compared: Compared, rule: Callable[[Interval], Ruling], label: Callable[[tuple], str]) -> Timed:
+    """Rule every cell of `compared` with `rule`, gated by its A/A control and host share (rules.gated), and
+    combine the cells (rules.combine), in every view: the ruled one (this run, or pooled when this run is a
     stored one), each stored run, this run alone and pooled."""
-    host = host or {}
+    effects, controls, host = compared.effects, compared.control, compared.host
 
     def view(pick) -> tuple[str, str, str]:
         return combine((label(k), gated(rule(pick(r)), pick(controls[k]) if k in controls else None, host.get(k)))
@@ -383,7 +433,6 @@ def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dic
     """Over every stored grid that times CONTROL beside `base`: in how many cells the pooled interval of the A/A
     control contains 0, and in how many (cell, run) the interval over one run's pairs does (its true effect is
     0, so a 95% interval should contain it about 95% of the time)."""
-    from artifact.experiments.verdicts import CONTROL
     out = {"pooled": [0, 0], "within": [0, 0], "runs": len(stored_runs(P.name))}
     for stem in stems:
         per_run = stored_rows(P, stem)
@@ -392,17 +441,17 @@ def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dic
             continue
         for fp in sorted(set.intersection(*(set(r.fingerprint.astype(str)) if "fingerprint" in r else {""}
                                             for _, r in have))):
-            runs_ = tuple((n, r[r.fingerprint.astype(str) == fp] if "fingerprint" in r else r) for n, r in have)
-            cols = set(runs_[0][1].columns)
+            kept = tuple((n, r[r.fingerprint.astype(str) == fp] if "fingerprint" in r else r) for n, r in have)
+            cols = set(kept[0][1].columns)
             metric = next((m for m in ("tokens_per_second", "forwards_per_second") if m in cols), None)
             if metric is None:
                 continue
-            by = [k for k in ("task", "batch_size", "cache_ratio", "bandwidth_scale") if k in cols]
-            for r in Runs(runs_[0][1], runs_, metric=metric).effects(CONTROL, base, by).values():
+            by = [k for k in CELL_KEYS if k in cols]
+            for r in Replicas(kept[0][1], kept, metric=metric).effects(CONTROL, base, by).values():
                 if r.pooled is not None and r.pooled.usable:
                     out["pooled"][0] += r.pooled.low <= 0 <= r.pooled.high
                     out["pooled"][1] += 1
-            for _, rows in runs_:
+            for _, rows in kept:
                 for eff in run_effects(rows, CONTROL, base, by, metric).values():
                     _, lo, hi = t_interval(eff.diffs)
                     if math.isfinite(lo):

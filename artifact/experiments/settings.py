@@ -45,6 +45,11 @@ DEFAULTS_ORIGIN = "defaults (artifact/experiments/settings.py)"
 
 PAPER_RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)           # C/W: the paper's grid
 PAPER_BATCH_SIZES = (1, 2, 4, 8)
+# The A/A control of every timing grid, a policy spec (offload/policies.py): last_step_conservative loads only
+# predicted experts that are not resident and never evicts for them, so on every cell it does exactly demand's
+# work (every count equal: tests/test_beyond.py, tests/test_priority.py). Its time against demand's measures the
+# bench's own bias. Stored rows name it by this spec in their `policy` column.
+CONTROL = "last_step_conservative"
 
 
 @dataclass(frozen=True)
@@ -119,9 +124,9 @@ class Settings:
     # A cell's bandwidth = scale * link_gbps. emulated: the link runs at that rate; cuda: 1.0 = unpaced
     # hardware copies, < 1 caps the copy stream (token bucket), > 1 is not possible on real hardware.
     bandwidth_scales: tuple[float, ...] = (1.0,)
-    # Run side by side on identical prompts (engine policies). last_step_conservative does exactly demand's
-    # work: it is the grid's A/A control (verdicts.CONTROL), and a cell whose control differs is inconclusive.
-    policies: tuple[str, ...] = ("demand", "last_step", "last_step_conservative")
+    # Run side by side on identical prompts (engine policies). CONTROL, the A/A control, does exactly demand's
+    # work; a cell whose control differs from demand is inconclusive (rules.gated).
+    policies: tuple[str, ...] = ("demand", "last_step", CONTROL)
     # Your own policies: modules imported before any policy is resolved, each a dotted module name on sys.path
     # or a path to a .py file (relative to the working directory) whose code registers policies
     # (docs/policies.md). Importing runs the module's code: name only your own.

@@ -12,16 +12,27 @@ A difference "excludes zero" when its t interval lies entirely above or below 0.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from artifact.experiments import paper
+from artifact.experiments.criteria import paper, thresholds
 
-CONFIDENCE = paper.CONFIDENCE
-CELL_KEYS = ("task", "batch_size", "cache_ratio", "bandwidth_scale")
+CONFIDENCE = thresholds.CONFIDENCE
+
+
+class CellKey(NamedTuple):
+    """One cell of a grid, the unit every interval is computed in (nothing pools cells): the key of every
+    study's {cell: effect} maps and of the bench's cells (bench.grid.Cell.key)."""
+    task: str
+    batch_size: int
+    cache_ratio: float
+    bandwidth_scale: float
+
+
+CELL_KEYS = CellKey._fields           # the result columns that name a cell
 PAIR_KEYS = CELL_KEYS + ("rep",)
 
 @dataclass(frozen=True)
@@ -141,7 +152,7 @@ def paired_table(rows, a: str = "demand", b: str = "last_step", by: Sequence[str
 
 
 def with_paper(table):
-    """Add the paper's figure and verdict per C/W (from paper.py; demand vs last_step tables grouped by
+    """Add the paper's figure and verdict per C/W (from criteria/paper.py; demand vs last_step tables grouped by
     cache_ratio only) and whether the measured verdict agrees. Other tables come back unchanged."""
     if table.attrs.get("a") != "demand" or table.attrs.get("b") != "last_step" or "cache_ratio" not in table:
         return table

@@ -23,7 +23,6 @@ folder); no result data passes through pickles: shards write CSVs, traces write 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shlex
@@ -31,7 +30,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import submitit
@@ -39,12 +38,12 @@ import torch
 from tqdm.auto import tqdm
 
 from artifact.errors import UserError
-from artifact.experiments import runs
+from artifact.experiments import harness
 from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.grid import Cell, cell_keys, grid, shard_cells, shard_file
 from artifact.experiments.bench.model_runner import usable_core_ids, usable_cores
 from artifact.experiments.bench.results import finished_cells, merge, read_rows
-from artifact.experiments.runs import trace_current
+from artifact.experiments.harness import trace_current
 from artifact.experiments.settings import Settings
 from artifact.experiments.studies import bandwidth_throttling, capacity_sweep, tide_head_to_head
 from artifact.paths import atomic_write_text, repo_root
@@ -72,7 +71,7 @@ def trace_jobs(P: Settings) -> list[tuple[str, int]]:
 
 
 def _one_trace(P: Settings, task: str, batch_size: int) -> Settings:
-    return dataclasses.replace(P, trace_tasks=(task,), trace_batch_sizes=(batch_size,))
+    return replace(P, trace_tasks=(task,), trace_batch_sizes=(batch_size,))
 
 
 def record_traces(P: Settings, pairs: list[tuple[str, int]], pin_cpu: int | None = None) -> int:
@@ -80,7 +79,7 @@ def record_traces(P: Settings, pairs: list[tuple[str, int]], pin_cpu: int | None
     _pin(pin_cpu)
     for task, b in pairs:
         print(f"trace {task} b={b}", flush=True)
-        runs.traces(_one_trace(P, task, b), progress=False)      # records only what is missing
+        harness.traces(_one_trace(P, task, b), progress=False)      # records only what is missing
     return len(pairs)
 
 
@@ -487,7 +486,7 @@ def bench_stages(P: Settings) -> list[tuple[Settings, Path]]:
     """The grids the notebooks run (04 bench, 03 throttling, 05 TIDE-style), each with the file they read."""
     grids = [(P, capacity_sweep.STEM), (bandwidth_throttling.throttle_profile(P), bandwidth_throttling.STEM),
              (tide_head_to_head.tide_style_profile(P), tide_head_to_head.STEM)]
-    return [(g, runs.bench_file(g, stem)) for g, stem in grids]
+    return [(g, harness.bench_file(g, stem)) for g, stem in grids]
 
 
 def run_jobs(P: Settings, backend: str, shards: int, folder: Path | None = None, rerun: str = "",

@@ -1,6 +1,6 @@
 """The hardware model of a virtual-time run: what each action of the stream-driven engine costs.
 
-A virtual-time run (stream.run_stream with `costs`) drives the real engine, cache, policies and link
+A virtual-time run (trace_engine.run_stream with `costs`) drives the real engine, cache, policies and link
 timeline; only time is modelled. The compute stream's clock advances by:
 
   before a demand   non-expert compute of one (forward, MoE layer): attention (q/k/v/o projections, scores
@@ -19,7 +19,7 @@ same clock, so copies overlap compute as a GPU's copy and compute streams do; a 
 length is the stall.
 
 A calibrated Hardware (expert_us, other_us_per_demand) replaces the rooflines by measured per-action costs
-(the cpu-emulated profile: the tiny model's compute on this CPU, measured by stream.calibrate).
+(the cpu-emulated profile: the tiny model's compute on this CPU, measured by trace_engine.calibrate).
 """
 from __future__ import annotations
 

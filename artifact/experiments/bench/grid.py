@@ -12,7 +12,7 @@ from pathlib import Path
 
 from artifact.errors import SettingError
 from artifact.experiments.settings import Settings
-from artifact.experiments.stats import CELL_KEYS
+from artifact.experiments.stats import CELL_KEYS, CellKey
 
 
 @dataclass(frozen=True)
@@ -23,19 +23,19 @@ class Cell:
     bandwidth_scale: float
 
     @property
-    def key(self) -> tuple:
-        return (self.task, self.batch_size, self.cache_ratio, self.bandwidth_scale)
+    def key(self) -> CellKey:
+        return CellKey(self.task, self.batch_size, self.cache_ratio, self.bandwidth_scale)
 
     def __str__(self) -> str:
         return f"{self.task} b={self.batch_size} C/W={self.cache_ratio:g} bw={self.bandwidth_scale:g}x"
 
 
-def cell_key(row) -> tuple:
+def cell_key(row) -> CellKey:
     """The key of the cell a result row (a mapping with the CELL_KEYS) belongs to, typed as Cell.key."""
-    return (str(row["task"]), int(row["batch_size"]), float(row["cache_ratio"]), float(row["bandwidth_scale"]))
+    return CellKey(str(row["task"]), int(row["batch_size"]), float(row["cache_ratio"]), float(row["bandwidth_scale"]))
 
 
-def cell_keys(df) -> list[tuple]:
+def cell_keys(df) -> list[CellKey]:
     """cell_key of every row of a result DataFrame, in row order."""
     return [cell_key(r) for r in df[list(CELL_KEYS)].to_dict("records")]
 

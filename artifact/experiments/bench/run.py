@@ -42,6 +42,32 @@ from artifact.experiments.settings import Settings
 from artifact.offload.sim import capacity_for
 
 
+def run_claimed(out: Path, todo: list[Cell], run_cell, log=print) -> int:
+    """Run each cell of `todo` under its claim on `out` (CellClaims): first the cells nobody else is running, then,
+    waiting for each, those another process held. Returns how many cells `run_cell` wrote here."""
+    ran = 0
+    with CellClaims(out) as claims:
+        later = []
+        for cell in todo:                            # cells nobody else is running, first
+            if not claims.take(cell, wait=False):
+                later.append(cell)
+                continue
+            try:
+                ran += run_cell(cell)
+            finally:
+                claims.release(cell)
+        if later:
+            log(f"note: {len(later)} cells (e.g. {later[0]}) were being run by another process writing {out}; "
+                "waiting for each, then running it here only if that process did not finish it")
+        for cell in later:
+            claims.take(cell, wait=True)             # returns when the other process finished it or died
+            try:
+                ran += run_cell(cell)
+            finally:
+                claims.release(cell)
+    return ran
+
+
 def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
               loaded=None, progress: bool = True, log=print, skip=frozenset(), on_cell=lambda cell: None):
     """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`. The coordinator:
@@ -70,7 +96,7 @@ def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int]
     meta = dict(runner.meta, profile=P.name, fingerprint=bench_fingerprint(P), grid_cells=len(cells))
     check_same_model(old, meta, out)
     policies, R = list(P.policies), P.repetitions
-    t0, ran = time.perf_counter(), 0
+    t0 = time.perf_counter()
     bar = tqdm(total=len(todo) * len(policies) * (R + P.warmup), unit="run", desc=f"bench {P.name}",
                disable=not progress, file=sys.stderr)
 
@@ -95,25 +121,7 @@ def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int]
         return True
 
     try:
-        with CellClaims(out) as claims:
-            later = []
-            for cell in todo:                            # cells nobody else is running, first
-                if not claims.take(cell, wait=False):
-                    later.append(cell)
-                    continue
-                try:
-                    ran += run_cell(cell)
-                finally:
-                    claims.release(cell)
-            if later:
-                log(f"note: {len(later)} cells (e.g. {later[0]}) were being run by another process writing {out}; "
-                    "waiting for each, then running it here only if that process did not finish it")
-            for cell in later:
-                claims.take(cell, wait=True)             # returns when the other process finished it or died
-                try:
-                    ran += run_cell(cell)
-                finally:
-                    claims.release(cell)
+        ran = run_claimed(out, todo, run_cell, log)
     finally:
         bar.close()
     minutes = (time.perf_counter() - t0) / 60

@@ -10,38 +10,38 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments import paper
-from artifact.experiments import verdicts as verdict_rules
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import COLORS, CONTROL_COLOR, EXACT, PER_RUN, Claim, judged, title
-from artifact.experiments.replication import Runs, gather, judge, timed_claim
-from artifact.experiments.runs import run_grid
-from artifact.experiments.settings import Settings
-from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import CONTROL, faster
+from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
+from artifact.experiments.criteria import thresholds
+from artifact.experiments.harness import run_grid
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, title
+from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
+from artifact.experiments.rules import faster
+from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.stats import CELL_KEYS, paired_table
 from artifact.offload.link import PCIE4_GBPS
 
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
-CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one interval per cell: nothing pooled
+CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
 METRIC = "stall_seconds"
 
 
 def throttle_profile(P: Settings) -> Settings:
     """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step with
-    the A/A control (verdicts.CONTROL), one cell per bandwidth in throttle_scales, with at least
-    paper.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
+    the A/A control (settings.CONTROL), one cell per bandwidth in throttle_scales, with at least
+    thresholds.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
     return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(max(P.batch_sizes),),
                                cache_ratios=(P.throttle_ratio,), bandwidth_scales=tuple(P.throttle_scales),
                                policies=("demand", "last_step", CONTROL),
-                               repetitions=max(P.repetitions, paper.MIN_PAIRS))
+                               repetitions=max(P.repetitions, thresholds.MIN_PAIRS))
 
 
-def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
-    """The 03 grid's rows (resumable; see runs.run_grid)."""
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
+    """The 03 grid's rows (resumable; see harness.run_grid)."""
     return run_grid(throttle_profile(P), STEM, progress=progress)
 
 
-def replicas(P: Settings, rows) -> Runs:
+def replicas(P: Settings, rows) -> Replicas:
     """This run's rows with the stored runs' rows of the same grid and settings (replication.py)."""
     return gather(P, rows, STEM, bench_fingerprint(throttle_profile(P)), metric=METRIC)
 
@@ -70,10 +70,9 @@ class Numbers:
     extra_transfers: float       # last_step's transfers / demand's - 1
     by_bandwidth: tuple          # (link GB/s, stall demand, stall last_step, tokens/s demand, tokens/s last_step),
                                  # this run's means, highest bandwidth first
-    stall: dict = field(default_factory=dict)     # {cell: Replicated} last_step's stall over demand's, % per
-                                                  # pair (replication.Runs.effects), highest bandwidth first
-    control: dict = field(default_factory=dict)   # {cell: Replicated} the A/A control's stall over demand's
-    host: dict = field(default_factory=dict)      # {cell: GPU host share of wall per forward (host_shares)}
+    stall: Compared = Compared({})                # {cell: Replicated} last_step's stall over demand's, % per pair,
+                                                  # highest bandwidth first, with the A/A control's stall over
+                                                  # demand's and the cells' GPU host shares
     gbps: dict = field(default_factory=dict)      # {bandwidth scale: link GB/s}
 
 
@@ -86,20 +85,20 @@ def _fastest_first(effects: dict) -> dict:
     return dict(sorted(effects.items(), key=lambda kv: (-kv[0][3], kv[0][:3])))
 
 
-def numbers(runs_: Runs) -> Numbers:
-    rows = runs_.this
+def numbers(reps: Replicas) -> Numbers:
+    rows = reps.this
     summary = summary_table(rows)
     d = summary[summary.policy == "demand"].set_index("bandwidth_scale")
     s = summary[summary.policy == "last_step"].set_index("bandwidth_scale")
     scales = sorted(d.index, reverse=True)
-    control = runs_.effects(CONTROL, "demand", CELL, METRIC) if CONTROL in set(rows.policy) else {}
+    stall = reps.compare("last_step", "demand", CELL, METRIC)
     return Numbers(1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
                    s.speculative_transfers.iloc[0] / d.transfers.iloc[0],
                    s.transfers.iloc[0] / d.transfers.iloc[0] - 1,
                    tuple((d.link_gbps[x], d.stall_seconds[x], s.stall_seconds[x], d.tokens_per_second[x],
                           s.tokens_per_second[x]) for x in scales),
-                   _fastest_first(runs_.effects("last_step", "demand", CELL, METRIC)), _fastest_first(control),
-                   verdict_rules.host_shares(rows, CELL), {float(x): float(d.link_gbps[x]) for x in scales})
+                   Compared(_fastest_first(stall.effects), _fastest_first(stall.control), stall.host),
+                   {float(x): float(d.link_gbps[x]) for x in scales})
 
 
 def label(key, gbps: dict) -> str:
@@ -127,7 +126,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         "speculative transfers compete with demand transfers for host-to-device bandwidth",
         counts_text(n), judged(n.extra_transfers > 0), counting=PER_RUN, interval=EXACT,
         margin=f"{n.extra_transfers:+.1%} link transfers vs > 0")
-    t = judge(n.stall, n.control, faster, lambda k: label(k, n.gbps), n.host)
+    t = judge(n.stall, faster, lambda k: label(k, n.gbps))
     stall = timed_claim(
         "speculative transfers delay demand transfers: last_step stalls longer than demand at every bandwidth",
         "speculative loads queue ahead of demand loads on the copy engine (qualitative)", t,
@@ -165,8 +164,9 @@ def plot(summary, n: Numbers, P: Settings):
         ax1.plot(g.link_gbps, g.tokens_per_second, **kw)
         ax2.plot(g.link_gbps, g.stall_seconds, **kw)
     rows = []
-    for name, src, color, shift in (("last_step over demand", n.stall, COLORS["last_step"], 2 ** -0.05),
-                                    (f"A/A control ({CONTROL} over demand)", n.control, CONTROL_COLOR, 2 ** 0.05)):
+    aa = f"A/A control ({CONTROL} over demand)"
+    for name, src, color, shift in (("last_step over demand", n.stall.effects, COLORS["last_step"], 2 ** -0.05),
+                                    (aa, n.stall.control, CONTROL_COLOR, 2 ** 0.05)):
         groups = sorted({k[:3] for k in src})
         for j, group in enumerate(groups):
             keys = [k for k in src if k[:3] == group and k[3] in n.gbps]
@@ -178,11 +178,11 @@ def plot(summary, n: Numbers, P: Settings):
             rows += [dict(series=name, task=k[0], batch_size=k[1], cache_ratio=k[2], bandwidth_scale=k[3],
                           link_gbps=n.gbps[k[3]], diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
                      for k, i in zip(keys, iv)]
-    ax3.axhspan(-paper.EQUIV_MARGIN, paper.EQUIV_MARGIN, color="gray", alpha=0.12,
-                label=f"+-{paper.EQUIV_MARGIN:g}% (the A/A control must lie inside)")
+    ax3.axhspan(-thresholds.EQUIV_MARGIN, thresholds.EQUIV_MARGIN, color="gray", alpha=0.12,
+                label=f"+-{thresholds.EQUIV_MARGIN:g}% (the A/A control must lie inside)")
     ax3.axhline(0, color="black", lw=1, ls=":")
     ax3.set_yscale("symlog", linthresh=10)     # a near-zero demand stall makes the % of a fast link huge
-    any_iv = next(iter(n.stall.values()), None)
+    any_iv = next(iter(n.stall.effects.values()), None)
     basis = {"runs": "pooled over runs", "run": "one run, widened by the stored runs' spread",
              "pairs": "within one run"}[any_iv.ruled.unit] if any_iv else "no intervals"
     why, ticks = _bandwidth_axis(summary, P)

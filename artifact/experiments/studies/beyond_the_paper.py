@@ -16,30 +16,15 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
-from artifact.experiments.claims import (
-    BASIS,
-    BASIS_SHORT,
-    COLORS,
-    CONTROL_COLOR,
-    EXACT,
-    PER_RUN,
-    Claim,
-    judged,
-    on_bases,
-    title,
-)
-from artifact.experiments.replication import Runs, judge, stored_rows, timed_claim
-from artifact.experiments.runs import run_grid
-from artifact.experiments.settings import Settings
-from artifact.experiments.stats import CONFIDENCE, format_table, paired_table
-from artifact.experiments.verdicts import (
-    CONTROL,
-    host_shares,
-    margin_below,
-    not_faster,
-)
+from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, PER_RUN, Claim, judged, on_bases
+from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.harness import run_grid
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, title
+from artifact.experiments.replication import Compared, Replicas, judge, stored_rows, timed_claim
+from artifact.experiments.rules import margin_below, not_faster
+from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.stats import CELL_KEYS, CONFIDENCE, format_table, paired_table
 from artifact.offload.sim import by_basis, phase_columns, ruling_basis, sweep
 
 OWN = "not a claim of the paper: this artifact's own result"
@@ -98,7 +83,7 @@ def bench_profile(P: Settings, priority: str) -> Settings:
     return dataclasses.replace(P, link_priority=priority, policies=policies, **trim)
 
 
-def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     """Both priorities' bench rows (column link_priority), each from its own resumable file."""
     frames = []
     for pr in PRIORITIES:
@@ -107,16 +92,16 @@ def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-CELL = ["link_priority", "task", "batch_size", "cache_ratio", "bandwidth_scale"]   # one interval per cell
+CELL = ["link_priority", *CELL_KEYS]   # one interval per cell
 
 
-def replicas(P: Settings, rows) -> Runs:
+def replicas(P: Settings, rows) -> Replicas:
     """This run's rows of both priorities with the stored runs' rows of the same grids (replication.py)."""
     stored: dict[str, list] = {}
     for pr in PRIORITIES:
         for name, df in stored_rows(P, f"{STEM}-{pr}", bench_fingerprint(bench_profile(P, pr))):
             stored.setdefault(name, []).append(df.assign(link_priority=pr))
-    return Runs(rows, tuple((n, pd.concat(f, ignore_index=True)) for n, f in stored.items()))
+    return Replicas(rows, tuple((n, pd.concat(f, ignore_index=True)) for n, f in stored.items()))
 
 
 def throughput_table(rows, by=("task", "batch_size", "cache_ratio")) -> pd.DataFrame:
@@ -168,9 +153,8 @@ class Numbers:
     table: pd.DataFrame              # every predictor over demand, per link priority and C/W
     judged: str                      # the counting basis the count claims rule on (sim.ruling_basis)
     by_prefill: dict                 # counting basis -> Counts
-    host: dict = dataclasses.field(default_factory=dict)   # {cell: GPU host share (host_shares)}
-    effects: dict = dataclasses.field(default_factory=dict)    # {policy: {cell: Replicated}} predictor over demand
-    control: dict = dataclasses.field(default_factory=dict)    # {cell: Replicated} CONTROL over demand
+    timed: dict = dataclasses.field(default_factory=dict)    # {policy: Compared} predictor over demand per cell,
+                                                             # with the A/A control and host shares
 
     @property
     def conservative_is_lru(self) -> bool:
@@ -185,15 +169,14 @@ class Numbers:
         return self.by_prefill[self.judged].of_oracle
 
 
-def numbers(summary, table, runs_: Runs) -> Numbers:
-    rows = runs_.this
+def numbers(summary, table, reps: Replicas) -> Numbers:
+    rows = reps.this
     n_same, n_cells = same_tokens(rows.assign(task=rows.task + "/" + rows.link_priority))
     fast = table[(table.verdict == paper.FASTER)]
     by_prefill = {p: counts(g) for p, g in summary.groupby("prefill", sort=False)}
     preds = [p for p in dict.fromkeys(rows.policy) if p not in ("demand", CONTROL)]
-    return Numbers(n_same, n_cells, fast, table, ruling_basis(summary), by_prefill, host_shares(rows, CELL),
-                   {p: runs_.effects(p, "demand", CELL) for p in preds},
-                   runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {})
+    return Numbers(n_same, n_cells, fast, table, ruling_basis(summary), by_prefill,
+                   {p: reps.compare(p, "demand", CELL) for p in preds})
 
 
 def label(key) -> str:
@@ -211,18 +194,19 @@ def bootstrap_above_zero(table) -> list[str]:
     return [f"{r.policy} at C/W {r.cache_ratio:g} b={r.batch_size} ({r.link_priority})" for r in t.itertuples()]
 
 
-def priority_claim(effects: dict, control: dict, host: dict, table: pd.DataFrame | None = None) -> Claim:
+def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
     """(1): under link_priority demand, no predictor is faster than demand-async (not_faster per predictor and
-    cell, gated by the cell's A/A control); `table` (throughput_table, this run) adds its bootstrap note."""
-    cells = {(pol, k): r for pol, eff in effects.items() for k, r in eff.items() if k[0] == "demand"}
-    aa = {(pol, k): control[k] for pol, k in cells if k in control}
-    t = judge(cells, aa, not_faster, lambda pk: f"{pk[0]} {label(pk[1])}",
-              {(pol, k): host[k] for pol, k in cells if k in host})
+    cell of `timed`, {predictor: Compared}, gated by the cell's A/A control); `table` (throughput_table, this run)
+    adds its bootstrap note."""
+    cells = {(pol, k): r for pol, c in timed.items() for k, r in c.effects.items() if k[0] == "demand"}
+    aa = {(pol, k): timed[pol].control[k] for pol, k in cells if k in timed[pol].control}
+    host = {(pol, k): timed[pol].host[k] for pol, k in cells if k in timed[pol].host}
+    t = judge(Compared(cells, aa, host), not_faster, lambda pk: f"{pk[0]} {label(pk[1])}")
     boot = [] if table is None else [c for c in bootstrap_above_zero(table) if c.endswith("(demand)")]
     return timed_claim(
         "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
         "link_priority demand no predictor is faster than demand-async at any measured C/W (not faster by "
-        f"more than {paper.EQUIV_MARGIN:g}%)",
+        f"more than {thresholds.EQUIV_MARGIN:g}%)",
         f"{OWN}; judged per cell (docs/verdicts.md), {CONTROL} vs demand as the A/A control", t,
         "tokens/s per run, predictor over demand % per pair, one interval per cell (task, batch, C/W)",
         "this run's bootstrap intervals over pairs (not ruled on) above 0: " + (", ".join(boot) if boot else "none"))
@@ -234,8 +218,7 @@ def stored_claims(P: Settings) -> list[Claim]:
     r = replicas(P, None).last_stored()
     rows = r.this
     preds = [p for p in dict.fromkeys(rows.policy) if p not in ("demand", CONTROL)]
-    return [priority_claim({p: r.effects(p, "demand", CELL) for p in preds}, r.effects(CONTROL, "demand", CELL),
-                           host_shares(rows, CELL), throughput_table(rows))]
+    return [priority_claim({p: r.compare(p, "demand", CELL) for p in preds}, throughput_table(rows))]
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -244,27 +227,27 @@ def verdicts(n: Numbers) -> list[Claim]:
                     f"{n.same_cells} of {n.cells} cells identical", judged(n.same_cells == n.cells),
                     counting=PER_RUN, interval=EXACT, margin=f"{n.cells - n.same_cells} cells differ")]
     # (1) does prediction still lose once it can never delay a demand transfer?
-    if any(k[0] == "demand" for eff in n.effects.values() for k in eff):
-        claims.append(priority_claim(n.effects, n.control, n.host, n.table))
+    if any(k[0] == "demand" for c in n.timed.values() for k in c.effects):
+        claims.append(priority_claim(n.timed, n.table))
     # (2) is last-step the right predictor to judge prediction by? Exact counts, ruled on n.judged (docs/verdicts.md)
     on = BASIS_SHORT[n.judged]
     bases = n.by_prefill
     if all({"last_step", "oracle"} <= set(c.removed) for c in bases.values()):
         share = {p: _of_oracle(c.removed["last_step"], c.removed["oracle"]) for p, c in bases.items()}
         worst = {p: max(sh, key=sh.get) if sh else None for p, sh in share.items()}
-        holds = {p: all(v < paper.HEADROOM for v in sh.values()) for p, sh in share.items()}
+        holds = {p: all(v < thresholds.HEADROOM for v in sh.values()) for p, sh in share.items()}
         verdict, note = on_bases(holds, {p: f"{share[p][worst[p]]:.1%} at C/W {worst[p]:g}" if worst[p] is not None
                                          else "-" for p in bases}, n.judged)
         ls, orc, w = n.removed["last_step"], n.removed["oracle"], worst[n.judged]
         claims.append(Claim(
             "[own result] (2a) last-step understates what prediction can do: it removes less than "
-            f"{paper.HEADROOM:.0%} of the misses the oracle removes beyond LRU at every C/W",
+            f"{thresholds.HEADROOM:.0%} of the misses the oracle removes beyond LRU at every C/W",
             f"{OWN}; judged on exact replay (the oracle is the ceiling of any predictor), over the {on}",
             f"misses removed beyond LRU ({on}): last_step {_by_ratio(ls)}; oracle {_by_ratio(orc)}; last_step's "
             f"share of the oracle's: {_by_ratio(share[n.judged], '{:.1%}')}",
             verdict, note, counting=BASIS[n.judged], interval=EXACT,
             margin="" if w is None else f"largest share of the oracle's (C/W {w:g}): "
-            + margin_below(share[n.judged][w], paper.HEADROOM)))
+            + margin_below(share[n.judged][w], thresholds.HEADROOM)))
     if all({"last_step", "cross_layer", "oracle"} <= set(c.removed) for c in bases.values()):
         gap = {p: {r: (c.removed["cross_layer"][r] - v) * 100 for r, v in c.removed["last_step"].items()}
                for p, c in bases.items()}
@@ -359,7 +342,8 @@ def plot(summary, n: "Numbers", P: Settings):
         ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses",
                title=f"{what}, exact replay, {BASIS_SHORT[basis]}")
         ax.set_ylim(bottom=0)
-    series = {**n.effects, CONTROL: n.control}
+    control = next(iter(n.timed.values())).control if n.timed else {}
+    series = {**{p: c.effects for p, c in n.timed.items()}, CONTROL: control}
     pols = list(series)
     batches = sorted({k[2] for eff in series.values() for k in eff})
     width = 0.02
@@ -381,8 +365,8 @@ def plot(summary, n: "Numbers", P: Settings):
                 rows += [dict(panel="throughput", link_priority=pr, policy=pol, batch_size=b, cache_ratio=c[3],
                               diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
                          for c, i in zip(keys, iv)]
-        ax.axhspan(-paper.EQUIV_MARGIN, paper.EQUIV_MARGIN, color="gray", alpha=0.12,
-                   label=f"+-{paper.EQUIV_MARGIN:g}% (margin)")
+        ax.axhspan(-thresholds.EQUIV_MARGIN, thresholds.EQUIV_MARGIN, color="gray", alpha=0.12,
+                   label=f"+-{thresholds.EQUIV_MARGIN:g}% (margin)")
         ax.axhline(0, color="black", lw=1, ls=":")
         ax.set(xlabel="cache capacity C/W", ylabel="predictor over demand (% tokens/s)",
                title=f"throughput vs demand-async per cell, link_priority {pr} (95% intervals as ruled)")

@@ -16,14 +16,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, judged, on_bases, title
-from artifact.experiments.paper import EVICTION_GAIN, GAP_LEFT
-from artifact.experiments.replication import Runs, RunsError, gather, judge, stored_rows, timed_claim
-from artifact.experiments.runs import run_grid
-from artifact.experiments.settings import Settings
-from artifact.experiments.verdicts import CONTROL, faster, host_shares, margin_below
+from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, judged, on_bases
+from artifact.experiments.criteria import thresholds
+from artifact.experiments.harness import run_grid, traces
+from artifact.experiments.outputs.figures import title
+from artifact.experiments.replication import Compared, Replicas, RunsError, gather, judge, stored_rows, timed_claim
+from artifact.experiments.rules import faster, margin_below
+from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.stats import CELL_KEYS
 from artifact.offload.sim import by_basis, capacity_for, phase_columns, relative_to_lru, ruling_basis, sweep
 from artifact.offload.trace import mean_working_set
 
@@ -38,7 +39,7 @@ PREFETCH = ("last_step", "cross_layer", "oracle")
 BENCH_RATIO = 1.0                    # the timed cell's C/W: the cache holds one mean working set
 BENCH_PROMPTS = 2                    # prompts per timed run: 3 policies x 5 runs stay well under a minute on cpu
 STEM = "cache_design_runs"           # data/results/<profile>/cache_design_runs.csv
-CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one interval per cell: nothing pooled
+CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
 
 
 def label(spec: str) -> str:
@@ -135,19 +136,25 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
 # --- throughput ---------------------------------------------------------------------------------
 def bench_profile(P: Settings, best: str) -> Settings:
     """The 09 bench: lru (`demand`) vs the best eviction (`demand+<eviction>`) with the A/A control
-    (verdicts.CONTROL), one cell (the first task, batch size 1, C/W BENCH_RATIO, at most BENCH_PROMPTS
-    prompts), one warm-up run of each policy and enough repetitions for paper.MIN_PAIRS pairs."""
+    (settings.CONTROL), one cell (the first task, batch size 1, C/W BENCH_RATIO, at most BENCH_PROMPTS
+    prompts), one warm-up run of each policy and enough repetitions for thresholds.MIN_PAIRS pairs."""
     return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(1,), cache_ratios=(BENCH_RATIO,),
                                bandwidth_scales=(1.0,), policies=("demand", best, CONTROL),
                                n_prompts=min(P.n_prompts, BENCH_PROMPTS),
-                               repetitions=max(P.repetitions, paper.MIN_PAIRS), warmup=1)
+                               repetitions=max(P.repetitions, thresholds.MIN_PAIRS), warmup=1)
 
 
-def bench_runs(P: Settings, best: str, progress: bool = True) -> pd.DataFrame:
+def measure_bench(P: Settings, best: str, progress: bool = True) -> pd.DataFrame:
     return run_grid(bench_profile(P, best), STEM, progress=progress)
 
 
-def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Runs:
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
+    """What a stored run keeps of notebook 09 (replication.TIMED_STUDIES): the end-to-end bench of the best
+    eviction on the profile's traces."""
+    return measure_bench(P, best_eviction(summary(eviction_sweep(traces(P, progress=progress), P))), progress)
+
+
+def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Replicas:
     """The bench's rows with the stored runs' rows of the same grid and settings (replication.py)."""
     return gather(P, rows, STEM, bench_fingerprint(bench_profile(P, best)))
 
@@ -155,18 +162,14 @@ def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Runs:
 @dataclass(frozen=True)
 class BenchNumbers:
     best: str                # the eviction spec timed against lru
-    over_lru: dict           # {cell: Replicated} tokens/s of the best eviction over lru's (replication.Runs.effects)
+    over_lru: Compared       # {cell: Replicated} tokens/s of the best eviction over lru's, with the A/A control
     misses: tuple            # (lru's, the best's) demand misses, summed over this run's timed runs
-    control: dict            # {cell: Replicated} the A/A control over demand in the same cells
-    host: dict = dataclasses.field(default_factory=dict)   # {cell: GPU host share of wall (host_shares)}
 
 
-def bench_numbers(runs_: Runs, best: str) -> BenchNumbers:
-    rows = runs_.this
+def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
+    rows = reps.this
     m = rows.groupby("policy").demand_misses.sum()
-    return BenchNumbers(best, runs_.effects(best, "demand", CELL), (int(m["demand"]), int(m[best])),
-                        runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {},
-                        host_shares(rows, CELL))
+    return BenchNumbers(best, reps.compare(best, "demand", CELL), (int(m["demand"]), int(m[best])))
 
 
 def bench_label(key) -> str:
@@ -175,7 +178,7 @@ def bench_label(key) -> str:
 
 
 def bench_verdict(b: BenchNumbers) -> Claim:
-    t = judge(b.over_lru, b.control, faster, bench_label, b.host)
+    t = judge(b.over_lru, faster, bench_label)
     lru, ours = b.misses
     return timed_claim(
         f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end (tokens/s, C/W "
@@ -261,19 +264,20 @@ def verdicts(n: Numbers) -> list[Claim]:
     basis = dict(counting=BASIS[n.judged], interval=EXACT)
     bases = n.by_prefill
     tops = {p: max(c.removed, key=c.removed.get) for p, c in bases.items()}
-    verdict, note = on_bases({p: c.removed[tops[p]] > EVICTION_GAIN for p, c in bases.items()},
+    verdict, note = on_bases({p: c.removed[tops[p]] > thresholds.EVICTION_GAIN for p, c in bases.items()},
                              {p: f"the best, {tops[p]}, removes {c.removed[tops[p]]:.1%}" for p, c in bases.items()},
                              n.judged)
     claims = [Claim(
-        f"[own result] an eviction policy removes more than {EVICTION_GAIN:.0%} of LRU's demand misses (no "
+        f"[own result] an eviction policy removes more than {thresholds.EVICTION_GAIN:.0%} of LRU's demand misses (no "
         "prefetch) at some batch size and C/W",
         f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4, over the {on}",
         "largest share removed per eviction: " + ", ".join(f"{k} {v:+.1%}" for k, v in
                                                           sorted(n.removed.items(), key=lambda kv: -kv[1])),
-        verdict, note or ("" if n.removed[top] > EVICTION_GAIN else f"the best, {top}, removes {n.removed[top]:.1%}"),
-        margin=f"best ({top}): " + margin_below(n.removed[top], EVICTION_GAIN), **basis)]
+        verdict,
+        note or ("" if n.removed[top] > thresholds.EVICTION_GAIN else f"the best, {top}, removes {n.removed[top]:.1%}"),
+        margin=f"best ({top}): " + margin_below(n.removed[top], thresholds.EVICTION_GAIN), **basis)]
     per = {r: v for r, v in n.gap_closed.items() if r != "pooled"}
-    verdict, note = on_bases({p: c.gap_closed["pooled"] < GAP_LEFT for p, c in bases.items()},
+    verdict, note = on_bases({p: c.gap_closed["pooled"] < thresholds.GAP_LEFT for p, c in bases.items()},
                              {p: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}" for p, c in bases.items()},
                              n.judged)
     claims.append(Claim(
@@ -283,7 +287,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         f"{on}",
         f"share of the gap closed: pooled {n.gap_closed['pooled']:.0%}; "
         + ", ".join(f"C/W {r:g}: {v:.0%}" for r, v in sorted(per.items())),
-        verdict, note, margin="pooled: " + margin_below(n.gap_closed["pooled"], GAP_LEFT), **basis))
+        verdict, note, margin="pooled: " + margin_below(n.gap_closed["pooled"], thresholds.GAP_LEFT), **basis))
     lru, tok, rev = n.token["lru"], n.token["token_lru"], n.token["token_lru:reverse=true"]
     verdict, note = on_bases({p: c.token["token_lru"] < c.token["lru"] < c.token["token_lru:reverse=true"]
                               for p, c in bases.items()},

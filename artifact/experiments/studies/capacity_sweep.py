@@ -1,32 +1,33 @@
 """04 capacity sweep: demand-async vs async last-step prefetch end to end over the profile's grid (tasks x
-batch sizes x C/W), paired by repetition, with 95% intervals; the grid's A/A control (verdicts.CONTROL against
+batch sizes x C/W), paired by repetition, with 95% intervals; the grid's A/A control (settings.CONTROL against
 demand, identical work) gates every C/W's verdict."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments import paper
-from artifact.experiments import verdicts as verdict_rules
+from artifact.experiments import rules
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
-from artifact.experiments.claims import COLORS, CONTROL_COLOR, EXACT, PAPER_STYLE, PER_RUN, Claim, judged, title
-from artifact.experiments.replication import Runs, gather, judge, timed_claim
-from artifact.experiments.runs import run_grid
-from artifact.experiments.settings import Settings
-from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import CONTROL, faster
+from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
+from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.harness import run_grid
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, title
+from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
+from artifact.experiments.rules import faster
+from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.stats import CELL_KEYS, paired_table
 
 STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
-CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one interval per cell: nothing pooled
+CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
 
 
-def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     return run_grid(P, STEM, progress=progress)
 
 
-def replicas(P: Settings, rows) -> Runs:
+def replicas(P: Settings, rows) -> Replicas:
     """This run's rows with the stored runs' rows of the same grid (replication.py)."""
     return gather(P, rows, STEM, bench_fingerprint(P))
 
@@ -43,17 +44,13 @@ def tables(rows) -> pd.DataFrame:
 class Numbers:
     same_cells: int              # cells where every policy and repetition decoded the same tokens ...
     cells: int                   # ... of all cells
-    effects: dict                # {cell: Replicated} demand over last_step, tokens/s (replication.Runs.effects)
-    control: dict                # {cell: Replicated} the A/A control over demand in the same cells
-    host: dict = field(default_factory=dict)   # {cell: host share of wall time per forward} (host_shares)
+    timed: Compared              # {cell: Replicated} demand over last_step, tokens/s, with the A/A control and host
 
 
-def numbers(runs_: Runs) -> Numbers:
-    rows = runs_.this
+def numbers(reps: Replicas) -> Numbers:
+    rows = reps.this
     n_same, n_cells = same_tokens(rows)
-    return Numbers(n_same, n_cells, runs_.effects("demand", "last_step", CELL),
-                   runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {},
-                   verdict_rules.host_shares(rows, CELL))
+    return Numbers(n_same, n_cells, reps.compare("demand", "last_step", CELL))
 
 
 def label(key) -> str:
@@ -68,18 +65,18 @@ def verdicts(n: Numbers) -> list[Claim]:
                     "the engine is exact (design invariant)", f"{n.same_cells} of {n.cells} cells identical",
                     judged(n.same_cells == n.cells), counting=PER_RUN, interval=EXACT,
                     margin=f"{n.cells - n.same_cells} cells differ")]
-    in_range = {k: v for k, v in n.effects.items() if lo <= k[2] <= hi}
-    if in_range:
-        t = judge(in_range, n.control, lambda iv: faster(iv, paper.FASTER_PCT), label, n.host)
+    in_range = n.timed.where(lambda k: lo <= k.cache_ratio <= hi)
+    if in_range.effects:
+        t = judge(in_range, lambda iv: faster(iv, paper.FASTER_PCT), label)
         claims.append(timed_claim(
             f"demand-async is faster than async last-step prefetch at C/W {lo:g}-{hi:g} (95% CIs exclude zero)",
             f"+{paper.FASTER_PCT[0]} to +{paper.FASTER_PCT[1]}%, CIs exclude zero", t, counting))
-    at_low = {k: v for k, v in n.effects.items() if k[2] == paper.AT_LOW.cache_ratio}
-    if at_low:
-        t = judge(at_low, n.control, verdict_rules.no_difference, label, n.host)
+    at_low = n.timed.where(lambda k: k.cache_ratio == paper.AT_LOW.cache_ratio)
+    if at_low.effects:
+        t = judge(at_low, rules.no_difference, label)
         claims.append(timed_claim(
             f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ "
-            f"(equivalence within +-{paper.EQUIV_MARGIN:g}%)", paper.paired_text(paper.AT_LOW, "%"), t, counting))
+            f"(equivalence within +-{thresholds.EQUIV_MARGIN:g}%)", paper.paired_text(paper.AT_LOW, "%"), t, counting))
     return claims
 
 
@@ -94,33 +91,34 @@ def plot(n: Numbers, P: Settings):
     """demand over last_step (% tokens/s) vs C/W, one point per cell (batch sizes side by side) with the interval
     it is ruled on, the A/A control in its own colour with its interval, and the paper's figures marked."""
     fig, ax = plt.subplots(figsize=(9, 4))
-    batches = sorted({k[1] for k in n.effects})
+    batches = sorted({k.batch_size for k in n.timed.effects})
     width = 0.025
     rows = []
     for j, b in enumerate(batches):
         off = (j - (len(batches) - 1) / 2) * width
-        for name, src, color, dx in (("demand over last_step", n.effects, COLORS["demand"], 0.0),
-                                     (f"A/A control ({CONTROL} over demand)", n.control, CONTROL_COLOR, width / 2)):
-            keys = sorted(k for k in src if k[1] == b)
+        aa = f"A/A control ({CONTROL} over demand)"
+        for name, src, color, dx in (("demand over last_step", n.timed.effects, COLORS["demand"], 0.0),
+                                     (aa, n.timed.control, CONTROL_COLOR, width / 2)):
+            keys = sorted(k for k in src if k.batch_size == b)
             if not keys:
                 continue
             iv = [src[k].ruled for k in keys]
-            x = [k[2] + off + dx for k in keys]
+            x = [k.cache_ratio + off + dx for k in keys]
             ax.errorbar(x, [i.mean for i in iv], yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
                         fmt="o" if j == 0 else "s", capsize=3, color=color, ms=4,
                         label=f"{name}, b={b}")
-            rows += [dict(series=name, task=k[0], batch_size=k[1], cache_ratio=k[2], diff_pct=i.mean, low=i.low,
-                          high=i.high, interval=i.unit, n=i.n) for k, i in zip(keys, iv)]
+            rows += [dict(series=name, task=k.task, batch_size=k.batch_size, cache_ratio=k.cache_ratio,
+                          diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n) for k, i in zip(keys, iv)]
     lo, hi = paper.FASTER_RANGE
     ax.fill_between([lo, hi], *paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
                     label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}")
     low = paper.AT_LOW
     ax.errorbar([low.cache_ratio], [low.diff_pct], yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
                 fmt="D", color=PAPER_STYLE["color"], capsize=4, label=f"paper: {paper.paired_text(low, '%')}")
-    ax.axhspan(-paper.EQUIV_MARGIN, paper.EQUIV_MARGIN, color="gray", alpha=0.12,
-               label=f"+-{paper.EQUIV_MARGIN:g}% (equivalence margin)")
+    ax.axhspan(-thresholds.EQUIV_MARGIN, thresholds.EQUIV_MARGIN, color="gray", alpha=0.12,
+               label=f"+-{thresholds.EQUIV_MARGIN:g}% (equivalence margin)")
     ax.axhline(0, color="black", lw=1, ls=":")
-    any_iv = next(iter(n.effects.values()), None)
+    any_iv = next(iter(n.timed.effects.values()), None)
     basis = {"runs": "pooled over runs", "run": "one run, widened by the stored runs' spread",
              "pairs": "within one run"}[any_iv.ruled.unit] if any_iv else ""
     ax.set(xlabel="cache capacity C/W", ylabel="A over B (% tokens/s)",

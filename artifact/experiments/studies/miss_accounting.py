@@ -15,19 +15,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments import paper
-from artifact.experiments.claims import (
-    BASIS,
-    COLORS,
-    EXACT,
-    NOT_MEASURABLE,
-    PAPER_STYLE,
-    Claim,
-    on_bases,
-    title,
-)
+from artifact.experiments.claims import BASIS, EXACT, NOT_MEASURABLE, Claim, on_bases
+from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.outputs.figures import COLORS, PAPER_STYLE, title
+from artifact.experiments.rules import margin_below
 from artifact.experiments.settings import Settings
-from artifact.experiments.verdicts import margin_below
 from artifact.offload.cache import COUNTS
 from artifact.offload.sim import BASES, DENOISING_ONLY, WITH_PREFILL, by_basis, phase_columns, ruling_basis, sweep
 from artifact.offload.trace import mean_working_set, working_set_by_phase
@@ -160,7 +152,7 @@ def refresh_text(n: Numbers) -> str:
 def verdicts(n: Numbers) -> list[Claim]:
     claims = []
     lo, hi = paper.FASTER_RANGE
-    FEW, FACTOR = paper.FEW, paper.FACTOR
+    FEW, FACTOR = thresholds.FEW, thresholds.FACTOR
     on = f"; counted over {_label(n.judged)}"
     basis = dict(counting=BASIS[n.judged], interval=EXACT)
     if n.last_step:

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments.claims import EXACT, Claim, judged, title
-from artifact.experiments.runs import load_model, offload_spec
+from artifact.experiments.claims import EXACT, Claim, judged
+from artifact.experiments.harness import load_model, offload_spec
+from artifact.experiments.outputs.figures import title
 from artifact.experiments.settings import Settings
 from artifact.model.tasks import prompts
 from artifact.offload.runner import run

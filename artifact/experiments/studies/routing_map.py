@@ -2,7 +2,7 @@
 of step novelty nu x W spread are replayed (sim.replay; `min` is bounds.relaxed_min) at C/W 1 and 1.73,
 with and without prefill forwards; the cpu traces are placed on the map from their fitted parameters, the
 paper's oracle cut is drawn as a contour, and two streams (at the paper's implied point and at the cpu
-traces' point) run through the stream-driven engine (offload/stream.py) on the emulated link, demand vs
+traces' point) run through the stream-driven engine (offload/trace_engine.py) on the emulated link, demand vs
 last_step, paired by repetition. The map is this artifact's own result, not a figure of the paper.
 
 The map's streams share one base (`base_params`): LLaDA2.0-mini's shape (E 256, top-k 8, 32 tokens and up to 32
@@ -23,32 +23,24 @@ from matplotlib.colors import LogNorm
 from scipy.interpolate import RegularGridInterpolator
 from tqdm.auto import tqdm
 
-from artifact.experiments import paper
-from artifact.experiments import verdicts as verdict_rules
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import (
-    COLORS,
-    CONTROL_COLOR,
-    EXACT,
-    NOT_MEASURABLE,
-    PAPER_STYLE,
-    Claim,
-    judged,
-    title,
-)
-from artifact.experiments.replication import Runs, cached_rows, gather, judge, timed_claim
-from artifact.experiments.runs import load_model, traces
-from artifact.experiments.settings import Settings
+from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, judged
+from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.harness import load_model, traces
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, title
+from artifact.experiments.replication import Compared, Replicas, cached_rows, gather, judge, timed_claim
+from artifact.experiments.rules import faster
+from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import paired_table
-from artifact.experiments.verdicts import CONTROL, faster
 from artifact.model.tasks import prompts
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.runner import OffloadSpec
 from artifact.offload.sim import capacity_for, denoising_only, phase_columns, replay, sweep
 from artifact.offload.store import HostStore
-from artifact.offload.stream import Calibration, ExpertShape, calibrate, make_store, run_stream
-from artifact.offload.synth import SynthParams, measure, synth
+from artifact.offload.synth import SynthParams, synth
+from artifact.offload.synth import measure as routing_statistics
 from artifact.offload.trace import Trace, mean_working_set
+from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 
 POLICIES = ("last_step", "oracle", "min")      # each against LRU ('demand') at the same C
 
@@ -65,7 +57,7 @@ class MapGrid:
     seed: int = 0
     stream_layers: int = 4          # MoE layers of the timed streams (the tiny model's, whose compute is calibrated)
     stream_steps: int = 16          # steps of a block in the timed streams (through the engine, in real time)
-    repetitions: int = 4            # timed pairs per stream (at least paper.MIN_PAIRS: the interval rule)
+    repetitions: int = 4            # timed pairs per stream (at least thresholds.MIN_PAIRS: the interval rule)
 
 
 # Grids by profile name (others get DEFAULT_GRID). The cpu grid replays 50 streams of ~13k accesses eight
@@ -88,7 +80,7 @@ def trace_fits(ts: list[Trace], ratio: float = 1.0) -> pd.DataFrame:
     claims rule on)."""
     rows = []
     for t in ts:
-        m = measure(t)
+        m = routing_statistics(t)
         replayed = denoising_only(phase_columns(sweep([t], [ratio], ["demand", "oracle"], by_phase=True)),
                                   ["demand_misses"]).set_index("policy").demand_misses
         lru, oracle = int(replayed["demand"]), int(replayed["oracle"])
@@ -284,7 +276,7 @@ def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
 
 def stream_runs(P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: Calibration,
                 progress: bool = True) -> pd.DataFrame:
-    """demand, last_step and the A/A control (verdicts.CONTROL) at the grid's first C/W on each point's stream (no
+    """demand, last_step and the A/A control (settings.CONTROL) at the grid's first C/W on each point's stream (no
     prefill): one untimed warm-up run each, then g.repetitions rounds in alternating order; a row per timed run."""
     loaded = load_model(P)
     shape = ExpertShape(loaded.cfg.hidden_size, loaded.cfg.moe_intermediate_size)
@@ -326,6 +318,11 @@ def cost_text(cal: Calibration) -> str:
 STREAMS = "streams"      # data/results/<profile>/streams.csv: the timed stream rows (replication.cached_rows)
 
 
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
+    """What a stored run keeps of notebook 07 (replication.TIMED_STUDIES): the timed streams."""
+    return streams(P, progress=progress)
+
+
 def streams(P: Settings, base: SynthParams | None = None, points: dict | None = None, g: MapGrid | None = None,
             cal: Calibration | None = None, progress: bool = True) -> pd.DataFrame:
     """stream_runs' rows, reused from data/results/<profile>/streams.csv when made under these settings (so a
@@ -360,25 +357,22 @@ def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
     return paired_table(rows, "demand", "last_step", STREAM, metric=METRIC)
 
 
-def replicas(P: Settings, rows: pd.DataFrame) -> Runs:
+def replicas(P: Settings, rows: pd.DataFrame) -> Replicas:
     """This run's stream rows with the stored runs' rows of the same streams and settings (replication.py)."""
     return gather(P, rows, STREAMS, bench_fingerprint(P), metric=METRIC)
 
 
 @dataclass(frozen=True)
-class Throughput:
-    effects: dict            # {(stream,): Replicated} demand over last_step, forwards/s; control: the A/A control
-    control: dict            # over demand; host: host share of wall per forward (host_shares; GPU rows)
-    host: dict
+class Throughput(Compared):
+    """{(stream,): Replicated} demand over last_step, forwards/s, with the A/A control and host shares."""
     calibration: str = ""    # the compute the rows were timed with (their "calibration" column; "" if absent)
 
 
-def throughput(runs_: Runs) -> Throughput:
-    rows = runs_.this
+def throughput(reps: Replicas) -> Throughput:
+    rows = reps.this
     cal = rows.calibration.dropna().astype(str).unique() if "calibration" in rows else []
-    return Throughput(runs_.effects("demand", "last_step", STREAM, METRIC),
-                      runs_.effects(CONTROL, "demand", STREAM, METRIC) if CONTROL in set(rows.policy) else {},
-                      verdict_rules.host_shares(rows, STREAM), "; ".join(cal))
+    c = reps.compare("demand", "last_step", STREAM, METRIC)
+    return Throughput(c.effects, c.control, c.host, "; ".join(cal))
 
 
 def stored_claims(P: Settings) -> list[Claim]:
@@ -395,7 +389,7 @@ def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
     replication.py rules it on, gated by the A/A control on the same stream."""
     paper_verdict = paper.demand_vs_last_step(1.0)
     cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
-    ruling = judge(t.effects, t.control, lambda iv: faster(iv, paper.FASTER_PCT), stream_label, t.host)
+    ruling = judge(t, lambda iv: faster(iv, paper.FASTER_PCT), stream_label)
     return timed_claim("demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
                        "stream-driven engine (emulated link, compute calibrated on the model)",
                        f"{paper_verdict[0]} (a model-driven run)", ruling,
@@ -481,8 +475,8 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     ax3.axhspan(*paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
                 label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% (C/W "
                       f"{paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})")
-    ax3.axhspan(-paper.EQUIV_MARGIN, paper.EQUIV_MARGIN, color="gray", alpha=0.12,
-                label=f"+-{paper.EQUIV_MARGIN:g}% (equivalence margin)")
+    ax3.axhspan(-thresholds.EQUIV_MARGIN, thresholds.EQUIV_MARGIN, color="gray", alpha=0.12,
+                label=f"+-{thresholds.EQUIV_MARGIN:g}% (equivalence margin)")
     ax3.axhline(0, color="black", lw=1, ls=":")
     ax3.set_xlim(-0.6, len(names) - 0.4)
     any_iv = next(iter(t.effects.values()), None)

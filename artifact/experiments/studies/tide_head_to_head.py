@@ -9,41 +9,41 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from artifact.experiments import paper
-from artifact.experiments import verdicts as verdict_rules
 from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import COLORS, NOT_MEASURABLE, Claim, judged, title
-from artifact.experiments.replication import Runs, gather, judge, timed_claim
-from artifact.experiments.runs import load_model, run_grid
-from artifact.experiments.settings import Settings
-from artifact.experiments.stats import paired_table
+from artifact.experiments.claims import NOT_MEASURABLE, Claim, judged
+from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.harness import load_model, run_grid
+from artifact.experiments.outputs.figures import COLORS, title
+from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
+from artifact.experiments.rules import not_faster
+from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.stats import CELL_KEYS, paired_table
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide.checkout import check_tide
-from artifact.experiments.verdicts import CONTROL, not_faster
 from artifact.model.tasks import prompts
 from artifact.offload.sim import capacity_for
 
 RATIOS = tuple(paper.TIDE_SPEEDUP)      # "the same budget" C = W, and half of it
 STEM = "tide_style_runs"                # data/results/<profile>/tide_style_runs.csv
-CELL = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]      # one interval per cell: nothing pooled
+CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
 
 
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
 def tide_style_profile(P: Settings) -> Settings:
     """The 05 grid: our engine at the TIDE budget and half of it, demand vs interval_refresh with the A/A
-    control (verdicts.CONTROL), batch size 1 (TIDE decodes one prompt at a time), every task, with enough
-    repetitions for paper.MIN_PAIRS pairs per C/W."""
-    reps = max(P.repetitions, -(-paper.MIN_PAIRS // len(P.tasks)))
+    control (settings.CONTROL), batch size 1 (TIDE decodes one prompt at a time), every task, with enough
+    repetitions for thresholds.MIN_PAIRS pairs per C/W."""
+    reps = max(P.repetitions, -(-thresholds.MIN_PAIRS // len(P.tasks)))
     return dataclasses.replace(P, batch_sizes=(1,), cache_ratios=RATIOS, bandwidth_scales=(1.0,),
                                policies=("demand", "interval_refresh", CONTROL), repetitions=reps)
 
 
-def runs(P: Settings, progress: bool = True) -> pd.DataFrame:
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     return run_grid(tide_style_profile(P), STEM, progress=progress)
 
 
-def replicas(P: Settings, rows) -> Runs:
+def replicas(P: Settings, rows) -> Replicas:
     """This run's rows with the stored runs' rows of the same grid and settings (replication.py)."""
     return gather(P, rows, STEM, bench_fingerprint(tide_style_profile(P)))
 
@@ -99,22 +99,18 @@ def tide_released(P: Settings, progress: bool = True) -> list[dict]:
 # --- verdicts -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StyleNumbers:
-    effects: dict    # {cell: Replicated} interval_refresh over demand, tokens/s (replication.Runs.effects),
-                     # highest C/W first
+    timed: Compared  # {cell: Replicated} interval_refresh over demand, tokens/s, highest C/W first, with the A/A
+                     # control and host shares
     misses: dict     # {cell: interval_refresh's demand misses / demand's - 1}, this run
-    control: dict = dataclasses.field(default_factory=dict)   # {cell: Replicated} the A/A control over demand
-    host: dict = dataclasses.field(default_factory=dict)      # {cell: GPU host share of wall (host_shares)}
 
 
-def style_numbers(runs_: Runs) -> StyleNumbers:
+def style_numbers(reps: Replicas) -> StyleNumbers:
     """interval_refresh over demand per cell (the direction the claim is about: does it beat demand?)."""
-    rows = runs_.this
-    effects = runs_.effects("interval_refresh", "demand", CELL)
-    effects = dict(sorted(effects.items(), key=lambda kv: (-kv[0][2], kv[0][:2], kv[0][3])))
-    m = rows.groupby([*CELL, "policy"]).demand_misses.sum()
+    c = reps.compare("interval_refresh", "demand", CELL)
+    effects = dict(sorted(c.effects.items(), key=lambda kv: (-kv[0].cache_ratio, kv[0][:2], kv[0].bandwidth_scale)))
+    m = reps.this.groupby([*CELL, "policy"]).demand_misses.sum()
     misses = {k: m[(*k, "interval_refresh")] / m[(*k, "demand")] - 1 for k in effects}
-    control = runs_.effects(CONTROL, "demand", CELL) if CONTROL in set(rows.policy) else {}
-    return StyleNumbers(effects, misses, control, verdict_rules.host_shares(rows, CELL))
+    return StyleNumbers(Compared(effects, c.control, c.host), misses)
 
 
 def label(key) -> str:
@@ -131,10 +127,10 @@ def style_text(n: StyleNumbers) -> str:
 
 
 def style_verdict(n: StyleNumbers) -> Claim:
-    t = judge(n.effects, n.control, not_faster, label, n.host)
+    t = judge(n.timed, not_faster, label)
     return timed_claim(
         "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and half "
-        f"(not faster by more than {paper.EQUIV_MARGIN:g}%)",
+        f"(not faster by more than {thresholds.EQUIV_MARGIN:g}%)",
         "interval refresh does not beat LRU", t,
         "tokens/s per run, interval_refresh over demand % per pair, one interval per cell (task, C/W)",
         note=style_text(n))

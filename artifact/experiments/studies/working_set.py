@@ -8,10 +8,11 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments import paper
-from artifact.experiments.claims import DENOISING, EXACT, Claim, judged, title
-from artifact.experiments.runs import trace_label
-from artifact.experiments.verdicts import margin_at_least
+from artifact.experiments.claims import DENOISING, EXACT, Claim, judged
+from artifact.experiments.criteria import thresholds
+from artifact.experiments.harness import trace_label
+from artifact.experiments.outputs.figures import title
+from artifact.experiments.rules import margin_at_least
 from artifact.offload.sim import denoising_only, phase_columns, sweep
 from artifact.offload.trace import step_similarity, working_sets
 
@@ -70,12 +71,12 @@ def measured_text(n: Numbers) -> str:
 def verdict(n: Numbers) -> Claim:
     worst = min(n.reuse_by_task, key=n.reuse_by_task.get)
     return Claim("expert routing is very stable from one denoising step to the next",
-                 f"qualitative (no figure); judged: >= {paper.STABLE:.0%} of D(t, l) already in D(t-1, l) on every "
-                 "task",
-                 measured_text(n), judged(all(v >= paper.STABLE for v in n.reuse_by_task.values())),
+                 f"qualitative (no figure); judged: >= {thresholds.STABLE:.0%} of D(t, l) already in D(t-1, l) on "
+                 "every task",
+                 measured_text(n), judged(all(v >= thresholds.STABLE for v in n.reuse_by_task.values())),
                  counting=f"{DENOISING}: W, the reuse of D(t-1, l) and the share resident under LRU",
                  interval=EXACT,
-                 margin=f"lowest task {worst}: " + margin_at_least(n.reuse_by_task[worst], paper.STABLE))
+                 margin=f"lowest task {worst}: " + margin_at_least(n.reuse_by_task[worst], thresholds.STABLE))
 
 
 def reading(ws) -> str:
@@ -128,7 +129,8 @@ def plot_stability(sim, share, P):
     a = sim.groupby(["task", "batch_size"]).agg(reuse=("reuse", "mean"), jaccard=("jaccard", "mean")).reset_index()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     tasks, sizes = _grouped_bars(ax1, a, "reuse", 100)
-    ax1.axhline(100 * paper.STABLE, color="black", lw=1, ls=":", label=f"'very stable' threshold {paper.STABLE:.0%}")
+    ax1.axhline(100 * thresholds.STABLE, color="black", lw=1, ls=":",
+                label=f"'very stable' threshold {thresholds.STABLE:.0%}")
     ax1.set(ylabel="D(t, l) already in D(t-1, l) (%)", ylim=(0, 118), title="step-to-step reuse")
     ax1.legend(fontsize=8, loc="upper left", ncol=3)
     styles = ["-", "--", ":", "-."]

@@ -1,4 +1,4 @@
-"""The performance model: the engine on a virtual clock (offload/stream.run_virtual) priced by a hardware
+"""The performance model: the engine on a virtual clock (offload/trace_engine.run_virtual) priced by a hardware
 profile (hardware.py), and its validation against measured runs.
 
 model_grid replays routing traces (recorded or synthetic) through the real engine, cache, policies and
@@ -27,10 +27,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from tqdm.auto import tqdm
 
-from artifact.experiments import paper
-from artifact.experiments.claims import MODELED, PAPER_STYLE, Claim, judged, title
+from artifact.experiments.claims import MODELED, Claim, judged
+from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.hardware import HARDWARE
-from artifact.experiments.settings import Settings
+from artifact.experiments.outputs.figures import PAPER_STYLE, title
+from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.performance_model.validation import (
     FAST_LINK,
     VALIDATION,
@@ -75,9 +76,15 @@ from artifact.offload.timeline import PRIORITIES
 from artifact.offload.trace import Trace
 from artifact.paths import repo_root
 
+
+def measure(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
+    """What a stored run keeps of notebook 08: the validation cells' rows (replication.TIMED_STUDIES)."""
+    return validation(P, progress=progress)
+
+
 # --- notebook 08: the modelled grid, the figure and the claims ----------------------------------------
 GRID_RATIOS = (0.43, 0.83, 1.0, 1.73)
-GRID_POLICIES = ("demand", "last_step", "last_step_conservative", "cross_layer", "oracle")
+GRID_POLICIES = ("demand", "last_step", CONTROL, "cross_layer", "oracle")      # CONTROL: the A/A control
 GPUS = ("a5000", "h200")
 GPU_SHAPES = ("llada2-mini", "llada2-flash")
 
@@ -87,9 +94,9 @@ def paper_point(P: Settings) -> Trace:
     and W spread, from the profile's committed 07 record, else the cpu profile's), 4 MoE layers, one block of
     16 steps, no prefill (short: the grid replays it 128 times)."""
     committed = repo_root() / "data" / "results"         # inputs from the checkout, whatever ARTIFACT_DATA says
-    path = committed / P.name / "07_stream_throughput.csv"
+    path = committed / P.name / "07_routing_map_throughput.csv"
     if not path.is_file():
-        path = committed / "cpu" / "07_stream_throughput.csv"
+        path = committed / "cpu" / "07_routing_map_throughput.csv"
     row = pd.read_csv(path).query("task == 'paper point'").iloc[0]
     return synth(SynthParams(layers=4, blocks=1, steps=16, novelty=float(row.novelty),
                              w_spread=float(row.w_spread), prefill=0.0))
@@ -191,8 +198,8 @@ def verdicts(grid: pd.DataFrame, errors: ModelErrors, gpu_summary: dict, source:
         _model_claim(d, paper.AT_LOW.cache_ratio, paper.AT_LOW.cache_ratio,
                      "at C/W 0.43 demand-async and async last-step prefetch do not differ (within +-3%)",
                      f"{paper.paired_text(paper.AT_LOW)}; judged on the model: |difference| <= "
-                     f"{paper.EQUIV_MARGIN:g}% on both streams and both GPUs",
-                     lambda x: x.abs() <= paper.EQUIV_MARGIN, f"+-{paper.EQUIV_MARGIN:g}%"),
+                     f"{thresholds.EQUIV_MARGIN:g}% on both streams and both GPUs",
+                     lambda x: x.abs() <= thresholds.EQUIV_MARGIN, f"+-{thresholds.EQUIV_MARGIN:g}%"),
     ]
     h = grid[(grid.hardware == "h200") & (grid["shape"] == CLAIM_SHAPE) & (grid.cache_ratio == 1.0)
              & (grid.link_priority == "fifo")].set_index(["trace", "policy"])
@@ -209,10 +216,10 @@ def verdicts(grid: pd.DataFrame, errors: ModelErrors, gpu_summary: dict, source:
                         "floor is beyond prediction: the oracle closes less than half of it at C/W 1",
                         "not a claim of the paper: this artifact's own result; floor = max(compute, "
                         "min's misses x expert bytes / bandwidth) per step",
-                        "; ".join(parts), judged(max(shares) < paper.GAP_LEFT),
+                        "; ".join(parts), judged(max(shares) < thresholds.GAP_LEFT),
                         counting="modelled seconds per step (virtual clock)",
                         interval=MODELED,
-                        margin=f"largest share closed {100 * max(shares):.0f}% vs < {100 * paper.GAP_LEFT:.0f}%"))
+                        margin=f"largest share closed {100 * max(shares):.0f}% vs < {100 * thresholds.GAP_LEFT:.0f}%"))
     claims.append(model_error_claim(errors, gpu_summary, source))
     return claims
 

@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from artifact.experiments import paper
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import Claim, judged
+from artifact.experiments.criteria import thresholds
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
-from artifact.experiments.replication import Runs, cached_rows, stored_rows
-from artifact.experiments.runs import load_model, offload_spec
+from artifact.experiments.harness import load_model, offload_spec
+from artifact.experiments.replication import Replicas, cached_rows, stored_rows
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.studies.performance_model.virtual import (
@@ -29,8 +29,8 @@ from artifact.model.tasks import prompts
 from artifact.offload.costs import Costs, Hardware, Shape
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import capacity_for
-from artifact.offload.stream import calibrate
 from artifact.offload.trace import Trace, mean_working_set
+from artifact.offload.trace_engine import calibrate
 
 # --- validation on the cpu profile -----------------------------------------------------------------
 VALIDATION_RATIOS = (0.43, 1.0, 1.73)
@@ -44,7 +44,7 @@ def cpu_emulated(P: Settings, loaded, ps: list[list[int]], batch_size: int = 1, 
                  trace: Trace | None = None) -> tuple[Hardware, str]:
     """The cpu-emulated profile with its costs measured now, on this machine, on the offloaded engine:
     runs on a link too fast to wait on at two C (demand) give the host time per copy (the slope of time on
-    copies) and the compute; stream.calibrate's resident run splits that compute between the experts and
+    copies) and the compute; trace_engine.calibrate's resident run splits that compute between the experts and
     the rest (its share of expert time)."""
     dc = P.decode_config()
     cal = calibrate(loaded, ps, dc, batch_size)
@@ -204,7 +204,7 @@ class CellSign:
     (replication.py) beside the virtual clock's modelled value, and whether their signs agree."""
     batch_size: int
     cache_ratio: float
-    measured: object             # verdicts.Interval: the ruled interval (pooled, one run widened, or within)
+    measured: object             # rules.Interval: the ruled interval (pooled, one run widened, or within)
     modeled: float               # this run's modelled difference, %
 
     @property
@@ -263,9 +263,9 @@ def cell_signs(rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]], a: st
     stored runs' rows give the between-run spread), beside the modelled difference of this run."""
     if not {a, b} <= set(rows.policy):
         return ()
-    runs_ = Runs(steps_per_second(rows), tuple((n, steps_per_second(r)) for n, r in stored),
+    reps = Replicas(steps_per_second(rows), tuple((n, steps_per_second(r)) for n, r in stored),
                  metric="measured_steps_per_second")
-    effects = runs_.effects(a, b, VALIDATION_CELL)
+    effects = reps.effects(a, b, VALIDATION_CELL)
     mod = rows.groupby([*VALIDATION_CELL, "policy"]).modeled_seconds_per_step.mean()
     out = []
     for (bs, ratio), r in effects.items():
@@ -307,12 +307,12 @@ def summary_text(s: dict) -> str:
 
 def errors_table(e: ModelErrors) -> pd.DataFrame:
     """One row per run (every stored run, then this run): its median and worst absolute error, its cells, its
-    sign agreement and its own verdict against paper.MODEL_ERROR."""
+    sign agreement and its own verdict against thresholds.MODEL_ERROR."""
     rows = [(name, s) for name, s in e.runs] + [(f"this run{f' (= {e.stored})' if e.stored else ''}", e.this)]
     return pd.DataFrame([{"run": name, "median_abs_error": s["median_abs_error"],
                           "worst_abs_error": s["worst_abs_error"], "cells": s["cells"],
                           "signs_agree": f"{sum(x['modeled_sign_agrees'] for x in s['signs'])} of {len(s['signs'])}",
-                          "verdict": judged(s["median_abs_error"] <= paper.MODEL_ERROR)} for name, s in rows])
+                          "verdict": judged(s["median_abs_error"] <= thresholds.MODEL_ERROR)} for name, s in rows])
 
 
 def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
@@ -320,7 +320,7 @@ def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
     the stored runs' figures when this run is one of them, else on this run's own figure (one run); each stored
     run's own verdict beside it. The measured demand-over-last_step difference of every validation cell is printed
     beside the virtual clock's, with their sign agreement."""
-    limit = paper.MODEL_ERROR
+    limit = thresholds.MODEL_ERROR
     per_run = tuple(judged(f <= limit) for f in e.figures)
     pooled = judged(e.pooled <= limit) if e.pooled is not None else ""
     this_run = judged(e.this["median_abs_error"] <= limit)

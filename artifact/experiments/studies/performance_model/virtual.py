@@ -16,9 +16,9 @@ from artifact.offload.costs import Costs, Hardware, Shape
 from artifact.offload.policies import check_policy
 from artifact.offload.runner import OffloadSpec
 from artifact.offload.sim import capacity_for, replay
-from artifact.offload.stream import Calibration, ExpertShape, run_stream, run_virtual
 from artifact.offload.timeline import CLOCKS, PRIORITIES
 from artifact.offload.trace import KINDS, Trace, mean_working_set
+from artifact.offload.trace_engine import Calibration, ExpertShape, run_stream, run_virtual
 
 SHAPES = ("llada2-mini", "llada2-flash", "tiny")     # model.config presets; tiny in float32 (the cpu profile)
 OUTPUTS = ("seconds_per_step", "tokens_per_second", "stall_per_step", "link_busy_over_wall", "host_per_step",

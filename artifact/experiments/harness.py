@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.grid import cell_keys, grid
 from artifact.experiments.bench.results import bench_fingerprint, read_rows
-from artifact.experiments.claims import results_dir, traces_dir
+from artifact.experiments.outputs.paths import results_dir, traces_dir
 from artifact.experiments.settings import Settings, fingerprint, load_profile
 from artifact.model.checkpoint import Loaded
 from artifact.model.tasks import prompts, select

@@ -8,41 +8,35 @@ widened by the stored runs' spread (replication.py: the run is the unit of repli
                       inconclusive when it crosses 0 and reaches the paper's range. The magnitude is ruled apart
                       (`Ruling.magnitude`): below, inside, above or overlapping the paper's range.
   no_difference(iv)   "A and B do not differ" (equivalence, TOST at 2.5% per side): reproduced when the whole
-                      interval lies inside +-paper.EQUIV_MARGIN, even when it excludes 0 (the reason says both);
+                      interval lies inside +-thresholds.EQUIV_MARGIN, even when it excludes 0 (the reason says both);
                       not reproduced when it lies wholly outside; inconclusive otherwise.
   not_faster(iv)      "A is not faster than B" (non-superiority by +EQUIV_MARGIN): reproduced when the upper bound
                       lies below +EQUIV_MARGIN, even when the interval lies above 0 (the reason says both); not
                       reproduced when it lies above 0 and reaches the margin; inconclusive otherwise.
 
 A claim over cells combines them (`combine`): not reproduced if any cell is, reproduced if every cell is, else
-inconclusive. Every timing grid carries an A/A control: CONTROL, which does exactly demand's work, timed against
-demand in the same cells (`controls`). A cell whose control does not show equivalence (inside +-EQUIV_MARGIN;
+inconclusive. Every timing grid carries an A/A control: settings.CONTROL, which does exactly demand's work, timed
+against demand in the same cells (`controls`). A cell whose control does not show equivalence (inside +-EQUIV_MARGIN;
 containing 0 is not enough) is inconclusive (`gated`, `control_ruling`): the instrument is biased or too noisy
 there. Exact counts have no interval; their verdicts compare a number with a threshold of
-paper.py and print the margin (`margin_below`, `margin_at_least`).
+criteria/thresholds.py and print the margin (`margin_below`, `margin_at_least`).
 
-A GPU timing cell whose host time per forward is more than HOST_BOUND of its wall time (`host_shares`, from the
-rows' host_ms_per_forward and wall_ms_per_forward) timed the host's Python and launches, not the link: its
-ruling is inconclusive (`gated(..., host=)`). On the CPU the rule does not apply: the CPU computes on the host,
-so host time is the compute itself (host_shares returns nothing for CPU rows)."""
+A GPU timing cell whose host time per forward is more than thresholds.HOST_SHARE_LIMIT of its wall time
+(`host_shares`, from the rows' host_ms_per_forward and wall_ms_per_forward) timed the host's Python and
+launches, not the link: its ruling is inconclusive (`gated(..., host=)`). On the CPU the rule does not apply:
+the CPU computes on the host, so host time is the compute itself (host_shares returns nothing for CPU rows)."""
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from artifact.experiments import paper
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.criteria import thresholds
+from artifact.experiments.settings import CONTROL
 from artifact.experiments.stats import paired_table
 
-METHOD = f"{paper.CONFIDENCE:.0%} t interval over pairs"
-# The A/A control of every timing grid: last_step_conservative loads only predicted experts that are not
-# resident and never evicts for them, so on every cell it does exactly demand's work (every count equal:
-# tests/test_beyond.py, tests/test_priority.py). Its time against demand's measures the bench's own bias.
-CONTROL = "last_step_conservative"
-# A GPU cell whose host ms per forward exceed this share of its wall ms is host-bound: the first H200 runs of
-# scripts/gpu_check.py measured the engine at 74-100%, where a policy comparison compares host work, not transfers.
-HOST_BOUND = 0.5
+METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over pairs"
 
 
 @dataclass(frozen=True)
@@ -66,7 +60,7 @@ class Interval:
 
     @property
     def needed(self) -> int:
-        return paper.MIN_PAIRS if self.unit == "pairs" else paper.MIN_RUNS
+        return thresholds.MIN_PAIRS if self.unit == "pairs" else thresholds.MIN_RUNS
 
     @property
     def usable(self) -> bool:
@@ -133,7 +127,7 @@ def _significant(iv: Interval) -> str:
             if iv.excludes_zero else "")
 
 
-def no_difference(iv: Interval, margin: float = paper.EQUIV_MARGIN) -> Ruling:
+def no_difference(iv: Interval, margin: float = thresholds.EQUIV_MARGIN) -> Ruling:
     """"A and B do not differ": equivalence within +-margin. One answer per interval: inside the margin is
     reproduced even when the interval excludes 0 (the reason then says both)."""
     few = _few(iv)
@@ -149,7 +143,7 @@ def no_difference(iv: Interval, margin: float = paper.EQUIV_MARGIN) -> Ruling:
     return Ruling(INCONCLUSIVE, f"interval too wide for +-{margin:g}%", text)
 
 
-def not_faster(iv: Interval, margin: float = paper.EQUIV_MARGIN) -> Ruling:
+def not_faster(iv: Interval, margin: float = thresholds.EQUIV_MARGIN) -> Ruling:
     """"A is not faster than B" (non-superiority by +margin). One answer per interval: reproduced when the upper
     bound lies below +margin, even when the interval lies above 0 (then A is faster by less than the margin, and
     the reason says both); not reproduced when the interval lies above 0 and reaches +margin; else inconclusive."""
@@ -176,9 +170,9 @@ def control_ruling(control: Interval | None) -> str | None:
     if not control.usable:
         return f"A/A control {control.text()}: {r.why}"
     if control.excludes_zero:
-        return (f"A/A control {control.text()} excludes 0 and is not inside +-{paper.EQUIV_MARGIN:g}%: the instrument "
-                "is biased here")
-    return (f"A/A control {control.text()} is not inside +-{paper.EQUIV_MARGIN:g}%: the instrument is too noisy "
+        return (f"A/A control {control.text()} excludes 0 and is not inside +-{thresholds.EQUIV_MARGIN:g}%: the "
+                "instrument is biased here")
+    return (f"A/A control {control.text()} is not inside +-{thresholds.EQUIV_MARGIN:g}%: the instrument is too noisy "
             "here to rule")
 
 
@@ -189,9 +183,10 @@ def gated(ruling: Ruling, control: Interval | None, host: float | None = None) -
     bad = control_ruling(control)
     if bad:
         return Ruling(INCONCLUSIVE, bad, ruling.margin, ruling.magnitude)
-    if host is not None and host > HOST_BOUND:
-        return Ruling(INCONCLUSIVE, f"host-bound: host {host:.0%} of wall time per forward (> {HOST_BOUND:.0%}), "
-                      "so it timed the host, not the link", ruling.margin, ruling.magnitude)
+    if host is not None and host > thresholds.HOST_SHARE_LIMIT:
+        return Ruling(INCONCLUSIVE, f"host-bound: host {host:.0%} of wall time per forward "
+                      f"(> {thresholds.HOST_SHARE_LIMIT:.0%}), so it timed the host, not the link", ruling.margin,
+                      ruling.magnitude)
     return ruling
 
 

@@ -6,8 +6,8 @@ import pytest
 from artifact.model.decode import DecodeConfig
 from artifact.offload.runner import OffloadSpec, run
 from artifact.offload.sim import replay
-from artifact.offload.stream import Calibration, ExpertShape, calibrate, make_store, run_stream
 from artifact.offload.synth import SynthParams, synth
+from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 
 DC = DecodeConfig(gen_length=40)
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d")

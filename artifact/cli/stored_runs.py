@@ -1,4 +1,4 @@
-"""`runs`: the stored runs of a profile (data/results/PROFILE/runs/run<k>/: the timing notebooks' raw rows and
+"""`stored-runs`: the stored runs of a profile (data/results/PROFILE/runs/run<k>/: the timing notebooks' raw rows and
 run.json) and the coverage of the A/A control's intervals over them (artifact.experiments.replication)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from artifact.experiments.replication import RunsError, coverage_text, stored_ru
 from artifact.experiments.settings import load_profile
 
 
-def cmd_runs(a) -> int:
+def cmd_stored_runs(a) -> int:
     P = load_profile(a.profile)
     found = stored_runs(P.name)
     if not found:
@@ -21,8 +21,8 @@ def cmd_runs(a) -> int:
 
 
 def add_cli(subparsers) -> None:
-    """Register `runs`."""
-    c = subparsers.add_parser("runs", help="the stored runs of a profile and how often the A/A control's "
+    """Register `stored-runs`."""
+    c = subparsers.add_parser("stored-runs", help="the stored runs of a profile and how often the A/A control's "
                                            "intervals contain 0 over them")
     c.add_argument("--profile", default="cpu", help="the profile whose stored runs to read (default: cpu)")
-    c.set_defaults(fn=cmd_runs)
+    c.set_defaults(fn=cmd_stored_runs)

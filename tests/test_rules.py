@@ -1,16 +1,17 @@
-"""The verdict rules (artifact/experiments/verdicts.py, docs/verdicts.md): three outcomes, one interval, an
+"""The verdict rules (artifact/experiments/rules.py, docs/verdicts.md): three outcomes, one interval, an
 equivalence test for "no difference", and a "faster" verdict that a crossing interval cannot pass."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from artifact.experiments import paper, verdicts
+from artifact.experiments import rules
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.rules import Interval, combine, faster, gated, no_difference, not_faster
 from artifact.experiments.stats import paired_difference
-from artifact.experiments.verdicts import Interval, combine, faster, gated, no_difference, not_faster
 
-M = paper.EQUIV_MARGIN
+M = thresholds.EQUIV_MARGIN
 
 
 def iv(low, high, n=8):
@@ -56,7 +57,7 @@ def test_faster_rules_and_the_position_against_the_papers_range():
 
 
 def test_too_few_pairs_is_inconclusive_whatever_the_interval():
-    n = paper.MIN_PAIRS - 1
+    n = thresholds.MIN_PAIRS - 1
     for rule in (faster, no_difference, not_faster):
         r = rule(iv(5.0, 6.0, n))
         assert r.verdict == INCONCLUSIVE and f"{n} pairs" in r.why
@@ -95,32 +96,32 @@ def test_the_interval_is_the_t_interval_of_stats():
     d = paired_difference(a, b)
     got = Interval(d.diff_pct, d.ci_low, d.ci_high, d.n_pairs)
     assert got.low == pytest.approx(d.ci_low) and got.excludes_zero and faster(got).verdict == REPRODUCED
-    assert verdicts.METHOD == "95% t interval over pairs"
+    assert rules.METHOD == "95% t interval over pairs"
 
 
 def test_margins_name_the_threshold():
-    assert verdicts.margin_below(0.090, paper.FEW) == "9.0% vs < 10%: 1.0 points under"
-    assert verdicts.margin_below(0.12, paper.FEW) == "12.0% vs < 10%: 2.0 points over"
-    assert verdicts.margin_at_least(0.83, paper.STABLE) == "83.0% vs >= 80%: 3.0 points over"
+    assert rules.margin_below(0.090, thresholds.FEW) == "9.0% vs < 10%: 1.0 points under"
+    assert rules.margin_below(0.12, thresholds.FEW) == "12.0% vs < 10%: 2.0 points over"
+    assert rules.margin_at_least(0.83, thresholds.STABLE) == "83.0% vs >= 80%: 3.0 points over"
 
 
-def test_every_threshold_is_named_once_in_paper_py():
-    """The claim modules take their thresholds from paper.py and define none of their own."""
+def test_every_threshold_is_named_once_in_thresholds_py():
+    """The claim modules take their thresholds from criteria/thresholds.py and define none of their own."""
     import ast
     from pathlib import Path
 
     names = ("FEW", "FACTOR", "STABLE", "HEADROOM", "EQUIV_MARGIN", "MIN_PAIRS", "CONFIDENCE", "EVICTION_GAIN",
-             "GAP_LEFT")
+             "GAP_LEFT", "MIN_RUNS", "MODEL_ERROR")
     for n in names:
-        assert isinstance(getattr(paper, n), (int, float))
-    here = Path(paper.__file__).parent
+        assert isinstance(getattr(thresholds, n), (int, float))
+    here = Path(thresholds.__file__).parent.parent
     for path in here.rglob("*.py"):
-        if path.name in ("paper.py", "stats.py"):       # stats.CONFIDENCE = paper.CONFIDENCE (its default)
+        if path.name in ("thresholds.py", "stats.py"):       # stats.CONFIDENCE = thresholds.CONFIDENCE (its default)
             continue
         tree = ast.parse(path.read_text())
         defined = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) for t in node.targets
                    if isinstance(t, ast.Name) and node.col_offset == 0}
-        assert not defined & set(names), f"{path.name} defines {defined & set(names)}; name it in paper.py"
+        assert not defined & set(names), f"{path.name} defines {defined & set(names)}; name it in thresholds.py"
 
 
 # --- a GPU cell that timed the host (issue 30) -----------------------------------------------------
@@ -134,12 +135,12 @@ def host_rows(device: str, host: dict, wall: float = 10.0):
 
 def test_host_shares_of_gpu_cells_and_none_on_the_cpu():
     rows = host_rows("cuda:0", {1.0: (2.0, 3.0), 1.73: (7.0, 4.0)})
-    s = verdicts.host_shares(rows, ["cache_ratio"])
+    s = rules.host_shares(rows, ["cache_ratio"])
     assert s[(1.0,)] == pytest.approx(0.315) and s[(1.73,)] == pytest.approx(0.715)   # the larger policy's median
-    assert verdicts.host_shares(host_rows("cpu", {1.0: (9.0, 9.0)}), ["cache_ratio"]) == {}   # CPU: not applied
-    assert verdicts.host_shares(rows.drop(columns=["host_ms_per_forward"]), ["cache_ratio"]) == {}   # old rows
+    assert rules.host_shares(host_rows("cpu", {1.0: (9.0, 9.0)}), ["cache_ratio"]) == {}   # CPU: not applied
+    assert rules.host_shares(rows.drop(columns=["host_ms_per_forward"]), ["cache_ratio"]) == {}   # old rows
     nan = rows.assign(host_ms_per_forward=float("nan"))                      # written before host time: unmeasured
-    assert verdicts.host_shares(nan, ["cache_ratio"]) == {}
+    assert rules.host_shares(nan, ["cache_ratio"]) == {}
 
 
 def test_a_host_bound_gpu_cell_is_inconclusive():
