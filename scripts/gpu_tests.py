@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ("tests/test_cuda.py", "tests/test_stream.py")
+FILES = ("tests/test_cuda.py", "tests/test_trace_engine.py")
 DESELECTED = tuple(f"tests/test_cuda.py::test_offloaded_tokens_equal_resident_on_cuda[{p}-full]"
                    for p in ("demand", "last_step", "interval_refresh"))
 TINY_FIXTURES = ("tiny", "tiny_cuda", "tiny_prompts")           # tests/conftest.py, tests/test_cuda.py

@@ -12,7 +12,7 @@ MODEL_TYPE = "llada2_moe"
 
 def expert_params_of(hidden_size: int, moe_intermediate_size: int) -> int:
     """Parameters of one routed expert of width D = hidden_size and I = moe_intermediate_size: gate, up
-    (I x D each) and down (D x I), packed as one row [gate | up | down] (llada2.expert_views). The one place
+    (I x D each) and down (D x I), packed as one row [gate | up | down] (experts.expert_views). The one place
     this size is computed: every expert size in the artifact comes from here."""
     return 3 * moe_intermediate_size * hidden_size
 

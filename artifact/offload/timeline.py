@@ -239,7 +239,7 @@ class ManualClock:
 
 
 class VirtualClock(ManualClock):
-    """The clock of a virtual-time run (offload/stream.py, clock "virtual"): the run advances it by each
+    """The clock of a virtual-time run (offload/trace_engine.py, clock "virtual"): the run advances it by each
     action's modelled cost, and a link that waits on it jumps exactly to the copy's end (no float drift
     from sleeping a difference), so a wait's length is the stall, to the bit."""
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from artifact.model.config import expert_params_of
 from artifact.model.decode import generate
 from artifact.model.experts import ExpertWeights, ResidentExperts, expert_ffn, expert_views
 from artifact.model.options import ForwardOptions
@@ -51,7 +52,7 @@ class ExpertShape:
 
     @property
     def params(self) -> int:
-        return 3 * self.hidden_size * self.moe_intermediate_size      # [gate (I,D) | up (I,D) | down (D,I)]
+        return expert_params_of(self.hidden_size, self.moe_intermediate_size)
 
 
 @dataclass(frozen=True)
