@@ -1,6 +1,7 @@
 """The code's shape, checked: the import order (import-linter, which must also fail on a back edge), no
-command-line code outside artifact/cli/, the command line's options as they were, and small files in the
-experiments layer."""
+import circle between files, no command-line code outside artifact/cli/, the command line's options as they
+were, no private name imported across modules, small files (artifact/ and scripts/) and small functions
+(artifact/)."""
 from __future__ import annotations
 
 import ast
@@ -106,12 +107,6 @@ def test_every_command_takes_the_options_it_always_took():
     assert _options(build_parser()) == stored
 
 
-def test_no_experiments_module_is_over_500_lines():
-    for path in sorted((ROOT / "artifact" / "experiments").rglob("*.py")):
-        n = len(path.read_text().splitlines())
-        assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines (> {MAX_LINES}): split it by job"
-
-
 def test_no_experiments_folder_is_a_flat_folder_of_more_than_12_modules():
     layer = ROOT / "artifact" / "experiments"
     folders = [layer, *(p.parent for p in layer.glob("*/__init__.py"))]
@@ -119,3 +114,144 @@ def test_no_experiments_folder_is_a_flat_folder_of_more_than_12_modules():
     for folder in folders:
         modules = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
         assert len(modules) <= MAX_MODULES, f"{folder.relative_to(ROOT)} holds {len(modules)} modules: group them"
+
+
+# --- the code's size and its import graph, file by file --------------------------------------------------------
+MAX_FUNCTION_LINES = 80         # no function under artifact/ over this
+SIZED = ("artifact", "scripts")  # no file under these over MAX_LINES
+
+
+def _py_files(*roots: str) -> list[Path]:
+    return sorted(p for r in roots for p in (ROOT / r).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path, root: Path = ROOT) -> list[tuple[str, str]]:
+    """(module imported, name taken or '') for every import of the file, at any depth (a lazy import counts)."""
+    me = _module_name(path, root)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, "") for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = package.split(".")
+                pkg = pkg[:len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            out += [(base, a.name) for a in node.names]
+    return out
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the artifact modules it imports (a `from package import module` names the module)."""
+    files = {_module_name(p, root): p for p in (root / "artifact").rglob("*.py") if "__pycache__" not in p.parts}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        for base, name in _imports(path, root):
+            target = f"{base}.{name}" if f"{base}.{name}" in files else base
+            if target in files and target != mod:
+                graph[mod].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_between_files():
+    found = circles(import_graph())
+    assert not found, f"import circles (a package __init__ counts as a file): {found}"
+
+
+def test_the_circle_check_sees_a_planted_circle(tree_copy):
+    path = tree_copy / "artifact/paths.py"
+    text = path.read_text()
+    try:
+        path.write_text(text + "\n\ndef _late():\n    from artifact import validate  # planted\n")
+        (tree_copy / "artifact/validate.py").write_text(
+            (ROOT / "artifact/validate.py").read_text() + "\n\ndef _back():\n    import artifact.paths  # planted\n")
+        found = circles(import_graph(tree_copy))
+    finally:
+        path.write_text(text)
+        shutil.copy(ROOT / "artifact/validate.py", tree_copy / "artifact/validate.py")
+    assert ["artifact.paths", "artifact.validate"] in found, found
+
+
+def test_no_file_under_artifact_or_scripts_is_over_500_lines():
+    over = [f"{p.relative_to(ROOT)} ({n})" for p in _py_files(*SIZED)
+            if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not over, f"over {MAX_LINES} lines: {over}: split them by job"
+
+
+def long_functions(paths) -> list[str]:
+    out = []
+    for p in paths:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    out.append(f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}:{node.lineno} "
+                               f"{node.name} ({n} lines)")
+    return out
+
+
+def test_no_function_under_artifact_is_over_80_lines(tmp_path):
+    assert not (found := long_functions(_py_files("artifact"))), f"over {MAX_FUNCTION_LINES} lines: {found}"
+    planted = tmp_path / "long.py"
+    planted.write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
+    assert long_functions([planted]), "the check must see a function of 81 lines"
+
+
+def private_imports(paths, root: Path = ROOT) -> list[str]:
+    """`from artifact.x import _name` in another module than artifact.x (a test or a module of its own may)."""
+    out = []
+    for p in paths:
+        for base, name in _imports(p, root):
+            if base.startswith("artifact") and name.startswith("_") and not name.startswith("__"):
+                out.append(f"{p.relative_to(root)} imports {name} from {base}")
+    return out
+
+
+def test_no_private_name_is_imported_across_modules(tree_copy):
+    assert not (found := private_imports(_py_files(*SIZED))), found
+    path = tree_copy / "artifact/paths.py"
+    text = path.read_text()
+    try:
+        path.write_text(text + "\nfrom artifact.validate import _planted  # noqa\n")
+        assert private_imports([path], tree_copy), "the check must see a planted private import"
+    finally:
+        path.write_text(text)
