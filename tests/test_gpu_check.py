@@ -480,3 +480,16 @@ def test_the_link_modules_and_gpu_scripts_are_under_500_lines_and_say_what_is():
     assert "52.92 GB/s in `h200_run2.json`" in host_path.replace("\n", " ").replace("54.80 and ", "")
     assert "53.05 GB/s in `h200.json`" in host_path.replace("\n", " ").replace("54.77 and ", "")
     assert not hasattr(hardware, "HOST_BOUND") and hardware.HOST_SHARE_NOT_COMPUTE == 0.5
+
+
+def test_the_gpu_tests_step_names_files_and_ids_that_exist():
+    """A renamed test file or test would make the CUDA step's list collect nothing or deselect nothing (and
+    the step would then run past its budget): every file it names exists and every id it deselects is one
+    that pytest collects."""
+    tests = load("gpu_tests")
+    assert all((ROOT / f).is_file() for f in tests.FILES), tests.FILES
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        *tests.FILES], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    collected = {ln.strip() for ln in p.stdout.splitlines() if "::" in ln}
+    missing = [d for d in tests.DESELECTED if d not in collected]
+    assert not missing, f"deselected ids not collected: {missing}\n{p.stdout[-2000:]}{p.stderr[-2000:]}"
