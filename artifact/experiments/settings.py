@@ -28,7 +28,7 @@ from artifact.errors import ProfileError, SettingError
 from artifact.experiments.hardware import HARDWARE
 from artifact.model.checkpoint import DTYPES
 from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
-from artifact.model.options import FORWARD_MODES
+from artifact.model.options import DEFAULT_FORWARD, FORWARD_MODES
 from artifact.model.tasks import TASKS
 from artifact.offload.link import LINKS, PCIE_LATENCY_US
 from artifact.offload.policies import check_policy
@@ -97,7 +97,7 @@ class Settings:
     clock: str = "virtual"
     # How the model runs its denoising forwards (artifact/model/options.py): eager = the reference forward;
     # segmented = segments between the router syncs, captured as CUDA graphs on a GPU (eager on the CPU).
-    forward: str = "eager"
+    forward: str = DEFAULT_FORWARD
     hardware: str = "cpu-emulated"       # the performance model's hardware profile: a5000 | h200 | cpu-emulated
     # torch intra-op threads of every command (CLI --threads) and bench run. None: 1 for the tiny model on
     # the CPU (its ops are too small to gain from threads, and on 2 shared cores OpenMP spin-waiting made

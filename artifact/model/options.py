@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from artifact.model.experts import ExpertBackend
 
 FORWARD_MODES = ("eager", "segmented")
-DEFAULT_FORWARD = "eager"        # Settings.forward has the same default (tests/test_cli.py keeps them equal)
+DEFAULT_FORWARD = "eager"        # the one default: Settings.forward, run() and the CLI read it from here or Settings
 
 
 def check_forward(forward: str) -> str:
