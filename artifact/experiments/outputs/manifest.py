@@ -96,7 +96,7 @@ def check_runs(root: Path) -> list[Path]:
     for k, p in enumerate(found, 1):
         if p.name != f"run{k}":
             raise RunsError(f"{short_path(root)}/run{k}: missing (the stored runs are "
-                            f"{', '.join(q.name for q in found)}; expected run1..run{len(found)})")
+                            f"{', '.join(q.name for q in found)}; expected run1, run2, ... without a gap)")
     commits: dict[str, list[str]] = {}
     for p in found:
         commits.setdefault(str(check_run(p).get("commit")), []).append(p.name)
