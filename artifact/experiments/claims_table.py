@@ -37,7 +37,7 @@ def markers(profile_name: str) -> tuple[str, str]:
 
 
 RECORD_KEYS = ("notebook", "claims")
-CLAIM_KEYS = ("claim", "paper", "measured", "verdict")
+CLAIM_KEYS = ("claim", "verdict")
 
 
 def read_record(path: Path) -> dict:
@@ -126,11 +126,11 @@ def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir:
             where += ": " + ", ".join(f"[{f}]({root}figures/{profile_name}/{f}.png)" for f in figs)
         run = f"run {runs.index(_run_key(r)) + 1}"
         for k, c in enumerate(r["claims"]):
-            measured = c["measured"] + (f" (margin: {c['margin']})" if c.get("margin") else "")
-            row = [where if k == 0 else "", c["claim"], c["paper"], measured, verdict(c), basis(c), run]
+            measured = c.get("measured", "") + (f" (margin: {c['margin']})" if c.get("margin") else "")
+            row = [where if k == 0 else "", c["claim"], c.get("paper", ""), measured, verdict(c), basis(c), run]
             for by_nb in others.values():
                 oc = by_nb.get(nb, {}).get("claims", [])
-                row.append(f"{verdict(oc[k])} ({oc[k]['measured']})" if k < len(oc) else "not run")
+                row.append(f"{verdict(oc[k])} ({oc[k].get('measured', '')})" if k < len(oc) else "not run")
             lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
     lines.append("")
     for i, (command, date, commit) in enumerate(runs, 1):
