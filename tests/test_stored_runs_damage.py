@@ -170,3 +170,10 @@ def test_record_runs_refuses_damaged_stored_runs_before_measuring(tmp_path):
     assert "run1: no manifest.json" in one_line(r.stderr)
     assert sorted(p.name for p in (tmp_path / "data" / "results" / "cpu" / "runs").iterdir()) == \
         ["run1", "run2", "run3"]
+
+
+def test_recording_beside_runs_of_another_commit_is_refused(data):
+    shutil.copy(COMMITTED / "runs" / "run1" / "bench.csv", data / "bench.csv")      # a working row file
+    with pytest.raises(RunsError, match=r"runs: the stored runs are at commit a7d844991a8b, this checkout at \w+"):
+        replication.record_run(load_profile("cpu"), log=lambda s: None)
+    assert sorted(p.name for p in (data / "runs").iterdir()) == ["run1", "run2", "run3"]
