@@ -31,5 +31,10 @@ class ResultFileError(UserError):
     """A result file (bench CSV) that is damaged, of other settings, or would be overwritten."""
 
 
+class RunsError(ResultFileError):
+    """A stored run (data/results/<profile>/runs/run<k>/) that is damaged, missing or of another commit, or too
+    few stored runs for what is asked."""
+
+
 class DeviceError(UserError):
     """A device or link that this machine does not have (e.g. --device cuda without a GPU)."""

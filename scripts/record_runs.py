@@ -1,5 +1,6 @@
 """Record N runs of the timing notebooks' measurements on a profile, each into data/results/<profile>/runs/run<k>/
-(its raw row files and run.json): the stored runs behind every timing verdict (artifact/experiments/replication.py).
+(its raw row files, run.json and manifest.json): the stored runs behind every timing verdict
+(artifact/experiments/replication.py).
 
     PYTHONPATH=. python scripts/record_runs.py --profile cpu --runs 3
 
@@ -29,14 +30,27 @@ def measure(P, log=print) -> None:
 
 
 def main(argv=None) -> int:
+    """Record the runs; a bad argument, profile or stored run prints one line (`error: ...`) and returns 2."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="cpu")
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args(argv)
-    if a.runs < 1:
-        ap.error(f"--runs {a.runs}: give at least 1")
+    from artifact.errors import UserError
+    try:
+        record(a)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def record(a) -> None:
+    from artifact.errors import SettingError
     from artifact.experiments import harness, replication
+    if a.runs < 1:
+        raise SettingError(f"--runs {a.runs}: give at least 1")
     P = harness.setup(a.profile)
+    replication.next_run(P.name)      # the stored runs are whole and of this commit, before any measurement
     for k in range(a.runs):
         replication.clear_working(P)
         t0 = time.time()
@@ -44,7 +58,6 @@ def main(argv=None) -> int:
         measure(P)
         replication.record_run(P, seconds=round(time.time() - t0, 1),
                                command=f"python scripts/record_runs.py {' '.join(sys.argv[1:])} (run {k + 1})")
-    return 0
 
 
 if __name__ == "__main__":

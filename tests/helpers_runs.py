@@ -2,8 +2,8 @@
 
 make_rows builds one run's rows: per cell, `reps` pairs of policy A and B whose `metric` differs by the cell's
 percentage, +-noise points alternating pair by pair, and optionally the A/A control (settings.CONTROL) beside
-B. store_runs writes runs as data/results/<profile>/runs/run<k>/<stem>.csv with their run.json, the layout
-replication.stored_runs reads (under ARTIFACT_DATA)."""
+B. store_runs writes runs as data/results/<profile>/runs/run<k>/<stem>.csv with their run.json and manifest.json,
+the layout replication.stored_runs reads (under ARTIFACT_DATA)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from artifact.experiments.outputs.manifest import write_manifest
 from artifact.experiments.settings import CONTROL
 
 
@@ -49,6 +50,7 @@ def store_runs(data: Path, profile: str, stem: str, runs: list[pd.DataFrame]) ->
         d.mkdir(parents=True)
         rows.to_csv(d / f"{stem}.csv", index=False)
         (d / "run.json").write_text(json.dumps({"run": k, "commit": "abc1234", "files": [f"{stem}.csv"]}))
+        write_manifest(d)
         out.append(d)
     return out
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from artifact.experiments.outputs.manifest import write_manifest
 from artifact.experiments.replication import runs_root
 from artifact.experiments.settings import CONTROL
 
@@ -57,10 +58,12 @@ def validation_rows(error: float, last_step_over_demand: float = 0.10, ratios=(0
 
 
 def store_run(profile: str, k: int, stem: str, rows: pd.DataFrame, fingerprint: str | None = None) -> Path:
-    """Write `rows` as stored run k's <stem>.csv (with the fingerprint column when given) and its run.json, under
-    the data folder ARTIFACT_DATA names (replication.runs_root)."""
+    """Write `rows` as stored run k's <stem>.csv (with the fingerprint column when given), its run.json and
+    manifest.json, under the data folder ARTIFACT_DATA names (replication.runs_root)."""
     d = runs_root(profile) / f"run{k}"
     d.mkdir(parents=True, exist_ok=True)
     (rows.assign(fingerprint=fingerprint) if fingerprint is not None else rows).to_csv(d / f"{stem}.csv", index=False)
-    (d / "run.json").write_text(json.dumps({"run": k, "commit": "abc123", "files": [f"{stem}.csv"]}))
+    files = sorted(p.name for p in d.glob("*.csv"))
+    (d / "run.json").write_text(json.dumps({"run": k, "commit": "abc123", "files": files}))
+    write_manifest(d)
     return d

@@ -210,7 +210,7 @@ def stored_validation(monkeypatch, tmp_path, figures=FIGURES):
     P = load_profile("cpu")
     for k, e in enumerate(figures, 1):
         store_run(P.name, k, pm.VALIDATION, validation_rows(e, 0.10 + 0.01 * k), bench_fingerprint(P))
-    store_run(P.name, 9, pm.VALIDATION, validation_rows(0.5), "other settings")      # filtered out
+    store_run(P.name, 4, pm.VALIDATION, validation_rows(0.5), "other settings")      # filtered out
     return P
 
 

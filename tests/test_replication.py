@@ -188,9 +188,11 @@ def test_recording_a_run_copies_the_row_files_whole_and_never_over_another(cpu, 
     assert meta["files"] == ["bench.csv", "streams.csv"] and meta["commit"] and len(meta["load_average"]) == 3
     got = replication.stored_rows(cpu, "bench")
     assert [n for n, _ in got] == ["run1", "run2"] and len(got[0][1]) == len(rows({(1, 1.0): 5.0}))
-    (first.parent / "run3").mkdir()                              # a copy that never finished: no run.json
-    assert [p.name for p in replication.stored_runs("cpu")] == ["run1", "run2"]
-    with pytest.raises(replication.RunsError, match="run3 exists without run.json"):
+    assert json.loads((first / "manifest.json").read_text())["files"]["bench.csv"]["rows"] == len(got[0][1])
+    (first.parent / "run3").mkdir()                              # a run folder without its run.json: damaged
+    with pytest.raises(replication.RunsError, match="run3: no run.json"):
+        replication.stored_runs("cpu")
+    with pytest.raises(replication.RunsError, match="run3: no run.json"):
         replication.record_run(cpu, log=lambda s: None)
     assert replication.clear_working(cpu, log=lambda s: None) == 2 and not (work / "bench.csv").exists()
     with pytest.raises(replication.RunsError, match="no row files"):

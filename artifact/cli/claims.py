@@ -1,5 +1,6 @@
 """`claims`: the claims table for a profile, rendered from its stored claim records
-(artifact.experiments.claims_table): the README's compact table, or with --full docs/claims.md's.
+(artifact.experiments.claims_table): the README's compact table, or with --full docs/claims.md's. It first checks
+the stored runs the records were ruled on (replication.check_stored_runs) and refuses damaged or missing ones.
 `--update-readme` rewrites the blocks between its markers in the README (the compact table) and
 docs/claims.md (the full table and the agreement of repeated runs)."""
 from __future__ import annotations
@@ -8,27 +9,30 @@ import sys
 from pathlib import Path
 
 from artifact.errors import UserError
-from artifact.experiments.claims_table import render, render_agreement, render_compact, render_this_run, update_readme
+from artifact.experiments import claims_table as table
+from artifact.experiments.replication import check_stored_runs
 from artifact.experiments.settings import load_profile
 
 
 def cmd_claims(a) -> int:
     name = load_profile(a.profile).name            # a bad profile name fails with the known ones
+    ruled_on = max((len(c.get("per_run") or []) for r in table.records(name) for c in r["claims"]), default=0)
+    check_stored_runs(name, ruled_on=ruled_on)     # the runs behind the records: whole, at one commit, all there
     if a.update_readme:
-        changed = update_readme(a.readme, name)
+        changed = table.update_readme(a.readme, name)
         print(f"{a.readme or 'README.md'}: the {name} claims table {'rewritten' if changed else 'already current'}",
               file=sys.stderr)
         return 0
     if a.agreement:
-        print(render_agreement(name))
+        print(table.render_agreement(name))
         return 0
     if a.this_run is not None:
         if not a.this_run.is_dir():
             raise UserError(f"--this-run {a.this_run}: no such directory (expected a run's claim records, e.g. "
                             f"results/{name}/data/)")
-        print(render_this_run(name, a.this_run))
+        print(table.render_this_run(name, a.this_run))
         return 0
-    print(render(name) if a.full else render_compact(name))    # docs/claims.md's table, or the README's
+    print(table.render(name) if a.full else table.render_compact(name))    # docs/claims.md's table, or the README's
     return 0
 
 

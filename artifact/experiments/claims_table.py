@@ -20,6 +20,7 @@ import json
 import re
 from pathlib import Path
 
+from artifact.errors import ResultFileError
 from artifact.experiments.claims import RECORD_SUFFIX
 from artifact.paths import atomic_write_text, data_dir, repo_root
 
@@ -35,10 +36,34 @@ def markers(profile_name: str) -> tuple[str, str]:
     return f"<!-- claims:{profile_name}:begin -->", f"<!-- claims:{profile_name}:end -->"
 
 
+RECORD_KEYS = ("notebook", "claims")
+CLAIM_KEYS = ("claim", "verdict")
+
+
+def read_record(path: Path) -> dict:
+    """One claim record (claims.record), or ResultFileError naming the file and what is wrong with it."""
+    expected = f"expected a claim cell's record: JSON with {', '.join(RECORD_KEYS)}[{', '.join(CLAIM_KEYS)}]"
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ResultFileError(f"{path}: unreadable ({e}); {expected}") from None
+    if not isinstance(doc, dict) or any(k not in doc for k in RECORD_KEYS) or not isinstance(doc["claims"], list):
+        raise ResultFileError(f"{path}: not a claim record; {expected}")
+    for i, c in enumerate(doc["claims"]):
+        missing = [k for k in CLAIM_KEYS if k not in c] if isinstance(c, dict) else list(CLAIM_KEYS)
+        if missing:
+            raise ResultFileError(f"{path}: claim {i + 1} lacks {', '.join(missing)}; {expected}")
+    return doc
+
+
+def read_records(directory: Path) -> list[dict]:
+    """The claim records in a folder, in notebook order (empty when it has none), each read_record."""
+    return [read_record(p) for p in sorted(Path(directory).glob(f"[0-9][0-9]_*{RECORD_SUFFIX}"))]
+
+
 def records(profile_name: str, results: Path | None = None) -> list[dict]:
     """The profile's claim records, in notebook order (empty when it has none)."""
-    d = Path(results or data_dir() / "results") / profile_name
-    return [json.loads(p.read_text()) for p in sorted(d.glob(f"[0-9][0-9]_*{RECORD_SUFFIX}"))]
+    return read_records(Path(results or data_dir() / "results") / profile_name)
 
 
 def other_profiles(profile_name: str, results: Path | None = None) -> list[str]:
@@ -101,11 +126,11 @@ def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir:
             where += ": " + ", ".join(f"[{f}]({root}figures/{profile_name}/{f}.png)" for f in figs)
         run = f"run {runs.index(_run_key(r)) + 1}"
         for k, c in enumerate(r["claims"]):
-            measured = c["measured"] + (f" (margin: {c['margin']})" if c.get("margin") else "")
-            row = [where if k == 0 else "", c["claim"], c["paper"], measured, verdict(c), basis(c), run]
+            measured = c.get("measured", "") + (f" (margin: {c['margin']})" if c.get("margin") else "")
+            row = [where if k == 0 else "", c["claim"], c.get("paper", ""), measured, verdict(c), basis(c), run]
             for by_nb in others.values():
                 oc = by_nb.get(nb, {}).get("claims", [])
-                row.append(f"{verdict(oc[k])} ({oc[k]['measured']})" if k < len(oc) else "not run")
+                row.append(f"{verdict(oc[k])} ({oc[k].get('measured', '')})" if k < len(oc) else "not run")
             lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
     lines.append("")
     for i, (command, date, commit) in enumerate(runs, 1):
@@ -182,8 +207,11 @@ def render_this_run(profile_name: str, run_data: Path, results: Path | None = No
     """A run's timing verdicts (its claim records in `run_data`, e.g. results/<profile>/data/) beside the stored
     pooled ones: per claim whether the single-run property holds (the run's verdict is the pooled one or
     inconclusive, never the other one), and the count."""
+    mine = read_records(run_data)
+    if not mine:
+        raise ResultFileError(f"{run_data}: no claim records (NN_*{RECORD_SUFFIX}); expected a run's records, e.g. "
+                              f"results/{profile_name}/data/")
     stored = {r["notebook"]: r for r in records(profile_name, results)}
-    mine = [json.loads(p.read_text()) for p in sorted(Path(run_data).glob(f"[0-9][0-9]_*{RECORD_SUFFIX}"))]
     head = ["notebook", "claim", "this run", "pooled (stored)", "holds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     holds = total = 0

@@ -8,6 +8,8 @@ on the cpu profile, estimates of one run fell outside another run's 95% interval
 
     data/results/<profile>/runs/run<k>/<stem>.csv    run k's raw rows of grid <stem>, as the bench wrote them
     data/results/<profile>/runs/run<k>/run.json      its commit, date, load average and command
+    data/results/<profile>/runs/run<k>/manifest.json each row file's row count and sha256 (outputs/manifest.py):
+                                                     every reader checks the runs first (check_stored_runs)
 
 Per cell (one task, batch size, C/W, bandwidth; no interval pools cells), with x_i the mean over run i's pairs of
 the per-pair percentage difference (stats.percent_differences) and s the standard deviation of x_1..x_N:
@@ -38,9 +40,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from artifact.errors import RunsError
 from artifact.experiments.claims import Claim, run_info
 from artifact.experiments.criteria import thresholds
-from artifact.experiments.outputs.paths import reference_data_dir, results_dir
+from artifact.experiments.outputs.manifest import check_runs, write_manifest
+from artifact.experiments.outputs.paths import reference_data_dir, results_dir, short_path
 from artifact.experiments.rules import Interval, Ruling, combine, gated, host_shares
 from artifact.experiments.settings import CONTROL
 from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, CellKey, pairs, percent_differences
@@ -75,10 +79,6 @@ TIMED_STUDIES = (
 TIMED_STEMS = tuple(s for t in TIMED_STUDIES for s in t.stems)     # what a stored run keeps
 
 
-class RunsError(ValueError):
-    pass
-
-
 # ---------------------------------------------------------------------------------------------
 # Stored runs
 # ---------------------------------------------------------------------------------------------
@@ -88,11 +88,20 @@ def runs_root(profile_name: str, reference: Path | None = None) -> Path:
 
 
 def stored_runs(profile_name: str, reference: Path | None = None) -> list[Path]:
-    """The stored runs of a profile, run1, run2, ... in number order (a folder without run.json is skipped: a
-    copy that never finished)."""
+    """The stored runs of a profile, run1, run2, ... in number order, checked (check_stored_runs)."""
+    return check_stored_runs(profile_name, reference)
+
+
+def check_stored_runs(profile_name: str, reference: Path | None = None, ruled_on: int = 0) -> list[Path]:
+    """The stored runs of a profile, each matching its manifest, numbered without a gap, at one commit, and at
+    least the `ruled_on` runs the claim records were ruled on (outputs/manifest.check_runs); else RunsError, one
+    line naming the run and the fault. Every reader of the stored runs goes through it before it rules."""
     root = runs_root(profile_name, reference)
-    found = [p for p in root.glob("run*") if p.is_dir() and p.name[3:].isdigit() and (p / "run.json").is_file()]
-    return sorted(found, key=lambda p: int(p.name[3:]))
+    found = check_runs(root)
+    if len(found) < ruled_on:
+        raise RunsError(f"{short_path(root)}: {len(found)} stored runs ({', '.join(p.name for p in found) or 'none'})"
+                        f", but the claim records were ruled on {ruled_on}: a run is missing")
+    return found
 
 
 def run_meta(run: Path) -> dict:
@@ -127,32 +136,43 @@ def stored_rows(P, stem: str, fingerprint: str | None = None, reference: Path | 
     return out
 
 
+def next_run(profile_name: str, reference: Path | None = None) -> tuple[Path, dict]:
+    """(the folder the next stored run goes to, this checkout's run_info), or RunsError when the stored runs are
+    damaged (check_stored_runs) or of another commit than this checkout."""
+    have = stored_runs(profile_name, reference)
+    dest = runs_root(profile_name, reference) / f"run{int(have[-1].name[3:]) + 1 if have else 1}"
+    info = run_info()
+    at = run_meta(have[-1]).get("commit") if have else info["commit"]
+    if dest.exists() or at != info["commit"]:
+        raise RunsError(f"{short_path(dest)}: exists already" if dest.exists() else
+                        f"{short_path(dest.parent)}: the stored runs are at commit {at}, this checkout at "
+                        f"{info['commit']}; a stored result is runs at one commit (move them away to record anew)")
+    return dest, info
+
+
 def record_run(P, stems: Sequence[str] = TIMED_STEMS, reference: Path | None = None, seconds: float | None = None,
                command: str | None = None, log=print) -> Path:
     """Copy this profile's working row files (results_dir) of `stems` into a new stored run, runs/run<k>/ with k
-    one more than the last: written into a temporary folder and renamed, so a run is either whole or absent;
-    never over an existing run."""
+    one more than the last, with its run.json and manifest.json: written into a temporary folder and renamed, so a
+    run is either whole or absent; never over an existing run, nor beside damaged runs or runs of another commit."""
     files = [f for s in stems for f in row_files(P, s)]
     if not files:
         only = ",".join(t.notebook[:2] for t in TIMED_STUDIES)
         raise RunsError(f"{results_dir(P)}: no row files of the timing notebooks ({', '.join(stems)}); run them "
                         f"first (python -m artifact notebooks --only {only})")
-    root = runs_root(P.name, reference)
+    dest, info = next_run(P.name, reference)
+    root, k = dest.parent, int(dest.name[3:])
     root.mkdir(parents=True, exist_ok=True)
-    have = stored_runs(P.name, reference)
-    k = int(have[-1].name[3:]) + 1 if have else 1
-    dest = root / f"run{k}"
-    if dest.exists():
-        raise RunsError(f"{dest} exists without run.json (an unfinished copy?); remove it, then record again")
     tmp = root / f".run{k}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     for f in files:
         shutil.copyfile(f, tmp / f.name)
-    meta = {"run": k, **run_info(), **({"command": command} if command else {}), "host": socket.gethostname(),
+    meta = {"run": k, **info, **({"command": command} if command else {}), "host": socket.gethostname(),
             "load_average": list(os.getloadavg()), "cpus": os.cpu_count(), "seconds": seconds,
             "files": sorted(f.name for f in files)}
     atomic_write_text(tmp / "run.json", json.dumps(meta, indent=1) + "\n")
+    write_manifest(tmp)
     tmp.rename(dest)
     log(f"recorded {len(files)} row files as {dest}")
     return dest
@@ -308,8 +328,9 @@ class Replicas:
 
     def last_stored(self) -> "Replicas":
         """These runs with the last stored run as this run: what a `--store` pass on the stored runs rules on."""
-        if not self.stored:
-            raise RunsError("no stored runs: nothing to recompute")
+        if self.n < thresholds.MIN_RUNS:
+            raise RunsError(f"{self.n} stored runs hold this grid's rows ({', '.join(self.names) or 'none'}): a "
+                            f"pooled verdict needs thresholds.MIN_RUNS = {thresholds.MIN_RUNS}")
         return Replicas(self.stored[-1][1], self.stored, self.commit, self.metric)
 
     def is_stored(self, a: str, b: str, by: Sequence[str]) -> bool:
