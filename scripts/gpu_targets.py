@@ -1,5 +1,5 @@
-"""The graphs check's targets T1-T6 (docs/host_path.md, "Graphs on"): pure functions of a report's rows
-(scripts/gpu_check_graphs.py writes the report; `judge` reads it, `line` prints a verdict).
+"""The graphs check's targets T1-T6 (docs/host_path.md, "The segmented forward on a GPU"): pure functions of a
+report's rows (scripts/gpu_check_graphs.py writes the report; `judge` reads it, `line` prints a verdict).
 
 A segmented row is judged only if its segments replayed as CUDA graphs (hardware.replayed: replays > 0, no
 capture error); a row whose segments ran eagerly, or an old row without the counters, measured the eager
@@ -12,7 +12,7 @@ import json
 from artifact.experiments.hardware import forward_of, replayed
 
 MET, NOT_MET, UNMEASURED, NOT_JUDGED = "met", "not met", "unmeasured", "not judged"
-# The targets (docs/host_path.md, "Graphs on"), each judged on the segmented rows that replayed.
+# The targets (docs/host_path.md, "The segmented forward on a GPU"), each judged on the segmented rows that replayed.
 T1_HOST_OVER_H2D, T1_AT_173 = 0.3, 0.5
 T2_LAUNCHES = 12
 T4_BUSY = 0.85
