@@ -493,3 +493,31 @@ def test_the_gpu_tests_step_names_files_and_ids_that_exist():
     collected = {ln.strip() for ln in p.stdout.splitlines() if "::" in ln}
     missing = [d for d in tests.DESELECTED if d not in collected]
     assert not missing, f"deselected ids not collected: {missing}\n{p.stdout[-2000:]}{p.stderr[-2000:]}"
+
+
+def test_the_graphs_checks_warm_up_leaves_no_piece_of_a_timed_segmented_run_eager(tiny):
+    """A program captures on its second forward, and the first step of a later block (which also commits the
+    previous block) has a shape the decoder feeds once per run: after one warm-up run a timed run (capture
+    off) meets it uncaptured and runs its pieces eagerly, so its row could not count as replayed. The graphs
+    check's warm-up runs a segmented configuration twice, after which the timed run has no eager piece
+    (the capture API stubbed on the CPU: tests/test_segments_capture.py)."""
+    from functools import partial
+
+    from test_segments_capture import StubCapture, programs_of
+
+    from artifact.model.decode import DecodeConfig
+    from artifact.offload.runner import run
+    graphs = load("gpu_check_graphs")
+    dc = DecodeConfig(gen_length=2 * tiny.cfg.block_length, steps=tiny.cfg.block_length // 4, threshold=1.0,
+                      eos_early_stop=False)
+    prompt = list(range(11, 11 + 2 * tiny.cfg.block_length))     # block-aligned, as the graphs check's prompts
+    once = partial(run, tiny, [prompt], 1, dc, forward="segmented")
+    for warm_runs, eager in ((1, True), (2, False)):
+        with programs_of(tiny.model, api=StubCapture(), lint=False):
+            if warm_runs == 1:
+                once()
+            else:
+                graphs.warm_up(once, "segmented")
+            timed = once(capture=False)
+        assert timed.segments.replays > 0 and (timed.segments.eager > 0) == eager, (warm_runs, timed.segments)
+        assert timed.segments.replayed != eager

@@ -79,7 +79,8 @@ class SegmentCounts:
 
     @property
     def replayed(self) -> bool:
-        return self.replays > 0 and self.capture_error is None
+        """Whether the run's segments ran as CUDA graphs: replays, no capture error, no piece eager."""
+        return self.replays > 0 and self.capture_error is None and self.eager == 0
 
     def since(self, before: SegmentCounts) -> SegmentCounts:
         """The counts added since `before` (the error is the model's: kept)."""
