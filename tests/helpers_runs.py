@@ -35,7 +35,8 @@ def make_rows(cells: dict, a: str, b: str, metric: str = "tokens_per_second", re
                 seconds = v if metric != "tokens_per_second" else 128 / v
                 rows.append({"profile": "cpu", "fingerprint": fingerprint, "task": task, "batch_size": bs,
                              "cache_ratio": ratio, "bandwidth_scale": scale, "policy": pol, "rep": rep,
-                             "order": order, "seconds": 2 + seconds, "tokens_per_second": 128 / (2 + seconds),
+                             "order": order,
+                             "seconds": 2 + seconds, "forwards": 100, "tokens_per_second": 128 / (2 + seconds),
                              "stall_seconds": 0.5 / scale, "link_gbps": 0.1 * scale, "link_busy_seconds": 1.0,
                              "tokens_sha": "abc", "demand_misses": m, "speculative_transfers": spec,
                              "cache_experts": 10} | {metric: v})

@@ -1,87 +1,178 @@
-"""The verdict rules (artifact/experiments/rules.py, docs/verdicts.md): three outcomes, one interval, an
-equivalence test for "no difference", and a "faster" verdict that a crossing interval cannot pass."""
+"""The verdict rules (artifact/experiments/rules.py, docs/verdicts.md): one question per claim (faster by more
+than the margin, no difference within it, not faster by more than it), three outcomes, every rule monotone under
+widening and able to decide any true effect off its boundary, the A/A control as a direction claim's null and
+an equivalence claim's precision gate."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sstats
 
 from artifact.experiments import rules
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.rules import Interval, combine, faster, gated, no_difference, not_faster
+from artifact.experiments.rules import (
+    Interval,
+    Question,
+    bias_bound,
+    combine,
+    faster,
+    hull,
+    no_difference,
+    not_faster,
+    rule_cell,
+)
 from artifact.experiments.stats import paired_difference
 
-M = thresholds.EQUIV_MARGIN
+M = thresholds.MARGIN
+QUESTIONS = (faster(), faster(paper=paper.FASTER_PCT), no_difference(), not_faster(), faster(unit=" points"))
+RANK = {NOT_REPRODUCED: -1, INCONCLUSIVE: 0, REPRODUCED: 1}
 
 
-def iv(low, high, n=8):
-    return Interval((low + high) / 2, low, high, n)
+def iv(low, high, n=8, unit="pairs"):
+    return Interval((low + high) / 2, low, high, n, unit)
 
 
-# --- the three rules the issue names ---------------------------------------------------------------
+# --- the three questions ---------------------------------------------------------------------------
 def test_no_difference_with_a_wide_interval_is_inconclusive_not_reproduced():
-    # 05's stored interval before this rule: it includes 0, and it decided "reproduced"
-    assert no_difference(iv(-41.1, 38.2, 4)).verdict == INCONCLUSIVE
-    assert no_difference(iv(-M - 0.1, 0.5)).verdict == INCONCLUSIVE     # one bound outside the margin
+    assert no_difference()(iv(-41.1, 38.2, 4)).verdict == INCONCLUSIVE
+    assert no_difference()(iv(-M - 0.1, 0.5)).verdict == INCONCLUSIVE     # one bound outside the margin
 
 
 def test_equivalence_needs_the_whole_interval_inside_the_margin():
-    assert no_difference(iv(-1.16, 2.63)).verdict == REPRODUCED          # the paper's own interval at C/W 0.43
-    assert no_difference(iv(-M, M)).verdict == REPRODUCED
-    assert no_difference(iv(0.5, 2.0)).verdict == REPRODUCED              # excludes 0, but inside the margin
-    assert no_difference(iv(-0.5, M + 0.01)).verdict == INCONCLUSIVE
-    assert no_difference(iv(8.6, 29.4)).verdict == NOT_REPRODUCED        # wholly outside: a difference
-    assert no_difference(iv(-20.0, -M - 0.1)).verdict == NOT_REPRODUCED
-    assert "inside +-3 by 0.4 points" in no_difference(iv(-1.16, 2.63)).margin
+    q = no_difference()
+    assert q(iv(-1.16, 2.63)).verdict == REPRODUCED          # the paper's own interval at C/W 0.43
+    assert q(iv(-M, M)).verdict == REPRODUCED
+    assert q(iv(0.5, 2.0)).verdict == REPRODUCED              # excludes 0, but inside the margin
+    assert q(iv(-0.5, M + 0.01)).verdict == INCONCLUSIVE
+    assert q(iv(8.6, 29.4)).verdict == NOT_REPRODUCED        # wholly outside: a difference
+    assert q(iv(-20.0, -M - 0.1)).verdict == NOT_REPRODUCED
+    assert "inside +-3 by 0.4 points" in q(iv(-1.16, 2.63)).margin
 
 
-@pytest.mark.parametrize("low, high", [(-9.8, 10.0), (-1.6, 17.2), (-0.01, 30.0), (-16.3, 15.4)])
-def test_a_faster_claim_whose_interval_crosses_zero_is_never_reproduced(low, high):
-    r = faster(iv(low, high), paper.FASTER_PCT)
-    assert r.verdict in (INCONCLUSIVE, NOT_REPRODUCED)
-    assert "the paper's" in r.margin and "lower bound" in r.margin
-
-
-def test_faster_rules_and_the_position_against_the_papers_range():
+def test_faster_means_faster_by_more_than_the_margin_and_the_papers_range_never_decides():
+    q = faster(paper=paper.FASTER_PCT)
     lo, hi = paper.FASTER_PCT
-    assert faster(iv(7.5, 22.3), paper.FASTER_PCT).verdict == REPRODUCED
-    assert "overlapping the paper's" in faster(iv(7.5, 22.3), paper.FASTER_PCT).margin
-    assert "inside the paper's" in faster(iv(lo + 0.1, hi - 0.1), paper.FASTER_PCT).margin
-    assert "above the paper's" in faster(iv(hi + 1, hi + 5), paper.FASTER_PCT).margin
-    assert faster(iv(0.2, 1.0), paper.FASTER_PCT).verdict == REPRODUCED      # faster, below the paper's size
-    assert "below the paper's" in faster(iv(0.2, 1.0), paper.FASTER_PCT).margin
-    assert faster(iv(-5.0, -1.0)).verdict == NOT_REPRODUCED                 # the other one is faster
-    assert faster(iv(-1.0, 2.0), paper.FASTER_PCT).verdict == NOT_REPRODUCED   # excludes the paper's effect
-    assert faster(iv(-1.0, 2.0)).verdict == INCONCLUSIVE                      # no range given: undecided
-    assert faster(iv(-1.0, lo + 1), paper.FASTER_PCT).verdict == INCONCLUSIVE
+    assert q(iv(7.5, 22.3)).verdict == REPRODUCED and "overlapping the paper's" in q(iv(7.5, 22.3)).margin
+    assert "inside the paper's" in q(iv(lo + 0.1, hi - 0.1)).margin
+    assert "above the paper's" in q(iv(hi + 1, hi + 5)).margin
+    assert q(iv(M + 0.1, M + 0.5)).verdict == REPRODUCED           # below the paper's size: still faster by > m
+    assert "below the paper's" in q(iv(M + 0.1, M + 0.5)).margin
+    assert q(iv(0.2, 1.0)).verdict == NOT_REPRODUCED                # faster, but not by more than the margin
+    assert q(iv(-5.0, -1.0)).verdict == NOT_REPRODUCED              # the other one is faster
+    assert q(iv(-1.0, M + 1)).verdict == INCONCLUSIVE                # crosses the boundary
+    # the paper's range only labels: the same interval rules the same with or without it
+    for a, b in ((-1.0, 2.0), (-1.0, lo + 1), (0.5, 1.0), (4.0, 30.0)):
+        assert q(iv(a, b)).verdict == faster()(iv(a, b)).verdict
 
 
-def test_too_few_pairs_is_inconclusive_whatever_the_interval():
+def test_not_faster_is_non_superiority_by_the_margin():
+    q = not_faster()
+    assert q(iv(-20.0, M - 0.1)).verdict == REPRODUCED
+    assert q(iv(0.5, 2.5)).verdict == REPRODUCED                     # faster, by less than the margin
+    assert q(iv(-3.3, 12.8, 4)).verdict == INCONCLUSIVE
+    assert q(iv(M + 0.5, 6.0)).verdict == NOT_REPRODUCED
+    assert q(iv(0.5, 6.0)).verdict == INCONCLUSIVE                   # crosses +m: undecided
+
+
+def test_too_few_pairs_or_runs_is_inconclusive_whatever_the_interval():
     n = thresholds.MIN_PAIRS - 1
-    for rule in (faster, no_difference, not_faster):
-        r = rule(iv(5.0, 6.0, n))
+    for q in QUESTIONS:
+        r = q(iv(5.0, 6.0, n))
         assert r.verdict == INCONCLUSIVE and f"{n} pairs" in r.why
-    assert faster(Interval(1.0, float("nan"), float("nan"), 8)).verdict == INCONCLUSIVE
+        assert q(iv(5.0, 6.0, thresholds.MIN_RUNS - 1, "runs")).verdict == INCONCLUSIVE
+    assert faster()(Interval(1.0, float("nan"), float("nan"), 8)).verdict == INCONCLUSIVE
+    with pytest.raises(ValueError, match="question 'quicker'"):
+        Question("quicker")
 
 
-def test_not_faster_is_non_superiority():
-    assert not_faster(iv(-20.0, M - 0.1)).verdict == REPRODUCED
-    assert not_faster(iv(-3.3, 12.8, 4)).verdict == INCONCLUSIVE
-    assert not_faster(iv(0.5, 6.0)).verdict == NOT_REPRODUCED
-    assert not_faster(iv(-41.1, 38.2, 4)).verdict == INCONCLUSIVE
+# --- monotone under widening (a property over random intervals, for every rule) ----------------------
+bounds = st.floats(-60, 60, allow_nan=False, allow_infinity=False)
+widen = st.floats(0, 40, allow_nan=False, allow_infinity=False)
 
 
-def test_an_aa_control_that_excludes_zero_makes_its_cells_inconclusive():
-    ok = not_faster(iv(-20.0, -5.0))
-    assert gated(ok, iv(-12.2, -2.0)).verdict == INCONCLUSIVE
-    assert "A/A control" in gated(ok, iv(-12.2, -2.0)).why
-    assert gated(ok, iv(-2.0, 1.0)) == ok and gated(ok, None) == ok
-    # an A/A interval on too few pairs cannot show equivalence: the cell cannot be ruled either
-    assert gated(ok, iv(-1.0, 1.0, 2)).verdict == INCONCLUSIVE and "needs >= 4" in gated(ok, iv(-1.0, 1.0, 2)).why
+@settings(max_examples=400, deadline=None)
+@given(bounds, bounds, widen, widen, st.sampled_from(range(len(QUESTIONS))), st.sampled_from([None, 0.5, 4.0]))
+def test_every_rule_is_monotone_under_widening(x, y, wl, wh, which, ctrl):
+    """If I lies inside J, verdict(J) is verdict(I) or inconclusive: for the rule alone, and with the A/A control
+    gate (the control's interval widened too) as rule_cell applies it."""
+    q = QUESTIONS[which]
+    inner = iv(min(x, y), max(x, y))
+    outer = Interval(inner.mean, inner.low - wl, inner.high + wh, inner.n)
+    got_i, got_o = q(inner).verdict, q(outer).verdict
+    assert got_o in (got_i, INCONCLUSIVE), (q, inner, outer, got_i, got_o)
+    if ctrl is not None:
+        ci, co = iv(-ctrl, ctrl / 2), iv(-ctrl - wl, ctrl / 2 + wh)
+        a, b = rule_cell(q, inner, ci).verdict, rule_cell(q, outer, co).verdict
+        assert b in (a, INCONCLUSIVE)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(bounds, bounds, widen), min_size=1, max_size=6), st.sampled_from(range(len(QUESTIONS))))
+def test_combining_cells_is_monotone_too(cells, which):
+    q = QUESTIONS[which]
+    inner = [iv(min(x, y), max(x, y)) for x, y, _ in cells]
+    outer = [Interval(i.mean, i.low - w, i.high + w, i.n) for i, (_, _, w) in zip(inner, cells)]
+    a = combine((str(k), q(i)) for k, i in enumerate(inner))[0]
+    b = combine((str(k), q(o)) for k, o in enumerate(outer))[0]
+    assert b in (a, INCONCLUSIVE)
+
+
+def test_the_old_faster_rule_was_not_monotone_and_this_one_is():
+    """The rule this replaces said `not reproduced` for an interval crossing 0 below the paper's range, so widening
+    [0.12, 1.24] (reproduced: above 0) to [-0.48, 1.46] gave `not reproduced`. Here neither decides the opposite."""
+    q = faster(paper=paper.FASTER_PCT)
+    narrow, wide = q(iv(0.12, 1.24)).verdict, q(iv(-0.48, 1.46)).verdict
+    assert wide in (narrow, INCONCLUSIVE)
+
+
+# --- decidable off the boundary ---------------------------------------------------------------------
+@pytest.mark.parametrize("q, effects", [
+    (faster(), (-5.0, 0.0, 0.3, 2.0, 4.0, 10.0)),
+    (no_difference(), (-8.0, -2.0, 0.0, 0.3, 2.0, 8.0)),
+    (not_faster(), (-5.0, 0.0, 2.0, 4.0, 10.0)),
+])
+def test_every_rule_decides_any_true_effect_off_its_boundary_given_enough_runs(q, effects):
+    """Runs drawn around a true effect (sd 2 points per run mean): with enough runs the pooled interval decides,
+    the right way, for every effect not on the claim's boundary (+m, or +-m), 0 included (04 at b=4, C/W 1.73
+    reads +0.3 [-5.5, 6.1]: a direction claim with its boundary at 0 could never decide it)."""
+    rng = np.random.default_rng(0)
+    for e in effects:
+        x = rng.normal(e, 2.0, 400)
+        half = sstats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+        got = q(Interval(x.mean(), x.mean() - half, x.mean() + half, len(x), "runs")).verdict
+        truth = {rules.FASTER: e > M, rules.NO_DIFFERENCE: abs(e) < M, rules.NOT_FASTER: e < M}[q.kind]
+        assert got == (REPRODUCED if truth else NOT_REPRODUCED), (q.kind, e, got)
+
+
+# --- the A/A control: a direction claim's null, an equivalence claim's gate ---------------------------
+def test_the_control_gates_equivalence_and_non_superiority_but_not_a_direction_claim():
+    control = iv(-3.6, 3.3)                              # 04's kind of control: too wide for +-3
+    assert rule_cell(not_faster(), iv(-20.0, -5.0), control).verdict == INCONCLUSIVE
+    assert "A/A control" in rule_cell(not_faster(), iv(-20.0, -5.0), control).why
+    assert rule_cell(not_faster(), iv(-20.0, -5.0), iv(-2.0, 1.0)).verdict == REPRODUCED
+    assert rule_cell(no_difference(), iv(-1.0, 1.0), iv(-1.0, 1.0, 2)).verdict == INCONCLUSIVE   # too few pairs
+    # a direction claim's interval is already net of the control: a control of +-3.6 cannot veto +26.6
+    assert rule_cell(faster(), iv(26.6, 29.7), control).verdict == REPRODUCED
+
+
+def test_the_bias_bound_alternative_widens_by_the_controls_largest_bias():
+    b = bias_bound(iv(26.6, 29.7), iv(-3.6, 3.3))
+    assert (b.low, b.high) == pytest.approx((23.0, 33.3))
+    assert faster()(b).verdict == REPRODUCED
+    assert faster()(bias_bound(iv(4.8, 9.3), iv(-3.6, 3.3))).verdict == INCONCLUSIVE
+
+
+def test_a_hull_holds_both_intervals():
+    h = hull(iv(1.0, 2.0, 4, "run"), iv(-1.0, 1.5, 6, "runs"))
+    assert (h.low, h.high, h.n, h.unit) == (-1.0, 2.0, 6, "hull") and "pooled 6 runs" in h.count_text()
 
 
 def test_combine_over_cells():
-    r, nr, inc = faster(iv(1, 2)), faster(iv(-3, -1)), faster(iv(-1, 1))
+    q = faster()
+    r, nr, inc = q(iv(4, 5)), q(iv(-3, -1)), q(iv(-1, 4))
     assert combine([("a", r), ("b", r)])[0] == REPRODUCED
     verdict, reason, margin = combine([("a", r), ("b", inc)])
     assert verdict == INCONCLUSIVE and reason.startswith("b:") and "a: " in margin and "b: " in margin
@@ -95,7 +186,7 @@ def test_the_interval_is_the_t_interval_of_stats():
     a = b * (1 + rng.normal(0.05, 0.01, 8))
     d = paired_difference(a, b)
     got = Interval(d.diff_pct, d.ci_low, d.ci_high, d.n_pairs)
-    assert got.low == pytest.approx(d.ci_low) and got.excludes_zero and faster(got).verdict == REPRODUCED
+    assert got.low == pytest.approx(d.ci_low) and got.excludes_zero and faster(0.0)(got).verdict == REPRODUCED
     assert rules.METHOD == "95% t interval over pairs"
 
 
@@ -110,7 +201,7 @@ def test_every_threshold_is_named_once_in_thresholds_py():
     import ast
     from pathlib import Path
 
-    names = ("FEW", "FACTOR", "STABLE", "HEADROOM", "EQUIV_MARGIN", "MIN_PAIRS", "CONFIDENCE", "EVICTION_GAIN",
+    names = ("FEW", "FACTOR", "STABLE", "HEADROOM", "MARGIN", "MIN_PAIRS", "CONFIDENCE", "EVICTION_GAIN",
              "GAP_LEFT", "MIN_RUNS", "MODEL_ERROR")
     for n in names:
         assert isinstance(getattr(thresholds, n), (int, float))
@@ -144,11 +235,11 @@ def test_host_shares_of_gpu_cells_and_none_on_the_cpu():
 
 
 def test_a_host_bound_gpu_cell_is_inconclusive():
-    ok = faster(iv(1.0, 4.0))
+    q = faster()
+    ok = q(iv(4.0, 6.0))
     assert ok.verdict == REPRODUCED
-    flipped = gated(ok, None, host=0.74)
+    flipped = rule_cell(q, iv(4.0, 6.0), None, host=0.74)
     assert flipped.verdict == INCONCLUSIVE and "host-bound: host 74% of wall" in flipped.why
     assert flipped.margin == ok.margin
-    assert gated(ok, None, host=0.5) == ok and gated(ok, None, host=None) == ok      # at the bound: judged
-    no = faster(iv(-4.0, -1.0))
-    assert gated(no, iv(-1.0, 1.0), host=0.9).verdict == INCONCLUSIVE             # not reproduced flips too
+    assert rule_cell(q, iv(4.0, 6.0), None, host=0.5) == ok and rule_cell(q, iv(4.0, 6.0)) == ok   # at the bound
+    assert rule_cell(q, iv(-4.0, -1.0), iv(-1.0, 1.0), host=0.9).verdict == INCONCLUSIVE    # not reproduced too

@@ -11,19 +11,26 @@ on the cpu profile, estimates of one run fell outside another run's 95% interval
     data/results/<profile>/runs/run<k>/manifest.json each row file's row count and sha256 (outputs/manifest.py):
                                                      every reader checks the runs first (check_stored_runs)
 
-Per cell (one task, batch size, C/W, bandwidth; no interval pools cells), with x_i the mean over run i's pairs of
-the per-pair percentage difference (stats.percent_differences) and s the standard deviation of x_1..x_N:
+Per cell (one task, batch size, C/W, bandwidth; no interval pools cells), with d the per-pair difference of A over
+B on the claim's basis (`Basis`: PERCENT, (A - B) / B x 100, or STALL_SHARE, A's stall per forward minus B's as
+% of B's wall time per forward), x_i the mean of d over run i's pairs and s the standard deviation of x_1..x_N:
 
     pooled     mean(x) +- t_{N-1} * s / sqrt(N)          the t interval over per-run means (METHOD)
-    one run    x_i +- max(t_{N-1} * s, t_{n-1} * w)      a single run's interval (ONE_RUN): its own mean, with the
-                                                         spread of a run's mean that the stored runs showed, or
-                                                         its own pairs' standard error w when that is larger
+    one run    x_i +- max(t_{N-1} * s, t_{n-1} * w)      a run's own interval (ONE_RUN): its mean, with the spread of
+                                                         a run's mean that the stored runs showed, or its own
+                                                         pairs' standard error w when that is larger
+    single     hull(one run, pooled)                     what a run that is not a stored one is ruled on (SINGLE)
+
+A direction claim (rules.FASTER) asks its question of the effect net of the A/A control: per matched pair (same
+cell, run and repetition) d = d(A over B) - d(CONTROL over demand), a difference in differences with the run as
+the unit (Compared.net); equivalence and non-superiority claims ask it of d(A over B), with the control as a
+precision gate (rules.control_ruling).
 
 A run that is one of the stored runs (its rows are a stored run's rows, `--store`) is ruled on the pooled
-interval; any other run (a fresh clone's ./run_all.sh) on its one-run interval, and says so. A run with no stored
-runs to borrow from has only its own pairs: its interval is the t interval over them (WITHIN), labelled as such.
-The widening makes a single run's verdict agree with the pooled one or be inconclusive: with a run's mean x_i
-inside mean(x) +- t s, a one-run interval that excludes 0 has the pooled mean on the same side.
+interval; any other run (a fresh clone's ./run_all.sh) on the hull of its one-run interval and the pooled one, and
+says so. The rules are monotone under widening (rules.py), so a single run's verdict is the pooled one or
+inconclusive: it never contradicts the stored result. A run with no stored runs to borrow from has only its own
+pairs: its interval is the t interval over them (WITHIN), labelled as such.
 """
 from __future__ import annotations
 
@@ -45,14 +52,27 @@ from artifact.experiments.claims import Claim, run_info
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.manifest import check_runs, write_manifest
 from artifact.experiments.outputs.paths import reference_data_dir, results_dir, short_path
-from artifact.experiments.rules import Interval, Ruling, combine, gated, host_shares
+from artifact.experiments.rules import (
+    PERCENT,
+    Basis,
+    Interval,
+    Question,
+    RunEffect,
+    bias_bound,
+    combine,
+    host_shares,
+    hull,
+    rule_cell,
+    run_effects,
+)
 from artifact.experiments.settings import CONTROL
-from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, CellKey, pairs, percent_differences
 from artifact.paths import atomic_write_text
 
 RUNS = "runs"
 METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over per-run means (runs are the unit, df = N - 1)"
 ONE_RUN = f"one run: its mean +- t_(N-1) x the sd of the stored runs' means ({thresholds.CONFIDENCE:.0%})"
+SINGLE = (f"one run: the hull of its mean +- t_(N-1) x the sd of the stored runs' means and the pooled "
+          f"{thresholds.CONFIDENCE:.0%} interval")
 WITHIN = f"{thresholds.CONFIDENCE:.0%} t interval over this run's pairs (within one run: no between-run variance)"
 
 
@@ -222,47 +242,6 @@ def t_interval(values: Sequence[float], confidence: float = thresholds.CONFIDENC
     return mean, mean - half, mean + half
 
 
-@dataclass(frozen=True)
-class RunEffect:
-    """One run's effect in one cell: the mean per-pair % and the per-pair values."""
-    mean: float
-    diffs: tuple[float, ...]
-
-    @property
-    def se(self) -> float:
-        d = np.asarray(self.diffs)
-        return float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else float("nan")
-
-
-def run_effects(rows, a: str, b: str, by: Sequence[str], metric: str) -> dict[tuple, RunEffect]:
-    """{cell key: RunEffect} of A over B in one run's rows, per cell of `by` (keys beyond the bench's cell keys,
-    such as 06's link_priority, split the rows first: pairs never cross them). A pair whose B is 0 (03: demand never
-    stalled) has no percentage and is left out; a cell left without pairs has no interval (inconclusive)."""
-    extra = [k for k in by if k not in PAIR_KEYS]
-    groups = rows.groupby(extra, sort=False) if extra else [((), rows)]
-    out = {}
-    for xkey, part in groups:
-        xkey = xkey if isinstance(xkey, tuple) else (xkey,)
-        pr = pairs(part, a, b, metric).assign(**dict(zip(extra, xkey)))
-        for key, g in pr.groupby(list(by), sort=True):
-            key = key if isinstance(key, tuple) else (key,)
-            ok = (g[b] > 0) & np.isfinite(g[a]) & np.isfinite(g[b])   # a 0 baseline (no stall at all): % undefined
-            d = percent_differences(g[a][ok].to_numpy(), g[b][ok].to_numpy())
-            out[_key(by, key)] = RunEffect(float(d.mean()) if len(d) else float("nan"),
-                                                           tuple(float(x) for x in d))
-    return dict(sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0])))
-
-
-def _plain(v):
-    return v.item() if hasattr(v, "item") else v
-
-
-def _key(by: Sequence[str], key: tuple) -> tuple:
-    """A group's key as plain values: a CellKey when the groups are the cells."""
-    plain = tuple(_plain(k) for k in key)
-    return CellKey(*plain) if tuple(by) == CELL_KEYS else plain
-
-
 def pooled_interval(means: Sequence[float], confidence: float = thresholds.CONFIDENCE) -> Interval:
     mean, lo, hi = t_interval(means, confidence)
     return Interval(mean, lo, hi, len(means), "runs")
@@ -290,23 +269,36 @@ class Replicated:
     pooled: Interval | None          # over the stored runs' means (None: fewer than 2 stored runs)
     stored: bool                     # this run is one of the stored runs: it is ruled on the pooled interval
 
+    def single(self, own: Interval | None = None) -> Interval:
+        """What one run (this run, or `own`: a stored run's one-run interval) is ruled on alone: the hull of its
+        interval and the pooled one (SINGLE); its own interval when nothing is pooled."""
+        own = self.this if own is None else own
+        return hull(own, self.pooled) if self.pooled is not None else own
+
     @property
     def ruled(self) -> Interval:
-        return self.pooled if self.stored and self.pooled is not None else self.this
+        if self.pooled is None:
+            return self.this
+        return self.pooled if self.stored else self.single()
 
 
 @dataclass(frozen=True)
 class Compared:
     """A over B per cell (`effects`), with the A/A control over demand in the same cells (`control`: {} when the
-    rows carry no control runs) and each cell's GPU host share of wall time per forward (`host`: {} on the CPU,
-    rules.host_shares): what `judge` rules on, and what every timing study's numbers hold."""
+    rows carry no control runs), A over B net of the control per matched pair (`net`, the difference in
+    differences a direction claim rules on: {} without a control) and each cell's GPU host share of wall time per
+    forward (`host`: {} on the CPU, rules.host_shares): what `judge` rules on, and what every timing study's
+    numbers hold."""
     effects: dict
     control: dict = field(default_factory=dict)
     host: dict = field(default_factory=dict)
+    net: dict = field(default_factory=dict)
+    basis: Basis = PERCENT
 
     def where(self, keep: Callable[[tuple], bool]) -> "Compared":
-        """Only the cells whose key `keep` accepts (their controls and host shares go with them)."""
-        return Compared({k: v for k, v in self.effects.items() if keep(k)}, self.control, self.host)
+        """Only the cells whose key `keep` accepts (their controls, net effects and host shares go with them)."""
+        return Compared({k: v for k, v in self.effects.items() if keep(k)}, self.control, self.host,
+                        {k: v for k, v in self.net.items() if keep(k)}, self.basis)
 
 
 @dataclass(frozen=True)
@@ -344,17 +336,22 @@ class Replicas:
                 return True
         return False
 
-    def compare(self, a: str, b: str, by: Sequence[str], metric: str | None = None) -> Compared:
-        """A over B per cell of `by`, with the A/A control (CONTROL over demand) in the same cells when the rows
-        carry it, and the cells' GPU host shares."""
-        control = self.effects(CONTROL, "demand", by, metric) if CONTROL in set(self.this.policy) else {}
-        return Compared(self.effects(a, b, by, metric), control, host_shares(self.this, by))
+    def compare(self, a: str, b: str, by: Sequence[str], metric: str | None = None,
+                basis: Basis = PERCENT) -> Compared:
+        """A over B per cell of `by` on `basis`, with the A/A control (CONTROL over demand) in the same cells and A
+        over B net of it when the rows carry it, and the cells' GPU host shares."""
+        has = {CONTROL, "demand"} <= set(self.this.policy) and CONTROL not in (a, b)
+        control = self.effects(CONTROL, "demand", by, metric, basis) if has else {}
+        net = self.effects(a, b, by, metric, basis, net=True) if has else {}
+        return Compared(self.effects(a, b, by, metric, basis), control, host_shares(self.this, by), net, basis)
 
-    def effects(self, a: str, b: str, by: Sequence[str], metric: str | None = None) -> dict[tuple, Replicated]:
-        """{cell key: Replicated} of A over B per cell of `by` (the cells of this run)."""
+    def effects(self, a: str, b: str, by: Sequence[str], metric: str | None = None, basis: Basis = PERCENT,
+                net: bool = False) -> dict[tuple, Replicated]:
+        """{cell key: Replicated} of A over B per cell of `by` (the cells of this run), on `basis`, net of the A/A
+        control when `net` (run_effects)."""
         metric = metric or self.metric
-        mine = run_effects(self.this, a, b, by, metric)
-        theirs = [run_effects(rows, a, b, by, metric) for _, rows in self.stored]
+        mine = run_effects(self.this, a, b, by, metric, basis, net)
+        theirs = [run_effects(rows, a, b, by, metric, basis, net) for _, rows in self.stored]
         me_stored = self.n >= 2 and Replicas(self.this, self.stored, metric=metric).is_stored(a, b, by)
         out = {}
         for key, eff in mine.items():
@@ -390,10 +387,12 @@ class Timed:
     reason: str
     margin: str
     measured: str                    # per cell: the ruled interval (and its A/A control)
-    ruled_on: str                    # METHOD, ONE_RUN or WITHIN, with N
-    per_run: tuple[str, ...] = ()    # each stored run's own verdict (run order)
+    ruled_on: str                    # METHOD, SINGLE or WITHIN, with N
+    per_run: tuple[str, ...] = ()    # each stored run's own verdict (run order), on its SINGLE interval
     this_run: str = ""               # this run's own verdict (equal to `verdict` unless this run is stored)
     pooled: str = ""                 # the pooled verdict over the stored runs ("" with fewer than 2)
+    alternative: str = ""            # a direction claim: the bias-bound alternative's verdict, printed beside
+    half_widths: str = ""            # the achieved half-widths of the ruled intervals (effect and A/A control)
 
 
 def table(effects: dict[tuple, Replicated], keys: Sequence[str]) -> pd.DataFrame:
@@ -411,87 +410,67 @@ def table(effects: dict[tuple, Replicated], keys: Sequence[str]) -> pd.DataFrame
     return pd.DataFrame(out).round(2)
 
 
-def judge(compared: Compared, rule: Callable[[Interval], Ruling], label: Callable[[tuple], str]) -> Timed:
-    """Rule every cell of `compared` with `rule`, gated by its A/A control and host share (rules.gated), and
-    combine the cells (rules.combine), in every view: the ruled one (this run, or pooled when this run is a
-    stored one), each stored run, this run alone and pooled."""
-    effects, controls, host = compared.effects, compared.control, compared.host
+def half_widths(effects: dict, control: dict, margin: float, pick=lambda r: r.ruled) -> str:
+    """'half-widths: effect a..b points (median c); A/A a..b (<= margin in k of n cells)' over the cells of a view."""
+    def widths(d):
+        return [(pick(r).high - pick(r).low) / 2 for r in d.values() if math.isfinite(pick(r).high - pick(r).low)]
+    e, c = widths(effects), widths(control)
+    text = (f"half-widths of the ruled intervals: effect {min(e):.1f}..{max(e):.1f} points (median "
+            f"{float(np.median(e)):.1f})" if e else "half-widths: no finite interval")
+    if c:
+        text += (f"; A/A control {min(c):.1f}..{max(c):.1f} (median {float(np.median(c)):.1f}), <= {margin:g} in "
+                 f"{sum(x <= margin for x in c)} of {len(c)} cells")
+    return text
 
-    def view(pick) -> tuple[str, str, str]:
-        return combine((label(k), gated(rule(pick(r)), pick(controls[k]) if k in controls else None, host.get(k)))
-                       for k, r in effects.items())
+
+def judge(compared: Compared, q: Question, label: Callable[[tuple], str]) -> Timed:
+    """Ask question `q` (rules.Question) of every cell of `compared` (rules.rule_cell: a direction claim of the
+    effect net of the A/A control, the others of the effect with the control as a precision gate; host-bound GPU
+    cells are inconclusive) and combine the cells (rules.combine), in every view: the ruled one (this run, or
+    pooled when this run is a stored one), each stored run, this run alone and pooled. A direction claim also
+    prints its bias-bound alternative (rules.bias_bound) in the ruled view."""
+    net = q.net_of_control and bool(compared.net)
+    effects, controls, host = (compared.net if net else compared.effects), compared.control, compared.host
+    gate = {} if q.net_of_control else controls
+
+    def view(pick, cells=effects) -> tuple[str, str, str]:
+        return combine((label(k), rule_cell(q, pick(r), pick(gate[k]) if k in gate else None, host.get(k)))
+                       for k, r in cells.items())
 
     cells = list(effects.values())
     n_runs = min((len(r.runs) for r in cells), default=0)
     ruled = view(lambda r: r.ruled)
-    this = view(lambda r: r.this)
+    this = view(lambda r: r.single())
     pooled = view(lambda r: r.pooled) if cells and all(r.pooled for r in cells) else None
-    per_run = tuple(view(lambda r, i=i: r.runs[i])[0] for i in range(n_runs))
-    if cells and cells[0].stored:
-        on = f"{METHOD}, N = {n_runs}"
-    elif n_runs >= 2:
-        on = f"{ONE_RUN}, N = {n_runs}"
-    else:
-        on = WITHIN
-    measured = "; ".join(f"{label(k)}: {r.ruled.text()}"
-                         + (f" (A/A {controls[k].ruled.text()})" if k in controls else "") for k, r in effects.items())
-    return Timed(ruled[0], ruled[1], ruled[2], measured, on, per_run, this[0], pooled[0] if pooled else "")
+    per_run = tuple(view(lambda r, i=i: r.single(r.runs[i]))[0] for i in range(n_runs))
+    on = (f"{METHOD}, N = {n_runs}" if cells and cells[0].stored else f"{SINGLE}, N = {n_runs}" if n_runs >= 2
+          else WITHIN)
+    alternative = ""
+    if q.net_of_control:
+        alternative = ("no A/A control in these rows: ruled on the effect itself" if not net else
+                       "bias-bound alternative (A over B widened by the control's largest bias, not ruled on): "
+                       + combine((label(k), rule_cell(q, bias_bound(r.ruled, controls[k].ruled), None, host.get(k)))
+                                 for k, r in compared.effects.items() if k in controls)[0])
+
+    def cell_text(k) -> str:
+        r = effects[k]
+        if net:
+            return (f"{label(k)}: net {r.ruled.text(q.unit)} (A over B {compared.effects[k].ruled.text(q.unit)}, A/A "
+                    f"{controls[k].ruled.text(q.unit)})")
+        aa = f" (A/A {controls[k].ruled.text(q.unit)})" if k in controls else ""
+        return f"{label(k)}: {r.ruled.text(q.unit)}{aa}"
+
+    return Timed(ruled[0], ruled[1], ruled[2], "; ".join(cell_text(k) for k in effects), on, per_run, this[0],
+                 pooled[0] if pooled else "", alternative,
+                 half_widths(effects, {k: v for k, v in controls.items() if k in effects}, q.margin))
 
 
 def timed_claim(claim: str, paper_text: str, t: Timed, counting: str, note: str = "") -> Claim:
     """The Claim of a timing verdict: measured per cell (with `note` after it), ruled on t.ruled_on, with every
     stored run's own verdict."""
     measured = t.measured + (f"; {note}" if note else "")
+    margin = "; ".join(p for p in (t.margin, t.alternative) if p)
     return Claim(claim, paper_text, measured, t.verdict, t.reason, timing=True, counting=counting,
-                 interval=t.ruled_on, margin=t.margin, per_run=t.per_run, pooled=t.pooled, this_run=t.this_run,
+                 interval=f"{t.ruled_on}; {t.half_widths}", margin=margin, per_run=t.per_run, pooled=t.pooled,
+                 this_run=t.this_run,
                  ruled="pooled" if t.ruled_on.startswith(METHOD) else "this run")
-
-
-# ---------------------------------------------------------------------------------------------
-# What the stored runs say about the instrument
-# ---------------------------------------------------------------------------------------------
-def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dict:
-    """Over every stored grid that times CONTROL beside `base`: in how many cells the pooled interval of the A/A
-    control contains 0, and in how many (cell, run) the interval over one run's pairs does (its true effect is
-    0, so a 95% interval should contain it about 95% of the time)."""
-    out = {"pooled": [0, 0], "within": [0, 0], "runs": len(stored_runs(P.name))}
-    for stem in stems:
-        per_run = stored_rows(P, stem)
-        have = [(n, r) for n, r in per_run if {CONTROL, base} <= set(r.policy)] if per_run else []
-        if not have:
-            continue
-        for fp in sorted(set.intersection(*(set(r.fingerprint.astype(str)) if "fingerprint" in r else {""}
-                                            for _, r in have))):
-            kept = tuple((n, r[r.fingerprint.astype(str) == fp] if "fingerprint" in r else r) for n, r in have)
-            cols = set(kept[0][1].columns)
-            metric = next((m for m in ("tokens_per_second", "forwards_per_second") if m in cols), None)
-            if metric is None:
-                continue
-            by = [k for k in CELL_KEYS if k in cols]
-            for r in Replicas(kept[0][1], kept, metric=metric).effects(CONTROL, base, by).values():
-                if r.pooled is not None and r.pooled.usable:
-                    out["pooled"][0] += r.pooled.low <= 0 <= r.pooled.high
-                    out["pooled"][1] += 1
-            for _, rows in kept:
-                for eff in run_effects(rows, CONTROL, base, by, metric).values():
-                    _, lo, hi = t_interval(eff.diffs)
-                    if math.isfinite(lo):
-                        out["within"][0] += lo <= 0 <= hi
-                        out["within"][1] += 1
-    return out
-
-
-def coverage_text(P) -> str:
-    runs = stored_runs(P.name)
-    lines = [f"{len(runs)} stored runs of profile {P.name}:"]
-    for r in runs:
-        m = run_meta(r)
-        lines.append(f"  {r.name}: commit {m.get('commit')}, {m.get('date')}, load average "
-                     f"{', '.join(f'{x:.1f}' for x in m.get('load_average') or [])}, {m.get('seconds')} s, "
-                     f"{len(m.get('files') or [])} row files")
-    c = coverage(P)
-    for key, what in (("pooled", f"pooled over runs ({METHOD})"), ("within", "over one run's pairs")):
-        k, n = c[key]
-        lines.append(f"A/A control, 95% interval {what}: contains 0 in {k} of {n} cells"
-                     + (f" ({k / n:.0%})" if n else ""))
-    return "\n".join(lines)

@@ -1,40 +1,48 @@
-"""The verdict rules (docs/verdicts.md). Every timing verdict is ruled on one interval per cell (one task, batch
-size, C/W, bandwidth: no interval pools cells) and has three outcomes: reproduced, not reproduced, inconclusive.
-Which interval: a stored result's is the t interval over its runs' per-cell means, a single run's is its own mean
-widened by the stored runs' spread (replication.py: the run is the unit of replication); `Interval.unit` says which.
+"""The verdict rules (docs/verdicts.md). A timing claim asks one question (`Question`), ruled on one interval per
+cell (one task, batch size, C/W, bandwidth: no interval pools cells), with three outcomes: reproduced, not
+reproduced, inconclusive. Which interval: a stored result's is the t interval over its runs' per-cell means, a
+single run's the hull of its own interval and the stored pooled one (replication.py: the run is the unit of
+replication); `Interval.unit` says which. The three questions share one margin m (thresholds.MARGIN):
 
-  faster(iv)          "A is faster than B": the verdict is the direction. Reproduced when the interval lies above
-                      0; not reproduced when it lies below 0, or crosses 0 but lies below the paper's range;
-                      inconclusive when it crosses 0 and reaches the paper's range. The magnitude is ruled apart
-                      (`Ruling.magnitude`): below, inside, above or overlapping the paper's range.
-  no_difference(iv)   "A and B do not differ" (equivalence, TOST at 2.5% per side): reproduced when the whole
-                      interval lies inside +-thresholds.EQUIV_MARGIN, even when it excludes 0 (the reason says both);
-                      not reproduced when it lies wholly outside; inconclusive otherwise.
-  not_faster(iv)      "A is not faster than B" (non-superiority by +EQUIV_MARGIN): reproduced when the upper bound
-                      lies below +EQUIV_MARGIN, even when the interval lies above 0 (the reason says both); not
-                      reproduced when it lies above 0 and reaches the margin; inconclusive otherwise.
+  FASTER         "A is faster than B by more than m" (direction, its boundary at +m): reproduced when the
+                 interval lies above +m, not reproduced when it lies below +m, else inconclusive. Ruled on the
+                 effect net of the A/A control (a difference in differences per matched pair, replication.py):
+                 the control is the null, not a veto. The paper's magnitude is reported beside, never decides.
+  NO_DIFFERENCE  "A and B do not differ" (equivalence within +-m, TOST at 2.5% per side): reproduced when the
+                 whole interval lies inside +-m, not reproduced when it lies wholly outside, else inconclusive.
+  NOT_FASTER     "A is not faster than B by more than m" (non-superiority): reproduced when the interval lies
+                 below +m, not reproduced when it lies above +m, else inconclusive.
 
-A claim over cells combines them (`combine`): not reproduced if any cell is, reproduced if every cell is, else
-inconclusive. Every timing grid carries an A/A control: settings.CONTROL, which does exactly demand's work, timed
-against demand in the same cells (`controls`). A cell whose control does not show equivalence (inside +-EQUIV_MARGIN;
-containing 0 is not enough) is inconclusive (`gated`, `control_ruling`): the instrument is biased or too noisy
-there. Exact counts have no interval; their verdicts compare a number with a threshold of
-criteria/thresholds.py and print the margin (`margin_below`, `margin_at_least`).
+Every rule is monotone under widening: if interval I lies inside J, the verdict on J is the verdict on I or
+inconclusive (tests/test_rules.py checks it over random intervals). So a single run, ruled on the hull of its
+interval and the pooled one, says the pooled verdict or inconclusive, never the opposite. Every rule decides,
+given enough runs, any true effect but one on its boundary (+m; or -m and +m).
+
+Equivalence and non-superiority ask about precision, so there the A/A control (settings.CONTROL, exactly demand's
+work, timed against demand in the same cells) gates: a cell whose control interval does not lie inside +-m is
+inconclusive (`control_ruling`). Beside every direction verdict the bias-bound alternative is printed: the
+undifferenced interval widened by the largest bias the control's interval allows (`bias_bound`). Exact counts
+have no interval; their verdicts compare a number with a threshold of criteria/thresholds.py and print the margin
+(`margin_below`, `margin_at_least`).
 
 A GPU timing cell whose host time per forward is more than thresholds.HOST_SHARE_LIMIT of its wall time
 (`host_shares`, from the rows' host_ms_per_forward and wall_ms_per_forward) timed the host's Python and
-launches, not the link: its ruling is inconclusive (`gated(..., host=)`). On the CPU the rule does not apply:
+launches, not the link: its ruling is inconclusive (`rule_cell(..., host=)`). On the CPU the rule does not apply:
 the CPU computes on the host, so host time is the compute itself (host_shares returns nothing for CPU rows)."""
+
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
 
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.settings import CONTROL
-from artifact.experiments.stats import paired_table
+from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, CellKey, paired_table
 
 METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over pairs"
 
@@ -42,8 +50,9 @@ METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over pairs"
 @dataclass(frozen=True)
 class Interval:
     """An effect (A over B, % per pair) and its 95% interval. `unit` says what the interval is over: "pairs"
-    (within one run), "runs" (pooled over runs: replication.METHOD) or "run" (one run widened by the stored runs'
-    spread: replication.ONE_RUN); `n` counts that unit (for "run", the stored runs whose spread it borrows)."""
+    (within one run), "runs" (pooled over runs: replication.METHOD), "run" (one run widened by the stored runs'
+    spread: replication.ONE_RUN) or "hull" (that one-run interval's hull with the pooled one, what a single run is
+    ruled on: replication.SINGLE); `n` counts that unit (for "run" and "hull", the stored runs)."""
     mean: float
     low: float
     high: float
@@ -71,7 +80,8 @@ class Interval:
         return self.usable and (self.low > 0 or self.high < 0)
 
     def count_text(self) -> str:
-        return {"pairs": f"{self.n} pairs", "runs": f"{self.n} runs"}.get(self.unit, f"1 run, sd of {self.n} runs")
+        return {"pairs": f"{self.n} pairs", "runs": f"{self.n} runs",
+                "hull": f"1 run and the pooled {self.n} runs"}.get(self.unit, f"1 run, sd of {self.n} runs")
 
 
 @dataclass(frozen=True)
@@ -104,22 +114,66 @@ def position(iv: Interval, lo: float, hi: float) -> str:
     return f"{where} the paper's {lo:+g}..{hi:+g}"
 
 
-def faster(iv: Interval, paper_range: tuple[float, float] | None = None) -> Ruling:
-    """"A is faster than B": the verdict is the direction (reproduced when the interval lies above 0); the
-    magnitude is ruled apart, as below, inside, above or overlapping the paper's range."""
-    few = _few(iv)
-    if few:
-        return few
-    where = position(iv, *paper_range) if paper_range else ""
-    margin = f"lower bound {iv.low:+.1f} vs 0" + (f"; {where}" if where else "")
+FASTER, NO_DIFFERENCE, NOT_FASTER = "faster", "no difference", "not faster"
+QUESTIONS = (FASTER, NO_DIFFERENCE, NOT_FASTER)
+
+
+@dataclass(frozen=True)
+class Question:
+    """What a timing claim asks of each cell's interval (A over B), with its margin m and, for a direction claim
+    with a figure in the paper, the paper's range (reported beside the verdict, never deciding it)."""
+    kind: str
+    margin: float = thresholds.MARGIN
+    paper: tuple[float, float] | None = None
+    unit: str = "%"
+
+    def __post_init__(self):
+        if self.kind not in QUESTIONS:
+            raise ValueError(f"question {self.kind!r}: expected one of {', '.join(QUESTIONS)}")
+        if not self.margin >= 0:
+            raise ValueError(f"margin {self.margin!r}: expected a number >= 0")
+
+    @property
+    def net_of_control(self) -> bool:
+        """A direction claim rules on the effect net of its A/A control; the others on the effect itself, with
+        the control as a precision gate."""
+        return self.kind == FASTER
+
+    def text(self) -> str:
+        m = f"{self.margin:g}{self.unit}"
+        return {FASTER: f"faster by more than +{m}", NO_DIFFERENCE: f"no difference beyond +-{m}",
+                NOT_FASTER: f"not faster by more than +{m}"}[self.kind]
+
+    def __call__(self, iv: Interval) -> Ruling:
+        few = _few(iv)
+        if few:
+            return few
+        return {FASTER: _faster, NO_DIFFERENCE: _no_difference, NOT_FASTER: _not_faster}[self.kind](iv, self)
+
+
+def faster(margin: float = thresholds.MARGIN, paper: tuple[float, float] | None = None, unit: str = "%") -> Question:
+    return Question(FASTER, margin, paper, unit)
+
+
+def no_difference(margin: float = thresholds.MARGIN, unit: str = "%") -> Question:
+    return Question(NO_DIFFERENCE, margin, None, unit)
+
+
+def not_faster(margin: float = thresholds.MARGIN, unit: str = "%") -> Question:
+    return Question(NOT_FASTER, margin, None, unit)
+
+
+def _faster(iv: Interval, q: Question) -> Ruling:
+    m = q.margin
+    where = position(iv, *q.paper) if q.paper else ""
+    margin = f"lower bound {iv.low:+.1f} vs +{m:g}" + (f"; {where}" if where else "")
     magnitude = f"magnitude {where}" if where else ""
-    if iv.low > 0:
-        return Ruling(REPRODUCED, "direction: interval above 0", margin, magnitude)
-    if iv.high < 0:
-        return Ruling(NOT_REPRODUCED, "interval below 0: the other one is faster", margin, magnitude)
-    if paper_range and iv.high < paper_range[0]:
-        return Ruling(NOT_REPRODUCED, f"interval below the paper's +{paper_range[0]:g}", margin, magnitude)
-    return Ruling(INCONCLUSIVE, "interval crosses 0", margin, magnitude)
+    if iv.low > m:
+        return Ruling(REPRODUCED, f"interval above +{m:g}{q.unit}", margin, magnitude)
+    if iv.high < m:
+        return Ruling(NOT_REPRODUCED, f"interval below +{m:g}{q.unit}: not faster by more than the margin",
+                      margin, magnitude)
+    return Ruling(INCONCLUSIVE, f"interval crosses +{m:g}{q.unit}", margin, magnitude)
 
 
 def _significant(iv: Interval) -> str:
@@ -127,60 +181,52 @@ def _significant(iv: Interval) -> str:
             if iv.excludes_zero else "")
 
 
-def no_difference(iv: Interval, margin: float = thresholds.EQUIV_MARGIN) -> Ruling:
-    """"A and B do not differ": equivalence within +-margin. One answer per interval: inside the margin is
-    reproduced even when the interval excludes 0 (the reason then says both)."""
-    few = _few(iv)
-    if few:
-        return few
-    spare = margin - max(abs(iv.low), abs(iv.high))
-    text = (f"interval inside +-{margin:g} by {spare:.1f} points" if spare >= 0 else
-            f"interval exceeds +-{margin:g} by {-spare:.1f} points")
+def _no_difference(iv: Interval, q: Question) -> Ruling:
+    m = q.margin
+    spare = m - max(abs(iv.low), abs(iv.high))
+    text = (f"interval inside +-{m:g} by {spare:.1f} points" if spare >= 0 else
+            f"interval exceeds +-{m:g} by {-spare:.1f} points")
     if spare >= 0:
-        return Ruling(REPRODUCED, f"interval inside +-{margin:g}%" + _significant(iv), text)
-    if iv.low > margin or iv.high < -margin:
-        return Ruling(NOT_REPRODUCED, f"interval wholly outside +-{margin:g}%", text)
-    return Ruling(INCONCLUSIVE, f"interval too wide for +-{margin:g}%", text)
+        return Ruling(REPRODUCED, f"interval inside +-{m:g}{q.unit}" + _significant(iv), text)
+    if iv.low > m or iv.high < -m:
+        return Ruling(NOT_REPRODUCED, f"interval wholly outside +-{m:g}{q.unit}", text)
+    return Ruling(INCONCLUSIVE, f"interval too wide for +-{m:g}{q.unit}", text)
 
 
-def not_faster(iv: Interval, margin: float = thresholds.EQUIV_MARGIN) -> Ruling:
-    """"A is not faster than B" (non-superiority by +margin). One answer per interval: reproduced when the upper
-    bound lies below +margin, even when the interval lies above 0 (then A is faster by less than the margin, and
-    the reason says both); not reproduced when the interval lies above 0 and reaches +margin; else inconclusive."""
-    few = _few(iv)
-    if few:
-        return few
-    text = f"upper bound {iv.high:+.1f} vs +{margin:g}"
-    if iv.high < margin:
-        return Ruling(REPRODUCED, f"interval below +{margin:g}%" + _significant(iv), text)
-    if iv.low > 0:
-        return Ruling(NOT_REPRODUCED, "interval above 0 and reaching the margin: faster", text)
-    return Ruling(INCONCLUSIVE, f"interval reaches +{margin:g}% and crosses 0", text)
+def _not_faster(iv: Interval, q: Question) -> Ruling:
+    m = q.margin
+    text = f"upper bound {iv.high:+.1f} vs +{m:g}"
+    if iv.high < m:
+        return Ruling(REPRODUCED, f"interval below +{m:g}{q.unit}" + _significant(iv), text)
+    if iv.low > m:
+        return Ruling(NOT_REPRODUCED, f"interval above +{m:g}{q.unit}: faster by more than the margin", text)
+    return Ruling(INCONCLUSIVE, f"interval crosses +{m:g}{q.unit}", text)
 
 
-def control_ruling(control: Interval | None) -> str | None:
-    """Why an A/A control disqualifies its cell, or None when it shows equivalence: its interval must lie inside
-    +-EQUIV_MARGIN. Containing 0 is not enough (a wide interval contains 0 and says the instrument is too noisy);
-    excluding 0 inside the margin is a bias smaller than the margin, so, as in no_difference, one answer: it passes."""
+def control_ruling(control: Interval | None, margin: float = thresholds.MARGIN) -> str | None:
+    """Why an A/A control disqualifies its cell of an equivalence or non-superiority claim, or None when it shows
+    the instrument precise enough: its interval must lie inside +-margin (containing 0 is not enough: a wide
+    interval contains 0 and says the instrument is too noisy; a bias smaller than the margin passes)."""
     if control is None:
         return None
-    r = no_difference(control)
+    r = no_difference(margin)(control)
     if r.verdict == REPRODUCED:
         return None
     if not control.usable:
         return f"A/A control {control.text()}: {r.why}"
     if control.excludes_zero:
-        return (f"A/A control {control.text()} excludes 0 and is not inside +-{thresholds.EQUIV_MARGIN:g}%: the "
+        return (f"A/A control {control.text()} excludes 0 and is not inside +-{margin:g}%: the "
                 "instrument is biased here")
-    return (f"A/A control {control.text()} is not inside +-{thresholds.EQUIV_MARGIN:g}%: the instrument is too noisy "
-            "here to rule")
+    return f"A/A control {control.text()} is not inside +-{margin:g}%: the instrument is too noisy here to rule"
 
 
-def gated(ruling: Ruling, control: Interval | None, host: float | None = None) -> Ruling:
-    """The ruling, or inconclusive when the A/A control of its cell does not show equivalence (control_ruling),
-    or when the cell is host-bound (`host`: its host share of wall time on a GPU, host_shares; None: not
-    measured, or not a GPU)."""
-    bad = control_ruling(control)
+def rule_cell(q: Question, effect: Interval, control: Interval | None = None, host: float | None = None) -> Ruling:
+    """One cell's ruling. `effect` is the interval the question is asked of: for a direction claim, the effect net
+    of the A/A control (no gate: the control is its null); for the others, the effect itself, inconclusive when
+    the control's interval does not lie inside +-margin (control_ruling). Inconclusive when the cell is host-bound
+    (`host`: its host share of wall time on a GPU, host_shares; None: not measured, or not a GPU)."""
+    ruling = q(effect)
+    bad = None if q.net_of_control else control_ruling(control, q.margin)
     if bad:
         return Ruling(INCONCLUSIVE, bad, ruling.margin, ruling.magnitude)
     if host is not None and host > thresholds.HOST_SHARE_LIMIT:
@@ -188,6 +234,20 @@ def gated(ruling: Ruling, control: Interval | None, host: float | None = None) -
                       f"(> {thresholds.HOST_SHARE_LIMIT:.0%}), so it timed the host, not the link", ruling.margin,
                       ruling.magnitude)
     return ruling
+
+
+def bias_bound(effect: Interval, control: Interval) -> Interval:
+    """The bias-bound alternative to the difference in differences: the undifferenced interval widened on both
+    sides by the largest bias the control's interval allows, max(|low|, |high|). Printed beside a direction
+    verdict; it never decides one."""
+    b = max(abs(control.low), abs(control.high))
+    return Interval(effect.mean, effect.low - b, effect.high + b, min(effect.n, control.n), effect.unit)
+
+
+def hull(a: Interval, b: Interval) -> Interval:
+    """The smallest interval holding both (a's mean, b's count): a single run's interval is the hull of its own
+    and the stored pooled one, so a monotone rule on it says the pooled verdict or inconclusive."""
+    return Interval(a.mean, min(a.low, b.low), max(a.high, b.high), b.n, "hull")
 
 
 def host_shares(rows, by: Sequence[str]) -> dict:
@@ -255,3 +315,104 @@ def margin_at_least(value: float, threshold: float) -> str:
     """A share judged `>= threshold`."""
     d = (value - threshold) * 100
     return f"{value:.1%} vs >= {threshold:.0%}: " + (f"{d:.1f} points over" if d >= 0 else f"{-d:.1f} points under")
+
+
+# ---------------------------------------------------------------------------------------------
+# Each timing claim's basis: how the two runs of one pair (same cell, run and repetition) become one number, A
+# over B (`Basis`: PERCENT or STALL_SHARE), and one run's effect per cell on it (`run_effects`), optionally net of
+# the A/A control (a difference in differences per matched pair)
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunEffect:
+    """One run's effect in one cell: the mean per-pair % and the per-pair values."""
+    mean: float
+    diffs: tuple[float, ...]
+
+    @property
+    def se(self) -> float:
+        d = np.asarray(self.diffs)
+        return float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else float("nan")
+
+
+@dataclass(frozen=True)
+class Basis:
+    """How the two runs of one pair become one number, A over B: `difference(wide, a, b, metric)` over a frame
+    indexed by pair with columns (column, policy); NaN where a pair has none (a 0 baseline)."""
+    name: str
+    unit: str
+    columns: tuple[str, ...]            # the row columns it reads; () = the claim's metric
+    difference: Callable
+    text: str
+
+
+def _percent(w: pd.DataFrame, a: str, b: str, metric: str) -> pd.Series:
+    x, y = w[(metric, a)].astype(float), w[(metric, b)].astype(float)
+    return ((x - y) / y * 100.0).where((y > 0) & np.isfinite(x) & np.isfinite(y))
+
+
+def _stall_share(w: pd.DataFrame, a: str, b: str, metric: str) -> pd.Series:
+    def per_forward(col: str, pol: str) -> pd.Series:
+        return w[(col, pol)].astype(float) / w[("forwards", pol)].astype(float)
+    wall = per_forward("seconds", b)
+    d = (per_forward("stall_seconds", a) - per_forward("stall_seconds", b)) / wall * 100.0
+    return d.where(wall > 0)
+
+
+PERCENT = Basis("percent", "%", (), _percent, "A over B, % per pair")
+STALL_SHARE = Basis("stall share", " points", ("stall_seconds", "forwards", "seconds"), _stall_share,
+                    "A's stall seconds per forward minus B's, in % of B's wall seconds per forward, per pair")
+
+
+def _wide(rows: pd.DataFrame, policies: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
+    """One row per pair (PAIR_KEYS), columns (column, policy) of `policies`; a pair missing a side has NaN."""
+    missing = [c for c in (*PAIR_KEYS, "policy", *columns) if c not in rows.columns]
+    if missing:
+        raise ValueError(f"rows lack columns {missing} (expected the bench's CSV)")
+    have = set(rows.policy)
+    absent = [p for p in policies if p not in have]
+    if absent:
+        raise ValueError(f"policies {absent} are not in these rows; they hold {sorted(have)}")
+    sel = rows[rows.policy.isin(policies)]
+    dup = sel.duplicated([*PAIR_KEYS, "policy"])
+    if dup.any():
+        first = sel[dup].iloc[0]
+        raise ValueError(f"two rows for the same run: {dict(first[[*PAIR_KEYS, 'policy']])}; merge shards with "
+                         "`python -m artifact merge` (it refuses duplicates)")
+    return sel.pivot(index=list(PAIR_KEYS), columns="policy", values=list(columns))
+
+
+def run_effects(rows, a: str, b: str, by: Sequence[str], metric: str, basis: Basis = PERCENT,
+                net: bool = False) -> dict[tuple, RunEffect]:
+    """{cell key: RunEffect} of A over B in one run's rows on `basis`, per cell of `by` (keys beyond the bench's
+    cell keys, such as 06's link_priority, split the rows first: pairs never cross them). `net`: each pair's
+    difference minus the A/A control's (CONTROL over demand) in the same pair, a difference in differences. A pair
+    without a value (03: demand never stalled, so no percentage) is left out; a cell left without pairs has no
+    interval (inconclusive)."""
+    extra = [k for k in by if k not in PAIR_KEYS]
+    groups = rows.groupby(extra, sort=False) if extra else [((), rows)]
+    policies = list(dict.fromkeys([a, b, *((CONTROL, "demand") if net else ())]))
+    columns = basis.columns or (metric,)
+    out = {}
+    for xkey, part in groups:
+        xkey = xkey if isinstance(xkey, tuple) else (xkey,)
+        w = _wide(part, policies, columns)
+        d = basis.difference(w, a, b, metric)
+        if net:
+            d = d - basis.difference(w, CONTROL, "demand", metric)
+        frame = d.rename("d").reset_index().assign(**dict(zip(extra, xkey)))
+        for key, g in frame.groupby(list(by), sort=True):
+            key = key if isinstance(key, tuple) else (key,)
+            v = g.d.to_numpy(dtype=float)
+            v = v[np.isfinite(v)]
+            out[_key(by, key)] = RunEffect(float(v.mean()) if len(v) else float("nan"), tuple(float(x) for x in v))
+    return dict(sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0])))
+
+
+def _plain(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def _key(by: Sequence[str], key: tuple) -> tuple:
+    """A group's key as plain values: a CellKey when the groups are the cells."""
+    plain = tuple(_plain(k) for k in key)
+    return CellKey(*plain) if tuple(by) == CELL_KEYS else plain

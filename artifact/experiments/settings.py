@@ -125,7 +125,8 @@ class Settings:
     # hardware copies, < 1 caps the copy stream (token bucket), > 1 is not possible on real hardware.
     bandwidth_scales: tuple[float, ...] = (1.0,)
     # Run side by side on identical prompts (engine policies). CONTROL, the A/A control, does exactly demand's
-    # work; a cell whose control differs from demand is inconclusive (rules.gated).
+    # work: a direction claim rules net of it, an equivalence or non-superiority claim is inconclusive in a cell
+    # whose control is not inside the margin (rules.rule_cell).
     policies: tuple[str, ...] = ("demand", "last_step", CONTROL)
     # Your own policies: modules imported before any policy is resolved, each a dotted module name on sys.path
     # or a path to a .py file (relative to the working directory) whose code registers policies

@@ -42,7 +42,7 @@ STAT_COLUMNS = ("seconds", "tokens", "tokens_per_second", "forwards", "tokens_pe
 PHASE_COLUMNS = tuple(f"{c}_{phase}" for c in COUNTS for phase in PHASES)
 # Per run, the medians over its denoising forwards of the host ms (the forward's CPU time less the time blocked
 # in the router syncs) and of the wall ms (CUDA: an event pair on the compute stream): a GPU cell whose host
-# time is most of its wall time timed the host, not the link (rules.gated, thresholds.HOST_SHARE_LIMIT).
+# time is most of its wall time timed the host, not the link (rules.rule_cell, thresholds.HOST_SHARE_LIMIT).
 HOST_COLUMNS = ("host_ms_per_forward", "wall_ms_per_forward")
 COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS + PHASE_COLUMNS + HOST_COLUMNS
 # A file written before rows carried host time: read with those columns empty, appended to in its own columns.

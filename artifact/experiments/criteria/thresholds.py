@@ -12,9 +12,12 @@ MIN_PAIRS = 4            # fewer pairs than this: inconclusive. With 3 pairs t_{
                          # 2 or 3 differences is too unstable to size it
 MIN_RUNS = 3             # a stored (headline) result is N >= MIN_RUNS runs of the timing notebooks at one commit:
                          # the pooled interval is a t interval over per-run means with N - 1 degrees of freedom
-EQUIV_MARGIN = 3.0       # points of tokens/s: "no difference" means the whole interval lies inside +-3%, and
-                         # "not faster" that it lies below +3% (the paper's smallest effect, +4.9%, is
-                         # well outside it; its own no-difference interval, [-1.16, +2.63], inside it)
+MARGIN = 3.0             # points: the smallest effect a timing claim calls a difference, one margin for its three
+                         # questions: "faster" means faster by more than +3% (the interval above +3), "no
+                         # difference" that the whole interval lies inside +-3%, "not faster" that it lies below
+                         # +3%; for the stall claim (03) points of demand's wall time per forward. The paper's
+                         # smallest effect, +4.9%, lies outside it; its own no-difference interval,
+                         # [-1.16, +2.63], inside it
 STABLE = 0.80            # "very stable" routing: >= 80% of D(t, l) already in D(t-1, l) on every task (the paper
                          # gives no number; 80% is the share at which most of a step's experts are a repeat)
 FEW = 0.10               # "few or no misses removed": under 10% of LRU's misses (an order of magnitude below

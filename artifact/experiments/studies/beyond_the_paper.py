@@ -201,12 +201,13 @@ def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
     cells = {(pol, k): r for pol, c in timed.items() for k, r in c.effects.items() if k[0] == "demand"}
     aa = {(pol, k): timed[pol].control[k] for pol, k in cells if k in timed[pol].control}
     host = {(pol, k): timed[pol].host[k] for pol, k in cells if k in timed[pol].host}
-    t = judge(Compared(cells, aa, host), not_faster, lambda pk: f"{pk[0]} {label(pk[1])}")
+    q = not_faster()
+    t = judge(Compared(cells, aa, host), q, lambda pk: f"{pk[0]} {label(pk[1])}")
     boot = [] if table is None else [c for c in bootstrap_above_zero(table) if c.endswith("(demand)")]
     return timed_claim(
         "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
-        "link_priority demand no predictor is faster than demand-async at any measured C/W (not faster by "
-        f"more than {thresholds.EQUIV_MARGIN:g}%)",
+        f"link_priority demand no predictor is faster than demand-async at any measured C/W ({q.text()}: "
+        "non-superiority)",
         f"{OWN}; judged per cell (docs/verdicts.md), {CONTROL} vs demand as the A/A control", t,
         "tokens/s per run, predictor over demand % per pair, one interval per cell (task, batch, C/W)",
         "this run's bootstrap intervals over pairs (not ruled on) above 0: " + (", ".join(boot) if boot else "none"))
@@ -365,8 +366,8 @@ def plot(summary, n: "Numbers", P: Settings):
                 rows += [dict(panel="throughput", link_priority=pr, policy=pol, batch_size=b, cache_ratio=c[3],
                               diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
                          for c, i in zip(keys, iv)]
-        ax.axhspan(-thresholds.EQUIV_MARGIN, thresholds.EQUIV_MARGIN, color="gray", alpha=0.12,
-                   label=f"+-{thresholds.EQUIV_MARGIN:g}% (margin)")
+        ax.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12,
+                   label=f"+-{thresholds.MARGIN:g}% (margin)")
         ax.axhline(0, color="black", lw=1, ls=":")
         ax.set(xlabel="cache capacity C/W", ylabel="predictor over demand (% tokens/s)",
                title=f"throughput vs demand-async per cell, link_priority {pr} (95% intervals as ruled)")

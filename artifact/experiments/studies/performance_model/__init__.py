@@ -198,8 +198,8 @@ def verdicts(grid: pd.DataFrame, errors: ModelErrors, gpu_summary: dict, source:
         _model_claim(d, paper.AT_LOW.cache_ratio, paper.AT_LOW.cache_ratio,
                      "at C/W 0.43 demand-async and async last-step prefetch do not differ (within +-3%)",
                      f"{paper.paired_text(paper.AT_LOW)}; judged on the model: |difference| <= "
-                     f"{thresholds.EQUIV_MARGIN:g}% on both streams and both GPUs",
-                     lambda x: x.abs() <= thresholds.EQUIV_MARGIN, f"+-{thresholds.EQUIV_MARGIN:g}%"),
+                     f"{thresholds.MARGIN:g}% on both streams and both GPUs",
+                     lambda x: x.abs() <= thresholds.MARGIN, f"+-{thresholds.MARGIN:g}%"),
     ]
     h = grid[(grid.hardware == "h200") & (grid["shape"] == CLAIM_SHAPE) & (grid.cache_ratio == 1.0)
              & (grid.link_priority == "fifo")].set_index(["trace", "policy"])
