@@ -54,8 +54,8 @@ def test_one_cycle_puts_every_policy_in_every_slot_equally_often(k):
     assert all(sorted(o) == sorted(ps) for o in orders)               # each a permutation of the policies
     assert slot_counts(orders) == {(p, s): L // k for p in ps for s in range(k)}
     assert [slot_order(ps, i + L) for i in range(L)] == orders        # the cycle repeats
-    if k <= 3:
-        assert slot_order(ps, 0) == ps and slot_order(ps, 1) == ps[::-1]   # listed, then reversed
+    assert slot_order(ps, 0) == ps and slot_order(ps, 1) == ps[::-1]   # listed (as the warm-up), then reversed
+    assert all(orders[i + 1] == orders[i][::-1] for i in range(0, L, 2))   # each row beside its mirror
 
 
 @pytest.mark.parametrize("k", [2, 3, 4, 5, 6])

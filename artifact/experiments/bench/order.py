@@ -7,18 +7,18 @@ sits there, so the orders of a sequence of repetitions are balanced:
 - every policy sits in every slot equally often, and
 - every ordered pair of policies (a directly before b) is adjacent equally often,
 
-over one cycle of `cycle_length(k)` repetitions (k policies). A Williams design gives both. Label the policies
-0..k-1 in their listed order and let s = 0, 1, k-1, 2, k-2, 3, ... (k terms): its steps s[p+1] - s[p] are
-+1, -2, +3, -4, ... (mod k). Row j of the square is s + j (mod k), j = 0..k-1: a Latin square, so every policy
-takes every slot once. For even k its k-1 steps are distinct and nonzero mod k, so every ordered pair is
-adjacent once, and the mirror (reversal) of row j is row j + k/2. For odd k the steps repeat (+d and -d share a
-residue class), so the square alone is not pair-balanced; the square with its k mirrored rows is: 2k rows,
-every policy in every slot twice, every ordered pair adjacent twice.
+over one cycle of `cycle_length(k)` repetitions (k policies). A Williams design gives both. Over the labels
+0..k-1 let s = 0, 1, k-1, 2, k-2, 3, ... (k terms): its steps s[p+1] - s[p] are +1, -2, +3, -4, ... (mod k).
+Row j of the square is s + j (mod k), j = 0..k-1: a Latin square, so every label takes every slot once. For
+even k the k-1 steps are distinct and nonzero mod k, so every ordered pair is adjacent once, and the mirror
+(reversal) of row j is row j + k/2. For odd k the steps take half the nonzero residues, each twice (k = 5:
+1, 3, 3, 1), so the square alone is not pair-balanced; its mirrored rows take the negated steps, so the square
+with its k mirrored rows is: 2k rows, every label in every slot twice, every ordered pair adjacent twice.
 
 The cycle lists each row next to its mirror (odd k: row j, then row j reversed; even k: row j, then row
 j + k/2), so any two consecutive repetitions starting at an even index give every policy the same mean slot,
-(k - 1) / 2. Index 0 is row 0, s itself: the listed order for k <= 3, and index 1 its reverse (for two policies
-the whole cycle is listed, reversed).
+(k - 1) / 2. The listed policy at position p carries label s[p], so index 0 (row 0) is the listed order and
+index 1 its reverse, as in the warm-up and for two policies the whole cycle.
 
 Repetition r of a grid whose profile has `rotation` q and R repetitions uses index q * R + r (bench/run.py), so
 the order continues across stored runs (scripts/record_runs.py measures run k with rotation k - 1).
@@ -67,5 +67,7 @@ def slot_order(policies: Sequence[str], index: int) -> tuple[str, ...]:
         shift, mirrored = c // 2 + (c % 2) * (k // 2), False
     else:
         shift, mirrored = c // 2, c % 2 == 1
-    row = [(s + shift) % k for s in _base_row(k)]
-    return tuple(policies[i] for i in (row[::-1] if mirrored else row))
+    base = _base_row(k)
+    where = {label: pos for pos, label in enumerate(base)}     # the listed policy p carries label s[p]
+    row = [policies[where[(label + shift) % k]] for label in base]
+    return tuple(row[::-1] if mirrored else row)
