@@ -8,11 +8,14 @@ Each run first clears the working row files (replication.clear_working), then me
 time (replication.TIMED_STUDIES: 03's throttle grid, 04's bench grid, 05's TIDE-style grid, 06's two link-priority
 grids, 07's synthetic streams, 08's model validation cells, 09's end-to-end bench), each with its study's
 `measure`, in notebook order; then copies the row files into a new stored run (replication.record_run).
+Stored run k measures with Settings.rotation = k - 1 (kept in its run.json), so the policies' run order
+(bench/order.py) continues from run to run and each policy sits in each slot equally often over whole cycles.
 `./run_all.sh PROFILE --force --store` afterwards rules every timing claim on the stored runs (it finds the last
 run's rows in place and measures nothing again)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 import time
@@ -52,11 +55,14 @@ def record(a) -> None:
     P = harness.setup(a.profile)
     replication.next_run(P.name)      # the stored runs are whole and of this commit, before any measurement
     for k in range(a.runs):
-        replication.clear_working(P)
+        dest, _ = replication.next_run(P.name)
+        rotation = int(dest.name[3:]) - 1          # stored run n measures with rotation n - 1
+        Pk = dataclasses.replace(P, rotation=rotation)
+        replication.clear_working(Pk)
         t0 = time.time()
-        print(f"run {k + 1} of {a.runs}", flush=True)
-        measure(P)
-        replication.record_run(P, seconds=round(time.time() - t0, 1),
+        print(f"run {k + 1} of {a.runs} (stored as {dest.name}, rotation {rotation})", flush=True)
+        measure(Pk)
+        replication.record_run(Pk, seconds=round(time.time() - t0, 1), rotation=rotation,
                                command=f"python scripts/record_runs.py {' '.join(sys.argv[1:])} (run {k + 1})")
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from helpers_streams import store_run, stream_rows
 
+from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import paper, thresholds
@@ -291,7 +292,7 @@ def test_module_imports_at_the_top_and_writes_no_paper_figure():
 
 @pytest.mark.slow
 def test_timed_streams_run_through_the_engine(tiny):
-    P = load_profile("cpu")
+    P = load_profile("cpu", {"rotation": 1})
     points = {"paper point": (0.05, 0.0), "cpu point": (0.3, 0.3)}
     rows = rm.stream_runs(P, BASE, points, TINY, Calibration(20.0, 100.0), progress=False)
     assert len(rows) == 2 * 3 * TINY.repetitions                  # demand, last_step, the A/A control; no warm-up row
@@ -302,8 +303,9 @@ def test_timed_streams_run_through_the_engine(tiny):
         assert (g[g.policy == "demand"].speculative_transfers == 0).all()
         control, demand = g[g.policy == CONTROL], g[g.policy == "demand"]
         assert control.transfers.tolist() == demand.transfers.tolist()   # the control does demand's work
-    first = rows.groupby("rep").policy.first().tolist()
-    assert first[:2] == ["demand", CONTROL]                       # the order reverses every other round
+    for (_, rep), g in rows.groupby(["task", "rep"], sort=False):  # round r: slot_order at rotation * R + r
+        assert tuple(g.policy) == slot_order(("demand", "last_step", CONTROL), TINY.repetitions + rep)
+    assert rows.groupby("rep").policy.first().tolist() == ["last_step", "demand"]
     claim = rm.throughput_claim(rm.throughput(Replicas(rows, metric=rm.METRIC)))
     assert "(A/A " in claim.measured and f"A/A control: {CONTROL} over demand" in claim.measured
     assert "compute: 20 us per expert, 100 us other per demand" in claim.measured    # the rows' own calibration

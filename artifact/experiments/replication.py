@@ -171,10 +171,11 @@ def next_run(profile_name: str, reference: Path | None = None) -> tuple[Path, di
 
 
 def record_run(P, stems: Sequence[str] = TIMED_STEMS, reference: Path | None = None, seconds: float | None = None,
-               command: str | None = None, log=print) -> Path:
+               command: str | None = None, log=print, rotation: int | None = None) -> Path:
     """Copy this profile's working row files (results_dir) of `stems` into a new stored run, runs/run<k>/ with k
     one more than the last, with its run.json and manifest.json: written into a temporary folder and renamed, so a
-    run is either whole or absent; never over an existing run, nor beside damaged runs or runs of another commit."""
+    run is either whole or absent; never over an existing run, nor beside damaged runs or runs of another commit.
+    `rotation`: the Settings.rotation the run was measured with, kept in run.json when given."""
     files = [f for s in stems for f in row_files(P, s)]
     if not files:
         only = ",".join(t.notebook[:2] for t in TIMED_STUDIES)
@@ -188,7 +189,8 @@ def record_run(P, stems: Sequence[str] = TIMED_STEMS, reference: Path | None = N
     tmp.mkdir()
     for f in files:
         shutil.copyfile(f, tmp / f.name)
-    meta = {"run": k, **info, **({"command": command} if command else {}), "host": socket.gethostname(),
+    meta = {"run": k, **info, **({"command": command} if command else {}),
+            **({"rotation": rotation} if rotation is not None else {}), "host": socket.gethostname(),
             "load_average": list(os.getloadavg()), "cpus": os.cpu_count(), "seconds": seconds,
             "files": sorted(f.name for f in files)}
     atomic_write_text(tmp / "run.json", json.dumps(meta, indent=1) + "\n")

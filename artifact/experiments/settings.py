@@ -132,8 +132,11 @@ class Settings:
     # or a path to a .py file (relative to the working directory) whose code registers policies
     # (docs/policies.md). Importing runs the module's code: name only your own.
     policy_modules: tuple[str, ...] = ()
-    repetitions: int = 5                 # R timed runs of every policy per cell; order alternates with r's parity
-    warmup: int = 1                      # untimed runs of every policy per cell before the R timed ones
+    repetitions: int = 5                 # R timed runs of every policy per cell, in balanced order (bench/order.py)
+    warmup: int = 1                      # untimed runs of every policy per cell before the R timed ones (listed order)
+    rotation: int = 0                    # repetition r of a grid of R runs its policies in slot_order(policies,
+                                         # rotation * R + r) (bench/order.py); stored run k: k - 1 (record_runs.py,
+                                         # its run.json). In no fingerprint: rows of any rotation are one grid.
     lookahead: int = 1                   # last_step / oracle: prefetch this many MoE layers ahead
     tau: int = 4                         # interval_refresh: refresh every tau denoising steps
     # The traced run that measures W: None = experts resident on the device; an integer C = offloaded
@@ -206,7 +209,7 @@ RANGES: dict[str, dict] = {
     "gen_length": _GT0, "steps": _GT0, "threshold": {"low": 0, "low_open": True, "high": 1},
     "n_prompts": _GT0, "seed": _GE0, "max_prompt_tokens": _GT0,
     "batch_sizes": _BATCH, "cache_ratios": _GT0, "bandwidth_scales": _GT0, "repetitions": _GT0, "warmup": _GE0,
-    "lookahead": _GT0, "tau": _GT0, "trace_capacity": _GT0, "budget_minutes": _GT0,
+    "rotation": _GE0, "lookahead": _GT0, "tau": _GT0, "trace_capacity": _GT0, "budget_minutes": _GT0,
     "throttle_scales": _GT0, "throttle_ratio": _GT0,
     "trace_n_prompts": _GT0, "trace_batch_sizes": _BATCH,
 }

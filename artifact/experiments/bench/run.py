@@ -6,8 +6,11 @@ Per cell:
      task and batch size; resident, or offloaded at trace_capacity). It doubles as the warm-up, and
      its trace feeds the oracle policy. C = capacity_for(cache_ratio, W, E).
   2. `warmup` untimed runs of every policy.
-  3. R repetitions; repetition r runs every policy once, in the listed order when r is even and
-     reversed when r is odd, so neither policy always runs first. One CSV row per timed run.
+  3. R repetitions; repetition r runs every policy once, in the order bench/order.py's slot_order gives
+     index rotation * R + r (the profile's `rotation`): a Williams design, so over a cycle of repetitions
+     every policy runs in every slot (first, second, ...) equally often, and every ordered pair of
+     policies runs back to back equally often; `rotation` continues the cycle across stored runs. One CSV
+     row per timed run; its `order` is the run's slot (0 = first).
 After each cell its rows are appended to the CSV in one write and fsynced, under an exclusive lock on
 the sidecar `<out>.lock`, so the file only ever holds whole cells and a rerun resumes by skipping the
 cells it already has (bench/results.py: concurrent writers and interrupted appends).
@@ -27,6 +30,7 @@ from tqdm.auto import tqdm
 
 from artifact.experiments.bench.grid import Cell, grid, shard_cells
 from artifact.experiments.bench.model_runner import ModelRunner
+from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import (
     CellClaims,
     append_rows,
@@ -108,7 +112,7 @@ def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int]
                 bar.update(len(policies) * (R + P.warmup))
                 return False
         bar.set_postfix_str(str(cell))
-        new = measure_cell(runner, cell, policies, R, P.warmup, meta, on_run=bar.update)
+        new = measure_cell(runner, cell, policies, R, P.warmup, meta, on_run=bar.update, rotation=P.rotation)
         with locked(out, log=log):                       # re-read: another process may have appended meanwhile
             now = load_for_append(out, P, log)
             check_same_model(now, meta, out)
@@ -135,10 +139,12 @@ def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int]
 
 
 def measure_cell(runner, cell: Cell, policies: list[str], repetitions: int, warmup: int, meta: dict,
-                 on_run=lambda: None) -> list[dict]:
+                 on_run=lambda: None, rotation: int = 0) -> list[dict]:
     """One cell's rows, measured: W from the runner's traced run, C from the cell's C/W, `warmup` untimed runs
-    of every policy, then `repetitions` timed ones in alternating order. No file, no lock: run_bench decides
-    whether a cell runs and where its rows go. `on_run` is called after every run (a progress bar)."""
+    of every policy in the listed order, then `repetitions` timed ones, repetition r in the order
+    slot_order(policies, rotation * repetitions + r); a row's `order` is its run's slot. No file, no lock:
+    run_bench decides whether a cell runs and where its rows go. `on_run` is called after every run (a
+    progress bar)."""
     W = runner.working_set(cell.task, cell.batch_size)
     C = capacity_for(cell.cache_ratio, W, runner.num_experts)
     for _ in range(warmup):
@@ -147,7 +153,7 @@ def measure_cell(runner, cell: Cell, policies: list[str], repetitions: int, warm
             on_run()
     rows = []
     for r in range(repetitions):
-        for pos, pol in enumerate(policies if r % 2 == 0 else policies[::-1]):
+        for pos, pol in enumerate(slot_order(policies, rotation * repetitions + r)):
             s = runner.run(cell, pol, C)
             rows.append({**meta, "task": cell.task, "batch_size": cell.batch_size,
                          "cache_ratio": cell.cache_ratio, "bandwidth_scale": cell.bandwidth_scale,

@@ -23,6 +23,7 @@ from matplotlib.colors import LogNorm
 from scipy.interpolate import RegularGridInterpolator
 from tqdm.auto import tqdm
 
+from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
@@ -277,7 +278,8 @@ def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
 def stream_runs(P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: Calibration,
                 progress: bool = True) -> pd.DataFrame:
     """demand, last_step and the A/A control (settings.CONTROL) at the grid's first C/W on each point's stream (no
-    prefill): one untimed warm-up run each, then g.repetitions rounds in alternating order; a row per timed run."""
+    prefill): one untimed warm-up run each (listed order), then g.repetitions rounds, round r in the order
+    slot_order(policies, P.rotation * g.repetitions + r) (bench/order.py); a row per timed run."""
     loaded = load_model(P)
     shape = ExpertShape(loaded.cfg.hidden_size, loaded.cfg.moe_intermediate_size)
     ratio = g.ratios[0]
@@ -293,7 +295,7 @@ def stream_runs(P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: C
             streams[name] = (t, stream_store(loaded, t, shape, g.seed, P.device))
         t, store = streams[name]
         C = capacity_for(ratio, mean_working_set(t), base.experts)
-        order = policies if rep % 2 == 0 else policies[::-1]
+        order = policies if rep < 0 else slot_order(policies, P.rotation * g.repetitions + rep)
         for policy in order:
             spec = OffloadSpec.from_settings(P, C, policy, expert_bytes=store.expert_bytes)
             st = run_stream(t, spec, shape, cal, device=P.device, store=store)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import Claim, judged
 from artifact.experiments.criteria import thresholds
@@ -74,8 +75,9 @@ def cpu_emulated(P: Settings, loaded, ps: list[list[int]], batch_size: int = 1, 
 
 def validate_cpu(P: Settings, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLICIES, batch_sizes=(1, 4),
                  repetitions: int = 2, n_prompts: int = 2, progress: bool = True) -> tuple[pd.DataFrame, str]:
-    """Measured (wall clock, real compute, emulated link) against modelled seconds per step, one row per run.
-    Returns the rows and the calibration's description."""
+    """Measured (wall clock, real compute, emulated link) against modelled seconds per step, one row per run;
+    repetition rep runs the policies in the order slot_order(policies, P.rotation * repetitions + rep)
+    (bench/order.py). Returns the rows and the calibration's description."""
     loaded = load_model(P)
     task = P.tasks[0]
     _, ps = prompts(loaded.tokenizer, task, n_prompts, P.seed, P.max_prompt_tokens)
@@ -96,7 +98,7 @@ def validate_cpu(P: Settings, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLI
     for b, ratio, rep in tqdm(jobs, desc="validate", disable=not progress):
         t = traces[b]
         C = capacity_for(ratio, mean_working_set(t), loaded.cfg.num_experts)
-        order = policies if rep % 2 == 0 else tuple(reversed(policies))
+        order = slot_order(policies, P.rotation * repetitions + rep)
         for policy in order:
             spec = offload_spec(P, loaded, C, policy)
             res = run(loaded, ps, b, dc, spec=spec, device=P.device, task=task)
