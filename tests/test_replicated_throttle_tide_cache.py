@@ -177,3 +177,26 @@ def test_stored_claims_rule_the_last_stored_run_pooled(name, data):
     module = {"throttle": throttle, "tide": head_to_head, "cache": cache_design}[name]
     (c,) = module.stored_claims(load_profile("cpu"))
     assert c.timing and c.verdict == REPRODUCED and c.ruled == "pooled" and c.per_run == (REPRODUCED,) * 3
+
+
+def test_the_figures_of_a_fresh_run_beside_stored_runs_name_the_hull_they_draw(data):
+    """A fresh run (not a stored one) is ruled on the hull of its interval and the pooled one: 03's figure (and
+    04's, below) draws that interval and says so in its title."""
+    st, P = STUDIES["throttle"], load_profile("cpu")
+    stored(data, st, {1: st.good})
+    n = throttle.numbers(throttle.replicas(P, st.rows({1: st.good}, 0.2)))
+    assert {r.ruled.unit for r in n.stall.effects.values()} == {"hull"}
+    fig, _ = throttle.plot(throttle.summary_table(st.rows({1: st.good}, 0.2)), n, P)
+    assert "hull of its interval and the pooled one" in fig.axes[2].get_title()
+
+
+def test_the_capacity_figure_of_a_fresh_run_names_the_hull_it_draws(data):
+    from artifact.experiments.studies import capacity_sweep as capacity
+    P = load_profile("cpu")
+    bench = {("gsm8k", 1, r, 1.0): 8.0 for r in (0.83, 1.0)}
+    store_runs(data, "cpu", capacity.STEM, [make_rows({k: v + d for k, v in bench.items()}, "demand", "last_step",
+                                                      fingerprint=bench_fingerprint(P)) for d in OFFSETS])
+    fresh = make_rows({k: 9.0 for k in bench}, "demand", "last_step", fingerprint=bench_fingerprint(P))
+    cn = capacity.numbers(capacity.replicas(P, fresh))
+    fig, _ = capacity.plot(cn, P)
+    assert "hull of its interval and the pooled one" in fig.axes[0].get_title()

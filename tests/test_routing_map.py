@@ -309,3 +309,13 @@ def test_timed_streams_run_through_the_engine(tiny):
     claim = rm.throughput_claim(rm.throughput(Replicas(rows, metric=rm.METRIC)))
     assert "(A/A " in claim.measured and f"A/A control: {CONTROL} over demand" in claim.measured
     assert "compute: 20 us per expert, 100 us other per demand" in claim.measured    # the rows' own calibration
+
+
+def test_stream_figure_of_a_fresh_run_draws_its_hull(monkeypatch, tmp_path):
+    P = stored_streams(monkeypatch, tmp_path)
+    monkeypatch.setenv("ARTIFACT_FIGURES", str(tmp_path / "figures"))
+    monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "results"))
+    rows = stream_rows({"paper point": 8.5, "cpu point": 7.5})
+    t = rm.throughput(rm.replicas(P, rows))
+    fig, _ = rm.plot_throughput(rows, t, P)
+    assert "hull of its interval and the pooled one" in fig.axes[2].get_title()

@@ -58,6 +58,11 @@ def refused_everywhere(capsys, *fragments: str) -> None:
         assert all(f in one_line(str(e.value)) for f in fragments), str(e.value)
 
 
+def stored_names() -> list[str]:
+    """The committed stored runs' names, run1, run2, ... in order."""
+    return [p.name for p in replication.check_stored_runs("cpu", ROOT)]
+
+
 def test_the_committed_stored_runs_match_their_manifests():
     runs = replication.check_stored_runs("cpu", ROOT, ruled_on=thresholds.MIN_RUNS)
     assert [p.name for p in runs] == [f"run{k}" for k in range(1, len(runs) + 1)]
@@ -95,7 +100,8 @@ def test_runs_at_two_commits_are_refused(data, capsys):
     meta = json.loads((run3 / "run.json").read_text())
     (run3 / "run.json").write_text(json.dumps({**meta, "commit": "0123456789ab"}, indent=1) + "\n")
     write_manifest(run3)                                   # a whole run, but of another commit
-    refused_everywhere(capsys, "runs at mixed commits (run1, run2 at a7d844991a8b; run3 at 0123456789ab)")
+    others = ", ".join(n for n in stored_names() if n != "run3")
+    refused_everywhere(capsys, f"runs at mixed commits ({others} at {meta['commit']}; run3 at 0123456789ab)")
 
 
 def test_an_edited_run_json_is_refused(data, capsys):
@@ -107,16 +113,21 @@ def test_an_edited_run_json_is_refused(data, capsys):
 
 def test_a_missing_run_is_refused(data, capsys):
     shutil.rmtree(data / "runs" / "run2")                  # a gap in the run numbers
-    refused_everywhere(capsys, "run2: missing (the stored runs are run1, run3; expected run1, run2, ... without a gap)")
+    left = ", ".join(n for n in stored_names() if n != "run2")
+    refused_everywhere(capsys, f"run2: missing (the stored runs are {left}; expected run1, run2, ... without a gap)")
 
 
 def test_a_missing_last_run_is_refused(data, capsys):
-    shutil.rmtree(data / "runs" / "run3")                  # the records were ruled on 3 runs; 2 are left
+    names = stored_names()
+    n = len(names)
+    shutil.rmtree(data / "runs" / names[-1])              # the records were ruled on n runs; n - 1 are left
     for argv in (["claims", "--profile", "cpu", "--agreement"], ["claims", "--profile", "cpu"]):
         assert main(argv) == 2
         out, err = capsys.readouterr()
-        assert out == "" and "2 stored runs (run1, run2), but the claim records were ruled on 3: a run is missing" \
-            in one_line(err)
+        assert out == "" and (f"{n - 1} stored runs ({', '.join(names[:-1])}), but the claim records were ruled on "
+                              f"{n}: a run is missing") in one_line(err)
+    for name in names[2:-1]:                               # two left: too few for a pooled verdict
+        shutil.rmtree(data / "runs" / name)
     with pytest.raises(RunsError, match="2 stored runs hold this grid's rows .run1, run2.: a pooled verdict needs "
                                         f"thresholds.MIN_RUNS = {thresholds.MIN_RUNS}"):
         capacity_sweep.stored_claims(load_profile("cpu"))
@@ -169,11 +180,12 @@ def test_record_runs_refuses_damaged_stored_runs_before_measuring(tmp_path):
     assert r.returncode == 2 and r.stdout == "", r.stdout
     assert "run1: no manifest.json" in one_line(r.stderr)
     assert sorted(p.name for p in (tmp_path / "data" / "results" / "cpu" / "runs").iterdir()) == \
-        ["run1", "run2", "run3"]
+        sorted(stored_names())
 
 
 def test_recording_beside_runs_of_another_commit_is_refused(data):
     shutil.copy(COMMITTED / "runs" / "run1" / "bench.csv", data / "bench.csv")      # a working row file
-    with pytest.raises(RunsError, match=r"runs: the stored runs are at commit a7d844991a8b, this checkout at \w+"):
+    at = json.loads((COMMITTED / "runs" / "run1" / "run.json").read_text())["commit"]
+    with pytest.raises(RunsError, match=rf"runs: the stored runs are at commit {at}, this checkout at \w+"):
         replication.record_run(load_profile("cpu"), log=lambda s: None)
-    assert sorted(p.name for p in (data / "runs").iterdir()) == ["run1", "run2", "run3"]
+    assert sorted(p.name for p in (data / "runs").iterdir()) == sorted(stored_names())

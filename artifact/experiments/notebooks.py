@@ -326,9 +326,10 @@ def summary_table(outcomes: list[Outcome], width: int = 70) -> str:
     return "\n".join(lines)
 
 
-TIMING_NOTE = ("Timing verdicts (03-09) of a run come from that run alone, each cell's interval widened to the spread "
-               "of the stored runs (its claim cell says so); the stored result, in the README, pools "
-               f">= {thresholds.MIN_RUNS} runs (k of N). docs/verdicts.md")
+TIMING_NOTE = ("Timing verdicts (03-09) of a run come from that run alone, each cell ruled on the hull of its own "
+               "interval and the stored runs' pooled one, so it is the stored verdict or inconclusive (its claim cell "
+               f"says so); the stored result, in the README, pools >= {thresholds.MIN_RUNS} runs (k of N). "
+               "docs/verdicts.md")
 
 
 KERNELSPEC = {"name": "artifact", "display_name": "artifact (.venv)", "language": "python"}   # scripts/env.sh

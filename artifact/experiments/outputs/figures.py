@@ -14,6 +14,9 @@ DPI = 100
 COLORS = {"demand": "tab:blue", "last_step": "tab:orange", "oracle": "tab:green", "interval_refresh": "tab:purple",
           "belady": "tab:gray", "resident": "tab:gray"}
 CONTROL_COLOR = "dimgray"     # the A/A control (settings.CONTROL over demand): never a policy's colour
+# what an interval is over (rules.Interval.unit), as a figure's title says it
+INTERVAL_BASIS = {"runs": "pooled over runs", "hull": "one run: hull of its interval and the pooled one",
+                  "run": "one run, widened by the stored runs' spread", "pairs": "within one run"}
 PAPER_STYLE = dict(color="crimson", lw=1.5, ls="--")     # how the paper's figures are marked on a plot
 
 

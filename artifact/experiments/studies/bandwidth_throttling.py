@@ -14,7 +14,7 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import run_grid
-from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, title
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, INTERVAL_BASIS, title
 from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import STALL_SHARE, faster
 from artifact.experiments.settings import CONTROL, Settings
@@ -186,8 +186,7 @@ def plot(summary, n: Numbers, P: Settings):
                 label=f"+-{thresholds.MARGIN:g} (the margin; faster means above +{thresholds.MARGIN:g})")
     ax3.axhline(0, color="black", lw=1, ls=":")
     any_iv = next(iter(n.stall.effects.values()), None)
-    basis = {"runs": "pooled over runs", "run": "one run, widened by the stored runs' spread",
-             "pairs": "within one run"}[any_iv.ruled.unit] if any_iv else "no intervals"
+    basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else "no intervals"
     why, ticks = _bandwidth_axis(summary, P)
     ax1.set(xlabel="link bandwidth (GB/s)", ylabel="throughput (tokens/s)", title="throughput (means)")
     ax2.set(xlabel="link bandwidth (GB/s)", ylabel="stall per run (seconds)",

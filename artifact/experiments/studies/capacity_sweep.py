@@ -12,7 +12,7 @@ from artifact.experiments.bench.results import bench_fingerprint, same_tokens
 from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import run_grid
-from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, title
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
 from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import faster, no_difference
 from artifact.experiments.settings import CONTROL, Settings
@@ -121,8 +121,7 @@ def plot(n: Numbers, P: Settings):
                label=f"+-{thresholds.MARGIN:g}% (equivalence margin)")
     ax.axhline(0, color="black", lw=1, ls=":")
     any_iv = next(iter(n.timed.effects.values()), None)
-    basis = {"runs": "pooled over runs", "run": "one run, widened by the stored runs' spread",
-             "pairs": "within one run"}[any_iv.ruled.unit] if any_iv else ""
+    basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else ""
     ax.set(xlabel="cache capacity C/W", ylabel="A over B (% tokens/s)",
            title=f"demand vs last_step per cell, 95% intervals ({basis})")
     ax.title.set_fontsize(10)

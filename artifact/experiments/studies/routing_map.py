@@ -28,7 +28,7 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import load_model, traces
-from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, title
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
 from artifact.experiments.replication import Compared, Replicas, cached_rows, gather, judge, timed_claim
 from artifact.experiments.rules import faster
 from artifact.experiments.settings import CONTROL, Settings
@@ -484,8 +484,7 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     ax3.axhline(0, color="black", lw=1, ls=":")
     ax3.set_xlim(-0.6, len(names) - 0.4)
     any_iv = next(iter(t.effects.values()), None)
-    basis = {"runs": "pooled over runs", "run": "one run, widened by the stored runs' spread",
-             "pairs": "within one run"}[any_iv.ruled.unit] if any_iv else ""
+    basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else ""
     ax3.set(ylabel="A over B (% forwards/s)", title=f"the verdict's 95% intervals\n({basis})")
     ax3.title.set_fontsize(9)
     ax3.legend(fontsize=6, loc="best")
