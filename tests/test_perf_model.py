@@ -223,27 +223,38 @@ def test_model_error_of_a_stored_run_is_ruled_on_the_median_of_the_runs(monkeypa
     assert e.figures == pytest.approx(FIGURES) and e.pooled == pytest.approx(0.07) and e.is_pooled
     c = pm.model_error_claim(e, GPU, "given")
     assert c.verdict == "reproduced" and c.ruled == "pooled" and c.timing
-    assert c.this_run == "not reproduced" and c.per_run == ("not reproduced", "reproduced", "reproduced")
+    # each run's own verdict is its figure with the pooled median (rules.at_most): run1's 12% and the median's 7%
+    # straddle 10%, so run1 alone says inconclusive, never the opposite of the pooled verdict
+    assert c.this_run == "inconclusive" and c.per_run == ("inconclusive", "reproduced", "reproduced")
     assert c.pooled == "reproduced" and "median over N = 3 stored runs" in c.interval
     for text in ("run1 12.0%", "run2 6.0%", "run3 7.0%", "median of the 3 runs 7.0%", "this run (it is run1): 12.0%"):
         assert text in c.measured                                      # every run's figure is printed
     assert c.margin.startswith("median over runs 7.0% vs <= 10%")
     lines = "\n".join(c.lines())
-    assert "this verdict is the pooled one (this run alone: not reproduced)" in lines
+    assert "this verdict is the pooled one (this run alone: inconclusive)" in lines
     table = pm.errors_table(e)
     assert table.run.tolist() == ["run1", "run2", "run3", "this run (= run1)"]
-    assert table.verdict.tolist() == ["not reproduced", "reproduced", "reproduced", "not reproduced"]
+    assert table.verdict.tolist() == ["inconclusive", "reproduced", "reproduced", "inconclusive"]
 
 
-def test_model_error_of_a_fresh_run_is_its_own_figure(monkeypatch, tmp_path):
-    """A run whose rows are no stored run's is ruled on its own figure, and says it is one run; the stored
-    runs' figures and their median are printed beside it."""
+def test_model_error_of_a_fresh_run_is_its_figure_with_the_stored_median(monkeypatch, tmp_path):
+    """A run whose rows are no stored run's is ruled on the range between its own figure and the stored runs'
+    median, and says it is one run; the stored runs' figures and their median are printed beside it. A fresh run
+    whose figure is over the limit where the median is under says inconclusive, never the opposite verdict."""
     from artifact.experiments.studies import performance_model as pm
     P = stored_validation(monkeypatch, tmp_path)
     c = pm.model_error_claim(pm.model_errors(P, validation_rows(0.12, 0.105)), GPU, "given")
-    assert c.verdict == "not reproduced" and c.ruled == "this run" and "one run" in c.reason
+    assert c.verdict == "inconclusive" and c.ruled == "this run" and "one run" in c.reason
     assert c.pooled == "reproduced" and c.interval.startswith("one run") and "median of the 3 runs 7.0%" in c.measured
     assert "this verdict comes from one run" in c.runs_text()
+    assert c.margin == "this run 12.0% and median over runs 7.0%: range [7.0%, 12.0%] vs <= 10%: straddles it"
+    under = pm.model_error_claim(pm.model_errors(P, validation_rows(0.08, 0.105)), GPU, "given")
+    assert under.verdict == "reproduced" and under.margin.endswith("all under")
+    # stored runs all over the limit: a fresh run under it is inconclusive, one over it is not reproduced
+    over = stored_validation(monkeypatch, tmp_path / "over", figures=(0.14, 0.12, 0.2))
+    def fresh(figure):
+        return pm.model_error_claim(pm.model_errors(over, validation_rows(figure, 0.105)), GPU, "g").verdict
+    assert fresh(0.05) == "inconclusive" and fresh(0.3) == "not reproduced"
     alone = pm.model_error_claim(pm.errors_of(validation_rows(0.05), []), GPU, "given")
     assert alone.verdict == "reproduced" and alone.per_run == () and "no stored runs" in alone.reason
 

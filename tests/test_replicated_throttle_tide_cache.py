@@ -198,5 +198,11 @@ def test_the_capacity_figure_of_a_fresh_run_names_the_hull_it_draws(data):
                                                       fingerprint=bench_fingerprint(P)) for d in OFFSETS])
     fresh = make_rows({k: 9.0 for k in bench}, "demand", "last_step", fingerprint=bench_fingerprint(P))
     cn = capacity.numbers(capacity.replicas(P, fresh))
-    fig, _ = capacity.plot(cn, P)
+    fig, df = capacity.plot(cn, P)
     assert "hull of its interval and the pooled one" in fig.axes[0].get_title()
+    # the direction claim's cells also draw the effect net of the control, on the interval the claim rules on
+    net = df[df.series == capacity.NET].set_index("cache_ratio")
+    assert sorted(net.index) == [0.83, 1.0]
+    for key, r in cn.timed.net.items():
+        assert (net.loc[key.cache_ratio, "low"], net.loc[key.cache_ratio, "high"]) == (r.ruled.low, r.ruled.high)
+    assert any(lb.startswith(capacity.NET) for lb in fig.axes[0].get_legend_handles_labels()[1])

@@ -248,6 +248,9 @@ def test_stream_figure_draws_the_ruled_intervals_the_control_and_the_papers_band
     ruled, control = t.effects[("paper point",)].ruled, t.control[("paper point",)].ruled
     assert (pp["diff_pct"], pp["low"], pp["high"], pp["interval"]) == (ruled.mean, ruled.low, ruled.high, "runs")
     assert (pp["control_diff_pct"], pp["control_low"]) == (control.mean, control.low)
+    net = t.net[("paper point",)].ruled                        # the interval the direction claim rules on
+    assert (pp["net_diff_pct"], pp["net_low"], pp["net_high"]) == (net.mean, net.low, net.high)
+    assert rm.NET in labels and colors[rm.NET] == colors["demand over last_step"]
     assert len(df) == len(rows) and set(df.novelty) == {0.1}             # 08 reads the paper point's novelty here
     png, _ = save(fig, df, P, "07_test_streams", log=lambda *_: None)
     assert png.stat().st_size > 10_000

@@ -120,6 +120,30 @@ def test_combining_cells_is_monotone_too(cells, which):
     assert b in (a, INCONCLUSIVE)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0.0, 0.4), st.floats(0.0, 0.4), st.floats(0.0, 0.2), st.floats(0.0, 0.2), st.floats(0.0, 0.4))
+def test_the_model_error_rule_is_monotone_and_a_single_run_never_contradicts_the_median(a, b, wl, wh, own):
+    """rules.at_most (08: a figure <= MODEL_ERROR) on a range: widening it gives the same verdict or inconclusive;
+    a single run's range (its figure with the pooled median, rules.figure_range) gives the pooled verdict or
+    inconclusive, whatever its own figure."""
+    limit = thresholds.MODEL_ERROR
+    lo, hi = min(a, b), max(a, b)
+    inner, outer = rules.at_most(lo, hi, limit), rules.at_most(max(0.0, lo - wl), hi + wh, limit)
+    assert outer in (inner, INCONCLUSIVE)
+    pooled = rules.at_most(a, a, limit)
+    assert rules.at_most(*rules.figure_range(own, a), limit) in (pooled, INCONCLUSIVE)
+    assert rules.figure_range(own, None) == (own, own)
+
+
+def test_the_model_error_rule_decides_off_its_limit_and_refuses_an_empty_range():
+    limit = thresholds.MODEL_ERROR
+    assert rules.at_most(0.05, limit, limit) == REPRODUCED            # at the limit passes: <= limit
+    assert rules.at_most(0.11, 0.2, limit) == NOT_REPRODUCED
+    assert rules.at_most(0.05, 0.12, limit) == INCONCLUSIVE
+    with pytest.raises(ValueError, match="empty"):
+        rules.at_most(0.2, 0.1, limit)
+
+
 def test_the_old_faster_rule_was_not_monotone_and_this_one_is():
     """The rule this replaces said `not reproduced` for an interval crossing 0 below the paper's range, so widening
     [0.12, 1.24] (reproduced: above 0) to [-0.48, 1.46] gave `not reproduced`. Here neither decides the opposite."""

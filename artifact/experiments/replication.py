@@ -343,18 +343,22 @@ class Replicas:
         """A over B per cell of `by` on `basis`, with the A/A control (CONTROL over demand) in the same cells and A
         over B net of it when the rows carry it, and the cells' GPU host shares."""
         has = {CONTROL, "demand"} <= set(self.this.policy) and CONTROL not in (a, b)
-        control = self.effects(CONTROL, "demand", by, metric, basis) if has else {}
-        net = self.effects(a, b, by, metric, basis, net=True) if has else {}
-        return Compared(self.effects(a, b, by, metric, basis), control, host_shares(self.this, by), net, basis)
+        me_stored = self.n >= 2 and Replicas(self.this, self.stored, metric=metric or self.metric).is_stored(a, b, by)
+        control = self.effects(CONTROL, "demand", by, metric, basis, me_stored=me_stored) if has else {}
+        net = self.effects(a, b, by, metric, basis, net=True, me_stored=me_stored) if has else {}
+        return Compared(self.effects(a, b, by, metric, basis, me_stored=me_stored), control,
+                        host_shares(self.this, by), net, basis)
 
     def effects(self, a: str, b: str, by: Sequence[str], metric: str | None = None, basis: Basis = PERCENT,
-                net: bool = False) -> dict[tuple, Replicated]:
+                net: bool = False, me_stored: bool | None = None) -> dict[tuple, Replicated]:
         """{cell key: Replicated} of A over B per cell of `by` (the cells of this run), on `basis`, net of the A/A
-        control when `net` (run_effects)."""
+        control when `net` (run_effects). `me_stored`: whether this run's rows are a stored run's (is_stored of
+        A over B; `compare` finds it once for its three views)."""
         metric = metric or self.metric
         mine = run_effects(self.this, a, b, by, metric, basis, net)
         theirs = [run_effects(rows, a, b, by, metric, basis, net) for _, rows in self.stored]
-        me_stored = self.n >= 2 and Replicas(self.this, self.stored, metric=metric).is_stored(a, b, by)
+        if me_stored is None:
+            me_stored = self.n >= 2 and Replicas(self.this, self.stored, metric=metric).is_stored(a, b, by)
         out = {}
         for key, eff in mine.items():
             per = [t[key] for t in theirs if key in t]

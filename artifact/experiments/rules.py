@@ -42,7 +42,7 @@ import pandas as pd
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.settings import CONTROL
-from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, CellKey, paired_table
+from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, CellKey, paired_table, wide_pairs
 
 METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over pairs"
 
@@ -301,6 +301,27 @@ def combine(rulings: Iterable[tuple[str, Ruling]]) -> tuple[str, str, str]:
     return verdict, reason, "; ".join(f"{label}: {r.margin}" for label, r in rulings)
 
 
+def at_most(low: float, high: float, limit: float) -> str:
+    """A figure judged `<= limit` that is known only to lie in [low, high]: reproduced when all of the range is at
+    most the limit, not reproduced when all of it is over, inconclusive when it straddles. Monotone: a wider range
+    never flips the verdict, it can only make it inconclusive. A single run's model error (08) is ruled on the
+    range between its own figure and the stored runs' median (`figure_range`), so it says the pooled verdict or
+    inconclusive, as `hull` does for an interval."""
+    if low > high:
+        raise ValueError(f"at_most: the range [{low}, {high}] is empty (expected low <= high)")
+    if high <= limit:
+        return REPRODUCED
+    if low > limit:
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+def figure_range(own: float, pooled: float | None) -> tuple[float, float]:
+    """The range a single run's figure is ruled on: between its own figure and the stored runs' pooled one (its
+    own figure alone when nothing is pooled)."""
+    return (own, own) if pooled is None else (min(own, pooled), max(own, pooled))
+
+
 def margin_below(value: float, threshold: float, pct: bool = True) -> str:
     """A number judged `< threshold`: how far below (or above) it lies."""
     if pct:
@@ -363,24 +384,6 @@ STALL_SHARE = Basis("stall share", " points", ("stall_seconds", "forwards", "sec
                     "A's stall seconds per forward minus B's, in % of B's wall seconds per forward, per pair")
 
 
-def _wide(rows: pd.DataFrame, policies: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
-    """One row per pair (PAIR_KEYS), columns (column, policy) of `policies`; a pair missing a side has NaN."""
-    missing = [c for c in (*PAIR_KEYS, "policy", *columns) if c not in rows.columns]
-    if missing:
-        raise ValueError(f"rows lack columns {missing} (expected the bench's CSV)")
-    have = set(rows.policy)
-    absent = [p for p in policies if p not in have]
-    if absent:
-        raise ValueError(f"policies {absent} are not in these rows; they hold {sorted(have)}")
-    sel = rows[rows.policy.isin(policies)]
-    dup = sel.duplicated([*PAIR_KEYS, "policy"])
-    if dup.any():
-        first = sel[dup].iloc[0]
-        raise ValueError(f"two rows for the same run: {dict(first[[*PAIR_KEYS, 'policy']])}; merge shards with "
-                         "`python -m artifact merge` (it refuses duplicates)")
-    return sel.pivot(index=list(PAIR_KEYS), columns="policy", values=list(columns))
-
-
 def run_effects(rows, a: str, b: str, by: Sequence[str], metric: str, basis: Basis = PERCENT,
                 net: bool = False) -> dict[tuple, RunEffect]:
     """{cell key: RunEffect} of A over B in one run's rows on `basis`, per cell of `by` (keys beyond the bench's
@@ -395,7 +398,7 @@ def run_effects(rows, a: str, b: str, by: Sequence[str], metric: str, basis: Bas
     out = {}
     for xkey, part in groups:
         xkey = xkey if isinstance(xkey, tuple) else (xkey,)
-        w = _wide(part, policies, columns)
+        w = wide_pairs(part, policies, columns)
         d = basis.difference(w, a, b, metric)
         if net:
             d = d - basis.difference(w, CONTROL, "demand", metric)

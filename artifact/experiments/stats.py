@@ -101,26 +101,33 @@ def bootstrap_ci(values: Sequence[float], confidence: float = CONFIDENCE, n_resa
     return float(lo), float(hi)
 
 
-def pairs(rows, a: str, b: str, metric: str = "tokens_per_second"):
-    """One row per (cell, rep) holding both policies' `metric` (columns a and b); pairs missing a
-    side are dropped. Rows: the bench's CSV rows (a DataFrame)."""
+def wide_pairs(rows, policies: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
+    """One row per pair (PAIR_KEYS: same cell, run and repetition), columns (column, policy) for each of
+    `columns` and `policies`; a pair missing a side has NaN there. Refuses rows without the bench's columns, a
+    policy the rows lack and two rows for the same run. Rows: the bench's CSV rows (a DataFrame)."""
     rows = pd.DataFrame(rows)
-    missing = [c for c in PAIR_KEYS + ("policy", metric) if c not in rows.columns]
+    missing = [c for c in (*PAIR_KEYS, "policy", *columns) if c not in rows.columns]
     if missing:
         raise ValueError(f"rows lack columns {missing} (expected the bench's CSV)")
     have = sorted(rows.policy.unique())
-    for p in (a, b):
+    for p in policies:
         if p not in have:
             raise ValueError(f"policy {p!r} is not in these rows; they hold {have}")
-    if a == b:
-        raise ValueError(f"compare two different policies, got {a!r} twice")
-    sel = rows[rows.policy.isin([a, b])]
-    dup = sel.duplicated(list(PAIR_KEYS) + ["policy"])
+    sel = rows[rows.policy.isin(list(policies))]
+    dup = sel.duplicated([*PAIR_KEYS, "policy"])
     if dup.any():
         first = sel[dup].iloc[0]
-        raise ValueError(f"two rows for the same run: {dict(first[list(PAIR_KEYS) + ['policy']])}; "
+        raise ValueError(f"two rows for the same run: {dict(first[[*PAIR_KEYS, 'policy']])}; "
                          "merge shards with `python -m artifact merge` (it refuses duplicates)")
-    wide = sel.pivot(index=list(PAIR_KEYS), columns="policy", values=metric).dropna()
+    return sel.pivot(index=list(PAIR_KEYS), columns="policy", values=list(columns))
+
+
+def pairs(rows, a: str, b: str, metric: str = "tokens_per_second"):
+    """One row per (cell, rep) holding both policies' `metric` (columns a and b); pairs missing a
+    side are dropped. Rows: the bench's CSV rows (a DataFrame)."""
+    if a == b:
+        raise ValueError(f"compare two different policies, got {a!r} twice")
+    wide = wide_pairs(rows, (a, b), (metric,))[metric].dropna()
     return wide[[a, b]].reset_index()
 
 

@@ -89,18 +89,26 @@ def stored_claims(P: Settings) -> list[Claim]:
 
 
 # --- figure ---------------------------------------------------------------------------------------
+NET = "demand over last_step, net of the A/A control"
+
+
 def plot(n: Numbers, P: Settings):
-    """demand over last_step (% tokens/s) vs C/W, one point per cell (batch sizes side by side) with the interval
-    it is ruled on, the A/A control in its own colour with its interval, and the paper's figures marked."""
+    """demand over last_step (% tokens/s) vs C/W, one point per cell (batch sizes side by side) with its interval,
+    the A/A control in its own colour with its interval, and, at the C/W the direction claim rules (the paper's
+    range), the effect net of the control (hollow: the difference in differences that claim is ruled on; the
+    C/W 0.43 equivalence claim rules on the filled point, gated by the control); the paper's figures marked."""
     fig, ax = plt.subplots(figsize=(9, 4))
     batches = sorted({k.batch_size for k in n.timed.effects})
     width = 0.025
     rows = []
+    lo, hi = paper.FASTER_RANGE
+    net = {k: v for k, v in n.timed.net.items() if lo <= k.cache_ratio <= hi}
     for j, b in enumerate(batches):
         off = (j - (len(batches) - 1) / 2) * width
         aa = f"A/A control ({CONTROL} over demand)"
-        for name, src, color, dx in (("demand over last_step", n.timed.effects, COLORS["demand"], 0.0),
-                                     (aa, n.timed.control, CONTROL_COLOR, width / 2)):
+        for name, src, color, dx, hollow in (("demand over last_step", n.timed.effects, COLORS["demand"], 0.0, False),
+                                             (NET, net, COLORS["demand"], -width / 2, True),
+                                             (aa, n.timed.control, CONTROL_COLOR, width / 2, False)):
             keys = sorted(k for k in src if k.batch_size == b)
             if not keys:
                 continue
@@ -108,10 +116,10 @@ def plot(n: Numbers, P: Settings):
             x = [k.cache_ratio + off + dx for k in keys]
             ax.errorbar(x, [i.mean for i in iv], yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
                         fmt="o" if j == 0 else "s", capsize=3, color=color, ms=4,
+                        mfc="none" if hollow else color,
                         label=f"{name}, b={b}")
             rows += [dict(series=name, task=k.task, batch_size=k.batch_size, cache_ratio=k.cache_ratio,
                           diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n) for k, i in zip(keys, iv)]
-    lo, hi = paper.FASTER_RANGE
     ax.fill_between([lo, hi], *paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
                     label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}")
     low = paper.AT_LOW

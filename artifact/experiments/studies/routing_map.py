@@ -439,9 +439,13 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
     return fig, map_df.copy()
 
 
+NET = "net of the A/A control"
+
+
 def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     """Left: forwards/s per stream and policy (dots: repetitions, bar: mean); middle: link stall seconds; right:
-    demand over last_step per stream on its ruled interval, the A/A control in its colour, the paper's band."""
+    demand over last_step per stream, with its interval, the same net of the A/A control (hollow: the
+    difference in differences the direction claim is ruled on) and the control in its colour, the paper's band."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     names = list(dict.fromkeys(rows.task))
     bars = [(p, CONTROL_COLOR if p == CONTROL else COLORS[p])
@@ -465,15 +469,16 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     ax1.set(ylabel="denoising forwards / s", title=f"throughput at C/W {ratio:g}")
     ax2.set(ylabel="compute stalled on the link (s)", title="stall per run")
     out = []
-    for name, src, color, dx in (("demand over last_step", t.effects, COLORS["demand"], -0.1),
-                                 (f"A/A control ({CONTROL} over demand)", t.control, CONTROL_COLOR, 0.1)):
+    for name, src, color, dx in (("demand over last_step", t.effects, COLORS["demand"], -0.15),
+                                 (NET, t.net, COLORS["demand"], 0.0),
+                                 (f"A/A control ({CONTROL} over demand)", t.control, CONTROL_COLOR, 0.15)):
         keys = [(n,) for n in names if (n,) in src]
         if not keys:
             continue
         iv = [src[k].ruled for k in keys]
         ax3.errorbar([names.index(k[0]) + dx for k in keys], [i.mean for i in iv],
                      yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]], fmt="o", capsize=4,
-                     color=color, ms=5, label=name)
+                     color=color, ms=5, mfc="none" if name == NET else color, label=name)
         out += [dict(task=k[0], series=name, diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
                 for k, i in zip(keys, iv)]
     ax3.axhspan(*paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
@@ -491,7 +496,8 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     title(fig, P, "07 stream-driven engine: demand vs last_step on synthetic streams")
     ruled = pd.DataFrame(out, columns=["task", "series", "diff_pct", "low", "high", "interval", "n"])
     effect = ruled[ruled.series == "demand over last_step"].drop(columns="series")
-    control = ruled[ruled.series != "demand over last_step"].drop(columns="series").add_prefix("control_")
-    merged = rows.merge(effect, on="task", how="left").merge(control.rename(columns={"control_task": "task"}),
-                                                               on="task", how="left")
+    merged = rows.merge(effect, on="task", how="left")
+    for series, prefix in ((NET, "net_"), (f"A/A control ({CONTROL} over demand)", "control_")):
+        part = ruled[ruled.series == series].drop(columns="series").add_prefix(prefix)
+        merged = merged.merge(part.rename(columns={f"{prefix}task": "task"}), on="task", how="left")
     return fig, merged

@@ -19,6 +19,7 @@ from artifact.experiments.criteria import thresholds
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
 from artifact.experiments.harness import load_model, offload_spec
 from artifact.experiments.replication import Replicas, cached_rows, stored_rows
+from artifact.experiments.rules import at_most, figure_range
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.studies.performance_model.virtual import (
@@ -229,7 +230,8 @@ class CellSign:
 class ModelErrors:
     """The model-error figure of every run: this run's and each stored run's validation_summary (docs/perf_model.md,
     "Validation": a run's figure is the median absolute error over its cells; the claim is ruled on the median of
-    the stored runs' figures when this run is one of them, else on this run's own figure)."""
+    the stored runs' figures when this run is one of them, else on the range between this run's own figure and
+    that median, so that one run says the pooled verdict or inconclusive)."""
     this: dict                                  # validation_summary of this run's rows
     runs: tuple[tuple[str, dict], ...] = ()     # (stored run, its validation_summary), in run order
     stored: str = ""                            # the stored run whose rows this run's rows are ("" when none)
@@ -249,8 +251,18 @@ class ModelErrors:
         return bool(self.stored) and self.pooled is not None
 
     @property
-    def ruled(self) -> float:
-        return self.pooled if self.is_pooled else self.this["median_abs_error"]
+    def ruled(self) -> tuple[float, float]:
+        """The range the claim is ruled on: the pooled median when this run is a stored one, else the range
+        between this run's figure and the pooled median (rules.figure_range; this run's figure alone when fewer
+        than 2 runs are stored)."""
+        if self.is_pooled:
+            return self.pooled, self.pooled
+        return figure_range(self.this["median_abs_error"], self.pooled)
+
+    def own(self, figure: float) -> str:
+        """One run's own verdict: its figure, with the pooled median when there is one, against MODEL_ERROR
+        (rules.at_most): the pooled verdict or inconclusive, never the opposite."""
+        return at_most(*figure_range(figure, self.pooled), thresholds.MODEL_ERROR)
 
 
 def steps_per_second(rows: pd.DataFrame) -> pd.DataFrame:
@@ -309,34 +321,44 @@ def summary_text(s: dict) -> str:
 
 def errors_table(e: ModelErrors) -> pd.DataFrame:
     """One row per run (every stored run, then this run): its median and worst absolute error, its cells, its
-    sign agreement and its own verdict against thresholds.MODEL_ERROR."""
+    sign agreement and its own verdict (ModelErrors.own: its figure with the stored median against
+    thresholds.MODEL_ERROR)."""
     rows = [(name, s) for name, s in e.runs] + [(f"this run{f' (= {e.stored})' if e.stored else ''}", e.this)]
     return pd.DataFrame([{"run": name, "median_abs_error": s["median_abs_error"],
                           "worst_abs_error": s["worst_abs_error"], "cells": s["cells"],
                           "signs_agree": f"{sum(x['modeled_sign_agrees'] for x in s['signs'])} of {len(s['signs'])}",
-                          "verdict": judged(s["median_abs_error"] <= thresholds.MODEL_ERROR)} for name, s in rows])
+                          "verdict": e.own(s["median_abs_error"])} for name, s in rows])
 
 
 def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
     """The model-error claim (docs/perf_model.md, "Validation"): every run's figure printed, ruled on the median of
-    the stored runs' figures when this run is one of them, else on this run's own figure (one run); each stored
-    run's own verdict beside it. The measured demand-over-last_step difference of every validation cell is printed
-    beside the virtual clock's, with their sign agreement."""
+    the stored runs' figures when this run is one of them, else on the range between this run's own figure and
+    that median (one run says the pooled verdict or inconclusive, never the opposite; its own figure alone when
+    fewer than 2 runs are stored); each stored run's own verdict (the same range rule) beside it. The measured
+    demand-over-last_step difference of every validation cell is printed beside the virtual clock's, with their
+    sign agreement."""
     limit = thresholds.MODEL_ERROR
-    per_run = tuple(judged(f <= limit) for f in e.figures)
+    per_run = tuple(e.own(f) for f in e.figures)
     pooled = judged(e.pooled <= limit) if e.pooled is not None else ""
-    this_run = judged(e.this["median_abs_error"] <= limit)
+    this_run = e.own(e.this["median_abs_error"])
     n = len(e.runs)
+    low, high = e.ruled
     if e.is_pooled:
         verdict, ruled = pooled, "pooled"
         on = f"the median over N = {n} stored runs of each run's median absolute error (runs are the unit)"
         reason = f"median of the {n} runs' figures"
     else:
-        verdict, ruled = this_run, "this run"
-        on = (f"one run: its own median absolute error ({n} stored runs beside it)" if n else
-              "one run: its own median absolute error (no stored runs to compare)")
-        reason = ("one run: this run is not one of the stored runs, so its own figure rules" if n else
-                  "one run: no stored runs")
+        verdict, ruled = at_most(low, high, limit), "this run"
+        if e.pooled is not None:
+            on = (f"one run: the range between its own median absolute error and the median of the N = {n} stored "
+                  f"runs' (the pooled verdict or inconclusive)")
+            reason = ("one run: this run is not one of the stored runs, so the range between its own figure and the "
+                      f"median of the {n} stored runs' rules")
+        else:
+            on = (f"one run: its own median absolute error ({n} stored run beside it)" if n else
+                  "one run: its own median absolute error (no stored runs to compare)")
+            reason = ("one run: this run is not one of the stored runs, so its own figure rules" if n else
+                      "one run: no stored runs")
     runs_text = "; ".join(f"{name} {summary_text(s)}" for name, s in e.runs)
     this_text = f"this run{f' (it is {e.stored})' if e.stored else ''}: {summary_text(e.this)}"
     cells = e.cells
@@ -351,10 +373,15 @@ def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
                 f"modelled (virtual clock): {cell_text}; h200 (gpu_check runs, host costs fitted on them): median "
                 f"{100 * gpu_summary['median_abs_error']:.1f}%, worst {100 * gpu_summary['worst_abs_error']:.1f}%; "
                 f"calibration (this run): {source}")
-    value = e.ruled
-    side = f"{(limit - value) * 100:.1f} points under" if value <= limit else f"{(value - limit) * 100:.1f} points over"
-    margin = (f"{'median over runs' if e.is_pooled else 'this run'} {100 * value:.1f}% vs <= {100 * limit:.0f}%: "
-              f"{side}")
+    if low == high:
+        side = (f"{(limit - low) * 100:.1f} points under" if low <= limit else
+                f"{(low - limit) * 100:.1f} points over")
+        margin = (f"{'median over runs' if e.is_pooled else 'this run'} {100 * low:.1f}% vs <= {100 * limit:.0f}%: "
+                  f"{side}")
+    else:
+        side = ("all under" if high <= limit else "all over" if low > limit else "straddles it")
+        margin = (f"this run {100 * e.this['median_abs_error']:.1f}% and median over runs {100 * e.pooled:.1f}%: "
+                  f"range [{100 * low:.1f}%, {100 * high:.1f}%] vs <= {100 * limit:.0f}%: {side}")
     return Claim(
         "[own result] the performance model predicts measured seconds per step within 10% (median absolute error "
         "over cells; cpu: the tiny model on the emulated link against the model with cpu-emulated costs)",
