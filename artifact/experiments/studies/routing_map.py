@@ -352,6 +352,7 @@ def stream_store(loaded, t: Trace, shape: ExpertShape, seed: int, device: str) -
 
 STREAM = ["task"]        # one cell per stream: the "task" column holds the stream's name (paper point, cpu point)
 METRIC = "forwards_per_second"
+NET = "net of the A/A control"    # 07's figure: demand over last_step net of the control, what its claim rules on
 
 
 def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -439,9 +440,6 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
     return fig, map_df.copy()
 
 
-NET = "net of the A/A control"
-
-
 def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     """Left: forwards/s per stream and policy (dots: repetitions, bar: mean); middle: link stall seconds; right:
     demand over last_step per stream, with its interval, the same net of the A/A control (hollow: the
@@ -468,10 +466,9 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     ratio = rows.cache_ratio.iloc[0]
     ax1.set(ylabel="denoising forwards / s", title=f"throughput at C/W {ratio:g}")
     ax2.set(ylabel="compute stalled on the link (s)", title="stall per run")
-    out = []
+    out, aa = [], f"A/A control ({CONTROL} over demand)"
     for name, src, color, dx in (("demand over last_step", t.effects, COLORS["demand"], -0.15),
-                                 (NET, t.net, COLORS["demand"], 0.0),
-                                 (f"A/A control ({CONTROL} over demand)", t.control, CONTROL_COLOR, 0.15)):
+                                 (NET, t.net, COLORS["demand"], 0.0), (aa, t.control, CONTROL_COLOR, 0.15)):
         keys = [(n,) for n in names if (n,) in src]
         if not keys:
             continue
@@ -495,9 +492,8 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     ax3.legend(fontsize=6, loc="best")
     title(fig, P, "07 stream-driven engine: demand vs last_step on synthetic streams")
     ruled = pd.DataFrame(out, columns=["task", "series", "diff_pct", "low", "high", "interval", "n"])
-    effect = ruled[ruled.series == "demand over last_step"].drop(columns="series")
-    merged = rows.merge(effect, on="task", how="left")
-    for series, prefix in ((NET, "net_"), (f"A/A control ({CONTROL} over demand)", "control_")):
+    merged = rows.merge(ruled[ruled.series == "demand over last_step"].drop(columns="series"), on="task", how="left")
+    for series, prefix in ((NET, "net_"), (aa, "control_")):
         part = ruled[ruled.series == series].drop(columns="series").add_prefix(prefix)
         merged = merged.merge(part.rename(columns={f"{prefix}task": "task"}), on="task", how="left")
     return fig, merged
