@@ -2,7 +2,7 @@
 (its raw row files, run.json and manifest.json): the stored runs behind every timing verdict
 (artifact/experiments/replication.py).
 
-    PYTHONPATH=. python scripts/record_runs.py --profile cpu --runs 6
+    PYTHONPATH=. python scripts/record_runs.py --profile cpu --runs 9
 
 Each run first clears the working row files (replication.clear_working), then measures what the timing notebooks
 time (replication.TIMED_STUDIES: 03's throttle grid, 04's bench grid, 05's TIDE-style grid, 06's two link-priority
@@ -36,8 +36,9 @@ def main(argv=None) -> int:
     """Record the runs; a bad argument, profile or stored run prints one line (`error: ...`) and returns 2."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="cpu")
-    ap.add_argument("--runs", type=int, default=6, help="how many runs to record (default 6: about the N at "
-                    "which 04's A/A half-width is at most 3 points in 90% of its cells, docs/verdicts.md)")
+    ap.add_argument("--runs", type=int, default=9, help="how many runs to record (default 9: the stored cpu runs' N, "
+                    "at which 04's A/A half-width was at most 3 points in 10 of its 10 cells; 7 of 10 at N = 6, "
+                    "docs/verdicts.md)")
     a = ap.parse_args(argv)
     from artifact.errors import UserError
     try:

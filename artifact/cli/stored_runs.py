@@ -92,7 +92,7 @@ def cmd_stored_runs(a) -> int:
     found = stored_runs(P.name)
     if not found:
         raise UserError(f"profile {P.name}: no stored runs under data/results/{P.name}/runs/ (record them with "
-                        f"`PYTHONPATH=. python scripts/record_runs.py --profile {P.name} --runs 6`)")
+                        f"`PYTHONPATH=. python scripts/record_runs.py --profile {P.name} --runs 9`)")
     try:
         print(coverage_text(P))
         print(claims_text(P))
