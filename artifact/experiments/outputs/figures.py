@@ -7,13 +7,14 @@ import io
 from pathlib import Path
 
 from artifact.experiments.outputs.paths import figures_dir, run_data_dir, short_path
-from artifact.experiments.settings import Settings
+from artifact.experiments.settings import CONTROL, Settings
 from artifact.paths import atomic_write_bytes, atomic_write_text
 
 DPI = 100
 COLORS = {"demand": "tab:blue", "last_step": "tab:orange", "oracle": "tab:green", "interval_refresh": "tab:purple",
           "belady": "tab:gray", "resident": "tab:gray"}
 CONTROL_COLOR = "dimgray"     # the A/A control (settings.CONTROL over demand): never a policy's colour
+AA_LABEL = f"A/A control ({CONTROL} over demand)"     # its series in every timing figure
 # what an interval is over (rules.Interval.unit), as a figure's title says it
 INTERVAL_BASIS = {"runs": "pooled over runs", "hull": "one run: hull of its interval and the pooled one",
                   "run": "one run, widened by the stored runs' spread", "pairs": "within one run"}

@@ -14,7 +14,7 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import run_grid
-from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, INTERVAL_BASIS, title
+from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, title
 from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import STALL_SHARE, faster
 from artifact.experiments.settings import CONTROL, Settings
@@ -168,7 +168,7 @@ def plot(summary, n: Numbers, P: Settings):
         ax1.plot(g.link_gbps, g.tokens_per_second, **kw)
         ax2.plot(g.link_gbps, g.stall_seconds, **kw)
     rows = []
-    aa = f"A/A control ({CONTROL} over demand)"
+    aa = AA_LABEL
     for name, src, color, shift in (("last_step over demand", n.stall.effects, COLORS["last_step"], 2 ** -0.05),
                                     (aa, n.stall.control, CONTROL_COLOR, 2 ** 0.05)):
         groups = sorted({k[:3] for k in src})

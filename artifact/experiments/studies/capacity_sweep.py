@@ -12,10 +12,10 @@ from artifact.experiments.bench.results import bench_fingerprint, same_tokens
 from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import run_grid
-from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
+from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
 from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import faster, no_difference
-from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.settings import Settings
 from artifact.experiments.stats import CELL_KEYS, paired_table
 
 STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
@@ -105,10 +105,9 @@ def plot(n: Numbers, P: Settings):
     net = {k: v for k, v in n.timed.net.items() if lo <= k.cache_ratio <= hi}
     for j, b in enumerate(batches):
         off = (j - (len(batches) - 1) / 2) * width
-        aa = f"A/A control ({CONTROL} over demand)"
         for name, src, color, dx, hollow in (("demand over last_step", n.timed.effects, COLORS["demand"], 0.0, False),
                                              (NET, net, COLORS["demand"], -width / 2, True),
-                                             (aa, n.timed.control, CONTROL_COLOR, width / 2, False)):
+                                             (AA_LABEL, n.timed.control, CONTROL_COLOR, width / 2, False)):
             keys = sorted(k for k in src if k.batch_size == b)
             if not keys:
                 continue

@@ -28,7 +28,7 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import load_model, traces
-from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
+from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
 from artifact.experiments.replication import Compared, Replicas, cached_rows, gather, judge, timed_claim
 from artifact.experiments.rules import faster
 from artifact.experiments.settings import CONTROL, Settings
@@ -466,9 +466,9 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     ratio = rows.cache_ratio.iloc[0]
     ax1.set(ylabel="denoising forwards / s", title=f"throughput at C/W {ratio:g}")
     ax2.set(ylabel="compute stalled on the link (s)", title="stall per run")
-    out, aa = [], f"A/A control ({CONTROL} over demand)"
+    out = []
     for name, src, color, dx in (("demand over last_step", t.effects, COLORS["demand"], -0.15),
-                                 (NET, t.net, COLORS["demand"], 0.0), (aa, t.control, CONTROL_COLOR, 0.15)):
+                                 (NET, t.net, COLORS["demand"], 0.0), (AA_LABEL, t.control, CONTROL_COLOR, 0.15)):
         keys = [(n,) for n in names if (n,) in src]
         if not keys:
             continue
@@ -493,7 +493,7 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     title(fig, P, "07 stream-driven engine: demand vs last_step on synthetic streams")
     ruled = pd.DataFrame(out, columns=["task", "series", "diff_pct", "low", "high", "interval", "n"])
     merged = rows.merge(ruled[ruled.series == "demand over last_step"].drop(columns="series"), on="task", how="left")
-    for series, prefix in ((NET, "net_"), (aa, "control_")):
+    for series, prefix in ((NET, "net_"), (AA_LABEL, "control_")):
         part = ruled[ruled.series == series].drop(columns="series").add_prefix(prefix)
         merged = merged.merge(part.rename(columns={f"{prefix}task": "task"}), on="task", how="left")
     return fig, merged
