@@ -1,7 +1,8 @@
 """What a claim is judged against: the paper's numbers (paper) and this artifact's thresholds (thresholds).
 
 A rule file is a file whose change can change a verdict on data already recorded: the verdict rules (rules.py), the
-pooling of stored runs into per-cell intervals (replication.py), and everything in this package (the thresholds, the
+pooling of stored runs into per-cell intervals (replication.py), the pairing of runs and the within-run intervals
+(stats.py), and everything in this package (the thresholds, the
 paper's numbers, and each claim's question, metric and basis). RULE_FILES names them as git pathspecs relative to
 the repository root (a directory covers every file under it), with the names they had before a rename, so that
 `git log -- RULE_FILES` follows them across it; tests/test_rule_history.py checks that every commit touching one after
@@ -10,6 +11,7 @@ the stored runs has its row in docs/verdicts.md ("Rule changes after the stored 
 RULE_FILES = (
     "artifact/experiments/rules.py",
     "artifact/experiments/replication.py",
+    "artifact/experiments/stats.py",
     "artifact/experiments/criteria/",
     "artifact/experiments/verdicts.py",  # rules.py's name before cd09e15
     "artifact/experiments/paper.py",  # criteria/thresholds.py's and criteria/paper.py's before 9210fa6
