@@ -1,16 +1,18 @@
-"""Figures: the colours of the policies and the paper's marks, the figure title naming the profile, and `save`,
-which writes a figure (<name>.png into outputs.figures_dir) with the data it drew (<name>.csv into
-outputs.run_data_dir)."""
+"""Figures: the colours of the policies and the paper's marks, the figure title naming the profile, one legend
+entry per label (`legend`, `figure_legend`), and `save`, which writes a figure (<name>.png into
+outputs.figures_dir) with the data it drew (<name>.csv into outputs.run_data_dir) and prints what
+outputs/figure_check.py finds unreadable in it."""
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
+from artifact.experiments.outputs.figure_check import DPI, check_figure
 from artifact.experiments.outputs.paths import figures_dir, run_data_dir, short_path
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.paths import atomic_write_bytes, atomic_write_text
 
-DPI = 100
 COLORS = {"demand": "tab:blue", "last_step": "tab:orange", "oracle": "tab:green", "interval_refresh": "tab:purple",
           "belady": "tab:gray", "resident": "tab:gray"}
 CONTROL_COLOR = "dimgray"     # the A/A control (settings.CONTROL over demand): never a policy's colour
@@ -19,6 +21,7 @@ AA_LABEL = f"A/A control ({CONTROL} over demand)"     # its series in every timi
 INTERVAL_BASIS = {"runs": "pooled over runs", "hull": "one run: hull of its interval and the pooled one",
                   "run": "one run, widened by the stored runs' spread", "pairs": "within one run"}
 PAPER_STYLE = dict(color="crimson", lw=1.5, ls="--")     # how the paper's figures are marked on a plot
+LEGEND_PT = 8           # the smallest text a figure has (figure_check.MIN_FONT_PT)
 
 
 def title(fig, P: Settings, text: str) -> None:
@@ -30,11 +33,72 @@ def title(fig, P: Settings, text: str) -> None:
                  fontsize=11)
 
 
+CLIPPED = "interval runs off the axis (its end printed)"
+
+
+def interval_limits(keep, ends=(), room: float = 0.5, floor: float = 10.0, pad: float = 0.08) -> tuple[float, float]:
+    """The y range a reader needs: every value in `keep` (the means, the intervals a verdict is read from, the
+    marks it is compared with), and of the other interval ends (`ends`: e.g. a single run's wide ones) no more than
+    `room` x the span of `keep` (at least `floor`) beyond it; padded by `pad` of the span. mark_clipped marks what
+    runs past it."""
+    keep = [float(v) for v in keep if math.isfinite(v)]
+    ends = [float(v) for v in ends if math.isfinite(v)]
+    lo, hi = (min(keep), max(keep)) if keep else (-floor / 2, floor / 2)
+    span = max(hi - lo, floor)
+    lo = min([lo] + [max(v, lo - room * span) for v in ends])
+    hi = max([hi] + [min(v, hi + room * span) for v in ends])
+    return lo - pad * (hi - lo), hi + pad * (hi - lo)
+
+
+def mark_clipped(ax, x, low, high, color, label: str = CLIPPED) -> int:
+    """For each interval (x, low, high) that runs past ax's y limits: an arrow at the edge it crosses, with the
+    interval's end printed beside it (LEGEND_PT). Call after the limits are final; returns how many ends."""
+    y0, y1 = ax.get_ylim()
+    x0, x1 = ax.get_xlim()
+    n = 0
+    for xi, lo, hi in zip(x, low, high):
+        right = (xi - x0) / (x1 - x0) > 0.85          # near the right edge: print the end on the arrow's left
+        for v, edge, marker, dy, va in ((hi, y1, "^", -3, "top"), (lo, y0, "v", 3, "bottom")):
+            if (v > edge) if marker == "^" else (v < edge):
+                ax.plot([xi], [edge], marker=marker, ms=7, color=color, ls="none", clip_on=False, label=label)
+                ax.annotate(f"{v:+.0f}", (xi, edge), xytext=(-5 if right else 5, dy), textcoords="offset points",
+                            ha="right" if right else "left", va=va, fontsize=LEGEND_PT, color=color)
+                n += 1
+    return n
+
+
+def entries(axes) -> tuple[list, list[str]]:
+    """(handles, labels) of every labelled artist of `axes`, one per label (the first drawn): series drawn in
+    several panels, or in several calls, share one entry."""
+    seen: dict = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    return list(seen.values()), list(seen)
+
+
+def legend(ax, **kw):
+    """The axes' legend, one entry per label, at LEGEND_PT unless kw says otherwise."""
+    return ax.legend(*entries([ax]), **{"fontsize": LEGEND_PT, **kw})
+
+
+def figure_legend(fig, ncol: int = 2, **kw):
+    """One legend for the whole figure below its panels (over no title and no axes), one entry per label."""
+    if fig.get_layout_engine() is None:
+        fig.set_layout_engine("constrained")
+    return fig.legend(*entries(fig.axes), **{"loc": "outside lower center", "ncol": ncol, "fontsize": LEGEND_PT,
+                                             "frameon": False, **kw})
+
+
 def save(fig, df, P: Settings, name: str, log=print) -> tuple[Path, Path]:
-    """Write <name>.png (dpi 100) into figures_dir(P) and <name>.csv into run_data_dir(P); returns both paths."""
+    """Write <name>.png (dpi 100) into figures_dir(P) and <name>.csv into run_data_dir(P); returns both paths.
+    What figure_check finds unreadable in the figure is logged after the "saved" line (the files are written
+    either way)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     png = atomic_write_bytes(figures_dir(P) / f"{name}.png", buf.getvalue())
     csv = atomic_write_text(run_data_dir(P) / f"{name}.csv", df.to_csv(index=False))
     log(f"saved {short_path(png)} and {short_path(csv)}")
+    for problem in check_figure(fig, DPI, png=buf.getvalue()):
+        log(f"figure check: {name}: {problem}")
     return png, csv
