@@ -18,7 +18,7 @@ from helpers_runs import make_rows, read_back, store_runs  # noqa: E402
 
 from artifact.experiments.bench.results import bench_fingerprint  # noqa: E402
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
-from artifact.experiments.outputs.figures import CONTROL_COLOR
+from artifact.experiments.outputs.figures import AA_LABEL, CONTROL_COLOR
 from artifact.experiments.replication import METHOD, SINGLE, WITHIN, Replicas  # noqa: E402
 from artifact.experiments.settings import (  # noqa: E402
     CONTROL,  # noqa: E402
@@ -199,10 +199,16 @@ def test_the_capacity_figure_of_a_fresh_run_names_the_hull_it_draws(data):
     fresh = make_rows({k: 9.0 for k in bench}, "demand", "last_step", fingerprint=bench_fingerprint(P))
     cn = capacity.numbers(capacity.replicas(P, fresh))
     fig, df = capacity.plot(cn, P)
-    assert "hull of its interval and the pooled one" in fig.axes[0].get_title()
-    # the direction claim's cells also draw the effect net of the control, on the interval the claim rules on
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any("hull of its interval and the pooled one" in t for t in legend)
+    assert any(t.startswith(f"the {len(OFFSETS)} stored runs") for t in legend)      # the pooled one beside it
+    # the direction claim's cells also draw the effect net of the control, on the interval the claim rules on,
+    # in a row of their own (effect, net, A/A control), with the pooled interval beside it
+    assert [ax.get_title() for ax in fig.axes] == [f"{s}, b=1" for s in (capacity.EFFECT, capacity.NET, AA_LABEL)]
     net = df[df.series == capacity.NET].set_index("cache_ratio")
     assert sorted(net.index) == [0.83, 1.0]
     for key, r in cn.timed.net.items():
         assert (net.loc[key.cache_ratio, "low"], net.loc[key.cache_ratio, "high"]) == (r.ruled.low, r.ruled.high)
-    assert any(lb.startswith(capacity.NET) for lb in fig.axes[0].get_legend_handles_labels()[1])
+        assert (net.loc[key.cache_ratio, "pooled_low"], net.loc[key.cache_ratio, "pooled_high"]) == (
+            r.pooled.low, r.pooled.high)
+    assert len(fig.axes[1].containers) == 2                   # as ruled, and pooled

@@ -12,7 +12,17 @@ from artifact.experiments.bench.results import bench_fingerprint, same_tokens
 from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import run_grid
-from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
+from artifact.experiments.outputs.figures import (
+    AA_LABEL,
+    COLORS,
+    CONTROL_COLOR,
+    INTERVAL_BASIS,
+    PAPER_STYLE,
+    figure_legend,
+    interval_limits,
+    mark_clipped,
+    title,
+)
 from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import faster, no_difference
 from artifact.experiments.settings import Settings
@@ -89,49 +99,102 @@ def stored_claims(P: Settings) -> list[Claim]:
 
 
 # --- figure ---------------------------------------------------------------------------------------
+EFFECT = "demand over last_step"
 NET = "demand over last_step, net of the A/A control"
 
 
+def _intervals(src: dict, keys: list) -> tuple[list, list]:
+    """Per cell: the interval it is ruled on, and the stored runs' pooled one (None when it has none)."""
+    return [src[k].ruled for k in keys], [src[k].pooled for k in keys]
+
+
 def plot(n: Numbers, P: Settings):
-    """demand over last_step (% tokens/s) vs C/W, one point per cell (batch sizes side by side) with its interval,
-    the A/A control in its own colour with its interval, and, at the C/W the direction claim rules (the paper's
-    range), the effect net of the control (hollow: the difference in differences that claim is ruled on; the
-    C/W 0.43 equivalence claim rules on the filled point, gated by the control); the paper's figures marked."""
-    fig, ax = plt.subplots(figsize=(9, 4))
-    batches = sorted({k.batch_size for k in n.timed.effects})
-    width = 0.025
-    rows = []
+    """Small multiples, one column per batch size (x: C/W), one row per series, each point a cell with the 95%
+    interval it is ruled on: demand over last_step (% tokens/s) with the paper's figures (the band at C/W 0.83-1.73,
+    the diamond at 0.43) and the +-3% margin of the C/W 0.43 equivalence claim; the same net of the A/A control at
+    the C/W the direction claim rules (the difference in differences it is ruled on, against its +3% margin); and
+    the A/A control (settings.CONTROL over demand, identical work), which must lie inside +-3%. A run that is not a
+    stored one is ruled on the hull of its interval and the stored runs' pooled one: the pooled interval is drawn
+    beside it (hollow), and each row's y axis is scaled to the means and the pooled intervals, so an interval
+    that runs past it ends in an arrow with its end printed."""
     lo, hi = paper.FASTER_RANGE
     net = {k: v for k, v in n.timed.net.items() if lo <= k.cache_ratio <= hi}
-    for j, b in enumerate(batches):
-        off = (j - (len(batches) - 1) / 2) * width
-        for name, src, color, dx, hollow in (("demand over last_step", n.timed.effects, COLORS["demand"], 0.0, False),
-                                             (NET, net, COLORS["demand"], -width / 2, True),
-                                             (AA_LABEL, n.timed.control, CONTROL_COLOR, width / 2, False)):
+    series = [(name, src, color) for name, src, color in ((EFFECT, n.timed.effects, COLORS["demand"]),
+                                                          (NET, net, COLORS["demand"]),
+                                                          (AA_LABEL, n.timed.control, CONTROL_COLOR)) if src]
+    batches = sorted({k.batch_size for k in n.timed.effects})
+    fig, axes = plt.subplots(max(len(series), 1), max(len(batches), 1), figsize=(4.2 * len(batches) + 1, 7.6),
+                             sharex=True, sharey="row", squeeze=False, layout="constrained")
+    one = next(iter(n.timed.effects.values()), None)
+    unit = one.ruled.unit if one else "runs"
+    beside = one is not None and one.pooled is not None and not one.stored     # a fresh run beside stored runs
+    dx = 0.025 if beside else 0.0
+    if unit == "runs":
+        ruled_label = f"95% interval {INTERVAL_BASIS['runs']} ({one.ruled.n} stored runs)"
+    else:
+        ruled_label = f"this run, 95% interval as ruled ({INTERVAL_BASIS[unit]})"
+    pooled_label = f"the {one.pooled.n} stored runs, 95% interval {INTERVAL_BASIS['runs']}" if beside else ""
+    margin = thresholds.MARGIN
+    rows, drawn = [], []
+    for r, (name, src, color) in enumerate(series):
+        keep, ends = [0.0, -margin, margin], []
+        for c, b in enumerate(batches):
+            ax = axes[r, c]
             keys = sorted(k for k in src if k.batch_size == b)
-            if not keys:
-                continue
-            iv = [src[k].ruled for k in keys]
-            x = [k.cache_ratio + off + dx for k in keys]
-            ax.errorbar(x, [i.mean for i in iv], yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
-                        fmt="o" if j == 0 else "s", capsize=3, color=color, ms=4,
-                        mfc="none" if hollow else color,
-                        label=f"{name}, b={b}")
+            ruled, pooled = _intervals(src, keys)
+            x = [k.cache_ratio - dx for k in keys]
+            ax.errorbar(x, [i.mean for i in ruled], yerr=[[i.mean - i.low for i in ruled],
+                                                          [i.high - i.mean for i in ruled]],
+                        fmt="o", capsize=3, ms=4, color=color, label=ruled_label)
+            keep += [i.mean for i in ruled]
+            if beside:
+                have = [(k, p) for k, p in zip(keys, pooled) if p is not None]
+                ax.errorbar([k.cache_ratio + dx for k, _ in have], [p.mean for _, p in have],
+                            yerr=[[p.mean - p.low for _, p in have], [p.high - p.mean for _, p in have]],
+                            fmt="o", capsize=3, ms=4, color=color, mfc="white", label=pooled_label)
+                keep += [v for _, p in have for v in (p.low, p.high)]
+                ends += [v for i in ruled for v in (i.low, i.high)]
+            else:
+                (keep if unit == "runs" else ends).extend(v for i in ruled for v in (i.low, i.high))
+            drawn.append((ax, x, ruled, color))
             rows += [dict(series=name, task=k.task, batch_size=k.batch_size, cache_ratio=k.cache_ratio,
-                          diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n) for k, i in zip(keys, iv)]
-    ax.fill_between([lo, hi], *paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
-                    label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}")
-    low = paper.AT_LOW
-    ax.errorbar([low.cache_ratio], [low.diff_pct], yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
-                fmt="D", color=PAPER_STYLE["color"], capsize=4, label=f"paper: {paper.paired_text(low, '%')}")
-    ax.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12,
-               label=f"+-{thresholds.MARGIN:g}% (equivalence margin)")
-    ax.axhline(0, color="black", lw=1, ls=":")
-    any_iv = next(iter(n.timed.effects.values()), None)
-    basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else ""
-    ax.set(xlabel="cache capacity C/W", ylabel="A over B (% tokens/s)",
-           title=f"demand vs last_step per cell, 95% intervals ({basis})")
-    ax.title.set_fontsize(10)
-    fig.legend(fontsize=7, loc="outside right upper")
-    title(fig, P, "04 capacity sweep")
+                          diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n,
+                          pooled_diff_pct=p.mean if p else None, pooled_low=p.low if p else None,
+                          pooled_high=p.high if p else None, pooled_n=p.n if p else None)
+                     for k, i, p in zip(keys, ruled, pooled)]
+            keep += _marks(ax, name)
+            ax.axhline(0, color="black", lw=1, ls=":")
+            ax.set_title(f"{name}, b={b}", fontsize=9)
+            if c == 0:
+                ax.set_ylabel("% tokens/s")
+            if r == len(series) - 1:
+                ax.set_xlabel("cache capacity C/W")
+        axes[r, 0].set_ylim(*interval_limits(keep, ends))
+    for ax, x, ruled, color in drawn:                # once every limit is set
+        mark_clipped(ax, x, [i.low for i in ruled], [i.high for i in ruled], color)
+    figure_legend(fig, ncol=2)
+    title(fig, P, "04 capacity sweep: demand vs last_step per cell")
     return fig, pd.DataFrame(rows)
+
+
+def _marks(ax, name: str) -> list[float]:
+    """The paper's figures and the margins a row's claim reads its intervals against; returns their y values."""
+    lo, hi = paper.FASTER_RANGE
+    m = thresholds.MARGIN
+    out = []
+    if name in (EFFECT, NET):
+        ax.fill_between([lo, hi], *paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
+                        label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}")
+        out += list(paper.FASTER_PCT)
+    if name == EFFECT:
+        low = paper.AT_LOW
+        ax.errorbar([low.cache_ratio], [low.diff_pct], yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
+                    fmt="D", color=PAPER_STYLE["color"], capsize=4, ms=5,
+                    label=f"paper at C/W {low.cache_ratio:g}: {paper.paired_text(low, '%')}")
+        out += [low.ci_low, low.ci_high]
+    if name == NET:
+        ax.axhline(m, color="black", lw=1, ls="--", label=f"+{m:g}%: 'faster' needs the interval above it")
+    else:
+        ax.axhspan(-m, m, color="gray", alpha=0.12,
+                   label=f"+-{m:g}%: the equivalence margin (C/W {paper.AT_LOW.cache_ratio:g}; the A/A control)")
+    return out
