@@ -8,6 +8,9 @@ import io
 import math
 from pathlib import Path
 
+from scipy import stats
+
+from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.figure_check import DPI, check_figure
 from artifact.experiments.outputs.paths import figures_dir, run_data_dir, short_path
 from artifact.experiments.settings import CONTROL, Settings
@@ -34,6 +37,19 @@ def title(fig, P: Settings, text: str) -> None:
 
 
 CLIPPED = "interval runs off the axis (its end printed)"
+
+
+def mean_interval(values) -> tuple[float, float]:
+    """The mean of `values` and the half-width of its t interval (thresholds.CONFIDENCE, df = n - 1): what a
+    figure's error bar around a mean shows (0 for fewer than two values)."""
+    v = [float(x) for x in values if math.isfinite(x)]
+    if not v:
+        return math.nan, 0.0
+    mean = sum(v) / len(v)
+    if len(v) < 2:
+        return mean, 0.0
+    sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
+    return mean, float(stats.t.ppf(0.5 + thresholds.CONFIDENCE / 2, len(v) - 1)) * sd / math.sqrt(len(v))
 
 
 def interval_limits(keep, ends=(), room: float = 0.5, floor: float = 10.0, pad: float = 0.08) -> tuple[float, float]:

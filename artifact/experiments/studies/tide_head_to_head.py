@@ -14,7 +14,7 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import NOT_MEASURABLE, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import load_model, run_grid
-from artifact.experiments.outputs.figures import COLORS, title
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, legend, mean_interval, title
 from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import not_faster
 from artifact.experiments.settings import CONTROL, Settings
@@ -165,16 +165,22 @@ def released_verdict(parts: dict | None, reason: str | None) -> Claim:
 
 # --- figure ---------------------------------------------------------------------------------------
 def _per_budget(r) -> pd.DataFrame:
+    """Per C/W and policy: the mean tokens/s over tasks x repetitions with its 95% interval (ci: the half-width)."""
     g = r.groupby(["cache_ratio", "policy"], sort=False).agg(
         tokens_per_second=("tokens_per_second", "mean"), sd=("tokens_per_second", "std"),
-        runs=("tokens_per_second", "size"),
+        ci=("tokens_per_second", lambda v: mean_interval(v)[1]), runs=("tokens_per_second", "size"),
         cache_experts=("cache_experts", lambda c: "/".join(str(int(x)) for x in dict.fromkeys(c))))
     return g.reset_index()
 
 
+def _label(pol: str) -> str:
+    return f"A/A control ({pol})" if pol == CONTROL else pol
+
+
 def plot(rows, P: Settings, released=None):
-    """Tokens/s of our engine, demand vs TIDE-style interval_refresh, at the budget and half of it;
-    TIDE's released code beside them when it was measured."""
+    """Tokens/s of our engine, demand vs TIDE-style interval_refresh (and the A/A control, which does demand's
+    work), at the budget and half of it, each bar a mean over tasks x repetitions with its 95% interval; TIDE's
+    released code beside them when it was measured."""
     df = _per_budget(rows).assign(system="engine")
     if released:
         r = pd.DataFrame(released)
@@ -186,15 +192,15 @@ def plot(rows, P: Settings, released=None):
     width = 0.8 / len(pols)
     for k, pol in enumerate(pols):
         g = df[df.policy == pol].set_index("cache_ratio").reindex(budgets)
-        ax.bar([i + k * width for i in range(len(budgets))], g.tokens_per_second, width, yerr=g.sd.fillna(0),
-               capsize=3, color=COLORS.get(pol, "tab:red"), label=pol)
+        ax.bar([i + k * width for i in range(len(budgets))], g.tokens_per_second, width, yerr=g.ci.fillna(0),
+               capsize=3, color=CONTROL_COLOR if pol == CONTROL else COLORS.get(pol, "tab:red"), label=_label(pol))
     ticks = [f"C/W {b:g} (C = {df[df.cache_ratio == b].cache_experts.iloc[0]})" for b in budgets]
     ax.set_xticks([i + width * (len(pols) - 1) / 2 for i in range(len(budgets))], ticks)
     ax.set(xlabel="expert budget per MoE layer (C per task: " + ", ".join(dict.fromkeys(rows.task)) + ")",
-           ylabel="throughput (tokens/s)\nmean, bars: sd over tasks x reps")
+           ylabel="throughput (tokens/s): mean over\ntasks x reps, bars: its 95% interval")
     note = "" if released else (f"TIDE released: not run on this profile (paper: engine {paper.TIDE_SPEEDUP[1.0]}x "
                                 f"faster, {paper.TIDE_SPEEDUP[0.5]}x at half)")
     ax.set_title(note, fontsize=8, color="crimson")
-    ax.legend(fontsize=8)
+    legend(ax, loc="upper right")
     title(fig, P, "05 head to head at the same expert budget")
     return fig, df
