@@ -369,8 +369,8 @@ def plot(summary, n: "Numbers", P: Settings):
         ax.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12,
                    label=f"+-{thresholds.MARGIN:g}% (margin)")
         ax.axhline(0, color="black", lw=1, ls=":")
-        ax.set(xlabel="cache capacity C/W", ylabel="predictor over demand (% tokens/s)",
-               title=f"throughput vs demand-async per cell, link_priority {pr} (95% intervals as ruled)")
+        ax.set(xlabel="cache capacity C/W", ylabel="predictor over demand (% tokens/s,\n95% intervals as ruled)",
+               title=f"tokens/s vs demand-async, link_priority {pr}")
     lo = min(a.get_ylim()[0] for a in axes[1])
     hi = max(a.get_ylim()[1] for a in axes[1])
     for a in axes[1]:
