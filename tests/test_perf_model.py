@@ -189,10 +189,15 @@ def test_notebook_grid_and_claims_on_a_small_stream():
     claims = pm.verdicts(grid, pm.errors_of(rows, []), summary, "given")
     assert len(claims) == 4 and claims[-1].verdict == "reproduced" and claims[-1].timing
     assert all(c.claim.startswith("[modeled") or c.claim.startswith("[own result") for c in claims)
-    # The figure plots every stream the modelled claims rule on (llada2-mini, both GPUs), each panel named
+    # The figure plots every stream the modelled claims rule on (llada2-mini, both GPUs), each panel named, then
+    # the demand-over-last_step difference the claims read, in a grid of at most 3 columns that reads at a glance
     fig, _ = pm.plot(grid, rows, load_profile("cpu"))
     titles = [ax.get_title() for ax in fig.axes[1:]]
-    assert titles == [f"{hw}, {pm.CLAIM_SHAPE}: {st}" for hw in pm.GPUS for st in ("paper point", "other")]
+    assert titles == [f"{hw}, {pm.CLAIM_SHAPE}: {st}" for hw in pm.GPUS for st in ("paper point", "other")] + [
+        f"modelled demand vs last_step ({pm.CLAIM_SHAPE}, fifo)"]
+    assert max(ax.get_subplotspec().colspan.stop for ax in fig.axes) <= 3
+    from artifact.experiments.outputs.figure_check import check_figure
+    assert check_figure(fig) == []
     assert set(pm.diffs(grid).trace) == {"paper point", "other"}          # the streams the claims read
     import matplotlib.pyplot as plt
     plt.close(fig)

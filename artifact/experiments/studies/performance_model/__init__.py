@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from tqdm.auto import tqdm
 
 from artifact.experiments.claims import MODELED, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.hardware import HARDWARE
-from artifact.experiments.outputs.figures import PAPER_STYLE, title
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, figure_legend, title
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.performance_model.validation import (
     FAST_LINK,
@@ -127,54 +128,91 @@ def diffs(grid: pd.DataFrame, a: str = "demand", b: str = "last_step", priority:
 
 
 CLAIM_SHAPE = "llada2-mini"     # the shape the modelled claims rule on (every stream of the grid, fifo)
+# each policy's look in every panel: demand and last_step differ by a few percent at most, so last_step is a larger
+# hollow square around demand's dot, and the A/A control (demand's work, the same modelled time) a cross on it
+STYLE = {"demand": dict(color=COLORS["demand"], marker="o", ms=5),
+         "last_step": dict(color=COLORS["last_step"], marker="s", ms=9, mfc="none", mew=1.5),
+         CONTROL: dict(color=CONTROL_COLOR, marker="x", ms=7, ls="none"),
+         "cross_layer": dict(color="tab:red", marker="D", ms=5),
+         "oracle": dict(color=COLORS["oracle"], marker="^", ms=6)}
+LIMIT = "physical limit (min's misses)"
+
+
+def _policy_label(pol: str) -> str:
+    return f"A/A control ({pol}: demand's work)" if pol == CONTROL else pol
 
 
 def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper point"):
-    """Left: modelled vs measured seconds per step (cpu validation, one dot per cell). Right: modelled tokens/s
-    per GPU on every stream the claims rule on (CLAIM_SHAPE, each stream of the grid: `full` with both link
-    priorities, fifo solid and demand priority dashed, the others fifo), the physical floor dotted, and at each
-    C/W the modelled demand-over-last_step difference (fifo) the claims read."""
+    """A grid of at most 3 columns. Top left: modelled vs measured seconds per step (cpu validation, one dot per
+    cell). Bottom left: the modelled demand-over-last_step difference (fifo) the claims read, per GPU and stream, with
+    the paper's figures and the +-3% margin. The other panels: modelled tokens/s (log scale) per policy on each GPU
+    and each stream the claims rule on (CLAIM_SHAPE, fifo), the physical floor dotted black. The saved data holds
+    every cell of the grid (both link priorities, both shapes)."""
     streams = list(dict.fromkeys(grid.trace))
     streams = [full] + [s for s in streams if s != full] if full in streams else streams
     panels = [(hw, st) for hw in GPUS for st in streams]
-    fig, axes = plt.subplots(1, 1 + len(panels), figsize=(4.4 * (1 + len(panels)), 4.4), squeeze=False,
-                             layout="constrained")
-    axes = axes[0]
-    ax = axes[0]
+    per_row = min(2, len(streams))
+    nrows = max(2, -(-len(panels) // per_row))
+    fig = plt.figure(figsize=(4.3 * (1 + per_row), 3.5 * nrows + 1.2), layout="constrained")
+    gs = fig.add_gridspec(nrows, 1 + per_row)
+    ax = fig.add_subplot(gs[0, 0])
     cells = rows.groupby(["batch_size", "cache_ratio", "policy"], as_index=False)[
         ["measured_seconds_per_step", "modeled_seconds_per_step"]].mean()
     for pol, g in cells.groupby("policy"):
-        ax.scatter(1e3 * g.measured_seconds_per_step, 1e3 * g.modeled_seconds_per_step, label=pol)
+        st = STYLE.get(pol, {})
+        ax.scatter(1e3 * g.measured_seconds_per_step, 1e3 * g.modeled_seconds_per_step, label=_policy_label(pol),
+                   marker=st.get("marker", "o"), s=st.get("ms", 5) ** 2, linewidths=st.get("mew", 1),
+                   facecolors="none" if st.get("mfc") == "none" else st.get("color"), edgecolors=st.get("color"))
     hi = 1e3 * float(cells[["measured_seconds_per_step", "modeled_seconds_per_step"]].max().max()) * 1.05
     ax.plot([0, hi], [0, hi], "k:", label="modelled = measured")
     ax.set(xlabel="measured ms per step (cpu, wall clock)", ylabel="modelled ms per step (cpu-emulated)",
            title="validation (cpu, this run)", xlim=(0, hi), ylim=(0, hi))
-    ax.legend(fontsize=7)
-    d = diffs(grid)
-    for ax, (hw, st) in zip(axes[1:], panels):
-        sel = grid[(grid.hardware == hw) & (grid["shape"] == CLAIM_SHAPE) & (grid.trace == st)]
-        for i, (pol, g) in enumerate(sel.groupby("policy", sort=False)):
-            for pr, style in (("fifo", "-"), ("demand", "--")):
-                gg = g[g.link_priority == pr].sort_values("cache_ratio")
-                ax.plot(gg.cache_ratio, gg.tokens_per_second, style, color=f"C{i}", marker="o", ms=3,
-                        label=pol if pr == "fifo" else None)
-        fl = sel[sel.policy == "demand"].drop_duplicates("cache_ratio").sort_values("cache_ratio")
-        ax.plot(fl.cache_ratio, fl.floor_tokens_per_second, "k:", label="physical limit (min's misses)")
-        here = d[(d.hardware == hw) & (d["shape"] == CLAIM_SHAPE) & (d.trace == st)]
-        for r in here.itertuples():
-            ax.annotate(f"{r.diff_pct:+.1f}%", (r.cache_ratio, 0), xytext=(0, 4), textcoords="offset points",
-                        xycoords=("data", "axes fraction"), ha="center", fontsize=7)
+    for i, (hw, st) in enumerate(panels):
+        ax = fig.add_subplot(gs[i // per_row, 1 + i % per_row])
+        sel = grid[(grid.hardware == hw) & (grid["shape"] == CLAIM_SHAPE) & (grid.trace == st)
+                   & (grid.link_priority == "fifo")]
+        for pol, g in sel.groupby("policy", sort=False):
+            g = g.sort_values("cache_ratio")
+            ax.plot(g.cache_ratio, g.tokens_per_second, **{"ls": "-", **STYLE.get(pol, {})}, label=_policy_label(pol))
+        fl = sel[sel.policy == "demand"].sort_values("cache_ratio")
+        ax.plot(fl.cache_ratio, fl.floor_tokens_per_second, "k:", label=LIMIT)
         ax.axvspan(*paper.FASTER_RANGE, color=PAPER_STYLE["color"], alpha=0.06)
-        ax.set(xlabel="cache ratio C/W (bottom: demand over last_step, fifo)", ylabel="modelled tokens/s",
-               title=f"{hw}, {CLAIM_SHAPE}: {st}")
-        ax.title.set_fontsize(9)
-    axes[1].legend(fontsize=7)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set(xlabel="cache ratio C/W", ylabel="modelled tokens/s (log scale)", title=f"{hw}, {CLAIM_SHAPE}: {st}")
+    _plot_diffs(fig.add_subplot(gs[1, 0]), grid, panels)
+    for ax in fig.axes:
+        ax.title.set_fontsize(10)
+    figure_legend(fig, ncol=3)
     title(fig, P, f"08 performance model: validation, and modelled tokens/s on the streams the claims rule on "
-                  f"({CLAIM_SHAPE}; dashed: demand priority; shaded: C/W {paper.FASTER_RANGE[0]}-"
-                  f"{paper.FASTER_RANGE[1]})")
+                  f"({CLAIM_SHAPE}, fifo; shaded: C/W {paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})")
     cols = ["hardware", "shape", "trace", "cache_ratio", "link_priority", "policy", "tokens_per_second",
             "seconds_per_step", "stall_per_step", "limit_per_step", "floor_per_step"]
     return fig, grid[cols]
+
+
+def _plot_diffs(ax, grid: pd.DataFrame, panels: list) -> None:
+    """The modelled demand-over-last_step difference (fifo) per GPU and stream: what the claims read."""
+    d = diffs(grid)
+    markers = dict(zip(dict.fromkeys(st for _, st in panels), "o^sv"))
+    for hw, st in panels:
+        here = d[(d.hardware == hw) & (d["shape"] == CLAIM_SHAPE) & (d.trace == st)].sort_values("cache_ratio")
+        ax.plot(here.cache_ratio, here.diff_pct, ls="-" if hw == GPUS[0] else "--", marker=markers[st], ms=5,
+                color="black" if hw == GPUS[0] else "tab:gray", label=f"demand over last_step: {hw}, {st}")
+    lo, hi = paper.FASTER_RANGE
+    ax.fill_between([lo, hi], *paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
+                    label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}")
+    low = paper.AT_LOW
+    ax.errorbar([low.cache_ratio], [low.diff_pct], yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
+                fmt="D", color=PAPER_STYLE["color"], capsize=4, ms=5,
+                label=f"paper at C/W {low.cache_ratio:g}: {paper.paired_text(low, '%')}")
+    ax.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12,
+               label=f"+-{thresholds.MARGIN:g}%: the modelled equivalence margin")
+    ax.axhline(0, color="black", lw=1, ls=":")
+    ax.set(xlabel="cache ratio C/W", ylabel="demand over last_step (% tokens/s)",
+           title=f"modelled demand vs last_step ({CLAIM_SHAPE}, fifo)")
 
 
 def _model_claim(d: pd.DataFrame, lo: float, hi: float, text: str, paper_text: str, ok, judged_on: str) -> Claim:
