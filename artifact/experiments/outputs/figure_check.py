@@ -2,7 +2,7 @@
 box): `check_figure(fig)` returns one line per problem, [] for a readable figure.
 
 - overlap: no legend or text box overlaps a title or an axes other than its own, no two titles overlap each other
-  (a figure's suptitle and the panels' titles), no two legends overlap;
+  (a figure's suptitle, supxlabel and supylabel and the panels' titles), no two legends overlap;
 - size: no text smaller than MIN_FONT_PT points at the saved DPI (DPI, what figures.save writes; a point is
   1/72 inch, so 8 pt is 11 px in the saved PNG);
 - width: the saved PNG (figures.save: bbox_inches="tight") is at most MAX_WIDTH_PX pixels wide;
@@ -66,7 +66,8 @@ def _axes_name(fig, ax: Axes) -> str:
 
 
 def _titles(fig) -> list[tuple[Text, Axes | None]]:
-    out = [(fig._suptitle, None)] if fig._suptitle is not None and _shown(fig._suptitle) else []
+    """The figure's title and labels (suptitle, supxlabel, supylabel) and every panel's titles."""
+    out = [(t, None) for t in (fig._suptitle, fig._supxlabel, fig._supylabel) if t is not None and _shown(t)]
     for ax in fig.axes:
         if ax.get_visible():
             out += [(t, ax) for t in (ax.title, ax._left_title, ax._right_title) if _shown(t)]

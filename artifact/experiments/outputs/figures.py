@@ -98,12 +98,13 @@ def legend(ax, **kw):
     return ax.legend(*entries([ax]), **{"fontsize": LEGEND_PT, **kw})
 
 
-def figure_legend(fig, ncol: int = 2, **kw):
-    """One legend for the whole figure below its panels (over no title and no axes), one entry per label."""
+def figure_legend(fig, ncol: int = 2, axes=None, **kw):
+    """One legend for the whole figure (or for `axes`' series) below its panels (over no title and no axes), one
+    entry per label."""
     if fig.get_layout_engine() is None:
         fig.set_layout_engine("constrained")
-    return fig.legend(*entries(fig.axes), **{"loc": "outside lower center", "ncol": ncol, "fontsize": LEGEND_PT,
-                                             "frameon": False, **kw})
+    return fig.legend(*entries(fig.axes if axes is None else axes),
+                      **{"loc": "outside lower center", "ncol": ncol, "fontsize": LEGEND_PT, "frameon": False, **kw})
 
 
 def save(fig, df, P: Settings, name: str, log=print) -> tuple[Path, Path]:

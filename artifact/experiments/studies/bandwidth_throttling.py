@@ -14,7 +14,7 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import run_grid
-from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, title
+from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, figure_legend, title
 from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
 from artifact.experiments.rules import STALL_SHARE, faster
 from artifact.experiments.settings import CONTROL, Settings
@@ -161,8 +161,8 @@ def _color(pol: str):
 def plot(summary, n: Numbers, P: Settings):
     """(a) tokens/s and (b) stall seconds vs link bandwidth, per policy (this run's means; the A/A control in its
     own colour); (c) last_step's stall over demand's per cell with the interval it is ruled on, beside the A/A
-    control's with its interval."""
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 3.8))
+    control's with its interval; one legend below the panels."""
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.4), layout="constrained")
     for pol, g in summary.groupby("policy", sort=False):
         kw = dict(marker="o", color=_color(pol), label=f"A/A control ({pol})" if pol == CONTROL else pol)
         ax1.plot(g.link_gbps, g.tokens_per_second, **kw)
@@ -193,14 +193,12 @@ def plot(summary, n: Numbers, P: Settings):
             title="compute waiting on the link (means)")
     ax3.set(xlabel="link bandwidth (GB/s)", ylabel="A - B stall per forward\n(% of B's wall per forward)",
             title=f"stall per cell, 95% intervals ({basis})")
-    if why:
-        fig.supxlabel(why, fontsize=9)
     for ax in (ax1, ax2, ax3):
         ax.title.set_fontsize(10)
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(ticks), list(ticks.values()))
         ax.minorticks_off()
-        ax.legend(fontsize=7)
+    figure_legend(fig, ncol=3, title=why or None, title_fontsize=9)      # why the link is that slow, over the legend
     title(fig, P, "03 bandwidth throttling (no paper figure: qualitative)")
     df = pd.concat([summary.assign(panel="means"), pd.DataFrame(rows).assign(panel="intervals")], ignore_index=True)
     return fig, df

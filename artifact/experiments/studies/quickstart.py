@@ -9,7 +9,7 @@ import pandas as pd
 
 from artifact.experiments.claims import EXACT, Claim, judged
 from artifact.experiments.harness import load_model, offload_spec
-from artifact.experiments.outputs.figures import title
+from artifact.experiments.outputs.figures import legend, title
 from artifact.experiments.settings import Settings
 from artifact.model.tasks import prompts
 from artifact.offload.runner import run
@@ -99,9 +99,9 @@ def plot(q: dict, P: Settings):
     for row in df.itertuples():
         label = "compute (offloaded: with the engine's work)" if row.part == "compute" else row.part
         ax.barh(row.run, row.seconds, left=left.get(row.run, 0.0), color="tab:red" if "stall" in row.part else
-                "tab:blue", label=label if label not in ax.get_legend_handles_labels()[1] else None)
+                "tab:blue", label=label)
         left[row.run] = left.get(row.run, 0.0) + row.seconds
     ax.set_xlabel("wall-clock time for one prompt (seconds)")
-    ax.legend(loc="lower right", fontsize=8)
+    legend(ax, loc="lower right")
     title(fig, P, "00 quickstart: resident vs offloaded (demand, LRU)")
     return fig, df

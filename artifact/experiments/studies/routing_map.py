@@ -28,7 +28,15 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import load_model, traces
-from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
+from artifact.experiments.outputs.figures import (
+    AA_LABEL,
+    COLORS,
+    CONTROL_COLOR,
+    INTERVAL_BASIS,
+    PAPER_STYLE,
+    figure_legend,
+    title,
+)
 from artifact.experiments.replication import Compared, Replicas, cached_rows, gather, judge, timed_claim
 from artifact.experiments.rules import faster
 from artifact.experiments.settings import CONTROL, Settings
@@ -421,12 +429,13 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
             c = cuts(map_df, p, r, pf)
             im = ax.imshow(c, origin="lower", cmap="viridis", norm=norm, aspect="auto")
             for (i, j), v in np.ndenumerate(c):
-                ax.text(j, i, f"{v:.2f}" if v < 2 else f"{v:.1f}", ha="center", va="center", fontsize=7,
+                ax.text(j, i, f"{v:.2f}" if v < 2 else f"{v:.1f}", ha="center", va="center", fontsize=8,
                         color="white" if v < np.sqrt(norm.vmin * norm.vmax) else "black")
             if p == "oracle" and c.min() < n.target < c.max():
                 ax.contour(np.arange(len(ss)), np.arange(len(nus)), c, levels=[n.target],
                            colors=PAPER_STYLE["color"], linestyles="dashed", linewidths=PAPER_STYLE["lw"])
-            ax.scatter(xi, yi, s=14, c="white", edgecolors="black", linewidths=0.5, zorder=3)
+            ax.scatter(xi, yi, s=14, c="white", edgecolors="black", linewidths=0.5, zorder=3,
+                       label="the cpu traces (their fitted nu and W spread)")
             ax.set_xticks(range(len(ss)), [f"{v:g}" for v in ss], fontsize=8)
             ax.set_yticks(range(len(nus)), [f"{v:g}" for v in nus], fontsize=8)
             ax.set_title(f"LRU / {p}: C/W {r:g}, {'with' if pf else 'no'} prefill", fontsize=9)
@@ -435,8 +444,10 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
             if col == 0:
                 ax.set_ylabel("step novelty nu")
     fig.colorbar(im, ax=axes, shrink=0.4, label="LRU's demand misses / the policy's (x)")
-    title(fig, P, f"07 routing map: where prediction wins (synthetic streams; dashed: the paper's oracle "
-                  f"{n.target}x; dots: cpu traces)")
+    axes[0, 0].plot([], [], color=PAPER_STYLE["color"], ls="dashed", lw=PAPER_STYLE["lw"],   # the contour's entry
+                    label=f"the paper's oracle cut ({n.target}x): dashed where the map crosses it")
+    figure_legend(fig, ncol=2)
+    title(fig, P, "07 routing map: where prediction wins (synthetic streams)")
     return fig, map_df.copy()
 
 
@@ -455,14 +466,12 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
             x = k + (j - (len(bars) - 1) / 2) * w
             for ax, col in ((ax1, "forwards_per_second"), (ax2, "stall_seconds")):
                 ax.bar(x, g[col].mean(), width=w * 0.95, color=color, alpha=0.6,
-                       label=p + (" (LRU)" if p == "demand" else " (A/A control)" if p == CONTROL else "")
-                       if k == 0 else None)
-                ax.scatter(np.full(len(g), x), g[col], s=10, color="black", zorder=3)
+                       label=p + (" (LRU)" if p == "demand" else " (A/A control)" if p == CONTROL else "") + ": mean")
+                ax.scatter(np.full(len(g), x), g[col], s=10, color="black", zorder=3, label="one repetition")
     ticks = [f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:.3g}, spread {rows[rows.task == n].w_spread.iloc[0]:.3g}"
              for n in names]
     for ax in (ax1, ax2, ax3):
         ax.set_xticks(range(len(names)), ticks, fontsize=8)
-    ax1.legend(fontsize=7)
     ratio = rows.cache_ratio.iloc[0]
     ax1.set(ylabel="denoising forwards / s", title=f"throughput at C/W {ratio:g}")
     ax2.set(ylabel="compute stalled on the link (s)", title="stall per run")
@@ -488,8 +497,9 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     any_iv = next(iter(t.effects.values()), None)
     basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else ""
     ax3.set(ylabel="A over B (% forwards/s)", title=f"the verdict's 95% intervals\n({basis})")
-    ax3.title.set_fontsize(9)
-    ax3.legend(fontsize=6, loc="best")
+    for ax in (ax1, ax2, ax3):
+        ax.title.set_fontsize(10)
+    figure_legend(fig, ncol=3)
     title(fig, P, "07 stream-driven engine: demand vs last_step on synthetic streams")
     ruled = pd.DataFrame(out, columns=["task", "series", "diff_pct", "low", "high", "interval", "n"])
     merged = rows.merge(ruled[ruled.series == "demand over last_step"].drop(columns="series"), on="task", how="left")
