@@ -13,6 +13,11 @@ A plan for a demand D on a layer with C slots:
          the copy must not start before that compute is done). The policy's keep order decides which
          C of D are still resident afterwards.
 
+Every order is total, so the counts never depend on how a sort places ties: victims go by the policy's
+victim key, ties by ascending expert id (np.lexsort; Eviction.victim_order likewise), a prefetch ranks by
+token count, ties by ascending id, and every keep order breaks its ties by expert id (eviction.py). Nothing
+depends on hash order, on thread count or on numpy's SIMD dispatch (tests/test_exact_counts.py).
+
 Inside this module (and the policies and the simulator) a layer is its MoE position i = 0..L_moe-1;
 `serve(demand)` converts the model layer index once, and Plan/Load keep `.layer` (model index) for
 the engine.
@@ -362,10 +367,11 @@ class ExpertCache:
             evicted = self._victim_order(i, lc.expert_in[:filled][keep])[:rest]
             taken = lc.slot_of[evicted]
         else:
-            keys = self._victim_keys(i, lc.expert_in[:filled])           # (filled,) by slot; a fresh array
+            residents = lc.expert_in[:filled]
+            keys = self._victim_keys(i, residents)                       # (filled,) by slot; a fresh array
             keys[protected_slots] = _NEVER_EVICT
-            taken = keys.argsort()[:rest]                                # slots, first victim first
-            evicted = lc.expert_in[taken]
+            taken = np.lexsort((residents, keys))[:rest]                 # slots, first victim first (victim_order)
+            evicted = residents[taken]
         if free == 0:
             return taken, 0, evicted
         return np.concatenate((self._slots[filled:filled + free], taken)), free, evicted
@@ -442,10 +448,10 @@ class ExpertCache:
                 return None
             absent = ~present
             wanted = experts[absent]
-            wanted = wanted[(wanted - counts[absent] * self.num_experts).argsort()]
+            wanted = wanted[(wanted - counts[absent] * self.num_experts).argsort(kind="stable")]
         else:
             if counts is not None:
-                experts = experts[(experts - counts * self.num_experts).argsort()[:C]]
+                experts = experts[(experts - counts * self.num_experts).argsort(kind="stable")[:C]]
             target = experts if conservative else experts[:C]
             slots = lc.slot_of[target]
             present = slots >= 0

@@ -40,6 +40,7 @@ expert, and lru equals libCacheSim's LRU on the hits-first feed (tests/test_orac
 """
 from __future__ import annotations
 
+import decimal
 from collections import deque
 
 import numpy as np
@@ -67,8 +68,8 @@ class TokenLRU(Eviction):
         self.reverse = reverse
 
     def keep_order(self, i, experts, counts, hit, step):
-        key = counts * self.num_experts + experts
-        return experts[(-key if self.reverse else key).argsort()]
+        key = counts * self.num_experts + experts               # distinct: ties in counts by expert id
+        return experts[(-key if self.reverse else key).argsort(kind="stable")]
 
 
 class _ScoredEviction(Eviction):
@@ -89,9 +90,8 @@ class _ScoredEviction(Eviction):
         return self.current_row(i)[experts]
 
     def keep_order(self, i, experts, counts, hit, step):
-        # lowest score first; ties by LRU's keep order (hits, then misses, each ascending: experts is ascending
-        # and lexsort is stable)
-        return experts[np.lexsort((~hit, self.current_row(i)[experts]))]
+        # lowest score first; ties by LRU's keep order (hits, then misses), then by ascending expert id
+        return experts[np.lexsort((experts, ~hit, self.current_row(i)[experts]))]
 
     def victim_keys(self, i, residents):
         # score first, then last use, as one complex key: numpy orders complex numbers by their real part, then
@@ -149,11 +149,31 @@ class LFUWindow(_ScoredEviction):
             row[w.popleft()] -= 1.0
 
 
+_DECAYS: dict[float, np.ndarray] = {}              # lam -> [d] 2**(-lam d), grown on demand (decays)
+_DECIMAL = decimal.Context(prec=40, Emin=decimal.MIN_EMIN, Emax=decimal.MAX_EMAX)
+_UNDERFLOW = 1075                                   # 2**-x rounds to 0.0 in float64 for x > 1075
+
+
+def decays(lam: float, n: int) -> np.ndarray:
+    """(>= n + 1,) float64, [d] = 2**(-lam d), the decay of d forwards, each rounded to the nearest float64 from
+    40-digit decimal arithmetic: the same bits on every machine. (numpy's exp2 rounds differently on its AVX-512
+    and baseline paths, and so may a libm with FMA variants; an ulp there decides between two equal scores.)"""
+    t = _DECAYS.get(lam)
+    if t is None or len(t) <= n:
+        have = 0 if t is None else len(t)
+        exponent = -decimal.Decimal(lam)                           # exact: a float's decimal value
+        new = [0.0 if lam * d > _UNDERFLOW else float(_DECIMAL.power(2, exponent * d))
+               for d in range(have, max(2 * have, n + 1, 64))]
+        t = _DECAYS[lam] = np.concatenate((t, new)) if t is not None else np.array(new)
+    return t
+
+
 @register_eviction
 class LRFU(_ScoredEviction):
     """LRFU (Lee et al., IEEE Trans. Computers 2001), token-weighted: each expert's score gains its token
-    count at every demand and decays by a factor 2**-lam per forward of its layer; the lowest score goes
-    first, ties by LRU. lam -> 0 is token-weighted perfect LFU, a large lam approaches token_lru."""
+    count at every demand and decays by a factor 2**-lam per forward of its layer (`decays`: the same float
+    on every machine); the lowest score goes first, ties by LRU. lam -> 0 is token-weighted perfect LFU, a
+    large lam approaches token_lru."""
 
     name = "lrfu"
     summary = "lowest token-weighted score decaying by 2**-lam per forward, ties by LRU"
@@ -176,7 +196,7 @@ class LRFU(_ScoredEviction):
     def demanded(self, i, experts, counts, hit, step):
         self.now[i] += 1
         now, at, score = self.now[i], self.at[i], self._score_rows[i]
-        row = score * np.exp2(-self.lam * (now - at))
+        row = score * decays(self.lam, int(now))[now - at]
         row[experts] += counts
         score[experts] = row[experts]
         at[experts] = now

@@ -32,16 +32,19 @@ class Eviction:
         """Every demand, once, before it is planned."""
 
     def keep_order(self, i: int, experts: np.ndarray, counts: np.ndarray, hit: np.ndarray, step) -> np.ndarray:
-        """The demanded experts least worth keeping first. LRU: hits then misses, each ascending."""
+        """The demanded experts least worth keeping first. LRU: hits then misses, each ascending (`experts` is
+        ascending and the sort stable: ties by expert id)."""
         return experts[(~hit).argsort(kind="stable")]
 
     def victim_keys(self, i: int, residents: np.ndarray) -> np.ndarray:
-        """Eviction keys of layer i's residents (a new array), distinct; the lowest goes first. LRU: last use."""
+        """Eviction keys of layer i's residents (a new array), distinct; the lowest goes first (were two equal,
+        the lower expert id would go first). LRU: last use."""
         return self._stamp_rows[i][residents]
 
     def victim_order(self, i: int, candidates: np.ndarray) -> np.ndarray:
-        """Candidates, the first to evict first (derived from victim_keys unless overridden)."""
-        return candidates[self.victim_keys(i, candidates).argsort(kind="stable")]
+        """Candidates, the first to evict first (derived from victim_keys unless overridden): lowest key first,
+        ties by ascending expert id, as the cache orders victim keys itself (ExpertCache._take_slots)."""
+        return candidates[np.lexsort((candidates, self.victim_keys(i, candidates)))]
 
     def touch(self, i: int, ordered: np.ndarray) -> None:
         """Record uses in order (the later, the more recent)."""

@@ -254,7 +254,7 @@ class IntervalRefresh(Policy):
     def keep_order(self, i, experts, counts, hit, step):
         if not self.refreshing(step):
             return self.eviction.keep_order(i, experts, counts, hit, step)
-        return experts[(counts * self.num_experts - experts).argsort()]   # fewest tokens first, then higher id
+        return experts[(counts * self.num_experts - experts).argsort(kind="stable")]   # fewest tokens, then higher id
 
 
 class Belady(Policy):
@@ -293,7 +293,7 @@ class Belady(Policy):
         return self._key_rows[i][residents]
 
     def keep_order(self, i, experts, counts, hit, step):
-        return experts[self._demand_keys().argsort()]                 # farthest next use first
+        return experts[self._demand_keys().argsort(kind="stable")]  # farthest next use, then lower id
 
     def touch(self, i, ordered):                                       # no LRU stamps: keys decide
         self._key_rows[i][self.future.experts[self.position]] = self._demand_keys()
