@@ -16,13 +16,14 @@ from tqdm.auto import tqdm
 from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.grid import cell_keys, grid
 from artifact.experiments.bench.results import bench_fingerprint, read_rows
-from artifact.experiments.outputs.paths import results_dir, traces_dir
+from artifact.experiments.outputs.paths import reference_traces_dir, results_dir, traces_dir
 from artifact.experiments.settings import Settings, fingerprint, load_profile
 from artifact.model.checkpoint import Loaded
 from artifact.model.tasks import prompts, select
 from artifact.offload.prepare import prepare
 from artifact.offload.runner import OffloadSpec, expert_bytes, run
 from artifact.offload.trace import Trace, TraceError
+from artifact.paths import atomic_write_bytes
 
 
 def setup(profile: str, overrides: dict | None = None) -> Settings:
@@ -71,7 +72,13 @@ TRACE_SETTINGS = ("model", "dtype", "device", "link", "latency_us", "link_gbps",
 
 
 def trace_path(P: Settings, task: str, batch_size: int) -> Path:
+    """A run's own trace (ignored by git): data/traces/<profile>/<task>-b<batch size>.safetensors."""
     return traces_dir(P) / f"{task}-b{batch_size}.safetensors"
+
+
+def reference_trace_path(P: Settings, task: str, batch_size: int) -> Path:
+    """The committed reference trace (written by --store, store_traces): data/results/<profile>/traces/."""
+    return reference_traces_dir(P.name) / trace_path(P, task, batch_size).name
 
 
 def trace_current(P: Settings, task: str, batch_size: int) -> bool:
@@ -80,10 +87,22 @@ def trace_current(P: Settings, task: str, batch_size: int) -> bool:
 
 
 def current_trace(P: Settings, task: str, batch_size: int) -> Trace | None:
-    """The stored trace for (task, batch size) when one exists and was made with this profile's settings
-    (fingerprint of TRACE_SETTINGS, the same prompts, the same batch size); None when it is missing,
-    unreadable or of other settings (it is then recorded again)."""
-    path = trace_path(P, task, batch_size)
+    """The stored trace for (task, batch size) made with this profile's settings: the committed reference
+    (reference_trace_path) when it holds one, else the run's own (trace_path); None when neither exists, is
+    readable and of these settings (it is then recorded again). The reference comes first because a recorded
+    trace depends on the machine: torch's CPU kernels (AVX-512 or AVX2) and thread count round the router's
+    scores differently, and the tiny model has top-k choices decided by one ulp (docs/DESIGN.md, "Exact
+    counts"), so every exact count of the profile is computed from the same committed traces."""
+    for path in (reference_trace_path(P, task, batch_size), trace_path(P, task, batch_size)):
+        t = _trace_of(P, path, task, batch_size)
+        if t is not None:
+            return t
+    return None
+
+
+def _trace_of(P: Settings, path: Path, task: str, batch_size: int) -> Trace | None:
+    """The trace at `path` when it exists and was made with P's settings (fingerprint of TRACE_SETTINGS, the
+    same prompts, the same batch size), else None."""
     if not path.is_file():
         return None
     try:
@@ -97,11 +116,12 @@ def current_trace(P: Settings, task: str, batch_size: int) -> Trace | None:
 
 
 def traces(P: Settings, progress: bool = True) -> list[Trace]:
-    """One trace per (trace task, trace batch size), from data/traces/<profile>/ when one there was
+    """One trace per (trace task, trace batch size), the committed reference or the run's own when one was
     made with this profile's settings (current_trace), else recorded (resident, or offloaded at
-    trace_capacity) and saved atomically. The model is loaded only when something is recorded."""
+    trace_capacity) and saved atomically into data/traces/<profile>/. The model is loaded only when
+    something is recorded."""
     fp = fingerprint(P, TRACE_SETTINGS)
-    jobs = [(t, b) for t in P.trace_tasks for b in P.trace_batch_sizes]
+    jobs = trace_jobs(P)
     out = {j: t for j in jobs if (t := current_trace(P, *j)) is not None}
     todo = [j for j in jobs if j not in out]
     for task, b in tqdm(todo, desc="record traces", disable=not progress or not todo):
@@ -111,14 +131,38 @@ def traces(P: Settings, progress: bool = True) -> list[Trace]:
     return [out[j] for j in jobs]
 
 
+def trace_jobs(P: Settings) -> list[tuple[str, int]]:
+    """(task, batch size) of every trace of the profile, in the order traces() returns them."""
+    return [(t, b) for t in P.trace_tasks for b in P.trace_batch_sizes]
+
+
+def store_traces(P: Settings, dest: Path | None = None) -> int:
+    """--store: the run's own traces of the profile's settings become the reference (into `dest`, default
+    data/results/<profile>/traces/) where the reference holds no trace of these settings; a current reference
+    trace stays as it is (the run computed its counts from it). Returns how many were copied."""
+    dest = Path(dest) if dest is not None else reference_traces_dir(P.name)
+    n = 0
+    for task, b in trace_jobs(P):
+        own, ref = trace_path(P, task, b), dest / trace_path(P, task, b).name
+        if _trace_of(P, ref, task, b) is None and _trace_of(P, own, task, b) is not None:
+            atomic_write_bytes(ref, own.read_bytes())
+            n += 1
+    return n
+
+
 def record_trace(P: Settings, task: str, batch_size: int) -> Trace:
+    """A trace of the profile's prompts for `task` at `batch_size`; its meta names what recorded it (torch's
+    version, CPU kernels and threads: a trace recorded elsewhere can differ in a near-tied top-k choice)."""
     loaded = load_model(P)
     ids, ps = prompts(loaded.tokenizer, task, P.trace_n_prompts, P.seed, P.max_prompt_tokens)
     spec = None
     if P.trace_capacity is not None:
         spec = offload_spec(P, loaded, min(P.trace_capacity, loaded.cfg.num_experts))
-    return run(loaded, ps, batch_size, P.decode_config(), spec=spec, device=P.device, record=True,
-               prompt_ids=ids, task=task).trace
+    t = run(loaded, ps, batch_size, P.decode_config(), spec=spec, device=P.device, record=True,
+            prompt_ids=ids, task=task).trace
+    t.meta["recorded_with"] = {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                               "torch_threads": torch.get_num_threads(), "device": P.device}
+    return t
 
 
 def trace_label(t: Trace) -> dict:

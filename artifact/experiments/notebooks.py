@@ -374,10 +374,11 @@ def store_outputs(profile: str, overrides: dict, outcomes: list[Outcome], notebo
     """--store: make a run the committed reference. For every notebook that did not fail, the figures, their
     data and the claim record it saved (in the run's ignored folders, outputs.figures_dir and run_data_dir)
     are copied to figures/<profile>/ and data/results/<profile>/ (under `reference` when given, else the
-    checkout), and on the cpu profile its claim cells' outputs into the source notebook (what nbval
-    compares); then the claims tables (README, docs/claims.md) are generated again. A reference is a
-    profile's own settings: refused with --set overrides, and on the cpu profile with --model. False when
-    nothing was stored."""
+    checkout), the run's own routing traces (when its files are in their usual places: `results` None) to
+    data/results/<profile>/traces/ where no reference trace of the profile's settings is (harness.store_traces),
+    and on the cpu profile its claim cells' outputs into the source notebook (what nbval compares); then the
+    claims tables (README, docs/claims.md) are generated again. A reference is a profile's own settings:
+    refused with --set overrides, and on the cpu profile with --model. False when nothing was stored."""
     if any(o.status == "FAILED" for o in outcomes):
         log("--store: some notebooks failed; their stored outputs are left as they were")
     P = load_profile(profile, {k: v for k, v in overrides.items() if k == "model"})
@@ -401,6 +402,11 @@ def store_outputs(profile: str, overrides: dict, outcomes: list[Outcome], notebo
                     atomic_write_bytes(dst / f.name, f.read_bytes())
                     n += 1
         log(f"stored {n} reference files into {short_path(figs)} and {short_path(data)}")
+        if results is None:                          # the run's own places: its traces are in data/traces/
+            from artifact.experiments.harness import store_traces  # (torch: only when storing)
+            t = store_traces(P, data / "traces")
+            if t:
+                log(f"stored {t} routing traces into {short_path(data / 'traces')} (the counts' reference input)")
     if P.name == "cpu":
         directory = Path(notebooks or notebook_dir())
         for name in ok:

@@ -43,7 +43,7 @@ from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.grid import Cell, cell_keys, grid, shard_cells, shard_file
 from artifact.experiments.bench.model_runner import usable_core_ids, usable_cores
 from artifact.experiments.bench.results import finished_cells, merge, read_rows
-from artifact.experiments.harness import trace_current
+from artifact.experiments.harness import trace_current, trace_jobs
 from artifact.experiments.settings import Settings
 from artifact.experiments.studies import bandwidth_throttling, capacity_sweep, tide_head_to_head
 from artifact.paths import atomic_write_text, repo_root
@@ -66,10 +66,6 @@ def jobs_dir(P: Settings) -> Path:
 # ---------------------------------------------------------------------------------------------
 # Trace recording: the one place that calls the experiments' trace functions (their module may move)
 # ---------------------------------------------------------------------------------------------
-def trace_jobs(P: Settings) -> list[tuple[str, int]]:
-    return [(t, b) for t in P.trace_tasks for b in P.trace_batch_sizes]
-
-
 def _one_trace(P: Settings, task: str, batch_size: int) -> Settings:
     return replace(P, trace_tasks=(task,), trace_batch_sizes=(batch_size,))
 

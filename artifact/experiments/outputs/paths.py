@@ -2,8 +2,9 @@
 relocates it) holds the executed notebooks, figures/ (ARTIFACT_FIGURES relocates it) and data/ (each figure's CSV
 and each claim cell's record); the resumable bench grids and the traces live in data/results/<profile>/ and
 data/traces/<profile>/ (ignored but for the reference files). The committed reference results,
-figures/<profile>/*.png and data/results/<profile>/NN_*.csv and NN_*.claims.json, change only with an explicit
-`--store` (notebooks.store_outputs copies a run's files there)."""
+figures/<profile>/*.png, data/results/<profile>/NN_*.csv and NN_*.claims.json, and the routing traces they were
+computed from, data/results/<profile>/traces/, change only with an explicit `--store` (notebooks.store_outputs
+copies a run's files there)."""
 from __future__ import annotations
 
 import os
@@ -44,7 +45,14 @@ def results_dir(P: Settings) -> Path:
 
 
 def traces_dir(P: Settings) -> Path:
+    """Where a run records its routing traces (ignored by git): data/traces/<profile>/."""
     return data_dir() / "traces" / P.name
+
+
+def reference_traces_dir(profile_name: str) -> Path:
+    """The committed routing traces every exact count of the profile is computed from (harness.current_trace
+    prefers them to a run's own; --store writes them): data/results/<profile>/traces/."""
+    return reference_data_dir(profile_name) / "traces"
 
 
 def short_path(path: Path) -> str:
