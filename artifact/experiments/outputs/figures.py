@@ -27,11 +27,13 @@ PAPER_STYLE = dict(color="crimson", lw=1.5, ls="--")     # how the paper's figur
 LEGEND_PT = 8           # the smallest text a figure has (figure_check.MIN_FONT_PT)
 
 
-def title(fig, P: Settings, text: str) -> None:
-    """The figure's title, naming the profile. Constrained layout makes room for it above the panels' titles
-    (and for a legend placed outside the axes: fig.legend(loc="outside lower center"))."""
+def title(fig, P: Settings, text: str, legend_columns: int = 0) -> None:
+    """The figure's title, naming the profile, and with legend_columns > 0 the figure's one legend below the
+    panels in that many columns (figure_legend). Constrained layout makes room for both."""
     if fig.get_layout_engine() is None:
         fig.set_layout_engine("constrained")
+    if legend_columns:
+        figure_legend(fig, ncol=legend_columns)
     fig.suptitle(f"{text}  [profile {P.name}: {P.model if P.model == 'tiny' else 'checkpoint'}, {P.device}]",
                  fontsize=11)
 

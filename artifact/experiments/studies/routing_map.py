@@ -28,15 +28,7 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.harness import load_model, traces
-from artifact.experiments.outputs.figures import (
-    AA_LABEL,
-    COLORS,
-    CONTROL_COLOR,
-    INTERVAL_BASIS,
-    PAPER_STYLE,
-    figure_legend,
-    title,
-)
+from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
 from artifact.experiments.replication import Compared, Replicas, cached_rows, gather, judge, timed_claim
 from artifact.experiments.rules import faster
 from artifact.experiments.settings import CONTROL, Settings
@@ -444,10 +436,8 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
             if col == 0:
                 ax.set_ylabel("step novelty nu")
     fig.colorbar(im, ax=axes, shrink=0.4, label="LRU's demand misses / the policy's (x)")
-    axes[0, 0].plot([], [], color=PAPER_STYLE["color"], ls="dashed", lw=PAPER_STYLE["lw"],   # the contour's entry
-                    label=f"the paper's oracle cut ({n.target}x): dashed where the map crosses it")
-    figure_legend(fig, ncol=2)
-    title(fig, P, "07 routing map: where prediction wins (synthetic streams)")
+    title(fig, P, f"07 routing map: where prediction wins (synthetic streams; dashed: the paper's oracle "
+                  f"{n.target}x)", legend_columns=1)
     return fig, map_df.copy()
 
 
@@ -497,10 +487,8 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     any_iv = next(iter(t.effects.values()), None)
     basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else ""
     ax3.set(ylabel="A over B (% forwards/s)", title=f"the verdict's 95% intervals\n({basis})")
-    for ax in (ax1, ax2, ax3):
-        ax.title.set_fontsize(10)
-    figure_legend(fig, ncol=3)
-    title(fig, P, "07 stream-driven engine: demand vs last_step on synthetic streams")
+    ax3.title.set_fontsize(9)
+    title(fig, P, "07 stream-driven engine: demand vs last_step on synthetic streams", legend_columns=3)
     ruled = pd.DataFrame(out, columns=["task", "series", "diff_pct", "low", "high", "interval", "n"])
     merged = rows.merge(ruled[ruled.series == "demand over last_step"].drop(columns="series"), on="task", how="left")
     for series, prefix in ((NET, "net_"), (AA_LABEL, "control_")):
