@@ -190,3 +190,22 @@ def test_save_reports_what_the_check_finds(tmp_path, monkeypatch):
     png, _ = save(fig, pd.DataFrame({"x": [1]}), P, "bad", log=lines.append)
     assert png.is_file() and lines[0].startswith("saved ") and lines[1].startswith("saved ")
     assert len(lines) == 3 and lines[2].startswith("figure check: bad: legend: line '_child")
+
+
+@pytest.mark.parametrize("path", sorted((reference_figures_dir(P.name).parent.parent / "notebooks").glob(
+    "[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
+def test_every_notebook_shows_its_committed_figures(path):
+    """A notebook on a repository browser shows the committed figure of each figure it saves: a markdown image of
+    figures/cpu/<name>.png (git keeps no figure output: the strip script keeps only the claim cells' output, and
+    nbval compares no markdown)."""
+    import re
+
+    import nbformat
+    nb = nbformat.read(path, as_version=4)
+    names = [m.group(1) for c in nb.cells if c.cell_type == "code"
+             for m in re.finditer(r'save\(fig, df, P, "([^"]+)"\)', c.source)]
+    shown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert names
+    for name in names:
+        assert f"](../figures/cpu/{name}.png)" in shown, f"{path.name} does not show figures/cpu/{name}.png"
+        assert (path.parent / ".." / "figures" / "cpu" / f"{name}.png").is_file()

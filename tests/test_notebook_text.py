@@ -17,8 +17,9 @@ from artifact.experiments.studies import routing_map
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
-# Names with digits in them (LLaDA2.0, PCIe, D(t-1, l), l+1, top-k 8 is a parameter below) and code spans
-NAMES = re.compile(r"`[^`]*`|\b[A-Za-z_]+\d[\w.]*|[a-z]\s?[+-]\s?\d+")
+# Names with digits in them (LLaDA2.0, PCIe, D(t-1, l), l+1, top-k 8 is a parameter below), code spans and link
+# targets (the committed figure a notebook shows: ![...](../figures/cpu/07_routing_map.png))
+NAMES = re.compile(r"`[^`]*`|\]\([^)\s]*\)|\b[A-Za-z_]+\d[\w.]*|[a-z]\s?[+-]\s?\d+")
 NOTATION = {0, 1, 2}      # (1), (2), t-1, lookahead 1 and 2, C = W/2
 
 
