@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from artifact.experiments import claims_table
 from artifact.experiments.claims import Claim, record, record_path, report, unwrap
+from artifact.experiments.outputs import claims_table
 from artifact.experiments.settings import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,20 +45,28 @@ def test_the_agreement_block_is_the_generated_one():
         "docs/claims.md's agreement block differs from the records: `python -m artifact claims --update-readme`")
 
 
-def test_the_compact_table_has_one_row_per_claim_and_k_of_n_for_timing_claims():
+def test_the_compact_table_has_one_row_per_claim_and_the_stability_of_timing_claims():
+    """Per timing claim: leave one out (k of N), how often a fresh run decides alone (the committed calibration
+    table, data/results/cpu/calibration.csv) and, for a direction claim, the paper's criterion."""
     block = claims_table.render_compact("cpu", RESULTS, ROOT / "notebooks")
     rows = [r for r in block.splitlines() if r.startswith("| ") and not r.startswith("| notebook")]
     recs = claims_table.records("cpu", RESULTS)
     claims = [c for r in recs for c in r["claims"]]
+    decides = claims_table.fresh_decides("cpu", RESULTS)
     assert len(rows) == len(claims)
     for row, c in zip(rows, claims):
         cells = [x.strip() for x in row.strip("|").split(" | ")]
         assert cells[3] == c["verdict"], row
+        loo, fresh, criterion = cells[-3:]
         if not c.get("timing"):
-            assert cells[-1] == "", row
-        else:
-            n = len(c.get("per_run") or [])
-            assert n >= 3 and re.fullmatch(rf"\d of {n}( \(\d opposite\))?", cells[-1]), row
+            assert (loo, fresh, criterion) == ("", "", ""), row
+            continue
+        if c.get("leave_one_out"):
+            n = len(c["leave_one_out"])
+            assert n == len(c["per_run"]) >= 4 and re.fullmatch(rf"\d of {n}", loo), row
+        if c.get("key"):
+            assert fresh == f"{decides[c['key']]:.0f}%", row
+        assert (criterion != "") == bool(c.get("paper_criterion")), row
 
 
 def test_the_readme_is_short():
@@ -141,7 +149,7 @@ def test_records_render_update_and_a_gpu_column(tmp_path, monkeypatch, capsys):
     assert "| c2 | p2 | m\\|2 (margin: upper bound +9) | inconclusive (too wide) | 4 pairs | run 1 |" in block
     assert "h200" not in block
     compact = claims_table.render_compact("cpu", results, tmp_path)
-    assert "| c2 |  | inconclusive | one run |" in compact and "| c1 |  | reproduced |  |" in compact
+    assert "| c2 |  | inconclusive |  |  |  |" in compact and "| c1 |  | reproduced |  |  |  |" in compact
     gpu = load_profile("h200") if (ROOT / "artifact/experiments/profiles/h200.yaml").is_file() else None
     if gpu is not None:
         (results / "h200").mkdir()
@@ -149,7 +157,7 @@ def test_records_render_update_and_a_gpu_column(tmp_path, monkeypatch, capsys):
         block = claims_table.render("cpu", results, tmp_path)
         assert "h200: verdict (measured)" in block and "| not reproduced (g1) |" in block
         compact = claims_table.render_compact("cpu", results, tmp_path)
-        assert "| cpu | h200 |" in compact and "| c1 |  | reproduced | not reproduced |  |" in compact
+        assert "| cpu | h200 |" in compact and "| c1 |  | reproduced | not reproduced |  |  |  |" in compact
     readme = tmp_path / "README.md"
     readme.write_text("head\n<!-- claims:cpu:begin -->\nold\n<!-- claims:cpu:end -->\ntail\n")
     doc = tmp_path / "docs" / "claims.md"

@@ -15,19 +15,12 @@ from scipy import stats
 from artifact.experiments import replication
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.replication import Compared, Replicas, Replicated, judge, one_run_interval, pooled_interval
-from artifact.experiments.rules import (
-    STALL_SHARE,
-    Interval,
-    RunEffect,
-    control_ruling,
-    faster,
-    no_difference,
-    not_faster,
-    run_effects,
-)
+from artifact.experiments.effects import STALL_SHARE, RunEffect, run_effects
+from artifact.experiments.replication import Compared, Replicas, Replicated, one_run_interval, pooled_interval
+from artifact.experiments.rules import Interval, control_ruling, faster, no_difference, not_faster
 from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.stats import CELL_KEYS
+from artifact.experiments.timed import judge
 
 CELL = list(CELL_KEYS)
 KEY = ("gsm8k", 1, 1.0, 1.0)
@@ -165,20 +158,27 @@ def test_the_07_case_a_paper_point_run_of_1_05_to_1_35_percent_cannot_read_repro
 
 # --- the A/A control: the null of a direction claim (difference in differences) ----------------------------
 def test_a_direction_claim_rules_on_the_effect_net_of_the_control_per_matched_pair():
-    """Demand over last_step +10% per pair with the control at +4% over demand in the same pairs: the net effect
-    is +6 points, ruled on; the undifferenced +10 is reported beside, and the bias-bound alternative printed."""
-    runs = stored(*(rows({(1, 1.0): 10.0 + d}, {(1, 1.0): 4.0 + d / 2}, reps=2) for d in (-0.4, 0.0, 0.5)))
+    """Known truth: the control is demand's double in the non-demand role, so a control +4% over demand says the
+    non-demand role gains 4%. last_step runs in that role, so its role-free level is 4% below its measured one, and
+    demand's true gain over it is 1.10 x 1.04 - 1 = +14.4% (demand as A: the bias is added back, never subtracted).
+    The net is CONTROL over last_step per pair; the undifferenced +10 is reported beside, the bias-bound alternative
+    printed."""
+    ds = (-0.4, 0.0, 0.5)
+    runs = stored(*(rows({(1, 1.0): 10.0 + d}, {(1, 1.0): 4.0 + d / 2}, reps=2) for d in ds))
     c = Replicas(runs[0][1], runs).compare("demand", "last_step", CELL)
     net = c.net[KEY].pooled
-    assert net.mean == pytest.approx(10.0 + 0.1 / 3 - (4.0 + 0.05 / 3), abs=1e-6)
+    truth = [((1 + (10.0 + d) / 100) * (1 + (4.0 + d / 2) / 100) - 1) * 100 for d in ds]
+    assert net.mean == pytest.approx(float(np.mean(truth)), abs=1e-6)
     assert c.effects[KEY].pooled.mean == pytest.approx(10.0 + 0.1 / 3, abs=1e-6)
     t = judge(c, faster(), str)
-    assert t.verdict == REPRODUCED and "net +6.0%" in t.measured and "A over B +10.0%" in t.measured
+    assert t.verdict == REPRODUCED and "net +14.5%" in t.measured and "A over B +10.0%" in t.measured
     assert t.alternative.startswith("bias-bound alternative") and t.alternative.endswith(REPRODUCED)
-    # a control that is as large as the effect: net 0, not faster by more than the margin
-    same = stored(*(rows({(1, 1.0): 10.0 + d}, {(1, 1.0): 10.0 + d}, reps=2) for d in (-0.4, 0.0, 0.5)))
-    assert judge(Replicas(same[0][1], same).compare("demand", "last_step", CELL), faster(), str).verdict == \
-        NOT_REPRODUCED
+    # the control exactly as slow as last_step (the non-demand role costs all of demand's lead): net 0
+    same = stored(*(rows({(1, 1.0): 10.0 + d}, {(1, 1.0): (1 / (1 + (10.0 + d) / 100) - 1) * 100}, reps=2)
+                    for d in ds))
+    same_c = Replicas(same[0][1], same).compare("demand", "last_step", CELL)
+    assert same_c.net[KEY].pooled.mean == pytest.approx(0.0, abs=1e-6)
+    assert judge(same_c, faster(), str).verdict == NOT_REPRODUCED
 
 
 def test_the_stall_basis_is_stall_per_forward_in_points_of_the_baselines_wall_per_forward():

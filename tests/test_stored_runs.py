@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from artifact.experiments import replication
-from artifact.experiments.claims_table import records
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.outputs.claims_table import records
 from artifact.experiments.settings import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent

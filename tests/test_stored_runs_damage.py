@@ -17,8 +17,8 @@ import pytest
 from artifact.cli import main
 from artifact.errors import ResultFileError, RunsError
 from artifact.experiments import replication
-from artifact.experiments.claims_table import records
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.outputs.claims_table import records
 from artifact.experiments.outputs.manifest import MANIFEST, write_manifest
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies import capacity_sweep

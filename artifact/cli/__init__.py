@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from artifact.cli import bench, claims, doctor, engine, jobs, model, notebooks, stored_runs, synth
+from artifact.cli import bench, calibrate, claims, doctor, engine, jobs, model, notebooks, stored_runs, synth
 from artifact.cli.args import add_threads_arg, policy_modules_from_args, profile_from_args
 from artifact.errors import SettingError, UserError
 from artifact.experiments.bench.grid import parse_shard
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     notebooks.add_cli(sub)
     claims.add_cli(sub)
     stored_runs.add_cli(sub)
+    calibrate.add_cli(sub)
     doctor.add_cli(sub)
     jobs.add_cli(sub)
     synth.add_cli(sub)

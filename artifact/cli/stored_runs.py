@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 
 from artifact.errors import UserError
+from artifact.experiments.effects import run_effects
 from artifact.experiments.replication import (
     METHOD,
     TIMED_STEMS,
@@ -19,7 +20,6 @@ from artifact.experiments.replication import (
     stored_runs,
     t_interval,
 )
-from artifact.experiments.rules import run_effects
 from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.stats import CELL_KEYS
 

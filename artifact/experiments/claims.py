@@ -1,6 +1,6 @@
 """What every claim module hands a notebook: `Claim`s, printed by `report` as the lines the notebook runner
 parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the claims tables
-(claims_table.py). A run writes the record into an ignored place (results/<profile>/data: outputs.run_data_dir,
+(outputs/claims_table.py). A run writes the record into an ignored place (results/<profile>/data: outputs.run_data_dir,
 relocatable by ARTIFACT_OUTPUT, so tests never overwrite a user's results); only `--store` copies it to the
 committed data/results/<profile>/. Figures and the data they drew: figures.py."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from artifact.experiments.outputs.paths import run_data_dir
+from artifact.experiments.outputs.paths import RECORD_SUFFIX, run_data_dir
 from artifact.experiments.settings import Settings
 from artifact.offload.sim import DENOISING_ONLY, WITH_PREFILL
 from artifact.paths import atomic_write_text, repo_root
@@ -47,6 +47,10 @@ class Claim:
     pooled: str = ""         # timing: the pooled verdict over the stored runs ("" with fewer than 2)
     this_run: str = ""       # timing: this run's own verdict (differs from `verdict` when this run is stored)
     ruled: str = ""          # timing: "pooled" (this run is a stored run) or "this run" (a single run)
+    leave_one_out: tuple = ()  # timing: the pooled verdict with each stored run left out, in run order
+    paper_criterion: str = ""  # timing, direction claims: how many cells' interval lies above 0 (the paper's
+                               # criterion, shown beside the verdict, never ruling)
+    key: str = ""            # timing: the claim's definition in criteria/timing.py (its calibration row)
 
     def __post_init__(self):
         assert self.verdict in VERDICTS, self.verdict
@@ -66,8 +70,13 @@ class Claim:
         same = sum(v == self.pooled for v in self.per_run)
         other = sum(v not in (self.pooled, INCONCLUSIVE) for v in self.per_run)
         head = "this verdict is the pooled one" if self.ruled == "pooled" else "this verdict comes from one run"
+        loo = ""
+        if self.leave_one_out:
+            k = sum(v == self.pooled for v in self.leave_one_out)
+            loo = (f"; leave one out: pooled over the other {n - 1} runs, {k} of {len(self.leave_one_out)} give the "
+                   f"pooled verdict ({', '.join(self.leave_one_out)})")
         return (f"{head} ({own}); {n} stored runs: pooled {self.pooled}, per run {', '.join(self.per_run)} "
-                f"({same} of {n} give the pooled verdict, {other} another)")
+                f"({same} of {n} give the pooled verdict, {other} another){loo}")
 
     def verdict_text(self) -> str:
         return f"{self.verdict} ({self.reason})" if self.reason else self.verdict
@@ -80,6 +89,8 @@ class Claim:
         out.append(f"measured{tag}: {self.measured}")
         if self.margin:
             out.append(f"margin{tag}: {self.margin}")
+        if self.paper_criterion:
+            out.append(f"margin{tag}: {self.paper_criterion}")
         if self.timing:
             out.append(f"runs{tag}: {self.runs_text()}")
         return out + [f"verdict{tag}: {self.verdict_text()}"]
@@ -134,7 +145,6 @@ def report(*claims: Claim, P: Settings | None = None, notebook: str | None = Non
 # ---------------------------------------------------------------------------------------------
 # The record of a claim cell's run: what the claims table is generated from
 # ---------------------------------------------------------------------------------------------
-RECORD_SUFFIX = ".claims.json"
 
 
 def record_path(P: Settings, notebook: str) -> Path:

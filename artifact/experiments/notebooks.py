@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from artifact.experiments.claims import unwrap
-from artifact.experiments.claims_table import update_readme
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.outputs.claims_table import update_readme
 from artifact.experiments.outputs.paths import (
     figures_dir,
     reference_data_dir,

@@ -41,6 +41,7 @@ import shutil
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -48,24 +49,12 @@ import pandas as pd
 from scipy import stats
 
 from artifact.errors import RunsError
-from artifact.experiments.claims import Claim, run_info
+from artifact.experiments.claims import run_info
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.effects import PERCENT, Basis, RunEffect, run_views
 from artifact.experiments.outputs.manifest import check_runs, write_manifest
 from artifact.experiments.outputs.paths import reference_data_dir, results_dir, short_path
-from artifact.experiments.rules import (
-    PERCENT,
-    Basis,
-    Interval,
-    Question,
-    RunEffect,
-    bias_bound,
-    combine,
-    host_shares,
-    hull,
-    rule_cell,
-    run_effects,
-)
-from artifact.experiments.settings import CONTROL
+from artifact.experiments.rules import Interval, host_shares, hull
 from artifact.paths import atomic_write_text
 
 RUNS = "runs"
@@ -233,6 +222,12 @@ def cached_rows(P, stem: str, fingerprint: str, measure: Callable[[], pd.DataFra
 # ---------------------------------------------------------------------------------------------
 # Intervals per cell
 # ---------------------------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
+def t_quantile(confidence: float, df: int) -> float:
+    """The two-sided `confidence` quantile of t on `df` degrees of freedom (cached: the harness asks often)."""
+    return float(stats.t.ppf(0.5 + confidence / 2, df))
+
+
 def t_interval(values: Sequence[float], confidence: float = thresholds.CONFIDENCE) -> tuple[float, float, float]:
     """(mean, low, high): the t interval of the mean of `values` (nan bounds for fewer than 2)."""
     v = np.asarray(values, dtype=float)
@@ -240,7 +235,7 @@ def t_interval(values: Sequence[float], confidence: float = thresholds.CONFIDENC
     if len(v) < 2:
         return mean, float("nan"), float("nan")
     se = float(v.std(ddof=1)) / math.sqrt(len(v))
-    half = float(stats.t.ppf(0.5 + confidence / 2, len(v) - 1)) * se
+    half = t_quantile(confidence, len(v) - 1) * se
     return mean, mean - half, mean + half
 
 
@@ -250,26 +245,39 @@ def pooled_interval(means: Sequence[float], confidence: float = thresholds.CONFI
 
 
 def one_run_interval(run: RunEffect, stored_means: Sequence[float],
-                     confidence: float = thresholds.CONFIDENCE) -> Interval:
-    """A single run's interval (ONE_RUN); with fewer than 2 stored runs, the t interval over its own pairs."""
-    q = 0.5 + confidence / 2
+                     confidence: float = thresholds.CONFIDENCE, spread: float | None = None) -> Interval:
+    """A single run's interval (ONE_RUN): its mean +- max(t_(N-1) s, t_df w), s the sd of the stored runs' means
+    (`spread`, when the caller has it), w the run's own standard error (RunEffect.se: its within-run sd pooled over
+    the comparison's cells when the run carries it, on that pooled df); with fewer than 2 stored runs, the t
+    interval over its own pairs."""
     if len(stored_means) < 2:
+        if run.pooled_sd is not None and run.df >= 1 and len(run.diffs) >= 1:
+            half = t_quantile(confidence, run.df) * run.se
+            return Interval(run.mean, run.mean - half, run.mean + half, len(run.diffs), "pairs")
         _, lo, hi = t_interval(run.diffs, confidence)
         return Interval(run.mean, lo, hi, len(run.diffs), "pairs")
-    s = float(np.std(stored_means, ddof=1))
-    half = float(stats.t.ppf(q, len(stored_means) - 1)) * s
-    if len(run.diffs) >= 2 and math.isfinite(run.se):
-        half = max(half, float(stats.t.ppf(q, len(run.diffs) - 1)) * run.se)
+    s = float(np.std(stored_means, ddof=1)) if spread is None else spread
+    half = t_quantile(confidence, len(stored_means) - 1) * s
+    if run.df >= 1:
+        se = run.se
+        if math.isfinite(se):
+            half = max(half, t_quantile(confidence, run.df) * se)
     return Interval(run.mean, run.mean - half, run.mean + half, len(stored_means), "run")
 
 
 @dataclass(frozen=True)
 class Replicated:
-    """One cell's effect in every view: this run's, each stored run's, and pooled over the stored runs."""
+    """One cell's effect in every view: this run's, each stored run's, and pooled over the stored runs. Built by
+    `replicate` from the runs' RunEffects (`own`, `per`), which it keeps, so `at` can give the same cell at another
+    confidence level (the simultaneous level of a claim over several cells) or with a stored run left out; built
+    from intervals alone (`own` None), it has only its own level."""
     this: Interval                   # this run's own interval (ONE_RUN, or WITHIN without stored runs)
-    runs: tuple[Interval, ...]       # each stored run's one-run interval, in run order (empty: none stored)
+    runs: tuple[Interval | None, ...]  # each stored run's one-run interval, in run order (None: the run lacks the
+                                       # cell; empty: none stored)
     pooled: Interval | None          # over the stored runs' means (None: fewer than 2 stored runs)
     stored: bool                     # this run is one of the stored runs: it is ruled on the pooled interval
+    own: RunEffect | None = None     # this run's effect
+    per: tuple[RunEffect | None, ...] = ()   # each stored run's effect (None: it lacks the cell)
 
     def single(self, own: Interval | None = None) -> Interval:
         """What one run (this run, or `own`: a stored run's one-run interval) is ruled on alone: the hull of its
@@ -283,14 +291,34 @@ class Replicated:
             return self.this
         return self.pooled if self.stored else self.single()
 
+    def at(self, confidence: float = thresholds.CONFIDENCE, drop: int | None = None) -> "Replicated":
+        """This cell at another confidence level, or with stored run `drop` (0-based) left out of the pool (the
+        leave-one-out view); itself when built from intervals alone."""
+        if self.own is None:
+            return self
+        per = tuple(p for i, p in enumerate(self.per) if i != drop)
+        return replicate(self.own, per, self.stored and drop is None, confidence, runs=drop is None)
+
+
+def replicate(own: RunEffect, per: Sequence[RunEffect | None], stored: bool,
+              confidence: float = thresholds.CONFIDENCE, runs: bool = True) -> Replicated:
+    """One cell's Replicated from this run's effect and each stored run's (None where a run lacks the cell: it is
+    left out of the pool, and its one-run interval is None, so the runs stay matched by name, never by position).
+    `runs` False leaves out each stored run's one-run interval (the leave-one-out view needs only the pool)."""
+    means = [p.mean for p in per if p is not None]
+    spread = float(np.std(means, ddof=1)) if len(means) >= 2 else None
+    each = tuple(None if p is None else one_run_interval(p, means, confidence, spread) for p in per) if runs else ()
+    return Replicated(one_run_interval(own, means, confidence, spread), each,
+                      pooled_interval(means, confidence) if len(means) >= 2 else None, stored, own, tuple(per))
+
 
 @dataclass(frozen=True)
 class Compared:
     """A over B per cell (`effects`), with the A/A control over demand in the same cells (`control`: {} when the
     rows carry no control runs), A over B net of the control per matched pair (`net`, the difference in
-    differences a direction claim rules on: {} without a control) and each cell's GPU host share of wall time per
-    forward (`host`: {} on the CPU, rules.host_shares): what `judge` rules on, and what every timing study's
-    numbers hold."""
+    differences a direction claim rules on, oriented by demand's role: effects.net_difference; {} without a control)
+    and each cell's GPU host share of wall time per forward (`host`: {} on the CPU, rules.host_shares): what
+    `judge` rules on, and what every timing study's numbers hold."""
     effects: dict
     control: dict = field(default_factory=dict)
     host: dict = field(default_factory=dict)
@@ -306,11 +334,14 @@ class Compared:
 @dataclass(frozen=True)
 class Replicas:
     """This run's rows beside the stored runs' rows of the same grid (same settings): the replicas every per-cell
-    interval is computed over (`effects`, `compare`)."""
+    interval is computed over (`effects`, `compare`). Each run's views of one comparison are computed once
+    (effects.run_views) and kept (`_memo`), so a comparison asked again, or a Replicas made `with_this` another run,
+    does not pivot the stored runs again."""
     this: pd.DataFrame
     stored: tuple[tuple[str, pd.DataFrame], ...] = ()
     commit: str = ""                 # the stored runs' commit ("" when none, "a, b" when they differ)
     metric: str = "tokens_per_second"
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def names(self) -> list[str]:
@@ -325,47 +356,55 @@ class Replicas:
         if self.n < thresholds.MIN_RUNS:
             raise RunsError(f"{self.n} stored runs hold this grid's rows ({', '.join(self.names) or 'none'}): a "
                             f"pooled verdict needs thresholds.MIN_RUNS = {thresholds.MIN_RUNS}")
-        return Replicas(self.stored[-1][1], self.stored, self.commit, self.metric)
+        return Replicas(self.stored[-1][1], self.stored, self.commit, self.metric, self._memo)
+
+    def with_this(self, rows: pd.DataFrame) -> "Replicas":
+        """The same stored runs (and their computed views) beside another run's rows."""
+        return Replicas(rows, self.stored, self.commit, self.metric, self._memo)
+
+    def _views(self, name: str, rows, a, b, by, metric, basis) -> dict:
+        key = (name, a, b, tuple(by), metric, basis.name)
+        if name is None or key not in self._memo:
+            got = run_views(rows, a, b, by, metric, basis)
+            if name is None:
+                return got
+            self._memo[key] = got
+        return self._memo[key]
+
+    def _all_views(self, a, b, by, metric, basis) -> tuple[dict, list[dict], bool]:
+        mine = self._views(None, self.this, a, b, by, metric, basis)
+        theirs = [self._views(n, rows, a, b, by, metric, basis) for n, rows in self.stored]
+        return mine, theirs, self.n >= 2 and any(_same_effects(mine["effect"], t["effect"]) for t in theirs)
 
     def is_stored(self, a: str, b: str, by: Sequence[str]) -> bool:
         """This run's rows are one stored run's rows: same cells, same pairs, same values."""
-        mine = run_effects(self.this, a, b, by, self.metric)
-        for _, rows in self.stored:
-            other = run_effects(rows, a, b, by, self.metric)
-            if other.keys() == mine.keys() and all(
-                    len(other[k].diffs) == len(mine[k].diffs)
-                    and np.allclose(other[k].diffs, mine[k].diffs, rtol=1e-9, atol=1e-12) for k in mine):
-                return True
-        return False
+        return self._all_views(a, b, by, self.metric, PERCENT)[2] if self.n else False
 
     def compare(self, a: str, b: str, by: Sequence[str], metric: str | None = None,
                 basis: Basis = PERCENT) -> Compared:
         """A over B per cell of `by` on `basis`, with the A/A control (CONTROL over demand) in the same cells and A
-        over B net of it when the rows carry it, and the cells' GPU host shares."""
-        has = {CONTROL, "demand"} <= set(self.this.policy) and CONTROL not in (a, b)
-        me_stored = self.n >= 2 and Replicas(self.this, self.stored, metric=metric or self.metric).is_stored(a, b, by)
-        control = self.effects(CONTROL, "demand", by, metric, basis, me_stored=me_stored) if has else {}
-        net = self.effects(a, b, by, metric, basis, net=True, me_stored=me_stored) if has else {}
-        return Compared(self.effects(a, b, by, metric, basis, me_stored=me_stored), control,
-                        host_shares(self.this, by), net, basis)
+        over B net of it (oriented by demand's role) when the rows carry it, and the cells' GPU host shares."""
+        metric = metric or self.metric
+        mine, theirs, me_stored = self._all_views(a, b, by, metric, basis)
+
+        def view(v: str) -> dict:
+            if v not in mine:
+                return {}
+            return {key: replicate(eff, [t.get(v, {}).get(key) for t in theirs], me_stored)
+                    for key, eff in mine[v].items()}
+        return Compared(view("effect"), view("control"), host_shares(self.this, by), view("net"), basis)
 
     def effects(self, a: str, b: str, by: Sequence[str], metric: str | None = None, basis: Basis = PERCENT,
-                net: bool = False, me_stored: bool | None = None) -> dict[tuple, Replicated]:
+                net: bool = False) -> dict[tuple, Replicated]:
         """{cell key: Replicated} of A over B per cell of `by` (the cells of this run), on `basis`, net of the A/A
-        control when `net` (run_effects). `me_stored`: whether this run's rows are a stored run's (is_stored of
-        A over B; `compare` finds it once for its three views)."""
-        metric = metric or self.metric
-        mine = run_effects(self.this, a, b, by, metric, basis, net)
-        theirs = [run_effects(rows, a, b, by, metric, basis, net) for _, rows in self.stored]
-        if me_stored is None:
-            me_stored = self.n >= 2 and Replicas(self.this, self.stored, metric=metric).is_stored(a, b, by)
-        out = {}
-        for key, eff in mine.items():
-            per = [t[key] for t in theirs if key in t]
-            means = [p.mean for p in per]
-            out[key] = Replicated(one_run_interval(eff, means), tuple(one_run_interval(p, means) for p in per),
-                                  pooled_interval(means) if len(means) >= 2 else None, me_stored)
-        return out
+        control when `net` (effects.run_views)."""
+        c = self.compare(a, b, by, metric, basis)
+        return c.net if net else c.effects
+
+
+def _same_effects(x: dict, y: dict) -> bool:
+    return x.keys() == y.keys() and all(
+        len(x[k].diffs) == len(y[k].diffs) and np.allclose(x[k].diffs, y[k].diffs, rtol=1e-9, atol=1e-12) for k in x)
 
 
 def gather(P, this: pd.DataFrame, stem: str | Sequence[str], fingerprint: str | None = None,
@@ -380,103 +419,3 @@ def gather(P, this: pd.DataFrame, stem: str | Sequence[str], fingerprint: str | 
     stored = tuple((n, pd.concat(fs, ignore_index=True)) for n, fs in by_run.items())
     commits = sorted({run_meta(runs_root(P.name, reference) / n).get("commit", "?") for n, _ in stored})
     return Replicas(this, stored, ", ".join(commits), metric)
-
-
-# ---------------------------------------------------------------------------------------------
-# A timing claim over its cells, in every view
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Timed:
-    """The verdict of one timing claim: ruled on this run (or pooled, when this run is a stored one), with each
-    stored run's own verdict beside it."""
-    verdict: str
-    reason: str
-    margin: str
-    measured: str                    # per cell: the ruled interval (and its A/A control)
-    ruled_on: str                    # METHOD, SINGLE or WITHIN, with N
-    per_run: tuple[str, ...] = ()    # each stored run's own verdict (run order), on its SINGLE interval
-    this_run: str = ""               # this run's own verdict (equal to `verdict` unless this run is stored)
-    pooled: str = ""                 # the pooled verdict over the stored runs ("" with fewer than 2)
-    alternative: str = ""            # a direction claim: the bias-bound alternative's verdict, printed beside
-    half_widths: str = ""            # the achieved half-widths of the ruled intervals (effect and A/A control)
-
-
-def table(effects: dict[tuple, Replicated], keys: Sequence[str]) -> pd.DataFrame:
-    """One row per cell: the interval it is ruled on, this run's one-run interval, the pooled interval over the
-    stored runs and each stored run's mean (% A over B)."""
-    out = []
-    for k, r in effects.items():
-        row = dict(zip(keys, k))
-        row.update(ruled=r.ruled.unit, ruled_mean=r.ruled.mean, ruled_low=r.ruled.low, ruled_high=r.ruled.high,
-                   this_mean=r.this.mean, this_low=r.this.low, this_high=r.this.high)
-        if r.pooled is not None:
-            row.update(pooled_mean=r.pooled.mean, pooled_low=r.pooled.low, pooled_high=r.pooled.high)
-        row.update({f"run{i + 1}_mean": iv.mean for i, iv in enumerate(r.runs)})
-        out.append(row)
-    return pd.DataFrame(out).round(2)
-
-
-def half_widths(effects: dict, control: dict, margin: float, pick=lambda r: r.ruled) -> str:
-    """'half-widths: effect a..b points (median c); A/A a..b (<= margin in k of n cells)' over the cells of a view."""
-    def widths(d):
-        return [(pick(r).high - pick(r).low) / 2 for r in d.values() if math.isfinite(pick(r).high - pick(r).low)]
-    e, c = widths(effects), widths(control)
-    text = (f"half-widths of the ruled intervals: effect {min(e):.1f}..{max(e):.1f} points (median "
-            f"{float(np.median(e)):.1f})" if e else "half-widths: no finite interval")
-    if c:
-        text += (f"; A/A control {min(c):.1f}..{max(c):.1f} (median {float(np.median(c)):.1f}), <= {margin:g} in "
-                 f"{sum(x <= margin for x in c)} of {len(c)} cells")
-    return text
-
-
-def judge(compared: Compared, q: Question, label: Callable[[tuple], str]) -> Timed:
-    """Ask question `q` (rules.Question) of every cell of `compared` (rules.rule_cell: a direction claim of the
-    effect net of the A/A control, the others of the effect with the control as a precision gate; host-bound GPU
-    cells are inconclusive) and combine the cells (rules.combine), in every view: the ruled one (this run, or
-    pooled when this run is a stored one), each stored run, this run alone and pooled. A direction claim also
-    prints its bias-bound alternative (rules.bias_bound) in the ruled view."""
-    net = q.net_of_control and bool(compared.net)
-    effects, controls, host = (compared.net if net else compared.effects), compared.control, compared.host
-    gate = {} if q.net_of_control else controls
-
-    def view(pick, cells=effects) -> tuple[str, str, str]:
-        return combine((label(k), rule_cell(q, pick(r), pick(gate[k]) if k in gate else None, host.get(k)))
-                       for k, r in cells.items())
-
-    cells = list(effects.values())
-    n_runs = min((len(r.runs) for r in cells), default=0)
-    ruled = view(lambda r: r.ruled)
-    this = view(lambda r: r.single())
-    pooled = view(lambda r: r.pooled) if cells and all(r.pooled for r in cells) else None
-    per_run = tuple(view(lambda r, i=i: r.single(r.runs[i]))[0] for i in range(n_runs))
-    on = (f"{METHOD}, N = {n_runs}" if cells and cells[0].stored else f"{SINGLE}, N = {n_runs}" if n_runs >= 2
-          else WITHIN)
-    alternative = ""
-    if q.net_of_control:
-        alternative = ("no A/A control in these rows: ruled on the effect itself" if not net else
-                       "bias-bound alternative (A over B widened by the control's largest bias, not ruled on): "
-                       + combine((label(k), rule_cell(q, bias_bound(r.ruled, controls[k].ruled), None, host.get(k)))
-                                 for k, r in compared.effects.items() if k in controls)[0])
-
-    def cell_text(k) -> str:
-        r = effects[k]
-        if net:
-            return (f"{label(k)}: net {r.ruled.text(q.unit)} (A over B {compared.effects[k].ruled.text(q.unit)}, A/A "
-                    f"{controls[k].ruled.text(q.unit)})")
-        aa = f" (A/A {controls[k].ruled.text(q.unit)})" if k in controls else ""
-        return f"{label(k)}: {r.ruled.text(q.unit)}{aa}"
-
-    return Timed(ruled[0], ruled[1], ruled[2], "; ".join(cell_text(k) for k in effects), on, per_run, this[0],
-                 pooled[0] if pooled else "", alternative,
-                 half_widths(effects, {k: v for k, v in controls.items() if k in effects}, q.margin))
-
-
-def timed_claim(claim: str, paper_text: str, t: Timed, counting: str, note: str = "") -> Claim:
-    """The Claim of a timing verdict: measured per cell (with `note` after it), ruled on t.ruled_on, with every
-    stored run's own verdict."""
-    measured = t.measured + (f"; {note}" if note else "")
-    margin = "; ".join(p for p in (t.margin, t.alternative) if p)
-    return Claim(claim, paper_text, measured, t.verdict, t.reason, timing=True, counting=counting,
-                 interval=f"{t.ruled_on}; {t.half_widths}", margin=margin, per_run=t.per_run, pooled=t.pooled,
-                 this_run=t.this_run,
-                 ruled="pooled" if t.ruled_on.startswith(METHOD) else "this run")

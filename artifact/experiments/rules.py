@@ -33,16 +33,16 @@ the CPU computes on the host, so host time is the compute itself (host_shares re
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
+from scipy import stats
 
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.settings import CONTROL
-from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, CellKey, paired_table, wide_pairs
+from artifact.experiments.stats import paired_table
 
 METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over pairs"
 
@@ -220,12 +220,21 @@ def control_ruling(control: Interval | None, margin: float = thresholds.MARGIN) 
     return f"A/A control {control.text()} is not inside +-{margin:g}%: the instrument is too noisy here to rule"
 
 
-def rule_cell(q: Question, effect: Interval, control: Interval | None = None, host: float | None = None) -> Ruling:
+def rule_cell(q: Question, effect: Interval, control: Interval | None = None, host: float | None = None,
+              wide: Interval | None = None) -> Ruling:
     """One cell's ruling. `effect` is the interval the question is asked of: for a direction claim, the effect net
     of the A/A control (no gate: the control is its null); for the others, the effect itself, inconclusive when
     the control's interval does not lie inside +-margin (control_ruling). Inconclusive when the cell is host-bound
-    (`host`: its host share of wall time on a GPU, host_shares; None: not measured, or not a GPU)."""
+    (`host`: its host share of wall time on a GPU, host_shares; None: not measured, or not a GPU).
+
+    `wide`: the same cell's interval at the claim's simultaneous level (a claim over k cells is `not reproduced`
+    when any cell is, a union of k tests: replication.judge passes the Bonferroni interval at 1 - 0.05 / k). Then
+    `reproduced` is read off `effect` (every cell must be: an intersection, valid at the per-cell level) and `not
+    reproduced` off `wide`; monotone in both, since `wide` holds `effect`."""
     ruling = q(effect)
+    if wide is not None and ruling.verdict == NOT_REPRODUCED and q(wide).verdict != NOT_REPRODUCED:
+        ruling = Ruling(INCONCLUSIVE, f"{ruling.why}, but not at the simultaneous level over the claim's cells "
+                        f"({wide.text(q.unit)})", ruling.margin, ruling.magnitude)
     bad = None if q.net_of_control else control_ruling(control, q.margin)
     if bad:
         return Ruling(INCONCLUSIVE, bad, ruling.margin, ruling.magnitude)
@@ -316,10 +325,36 @@ def at_most(low: float, high: float, limit: float) -> str:
     return INCONCLUSIVE
 
 
-def figure_range(own: float, pooled: float | None) -> tuple[float, float]:
-    """The range a single run's figure is ruled on: between its own figure and the stored runs' pooled one (its
-    own figure alone when nothing is pooled)."""
-    return (own, own) if pooled is None else (min(own, pooled), max(own, pooled))
+def median_interval(figures: Sequence[float], confidence: float = thresholds.CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free interval for the median of the runs' figures: the order statistics x_(k) and
+    x_(n-k+1), k the largest with 2 P(Binomial(n, 1/2) <= k - 1) <= 1 - confidence (n = 9: x_(2)..x_(8), about 96%);
+    the whole range when n is too small for the level (n <= 5 at 95%: n = 3 covers 75%)."""
+    x = np.sort(np.asarray(figures, dtype=float))
+    n = len(x)
+    if n == 0:
+        raise ValueError("median_interval: no figures")
+    k = 0
+    for j in range(1, n // 2 + 1):
+        if 2 * stats.binom.cdf(j - 1, n, 0.5) <= 1 - confidence:
+            k = j
+    return (float(x[k - 1]), float(x[n - k])) if k else (float(x[0]), float(x[-1]))
+
+
+def median_at_most(figures: Sequence[float], limit: float) -> tuple[str, float, tuple[float, float]]:
+    """(verdict, median, interval): the stored runs' figures (08: each run's model error) ruled with `at_most` on
+    the distribution-free interval of their median (`median_interval`): reproduced only when all of it is at most
+    `limit`, so a median exactly at the limit is not reproduced by the luck of the draw."""
+    low, high = median_interval(figures)
+    return at_most(low, high, limit), float(np.median(np.asarray(figures, dtype=float))), (low, high)
+
+
+def figure_range(own: float, pooled: float | tuple[float, float] | None) -> tuple[float, float]:
+    """The range a single run's figure is ruled on: its own figure with the stored runs' pooled one (a figure, or
+    the interval of their median), the smallest range holding both (its own figure alone when nothing is pooled)."""
+    if pooled is None:
+        return own, own
+    lo, hi = pooled if isinstance(pooled, tuple) else (pooled, pooled)
+    return min(own, lo), max(own, hi)
 
 
 def margin_below(value: float, threshold: float, pct: bool = True) -> str:
@@ -336,86 +371,3 @@ def margin_at_least(value: float, threshold: float) -> str:
     """A share judged `>= threshold`."""
     d = (value - threshold) * 100
     return f"{value:.1%} vs >= {threshold:.0%}: " + (f"{d:.1f} points over" if d >= 0 else f"{-d:.1f} points under")
-
-
-# ---------------------------------------------------------------------------------------------
-# Each timing claim's basis: how the two runs of one pair (same cell, run and repetition) become one number, A
-# over B (`Basis`: PERCENT or STALL_SHARE), and one run's effect per cell on it (`run_effects`), optionally net of
-# the A/A control (a difference in differences per matched pair)
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RunEffect:
-    """One run's effect in one cell: the mean per-pair % and the per-pair values."""
-    mean: float
-    diffs: tuple[float, ...]
-
-    @property
-    def se(self) -> float:
-        d = np.asarray(self.diffs)
-        return float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else float("nan")
-
-
-@dataclass(frozen=True)
-class Basis:
-    """How the two runs of one pair become one number, A over B: `difference(wide, a, b, metric)` over a frame
-    indexed by pair with columns (column, policy); NaN where a pair has none (a 0 baseline)."""
-    name: str
-    unit: str
-    columns: tuple[str, ...]            # the row columns it reads; () = the claim's metric
-    difference: Callable
-    text: str
-
-
-def _percent(w: pd.DataFrame, a: str, b: str, metric: str) -> pd.Series:
-    x, y = w[(metric, a)].astype(float), w[(metric, b)].astype(float)
-    return ((x - y) / y * 100.0).where((y > 0) & np.isfinite(x) & np.isfinite(y))
-
-
-def _stall_share(w: pd.DataFrame, a: str, b: str, metric: str) -> pd.Series:
-    def per_forward(col: str, pol: str) -> pd.Series:
-        return w[(col, pol)].astype(float) / w[("forwards", pol)].astype(float)
-    wall = per_forward("seconds", b)
-    d = (per_forward("stall_seconds", a) - per_forward("stall_seconds", b)) / wall * 100.0
-    return d.where(wall > 0)
-
-
-PERCENT = Basis("percent", "%", (), _percent, "A over B, % per pair")
-STALL_SHARE = Basis("stall share", " points", ("stall_seconds", "forwards", "seconds"), _stall_share,
-                    "A's stall seconds per forward minus B's, in % of B's wall seconds per forward, per pair")
-
-
-def run_effects(rows, a: str, b: str, by: Sequence[str], metric: str, basis: Basis = PERCENT,
-                net: bool = False) -> dict[tuple, RunEffect]:
-    """{cell key: RunEffect} of A over B in one run's rows on `basis`, per cell of `by` (keys beyond the bench's
-    cell keys, such as 06's link_priority, split the rows first: pairs never cross them). `net`: each pair's
-    difference minus the A/A control's (CONTROL over demand) in the same pair, a difference in differences. A pair
-    without a value (03: demand never stalled, so no percentage) is left out; a cell left without pairs has no
-    interval (inconclusive)."""
-    extra = [k for k in by if k not in PAIR_KEYS]
-    groups = rows.groupby(extra, sort=False) if extra else [((), rows)]
-    policies = list(dict.fromkeys([a, b, *((CONTROL, "demand") if net else ())]))
-    columns = basis.columns or (metric,)
-    out = {}
-    for xkey, part in groups:
-        xkey = xkey if isinstance(xkey, tuple) else (xkey,)
-        w = wide_pairs(part, policies, columns)
-        d = basis.difference(w, a, b, metric)
-        if net:
-            d = d - basis.difference(w, CONTROL, "demand", metric)
-        frame = d.rename("d").reset_index().assign(**dict(zip(extra, xkey)))
-        for key, g in frame.groupby(list(by), sort=True):
-            key = key if isinstance(key, tuple) else (key,)
-            v = g.d.to_numpy(dtype=float)
-            v = v[np.isfinite(v)]
-            out[_key(by, key)] = RunEffect(float(v.mean()) if len(v) else float("nan"), tuple(float(x) for x in v))
-    return dict(sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0])))
-
-
-def _plain(v):
-    return v.item() if hasattr(v, "item") else v
-
-
-def _key(by: Sequence[str], key: tuple) -> tuple:
-    """A group's key as plain values: a CellKey when the groups are the cells."""
-    plain = tuple(_plain(k) for k in key)
-    return CellKey(*plain) if tuple(by) == CELL_KEYS else plain

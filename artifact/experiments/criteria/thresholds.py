@@ -18,6 +18,12 @@ MARGIN = 3.0             # points: the smallest effect a timing claim calls a di
                          # +3%; for the stall claim (03) points of demand's wall time per forward. The paper's
                          # smallest effect, +4.9%, lies outside it; its own no-difference interval,
                          # [-1.16, +2.63], inside it
+FAMILY = "bonferroni"     # how a claim over k cells holds its family-wise error: "not reproduced if any cell is" is a
+                         # union of k tests, so a cell says `not reproduced` only when its interval at the Bonferroni
+                         # level 1 - (1 - CONFIDENCE) / k does (reproduced, an intersection, needs no adjustment).
+                         # "none" rules every cell at CONFIDENCE: the calibration harness (python -m artifact
+                         # calibrate --family none) measured a family-wise false `not reproduced` of up to ~20% at
+                         # the boundary over 8-12 cells; with Bonferroni under 5% (docs/verdicts.md)
 STABLE = 0.80            # "very stable" routing: >= 80% of D(t, l) already in D(t-1, l) on every task (the paper
                          # gives no number; 80% is the share at which most of a step's experts are a repeat)
 FEW = 0.10               # "few or no misses removed": under 10% of LRU's misses (an order of magnitude below

@@ -13,6 +13,8 @@ from pathlib import Path
 from artifact.experiments.settings import Settings
 from artifact.paths import data_dir, repo_root
 
+RECORD_SUFFIX = ".claims.json"    # a notebook's claim record: results/<profile>/data/<notebook>.claims.json
+
 
 def run_dir(P: Settings) -> Path:
     return Path(os.environ.get("ARTIFACT_OUTPUT", repo_root() / "results")) / P.name

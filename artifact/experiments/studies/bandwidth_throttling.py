@@ -13,17 +13,20 @@ import pandas as pd
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.criteria.timing import CLAIMS
+from artifact.experiments.effects import STALL_SHARE
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, figure_legend, title
-from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
-from artifact.experiments.rules import STALL_SHARE, faster
+from artifact.experiments.replication import Compared, Replicas, gather
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CELL_KEYS, paired_table
+from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
 from artifact.offload.link import PCIE4_GBPS
 
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
 CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
 METRIC = "stall_seconds"
+CLAIM = CLAIMS["03-stall"]  # the stall claim's definition (criteria/timing.py): last_step over demand, STALL_SHARE
 
 
 def throttle_profile(P: Settings) -> Settings:
@@ -91,7 +94,7 @@ def numbers(reps: Replicas) -> Numbers:
     d = summary[summary.policy == "demand"].set_index("bandwidth_scale")
     s = summary[summary.policy == "last_step"].set_index("bandwidth_scale")
     scales = sorted(d.index, reverse=True)
-    stall = reps.compare("last_step", "demand", CELL, METRIC, STALL_SHARE)
+    stall = claim_compared(reps, CLAIM)
     return Numbers(1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
                    s.speculative_transfers.iloc[0] / d.transfers.iloc[0],
                    s.transfers.iloc[0] / d.transfers.iloc[0] - 1,
@@ -127,8 +130,8 @@ def verdicts(n: Numbers) -> list[Claim]:
         "speculative transfers compete with demand transfers for host-to-device bandwidth",
         counts_text(n), judged(n.extra_transfers > 0), counting=PER_RUN, interval=EXACT,
         margin=f"{n.extra_transfers:+.1%} link transfers vs > 0")
-    q = faster(unit=" points")
-    t = judge(n.stall, q, lambda k: label(k, n.gbps))
+    q = question(CLAIM)
+    t = rule_claim(n.stall, CLAIM, lambda k: label(k, n.gbps))
     stall = timed_claim(
         "speculative transfers delay demand transfers: last_step stalls longer than demand at every bandwidth, "
         f"{q.text()} of demand's wall time per forward, net of the A/A control",

@@ -19,12 +19,14 @@ import pandas as pd
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
 from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, PER_RUN, Claim, judged, on_bases
 from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, title
-from artifact.experiments.replication import Compared, Replicas, judge, stored_rows, timed_claim
-from artifact.experiments.rules import margin_below, not_faster
+from artifact.experiments.replication import Replicas, stored_rows
+from artifact.experiments.rules import margin_below
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CELL_KEYS, CONFIDENCE, format_table, paired_table
+from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
 from artifact.offload.sim import by_basis, phase_columns, ruling_basis, sweep
 
 OWN = "not a claim of the paper: this artifact's own result"
@@ -93,6 +95,7 @@ def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
 
 
 CELL = ["link_priority", *CELL_KEYS]   # one interval per cell
+CLAIM = CLAIMS["06-priority"]  # (1) (criteria/timing.py): each predictor over demand under link_priority demand
 
 
 def replicas(P: Settings, rows) -> Replicas:
@@ -174,9 +177,8 @@ def numbers(summary, table, reps: Replicas) -> Numbers:
     n_same, n_cells = same_tokens(rows.assign(task=rows.task + "/" + rows.link_priority))
     fast = table[(table.verdict == paper.FASTER)]
     by_prefill = {p: counts(g) for p, g in summary.groupby("prefill", sort=False)}
-    preds = [p for p in dict.fromkeys(rows.policy) if p not in ("demand", CONTROL)]
     return Numbers(n_same, n_cells, fast, table, ruling_basis(summary), by_prefill,
-                   {p: reps.compare(p, "demand", CELL) for p in preds})
+                   claim_parts(reps, CLAIM))
 
 
 def label(key) -> str:
@@ -198,11 +200,8 @@ def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
     """(1): under link_priority demand, no predictor is faster than demand-async (not_faster per predictor and
     cell of `timed`, {predictor: Compared}, gated by the cell's A/A control); `table` (throughput_table, this run)
     adds its bootstrap note."""
-    cells = {(pol, k): r for pol, c in timed.items() for k, r in c.effects.items() if k[0] == "demand"}
-    aa = {(pol, k): timed[pol].control[k] for pol, k in cells if k in timed[pol].control}
-    host = {(pol, k): timed[pol].host[k] for pol, k in cells if k in timed[pol].host}
-    q = not_faster()
-    t = judge(Compared(cells, aa, host), q, lambda pk: f"{pk[0]} {label(pk[1])}")
+    q = question(CLAIM)
+    t = rule_claim(merge_others(timed), CLAIM, lambda pk: f"{pk[0]} {label(pk[1])}")
     boot = [] if table is None else [c for c in bootstrap_above_zero(table) if c.endswith("(demand)")]
     return timed_claim(
         "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
@@ -218,8 +217,7 @@ def stored_claims(P: Settings) -> list[Claim]:
     recomputes the committed record with it): from the committed rows alone."""
     r = replicas(P, None).last_stored()
     rows = r.this
-    preds = [p for p in dict.fromkeys(rows.policy) if p not in ("demand", CONTROL)]
-    return [priority_claim({p: r.compare(p, "demand", CELL) for p in preds}, throughput_table(rows))]
+    return [priority_claim(claim_parts(r, CLAIM), throughput_table(rows))]
 
 
 def verdicts(n: Numbers) -> list[Claim]:

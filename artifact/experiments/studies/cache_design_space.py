@@ -19,12 +19,14 @@ import pandas as pd
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, judged, on_bases
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, traces
 from artifact.experiments.outputs.figures import title
-from artifact.experiments.replication import Compared, Replicas, RunsError, gather, judge, stored_rows, timed_claim
-from artifact.experiments.rules import faster, margin_below
+from artifact.experiments.replication import Compared, Replicas, RunsError, gather, stored_rows
+from artifact.experiments.rules import margin_below
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CELL_KEYS
+from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
 from artifact.offload.sim import by_basis, capacity_for, phase_columns, relative_to_lru, ruling_basis, sweep
 from artifact.offload.trace import mean_working_set
 
@@ -40,6 +42,7 @@ BENCH_RATIO = 1.0                    # the timed cell's C/W: the cache holds one
 BENCH_PROMPTS = 2                    # prompts per timed run: 3 policies x 5 runs stay well under a minute on cpu
 STEM = "cache_design_runs"           # data/results/<profile>/cache_design_runs.csv
 CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
+CLAIM = CLAIMS["09-eviction"]  # the bench claim (criteria/timing.py): the best eviction over lru (demand), faster
 
 
 def label(spec: str) -> str:
@@ -169,7 +172,7 @@ class BenchNumbers:
 def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
     rows = reps.this
     m = rows.groupby("policy").demand_misses.sum()
-    return BenchNumbers(best, reps.compare(best, "demand", CELL), (int(m["demand"]), int(m[best])))
+    return BenchNumbers(best, claim_parts(reps, CLAIM)[best], (int(m["demand"]), int(m[best])))
 
 
 def bench_label(key) -> str:
@@ -178,8 +181,8 @@ def bench_label(key) -> str:
 
 
 def bench_verdict(b: BenchNumbers) -> Claim:
-    q = faster()
-    t = judge(b.over_lru, q, bench_label)
+    q = question(CLAIM)
+    t = rule_claim(merge_others({b.best: b.over_lru}), CLAIM, lambda k: bench_label(k[1]))
     lru, ours = b.misses
     return timed_claim(
         f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end: {q.text()} net of the "

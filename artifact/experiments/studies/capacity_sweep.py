@@ -11,6 +11,7 @@ import pandas as pd
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
 from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import (
     AA_LABEL,
@@ -23,12 +24,13 @@ from artifact.experiments.outputs.figures import (
     mark_clipped,
     title,
 )
-from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
-from artifact.experiments.rules import faster, no_difference
+from artifact.experiments.replication import Compared, Replicas, gather
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import CELL_KEYS, paired_table
+from artifact.experiments.timed import claim_cells, claim_compared, question, rule_claim, timed_claim
 
 STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
+FASTER_CLAIM, EQUAL_CLAIM = CLAIMS["04-faster"], CLAIMS["04-equal"]   # the claims' definitions (criteria/timing.py)
 CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
 
 
@@ -59,7 +61,7 @@ class Numbers:
 def numbers(reps: Replicas) -> Numbers:
     rows = reps.this
     n_same, n_cells = same_tokens(rows)
-    return Numbers(n_same, n_cells, reps.compare("demand", "last_step", CELL))
+    return Numbers(n_same, n_cells, claim_compared(reps, FASTER_CLAIM))
 
 
 def label(key) -> str:
@@ -74,18 +76,16 @@ def verdicts(n: Numbers) -> list[Claim]:
                     "the engine is exact (design invariant)", f"{n.same_cells} of {n.cells} cells identical",
                     judged(n.same_cells == n.cells), counting=PER_RUN, interval=EXACT,
                     margin=f"{n.cells - n.same_cells} cells differ")]
-    in_range = n.timed.where(lambda k: lo <= k.cache_ratio <= hi)
-    if in_range.effects:
-        q = faster(paper=paper.FASTER_PCT)
-        t = judge(in_range, q, label)
+    if claim_cells(n.timed, FASTER_CLAIM).effects:
+        q = question(FASTER_CLAIM)
+        t = rule_claim(n.timed, FASTER_CLAIM, label)
         claims.append(timed_claim(
             f"demand-async is faster than async last-step prefetch at C/W {lo:g}-{hi:g}: {q.text()} net of the "
             "A/A control, in every cell",
             f"+{paper.FASTER_PCT[0]} to +{paper.FASTER_PCT[1]}%, CIs exclude zero", t, counting))
-    at_low = n.timed.where(lambda k: k.cache_ratio == paper.AT_LOW.cache_ratio)
-    if at_low.effects:
-        q = no_difference()
-        t = judge(at_low, q, label)
+    if claim_cells(n.timed, EQUAL_CLAIM).effects:
+        q = question(EQUAL_CLAIM)
+        t = rule_claim(n.timed, EQUAL_CLAIM, label)
         claims.append(timed_claim(
             f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ: "
             f"{q.text()} (equivalence)", paper.paired_text(paper.AT_LOW, "%"), t, counting))

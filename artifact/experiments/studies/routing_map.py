@@ -27,12 +27,13 @@ from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, traces
 from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
-from artifact.experiments.replication import Compared, Replicas, cached_rows, gather, judge, timed_claim
-from artifact.experiments.rules import faster
+from artifact.experiments.replication import Compared, Replicas, cached_rows, gather
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import paired_table
+from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
 from artifact.model.tasks import prompts
 from artifact.offload.bounds import relaxed_min
 from artifact.offload.runner import OffloadSpec
@@ -352,6 +353,7 @@ def stream_store(loaded, t: Trace, shape: ExpertShape, seed: int, device: str) -
 
 STREAM = ["task"]        # one cell per stream: the "task" column holds the stream's name (paper point, cpu point)
 METRIC = "forwards_per_second"
+CLAIM = CLAIMS["07-streams"]   # the streams claim (criteria/timing.py): demand over last_step per stream, faster
 NET = "net of the A/A control"    # 07's figure: demand over last_step net of the control, what its claim rules on
 
 
@@ -374,7 +376,7 @@ class Throughput(Compared):
 def throughput(reps: Replicas) -> Throughput:
     rows = reps.this
     cal = rows.calibration.dropna().astype(str).unique() if "calibration" in rows else []
-    c = reps.compare("demand", "last_step", STREAM, METRIC)
+    c = claim_compared(reps, CLAIM)
     return Throughput(c.effects, c.control, c.host, c.net, c.basis, "; ".join(cal))
 
 
@@ -392,8 +394,8 @@ def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
     replication.py rules it on, gated by the A/A control on the same stream."""
     paper_verdict = paper.demand_vs_last_step(1.0)
     cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
-    q = faster(paper=paper.FASTER_PCT)
-    ruling = judge(t, q, stream_label)
+    q = question(CLAIM)
+    ruling = rule_claim(t, CLAIM, stream_label)
     return timed_claim("demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
                        f"stream-driven engine (emulated link, compute calibrated on the model): {q.text()} net of "
                        "the A/A control, on every stream",

@@ -13,20 +13,22 @@ from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import NOT_MEASURABLE, Claim, judged
 from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, run_grid
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, legend, mean_interval, title
-from artifact.experiments.replication import Compared, Replicas, gather, judge, timed_claim
-from artifact.experiments.rules import not_faster
+from artifact.experiments.replication import Compared, Replicas, gather
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CELL_KEYS, paired_table
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide.checkout import check_tide
+from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
 from artifact.model.tasks import prompts
 from artifact.offload.sim import capacity_for
 
 RATIOS = tuple(paper.TIDE_SPEEDUP)      # "the same budget" C = W, and half of it
 STEM = "tide_style_runs"                # data/results/<profile>/tide_style_runs.csv
 CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
+CLAIM = CLAIMS["05-refresh"]  # the claim's definition (criteria/timing.py): interval_refresh over demand, not faster
 
 
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
@@ -106,7 +108,7 @@ class StyleNumbers:
 
 def style_numbers(reps: Replicas) -> StyleNumbers:
     """interval_refresh over demand per cell (the direction the claim is about: does it beat demand?)."""
-    c = reps.compare("interval_refresh", "demand", CELL)
+    c = claim_compared(reps, CLAIM)
     effects = dict(sorted(c.effects.items(), key=lambda kv: (-kv[0].cache_ratio, kv[0][:2], kv[0].bandwidth_scale)))
     m = reps.this.groupby([*CELL, "policy"]).demand_misses.sum()
     misses = {k: m[(*k, "interval_refresh")] / m[(*k, "demand")] - 1 for k in effects}
@@ -127,8 +129,8 @@ def style_text(n: StyleNumbers) -> str:
 
 
 def style_verdict(n: StyleNumbers) -> Claim:
-    q = not_faster()
-    t = judge(n.timed, q, label)
+    q = question(CLAIM)
+    t = rule_claim(n.timed, CLAIM, label)
     return timed_claim(
         "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and half "
         f"({q.text()}: non-superiority)",

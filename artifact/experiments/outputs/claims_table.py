@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from artifact.errors import ResultFileError
-from artifact.experiments.claims import RECORD_SUFFIX
+from artifact.experiments.outputs.paths import RECORD_SUFFIX
 from artifact.paths import atomic_write_text, data_dir, repo_root
 
 _SAVE = re.compile(r'save\(fig, df, P, "([^"]+)"\)')
@@ -142,14 +142,40 @@ def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir:
     return "\n".join(lines)
 
 
+CALIBRATION = "calibration.csv"     # data/results/<profile>/calibration.csv: `python -m artifact calibrate --out`
+AS_STORED = "as stored"             # its scenario whose truth is the stored runs' own estimates
+
+
+def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
+    """{timing claim key: % of fresh runs that decide alone} from the committed calibration table (scenario "as
+    stored": a fresh run of this commit, the truth being what the stored runs measured); {} without one."""
+    path = Path(results or data_dir() / "results") / profile_name / CALIBRATION
+    if not path.is_file():
+        return {}
+    lines = path.read_text().splitlines()
+    head = lines[0].split(",") if lines else []
+    if not {"claim", "scenario", "fresh_decides"} <= set(head):
+        raise ResultFileError(f"{path}: not a calibration table (expected the columns claim, scenario and "
+                              "fresh_decides of `python -m artifact calibrate --out`)")
+    out = {}
+    for line in lines[1:]:
+        row = dict(zip(head, line.split(",")))
+        if row["scenario"] == AS_STORED:
+            out[row["claim"]] = float(row["fresh_decides"])
+    return out
+
+
 def render_compact(profile_name: str = "cpu", results: Path | None = None, notebook_dir: Path | None = None) -> str:
     """The README's claims block: one row per claim with its notebook, the notebook's first figure (first
-    row), the verdict of every profile with records, and, for a timing claim, k_of_n."""
+    row), the verdict of every profile with records, and, for a timing claim, its leave-one-out stability
+    (loo_text), how often a fresh run decides alone (the calibration harness) and the paper's criterion."""
     recs = records(profile_name, results)
     if not recs:
         return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
     others = {p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)}
-    head = ["notebook", "claim", "figure", f"{profile_name}"] + list(others) + [f"{profile_name} runs (timing)"]
+    decides = fresh_decides(profile_name, results)
+    head = (["notebook", "claim", "figure", f"{profile_name}"] + list(others)
+            + ["leave one out", "a fresh run decides", "paper's criterion"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in recs:
         nb = r["notebook"]
@@ -160,9 +186,26 @@ def render_compact(profile_name: str = "cpu", results: Path | None = None, noteb
             for by_nb in others.values():
                 oc = by_nb.get(nb, {}).get("claims", [])
                 row.append(oc[k]["verdict"] if k < len(oc) else "not run")
-            row.append(k_of_n(c))
+            key = c.get("key") or ""
+            row += [loo_text(c), f"{decides[key]:.0f}%" if key in decides else "", criterion_text(c)]
             lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
     return "\n".join(lines)
+
+
+def loo_text(c: dict) -> str:
+    """'k of N': with each stored run left out in turn, how many of the N pooled verdicts over the others are the
+    pooled verdict ("" for a claim that is not timed or has no leave-one-out views)."""
+    views = c.get("leave_one_out") or []
+    if not c.get("timing") or not views:
+        return ""
+    pooled = c.get("pooled") or c["verdict"]
+    return f"{sum(v == pooled for v in views)} of {len(views)}"
+
+
+def criterion_text(c: dict) -> str:
+    """The paper's criterion, short: 'k of n cells above 0' ("" where the claim has none)."""
+    m = re.search(r"(\d+ of \d+ cells)", c.get("paper_criterion") or "")
+    return f"{m.group(1)} above 0" if m else ""
 
 
 # --- how stable the timing verdicts are ------------------------------------------------------------
