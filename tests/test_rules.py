@@ -211,7 +211,7 @@ def test_the_interval_is_the_t_interval_of_stats():
     d = paired_difference(a, b)
     got = Interval(d.diff_pct, d.ci_low, d.ci_high, d.n_pairs)
     assert got.low == pytest.approx(d.ci_low) and got.excludes_zero and faster(0.0)(got).verdict == REPRODUCED
-    assert rules.METHOD == "95% t interval over pairs"
+    assert got.unit == "pairs" and got.count_text() == "8 pairs"
 
 
 def test_margins_name_the_threshold():

@@ -40,7 +40,7 @@ class Claim:
     reason: str = ""
     timing: bool = False     # judged from wall-clock time: may differ run to run (nbval masks these lines)
     counting: str = ""       # what is counted or timed (DENOISING, ALL_DEMANDS, PER_RUN, "tokens/s", ...)
-    interval: str = ""       # EXACT, or the interval ruled on (rules.METHOD)
+    interval: str = ""       # EXACT, or the interval ruled on (replication.METHOD, SINGLE or WITHIN)
     pairs: int | None = None  # pairs per cell behind the interval (the fewest over cells)
     margin: str = ""         # where the measured value lies against the threshold or interval bounds
     per_run: tuple = ()      # timing: each stored run's own verdict (replication.py), in run order

@@ -59,9 +59,10 @@ from artifact.paths import atomic_write_text
 
 RUNS = "runs"
 METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over per-run means (runs are the unit, df = N - 1)"
-ONE_RUN = f"one run: its mean +- t_(N-1) x the sd of the stored runs' means ({thresholds.CONFIDENCE:.0%})"
-SINGLE = (f"one run: the hull of its mean +- t_(N-1) x the sd of the stored runs' means and the pooled "
-          f"{thresholds.CONFIDENCE:.0%} interval")
+ONE_RUN = (f"one run: its mean +- max(t_(N-1) x the sd of the stored runs' means, t_df x its own standard error, "
+           f"the within-run sd pooled over the comparison's cells) ({thresholds.CONFIDENCE:.0%})")
+SINGLE = (f"one run: the hull of its mean +- max(t_(N-1) x the sd of the stored runs' means, t_df x its own pooled "
+          f"standard error) and the pooled {thresholds.CONFIDENCE:.0%} interval")
 WITHIN = f"{thresholds.CONFIDENCE:.0%} t interval over this run's pairs (within one run: no between-run variance)"
 
 

@@ -44,8 +44,6 @@ from artifact.experiments.criteria import thresholds
 from artifact.experiments.settings import CONTROL
 from artifact.experiments.stats import paired_table
 
-METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over pairs"
-
 
 @dataclass(frozen=True)
 class Interval:

@@ -3,8 +3,9 @@ run that printed them (claims.record: data/results/<profile>/<notebook>.claims.j
 stored notebook's claim cell holds). Other profiles with records under data/results/ get a column each.
 
     render_compact(profile_name)           -> the README's table: one row per claim, its notebook, figures,
-                                              verdict per profile, and for a timing claim how many of the
-                                              stored runs gave that verdict on their own (k of N)
+                                              verdict per profile, and for a timing claim its leave-one-out
+                                              stability (k of N), how often a fresh run decides alone (the
+                                              calibration table) and the paper's criterion
     render(profile_name)                   -> docs/claims.md's table: one row per claim with the paper's figure,
                                               the measured one, the basis (counting, interval, pairs) and
                                               the run it came from (command, date, commit), listed under it

@@ -1,6 +1,7 @@
 """03 bandwidth throttling: demand and last_step end to end at one C/W while the link's bandwidth is scaled;
 do speculative transfers compete with demand transfers? The stall verdict is ruled per cell (bandwidth, batch
-size, C/W) on an interval over runs (replication.py), each cell gated by its A/A control."""
+size, C/W) on an interval over runs (replication.py), net of its A/A control (the direction claim's null: a
+difference in differences per matched pair, criteria/timing.py)."""
 from __future__ import annotations
 
 import dataclasses

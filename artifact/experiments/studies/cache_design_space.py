@@ -4,7 +4,7 @@ against LRU and the two floors belady (this cache's rules) and min (any demand-p
 batch size and phase; the best eviction is combined with last_step, cross_layer and oracle prefetching; and
 libCacheSim's LRU, fed each demand hits first, is checked against `demand` on every request; and a small
 paired bench times the best eviction against lru end to end (tokens/s, ruled per cell on an interval over runs
-and gated by the A/A control, as the other timing claims). The count claims rule on the denoising steps
+net of the A/A control, as the other direction claims: criteria/timing.py). The count claims rule on the denoising steps
 (prefill excluded), as notebooks 02 and 06 and the paper's oracle figure count, and print all demands beside
 them where that basis would give another verdict (claims.on_bases)."""
 from __future__ import annotations

@@ -391,7 +391,7 @@ def stream_label(key) -> str:
 
 def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
     """The streams' verdict: `faster` (direction; magnitude against the paper's range) per stream on the interval
-    replication.py rules it on, gated by the A/A control on the same stream."""
+    replication.py rules it on, net of the A/A control on the same stream (criteria/timing.py)."""
     paper_verdict = paper.demand_vs_last_step(1.0)
     cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
     q = question(CLAIM)
