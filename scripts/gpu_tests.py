@@ -1,15 +1,18 @@
-"""The CUDA tests of a GPU run (scripts/gpu_run.sh step 1, scripts/gpu_check.py step 2): an explicit list of
+"""The CUDA tests of a GPU run (scripts/gpu_run.sh step 3, scripts/gpu_check.py step 2): an explicit list of
 test files that import only what a bare GPU image has (torch, numpy, safetensors, pytest and this
 checkout), never the whole tests/ folder, whose other files need packages such an image lacks.
 
 FILES, marked cuda: the CUDA link, the pinned store, the engine on the GPU, the stream on the CUDA link, the
-segmented forward's capture. DESELECTED: parametrizations left out for time (the "full" decode mode repeats
-the cached mode's copy path over longer runs: 82 s of the 175 s the whole list took on one H200,
-data/gpu_check/h200_cuda_tests.log). Tests that load the tiny checkpoint (TINY_FIXTURES) need its tokenizer
-(transformers, tokenizers): where those are not importable they are deselected and the report says so
+segmented forward's capture. By default (NEW_PATH) only the tests of what changed since the H200 run whose 21
+CUDA tests passed (data/gpu_check/h200_cuda_tests.log): the segmented forward's capture and replay, and the
+CUDA link's copies (the batched copy, cudaMemcpyBatchAsync); --full runs all of FILES. DESELECTED (--full):
+parametrizations left out for time (the "full" decode mode repeats the cached mode's copy path over longer
+runs: 82 s of the 175 s the whole list took on one H200). The log is verbose (-v -rA --durations=10): a run cut
+short at its time limit still shows which tests passed. Tests that load the tiny checkpoint (TINY_FIXTURES) need
+its tokenizer (transformers, tokenizers): where those are not importable they are deselected and the report says so
 (`not_run`), never counted as passed.
 
-`python scripts/gpu_tests.py --out DIR --name NAME --timeout S` runs the step alone:
+`python scripts/gpu_tests.py --out DIR --name NAME --timeout S [--full]` runs the step alone:
 DIR/NAME_gpu_run_tests.json (atomically) and the pytest output in DIR/NAME_gpu_run_tests.log."""
 from __future__ import annotations
 
@@ -25,6 +28,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ("tests/test_cuda.py", "tests/test_trace_engine.py")
+NEW_PATH = ("tests/test_cuda.py::test_segmented_captures_and_replays_whole_recorded_runs_on_cuda",
+            "tests/test_cuda.py::test_segmented_equals_eager_on_cuda_except_at_router_near_ties",
+            "tests/test_cuda.py::test_segmented_grouped_stage_is_captured_in_bf16_on_cuda",
+            "tests/test_cuda.py::test_cuda_link_copies_land_and_are_counted")
+LOG_ARGS = ("-v", "-rA", "--durations=10")      # each test's outcome on its own line, as it ends
 DESELECTED = tuple(f"tests/test_cuda.py::test_offloaded_tokens_equal_resident_on_cuda[{p}-full]"
                    for p in ("demand", "last_step", "interval_refresh"))
 TINY_FIXTURES = ("tiny", "tiny_cuda", "tiny_prompts")           # tests/conftest.py, tests/test_cuda.py
@@ -37,10 +45,18 @@ def missing_for_tiny() -> list[str]:
     return [m for m in TINY_NEEDS if importlib.util.find_spec(m) is None]
 
 
-def command(python: str = sys.executable) -> list[str]:
-    """The pytest command of the step (run in ROOT, with scripts/ on PYTHONPATH for the plugin)."""
-    return ([python, "-m", "pytest", *FILES, "-m", "cuda", "-q", "-p", "no:cacheprovider", "-p", "gpu_tests",
-             "--durations=8"] + [x for d in DESELECTED for x in ("--deselect", d)])
+def command(python: str = sys.executable, full: bool = False) -> list[str]:
+    """The pytest command of the step (run in ROOT, with scripts/ on PYTHONPATH for the plugin): NEW_PATH's
+    tests, or with `full` all of FILES less DESELECTED."""
+    chosen = [*FILES] if full else [*NEW_PATH]
+    deselect = [x for d in DESELECTED for x in ("--deselect", d)] if full else []
+    return [python, "-m", "pytest", *chosen, "-m", "cuda", *LOG_ARGS, "-p", "no:cacheprovider", "-p", "gpu_tests",
+            *deselect]
+
+
+def collect_command(cmd: list[str]) -> list[str]:
+    """The collection of `cmd`: its ids one a line (-q in place of the log's -v)."""
+    return [x for x in cmd if x not in LOG_ARGS] + ["-q", "--collect-only"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -68,19 +84,21 @@ def cuda_tests(a, torch) -> dict:
     if a.skip_tests:
         return {"skipped": "--skip-tests"}
     missing = missing_for_tiny()
-    env, base = run_env(bool(missing)), command()
-    out = {"command": " ".join(base[1:]), "files": list(FILES), "deselected_for_time": list(DESELECTED),
+    full = bool(getattr(a, "full", True))
+    env, base = run_env(bool(missing)), command(full=full)
+    out = {"command": " ".join(base[1:]), "selection": "full" if full else "new path",
+           "files": list(FILES) if full else list(NEW_PATH), "deselected_for_time": list(DESELECTED) if full else [],
            "not_run": ({"tests that load the tiny checkpoint": f"{', '.join(missing)} not importable"}
                        if missing else {})}
     t0 = time.perf_counter()
     try:
-        c = subprocess.run(base + ["--collect-only"], cwd=ROOT, capture_output=True, text=True,
+        c = subprocess.run(collect_command(base), cwd=ROOT, capture_output=True, text=True,
                            timeout=a.test_timeout, env=env)
     except subprocess.TimeoutExpired:
         return {**out, "collected": None, "collection_ok": False, "ok": False, "timed_out": True}
     collected = sum(1 for ln in c.stdout.splitlines() if "::" in ln)
     if c.returncode not in (0, 5) or collected == 0:
-        return {**out, "command": out["command"] + " --collect-only", "returncode": c.returncode,
+        return {**out, "command": " ".join(collect_command(base)[1:]), "returncode": c.returncode,
                 "collected": collected, "collection_ok": False, "ok": False, "tail": (c.stdout + c.stderr)[-2000:]}
     try:
         p = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, env=env,
@@ -88,7 +106,8 @@ def cuda_tests(a, torch) -> dict:
     except subprocess.TimeoutExpired as e:
         tail = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         return {**out, "returncode": None, "timed_out": True, "ok": False, "collected": collected,
-                "collection_ok": True, "seconds": time.perf_counter() - t0, "tail": tail[-2000:], "log": tail}
+                "collection_ok": True, "seconds": time.perf_counter() - t0, "passed_before_the_limit":
+                passed_ids(tail), "tail": tail[-2000:], "log": tail}
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
     summary = next((ln for ln in reversed(lines) if re.search(r"passed|failed|error|skipped|deselected", ln)), "")
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
@@ -101,6 +120,11 @@ def cuda_tests(a, torch) -> dict:
             "log": p.stdout + p.stderr}
 
 
+def passed_ids(log: str) -> list[str]:
+    """The test ids a verbose (-v) log shows as passed: what a run cut short still proved."""
+    return re.findall(r"^(\S+::\S+) PASSED", log, re.M)
+
+
 def verdict(r: dict) -> str:
     """One line: what the step showed."""
     if r.get("skipped"):
@@ -108,7 +132,8 @@ def verdict(r: dict) -> str:
     if not r.get("collection_ok"):
         return "not run: the tests could not be collected" + (" (timed out)" if r.get("timed_out") else "")
     if r.get("timed_out"):
-        return f"timed out after collecting {r['collected']}"
+        return (f"timed out after collecting {r['collected']}; "
+                f"{len(r.get('passed_before_the_limit') or [])} passed before the limit (the log names them)")
     c = r.get("counts", {})
     if r.get("ran", 0) == 0:
         return f"none ran: {c.get('skipped', 0)} skipped (no CUDA GPU visible)"
@@ -122,6 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="folder for NAME_gpu_run_tests.json and .log")
     ap.add_argument("--name", default="gpu", help="the files' prefix (scripts/gpu_run.sh: --name)")
     ap.add_argument("--timeout", type=int, default=150, help="seconds for collection and the run together")
+    ap.add_argument("--full", action="store_true", help="all of FILES' CUDA tests (default: NEW_PATH's)")
     a = ap.parse_args(argv)
     if a.timeout < 1:
         ap.error(f"--timeout must be >= 1 s, got {a.timeout}")
