@@ -2,7 +2,7 @@
 each captured once as a CUDA graph and replayed) make the engine run at the speed of its link? No
 checkpoint, nothing downloaded; step 2 of scripts/gpu_run.sh (its budget there: docs/benchmarks.md).
 
-Five steps, in this order, each written to the JSON report (--out, atomically) as soon as it ends, and
+Six steps, in this order, each written to the JSON report (--out, atomically) as soon as it ends, and
 every engine row as soon as it is measured (a kill at the time limit keeps the rows measured so far):
   1. environment   torch, CUDA, the GPU, Python, the VM's kernel (uname -r), the forward modes
   2. host_costs    host us per call of: a kernel launch (one tiny in-place add), an event record, a bare
@@ -11,7 +11,10 @@ every engine row as soon as it is measured (a kill at the time limit keeps the r
                    medians over REPEATS batches of CALLS calls
   3. pinned_peak   pinned H2D GB/s (gpu_check_steps.pinned_peak): the bandwidth H2D time is costed at
   4. capped_link   the CUDA link capped at 0.5x and 0.25x of its peak (gpu_check_steps.capped_link)
-  5. engine        scripts/gpu_check.py's engine model (layer 0 dense, the others MoE), forward "eager" and
+  5. fp32_tokens   CUDA: the tiny model in float32, batch 1, C/W 1, each policy and forward mode: tokens equal
+                   the resident eager run's (T5 judges tokens in float32 only: bf16 may diverge after the first
+                   step); on the CPU the engine rows are float32 already
+  6. engine        scripts/gpu_check.py's engine model (layer 0 dense, the others MoE), forward "eager" and
                    "segmented", at each batch, C/W and policy (demand, last_step); every configuration first
                    runs once in full on the same prompts and shapes (the warm-up: the segments are captured
                    there), then the timed run, then a recorded run whose trace sim.replay replays; per
@@ -21,7 +24,7 @@ every engine row as soon as it is measured (a kill at the time limit keeps the r
                    (RunResult.segments); at C/W 1, demand, a profiled run counts per MoE layer the
                    host-issued launches and the syncs inside the forwards (gpu_profile.py)
 
-Then the targets (T1-T6, gpu_targets.judge) are printed as met / not met / unmeasured / not judged and
+Then the targets (T1-T7, gpu_targets.judge) are printed as met / not met / unmeasured / not judged and
 recorded under "targets" with the figures each was judged on; a segmented row whose segments did not
 replay is marked so (`replayed` false, `not_judged`) and judged by no target. A configuration that raises
 is recorded with its error and the check goes on (GPU time is scarce); a target that lacks a figure is
@@ -51,7 +54,7 @@ from gpu_profile import profiled  # noqa: E402
 from gpu_targets import judge, line  # noqa: E402
 
 ROOT = base.ROOT
-STEPS = ("environment", "host_costs", "pinned_peak", "capped_link", "engine")
+STEPS = ("environment", "host_costs", "pinned_peak", "capped_link", "fp32_tokens", "engine")
 FORWARD_MODES = ("eager", "segmented")     # artifact.model's forward modes: the eager path, and the forward cut
                                            # into segments between the router syncs (CUDA graphs on a GPU)
 POLICIES = ("demand", "last_step")
@@ -233,13 +236,13 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
     from artifact.offload.trace import mean_working_set
     cuda = a.device == "cuda"
     link = "cuda" if cuda else "emulated"
+    expert_bytes = cfg.expert_params * (2 if cuda else 4)
     out = report["engine"] = {"model": cfg.name, "layers": cfg.num_hidden_layers, "moe_layers": len(cfg.moe_layers),
-                              "bandwidth_gbps": bandwidth_gbps, "runs": [], "resident": [], "skipped": [],
-                              "measures": MEASURES}
+                              "dtype": dtype, "expert_bytes": expert_bytes, "bandwidth_gbps": bandwidth_gbps,
+                              "runs": [], "resident": [], "skipped": [], "measures": MEASURES}
     t0 = time.perf_counter()
     loaded = random_model(cfg, seed=0, dtype=dtype, device=a.device, resident=True)
     out["build_seconds"] = time.perf_counter() - t0
-    expert_bytes = cfg.expert_params * (2 if cuda else 4)
     steps = cfg.block_length // 4
     dc = DecodeConfig(gen_length=a.gen_length, steps=steps, threshold=1.0, eos_early_stop=False)
     out["decode"] = {"threshold": 1.0, "steps_per_block": steps, "gen_length": a.gen_length,
@@ -264,7 +267,7 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
         for mode in FORWARD_MODES:
             if over_budget({"forward": mode, "batch": b, "resident": True}):
                 continue
-            row = {"forward": mode, "batch": b, "working_set": W[b]}
+            row = {"forward": mode, "batch": b, "working_set": W[b], "dtype": dtype}
             try:
                 fw = forward_kwargs(mode)
                 warm = warm_up(partial(run, loaded, prompts[b], b, dc, device=a.device, **fw), mode)
@@ -284,7 +287,7 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
                     what = {"forward": mode, "batch": b, "cache_ratio": ratio, "policy": policy}
                     if over_budget(what):
                         continue
-                    row = {**what, "cache_experts": C, "num_experts": cfg.num_experts}
+                    row = {**what, "cache_experts": C, "num_experts": cfg.num_experts, "dtype": dtype}
                     try:
                         row.update(offloaded(torch, a, loaded, prompts[b], b, dc, OffloadSpec(
                             capacity=C, policy=policy, link=link), ref[b], expert_bytes, bandwidth_gbps,
@@ -316,7 +319,8 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
     transfers = sum(p["demand_misses"] + p["speculative_transfers"] for p in den)
     h2d = 1e3 * transfers * expert_bytes / (gbps * 1e9) / max(denoise, 1)
     row = {"forwards": denoise, "prefill_forwards": s["prefill_forwards"], **timing(s),
-           "transfers_denoising": transfers, "h2d_ms_per_forward": h2d,
+           "transfers_denoising": transfers, "demand_misses_denoising": sum(p["demand_misses"] for p in den),
+           "h2d_ms_per_forward": h2d,
            "link_busy_over_wall": s["link_busy_seconds"] / s["seconds"] if s["seconds"] else None,
            "stall_seconds": s["stall_seconds"], "sync_wait_ms_per_forward": 1e3 * wait / max(
                denoise + s["prefill_forwards"], 1), "tokens_equal_resident": res.tokens == ref_tokens,
@@ -336,6 +340,43 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
         except Exception as e:
             row["profile"] = {"error": f"{type(e).__name__}: {e}"}
     return row
+
+
+def fp32_tokens(a, torch) -> dict:
+    """Step 5 (CUDA): the tiny model in float32 on the GPU, batch 1, C/W 1, each policy and forward mode (the
+    segmented one warmed up as in the engine step): tokens equal the resident eager run's. T5 judges tokens here:
+    the engine's bf16 rows may diverge from the eager run after the first step, as tests/test_cuda.py allows."""
+    if a.device != "cuda":
+        return {"skipped": "on the CPU the engine rows run in float32: T5 judges their tokens"}
+    import dataclasses
+
+    from artifact.model.checkpoint import random_model
+    from artifact.model.config import get_preset
+    from artifact.model.decode import DecodeConfig
+    from artifact.offload.runner import OffloadSpec, run
+    from artifact.offload.sim import capacity_for
+    from artifact.offload.trace import mean_working_set
+    cfg = dataclasses.replace(get_preset("tiny"), num_hidden_layers=3, name="tiny-3L-random")
+    loaded = random_model(cfg, seed=0, dtype="float32", device=a.device, resident=True)
+    dc = DecodeConfig(gen_length=2 * cfg.block_length, steps=cfg.block_length // 4, threshold=1.0,
+                      eos_early_stop=False)
+    prompts = base.random_prompts(torch, cfg, 1, 2 * cfg.block_length, seed=1, spread=0)
+    ref = run(loaded, prompts, 1, dc, device=a.device, record=True, forward="eager")
+    C = capacity_for(1.0, mean_working_set(ref.trace), cfg.num_experts)
+    out = {"model": cfg.name, "dtype": "float32", "batch": 1, "cache_ratio": 1.0, "cache_experts": C, "runs": []}
+    for policy in POLICIES:
+        for mode in FORWARD_MODES:
+            row = {"forward": mode, "batch": 1, "cache_ratio": 1.0, "policy": policy, "dtype": "float32"}
+            try:
+                spec = OffloadSpec(capacity=C, policy=policy, link="cuda")
+                warm = warm_up(partial(run, loaded, prompts, 1, dc, spec=spec, device=a.device,
+                                       **forward_kwargs(mode)), mode)
+                res = run(loaded, prompts, 1, dc, spec=spec, device=a.device, **forward_kwargs(mode, timed=True))
+                row.update(tokens_equal_resident=res.tokens == ref.tokens, **segment_counters(mode, warm, res))
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {e}"
+            out["runs"].append(row)
+    return out
 
 
 def log_row(kind: str, r: dict) -> None:
@@ -394,6 +435,7 @@ def main(argv=None) -> int:
              "host_costs": lambda: host_costs(a, torch, expert_bytes),
              "pinned_peak": lambda: base.pinned_peak(a, torch, expert_bytes),
              "capped_link": lambda: base.capped_link(a, torch, expert_bytes),
+             "fp32_tokens": lambda: torch.no_grad()(fp32_tokens)(a, torch),
              "engine": lambda: torch.no_grad()(engine)(a, torch, cfg, dtype, report, bandwidth(), deadline, write)}
     for i, name in enumerate(STEPS, 1):
         base.log(f"step {i}/{len(STEPS)}: {name}")

@@ -107,7 +107,7 @@ def profiled(torch, a, loaded, prompts, batch, dc, spec, fw: dict) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
     counter = SyncCounter()
     with profile(activities=acts) as prof, ForwardRanges(torch, loaded.model):
-        run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)
+        profiled_run = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)
     c = count_in_forwards(raw_events(torch, prof))
     with counter, ForwardRanges(torch, loaded.model, counter):       # apart: its modes would show in the profile
         res = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)
@@ -118,4 +118,25 @@ def profiled(torch, a, loaded, prompts, batch, dc, spec, fw: dict) -> dict:
                host_data_uploads_per_moe_layer=counter.uploads_by_key["denoise"] / max(res.stats.forwards, 1)
                / moe,
                run_device_read_kinds=dict(counter.kinds))      # the whole run's, decode loop included
+    if fw.get("forward") == "segmented":
+        out.update(replay_counters(profiled_run, res))
+    return out
+
+
+def replay_counters(*results) -> dict:
+    """The profiled runs' own segment counters (RunResult.segments): `replayed` only where every one of them
+    replayed with no capture error and no piece eager (hardware.replayed), so that the counts above are of
+    the graphs, not of segments that ran eagerly."""
+    from artifact.experiments.hardware import replayed
+    segs = [getattr(r, "segments", None) for r in results]
+    if any(s is None for s in segs):
+        return {"replayed": False, "replays": None, "not_replayed": "the profiled runs report no segment counters"}
+    rows = [{"replays": s.replays, "eager": s.eager, "capture_error": s.capture_error} for s in segs]
+    ok = all(replayed(r) for r in rows)
+    out = {"replayed": ok, "replays": [r["replays"] for r in rows], "eager": [r["eager"] for r in rows],
+           "captures": [s.captures for s in segs]}
+    if not ok:
+        bad = next(r for r in rows if not replayed(r))
+        out["not_replayed"] = bad["capture_error"] or (f"{bad['eager']} pieces ran eagerly" if bad["eager"]
+                                                       else "no replays")
     return out
