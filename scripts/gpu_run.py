@@ -1,11 +1,20 @@
-"""The first and last steps of scripts/gpu_run.sh: `environment` (what this machine and python have) and
-`summary` (the steps' results, T1-T6 with their verdicts, the reports to commit). Both write their JSON
-under --out atomically; the shell script runs each under `timeout` and records its exit.
+"""The helpers of scripts/gpu_run.sh: `card` (the GPU's short name from nvidia-smi's, checked against --name),
+`environment` (what this machine and python have; the name checked against torch's device name) and `summary`
+(the steps' results, T1-T7 with their verdicts, one archive of the run's files, the reports to commit).
+environment and summary write their JSON under --out atomically; the shell script runs each under `timeout`
+and records its exit in NAME_gpu_run.steps.jsonl, one line per step.
 
+  python scripts/gpu_run.py card [--name NAME]      reads nvidia-smi's GPU names on stdin, prints the name
   python scripts/gpu_run.py environment --out DIR --name NAME [--dry-run]
   python scripts/gpu_run.py summary --out DIR --name NAME [--dry-run]
 
-Exit codes: 0 done; 2 bad arguments; 3 (environment) no CUDA GPU visible on a run that is not --dry-run."""
+What a run leaves under --out fits a borrowed GPU machine's return (MAX_FILES files, none in a folder): the
+environment, the step records, the graphs report, the CUDA tests' JSON and log, the summary, and one archive
+of all of them (NAME_gpu_run.tar.gz); a file beyond MAX_FILES would be left out of the folder (it stays in the
+archive), the least needed first. Temporary files of an atomic write that was killed are removed.
+
+Exit codes: 0 done; 2 bad arguments, or a --name that is not the GPU's; 3 (environment) no CUDA GPU visible on
+a run that is not --dry-run."""
 from __future__ import annotations
 
 import argparse
@@ -13,25 +22,65 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import sys
+import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_targets import did_not_replay, judge, line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("environment", "cuda_tests", "graphs", "summary")
+STEPS = ("environment", "graphs", "cuda_tests", "summary")        # the order they run: the graphs check first
 PACKAGES = ("torch", "numpy", "safetensors", "pytest", "transformers", "tokenizers", "pandas")
-EXIT_NO_GPU = 3
+EXIT_USAGE, EXIT_NO_GPU = 2, 3
+MAX_FILES = 8            # what a borrowed GPU machine returns of its output folder (at most two folders deep)
+VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro", "rtx", "gtx"}
 
 
 def names(out: Path, name: str) -> dict:
-    """The files a run writes under --out: one JSON per step (the shell script's record of it), the graphs
-    check's report, the CUDA tests' JSON and log, the environment and the summary."""
-    return {"step": lambda step: out / f"{name}_gpu_run.{step}.json",
-            "graphs": out / f"{name}_graphs.json", "tests_json": out / f"{name}_gpu_run_tests.json",
-            "tests_log": out / f"{name}_gpu_run_tests.log", "environment": out / f"{name}_gpu_run_environment.json",
-            "summary": out / f"{name}_gpu_run_summary.json"}
+    """The files a run writes under --out: the step records (the shell script's, one JSON line per step), the
+    graphs check's report, the CUDA tests' JSON and log, the environment, the summary and the archive."""
+    return {"steps": out / f"{name}_gpu_run.steps.jsonl", "graphs": out / f"{name}_graphs.json",
+            "tests_json": out / f"{name}_gpu_run_tests.json", "tests_log": out / f"{name}_gpu_run_tests.log",
+            "environment": out / f"{name}_gpu_run_environment.json", "summary": out / f"{name}_gpu_run_summary.json",
+            "archive": out / f"{name}_gpu_run.tar.gz"}
+
+
+# In the order a file is kept beside the archive when the folder holds too many: the summary and the archive
+# first, then what the performance model reads (the graphs report), then the rest.
+KEEP_ORDER = ("summary", "archive", "graphs", "tests_json", "steps", "environment", "tests_log")
+
+
+# --- the GPU's name ---------------------------------------------------------------------------------
+def card_name(device: str) -> str:
+    """The short, lower-case name of a GPU from nvidia-smi's (or torch.cuda.get_device_name's) full one:
+    "NVIDIA H200" -> h200, "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA RTX A5000" -> a5000, "NVIDIA A100-SXM4-80GB"
+    -> a100, "NVIDIA GeForce RTX 4090" -> rtx4090 (a bare number keeps the word before it); "" if none."""
+    words = [w for w in re.split(r"[\s_]+", device.strip()) if w]
+    for i, w in enumerate(words):
+        head = w.split("-")[0].lower()
+        if w.lower() in VENDOR_WORDS or not re.search(r"\d", head) or re.fullmatch(r"\d+(gb|g)", head):
+            continue
+        if head.isdigit() and i > 0:
+            head = words[i - 1].lower() + head
+        return re.sub(r"[^a-z0-9]", "", head)
+    return ""
+
+
+def card(a) -> int:
+    """nvidia-smi's GPU names (one a line, on stdin) -> the name printed on stdout; with --name, a name that is
+    not the GPU's is refused (one line on stderr, exit 2)."""
+    found = [card_name(ln) for ln in sys.stdin.read().splitlines() if ln.strip()]
+    found = [f for f in found if f]
+    if not found:
+        print("gpu_run: nvidia-smi named no GPU", file=sys.stderr)
+        return EXIT_USAGE
+    if a.name and a.name.lower() != found[0]:
+        print(f"gpu_run: --name {a.name} but the GPU is {found[0]} (nvidia-smi): the reports would be named after "
+              f"the wrong card; drop --name or pass --name {found[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    print(found[0])
+    return 0
 
 
 def environment(a) -> int:
@@ -57,9 +106,10 @@ def environment(a) -> int:
         print("gpu_run: no CUDA GPU visible (torch.cuda.is_available() is False); nothing else runs. "
               "--dry-run runs the steps on the CPU.", file=sys.stderr, flush=True)
         return EXIT_NO_GPU
-    if cuda and a.name.lower() not in env["device"].lower().replace(" ", ""):
-        print(f"note: the GPU is {env['device']}, and the reports are named {a.name}_*: pass --name to name them "
-              "after this GPU", flush=True)
+    if cuda and not a.dry_run and card_name(env["device"]) != a.name.lower():
+        print(f"gpu_run: the reports are named {a.name}_* but the GPU is {card_name(env['device'])} "
+              f"({env['device']}); pass --name {card_name(env['device'])}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     return 0
 
 
@@ -70,10 +120,64 @@ def read(path: Path) -> dict | None:
         return None
 
 
+def read_steps(path: Path) -> dict:
+    """The step records (one JSON object a line; a line cut short by a kill is skipped), by step."""
+    out = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return out
+    for ln in text.splitlines():
+        try:
+            r = json.loads(ln)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict) and "step" in r:
+            out[r["step"]] = r
+    return out
+
+
+def leftover_tmp(out: Path, name: str) -> list[Path]:
+    """Temporary files of atomic writes under `out` that a kill left behind: artifact.paths' hidden
+    .FILE.XXXX.tmp and the shell's FILE.tmp, of this run's name."""
+    return sorted({*out.glob(f".{name}_*.tmp"), *out.glob(f"{name}_*.tmp")})
+
+
+def pack(out: Path, name: str) -> tuple[Path, list[Path]]:
+    """One archive (NAME_gpu_run.tar.gz, written atomically) of the run's files under `out`, then the files
+    beside it cut to MAX_FILES (KEEP_ORDER: the least needed leave the folder first; they stay in the archive).
+    Returns the archive and the files left beside it."""
+    from artifact.paths import atomic_write_bytes
+    n = names(out, name)
+    members = [n[k] for k in KEEP_ORDER if k != "archive" and n[k].exists()]
+    tmp = out / f".{name}_gpu_run.tar.gz.build.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        for p in members:
+            tar.add(p, arcname=f"{name}_gpu_run/{p.name}")
+    atomic_write_bytes(n["archive"], tmp.read_bytes())
+    tmp.unlink()
+    for p in leftover_tmp(out, name):
+        p.unlink(missing_ok=True)
+    ours = [n[k] for k in KEEP_ORDER if n[k].exists()]
+    others = [p for p in out.iterdir() if p not in ours]
+    if others:
+        print(f"note: {out} holds {len(others)} other entries: a borrowed GPU machine returns at most {MAX_FILES} "
+              "files of its output folder (give this run an empty --out there)", flush=True)
+    excess = len(ours) - MAX_FILES            # this run's files; the others are not this run's to remove
+    for p in reversed(ours[2:]):               # never the summary nor the archive
+        if excess <= 0:
+            break
+        p.unlink()
+        excess -= 1
+    return n["archive"], [p for p in ours if p.exists()]
+
+
 def summary(a) -> int:
+    from gpu_targets import did_not_replay, judge, line
+
     from artifact.paths import atomic_write_text
     n = names(a.out, a.name)
-    steps = {s: read(n["step"](s)) for s in STEPS[:-1]}
+    steps = {s: None for s in STEPS[:-1]} | {s: r for s, r in read_steps(n["steps"]).items() if s != "summary"}
     tests = read(n["tests_json"]) or {}
     report = read(n["graphs"])
     print("steps:", flush=True)
@@ -84,8 +188,9 @@ def summary(a) -> int:
     print(f"cuda tests: {tests.get('verdict', 'no result (the step wrote none)')}", flush=True)
     out = {"steps": steps, "cuda_tests": tests.get("verdict"), "targets": None, "rows_not_replayed": None}
     if report is None:
-        print("graphs check: no report; T1-T6 unmeasured", flush=True)
-        for t in ("T1", "T2", "T3", "T4", "T5", "T6"):
+        print("graphs check: no report; T1-T7 unmeasured", flush=True)
+        from gpu_targets import RULES
+        for t in RULES:
             print(f"{t}: unmeasured (the graphs check wrote no report)", flush=True)
     else:
         targets = judge(report)              # from the rows on disk: also those of a step cut short
@@ -96,11 +201,21 @@ def summary(a) -> int:
                                                                   "written before it ended)"), flush=True)
         for name, t in targets.items():
             print(line(name, t), flush=True)
-    own = (n["summary"], n["step"]("summary"))         # written as this step ends
-    files = [p for p in (n["environment"], *(n["step"](s) for s in STEPS[:-1]), n["tests_json"], n["tests_log"],
-                         n["graphs"], *own) if p.exists() or p in own]
-    out["reports"] = [str(p) for p in files]
+    # the summary and the archive are written below: listed as they will be (the step's own record joins the
+    # steps file after this step ends, in the folder and not in the archive)
+    out["reports"] = [str(n[k]) for k in KEEP_ORDER if k in ("summary", "archive") or n[k].exists()]
+    out["archive"] = {"path": str(n["archive"]), "holds": [str(n[k].name) for k in KEEP_ORDER
+                                                          if k in ("summary",) or (k != "archive" and n[k].exists())]}
     atomic_write_text(n["summary"], json.dumps(out, indent=2, default=str))
+    try:
+        _, kept = pack(a.out, a.name)
+    except OSError as e:                          # the summary stands without the archive
+        print(f"gpu_run: no archive ({e})", file=sys.stderr, flush=True)
+        out["reports"] = [r for r in out["reports"] if r != str(n["archive"])]
+        out["archive"] = {"error": str(e)}
+        atomic_write_text(n["summary"], json.dumps(out, indent=2, default=str))
+        kept = [Path(r) for r in out["reports"]]
+    files = [p for p in kept if p.exists()]
     if a.dry_run:
         print(f"dry run on the CPU: nothing to commit (its files: {a.out})", flush=True)
     else:
@@ -112,13 +227,17 @@ def summary(a) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=("environment", "summary"))
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--name", required=True, help="the reports' name prefix (h200: data/gpu_check/h200_graphs.json)")
+    ap.add_argument("step", choices=("card", "environment", "summary"))
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--name", help="the reports' name prefix (h200: data/gpu_check/h200_graphs.json)")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
-    if not a.name.replace("-", "").replace("_", "").isalnum():
+    if a.name is not None and not a.name.replace("-", "").replace("_", "").isalnum():
         ap.error(f"--name must be letters, digits, - or _, got {a.name!r}")
+    if a.step == "card":
+        return card(a)
+    if a.out is None or a.name is None:
+        ap.error(f"{a.step} needs --out and --name")
     return environment(a) if a.step == "environment" else summary(a)
 
 
