@@ -91,3 +91,27 @@ def test_bad_arguments_are_refused(cpu):
 def test_outcomes_are_counted_per_verdict():
     t = calibration.Tally(studies=4, verdicts={REPRODUCED: 1, NOT_REPRODUCED: 2, INCONCLUSIVE: 1})
     assert (t.rate(REPRODUCED), t.rate(NOT_REPRODUCED)) == (0.25, 0.5)
+
+
+def test_the_command_refuses_bad_input_with_one_line(capsys, tmp_path):
+    from artifact.cli import main
+    assert main(["calibrate", "--claim", "nope", "--studies", "1"]) == 2
+    assert "unknown timing claims ['nope']" in capsys.readouterr().err
+    assert main(["calibrate", "--scenario", "nope", "--studies", "1"]) == 2
+    assert "--scenario 'nope': expected one of" in capsys.readouterr().err
+    out = tmp_path / "t.csv"
+    out.write_text("kept\n")
+    assert main(["calibrate", "--claim", "09-eviction", "--studies", "1", "--out", str(out)]) == 2
+    assert out.read_text() == "kept\n"                   # never silently overwritten
+
+
+def test_the_command_prints_and_writes_the_table(capsys, tmp_path):
+    from artifact.cli import main
+    out = tmp_path / "t.csv"
+    argv = ["calibrate", "--claim", "09-eviction", "--scenario", "as stored", "--studies", "3", "--fresh", "1",
+            "--processes", "1", "--out", str(out), "--markdown"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "| claim | scenario |" in text and "| 09-eviction | as stored |" in text and "08 model error" in text
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("claim,question,demand,scenario") and len(lines) == 2

@@ -20,9 +20,15 @@ COLUMNS = {"cover_effect": "cover A/B %", "cover_net": "cover net %", "cover_sin
            "fresh_decides": "decides %", "runs_aligned": "runs aligned %"}
 
 
-def render(t: pd.DataFrame) -> str:
-    show = t.rename(columns=COLUMNS).drop(columns=["noise_pair", "noise_run", "question", "demand"])
-    return show.to_string(index=False, float_format=lambda x: f"{x:.1f}")
+def render(t: pd.DataFrame, markdown: bool = False) -> str:
+    """The calibration table as text (or, with `markdown`, as the table docs/verdicts.md holds)."""
+    show = t.rename(columns=COLUMNS).drop(columns=["noise_pair", "noise_run", "question", "demand", "studies"])
+    if not markdown:
+        return show.to_string(index=False, float_format=lambda x: f"{x:.1f}")
+    cells = [[f"{v:.1f}" if isinstance(v, float) else str(v) for v in row] for row in show.itertuples(index=False)]
+    head = list(show.columns)
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(r) + " |" for r in cells])
 
 
 def cmd_calibrate(a) -> int:
@@ -44,7 +50,7 @@ def cmd_calibrate(a) -> int:
     t = calibration.table(rows)
     print(f"calibration of the verdict pipeline on profile {P.name}'s stored runs: {a.studies} studies per claim and "
           f"scenario, {a.fresh} fresh runs each, family {a.family}, seed {a.seed}")
-    print(render(t))
+    print(render(t, a.markdown))
     m = calibration.model_error(studies=a.studies, fresh=a.fresh, seed=a.seed)
     print(f"08 model error (median of 9 run figures, truth at the limit {thresholds.MODEL_ERROR:.0%}, run sd 2 points):"
           f" reproduced {m['reproduced']:.1f}%, not reproduced {m['not_reproduced']:.1f}%, {m['fresh_opposite']} of "
@@ -74,4 +80,5 @@ def add_cli(subparsers) -> None:
     c.add_argument("--out", type=Path, help="also write the table as CSV (atomically; never over a file without "
                                             "--force)")
     c.add_argument("--force", action="store_true", help="overwrite --out")
+    c.add_argument("--markdown", action="store_true", help="print the table as markdown (docs/verdicts.md's)")
     c.set_defaults(fn=cmd_calibrate)

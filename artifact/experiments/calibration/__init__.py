@@ -246,7 +246,7 @@ def model_error(runs: int = 9, studies: int = 1000, fresh: int = 10, limit: floa
             opposite += _opposite(own, v)
     return dict(studies=studies, truth=truth, reproduced=100.0 * verdicts.get(REPRODUCED, 0) / studies,
                 not_reproduced=100.0 * verdicts.get(NOT_REPRODUCED, 0) / studies, fresh=studies * fresh,
-                fresh_opposite=opposite, fresh_decides=100.0 * decides / (studies * fresh))
+                fresh_opposite=opposite, fresh_decides=_pct(decides, studies * fresh))
 
 
 def with_scenario(s: Scenario, **kw) -> Scenario:

@@ -265,6 +265,11 @@ class ModelErrors:
             return self.pooled_range
         return figure_range(self.this["median_abs_error"], self.pooled_range)
 
+    def leave_one_out(self) -> tuple[str, ...]:
+        """The pooled verdict over the other stored runs, each run left out in turn (run order)."""
+        f = self.figures
+        return tuple(at_most(*median_interval(f[:i] + f[i + 1:]), thresholds.MODEL_ERROR) for i in range(len(f)))
+
     def own(self, figure: float) -> str:
         """One run's own verdict: its figure, with the interval of the pooled median when there is one, against
         MODEL_ERROR (rules.at_most): the pooled verdict or inconclusive, never the opposite."""
@@ -399,6 +404,7 @@ def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
         "figures)",
         measured, verdict, reason, timing=True,
         counting="seconds per denoising step, modelled against measured (a cell: the mean of its 2 repetitions)",
-        interval=on, margin=margin, per_run=per_run, pooled=pooled, this_run=this_run, ruled=ruled)
+        interval=on, margin=margin, per_run=per_run, pooled=pooled, this_run=this_run, ruled=ruled,
+        leave_one_out=e.leave_one_out() if e.is_pooled else ())
 
 
