@@ -22,6 +22,7 @@ from artifact.errors import ResultFileError
 from artifact.experiments.bench.grid import Cell, cell_key, cell_keys, shard_file
 from artifact.experiments.settings import Settings, fingerprint
 from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS
+from artifact.model.options import DEFAULT_FORWARD
 from artifact.offload.cache import COUNTS, PHASES
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsync_dir, refuse_overwrite
 
@@ -61,8 +62,15 @@ def default_out(P: Settings, shard: tuple[int, int] = (0, 1)) -> Path:
     return target if shard[1] == 1 else shard_file(target, *shard)
 
 
+def fingerprint_keys(P: Settings) -> tuple[str, ...]:
+    """The settings a result file's fingerprint hashes: SETTINGS, and `forward` when the run's forward mode is not
+    the default (eager). A segmented run's rows then never resume or pool with eager ones, while every eager file,
+    the stored runs among them, keeps the hash it was written with."""
+    return SETTINGS + (("forward",) if P.forward != DEFAULT_FORWARD else ())
+
+
 def bench_fingerprint(P: Settings) -> str:
-    return fingerprint(P, SETTINGS)
+    return fingerprint(P, fingerprint_keys(P))
 
 
 def phase_stats(by_phase: dict[str, dict[str, int]]) -> dict:
@@ -322,8 +330,8 @@ def load_for_append(path: Path, P: Settings, log=print):
         have = sorted(set(df[col]))
         if have and have != [want]:
             raise ResultFileError(f"{path}: rows of {col} {have}, not this profile's {want!r} (settings "
-                                  f"{', '.join(SETTINGS)} must match to resume); choose another --out or move the "
-                                  "file")
+                                  f"{', '.join(fingerprint_keys(P))} must match to resume); choose another --out or "
+                                  "move the file")
     if len(df):
         keys = cell_keys(df)
         k = next((i for i, key in enumerate(reversed(keys)) if key != keys[-1]), len(keys))
