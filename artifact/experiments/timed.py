@@ -47,12 +47,9 @@ def claim_compared(reps: Replicas, c: TimingClaim) -> Compared:
 
 
 def claim_cells(compared: Compared, c: TimingClaim) -> Compared:
-    """Only the claim's cells (TimingClaim.select) of a comparison made by claim_compared."""
-    def cell(k):
-        return k[1] if c.a == OTHERS else k
-    return Compared({k: v for k, v in compared.effects.items() if c.keeps(cell(k))},
-                    {k: v for k, v in compared.control.items() if c.keeps(cell(k))}, compared.host,
-                    {k: v for k, v in compared.net.items() if c.keeps(cell(k))}, compared.basis)
+    """Only the claim's cells (TimingClaim.select) of a comparison made by claim_compared (Compared.where; with
+    `a` OTHERS a key is (policy, cell))."""
+    return compared.where(lambda k: c.keeps(k[1] if c.a == OTHERS else k))
 
 
 def question(c: TimingClaim) -> Question:
@@ -138,8 +135,7 @@ def judge(compared: Compared, q: Question, label: Callable[[tuple], str], family
             w = None
             if k in wide:
                 w = pick(wide[k] if drop is None else wide[k].at(level, drop))
-            return rule_cell(q, iv, pick(gate[k]) if k in gate and pick(gate[k]) is not None else None,
-                             host.get(k), w)
+            return rule_cell(q, iv, pick(gate[k]) if k in gate else None, host.get(k), w)
         return combine((label(k), one(k, r)) for k, r in effects.items())
 
     cells = list(effects.values())

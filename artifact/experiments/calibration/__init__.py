@@ -25,11 +25,12 @@ pooled one, and how often it decides alone. 08's model error (a figure, not an i
 (`model_error`)."""
 from __future__ import annotations
 
+import importlib
 import math
 import multiprocessing
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -39,7 +40,7 @@ from artifact.experiments.calibration.generator import SCENARIOS, Generator, Noi
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS, DEMAND, TimingClaim
-from artifact.experiments.replication import Replicas
+from artifact.experiments.replication import TIMED_STUDIES, Replicas, stored_rows
 from artifact.experiments.rules import at_most, figure_range, median_at_most, rule_cell
 from artifact.experiments.settings import CONTROL
 from artifact.experiments.timed import claim_cells, claim_compared, question, rule_claim
@@ -127,9 +128,6 @@ def calibrate_claim(c: TimingClaim, template, noise: Noise, s: Scenario, studies
 # ---------------------------------------------------------------------------------------------
 def stored_template(P, c: TimingClaim) -> Replicas:
     """The stored runs of the claim's grid (checked: replication.check_stored_runs), as its study gathers them."""
-    import importlib
-
-    from artifact.experiments.replication import TIMED_STUDIES, stored_rows
     module = next(t.module for t in TIMED_STUDIES if t.notebook == c.notebook)
     study = importlib.import_module(f"artifact.experiments.studies.{module}")
     if hasattr(study, "replicas"):
@@ -247,7 +245,3 @@ def model_error(runs: int = 9, studies: int = 1000, fresh: int = 10, limit: floa
     return dict(studies=studies, truth=truth, reproduced=100.0 * verdicts.get(REPRODUCED, 0) / studies,
                 not_reproduced=100.0 * verdicts.get(NOT_REPRODUCED, 0) / studies, fresh=studies * fresh,
                 fresh_opposite=opposite, fresh_decides=_pct(decides, studies * fresh))
-
-
-def with_scenario(s: Scenario, **kw) -> Scenario:
-    return replace(s, **kw)

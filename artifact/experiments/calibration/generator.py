@@ -121,18 +121,16 @@ class Generator:
         nondemand = pol != DEMAND
         slot0 = rows["order"].to_numpy() == 0 if "order" in rows else np.zeros(len(rows), bool)
         cells = [tuple(r) for r in rows[list(self.c.by)].itertuples(index=False)]
-        keys = [(p, k) if self.c.a == OTHERS else k for p, k in zip(pol, cells)]
-        truth = [self._truth(k if not (self.c.a == OTHERS and k[0] not in self._others(pol)) else
-                             (self._others(pol)[0], k[1])) for k in keys]
+        if self.c.a == OTHERS:          # a key is (policy, cell); demand's and the control's rows read the first A's
+            others = [p for p in dict.fromkeys(pol) if p not in (self.c.b, DEMAND, CONTROL)]
+            cells = [(p if p in others else others[0], k) for p, k in zip(pol, cells)]
+        truth = [self._truth(k) for k in cells]
         tau = np.array([self._scale(t) for t, _ in truth])
         role = np.array([r for _, r in truth])
         fixed = -tau * b_side if self.c.a == DEMAND else tau * a_side
         fixed = fixed + role * nondemand + self._cost(self.s.slot_bias) * slot0
         policies = {p: i for i, p in enumerate(sorted(set(pol)))}
         return rows, cell, pair, np.array([policies[p] for p in pol]), fixed, a_side
-
-    def _others(self, pol) -> list[str]:
-        return [p for p in dict.fromkeys(pol) if p not in (self.c.b, DEMAND, CONTROL)]
 
     def _cost(self, pct: float) -> float:
         """A cost of `pct` on the additive scale: less metric on a ratio basis, more stall on the stall basis."""
