@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -40,6 +41,7 @@ import types
 
 import torch
 
+from artifact.offload import timeline
 from artifact.offload.cuda_link import CudaLink
 from artifact.offload.cuda_stub import StubCuda
 from artifact.offload.link_factory import make_link
@@ -141,6 +143,7 @@ def link_before(stub: StubCuda):
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
+    src = re.sub(r"\bartifact\.offload\.timeline\b", timeline.__name__, src)   # where its import lives now
     name = "_link_before_lean"
     mod = types.ModuleType(name)
     sys.modules[name] = mod                               # dataclasses look their module up

@@ -128,7 +128,7 @@ def probe_in_child(device: torch.device, timeout_s: float = 120.0) -> tuple[bool
             f"issue, note = probe_memcpy_batch(torch.device('cuda', {device.index}))\n"
             "print(note)\n"
             "sys.exit(0 if issue is not None else 3)\n")
-    root = str(pathlib.Path(__file__).resolve().parents[2])       # the checkout this module came from
+    root = str(pathlib.Path(__file__).resolve().parents[__name__.count(".")])  # the checkout this module came from
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
     try:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
