@@ -15,7 +15,7 @@ On a CPU-only machine the emulated link is measured instead (`--device cpu`): it
 the timeline's bookkeeping, which CudaLink does not, so its figure is an upper bound on that Python only.
 
 `--stub` (the default without a GPU) measures CudaLink itself on the CPU, with every CUDA call it makes
-stubbed (offload/cuda_stub.StubCuda, no bytes moved: a call costs a Python call), at 1 and 8 copies per call:
+stubbed (offload/links/cuda_stub.StubCuda, no bytes moved: a call costs a Python call), at 1 and 8 copies per call:
 
   batched / loop     host us per copy inside CudaLink.copy, on the cudaMemcpyBatchAsync path and on the
                      copy_ loop (a CUDA runtime without the batched copy): the link's own Python, plus
@@ -41,10 +41,10 @@ import types
 
 import torch
 
-from artifact.offload import timeline
-from artifact.offload.cuda_link import CudaLink
-from artifact.offload.cuda_stub import StubCuda
-from artifact.offload.link_factory import make_link
+from artifact.offload.links import timeline
+from artifact.offload.links.cuda_link import CudaLink
+from artifact.offload.links.cuda_stub import StubCuda
+from artifact.offload.links.link_factory import make_link
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BEFORE_COMMIT = "2c159b43318f6297bc270e97d53bba2e487d5ba0"   # the last commit with the per-copy CudaLink

@@ -64,10 +64,10 @@ from artifact.model.llada2 import MoE
 from artifact.model.options import FORWARD_MODES, ForwardOptions
 from artifact.model.routing import StepInfo
 from artifact.model.syncs import SyncCounter
-from artifact.offload.engine import offload
-from artifact.offload.link_factory import make_link
-from artifact.offload.policies import make_policy
-from artifact.offload.sim import capacity_for
+from artifact.offload.backend.engine import offload
+from artifact.offload.links.link_factory import make_link
+from artifact.offload.policy.policies import make_policy
+from artifact.offload.replay.sim import capacity_for
 
 MINI_MOE_LAYERS = 19
 H2D_MS_AT_173 = 22.0         # docs/host_path.md: LLaDA2.0-mini batch 1 at C/W 1.73, 50 GB/s
@@ -316,7 +316,7 @@ class _FreeLink:
     _TICKET = object()
 
     def __init__(self):
-        from artifact.offload.link import LinkStats
+        from artifact.offload.links.link import LinkStats
         self.stats = LinkStats()
 
     def copy(self, items, after=None, speculative=False):
@@ -352,9 +352,9 @@ def engine_per_demand(queued: int, demands: int = 300, reps: int = 5) -> dict:
     the same demands). Best of `reps` runs of `demands` demands, in process CPU time: no device, no wait, so
     on an idle machine it is the wall time, and on a shared one it leaves out the time other jobs took."""
     from artifact.model.routing import Demand, StepInfo
-    from artifact.offload.cache import ExpertCache
-    from artifact.offload.engine import OffloadEngine
-    from artifact.offload.store import HostStore
+    from artifact.offload.backend.cache import ExpertCache
+    from artifact.offload.backend.engine import OffloadEngine
+    from artifact.offload.backend.store import HostStore
     from artifact.offload.trace_engine import STAND_IN
     E, layer = 2 * queued, 1
     halves = (tuple(range(queued)), tuple(range(queued, E)))

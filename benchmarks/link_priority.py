@@ -22,13 +22,13 @@ import torch
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig, generate
 from artifact.model.tasks import prompts
-from artifact.offload.engine import offload
-from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps, scaled_chunk_bytes
-from artifact.offload.policies import make_policy
+from artifact.offload.backend.engine import offload
+from artifact.offload.links.link import EmulatedLink, emulated_bandwidth_gbps, scaled_chunk_bytes
+from artifact.offload.links.timeline import ManualClock
+from artifact.offload.policy.policies import make_policy
+from artifact.offload.replay.sim import capacity_for
+from artifact.offload.replay.trace import mean_working_set
 from artifact.offload.runner import OffloadSpec, run
-from artifact.offload.sim import capacity_for
-from artifact.offload.timeline import ManualClock
-from artifact.offload.trace import mean_working_set
 
 CONFIGS = [(p, q) for p in ("demand", "last_step") for q in ("fifo", "demand")]
 

@@ -19,12 +19,12 @@ import torch
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig, generate
 from artifact.model.tasks import prompts
-from artifact.offload.engine import offload
-from artifact.offload.link_factory import make_link
-from artifact.offload.policies import make_policy
+from artifact.offload.backend.engine import offload
+from artifact.offload.links.link_factory import make_link
+from artifact.offload.policy.policies import make_policy
+from artifact.offload.replay.sim import capacity_for
+from artifact.offload.replay.trace import mean_working_set
 from artifact.offload.runner import OffloadSpec, run
-from artifact.offload.sim import capacity_for
-from artifact.offload.trace import mean_working_set
 
 
 def per_step(gen):

@@ -25,11 +25,11 @@ import torch
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import prompts
-from artifact.offload.eviction import EVICTIONS
-from artifact.offload.policies import POLICIES
+from artifact.offload.policy.eviction import EVICTIONS
+from artifact.offload.policy.policies import POLICIES
+from artifact.offload.replay.sim import capacity_for, replay, sweep
+from artifact.offload.replay.trace import ARRAYS, Trace, mean_working_set
 from artifact.offload.runner import run
-from artifact.offload.sim import capacity_for, replay, sweep
-from artifact.offload.trace import ARRAYS, Trace, mean_working_set
 
 
 def tiled(t: Trace, times: int) -> Trace:
@@ -104,14 +104,14 @@ def reference_lru(demands: list[tuple[int, np.ndarray]], num_layers: int, num_ex
 
 def libcachesim_lru(trace: Trace, capacity: int, folder: str):
     """libCacheSim's C loop (`process_trace`) running its LRU over the trace exported as per-layer
-    oracleGeneral streams with the hits-first feed (artifact.offload.export), one cache per layer, as
+    oracleGeneral streams with the hits-first feed (artifact.offload.replay.export), one cache per layer, as
     libCacheSim users would run it. Returns a job for best_of (its result: the misses) or None when
     libcachesim is not installed."""
     try:
         import libcachesim as lcs
     except ImportError:
         return None
-    from artifact.offload.export import export
+    from artifact.offload.replay.export import export
     paths = [str(p) for p in export(trace, folder, "oracleGeneral", "demand", capacity)]
     sizes = [Path(p).stat().st_size // 24 for p in paths]
 

@@ -4,7 +4,7 @@ Run it with `--policy-module examples/top_count_policy.py --policy top_count` (d
 """
 import numpy as np
 
-from artifact.offload.policies import Policy, Prediction, register
+from artifact.offload.policy.policies import Policy, Prediction, register
 
 
 @register

@@ -203,9 +203,9 @@ MEASURES = {
 def engine(a, torch, cfg, dtype, report) -> dict:
     from artifact.model.checkpoint import random_model
     from artifact.model.decode import DecodeConfig
+    from artifact.offload.replay.sim import capacity_for
+    from artifact.offload.replay.trace import mean_working_set
     from artifact.offload.runner import OffloadSpec, run
-    from artifact.offload.sim import capacity_for
-    from artifact.offload.trace import mean_working_set
     cuda = a.device == "cuda"
     link = "cuda" if cuda else "emulated"
     out = report["engine"] = {"model": cfg.name, "layers": cfg.num_hidden_layers, "runs": [], "measures": MEASURES}

@@ -231,9 +231,9 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
     """Step 5; `write` is called after every row, so each row is on disk as soon as it is measured."""
     from artifact.model.checkpoint import random_model
     from artifact.model.decode import DecodeConfig
+    from artifact.offload.replay.sim import capacity_for, replay
+    from artifact.offload.replay.trace import mean_working_set
     from artifact.offload.runner import OffloadSpec, run
-    from artifact.offload.sim import capacity_for, replay
-    from artifact.offload.trace import mean_working_set
     cuda = a.device == "cuda"
     link = "cuda" if cuda else "emulated"
     expert_bytes = cfg.expert_params * (2 if cuda else 4)
@@ -353,9 +353,9 @@ def fp32_tokens(a, torch) -> dict:
     from artifact.model.checkpoint import random_model
     from artifact.model.config import get_preset
     from artifact.model.decode import DecodeConfig
+    from artifact.offload.replay.sim import capacity_for
+    from artifact.offload.replay.trace import mean_working_set
     from artifact.offload.runner import OffloadSpec, run
-    from artifact.offload.sim import capacity_for
-    from artifact.offload.trace import mean_working_set
     cfg = dataclasses.replace(get_preset("tiny"), num_hidden_layers=3, name="tiny-3L-random")
     loaded = random_model(cfg, seed=0, dtype="float32", device=a.device, resident=True)
     dc = DecodeConfig(gen_length=2 * cfg.block_length, steps=cfg.block_length // 4, threshold=1.0,
@@ -427,7 +427,7 @@ def main(argv=None) -> int:
             return float(peak["store_expert_copy_gbps"])
         if cuda:
             raise RuntimeError("pinned_peak measured no bandwidth: H2D time cannot be costed")
-        from artifact.offload.link import emulated_bandwidth_gbps
+        from artifact.offload.links.link import emulated_bandwidth_gbps
         return emulated_bandwidth_gbps(expert_bytes)
 
     deadline = t_start + a.budget_s

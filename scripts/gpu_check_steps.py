@@ -38,7 +38,7 @@ def pinned_peak(a, torch, expert_bytes: int) -> dict:
             dst[i * expert_bytes:(i + 1) * expert_bytes].copy_(src[i * expert_bytes:(i + 1) * expert_bytes],
                                                                 non_blocking=True)
     small = _best_seconds(torch, experts)
-    from artifact.offload.store import pin_host
+    from artifact.offload.backend.store import pin_host
     store = pin_host(torch.empty(total, dtype=torch.uint8))          # registered in place, as HostStore pins
     store_big = _best_seconds(torch, lambda: dst.copy_(store, non_blocking=True))
 
@@ -57,8 +57,8 @@ def pinned_peak(a, torch, expert_bytes: int) -> dict:
 
 def capped_link(a, torch, expert_bytes: int) -> dict:
     """Copies of expert size through the link, capped at fractions of its peak: link busy vs wall."""
-    from artifact.offload.cuda_link import CudaLink
-    from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps
+    from artifact.offload.links.cuda_link import CudaLink
+    from artifact.offload.links.link import EmulatedLink, emulated_bandwidth_gbps
     cuda = a.device == "cuda"
     n = 64
     src = torch.empty(expert_bytes, dtype=torch.uint8, pin_memory=cuda)
@@ -146,7 +146,7 @@ def moe_layer(a, torch, cfg, dtype) -> dict:
 def pinned_store(a, torch) -> dict:
     if a.device != "cuda":
         return {"skipped": "dry run on the CPU: page-locking needs CUDA"}
-    from artifact.offload.store import pin_host, pinned_bytes
+    from artifact.offload.backend.store import pin_host, pinned_bytes
     nbytes = int(a.store_gb * 1e9)
     t0 = time.perf_counter()
     store = torch.empty(nbytes, dtype=torch.uint8)

@@ -86,7 +86,7 @@ def card(a) -> int:
 def environment(a) -> int:
     import torch
 
-    from artifact.offload.cuda_batch import NO_BATCH_ENV
+    from artifact.offload.links.cuda_batch import NO_BATCH_ENV
     from artifact.paths import atomic_write_text
     cuda = torch.cuda.is_available()
     env = {"python": sys.executable, "python_version": platform.python_version(),

@@ -64,8 +64,8 @@ def user_policy():
     afterwards its registration and module are removed, so no other test sees the extra policy."""
     import sys
 
-    from artifact.offload.policies import POLICIES
-    from artifact.offload.policy_modules import load_policy_module
+    from artifact.offload.policy.policies import POLICIES
+    from artifact.offload.policy.policy_modules import load_policy_module
     before = set(sys.modules)
     module = load_policy_module(os.path.join(os.path.dirname(__file__), "..", "examples", "top_count_policy.py"))
     try:

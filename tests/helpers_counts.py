@@ -35,7 +35,7 @@ def committed_traces(P):
     recorded (a recorded trace depends on the machine's float kernels: docs/DESIGN.md, "Exact counts")."""
     from artifact.experiments.harness import TRACE_SETTINGS, reference_trace_path, trace_jobs
     from artifact.experiments.settings import fingerprint
-    from artifact.offload.trace import Trace
+    from artifact.offload.replay.trace import Trace
     ts = [Trace.load(reference_trace_path(P, *j)) for j in trace_jobs(P)]
     stale = [str(t.path) for t in ts if t.meta.get("profile_fingerprint") != fingerprint(P, TRACE_SETTINGS)]
     assert not stale, f"committed traces of other settings than the cpu profile's (store them again): {stale}"

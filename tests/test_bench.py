@@ -14,7 +14,7 @@ from artifact.experiments.bench.grid import Cell, grid, parse_shard, shard_cells
 from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.results import COLUMNS, STAT_COLUMNS, merge, read_rows
 from artifact.experiments.settings import load_profile
-from artifact.offload.sim import capacity_for
+from artifact.offload.replay.sim import capacity_for
 
 
 def fake_profile(**over):

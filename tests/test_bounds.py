@@ -1,4 +1,4 @@
-"""The relaxed MIN (artifact.offload.bounds): it equals an exhaustive search over every demand-paging
+"""The relaxed MIN (artifact.offload.replay.bounds): it equals an exhaustive search over every demand-paging
 schedule on small streams, and min <= belady <= demand-paging policies, min <= misses + speculative
 transfers of prefetchers, on random streams and on recorded traces of the tiny model."""
 from functools import lru_cache
@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from artifact.model.decode import DecodeConfig
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.bounds import PHASES, min_schedule, next_use, relaxed_min
+from artifact.offload.replay.bounds import PHASES, min_schedule, next_use, relaxed_min
+from artifact.offload.replay.sim import capacity_for, replay
+from artifact.offload.replay.trace import TraceRecorder, mean_working_set
 from artifact.offload.runner import run
-from artifact.offload.sim import capacity_for, replay
-from artifact.offload.trace import TraceRecorder, mean_working_set
 
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches",
           "bytes_h2d", "accesses")

@@ -51,8 +51,8 @@ from artifact.experiments.studies import (  # noqa: E402
 from artifact.experiments.studies import (  # noqa: E402
     tide_head_to_head as head_to_head,
 )
-from artifact.offload.sim import replay  # noqa: E402
-from artifact.offload.synth import SynthParams, synth  # noqa: E402
+from artifact.offload.replay.sim import replay  # noqa: E402
+from artifact.offload.replay.synth import SynthParams, synth  # noqa: E402
 from artifact.paths import data_dir  # noqa: E402
 
 EXPERIMENTS = Path(claims.__file__).resolve().parent

@@ -20,9 +20,9 @@ from artifact.errors import DeviceError, SettingError, UserError
 from artifact.experiments.settings import Settings, load_profile
 from artifact.model.options import ForwardOptions
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.link import REFERENCE_EXPERT_BYTES, emulated_bandwidth_gbps
+from artifact.offload.links.link import REFERENCE_EXPERT_BYTES, emulated_bandwidth_gbps
+from artifact.offload.replay.trace import TraceRecorder
 from artifact.offload.runner import OffloadSpec, RunSettings, run
-from artifact.offload.trace import TraceRecorder
 
 ROOT = Path(__file__).resolve().parents[1]
 EB = REFERENCE_EXPERT_BYTES     # one LLaDA2.0-mini expert in bf16

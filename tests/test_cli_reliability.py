@@ -26,7 +26,7 @@ from artifact.experiments.settings import Settings, load_profile, resolve_thread
 from artifact.model.config import get_preset
 from artifact.model.decode import DecodeConfig
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.trace import TraceRecorder
+from artifact.offload.replay.trace import TraceRecorder
 from artifact.paths import check_writable
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.sim import replay
-from artifact.offload.trace import TraceRecorder
+from artifact.offload.replay.sim import replay
+from artifact.offload.replay.trace import TraceRecorder
 
 E = 16
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from artifact.offload.sim import COUNTS, replay
-from artifact.offload.trace import Trace
+from artifact.offload.replay.sim import COUNTS, replay
+from artifact.offload.replay.trace import Trace
 
 # The fixtures' writer is a script, not a package module: load it by path.
 _spec = importlib.util.spec_from_file_location("pin_counts", Path(__file__).parent / "fixtures" / "pin_counts.py")

@@ -9,8 +9,8 @@ import torch
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig, generate
 from artifact.model.options import ForwardOptions
+from artifact.offload.replay.trace import PRED_ARRAYS, SCHEMA, Trace, TraceError
 from artifact.offload.runner import run
-from artifact.offload.trace import PRED_ARRAYS, SCHEMA, Trace, TraceError
 from artifact.paths import atomic_write_bytes
 
 DC = DecodeConfig(gen_length=32)
@@ -119,7 +119,7 @@ def test_cli_trace_records_the_predictions(tmp_path, capsys):
 
 
 def test_a_policy_that_needs_predictions_refuses_a_trace_without_them(tiny, tiny_prompts, tmp_path, monkeypatch):
-    from artifact.offload.sim import replay
+    from artifact.offload.replay.sim import replay
 
     rec = run(tiny, tiny_prompts[:1], 1, DC, record=True, prompt_ids=["a"]).trace
     assert rec.has_predictions                                # recording turns the prediction on

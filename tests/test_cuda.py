@@ -46,7 +46,7 @@ def test_offloaded_logits_match_resident_on_cuda(tiny_cuda, tiny_prompts):
 
 
 def test_cuda_link_copies_land_and_are_counted():
-    from artifact.offload.cuda_link import CudaLink
+    from artifact.offload.links.cuda_link import CudaLink
     link = CudaLink("cuda")
     srcs = [torch.randn(1000 + 37 * i).pin_memory() for i in range(6)]
     dsts = [torch.zeros(s.numel(), device="cuda") for s in srcs]
@@ -63,7 +63,7 @@ def test_cuda_link_copies_land_and_are_counted():
 
 def test_cuda_link_copy_waits_for_the_compute_that_frees_its_slot():
     """A copy issued after compute_done must not overwrite a slot a queued kernel still reads."""
-    from artifact.offload.cuda_link import CudaLink
+    from artifact.offload.links.cuda_link import CudaLink
     link = CudaLink("cuda")
     slot = torch.full((1 << 22,), 1.0, device="cuda")
     new = torch.full((1 << 22,), 2.0).pin_memory()
@@ -78,7 +78,7 @@ def test_cuda_link_copy_waits_for_the_compute_that_frees_its_slot():
 
 
 def test_cuda_stall_is_the_time_compute_waited_on_the_gpu():
-    from artifact.offload.cuda_link import CudaLink
+    from artifact.offload.links.cuda_link import CudaLink
     link = CudaLink("cuda", cap_gbps=1.0)                               # 64 MiB at 1 GB/s: ~67 ms
     src = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
@@ -91,7 +91,7 @@ def test_cuda_stall_is_the_time_compute_waited_on_the_gpu():
 def test_capped_cuda_link_paces_the_copy_engine(fraction):
     """The cap holds on the GPU timeline: busy time of paced copies is bytes / cap (loose bound here;
     gpu_check reports the achieved rate)."""
-    from artifact.offload.cuda_link import CudaLink
+    from artifact.offload.links.cuda_link import CudaLink
     peak = CudaLink("cuda", cap_gbps=1e9).pacing.peak_gbps
     link = CudaLink("cuda", cap_gbps=peak * fraction)
     src = torch.empty(6 << 20, dtype=torch.uint8, pin_memory=True)
@@ -102,7 +102,7 @@ def test_capped_cuda_link_paces_the_copy_engine(fraction):
 
 
 def test_pin_host_registers_exactly_the_bytes_in_place():
-    from artifact.offload.store import pin_host, pinned_bytes
+    from artifact.offload.backend.store import pin_host, pinned_bytes
     t = torch.randn(3, 1000, 77)
     ptr = t.data_ptr()
     assert pin_host(t) is t and t.is_pinned() and t.data_ptr() == ptr
@@ -114,10 +114,10 @@ def test_pin_host_registers_exactly_the_bytes_in_place():
 
 
 def test_host_store_pins_memory_for_cuda(tiny):
-    from artifact.offload.cuda_link import CudaLink
-    from artifact.offload.engine import offload
-    from artifact.offload.policies import make_policy
-    from artifact.offload.store import HostStore
+    from artifact.offload.backend.engine import offload
+    from artifact.offload.backend.store import HostStore
+    from artifact.offload.links.cuda_link import CudaLink
+    from artifact.offload.policy.policies import make_policy
     cfg = tiny.cfg
     assert HostStore(tiny.experts.clone(), cfg.moe_layers, pin=True).pinned     # pinned in place: a copy
     assert not HostStore(tiny.experts.clone(), cfg.moe_layers, pin=False).pinned
@@ -166,7 +166,7 @@ def test_after_an_exception_in_a_forward_close_leaves_no_copy_in_flight(tiny_cud
 
 
 def test_calibrated_peak_and_spin_are_plausible():
-    from artifact.offload.cuda_link import CudaLink
+    from artifact.offload.links.cuda_link import CudaLink
     p = CudaLink("cuda", cap_gbps=1e9).pacing
     assert 1 < p.peak_gbps < 1000 and 1e8 < p.spin_hz < 1e10
 
@@ -174,9 +174,9 @@ def test_calibrated_peak_and_spin_are_plausible():
 def test_one_host_sync_per_moe_layer_on_cuda(tiny_cuda):
     from artifact.model.llada2 import MoE
     from artifact.model.syncs import SyncCounter
-    from artifact.offload.cuda_link import CudaLink
-    from artifact.offload.engine import offload
-    from artifact.offload.policies import make_policy
+    from artifact.offload.backend.engine import offload
+    from artifact.offload.links.cuda_link import CudaLink
+    from artifact.offload.policy.policies import make_policy
     cfg, model = tiny_cuda.cfg, tiny_cuda.model
     ids = torch.randint(8, cfg.vocab_size - 8, (2, cfg.block_length), device="cuda")
     pos = torch.arange(cfg.block_length, device="cuda").expand(2, -1)
@@ -200,7 +200,7 @@ def test_one_host_sync_per_moe_layer_on_cuda(tiny_cuda):
 
 
 def test_pin_host_portable_and_empty():
-    from artifact.offload.store import pin_host, pinned_bytes
+    from artifact.offload.backend.store import pin_host, pinned_bytes
     e = torch.empty(0)
     assert pin_host(e) is e and pinned_bytes(e) == 0
     t = torch.ones(1000)
@@ -214,7 +214,7 @@ def test_segmented_captures_and_replays_whole_recorded_runs_on_cuda(tiny_cuda, t
     segments captured and replayed (its experts take the eager loop stage: CUDA's grouped GEMM needs bf16),
     the run's counts are the simulator's replay of its own trace, and a second run replays only."""
     from artifact.model.segments import programs
-    from artifact.offload.sim import replay
+    from artifact.offload.replay.sim import replay
     dc = DecodeConfig(gen_length=48)
     spec = None if policy is None else OffloadSpec(capacity=12, policy=policy, link="cuda")
     programs(tiny_cuda.model).clear()

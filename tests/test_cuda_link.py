@@ -1,5 +1,5 @@
 """The lean CudaLink on the CPU: what it asks of the CUDA runtime per batch, read off a stub runtime that
-records every call (offload/cuda_stub.StubCuda), with and without the batched copy; its tickets, demand
+records every call (offload/links/cuda_stub.StubCuda), with and without the batched copy; its tickets, demand
 priority's order on the copy stream, close(), and its one-line errors for bad input. Real copies on a GPU
 are in tests/test_cuda.py (skipped without one)."""
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import artifact.offload.cuda_link as cuda_link
-import artifact.offload.link as link_mod
-import artifact.offload.pacing as pacing
-from artifact.offload.cuda_batch import NO_BATCH_ENV, probe_memcpy_batch
-from artifact.offload.cuda_link import CudaBatch, CudaLink
-from artifact.offload.cuda_stub import StubCuda, StubCudart
-from artifact.offload.link import EmulatedLink, Link, LinkClosed, LinkTimeout
+import artifact.offload.links.cuda_link as cuda_link
+import artifact.offload.links.link as link_mod
+import artifact.offload.links.pacing as pacing
+from artifact.offload.links.cuda_batch import NO_BATCH_ENV, probe_memcpy_batch
+from artifact.offload.links.cuda_link import CudaBatch, CudaLink
+from artifact.offload.links.cuda_stub import StubCuda, StubCudart
+from artifact.offload.links.link import EmulatedLink, Link, LinkClosed, LinkTimeout
 
 
 def rows(n, size=256, seed=0):
@@ -212,7 +212,7 @@ def test_both_links_have_the_whole_protocol_and_link_py_imports_neither_cuda_lin
         assert hasattr(Link, name) and callable(getattr(EmulatedLink, name)) and callable(getattr(CudaLink, name))
     imported = {n.module for n in ast.walk(ast.parse(Path(link_mod.__file__).read_text()))
                 if isinstance(n, ast.ImportFrom)}
-    assert not imported & {"artifact.offload.cuda_link", "artifact.offload.link_factory"}, imported
+    assert not imported & {"artifact.offload.links.cuda_link", "artifact.offload.links.link_factory"}, imported
     for name in ("CudaLink", "wait_event", "make_link", "Pacing", "calibrate_rate"):     # no re-exports
         assert not hasattr(link_mod, name), name
     link = CudaLink("cuda", runtime=StubCuda())

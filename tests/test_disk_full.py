@@ -15,7 +15,7 @@ from artifact.experiments.bench import run as bench
 from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.results import read_rows
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.trace import TraceRecorder
+from artifact.offload.replay.trace import TraceRecorder
 from artifact.paths import DISK_ERRORS
 
 REAL_FSYNC = os.fsync

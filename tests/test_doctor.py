@@ -19,7 +19,7 @@ from artifact.experiments.settings import load_profile
 from artifact.model.checkpoint import expected_shapes, tiny_checkpoint
 from artifact.model.config import get_preset
 from artifact.model.memory import non_expert_bytes
-from artifact.offload.sim import capacity_for
+from artifact.offload.replay.sim import capacity_for
 
 DTYPE_BYTES = {"BF16": 2, "F32": 4}
 

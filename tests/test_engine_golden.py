@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from artifact.offload.sim import COUNTS, replay
+from artifact.offload.replay.sim import COUNTS, replay
 
 # The fixture's writer is a script, not a package module: load it by path.
 _spec = importlib.util.spec_from_file_location("engine_golden",

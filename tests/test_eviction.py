@@ -1,4 +1,4 @@
-"""The eviction interface (artifact/offload/eviction.py): the `prefetch+eviction` spec, the registry, and
+"""The eviction interface (artifact/offload/policy/eviction.py): the `prefetch+eviction` spec, the registry, and
 each eviction policy against a plain reference written from its stated rule (Python sets and histories,
 no numpy state), on the stored traces and on random streams with demands larger than the cache."""
 from pathlib import Path
@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.eviction import EVICTIONS, LRU, Eviction, TokenLRU
-from artifact.offload.policies import check_policy, describe_evictions, make_policy, parse_spec, split_policies
-from artifact.offload.sim import COUNTS, capacity_for, replay
-from artifact.offload.trace import Trace, TraceRecorder, mean_working_set
+from artifact.offload.policy.eviction import EVICTIONS, LRU, Eviction, TokenLRU
+from artifact.offload.policy.policies import check_policy, describe_evictions, make_policy, parse_spec, split_policies
+from artifact.offload.replay.sim import COUNTS, capacity_for, replay
+from artifact.offload.replay.trace import Trace, TraceRecorder, mean_working_set
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDED = [FIXTURES / "tiny-gsm8k-b1.safetensors", FIXTURES / "tiny-mbpp-b4.safetensors"]

@@ -23,11 +23,11 @@ import pytest
 from artifact.experiments import harness
 from artifact.experiments.settings import load_profile
 from artifact.model.routing import StepInfo
-from artifact.offload.cache import ExpertCache
-from artifact.offload.eviction import LRFU, decays
-from artifact.offload.eviction_base import Eviction
-from artifact.offload.policies import make_policy
-from artifact.offload.trace import Trace
+from artifact.offload.backend.cache import ExpertCache
+from artifact.offload.policy.eviction import LRFU, decays
+from artifact.offload.policy.eviction_base import Eviction
+from artifact.offload.policy.policies import make_policy
+from artifact.offload.replay.trace import Trace
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-gsm8k-b1.safetensors"
 

@@ -11,9 +11,9 @@ import torch
 from artifact.model.llada2 import MoE
 from artifact.model.options import ForwardOptions
 from artifact.model.syncs import UPLOADS, SyncCounter
-from artifact.offload.engine import offload
-from artifact.offload.link_factory import make_link
-from artifact.offload.policies import make_policy
+from artifact.offload.backend.engine import offload
+from artifact.offload.links.link_factory import make_link
+from artifact.offload.policy.policies import make_policy
 
 
 def count_per_moe_layer(model, *calls):

@@ -11,12 +11,12 @@ from artifact.model.checkpoint import load_checkpoint, random_model, save_checkp
 from artifact.model.config import get_preset
 from artifact.model.decode import DecodeConfig
 from artifact.model.experts import HAS_GROUPED_MM, ExpertGroup, grouped_ffn, stack_views
-from artifact.offload.cuda_link import wait_event
-from artifact.offload.link import EmulatedLink, LinkTimeout
-from artifact.offload.pacing import Pacing, calibrate_rate
-from artifact.offload.policies import POLICIES
+from artifact.offload.backend.store import check_slots_fit, non_expert_bytes
+from artifact.offload.links.cuda_link import wait_event
+from artifact.offload.links.link import EmulatedLink, LinkTimeout
+from artifact.offload.links.pacing import Pacing, calibrate_rate
+from artifact.offload.policy.policies import POLICIES
 from artifact.offload.runner import OffloadSpec, run
-from artifact.offload.store import check_slots_fit, non_expert_bytes
 
 DC = DecodeConfig(gen_length=32)
 FAST_LINK = 1000.0          # GB/s: exactness does not depend on the link's speed, and the tests run faster
@@ -85,7 +85,7 @@ def same_bits(a, b):
 
 @pytest.mark.parametrize("policy", [p for p, spec in POLICIES.items() if spec.engine_ok])
 def test_offloaded_equals_resident_for_every_policy_and_capacity(tiny, tiny_prompts, reference, policy):
-    from artifact.offload.trace import mean_working_set
+    from artifact.offload.replay.trace import mean_working_set
     W = mean_working_set(reference.trace)
     below_w = max(2, int(W * 0.5))
     assert tiny.model.expert_kernel == "grouped"
@@ -99,9 +99,9 @@ def test_offloaded_equals_resident_for_every_policy_and_capacity(tiny, tiny_prom
 
 def test_offloaded_loop_kernel_equals_resident_grouped(tiny, tiny_prompts, reference):
     from artifact.model.decode import generate
-    from artifact.offload.engine import offload
-    from artifact.offload.link_factory import make_link
-    from artifact.offload.policies import make_policy
+    from artifact.offload.backend.engine import offload
+    from artifact.offload.links.link_factory import make_link
+    from artifact.offload.policy.policies import make_policy
     cfg = tiny.cfg
     saved = tiny.model.backend
     try:
@@ -120,9 +120,9 @@ def test_offloaded_loop_kernel_equals_resident_grouped(tiny, tiny_prompts, refer
 def test_engine_groups_hits_first_then_misses_as_they_land(tiny, tiny_prompts):
     """Groups never hold one slot twice, the first group is the resident hits, and every demanded
     expert is computed exactly once."""
-    from artifact.offload.engine import offload
-    from artifact.offload.link_factory import make_link
-    from artifact.offload.policies import make_policy
+    from artifact.offload.backend.engine import offload
+    from artifact.offload.links.link_factory import make_link
+    from artifact.offload.policy.policies import make_policy
     cfg = tiny.cfg
     saved = tiny.model.backend
     seen = []

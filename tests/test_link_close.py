@@ -1,6 +1,6 @@
 """The CUDA link's logic on the CPU, and close() on both links.
 
-CudaLink runs here on a stub CUDA runtime (offload/cuda_stub.StubCuda): streams and events are
+CudaLink runs here on a stub CUDA runtime (offload/links/cuda_stub.StubCuda): streams and events are
 bookkeeping, copies run on CPU tensors at once, and an event completes only after `delay` queries (or
 never, for a stuck stream), so "the demand copies are not drained yet" happens as it does on a GPU. What
 this cannot check (real asynchrony, timing, pinned memory) is in tests/test_cuda.py, which skips without a
@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import artifact.offload.cuda_link as cuda_link_mod
-from artifact.offload.cuda_link import CudaLink
-from artifact.offload.cuda_stub import StubCuda
-from artifact.offload.link import EmulatedLink, LinkClosed, LinkTimeout
-from artifact.offload.link_factory import make_link
-from artifact.offload.pacing import calibrate_rate
-from artifact.offload.timeline import ManualClock
+import artifact.offload.links.cuda_link as cuda_link_mod
+from artifact.offload.links.cuda_link import CudaLink
+from artifact.offload.links.cuda_stub import StubCuda
+from artifact.offload.links.link import EmulatedLink, LinkClosed, LinkTimeout
+from artifact.offload.links.link_factory import make_link
+from artifact.offload.links.pacing import calibrate_rate
+from artifact.offload.links.timeline import ManualClock
 
 
 @pytest.fixture
@@ -140,8 +140,8 @@ def test_close_drops_held_chunks_and_drains_the_copy_stream(fake_cuda):
 def test_engine_on_the_cuda_link_logic_equals_resident(tiny, fake_cuda, delay):
     """The engine with demand priority on the CUDA link's code (fake stream): prefetches held, promoted,
     pumped and flushed; every expert computed from its own weights, so the logits equal the resident run's."""
-    from artifact.offload.engine import offload
-    from artifact.offload.policies import make_policy
+    from artifact.offload.backend.engine import offload
+    from artifact.offload.policy.policies import make_policy
     cfg = tiny.cfg
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(8, cfg.vocab_size - 8, (2, cfg.block_length), generator=g)

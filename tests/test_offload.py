@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
 from artifact.model.routing import StepInfo
-from artifact.offload.cache import EMPTY, ExpertCache
-from artifact.offload.link import EmulatedLink, emulated_bandwidth_gbps
-from artifact.offload.link_factory import make_link
-from artifact.offload.policies import TraceFuture, make_policy
+from artifact.offload.backend.cache import EMPTY, ExpertCache
+from artifact.offload.backend.store import HostStore
+from artifact.offload.links.link import EmulatedLink, emulated_bandwidth_gbps
+from artifact.offload.links.link_factory import make_link
+from artifact.offload.links.timeline import ManualClock
+from artifact.offload.policy.policies import TraceFuture, make_policy
 from artifact.offload.runner import OffloadSpec, run
-from artifact.offload.store import HostStore
-from artifact.offload.timeline import ManualClock
 
 DC = DecodeConfig(gen_length=40)
 
@@ -38,7 +38,7 @@ def same_bits(a, b):
 @pytest.mark.parametrize("capacity, policy", [(1, "demand"), (20, "demand"), (256, "demand"),
                                               (20, "last_step"), (20, "interval_refresh")])
 def test_offloaded_equals_resident_bit_for_bit(tiny, tiny_prompts, resident, capacity, policy):
-    from artifact.offload.trace import mean_working_set
+    from artifact.offload.replay.trace import mean_working_set
     assert capacity < mean_working_set(resident.trace) or capacity == 256 or capacity == 1
     off = run(tiny, tiny_prompts[:2], 2, DC, spec=OffloadSpec(capacity, policy), record_logits=True)
     assert off.tokens == resident.tokens

@@ -1,4 +1,4 @@
-"""libCacheSim as the test oracle of the eviction policies (artifact/offload/eviction.py, export.py).
+"""libCacheSim as the test oracle of the eviction policies (artifact/offload/policy/eviction.py, export.py).
 
 Each stored trace is exported as per-layer request streams with the hits-first feed and served by
 libCacheSim's own implementations, request by request; the hit or miss of every request is compared.
@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from artifact.offload.export import FORMATS, export, next_access, request_streams
-from artifact.offload.sim import capacity_for, replay
-from artifact.offload.trace import Trace, mean_working_set
+from artifact.offload.replay.export import FORMATS, export, next_access, request_streams
+from artifact.offload.replay.sim import capacity_for, replay
+from artifact.offload.replay.trace import Trace, mean_working_set
 
 lcs = pytest.importorskip("libcachesim", reason="libcachesim is a dev dependency: pip install -e .[dev]")
 

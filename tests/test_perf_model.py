@@ -1,4 +1,4 @@
-"""The performance model: the engine on a virtual clock (offload/trace_engine.run_virtual, offload/costs.py),
+"""The performance model: the engine on a virtual clock (offload/trace_engine.run_virtual, offload/links/costs.py),
 its hardware profiles (experiments/hardware.py), `python -m artifact model`, and the GPU validation's counts."""
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from artifact.experiments.hardware import HARDWARE, committed_gpu_check, from_gp
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies.performance_model import model_grid, validate_gpu
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.costs import Costs, Hardware, Shape
-from artifact.offload.policies import POLICIES
+from artifact.offload.links.costs import Costs, Hardware, Shape
+from artifact.offload.policy.policies import POLICIES
+from artifact.offload.replay.sim import replay
+from artifact.offload.replay.synth import SynthParams, synth
+from artifact.offload.replay.trace import TraceRecorder
 from artifact.offload.runner import OffloadSpec
-from artifact.offload.sim import replay
-from artifact.offload.synth import SynthParams, synth
-from artifact.offload.trace import TraceRecorder
 from artifact.offload.trace_engine import run_virtual
 
 US = 1e-6

@@ -21,11 +21,10 @@ from artifact.experiments.bench.results import (
 from artifact.experiments.settings import load_profile
 from artifact.model.decode import DecodeConfig
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.bounds import relaxed_min
-from artifact.offload.cache import COUNTS, PHASES
-from artifact.offload.policies import check_policy
-from artifact.offload.runner import OffloadSpec, run
-from artifact.offload.sim import (
+from artifact.offload.backend.cache import COUNTS, PHASES
+from artifact.offload.policy.policies import check_policy
+from artifact.offload.replay.bounds import relaxed_min
+from artifact.offload.replay.sim import (
     BASES,
     DENOISING_ONLY,
     WITH_PREFILL,
@@ -36,7 +35,8 @@ from artifact.offload.sim import (
     ruling_basis,
     sweep,
 )
-from artifact.offload.trace import TraceRecorder, mean_working_set, working_set_by_phase, working_sets
+from artifact.offload.replay.trace import TraceRecorder, mean_working_set, working_set_by_phase, working_sets
+from artifact.offload.runner import OffloadSpec, run
 
 DC = DecodeConfig(gen_length=40)
 SIM_POLICIES = ["demand", "last_step", "oracle", "belady", "min"]

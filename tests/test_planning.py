@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.cache import COUNTS, EMPTY, PHASES, ExpertCache, phase_of
-from artifact.offload.policies import (
+from artifact.offload.backend.cache import COUNTS, EMPTY, PHASES, ExpertCache, phase_of
+from artifact.offload.policy.policies import (
     POLICIES,
     LastStep,
     Policy,
@@ -22,8 +22,8 @@ from artifact.offload.policies import (
     register,
     split_policies,
 )
-from artifact.offload.sim import replay, sweep
-from artifact.offload.trace import Trace, TraceRecorder
+from artifact.offload.replay.sim import replay, sweep
+from artifact.offload.replay.trace import Trace, TraceRecorder
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRACES = sorted(FIXTURES.glob("*.safetensors"))

@@ -16,8 +16,8 @@ import pytest
 from artifact.cli import main
 from artifact.errors import ProfileError, SettingError
 from artifact.experiments.settings import load_profile
-from artifact.offload.policies import POLICIES, Policy, register
-from artifact.offload.policy_modules import load_policy_module
+from artifact.offload.policy.policies import POLICIES, Policy, register
+from artifact.offload.policy.policy_modules import load_policy_module
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/top_count_policy.py"
@@ -107,7 +107,7 @@ def test_an_unpickled_profile_imports_its_modules_in_a_fresh_process(tmp_path, u
     """What a submitted bench shard gets: the pickled Settings, in another process."""
     P = load_profile("cpu", {"policy_modules": [str(ROOT / EXAMPLE)], "policies": ["demand", "top_count"]})
     (tmp_path / "P.pkl").write_bytes(pickle.dumps(P))
-    code = ("import pickle; from artifact.offload.policies import POLICIES; assert 'top_count' not in POLICIES; "
+    code = ("import pickle; from artifact.offload.policy.policies import POLICIES; assert 'top_count' not in POLICIES; "
             f"P = pickle.loads(open({str(tmp_path / 'P.pkl')!r}, 'rb').read()); print('top_count' in POLICIES)")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -119,7 +119,7 @@ def test_a_name_taken_by_another_file_is_refused(user_policy):
     class Mine(Policy):
         name = "demand"
 
-    with pytest.raises(TypeError, match=r"policy name 'demand' is taken by artifact.offload.policies.Policy"):
+    with pytest.raises(TypeError, match=r"policy name 'demand' is taken by artifact.offload.policy.policies.Policy"):
         register(Mine)
     assert POLICIES["demand"] is Policy
     again = load_policy_module("examples.top_count_policy")     # the same file by another name: replaces itself

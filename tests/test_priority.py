@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from artifact.model.decode import DecodeConfig
-from artifact.offload.link import EmulatedLink, scaled_chunk_bytes
-from artifact.offload.link_factory import make_link
+from artifact.offload.links.link import EmulatedLink, scaled_chunk_bytes
+from artifact.offload.links.link_factory import make_link
+from artifact.offload.links.timeline import CopyTimeline, ManualClock, SpeculativeHold, split
+from artifact.offload.replay.sim import replay
 from artifact.offload.runner import OffloadSpec, run
-from artifact.offload.sim import replay
-from artifact.offload.timeline import CopyTimeline, ManualClock, SpeculativeHold, split
 
 MB = 1_000_000
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d")
@@ -254,8 +254,8 @@ class LoggingLink(EmulatedLink):
 @pytest.mark.parametrize("priority", ["fifo", "demand"])
 def test_engine_issues_speculative_loads_after_all_demand_loads_of_the_layer(tiny, tiny_prompts, priority):
     from artifact.model.decode import generate
-    from artifact.offload.engine import offload
-    from artifact.offload.policies import make_policy
+    from artifact.offload.backend.engine import offload
+    from artifact.offload.policy.policies import make_policy
     log: list[str] = []
     cfg = tiny.cfg
     pol = make_policy("last_step", len(cfg.moe_layers), cfg.num_experts, engine=True)

@@ -34,7 +34,7 @@ from artifact.model.checkpoint import (
     state_tensors,
     weights_fingerprint,
 )
-from artifact.offload.trace import Trace, TraceError
+from artifact.offload.replay.trace import Trace, TraceError
 
 RUN_KEYS = ["task", "batch_size", "cache_ratio", "bandwidth_scale", "policy", "rep"]
 REAL_GRID = {"tasks": ["gsm8k"], "batch_sizes": [1], "cache_ratios": [0.83, 1.0, 1.3, 1.73], "repetitions": 1,

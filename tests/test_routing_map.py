@@ -18,10 +18,10 @@ from artifact.experiments.outputs.figures import CONTROL_COLOR, save
 from artifact.experiments.replication import METHOD, SINGLE, WITHIN, Replicas
 from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.studies import routing_map as rm
-from artifact.offload.bounds import relaxed_min
-from artifact.offload.sim import capacity_for, replay
-from artifact.offload.synth import SynthParams, synth
-from artifact.offload.trace import mean_working_set
+from artifact.offload.replay.bounds import relaxed_min
+from artifact.offload.replay.sim import capacity_for, replay
+from artifact.offload.replay.synth import SynthParams, synth
+from artifact.offload.replay.trace import mean_working_set
 from artifact.offload.trace_engine import Calibration
 
 TINY = rm.MapGrid(novelty=(0.05, 0.3), spread=(0.0, 0.3), ratios=(1.0, 1.73), layers=3, blocks=1, steps=8,

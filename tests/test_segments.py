@@ -15,9 +15,9 @@ from artifact.model.options import FORWARD_MODES, ForwardOptions
 from artifact.model.routing import StepInfo
 from artifact.model.segments import MAX_PROGRAMS, programs
 from artifact.model.syncs import SyncCounter
-from artifact.offload.engine import offload
-from artifact.offload.link_factory import make_link
-from artifact.offload.policies import make_policy
+from artifact.offload.backend.engine import offload
+from artifact.offload.links.link_factory import make_link
+from artifact.offload.policy.policies import make_policy
 
 
 def inputs(cfg, batch, seed):

@@ -18,9 +18,9 @@ from artifact.model.kv_cache import KVCache
 from artifact.model.options import ForwardOptions
 from artifact.model.routing import StepInfo
 from artifact.model.segments import Programs, programs
-from artifact.offload.engine import offload
-from artifact.offload.link_factory import make_link
-from artifact.offload.policies import make_policy
+from artifact.offload.backend.engine import offload
+from artifact.offload.links.link_factory import make_link
+from artifact.offload.policy.policies import make_policy
 from artifact.offload.runner import run
 
 PROMPTS = [[11, 12, 13] * 5, [14, 15] * 20]

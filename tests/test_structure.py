@@ -43,7 +43,7 @@ def tree_copy(tmp_path_factory):
 @pytest.mark.parametrize("module, back_edge, contract", [
     ("artifact/experiments/bench/grid.py", "from artifact.experiments import harness", "experiments: entry points"),
     ("artifact/experiments/bench/results.py", "from artifact.experiments import submit", "only artifact.cli imports"),
-    ("artifact/offload/cache.py", "import artifact.experiments.settings", "layers: cli > experiments"),
+    ("artifact/offload/backend/cache.py", "import artifact.experiments.settings", "layers: cli > experiments"),
     ("artifact/experiments/studies/capacity_sweep.py", "from artifact.experiments.studies import quickstart",
      "studies never import each other"),
     ("artifact/experiments/bench/results.py", "import artifact.experiments.studies.quickstart",

@@ -344,7 +344,7 @@ def test_trace_all_records_what_is_missing_as_local_jobs(tmp_path, monkeypatch, 
     import shutil
 
     from artifact.experiments import harness
-    from artifact.offload.trace import Trace, mean_working_set
+    from artifact.offload.replay.trace import Trace, mean_working_set
     from artifact.paths import data_dir
     data = tmp_path / "data"
     shutil.copytree(data_dir() / "tasks", data / "tasks")

@@ -1,4 +1,4 @@
-"""Synthetic routing streams (artifact.offload.synth): the statistics measured on a generated stream match
+"""Synthetic routing streams (artifact.offload.replay.synth): the statistics measured on a generated stream match
 the parameters asked for within sampling error (each tolerance derived below from the generator's model),
 fit(synth(p)) recovers p, streams are deterministic traces every tool reads, the CLI validates its input,
 and the issue's stream gives oracle/LRU >= 5 at C/W 1."""
@@ -10,11 +10,11 @@ import pytest
 
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
-from artifact.offload.link import REFERENCE_EXPERT_BYTES
+from artifact.offload.links.link import REFERENCE_EXPERT_BYTES
+from artifact.offload.replay.sim import replay
+from artifact.offload.replay.synth import SynthParams, fit, measure, synth
+from artifact.offload.replay.trace import Trace, mean_working_set, step_similarity
 from artifact.offload.runner import run
-from artifact.offload.sim import replay
-from artifact.offload.synth import SynthParams, fit, measure, synth
-from artifact.offload.trace import Trace, mean_working_set, step_similarity
 
 Z = 4.0     # tolerance in standard errors: two-sided p ~ 6e-5 per check under a normal sampling error
 

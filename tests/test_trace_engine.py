@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from artifact.model.decode import DecodeConfig
+from artifact.offload.replay.sim import replay
+from artifact.offload.replay.synth import SynthParams, synth
 from artifact.offload.runner import OffloadSpec, run
-from artifact.offload.sim import replay
-from artifact.offload.synth import SynthParams, synth
 from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 
 DC = DecodeConfig(gen_length=40)

@@ -11,10 +11,9 @@ from artifact.cli import main
 from artifact.experiments.settings import Settings
 from artifact.model.decode import DecodeConfig
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.eviction import EVICTIONS
-from artifact.offload.runner import OffloadSpec, run
-from artifact.offload.sim import capacity_for, replay, sweep
-from artifact.offload.trace import (
+from artifact.offload.policy.eviction import EVICTIONS
+from artifact.offload.replay.sim import capacity_for, replay, sweep
+from artifact.offload.replay.trace import (
     SCHEMA,
     Trace,
     TraceError,
@@ -23,6 +22,7 @@ from artifact.offload.trace import (
     step_similarity,
     working_sets,
 )
+from artifact.offload.runner import OffloadSpec, run
 
 DC = DecodeConfig(gen_length=40)
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d")
@@ -143,7 +143,7 @@ def test_corrupt_and_mismatched_traces_fail_clearly(recorded, tmp_path):
     (tmp_path / "v2.safetensors").write_bytes(len(h).to_bytes(8, "little") + h + raw[8 + n:])
     with pytest.raises(TraceError, match=f"schema '{SCHEMA + 1}'"):
         Trace.load(tmp_path / "v2.safetensors")
-    from artifact.offload.trace import ARRAYS
+    from artifact.offload.replay.trace import ARRAYS
     t = recorded.trace
     bad = Trace(meta=t.meta, **{a: getattr(t, a).copy() for a in ARRAYS})
     bad.experts[3] = 999

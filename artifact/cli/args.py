@@ -8,7 +8,7 @@ from pathlib import Path
 from artifact.experiments.settings import Settings, list_profiles, load_profile, parse_override
 from artifact.experiments.submit import BACKENDS, POLL_S
 from artifact.model.decode import MODES
-from artifact.offload.policy_modules import load_policy_modules
+from artifact.offload.policy.policy_modules import load_policy_modules
 
 D = Settings()          # every default comes from the settings dataclass: one source of truth
 

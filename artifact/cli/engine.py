@@ -16,13 +16,13 @@ from artifact.errors import SettingError
 from artifact.model.decode import MAX_BATCH
 from artifact.model.options import FORWARD_MODES
 from artifact.model.tasks import TASKS
-from artifact.offload.eviction import EVICTIONS
-from artifact.offload.export import FORMATS, export
-from artifact.offload.link import LINKS
-from artifact.offload.policies import POLICIES, split_policies
+from artifact.offload.links.link import LINKS
+from artifact.offload.links.timeline import PRIORITIES
+from artifact.offload.policy.eviction import EVICTIONS
+from artifact.offload.policy.policies import POLICIES, split_policies
 from artifact.offload.prepare import Offload, Output, RunRequest, TaskPrompts, prepare
-from artifact.offload.runner import RunSettings, run
-from artifact.offload.sim import (
+from artifact.offload.replay.export import FORMATS, export
+from artifact.offload.replay.sim import (
     BOUNDS,
     COUNTS,
     PHASES,
@@ -32,8 +32,8 @@ from artifact.offload.sim import (
     replay_capacities,
     sweep,
 )
-from artifact.offload.timeline import PRIORITIES
-from artifact.offload.trace import Trace, mean_working_set
+from artifact.offload.replay.trace import Trace, mean_working_set
+from artifact.offload.runner import RunSettings, run
 from artifact.paths import atomic_write_text, check_writable
 from artifact.validate import check_number
 

@@ -10,9 +10,9 @@ from artifact.cli.args import D, add_policy_module_arg, floats, ints, names
 from artifact.errors import SettingError
 from artifact.experiments.hardware import HARDWARE, hardware
 from artifact.experiments.studies.performance_model import SHAPES, check_clock, check_grid, model_grid, shape, to_json
-from artifact.offload.policies import split_policies
-from artifact.offload.timeline import CLOCKS, PRIORITIES
-from artifact.offload.trace import Trace
+from artifact.offload.links.timeline import CLOCKS, PRIORITIES
+from artifact.offload.policy.policies import split_policies
+from artifact.offload.replay.trace import Trace
 from artifact.paths import atomic_write_text, check_writable
 
 COLUMNS = ["trace", "batch_size", "cache_ratio", "cache_experts", "link_priority", "policy", "tokens_per_second",

@@ -1,5 +1,5 @@
 """`synth` and `fit`: write a synthetic routing stream, or fit its parameters to a recorded trace
-(artifact.offload.synth)."""
+(artifact.offload.replay.synth)."""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +8,9 @@ import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from artifact.offload.link import REFERENCE_EXPERT_BYTES
-from artifact.offload.synth import PARAM_HELP, SynthParams, fit, measure, synth
-from artifact.offload.trace import Trace
+from artifact.offload.links.link import REFERENCE_EXPERT_BYTES
+from artifact.offload.replay.synth import PARAM_HELP, SynthParams, fit, measure, synth
+from artifact.offload.replay.trace import Trace
 from artifact.paths import refuse_overwrite
 
 

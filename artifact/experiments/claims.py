@@ -15,7 +15,7 @@ from pathlib import Path
 
 from artifact.experiments.outputs.paths import RECORD_SUFFIX, run_data_dir
 from artifact.experiments.settings import Settings
-from artifact.offload.sim import DENOISING_ONLY, WITH_PREFILL
+from artifact.offload.replay.sim import DENOISING_ONLY, WITH_PREFILL
 from artifact.paths import atomic_write_text, repo_root
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"

@@ -40,8 +40,8 @@ from artifact.model.checkpoint import DTYPES, TensorIndex, expected_shapes, tiny
 from artifact.model.memory import non_expert_bytes
 from artifact.model.tasks import prompts
 from artifact.offload.prepare import model_config, tokenizer_and_config
-from artifact.offload.sim import capacity_for
-from artifact.offload.trace import mean_working_set
+from artifact.offload.replay.sim import capacity_for
+from artifact.offload.replay.trace import mean_working_set
 from artifact.paths import data_dir
 
 GB = 1e9

@@ -1,4 +1,4 @@
-"""Hardware profiles of the performance model (offload/costs.py), as data: each number with its source.
+"""Hardware profiles of the performance model (offload/links/costs.py), as data: each number with its source.
 
   a5000          RTX A5000 on PCIe 4.0 x16. Not measured here (no A5000): the link and device numbers are
                  datasheet and PCIe figures; the host's costs are those measured on the H200 machine's host
@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from artifact.errors import SettingError
-from artifact.offload.costs import Hardware
-from artifact.offload.link import PCIE4_GBPS, PCIE_LATENCY_US
+from artifact.offload.links.costs import Hardware
+from artifact.offload.links.link import PCIE4_GBPS, PCIE_LATENCY_US
 from artifact.paths import repo_root
 
 GPU_CHECK_H200 = "gpu_check/h200.json"      # under data/: the report the h200 profile's measured numbers are from
@@ -60,9 +60,9 @@ HARDWARE: dict[str, Hardware] = {
 
 SOURCES: dict[str, dict[str, str]] = {
     "a5000": {
-        "h2d_gbps": "PCIe 4.0 x16 achieved, offload/link.py PCIE4_GBPS (about 80% of the link's 31.5 GB/s); "
+        "h2d_gbps": "PCIe 4.0 x16 achieved, offload/links/link.py PCIE4_GBPS (about 80% of the link's 31.5 GB/s); "
                     "not measured here",
-        "copy_latency_us": "offload/link.py PCIE_LATENCY_US (stated per-copy setup, not measured)",
+        "copy_latency_us": "offload/links/link.py PCIE_LATENCY_US (stated per-copy setup, not measured)",
         "bf16_tflops": "NVIDIA RTX A5000 datasheet: 222.2 TFLOPS tensor performance with sparsity; dense is half",
         "memory_gbps": "NVIDIA RTX A5000 datasheet: 768 GB/s GDDR6",
         "host": "the H200 machine's host costs (see h200): an A5000 host runs the same Python and launches",
@@ -70,7 +70,7 @@ SOURCES: dict[str, dict[str, str]] = {
     "h200": {
         "h2d_gbps": "gpu_check on one H200 (data/gpu_check/h200.json): pinned_peak.store_expert_copy_gbps, "
                     "back-to-back 6 MiB copies from a registered store, best of 5",
-        "copy_latency_us": "offload/link.py PCIE_LATENCY_US (stated, not measured)",
+        "copy_latency_us": "offload/links/link.py PCIE_LATENCY_US (stated, not measured)",
         "bf16_tflops": "NVIDIA H200 SXM datasheet: 1,979 TFLOPS bf16 with sparsity; dense is half",
         "memory_gbps": "NVIDIA H200 datasheet: 4.8 TB/s HBM3e",
         "launch_us": "gpu_check engine, batch 1, C/W 1, demand: host_ms_per_forward / launches_per_forward "
@@ -89,7 +89,7 @@ SOURCES: dict[str, dict[str, str]] = {
                           "then): launch_us, kernels_per_layer, copy_host_us of the segmented engine, replayed",
     },
     "cpu-emulated": {
-        "h2d_gbps": "the emulated link: PCIe 4 (offload/link.py PCIE4_GBPS) scaled to the expert's size "
+        "h2d_gbps": "the emulated link: PCIe 4 (offload/links/link.py PCIE4_GBPS) scaled to the expert's size "
                     "(emulated_bandwidth_gbps)",
         "copy_latency_us": "the emulated link's PCIE_LATENCY_US",
         "expert_us": "performance_model.cpu_emulated on this 2-core machine, batch 1 (2026-12-04): "

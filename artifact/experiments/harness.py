@@ -21,8 +21,8 @@ from artifact.experiments.settings import Settings, fingerprint, load_profile
 from artifact.model.checkpoint import Loaded
 from artifact.model.tasks import prompts, select
 from artifact.offload.prepare import prepare
+from artifact.offload.replay.trace import Trace, TraceError
 from artifact.offload.runner import OffloadSpec, expert_bytes, run
-from artifact.offload.trace import Trace, TraceError
 from artifact.paths import atomic_write_bytes
 
 

@@ -30,11 +30,11 @@ from artifact.model.checkpoint import DTYPES
 from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
 from artifact.model.options import DEFAULT_FORWARD, FORWARD_MODES
 from artifact.model.tasks import TASKS
-from artifact.offload.link import LINKS, PCIE_LATENCY_US
-from artifact.offload.policies import check_policy
-from artifact.offload.policy_modules import load_policy_modules
+from artifact.offload.links.link import LINKS, PCIE_LATENCY_US
+from artifact.offload.links.timeline import CLOCKS, PRIORITIES
+from artifact.offload.policy.policies import check_policy
+from artifact.offload.policy.policy_modules import load_policy_modules
 from artifact.offload.prepare import RunRequest
-from artifact.offload.timeline import CLOCKS, PRIORITIES
 from artifact.validate import check_number
 
 __all__ = ["PROFILE_DIR", "PROFILE_KEYS", "ProfileError", "Settings", "fingerprint", "list_profiles",
@@ -45,7 +45,7 @@ DEFAULTS_ORIGIN = "defaults (artifact/experiments/settings.py)"
 
 PAPER_RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)           # C/W: the paper's grid
 PAPER_BATCH_SIZES = (1, 2, 4, 8)
-# The A/A control of every timing grid, a policy spec (offload/policies.py): last_step_conservative loads only
+# The A/A control of every timing grid, a policy spec (offload/policy/policies.py): last_step_conservative loads only
 # predicted experts that are not resident and never evicts for them, so on every cell it does exactly demand's
 # work (every count equal: tests/test_beyond.py, tests/test_priority.py). Its time against demand's measures the
 # bench's own bias. Stored rows name it by this spec in their `policy` column.
@@ -85,15 +85,15 @@ class Settings:
     link: str = "emulated"               # emulated (a modelled PCIe copy engine, any machine) | cuda (copy stream)
     latency_us: float = PCIE_LATENCY_US  # per-copy setup cost of the emulated link (microseconds)
     link_priority: str = "fifo"          # fifo: one copy queue in issue order | demand: speculative copies wait
-                                         # while a demand copy is queued (offload/timeline.py)
+                                         # while a demand copy is queued (offload/links/timeline.py)
     # The unthrottled bandwidth, GB/s. None = the link's own: emulated -> PCIe 4 (25 GB/s) scaled to this
     # model's expert size, so one expert costs what a LLaDA2.0-mini expert costs on PCIe 4
-    # (offload/link.py emulated_bandwidth_gbps); cuda -> the hardware's, measured once with a pinned copy
+    # (offload/links/link.py emulated_bandwidth_gbps); cuda -> the hardware's, measured once with a pinned copy
     # when a scale < 1 needs it.
     link_gbps: float | None = None
     # Time of the stream-driven runs of the performance model (python -m artifact model, notebook 08):
     # wall = the emulated link sleeps and compute spins for real (cpu-emulated only); virtual = a virtual
-    # clock advances by the hardware profile's modelled costs, nothing sleeps (offload/costs.py).
+    # clock advances by the hardware profile's modelled costs, nothing sleeps (offload/links/costs.py).
     clock: str = "virtual"
     # How the model runs its denoising forwards (artifact/model/options.py): eager = the reference forward;
     # segmented = segments between the router syncs, captured as CUDA graphs on a GPU (eager on the CPU).

@@ -260,7 +260,7 @@ def load_checkpoint(path: str | Path, dtype="float32", device="cpu", resident: b
     model.to(device=device, dtype=dtype)
     restore_expert_bias(model, biases)
     # Page-locked once here when the target is a GPU, so every offloaded run copies by DMA. pin_host
-    # registers the tensor in place (no power-of-two rounding; see offload/store.py).
+    # registers the tensor in place (no power-of-two rounding; see offload/backend/store.py).
     pin = torch.device(device).type == "cuda" and torch.cuda.is_available()
     experts = torch.empty(len(cfg.moe_layers), cfg.num_experts, cfg.expert_params, dtype=dtype)
     for i, L in enumerate(cfg.moe_layers):

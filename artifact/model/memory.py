@@ -8,7 +8,7 @@ bytes, no copy, no second buffer. It is unregistered when the tensor is freed.
 
 Capacity. `check_slots_fit` refuses a cache capacity whose slots cannot fit in free GPU memory, before
 the checkpoint is read, with the numbers in the message. It lives in the model layer because the
-checkpoint loader calls it; the offload layer re-exports both from offload/store.py.
+checkpoint loader calls it; the offload layer re-exports both from offload/backend/store.py.
 """
 from __future__ import annotations
 

@@ -23,9 +23,9 @@ from artifact.model.checkpoint import DTYPES, Loaded, load_checkpoint, load_toke
 from artifact.model.config import ModelConfig, get_preset
 from artifact.model.decode import MAX_BATCH, DecodeConfig
 from artifact.model.tasks import TASKS, encode, load_task, prompts, tokens_sha
-from artifact.offload.policies import POLICIES, check_policy
+from artifact.offload.policy.policies import POLICIES, check_policy
+from artifact.offload.replay.trace import Trace
 from artifact.offload.runner import LinkSettings, OffloadSpec, check_device, check_oracle_before_load
-from artifact.offload.trace import Trace
 from artifact.paths import check_writable
 from artifact.validate import check_number
 

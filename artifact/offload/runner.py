@@ -19,12 +19,12 @@ from artifact.model.decode import MAX_BATCH, DecodeConfig, DecodeStats, generate
 from artifact.model.experts import ResidentExperts
 from artifact.model.options import DEFAULT_FORWARD, FORWARD_MODES, ForwardOptions
 from artifact.model.segments import SegmentCounts
-from artifact.offload.engine import OffloadEngine, offload
-from artifact.offload.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps
-from artifact.offload.link_factory import make_link
-from artifact.offload.policies import check_policy, make_policy
-from artifact.offload.timeline import PRIORITIES
-from artifact.offload.trace import Trace, TraceError, TraceRecorder
+from artifact.offload.backend.engine import OffloadEngine, offload
+from artifact.offload.links.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps
+from artifact.offload.links.link_factory import make_link
+from artifact.offload.links.timeline import PRIORITIES
+from artifact.offload.policy.policies import check_policy, make_policy
+from artifact.offload.replay.trace import Trace, TraceError, TraceRecorder
 from artifact.validate import check_number
 
 MIN_LINK_GBPS = 1e-4       # 100 KB/s: a 24 MiB LLaDA2.0-flash expert still copies in ~4 minutes
@@ -143,7 +143,7 @@ def check_device(device: str) -> None:
 @dataclass
 class RunStats:
     """What a run did: the decoder's totals over its batches, and for an offloaded run the engine's counts
-    (artifact/offload/cache.py COUNTS, per phase in by_phase) and the link's figures (None when resident)."""
+    (artifact/offload/backend/cache.py COUNTS, per phase in by_phase) and the link's figures (None when resident)."""
     forwards: int                        # denoising forwards
     prefill_forwards: int
     tokens_generated: int

@@ -32,15 +32,15 @@ from artifact.model.decode import generate
 from artifact.model.experts import ExpertWeights, ResidentExperts, expert_ffn, expert_views
 from artifact.model.options import ForwardOptions
 from artifact.model.routing import Demand
-from artifact.offload.cache import PHASES, ExpertCache
-from artifact.offload.costs import Costs
-from artifact.offload.engine import OffloadEngine
-from artifact.offload.link_factory import make_link
-from artifact.offload.policies import check_policy, make_policy
+from artifact.offload.backend.cache import PHASES, ExpertCache
+from artifact.offload.backend.engine import OffloadEngine
+from artifact.offload.backend.store import HostStore
+from artifact.offload.links.costs import Costs
+from artifact.offload.links.link_factory import make_link
+from artifact.offload.links.timeline import VirtualClock
+from artifact.offload.policy.policies import check_policy, make_policy
+from artifact.offload.replay.trace import KINDS, Trace
 from artifact.offload.runner import OffloadSpec, check_device
-from artifact.offload.store import HostStore
-from artifact.offload.timeline import VirtualClock
-from artifact.offload.trace import KINDS, Trace
 from artifact.validate import check_number
 
 
@@ -222,7 +222,7 @@ STAND_IN = ExpertShape(1, 1)      # the store of a virtual run: 3 numbers per ex
 
 def run_virtual(trace: Trace, spec: OffloadSpec, costs: Costs, seed: int = 0) -> dict:
     """The stream run on virtual time: the same engine, cache, policy and link (an EmulatedLink on a
-    VirtualClock, every copy costs.expert_bytes), with each action charged its modelled cost (offload/costs.py)
+    VirtualClock, every copy costs.expert_bytes), with each action charged its modelled cost (offload/links/costs.py)
     instead of being done. The host store is a stand-in (STAND_IN), so any model shape replays in kilobytes.
 
     Besides run_stream's stats, `time` holds the modelled split in seconds: compute (non-expert), experts,

@@ -19,10 +19,10 @@ from artifact.experiments.bench.results import HOST_COLUMNS, STAT_COLUMNS, phase
 from artifact.experiments.settings import Settings
 from artifact.model.checkpoint import weights_fingerprint
 from artifact.model.tasks import prompts, tokens_sha
-from artifact.offload.policies import check_policy
+from artifact.offload.policy.policies import check_policy
 from artifact.offload.prepare import prepare
+from artifact.offload.replay.trace import mean_working_set
 from artifact.offload.runner import OffloadSpec, check_device, run
-from artifact.offload.trace import mean_working_set
 
 
 def usable_core_ids() -> list[int]:

@@ -23,7 +23,7 @@ from artifact.experiments.bench.grid import Cell, cell_key, cell_keys, shard_fil
 from artifact.experiments.settings import Settings, fingerprint
 from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS
 from artifact.model.options import DEFAULT_FORWARD
-from artifact.offload.cache import COUNTS, PHASES
+from artifact.offload.backend.cache import COUNTS, PHASES
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsync_dir, refuse_overwrite
 
 # Profile keys that change what a run measures: a result file made under other values cannot be

@@ -43,7 +43,7 @@ from artifact.experiments.bench.results import (
     read_rows,
 )
 from artifact.experiments.settings import Settings
-from artifact.offload.sim import capacity_for
+from artifact.offload.replay.sim import capacity_for
 
 
 def run_claimed(out: Path, todo: list[Cell], run_cell, log=print) -> int:

@@ -22,7 +22,7 @@ from artifact.experiments.replication import Compared, Replicas, gather
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CELL_KEYS, paired_table
 from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
-from artifact.offload.link import PCIE4_GBPS
+from artifact.offload.links.link import PCIE4_GBPS
 
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
 CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
@@ -211,7 +211,7 @@ def plot(summary, n: Numbers, P: Settings):
 def _bandwidth_axis(summary, P: Settings) -> tuple[str, dict]:
     """Why the link is that slow (a line under the panels, or "") and the x ticks {GB/s: label}. The emulated
     link's default bandwidth is PCIe 4 scaled
-    to this model's expert size (offload.link.emulated_bandwidth_gbps): a tiny expert then costs what a
+    to this model's expert size (offload.links.link.emulated_bandwidth_gbps): a tiny expert then costs what a
     LLaDA2.0-mini expert costs on PCIe 4, so scale s is the PCIe generation whose rate is s x PCIe 4's."""
     pairs = summary[["link_gbps", "bandwidth_scale"]].drop_duplicates().sort_values("link_gbps")
     scaled = P.link == "emulated" and P.link_gbps is None

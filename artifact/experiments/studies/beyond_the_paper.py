@@ -27,7 +27,7 @@ from artifact.experiments.rules import margin_below
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CELL_KEYS, CONFIDENCE, format_table, paired_table
 from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
-from artifact.offload.sim import by_basis, phase_columns, ruling_basis, sweep
+from artifact.offload.replay.sim import by_basis, phase_columns, ruling_basis, sweep
 
 OWN = "not a claim of the paper: this artifact's own result"
 

@@ -1,5 +1,5 @@
 """09 the cache's own design space (this artifact's own results, not the paper's): is LRU the right
-cache for diffusion MoE? Every eviction policy (offload/eviction.py) replays the profile's traces exactly,
+cache for diffusion MoE? Every eviction policy (offload/policy/eviction.py) replays the profile's traces exactly,
 against LRU and the two floors belady (this cache's rules) and min (any demand-paging schedule), per C/W,
 batch size and phase; the best eviction is combined with last_step, cross_layer and oracle prefetching; and
 libCacheSim's LRU, fed each demand hits first, is checked against `demand` on every request; and a small
@@ -27,8 +27,8 @@ from artifact.experiments.rules import margin_below
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CELL_KEYS
 from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
-from artifact.offload.sim import by_basis, capacity_for, phase_columns, relative_to_lru, ruling_basis, sweep
-from artifact.offload.trace import mean_working_set
+from artifact.offload.replay.sim import by_basis, capacity_for, phase_columns, relative_to_lru, ruling_basis, sweep
+from artifact.offload.replay.trace import mean_working_set
 
 OWN = "not a claim of the paper: this artifact's own result"
 RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)
@@ -114,7 +114,7 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
         import libcachesim as lcs
     except ImportError:
         return pd.DataFrame()
-    from artifact.offload.export import request_streams
+    from artifact.offload.replay.export import request_streams
     rows = []
     req = lcs.Request()
     req.obj_size = 1

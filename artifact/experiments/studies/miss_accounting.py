@@ -20,9 +20,17 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figures import COLORS, PAPER_STYLE, title
 from artifact.experiments.rules import margin_below
 from artifact.experiments.settings import Settings
-from artifact.offload.cache import COUNTS
-from artifact.offload.sim import BASES, DENOISING_ONLY, WITH_PREFILL, by_basis, phase_columns, ruling_basis, sweep
-from artifact.offload.trace import mean_working_set, working_set_by_phase
+from artifact.offload.backend.cache import COUNTS
+from artifact.offload.replay.sim import (
+    BASES,
+    DENOISING_ONLY,
+    WITH_PREFILL,
+    by_basis,
+    phase_columns,
+    ruling_basis,
+    sweep,
+)
+from artifact.offload.replay.trace import mean_working_set, working_set_by_phase
 
 BOUND = "min"    # replayed beside the profile's sim_policies (a bound, not a policy: not in Settings' list)
 SUMMED = ("demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "accesses")

@@ -12,9 +12,9 @@ from artifact.experiments.harness import load_model, offload_spec
 from artifact.experiments.outputs.figures import legend, title
 from artifact.experiments.settings import Settings
 from artifact.model.tasks import prompts
+from artifact.offload.replay.sim import capacity_for
+from artifact.offload.replay.trace import mean_working_set
 from artifact.offload.runner import run
-from artifact.offload.sim import capacity_for
-from artifact.offload.trace import mean_working_set
 
 STAT_KEYS = ("tokens_generated", "forwards", "tokens_per_second", "demand_hits", "demand_misses", "stall_seconds",
              "link_busy_seconds", "achieved_gbps")

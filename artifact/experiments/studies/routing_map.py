@@ -35,13 +35,13 @@ from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import paired_table
 from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
 from artifact.model.tasks import prompts
-from artifact.offload.bounds import relaxed_min
+from artifact.offload.backend.store import HostStore
+from artifact.offload.replay.bounds import relaxed_min
+from artifact.offload.replay.sim import capacity_for, denoising_only, phase_columns, replay, sweep
+from artifact.offload.replay.synth import SynthParams, synth
+from artifact.offload.replay.synth import measure as routing_statistics
+from artifact.offload.replay.trace import Trace, mean_working_set
 from artifact.offload.runner import OffloadSpec
-from artifact.offload.sim import capacity_for, denoising_only, phase_columns, replay, sweep
-from artifact.offload.store import HostStore
-from artifact.offload.synth import SynthParams, synth
-from artifact.offload.synth import measure as routing_statistics
-from artifact.offload.trace import Trace, mean_working_set
 from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 
 POLICIES = ("last_step", "oracle", "min")      # each against LRU ('demand') at the same C

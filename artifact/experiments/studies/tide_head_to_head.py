@@ -23,7 +23,7 @@ from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, s
 from artifact.experiments.tide.checkout import check_tide
 from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
 from artifact.model.tasks import prompts
-from artifact.offload.sim import capacity_for
+from artifact.offload.replay.sim import capacity_for
 
 RATIOS = tuple(paper.TIDE_SPEEDUP)      # "the same budget" C = W, and half of it
 STEM = "tide_style_runs"                # data/results/<profile>/tide_style_runs.csv

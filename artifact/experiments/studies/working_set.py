@@ -13,8 +13,8 @@ from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import trace_label
 from artifact.experiments.outputs.figures import title
 from artifact.experiments.rules import margin_at_least
-from artifact.offload.sim import denoising_only, phase_columns, sweep
-from artifact.offload.trace import step_similarity, working_sets
+from artifact.offload.replay.sim import denoising_only, phase_columns, sweep
+from artifact.offload.replay.trace import step_similarity, working_sets
 
 
 # --- tables ---------------------------------------------------------------------------------------

@@ -71,10 +71,10 @@ from artifact.experiments.studies.performance_model.virtual import (
     virtual_spec,
     wall_run,
 )
-from artifact.offload.policies import check_policy
-from artifact.offload.synth import SynthParams, synth
-from artifact.offload.timeline import PRIORITIES
-from artifact.offload.trace import Trace
+from artifact.offload.links.timeline import PRIORITIES
+from artifact.offload.policy.policies import check_policy
+from artifact.offload.replay.synth import SynthParams, synth
+from artifact.offload.replay.trace import Trace
 from artifact.paths import repo_root
 
 

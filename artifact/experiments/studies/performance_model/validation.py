@@ -28,10 +28,10 @@ from artifact.experiments.studies.performance_model.virtual import (
 )
 from artifact.model.config import PRESETS
 from artifact.model.tasks import prompts
-from artifact.offload.costs import Costs, Hardware, Shape
+from artifact.offload.links.costs import Costs, Hardware, Shape
+from artifact.offload.replay.sim import capacity_for
+from artifact.offload.replay.trace import Trace, mean_working_set
 from artifact.offload.runner import OffloadSpec, run
-from artifact.offload.sim import capacity_for
-from artifact.offload.trace import Trace, mean_working_set
 from artifact.offload.trace_engine import calibrate
 
 # --- validation on the cpu profile -----------------------------------------------------------------

@@ -12,12 +12,12 @@ from tqdm.auto import tqdm
 
 from artifact.errors import SettingError
 from artifact.model.config import get_preset
-from artifact.offload.costs import Costs, Hardware, Shape
-from artifact.offload.policies import check_policy
+from artifact.offload.links.costs import Costs, Hardware, Shape
+from artifact.offload.links.timeline import CLOCKS, PRIORITIES
+from artifact.offload.policy.policies import check_policy
+from artifact.offload.replay.sim import capacity_for, replay
+from artifact.offload.replay.trace import KINDS, Trace, mean_working_set
 from artifact.offload.runner import OffloadSpec
-from artifact.offload.sim import capacity_for, replay
-from artifact.offload.timeline import CLOCKS, PRIORITIES
-from artifact.offload.trace import KINDS, Trace, mean_working_set
 from artifact.offload.trace_engine import Calibration, ExpertShape, run_stream, run_virtual
 
 SHAPES = ("llada2-mini", "llada2-flash", "tiny")     # model.config presets; tiny in float32 (the cpu profile)

@@ -25,10 +25,10 @@ import time
 from typing import Iterable
 
 from artifact.errors import SettingError, TraceError
-from artifact.offload.bounds import relaxed_min
-from artifact.offload.cache import COUNTS, PHASES, ExpertCache
-from artifact.offload.policies import make_policy, parse_policy
-from artifact.offload.trace import Trace, mean_working_set
+from artifact.offload.backend.cache import COUNTS, PHASES, ExpertCache
+from artifact.offload.policy.policies import make_policy, parse_policy
+from artifact.offload.replay.bounds import relaxed_min
+from artifact.offload.replay.trace import Trace, mean_working_set
 
 __all__ = ["BASES", "BOUNDS", "COUNTS", "DENOISING_ONLY", "PHASES", "WITH_PREFILL", "build_cache", "by_basis",
            "capacity_for", "check_spec", "denoising_only", "phase_columns", "replay", "ruling_basis", "sweep"]

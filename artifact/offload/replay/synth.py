@@ -41,8 +41,8 @@ import numpy as np
 
 from artifact.errors import SettingError, TraceError
 from artifact.model.config import PRESETS
-from artifact.offload.link import REFERENCE_EXPERT_BYTES
-from artifact.offload.trace import KINDS, Trace
+from artifact.offload.links.link import REFERENCE_EXPERT_BYTES
+from artifact.offload.replay.trace import KINDS, Trace
 from artifact.validate import check_number
 
 PREFILL, DENOISE = KINDS.index("prefill"), KINDS.index("denoise")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 PRIORITIES = ("fifo", "demand")
-CLOCKS = ("wall", "virtual")          # real time, or a VirtualClock advanced by modelled costs (offload/costs.py)
+CLOCKS = ("wall", "virtual")          # real time, or a VirtualClock advanced by modelled costs (offload/links/costs.py)
 REFERENCE_CHUNK_BYTES = 1 << 20       # 1 MiB: ~42 us on PCIe 4, a sixth of a LLaDA2.0-mini expert
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from artifact.offload.eviction_base import Eviction, register_eviction
+from artifact.offload.policy.eviction_base import Eviction, register_eviction
 
 _INT64 = np.int64
 

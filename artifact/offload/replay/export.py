@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from artifact.errors import SettingError
-from artifact.offload.sim import build_cache
+from artifact.offload.replay.sim import build_cache
 from artifact.paths import atomic_write_bytes
 
 FORMATS = ("oracleGeneral", "csv")

@@ -21,8 +21,8 @@ import numpy as np
 
 from artifact.errors import TraceError  # noqa: F401  (defined with the other user errors; re-exported here)
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.cache import PHASES
-from artifact.offload.policies import TraceFuture
+from artifact.offload.backend.cache import PHASES
+from artifact.offload.policy.policies import TraceFuture
 from artifact.paths import atomic_write_bytes
 
 SCHEMA = 2

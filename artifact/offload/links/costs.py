@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from artifact.model.config import expert_params_of
 from artifact.model.routing import Demand
-from artifact.offload.link import emulated_bandwidth_gbps
+from artifact.offload.links.link import emulated_bandwidth_gbps
 from artifact.validate import check_number
 
 

@@ -7,7 +7,7 @@
   pacing.py        the capped CUDA link's pacing arithmetic (Pacing, calibrate_rate)
   link_factory.py  make_link: a link by name (it imports both implementations; link.py imports neither)
 
-  EmulatedLink  for CPU runs: a copy engine on a timeline (offload/timeline.py): FIFO, or with demand
+  EmulatedLink  for CPU runs: a copy engine on a timeline (offload/links/timeline.py): FIFO, or with demand
                 priority two queues and chunked speculative copies. Each copy (chunk) starts when the
                 link is free and takes latency + bytes / bandwidth; `wait` blocks until the copy ends
                 (the stall is real wall-clock time) and only then moves the bytes, so a compute that
@@ -30,7 +30,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from artifact.model.config import PRESETS
-from artifact.offload.timeline import (
+from artifact.offload.links.timeline import (
     REFERENCE_CHUNK_BYTES,
     Copy,
     CopyTimeline,
@@ -151,7 +151,7 @@ def scaled_chunk_bytes(expert_bytes: int) -> int:
 class EmulatedLink:
     kind = "emulated"
 
-    # priority/chunk_bytes/speculative: the demand-priority link, see offload/timeline.py.
+    # priority/chunk_bytes/speculative: the demand-priority link, see offload/links/timeline.py.
     def __init__(self, bandwidth_gbps: float, latency_us: float = PCIE_LATENCY_US,
                  cap_gbps: float | None = None, clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep, priority: str = "fifo",

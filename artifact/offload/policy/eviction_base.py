@@ -1,7 +1,7 @@
 """The eviction interface: the `Eviction` base (LRU, the default), the registry EVICTIONS and its decorator.
 
 The hooks and the policies registered on it are described in eviction.py, which imports every policy module, so
-`artifact.offload.eviction.EVICTIONS` is the complete registry; this module alone holds only LRU.
+`artifact.offload.policy.eviction.EVICTIONS` is the complete registry; this module alone holds only LRU.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from artifact.offload.trace import KINDS, Trace
+from artifact.offload.replay.trace import KINDS, Trace
 from artifact.validate import check_number
 
 PHASES = ("prefill", "first", "later")

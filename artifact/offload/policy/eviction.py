@@ -46,7 +46,7 @@ from collections import deque
 import numpy as np
 
 from artifact.errors import SettingError
-from artifact.offload.eviction_base import EVICTIONS, LRU, Eviction, register_eviction
+from artifact.offload.policy.eviction_base import EVICTIONS, LRU, Eviction, register_eviction
 
 _INT64 = np.int64
 
@@ -230,4 +230,4 @@ class BlockTokens(_ScoredEviction):
 
 # The list-based policies (arc, s3fifo) live in their own module; importing it here registers them after the
 # policies above, so EVICTIONS lists every policy in the order of this module's docstring.
-from artifact.offload import eviction_lists  # noqa: E402, F401
+from artifact.offload.policy import eviction_lists  # noqa: E402, F401

@@ -29,9 +29,9 @@ import torch
 
 from artifact.model.experts import EXPERT_KERNELS, ExpertGroup, SlotPool, stack_views
 from artifact.model.routing import Demand
-from artifact.offload.cache import EMPTY, ExpertCache, Plan
-from artifact.offload.link import Link
-from artifact.offload.store import HostStore, check_slots_fit
+from artifact.offload.backend.cache import EMPTY, ExpertCache, Plan
+from artifact.offload.backend.store import HostStore, check_slots_fit
+from artifact.offload.links.link import Link
 
 NUMPY_SORT = 32          # a group of at least this many experts is sorted by its slots in numpy
 

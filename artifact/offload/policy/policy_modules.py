@@ -22,8 +22,8 @@ from types import ModuleType
 from typing import Iterable
 
 from artifact.errors import SettingError
-from artifact.offload.eviction import EVICTIONS
-from artifact.offload.policies import POLICIES
+from artifact.offload.policy.eviction import EVICTIONS
+from artifact.offload.policy.policies import POLICIES
 
 EXPECTED = ("expected a dotted module name importable from sys.path (e.g. mypkg.policies) or a path to a .py "
             "file, whose code registers a policy (@register) or an eviction policy (@register_eviction)")

@@ -1,7 +1,7 @@
 """Cache policies: who to evict, who to keep when a demand outgrows the cache, what to prefetch.
 
 Imports nothing from the model or the engine: the same objects serve the live engine and the trace
-simulator (offload/cache.py drives them). A policy sees the demand stream one (forward, layer) event
+simulator (offload/backend/cache.py drives them). A policy sees the demand stream one (forward, layer) event
 at a time, in the order the model computes them. Layers are MoE positions i = 0..L_moe-1 throughout.
 
   demand                  LRU eviction, no prefetch (the design the paper argues for)
@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from artifact.errors import SettingError, TraceError
-from artifact.offload.eviction import EVICTIONS, LRU, Eviction
+from artifact.offload.policy.eviction import EVICTIONS, LRU, Eviction
 
 EMPTY_EXPERTS = np.zeros(0, dtype=np.int64)
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from artifact.errors import SettingError
-from artifact.offload.eviction import Eviction
-from artifact.offload.policies import Policy, Prediction
+from artifact.offload.policy.eviction import Eviction
+from artifact.offload.policy.policies import Policy, Prediction
 
 EMPTY = -1
 PHASES = ("prefill", "first", "later")

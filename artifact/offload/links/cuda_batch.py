@@ -124,7 +124,7 @@ def probe_in_child(device: torch.device, timeout_s: float = 120.0) -> tuple[bool
     if os.environ.get(NO_BATCH_ENV, "") not in ("", "0"):
         return False, f"{NO_BATCH_ENV} is set"
     code = ("import sys, torch\n"
-            "from artifact.offload.cuda_batch import probe_memcpy_batch\n"
+            "from artifact.offload.links.cuda_batch import probe_memcpy_batch\n"
             f"issue, note = probe_memcpy_batch(torch.device('cuda', {device.index}))\n"
             "print(note)\n"
             "sys.exit(0 if issue is not None else 3)\n")

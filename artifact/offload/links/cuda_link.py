@@ -38,8 +38,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from artifact.offload.cuda_batch import probe_in_child, probe_memcpy_batch
-from artifact.offload.link import (
+from artifact.offload.links.cuda_batch import probe_in_child, probe_memcpy_batch
+from artifact.offload.links.link import (
     CLOSE_TIMEOUT_S,
     WAIT_TIMEOUT_S,
     LinkClosed,
@@ -47,8 +47,8 @@ from artifact.offload.link import (
     LinkTimeout,
     describe,
 )
-from artifact.offload.pacing import Pacing, calibrate_rate
-from artifact.offload.timeline import REFERENCE_CHUNK_BYTES, SpeculativeHold, check_priority
+from artifact.offload.links.pacing import Pacing, calibrate_rate
+from artifact.offload.links.timeline import REFERENCE_CHUNK_BYTES, SpeculativeHold, check_priority
 
 _QUARANTINE: list = []     # destinations of copies a close() could not drain: kept alive, never reused
 VIEW_CACHE = 1 << 16       # tensors whose views a link keeps; past it the cache starts over (fresh views per call)

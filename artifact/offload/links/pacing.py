@@ -5,7 +5,7 @@
   calibrate_rate  units per second of some enqueued work, free of any fixed cost per measurement (the
                   peak pinned copy rate and the spin kernel's cycles per second, once per CudaLink)
 
-CudaLink (offload/cuda_link.py) holds one Pacing and replaces it with the feedback of each finished
+CudaLink (offload/links/cuda_link.py) holds one Pacing and replaces it with the feedback of each finished
 batch (`observed`); nothing here touches CUDA.
 """
 from __future__ import annotations

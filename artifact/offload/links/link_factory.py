@@ -5,9 +5,9 @@ import math
 
 import torch
 
-from artifact.offload.cuda_link import CudaLink
-from artifact.offload.link import LINKS, PCIE_LATENCY_US, EmulatedLink, emulated_bandwidth_gbps
-from artifact.offload.timeline import PRIORITIES, REFERENCE_CHUNK_BYTES
+from artifact.offload.links.cuda_link import CudaLink
+from artifact.offload.links.link import LINKS, PCIE_LATENCY_US, EmulatedLink, emulated_bandwidth_gbps
+from artifact.offload.links.timeline import PRIORITIES, REFERENCE_CHUNK_BYTES
 
 
 def make_link(kind: str, *, device="cpu", bandwidth_gbps: float | None = None, latency_us: float = PCIE_LATENCY_US,
