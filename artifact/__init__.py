@@ -5,8 +5,9 @@ Three layers, each importing only the ones below it (an import-linter contract i
 
   artifact.model        config, the LLaDA2-MoE forward (llada2), checkpoint loading, block-diffusion
                         decoding, task prompts
-  artifact.offload      host store, per-layer cache, policies, link, engine, routing traces, the exact
-                        simulator, and the runner that wires a checkpoint to the engine
+  artifact.offload      the runner that wires a checkpoint to the engine, prepare, trace_engine; replay/
+                        (routing traces, the exact simulator), backend/ (host store, per-layer cache, engine),
+                        links/ (the host-to-device link), policy/ (prefetch and eviction)
   artifact.experiments  settings (profiles), the paired benchmark and its statistics, one module per
                         claim, the notebook runner, the TIDE adapter
 

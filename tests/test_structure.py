@@ -52,6 +52,9 @@ def tree_copy(tmp_path_factory):
      "TIDE's adapter imports only the bench and the settings"),
     ("artifact/experiments/bench/grid.py", "from artifact.experiments.bench import results",
      "bench: run > model_runner"),
+    ("artifact/offload/backend/cache.py", "from artifact.offload.replay import trace", "offload: top > runner"),
+    ("artifact/offload/policy/policies.py", "from artifact.offload.links import link", "offload: top > runner"),
+    ("artifact/offload/replay/trace.py", "from artifact.offload.replay import sim", "offload.replay: export"),
 ])
 def test_the_import_contracts_pass_and_fail_on_a_back_edge(tree_copy, module, back_edge, contract):
     ok = _lint(tree_copy)
