@@ -201,8 +201,8 @@ MEASURES = {
 
 
 def engine(a, torch, cfg, dtype, report) -> dict:
-    from artifact.model.checkpoint import random_model
     from artifact.model.decode import DecodeConfig
+    from artifact.model.tiny import random_model
     from artifact.offload.runner import OffloadSpec, run
     from artifact.offload.sim import capacity_for
     from artifact.offload.trace import mean_working_set
