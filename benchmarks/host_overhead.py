@@ -57,13 +57,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from artifact.model.checkpoint import random_model
 from artifact.model.config import get_preset
 from artifact.model.kv_cache import KVCache
 from artifact.model.llada2 import MoE
 from artifact.model.options import FORWARD_MODES, ForwardOptions
 from artifact.model.routing import StepInfo
 from artifact.model.syncs import SyncCounter
+from artifact.model.tiny import random_model
 from artifact.offload.backend.engine import offload
 from artifact.offload.links.link_factory import make_link
 from artifact.offload.policy.policies import make_policy

@@ -22,6 +22,7 @@ import torch
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig, generate
 from artifact.model.tasks import prompts
+from artifact.model.tiny import tiny_checkpoint
 from artifact.offload.backend.engine import offload
 from artifact.offload.links.link import EmulatedLink, emulated_bandwidth_gbps, scaled_chunk_bytes
 from artifact.offload.links.timeline import ManualClock
@@ -115,7 +116,7 @@ def main():
                     "(default: scaled_chunk_bytes, a sixth of an expert)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    loaded = load_checkpoint("tiny")
+    loaded = load_checkpoint(tiny_checkpoint())
     _, ps = prompts(loaded.tokenizer, "gsm8k", a.n, seed=0, max_prompt_tokens=64)
     dc = DecodeConfig(gen_length=a.gen_length)
     base = run(loaded, ps, a.batch, dc, record=True)

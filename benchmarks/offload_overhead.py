@@ -19,6 +19,7 @@ import torch
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig, generate
 from artifact.model.tasks import prompts
+from artifact.model.tiny import tiny_checkpoint
 from artifact.offload.backend.engine import offload
 from artifact.offload.links.link_factory import make_link
 from artifact.offload.policy.policies import make_policy
@@ -38,7 +39,7 @@ def main():
     ap.add_argument("--gen-length", type=int, default=64)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    loaded = load_checkpoint("tiny")
+    loaded = load_checkpoint(tiny_checkpoint())
     _, ps = prompts(loaded.tokenizer, "gsm8k", a.batch, seed=0, max_prompt_tokens=64)
     dc = DecodeConfig(gen_length=a.gen_length)
     base = run(loaded, ps, a.batch, dc, record=True)

@@ -25,6 +25,7 @@ import torch
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import prompts
+from artifact.model.tiny import tiny_checkpoint
 from artifact.offload.policy.eviction import EVICTIONS
 from artifact.offload.policy.policies import POLICIES
 from artifact.offload.replay.sim import capacity_for, replay, sweep
@@ -147,7 +148,7 @@ def main():
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    loaded = load_checkpoint("tiny")
+    loaded = load_checkpoint(tiny_checkpoint())
     ids, ps = prompts(loaded.tokenizer, "gsm8k", 4, seed=0, max_prompt_tokens=64)
     base = run(loaded, ps, 4, DecodeConfig(gen_length=64), record=True, prompt_ids=ids, task="gsm8k").trace
     big = tiled(base, -(-a.accesses // base.accesses))

@@ -10,6 +10,7 @@ import torch
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import prompts
+from artifact.model.tiny import tiny_checkpoint
 from artifact.offload.runner import run
 
 
@@ -20,7 +21,7 @@ def main():
     ap.add_argument("--task", default="gsm8k")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    loaded = load_checkpoint("tiny")
+    loaded = load_checkpoint(tiny_checkpoint())
     print(f"tiny model, {a.task}, gen_length {a.gen_length}, {a.threads} thread(s)")
     print(f"{'mode':>7} {'batch':>5} {'forwards':>8} {'s/step':>8} {'tokens/s':>9} {'tok/fwd':>7}")
     for batch in (1, 4):

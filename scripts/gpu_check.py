@@ -201,8 +201,8 @@ MEASURES = {
 
 
 def engine(a, torch, cfg, dtype, report) -> dict:
-    from artifact.model.checkpoint import random_model
     from artifact.model.decode import DecodeConfig
+    from artifact.model.tiny import random_model
     from artifact.offload.replay.sim import capacity_for
     from artifact.offload.replay.trace import mean_working_set
     from artifact.offload.runner import OffloadSpec, run

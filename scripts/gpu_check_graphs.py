@@ -229,8 +229,8 @@ MEASURES = {
 
 def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float, write=lambda: None) -> dict:
     """Step 5; `write` is called after every row, so each row is on disk as soon as it is measured."""
-    from artifact.model.checkpoint import random_model
     from artifact.model.decode import DecodeConfig
+    from artifact.model.tiny import random_model
     from artifact.offload.replay.sim import capacity_for, replay
     from artifact.offload.replay.trace import mean_working_set
     from artifact.offload.runner import OffloadSpec, run
@@ -350,9 +350,9 @@ def fp32_tokens(a, torch) -> dict:
         return {"skipped": "on the CPU the engine rows run in float32: T5 judges their tokens"}
     import dataclasses
 
-    from artifact.model.checkpoint import random_model
     from artifact.model.config import get_preset
     from artifact.model.decode import DecodeConfig
+    from artifact.model.tiny import random_model
     from artifact.offload.replay.sim import capacity_for
     from artifact.offload.replay.trace import mean_working_set
     from artifact.offload.runner import OffloadSpec, run

@@ -93,8 +93,8 @@ def capped_link(a, torch, expert_bytes: int) -> dict:
 
 
 def moe_layer(a, torch, cfg, dtype) -> dict:
-    from artifact.model.checkpoint import random_model
     from artifact.model.options import ForwardOptions
+    from artifact.model.tiny import random_model
     one = dataclasses.replace(cfg, num_hidden_layers=2, name=cfg.name + "-1moe")
     loaded = random_model(one, seed=0, dtype=dtype, device=a.device, resident=True)
     layer = loaded.model.model.layers[1].mlp                               # the MoE layer

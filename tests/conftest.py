@@ -44,7 +44,8 @@ def pytest_collection_modifyitems(config, items):
 def tiny():
     """The tiny checkpoint loaded in float32 on the CPU (experts resident)."""
     from artifact.model.checkpoint import load_checkpoint
-    return load_checkpoint("tiny")
+    from artifact.model.tiny import tiny_checkpoint
+    return load_checkpoint(tiny_checkpoint())
 
 
 @pytest.fixture(scope="session")

@@ -6,14 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from artifact.model.checkpoint import (
-    build_tiny_checkpoint,
-    expected_shapes,
-    load_checkpoint,
-    save_checkpoint,
-    state_tensors,
-)
+from artifact.model.checkpoint import expected_shapes, load_checkpoint
 from artifact.model.config import ModelConfig
+from artifact.model.tiny import build_tiny_checkpoint, save_checkpoint, state_tensors
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from artifact.experiments.settings import Settings, load_profile, resolve_thread
 from artifact.model.config import get_preset
 from artifact.model.decode import DecodeConfig
 from artifact.model.routing import Demand, StepInfo
+from artifact.model.tiny import tiny_checkpoint
 from artifact.offload.replay.trace import TraceRecorder
 from artifact.paths import check_writable
 
@@ -76,7 +77,7 @@ def weights_opened(monkeypatch):
 
 def _copy_without_weights(dst: Path, config_changes: dict | None = None) -> Path:
     """The tiny checkpoint's config and tokenizer, with garbage bytes as its weights."""
-    src = checkpoint.tiny_checkpoint()
+    src = tiny_checkpoint()
     dst.mkdir()
     for name in TOKENIZER_FILES:
         if (src / name).is_file():

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.cuda
 def tiny_cuda():
     """The tiny checkpoint in float32 on the GPU, all experts resident (the reference)."""
     from artifact.model.checkpoint import load_checkpoint
-    return load_checkpoint("tiny", device="cuda")
+    from artifact.model.tiny import tiny_checkpoint
+    return load_checkpoint(tiny_checkpoint(), device="cuda")
 
 
 @pytest.mark.parametrize("mode", ["cached", "full"])
@@ -287,9 +288,9 @@ def test_segmented_grouped_stage_is_captured_in_bf16_on_cuda():
     the same shapes replays only (no new capture); logits close to the eager forward."""
     import dataclasses
 
-    from artifact.model.checkpoint import random_model
     from artifact.model.config import get_preset
     from artifact.model.segments import programs
+    from artifact.model.tiny import random_model
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the grouped GEMM on CUDA needs compute capability >= 9.0")
     cfg = dataclasses.replace(get_preset("tiny"), num_hidden_layers=3)

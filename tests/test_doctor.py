@@ -16,9 +16,10 @@ import artifact.model.checkpoint as checkpoint
 from artifact.cli import main
 from artifact.experiments.doctor import CONTEXT_BYTES, GB, DoctorError, check
 from artifact.experiments.settings import load_profile
-from artifact.model.checkpoint import expected_shapes, tiny_checkpoint
+from artifact.model.checkpoint import expected_shapes
 from artifact.model.config import get_preset
 from artifact.model.memory import non_expert_bytes
+from artifact.model.tiny import tiny_checkpoint
 from artifact.offload.replay.sim import capacity_for
 
 DTYPE_BYTES = {"BF16": 2, "F32": 4}

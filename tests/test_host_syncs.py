@@ -99,8 +99,8 @@ def test_one_host_sync_per_moe_layer_resident(tiny):
 def test_router_weight_is_cast_once_and_recast_when_it_changes():
     import dataclasses
 
-    from artifact.model.checkpoint import random_model
     from artifact.model.config import get_preset
+    from artifact.model.tiny import random_model
     cfg = dataclasses.replace(get_preset("tiny"), num_hidden_layers=2)
     gate = random_model(cfg, seed=0, dtype="bfloat16", resident=True).model.model.layers[1].mlp.gate
     a = gate.weight_fp32()

@@ -7,10 +7,11 @@ import shutil
 import pytest
 import torch
 
-from artifact.model.checkpoint import load_checkpoint, random_model, save_checkpoint, state_tensors
+from artifact.model.checkpoint import load_checkpoint
 from artifact.model.config import get_preset
 from artifact.model.decode import DecodeConfig
 from artifact.model.experts import HAS_GROUPED_MM, ExpertGroup, grouped_ffn, stack_views
+from artifact.model.tiny import random_model, save_checkpoint, state_tensors, tiny_checkpoint
 from artifact.offload.backend.store import check_slots_fit, non_expert_bytes
 from artifact.offload.links.cuda_link import wait_event
 from artifact.offload.links.link import EmulatedLink, LinkTimeout
@@ -320,4 +321,4 @@ def test_load_checkpoint_refuses_the_capacity_before_reading_tensors(monkeypatch
     monkeypatch.setattr(store.torch.cuda, "mem_get_info", lambda device=None: (2 * 10 ** 9, 80 * 10 ** 9))
     monkeypatch.setattr(ck, "TensorIndex", lambda *a, **k: pytest.fail("read the checkpoint despite the refusal"))
     with pytest.raises(ValueError, match=r"cache capacity 256 does not fit on cuda.* 2.0 GB free"):
-        load_checkpoint("tiny", device="cuda", capacity=256)
+        load_checkpoint(tiny_checkpoint(), device="cuda", capacity=256)

@@ -28,12 +28,10 @@ from artifact.experiments.bench.results import COLUMNS, CellClaims, locked, merg
 from artifact.experiments.settings import load_profile
 from artifact.model.checkpoint import (
     CheckpointError,
-    init_random_weights,
     load_checkpoint,
-    save_checkpoint,
-    state_tensors,
     weights_fingerprint,
 )
+from artifact.model.tiny import init_random_weights, save_checkpoint, state_tensors, tiny_checkpoint
 from artifact.offload.replay.trace import Trace, TraceError
 
 RUN_KEYS = ["task", "batch_size", "cache_ratio", "bandwidth_scale", "policy", "rep"]
@@ -251,7 +249,7 @@ def test_fingerprint_follows_the_weights_not_the_copy(tiny, other_weights, tmp_p
     for f in tiny.path.iterdir():
         shutil.copy(f, copy / f.name)                         # new modification times
     os.utime(copy / "model.safetensors", (1, 1))
-    assert weights_fingerprint(copy) == fp == weights_fingerprint("tiny")
+    assert weights_fingerprint(copy) == fp == weights_fingerprint(tiny_checkpoint())
     assert weights_fingerprint(other_weights) != fp
     # large files: the header plus the first bytes of every tensor
     monkeypatch.setattr(ckpt, "FULL_HASH_BYTES", 0)

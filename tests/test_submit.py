@@ -24,6 +24,7 @@ from artifact.experiments.bench.results import read_rows, write_rows
 from artifact.experiments.harness import trace_current
 from artifact.experiments.settings import ProfileError, load_profile, parse_override
 from artifact.experiments.stats import CELL_KEYS
+from artifact.experiments.submit import jobs as job_machinery
 
 # A reduced cpu grid: one task, batch 1, one prompt, 32 tokens, one repetition of demand and last_step.
 SMALL = ["tasks=[gsm8k]", "batch_sizes=[1]", "repetitions=1", "gen_length=32", "n_prompts=1", "warmup=0",
@@ -150,7 +151,7 @@ def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path
         assert submitted.wait(WAIT_S), f"no job id of shard 1 logged in {WAIT_S} s: {lines}"
         cells_at_kill.append(len(submit._cells_in(shard1)))
         try:                                                   # a second submission while the jobs run is refused
-            submit.check_not_running(jobs / "bench")
+            job_machinery.check_not_running(jobs / "bench")
         except submit.SubmitError as e:
             refused.append(str(e))
         job = int(re.search(r"shard 1/2: job (\d+)", "\n".join(lines)).group(1))
@@ -253,10 +254,10 @@ def test_slurm_array_from_the_profile(tmp_path, fake_slurm, capsys):
 
 def test_slurm_parameters_follow_the_profile_and_submitit_checks_them(tmp_path, fake_slurm):
     P = load_profile("cpu", {"slurm.partition": "short"})
-    params = submit.slurm_parameters(P, 5, "bench")
+    params = job_machinery.slurm_parameters(P, 5, "bench")
     assert params["partition"] == "short" and "gpus_per_task" not in params      # cpu.yaml: gpus_per_task 0
     assert (params["cpus_per_task"], params["time"], params["array_parallelism"]) == (1, 30, 5)
-    ex = submit.make_executor("slurm", P, tmp_path / "jobs", 5, "bench")
+    ex = job_machinery.make_executor("slurm", P, tmp_path / "jobs", 5, "bench")
     assert ex.parameters["partition"] == "short"
     with pytest.raises(ValueError, match="Unavailable parameter"):      # submitit's own check of sbatch keys
         ex.update_parameters(partitoin="x")
@@ -265,7 +266,7 @@ def test_slurm_parameters_follow_the_profile_and_submitit_checks_them(tmp_path, 
 def test_slurm_needs_slurm_commands(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(submit.SubmitError, match="needs Slurm's commands"):
-        submit.make_executor("slurm", load_profile("cpu"), tmp_path, 1, "bench")
+        job_machinery.make_executor("slurm", load_profile("cpu"), tmp_path, 1, "bench")
 
 
 @pytest.mark.parametrize("text, pattern", [
@@ -315,17 +316,17 @@ def test_cli_flag_combinations(capsys):
 def test_local_jobs_get_one_core_each():
     P = load_profile("cpu")
     cores = sorted(os.sched_getaffinity(0))
-    slots = submit.local_slots(P, len(cores))
+    slots = job_machinery.local_slots(P, len(cores))
     assert [s["cpu"] for s in slots] == cores and all(s["gpu"] is None for s in slots)
     with pytest.raises(submit.SubmitError, match=f"need {len(cores) + 1} CPU cores"):
-        submit.local_slots(P, len(cores) + 1)
+        job_machinery.local_slots(P, len(cores) + 1)
 
 
 def test_trace_progress_counts_only_the_traces_now_current(tmp_path, monkeypatch):
     P = profile("trace_tasks=[gsm8k, mbpp]", "trace_batch_sizes=[1, 2]")
     current = set()                                              # nothing recorded yet: 4 to record
     monkeypatch.setattr(submit, "trace_current", lambda P, task, b: (task, b) in current)
-    monkeypatch.setattr(submit, "_submit", lambda *a: [type("Job", (), {"job_id": i})() for i in range(len(a[5]))])
+    monkeypatch.setattr(submit, "submit_jobs", lambda *a: [type("Job", (), {"job_id": i})() for i in range(len(a[5]))])
     seen = []
 
     def wait(jobs, labels, count_done, total, *a):
@@ -369,8 +370,8 @@ def test_local_jobs_get_one_gpu_each_on_a_cuda_profile():
     P = load_profile("a5000", {"model": "/ckpt"})                  # device: cuda
     gpus = torch.cuda.device_count()
     if gpus:
-        assert [s["gpu"] for s in submit.local_slots(P, gpus)] == list(range(gpus))
+        assert [s["gpu"] for s in job_machinery.local_slots(P, gpus)] == list(range(gpus))
     with pytest.raises(submit.SubmitError, match=f"{gpus + 1} local jobs need {gpus + 1} GPUs .* has {gpus}"):
-        submit.local_slots(P, gpus + 1)
+        job_machinery.local_slots(P, gpus + 1)
     with pytest.raises(submit.SubmitError, match="set device: cuda, not 'cuda:1'"):
-        submit.local_slots(load_profile("a5000", {"model": "/ckpt", "device": "cuda:1"}), 1)
+        job_machinery.local_slots(load_profile("a5000", {"model": "/ckpt", "device": "cuda:1"}), 1)

@@ -20,9 +20,9 @@ import torch
 from artifact.experiments.bench.model_runner import usable_cores
 from artifact.experiments.tide import adapter as tide
 from artifact.experiments.tide import checkout as tide_checkout
-from artifact.model.checkpoint import tiny_checkpoint
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import tokens_sha
+from artifact.model.tiny import tiny_checkpoint
 
 # The fake is not TIDE's pinned model file: check_tide warns about that; the warning has its own test.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is not the model file of ims-kdks/TIDE:UserWarning")
@@ -336,8 +336,8 @@ def test_real_tide_is_the_same_model_as_ours(tmp_path):
     """TIDE's model class loads a checkpoint we write and computes our logits (float32, CPU, experts on
     the CPU so no placement runs): the head to head compares two implementations of one model.
     No tokenizer is involved, so TIDE's pinned transformers may differ from ours."""
-    from artifact.model.checkpoint import random_model, save_checkpoint, state_tensors
     from artifact.model.config import get_preset
+    from artifact.model.tiny import random_model, save_checkpoint, state_tensors
     ours = random_model(get_preset("tiny"), seed=1)
     root = save_checkpoint(tmp_path / "ck", ours.cfg, state_tensors(ours.model, ours.experts))
     info = tide_checkout.check_tide(os.environ["ARTIFACT_TIDE_PATH"], device="cpu")
@@ -354,8 +354,8 @@ def test_real_tide_is_the_same_model_as_ours(tmp_path):
 @pytest.mark.skipif(not os.environ.get("ARTIFACT_TIDE_PATH") or torch.cuda.is_available(),
                     reason="set ARTIFACT_TIDE_PATH; checks the error of the real TIDE on a machine without a GPU")
 def test_real_tide_without_a_gpu_fails_clearly(tmp_path):
-    from artifact.model.checkpoint import random_model, save_checkpoint, state_tensors
     from artifact.model.config import get_preset
+    from artifact.model.tiny import random_model, save_checkpoint, state_tensors
     ours = random_model(get_preset("tiny"), seed=1)
     root = save_checkpoint(tmp_path / "ck", ours.cfg, state_tensors(ours.model, ours.experts))
     with pytest.raises(RuntimeError, match="enable_predictive_expert_offload failed: CUDA is not available"):

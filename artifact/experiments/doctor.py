@@ -36,9 +36,10 @@ from artifact.errors import UserError
 from artifact.experiments.bench.grid import grid
 from artifact.experiments.harness import current_trace
 from artifact.experiments.settings import Settings
-from artifact.model.checkpoint import DTYPES, TensorIndex, expected_shapes, tiny_checkpoint
+from artifact.model.checkpoint import DTYPES, TensorIndex, expected_shapes
 from artifact.model.memory import non_expert_bytes
 from artifact.model.tasks import prompts
+from artifact.model.tiny import checkpoint_dir
 from artifact.offload.prepare import model_config, tokenizer_and_config
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import mean_working_set
@@ -134,7 +135,7 @@ def _kind(device: str) -> str:
 
 
 def _root(model: str) -> Path:
-    return tiny_checkpoint() if model == "tiny" else Path(model)
+    return checkpoint_dir(model)
 
 
 def _host_available() -> int | None:

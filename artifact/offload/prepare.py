@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from artifact.errors import CheckpointError, SettingError, UserError
-from artifact.model.checkpoint import DTYPES, Loaded, load_checkpoint, load_tokenizer, tiny_checkpoint, with_token_ids
+from artifact.model.checkpoint import DTYPES, Loaded, load_checkpoint, load_tokenizer, with_token_ids
 from artifact.model.config import ModelConfig, get_preset
 from artifact.model.decode import MAX_BATCH, DecodeConfig
 from artifact.model.tasks import TASKS, encode, load_task, prompts, tokens_sha
+from artifact.model.tiny import checkpoint_dir
 from artifact.offload.policy.policies import POLICIES, check_policy
 from artifact.offload.replay.trace import Trace
 from artifact.offload.runner import LinkSettings, OffloadSpec, check_device, check_oracle_before_load
@@ -94,7 +95,7 @@ class Prepared:
         """The weights (resident unless the run is offloaded). The loader must arrive at the checked config."""
         r = self.request
         with checkpoint_errors(r.model):
-            loaded = load_checkpoint(r.model, dtype=self.dtype, device=r.device,
+            loaded = load_checkpoint(checkpoint_dir(r.model), dtype=self.dtype, device=r.device,
                                      resident=(r.offload is None) if resident is None else resident)
         assert loaded.cfg.config_hash() == self.cfg.config_hash(), "checked another config than loaded"
         return loaded
@@ -143,7 +144,7 @@ def tokenizer_and_config(model: str, cfg: ModelConfig):
     """The tokenizer and the config with the tokenizer's mask/eos ids (what the loader will use), read
     without the weights: prompt lengths, the oracle trace's prompt ids and config hash, and the tokenizer's
     fit to vocab_size are checked before a long load."""
-    root = tiny_checkpoint() if model == "tiny" else Path(model)
+    root = checkpoint_dir(model)
     with checkpoint_errors(model):
         tok = load_tokenizer(root)
         cfg = with_token_ids(cfg, tok, root)

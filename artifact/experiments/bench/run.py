@@ -18,7 +18,7 @@ cells it already has (bench/results.py: concurrent writers and interrupted appen
 Sharding: `--shard i/n` (0 <= i < n) takes the cells whose grid index % n == i, so n GPUs or a job
 array (Slurm: --array=0-(n-1), --shard $SLURM_ARRAY_TASK_ID/n) run one grid; each shard writes its
 own file by default and `python -m artifact merge` joins them. Shards may also share one --out.
-`--submit slurm|local --shards n` (submit.py) submits the n shards as jobs through submitit, waits and merges.
+`--submit slurm|local --shards n` (experiments/submit/) submits the n shards as jobs through submitit, waits and merges.
 """
 from __future__ import annotations
 

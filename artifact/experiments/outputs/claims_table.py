@@ -29,8 +29,10 @@ _SAVE = re.compile(r'save\(fig, df, P, "([^"]+)"\)')
 
 
 def study(notebook: str) -> str:
-    """The module behind a notebook, named after it: 04_capacity_sweep -> studies/capacity_sweep.py."""
-    return f"artifact/experiments/studies/{notebook.split('_', 1)[1]}.py"
+    """The module behind a notebook, named after it: 04_capacity_sweep -> studies/capacity_sweep.py, or the
+    package's folder when the study has parts (07_routing_map -> studies/routing_map/)."""
+    name = f"artifact/experiments/studies/{notebook.split('_', 1)[1]}"
+    return f"{name}/" if (repo_root() / name).is_dir() else f"{name}.py"
 
 
 def markers(profile_name: str) -> tuple[str, str]:

@@ -1,15 +1,6 @@
-"""07 routing map: which routing statistics let prediction win. Synthetic streams (synth.py) over a grid
-of step novelty nu x W spread are replayed (sim.replay; `min` is bounds.relaxed_min) at C/W 1 and 1.73,
-with and without prefill forwards; the cpu traces are placed on the map from their fitted parameters, the
-paper's oracle cut is drawn as a contour, and two streams (at the paper's implied point and at the cpu
-traces' point) run through the stream-driven engine (offload/trace_engine.py) on the emulated link, demand vs
-last_step, paired by repetition. The map is this artifact's own result, not a figure of the paper.
-
-The map's streams share one base (`base_params`): LLaDA2.0-mini's shape (E 256, top-k 8, 32 tokens and up to 32
-steps a block, W 70) with the generator's neutral W profile, except the W persistence (how W drifts from step to
-step) and the prefill W multiple: both the median of the cpu traces' fits (real routing drifts; without drift a
-large spread would force extra novelty through clipping, and the axes would not be independent). All streams of
-one map share a seed (common random numbers: neighbouring cells differ by the parameters, not by the draw).
+"""07 routing map, the map: synthetic streams over a grid of step novelty x W spread replayed at C/W 1 and 1.73
+(with and without prefill), the cpu traces placed on it, the paper's oracle cut as a contour; its numbers, verdicts
+and figure. The module docstring of the package (routing_map/__init__.py) says how the map is built.
 """
 from __future__ import annotations
 
@@ -23,26 +14,15 @@ from matplotlib.colors import LogNorm
 from scipy.interpolate import RegularGridInterpolator
 from tqdm.auto import tqdm
 
-from artifact.experiments.bench.order import slot_order
-from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, judged
-from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.criteria.timing import CLAIMS
-from artifact.experiments.harness import load_model, traces
-from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
-from artifact.experiments.replication import Compared, Replicas, cached_rows, gather
-from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.stats import paired_table
-from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
-from artifact.model.tasks import prompts
-from artifact.offload.backend.store import HostStore
+from artifact.experiments.criteria import paper
+from artifact.experiments.outputs.figures import PAPER_STYLE, title
+from artifact.experiments.settings import Settings
 from artifact.offload.replay.bounds import relaxed_min
 from artifact.offload.replay.sim import capacity_for, denoising_only, phase_columns, replay, sweep
 from artifact.offload.replay.synth import SynthParams, synth
 from artifact.offload.replay.synth import measure as routing_statistics
 from artifact.offload.replay.trace import Trace, mean_working_set
-from artifact.offload.runner import OffloadSpec
-from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 
 POLICIES = ("last_step", "oracle", "min")      # each against LRU ('demand') at the same C
 
@@ -258,152 +238,6 @@ def verdicts(n: Numbers) -> list[Claim]:
     return claims
 
 
-# --- throughput through the stream-driven engine ---------------------------------------------------
-def calibration(P: Settings) -> Calibration:
-    """The tiny model's per-expert compute and other time per demand, measured on this machine (cpu);
-    on a GPU the matmul runs on the device and nothing is padded."""
-    if P.device != "cpu":
-        return Calibration(source="none: device compute")
-    loaded = load_model(P)
-    return calibrate(loaded, prompts(loaded.tokenizer, P.tasks[0], 2, P.seed, P.max_prompt_tokens)[1],
-                     P.decode_config())
-
-
-def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
-    """The timed streams: the paper's implied point (the largest spread reaching the cut at the traces' novelty;
-    the best cell if none does) and the cpu traces' median point."""
-    paper_point = n.implied if n.implied is not None else n.best[:2]
-    return {"paper point": paper_point, "cpu point": n.cpu_point}
-
-
-def stream_runs(P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: Calibration,
-                progress: bool = True) -> pd.DataFrame:
-    """demand, last_step and the A/A control (settings.CONTROL) at the grid's first C/W on each point's stream (no
-    prefill): one untimed warm-up run each (listed order), then g.repetitions rounds, round r in the order
-    slot_order(policies, P.rotation * g.repetitions + r) (bench/order.py); a row per timed run."""
-    loaded = load_model(P)
-    shape = ExpertShape(loaded.cfg.hidden_size, loaded.cfg.moe_intermediate_size)
-    ratio = g.ratios[0]
-    rows = []
-    policies = ("demand", "last_step", CONTROL)
-    jobs = [(name, rep) for name in points for rep in range(-1, g.repetitions)]      # rep -1: the warm-up
-    streams = {}
-    for name, rep in tqdm(jobs, desc="stream engine", disable=not progress):
-        if name not in streams:
-            nu, s = points[name]
-            t = synth(dataclasses.replace(base, novelty=nu, w_spread=s, prefill=0.0, layers=g.stream_layers,
-                                          steps=g.stream_steps))
-            streams[name] = (t, stream_store(loaded, t, shape, g.seed, P.device))
-        t, store = streams[name]
-        C = capacity_for(ratio, mean_working_set(t), base.experts)
-        order = policies if rep < 0 else slot_order(policies, P.rotation * g.repetitions + rep)
-        for policy in order:
-            spec = OffloadSpec.from_settings(P, C, policy, expert_bytes=store.expert_bytes)
-            st = run_stream(t, spec, shape, cal, device=P.device, store=store)
-            if rep < 0:
-                continue
-            rows.append({"task": name, "batch_size": 1, "cache_ratio": ratio, "bandwidth_scale": 1.0, "rep": rep,
-                         "policy": policy, "novelty": points[name][0], "w_spread": points[name][1],
-                         "cache_experts": C, "forwards": st["forwards"], "seconds": st["seconds"],
-                         "forwards_per_second": st["forwards_per_second"], "stall_seconds": st["stall_seconds"],
-                         "link_busy_seconds": st["link_busy_seconds"], "demand_misses": st["demand_misses"],
-                         "speculative_transfers": st["speculative_transfers"], "transfers": st["transfers"],
-                         "calibration": cost_text(cal)})
-    return pd.DataFrame(rows)
-
-
-def cost_text(cal: Calibration) -> str:
-    """The compute the timed streams spin per demand (the calibration), in words."""
-    return (f"{cal.compute_us_per_expert:.0f} us per expert, {cal.other_us_per_demand:.0f} us other per demand"
-            if cal.compute_us_per_expert is not None else "device compute")
-
-
-STREAMS = "streams"      # data/results/<profile>/streams.csv: the timed stream rows (replication.cached_rows)
-
-
-def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
-    """What a stored run keeps of notebook 07 (replication.TIMED_STUDIES): the timed streams."""
-    return streams(P, progress=progress)
-
-
-def streams(P: Settings, base: SynthParams | None = None, points: dict | None = None, g: MapGrid | None = None,
-            cal: Calibration | None = None, progress: bool = True) -> pd.DataFrame:
-    """stream_runs' rows, reused from data/results/<profile>/streams.csv when made under these settings (so a
-    stored run is ruled on its own rows); the map's inputs are computed from the traces when not given."""
-    if base is None or points is None or g is None:
-        g = grid_for(P)
-        fits = trace_fits(traces(P))
-        base = base_params(fits, g)
-        points = stream_points(numbers(routing_map(base, g, prefill_multiple(fits), progress=False), fits))
-
-    def measure():
-        return stream_runs(P, base, points, g, cal or calibration(P), progress=progress)
-    return cached_rows(P, STREAMS, bench_fingerprint(P), measure)
-
-
-def stream_store(loaded, t: Trace, shape: ExpertShape, seed: int, device: str) -> HostStore:
-    """The model's own host experts when the stream has its layers and experts (the tiny model's on cpu),
-    else seeded random experts of its shape and dtype."""
-    packed = loaded.experts
-    pin = device.startswith("cuda")
-    if packed.device.type == "cpu" and tuple(packed.shape[:2]) == (len(t.meta["moe_layers"]), t.meta["num_experts"]):
-        return HostStore(packed, t.meta["moe_layers"], pin=pin)
-    return make_store(t, shape, seed=seed, pin=pin, dtype=packed.dtype)
-
-
-STREAM = ["task"]        # one cell per stream: the "task" column holds the stream's name (paper point, cpu point)
-METRIC = "forwards_per_second"
-CLAIM = CLAIMS["07-streams"]   # the streams claim (criteria/timing.py): demand over last_step per stream, faster
-NET = "net of the A/A control"    # 07's figure: demand over last_step net of the control, what its claim rules on
-
-
-def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """demand vs last_step forwards/s per stream within this run, paired by repetition (stats.paired_table)."""
-    return paired_table(rows, "demand", "last_step", STREAM, metric=METRIC)
-
-
-def replicas(P: Settings, rows: pd.DataFrame) -> Replicas:
-    """This run's stream rows with the stored runs' rows of the same streams and settings (replication.py)."""
-    return gather(P, rows, STREAMS, bench_fingerprint(P), metric=METRIC)
-
-
-@dataclass(frozen=True)
-class Throughput(Compared):
-    """{(stream,): Replicated} demand over last_step, forwards/s, with the A/A control and host shares."""
-    calibration: str = ""    # the compute the rows were timed with (their "calibration" column; "" if absent)
-
-
-def throughput(reps: Replicas) -> Throughput:
-    rows = reps.this
-    cal = rows.calibration.dropna().astype(str).unique() if "calibration" in rows else []
-    c = claim_compared(reps, CLAIM)
-    return Throughput(c.effects, c.control, c.host, c.net, c.basis, "; ".join(cal))
-
-
-def stored_claims(P: Settings) -> list[Claim]:
-    """The timing claim recomputed from the committed rows alone, as `--store` ruled it (tests/test_stored_runs)."""
-    return [throughput_claim(throughput(replicas(P, None).last_stored()))]
-
-
-def stream_label(key) -> str:
-    return str(key[0])
-
-
-def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
-    """The streams' verdict: `faster` (direction; magnitude against the paper's range) per stream on the interval
-    replication.py rules it on, net of the A/A control on the same stream (criteria/timing.py)."""
-    paper_verdict = paper.demand_vs_last_step(1.0)
-    cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
-    q = question(CLAIM)
-    ruling = rule_claim(t, CLAIM, stream_label)
-    return timed_claim("demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
-                       f"stream-driven engine (emulated link, compute calibrated on the model): {q.text()} net of "
-                       "the A/A control, on every stream",
-                       f"{paper_verdict[0]} (a model-driven run)", ruling,
-                       "forwards/s per run, demand over last_step % per pair, one interval per stream",
-                       note=f"A/A control: {CONTROL} over demand; compute: {cost}")
-
-
 # --- figures --------------------------------------------------------------------------------------
 def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
     """Rows: (C/W, prefill or not); columns: LRU misses / policy misses for last_step, oracle, min. The
@@ -443,57 +277,3 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
     return fig, map_df.copy()
 
 
-def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
-    """Left: forwards/s per stream and policy (dots: repetitions, bar: mean); middle: link stall seconds; right:
-    demand over last_step per stream, with its interval, the same net of the A/A control (hollow: the
-    difference in differences the direction claim is ruled on) and the control in its colour, the paper's band."""
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
-    names = list(dict.fromkeys(rows.task))
-    bars = [(p, CONTROL_COLOR if p == CONTROL else COLORS[p])
-            for p in ("demand", "last_step", CONTROL) if p in set(rows.policy)]
-    w = 0.8 / len(bars)
-    for k, name in enumerate(names):
-        for j, (p, color) in enumerate(bars):
-            g = rows[(rows.task == name) & (rows.policy == p)]
-            x = k + (j - (len(bars) - 1) / 2) * w
-            for ax, col in ((ax1, "forwards_per_second"), (ax2, "stall_seconds")):
-                ax.bar(x, g[col].mean(), width=w * 0.95, color=color, alpha=0.6,
-                       label=p + (" (LRU)" if p == "demand" else " (A/A control)" if p == CONTROL else "") + ": mean")
-                ax.scatter(np.full(len(g), x), g[col], s=10, color="black", zorder=3, label="one repetition")
-    ticks = [f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:.3g}, spread {rows[rows.task == n].w_spread.iloc[0]:.3g}"
-             for n in names]
-    for ax in (ax1, ax2, ax3):
-        ax.set_xticks(range(len(names)), ticks, fontsize=8)
-    ratio = rows.cache_ratio.iloc[0]
-    ax1.set(ylabel="denoising forwards / s", title=f"throughput at C/W {ratio:g}")
-    ax2.set(ylabel="compute stalled on the link (s)", title="stall per run")
-    out = []
-    for name, src, color, dx in (("demand over last_step", t.effects, COLORS["demand"], -0.15),
-                                 (NET, t.net, COLORS["demand"], 0.0), (AA_LABEL, t.control, CONTROL_COLOR, 0.15)):
-        keys = [(n,) for n in names if (n,) in src]
-        if not keys:
-            continue
-        iv = [src[k].ruled for k in keys]
-        ax3.errorbar([names.index(k[0]) + dx for k in keys], [i.mean for i in iv],
-                     yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]], fmt="o", capsize=4,
-                     color=color, ms=5, mfc="none" if name == NET else color, label=name)
-        out += [dict(task=k[0], series=name, diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
-                for k, i in zip(keys, iv)]
-    ax3.axhspan(*paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
-                label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% (C/W "
-                      f"{paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})")
-    ax3.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12,
-                label=f"+-{thresholds.MARGIN:g}% (equivalence margin)")
-    ax3.axhline(0, color="black", lw=1, ls=":")
-    ax3.set_xlim(-0.6, len(names) - 0.4)
-    any_iv = next(iter(t.effects.values()), None)
-    basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else ""
-    ax3.set(ylabel="A over B (% forwards/s)", title=f"the verdict's 95% intervals\n({basis})")
-    ax3.title.set_fontsize(9)
-    title(fig, P, "07 stream-driven engine: demand vs last_step on synthetic streams", legend_columns=3)
-    ruled = pd.DataFrame(out, columns=["task", "series", "diff_pct", "low", "high", "interval", "n"])
-    merged = rows.merge(ruled[ruled.series == "demand over last_step"].drop(columns="series"), on="task", how="left")
-    for series, prefix in ((NET, "net_"), (AA_LABEL, "control_")):
-        part = ruled[ruled.series == series].drop(columns="series").add_prefix(prefix)
-        merged = merged.merge(part.rename(columns={f"{prefix}task": "task"}), on="task", how="left")
-    return fig, merged

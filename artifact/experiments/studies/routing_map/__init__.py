@@ -1,0 +1,60 @@
+"""07 routing map: which routing statistics let prediction win. Synthetic streams (synth.py) over a grid
+of step novelty nu x W spread are replayed (sim.replay; `min` is bounds.relaxed_min) at C/W 1 and 1.73,
+with and without prefill forwards; the cpu traces are placed on the map from their fitted parameters, the
+paper's oracle cut is drawn as a contour, and two streams (at the paper's implied point and at the cpu
+traces' point) run through the stream-driven engine (offload/trace_engine.py) on the emulated link, demand vs
+last_step, paired by repetition. The map is this artifact's own result, not a figure of the paper.
+
+The map's streams share one base (`base_params`): LLaDA2.0-mini's shape (E 256, top-k 8, 32 tokens and up to 32
+steps a block, W 70) with the generator's neutral W profile, except the W persistence (how W drifts from step to
+step) and the prefill W multiple: both the median of the cpu traces' fits (real routing drifts; without drift a
+large spread would force extra novelty through clipping, and the axes would not be independent). All streams of
+one map share a seed (common random numbers: neighbouring cells differ by the parameters, not by the draw).
+
+The study's two parts: map.py (the replayed map, its numbers and verdicts, its figure) and streams.py (the
+timed streams through the stream-driven engine, their claim and figure); notebook 07 and the stored-run
+machinery (replication.TIMED_STUDIES) read both as one module, `routing_map.X`.
+"""
+from artifact.experiments.studies.routing_map.map import (  # noqa: F401
+    CONTOUR,
+    DEFAULT_GRID,
+    GRIDS,
+    POLICIES,
+    MapGrid,
+    Numbers,
+    at_point,
+    base_params,
+    crossing,
+    cuts,
+    grid_for,
+    numbers,
+    plot_map,
+    prefill_multiple,
+    reading,
+    region_text,
+    routing_map,
+    trace_fits,
+    verdicts,
+)
+from artifact.experiments.studies.routing_map.streams import (  # noqa: F401
+    CLAIM,
+    METRIC,
+    NET,
+    STREAM,
+    STREAMS,
+    Throughput,
+    calibration,
+    cost_text,
+    measure,
+    plot_throughput,
+    replicas,
+    stored_claims,
+    stream_label,
+    stream_points,
+    stream_runs,
+    stream_store,
+    streams,
+    throughput,
+    throughput_claim,
+    throughput_table,
+)
