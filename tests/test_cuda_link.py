@@ -14,7 +14,8 @@ import artifact.offload.links.cuda_link as cuda_link
 import artifact.offload.links.link as link_mod
 import artifact.offload.links.pacing as pacing
 from artifact.offload.links.cuda_batch import NO_BATCH_ENV, probe_memcpy_batch
-from artifact.offload.links.cuda_link import CudaBatch, CudaLink
+from artifact.offload.links.cuda_link import CudaLink
+from artifact.offload.links.cuda_runtime import CudaBatch
 from artifact.offload.links.cuda_stub import StubCuda, StubCudart
 from artifact.offload.links.link import EmulatedLink, Link, LinkClosed, LinkTimeout
 

@@ -404,7 +404,7 @@ def test_the_gpu_tests_collect_with_only_what_a_bare_gpu_image_has(tmp_path):
 # scripts/gpu_run.sh, its summary and T5, T5b, T7: tests/test_gpu_run.py
 
 
-LINK_MODULES = ("link", "cuda_link", "cuda_batch", "link_factory", "cuda_stub", "pacing")
+LINK_MODULES = ("link", "cuda_link", "cuda_runtime", "cuda_batch", "link_factory", "cuda_stub", "pacing")
 LINK_AND_GPU_FILES = [*(ROOT / "artifact" / "offload" / "links" / f"{m}.py" for m in LINK_MODULES),
                       *sorted((ROOT / "scripts").glob("gpu*"))]
 

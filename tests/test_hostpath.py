@@ -13,7 +13,7 @@ from artifact.model.decode import DecodeConfig
 from artifact.model.experts import HAS_GROUPED_MM, ExpertGroup, grouped_ffn, stack_views
 from artifact.model.tiny import random_model, save_checkpoint, state_tensors, tiny_checkpoint
 from artifact.offload.backend.store import check_slots_fit, non_expert_bytes
-from artifact.offload.links.cuda_link import wait_event
+from artifact.offload.links.cuda_runtime import wait_event
 from artifact.offload.links.link import EmulatedLink, LinkTimeout
 from artifact.offload.links.pacing import Pacing, calibrate_rate
 from artifact.offload.policy.policies import POLICIES

@@ -1,4 +1,4 @@
-"""StubCuda: a CPU stand-in for the CUDA runtime a CudaLink calls (cuda_link.TorchCuda's methods), so the
+"""StubCuda: a CPU stand-in for the CUDA runtime a CudaLink calls (cuda_runtime.TorchCuda's methods), so the
 link's own code runs, and is tested and timed, without a GPU.
 
 Streams and events are bookkeeping. Copies move their bytes at once (CPU tensors; the batched copy by
