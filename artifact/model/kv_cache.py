@@ -25,10 +25,6 @@ class KVCache:
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)       # (B,) device copy of lengths
         self.capacity = capacity
 
-    @property
-    def max_length(self) -> int:
-        return max(self.lengths, default=0)
-
     def key_valid(self) -> torch.Tensor:
         """(B, capacity) bool: which cached positions hold a key (device-side, no host data)."""
         return torch.arange(self.capacity, device=self.lens.device)[None] < self.lens[:, None]

@@ -262,7 +262,7 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(cfg, i, routing) for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         moe = cfg.moe_layers
-        # For predict_demand: each MoE layer -> the next MoE layer's router.
+        # For the cross-layer prediction (predict_counts): each MoE layer -> the next MoE layer's router.
         routing.next_router = {a: self.layers[b].mlp.gate for a, b in zip(moe, moe[1:], strict=False)}
 
 

@@ -20,12 +20,10 @@ from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, figure_legend, title
 from artifact.experiments.replication import Compared, Replicas, gather
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.stats import CELL_KEYS, paired_table
 from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
 from artifact.offload.link import PCIE4_GBPS
 
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
-CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
 METRIC = "stall_seconds"
 CLAIM = CLAIMS["03-stall"]  # the stall claim's definition (criteria/timing.py): last_step over demand, STALL_SHARE
 
@@ -78,11 +76,6 @@ class Numbers:
                                                   # highest bandwidth first, with the A/A control's stall over
                                                   # demand's and the cells' GPU host shares
     gbps: dict = field(default_factory=dict)      # {bandwidth scale: link GB/s}
-
-
-def stall_table(rows) -> pd.DataFrame:
-    """last_step (A) over demand (B) in stall seconds, paired by repetition, one row per cell, within one run."""
-    return paired_table(rows, "last_step", "demand", CELL, metric=METRIC)
 
 
 def _fastest_first(effects: dict) -> dict:
