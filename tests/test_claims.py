@@ -306,7 +306,7 @@ def test_eviction_claims_rule_on_the_denoising_steps_and_print_all_demands_where
         "denoising steps: lru 1000, token_lru 950, reversed 1050 (rules); all demands: lru 2000, token_lru 2050, "
         "reversed 2050 (would say not reproduced)")
     plain = cache_design.numbers(cache_design.summary(steps), pd.DataFrame())      # no phases: all demands
-    assert plain.judged == "included" and cache_design.verdicts(plain)[0].counting == claims.ALL_DEMANDS
+    assert plain.basis == "included" and cache_design.verdicts(plain)[0].counting == claims.ALL_DEMANDS
 
 
 def test_the_lru_resident_share_counts_the_denoising_steps_as_its_label_says():

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
+from artifact.experiments.claims import EXACT, PER_RUN, Claim, verdict_of
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.effects import STALL_SHARE
@@ -122,7 +122,7 @@ def verdicts(n: Numbers) -> list[Claim]:
     counts = Claim(
         "last-step prefetch puts more transfers on the link than demand loading serves misses",
         "speculative transfers compete with demand transfers for host-to-device bandwidth",
-        counts_text(n), judged(n.extra_transfers > 0), counting=PER_RUN, interval=EXACT,
+        counts_text(n), verdict_of(n.extra_transfers > 0), counting=PER_RUN, interval=EXACT,
         margin=f"{n.extra_transfers:+.1%} link transfers vs > 0")
     q = question(CLAIM)
     t = rule_claim(n.stall, CLAIM, lambda k: label(k, n.gbps))
