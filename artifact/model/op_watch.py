@@ -23,9 +23,7 @@ HOST_DATA_FUNCTIONS = (torch.tensor, torch.as_tensor)               # a tensor m
 
 
 class _Dispatch(TorchDispatchMode):
-    def __init__(self, watch: OpWatch):
-        super().__init__()
-        self.watch = watch
+    watch: OpWatch                       # set by the OpWatch that holds the mode
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -36,9 +34,7 @@ class _Dispatch(TorchDispatchMode):
 
 
 class _Function(TorchFunctionMode):
-    def __init__(self, watch: OpWatch):
-        super().__init__()
-        self.watch = watch
+    watch: OpWatch                       # set by the OpWatch that holds the mode
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -52,7 +48,9 @@ class OpWatch:
     nothing here, and one that raises stops the op."""
 
     def __init__(self):
-        self._modes = (_Function(self), _Dispatch(self))
+        self._modes = (_Function(), _Dispatch())
+        for m in self._modes:
+            m.watch = self
 
     def before_op(self, func, args: tuple, kwargs: dict) -> None:
         """An ATen op `func` (an OpOverload: func.overloadpacket is aten.<name>) is about to run."""
