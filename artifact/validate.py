@@ -41,7 +41,3 @@ def positive(name: str, value, allow_none: bool = False):
     """> 0 and finite."""
     return check_number(name, value, low=0, low_open=True, allow_none=allow_none)
 
-
-def non_negative(name: str, value, allow_none: bool = False):
-    """>= 0 and finite."""
-    return check_number(name, value, low=0, allow_none=allow_none)

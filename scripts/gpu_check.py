@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check_steps import capped_link, moe_layer, pinned_peak, pinned_store  # noqa: E402
-from gpu_profile import call_kind  # noqa: E402
+from gpu_profile import ForwardHooks, call_kind  # noqa: E402
 from gpu_tests import cuda_tests  # noqa: E402
 
 EXIT_OK, EXIT_TESTS_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_ERROR, EXIT_TESTS_NOT_RUN = 0, 1, 2, 3, 4, 5
@@ -77,19 +77,27 @@ def check_engine_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> Non
         ap.error("--device cpu is a dry run of the pipeline: add --allow-cpu")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_check.json")
-    ap.add_argument("--ratios", default="0.83,1.0,1.73", help="C/W ratios of step 7")
-    ap.add_argument("--batches", default="1,4", help="batch sizes of step 7")
+def engine_parser(doc: str, out: str, ratios: str, which: str) -> argparse.ArgumentParser:
+    """The parser with the engine step's flags, shared with scripts/gpu_check_graphs.py (check_engine_args checks
+    them): `out` the report's file under results/, `ratios` the default C/W ratios, `which` what the help says of
+    the configurations ("of step 7", ", in the order they run"). The caller adds its own flags."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / out)
+    ap.add_argument("--ratios", default=ratios, help=f"C/W ratios{which}")
+    ap.add_argument("--batches", default="1,4", help=f"batch sizes{which}")
     ap.add_argument("--prompt-length", type=int, default=64)
     ap.add_argument("--gen-length", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=6, help="model layers of step 7, layer 0 dense")
+    ap.add_argument("--layers", type=int, default=6, help="model layers, layer 0 dense (step 7's model: 6)")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu with --allow-cpu (dry run)")
+    ap.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU: tiny shapes, emulated link")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = engine_parser(__doc__, "gpu_check.json", "0.83,1.0,1.73", " of step 7")
     ap.add_argument("--store-gb", type=float, default=9.0, help="size of the host store pinned in step 6")
     ap.add_argument("--skip-tests", action="store_true", help="skip step 2 (pytest -m cuda)")
     ap.add_argument("--test-timeout", type=int, default=150, help="seconds for step 2")
-    ap.add_argument("--device", default="cuda", help="cuda, or cpu with --allow-cpu (dry run)")
-    ap.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU: tiny shapes, emulated link")
     a = ap.parse_args(argv)
     check_engine_args(ap, a)
     if not a.store_gb > 0:
@@ -144,37 +152,27 @@ def topology(cuda: bool) -> dict:
     return out
 
 
-class ForwardTimer:
+class ForwardTimer(ForwardHooks):
     """Per forward of the model: wall time (the GPU synchronised at the forward's end, so it is the GPU's
     time as the host sees it), host time (from the forward's start to its return, which is after its last
     launch, minus the time the host spent blocked in the layers' one sync each: the CPU time the forward's
     Python and launches take) and that sync wait, split by kind (prefill / denoise)."""
 
     def __init__(self, torch, model, cuda: bool):
-        self.torch, self.model, self.cuda = torch, model, cuda
+        super().__init__(model)
+        self.torch, self.cuda = torch, cuda
+        self.counts = model.routing.host_counts
         self.rows: list[tuple[str, float, float, float]] = []
-        self.hooks = []
 
-    def __enter__(self):
-        counts = self.model.routing.host_counts
+    def before(self) -> None:
+        self.kind, self.t0, self.w0 = self.model.routing.step.kind, time.perf_counter(), self.counts.wait_seconds
 
-        def pre(mod, args, kwargs):
-            self.kind, self.t0, self.w0 = self.model.routing.step.kind, time.perf_counter(), counts.wait_seconds
-
-        def post(mod, args, kwargs, out):
-            host = time.perf_counter() - self.t0
-            wait = counts.wait_seconds - self.w0
-            if self.cuda:
-                self.torch.cuda.synchronize()
-            self.rows.append((self.kind, host - wait, time.perf_counter() - self.t0, wait))
-
-        self.hooks = [self.model.register_forward_pre_hook(pre, with_kwargs=True),
-                      self.model.register_forward_hook(post, with_kwargs=True)]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.hooks:
-            h.remove()
+    def after(self) -> None:
+        host = time.perf_counter() - self.t0
+        wait = self.counts.wait_seconds - self.w0
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        self.rows.append((self.kind, host - wait, time.perf_counter() - self.t0, wait))
 
     def summary(self) -> dict:
         pre = [r for r in self.rows if r[0] == "prefill"]

@@ -60,17 +60,9 @@ FORWARD_MODES = ("eager", "segmented")     # artifact.model's forward modes: the
 POLICIES = ("demand", "last_step")
 CALLS, REPEATS, BATCH, GRAPH_OPS = 200, 5, 8, 8
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_check_graphs.json")
-    ap.add_argument("--ratios", default="1.0,1.73,0.83", help="C/W ratios, in the order they run")
-    ap.add_argument("--batches", default="1,4", help="batch sizes, in the order they run")
-    ap.add_argument("--prompt-length", type=int, default=64)
-    ap.add_argument("--gen-length", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=6, help="model layers, layer 0 dense (step 7's model: 6)")
+    ap = base.engine_parser(__doc__, "gpu_check_graphs.json", "1.0,1.73,0.83", ", in the order they run")
     ap.add_argument("--budget-s", type=float, default=380.0,
                     help="seconds after which the remaining configurations are skipped (the check's limit is 7 min)")
-    ap.add_argument("--device", default="cuda", help="cuda, or cpu with --allow-cpu (dry run)")
-    ap.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU: tiny shapes, emulated link")
     a = ap.parse_args(argv)
     base.check_engine_args(ap, a)
     if not a.budget_s > 0:

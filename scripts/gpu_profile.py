@@ -29,37 +29,51 @@ def call_kind(name: str) -> str | None:
     return KINDS.get(name) or KINDS.get(SUFFIX.sub("", name))
 
 
-class ForwardRanges:
-    """Forward hooks that open a profiler range (FORWARD) around each denoising forward, and point a
-    SyncCounter's key at the forward's kind, so both count what happens inside the forwards only."""
+class ForwardHooks:
+    """A context manager around each forward of `model`: before() as the forward starts, after() as it returns (a
+    forward pre-hook and a forward hook on the model, removed on exit). Subclasses say what they do."""
 
-    def __init__(self, torch, model, counter=None):
-        self.torch, self.model, self.counter = torch, model, counter
-        self.hooks, self.open = [], None
+    def __init__(self, model):
+        self.model, self.hooks = model, []
+
+    def before(self) -> None:
+        pass
+
+    def after(self) -> None:
+        pass
 
     def __enter__(self):
-        def pre(mod, args, kwargs):
-            kind = self.model.routing.step.kind
-            if self.counter is not None:
-                self.counter.key = kind
-            if kind == "denoise":
-                self.open = self.torch.autograd.profiler.record_function(FORWARD)
-                self.open.__enter__()
-
-        def post(mod, args, kwargs, out):
-            if self.open is not None:
-                self.open.__exit__(None, None, None)
-                self.open = None
-            if self.counter is not None:
-                self.counter.key = None
-
-        self.hooks = [self.model.register_forward_pre_hook(pre, with_kwargs=True),
-                      self.model.register_forward_hook(post, with_kwargs=True)]
+        self.hooks = [self.model.register_forward_pre_hook(lambda mod, args, kwargs: self.before(), with_kwargs=True),
+                      self.model.register_forward_hook(lambda mod, args, kwargs, out: self.after(), with_kwargs=True)]
         return self
 
     def __exit__(self, *exc):
         for h in self.hooks:
             h.remove()
+
+
+class ForwardRanges(ForwardHooks):
+    """Forward hooks that open a profiler range (FORWARD) around each denoising forward, and point a
+    SyncCounter's key at the forward's kind, so both count what happens inside the forwards only."""
+
+    def __init__(self, torch, model, counter=None):
+        super().__init__(model)
+        self.torch, self.counter, self.open = torch, counter, None
+
+    def before(self) -> None:
+        kind = self.model.routing.step.kind
+        if self.counter is not None:
+            self.counter.key = kind
+        if kind == "denoise":
+            self.open = self.torch.autograd.profiler.record_function(FORWARD)
+            self.open.__enter__()
+
+    def after(self) -> None:
+        if self.open is not None:
+            self.open.__exit__(None, None, None)
+            self.open = None
+        if self.counter is not None:
+            self.counter.key = None
 
 
 def raw_events(torch, prof) -> list[tuple[str, int, int]]:

@@ -306,7 +306,7 @@ def test_eviction_claims_rule_on_the_denoising_steps_and_print_all_demands_where
         "denoising steps: lru 1000, token_lru 950, reversed 1050 (rules); all demands: lru 2000, token_lru 2050, "
         "reversed 2050 (would say not reproduced)")
     plain = cache_design.numbers(cache_design.summary(steps), pd.DataFrame())      # no phases: all demands
-    assert plain.judged == "included" and cache_design.verdicts(plain)[0].counting == claims.ALL_DEMANDS
+    assert plain.basis == "included" and cache_design.verdicts(plain)[0].counting == claims.ALL_DEMANDS
 
 
 def test_the_lru_resident_share_counts_the_denoising_steps_as_its_label_says():
@@ -321,7 +321,7 @@ def test_the_lru_resident_share_counts_the_denoising_steps_as_its_label_says():
     denoising, all_demands = hits / (hits + misses_), every["demand_hits"] / every["accesses"]
     assert share.resident_share.iloc[0] == pytest.approx(denoising) and abs(denoising - all_demands) > 0.02
     n = working_set.numbers(working_set.working_set_table([t]), working_set.stability_table([t]), share)
-    c = working_set.verdict(n)
+    (c,) = working_set.verdicts(n)
     assert n.lru_resident == pytest.approx(denoising)
     assert f"denoising steps' demands already resident under LRU at C/W = 1: {denoising:.2f}" in c.measured
     assert c.counting.startswith(claims.DENOISING) and "resident under LRU" in c.counting
@@ -439,7 +439,7 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
     ts = harness.traces(P, progress=False)
     ws, sim = working_set.working_set_table(ts), working_set.stability_table(ts)
     share = working_set.lru_share(ts, (0.5, 1.0))
-    claim = working_set.verdict(working_set.numbers(ws, sim, share))
+    (claim,) = working_set.verdicts(working_set.numbers(ws, sim, share))
     assert claim.verdict in (REPRODUCED, NOT_REPRODUCED) and "C/W = 1" in claim.measured
     summary = misses.miss_summary(misses.miss_sweep(ts, load_profile("cpu", {"cache_ratios": [0.5, 1.0]}),
                                                     progress=False))
@@ -470,10 +470,10 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
 def test_quickstart_claim_follows_the_tokens():
     q = {"offloaded": {"demand_misses": 62, "demand_hits": 38}, "cache_experts": 27, "num_experts": 256,
          "cache_ratio": 0.5, "same_tokens": True}
-    c = quickstart.verdict(quickstart.numbers(q))
+    (c,) = quickstart.verdicts(quickstart.numbers(q))
     assert c.verdict == REPRODUCED and c.measured == ("C = 27 of 256 experts per layer (C/W = 0.5), 62% of expert "
                                                       "uses missed, identical tokens: yes")
-    assert quickstart.verdict(quickstart.numbers(q | {"same_tokens": False})).verdict == NOT_REPRODUCED
+    assert quickstart.verdicts(quickstart.numbers(q | {"same_tokens": False}))[0].verdict == NOT_REPRODUCED
 
 
 # --- the paper's numbers, once ---------------------------------------------------------------------

@@ -39,9 +39,10 @@ def test_a_spec_names_a_prefetch_policy_and_an_eviction():
     ("demand+", "one '+', a name on each side"),
     ("demand+lru+lfu", "one '+', a name on each side"),
     ("belady+token_lru", "'belady' decides eviction itself"),
-    ("demand+lfu_window:steps=0", "steps must be >= 1"),
-    ("demand+lrfu:lam=-1", "lam must be >= 0"),
-    ("demand+block_tokens:carry=2", "carry must be in [0, 1]"),
+    ("demand+lfu_window:steps=0", "eviction 'lfu_window': steps must be >= 1, got 0"),
+    ("demand+lrfu:lam=-1", "eviction 'lrfu': lam must be >= 0, got -1.0"),
+    ("demand+lrfu:lam=inf", "eviction 'lrfu': lam must be a finite number"),
+    ("demand+block_tokens:carry=2", "eviction 'block_tokens': carry must be in [0, 1], got 2.0"),
 ])
 def test_bad_specs_fail_with_one_line_naming_the_problem(spec, message):
     with pytest.raises(ValueError) as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from artifact.model.capture import Linter, LintError
 from artifact.model.llada2 import MoE
 from artifact.model.options import ForwardOptions
 from artifact.model.syncs import UPLOADS, SyncCounter
@@ -110,3 +111,23 @@ def test_router_weight_is_cast_once_and_recast_when_it_changes():
         gate.weight.mul_(2)                                              # in place: the version moves
     b = gate.weight_fp32()
     assert b is not a and torch.equal(b, gate.weight.float())
+
+
+HOST_READS = {"item": lambda x: x.sum().item(), "nonzero": lambda x: x.nonzero(), "unique": lambda x: torch.unique(x),
+              "bincount": lambda x: x.long().bincount(), "masked_select": lambda x: x.masked_select(x > 2),
+              "tolist": lambda x: x.tolist(), "numpy": lambda x: x.numpy(),
+              "tensor of a list": lambda x: torch.tensor([1, 2]), "as_tensor of a list": lambda x: torch.as_tensor([1])}
+
+
+@pytest.mark.parametrize("what", HOST_READS)
+def test_what_the_counter_counts_once_the_capture_linter_refuses(what):
+    """The two watchers read one list of host-read and data-sized ops (artifact/model/op_watch.py)."""
+    x = torch.arange(6.0)
+    with SyncCounter() as c:
+        HOST_READS[what](x)
+    assert c.total == 1, c.kinds
+    with pytest.raises(LintError, match="cannot be captured"), Linter("test"):
+        HOST_READS[what](x)
+    with SyncCounter() as c, Linter("test"):          # and neither sees anything in plain arithmetic
+        (x * 2 + 1).sum()
+    assert c.total == 0

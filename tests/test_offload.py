@@ -144,7 +144,7 @@ def test_emulated_link_is_a_fifo_with_latency_plus_bytes_over_bandwidth():
     assert link.stats.stall_seconds == pytest.approx(3.03e-3 - 1.5e-3)
     assert link.stats.busy_seconds == pytest.approx(3.03e-3) and link.stats.bytes == 3_000_000
     clock.t = 10.0                                                  # an idle link starts a copy at once
-    t = link.copy_one(dst[1], src[1])
+    t = link.copy([(dst[1], src[1], "")])[0]
     assert t.end == pytest.approx(10.0 + 1.01e-3)
 
 
@@ -155,7 +155,7 @@ def test_throttled_link_is_proportionally_slower():
     x = torch.zeros(1_000_000)
     for link in (fast, slow):
         for _ in range(5):
-            link.copy_one(torch.empty_like(x), x)
+            link.copy([(torch.empty_like(x), x, "")])[0]
     assert slow.stats.busy_seconds == pytest.approx(4 * fast.stats.busy_seconds)
 
 
@@ -163,7 +163,7 @@ def test_emulated_link_real_clock_within_tolerance():
     link = EmulatedLink(bandwidth_gbps=0.4, latency_us=0)           # 400 KB -> 1 ms per copy
     x = torch.zeros(100_000)
     t0 = time.perf_counter()
-    tickets = [link.copy_one(torch.empty_like(x), x) for _ in range(20)]
+    tickets = [link.copy([(torch.empty_like(x), x, "")])[0] for _ in range(20)]
     for t in tickets:
         link.wait(t)
     took = time.perf_counter() - t0

@@ -14,6 +14,7 @@ from artifact.errors import ProfileError
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, from_gpu_check, hardware, load_gpu_check
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies.performance_model import model_grid, validate_gpu
+from artifact.model.config import get_preset
 from artifact.model.routing import Demand, StepInfo
 from artifact.offload.links.costs import Costs, Hardware, Shape
 from artifact.offload.policy.policies import POLICIES
@@ -80,7 +81,7 @@ def stream():
 @pytest.mark.parametrize("policy", ENGINE_POLICIES)
 @pytest.mark.parametrize("priority", ["fifo", "demand"])
 def test_virtual_counts_equal_the_simulator(stream, policy, priority):
-    costs = Costs(HARDWARE["h200"], Shape.of_name("llada2-mini"))
+    costs = Costs(HARDWARE["h200"], Shape.of(get_preset("llada2-mini"), 2))
     spec = OffloadSpec(40, policy, "emulated", bandwidth_gbps=costs.link_gbps, latency_us=10.0,
                        link_priority=priority)
     st = run_virtual(stream, spec, costs)
@@ -307,7 +308,7 @@ def test_the_physical_limit_is_the_devices_not_the_hosts(stream):
     assert a.limit_per_step.tolist() == b.limit_per_step.tolist()
     assert a.floor_per_step.tolist() == b.floor_per_step.tolist()
     assert (b.seconds_per_step > a.seconds_per_step).all()
-    costs = Costs(HARDWARE["h200"], Shape.of_name("llada2-mini"))
+    costs = Costs(HARDWARE["h200"], Shape.of(get_preset("llada2-mini"), 2))
     assert costs.device_only().hw.launch_us == 0 and costs.hw.launch_us > 0
     cal = Costs(HAND, HAND_SHAPE)
     assert cal.device_only() is cal                         # calibrated: compute measured as a whole

@@ -13,6 +13,7 @@ from artifact.model.routing import Demand, StepInfo
 from artifact.offload.backend.cache import COUNTS, EMPTY, PHASES, ExpertCache, phase_of
 from artifact.offload.policy.policies import (
     POLICIES,
+    DemandPolicy,
     LastStep,
     Policy,
     check_policy,
@@ -219,8 +220,10 @@ def test_policy_specs_carry_options_and_reject_unknown_ones():
         check_policy("belady", engine=True)
     with pytest.raises(ValueError, match="needs a trace"):
         make_policy("oracle", 4, 8)
-    with pytest.raises(ValueError, match="lookahead must be >= 1"):
+    with pytest.raises(ValueError, match="policy 'last_step': lookahead must be >= 1, got 0"):
         make_policy("last_step:lookahead=0", 4, 8)
+    with pytest.raises(ValueError, match="policy 'interval_refresh': tau must be >= 1, got 0"):
+        make_policy("interval_refresh:tau=0", 4, 8)
 
 
 def test_split_policies_keeps_a_specs_own_commas():
@@ -244,7 +247,16 @@ def test_register_checks_the_class():
 
     with pytest.raises(TypeError, match="needs_trace=True but its constructor lacks a `future`"):
         register(Liar)
-    assert "no_default" not in POLICIES and "liar" not in POLICIES
+
+    class Nameless(Policy):
+        summary = "a policy without a name"
+
+    with pytest.raises(TypeError, match="Nameless has no name"):
+        register(Nameless)
+    with pytest.raises(TypeError, match="not a Policy subclass"):     # the base is no policy of its own
+        register(Policy)
+    assert "no_default" not in POLICIES and "liar" not in POLICIES and "" not in POLICIES
+    assert POLICIES["demand"] is DemandPolicy and DemandPolicy.__bases__ == (Policy,)
 
 
 def test_sweep_takes_specs_and_phases():

@@ -16,7 +16,7 @@ import pytest
 from artifact.cli import main
 from artifact.errors import ProfileError, SettingError
 from artifact.experiments.settings import load_profile
-from artifact.offload.policy.policies import POLICIES, Policy, register
+from artifact.offload.policy.policies import POLICIES, DemandPolicy, Policy, register
 from artifact.offload.policy.policy_modules import load_policy_module
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,9 +119,10 @@ def test_a_name_taken_by_another_file_is_refused(user_policy):
     class Mine(Policy):
         name = "demand"
 
-    with pytest.raises(TypeError, match=r"policy name 'demand' is taken by artifact.offload.policy.policies.Policy"):
+    taken = r"policy name .demand. is taken by artifact.offload.policy.policies.DemandPolicy"
+    with pytest.raises(TypeError, match=taken):
         register(Mine)
-    assert POLICIES["demand"] is Policy
+    assert POLICIES["demand"] is DemandPolicy
     again = load_policy_module("examples.top_count_policy")     # the same file by another name: replaces itself
     assert POLICIES["top_count"].__module__ == again.__name__
     del POLICIES["top_count"]                                       # the fixture removes the first one's

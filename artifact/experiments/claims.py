@@ -116,7 +116,8 @@ def unwrap(text: str) -> str:
     return "\n".join(out)
 
 
-def judged(ok: bool) -> str:
+def verdict_of(ok: bool) -> str:
+    """The verdict of a claim that holds (`ok`) or does not: reproduced, else not reproduced."""
     return REPRODUCED if ok else NOT_REPRODUCED
 
 
@@ -126,12 +127,18 @@ def on_bases(holds: dict, figures: dict, rules: str) -> tuple[str, str]:
     where counted). Returns the verdict on `rules` and, where another basis would give another verdict, a
     note naming both for the claim's measured text and reason ("denoising steps: 56.6% (rules); all
     demands: 48.4% (would say reproduced)"), else ''."""
-    verdict = judged(holds[rules])
-    other = [b for b in holds if b != rules and judged(holds[b]) != verdict]
+    verdict = verdict_of(holds[rules])
+    other = [b for b in holds if b != rules and verdict_of(holds[b]) != verdict]
     if not other:
         return verdict, ""
     return verdict, "; ".join([f"{BASIS_SHORT[rules]}: {figures[rules]} (rules)"]
-                              + [f"{BASIS_SHORT[b]}: {figures[b]} (would say {judged(holds[b])})" for b in other])
+                              + [f"{BASIS_SHORT[b]}: {figures[b]} (would say {verdict_of(holds[b])})" for b in other])
+
+
+def on_basis(field: str) -> property:
+    """A study's Numbers property: `field` of its counts on the basis its count claims rule on
+    (`self.by_prefill[self.basis].<field>`; by_prefill maps each counting basis to the study's counts)."""
+    return property(lambda n: getattr(n.by_prefill[n.basis], field), doc=f"{field} on the ruling basis")
 
 
 def report(*claims: Claim, P: Settings | None = None, notebook: str | None = None) -> None:

@@ -377,10 +377,6 @@ class Replicas:
         theirs = [self._views(n, rows, a, b, by, metric, basis) for n, rows in self.stored]
         return mine, theirs, self.n >= 2 and any(_same_effects(mine["effect"], t["effect"]) for t in theirs)
 
-    def is_stored(self, a: str, b: str, by: Sequence[str]) -> bool:
-        """This run's rows are one stored run's rows: same cells, same pairs, same values."""
-        return self._all_views(a, b, by, self.metric, PERCENT)[2] if self.n else False
-
     def compare(self, a: str, b: str, by: Sequence[str], metric: str | None = None,
                 basis: Basis = PERCENT) -> Compared:
         """A over B per cell of `by` on `basis`, with the A/A control (CONTROL over demand) in the same cells and A

@@ -281,14 +281,6 @@ def controls(rows, by: Sequence[str], metric: str = "tokens_per_second", base: s
     return {tuple(getattr(r, k) for k in by): Interval.of(r) for r in t.itertuples()}
 
 
-def controls_text(aa: dict, label=lambda key: ", ".join(f"{k:g}" if isinstance(k, float) else str(k)
-                                                       for k in key)) -> str:
-    """'A/A control (CONTROL over demand): <cell> +x% [lo, hi]; ...', or a note that the grid has none."""
-    if not aa:
-        return f"no A/A control in these rows (rerun the grid: it now times {CONTROL} beside demand)"
-    return f"A/A control ({CONTROL} over demand): " + "; ".join(f"{label(k)} {iv.text()}" for k, iv in aa.items())
-
-
 def combine(rulings: Iterable[tuple[str, Ruling]]) -> tuple[str, str, str]:
     """(verdict, reason, margin) over labelled cells: not reproduced if any is, reproduced if all are, else
     inconclusive; the reason names the cells that decided it (for a reproduced `faster`, the magnitude of each

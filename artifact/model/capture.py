@@ -22,20 +22,17 @@ segment or stage, on
 from __future__ import annotations
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from artifact.model.op_watch import DATA_SIZED_OPS, HOST_DATA_FUNCTIONS, HOST_READ_FUNCTIONS, HOST_READ_OPS, OpWatch
 
 aten = torch.ops.aten
-HOST_READ = {aten._local_scalar_dense: "a host read"}
-DATA_SIZED = {getattr(aten, name): "an output sized by the data" for name in (
-    "nonzero", "masked_select", "unique_consecutive", "_unique2", "_unique", "unique_dim", "bincount")
-    if hasattr(aten, name)}
-HOST_DATA = {aten.lift_fresh: "a tensor made from host data"}
-FORBIDDEN = {**HOST_READ, **DATA_SIZED, **HOST_DATA}
+FORBIDDEN = {**dict.fromkeys(HOST_READ_OPS, "a host read"),
+             **dict.fromkeys(DATA_SIZED_OPS, "an output sized by the data"),
+             aten.lift_fresh: "a tensor made from host data"}
 MASK_INDEXED = (aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_)
 COPIES = (aten.copy_, aten._to_copy)
-FUNCTION_READS = {torch.Tensor.tolist: "a host read", torch.Tensor.numpy: "a host read",
-                  torch.tensor: "a tensor made from host data", torch.as_tensor: "a tensor made from host data"}
+FUNCTION_READS = {**dict.fromkeys(HOST_READ_FUNCTIONS, "a host read"),
+                  **dict.fromkeys(HOST_DATA_FUNCTIONS, "a tensor made from host data")}
 
 
 class LintError(RuntimeError):
@@ -154,45 +151,17 @@ def _why(func, args, kwargs) -> str | None:
     return None
 
 
-class _Dispatch(TorchDispatchMode):
-    def __init__(self, lint: Linter):
-        super().__init__()
-        self.lint = lint
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        why = _why(func, args, kwargs)
-        if why is not None:
-            self.lint.fail(_op_name(func), why)
-        out = func(*args, **kwargs)
-        self.lint.record(_op_name(func), _shapes(out), _host_values(args, kwargs))
-        return out
-
-
-class _Function(TorchFunctionMode):
-    def __init__(self, lint: Linter):
-        super().__init__()
-        self.lint = lint
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        why = FUNCTION_READS.get(func)
-        if why is not None and not (func in (torch.tensor, torch.as_tensor) and args
-                                    and isinstance(args[0], torch.Tensor)):
-            self.lint.fail(getattr(func, "__name__", str(func)), why)
-        return func(*args, **(kwargs or {}))
-
-
-class Linter:
+class Linter(OpWatch):
     """with Linter(where, shapes): ... checks every op run inside (see the module docstring). `where` names the
     segment or stage; `shapes` is the list of (op, output shapes, host values) of the captured run, compared op
     by op, or None (not compared); `recorded` holds this run's. With report=True the first finding is kept in
     `found` instead of raised (to name the op of a capture that failed)."""
 
     def __init__(self, where: str, shapes: list | None = None, report: bool = False):
+        super().__init__()
         self.where, self.shapes, self.report = where, shapes, report
         self.recorded: list[tuple[str, tuple]] = []
         self.found: str | None = None
-        self._modes = (_Function(self), _Dispatch(self))
 
     def fail(self, op: str, why: str) -> None:
         msg = f"{self.where}: {op} ({why}) cannot be captured in a CUDA graph"
@@ -214,14 +183,21 @@ class Linter:
         elif self.shapes[i][2] != values:
             self.fail(op, f"host values {values} differ from {self.shapes[i][2]} in the captured run")
 
-    def __enter__(self) -> Linter:
-        for m in self._modes:
-            m.__enter__()
-        return self
+    def before_op(self, func, args, kwargs) -> None:
+        why = _why(func, args, kwargs)
+        if why is not None:
+            self.fail(_op_name(func), why)
+
+    def after_op(self, func, args, kwargs, out) -> None:
+        self.record(_op_name(func), _shapes(out), _host_values(args, kwargs))
+
+    def function(self, func, args, kwargs) -> None:
+        why = FUNCTION_READS.get(func)
+        if why is not None and not (func in HOST_DATA_FUNCTIONS and args and isinstance(args[0], torch.Tensor)):
+            self.fail(getattr(func, "__name__", str(func)), why)
 
     def __exit__(self, exc_type, *exc) -> None:
-        for m in reversed(self._modes):
-            m.__exit__(exc_type, *exc)
+        super().__exit__(exc_type, *exc)
         if exc_type is None and self.shapes is not None and len(self.recorded) < len(self.shapes):
             self.fail(f"{len(self.recorded)} ops", f"the captured run issued {len(self.shapes)}: the op sequence "
                                                   "differs between runs")

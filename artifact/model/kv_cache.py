@@ -1,4 +1,4 @@
-"""The prefix KV cache of the cached decoding mode, at a fixed capacity."""
+"""The prefix KV cache of the cached decoding mode, at a fixed number of token positions."""
 from __future__ import annotations
 
 import torch
@@ -8,36 +8,33 @@ from artifact.model.experts import small_tensor
 
 
 class KVCache:
-    """Prefix KV cache at a fixed capacity: per layer (B, Hk, capacity, hd); row b holds positions [0, lengths[b]).
+    """Prefix KV cache of a fixed number of token positions: per layer (B, Hk, positions, hd); row b holds
+    positions [0, lengths[b]). (`capacity` in this artifact is the expert cache's slots; here it is `positions`.)
 
-    Static shapes: attention always reads the whole capacity and masks the keys past each row's length, so
+    Static shapes: attention always reads every position and masks the keys past each row's length, so
     a forward's shapes do not change as the prefix grows (a captured CUDA graph stays valid). The lengths
     live twice: `lengths` on the host (the decoder's bookkeeping, never read back from the device) and
     `lens` (B,) on the device, which the mask and the commit read, so no forward copies a host list to the
     device. A commit writes each row's new keys at its own length with one indexed write (no per-row slice
     taken from a host integer) and advances `lens` in place."""
 
-    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, device, dtype):
-        shape = (batch, cfg.num_key_value_heads, capacity, cfg.head_dim)
+    def __init__(self, cfg: ModelConfig, batch: int, positions: int, device, dtype):
+        shape = (batch, cfg.num_key_value_heads, positions, cfg.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.lengths = [0] * batch
         self.lens = torch.zeros(batch, dtype=torch.long, device=device)       # (B,) device copy of lengths
-        self.capacity = capacity
-
-    @property
-    def max_length(self) -> int:
-        return max(self.lengths, default=0)
+        self.positions = positions
 
     def key_valid(self) -> torch.Tensor:
-        """(B, capacity) bool: which cached positions hold a key (device-side, no host data)."""
-        return torch.arange(self.capacity, device=self.lens.device)[None] < self.lens[:, None]
+        """(B, positions) bool: which cached positions hold a key (device-side, no host data)."""
+        return torch.arange(self.positions, device=self.lens.device)[None] < self.lens[:, None]
 
     def check_commit(self, n: int) -> None:
         """Host-side check before a forward commits n keys per row (the host knows every length)."""
         for b, start in enumerate(self.lengths):
-            if start + n > self.capacity:
-                raise ValueError(f"KV cache overflow: row {b} needs {start + n} > capacity {self.capacity}")
+            if start + n > self.positions:
+                raise ValueError(f"KV cache overflow: row {b} needs {start + n} > its {self.positions} positions")
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Commit k, v (B, Hk, n, hd) after each row's prefix, at the device lengths (advance moves them)."""
@@ -59,7 +56,7 @@ class KVCache:
         out.v = [t[b:b + 1] for t in self.v]
         out.lens = self.lens[b:b + 1]
         out.lengths = [self.lengths[b]]
-        out.capacity = self.capacity
+        out.positions = self.positions
         return out
 
     def select(self, rows: list[int], pool: KVPool | None = None) -> KVCache:
@@ -70,7 +67,7 @@ class KVCache:
             out.k = [t.index_select(0, idx) for t in self.k]
             out.v = [t.index_select(0, idx) for t in self.v]
             out.lens = self.lens.index_select(0, idx)
-            out.capacity = self.capacity
+            out.positions = self.positions
         else:
             shape = (len(rows),) + tuple(self.k[0].shape[1:])
             out = pool.cache(len(self.k), shape, self.k[0].device, self.k[0].dtype)
@@ -91,7 +88,7 @@ class KVPool:
         self.tensors: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]] = {}
 
     def cache(self, layers: int, shape: tuple[int, int, int, int], device, dtype) -> KVCache:
-        """An empty cache of `layers` layers of `shape` (B, Hk, capacity, hd): pooled tensors, allocated on
+        """An empty cache of `layers` layers of `shape` (B, Hk, positions, hd): pooled tensors, allocated on
         first use of the shape."""
         key = (layers, tuple(shape), torch.device(device), dtype)
         got = self.tensors.get(key)
@@ -100,7 +97,7 @@ class KVPool:
                                        [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)],
                                        torch.zeros(shape[0], dtype=torch.long, device=device))
         out = object.__new__(KVCache)
-        out.k, out.v, out.capacity = got[0], got[1], shape[2]
+        out.k, out.v, out.positions = got[0], got[1], shape[2]
         out.lens = got[2].zero_()
         out.lengths = [0] * shape[0]
         return out

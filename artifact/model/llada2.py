@@ -88,7 +88,7 @@ class Attention(nn.Module):
         v = v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, vals = k, v
-        if cache is not None:                                           # the whole capacity, masked: S = cap + T
+        if cache is not None:                                           # every position, masked: S = positions + T
             keys = torch.cat([cache.k[self.layer], k], dim=2)           # (B, Hk, S, hd)
             vals = torch.cat([cache.v[self.layer], v], dim=2)
             if commit:
@@ -262,7 +262,7 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(cfg, i, routing) for i in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         moe = cfg.moe_layers
-        # For predict_demand: each MoE layer -> the next MoE layer's router.
+        # For the cross-layer prediction (predict_counts): each MoE layer -> the next MoE layer's router.
         routing.next_router = {a: self.layers[b].mlp.gate for a, b in zip(moe, moe[1:], strict=False)}
 
 
@@ -345,7 +345,7 @@ class LLaDA2MoE(nn.Module):
         return self.head(x, logits_rows)
 
     def prologue(self, ids, pos, cache: KVCache | None, key_valid):
-        """Embeddings, rotary tables and the block-causal mask over the cache's capacity plus the fed keys:
+        """Embeddings, rotary tables and the block-causal mask over the cache's positions plus the fed keys:
         -> x (B, T, D), cos, sin (B, 1, T, r), mask (B, 1, T, S). No host data reaches the device."""
         B, T = ids.shape
         x = self.model.word_embeddings(ids)                             # (B, T, D)
@@ -354,7 +354,7 @@ class LLaDA2MoE(nn.Module):
             key_valid = torch.ones(B, T, dtype=torch.bool, device=ids.device)
         k_pos, k_valid = pos, key_valid
         if cache is not None:
-            prefix = torch.arange(cache.capacity, device=ids.device).expand(B, cache.capacity)
+            prefix = torch.arange(cache.positions, device=ids.device).expand(B, cache.positions)
             k_pos = torch.cat([prefix, pos], 1)                         # cached keys sit at positions [0, len)
             k_valid = torch.cat([cache.key_valid(), key_valid], 1)      # (B, cap + T): no host list copied
         return x, cos, sin, block_causal_mask(pos, k_pos, k_valid, self.cfg.block_length)

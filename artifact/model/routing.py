@@ -146,12 +146,6 @@ def predict_counts(next_router: Router, x: torch.Tensor, pair_valid: torch.Tenso
     return expert_counts(idx, next_router.cfg.num_experts, pair_valid)
 
 
-def predict_demand(next_router: Router, x: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """predict_counts as (experts ascending, token counts) on the host (a host read of its own)."""
-    return nonzero_counts(predict_counts(next_router, x).tolist())
-
-
-
 class Routing:
     """What the MoE layers of one model share: the current step, who listens to demands, the next MoE layer's
     router, the expert kernel and the host counts. How a forward runs (its expert backend, the cross-layer

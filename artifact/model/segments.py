@@ -382,7 +382,7 @@ def program_key(model, opts: ForwardOptions, ids, cache: KVCache, commit: int, l
     """What a captured graph bakes in: shapes, the cache's tensors, the logits slice, the layer options."""
     B, T = ids.shape
     sl = (logits_rows.start, logits_rows.stop, logits_rows.step) if logits_rows is not None else None
-    return (B, T, commit, cache.capacity, cache.k[0].data_ptr(), cache.lens.data_ptr(), sl, opts.predict_next,
+    return (B, T, commit, cache.positions, cache.k[0].data_ptr(), cache.lens.data_ptr(), sl, opts.predict_next,
             model.expert_kernel)
 
 

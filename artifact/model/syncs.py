@@ -23,76 +23,34 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from artifact.model.op_watch import DATA_SIZED_OPS, HOST_DATA_FUNCTIONS, HOST_READ_FUNCTIONS, HOST_READ_OPS, OpWatch
 
 aten = torch.ops.aten
-_SYNC_PACKETS = {aten._local_scalar_dense, aten.nonzero, aten.unique_consecutive, aten._unique2, aten._unique,
-                 aten.unique_dim, aten.bincount, aten.masked_select}
+_SYNC_PACKETS = HOST_READ_OPS | DATA_SIZED_OPS
 _COPIES = {aten.copy_, aten._to_copy, aten.to}
-_HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy}
-_HOST_DATA = {torch.tensor, torch.as_tensor}
 
 
 def _device_of(x) -> torch.device | None:
     return x.device if isinstance(x, torch.Tensor) else None
 
 
-class _Dispatch(TorchDispatchMode):
-    def __init__(self, owner: SyncCounter):
-        super().__init__()
-        self.owner = owner
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        packet = func.overloadpacket
-        out = func(*args, **kwargs)
-        if packet in _SYNC_PACKETS:
-            self.owner.note(packet.__name__)
-        elif packet in _COPIES and args:
-            src = _device_of(args[1]) if packet is aten.copy_ and len(args) > 1 else _device_of(args[0])
-            dst = _device_of(args[0]) if packet is aten.copy_ else _device_of(out)
-            if src is not None and dst is not None and src.type != "cpu" and dst.type == "cpu":
-                self.owner.note("copy to host")
-            elif src is not None and dst is not None and src.type == "cpu" and dst.type != "cpu":
-                pinned = args[1].is_pinned() if packet is aten.copy_ else args[0].is_pinned()
-                if not (kwargs.get("non_blocking") or (packet is aten.copy_ and len(args) > 2 and args[2])) \
-                        or not pinned:
-                    self.owner.note("blocking copy to device")
-        return out
-
-
-class _Function(TorchFunctionMode):
-    def __init__(self, owner: SyncCounter):
-        super().__init__()
-        self.owner = owner
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _HOST_READS and not (args and args[0].device.type == "cpu" and args[0].is_pinned()):
-            self.owner.note(func.__name__)
-        elif func in _HOST_DATA and args and not isinstance(args[0], torch.Tensor) \
-                and not kwargs.get("pin_memory"):
-            self.owner.note("tensor from host data")
-        return func(*args, **kwargs)
-
-
 UPLOADS = ("blocking copy to device", "tensor from host data")     # the host-to-device kinds
 
 
-class SyncCounter:
+class SyncCounter(OpWatch):
     """with SyncCounter() as c: ...; c.total, c.by_key[key], c.kinds (op name -> count).
     c.reads / c.reads_by_key: the device-to-host reads among them; c.uploads / c.uploads_by_key: the
     host-to-device kinds (UPLOADS)."""
 
     def __init__(self):
+        super().__init__()
         self.total = 0
         self.key = None
         self.by_key: Counter = Counter()
         self.reads_by_key: Counter = Counter()       # by_key, the device-to-host reads only
         self.uploads_by_key: Counter = Counter()     # by_key, the host-to-device kinds only
         self.kinds: Counter = Counter()
-        self._modes = (_Function(self), _Dispatch(self))
 
     def note(self, kind: str) -> None:
         self.total += 1
@@ -108,11 +66,24 @@ class SyncCounter:
     def reads(self) -> int:
         return self.total - self.uploads
 
-    def __enter__(self) -> SyncCounter:
-        for m in self._modes:
-            m.__enter__()
-        return self
+    def after_op(self, func, args, kwargs, out) -> None:
+        packet = func.overloadpacket
+        if packet in _SYNC_PACKETS:
+            self.note(packet.__name__)
+        elif packet in _COPIES and args:
+            src = _device_of(args[1]) if packet is aten.copy_ and len(args) > 1 else _device_of(args[0])
+            dst = _device_of(args[0]) if packet is aten.copy_ else _device_of(out)
+            if src is not None and dst is not None and src.type != "cpu" and dst.type == "cpu":
+                self.note("copy to host")
+            elif src is not None and dst is not None and src.type == "cpu" and dst.type != "cpu":
+                pinned = args[1].is_pinned() if packet is aten.copy_ else args[0].is_pinned()
+                if not (kwargs.get("non_blocking") or (packet is aten.copy_ and len(args) > 2 and args[2])) \
+                        or not pinned:
+                    self.note("blocking copy to device")
 
-    def __exit__(self, *exc) -> None:
-        for m in reversed(self._modes):
-            m.__exit__(*exc)
+    def function(self, func, args, kwargs) -> None:
+        if func in HOST_READ_FUNCTIONS and not (args and args[0].device.type == "cpu" and args[0].is_pinned()):
+            self.note(func.__name__)
+        elif func in HOST_DATA_FUNCTIONS and args and not isinstance(args[0], torch.Tensor) \
+                and not kwargs.get("pin_memory"):
+            self.note("tensor from host data")

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
+from artifact.experiments.claims import EXACT, PER_RUN, Claim, verdict_of
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.effects import STALL_SHARE
@@ -20,12 +20,10 @@ from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, figure_legend, title
 from artifact.experiments.replication import Compared, Replicas, gather
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.stats import CELL_KEYS, paired_table
 from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
 from artifact.offload.links.link import PCIE4_GBPS
 
 STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
-CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
 METRIC = "stall_seconds"
 CLAIM = CLAIMS["03-stall"]  # the stall claim's definition (criteria/timing.py): last_step over demand, STALL_SHARE
 
@@ -80,11 +78,6 @@ class Numbers:
     gbps: dict = field(default_factory=dict)      # {bandwidth scale: link GB/s}
 
 
-def stall_table(rows) -> pd.DataFrame:
-    """last_step (A) over demand (B) in stall seconds, paired by repetition, one row per cell, within one run."""
-    return paired_table(rows, "last_step", "demand", CELL, metric=METRIC)
-
-
 def _fastest_first(effects: dict) -> dict:
     return dict(sorted(effects.items(), key=lambda kv: (-kv[0][3], kv[0][:3])))
 
@@ -129,7 +122,7 @@ def verdicts(n: Numbers) -> list[Claim]:
     counts = Claim(
         "last-step prefetch puts more transfers on the link than demand loading serves misses",
         "speculative transfers compete with demand transfers for host-to-device bandwidth",
-        counts_text(n), judged(n.extra_transfers > 0), counting=PER_RUN, interval=EXACT,
+        counts_text(n), verdict_of(n.extra_transfers > 0), counting=PER_RUN, interval=EXACT,
         margin=f"{n.extra_transfers:+.1%} link transfers vs > 0")
     q = question(CLAIM)
     t = rule_claim(n.stall, CLAIM, lambda k: label(k, n.gbps))

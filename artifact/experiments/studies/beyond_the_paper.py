@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
-from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, PER_RUN, Claim, judged, on_bases
+from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, PER_RUN, Claim, on_bases, on_basis, verdict_of
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
@@ -155,22 +155,13 @@ class Numbers:
     cells: int                       # ... of all cells (both priorities)
     faster: pd.DataFrame             # throughput rows where a predictor beats demand (CI excludes zero)
     table: pd.DataFrame              # every predictor over demand, per link priority and C/W
-    judged: str                      # the counting basis the count claims rule on (sim.ruling_basis)
+    basis: str                       # the counting basis the count claims rule on (sim.ruling_basis)
     by_prefill: dict                 # counting basis -> Counts
     timed: dict = dataclasses.field(default_factory=dict)    # {policy: Compared} predictor over demand per cell,
                                                              # with the A/A control and host shares
 
-    @property
-    def conservative_is_lru(self) -> bool:
-        return self.by_prefill[self.judged].conservative_is_lru
-
-    @property
-    def removed(self) -> dict:
-        return self.by_prefill[self.judged].removed
-
-    @property
-    def of_oracle(self) -> dict:
-        return self.by_prefill[self.judged].of_oracle
+    # the counts on the basis the count claims rule on
+    conservative_is_lru, removed, of_oracle = (on_basis(f) for f in ("conservative_is_lru", "removed", "of_oracle"))
 
 
 def numbers(summary, table, reps: Replicas) -> Numbers:
@@ -224,50 +215,50 @@ def stored_claims(P: Settings) -> list[Claim]:
 def verdicts(n: Numbers) -> list[Claim]:
     claims = [Claim("[own result] offloading changes time, never results: every policy under both link priorities "
                     "decoded the same tokens in every cell", f"{OWN}; the engine is exact (design invariant)",
-                    f"{n.same_cells} of {n.cells} cells identical", judged(n.same_cells == n.cells),
+                    f"{n.same_cells} of {n.cells} cells identical", verdict_of(n.same_cells == n.cells),
                     counting=PER_RUN, interval=EXACT, margin=f"{n.cells - n.same_cells} cells differ")]
     # (1) does prediction still lose once it can never delay a demand transfer?
     if any(k[0] == "demand" for c in n.timed.values() for k in c.effects):
         claims.append(priority_claim(n.timed, n.table))
-    # (2) is last-step the right predictor to judge prediction by? Exact counts, ruled on n.judged (docs/verdicts.md)
-    on = BASIS_SHORT[n.judged]
+    # (2) is last-step the right predictor to judge prediction by? Exact counts, ruled on n.basis (docs/verdicts.md)
+    on = BASIS_SHORT[n.basis]
     bases = n.by_prefill
     if all({"last_step", "oracle"} <= set(c.removed) for c in bases.values()):
         share = {p: _of_oracle(c.removed["last_step"], c.removed["oracle"]) for p, c in bases.items()}
         worst = {p: max(sh, key=sh.get) if sh else None for p, sh in share.items()}
         holds = {p: all(v < thresholds.HEADROOM for v in sh.values()) for p, sh in share.items()}
         verdict, note = on_bases(holds, {p: f"{share[p][worst[p]]:.1%} at C/W {worst[p]:g}" if worst[p] is not None
-                                         else "-" for p in bases}, n.judged)
-        ls, orc, w = n.removed["last_step"], n.removed["oracle"], worst[n.judged]
+                                         else "-" for p in bases}, n.basis)
+        ls, orc, w = n.removed["last_step"], n.removed["oracle"], worst[n.basis]
         claims.append(Claim(
             "[own result] (2a) last-step understates what prediction can do: it removes less than "
             f"{thresholds.HEADROOM:.0%} of the misses the oracle removes beyond LRU at every C/W",
             f"{OWN}; judged on exact replay (the oracle is the ceiling of any predictor), over the {on}",
             f"misses removed beyond LRU ({on}): last_step {_by_ratio(ls)}; oracle {_by_ratio(orc)}; last_step's "
-            f"share of the oracle's: {_by_ratio(share[n.judged], '{:.1%}')}",
-            verdict, note, counting=BASIS[n.judged], interval=EXACT,
+            f"share of the oracle's: {_by_ratio(share[n.basis], '{:.1%}')}",
+            verdict, note, counting=BASIS[n.basis], interval=EXACT,
             margin="" if w is None else f"largest share of the oracle's (C/W {w:g}): "
-            + margin_below(share[n.judged][w], thresholds.HEADROOM)))
+            + margin_below(share[n.basis][w], thresholds.HEADROOM)))
     if all({"last_step", "cross_layer", "oracle"} <= set(c.removed) for c in bases.values()):
         gap = {p: {r: (c.removed["cross_layer"][r] - v) * 100 for r, v in c.removed["last_step"].items()}
                for p, c in bases.items()}
         least = {p: min(g, key=g.get) for p, g in gap.items()}
         holds = {p: all(v > 0 for v in g.values()) for p, g in gap.items()}
         verdict, note = on_bases(holds, {p: f"smallest lead {gap[p][least[p]]:+.1f} points at C/W {least[p]:g}"
-                                         for p in bases}, n.judged)
-        r = least[n.judged]
+                                         for p in bases}, n.basis)
+        r = least[n.basis]
         claims.append(Claim(
             "[own result] (2b) a better predictor exists: the cross-layer predictor (layer l+1's router on layer "
             "l's hidden states) removes more of LRU's misses than last_step at every C/W",
             f"{OWN}; judged on exact replay: cross_layer's misses removed > last_step's at every C/W, over the {on}",
             f"misses removed beyond LRU ({on}): cross_layer {_by_ratio(n.removed['cross_layer'])}; its share of the "
             f"oracle's: {_by_ratio(n.of_oracle['cross_layer'], '{:.0%}')}",
-            verdict, note, counting=BASIS[n.judged], interval=EXACT,
-            margin=f"smallest lead over last_step (C/W {r:g}): {gap[n.judged][r]:+.1f} points of LRU's misses vs > 0"))
+            verdict, note, counting=BASIS[n.basis], interval=EXACT,
+            margin=f"smallest lead over last_step (C/W {r:g}): {gap[n.basis][r]:+.1f} points of LRU's misses vs > 0"))
     if "last_step_conservative" in n.removed:
         verdict, note = on_bases({p: c.conservative_is_lru for p, c in bases.items()},
                                  {p: "equal" if c.conservative_is_lru else "not equal" for p, c in bases.items()},
-                                 n.judged)
+                                 n.basis)
         claims.append(Claim(
             "[own result] last_step_conservative never issues a transfer under this cache's rules: its counts "
             "equal demand's (LRU already holds or fills the slots with the previous demand)",
@@ -275,7 +266,7 @@ def verdicts(n: Numbers) -> list[Claim]:
             f"over the {on}",
             "conservative lookahead 1: " + _by_ratio(n.removed["last_step_conservative"])
             + "; lookahead 2: " + _by_ratio(n.removed.get("last_step_conservative:lookahead=2", {}))
-            + " misses removed", verdict, note, counting=BASIS[n.judged], interval=EXACT,
+            + " misses removed", verdict, note, counting=BASIS[n.basis], interval=EXACT,
             margin="exact: equal counts or not"))
     return claims
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, judged, on_bases
+from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, on_bases, on_basis, verdict_of
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, traces
@@ -230,25 +230,12 @@ def counts(s: pd.DataFrame) -> Counts:
 
 @dataclass(frozen=True)
 class Numbers:
-    judged: str              # the counting basis the count claims rule on (sim.ruling_basis)
+    basis: str               # the counting basis the count claims rule on (sim.ruling_basis)
     by_prefill: dict         # counting basis -> Counts
     check: pd.DataFrame      # the libCacheSim table
 
-    @property
-    def removed(self) -> dict:
-        return self.by_prefill[self.judged].removed
-
-    @property
-    def best(self) -> str:
-        return self.by_prefill[self.judged].best
-
-    @property
-    def gap_closed(self) -> dict:
-        return self.by_prefill[self.judged].gap_closed
-
-    @property
-    def token(self) -> dict:
-        return self.by_prefill[self.judged].token
+    # the counts on the basis the count claims rule on
+    removed, best, gap_closed, token = (on_basis(f) for f in ("removed", "best", "gap_closed", "token"))
 
 
 def numbers(s: pd.DataFrame, check: pd.DataFrame) -> Numbers:
@@ -264,13 +251,13 @@ def summary_by_ratio(s: pd.DataFrame) -> pd.DataFrame:
 
 def verdicts(n: Numbers) -> list[Claim]:
     top = max(n.removed, key=n.removed.get)
-    on = BASIS_SHORT[n.judged]
-    basis = dict(counting=BASIS[n.judged], interval=EXACT)
+    on = BASIS_SHORT[n.basis]
+    basis = dict(counting=BASIS[n.basis], interval=EXACT)
     bases = n.by_prefill
     tops = {p: max(c.removed, key=c.removed.get) for p, c in bases.items()}
     verdict, note = on_bases({p: c.removed[tops[p]] > thresholds.EVICTION_GAIN for p, c in bases.items()},
                              {p: f"the best, {tops[p]}, removes {c.removed[tops[p]]:.1%}" for p, c in bases.items()},
-                             n.judged)
+                             n.basis)
     claims = [Claim(
         f"[own result] an eviction policy removes more than {thresholds.EVICTION_GAIN:.0%} of LRU's demand misses (no "
         "prefetch) at some batch size and C/W",
@@ -283,7 +270,7 @@ def verdicts(n: Numbers) -> list[Claim]:
     per = {r: v for r, v in n.gap_closed.items() if r != "pooled"}
     verdict, note = on_bases({p: c.gap_closed["pooled"] < thresholds.GAP_LEFT for p, c in bases.items()},
                              {p: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}" for p, c in bases.items()},
-                             n.judged)
+                             n.basis)
     claims.append(Claim(
         f"[own result] most of the gap is left: the best eviction ({label(n.best)}) closes less than half of "
         "LRU's gap to min, pooled over C/W and batch sizes",
@@ -295,7 +282,7 @@ def verdicts(n: Numbers) -> list[Claim]:
     lru, tok, rev = n.token["lru"], n.token["token_lru"], n.token["token_lru:reverse=true"]
     verdict, note = on_bases({p: c.token["token_lru"] < c.token["lru"] < c.token["token_lru:reverse=true"]
                               for p, c in bases.items()},
-                             {p: _order(c.token) for p, c in bases.items()}, n.judged)
+                             {p: _order(c.token) for p, c in bases.items()}, n.basis)
     claims.append(Claim(
         "[own result] token counts carry the signal: token_lru (a demand's most used expert becomes the most "
         "recent) has fewer demand misses than lru, and reversing that order has more",
@@ -310,7 +297,7 @@ def verdicts(n: Numbers) -> list[Claim]:
             "the demand policy on every request",
             f"{OWN}; libCacheSim {_lcs_version()} as an independent oracle",
             f"{differ} of {int(n.check.requests.sum())} requests differ over {len(n.check)} trace x C/W pairs",
-            judged(differ == 0), margin="exact: equal or not", counting="every request of every layer",
+            verdict_of(differ == 0), margin="exact: equal or not", counting="every request of every layer",
             interval=EXACT))
     return claims
 

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
-from artifact.experiments.claims import EXACT, PER_RUN, Claim, judged
+from artifact.experiments.claims import EXACT, PER_RUN, Claim, verdict_of
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
@@ -76,7 +76,7 @@ def verdicts(n: Numbers) -> list[Claim]:
     counting = "tokens/s per run, demand over last_step % per pair, one interval per cell (task, batch, C/W)"
     claims = [Claim("offloading changes time, never results: every policy decoded the same tokens in every cell",
                     "the engine is exact (design invariant)", f"{n.same_cells} of {n.cells} cells identical",
-                    judged(n.same_cells == n.cells), counting=PER_RUN, interval=EXACT,
+                    verdict_of(n.same_cells == n.cells), counting=PER_RUN, interval=EXACT,
                     margin=f"{n.cells - n.same_cells} cells differ")]
     if claim_cells(n.timed, FASTER_CLAIM).effects:
         q = question(FASTER_CLAIM)

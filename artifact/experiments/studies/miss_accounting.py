@@ -85,25 +85,25 @@ def _nearest(ratios, target: float) -> float:
 @dataclass(frozen=True)
 class Numbers:
     ratios: tuple[float, ...]
-    judged: str                  # the basis the verdicts rule on (sim.ruling_basis: 'excluded' when measured)
+    basis: str                   # the basis the verdicts rule on (sim.ruling_basis: 'excluded' when measured)
     # per basis (sim.BASES), at each C/W in the paper's W-scale range: (misses removed / LRU's, speculative
     # transfers / LRU's misses, speculative transfers > misses removed); empty without last_step
     last_step_by_prefill: dict
     refresh_by_prefill: dict     # basis -> {C/W -> misses removed by interval_refresh / LRU's}; empty without it
     oracle_cut_by_prefill: dict  # basis -> {C/W -> LRU / oracle misses}; empty without oracle
-    min_cut: dict                # C/W -> LRU misses / min's loads (judged basis); empty without min
+    min_cut: dict                # C/W -> LRU misses / min's loads (on basis); empty without min
 
     @property
     def last_step(self) -> dict:
-        return self.last_step_by_prefill.get(self.judged, {})
+        return self.last_step_by_prefill.get(self.basis, {})
 
     @property
     def oracle_cut(self) -> dict:
-        return self.oracle_cut_by_prefill.get(self.judged, {})
+        return self.oracle_cut_by_prefill.get(self.basis, {})
 
     @property
     def refresh_removed(self) -> dict:
-        return self.refresh_by_prefill.get(self.judged, {})
+        return self.refresh_by_prefill.get(self.basis, {})
 
 
 def numbers(summary) -> Numbers:
@@ -142,10 +142,10 @@ def _label(prefill: str) -> str:
 
 
 def oracle_text(n: Numbers, r1: float) -> str:
-    parts = [f"{_label(n.judged)}: LRU/oracle misses at C/W = {r1:g}: {n.oracle_cut[r1]:.1f}x (by C/W: "
+    parts = [f"{_label(n.basis)}: LRU/oracle misses at C/W = {r1:g}: {n.oracle_cut[r1]:.1f}x (by C/W: "
              + ", ".join(f"{r:g}: {v:.1f}x" for r, v in n.oracle_cut.items()) + ")"]
     for p, cut in n.oracle_cut_by_prefill.items():
-        if p != n.judged:
+        if p != n.basis:
             parts.append(f"{_label(p)}: {cut[r1]:.1f}x at C/W = {r1:g}")
     if n.min_cut:
         parts.append(f"LRU misses / the floor min's loads (any C-slot demand paging) at C/W = {r1:g}: "
@@ -161,8 +161,8 @@ def verdicts(n: Numbers) -> list[Claim]:
     claims = []
     lo, hi = paper.FASTER_RANGE
     FEW, FACTOR = thresholds.FEW, thresholds.FACTOR
-    on = f"; counted over {_label(n.judged)}"
-    basis = dict(counting=BASIS[n.judged], interval=EXACT)
+    on = f"; counted over {_label(n.basis)}"
+    basis = dict(counting=BASIS[n.basis], interval=EXACT)
     if n.last_step:
         def most(by):                # the C/W where last_step removes the most
             return max(by, key=lambda r: by[r][0])
@@ -171,7 +171,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         figures = {p: f"most removed {by[most(by)][0]:.1%} (C/W {most(by):g})"
                    + ("" if all(more for *_, more in by.values()) else ", fewer speculative transfers than misses "
                       "removed somewhere") for p, by in n.last_step_by_prefill.items()}
-        verdict, note = on_bases(holds, figures, n.judged)
+        verdict, note = on_bases(holds, figures, n.basis)
         worst = most(n.last_step)
         claims.append(Claim(
             "W-scale caches make last-step prefetch nearly useless: few or no misses removed beyond LRU, "
@@ -188,9 +188,9 @@ def verdicts(n: Numbers) -> list[Claim]:
         r1 = _nearest(n.ratios, 1.0)
         cut = paper.ORACLE_CUT
         why = (", the paper's oracle figure counts decode steps (a prefill forward is a one-off demand no "
-               "step-to-step predictor sees coming)") if n.judged == DENOISING_ONLY else ""
+               "step-to-step predictor sees coming)") if n.basis == DENOISING_ONLY else ""
         holds = {p: cut / FACTOR <= c[r1] <= cut * FACTOR for p, c in n.oracle_cut_by_prefill.items()}
-        verdict, note = on_bases(holds, {p: f"{c[r1]:.1f}x" for p, c in n.oracle_cut_by_prefill.items()}, n.judged)
+        verdict, note = on_bases(holds, {p: f"{c[r1]:.1f}x" for p, c in n.oracle_cut_by_prefill.items()}, n.basis)
         claims.append(Claim(
             f"an oracle prefetcher cuts demand misses {cut}x versus LRU",
             f"{cut}x; judged at the W-scale cache C/W = {r1:g}, within a factor {FACTOR}{on}{why}",
@@ -200,7 +200,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         holds = {p: all(v < FEW for v in by.values()) for p, by in n.refresh_by_prefill.items()}
         figures = {p: f"most removed {max(by.values()):.1%} (C/W {max(by, key=by.get):g})"
                    for p, by in n.refresh_by_prefill.items()}
-        verdict, note = on_bases(holds, figures, n.judged)
+        verdict, note = on_bases(holds, figures, n.basis)
         claims.append(Claim(
             "interval refresh (TIDE-style) does not beat LRU",
             f"does not beat LRU; judged: removes < {FEW:.0%} of LRU's misses at every C/W{on}",

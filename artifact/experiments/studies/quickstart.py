@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments.claims import EXACT, Claim, judged
+from artifact.experiments.claims import EXACT, Claim, verdict_of
 from artifact.experiments.harness import load_model, offload_spec
 from artifact.experiments.outputs.figures import legend, title
 from artifact.experiments.settings import Settings
@@ -69,11 +69,11 @@ def measured_text(n: Numbers) -> str:
             f"{n.miss_share:.0%} of expert uses missed, identical tokens: {'yes' if n.same_tokens else 'no'}")
 
 
-def verdict(n: Numbers) -> Claim:
-    return Claim("offloading changes time, never results: the offloaded run decodes the resident run's tokens",
-                 "the engine is exact (a design invariant of the paper's system, no figure)",
-                 measured_text(n), judged(n.same_tokens), counting="the decoded tokens of one prompt, two runs",
-                 interval=EXACT, margin="exact: tokens equal or not")
+def verdicts(n: Numbers) -> list[Claim]:
+    return [Claim("offloading changes time, never results: the offloaded run decodes the resident run's tokens",
+                  "the engine is exact (a design invariant of the paper's system, no figure)",
+                  measured_text(n), verdict_of(n.same_tokens), counting="the decoded tokens of one prompt, two runs",
+                  interval=EXACT, margin="exact: tokens equal or not")]
 
 
 def reading(q: dict) -> str:

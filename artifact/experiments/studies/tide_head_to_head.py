@@ -11,7 +11,7 @@ import torch
 
 from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import NOT_MEASURABLE, Claim, judged
+from artifact.experiments.claims import NOT_MEASURABLE, Claim, verdict_of
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, run_grid
@@ -161,7 +161,7 @@ def released_verdict(parts: dict | None, reason: str | None) -> Claim:
     text = f"{paper.TIDE_SPEEDUP[1.0]}x at the same budget, {paper.TIDE_SPEEDUP[0.5]}x at half of it"
     if parts is None:
         return Claim(claim, text, "-", NOT_MEASURABLE, reason or "not run")
-    return Claim(claim, text, released_text(parts), judged(all(p["speedup_total"] > 1 for p in parts.values())),
+    return Claim(claim, text, released_text(parts), verdict_of(all(p["speedup_total"] > 1 for p in parts.values())),
                  timing=True)
 
 

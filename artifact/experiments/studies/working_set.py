@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments.claims import DENOISING, EXACT, Claim, judged
+from artifact.experiments.claims import DENOISING, EXACT, Claim, verdict_of
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import trace_label
 from artifact.experiments.outputs.figures import title
@@ -68,15 +68,15 @@ def measured_text(n: Numbers) -> str:
             f"{n.lru_resident:.2f}")
 
 
-def verdict(n: Numbers) -> Claim:
+def verdicts(n: Numbers) -> list[Claim]:
     worst = min(n.reuse_by_task, key=n.reuse_by_task.get)
-    return Claim("expert routing is very stable from one denoising step to the next",
-                 f"qualitative (no figure); judged: >= {thresholds.STABLE:.0%} of D(t, l) already in D(t-1, l) on "
-                 "every task",
-                 measured_text(n), judged(all(v >= thresholds.STABLE for v in n.reuse_by_task.values())),
-                 counting=f"{DENOISING}: W, the reuse of D(t-1, l) and the share resident under LRU",
-                 interval=EXACT,
-                 margin=f"lowest task {worst}: " + margin_at_least(n.reuse_by_task[worst], thresholds.STABLE))
+    return [Claim("expert routing is very stable from one denoising step to the next",
+                  f"qualitative (no figure); judged: >= {thresholds.STABLE:.0%} of D(t, l) already in D(t-1, l) on "
+                  "every task",
+                  measured_text(n), verdict_of(all(v >= thresholds.STABLE for v in n.reuse_by_task.values())),
+                  counting=f"{DENOISING}: W, the reuse of D(t-1, l) and the share resident under LRU",
+                  interval=EXACT,
+                  margin=f"lowest task {worst}: " + margin_at_least(n.reuse_by_task[worst], thresholds.STABLE))]
 
 
 def reading(ws) -> str:

@@ -95,11 +95,6 @@ class Shape:
                    cfg.num_shared_experts, cfg.first_k_dense_replace, cfg.vocab_size, cfg.block_length,
                    dtype_bytes)
 
-    @classmethod
-    def of_name(cls, preset: str, dtype_bytes: int = 2) -> Shape:
-        from artifact.model.config import get_preset
-        return cls.of(get_preset(preset), dtype_bytes)
-
     @property
     def expert_params(self) -> int:
         return expert_params_of(self.hidden_size, self.moe_intermediate_size)

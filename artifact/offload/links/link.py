@@ -193,10 +193,6 @@ class EmulatedLink:
             out.append(EmulatedTicket(dst, src, c, self, label))
         return out
 
-    def copy_one(self, dst: torch.Tensor, src: torch.Tensor, label: str = "",
-                 speculative: bool = False) -> EmulatedTicket:
-        return self.copy([(dst, src, label)], speculative=speculative)[0]
-
     def promote(self, t: EmulatedTicket) -> None:
         """The copy's expert is demanded: from now on it is a demand copy (no-op under fifo)."""
         if not t.landed:

@@ -184,9 +184,6 @@ class SpeculativeHold:
             lo += size
         self.held.append(h)
 
-    def is_held(self, copy) -> bool:
-        return any(h.copy is copy for h in self.held)
-
     def before_copy(self, key: Hashable) -> None:
         if key is not None:
             for h in [h for h in self.held if h.key == key]:

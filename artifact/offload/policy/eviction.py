@@ -45,8 +45,8 @@ from collections import deque
 
 import numpy as np
 
-from artifact.errors import SettingError
 from artifact.offload.policy.eviction_base import EVICTIONS, LRU, Eviction, register_eviction
+from artifact.validate import check_number
 
 _INT64 = np.int64
 
@@ -136,9 +136,7 @@ class LFUWindow(_ScoredEviction):
 
     def __init__(self, num_layers: int, num_experts: int, steps: int = 8):
         super().__init__(num_layers, num_experts)
-        if steps < 1:
-            raise SettingError(f"eviction 'lfu_window': steps must be >= 1 forwards, got {steps}")
-        self.steps = steps
+        self.steps = check_number(f"eviction {self.name!r}: steps", steps, low=1, integer=True)     # forwards
         self.window = [deque() for _ in range(num_layers)]
 
     def demanded(self, i, experts, counts, hit, step):
@@ -180,9 +178,7 @@ class LRFU(_ScoredEviction):
 
     def __init__(self, num_layers: int, num_experts: int, lam: float = 0.5):
         super().__init__(num_layers, num_experts)
-        if not lam >= 0:
-            raise SettingError(f"eviction 'lrfu': lam must be >= 0 (decay per forward), got {lam}")
-        self.lam = lam
+        self.lam = check_number(f"eviction {self.name!r}: lam", lam, low=0)        # the decay per forward: 2**-lam
         self.now = np.zeros(num_layers, dtype=_INT64)                     # forwards seen per layer
         self.at = np.zeros((num_layers, num_experts), dtype=_INT64)       # when score was last brought up to date
         # The decayed scores of each layer at its `now`: a layer's scores change only at its own forwards, so
@@ -217,9 +213,7 @@ class BlockTokens(_ScoredEviction):
 
     def __init__(self, num_layers: int, num_experts: int, carry: float = 0.0):
         super().__init__(num_layers, num_experts)
-        if not 0 <= carry <= 1:
-            raise SettingError(f"eviction 'block_tokens': carry must be in [0, 1], got {carry}")
-        self.carry = carry
+        self.carry = check_number(f"eviction {self.name!r}: carry", carry, low=0, high=1)
 
     def demanded(self, i, experts, counts, hit, step):
         row = self._score_rows[i]

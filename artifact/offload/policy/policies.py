@@ -33,6 +33,7 @@ import numpy as np
 
 from artifact.errors import SettingError, TraceError
 from artifact.offload.policy.eviction import EVICTIONS, LRU, Eviction
+from artifact.validate import check_number
 
 EMPTY_EXPERTS = np.zeros(0, dtype=np.int64)
 
@@ -47,7 +48,8 @@ class Prediction(NamedTuple):
 
 
 class Policy:
-    """Base: LRU eviction, no prefetch. Per-layer state is indexed by the MoE position i.
+    """The base of every prefetch policy (registered: DemandPolicy, LastStep, ...; itself none): its defaults are LRU
+    eviction and no prefetch. Per-layer state is indexed by the MoE position i.
 
     Hooks (override to make a policy):
       observe(i, experts, counts, step)             every demand, before it is planned
@@ -66,8 +68,8 @@ class Policy:
     __init__ with defaults (they become the policy's spec options).
     """
 
-    name = "demand"
-    summary = "LRU, misses load on demand"
+    name = ""                  # the registered name (a spec's); every registered subclass sets its own
+    summary = ""               # one line for the policy list
     needs_trace = False        # True: built from a recorded run of the same prompts (future knowledge)
     engine_ok = True           # False: simulator only
     needs_prediction = False   # True: reads the cross-layer prediction each demand carries (Demand.predicted)
@@ -95,6 +97,13 @@ class Policy:
         self.position += 1
 
 
+class DemandPolicy(Policy):
+    """LRU eviction, no prefetch: every miss loads on demand (the paper's design; the base's defaults, named)."""
+
+    name = "demand"
+    summary = "LRU, misses load on demand"
+
+
 class LastStep(Policy):
     """Predicts D(t, target) := the target layer's most recent demand, D(t-1, target), for the target
     `lookahead` MoE layers ahead (wrapping into the next forward)."""
@@ -104,9 +113,7 @@ class LastStep(Policy):
 
     def __init__(self, num_layers: int, num_experts: int, lookahead: int = 1):
         super().__init__(num_layers, num_experts)
-        if lookahead < 1:
-            raise SettingError(f"lookahead must be >= 1 MoE layers, got {lookahead}")
-        self.lookahead = lookahead
+        self.lookahead = check_number(f"policy {self.name!r}: lookahead", lookahead, low=1, integer=True)   # MoE layers
         self.last: list[tuple[np.ndarray, np.ndarray] | None] = [None] * num_layers
 
     def predict(self, i, experts, counts, step):
@@ -216,9 +223,8 @@ class Oracle(Policy):
 
     def __init__(self, num_layers: int, num_experts: int, future: TraceFuture, lookahead: int = 1):
         super().__init__(num_layers, num_experts)
-        if lookahead < 1:
-            raise SettingError(f"lookahead must be >= 1, got {lookahead}")
-        self.future, self.lookahead = future, lookahead
+        self.future = future
+        self.lookahead = check_number(f"policy {self.name!r}: lookahead", lookahead, low=1, integer=True)   # demands
 
     def observe(self, i, experts, counts, step):
         self.future.check(self.position, i, experts, step)
@@ -244,9 +250,7 @@ class IntervalRefresh(Policy):
 
     def __init__(self, num_layers: int, num_experts: int, tau: int = 4):
         super().__init__(num_layers, num_experts)
-        if tau < 1:
-            raise SettingError(f"tau must be >= 1, got {tau}")
-        self.tau = tau
+        self.tau = check_number(f"policy {self.name!r}: tau", tau, low=1, integer=True)     # denoising steps
 
     def refreshing(self, step) -> bool:
         return step.kind == "denoise" and step.block_step % self.tau == 0
@@ -315,8 +319,10 @@ def options_of(cls: type[Policy]) -> dict[str, Any]:
 def register(cls: type[Policy]) -> type[Policy]:
     """Class decorator: add a Policy subclass to POLICIES under its `name`. Every constructor parameter
     after (num_layers, num_experts[, future]) is an option and needs a default."""
-    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+    if not (isinstance(cls, type) and issubclass(cls, Policy)) or cls is Policy:
         raise TypeError(f"{cls!r} is not a Policy subclass")
+    if not cls.name:
+        raise TypeError(f"policy class {cls.__qualname__} has no name (set the class attribute `name`)")
     params = inspect.signature(cls.__init__).parameters.values()
     bad = [p.name for p in params if p.name not in _POSITIONAL and p.default is inspect.Parameter.empty
            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
@@ -334,7 +340,7 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-for _cls in (Policy, LastStep, LastStepConservative, CrossLayer, Oracle, IntervalRefresh, Belady):
+for _cls in (DemandPolicy, LastStep, LastStepConservative, CrossLayer, Oracle, IntervalRefresh, Belady):
     register(_cls)
 
 

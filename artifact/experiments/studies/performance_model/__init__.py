@@ -28,7 +28,7 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from tqdm.auto import tqdm
 
-from artifact.experiments.claims import MODELED, Claim, judged
+from artifact.experiments.claims import MODELED, Claim, verdict_of
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.hardware import HARDWARE
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, figure_legend, title
@@ -220,7 +220,7 @@ def _model_claim(d: pd.DataFrame, lo: float, hi: float, text: str, paper_text: s
     parts = [f"{r.hardware} {r.trace} C/W {r.cache_ratio:g}: {r.diff_pct:+.1f}%" for r in sel.itertuples()]
     good = bool(ok(sel.diff_pct).all())
     return Claim(f"[modeled: {', '.join(GPUS)}, {CLAIM_SHAPE}] {text}", paper_text,
-                 "demand over last_step, modelled tokens/s, fifo: " + "; ".join(parts), judged(good),
+                 "demand over last_step, modelled tokens/s, fifo: " + "; ".join(parts), verdict_of(good),
                  counting="modelled tokens/s (virtual clock)", interval=MODELED,
                  margin=f"range {sel.diff_pct.min():+.1f}..{sel.diff_pct.max():+.1f}% vs {judged_on}")
 
@@ -254,7 +254,7 @@ def verdicts(grid: pd.DataFrame, errors: ModelErrors, gpu_summary: dict, source:
                         "floor is beyond prediction: the oracle closes less than half of it at C/W 1",
                         "not a claim of the paper: this artifact's own result; floor = max(compute, "
                         "min's misses x expert bytes / bandwidth) per step",
-                        "; ".join(parts), judged(max(shares) < thresholds.GAP_LEFT),
+                        "; ".join(parts), verdict_of(max(shares) < thresholds.GAP_LEFT),
                         counting="modelled seconds per step (virtual clock)",
                         interval=MODELED,
                         margin=f"largest share closed {100 * max(shares):.0f}% vs < {100 * thresholds.GAP_LEFT:.0f}%"))

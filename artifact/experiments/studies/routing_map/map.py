@@ -14,7 +14,7 @@ from matplotlib.colors import LogNorm
 from scipy.interpolate import RegularGridInterpolator
 from tqdm.auto import tqdm
 
-from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, judged
+from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, verdict_of
 from artifact.experiments.criteria import paper
 from artifact.experiments.outputs.figures import PAPER_STYLE, title
 from artifact.experiments.settings import Settings
@@ -219,7 +219,7 @@ def verdicts(n: Numbers) -> list[Claim]:
            f"traces fit {n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f})" if n.implied else
            f"no spread reaches it at the cpu traces' novelty; largest cut {n.best[2]:.1f}x at nu {n.best[0]:g}, "
            f"spread {n.best[1]:g}"),
-        judged(n.implied is not None) if any_region else NOT_MEASURABLE,
+        verdict_of(n.implied is not None) if any_region else NOT_MEASURABLE,
         "" if any_region else "no grid cell reaches the paper's cut; widen the grid", **basis,
         margin=(f"contour spread limit {n.implied[1]:.3f} at nu {n.implied[0]:g} vs the traces' fitted spread "
                 f"{n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f}" if n.implied else
@@ -232,7 +232,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         f"{n.cpu_inside} of {n.cpu_traces} traces inside; fitted nu {lo_nu:.2f}-{hi_nu:.2f}, spread "
         f"{lo_s:.2f}-{hi_s:.2f}; the map there (interpolated): {n.cpu_map_cut[0]:.1f}-{n.cpu_map_cut[1]:.1f}x; "
         f"the traces' own replay (denoising steps): {n.cpu_trace_cut[0]:.1f}-{n.cpu_trace_cut[1]:.1f}x",
-        judged(n.cpu_inside == n.cpu_traces), counting=f"{ruled}, at each cpu trace's fitted point", interval=EXACT,
+        verdict_of(n.cpu_inside == n.cpu_traces), counting=f"{ruled}, at each cpu trace's fitted point", interval=EXACT,
         margin=f"largest map cut at a trace {n.cpu_map_cut[1]:.2f}x vs {n.target}x: "
         f"{n.cpu_map_cut[1] / n.target:.2f} of it"))
     return claims
