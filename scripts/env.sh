@@ -1,8 +1,13 @@
 # Sourced by run_tests.sh and run_all.sh: create or reuse .venv and install what is missing.
-# A second call finds the install stamp (hash of pyproject.toml) and returns in well under a second.
-#   ARTIFACT_VENV   where the environment lives (default: <repo>/.venv)
+# A second call finds the install stamp (a hash of pyproject.toml and requirements.lock, and whether the lock
+# applied) and returns in well under a second.
+#   ARTIFACT_VENV   where the environment lives (default: <repo>/.venv; a conda environment: "$CONDA_PREFIX")
 #   ARTIFACT_TORCH  the torch requirement to install when torch is missing (default: torch==2.13.0;
-#                   on a GPU machine set it to the CUDA build you want, e.g. "torch==2.13.0" from the CUDA index)
+#                   on a GPU machine set it to the CUDA build you want, e.g. "torch==2.13.0" from the CUDA index;
+#                   a torch other than 2.13.0 needs ARTIFACT_LOCK=0, since the lock pins torch==2.13.0)
+#   ARTIFACT_LOCK   1 (default): install with requirements.lock as pip constraints, the exact versions the
+#                   stored runs used (Python 3.11 only: under another Python it installs without, and says so);
+#                   0: without it, at the newest versions pyproject.toml's ranges allow
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${ARTIFACT_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
@@ -10,7 +15,16 @@ if [ ! -x "$PY" ]; then
   echo "[env] creating $VENV"
   "${PYTHON:-python3}" -m venv "$VENV"
 fi
-_want="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+_lock=()
+if [ "${ARTIFACT_LOCK:-1}" != 0 ]; then
+  _lock_py="$(sed -n 's/^# python: //p' "$ROOT/requirements.lock")"
+  if [ "$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "$_lock_py" ]; then
+    _lock=(-c "$ROOT/requirements.lock")
+  else
+    echo "[env] requirements.lock is for Python $_lock_py; installing without it (pyproject.toml's ranges)"
+  fi
+fi
+_want="$(cat "$ROOT/pyproject.toml" "$ROOT/requirements.lock" | sha256sum | cut -c1-12)-${#_lock[@]}"
 _stamp="$VENV/.artifact-installed"
 if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
   echo "[env] installing the project into $VENV (first run takes a few minutes)"
@@ -18,7 +32,7 @@ if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
   if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install -q --disable-pip-version-check "${ARTIFACT_TORCH:-torch==2.13.0}"
   fi
-  "$PY" -m pip install -q --disable-pip-version-check -e "$ROOT[dev]"
+  "$PY" -m pip install -q --disable-pip-version-check ${_lock[@]+"${_lock[@]}"} -e "$ROOT[dev]"
   echo "$_want" > "$_stamp"
 fi
 # The notebooks' kernel, registered inside the venv (committed notebooks name it, never a machine path):

@@ -3,6 +3,7 @@
 (artifact/experiments/replication.py).
 
     PYTHONPATH=. python scripts/record_runs.py --profile cpu --runs 9
+    PYTHONPATH=. python scripts/record_runs.py --profile h200_ae --model /models/LLaDA2.0-mini --runs 3
 
 Each run first clears the working row files (replication.clear_working), then measures what the timing notebooks
 time (replication.TIMED_STUDIES: 03's throttle grid, 04's bench grid, 05's TIDE-style grid, 06's two link-priority
@@ -36,6 +37,8 @@ def main(argv=None) -> int:
     """Record the runs; a bad argument, profile or stored run prints one line (`error: ...`) and returns 2."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--model", default=None, help="checkpoint directory (overrides the profile's model; a GPU "
+                    "profile's is null)")
     ap.add_argument("--runs", type=int, default=9, help="how many runs to record (default 9: the stored cpu runs' N, "
                     "at which 04's A/A half-width was at most 3 points in 10 of its 10 cells; 7 of 10 at N = 6, "
                     "docs/verdicts.md)")
@@ -54,7 +57,9 @@ def record(a) -> None:
     from artifact.experiments import harness, replication
     if a.runs < 1:
         raise SettingError(f"--runs {a.runs}: give at least 1")
-    P = harness.setup(a.profile)
+    P = harness.setup(a.profile, {"model": a.model} if a.model is not None else None)
+    if P.model is None:
+        raise SettingError(f"profile {P.name!r} has model: null: pass --model DIR (a LLaDA2.0 checkpoint directory)")
     replication.next_run(P.name)      # the stored runs are whole and of this commit, before any measurement
     for k in range(a.runs):
         dest, _ = replication.next_run(P.name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -124,3 +125,37 @@ def test_a_gpu_profile_without_a_gpu_or_a_stated_memory_is_refused(capsys):
     assert "no CUDA GPU" in line and "--gpu-memory-gb" in line
     line = one_line_error(capsys, main(["doctor", "--profile", "h200"]))
     assert "model: null" in line
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gpu_section() -> list[str]:
+    """The README's GPU section: from its heading to the next one."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = lines.index("## On a GPU")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("## "))
+    return lines[start:end]
+
+
+@pytest.mark.parametrize("profile, gpu_gb", [("h200_ae", 141), ("a5000_ae", 24)])
+def test_a_reviewers_grid_fits_two_gpu_hours_and_the_readme_says_what_doctor_prints(mini4, capsys, profile, gpu_gb):
+    """`python -m artifact doctor --profile NAME_ae --model DIR` on a checkpoint of mini's shapes prints an estimate of
+    at most 2 GPU-hours (its time does not depend on the checkpoint's size: forwards x a stated s per forward); the
+    README's GPU section names the command and the figure it prints."""
+    root, _ = mini4
+    assert main(["doctor", "--profile", profile, "--model", str(root), "--gpu-memory-gb", str(gpu_gb)]) == 0
+    out = capsys.readouterr().out
+    (grid,) = [line for line in out.splitlines() if line.startswith("grid: ")]
+    hours = re.search(r"roughly (\d+\.\d+) h at a stated", grid).group(1)
+    assert float(hours) <= 2.0, grid
+    assert "NO" not in out and f"profile {profile}," in out
+    section = "\n".join(gpu_section())
+    assert f"roughly {hours} h" in section and profile in section
+    assert "python -m artifact doctor --profile h200_ae --model" in section
+
+
+def test_the_readmes_gpu_section_is_short_and_links_the_rest():
+    section = gpu_section()
+    assert len(section) <= 25, f"the README's GPU section has {len(section)} lines (> 25): move detail to docs/usage.md"
+    assert "(docs/usage.md)" in "\n".join(section)

@@ -140,8 +140,8 @@ def test_record_runs_measures_stored_run_k_with_rotation_k_minus_1(tmp_path, mon
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(f"rotation\n{P.rotation}\n")
     monkeypatch.setattr(script, "measure", measure)
-    script.record(argparse.Namespace(profile="cpu", runs=2))
-    script.record(argparse.Namespace(profile="cpu", runs=1))         # a later call continues the numbering
+    script.record(argparse.Namespace(profile="cpu", model=None, runs=2))
+    script.record(argparse.Namespace(profile="cpu", model=None, runs=1))   # a later call continues the numbering
     assert seen == [0, 1, 2]
     runs = tmp_path / "data" / "results" / "cpu" / "runs"
     for k in (1, 2, 3):

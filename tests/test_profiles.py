@@ -31,7 +31,7 @@ def write(tmp_path, text, name="mine.yaml"):
 
 
 def test_bundled_profiles_load():
-    assert list_profiles() == ["a5000", "cpu", "h200"]
+    assert list_profiles() == ["a5000", "a5000_ae", "cpu", "h200", "h200_ae", "h200_flash"]
     for name in list_profiles():
         p = load_profile(name)
         assert p.name == name and p.description
@@ -99,13 +99,46 @@ def test_errors_are_user_errors():
 
 
 def test_gpu_profiles_hold_the_papers_grid():
-    for name in ("a5000", "h200"):
+    for name in ("a5000", "h200", "h200_flash"):
         p = load_profile(name)
         assert p.cache_ratios == PAPER_RATIOS
         assert p.batch_sizes == (1, 2, 4, 8)
         assert len(p.tasks) == 5
         assert p.link == "cuda" and p.device == "cuda" and p.model is None
         assert {"demand", "last_step"} <= set(p.policies)
+
+
+@pytest.mark.parametrize("name", ["h200_ae", "a5000_ae"])
+def test_a_reviewers_profile_decides_04s_headline_claims(name):
+    """Notebook 04's two claims (C/W 0.43; every C/W in 0.83-1.73) at batch sizes 1 and 4, one task, with the A/A
+    control, at least MIN_PAIRS pairs per cell, on the GPU of its name (its time: tests/test_doctor.py)."""
+    from artifact.experiments.criteria import paper, thresholds
+    from artifact.experiments.settings import CONTROL
+    p = load_profile(name)
+    assert p.cache_ratios == PAPER_RATIOS and paper.AT_LOW.cache_ratio in p.cache_ratios
+    assert [r for r in p.cache_ratios if paper.FASTER_RANGE[0] <= r <= paper.FASTER_RANGE[1]] == [0.83, 1.0, 1.3, 1.73]
+    assert p.batch_sizes == (1, 4) and len(p.tasks) == 1 and p.bandwidth_scales == (1.0,)
+    assert p.policies == ("demand", "last_step", CONTROL) and p.repetitions >= thresholds.MIN_PAIRS
+    assert p.link == "cuda" and p.device == "cuda" and p.model is None and p.budget_minutes <= 120
+    assert p.trace_tasks == p.tasks and p.trace_batch_sizes == p.batch_sizes    # only the traces its grid needs
+
+
+def test_flash_writes_to_folders_of_its_own(tmp_path, monkeypatch):
+    """LLaDA2.0-flash runs under h200_flash: its claim records, bench grids, traces and figures go to folders named
+    after it, never to mini's (h200)."""
+    from artifact.experiments.claims import Claim, record
+    from artifact.experiments.outputs import paths
+    monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "results"))
+    monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
+    monkeypatch.delenv("ARTIFACT_FIGURES", raising=False)
+    flash, mini = load_profile("h200_flash"), load_profile("h200")
+    written = record(flash, "04_capacity_sweep", [Claim("c", "p", "m", "reproduced")])
+    assert written == tmp_path / "results" / "h200_flash" / "data" / "04_capacity_sweep.claims.json"
+    assert written.is_file() and not (tmp_path / "results" / "h200").exists()
+    for where in (paths.run_dir, paths.figures_dir, paths.run_data_dir, paths.results_dir, paths.traces_dir):
+        assert where(flash).name == "h200_flash" or where(flash).parent.name == "h200_flash"
+        assert where(flash) != where(mini)
+    assert flash.trace_capacity == 128 and mini.trace_capacity is None    # flash's experts do not fit 141 GB
 
 
 def test_cpu_profile_is_small_and_states_a_budget():
@@ -149,7 +182,8 @@ def test_unknown_key_names_it_and_lists_valid_keys(tmp_path):
 
 
 def test_unknown_profile_name_lists_profiles(tmp_path):
-    with pytest.raises(ProfileError, match=r"unknown profile 'gpu'.*\['a5000', 'cpu', 'h200'\]"):
+    listed = r"\['a5000', 'a5000_ae', 'cpu', 'h200', 'h200_ae', 'h200_flash'\]"
+    with pytest.raises(ProfileError, match=rf"unknown profile 'gpu'.*{listed}"):
         load_profile("gpu")
     with pytest.raises(ProfileError, match="unknown profile 'base'"):
         load_profile("base")

@@ -162,7 +162,8 @@ def test_a_damaged_claim_record_is_refused(data, tmp_path, capsys):
 
 def record_runs(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "record_runs.py"), *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=300, env={**os.environ, **(env or {})})
+                          capture_output=True, timeout=300,      # PYTHONPATH=. as documented: this checkout's code
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 def test_record_runs_refuses_a_bad_profile_in_one_line():
@@ -171,6 +172,8 @@ def test_record_runs_refuses_a_bad_profile_in_one_line():
     assert one_line(r.stderr).startswith("error: unknown profile 'nope'; choose one of")
     r = record_runs("--runs", "0")
     assert r.returncode == 2 and one_line(r.stderr) == "error: --runs 0: give at least 1"
+    r = record_runs("--profile", "h200_ae", "--runs", "1")          # a GPU profile names no checkpoint
+    assert r.returncode == 2 and r.stdout == "" and "has model: null: pass --model DIR" in one_line(r.stderr)
 
 
 def test_record_runs_refuses_damaged_stored_runs_before_measuring(tmp_path):
