@@ -27,7 +27,7 @@ from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import prompts
 from artifact.offload.eviction import EVICTIONS
 from artifact.offload.policies import POLICIES
-from artifact.offload.runner import run
+from artifact.offload.runner import RunOptions, decode_prompts
 from artifact.offload.sim import capacity_for, replay, sweep
 from artifact.offload.trace import ARRAYS, Trace, mean_working_set
 
@@ -149,7 +149,8 @@ def main():
     torch.set_num_threads(1)
     loaded = load_checkpoint("tiny")
     ids, ps = prompts(loaded.tokenizer, "gsm8k", 4, seed=0, max_prompt_tokens=64)
-    base = run(loaded, ps, 4, DecodeConfig(gen_length=64), record=True, prompt_ids=ids, task="gsm8k").trace
+    base = decode_prompts(loaded, ps, 4, RunOptions(DecodeConfig(gen_length=64)), record=True, prompt_ids=ids,
+                          task="gsm8k").trace
     big = tiled(base, -(-a.accesses // base.accesses))
     W = mean_working_set(big)
     E = big.meta["num_experts"]

@@ -100,10 +100,11 @@ def environment(a, torch) -> dict:
     return out
 
 
-def forward_kwargs(mode: str, timed: bool = False) -> dict:
-    """runner.run's keywords for a forward mode (FORWARD_MODES); a timed or profiled run never captures
+def run_options(dc, device: str, mode: str, timed: bool = False):
+    """The RunOptions of a run in forward mode `mode` (FORWARD_MODES); a timed or profiled run never captures
     (capture=False: its shapes were captured by the warm-up run before it)."""
-    return {"forward": mode, "capture": False} if timed else {"forward": mode}
+    from artifact.offload.runner import RunOptions
+    return RunOptions(dc, device, mode, capture=not timed)
 
 
 def warm_up(run_once, mode: str):
@@ -231,7 +232,7 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
     """Step 5; `write` is called after every row, so each row is on disk as soon as it is measured."""
     from artifact.model.checkpoint import random_model
     from artifact.model.decode import DecodeConfig
-    from artifact.offload.runner import OffloadSpec, run
+    from artifact.offload.runner import OffloadSpec, decode_prompts
     from artifact.offload.sim import capacity_for, replay
     from artifact.offload.trace import mean_working_set
     cuda = a.device == "cuda"
@@ -252,7 +253,7 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
     prompts = {b: base.random_prompts(torch, cfg, b, length, seed=b, spread=0) for b in a.batches}
     ref, W = {}, {}
     for b in a.batches:              # the reference tokens and W: eager, resident, recorded (untimed)
-        res = run(loaded, prompts[b], b, dc, device=a.device, record=True, **forward_kwargs("eager"))
+        res = decode_prompts(loaded, prompts[b], b, run_options(dc, a.device, "eager"), record=True)
         ref[b], W[b] = res.tokens, mean_working_set(res.trace)
 
     def over_budget(what: dict) -> bool:
@@ -269,9 +270,8 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
                 continue
             row = {"forward": mode, "batch": b, "working_set": W[b], "dtype": dtype}
             try:
-                fw = forward_kwargs(mode)
-                warm = warm_up(partial(run, loaded, prompts[b], b, dc, device=a.device, **fw), mode)
-                res = run(loaded, prompts[b], b, dc, device=a.device, **forward_kwargs(mode, timed=True))
+                warm = warm_up(partial(decode_prompts, loaded, prompts[b], b, run_options(dc, a.device, mode)), mode)
+                res = decode_prompts(loaded, prompts[b], b, run_options(dc, a.device, mode, timed=True))
                 row.update(timing(res.stats.as_dict()), tokens_equal_resident=res.tokens == ref[b],
                            forwards=res.stats.forwards, **segment_counters(mode, warm, res))
             except Exception as e:                       # keep the other configurations: GPU time is scarce
@@ -307,11 +307,11 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
 
 def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_bytes, gbps, replay,
               profile: bool, mode: str) -> dict:
-    from artifact.offload.runner import run
-    fw = forward_kwargs(mode)
-    warm = warm_up(partial(run, loaded, prompts, batch, dc, spec=spec, device=a.device, **fw), mode)
+    from artifact.offload.runner import decode_prompts
+    options, timed = run_options(dc, a.device, mode), run_options(dc, a.device, mode, timed=True)
+    warm = warm_up(partial(decode_prompts, loaded, prompts, batch, options, spec=spec), mode)
     w0 = loaded.model.routing.host_counts.wait_seconds
-    res = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **forward_kwargs(mode, timed=True))
+    res = decode_prompts(loaded, prompts, batch, timed, spec=spec)
     wait = loaded.model.routing.host_counts.wait_seconds - w0
     s = res.stats.as_dict()
     denoise = s["forwards"]
@@ -327,7 +327,7 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
            **{k: s[k] for k in COUNT_KEYS}, **segment_counters(mode, warm, res)}
     row["host_over_h2d"] = row["host_ms_median"] / h2d if h2d > 0 and row["host_ms_median"] is not None else None
     try:                            # apart, so that a failure here keeps the timed run's figures
-        rec = run(loaded, prompts, batch, dc, spec=spec, device=a.device, record=True, **fw)
+        rec = decode_prompts(loaded, prompts, batch, options, spec=spec, record=True)
         sim = replay(rec.trace, spec.policy, spec.capacity)
         row["replay"] = {k: sim[k] for k in COUNT_KEYS}
         row["counts_equal_replay"] = (all(getattr(rec.stats, k) == sim[k] == s[k] for k in COUNT_KEYS)
@@ -336,7 +336,7 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
         row["counts_equal_replay"], row["replay_error"] = None, f"{type(e).__name__}: {e}"
     if profile:
         try:
-            row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec, forward_kwargs(mode, timed=True))
+            row["profile"] = profiled(torch, a, loaded, prompts, batch, timed, spec)
         except Exception as e:
             row["profile"] = {"error": f"{type(e).__name__}: {e}"}
     return row
@@ -353,7 +353,7 @@ def fp32_tokens(a, torch) -> dict:
     from artifact.model.checkpoint import random_model
     from artifact.model.config import get_preset
     from artifact.model.decode import DecodeConfig
-    from artifact.offload.runner import OffloadSpec, run
+    from artifact.offload.runner import OffloadSpec, decode_prompts
     from artifact.offload.sim import capacity_for
     from artifact.offload.trace import mean_working_set
     cfg = dataclasses.replace(get_preset("tiny"), num_hidden_layers=3, name="tiny-3L-random")
@@ -361,7 +361,7 @@ def fp32_tokens(a, torch) -> dict:
     dc = DecodeConfig(gen_length=2 * cfg.block_length, steps=cfg.block_length // 4, threshold=1.0,
                       eos_early_stop=False)
     prompts = base.random_prompts(torch, cfg, 1, 2 * cfg.block_length, seed=1, spread=0)
-    ref = run(loaded, prompts, 1, dc, device=a.device, record=True, forward="eager")
+    ref = decode_prompts(loaded, prompts, 1, run_options(dc, a.device, "eager"), record=True)
     C = capacity_for(1.0, mean_working_set(ref.trace), cfg.num_experts)
     out = {"model": cfg.name, "dtype": "float32", "batch": 1, "cache_ratio": 1.0, "cache_experts": C, "runs": []}
     for policy in POLICIES:
@@ -369,9 +369,9 @@ def fp32_tokens(a, torch) -> dict:
             row = {"forward": mode, "batch": 1, "cache_ratio": 1.0, "policy": policy, "dtype": "float32"}
             try:
                 spec = OffloadSpec(capacity=C, policy=policy, link="cuda")
-                warm = warm_up(partial(run, loaded, prompts, 1, dc, spec=spec, device=a.device,
-                                       **forward_kwargs(mode)), mode)
-                res = run(loaded, prompts, 1, dc, spec=spec, device=a.device, **forward_kwargs(mode, timed=True))
+                warm = warm_up(partial(decode_prompts, loaded, prompts, 1, run_options(dc, a.device, mode), spec=spec),
+                               mode)
+                res = decode_prompts(loaded, prompts, 1, run_options(dc, a.device, mode, timed=True), spec=spec)
                 row.update(tokens_equal_resident=res.tokens == ref.tokens, **segment_counters(mode, warm, res))
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {e}"

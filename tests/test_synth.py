@@ -11,7 +11,7 @@ import pytest
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
 from artifact.offload.link import REFERENCE_EXPERT_BYTES
-from artifact.offload.runner import run
+from artifact.offload.runner import RunOptions, decode_prompts
 from artifact.offload.sim import replay
 from artifact.offload.synth import SynthParams, fit, measure, synth
 from artifact.offload.trace import Trace, mean_working_set, step_similarity
@@ -250,8 +250,8 @@ def test_fit_cli_prints_the_fitted_parameters(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def recorded(tiny, tiny_prompts):
     """A resident tiny-model run of three prompts at batch size 2 (prefill included)."""
-    return run(tiny, tiny_prompts[2:5], 2, DecodeConfig(gen_length=40), record=True, prompt_ids=["a", "b", "c"],
-               task="test").trace
+    return decode_prompts(tiny, tiny_prompts[2:5], 2, RunOptions(DecodeConfig(gen_length=40)), record=True,
+                          prompt_ids=["a", "b", "c"], task="test").trace
 
 
 def test_a_recorded_trace_can_be_fitted_and_regenerated(recorded):

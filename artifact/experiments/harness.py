@@ -21,7 +21,7 @@ from artifact.experiments.settings import Settings, fingerprint, load_profile
 from artifact.model.checkpoint import Loaded
 from artifact.model.tasks import prompts, select
 from artifact.offload.prepare import prepare
-from artifact.offload.runner import OffloadSpec, expert_bytes, run
+from artifact.offload.runner import OffloadSpec, decode_prompts, expert_bytes
 from artifact.offload.trace import Trace, TraceError
 from artifact.paths import atomic_write_bytes
 
@@ -158,8 +158,8 @@ def record_trace(P: Settings, task: str, batch_size: int) -> Trace:
     spec = None
     if P.trace_capacity is not None:
         spec = offload_spec(P, loaded, min(P.trace_capacity, loaded.cfg.num_experts))
-    t = run(loaded, ps, batch_size, P.decode_config(), spec=spec, device=P.device, record=True,
-            prompt_ids=ids, task=task).trace
+    t = decode_prompts(loaded, ps, batch_size, P.run_options(), spec=spec, record=True, prompt_ids=ids,
+                       task=task).trace
     t.meta["recorded_with"] = {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                                "torch_threads": torch.get_num_threads(), "device": P.device}
     return t

@@ -21,7 +21,7 @@ from artifact.model.checkpoint import weights_fingerprint
 from artifact.model.tasks import prompts, tokens_sha
 from artifact.offload.policies import check_policy
 from artifact.offload.prepare import prepare
-from artifact.offload.runner import OffloadSpec, check_device, run
+from artifact.offload.runner import OffloadSpec, check_device, decode_prompts
 from artifact.offload.trace import mean_working_set
 
 
@@ -82,7 +82,7 @@ class ModelRunner:
         cfg = self.loaded.cfg
         self.num_experts = cfg.num_experts
         self.expert_bytes = cfg.expert_params * self.loaded.experts.element_size()
-        self.dc = P.decode_config()
+        self.options = P.run_options()       # every run of the bench decodes so: the profile's forward mode too
         self.meta = {"model": cfg.name, "model_hash": cfg.config_hash(),
                      "weights_fingerprint": weights_fingerprint(self.loaded.path) if self.loaded.path else "none",
                      "dtype": str(self.loaded.experts.dtype).removeprefix("torch."), "device": P.device,
@@ -107,8 +107,8 @@ class ModelRunner:
             spec = None
             if P.trace_capacity is not None:
                 spec = self.spec(min(P.trace_capacity, self.num_experts))
-            res = run(self.loaded, ps, batch_size, self.dc, spec=spec, device=P.device, record=True,
-                      prompt_ids=ids, task=task)
+            res = decode_prompts(self.loaded, ps, batch_size, self.options, spec=spec, record=True, prompt_ids=ids,
+                                 task=task)
             self._group = ((task, batch_size), mean_working_set(res.trace), ids, ps, res.trace)
         return self._group
 
@@ -116,12 +116,11 @@ class ModelRunner:
         return self._prompts(task, batch_size)[1]
 
     def run(self, cell: Cell, policy: str, capacity: int) -> dict:
-        P = self.P
         _, _, ids, ps, trace = self._prompts(cell.task, cell.batch_size)
         spec = self.spec(capacity, policy, cell.bandwidth_scale)
         oracle = trace if check_policy(policy).needs_trace else None
-        res = run(self.loaded, ps, cell.batch_size, self.dc, spec=spec, device=P.device, oracle=oracle,
-                  prompt_ids=ids, task=cell.task, forward=P.forward)
+        res = decode_prompts(self.loaded, ps, cell.batch_size, self.options, spec=spec, oracle=oracle,
+                             prompt_ids=ids, task=cell.task)
         out = {k: getattr(res.stats, k, None) for k in STAT_COLUMNS}
         out.update(phase_stats(res.stats.by_phase))
         out["tokens"] = res.stats.tokens_generated
