@@ -354,7 +354,7 @@ def test_graphs_check_writes_each_engine_row_as_it_is_measured(tmp_path, monkeyp
     real, calls = mod.offloaded, []
 
     def offloaded(*args, **kw):
-        calls.append(kw["mode"])
+        calls.append(kw["forward"])
         if len(calls) == 3:
             raise KeyboardInterrupt("the step's time limit")
         return real(*args, **kw)

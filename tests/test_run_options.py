@@ -99,7 +99,7 @@ def test_the_bench_runner_runs_segmented():
     runner = ModelRunner(P, load_model(P))
     traced = ran(lambda: runner.working_set(P.tasks[0], 1), runner.loaded)            # the W trace recorder
     out = {}
-    timed = ran(lambda: out.update(row=runner.run(Cell(P.tasks[0], 1, 1.0, 1.0), "demand", 8)), runner.loaded)
+    timed = ran(lambda: out.update(row=runner.measure(Cell(P.tasks[0], 1, 1.0, 1.0), "demand", 8)), runner.loaded)
     assert traced > 0 and timed == out["row"]["forwards"] > 0
 
 

@@ -48,10 +48,10 @@ def load_model(P: Settings, resident: bool | None = None) -> Loaded:
     if P.model is None:
         raise ValueError(f"profile {P.name!r} has model: null; set it to a checkpoint directory "
                          "(overrides = {'model': DIR} in the notebook, or --model DIR)")
-    run = prepare(P.run_request())
+    prepared = prepare(P.run_request())
     resident = P.trace_capacity is None if resident is None else resident
-    key = (P.model, run.dtype, P.device, resident)
-    loaded = _LOADED.pop(key, None) or run.load(resident=resident)
+    key = (P.model, prepared.dtype, P.device, resident)
+    loaded = _LOADED.pop(key, None) or prepared.load(resident=resident)
     _LOADED[key] = loaded                              # the most recently used last
     if len(_LOADED) > 2:
         del _LOADED[next(iter(_LOADED))]

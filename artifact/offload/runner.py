@@ -141,7 +141,9 @@ class RunOptions:
     """How every forward of a run decodes and computes. Built once per entry point: Settings.run_options() for a
     profile's runs, the CLI from its flags; a test or a script makes one by hand.
 
-      decode         the decoder's settings (DecodeConfig: length, steps, threshold, its KV cache use)
+      decode         the decoder's settings (DecodeConfig: length, steps, threshold, and `mode`, cached | full: its
+                     prefix KV cache use, not the forward mode; the name stays, as every trace's meta, profile and
+                     bench fingerprint stores it)
       device         cpu | cuda | cuda:N: where the model computes
       forward        eager | segmented (FORWARD_MODES, artifact/model/options.py)
       capture        segmented on CUDA: whether a forward may capture a graph; False for a timed or profiled

@@ -2,7 +2,8 @@
 
 ModelRunner loads the profile's checkpoint once (after every check `prepare` can make before the weights
 are read), traces each (task, batch size) once to measure W (the run doubles as the warm-up and its trace
-feeds the oracle), and runs one policy at a capacity, returning a row of the result file's STAT_COLUMNS.
+feeds the oracle), and measures one policy at a capacity (ModelRunner.measure), returning a row of the result
+file's STAT_COLUMNS.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def host_medians(host_ms: list[float], wall_ms: list[float]) -> dict:
 
 class ModelRunner:
     """Runs a profile's cells on a model. Tests may substitute an object with the same `meta`,
-    `num_experts`, `working_set` and `run`."""
+    `num_experts`, `working_set` and `measure`."""
 
     def __init__(self, P: Settings, loaded=None):
         if P.model is None:
@@ -115,7 +116,8 @@ class ModelRunner:
     def working_set(self, task: str, batch_size: int) -> float:
         return self._prompts(task, batch_size)[1]
 
-    def run(self, cell: Cell, policy: str, capacity: int) -> dict:
+    def measure(self, cell: Cell, policy: str, capacity: int) -> dict:
+        """One run of `policy` at `capacity` on the cell's prompts: its row of STAT_COLUMNS (and phases, host ms)."""
         _, _, ids, ps, trace = self._prompts(cell.task, cell.batch_size)
         spec = self.spec(capacity, policy, cell.bandwidth_scale)
         oracle = trace if check_policy(policy).needs_trace else None
