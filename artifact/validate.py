@@ -1,4 +1,5 @@
-"""One validator for every number a user gives: CLI flags, profile keys, OffloadSpec fields, link knobs.
+"""One validator for every number a user gives: CLI flags, profile keys, OffloadSpec fields, link knobs; and
+the YAML reader of what a user writes (profiles, --set values), which refuses a key given twice.
 
 NaN and inf fail every check here (`v <= 0` is False for NaN, so a plain range test lets it through).
 Each error is a SettingError (a ValueError the CLI prints as one line) naming the setting, the value
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import math
 
-from artifact.errors import SettingError
+import yaml
+
+from artifact.errors import ProfileError, SettingError
 
 
 def check_number(name: str, value, *, low: float | None = None, high: float | None = None,
@@ -41,3 +44,26 @@ def positive(name: str, value, allow_none: bool = False):
     """> 0 and finite."""
     return check_number(name, value, low=0, low_open=True, allow_none=allow_none)
 
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a mapping with a key given twice (plain YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ProfileError(f"{node.start_mark.name}: key {key!r} given twice (lines {seen[key]} and "
+                                   f"{key_node.start_mark.line + 1}); keep one")
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, name: str):
+    """The YAML value of `text`, read by `name` (a file, or "--set KEY"): its marks and errors name it."""
+    loader = _UniqueKeyLoader(text)
+    loader.name = name                   # marks (and so the errors) name the file, not "<unicode string>"
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()

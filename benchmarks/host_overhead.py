@@ -64,7 +64,7 @@ from artifact.model.options import FORWARD_MODES, ForwardOptions
 from artifact.model.routing import StepInfo
 from artifact.model.syncs import SyncCounter
 from artifact.model.tiny import random_model
-from artifact.offload.backend.engine import offload
+from artifact.offload.backend.engine import install, offload
 from artifact.offload.links.link_factory import make_link
 from artifact.offload.policy.policies import make_policy
 from artifact.offload.replay.sim import capacity_for
@@ -96,7 +96,7 @@ class TimedBackend:
         self.experts += len(demand.experts)
 
 
-def count_ops(model, ids, pos) -> float:
+def count_ops(model, ids, pos, opts: ForwardOptions) -> float:
     """Top-level ATen ops inside MoE.forward, per MoE layer, for one forward."""
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     ranges = []
@@ -106,7 +106,7 @@ def count_ops(model, ids, pos) -> float:
               for m in layers]
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            model(ids, pos)
+            model(ids, pos, options=opts)
     finally:
         for h in hooks:
             h.remove()
@@ -125,34 +125,27 @@ def measure(name: str, cfg, dtype: str, batch: int, reps: int) -> list[dict]:
     ids = torch.randint(8, cfg.vocab_size - 8, (batch, cfg.block_length), generator=g)   # (B, 32)
     pos = torch.arange(cfg.block_length).expand(batch, -1)
     resident = model.backend
+    kernels = {k: ForwardOptions(expert_kernel=k) for k in KERNELS}    # the resident experts, each kernel
     out = {}
     for kernel in KERNELS:
-        model.expert_kernel = kernel
-        model(ids, pos)                                                 # warm-up
-        ops = count_ops(model, ids, pos)
+        model(ids, pos, options=kernels[kernel])                        # warm-up
+        ops = count_ops(model, ids, pos, kernels[kernel])
         timed = TimedBackend(resident)
-        model.backend = timed
-        model(ids, pos)
-        model.backend = resident
+        model(ids, pos, options=ForwardOptions(backend=timed, expert_kernel=kernel))
         out[kernel] = {"model": name, "batch": batch, "kernel": kernel, "ops_per_moe_layer": ops,
                        "host_us_per_expert": 1e6 * timed.seconds / timed.experts,
                        "working_set": timed.experts / len(cfg.moe_layers), "times": []}
     for _ in range(reps):                                               # interleaved: fair on a shared machine
         for kernel in KERNELS:
-            model.expert_kernel = kernel
             t0 = time.perf_counter()
-            model(ids, pos)
+            model(ids, pos, options=kernels[kernel])
             out[kernel]["times"].append(time.perf_counter() - t0)
     # The routed-expert section again, interleaved and repeated, for a steadier per-expert figure.
     for kernel in KERNELS:
-        model.expert_kernel = kernel
         timed = TimedBackend(resident)
-        model.backend = timed
         for _ in range(max(3, reps // 4)):
-            model(ids, pos)
-        model.backend = resident
+            model(ids, pos, options=ForwardOptions(backend=timed, expert_kernel=kernel))
         out[kernel]["host_us_per_expert"] = 1e6 * timed.seconds / timed.experts
-    model.expert_kernel = "grouped"
     rows = []
     for kernel in KERNELS:
         r = out[kernel]
@@ -206,7 +199,7 @@ def offloaded(name: str, cfg, dtype: str, batch: int, ratio: float, reps: int, l
     link = make_link("emulated", bandwidth_gbps=1000.0, latency_us=0.0)
     engine = offload(model, loaded.experts, C, pol, link)
     counting = CountingBackend(engine)
-    model.backend = counting
+    install(model, counting)
     model(ids, pos)                                                     # warm-up: the cache fills
     layers, hooks = moe_ranges(model)
     counter = SyncCounter()
@@ -282,21 +275,19 @@ def graphs_side_by_side(batch: int, ratio: float, reps: int) -> list[dict]:
     out = []
     for forward in FORWARD_MODES:
         pol = make_policy("last_step", L, cfg.num_experts, engine=True)
-        engine = offload(model, loaded.experts, C, pol, make_link("emulated", bandwidth_gbps=1000.0, latency_us=0.0),
-                         install=False)
+        engine = offload(model, loaded.experts, C, pol, make_link("emulated", bandwidth_gbps=1000.0, latency_us=0.0))
         opts = ForwardOptions(forward, backend=engine)
         cache = KVCache(cfg, batch, 2 * n, "cpu", torch.float32)
-        model.routing.step = StepInfo(0, -1, -1, "prefill")
-        model(prefix, torch.arange(n).expand(batch, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts)
-        model.routing.step = StepInfo(1, 0, 0, "denoise")
+        model(prefix, torch.arange(n).expand(batch, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts,
+              step=StepInfo(0, -1, -1, "prefill"))
         pos = torch.arange(n, 2 * n).expand(batch, n)
         for _ in range(2):                                              # warm-up: the cache fills, programs exist
-            model(ids, pos, cache=cache, logits_rows=slice(0, n), options=opts)
+            model(ids, pos, cache=cache, logits_rows=slice(0, n), options=opts, step=StepInfo(1, 0, 0, "denoise"))
         ops = OpCounter({t.untyped_storage().data_ptr() for t in engine.slots.values()}, model.programs)
         syncs = SyncCounter()
         with syncs, ops:
             for _ in range(reps):
-                model(ids, pos, cache=cache, logits_rows=slice(0, n), options=opts)
+                model(ids, pos, cache=cache, logits_rows=slice(0, n), options=opts, step=StepInfo(1, 0, 0, "denoise"))
         engine.finish()
         k = reps * L
         out.append({"path": "graphs", "forward": forward, "model": "tiny", "batch": batch, "cache_ratio": ratio,

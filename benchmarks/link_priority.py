@@ -23,13 +23,13 @@ from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig, generate
 from artifact.model.tasks import prompts
 from artifact.model.tiny import tiny_checkpoint
-from artifact.offload.backend.engine import offload
+from artifact.offload.backend.engine import install, offload
 from artifact.offload.links.link import EmulatedLink, emulated_bandwidth_gbps, scaled_chunk_bytes
 from artifact.offload.links.timeline import ManualClock
 from artifact.offload.policy.policies import make_policy
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import mean_working_set
-from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 
 CONFIGS = [(p, q) for p in ("demand", "last_step") for q in ("fifo", "demand")]
 
@@ -60,9 +60,9 @@ class Timed:
 def fit_compute(loaded, ps, batch, dc):
     """(per layer, per expert, per token) seconds from one timed resident run."""
     model = loaded.model
-    run(loaded, ps[:1], 1, dc)                                      # makes the resident backend, warms up
-    saved = model.backend
-    timer = model.backend = Timed(saved)
+    decode_prompts(loaded, ps[:1], 1, RunOptions(dc))               # makes the resident backend, warms up
+    timer = Timed(model.backend)
+    saved = install(model, timer)
     demands = []
     try:
         with model.listening(demands.append):
@@ -71,7 +71,7 @@ def fit_compute(loaded, ps, batch, dc):
                 generate(model, ps[i:i + batch], dc)
             total = time.perf_counter() - t0
     finally:
-        model.backend = saved
+        install(model, saved)
     n, t = np.array(timer.samples, dtype=float).T
     per_token, per_expert = np.polyfit(n, t, 1)
     per_layer = (total - t.sum()) / len(demands)
@@ -87,9 +87,8 @@ def run_virtual(loaded, ps, batch, dc, C, policy, prio, costs, chunk_bytes=None)
                         chunk_bytes=(chunk_bytes or scaled_chunk_bytes(expert_bytes)) if prio == "demand" else None)
     pol = make_policy(policy, len(cfg.moe_layers), cfg.num_experts, engine=True)
     model = loaded.model
-    saved = model.backend
     engine = offload(model, loaded.experts, C, pol, link)
-    model.backend = Timed(engine, vc, per_expert, per_token)
+    saved = install(model, Timed(engine, vc, per_expert, per_token))
     tokens = []
     try:
         with model.listening(lambda d: setattr(vc, "t", vc.t + per_layer)):   # attention etc. before routing
@@ -97,7 +96,7 @@ def run_virtual(loaded, ps, batch, dc, C, policy, prio, costs, chunk_bytes=None)
                 tokens += generate(model, ps[i:i + batch], dc).tokens
         stats = engine.finish()
     finally:
-        model.backend = saved
+        install(model, saved)
     n = sum(len(t) for t in tokens)
     return tokens, {**stats, "tokens_per_second": n / vc.t, "seconds": vc.t}
 
@@ -119,7 +118,8 @@ def main():
     loaded = load_checkpoint(tiny_checkpoint())
     _, ps = prompts(loaded.tokenizer, "gsm8k", a.n, seed=0, max_prompt_tokens=64)
     dc = DecodeConfig(gen_length=a.gen_length)
-    base = run(loaded, ps, a.batch, dc, record=True)
+    options = RunOptions(dc)
+    base = decode_prompts(loaded, ps, a.batch, options, record=True)
     W = mean_working_set(base.trace)
     print(f"W = {W:.1f} experts/layer/step; {a.n} prompts, batch {a.batch}, "
           + ("wall clock, %d repetitions" % a.reps if a.wall else "virtual time"))
@@ -136,7 +136,7 @@ def main():
         for rep in range(a.reps if a.wall else 1):
             for policy, prio in (CONFIGS if rep % 2 == 0 else CONFIGS[::-1]):
                 if a.wall:
-                    r = run(loaded, ps, a.batch, dc, spec=OffloadSpec(C, policy, link_priority=prio))
+                    r = decode_prompts(loaded, ps, a.batch, options, spec=OffloadSpec(C, policy, link_priority=prio))
                     tokens, stats = r.tokens, r.stats.as_dict()
                 else:
                     tokens, stats = run_virtual(loaded, ps, a.batch, dc, C, policy, prio, costs, a.chunk_bytes)

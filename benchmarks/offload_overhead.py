@@ -18,6 +18,7 @@ import torch
 
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig, generate
+from artifact.model.options import ForwardOptions
 from artifact.model.tasks import prompts
 from artifact.model.tiny import tiny_checkpoint
 from artifact.offload.backend.engine import offload
@@ -25,7 +26,7 @@ from artifact.offload.links.link_factory import make_link
 from artifact.offload.policy.policies import make_policy
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import mean_working_set
-from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 
 
 def per_step(gen):
@@ -42,14 +43,15 @@ def main():
     loaded = load_checkpoint(tiny_checkpoint())
     _, ps = prompts(loaded.tokenizer, "gsm8k", a.batch, seed=0, max_prompt_tokens=64)
     dc = DecodeConfig(gen_length=a.gen_length)
-    base = run(loaded, ps, a.batch, dc, record=True)
+    options = RunOptions(dc)
+    base = decode_prompts(loaded, ps, a.batch, options, record=True)
     W = mean_working_set(base.trace)
 
     # overhead: the same batch twice through one engine; the second pass finds every expert resident
     res, off = [], []
     for _ in range(a.reps):
-        res.append(per_step(run(loaded, ps, a.batch, dc).generations[0]))
-        second = run(loaded, ps + ps, a.batch, dc, spec=OffloadSpec(256, "demand")).generations[1]
+        res.append(per_step(decode_prompts(loaded, ps, a.batch, options).generations[0]))
+        second = decode_prompts(loaded, ps + ps, a.batch, options, spec=OffloadSpec(256, "demand")).generations[1]
         off.append(per_step(second))
     r, o = statistics.median(res), statistics.median(off)
     print(f"overhead: resident {r * 1e3:.2f} ms/step, offloaded C=256 warm {o * 1e3:.2f} ms/step, "
@@ -60,7 +62,7 @@ def main():
         C = capacity_for(ratio, W, 256)
         rows = []
         for _ in range(a.reps):
-            compute = run(loaded, ps, a.batch, dc).stats.seconds
+            compute = decode_prompts(loaded, ps, a.batch, options).stats.seconds
             rows.append((compute, *timed_layers(loaded, ps, dc, C)))
         compute, total, busy, stall, causal = sorted(rows, key=lambda r: r[1] / max(r[0], r[2]))[len(rows) // 2]
         print(f"overlap C/W={ratio} (C={C}, W={W:.1f}): {total:.3f} s; "
@@ -84,7 +86,7 @@ def timed_layers(loaded, ps, dc, C):
 
     eng.groups = timed
     t0 = time.perf_counter()
-    generate(loaded.model, ps, dc)
+    generate(loaded.model, ps, dc, options=ForwardOptions(backend=eng))
     total = time.perf_counter() - t0
     eng.finish()
     moe = sum(w for w, _, _ in layers)

@@ -30,7 +30,7 @@ from artifact.offload.policy.eviction import EVICTIONS
 from artifact.offload.policy.policies import POLICIES
 from artifact.offload.replay.sim import capacity_for, replay, sweep
 from artifact.offload.replay.trace import ARRAYS, Trace, mean_working_set
-from artifact.offload.runner import run
+from artifact.offload.runner import RunOptions, decode_prompts
 
 
 def tiled(t: Trace, times: int) -> Trace:
@@ -150,7 +150,8 @@ def main():
     torch.set_num_threads(1)
     loaded = load_checkpoint(tiny_checkpoint())
     ids, ps = prompts(loaded.tokenizer, "gsm8k", 4, seed=0, max_prompt_tokens=64)
-    base = run(loaded, ps, 4, DecodeConfig(gen_length=64), record=True, prompt_ids=ids, task="gsm8k").trace
+    base = decode_prompts(loaded, ps, 4, RunOptions(DecodeConfig(gen_length=64)), record=True, prompt_ids=ids,
+                          task="gsm8k").trace
     big = tiled(base, -(-a.accesses // base.accesses))
     W = mean_working_set(big)
     E = big.meta["num_experts"]

@@ -11,7 +11,7 @@ from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import prompts
 from artifact.model.tiny import tiny_checkpoint
-from artifact.offload.runner import run
+from artifact.offload.runner import RunOptions, decode_prompts
 
 
 def main():
@@ -26,9 +26,9 @@ def main():
     print(f"{'mode':>7} {'batch':>5} {'forwards':>8} {'s/step':>8} {'tokens/s':>9} {'tok/fwd':>7}")
     for batch in (1, 4):
         _, ps = prompts(loaded.tokenizer, a.task, batch, seed=0, max_prompt_tokens=64)
-        run(loaded, ps, batch, DecodeConfig(gen_length=32))                       # warm-up
+        decode_prompts(loaded, ps, batch, RunOptions(DecodeConfig(gen_length=32)))       # warm-up
         for mode in ("cached", "full"):
-            s = run(loaded, ps, batch, DecodeConfig(gen_length=a.gen_length, mode=mode)).stats
+            s = decode_prompts(loaded, ps, batch, RunOptions(DecodeConfig(gen_length=a.gen_length, mode=mode))).stats
             print(f"{mode:>7} {batch:>5} {s.forwards:>8} {s.seconds / s.forwards:>8.4f} "
                   f"{s.tokens_per_second:>9.1f} {s.tokens_per_forward:>7.2f}")
 

@@ -164,8 +164,8 @@ class ForwardTimer(ForwardHooks):
         self.counts = model.routing.host_counts
         self.rows: list[tuple[str, float, float, float]] = []
 
-    def before(self) -> None:
-        self.kind, self.t0, self.w0 = self.model.routing.step.kind, time.perf_counter(), self.counts.wait_seconds
+    def before(self, kind: str) -> None:
+        self.kind, self.t0, self.w0 = kind, time.perf_counter(), self.counts.wait_seconds
 
     def after(self) -> None:
         host = time.perf_counter() - self.t0
@@ -203,7 +203,7 @@ def engine(a, torch, cfg, dtype, report) -> dict:
     from artifact.model.tiny import random_model
     from artifact.offload.replay.sim import capacity_for
     from artifact.offload.replay.trace import mean_working_set
-    from artifact.offload.runner import OffloadSpec, run
+    from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
     cuda = a.device == "cuda"
     link = "cuda" if cuda else "emulated"
     out = report["engine"] = {"model": cfg.name, "layers": cfg.num_hidden_layers, "runs": [], "measures": MEASURES}
@@ -222,9 +222,9 @@ def engine(a, torch, cfg, dtype, report) -> dict:
         # Block-aligned prompts: a block holding prompt tokens has fewer masks and ends in fewer steps.
         length = -(-a.prompt_length // cfg.block_length) * cfg.block_length
         prompts = random_prompts(torch, cfg, batch, length, seed=batch, spread=0)
-        run(loaded, prompts[:1], 1, warm, device=a.device)
+        decode_prompts(loaded, prompts[:1], 1, RunOptions(warm, a.device))
         with ForwardTimer(torch, loaded.model, cuda) as ft:
-            ref = run(loaded, prompts, batch, dc, device=a.device, record=True)
+            ref = decode_prompts(loaded, prompts, batch, RunOptions(dc, a.device), record=True)
         W = mean_working_set(ref.trace)
         out.setdefault("resident", []).append({"batch": batch, "working_set": W, **ft.summary(),
                                                "launches_per_forward": launches_per_forward(
@@ -233,9 +233,9 @@ def engine(a, torch, cfg, dtype, report) -> dict:
             C = capacity_for(ratio, W, cfg.num_experts)
             for policy in ("demand", "last_step"):
                 spec = OffloadSpec(capacity=C, policy=policy, link=link)
-                run(loaded, prompts[:1], 1, warm, spec=spec, device=a.device)          # warm-up, untimed
+                decode_prompts(loaded, prompts[:1], 1, RunOptions(warm, a.device), spec=spec)   # warm-up, untimed
                 with ForwardTimer(torch, loaded.model, cuda) as ft:
-                    res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
+                    res = decode_prompts(loaded, prompts, batch, RunOptions(dc, a.device), spec=spec)
                 s, f = res.stats.as_dict(), ft.summary()
                 row = {"batch": batch, "cache_ratio": ratio, "cache_experts": C, "policy": policy, **f,
                        "ms_per_forward": 1e3 * s["seconds"] / s["forwards"], "forwards": s["forwards"],
@@ -262,9 +262,9 @@ def launches_per_forward(torch, a, loaded, prompts, batch, dc, spec) -> float | 
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    from artifact.offload.runner import run
+    from artifact.offload.runner import RunOptions, decode_prompts
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        res = run(loaded, prompts, batch, dc, spec=spec, device=a.device)
+        res = decode_prompts(loaded, prompts, batch, RunOptions(dc, a.device), spec=spec)
     launches = sum(ev.count for ev in prof.key_averages() if call_kind(ev.key) == "launches")
     return launches / res.stats.forwards
 

@@ -92,28 +92,29 @@ def environment(a, torch) -> dict:
     return out
 
 
-def forward_kwargs(mode: str, timed: bool = False) -> dict:
-    """runner.run's keywords for a forward mode (FORWARD_MODES); a timed or profiled run never captures
+def run_options(dc, device: str, forward: str, timed: bool = False):
+    """The RunOptions of a run in forward mode `forward` (FORWARD_MODES); a timed or profiled run never captures
     (capture=False: its shapes were captured by the warm-up run before it)."""
-    return {"forward": mode, "capture": False} if timed else {"forward": mode}
+    from artifact.offload.runner import RunOptions
+    return RunOptions(dc, device, forward, capture=not timed)
 
 
-def warm_up(run_once, mode: str):
+def warm_up(run_once, forward: str):
     """The untimed warm-up of a configuration: the whole run once, and for forward "segmented" twice. A program
     captures on its second forward, and a shape the decoder feeds once per run (the first step of a later block,
     which also commits the previous block) is seen twice only over two runs: after them the timed run replays
     every piece (none eager). Returns the last warm-up run's result."""
     res = run_once()
-    return run_once() if mode == "segmented" else res
+    return run_once() if forward == "segmented" else res
 
 
-def segment_counters(mode: str, *results) -> dict:
+def segment_counters(forward: str, *results) -> dict:
     """A row's forward mode and its segments' counters over its runs (warm-up and timed): captures summed,
     the timed run's replays, the first capture error; `replayed` (hardware.replayed). A segmented row whose
     runs report no counters (RunResult.segments missing or None) did not show a replay: replayed False."""
     from artifact.experiments.hardware import replayed
-    row = {"forward": mode, "captures": None, "replays": None, "eager": None, "capture_error": None}
-    if mode == "eager":
+    row = {"forward": forward, "captures": None, "replays": None, "eager": None, "capture_error": None}
+    if forward == "eager":
         return row
     segs = [getattr(r, "segments", None) for r in results]
     if all(s is not None for s in segs):
@@ -225,7 +226,7 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
     from artifact.model.tiny import random_model
     from artifact.offload.replay.sim import capacity_for, replay
     from artifact.offload.replay.trace import mean_working_set
-    from artifact.offload.runner import OffloadSpec, run
+    from artifact.offload.runner import OffloadSpec, decode_prompts
     cuda = a.device == "cuda"
     link = "cuda" if cuda else "emulated"
     expert_bytes = cfg.expert_params * (2 if cuda else 4)
@@ -244,7 +245,7 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
     prompts = {b: base.random_prompts(torch, cfg, b, length, seed=b, spread=0) for b in a.batches}
     ref, W = {}, {}
     for b in a.batches:              # the reference tokens and W: eager, resident, recorded (untimed)
-        res = run(loaded, prompts[b], b, dc, device=a.device, record=True, **forward_kwargs("eager"))
+        res = decode_prompts(loaded, prompts[b], b, run_options(dc, a.device, "eager"), record=True)
         ref[b], W[b] = res.tokens, mean_working_set(res.trace)
 
     def over_budget(what: dict) -> bool:
@@ -256,16 +257,16 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
     # In order of what the targets need first, so that a budget running out leaves the rest: each batch's
     # resident rows, then per batch the C/W ratios in the order given, each policy, each forward mode.
     for b in a.batches:
-        for mode in FORWARD_MODES:
-            if over_budget({"forward": mode, "batch": b, "resident": True}):
+        for forward in FORWARD_MODES:
+            if over_budget({"forward": forward, "batch": b, "resident": True}):
                 continue
-            row = {"forward": mode, "batch": b, "working_set": W[b], "dtype": dtype}
+            row = {"forward": forward, "batch": b, "working_set": W[b], "dtype": dtype}
             try:
-                fw = forward_kwargs(mode)
-                warm = warm_up(partial(run, loaded, prompts[b], b, dc, device=a.device, **fw), mode)
-                res = run(loaded, prompts[b], b, dc, device=a.device, **forward_kwargs(mode, timed=True))
+                options = run_options(dc, a.device, forward)
+                warm = warm_up(partial(decode_prompts, loaded, prompts[b], b, options), forward)
+                res = decode_prompts(loaded, prompts[b], b, run_options(dc, a.device, forward, timed=True))
                 row.update(timing(res.stats.as_dict()), tokens_equal_resident=res.tokens == ref[b],
-                           forwards=res.stats.forwards, **segment_counters(mode, warm, res))
+                           forwards=res.stats.forwards, **segment_counters(forward, warm, res))
             except Exception as e:                       # keep the other configurations: GPU time is scarce
                 row["error"] = f"{type(e).__name__}: {e}"
             out["resident"].append(row)
@@ -275,15 +276,15 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
         for ratio in a.ratios:
             C = capacity_for(ratio, W[b], cfg.num_experts)
             for policy in POLICIES:
-                for mode in FORWARD_MODES:
-                    what = {"forward": mode, "batch": b, "cache_ratio": ratio, "policy": policy}
+                for forward in FORWARD_MODES:
+                    what = {"forward": forward, "batch": b, "cache_ratio": ratio, "policy": policy}
                     if over_budget(what):
                         continue
                     row = {**what, "cache_experts": C, "num_experts": cfg.num_experts, "dtype": dtype}
                     try:
                         row.update(offloaded(torch, a, loaded, prompts[b], b, dc, OffloadSpec(
                             capacity=C, policy=policy, link=link), ref[b], expert_bytes, bandwidth_gbps,
-                            replay, profile=ratio == 1.0 and policy == "demand", mode=mode))
+                            replay, profile=ratio == 1.0 and policy == "demand", forward=forward))
                     except Exception as e:
                         row["error"] = f"{type(e).__name__}: {e}"
                         row["traceback"] = traceback.format_exc()[-2000:]
@@ -298,12 +299,12 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
 
 
 def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_bytes, gbps, replay,
-              profile: bool, mode: str) -> dict:
-    from artifact.offload.runner import run
-    fw = forward_kwargs(mode)
-    warm = warm_up(partial(run, loaded, prompts, batch, dc, spec=spec, device=a.device, **fw), mode)
+              profile: bool, forward: str) -> dict:
+    from artifact.offload.runner import decode_prompts
+    options, timed = run_options(dc, a.device, forward), run_options(dc, a.device, forward, timed=True)
+    warm = warm_up(partial(decode_prompts, loaded, prompts, batch, options, spec=spec), forward)
     w0 = loaded.model.routing.host_counts.wait_seconds
-    res = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **forward_kwargs(mode, timed=True))
+    res = decode_prompts(loaded, prompts, batch, timed, spec=spec)
     wait = loaded.model.routing.host_counts.wait_seconds - w0
     s = res.stats.as_dict()
     denoise = s["forwards"]
@@ -316,10 +317,10 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
            "link_busy_over_wall": s["link_busy_seconds"] / s["seconds"] if s["seconds"] else None,
            "stall_seconds": s["stall_seconds"], "sync_wait_ms_per_forward": 1e3 * wait / max(
                denoise + s["prefill_forwards"], 1), "tokens_equal_resident": res.tokens == ref_tokens,
-           **{k: s[k] for k in COUNT_KEYS}, **segment_counters(mode, warm, res)}
+           **{k: s[k] for k in COUNT_KEYS}, **segment_counters(forward, warm, res)}
     row["host_over_h2d"] = row["host_ms_median"] / h2d if h2d > 0 and row["host_ms_median"] is not None else None
     try:                            # apart, so that a failure here keeps the timed run's figures
-        rec = run(loaded, prompts, batch, dc, spec=spec, device=a.device, record=True, **fw)
+        rec = decode_prompts(loaded, prompts, batch, options, spec=spec, record=True)
         sim = replay(rec.trace, spec.policy, spec.capacity)
         row["replay"] = {k: sim[k] for k in COUNT_KEYS}
         row["counts_equal_replay"] = (all(getattr(rec.stats, k) == sim[k] == s[k] for k in COUNT_KEYS)
@@ -328,7 +329,7 @@ def offloaded(torch, a, loaded, prompts, batch, dc, spec, ref_tokens, expert_byt
         row["counts_equal_replay"], row["replay_error"] = None, f"{type(e).__name__}: {e}"
     if profile:
         try:
-            row["profile"] = profiled(torch, a, loaded, prompts, batch, dc, spec, forward_kwargs(mode, timed=True))
+            row["profile"] = profiled(torch, a, loaded, prompts, batch, timed, spec)
         except Exception as e:
             row["profile"] = {"error": f"{type(e).__name__}: {e}"}
     return row
@@ -347,24 +348,24 @@ def fp32_tokens(a, torch) -> dict:
     from artifact.model.tiny import random_model
     from artifact.offload.replay.sim import capacity_for
     from artifact.offload.replay.trace import mean_working_set
-    from artifact.offload.runner import OffloadSpec, run
+    from artifact.offload.runner import OffloadSpec, decode_prompts
     cfg = dataclasses.replace(get_preset("tiny"), num_hidden_layers=3, name="tiny-3L-random")
     loaded = random_model(cfg, seed=0, dtype="float32", device=a.device, resident=True)
     dc = DecodeConfig(gen_length=2 * cfg.block_length, steps=cfg.block_length // 4, threshold=1.0,
                       eos_early_stop=False)
     prompts = base.random_prompts(torch, cfg, 1, 2 * cfg.block_length, seed=1, spread=0)
-    ref = run(loaded, prompts, 1, dc, device=a.device, record=True, forward="eager")
+    ref = decode_prompts(loaded, prompts, 1, run_options(dc, a.device, "eager"), record=True)
     C = capacity_for(1.0, mean_working_set(ref.trace), cfg.num_experts)
     out = {"model": cfg.name, "dtype": "float32", "batch": 1, "cache_ratio": 1.0, "cache_experts": C, "runs": []}
     for policy in POLICIES:
-        for mode in FORWARD_MODES:
-            row = {"forward": mode, "batch": 1, "cache_ratio": 1.0, "policy": policy, "dtype": "float32"}
+        for forward in FORWARD_MODES:
+            row = {"forward": forward, "batch": 1, "cache_ratio": 1.0, "policy": policy, "dtype": "float32"}
             try:
                 spec = OffloadSpec(capacity=C, policy=policy, link="cuda")
-                warm = warm_up(partial(run, loaded, prompts, 1, dc, spec=spec, device=a.device,
-                                       **forward_kwargs(mode)), mode)
-                res = run(loaded, prompts, 1, dc, spec=spec, device=a.device, **forward_kwargs(mode, timed=True))
-                row.update(tokens_equal_resident=res.tokens == ref.tokens, **segment_counters(mode, warm, res))
+                options = run_options(dc, a.device, forward)
+                warm = warm_up(partial(decode_prompts, loaded, prompts, 1, options, spec=spec), forward)
+                res = decode_prompts(loaded, prompts, 1, run_options(dc, a.device, forward, timed=True), spec=spec)
+                row.update(tokens_equal_resident=res.tokens == ref.tokens, **segment_counters(forward, warm, res))
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {e}"
             out["runs"].append(row)

@@ -94,6 +94,7 @@ def capped_link(a, torch, expert_bytes: int) -> dict:
 
 def moe_layer(a, torch, cfg, dtype) -> dict:
     from artifact.model.options import ForwardOptions
+    from artifact.model.routing import FIRST_STEP
     from artifact.model.tiny import random_model
     one = dataclasses.replace(cfg, num_hidden_layers=2, name=cfg.name + "-1moe")
     loaded = random_model(one, seed=0, dtype=dtype, device=a.device, resident=True)
@@ -109,10 +110,9 @@ def moe_layer(a, torch, cfg, dtype) -> dict:
     x = x.to(device=a.device, dtype=next(layer.parameters()).dtype)
     out["tokens"] = x.shape[0] * x.shape[1]
     results = {}
-    opts = ForwardOptions(backend=loaded.model.backend)                    # the layer's experts: resident
     for kernel in ("loop", "grouped"):
-        loaded.model.expert_kernel = kernel
-        layer(x, None, opts)                                               # warm-up
+        opts = ForwardOptions(backend=loaded.model.backend, expert_kernel=kernel)   # the layer's experts: resident
+        layer(x, None, opts, FIRST_STEP)                                   # warm-up
         if cuda:
             torch.cuda.synchronize()
         host, dev = [], []
@@ -121,7 +121,7 @@ def moe_layer(a, torch, cfg, dtype) -> dict:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             t0 = time.perf_counter()
-            y = layer(x, None, opts)
+            y = layer(x, None, opts, FIRST_STEP)
             host.append(time.perf_counter() - t0)
             if cuda:
                 end.record()
@@ -130,7 +130,6 @@ def moe_layer(a, torch, cfg, dtype) -> dict:
         results[kernel] = y
         out["kernels"][kernel] = {"host_ms": 1e3 * statistics.median(host),
                                   "gpu_ms": 1e3 * statistics.median(dev) if dev else None}
-    loaded.model.expert_kernel = "grouped"
     a_, b_ = results["loop"].float(), results["grouped"].float()
     out["equal_outputs"] = bool(torch.equal(a_, b_))
     out["max_abs_diff"] = float((a_ - b_).abs().max())

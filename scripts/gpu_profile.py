@@ -30,20 +30,24 @@ def call_kind(name: str) -> str | None:
 
 
 class ForwardHooks:
-    """A context manager around each forward of `model`: before() as the forward starts, after() as it returns (a
-    forward pre-hook and a forward hook on the model, removed on exit). Subclasses say what they do."""
+    """A context manager around each forward of `model`: before(kind) as the forward starts, with the kind of the
+    step the decoder passed it (prefill or denoise), and after() as it returns (a forward pre-hook and a forward
+    hook on the model, removed on exit). Subclasses say what they do."""
 
     def __init__(self, model):
         self.model, self.hooks = model, []
 
-    def before(self) -> None:
+    def before(self, kind: str) -> None:
         pass
 
     def after(self) -> None:
         pass
 
     def __enter__(self):
-        self.hooks = [self.model.register_forward_pre_hook(lambda mod, args, kwargs: self.before(), with_kwargs=True),
+        def pre(mod, args, kwargs):
+            self.before(kwargs["step"].kind if "step" in kwargs else "denoise")    # the decoder passes each its step
+
+        self.hooks = [self.model.register_forward_pre_hook(pre, with_kwargs=True),
                       self.model.register_forward_hook(lambda mod, args, kwargs, out: self.after(), with_kwargs=True)]
         return self
 
@@ -60,8 +64,7 @@ class ForwardRanges(ForwardHooks):
         super().__init__(model)
         self.torch, self.counter, self.open = torch, counter, None
 
-    def before(self) -> None:
-        kind = self.model.routing.step.kind
+    def before(self, kind: str) -> None:
         if self.counter is not None:
             self.counter.key = kind
         if kind == "denoise":
@@ -110,21 +113,21 @@ def count_in_forwards(events: list[tuple[str, int, int]]) -> dict:
     return out
 
 
-def profiled(torch, a, loaded, prompts, batch, dc, spec, fw: dict) -> dict:
+def profiled(torch, a, loaded, prompts, batch, options, spec) -> dict:
     """One run under torch.profiler and SyncCounter: per MoE layer of a denoising forward, the host-issued
     launches, copies and syncs (CUDA runtime calls), ATen ops called by the forward, and device reads."""
     from torch.profiler import ProfilerActivity, profile
 
     from artifact.model.syncs import SyncCounter
-    from artifact.offload.runner import run
+    from artifact.offload.runner import decode_prompts
     moe = len(loaded.cfg.moe_layers)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
     counter = SyncCounter()
     with profile(activities=acts) as prof, ForwardRanges(torch, loaded.model):
-        profiled_run = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)
+        profiled_run = decode_prompts(loaded, prompts, batch, options, spec=spec)
     c = count_in_forwards(raw_events(torch, prof))
     with counter, ForwardRanges(torch, loaded.model, counter):       # apart: its modes would show in the profile
-        res = run(loaded, prompts, batch, dc, spec=spec, device=a.device, **fw)
+        res = decode_prompts(loaded, prompts, batch, options, spec=spec)
     n = max(c["forwards"], 1)
     out = {f"{k}_per_moe_layer": v / n / moe for k, v in c.items() if k != "forwards"}
     out.update(forwards=c["forwards"], moe_layers=moe,
@@ -132,7 +135,7 @@ def profiled(torch, a, loaded, prompts, batch, dc, spec, fw: dict) -> dict:
                host_data_uploads_per_moe_layer=counter.uploads_by_key["denoise"] / max(res.stats.forwards, 1)
                / moe,
                run_device_read_kinds=dict(counter.kinds))      # the whole run's, decode loop included
-    if fw.get("forward") == "segmented":
+    if options.forward == "segmented":
         out.update(replay_counters(profiled_run, res))
     return out
 

@@ -36,7 +36,7 @@ class FakeRunner:
     def working_set(self, task, batch_size):
         return 10.0 + batch_size
 
-    def run(self, cell, policy, capacity):
+    def measure(self, cell, policy, capacity):
         if not self.cells or self.cells[-1] != cell:
             self.cells.append(cell)
         if self.fail_on_cell is not None and len(self.cells) > self.fail_on_cell:
@@ -189,10 +189,10 @@ def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
     out = tmp_path / "b.csv"
 
     class Failing(ModelRunner):
-        def run(self, cell, policy, capacity):
+        def measure(self, cell, policy, capacity):
             if cell.cache_ratio == 1.73:
                 raise RuntimeError("injected failure")
-            return super().run(cell, policy, capacity)
+            return super().measure(cell, policy, capacity)
 
     with pytest.raises(RuntimeError, match="injected"):
         run_bench(p, out, runner=Failing(p, tiny), progress=False, log=quiet)

@@ -23,7 +23,7 @@ from artifact.experiments.replication import Replicas
 from artifact.experiments.settings import load_profile  # noqa: E402
 from artifact.experiments.studies import beyond_the_paper as beyond  # noqa: E402
 from artifact.model.decode import DecodeConfig  # noqa: E402
-from artifact.offload.runner import run  # noqa: E402
+from artifact.offload.runner import RunOptions, decode_prompts  # noqa: E402
 
 RATIOS = (0.43, 1.0, 1.73)
 
@@ -168,8 +168,8 @@ def test_the_figure_is_saved_with_both_tables(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def recorded(tiny, tiny_prompts):
-    return run(tiny, tiny_prompts[:4], 2, DecodeConfig(gen_length=32), record=True, prompt_ids=list("abcd"),
-               task="test").trace
+    return decode_prompts(tiny, tiny_prompts[:4], 2, RunOptions(DecodeConfig(gen_length=32)), record=True,
+                          prompt_ids=list("abcd"), task="test").trace
 
 
 def test_miss_sweep_on_a_recorded_trace_keeps_the_floors_below_every_policy(recorded):

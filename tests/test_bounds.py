@@ -14,7 +14,7 @@ from artifact.model.routing import Demand, StepInfo
 from artifact.offload.replay.bounds import PHASES, min_schedule, next_use, relaxed_min
 from artifact.offload.replay.sim import capacity_for, replay
 from artifact.offload.replay.trace import TraceRecorder, mean_working_set
-from artifact.offload.runner import run
+from artifact.offload.runner import RunOptions, decode_prompts
 
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches",
           "bytes_h2d", "accesses")
@@ -183,8 +183,8 @@ def test_min_le_belady_le_policies_on_random_streams(num_layers, prefill, C, ste
 @pytest.fixture(scope="module")
 def recorded(tiny, tiny_prompts):
     """A resident run of three prompts at batch size 2 (two of them longer than a block: prefill)."""
-    return run(tiny, tiny_prompts[2:5], 2, DecodeConfig(gen_length=40), record=True, prompt_ids=["a", "b", "c"],
-               task="test").trace
+    return decode_prompts(tiny, tiny_prompts[2:5], 2, RunOptions(DecodeConfig(gen_length=40)), record=True,
+                          prompt_ids=["a", "b", "c"], task="test").trace
 
 
 def test_min_le_belady_le_policies_on_a_recorded_trace(recorded):

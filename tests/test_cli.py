@@ -3,7 +3,6 @@ settings dataclass; OffloadSpec.from_settings derives every run alike; simulate 
 engine run at its absolute capacity."""
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import re
@@ -22,7 +21,7 @@ from artifact.model.options import ForwardOptions
 from artifact.model.routing import Demand, StepInfo
 from artifact.offload.links.link import REFERENCE_EXPERT_BYTES, emulated_bandwidth_gbps
 from artifact.offload.replay.trace import TraceRecorder
-from artifact.offload.runner import OffloadSpec, RunSettings, run
+from artifact.offload.runner import OffloadSpec, RunOptions, RunSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 EB = REFERENCE_EXPERT_BYTES     # one LLaDA2.0-mini expert in bf16
@@ -202,7 +201,8 @@ def test_core_run_defaults_equal_the_settings_defaults():
         for key in ("link", "latency_us", "lookahead", "tau"):
             assert getattr(obj, key) == getattr(d, key), (type(obj).__name__, key)
     assert RunSettings().link_gbps == d.link_gbps and OffloadSpec(capacity=1).policy == d.policies[0]
-    assert ForwardOptions().forward == inspect.signature(run).parameters["forward"].default == d.forward
+    assert ForwardOptions().forward == RunOptions().forward == d.forward == d.run_options().forward
+    assert d.run_options() == RunOptions(d.decode_config(), d.device, d.forward)
 
 
 # --- OffloadSpec.from_settings -----------------------------------------------------------------

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from artifact.model.decode import DecodeConfig
-from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 
 pytestmark = pytest.mark.cuda
 
@@ -23,9 +23,9 @@ def tiny_cuda():
 @pytest.mark.parametrize("policy", ["demand", "last_step", "interval_refresh"])
 def test_offloaded_tokens_equal_resident_on_cuda(tiny_cuda, tiny_prompts, policy, mode):
     dc = DecodeConfig(gen_length=48, mode=mode)
-    ref = run(tiny_cuda, tiny_prompts, 2, dc, device="cuda")
-    res = run(tiny_cuda, tiny_prompts, 2, dc, spec=OffloadSpec(capacity=12, policy=policy, link="cuda"),
-              device="cuda")
+    ref = decode_prompts(tiny_cuda, tiny_prompts, 2, RunOptions(dc, device="cuda"))
+    res = decode_prompts(tiny_cuda, tiny_prompts, 2, RunOptions(dc, device="cuda"),
+                         spec=OffloadSpec(capacity=12, policy=policy, link="cuda"))
     assert res.tokens == ref.tokens
     s = res.stats.as_dict()
     assert s["link"] == "cuda" and s["demand_misses"] > 0
@@ -37,9 +37,9 @@ def test_offloaded_tokens_equal_resident_on_cuda(tiny_cuda, tiny_prompts, policy
 
 def test_offloaded_logits_match_resident_on_cuda(tiny_cuda, tiny_prompts):
     dc = DecodeConfig(gen_length=32)
-    ref = run(tiny_cuda, tiny_prompts[:1], 1, dc, device="cuda", record_logits=True)
-    res = run(tiny_cuda, tiny_prompts[:1], 1, dc, spec=OffloadSpec(capacity=8, link="cuda"), device="cuda",
-              record_logits=True)
+    ref = decode_prompts(tiny_cuda, tiny_prompts[:1], 1, RunOptions(dc, device="cuda"), record_logits=True)
+    res = decode_prompts(tiny_cuda, tiny_prompts[:1], 1, RunOptions(dc, device="cuda"),
+                         spec=OffloadSpec(capacity=8, link="cuda"), record_logits=True)
     a, b = ref.generations[0].step_logits, res.generations[0].step_logits
     assert a.keys() == b.keys()
     for k in a:     # bit for bit is promised on the CPU; on the GPU a stale slot would be off by far more
@@ -137,9 +137,9 @@ def test_host_store_pins_memory_for_cuda(tiny):
 @pytest.mark.parametrize("policy", ["last_step", "cross_layer"])
 def test_demand_priority_on_cuda_tokens_equal_resident(tiny_cuda, tiny_prompts, policy):
     dc = DecodeConfig(gen_length=48)
-    ref = run(tiny_cuda, tiny_prompts, 2, dc, device="cuda")
-    res = run(tiny_cuda, tiny_prompts, 2, dc, device="cuda",
-              spec=OffloadSpec(capacity=12, policy=policy, link="cuda", link_priority="demand"))
+    ref = decode_prompts(tiny_cuda, tiny_prompts, 2, RunOptions(dc, device="cuda"))
+    res = decode_prompts(tiny_cuda, tiny_prompts, 2, RunOptions(dc, device="cuda"),
+                         spec=OffloadSpec(capacity=12, policy=policy, link="cuda", link_priority="demand"))
     assert res.tokens == ref.tokens and res.stats.link_priority == "demand"
     s = res.stats.as_dict()
     assert s["transfers"] == s["demand_misses"] + s["speculative_transfers"]
@@ -160,7 +160,8 @@ def test_after_an_exception_in_a_forward_close_leaves_no_copy_in_flight(tiny_cud
 
     spec = OffloadSpec(capacity=6, policy="last_step", link="cuda", link_priority="demand", cap_gbps=0.05)
     with tiny_cuda.model.listening(boom), pytest.raises(RuntimeError, match="injected failure"):
-        run(tiny_cuda, tiny_prompts[:1], 1, DecodeConfig(gen_length=32), spec=spec, device="cuda")
+        decode_prompts(tiny_cuda, tiny_prompts[:1], 1, RunOptions(DecodeConfig(gen_length=32), device="cuda"),
+                       spec=spec)
     (eng,) = engines
     assert eng.link.closed and eng.link.stream.query()          # drained: nothing can land in freed slots
     assert all(t.cancelled or not t.held for p in eng.pending.values() for t in p.values())
@@ -175,7 +176,7 @@ def test_calibrated_peak_and_spin_are_plausible():
 def test_one_host_sync_per_moe_layer_on_cuda(tiny_cuda):
     from artifact.model.llada2 import MoE
     from artifact.model.syncs import SyncCounter
-    from artifact.offload.backend.engine import offload
+    from artifact.offload.backend.engine import install, offload
     from artifact.offload.links.cuda_link import CudaLink
     from artifact.offload.policy.policies import make_policy
     cfg, model = tiny_cuda.cfg, tiny_cuda.model
@@ -186,8 +187,8 @@ def test_one_host_sync_per_moe_layer_on_cuda(tiny_cuda):
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     hooks = [m.register_forward_pre_hook(lambda mod, a: setattr(counter, "key", mod.layer)) for m in layers]
     try:
-        offload(model, tiny_cuda.experts.cpu(), 6, make_policy("last_step", len(cfg.moe_layers), cfg.num_experts),
-                link, "cuda")
+        install(model, offload(model, tiny_cuda.experts.cpu(), 6,
+                               make_policy("last_step", len(cfg.moe_layers), cfg.num_experts), link, "cuda"))
         model(ids, pos)
         with counter:
             model(ids, pos)
@@ -219,14 +220,15 @@ def test_segmented_captures_and_replays_whole_recorded_runs_on_cuda(tiny_cuda, t
     dc = DecodeConfig(gen_length=48)
     spec = None if policy is None else OffloadSpec(capacity=12, policy=policy, link="cuda")
     programs(tiny_cuda.model).clear()
-    on = run(tiny_cuda, tiny_prompts[:3], 3, dc, spec=spec, device="cuda", record=True, forward="segmented")
+    on = decode_prompts(tiny_cuda, tiny_prompts[:3], 3, RunOptions(dc, device="cuda", forward="segmented"), spec=spec,
+                        record=True)
     assert on.segments.replayed and on.segments.captures > 0, on.segments
     if spec is not None:
         sim = replay(on.trace, policy, 12)
         for k in ("demand_hits", "demand_misses", "speculative_transfers"):
             assert getattr(on.stats, k) == sim[k], k
-    again = run(tiny_cuda, tiny_prompts[:3], 3, dc, spec=spec, device="cuda", record=True, forward="segmented",
-                capture=False)
+    again = decode_prompts(tiny_cuda, tiny_prompts[:3], 3,
+                           RunOptions(dc, device="cuda", forward="segmented", capture=False), spec=spec, record=True)
     assert again.segments.captures == 0 and again.segments.replays > 0 and again.segments.capture_error is None
 
 
@@ -257,16 +259,14 @@ def test_segmented_equals_eager_on_cuda_except_at_router_near_ties(tiny_cuda, fi
 
     def forwards(opts, margins: bool):
         cache = KVCache(cfg, B, 4 * n, "cuda", torch.float32)
-        model.routing.step = StepInfo(0, -1, -1, "prefill")
         model(prefix, torch.arange(n, device="cuda").expand(B, n), cache=cache, commit=n, logits_rows=slice(0, 0),
-              options=opts)
+              options=opts, step=StepInfo(0, -1, -1, "prefill"))
         out = []
         for s in range(4):
             demands = []
-            model.routing.step = StepInfo(1 + s, 0, s, "denoise")
             with model.listening(demands.append), (RouterMargins(model) if margins else nullcontext()) as m:
                 logits = model(ids, torch.arange(n, 2 * n, device="cuda").expand(B, n), cache=cache, rows=rows,
-                               logits_rows=slice(0, n), options=opts)
+                               logits_rows=slice(0, n), options=opts, step=StepInfo(1 + s, 0, s, "denoise"))
             out.append((logits.cpu(), [(d.layer, d.experts, d.counts) for d in demands], m.calls if m else []))
         return out
 
@@ -298,14 +298,16 @@ def test_segmented_grouped_stage_is_captured_in_bf16_on_cuda():
     prompts = [[5, 6, 7, 8] * 10, [9, 10] * 30]
     dc = DecodeConfig(gen_length=64, threshold=1.0)
     spec = OffloadSpec(capacity=16, policy="demand", link="cuda")
-    run(loaded, prompts, 2, dc, spec=spec, device="cuda", forward="segmented")
+    decode_prompts(loaded, prompts, 2, RunOptions(dc, device="cuda", forward="segmented"), spec=spec)
     progs = programs(loaded.model)
     captured = sum(p.captures for p in progs.values())
     stages = sum(1 for p in progs.values() for name in p.graphs if name[0] == "stage")
     assert captured > 0 and stages > 0
-    again = run(loaded, prompts, 2, dc, spec=spec, device="cuda", forward="segmented", record_logits=True)
+    again = decode_prompts(loaded, prompts, 2, RunOptions(dc, device="cuda", forward="segmented"), spec=spec,
+                           record_logits=True)
     assert sum(p.captures for p in progs.values()) == captured
-    off = run(loaded, prompts, 2, dc, spec=spec, device="cuda", forward="eager", record_logits=True)
+    off = decode_prompts(loaded, prompts, 2, RunOptions(dc, device="cuda", forward="eager"), spec=spec,
+                         record_logits=True)
     a, b = off.generations[0].step_logits, again.generations[0].step_logits
     first = min(a)
     torch.testing.assert_close(b[first], a[first], rtol=2e-2, atol=2e-2)     # bf16; later steps may diverge

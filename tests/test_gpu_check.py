@@ -354,7 +354,7 @@ def test_graphs_check_writes_each_engine_row_as_it_is_measured(tmp_path, monkeyp
     real, calls = mod.offloaded, []
 
     def offloaded(*args, **kw):
-        calls.append(kw["mode"])
+        calls.append(kw["forward"])
         if len(calls) == 3:
             raise KeyboardInterrupt("the step's time limit")
         return real(*args, **kw)
@@ -453,18 +453,18 @@ def test_the_graphs_checks_warm_up_leaves_no_piece_of_a_timed_segmented_run_eage
     from test_segments_capture import StubCapture, programs_of
 
     from artifact.model.decode import DecodeConfig
-    from artifact.offload.runner import run
+    from artifact.offload.runner import decode_prompts
     graphs = load("gpu_check_graphs")
     dc = DecodeConfig(gen_length=2 * tiny.cfg.block_length, steps=tiny.cfg.block_length // 4, threshold=1.0,
                       eos_early_stop=False)
     prompt = list(range(11, 11 + 2 * tiny.cfg.block_length))     # block-aligned, as the graphs check's prompts
-    once = partial(run, tiny, [prompt], 1, dc, forward="segmented")
+    once = partial(decode_prompts, tiny, [prompt], 1, graphs.run_options(dc, "cpu", "segmented"))
     for warm_runs, eager in ((1, True), (2, False)):
         with programs_of(tiny.model, api=StubCapture(), lint=False):
             if warm_runs == 1:
                 once()
             else:
                 graphs.warm_up(once, "segmented")
-            timed = once(capture=False)
+            timed = decode_prompts(tiny, [prompt], 1, graphs.run_options(dc, "cpu", "segmented", timed=True))
         assert timed.segments.replays > 0 and (timed.segments.eager > 0) == eager, (warm_runs, timed.segments)
         assert timed.segments.replayed != eager

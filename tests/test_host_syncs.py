@@ -77,8 +77,7 @@ def test_one_host_sync_per_moe_layer_on_the_offloaded_path(tiny, policy, capacit
     cfg = tiny.cfg
     ids, pos, rows = inputs(cfg)
     pol = make_policy(policy, len(cfg.moe_layers), cfg.num_experts, engine=True)
-    engine = offload(tiny.model, tiny.experts, capacity, pol, make_link("emulated", bandwidth_gbps=1000.0),
-                     install=False)
+    engine = offload(tiny.model, tiny.experts, capacity, pol, make_link("emulated", bandwidth_gbps=1000.0))
     opts = ForwardOptions(predict_next=pol.needs_prediction, backend=engine)   # cross_layer: the prediction rides
     c, n_layers = count_per_moe_layer(tiny.model, ((ids, pos), {"options": opts}), ((ids, pos), {"options": opts}),
                                       ((ids, pos), {"rows": rows, "options": opts}))

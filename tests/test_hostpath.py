@@ -17,7 +17,7 @@ from artifact.offload.links.cuda_runtime import wait_event
 from artifact.offload.links.link import EmulatedLink, LinkTimeout
 from artifact.offload.links.pacing import Pacing, calibrate_rate
 from artifact.offload.policy.policies import POLICIES
-from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 
 DC = DecodeConfig(gen_length=32)
 FAST_LINK = 1000.0          # GB/s: exactness does not depend on the link's speed, and the tests run faster
@@ -57,24 +57,25 @@ def test_grouped_kernel_equals_the_loop_bit_for_bit(shape, dtype):
 
 
 def test_model_grouped_equals_loop_and_rejects_unknown_kernels(tiny, tiny_prompts):
+    from artifact.errors import SettingError
+    from artifact.model.options import ForwardOptions
     model = tiny.model
     ids = torch.tensor([tiny_prompts[4][:40], tiny_prompts[2][:40]])               # (2, 40)
     pos = torch.arange(40).expand(2, 40)
-    assert model.expert_kernel == "grouped"
+    assert ForwardOptions().expert_kernel == RunOptions().expert_kernel == "grouped"
     grouped = model(ids, pos)
-    try:
-        model.expert_kernel = "loop"
-        assert torch.equal(model(ids, pos), grouped)
-    finally:
-        model.expert_kernel = "grouped"
-    with pytest.raises(ValueError, match="unknown expert_kernel 'fused'"):
-        model.expert_kernel = "fused"
+    assert torch.equal(model(ids, pos, options=ForwardOptions(expert_kernel="loop")), grouped)
+    assert not hasattr(model, "expert_kernel") and not hasattr(model.routing, "expert_kernel")   # options only
+    with pytest.raises(SettingError, match=r"unknown expert_kernel 'fused'; choose one of \('grouped', 'loop'\)"):
+        ForwardOptions(expert_kernel="fused")
+    with pytest.raises(SettingError, match="unknown expert_kernel 'fused'"):
+        RunOptions(DC, expert_kernel="fused")
 
 
 # --- offloaded == resident for every engine policy, grouped kernel ---------------------------------
 @pytest.fixture(scope="module")
 def reference(tiny, tiny_prompts):
-    return run(tiny, tiny_prompts[:2], 2, DC, record=True, record_logits=True)
+    return decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), record=True, record_logits=True)
 
 
 def same_bits(a, b):
@@ -89,47 +90,35 @@ def test_offloaded_equals_resident_for_every_policy_and_capacity(tiny, tiny_prom
     from artifact.offload.replay.trace import mean_working_set
     W = mean_working_set(reference.trace)
     below_w = max(2, int(W * 0.5))
-    assert tiny.model.expert_kernel == "grouped"
     for capacity in (1, below_w, tiny.cfg.num_experts):
         spec = OffloadSpec(capacity, policy, bandwidth_gbps=FAST_LINK)
-        off = run(tiny, tiny_prompts[:2], 2, DC, spec=spec, record_logits=True,
-                  oracle=reference.trace if POLICIES[policy].needs_trace else None)
+        off = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=spec, record_logits=True,
+                             oracle=reference.trace if POLICIES[policy].needs_trace else None)
         assert same_bits(off, reference), (policy, capacity)
         assert off.stats.demand_misses > 0
 
 
 def test_offloaded_loop_kernel_equals_resident_grouped(tiny, tiny_prompts, reference):
-    from artifact.model.decode import generate
-    from artifact.offload.backend.engine import offload
-    from artifact.offload.links.link_factory import make_link
-    from artifact.offload.policy.policies import make_policy
-    cfg = tiny.cfg
-    saved = tiny.model.backend
-    try:
-        link = make_link("emulated", bandwidth_gbps=FAST_LINK)
-        eng = offload(tiny.model, tiny.experts, 12, make_policy("demand", len(cfg.moe_layers), cfg.num_experts),
-                      link, expert_kernel="loop")
-        gen = generate(tiny.model, tiny_prompts[:2], DC, record_logits=True)
-        eng.finish()
-    finally:
-        tiny.model.backend, tiny.model.expert_kernel = saved, "grouped"
-    ref = reference.generations[0]
-    assert gen.tokens == ref.tokens
-    assert all(torch.equal(gen.step_logits[k], ref.step_logits[k]) for k in ref.step_logits)
+    """The kernel travels in the run's options (RunOptions.expert_kernel), not on the model."""
+    spec = OffloadSpec(12, "demand", bandwidth_gbps=FAST_LINK)
+    off = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC, expert_kernel="loop"), spec=spec,
+                         record_logits=True)
+    assert same_bits(off, reference) and off.stats.demand_misses > 0
 
 
 def test_engine_groups_hits_first_then_misses_as_they_land(tiny, tiny_prompts):
     """Groups never hold one slot twice, the first group is the resident hits, and every demanded
     expert is computed exactly once."""
-    from artifact.offload.backend.engine import offload
+    from artifact.offload.backend.engine import install, offload
     from artifact.offload.links.link_factory import make_link
     from artifact.offload.policy.policies import make_policy
     cfg = tiny.cfg
-    saved = tiny.model.backend
     seen = []
+    eng = offload(tiny.model, tiny.experts, 8, make_policy("demand", len(cfg.moe_layers), cfg.num_experts),
+                  make_link("emulated", bandwidth_gbps=FAST_LINK))
+    assert tiny.model.backend is not eng                                # offload leaves the model as it is
+    saved = install(tiny.model, eng)                                    # a step of its own
     try:
-        eng = offload(tiny.model, tiny.experts, 8, make_policy("demand", len(cfg.moe_layers), cfg.num_experts),
-                      make_link("emulated", bandwidth_gbps=FAST_LINK))
         inner = eng.groups
 
         def spy(demand):
@@ -144,7 +133,7 @@ def test_engine_groups_hits_first_then_misses_as_they_land(tiny, tiny_prompts):
         for _ in range(2):                                              # the second pass has hits
             tiny.model(ids, torch.arange(40)[None])
     finally:
-        tiny.model.backend = saved
+        assert install(tiny.model, saved) is eng
     waves = 0
     for demand, groups in seen:
         computed = [e for g in groups for e in g.experts]

@@ -140,7 +140,7 @@ def test_close_drops_held_chunks_and_drains_the_copy_stream(fake_cuda):
 def test_engine_on_the_cuda_link_logic_equals_resident(tiny, fake_cuda, delay):
     """The engine with demand priority on the CUDA link's code (fake stream): prefetches held, promoted,
     pumped and flushed; every expert computed from its own weights, so the logits equal the resident run's."""
-    from artifact.offload.backend.engine import offload
+    from artifact.offload.backend.engine import install, offload
     from artifact.offload.policy.policies import make_policy
     cfg = tiny.cfg
     g = torch.Generator().manual_seed(7)
@@ -155,6 +155,7 @@ def test_engine_on_the_cuda_link_logic_equals_resident(tiny, fake_cuda, delay):
     try:
         eng = offload(tiny.model, tiny.experts, 6, make_policy("last_step", len(cfg.moe_layers), cfg.num_experts),
                       link)
+        install(tiny.model, eng)
         out = [tiny.model(ids, pos), tiny.model(ids + 1, pos)]
         stats = eng.finish()
     finally:
@@ -178,7 +179,7 @@ def test_make_link_builds_cuda_with_demand_priority(fake_cuda):
 def test_after_an_exception_in_a_forward_no_copy_writes_into_the_slots(tiny, monkeypatch):
     import artifact.offload.runner as runner
     from artifact.model.decode import DecodeConfig
-    from artifact.offload.runner import OffloadSpec, run
+    from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
     engines = []
     inner = runner.offload
 
@@ -197,7 +198,7 @@ def test_after_an_exception_in_a_forward_no_copy_writes_into_the_slots(tiny, mon
     prompt = [list(range(10, 50))]
     spec = OffloadSpec(capacity=6, policy="last_step", bandwidth_gbps=1e-3)   # slow: copies stay in flight
     with tiny.model.listening(boom), pytest.raises(RuntimeError, match="injected failure"):
-        run(tiny, prompt, 1, DecodeConfig(gen_length=32), spec=spec)
+        decode_prompts(tiny, prompt, 1, RunOptions(DecodeConfig(gen_length=32)), spec=spec)
     (eng,) = engines
     assert eng.link.closed
     pending = [t for p in eng.pending.values() for t in p.values() if not t.landed]

@@ -149,9 +149,8 @@ def test_combine_is_independent_of_expert_order(tiny, tiny_prompts):
 def test_every_moe_layer_reports_its_demand(tiny, tiny_prompts):
     model, cfg = tiny.model, tiny.cfg
     seen = []
-    model.routing.step = StepInfo(7, 0, 3, "denoise")
     with model.listening(seen.append):
-        model(torch.tensor(tiny_prompts[0][:32])[None], torch.arange(32)[None])
+        model(torch.tensor(tiny_prompts[0][:32])[None], torch.arange(32)[None], step=StepInfo(7, 0, 3, "denoise"))
     assert [d.layer for d in seen] == cfg.moe_layers
     for d in seen:
         assert d.step.forward == 7 and list(d.experts) == sorted(set(d.experts))

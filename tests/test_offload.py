@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
 from artifact.model.routing import StepInfo
-from artifact.offload.backend.cache import EMPTY, ExpertCache
+from artifact.offload.backend.cache import EMPTY, ExpertCache, LayerCache
 from artifact.offload.backend.store import HostStore
 from artifact.offload.links.link import EmulatedLink, emulated_bandwidth_gbps
 from artifact.offload.links.link_factory import make_link
 from artifact.offload.links.timeline import ManualClock
 from artifact.offload.policy.policies import TraceFuture, make_policy
-from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 
 DC = DecodeConfig(gen_length=40)
 
@@ -25,7 +25,7 @@ DC = DecodeConfig(gen_length=40)
 @pytest.fixture(scope="module")
 def resident(tiny, tiny_prompts):
     """Resident reference run on two prompts (a batch), with per-step logits and the trace."""
-    return run(tiny, tiny_prompts[:2], 2, DC, record=True, record_logits=True)
+    return decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), record=True, record_logits=True)
 
 
 def same_bits(a, b):
@@ -40,21 +40,22 @@ def same_bits(a, b):
 def test_offloaded_equals_resident_bit_for_bit(tiny, tiny_prompts, resident, capacity, policy):
     from artifact.offload.replay.trace import mean_working_set
     assert capacity < mean_working_set(resident.trace) or capacity == 256 or capacity == 1
-    off = run(tiny, tiny_prompts[:2], 2, DC, spec=OffloadSpec(capacity, policy), record_logits=True)
+    off = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=OffloadSpec(capacity, policy),
+                         record_logits=True)
     assert off.tokens == resident.tokens
     assert same_bits(off, resident)
     assert off.stats.demand_misses > 0 and off.stats.cache_experts == capacity
 
 
 def test_oracle_run_is_exact_too(tiny, tiny_prompts, resident):
-    off = run(tiny, tiny_prompts[:2], 2, DC, spec=OffloadSpec(20, "oracle"), oracle=resident.trace,
-              record_logits=True)
+    off = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=OffloadSpec(20, "oracle"),
+                         oracle=resident.trace, record_logits=True)
     assert same_bits(off, resident)
     assert off.stats.speculative_transfers > 0
 
 
 def test_full_capacity_has_only_compulsory_misses(tiny, tiny_prompts, resident):
-    off = run(tiny, tiny_prompts[:2], 2, DC, spec=OffloadSpec(256, "demand"))
+    off = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=OffloadSpec(256, "demand"))
     t = resident.trace
     pairs = {(int(layer), int(e)) for n, layer in enumerate(t.layer) for e in t.experts[t.offsets[n]:t.offsets[n + 1]]}
     assert off.stats.demand_misses == len(pairs)
@@ -111,10 +112,7 @@ def test_cache_never_exceeds_capacity_and_plans_are_sound(stream):
                 assert ld.after in done and ld.victim == ld.after
             done.add(ld.expert)
         for c in cache.layers:
-            res = c.expert_in[c.expert_in != EMPTY]
-            assert len(res) <= C and len(set(res.tolist())) == len(res)
-            assert all(c.slot_of[e] == s for s, e in enumerate(c.expert_in) if e != EMPTY)
-            assert (c.slot_of >= 0).sum() == len(res)
+            c.check()                                                # slots and experts: one bijection
         if len(ev.experts) <= C:
             assert set(ev.experts) <= set(lc.resident().tolist()) | {ld.expert for ld in spec}
     counts = cache.finish()
@@ -122,6 +120,29 @@ def test_cache_never_exceeds_capacity_and_plans_are_sound(stream):
     assert counts.demand_hits + counts.demand_misses == total
     assert counts.prefetch_hits + counts.wasted_prefetches <= counts.speculative_transfers
     assert counts.bytes_h2d == 10 * (counts.demand_misses + counts.speculative_transfers)
+
+
+def test_layer_cache_check_names_each_broken_bijection():
+    """LayerCache.check passes a cache the engine filled and refuses each way slot_of and expert_in can disagree."""
+    def filled():
+        lc = LayerCache(4, 10)
+        for s, e in enumerate((7, 2, 5)):
+            lc.expert_in[s], lc.slot_of[e] = e, s
+        lc.filled = 3
+        return lc
+
+    filled().check()
+    LayerCache(4, 10).check()                                        # empty: a bijection of nothing
+    broken = {"an expert sits in two slots": lambda lc: lc.expert_in.__setitem__(2, 7),
+              "slot_of disagrees": lambda lc: lc.slot_of.__setitem__(2, 0),
+              "slot_of gives a slot to experts in none: \\[9\\]": lambda lc: lc.slot_of.__setitem__(9, 3),
+              "not exactly \\[0, 3\\)": lambda lc: lc.expert_in.__setitem__(3, 9),
+              "filled = 5 outside": lambda lc: setattr(lc, "filled", 5)}
+    for message, damage in broken.items():
+        lc = filled()
+        damage(lc)
+        with pytest.raises(RuntimeError, match=message):
+            lc.check()
 
 
 # --- the link ---------------------------------------------------------------------------------

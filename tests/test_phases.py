@@ -36,7 +36,7 @@ from artifact.offload.replay.sim import (
     sweep,
 )
 from artifact.offload.replay.trace import TraceRecorder, mean_working_set, working_set_by_phase, working_sets
-from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 
 DC = DecodeConfig(gen_length=40)
 SIM_POLICIES = ["demand", "last_step", "oracle", "belady", "min"]
@@ -191,13 +191,14 @@ def test_bench_phase_columns_and_old_files(tmp_path):
 # --- the engine: its stats by phase equal the replay's by phase (model runs: slow tier) --------------------
 @pytest.fixture(scope="module")
 def recorded(tiny, tiny_prompts):
-    return run(tiny, tiny_prompts[:3], 2, DC, record=True, prompt_ids=["a", "b", "c"], task="test")
+    return decode_prompts(tiny, tiny_prompts[:3], 2, RunOptions(DC), record=True, prompt_ids=["a", "b", "c"],
+                          task="test")
 
 
 @pytest.mark.parametrize("policy, capacity", [("demand", 12), ("demand", 40), ("last_step", 12), ("last_step", 40)])
 def test_engine_stats_by_phase_equal_the_replay(tiny, tiny_prompts, recorded, policy, capacity):
-    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(capacity, policy), record=True,
-              prompt_ids=["a", "b", "c"], task="test")
+    eng = decode_prompts(tiny, tiny_prompts[:3], 2, RunOptions(DC), spec=OffloadSpec(capacity, policy), record=True,
+                         prompt_ids=["a", "b", "c"], task="test")
     assert eng.trace.equal_routing(recorded.trace)
     assert_phases_add_up(eng.stats.as_dict(), COUNTS)
     sim = replay(eng.trace, policy, capacity, by_phase=True)

@@ -12,7 +12,7 @@ from artifact.offload.links.link import EmulatedLink, scaled_chunk_bytes
 from artifact.offload.links.link_factory import make_link
 from artifact.offload.links.timeline import CopyTimeline, ManualClock, SpeculativeHold, split
 from artifact.offload.replay.sim import replay
-from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 
 MB = 1_000_000
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d")
@@ -254,20 +254,18 @@ class LoggingLink(EmulatedLink):
 @pytest.mark.parametrize("priority", ["fifo", "demand"])
 def test_engine_issues_speculative_loads_after_all_demand_loads_of_the_layer(tiny, tiny_prompts, priority):
     from artifact.model.decode import generate
+    from artifact.model.options import ForwardOptions
     from artifact.offload.backend.engine import offload
     from artifact.offload.policy.policies import make_policy
     log: list[str] = []
     cfg = tiny.cfg
     pol = make_policy("last_step", len(cfg.moe_layers), cfg.num_experts, engine=True)
     link = LoggingLink(log, priority=priority, chunk_bytes=4096)
-    model, saved = tiny.model, tiny.model.backend
+    model = tiny.model
     engine = offload(model, tiny.experts, 8, pol, link)             # C=8 < W: misses stream in waves
-    try:
-        with model.listening(lambda d: log.append("|")):
-            generate(model, tiny_prompts[:1], DC)
-        engine.finish()
-    finally:
-        model.backend = saved
+    with model.listening(lambda d: log.append("|")):
+        generate(model, tiny_prompts[:1], DC, options=ForwardOptions(backend=engine))
+    engine.finish()
     layers = "".join(log).split("|")
     assert any("S" in x and x.count("D") > 8 for x in layers), "the check needs waves and prefetches together"
     for x in layers:
@@ -278,12 +276,12 @@ def test_engine_issues_speculative_loads_after_all_demand_loads_of_the_layer(tin
                                     "cross_layer", "oracle"])
 def test_engine_counts_equal_replay_under_demand_priority(tiny, tiny_prompts, policy):
     ids = ["a", "b"]
-    rec = run(tiny, tiny_prompts[:2], 2, DC, record=True, prompt_ids=ids)
+    rec = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), record=True, prompt_ids=ids)
     out = {}
     for prio in ("fifo", "demand"):
         spec = OffloadSpec(12, policy, link_priority=prio)
-        out[prio] = run(tiny, tiny_prompts[:2], 2, DC, spec=spec, record=True, prompt_ids=ids,
-                        oracle=rec.trace if policy == "oracle" else None)
+        out[prio] = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=spec, record=True, prompt_ids=ids,
+                                   oracle=rec.trace if policy == "oracle" else None)
         assert out[prio].tokens == rec.tokens and out[prio].stats.link_priority == prio
     sim = replay(out["demand"].trace, policy, 12)
     for k in COUNTS:

@@ -224,7 +224,7 @@ def test_wrong_types_name_key_type_and_value(tmp_path, text, pattern):
     ("tasks: [gsm8k, squad]", r"tasks has unknown value 'squad'; choose from \['gsm8k'"),
     ("link: nvlink", r"link has unknown value 'nvlink'; choose from \['emulated', 'cuda'\]"),
     ("mode: fast", r"mode has unknown value 'fast'; choose from \['cached', 'full'\]"),
-    ("forward: maybe", r"forward has unknown value 'maybe'; choose from \['eager', 'segmented'\]"),
+    ("forward: maybe", r"forward: unknown forward mode 'maybe'; choose one of \('eager', 'segmented'\)"),
     ("dtype: int8", r"dtype has unknown value 'int8'"),
     ("device: tpu", r"device has unknown value 'tpu'"),
     ("link: cuda", r"link 'cuda' computes on the GPU, but device is 'cpu'"),

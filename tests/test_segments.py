@@ -34,14 +34,13 @@ def decode_like(model, opts, prefix, ids, rows):
     cfg = model.cfg
     B, n = prefix.shape[0], cfg.block_length
     cache = KVCache(cfg, B, 4 * n, "cpu", torch.float32)
-    model.routing.step = StepInfo(0, -1, -1, "prefill")
-    model(prefix, torch.arange(n).expand(B, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts)
-    model.routing.step = StepInfo(1, 0, 0, "denoise")
+    model(prefix, torch.arange(n).expand(B, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts,
+          step=StepInfo(0, -1, -1, "prefill"))
     pos = torch.arange(n, 3 * n).expand(B, 2 * n)
-    a = model(ids, pos, cache=cache, commit=n, rows=rows, logits_rows=slice(n, 2 * n), options=opts)
-    model.routing.step = StepInfo(2, 0, 1, "denoise")
+    a = model(ids, pos, cache=cache, commit=n, rows=rows, logits_rows=slice(n, 2 * n), options=opts,
+              step=StepInfo(1, 0, 0, "denoise"))
     b = model(ids[:, n:], pos[:, n:], cache=cache, rows=None if rows is None else rows[:, n:],
-              logits_rows=slice(0, n), options=opts)
+              logits_rows=slice(0, n), options=opts, step=StepInfo(2, 0, 1, "denoise"))
     return (a, b), cache
 
 
@@ -51,8 +50,7 @@ def options(tiny, policy, capacity, forward, predict_next=None):
     if policy is None:
         return ForwardOptions(forward, predict_next=bool(predict_next))
     pol = make_policy(policy, len(tiny.cfg.moe_layers), tiny.cfg.num_experts, engine=True)
-    engine = offload(tiny.model, tiny.experts, capacity, pol, make_link("emulated", bandwidth_gbps=1000.0),
-                     install=False)
+    engine = offload(tiny.model, tiny.experts, capacity, pol, make_link("emulated", bandwidth_gbps=1000.0))
     predict = pol.needs_prediction if predict_next is None else predict_next
     return ForwardOptions(forward, predict_next=predict, backend=engine)
 
@@ -85,13 +83,14 @@ def test_one_host_read_per_moe_layer_and_no_host_data_when_segmented(tiny, polic
     opts = options(tiny, policy, 6, "segmented")
     n = tiny.cfg.block_length
     cache = KVCache(tiny.cfg, B, 4 * n, "cpu", torch.float32)
-    model.routing.step = StepInfo(0, -1, -1, "prefill")
-    model(prefix, torch.arange(n).expand(B, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts)
-    model.routing.step = StepInfo(1, 0, 0, "denoise")
+    model(prefix, torch.arange(n).expand(B, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts,
+          step=StepInfo(0, -1, -1, "prefill"))
     pos = torch.arange(n, 3 * n).expand(B, 2 * n)
     with counter:
-        model(ids, pos, cache=cache, commit=n, rows=rows, logits_rows=slice(n, 2 * n), options=opts)
-        model(ids[:, n:], pos[:, n:], cache=cache, logits_rows=slice(0, n), options=opts)
+        model(ids, pos, cache=cache, commit=n, rows=rows, logits_rows=slice(n, 2 * n), options=opts,
+              step=StepInfo(1, 0, 0, "denoise"))
+        model(ids[:, n:], pos[:, n:], cache=cache, logits_rows=slice(0, n), options=opts,
+              step=StepInfo(2, 0, 1, "denoise"))
     c = counter
     assert c.kinds == {"tolist": 2 * n_moe}, c.kinds     # 2 forwards: the counts of each MoE layer, nothing else
     assert c.uploads == 0
@@ -105,17 +104,17 @@ def test_programs_are_kept_per_forward_shape_and_bounded(tiny):
     progs.clear()
     cache = KVCache(cfg, 1, 8 * n, "cpu", torch.float32)
     ids = torch.randint(8, 100, (1, n))
-    model.routing.step = StepInfo(0, 0, 0, "denoise")
     for _ in range(3):                                   # same shape, same cache: one program, three runs
-        model(ids, torch.arange(n)[None], cache=cache, logits_rows=slice(0, n), options=opts)
+        model(ids, torch.arange(n)[None], cache=cache, logits_rows=slice(0, n), options=opts,
+              step=StepInfo(0, 0, 0, "denoise"))
     assert len(progs) == 1 and next(iter(progs.values())).runs == 3
-    model.routing.step = StepInfo(1, -1, -1, "prefill")
-    model(ids, torch.arange(n)[None], cache=cache, commit=n, logits_rows=slice(0, 0), options=opts)
+    model(ids, torch.arange(n)[None], cache=cache, commit=n, logits_rows=slice(0, 0), options=opts,
+          step=StepInfo(1, -1, -1, "prefill"))
     assert len(progs) == 1                               # a prefill forward stays eager
-    model.routing.step = StepInfo(2, 0, 0, "denoise")
     for _ in range(MAX_PROGRAMS + 2):                    # each cache is a new shape key
         other = KVCache(cfg, 1, 8 * n, "cpu", torch.float32)
-        model(ids, torch.arange(n)[None], cache=other, logits_rows=slice(0, n), options=opts)
+        model(ids, torch.arange(n)[None], cache=other, logits_rows=slice(0, n), options=opts,
+              step=StepInfo(2, 0, 0, "denoise"))
     assert len(progs) == MAX_PROGRAMS
     progs.clear()
 
@@ -146,21 +145,21 @@ def test_a_bad_forward_mode_is_refused():
 
 def test_a_run_refuses_a_bad_forward_mode_before_it_decodes(tiny):
     from artifact.errors import SettingError
-    from artifact.offload.runner import run
+    from artifact.offload.runner import RunOptions, decode_prompts
     with pytest.raises(SettingError, match=r"unknown forward mode 'on'; choose one of \('eager', 'segmented'\)"):
-        run(tiny, [[11, 12]], 1, forward="on")
+        decode_prompts(tiny, [[11, 12]], 1, RunOptions(forward="on"))
 
 
 @pytest.mark.parametrize("policy", [None, "last_step"])
 def test_segmented_runs_equal_eager_runs(tiny, tiny_prompts, policy):
     """Whole runs: tokens, every step's logits and the engine's counts are the same."""
     from artifact.model.decode import DecodeConfig
-    from artifact.offload.runner import OffloadSpec, run
+    from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
     dc = DecodeConfig(gen_length=40)
     # a link that never makes compute wait: the run checks exactness, not timing
     spec = None if policy is None else OffloadSpec(12, policy, bandwidth_gbps=1000.0, latency_us=0.0)
-    off = run(tiny, tiny_prompts[:3], 3, dc, spec=spec, record_logits=True, forward="eager")
-    on = run(tiny, tiny_prompts[:3], 3, dc, spec=spec, record_logits=True, forward="segmented")
+    off = decode_prompts(tiny, tiny_prompts[:3], 3, RunOptions(dc, forward="eager"), spec=spec, record_logits=True)
+    on = decode_prompts(tiny, tiny_prompts[:3], 3, RunOptions(dc, forward="segmented"), spec=spec, record_logits=True)
     assert on.tokens == off.tokens and on.stats.forward == "segmented" and off.segments is None
     assert on.segments.captures == on.segments.replays == 0 and not on.segments.replayed     # CPU: eager segments
     assert policy is None or on.stats.demand_misses > 0                  # the groups came through the engine

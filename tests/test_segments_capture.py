@@ -21,7 +21,7 @@ from artifact.model.segments import Programs, programs
 from artifact.offload.backend.engine import offload
 from artifact.offload.links.link_factory import make_link
 from artifact.offload.policy.policies import make_policy
-from artifact.offload.runner import run
+from artifact.offload.runner import RunOptions, decode_prompts
 
 PROMPTS = [[11, 12, 13] * 5, [14, 15] * 20]
 DC = DecodeConfig(gen_length=32)
@@ -94,8 +94,8 @@ def test_prediction_runs_segmented_through_host_buffers_sized_per_layer(tiny):
     """A recorded run (the cross-layer prediction on) segmented equals it eager; each MoE layer's host buffer
     has its own counts' size ((2E,) with a next router, (E,) for the last MoE layer), and the CPU fills it."""
     with programs_of(tiny.model) as progs:
-        eager = run(tiny, PROMPTS, 2, DC, record=True, record_logits=True)
-        seg = run(tiny, PROMPTS, 2, DC, record=True, record_logits=True, forward="segmented")
+        eager = decode_prompts(tiny, PROMPTS, 2, RunOptions(DC), record=True, record_logits=True)
+        seg = decode_prompts(tiny, PROMPTS, 2, RunOptions(DC, forward="segmented"), record=True, record_logits=True)
         assert seg.tokens == eager.tokens
         assert [d.predicted for d in seg.trace.demands] == [d.predicted for d in eager.trace.demands]
         (a,), (b,) = eager.generations, seg.generations
@@ -114,13 +114,12 @@ def decode_steps(model, opts, n_steps: int, batch: int = 1, cache=None):
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(8, cfg.vocab_size - 8, (batch, n), generator=g)
     cache = cache or KVCache(cfg, batch, 4 * n, "cpu", torch.float32)
-    model.routing.step = StepInfo(0, -1, -1, "prefill")
-    model(ids, torch.arange(n).expand(batch, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts)
+    model(ids, torch.arange(n).expand(batch, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts,
+          step=StepInfo(0, -1, -1, "prefill"))
     out = []
     for s in range(n_steps):
-        model.routing.step = StepInfo(1 + s, 0, s, "denoise")
         out.append(model(ids, torch.arange(n, 2 * n).expand(batch, n), cache=cache, logits_rows=slice(0, n),
-                         options=opts))
+                         options=opts, step=StepInfo(1 + s, 0, s, "denoise")))
     return out
 
 
@@ -142,7 +141,7 @@ def test_a_failed_capture_leaves_the_stream_is_recorded_once_and_turns_capture_o
         decode_steps(tiny.model, opts, 2, batch=2)
         assert "begin" not in stub.calls[len(before):] and progs.counts.eager > eager_before
         assert progs.counts.capture_error == error                              # recorded once
-        res = run(tiny, PROMPTS[:1], 1, DC, forward="segmented")
+        res = decode_prompts(tiny, PROMPTS[:1], 1, RunOptions(DC, forward="segmented"))
         assert res.segments.capture_error == error and res.segments.replays == 0 and not res.segments.replayed
         assert res.segments.eager > 0 and "begin" not in stub.calls[len(before):]
 
@@ -169,7 +168,7 @@ def test_warm_up_runs_on_the_capture_stream_and_a_no_capture_forward_never_captu
     with programs_of(tiny.model, api=stub, lint=False) as progs:
         decode_steps(tiny.model, ForwardOptions("segmented", capture=False), 3)
         assert stub.calls == [] and progs.counts.eager > 0 and progs.counts.captures == 0
-        res = run(tiny, PROMPTS[:1], 1, DC, forward="segmented", capture=False)     # a timed run
+        res = decode_prompts(tiny, PROMPTS[:1], 1, RunOptions(DC, forward="segmented", capture=False))     # a timed run
         assert stub.calls == [] and res.segments.captures == res.segments.replays == 0 and res.segments.eager > 0
     stub = StubCapture()
     with programs_of(tiny.model, api=stub, lint=False):
@@ -184,8 +183,7 @@ def test_a_new_engine_gets_the_slot_tensors_of_the_last(tiny):
 
     def engine(capacity):
         pol = make_policy("demand", len(cfg.moe_layers), cfg.num_experts, engine=True)
-        return offload(tiny.model, tiny.experts, capacity, pol, make_link("emulated", bandwidth_gbps=1000.0),
-                       install=False)
+        return offload(tiny.model, tiny.experts, capacity, pol, make_link("emulated", bandwidth_gbps=1000.0))
 
     a, b = engine(6), engine(6)
     assert all(a.slots[m].data_ptr() == b.slots[m].data_ptr() for m in cfg.moe_layers)
@@ -240,7 +238,7 @@ def test_a_segmented_generate_runs_under_the_linter(tiny):
     """The linter is on by default on the CPU: whole decodes pass it (resident and offloaded)."""
     cfg = tiny.cfg
     pol = make_policy("last_step", len(cfg.moe_layers), cfg.num_experts, engine=True)
-    engine = offload(tiny.model, tiny.experts, 12, pol, make_link("emulated", bandwidth_gbps=1000.0), install=False)
+    engine = offload(tiny.model, tiny.experts, 12, pol, make_link("emulated", bandwidth_gbps=1000.0))
     with programs_of(tiny.model) as progs:
         assert progs.lint is None                                        # None: on, as the device is the CPU
         a = generate(tiny.model, PROMPTS, DC, options=ForwardOptions("segmented", backend=engine))

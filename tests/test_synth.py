@@ -14,7 +14,7 @@ from artifact.offload.links.link import REFERENCE_EXPERT_BYTES
 from artifact.offload.replay.sim import replay
 from artifact.offload.replay.synth import SynthParams, fit, measure, synth
 from artifact.offload.replay.trace import Trace, mean_working_set, step_similarity
-from artifact.offload.runner import run
+from artifact.offload.runner import RunOptions, decode_prompts
 
 Z = 4.0     # tolerance in standard errors: two-sided p ~ 6e-5 per check under a normal sampling error
 
@@ -250,8 +250,8 @@ def test_fit_cli_prints_the_fitted_parameters(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def recorded(tiny, tiny_prompts):
     """A resident tiny-model run of three prompts at batch size 2 (prefill included)."""
-    return run(tiny, tiny_prompts[2:5], 2, DecodeConfig(gen_length=40), record=True, prompt_ids=["a", "b", "c"],
-               task="test").trace
+    return decode_prompts(tiny, tiny_prompts[2:5], 2, RunOptions(DecodeConfig(gen_length=40)), record=True,
+                          prompt_ids=["a", "b", "c"], task="test").trace
 
 
 def test_a_recorded_trace_can_be_fitted_and_regenerated(recorded):

@@ -23,6 +23,7 @@ from artifact.experiments.tide import checkout as tide_checkout
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import tokens_sha
 from artifact.model.tiny import tiny_checkpoint
+from artifact.offload.runner import RunOptions
 
 # The fake is not TIDE's pinned model file: check_tide warns about that; the warning has its own test.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is not the model file of ims-kdks/TIDE:UserWarning")
@@ -293,7 +294,7 @@ def test_speedup_parts_multiply_to_the_total():
 def test_compare_with_engine_interleaves_three_systems(fake, tiny, tiny_prompts):
     prompts = [tiny_prompts[3]]                                         # the shortest: a quick test
     rows = tide.compare_with_engine(tiny, fake, prompts, budget_experts=96, jump_steps=2,
-                                    dc=DecodeConfig(gen_length=32), reps=2, device="cpu", progress=False)
+                                    options=RunOptions(DecodeConfig(gen_length=32), "cpu"), reps=2, progress=False)
     systems = [(r["system"], r["mode"]) for r in rows]
     assert systems[:3] == [("engine", "cached"), ("engine", "full"), ("tide_released", "full")]
     assert systems[3:] == [("engine", "full"), ("tide_released", "full"), ("engine", "cached")]   # rotated
@@ -409,8 +410,8 @@ def test_tide_runs_on_the_machines_cores_and_restores_the_bench_threads(fake):
 
 
 def test_compare_with_engine_sweeps_jump_steps_and_reports_seconds_per_forward(fake, tiny, tiny_prompts):
-    rows = tide.compare_with_engine(tiny, fake, [tiny_prompts[3]], budget_experts=96, dc=DecodeConfig(gen_length=32),
-                                    reps=2, device="cpu", progress=False)
+    rows = tide.compare_with_engine(tiny, fake, [tiny_prompts[3]], budget_experts=96,
+                                    options=RunOptions(DecodeConfig(gen_length=32), "cpu"), reps=2, progress=False)
     assert tide.JUMP_STEPS == (1, 2, 4)
     t = [r for r in rows if r["system"] == "tide_released"]
     assert sorted(r["jump_steps"] for r in t) == [1, 1, 2, 2, 4, 4]
@@ -430,7 +431,8 @@ def test_compare_with_engine_sweeps_jump_steps_and_reports_seconds_per_forward(f
     assert s["tide_seconds_per_forward"] == pytest.approx(
         sum(r["seconds_per_forward"] for r in t if r["jump_steps"] == best) / 2)
     with pytest.raises(ValueError, match="jump_steps"):
-        tide.compare_with_engine(tiny, fake, [[1, 2]], 96, jump_steps=(2, 2), device="cpu", progress=False)
+        tide.compare_with_engine(tiny, fake, [[1, 2]], 96, jump_steps=(2, 2), options=RunOptions(device="cpu"),
+                                 progress=False)
 
 
 def test_speedup_parts_takes_tide_at_its_best_jump_steps():

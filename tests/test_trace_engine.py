@@ -6,7 +6,7 @@ import pytest
 from artifact.model.decode import DecodeConfig
 from artifact.offload.replay.sim import replay
 from artifact.offload.replay.synth import SynthParams, synth
-from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 
 DC = DecodeConfig(gen_length=40)
@@ -21,15 +21,17 @@ def shape_of(loaded) -> ExpertShape:
 @pytest.fixture(scope="module")
 def recorded(tiny, tiny_prompts):
     """A resident run of two batches (three prompts, batch size 2), recorded."""
-    return run(tiny, tiny_prompts[:3], 2, DC, record=True, prompt_ids=["a", "b", "c"], task="test")
+    return decode_prompts(tiny, tiny_prompts[:3], 2, RunOptions(DC), record=True, prompt_ids=["a", "b", "c"],
+                          task="test")
 
 
 @pytest.mark.parametrize("policy, capacity", [("demand", 12), ("last_step", 12),
                                               pytest.param("oracle", 40, marks=pytest.mark.slow)])
 def test_stream_counts_equal_the_model_driven_run_and_the_replay(tiny, tiny_prompts, recorded, policy, capacity):
     spec = OffloadSpec(capacity, policy, **FAST)
-    model = run(tiny, tiny_prompts[:3], 2, DC, spec=spec, record=True, prompt_ids=["a", "b", "c"], task="test",
-                oracle=recorded.trace if policy == "oracle" else None)
+    model = decode_prompts(tiny, tiny_prompts[:3], 2, RunOptions(DC), spec=spec, record=True,
+                           prompt_ids=["a", "b", "c"], task="test",
+                           oracle=recorded.trace if policy == "oracle" else None)
     assert model.trace.equal_routing(recorded.trace)
     stream = run_stream(model.trace, spec, shape_of(tiny), verify=True)
     sim = replay(model.trace, policy, capacity)

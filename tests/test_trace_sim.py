@@ -22,7 +22,7 @@ from artifact.offload.replay.trace import (
     step_similarity,
     working_sets,
 )
-from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 
 DC = DecodeConfig(gen_length=40)
 COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d")
@@ -31,11 +31,13 @@ COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hit
 @pytest.fixture(scope="module")
 def recorded(tiny, tiny_prompts):
     """A resident run of two batches (three prompts, batch size 2), recorded."""
-    return run(tiny, tiny_prompts[:3], 2, DC, record=True, prompt_ids=["a", "b", "c"], task="test")
+    return decode_prompts(tiny, tiny_prompts[:3], 2, RunOptions(DC), record=True, prompt_ids=["a", "b", "c"],
+                          task="test")
 
 
 def test_a_second_greedy_run_reproduces_the_trace(tiny, tiny_prompts, recorded):
-    again = run(tiny, tiny_prompts[:3], 2, DC, record=True, prompt_ids=["a", "b", "c"], task="test")
+    again = decode_prompts(tiny, tiny_prompts[:3], 2, RunOptions(DC), record=True, prompt_ids=["a", "b", "c"],
+                           task="test")
     assert again.trace.equal_routing(recorded.trace) and again.tokens == recorded.tokens
     assert recorded.trace.meta["batch_size"] == 2 and recorded.stats.batches == 2
     f = recorded.trace.forward
@@ -47,9 +49,9 @@ def test_a_second_greedy_run_reproduces_the_trace(tiny, tiny_prompts, recorded):
     ("oracle", 40, 1), ("oracle", 12, 2), ("interval_refresh", 12, 1), ("last_step_conservative", 12, 1),
     ("last_step_conservative", 40, 2)])
 def test_engine_counts_equal_the_simulator_replay(tiny, tiny_prompts, recorded, policy, capacity, lookahead):
-    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(capacity, policy, tau=2, lookahead=lookahead),
-              record=True, oracle=recorded.trace if policy == "oracle" else None, prompt_ids=["a", "b", "c"],
-              task="test")
+    eng = decode_prompts(tiny, tiny_prompts[:3], 2, RunOptions(DC),
+                         spec=OffloadSpec(capacity, policy, tau=2, lookahead=lookahead), record=True,
+                         oracle=recorded.trace if policy == "oracle" else None, prompt_ids=["a", "b", "c"], task="test")
     assert eng.trace.equal_routing(recorded.trace)
     sim = replay(eng.trace, f"{policy}:lookahead={lookahead}" if lookahead > 1 else policy, capacity, tau=2,
                  by_phase=True)
@@ -66,8 +68,8 @@ def test_engine_counts_equal_the_simulator_replay(tiny, tiny_prompts, recorded, 
                                             ("last_step+token_lru", 20), ("interval_refresh+lfu", 12)])
 def test_every_eviction_counts_alike_in_engine_and_replay(tiny, tiny_prompts, recorded, spec, capacity):
     """The eviction interface is one code path too: `prefetch+eviction` in the engine, replayed."""
-    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(capacity, spec, tau=2), record=True,
-              prompt_ids=["a", "b", "c"], task="test")
+    eng = decode_prompts(tiny, tiny_prompts[:3], 2, RunOptions(DC), spec=OffloadSpec(capacity, spec, tau=2),
+                         record=True, prompt_ids=["a", "b", "c"], task="test")
     assert eng.tokens == recorded.tokens and eng.trace.equal_routing(recorded.trace)
     sim = replay(eng.trace, spec, capacity, by_phase=True, tau=2)
     assert {k: getattr(eng.stats, k) for k in COUNTS} == {k: sim[k] for k in COUNTS}
@@ -153,8 +155,8 @@ def test_corrupt_and_mismatched_traces_fail_clearly(recorded, tmp_path):
 
 def test_oracle_refuses_a_trace_of_another_run(tiny, tiny_prompts, recorded):
     with pytest.raises(TraceError, match="another run"):
-        run(tiny, tiny_prompts[1:4], 2, DC, spec=OffloadSpec(20, "oracle"), oracle=recorded.trace,
-            prompt_ids=["b", "c", "d"], task="test")
+        decode_prompts(tiny, tiny_prompts[1:4], 2, RunOptions(DC), spec=OffloadSpec(20, "oracle"),
+                       oracle=recorded.trace, prompt_ids=["b", "c", "d"], task="test")
 
 
 def test_metrics_on_a_hand_made_trace():
@@ -195,8 +197,8 @@ def test_cli_trace_and_simulate(tmp_path, capsys):
 
 def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, recorded, user_policy):
     """docs/policies.md's example file (a Policy subclass, registered): both paths use it unchanged."""
-    eng = run(tiny, tiny_prompts[:3], 2, DC, spec=OffloadSpec(20, "top_count"), record=True,
-              prompt_ids=["a", "b", "c"], task="test")
+    eng = decode_prompts(tiny, tiny_prompts[:3], 2, RunOptions(DC), spec=OffloadSpec(20, "top_count"), record=True,
+                         prompt_ids=["a", "b", "c"], task="test")
     assert eng.tokens == recorded.tokens
     two, one = replay(eng.trace, "top_count:lookahead=2", 20), replay(eng.trace, "top_count", 20)
     assert [two[k] for k in COUNTS] != [one[k] for k in COUNTS], "the spec option reaches the constructor"

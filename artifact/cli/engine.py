@@ -4,6 +4,7 @@ run and print; simulate and export-trace replay recorded traces."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ from artifact.offload.replay.sim import (
     sweep,
 )
 from artifact.offload.replay.trace import Trace, mean_working_set
-from artifact.offload.runner import RunSettings, run
+from artifact.offload.runner import RunOptions, RunSettings, decode_prompts
 from artifact.paths import atomic_write_text, check_writable
 from artifact.validate import check_number
 
@@ -100,12 +101,16 @@ def cmd_generate(a):
                          outputs=(Output(a.record_trace, "--record-trace", a.force),))
     r = prepare(request)
     loaded = r.load()
-    res = run(loaded, r.prompts, r.batch_size, r.dc, spec=r.spec, device=a.device, oracle=r.oracle,
-              record=bool(a.record_trace), prompt_ids=r.prompt_ids, forward=a.forward)
+    options = RunOptions(r.dc, a.device, a.forward)
+    res = decode_prompts(loaded, r.prompts, r.batch_size, options, spec=r.spec, oracle=r.oracle,
+                         record=bool(a.record_trace), prompt_ids=r.prompt_ids)
     res.stats.threads = torch.get_num_threads()
     text = [r.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
     if a.json:
-        print(json.dumps({"tokens": res.tokens, "text": text, "stats": res.stats.as_dict()}))
+        out = {"tokens": res.tokens, "text": text, "stats": res.stats.as_dict()}
+        if res.segments is not None:            # forward segmented: what its programs did (SegmentCounts)
+            out["segments"] = dataclasses.asdict(res.segments)
+        print(json.dumps(out))
     else:
         for t in text:
             print(t)
@@ -119,12 +124,14 @@ def cmd_trace(a):
                          outputs=(Output(a.out, "--out", a.force),))
     r = prepare(request)
     loaded = r.load()
-    res = run(loaded, r.prompts, r.batch_size, r.dc, device=a.device, record=True, prompt_ids=r.prompt_ids,
-              task=a.task)
+    options = RunOptions(r.dc, a.device, a.forward)
+    res = decode_prompts(loaded, r.prompts, r.batch_size, options, record=True, prompt_ids=r.prompt_ids,
+                         task=a.task)
     res.trace.save(a.out)
+    segmented = f", {res.segments.forwards} forwards as segments" if res.segments is not None else ""
     print(f"{a.out}: {len(res.trace)} demands, {res.trace.accesses} expert accesses, "
           f"mean working set W = {mean_working_set(res.trace):.1f} experts/layer/step, "
-          f"{res.stats.tokens_per_second:.1f} tokens/s, {torch.get_num_threads()} torch threads")
+          f"{res.stats.tokens_per_second:.1f} tokens/s, {torch.get_num_threads()} torch threads{segmented}")
 
 
 def cmd_simulate(a):
@@ -213,6 +220,12 @@ def _table(stats: dict) -> str:
     return "\n".join(lines)
 
 
+def add_forward_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--forward", choices=FORWARD_MODES, default=D.forward,
+                   help="segmented: denoising forwards run as segments between the router syncs, captured as "
+                        f"CUDA graphs on a GPU (eager on the CPU); eager: the reference forward (default: {D.forward})")
+
+
 def add_cli(sub) -> None:
     """Register `generate`, `trace` and `simulate`."""
     g = sub.add_parser("generate", help="decode prompts (resident or offloaded) and print tokens and stats")
@@ -225,9 +238,7 @@ def add_cli(sub) -> None:
     g.add_argument("--record-trace", type=Path, default=None)
     g.add_argument("--force", action="store_true", help="replace an existing --record-trace file")
     g.add_argument("--json", action="store_true")
-    g.add_argument("--forward", choices=FORWARD_MODES, default=D.forward,
-                   help="segmented: denoising forwards run as segments between the router syncs, captured as "
-                        f"CUDA graphs on a GPU (eager on the CPU); eager: the reference forward (default: {D.forward})")
+    add_forward_arg(g)
     add_threads_arg(g)
     g.set_defaults(fn=cmd_generate)
 
@@ -240,6 +251,7 @@ def add_cli(sub) -> None:
     t.add_argument("--seed", type=int, default=D.seed)
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--force", action="store_true")
+    add_forward_arg(t)
     add_threads_arg(t)
     t.set_defaults(fn=cmd_trace)
 

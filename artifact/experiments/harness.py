@@ -22,7 +22,7 @@ from artifact.model.checkpoint import Loaded
 from artifact.model.tasks import prompts, select
 from artifact.offload.prepare import prepare
 from artifact.offload.replay.trace import Trace, TraceError
-from artifact.offload.runner import OffloadSpec, expert_bytes, run
+from artifact.offload.runner import OffloadSpec, decode_prompts, expert_bytes
 from artifact.paths import atomic_write_bytes
 
 
@@ -48,10 +48,10 @@ def load_model(P: Settings, resident: bool | None = None) -> Loaded:
     if P.model is None:
         raise ValueError(f"profile {P.name!r} has model: null; set it to a checkpoint directory "
                          "(overrides = {'model': DIR} in the notebook, or --model DIR)")
-    run = prepare(P.run_request())
+    prepared = prepare(P.run_request())
     resident = P.trace_capacity is None if resident is None else resident
-    key = (P.model, run.dtype, P.device, resident)
-    loaded = _LOADED.pop(key, None) or run.load(resident=resident)
+    key = (P.model, prepared.dtype, P.device, resident)
+    loaded = _LOADED.pop(key, None) or prepared.load(resident=resident)
     _LOADED[key] = loaded                              # the most recently used last
     if len(_LOADED) > 2:
         del _LOADED[next(iter(_LOADED))]
@@ -158,8 +158,8 @@ def record_trace(P: Settings, task: str, batch_size: int) -> Trace:
     spec = None
     if P.trace_capacity is not None:
         spec = offload_spec(P, loaded, min(P.trace_capacity, loaded.cfg.num_experts))
-    t = run(loaded, ps, batch_size, P.decode_config(), spec=spec, device=P.device, record=True,
-            prompt_ids=ids, task=task).trace
+    t = decode_prompts(loaded, ps, batch_size, P.run_options(), spec=spec, record=True, prompt_ids=ids,
+                       task=task).trace
     t.meta["recorded_with"] = {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                                "torch_threads": torch.get_num_threads(), "device": P.device}
     return t

@@ -28,14 +28,15 @@ from artifact.errors import ProfileError, SettingError
 from artifact.experiments.hardware import HARDWARE
 from artifact.model.checkpoint import DTYPES
 from artifact.model.decode import MAX_BATCH, MODES, DecodeConfig
-from artifact.model.options import DEFAULT_FORWARD, FORWARD_MODES
+from artifact.model.options import DEFAULT_FORWARD
 from artifact.model.tasks import TASKS
 from artifact.offload.links.link import LINKS, PCIE_LATENCY_US
 from artifact.offload.links.timeline import CLOCKS, PRIORITIES
 from artifact.offload.policy.policies import check_policy
 from artifact.offload.policy.policy_modules import load_policy_modules
 from artifact.offload.prepare import RunRequest
-from artifact.validate import check_number
+from artifact.offload.runner import RunOptions
+from artifact.validate import check_number, load_yaml
 
 __all__ = ["PROFILE_DIR", "PROFILE_KEYS", "ProfileError", "Settings", "fingerprint", "list_profiles",
            "load_profile", "parse_override", "profile_path", "resolve_threads"]
@@ -178,6 +179,11 @@ class Settings:
     def decode_config(self) -> DecodeConfig:
         return DecodeConfig(gen_length=self.gen_length, steps=self.steps, threshold=self.threshold, mode=self.mode)
 
+    def run_options(self, *, capture: bool = True) -> RunOptions:
+        """How this profile's runs decode (RunOptions: decoding, device, forward mode), passed whole to decode_prompts
+        by every entry point; capture=False for a timed or profiled run (no CUDA graph captured mid-measurement)."""
+        return RunOptions(self.decode_config(), self.device, self.forward, capture=capture)
+
     def run_request(self) -> RunRequest:
         """What artifact.offload.prepare checks before this profile's model is loaded (every path that loads one)."""
         return RunRequest(self.model, self.device, self.torch_dtype, self.gen_length, self.steps, self.threshold,
@@ -278,7 +284,7 @@ def parse_override(text: str) -> tuple[str, object]:
     elif key not in PROFILE_KEYS:
         raise ProfileError(f"unknown key {key!r}{_suggest(key)}; valid keys: {', '.join(PROFILE_KEYS)}")
     try:
-        return key, _load_yaml(raw, f"--set {key}")
+        return key, load_yaml(raw, f"--set {key}")
     except yaml.YAMLError as e:
         raise ProfileError(f"{key}: value {raw!r} is not YAML: {e}") from None
 
@@ -292,32 +298,9 @@ def fingerprint(settings: Settings, keys: typing.Iterable[str]) -> str:
 # ---------------------------------------------------------------------------------------------
 # Reading and checking
 # ---------------------------------------------------------------------------------------------
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses a mapping with a key given twice (plain YAML keeps the last one silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise ProfileError(f"{node.start_mark.name}: key {key!r} given twice (lines {seen[key]} and "
-                                   f"{key_node.start_mark.line + 1}); keep one")
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
-
-
-def _load_yaml(text: str, name: str):
-    loader = _UniqueKeyLoader(text)
-    loader.name = name                   # marks (and so the errors) name the file, not "<unicode string>"
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
 def _read(path: Path) -> dict:
     try:
-        data = _load_yaml(path.read_text(encoding="utf-8"), str(path))
+        data = load_yaml(path.read_text(encoding="utf-8"), str(path))
     except yaml.YAMLError as e:
         raise ProfileError(f"{path}: not valid YAML: {e}") from None
     if data is None:
@@ -469,7 +452,6 @@ def _check_values(P: Settings, origin: dict) -> None:
     choices("link", [P.link], LINKS)
     choices("link_priority", [P.link_priority], PRIORITIES)
     choices("clock", [P.clock], CLOCKS)
-    choices("forward", [P.forward], FORWARD_MODES)
     choices("hardware", [P.hardware], sorted(HARDWARE))
     choices("mode", [P.mode], MODES)
     choices("tasks", P.tasks, TASKS)
@@ -486,6 +468,10 @@ def _check_values(P: Settings, origin: dict) -> None:
                 fail(key, f"has {spec!r}: {e}")
     if P.dtype is not None:
         choices("dtype", [P.dtype], list(DTYPES))
+    try:                                        # the forward mode: checked where the run's options are made
+        P.run_options()
+    except SettingError as e:
+        raise ProfileError(f"{src('forward')}: forward: {e}") from None
     if P.link == "cuda" and not P.device.startswith("cuda"):
         fail("link", f"'cuda' computes on the GPU, but device is {P.device!r}; use link: emulated on the CPU")
     for key in ("bandwidth_scales", "throttle_scales"):

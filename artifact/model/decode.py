@@ -107,7 +107,8 @@ def accept(block: torch.Tensor, logits: torch.Tensor, mask_id: int, threshold: f
     block[chosen] = x0[chosen]
 
 
-def prefill(model: LLaDA2MoE, run, seqs: list[torch.Tensor], first: list[int], nblocks: list[int]) -> KVCache:
+def prefill(model: LLaDA2MoE, forwards: Forwards, seqs: list[torch.Tensor], first: list[int],
+            nblocks: list[int]) -> KVCache:
     """cached mode: one batched cache from the model's pool (the same tensors for every run of this shape, so
     graphs captured over it stay valid), each row's prompt prefilled alone into its row."""
     cfg, n = model.cfg, model.cfg.block_length
@@ -118,13 +119,13 @@ def prefill(model: LLaDA2MoE, run, seqs: list[torch.Tensor], first: list[int], n
         full = first[b] * n
         if full:
             c = cache.row(b)
-            run("prefill", -1, -1, seq[None, :full], torch.arange(full, device=dev)[None], cache=c, commit=full,
+            forwards("prefill", -1, -1, seq[None, :full], torch.arange(full, device=dev)[None], cache=c, commit=full,
                 logits_rows=slice(0, 0))
             cache.lengths[b] = c.lengths[0]
     return cache
 
 
-def step_cached(run, seqs, rows: list[int], active: list[int], blk: dict, r: int, s: int, n: int,
+def step_cached(forwards: Forwards, seqs, rows: list[int], active: list[int], blk: dict, r: int, s: int, n: int,
                 cache: KVCache):
     """One denoising step, cached mode: every row still decoding feeds its current block (the first step of a
     block also feeds the previous block's final tokens, committed to the cache); rows whose block is done are
@@ -137,11 +138,11 @@ def step_cached(run, seqs, rows: list[int], active: list[int], blk: dict, r: int
     routed = None
     if len(active) < len(rows):                                         # finished rows wait, not routed
         routed = torch.tensor([b in active for b in rows], device=dev)[:, None].expand_as(ids)
-    return run("denoise", r, s, ids, pos, cache=cache, commit=commit, rows=routed,
+    return forwards("denoise", r, s, ids, pos, cache=cache, commit=commit, rows=routed,
                logits_rows=slice(commit, commit + n)), rows
 
 
-def step_full(run, seqs, active: list[int], blk: dict, r: int, s: int, n: int, mask_id: int):
+def step_full(forwards: Forwards, seqs, active: list[int], blk: dict, r: int, s: int, n: int, mask_id: int):
     """One denoising step, full mode: each active row re-feeds its whole prefix up to its current block,
     right-padded with masks. -> (logits (len(active), n, V), the rows they belong to)."""
     dev = seqs[0].device
@@ -154,11 +155,11 @@ def step_full(run, seqs, active: list[int], blk: dict, r: int, s: int, n: int, m
         valid[i, :w] = True
     pos = torch.arange(T, device=dev).expand(len(active), T)
     gather = torch.stack([torch.arange(w - n, w, device=dev) for w in win])
-    return run("denoise", r, s, ids, pos, key_valid=valid, rows=valid, logits_rows=gather), active
+    return forwards("denoise", r, s, ids, pos, key_valid=valid, rows=valid, logits_rows=gather), active
 
 
 class Forwards:
-    """The decoder's forwards: each gets its StepInfo and the run's options; a denoising forward is timed.
+    """The decoder's forwards: each is passed its StepInfo and the run's options; a denoising forward is timed.
     Per denoising forward: host ms (the Python of the forward, minus the time blocked in the router syncs)
     and wall ms (CUDA: an event pair around it on the compute stream, read once at the end; CPU: elapsed)."""
 
@@ -170,17 +171,17 @@ class Forwards:
         self.timers: list = []
 
     def __call__(self, kind: str, block: int, step: int, *args, **kw) -> torch.Tensor:
-        routing = self.model.routing
-        routing.step = StepInfo(self.counter["forward"], block, step, kind)
+        info = StepInfo(self.counter["forward"], block, step, kind)     # passed with the forward, not kept
         self.counter["forward"] += 1
         self.counter[kind] += 1
         if kind != "denoise":
-            return self.model(*args, options=self.options, **kw)
-        w0, t0 = routing.host_counts.wait_seconds, time.perf_counter()
+            return self.model(*args, options=self.options, step=info, **kw)
+        counts = self.model.routing.host_counts
+        w0, t0 = counts.wait_seconds, time.perf_counter()
         pair = _event_pair(self.dev)
-        out = self.model(*args, options=self.options, **kw)
+        out = self.model(*args, options=self.options, step=info, **kw)
         t1 = time.perf_counter()
-        self.host_ms.append(1e3 * (t1 - t0 - (routing.host_counts.wait_seconds - w0)))
+        self.host_ms.append(1e3 * (t1 - t0 - (counts.wait_seconds - w0)))
         if pair is None:
             self.timers.append(1e3 * (t1 - t0))
         else:
@@ -228,11 +229,11 @@ def layout(cfg, prompts: list[list[int]], dc: DecodeConfig, dev) -> Layout:
     return Layout(seqs, plen, nblocks, [p // n for p in plen])
 
 
-def decode_round(run: Forwards, lay: Layout, rows: list[int], r: int, cache: KVCache | None, dc: DecodeConfig,
+def decode_round(forwards: Forwards, lay: Layout, rows: list[int], r: int, cache: KVCache | None, dc: DecodeConfig,
                  schedule: list[int], logits_out: dict | None) -> dict[int, int]:
     """Block round r: every row in `rows` denoises its current block (the rows' first block + r) until no mask
     is left or the schedule ends. -> each row's block."""
-    cfg = run.model.cfg
+    cfg = forwards.model.cfg
     n, mask_id = cfg.block_length, cfg.mask_token_id
     blk = {b: lay.first[b] + r for b in rows}
     views = {b: lay.seqs[b][blk[b] * n:(blk[b] + 1) * n] for b in rows}   # views: updates write through
@@ -241,9 +242,9 @@ def decode_round(run: Forwards, lay: Layout, rows: list[int], r: int, cache: KVC
         if not active:
             break
         if cache is not None:
-            logits, fed = step_cached(run, lay.seqs, rows, active, blk, r, s, n, cache)
+            logits, fed = step_cached(forwards, lay.seqs, rows, active, blk, r, s, n, cache)
         else:
-            logits, fed = step_full(run, lay.seqs, active, blk, r, s, n, mask_id)
+            logits, fed = step_full(forwards, lay.seqs, active, blk, r, s, n, mask_id)
         for i, b in enumerate(fed):
             if b not in active:
                 continue
@@ -273,14 +274,14 @@ def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = Deco
     dev = model.lm_head.weight.device
     lay = layout(cfg, prompts, dc, dev)
     schedule = transfer_schedule(cfg.block_length, dc.steps)
-    run = Forwards(model, options)
+    forwards = Forwards(model, options)
     logits_out: dict = {}
     t0 = time.perf_counter()
     rows = list(range(len(prompts)))                                    # rows still decoding
-    cache = prefill(model, run, lay.seqs, lay.first, lay.nblocks) if dc.mode == "cached" else None
+    cache = prefill(model, forwards, lay.seqs, lay.first, lay.nblocks) if dc.mode == "cached" else None
     r = 0
     while rows:
-        blk = decode_round(run, lay, rows, r, cache, dc, schedule, logits_out if record_logits else None)
+        blk = decode_round(forwards, lay, rows, r, cache, dc, schedule, logits_out if record_logits else None)
         finished = finished_rows(cfg, lay, rows, blk, dc)
         if finished:
             keep = [i for i, b in enumerate(rows) if b not in finished]
@@ -292,7 +293,7 @@ def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = Deco
         torch.cuda.synchronize(dev)
     seconds = time.perf_counter() - t0
     tokens = tokens_of(cfg, lay, dc)
-    return Generation(tokens, decode_stats(run, len(prompts), dc, seconds, r, tokens), logits_out)
+    return Generation(tokens, decode_stats(forwards, len(prompts), dc, seconds, r, tokens), logits_out)
 
 
 def tokens_of(cfg, lay: Layout, dc: DecodeConfig) -> list[list[int]]:
@@ -306,13 +307,13 @@ def tokens_of(cfg, lay: Layout, dc: DecodeConfig) -> list[list[int]]:
     return tokens
 
 
-def decode_stats(run: Forwards, batch: int, dc: DecodeConfig, seconds: float, blocks: int,
+def decode_stats(forwards: Forwards, batch: int, dc: DecodeConfig, seconds: float, blocks: int,
                  tokens: list[list[int]]) -> DecodeStats:
     produced = sum(len(t) for t in tokens)
-    denoise = run.counter["denoise"]
+    denoise = forwards.counter["denoise"]
     return DecodeStats(
-        batch_size=batch, mode=dc.mode, forwards=denoise, prefill_forwards=run.counter["prefill"],
+        batch_size=batch, mode=dc.mode, forwards=denoise, prefill_forwards=forwards.counter["prefill"],
         tokens_generated=produced, seconds=seconds,
         tokens_per_second=produced / seconds if seconds > 0 else float("nan"),
-        tokens_per_forward=produced / max(denoise, 1), blocks=blocks, forward_host_ms=run.host_ms,
-        forward_wall_ms=run.wall_ms())
+        tokens_per_forward=produced / max(denoise, 1), blocks=blocks, forward_host_ms=forwards.host_ms,
+        forward_wall_ms=forwards.wall_ms())

@@ -22,7 +22,6 @@ from torch import nn
 
 from artifact.model.config import ModelConfig
 from artifact.model.experts import (
-    EXPERT_KERNELS,
     ExpertBackend,
     SlotPool,
     grouped_ffn,
@@ -30,7 +29,16 @@ from artifact.model.experts import (
 )
 from artifact.model.kv_cache import KVCache, KVPool
 from artifact.model.options import EAGER, ForwardOptions
-from artifact.model.routing import Demand, Router, Routing, expert_counts, nonzero_counts, predict_counts
+from artifact.model.routing import (
+    FIRST_STEP,
+    Demand,
+    Router,
+    Routing,
+    StepInfo,
+    expert_counts,
+    nonzero_counts,
+    predict_counts,
+)
 from artifact.model.segments import Programs, run_segments
 
 
@@ -120,13 +128,14 @@ class MoE(nn.Module):
         self.shared_experts = MLP(cfg, cfg.moe_intermediate_size * cfg.num_shared_experts) \
             if cfg.num_shared_experts else None
 
-    def forward(self, x, rows, opts: ForwardOptions):
-        # x (B, T, D); rows (B, T) bool, or (N,) long flat indices, or None; opts with its backend set
+    def forward(self, x, rows, opts: ForwardOptions, step: StepInfo):
+        # x (B, T, D); rows (B, T) bool, or (N,) long flat indices, or None; opts with its backend set; the
+        # forward's step (each Demand carries it)
         B, T, D = x.shape
         flat = x.reshape(B * T, D)
         sel = rows if rows is None or rows.dtype == torch.long else routed_indices(rows)
         xs = flat if sel is None else flat.index_select(0, sel)         # (N, D) tokens that route
-        routed = self.routed(xs, opts)
+        routed = self.routed(xs, opts, step)
         if sel is None:
             y = routed.view(B, T, D)
         else:
@@ -135,7 +144,7 @@ class MoE(nn.Module):
             y = y + self.shared_experts(x)
         return y
 
-    def routed(self, x, opts: ForwardOptions):                          # x (N, D) -> (N, D)
+    def routed(self, x, opts: ForwardOptions, step: StepInfo):          # x (N, D) -> (N, D)
         # Legend: N routed tokens, k experts per token, P = N*k (token, slot) pairs, E experts, D hidden;
         # per group: n pairs, G rows of its weight stacks.
         N, D = x.shape
@@ -153,7 +162,7 @@ class MoE(nn.Module):
             both = self.routing.host_counts.read(torch.cat([counts, predict_counts(nxt, x)]))
             per_expert, predicted = both[:E], nonzero_counts(both[E:])
         experts, demanded = nonzero_counts(per_expert)
-        demand = Demand(self.routing.step, self.layer, experts, demanded, predicted)
+        demand = Demand(step, self.layer, experts, demanded, predicted)
         for listener in self.routing.listeners:
             listener(demand)
         by_expert = None                                                # (P,) pairs sorted by expert, made once
@@ -181,7 +190,7 @@ class MoE(nn.Module):
                 sel = torch.argsort(key, stable=True)[:start]           # (n,)
             xs = x.index_select(0, sel // k)                            # (n, D) token row of each pair
             ys.index_copy_(0, sel, grouped_ffn(xs, group, spans, list(accumulate(counts)),
-                                               self.routing.expert_kernel))
+                                               opts.expert_kernel))
             served.update(group.experts)
             computed += len(group.experts)
         assert computed == len(experts) and served == set(experts), \
@@ -245,9 +254,9 @@ class DecoderLayer(nn.Module):
         self.is_moe = layer >= cfg.first_k_dense_replace
         self.mlp = MoE(cfg, layer, routing) if self.is_moe else MLP(cfg, cfg.intermediate_size)
 
-    def forward(self, x, cos, sin, mask, cache, commit, rows, opts: ForwardOptions):
+    def forward(self, x, cos, sin, mask, cache, commit, rows, opts: ForwardOptions, step: StepInfo):
         x, h = self.attend(x, cos, sin, mask, cache, commit)
-        return x + (self.mlp(h, rows, opts) if self.is_moe else self.mlp(h))
+        return x + (self.mlp(h, rows, opts, step) if self.is_moe else self.mlp(h))
 
     def attend(self, x, cos, sin, mask, cache, commit):
         """The attention half: -> (x after the attention residual, its post-attention norm)."""
@@ -278,18 +287,6 @@ def block_causal_mask(q_pos, k_pos, k_valid, block: int) -> torch.Tensor:
     return (allowed & k_valid[:, None, :])[:, None]
 
 
-def routing_choice(name: str, choices: tuple[str, ...], what: str) -> property:
-    """A model attribute kept on its Routing, refused (one line, naming the choices) unless one of `choices`."""
-    def get(self) -> str:
-        return getattr(self.routing, name)
-
-    def put(self, value: str) -> None:
-        if value not in choices:
-            raise ValueError(f"unknown {what} {value!r}; choose one of {choices}")
-        setattr(self.routing, name, value)
-    return property(get, put)
-
-
 class LLaDA2MoE(nn.Module):
     """The whole model. Parameter names follow the released checkpoints (model.*, lm_head)."""
 
@@ -306,8 +303,6 @@ class LLaDA2MoE(nn.Module):
         self.slot_pool = SlotPool()
         self.programs = Programs()
 
-    expert_kernel = routing_choice("expert_kernel", EXPERT_KERNELS, "expert_kernel")   # grouped | loop
-
     @contextlib.contextmanager
     def listening(self, fn: Callable[[Demand], None]):
         """Call fn(demand) for every (forward, MoE layer) demand while the block runs."""
@@ -319,11 +314,13 @@ class LLaDA2MoE(nn.Module):
 
     @torch.no_grad()
     def forward(self, ids, pos, *, cache: KVCache | None = None, commit: int = 0, key_valid=None,
-                rows=None, logits_rows: slice | torch.Tensor | None = None, options: ForwardOptions = EAGER):
+                rows=None, logits_rows: slice | torch.Tensor | None = None, options: ForwardOptions = EAGER,
+                step: StepInfo = FIRST_STEP):
         """ids, pos (B, T). With a cache, keys are its prefix plus the fed tokens, and the first `commit`
         fed tokens are appended to it. key_valid (B, T) marks real fed tokens (right padding);
         rows (B, T) marks tokens whose routed experts are computed (None: all).
         logits_rows picks which fed positions get logits: a slice, or (B, n) gather indices.
+        step (the decoder's StepInfo of this forward) goes into every Demand the forward makes.
         options (artifact/model/options.py) say how this forward runs: with forward "segmented", a denoising
         forward over a cache runs as segments (artifact/model/segments.py), captured as CUDA graphs on a CUDA
         device; every other forward takes this eager path."""
@@ -332,14 +329,14 @@ class LLaDA2MoE(nn.Module):
             raise RuntimeError("model has no expert backend: load it with checkpoint.load_model")
         if cache is not None and commit:
             cache.check_commit(commit)
-        if opts.forward == "segmented" and segmented(self, cache, logits_rows, rows):
-            return run_segments(self, opts, ids, pos, cache=cache, commit=commit, key_valid=key_valid, rows=rows,
+        if opts.forward == "segmented" and segmented(step, cache, logits_rows, rows):
+            return run_segments(self, opts, step, ids, pos, cache=cache, commit=commit, key_valid=key_valid, rows=rows,
                                 logits_rows=logits_rows)
         x, cos, sin, mask = self.prologue(ids, pos, cache, key_valid)
         if rows is not None and rows.dtype == torch.bool:
             rows = routed_indices(rows)                                 # once per forward, for every MoE layer
         for layer in self.model.layers:
-            x = layer(x, cos, sin, mask, cache, commit, rows, opts)
+            x = layer(x, cos, sin, mask, cache, commit, rows, opts, step)
         if cache is not None and commit:
             cache.advance(commit)
         return self.head(x, logits_rows)
@@ -369,9 +366,9 @@ class LLaDA2MoE(nn.Module):
         return self.lm_head(self.model.norm(x)).float()                 # (B, n, V)
 
 
-def segmented(model: LLaDA2MoE, cache: KVCache | None, logits_rows, rows) -> bool:
+def segmented(step: StepInfo, cache: KVCache | None, logits_rows, rows) -> bool:
     """Whether forward "segmented" runs this forward as segments: a denoising forward over a prefix cache with a slice
     of logits (the shapes the decoder repeats every step). Prefill and the full (uncached) mode stay eager."""
-    return (cache is not None and model.routing.step.kind == "denoise"
+    return (cache is not None and step.kind == "denoise"
             and (logits_rows is None or isinstance(logits_rows, slice))
             and (rows is None or rows.dtype == torch.bool))

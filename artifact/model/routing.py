@@ -1,7 +1,8 @@
 """Routing: the router, its per-expert counts on the host, and the demand events it makes.
 
-One Demand per (forward, MoE layer): the decoder sets the StepInfo, the router fills the rest. Routing is
-what the MoE layers of one model share (the current step, who listens to demands, the next layer's router).
+One Demand per (forward, MoE layer): the decoder passes each forward its StepInfo (LLaDA2MoE.forward(...,
+step=...)), the router fills the rest. Routing is what the MoE layers of one model share (who listens to
+demands, the next layer's router, the host counts); nothing of one forward or one engine is kept there.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ class StepInfo:
     block: int          # block round of the decoder (-1 for prefill)
     block_step: int     # denoising step inside the block round (-1 for prefill)
     kind: str           # "prefill" | "denoise"
+
+
+FIRST_STEP = StepInfo(0, -1, -1, "denoise")    # the step of a forward called without one (a lone forward)
 
 
 @dataclass(frozen=True)
@@ -147,15 +151,13 @@ def predict_counts(next_router: Router, x: torch.Tensor, pair_valid: torch.Tenso
 
 
 class Routing:
-    """What the MoE layers of one model share: the current step, who listens to demands, the next MoE layer's
-    router, the expert kernel and the host counts. How a forward runs (its expert backend, the cross-layer
-    prediction, the forward mode) is not here: the forward's options carry it (artifact/model/options.py)."""
+    """What the MoE layers of one model share: who listens to demands, the next MoE layer's router and the host
+    counts. How a forward runs (its step, expert backend and kernel, the cross-layer prediction, the forward
+    mode) is not here: the forward's step and options carry it (artifact/model/options.py)."""
 
     def __init__(self):
-        self.step = StepInfo(0, -1, -1, "denoise")
         self.listeners: list[Callable[[Demand], None]] = []
         # Cross-layer prediction (ForwardOptions.predict_next): next_router maps a MoE layer to the next one's
         # router; kept here, not on the modules, so the routers are not registered twice in the state dict.
         self.next_router: dict[int, Router] = {}
-        self.expert_kernel = "grouped"      # "loop": one call per expert, kept to compare the two in one run
         self.host_counts = HostCounts()     # the router's counts to the host: the one sync per MoE layer

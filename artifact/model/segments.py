@@ -61,7 +61,7 @@ from artifact.model.capture import CudaCapture, Linter, capture, warm_up
 from artifact.model.experts import HAS_GROUPED_MM, expert_ffn, grouped_mm_ok
 from artifact.model.kv_cache import KVCache
 from artifact.model.options import ForwardOptions
-from artifact.model.routing import Demand, nonzero_counts
+from artifact.model.routing import Demand, StepInfo, nonzero_counts
 
 MAX_PROGRAMS = 8          # forward shapes kept per model (each holds its graphs' memory pool)
 RING = 64                 # pinned row-map buffers in flight on CUDA (a buffer is reused once its copy is done)
@@ -69,9 +69,11 @@ RING = 64                 # pinned row-map buffers in flight on CUDA (a buffer i
 
 @dataclass
 class SegmentCounts:
-    """What the segmented forward did: graphs captured and replayed, segments and stages run eagerly on CUDA
-    for want of a graph (a timed forward meeting an uncaptured shape, or capture off after an error), and
-    the model's capture error, if any (capture is then off for every shape of the model)."""
+    """What the segmented forward did: forwards run as segments (on any device: the CPU's are eager segments),
+    graphs captured and replayed, segments and stages run eagerly on CUDA for want of a graph (a timed forward
+    meeting an uncaptured shape, or capture off after an error), and the model's capture error, if any (capture
+    is then off for every shape of the model)."""
+    forwards: int = 0
     captures: int = 0
     replays: int = 0
     eager: int = 0
@@ -84,8 +86,8 @@ class SegmentCounts:
 
     def since(self, before: SegmentCounts) -> SegmentCounts:
         """The counts added since `before` (the error is the model's: kept)."""
-        return SegmentCounts(self.captures - before.captures, self.replays - before.replays,
-                             self.eager - before.eager, self.capture_error)
+        return SegmentCounts(self.forwards - before.forwards, self.captures - before.captures,
+                             self.replays - before.replays, self.eager - before.eager, self.capture_error)
 
 
 class Programs(OrderedDict):
@@ -141,6 +143,7 @@ class Program:
         self.warm = False                  # a warm-up run went by on the capture stream
         self.warming = False               # this run is the warm-up
         self.graphs: dict = {}
+        self.step: StepInfo | None = None  # the step of the forward now running (Program.run sets it)
         self.pool = None
         self.captures = 0
         self.replays = 0
@@ -160,7 +163,7 @@ class Program:
         hi = self.moe[i] if i < len(self.moe) else len(self.layers)
         cos, sin, mask = st["cos"], st["sin"], st["mask"]
         for layer in self.layers[lo:hi]:                                   # dense layers
-            x = layer(x, cos, sin, mask, self.cache, self.commit, None, self.opts)
+            x = layer(x, cos, sin, mask, self.cache, self.commit, None, self.opts, self.step)
         if i < len(self.moe):
             layer = self.layers[hi]
             x_res, h = layer.attend(x, cos, sin, mask, self.cache, self.commit)
@@ -287,11 +290,12 @@ class Program:
         ev.record()
         return dev
 
-    def run(self, ids, pos, key_valid, rows, cache: KVCache) -> torch.Tensor:
-        """One forward; `cache` holds the same device tensors as the program's (the key says so)."""
+    def run(self, step: StepInfo, ids, pos, key_valid, rows, cache: KVCache) -> torch.Tensor:
+        """One forward at `step`; `cache` holds the same device tensors as the program's (the key says so)."""
         self.load(ids, pos, key_valid, rows)
+        self.step = step
         self.warming = self.api is not None and not self.warm and self.opts.capture
-        grouped = self.model.expert_kernel == "grouped" and HAS_GROUPED_MM and grouped_mm_ok(self.st_probe())
+        grouped = self.opts.expert_kernel == "grouped" and HAS_GROUPED_MM and grouped_mm_ok(self.st_probe())
         for i in range(len(self.moe) + 1):
             self.launch(("segment", i), lambda i=i: self.segment(i))
             if i < len(self.moe):
@@ -302,6 +306,7 @@ class Program:
         self.warm = self.warm or self.warming
         self.warming = False
         self.runs += 1
+        self.all.counts.forwards += 1
         logits = self.st["logits"]
         return logits.clone() if self.cuda else logits
 
@@ -336,7 +341,7 @@ class Program:
         E = self.E
         predicted = nonzero_counts(per[E:]) if len(per) > E else None
         experts, demanded = nonzero_counts(per[:E])
-        demand = Demand(routing.step, self.moe[i], experts, demanded, predicted)
+        demand = Demand(self.step, self.moe[i], experts, demanded, predicted)
         for listener in routing.listeners:
             listener(demand)
         return per, demand
@@ -383,7 +388,7 @@ def program_key(model, opts: ForwardOptions, ids, cache: KVCache, commit: int, l
     B, T = ids.shape
     sl = (logits_rows.start, logits_rows.stop, logits_rows.step) if logits_rows is not None else None
     return (B, T, commit, cache.positions, cache.k[0].data_ptr(), cache.lens.data_ptr(), sl, opts.predict_next,
-            model.expert_kernel)
+            opts.expert_kernel)
 
 
 def programs(model) -> Programs:
@@ -391,10 +396,10 @@ def programs(model) -> Programs:
     return model.programs
 
 
-def run_segments(model, opts: ForwardOptions, ids, pos, *, cache: KVCache, commit: int = 0, key_valid=None,
-                 rows=None, logits_rows: slice | None = None) -> torch.Tensor:
+def run_segments(model, opts: ForwardOptions, step: StepInfo, ids, pos, *, cache: KVCache, commit: int = 0,
+                 key_valid=None, rows=None, logits_rows: slice | None = None) -> torch.Tensor:
     """LLaDA2MoE.forward for forward "segmented" (see the module docstring); the same logits as the eager
-    forward. `opts` carries the forward's backend."""
+    forward. `opts` carries the forward's backend and kernel, `step` its StepInfo."""
     progs = programs(model)
     key = program_key(model, opts, ids, cache, commit, logits_rows)
     prog = progs.get(key)
@@ -405,5 +410,5 @@ def run_segments(model, opts: ForwardOptions, ids, pos, *, cache: KVCache, commi
     else:
         progs.move_to_end(key)
         prog.opts = opts                   # the same key: the same shapes and prediction; the backend may be new
-    return prog.run(ids, pos, key_valid, rows, cache)
+    return prog.run(step, ids, pos, key_valid, rows, cache)
 

@@ -1,7 +1,12 @@
-"""Run prompts through the model, resident or offloaded, and collect tokens, statistics and a trace.
+"""Decode prompts through the model, resident or offloaded, and collect tokens, statistics and a trace.
 
 This is the one place that wires checkpoint -> backend (resident or engine + cache + policy + link)
--> decoder -> stats and trace; the CLI, the benchmark runner and the notebooks all call it.
+-> decoder -> stats and trace; the CLI, the benchmark runner and the notebooks all call decode_prompts.
+
+How a run decodes is one frozen RunOptions (decoding, device, forward mode, capture, expert kernel), made once
+where the run is set up (Settings.run_options() for a profile, the CLI from its flags) and passed whole: every
+forward's ForwardOptions is made from it in one place (RunOptions.forward_options), so no entry point can drop
+the forward mode. What is offloaded (OffloadSpec), recorded and which prompts are the call's own arguments.
 """
 from __future__ import annotations
 
@@ -16,10 +21,10 @@ from artifact.errors import DeviceError, SettingError
 from artifact.model.checkpoint import Loaded
 from artifact.model.config import ModelConfig
 from artifact.model.decode import MAX_BATCH, DecodeConfig, DecodeStats, generate
-from artifact.model.experts import ResidentExperts
-from artifact.model.options import DEFAULT_FORWARD, FORWARD_MODES, ForwardOptions
+from artifact.model.experts import ExpertBackend, ResidentExperts
+from artifact.model.options import DEFAULT_FORWARD, DEFAULT_KERNEL, ForwardOptions
 from artifact.model.segments import SegmentCounts
-from artifact.offload.backend.engine import OffloadEngine, offload
+from artifact.offload.backend.engine import OffloadEngine, install, offload
 from artifact.offload.links.link import LINKS, PCIE_LATENCY_US, emulated_bandwidth_gbps
 from artifact.offload.links.link_factory import make_link
 from artifact.offload.links.timeline import PRIORITIES
@@ -131,6 +136,40 @@ class OffloadSpec:
         check_number("tau", self.tau, low=1, integer=True)
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How every forward of a run decodes and computes. Built once per entry point: Settings.run_options() for a
+    profile's runs, the CLI from its flags; a test or a script makes one by hand.
+
+      decode         the decoder's settings (DecodeConfig: length, steps, threshold, and `mode`, cached | full: its
+                     prefix KV cache use, not the forward mode; the name stays, as every trace's meta, profile and
+                     bench fingerprint stores it)
+      device         cpu | cuda | cuda:N: where the model computes
+      forward        eager | segmented (FORWARD_MODES, artifact/model/options.py)
+      capture        segmented on CUDA: whether a forward may capture a graph; False for a timed or profiled
+                     run (a shape not captured earlier then runs eagerly, counted in RunResult.segments)
+      expert_kernel  grouped | loop (EXPERT_KERNELS): how a group of experts computes
+
+    The forward mode and kernel are checked where a ForwardOptions is made (check_forward, check_kernel), which
+    making a RunOptions does at once: a bad value fails here, before any weight is read."""
+    decode: DecodeConfig = DecodeConfig()
+    device: str = "cpu"
+    forward: str = DEFAULT_FORWARD
+    capture: bool = True
+    expert_kernel: str = DEFAULT_KERNEL
+
+    def __post_init__(self):
+        if not isinstance(self.decode, DecodeConfig):
+            raise SettingError(f"RunOptions.decode must be a DecodeConfig, got {type(self.decode).__name__}")
+        self.forward_options()
+
+    def forward_options(self, backend: ExpertBackend | None = None, predict_next: bool = False) -> ForwardOptions:
+        """The options every forward of the run gets (the one place a run makes them): the run's mode, capture
+        and kernel, with its expert backend and whether demands carry the next layer's prediction."""
+        return ForwardOptions(self.forward, predict_next=predict_next, backend=backend, capture=self.capture,
+                              expert_kernel=self.expert_kernel)
+
+
 def check_device(device: str) -> None:
     try:
         kind = torch.device(device).type
@@ -230,19 +269,22 @@ def check_oracle_trace(trace: Trace, meta: dict) -> None:
                          "with the same model, prompts, batch size and decoding settings")
 
 
-def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeConfig = DecodeConfig(),
-        spec: OffloadSpec | None = None, device: str = "cpu", oracle: Trace | None = None,
-        record: bool = False, prompt_ids: list[str] | None = None, task: str | None = None,
-        record_logits: bool = False, forward: str = DEFAULT_FORWARD, capture: bool = True) -> RunResult:
-    """Decode `prompts` in batches of `batch_size`; offloaded when `spec` is given. Every forward runs with
-    `forward` (FORWARD_MODES, artifact/model/options.py); capture=False (a timed or profiled run) lets no
-    forward capture a CUDA graph: shapes not captured by an earlier run run eagerly, counted in `segments`."""
+def decode_prompts(loaded: Loaded, prompts: list[list[int]], batch_size: int, options: RunOptions, *,
+                   spec: OffloadSpec | None = None, oracle: Trace | None = None, record: bool = False,
+                   record_logits: bool = False, prompt_ids: list[str] | None = None,
+                   task: str | None = None) -> RunResult:
+    """Decode `prompts` in batches of `batch_size` as `options` say (RunOptions: decoding, device, forward mode,
+    capture, kernel). Offloaded when `spec` is given (an oracle policy reads `oracle`, a trace of an identical
+    earlier run); record: the routing trace (RunResult.trace), record_logits: every step's logits
+    (RunResult.generations); prompt_ids and task name the prompts in the trace's meta."""
+    if not isinstance(options, RunOptions):
+        raise SettingError(f"decode_prompts takes a RunOptions as its 4th argument, got {type(options).__name__} "
+                           "(a DecodeConfig goes inside it: RunOptions(decode=dc, ...))")
     if batch_size < 1 or batch_size > MAX_BATCH:
         raise SettingError(f"batch size must be 1-{MAX_BATCH}, got {batch_size}")
     if not prompts:
         raise SettingError("no prompts to run")
-    if forward not in FORWARD_MODES:
-        raise SettingError(f"unknown forward mode {forward!r}; choose one of {FORWARD_MODES}")
+    device, dc = options.device, options.decode
     check_device(device)
     cfg = loaded.cfg
     prompt_ids = prompt_ids or [f"prompt{i}" for i in range(len(prompts))]
@@ -251,29 +293,29 @@ def run(loaded: Loaded, prompts: list[list[int]], batch_size: int, dc: DecodeCon
     engine = make_engine(loaded, spec, oracle, meta, device) if spec is not None else None
     if engine is None and not isinstance(model.backend, ResidentExperts):
         # Kept after the run: moving every expert to the device is worth doing once, not per run.
-        model.backend = ResidentExperts(loaded.experts.to(device), cfg)
+        install(model, ResidentExperts(loaded.experts.to(device), cfg))
     recorder = TraceRecorder() if record else None
     # Cross-layer predictions (Demand.predicted): recorded in every trace (schema 2) so the simulator can
     # replay the cross_layer policy, and computed for a policy that reads them live.
     predict = record or bool(spec is not None and check_policy(spec.policy).needs_prediction)
-    options = ForwardOptions(forward, predict_next=predict, backend=engine or model.backend, capture=capture)
+    forward_options = options.forward_options(engine or model.backend, predict)
     before = dataclasses.replace(model.programs.counts)
     gens = []
     try:
         with model.listening(recorder) if recorder else contextlib.nullcontext():
             for i in range(0, len(prompts), batch_size):
                 gens.append(generate(model, prompts[i:i + batch_size], dc, record_logits=record_logits,
-                                     options=options))
+                                     options=forward_options))
         engine_stats = engine.finish() if engine else {}
     finally:
         if engine is not None:
             engine.link.close()
-    stats = merge_stats([g.stats for g in gens], forward)
+    stats = merge_stats([g.stats for g in gens], options.forward)
     if spec is not None:
         stats = dataclasses.replace(stats, **engine_stats, policy=spec.policy, link=spec.link,
                                     link_priority=spec.link_priority, offload=True,
                                     link_bandwidth_gbps=getattr(engine.link, "bandwidth_gbps", None))
-    segments = model.programs.counts.since(before) if forward == "segmented" else None
+    segments = model.programs.counts.since(before) if options.forward == "segmented" else None
     trace = recorder.trace(meta) if recorder else None
     return RunResult([t for g in gens for t in g.tokens], stats, trace, gens, segments)
 
@@ -292,7 +334,7 @@ def make_engine(loaded: Loaded, spec: OffloadSpec, oracle: Trace | None, meta: d
                       lookahead=spec.lookahead, tau=spec.tau)
     link = make_link(spec.link, device=device, bandwidth_gbps=spec.bandwidth_gbps, latency_us=spec.latency_us,
                      cap_gbps=spec.cap_gbps, expert_bytes=meta["expert_bytes"], priority=spec.link_priority)
-    return offload(loaded.model, loaded.experts, spec.capacity, pol, link, device, install=False)
+    return offload(loaded.model, loaded.experts, spec.capacity, pol, link, device)
 
 
 def merge_stats(parts: list[DecodeStats], forward: str = DEFAULT_FORWARD) -> RunStats:

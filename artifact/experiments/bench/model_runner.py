@@ -2,7 +2,8 @@
 
 ModelRunner loads the profile's checkpoint once (after every check `prepare` can make before the weights
 are read), traces each (task, batch size) once to measure W (the run doubles as the warm-up and its trace
-feeds the oracle), and runs one policy at a capacity, returning a row of the result file's STAT_COLUMNS.
+feeds the oracle), and measures one policy at a capacity (ModelRunner.measure), returning a row of the result
+file's STAT_COLUMNS.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from artifact.model.tasks import prompts, tokens_sha
 from artifact.offload.policy.policies import check_policy
 from artifact.offload.prepare import prepare
 from artifact.offload.replay.trace import mean_working_set
-from artifact.offload.runner import OffloadSpec, check_device, run
+from artifact.offload.runner import OffloadSpec, check_device, decode_prompts
 
 
 def usable_core_ids() -> list[int]:
@@ -65,7 +66,7 @@ def host_medians(host_ms: list[float], wall_ms: list[float]) -> dict:
 
 class ModelRunner:
     """Runs a profile's cells on a model. Tests may substitute an object with the same `meta`,
-    `num_experts`, `working_set` and `run`."""
+    `num_experts`, `working_set` and `measure`."""
 
     def __init__(self, P: Settings, loaded=None):
         if P.model is None:
@@ -82,7 +83,7 @@ class ModelRunner:
         cfg = self.loaded.cfg
         self.num_experts = cfg.num_experts
         self.expert_bytes = cfg.expert_params * self.loaded.experts.element_size()
-        self.dc = P.decode_config()
+        self.options = P.run_options()       # every run of the bench decodes so: the profile's forward mode too
         self.meta = {"model": cfg.name, "model_hash": cfg.config_hash(),
                      "weights_fingerprint": weights_fingerprint(self.loaded.path) if self.loaded.path else "none",
                      "dtype": str(self.loaded.experts.dtype).removeprefix("torch."), "device": P.device,
@@ -107,21 +108,21 @@ class ModelRunner:
             spec = None
             if P.trace_capacity is not None:
                 spec = self.spec(min(P.trace_capacity, self.num_experts))
-            res = run(self.loaded, ps, batch_size, self.dc, spec=spec, device=P.device, record=True,
-                      prompt_ids=ids, task=task)
+            res = decode_prompts(self.loaded, ps, batch_size, self.options, spec=spec, record=True, prompt_ids=ids,
+                                 task=task)
             self._group = ((task, batch_size), mean_working_set(res.trace), ids, ps, res.trace)
         return self._group
 
     def working_set(self, task: str, batch_size: int) -> float:
         return self._prompts(task, batch_size)[1]
 
-    def run(self, cell: Cell, policy: str, capacity: int) -> dict:
-        P = self.P
+    def measure(self, cell: Cell, policy: str, capacity: int) -> dict:
+        """One run of `policy` at `capacity` on the cell's prompts: its row of STAT_COLUMNS (and phases, host ms)."""
         _, _, ids, ps, trace = self._prompts(cell.task, cell.batch_size)
         spec = self.spec(capacity, policy, cell.bandwidth_scale)
         oracle = trace if check_policy(policy).needs_trace else None
-        res = run(self.loaded, ps, cell.batch_size, self.dc, spec=spec, device=P.device, oracle=oracle,
-                  prompt_ids=ids, task=cell.task, forward=P.forward)
+        res = decode_prompts(self.loaded, ps, cell.batch_size, self.options, spec=spec, oracle=oracle,
+                             prompt_ids=ids, task=cell.task)
         out = {k: getattr(res.stats, k, None) for k in STAT_COLUMNS}
         out.update(phase_stats(res.stats.by_phase))
         out["tokens"] = res.stats.tokens_generated

@@ -149,12 +149,12 @@ def measure_cell(runner, cell: Cell, policies: list[str], repetitions: int, warm
     C = capacity_for(cell.cache_ratio, W, runner.num_experts)
     for _ in range(warmup):
         for pol in policies:
-            runner.run(cell, pol, C)
+            runner.measure(cell, pol, C)
             on_run()
     rows = []
     for r in range(repetitions):
         for pos, pol in enumerate(slot_order(policies, rotation * repetitions + r)):
-            s = runner.run(cell, pol, C)
+            s = runner.measure(cell, pol, C)
             rows.append({**meta, "task": cell.task, "batch_size": cell.batch_size,
                          "cache_ratio": cell.cache_ratio, "bandwidth_scale": cell.bandwidth_scale,
                          "policy": pol, "rep": r, "order": pos, "working_set": W, "cache_experts": C, **s})

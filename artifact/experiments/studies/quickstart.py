@@ -14,7 +14,7 @@ from artifact.experiments.settings import Settings
 from artifact.model.tasks import prompts
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import mean_working_set
-from artifact.offload.runner import run
+from artifact.offload.runner import decode_prompts
 
 STAT_KEYS = ("tokens_generated", "forwards", "tokens_per_second", "demand_hits", "demand_misses", "stall_seconds",
              "link_busy_seconds", "achieved_gbps")
@@ -25,15 +25,15 @@ def quickstart(P: Settings, cache_ratio: float = 0.5) -> dict:
     loaded = load_model(P)
     task = P.tasks[0]
     ids, ps = prompts(loaded.tokenizer, task, 1, P.seed, P.max_prompt_tokens)
-    dc = P.decode_config()
-    resident = run(loaded, ps, 1, dc, device=P.device, record=True, prompt_ids=ids, task=task)
+    options = P.run_options()
+    resident = decode_prompts(loaded, ps, 1, options, record=True, prompt_ids=ids, task=task)
     W = mean_working_set(resident.trace)
     C = capacity_for(cache_ratio, W, loaded.cfg.num_experts)
-    offloaded = run(loaded, ps, 1, dc, spec=offload_spec(P, loaded, C), device=P.device, prompt_ids=ids, task=task)
+    offloaded = decode_prompts(loaded, ps, 1, options, spec=offload_spec(P, loaded, C), prompt_ids=ids, task=task)
     return {"task": task, "prompt_id": ids[0], "text": loaded.tokenizer.decode(resident.tokens[0]),
             "working_set": W, "cache_ratio": cache_ratio, "cache_experts": C, "num_experts": loaded.cfg.num_experts,
             "resident": resident.stats.as_dict(), "offloaded": offloaded.stats.as_dict(),
-            "same_tokens": resident.tokens == offloaded.tokens}
+            "same_tokens": resident.tokens == offloaded.tokens, "segments": (resident.segments, offloaded.segments)}
 
 
 def generated(q: dict, P: Settings) -> str:

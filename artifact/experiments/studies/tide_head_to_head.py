@@ -92,9 +92,9 @@ def tide_released(P: Settings, progress: bool = True) -> list[dict]:
     rows = []
     for r in RATIOS:
         C = capacity_for(r, W, loaded.cfg.num_experts)
-        rows += compare_with_engine(loaded, P.tide_path, ps, C, JUMP_STEPS, P.decode_config(), tau=P.tau,
-                                    reps=P.repetitions,
-                                    task=task, cache_ratio=r, device=P.device, dtype=P.torch_dtype, progress=progress)
+        rows += compare_with_engine(loaded, P.tide_path, ps, C, JUMP_STEPS, P.run_options(), tau=P.tau,
+                                    reps=P.repetitions, task=task, cache_ratio=r, dtype=P.torch_dtype,
+                                    progress=progress)
     return rows
 
 

@@ -41,7 +41,8 @@ Differences that matter for a fair reading (each handled or recorded):
 
 Use (notebook 05; the profile key tide_path names the checkout, run where TIDE's requirements are met):
     loaded = load_checkpoint(profile["model"], dtype="bfloat16", device="cuda", resident=False)
-    rows = compare_with_engine(loaded, profile["tide_path"], prompts, budget_experts=C, jump_steps=tau, dc=dc)
+    rows = compare_with_engine(loaded, profile["tide_path"], prompts, budget_experts=C, jump_steps=tau,
+                               options=RunOptions(dc, "cuda"))
     parts = speedup_parts(rows)      # speedup_total = speedup_kv_cache x speedup_offload
 """
 from __future__ import annotations
@@ -71,7 +72,7 @@ from artifact.model.checkpoint import parse_dtype
 from artifact.model.config import ModelConfig
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import tokens_sha
-from artifact.offload.runner import OffloadSpec, RunSettings, expert_bytes, run
+from artifact.offload.runner import OffloadSpec, RunOptions, RunSettings, decode_prompts, expert_bytes
 
 JUMP_STEPS = (1, 2, 4)      # TIDE's defaults (enable_predictive_expert_offload: 1, main.py: 2) and our tau
 # Per-step counters of TIDE's MoE blocks (summed over layers; summed over steps here).
@@ -249,15 +250,16 @@ def run_tide(tide_path, checkpoint, prompts: list[list[int]], budget_experts: in
     return [run.measure(prompts, rep, task, cache_ratio)[0] for rep in range(reps)]
 
 
-def engine_row(loaded, prompts: list[list[int]], budget_experts: int, dc: DecodeConfig, *, policy: str = "demand",
-               tau: int = 4, device: str = "cuda", rep: int = 0, task: str | None = None,
+def engine_row(loaded, prompts: list[list[int]], budget_experts: int, options: RunOptions, *,
+               policy: str = "demand", tau: int = 4, rep: int = 0, task: str | None = None,
                cache_ratio: float | None = None) -> tuple[dict, list[list[int]]]:
-    """Our engine at the same budget, batch size 1, in the benchmark row format (CUDA link on a GPU,
-    the emulated link on the CPU)."""
-    link = "cuda" if torch.device(device).type == "cuda" else "emulated"
+    """Our engine at the same budget, batch size 1, decoding as `options` say (RunOptions: decoding, device,
+    forward mode), in the benchmark row format (CUDA link on a GPU, the emulated link on the CPU)."""
+    dc = options.decode
+    link = "cuda" if torch.device(options.device).type == "cuda" else "emulated"
     spec = OffloadSpec.from_settings(RunSettings(link=link, tau=tau), budget_experts, policy,
                                      expert_bytes=expert_bytes(loaded))
-    res = run(loaded, prompts, 1, dc, spec=spec, device=device, task=task)
+    res = decode_prompts(loaded, prompts, 1, options, spec=spec, task=task)
     row = {"system": "engine", "policy": policy, "mode": dc.mode, "task": task, "batch_size": 1,
            "cache_ratio": cache_ratio, "cache_experts": budget_experts, "rep": rep, "prompts": len(prompts),
            "gen_length": dc.gen_length, "steps": dc.steps, "threshold": dc.threshold}
@@ -268,19 +270,25 @@ def engine_row(loaded, prompts: list[list[int]], budget_experts: int, dc: Decode
     return row, res.tokens
 
 
+ON_CUDA = RunOptions(device="cuda")          # compare_with_engine's default: the paper's decoding, on the GPU
+
+
 def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_experts: int,
-                        jump_steps: int | Sequence[int] = JUMP_STEPS, dc: DecodeConfig = DecodeConfig(), *,
-                        checkpoint=None, reps: int = 3, policies: tuple[str, ...] = ("demand",), tau: int = 4,
-                        task: str | None = None, cache_ratio: float | None = None, device: str = "cuda",
-                        dtype: str = "bfloat16", threads: int | None = None, progress: bool = True) -> list[dict]:
+                        jump_steps: int | Sequence[int] = JUMP_STEPS, options: RunOptions = ON_CUDA,
+                        *, checkpoint=None, reps: int = 3, policies: tuple[str, ...] = ("demand",), tau: int = 4,
+                        task: str | None = None, cache_ratio: float | None = None, dtype: str = "bfloat16",
+                        threads: int | None = None, progress: bool = True) -> list[dict]:
     """Engine cached, engine full and TIDE released at each of `jump_steps` (default JUMP_STEPS), at one
     budget, interleaved by repetition (the order rotates each rep, so drift hits all alike). `loaded` is
     our model (load_checkpoint(..., resident=False)); both models sit in host memory at once. `tau` is the
     engine's interval_refresh period (only that policy reads it). TIDE runs with `threads` torch threads
     (default: the machine's cores), the engine with the caller's setting. TIDE rows get
     same_tokens_as_engine: the share of prompts where TIDE decoded exactly the engine's full-mode tokens
-    (bf16 numerics may differ)."""
+    (bf16 numerics may differ). `options` (RunOptions) are our engine's: TIDE decodes with their decoding
+    settings on their device; the engine also with their forward mode (each decoding mode in turn).
+    """
     _check_prompts(prompts, reps)
+    dc, device = options.decode, options.device
     sweep = (jump_steps,) if isinstance(jump_steps, int) else tuple(jump_steps)
     if not sweep or len(set(sweep)) != len(sweep):
         raise ValueError(f"jump_steps must be one integer or distinct integers, got {jump_steps!r}")
@@ -304,8 +312,8 @@ def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_expe
     run = open_tide(tide_path, checkpoint, budget_experts, sweep[0], dc, device=device, dtype=dtype,
                     mask_id=loaded.cfg.mask_token_id, eos_id=loaded.cfg.eos_token_id,
                     block_length=loaded.cfg.block_length, warmup_prompt=prompts[0], threads=threads)
-    engine_row(loaded, prompts[:1], budget_experts, replace(dc, gen_length=loaded.cfg.block_length),
-               device=device)                                           # warm-up, as for TIDE
+    warm = replace(options, decode=replace(dc, gen_length=loaded.cfg.block_length))
+    engine_row(loaded, prompts[:1], budget_experts, warm)             # warm-up, as for TIDE
     jobs = [("engine", mode, p) for p in policies for mode in ("cached", "full")]
     jobs += [("tide_released", "full", j) for j in sweep]
     rows = []
@@ -314,9 +322,9 @@ def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_expe
         engine_tokens, tide_rows = None, []
         for order, (system, mode, arg) in enumerate(jobs[shift:] + jobs[:shift]):
             if system == "engine":
-                row, toks = engine_row(loaded, prompts, budget_experts, replace(dc, mode=mode),
-                                       policy=arg, tau=tau, device=device, rep=rep, task=task,
-                                       cache_ratio=cache_ratio)
+                row, toks = engine_row(loaded, prompts, budget_experts,
+                                       replace(options, decode=replace(dc, mode=mode)), policy=arg, tau=tau,
+                                       rep=rep, task=task, cache_ratio=cache_ratio)
                 if mode == "full" and engine_tokens is None:
                     engine_tokens = toks
             else:

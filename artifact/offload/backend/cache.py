@@ -216,6 +216,26 @@ class LayerCache:
     def resident(self) -> np.ndarray:
         return self.expert_in[:self.filled]
 
+    def check(self) -> None:
+        """Raise RuntimeError, naming what is wrong, unless the slots and the experts are one bijection: slots
+        [0, filled) each hold a distinct expert, slots [filled, C) hold none, and slot_of maps exactly the
+        resident experts back to their slots (EMPTY for every other expert)."""
+        held = self.expert_in[:self.filled]
+        if not 0 <= self.filled <= self.capacity:
+            raise RuntimeError(f"layer cache: filled = {self.filled} outside [0, {self.capacity}]")
+        if (held == EMPTY).any() or (self.expert_in[self.filled:] != EMPTY).any():
+            raise RuntimeError(f"layer cache: the slots in use are not exactly [0, {self.filled}): "
+                               f"expert_in = {self.expert_in.tolist()}")
+        if len(np.unique(held)) != len(held):
+            raise RuntimeError(f"layer cache: an expert sits in two slots: expert_in = {held.tolist()}")
+        wrong = [(int(e), s, int(self.slot_of[e])) for s, e in enumerate(held) if self.slot_of[e] != s]
+        if wrong:
+            raise RuntimeError(f"layer cache: slot_of disagrees with expert_in (expert, slot, slot_of): {wrong}")
+        stray = np.flatnonzero(self.slot_of != EMPTY)
+        if len(stray) != len(held):
+            extra = sorted(set(stray.tolist()) - set(held.tolist()))
+            raise RuntimeError(f"layer cache: slot_of gives a slot to experts in none: {extra}")
+
 
 class ExpertCache:
     """C slots for each MoE layer, driven by one policy. `serve` takes the model's Demand (model layer

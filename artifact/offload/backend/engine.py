@@ -27,7 +27,7 @@ from operator import itemgetter
 
 import torch
 
-from artifact.model.experts import EXPERT_KERNELS, ExpertGroup, SlotPool, stack_views
+from artifact.model.experts import ExpertGroup, SlotPool, stack_views
 from artifact.model.routing import Demand
 from artifact.offload.backend.cache import EMPTY, ExpertCache, Plan
 from artifact.offload.backend.store import HostStore, check_slots_fit
@@ -251,20 +251,18 @@ class OffloadEngine:
                 "achieved_gbps": link.achieved_gbps, "cache_experts": self.cache.capacity}
 
 
-def offload(model, experts: torch.Tensor, capacity: int, policy, link: Link, device="cpu",
-            expert_kernel: str | None = None, install: bool = True) -> OffloadEngine:
-    """An offloaded engine over the packed host experts, its slots from the model's slot pool; with install,
-    it replaces `model`'s own expert backend (else the caller passes it in a forward's options).
-    expert_kernel ("grouped" | "loop"), if given, sets how the model computes a group."""
+def offload(model, experts: torch.Tensor, capacity: int, policy, link: Link, device="cpu") -> OffloadEngine:
+    """An offloaded engine over the packed host experts, its slots from the model's slot pool. The model is left
+    as it is: pass the engine in a forward's options (ForwardOptions.backend; a run does), or install it."""
     cfg = model.cfg
-    if expert_kernel is not None:
-        if expert_kernel not in EXPERT_KERNELS:
-            raise ValueError(f"unknown expert_kernel {expert_kernel!r}; choose one of {EXPERT_KERNELS}")
-        model.expert_kernel = expert_kernel
     check_slots_fit(cfg, capacity, experts.dtype, device, weights_loaded=True)
     store = HostStore(experts, cfg.moe_layers, pin=torch.device(device).type == "cuda")
     cache = ExpertCache(cfg.moe_layers, cfg.num_experts, capacity, policy, store.expert_bytes)
-    engine = OffloadEngine(store, cache, link, cfg, device, slot_pool=model.slot_pool)
-    if install:
-        model.backend = engine
-    return engine
+    return OffloadEngine(store, cache, link, cfg, device, slot_pool=model.slot_pool)
+
+
+def install(model, backend):
+    """Make `backend` (an offloaded engine, or resident experts) the model's own expert backend, used by every
+    forward whose options name none; returns the backend it replaces, to put back (install(model, previous))."""
+    previous, model.backend = model.backend, backend
+    return previous

@@ -31,7 +31,7 @@ from artifact.model.tasks import prompts
 from artifact.offload.links.costs import Costs, Hardware, Shape
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import Trace, mean_working_set
-from artifact.offload.runner import OffloadSpec, run
+from artifact.offload.runner import OffloadSpec, decode_prompts
 from artifact.offload.trace_engine import calibrate
 
 # --- validation on the cpu profile -----------------------------------------------------------------
@@ -48,16 +48,16 @@ def cpu_emulated(P: Settings, loaded, ps: list[list[int]], batch_size: int = 1, 
     runs on a link too fast to wait on at two C (demand) give the host time per copy (the slope of time on
     copies) and the compute; trace_engine.calibrate's resident run splits that compute between the experts and
     the rest (its share of expert time)."""
-    dc = P.decode_config()
-    cal = calibrate(loaded, ps, dc, batch_size)
+    options = P.run_options()
+    cal = calibrate(loaded, ps, options.decode, batch_size)
     if trace is None:
-        trace = run(loaded, ps, batch_size, dc, device=P.device, record=True).trace
+        trace = decode_prompts(loaded, ps, batch_size, options, record=True).trace
     W = mean_working_set(trace)
     points = []
     for ratio in (0.43, 3.0):
         C = capacity_for(ratio, W, loaded.cfg.num_experts)
         spec = OffloadSpec(C, "demand", **FAST_LINK)
-        res = [run(loaded, ps, batch_size, dc, spec=spec, device=P.device) for _ in range(reps + 1)][1:]
+        res = [decode_prompts(loaded, ps, batch_size, options, spec=spec) for _ in range(reps + 1)][1:]
         best = min(res, key=lambda r: r.stats.seconds).stats
         points.append((best.transfers, best.seconds, best.demand_hits + best.demand_misses))
     (x1, t1, accesses), (x2, t2, _) = points
@@ -82,14 +82,14 @@ def validate_cpu(P: Settings, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLI
     loaded = load_model(P)
     task = P.tasks[0]
     _, ps = prompts(loaded.tokenizer, task, n_prompts, P.seed, P.max_prompt_tokens)
-    dc = P.decode_config()
+    options = P.run_options()
     shp = shape("tiny") if loaded.cfg.name == "tiny" else Shape.of(loaded.cfg, 4)
     costs, sources = {}, []
     traces: dict[int, Trace] = {}
     for b in batch_sizes:                  # compute per demand grows with the batch: calibrated per batch size
         # The routing of every run of this batch size (offloading changes time, never results); measured runs
         # do not record, since recording also computes each layer's cross-layer prediction.
-        traces[b] = run(loaded, ps, b, dc, device=P.device, record=True, task=task).trace
+        traces[b] = decode_prompts(loaded, ps, b, options, record=True, task=task).trace
         hw, source = cpu_emulated(P, loaded, ps, b, trace=traces[b])
         costs[b] = Costs(hw, shp)
         sources.append(f"batch {b}: {source}")
@@ -102,7 +102,7 @@ def validate_cpu(P: Settings, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLI
         order = slot_order(policies, P.rotation * repetitions + rep)
         for policy in order:
             spec = offload_spec(P, loaded, C, policy)
-            res = run(loaded, ps, b, dc, spec=spec, device=P.device, task=task)
+            res = decode_prompts(loaded, ps, b, options, spec=spec, task=task)
             m = model_run(t, costs[b], C, policy, P.link_priority)
             s = res.stats
             rows.append({"task": task, "batch_size": b, "cache_ratio": ratio, "bandwidth_scale": 1.0,
