@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
 from artifact.model.routing import StepInfo
-from artifact.offload.backend.cache import EMPTY, ExpertCache, LayerCache
+from artifact.offload.backend.cache import ExpertCache, LayerCache
+from artifact.offload.backend.plans import EMPTY
 from artifact.offload.backend.store import HostStore
 from artifact.offload.links.link import EmulatedLink, emulated_bandwidth_gbps
 from artifact.offload.links.link_factory import make_link

@@ -21,7 +21,7 @@ from artifact.experiments.bench.results import (
 from artifact.experiments.settings import load_profile
 from artifact.model.decode import DecodeConfig
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.backend.cache import COUNTS, PHASES
+from artifact.offload.backend.plans import COUNTS, PHASES
 from artifact.offload.policy.policies import check_policy
 from artifact.offload.replay.bounds import relaxed_min
 from artifact.offload.replay.sim import (

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.backend.cache import COUNTS, EMPTY, PHASES, ExpertCache, phase_of
+from artifact.offload.backend.cache import ExpertCache
+from artifact.offload.backend.plans import COUNTS, EMPTY, PHASES, phase_of
 from artifact.offload.policy.policies import (
     POLICIES,
     DemandPolicy,

@@ -227,7 +227,12 @@ def add_forward_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_cli(sub) -> None:
-    """Register `generate`, `trace` and `simulate`."""
+    """Register `generate`, `trace`, `simulate` and `export-trace`."""
+    for register in (_add_generate, _add_trace, _add_simulate, _add_export_trace):
+        register(sub)
+
+
+def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="decode prompts (resident or offloaded) and print tokens and stats")
     add_model_args(g)
     add_decode_args(g)
@@ -242,6 +247,8 @@ def add_cli(sub) -> None:
     add_threads_arg(g)
     g.set_defaults(fn=cmd_generate)
 
+
+def _add_trace(sub) -> None:
     t = sub.add_parser("trace", help="record the routing trace of a task run")
     add_model_args(t)
     add_decode_args(t)
@@ -255,6 +262,8 @@ def add_cli(sub) -> None:
     add_threads_arg(t)
     t.set_defaults(fn=cmd_trace)
 
+
+def _add_simulate(sub) -> None:
     s = sub.add_parser("simulate", help="replay traces through policies and capacities (exact miss counts)")
     s.add_argument("--trace", type=Path, action="append", required=True)
     cap = s.add_mutually_exclusive_group()
@@ -278,6 +287,8 @@ def add_cli(sub) -> None:
     add_threads_arg(s)
     s.set_defaults(fn=cmd_simulate)
 
+
+def _add_export_trace(sub) -> None:
     x = sub.add_parser("export-trace", help="write a trace as per-layer request streams for libCacheSim "
                                             "(hits-first feed)")
     x.add_argument("--trace", type=Path, required=True)

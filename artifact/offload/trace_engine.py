@@ -32,8 +32,9 @@ from artifact.model.decode import generate
 from artifact.model.experts import ExpertWeights, ResidentExperts, expert_ffn, expert_views
 from artifact.model.options import ForwardOptions
 from artifact.model.routing import Demand
-from artifact.offload.backend.cache import PHASES, ExpertCache
+from artifact.offload.backend.cache import ExpertCache
 from artifact.offload.backend.engine import OffloadEngine
+from artifact.offload.backend.plans import PHASES
 from artifact.offload.backend.store import HostStore
 from artifact.offload.links.costs import Costs
 from artifact.offload.links.link_factory import make_link

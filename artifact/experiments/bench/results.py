@@ -23,7 +23,7 @@ from artifact.experiments.bench.grid import Cell, cell_key, cell_keys, shard_fil
 from artifact.experiments.settings import Settings, fingerprint
 from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS
 from artifact.model.options import DEFAULT_FORWARD
-from artifact.offload.backend.cache import COUNTS, PHASES
+from artifact.offload.backend.plans import COUNTS, PHASES
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsync_dir, refuse_overwrite
 
 # Profile keys that change what a run measures: a result file made under other values cannot be
@@ -38,7 +38,7 @@ RUN_COLUMNS = ("policy", "rep", "order", "working_set", "cache_experts", "link_g
 STAT_COLUMNS = ("seconds", "tokens", "tokens_per_second", "forwards", "tokens_per_forward", "demand_hits",
                 "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d",
                 "stall_seconds", "link_busy_seconds", "achieved_gbps", "tokens_sha")
-# Every engine count per phase of the demand stream (cache.PHASES: prefill, first = a block's step 0, later),
+# Every engine count per phase of the demand stream (plans.PHASES: prefill, first = a block's step 0, later),
 # e.g. demand_misses_prefill; each count's phases add up to its total in STAT_COLUMNS.
 PHASE_COLUMNS = tuple(f"{c}_{phase}" for c in COUNTS for phase in PHASES)
 # Per run, the medians over its denoising forwards of the host ms (the forward's CPU time less the time blocked

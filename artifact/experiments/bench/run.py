@@ -72,16 +72,8 @@ def run_claimed(out: Path, todo: list[Cell], run_cell, log=print) -> int:
     return ran
 
 
-def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
-              loaded=None, progress: bool = True, log=print, skip=frozenset(), on_cell=lambda cell: None):
-    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`. The coordinator:
-    which cells are this shard's and still to run, the cell claims and the file's lock around each cell; the
-    measurement itself is measure_cell's.
-    Safe to run concurrently with other shards or reruns on the same `out` (see "Result files").
-    `skip`: keys of cells that are complete elsewhere (a submission's merged target file), not run here.
-    `on_cell(cell)`: called after each cell whose rows this process wrote (the file's lock released)."""
-    out = Path(out) if out else default_out(P, shard)
-    cells = grid(P)
+def _cells_to_run(P: Settings, out: Path, cells: list[Cell], shard: tuple[int, int], skip, log):
+    """The rows `out` holds and this shard's cells still to run (neither finished there nor in `skip`), said."""
     mine = shard_cells(cells, shard)
     with locked(out, log=log):
         old = load_for_append(out, P, log)
@@ -94,6 +86,20 @@ def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int]
     extra = len(done - {c.key for c in cells})
     if extra:
         log(f"note: {out} also holds {extra} cells outside this profile's grid; they are kept")
+    return old, todo
+
+
+def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
+              loaded=None, progress: bool = True, log=print, skip=frozenset(), on_cell=lambda cell: None):
+    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`. The coordinator:
+    which cells are this shard's and still to run, the cell claims and the file's lock around each cell; the
+    measurement itself is measure_cell's.
+    Safe to run concurrently with other shards or reruns on the same `out` (see "Result files").
+    `skip`: keys of cells that are complete elsewhere (a submission's merged target file), not run here.
+    `on_cell(cell)`: called after each cell whose rows this process wrote (the file's lock released)."""
+    out = Path(out) if out else default_out(P, shard)
+    cells = grid(P)
+    old, todo = _cells_to_run(P, out, cells, shard, skip, log)
     if not todo:
         return old
     runner = runner or ModelRunner(P, loaded)

@@ -20,7 +20,7 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figures import COLORS, PAPER_STYLE, title
 from artifact.experiments.rules import margin_below
 from artifact.experiments.settings import Settings
-from artifact.offload.backend.cache import COUNTS
+from artifact.offload.backend.plans import COUNTS
 from artifact.offload.replay.sim import (
     BASES,
     DENOISING_ONLY,

@@ -29,7 +29,8 @@ import torch
 
 from artifact.model.experts import ExpertGroup, SlotPool, stack_views
 from artifact.model.routing import Demand
-from artifact.offload.backend.cache import EMPTY, ExpertCache, Plan
+from artifact.offload.backend.cache import ExpertCache
+from artifact.offload.backend.plans import EMPTY, Plan
 from artifact.offload.backend.store import HostStore, check_slots_fit
 from artifact.offload.links.link import Link
 

@@ -25,7 +25,8 @@ import time
 from typing import Iterable
 
 from artifact.errors import SettingError, TraceError
-from artifact.offload.backend.cache import COUNTS, PHASES, ExpertCache
+from artifact.offload.backend.cache import ExpertCache
+from artifact.offload.backend.plans import COUNTS, PHASES
 from artifact.offload.policy.policies import make_policy, parse_policy
 from artifact.offload.replay.bounds import relaxed_min
 from artifact.offload.replay.trace import Trace, mean_working_set

@@ -21,7 +21,7 @@ import numpy as np
 
 from artifact.errors import TraceError  # noqa: F401  (defined with the other user errors; re-exported here)
 from artifact.model.routing import Demand, StepInfo
-from artifact.offload.backend.cache import PHASES
+from artifact.offload.backend.plans import PHASES
 from artifact.offload.policy.policies import TraceFuture
 from artifact.paths import atomic_write_bytes
 
@@ -131,7 +131,7 @@ class Trace:
 
     @cached_property
     def phases(self) -> list[int]:
-        """Phase of each demand: 0 prefill, 1 first denoising step of a block round, 2 later (cache.PHASES)."""
+        """Phase of each demand: 0 prefill, 1 first denoising step of a block round, 2 later (plans.PHASES)."""
         return np.where(self.kind == KINDS.index("prefill"), 0, np.where(self.block_step == 0, 1, 2)).tolist()
 
     @cached_property
