@@ -1,14 +1,14 @@
 """Record N runs of the timing notebooks' measurements on a profile, each into data/results/<profile>/runs/run<k>/
 (its raw row files, run.json and manifest.json): the stored runs behind every timing verdict
-(artifact/experiments/replication.py).
+(artifact/experiments/stored_runs/).
 
     PYTHONPATH=. python scripts/record_runs.py --profile cpu --runs 9
     PYTHONPATH=. python scripts/record_runs.py --profile h200_ae --model /models/LLaDA2.0-mini --runs 3
 
-Each run first clears the working row files (replication.clear_working), then measures what the timing notebooks
-time (replication.TIMED_STUDIES: 03's throttle grid, 04's bench grid, 05's TIDE-style grid, 06's two link-priority
+Each run first clears the working row files (stored_runs.clear_working), then measures what the timing notebooks
+time (stored_runs.TIMED_STUDIES: 03's throttle grid, 04's bench grid, 05's TIDE-style grid, 06's two link-priority
 grids, 07's synthetic streams, 08's model validation cells, 09's end-to-end bench), each with its study's
-`measure`, in notebook order; then copies the row files into a new stored run (replication.record_run).
+`measure`, in notebook order; then copies the row files into a new stored run (stored_runs.record_run).
 Stored run k measures with Settings.rotation = k - 1 (kept in its run.json), so the policies' run order
 (bench/order.py) continues from run to run and each policy sits in each slot equally often over whole cycles.
 `./run_all.sh PROFILE --force --store` afterwards rules every timing claim on the stored runs (it finds the last
@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 
 
 def measure(P, log=print) -> None:
-    """Each timing study's `measure` (replication.TIMED_STUDIES), in notebook order."""
-    from artifact.experiments.replication import TIMED_STUDIES
+    """Each timing study's `measure` (stored_runs.TIMED_STUDIES), in notebook order."""
+    from artifact.experiments.stored_runs import TIMED_STUDIES
     for t in tqdm(TIMED_STUDIES, desc="timing notebooks' measurements"):
         t0 = time.time()
         importlib.import_module(f"artifact.experiments.studies.{t.module}").measure(P, progress=False)
@@ -54,22 +54,22 @@ def main(argv=None) -> int:
 
 def record(a) -> None:
     from artifact.errors import SettingError
-    from artifact.experiments import harness, replication
+    from artifact.experiments import harness, stored_runs
     if a.runs < 1:
         raise SettingError(f"--runs {a.runs}: give at least 1")
     P = harness.setup(a.profile, {"model": a.model} if a.model is not None else None)
     if P.model is None:
         raise SettingError(f"profile {P.name!r} has model: null: pass --model DIR (a LLaDA2.0 checkpoint directory)")
-    replication.next_run(P.name)      # the stored runs are whole and of this commit, before any measurement
+    stored_runs.next_run(P.name)      # the stored runs are whole and of this commit, before any measurement
     for k in range(a.runs):
-        dest, _ = replication.next_run(P.name)
+        dest, _ = stored_runs.next_run(P.name)
         rotation = int(dest.name[3:]) - 1          # stored run n measures with rotation n - 1
         Pk = dataclasses.replace(P, rotation=rotation)
-        replication.clear_working(Pk)
+        stored_runs.clear_working(Pk)
         t0 = time.time()
         print(f"run {k + 1} of {a.runs} (stored as {dest.name}, rotation {rotation})", flush=True)
         measure(Pk)
-        replication.record_run(Pk, seconds=round(time.time() - t0, 1), rotation=rotation,
+        stored_runs.record_run(Pk, seconds=round(time.time() - t0, 1), rotation=rotation,
                                command=f"python scripts/record_runs.py {' '.join(sys.argv[1:])} (run {k + 1})")
 
 

@@ -1,4 +1,4 @@
-"""Strip notebooks to what git stores (the pre-commit hook; artifact.experiments.notebooks.strip): only the
+"""Strip notebooks to what git stores (the pre-commit hook; artifact.experiments.notebooks.store.strip): only the
 claim cell's stdout output, no execution counts but its own, no machine metadata, the project's kernel. A figure
 reaches a repository browser as a markdown image of the committed figures/cpu/<name>.png, not as an output
 (tests/test_figures_readable.py).
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import nbformat
 
-from artifact.experiments.notebooks import strip
+from artifact.experiments.notebooks.store import strip
 from artifact.paths import atomic_write_text
 
 

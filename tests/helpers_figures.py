@@ -92,7 +92,7 @@ def routing_map(P: Settings, ts, fresh: bool):
 
 def performance_model(P: Settings, ts, fresh: bool):
     from artifact.experiments.bench.results import bench_fingerprint
-    from artifact.experiments.replication import stored_rows
+    from artifact.experiments.stored_runs import stored_rows
     from artifact.experiments.studies import performance_model as pm
     from artifact.experiments.studies.performance_model.validation import VALIDATION
 

@@ -1,5 +1,5 @@
 """Synthetic rows of notebook 07's timed streams and 08's validation cells, and stored runs of them
-(data/results/<profile>/runs/run<k>/, replication.py), for tests that rule claims without running a model."""
+(data/results/<profile>/runs/run<k>/, stored_runs/), for tests that rule claims without running a model."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from artifact.experiments.outputs.manifest import write_manifest
-from artifact.experiments.replication import runs_root
 from artifact.experiments.settings import CONTROL
+from artifact.experiments.stored_runs import runs_root
 
 STREAM_NAMES = ("paper point", "cpu point")
 
@@ -59,7 +59,7 @@ def validation_rows(error: float, last_step_over_demand: float = 0.10, ratios=(0
 
 def store_run(profile: str, k: int, stem: str, rows: pd.DataFrame, fingerprint: str | None = None) -> Path:
     """Write `rows` as stored run k's <stem>.csv (with the fingerprint column when given), its run.json and
-    manifest.json, under the data folder ARTIFACT_DATA names (replication.runs_root)."""
+    manifest.json, under the data folder ARTIFACT_DATA names (stored_runs.runs_root)."""
     d = runs_root(profile) / f"run{k}"
     d.mkdir(parents=True, exist_ok=True)
     (rows.assign(fingerprint=fingerprint) if fingerprint is not None else rows).to_csv(d / f"{stem}.csv", index=False)

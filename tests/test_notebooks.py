@@ -12,10 +12,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from artifact.cli import main as main_for_tests
 from artifact.experiments.notebooks import (
-    CELL_METADATA,
     CHECK,
-    KERNELSPEC,
-    NOTEBOOK_METADATA,
     SETTINGS_KEY,
     NotebookError,
     claims_of,
@@ -23,8 +20,8 @@ from artifact.experiments.notebooks import (
     find_notebooks,
     injected_parameters,
     settings_of,
-    strip,
 )
+from artifact.experiments.notebooks.store import CELL_METADATA, KERNELSPEC, NOTEBOOK_METADATA, strip
 from artifact.experiments.settings import load_profile
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -183,7 +180,8 @@ def test_strip_keeps_only_the_claim_output_and_names_the_kernel():
 
 
 def test_store_copies_a_runs_files_to_the_reference_and_only_with_the_profiles_own_settings(tmp_path):
-    from artifact.experiments.notebooks import Outcome, store_outputs
+    from artifact.experiments.notebooks import Outcome
+    from artifact.experiments.notebooks.store import store_outputs
     results, ref, nbdir = tmp_path / "results", tmp_path / "ref", tmp_path / "nb"
     run = results / "cpu"
     for rel in ("figures/02_miss_accounting.png", "data/02_miss_accounting.csv", "data/02_miss_accounting.claims.json",

@@ -18,13 +18,14 @@ from safetensors.numpy import save as save_numpy
 from safetensors.torch import load_file, save_file
 from test_bench import FakeRunner, fake_profile, quiet
 
-import artifact.experiments.bench.results as results
+import artifact.experiments.bench.locks as locks
 import artifact.model.checkpoint as ckpt
 import artifact.paths as paths
 from artifact.cli import main
 from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.grid import grid
-from artifact.experiments.bench.results import COLUMNS, CellClaims, locked, merge, read_rows
+from artifact.experiments.bench.locks import CellClaims, locked
+from artifact.experiments.bench.results import COLUMNS, merge, read_rows
 from artifact.experiments.settings import load_profile
 from artifact.model.checkpoint import (
     CheckpointError,
@@ -99,7 +100,7 @@ def test_a_waiting_writer_names_the_holder_and_then_appends(tmp_path):
         t = threading.Thread(target=lambda: result.update(df=run_bench(p, out, runner=FakeRunner(), progress=False,
                                                                        log=said.append)))
         t.start()
-        t.join(timeout=results.QUIET_WAIT_S + 1.0)
+        t.join(timeout=locks.QUIET_WAIT_S + 1.0)
         assert t.is_alive() and not out.exists()              # it waits, it does not refuse or write
         assert (tmp_path / "b.csv.lock").read_text().strip() == str(os.getpid())
         assert any(f"waiting for PID {os.getpid()}" in s for s in said)
@@ -130,7 +131,7 @@ CLAIMER = """
 import sys
 from pathlib import Path
 from artifact.experiments.bench.grid import Cell
-from artifact.experiments.bench.results import CellClaims
+from artifact.experiments.bench.locks import CellClaims
 with CellClaims(Path(sys.argv[1])) as claims:
     assert claims.take(Cell("gsm8k", 1, 1.0, 1.0), wait=False)
     print("claimed", flush=True)
@@ -159,7 +160,7 @@ def test_a_cell_claimed_by_another_process_runs_last_and_here_if_that_process_di
     with CellClaims(out) as claims:                       # held here, so another process cannot take them
         assert all(claims.take(c, wait=False) for c in grid(p))
         probe = ("import sys; from pathlib import Path; from artifact.experiments.bench.grid import Cell\n"
-                 "from artifact.experiments.bench.results import CellClaims\n"
+                 "from artifact.experiments.bench.locks import CellClaims\n"
                  "with CellClaims(Path(sys.argv[1])) as c: print(c.take(Cell('gsm8k', 1, 1.0, 1.0), wait=False))")
         held = subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True, check=True)
         assert held.stdout.strip() == "False"

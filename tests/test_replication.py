@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from artifact.experiments import replication
+from artifact.experiments import replication, stored_runs
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.effects import STALL_SHARE, RunEffect, run_effects
@@ -267,23 +267,23 @@ def test_recording_a_run_copies_the_row_files_whole_and_never_over_another(cpu, 
     work.mkdir(parents=True)
     rows({(1, 1.0): 5.0}).to_csv(work / "bench.csv", index=False)
     rows({(1, 1.0): 6.0}).to_csv(work / "streams.csv", index=False)
-    first = replication.record_run(cpu, log=lambda s: None)
-    second = replication.record_run(cpu, log=lambda s: None)
-    assert [p.name for p in replication.stored_runs("cpu")] == ["run1", "run2"] == [first.name, second.name]
+    first = stored_runs.record_run(cpu, log=lambda s: None)
+    second = stored_runs.record_run(cpu, log=lambda s: None)
+    assert [p.name for p in stored_runs.stored_runs("cpu")] == ["run1", "run2"] == [first.name, second.name]
     meta = json.loads((first / "run.json").read_text())
     assert meta["files"] == ["bench.csv", "streams.csv"] and meta["commit"] and len(meta["load_average"]) == 3
-    got = replication.stored_rows(cpu, "bench")
+    got = stored_runs.stored_rows(cpu, "bench")
     assert [n for n, _ in got] == ["run1", "run2"] and len(got[0][1]) == len(rows({(1, 1.0): 5.0}))
     assert json.loads((first / "manifest.json").read_text())["files"]["bench.csv"]["rows"] == len(got[0][1])
     (first.parent / "run3").mkdir()                              # a run folder without its run.json: damaged
     with pytest.raises(replication.RunsError, match="run3: no run.json"):
-        replication.stored_runs("cpu")
+        stored_runs.stored_runs("cpu")
     with pytest.raises(replication.RunsError, match="run3: no run.json"):
-        replication.record_run(cpu, log=lambda s: None)
-    assert replication.clear_working(cpu, log=lambda s: None) == 2 and not (work / "bench.csv").exists()
+        stored_runs.record_run(cpu, log=lambda s: None)
+    assert stored_runs.clear_working(cpu, log=lambda s: None) == 2 and not (work / "bench.csv").exists()
     with pytest.raises(replication.RunsError, match="no row files"):
         (first.parent / "run3").rmdir()
-        replication.record_run(cpu, log=lambda s: None)
+        stored_runs.record_run(cpu, log=lambda s: None)
 
 
 def test_cached_rows_are_reused_only_under_the_same_settings(cpu):
@@ -292,10 +292,10 @@ def test_cached_rows_are_reused_only_under_the_same_settings(cpu):
     def measure():
         calls.append(1)
         return rows({(1, 1.0): 5.0})
-    a = replication.cached_rows(cpu, "streams", "fp1", measure, log=lambda s: None)
-    b = replication.cached_rows(cpu, "streams", "fp1", measure, log=lambda s: None)
+    a = stored_runs.cached_rows(cpu, "streams", "fp1", measure, log=lambda s: None)
+    b = stored_runs.cached_rows(cpu, "streams", "fp1", measure, log=lambda s: None)
     assert len(calls) == 1 and a.equals(b)
-    replication.cached_rows(cpu, "streams", "fp2", measure, log=lambda s: None)
+    stored_runs.cached_rows(cpu, "streams", "fp2", measure, log=lambda s: None)
     assert len(calls) == 2
 
 

@@ -13,7 +13,7 @@ import pandas
 import torch
 from test_replication import rows
 
-from artifact.experiments import claims, replication
+from artifact.experiments import claims, stored_runs
 from artifact.experiments.claims import Claim, environment, record, record_path
 from artifact.experiments.settings import load_profile
 
@@ -41,9 +41,9 @@ def test_a_fresh_stored_run_records_the_versions_and_the_cpu(tmp_path, monkeypat
     work = tmp_path / "data" / "results" / "cpu"
     work.mkdir(parents=True)
     rows({(1, 1.0): 5.0}).to_csv(work / "bench.csv", index=False)
-    run = replication.record_run(P, log=lambda s: None)
+    run = stored_runs.record_run(P, log=lambda s: None)
     check_environment(json.loads((run / "run.json").read_text())["environment"])
-    replication.stored_runs("cpu")                   # the manifest covers the new run.json
+    stored_runs.stored_runs("cpu")                   # the manifest covers the new run.json
 
 
 def test_a_claim_record_carries_the_environment(tmp_path, monkeypatch):
@@ -64,5 +64,5 @@ def test_the_committed_records_keep_their_bytes():
     not rewritten (their manifests hash run.json)."""
     for p in (ROOT / "data" / "results" / "cpu").glob("*.claims.json"):
         assert "environment" not in json.loads(p.read_text()), p.name
-    for run in replication.check_stored_runs("cpu"):       # each run.json still the bytes its manifest hashed
-        assert "environment" not in replication.run_meta(run), run.name
+    for run in stored_runs.check_stored_runs("cpu"):       # each run.json still the bytes its manifest hashed
+        assert "environment" not in stored_runs.run_meta(run), run.name

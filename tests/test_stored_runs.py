@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from artifact.experiments import replication
+from artifact.experiments import stored_runs
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.claims_table import records
 from artifact.experiments.settings import load_profile
@@ -17,7 +17,7 @@ from artifact.experiments.settings import load_profile
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "data" / "results"
 STUDIES = {t.notebook: importlib.import_module(f"artifact.experiments.studies.{t.module}")
-           for t in replication.TIMED_STUDIES}
+           for t in stored_runs.TIMED_STUDIES}
 TIMED = [(r["notebook"], [c for c in r["claims"] if c.get("timing")]) for r in records("cpu", RESULTS)]
 TIMED = [(nb, cs) for nb, cs in TIMED if cs]
 FIELDS = ("claim", "measured", "verdict", "reason", "margin", "interval", "per_run", "pooled")
@@ -29,14 +29,14 @@ def cpu():
 
 
 def test_the_stored_result_is_at_least_three_runs_at_one_commit():
-    runs = replication.stored_runs("cpu", ROOT)
+    runs = stored_runs.stored_runs("cpu", ROOT)
     assert len(runs) >= thresholds.MIN_RUNS, \
         f"data/results/cpu/runs/ must hold >= {thresholds.MIN_RUNS} runs (scripts/record_runs.py)"
     metas = [json.loads((r / "run.json").read_text()) for r in runs]
     assert len({m["commit"] for m in metas}) == 1 and "dirty" not in metas[0]["commit"], [m["commit"] for m in metas]
     for r, m in zip(runs, metas):
         assert sorted(p.name for p in r.glob("*.csv")) == m["files"], r
-        assert set(m["files"]) >= {f"{s}.csv" for s in replication.TIMED_STEMS}, r
+        assert set(m["files"]) >= {f"{s}.csv" for s in stored_runs.TIMED_STEMS}, r
 
 
 def test_every_timing_notebook_has_a_record_from_the_stored_runs():
@@ -56,7 +56,7 @@ def test_every_timing_claim_is_recomputed_from_the_committed_rows(notebook, reco
             assert (list(have) if isinstance(have, tuple) else have) == want.get(f), (notebook, c.claim, f)
 
 
-@pytest.mark.parametrize("study", replication.TIMED_STUDIES, ids=[t.notebook for t in replication.TIMED_STUDIES])
+@pytest.mark.parametrize("study", stored_runs.TIMED_STUDIES, ids=[t.notebook for t in stored_runs.TIMED_STUDIES])
 def test_the_timed_studies_registry_names_each_study_and_its_row_files(study):
     """Each entry's module measures and rules (measure, stored_claims) and writes the row files it names."""
     module = STUDIES[study.notebook]

@@ -1,5 +1,5 @@
 """Damaged stored data is refused, never ruled on: every reader of the stored runs (`claims`, `stored-runs`, the
-stored-claims recomputation, a notebook's replicas) checks them first (replication.check_stored_runs, against each
+stored-claims recomputation, a notebook's replicas) checks them first (stored_runs.check_stored_runs, against each
 run's manifest.json) and says in one line which run and what is wrong, rc 2. One test per fault class, each on a
 copy of the committed data (ARTIFACT_DATA); the committed data is never edited."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from artifact.cli import main
 from artifact.errors import ResultFileError, RunsError
-from artifact.experiments import replication
+from artifact.experiments import stored_runs
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.claims_table import records
 from artifact.experiments.outputs.manifest import MANIFEST, write_manifest
@@ -60,11 +60,11 @@ def refused_everywhere(capsys, *fragments: str) -> None:
 
 def stored_names() -> list[str]:
     """The committed stored runs' names, run1, run2, ... in order."""
-    return [p.name for p in replication.check_stored_runs("cpu", ROOT)]
+    return [p.name for p in stored_runs.check_stored_runs("cpu", ROOT)]
 
 
 def test_the_committed_stored_runs_match_their_manifests():
-    runs = replication.check_stored_runs("cpu", ROOT, ruled_on=thresholds.MIN_RUNS)
+    runs = stored_runs.check_stored_runs("cpu", ROOT, ruled_on=thresholds.MIN_RUNS)
     assert [p.name for p in runs] == [f"run{k}" for k in range(1, len(runs) + 1)]
     assert all((p / MANIFEST).is_file() for p in runs)
 
@@ -190,5 +190,5 @@ def test_recording_beside_runs_of_another_commit_is_refused(data):
     shutil.copy(COMMITTED / "runs" / "run1" / "bench.csv", data / "bench.csv")      # a working row file
     at = json.loads((COMMITTED / "runs" / "run1" / "run.json").read_text())["commit"]
     with pytest.raises(RunsError, match=rf"runs: the stored runs are at commit {at}, this checkout at \w+"):
-        replication.record_run(load_profile("cpu"), log=lambda s: None)
+        stored_runs.record_run(load_profile("cpu"), log=lambda s: None)
     assert sorted(p.name for p in (data / "runs").iterdir()) == sorted(stored_names())

@@ -54,7 +54,7 @@ def tree_copy(tmp_path_factory):
      "bench: run > model_runner"),
     ("artifact/offload/backend/cache.py", "from artifact.offload.replay import trace", "offload: top > runner"),
     ("artifact/offload/policy/policies.py", "from artifact.offload.links import link", "offload: top > runner"),
-    ("artifact/offload/replay/trace.py", "from artifact.offload.replay import sim", "offload.replay: export"),
+    ("artifact/offload/replay/trace.py", "from artifact.offload.replay import sim", "offload.replay: fit > export"),
 ])
 def test_the_import_contracts_pass_and_fail_on_a_back_edge(tree_copy, module, back_edge, contract):
     ok = _lint(tree_copy)

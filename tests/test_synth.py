@@ -1,7 +1,7 @@
-"""Synthetic routing streams (artifact.offload.replay.synth): the statistics measured on a generated stream match
-the parameters asked for within sampling error (each tolerance derived below from the generator's model),
-fit(synth(p)) recovers p, streams are deterministic traces every tool reads, the CLI validates its input,
-and the issue's stream gives oracle/LRU >= 5 at C/W 1."""
+"""Synthetic routing streams (artifact.offload.replay.synth) and their fit (replay/fit.py): the statistics measured
+on a generated stream match the parameters asked for within sampling error (each tolerance derived below from the
+generator's model), fit(synth(p)) recovers p, streams are deterministic traces every tool reads, the CLI validates
+its input, and the issue's stream gives oracle/LRU >= 5 at C/W 1."""
 import json
 from dataclasses import replace
 
@@ -11,8 +11,9 @@ import pytest
 from artifact.cli import main
 from artifact.model.decode import DecodeConfig
 from artifact.offload.links.link import REFERENCE_EXPERT_BYTES
+from artifact.offload.replay.fit import fit, measure
 from artifact.offload.replay.sim import replay
-from artifact.offload.replay.synth import SynthParams, fit, measure, synth
+from artifact.offload.replay.synth import SynthParams, synth
 from artifact.offload.replay.trace import Trace, mean_working_set, step_similarity
 from artifact.offload.runner import RunOptions, decode_prompts
 

@@ -7,13 +7,8 @@ import sys
 from pathlib import Path
 
 from artifact.cli.args import add_profile_args, names, overrides_from_args
-from artifact.experiments.notebooks import (
-    CELL_TIMEOUT_S,
-    NotebookError,
-    run_notebooks,
-    store_outputs,
-    summary_table,
-)
+from artifact.experiments.notebooks import CELL_TIMEOUT_S, NotebookError, run_notebooks, summary_table
+from artifact.experiments.notebooks.store import store_outputs
 from artifact.experiments.settings import ProfileError
 
 

@@ -9,19 +9,10 @@ from collections.abc import Sequence
 
 from artifact.errors import UserError
 from artifact.experiments.effects import run_effects
-from artifact.experiments.replication import (
-    METHOD,
-    TIMED_STEMS,
-    TIMED_STUDIES,
-    Replicas,
-    RunsError,
-    run_meta,
-    stored_rows,
-    stored_runs,
-    t_interval,
-)
+from artifact.experiments.replication import METHOD, Replicas, RunsError, t_interval
 from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.stats import CELL_KEYS
+from artifact.experiments.stored_runs import TIMED_STEMS, TIMED_STUDIES, run_meta, stored_rows, stored_runs
 
 
 def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dict:

@@ -1,5 +1,5 @@
 """`synth` and `fit`: write a synthetic routing stream, or fit its parameters to a recorded trace
-(artifact.offload.replay.synth)."""
+(artifact.offload.replay.synth, artifact.offload.replay.fit)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,8 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from artifact.offload.links.link import REFERENCE_EXPERT_BYTES
-from artifact.offload.replay.synth import PARAM_HELP, SynthParams, fit, measure, synth
+from artifact.offload.replay.fit import fit, measure
+from artifact.offload.replay.synth import PARAM_HELP, SynthParams, synth
 from artifact.offload.replay.trace import Trace
 from artifact.paths import refuse_overwrite
 

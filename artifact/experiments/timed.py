@@ -148,10 +148,28 @@ def judge(compared: Compared, q: Question, label: Callable[[tuple], str], family
     loo = ()
     if pooled and cells[0].stored and all(r.own is not None for r in cells) and n_runs > thresholds.MIN_RUNS:
         loo = tuple(view(lambda r: r.pooled, drop=i)[0] for i in range(n_runs))
+    on = ruled_on_text(cells, n_runs, level, family)
+    alternative, criterion = direction_notes(compared, effects, q, net, label)
+    return Timed(ruled[0], ruled[1], ruled[2], cells_text(compared, effects, q, net, label), on, per_run,
+                 this[0], pooled[0] if pooled else "", alternative,
+                 half_widths(effects, {k: v for k, v in controls.items() if k in effects}, q.margin), loo, criterion)
+
+
+def ruled_on_text(cells: Sequence[Replicated], n_runs: int, level: float, family: str) -> str:
+    """What a claim's cells are ruled on (judge): METHOD when this run is a stored one, SINGLE with stored runs to
+    borrow from, else WITHIN, with N; and the simultaneous level `not reproduced` is read at (family_level)."""
     on = (f"{METHOD}, N = {n_runs}" if cells and cells[0].stored else f"{SINGLE}, N = {n_runs}" if n_runs >= 2
           else WITHIN)
     if level != thresholds.CONFIDENCE:
-        on += f"; `not reproduced` at the simultaneous level over the {len(effects)} cells ({level:.2%}, {family})"
+        on += f"; `not reproduced` at the simultaneous level over the {len(cells)} cells ({level:.2%}, {family})"
+    return on
+
+
+def direction_notes(compared: Compared, effects: dict[tuple, Replicated], q: Question, net: bool,
+                    label: Callable[[tuple], str]) -> tuple[str, str]:
+    """(the bias-bound alternative, the paper's criterion) that a direction claim prints beside its verdict, never
+    ruling (judge; `effects`: the cells it rules on, net of the A/A control when `net`); ("", "") for the others."""
+    controls, host = compared.control, compared.host
     alternative = criterion = ""
     if q.net_of_control:
         alternative = ("no A/A control in these rows: ruled on the effect itself" if not net else
@@ -166,6 +184,14 @@ def judge(compared: Compared, q: Question, label: Callable[[tuple], str], family
             like = q(Interval(mean, low, high, thresholds.MIN_RUNS, "runs"))
             criterion += (f"; a result like the paper's smallest, {mean:+g}% [{low:+g}, {high:+g}], meets that "
                           f"criterion and reads {like.verdict} under this rule ({like.why})")
+    return alternative, criterion
+
+
+def cells_text(compared: Compared, effects: dict[tuple, Replicated], q: Question, net: bool,
+                  label: Callable[[tuple], str]) -> str:
+    """Each ruled cell's interval (judge's `effects`), with its A over B and A/A control when ruled net of it, else
+    with its A/A control when the rows carry one."""
+    controls = compared.control
 
     def cell_text(k) -> str:
         r = effects[k]
@@ -175,9 +201,7 @@ def judge(compared: Compared, q: Question, label: Callable[[tuple], str], family
         aa = f" (A/A {controls[k].ruled.text(q.unit)})" if k in controls else ""
         return f"{label(k)}: {r.ruled.text(q.unit)}{aa}"
 
-    return Timed(ruled[0], ruled[1], ruled[2], "; ".join(cell_text(k) for k in effects), on, per_run, this[0],
-                 pooled[0] if pooled else "", alternative,
-                 half_widths(effects, {k: v for k, v in controls.items() if k in effects}, q.margin), loo, criterion)
+    return "; ".join(cell_text(k) for k in effects)
 
 
 def rule_claim(compared: Compared, c: TimingClaim, label: Callable[[tuple], str],

@@ -40,9 +40,10 @@ from artifact.experiments.calibration.generator import SCENARIOS, Generator, Noi
 from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS, DEMAND, TimingClaim
-from artifact.experiments.replication import TIMED_STUDIES, Replicas, stored_rows
+from artifact.experiments.replication import Replicas
 from artifact.experiments.rules import at_most, figure_range, median_at_most, rule_cell
 from artifact.experiments.settings import CONTROL
+from artifact.experiments.stored_runs import TIMED_STUDIES, stored_rows
 from artifact.experiments.timed import claim_cells, claim_compared, question, rule_claim
 
 
@@ -127,7 +128,7 @@ def calibrate_claim(c: TimingClaim, template, noise: Noise, s: Scenario, studies
 # The stored runs each claim's synthetic studies are shaped on
 # ---------------------------------------------------------------------------------------------
 def stored_template(P, c: TimingClaim) -> Replicas:
-    """The stored runs of the claim's grid (checked: replication.check_stored_runs), as its study gathers them."""
+    """The stored runs of the claim's grid (checked: stored_runs.check_stored_runs), as its study gathers them."""
     module = next(t.module for t in TIMED_STUDIES if t.notebook == c.notebook)
     study = importlib.import_module(f"artifact.experiments.studies.{module}")
     if hasattr(study, "replicas"):

@@ -3,7 +3,7 @@ relocates it) holds the executed notebooks, figures/ (ARTIFACT_FIGURES relocates
 and each claim cell's record); the resumable bench grids and the traces live in data/results/<profile>/ and
 data/traces/<profile>/ (ignored but for the reference files). The committed reference results,
 figures/<profile>/*.png, data/results/<profile>/NN_*.csv and NN_*.claims.json, and the routing traces they were
-computed from, data/results/<profile>/traces/, change only with an explicit `--store` (notebooks.store_outputs
+computed from, data/results/<profile>/traces/, change only with an explicit `--store` (notebooks.store.store_outputs
 copies a run's files there)."""
 from __future__ import annotations
 

@@ -22,10 +22,11 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, title
-from artifact.experiments.replication import Replicas, stored_rows
+from artifact.experiments.replication import Replicas
 from artifact.experiments.rules import margin_below
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CELL_KEYS, CONFIDENCE, format_table, paired_table
+from artifact.experiments.stored_runs import stored_rows
 from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
 from artifact.offload.replay.sim import by_basis, phase_columns, ruling_basis, sweep
 

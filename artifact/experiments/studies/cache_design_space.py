@@ -22,10 +22,11 @@ from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, traces
 from artifact.experiments.outputs.figures import title
-from artifact.experiments.replication import Compared, Replicas, RunsError, gather, stored_rows
+from artifact.experiments.replication import Compared, Replicas, RunsError, gather
 from artifact.experiments.rules import margin_below
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CELL_KEYS
+from artifact.experiments.stored_runs import stored_rows
 from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
 from artifact.offload.replay.sim import by_basis, capacity_for, phase_columns, relative_to_lru, ruling_basis, sweep
 from artifact.offload.replay.trace import mean_working_set
@@ -152,7 +153,7 @@ def measure_bench(P: Settings, best: str, progress: bool = True) -> pd.DataFrame
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
-    """What a stored run keeps of notebook 09 (replication.TIMED_STUDIES): the end-to-end bench of the best
+    """What a stored run keeps of notebook 09 (stored_runs.TIMED_STUDIES): the end-to-end bench of the best
     eviction on the profile's traces."""
     return measure_bench(P, best_eviction(summary(eviction_sweep(traces(P, progress=progress), P))), progress)
 

@@ -79,7 +79,7 @@ from artifact.paths import repo_root
 
 
 def measure(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
-    """What a stored run keeps of notebook 08: the validation cells' rows (replication.TIMED_STUDIES)."""
+    """What a stored run keeps of notebook 08: the validation cells' rows (stored_runs.TIMED_STUDIES)."""
     return validation(P, progress=progress)
 
 

@@ -13,7 +13,7 @@ one map share a seed (common random numbers: neighbouring cells differ by the pa
 
 The study's two parts: map.py (the replayed map, its numbers and verdicts, its figure) and streams.py (the
 timed streams through the stream-driven engine, their claim and figure); notebook 07 and the stored-run
-machinery (replication.TIMED_STUDIES) read both as one module, `routing_map.X`.
+machinery (stored_runs.TIMED_STUDIES) read both as one module, `routing_map.X`.
 """
 from artifact.experiments.studies.routing_map.map import (  # noqa: F401
     CONTOUR,

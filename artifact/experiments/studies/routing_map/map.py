@@ -19,9 +19,9 @@ from artifact.experiments.criteria import paper
 from artifact.experiments.outputs.figures import PAPER_STYLE, title
 from artifact.experiments.settings import Settings
 from artifact.offload.replay.bounds import relaxed_min
+from artifact.offload.replay.fit import measure as routing_statistics
 from artifact.offload.replay.sim import capacity_for, denoising_only, phase_columns, replay, sweep
 from artifact.offload.replay.synth import SynthParams, synth
-from artifact.offload.replay.synth import measure as routing_statistics
 from artifact.offload.replay.trace import Trace, mean_working_set
 
 POLICIES = ("last_step", "oracle", "min")      # each against LRU ('demand') at the same C

@@ -19,9 +19,10 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, traces
 from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
-from artifact.experiments.replication import Compared, Replicas, cached_rows, gather
+from artifact.experiments.replication import Compared, Replicas, gather
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import paired_table
+from artifact.experiments.stored_runs import cached_rows
 from artifact.experiments.studies.routing_map.map import (
     MapGrid,
     Numbers,
@@ -101,11 +102,11 @@ def cost_text(cal: Calibration) -> str:
             if cal.compute_us_per_expert is not None else "device compute")
 
 
-STREAMS = "streams"      # data/results/<profile>/streams.csv: the timed stream rows (replication.cached_rows)
+STREAMS = "streams"      # data/results/<profile>/streams.csv: the timed stream rows (stored_runs.cached_rows)
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
-    """What a stored run keeps of notebook 07 (replication.TIMED_STUDIES): the timed streams."""
+    """What a stored run keeps of notebook 07 (stored_runs.TIMED_STUDIES): the timed streams."""
     return streams(P, progress=progress)
 
 
