@@ -160,10 +160,38 @@ def plot(summary, n: Numbers, P: Settings):
     own colour); (c) last_step's stall over demand's per cell with the interval it is ruled on, beside the A/A
     control's with its interval; one legend below the panels."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.4), layout="constrained")
+    _means(ax1, ax2, summary)
+    rows = _stall_intervals(ax3, n)
+    any_iv = next(iter(n.stall.effects.values()), None)
+    basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else "no intervals"
+    why, ticks = _bandwidth_axis(summary, P)
+    ax1.set(xlabel="link bandwidth (GB/s)", ylabel="throughput (tokens/s)", title="throughput (means)")
+    ax2.set(xlabel="link bandwidth (GB/s)", ylabel="stall per run (seconds)",
+            title="compute waiting on the link (means)")
+    ax3.set(xlabel="link bandwidth (GB/s)", ylabel="A - B stall per forward\n(% of B's wall per forward)",
+            title=f"stall per cell, 95% intervals ({basis})")
+    for ax in (ax1, ax2, ax3):
+        ax.title.set_fontsize(10)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(ticks), list(ticks.values()))
+        ax.minorticks_off()
+    figure_legend(fig, ncol=3, title=why or None, title_fontsize=9)      # why the link is that slow, over the legend
+    title(fig, P, "03 bandwidth throttling (no paper figure: qualitative)")
+    df = pd.concat([summary.assign(panel="means"), pd.DataFrame(rows).assign(panel="intervals")], ignore_index=True)
+    return fig, df
+
+
+def _means(ax1, ax2, summary):
+    """(a) tokens/s and (b) stall seconds vs link bandwidth per policy, this run's means."""
     for pol, g in summary.groupby("policy", sort=False):
         kw = dict(marker="o", color=_color(pol), label=f"A/A control ({pol})" if pol == CONTROL else pol)
         ax1.plot(g.link_gbps, g.tokens_per_second, **kw)
         ax2.plot(g.link_gbps, g.stall_seconds, **kw)
+
+
+def _stall_intervals(ax3, n: Numbers) -> list[dict]:
+    """(c) last_step's stall over demand's per cell and the A/A control's, each with the interval it is ruled on,
+    against the margin; returns the panel's figure data."""
     rows = []
     aa = AA_LABEL
     for name, src, color, shift in (("last_step over demand", n.stall.effects, COLORS["last_step"], 2 ** -0.05),
@@ -182,23 +210,7 @@ def plot(summary, n: Numbers, P: Settings):
     ax3.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12,
                 label=f"+-{thresholds.MARGIN:g} (the margin; faster means above +{thresholds.MARGIN:g})")
     ax3.axhline(0, color="black", lw=1, ls=":")
-    any_iv = next(iter(n.stall.effects.values()), None)
-    basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else "no intervals"
-    why, ticks = _bandwidth_axis(summary, P)
-    ax1.set(xlabel="link bandwidth (GB/s)", ylabel="throughput (tokens/s)", title="throughput (means)")
-    ax2.set(xlabel="link bandwidth (GB/s)", ylabel="stall per run (seconds)",
-            title="compute waiting on the link (means)")
-    ax3.set(xlabel="link bandwidth (GB/s)", ylabel="A - B stall per forward\n(% of B's wall per forward)",
-            title=f"stall per cell, 95% intervals ({basis})")
-    for ax in (ax1, ax2, ax3):
-        ax.title.set_fontsize(10)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(list(ticks), list(ticks.values()))
-        ax.minorticks_off()
-    figure_legend(fig, ncol=3, title=why or None, title_fontsize=9)      # why the link is that slow, over the legend
-    title(fig, P, "03 bandwidth throttling (no paper figure: qualitative)")
-    df = pd.concat([summary.assign(panel="means"), pd.DataFrame(rows).assign(panel="intervals")], ignore_index=True)
-    return fig, df
+    return rows
 
 
 def _bandwidth_axis(summary, P: Settings) -> tuple[str, dict]:

@@ -251,56 +251,81 @@ def summary_by_ratio(s: pd.DataFrame) -> pd.DataFrame:
 
 
 def verdicts(n: Numbers) -> list[Claim]:
+    claims = [eviction_claim(n), gap_claim(n), token_claim(n)]
+    if len(n.check):
+        claims.append(libcachesim_claim(n.check))
+    return claims
+
+
+def _exact(n: Numbers) -> dict:
+    """The count claims' basis: exact counts on the ruling counting basis."""
+    return dict(counting=BASIS[n.basis], interval=EXACT)
+
+
+def eviction_claim(n: Numbers) -> Claim:
+    """Some eviction removes more than EVICTION_GAIN of LRU's demand misses."""
     top = max(n.removed, key=n.removed.get)
-    on = BASIS_SHORT[n.basis]
-    basis = dict(counting=BASIS[n.basis], interval=EXACT)
     bases = n.by_prefill
     tops = {p: max(c.removed, key=c.removed.get) for p, c in bases.items()}
     verdict, note = on_bases({p: c.removed[tops[p]] > thresholds.EVICTION_GAIN for p, c in bases.items()},
                              {p: f"the best, {tops[p]}, removes {c.removed[tops[p]]:.1%}" for p, c in bases.items()},
                              n.basis)
-    claims = [Claim(
+    return Claim(
         f"[own result] an eviction policy removes more than {thresholds.EVICTION_GAIN:.0%} of LRU's demand misses (no "
         "prefetch) at some batch size and C/W",
-        f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4, over the {on}",
+        f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4, over the "
+        f"{BASIS_SHORT[n.basis]}",
         "largest share removed per eviction: " + ", ".join(f"{k} {v:+.1%}" for k, v in
                                                           sorted(n.removed.items(), key=lambda kv: -kv[1])),
         verdict,
         note or ("" if n.removed[top] > thresholds.EVICTION_GAIN else f"the best, {top}, removes {n.removed[top]:.1%}"),
-        margin=f"best ({top}): " + margin_below(n.removed[top], thresholds.EVICTION_GAIN), **basis)]
+        margin=f"best ({top}): " + margin_below(n.removed[top], thresholds.EVICTION_GAIN), **_exact(n))
+
+
+def gap_claim(n: Numbers) -> Claim:
+    """The best eviction closes less than GAP_LEFT of LRU's gap to min."""
     per = {r: v for r, v in n.gap_closed.items() if r != "pooled"}
+    bases = n.by_prefill
     verdict, note = on_bases({p: c.gap_closed["pooled"] < thresholds.GAP_LEFT for p, c in bases.items()},
                              {p: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}" for p, c in bases.items()},
                              n.basis)
-    claims.append(Claim(
+    return Claim(
         f"[own result] most of the gap is left: the best eviction ({label(n.best)}) closes less than half of "
         "LRU's gap to min, pooled over C/W and batch sizes",
         f"{OWN}; gap = LRU's misses - min's (min: relaxed MIN, the floor of any demand-paging schedule), over the "
-        f"{on}",
+        f"{BASIS_SHORT[n.basis]}",
         f"share of the gap closed: pooled {n.gap_closed['pooled']:.0%}; "
         + ", ".join(f"C/W {r:g}: {v:.0%}" for r, v in sorted(per.items())),
-        verdict, note, margin="pooled: " + margin_below(n.gap_closed["pooled"], thresholds.GAP_LEFT), **basis))
+        verdict, note, margin="pooled: " + margin_below(n.gap_closed["pooled"], thresholds.GAP_LEFT), **_exact(n))
+
+
+def token_claim(n: Numbers) -> Claim:
+    """token_lru has fewer demand misses than lru, and its reverse more."""
     lru, tok, rev = n.token["lru"], n.token["token_lru"], n.token["token_lru:reverse=true"]
+    bases = n.by_prefill
     verdict, note = on_bases({p: c.token["token_lru"] < c.token["lru"] < c.token["token_lru:reverse=true"]
                               for p, c in bases.items()},
                              {p: _order(c.token) for p, c in bases.items()}, n.basis)
-    claims.append(Claim(
+    return Claim(
         "[own result] token counts carry the signal: token_lru (a demand's most used expert becomes the most "
         "recent) has fewer demand misses than lru, and reversing that order has more",
-        f"{OWN}; exact counts pooled over the profile's traces and C/W {RATIOS[0]}-{RATIOS[-1]}, over the {on}",
+        f"{OWN}; exact counts pooled over the profile's traces and C/W {RATIOS[0]}-{RATIOS[-1]}, over the "
+        f"{BASIS_SHORT[n.basis]}",
         f"demand misses: lru {lru}, token_lru {tok} ({tok / lru - 1:+.1%}), token_lru reversed {rev} "
         f"({rev / lru - 1:+.1%})" + ("" if tok < lru else "; token_lru is NOT lower than lru"),
-        verdict, note, margin="exact: the order holds or not", **basis))
-    if len(n.check):
-        differ = int(n.check.requests_that_differ.sum())
-        claims.append(Claim(
-            "[own result] libCacheSim's LRU, fed each demand's resident experts first and then its misses, equals "
-            "the demand policy on every request",
-            f"{OWN}; libCacheSim {_lcs_version()} as an independent oracle",
-            f"{differ} of {int(n.check.requests.sum())} requests differ over {len(n.check)} trace x C/W pairs",
-            verdict_of(differ == 0), margin="exact: equal or not", counting="every request of every layer",
-            interval=EXACT))
-    return claims
+        verdict, note, margin="exact: the order holds or not", **_exact(n))
+
+
+def libcachesim_claim(check: pd.DataFrame) -> Claim:
+    """libCacheSim's LRU equals the demand policy on every request (the libcachesim_check table)."""
+    differ = int(check.requests_that_differ.sum())
+    return Claim(
+        "[own result] libCacheSim's LRU, fed each demand's resident experts first and then its misses, equals "
+        "the demand policy on every request",
+        f"{OWN}; libCacheSim {_lcs_version()} as an independent oracle",
+        f"{differ} of {int(check.requests.sum())} requests differ over {len(check)} trace x C/W pairs",
+        verdict_of(differ == 0), margin="exact: equal or not", counting="every request of every layer",
+        interval=EXACT)
 
 
 def _order(token: dict) -> str:

@@ -127,43 +127,17 @@ def plot(n: Numbers, P: Settings):
     batches = sorted({k.batch_size for k in n.timed.effects})
     fig, axes = plt.subplots(max(len(series), 1), max(len(batches), 1), figsize=(4.2 * len(batches) + 1, 7.6),
                              sharex=True, sharey="row", squeeze=False, layout="constrained")
-    one = next(iter(n.timed.effects.values()), None)
-    unit = one.ruled.unit if one else "runs"
-    beside = one is not None and one.pooled is not None and not one.stored     # a fresh run beside stored runs
-    dx = 0.025 if beside else 0.0
-    if unit == "runs":
-        ruled_label = f"95% interval {INTERVAL_BASIS['runs']} ({one.ruled.n} stored runs)"
-    else:
-        ruled_label = f"this run, 95% interval as ruled ({INTERVAL_BASIS[unit]})"
-    pooled_label = f"the {one.pooled.n} stored runs, 95% interval {INTERVAL_BASIS['runs']}" if beside else ""
-    margin = thresholds.MARGIN
+    look = _look(n)
     rows, drawn = [], []
     for r, (name, src, color) in enumerate(series):
-        keep, ends = [0.0, -margin, margin], []
+        keep, ends = [0.0, -thresholds.MARGIN, thresholds.MARGIN], []
         for c, b in enumerate(batches):
             ax = axes[r, c]
             keys = sorted(k for k in src if k.batch_size == b)
             ruled, pooled = _intervals(src, keys)
-            x = [k.cache_ratio - dx for k in keys]
-            ax.errorbar(x, [i.mean for i in ruled], yerr=[[i.mean - i.low for i in ruled],
-                                                          [i.high - i.mean for i in ruled]],
-                        fmt="o", capsize=3, ms=4, color=color, label=ruled_label)
-            keep += [i.mean for i in ruled]
-            if beside:
-                have = [(k, p) for k, p in zip(keys, pooled) if p is not None]
-                ax.errorbar([k.cache_ratio + dx for k, _ in have], [p.mean for _, p in have],
-                            yerr=[[p.mean - p.low for _, p in have], [p.high - p.mean for _, p in have]],
-                            fmt="o", capsize=3, ms=4, color=color, mfc="white", label=pooled_label)
-                keep += [v for _, p in have for v in (p.low, p.high)]
-                ends += [v for i in ruled for v in (i.low, i.high)]
-            else:
-                (keep if unit == "runs" else ends).extend(v for i in ruled for v in (i.low, i.high))
+            x = _draw_intervals(ax, keys, ruled, pooled, color, look, keep, ends)
             drawn.append((ax, x, ruled, color))
-            rows += [dict(series=name, task=k.task, batch_size=k.batch_size, cache_ratio=k.cache_ratio,
-                          diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n,
-                          pooled_diff_pct=p.mean if p else None, pooled_low=p.low if p else None,
-                          pooled_high=p.high if p else None, pooled_n=p.n if p else None)
-                     for k, i, p in zip(keys, ruled, pooled)]
+            rows += _rows(name, keys, ruled, pooled)
             keep += _marks(ax, name)
             ax.axhline(0, color="black", lw=1, ls=":")
             ax.set_title(f"{name}, b={b}", fontsize=9)
@@ -177,6 +151,58 @@ def plot(n: Numbers, P: Settings):
     figure_legend(fig, ncol=2)
     title(fig, P, "04 capacity sweep: demand vs last_step per cell")
     return fig, pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class _Look:
+    """How every panel draws its intervals: what they are over, and whether the stored runs' pooled ones are
+    drawn beside them (a fresh run beside stored runs)."""
+    unit: str
+    beside: bool
+    dx: float                 # the ruled intervals' shift left of the C/W, the pooled ones' right
+    ruled_label: str
+    pooled_label: str
+
+
+def _look(n: Numbers) -> _Look:
+    one = next(iter(n.timed.effects.values()), None)
+    unit = one.ruled.unit if one else "runs"
+    beside = one is not None and one.pooled is not None and not one.stored     # a fresh run beside stored runs
+    if unit == "runs":
+        ruled_label = f"95% interval {INTERVAL_BASIS['runs']} ({one.ruled.n} stored runs)"
+    else:
+        ruled_label = f"this run, 95% interval as ruled ({INTERVAL_BASIS[unit]})"
+    pooled_label = f"the {one.pooled.n} stored runs, 95% interval {INTERVAL_BASIS['runs']}" if beside else ""
+    return _Look(unit, beside, 0.025 if beside else 0.0, ruled_label, pooled_label)
+
+
+def _draw_intervals(ax, keys: list, ruled: list, pooled: list, color, look: _Look, keep: list, ends: list) -> list:
+    """One panel's intervals: the ruled ones, and the pooled ones beside them; adds to `keep` the values the
+    row's y axis is scaled to and to `ends` those it may clip. Returns the ruled intervals' x."""
+    x = [k.cache_ratio - look.dx for k in keys]
+    ax.errorbar(x, [i.mean for i in ruled], yerr=[[i.mean - i.low for i in ruled],
+                                                  [i.high - i.mean for i in ruled]],
+                fmt="o", capsize=3, ms=4, color=color, label=look.ruled_label)
+    keep += [i.mean for i in ruled]
+    if look.beside:
+        have = [(k, p) for k, p in zip(keys, pooled) if p is not None]
+        ax.errorbar([k.cache_ratio + look.dx for k, _ in have], [p.mean for _, p in have],
+                    yerr=[[p.mean - p.low for _, p in have], [p.high - p.mean for _, p in have]],
+                    fmt="o", capsize=3, ms=4, color=color, mfc="white", label=look.pooled_label)
+        keep += [v for _, p in have for v in (p.low, p.high)]
+        ends += [v for i in ruled for v in (i.low, i.high)]
+    else:
+        (keep if look.unit == "runs" else ends).extend(v for i in ruled for v in (i.low, i.high))
+    return x
+
+
+def _rows(name: str, keys: list, ruled: list, pooled: list) -> list[dict]:
+    """The figure data of one panel: per cell, the ruled interval and the stored runs' pooled one."""
+    return [dict(series=name, task=k.task, batch_size=k.batch_size, cache_ratio=k.cache_ratio,
+                 diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n,
+                 pooled_diff_pct=p.mean if p else None, pooled_low=p.low if p else None,
+                 pooled_high=p.high if p else None, pooled_n=p.n if p else None)
+            for k, i, p in zip(keys, ruled, pooled)]
 
 
 def _marks(ax, name: str) -> list[float]:

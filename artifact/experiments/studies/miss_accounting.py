@@ -158,56 +158,80 @@ def refresh_text(n: Numbers) -> str:
 
 
 def verdicts(n: Numbers) -> list[Claim]:
-    claims = []
-    lo, hi = paper.FASTER_RANGE
-    FEW, FACTOR = thresholds.FEW, thresholds.FACTOR
-    on = f"; counted over {_label(n.basis)}"
-    basis = dict(counting=BASIS[n.basis], interval=EXACT)
-    if n.last_step:
-        def most(by):                # the C/W where last_step removes the most
-            return max(by, key=lambda r: by[r][0])
-        holds = {p: all(removed < FEW and more for removed, _, more in by.values())
-                 for p, by in n.last_step_by_prefill.items()}
-        figures = {p: f"most removed {by[most(by)][0]:.1%} (C/W {most(by):g})"
-                   + ("" if all(more for *_, more in by.values()) else ", fewer speculative transfers than misses "
-                      "removed somewhere") for p, by in n.last_step_by_prefill.items()}
-        verdict, note = on_bases(holds, figures, n.basis)
-        worst = most(n.last_step)
-        claims.append(Claim(
-            "W-scale caches make last-step prefetch nearly useless: few or no misses removed beyond LRU, "
-            "extra speculative transfers",
-            f"few or no misses removed; judged: < {FEW:.0%} of LRU's misses removed and more speculative "
-            f"transfers than misses removed, at every C/W in {lo:g}-{hi:g}{on}",
-            last_step_text(n), verdict, note, **basis,
-            margin=f"most removed (C/W {worst:g}): " + margin_below(n.last_step[worst][0], FEW)))
-    else:
-        claims.append(Claim("W-scale caches make last-step prefetch nearly useless", "few or no misses removed",
-                            "-", NOT_MEASURABLE,
-                            f"no last_step policy or no C/W in {lo:g}-{hi:g} in sim_policies/cache_ratios"))
+    claims = [last_step_claim(n)]
     if n.oracle_cut:
-        r1 = _nearest(n.ratios, 1.0)
-        cut = paper.ORACLE_CUT
-        why = (", the paper's oracle figure counts decode steps (a prefill forward is a one-off demand no "
-               "step-to-step predictor sees coming)") if n.basis == DENOISING_ONLY else ""
-        holds = {p: cut / FACTOR <= c[r1] <= cut * FACTOR for p, c in n.oracle_cut_by_prefill.items()}
-        verdict, note = on_bases(holds, {p: f"{c[r1]:.1f}x" for p, c in n.oracle_cut_by_prefill.items()}, n.basis)
-        claims.append(Claim(
-            f"an oracle prefetcher cuts demand misses {cut}x versus LRU",
-            f"{cut}x; judged at the W-scale cache C/W = {r1:g}, within a factor {FACTOR}{on}{why}",
-            oracle_text(n, r1), verdict, note, **basis,
-            margin=f"{n.oracle_cut[r1]:.2f}x vs the band {cut / FACTOR:.2f}-{cut * FACTOR:.2f}x"))
+        claims.append(oracle_claim(n))
     if n.refresh_removed:
-        holds = {p: all(v < FEW for v in by.values()) for p, by in n.refresh_by_prefill.items()}
-        figures = {p: f"most removed {max(by.values()):.1%} (C/W {max(by, key=by.get):g})"
-                   for p, by in n.refresh_by_prefill.items()}
-        verdict, note = on_bases(holds, figures, n.basis)
-        claims.append(Claim(
-            "interval refresh (TIDE-style) does not beat LRU",
-            f"does not beat LRU; judged: removes < {FEW:.0%} of LRU's misses at every C/W{on}",
-            refresh_text(n), verdict, note, **basis,
-            margin=f"most removed (C/W {max(n.refresh_removed, key=n.refresh_removed.get):g}): "
-            + margin_below(max(n.refresh_removed.values()), FEW)))
+        claims.append(refresh_claim(n))
     return claims
+
+
+def _on(n: Numbers) -> str:
+    """The count claims' counting basis, as their paper column ends."""
+    return f"; counted over {_label(n.basis)}"
+
+
+def _exact(n: Numbers) -> dict:
+    """The count claims' basis: exact counts on the ruling counting basis."""
+    return dict(counting=BASIS[n.basis], interval=EXACT)
+
+
+def last_step_claim(n: Numbers) -> Claim:
+    """Last-step prefetch removes fewer than FEW of LRU's misses at every C/W of the paper's range, with more
+    speculative transfers than misses removed (NOT_MEASURABLE without last_step or such a C/W)."""
+    lo, hi = paper.FASTER_RANGE
+    FEW = thresholds.FEW
+    if not n.last_step:
+        return Claim("W-scale caches make last-step prefetch nearly useless", "few or no misses removed",
+                     "-", NOT_MEASURABLE,
+                     f"no last_step policy or no C/W in {lo:g}-{hi:g} in sim_policies/cache_ratios")
+
+    def most(by):                # the C/W where last_step removes the most
+        return max(by, key=lambda r: by[r][0])
+    holds = {p: all(removed < FEW and more for removed, _, more in by.values())
+             for p, by in n.last_step_by_prefill.items()}
+    figures = {p: f"most removed {by[most(by)][0]:.1%} (C/W {most(by):g})"
+               + ("" if all(more for *_, more in by.values()) else ", fewer speculative transfers than misses "
+                  "removed somewhere") for p, by in n.last_step_by_prefill.items()}
+    verdict, note = on_bases(holds, figures, n.basis)
+    worst = most(n.last_step)
+    return Claim(
+        "W-scale caches make last-step prefetch nearly useless: few or no misses removed beyond LRU, "
+        "extra speculative transfers",
+        f"few or no misses removed; judged: < {FEW:.0%} of LRU's misses removed and more speculative "
+        f"transfers than misses removed, at every C/W in {lo:g}-{hi:g}{_on(n)}",
+        last_step_text(n), verdict, note, **_exact(n),
+        margin=f"most removed (C/W {worst:g}): " + margin_below(n.last_step[worst][0], FEW))
+
+
+def oracle_claim(n: Numbers) -> Claim:
+    """The oracle's cut at the W-scale cache (C/W nearest 1) is the paper's within a factor FACTOR."""
+    r1 = _nearest(n.ratios, 1.0)
+    cut, FACTOR = paper.ORACLE_CUT, thresholds.FACTOR
+    why = (", the paper's oracle figure counts decode steps (a prefill forward is a one-off demand no "
+           "step-to-step predictor sees coming)") if n.basis == DENOISING_ONLY else ""
+    holds = {p: cut / FACTOR <= c[r1] <= cut * FACTOR for p, c in n.oracle_cut_by_prefill.items()}
+    verdict, note = on_bases(holds, {p: f"{c[r1]:.1f}x" for p, c in n.oracle_cut_by_prefill.items()}, n.basis)
+    return Claim(
+        f"an oracle prefetcher cuts demand misses {cut}x versus LRU",
+        f"{cut}x; judged at the W-scale cache C/W = {r1:g}, within a factor {FACTOR}{_on(n)}{why}",
+        oracle_text(n, r1), verdict, note, **_exact(n),
+        margin=f"{n.oracle_cut[r1]:.2f}x vs the band {cut / FACTOR:.2f}-{cut * FACTOR:.2f}x")
+
+
+def refresh_claim(n: Numbers) -> Claim:
+    """Interval refresh removes fewer than FEW of LRU's misses at every C/W."""
+    FEW = thresholds.FEW
+    holds = {p: all(v < FEW for v in by.values()) for p, by in n.refresh_by_prefill.items()}
+    figures = {p: f"most removed {max(by.values()):.1%} (C/W {max(by, key=by.get):g})"
+               for p, by in n.refresh_by_prefill.items()}
+    verdict, note = on_bases(holds, figures, n.basis)
+    return Claim(
+        "interval refresh (TIDE-style) does not beat LRU",
+        f"does not beat LRU; judged: removes < {FEW:.0%} of LRU's misses at every C/W{_on(n)}",
+        refresh_text(n), verdict, note, **_exact(n),
+        margin=f"most removed (C/W {max(n.refresh_removed, key=n.refresh_removed.get):g}): "
+        + margin_below(max(n.refresh_removed.values()), FEW))
 
 
 # --- figure ---------------------------------------------------------------------------------------

@@ -155,7 +155,22 @@ def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper
     nrows = max(2, -(-len(panels) // per_row))
     fig = plt.figure(figsize=(4.3 * (1 + per_row), 3.5 * nrows + 1.2), layout="constrained")
     gs = fig.add_gridspec(nrows, 1 + per_row)
-    ax = fig.add_subplot(gs[0, 0])
+    _plot_validation(fig.add_subplot(gs[0, 0]), rows)
+    for i, (hw, st) in enumerate(panels):
+        _plot_stream(fig.add_subplot(gs[i // per_row, 1 + i % per_row]), grid, hw, st)
+    _plot_diffs(fig.add_subplot(gs[1, 0]), grid, panels)
+    for ax in fig.axes:
+        ax.title.set_fontsize(10)
+    figure_legend(fig, ncol=3)
+    title(fig, P, f"08 performance model: validation, and modelled tokens/s on the streams the claims rule on "
+                  f"({CLAIM_SHAPE}, fifo; shaded: C/W {paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})")
+    cols = ["hardware", "shape", "trace", "cache_ratio", "link_priority", "policy", "tokens_per_second",
+            "seconds_per_step", "stall_per_step", "limit_per_step", "floor_per_step"]
+    return fig, grid[cols]
+
+
+def _plot_validation(ax, rows: pd.DataFrame) -> None:
+    """Modelled against measured ms per step, per cell and policy of this run's cpu validation."""
     cells = rows.groupby(["batch_size", "cache_ratio", "policy"], as_index=False)[
         ["measured_seconds_per_step", "modeled_seconds_per_step"]].mean()
     for pol, g in cells.groupby("policy"):
@@ -167,30 +182,23 @@ def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper
     ax.plot([0, hi], [0, hi], "k:", label="modelled = measured")
     ax.set(xlabel="measured ms per step (cpu, wall clock)", ylabel="modelled ms per step (cpu-emulated)",
            title="validation (cpu, this run)", xlim=(0, hi), ylim=(0, hi))
-    for i, (hw, st) in enumerate(panels):
-        ax = fig.add_subplot(gs[i // per_row, 1 + i % per_row])
-        sel = grid[(grid.hardware == hw) & (grid["shape"] == CLAIM_SHAPE) & (grid.trace == st)
-                   & (grid.link_priority == "fifo")]
-        for pol, g in sel.groupby("policy", sort=False):
-            g = g.sort_values("cache_ratio")
-            ax.plot(g.cache_ratio, g.tokens_per_second, **{"ls": "-", **STYLE.get(pol, {})}, label=_policy_label(pol))
-        fl = sel[sel.policy == "demand"].sort_values("cache_ratio")
-        ax.plot(fl.cache_ratio, fl.floor_tokens_per_second, "k:", label=LIMIT)
-        ax.axvspan(*paper.FASTER_RANGE, color=PAPER_STYLE["color"], alpha=0.06)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set(xlabel="cache ratio C/W", ylabel="modelled tokens/s (log scale)", title=f"{hw}, {CLAIM_SHAPE}: {st}")
-    _plot_diffs(fig.add_subplot(gs[1, 0]), grid, panels)
-    for ax in fig.axes:
-        ax.title.set_fontsize(10)
-    figure_legend(fig, ncol=3)
-    title(fig, P, f"08 performance model: validation, and modelled tokens/s on the streams the claims rule on "
-                  f"({CLAIM_SHAPE}, fifo; shaded: C/W {paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})")
-    cols = ["hardware", "shape", "trace", "cache_ratio", "link_priority", "policy", "tokens_per_second",
-            "seconds_per_step", "stall_per_step", "limit_per_step", "floor_per_step"]
-    return fig, grid[cols]
+
+
+def _plot_stream(ax, grid: pd.DataFrame, hw: str, st: str) -> None:
+    """Modelled tokens/s per policy vs C/W on one GPU and stream (the claims' shape, fifo), with the floor."""
+    sel = grid[(grid.hardware == hw) & (grid["shape"] == CLAIM_SHAPE) & (grid.trace == st)
+               & (grid.link_priority == "fifo")]
+    for pol, g in sel.groupby("policy", sort=False):
+        g = g.sort_values("cache_ratio")
+        ax.plot(g.cache_ratio, g.tokens_per_second, **{"ls": "-", **STYLE.get(pol, {})}, label=_policy_label(pol))
+    fl = sel[sel.policy == "demand"].sort_values("cache_ratio")
+    ax.plot(fl.cache_ratio, fl.floor_tokens_per_second, "k:", label=LIMIT)
+    ax.axvspan(*paper.FASTER_RANGE, color=PAPER_STYLE["color"], alpha=0.06)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel="cache ratio C/W", ylabel="modelled tokens/s (log scale)", title=f"{hw}, {CLAIM_SHAPE}: {st}")
 
 
 def _plot_diffs(ax, grid: pd.DataFrame, panels: list) -> None:

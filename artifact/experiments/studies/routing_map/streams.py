@@ -195,6 +195,21 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     difference in differences the direction claim is ruled on) and the control in its colour, the paper's band."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     names = list(dict.fromkeys(rows.task))
+    _per_run(ax1, ax2, rows, names)
+    ticks = [f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:.3g}, spread {rows[rows.task == n].w_spread.iloc[0]:.3g}"
+             for n in names]
+    for ax in (ax1, ax2, ax3):
+        ax.set_xticks(range(len(names)), ticks, fontsize=8)
+    ratio = rows.cache_ratio.iloc[0]
+    ax1.set(ylabel="denoising forwards / s", title=f"throughput at C/W {ratio:g}")
+    ax2.set(ylabel="compute stalled on the link (s)", title="stall per run")
+    out = _verdict_intervals(ax3, t, names)
+    title(fig, P, "07 stream-driven engine: demand vs last_step on synthetic streams", legend_columns=3)
+    return fig, _figure_data(rows, out)
+
+
+def _per_run(ax1, ax2, rows: pd.DataFrame, names: list) -> None:
+    """Forwards/s (left) and link stall seconds (middle) per stream and policy: each repetition, and the mean."""
     bars = [(p, CONTROL_COLOR if p == CONTROL else COLORS[p])
             for p in ("demand", "last_step", CONTROL) if p in set(rows.policy)]
     w = 0.8 / len(bars)
@@ -206,13 +221,11 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
                 ax.bar(x, g[col].mean(), width=w * 0.95, color=color, alpha=0.6,
                        label=p + (" (LRU)" if p == "demand" else " (A/A control)" if p == CONTROL else "") + ": mean")
                 ax.scatter(np.full(len(g), x), g[col], s=10, color="black", zorder=3, label="one repetition")
-    ticks = [f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:.3g}, spread {rows[rows.task == n].w_spread.iloc[0]:.3g}"
-             for n in names]
-    for ax in (ax1, ax2, ax3):
-        ax.set_xticks(range(len(names)), ticks, fontsize=8)
-    ratio = rows.cache_ratio.iloc[0]
-    ax1.set(ylabel="denoising forwards / s", title=f"throughput at C/W {ratio:g}")
-    ax2.set(ylabel="compute stalled on the link (s)", title="stall per run")
+
+
+def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
+    """Right: per stream, demand over last_step, the same net of the A/A control and the control, each with the
+    interval it is ruled on, beside the paper's band and the margin; returns the intervals drawn."""
     out = []
     for name, src, color, dx in (("demand over last_step", t.effects, COLORS["demand"], -0.15),
                                  (NET, t.net, COLORS["demand"], 0.0), (AA_LABEL, t.control, CONTROL_COLOR, 0.15)):
@@ -236,10 +249,14 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else ""
     ax3.set(ylabel="A over B (% forwards/s)", title=f"the verdict's 95% intervals\n({basis})")
     ax3.title.set_fontsize(9)
-    title(fig, P, "07 stream-driven engine: demand vs last_step on synthetic streams", legend_columns=3)
+    return out
+
+
+def _figure_data(rows: pd.DataFrame, out: list[dict]) -> pd.DataFrame:
+    """The run's rows with each stream's drawn intervals beside them (the net and the control's prefixed)."""
     ruled = pd.DataFrame(out, columns=["task", "series", "diff_pct", "low", "high", "interval", "n"])
     merged = rows.merge(ruled[ruled.series == "demand over last_step"].drop(columns="series"), on="task", how="left")
     for series, prefix in ((NET, "net_"), (AA_LABEL, "control_")):
         part = ruled[ruled.series == series].drop(columns="series").add_prefix(prefix)
         merged = merged.merge(part.rename(columns={f"{prefix}task": "task"}), on="task", how="left")
-    return fig, merged
+    return merged

@@ -1,0 +1,121 @@
+"""06 beyond the paper, the timed part: demand against the predictors under each link priority (one bench file
+per priority), paired by repetition; the replicas of the stored runs, the table of this run's pairs and the
+priority claim (1): does prediction still lose once it can never delay a demand transfer?"""
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+
+from artifact.experiments.bench.results import bench_fingerprint
+from artifact.experiments.claims import Claim
+from artifact.experiments.criteria.timing import CLAIMS
+from artifact.experiments.harness import run_grid
+from artifact.experiments.replication import Replicas, stored_rows
+from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.stats import CELL_KEYS, CONFIDENCE, format_table, paired_table
+from artifact.experiments.studies.beyond_the_paper.misses import OWN
+from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
+
+# Throughput: demand against these, under each link priority (one bench file per priority); CONTROL among them.
+BENCH_PREDICTORS = ("last_step", CONTROL, "cross_layer")
+PRIORITIES = ("fifo", "demand")
+STEM = "beyond"          # data/results/<profile>/beyond-fifo.csv and beyond-demand.csv
+
+# The cpu profile's bench, trimmed to keep ./run_all.sh affordable on 2 cores: 96 timed and 48 untimed warm-up
+# runs of the tiny model (2 priorities x 3 C/W spanning 0.43-1.73 x 2 batch sizes x 4 policies x (2 repetitions
+# + 1 warm-up)), one task, 4 prompts (the fewest that fill a batch of 4), 8 denoising steps per block: 2 pairs
+# per cell (priority, batch size, C/W) per run. The warm-up: 2 repetitions of 4 policies in balanced order
+# (bench/order.py) put only 2 of them first in a cell of one run. GPU profiles run their own grid unchanged, with
+# the oracle added.
+CPU_TRIM = {"tasks": ("gsm8k",), "n_prompts": 4, "repetitions": 2, "warmup": 1, "steps": 8,
+            "cache_ratios": (0.43, 1.0, 1.73)}
+
+
+def bench_profile(P: Settings, priority: str) -> Settings:
+    """The profile's bench under one link priority: demand and the predictors (the oracle too off the cpu
+    profile), trimmed on cpu (CPU_TRIM)."""
+    policies = ("demand",) + BENCH_PREDICTORS + (() if P.name == "cpu" else ("oracle",))
+    trim = CPU_TRIM if P.name == "cpu" else {}
+    return dataclasses.replace(P, link_priority=priority, policies=policies, **trim)
+
+
+def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
+    """Both priorities' bench rows (column link_priority), each from its own resumable file."""
+    frames = []
+    for pr in PRIORITIES:
+        Q = bench_profile(P, pr)
+        frames.append(run_grid(Q, f"{STEM}-{pr}", progress=progress).assign(link_priority=pr))
+    return pd.concat(frames, ignore_index=True)
+
+
+CELL = ["link_priority", *CELL_KEYS]   # one interval per cell
+CLAIM = CLAIMS["06-priority"]  # (1) (criteria/timing.py): each predictor over demand under link_priority demand
+
+
+def replicas(P: Settings, rows) -> Replicas:
+    """This run's rows of both priorities with the stored runs' rows of the same grids (replication.py)."""
+    stored: dict[str, list] = {}
+    for pr in PRIORITIES:
+        for name, df in stored_rows(P, f"{STEM}-{pr}", bench_fingerprint(bench_profile(P, pr))):
+            stored.setdefault(name, []).append(df.assign(link_priority=pr))
+    return Replicas(rows, tuple((n, pd.concat(f, ignore_index=True)) for n, f in stored.items()))
+
+
+def throughput_table(rows, by=("task", "batch_size", "cache_ratio")) -> pd.DataFrame:
+    """Each predictor over demand (% tokens/s, positive = the predictor is faster) within this run, per link
+    priority and cell, with 95% t intervals over its pairs (stats.paired_table; shown, the verdicts rule on
+    replication's intervals)."""
+    out = []
+    for pr, g in rows.groupby("link_priority", sort=False):
+        for pol in [p for p in g.policy.unique() if p != "demand"]:
+            t = paired_table(g, pol, "demand", list(by))
+            out.append(t.assign(link_priority=pr, policy=pol))
+    table = pd.concat(out, ignore_index=True)
+    first = ["link_priority", "policy"] + list(by)
+    return table[first + [c for c in table.columns if c not in first]]
+
+
+def format_tables(table) -> str:
+    """stats.format_table per (link priority, predictor): the predictor (A) over demand (B)."""
+    parts = []
+    for (pr, pol), t in table.groupby(["link_priority", "policy"], sort=False):
+        t = t.drop(columns=["link_priority", "policy"]).reset_index(drop=True)
+        t.attrs.update(a=pol, b="demand", metric="tokens_per_second", confidence=CONFIDENCE)
+        parts.append(f"link_priority {pr}: " + format_table(t))
+    return "\n\n".join(parts)
+
+
+def label(key) -> str:
+    pr, task, b, ratio, scale = key
+    return f"C/W {ratio:g} b={b}" + (f" {task}" if task != "gsm8k" else "") + (f" x{scale:g}" if scale != 1 else "")
+
+
+def bootstrap_above_zero(table) -> list[str]:
+    """Predictor cells whose bootstrap interval (shown, not ruled on) lies above zero."""
+    t = table[(table.policy != CONTROL) & (table.boot_low > 0)]
+    return [f"{r.policy} at C/W {r.cache_ratio:g} b={r.batch_size} ({r.link_priority})" for r in t.itertuples()]
+
+
+def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
+    """(1): under link_priority demand, no predictor is faster than demand-async (not_faster per predictor and
+    cell of `timed`, {predictor: Compared}, gated by the cell's A/A control); `table` (throughput_table, this run)
+    adds its bootstrap note."""
+    q = question(CLAIM)
+    t = rule_claim(merge_others(timed), CLAIM, lambda pk: f"{pk[0]} {label(pk[1])}")
+    boot = [] if table is None else [c for c in bootstrap_above_zero(table) if c.endswith("(demand)")]
+    return timed_claim(
+        "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
+        f"link_priority demand no predictor is faster than demand-async at any measured C/W ({q.text()}: "
+        "non-superiority)",
+        f"{OWN}; judged per cell (docs/verdicts.md), {CONTROL} vs demand as the A/A control", t,
+        "tokens/s per run, predictor over demand % per pair, one interval per cell (task, batch, C/W)",
+        "this run's bootstrap intervals over pairs (not ruled on) above 0: " + (", ".join(boot) if boot else "none"))
+
+
+def stored_claims(P: Settings) -> list[Claim]:
+    """The timing claim as a `--store` run of the stored runs' last one rules it (tests/test_stored_runs.py
+    recomputes the committed record with it): from the committed rows alone."""
+    r = replicas(P, None).last_stored()
+    rows = r.this
+    return [priority_claim(claim_parts(r, CLAIM), throughput_table(rows))]
