@@ -11,9 +11,10 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import Claim
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
-from artifact.experiments.replication import Replicas, stored_rows
+from artifact.experiments.replication import Replicas
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CELL_KEYS, CONFIDENCE, format_table, paired_table
+from artifact.experiments.stored_runs import stored_rows
 from artifact.experiments.studies.beyond_the_paper.misses import OWN
 from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
 
