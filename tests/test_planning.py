@@ -13,8 +13,6 @@ from artifact.model.routing import Demand, StepInfo
 from artifact.offload.backend.cache import COUNTS, EMPTY, PHASES, ExpertCache, phase_of
 from artifact.offload.policy.policies import (
     POLICIES,
-    DemandPolicy,
-    LastStep,
     Policy,
     check_policy,
     make_policy,
@@ -23,6 +21,7 @@ from artifact.offload.policy.policies import (
     register,
     split_policies,
 )
+from artifact.offload.policy.prefetch import DemandPolicy, LastStep
 from artifact.offload.replay.sim import replay, sweep
 from artifact.offload.replay.trace import Trace, TraceRecorder
 
