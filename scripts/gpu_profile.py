@@ -1,4 +1,4 @@
-"""The graphs check's profiled run (scripts/gpu_check_graphs.py, step 5): what the host issues inside each
+"""The graphs check's profiled run (scripts/gpu_check_graphs.py, step 6): what the host issues inside each
 denoising forward, counted from torch.profiler's host-side events: kernel launches (a graph replay is one),
 copies and syncs (CUDA runtime calls), top-level ATen ops; and SyncCounter's device reads."""
 from __future__ import annotations

@@ -188,7 +188,7 @@ def test_graphs_check_dry_run_measures_both_paths_and_judges_the_targets(tmp_pat
         assert len(r["host_ms"]) == len(r["wall_ms"]) == r["forwards"] == 8           # one block of 8 steps
         assert 0 < r["host_ms_median"] <= r["host_ms_p90"] and r["wall_ms_median"] > 0
     for r in e["runs"]:
-        assert r["replay"] == {k: r[k] for k in mod.COUNT_KEYS} and r["demand_misses"] > 0
+        assert r["replay"] == {k: r[k] for k in mod.rows.COUNT_KEYS} and r["demand_misses"] > 0
         assert r["h2d_ms_per_forward"] > 0 and r["host_over_h2d"] == pytest.approx(
             r["host_ms_median"] / r["h2d_ms_per_forward"])
         assert ("profile" in r) == (r["policy"] == "demand")                          # C/W 1, demand only
@@ -316,7 +316,7 @@ def test_counting_inside_forwards():
     assert mod.count_in_forwards(versioned) == {"forwards": 1, "launches": 3, "copies": 1, "event_syncs": 1,
                                                 "stream_syncs": 1, "device_syncs": 0, "blocking_copies": 1,
                                                 "aten_ops": 0}
-    assert graphs.p90([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0]) == 9.0 and graphs.p90([]) is None
+    assert graphs.rows.p90([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0]) == 9.0 and graphs.rows.p90([]) is None
 
 
 def test_a_failed_replay_or_profile_leaves_its_target_unmeasured():
@@ -351,7 +351,7 @@ def test_graphs_check_writes_each_engine_row_as_it_is_measured(tmp_path, monkeyp
     """Killed during its third configuration (here: an interrupt raised in place of it), the graphs check's
     report already holds the two rows measured before, and the step's partial state."""
     mod = load_graphs()
-    real, calls = mod.offloaded, []
+    real, calls = mod.rows.offloaded, []
 
     def offloaded(*args, **kw):
         calls.append(kw["forward"])
@@ -359,7 +359,7 @@ def test_graphs_check_writes_each_engine_row_as_it_is_measured(tmp_path, monkeyp
             raise KeyboardInterrupt("the step's time limit")
         return real(*args, **kw)
 
-    monkeypatch.setattr(mod, "offloaded", offloaded)
+    monkeypatch.setattr(mod.rows, "offloaded", offloaded)
     out = tmp_path / "g.json"
     with pytest.raises(KeyboardInterrupt):
         mod.main(["--device", "cpu", "--allow-cpu", "--batches", "1", "--ratios", "1.0", "--gen-length", "8",
@@ -454,7 +454,7 @@ def test_the_graphs_checks_warm_up_leaves_no_piece_of_a_timed_segmented_run_eage
 
     from artifact.model.decode import DecodeConfig
     from artifact.offload.runner import decode_prompts
-    graphs = load("gpu_check_graphs")
+    graphs = load("gpu_graphs_engine")
     dc = DecodeConfig(gen_length=2 * tiny.cfg.block_length, steps=tiny.cfg.block_length // 4, threshold=1.0,
                       eos_early_stop=False)
     prompt = list(range(11, 11 + 2 * tiny.cfg.block_length))     # block-aligned, as the graphs check's prompts

@@ -17,7 +17,8 @@ from artifact.offload.backend.store import HostStore
 from artifact.offload.links.link import EmulatedLink, emulated_bandwidth_gbps
 from artifact.offload.links.link_factory import make_link
 from artifact.offload.links.timeline import ManualClock
-from artifact.offload.policy.policies import TraceFuture, make_policy
+from artifact.offload.policy.policies import make_policy
+from artifact.offload.policy.prefetch_base import TraceFuture
 from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 
 DC = DecodeConfig(gen_length=40)

@@ -14,8 +14,6 @@ from artifact.offload.backend.cache import ExpertCache
 from artifact.offload.backend.plans import COUNTS, EMPTY, PHASES, phase_of
 from artifact.offload.policy.policies import (
     POLICIES,
-    DemandPolicy,
-    LastStep,
     Policy,
     check_policy,
     make_policy,
@@ -24,6 +22,7 @@ from artifact.offload.policy.policies import (
     register,
     split_policies,
 )
+from artifact.offload.policy.prefetch import DemandPolicy, LastStep
 from artifact.offload.replay.sim import replay, sweep
 from artifact.offload.replay.trace import Trace, TraceRecorder
 

@@ -16,8 +16,9 @@ import pytest
 from artifact.cli import main
 from artifact.errors import ProfileError, SettingError
 from artifact.experiments.settings import load_profile
-from artifact.offload.policy.policies import POLICIES, DemandPolicy, Policy, register
+from artifact.offload.policy.policies import POLICIES, Policy, register
 from artifact.offload.policy.policy_modules import load_policy_module
+from artifact.offload.policy.prefetch import DemandPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/top_count_policy.py"
@@ -119,7 +120,7 @@ def test_a_name_taken_by_another_file_is_refused(user_policy):
     class Mine(Policy):
         name = "demand"
 
-    taken = r"policy name .demand. is taken by artifact.offload.policy.policies.DemandPolicy"
+    taken = r"policy name .demand. is taken by artifact.offload.policy.prefetch.DemandPolicy"
     with pytest.raises(TypeError, match=taken):
         register(Mine)
     assert POLICIES["demand"] is DemandPolicy

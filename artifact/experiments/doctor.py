@@ -114,7 +114,7 @@ class Report:
         if any(not c.measured_w for c in self.cells):
             lines.append("  * no current trace for this (task, batch size): W is its upper bound min(E, batch x "
                          "block x top-k), so C and the slots are upper bounds too")
-        if self.device_bytes is not None:     # the same condition under which plan() adds it to each total
+        if self.device_bytes is not None:     # the same condition under which _cells adds it to each total
             lines.append(f"  totals add {CONTEXT_BYTES / GB:.2f} GB of CUDA context and allocator slack (stated)")
         else:
             lines.append("  totals add no CUDA context: they run in host memory (--gpu-memory-gb plans a GPU)")
@@ -203,9 +203,23 @@ def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
     weights = non_expert_bytes(cfg, nbytes)
     per_slot = cfg.expert_params * nbytes * len(cfg.moe_layers)
     store = per_slot * cfg.num_experts
-    prompt_len = _prompt_tokens(P, tok)
+    cells = _cells(P, cfg, nbytes, _prompt_tokens(P, tok), weights, per_slot, device_bytes)
+    _check_fit(cells, weights, device_bytes, source)
+    host, memlock = _host_memory(store, kind, cells, notes)
+    grid_cells, runs, forwards, forwards_per_prompt = _grid_size(P, cfg)
+    disk_need, free = _disk(P, cfg, runs, forwards_per_prompt)
+    notes += _profile_notes(P)
+    return Report(P.name, cfg.name if P.model == "tiny" else str(P.model), dtype, P.device, device_bytes, source,
+                  weights, store, ckpt, host, memlock, free, disk_need, cells, grid_cells, runs, forwards,
+                  forwards * SECONDS_PER_FORWARD[kind] / 3600, notes)
+
+
+def _cells(P: Settings, cfg, nbytes: int, prompt_len: int, weights: int, per_slot: int,
+           device_bytes: int | None) -> list[Cell]:
+    """For every batch size and C/W of the profile's grid, the device memory a run needs (the sum above)."""
     block = cfg.block_length
     positions = -(-(prompt_len + P.gen_length) // block) * block
+    context = CONTEXT_BYTES if device_bytes is not None else 0
     cells = []
     for b in P.batch_sizes:
         bound = min(cfg.num_experts, b * block * cfg.num_experts_per_tok)
@@ -214,8 +228,13 @@ def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
         act = b * (prompt_len + block) * (cfg.vocab_size * 4 + ACTIVATION_FACTOR * cfg.hidden_size * nbytes)
         for r in P.cache_ratios:
             C = capacity_for(r, W, cfg.num_experts)
-            total = weights + C * per_slot + kv + act + (CONTEXT_BYTES if device_bytes is not None else 0)
+            total = weights + C * per_slot + kv + act + context
             cells.append(Cell(b, r, W, measured, C, C * per_slot, kv, act, total))
+    return cells
+
+
+def _check_fit(cells: list[Cell], weights: int, device_bytes: int | None, source: str) -> None:
+    """A cell that does not fit the device memory is a DoctorError naming its parts."""
     for c in cells:
         if not c.fits(device_bytes):
             raise DoctorError(f"batch {c.batch_size} at C/W {c.cache_ratio:g} (C = {c.capacity}) needs "
@@ -223,6 +242,11 @@ def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
                               f"{c.slots / GB:.2f} GB slots + {c.kv / GB:.2f} GB KV cache + "
                               f"{c.activations / GB:.2f} GB activations + context) > {device_bytes / GB:.3g} GB "
                               f"({source}); lower the batch size or C/W, or use a larger GPU")
+
+
+def _host_memory(store: int, kind: str, cells: list[Cell], notes: list) -> tuple[int | None, str]:
+    """(host memory available, RLIMIT_MEMLOCK as text): the expert store (on a CPU device, also the model and
+    cache) must fit in the available memory; on CUDA a lock limit below the store is a note."""
     host = _host_available()
     need_host = store + (0 if kind == "cuda" else max(c.total for c in cells))
     if host is not None and need_host > host:
@@ -233,23 +257,37 @@ def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
     if kind == "cuda" and limit is not None and limit < store and os.geteuid() != 0:
         notes.append(f"RLIMIT_MEMLOCK is {memlock} < the store's {store / GB:.2f} GB: pinning may fail "
                      "(raise it with ulimit -l, or run where it is unlimited)")
-    forwards_per_prompt = (P.gen_length // block) * P.steps + 1        # at most steps per block, plus the prefill
-    cells_ = grid(P)
-    runs = len(cells_) * len(P.policies) * (P.repetitions + P.warmup)
-    forwards = sum(-(-P.n_prompts // c.batch_size) * forwards_per_prompt for c in cells_) * len(P.policies) \
+    return host, memlock
+
+
+def _grid_size(P: Settings, cfg) -> tuple[int, int, int, int]:
+    """(grid cells, bench runs, forwards, forwards per prompt) of the profile's bench, warm-up runs included."""
+    forwards_per_prompt = (P.gen_length // cfg.block_length) * P.steps + 1   # at most steps per block, + prefill
+    cells = grid(P)
+    runs = len(cells) * len(P.policies) * (P.repetitions + P.warmup)
+    forwards = sum(-(-P.n_prompts // c.batch_size) * forwards_per_prompt for c in cells) * len(P.policies) \
         * (P.repetitions + P.warmup)
-    disk_need = _trace_bytes(P, cfg, forwards_per_prompt) + runs * RESULT_BYTES_PER_ROW
+    return len(cells), runs, forwards, forwards_per_prompt
+
+
+def _disk(P: Settings, cfg, runs: int, forwards_per_prompt: int) -> tuple[int, int]:
+    """(bytes the traces and results need, bytes free under the data directory); too little is a DoctorError."""
+    need = _trace_bytes(P, cfg, forwards_per_prompt) + runs * RESULT_BYTES_PER_ROW
     free = shutil.disk_usage(_existing(data_dir())).free
-    if disk_need > free:
-        raise DoctorError(f"traces and results need about {disk_need / GB:.2f} GB and {data_dir()} has "
+    if need > free:
+        raise DoctorError(f"traces and results need about {need / GB:.2f} GB and {data_dir()} has "
                           f"{free / GB:.2f} GB free")
+    return need, free
+
+
+def _profile_notes(P: Settings) -> list[str]:
+    """What the profile states that the report should say: no TIDE checkout, a bench budget."""
+    notes = []
     if P.tide_path is None:
         notes.append("tide_path is null: notebook 05 runs the TIDE-style policy only, not TIDE's released code")
     if P.budget_minutes is not None:
         notes.append(f"the profile states a bench budget of {P.budget_minutes:g} min")
-    return Report(P.name, cfg.name if P.model == "tiny" else str(P.model), dtype, P.device, device_bytes, source,
-                  weights, store, ckpt, host, memlock, free, disk_need, cells, len(cells_), runs, forwards,
-                  forwards * SECONDS_PER_FORWARD[kind] / 3600, notes)
+    return notes
 
 
 def _device_memory(P: Settings, kind: str, gpu_memory_gb: float | None, notes: list) -> tuple[int | None, str]:

@@ -1,6 +1,6 @@
 """Eviction policies: which resident expert a layer gives up, and which C of an oversized demand it keeps.
 
-The counterpart of a prefetch `Policy` (policies.py) for the cache's other decision, on the model of
+The counterpart of a prefetch `Policy` (prefetch_base.py) for the cache's other decision, on the model of
 vLLM's `Evictor` ABC and factory. Every prefetch policy owns one eviction object (`policy.eviction`,
 LRU unless a spec names another: `last_step+token_lru`), and ExpertCache calls its hooks through the one
 planning code path that the engine and the simulator share, so an eviction policy's counts in the engine
