@@ -1,6 +1,6 @@
-"""Reading a profile file and checking its values (artifact.experiments.settings.load_profile): each value converted
-to its field's type (int -> float, list -> tuple), then ranges (RANGES) and choices, every error naming the key,
-the file or override it came from, the value and what is expected."""
+"""Reading a profile file and checking its values (artifact.experiments.settings.load_profile): each value
+converted to its field's type (int -> float, list -> tuple), then ranges (RANGES) and choices, every error
+naming the key, the file or override it came from, the value and what is expected."""
 from __future__ import annotations
 
 import difflib
@@ -116,8 +116,9 @@ def check_value(key: str, value, tp, src: str):
 
 
 def check_values(P, origin: dict) -> None:
-    """Ranges and choices of P (the Settings being loaded; this module sits under settings.py, so untyped), each
-    error naming the key, the file it came from (origin: key -> file or 'overrides') and the valid values."""
+    """Ranges and choices of P (the Settings being loaded; this module sits under settings.py, so untyped),
+    each error naming the key, the file it came from (origin: key -> file or 'overrides') and the valid
+    values."""
     def src(key):
         return origin.get(key, DEFAULTS_ORIGIN)
 
