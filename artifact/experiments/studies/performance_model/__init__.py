@@ -15,9 +15,9 @@ measured policy difference whose interval excludes 0 has the modelled difference
 validate_gpu does the same for the runs of a gpu_check report, whose routing traces are committed beside
 it (data/gpu_check/), with the h200 profile.
 
-The model-error claim follows the protocol of docs/perf_model.md ("Validation"): `validation` keeps a run's rows,
-`model_errors` sets its figure (the median absolute error over its cells) beside every stored run's
-(data/results/<profile>/runs/run<k>/validation.csv), and the claim is ruled on the median of the stored runs'
+The model-error claim (model_error.py) follows the protocol of docs/perf_model.md ("Validation"): `validation`
+keeps a run's rows, `model_errors` sets its figure (the median absolute error over its cells) beside every stored
+run's (data/results/<profile>/runs/run<k>/validation.csv), and the claim is ruled on the median of the stored runs'
 figures when this run is one of them, else on this run's own figure; each validation cell's measured
 demand-over-last_step difference is printed beside the virtual clock's, with their sign agreement.
 """
@@ -33,16 +33,11 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.hardware import HARDWARE
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, figure_legend, title
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.studies.performance_model.validation import (
-    FAST_LINK,
-    VALIDATION,
+from artifact.experiments.studies.performance_model.model_error import (
     VALIDATION_CELL,
-    VALIDATION_POLICIES,
-    VALIDATION_RATIOS,
     CellSign,
     ModelErrors,
     cell_signs,
-    cpu_emulated,
     errors_of,
     errors_table,
     model_error_claim,
@@ -51,6 +46,13 @@ from artifact.experiments.studies.performance_model.validation import (
     steps_per_second,
     stored_claims,
     summary_text,
+)
+from artifact.experiments.studies.performance_model.validation import (
+    FAST_LINK,
+    VALIDATION,
+    VALIDATION_POLICIES,
+    VALIDATION_RATIOS,
+    cpu_emulated,
     validate_cpu,
     validate_gpu,
     validation,
