@@ -20,6 +20,7 @@ import torch
 from artifact.experiments.bench.model_runner import usable_cores
 from artifact.experiments.tide import adapter as tide
 from artifact.experiments.tide import checkout as tide_checkout
+from artifact.experiments.tide import released
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import tokens_sha
 from artifact.model.tiny import tiny_checkpoint
@@ -106,7 +107,7 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error 
 
 # --- argument mapping ----------------------------------------------------------------------------
 def test_tide_arguments_map_our_settings():
-    a = tide.tide_arguments(48, 3, gen_length=256, steps=64, threshold=0.9, block_length=32, mask_id=7, eos_id=5)
+    a = released.tide_arguments(48, 3, gen_length=256, steps=64, threshold=0.9, block_length=32, mask_id=7, eos_id=5)
     assert a["offload"] == {"max_gpu_experts_per_layer": 48, "jump_steps": 3, "collect_stats": True}
     g = a["generate"]
     assert g["steps"] == 32                      # our schedule caps steps at the block length
@@ -127,7 +128,7 @@ def test_tide_arguments_map_our_settings():
 def test_tide_arguments_refuse_what_tide_would_decode_differently(kw, words):
     base = dict(budget_experts=8, jump_steps=1, gen_length=64, steps=32, threshold=0.95, mask_id=2, eos_id=1)
     with pytest.raises(ValueError) as e:
-        tide.tide_arguments(**{**base, **kw})
+        released.tide_arguments(**{**base, **kw})
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
@@ -208,7 +209,7 @@ def test_run_tide_maps_arguments_and_builds_rows(fake):
     prompts = [[5, 6, 7], list(range(10, 50))]
     dc = DecodeConfig(gen_length=64, steps=16, threshold=0.9)
     path_before = list(sys.path)
-    rows = tide.run_tide(fake, tiny_checkpoint(), prompts, budget_experts=8, jump_steps=3, dc=dc, reps=2,
+    rows = released.run_tide(fake, tiny_checkpoint(), prompts, budget_experts=8, jump_steps=3, dc=dc, reps=2,
                          device="cpu", dtype="bfloat16", task="gsm8k", cache_ratio=0.5)
     assert sys.path == path_before                 # imported from the checkout without a path hack
     log = calls(fake)
@@ -244,7 +245,7 @@ def test_run_tide_maps_arguments_and_builds_rows(fake):
 
 
 def test_run_tide_reports_a_capped_budget(fake):
-    rows = tide.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], budget_experts=100, device="cpu", warmup=False,
+    rows = released.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], budget_experts=100, device="cpu", warmup=False,
                          dc=DecodeConfig(gen_length=32))
     assert rows[0]["cache_experts"] == FAKE_CAP and rows[0]["budget_experts"] == 100
     assert rows[0]["tide_budget_capped"] is True
@@ -252,18 +253,18 @@ def test_run_tide_reports_a_capped_budget(fake):
 
 def test_run_tide_refuses_before_loading(fake, tmp_path):
     with pytest.raises(ValueError, match="bfloat16"):
-        tide.run_tide(fake, tiny_checkpoint(), [[1, 2]], 8, device="cpu", dtype="float32")
+        released.run_tide(fake, tiny_checkpoint(), [[1, 2]], 8, device="cpu", dtype="float32")
     with pytest.raises(FileNotFoundError, match="checkpoint directory not found"):
-        tide.run_tide(fake, tmp_path / "no-ckpt", [[1, 2]], 8, device="cpu")
+        released.run_tide(fake, tmp_path / "no-ckpt", [[1, 2]], 8, device="cpu")
     with pytest.raises(ValueError, match="empty prompt"):
-        tide.run_tide(fake, tiny_checkpoint(), [[]], 8, device="cpu")
+        released.run_tide(fake, tiny_checkpoint(), [[]], 8, device="cpu")
     assert calls(fake) == []                       # nothing was loaded or generated
 
 
 @no_gpu
 def test_run_tide_on_cuda_without_a_gpu_says_so(fake):
     with pytest.raises(RuntimeError, match="CUDA only"):
-        tide.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8)
+        released.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8)
     assert calls(fake) == []
 
 
@@ -360,7 +361,7 @@ def test_real_tide_without_a_gpu_fails_clearly(tmp_path):
     ours = random_model(get_preset("tiny"), seed=1)
     root = save_checkpoint(tmp_path / "ck", ours.cfg, state_tensors(ours.model, ours.experts))
     with pytest.raises(RuntimeError, match="enable_predictive_expert_offload failed: CUDA is not available"):
-        tide.run_tide(os.environ["ARTIFACT_TIDE_PATH"], root, [[5, 6, 7]], 8, device="cpu")
+        released.run_tide(os.environ["ARTIFACT_TIDE_PATH"], root, [[5, 6, 7]], 8, device="cpu")
 
 
 # --- fairness: pinned revision, jump_steps sweep, seconds per forward, threads -----------------------
@@ -388,23 +389,23 @@ def test_the_pinned_revision_is_recognised_by_the_model_file(fake, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tide_checkout.check_tide(fake, device="cpu").pinned
-    row = tide.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False,
+    row = released.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False,
                         dc=DecodeConfig(gen_length=32))[0]
     assert row["tide_pinned"] is True and row["tide_modeling_sha"] == tide_checkout._blob_sha(modeling)
 
 
 def test_tide_runs_on_the_machines_cores_and_restores_the_bench_threads(fake):
     assert torch.get_num_threads() == 1                                    # the bench's (conftest's) setting
-    rows = tide.run_tide(fake, tiny_checkpoint(), [[1, 2, 3], [4, 5]], 8, device="cpu", reps=2,
+    rows = released.run_tide(fake, tiny_checkpoint(), [[1, 2, 3], [4, 5]], 8, device="cpu", reps=2,
                          dc=DecodeConfig(gen_length=32))
     seen = tide_checkout.load_tide_module(tide_checkout.check_tide(fake, device="cpu")).THREADS
     assert seen == [usable_cores()] * (1 + 2 * 2)                 # warm-up and every timed generate
     assert all(r["threads"] == usable_cores() for r in rows)
     assert torch.get_num_threads() == 1                                    # restored
-    tide.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False, threads=3,
+    released.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False, threads=3,
                   dc=DecodeConfig(gen_length=32))
     assert seen[-1] == 3 and torch.get_num_threads() == 1
-    with pytest.raises(RuntimeError, match="boom"), tide.tide_threads(2):
+    with pytest.raises(RuntimeError, match="boom"), released.tide_threads(2):
         raise RuntimeError("boom")
     assert torch.get_num_threads() == 1                                    # restored after an error too
 

@@ -1,2 +1,3 @@
-"""TIDE's released implementation, beside the engine: the checkout check (checkout) and the adapter that runs
-it on the bench's cells (adapter). It imports only the bench and the settings."""
+"""TIDE's released implementation, beside the engine: the checkout check (checkout), TIDE's model driven
+(released) and the adapter that runs it beside the engine on the bench's cells (adapter). It imports only
+the bench and the settings."""

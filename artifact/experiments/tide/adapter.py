@@ -3,11 +3,12 @@
 TIDE (https://github.com/ims-kdks/TIDE) ships a modified LLaDA2 model, model/modeling_llada2_moe.py,
 whose LLaDA2MoeModelLM.enable_predictive_expert_offload(max_gpu_experts_per_layer, jump_steps, ...)
 keeps a per-layer GPU expert budget, re-places experts every `jump_steps` denoising steps, and
-computes non-resident experts on the CPU; its `generate` returns (tokens, per-step stats). This
-module never vendors or downloads that code: it reads the interface from the checkout (`check_tide`),
+computes non-resident experts on the CPU; its `generate` returns (tokens, per-step stats). tide/
+never vendors or downloads that code: it reads the interface from the checkout (checkout.check_tide),
 imports the model file from there under a private package name (no sys.path change), loads the
-user's safetensors checkpoint, and times TIDE's own `generate` on our prompts and settings. The rows
-it returns have the benchmark row format, TIDE's counters under keys prefixed "tide_".
+user's safetensors checkpoint, and times TIDE's own `generate` on our prompts and settings (released).
+This module puts those rows, in the benchmark row format with TIDE's counters under keys prefixed
+"tide_", beside our engine's (compare_with_engine) and splits the speedup (speedup_parts).
 
 Differences that matter for a fair reading (each handled or recorded):
   prefix     TIDE re-runs the whole prefix (prompt + earlier blocks) every denoising step; our engine's
@@ -47,207 +48,19 @@ Use (notebook 05; the profile key tide_path names the checkout, run where TIDE's
 """
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 import torch
 from tqdm.auto import tqdm
 
-from artifact.experiments.bench.model_runner import usable_cores
 from artifact.experiments.bench.results import STAT_COLUMNS
-from artifact.experiments.tide.checkout import (
-    MODEL_CLASS,
-    OFFLOAD_METHOD,
-    TideInfo,
-    check_checkpoint,
-    check_tide,
-    load_tide_module,
-    require_cuda,
-)
-from artifact.model.checkpoint import parse_dtype
-from artifact.model.config import ModelConfig
-from artifact.model.decode import DecodeConfig
+from artifact.experiments.tide.checkout import require_cuda
+from artifact.experiments.tide.released import TideRun, check_prompts, open_tide, tide_arguments
 from artifact.model.tasks import tokens_sha
 from artifact.offload.runner import OffloadSpec, RunOptions, RunSettings, decode_prompts, expert_bytes
 
 JUMP_STEPS = (1, 2, 4)      # TIDE's defaults (enable_predictive_expert_offload: 1, main.py: 2) and our tau
-# Per-step counters of TIDE's MoE blocks (summed over layers; summed over steps here).
-COUNTERS = ("cpu_tokens", "gpu_tokens", "cpu_calls", "gpu_calls", "cpu_compute_time", "gpu_compute_time",
-            "cpu_tokens_move_time", "gpu_tokens_move_time", "experts_move_time", "promotions", "demotions")
-
-
-def tide_arguments(budget_experts: int, jump_steps: int, gen_length: int, steps: int, threshold: float,
-                   block_length: int = 32, *, mask_id: int, eos_id: int, eos_early_stop: bool = True,
-                   collect_stats: bool = True) -> dict:
-    """Our settings -> TIDE's call arguments: {"offload": enable_predictive_expert_offload kwargs,
-    "generate": generate kwargs (less input_ids)}. See the module docstring for each choice."""
-    if not isinstance(budget_experts, int) or budget_experts < 1:
-        raise ValueError(f"budget_experts must be an integer >= 1 (experts per MoE layer), got {budget_experts!r}")
-    if not isinstance(jump_steps, int) or jump_steps < 1:
-        raise ValueError(f"jump_steps must be an integer >= 1 (TIDE refreshes at step % jump_steps == 0), "
-                         f"got {jump_steps!r}")
-    if steps < 1 or block_length < 1:
-        raise ValueError(f"steps and block_length must be >= 1, got steps={steps}, block_length={block_length}")
-    if not 0.0 < threshold <= 1.0:
-        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
-    eff_steps = min(steps, block_length)           # our schedule's cap; TIDE's is gen_length
-    if gen_length < eff_steps:
-        raise ValueError(f"gen_length={gen_length} < steps={eff_steps}: TIDE would cap its steps at gen_length "
-                         f"and use another transfer schedule than ours; use gen_length >= {eff_steps}")
-    if not eos_early_stop:
-        raise ValueError("TIDE's generate always stops after the block that holds eos; compare with "
-                         "eos_early_stop=True (our engine then stops at the same block)")
-    return {
-        "offload": {"max_gpu_experts_per_layer": budget_experts, "jump_steps": jump_steps,
-                    "collect_stats": collect_stats},
-        "generate": {"gen_length": gen_length, "block_length": block_length, "steps": eff_steps,
-                     "threshold": threshold, "temperature": 0.0, "do_sample": False, "minimal_topk": 1,
-                     "eos_early_stop": False, "eos_id": eos_id, "mask_id": mask_id},
-    }
-
-
-def load_tide(info: TideInfo, checkpoint, args: dict, dtype: str = "bfloat16"):
-    """TIDE's model on the checkpoint with offloading enabled: (model, TIDE's offload info dict)."""
-    cls = getattr(load_tide_module(info), MODEL_CLASS)
-    # safetensors only (never a pickle), never the network: the user's directory as it is
-    model = cls.from_pretrained(str(checkpoint), dtype=parse_dtype(dtype), local_files_only=True,
-                                use_safetensors=True).eval()
-    try:
-        offload_info = getattr(model, OFFLOAD_METHOD)(**args["offload"])
-    except RuntimeError as e:
-        raise RuntimeError(f"TIDE's {OFFLOAD_METHOD} failed: {e}") from e
-    return model, dict(offload_info or {})
-
-
-@contextmanager
-def tide_threads(n: int | None = None):
-    """torch's intra-op threads at `n` (default: usable_cores()) for TIDE's CPU expert compute, restored
-    afterwards so the bench's own setting (often 1 thread) holds again for our engine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n or usable_cores())
-    try:
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-
-
-def tide_generate(model, prompt: list[int], gen_args: dict, device: str) -> tuple[list[int], int, list, float]:
-    """One timed TIDE generate: (tokens before eos, TIDE's own token count, its per-step stats, seconds)."""
-    ids = torch.tensor([prompt], dtype=torch.long)
-    _sync(device)
-    t0 = time.perf_counter()
-    out = model.generate(input_ids=ids, **gen_args)
-    _sync(device)
-    seconds = time.perf_counter() - t0
-    tokens, stats = out if isinstance(out, tuple) else (out, [])
-    flat = tokens[0].tolist()
-    eos = gen_args["eos_id"]
-    return (flat[:flat.index(eos)] if eos in flat else flat), len(flat), list(stats), seconds
-
-
-@dataclass
-class TideRun:
-    """TIDE loaded once with offloading on; `measure` times one repetition over a list of prompts."""
-    info: TideInfo
-    model: object
-    args: dict
-    offload_info: dict
-    budget_experts: int
-    device: str
-    threads: int | None = None             # torch threads while TIDE runs (None: usable_cores())
-
-    def set_jump_steps(self, jump_steps: int) -> None:
-        """Re-enable offloading with another refresh interval. TIDE's public call re-places the experts as
-        a fresh load does and resets its counters, so each setting starts from the same state."""
-        if jump_steps == self.args["offload"]["jump_steps"]:
-            return
-        args = tide_arguments(self.budget_experts, jump_steps, self.args["generate"]["gen_length"],
-                              self.args["generate"]["steps"], self.args["generate"]["threshold"],
-                              self.args["generate"]["block_length"], mask_id=self.args["generate"]["mask_id"],
-                              eos_id=self.args["generate"]["eos_id"],
-                              collect_stats=self.args["offload"]["collect_stats"])
-        try:
-            info = getattr(self.model, OFFLOAD_METHOD)(**args["offload"])
-        except RuntimeError as e:
-            raise RuntimeError(f"TIDE's {OFFLOAD_METHOD} failed: {e}") from e
-        self.args, self.offload_info = args, dict(info or {})
-
-    def measure(self, prompts: list[list[int]], rep: int = 0, task: str | None = None,
-                cache_ratio: float | None = None) -> tuple[dict, list[list[int]]]:
-        g = self.args["generate"]
-        collect = self.args["offload"]["collect_stats"]
-        totals = dict.fromkeys(COUNTERS, 0)
-        tokens = seconds = with_eos = forwards = 0
-        outs = []
-        with tide_threads(self.threads) as threads:
-            for p in prompts:
-                toks, n_eos, stats, s = tide_generate(self.model, p, g, self.device)
-                outs.append(toks)
-                tokens, with_eos, seconds = tokens + len(toks), with_eos + n_eos, seconds + s
-                forwards += len(stats)                 # one stats entry per denoising forward
-                for step in stats:
-                    for k in COUNTERS:
-                        totals[k] += step.get("offload_stats", {}).get(k, 0)
-        budget = int(self.offload_info.get("gpu_expert_budget_per_layer", self.budget_experts))
-        routed = totals["cpu_tokens"] + totals["gpu_tokens"]
-        row = {"system": "tide_released", "policy": "tide_released", "mode": "full", "task": task,
-               "batch_size": 1, "cache_ratio": cache_ratio, "cache_experts": budget, "rep": rep,
-               "prompts": len(prompts), "seconds": seconds, "tokens": tokens,
-               "tokens_per_second": tokens / seconds if seconds > 0 else float("nan"),
-               "forwards": forwards if collect else None,
-               "tokens_per_forward": tokens / forwards if collect and forwards else None,
-               "seconds_per_forward": seconds / forwards if collect and forwards else None, "threads": threads,
-               "jump_steps": self.args["offload"]["jump_steps"], "gen_length": g["gen_length"],
-               "steps": g["steps"], "threshold": g["threshold"], "budget_experts": self.budget_experts,
-               "tide_budget_capped": budget < self.budget_experts, "tide_tokens_with_eos": with_eos,
-               "tide_hit_ratio": totals["gpu_tokens"] / routed if routed else None, "tide_commit": self.info.commit,
-               "tide_modeling_sha": self.info.modeling_sha, "tide_pinned": self.info.pinned,
-               "tokens_sha": tokens_sha(outs)}
-        row.update({f"tide_{k}": v for k, v in totals.items()})
-        row.update({f"tide_{k}": v for k, v in self.offload_info.items() if isinstance(v, (int, float, bool, str))})
-        return row, outs
-
-
-def open_tide(tide_path, checkpoint, budget_experts: int, jump_steps: int = 1, dc: DecodeConfig = DecodeConfig(),
-              *, device: str = "cuda", dtype: str = "bfloat16", mask_id: int | None = None,
-              eos_id: int | None = None, block_length: int = 32, collect_stats: bool = True,
-              warmup_prompt: list[int] | None = None, threads: int | None = None) -> TideRun:
-    """Check everything, then load TIDE on the checkpoint (slow: the whole model is read once).
-    TIDE runs with `threads` torch threads (default: the machine's cores; see tide_threads)."""
-    if dtype not in ("bfloat16", "bf16", torch.bfloat16):
-        raise ValueError(f"dtype {dtype!r}: TIDE's generate builds its attention mask in bfloat16, so its model "
-                         "runs in bfloat16 only (compare with our engine in bfloat16 too)")
-    info = check_tide(tide_path, device)
-    root = check_checkpoint(checkpoint)
-    ids = _checkpoint_ids(root)
-    args = tide_arguments(budget_experts, jump_steps, dc.gen_length, dc.steps, dc.threshold, block_length,
-                          mask_id=ids["mask_token_id"] if mask_id is None else mask_id,
-                          eos_id=ids["eos_token_id"] if eos_id is None else eos_id,
-                          eos_early_stop=dc.eos_early_stop, collect_stats=collect_stats)
-    with tide_threads(threads):
-        model, offload_info = load_tide(info, root, args, dtype)
-        if warmup_prompt:                          # CUDA context, allocator, kernels: not TIDE's speed
-            tide_generate(model, warmup_prompt, {**args["generate"], "gen_length": block_length}, device)
-    return TideRun(info, model, args, offload_info, budget_experts, device, threads)
-
-
-def run_tide(tide_path, checkpoint, prompts: list[list[int]], budget_experts: int, jump_steps: int = 1,
-             dc: DecodeConfig = DecodeConfig(), *, reps: int = 1, warmup: bool = True, task: str | None = None,
-             cache_ratio: float | None = None, device: str = "cuda", dtype: str = "bfloat16",
-             mask_id: int | None = None, eos_id: int | None = None, block_length: int = 32,
-             collect_stats: bool = True, threads: int | None = None) -> list[dict]:
-    """Time TIDE's released generate on `prompts` (token lists): one row per repetition over all prompts.
-    jump_steps=1 is TIDE's own default (its main.py uses 2, eval.sh sweeps 1-31). mask/eos ids default to
-    the checkpoint's config.json, else LLaDA2.0's. device="cpu" only serves a stand-in TIDE (the tests')."""
-    _check_prompts(prompts, reps)
-    run = open_tide(tide_path, checkpoint, budget_experts, jump_steps, dc, device=device, dtype=dtype,
-                    mask_id=mask_id, eos_id=eos_id, block_length=block_length, collect_stats=collect_stats,
-                    warmup_prompt=prompts[0] if warmup else None, threads=threads)
-    return [run.measure(prompts, rep, task, cache_ratio)[0] for rep in range(reps)]
 
 
 def engine_row(loaded, prompts: list[list[int]], budget_experts: int, options: RunOptions, *,
@@ -287,13 +100,33 @@ def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_expe
     (bf16 numerics may differ). `options` (RunOptions) are our engine's: TIDE decodes with their decoding
     settings on their device; the engine also with their forward mode (each decoding mode in turn).
     """
-    _check_prompts(prompts, reps)
-    dc, device = options.decode, options.device
+    check_prompts(prompts, reps)
     sweep = (jump_steps,) if isinstance(jump_steps, int) else tuple(jump_steps)
-    if not sweep or len(set(sweep)) != len(sweep):
-        raise ValueError(f"jump_steps must be one integer or distinct integers, got {jump_steps!r}")
     checkpoint = checkpoint if checkpoint is not None else loaded.path
-    if torch.device(device).type == "cuda":
+    _refuse_unfair_setup(loaded, budget_experts, sweep, options, checkpoint)
+    dc, cfg = options.decode, loaded.cfg
+    if torch.device(options.device).type == "cuda" and not loaded.experts.is_pinned():
+        loaded.experts = loaded.experts.pin_memory()   # once, not in every run's HostStore (as ModelRunner does)
+    run = open_tide(tide_path, checkpoint, budget_experts, sweep[0], dc, device=options.device, dtype=dtype,
+                    mask_id=cfg.mask_token_id, eos_id=cfg.eos_token_id, block_length=cfg.block_length,
+                    warmup_prompt=prompts[0], threads=threads)
+    warm = replace(options, decode=replace(dc, gen_length=cfg.block_length))
+    engine_row(loaded, prompts[:1], budget_experts, warm)             # warm-up, as for TIDE
+    jobs = [("engine", mode, p) for p in policies for mode in ("cached", "full")]
+    jobs += [("tide_released", "full", j) for j in sweep]
+    rows = []
+    for rep in tqdm(range(reps), desc="tide vs engine", disable=not progress):
+        rows += _one_rep(loaded, run, prompts, budget_experts, options, jobs, rep, tau=tau, task=task,
+                         cache_ratio=cache_ratio)
+    return rows
+
+
+def _refuse_unfair_setup(loaded, budget_experts: int, sweep: tuple, options: RunOptions, checkpoint) -> None:
+    """compare_with_engine's checks, before the slow load: a usable sweep, on CUDA a like-for-like model
+    (bfloat16, experts in host memory), a checkpoint directory for TIDE, and settings TIDE accepts."""
+    if not sweep or len(set(sweep)) != len(sweep):
+        raise ValueError(f"jump_steps must be one integer or distinct integers, got {sweep!r}")
+    if torch.device(options.device).type == "cuda":
         require_cuda()
         if loaded.experts.dtype != torch.bfloat16:
             raise ValueError(f"our model is in {loaded.experts.dtype}; TIDE runs in bfloat16 only, so load ours "
@@ -302,39 +135,35 @@ def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_expe
             raise ValueError("our model's experts are resident on the GPU (load_checkpoint(..., resident=False), or "
                              "set loaded.model.backend = None after a resident run): TIDE sizes its budget "
                              "against the free GPU memory")
-        if not loaded.experts.is_pinned():       # once, not in every run's HostStore (as the bench's ModelRunner does)
-            loaded.experts = loaded.experts.pin_memory()
     if checkpoint is None:
         raise ValueError("loaded has no checkpoint directory (random_model?): pass checkpoint=PATH for TIDE")
-    for j in sweep:                                # refuse a bad value before the slow load
-        tide_arguments(budget_experts, j, dc.gen_length, dc.steps, dc.threshold, loaded.cfg.block_length,
-                       mask_id=loaded.cfg.mask_token_id, eos_id=loaded.cfg.eos_token_id)
-    run = open_tide(tide_path, checkpoint, budget_experts, sweep[0], dc, device=device, dtype=dtype,
-                    mask_id=loaded.cfg.mask_token_id, eos_id=loaded.cfg.eos_token_id,
-                    block_length=loaded.cfg.block_length, warmup_prompt=prompts[0], threads=threads)
-    warm = replace(options, decode=replace(dc, gen_length=loaded.cfg.block_length))
-    engine_row(loaded, prompts[:1], budget_experts, warm)             # warm-up, as for TIDE
-    jobs = [("engine", mode, p) for p in policies for mode in ("cached", "full")]
-    jobs += [("tide_released", "full", j) for j in sweep]
-    rows = []
-    for rep in tqdm(range(reps), desc="tide vs engine", disable=not progress):
-        shift = rep % len(jobs)
-        engine_tokens, tide_rows = None, []
-        for order, (system, mode, arg) in enumerate(jobs[shift:] + jobs[:shift]):
-            if system == "engine":
-                row, toks = engine_row(loaded, prompts, budget_experts,
-                                       replace(options, decode=replace(dc, mode=mode)), policy=arg, tau=tau,
-                                       rep=rep, task=task, cache_ratio=cache_ratio)
-                if mode == "full" and engine_tokens is None:
-                    engine_tokens = toks
-            else:
-                run.set_jump_steps(arg)
-                row, toks = run.measure(prompts, rep, task, cache_ratio)
-                tide_rows.append((row, toks))
-            row["order"] = order                   # position in this rep's rotated order
-            rows.append(row)
-        for row, toks in tide_rows:
-            row["same_tokens_as_engine"] = sum(a == b for a, b in zip(toks, engine_tokens)) / len(prompts)
+    dc, cfg = options.decode, loaded.cfg
+    for j in sweep:
+        tide_arguments(budget_experts, j, dc.gen_length, dc.steps, dc.threshold, cfg.block_length,
+                       mask_id=cfg.mask_token_id, eos_id=cfg.eos_token_id)
+
+
+def _one_rep(loaded, run: TideRun, prompts: list[list[int]], budget_experts: int, options: RunOptions,
+             jobs: list[tuple], rep: int, *, tau: int, task: str | None, cache_ratio: float | None) -> list[dict]:
+    """One repetition: each job once, in `jobs` rotated by `rep` (so drift hits all alike). TIDE rows get
+    same_tokens_as_engine against the engine's first full-mode tokens of this rep."""
+    shift = rep % len(jobs)
+    rows, engine_tokens, tide_rows = [], None, []
+    for order, (system, mode, arg) in enumerate(jobs[shift:] + jobs[:shift]):
+        if system == "engine":
+            mode_options = replace(options, decode=replace(options.decode, mode=mode))
+            row, toks = engine_row(loaded, prompts, budget_experts, mode_options, policy=arg, tau=tau, rep=rep,
+                                   task=task, cache_ratio=cache_ratio)
+            if mode == "full" and engine_tokens is None:
+                engine_tokens = toks
+        else:
+            run.set_jump_steps(arg)
+            row, toks = run.measure(prompts, rep, task, cache_ratio)
+            tide_rows.append((row, toks))
+        row["order"] = order                   # position in this rep's rotated order
+        rows.append(row)
+    for row, toks in tide_rows:
+        row["same_tokens_as_engine"] = sum(a == b for a, b in zip(toks, engine_tokens)) / len(prompts)
     return rows
 
 
@@ -368,25 +197,3 @@ def speedup_parts(rows: list[dict], policy: str = "demand", jump_steps: int | No
             out[f"{name}_seconds_per_forward"] = None
     return out
 
-
-def _check_prompts(prompts, reps: int) -> None:
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("need at least one prompt, and no empty prompt")
-    if reps < 1:
-        raise ValueError(f"reps must be >= 1, got {reps}")
-
-
-def _checkpoint_ids(root: Path) -> dict:
-    """mask/eos ids: config.json when it carries them, else the LLaDA2.0 ones (TIDE's defaults too)."""
-    raw = json.loads((root / "config.json").read_text())
-    base = ModelConfig()
-    out = {}
-    for key in ("mask_token_id", "eos_token_id"):
-        v = raw.get(key, getattr(base, key))
-        out[key] = int(v[0] if isinstance(v, list) else v)          # HF allows a list of eos ids
-    return out
-
-
-def _sync(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()

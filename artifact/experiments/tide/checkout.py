@@ -1,8 +1,8 @@
 """A TIDE checkout, checked before anything of it runs: its files, the interface the adapter calls (read
 from the source with `ast`, never executed), the requirements it imports, the revision it is at (the model
 file's git blob id against the pinned one), and finally its model file imported under a private package
-name (no sys.path change). The adapter (tide/adapter.py) runs it; this module only decides whether it can
-run and loads it.
+name (no sys.path change). tide/released.py runs it (for tide/adapter.py); this module only decides
+whether it can run and loads it.
 The artifact never vendors or downloads TIDE: the checkout is the path the user gives (profile key tide_path).
 """
 from __future__ import annotations
