@@ -44,9 +44,7 @@ from artifact.errors import RunsError
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.effects import PERCENT, Basis, RunEffect, run_views
 from artifact.experiments.rules import Interval, host_shares, hull
-
-# cached_rows: importable from here too, where studies/performance_model/validation.py imports it
-from artifact.experiments.stored_runs import cached_rows, run_meta, runs_root, stored_rows  # noqa: F401
+from artifact.experiments.stored_runs import run_meta, runs_root, stored_rows
 
 METHOD = f"{thresholds.CONFIDENCE:.0%} t interval over per-run means (runs are the unit, df = N - 1)"
 ONE_RUN = (f"one run: its mean +- max(t_(N-1) x the sd of the stored runs' means, t_df x its own standard error, "

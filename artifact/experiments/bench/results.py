@@ -16,9 +16,7 @@ import pandas as pd
 
 from artifact.errors import ResultFileError
 from artifact.experiments.bench.grid import Cell, cell_key, cell_keys, shard_file
-
-# CellClaims: importable from here too, where bench/run.py imports it
-from artifact.experiments.bench.locks import CellClaims, lock_path, locked  # noqa: F401
+from artifact.experiments.bench.locks import lock_path, locked
 from artifact.experiments.settings import Settings, fingerprint
 from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS
 from artifact.model.options import DEFAULT_FORWARD

@@ -29,17 +29,16 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from artifact.experiments.bench.grid import Cell, grid, shard_cells
+from artifact.experiments.bench.locks import CellClaims, locked
 from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import (
-    CellClaims,
     append_rows,
     bench_fingerprint,
     check_same_model,
     default_out,
     finished_cells,
     load_for_append,
-    locked,
     read_rows,
 )
 from artifact.experiments.settings import Settings

@@ -12,9 +12,10 @@ import pandas as pd
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.claims import Claim
 from artifact.experiments.criteria import thresholds
-from artifact.experiments.replication import Replicas, stored_rows
+from artifact.experiments.replication import Replicas
 from artifact.experiments.rules import at_most, figure_range, median_interval
 from artifact.experiments.settings import Settings
+from artifact.experiments.stored_runs import stored_rows
 from artifact.experiments.studies.performance_model.validation import VALIDATION, validate_gpu, validation_summary
 
 VALIDATION_CELL = ["batch_size", "cache_ratio"]     # a measured demand-vs-last_step comparison: one per cell
@@ -139,7 +140,7 @@ def errors_of(rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]]) -> Mod
 
 def model_errors(P: Settings, rows: pd.DataFrame) -> ModelErrors:
     """errors_of this run's rows (performance_model.validation) and the stored runs' rows of the same settings
-    (data/results/<profile>/runs/run<k>/validation.csv, replication.stored_rows)."""
+    (data/results/<profile>/runs/run<k>/validation.csv, stored_runs.stored_rows)."""
     return errors_of(rows, stored_rows(P, VALIDATION, bench_fingerprint(P)))
 
 

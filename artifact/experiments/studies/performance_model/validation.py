@@ -15,9 +15,9 @@ from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
 from artifact.experiments.harness import load_model, offload_spec
-from artifact.experiments.replication import cached_rows
 from artifact.experiments.settings import Settings
 from artifact.experiments.stats import paired_table
+from artifact.experiments.stored_runs import cached_rows
 from artifact.experiments.studies.performance_model.virtual import (
     model_run,
     shape,
@@ -119,7 +119,7 @@ VALIDATION = "validation"    # data/results/<profile>/validation.csv: the timed 
 def validation(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
     """The validation protocol of docs/perf_model.md: validate_cpu at batch sizes 1 and 4 and every C/W of the
     profile's grid, 2 repetitions, reused from data/results/<profile>/validation.csv when made under these settings
-    (replication.cached_rows). Returns the rows and the calibration's description."""
+    (stored_runs.cached_rows). Returns the rows and the calibration's description."""
     def measure():
         df, source = validate_cpu(P, ratios=tuple(P.cache_ratios), batch_sizes=(1, 4), repetitions=2,
                                   progress=progress)
