@@ -14,6 +14,8 @@ if [ $# -gt 0 ] && [ "$1" != "--fast" ]; then
 fi
 start=$(date +%s%N)
 "$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check artifact tests scripts benchmarks examples >/dev/null || \
+  "$VENV/bin/ruff" format --check artifact tests scripts benchmarks examples   # line length 110 (pyproject.toml)
 "$VENV/bin/lint-imports" --no-cache >/dev/null || "$VENV/bin/lint-imports" --no-cache   # details only on failure
 if [ "${1:-}" = "--fast" ]; then
   "$PY" -m pytest tests -q -m "not slow" -n 2 -p no:nbval     # pytest-xdist: a worker per core of a 2-core machine

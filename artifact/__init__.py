@@ -13,4 +13,5 @@ Three layers, each importing only the ones below it (an import-linter contract i
 
 `python -m artifact` is the command line (artifact/cli/); docs/DESIGN.md is the design.
 """
+
 __version__ = "0.2.0"

@@ -1,4 +1,5 @@
 """python -m artifact: the command line (artifact/cli/)."""
+
 import sys
 
 from artifact.cli import main

@@ -4,6 +4,7 @@
 traceback. Each is a ValueError, so code that guards with `except ValueError` keeps working.
 Raise the most specific class, with a message that names the file, key or value and what is expected.
 """
+
 from __future__ import annotations
 
 
@@ -32,7 +33,8 @@ class ResultFileError(UserError):
 
 
 class RunsError(ResultFileError):
-    """A stored run (data/results/<profile>/runs/run<k>/) that is damaged, missing or of another commit, or too
+    """A stored run (data/results/<profile>/runs/run<k>/) that is damaged, missing or of another commit, or
+    too
     few stored runs for what is asked."""
 
 

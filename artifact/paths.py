@@ -1,4 +1,5 @@
 """Where things live: the repository root (for data/, figures/, results/) and the ignored build cache."""
+
 from __future__ import annotations
 
 import errno
@@ -13,8 +14,11 @@ PACKAGE = Path(__file__).resolve().parent
 
 def is_checkout(d: Path) -> bool:
     """A checkout of this project: its pyproject.toml beside the artifact/ package and notebooks/."""
-    return ((d / "pyproject.toml").is_file() and (d / "artifact" / "__init__.py").is_file()
-            and (d / "notebooks").is_dir())
+    return (
+        (d / "pyproject.toml").is_file()
+        and (d / "artifact" / "__init__.py").is_file()
+        and (d / "notebooks").is_dir()
+    )
 
 
 def repo_root() -> Path:
@@ -52,8 +56,8 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())               # the data reaches the disk before the rename can
-        os.chmod(tmp, 0o644 & ~_umask())       # mkstemp makes 0600; results are for everyone to read
+            os.fsync(f.fileno())  # the data reaches the disk before the rename can
+        os.chmod(tmp, 0o644 & ~_umask())  # mkstemp makes 0600; results are for everyone to read
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
@@ -127,7 +131,8 @@ def check_writable(path: Path | None, flag: str, force: bool = False, exists_ok:
         os.close(fd)
         os.unlink(probe)
     except (FileExistsError, IsADirectoryError, NotADirectoryError):
-        raise                                              # ours above, each naming the path and the fix
-    except (OSError, ValueError, OverflowError) as e:     # EACCES, EROFS, ENAMETOOLONG, a NUL byte, ...
-        raise ResultFileError(f"{flag} {path}: cannot write there ({getattr(e, 'strerror', None) or e}); "
-                              "choose a writable path") from None
+        raise  # ours above, each naming the path and the fix
+    except (OSError, ValueError, OverflowError) as e:  # EACCES, EROFS, ENAMETOOLONG, a NUL byte, ...
+        raise ResultFileError(
+            f"{flag} {path}: cannot write there ({getattr(e, 'strerror', None) or e}); choose a writable path"
+        ) from None

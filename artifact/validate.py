@@ -5,6 +5,7 @@ NaN and inf fail every check here (`v <= 0` is False for NaN, so a plain range t
 Each error is a SettingError (a ValueError the CLI prints as one line) naming the setting, the value
 and what is expected.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,9 +15,17 @@ import yaml
 from artifact.errors import ProfileError, SettingError
 
 
-def check_number(name: str, value, *, low: float | None = None, high: float | None = None,
-                 low_open: bool = False, high_open: bool = False, integer: bool = False,
-                 allow_none: bool = False):
+def check_number(
+    name: str,
+    value,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+    allow_none: bool = False,
+):
     """`value` as float (or int when integer=True) if finite and within [low, high] (open ends with
     low_open / high_open), else a SettingError naming `name`. None passes only with allow_none."""
     if value is None:
@@ -34,8 +43,13 @@ def check_number(name: str, value, *, low: float | None = None, high: float | No
     if lo_bad or hi_bad:
         lo = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
         hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
-        want = (f"in {lo}, {hi}" if low is not None and high is not None else
-                f"{'>' if low_open else '>='} {low:g}" if low is not None else f"{'<' if high_open else '<='} {high:g}")
+        want = (
+            f"in {lo}, {hi}"
+            if low is not None and high is not None
+            else f"{'>' if low_open else '>='} {low:g}"
+            if low is not None
+            else f"{'<' if high_open else '<='} {high:g}"
+        )
         raise SettingError(f"{name} must be {want}, got {value!r}")
     return int(value) if integer else float(value)
 
@@ -53,8 +67,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
-                raise ProfileError(f"{node.start_mark.name}: key {key!r} given twice (lines {seen[key]} and "
-                                   f"{key_node.start_mark.line + 1}); keep one")
+                raise ProfileError(
+                    f"{node.start_mark.name}: key {key!r} given twice (lines {seen[key]} and "
+                    f"{key_node.start_mark.line + 1}); keep one"
+                )
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
 
@@ -62,7 +78,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def load_yaml(text: str, name: str):
     """The YAML value of `text`, read by `name` (a file, or "--set KEY"): its marks and errors name it."""
     loader = _UniqueKeyLoader(text)
-    loader.name = name                   # marks (and so the errors) name the file, not "<unicode string>"
+    loader.name = name  # marks (and so the errors) name the file, not "<unicode string>"
     try:
         return loader.get_single_data()
     finally:

@@ -21,7 +21,8 @@ last_step; C/W 0.83 and 1.73 of the batch's mean working set), per MoE layer of 
   syncs_per_moe_layer host reads of device data (artifact.model.syncs.SyncCounter: on CUDA each one waits)
   python_us_per_moe_layer  wall us of the layer minus the time inside its top-level ATen ops (torch.profiler
                       on both): the Python of the model, the engine, the cache and the link. It includes the
-                      emulated link's timeline bookkeeping, which CudaLink does not run, and profiler overhead.
+                      emulated link's timeline bookkeeping, which CudaLink does not run, and profiler
+                      overhead.
   copies_per_moe_layer, groups_per_moe_layer   what the engine did
   derived_host_ms_per_mini_step   19 MoE layers x (ops x launch_us + python_us): the host time of one
                       LLaDA2.0-mini denoising step's MoE layers at a stated per-launch cost (--launch-us,
@@ -38,12 +39,13 @@ The lean host path, printed first (--lean-only prints only these), today's path 
                       and 8 copies per call, beside the link before the lean rewrite run on the same stub
                       (target <= 5 us at 8 copies per call; benchmarks/copy_overhead.py)
   forward eager / segmented   per MoE layer of a denoising forward over a prefix cache (tiny, offloaded,
-                      last_step): ATen ops issued outside graphs (on CUDA each is a launch; segmented: only the
-                      inputs' copies and fills remain, plus one row-map copy per expert group that the CPU
+                      last_step): ATen ops issued outside graphs (on CUDA each is a launch; segmented: only
+                      the inputs' copies and fills remain, plus one row-map copy per expert group that the CPU
                       does not show), ops a graph replays, link copies, host reads, tensors from host data
 
     .venv/bin/python benchmarks/host_overhead.py --json [--reps 20] [--launch-us 5] [--lean-only]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,7 +72,7 @@ from artifact.offload.policy.policies import make_policy
 from artifact.offload.replay.sim import capacity_for
 
 MINI_MOE_LAYERS = 19
-H2D_MS_AT_173 = 22.0         # docs/host_path.md: LLaDA2.0-mini batch 1 at C/W 1.73, 50 GB/s
+H2D_MS_AT_173 = 22.0  # docs/host_path.md: LLaDA2.0-mini batch 1 at C/W 1.73, 50 GB/s
 
 KERNELS = ("loop", "grouped")
 RANGE = "moe_layer"
@@ -78,8 +80,14 @@ RANGE = "moe_layer"
 
 def models() -> dict:
     tiny = get_preset("tiny")
-    mini = dataclasses.replace(get_preset("llada2-mini"), num_hidden_layers=3, vocab_size=4096,
-                               mask_token_id=4095, eos_token_id=4092, name="mini-width")
+    mini = dataclasses.replace(
+        get_preset("llada2-mini"),
+        num_hidden_layers=3,
+        vocab_size=4096,
+        mask_token_id=4095,
+        eos_token_id=4092,
+        name="mini-width",
+    )
     return {"tiny": (tiny, "float32"), "mini-width": (mini, "bfloat16")}
 
 
@@ -100,10 +108,14 @@ def count_ops(model, ids, pos, opts: ForwardOptions) -> float:
     """Top-level ATen ops inside MoE.forward, per MoE layer, for one forward."""
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     ranges = []
-    hooks = [m.register_forward_pre_hook(lambda mod, args: ranges.append(record_function(RANGE).__enter__()))
-             for m in layers]
-    hooks += [m.register_forward_hook(lambda mod, args, out: ranges.pop().__exit__(None, None, None))
-              for m in layers]
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, args: ranges.append(record_function(RANGE).__enter__()))
+        for m in layers
+    ]
+    hooks += [
+        m.register_forward_hook(lambda mod, args, out: ranges.pop().__exit__(None, None, None))
+        for m in layers
+    ]
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             model(ids, pos, options=opts)
@@ -122,20 +134,26 @@ def measure(name: str, cfg, dtype: str, batch: int, reps: int) -> list[dict]:
     loaded = random_model(cfg, seed=0, dtype=dtype, device="cpu", resident=True)
     model = loaded.model
     g = torch.Generator().manual_seed(batch)
-    ids = torch.randint(8, cfg.vocab_size - 8, (batch, cfg.block_length), generator=g)   # (B, 32)
+    ids = torch.randint(8, cfg.vocab_size - 8, (batch, cfg.block_length), generator=g)  # (B, 32)
     pos = torch.arange(cfg.block_length).expand(batch, -1)
     resident = model.backend
-    kernels = {k: ForwardOptions(expert_kernel=k) for k in KERNELS}    # the resident experts, each kernel
+    kernels = {k: ForwardOptions(expert_kernel=k) for k in KERNELS}  # the resident experts, each kernel
     out = {}
     for kernel in KERNELS:
-        model(ids, pos, options=kernels[kernel])                        # warm-up
+        model(ids, pos, options=kernels[kernel])  # warm-up
         ops = count_ops(model, ids, pos, kernels[kernel])
         timed = TimedBackend(resident)
         model(ids, pos, options=ForwardOptions(backend=timed, expert_kernel=kernel))
-        out[kernel] = {"model": name, "batch": batch, "kernel": kernel, "ops_per_moe_layer": ops,
-                       "host_us_per_expert": 1e6 * timed.seconds / timed.experts,
-                       "working_set": timed.experts / len(cfg.moe_layers), "times": []}
-    for _ in range(reps):                                               # interleaved: fair on a shared machine
+        out[kernel] = {
+            "model": name,
+            "batch": batch,
+            "kernel": kernel,
+            "ops_per_moe_layer": ops,
+            "host_us_per_expert": 1e6 * timed.seconds / timed.experts,
+            "working_set": timed.experts / len(cfg.moe_layers),
+            "times": [],
+        }
+    for _ in range(reps):  # interleaved: fair on a shared machine
         for kernel in KERNELS:
             t0 = time.perf_counter()
             model(ids, pos, options=kernels[kernel])
@@ -176,10 +194,14 @@ class CountingBackend:
 def moe_ranges(model):
     layers = [m for m in model.modules() if isinstance(m, MoE)]
     ranges = []
-    hooks = [m.register_forward_pre_hook(lambda mod, args: ranges.append(record_function(RANGE).__enter__()))
-             for m in layers]
-    hooks += [m.register_forward_hook(lambda mod, args, out: ranges.pop().__exit__(None, None, None))
-              for m in layers]
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, args: ranges.append(record_function(RANGE).__enter__()))
+        for m in layers
+    ]
+    hooks += [
+        m.register_forward_hook(lambda mod, args, out: ranges.pop().__exit__(None, None, None))
+        for m in layers
+    ]
     return layers, hooks
 
 
@@ -188,7 +210,7 @@ def offloaded(name: str, cfg, dtype: str, batch: int, ratio: float, reps: int, l
     loaded = random_model(cfg, seed=0, dtype=dtype, device="cpu", resident=True)
     model = loaded.model
     g = torch.Generator().manual_seed(batch)
-    ids = torch.randint(8, cfg.vocab_size - 8, (batch, cfg.block_length), generator=g)   # (B, 32)
+    ids = torch.randint(8, cfg.vocab_size - 8, (batch, cfg.block_length), generator=g)  # (B, 32)
     pos = torch.arange(cfg.block_length).expand(batch, -1)
     W = []
     with model.listening(lambda d: W.append(len(d.experts))):
@@ -200,10 +222,12 @@ def offloaded(name: str, cfg, dtype: str, batch: int, ratio: float, reps: int, l
     engine = offload(model, loaded.experts, C, pol, link)
     counting = CountingBackend(engine)
     install(model, counting)
-    model(ids, pos)                                                     # warm-up: the cache fills
+    model(ids, pos)  # warm-up: the cache fills
     layers, hooks = moe_ranges(model)
     counter = SyncCounter()
-    syncs = [m.register_forward_pre_hook(lambda mod, args: setattr(counter, "key", mod.layer)) for m in layers]
+    syncs = [
+        m.register_forward_pre_hook(lambda mod, args: setattr(counter, "key", mod.layer)) for m in layers
+    ]
     syncs += [m.register_forward_hook(lambda mod, args, out: setattr(counter, "key", None)) for m in layers]
     ops = python = 0.0
     copies0, groups0 = counting.copies, counting.groups_served
@@ -214,8 +238,9 @@ def offloaded(name: str, cfg, dtype: str, batch: int, ratio: float, reps: int, l
                     model(ids, pos)
                 for ev in prof.events():
                     if ev.name == RANGE:
-                        inside = sum(c.time_range.elapsed_us() for c in ev.cpu_children
-                                     if c.name.startswith("aten::"))
+                        inside = sum(
+                            c.time_range.elapsed_us() for c in ev.cpu_children if c.name.startswith("aten::")
+                        )
                         python += ev.time_range.elapsed_us() - inside
                         ops += sum(1 for c in ev.cpu_children if c.name.startswith("aten::"))
     finally:
@@ -223,13 +248,24 @@ def offloaded(name: str, cfg, dtype: str, batch: int, ratio: float, reps: int, l
             h.remove()
     n = reps * L
     engine.finish()
-    row = {"path": "offloaded", "model": name, "batch": batch, "policy": "last_step", "cache_ratio": ratio,
-           "cache_experts": C, "working_set": sum(W) / len(W), "ops_per_moe_layer": ops / n,
-           "syncs_per_moe_layer": sum(counter.by_key[layer] for layer in cfg.moe_layers) / n,
-           "python_us_per_moe_layer": python / n, "copies_per_moe_layer": (counting.copies - copies0) / n,
-           "groups_per_moe_layer": (counting.groups_served - groups0) / n, "launch_us": launch_us}
-    row["derived_host_ms_per_mini_step"] = MINI_MOE_LAYERS * (row["ops_per_moe_layer"] * launch_us +
-                                                              row["python_us_per_moe_layer"]) / 1e3
+    row = {
+        "path": "offloaded",
+        "model": name,
+        "batch": batch,
+        "policy": "last_step",
+        "cache_ratio": ratio,
+        "cache_experts": C,
+        "working_set": sum(W) / len(W),
+        "ops_per_moe_layer": ops / n,
+        "syncs_per_moe_layer": sum(counter.by_key[layer] for layer in cfg.moe_layers) / n,
+        "python_us_per_moe_layer": python / n,
+        "copies_per_moe_layer": (counting.copies - copies0) / n,
+        "groups_per_moe_layer": (counting.groups_served - groups0) / n,
+        "launch_us": launch_us,
+    }
+    row["derived_host_ms_per_mini_step"] = (
+        MINI_MOE_LAYERS * (row["ops_per_moe_layer"] * launch_us + row["python_us_per_moe_layer"]) / 1e3
+    )
     row["h2d_ms_per_mini_step_at_1.73"] = H2D_MS_AT_173
     row["host_over_h2d_at_1.73"] = row["derived_host_ms_per_mini_step"] / H2D_MS_AT_173
     return row
@@ -243,14 +279,16 @@ class OpCounter(TorchDispatchMode):
 
     def __init__(self, slots: set[int], programs):
         super().__init__()
-        self.slots = slots                 # storage addresses of the engine's slot tensors
-        self.programs = programs           # the model's programs (LLaDA2MoE.programs)
+        self.slots = slots  # storage addresses of the engine's slot tensors
+        self.programs = programs  # the model's programs (LLaDA2MoE.programs)
         self.inside = self.outside = self.copies = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.programs.active > 0:
             self.inside += 1
-        elif func.overloadpacket is torch.ops.aten.copy_ and args[0].untyped_storage().data_ptr() in self.slots:
+        elif (
+            func.overloadpacket is torch.ops.aten.copy_ and args[0].untyped_storage().data_ptr() in self.slots
+        ):
             self.copies += 1
         else:
             self.outside += 1
@@ -275,29 +313,65 @@ def graphs_side_by_side(batch: int, ratio: float, reps: int) -> list[dict]:
     out = []
     for forward in FORWARD_MODES:
         pol = make_policy("last_step", L, cfg.num_experts, engine=True)
-        engine = offload(model, loaded.experts, C, pol, make_link("emulated", bandwidth_gbps=1000.0, latency_us=0.0))
+        engine = offload(
+            model, loaded.experts, C, pol, make_link("emulated", bandwidth_gbps=1000.0, latency_us=0.0)
+        )
         opts = ForwardOptions(forward, backend=engine)
         cache = KVCache(cfg, batch, 2 * n, "cpu", torch.float32)
-        model(prefix, torch.arange(n).expand(batch, n), cache=cache, commit=n, logits_rows=slice(0, 0), options=opts,
-              step=StepInfo(0, -1, -1, "prefill"))
+        model(
+            prefix,
+            torch.arange(n).expand(batch, n),
+            cache=cache,
+            commit=n,
+            logits_rows=slice(0, 0),
+            options=opts,
+            step=StepInfo(0, -1, -1, "prefill"),
+        )
         pos = torch.arange(n, 2 * n).expand(batch, n)
-        for _ in range(2):                                              # warm-up: the cache fills, programs exist
-            model(ids, pos, cache=cache, logits_rows=slice(0, n), options=opts, step=StepInfo(1, 0, 0, "denoise"))
+        for _ in range(2):  # warm-up: the cache fills, programs exist
+            model(
+                ids,
+                pos,
+                cache=cache,
+                logits_rows=slice(0, n),
+                options=opts,
+                step=StepInfo(1, 0, 0, "denoise"),
+            )
         ops = OpCounter({t.untyped_storage().data_ptr() for t in engine.slots.values()}, model.programs)
         syncs = SyncCounter()
         with syncs, ops:
             for _ in range(reps):
-                model(ids, pos, cache=cache, logits_rows=slice(0, n), options=opts, step=StepInfo(1, 0, 0, "denoise"))
+                model(
+                    ids,
+                    pos,
+                    cache=cache,
+                    logits_rows=slice(0, n),
+                    options=opts,
+                    step=StepInfo(1, 0, 0, "denoise"),
+                )
         engine.finish()
         k = reps * L
-        out.append({"path": "graphs", "forward": forward, "model": "tiny", "batch": batch, "cache_ratio": ratio,
-                    "cache_experts": C, "ops_outside_graphs_per_moe_layer": ops.outside / k,
-                    "ops_in_graphs_per_moe_layer": ops.inside / k, "link_copies_per_moe_layer": ops.copies / k,
-                    "host_reads_per_moe_layer": syncs.reads / k, "host_data_tensors_per_moe_layer": syncs.uploads / k})
+        out.append(
+            {
+                "path": "graphs",
+                "forward": forward,
+                "model": "tiny",
+                "batch": batch,
+                "cache_ratio": ratio,
+                "cache_experts": C,
+                "ops_outside_graphs_per_moe_layer": ops.outside / k,
+                "ops_in_graphs_per_moe_layer": ops.inside / k,
+                "link_copies_per_moe_layer": ops.copies / k,
+                "host_reads_per_moe_layer": syncs.reads / k,
+                "host_data_tensors_per_moe_layer": syncs.uploads / k,
+            }
+        )
     return out
+
+
 # --- The engine's own host cost per demand (the lean path) --------------------------------------
-ENGINE_QUEUED = (60, 150)          # copies the plan of one demand queues
-ENGINE_TARGET_US = 50.0            # host us per demand, at each of ENGINE_QUEUED
+ENGINE_QUEUED = (60, 150)  # copies the plan of one demand queues
+ENGINE_TARGET_US = 50.0  # host us per demand, at each of ENGINE_QUEUED
 
 
 class _FreeLink:
@@ -308,6 +382,7 @@ class _FreeLink:
 
     def __init__(self):
         from artifact.offload.links.link import LinkStats
+
         self.stats = LinkStats()
 
     def copy(self, items, after=None, speculative=False):
@@ -347,9 +422,12 @@ def engine_per_demand(queued: int, demands: int = 300, reps: int = 5) -> dict:
     from artifact.offload.backend.engine import OffloadEngine
     from artifact.offload.backend.store import HostStore
     from artifact.offload.trace_engine import STAND_IN
+
     E, layer = 2 * queued, 1
     halves = (tuple(range(queued)), tuple(range(queued, E)))
-    stream = [Demand(StepInfo(f, 0, f, "denoise"), layer, halves[f % 2], (1,) * queued) for f in range(demands)]
+    stream = [
+        Demand(StepInfo(f, 0, f, "denoise"), layer, halves[f % 2], (1,) * queued) for f in range(demands)
+    ]
 
     def cache():
         return ExpertCache([layer], E, queued, make_policy("demand", 1, E, engine=True), 1)
@@ -357,7 +435,7 @@ def engine_per_demand(queued: int, demands: int = 300, reps: int = 5) -> dict:
     def timed(serve) -> float:
         best = float("inf")
         for _ in range(reps):
-            serve(stream[0])                                            # the slots fill: later demands evict
+            serve(stream[0])  # the slots fill: later demands evict
             t0 = time.process_time()
             for d in stream[1:]:
                 serve(d)
@@ -383,19 +461,32 @@ def engine_per_demand(queued: int, demands: int = 300, reps: int = 5) -> dict:
     engine_us, plan_us = timed(run_engine), timed(run_plan)
     copies = engines[-1].link.stats.transfers / len(stream)
     assert copies == queued, f"the stream meant {queued} copies per demand, the engine issued {copies}"
-    return {"path": "engine", "queued_copies": queued, "engine_us_per_demand": engine_us,
-            "planning_us_per_demand": plan_us, "target_us": ENGINE_TARGET_US, "met": engine_us <= ENGINE_TARGET_US}
+    return {
+        "path": "engine",
+        "queued_copies": queued,
+        "engine_us_per_demand": engine_us,
+        "planning_us_per_demand": plan_us,
+        "target_us": ENGINE_TARGET_US,
+        "met": engine_us <= ENGINE_TARGET_US,
+    }
 
 
 def print_engine_per_demand(as_json: bool) -> None:
     for queued in ENGINE_QUEUED:
         r = engine_per_demand(queued)
         if as_json:
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+            print(
+                json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
+                flush=True,
+            )
         else:
-            print(f"engine, {queued} queued copies per demand: {r['engine_us_per_demand']:.1f} us host per demand "
-                  f"(of which planning {r['planning_us_per_demand']:.1f}); target <= {ENGINE_TARGET_US:g}: "
-                  f"{'met' if r['met'] else 'not met'}", flush=True)
+            print(
+                f"engine, {queued} queued copies per demand: {r['engine_us_per_demand']:.1f} us host per "
+                "demand "
+                f"(of which planning {r['planning_us_per_demand']:.1f}); target <= {ENGINE_TARGET_US:g}: "
+                f"{'met' if r['met'] else 'not met'}",
+                flush=True,
+            )
 
 
 def main():
@@ -407,12 +498,16 @@ def main():
     ap.add_argument("--launch-us", type=float, default=5.0, help="stated host cost of one CUDA op launch, us")
     ap.add_argument("--ratios", default="0.83,1.73", help="C/W of the offloaded rows")
     ap.add_argument("--no-resident", action="store_true", help="only the offloaded rows")
-    ap.add_argument("--lean-only", action="store_true",
-                    help="only the lean host path: the engine per demand, the link per copy, eager vs segmented")
+    ap.add_argument(
+        "--lean-only",
+        action="store_true",
+        help="only the lean host path: the engine per demand, the link per copy, eager vs segmented",
+    )
     a = ap.parse_args()
     torch.set_num_threads(1)
     print_engine_per_demand(a.json)
-    link = copy_overhead.measure_stub((1, 8), calls=2000, slots=64, expert_kib=64, reps=5)   # the link's own us
+    # the link's own us
+    link = copy_overhead.measure_stub((1, 8), calls=2000, slots=64, expert_kib=64, reps=5)
     if a.json:
         print(json.dumps({"path": "link", **link}), flush=True)
     else:
@@ -423,27 +518,42 @@ def main():
             rows = graphs_side_by_side(batch, ratio, max(3, a.reps // 4))
             for r in rows:
                 if a.json:
-                    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
-                          flush=True)
+                    print(
+                        json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
+                        flush=True,
+                    )
                 else:
-                    print(f"forward {r['forward']:9s} tiny batch {batch} C/W {ratio}: per MoE layer "
-                          f"{r['ops_outside_graphs_per_moe_layer']:.1f} ops issued outside graphs "
-                          f"({r['ops_in_graphs_per_moe_layer']:.1f} in graphs), {r['link_copies_per_moe_layer']:.1f} "
-                          f"link copies, {r['host_reads_per_moe_layer']:.2f} host reads, "
-                          f"{r['host_data_tensors_per_moe_layer']:.2f} tensors from host data", flush=True)
+                    print(
+                        f"forward {r['forward']:9s} tiny batch {batch} C/W {ratio}: per MoE layer "
+                        f"{r['ops_outside_graphs_per_moe_layer']:.1f} ops issued outside graphs "
+                        f"({r['ops_in_graphs_per_moe_layer']:.1f} in graphs), "
+                        f"{r['link_copies_per_moe_layer']:.1f} "
+                        f"link copies, {r['host_reads_per_moe_layer']:.2f} host reads, "
+                        f"{r['host_data_tensors_per_moe_layer']:.2f} tensors from host data",
+                        flush=True,
+                    )
     if a.lean_only:
         return
     for batch in (int(b) for b in a.batches.split(",")):
         for ratio in (float(r) for r in a.ratios.split(",")):
             r = offloaded("tiny", *known["tiny"], batch, ratio, max(3, a.reps // 4), a.launch_us)
             if a.json:
-                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+                print(
+                    json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
+                    flush=True,
+                )
             else:
-                print(f"offloaded tiny batch {batch} C/W {ratio}: ops {r['ops_per_moe_layer']:.1f}, syncs "
-                      f"{r['syncs_per_moe_layer']:.2f}, python {r['python_us_per_moe_layer']:.0f} us per MoE layer; "
-                      f"{r['copies_per_moe_layer']:.1f} copies, {r['groups_per_moe_layer']:.1f} groups; derived "
-                      f"{r['derived_host_ms_per_mini_step']:.1f} ms host per mini step at {a.launch_us:g} us/launch "
-                      f"(H2D at C/W 1.73: {H2D_MS_AT_173:g} ms)", flush=True)
+                print(
+                    f"offloaded tiny batch {batch} C/W {ratio}: ops {r['ops_per_moe_layer']:.1f}, syncs "
+                    f"{r['syncs_per_moe_layer']:.2f}, python {r['python_us_per_moe_layer']:.0f} us per MoE "
+                    "layer; "
+                    f"{r['copies_per_moe_layer']:.1f} copies, {r['groups_per_moe_layer']:.1f} groups; "
+                    "derived "
+                    f"{r['derived_host_ms_per_mini_step']:.1f} ms host per mini step at {a.launch_us:g} "
+                    "us/launch "
+                    f"(H2D at C/W 1.73: {H2D_MS_AT_173:g} ms)",
+                    flush=True,
+                )
     if a.no_resident:
         return
     for name in a.models.split(","):
@@ -455,11 +565,18 @@ def main():
             rows += measure(name, cfg, dtype, batch, a.reps)
         for r in rows:
             if a.json:
-                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+                print(
+                    json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
+                    flush=True,
+                )
             else:
-                print(f"{r['model']:10s} batch {r['batch']} {r['kernel']:7s} W {r['working_set']:6.1f}  "
-                      f"ops/MoE layer {r['ops_per_moe_layer']:6.1f}  host {r['host_us_per_expert']:7.1f} us/expert  "
-                      f"step {r['step_ms']:8.2f} ms", flush=True)
+                print(
+                    f"{r['model']:10s} batch {r['batch']} {r['kernel']:7s} W {r['working_set']:6.1f}  "
+                    f"ops/MoE layer {r['ops_per_moe_layer']:6.1f}  host {r['host_us_per_expert']:7.1f} "
+                    "us/expert  "
+                    f"step {r['step_ms']:8.2f} ms",
+                    flush=True,
+                )
         by = {(r["batch"], r["kernel"]): r for r in rows}
         for batch in sorted({r["batch"] for r in rows}):
             ratio = by[batch, "grouped"]["step_ms"] / by[batch, "loop"]["step_ms"]

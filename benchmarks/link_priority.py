@@ -10,8 +10,10 @@ what it does not show is how real compute time varies. `--wall`: real clock, R r
 (policy, priority), order reversed on odd repetitions, medians (noisy on a shared machine).
 Counts (misses, transfers) are exact and the same under both priorities.
 
-    .venv/bin/python benchmarks/link_priority.py [--batch 1] [--n 2] [--ratios 0.43,0.83,1,1.73] [--wall --reps 3]
+    .venv/bin/python benchmarks/link_priority.py [--batch 1] [--n 2] [--ratios 0.43,0.83,1,1.73] [--wall
+    --reps 3]
 """
+
 import argparse
 import statistics
 import time
@@ -34,7 +36,7 @@ from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 CONFIGS = [(p, q) for p in ("demand", "last_step") for q in ("fifo", "demand")]
 
 
-VirtualClock = ManualClock          # virtual time: the clock moves only when slept on
+VirtualClock = ManualClock  # virtual time: the clock moves only when slept on
 
 
 class Timed:
@@ -60,7 +62,7 @@ class Timed:
 def fit_compute(loaded, ps, batch, dc):
     """(per layer, per expert, per token) seconds from one timed resident run."""
     model = loaded.model
-    decode_prompts(loaded, ps[:1], 1, RunOptions(dc))               # makes the resident backend, warms up
+    decode_prompts(loaded, ps[:1], 1, RunOptions(dc))  # makes the resident backend, warms up
     timer = Timed(model.backend)
     saved = install(model, timer)
     demands = []
@@ -68,7 +70,7 @@ def fit_compute(loaded, ps, batch, dc):
         with model.listening(demands.append):
             t0 = time.perf_counter()
             for i in range(0, len(ps), batch):
-                generate(model, ps[i:i + batch], dc)
+                generate(model, ps[i : i + batch], dc)
             total = time.perf_counter() - t0
     finally:
         install(model, saved)
@@ -83,17 +85,22 @@ def run_virtual(loaded, ps, batch, dc, C, policy, prio, costs, chunk_bytes=None)
     per_layer, per_expert, per_token = costs
     expert_bytes = cfg.expert_params * loaded.experts.element_size()
     vc = VirtualClock()
-    link = EmulatedLink(emulated_bandwidth_gbps(expert_bytes), clock=vc, sleep=vc.sleep, priority=prio,
-                        chunk_bytes=(chunk_bytes or scaled_chunk_bytes(expert_bytes)) if prio == "demand" else None)
+    link = EmulatedLink(
+        emulated_bandwidth_gbps(expert_bytes),
+        clock=vc,
+        sleep=vc.sleep,
+        priority=prio,
+        chunk_bytes=(chunk_bytes or scaled_chunk_bytes(expert_bytes)) if prio == "demand" else None,
+    )
     pol = make_policy(policy, len(cfg.moe_layers), cfg.num_experts, engine=True)
     model = loaded.model
     engine = offload(model, loaded.experts, C, pol, link)
     saved = install(model, Timed(engine, vc, per_expert, per_token))
     tokens = []
     try:
-        with model.listening(lambda d: setattr(vc, "t", vc.t + per_layer)):   # attention etc. before routing
+        with model.listening(lambda d: setattr(vc, "t", vc.t + per_layer)):  # attention etc. before routing
             for i in range(0, len(ps), batch):
-                tokens += generate(model, ps[i:i + batch], dc).tokens
+                tokens += generate(model, ps[i : i + batch], dc).tokens
         stats = engine.finish()
     finally:
         install(model, saved)
@@ -109,10 +116,18 @@ def main():
     ap.add_argument("--n", type=int, default=2, help="prompts (gsm8k)")
     ap.add_argument("--gen-length", type=int, default=32)
     ap.add_argument("--ratios", default="0.43,0.83,1,1.73")
-    ap.add_argument("--costs", default=None, help="virtual time: compute model 'layer,expert,token' in us "
-                    "(default: fitted from a timed resident run); pin it to compare two runs of this script")
-    ap.add_argument("--chunk-bytes", type=int, default=None, help="demand priority: speculative chunk size "
-                    "(default: scaled_chunk_bytes, a sixth of an expert)")
+    ap.add_argument(
+        "--costs",
+        default=None,
+        help="virtual time: compute model 'layer,expert,token' in us "
+        "(default: fitted from a timed resident run); pin it to compare two runs of this script",
+    )
+    ap.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=None,
+        help="demand priority: speculative chunk size (default: scaled_chunk_bytes, a sixth of an expert)",
+    )
     a = ap.parse_args()
     torch.set_num_threads(1)
     loaded = load_checkpoint(tiny_checkpoint())
@@ -121,35 +136,54 @@ def main():
     options = RunOptions(dc)
     base = decode_prompts(loaded, ps, a.batch, options, record=True)
     W = mean_working_set(base.trace)
-    print(f"W = {W:.1f} experts/layer/step; {a.n} prompts, batch {a.batch}, "
-          + ("wall clock, %d repetitions" % a.reps if a.wall else "virtual time"))
+    print(
+        f"W = {W:.1f} experts/layer/step; {a.n} prompts, batch {a.batch}, "
+        + ("wall clock, %d repetitions" % a.reps if a.wall else "virtual time")
+    )
     if not a.wall:
-        costs = (tuple(float(c) * 1e-6 for c in a.costs.split(",")) if a.costs
-                 else fit_compute(loaded, ps, a.batch, dc))
-        print("compute model (--costs): %.1f,%.2f,%.3f us per layer, per expert, per routed token"
-              % tuple(c * 1e6 for c in costs))
-    print(f"{'C/W':>5} {'C':>3} {'policy':>10} {'priority':>8} {'tok/s':>7} {'stall s':>8} {'busy s':>7} "
-          f"{'misses':>6} {'spec':>5}")
+        costs = (
+            tuple(float(c) * 1e-6 for c in a.costs.split(","))
+            if a.costs
+            else fit_compute(loaded, ps, a.batch, dc)
+        )
+        print(
+            "compute model (--costs): %.1f,%.2f,%.3f us per layer, per expert, per routed token"
+            % tuple(c * 1e6 for c in costs)
+        )
+    print(
+        f"{'C/W':>5} {'C':>3} {'policy':>10} {'priority':>8} {'tok/s':>7} {'stall s':>8} {'busy s':>7} "
+        f"{'misses':>6} {'spec':>5}"
+    )
     for ratio in (float(r) for r in a.ratios.split(",")):
         C = capacity_for(ratio, W, loaded.cfg.num_experts)
         rows = {c: [] for c in CONFIGS}
         for rep in range(a.reps if a.wall else 1):
-            for policy, prio in (CONFIGS if rep % 2 == 0 else CONFIGS[::-1]):
+            for policy, prio in CONFIGS if rep % 2 == 0 else CONFIGS[::-1]:
                 if a.wall:
-                    r = decode_prompts(loaded, ps, a.batch, options, spec=OffloadSpec(C, policy, link_priority=prio))
+                    r = decode_prompts(
+                        loaded, ps, a.batch, options, spec=OffloadSpec(C, policy, link_priority=prio)
+                    )
                     tokens, stats = r.tokens, r.stats.as_dict()
                 else:
-                    tokens, stats = run_virtual(loaded, ps, a.batch, dc, C, policy, prio, costs, a.chunk_bytes)
+                    tokens, stats = run_virtual(
+                        loaded, ps, a.batch, dc, C, policy, prio, costs, a.chunk_bytes
+                    )
                 assert tokens == base.tokens, "offloaded tokens differ from resident ones"
                 rows[(policy, prio)].append(stats)
-        med = {c: {k: statistics.median(s[k] for s in v) for k in ("tokens_per_second", "stall_seconds",
-                                                                     "link_busy_seconds")}
-               for c, v in rows.items()}
+        med = {
+            c: {
+                k: statistics.median(s[k] for s in v)
+                for k in ("tokens_per_second", "stall_seconds", "link_busy_seconds")
+            }
+            for c, v in rows.items()
+        }
         for (policy, prio), m in med.items():
             s = rows[(policy, prio)][0]
-            print(f"{ratio:>5g} {C:>3} {policy:>10} {prio:>8} {m['tokens_per_second']:>7.1f} "
-                  f"{m['stall_seconds']:>8.3f} {m['link_busy_seconds']:>7.3f} {s['demand_misses']:>6} "
-                  f"{s['speculative_transfers']:>5}")
+            print(
+                f"{ratio:>5g} {C:>3} {policy:>10} {prio:>8} {m['tokens_per_second']:>7.1f} "
+                f"{m['stall_seconds']:>8.3f} {m['link_busy_seconds']:>7.3f} {s['demand_misses']:>6} "
+                f"{s['speculative_transfers']:>5}"
+            )
         for prio in dict.fromkeys(q for _, q in CONFIGS):
             rel = med[("last_step", prio)]["tokens_per_second"] / med[("demand", prio)]["tokens_per_second"]
             print(f"{'':>5} last_step / demand tokens/s under {prio}: {rel:.3f}")

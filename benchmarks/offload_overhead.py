@@ -1,15 +1,16 @@
 """Engine overhead and overlap on the tiny model (printed, not asserted).
 
-  overhead  offloaded with C = 256 once every expert is resident (nothing left to move) vs the
-            resident model: seconds per step, as a ratio (target <= 1.10).
-  overlap   emulated link with C near the working set: measured seconds against the lower bound
-            max(compute seconds, link busy seconds) (target <= 1.15). Compute seconds come from the
-            resident run of the same prompts (same tokens, same forwards). Demand loading cannot start
-            a layer's loads before that layer's router has run, so a second, causal bound is printed
-            too: non-MoE time + the sum over (step, layer) of max(that layer's compute, its link time).
+overhead  offloaded with C = 256 once every expert is resident (nothing left to move) vs the
+          resident model: seconds per step, as a ratio (target <= 1.10).
+overlap   emulated link with C near the working set: measured seconds against the lower bound
+          max(compute seconds, link busy seconds) (target <= 1.15). Compute seconds come from the
+          resident run of the same prompts (same tokens, same forwards). Demand loading cannot start
+          a layer's loads before that layer's router has run, so a second, causal bound is printed
+          too: non-MoE time + the sum over (step, layer) of max(that layer's compute, its link time).
 
-    .venv/bin/python benchmarks/offload_overhead.py [--reps 3]
+  .venv/bin/python benchmarks/offload_overhead.py [--reps 3]
 """
+
 import argparse
 import statistics
 import time
@@ -51,11 +52,15 @@ def main():
     res, off = [], []
     for _ in range(a.reps):
         res.append(per_step(decode_prompts(loaded, ps, a.batch, options).generations[0]))
-        second = decode_prompts(loaded, ps + ps, a.batch, options, spec=OffloadSpec(256, "demand")).generations[1]
+        second = decode_prompts(
+            loaded, ps + ps, a.batch, options, spec=OffloadSpec(256, "demand")
+        ).generations[1]
         off.append(per_step(second))
     r, o = statistics.median(res), statistics.median(off)
-    print(f"overhead: resident {r * 1e3:.2f} ms/step, offloaded C=256 warm {o * 1e3:.2f} ms/step, "
-          f"ratio {o / r:.3f} (target <= 1.10)")
+    print(
+        f"overhead: resident {r * 1e3:.2f} ms/step, offloaded C=256 warm {o * 1e3:.2f} ms/step, "
+        f"ratio {o / r:.3f} (target <= 1.10)"
+    )
 
     # overlap: C near W on the emulated link (PCIe 4 scaled to the tiny experts)
     for ratio in (0.83, 1.0, 1.3):
@@ -64,11 +69,16 @@ def main():
         for _ in range(a.reps):
             compute = decode_prompts(loaded, ps, a.batch, options).stats.seconds
             rows.append((compute, *timed_layers(loaded, ps, dc, C)))
-        compute, total, busy, stall, causal = sorted(rows, key=lambda r: r[1] / max(r[0], r[2]))[len(rows) // 2]
-        print(f"overlap C/W={ratio} (C={C}, W={W:.1f}): {total:.3f} s; "
-              f"bound max(compute {compute:.3f}, link {busy:.3f}) "
-              f"-> ratio {total / max(compute, busy):.3f} (target <= 1.15); causal per-layer bound {causal:.3f} "
-              f"-> ratio {total / causal:.3f}; stall {stall:.3f} s")
+        compute, total, busy, stall, causal = sorted(rows, key=lambda r: r[1] / max(r[0], r[2]))[
+            len(rows) // 2
+        ]
+        print(
+            f"overlap C/W={ratio} (C={C}, W={W:.1f}): {total:.3f} s; "
+            f"bound max(compute {compute:.3f}, link {busy:.3f}) "
+            f"-> ratio {total / max(compute, busy):.3f} (target <= 1.15); causal per-layer bound "
+            f"{causal:.3f} "
+            f"-> ratio {total / causal:.3f}; stall {stall:.3f} s"
+        )
     loaded.model.backend = None
 
 
@@ -76,7 +86,9 @@ def timed_layers(loaded, ps, dc, C):
     """One offloaded run with every MoE layer's wall time, link time and stall recorded."""
     cfg = loaded.cfg
     link = make_link("emulated", expert_bytes=cfg.expert_bytes(loaded.experts.element_size()))
-    eng = offload(loaded.model, loaded.experts, C, make_policy("demand", len(cfg.moe_layers), cfg.num_experts), link)
+    eng = offload(
+        loaded.model, loaded.experts, C, make_policy("demand", len(cfg.moe_layers), cfg.num_experts), link
+    )
     serve, layers = eng.groups, []
 
     def timed(d):
@@ -92,6 +104,7 @@ def timed_layers(loaded, ps, dc, C):
     moe = sum(w for w, _, _ in layers)
     causal = (total - moe) + sum(max(w - s, b) for w, b, s in layers)
     return total, link.stats.busy_seconds, link.stats.stall_seconds, causal
+
 
 if __name__ == "__main__":
     main()

@@ -8,9 +8,10 @@ the reference's counts are checked against the `demand` replay, so the compariso
     .venv/bin/python benchmarks/replay_speed.py [--json] [--accesses N] [--ratio 1.0] [--traces T ...]
 
 --json prints one object per line: {"policy": name, "accesses_per_s": x, "time_vs_demand": t,
-"within_2x_of_demand": t <= 2 (the issue's bound, for every policy and eviction), ...}. Without it, a table and
-the time of a 5-ratio sweep over every policy on --traces (default: the recorded trace).
+"within_2x_of_demand": t <= 2 (the issue's bound, for every policy and eviction), ...}. Without it, a table
+and the time of a 5-ratio sweep over every policy on --traces (default: the recorded trace).
 """
+
 import argparse
 import functools
 import json
@@ -39,9 +40,14 @@ def tiled(t: Trace, times: int) -> Trace:
     lengths = np.diff(t.offsets)
     arrays = dict(
         forward=np.concatenate([t.forward + i * span for i in range(times)]).astype(np.int32),
-        layer=np.tile(t.layer, times), block=np.tile(t.block, times), block_step=np.tile(t.block_step, times),
-        kind=np.tile(t.kind, times), experts=np.tile(t.experts, times), counts=np.tile(t.counts, times),
-        offsets=np.concatenate([[0], np.cumsum(np.tile(lengths, times))]).astype(np.int64))
+        layer=np.tile(t.layer, times),
+        block=np.tile(t.block, times),
+        block_step=np.tile(t.block_step, times),
+        kind=np.tile(t.kind, times),
+        experts=np.tile(t.experts, times),
+        counts=np.tile(t.counts, times),
+        offsets=np.concatenate([[0], np.cumsum(np.tile(lengths, times))]).astype(np.int64),
+    )
     out = Trace(meta=dict(t.meta), **arrays)
     out.validate()
     return out
@@ -51,14 +57,19 @@ def with_next_layer_predictions(t: Trace) -> Trace:
     """A copy whose demands carry a cross-layer prediction (for timing cross_layer only): the next MoE
     layer's true demand at the same forward, None at the last MoE layer."""
     pos, same = t.positions, np.r_[t.forward[1:] == t.forward[:-1], False]
-    pred = [(t.expert_arrays[n + 1], t.count_arrays[n + 1]) if same[n] and pos[n + 1] == pos[n] + 1 else None
-            for n in range(len(t))]
+    pred = [
+        (t.expert_arrays[n + 1], t.count_arrays[n + 1]) if same[n] and pos[n + 1] == pos[n] + 1 else None
+        for n in range(len(t))
+    ]
     lens = [0 if q is None else len(q[0]) for q in pred]
     given = [q for q in pred if q is not None]
-    return Trace(meta=dict(t.meta), **{a: getattr(t, a) for a in ARRAYS},
-                 pred_offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
-                 pred_experts=np.concatenate([e for e, _ in given]).astype(np.int16),
-                 pred_counts=np.concatenate([c for _, c in given]).astype(np.int32))
+    return Trace(
+        meta=dict(t.meta),
+        **{a: getattr(t, a) for a in ARRAYS},
+        pred_offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+        pred_experts=np.concatenate([e for e, _ in given]).astype(np.int16),
+        pred_counts=np.concatenate([c for _, c in given]).astype(np.int32),
+    )
 
 
 def stream(t: Trace) -> list[tuple[int, np.ndarray]]:
@@ -85,7 +96,7 @@ def reference_lru(demands: list[tuple[int, np.ndarray]], num_layers: int, num_ex
         m = n - int(np.count_nonzero(hit))
         hits += n - m
         misses += m
-        order = np.concatenate((e[hit], e[~hit])) if m else e      # recency: hits, then misses
+        order = np.concatenate((e[hit], e[~hit])) if m else e  # recency: hits, then misses
         if n > C:
             res[:] = False
             res[order[-C:]] = True
@@ -113,6 +124,7 @@ def libcachesim_lru(trace: Trace, capacity: int, folder: str):
     except ImportError:
         return None
     from artifact.offload.replay.export import export
+
     paths = [str(p) for p in export(trace, folder, "oracleGeneral", "demand", capacity)]
     sizes = [Path(p).stat().st_size // 24 for p in paths]
 
@@ -122,6 +134,7 @@ def libcachesim_lru(trace: Trace, capacity: int, folder: str):
             ratio, _ = lcs.LRU(capacity).process_trace(lcs.TraceReader(p, lcs.TraceType.ORACLE_GENERAL_TRACE))
             misses += round(ratio * n)
         return misses
+
     return job
 
 
@@ -150,13 +163,14 @@ def main():
     torch.set_num_threads(1)
     loaded = load_checkpoint(tiny_checkpoint())
     ids, ps = prompts(loaded.tokenizer, "gsm8k", 4, seed=0, max_prompt_tokens=64)
-    base = decode_prompts(loaded, ps, 4, RunOptions(DecodeConfig(gen_length=64)), record=True, prompt_ids=ids,
-                          task="gsm8k").trace
+    base = decode_prompts(
+        loaded, ps, 4, RunOptions(DecodeConfig(gen_length=64)), record=True, prompt_ids=ids, task="gsm8k"
+    ).trace
     big = tiled(base, -(-a.accesses // base.accesses))
     W = mean_working_set(big)
     E = big.meta["num_experts"]
     C = capacity_for(a.ratio, W, E)
-    replay(big, "demand", E)                                         # decode the stream once, untimed
+    replay(big, "demand", E)  # decode the stream once, untimed
     predicted = with_next_layer_predictions(big)
     replay(predicted, "demand", E)
     demands = stream(big)
@@ -174,27 +188,48 @@ def main():
     lcs_row = None
     if lcs_job is not None:
         s, lcs_misses = best.pop("libcachesim_lru")
-        lcs_row = {"policy": "libcachesim_lru (process_trace)", "accesses_per_s": big.accesses / s, "seconds": s,
-                   "demand_misses": lcs_misses}
+        lcs_row = {
+            "policy": "libcachesim_lru (process_trace)",
+            "accesses_per_s": big.accesses / s,
+            "seconds": s,
+            "demand_misses": lcs_misses,
+        }
     s, (hits, misses) = best.pop("reference_lru")
-    rows = [{"policy": "reference_lru", "accesses_per_s": big.accesses / s, "seconds": s, "demand_misses": misses}]
+    rows = [
+        {"policy": "reference_lru", "accesses_per_s": big.accesses / s, "seconds": s, "demand_misses": misses}
+    ]
     for p, (s, r) in best.items():
-        rows.append({"policy": p, "accesses_per_s": big.accesses / s, "seconds": s,
-                     "demand_misses": r["demand_misses"]})
+        rows.append(
+            {
+                "policy": p,
+                "accesses_per_s": big.accesses / s,
+                "seconds": s,
+                "demand_misses": r["demand_misses"],
+            }
+        )
     lru = best["demand"][1]
     if (lru["demand_hits"], lru["demand_misses"]) != (hits, misses):
-        raise SystemExit(f"reference_lru counts ({hits}, {misses}) differ from the demand replay's "
-                         f"({lru['demand_hits']}, {lru['demand_misses']}): not the same semantics")
+        raise SystemExit(
+            f"reference_lru counts ({hits}, {misses}) differ from the demand replay's "
+            f"({lru['demand_hits']}, {lru['demand_misses']}): not the same semantics"
+        )
     ref, lru_rate = rows[0]["accesses_per_s"], rows[1]["accesses_per_s"]
     if lcs_row is not None:
         if lcs_row["demand_misses"] != lru["demand_misses"]:
-            raise SystemExit(f"libCacheSim's LRU misses ({lcs_row['demand_misses']}) differ from the demand "
-                             f"replay's ({lru['demand_misses']}): not the same semantics")
+            raise SystemExit(
+                f"libCacheSim's LRU misses ({lcs_row['demand_misses']}) differ from the demand "
+                f"replay's ({lru['demand_misses']}): not the same semantics"
+            )
         rows.insert(1, lcs_row)
     for r in rows:
-        r.update(vs_reference=r["accesses_per_s"] / ref, time_vs_demand=lru_rate / r["accesses_per_s"],
-                 accesses=big.accesses, cache_experts=C, cache_ratio=a.ratio)
-        if r["policy"] in best:                          # the issue's bound: every policy within 2x demand's time
+        r.update(
+            vs_reference=r["accesses_per_s"] / ref,
+            time_vs_demand=lru_rate / r["accesses_per_s"],
+            accesses=big.accesses,
+            cache_experts=C,
+            cache_ratio=a.ratio,
+        )
+        if r["policy"] in best:  # the issue's bound: every policy within 2x demand's time
             r["within_2x_of_demand"] = r["time_vs_demand"] <= 2.0
         if lcs_row is not None:
             r["vs_libcachesim"] = r["accesses_per_s"] / lcs_row["accesses_per_s"]
@@ -204,16 +239,20 @@ def main():
         return
     print(f"trace: {big.accesses:,} accesses, {len(big):,} demands, W = {W:.1f}, C = {C} (C/W = {a.ratio})")
     for r in rows:
-        print(f"  {r['policy']:>24}: {r['accesses_per_s']:>12,.0f} accesses/s ({r['seconds']:.2f} s, "
-              f"{r['vs_reference']:.2f}x reference, {r['time_vs_demand']:.2f}x demand's time"
-              f"{'' if r.get('within_2x_of_demand', True) else ', NOT within 2x'}), "
-              f"misses {r['demand_misses']:,}")
+        print(
+            f"  {r['policy']:>24}: {r['accesses_per_s']:>12,.0f} accesses/s ({r['seconds']:.2f} s, "
+            f"{r['vs_reference']:.2f}x reference, {r['time_vs_demand']:.2f}x demand's time"
+            f"{'' if r.get('within_2x_of_demand', True) else ', NOT within 2x'}), "
+            f"misses {r['demand_misses']:,}"
+        )
     traces = [Trace.load(p) for p in a.traces] or [base]
     t0 = time.perf_counter()
     names = [p for p, c in POLICIES.items() if not c.needs_prediction]
     df = sweep(traces, [0.43, 0.83, 1.0, 1.3, 1.73], names)
-    print(f"sweep: {len(traces)} traces x 5 ratios x {len(names)} policies = {len(df)} replays, "
-          f"{sum(t.accesses for t in traces) * 25:,} accesses in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"sweep: {len(traces)} traces x 5 ratios x {len(names)} policies = {len(df)} replays, "
+        f"{sum(t.accesses for t in traces) * 25:,} accesses in {time.perf_counter() - t0:.1f} s"
+    )
 
 
 if __name__ == "__main__":

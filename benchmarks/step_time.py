@@ -3,6 +3,7 @@ Printed, not asserted: run it before and after a change to compare.
 
     .venv/bin/python benchmarks/step_time.py [--gen-length 64] [--threads 1]
 """
+
 import argparse
 
 import torch
@@ -26,11 +27,15 @@ def main():
     print(f"{'mode':>7} {'batch':>5} {'forwards':>8} {'s/step':>8} {'tokens/s':>9} {'tok/fwd':>7}")
     for batch in (1, 4):
         _, ps = prompts(loaded.tokenizer, a.task, batch, seed=0, max_prompt_tokens=64)
-        decode_prompts(loaded, ps, batch, RunOptions(DecodeConfig(gen_length=32)))       # warm-up
+        decode_prompts(loaded, ps, batch, RunOptions(DecodeConfig(gen_length=32)))  # warm-up
         for mode in ("cached", "full"):
-            s = decode_prompts(loaded, ps, batch, RunOptions(DecodeConfig(gen_length=a.gen_length, mode=mode))).stats
-            print(f"{mode:>7} {batch:>5} {s.forwards:>8} {s.seconds / s.forwards:>8.4f} "
-                  f"{s.tokens_per_second:>9.1f} {s.tokens_per_forward:>7.2f}")
+            s = decode_prompts(
+                loaded, ps, batch, RunOptions(DecodeConfig(gen_length=a.gen_length, mode=mode))
+            ).stats
+            print(
+                f"{mode:>7} {batch:>5} {s.forwards:>8} {s.seconds / s.forwards:>8.4f} "
+                f"{s.tokens_per_second:>9.1f} {s.tokens_per_forward:>7.2f}"
+            )
 
 
 if __name__ == "__main__":

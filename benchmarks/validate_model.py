@@ -1,25 +1,27 @@
 """The performance model against measured runs (printed, not asserted).
 
 cpu (default): the validation protocol of docs/perf_model.md ("Validation", performance_model.validation): the
-tiny model offloaded on the emulated link, wall clock, real compute (the cpu profile's first task, batch 1 and 4,
-every C/W of the profile's grid, demand and last_step, 2 repetitions in alternating order); each run's own routing
-is replayed on the virtual clock with the cpu-emulated profile, whose compute costs are calibrated on the model in
-the same process (trace_engine.calibrate). The rows are reused from data/results/cpu/validation.csv when made under the
-same settings (remove it to measure again). Prints one row per timed run (measured and modelled seconds per step, the
-error), the summary (median and worst absolute error over cells, and for every cell whose measured
-demand-vs-last_step interval excludes 0 whether the modelled difference has its sign), and every stored run's
-figure (data/results/cpu/runs/run<k>/validation.csv) beside this run's, with the median over the stored runs.
+tiny model offloaded on the emulated link, wall clock, real compute (the cpu profile's first task, batch 1 and
+4, every C/W of the profile's grid, demand and last_step, 2 repetitions in alternating order); each run's own
+routing is replayed on the virtual clock with the cpu-emulated profile, whose compute costs are calibrated on
+the model in the same process (trace_engine.calibrate). The rows are reused from
+data/results/cpu/validation.csv when made under the same settings (remove it to measure again). Prints one row
+per timed run (measured and modelled seconds per step, the error), the summary (median and worst absolute
+error over cells, and for every cell whose measured demand-vs-last_step interval excludes 0 whether the
+modelled difference has its sign), and every stored run's figure (data/results/cpu/runs/run<k>/validation.csv)
+beside this run's, with the median over the stored runs.
 
 gpu: the runs of the committed gpu_check report (data/gpu_check/h200.json, one H200) against the model on
 their recorded routing with the h200 profile. The profile's host costs were fitted on these same runs, so
 this is a check of the model's structure, not an independent validation.
 
---calibrate: the cpu-emulated profile's measured numbers on this machine (performance_model.cpu_emulated, batch 1):
-per-expert compute, other time per demand, host time per copy.
+--calibrate: the cpu-emulated profile's measured numbers on this machine (performance_model.cpu_emulated,
+batch 1): per-expert compute, other time per demand, host time per copy.
 
     .venv/bin/python benchmarks/validate_model.py [--which cpu|gpu|both] [--json]
     .venv/bin/python benchmarks/validate_model.py --calibrate
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +43,14 @@ from artifact.experiments.studies.performance_model import (
 )
 from artifact.model.tasks import prompts
 
-COLS = ["batch_size", "cache_ratio", "policy", "measured_seconds_per_step", "modeled_seconds_per_step", "error"]
+COLS = [
+    "batch_size",
+    "cache_ratio",
+    "policy",
+    "measured_seconds_per_step",
+    "modeled_seconds_per_step",
+    "error",
+]
 
 
 def calibrate_now(batch_size: int = 1) -> dict:
@@ -50,8 +59,13 @@ def calibrate_now(batch_size: int = 1) -> dict:
     loaded = load_model(P)
     _, ps = prompts(loaded.tokenizer, P.tasks[0], max(P.batch_sizes), P.seed, P.max_prompt_tokens)
     hw, source = cpu_emulated(P, loaded, ps, batch_size)
-    return {"batch_size": batch_size, "expert_us": hw.expert_us, "other_us_per_demand": hw.other_us_per_demand,
-            "copy_host_us": hw.copy_host_us, "source": source}
+    return {
+        "batch_size": batch_size,
+        "expert_us": hw.expert_us,
+        "other_us_per_demand": hw.other_us_per_demand,
+        "copy_host_us": hw.copy_host_us,
+        "source": source,
+    }
 
 
 def table(df) -> str:
@@ -61,7 +75,9 @@ def table(df) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--which", choices=("cpu", "gpu", "both"), default="both")
-    ap.add_argument("--calibrate", action="store_true", help="print the cpu-emulated profile's numbers, measured now")
+    ap.add_argument(
+        "--calibrate", action="store_true", help="print the cpu-emulated profile's numbers, measured now"
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -78,12 +94,18 @@ def main() -> None:
             print(json.dumps(out["gpu"]["summary"]))
     if a.which in ("cpu", "both"):
         P = load_profile("cpu")
-        with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():   # stdout: JSON only
+        # stdout: JSON only
+        with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():
             df, source = validation(P, progress=not a.json)
         e = model_errors(P, df)
         runs = errors_table(e)
-        out["cpu"] = {"summary": validation_summary(df), "calibration": source, "runs": runs.to_dict("records"),
-                      "median_over_stored_runs": e.pooled, "rows": df.to_dict("records")}
+        out["cpu"] = {
+            "summary": validation_summary(df),
+            "calibration": source,
+            "runs": runs.to_dict("records"),
+            "median_over_stored_runs": e.pooled,
+            "rows": df.to_dict("records"),
+        }
         if not a.json:
             print(f"cpu (tiny model, emulated link, wall clock; calibration: {source}):")
             print(table(df))

@@ -2,6 +2,7 @@
 
 Run it with `--policy-module examples/top_count_policy.py --policy top_count` (docs/policies.md).
 """
+
 import numpy as np
 
 from artifact.offload.policy.policies import Policy, Prediction, register
@@ -10,6 +11,7 @@ from artifact.offload.policy.policies import Policy, Prediction, register
 @register
 class TopCount(Policy):
     """Prefetch the target layer's most used experts so far."""
+
     name = "top_count"
     summary = "prefetch the most used experts"
 
@@ -21,4 +23,4 @@ class TopCount(Policy):
     def predict(self, i, experts, counts, step):
         self.uses[i, experts] += counts
         target = (i + self.lookahead) % self.num_layers
-        return Prediction(target, np.argsort(-self.uses[target], kind="stable"))   # ranked, most wanted first
+        return Prediction(target, np.argsort(-self.uses[target], kind="stable"))  # ranked, most wanted first

@@ -15,9 +15,9 @@ Seven steps, in this order, each written to the JSON report (--out, atomically) 
   7. engine          a 6-layer mini-shaped random model at batch 1 and 4, C/W 0.83/1/1.73, demand vs
                      last_step, steady state: one untimed warm-up block first, threshold 1.0 so every
                      forward is a denoising step of a fixed count (steps per block); prefill_ms apart from
-                     denoise_ms_per_forward (wall, GPU synchronised at each forward's end), host_ms_per_forward
-                     (CPU time from the forward's start to its last launch), stall, link busy / wall, kernel
-                     launches per forward, tokens equal to the resident model's
+                     denoise_ms_per_forward (wall, GPU synchronised at each forward's end),
+                     host_ms_per_forward (CPU time from the forward's start to its last launch), stall, link
+                     busy / wall, kernel launches per forward, tokens equal to the resident model's
 
 Link utilisation is reported as link busy over wall time (bytes over the summed copy durations reads
 ~95% whatever happens). Random weights route differently from the trained model: the figures check
@@ -28,6 +28,7 @@ Exit codes: 0 done; 1 the CUDA tests failed or timed out; 2 bad arguments; 3 no 
 could not be collected, or fewer ran than were collected.
 --device cpu --allow-cpu runs the same steps in miniature with the emulated link (tiny shapes; steps
 that need CUDA say why they were skipped): a dry run for machines without a GPU (the tests use it)."""
+
 from __future__ import annotations
 
 import argparse
@@ -49,9 +50,11 @@ from gpu_tests import cuda_tests  # noqa: E402
 EXIT_OK, EXIT_TESTS_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_ERROR, EXIT_TESTS_NOT_RUN = 0, 1, 2, 3, 4, 5
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ("environment", "cuda_tests", "pinned_peak", "capped_link", "moe_layer", "pinned_store", "engine")
-NOTE = ("Random weights route differently from the trained LLaDA2.0-mini: the working set W, its "
-        "step-to-step reuse and the tokens accepted per forward differ, so these figures check the "
-        "machinery and the link on this machine; they do not reproduce the paper's figures.")
+NOTE = (
+    "Random weights route differently from the trained LLaDA2.0-mini: the working set W, its "
+    "step-to-step reuse and the tokens accepted per forward differ, so these figures check the "
+    "machinery and the link on this machine; they do not reproduce the paper's figures."
+)
 NO_GPU = "gpu_check: no CUDA GPU visible (torch.cuda.is_available() is False); nothing was run."
 
 
@@ -78,8 +81,9 @@ def check_engine_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> Non
 
 
 def engine_parser(doc: str, out: str, ratios: str, which: str) -> argparse.ArgumentParser:
-    """The parser with the engine step's flags, shared with scripts/gpu_check_graphs.py (check_engine_args checks
-    them): `out` the report's file under results/, `ratios` the default C/W ratios, `which` what the help says of
+    """The parser with the engine step's flags, shared with scripts/gpu_check_graphs.py (check_engine_args
+    checks them): `out` the report's file under results/, `ratios` the default C/W ratios, `which` what the
+    help says of
     the configurations ("of step 7", ", in the order they run"). The caller adds its own flags."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / out)
@@ -112,9 +116,15 @@ def log(msg: str) -> None:
 # --- the steps ------------------------------------------------------------------------------------
 def environment(a, torch) -> dict:
     cuda = a.device == "cuda"
-    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-           "host": platform.node(), "device": torch.cuda.get_device_name() if cuda else "cpu",
-           "grouped_mm": hasattr(torch, "_grouped_mm"), "dry_run_on_cpu": not cuda}
+    out = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "grouped_mm": hasattr(torch, "_grouped_mm"),
+        "dry_run_on_cpu": not cuda,
+    }
     if cuda:
         free, total = torch.cuda.mem_get_info()
         out.update(capability=list(torch.cuda.get_device_capability()), free_bytes=free, total_bytes=total)
@@ -137,13 +147,24 @@ def topology(cuda: bool) -> dict:
         out["sources"] = "dry run on the CPU: no GPU to place"
         return out
     out["nvidia_smi_topo"] = _run(["nvidia-smi", "topo", "-m"])
-    q = _run(["nvidia-smi", "--query-gpu=pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,"
-              "pcie.link.width.current,pcie.link.width.max", "--format=csv,noheader"])
+    q = _run(
+        [
+            "nvidia-smi",
+            "--query-gpu=pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,"
+            "pcie.link.width.current,pcie.link.width.max",
+            "--format=csv,noheader",
+        ]
+    )
     if q:
         bus, gen, gen_max, width, width_max = (x.strip() for x in q.splitlines()[0].split(","))
-        out["pcie"] = {"bus_id": bus, "gen_current": gen, "gen_max": gen_max, "width_current": width,
-                       "width_max": width_max}
-        node = Path("/sys/bus/pci/devices") / bus.lower()[-12:] / "numa_node"      # 0000:xx:yy.z
+        out["pcie"] = {
+            "bus_id": bus,
+            "gen_current": gen,
+            "gen_max": gen_max,
+            "width_current": width,
+            "width_max": width_max,
+        }
+        node = Path("/sys/bus/pci/devices") / bus.lower()[-12:] / "numa_node"  # 0000:xx:yy.z
         try:
             out["numa_node"] = int(node.read_text())
         except (OSError, ValueError):
@@ -177,24 +198,31 @@ class ForwardTimer(ForwardHooks):
     def summary(self) -> dict:
         pre = [r for r in self.rows if r[0] == "prefill"]
         den = [r for r in self.rows if r[0] == "denoise"]
-        return {"prefill_forwards": len(pre), "prefill_ms": 1e3 * sum(r[2] for r in pre),
-                "denoise_forwards": len(den),
-                "denoise_ms_per_forward": 1e3 * statistics.mean(r[2] for r in den) if den else None,
-                "host_ms_per_forward": 1e3 * statistics.mean(r[1] for r in den) if den else None,
-                "sync_wait_ms_per_forward": 1e3 * statistics.mean(r[3] for r in den) if den else None,
-                "denoise_seconds": sum(r[2] for r in den)}
+        return {
+            "prefill_forwards": len(pre),
+            "prefill_ms": 1e3 * sum(r[2] for r in pre),
+            "denoise_forwards": len(den),
+            "denoise_ms_per_forward": 1e3 * statistics.mean(r[2] for r in den) if den else None,
+            "host_ms_per_forward": 1e3 * statistics.mean(r[1] for r in den) if den else None,
+            "sync_wait_ms_per_forward": 1e3 * statistics.mean(r[3] for r in den) if den else None,
+            "denoise_seconds": sum(r[2] for r in den),
+        }
 
 
 MEASURES = {
-    "prefill_ms": "wall ms of all prefill forwards of the run (the prompt's full blocks; not a denoising step)",
+    "prefill_ms": "wall ms of all prefill forwards of the run (the prompt's full blocks; not a denoising "
+    "step)",
     "denoise_ms_per_forward": "mean wall ms of a denoising forward, the GPU synchronised at its end",
-    "host_ms_per_forward": "mean CPU ms from a denoising forward's start to its return (after its last launch), "
-                           "less the time blocked in the layers' one sync each (sync_wait_ms_per_forward)",
-    "sync_wait_ms_per_forward": "mean ms a denoising forward's host spent blocked in the router-count sync of its "
-                                "MoE layers (waiting for the GPU to reach that layer)",
+    "host_ms_per_forward": "mean CPU ms from a denoising forward's start to its return (after its last "
+    "launch), "
+    "less the time blocked in the layers' one sync each (sync_wait_ms_per_forward)",
+    "sync_wait_ms_per_forward": "mean ms a denoising forward's host spent blocked in the router-count sync "
+    "of its "
+    "MoE layers (waiting for the GPU to reach that layer)",
     "stall_seconds": "time compute waited for copies (CUDA: event pairs around the compute stream's waits)",
     "link_busy_over_wall": "link busy seconds over the run's wall seconds (prefill and denoising forwards)",
-    "launches_per_forward": "CUDA kernel launches per forward of a one-block run (torch.profiler), C/W 1 only",
+    "launches_per_forward": "CUDA kernel launches per forward of a one-block run (torch.profiler), C/W 1 "
+    "only",
 }
 
 
@@ -204,9 +232,15 @@ def engine(a, torch, cfg, dtype, report) -> dict:
     from artifact.offload.replay.sim import capacity_for
     from artifact.offload.replay.trace import mean_working_set
     from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+
     cuda = a.device == "cuda"
     link = "cuda" if cuda else "emulated"
-    out = report["engine"] = {"model": cfg.name, "layers": cfg.num_hidden_layers, "runs": [], "measures": MEASURES}
+    out = report["engine"] = {
+        "model": cfg.name,
+        "layers": cfg.num_hidden_layers,
+        "runs": [],
+        "measures": MEASURES,
+    }
     t0 = time.perf_counter()
     loaded = random_model(cfg, seed=0, dtype=dtype, device=a.device, resident=True)
     out["build_seconds"] = time.perf_counter() - t0
@@ -216,8 +250,12 @@ def engine(a, torch, cfg, dtype, report) -> dict:
     dc = DecodeConfig(gen_length=a.gen_length, steps=steps, threshold=1.0, eos_early_stop=False)
     warm = DecodeConfig(gen_length=cfg.block_length, steps=steps, threshold=1.0, eos_early_stop=False)
     blocks = -(-a.gen_length // cfg.block_length)
-    out["decode"] = {"threshold": 1.0, "steps_per_block": steps, "gen_length": a.gen_length,
-                     "warm_up": "one untimed block per configuration"}
+    out["decode"] = {
+        "threshold": 1.0,
+        "steps_per_block": steps,
+        "gen_length": a.gen_length,
+        "warm_up": "one untimed block per configuration",
+    }
     for batch in a.batches:
         # Block-aligned prompts: a block holding prompt tokens has fewer masks and ends in fewer steps.
         length = -(-a.prompt_length // cfg.block_length) * cfg.block_length
@@ -226,31 +264,52 @@ def engine(a, torch, cfg, dtype, report) -> dict:
         with ForwardTimer(torch, loaded.model, cuda) as ft:
             ref = decode_prompts(loaded, prompts, batch, RunOptions(dc, a.device), record=True)
         W = mean_working_set(ref.trace)
-        out.setdefault("resident", []).append({"batch": batch, "working_set": W, **ft.summary(),
-                                               "launches_per_forward": launches_per_forward(
-                                                   torch, a, loaded, prompts, batch, warm, None)})
+        out.setdefault("resident", []).append(
+            {
+                "batch": batch,
+                "working_set": W,
+                **ft.summary(),
+                "launches_per_forward": launches_per_forward(torch, a, loaded, prompts, batch, warm, None),
+            }
+        )
         for ratio in a.ratios:
             C = capacity_for(ratio, W, cfg.num_experts)
             for policy in ("demand", "last_step"):
                 spec = OffloadSpec(capacity=C, policy=policy, link=link)
-                decode_prompts(loaded, prompts[:1], 1, RunOptions(warm, a.device), spec=spec)   # warm-up, untimed
+                # warm-up, untimed
+                decode_prompts(loaded, prompts[:1], 1, RunOptions(warm, a.device), spec=spec)
                 with ForwardTimer(torch, loaded.model, cuda) as ft:
                     res = decode_prompts(loaded, prompts, batch, RunOptions(dc, a.device), spec=spec)
                 s, f = res.stats.as_dict(), ft.summary()
-                row = {"batch": batch, "cache_ratio": ratio, "cache_experts": C, "policy": policy, **f,
-                       "ms_per_forward": 1e3 * s["seconds"] / s["forwards"], "forwards": s["forwards"],
-                       "all_forwards_denoising_steps": f["denoise_forwards"] == s["forwards"] == blocks * steps,
-                       "stall_seconds": s["stall_seconds"], "link_busy_seconds": s["link_busy_seconds"],
-                       "link_busy_over_wall": s["link_busy_seconds"] / s["seconds"] if s["seconds"] else None,
-                       "demand_misses": s["demand_misses"], "speculative_transfers": s["speculative_transfers"],
-                       "link_bytes": s["link_bytes"], "tokens_equal_resident": res.tokens == ref.tokens,
-                       "launches_per_forward": launches_per_forward(torch, a, loaded, prompts, batch, warm, spec)
-                       if ratio == 1.0 else None}
+                row = {
+                    "batch": batch,
+                    "cache_ratio": ratio,
+                    "cache_experts": C,
+                    "policy": policy,
+                    **f,
+                    "ms_per_forward": 1e3 * s["seconds"] / s["forwards"],
+                    "forwards": s["forwards"],
+                    "all_forwards_denoising_steps": f["denoise_forwards"] == s["forwards"] == blocks * steps,
+                    "stall_seconds": s["stall_seconds"],
+                    "link_busy_seconds": s["link_busy_seconds"],
+                    "link_busy_over_wall": s["link_busy_seconds"] / s["seconds"] if s["seconds"] else None,
+                    "demand_misses": s["demand_misses"],
+                    "speculative_transfers": s["speculative_transfers"],
+                    "link_bytes": s["link_bytes"],
+                    "tokens_equal_resident": res.tokens == ref.tokens,
+                    "launches_per_forward": launches_per_forward(torch, a, loaded, prompts, batch, warm, spec)
+                    if ratio == 1.0
+                    else None,
+                }
                 out["runs"].append(row)
-                log(f"batch {batch} C/W {ratio} C {C} {policy:9s} prefill {row['prefill_ms']:7.1f} ms, denoise "
-                    f"{row['denoise_ms_per_forward']:7.2f} ms/forward (host {row['host_ms_per_forward']:6.2f}), "
+                log(
+                    f"batch {batch} C/W {ratio} C {C} {policy:9s} prefill {row['prefill_ms']:7.1f} ms, "
+                    "denoise "
+                    f"{row['denoise_ms_per_forward']:7.2f} ms/forward (host "
+                    f"{row['host_ms_per_forward']:6.2f}), "
                     f"stall {row['stall_seconds']:.3f} s, busy/wall {row['link_busy_over_wall']:.2f}, "
-                    f"tokens equal: {row['tokens_equal_resident']}")
+                    f"tokens equal: {row['tokens_equal_resident']}"
+                )
     out["all_tokens_equal_resident"] = all(r["tokens_equal_resident"] for r in out["runs"])
     out["all_forwards_denoising_steps"] = all(r["all_forwards_denoising_steps"] for r in out["runs"])
     return out
@@ -263,6 +322,7 @@ def launches_per_forward(torch, a, loaded, prompts, batch, dc, spec) -> float | 
     from torch.profiler import ProfilerActivity, profile
 
     from artifact.offload.runner import RunOptions, decode_prompts
+
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         res = decode_prompts(loaded, prompts, batch, RunOptions(dc, a.device), spec=spec)
     launches = sum(ev.count for ev in prof.key_averages() if call_kind(ev.key) == "launches")
@@ -272,17 +332,25 @@ def launches_per_forward(torch, a, loaded, prompts, batch, dc, spec) -> float | 
 # --- shapes and prompts -------------------------------------------------------------------------
 def model_config(a, layers: int):
     from artifact.model.config import get_preset
+
     if a.device == "cpu":
-        return dataclasses.replace(get_preset("tiny"), num_hidden_layers=layers, name=f"tiny-{layers}L-random")
-    vocab = 32768                # a smaller embedding and LM head: faster to build, same expert shapes
-    return dataclasses.replace(get_preset("llada2-mini"), num_hidden_layers=layers, vocab_size=vocab,
-                               mask_token_id=vocab - 1, eos_token_id=vocab - 4,
-                               name=f"llada2-mini-shaped-{layers}L-random")
+        return dataclasses.replace(
+            get_preset("tiny"), num_hidden_layers=layers, name=f"tiny-{layers}L-random"
+        )
+    vocab = 32768  # a smaller embedding and LM head: faster to build, same expert shapes
+    return dataclasses.replace(
+        get_preset("llada2-mini"),
+        num_hidden_layers=layers,
+        vocab_size=vocab,
+        mask_token_id=vocab - 1,
+        eos_token_id=vocab - 4,
+        name=f"llada2-mini-shaped-{layers}L-random",
+    )
 
 
 def random_prompts(torch, cfg, n: int, length: int, seed: int = 0, spread: int = 7) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    lo, hi = 8, cfg.vocab_size - 8          # clear of the special ids at either end (tiny: 0-5; here: V-4, V-1)
+    lo, hi = 8, cfg.vocab_size - 8  # clear of the special ids at either end (tiny: 0-5; here: V-4, V-1)
     assert not lo <= cfg.mask_token_id < hi and not lo <= cfg.eos_token_id < hi
     return [torch.randint(lo, hi, (length + spread * i,), generator=g).tolist() for i in range(n)]
 
@@ -291,23 +359,33 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     t_start = time.perf_counter()
     import torch
+
     if a.device == "cuda" and not torch.cuda.is_available():
         print(NO_GPU, file=sys.stderr, flush=True)
         return EXIT_NO_GPU
     try:
         from artifact.paths import atomic_write_text
     except ImportError as e:
-        print(f"gpu_check: cannot import the artifact package ({e}); run scripts/gpu_check.sh from the "
-              "checkout, or pip install -e . first", file=sys.stderr)
+        print(
+            f"gpu_check: cannot import the artifact package ({e}); run scripts/gpu_check.sh from the "
+            "checkout, or pip install -e . first",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     cuda = a.device == "cuda"
-    if not cuda:     # tiny shapes gain nothing from threads; on a shared CPU spinning threads make timings erratic
+    # tiny shapes gain nothing from threads; on a shared CPU spinning threads make timings erratic
+    if not cuda:
         torch.set_num_threads(1)
     cfg = model_config(a, a.layers)
     dtype = "bfloat16" if cuda else "float32"
     expert_bytes = cfg.expert_params * (2 if cuda else 4)
-    report = {"note": NOTE, "dry_run_on_cpu": not cuda, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}, "steps": []}
+    report = {
+        "note": NOTE,
+        "dry_run_on_cpu": not cuda,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+        "steps": [],
+    }
     code = EXIT_OK
 
     def write():
@@ -315,30 +393,38 @@ def main(argv=None) -> int:
         report["exit_code"] = code
         atomic_write_text(a.out, json.dumps(report, indent=2, default=str))
 
-    steps = {"environment": lambda: environment(a, torch),
-             "cuda_tests": lambda: {k: v for k, v in cuda_tests(a, torch).items() if k != "log"},
-             "pinned_peak": lambda: pinned_peak(a, torch, expert_bytes),
-             "capped_link": lambda: capped_link(a, torch, expert_bytes),
-             "moe_layer": lambda: torch.no_grad()(moe_layer)(a, torch, cfg, dtype),
-             "pinned_store": lambda: pinned_store(a, torch),
-             "engine": lambda: engine(a, torch, cfg, dtype, report)}
+    steps = {
+        "environment": lambda: environment(a, torch),
+        "cuda_tests": lambda: {k: v for k, v in cuda_tests(a, torch).items() if k != "log"},
+        "pinned_peak": lambda: pinned_peak(a, torch, expert_bytes),
+        "capped_link": lambda: capped_link(a, torch, expert_bytes),
+        "moe_layer": lambda: torch.no_grad()(moe_layer)(a, torch, cfg, dtype),
+        "pinned_store": lambda: pinned_store(a, torch),
+        "engine": lambda: engine(a, torch, cfg, dtype, report),
+    }
     for i, name in enumerate(STEPS, 1):
         log(f"step {i}/{len(STEPS)}: {name}")
         t0 = time.perf_counter()
         try:
             report[name] = steps[name]()
-        except Exception as e:                   # keep the other steps: GPU time is scarce
-            report[name] = {**(report.get(name) or {}),
-                            "error": {"type": type(e).__name__, "message": str(e),
-                                      "traceback": traceback.format_exc()[-4000:]}}
+        except Exception as e:  # keep the other steps: GPU time is scarce
+            report[name] = {
+                **(report.get(name) or {}),
+                "error": {
+                    "type": type(e).__name__,
+                    "message": str(e),
+                    "traceback": traceback.format_exc()[-4000:],
+                },
+            }
             log(f"{name} failed: {type(e).__name__}: {e}")
             code = EXIT_ERROR
         report[name]["seconds"] = time.perf_counter() - t0
         report["steps"].append(name)
         t = report[name]
         if name == "cuda_tests" and not t.get("skipped") and code == EXIT_OK:
-            if not t.get("collection_ok", True) or (t.get("collection_ok") and not t.get("timed_out")
-                                                    and not t.get("all_ran", True)):
+            if not t.get("collection_ok", True) or (
+                t.get("collection_ok") and not t.get("timed_out") and not t.get("all_ran", True)
+            ):
                 code = EXIT_TESTS_NOT_RUN
             elif not t.get("ok"):
                 code = EXIT_TESTS_FAILED

@@ -12,8 +12,8 @@ every engine row as soon as it is measured (a kill at the time limit keeps the r
   3. pinned_peak   pinned H2D GB/s (gpu_check_steps.pinned_peak): the bandwidth H2D time is costed at
   4. capped_link   the CUDA link capped at 0.5x and 0.25x of its peak (gpu_check_steps.capped_link)
   5. fp32_tokens   CUDA: the tiny model in float32, batch 1, C/W 1, each policy and forward mode: tokens equal
-                   the resident eager run's (T5 judges tokens in float32 only: bf16 may diverge after the first
-                   step); on the CPU the engine rows are float32 already
+                   the resident eager run's (T5 judges tokens in float32 only: bf16 may diverge after the
+                   first step); on the CPU the engine rows are float32 already
   6. engine        scripts/gpu_check.py's engine model (layer 0 dense, the others MoE), forward "eager" and
                    "segmented", at each batch, C/W and policy (demand, last_step); every configuration first
                    runs once in full on the same prompts and shapes (the warm-up: the segments are captured
@@ -35,6 +35,7 @@ skipped (said so in the report).
 forward running its segments eagerly): a dry run whose targets are all "unmeasured" (each with the status
 the CPU figures would give, `would_be`), so the tests cover the logic without a GPU.
 Exit codes as scripts/gpu_check.py: 0 done, 2 bad arguments, 3 no CUDA GPU visible, 4 a step raised."""
+
 from __future__ import annotations
 
 import argparse
@@ -54,28 +55,38 @@ from gpu_targets import judge, line  # noqa: E402
 ROOT = base.ROOT
 STEPS = ("environment", "host_costs", "pinned_peak", "capped_link", "fp32_tokens", "engine")
 CALLS, REPEATS, BATCH, GRAPH_OPS = 200, 5, 8, 8
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = base.engine_parser(__doc__, "gpu_check_graphs.json", "1.0,1.73,0.83", ", in the order they run")
-    ap.add_argument("--budget-s", type=float, default=380.0,
-                    help="seconds after which the remaining configurations are skipped (the check's limit is 7 min)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=380.0,
+        help="seconds after which the remaining configurations are skipped (the check's limit is 7 min)",
+    )
     a = ap.parse_args(argv)
     base.check_engine_args(ap, a)
     if not a.budget_s > 0:
         ap.error(f"--budget-s must be > 0, got {a.budget_s}")
-    a.store_gb, a.skip_tests = 0.0, True           # the shared steps read these; nothing here pins a store
+    a.store_gb, a.skip_tests = 0.0, True  # the shared steps read these; nothing here pins a store
     return a
 
 
 # --- step 1 and 2 ---------------------------------------------------------------------------------
 def environment(a, torch) -> dict:
     out = base.environment(a, torch)
-    out.update(kernel=platform.release(), forward_modes=list(rows.FORWARD_MODES),
-               foreach_copy=hasattr(torch, "_foreach_copy_"))
+    out.update(
+        kernel=platform.release(),
+        forward_modes=list(rows.FORWARD_MODES),
+        foreach_copy=hasattr(torch, "_foreach_copy_"),
+    )
     return out
 
 
 def _per_call_us(fn, calls: int = CALLS, repeats: int = REPEATS, sync=None) -> float:
-    """Median over `repeats` batches of the host us per call of fn() (the device catches up between batches)."""
+    """Median over `repeats` batches of the host us per call of fn() (the device catches up between
+    batches)."""
     fn()
     if sync:
         sync()
@@ -94,11 +105,16 @@ def host_costs(a, torch, expert_bytes: int) -> dict:
     cuda = a.device == "cuda"
     sync = torch.cuda.synchronize if cuda else None
     x = torch.zeros(16, device=a.device)
-    out = {"calls": CALLS, "repeats": REPEATS, "statistic": f"median of {REPEATS} batches of {CALLS} calls",
-           "measures": "host us per call: launch_us one in-place add on a 16-element tensor; event_record_us "
-                       "torch.cuda.Event.record; copy_us one expert-sized copy_ from pinned host memory "
-                       f"(non_blocking); batched_copy_us one torch._foreach_copy_ of {BATCH} such copies, per copy; "
-                       f"graph_replay_us one replay of a captured CUDA graph of {GRAPH_OPS} in-place adds"}
+    out = {
+        "calls": CALLS,
+        "repeats": REPEATS,
+        "statistic": f"median of {REPEATS} batches of {CALLS} calls",
+        "measures": "host us per call: launch_us one in-place add on a 16-element tensor; event_record_us "
+        "torch.cuda.Event.record; copy_us one expert-sized copy_ from pinned host memory "
+        f"(non_blocking); batched_copy_us one torch._foreach_copy_ of {BATCH} such copies, "
+        "per copy; "
+        f"graph_replay_us one replay of a captured CUDA graph of {GRAPH_OPS} in-place adds",
+    }
     out["launch_us"] = _per_call_us(lambda: x.add_(1), sync=sync)
     if cuda:
         ev = torch.cuda.Event()
@@ -108,12 +124,19 @@ def host_costs(a, torch, expert_bytes: int) -> dict:
         out["event_record_skipped"] = "needs CUDA"
     src = [torch.empty(expert_bytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(BATCH)]
     dst = [torch.empty(expert_bytes, dtype=torch.uint8, device=a.device) for _ in range(BATCH)]
-    calls = 32 if cuda else CALLS          # a copy takes ~120 us of link time: keep the queue short
+    calls = 32 if cuda else CALLS  # a copy takes ~120 us of link time: keep the queue short
     out["copy_us"] = _per_call_us(lambda: dst[0].copy_(src[0], non_blocking=True), calls=calls, sync=sync)
-    out["copy_calls"] = {"copy_us": calls, "batched_copy_us": max(1, calls // BATCH)}     # per batch of the median
+    # per batch of the median
+    out["copy_calls"] = {"copy_us": calls, "batched_copy_us": max(1, calls // BATCH)}
     if hasattr(torch, "_foreach_copy_"):
-        out["batched_copy_us"] = _per_call_us(lambda: torch._foreach_copy_(dst, src, non_blocking=True),
-                                              calls=max(1, calls // BATCH), sync=sync) / BATCH
+        out["batched_copy_us"] = (
+            _per_call_us(
+                lambda: torch._foreach_copy_(dst, src, non_blocking=True),
+                calls=max(1, calls // BATCH),
+                sync=sync,
+            )
+            / BATCH
+        )
     else:
         out["batched_copy_us"] = None
         out["batched_copy_skipped"] = "this torch has no _foreach_copy_"
@@ -122,7 +145,7 @@ def host_costs(a, torch, expert_bytes: int) -> dict:
         y = torch.zeros(16, device=a.device)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):                  # warm-up on a side stream, as capture requires
+        with torch.cuda.stream(s):  # warm-up on a side stream, as capture requires
             for _ in range(GRAPH_OPS):
                 y.add_(1)
         torch.cuda.current_stream().wait_stream(s)
@@ -140,14 +163,18 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     t_start = time.perf_counter()
     import torch
+
     if a.device == "cuda" and not torch.cuda.is_available():
         print(base.NO_GPU, file=sys.stderr, flush=True)
         return base.EXIT_NO_GPU
     try:
         from artifact.paths import atomic_write_text
     except ImportError as e:
-        print(f"gpu_check_graphs: cannot import the artifact package ({e}); run scripts/gpu_run.sh from "
-              "the checkout", file=sys.stderr)
+        print(
+            f"gpu_check_graphs: cannot import the artifact package ({e}); run scripts/gpu_run.sh from "
+            "the checkout",
+            file=sys.stderr,
+        )
         return base.EXIT_USAGE
     cuda = a.device == "cuda"
     if not cuda:
@@ -155,9 +182,13 @@ def main(argv=None) -> int:
     cfg = base.model_config(a, a.layers)
     dtype = "bfloat16" if cuda else "float32"
     expert_bytes = cfg.expert_params * (2 if cuda else 4)
-    report = {"note": base.NOTE, "dry_run_on_cpu": not cuda,
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}, "steps": []}
+    report = {
+        "note": base.NOTE,
+        "dry_run_on_cpu": not cuda,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+        "steps": [],
+    }
     code = base.EXIT_OK
 
     def write():
@@ -166,31 +197,42 @@ def main(argv=None) -> int:
         atomic_write_text(a.out, json.dumps(report, indent=2, default=str))
 
     def bandwidth() -> float:
-        """GB/s H2D time is costed at: the registered store's expert-sized copies (CUDA), the emulated link's."""
+        """GB/s H2D time is costed at: the registered store's expert-sized copies (CUDA), the emulated
+        link's."""
         peak = report.get("pinned_peak") or {}
         if isinstance(peak.get("store_expert_copy_gbps"), (int, float)):
             return float(peak["store_expert_copy_gbps"])
         if cuda:
             raise RuntimeError("pinned_peak measured no bandwidth: H2D time cannot be costed")
         from artifact.offload.links.link import emulated_bandwidth_gbps
+
         return emulated_bandwidth_gbps(expert_bytes)
 
     deadline = t_start + a.budget_s
-    steps = {"environment": lambda: environment(a, torch),
-             "host_costs": lambda: host_costs(a, torch, expert_bytes),
-             "pinned_peak": lambda: base.pinned_peak(a, torch, expert_bytes),
-             "capped_link": lambda: base.capped_link(a, torch, expert_bytes),
-             "fp32_tokens": lambda: torch.no_grad()(rows.fp32_tokens)(a, torch),
-             "engine": lambda: torch.no_grad()(rows.engine)(a, torch, cfg, dtype, report, bandwidth(), deadline, write)}
+    steps = {
+        "environment": lambda: environment(a, torch),
+        "host_costs": lambda: host_costs(a, torch, expert_bytes),
+        "pinned_peak": lambda: base.pinned_peak(a, torch, expert_bytes),
+        "capped_link": lambda: base.capped_link(a, torch, expert_bytes),
+        "fp32_tokens": lambda: torch.no_grad()(rows.fp32_tokens)(a, torch),
+        "engine": lambda: torch.no_grad()(rows.engine)(
+            a, torch, cfg, dtype, report, bandwidth(), deadline, write
+        ),
+    }
     for i, name in enumerate(STEPS, 1):
         base.log(f"step {i}/{len(STEPS)}: {name}")
         t0 = time.perf_counter()
         try:
             report[name] = steps[name]()
-        except Exception as e:                   # keep the other steps
-            report[name] = {**(report.get(name) or {}),
-                            "error": {"type": type(e).__name__, "message": str(e),
-                                      "traceback": traceback.format_exc()[-4000:]}}
+        except Exception as e:  # keep the other steps
+            report[name] = {
+                **(report.get(name) or {}),
+                "error": {
+                    "type": type(e).__name__,
+                    "message": str(e),
+                    "traceback": traceback.format_exc()[-4000:],
+                },
+            }
             base.log(f"{name} failed: {type(e).__name__}: {e}")
             code = base.EXIT_ERROR
         report[name]["seconds"] = time.perf_counter() - t0

@@ -15,6 +15,7 @@ archive), the least needed first. Temporary files of an atomic write that was ki
 
 Exit codes: 0 done; 2 bad arguments, or a --name that is not the GPU's; 3 (environment) no CUDA GPU visible on
 a run that is not --dry-run."""
+
 from __future__ import annotations
 
 import argparse
@@ -30,20 +31,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("environment", "graphs", "cuda_tests", "summary")        # the order they run: the graphs check first
+STEPS = ("environment", "graphs", "cuda_tests", "summary")  # the order they run: the graphs check first
 PACKAGES = ("torch", "numpy", "safetensors", "pytest", "transformers", "tokenizers", "pandas")
 EXIT_USAGE, EXIT_NO_GPU = 2, 3
-MAX_FILES = 8            # what a borrowed GPU machine returns of its output folder (at most two folders deep)
+MAX_FILES = 8  # what a borrowed GPU machine returns of its output folder (at most two folders deep)
 VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro", "rtx", "gtx"}
 
 
 def names(out: Path, name: str) -> dict:
     """The files a run writes under --out: the step records (the shell script's, one JSON line per step), the
     graphs check's report, the CUDA tests' JSON and log, the environment, the summary and the archive."""
-    return {"steps": out / f"{name}_gpu_run.steps.jsonl", "graphs": out / f"{name}_graphs.json",
-            "tests_json": out / f"{name}_gpu_run_tests.json", "tests_log": out / f"{name}_gpu_run_tests.log",
-            "environment": out / f"{name}_gpu_run_environment.json", "summary": out / f"{name}_gpu_run_summary.json",
-            "archive": out / f"{name}_gpu_run.tar.gz"}
+    return {
+        "steps": out / f"{name}_gpu_run.steps.jsonl",
+        "graphs": out / f"{name}_graphs.json",
+        "tests_json": out / f"{name}_gpu_run_tests.json",
+        "tests_log": out / f"{name}_gpu_run_tests.log",
+        "environment": out / f"{name}_gpu_run_environment.json",
+        "summary": out / f"{name}_gpu_run_summary.json",
+        "archive": out / f"{name}_gpu_run.tar.gz",
+    }
 
 
 # In the order a file is kept beside the archive when the folder holds too many: the summary and the archive
@@ -54,7 +60,8 @@ KEEP_ORDER = ("summary", "archive", "graphs", "tests_json", "steps", "environmen
 # --- the GPU's name ---------------------------------------------------------------------------------
 def card_name(device: str) -> str:
     """The short, lower-case name of a GPU from nvidia-smi's (or torch.cuda.get_device_name's) full one:
-    "NVIDIA H200" -> h200, "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA RTX A5000" -> a5000, "NVIDIA A100-SXM4-80GB"
+    "NVIDIA H200" -> h200, "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA RTX A5000" -> a5000, "NVIDIA
+    A100-SXM4-80GB"
     -> a100, "NVIDIA GeForce RTX 4090" -> rtx4090 (a bare number keeps the word before it); "" if none."""
     words = [w for w in re.split(r"[\s_]+", device.strip()) if w]
     for i, w in enumerate(words):
@@ -68,7 +75,8 @@ def card_name(device: str) -> str:
 
 
 def card(a) -> int:
-    """nvidia-smi's GPU names (one a line, on stdin) -> the name printed on stdout; with --name, a name that is
+    """nvidia-smi's GPU names (one a line, on stdin) -> the name printed on stdout; with --name, a name that
+    is
     not the GPU's is refused (one line on stderr, exit 2)."""
     found = [card_name(ln) for ln in sys.stdin.read().splitlines() if ln.strip()]
     found = [f for f in found if f]
@@ -76,8 +84,12 @@ def card(a) -> int:
         print("gpu_run: nvidia-smi named no GPU", file=sys.stderr)
         return EXIT_USAGE
     if a.name and a.name.lower() != found[0]:
-        print(f"gpu_run: --name {a.name} but the GPU is {found[0]} (nvidia-smi): the reports would be named after "
-              f"the wrong card; drop --name or pass --name {found[0]}", file=sys.stderr)
+        print(
+            f"gpu_run: --name {a.name} but the GPU is {found[0]} (nvidia-smi): the reports would be named "
+            "after "
+            f"the wrong card; drop --name or pass --name {found[0]}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     print(found[0])
     return 0
@@ -88,27 +100,49 @@ def environment(a) -> int:
 
     from artifact.offload.links.cuda_batch import NO_BATCH_ENV
     from artifact.paths import atomic_write_text
+
     cuda = torch.cuda.is_available()
-    env = {"python": sys.executable, "python_version": platform.python_version(),
-           "venv": str(ROOT / ".venv") if sys.prefix == str(ROOT / ".venv") else None,
-           "torch": torch.__version__, "cuda_runtime": torch.version.cuda, "cuda_available": cuda,
-           "device": torch.cuda.get_device_name() if cuda else "cpu", "dry_run": a.dry_run,
-           "packages": {p: importlib.util.find_spec(p) is not None for p in PACKAGES},
-           NO_BATCH_ENV: os.environ.get(NO_BATCH_ENV)}
+    env = {
+        "python": sys.executable,
+        "python_version": platform.python_version(),
+        "venv": str(ROOT / ".venv") if sys.prefix == str(ROOT / ".venv") else None,
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "cuda_available": cuda,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "dry_run": a.dry_run,
+        "packages": {p: importlib.util.find_spec(p) is not None for p in PACKAGES},
+        NO_BATCH_ENV: os.environ.get(NO_BATCH_ENV),
+    }
     if cuda:
         free, total = torch.cuda.mem_get_info()
         env.update(capability=list(torch.cuda.get_device_capability()), free_bytes=free, total_bytes=total)
     atomic_write_text(names(a.out, a.name)["environment"], json.dumps(env, indent=2))
-    print(f"environment: python {env['python_version']} ({'the checkout .venv' if env['venv'] else sys.executable}), "
-          f"torch {env['torch']}, CUDA {env['cuda_runtime']}, device {env['device']}", flush=True)
-    print("packages: " + ", ".join(f"{p} {'yes' if ok else 'no'}" for p, ok in env["packages"].items()), flush=True)
+    print(
+        f"environment: python {env['python_version']} "
+        f"({'the checkout .venv' if env['venv'] else sys.executable}), "
+        f"torch {env['torch']}, CUDA {env['cuda_runtime']}, device {env['device']}",
+        flush=True,
+    )
+    print(
+        "packages: " + ", ".join(f"{p} {'yes' if ok else 'no'}" for p, ok in env["packages"].items()),
+        flush=True,
+    )
     if not a.dry_run and not cuda:
-        print("gpu_run: no CUDA GPU visible (torch.cuda.is_available() is False); nothing else runs. "
-              "--dry-run runs the steps on the CPU.", file=sys.stderr, flush=True)
+        print(
+            "gpu_run: no CUDA GPU visible (torch.cuda.is_available() is False); nothing else runs. "
+            "--dry-run runs the steps on the CPU.",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_NO_GPU
     if cuda and not a.dry_run and card_name(env["device"]) != a.name.lower():
-        print(f"gpu_run: the reports are named {a.name}_* but the GPU is {card_name(env['device'])} "
-              f"({env['device']}); pass --name {card_name(env['device'])}", file=sys.stderr, flush=True)
+        print(
+            f"gpu_run: the reports are named {a.name}_* but the GPU is {card_name(env['device'])} "
+            f"({env['device']}); pass --name {card_name(env['device'])}",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_USAGE
     return 0
 
@@ -145,9 +179,11 @@ def leftover_tmp(out: Path, name: str) -> list[Path]:
 
 def pack(out: Path, name: str) -> tuple[Path, list[Path]]:
     """One archive (NAME_gpu_run.tar.gz, written atomically) of the run's files under `out`, then the files
-    beside it cut to MAX_FILES (KEEP_ORDER: the least needed leave the folder first; they stay in the archive).
+    beside it cut to MAX_FILES (KEEP_ORDER: the least needed leave the folder first; they stay in the
+    archive).
     Returns the archive and the files left beside it."""
     from artifact.paths import atomic_write_bytes
+
     n = names(out, name)
     members = [n[k] for k in KEEP_ORDER if k != "archive" and n[k].exists()]
     tmp = out / f".{name}_gpu_run.tar.gz.build.tmp"
@@ -161,10 +197,14 @@ def pack(out: Path, name: str) -> tuple[Path, list[Path]]:
     ours = [n[k] for k in KEEP_ORDER if n[k].exists()]
     others = [p for p in out.iterdir() if p not in ours]
     if others:
-        print(f"note: {out} holds {len(others)} other entries: a borrowed GPU machine returns at most {MAX_FILES} "
-              "files of its output folder (give this run an empty --out there)", flush=True)
-    excess = len(ours) - MAX_FILES            # this run's files; the others are not this run's to remove
-    for p in reversed(ours[2:]):               # never the summary nor the archive
+        print(
+            f"note: {out} holds {len(others)} other entries: a borrowed GPU machine returns at most "
+            f"{MAX_FILES} "
+            "files of its output folder (give this run an empty --out there)",
+            flush=True,
+        )
+    excess = len(ours) - MAX_FILES  # this run's files; the others are not this run's to remove
+    for p in reversed(ours[2:]):  # never the summary nor the archive
         if excess <= 0:
             break
         p.unlink()
@@ -176,40 +216,61 @@ def summary(a) -> int:
     from gpu_targets import did_not_replay, judge, line
 
     from artifact.paths import atomic_write_text
+
     n = names(a.out, a.name)
-    steps = {s: None for s in STEPS[:-1]} | {s: r for s, r in read_steps(n["steps"]).items() if s != "summary"}
+    steps = {s: None for s in STEPS[:-1]} | {
+        s: r for s, r in read_steps(n["steps"]).items() if s != "summary"
+    }
     tests = read(n["tests_json"]) or {}
     report = read(n["graphs"])
     print("steps:", flush=True)
     for s, r in steps.items():
-        state = ("not run" if r is None else f"timed out after its {r['budget_s']} s" if r["timed_out"]
-                 else f"exit {r['rc']}")
+        state = (
+            "not run"
+            if r is None
+            else f"timed out after its {r['budget_s']} s"
+            if r["timed_out"]
+            else f"exit {r['rc']}"
+        )
         print(f"  {s}: {state}" + (f" in {r['seconds']:.0f} s" if r else ""), flush=True)
     print(f"cuda tests: {tests.get('verdict', 'no result (the step wrote none)')}", flush=True)
     out = {"steps": steps, "cuda_tests": tests.get("verdict"), "targets": None, "rows_not_replayed": None}
     if report is None:
         print("graphs check: no report; T1-T7 unmeasured", flush=True)
         from gpu_targets import RULES
+
         for t in RULES:
             print(f"{t}: unmeasured (the graphs check wrote no report)", flush=True)
     else:
-        targets = judge(report)              # from the rows on disk: also those of a step cut short
+        targets = judge(report)  # from the rows on disk: also those of a step cut short
         runs = (report.get("engine") or {}).get("runs", [])
         out["targets"], out["rows_not_replayed"] = targets, len(did_not_replay(runs))
-        print(f"graphs check: {len(runs)} offloaded rows, {out['rows_not_replayed']} of them segmented rows that "
-              "did not replay" + ("" if "targets" in report else " (the step did not finish: judged on the rows "
-                                                                  "written before it ended)"), flush=True)
+        print(
+            f"graphs check: {len(runs)} offloaded rows, {out['rows_not_replayed']} of them segmented rows "
+            "that "
+            "did not replay"
+            + (
+                ""
+                if "targets" in report
+                else " (the step did not finish: judged on the rows written before it ended)"
+            ),
+            flush=True,
+        )
         for name, t in targets.items():
             print(line(name, t), flush=True)
     # the summary and the archive are written below: listed as they will be (the step's own record joins the
     # steps file after this step ends, in the folder and not in the archive)
     out["reports"] = [str(n[k]) for k in KEEP_ORDER if k in ("summary", "archive") or n[k].exists()]
-    out["archive"] = {"path": str(n["archive"]), "holds": [str(n[k].name) for k in KEEP_ORDER
-                                                          if k in ("summary",) or (k != "archive" and n[k].exists())]}
+    out["archive"] = {
+        "path": str(n["archive"]),
+        "holds": [
+            str(n[k].name) for k in KEEP_ORDER if k in ("summary",) or (k != "archive" and n[k].exists())
+        ],
+    }
     atomic_write_text(n["summary"], json.dumps(out, indent=2, default=str))
     try:
         _, kept = pack(a.out, a.name)
-    except OSError as e:                          # the summary stands without the archive
+    except OSError as e:  # the summary stands without the archive
         print(f"gpu_run: no archive ({e})", file=sys.stderr, flush=True)
         out["reports"] = [r for r in out["reports"] if r != str(n["archive"])]
         out["archive"] = {"error": str(e)}

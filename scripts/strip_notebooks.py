@@ -1,10 +1,11 @@
-"""Strip notebooks to what git stores (the pre-commit hook; artifact.experiments.notebooks.store.strip): only the
-claim cell's stdout output, no execution counts but its own, no machine metadata, the project's kernel. A figure
-reaches a repository browser as a markdown image of the committed figures/cpu/<name>.png, not as an output
-(tests/test_figures_readable.py).
+"""Strip notebooks to what git stores (the pre-commit hook; artifact.experiments.notebooks.store.strip): only
+the claim cell's stdout output, no execution counts but its own, no machine metadata, the project's kernel. A
+figure reaches a repository browser as a markdown image of the committed figures/cpu/<name>.png, not as an
+output (tests/test_figures_readable.py).
 
     .venv/bin/python scripts/strip_notebooks.py notebooks/*.ipynb      # rewrites the files that change
 Exits 1 when it changed a file (so a commit hook stops and the stripped files can be added), else 0."""
+
 from __future__ import annotations
 
 import sys

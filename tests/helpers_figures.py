@@ -1,8 +1,9 @@
-"""Every saved figure of the numbered notebooks, built as its notebook builds it but from committed inputs only
-(tests/test_figures_readable.py): the stored runs of the timing studies (data/results/<profile>/runs/), the
-committed 00 and 07 records, and routing traces (the test passes the committed fixture traces, so no model
+"""Every saved figure of the numbered notebooks, built as its notebook builds it but from committed inputs
+only (tests/test_figures_readable.py): the stored runs of the timing studies (data/results/<profile>/runs/),
+the committed 00 and 07 records, and routing traces (the test passes the committed fixture traces, so no model
 runs). `fresh=True` builds the timing figures as a run that is not a stored one draws them: the last stored
 run's rows as this run, beside the other stored runs."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -27,9 +28,11 @@ def quickstart(P: Settings, ts, fresh: bool):
     df = pd.read_csv(reference_data_dir(P.name) / "00_quickstart.csv")
     off = df[df.run != "resident"]
     stall = float(off[off.part != "compute"].seconds.sum())
-    q = {"resident": {"seconds": float(df[df.run == "resident"].seconds.sum())},
-         "offloaded": {"seconds": float(off.seconds.sum()), "stall_seconds": stall},
-         "cache_experts": int(off.run.iloc[0].split("C=")[1])}
+    q = {
+        "resident": {"seconds": float(df[df.run == "resident"].seconds.sum())},
+        "offloaded": {"seconds": float(off.seconds.sum()), "stall_seconds": stall},
+        "cache_experts": int(off.run.iloc[0].split("C=")[1]),
+    }
     return {"00_quickstart": qs.plot(q, P)[0]}
 
 
@@ -39,8 +42,10 @@ def working_set(P: Settings, ts, fresh: bool):
     ws = w.working_set_table(ts)
     sim = w.stability_table(ts)
     share = w.lru_share(ts, P.cache_ratios)
-    return {"01_working_set": w.plot_working_set(ws, P)[0],
-            "01_working_set_stability": w.plot_stability(sim, share, P)[0]}
+    return {
+        "01_working_set": w.plot_working_set(ws, P)[0],
+        "01_working_set_stability": w.plot_stability(sim, share, P)[0],
+    }
 
 
 def miss_accounting(P: Settings, ts, fresh: bool):
@@ -82,7 +87,7 @@ def routing_map(P: Settings, ts, fresh: bool):
 
     reps = stored(rm.replicas(P, None), fresh)
     out = {"07_routing_map_throughput": rm.plot_throughput(reps.this, rm.throughput(reps), P)[0]}
-    if not fresh:                               # the map is drawn from the traces alone: the same in a fresh run
+    if not fresh:  # the map is drawn from the traces alone: the same in a fresh run
         g = rm.grid_for(P)
         fits = rm.trace_fits(ts)
         rmap = rm.routing_map(rm.base_params(fits, g), g, rm.prefill_multiple(fits), progress=False)
@@ -97,8 +102,10 @@ def performance_model(P: Settings, ts, fresh: bool):
     from artifact.experiments.studies.performance_model.validation import VALIDATION
 
     runs = stored_rows(P, VALIDATION, bench_fingerprint(P))
-    trace = ts[0]                               # the notebook's is the largest batch size's: any trace draws the same
-    grid = pm.gpu_grid({"paper point": pm.paper_point(P), f"{trace.meta['task']} trace": trace}, progress=False)
+    trace = ts[0]  # the notebook's is the largest batch size's: any trace draws the same
+    grid = pm.gpu_grid(
+        {"paper point": pm.paper_point(P), f"{trace.meta['task']} trace": trace}, progress=False
+    )
     return {"08_performance_model": pm.plot(grid, runs[-1][1], P)[0]}
 
 
@@ -111,8 +118,16 @@ def cache_design_space(P: Settings, ts, fresh: bool):
 
 
 BUILDERS: dict[str, Callable] = {
-    "00": quickstart, "01": working_set, "02": miss_accounting, "03": bandwidth_throttling, "04": capacity_sweep,
-    "05": tide_head_to_head, "06": beyond_the_paper, "07": routing_map, "08": performance_model,
-    "09": cache_design_space}
-TIMED = ("03", "04", "05", "06", "07")      # the figures a fresh run draws differently (stored runs beside it)
-TRACED = ("01", "02", "06", "07", "08", "09")     # the figures drawn from routing traces
+    "00": quickstart,
+    "01": working_set,
+    "02": miss_accounting,
+    "03": bandwidth_throttling,
+    "04": capacity_sweep,
+    "05": tide_head_to_head,
+    "06": beyond_the_paper,
+    "07": routing_map,
+    "08": performance_model,
+    "09": cache_design_space,
+}
+TIMED = ("03", "04", "05", "06", "07")  # the figures a fresh run draws differently (stored runs beside it)
+TRACED = ("01", "02", "06", "07", "08", "09")  # the figures drawn from routing traces

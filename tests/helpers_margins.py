@@ -1,5 +1,6 @@
 """Router margins: how far each routed token is from a different top-k choice (tests comparing two paths
 whose floats may differ in the last bits, on CUDA: a choice may flip only where the margin is that small)."""
+
 from __future__ import annotations
 
 import torch
@@ -17,7 +18,7 @@ def router_margin(router, x: torch.Tensor) -> float:
     scores = torch.sigmoid(torch.nn.functional.linear(x.float(), router.weight.float()))
     biased = scores + router.expert_bias
     gaps = []
-    group = biased.view(N, c.n_group, -1).topk(2, dim=-1).values.sum(-1)            # (N, n_group)
+    group = biased.view(N, c.n_group, -1).topk(2, dim=-1).values.sum(-1)  # (N, n_group)
     if c.topk_group < c.n_group:
         g = group.sort(dim=-1, descending=True).values
         gaps.append(g[:, c.topk_group - 1] - g[:, c.topk_group])
@@ -39,8 +40,11 @@ class RouterMargins:
     def __enter__(self) -> RouterMargins:
         for i, layer in enumerate(self.model.model.layers):
             if layer.is_moe:
-                self.hooks.append(layer.mlp.gate.register_forward_hook(
-                    lambda mod, args, out, i=i: self.calls.append((i, router_margin(mod, args[0])))))
+                self.hooks.append(
+                    layer.mlp.gate.register_forward_hook(
+                        lambda mod, args, out, i=i: self.calls.append((i, router_margin(mod, args[0])))
+                    )
+                )
         return self
 
     def __exit__(self, *exc) -> None:

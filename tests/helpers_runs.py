@@ -2,8 +2,10 @@
 
 make_rows builds one run's rows: per cell, `reps` pairs of policy A and B whose `metric` differs by the cell's
 percentage, +-noise points alternating pair by pair, and optionally the A/A control (settings.CONTROL) beside
-B. store_runs writes runs as data/results/<profile>/runs/run<k>/<stem>.csv with their run.json and manifest.json,
+B. store_runs writes runs as data/results/<profile>/runs/run<k>/<stem>.csv with their run.json and
+manifest.json,
 the layout stored_runs.stored_runs reads (under ARTIFACT_DATA)."""
+
 from __future__ import annotations
 
 import json
@@ -15,11 +17,21 @@ from artifact.experiments.outputs.manifest import write_manifest
 from artifact.experiments.settings import CONTROL
 
 
-def make_rows(cells: dict, a: str, b: str, metric: str = "tokens_per_second", reps: int = 4, noise: float = 0.3,
-              control: float | dict | None = 0.0, control_noise: float = 0.2, fingerprint: str = "",
-              misses: dict | None = None, base: float = 50.0) -> pd.DataFrame:
-    """One run's rows. cells: {(task, batch_size, cache_ratio, bandwidth_scale): % of A over B}; control: the %
-    of CONTROL over B (one number, or per cell; None: no control rows); misses: {policy: (demand misses,
+def make_rows(
+    cells: dict,
+    a: str,
+    b: str,
+    metric: str = "tokens_per_second",
+    reps: int = 4,
+    noise: float = 0.3,
+    control: float | dict | None = 0.0,
+    control_noise: float = 0.2,
+    fingerprint: str = "",
+    misses: dict | None = None,
+    base: float = 50.0,
+) -> pd.DataFrame:
+    """One run's rows. cells: {(task, batch_size, cache_ratio, bandwidth_scale): % of A over B}; control: the
+    % of CONTROL over B (one number, or per cell; None: no control rows); misses: {policy: (demand misses,
     speculative transfers)} per run (default 100 and 0 for every policy)."""
     rows = []
     for (task, bs, ratio, scale), d in cells.items():
@@ -33,18 +45,36 @@ def make_rows(cells: dict, a: str, b: str, metric: str = "tokens_per_second", re
             for order, (pol, v) in enumerate(policies):
                 m, spec = (misses or {}).get(pol, (100, 0))
                 seconds = v if metric != "tokens_per_second" else 128 / v
-                rows.append({"profile": "cpu", "fingerprint": fingerprint, "task": task, "batch_size": bs,
-                             "cache_ratio": ratio, "bandwidth_scale": scale, "policy": pol, "rep": rep,
-                             "order": order,
-                             "seconds": 2 + seconds, "forwards": 100, "tokens_per_second": 128 / (2 + seconds),
-                             "stall_seconds": 0.5 / scale, "link_gbps": 0.1 * scale, "link_busy_seconds": 1.0,
-                             "tokens_sha": "abc", "demand_misses": m, "speculative_transfers": spec,
-                             "cache_experts": 10} | {metric: v})
+                rows.append(
+                    {
+                        "profile": "cpu",
+                        "fingerprint": fingerprint,
+                        "task": task,
+                        "batch_size": bs,
+                        "cache_ratio": ratio,
+                        "bandwidth_scale": scale,
+                        "policy": pol,
+                        "rep": rep,
+                        "order": order,
+                        "seconds": 2 + seconds,
+                        "forwards": 100,
+                        "tokens_per_second": 128 / (2 + seconds),
+                        "stall_seconds": 0.5 / scale,
+                        "link_gbps": 0.1 * scale,
+                        "link_busy_seconds": 1.0,
+                        "tokens_sha": "abc",
+                        "demand_misses": m,
+                        "speculative_transfers": spec,
+                        "cache_experts": 10,
+                    }
+                    | {metric: v}
+                )
     return pd.DataFrame(rows)
 
 
 def store_runs(data: Path, profile: str, stem: str, runs: list[pd.DataFrame]) -> list[Path]:
-    """Write `runs` as stored runs run1, run2, ... of `profile` under the data folder `data` (ARTIFACT_DATA)."""
+    """Write `runs` as stored runs run1, run2, ... of `profile` under the data folder `data`
+    (ARTIFACT_DATA)."""
     out = []
     for k, rows in enumerate(runs, 1):
         d = Path(data) / "results" / profile / "runs" / f"run{k}"

@@ -2,6 +2,7 @@
 
 The bookkeeping tests use a fake runner (instant, deterministic); the interruption test runs the tiny
 model for real on a two-cell grid."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -18,17 +19,32 @@ from artifact.offload.replay.sim import capacity_for
 
 
 def fake_profile(**over):
-    base = {"tasks": ["gsm8k", "mbpp"], "batch_sizes": [1, 4], "cache_ratios": [0.43, 1.0, 1.73],
-            "repetitions": 2, "warmup": 1, "policies": ["demand", "last_step"]}     # the bench's mechanics: 2 policies
+    base = {
+        "tasks": ["gsm8k", "mbpp"],
+        "batch_sizes": [1, 4],
+        "cache_ratios": [0.43, 1.0, 1.73],
+        # the bench's mechanics: 2 policies
+        "repetitions": 2,
+        "warmup": 1,
+        "policies": ["demand", "last_step"],
+    }
     base.update(over)
     return load_profile("cpu", base)
 
 
 class FakeRunner:
     """Stands in for ModelRunner: counts calls, makes every run's seconds distinct."""
+
     num_experts = 256
-    meta = {"model": "fake", "model_hash": "0123456789", "weights_fingerprint": "fedcba9876543210", "dtype": "float32",
-            "device": "cpu", "link": "emulated", "hardware": "test"}
+    meta = {
+        "model": "fake",
+        "model_hash": "0123456789",
+        "weights_fingerprint": "fedcba9876543210",
+        "dtype": "float32",
+        "device": "cpu",
+        "link": "emulated",
+        "hardware": "test",
+    }
 
     def __init__(self, fail_on_cell: int | None = None):
         self.calls, self.cells, self.fail_on_cell = [], [], fail_on_cell
@@ -73,12 +89,13 @@ def test_rows_alternate_order_and_are_complete(tmp_path):
     runner = FakeRunner()
     df = run_bench(p, tmp_path / "b.csv", runner=runner, progress=False, log=quiet)
     assert list(df.columns) == list(COLUMNS)
-    assert len(df) == 2 * 2                                  # policies x repetitions
-    assert len(runner.calls) == 2 * (2 + 1)                  # + one warm-up run per policy
+    assert len(df) == 2 * 2  # policies x repetitions
+    assert len(runner.calls) == 2 * (2 + 1)  # + one warm-up run per policy
     first = df.sort_values(["rep", "order"]).policy.tolist()
     assert first == ["demand", "last_step", "last_step", "demand"]
     assert (df.cache_experts == capacity_for(1.0, 14.0, 256)).all() and (df.working_set == 14.0).all()
-    assert set(df.model_hash) == {"0123456789"} and set(df.tokens_sha) == {"000042"}   # strings survive the CSV
+    # strings survive the CSV
+    assert set(df.model_hash) == {"0123456789"} and set(df.tokens_sha) == {"000042"}
 
 
 def test_interrupted_fake_bench_resumes_exactly(tmp_path):
@@ -89,12 +106,15 @@ def test_interrupted_fake_bench_resumes_exactly(tmp_path):
     assert part.groupby(["task", "batch_size", "cache_ratio"]).ngroups == 5
     runner = FakeRunner()
     full = run_bench(p, out, runner=runner, progress=False, log=quiet)
-    assert len(runner.cells) == 12 - 5                       # only the missing cells ran
-    assert len(full) == 12 * 2 * 2 and not full.duplicated(["task", "batch_size", "cache_ratio", "policy", "rep"]).any()
-    pd.testing.assert_frame_equal(full.iloc[:len(part)], part)
+    assert len(runner.cells) == 12 - 5  # only the missing cells ran
+    assert (
+        len(full) == 12 * 2 * 2
+        and not full.duplicated(["task", "batch_size", "cache_ratio", "policy", "rep"]).any()
+    )
+    pd.testing.assert_frame_equal(full.iloc[: len(part)], part)
     again = FakeRunner()
     run_bench(p, out, runner=again, progress=False, log=quiet)
-    assert again.calls == []                                 # nothing left to do
+    assert again.calls == []  # nothing left to do
 
 
 def test_two_shards_merge_into_the_unsharded_grid(tmp_path):
@@ -106,7 +126,7 @@ def test_two_shards_merge_into_the_unsharded_grid(tmp_path):
     assert len(read_rows(shards[0])) == len(read_rows(shards[1])) == len(whole) // 2
     merged = merge(shards, tmp_path / "merged.csv", log=quiet)
     run_keys = ["task", "batch_size", "cache_ratio", "bandwidth_scale", "policy", "rep", "order"]
-    as_set = lambda df: set(map(tuple, df[run_keys].itertuples(index=False)))   # noqa: E731
+    as_set = lambda df: set(map(tuple, df[run_keys].itertuples(index=False)))  # noqa: E731
     assert as_set(merged) == as_set(whole) and len(merged) == len(whole)
     assert read_rows(tmp_path / "merged.csv").equals(merged)
     # shards may share a file: shard 1 run into a copy of shard 0's file completes the grid there
@@ -124,7 +144,9 @@ def test_two_shards_merge_into_the_unsharded_grid(tmp_path):
         merge(shards, tmp_path / "merged.csv", log=quiet)
     merge(shards, tmp_path / "merged.csv", force=True, log=quiet)
     other = tmp_path / "other.csv"
-    run_bench(fake_profile(repetitions=3), other, shard=(1, 2), runner=FakeRunner(), progress=False, log=quiet)
+    run_bench(
+        fake_profile(repetitions=3), other, shard=(1, 2), runner=FakeRunner(), progress=False, log=quiet
+    )
     with pytest.raises(ValueError, match="shards disagree on fingerprint"):
         merge([shards[0], other], tmp_path / "x.csv", log=quiet)
 
@@ -135,11 +157,11 @@ def test_resume_refuses_other_settings_and_damaged_files(tmp_path):
     with pytest.raises(ValueError, match="not this profile's"):
         run_bench(fake_profile(gen_length=64), out, runner=FakeRunner(), progress=False, log=quiet)
     df = read_rows(out)
-    df.drop(index=1).to_csv(out, index=False)                # a cell missing a run (not the last cell: see below)
+    df.drop(index=1).to_csv(out, index=False)  # a cell missing a run (not the last cell: see below)
     with pytest.raises(ValueError, match="has 3 runs, expected"):
         run_bench(fake_profile(), out, runner=FakeRunner(), progress=False, log=quiet)
     with pytest.raises(ValueError, match="has 3 runs, expected"):
-        read_rows(out)                                       # what report reads: refused like bench refuses it
+        read_rows(out)  # what report reads: refused like bench refuses it
     (tmp_path / "junk.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="lacks columns"):
         read_rows(tmp_path / "junk.csv")
@@ -163,7 +185,7 @@ def test_cli_list_report_merge(tmp_path, capsys):
     table = tmp_path / "table.csv"
     assert main_for_tests(["report", str(out), "--csv", str(table)]) == 0
     capsys.readouterr()
-    assert main_for_tests(["report", str(out), "--csv", str(table)]) == 2           # never silently replaced
+    assert main_for_tests(["report", str(out), "--csv", str(table)]) == 2  # never silently replaced
     assert "exists; pass --force" in capsys.readouterr().err
     assert main_for_tests(["report", str(out), "--csv", str(table), "--force"]) == 0
     assert main_for_tests(["report", str(out), "--a", "oracle"]) == 2
@@ -183,9 +205,19 @@ def one_thread():
 @pytest.mark.slow
 def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
     """The tiny model on a two-cell grid: fail in cell 2, rerun, and check nothing repeats or is lost."""
-    p = load_profile("cpu", {"tasks": ["gsm8k"], "batch_sizes": [1], "cache_ratios": [1.3, 1.73], "repetitions": 2,
-                             "n_prompts": 1, "gen_length": 32, "max_prompt_tokens": 32,
-                             "policies": ["demand", "last_step"]})
+    p = load_profile(
+        "cpu",
+        {
+            "tasks": ["gsm8k"],
+            "batch_sizes": [1],
+            "cache_ratios": [1.3, 1.73],
+            "repetitions": 2,
+            "n_prompts": 1,
+            "gen_length": 32,
+            "max_prompt_tokens": 32,
+            "policies": ["demand", "last_step"],
+        },
+    )
     out = tmp_path / "b.csv"
 
     class Failing(ModelRunner):
@@ -207,10 +239,12 @@ def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
     assert W > 0 and (full.working_set == W).all()
     for r, g in full.groupby("cache_ratio"):
         assert (g.cache_experts == capacity_for(r, W, tiny.cfg.num_experts)).all()
-        assert g.tokens_sha.nunique() == 1 and g.tokens.nunique() == 1     # offloading changes time, not tokens
+        assert g.tokens_sha.nunique() == 1 and g.tokens.nunique() == 1  # offloading changes time, not tokens
     assert (full.seconds > 0).all()
     # host time per forward (CPU: the forward computes on the host, so host is its wall time less nothing)
-    assert (full.host_ms_per_forward > 0).all() and (full.host_ms_per_forward <= full.wall_ms_per_forward).all()
+    assert (full.host_ms_per_forward > 0).all() and (
+        full.host_ms_per_forward <= full.wall_ms_per_forward
+    ).all()
     assert full.tokens_per_second.to_numpy() == pytest.approx((full.tokens / full.seconds).to_numpy())
     assert (full[full.policy == "demand"].speculative_transfers == 0).all()
     assert (full.demand_hits + full.demand_misses > 0).all()
@@ -219,6 +253,7 @@ def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
 
 def test_changed_tokens_are_flagged(tmp_path, capsys):
     from artifact.experiments.bench.results import changed_tokens
+
     out = tmp_path / "b.csv"
     df = run_bench(fake_profile(), out, runner=FakeRunner(), progress=False, log=quiet)
     assert changed_tokens(df) == []
@@ -233,13 +268,26 @@ def test_changed_tokens_are_flagged(tmp_path, capsys):
 def test_real_bench_runs_every_engine_policy(tiny, tmp_path, one_thread):
     """oracle is fed the traced run of the same prompts; all four policies give the same tokens."""
     pols = ["demand", "last_step", "oracle", "interval_refresh"]
-    p = load_profile("cpu", {"tasks": ["mbpp"], "batch_sizes": [1], "cache_ratios": [1.0], "repetitions": 1,
-                             "n_prompts": 1, "gen_length": 32, "max_prompt_tokens": 32, "policies": pols})
+    p = load_profile(
+        "cpu",
+        {
+            "tasks": ["mbpp"],
+            "batch_sizes": [1],
+            "cache_ratios": [1.0],
+            "repetitions": 1,
+            "n_prompts": 1,
+            "gen_length": 32,
+            "max_prompt_tokens": 32,
+            "policies": pols,
+        },
+    )
     df = run_bench(p, tmp_path / "b.csv", loaded=tiny, progress=False, log=quiet).set_index("policy")
     assert list(df.index) == pols and df.tokens_sha.nunique() == 1
     assert df.speculative_transfers["demand"] == 0 and df.speculative_transfers["oracle"] > 0
-    assert df.demand_misses["oracle"] < df.demand_misses["demand"]       # true future knowledge removes misses
-    assert df.prefetch_hits["oracle"] > 0 and df.wasted_prefetches["oracle"] <= df.wasted_prefetches["last_step"]
+    assert df.demand_misses["oracle"] < df.demand_misses["demand"]  # true future knowledge removes misses
+    assert (
+        df.prefetch_hits["oracle"] > 0 and df.wasted_prefetches["oracle"] <= df.wasted_prefetches["last_step"]
+    )
 
 
 def test_rows_carry_host_time_and_old_files_read_without_it(tmp_path):
@@ -247,16 +295,19 @@ def test_rows_carry_host_time_and_old_files_read_without_it(tmp_path):
     them reads with them empty and takes appends in its own columns."""
     from artifact.experiments.bench.model_runner import host_medians
     from artifact.experiments.bench.results import BEFORE_HOST, HOST_COLUMNS
+
     assert host_medians([3.0, 1.0, 2.0], [4.0, 8.0]) == {
-        "host_ms_per_forward": 2.0, "wall_ms_per_forward": 6.0}
+        "host_ms_per_forward": 2.0,
+        "wall_ms_per_forward": 6.0,
+    }
     assert host_medians([], []) == {"host_ms_per_forward": None, "wall_ms_per_forward": None}
     p = fake_profile(tasks=["gsm8k"], batch_sizes=[4], cache_ratios=[1.0, 1.73])
     out = tmp_path / "b.csv"
     df = run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet)
     old = df[df.cache_ratio == 1.0][list(BEFORE_HOST)]
-    old.to_csv(out, index=False)                                         # as the previous version wrote it
+    old.to_csv(out, index=False)  # as the previous version wrote it
     back = read_rows(out)
     assert list(back.columns) == list(COLUMNS) and back[list(HOST_COLUMNS)].isna().all().all()
-    df = run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet)        # resumes: appends C/W 1.73
+    df = run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet)  # resumes: appends C/W 1.73
     assert sorted(set(df.cache_ratio)) == [1.0, 1.73] and len(df) == 8
     assert out.read_text().splitlines()[0] == ",".join(BEFORE_HOST)

@@ -1,6 +1,7 @@
 """The relaxed MIN (artifact.offload.replay.bounds): it equals an exhaustive search over every demand-paging
 schedule on small streams, and min <= belady <= demand-paging policies, min <= misses + speculative
 transfers of prefetchers, on random streams and on recorded traces of the tiny model."""
+
 from functools import lru_cache
 from itertools import combinations
 
@@ -16,8 +17,15 @@ from artifact.offload.replay.sim import capacity_for, replay
 from artifact.offload.replay.trace import TraceRecorder, mean_working_set
 from artifact.offload.runner import RunOptions, decode_prompts
 
-COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches",
-          "bytes_h2d", "accesses")
+COUNTS = (
+    "demand_hits",
+    "demand_misses",
+    "speculative_transfers",
+    "prefetch_hits",
+    "wasted_prefetches",
+    "bytes_h2d",
+    "accesses",
+)
 
 
 def stream(steps, num_layers=1, E=8, prefill=0, block_len=5):
@@ -25,12 +33,20 @@ def stream(steps, num_layers=1, E=8, prefill=0, block_len=5):
     rec = TraceRecorder()
     for t, per_layer in enumerate(steps):
         d = t - prefill
-        step = StepInfo(t, -1, -1, "prefill") if d < 0 else StepInfo(t, d // block_len, d % block_len, "denoise")
+        step = (
+            StepInfo(t, -1, -1, "prefill") if d < 0 else StepInfo(t, d // block_len, d % block_len, "denoise")
+        )
         for i in range(num_layers):
             exp = tuple(sorted(per_layer[i % len(per_layer)]))
             rec(Demand(step, i + 1, exp, tuple(1 + (e % 3) for e in exp)))
-    return rec.trace({"moe_layers": list(range(1, num_layers + 1)), "num_experts": E, "config_hash": "x",
-                      "expert_bytes": 3})
+    return rec.trace(
+        {
+            "moe_layers": list(range(1, num_layers + 1)),
+            "num_experts": E,
+            "config_hash": "x",
+            "expert_bytes": 3,
+        }
+    )
 
 
 def exhaustive_min(demands: list[frozenset], C: int, streaming: bool = False) -> int:
@@ -50,7 +66,9 @@ def exhaustive_min(demands: list[frozenset], C: int, streaming: bool = False) ->
             if x in cache:
                 nxt = [(cache, 0)]
             else:
-                nxt = [(cache - {v} | {x}, 1) for v in cache] + ([(cache | {x}, 1)] if len(cache) < slots else [])
+                nxt = [(cache - {v} | {x}, 1) for v in cache] + (
+                    [(cache | {x}, 1)] if len(cache) < slots else []
+                )
             for state, cost in nxt:
                 for end, c in serve(todo - {x}, state).items():
                     if c + cost < out.get(end, 1 << 30):
@@ -62,7 +80,7 @@ def exhaustive_min(demands: list[frozenset], C: int, streaming: bool = False) ->
         new: dict = {}
         for s, c in states.items():
             for end, k in serve(d, s).items():
-                for r in range(min(C, len(end)) + 1):          # evictions at the end of the demand are free
+                for r in range(min(C, len(end)) + 1):  # evictions at the end of the demand are free
                     for kept in combinations(sorted(end), r):
                         if c + k < new.get(frozenset(kept), 1 << 30):
                             new[frozenset(kept)] = c + k
@@ -99,8 +117,11 @@ def test_hand_worked_example():
     assert m["demand_misses"] == 5 and m["demand_hits"] == 9 - 5 and m["bytes_h2d"] == 5 * 3
     assert [m["by_phase"][p]["demand_misses"] for p in PHASES] == [2, 1, 2]
     assert [m["by_phase"][p]["accesses"] for p in PHASES] == [2, 2, 5]
-    assert exhaustive_min([frozenset(s[0]) for s in EXAMPLE], 2) == 5 == exhaustive_min(
-        [frozenset(s[0]) for s in EXAMPLE], 2, streaming=True)
+    assert (
+        exhaustive_min([frozenset(s[0]) for s in EXAMPLE], 2)
+        == 5
+        == exhaustive_min([frozenset(s[0]) for s in EXAMPLE], 2, streaming=True)
+    )
 
 
 def test_next_use_is_the_next_demand_of_the_same_layer():
@@ -110,7 +131,9 @@ def test_next_use_is_the_next_demand_of_the_same_layer():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(1, 3), st.lists(st.sets(st.integers(0, 4), min_size=1, max_size=4), min_size=1, max_size=5))
+@given(
+    st.integers(1, 3), st.lists(st.sets(st.integers(0, 4), min_size=1, max_size=4), min_size=1, max_size=5)
+)
 def test_min_is_the_exact_floor_found_by_an_exhaustive_search(C, sets):
     """relaxed_min is the optimum with a streaming slot, hence at most the C-slot optimum, which
     min_schedule (a real C-slot schedule) can only match or exceed."""
@@ -135,11 +158,11 @@ def check_bounds(t, C):
     b = replay(t, "belady", C)
     assert m["demand_misses"] <= b["demand_misses"], (C, m["demand_misses"], b["demand_misses"])
     assert m["demand_misses"] <= min_schedule(t, C)["demand_misses"]
-    waves = int(np.diff(t.offsets).max()) > C            # some demand outgrows the cache
+    waves = int(np.diff(t.offsets).max()) > C  # some demand outgrows the cache
     for p in ("demand", "interval_refresh"):
         r = replay(t, p, C, tau=2)
         assert m["demand_misses"] <= r["demand_misses"], p
-        if not waves:      # belady's greedy is a floor only without waves (test_belady_is_no_floor_with_waves)
+        if not waves:  # belady's greedy is a floor only without waves (test_belady_is_no_floor_with_waves)
             assert b["demand_misses"] <= r["demand_misses"], p
     for p in ("last_step", "oracle"):
         r = replay(t, p, C)
@@ -166,14 +189,26 @@ def test_belady_is_no_floor_with_waves():
 
 
 def compulsory(t) -> int:
-    return len({(int(layer), int(e)) for n, layer in enumerate(t.layer)
-                for e in t.experts[t.offsets[n]:t.offsets[n + 1]]})
+    return len(
+        {
+            (int(layer), int(e))
+            for n, layer in enumerate(t.layer)
+            for e in t.experts[t.offsets[n] : t.offsets[n + 1]]
+        }
+    )
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(1, 3), st.integers(0, 2), st.integers(1, 12),
-       st.lists(st.lists(st.sets(st.integers(0, 11), min_size=1, max_size=12), min_size=1, max_size=3),
-                min_size=1, max_size=14))
+@given(
+    st.integers(1, 3),
+    st.integers(0, 2),
+    st.integers(1, 12),
+    st.lists(
+        st.lists(st.sets(st.integers(0, 11), min_size=1, max_size=12), min_size=1, max_size=3),
+        min_size=1,
+        max_size=14,
+    ),
+)
 def test_min_le_belady_le_policies_on_random_streams(num_layers, prefill, C, steps):
     t = stream(steps, num_layers, E=12, prefill=min(prefill, len(steps) - 1))
     check_bounds(t, C)
@@ -183,8 +218,15 @@ def test_min_le_belady_le_policies_on_random_streams(num_layers, prefill, C, ste
 @pytest.fixture(scope="module")
 def recorded(tiny, tiny_prompts):
     """A resident run of three prompts at batch size 2 (two of them longer than a block: prefill)."""
-    return decode_prompts(tiny, tiny_prompts[2:5], 2, RunOptions(DecodeConfig(gen_length=40)), record=True,
-                          prompt_ids=["a", "b", "c"], task="test").trace
+    return decode_prompts(
+        tiny,
+        tiny_prompts[2:5],
+        2,
+        RunOptions(DecodeConfig(gen_length=40)),
+        record=True,
+        prompt_ids=["a", "b", "c"],
+        task="test",
+    ).trace
 
 
 def test_min_le_belady_le_policies_on_a_recorded_trace(recorded):
@@ -212,7 +254,9 @@ def test_bad_capacity_is_refused_with_the_range():
 
 
 def test_min_is_deterministic_and_takes_expert_bytes():
-    t = stream([[set(np.random.default_rng(s).choice(12, 5, replace=False).tolist())] for s in range(30)], E=12)
+    t = stream(
+        [[set(np.random.default_rng(s).choice(12, 5, replace=False).tolist())] for s in range(30)], E=12
+    )
     a, b = relaxed_min(t, 4), relaxed_min(t, 4, expert_bytes=10)
     assert a["demand_misses"] == b["demand_misses"] and a["bytes_h2d"] == 3 * a["demand_misses"]
     assert b["bytes_h2d"] == 10 * b["demand_misses"]

@@ -5,6 +5,7 @@ folder and write into a temporary data/ and results/ (as nbval does), so the che
 
 Skipped with the reason when Chromium, its driver or selenium is missing (.ci/run installs Chromium and its
 driver from apt when it can)."""
+
 from __future__ import annotations
 
 import json
@@ -21,13 +22,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ("00_quickstart", "01_working_set")      # the two cheapest on the cpu profile
+NOTEBOOKS = ("00_quickstart", "01_working_set")  # the two cheapest on the cpu profile
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
-START_S, RUN_S = 120, 900          # JupyterLab answering; one notebook's Run All (01 records its traces)
+START_S, RUN_S = 120, 900  # JupyterLab answering; one notebook's Run All (01 records its traces)
 # The network is closed: no first-run, sync, component or background fetches; a fresh profile each time.
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1000")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1400,1000",
+)
 
 pytestmark = pytest.mark.slow
 
@@ -61,22 +70,36 @@ def lab(tmp_path):
     settings = tmp_path / "lab-settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
-    news = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension"      # no news to fetch, no toast
+    news = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension"  # no news to fetch, no toast
     news.mkdir(parents=True)
     (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     token, port = secrets.token_hex(16), _free_port()
-    env = dict(os.environ, ARTIFACT_DATA=str(tmp_path / "data"), ARTIFACT_OUTPUT=str(tmp_path / "results"),
-               ARTIFACT_CACHE=os.environ.get("ARTIFACT_CACHE", str(ROOT / ".cache")),    # the tiny checkpoint
-               JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               PYTHONHASHSEED="0")
+    env = dict(
+        os.environ,
+        ARTIFACT_DATA=str(tmp_path / "data"),
+        ARTIFACT_OUTPUT=str(tmp_path / "results"),
+        ARTIFACT_CACHE=os.environ.get("ARTIFACT_CACHE", str(ROOT / ".cache")),  # the tiny checkpoint
+        JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+        PYTHONHASHSEED="0",
+    )
     log = tmp_path / "jupyterlab.log"
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={nb_dir}",
-           f"--LabApp.user_settings_dir={tmp_path / 'lab-settings'}",
-           f"--LabApp.workspaces_dir={tmp_path / 'lab-workspaces'}",
-           "--LabApp.extension_manager=readonly"]          # no extension index to fetch: the network is closed
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={nb_dir}",
+        f"--LabApp.user_settings_dir={tmp_path / 'lab-settings'}",
+        f"--LabApp.workspaces_dir={tmp_path / 'lab-workspaces'}",
+        "--LabApp.extension_manager=readonly",
+    ]  # no extension index to fetch: the network is closed
     if os.geteuid() == 0:
-        cmd.append("--allow-root")                         # containers and CI runners often run as root
+        cmd.append("--allow-root")  # containers and CI runners often run as root
     with open(log, "wb") as out:
         server = subprocess.Popen(cmd, cwd=nb_dir, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -90,7 +113,9 @@ def lab(tmp_path):
             except OSError:
                 pass
             assert server.poll() is None, f"JupyterLab exited: {log.read_text()[-2000:]}"
-            assert time.monotonic() < deadline, f"JupyterLab did not answer in {START_S} s: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, (
+                f"JupyterLab did not answer in {START_S} s: {log.read_text()[-2000:]}"
+            )
             time.sleep(1)
         yield url, token, tmp_path
     finally:
@@ -121,7 +146,9 @@ def browser(tmp_path):
 def _click_menu(driver, menu: str, item: str) -> None:
     from selenium.webdriver.common.by import By
 
-    driver.find_element(By.XPATH, f"//div[contains(@class, 'lm-MenuBar-itemLabel') and text()='{menu}']").click()
+    driver.find_element(
+        By.XPATH, f"//div[contains(@class, 'lm-MenuBar-itemLabel') and text()='{menu}']"
+    ).click()
     driver.find_element(By.XPATH, f"//div[contains(@class, 'lm-Menu-itemLabel') and text()='{item}']").click()
 
 
@@ -154,13 +181,21 @@ def _run_notebook(driver, url: str, token: str, name: str) -> str:
     _click_menu(driver, "Run", "Run All Cells")
 
     def finished(d):
-        failed = [e.text for e in d.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output")
-                  if "Traceback" in e.text]
+        failed = [
+            e.text
+            for e in d.find_elements(By.CSS_SELECTOR, f"{panel} .jp-OutputArea-output")
+            if "Traceback" in e.text
+        ]
         if failed:
             raise AssertionError(f"{name}: a cell failed:\n{failed[0][-3000:]}")
         cells = d.find_elements(By.CSS_SELECTOR, f"{panel} .jp-CodeCell")
         out = cells[-1].find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output") if cells else []
-        return bool(out) and "verdict" in out[-1].text and _session(url, token, name)["execution_state"] == "idle"
+        return (
+            bool(out)
+            and "verdict" in out[-1].text
+            and _session(url, token, name)["execution_state"] == "idle"
+        )
+
     WebDriverWait(driver, RUN_S, poll_frequency=2).until(finished)
     return driver.find_element(By.CSS_SELECTOR, panel).text
 
@@ -172,10 +207,10 @@ def test_jupyterlab_runs_two_notebooks_in_a_headless_browser(lab, browser):
     texts = {}
     for name in NOTEBOOKS:
         texts[name] = _run_notebook(browser, url, token, name)
-        browser.save_screenshot(str(tmp / f"{name}.png"))            # the page at the end, to look at
+        browser.save_screenshot(str(tmp / f"{name}.png"))  # the page at the end, to look at
         (tmp / f"{name}.txt").write_text(texts[name])
         assert "claim:" in texts[name], texts[name][-2000:]
-        assert (tmp / "results" / "cpu" / "data" / f"{name}.claims.json").is_file()   # written to the temp dir
-    assert "seeded random weights" in texts["00_quickstart"]       # why the generated text is gibberish
+        assert (tmp / "results" / "cpu" / "data" / f"{name}.claims.json").is_file()  # written to the temp dir
+    assert "seeded random weights" in texts["00_quickstart"]  # why the generated text is gibberish
     after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
     assert after == before, f"the browser run changed the checkout:\n{after}"

@@ -1,6 +1,9 @@
-"""The calibration harness (artifact/experiments/calibration): a small fixed-seed run in the unit tier. The full one
-(1,000 studies per claim and scenario, 10 fresh runs each) is a benchmark: `python -m artifact calibrate`, its table
-in docs/verdicts.md. The harness must find the truth it planted and must fail a pipeline that gets it wrong."""
+"""The calibration harness (artifact/experiments/calibration): a small fixed-seed run in the unit tier. The
+full one (1,000 studies per claim and scenario, 10 fresh runs each) is a benchmark: `python -m artifact
+calibrate`, its table
+in docs/verdicts.md. The harness must find the truth it planted and must fail a pipeline that gets it
+wrong."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,12 +27,14 @@ def cpu():
 
 
 def _run(P, claims, scenarios, studies=25, fresh=2):
-    return calibration.table(calibration.run(P, claims, scenarios, studies, fresh, seed=7, progress=False,
-                                             processes=1))
+    return calibration.table(
+        calibration.run(P, claims, scenarios, studies, fresh, seed=7, progress=False, processes=1)
+    )
 
 
 def test_the_harness_finds_the_planted_truth_with_demand_as_a_and_as_b(cpu):
-    """A role bias of 5% either way at the boundary, demand as A (04) and as B (09): the net intervals cover the
+    """A role bias of 5% either way at the boundary, demand as A (04) and as B (09): the net intervals cover
+    the
     true effect, the effect intervals cover the biased one, and neither error rate runs away."""
     t = _run(cpu, ["04-faster", "09-eviction"], [SLOWER, FASTER])
     assert len(t) == 4 and set(t.demand) == {"A", "B"}
@@ -39,10 +44,15 @@ def test_the_harness_finds_the_planted_truth_with_demand_as_a_and_as_b(cpu):
 
 
 def test_the_harness_fails_the_pre_fix_sign(cpu, monkeypatch):
-    """The same scenario through the rule this replaced (the control subtracted whatever demand's role): the net
+    """The same scenario through the rule this replaced (the control subtracted whatever demand's role): the
+    net
     intervals miss the truth and the claim's verdict follows the bias, so the harness could not pass it."""
+
     def old(w, a, b, metric, basis):
-        return basis.difference(w, a, b, metric) - basis.difference(w, "last_step_conservative", "demand", metric)
+        return basis.difference(w, a, b, metric) - basis.difference(
+            w, "last_step_conservative", "demand", metric
+        )
+
     monkeypatch.setattr(effects, "net_difference", old)
     t = _run(cpu, ["04-faster"], [SLOWER, FASTER], studies=10, fresh=0)
     assert (t.cover_net <= 20).all(), t
@@ -73,7 +83,7 @@ def test_the_generator_plants_what_it_says(cpu):
 def test_the_model_error_rule_never_gives_a_fresh_run_the_opposite_verdict():
     m = calibration.model_error(studies=200, fresh=10, seed=1)
     assert m["fresh_opposite"] == 0 and m["fresh"] == 2000
-    assert m["reproduced"] <= 5.0, m          # at the limit, reproduced only when the whole interval is under it
+    assert m["reproduced"] <= 5.0, m  # at the limit, reproduced only when the whole interval is under it
 
 
 def test_a_claim_of_one_cell_skips_the_missing_cell_scenario(cpu):
@@ -95,6 +105,7 @@ def test_outcomes_are_counted_per_verdict():
 
 def test_the_command_refuses_bad_input_with_one_line(capsys, tmp_path):
     from artifact.cli import main
+
     assert main(["calibrate", "--claim", "nope", "--studies", "1"]) == 2
     assert "unknown timing claims ['nope']" in capsys.readouterr().err
     assert main(["calibrate", "--scenario", "nope", "--studies", "1"]) == 2
@@ -102,16 +113,33 @@ def test_the_command_refuses_bad_input_with_one_line(capsys, tmp_path):
     out = tmp_path / "t.csv"
     out.write_text("kept\n")
     assert main(["calibrate", "--claim", "09-eviction", "--studies", "1", "--out", str(out)]) == 2
-    assert out.read_text() == "kept\n"                   # never silently overwritten
+    assert out.read_text() == "kept\n"  # never silently overwritten
 
 
 def test_the_command_prints_and_writes_the_table(capsys, tmp_path):
     from artifact.cli import main
+
     out = tmp_path / "t.csv"
-    argv = ["calibrate", "--claim", "09-eviction", "--scenario", "as stored", "--studies", "3", "--fresh", "1",
-            "--processes", "1", "--out", str(out), "--markdown"]
+    argv = [
+        "calibrate",
+        "--claim",
+        "09-eviction",
+        "--scenario",
+        "as stored",
+        "--studies",
+        "3",
+        "--fresh",
+        "1",
+        "--processes",
+        "1",
+        "--out",
+        str(out),
+        "--markdown",
+    ]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "| claim | scenario |" in text and "| 09-eviction | as stored |" in text and "08 model error" in text
+    assert (
+        "| claim | scenario |" in text and "| 09-eviction | as stored |" in text and "08 model error" in text
+    )
     lines = out.read_text().splitlines()
     assert lines[0].startswith("claim,question,demand,scenario") and len(lines) == 2

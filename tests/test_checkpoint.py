@@ -1,4 +1,5 @@
 """Checkpoints by the released tensor names: round trip, sharding, and errors that name what is wrong."""
+
 import json
 import shutil
 
@@ -39,10 +40,17 @@ def test_checkpoint_uses_the_released_tensor_names(tiny):
         n = int.from_bytes(f.read(8), "little")
         names = set(json.loads(f.read(n))) - {"__metadata__"}
     assert names == set(expected_shapes(tiny.cfg))
-    for name in ("model.word_embeddings.weight", "lm_head.weight", "model.norm.weight",
-                 "model.layers.0.mlp.gate_proj.weight", "model.layers.1.attention.query_key_value.weight",
-                 "model.layers.1.attention.query_layernorm.weight", "model.layers.1.mlp.gate.expert_bias",
-                 "model.layers.4.mlp.experts.255.down_proj.weight", "model.layers.2.mlp.shared_experts.up_proj.weight"):
+    for name in (
+        "model.word_embeddings.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.1.attention.query_key_value.weight",
+        "model.layers.1.attention.query_layernorm.weight",
+        "model.layers.1.mlp.gate.expert_bias",
+        "model.layers.4.mlp.experts.255.down_proj.weight",
+        "model.layers.2.mlp.shared_experts.up_proj.weight",
+    ):
         assert name in names
 
 
@@ -73,8 +81,11 @@ def test_wrong_shape_names_tensor_and_shapes(tiny, tmp_path):
     t = load_file(root / "model.safetensors")
     t["model.layers.2.attention.dense.weight"] = torch.zeros(64, 32)
     save_file(t, root / "model.safetensors")
-    with pytest.raises(ValueError, match=r"model.layers.2.attention.dense.weight has shape \[64, 32\], "
-                                         r"expected \[64, 64\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"model.layers.2.attention.dense.weight has shape \[64, 32\], "
+        r"expected \[64, 64\]",
+    ):
         load_checkpoint(root)
 
 
@@ -98,7 +109,7 @@ def test_other_model_type_and_missing_files(tiny, tmp_path):
 def test_bf16_load(tiny, tiny_prompts):
     b = load_checkpoint(tiny.path, dtype="bfloat16")
     assert b.model.lm_head.weight.dtype == torch.bfloat16 and b.experts.dtype == torch.bfloat16
-    assert b.model.model.layers[1].mlp.gate.expert_bias.dtype == torch.float32   # router bias stays fp32
+    assert b.model.model.layers[1].mlp.gate.expert_bias.dtype == torch.float32  # router bias stays fp32
     ids = tiny_prompts[0][:32]
     ref = logits(tiny, ids)
     got = logits(b, ids)
@@ -111,14 +122,20 @@ def test_bf16_load(tiny, tiny_prompts):
 
 def test_tokenizer_round_trips_and_knows_the_special_ids(tiny):
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(tiny.path))
-    for text in ["Janet’s ducks lay 16 eggs per day.", "def f(x):\n    return x ** 2  # ünïcode ✓",
-                 "$\\frac{1}{2}$ and 3,000 apples"]:
+    for text in [
+        "Janet’s ducks lay 16 eggs per day.",
+        "def f(x):\n    return x ** 2  # ünïcode ✓",
+        "$\\frac{1}{2}$ and 3,000 apples",
+    ]:
         assert tok.decode(tok.encode(text)) == text
     assert tok.convert_tokens_to_ids("<|mask|>") == tiny.cfg.mask_token_id
     assert tok.eos_token_id == tiny.cfg.eos_token_id
     assert tok.eos_token == "<|endoftext|>"
-    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat == "<role>HUMAN</role>hi<|role_end|><role>ASSISTANT</role>"
     assert len(tok) <= tiny.cfg.vocab_size
 

@@ -1,6 +1,7 @@
 """The claim modules behind the notebooks: verdicts on known numbers, traces recorded once and reused, bench
 files that never mix settings, every figure saved as PNG + the CSV of what it plotted, and the paper's
 numbers written once."""
+
 from __future__ import annotations
 
 import ast
@@ -19,7 +20,9 @@ from test_phases import phase_split  # noqa: E402
 
 from artifact.experiments import claims, harness, replication  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, write_rows  # noqa: E402
-from artifact.experiments.claims import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
+
+# noqa: E402
+from artifact.experiments.claims import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim
 from artifact.experiments.criteria import (
     paper,  # noqa: E402
     thresholds,  # noqa: E402
@@ -72,10 +75,16 @@ def places(tmp_path, monkeypatch):
 
 
 def test_claim_lines_round_trip_through_the_runner_parser(capsys):
-    claims.report(Claim("c1", "p1", "m1", REPRODUCED), Claim("c2", "p2", "m2", NOT_REPRODUCED, "why", timing=True))
+    claims.report(
+        Claim("c1", "p1", "m1", REPRODUCED), Claim("c2", "p2", "m2", NOT_REPRODUCED, "why", timing=True)
+    )
     text = capsys.readouterr().out
     assert "measured [timing]: m2" in text and "verdict [timing]: not reproduced (why)" in text
-    nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}]}
+    nb = {
+        "cells": [
+            {"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}
+        ]
+    }
     assert claims_of(nbformat.from_dict(nb)) == [("c1", "reproduced"), ("c2", "not reproduced (why)")]
     with pytest.raises(AssertionError):
         Claim("c", "p", "m", "maybe")
@@ -92,9 +101,13 @@ def test_long_claim_lines_wrap_between_words_and_read_back_whole(capsys):
     words = {w for c in cs for line in c.lines() for w in line.split()}
     for line in text.splitlines():
         assert len(line) <= claims.WRAP or " " not in line.strip(), line
-        assert set(line.split()) <= words, line                           # no word cut in two
+        assert set(line.split()) <= words, line  # no word cut in two
     assert claims.unwrap(text).splitlines()[0] == f"claim: {long_claim}"
-    nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}]}
+    nb = {
+        "cells": [
+            {"cell_type": "code", "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}
+        ]
+    }
     assert claims_of(nbformat.from_dict(nb)) == [(long_claim, "reproduced"), ("c2", "reproduced")]
     cfg = (Path(__file__).parents[1] / "notebooks" / "nbval_sanitize.cfg").read_text()
     regex = re.search(r"^regex: (.*)$", cfg, re.M).group(1)
@@ -114,11 +127,27 @@ def test_setup_lays_overrides_over_the_profile():
 def sweep_rows(lru, last, spec, oracle, refresh, ratios=(0.43, 1.0, 1.73)):
     rows = []
     for k, r in enumerate(ratios):
-        for pol, m, s in (("demand", lru[k], 0), ("last_step", last[k], spec[k]), ("oracle", oracle[k], spec[k]),
-                          ("interval_refresh", refresh[k], 0), ("belady", oracle[k], 0)):
-            rows.append({"trace": "t", "task": "x", "batch_size": 1, "policy": pol, "cache_ratio": r,
-                         "demand_misses": m, "speculative_transfers": s, "prefetch_hits": 0, "wasted_prefetches": 0,
-                         "accesses": 1000})
+        for pol, m, s in (
+            ("demand", lru[k], 0),
+            ("last_step", last[k], spec[k]),
+            ("oracle", oracle[k], spec[k]),
+            ("interval_refresh", refresh[k], 0),
+            ("belady", oracle[k], 0),
+        ):
+            rows.append(
+                {
+                    "trace": "t",
+                    "task": "x",
+                    "batch_size": 1,
+                    "policy": pol,
+                    "cache_ratio": r,
+                    "demand_misses": m,
+                    "speculative_transfers": s,
+                    "prefetch_hits": 0,
+                    "wasted_prefetches": 0,
+                    "accesses": 1000,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -127,47 +156,72 @@ def miss_verdicts(df):
 
 
 def test_miss_claims_judge_known_counts():
-    useless, oracle, refresh = miss_verdicts(sweep_rows(lru=[500, 300, 100], last=[480, 290, 99],
-                                                        spec=[200, 150, 40], oracle=[400, 45, 10],
-                                                        refresh=[495, 298, 100]))
+    useless, oracle, refresh = miss_verdicts(
+        sweep_rows(
+            lru=[500, 300, 100],
+            last=[480, 290, 99],
+            spec=[200, 150, 40],
+            oracle=[400, 45, 10],
+            refresh=[495, 298, 100],
+        )
+    )
     assert useless.verdict == REPRODUCED and "1: 3% removed" in useless.measured
     assert oracle.verdict == REPRODUCED and "C/W = 1: 6.7x" in oracle.measured
     assert refresh.verdict == REPRODUCED
-    useless, oracle, refresh = miss_verdicts(sweep_rows(lru=[500, 300, 100], last=[400, 150, 50],
-                                                        spec=[200, 150, 40], oracle=[400, 200, 10],
-                                                        refresh=[400, 250, 100]))
+    useless, oracle, refresh = miss_verdicts(
+        sweep_rows(
+            lru=[500, 300, 100],
+            last=[400, 150, 50],
+            spec=[200, 150, 40],
+            oracle=[400, 200, 10],
+            refresh=[400, 250, 100],
+        )
+    )
     assert (useless.verdict, oracle.verdict, refresh.verdict) == (NOT_REPRODUCED,) * 3
-    assert not any(c.timing for c in (useless, oracle, refresh))       # exact counts: compared by nbval
+    assert not any(c.timing for c in (useless, oracle, refresh))  # exact counts: compared by nbval
     no_last = sweep_rows([500, 300, 100], [480, 290, 99], [200, 150, 40], [400, 45, 10], [495, 298, 100])
     (c, *_) = miss_verdicts(no_last[no_last.policy != "last_step"])
     assert c.verdict == NOT_MEASURABLE and "0.83-1.73" in c.reason
 
 
 def test_a_count_claim_rules_on_one_basis_and_names_the_other_only_where_it_disagrees():
-    assert claims.on_bases({"excluded": True, "included": True}, {"excluded": "1", "included": "2"},
-                           "excluded") == (REPRODUCED, "")
-    assert claims.on_bases({"excluded": False, "included": True}, {"excluded": "56.6%", "included": "48.4%"},
-                           "excluded") == (NOT_REPRODUCED, "denoising steps: 56.6% (rules); all demands: 48.4% "
-                                                           "(would say reproduced)")
+    assert claims.on_bases(
+        {"excluded": True, "included": True}, {"excluded": "1", "included": "2"}, "excluded"
+    ) == (REPRODUCED, "")
+    assert claims.on_bases(
+        {"excluded": False, "included": True}, {"excluded": "56.6%", "included": "48.4%"}, "excluded"
+    ) == (NOT_REPRODUCED, "denoising steps: 56.6% (rules); all demands: 48.4% (would say reproduced)")
     assert claims.on_bases({"included": False}, {"included": "x"}, "included") == (NOT_REPRODUCED, "")
 
 
 def test_miss_claims_rule_on_the_denoising_steps_and_print_all_demands_where_the_verdict_flips():
-    """Constructed so that the prefill forwards flip two verdicts: over the denoising steps last_step removes 12%
-    of LRU's misses (not few) and the oracle cuts them 6.7x; the prefill forwards add LRU's misses that no
+    """Constructed so that the prefill forwards flip two verdicts: over the denoising steps last_step removes
+    12% of LRU's misses (not few) and the oracle cuts them 6.7x; the prefill forwards add LRU's misses that no
     policy removes, so over all demands last_step would remove 6% and the oracle cut 1.7x."""
-    steps = sweep_rows(lru=[500, 300, 100], last=[480, 264, 88], spec=[200, 150, 40], oracle=[400, 45, 10],
-                       refresh=[495, 298, 100])
-    prefill = sweep_rows(lru=[500, 300, 100], last=[500, 300, 100], spec=[0, 0, 0], oracle=[500, 300, 100],
-                         refresh=[500, 300, 100])
+    steps = sweep_rows(
+        lru=[500, 300, 100],
+        last=[480, 264, 88],
+        spec=[200, 150, 40],
+        oracle=[400, 45, 10],
+        refresh=[495, 298, 100],
+    )
+    prefill = sweep_rows(
+        lru=[500, 300, 100],
+        last=[500, 300, 100],
+        spec=[0, 0, 0],
+        oracle=[500, 300, 100],
+        refresh=[500, 300, 100],
+    )
     useless, oracle, refresh = miss_verdicts(phase_split(steps, prefill, misses.SUMMED))
     assert all(c.counting == claims.DENOISING for c in (useless, oracle, refresh))
     assert useless.verdict == NOT_REPRODUCED and useless.reason == (
         "denoising steps: most removed 12.0% (C/W 1) (rules); all demands: most removed 6.0% (C/W 1) "
-        "(would say reproduced)")
+        "(would say reproduced)"
+    )
     assert oracle.verdict == REPRODUCED and oracle.reason == (
-        "denoising steps: 6.7x (rules); all demands: 1.7x (would say not reproduced)")
-    assert refresh.verdict == REPRODUCED and refresh.reason == ""        # both bases agree: nothing more to say
+        "denoising steps: 6.7x (rules); all demands: 1.7x (would say not reproduced)"
+    )
+    assert refresh.verdict == REPRODUCED and refresh.reason == ""  # both bases agree: nothing more to say
 
 
 def bench_rows(diffs: dict, reps=2, policies=("demand", "last_step"), noise=0.3):
@@ -181,10 +235,23 @@ def bench_rows(diffs: dict, reps=2, policies=("demand", "last_step"), noise=0.3)
                     base, sign = 50 + 10 * rng.random(), -sign
                     for k, pol in enumerate(policies):
                         tps = base * (1 + (d + noise * sign) / 100) if k == 0 else base
-                        rows.append({c: 0 for c in COLUMNS} | {
-                            "task": task, "batch_size": b, "cache_ratio": r, "bandwidth_scale": 1.0, "policy": pol,
-                            "rep": rep, "order": k, "tokens_per_second": tps, "seconds": 128 / tps,
-                            "tokens_sha": "abc", "demand_misses": 100 - 10 * k, "cache_experts": 10})
+                        rows.append(
+                            {c: 0 for c in COLUMNS}
+                            | {
+                                "task": task,
+                                "batch_size": b,
+                                "cache_ratio": r,
+                                "bandwidth_scale": 1.0,
+                                "policy": pol,
+                                "rep": rep,
+                                "order": k,
+                                "tokens_per_second": tps,
+                                "seconds": 128 / tps,
+                                "tokens_sha": "abc",
+                                "demand_misses": 100 - 10 * k,
+                                "cache_experts": 10,
+                            }
+                        )
     return pd.DataFrame(rows)
 
 
@@ -199,7 +266,7 @@ def test_capacity_claims_follow_the_per_cell_intervals():
     assert same.verdict == REPRODUCED and "16 of 16 cells" in same.measured
     assert faster.verdict == REPRODUCED and faster.timing and faster.interval.startswith(replication.WITHIN)
     assert "no A/A control in these rows: ruled on the effect itself" in faster.margin
-    assert "C/W 0.83 b=4 mbpp: +8.0%" in faster.measured           # one interval per cell: task, batch, C/W
+    assert "C/W 0.83 b=4 mbpp: +8.0%" in faster.measured  # one interval per cell: task, batch, C/W
     assert "direction reproduced" in faster.reason and "magnitude" in faster.reason
     assert low.verdict == REPRODUCED and low.paper == "+0.73% [-1.16, +2.63]"
     assert len(capacity.tables(rows)) == 16
@@ -215,24 +282,30 @@ def test_capacity_claims_follow_the_per_cell_intervals():
 
 def test_the_aa_control_is_the_null_of_the_direction_claim_and_the_gate_of_the_equivalence_claim():
     """A control that does demand's work and times like it leaves the verdicts alone and is printed. One that
-    times like last_step says the non-demand role costs all of demand's lead (the control is demand's work in that
-    role): net of it (CONTROL over last_step, pair by pair) demand is not faster, and the bias-bound alternative
+    times like last_step says the non-demand role costs all of demand's lead (the control is demand's work in
+    that role): net of it (CONTROL over last_step, pair by pair) demand is not faster, and the bias-bound
+    alternative
     (the undifferenced +8 widened by 7.4) is inconclusive."""
     rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, reps=4)
     demand = rows[rows.policy == "demand"]
     wobble = np.where(np.arange(len(demand)) % 2, 1.002, 0.998)
-    fair = pd.concat([rows, demand.assign(policy=CONTROL, tokens_per_second=demand.tokens_per_second * wobble)],
-                     ignore_index=True)
+    fair = pd.concat(
+        [rows, demand.assign(policy=CONTROL, tokens_per_second=demand.tokens_per_second * wobble)],
+        ignore_index=True,
+    )
     _, faster, low = capacity_claims(fair)
     assert faster.verdict == low.verdict == REPRODUCED
     assert "C/W 0.83 b=1: net +8.0% [" in faster.measured and ", A/A +" in faster.measured
-    assert faster.margin.endswith("bias-bound alternative (A over B widened by the control's largest bias, not "
-                                  "ruled on): reproduced")
-    biased = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, reps=4, policies=("demand", "last_step", CONTROL))
+    assert faster.margin.endswith(
+        "bias-bound alternative (A over B widened by the control's largest bias, not ruled on): reproduced"
+    )
+    biased = bench_rows(
+        {0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, reps=4, policies=("demand", "last_step", CONTROL)
+    )
     _, faster, low = capacity_claims(biased)
     assert faster.verdict == NOT_REPRODUCED and re.search(r"C/W 0.83 b=1: net [+-]0\.0% \[", faster.measured)
     assert faster.margin.endswith("not ruled on): inconclusive")
-    assert low.verdict == REPRODUCED            # at 0.43 the control does not differ: those cells stay judged
+    assert low.verdict == REPRODUCED  # at 0.43 the control does not differ: those cells stay judged
     gate = bench_rows({0.43: 0.0}, reps=4, policies=("demand", "last_step", CONTROL))
     gate.loc[gate.policy == CONTROL, "tokens_per_second"] *= np.where(np.arange(16) % 2, 1.08, 0.92)
     low = capacity_claims(gate)[-1]
@@ -241,7 +314,8 @@ def test_the_aa_control_is_the_null_of_the_direction_claim_and_the_gate_of_the_e
 
 
 def test_cache_design_bench_judges_the_best_eviction_against_lru_net_of_the_control():
-    """09's throughput claim: the best eviction over lru in tokens/s, faster by more than the margin net of the A/A
+    """09's throughput claim: the best eviction over lru in tokens/s, faster by more than the margin net of
+    the A/A
     control per cell, labelled as the artifact's own result; its bench is one small cell with enough pairs."""
     best = "demand+lrfu:lam=2"
 
@@ -254,7 +328,12 @@ def test_cache_design_bench_judges_the_best_eviction_against_lru_net_of_the_cont
 
     ahead = with_control(bench_rows({1.0: 6.0}, reps=4, policies=(best, "demand")), "demand")
     c = verdict(ahead)
-    assert c.verdict == REPRODUCED and c.timing and c.claim.startswith("[own result]") and "lrfu:lam=2" in c.claim
+    assert (
+        c.verdict == REPRODUCED
+        and c.timing
+        and c.claim.startswith("[own result]")
+        and "lrfu:lam=2" in c.claim
+    )
     assert c.interval.startswith(WITHIN) and c.ruled == "this run" and "C/W 1 b=1: net +6.0%" in c.measured
     assert "A/A +0.0% [+0.0, +0.0])" in c.measured
     assert "demand misses over this run's timed runs: lru 1440, lrfu:lam=2 1600" in c.measured
@@ -262,16 +341,17 @@ def test_cache_design_bench_judges_the_best_eviction_against_lru_net_of_the_cont
     assert verdict(behind).verdict == NOT_REPRODUCED
     level = with_control(bench_rows({1.0: 0.0}, reps=4, policies=(best, "demand"), noise=3.0), "demand")
     assert verdict(level).verdict == INCONCLUSIVE
-    biased = with_control(bench_rows({1.0: 6.0}, reps=4, policies=(best, "demand")), best)    # times like the best
-    c = verdict(biased)                     # net of a control that times like the best: no effect left
+    # times like the best
+    biased = with_control(bench_rows({1.0: 6.0}, reps=4, policies=(best, "demand")), best)
+    c = verdict(biased)  # net of a control that times like the best: no effect left
     assert c.verdict == NOT_REPRODUCED and "net +0.0%" in c.measured and "A over B +6.0%" in c.measured
     assert "A/A" not in verdict(bench_rows({1.0: 6.0}, reps=4, policies=(best, "demand"))).measured
     few = bench_rows({1.0: 6.0}, reps=1, policies=(best, "demand"))
-    assert verdict(few[(few.task == "gsm8k") & (few.batch_size == 1)]).verdict == INCONCLUSIVE   # 1 pair
+    assert verdict(few[(few.task == "gsm8k") & (few.batch_size == 1)]).verdict == INCONCLUSIVE  # 1 pair
     P = cache_design.bench_profile(load_profile("cpu"), best)
     assert P.policies == ("demand", best, CONTROL) and P.batch_sizes == (1,) and len(P.tasks) == 1
     assert P.cache_ratios == (cache_design.BENCH_RATIO,) and P.warmup == 1
-    assert P.repetitions >= thresholds.MIN_PAIRS             # one cell: its pairs are its repetitions
+    assert P.repetitions >= thresholds.MIN_PAIRS  # one cell: its pairs are its repetitions
 
 
 def eviction_rows(misses: dict, lru=100, floor=50) -> pd.DataFrame:
@@ -282,17 +362,28 @@ def eviction_rows(misses: dict, lru=100, floor=50) -> pd.DataFrame:
         for r in cache_design.RATIOS:
             for pol in cache_design.EVICTIONS + cache_design.FLOORS:
                 m = floor if pol == "min" else misses.get(pol, lru)
-                rows.append({"task": "x", "batch_size": b, "policy": pol, "cache_ratio": r, "demand_misses": m,
-                             "speculative_transfers": 0, "accesses": 1000})
+                rows.append(
+                    {
+                        "task": "x",
+                        "batch_size": b,
+                        "policy": pol,
+                        "cache_ratio": r,
+                        "demand_misses": m,
+                        "speculative_transfers": 0,
+                        "accesses": 1000,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def test_eviction_claims_rule_on_the_denoising_steps_and_print_all_demands_where_the_verdict_flips():
-    """Over the denoising steps lrfu removes 12% of LRU's misses and token_lru < lru < its reverse; the prefill
-    forwards add misses where lrfu gains nothing and token_lru loses, so over all demands the first claim would
+    """Over the denoising steps lrfu removes 12% of LRU's misses and token_lru < lru < its reverse; the
+    prefill forwards add misses where lrfu gains nothing and token_lru loses, so over all demands the first
+    claim would
     fail (6%) and so would the token order; the gap to min (24% closed) is the same on both bases."""
-    steps = eviction_rows({"demand+lrfu:lam=2": 88, "demand+token_lru": 95, "demand+token_lru:reverse=true": 105,
-                           "belady": 60})
+    steps = eviction_rows(
+        {"demand+lrfu:lam=2": 88, "demand+token_lru": 95, "demand+token_lru:reverse=true": 105, "belady": 60}
+    )
     prefill = eviction_rows({"demand+token_lru": 110, "belady": 100}, floor=100)
     s = cache_design.summary(phase_split(steps, prefill, cache_design.SUMMED))
     assert cache_design.best_eviction(s) == "demand+lrfu:lam=2"
@@ -300,12 +391,15 @@ def test_eviction_claims_rule_on_the_denoising_steps_and_print_all_demands_where
     assert all(c.counting == claims.DENOISING for c in (gain, gap, token))
     assert gain.verdict == REPRODUCED and gain.reason == (
         "denoising steps: the best, lrfu:lam=2, removes 12.0% (rules); all demands: the best, lrfu:lam=2, "
-        "removes 6.0% (would say not reproduced)")
+        "removes 6.0% (would say not reproduced)"
+    )
     assert gap.verdict == REPRODUCED and gap.reason == "" and "pooled 24%" in gap.measured
     assert token.verdict == REPRODUCED and token.reason == (
-        "denoising steps: lru 1000, token_lru 950, reversed 1050 (rules); all demands: lru 2000, token_lru 2050, "
-        "reversed 2050 (would say not reproduced)")
-    plain = cache_design.numbers(cache_design.summary(steps), pd.DataFrame())      # no phases: all demands
+        "denoising steps: lru 1000, token_lru 950, reversed 1050 (rules); all demands: lru 2000, token_lru "
+        "2050, "
+        "reversed 2050 (would say not reproduced)"
+    )
+    plain = cache_design.numbers(cache_design.summary(steps), pd.DataFrame())  # no phases: all demands
     assert plain.basis == "included" and cache_design.verdicts(plain)[0].counting == claims.ALL_DEMANDS
 
 
@@ -332,12 +426,28 @@ def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):
     for scale, gbps in ((2.0, 0.2), (1.0, 0.1), (0.5, 0.05)):
         for rep in range(reps):
             wobble = jitter * (1 if rep % 2 else -1)
-            for pol, stall, m, spec in (("demand", 0.5 / scale, 100, 0),
-                                        ("last_step", (last_step_stall + wobble) / scale, 90, 40)):
-                rows.append({"task": "gsm8k", "batch_size": 4, "cache_ratio": 1.0, "rep": rep, "forwards": 100,
-                             "bandwidth_scale": scale, "link_gbps": gbps, "policy": pol, "seconds": 2 + stall,
-                             "tokens_per_second": 128 / (2 + stall), "stall_seconds": stall,
-                             "link_busy_seconds": 1.0, "demand_misses": m, "speculative_transfers": spec})
+            for pol, stall, m, spec in (
+                ("demand", 0.5 / scale, 100, 0),
+                ("last_step", (last_step_stall + wobble) / scale, 90, 40),
+            ):
+                rows.append(
+                    {
+                        "task": "gsm8k",
+                        "batch_size": 4,
+                        "cache_ratio": 1.0,
+                        "rep": rep,
+                        "forwards": 100,
+                        "bandwidth_scale": scale,
+                        "link_gbps": gbps,
+                        "policy": pol,
+                        "seconds": 2 + stall,
+                        "tokens_per_second": 128 / (2 + stall),
+                        "stall_seconds": stall,
+                        "link_busy_seconds": 1.0,
+                        "demand_misses": m,
+                        "speculative_transfers": spec,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -356,19 +466,28 @@ def test_throttle_claims():
     assert "lower bound" in stall.margin
     # Claim 03 has an interval per cell: too few pairs, or a stall gap inside the noise, is inconclusive
     assert throttle_verdicts(throttle_rows(reps=2, jitter=0.02))[1].verdict == INCONCLUSIVE
-    assert throttle_verdicts(throttle_rows(reps=4, jitter=0.5, last_step_stall=0.55))[1].verdict == INCONCLUSIVE
-    assert throttle_verdicts(throttle_rows(reps=4, jitter=0.02, last_step_stall=0.3))[1].verdict == NOT_REPRODUCED
+    assert (
+        throttle_verdicts(throttle_rows(reps=4, jitter=0.5, last_step_stall=0.55))[1].verdict == INCONCLUSIVE
+    )
+    assert (
+        throttle_verdicts(throttle_rows(reps=4, jitter=0.02, last_step_stall=0.3))[1].verdict
+        == NOT_REPRODUCED
+    )
     P = load_profile("cpu")
     T = throttle.throttle_profile(P)
-    assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (P.tasks[:1], (4,), (1.0,),
-                                                                     ("demand", "last_step", CONTROL))
+    assert (T.tasks, T.batch_sizes, T.cache_ratios, T.policies) == (
+        P.tasks[:1],
+        (4,),
+        (1.0,),
+        ("demand", "last_step", CONTROL),
+    )
     assert T.bandwidth_scales == P.throttle_scales == (2.0, 1.0, 0.5)
     assert T.repetitions == max(P.repetitions, thresholds.MIN_PAIRS)
 
 
 def test_throttle_summary_fills_the_unpaced_cuda_bandwidth():
     rows = throttle_rows()
-    rows.loc[rows.bandwidth_scale == 2.0, "link_gbps"] = None        # as a cuda row at scale 1 holds it
+    rows.loc[rows.bandwidth_scale == 2.0, "link_gbps"] = None  # as a cuda row at scale 1 holds it
     s = throttle.summary_table(rows)
     assert len(s) == 6 and np.allclose(sorted(s.link_gbps.unique()), [0.05, 0.1, 0.2])
 
@@ -391,8 +510,10 @@ def test_tide_claims_without_tide_say_why():
     wins = bench_rows({1.0: -8.0, 0.5: 0.0}, reps=4, policies=("demand", "interval_refresh"))
     c = head_to_head.style_verdict(head_to_head.style_numbers(Replicas(wins)))
     assert c.verdict == NOT_REPRODUCED and "C/W 1" in c.reason
-    parts = {1.0: {"speedup_total": 3.0, "speedup_kv_cache": 2.0, "speedup_offload": 1.5},
-             0.5: {"speedup_total": 0.9, "speedup_kv_cache": 0.9, "speedup_offload": 1.0}}
+    parts = {
+        1.0: {"speedup_total": 3.0, "speedup_kv_cache": 2.0, "speedup_offload": 1.5},
+        0.5: {"speedup_total": 0.9, "speedup_kv_cache": 0.9, "speedup_offload": 1.0},
+    }
     c = head_to_head.released_verdict(parts, None)
     assert c.verdict == NOT_REPRODUCED and "C/W 1: 3.0x (KV cache 2.0x, offload 1.5x)" in c.measured
 
@@ -400,20 +521,32 @@ def test_tide_claims_without_tide_say_why():
 def test_bench_file_never_mixes_settings(places):
     P = load_profile("cpu")
     assert harness.bench_file(P) == places / "data" / "results" / "cpu" / "bench.csv"
-    row = {c: 0 for c in COLUMNS} | {"profile": "cpu", "fingerprint": "other", "task": "gsm8k", "policy": "demand",
-                                      "tokens_sha": "x"}
+    row = {c: 0 for c in COLUMNS} | {
+        "profile": "cpu",
+        "fingerprint": "other",
+        "task": "gsm8k",
+        "policy": "demand",
+        "tokens_sha": "x",
+    }
     write_rows(harness.bench_file(P), [row])
     other = harness.bench_file(P)
     assert other.name.startswith("bench-") and other.name != "bench.csv"
 
 
 def test_the_notebooks_load_their_model_after_preparing_the_run(places, monkeypatch):
-    """run_grid and traces load through harness.load_model, which makes prepare's checks before any weights."""
+    """run_grid and traces load through harness.load_model, which makes prepare's checks before any
+    weights."""
     from artifact.errors import SettingError
     from artifact.offload import prepare
-    monkeypatch.setattr(prepare, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
-    P = load_profile("cpu", {"gen_length": 8192})               # more positions than the tiny model has
-    for path in (lambda: harness.run_grid(P, progress=False, log=lambda *a: None), lambda: harness.traces(P, False)):
+
+    monkeypatch.setattr(
+        prepare, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input")
+    )
+    P = load_profile("cpu", {"gen_length": 8192})  # more positions than the tiny model has
+    for path in (
+        lambda: harness.run_grid(P, progress=False, log=lambda *a: None),
+        lambda: harness.traces(P, False),
+    ):
         with pytest.raises(SettingError, match="positions > the model's max_position_embeddings"):
             path()
 
@@ -428,8 +561,9 @@ def test_traces_are_recorded_once_and_rerecorded_when_settings_change(places, mo
     monkeypatch.setattr(harness, "record_trace", lambda *a: calls.append(a) or real(*a))
     again = harness.traces(P, progress=False)
     assert calls == [] and again[0].equal_routing(first[0])
-    changed = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1,
-                                   "threshold": 0.9})
+    changed = load_profile(
+        "cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "trace_n_prompts": 1, "threshold": 0.9}
+    )
     harness.traces(changed, progress=False)
     assert len(calls) == 1
 
@@ -441,19 +575,29 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
     share = working_set.lru_share(ts, (0.5, 1.0))
     (claim,) = working_set.verdicts(working_set.numbers(ws, sim, share))
     assert claim.verdict in (REPRODUCED, NOT_REPRODUCED) and "C/W = 1" in claim.measured
-    summary = misses.miss_summary(misses.miss_sweep(ts, load_profile("cpu", {"cache_ratios": [0.5, 1.0]}),
-                                                    progress=False))
+    summary = misses.miss_summary(
+        misses.miss_sweep(ts, load_profile("cpu", {"cache_ratios": [0.5, 1.0]}), progress=False)
+    )
     assert set(summary.policy) == set(P.sim_policies) | {misses.BOUND}
     assert (summary[summary.policy == "demand"].misses_vs_lru == 1).all()
-    n04 = capacity.numbers(Replicas(bench_rows({0.43: 1.0, 1.0: 5.0}, policies=("demand", "last_step", CONTROL))))
-    q = {"resident": {"seconds": 1.0}, "offloaded": {"seconds": 2.0, "stall_seconds": 0.5}, "cache_experts": 5}
+    n04 = capacity.numbers(
+        Replicas(bench_rows({0.43: 1.0, 1.0: 5.0}, policies=("demand", "last_step", CONTROL)))
+    )
+    q = {
+        "resident": {"seconds": 1.0},
+        "offloaded": {"seconds": 2.0, "stall_seconds": 0.5},
+        "cache_experts": 5,
+    }
     made = {
         "00": quickstart.plot(q, P),
         "01a": working_set.plot_working_set(ws, P),
         "01b": working_set.plot_stability(sim, share, P),
         "02": misses.plot(summary, P),
-        "03": throttle.plot(throttle.summary_table(throttle_rows(reps=4)),
-                            throttle.numbers(Replicas(throttle_rows(reps=4))), P),
+        "03": throttle.plot(
+            throttle.summary_table(throttle_rows(reps=4)),
+            throttle.numbers(Replicas(throttle_rows(reps=4))),
+            P,
+        ),
         "04": capacity.plot(n04, P),
         "05": head_to_head.plot(bench_rows({1.0: 0.0, 0.5: 0.5}, policies=("demand", "interval_refresh")), P),
     }
@@ -463,16 +607,22 @@ def test_every_figure_is_saved_with_the_data_it_plotted(places):
         assert len(pd.read_csv(csv)) == len(df) > 0
         assert not list(png.parent.glob(".*.tmp")) and not list(csv.parent.glob(".*.tmp"))
     assert (places / "figures" / "cpu" / "04.png").is_file()
-    assert (places / "results" / "cpu" / "data" / "04.csv").is_file()          # a run's data: ignored by git
-    assert not (places / "data" / "results" / "cpu" / "04.csv").exists()      # the reference: only --store
+    assert (places / "results" / "cpu" / "data" / "04.csv").is_file()  # a run's data: ignored by git
+    assert not (places / "data" / "results" / "cpu" / "04.csv").exists()  # the reference: only --store
 
 
 def test_quickstart_claim_follows_the_tokens():
-    q = {"offloaded": {"demand_misses": 62, "demand_hits": 38}, "cache_experts": 27, "num_experts": 256,
-         "cache_ratio": 0.5, "same_tokens": True}
+    q = {
+        "offloaded": {"demand_misses": 62, "demand_hits": 38},
+        "cache_experts": 27,
+        "num_experts": 256,
+        "cache_ratio": 0.5,
+        "same_tokens": True,
+    }
     (c,) = quickstart.verdicts(quickstart.numbers(q))
-    assert c.verdict == REPRODUCED and c.measured == ("C = 27 of 256 experts per layer (C/W = 0.5), 62% of expert "
-                                                      "uses missed, identical tokens: yes")
+    assert c.verdict == REPRODUCED and c.measured == (
+        "C = 27 of 256 experts per layer (C/W = 0.5), 62% of expert uses missed, identical tokens: yes"
+    )
     assert quickstart.verdicts(quickstart.numbers(q | {"same_tokens": False}))[0].verdict == NOT_REPRODUCED
 
 
@@ -483,8 +633,10 @@ PAPER_FIGURES = ("6.7", "4.9", "11.8", "0.73", "1.16", "2.63", "14.4", "6.1")
 def test_quickstart_says_why_the_tiny_models_text_is_gibberish():
     q = {"text": "beginbegin work"}
     assert "seeded random weights" in quickstart.generated(q, load_profile("cpu"))
-    assert quickstart.generated(q, load_profile("cpu", {"model": "/models/LLaDA2.0-mini"})) == \
-        "generated: 'beginbegin work'"
+    assert (
+        quickstart.generated(q, load_profile("cpu", {"model": "/models/LLaDA2.0-mini"}))
+        == "generated: 'beginbegin work'"
+    )
 
 
 def test_the_throttle_axis_names_the_pcie_generation_of_each_scaled_bandwidth():
@@ -493,7 +645,7 @@ def test_the_throttle_axis_names_the_pcie_generation_of_each_scaled_bandwidth():
     assert "scaled to the tiny model's experts" in why and "PCIe 4 = 25 GB/s" in why
     assert [t.split("\n")[1] for t in ticks.values()] == ["~PCIe 3", "~PCIe 4", "~PCIe 5"]
     assert throttle._pcie(0.3) == "0.3 x PCIe 4"
-    why, ticks = throttle._bandwidth_axis(summary, load_profile("cpu", {"link_gbps": 1.0}))   # a stated rate
+    why, ticks = throttle._bandwidth_axis(summary, load_profile("cpu", {"link_gbps": 1.0}))  # a stated rate
     assert why == "" and list(ticks.values()) == ["0.05", "0.1", "0.2"]
 
 
@@ -503,9 +655,14 @@ def test_the_papers_numbers_live_only_in_paper_py():
         if path.name == "paper.py":
             continue
         tree = ast.parse(path.read_text())
-        literals = {repr(n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant)
-                    and isinstance(n.value, float)}
-        strings = " ".join(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+        literals = {
+            repr(n.value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, float)
+        }
+        strings = " ".join(
+            n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        )
         found = [f for f in PAPER_FIGURES if f in literals or f in strings]
         assert not found, f"{path.name} writes the paper's figure(s) {found}; take them from paper.py"
 
@@ -519,12 +676,29 @@ def test_paper_table_derives_from_paper_py():
 
 def test_claim_modules_import_at_the_top():
     """Imports sit at the top of the claim modules (no function-local imports)."""
-    for name in ("claims", "harness", "criteria/paper", "criteria/thresholds", "outputs/paths", "outputs/figures",
-                 "studies/quickstart", "studies/working_set", "studies/miss_accounting", "studies/bandwidth_throttling",
-                 "studies/capacity_sweep", "studies/tide_head_to_head", "stats"):
+    for name in (
+        "claims",
+        "harness",
+        "criteria/paper",
+        "criteria/thresholds",
+        "outputs/paths",
+        "outputs/figures",
+        "studies/quickstart",
+        "studies/working_set",
+        "studies/miss_accounting",
+        "studies/bandwidth_throttling",
+        "studies/capacity_sweep",
+        "studies/tide_head_to_head",
+        "stats",
+    ):
         tree = ast.parse((EXPERIMENTS / f"{name}.py").read_text())
-        local = [n.lineno for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        local = [
+            n.lineno
+            for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(f)
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+        ]
         assert not local, f"{name}.py imports inside functions at lines {local}"
 
 
@@ -538,19 +712,25 @@ def test_every_notebook_figure_is_committed_small_and_linked_from_the_claims_tab
         for cell in nbformat.read(nb, as_version=4).cells:
             saved |= set(re.findall(r'save\(fig, df, P, "([^"]+)"\)', cell.source))
     assert len(saved) == 12
-    table = (ROOT / "docs" / "claims.md").read_text()                # the full table; the README's shows one a notebook
+    table = (ROOT / "docs" / "claims.md").read_text()  # the full table; the README's shows one a notebook
     for name in sorted(saved):
         png, csv = ROOT / "figures" / "cpu" / f"{name}.png", ROOT / "data" / "results" / "cpu" / f"{name}.csv"
         assert png.is_file() and csv.is_file(), f"{name}: run ./run_all.sh cpu --force and commit both"
         assert png.stat().st_size < 300_000 and csv.stat().st_size < 300_000
-        assert f"(../figures/cpu/{name}.png)" in table, f"docs/claims.md's claims table does not link {name}.png"
+        assert f"(../figures/cpu/{name}.png)" in table, (
+            f"docs/claims.md's claims table does not link {name}.png"
+        )
 
 
 def test_host_bound_gpu_cells_make_the_capacity_verdict_inconclusive():
     """The same intervals on GPU rows: host-bound cells (host > 50% of wall per forward) flip reproduced to
     inconclusive with the reason; below the bound, and on the CPU whatever the share, the verdict stands."""
     rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, reps=4).assign(wall_ms_per_forward=10.0)
-    for device, host, want in (("cuda:0", 7.4, INCONCLUSIVE), ("cuda:0", 3.0, REPRODUCED), ("cpu", 9.9, REPRODUCED)):
+    for device, host, want in (
+        ("cuda:0", 7.4, INCONCLUSIVE),
+        ("cuda:0", 3.0, REPRODUCED),
+        ("cpu", 9.9, REPRODUCED),
+    ):
         r = rows.assign(device=device, host_ms_per_forward=host)
         _, faster, low = capacity_claims(r)
         assert faster.verdict == low.verdict == want, (device, host)

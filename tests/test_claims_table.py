@@ -1,6 +1,8 @@
-"""The claims tables (the README's compact one, docs/claims.md's full one and its agreement block) are generated
-from the committed claim records (data/results/cpu/*.claims.json), and those records are what the stored
+"""The claims tables (the README's compact one, docs/claims.md's full one and its agreement block) are
+generated from the committed claim records (data/results/cpu/*.claims.json), and those records are what the
+stored
 notebooks' claim cells print. The README stays what an evaluator reads in ten minutes."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "data" / "results"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 CLAIMS_DOC = ROOT / claims_table.CLAIMS_DOC
-README_LINES, README_WIDTH = 250, 300          # what an evaluator reads in ten minutes
+README_LINES, README_WIDTH = 250, 300  # what an evaluator reads in ten minutes
 
 
 def _block(path: Path, marks: tuple[str, str]) -> str:
@@ -29,24 +31,32 @@ def _block(path: Path, marks: tuple[str, str]) -> str:
 
 def test_the_readme_claims_table_is_the_generated_one():
     assert _block(ROOT / "README.md", claims_table.markers("cpu")) == claims_table.render_compact(
-        "cpu", RESULTS, ROOT / "notebooks"), (
-        "README's claims table differs from the committed records: `python -m artifact claims --update-readme`")
+        "cpu", RESULTS, ROOT / "notebooks"
+    ), "README's claims table differs from the committed records: `python -m artifact claims --update-readme`"
 
 
 def test_the_full_claims_table_in_docs_is_the_generated_one():
-    assert _block(CLAIMS_DOC, claims_table.markers("cpu")) == claims_table.render("cpu", RESULTS, ROOT / "notebooks"), (
+    assert _block(CLAIMS_DOC, claims_table.markers("cpu")) == claims_table.render(
+        "cpu", RESULTS, ROOT / "notebooks"
+    ), (
         f"{claims_table.CLAIMS_DOC}'s claims table differs from the committed records: "
-        "`python -m artifact claims --update-readme`")
+        "`python -m artifact claims --update-readme`"
+    )
 
 
 def test_the_agreement_block_is_the_generated_one():
     """docs/claims.md's per-run verdicts of the timing claims are rendered from the committed records."""
-    assert _block(CLAIMS_DOC, claims_table.agreement_markers("cpu")) == claims_table.render_agreement("cpu", RESULTS), (
-        "docs/claims.md's agreement block differs from the records: `python -m artifact claims --update-readme`")
+    assert _block(CLAIMS_DOC, claims_table.agreement_markers("cpu")) == claims_table.render_agreement(
+        "cpu", RESULTS
+    ), (
+        "docs/claims.md's agreement block differs from the records: `python -m artifact claims "
+        "--update-readme`"
+    )
 
 
 def test_the_compact_table_has_one_row_per_claim_and_the_stability_of_timing_claims():
-    """Per timing claim: leave one out (k of N), how often a fresh run decides alone (the committed calibration
+    """Per timing claim: leave one out (k of N), how often a fresh run decides alone (the committed
+    calibration
     table, data/results/cpu/calibration.csv) and, for a direction claim, the paper's criterion."""
     block = claims_table.render_compact("cpu", RESULTS, ROOT / "notebooks")
     rows = [r for r in block.splitlines() if r.startswith("| ") and not r.startswith("| notebook")]
@@ -71,14 +81,21 @@ def test_the_compact_table_has_one_row_per_claim_and_the_stability_of_timing_cla
 
 def test_the_readme_is_short():
     lines = (ROOT / "README.md").read_text().splitlines()
-    assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines (> {README_LINES}): move the detail to docs/"
+    assert len(lines) <= README_LINES, (
+        f"README.md has {len(lines)} lines (> {README_LINES}): move the detail to docs/"
+    )
     wide = [i + 1 for i, line in enumerate(lines) if len(line) > README_WIDTH]
     assert not wide, f"README.md lines {wide} are over {README_WIDTH} characters"
 
 
 def test_the_docs_index_lists_every_doc_once_in_both_places():
     docs = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
-    index = re.findall(r"^- \[docs/([^\]]+)\]\(\.\./docs/\1\): (.+)$", (ROOT / "docs/README.md").read_text(), re.M)
+    index = re.findall(
+        r"^- \[docs/([^\]]+)\]\(\.\./docs/\1\): "
+        r"(.+)$",
+        (ROOT / "docs/README.md").read_text(),
+        re.M,
+    )
     readme = re.findall(r"^- \[docs/([^\]]+)\]\(docs/\1\): (.+)$", (ROOT / "README.md").read_text(), re.M)
     assert sorted(f for f, _ in index) == docs, "docs/README.md must list every file of docs/, one line each"
     assert readme == index, "the README's index of docs/ differs from docs/README.md"
@@ -87,18 +104,28 @@ def test_the_docs_index_lists_every_doc_once_in_both_places():
 def test_k_of_n_counts_the_runs_that_give_the_pooled_verdict_and_the_opposite_ones(tmp_path):
     def claim(i, pooled, runs):
         return {"claim": f"c{i}", "verdict": pooled, "timing": True, "pooled": pooled, "per_run": runs}
-    claims = [claim(0, "reproduced", ["reproduced", "inconclusive", "reproduced"]),
-              claim(1, "inconclusive", ["inconclusive", "not reproduced", "inconclusive"]),
-              {"claim": "a count", "verdict": "reproduced", "timing": False}]
+
+    claims = [
+        claim(0, "reproduced", ["reproduced", "inconclusive", "reproduced"]),
+        claim(1, "inconclusive", ["inconclusive", "not reproduced", "inconclusive"]),
+        {"claim": "a count", "verdict": "reproduced", "timing": False},
+    ]
     d = tmp_path / "cpu"
     d.mkdir()
-    (d / "04_x.claims.json").write_text(json.dumps({"notebook": "04_x", "claims": claims, "command": "cmd",
-                                                    "date": "d", "commit": "c"}))
+    (d / "04_x.claims.json").write_text(
+        json.dumps({"notebook": "04_x", "claims": claims, "command": "cmd", "date": "d", "commit": "c"})
+    )
     assert [claims_table.k_of_n(c) for c in claims] == ["2 of 3", "2 of 3 (1 opposite)", ""]
     assert claims_table.k_of_n({"timing": True, "verdict": "reproduced"}) == "one run"
     text = claims_table.render_agreement("cpu", tmp_path)
-    assert "| 04 | c1 | inconclusive | not reproduced | inconclusive | inconclusive | 2 of 3 (1 opposite) |" in text
-    assert "In 1 of 2 timing claims no stored run's own verdict is the opposite" in text and "a count" not in text
+    assert (
+        "| 04 | c1 | inconclusive | not reproduced | inconclusive | inconclusive | 2 of 3 (1 opposite) |"
+        in text
+    )
+    assert (
+        "In 1 of 2 timing claims no stored run's own verdict is the opposite" in text
+        and "a count" not in text
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -119,8 +146,9 @@ def test_every_stored_claim_cell_has_its_record_and_they_agree(path):
 def test_every_row_names_its_basis_and_run():
     block = claims_table.render("cpu", RESULTS, ROOT / "notebooks")
     rows = [r for r in block.splitlines() if r.startswith("| ") and not r.startswith("| notebook")]
-    assert len(rows) == sum(len(json.loads(p.read_text())["claims"])
-                            for p in (RESULTS / "cpu").glob("*.claims.json"))
+    assert len(rows) == sum(
+        len(json.loads(p.read_text())["claims"]) for p in (RESULTS / "cpu").glob("*.claims.json")
+    )
     for r in rows:
         cells = [c.strip() for c in r.strip("|").split(" | ")]
         basis, run = cells[5], cells[6]
@@ -135,16 +163,20 @@ def test_records_render_update_and_a_gpu_column(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
     monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "run"))
     P = load_profile("cpu")
-    report(Claim("c1", "p1", "m1", "reproduced", counting="per run", interval="exact counts, no interval"),
-           Claim("c2", "p2", "m|2", "inconclusive", "too wide", timing=True, pairs=4, margin="upper bound +9"),
-           P=P, notebook="09_x")
+    report(
+        Claim("c1", "p1", "m1", "reproduced", counting="per run", interval="exact counts, no interval"),
+        Claim("c2", "p2", "m|2", "inconclusive", "too wide", timing=True, pairs=4, margin="upper bound +9"),
+        P=P,
+        notebook="09_x",
+    )
     assert "verdict [timing]: inconclusive (too wide)" in capsys.readouterr().out
-    assert record_path(P, "09_x") == tmp_path / "run" / "cpu" / "data" / "09_x.claims.json"   # the run's, ignored
+    # the run's, ignored
+    assert record_path(P, "09_x") == tmp_path / "run" / "cpu" / "data" / "09_x.claims.json"
     doc = json.loads(record_path(P, "09_x").read_text())
     assert [c["claim"] for c in doc["claims"]] == ["c1", "c2"] and {"date", "commit", "command"} <= set(doc)
     results = tmp_path / "data" / "results"
     (results / "cpu").mkdir(parents=True)
-    shutil.copy(record_path(P, "09_x"), results / "cpu")                # what --store does with a run's records
+    shutil.copy(record_path(P, "09_x"), results / "cpu")  # what --store does with a run's records
     block = claims_table.render("cpu", results, tmp_path)
     assert "| c2 | p2 | m\\|2 (margin: upper bound +9) | inconclusive (too wide) | 4 pairs | run 1 |" in block
     assert "h200" not in block
@@ -176,16 +208,25 @@ def test_records_render_update_and_a_gpu_column(tmp_path, monkeypatch, capsys):
 
 def test_a_runs_verdicts_are_compared_with_the_stored_pooled_ones(tmp_path):
     """The single-run property, per timing claim: the run's verdict is the pooled one or inconclusive."""
+
     def write(d, claims):
         d.mkdir(parents=True)
-        (d / "04_x.claims.json").write_text(json.dumps({"notebook": "04_x", "claims": claims, "command": "c",
-                                                        "date": "d", "commit": "h"}))
-    stored = [{"claim": c, "verdict": v, "timing": True, "pooled": v, "per_run": [v] * 3}
-              for c, v in (("a", "reproduced"), ("b", "reproduced"), ("c", "not reproduced"))]
-    write(tmp_path / "results" / "cpu", stored + [{"claim": "count", "verdict": "reproduced", "timing": False}])
-    mine = [{"claim": "a", "verdict": "reproduced", "timing": True, "this_run": "reproduced"},
-            {"claim": "b", "verdict": "inconclusive", "timing": True, "this_run": "inconclusive"},
-            {"claim": "c", "verdict": "reproduced", "timing": True, "this_run": "reproduced"}]
+        (d / "04_x.claims.json").write_text(
+            json.dumps({"notebook": "04_x", "claims": claims, "command": "c", "date": "d", "commit": "h"})
+        )
+
+    stored = [
+        {"claim": c, "verdict": v, "timing": True, "pooled": v, "per_run": [v] * 3}
+        for c, v in (("a", "reproduced"), ("b", "reproduced"), ("c", "not reproduced"))
+    ]
+    write(
+        tmp_path / "results" / "cpu", stored + [{"claim": "count", "verdict": "reproduced", "timing": False}]
+    )
+    mine = [
+        {"claim": "a", "verdict": "reproduced", "timing": True, "this_run": "reproduced"},
+        {"claim": "b", "verdict": "inconclusive", "timing": True, "this_run": "inconclusive"},
+        {"claim": "c", "verdict": "reproduced", "timing": True, "this_run": "reproduced"},
+    ]
     write(tmp_path / "run", mine + [{"claim": "count", "verdict": "reproduced", "timing": False}])
     text = claims_table.render_this_run("cpu", tmp_path / "run", tmp_path / "results")
     assert "| 04 | a | reproduced | reproduced | yes |" in text

@@ -1,6 +1,7 @@
 """The command line: known errors are one line (exit 2), bugs keep their traceback; defaults come from the
 settings dataclass; OffloadSpec.from_settings derives every run alike; simulate --cache-experts replays an
 engine run at its absolute capacity."""
+
 from __future__ import annotations
 
 import json
@@ -24,13 +25,15 @@ from artifact.offload.replay.trace import TraceRecorder
 from artifact.offload.runner import OffloadSpec, RunOptions, RunSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-EB = REFERENCE_EXPERT_BYTES     # one LLaDA2.0-mini expert in bf16
+EB = REFERENCE_EXPERT_BYTES  # one LLaDA2.0-mini expert in bf16
 
 
 @pytest.fixture
 def no_load(monkeypatch):
     """A model load fails the test: every bad input must be refused before it."""
-    monkeypatch.setattr(prepare, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
+    monkeypatch.setattr(
+        prepare, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input")
+    )
 
 
 @pytest.fixture
@@ -41,8 +44,16 @@ def small_trace(tmp_path):
         for layer in (1, 2):
             exp = tuple(sorted(d))
             rec(Demand(StepInfo(t, 0, t, "denoise"), layer, exp, (1,) * len(exp)))
-    trace = rec.trace({"moe_layers": [1, 2], "num_experts": 16, "config_hash": "x", "task": "hand",
-                       "batch_size": 1, "expert_bytes": 4})
+    trace = rec.trace(
+        {
+            "moe_layers": [1, 2],
+            "num_experts": 16,
+            "config_hash": "x",
+            "task": "hand",
+            "batch_size": 1,
+            "expert_bytes": 4,
+        }
+    )
     return trace.save(tmp_path / "hand.safetensors")
 
 
@@ -55,28 +66,45 @@ def one_line_error(capsys, code) -> str:
 
 
 # --- known errors: one line, exit 2, before any model is loaded ---------------------------------------
-@pytest.mark.parametrize("args, message", [
-    (["generate", "--prompt", "hi", "--threshold", "nan"], "--threshold must be a finite number"),
-    (["generate", "--prompt", "hi", "--gen-length", "0"], "--gen-length must be >= 1"),
-    (["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--cap-gbps", "nan"],
-     "--cap-gbps must be a finite number"),
-    (["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--bandwidth-gbps", "inf"],
-     "--bandwidth-gbps must be a finite number"),
-    (["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--latency-us", "-1"],
-     "latency_us must be in [0, 1e+06]"),
-    (["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--tau", "0"], "tau must be >= 1"),
-    (["generate", "--prompt", "hi", "--cache-experts", "8"], "--cache-experts needs --offload"),
-    (["generate", "--prompt", "  "], "a --prompt is empty"),
-    (["generate", "--prompt", "hi", "--dtype", "int8"], "--dtype 'int8' unknown"),
-    (["generate", "--prompt", "hi", "--device", "tpu"], "unknown device 'tpu'"),
-    (["generate", "--prompt", "hi", "--gen-length", "100000"], "max_position_embeddings"),
-    (["trace", "--task", "squad", "--out", "x.safetensors"], "unknown task 'squad'"),
-    (["trace", "--task", "gsm8k", "--n", "100000", "--out", "x.safetensors"], "--n must be in [1, "),
-    (["trace", "--task", "gsm8k", "--batch-size", "9", "--out", "x.safetensors"], "--batch-size must be in [1, 8]"),
-    (["trace", "--task", "gsm8k", "--batch-size", "4", "--n", "2", "--out", "x.safetensors"],
-     "--batch-size 4 needs at least that many prompts; got --n 2"),
-    (["generate", "--prompt", "hi", "--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "--prompt", "hi", "--threshold", "nan"], "--threshold must be a finite number"),
+        (["generate", "--prompt", "hi", "--gen-length", "0"], "--gen-length must be >= 1"),
+        (
+            ["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--cap-gbps", "nan"],
+            "--cap-gbps must be a finite number",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--bandwidth-gbps", "inf"],
+            "--bandwidth-gbps must be a finite number",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--latency-us", "-1"],
+            "latency_us must be in [0, 1e+06]",
+        ),
+        (
+            ["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--tau", "0"],
+            "tau must be >= 1",
+        ),
+        (["generate", "--prompt", "hi", "--cache-experts", "8"], "--cache-experts needs --offload"),
+        (["generate", "--prompt", "  "], "a --prompt is empty"),
+        (["generate", "--prompt", "hi", "--dtype", "int8"], "--dtype 'int8' unknown"),
+        (["generate", "--prompt", "hi", "--device", "tpu"], "unknown device 'tpu'"),
+        (["generate", "--prompt", "hi", "--gen-length", "100000"], "max_position_embeddings"),
+        (["trace", "--task", "squad", "--out", "x.safetensors"], "unknown task 'squad'"),
+        (["trace", "--task", "gsm8k", "--n", "100000", "--out", "x.safetensors"], "--n must be in [1, "),
+        (
+            ["trace", "--task", "gsm8k", "--batch-size", "9", "--out", "x.safetensors"],
+            "--batch-size must be in [1, 8]",
+        ),
+        (
+            ["trace", "--task", "gsm8k", "--batch-size", "4", "--n", "2", "--out", "x.safetensors"],
+            "--batch-size 4 needs at least that many prompts; got --n 2",
+        ),
+        (["generate", "--prompt", "hi", "--model", "/nonexistent/ckpt"], "/nonexistent/ckpt"),
+    ],
+)
 def test_bad_arguments_are_one_line_before_loading(no_load, capsys, tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
     line = one_line_error(capsys, main(args))
@@ -89,30 +117,33 @@ def test_a_checkpoint_config_error_is_a_checkpoint_error(no_load, capsys, tmp_pa
     assert "model_type is 'llama'" in line
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--cache-ratios", "nan"], "--cache-ratios must be a finite number"),
-    (["--cache-ratios", "1,inf"], "--cache-ratios must be a finite number"),
-    (["--cache-ratios=-inf"], "--cache-ratios must be a finite number"),
-    (["--cache-ratios", "0"], "--cache-ratios must be > 0"),
-    (["--cache-ratios", ""], "--cache-ratios is empty"),
-    (["--policies", ""], "--policies is empty"),
-    (["--policies", "mru"], "unknown policy 'mru'"),
-    (["--policies", "lfu"], "'lfu' is an eviction policy, not a prefetch policy"),
-    (["--cache-experts", "0"], "--cache-experts (trace"),
-    (["--cache-experts", "17"], "must be in [1, 16]"),
-    (["--cache-experts", ""], "--cache-experts is empty"),
-    (["--lookahead", "0"], "--lookahead must be >= 1"),
-    (["--cache-ratios", "1,0.5,1"], "--cache-ratios lists [1.0] more than once"),
-    (["--cache-experts", "3,3"], "--cache-experts lists [3] more than once"),
-    (["--policies", "demand,demand"], "--policies lists ['demand'] more than once"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cache-ratios", "nan"], "--cache-ratios must be a finite number"),
+        (["--cache-ratios", "1,inf"], "--cache-ratios must be a finite number"),
+        (["--cache-ratios=-inf"], "--cache-ratios must be a finite number"),
+        (["--cache-ratios", "0"], "--cache-ratios must be > 0"),
+        (["--cache-ratios", ""], "--cache-ratios is empty"),
+        (["--policies", ""], "--policies is empty"),
+        (["--policies", "mru"], "unknown policy 'mru'"),
+        (["--policies", "lfu"], "'lfu' is an eviction policy, not a prefetch policy"),
+        (["--cache-experts", "0"], "--cache-experts (trace"),
+        (["--cache-experts", "17"], "must be in [1, 16]"),
+        (["--cache-experts", ""], "--cache-experts is empty"),
+        (["--lookahead", "0"], "--lookahead must be >= 1"),
+        (["--cache-ratios", "1,0.5,1"], "--cache-ratios lists [1.0] more than once"),
+        (["--cache-experts", "3,3"], "--cache-experts lists [3] more than once"),
+        (["--policies", "demand,demand"], "--policies lists ['demand'] more than once"),
+    ],
+)
 def test_simulate_bad_arguments(capsys, small_trace, args, message):
     line = one_line_error(capsys, main(["simulate", "--trace", str(small_trace), *args]))
     assert message in line
 
 
 def test_simulate_refuses_both_capacity_forms(small_trace):
-    with pytest.raises(SystemExit) as e:                       # argparse: mutually exclusive
+    with pytest.raises(SystemExit) as e:  # argparse: mutually exclusive
         main(["simulate", "--trace", str(small_trace), "--cache-ratios", "1", "--cache-experts", "3"])
     assert e.value.code == 2
 
@@ -122,15 +153,21 @@ def test_simulate_csv_is_not_overwritten_without_force(capsys, small_trace, tmp_
     assert main(["simulate", "--trace", str(small_trace), "--cache-experts", "2", "--csv", str(out)]) == 0
     first = out.read_text()
     capsys.readouterr()
-    assert "exists; pass --force" in one_line_error(capsys, main(["simulate", "--trace", str(small_trace),
-                                                                  "--cache-experts", "3", "--csv", str(out)]))
+    assert "exists; pass --force" in one_line_error(
+        capsys, main(["simulate", "--trace", str(small_trace), "--cache-experts", "3", "--csv", str(out)])
+    )
     assert out.read_text() == first
-    assert main(["simulate", "--trace", str(small_trace), "--cache-experts", "3", "--csv", str(out), "--force"]) == 0
+    assert (
+        main(["simulate", "--trace", str(small_trace), "--cache-experts", "3", "--csv", str(out), "--force"])
+        == 0
+    )
     assert out.read_text() != first
 
 
 def test_the_same_trace_twice_is_refused(capsys, small_trace):
-    line = one_line_error(capsys, main(["simulate", "--trace", str(small_trace), "--trace", str(small_trace)]))
+    line = one_line_error(
+        capsys, main(["simulate", "--trace", str(small_trace), "--trace", str(small_trace)])
+    )
     assert "--trace lists" in line and "more than once" in line
 
 
@@ -152,11 +189,14 @@ def test_missing_files_are_one_line(capsys, tmp_path):
 
 
 # --- bugs keep their traceback -----------------------------------------------------------------
-@pytest.mark.parametrize("exc", [KeyError("slot"), RuntimeError("boom"), ValueError("a plain ValueError is a bug"),
-                                 OSError("disk")])
+@pytest.mark.parametrize(
+    "exc",
+    [KeyError("slot"), RuntimeError("boom"), ValueError("a plain ValueError is a bug"), OSError("disk")],
+)
 def test_unexpected_exceptions_are_not_swallowed(monkeypatch, small_trace, exc):
     def broken(a):
         raise exc
+
     monkeypatch.setattr(engine, "cmd_simulate", broken)
     with pytest.raises(type(exc)):
         main(["simulate", "--trace", str(small_trace)])
@@ -165,11 +205,15 @@ def test_unexpected_exceptions_are_not_swallowed(monkeypatch, small_trace, exc):
 @pytest.mark.slow
 def test_a_bug_prints_a_traceback_from_the_command_line(tmp_path):
     """End to end in a subprocess: a failing command that is not a user error shows its traceback."""
-    code = ("import sys, artifact.cli as c, artifact.cli.engine as e\n"
-            "def broken(a): raise KeyError('slot 3')\n"
-            "e.cmd_simulate = broken\n"
-            "sys.exit(c.main(['simulate', '--trace', 'x']))\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    code = (
+        "import sys, artifact.cli as c, artifact.cli.engine as e\n"
+        "def broken(a): raise KeyError('slot 3')\n"
+        "e.cmd_simulate = broken\n"
+        "sys.exit(c.main(['simulate', '--trace', 'x']))\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert p.returncode == 1 and "Traceback" in p.stderr and "KeyError: 'slot 3'" in p.stderr
 
 
@@ -184,7 +228,7 @@ def test_cli_defaults_are_the_settings_defaults():
     g = build_parser().parse_args(["generate", "--prompt", "x", "--offload"])
     assert (g.gen_length, g.steps, g.threshold, g.mode) == (d.gen_length, d.steps, d.threshold, d.mode)
     assert (g.model, g.dtype, g.device) == (d.model, d.dtype, d.device)
-    assert g.link is None and g.tau is None             # offload flags: None until resolved, to see what was given
+    assert g.link is None and g.tau is None  # offload flags: None until resolved, to see what was given
     engine.offload_flags(g)
     assert (g.link, g.latency_us, g.lookahead, g.tau) == (d.link, d.latency_us, d.lookahead, d.tau)
     assert (g.bandwidth_gbps, g.policy, g.link_priority) == (d.link_gbps, d.policies[0], d.link_priority)
@@ -211,21 +255,32 @@ def test_from_settings_on_the_emulated_link_scales_the_bandwidth():
     spec = OffloadSpec.from_settings(p, 12, "last_step", expert_bytes=EB, bandwidth_scale=0.5)
     assert spec.bandwidth_gbps == pytest.approx(emulated_bandwidth_gbps(EB) * 0.5) == pytest.approx(12.5)
     assert (spec.capacity, spec.policy, spec.link, spec.cap_gbps) == (12, "last_step", "emulated", None)
-    assert (spec.lookahead, spec.tau, spec.latency_us) == (2, 3, 5.0)       # never dropped (issue 10)
+    assert (spec.lookahead, spec.tau, spec.latency_us) == (2, 3, 5.0)  # never dropped (issue 10)
     assert spec.link_gbps == spec.bandwidth_gbps
-    fixed = OffloadSpec.from_settings(load_profile("cpu", {"link_gbps": 2.0}), 4, expert_bytes=EB,
-                                      bandwidth_scale=2.0, cap_gbps=3.0)
+    fixed = OffloadSpec.from_settings(
+        load_profile("cpu", {"link_gbps": 2.0}), 4, expert_bytes=EB, bandwidth_scale=2.0, cap_gbps=3.0
+    )
     assert (fixed.bandwidth_gbps, fixed.cap_gbps, fixed.link_gbps) == (4.0, 3.0, 3.0)
 
 
 def test_from_settings_on_the_cuda_link_caps_below_scale_one():
     s = RunSettings(link="cuda", link_gbps=40.0, lookahead=2)
     unpaced = OffloadSpec.from_settings(s, 8, expert_bytes=EB)
-    assert (unpaced.bandwidth_gbps, unpaced.cap_gbps, unpaced.link_gbps, unpaced.lookahead) == (None, None, None, 2)
+    assert (unpaced.bandwidth_gbps, unpaced.cap_gbps, unpaced.link_gbps, unpaced.lookahead) == (
+        None,
+        None,
+        None,
+        2,
+    )
     assert OffloadSpec.from_settings(s, 8, expert_bytes=EB, bandwidth_scale=0.25).cap_gbps == 10.0
     calls = []
-    measured = OffloadSpec.from_settings(RunSettings(link="cuda"), 8, expert_bytes=EB, bandwidth_scale=0.5,
-                                         measure=lambda: calls.append(1) or 50.0)
+    measured = OffloadSpec.from_settings(
+        RunSettings(link="cuda"),
+        8,
+        expert_bytes=EB,
+        bandwidth_scale=0.5,
+        measure=lambda: calls.append(1) or 50.0,
+    )
     assert measured.cap_gbps == 25.0 and calls == [1]
     with pytest.raises(SettingError, match="needs link_gbps"):
         OffloadSpec.from_settings(RunSettings(link="cuda"), 8, expert_bytes=EB, bandwidth_scale=0.5)
@@ -234,11 +289,13 @@ def test_from_settings_on_the_cuda_link_caps_below_scale_one():
 
 
 def test_spec_check_refuses_nan_and_bad_knobs():
-    for bad, pattern in [(dict(cap_gbps=math.nan), "cap_gbps must be a finite"),
-                         (dict(bandwidth_gbps=math.inf), "bandwidth_gbps must be a finite"),
-                         (dict(latency_us=math.nan), "latency_us must be a finite"),
-                         (dict(lookahead=0), "lookahead must be >= 1"),
-                         (dict(capacity=True), "cache capacity must be an integer")]:
+    for bad, pattern in [
+        (dict(cap_gbps=math.nan), "cap_gbps must be a finite"),
+        (dict(bandwidth_gbps=math.inf), "bandwidth_gbps must be a finite"),
+        (dict(latency_us=math.nan), "latency_us must be a finite"),
+        (dict(lookahead=0), "lookahead must be >= 1"),
+        (dict(capacity=True), "cache capacity must be an integer"),
+    ]:
         spec = OffloadSpec(**{"capacity": 4, **bad})
         with pytest.raises(SettingError, match=re.escape(pattern)):
             spec.check(16, "cpu")
@@ -246,9 +303,12 @@ def test_spec_check_refuses_nan_and_bad_knobs():
 
 def test_every_run_is_built_with_from_settings():
     """The hand-written copies the issue found (bench, analysis, tide, cli) all go through from_settings."""
-    for rel in ("artifact/experiments/bench/model_runner.py", "artifact/experiments/harness.py",
-                "artifact/experiments/tide/adapter.py",
-                "artifact/offload/prepare.py"):
+    for rel in (
+        "artifact/experiments/bench/model_runner.py",
+        "artifact/experiments/harness.py",
+        "artifact/experiments/tide/adapter.py",
+        "artifact/offload/prepare.py",
+    ):
         text = (ROOT / rel).read_text()
         assert "OffloadSpec.from_settings(" in text, rel
         assert not re.search(r"OffloadSpec\((?!\*)", text.replace("OffloadSpec.from_settings(", "")), rel
@@ -256,19 +316,51 @@ def test_every_run_is_built_with_from_settings():
 
 # --- simulate --cache-experts reproduces an engine run -----------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("policy, forward", [("demand", "eager"), ("last_step", "eager"), ("last_step", "segmented")])
+@pytest.mark.parametrize(
+    "policy, forward", [("demand", "eager"), ("last_step", "eager"), ("last_step", "segmented")]
+)
 def test_simulate_at_the_engines_capacity_gives_the_engines_counts(tmp_path, capsys, policy, forward):
     trace = tmp_path / "run.safetensors"
-    assert main(["generate", "--prompt", "How many eggs?", "--prompt", "def add(a, b):", "--gen-length", "32",
-                 "--offload", "--cache-experts", "20", "--policy", policy, "--record-trace", str(trace),
-                 "--forward", forward, "--json"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--prompt",
+                "How many eggs?",
+                "--prompt",
+                "def add(a, b):",
+                "--gen-length",
+                "32",
+                "--offload",
+                "--cache-experts",
+                "20",
+                "--policy",
+                policy,
+                "--record-trace",
+                str(trace),
+                "--forward",
+                forward,
+                "--json",
+            ]
+        )
+        == 0
+    )
     engine = json.loads(capsys.readouterr().out)["stats"]
     assert engine["forward"] == forward
-    assert main(["simulate", "--trace", str(trace), "--cache-experts", "20", "--policies", policy, "--json"]) == 0
+    assert (
+        main(["simulate", "--trace", str(trace), "--cache-experts", "20", "--policies", policy, "--json"])
+        == 0
+    )
     (row,) = json.loads(capsys.readouterr().out)
     assert row["cache_experts"] == engine["cache_experts"] == 20
-    for k in ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches",
-              "bytes_h2d"):
+    for k in (
+        "demand_hits",
+        "demand_misses",
+        "speculative_transfers",
+        "prefetch_hits",
+        "wasted_prefetches",
+        "bytes_h2d",
+    ):
         assert row[k] == engine[k], k
     assert engine["demand_misses"] > 0
-    assert engine["transfers"] == engine["demand_misses"] + engine["speculative_transfers"]     # docs/DESIGN.md
+    assert engine["transfers"] == engine["demand_misses"] + engine["speculative_transfers"]  # docs/DESIGN.md

@@ -4,6 +4,7 @@ tests/fixtures/counts.json holds every count field for every policy (and option 
 < W, ~W, > W and = E on two recorded tiny-model traces (batch 1 and 4) and three seeded random streams;
 tests/fixtures/pin_counts.py wrote it with the code of commit dbafb69. A change that moves any count
 changes the simulator's results and must be a deliberate, explained one."""
+
 import importlib.util
 import json
 from pathlib import Path
@@ -14,7 +15,9 @@ from artifact.offload.replay.sim import COUNTS, replay
 from artifact.offload.replay.trace import Trace
 
 # The fixtures' writer is a script, not a package module: load it by path.
-_spec = importlib.util.spec_from_file_location("pin_counts", Path(__file__).parent / "fixtures" / "pin_counts.py")
+_spec = importlib.util.spec_from_file_location(
+    "pin_counts", Path(__file__).parent / "fixtures" / "pin_counts.py"
+)
 pin = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pin)
 PINNED = json.loads(pin.COUNTS_FILE.read_text())

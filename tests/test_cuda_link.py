@@ -2,6 +2,7 @@
 records every call (offload/links/cuda_stub.StubCuda), with and without the batched copy; its tickets, demand
 priority's order on the copy stream, close(), and its one-line errors for bad input. Real copies on a GPU
 are in tests/test_cuda.py (skipped without one)."""
+
 from __future__ import annotations
 
 import ast
@@ -81,7 +82,8 @@ def test_byte_views_are_made_once_per_tensor():
     assert len(views) == 6
     link.copy(batch_items(srcs[::-1], dsts))
     assert {k: v[3] for k, v in link._views.items()} == views and all(
-        link._views[k][3] is v for k, v in views.items()), "a second batch over the same rows made new views"
+        link._views[k][3] is v for k, v in views.items()
+    ), "a second batch over the same rows made new views"
     assert torch.equal(dsts[0], srcs[2])
 
 
@@ -89,19 +91,19 @@ def test_a_batch_lands_when_its_event_completes_and_compute_waits_once_per_batch
     cuda = StubCuda()
     link = CudaLink("cuda", runtime=cuda)
     srcs, dsts = rows(4)
-    cuda.stuck = True                                     # the copies stay in flight
+    cuda.stuck = True  # the copies stay in flight
     a = link.copy(batch_items(srcs[:2], dsts[:2]))
     b = link.copy(batch_items(srcs[2:], dsts[2:]))
-    assert not link.landed(a[0]) and link.ready(a[0])    # ready: the GPU orders compute after it
+    assert not link.landed(a[0]) and link.ready(a[0])  # ready: the GPU orders compute after it
     cuda.calls.clear()
     link.wait(a + b)
     assert [c[2] for c in cuda.only("wait")] == [a[0].done.n, b[0].done.n]
     assert {c[1] for c in cuda.only("wait")} == {"compute"}
     assert [c[2] for c in cuda.only("record")] == ["compute", "compute"], "one stall timing pair per wait"
-    a[0].done.left = b[0].done.left = 0                   # the copy stream catches up
+    a[0].done.left = b[0].done.left = 0  # the copy stream catches up
     assert link.landed(a[0]) and link.landed(b[1])
     cuda.calls.clear()
-    link.wait(a)                                          # landed: nothing to wait for
+    link.wait(a)  # landed: nothing to wait for
     assert cuda.calls == []
 
 
@@ -110,13 +112,16 @@ def test_a_capped_link_paces_each_chunk_and_never_batches():
     pace = pacing.Pacing(peak_gbps=50.0, cap_gbps=25.0, spin_hz=1e9, chunk_bytes=512)
     link = CudaLink("cuda", runtime=cuda, pacing=pace)
     assert link.copy_path == "copy_ per chunk, paced"
-    srcs, dsts = rows(2)                                  # 1024 bytes each: two chunks
+    srcs, dsts = rows(2)  # 1024 bytes each: two chunks
     cuda.calls.clear()
     link.copy(batch_items(srcs, dsts))
     issued = [c for c in cuda.calls if c[0] in ("copy", "sleep", "batch")]
     spin = pace.spin_cycles(512)
     assert spin > 0 and [c[0] for c in issued] == ["copy", "sleep"] * 4
-    assert [c[1] - d.data_ptr() for c, d in zip(issued[::2], [dsts[0], dsts[0], dsts[1], dsts[1]])] == [0, 512] * 2
+    assert [c[1] - d.data_ptr() for c, d in zip(issued[::2], [dsts[0], dsts[0], dsts[1], dsts[1]])] == [
+        0,
+        512,
+    ] * 2
     assert all(c[1] == spin for c in issued[1::2])
     assert all(torch.equal(d, s) for d, s in zip(dsts, srcs))
 
@@ -129,15 +134,21 @@ def test_demand_copies_go_on_the_stream_before_held_speculative_ones():
     spec = link.copy([(xd[0], xs[0], "spec 0"), (xd[1], xs[1], "spec 1")], speculative=True)
     assert all(t.held for t in spec) and not cuda.only("copy")
     cuda.calls.clear()
-    link.copy([(dd[1], ds[1], "demand 1")])               # arrives while the prefetches wait on the host
+    link.copy([(dd[1], ds[1], "demand 1")])  # arrives while the prefetches wait on the host
     assert [c[2][0][0] for c in cuda.only("batch")] == [dd[1].data_ptr()] and not cuda.only("copy")
     for _ in range(4):
-        link.pump()                                       # the demand batch's event completes: chunks go
+        link.pump()  # the demand batch's event completes: chunks go
     chunks = cuda.only("copy")
-    assert chunks and chunks[0][1] == xd[0].data_ptr(), "the held copies start once the demand copies are done"
+    assert chunks and chunks[0][1] == xd[0].data_ptr(), (
+        "the held copies start once the demand copies are done"
+    )
     assert len(chunks) < 4, "depth 1: at most one chunk per completed event"
-    link.promote(spec[1])                                 # demanded: all its chunks at once, in order
-    tail = [c[1] - xd[1].data_ptr() for c in cuda.only("copy") if xd[1].data_ptr() <= c[1] < xd[1].data_ptr() + 1024]
+    link.promote(spec[1])  # demanded: all its chunks at once, in order
+    tail = [
+        c[1] - xd[1].data_ptr()
+        for c in cuda.only("copy")
+        if xd[1].data_ptr() <= c[1] < xd[1].data_ptr() + 1024
+    ]
     assert tail == [0, 512] and not spec[1].held
     link.finish()
     assert all(torch.equal(d, s) for d, s in zip(xd + dd, xs + ds))
@@ -145,7 +156,7 @@ def test_demand_copies_go_on_the_stream_before_held_speculative_ones():
 
 def test_a_demand_copy_into_a_held_slot_issues_the_held_copy_first():
     cuda = StubCuda()
-    cuda.stuck = True                                     # nothing drains: held copies stay held until forced
+    cuda.stuck = True  # nothing drains: held copies stay held until forced
     link = CudaLink("cuda", runtime=cuda, priority="demand", chunk_bytes=512)
     (a, b), (slot, other) = rows(2, seed=3)
     link.copy([(other, b, "demand elsewhere")])
@@ -163,24 +174,34 @@ def test_close_refuses_later_copies_and_names_the_last_copy_when_the_stream_hang
     srcs, dsts = rows(2)
     link.copy(batch_items(srcs, dsts, "layer 3 expert "))
     cuda.stuck = True
-    with pytest.raises(LinkTimeout, match=r"closing the link.*layer 3 expert 1 \(1024 bytes\), last of a batch of 2"):
+    with pytest.raises(
+        LinkTimeout,
+        match=r"closing the link.*layer 3 expert 1 \(1024 bytes\), last of a "
+        r"batch of 2",
+    ):
         link.close()
     assert {id(t) for t in cuda_link._QUARANTINE} >= {id(d) for d in dsts}, "undrained slots are kept alive"
     cuda_link._QUARANTINE.clear()
     cuda.calls.clear()
     with pytest.raises(LinkClosed, match="copy on a closed link"):
         link.copy(batch_items(srcs, dsts))
-    link.close()                                          # idempotent
+    link.close()  # idempotent
     assert cuda.calls == [], "a closed link issues nothing"
 
 
-@pytest.mark.parametrize("items, error", [
-    ([(torch.zeros(4), torch.zeros(4))], r"copy 0 of the batch is not a \(dst, src, label\) triple"),
-    ([(torch.zeros(4), [0.0] * 4, "e7")], r"copy 0 \(e7\): its source is a list, not a tensor"),
-    ([(torch.zeros(4, 4).t(), torch.zeros(16), "e8")], r"copy 0 \(e8\): its destination is not contiguous"),
-    ([(torch.zeros(3), torch.zeros(4), "e9")], r"copy e9 \(16 bytes\): its destination holds 12 bytes"),
-    ([(torch.zeros(0), torch.zeros(0), "e10")], r"copy e10 \(0 bytes\): its destination holds 0 bytes"),
-])
+@pytest.mark.parametrize(
+    "items, error",
+    [
+        ([(torch.zeros(4), torch.zeros(4))], r"copy 0 of the batch is not a \(dst, src, label\) triple"),
+        ([(torch.zeros(4), [0.0] * 4, "e7")], r"copy 0 \(e7\): its source is a list, not a tensor"),
+        (
+            [(torch.zeros(4, 4).t(), torch.zeros(16), "e8")],
+            r"copy 0 \(e8\): its destination is not contiguous",
+        ),
+        ([(torch.zeros(3), torch.zeros(4), "e9")], r"copy e9 \(16 bytes\): its destination holds 12 bytes"),
+        ([(torch.zeros(0), torch.zeros(0), "e10")], r"copy e10 \(0 bytes\): its destination holds 0 bytes"),
+    ],
+)
 def test_bad_input_gets_a_one_line_error_that_names_it(items, error):
     cuda = StubCuda()
     link = CudaLink("cuda", runtime=cuda)
@@ -210,15 +231,24 @@ def test_the_batched_copy_probe_can_be_switched_off(monkeypatch):
 
 def test_both_links_have_the_whole_protocol_and_link_py_imports_neither_cuda_link_nor_the_factory():
     for name in ("copy", "landed", "promote", "ready", "wait", "compute_done", "pump", "finish", "close"):
-        assert hasattr(Link, name) and callable(getattr(EmulatedLink, name)) and callable(getattr(CudaLink, name))
-    imported = {n.module for n in ast.walk(ast.parse(Path(link_mod.__file__).read_text()))
-                if isinstance(n, ast.ImportFrom)}
-    assert not imported & {"artifact.offload.links.cuda_link", "artifact.offload.links.link_factory"}, imported
-    for name in ("CudaLink", "wait_event", "make_link", "Pacing", "calibrate_rate"):     # no re-exports
+        assert (
+            hasattr(Link, name)
+            and callable(getattr(EmulatedLink, name))
+            and callable(getattr(CudaLink, name))
+        )
+    imported = {
+        n.module
+        for n in ast.walk(ast.parse(Path(link_mod.__file__).read_text()))
+        if isinstance(n, ast.ImportFrom)
+    }
+    assert not imported & {"artifact.offload.links.cuda_link", "artifact.offload.links.link_factory"}, (
+        imported
+    )
+    for name in ("CudaLink", "wait_event", "make_link", "Pacing", "calibrate_rate"):  # no re-exports
         assert not hasattr(link_mod, name), name
     link = CudaLink("cuda", runtime=StubCuda())
     (t,) = link.copy([(torch.zeros(4), torch.ones(4), "x")])
-    link.promote(t)                                       # a batch ticket: nothing held, nothing to do
+    link.promote(t)  # a batch ticket: nothing held, nothing to do
     link.pump()
     assert link.landed(t)
 
@@ -236,12 +266,16 @@ def test_the_batched_copy_probe_orders_its_copies_after_the_destination_is_fille
 
 @pytest.mark.parametrize("version", [12080, 13000])
 def test_a_failed_batched_copy_clears_the_runtimes_last_error(version):
-    """A failed cudaMemcpyBatchAsync leaves its error as the runtime's last error, which the next unrelated CUDA
+    """A failed cudaMemcpyBatchAsync leaves its error as the runtime's last error, which the next unrelated
+    CUDA
     call would report: the probe and the bound call both clear it (cudaGetLastError) before they say so."""
     cuda = StubCuda()
     lib = StubCudart(cuda, version=version, fail=700)
     issue, note = probe_memcpy_batch(torch.device("cpu"), lib=lib, runtime=cuda)
-    assert issue is None and "self-test failed: cudaMemcpyBatchAsync of 2 copies failed with CUDA error 700" in note
+    assert (
+        issue is None
+        and "self-test failed: cudaMemcpyBatchAsync of 2 copies failed with CUDA error 700" in note
+    )
     assert lib.last_error == 0 and ("last_error", 700) in cuda.calls
     lib.fail = 0
     issue, _ = probe_memcpy_batch(torch.device("cpu"), lib=lib, runtime=cuda)

@@ -1,6 +1,7 @@
 """`python -m artifact doctor`: the preflight reads the config, the safetensors headers and the tokenizer,
 never a weight, and says before a run whether the profile's grid fits (device memory per batch size and C/W,
 host memory, disk) or exits 2 naming what does not."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,9 @@ from artifact.offload.replay.sim import capacity_for
 DTYPE_BYTES = {"BF16": 2, "F32": 4}
 
 
-def write_header_only_checkpoint(root: Path, cfg, dtype: str = "BF16", drop: str | None = None,
-                                 reshape: str | None = None) -> Path:
+def write_header_only_checkpoint(
+    root: Path, cfg, dtype: str = "BF16", drop: str | None = None, reshape: str | None = None
+) -> Path:
     """A checkpoint of `cfg`'s shapes whose data section is a hole in a sparse file: its headers are real
     (the doctor and the loader's header check read them), its weights are zeros never written to disk."""
     root.mkdir(parents=True)
@@ -46,7 +48,7 @@ def write_header_only_checkpoint(root: Path, cfg, dtype: str = "BF16", drop: str
     head += b" " * (-len(head) % 8)
     with open(root / "model.safetensors", "wb") as f:
         f.write(struct.pack("<Q", len(head)) + head)
-        f.truncate(8 + len(head) + offset)              # sparse: no weight bytes on disk
+        f.truncate(8 + len(head) + offset)  # sparse: no weight bytes on disk
     (root / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (tiny_checkpoint() / name).is_file():
@@ -71,11 +73,13 @@ def test_the_table_adds_up_to_the_stated_parts(mini4):
     assert r.weights == non_expert_bytes(cfg, 2) and r.expert_store == per_slot * cfg.num_experts
     assert [(c.batch_size, c.cache_ratio) for c in r.cells] == [(1, 0.43), (1, 1.73), (8, 0.43), (8, 1.73)]
     for c in r.cells:
-        assert not c.measured_w and c.working_set == min(256, c.batch_size * 32 * 8)    # the stated bound
-        assert c.capacity == capacity_for(c.cache_ratio, c.working_set, 256) and c.slots == c.capacity * per_slot
+        assert not c.measured_w and c.working_set == min(256, c.batch_size * 32 * 8)  # the stated bound
+        assert (
+            c.capacity == capacity_for(c.cache_ratio, c.working_set, 256) and c.slots == c.capacity * per_slot
+        )
         assert c.total == r.weights + c.slots + c.kv + c.activations + CONTEXT_BYTES
     b1, b8 = r.cells[0], r.cells[2]
-    assert b8.kv == 8 * b1.kv and b8.activations > b1.activations        # the KV cache grows with the batch
+    assert b8.kv == 8 * b1.kv and b8.activations > b1.activations  # the KV cache grows with the batch
     text = r.table()
     assert "141.00 GB (--gpu-memory-gb)" in text and "NO" not in text and "upper bound" in text
 
@@ -84,13 +88,14 @@ def test_a_cell_that_does_not_fit_is_named(mini4):
     root, cfg = mini4
     P = load_profile("h200", {"model": str(root), "batch_sizes": [1, 8], "cache_ratios": [0.43, 1.73]})
     r = check(P, gpu_memory_gb=141)
-    between = (r.cells[0].total + r.cells[1].total) / 2 / GB      # the small cache fits, the large one not
+    between = (r.cells[0].total + r.cells[1].total) / 2 / GB  # the small cache fits, the large one not
     with pytest.raises(DoctorError, match=r"batch 1 at C/W 1\.73 \(C = 256\) needs .* GB of device memory"):
         check(P, gpu_memory_gb=between)
 
 
-@pytest.mark.parametrize("damage, message", [("drop", "is missing from the checkpoint"),
-                                             ("reshape", "has shape")])
+@pytest.mark.parametrize(
+    "damage, message", [("drop", "is missing from the checkpoint"), ("reshape", "has shape")]
+)
 def test_a_damaged_checkpoint_is_named_from_its_headers(tmp_path, monkeypatch, damage, message):
     cfg = get_preset("tiny")
     name = next(n for n in expected_shapes(cfg) if n.endswith("mlp.experts.3.down_proj.weight"))
@@ -103,8 +108,9 @@ def test_the_command_prints_the_table_or_one_line(capsys):
     assert main(["doctor", "--profile", "h200", "--model", "tiny", "--gpu-memory-gb", "141"]) == 0
     out = capsys.readouterr().out
     assert "device memory: 141.00 GB" in out and "host memory: expert store" in out and "grid: " in out
-    line = one_line_error(capsys, main(["doctor", "--profile", "h200", "--model", "tiny", "--gpu-memory-gb",
-                                        "0.001"]))
+    line = one_line_error(
+        capsys, main(["doctor", "--profile", "h200", "--model", "tiny", "--gpu-memory-gb", "0.001"])
+    )
     assert "needs" in line and "> 0.001 GB (--gpu-memory-gb)" in line
 
 
@@ -119,6 +125,7 @@ def test_the_context_line_says_what_the_totals_hold(capsys):
 
 def test_a_gpu_profile_without_a_gpu_or_a_stated_memory_is_refused(capsys):
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the profile can run here")
     line = one_line_error(capsys, main(["doctor", "--profile", "h200", "--model", "tiny"]))
@@ -139,9 +146,12 @@ def gpu_section() -> list[str]:
 
 
 @pytest.mark.parametrize("profile, gpu_gb", [("h200_ae", 141), ("a5000_ae", 24)])
-def test_a_reviewers_grid_fits_two_gpu_hours_and_the_readme_says_what_doctor_prints(mini4, capsys, profile, gpu_gb):
-    """`python -m artifact doctor --profile NAME_ae --model DIR` on a checkpoint of mini's shapes prints an estimate of
-    at most 2 GPU-hours (its time does not depend on the checkpoint's size: forwards x a stated s per forward); the
+def test_a_reviewers_grid_fits_two_gpu_hours_and_the_readme_says_what_doctor_prints(
+    mini4, capsys, profile, gpu_gb
+):
+    """`python -m artifact doctor --profile NAME_ae --model DIR` on a checkpoint of mini's shapes prints an
+    estimate of at most 2 GPU-hours (its time does not depend on the checkpoint's size: forwards x a stated s
+    per forward); the
     README's GPU section names the command and the figure it prints."""
     root, _ = mini4
     assert main(["doctor", "--profile", profile, "--model", str(root), "--gpu-memory-gb", str(gpu_gb)]) == 0
@@ -157,5 +167,7 @@ def test_a_reviewers_grid_fits_two_gpu_hours_and_the_readme_says_what_doctor_pri
 
 def test_the_readmes_gpu_section_is_short_and_links_the_rest():
     section = gpu_section()
-    assert len(section) <= 25, f"the README's GPU section has {len(section)} lines (> 25): move detail to docs/usage.md"
+    assert len(section) <= 25, (
+        f"the README's GPU section has {len(section)} lines (> 25): move detail to docs/usage.md"
+    )
     assert "(docs/usage.md)" in "\n".join(section)

@@ -1,7 +1,9 @@
-"""The environment installs as written and every run says what it ran on: requirements.lock, environment.yml and
-pyproject.toml agree; scripts/env.sh installs with the lock (and without it when told or on another Python);
-CITATION.cff is whole; seaborn is neither declared nor imported. What a run records of its environment:
+"""The environment installs as written and every run says what it ran on: requirements.lock, environment.yml
+and pyproject.toml agree; scripts/env.sh installs with the lock (and without it when told or on another
+Python); CITATION.cff is whole; seaborn is neither declared nor imported. What a run records of its
+environment:
 tests/test_run_environment.py."""
+
 from __future__ import annotations
 
 import ast
@@ -35,7 +37,9 @@ def lock() -> dict[str, str]:
         if line.startswith("#"):
             continue
         name, sep, version = line.partition("==")
-        assert sep and name == canonicalize_name(name) and Version(version), f"requirements.lock: bad line {line!r}"
+        assert sep and name == canonicalize_name(name) and Version(version), (
+            f"requirements.lock: bad line {line!r}"
+        )
         pins[name] = version
     return pins
 
@@ -58,13 +62,18 @@ def test_every_dependency_of_pyproject_is_locked_at_a_version_it_allows():
     pins = lock()
     for req in write_lock.roots():
         name = canonicalize_name(req.name)
-        assert name in pins, f"{req} is in pyproject.toml and not in requirements.lock (scripts/write_lock.py)"
-        assert req.specifier.contains(pins[name], prereleases=True), f"the lock pins {name}=={pins[name]}: {req}"
-    assert "artifact" not in pins                  # the project itself is installed from the checkout
+        assert name in pins, (
+            f"{req} is in pyproject.toml and not in requirements.lock (scripts/write_lock.py)"
+        )
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"the lock pins {name}=={pins[name]}: {req}"
+        )
+    assert "artifact" not in pins  # the project itself is installed from the checkout
 
 
 def test_the_lock_installs_on_a_cpu_machine():
-    """No CUDA runtime and no local build label: torch==2.13.0 is met by the CPU wheel and by any CUDA build."""
+    """No CUDA runtime and no local build label: torch==2.13.0 is met by the CPU wheel and by any CUDA
+    build."""
     pins = lock()
     assert not [n for n in pins if n.startswith(write_lock.NEVER)]
     assert not [f"{n}=={v}" for n, v in pins.items() if "+" in v]
@@ -74,7 +83,9 @@ def test_the_lock_installs_on_a_cpu_machine():
 
 def test_environment_yml_pins_what_the_lock_pins():
     python, pip = env_yml()
-    assert python.startswith(lock_python() + "."), f"environment.yml's python={python}, the lock's {lock_python()}"
+    assert python.startswith(lock_python() + "."), (
+        f"environment.yml's python={python}, the lock's {lock_python()}"
+    )
     assert "-c requirements.lock" in pip and pip[-1] == "-e .[dev]"
     pins, direct = lock(), {canonicalize_name(r.name) for r in write_lock.roots()}
     pinned = {}
@@ -85,14 +96,19 @@ def test_environment_yml_pins_what_the_lock_pins():
         (spec,) = req.specifier
         assert spec.operator == "==", f"environment.yml: {line} is not a pin"
         pinned[canonicalize_name(req.name)] = spec.version
-    assert {n: pins[n] for n in pinned} == pinned, "environment.yml and requirements.lock pin different versions"
-    assert set(pinned) == direct, "environment.yml pins pyproject.toml's direct dependencies, no more, no fewer"
+    assert {n: pins[n] for n in pinned} == pinned, (
+        "environment.yml and requirements.lock pin different versions"
+    )
+    assert set(pinned) == direct, (
+        "environment.yml pins pyproject.toml's direct dependencies, no more, no fewer"
+    )
 
 
 def test_the_lock_is_this_environments_closure_when_this_is_the_locked_environment():
     """scripts/write_lock.py writes the lock from the running environment: here, where every locked package is
     installed at its locked version, it writes the committed file again, byte for byte."""
     from importlib import metadata
+
     have = {}
     for n in lock():
         try:
@@ -101,7 +117,9 @@ def test_the_lock_is_this_environments_closure_when_this_is_the_locked_environme
             have[n] = None
     off = {n: v for n, v in have.items() if v != lock()[n]}
     if off or f"{sys.version_info.major}.{sys.version_info.minor}" != lock_python():
-        pytest.skip(f"this environment is not the locked one ({len(off)} packages differ, e.g. {list(off)[:3]})")
+        pytest.skip(
+            f"this environment is not the locked one ({len(off)} packages differ, e.g. {list(off)[:3]})"
+        )
     assert write_lock.render(write_lock.closure(write_lock.roots())) == LOCK.read_text()
     assert write_lock.main(["--check"]) == 0
 
@@ -129,9 +147,14 @@ def env_sh(tmp_path, py: str, **env) -> tuple[str, str]:
     (venv / "bin" / "python").write_text(SHIM)
     (venv / "bin" / "python").chmod(0o755)
     log = venv / "calls.log"
-    run = subprocess.run(["bash", "-c", "set -euo pipefail; source scripts/env.sh"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60, env={**os.environ, "ARTIFACT_VENV": str(venv), "SHIM_PY": py,
-                                                     "SHIM_LOG": str(log), **env})
+    run = subprocess.run(
+        ["bash", "-c", "set -euo pipefail; source scripts/env.sh"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "ARTIFACT_VENV": str(venv), "SHIM_PY": py, "SHIM_LOG": str(log), **env},
+    )
     assert run.returncode == 0, run.stderr
     return run.stdout, log.read_text()
 

@@ -1,6 +1,7 @@
-"""The eviction interface (artifact/offload/policy/eviction.py): the `prefetch+eviction` spec, the registry, and
-each eviction policy against a plain reference written from its stated rule (Python sets and histories,
+"""The eviction interface (artifact/offload/policy/eviction.py): the `prefetch+eviction` spec, the registry,
+and each eviction policy against a plain reference written from its stated rule (Python sets and histories,
 no numpy state), on the stored traces and on random streams with demands larger than the cache."""
+
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,13 @@ from hypothesis import strategies as st
 
 from artifact.model.routing import Demand, StepInfo
 from artifact.offload.policy.eviction import EVICTIONS, LRU, Eviction, TokenLRU
-from artifact.offload.policy.policies import check_policy, describe_evictions, make_policy, parse_spec, split_policies
+from artifact.offload.policy.policies import (
+    check_policy,
+    describe_evictions,
+    make_policy,
+    parse_spec,
+    split_policies,
+)
 from artifact.offload.replay.sim import COUNTS, capacity_for, replay
 from artifact.offload.replay.trace import Trace, TraceRecorder, mean_working_set
 
@@ -26,24 +33,34 @@ def test_a_spec_names_a_prefetch_policy_and_an_eviction():
     assert pol.lookahead == 3 and isinstance(pol.eviction, TokenLRU) and pol.eviction.reverse is True
     assert type(make_policy("demand", 4, 8).eviction) is LRU
     assert split_policies("demand,demand+lrfu:lam=0.5,last_step+lfu_window:steps=4,oracle") == [
-        "demand", "demand+lrfu:lam=0.5", "last_step+lfu_window:steps=4", "oracle"]
+        "demand",
+        "demand+lrfu:lam=0.5",
+        "last_step+lfu_window:steps=4",
+        "oracle",
+    ]
     assert check_policy("oracle+lfu", engine=True).name == "oracle"
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("token_lru", "'token_lru' is an eviction policy, not a prefetch policy: combine it with one, e.g. "
-                  "'demand+token_lru'"),
-    ("demand+lruu", "unknown eviction policy 'lruu'"),
-    ("demand+lrfu:lamda=1", "eviction 'lrfu' has no option 'lamda'; its options: lam=0.5"),
-    ("demand+lrfu:lam=x", "option lam='x' is not a float"),
-    ("demand+", "one '+', a name on each side"),
-    ("demand+lru+lfu", "one '+', a name on each side"),
-    ("belady+token_lru", "'belady' decides eviction itself"),
-    ("demand+lfu_window:steps=0", "eviction 'lfu_window': steps must be >= 1, got 0"),
-    ("demand+lrfu:lam=-1", "eviction 'lrfu': lam must be >= 0, got -1.0"),
-    ("demand+lrfu:lam=inf", "eviction 'lrfu': lam must be a finite number"),
-    ("demand+block_tokens:carry=2", "eviction 'block_tokens': carry must be in [0, 1], got 2.0"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            "token_lru",
+            "'token_lru' is an eviction policy, not a prefetch policy: combine it with one, e.g. "
+            "'demand+token_lru'",
+        ),
+        ("demand+lruu", "unknown eviction policy 'lruu'"),
+        ("demand+lrfu:lamda=1", "eviction 'lrfu' has no option 'lamda'; its options: lam=0.5"),
+        ("demand+lrfu:lam=x", "option lam='x' is not a float"),
+        ("demand+", "one '+', a name on each side"),
+        ("demand+lru+lfu", "one '+', a name on each side"),
+        ("belady+token_lru", "'belady' decides eviction itself"),
+        ("demand+lfu_window:steps=0", "eviction 'lfu_window': steps must be >= 1, got 0"),
+        ("demand+lrfu:lam=-1", "eviction 'lrfu': lam must be >= 0, got -1.0"),
+        ("demand+lrfu:lam=inf", "eviction 'lrfu': lam must be a finite number"),
+        ("demand+block_tokens:carry=2", "eviction 'block_tokens': carry must be in [0, 1], got 2.0"),
+    ],
+)
 def test_bad_specs_fail_with_one_line_naming_the_problem(spec, message):
     with pytest.raises(ValueError) as e:
         make_policy(spec, 2, 8)
@@ -78,8 +95,8 @@ class Reference:
         self.C, self.rule, self.opt = C, rule, opt
         self.res: set[int] = set()
         self.stamp: dict[int, int] = {}
-        self.history: list[tuple[dict[int, int], StepInfo]] = []   # this layer's demands: {expert: tokens}
-        self.loaded_at: dict[int, int] = {}                        # history index of the expert's last miss
+        self.history: list[tuple[dict[int, int], StepInfo]] = []  # this layer's demands: {expert: tokens}
+        self.loaded_at: dict[int, int] = {}  # history index of the expert's last miss
         self.clock = 0
 
     def score(self, e):
@@ -88,11 +105,13 @@ class Reference:
             start = 0 if o.get("perfect") else self.loaded_at.get(e, now)
             return sum(1 for d, _ in h[start:] if e in d)
         if self.rule == "lfu_window":
-            return sum(1 for d, _ in h[-o["steps"]:] if e in d)
+            return sum(1 for d, _ in h[-o["steps"] :] if e in d)
         if self.rule == "lrfu":
             return sum(d[e] * 2.0 ** (-o["lam"] * (now - 1 - k)) for k, (d, _) in enumerate(h) if e in d)
         if self.rule == "block_tokens":
-            start = max((k for k, (_, s) in enumerate(h) if s.kind == "prefill" or s.block_step == 0), default=0)
+            start = max(
+                (k for k, (_, s) in enumerate(h) if s.kind == "prefill" or s.block_step == 0), default=0
+            )
             return sum(d.get(e, 0) for d, _ in h[start:])
         return 0
 
@@ -103,13 +122,13 @@ class Reference:
             if e not in hit:
                 self.loaded_at[e] = len(self.history)
         self.history.append((d, step))
-        lru = sorted(hit) + sorted(set(experts) - hit)                  # LRU's keep order
+        lru = sorted(hit) + sorted(set(experts) - hit)  # LRU's keep order
         if self.rule == "lru":
             order = lru
         elif self.rule == "token_lru":
             order = sorted(experts, key=lambda e: (d[e], e), reverse=self.opt.get("reverse", False))
         else:
-            order = sorted(lru, key=lambda e: self.score(e))            # stable: ties keep LRU's order
+            order = sorted(lru, key=lambda e: self.score(e))  # stable: ties keep LRU's order
         if len(experts) <= self.C:
             for e in order:
                 if e in hit:
@@ -119,10 +138,11 @@ class Reference:
                     self.res.remove(victim)
                     self.loaded_at.pop(victim, None)
                 self.res.add(e)
-        else:                                   # a wave: the last C of the keep order stay, except ...
-            kept = order[-self.C:]
-            if all(e in hit for e in kept):     # ... when all of them are hits: the first of them gives up its
-                kept = kept[1:] + [[e for e in order if e not in hit][-1]]   # slot to the stream, the last miss stays
+        else:  # a wave: the last C of the keep order stay, except ...
+            kept = order[-self.C :]
+            if all(e in hit for e in kept):  # ... when all of them are hits: the first of them gives up its
+                # slot to the stream, the last miss stays
+                kept = kept[1:] + [[e for e in order if e not in hit][-1]]
             for x in self.res - set(kept):
                 self.loaded_at.pop(x, None)
             self.res = set(kept)
@@ -142,8 +162,17 @@ def reference(trace: Trace, C: int, rule: str, **opt) -> tuple[int, int]:
     return hits, misses
 
 
-RULES = [("lru", {}), ("token_lru", {}), ("token_lru", {"reverse": True}), ("lfu", {}), ("lfu", {"perfect": True}),
-         ("lfu_window", {"steps": 3}), ("lrfu", {"lam": 0.5}), ("lrfu", {"lam": 0.0}), ("block_tokens", {})]
+RULES = [
+    ("lru", {}),
+    ("token_lru", {}),
+    ("token_lru", {"reverse": True}),
+    ("lfu", {}),
+    ("lfu", {"perfect": True}),
+    ("lfu_window", {"steps": 3}),
+    ("lrfu", {"lam": 0.5}),
+    ("lrfu", {"lam": 0.0}),
+    ("block_tokens", {}),
+]
 
 
 def spec_of(rule, opt):
@@ -154,8 +183,12 @@ def spec_of(rule, opt):
 def random_trace(streams, num_layers, E=16):
     rec = TraceRecorder()
     for t, (kind_prefill, step) in enumerate(streams):
-        info = StepInfo(t, -1 if kind_prefill else t // 4, 0 if kind_prefill else t % 4,
-                        "prefill" if kind_prefill else "denoise")
+        info = StepInfo(
+            t,
+            -1 if kind_prefill else t // 4,
+            0 if kind_prefill else t % 4,
+            "prefill" if kind_prefill else "denoise",
+        )
         for i in range(num_layers):
             exp, cnt = step[i % len(step)]
             exp = sorted(exp)
@@ -167,17 +200,30 @@ def random_trace(streams, num_layers, E=16):
 def test_each_eviction_follows_its_stated_rule_on_the_recorded_traces(rule, opt):
     t = Trace.load(RECORDED[0])
     W = mean_working_set(t)
-    for ratio in (0.43, 1.0, 1.73):                          # waves at 0.43 (demands larger than C)
+    for ratio in (0.43, 1.0, 1.73):  # waves at 0.43 (demands larger than C)
         C = capacity_for(ratio, W, 256)
         got = replay(t, spec_of(rule, opt), C)
         assert (got["demand_hits"], got["demand_misses"]) == reference(t, C, rule, **opt), (ratio, C)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(RULES), st.integers(1, 2), st.integers(1, 16),
-       st.lists(st.tuples(st.booleans(), st.lists(st.tuples(st.sets(st.integers(0, 15), min_size=1, max_size=16),
-                                                           st.integers(1, 7)), min_size=1, max_size=2)),
-                min_size=1, max_size=14))
+@given(
+    st.sampled_from(RULES),
+    st.integers(1, 2),
+    st.integers(1, 16),
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.lists(
+                st.tuples(st.sets(st.integers(0, 15), min_size=1, max_size=16), st.integers(1, 7)),
+                min_size=1,
+                max_size=2,
+            ),
+        ),
+        min_size=1,
+        max_size=14,
+    ),
+)
 def test_each_eviction_follows_its_stated_rule_on_random_streams(rule_opt, num_layers, C, streams):
     rule, opt = rule_opt
     t = random_trace(streams, num_layers)
@@ -199,7 +245,10 @@ def test_token_counts_decide_what_token_lru_keeps():
 
 def test_a_profile_names_evictions_in_the_same_syntax():
     from artifact.experiments.settings import load_profile
-    s = load_profile("cpu", {"policies": ["demand", "last_step+token_lru"], "sim_policies": ["demand", "demand+arc"]})
+
+    s = load_profile(
+        "cpu", {"policies": ["demand", "last_step+token_lru"], "sim_policies": ["demand", "demand+arc"]}
+    )
     assert s.policies == ("demand", "last_step+token_lru") and s.sim_policies == ("demand", "demand+arc")
     with pytest.raises(ValueError, match="policies has 'demand\\+nope': unknown eviction policy 'nope'"):
         load_profile("cpu", {"policies": ["demand+nope"]})

@@ -10,6 +10,7 @@ the tiny model has top-k choices decided by one ulp; that is why the traces are 
 "Exact counts"). Below, the ties the cache could meet are broken by expert id, and LRFU's decay is the same
 float on every machine.
 """
+
 import json
 import os
 import subprocess
@@ -36,7 +37,9 @@ FIXTURE = Path(__file__).parent / "fixtures" / "tiny-gsm8k-b1.safetensors"
 @pytest.fixture(scope="module")
 def fresh():
     P = hc.settings()
-    return hc.recompute(hc.committed_traces(P), P, tuple(n for n in hc.OUTPUTS if n != "09_libcachesim_check"))
+    return hc.recompute(
+        hc.committed_traces(P), P, tuple(n for n in hc.OUTPUTS if n != "09_libcachesim_check")
+    )
 
 
 @pytest.mark.slow
@@ -51,7 +54,7 @@ def test_the_committed_libcachesim_check_equals_a_fresh_one():
     P = hc.settings()
     got = hc.recompute(hc.committed_traces(P), P, ("09_libcachesim_check",))["09_libcachesim_check"]
     assert hc.differences("09_libcachesim_check", got) == []
-    assert got.measured[0].startswith("0 of ")            # and libCacheSim agrees on every request
+    assert got.measured[0].startswith("0 of ")  # and libCacheSim agrees on every request
 
 
 def test_a_changed_count_is_reported_value_for_value():
@@ -60,10 +63,14 @@ def test_a_changed_count_is_reported_value_for_value():
     row = changed.index[(changed.policy == "cross_layer+lrfu:lam=2") & (changed.cache_ratio == 0.43)][0]
     changed.loc[row, "speculative_transfers"] -= 1
     (diff,) = hc.differences("09_cache_design_space", changed)
-    assert "cross_layer+lrfu:lam=2" in diff and f"speculative_transfers = {ref.speculative_transfers[row] - 1}" in diff
+    assert (
+        "cross_layer+lrfu:lam=2" in diff
+        and f"speculative_transfers = {ref.speculative_transfers[row] - 1}" in diff
+    )
     assert hc.differences("09_cache_design_space", ref) == []
     assert hc.differences("09_cache_design_space", changed.iloc[1:]) == [
-        f"09_cache_design_space: {len(ref) - 1} rows != committed {len(ref)}"]
+        f"09_cache_design_space: {len(ref) - 1} rows != committed {len(ref)}"
+    ]
 
 
 # --- the same bits under other environments -----------------------------------------------------------------
@@ -75,21 +82,41 @@ def _dispatched_features() -> list[str]:
 
 
 def _run_counts(tmp: Path, env: dict) -> dict:
-    """helpers_counts.py in a subprocess under `env` (over a copy of this one): its outputs and its runtime."""
-    full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hc.REPO), os.environ.get("PYTHONPATH", "")]), **env}
+    """helpers_counts.py in a subprocess under `env` (over a copy of this one): its outputs and its
+    runtime."""
+    full = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(hc.REPO), os.environ.get("PYTHONPATH", "")]),
+        **env,
+    }
     names = [n for n in hc.OUTPUTS if n != "09_libcachesim_check"]
-    subprocess.run([sys.executable, str(Path(hc.__file__)), str(tmp), *names], env=full, check=True,
-                   cwd=hc.REPO, timeout=300)
+    subprocess.run(
+        [sys.executable, str(Path(hc.__file__)), str(tmp), *names],
+        env=full,
+        check=True,
+        cwd=hc.REPO,
+        timeout=300,
+    )
     runtime = json.loads((tmp / "runtime.json").read_text())
     return {"runtime": runtime, "outputs": {n: (tmp / f"{n}.csv").read_bytes() for n in names}}
 
 
-BASE = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-        "COUNTS_TORCH_THREADS": "1", "NPY_DISABLE_CPU_FEATURES": ""}
+BASE = {
+    "PYTHONHASHSEED": "0",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "COUNTS_TORCH_THREADS": "1",
+    "NPY_DISABLE_CPU_FEATURES": "",
+}
 VARIANTS = {
     "hash seed": {"PYTHONHASHSEED": "12345"},
-    "threads": {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2",
-                "COUNTS_TORCH_THREADS": "2"},
+    "threads": {
+        "OMP_NUM_THREADS": "2",
+        "MKL_NUM_THREADS": "2",
+        "OPENBLAS_NUM_THREADS": "2",
+        "COUNTS_TORCH_THREADS": "2",
+    },
     "numpy baseline SIMD": {"NPY_DISABLE_CPU_FEATURES": "<dispatched>"},
 }
 
@@ -106,7 +133,9 @@ def test_the_count_paths_give_the_same_bits_under_another_environment(base_run, 
     if env["NPY_DISABLE_CPU_FEATURES"] == "<dispatched>":
         off = _dispatched_features()
         if not off:
-            pytest.skip("numpy dispatches no SIMD target beyond its baseline on this CPU: nothing to restrict")
+            pytest.skip(
+                "numpy dispatches no SIMD target beyond its baseline on this CPU: nothing to restrict"
+            )
         env["NPY_DISABLE_CPU_FEATURES"] = " ".join(off)
     run = _run_counts(tmp_path, env)
     base, now = base_run["runtime"], run["runtime"]
@@ -116,7 +145,9 @@ def test_the_count_paths_give_the_same_bits_under_another_environment(base_run, 
     elif variant == "threads":
         assert (base["torch_threads"], now["torch_threads"]) == (1, 2)
     else:
-        assert base["numpy_simd"] and not set(now["numpy_simd"]) & set(env["NPY_DISABLE_CPU_FEATURES"].split())
+        assert base["numpy_simd"] and not set(now["numpy_simd"]) & set(
+            env["NPY_DISABLE_CPU_FEATURES"].split()
+        )
     differ = [n for n, data in run["outputs"].items() if data != base_run["outputs"][n]]
     assert differ == [], f"{variant}: {differ} differ from the run under {BASE}"
 
@@ -124,6 +155,7 @@ def test_the_count_paths_give_the_same_bits_under_another_environment(base_run, 
 # --- ties ---------------------------------------------------------------------------------------------------
 class _AllEqual(Eviction):
     """Every resident has the same victim key: the cache's tie rule alone decides."""
+
     name = "all_equal_test"
 
     def victim_keys(self, i, residents):
@@ -136,7 +168,7 @@ def test_equal_victim_keys_evict_the_lowest_expert_id_first_whatever_the_slots(f
     pol.eviction = _AllEqual(1, 16)
     cache = ExpertCache([0], 16, 4, pol, 1)
     step = StepInfo(forward=0, block=0, block_step=1, kind="denoise")
-    for e in first:                                       # fill the slots in this order
+    for e in first:  # fill the slots in this order
         cache.plan(0, np.array([e]), np.array([1]), step, 2)
     plan, _ = cache.plan(0, np.array([9, 10]), np.array([1, 1]), step, 2)
     assert plan.load_victims.tolist() == [1, 3]
@@ -147,10 +179,10 @@ def test_lrfu_decays_are_correctly_rounded_powers_of_two_so_equal_scores_tie():
     whole = decays(2, 600)
     assert all(whole[d] == (2.0 ** (-2 * d) if 2 * d <= 1074 else 0.0) for d in range(601))
     half = decays(0.5, 500)
-    assert all(half[2 * k] == 2.0 ** -k for k in range(250))
+    assert all(half[2 * k] == 2.0**-k for k in range(250))
     # 2 tokens two forwards earlier score exactly 1 token now: the scores tie and LRU decides
     assert all(2 * half[d + 2] == half[d] for d in range(400))
-    assert half[1] == float.fromhex("0x1.6a09e667f3bcdp-1")      # 2**-0.5, correctly rounded
+    assert half[1] == float.fromhex("0x1.6a09e667f3bcdp-1")  # 2**-0.5, correctly rounded
     assert decays(0.0, 10)[:11].tolist() == [1.0] * 11 and decays(2000.0, 3)[1:4].tolist() == [0.0] * 3
 
 
@@ -161,7 +193,11 @@ def test_lrfu_scores_use_the_decay_table():
     ev.demanded(0, np.array([3]), np.array([1]), np.array([False]), step)
     ev.demanded(0, np.array([2]), np.array([1]), np.array([True]), step)
     row = ev.current_row(0)
-    assert row[1] == 2 * decays(0.5, 2)[2] == 1.0 and row[2] == decays(0.5, 2)[2] + 1 and row[3] == decays(0.5, 1)[1]
+    assert (
+        row[1] == 2 * decays(0.5, 2)[2] == 1.0
+        and row[2] == decays(0.5, 2)[2] + 1
+        and row[3] == decays(0.5, 1)[1]
+    )
 
 
 # --- the reference traces -----------------------------------------------------------------------------------
@@ -169,9 +205,14 @@ def _as_current(P, task: str, batch: int, dest: Path, mark: str) -> Path:
     """The fixture trace relabelled as P's trace of (task, batch) (its settings' fingerprint, prompts)."""
     from artifact.experiments.settings import fingerprint
     from artifact.model.tasks import select
+
     t = Trace.load(FIXTURE)
-    t.meta.update(profile_fingerprint=fingerprint(P, harness.TRACE_SETTINGS), batch_size=batch, mark=mark,
-                  prompt_ids=[r["id"] for r in select(task, P.trace_n_prompts, P.seed)])
+    t.meta.update(
+        profile_fingerprint=fingerprint(P, harness.TRACE_SETTINGS),
+        batch_size=batch,
+        mark=mark,
+        prompt_ids=[r["id"] for r in select(task, P.trace_n_prompts, P.seed)],
+    )
     return t.save(dest)
 
 
@@ -185,8 +226,8 @@ def test_the_committed_reference_trace_comes_first_and_store_writes_only_a_missi
     assert harness.current_trace(P, "gsm8k", 1).meta["mark"] == "own"
     assert harness.store_traces(P) == 1 and ref.read_bytes() == own.read_bytes()
     _as_current(P, "gsm8k", 1, own, "own, later")
-    assert harness.store_traces(P) == 0                    # a current reference stays
+    assert harness.store_traces(P) == 0  # a current reference stays
     assert harness.current_trace(P, "gsm8k", 1).meta["mark"] == "own"
     assert [t.meta["mark"] for t in harness.traces(P, progress=False)] == ["own"]
     other = load_profile("cpu", {"trace_tasks": ["gsm8k"], "trace_batch_sizes": [1], "threshold": 0.9})
-    assert harness.current_trace(other, "gsm8k", 1) is None        # another setting: neither is current
+    assert harness.current_trace(other, "gsm8k", 1) is None  # another setting: neither is current

@@ -1,10 +1,13 @@
-"""Every saved figure reads at a glance (outputs/figure_check.py): no legend or text box over a title or another
-axes, no text under 8 pt at the saved DPI, no image wider than 1800 px, a legend entry for every data series.
+"""Every saved figure reads at a glance (outputs/figure_check.py): no legend or text box over a title or
+another axes, no text under 8 pt at the saved DPI, no image wider than 1800 px, a legend entry for every data
+series.
 
-The check itself is tested on figures made to break each rule; then every notebook's figure is built as its notebook
-builds it, from committed inputs only (tests/helpers_figures.py: the stored runs, the committed 00 and 07 records,
-the profile's routing traces), both as a `--store` pass draws it and as a fresh run beside the stored runs does; and
+The check itself is tested on figures made to break each rule; then every notebook's figure is built as its
+notebook builds it, from committed inputs only (tests/helpers_figures.py: the stored runs, the committed 00
+and 07 records, the profile's routing traces), both as a `--store` pass draws it and as a fresh run beside the
+stored runs does; and
 the committed PNGs are held to the width limit (the one rule a PNG alone can show)."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -38,7 +41,7 @@ def _clean():
     a.plot([0, 1], [0, 1], label="a line")
     b.errorbar([0, 1], [1, 2], yerr=[0.1, 0.2], fmt="o", label="an interval")
     b.scatter([0.5], [1.5], label="a dot")
-    a.axhline(0.5, ls=":", color="black")            # a reference line, not a data series
+    a.axhline(0.5, ls=":", color="black")  # a reference line, not a data series
     a.set_title("left")
     b.set_title("right")
     fig.suptitle("a figure")
@@ -55,15 +58,17 @@ def test_a_legend_over_the_title_is_caught():
     fig, a, _ = _clean()
     fig.legends[0].remove()
     fig.suptitle("a figure whose title runs over its whole width, as a title naming the profile does")
-    fig.legend(loc="outside right upper")              # the old 04: beside the panels, up into the title
+    fig.legend(loc="outside right upper")  # the old 04: beside the panels, up into the title
     found = check_figure(fig)
-    assert any(p.startswith("overlap: legend ('a line', ...) overlaps title 'a figure whose") for p in found), found
+    assert any(
+        p.startswith("overlap: legend ('a line', ...) overlaps title 'a figure whose") for p in found
+    ), found
 
 
 def test_a_legend_over_another_axes_is_caught():
-    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3))             # no layout engine to make room for it
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3))  # no layout engine to make room for it
     a.plot([0, 1], [0, 1], label="a line")
-    a.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))       # out of its own axes, into its neighbour's
+    a.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))  # out of its own axes, into its neighbour's
     found = check_figure(fig)
     assert found == ["overlap: legend ('a line', ...) overlaps axes 1"], found
 
@@ -85,21 +90,21 @@ def test_a_text_box_over_a_title_is_caught():
 
 def test_text_under_8_pt_is_caught():
     fig, a, _ = _clean()
-    a.annotate("+1.3%", (0.5, 0.0), fontsize=7)                 # the old 08's labels along the bottom
+    a.annotate("+1.3%", (0.5, 0.0), fontsize=7)  # the old 08's labels along the bottom
     found = check_figure(fig)
     assert found == ["size: '+1.3%' is 7 pt (9.7 px at 100 dpi), under 8 pt"], found
 
 
 def test_a_figure_wider_than_1800_px_is_caught():
     fig, _, _ = _clean()
-    fig.set_size_inches(22, 3)                                   # the old 08: 5 panels in a row, 2214 px
+    fig.set_size_inches(22, 3)  # the old 08: 5 panels in a row, 2214 px
     found = check_figure(fig)
     assert len(found) == 1 and found[0].startswith("width: ") and f"over {MAX_WIDTH_PX} px" in found[0], found
 
 
 def test_a_series_without_a_legend_entry_is_caught():
     fig, a, b = _clean()
-    a.plot([0, 1], [1, 0], color="tab:purple")                  # the old 08's purple line
+    a.plot([0, 1], [1, 0], color="tab:purple")  # the old 08's purple line
     b.plot([0, 1], [0, 0.5], label="labelled, but in no legend")
     b.scatter([0.2], [1.0])
     b.errorbar([0.3], [1.0], yerr=[0.1], fmt="s")
@@ -111,7 +116,7 @@ def test_a_series_without_a_legend_entry_is_caught():
 
 def test_bars_share_their_entry_with_their_error_bars_and_same_labels_share_one():
     fig, ax = plt.subplots(layout="constrained")
-    for x in (0, 1):                                             # one label drawn twice: one entry
+    for x in (0, 1):  # one label drawn twice: one entry
         ax.bar([x], [2.0], yerr=[0.5], color="tab:blue", label="demand")
     leg = legend(ax)
     assert [t.get_text() for t in leg.get_texts()] == ["demand"]
@@ -131,34 +136,48 @@ def test_clipped_intervals_are_marked_and_labelled():
 def test_png_size_reads_the_header():
     fig, _, _ = _clean()
     import io
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     assert png_size(buf.getvalue()) == (800, 300)
 
 
-# --- every notebook's figure ------------------------------------------------------------------------------------
+# --- every notebook's figure
+# ------------------------------------------------------------------------------------
 P = load_profile("cpu")
 
 
 @pytest.fixture(scope="module")
 def traces():
-    """The profile's first task's traces (every batch size), as the notebooks read them (harness.current_trace: the
-    committed reference traces, else this machine's recorded ones); skipped when none is there to read: recording
+    """The profile's first task's traces (every batch size), as the notebooks read them
+    (harness.current_trace: the committed reference traces, else this machine's recorded ones); skipped when
+    none is there to read: recording
     one runs the model (the slow tier does)."""
     task = P.trace_tasks[0]
     found = [harness.current_trace(P, task, b) for b in P.trace_batch_sizes]
     if any(t is None for t in found):
-        pytest.skip(f"no current {task} trace of profile {P.name} (committed or recorded); `python -m artifact "
-                    "trace` or a notebook run records them")
+        pytest.skip(
+            f"no current {task} trace of profile {P.name} (committed or recorded); `python -m "
+            "artifact "
+            "trace` or a notebook run records them"
+        )
     return found
 
 
-# (study, fresh): every figure as `--store` draws it, and the timing studies' as a fresh run does; the two that take
-# seconds to compute (07's routing map, 08's modelled grid) run in the slow tier (test_perf_model.py holds 08's
+# (study, fresh): every figure as `--store` draws it, and the timing studies' as a fresh run does; the two
+# that take
+# seconds to compute (07's routing map, 08's modelled grid) run in the slow tier (test_perf_model.py holds
+# 08's
 # figure to the check on a small stream in the unit tier)
 SLOW = {("07", False), ("08", False)}
-CASES = [pytest.param(s, f, id=f"{s}-{'fresh' if f else 'stored'}", marks=[pytest.mark.slow] if (s, f) in SLOW else [])
-         for s in BUILDERS for f in (False, True) if not f or s in TIMED]
+CASES = [
+    pytest.param(
+        s, f, id=f"{s}-{'fresh' if f else 'stored'}", marks=[pytest.mark.slow] if (s, f) in SLOW else []
+    )
+    for s in BUILDERS
+    for f in (False, True)
+    if not f or s in TIMED
+]
 
 
 @pytest.mark.parametrize("study,fresh", CASES)
@@ -173,14 +192,18 @@ def test_every_notebook_figure_reads_at_a_glance(study, fresh, request):
 @pytest.mark.parametrize("png", sorted(reference_figures_dir(P.name).glob("*.png")), ids=lambda p: p.name)
 def test_committed_figures_are_at_most_1800_px_wide(png):
     width, _ = png_size(png.read_bytes())
-    assert width <= MAX_WIDTH_PX, (f"{png.name} is {width} px wide: regenerate it (./run_all.sh {P.name} --force "
-                                   "--store) or narrow its figure")
+    assert width <= MAX_WIDTH_PX, (
+        f"{png.name} is {width} px wide: regenerate it (./run_all.sh {P.name} "
+        "--force "
+        "--store) or narrow its figure"
+    )
 
 
 def test_save_reports_what_the_check_finds(tmp_path, monkeypatch):
     import pandas as pd
 
     from artifact.experiments.outputs.figures import save
+
     monkeypatch.setenv("ARTIFACT_FIGURES", str(tmp_path / "figures"))
     monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "results"))
     lines = []
@@ -192,18 +215,27 @@ def test_save_reports_what_the_check_finds(tmp_path, monkeypatch):
     assert len(lines) == 3 and lines[2].startswith("figure check: bad: legend: line '_child")
 
 
-@pytest.mark.parametrize("path", sorted((reference_figures_dir(P.name).parent.parent / "notebooks").glob(
-    "[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    sorted((reference_figures_dir(P.name).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")),
+    ids=lambda p: p.stem,
+)
 def test_every_notebook_shows_its_committed_figures(path):
-    """A notebook on a repository browser shows the committed figure of each figure it saves: a markdown image of
-    figures/cpu/<name>.png (git keeps no figure output: the strip script keeps only the claim cells' output, and
+    """A notebook on a repository browser shows the committed figure of each figure it saves: a markdown image
+    of figures/cpu/<name>.png (git keeps no figure output: the strip script keeps only the claim cells'
+    output, and
     nbval compares no markdown)."""
     import re
 
     import nbformat
+
     nb = nbformat.read(path, as_version=4)
-    names = [m.group(1) for c in nb.cells if c.cell_type == "code"
-             for m in re.finditer(r'save\(fig, df, P, "([^"]+)"\)', c.source)]
+    names = [
+        m.group(1)
+        for c in nb.cells
+        if c.cell_type == "code"
+        for m in re.finditer(r'save\(fig, df, P, "([^"]+)"\)', c.source)
+    ]
     shown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert names
     for name in names:

@@ -1,6 +1,8 @@
-"""The bench fingerprint knows the forward mode (issue 45, part 3): `forward` enters the hash only when it is not
-the default, so every eager result file, the committed stored runs among them, keeps its hash, and a segmented run
+"""The bench fingerprint knows the forward mode (issue 45, part 3): `forward` enters the hash only when it is
+not the default, so every eager result file, the committed stored runs among them, keeps its hash, and a
+segmented run
 refuses to resume an eager file and never pools with the eager stored runs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,20 +34,22 @@ def segmented(eager):
 def test_the_default_mode_keeps_every_stored_hash(eager):
     assert fingerprint_keys(eager) == SETTINGS and bench_fingerprint(eager) == fingerprint(eager, SETTINGS)
     stored = set(pd.read_csv(RUN1).fingerprint.astype(str))
-    assert stored == {bench_fingerprint(eager)}                     # the committed runs' rows are the eager ones
+    assert stored == {bench_fingerprint(eager)}  # the committed runs' rows are the eager ones
 
 
 def test_a_segmented_run_has_its_own_hash(eager, segmented):
-    assert "forward" in fingerprint_keys(segmented) and bench_fingerprint(segmented) != bench_fingerprint(eager)
+    assert "forward" in fingerprint_keys(segmented) and bench_fingerprint(segmented) != bench_fingerprint(
+        eager
+    )
 
 
 def test_a_segmented_run_refuses_to_resume_an_eager_file(tmp_path, eager, segmented):
     path = tmp_path / "bench.csv"
     shutil.copyfile(RUN1, path)
-    assert len(load_for_append(path, eager, log=lambda *_: None)) > 0     # the eager profile resumes it
+    assert len(load_for_append(path, eager, log=lambda *_: None)) > 0  # the eager profile resumes it
     with pytest.raises(ResultFileError, match="forward must match to resume"):
         load_for_append(path, segmented, log=lambda *_: None)
-    assert path.read_bytes() == RUN1.read_bytes()                         # refused, nothing lost
+    assert path.read_bytes() == RUN1.read_bytes()  # refused, nothing lost
 
 
 def test_a_segmented_run_never_pools_with_the_eager_stored_runs(eager, segmented):

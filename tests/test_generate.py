@@ -1,4 +1,5 @@
 """Block-diffusion decoding: cached == full, batch == alone, the acceptance rule, eos, events."""
+
 import dataclasses
 
 import pytest
@@ -11,8 +12,10 @@ from artifact.model.decode import DecodeConfig, accept, generate, transfer_sched
 def test_cached_and_full_modes_agree(tiny, tiny_prompts, gen_length):
     """float32 cached and full attention differ in the last bits (other matmul shapes), so a confidence
     within ~1e-6 of the 0.95 threshold could flip a decision; these prompts and lengths have none."""
-    prompts = [tiny_prompts[1], tiny_prompts[2], tiny_prompts[4]]        # 25, 45, 78 tokens: prefill 0-2 blocks
-    cached = generate(tiny.model, prompts, DecodeConfig(gen_length=gen_length, mode="cached"), record_logits=True)
+    prompts = [tiny_prompts[1], tiny_prompts[2], tiny_prompts[4]]  # 25, 45, 78 tokens: prefill 0-2 blocks
+    cached = generate(
+        tiny.model, prompts, DecodeConfig(gen_length=gen_length, mode="cached"), record_logits=True
+    )
     full = generate(tiny.model, prompts, DecodeConfig(gen_length=gen_length, mode="full"), record_logits=True)
     assert cached.tokens == full.tokens
     assert all(len(t) == gen_length for t in cached.tokens)
@@ -49,25 +52,25 @@ def test_accept_rule():
     mask = 9
     block = torch.tensor([mask, 3, mask, mask, mask])
     logits = torch.zeros(5, 10)
-    logits[0, 4] = 10.0                       # confident (> 0.95)
-    logits[2, 5] = 10.0                       # confident
-    logits[3, 6] = 1.0                        # unsure (~0.23)
-    logits[4, 7] = 2.0                        # unsure but more so (~0.45)
+    logits[0, 4] = 10.0  # confident (> 0.95)
+    logits[2, 5] = 10.0  # confident
+    logits[3, 6] = 1.0  # unsure (~0.23)
+    logits[4, 7] = 2.0  # unsure but more so (~0.45)
     b = block.clone()
-    accept(b, logits, mask, 0.95, quota=1)    # two pass the threshold: both accepted
+    accept(b, logits, mask, 0.95, quota=1)  # two pass the threshold: both accepted
     assert b.tolist() == [4, 3, 5, mask, mask]
-    accept(b, logits, mask, 0.95, quota=1)    # none pass: the single most confident one
+    accept(b, logits, mask, 0.95, quota=1)  # none pass: the single most confident one
     assert b.tolist() == [4, 3, 5, mask, 7]
     b = block.clone()
-    accept(b, logits, mask, 0.95, quota=3)    # quota above the confident count: top-3 by confidence
+    accept(b, logits, mask, 0.95, quota=3)  # quota above the confident count: top-3 by confidence
     assert b.tolist() == [4, 3, 5, mask, 7]
-    assert int((b == 3).sum()) == 1           # an unmasked position is never rewritten
+    assert int((b == 3).sum()) == 1  # an unmasked position is never rewritten
 
 
 def test_eos_stops_a_row_early(tiny, tiny_prompts):
     dc = DecodeConfig(gen_length=64)
     first = generate(tiny.model, [tiny_prompts[0], tiny_prompts[1]], dc)
-    eos = first.tokens[0][35]                 # pretend a token of the second decoded block is eos
+    eos = first.tokens[0][35]  # pretend a token of the second decoded block is eos
     model = tiny.model
     saved = model.cfg
     model.cfg = dataclasses.replace(saved, eos_token_id=eos)
@@ -98,12 +101,15 @@ def test_events_per_forward(tiny, tiny_prompts):
     assert all(sum(d.counts) == 2 * 64 * cfg.num_experts_per_tok for d in first_step)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(prompts=[]), "batch size must be 1-8"),
-    (dict(prompts=[[5]] * 9), "batch size must be 1-8"),
-    (dict(prompts=[[]]), "prompt 0 is empty"),
-    (dict(prompts=[[5, 99999]]), "outside"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(prompts=[]), "batch size must be 1-8"),
+        (dict(prompts=[[5]] * 9), "batch size must be 1-8"),
+        (dict(prompts=[[]]), "prompt 0 is empty"),
+        (dict(prompts=[[5, 99999]]), "outside"),
+    ],
+)
 def test_bad_input(tiny, bad, match):
     with pytest.raises(ValueError, match=match):
         generate(tiny.model, bad["prompts"], DecodeConfig(gen_length=8))

@@ -6,6 +6,7 @@ never, for a stuck stream), so "the demand copies are not drained yet" happens a
 this cannot check (real asynchrony, timing, pinned memory) is in tests/test_cuda.py, which skips without a
 GPU; the call sequence of a batch is in tests/test_cuda_link.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -58,32 +59,32 @@ def test_fifo_copies_land_and_are_counted(fake_cuda):
 
 
 def test_demand_priority_holds_speculative_chunks_until_the_demand_copies_are_done(fake_cuda):
-    fake_cuda.delay = 3                                   # an event completes on its third query
+    fake_cuda.delay = 3  # an event completes on its third query
     link = CudaLink("cuda", runtime=fake_cuda, priority="demand", chunk_bytes=1000)
     log = spy_chunks(link)
     (ds, dd), (xd, xs) = tensors(2, seed=1), tensors(2, seed=2)
     link.copy([(dd[0], ds[0], "demand 0")])
-    (spec,) = link.copy([(xd[0], xs[0], "spec 0")], speculative=True)      # 4000 bytes: 4 chunks
+    (spec,) = link.copy([(xd[0], xs[0], "spec 0")], speculative=True)  # 4000 bytes: 4 chunks
     assert log == [] and spec.held and not link.landed(spec)
     assert spec.done.query(), "the slot's event was never recorded: query() alone would call it landed"
     link.pump()
-    link.pump()                                           # demand copy's event: done on the third query
+    link.pump()  # demand copy's event: done on the third query
     assert log == [("spec 0", 0, 1000)]
     link.pump()
     assert len(log) == 1, "depth 1: the next chunk waits for the one in flight"
     for _ in range(6):
         link.pump()
     assert log[:2] == [("spec 0", 0, 1000), ("spec 0", 1000, 2000)]
-    link.wait([spec])                                     # compute needs it: the rest is issued at once
+    link.wait([spec])  # compute needs it: the rest is issued at once
     assert log[-1] == ("spec 0", 3000, 4000) and not spec.held and torch.equal(xd[0], xs[0])
-    assert fake_cuda.compute.waits[-1] is spec.done       # and the compute stream waits on its event
+    assert fake_cuda.compute.waits[-1] is spec.done  # and the compute stream waits on its event
     assert link.stats.transfers == 2 and link.stats.bytes == 8000
     link.finish()
     link.close()
 
 
 def test_a_demand_copy_into_a_held_copys_slot_lands_after_it(fake_cuda):
-    fake_cuda.stuck = True                                # nothing ever drains: held copies stay held
+    fake_cuda.stuck = True  # nothing ever drains: held copies stay held
     link = CudaLink("cuda", runtime=fake_cuda, priority="demand", chunk_bytes=1000)
     log = spy_chunks(link)
     (src_a, src_b), _ = tensors(2, seed=3)
@@ -91,9 +92,9 @@ def test_a_demand_copy_into_a_held_copys_slot_lands_after_it(fake_cuda):
     link.copy([(torch.zeros(1000), src_b, "demand elsewhere")])
     (held,) = link.copy([(slot, src_a, "spec into slot")], speculative=True)
     assert held.held and log == []
-    link.copy([(slot, src_b, "demand into slot")])        # before_copy: the held one goes first
+    link.copy([(slot, src_b, "demand into slot")])  # before_copy: the held one goes first
     assert log == [("spec into slot", 0, 4000 // 4)] or log[0][0] == "spec into slot"
-    assert not held.held and torch.equal(slot, src_b)     # the later copy's bytes are the slot's
+    assert not held.held and torch.equal(slot, src_b)  # the later copy's bytes are the slot's
 
 
 def test_promote_issues_a_held_copy_and_finish_flushes(fake_cuda):
@@ -119,7 +120,7 @@ def test_close_drops_held_chunks_and_drains_the_copy_stream(fake_cuda):
     link.copy([(dsts[0], srcs[0], "layer 1 expert 3 -> slot 0")])
     (held,) = link.copy([(dsts[1], srcs[1], "prefetch")], speculative=True)
     with pytest.raises(LinkTimeout, match=r"closing the link.*layer 1 expert 3 -> slot 0.*within 0.05 s"):
-        link.close()                                      # the stream never drains: bounded, then raise
+        link.close()  # the stream never drains: bounded, then raise
     assert held.cancelled and not dsts[1].any(), "a cancelled prefetch must never write"
     assert any(t is dsts[0] for t in cuda_link_mod._QUARANTINE), "an undrained slot is kept, never reused"
     cuda_link_mod._QUARANTINE.clear()
@@ -127,12 +128,12 @@ def test_close_drops_held_chunks_and_drains_the_copy_stream(fake_cuda):
         link.copy([(dsts[0], srcs[0], "late")])
     with pytest.raises(LinkClosed):
         link.wait([held])
-    link.close()                                          # idempotent
+    link.close()  # idempotent
 
     fake_cuda.stuck = False
     ok = CudaLink("cuda", runtime=fake_cuda)
     ok.copy([(dsts[0], srcs[0], "x")])
-    ok.close()                                            # drains at once
+    ok.close()  # drains at once
     assert ok.closed and not ok._dsts
 
 
@@ -142,6 +143,7 @@ def test_engine_on_the_cuda_link_logic_equals_resident(tiny, fake_cuda, delay):
     pumped and flushed; every expert computed from its own weights, so the logits equal the resident run's."""
     from artifact.offload.backend.engine import install, offload
     from artifact.offload.policy.policies import make_policy
+
     cfg = tiny.cfg
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(8, cfg.vocab_size - 8, (2, cfg.block_length), generator=g)
@@ -149,12 +151,14 @@ def test_engine_on_the_cuda_link_logic_equals_resident(tiny, fake_cuda, delay):
     ref = [tiny.model(ids, pos), tiny.model(ids + 1, pos)]
     saved = tiny.model.backend
     fake_cuda.delay = delay
-    link = CudaLink("cuda", runtime=fake_cuda, priority="demand",
-                    chunk_bytes=tiny.cfg.expert_params)                    # a quarter expert
+    link = CudaLink(
+        "cuda", runtime=fake_cuda, priority="demand", chunk_bytes=tiny.cfg.expert_params
+    )  # a quarter expert
     log = spy_chunks(link)
     try:
-        eng = offload(tiny.model, tiny.experts, 6, make_policy("last_step", len(cfg.moe_layers), cfg.num_experts),
-                      link)
+        eng = offload(
+            tiny.model, tiny.experts, 6, make_policy("last_step", len(cfg.moe_layers), cfg.num_experts), link
+        )
         install(tiny.model, eng)
         out = [tiny.model(ids, pos), tiny.model(ids + 1, pos)]
         stats = eng.finish()
@@ -163,8 +167,10 @@ def test_engine_on_the_cuda_link_logic_equals_resident(tiny, fake_cuda, delay):
         link.close()
     assert all(torch.equal(a, b) for a, b in zip(out, ref))
     assert len(log) == 4 * stats["speculative_transfers"], "every prefetch went through the hold, in chunks"
-    assert stats["speculative_transfers"] > 0 and stats["transfers"] == stats["demand_misses"] + \
-        stats["speculative_transfers"]
+    assert (
+        stats["speculative_transfers"] > 0
+        and stats["transfers"] == stats["demand_misses"] + stats["speculative_transfers"]
+    )
 
 
 def test_make_link_builds_cuda_with_demand_priority(fake_cuda):
@@ -180,6 +186,7 @@ def test_after_an_exception_in_a_forward_no_copy_writes_into_the_slots(tiny, mon
     import artifact.offload.runner as runner
     from artifact.model.decode import DecodeConfig
     from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+
     engines = []
     inner = runner.offload
 
@@ -192,11 +199,11 @@ def test_after_an_exception_in_a_forward_no_copy_writes_into_the_slots(tiny, mon
 
     def boom(demand):
         seen.append(demand)
-        if len(seen) == 7:                                # mid-forward, prefetches in flight
+        if len(seen) == 7:  # mid-forward, prefetches in flight
             raise RuntimeError("injected failure inside a forward")
 
     prompt = [list(range(10, 50))]
-    spec = OffloadSpec(capacity=6, policy="last_step", bandwidth_gbps=1e-3)   # slow: copies stay in flight
+    spec = OffloadSpec(capacity=6, policy="last_step", bandwidth_gbps=1e-3)  # slow: copies stay in flight
     with tiny.model.listening(boom), pytest.raises(RuntimeError, match="injected failure"):
         decode_prompts(tiny, prompt, 1, RunOptions(DecodeConfig(gen_length=32)), spec=spec)
     (eng,) = engines
@@ -229,8 +236,8 @@ def test_calibration_is_unbiased_by_a_fixed_overhead_per_measurement(overhead):
     """A known rate behind a fixed cost per timed interval (the host's sync and launch on CUDA): the old
     units / seconds read was low by overhead / (work + overhead); the difference of two sizes is exact."""
     clock = ManualClock()
-    rate = 25e9                                                        # bytes per second
-    units = 32 << 20                                                   # 1.34 ms of work
+    rate = 25e9  # bytes per second
+    units = 32 << 20  # 1.34 ms of work
 
     def run(n):
         clock.sleep(overhead + n / rate)
@@ -238,21 +245,22 @@ def test_calibration_is_unbiased_by_a_fixed_overhead_per_measurement(overhead):
     got = calibrate_rate(run, clock, units)
     assert got == pytest.approx(rate, rel=1e-9)
     biased = units / (overhead + units / rate)
-    assert overhead == 0 or biased < 0.97 * rate                       # what a plain read would have said
+    assert overhead == 0 or biased < 0.97 * rate  # what a plain read would have said
     with pytest.raises(RuntimeError, match="not longer"):
-        calibrate_rate(lambda n: clock.sleep(1e-3), clock, 10)        # no work at all: refused
+        calibrate_rate(lambda n: clock.sleep(1e-3), clock, 10)  # no work at all: refused
 
 
 def test_pin_host_is_portable_and_takes_empty_tensors(monkeypatch):
     import artifact.model.memory as memory
+
     calls = []
 
     class Cudart:
-        def cudaHostRegister(self, ptr, nbytes, flags):       # noqa: N802 (the CUDA runtime's name)
+        def cudaHostRegister(self, ptr, nbytes, flags):  # noqa: N802 (the CUDA runtime's name)
             calls.append((ptr, nbytes, flags))
             return 0
 
-        def cudaHostUnregister(self, ptr):                    # noqa: N802
+        def cudaHostUnregister(self, ptr):  # noqa: N802
             calls.append(("unregister", ptr))
             return 0
 
@@ -260,14 +268,15 @@ def test_pin_host_is_portable_and_takes_empty_tensors(monkeypatch):
     monkeypatch.setattr(memory.torch.cuda, "cudart", lambda: Cudart())
     monkeypatch.setattr(memory.torch.cuda, "check_error", lambda rc: None)
     empty = torch.empty(0)
-    assert memory.pin_host(empty) is empty and calls == []            # nothing to lock, nothing refused
+    assert memory.pin_host(empty) is empty and calls == []  # nothing to lock, nothing refused
     t = torch.ones(3, 5)
     assert memory.pin_host(t) is t
     assert calls == [(t.data_ptr(), 60, memory.HOST_REGISTER_PORTABLE)] and memory.HOST_REGISTER_PORTABLE == 1
-    assert memory.pin_host(t) is t and len(calls) == 1                # registered once
+    assert memory.pin_host(t) is t and len(calls) == 1  # registered once
     ptr = t.data_ptr()
     del t
     import gc
+
     gc.collect()
     assert calls[-1] == ("unregister", ptr)
 
@@ -277,6 +286,7 @@ def test_cuda_link_with_demand_priority_passes_the_settings_check(monkeypatch):
     import artifact.offload.runner as runner
     from artifact.errors import SettingError
     from artifact.offload.runner import OffloadSpec
+
     monkeypatch.setattr(runner.torch.cuda, "is_available", lambda: True)
     OffloadSpec(8, "last_step", link="cuda", link_priority="demand").check(256, "cuda")
     with pytest.raises(SettingError, match="pass --device cuda"):
@@ -288,10 +298,26 @@ def test_generate_cuda_demand_on_a_cpu_machine_fails_only_at_the_device_check(ca
 
     import artifact.offload.prepare as prepare
     from artifact.cli import main
+
     if torch.cuda.is_available():
         pytest.skip("checks the refusal on a machine without a GPU")
     monkeypatch.setattr(prepare, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model"))
-    code = main(["generate", "--prompt", "hi", "--device", "cuda", "--link", "cuda", "--link-priority", "demand",
-                 "--offload", "--cache-experts", "8"])
-    assert one_line_error(capsys, code) == ("error: --device cuda asked for, but torch.cuda.is_available() "
-                                            "is False")
+    code = main(
+        [
+            "generate",
+            "--prompt",
+            "hi",
+            "--device",
+            "cuda",
+            "--link",
+            "cuda",
+            "--link-priority",
+            "demand",
+            "--offload",
+            "--cache-experts",
+            "8",
+        ]
+    )
+    assert one_line_error(capsys, code) == (
+        "error: --device cuda asked for, but torch.cuda.is_available() is False"
+    )

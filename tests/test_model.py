@@ -1,5 +1,6 @@
 """The LLaDA2-MoE forward against the reference facts: router formula, partial RoPE, block-causal mask,
 and a combine that does not depend on the order experts were computed in."""
+
 import dataclasses
 import math
 import random
@@ -22,10 +23,10 @@ def reference_route(h: np.ndarray, W: np.ndarray, bias: np.ndarray, cfg: ModelCo
     for x in h:
         s = 1.0 / (1.0 + np.exp(-(W.astype(np.float64) @ x.astype(np.float64))))
         b = s + bias
-        gscore = [sum(sorted(b[g * per:(g + 1) * per])[-2:]) for g in range(G)]
-        kept = sorted(range(G), key=lambda g: -gscore[g])[:cfg.topk_group]
+        gscore = [sum(sorted(b[g * per : (g + 1) * per])[-2:]) for g in range(G)]
+        kept = sorted(range(G), key=lambda g: -gscore[g])[: cfg.topk_group]
         cand = [e for g in kept for e in range(g * per, (g + 1) * per)]
-        chosen = sorted(cand, key=lambda e: -b[e])[:cfg.num_experts_per_tok]
+        chosen = sorted(cand, key=lambda e: -b[e])[: cfg.num_experts_per_tok]
         w = np.array([s[e] for e in chosen])
         out.append((chosen, w / w.sum() * cfg.routed_scaling_factor))
     return out
@@ -54,10 +55,10 @@ def test_router_group_masking_excludes_a_strong_expert_in_a_weak_group():
     r = Router(cfg)
     per = cfg.num_experts // cfg.n_group
     with torch.no_grad():
-        r.weight.zero_()                         # every score is sigmoid(0) = 0.5
+        r.weight.zero_()  # every score is sigmoid(0) = 0.5
         bias = torch.full((cfg.num_experts,), -0.4)
-        bias[3] = 0.45                           # group 0: one expert at 0.95, the rest at 0.1 -> group 1.05
-        for g in range(1, cfg.n_group):          # other groups: two experts at 0.6 -> group 1.2
+        bias[3] = 0.45  # group 0: one expert at 0.95, the rest at 0.1 -> group 1.05
+        for g in range(1, cfg.n_group):  # other groups: two experts at 0.6 -> group 1.2
             bias[g * per] = bias[g * per + 1] = 0.1
         r.expert_bias.copy_(bias)
     idx, _ = r(torch.zeros(1, cfg.hidden_size))
@@ -75,7 +76,7 @@ def test_partial_rope_rotates_only_the_first_dims_and_keeps_norms():
     r = cfg.rope_dim
     assert torch.equal(y[..., r:], x[..., r:])
     torch.testing.assert_close(y[..., :r].norm(dim=-1), x[..., :r].norm(dim=-1))
-    assert torch.equal(y[:, :, 0], x[:, :, 0])                     # position 0 is the identity
+    assert torch.equal(y[:, :, 0], x[:, :, 0])  # position 0 is the identity
     # rotate-half form: dim j pairs with j + r/2, angle pos * theta^(-2j/r)
     j, p = 1, 5
     ang = p * cfg.rope_theta ** (-2 * j / r)
@@ -86,21 +87,33 @@ def test_partial_rope_rotates_only_the_first_dims_and_keeps_norms():
 def test_block_causal_mask():
     pos = torch.arange(96)[None]
     m = block_causal_mask(pos, pos, torch.ones(1, 96, dtype=torch.bool), 32)[0, 0]
-    assert m[0, 31] and m[31, 0]                                    # bidirectional inside a block
+    assert m[0, 31] and m[31, 0]  # bidirectional inside a block
     assert not m[31, 32] and m[32, 31] and m[63, 0] and not m[40, 70]
     assert m[95].all()
 
 
 def test_presets_hold_the_reference_facts():
     mini, flash = PRESETS["llada2-mini"], PRESETS["llada2-flash"]
-    assert (mini.hidden_size, mini.num_hidden_layers, mini.num_attention_heads, mini.num_key_value_heads) == \
-        (2048, 20, 16, 4)
+    assert (mini.hidden_size, mini.num_hidden_layers, mini.num_attention_heads, mini.num_key_value_heads) == (
+        2048,
+        20,
+        16,
+        4,
+    )
     assert (flash.hidden_size, flash.num_hidden_layers, flash.num_attention_heads) == (4096, 32, 32)
-    assert mini.expert_bytes(2) == 6 * 2 ** 20 and flash.expert_bytes(2) == 24 * 2 ** 20
-    assert mini.expert_bytes(2) * mini.num_experts == 1.5 * 2 ** 30
+    assert mini.expert_bytes(2) == 6 * 2**20 and flash.expert_bytes(2) == 24 * 2**20
+    assert mini.expert_bytes(2) * mini.num_experts == 1.5 * 2**30
     tiny = PRESETS["tiny"]
-    for k in ("num_experts", "num_experts_per_tok", "n_group", "topk_group", "num_shared_experts",
-              "first_k_dense_replace", "block_length", "routed_scaling_factor"):
+    for k in (
+        "num_experts",
+        "num_experts_per_tok",
+        "n_group",
+        "topk_group",
+        "num_shared_experts",
+        "first_k_dense_replace",
+        "block_length",
+        "routed_scaling_factor",
+    ):
         assert getattr(tiny, k) == getattr(mini, k), k
     assert mini.rope_dim == 64
 
@@ -150,8 +163,12 @@ def test_every_moe_layer_reports_its_demand(tiny, tiny_prompts):
     model, cfg = tiny.model, tiny.cfg
     seen = []
     with model.listening(seen.append):
-        model(torch.tensor(tiny_prompts[0][:32])[None], torch.arange(32)[None], step=StepInfo(7, 0, 3, "denoise"))
+        model(
+            torch.tensor(tiny_prompts[0][:32])[None],
+            torch.arange(32)[None],
+            step=StepInfo(7, 0, 3, "denoise"),
+        )
     assert [d.layer for d in seen] == cfg.moe_layers
     for d in seen:
         assert d.step.forward == 7 and list(d.experts) == sorted(set(d.experts))
-        assert sum(d.counts) == 32 * cfg.num_experts_per_tok                 # every (token, slot) once
+        assert sum(d.counts) == 32 * cfg.num_experts_per_tok  # every (token, slot) once

@@ -1,5 +1,6 @@
 """Notebook markdown says what to look at, never what a run showed: no markdown cell holds a number that is
 not a parameter, a setting or one of the paper's quoted figures (measured facts are printed by code)."""
+
 from __future__ import annotations
 
 import re
@@ -17,10 +18,11 @@ from artifact.experiments.studies import routing_map
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
-# Names with digits in them (LLaDA2.0, PCIe, D(t-1, l), l+1, top-k 8 is a parameter below), code spans and link
+# Names with digits in them (LLaDA2.0, PCIe, D(t-1, l), l+1, top-k 8 is a parameter below), code spans and
+# link
 # targets (the committed figure a notebook shows: ![...](../figures/cpu/07_routing_map.png))
 NAMES = re.compile(r"`[^`]*`|\]\([^)\s]*\)|\b[A-Za-z_]+\d[\w.]*|[a-z]\s?[+-]\s?\d+")
-NOTATION = {0, 1, 2}      # (1), (2), t-1, lookahead 1 and 2, C = W/2
+NOTATION = {0, 1, 2}  # (1), (2), t-1, lookahead 1 and 2, C = W/2
 
 
 def _numbers(value) -> set[float]:
@@ -29,7 +31,7 @@ def _numbers(value) -> set[float]:
         return out
     if isinstance(value, (int, float)):
         v = abs(float(value))
-        out |= {round(v, 6), round(v * 100, 6)}     # 0.8 is also written 80%; signs are not matched
+        out |= {round(v, 6), round(v * 100, 6)}  # 0.8 is also written 80%; signs are not matched
     elif isinstance(value, (tuple, list)):
         for v in value:
             out |= _numbers(v)
@@ -53,8 +55,12 @@ def allowed() -> set[float]:
     for name in list_profiles():
         P = load_profile(name)
         ok |= _numbers({k: v for k, v in P.as_dict().items() if k != "slurm"})
-    ok |= _numbers(beyond.CPU_TRIM) | _numbers(list(routing_map.GRIDS.values())) | _numbers(routing_map.DEFAULT_GRID)
-    ok |= {256.0, 8.0, 32.0, 70.0, 13.0}     # LLaDA2.0-mini's shape (E, top-k, block, W) and issue 13
+    ok |= (
+        _numbers(beyond.CPU_TRIM)
+        | _numbers(list(routing_map.GRIDS.values()))
+        | _numbers(routing_map.DEFAULT_GRID)
+    )
+    ok |= {256.0, 8.0, 32.0, 70.0, 13.0}  # LLaDA2.0-mini's shape (E, top-k, block, W) and issue 13
     return ok
 
 
@@ -70,7 +76,7 @@ def test_no_markdown_cell_states_a_measured_number(path):
     for k, cell in enumerate(nb.cells):
         if cell.cell_type != "markdown":
             continue
-        text = re.sub(r"^# \d\d ", "# ", cell.source)          # the notebook's number in its title
+        text = re.sub(r"^# \d\d ", "# ", cell.source)  # the notebook's number in its title
         stray = stray_numbers(text, ok)
         assert not stray, f"{path.name} cell {k}: {stray} in markdown; print measured facts from code"
 

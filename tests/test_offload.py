@@ -1,5 +1,6 @@
 """The offloaded engine: same tokens and bits as the resident model, a cache that never exceeds C,
 compulsory misses only at C = E, an emulated link that follows its timing model, clear errors."""
+
 import time
 
 import numpy as np
@@ -31,27 +32,43 @@ def resident(tiny, tiny_prompts):
 
 
 def same_bits(a, b):
-    return a.tokens == b.tokens and all(
-        torch.equal(x.step_logits[k], y.step_logits[k]) for x, y in zip(a.generations, b.generations)
-        for k in y.step_logits) and all(x.step_logits.keys() == y.step_logits.keys()
-                                        for x, y in zip(a.generations, b.generations))
+    return (
+        a.tokens == b.tokens
+        and all(
+            torch.equal(x.step_logits[k], y.step_logits[k])
+            for x, y in zip(a.generations, b.generations)
+            for k in y.step_logits
+        )
+        and all(x.step_logits.keys() == y.step_logits.keys() for x, y in zip(a.generations, b.generations))
+    )
 
 
-@pytest.mark.parametrize("capacity, policy", [(1, "demand"), (20, "demand"), (256, "demand"),
-                                              (20, "last_step"), (20, "interval_refresh")])
+@pytest.mark.parametrize(
+    "capacity, policy",
+    [(1, "demand"), (20, "demand"), (256, "demand"), (20, "last_step"), (20, "interval_refresh")],
+)
 def test_offloaded_equals_resident_bit_for_bit(tiny, tiny_prompts, resident, capacity, policy):
     from artifact.offload.replay.trace import mean_working_set
+
     assert capacity < mean_working_set(resident.trace) or capacity == 256 or capacity == 1
-    off = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=OffloadSpec(capacity, policy),
-                         record_logits=True)
+    off = decode_prompts(
+        tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=OffloadSpec(capacity, policy), record_logits=True
+    )
     assert off.tokens == resident.tokens
     assert same_bits(off, resident)
     assert off.stats.demand_misses > 0 and off.stats.cache_experts == capacity
 
 
 def test_oracle_run_is_exact_too(tiny, tiny_prompts, resident):
-    off = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=OffloadSpec(20, "oracle"),
-                         oracle=resident.trace, record_logits=True)
+    off = decode_prompts(
+        tiny,
+        tiny_prompts[:2],
+        2,
+        RunOptions(DC),
+        spec=OffloadSpec(20, "oracle"),
+        oracle=resident.trace,
+        record_logits=True,
+    )
     assert same_bits(off, resident)
     assert off.stats.speculative_transfers > 0
 
@@ -59,7 +76,11 @@ def test_oracle_run_is_exact_too(tiny, tiny_prompts, resident):
 def test_full_capacity_has_only_compulsory_misses(tiny, tiny_prompts, resident):
     off = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=OffloadSpec(256, "demand"))
     t = resident.trace
-    pairs = {(int(layer), int(e)) for n, layer in enumerate(t.layer) for e in t.experts[t.offsets[n]:t.offsets[n + 1]]}
+    pairs = {
+        (int(layer), int(e))
+        for n, layer in enumerate(t.layer)
+        for e in t.experts[t.offsets[n] : t.offsets[n + 1]]
+    }
     assert off.stats.demand_misses == len(pairs)
     assert off.stats.demand_hits + off.stats.demand_misses == t.accesses
     assert off.stats.bytes_h2d == len(pairs) * tiny.cfg.expert_params * 4
@@ -71,10 +92,14 @@ def demand_streams(max_layers=3, max_steps=12):
     return st.tuples(
         st.integers(1, max_layers),
         st.integers(1, E),
-        st.lists(st.lists(st.sets(st.integers(0, E - 1), min_size=1, max_size=E), min_size=1, max_size=max_layers),
-                 min_size=1, max_size=max_steps),
+        st.lists(
+            st.lists(st.sets(st.integers(0, E - 1), min_size=1, max_size=E), min_size=1, max_size=max_layers),
+            min_size=1,
+            max_size=max_steps,
+        ),
         st.sampled_from(["demand", "last_step", "oracle", "interval_refresh", "belady"]),
-        st.integers(1, 3))
+        st.integers(1, 3),
+    )
 
 
 class Ev:
@@ -98,7 +123,9 @@ def test_cache_never_exceeds_capacity_and_plans_are_sound(stream):
     num_layers, C, steps, policy, lookahead = stream
     E = 32
     events = events_of(num_layers, steps)
-    future = TraceFuture([(ev.step.forward, ev.layer - 1, np.array(ev.experts), np.array(ev.counts)) for ev in events])
+    future = TraceFuture(
+        [(ev.step.forward, ev.layer - 1, np.array(ev.experts), np.array(ev.counts)) for ev in events]
+    )
     pol = make_policy(policy, num_layers, E, future=future, lookahead=lookahead)
     cache = ExpertCache(list(range(1, num_layers + 1)), E, C, pol, expert_bytes=10)
     for ev in events:
@@ -106,15 +133,15 @@ def test_cache_never_exceeds_capacity_and_plans_are_sound(stream):
         before = set(lc.resident().tolist())
         plan, spec = cache.serve(ev)
         computed = [e for e, _ in plan.hits] + [ld.expert for ld in plan.loads]
-        assert sorted(computed) == list(ev.experts)                  # every demanded expert exactly once
+        assert sorted(computed) == list(ev.experts)  # every demanded expert exactly once
         assert {e for e, _ in plan.hits} == before & set(ev.experts)
         done = {e for e, _ in plan.hits}
-        for ld in plan.loads:                                        # a reused slot waits for its occupant
+        for ld in plan.loads:  # a reused slot waits for its occupant
             if ld.after != EMPTY:
                 assert ld.after in done and ld.victim == ld.after
             done.add(ld.expert)
         for c in cache.layers:
-            c.check()                                                # slots and experts: one bijection
+            c.check()  # slots and experts: one bijection
         if len(ev.experts) <= C:
             assert set(ev.experts) <= set(lc.resident().tolist()) | {ld.expert for ld in spec}
     counts = cache.finish()
@@ -125,7 +152,9 @@ def test_cache_never_exceeds_capacity_and_plans_are_sound(stream):
 
 
 def test_layer_cache_check_names_each_broken_bijection():
-    """LayerCache.check passes a cache the engine filled and refuses each way slot_of and expert_in can disagree."""
+    """LayerCache.check passes a cache the engine filled and refuses each way slot_of and expert_in can
+    disagree."""
+
     def filled():
         lc = LayerCache(4, 10)
         for s, e in enumerate((7, 2, 5)):
@@ -134,12 +163,14 @@ def test_layer_cache_check_names_each_broken_bijection():
         return lc
 
     filled().check()
-    LayerCache(4, 10).check()                                        # empty: a bijection of nothing
-    broken = {"an expert sits in two slots": lambda lc: lc.expert_in.__setitem__(2, 7),
-              "slot_of disagrees": lambda lc: lc.slot_of.__setitem__(2, 0),
-              "slot_of gives a slot to experts in none: \\[9\\]": lambda lc: lc.slot_of.__setitem__(9, 3),
-              "not exactly \\[0, 3\\)": lambda lc: lc.expert_in.__setitem__(3, 9),
-              "filled = 5 outside": lambda lc: setattr(lc, "filled", 5)}
+    LayerCache(4, 10).check()  # empty: a bijection of nothing
+    broken = {
+        "an expert sits in two slots": lambda lc: lc.expert_in.__setitem__(2, 7),
+        "slot_of disagrees": lambda lc: lc.slot_of.__setitem__(2, 0),
+        "slot_of gives a slot to experts in none: \\[9\\]": lambda lc: lc.slot_of.__setitem__(9, 3),
+        "not exactly \\[0, 3\\)": lambda lc: lc.expert_in.__setitem__(3, 9),
+        "filled = 5 outside": lambda lc: setattr(lc, "filled", 5),
+    }
     for message, damage in broken.items():
         lc = filled()
         damage(lc)
@@ -148,25 +179,25 @@ def test_layer_cache_check_names_each_broken_bijection():
 
 
 # --- the link ---------------------------------------------------------------------------------
-FakeClock = ManualClock          # virtual time: the clock moves only when slept on
+FakeClock = ManualClock  # virtual time: the clock moves only when slept on
 
 
 def test_emulated_link_is_a_fifo_with_latency_plus_bytes_over_bandwidth():
     clock = FakeClock()
     link = EmulatedLink(bandwidth_gbps=1.0, latency_us=10, clock=clock, sleep=clock.sleep)
-    src = [torch.full((250_000,), float(i)) for i in range(3)]     # 1 MB each -> 1 ms + 10 us
+    src = [torch.full((250_000,), float(i)) for i in range(3)]  # 1 MB each -> 1 ms + 10 us
     dst = [torch.zeros(250_000) for _ in range(3)]
     tickets = link.copy([(d, s, f"copy {i}") for i, (d, s) in enumerate(zip(dst, src))])
     assert [t.end for t in tickets] == pytest.approx([1.01e-3, 2.02e-3, 3.03e-3])
     assert not dst[0].any(), "bytes move when the copy lands, not when it is issued"
-    clock.t = 1.5e-3                                                # compute ran meanwhile
-    link.wait(tickets[0])                                           # already landed: no stall
+    clock.t = 1.5e-3  # compute ran meanwhile
+    link.wait(tickets[0])  # already landed: no stall
     assert link.stats.stall_seconds == 0 and torch.equal(dst[0], src[0])
     link.wait(tickets[2])
     assert clock.t == pytest.approx(3.03e-3)
     assert link.stats.stall_seconds == pytest.approx(3.03e-3 - 1.5e-3)
     assert link.stats.busy_seconds == pytest.approx(3.03e-3) and link.stats.bytes == 3_000_000
-    clock.t = 10.0                                                  # an idle link starts a copy at once
+    clock.t = 10.0  # an idle link starts a copy at once
     t = link.copy([(dst[1], src[1], "")])[0]
     assert t.end == pytest.approx(10.0 + 1.01e-3)
 
@@ -183,22 +214,22 @@ def test_throttled_link_is_proportionally_slower():
 
 
 def test_emulated_link_real_clock_within_tolerance():
-    link = EmulatedLink(bandwidth_gbps=0.4, latency_us=0)           # 400 KB -> 1 ms per copy
+    link = EmulatedLink(bandwidth_gbps=0.4, latency_us=0)  # 400 KB -> 1 ms per copy
     x = torch.zeros(100_000)
     t0 = time.perf_counter()
     tickets = [link.copy([(torch.empty_like(x), x, "")])[0] for _ in range(20)]
     for t in tickets:
         link.wait(t)
     took = time.perf_counter() - t0
-    assert 0.020 <= took < 0.020 * 3 + 0.05                          # never early; late only by load
+    assert 0.020 <= took < 0.020 * 3 + 0.05  # never early; late only by load
 
 
 def test_tiny_link_default_moves_an_expert_like_pcie4_moves_a_mini_expert(tiny):
     bw = emulated_bandwidth_gbps(tiny.cfg.expert_bytes(4))
     link = make_link("emulated", expert_bytes=tiny.cfg.expert_bytes(4))
-    mini_seconds = 6 * 2 ** 20 / 25e9
+    mini_seconds = 6 * 2**20 / 25e9
     assert link.duration(tiny.cfg.expert_bytes(4)) == pytest.approx(mini_seconds + 10e-6)
-    assert bw == pytest.approx(25 * tiny.cfg.expert_bytes(4) / (6 * 2 ** 20))
+    assert bw == pytest.approx(25 * tiny.cfg.expert_bytes(4) / (6 * 2**20))
 
 
 def test_host_store_packs_each_expert_contiguously(tiny):
@@ -212,18 +243,24 @@ def test_host_store_packs_each_expert_contiguously(tiny):
 
 
 # --- errors before any work -------------------------------------------------------------------
-@pytest.mark.parametrize("args, message", [
-    (["--cache-experts", "0"], "cache capacity must be an integer in [1, 256]"),
-    (["--cache-experts", "257"], "cache capacity must be an integer in [1, 256]"),
-    (["--cache-experts", "8", "--policy", "lru2"], "unknown policy 'lru2'"),
-    (["--cache-experts", "8", "--link", "nvlink"], "unknown link 'nvlink'"),
-    (["--cache-experts", "8", "--policy", "belady"], "simulator only"),
-    (["--cache-experts", "8", "--policy", "oracle"], "needs --oracle-trace"),
-    ([], "--offload needs --cache-experts"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cache-experts", "0"], "cache capacity must be an integer in [1, 256]"),
+        (["--cache-experts", "257"], "cache capacity must be an integer in [1, 256]"),
+        (["--cache-experts", "8", "--policy", "lru2"], "unknown policy 'lru2'"),
+        (["--cache-experts", "8", "--link", "nvlink"], "unknown link 'nvlink'"),
+        (["--cache-experts", "8", "--policy", "belady"], "simulator only"),
+        (["--cache-experts", "8", "--policy", "oracle"], "needs --oracle-trace"),
+        ([], "--offload needs --cache-experts"),
+    ],
+)
 def test_cli_rejects_bad_offload_arguments_before_loading(monkeypatch, capsys, args, message):
     import artifact.model.checkpoint as ck
-    monkeypatch.setattr(ck, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
+
+    monkeypatch.setattr(
+        ck, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input")
+    )
     code = main(["generate", "--prompt", "hi", "--offload", *args])
     assert code == 2 and message in capsys.readouterr().err
 
@@ -231,7 +268,10 @@ def test_cli_rejects_bad_offload_arguments_before_loading(monkeypatch, capsys, a
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown when CUDA is missing")
 def test_cuda_link_without_cuda_is_a_clear_error(capsys, monkeypatch):
     import artifact.model.checkpoint as ck
-    monkeypatch.setattr(ck, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input"))
+
+    monkeypatch.setattr(
+        ck, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input")
+    )
     assert main(["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--link", "cuda"]) == 2
     assert "--link cuda needs a CUDA GPU" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="CUDA"):

@@ -11,6 +11,7 @@ libCacheSim's own implementations, request by request; the hit or miss of every 
   current demand still needs (a miss early in the demand evicts a resident the demand has already used,
   or one of its own earlier misses), and this cache never does (a demanded expert stays until computed).
 """
+
 from pathlib import Path
 
 import numpy as np
@@ -47,8 +48,13 @@ def one_per_demand(t: Trace) -> Trace:
     """The same routing with every (demand, expert) pair its own demand, in the trace's order."""
     lens = np.diff(t.offsets)
     rows = {k: np.repeat(getattr(t, k), lens) for k in ("forward", "layer", "block", "block_step", "kind")}
-    return Trace(meta=dict(t.meta), offsets=np.arange(len(t.experts) + 1, dtype=np.int64), experts=t.experts,
-                 counts=t.counts, **rows)
+    return Trace(
+        meta=dict(t.meta),
+        offsets=np.arange(len(t.experts) + 1, dtype=np.int64),
+        experts=t.experts,
+        counts=t.counts,
+        **rows,
+    )
 
 
 def capacities(t: Trace) -> list[int]:
@@ -62,7 +68,11 @@ def agree(t: Trace, eviction: str, C: int) -> tuple[int, int, int]:
     n = bad = misses = 0
     for s in streams.values():
         got = served(eviction, C, s["obj_id"])
-        n, bad, misses = n + len(got), bad + int(np.count_nonzero(got != s["hit"])), misses + int((~s["hit"]).sum())
+        n, bad, misses = (
+            n + len(got),
+            bad + int(np.count_nonzero(got != s["hit"])),
+            misses + int((~s["hit"]).sum()),
+        )
     return n, bad, misses
 
 
@@ -78,7 +88,7 @@ def test_libcachesim_lru_equals_demand_request_by_request(path):
 RECORDED = [FIXTURES / "tiny-gsm8k-b1.safetensors", FIXTURES / "tiny-mbpp-b4.safetensors"]
 
 
-@pytest.mark.slow              # 3-8 s a case: every request of a recorded trace at four capacities, one by one
+@pytest.mark.slow  # 3-8 s a case: every request of a recorded trace at four capacities, one by one
 @pytest.mark.parametrize("eviction", ["lfu", "arc", "s3fifo"])
 @pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
 def test_lfu_arc_s3fifo_equal_libcachesim_where_the_rules_coincide(path, eviction):
@@ -98,8 +108,10 @@ def test_where_the_rules_differ_libcachesim_evicts_what_the_demand_still_needs()
     t = Trace.load(FIXTURES / "tiny-gsm8k-b1.safetensors")
     C = capacity_for(1.0, mean_working_set(t), 256)
     n, bad, ours = agree(t, "lfu", C)
-    theirs = ours + sum(int(np.count_nonzero(s["hit"])) - int(np.count_nonzero(served("lfu", C, s["obj_id"])))
-                        for s in request_streams(t, "demand+lfu", C).values())
+    theirs = ours + sum(
+        int(np.count_nonzero(s["hit"])) - int(np.count_nonzero(served("lfu", C, s["obj_id"])))
+        for s in request_streams(t, "demand+lfu", C).values()
+    )
     assert bad > 0 and theirs > 1.5 * ours
 
 
@@ -139,11 +151,30 @@ def test_export_writes_what_libcachesim_reads(tmp_path):
 
 def test_the_export_trace_command(tmp_path, capsys):
     from artifact.cli import main
+
     path = FIXTURES / "tiny-gsm8k-b1.safetensors"
-    assert main(["export-trace", "--trace", str(path), "--out", str(tmp_path), "--format", "csv",
-                 "--cache-experts", "40", "--policy", "demand+token_lru"]) == 0
-    assert "wrote 4 per-layer csv streams (23324 requests, hits-first feed of demand+token_lru at C = 40)" in \
-        capsys.readouterr().out
+    assert (
+        main(
+            [
+                "export-trace",
+                "--trace",
+                str(path),
+                "--out",
+                str(tmp_path),
+                "--format",
+                "csv",
+                "--cache-experts",
+                "40",
+                "--policy",
+                "demand+token_lru",
+            ]
+        )
+        == 0
+    )
+    assert (
+        "wrote 4 per-layer csv streams (23324 requests, hits-first feed of demand+token_lru at C = 40)"
+        in capsys.readouterr().out
+    )
     rows = sum(len((tmp_path / f"layer{layer}.csv").read_text().splitlines()) - 1 for layer in range(1, 5))
     assert rows == 23324
     assert main(["export-trace", "--trace", str(path), "--out", str(tmp_path), "--format", "csv"]) == 2

@@ -1,5 +1,7 @@
-"""The policies' run order (bench/order.py): a Williams design, balanced over slots and adjacent pairs, continued
+"""The policies' run order (bench/order.py): a Williams design, balanced over slots and adjacent pairs,
+continued
 across stored runs by Settings.rotation; the bench's cells run in it and record each run's slot."""
+
 from __future__ import annotations
 
 import argparse
@@ -51,11 +53,11 @@ def test_one_cycle_puts_every_policy_in_every_slot_equally_often(k):
     L = cycle_length(k)
     assert L == (k if k % 2 == 0 else 2 * k)
     orders = [slot_order(ps, i) for i in range(L)]
-    assert all(sorted(o) == sorted(ps) for o in orders)               # each a permutation of the policies
+    assert all(sorted(o) == sorted(ps) for o in orders)  # each a permutation of the policies
     assert slot_counts(orders) == {(p, s): L // k for p in ps for s in range(k)}
-    assert [slot_order(ps, i + L) for i in range(L)] == orders        # the cycle repeats
-    assert slot_order(ps, 0) == ps and slot_order(ps, 1) == ps[::-1]   # listed (as the warm-up), then reversed
-    assert all(orders[i + 1] == orders[i][::-1] for i in range(0, L, 2))   # each row beside its mirror
+    assert [slot_order(ps, i + L) for i in range(L)] == orders  # the cycle repeats
+    assert slot_order(ps, 0) == ps and slot_order(ps, 1) == ps[::-1]  # listed (as the warm-up), then reversed
+    assert all(orders[i + 1] == orders[i][::-1] for i in range(0, L, 2))  # each row beside its mirror
 
 
 @pytest.mark.parametrize("k", [2, 3, 4, 5, 6])
@@ -63,7 +65,7 @@ def test_every_ordered_pair_is_adjacent_equally_often(k):
     ps = names(k)
     L = cycle_length(k)
     pairs = pair_counts(slot_order(ps, i) for i in range(L))
-    per_pair = 1 if k % 2 == 0 else 2                                 # even: the square; odd: square + mirror
+    per_pair = 1 if k % 2 == 0 else 2  # even: the square; odd: square + mirror
     assert pairs == {(a, b): per_pair for a in ps for b in ps if a != b}
 
 
@@ -77,12 +79,14 @@ def test_the_alternating_order_fails_the_balance_for_three_policies():
 
 @pytest.mark.parametrize("R, runs", [(2, 6), (4, 3)])
 def test_the_stored_run_plan_is_balanced(R, runs):
-    """Run k measures with rotation k - 1; repetition r of a grid with R repetitions uses index rotation * R + r."""
+    """Run k measures with rotation k - 1; repetition r of a grid with R repetitions uses index rotation * R +
+    r."""
     orders = [slot_order(POLICIES, rotation * R + r) for rotation in range(runs) for r in range(R)]
     assert slot_counts(orders) == {(p, s): R * runs // 3 for p in POLICIES for s in range(3)}
     assert slot_counts(orders)[("last_step", 1)] == 4
-    assert not balanced([alternating(POLICIES, rotation * R + r) for rotation in range(runs) for r in range(R)],
-                        POLICIES)
+    assert not balanced(
+        [alternating(POLICIES, rotation * R + r) for rotation in range(runs) for r in range(R)], POLICIES
+    )
 
 
 def test_bad_input_is_refused_with_a_clear_error():
@@ -104,11 +108,12 @@ def test_measure_cell_runs_a_balanced_cycle_and_records_each_runs_slot():
     runner = FakeRunner()
     rows = measure_cell(runner, cell, list(POLICIES), R, warmup, {"profile": "test"})
     called = [p for _, p in runner.calls]
-    assert called[:3] == list(POLICIES)                               # the warm-up keeps the listed order
-    timed = [tuple(called[3 + 3 * r: 6 + 3 * r]) for r in range(R)]
+    assert called[:3] == list(POLICIES)  # the warm-up keeps the listed order
+    timed = [tuple(called[3 + 3 * r : 6 + 3 * r]) for r in range(R)]
     assert balanced(timed, POLICIES)
-    assert [(row["rep"], row["order"], row["policy"]) for row in rows] == \
-        [(r, s, p) for r, order in enumerate(timed) for s, p in enumerate(order)]
+    assert [(row["rep"], row["order"], row["policy"]) for row in rows] == [
+        (r, s, p) for r, order in enumerate(timed) for s, p in enumerate(order)
+    ]
     # rotation continues the cycle: rotation 1 with R repetitions starts at index R
     again = FakeRunner()
     rows = measure_cell(again, cell, list(POLICIES), 2, 0, {}, rotation=2)
@@ -126,7 +131,8 @@ def test_rotation_is_a_checked_setting_outside_every_fingerprint():
 
 
 def test_record_runs_measures_stored_run_k_with_rotation_k_minus_1(tmp_path, monkeypatch):
-    """scripts/record_runs.py end to end, its measurement replaced by one row file per run (the timing notebooks'
+    """scripts/record_runs.py end to end, its measurement replaced by one row file per run (the timing
+    notebooks'
     real measurements take many minutes): each run's profile, and its run.json, carry rotation k - 1."""
     monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
     spec = importlib.util.spec_from_file_location("record_runs", ROOT / "scripts" / "record_runs.py")
@@ -139,9 +145,11 @@ def test_record_runs_measures_stored_run_k_with_rotation_k_minus_1(tmp_path, mon
         out = tmp_path / "data" / "results" / P.name / "bench.csv"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(f"rotation\n{P.rotation}\n")
+
     monkeypatch.setattr(script, "measure", measure)
     script.record(argparse.Namespace(profile="cpu", model=None, runs=2))
-    script.record(argparse.Namespace(profile="cpu", model=None, runs=1))   # a later call continues the numbering
+    # a later call continues the numbering
+    script.record(argparse.Namespace(profile="cpu", model=None, runs=1))
     assert seen == [0, 1, 2]
     runs = tmp_path / "data" / "results" / "cpu" / "runs"
     for k in (1, 2, 3):

@@ -1,6 +1,7 @@
 """Cache planning: the demand policy against a plain reference LRU, per-phase counts, the plan's array
 fields, the policy registry and its one factory, and the new prefetchers (last_step_conservative,
 cross_layer) in the cache and the simulator."""
+
 from collections import OrderedDict
 from pathlib import Path
 
@@ -38,21 +39,21 @@ def reference_lru(trace: Trace, C: int) -> tuple[int, int]:
     hits = misses = 0
     for n in range(len(trace)):
         lru = caches.setdefault(int(trace.layer[n]), OrderedDict())
-        demand = trace.experts[trace.offsets[n]:trace.offsets[n + 1]].tolist()
+        demand = trace.experts[trace.offsets[n] : trace.offsets[n + 1]].tolist()
         hit = [e for e in demand if e in lru]
         miss = [e for e in demand if e not in lru]
         hits, misses = hits + len(hit), misses + len(miss)
-        for e in miss:                                       # evict the oldest non-demanded residents
+        for e in miss:  # evict the oldest non-demanded residents
             if len(lru) >= C:
                 victim = next((x for x in lru if x not in demand), None)
-                if victim is None:                           # every resident is demanded: a wave
+                if victim is None:  # every resident is demanded: a wave
                     break
                 del lru[victim]
             lru[e] = True
         for e in hit + miss:
             lru[e] = True
             lru.move_to_end(e)
-        while len(lru) > C:                                  # a wave keeps the last C used
+        while len(lru) > C:  # a wave keeps the last C used
             lru.popitem(last=False)
     return hits, misses
 
@@ -71,9 +72,15 @@ def stream_trace(num_layers: int, steps, E: int = 24, predicted: bool = False) -
     return rec.trace({"moe_layers": list(range(1, num_layers + 1)), "num_experts": E, "config_hash": "x"})
 
 
-streams = st.tuples(st.integers(1, 3), st.integers(1, 24),
-                    st.lists(st.lists(st.sets(st.integers(0, 23), min_size=1, max_size=24), min_size=1, max_size=3),
-                             min_size=1, max_size=14))
+streams = st.tuples(
+    st.integers(1, 3),
+    st.integers(1, 24),
+    st.lists(
+        st.lists(st.sets(st.integers(0, 23), min_size=1, max_size=24), min_size=1, max_size=3),
+        min_size=1,
+        max_size=14,
+    ),
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -104,32 +111,56 @@ def per_phase_accesses(t: Trace) -> list[int]:
 def test_phases_add_up_to_the_totals(path):
     t = Trace.load(path)
     W = np.diff(t.offsets).mean()
-    for policy in ["demand", "last_step", "last_step:lookahead=2", "last_step_conservative", "oracle",
-                   "oracle:lookahead=2", "interval_refresh:tau=2", "belady"]:
+    for policy in [
+        "demand",
+        "last_step",
+        "last_step:lookahead=2",
+        "last_step_conservative",
+        "oracle",
+        "oracle:lookahead=2",
+        "interval_refresh:tau=2",
+        "belady",
+    ]:
         for C in (1, max(1, round(0.6 * W)), round(1.3 * W)):
             r = replay(t, policy, min(C, t.meta["num_experts"]), by_phase=True)
             phases = r["by_phase"]
             assert list(phases) == list(PHASES)
             for k in COUNTS:
                 assert sum(p[k] for p in phases.values()) == r[k], (policy, C, k)
-            for name, p in phases.items():           # each prefetch is booked once, in its issuing phase
-                assert p["speculative_transfers"] == p["prefetch_hits"] + p["wasted_prefetches"], (policy, name)
+            for name, p in phases.items():  # each prefetch is booked once, in its issuing phase
+                assert p["speculative_transfers"] == p["prefetch_hits"] + p["wasted_prefetches"], (
+                    policy,
+                    name,
+                )
             assert [p["demand_hits"] + p["demand_misses"] for p in phases.values()] == per_phase_accesses(t)
 
 
 def test_phase_of_a_step():
-    assert [phase_of(StepInfo(0, -1, -1, "prefill")), phase_of(StepInfo(1, 0, 0, "denoise")),
-            phase_of(StepInfo(2, 0, 5, "denoise"))] == [0, 1, 2]
+    assert [
+        phase_of(StepInfo(0, -1, -1, "prefill")),
+        phase_of(StepInfo(1, 0, 0, "denoise")),
+        phase_of(StepInfo(2, 0, 5, "denoise")),
+    ] == [0, 1, 2]
 
 
 def hand_stream():
     """Two MoE layers, C = 2, cross_layer with chosen predictions (worked out in the test below)."""
-    pre, first, later, later2 = (StepInfo(0, -1, -1, "prefill"), StepInfo(1, 0, 0, "denoise"),
-                                 StepInfo(2, 0, 1, "denoise"), StepInfo(3, 0, 2, "denoise"))
-    return [Demand(pre, 1, (0, 1), (1, 1), ((2, 3), (2, 1))), Demand(pre, 2, (2, 4), (1, 1)),
-            Demand(first, 1, (0, 1), (1, 1), ((5,), (1,))), Demand(first, 2, (4,), (1,)),
-            Demand(later, 1, (6,), (1,), ((4,), (1,))), Demand(later, 2, (5,), (1,)),
-            Demand(later2, 1, (6,), (1,), ((7,), (1,))), Demand(later2, 2, (5,), (1,))]
+    pre, first, later, later2 = (
+        StepInfo(0, -1, -1, "prefill"),
+        StepInfo(1, 0, 0, "denoise"),
+        StepInfo(2, 0, 1, "denoise"),
+        StepInfo(3, 0, 2, "denoise"),
+    )
+    return [
+        Demand(pre, 1, (0, 1), (1, 1), ((2, 3), (2, 1))),
+        Demand(pre, 2, (2, 4), (1, 1)),
+        Demand(first, 1, (0, 1), (1, 1), ((5,), (1,))),
+        Demand(first, 2, (4,), (1,)),
+        Demand(later, 1, (6,), (1,), ((4,), (1,))),
+        Demand(later, 2, (5,), (1,)),
+        Demand(later2, 1, (6,), (1,), ((7,), (1,))),
+        Demand(later2, 2, (5,), (1,)),
+    ]
 
 
 def test_hand_worked_phase_split():
@@ -144,11 +175,11 @@ def test_hand_worked_phase_split():
     got = cache.finish().by_phase()
     want = {"prefill": [1, 3, 2, 1, 1, 50], "first": [3, 0, 1, 1, 0, 10], "later": [3, 1, 1, 0, 1, 20]}
     assert got == {p: dict(zip(COUNTS, v)) for p, v in want.items()}
-    rec = TraceRecorder()                          # the simulator, from a trace holding the predictions
+    rec = TraceRecorder()  # the simulator, from a trace holding the predictions
     for d in hand_stream():
         rec(d)
     t = rec.trace({"moe_layers": [1, 2], "num_experts": 8, "expert_bytes": 10})
-    sim = replay(t, "cross_layer", 2, by_phase=True)["by_phase"]      # the replay adds each phase's accesses
+    sim = replay(t, "cross_layer", 2, by_phase=True)["by_phase"]  # the replay adds each phase's accesses
     assert {p: {k: v for k, v in d.items() if k != "accesses"} for p, d in sim.items()} == got
     assert replay(t, "cross_layer:conservative=true", 2)["demand_misses"] == 4
 
@@ -156,9 +187,9 @@ def test_hand_worked_phase_split():
 def test_counts_read_mid_run_derive_prefetch_hits_from_what_is_still_unused():
     cache = ExpertCache([1, 2], 8, 2, make_policy("cross_layer", 2, 8), expert_bytes=1)
     d = hand_stream()
-    cache.serve(d[0])                                # 2, 3 prefetched, not yet used
+    cache.serve(d[0])  # 2, 3 prefetched, not yet used
     assert cache.counts.speculative_transfers == 2 and cache.counts.prefetch_hits == 0
-    cache.serve(d[1])                                # 2 used, 3 evicted unused
+    cache.serve(d[1])  # 2 used, 3 evicted unused
     assert (cache.counts.prefetch_hits, cache.counts.wasted_prefetches) == (1, 1)
 
 
@@ -171,13 +202,19 @@ def test_plan_arrays_match_the_lists_and_the_waves_are_sound():
         plan, spec = cache.serve(d)
         assert plan.layer == d.layer and plan.index == t.meta["moe_layers"].index(d.layer)
         assert plan.hits == list(zip(plan.hit_experts.tolist(), plan.hit_slots.tolist()))
-        rows = list(zip(plan.load_experts.tolist(), plan.load_slots.tolist(), plan.load_victims.tolist(),
-                        plan.load_after.tolist()))
+        rows = list(
+            zip(
+                plan.load_experts.tolist(),
+                plan.load_slots.tolist(),
+                plan.load_victims.tolist(),
+                plan.load_after.tolist(),
+            )
+        )
         assert [(ld.expert, ld.slot, ld.victim, ld.after) for ld in plan.loads] == rows
         assert not any(ld.speculative for ld in plan.loads) and all(ld.speculative for ld in spec)
         occupant = {s: e for e, s in plan.hits}
-        done = {e for e, _ in plan.hits}                 # hits are computed first
-        for e, s, v, a in rows:                      # a reused slot's occupant is computed before its copy
+        done = {e for e, _ in plan.hits}  # hits are computed first
+        for e, s, v, a in rows:  # a reused slot's occupant is computed before its copy
             if a != EMPTY:
                 assert a in done and occupant.get(s) == a == v
                 waves += 1
@@ -188,8 +225,15 @@ def test_plan_arrays_match_the_lists_and_the_waves_are_sound():
 
 # --- the registry and the factory ---------------------------------------------------------------
 def test_the_registry_is_built_from_the_classes():
-    assert {"demand", "last_step", "last_step_conservative", "cross_layer", "oracle", "interval_refresh",
-            "belady"} <= set(POLICIES)
+    assert {
+        "demand",
+        "last_step",
+        "last_step_conservative",
+        "cross_layer",
+        "oracle",
+        "interval_refresh",
+        "belady",
+    } <= set(POLICIES)
     assert POLICIES["oracle"].needs_trace and not POLICIES["belady"].engine_ok
     assert POLICIES["cross_layer"].needs_prediction and not POLICIES["last_step"].needs_prediction
     assert options_of(POLICIES["last_step"]) == {"lookahead": 1}
@@ -202,9 +246,13 @@ def test_policy_specs_carry_options_and_reject_unknown_ones():
     assert cls is LastStep and opts == {"lookahead": 2}
     assert make_policy("last_step:lookahead=2", 4, 8).lookahead == 2
     assert make_policy("cross_layer:conservative=yes", 4, 8).conservative is True
-    assert make_policy("last_step", 4, 8, lookahead=3, tau=2).lookahead == 3      # settings go where they apply
+    assert make_policy("last_step", 4, 8, lookahead=3, tau=2).lookahead == 3  # settings go where they apply
     assert make_policy("last_step:lookahead=2", 4, 8, lookahead=3).lookahead == 2  # the spec wins
-    with pytest.raises(ValueError, match=r"policy 'last_step' has no option 'lookahaed'; its options: lookahead=1"):
+    with pytest.raises(
+        ValueError,
+        match=r"policy 'last_step' has no option 'lookahaed'; its options: "
+        r"lookahead=1",
+    ):
         make_policy("last_step:lookahaed=2", 4, 8)
     with pytest.raises(ValueError, match=r"policy 'demand' has no option 'tau'; its options: none"):
         make_policy("demand:tau=2", 4, 8)
@@ -228,7 +276,10 @@ def test_policy_specs_carry_options_and_reject_unknown_ones():
 
 def test_split_policies_keeps_a_specs_own_commas():
     assert split_policies("demand, last_step:lookahead=2,conservative=1 ,oracle") == [
-        "demand", "last_step:lookahead=2,conservative=1", "oracle"]
+        "demand",
+        "last_step:lookahead=2,conservative=1",
+        "oracle",
+    ]
 
 
 def test_register_checks_the_class():
@@ -253,7 +304,7 @@ def test_register_checks_the_class():
 
     with pytest.raises(TypeError, match="Nameless has no name"):
         register(Nameless)
-    with pytest.raises(TypeError, match="not a Policy subclass"):     # the base is no policy of its own
+    with pytest.raises(TypeError, match="not a Policy subclass"):  # the base is no policy of its own
         register(Policy)
     assert "no_default" not in POLICIES and "liar" not in POLICIES and "" not in POLICIES
     assert POLICIES["demand"] is DemandPolicy and DemandPolicy.__bases__ == (Policy,)
@@ -263,9 +314,13 @@ def test_sweep_takes_specs_and_phases():
     t = Trace.load(FIXTURES / "random-l3-e32.safetensors")
     df = sweep([t], [1.0], ["demand", "last_step:lookahead=2"], by_phase=True)
     assert list(df.policy) == ["demand", "last_step:lookahead=2"]
-    assert all(sum(p["demand_misses"] for p in row.values()) == m for row, m in zip(df.by_phase, df.demand_misses))
-    assert replay(t, "last_step", 8, lookahead=2)["demand_misses"] == replay(t, "last_step:lookahead=2", 8)[
-        "demand_misses"]
+    assert all(
+        sum(p["demand_misses"] for p in row.values()) == m for row, m in zip(df.by_phase, df.demand_misses)
+    )
+    assert (
+        replay(t, "last_step", 8, lookahead=2)["demand_misses"]
+        == replay(t, "last_step:lookahead=2", 8)["demand_misses"]
+    )
 
 
 # --- the new prefetchers ------------------------------------------------------------------------
@@ -288,8 +343,13 @@ def test_conservative_last_step_equals_lru_under_these_rules(path):
 def test_conservative_prefetch_never_evicts_a_predicted_resident(stream, conservative):
     num_layers, C, steps = stream
     t = stream_trace(max(num_layers, 2), steps, predicted=True)
-    cache = ExpertCache(t.meta["moe_layers"], 24, C, make_policy(f"cross_layer:conservative={conservative}",
-                                                                 len(t.meta["moe_layers"]), 24), 1)
+    cache = ExpertCache(
+        t.meta["moe_layers"],
+        24,
+        C,
+        make_policy(f"cross_layer:conservative={conservative}", len(t.meta["moe_layers"]), 24),
+        1,
+    )
     swapped = 0
     for d in t.demands:
         nxt = d.layer + 1
@@ -319,5 +379,5 @@ def test_cross_layer_replays_the_prediction_and_says_when_it_is_missing():
     with pytest.raises(ValueError, match=r"Demand\.predicted.*MoE layer 0"):
         cache.serve(plain.demands[0])
     cache = ExpertCache([1, 2, 3], 24, 4, make_policy("cross_layer", 3, 24), 1)
-    last = Demand(StepInfo(0, 0, 0, "denoise"), 3, (1,), (1,))          # the last MoE layer needs none
+    last = Demand(StepInfo(0, 0, 0, "denoise"), 3, (1,), (1,))  # the last MoE layer needs none
     assert cache.serve(last)[1] == []

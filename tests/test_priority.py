@@ -1,5 +1,6 @@
 """The demand-priority link: the two-queue timeline (injected clock), its EmulatedLink, the CUDA
 holding logic with fake callables, and the engine's issue order and counts under both priorities."""
+
 import random
 
 import pytest
@@ -15,16 +16,25 @@ from artifact.offload.replay.sim import replay
 from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 
 MB = 1_000_000
-COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d")
+COUNTS = (
+    "demand_hits",
+    "demand_misses",
+    "speculative_transfers",
+    "prefetch_hits",
+    "wasted_prefetches",
+    "bytes_h2d",
+)
 
 
-FakeClock = ManualClock          # virtual time: the clock moves only when slept on
+FakeClock = ManualClock  # virtual time: the clock moves only when slept on
 
 
 def links(chunk=100_000, latency_us=0.0):
     clock = FakeClock()
-    return clock, {p: EmulatedLink(1.0, latency_us, clock=clock, sleep=clock.sleep, priority=p, chunk_bytes=chunk)
-                   for p in ("fifo", "demand")}
+    return clock, {
+        p: EmulatedLink(1.0, latency_us, clock=clock, sleep=clock.sleep, priority=p, chunk_bytes=chunk)
+        for p in ("fifo", "demand")
+    }
 
 
 # --- the timeline ------------------------------------------------------------------------------
@@ -34,7 +44,7 @@ def test_a_demand_copy_behind_queued_speculative_copies(priority):
     t=0; a demand copy issued at 0.25 ms starts within one chunk under demand, after all four under fifo."""
     clock, by = links()
     link = by[priority]
-    x = torch.zeros(MB // 4)                                        # 1 MB of float32
+    x = torch.zeros(MB // 4)  # 1 MB of float32
     spec = [link.copy([(torch.empty_like(x), x, "")], speculative=True)[0] for _ in range(4)]
     assert spec[0].end == pytest.approx(1e-3)
     clock.t = 0.25e-3
@@ -42,7 +52,7 @@ def test_a_demand_copy_behind_queued_speculative_copies(priority):
     start = link.timeline.end(d.copy, clock()) - 1e-3
     if priority == "demand":
         assert 0.25e-3 <= start <= 0.25e-3 + 0.1e-3 + 1e-12
-        assert start == pytest.approx(0.3e-3)                       # the chunk on the engine finishes first
+        assert start == pytest.approx(0.3e-3)  # the chunk on the engine finishes first
         assert spec[0].end == pytest.approx(2e-3), "the speculative copy resumes after the demand copy"
     else:
         assert start == pytest.approx(4e-3)
@@ -57,10 +67,11 @@ def test_chunking_keeps_bytes_and_adds_only_per_chunk_latency():
             link.copy([(torch.empty_like(x), x, "")], speculative=i % 2 == 0)[0]
     fifo, demand = by["fifo"].stats, by["demand"].stats
     assert fifo.bytes == demand.bytes == 6 * MB and fifo.transfers == demand.transfers == 6
-    chunks = len(split(MB, 300_000))                                # 300k, 300k, 300k, 100k
+    chunks = len(split(MB, 300_000))  # 300k, 300k, 300k, 100k
     assert chunks == 4
     assert demand.busy_seconds - fifo.busy_seconds == pytest.approx(3 * (chunks - 1) * 10e-6)
-    assert by["demand"].timeline.drain() == pytest.approx(demand.busy_seconds)   # no idle gaps: work-conserving
+    # no idle gaps: work-conserving
+    assert by["demand"].timeline.drain() == pytest.approx(demand.busy_seconds)
 
 
 def today_fifo_ends(issues, bandwidth_gbps, latency):
@@ -68,7 +79,7 @@ def today_fifo_ends(issues, bandwidth_gbps, latency):
     free_at, ends = 0.0, []
     for now, nbytes in issues:
         start = max(now, free_at)
-        free_at = start + (latency + nbytes / (bandwidth_gbps * 1e9))     # d = duration(nbytes), then start + d
+        free_at = start + (latency + nbytes / (bandwidth_gbps * 1e9))  # d = duration(nbytes), then start + d
         ends.append(free_at)
     return ends
 
@@ -79,14 +90,14 @@ def test_fifo_reproduces_the_old_end_times_exactly():
     for _ in range(300):
         t += rng.choice([0.0, rng.random() * 2e-4])
         issues.append((t, rng.randint(1, 60_000)))
-    tl = CopyTimeline(0.1, 10e-6, "fifo", chunk_bytes=1000)         # chunk_bytes is ignored under fifo
+    tl = CopyTimeline(0.1, 10e-6, "fifo", chunk_bytes=1000)  # chunk_bytes is ignored under fifo
     copies, ends = [], []
     for i, (now, nbytes) in enumerate(issues):
         copies.append(tl.issue(now, nbytes, speculative=i % 3 == 0, key=i % 7))
-        if i % 5 == 0:                                              # ask at issue time, like wait/ready do
+        if i % 5 == 0:  # ask at issue time, like wait/ready do
             ends.append((i, tl.end(copies[-1], now)))
     ref = today_fifo_ends(issues, 0.1, 10e-6)
-    assert all(e == ref[i] for i, e in ends)                        # bit-identical, not approximately
+    assert all(e == ref[i] for i, e in ends)  # bit-identical, not approximately
     tl.drain()
     assert [c.end for c in copies] == ref
 
@@ -94,8 +105,8 @@ def test_fifo_reproduces_the_old_end_times_exactly():
 def test_end_times_are_lazy_a_later_demand_copy_delays_a_queued_speculative_one():
     tl = CopyTimeline(1.0, 0.0, "demand", chunk_bytes=100_000)
     s = tl.issue(0.0, MB, speculative=True)
-    assert tl.end(s, 0.0) == pytest.approx(1e-3)                    # as known at t=0
-    tl.issue(0.5e-3, MB)                                            # a demand copy arrives mid-way
+    assert tl.end(s, 0.0) == pytest.approx(1e-3)  # as known at t=0
+    tl.issue(0.5e-3, MB)  # a demand copy arrives mid-way
     assert tl.end(s, 0.5e-3) == pytest.approx(2e-3)
     assert s.start == 0.0
 
@@ -104,7 +115,7 @@ def test_promoted_speculative_copy_goes_before_later_demand_copies():
     tl = CopyTimeline(1.0, 0.0, "demand", chunk_bytes=100_000)
     a = tl.issue(0.0, MB, speculative=True)
     b = tl.issue(0.0, MB, speculative=True)
-    tl.promote(b, 0.05e-3)                                          # b's expert is demanded
+    tl.promote(b, 0.05e-3)  # b's expert is demanded
     d = tl.issue(0.05e-3, MB)
     tl.drain()
     assert b.end == pytest.approx(1.1e-3), "b runs right after a's first chunk"
@@ -122,8 +133,10 @@ def test_a_copy_into_a_slot_lands_after_the_earlier_speculative_copy_into_it():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 3e-4), st.integers(1, 400_000), st.booleans()), min_size=1, max_size=40),
-       st.integers(1_000, 200_000))
+@given(
+    st.lists(st.tuples(st.floats(0, 3e-4), st.integers(1, 400_000), st.booleans()), min_size=1, max_size=40),
+    st.integers(1_000, 200_000),
+)
 def test_demand_priority_delays_a_demand_copy_by_at_most_one_chunk(copies, chunk):
     """Property: a demand copy starts by max(its issue, the previous demand copy's end) + one chunk."""
     bw, lat = 1.0, 5e-6
@@ -151,7 +164,7 @@ def test_emulated_link_waits_for_the_lazily_known_end_and_moves_bytes_then():
     clock.t = 0.5e-3
     d = link.copy([(torch.empty_like(src), src, "")])[0]
     assert not link.ready(s) and not dst.any()
-    link.wait(s)                                                    # delayed by the demand copy: 2 ms, not 1
+    link.wait(s)  # delayed by the demand copy: 2 ms, not 1
     assert clock.t == pytest.approx(2e-3) and torch.equal(dst, src)
     assert link.stats.stall_seconds == pytest.approx(1.5e-3) and link.ready(d)
 
@@ -164,7 +177,7 @@ def test_priority_settings_are_checked():
     with pytest.raises(ValueError, match="unknown link priority"):
         OffloadSpec(4, link_priority="urgent").check(256, "cpu")
     link = make_link("emulated", expert_bytes=24_576, priority="demand")
-    assert link.priority == "demand" and link.chunk_bytes == 24_576              # one expert per chunk
+    assert link.priority == "demand" and link.chunk_bytes == 24_576  # one expert per chunk
     assert scaled_chunk_bytes(24_576) == 4096
     assert make_link("emulated", expert_bytes=24_576).priority == "fifo"
 
@@ -208,7 +221,7 @@ def test_hold_issues_one_chunk_at_a_time_and_only_while_demand_is_drained():
     s.events[-1].done = True
     assert h.pump() == 1 and s.issued[-1] == ("a", 100, 200)
     s.events[-1].done = True
-    s.demand_busy = True                                            # a demand copy was queued meanwhile
+    s.demand_busy = True  # a demand copy was queued meanwhile
     assert h.pump() == 0
     s.demand_busy = False
     h.pump()
@@ -224,7 +237,7 @@ def test_hold_releases_a_slots_chunks_before_a_new_copy_into_it_and_on_promote_a
     h.hold("a", 300, key="slot0")
     h.hold("b", 200, key="slot1")
     h.hold("c", 100, key="slot2")
-    h.before_copy("slot1")                                          # a demand copy into slot1 follows
+    h.before_copy("slot1")  # a demand copy into slot1 follows
     assert s.issued == [("b", 0, 100), ("b", 100, 200)]
     h.promote("c")
     assert s.issued[-1] == ("c", 0, 100) and [x.copy for x in h.held] == ["a"]
@@ -243,7 +256,7 @@ class LoggingLink(EmulatedLink):
     """The real emulated link; it also logs each copy's kind, to check the engine's issue order."""
 
     def __init__(self, log, **kw):
-        super().__init__(1e9, 0.0, **kw)                            # fast: order matters here, not time
+        super().__init__(1e9, 0.0, **kw)  # fast: order matters here, not time
         self.log = log
 
     def copy(self, items, after=None, speculative=False):
@@ -257,12 +270,13 @@ def test_engine_issues_speculative_loads_after_all_demand_loads_of_the_layer(tin
     from artifact.model.options import ForwardOptions
     from artifact.offload.backend.engine import offload
     from artifact.offload.policy.policies import make_policy
+
     log: list[str] = []
     cfg = tiny.cfg
     pol = make_policy("last_step", len(cfg.moe_layers), cfg.num_experts, engine=True)
     link = LoggingLink(log, priority=priority, chunk_bytes=4096)
     model = tiny.model
-    engine = offload(model, tiny.experts, 8, pol, link)             # C=8 < W: misses stream in waves
+    engine = offload(model, tiny.experts, 8, pol, link)  # C=8 < W: misses stream in waves
     with model.listening(lambda d: log.append("|")):
         generate(model, tiny_prompts[:1], DC, options=ForwardOptions(backend=engine))
     engine.finish()
@@ -272,20 +286,30 @@ def test_engine_issues_speculative_loads_after_all_demand_loads_of_the_layer(tin
         assert "SD" not in x, f"a demand copy was issued after a speculative one: {x}"
 
 
-@pytest.mark.parametrize("policy", ["demand", "last_step", "last_step:lookahead=2", "last_step_conservative",
-                                    "cross_layer", "oracle"])
+@pytest.mark.parametrize(
+    "policy",
+    ["demand", "last_step", "last_step:lookahead=2", "last_step_conservative", "cross_layer", "oracle"],
+)
 def test_engine_counts_equal_replay_under_demand_priority(tiny, tiny_prompts, policy):
     ids = ["a", "b"]
     rec = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), record=True, prompt_ids=ids)
     out = {}
     for prio in ("fifo", "demand"):
         spec = OffloadSpec(12, policy, link_priority=prio)
-        out[prio] = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=spec, record=True, prompt_ids=ids,
-                                   oracle=rec.trace if policy == "oracle" else None)
+        out[prio] = decode_prompts(
+            tiny,
+            tiny_prompts[:2],
+            2,
+            RunOptions(DC),
+            spec=spec,
+            record=True,
+            prompt_ids=ids,
+            oracle=rec.trace if policy == "oracle" else None,
+        )
         assert out[prio].tokens == rec.tokens and out[prio].stats.link_priority == prio
     sim = replay(out["demand"].trace, policy, 12)
     for k in COUNTS:
         assert getattr(out["demand"].stats, k) == sim[k] == getattr(out["fifo"].stats, k), k
     assert out["demand"].stats.link_bytes == out["fifo"].stats.link_bytes
-    if policy not in ("demand", "last_step_conservative"):     # conservative never transfers (docs/policies.md)
+    if policy not in ("demand", "last_step_conservative"):  # conservative never transfers (docs/policies.md)
         assert sim["speculative_transfers"] > 0

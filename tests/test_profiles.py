@@ -1,5 +1,6 @@
 """Settings and profiles: the dataclass holds every default, a profile only overrides; every bundled one
 loads; every bad key or value is named in a clear error."""
+
 from __future__ import annotations
 
 import math
@@ -40,18 +41,21 @@ def test_bundled_profiles_load():
 
 def test_defaults_are_valid_and_profiles_hold_overrides_only():
     defaults = Settings()
-    assert not hasattr(settings, "Profile") and defaults.name == "defaults"     # one name for the type
-    assert load_profile(PROFILE_DIR / "cpu.yaml").gen_length == 32          # by path as by name
+    assert not hasattr(settings, "Profile") and defaults.name == "defaults"  # one name for the type
+    assert load_profile(PROFILE_DIR / "cpu.yaml").gen_length == 32  # by path as by name
     for name in list_profiles():
         data = yaml.safe_load((PROFILE_DIR / f"{name}.yaml").read_text())
-        same = [k for k, v in data.items()
-                if k != "description" and (tuple(v) if isinstance(v, list) else v) == getattr(defaults, k)]
+        same = [
+            k
+            for k, v in data.items()
+            if k != "description" and (tuple(v) if isinstance(v, list) else v) == getattr(defaults, k)
+        ]
         assert not same, f"{name}.yaml repeats defaults {same}: a profile holds overrides only"
-    assert not list(PROFILE_DIR.glob("base.y*ml"))                          # the dataclass is the base
+    assert not list(PROFILE_DIR.glob("base.y*ml"))  # the dataclass is the base
 
 
 def _numeric(key):
-    tp = typing.get_type_hints(Settings)[key]      # int, float, X | None or tuple[X, ...]
+    tp = typing.get_type_hints(Settings)[key]  # int, float, X | None or tuple[X, ...]
     args = typing.get_args(tp)
     inner = [a for a in args if a is not type(None)] or [tp]
     if typing.get_origin(inner[0]) is tuple:
@@ -82,8 +86,16 @@ def test_nan_and_inf_are_refused_for_every_float_setting(tmp_path, key, bad):
 
 
 def test_float_keys_cover_the_float_settings():
-    assert {"latency_us", "link_gbps", "threshold", "cache_ratios", "bandwidth_scales", "budget_minutes",
-            "throttle_scales", "throttle_ratio"} == set(FLOAT_KEYS)
+    assert {
+        "latency_us",
+        "link_gbps",
+        "threshold",
+        "cache_ratios",
+        "bandwidth_scales",
+        "budget_minutes",
+        "throttle_scales",
+        "throttle_ratio",
+    } == set(FLOAT_KEYS)
 
 
 def test_a_key_given_twice_is_refused(tmp_path):
@@ -95,7 +107,7 @@ def test_a_key_given_twice_is_refused(tmp_path):
 
 def test_errors_are_user_errors():
     assert issubclass(ProfileError, SettingError) and issubclass(SettingError, UserError)
-    assert issubclass(UserError, ValueError)          # code guarding with `except ValueError` keeps working
+    assert issubclass(UserError, ValueError)  # code guarding with `except ValueError` keeps working
 
 
 def test_gpu_profiles_hold_the_papers_grid():
@@ -110,24 +122,33 @@ def test_gpu_profiles_hold_the_papers_grid():
 
 @pytest.mark.parametrize("name", ["h200_ae", "a5000_ae"])
 def test_a_reviewers_profile_decides_04s_headline_claims(name):
-    """Notebook 04's two claims (C/W 0.43; every C/W in 0.83-1.73) at batch sizes 1 and 4, one task, with the A/A
+    """Notebook 04's two claims (C/W 0.43; every C/W in 0.83-1.73) at batch sizes 1 and 4, one task, with the
+    A/A
     control, at least MIN_PAIRS pairs per cell, on the GPU of its name (its time: tests/test_doctor.py)."""
     from artifact.experiments.criteria import paper, thresholds
     from artifact.experiments.settings import CONTROL
+
     p = load_profile(name)
     assert p.cache_ratios == PAPER_RATIOS and paper.AT_LOW.cache_ratio in p.cache_ratios
-    assert [r for r in p.cache_ratios if paper.FASTER_RANGE[0] <= r <= paper.FASTER_RANGE[1]] == [0.83, 1.0, 1.3, 1.73]
+    assert [r for r in p.cache_ratios if paper.FASTER_RANGE[0] <= r <= paper.FASTER_RANGE[1]] == [
+        0.83,
+        1.0,
+        1.3,
+        1.73,
+    ]
     assert p.batch_sizes == (1, 4) and len(p.tasks) == 1 and p.bandwidth_scales == (1.0,)
     assert p.policies == ("demand", "last_step", CONTROL) and p.repetitions >= thresholds.MIN_PAIRS
     assert p.link == "cuda" and p.device == "cuda" and p.model is None and p.budget_minutes <= 120
-    assert p.trace_tasks == p.tasks and p.trace_batch_sizes == p.batch_sizes    # only the traces its grid needs
+    assert p.trace_tasks == p.tasks and p.trace_batch_sizes == p.batch_sizes  # only the traces its grid needs
 
 
 def test_flash_writes_to_folders_of_its_own(tmp_path, monkeypatch):
-    """LLaDA2.0-flash runs under h200_flash: its claim records, bench grids, traces and figures go to folders named
+    """LLaDA2.0-flash runs under h200_flash: its claim records, bench grids, traces and figures go to folders
+    named
     after it, never to mini's (h200)."""
     from artifact.experiments.claims import Claim, record
     from artifact.experiments.outputs import paths
+
     monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "results"))
     monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
     monkeypatch.delenv("ARTIFACT_FIGURES", raising=False)
@@ -138,14 +159,15 @@ def test_flash_writes_to_folders_of_its_own(tmp_path, monkeypatch):
     for where in (paths.run_dir, paths.figures_dir, paths.run_data_dir, paths.results_dir, paths.traces_dir):
         assert where(flash).name == "h200_flash" or where(flash).parent.name == "h200_flash"
         assert where(flash) != where(mini)
-    assert flash.trace_capacity == 128 and mini.trace_capacity is None    # flash's experts do not fit 141 GB
+    assert flash.trace_capacity == 128 and mini.trace_capacity is None  # flash's experts do not fit 141 GB
 
 
 def test_cpu_profile_is_small_and_states_a_budget():
     p = load_profile("cpu")
     assert p.model == "tiny" and p.link == "emulated" and p.device == "cpu"
     assert p.cache_ratios == PAPER_RATIOS
-    assert p.policies == ("demand", "last_step", "last_step_conservative")      # the A/A control (settings.CONTROL)
+    # the A/A control (settings.CONTROL)
+    assert p.policies == ("demand", "last_step", "last_step_conservative")
     assert p.budget_minutes is not None and p.budget_minutes <= 15
     assert p.torch_dtype == "float32"
 
@@ -155,7 +177,7 @@ def test_profile_by_path_overlays_base(tmp_path):
     p = load_profile(path)
     assert p.name == "mine" and p.repetitions == 7
     assert p.cache_ratios == (1.0, 2.5) and all(isinstance(r, float) for r in p.cache_ratios)
-    assert p.gen_length == Settings().gen_length == 256          # from the defaults
+    assert p.gen_length == Settings().gen_length == 256  # from the defaults
 
 
 def test_overrides_are_validated_and_win():
@@ -191,18 +213,21 @@ def test_unknown_profile_name_lists_profiles(tmp_path):
         load_profile(tmp_path / "missing.yaml")
 
 
-@pytest.mark.parametrize("text, pattern", [
-    ("repetitions: '3'", r"repetitions must be an integer, got '3' \(str\)"),
-    ("repetitions: true", r"repetitions must be an integer, got True \(bool\)"),
-    ("gen_length: 32.0", r"gen_length must be an integer, got 32.0 \(float\)"),
-    ("batch_sizes: 4", r"batch_sizes must be a non-empty list of integers, got 4 \(int\)"),
-    ("batch_sizes: []", r"batch_sizes must be a non-empty list of integers"),
-    ("batch_sizes: [1, two]", r"batch_sizes must be a non-empty list of integers, got \[1, 'two'\]"),
-    ("cache_ratios: [1.0, 1.0]", r"cache_ratios lists a value twice"),
-    ("link_gbps: fast", r"link_gbps must be a number or null, got 'fast' \(str\)"),
-    ("threshold: [0.9]", r"threshold must be a number, got \[0.9\]"),
-    ("model: 3", r"model must be a string or null, got 3 \(int\)"),
-])
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        ("repetitions: '3'", r"repetitions must be an integer, got '3' \(str\)"),
+        ("repetitions: true", r"repetitions must be an integer, got True \(bool\)"),
+        ("gen_length: 32.0", r"gen_length must be an integer, got 32.0 \(float\)"),
+        ("batch_sizes: 4", r"batch_sizes must be a non-empty list of integers, got 4 \(int\)"),
+        ("batch_sizes: []", r"batch_sizes must be a non-empty list of integers"),
+        ("batch_sizes: [1, two]", r"batch_sizes must be a non-empty list of integers, got \[1, 'two'\]"),
+        ("cache_ratios: [1.0, 1.0]", r"cache_ratios lists a value twice"),
+        ("link_gbps: fast", r"link_gbps must be a number or null, got 'fast' \(str\)"),
+        ("threshold: [0.9]", r"threshold must be a number, got \[0.9\]"),
+        ("model: 3", r"model must be a string or null, got 3 \(int\)"),
+    ],
+)
 def test_wrong_types_name_key_type_and_value(tmp_path, text, pattern):
     path = write(tmp_path, text + "\n")
     with pytest.raises(ProfileError, match=pattern) as e:
@@ -210,31 +235,39 @@ def test_wrong_types_name_key_type_and_value(tmp_path, text, pattern):
     assert str(path) in str(e.value)
 
 
-@pytest.mark.parametrize("text, pattern", [
-    ("batch_sizes: [1, 9]", r"batch_sizes must be in 1-8 .*got 9"),
-    ("batch_sizes: [0]", r"batch_sizes must be in 1-8 .*got 0"),
-    ("trace_batch_sizes: [16]", r"trace_batch_sizes must be in 1-8"),
-    ("cache_ratios: [0.5, 0]", r"cache_ratios must be > 0, got 0.0"),
-    ("bandwidth_scales: [-1]", r"bandwidth_scales must be > 0"),
-    ("policies: [demand, belady]",
-     r"policies has 'belady': policy 'belady' needs the whole future and runs in the simulator only"),
-    ("policies: [demand, mru]", r"policies has 'mru': unknown policy 'mru'"),
-    ("policies: [demand, lru]", r"policies has 'lru': 'lru' is an eviction policy, not a prefetch policy"),
-    ("sim_policies: [magic]", r"sim_policies has 'magic': unknown policy 'magic'"),
-    ("tasks: [gsm8k, squad]", r"tasks has unknown value 'squad'; choose from \['gsm8k'"),
-    ("link: nvlink", r"link has unknown value 'nvlink'; choose from \['emulated', 'cuda'\]"),
-    ("mode: fast", r"mode has unknown value 'fast'; choose from \['cached', 'full'\]"),
-    ("forward: maybe", r"forward: unknown forward mode 'maybe'; choose one of \('eager', 'segmented'\)"),
-    ("dtype: int8", r"dtype has unknown value 'int8'"),
-    ("device: tpu", r"device has unknown value 'tpu'"),
-    ("link: cuda", r"link 'cuda' computes on the GPU, but device is 'cpu'"),
-    ("device: cuda\nlink: cuda\nbandwidth_scales: [2.0]", r"bandwidth_scales above 1"),
-    ("repetitions: 0", r"repetitions must be > 0, got 0"),
-    ("warmup: -1", r"warmup must be >= 0"),
-    ("threshold: 1.5", r"threshold must be in \(0, 1\]"),
-    ("budget_minutes: 0", r"budget_minutes must be > 0 or null"),
-    ("n_prompts: 2\nbatch_sizes: [1, 4]", r"n_prompts = 2 cannot fill a batch of 4"),
-])
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        ("batch_sizes: [1, 9]", r"batch_sizes must be in 1-8 .*got 9"),
+        ("batch_sizes: [0]", r"batch_sizes must be in 1-8 .*got 0"),
+        ("trace_batch_sizes: [16]", r"trace_batch_sizes must be in 1-8"),
+        ("cache_ratios: [0.5, 0]", r"cache_ratios must be > 0, got 0.0"),
+        ("bandwidth_scales: [-1]", r"bandwidth_scales must be > 0"),
+        (
+            "policies: [demand, belady]",
+            r"policies has 'belady': policy 'belady' needs the whole future and runs in the simulator only",
+        ),
+        ("policies: [demand, mru]", r"policies has 'mru': unknown policy 'mru'"),
+        (
+            "policies: [demand, lru]",
+            r"policies has 'lru': 'lru' is an eviction policy, not a prefetch policy",
+        ),
+        ("sim_policies: [magic]", r"sim_policies has 'magic': unknown policy 'magic'"),
+        ("tasks: [gsm8k, squad]", r"tasks has unknown value 'squad'; choose from \['gsm8k'"),
+        ("link: nvlink", r"link has unknown value 'nvlink'; choose from \['emulated', 'cuda'\]"),
+        ("mode: fast", r"mode has unknown value 'fast'; choose from \['cached', 'full'\]"),
+        ("forward: maybe", r"forward: unknown forward mode 'maybe'; choose one of \('eager', 'segmented'\)"),
+        ("dtype: int8", r"dtype has unknown value 'int8'"),
+        ("device: tpu", r"device has unknown value 'tpu'"),
+        ("link: cuda", r"link 'cuda' computes on the GPU, but device is 'cpu'"),
+        ("device: cuda\nlink: cuda\nbandwidth_scales: [2.0]", r"bandwidth_scales above 1"),
+        ("repetitions: 0", r"repetitions must be > 0, got 0"),
+        ("warmup: -1", r"warmup must be >= 0"),
+        ("threshold: 1.5", r"threshold must be in \(0, 1\]"),
+        ("budget_minutes: 0", r"budget_minutes must be > 0 or null"),
+        ("n_prompts: 2\nbatch_sizes: [1, 4]", r"n_prompts = 2 cannot fill a batch of 4"),
+    ],
+)
 def test_out_of_range_values_are_named(tmp_path, text, pattern):
     path = write(tmp_path, text + "\n")
     with pytest.raises(ProfileError, match=pattern):
@@ -246,18 +279,19 @@ def test_not_a_mapping(tmp_path):
         load_profile(write(tmp_path, "- a\n- b\n"))
     with pytest.raises(ProfileError, match="not valid YAML"):
         load_profile(write(tmp_path, "a: [1,\n"))
-    assert load_profile(write(tmp_path, "")).name == "mine"       # empty = all defaults
+    assert load_profile(write(tmp_path, "")).name == "mine"  # empty = all defaults
 
 
 def test_as_dict_is_plain():
     d = load_profile("cpu").as_dict()
     assert set(d) == set(PROFILE_KEYS) | {"name", "path"}
     assert isinstance(d["cache_ratios"], list)
-    assert yaml.safe_dump(d)                    # plain values only
+    assert yaml.safe_dump(d)  # plain values only
 
 
 def test_cli_reports_profile_errors(capsys):
     from artifact.cli import main as main_for_tests
+
     assert main_for_tests(["bench", "--profile", "nope", "--list"]) == 2
     assert "error: unknown profile 'nope'" in capsys.readouterr().err
     assert main_for_tests(["bench", "--profile", "cpu", "--set", "repetitons=2", "--list"]) == 2

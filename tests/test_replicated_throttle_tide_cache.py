@@ -1,8 +1,9 @@
-"""The timing claims of the throttle (03), TIDE-style (05) and cache-design bench (09) studies over stored runs
-(replication.py): ruled pooled when this run is a stored run and on the hull of its one-run interval and the
-pooled one otherwise; a wide A/A control widens a direction claim's net interval and gates a non-superiority
-claim; ruled per cell (a batch size that fails is not averaged away).
+"""The timing claims of the throttle (03), TIDE-style (05) and cache-design bench (09) studies over stored
+runs (replication.py): ruled pooled when this run is a stored run and on the hull of its one-run interval and
+the pooled one otherwise; a wide A/A control widens a direction claim's net interval and gates a
+non-superiority claim; ruled per cell (a batch size that fails is not averaged away).
 Synthetic rows only (tests/helpers_runs.py): no model runs."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -31,8 +32,8 @@ from artifact.experiments.studies import cache_design_space as cache_design  # n
 from artifact.experiments.studies import tide_head_to_head as head_to_head  # noqa: E402
 
 BEST = "demand+lrfu:lam=2"
-OFFSETS = (-0.5, 0.0, 0.5)          # the stored runs' effects around the cell's: the spread between runs
-CONTROLS = (-0.3, 0.0, 0.3)         # their A/A controls: around 0 (an interval that excludes 0 is a bias)
+OFFSETS = (-0.5, 0.0, 0.5)  # the stored runs' effects around the cell's: the spread between runs
+CONTROLS = (-0.3, 0.0, 0.3)  # their A/A controls: around 0 (an interval that excludes 0 is a bias)
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,8 @@ class Study:
     base: float
     ratios: tuple
     scales: tuple
-    good: float                                     # an effect the claim's rule reproduces
-    bad: float                                      # one it does not (the other side)
+    good: float  # an effect the claim's rule reproduces
+    bad: float  # one it does not (the other side)
     fingerprint: Callable[[Settings], str]
     claim: Callable[[Settings, pd.DataFrame], Claim]
     misses: dict | None = None
@@ -55,23 +56,63 @@ class Study:
 
     def rows(self, by_batch: dict, offset: float = 0.0, control: float = 0.0) -> pd.DataFrame:
         cells = {k: d + offset for k, d in self.cells(by_batch).items()}
-        return make_rows(cells, self.a, self.b, self.metric, base=self.base, control=control,
-                         fingerprint=self.fingerprint(load_profile("cpu")), misses=self.misses)
+        return make_rows(
+            cells,
+            self.a,
+            self.b,
+            self.metric,
+            base=self.base,
+            control=control,
+            fingerprint=self.fingerprint(load_profile("cpu")),
+            misses=self.misses,
+        )
 
 
 STUDIES = {
-    "throttle": Study(throttle.STEM, "last_step", "demand", "stall_seconds", 0.5, (1.0,), (2.0, 1.0, 0.5), 40.0,
-                      -10.0, lambda P: bench_fingerprint(throttle.throttle_profile(P)),
-                      lambda P, rows: throttle.verdicts(throttle.numbers(throttle.replicas(P, rows)))[1],
-                      {"demand": (100, 0), "last_step": (90, 40), CONTROL: (100, 0)}),
-    "tide": Study(head_to_head.STEM, "interval_refresh", "demand", "tokens_per_second", 50.0, (1.0, 0.5), (1.0,),
-                  -6.0, 8.0, lambda P: bench_fingerprint(head_to_head.tide_style_profile(P)),
-                  lambda P, rows: head_to_head.style_verdict(head_to_head.style_numbers(head_to_head.replicas(P,
-                                                                                                          rows)))),
-    "cache": Study(cache_design.STEM, BEST, "demand", "tokens_per_second", 50.0, (1.0,), (1.0,), 10.0, -3.0,
-                   lambda P: bench_fingerprint(cache_design.bench_profile(P, BEST)),
-                   lambda P, rows: cache_design.bench_verdict(cache_design.bench_numbers(
-                       cache_design.bench_replicas(P, BEST, rows), BEST))),
+    "throttle": Study(
+        throttle.STEM,
+        "last_step",
+        "demand",
+        "stall_seconds",
+        0.5,
+        (1.0,),
+        (2.0, 1.0, 0.5),
+        40.0,
+        -10.0,
+        lambda P: bench_fingerprint(throttle.throttle_profile(P)),
+        lambda P, rows: throttle.verdicts(throttle.numbers(throttle.replicas(P, rows)))[1],
+        {"demand": (100, 0), "last_step": (90, 40), CONTROL: (100, 0)},
+    ),
+    "tide": Study(
+        head_to_head.STEM,
+        "interval_refresh",
+        "demand",
+        "tokens_per_second",
+        50.0,
+        (1.0, 0.5),
+        (1.0,),
+        -6.0,
+        8.0,
+        lambda P: bench_fingerprint(head_to_head.tide_style_profile(P)),
+        lambda P, rows: head_to_head.style_verdict(
+            head_to_head.style_numbers(head_to_head.replicas(P, rows))
+        ),
+    ),
+    "cache": Study(
+        cache_design.STEM,
+        BEST,
+        "demand",
+        "tokens_per_second",
+        50.0,
+        (1.0,),
+        (1.0,),
+        10.0,
+        -3.0,
+        lambda P: bench_fingerprint(cache_design.bench_profile(P, BEST)),
+        lambda P, rows: cache_design.bench_verdict(
+            cache_design.bench_numbers(cache_design.bench_replicas(P, BEST, rows), BEST)
+        ),
+    ),
 }
 
 
@@ -91,11 +132,11 @@ def stored(data, st: Study, by_batch: dict, controls=CONTROLS) -> list[pd.DataFr
 def test_a_stored_run_is_ruled_pooled_and_any_other_run_on_its_one_run_interval(name, data, tmp_path):
     st, P = STUDIES[name], load_profile("cpu")
     runs = stored(data, st, {1: st.good})
-    c = st.claim(P, read_back(runs[1], tmp_path / "this.csv"))          # this run is stored run 2
+    c = st.claim(P, read_back(runs[1], tmp_path / "this.csv"))  # this run is stored run 2
     assert c.verdict == REPRODUCED and c.ruled == "pooled" and c.interval.startswith(f"{METHOD}, N = 3;")
     assert c.per_run == (REPRODUCED,) * 3 and c.pooled == REPRODUCED
     assert "runs [timing]: this verdict is the pooled one" in "\n".join(c.lines())
-    c = st.claim(P, st.rows({1: st.good}, 0.2))                        # a fresh run: not one of them
+    c = st.claim(P, st.rows({1: st.good}, 0.2))  # a fresh run: not one of them
     assert c.verdict == REPRODUCED and c.ruled == "this run" and c.interval.startswith(f"{SINGLE}, N = 3")
     assert c.per_run == (REPRODUCED,) * 3 and c.this_run == REPRODUCED
 
@@ -136,7 +177,7 @@ def test_each_batch_size_is_its_own_cell(name, data, tmp_path):
     """One batch size reproduces and the other does not: not reproduced, although the mean over both batch
     sizes lies on the reproducing side (an interval pooled over them would have ruled it reproduced)."""
     st, P = STUDIES[name], load_profile("cpu")
-    m = thresholds.MARGIN        # every question here has its boundary at +m: the mean lies on good's side of it
+    m = thresholds.MARGIN  # every question here has its boundary at +m: the mean lies on good's side of it
     assert ((st.good + st.bad) / 2 - m) * (st.good - m) > 0
     runs = stored(data, st, {1: st.good, 4: st.bad})
     for this in (read_back(runs[1], tmp_path / "this.csv"), st.rows({1: st.good, 4: st.bad}, 0.2)):
@@ -166,9 +207,11 @@ def test_the_throttle_figure_draws_the_control_apart_with_intervals(data):
     ax1, ax2, ax3 = fig.axes[:3]
     colors = {line.get_label(): line.get_color() for line in ax2.get_lines()}
     assert colors[f"A/A control ({CONTROL})"] == CONTROL_COLOR != colors["demand"]
-    assert len(ax3.containers) == 2                      # last_step over demand and the control, with error bars
+    assert len(ax3.containers) == 2  # last_step over demand and the control, with error bars
     iv = df[df.panel == "intervals"]
-    assert set(iv.series) == {"last_step over demand", f"A/A control ({CONTROL} over demand)"} and len(iv) == 6
+    assert (
+        set(iv.series) == {"last_step over demand", f"A/A control ({CONTROL} over demand)"} and len(iv) == 6
+    )
     assert (iv.low < iv.diff_pct).all() and (iv.diff_pct < iv.high).all() and set(iv.interval) == {"pairs"}
 
 
@@ -182,7 +225,8 @@ def test_stored_claims_rule_the_last_stored_run_pooled(name, data):
 
 
 def test_the_figures_of_a_fresh_run_beside_stored_runs_name_the_hull_they_draw(data):
-    """A fresh run (not a stored one) is ruled on the hull of its interval and the pooled one: 03's figure (and
+    """A fresh run (not a stored one) is ruled on the hull of its interval and the pooled one: 03's figure
+    (and
     04's, below) draws that interval and says so in its title."""
     st, P = STUDIES["throttle"], load_profile("cpu")
     stored(data, st, {1: st.good})
@@ -194,23 +238,40 @@ def test_the_figures_of_a_fresh_run_beside_stored_runs_name_the_hull_they_draw(d
 
 def test_the_capacity_figure_of_a_fresh_run_names_the_hull_it_draws(data):
     from artifact.experiments.studies import capacity_sweep as capacity
+
     P = load_profile("cpu")
     bench = {("gsm8k", 1, r, 1.0): 8.0 for r in (0.83, 1.0)}
-    store_runs(data, "cpu", capacity.STEM, [make_rows({k: v + d for k, v in bench.items()}, "demand", "last_step",
-                                                      fingerprint=bench_fingerprint(P)) for d in OFFSETS])
+    store_runs(
+        data,
+        "cpu",
+        capacity.STEM,
+        [
+            make_rows(
+                {k: v + d for k, v in bench.items()}, "demand", "last_step", fingerprint=bench_fingerprint(P)
+            )
+            for d in OFFSETS
+        ],
+    )
     fresh = make_rows({k: 9.0 for k in bench}, "demand", "last_step", fingerprint=bench_fingerprint(P))
     cn = capacity.numbers(capacity.replicas(P, fresh))
     fig, df = capacity.plot(cn, P)
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any("hull of its interval and the pooled one" in t for t in legend)
-    assert any(t.startswith(f"the {len(OFFSETS)} stored runs") for t in legend)      # the pooled one beside it
+    assert any(t.startswith(f"the {len(OFFSETS)} stored runs") for t in legend)  # the pooled one beside it
     # the direction claim's cells also draw the effect net of the control, on the interval the claim rules on,
     # in a row of their own (effect, net, A/A control), with the pooled interval beside it
-    assert [ax.get_title() for ax in fig.axes] == [f"{s}, b=1" for s in (capacity.EFFECT, capacity.NET, AA_LABEL)]
+    assert [ax.get_title() for ax in fig.axes] == [
+        f"{s}, b=1" for s in (capacity.EFFECT, capacity.NET, AA_LABEL)
+    ]
     net = df[df.series == capacity.NET].set_index("cache_ratio")
     assert sorted(net.index) == [0.83, 1.0]
     for key, r in cn.timed.net.items():
-        assert (net.loc[key.cache_ratio, "low"], net.loc[key.cache_ratio, "high"]) == (r.ruled.low, r.ruled.high)
+        assert (net.loc[key.cache_ratio, "low"], net.loc[key.cache_ratio, "high"]) == (
+            r.ruled.low,
+            r.ruled.high,
+        )
         assert (net.loc[key.cache_ratio, "pooled_low"], net.loc[key.cache_ratio, "pooled_high"]) == (
-            r.pooled.low, r.pooled.high)
-    assert len(fig.axes[1].containers) == 2                   # as ruled, and pooled
+            r.pooled.low,
+            r.pooled.high,
+        )
+    assert len(fig.axes[1].containers) == 2  # as ruled, and pooled

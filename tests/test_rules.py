@@ -1,7 +1,9 @@
 """The verdict rules (artifact/experiments/rules.py, docs/verdicts.md): one question per claim (faster by more
-than the margin, no difference within it, not faster by more than it), three outcomes, every rule monotone under
-widening and able to decide any true effect off its boundary, the A/A control as a direction claim's null and
+than the margin, no difference within it, not faster by more than it), three outcomes, every rule monotone
+under widening and able to decide any true effect off its boundary, the A/A control as a direction claim's
+null and
 an equivalence claim's precision gate."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -38,16 +40,16 @@ def iv(low, high, n=8, unit="pairs"):
 # --- the three questions ---------------------------------------------------------------------------
 def test_no_difference_with_a_wide_interval_is_inconclusive_not_reproduced():
     assert no_difference()(iv(-41.1, 38.2, 4)).verdict == INCONCLUSIVE
-    assert no_difference()(iv(-M - 0.1, 0.5)).verdict == INCONCLUSIVE     # one bound outside the margin
+    assert no_difference()(iv(-M - 0.1, 0.5)).verdict == INCONCLUSIVE  # one bound outside the margin
 
 
 def test_equivalence_needs_the_whole_interval_inside_the_margin():
     q = no_difference()
-    assert q(iv(-1.16, 2.63)).verdict == REPRODUCED          # the paper's own interval at C/W 0.43
+    assert q(iv(-1.16, 2.63)).verdict == REPRODUCED  # the paper's own interval at C/W 0.43
     assert q(iv(-M, M)).verdict == REPRODUCED
-    assert q(iv(0.5, 2.0)).verdict == REPRODUCED              # excludes 0, but inside the margin
+    assert q(iv(0.5, 2.0)).verdict == REPRODUCED  # excludes 0, but inside the margin
     assert q(iv(-0.5, M + 0.01)).verdict == INCONCLUSIVE
-    assert q(iv(8.6, 29.4)).verdict == NOT_REPRODUCED        # wholly outside: a difference
+    assert q(iv(8.6, 29.4)).verdict == NOT_REPRODUCED  # wholly outside: a difference
     assert q(iv(-20.0, -M - 0.1)).verdict == NOT_REPRODUCED
     assert "inside +-3 by 0.4 points" in q(iv(-1.16, 2.63)).margin
 
@@ -58,11 +60,11 @@ def test_faster_means_faster_by_more_than_the_margin_and_the_papers_range_never_
     assert q(iv(7.5, 22.3)).verdict == REPRODUCED and "overlapping the paper's" in q(iv(7.5, 22.3)).margin
     assert "inside the paper's" in q(iv(lo + 0.1, hi - 0.1)).margin
     assert "above the paper's" in q(iv(hi + 1, hi + 5)).margin
-    assert q(iv(M + 0.1, M + 0.5)).verdict == REPRODUCED           # below the paper's size: still faster by > m
+    assert q(iv(M + 0.1, M + 0.5)).verdict == REPRODUCED  # below the paper's size: still faster by > m
     assert "below the paper's" in q(iv(M + 0.1, M + 0.5)).margin
-    assert q(iv(0.2, 1.0)).verdict == NOT_REPRODUCED                # faster, but not by more than the margin
-    assert q(iv(-5.0, -1.0)).verdict == NOT_REPRODUCED              # the other one is faster
-    assert q(iv(-1.0, M + 1)).verdict == INCONCLUSIVE                # crosses the boundary
+    assert q(iv(0.2, 1.0)).verdict == NOT_REPRODUCED  # faster, but not by more than the margin
+    assert q(iv(-5.0, -1.0)).verdict == NOT_REPRODUCED  # the other one is faster
+    assert q(iv(-1.0, M + 1)).verdict == INCONCLUSIVE  # crosses the boundary
     # the paper's range only labels: the same interval rules the same with or without it
     for a, b in ((-1.0, 2.0), (-1.0, lo + 1), (0.5, 1.0), (4.0, 30.0)):
         assert q(iv(a, b)).verdict == faster()(iv(a, b)).verdict
@@ -71,10 +73,10 @@ def test_faster_means_faster_by_more_than_the_margin_and_the_papers_range_never_
 def test_not_faster_is_non_superiority_by_the_margin():
     q = not_faster()
     assert q(iv(-20.0, M - 0.1)).verdict == REPRODUCED
-    assert q(iv(0.5, 2.5)).verdict == REPRODUCED                     # faster, by less than the margin
+    assert q(iv(0.5, 2.5)).verdict == REPRODUCED  # faster, by less than the margin
     assert q(iv(-3.3, 12.8, 4)).verdict == INCONCLUSIVE
     assert q(iv(M + 0.5, 6.0)).verdict == NOT_REPRODUCED
-    assert q(iv(0.5, 6.0)).verdict == INCONCLUSIVE                   # crosses +m: undecided
+    assert q(iv(0.5, 6.0)).verdict == INCONCLUSIVE  # crosses +m: undecided
 
 
 def test_too_few_pairs_or_runs_is_inconclusive_whatever_the_interval():
@@ -94,9 +96,12 @@ widen = st.floats(0, 40, allow_nan=False, allow_infinity=False)
 
 
 @settings(max_examples=400, deadline=None)
-@given(bounds, bounds, widen, widen, st.sampled_from(range(len(QUESTIONS))), st.sampled_from([None, 0.5, 4.0]))
+@given(
+    bounds, bounds, widen, widen, st.sampled_from(range(len(QUESTIONS))), st.sampled_from([None, 0.5, 4.0])
+)
 def test_every_rule_is_monotone_under_widening(x, y, wl, wh, which, ctrl):
-    """If I lies inside J, verdict(J) is verdict(I) or inconclusive: for the rule alone, and with the A/A control
+    """If I lies inside J, verdict(J) is verdict(I) or inconclusive: for the rule alone, and with the A/A
+    control
     gate (the control's interval widened too) as rule_cell applies it."""
     q = QUESTIONS[which]
     inner = iv(min(x, y), max(x, y))
@@ -110,7 +115,9 @@ def test_every_rule_is_monotone_under_widening(x, y, wl, wh, which, ctrl):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(bounds, bounds, widen), min_size=1, max_size=6), st.sampled_from(range(len(QUESTIONS))))
+@given(
+    st.lists(st.tuples(bounds, bounds, widen), min_size=1, max_size=6), st.sampled_from(range(len(QUESTIONS)))
+)
 def test_combining_cells_is_monotone_too(cells, which):
     q = QUESTIONS[which]
     inner = [iv(min(x, y), max(x, y)) for x, y, _ in cells]
@@ -121,10 +128,13 @@ def test_combining_cells_is_monotone_too(cells, which):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.floats(0.0, 0.4), st.floats(0.0, 0.4), st.floats(0.0, 0.2), st.floats(0.0, 0.2), st.floats(0.0, 0.4))
+@given(
+    st.floats(0.0, 0.4), st.floats(0.0, 0.4), st.floats(0.0, 0.2), st.floats(0.0, 0.2), st.floats(0.0, 0.4)
+)
 def test_the_model_error_rule_is_monotone_and_a_single_run_never_contradicts_the_median(a, b, wl, wh, own):
-    """rules.at_most (08: a figure <= MODEL_ERROR) on a range: widening it gives the same verdict or inconclusive;
-    a single run's range (its figure with the pooled median, rules.figure_range) gives the pooled verdict or
+    """rules.at_most (08: a figure <= MODEL_ERROR) on a range: widening it gives the same verdict or
+    inconclusive; a single run's range (its figure with the pooled median, rules.figure_range) gives the
+    pooled verdict or
     inconclusive, whatever its own figure."""
     limit = thresholds.MODEL_ERROR
     lo, hi = min(a, b), max(a, b)
@@ -137,7 +147,7 @@ def test_the_model_error_rule_is_monotone_and_a_single_run_never_contradicts_the
 
 def test_the_model_error_rule_decides_off_its_limit_and_refuses_an_empty_range():
     limit = thresholds.MODEL_ERROR
-    assert rules.at_most(0.05, limit, limit) == REPRODUCED            # at the limit passes: <= limit
+    assert rules.at_most(0.05, limit, limit) == REPRODUCED  # at the limit passes: <= limit
     assert rules.at_most(0.11, 0.2, limit) == NOT_REPRODUCED
     assert rules.at_most(0.05, 0.12, limit) == INCONCLUSIVE
     with pytest.raises(ValueError, match="empty"):
@@ -145,22 +155,28 @@ def test_the_model_error_rule_decides_off_its_limit_and_refuses_an_empty_range()
 
 
 def test_the_old_faster_rule_was_not_monotone_and_this_one_is():
-    """The rule this replaces said `not reproduced` for an interval crossing 0 below the paper's range, so widening
-    [0.12, 1.24] (reproduced: above 0) to [-0.48, 1.46] gave `not reproduced`. Here neither decides the opposite."""
+    """The rule this replaces said `not reproduced` for an interval crossing 0 below the paper's range, so
+    widening
+    [0.12, 1.24] (reproduced: above 0) to [-0.48, 1.46] gave `not reproduced`. Here neither decides the
+    opposite."""
     q = faster(paper=paper.FASTER_PCT)
     narrow, wide = q(iv(0.12, 1.24)).verdict, q(iv(-0.48, 1.46)).verdict
     assert wide in (narrow, INCONCLUSIVE)
 
 
 # --- decidable off the boundary ---------------------------------------------------------------------
-@pytest.mark.parametrize("q, effects", [
-    (faster(), (-5.0, 0.0, 0.3, 2.0, 4.0, 10.0)),
-    (no_difference(), (-8.0, -2.0, 0.0, 0.3, 2.0, 8.0)),
-    (not_faster(), (-5.0, 0.0, 2.0, 4.0, 10.0)),
-])
+@pytest.mark.parametrize(
+    "q, effects",
+    [
+        (faster(), (-5.0, 0.0, 0.3, 2.0, 4.0, 10.0)),
+        (no_difference(), (-8.0, -2.0, 0.0, 0.3, 2.0, 8.0)),
+        (not_faster(), (-5.0, 0.0, 2.0, 4.0, 10.0)),
+    ],
+)
 def test_every_rule_decides_any_true_effect_off_its_boundary_given_enough_runs(q, effects):
-    """Runs drawn around a true effect (sd 2 points per run mean): with enough runs the pooled interval decides,
-    the right way, for every effect not on the claim's boundary (+m, or +-m), 0 included (04 at b=4, C/W 1.73
+    """Runs drawn around a true effect (sd 2 points per run mean): with enough runs the pooled interval
+    decides, the right way, for every effect not on the claim's boundary (+m, or +-m), 0 included (04 at b=4,
+    C/W 1.73
     reads +0.3 [-5.5, 6.1]: a direction claim with its boundary at 0 could never decide it)."""
     rng = np.random.default_rng(0)
     for e in effects:
@@ -173,11 +189,12 @@ def test_every_rule_decides_any_true_effect_off_its_boundary_given_enough_runs(q
 
 # --- the A/A control: a direction claim's null, an equivalence claim's gate ---------------------------
 def test_the_control_gates_equivalence_and_non_superiority_but_not_a_direction_claim():
-    control = iv(-3.6, 3.3)                              # 04's kind of control: too wide for +-3
+    control = iv(-3.6, 3.3)  # 04's kind of control: too wide for +-3
     assert rule_cell(not_faster(), iv(-20.0, -5.0), control).verdict == INCONCLUSIVE
     assert "A/A control" in rule_cell(not_faster(), iv(-20.0, -5.0), control).why
     assert rule_cell(not_faster(), iv(-20.0, -5.0), iv(-2.0, 1.0)).verdict == REPRODUCED
-    assert rule_cell(no_difference(), iv(-1.0, 1.0), iv(-1.0, 1.0, 2)).verdict == INCONCLUSIVE   # too few pairs
+    # too few pairs
+    assert rule_cell(no_difference(), iv(-1.0, 1.0), iv(-1.0, 1.0, 2)).verdict == INCONCLUSIVE
     # a direction claim's interval is already net of the control: a control of +-3.6 cannot veto +26.6
     assert rule_cell(faster(), iv(26.6, 29.7), control).verdict == REPRODUCED
 
@@ -225,36 +242,70 @@ def test_every_threshold_is_named_once_in_thresholds_py():
     import ast
     from pathlib import Path
 
-    names = ("FEW", "FACTOR", "STABLE", "HEADROOM", "MARGIN", "MIN_PAIRS", "CONFIDENCE", "EVICTION_GAIN",
-             "GAP_LEFT", "MIN_RUNS", "MODEL_ERROR")
+    names = (
+        "FEW",
+        "FACTOR",
+        "STABLE",
+        "HEADROOM",
+        "MARGIN",
+        "MIN_PAIRS",
+        "CONFIDENCE",
+        "EVICTION_GAIN",
+        "GAP_LEFT",
+        "MIN_RUNS",
+        "MODEL_ERROR",
+    )
     for n in names:
         assert isinstance(getattr(thresholds, n), (int, float))
     here = Path(thresholds.__file__).parent.parent
     for path in here.rglob("*.py"):
-        if path.name in ("thresholds.py", "stats.py"):       # stats.CONFIDENCE = thresholds.CONFIDENCE (its default)
+        # stats.CONFIDENCE = thresholds.CONFIDENCE (its default)
+        if path.name in ("thresholds.py", "stats.py"):
             continue
         tree = ast.parse(path.read_text())
-        defined = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) for t in node.targets
-                   if isinstance(t, ast.Name) and node.col_offset == 0}
-        assert not defined & set(names), f"{path.name} defines {defined & set(names)}; name it in thresholds.py"
+        defined = {
+            t.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign)
+            for t in node.targets
+            if isinstance(t, ast.Name) and node.col_offset == 0
+        }
+        assert not defined & set(names), (
+            f"{path.name} defines {defined & set(names)}; name it in thresholds.py"
+        )
 
 
 # --- a GPU cell that timed the host (issue 30) -----------------------------------------------------
 def host_rows(device: str, host: dict, wall: float = 10.0):
-    """Two policies x 4 repetitions per C/W; host[C/W] = (demand's host ms, last_step's host ms) per forward."""
+    """Two policies x 4 repetitions per C/W; host[C/W] = (demand's host ms, last_step's host ms) per
+    forward."""
     import pandas as pd
-    return pd.DataFrame([{"device": device, "cache_ratio": r, "policy": pol, "rep": k,
-                          "host_ms_per_forward": h + 0.1 * k, "wall_ms_per_forward": wall}
-                         for r, hs in host.items() for pol, h in zip(("demand", "last_step"), hs) for k in range(4)])
+
+    return pd.DataFrame(
+        [
+            {
+                "device": device,
+                "cache_ratio": r,
+                "policy": pol,
+                "rep": k,
+                "host_ms_per_forward": h + 0.1 * k,
+                "wall_ms_per_forward": wall,
+            }
+            for r, hs in host.items()
+            for pol, h in zip(("demand", "last_step"), hs)
+            for k in range(4)
+        ]
+    )
 
 
 def test_host_shares_of_gpu_cells_and_none_on_the_cpu():
     rows = host_rows("cuda:0", {1.0: (2.0, 3.0), 1.73: (7.0, 4.0)})
     s = rules.host_shares(rows, ["cache_ratio"])
-    assert s[(1.0,)] == pytest.approx(0.315) and s[(1.73,)] == pytest.approx(0.715)   # the larger policy's median
-    assert rules.host_shares(host_rows("cpu", {1.0: (9.0, 9.0)}), ["cache_ratio"]) == {}   # CPU: not applied
-    assert rules.host_shares(rows.drop(columns=["host_ms_per_forward"]), ["cache_ratio"]) == {}   # old rows
-    nan = rows.assign(host_ms_per_forward=float("nan"))                      # written before host time: unmeasured
+    # the larger policy's median
+    assert s[(1.0,)] == pytest.approx(0.315) and s[(1.73,)] == pytest.approx(0.715)
+    assert rules.host_shares(host_rows("cpu", {1.0: (9.0, 9.0)}), ["cache_ratio"]) == {}  # CPU: not applied
+    assert rules.host_shares(rows.drop(columns=["host_ms_per_forward"]), ["cache_ratio"]) == {}  # old rows
+    nan = rows.assign(host_ms_per_forward=float("nan"))  # written before host time: unmeasured
     assert rules.host_shares(nan, ["cache_ratio"]) == {}
 
 
@@ -265,5 +316,6 @@ def test_a_host_bound_gpu_cell_is_inconclusive():
     flipped = rule_cell(q, iv(4.0, 6.0), None, host=0.74)
     assert flipped.verdict == INCONCLUSIVE and "host-bound: host 74% of wall" in flipped.why
     assert flipped.margin == ok.margin
-    assert rule_cell(q, iv(4.0, 6.0), None, host=0.5) == ok and rule_cell(q, iv(4.0, 6.0)) == ok   # at the bound
-    assert rule_cell(q, iv(-4.0, -1.0), iv(-1.0, 1.0), host=0.9).verdict == INCONCLUSIVE    # not reproduced too
+    # at the bound
+    assert rule_cell(q, iv(4.0, 6.0), None, host=0.5) == ok and rule_cell(q, iv(4.0, 6.0)) == ok
+    assert rule_cell(q, iv(-4.0, -1.0), iv(-1.0, 1.0), host=0.9).verdict == INCONCLUSIVE  # not reproduced too

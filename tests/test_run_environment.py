@@ -1,6 +1,7 @@
-"""Every run says what it ran on: a fresh stored run's run.json and a claim record carry the versions of python,
-torch, numpy, pandas and transformers, torch's CPU kernel level and the CPU's model and SIMD flags
+"""Every run says what it ran on: a fresh stored run's run.json and a claim record carry the versions of
+python, torch, numpy, pandas and transformers, torch's CPU kernel level and the CPU's model and SIMD flags
 (claims.environment); the committed records and stored runs predate it and keep their bytes."""
+
 from __future__ import annotations
 
 import json
@@ -24,14 +25,19 @@ def check_environment(env: dict) -> None:
     versions = env["versions"]
     assert set(versions) == {"python", "torch", "numpy", "pandas", "transformers"}
     assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert (versions["torch"], versions["numpy"], versions["pandas"]) == (torch.__version__, numpy.__version__,
-                                                                         pandas.__version__)
+    assert (versions["torch"], versions["numpy"], versions["pandas"]) == (
+        torch.__version__,
+        numpy.__version__,
+        pandas.__version__,
+    )
     assert env["cpu"]["model"] and env["cpu"]["machine"]
     if Path("/proc/cpuinfo").is_file():
         text = Path("/proc/cpuinfo").read_text()
         flags = set((re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.M) or ["", ""])[1].split())
         assert set(env["cpu"]["simd"]) <= flags
-        assert ("avx2" in flags) == ("avx2" in env["cpu"]["simd"]) and ("fma" in flags) == ("fma" in env["cpu"]["simd"])
+        assert ("avx2" in flags) == ("avx2" in env["cpu"]["simd"]) and ("fma" in flags) == (
+            "fma" in env["cpu"]["simd"]
+        )
         assert {f for f in flags if f.startswith("avx512")} <= set(env["cpu"]["simd"])
 
 
@@ -43,7 +49,7 @@ def test_a_fresh_stored_run_records_the_versions_and_the_cpu(tmp_path, monkeypat
     rows({(1, 1.0): 5.0}).to_csv(work / "bench.csv", index=False)
     run = stored_runs.record_run(P, log=lambda s: None)
     check_environment(json.loads((run / "run.json").read_text())["environment"])
-    stored_runs.stored_runs("cpu")                   # the manifest covers the new run.json
+    stored_runs.stored_runs("cpu")  # the manifest covers the new run.json
 
 
 def test_a_claim_record_carries_the_environment(tmp_path, monkeypatch):
@@ -60,9 +66,10 @@ def test_without_proc_cpuinfo_the_cpu_is_what_platform_knows(monkeypatch, tmp_pa
 
 
 def test_the_committed_records_keep_their_bytes():
-    """The environment is recorded going forward: the committed claim records and stored runs predate it and are
+    """The environment is recorded going forward: the committed claim records and stored runs predate it and
+    are
     not rewritten (their manifests hash run.json)."""
     for p in (ROOT / "data" / "results" / "cpu").glob("*.claims.json"):
         assert "environment" not in json.loads(p.read_text()), p.name
-    for run in stored_runs.check_stored_runs("cpu"):       # each run.json still the bytes its manifest hashed
+    for run in stored_runs.check_stored_runs("cpu"):  # each run.json still the bytes its manifest hashed
         assert "environment" not in stored_runs.run_meta(run), run.name

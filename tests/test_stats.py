@@ -1,4 +1,5 @@
 """Paired statistics: agree with scipy on known data; a CI excludes zero exactly when it should."""
+
 from __future__ import annotations
 
 import inspect
@@ -57,11 +58,11 @@ def test_matches_scipy_t_interval_and_ttest():
 def test_excludes_zero_exactly_when_it_should():
     rng = np.random.default_rng(1)
     b = rng.uniform(90, 110, size=20)
-    faster = paired_difference(b * 1.10 * (1 + rng.normal(0, 0.005, 20)), b)    # +10% +- 0.5%
+    faster = paired_difference(b * 1.10 * (1 + rng.normal(0, 0.005, 20)), b)  # +10% +- 0.5%
     assert faster.excludes_zero and faster.ci_low > 5 and faster.verdict == "A faster"
     slower = paired_difference(b * 0.90 * (1 + rng.normal(0, 0.005, 20)), b)
     assert slower.excludes_zero and slower.ci_high < -5 and slower.verdict == "B faster"
-    signs = np.where(np.arange(20) % 2 == 0, 1.0, -1.0)                     # +5%, -5%, ...: mean 0
+    signs = np.where(np.arange(20) % 2 == 0, 1.0, -1.0)  # +5%, -5%, ...: mean 0
     none = paired_difference(b * (1 + 0.05 * signs), b)
     assert not none.excludes_zero and none.ci_low < 0 < none.ci_high and none.verdict == "no difference"
     # the boundary: shifting the same per-pair percentages so the lower limit sits just above or below 0
@@ -77,7 +78,7 @@ def test_degenerate_cases():
     one = paired_difference([110.0], [100.0])
     assert one.n_pairs == 1 and one.diff_pct == pytest.approx(10.0)
     assert np.isnan(one.ci_low) and not one.excludes_zero
-    same = paired_difference([110.0, 220.0], [100.0, 200.0])        # +10% in both pairs: no spread
+    same = paired_difference([110.0, 220.0], [100.0, 200.0])  # +10% in both pairs: no spread
     assert same.ci_low == same.ci_high == pytest.approx(10.0) and same.excludes_zero
     with pytest.raises(ValueError, match="no pairs"):
         paired_difference([], [])
@@ -89,10 +90,17 @@ def test_bootstrap_is_seeded_and_sensible():
     assert bootstrap_ci(d, seed=3) == first
     assert bootstrap_ci(d, seed=4) != first
     assert first[0] < d.mean() < first[1]
-    seed_kw = "rng" if "rng" in inspect.signature(sps.bootstrap).parameters else "random_state"   # scipy >= 1.15
-    ref = sps.bootstrap((d,), np.mean, confidence_level=0.95, n_resamples=20_000, method="percentile",
-                        **{seed_kw: np.random.default_rng(0)}).confidence_interval
-    assert first == pytest.approx((ref.low, ref.high), abs=0.15)     # Monte Carlo error only
+    # scipy >= 1.15
+    seed_kw = "rng" if "rng" in inspect.signature(sps.bootstrap).parameters else "random_state"
+    ref = sps.bootstrap(
+        (d,),
+        np.mean,
+        confidence_level=0.95,
+        n_resamples=20_000,
+        method="percentile",
+        **{seed_kw: np.random.default_rng(0)},
+    ).confidence_interval
+    assert first == pytest.approx((ref.low, ref.high), abs=0.15)  # Monte Carlo error only
     assert np.isnan(bootstrap_ci([1.0])[0])
 
 
@@ -106,8 +114,17 @@ def rows(effects: dict, reps: int = 6, seed: int = 0) -> pd.DataFrame:
                 base = rng.uniform(50, 60)
                 noise = rng.normal(0, 0.5)
                 for pol, tps in (("last_step", base), ("demand", base * (1 + (effect + noise) / 100))):
-                    out.append({"task": task, "batch_size": 1, "cache_ratio": ratio, "bandwidth_scale": 1.0,
-                                "rep": r, "policy": pol, "tokens_per_second": tps})
+                    out.append(
+                        {
+                            "task": task,
+                            "batch_size": 1,
+                            "cache_ratio": ratio,
+                            "bandwidth_scale": 1.0,
+                            "rep": r,
+                            "policy": pol,
+                            "tokens_per_second": tps,
+                        }
+                    )
     return pd.DataFrame(out)
 
 
@@ -136,7 +153,11 @@ def test_paired_table_pairs_by_cell_and_rep():
 
 def test_paired_table_errors():
     df = rows({1.0: 5.0})
-    with pytest.raises(ValueError, match=r"policy 'oracle' is not in these rows; they hold \['demand', 'last_step'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"policy 'oracle' is not in these rows; they hold \['demand', "
+        r"'last_step'\]",
+    ):
         paired_table(df, "oracle", "last_step")
     with pytest.raises(ValueError, match="two rows for the same run"):
         paired_table(pd.concat([df, df.iloc[:1]]), "demand", "last_step")

@@ -1,7 +1,9 @@
-"""Damaged stored data is refused, never ruled on: every reader of the stored runs (`claims`, `stored-runs`, the
-stored-claims recomputation, a notebook's replicas) checks them first (stored_runs.check_stored_runs, against each
-run's manifest.json) and says in one line which run and what is wrong, rc 2. One test per fault class, each on a
+"""Damaged stored data is refused, never ruled on: every reader of the stored runs (`claims`, `stored-runs`,
+the stored-claims recomputation, a notebook's replicas) checks them first (stored_runs.check_stored_runs,
+against each run's manifest.json) and says in one line which run and what is wrong, rc 2. One test per fault
+class, each on a
 copy of the committed data (ARTIFACT_DATA); the committed data is never edited."""
+
 from __future__ import annotations
 
 import json
@@ -42,10 +44,16 @@ def one_line(text: str) -> str:
 
 
 def refused_everywhere(capsys, *fragments: str) -> None:
-    """Every reader refuses: the CLI's claims views and stored-runs print one line naming `fragments`, rc 2 and
-    nothing on stdout; the stored-claims recomputation and a notebook's replicas raise RunsError with that line."""
-    for argv in (["claims", "--profile", "cpu", "--agreement"], ["claims", "--profile", "cpu"],
-                 ["claims", "--profile", "cpu", "--full"], ["stored-runs", "--profile", "cpu"]):
+    """Every reader refuses: the CLI's claims views and stored-runs print one line naming `fragments`, rc 2
+    and
+    nothing on stdout; the stored-claims recomputation and a notebook's replicas raise RunsError with that
+    line."""
+    for argv in (
+        ["claims", "--profile", "cpu", "--agreement"],
+        ["claims", "--profile", "cpu"],
+        ["claims", "--profile", "cpu", "--full"],
+        ["stored-runs", "--profile", "cpu"],
+    ):
         assert main(argv) == 2, argv
         out, err = capsys.readouterr()
         line = one_line(err)
@@ -80,9 +88,11 @@ def test_a_row_file_edited_with_the_same_row_count_is_refused(data, capsys):
     lines = f.read_text().splitlines(keepends=True)
     last = lines[-1]
     i = max(k for k, ch in enumerate(last) if ch.isdigit() and k < len(last) - 2)
-    lines[-1] = last[:i] + str((int(last[i]) + 1) % 10) + last[i + 1:]
+    lines[-1] = last[:i] + str((int(last[i]) + 1) % 10) + last[i + 1 :]
     f.write_text("".join(lines))
-    refused_everywhere(capsys, "run1/bench.csv: sha256 differs from manifest.json, with the same 60 rows (edited)")
+    refused_everywhere(
+        capsys, "run1/bench.csv: sha256 differs from manifest.json, with the same 60 rows (edited)"
+    )
 
 
 def test_a_run_without_its_run_json_is_refused(data, capsys):
@@ -99,7 +109,7 @@ def test_runs_at_two_commits_are_refused(data, capsys):
     run3 = data / "runs" / "run3"
     meta = json.loads((run3 / "run.json").read_text())
     (run3 / "run.json").write_text(json.dumps({**meta, "commit": "0123456789ab"}, indent=1) + "\n")
-    write_manifest(run3)                                   # a whole run, but of another commit
+    write_manifest(run3)  # a whole run, but of another commit
     others = ", ".join(n for n in stored_names() if n != "run3")
     refused_everywhere(capsys, f"runs at mixed commits ({others} at {meta['commit']}; run3 at 0123456789ab)")
 
@@ -112,24 +122,33 @@ def test_an_edited_run_json_is_refused(data, capsys):
 
 
 def test_a_missing_run_is_refused(data, capsys):
-    shutil.rmtree(data / "runs" / "run2")                  # a gap in the run numbers
+    shutil.rmtree(data / "runs" / "run2")  # a gap in the run numbers
     left = ", ".join(n for n in stored_names() if n != "run2")
-    refused_everywhere(capsys, f"run2: missing (the stored runs are {left}; expected run1, run2, ... without a gap)")
+    refused_everywhere(
+        capsys, f"run2: missing (the stored runs are {left}; expected run1, run2, ... without a gap)"
+    )
 
 
 def test_a_missing_last_run_is_refused(data, capsys):
     names = stored_names()
     n = len(names)
-    shutil.rmtree(data / "runs" / names[-1])              # the records were ruled on n runs; n - 1 are left
+    shutil.rmtree(data / "runs" / names[-1])  # the records were ruled on n runs; n - 1 are left
     for argv in (["claims", "--profile", "cpu", "--agreement"], ["claims", "--profile", "cpu"]):
         assert main(argv) == 2
         out, err = capsys.readouterr()
-        assert out == "" and (f"{n - 1} stored runs ({', '.join(names[:-1])}), but the claim records were ruled on "
-                              f"{n}: a run is missing") in one_line(err)
-    for name in names[2:-1]:                               # two left: too few for a pooled verdict
+        assert out == "" and (
+            f"{n - 1} stored runs ({', '.join(names[:-1])}), but the claim records were "
+            "ruled on "
+            f"{n}: a run is missing"
+        ) in one_line(err)
+    for name in names[2:-1]:  # two left: too few for a pooled verdict
         shutil.rmtree(data / "runs" / name)
-    with pytest.raises(RunsError, match="2 stored runs hold this grid's rows .run1, run2.: a pooled verdict needs "
-                                        f"thresholds.MIN_RUNS = {thresholds.MIN_RUNS}"):
+    with pytest.raises(
+        RunsError,
+        match="2 stored runs hold this grid's rows .run1, run2.: a pooled verdict "
+        "needs "
+        f"thresholds.MIN_RUNS = {thresholds.MIN_RUNS}",
+    ):
         capacity_sweep.stored_claims(load_profile("cpu"))
 
 
@@ -146,12 +165,14 @@ def test_a_damaged_claim_record_is_refused(data, tmp_path, capsys):
     mine.mkdir()
     shutil.copy(data / "04_capacity_sweep.claims.json", mine)
     broken = mine / "04_capacity_sweep.claims.json"
-    broken.write_text(broken.read_text()[:200])            # cut short: not JSON
+    broken.write_text(broken.read_text()[:200])  # cut short: not JSON
     assert main(["claims", "--profile", "cpu", "--this-run", str(mine)]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and f"{broken}: unreadable (" in one_line(err) and "expected a claim cell's record" in err
+    assert (
+        out == "" and f"{broken}: unreadable (" in one_line(err) and "expected a claim cell's record" in err
+    )
     rec = json.loads((data / "05_tide_head_to_head.claims.json").read_text())
-    del rec["claims"][0]["verdict"]                          # parses, but a claim lacks its verdict
+    del rec["claims"][0]["verdict"]  # parses, but a claim lacks its verdict
     (data / "05_tide_head_to_head.claims.json").write_text(json.dumps(rec))
     assert main(["claims", "--profile", "cpu", "--agreement"]) == 2
     out, err = capsys.readouterr()
@@ -161,9 +182,15 @@ def test_a_damaged_claim_record_is_refused(data, tmp_path, capsys):
 
 
 def record_runs(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "record_runs.py"), *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=300,      # PYTHONPATH=. as documented: this checkout's code
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "record_runs.py"), *args],
+        cwd=ROOT,
+        text=True,
+        # PYTHONPATH=. as documented: this checkout's code
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
 
 
 def test_record_runs_refuses_a_bad_profile_in_one_line():
@@ -172,7 +199,7 @@ def test_record_runs_refuses_a_bad_profile_in_one_line():
     assert one_line(r.stderr).startswith("error: unknown profile 'nope'; choose one of")
     r = record_runs("--runs", "0")
     assert r.returncode == 2 and one_line(r.stderr) == "error: --runs 0: give at least 1"
-    r = record_runs("--profile", "h200_ae", "--runs", "1")          # a GPU profile names no checkpoint
+    r = record_runs("--profile", "h200_ae", "--runs", "1")  # a GPU profile names no checkpoint
     assert r.returncode == 2 and r.stdout == "" and "has model: null: pass --model DIR" in one_line(r.stderr)
 
 
@@ -182,12 +209,13 @@ def test_record_runs_refuses_damaged_stored_runs_before_measuring(tmp_path):
     r = record_runs("--profile", "cpu", "--runs", "1", env={"ARTIFACT_DATA": str(tmp_path / "data")})
     assert r.returncode == 2 and r.stdout == "", r.stdout
     assert "run1: no manifest.json" in one_line(r.stderr)
-    assert sorted(p.name for p in (tmp_path / "data" / "results" / "cpu" / "runs").iterdir()) == \
-        sorted(stored_names())
+    assert sorted(p.name for p in (tmp_path / "data" / "results" / "cpu" / "runs").iterdir()) == sorted(
+        stored_names()
+    )
 
 
 def test_recording_beside_runs_of_another_commit_is_refused(data):
-    shutil.copy(COMMITTED / "runs" / "run1" / "bench.csv", data / "bench.csv")      # a working row file
+    shutil.copy(COMMITTED / "runs" / "run1" / "bench.csv", data / "bench.csv")  # a working row file
     at = json.loads((COMMITTED / "runs" / "run1" / "run.json").read_text())["commit"]
     with pytest.raises(RunsError, match=rf"runs: the stored runs are at commit {at}, this checkout at \w+"):
         stored_runs.record_run(load_profile("cpu"), log=lambda s: None)

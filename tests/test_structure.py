@@ -2,11 +2,13 @@
 import circle between files, no command-line code outside artifact/cli/, the command line's options as they
 were, no private name imported across modules, small files (artifact/ and scripts/) and small functions
 (artifact/)."""
+
 from __future__ import annotations
 
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,14 +21,20 @@ from artifact.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 LIBRARY = ("model", "offload", "experiments")
-MAX_LINES = 500                 # no file of the experiments layer over this
-MAX_MODULES = 12                # no folder of the experiments layer holds more modules than this (its __init__ aside)
+MAX_LINES = 500  # no file of the experiments layer over this
+MAX_MODULES = 12  # no folder of the experiments layer holds more modules than this (its __init__ aside)
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(root))        # the copy's `artifact`, not the installed one
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache", str(root / "pyproject.toml")], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PYTHONPATH=str(root))  # the copy's `artifact`, not the installed one
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", str(root / "pyproject.toml")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,22 +48,61 @@ def tree_copy(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("module, back_edge, contract", [
-    ("artifact/experiments/bench/grid.py", "from artifact.experiments import harness", "experiments: entry points"),
-    ("artifact/experiments/bench/results.py", "from artifact.experiments import submit", "only artifact.cli imports"),
-    ("artifact/offload/backend/cache.py", "import artifact.experiments.settings", "layers: cli > experiments"),
-    ("artifact/experiments/studies/capacity_sweep.py", "from artifact.experiments.studies import quickstart",
-     "studies never import each other"),
-    ("artifact/experiments/bench/results.py", "import artifact.experiments.studies.quickstart",
-     "the bench never imports a study"),
-    ("artifact/experiments/tide/adapter.py", "from artifact.experiments import rules",
-     "TIDE's adapter imports only the bench and the settings"),
-    ("artifact/experiments/bench/grid.py", "from artifact.experiments.bench import results",
-     "bench: run > model_runner"),
-    ("artifact/offload/backend/cache.py", "from artifact.offload.replay import trace", "offload: top > runner"),
-    ("artifact/offload/policy/policies.py", "from artifact.offload.links import link", "offload: top > runner"),
-    ("artifact/offload/replay/trace.py", "from artifact.offload.replay import sim", "offload.replay: fit > export"),
-])
+@pytest.mark.parametrize(
+    "module, back_edge, contract",
+    [
+        (
+            "artifact/experiments/bench/grid.py",
+            "from artifact.experiments import harness",
+            "experiments: entry points",
+        ),
+        (
+            "artifact/experiments/bench/results.py",
+            "from artifact.experiments import submit",
+            "only artifact.cli imports",
+        ),
+        (
+            "artifact/offload/backend/cache.py",
+            "import artifact.experiments.settings",
+            "layers: cli > experiments",
+        ),
+        (
+            "artifact/experiments/studies/capacity_sweep.py",
+            "from artifact.experiments.studies import quickstart",
+            "studies never import each other",
+        ),
+        (
+            "artifact/experiments/bench/results.py",
+            "import artifact.experiments.studies.quickstart",
+            "the bench never imports a study",
+        ),
+        (
+            "artifact/experiments/tide/adapter.py",
+            "from artifact.experiments import rules",
+            "TIDE's adapter imports only the bench and the settings",
+        ),
+        (
+            "artifact/experiments/bench/grid.py",
+            "from artifact.experiments.bench import results",
+            "bench: run > model_runner",
+        ),
+        (
+            "artifact/offload/backend/cache.py",
+            "from artifact.offload.replay import trace",
+            "offload: top > runner",
+        ),
+        (
+            "artifact/offload/policy/policies.py",
+            "from artifact.offload.links import link",
+            "offload: top > runner",
+        ),
+        (
+            "artifact/offload/replay/trace.py",
+            "from artifact.offload.replay import sim",
+            "offload.replay: fit > export",
+        ),
+    ],
+)
 def test_the_import_contracts_pass_and_fail_on_a_back_edge(tree_copy, module, back_edge, contract):
     ok = _lint(tree_copy)
     assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -78,7 +125,11 @@ def _defines_a_cli(tree: ast.Module) -> list[str]:
             found += [f"imports {m}" for m in mods if m.split(".")[0] == "argparse"]
         elif isinstance(node, ast.FunctionDef) and (node.name.startswith("cmd_") or node.name == "add_cli"):
             found.append(f"defines {node.name}()")
-        elif isinstance(node, ast.Attribute) and node.attr in ("add_parser", "add_subparsers", "ArgumentParser"):
+        elif isinstance(node, ast.Attribute) and node.attr in (
+            "add_parser",
+            "add_subparsers",
+            "ArgumentParser",
+        ):
             found.append(f"calls {node.attr}")
     return found
 
@@ -87,19 +138,22 @@ def test_no_library_module_defines_a_command_line():
     for layer in LIBRARY:
         for path in sorted((ROOT / "artifact" / layer).rglob("*.py")):
             found = _defines_a_cli(ast.parse(path.read_text()))
-            assert not found, f"{path.relative_to(ROOT)} {', '.join(found)}: command-line code lives in artifact/cli/"
+            assert not found, (
+                f"{path.relative_to(ROOT)} {', '.join(found)}: command-line code lives in artifact/cli/"
+            )
 
 
 def test_the_cli_check_sees_command_line_code():
-    assert _defines_a_cli(ast.parse((ROOT / "artifact/cli/bench.py").read_text()))   # the check can fail
+    assert _defines_a_cli(ast.parse((ROOT / "artifact/cli/bench.py").read_text()))  # the check can fail
 
 
 def _options(ap) -> dict:
     sub = next(a for a in ap._actions if a.__class__.__name__ == "_SubParsersAction")
     out = {"": sorted(s for a in ap._actions for s in a.option_strings), "commands": sorted(sub.choices)}
     for name, p in sorted(sub.choices.items()):
-        out[name] = (sorted(s for a in p._actions for s in a.option_strings)
-                     + sorted(a.dest for a in p._actions if not a.option_strings))
+        out[name] = sorted(s for a in p._actions for s in a.option_strings) + sorted(
+            a.dest for a in p._actions if not a.option_strings
+        )
     return out
 
 
@@ -113,14 +167,17 @@ def test_every_command_takes_the_options_it_always_took():
 def test_no_experiments_folder_is_a_flat_folder_of_more_than_12_modules():
     layer = ROOT / "artifact" / "experiments"
     folders = [layer, *(p.parent for p in layer.glob("*/__init__.py"))]
-    assert len(folders) >= 4, folders                   # the layer and its sub-packages: bench, studies, tide
+    assert len(folders) >= 4, folders  # the layer and its sub-packages: bench, studies, tide
     for folder in folders:
         modules = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
-        assert len(modules) <= MAX_MODULES, f"{folder.relative_to(ROOT)} holds {len(modules)} modules: group them"
+        assert len(modules) <= MAX_MODULES, (
+            f"{folder.relative_to(ROOT)} holds {len(modules)} modules: group them"
+        )
 
 
-# --- the code's size and its import graph, file by file --------------------------------------------------------
-MAX_FUNCTION_LINES = 80         # no function under artifact/ over this
+# --- the code's size and its import graph, file by file
+# --------------------------------------------------------
+MAX_FUNCTION_LINES = 80  # no function under artifact/ over this
 SIZED = ("artifact", "scripts")  # no file under these over MAX_LINES
 
 
@@ -136,7 +193,8 @@ def _module_name(path: Path, root: Path = ROOT) -> str:
 
 
 def _imports(path: Path, root: Path = ROOT) -> list[tuple[str, str]]:
-    """(module imported, name taken or '') for every import of the file, at any depth (a lazy import counts)."""
+    """(module imported, name taken or '') for every import of the file, at any depth (a lazy import
+    counts)."""
     me = _module_name(path, root)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out = []
@@ -147,7 +205,7 @@ def _imports(path: Path, root: Path = ROOT) -> list[tuple[str, str]]:
             base = node.module or ""
             if node.level:
                 pkg = package.split(".")
-                pkg = pkg[:len(pkg) - (node.level - 1)]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
                 base = ".".join(pkg + ([base] if base else []))
             out += [(base, a.name) for a in node.names]
     return out
@@ -155,7 +213,9 @@ def _imports(path: Path, root: Path = ROOT) -> list[tuple[str, str]]:
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Module -> the artifact modules it imports (a `from package import module` names the module)."""
-    files = {_module_name(p, root): p for p in (root / "artifact").rglob("*.py") if "__pycache__" not in p.parts}
+    files = {
+        _module_name(p, root): p for p in (root / "artifact").rglob("*.py") if "__pycache__" not in p.parts
+    }
     graph: dict[str, set[str]] = {m: set() for m in files}
     for mod, path in files.items():
         for base, name in _imports(path, root):
@@ -189,6 +249,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
                     break
             if len(comp) > 1:
                 out.append(sorted(comp))
+
     for v in sorted(graph):
         if v not in index:
             visit(v)
@@ -206,7 +267,9 @@ def test_the_circle_check_sees_a_planted_circle(tree_copy):
     try:
         path.write_text(text + "\n\ndef _late():\n    from artifact import validate  # planted\n")
         (tree_copy / "artifact/validate.py").write_text(
-            (ROOT / "artifact/validate.py").read_text() + "\n\ndef _back():\n    import artifact.paths  # planted\n")
+            (ROOT / "artifact/validate.py").read_text() + "\n\ndef _back():\n    import artifact.paths  # "
+            "planted\n"
+        )
         found = circles(import_graph(tree_copy))
     finally:
         path.write_text(text)
@@ -214,9 +277,36 @@ def test_the_circle_check_sees_a_planted_circle(tree_copy):
     assert ["artifact.paths", "artifact.validate"] in found, found
 
 
+MAX_LINE = 110  # ruff's line length (pyproject.toml), checked by ruff check and ruff format
+
+
+def test_the_line_length_is_at_most_110_and_both_ruff_steps_enforce_it():
+    """ruff's line length is 110 at most, E501 is among the rules `ruff check` runs, and the test command runs
+    both `ruff check` and `ruff format --check`, so a longer line or an unformatted file fails it."""
+    text = (ROOT / "pyproject.toml").read_text()
+    ruff = text.split("[tool.ruff]", 1)[1].split("\n[", 1)[0]  # the [tool.ruff] table (tomllib is 3.11+)
+    length = int(re.search(r"^line-length = (\d+)$", ruff, re.M).group(1))
+    lint = text.split("[tool.ruff.lint]", 1)[1].split("\n[", 1)[0]
+    assert length <= MAX_LINE
+    assert re.search(r'select = \[[^]]*"E"', lint) and "E501" not in lint, lint
+    script = (ROOT / "run_tests.sh").read_text()
+    assert '/ruff" check .' in script and '/ruff" format --check artifact tests scripts' in script
+    long = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for d in ("artifact", "scripts", "benchmarks", "tests")
+        for p in sorted((ROOT / d).rglob("*.py"))
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if len(line) > length
+    ]
+    assert not long, f"lines over {length} characters: {long[:10]}"
+
+
 def test_no_file_under_artifact_or_scripts_is_over_500_lines():
-    over = [f"{p.relative_to(ROOT)} ({n})" for p in _py_files(*SIZED)
-            if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    over = [
+        f"{p.relative_to(ROOT)} ({n})"
+        for p in _py_files(*SIZED)
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    ]
     assert not over, f"over {MAX_LINES} lines: {over}: split them by job"
 
 
@@ -227,8 +317,10 @@ def long_functions(paths) -> list[str]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES:
-                    out.append(f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}:{node.lineno} "
-                               f"{node.name} ({n} lines)")
+                    out.append(
+                        f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}:{node.lineno} "
+                        f"{node.name} ({n} lines)"
+                    )
     return out
 
 
@@ -240,7 +332,8 @@ def test_no_function_under_artifact_is_over_80_lines(tmp_path):
 
 
 def private_imports(paths, root: Path = ROOT) -> list[str]:
-    """`from artifact.x import _name` in another module than artifact.x (a test or a module of its own may)."""
+    """`from artifact.x import _name` in another module than artifact.x (a test or a module of its own
+    may)."""
     out = []
     for p in paths:
         for base, name in _imports(p, root):

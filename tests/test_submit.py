@@ -3,6 +3,7 @@ writes the job array's sbatch script from the profile (submitted to a stub `sbat
 and a shard that dies is reported with its log and completed by resubmitting.
 
 The local tests run the tiny model for real in submitit's LocalExecutor processes."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,10 +28,27 @@ from artifact.experiments.stats import CELL_KEYS
 from artifact.experiments.submit import jobs as job_machinery
 
 # A reduced cpu grid: one task, batch 1, one prompt, 32 tokens, one repetition of demand and last_step.
-SMALL = ["tasks=[gsm8k]", "batch_sizes=[1]", "repetitions=1", "gen_length=32", "n_prompts=1", "warmup=0",
-         "policies=[demand,last_step]"]      # the mechanics of shards and jobs: two policies
-EXACT = ["demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d",
-         "tokens", "tokens_sha", "working_set", "cache_experts"]
+SMALL = [
+    "tasks=[gsm8k]",
+    "batch_sizes=[1]",
+    "repetitions=1",
+    "gen_length=32",
+    "n_prompts=1",
+    "warmup=0",
+    "policies=[demand,last_step]",
+]  # the mechanics of shards and jobs: two policies
+EXACT = [
+    "demand_hits",
+    "demand_misses",
+    "speculative_transfers",
+    "prefetch_hits",
+    "wasted_prefetches",
+    "bytes_h2d",
+    "tokens",
+    "tokens_sha",
+    "working_set",
+    "cache_experts",
+]
 RUN_KEY = list(CELL_KEYS) + ["policy", "rep"]
 
 
@@ -58,15 +76,32 @@ def test_local_shards_equal_a_single_process_run(tmp_path, capsys):
     single = tmp_path / "single.csv"
     assert main_for_tests(["bench", "--profile", "cpu", *grid_sets, "--out", str(single), "--quiet"]) == 0
     target = tmp_path / "sharded" / "bench.csv"
-    rc = main_for_tests(["bench", "--profile", "cpu", *grid_sets, "--out", str(target), "--submit", "local",
-                         "--shards", "2", "--wait", "--jobs-dir", str(tmp_path / "jobs"), "--poll-seconds", "0.5",
-                         "--quiet"])
+    rc = main_for_tests(
+        [
+            "bench",
+            "--profile",
+            "cpu",
+            *grid_sets,
+            "--out",
+            str(target),
+            "--submit",
+            "local",
+            "--shards",
+            "2",
+            "--wait",
+            "--jobs-dir",
+            str(tmp_path / "jobs"),
+            "--poll-seconds",
+            "0.5",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 0, err
     assert "shard 0/2: job" in err and "shard 1/2: job" in err
     a, b = read_rows(single), read_rows(target)
     assert not b.duplicated(RUN_KEY).any()
-    cells = lambda df: sorted(set(map(tuple, df[list(CELL_KEYS)].astype(str).values)))   # noqa: E731
+    cells = lambda df: sorted(set(map(tuple, df[list(CELL_KEYS)].astype(str).values)))  # noqa: E731
     assert cells(a) == cells(b) and len(cells(b)) == 2 and len(a) == len(b) == 4
     a, b = a.set_index(RUN_KEY).sort_index(), b.set_index(RUN_KEY).sort_index()
     assert (a[EXACT] == b[EXACT]).all().all(), "sharded runs must count exactly what a single process counts"
@@ -75,15 +110,16 @@ def test_local_shards_equal_a_single_process_run(tmp_path, capsys):
     assert len(logs) == 2 and all("bench cpu: shard" in p.read_text() for p in logs)
 
 
-WAIT_S = 600      # a failure guard only: an event that never comes fails the test instead of hanging it
+WAIT_S = 600  # a failure guard only: an event that never comes fails the test instead of hanging it
 
 
 @contextlib.contextmanager
 def cell_events(monkeypatch, on_event):
     """Shard jobs submitted inside tell each cell they wrote to a Unix socket and wait for its answer
-    (submit._cell_written): on_event(line) runs for each, in a thread; True lets the shard go on, False holds it
+    (submit._cell_written): on_event(line) runs for each, in a thread; True lets the shard go on, False holds
+    it
     until the block ends. on_event's errors are raised at the end (and the shard is let go)."""
-    folder = tempfile.mkdtemp(prefix="cells-")              # short: a Unix socket's path has at most 107 bytes
+    folder = tempfile.mkdtemp(prefix="cells-")  # short: a Unix socket's path has at most 107 bytes
     path = os.path.join(folder, "socket")
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
@@ -92,7 +128,7 @@ def cell_events(monkeypatch, on_event):
 
     def serve():
         while True:
-            conn, _ = server.accept()                       # blocks until a shard (or the end below) connects
+            conn, _ = server.accept()  # blocks until a shard (or the end below) connects
             conn.settimeout(WAIT_S)
             try:
                 event = conn.makefile().readline()
@@ -100,17 +136,17 @@ def cell_events(monkeypatch, on_event):
                     conn.close()
                     return
                 go = on_event(event)
-            except BaseException as e:                      # raised below; the shard must not wait forever
+            except BaseException as e:  # raised below; the shard must not wait forever
                 errors.append(e)
                 go = True
             if go:
-                conn.close()                                # the shard's recv returns: it goes on
+                conn.close()  # the shard's recv returns: it goes on
             else:
                 held.append(conn)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    monkeypatch.setenv(submit.CELL_SOCKET, path)            # submitit's local jobs inherit this environment
+    monkeypatch.setenv(submit.CELL_SOCKET, path)  # submitit's local jobs inherit this environment
     try:
         yield
     finally:
@@ -130,7 +166,7 @@ def cell_events(monkeypatch, on_event):
 @pytest.mark.slow
 def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path, monkeypatch):
     two_cores()
-    P = profile("cache_ratios=[0.5, 0.9, 1.3, 1.7]")          # 4 cells: 2 per shard
+    P = profile("cache_ratios=[0.5, 0.9, 1.3, 1.7]")  # 4 cells: 2 per shard
     target, jobs = tmp_path / "bench.csv", tmp_path / "jobs"
     shard1 = shard_file(target, 1, 2)
     lines: list[str] = []
@@ -138,7 +174,7 @@ def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path
     cells_at_kill: list[int] = []
     unstopped: list[int] = []
     guards: list[threading.Timer] = []
-    submitted = threading.Event()                              # the submission has logged shard 1's job id
+    submitted = threading.Event()  # the submission has logged shard 1's job id
 
     def log(line: str) -> None:
         lines.append(line)
@@ -147,29 +183,35 @@ def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path
 
     def kill_shard_1_after_its_first_cell(event: str) -> bool:
         if not event.startswith("shard 1/2:"):
-            return True                                        # shard 0 goes on
+            return True  # shard 0 goes on
         assert submitted.wait(WAIT_S), f"no job id of shard 1 logged in {WAIT_S} s: {lines}"
         cells_at_kill.append(len(submit._cells_in(shard1)))
-        try:                                                   # a second submission while the jobs run is refused
+        try:  # a second submission while the jobs run is refused
             job_machinery.check_not_running(jobs / "bench")
         except submit.SubmitError as e:
             refused.append(str(e))
         job = int(re.search(r"shard 1/2: job (\d+)", "\n".join(lines)).group(1))
-        os.kill(job, signal.SIGINT)                            # the local job's controller: what job.cancel() sends
+        os.kill(job, signal.SIGINT)  # the local job's controller: what job.cancel() sends
         guard = threading.Timer(WAIT_S, lambda: unstopped.append(job) or os.kill(job, signal.SIGKILL))
-        guard.daemon = True                                    # a failure guard: a controller that outlives SIGINT
-        guard.start()                                          # by WAIT_S is killed, and the test fails below
+        guard.daemon = True  # a failure guard: a controller that outlives SIGINT
+        guard.start()  # by WAIT_S is killed, and the test fails below
         guards.append(guard)
-        return False                                           # held: shard 1 dies before its second cell
+        return False  # held: shard 1 dies before its second cell
 
-    # The jobs inherit this process's SIGINT disposition: under a shell that started the tests in the background it
-    # is "ignored", and a job controller that ignores SIGINT never stops. Python's handler resets to the default on
+    # The jobs inherit this process's SIGINT disposition: under a shell that started the tests in the
+    # background it
+    # is "ignored", and a job controller that ignores SIGINT never stops. Python's handler resets to the
+    # default on
     # exec, so the jobs start with SIGINT live wherever the tests run.
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with cell_events(monkeypatch, kill_shard_1_after_its_first_cell), pytest.raises(submit.SubmitError) as e:
-            submit.submit_bench(P, target, 2, "local", folder=jobs, rerun="RERUN-COMMAND", poll_s=0.2,
-                                progress=False, log=log)
+        with (
+            cell_events(monkeypatch, kill_shard_1_after_its_first_cell),
+            pytest.raises(submit.SubmitError) as e,
+        ):
+            submit.submit_bench(
+                P, target, 2, "local", folder=jobs, rerun="RERUN-COMMAND", poll_s=0.2, progress=False, log=log
+            )
     finally:
         signal.signal(signal.SIGINT, before)
     for g in guards:
@@ -188,11 +230,15 @@ def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path
 
     lines.clear()
     submit.submit_bench(P, target, 2, "local", folder=jobs, poll_s=0.2, progress=False, log=lines.append)
-    assert any("in 1 of 2 shards" in ln for ln in lines), lines     # only the unfinished shard is resubmitted
+    assert any("in 1 of 2 shards" in ln for ln in lines), lines  # only the unfinished shard is resubmitted
     done = read_rows(target)
-    assert done.groupby(list(CELL_KEYS)).ngroups == 4 and len(done) == 8 and not done.duplicated(RUN_KEY).any()
+    assert (
+        done.groupby(list(CELL_KEYS)).ngroups == 4 and len(done) == 8 and not done.duplicated(RUN_KEY).any()
+    )
     first = done.merge(kept, on=RUN_KEY, suffixes=("", "_kept"))
-    assert len(first) == len(kept) and (first.seconds == first.seconds_kept).all(), "finished cells were not rerun"
+    assert len(first) == len(kept) and (first.seconds == first.seconds_kept).all(), (
+        "finished cells were not rerun"
+    )
 
     # A target with a cell missing: a new submission runs that cell only and never repeats the others.
     drop = grid(P)[3].key
@@ -216,9 +262,12 @@ def fake_slurm(tmp_path, monkeypatch):
     bin_dir, record = tmp_path / "bin", tmp_path / "sbatch-calls"
     bin_dir.mkdir()
     record.mkdir()
-    scripts = {"sbatch": f'#!/bin/sh\nn=$(ls "{record}" | wc -l)\ncp "$1" "{record}/call-$n.sh"\n'
-                         'echo "Submitted batch job 4242"\n',
-               "srun": "#!/bin/sh\nexit 1\n", "sacct": "#!/bin/sh\nexit 0\n"}
+    scripts = {
+        "sbatch": f'#!/bin/sh\nn=$(ls "{record}" | wc -l)\ncp "$1" "{record}/call-$n.sh"\n'
+        'echo "Submitted batch job 4242"\n',
+        "srun": "#!/bin/sh\nexit 1\n",
+        "sacct": "#!/bin/sh\nexit 0\n",
+    }
     for name, text in scripts.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(stat.S_IRWXU)
@@ -228,11 +277,35 @@ def fake_slurm(tmp_path, monkeypatch):
 
 def test_slurm_array_from_the_profile(tmp_path, fake_slurm, capsys):
     target = tmp_path / "bench.csv"
-    args = ["bench", "--profile", "h200", "--model", str(tmp_path / "ckpt"), "--out", str(target),
-            "--set", "slurm.partition=gpu", "--set", "slurm.account=lab", "--set", "slurm.time_minutes=90",
-            "--set", "slurm.cpus_per_task=8", "--set", "slurm.mem_gb=64", "--set", "slurm.array_parallelism=2",
-            "--set", "slurm.setup=['module load cuda']", "--submit", "slurm", "--shards", "3",
-            "--jobs-dir", str(tmp_path / "jobs")]
+    args = [
+        "bench",
+        "--profile",
+        "h200",
+        "--model",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(target),
+        "--set",
+        "slurm.partition=gpu",
+        "--set",
+        "slurm.account=lab",
+        "--set",
+        "slurm.time_minutes=90",
+        "--set",
+        "slurm.cpus_per_task=8",
+        "--set",
+        "slurm.mem_gb=64",
+        "--set",
+        "slurm.array_parallelism=2",
+        "--set",
+        "slurm.setup=['module load cuda']",
+        "--submit",
+        "slurm",
+        "--shards",
+        "3",
+        "--jobs-dir",
+        str(tmp_path / "jobs"),
+    ]
     assert main_for_tests(args) == 0, capsys.readouterr().err
     calls = sorted(fake_slurm.iterdir())
     assert len(calls) == 1, "one job array for all shards"
@@ -242,12 +315,16 @@ def test_slurm_array_from_the_profile(tmp_path, fake_slurm, capsys):
     assert (flags["partition"], flags["account"], flags["time"]) == ("gpu", "lab", "90")
     assert (flags["gpus-per-task"], flags["cpus-per-task"], flags["mem"]) == ("1", "8", "65536MB")
     assert flags["job-name"] == "artifact-h200-bench"
-    assert flags["output"].startswith(str(tmp_path / "jobs" / "bench")) and flags["output"].endswith("_log.out")
+    assert flags["output"].startswith(str(tmp_path / "jobs" / "bench")) and flags["output"].endswith(
+        "_log.out"
+    )
     assert "module load cuda" in script and "-m submitit.core._submit" in script
     err = capsys.readouterr().err
     assert "job ids: 4242_0 4242_1 4242_2" in err
     merge = re.search(r"python -m artifact merge .*", err).group(0)
-    assert "bench.shard-0-of-3.csv" in merge and "bench.shard-2-of-3.csv" in merge and f"--out {target}" in merge
+    assert (
+        "bench.shard-0-of-3.csv" in merge and "bench.shard-2-of-3.csv" in merge and f"--out {target}" in merge
+    )
     pickles = sorted((tmp_path / "jobs" / "bench").glob("4242_*/*_submitted.pkl"))
     assert len(pickles) == 3
 
@@ -255,11 +332,11 @@ def test_slurm_array_from_the_profile(tmp_path, fake_slurm, capsys):
 def test_slurm_parameters_follow_the_profile_and_submitit_checks_them(tmp_path, fake_slurm):
     P = load_profile("cpu", {"slurm.partition": "short"})
     params = job_machinery.slurm_parameters(P, 5, "bench")
-    assert params["partition"] == "short" and "gpus_per_task" not in params      # cpu.yaml: gpus_per_task 0
+    assert params["partition"] == "short" and "gpus_per_task" not in params  # cpu.yaml: gpus_per_task 0
     assert (params["cpus_per_task"], params["time"], params["array_parallelism"]) == (1, 30, 5)
     ex = job_machinery.make_executor("slurm", P, tmp_path / "jobs", 5, "bench")
     assert ex.parameters["partition"] == "short"
-    with pytest.raises(ValueError, match="Unavailable parameter"):      # submitit's own check of sbatch keys
+    with pytest.raises(ValueError, match="Unavailable parameter"):  # submitit's own check of sbatch keys
         ex.update_parameters(partitoin="x")
 
 
@@ -269,15 +346,18 @@ def test_slurm_needs_slurm_commands(tmp_path, monkeypatch):
         job_machinery.make_executor("slurm", load_profile("cpu"), tmp_path, 1, "bench")
 
 
-@pytest.mark.parametrize("text, pattern", [
-    ("slurm.partion=x", r"unknown key 'slurm.partion' \(did you mean 'partition'\?\)"),
-    ("slurm.time_minutes=0", r"slurm.time_minutes must be >= 1"),
-    ("slurm.gpus_per_task=1.5", r"slurm.gpus_per_task must be an integer"),
-    ("slurm.mem_gb=-2", r"slurm.mem_gb must be a finite number > 0"),
-    ("slurm.partition=a b", r"slurm.partition must be a name without spaces"),
-    ("slurm.setup=module load x", r"slurm.setup must be a list of shell lines"),
-    ("slurm=4", r"slurm must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        ("slurm.partion=x", r"unknown key 'slurm.partion' \(did you mean 'partition'\?\)"),
+        ("slurm.time_minutes=0", r"slurm.time_minutes must be >= 1"),
+        ("slurm.gpus_per_task=1.5", r"slurm.gpus_per_task must be an integer"),
+        ("slurm.mem_gb=-2", r"slurm.mem_gb must be a finite number > 0"),
+        ("slurm.partition=a b", r"slurm.partition must be a name without spaces"),
+        ("slurm.setup=module load x", r"slurm.setup must be a list of shell lines"),
+        ("slurm=4", r"slurm must be a mapping"),
+    ],
+)
 def test_slurm_keys_are_validated(text, pattern):
     with pytest.raises(ProfileError, match=pattern):
         k, v = parse_override(text)
@@ -288,7 +368,8 @@ def test_slurm_section_layers_key_by_key(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("slurm:\n  partition: a100\n")
     P = load_profile(path, {"slurm.account": "lab"})
-    assert (P.slurm.partition, P.slurm.account, P.slurm.time_minutes) == ("a100", "lab", 240)   # base keeps the rest
+    # base keeps the rest
+    assert (P.slurm.partition, P.slurm.account, P.slurm.time_minutes) == ("a100", "lab", 240)
     bad = tmp_path / "bad.yaml"
     bad.write_text("slurm:\n  gpus: 2\n")
     with pytest.raises(ProfileError, match=r"bad.yaml: unknown key slurm.gpus; slurm keys: partition"):
@@ -309,7 +390,10 @@ def test_submission_refuses_clashing_files(tmp_path):
 def test_cli_flag_combinations(capsys):
     assert main_for_tests(["bench", "--profile", "cpu", "--shards", "2"]) == 2
     assert "go with --submit" in capsys.readouterr().err
-    assert main_for_tests(["bench", "--profile", "cpu", "--submit", "local", "--shards", "2", "--shard", "0/2"]) == 2
+    assert (
+        main_for_tests(["bench", "--profile", "cpu", "--submit", "local", "--shards", "2", "--shard", "0/2"])
+        == 2
+    )
     assert "without --shard" in capsys.readouterr().err
 
 
@@ -324,14 +408,16 @@ def test_local_jobs_get_one_core_each():
 
 def test_trace_progress_counts_only_the_traces_now_current(tmp_path, monkeypatch):
     P = profile("trace_tasks=[gsm8k, mbpp]", "trace_batch_sizes=[1, 2]")
-    current = set()                                              # nothing recorded yet: 4 to record
+    current = set()  # nothing recorded yet: 4 to record
     monkeypatch.setattr(submit, "trace_current", lambda P, task, b: (task, b) in current)
-    monkeypatch.setattr(submit, "submit_jobs", lambda *a: [type("Job", (), {"job_id": i})() for i in range(len(a[5]))])
+    monkeypatch.setattr(
+        submit, "submit_jobs", lambda *a: [type("Job", (), {"job_id": i})() for i in range(len(a[5]))]
+    )
     seen = []
 
     def wait(jobs, labels, count_done, total, *a):
         seen.append((count_done(), total))
-        current.add(("mbpp", 2))                                 # one job finishes its trace
+        current.add(("mbpp", 2))  # one job finishes its trace
         seen.append((count_done(), total))
         return []
 
@@ -347,19 +433,40 @@ def test_trace_all_records_what_is_missing_as_local_jobs(tmp_path, monkeypatch, 
     from artifact.experiments import harness
     from artifact.offload.replay.trace import Trace, mean_working_set
     from artifact.paths import data_dir
+
     data = tmp_path / "data"
     shutil.copytree(data_dir() / "tasks", data / "tasks")
-    monkeypatch.setenv("ARTIFACT_DATA", str(data))             # the job processes inherit it
-    args = ["trace-all", "--profile", "cpu", "--set", "trace_tasks=[gsm8k, mbpp]", "--set", "trace_batch_sizes=[1]",
-            "--set", "trace_n_prompts=1", "--set", "gen_length=32", "--submit", "local", "--wait",
-            "--jobs-dir", str(tmp_path / "jobs"), "--poll-seconds", "0.5", "--quiet"]
+    monkeypatch.setenv("ARTIFACT_DATA", str(data))  # the job processes inherit it
+    args = [
+        "trace-all",
+        "--profile",
+        "cpu",
+        "--set",
+        "trace_tasks=[gsm8k, mbpp]",
+        "--set",
+        "trace_batch_sizes=[1]",
+        "--set",
+        "trace_n_prompts=1",
+        "--set",
+        "gen_length=32",
+        "--submit",
+        "local",
+        "--wait",
+        "--jobs-dir",
+        str(tmp_path / "jobs"),
+        "--poll-seconds",
+        "0.5",
+        "--quiet",
+    ]
     assert main_for_tests(args) == 0, capsys.readouterr().err
     assert "2 to record" in capsys.readouterr().err
-    P = load_profile("cpu", {"trace_tasks": ["gsm8k", "mbpp"], "trace_batch_sizes": [1], "trace_n_prompts": 1,
-                             "gen_length": 32})
+    P = load_profile(
+        "cpu",
+        {"trace_tasks": ["gsm8k", "mbpp"], "trace_batch_sizes": [1], "trace_n_prompts": 1, "gen_length": 32},
+    )
     assert all(trace_current(P, t, 1) for t in ("gsm8k", "mbpp"))
     recorded = Trace.load(harness.trace_path(P, "mbpp", 1))
-    here = harness.record_trace(P, "mbpp", 1)                 # the same trace, recorded in this process
+    here = harness.record_trace(P, "mbpp", 1)  # the same trace, recorded in this process
     assert len(recorded) == len(here) and mean_working_set(recorded) == mean_working_set(here)
     assert main_for_tests(args) == 0
     assert "2 current, 0 to record" in capsys.readouterr().err
@@ -367,7 +474,8 @@ def test_trace_all_records_what_is_missing_as_local_jobs(tmp_path, monkeypatch, 
 
 def test_local_jobs_get_one_gpu_each_on_a_cuda_profile():
     import torch
-    P = load_profile("a5000", {"model": "/ckpt"})                  # device: cuda
+
+    P = load_profile("a5000", {"model": "/ckpt"})  # device: cuda
     gpus = torch.cuda.device_count()
     if gpus:
         assert [s["gpu"] for s in job_machinery.local_slots(P, gpus)] == list(range(gpus))

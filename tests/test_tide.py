@@ -4,6 +4,7 @@ The fake mimics the interface of TIDE's released model file (model/modeling_llad
 LLaDA2MoeModelLM with from_pretrained, enable_predictive_expert_offload and generate returning
 (tokens, per-step stats)); it records every call and decodes a deterministic sequence, so the rows
 the adapter builds can be checked against numbers computed here."""
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,13 @@ from artifact.offload.runner import RunOptions
 # The fake is not TIDE's pinned model file: check_tide warns about that; the warning has its own test.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is not the model file of ims-kdks/TIDE:UserWarning")
 
-FAKE_CAP = 64          # the fake lowers any budget above this, as TIDE does when GPU memory is short
-FAKE_STEPS = 3         # denoising steps the fake reports per block
+FAKE_CAP = 64  # the fake lowers any budget above this, as TIDE does when GPU memory is short
+FAKE_STEPS = 3  # denoising steps the fake reports per block
 COUNTS = {"cpu_tokens": 3, "gpu_tokens": 5, "promotions": 2, "demotions": 1, "experts_move_time": 0.25}
 
 FAKE_CONFIG = "class LLaDA2MoeConfig:\n    model_type = 'llada2_moe'\n"
 
-FAKE_MODELING = textwrap.dedent(f'''
+FAKE_MODELING = textwrap.dedent(f"""
     import math
     import torch
     from .configuration_llada2_moe import LLaDA2MoeConfig
@@ -57,8 +58,8 @@ FAKE_MODELING = textwrap.dedent(f'''
             CALLS.append(("enable", dict(max_gpu_experts_per_layer=max_gpu_experts_per_layer,
                                          collect_stats=collect_stats, jump_steps=jump_steps)))
             self.collect_stats = collect_stats
-            return {{"enabled": True, "gpu_expert_budget_per_layer": min(max_gpu_experts_per_layer, {FAKE_CAP}),
-                    "jump_steps": jump_steps}}
+            budget = min(max_gpu_experts_per_layer, {FAKE_CAP})
+            return {{"enabled": True, "gpu_expert_budget_per_layer": budget, "jump_steps": jump_steps}}
 
         def generate(self, input_ids=None, temperature=0.0, block_length=32, steps=32, gen_length=2048,
                      top_p=None, top_k=None, eos_early_stop=False, minimal_topk=1, threshold=0.95,
@@ -82,7 +83,7 @@ FAKE_MODELING = textwrap.dedent(f'''
             if do_sample:
                 return "multinomial"
             return "argmax"
-''')
+""")
 
 
 def write_fake(root, modeling=FAKE_MODELING, requirements="torch==2.9.1\ntransformers==4.57.1\n"):
@@ -107,24 +108,29 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error 
 
 # --- argument mapping ----------------------------------------------------------------------------
 def test_tide_arguments_map_our_settings():
-    a = released.tide_arguments(48, 3, gen_length=256, steps=64, threshold=0.9, block_length=32, mask_id=7, eos_id=5)
+    a = released.tide_arguments(
+        48, 3, gen_length=256, steps=64, threshold=0.9, block_length=32, mask_id=7, eos_id=5
+    )
     assert a["offload"] == {"max_gpu_experts_per_layer": 48, "jump_steps": 3, "collect_stats": True}
     g = a["generate"]
-    assert g["steps"] == 32                      # our schedule caps steps at the block length
+    assert g["steps"] == 32  # our schedule caps steps at the block length
     assert (g["gen_length"], g["block_length"], g["threshold"]) == (256, 32, 0.9)
     assert (g["mask_id"], g["eos_id"]) == (7, 5)
     assert g["temperature"] == 0.0 and g["do_sample"] is False and g["minimal_topk"] == 1
-    assert g["eos_early_stop"] is False          # TIDE's block-level eos stop is our eos_early_stop=True
+    assert g["eos_early_stop"] is False  # TIDE's block-level eos stop is our eos_early_stop=True
     assert set(a["offload"]) <= set(tide_checkout.OFFLOAD_ARGS) and set(g) <= set(tide_checkout.GENERATE_ARGS)
 
 
-@pytest.mark.parametrize("kw, words", [
-    ({"gen_length": 16}, ["gen_length=16", "steps=32"]),
-    ({"eos_early_stop": False}, ["eos_early_stop=True"]),
-    ({"budget_experts": 0}, ["budget_experts", "0"]),
-    ({"jump_steps": 0}, ["jump_steps", "0"]),
-    ({"threshold": 1.5}, ["threshold", "1.5"]),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"gen_length": 16}, ["gen_length=16", "steps=32"]),
+        ({"eos_early_stop": False}, ["eos_early_stop=True"]),
+        ({"budget_experts": 0}, ["budget_experts", "0"]),
+        ({"jump_steps": 0}, ["jump_steps", "0"]),
+        ({"threshold": 1.5}, ["threshold", "1.5"]),
+    ],
+)
 def test_tide_arguments_refuse_what_tide_would_decode_differently(kw, words):
     base = dict(budget_experts=8, jump_steps=1, gen_length=64, steps=32, threshold=0.95, mask_id=2, eos_id=1)
     with pytest.raises(ValueError) as e:
@@ -136,17 +142,24 @@ def test_tide_arguments_refuse_what_tide_would_decode_differently(kw, words):
 def test_check_tide_reads_the_interface(fake):
     info = tide_checkout.check_tide(fake, device="cpu")
     assert info.modeling_file == fake / "model" / "modeling_llada2_moe.py"
-    assert info.offload_defaults == {"max_gpu_experts_per_layer": None, "reserve_vram_gb": 1.5,
-                                     "collect_stats": False, "jump_steps": 1}
+    assert info.offload_defaults == {
+        "max_gpu_experts_per_layer": None,
+        "reserve_vram_gb": 1.5,
+        "collect_stats": False,
+        "jump_steps": 1,
+    }
     assert info.generate_defaults["steps"] == 32 and info.generate_defaults["threshold"] == 0.95
     assert info.imports == ("torch",)
     assert info.pins["transformers"] == "transformers==4.57.1"
 
 
-@pytest.mark.parametrize("path, exc, words", [
-    (None, ValueError, ["tide_path", "ims-kdks/TIDE"]),
-    ("", ValueError, ["tide_path"]),
-])
+@pytest.mark.parametrize(
+    "path, exc, words",
+    [
+        (None, ValueError, ["tide_path", "ims-kdks/TIDE"]),
+        ("", ValueError, ["tide_path"]),
+    ],
+)
 def test_check_tide_needs_a_path(path, exc, words):
     with pytest.raises(exc) as e:
         tide_checkout.check_tide(path, device="cpu")
@@ -164,7 +177,11 @@ def test_check_tide_names_a_missing_checkout_or_file(tmp_path, fake):
 
 def test_check_tide_names_an_interface_change(tmp_path):
     renamed = FAKE_MODELING.replace("jump_steps=1):", "refresh_every=1):")
-    with pytest.raises(ValueError, match=r"enable_predictive_expert_offload\(\) lacks arguments \['jump_steps'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"enable_predictive_expert_offload\(\) lacks arguments "
+        r"\['jump_steps'\]",
+    ):
         tide_checkout.check_tide(write_fake(tmp_path / "a", renamed), device="cpu")
     no_class = FAKE_MODELING.replace("class LLaDA2MoeModelLM", "class Other")
     with pytest.raises(ValueError, match="no class LLaDA2MoeModelLM"):
@@ -178,7 +195,7 @@ def test_check_tide_names_missing_requirements(tmp_path):
         tide_checkout.check_tide(root, device="cpu")
     msg = str(e.value)
     assert "not_a_real_pkg_4711" in msg and "not-a-real-pkg-4711==1.2" in msg and "requirements.txt" in msg
-    assert "'json'" not in msg and "'torch'" not in msg         # stdlib and installed modules are fine
+    assert "'json'" not in msg and "'torch'" not in msg  # stdlib and installed modules are fine
 
 
 @no_gpu
@@ -209,12 +226,23 @@ def test_run_tide_maps_arguments_and_builds_rows(fake):
     prompts = [[5, 6, 7], list(range(10, 50))]
     dc = DecodeConfig(gen_length=64, steps=16, threshold=0.9)
     path_before = list(sys.path)
-    rows = released.run_tide(fake, tiny_checkpoint(), prompts, budget_experts=8, jump_steps=3, dc=dc, reps=2,
-                         device="cpu", dtype="bfloat16", task="gsm8k", cache_ratio=0.5)
-    assert sys.path == path_before                 # imported from the checkout without a path hack
+    rows = released.run_tide(
+        fake,
+        tiny_checkpoint(),
+        prompts,
+        budget_experts=8,
+        jump_steps=3,
+        dc=dc,
+        reps=2,
+        device="cpu",
+        dtype="bfloat16",
+        task="gsm8k",
+        cache_ratio=0.5,
+    )
+    assert sys.path == path_before  # imported from the checkout without a path hack
     log = calls(fake)
     kind = [c[0] for c in log]
-    assert kind == ["from_pretrained", "enable"] + ["generate"] * (1 + 2 * len(prompts))   # warm-up first
+    assert kind == ["from_pretrained", "enable"] + ["generate"] * (1 + 2 * len(prompts))  # warm-up first
     _, path, kw = log[0]
     assert path == str(tiny_checkpoint())
     assert kw == {"dtype": torch.bfloat16, "local_files_only": True, "use_safetensors": True}
@@ -222,16 +250,31 @@ def test_run_tide_maps_arguments_and_builds_rows(fake):
     warm, first = log[2][1], log[3][1]
     assert warm["gen_length"] == 32 and warm["input_ids"] == [prompts[0]]
     cfg = json.loads((tiny_checkpoint() / "config.json").read_text())
-    assert first == {"input_ids": [prompts[0]], "temperature": 0.0, "block_length": 32, "steps": 16,
-                     "gen_length": 64, "threshold": 0.9, "eos_early_stop": False, "minimal_topk": 1,
-                     "eos_id": cfg["eos_token_id"], "mask_id": cfg["mask_token_id"], "do_sample": False}
+    assert first == {
+        "input_ids": [prompts[0]],
+        "temperature": 0.0,
+        "block_length": 32,
+        "steps": 16,
+        "gen_length": 64,
+        "threshold": 0.9,
+        "eos_early_stop": False,
+        "minimal_topk": 1,
+        "eos_id": cfg["eos_token_id"],
+        "mask_id": cfg["mask_token_id"],
+        "do_sample": False,
+    }
 
     assert [r["rep"] for r in rows] == [0, 1]
-    tokens = sum(min(len(p), 64) for p in prompts)           # the fake's rule; eos is not counted
+    tokens = sum(min(len(p), 64) for p in prompts)  # the fake's rule; eos is not counted
     with_eos = sum(len(p) + 1 if len(p) < 64 else 64 for p in prompts)
     steps = sum(FAKE_STEPS * (-(-(len(p) + 64) // 32) - len(p) // 32) for p in prompts)
     for r in rows:
-        assert (r["system"], r["policy"], r["mode"], r["batch_size"]) == ("tide_released", "tide_released", "full", 1)
+        assert (r["system"], r["policy"], r["mode"], r["batch_size"]) == (
+            "tide_released",
+            "tide_released",
+            "full",
+            1,
+        )
         assert (r["task"], r["cache_ratio"], r["cache_experts"], r["budget_experts"]) == ("gsm8k", 0.5, 8, 8)
         assert r["tokens"] == tokens and r["tide_tokens_with_eos"] == with_eos
         assert r["tokens_sha"] == tokens_sha([[100 + i for i in range(min(len(p), 64))] for p in prompts])
@@ -245,8 +288,15 @@ def test_run_tide_maps_arguments_and_builds_rows(fake):
 
 
 def test_run_tide_reports_a_capped_budget(fake):
-    rows = released.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], budget_experts=100, device="cpu", warmup=False,
-                         dc=DecodeConfig(gen_length=32))
+    rows = released.run_tide(
+        fake,
+        tiny_checkpoint(),
+        [[1, 2, 3]],
+        budget_experts=100,
+        device="cpu",
+        warmup=False,
+        dc=DecodeConfig(gen_length=32),
+    )
     assert rows[0]["cache_experts"] == FAKE_CAP and rows[0]["budget_experts"] == 100
     assert rows[0]["tide_budget_capped"] is True
 
@@ -258,7 +308,7 @@ def test_run_tide_refuses_before_loading(fake, tmp_path):
         released.run_tide(fake, tmp_path / "no-ckpt", [[1, 2]], 8, device="cpu")
     with pytest.raises(ValueError, match="empty prompt"):
         released.run_tide(fake, tiny_checkpoint(), [[]], 8, device="cpu")
-    assert calls(fake) == []                       # nothing was loaded or generated
+    assert calls(fake) == []  # nothing was loaded or generated
 
 
 @no_gpu
@@ -269,19 +319,23 @@ def test_run_tide_on_cuda_without_a_gpu_says_so(fake):
 
 
 def test_import_failure_names_the_pins(tmp_path):
-    broken = FAKE_MODELING.replace("import torch\n", "import torch\nfrom torch import no_such_symbol_4711\n", 1)
+    broken = FAKE_MODELING.replace(
+        "import torch\n", "import torch\nfrom torch import no_such_symbol_4711\n", 1
+    )
     root = write_fake(tmp_path / "T", broken)
-    info = tide_checkout.check_tide(root, device="cpu", import_module=False)     # the static checks pass
+    info = tide_checkout.check_tide(root, device="cpu", import_module=False)  # the static checks pass
     assert info.imports == ("torch",)
     with pytest.raises(ImportError) as e:
-        tide_checkout.check_tide(root, device="cpu")                              # importing it does not
+        tide_checkout.check_tide(root, device="cpu")  # importing it does not
     msg = str(e.value)
     assert "no_such_symbol_4711" in msg and "transformers==4.57.1" in msg and "pip install -r" in msg
 
 
 # --- the comparison ---------------------------------------------------------------------------------
 def test_speedup_parts_multiply_to_the_total():
-    rows = [{"system": "engine", "mode": "cached", "policy": "demand", "tokens_per_second": v} for v in (30, 34)]
+    rows = [
+        {"system": "engine", "mode": "cached", "policy": "demand", "tokens_per_second": v} for v in (30, 34)
+    ]
     rows += [{"system": "engine", "mode": "full", "policy": "demand", "tokens_per_second": v} for v in (8, 8)]
     rows += [{"system": "tide_released", "mode": "full", "policy": "tide_released", "tokens_per_second": 2.0}]
     s = tide.speedup_parts(rows)
@@ -293,22 +347,31 @@ def test_speedup_parts_multiply_to_the_total():
 
 
 def test_compare_with_engine_interleaves_three_systems(fake, tiny, tiny_prompts):
-    prompts = [tiny_prompts[3]]                                         # the shortest: a quick test
-    rows = tide.compare_with_engine(tiny, fake, prompts, budget_experts=96, jump_steps=2,
-                                    options=RunOptions(DecodeConfig(gen_length=32), "cpu"), reps=2, progress=False)
+    prompts = [tiny_prompts[3]]  # the shortest: a quick test
+    rows = tide.compare_with_engine(
+        tiny,
+        fake,
+        prompts,
+        budget_experts=96,
+        jump_steps=2,
+        options=RunOptions(DecodeConfig(gen_length=32), "cpu"),
+        reps=2,
+        progress=False,
+    )
     systems = [(r["system"], r["mode"]) for r in rows]
     assert systems[:3] == [("engine", "cached"), ("engine", "full"), ("tide_released", "full")]
-    assert systems[3:] == [("engine", "full"), ("tide_released", "full"), ("engine", "cached")]   # rotated
+    assert systems[3:] == [("engine", "full"), ("tide_released", "full"), ("engine", "cached")]  # rotated
     eng = [r for r in rows if r["system"] == "engine"]
     assert all(r["cache_experts"] == 96 and r["batch_size"] == 1 and r["demand_misses"] > 0 for r in eng)
     assert [r["order"] for r in rows] == [0, 1, 2, 0, 1, 2]
     from artifact.experiments.bench.results import STAT_COLUMNS
-    assert all(set(STAT_COLUMNS) <= set(r) for r in eng)                  # the benchmark's row format
+
+    assert all(set(STAT_COLUMNS) <= set(r) for r in eng)  # the benchmark's row format
     cached = [r for r in eng if r["mode"] == "cached"]
     full = [r for r in eng if r["mode"] == "full"]
-    assert [r["tokens_sha"] for r in cached] == [r["tokens_sha"] for r in full]   # same tokens either mode
+    assert [r["tokens_sha"] for r in cached] == [r["tokens_sha"] for r in full]  # same tokens either mode
     t = [r for r in rows if r["system"] == "tide_released"]
-    assert all(r["same_tokens_as_engine"] == 0.0 for r in t)               # the fake decodes other tokens
+    assert all(r["same_tokens_as_engine"] == 0.0 for r in t)  # the fake decodes other tokens
     assert all(r["tokens_sha"] != full[0]["tokens_sha"] for r in t)
     gen = [c[1] for c in calls(fake) if c[0] == "generate"]
     assert gen[0]["eos_id"] == tiny.cfg.eos_token_id and gen[0]["mask_id"] == tiny.cfg.mask_token_id
@@ -323,28 +386,33 @@ def test_compare_with_engine_on_cuda_without_a_gpu_says_so(fake, tiny):
 
 
 def test_compare_with_engine_refuses_an_unfair_setup(fake, tiny, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)      # reach the checks after the CUDA one
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # reach the checks after the CUDA one
     with pytest.raises(ValueError, match="bfloat16"):
-        tide.compare_with_engine(tiny, fake, [[1, 2, 3]], 8)           # tiny is float32
+        tide.compare_with_engine(tiny, fake, [[1, 2, 3]], 8)  # tiny is float32
     bf16 = type(tiny)(tiny.model, tiny.experts.to(torch.bfloat16), tiny.tokenizer, tiny.cfg, tiny.path)
     with pytest.raises(ValueError, match="resident=False"):
-        tide.compare_with_engine(bf16, fake, [[1, 2, 3]], 8)           # experts resident (a backend is set)
+        tide.compare_with_engine(bf16, fake, [[1, 2, 3]], 8)  # experts resident (a backend is set)
 
 
 # --- opt-in: a real TIDE checkout (never downloaded by the tests) -----------------------------------
-@pytest.mark.skipif(not os.environ.get("ARTIFACT_TIDE_PATH"),
-                    reason="set ARTIFACT_TIDE_PATH to a clone of ims-kdks/TIDE (in an env with its requirements)")
+@pytest.mark.skipif(
+    not os.environ.get("ARTIFACT_TIDE_PATH"),
+    reason="set ARTIFACT_TIDE_PATH to a clone of ims-kdks/TIDE (in an env with its requirements)",
+)
 def test_real_tide_is_the_same_model_as_ours(tmp_path):
     """TIDE's model class loads a checkpoint we write and computes our logits (float32, CPU, experts on
     the CPU so no placement runs): the head to head compares two implementations of one model.
     No tokenizer is involved, so TIDE's pinned transformers may differ from ours."""
     from artifact.model.config import get_preset
     from artifact.model.tiny import random_model, save_checkpoint, state_tensors
+
     ours = random_model(get_preset("tiny"), seed=1)
     root = save_checkpoint(tmp_path / "ck", ours.cfg, state_tensors(ours.model, ours.experts))
     info = tide_checkout.check_tide(os.environ["ARTIFACT_TIDE_PATH"], device="cpu")
     cls = getattr(tide_checkout.load_tide_module(info), tide_checkout.MODEL_CLASS)
-    theirs = cls.from_pretrained(str(root), dtype=torch.float32, local_files_only=True, use_safetensors=True).eval()
+    theirs = cls.from_pretrained(
+        str(root), dtype=torch.float32, local_files_only=True, use_safetensors=True
+    ).eval()
     ids = torch.arange(5, 5 + 64)[None]
     n = ids.shape[1] // 32
     mask = torch.tril(torch.ones(n, n)).repeat_interleave(32, 0).repeat_interleave(32, 1)[None, None].log()
@@ -353,11 +421,14 @@ def test_real_tide_is_the_same_model_as_ours(tmp_path):
     torch.testing.assert_close(got, ours.model(ids, torch.arange(64)[None]), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not os.environ.get("ARTIFACT_TIDE_PATH") or torch.cuda.is_available(),
-                    reason="set ARTIFACT_TIDE_PATH; checks the error of the real TIDE on a machine without a GPU")
+@pytest.mark.skipif(
+    not os.environ.get("ARTIFACT_TIDE_PATH") or torch.cuda.is_available(),
+    reason="set ARTIFACT_TIDE_PATH; checks the error of the real TIDE on a machine without a GPU",
+)
 def test_real_tide_without_a_gpu_fails_clearly(tmp_path):
     from artifact.model.config import get_preset
     from artifact.model.tiny import random_model, save_checkpoint, state_tensors
+
     ours = random_model(get_preset("tiny"), seed=1)
     root = save_checkpoint(tmp_path / "ck", ours.cfg, state_tensors(ours.model, ours.experts))
     with pytest.raises(RuntimeError, match="enable_predictive_expert_offload failed: CUDA is not available"):
@@ -367,10 +438,15 @@ def test_real_tide_without_a_gpu_fails_clearly(tmp_path):
 # --- fairness: pinned revision, jump_steps sweep, seconds per forward, threads -----------------------
 def test_check_tide_refuses_a_sampler_that_ignores_do_sample(tmp_path):
     """TIDE before 0d8c547 accepted do_sample in generate but always sampled: greedy runs were random."""
-    old = FAKE_MODELING.replace("self.sampled_with = self._sample(do_sample=do_sample)",
-                                "self.sampled_with = self._sample()")
-    with pytest.raises(ValueError, match=r"generate\(\) accepts do_sample but no sampler it calls branches on it.*"
-                                         r"0d8c547.*git checkout 5611ace"):
+    old = FAKE_MODELING.replace(
+        "self.sampled_with = self._sample(do_sample=do_sample)", "self.sampled_with = self._sample()"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"generate\(\) accepts do_sample but no sampler it calls branches "
+        r"on it.*"
+        r"0d8c547.*git checkout 5611ace",
+    ):
         tide_checkout.check_tide(write_fake(tmp_path / "a", old), device="cpu")
     ignores = FAKE_MODELING.replace("if do_sample:\n", "if temperature > 1:\n")
     with pytest.raises(ValueError, match="no sampler it calls branches on it"):
@@ -380,48 +456,74 @@ def test_check_tide_refuses_a_sampler_that_ignores_do_sample(tmp_path):
 def test_the_pinned_revision_is_recognised_by_the_model_file(fake, monkeypatch):
     modeling = fake / "model" / "modeling_llada2_moe.py"
     if shutil.which("git"):
-        out = subprocess.run(["git", "hash-object", str(modeling)], capture_output=True, text=True, check=True)
-        assert tide_checkout._blob_sha(modeling) == out.stdout.strip()              # git's own blob id
-    with pytest.warns(UserWarning, match="is not the model file of ims-kdks/TIDE@5611ace.*git -C .* checkout 5611ace"):
+        out = subprocess.run(
+            ["git", "hash-object", str(modeling)], capture_output=True, text=True, check=True
+        )
+        assert tide_checkout._blob_sha(modeling) == out.stdout.strip()  # git's own blob id
+    with pytest.warns(
+        UserWarning, match="is not the model file of ims-kdks/TIDE@5611ace.*git -C .* checkout 5611ace"
+    ):
         info = tide_checkout.check_tide(fake, device="cpu")
     assert not info.pinned
     monkeypatch.setattr(tide_checkout, "PINNED_MODELING_BLOB", tide_checkout._blob_sha(modeling))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tide_checkout.check_tide(fake, device="cpu").pinned
-    row = released.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False,
-                        dc=DecodeConfig(gen_length=32))[0]
+    row = released.run_tide(
+        fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False, dc=DecodeConfig(gen_length=32)
+    )[0]
     assert row["tide_pinned"] is True and row["tide_modeling_sha"] == tide_checkout._blob_sha(modeling)
 
 
 def test_tide_runs_on_the_machines_cores_and_restores_the_bench_threads(fake):
-    assert torch.get_num_threads() == 1                                    # the bench's (conftest's) setting
-    rows = released.run_tide(fake, tiny_checkpoint(), [[1, 2, 3], [4, 5]], 8, device="cpu", reps=2,
-                         dc=DecodeConfig(gen_length=32))
+    assert torch.get_num_threads() == 1  # the bench's (conftest's) setting
+    rows = released.run_tide(
+        fake, tiny_checkpoint(), [[1, 2, 3], [4, 5]], 8, device="cpu", reps=2, dc=DecodeConfig(gen_length=32)
+    )
     seen = tide_checkout.load_tide_module(tide_checkout.check_tide(fake, device="cpu")).THREADS
-    assert seen == [usable_cores()] * (1 + 2 * 2)                 # warm-up and every timed generate
+    assert seen == [usable_cores()] * (1 + 2 * 2)  # warm-up and every timed generate
     assert all(r["threads"] == usable_cores() for r in rows)
-    assert torch.get_num_threads() == 1                                    # restored
-    released.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False, threads=3,
-                  dc=DecodeConfig(gen_length=32))
+    assert torch.get_num_threads() == 1  # restored
+    released.run_tide(
+        fake,
+        tiny_checkpoint(),
+        [[1, 2, 3]],
+        8,
+        device="cpu",
+        warmup=False,
+        threads=3,
+        dc=DecodeConfig(gen_length=32),
+    )
     assert seen[-1] == 3 and torch.get_num_threads() == 1
     with pytest.raises(RuntimeError, match="boom"), released.tide_threads(2):
         raise RuntimeError("boom")
-    assert torch.get_num_threads() == 1                                    # restored after an error too
+    assert torch.get_num_threads() == 1  # restored after an error too
 
 
 def test_compare_with_engine_sweeps_jump_steps_and_reports_seconds_per_forward(fake, tiny, tiny_prompts):
-    rows = tide.compare_with_engine(tiny, fake, [tiny_prompts[3]], budget_experts=96,
-                                    options=RunOptions(DecodeConfig(gen_length=32), "cpu"), reps=2, progress=False)
+    rows = tide.compare_with_engine(
+        tiny,
+        fake,
+        [tiny_prompts[3]],
+        budget_experts=96,
+        options=RunOptions(DecodeConfig(gen_length=32), "cpu"),
+        reps=2,
+        progress=False,
+    )
     assert tide.JUMP_STEPS == (1, 2, 4)
     t = [r for r in rows if r["system"] == "tide_released"]
     assert sorted(r["jump_steps"] for r in t) == [1, 1, 2, 2, 4, 4]
     jobs = [(r["system"], r["mode"], r.get("jump_steps") if r["system"] != "engine" else None) for r in rows]
-    assert jobs[:5] == [("engine", "cached", None), ("engine", "full", None), ("tide_released", "full", 1),
-                        ("tide_released", "full", 2), ("tide_released", "full", 4)]
-    assert jobs[5:] == jobs[1:5] + jobs[:1]                                # rep 1 rotated by one
+    assert jobs[:5] == [
+        ("engine", "cached", None),
+        ("engine", "full", None),
+        ("tide_released", "full", 1),
+        ("tide_released", "full", 2),
+        ("tide_released", "full", 4),
+    ]
+    assert jobs[5:] == jobs[1:5] + jobs[:1]  # rep 1 rotated by one
     enables = [c[1]["jump_steps"] for c in calls(fake) if c[0] == "enable"]
-    assert enables == [1, 2, 4, 1, 2, 4]                                   # TIDE's own call sets each interval
+    assert enables == [1, 2, 4, 1, 2, 4]  # TIDE's own call sets each interval
     for r in rows:
         assert r["seconds_per_forward"] == pytest.approx(r["seconds"] / r["forwards"]) and r["forwards"] > 0
     assert all(r["threads"] == usable_cores() for r in t)
@@ -430,18 +532,33 @@ def test_compare_with_engine_sweeps_jump_steps_and_reports_seconds_per_forward(f
     best = max((1, 2, 4), key=lambda j: sum(r["tokens_per_second"] for r in t if r["jump_steps"] == j))
     assert s["tide_jump_steps"] == best
     assert s["tide_seconds_per_forward"] == pytest.approx(
-        sum(r["seconds_per_forward"] for r in t if r["jump_steps"] == best) / 2)
+        sum(r["seconds_per_forward"] for r in t if r["jump_steps"] == best) / 2
+    )
     with pytest.raises(ValueError, match="jump_steps"):
-        tide.compare_with_engine(tiny, fake, [[1, 2]], 96, jump_steps=(2, 2), options=RunOptions(device="cpu"),
-                                 progress=False)
+        tide.compare_with_engine(
+            tiny, fake, [[1, 2]], 96, jump_steps=(2, 2), options=RunOptions(device="cpu"), progress=False
+        )
 
 
 def test_speedup_parts_takes_tide_at_its_best_jump_steps():
-    rows = [{"system": "engine", "mode": m, "policy": "demand", "tokens_per_second": v, "seconds_per_forward": f}
-            for m, v, f in (("cached", 40.0, 0.01), ("full", 10.0, 0.04))]
-    rows += [{"system": "tide_released", "mode": "full", "policy": "tide_released", "jump_steps": j,
-              "tokens_per_second": v, "seconds_per_forward": 0.1 * j} for j, v in ((1, 2.0), (2, 5.0), (4, 4.0))]
+    rows = [
+        {"system": "engine", "mode": m, "policy": "demand", "tokens_per_second": v, "seconds_per_forward": f}
+        for m, v, f in (("cached", 40.0, 0.01), ("full", 10.0, 0.04))
+    ]
+    rows += [
+        {
+            "system": "tide_released",
+            "mode": "full",
+            "policy": "tide_released",
+            "jump_steps": j,
+            "tokens_per_second": v,
+            "seconds_per_forward": 0.1 * j,
+        }
+        for j, v in ((1, 2.0), (2, 5.0), (4, 4.0))
+    ]
     s = tide.speedup_parts(rows)
     assert s["tide_jump_steps"] == 2 and s["tide_tps"] == 5.0 and s["speedup_total"] == pytest.approx(8.0)
-    assert s["tide_seconds_per_forward"] == pytest.approx(0.2) and s["engine_full_seconds_per_forward"] == 0.04
+    assert (
+        s["tide_seconds_per_forward"] == pytest.approx(0.2) and s["engine_full_seconds_per_forward"] == 0.04
+    )
     assert tide.speedup_parts(rows, jump_steps=1)["speedup_total"] == pytest.approx(20.0)

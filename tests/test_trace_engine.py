@@ -1,5 +1,6 @@
 """The stream-driven engine: driven by a model-driven run's own trace it counts what that run counted (and
 what the simulator's replay counts), computes every expert from the right weights, and fails clearly."""
+
 import numpy as np
 import pytest
 
@@ -10,8 +11,15 @@ from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
 from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 
 DC = DecodeConfig(gen_length=40)
-COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d")
-FAST = dict(bandwidth_gbps=50.0, latency_us=0.0)        # the counts do not depend on the link's speed
+COUNTS = (
+    "demand_hits",
+    "demand_misses",
+    "speculative_transfers",
+    "prefetch_hits",
+    "wasted_prefetches",
+    "bytes_h2d",
+)
+FAST = dict(bandwidth_gbps=50.0, latency_us=0.0)  # the counts do not depend on the link's speed
 
 
 def shape_of(loaded) -> ExpertShape:
@@ -21,17 +29,30 @@ def shape_of(loaded) -> ExpertShape:
 @pytest.fixture(scope="module")
 def recorded(tiny, tiny_prompts):
     """A resident run of two batches (three prompts, batch size 2), recorded."""
-    return decode_prompts(tiny, tiny_prompts[:3], 2, RunOptions(DC), record=True, prompt_ids=["a", "b", "c"],
-                          task="test")
+    return decode_prompts(
+        tiny, tiny_prompts[:3], 2, RunOptions(DC), record=True, prompt_ids=["a", "b", "c"], task="test"
+    )
 
 
-@pytest.mark.parametrize("policy, capacity", [("demand", 12), ("last_step", 12),
-                                              pytest.param("oracle", 40, marks=pytest.mark.slow)])
-def test_stream_counts_equal_the_model_driven_run_and_the_replay(tiny, tiny_prompts, recorded, policy, capacity):
+@pytest.mark.parametrize(
+    "policy, capacity",
+    [("demand", 12), ("last_step", 12), pytest.param("oracle", 40, marks=pytest.mark.slow)],
+)
+def test_stream_counts_equal_the_model_driven_run_and_the_replay(
+    tiny, tiny_prompts, recorded, policy, capacity
+):
     spec = OffloadSpec(capacity, policy, **FAST)
-    model = decode_prompts(tiny, tiny_prompts[:3], 2, RunOptions(DC), spec=spec, record=True,
-                           prompt_ids=["a", "b", "c"], task="test",
-                           oracle=recorded.trace if policy == "oracle" else None)
+    model = decode_prompts(
+        tiny,
+        tiny_prompts[:3],
+        2,
+        RunOptions(DC),
+        spec=spec,
+        record=True,
+        prompt_ids=["a", "b", "c"],
+        task="test",
+        oracle=recorded.trace if policy == "oracle" else None,
+    )
     assert model.trace.equal_routing(recorded.trace)
     stream = run_stream(model.trace, spec, shape_of(tiny), verify=True)
     sim = replay(model.trace, policy, capacity)
@@ -45,18 +66,30 @@ def test_stream_counts_equal_the_model_driven_run_and_the_replay(tiny, tiny_prom
 
 
 def small_stream():
-    return synth(SynthParams(layers=3, experts=32, top_k=2, tokens=8, blocks=1, steps=6, w=8, w_spread=0.0,
-                             novelty=0.25, seed=3))
+    return synth(
+        SynthParams(
+            layers=3,
+            experts=32,
+            top_k=2,
+            tokens=8,
+            blocks=1,
+            steps=6,
+            w=8,
+            w_spread=0.0,
+            novelty=0.25,
+            seed=3,
+        )
+    )
 
 
 def test_calibration_pads_compute_and_other_time():
     t, shape = small_stream(), ExpertShape(16, 8)
-    spec = OffloadSpec(32, "demand", **FAST)            # every expert fits: only compulsory loads
+    spec = OffloadSpec(32, "demand", **FAST)  # every expert fits: only compulsory loads
     bare = run_stream(t, spec, shape)
     slow = run_stream(t, spec, shape, Calibration(compute_us_per_expert=500.0, other_us_per_demand=1000.0))
     floor = (500.0 * t.accesses + 1000.0 * len(t)) * 1e-6
-    assert slow["seconds"] >= floor                  # the spins are lower bounds on wall time
-    layer_of = np.repeat(t.layer, np.diff(t.offsets))                    # (M,) the layer of each access
+    assert slow["seconds"] >= floor  # the spins are lower bounds on wall time
+    layer_of = np.repeat(t.layer, np.diff(t.offsets))  # (M,) the layer of each access
     compulsory = len(set(zip(layer_of.tolist(), t.experts.tolist(), strict=True)))
     assert slow["demand_misses"] == bare["demand_misses"] == compulsory
     assert slow["forwards_per_second"] == pytest.approx(slow["forwards"] / slow["seconds"])
@@ -72,7 +105,7 @@ def test_a_synthetic_stream_runs_and_the_link_stalls_on_misses():
     t = small_stream()
     shape = ExpertShape(16, 8)
     store = make_store(t, shape)
-    spec = OffloadSpec(8, "demand", bandwidth_gbps=0.01, latency_us=0.0)      # 1.5 KiB expert: ~150 us a copy
+    spec = OffloadSpec(8, "demand", bandwidth_gbps=0.01, latency_us=0.0)  # 1.5 KiB expert: ~150 us a copy
     s = run_stream(t, spec, shape, store=store, verify=True)
     assert s["demand_misses"] == replay(t, "demand", 8, expert_bytes=store.expert_bytes)["demand_misses"]
     assert s["stall_seconds"] > 0 and s["link_busy_seconds"] >= s["transfers"] * 1.5e-4 * 0.99

@@ -6,6 +6,7 @@ and every output path is probed for writability, so a bad input costs seconds, n
 run. Errors a user can fix (artifact.errors.UserError, and a missing, existing or unwritable file) print one
 line and exit 2; anything else is a bug and shows its traceback. Every command sets torch's thread count
 from one setting (--threads; default: Settings.torch_threads resolved by resolve_threads)."""
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,7 @@ def set_threads(a) -> int | None:
     """torch's intra-op thread count for this command, from --threads or the settings (resolve_threads).
     bench: --threads N is the profile key torch_threads (part of the result file's settings). notebooks run
     in their own kernels, which take it from the profile (harness.setup)."""
-    if not hasattr(a, "threads"):      # notebooks, trace-all, run-jobs: kernels and jobs take the profile's key
+    if not hasattr(a, "threads"):  # notebooks, trace-all, run-jobs: kernels and jobs take the profile's key
         return None
     if a.cmd == "bench":
         if a.threads is not None:
@@ -70,7 +71,7 @@ def check_outputs(a) -> None:
     probed before any work."""
     if a.cmd == "bench" and not a.list:
         out = a.out or default_out(profile_from_args(a), parse_shard(a.shard))
-        check_writable(out, "--out", exists_ok=True)              # an existing result file is resumed
+        check_writable(out, "--out", exists_ok=True)  # an existing result file is resumed
     elif a.cmd == "report":
         check_writable(a.csv, "--csv", a.force)
     elif a.cmd == "merge":
@@ -85,14 +86,18 @@ def main(argv=None) -> int:
         policy_modules_from_args(args)  # the user's policies first: every later check may name them
         set_threads(args)
         check_outputs(args)
-        rc = args.fn(args)             # a command may return an exit code (notebooks: failures)
+        rc = args.fn(args)  # a command may return an exit code (notebooks: failures)
     except (UserError, *USER_OS_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         if e.errno not in DISK_ERRORS:
-            raise                      # anything else is a bug: its traceback
-        print(f"error: {e.filename or 'an output'}: {e.strerror}: nothing partial was kept; make room (or choose "
-              "another output) and run the same command again: finished work is kept", file=sys.stderr)
+            raise  # anything else is a bug: its traceback
+        print(
+            f"error: {e.filename or 'an output'}: {e.strerror}: nothing partial was kept; make room (or "
+            "choose "
+            "another output) and run the same command again: finished work is kept",
+            file=sys.stderr,
+        )
         return 2
     return int(rc or 0)

@@ -1,5 +1,6 @@
 """Arguments several commands share: the model and decoding flags, --threads, the profile flags
 (--profile/--model/--set/--policy-module, declared and read once here) and the submission flags."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,7 @@ from artifact.experiments.submit import BACKENDS, POLL_S
 from artifact.model.decode import MODES
 from artifact.offload.policy.policy_modules import load_policy_modules
 
-D = Settings()          # every default comes from the settings dataclass: one source of truth
+D = Settings()  # every default comes from the settings dataclass: one source of truth
 
 
 def floats(s: str) -> list[float]:
@@ -33,16 +34,22 @@ def names(s: str) -> list[str]:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=D.model, help="'tiny' (built on first use) or a checkpoint directory")
-    p.add_argument("--dtype", default=D.dtype,
-                   help="float32 | bfloat16 (default: float32 for tiny, bfloat16 otherwise)")
+    p.add_argument(
+        "--dtype", default=D.dtype, help="float32 | bfloat16 (default: float32 for tiny, bfloat16 otherwise)"
+    )
     p.add_argument("--device", default=D.device, help="cpu | cuda")
 
 
 def add_threads_arg(p: argparse.ArgumentParser, bench_like: bool = False) -> None:
     where = "the profile's torch_threads" if bench_like else "Settings.torch_threads"
-    p.add_argument("--threads", type=int, default=None,
-                   help=f"torch intra-op threads (default: {where}; unset: 1 for the tiny model or no model on "
-                        "the CPU, where more threads only spin, else torch's default of one per core)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help=f"torch intra-op threads (default: {where}; unset: 1 for the tiny model or no model "
+        "on "
+        "the CPU, where more threads only spin, else torch's default of one per core)",
+    )
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
@@ -52,8 +59,9 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, default=D.mode)
 
 
-def add_profile_args(p: argparse.ArgumentParser, set_example: str = "repetitions=5", model: bool = True,
-                     after_profile=None) -> None:
+def add_profile_args(
+    p: argparse.ArgumentParser, set_example: str = "repetitions=5", model: bool = True, after_profile=None
+) -> None:
     """--profile, --model and --set: the one declaration of the profile flags. `after_profile` adds flags
     that the help lists between --profile and --model (as the commands always have)."""
     p.add_argument("--profile", default="cpu", help=f"one of {list_profiles()} or a path to a .yaml file")
@@ -61,17 +69,28 @@ def add_profile_args(p: argparse.ArgumentParser, set_example: str = "repetitions
         after_profile(p)
     if model:
         p.add_argument("--model", default=None, help="checkpoint directory (overrides the profile's model)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help=f"override a profile key with a YAML value, e.g. --set {set_example} (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help=f"override a profile key with a YAML value, e.g. --set {set_example} (repeatable)",
+    )
     add_policy_module_arg(p, profile=True)
 
 
 def add_policy_module_arg(p: argparse.ArgumentParser, profile: bool = False) -> None:
-    """--policy-module: the user's own policy modules, imported (their code runs) before any policy is resolved."""
-    p.add_argument("--policy-module", action="append", default=None, metavar="MODULE",
-                   help="import this module before the policies are resolved: a path to a .py file or a dotted "
-                        "module name, whose code registers policies (docs/policies.md); it runs as your code "
-                        "(repeatable" + ("; added to the profile's policy_modules)" if profile else ")"))
+    """--policy-module: the user's own policy modules, imported (their code runs) before any policy is
+    resolved."""
+    p.add_argument(
+        "--policy-module",
+        action="append",
+        default=None,
+        metavar="MODULE",
+        help="import this module before the policies are resolved: a path to a .py file or a "
+        "dotted "
+        "module name, whose code registers policies (docs/policies.md); it runs as your code "
+        "(repeatable" + ("; added to the profile's policy_modules)" if profile else ")"),
+    )
 
 
 def policy_modules_from_args(a) -> None:
@@ -84,7 +103,7 @@ def overrides_from_args(a) -> dict:
     overrides = dict(parse_override(s) for s in a.set or [])
     if getattr(a, "model", None) is not None:
         overrides["model"] = a.model
-    if getattr(a, "policy_module", None):       # --policy-module: added to the profile's (or --set's) list
+    if getattr(a, "policy_module", None):  # --policy-module: added to the profile's (or --set's) list
         base = list(overrides.get("policy_modules") or load_profile(a.profile, overrides).policy_modules)
         overrides["policy_modules"] = base + [m for m in dict.fromkeys(a.policy_module) if m not in base]
     return overrides
@@ -97,15 +116,27 @@ def profile_from_args(a) -> Settings:
 
 def add_submit_args(p: argparse.ArgumentParser, shards: bool = True) -> None:
     """--submit and friends, as `bench` takes them."""
-    p.add_argument("--submit", choices=BACKENDS, default=None,
-                   help="run as jobs through submitit: slurm (a job array) or local (one process per GPU or core)")
+    p.add_argument(
+        "--submit",
+        choices=BACKENDS,
+        default=None,
+        help="run as jobs through submitit: slurm (a job array) or local (one process per GPU or core)",
+    )
     if shards:
-        p.add_argument("--shards", type=int, default=None, help="with --submit: how many jobs (shards) to split into")
-    p.add_argument("--wait", action="store_true", help="with --submit: wait (progress bar), report failures, merge")
+        p.add_argument(
+            "--shards", type=int, default=None, help="with --submit: how many jobs (shards) to split into"
+        )
+    p.add_argument(
+        "--wait", action="store_true", help="with --submit: wait (progress bar), report failures, merge"
+    )
     add_jobs_dir_args(p)
 
 
 def add_jobs_dir_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--jobs-dir", type=Path, default=None,
-                   help="submitit's folders and the jobs' logs (default: results/PROFILE/jobs/)")
+    p.add_argument(
+        "--jobs-dir",
+        type=Path,
+        default=None,
+        help="submitit's folders and the jobs' logs (default: results/PROFILE/jobs/)",
+    )
     p.add_argument("--poll-seconds", type=float, default=POLL_S, help=argparse.SUPPRESS)

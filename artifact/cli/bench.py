@@ -1,5 +1,6 @@
 """`bench`, `report` and `merge`: the paired benchmark's commands (bench --submit hands the shards to
 artifact.experiments.submit)."""
+
 from __future__ import annotations
 
 import sys
@@ -39,22 +40,37 @@ def cmd_bench(a):
 def cmd_bench_submit(a) -> int:
     """`bench --submit`: the shards as jobs (artifact.experiments.submit.submit_bench)."""
     if not a.submit or a.shards is None:
-        raise SubmitError(f"--shards and --wait go with --submit: give --submit {'|'.join(BACKENDS)} --shards N")
+        raise SubmitError(
+            f"--shards and --wait go with --submit: give --submit {'|'.join(BACKENDS)} --shards N"
+        )
     if a.shard != "0/1" or a.list:
         raise SubmitError("--submit runs every shard itself: give --shards N, without --shard or --list")
     P = profile_from_args(a)
     target = Path(a.out or default_out(P))
     extra = ["--submit", a.submit, "--shards", str(a.shards), "--wait"]
-    submit_bench(P, target, a.shards, a.submit, a.wait, a.jobs_dir, command("bench", a, extra), a.poll_seconds,
-                 progress=not a.quiet, log=err)
+    submit_bench(
+        P,
+        target,
+        a.shards,
+        a.submit,
+        a.wait,
+        a.jobs_dir,
+        command("bench", a, extra),
+        a.poll_seconds,
+        progress=not a.quiet,
+        log=err,
+    )
     return 0
 
 
 def _warn_changed_tokens(df):
     bad = changed_tokens(df)
     if bad:
-        print(f"warning: policies generated different tokens in {len(bad)} cells (e.g. {bad[0]}): offloading "
-              "should change time, never results", file=sys.stderr)
+        print(
+            f"warning: policies generated different tokens in {len(bad)} cells (e.g. {bad[0]}): offloading "
+            "should change time, never results",
+            file=sys.stderr,
+        )
 
 
 def _print_report(df, a: str, b: str, by: list[str]):
@@ -90,26 +106,38 @@ def cmd_merge(a):
 
 
 def _out_and_shard(b) -> None:
-    b.add_argument("--out", type=Path, default=None,
-                   help="result CSV (default: data/results/PROFILE/bench.csv, or bench.shard-I-of-N.csv); shards and "
-                        "reruns may share one: cells are appended under a lock on OUT.lock, a second writer waits")
+    b.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="result CSV (default: data/results/PROFILE/bench.csv, or bench.shard-I-of-N.csv); "
+        "shards and "
+        "reruns may share one: cells are appended under a lock on OUT.lock, a second writer "
+        "waits",
+    )
     b.add_argument("--shard", default="0/1", help="i/n: run the cells whose index %% n == i (0 <= i < n)")
 
 
 def add_cli(subparsers) -> None:
     """Register `bench`, `report` and `merge`."""
-    b = subparsers.add_parser("bench", help="paired throughput runs of a profile's grid (resumable, shardable)")
+    b = subparsers.add_parser(
+        "bench", help="paired throughput runs of a profile's grid (resumable, shardable)"
+    )
     add_profile_args(b, after_profile=_out_and_shard)
     b.add_argument("--list", action="store_true", help="print this shard's cells and exit")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     add_submit_args(b)
     b.set_defaults(fn=cmd_bench)
 
-    r = subparsers.add_parser("report", help="paired table of two policies from bench CSVs (t and bootstrap CIs)")
+    r = subparsers.add_parser(
+        "report", help="paired table of two policies from bench CSVs (t and bootstrap CIs)"
+    )
     r.add_argument("files", type=Path, nargs="+")
     r.add_argument("--a", default="demand", help="policy A (the table shows A over B in percent)")
     r.add_argument("--b", default="last_step", help="policy B (the per-pair baseline)")
-    r.add_argument("--by", type=names, default=["cache_ratio"], help=f"comma-separated, from {list(CELL_KEYS)}")
+    r.add_argument(
+        "--by", type=names, default=["cache_ratio"], help=f"comma-separated, from {list(CELL_KEYS)}"
+    )
     r.add_argument("--csv", type=Path, default=None, help="also write the table as CSV")
     r.add_argument("--force", action="store_true", help="replace an existing --csv")
     r.add_argument("--json", action="store_true")

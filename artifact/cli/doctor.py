@@ -1,6 +1,7 @@
 """`doctor`: a preflight of a profile's run (artifact.experiments.doctor): device and host memory per
 batch size and C/W, disk, the grid's size and an estimated time. Exit 2 with one line on the first problem
 that blocks the run; the whole table otherwise."""
+
 from __future__ import annotations
 
 from artifact.cli.args import add_profile_args, profile_from_args
@@ -16,9 +17,17 @@ def cmd_doctor(a) -> int:
 
 def add_cli(subparsers) -> None:
     """Register `doctor`."""
-    d = subparsers.add_parser("doctor", help="preflight: will the profile's grid fit in GPU and host memory and "
-                                             "on disk, and how long will it take (reads no weights)")
+    d = subparsers.add_parser(
+        "doctor",
+        help="preflight: will the profile's grid fit in GPU and host memory "
+        "and "
+        "on disk, and how long will it take (reads no weights)",
+    )
     add_profile_args(d)
-    d.add_argument("--gpu-memory-gb", type=float, default=None,
-                   help="plan for a GPU with this much memory (default: this machine's GPU; needed without one)")
+    d.add_argument(
+        "--gpu-memory-gb",
+        type=float,
+        default=None,
+        help="plan for a GPU with this much memory (default: this machine's GPU; needed without one)",
+    )
     d.set_defaults(fn=cmd_doctor)

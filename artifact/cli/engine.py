@@ -1,6 +1,7 @@
 """`generate`, `trace`, `simulate` and `export-trace`: the engine's commands. generate and trace parse their
 flags into a RunRequest, call artifact.offload.prepare.prepare (every check that needs no weights), load,
 run and print; simulate and export-trace replay recorded traces."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from artifact.cli.args import D, add_decode_args, add_model_args, add_policy_module_arg, add_threads_arg, floats, ints
+from artifact.cli.args import (
+    D,
+    add_decode_args,
+    add_model_args,
+    add_policy_module_arg,
+    add_threads_arg,
+    floats,
+    ints,
+)
 from artifact.errors import SettingError
 from artifact.model.decode import MAX_BATCH
 from artifact.model.options import FORWARD_MODES
@@ -41,9 +50,18 @@ from artifact.validate import check_number
 # Flags that only mean something for an offloaded run, with the defaults they take then (from Settings).
 # argparse's default is None, so "given explicitly" is known after parsing and such a flag without
 # --offload is refused instead of silently ignored.
-OFFLOAD_DEFAULTS = {"cache_experts": None, "policy": D.policies[0], "link": D.link, "bandwidth_gbps": D.link_gbps,
-                    "latency_us": D.latency_us, "link_priority": D.link_priority, "cap_gbps": None,
-                    "lookahead": D.lookahead, "tau": D.tau, "oracle_trace": None}
+OFFLOAD_DEFAULTS = {
+    "cache_experts": None,
+    "policy": D.policies[0],
+    "link": D.link,
+    "bandwidth_gbps": D.link_gbps,
+    "latency_us": D.latency_us,
+    "link_priority": D.link_priority,
+    "cap_gbps": None,
+    "lookahead": D.lookahead,
+    "tau": D.tau,
+    "oracle_trace": None,
+}
 
 
 def _flag(dest: str) -> str:
@@ -51,94 +69,152 @@ def _flag(dest: str) -> str:
 
 
 def add_offload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--offload", action="store_true", help="experts live in host memory behind a per-layer cache")
+    p.add_argument(
+        "--offload", action="store_true", help="experts live in host memory behind a per-layer cache"
+    )
     # Defaults are None here and filled from OFFLOAD_DEFAULTS by offload_flags (see there).
-    p.add_argument("--cache-experts", type=int, default=None, help="C: device slots per MoE layer (with --offload)")
-    p.add_argument("--policy", default=None, help=f"one of {sorted(n for n, s in POLICIES.items() if s.engine_ok)}, "
-                                                  f"optionally +eviction, one of {sorted(EVICTIONS)} (e.g. "
-                                                  f"last_step+token_lru; default: {OFFLOAD_DEFAULTS['policy']})")
+    p.add_argument(
+        "--cache-experts", type=int, default=None, help="C: device slots per MoE layer (with --offload)"
+    )
+    p.add_argument(
+        "--policy",
+        default=None,
+        help=f"one of {sorted(n for n, s in POLICIES.items() if s.engine_ok)}, "
+        f"optionally +eviction, one of {sorted(EVICTIONS)} (e.g. "
+        "last_step+token_lru; default: "
+        f"{OFFLOAD_DEFAULTS['policy']})",
+    )
     p.add_argument("--link", default=None, help=f"one of {LINKS} (default: {OFFLOAD_DEFAULTS['link']})")
-    p.add_argument("--bandwidth-gbps", type=float, default=None,
-                   help="emulated link bandwidth (default: PCIe 4 scaled to this model's expert size)")
-    p.add_argument("--latency-us", type=float, default=None, help=f"default: {OFFLOAD_DEFAULTS['latency_us']}")
-    p.add_argument("--link-priority", choices=PRIORITIES, default=None,
-                   help="fifo: one copy queue in issue order; demand: speculative copies never delay a demand copy "
-                        f"by more than one expert copy (default: {OFFLOAD_DEFAULTS['link_priority']})")
+    p.add_argument(
+        "--bandwidth-gbps",
+        type=float,
+        default=None,
+        help="emulated link bandwidth (default: PCIe 4 scaled to this model's expert size)",
+    )
+    p.add_argument(
+        "--latency-us", type=float, default=None, help=f"default: {OFFLOAD_DEFAULTS['latency_us']}"
+    )
+    p.add_argument(
+        "--link-priority",
+        choices=PRIORITIES,
+        default=None,
+        help="fifo: one copy queue in issue order; demand: speculative copies never delay a "
+        "demand copy "
+        f"by more than one expert copy (default: {OFFLOAD_DEFAULTS['link_priority']})",
+    )
     p.add_argument("--cap-gbps", type=float, default=None, help="throttle: cap the link's bandwidth")
     p.add_argument("--lookahead", type=int, default=None, help=f"default: {OFFLOAD_DEFAULTS['lookahead']}")
     p.add_argument("--tau", type=int, default=None, help=f"default: {OFFLOAD_DEFAULTS['tau']}")
-    p.add_argument("--oracle-trace", type=Path, default=None, help="trace of an identical earlier run (oracle)")
+    p.add_argument(
+        "--oracle-trace", type=Path, default=None, help="trace of an identical earlier run (oracle)"
+    )
 
 
 def offload_flags(a) -> None:
     """Refuse offload flags given without --offload (they would be ignored), then fill in the defaults."""
     given = [_flag(k) for k in OFFLOAD_DEFAULTS if getattr(a, k) is not None]
     if not a.offload and given:
-        raise SettingError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --offload (without it "
-                           "every expert is resident and these flags would be ignored)")
+        raise SettingError(
+            f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --offload (without "
+            "it "
+            "every expert is resident and these flags would be ignored)"
+        )
     for k, v in OFFLOAD_DEFAULTS.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
 
 
 def offload_request(a) -> Offload | None:
-    """The --offload flags as prepare's Offload (None for a resident run); flags without --offload are refused."""
+    """The --offload flags as prepare's Offload (None for a resident run); flags without --offload are
+    refused."""
     offload_flags(a)
     if not a.offload:
         return None
-    s = RunSettings(link=a.link, link_gbps=a.bandwidth_gbps, latency_us=a.latency_us, link_priority=a.link_priority,
-                    lookahead=a.lookahead, tau=a.tau)
+    s = RunSettings(
+        link=a.link,
+        link_gbps=a.bandwidth_gbps,
+        latency_us=a.latency_us,
+        link_priority=a.link_priority,
+        lookahead=a.lookahead,
+        tau=a.tau,
+    )
     return Offload(a.cache_experts, a.policy, s, cap_gbps=a.cap_gbps, oracle_trace=a.oracle_trace)
 
 
 def _decoding(a) -> dict:
-    return dict(model=a.model, device=a.device, dtype=a.dtype, gen_length=a.gen_length, steps=a.steps,
-                threshold=a.threshold, mode=a.mode)
+    return dict(
+        model=a.model,
+        device=a.device,
+        dtype=a.dtype,
+        gen_length=a.gen_length,
+        steps=a.steps,
+        threshold=a.threshold,
+        mode=a.mode,
+    )
 
 
 def cmd_generate(a):
-    request = RunRequest(**_decoding(a), texts=tuple(a.prompt), raw=a.raw, offload=offload_request(a),
-                         outputs=(Output(a.record_trace, "--record-trace", a.force),))
+    request = RunRequest(
+        **_decoding(a),
+        texts=tuple(a.prompt),
+        raw=a.raw,
+        offload=offload_request(a),
+        outputs=(Output(a.record_trace, "--record-trace", a.force),),
+    )
     r = prepare(request)
     loaded = r.load()
     options = RunOptions(r.dc, a.device, a.forward)
-    res = decode_prompts(loaded, r.prompts, r.batch_size, options, spec=r.spec, oracle=r.oracle,
-                         record=bool(a.record_trace), prompt_ids=r.prompt_ids)
+    res = decode_prompts(
+        loaded,
+        r.prompts,
+        r.batch_size,
+        options,
+        spec=r.spec,
+        oracle=r.oracle,
+        record=bool(a.record_trace),
+        prompt_ids=r.prompt_ids,
+    )
     res.stats.threads = torch.get_num_threads()
     text = [r.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
     if a.json:
         out = {"tokens": res.tokens, "text": text, "stats": res.stats.as_dict()}
-        if res.segments is not None:            # forward segmented: what its programs did (SegmentCounts)
+        if res.segments is not None:  # forward segmented: what its programs did (SegmentCounts)
             out["segments"] = dataclasses.asdict(res.segments)
         print(json.dumps(out))
     else:
         for t in text:
             print(t)
         print(_table(res.stats.as_dict()), file=sys.stderr)
-    if a.record_trace:              # after the output: a failing write (disk full) loses the file, not the run
+    if a.record_trace:  # after the output: a failing write (disk full) loses the file, not the run
         res.trace.save(a.record_trace)
 
 
 def cmd_trace(a):
-    request = RunRequest(**_decoding(a), task=TaskPrompts(a.task, a.n, a.batch_size, a.seed),
-                         outputs=(Output(a.out, "--out", a.force),))
+    request = RunRequest(
+        **_decoding(a),
+        task=TaskPrompts(a.task, a.n, a.batch_size, a.seed),
+        outputs=(Output(a.out, "--out", a.force),),
+    )
     r = prepare(request)
     loaded = r.load()
     options = RunOptions(r.dc, a.device, a.forward)
-    res = decode_prompts(loaded, r.prompts, r.batch_size, options, record=True, prompt_ids=r.prompt_ids,
-                         task=a.task)
+    res = decode_prompts(
+        loaded, r.prompts, r.batch_size, options, record=True, prompt_ids=r.prompt_ids, task=a.task
+    )
     res.trace.save(a.out)
     segmented = f", {res.segments.forwards} forwards as segments" if res.segments is not None else ""
-    print(f"{a.out}: {len(res.trace)} demands, {res.trace.accesses} expert accesses, "
-          f"mean working set W = {mean_working_set(res.trace):.1f} experts/layer/step, "
-          f"{res.stats.tokens_per_second:.1f} tokens/s, {torch.get_num_threads()} torch threads{segmented}")
+    print(
+        f"{a.out}: {len(res.trace)} demands, {res.trace.accesses} expert accesses, "
+        f"mean working set W = {mean_working_set(res.trace):.1f} experts/layer/step, "
+        f"{res.stats.tokens_per_second:.1f} tokens/s, {torch.get_num_threads()} torch threads{segmented}"
+    )
 
 
 def cmd_simulate(a):
     if not a.policies:
         raise SettingError("--policies is empty; give at least one of " + ", ".join([*POLICIES, *BOUNDS]))
     for p in a.policies:
-        check_spec(p)                       # a policy spec, or the bound `min`
+        check_spec(p)  # a policy spec, or the bound `min`
     check_number("--lookahead", a.lookahead, low=1, integer=True)
     check_number("--tau", a.tau, low=1, integer=True)
     if a.cache_experts is not None:
@@ -150,8 +226,12 @@ def cmd_simulate(a):
             raise SettingError("--cache-ratios is empty; give ratios C/W, e.g. --cache-ratios 0.5,1")
         for r in ratios:
             check_number("--cache-ratios", r, low=0, low_open=True)
-    for flag, values in (("--trace", [str(t.resolve()) for t in a.trace]), ("--policies", a.policies),
-                         ("--cache-ratios", a.cache_ratios or []), ("--cache-experts", a.cache_experts or [])):
+    for flag, values in (
+        ("--trace", [str(t.resolve()) for t in a.trace]),
+        ("--policies", a.policies),
+        ("--cache-ratios", a.cache_ratios or []),
+        ("--cache-experts", a.cache_experts or []),
+    ):
         twice = sorted({v for v in values if values.count(v) > 1})
         if twice:
             raise SettingError(f"{flag} lists {twice} more than once; give each once")
@@ -160,16 +240,26 @@ def cmd_simulate(a):
     if a.cache_experts is not None:
         for t in traces:
             for C in a.cache_experts:
-                check_number(f"--cache-experts (trace {t.path})", C, low=1, high=t.meta["num_experts"], integer=True)
-        df = replay_capacities(traces, a.cache_experts, a.policies, by_phase=a.by_phase, lookahead=a.lookahead,
-                               tau=a.tau)
+                check_number(
+                    f"--cache-experts (trace {t.path})", C, low=1, high=t.meta["num_experts"], integer=True
+                )
+        df = replay_capacities(
+            traces, a.cache_experts, a.policies, by_phase=a.by_phase, lookahead=a.lookahead, tau=a.tau
+        )
     else:
-        df = sweep(traces, ratios, a.policies, progress=not a.json, by_phase=a.by_phase, lookahead=a.lookahead,
-                   tau=a.tau)
-    if a.csv:                               # a CSV holds flat columns: <count>_<phase> beside the totals
+        df = sweep(
+            traces,
+            ratios,
+            a.policies,
+            progress=not a.json,
+            by_phase=a.by_phase,
+            lookahead=a.lookahead,
+            tau=a.tau,
+        )
+    if a.csv:  # a CSV holds flat columns: <count>_<phase> beside the totals
         atomic_write_text(a.csv, (phase_columns(df) if a.by_phase else df).to_csv(index=False))
         print(f"wrote {len(df)} rows to {a.csv}", file=sys.stderr)
-    if a.json:                              # rows keep "by_phase": {"prefill": {...}, "first": {...}, "later": {...}}
+    if a.json:  # rows keep "by_phase": {"prefill": {...}, "first": {...}, "later": {...}}
         print(df.to_json(orient="records"))
     elif not a.csv:
         cols = ["task", "batch_size", "cache_ratio", "cache_experts", "policy", *COUNTS[1:5], "misses_vs_lru"]
@@ -196,8 +286,10 @@ def cmd_export_trace(a):
     for layer in t.meta["moe_layers"]:
         check_writable(a.out / f"layer{layer}.{a.format}", "--out", a.force)
     paths = export(t, a.out, a.format, a.policy, C, lookahead=a.lookahead, tau=a.tau)
-    print(f"wrote {len(paths)} per-layer {a.format} streams ({t.accesses} requests, hits-first feed of "
-          f"{a.policy} at C = {C}) to {a.out}/layer<L>.{a.format}")
+    print(
+        f"wrote {len(paths)} per-layer {a.format} streams ({t.accesses} requests, hits-first feed of "
+        f"{a.policy} at C = {C}) to {a.out}/layer<L>.{a.format}"
+    )
 
 
 def _phase_table(df, keys: list[str], counts) -> str:
@@ -213,17 +305,24 @@ def _phase_table(df, keys: list[str], counts) -> str:
 def _table(stats: dict) -> str:
     lines = []
     for k, v in stats.items():
-        if isinstance(v, dict):              # by_phase: one line per phase
-            lines += [f"{k + '.' + p:>24}: " + ", ".join(f"{c}={n}" for c, n in d.items()) for p, d in v.items()]
+        if isinstance(v, dict):  # by_phase: one line per phase
+            lines += [
+                f"{k + '.' + p:>24}: " + ", ".join(f"{c}={n}" for c, n in d.items()) for p, d in v.items()
+            ]
         else:
             lines.append(f"{k:>24}: {v:.4g}" if isinstance(v, float) else f"{k:>24}: {v}")
     return "\n".join(lines)
 
 
 def add_forward_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--forward", choices=FORWARD_MODES, default=D.forward,
-                   help="segmented: denoising forwards run as segments between the router syncs, captured as "
-                        f"CUDA graphs on a GPU (eager on the CPU); eager: the reference forward (default: {D.forward})")
+    p.add_argument(
+        "--forward",
+        choices=FORWARD_MODES,
+        default=D.forward,
+        help="segmented: denoising forwards run as segments between the router syncs, captured as "
+        "CUDA graphs on a GPU (eager on the CPU); eager: the reference forward (default: "
+        f"{D.forward})",
+    )
 
 
 def add_cli(sub) -> None:
@@ -267,20 +366,36 @@ def _add_simulate(sub) -> None:
     s = sub.add_parser("simulate", help="replay traces through policies and capacities (exact miss counts)")
     s.add_argument("--trace", type=Path, action="append", required=True)
     cap = s.add_mutually_exclusive_group()
-    cap.add_argument("--cache-ratios", type=floats, default=None,
-                     help=f"C/W per trace (default: {','.join(f'{r:g}' for r in D.cache_ratios)})")
-    cap.add_argument("--cache-experts", type=ints, default=None,
-                     help="absolute capacities C (slots per MoE layer), e.g. to replay an engine run by hand")
-    s.add_argument("--policies", type=split_policies, default=list(D.sim_policies),
-                   help="policy specs name[:key=value,...][+eviction[:key=value,...]], comma-separated (e.g. "
-                        "demand,demand+token_lru,last_step+lrfu:lam=0.25); also the bound min "
-                        "(relaxed MIN, the floor of any C-slot demand paging; belady is this cache's floor)")
+    cap.add_argument(
+        "--cache-ratios",
+        type=floats,
+        default=None,
+        help=f"C/W per trace (default: {','.join(f'{r:g}' for r in D.cache_ratios)})",
+    )
+    cap.add_argument(
+        "--cache-experts",
+        type=ints,
+        default=None,
+        help="absolute capacities C (slots per MoE layer), e.g. to replay an engine run by hand",
+    )
+    s.add_argument(
+        "--policies",
+        type=split_policies,
+        default=list(D.sim_policies),
+        help="policy specs name[:key=value,...][+eviction[:key=value,...]], comma-separated (e.g. "
+        "demand,demand+token_lru,last_step+lrfu:lam=0.25); also the bound min "
+        "(relaxed MIN, the floor of any C-slot demand paging; belady is this cache's floor)",
+    )
     add_policy_module_arg(s)
     s.add_argument("--lookahead", type=int, default=D.lookahead)
     s.add_argument("--tau", type=int, default=D.tau)
-    s.add_argument("--by-phase", action="store_true",
-                   help="also count per phase (prefill, first = a block's step 0, later): a by_phase object per "
-                        "JSON row, <count>_<phase> CSV columns, or a per-phase table")
+    s.add_argument(
+        "--by-phase",
+        action="store_true",
+        help="also count per phase (prefill, first = a block's step 0, later): a by_phase object "
+        "per "
+        "JSON row, <count>_<phase> CSV columns, or a per-phase table",
+    )
     s.add_argument("--json", action="store_true")
     s.add_argument("--csv", type=Path, default=None)
     s.add_argument("--force", action="store_true", help="replace an existing --csv file")
@@ -289,14 +404,24 @@ def _add_simulate(sub) -> None:
 
 
 def _add_export_trace(sub) -> None:
-    x = sub.add_parser("export-trace", help="write a trace as per-layer request streams for libCacheSim "
-                                            "(hits-first feed)")
+    x = sub.add_parser(
+        "export-trace", help="write a trace as per-layer request streams for libCacheSim (hits-first feed)"
+    )
     x.add_argument("--trace", type=Path, required=True)
-    x.add_argument("--out", type=Path, required=True, help="folder for layer<L>.<format>, one file per MoE layer")
-    x.add_argument("--format", choices=FORMATS, default="oracleGeneral",
-                   help="oracleGeneral (libCacheSim's binary format) or csv (time,obj_id,layer)")
-    x.add_argument("--policy", default="demand",
-                   help="the policy spec whose residency orders each demand: its hits first, then its misses")
+    x.add_argument(
+        "--out", type=Path, required=True, help="folder for layer<L>.<format>, one file per MoE layer"
+    )
+    x.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="oracleGeneral",
+        help="oracleGeneral (libCacheSim's binary format) or csv (time,obj_id,layer)",
+    )
+    x.add_argument(
+        "--policy",
+        default="demand",
+        help="the policy spec whose residency orders each demand: its hits first, then its misses",
+    )
     xc = x.add_mutually_exclusive_group()
     xc.add_argument("--cache-experts", type=int, default=None, help="C, slots per MoE layer")
     xc.add_argument("--cache-ratio", type=float, default=1.0, help="C/W (default: 1)")

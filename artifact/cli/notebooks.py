@@ -1,5 +1,6 @@
 """`notebooks`: run the numbered notebooks for a profile (artifact.experiments.notebooks) and print every
 claim's verdict; the exit code counts failed notebooks."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,11 +15,20 @@ from artifact.experiments.settings import ProfileError
 
 def cmd_notebooks(a) -> int:
     """Returns the number of failed notebooks."""
-    log = lambda s: print(s, file=sys.stderr)      # noqa: E731
+    log = lambda s: print(s, file=sys.stderr)  # noqa: E731
     try:
         overrides = overrides_from_args(a)
-        outcomes = run_notebooks(a.profile, overrides, a.force, a.only, a.notebook_dir, a.results, a.timeout,
-                                 progress=not a.quiet, log=log)
+        outcomes = run_notebooks(
+            a.profile,
+            overrides,
+            a.force,
+            a.only,
+            a.notebook_dir,
+            a.results,
+            a.timeout,
+            progress=not a.quiet,
+            log=log,
+        )
     except (NotebookError, ProfileError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         print("nothing was run", file=sys.stderr)
@@ -31,17 +41,24 @@ def cmd_notebooks(a) -> int:
 
 def add_cli(subparsers) -> None:
     """Register `notebooks`."""
-    n = subparsers.add_parser("notebooks", help="run the numbered notebooks for a profile (papermill) and "
-                                                "print every claim's verdict")
+    n = subparsers.add_parser(
+        "notebooks",
+        help="run the numbered notebooks for a profile (papermill) and print every claim's verdict",
+    )
     add_profile_args(n)
     n.add_argument("--force", action="store_true", help="rerun notebooks whose executed copy is complete")
     n.add_argument("--only", type=names, default=None, help="comma-separated numbers or names, e.g. 02,04")
     n.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S, help="seconds per cell")
     n.add_argument("--quiet", action="store_true", help="no progress bar")
-    n.add_argument("--store", action="store_true",
-                   help="make this run the committed reference: its figures, their data and its claim records into "
-                        "figures/PROFILE/ and data/results/PROFILE/, the claim cells' outputs into notebooks/ (cpu: "
-                        "what nbval checks), and the claims tables (README, docs/claims.md)")
+    n.add_argument(
+        "--store",
+        action="store_true",
+        help="make this run the committed reference: its figures, their data and its claim "
+        "records into "
+        "figures/PROFILE/ and data/results/PROFILE/, the claim cells' outputs into "
+        "notebooks/ (cpu: "
+        "what nbval checks), and the claims tables (README, docs/claims.md)",
+    )
     n.add_argument("--notebook-dir", type=Path, default=None, help=argparse.SUPPRESS)
     n.add_argument("--results", type=Path, default=None, help=argparse.SUPPRESS)
     n.set_defaults(fn=cmd_notebooks)

@@ -1,5 +1,6 @@
 """`synth` and `fit`: write a synthetic routing stream, or fit its parameters to a recorded trace
 (artifact.offload.replay.synth, artifact.offload.replay.fit)."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,16 +22,27 @@ def cmd_synth(a: argparse.Namespace) -> None:
     t = synth(p, a.expert_bytes)
     t.save(a.out)
     got = measure(t)
-    print(f"{a.out}: {len(t)} demands, {t.accesses} expert accesses; measured W {got['w']:.1f} (asked {p.w:g}), "
-          f"spread {got['w_spread']:.3f} ({p.w_spread:g}), novelty {got['novelty']:.3f} ({p.novelty:g})")
+    print(
+        f"{a.out}: {len(t)} demands, {t.accesses} expert accesses; measured W {got['w']:.1f} (asked "
+        f"{p.w:g}), "
+        f"spread {got['w_spread']:.3f} ({p.w_spread:g}), novelty {got['novelty']:.3f} ({p.novelty:g})"
+    )
 
 
 def cmd_fit(a: argparse.Namespace) -> None:
     t = Trace.load(a.trace)
     p, got = fit(t), measure(t)
     if a.json:
-        print(json.dumps({"trace": str(a.trace), "params": asdict(p), "measured": got["measured"],
-                          "generated_with": t.meta.get("synth")}))
+        print(
+            json.dumps(
+                {
+                    "trace": str(a.trace),
+                    "params": asdict(p),
+                    "measured": got["measured"],
+                    "generated_with": t.meta.get("synth"),
+                }
+            )
+        )
         return
     print(p.describe())
     print(f"{'w_cv_total':>14} = {got['measured']['w_cv_total']:.3f}  (all of W's spread: profile and noise)")
@@ -42,10 +54,19 @@ def add_cli(sub) -> None:
     """Register `synth` and `fit`."""
     s = sub.add_parser("synth", help="write a synthetic routing stream with chosen W, spread and novelty")
     for f in fields(SynthParams):
-        s.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=type(f.default), default=f.default,
-                       help=f"{PARAM_HELP[f.name]} (default {f.default})")
-    s.add_argument("--expert-bytes", type=int, default=REFERENCE_EXPERT_BYTES,
-                   help="bytes per routed expert (default: LLaDA2.0-mini in bf16)")
+        s.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=type(f.default),
+            default=f.default,
+            help=f"{PARAM_HELP[f.name]} (default {f.default})",
+        )
+    s.add_argument(
+        "--expert-bytes",
+        type=int,
+        default=REFERENCE_EXPERT_BYTES,
+        help="bytes per routed expert (default: LLaDA2.0-mini in bf16)",
+    )
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--force", action="store_true", help="replace an existing --out file")
     s.set_defaults(fn=cmd_synth)

@@ -1,8 +1,10 @@
 """What every claim module hands a notebook: `Claim`s, printed by `report` as the lines the notebook runner
 parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the claims tables
-(outputs/claims_table.py). A run writes the record into an ignored place (results/<profile>/data: outputs.run_data_dir,
-relocatable by ARTIFACT_OUTPUT, so tests never overwrite a user's results); only `--store` copies it to the
+(outputs/claims_table.py). A run writes the record into an ignored place (results/<profile>/data:
+outputs.run_data_dir, relocatable by ARTIFACT_OUTPUT, so tests never overwrite a user's results); only
+`--store` copies it to the
 committed data/results/<profile>/. Figures and the data they drew: figures.py."""
+
 from __future__ import annotations
 
 import datetime
@@ -27,12 +29,16 @@ NOT_MEASURABLE = "not measurable on this profile"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURABLE)
 
 # Counting bases (what an exact count counts) and the interval of timing verdicts (docs/verdicts.md)
-DENOISING, ALL_DEMANDS, PER_RUN = "denoising steps only (prefill excluded)", "all demands (prefill included)", "per run"
+DENOISING, ALL_DEMANDS, PER_RUN = (
+    "denoising steps only (prefill excluded)",
+    "all demands (prefill included)",
+    "per run",
+)
 EXACT = "exact counts, no interval"
 # A count's two bases (sim.BASES) as a claim names them: in its basis line, and short in its text
 BASIS = {DENOISING_ONLY: DENOISING, WITH_PREFILL: ALL_DEMANDS}
 BASIS_SHORT = {DENOISING_ONLY: "denoising steps", WITH_PREFILL: "all demands"}
-MODELED = "modelled: deterministic, no interval"   # a performance-model figure (virtual clock, notebook 08)
+MODELED = "modelled: deterministic, no interval"  # a performance-model figure (virtual clock, notebook 08)
 
 
 @dataclass(frozen=True)
@@ -42,19 +48,19 @@ class Claim:
     measured: str
     verdict: str
     reason: str = ""
-    timing: bool = False     # judged from wall-clock time: may differ run to run (nbval masks these lines)
-    counting: str = ""       # what is counted or timed (DENOISING, ALL_DEMANDS, PER_RUN, "tokens/s", ...)
-    interval: str = ""       # EXACT, or the interval ruled on (replication.METHOD, SINGLE or WITHIN)
+    timing: bool = False  # judged from wall-clock time: may differ run to run (nbval masks these lines)
+    counting: str = ""  # what is counted or timed (DENOISING, ALL_DEMANDS, PER_RUN, "tokens/s", ...)
+    interval: str = ""  # EXACT, or the interval ruled on (replication.METHOD, SINGLE or WITHIN)
     pairs: int | None = None  # pairs per cell behind the interval (the fewest over cells)
-    margin: str = ""         # where the measured value lies against the threshold or interval bounds
-    per_run: tuple = ()      # timing: each stored run's own verdict (replication.py), in run order
-    pooled: str = ""         # timing: the pooled verdict over the stored runs ("" with fewer than 2)
-    this_run: str = ""       # timing: this run's own verdict (differs from `verdict` when this run is stored)
-    ruled: str = ""          # timing: "pooled" (this run is a stored run) or "this run" (a single run)
+    margin: str = ""  # where the measured value lies against the threshold or interval bounds
+    per_run: tuple = ()  # timing: each stored run's own verdict (replication.py), in run order
+    pooled: str = ""  # timing: the pooled verdict over the stored runs ("" with fewer than 2)
+    this_run: str = ""  # timing: this run's own verdict (differs from `verdict` when this run is stored)
+    ruled: str = ""  # timing: "pooled" (this run is a stored run) or "this run" (a single run)
     leave_one_out: tuple = ()  # timing: the pooled verdict with each stored run left out, in run order
     paper_criterion: str = ""  # timing, direction claims: how many cells' interval lies above 0 (the paper's
-                               # criterion, shown beside the verdict, never ruling)
-    key: str = ""            # timing: the claim's definition in criteria/timing.py (its calibration row)
+    # criterion, shown beside the verdict, never ruling)
+    key: str = ""  # timing: the claim's definition in criteria/timing.py (its calibration row)
 
     def __post_init__(self):
         assert self.verdict in VERDICTS, self.verdict
@@ -73,14 +79,21 @@ class Claim:
         n = len(self.per_run)
         same = sum(v == self.pooled for v in self.per_run)
         other = sum(v not in (self.pooled, INCONCLUSIVE) for v in self.per_run)
-        head = "this verdict is the pooled one" if self.ruled == "pooled" else "this verdict comes from one run"
+        head = (
+            "this verdict is the pooled one" if self.ruled == "pooled" else "this verdict comes from one run"
+        )
         loo = ""
         if self.leave_one_out:
             k = sum(v == self.pooled for v in self.leave_one_out)
-            loo = (f"; leave one out: pooled over the other {n - 1} runs, {k} of {len(self.leave_one_out)} give the "
-                   f"pooled verdict ({', '.join(self.leave_one_out)})")
-        return (f"{head} ({own}); {n} stored runs: pooled {self.pooled}, per run {', '.join(self.per_run)} "
-                f"({same} of {n} give the pooled verdict, {other} another){loo}")
+            loo = (
+                f"; leave one out: pooled over the other {n - 1} runs, {k} of {len(self.leave_one_out)} "
+                "give the "
+                f"pooled verdict ({', '.join(self.leave_one_out)})"
+            )
+        return (
+            f"{head} ({own}); {n} stored runs: pooled {self.pooled}, per run {', '.join(self.per_run)} "
+            f"({same} of {n} give the pooled verdict, {other} another){loo}"
+        )
 
     def verdict_text(self) -> str:
         return f"{self.verdict} ({self.reason})" if self.reason else self.verdict
@@ -100,13 +113,15 @@ class Claim:
         return out + [f"verdict{tag}: {self.verdict_text()}"]
 
 
-WRAP = 88              # printed claim lines break at a word before this many characters (notebook output areas)
-CONTINUED = "    "     # ... and go on, indented by this, on the next line (unwrap joins them back)
+WRAP = 88  # printed claim lines break at a word before this many characters (notebook output areas)
+CONTINUED = "    "  # ... and go on, indented by this, on the next line (unwrap joins them back)
 
 
 def wrapped(line: str) -> str:
     """One claim line as printed: broken between words only (a long number or path stays whole)."""
-    return textwrap.fill(line, WRAP, subsequent_indent=CONTINUED, break_long_words=False, break_on_hyphens=False)
+    return textwrap.fill(
+        line, WRAP, subsequent_indent=CONTINUED, break_long_words=False, break_on_hyphens=False
+    )
 
 
 def unwrap(text: str) -> str:
@@ -114,7 +129,7 @@ def unwrap(text: str) -> str:
     out: list[str] = []
     for line in text.split("\n"):
         if out and out[-1] and line.startswith(CONTINUED) and line.strip():
-            out[-1] += " " + line[len(CONTINUED):]
+            out[-1] += " " + line[len(CONTINUED) :]
         else:
             out.append(line)
     return "\n".join(out)
@@ -135,8 +150,10 @@ def on_bases(holds: dict, figures: dict, rules: str) -> tuple[str, str]:
     other = [b for b in holds if b != rules and verdict_of(holds[b]) != verdict]
     if not other:
         return verdict, ""
-    return verdict, "; ".join([f"{BASIS_SHORT[rules]}: {figures[rules]} (rules)"]
-                              + [f"{BASIS_SHORT[b]}: {figures[b]} (would say {verdict_of(holds[b])})" for b in other])
+    return verdict, "; ".join(
+        [f"{BASIS_SHORT[rules]}: {figures[rules]} (rules)"]
+        + [f"{BASIS_SHORT[b]}: {figures[b]} (would say {verdict_of(holds[b])})" for b in other]
+    )
 
 
 def on_basis(field: str) -> property:
@@ -167,30 +184,38 @@ def run_info() -> dict:
     produced them, artifact/, differs from it; the notebooks only call into it, and their stored outputs, like
     the run's own outputs under data/ and figures/, change with every --store), the command that started
     the notebook (the kernel's parent process, when readable) and the environment (software versions, CPU)."""
+
     def git(*args):
         try:
-            return subprocess.run(["git", "-C", str(repo_root()), *args], capture_output=True, text=True,
-                                  timeout=30).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", str(repo_root()), *args], capture_output=True, text=True, timeout=30
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
+
     commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
     if git("status", "--porcelain", "--untracked-files=no", "--", "artifact"):
         commit += "-dirty"
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), "commit": commit,
-            "command": _parent_command(), "environment": environment()}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "commit": commit,
+        "command": _parent_command(),
+        "environment": environment(),
+    }
 
 
-VERSIONED = ("torch", "numpy", "pandas", "transformers")     # beside python, in every record's environment
+VERSIONED = ("torch", "numpy", "pandas", "transformers")  # beside python, in every record's environment
 SIMD = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "asimd", "sve", "sve2")
-SIMD_FAMILIES = ("avx512", "amx")                            # every flag of these families (avx512f, amx_tile, ...)
+SIMD_FAMILIES = ("avx512", "amx")  # every flag of these families (avx512f, amx_tile, ...)
 CPUINFO = Path("/proc/cpuinfo")
 
 
 def environment() -> dict:
-    """What a run ran on, recorded with it (run_info): "versions", of python and VERSIONED (None where one is not
-    installed); "torch_cpu_capability", torch's CPU kernel level (AVX2, AVX512, ...: the kernels that round the
-    router's scores, docs/DESIGN.md "Exact counts"); "cpu", its model and its SIMD flags (SIMD and SIMD_FAMILIES,
-    from /proc/cpuinfo; None where that file is not, e.g. on macOS, whose model is then what `platform` knows).
+    """What a run ran on, recorded with it (run_info): "versions", of python and VERSIONED (None where one is
+    not installed); "torch_cpu_capability", torch's CPU kernel level (AVX2, AVX512, ...: the kernels that
+    round the router's scores, docs/DESIGN.md "Exact counts"); "cpu", its model and its SIMD flags (SIMD and
+    SIMD_FAMILIES, from /proc/cpuinfo; None where that file is not, e.g. on macOS, whose model is then what
+    `platform` knows).
     Stored runs and claim records written before this was recorded lack it: nothing compares it."""
     versions = {"python": platform.python_version()}
     for name in VERSIONED:
@@ -200,13 +225,14 @@ def environment() -> dict:
             versions[name] = None
     try:
         capability = torch.backends.cpu.get_cpu_capability()
-    except (AttributeError, RuntimeError):         # a torch without the query
+    except (AttributeError, RuntimeError):  # a torch without the query
         capability = None
     return {"versions": versions, "torch_cpu_capability": capability, "cpu": _cpu()}
 
 
 def _cpu() -> dict:
-    """{"model", "machine", "simd"} of this CPU: the first processor's entries in /proc/cpuinfo (x86: "model name"
+    """{"model", "machine", "simd"} of this CPU: the first processor's entries in /proc/cpuinfo (x86: "model
+    name"
     and "flags"; ARM: "Features"), else platform's names and simd None."""
     fields: dict[str, str] = {}
     try:
@@ -217,9 +243,11 @@ def _cpu() -> dict:
     except OSError:
         pass
     flags = (fields.get("flags") or fields.get("Features") or "").split()
-    return {"model": fields.get("model name") or fields.get("Processor") or platform.processor() or "unknown",
-            "machine": platform.machine(),
-            "simd": sorted({f for f in flags if f in SIMD or f.startswith(SIMD_FAMILIES)}) if fields else None}
+    return {
+        "model": fields.get("model name") or fields.get("Processor") or platform.processor() or "unknown",
+        "machine": platform.machine(),
+        "simd": sorted({f for f in flags if f in SIMD or f.startswith(SIMD_FAMILIES)}) if fields else None,
+    }
 
 
 def _parent_command() -> str:

@@ -22,6 +22,7 @@ measurement: no performance model exists yet.
 A blocking problem (a cell that does not fit, an expert store larger than host memory, a profile that
 cannot run on this machine) is raised as DoctorError naming it; otherwise `check` returns the report.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,11 +47,11 @@ from artifact.offload.replay.trace import mean_working_set
 from artifact.paths import data_dir
 
 GB = 1e9
-CONTEXT_BYTES = 1 << 30          # CUDA context + allocator slack: a stated figure, not measured here
-ACTIVATION_FACTOR = 16           # hidden-sized float tensors alive at once in a layer's forward (a stated bound)
-TRACE_BYTES_PER_EXPERT = 6       # a trace stores an expert id (int16) and its token count (int32) per use
-TRACE_BYTES_PER_DEMAND = 24      # and a position, step and phase per (forward, MoE layer)
-RESULT_BYTES_PER_ROW = 1024      # a bench CSV row, rounded up
+CONTEXT_BYTES = 1 << 30  # CUDA context + allocator slack: a stated figure, not measured here
+ACTIVATION_FACTOR = 16  # hidden-sized float tensors alive at once in a layer's forward (a stated bound)
+TRACE_BYTES_PER_EXPERT = 6  # a trace stores an expert id (int16) and its token count (int32) per use
+TRACE_BYTES_PER_DEMAND = 24  # and a position, step and phase per (forward, MoE layer)
+RESULT_BYTES_PER_ROW = 1024  # a bench CSV row, rounded up
 # Seconds per forward of one batch, stated (not measured) for the estimate: the tiny model on 2 CPU cores,
 # and an LLaDA2.0-mini-sized forward on a data-centre GPU. Replace with your own figure via the profile's
 # bench (its CSV's seconds / forwards) once one cell has run.
@@ -68,7 +69,7 @@ class Cell:
     working_set: float
     measured_w: bool
     capacity: int
-    slots: int                   # bytes
+    slots: int  # bytes
     kv: int
     activations: int
     total: int
@@ -85,9 +86,9 @@ class Report:
     device: str
     device_bytes: int | None
     device_source: str
-    weights: int                 # non-expert bytes on the device
-    expert_store: int            # host bytes of every routed expert
-    checkpoint_bytes: int        # tensor bytes in the safetensors headers
+    weights: int  # non-expert bytes on the device
+    expert_store: int  # host bytes of every routed expert
+    checkpoint_bytes: int  # tensor bytes in the safetensors headers
     host_available: int | None
     memlock: str
     disk_free: int
@@ -100,32 +101,52 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
     def table(self) -> str:
-        g = lambda b: f"{b / GB:8.2f}"          # noqa: E731
-        head = (f"{'batch':>5} {'C/W':>5} {'W':>7} {'C':>5} {'slots GB':>8} {'weights':>8} {'KV GB':>8} "
-                f"{'act GB':>8} {'total GB':>8}  fits")
-        lines = [f"doctor: profile {self.profile}, model {self.model} ({self.dtype}), device {self.device}",
-                 f"device memory: {self.device_bytes / GB:.2f} GB ({self.device_source})" if self.device_bytes
-                 else f"device memory: host memory ({self.device_source})",
-                 head]
+        g = lambda b: f"{b / GB:8.2f}"  # noqa: E731
+        head = (
+            f"{'batch':>5} {'C/W':>5} {'W':>7} {'C':>5} {'slots GB':>8} {'weights':>8} {'KV GB':>8} "
+            f"{'act GB':>8} {'total GB':>8}  fits"
+        )
+        lines = [
+            f"doctor: profile {self.profile}, model {self.model} ({self.dtype}), device {self.device}",
+            f"device memory: {self.device_bytes / GB:.2f} GB ({self.device_source})"
+            if self.device_bytes
+            else f"device memory: host memory ({self.device_source})",
+            head,
+        ]
         for c in self.cells:
             w = f"{c.working_set:.1f}" + ("" if c.measured_w else "*")
-            lines.append(f"{c.batch_size:>5} {c.cache_ratio:>5g} {w:>7} {c.capacity:>5} {g(c.slots)} {g(self.weights)} "
-                         f"{g(c.kv)} {g(c.activations)} {g(c.total)}  {'yes' if c.fits(self.device_bytes) else 'NO'}")
+            lines.append(
+                f"{c.batch_size:>5} {c.cache_ratio:>5g} {w:>7} {c.capacity:>5} {g(c.slots)} "
+                f"{g(self.weights)} "
+                f"{g(c.kv)} {g(c.activations)} {g(c.total)}  "
+                f"{'yes' if c.fits(self.device_bytes) else 'NO'}"
+            )
         if any(not c.measured_w for c in self.cells):
-            lines.append("  * no current trace for this (task, batch size): W is its upper bound min(E, batch x "
-                         "block x top-k), so C and the slots are upper bounds too")
-        if self.device_bytes is not None:     # the same condition under which _cells adds it to each total
-            lines.append(f"  totals add {CONTEXT_BYTES / GB:.2f} GB of CUDA context and allocator slack (stated)")
+            lines.append(
+                "  * no current trace for this (task, batch size): W is its upper bound min(E, "
+                "batch x "
+                "block x top-k), so C and the slots are upper bounds too"
+            )
+        if self.device_bytes is not None:  # the same condition under which _cells adds it to each total
+            lines.append(
+                f"  totals add {CONTEXT_BYTES / GB:.2f} GB of CUDA context and allocator slack (stated)"
+            )
         else:
-            lines.append("  totals add no CUDA context: they run in host memory (--gpu-memory-gb plans a GPU)")
+            lines.append(
+                "  totals add no CUDA context: they run in host memory (--gpu-memory-gb plans a GPU)"
+            )
         host = "unknown" if self.host_available is None else f"{self.host_available / GB:.2f} GB available"
-        lines += [f"host memory: expert store {self.expert_store / GB:.2f} GB ({self.checkpoint_bytes / GB:.2f} GB "
-                  f"of tensors in the checkpoint); {host}; page-lockable (RLIMIT_MEMLOCK): {self.memlock}",
-                  f"disk: traces and results need about {self.disk_need / GB:.3f} GB; {self.disk_free / GB:.1f} GB "
-                  f"free under {data_dir()}",
-                  f"grid: {self.grid_cells} cells, {self.runs} runs, about {self.forwards} forwards: roughly "
-                  f"{self.hours:.2f} h at a stated {SECONDS_PER_FORWARD[_kind(self.device)]} s per forward "
-                  "(an estimate, not a measurement)"]
+        lines += [
+            f"host memory: expert store {self.expert_store / GB:.2f} GB "
+            f"({self.checkpoint_bytes / GB:.2f} GB "
+            f"of tensors in the checkpoint); {host}; page-lockable (RLIMIT_MEMLOCK): {self.memlock}",
+            f"disk: traces and results need about {self.disk_need / GB:.3f} GB; "
+            f"{self.disk_free / GB:.1f} GB "
+            f"free under {data_dir()}",
+            f"grid: {self.grid_cells} cells, {self.runs} runs, about {self.forwards} forwards: roughly "
+            f"{self.hours:.2f} h at a stated {SECONDS_PER_FORWARD[_kind(self.device)]} s per forward "
+            "(an estimate, not a measurement)",
+        ]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -178,7 +199,9 @@ def check_tensors(index: TensorIndex, cfg) -> None:
     for name, shape in expected_shapes(cfg).items():
         path = index.where.get(name)
         if path is None:
-            raise DoctorError(f"{index.root}: tensor {name} (shape {list(shape)}) is missing from the checkpoint")
+            raise DoctorError(
+                f"{index.root}: tensor {name} (shape {list(shape)}) is missing from the checkpoint"
+            )
         have = tuple(index.tables[path][name]["shape"])
         if have != tuple(shape):
             raise DoctorError(f"{path.name}: tensor {name} has shape {list(have)}, expected {list(shape)}")
@@ -187,14 +210,20 @@ def check_tensors(index: TensorIndex, cfg) -> None:
 def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
     """Everything a run of profile P needs, against this machine (or the stated GPU memory)."""
     if P.model is None:
-        raise DoctorError(f"profile {P.name!r} has model: null: pass --model DIR (a LLaDA2.0 checkpoint directory)")
+        raise DoctorError(
+            f"profile {P.name!r} has model: null: pass --model DIR (a LLaDA2.0 checkpoint directory)"
+        )
     notes = []
     dtype = P.torch_dtype
     cfg = model_config(P.model)
     tok, cfg = tokenizer_and_config(P.model, cfg)
     index = TensorIndex(_root(P.model))
     check_tensors(index, cfg)
-    ckpt = sum(int(i["data_offsets"][1]) - int(i["data_offsets"][0]) for t in index.tables.values() for i in t.values())
+    ckpt = sum(
+        int(i["data_offsets"][1]) - int(i["data_offsets"][0])
+        for t in index.tables.values()
+        for i in t.values()
+    )
     nbytes = DTYPES[dtype].itemsize
     kind = _kind(P.device)
     device_bytes, source = _device_memory(P, kind, gpu_memory_gb, notes)
@@ -209,13 +238,32 @@ def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
     grid_cells, runs, forwards, forwards_per_prompt = _grid_size(P, cfg)
     disk_need, free = _disk(P, cfg, runs, forwards_per_prompt)
     notes += _profile_notes(P)
-    return Report(P.name, cfg.name if P.model == "tiny" else str(P.model), dtype, P.device, device_bytes, source,
-                  weights, store, ckpt, host, memlock, free, disk_need, cells, grid_cells, runs, forwards,
-                  forwards * SECONDS_PER_FORWARD[kind] / 3600, notes)
+    return Report(
+        P.name,
+        cfg.name if P.model == "tiny" else str(P.model),
+        dtype,
+        P.device,
+        device_bytes,
+        source,
+        weights,
+        store,
+        ckpt,
+        host,
+        memlock,
+        free,
+        disk_need,
+        cells,
+        grid_cells,
+        runs,
+        forwards,
+        forwards * SECONDS_PER_FORWARD[kind] / 3600,
+        notes,
+    )
 
 
-def _cells(P: Settings, cfg, nbytes: int, prompt_len: int, weights: int, per_slot: int,
-           device_bytes: int | None) -> list[Cell]:
+def _cells(
+    P: Settings, cfg, nbytes: int, prompt_len: int, weights: int, per_slot: int, device_bytes: int | None
+) -> list[Cell]:
     """For every batch size and C/W of the profile's grid, the device memory a run needs (the sum above)."""
     block = cfg.block_length
     positions = -(-(prompt_len + P.gen_length) // block) * block
@@ -237,11 +285,14 @@ def _check_fit(cells: list[Cell], weights: int, device_bytes: int | None, source
     """A cell that does not fit the device memory is a DoctorError naming its parts."""
     for c in cells:
         if not c.fits(device_bytes):
-            raise DoctorError(f"batch {c.batch_size} at C/W {c.cache_ratio:g} (C = {c.capacity}) needs "
-                              f"{c.total / GB:.2f} GB of device memory ({weights / GB:.2f} GB weights + "
-                              f"{c.slots / GB:.2f} GB slots + {c.kv / GB:.2f} GB KV cache + "
-                              f"{c.activations / GB:.2f} GB activations + context) > {device_bytes / GB:.3g} GB "
-                              f"({source}); lower the batch size or C/W, or use a larger GPU")
+            raise DoctorError(
+                f"batch {c.batch_size} at C/W {c.cache_ratio:g} (C = {c.capacity}) needs "
+                f"{c.total / GB:.2f} GB of device memory ({weights / GB:.2f} GB weights + "
+                f"{c.slots / GB:.2f} GB slots + {c.kv / GB:.2f} GB KV cache + "
+                f"{c.activations / GB:.2f} GB activations + context) > {device_bytes / GB:.3g} "
+                "GB "
+                f"({source}); lower the batch size or C/W, or use a larger GPU"
+            )
 
 
 def _host_memory(store: int, kind: str, cells: list[Cell], notes: list) -> tuple[int | None, str]:
@@ -250,33 +301,44 @@ def _host_memory(store: int, kind: str, cells: list[Cell], notes: list) -> tuple
     host = _host_available()
     need_host = store + (0 if kind == "cuda" else max(c.total for c in cells))
     if host is not None and need_host > host:
-        raise DoctorError(f"the expert store needs {store / GB:.2f} GB of host memory"
-                          + ("" if kind == "cuda" else " (plus the model and cache on this CPU device)")
-                          + f", and {host / GB:.2f} GB is available (MemAvailable)")
+        raise DoctorError(
+            f"the expert store needs {store / GB:.2f} GB of host memory"
+            + ("" if kind == "cuda" else " (plus the model and cache on this CPU device)")
+            + f", and {host / GB:.2f} GB is available (MemAvailable)"
+        )
     memlock, limit = _memlock()
     if kind == "cuda" and limit is not None and limit < store and os.geteuid() != 0:
-        notes.append(f"RLIMIT_MEMLOCK is {memlock} < the store's {store / GB:.2f} GB: pinning may fail "
-                     "(raise it with ulimit -l, or run where it is unlimited)")
+        notes.append(
+            f"RLIMIT_MEMLOCK is {memlock} < the store's {store / GB:.2f} GB: pinning may fail "
+            "(raise it with ulimit -l, or run where it is unlimited)"
+        )
     return host, memlock
 
 
 def _grid_size(P: Settings, cfg) -> tuple[int, int, int, int]:
-    """(grid cells, bench runs, forwards, forwards per prompt) of the profile's bench, warm-up runs included."""
-    forwards_per_prompt = (P.gen_length // cfg.block_length) * P.steps + 1   # at most steps per block, + prefill
+    """(grid cells, bench runs, forwards, forwards per prompt) of the profile's bench, warm-up runs
+    included."""
+    # at most steps per block, + prefill
+    forwards_per_prompt = (P.gen_length // cfg.block_length) * P.steps + 1
     cells = grid(P)
     runs = len(cells) * len(P.policies) * (P.repetitions + P.warmup)
-    forwards = sum(-(-P.n_prompts // c.batch_size) * forwards_per_prompt for c in cells) * len(P.policies) \
+    forwards = (
+        sum(-(-P.n_prompts // c.batch_size) * forwards_per_prompt for c in cells)
+        * len(P.policies)
         * (P.repetitions + P.warmup)
+    )
     return len(cells), runs, forwards, forwards_per_prompt
 
 
 def _disk(P: Settings, cfg, runs: int, forwards_per_prompt: int) -> tuple[int, int]:
-    """(bytes the traces and results need, bytes free under the data directory); too little is a DoctorError."""
+    """(bytes the traces and results need, bytes free under the data directory); too little is a
+    DoctorError."""
     need = _trace_bytes(P, cfg, forwards_per_prompt) + runs * RESULT_BYTES_PER_ROW
     free = shutil.disk_usage(_existing(data_dir())).free
     if need > free:
-        raise DoctorError(f"traces and results need about {need / GB:.2f} GB and {data_dir()} has "
-                          f"{free / GB:.2f} GB free")
+        raise DoctorError(
+            f"traces and results need about {need / GB:.2f} GB and {data_dir()} has {free / GB:.2f} GB free"
+        )
     return need, free
 
 
@@ -284,25 +346,37 @@ def _profile_notes(P: Settings) -> list[str]:
     """What the profile states that the report should say: no TIDE checkout, a bench budget."""
     notes = []
     if P.tide_path is None:
-        notes.append("tide_path is null: notebook 05 runs the TIDE-style policy only, not TIDE's released code")
+        notes.append(
+            "tide_path is null: notebook 05 runs the TIDE-style policy only, not TIDE's released code"
+        )
     if P.budget_minutes is not None:
         notes.append(f"the profile states a bench budget of {P.budget_minutes:g} min")
     return notes
 
 
-def _device_memory(P: Settings, kind: str, gpu_memory_gb: float | None, notes: list) -> tuple[int | None, str]:
-    """(device memory in bytes, where the figure comes from): the stated --gpu-memory-gb, this machine's GPU, or
+def _device_memory(
+    P: Settings, kind: str, gpu_memory_gb: float | None, notes: list
+) -> tuple[int | None, str]:
+    """(device memory in bytes, where the figure comes from): the stated --gpu-memory-gb, this machine's GPU,
+    or
     None on a CPU device (everything lives in host memory)."""
     if gpu_memory_gb is not None:
         if kind == "cuda" and not torch.cuda.is_available():
-            notes.append(f"device {P.device} is not on this machine: planned for {gpu_memory_gb:g} GB of GPU memory")
+            notes.append(
+                f"device {P.device} is not on this machine: planned for {gpu_memory_gb:g} GB of GPU memory"
+            )
         return int(gpu_memory_gb * GB), "--gpu-memory-gb"
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise DoctorError(f"profile {P.name!r} runs on {P.device}, and this machine has no CUDA GPU; plan for "
-                              "one with --gpu-memory-gb N")
-        return (torch.cuda.get_device_properties(torch.device(P.device)).total_memory,
-                torch.cuda.get_device_name(torch.device(P.device)))
+            raise DoctorError(
+                f"profile {P.name!r} runs on {P.device}, and this machine has no CUDA GPU; "
+                "plan for "
+                "one with --gpu-memory-gb N"
+            )
+        return (
+            torch.cuda.get_device_properties(torch.device(P.device)).total_memory,
+            torch.cuda.get_device_name(torch.device(P.device)),
+        )
     return None, "cpu device: weights, slots and KV cache live in host memory"
 
 

@@ -6,6 +6,7 @@ resumable CSV per grid that never mixes settings).
     ts = traces(P)                                # 01, 02
     rows = run_grid(P, "bench")                   # 03, 04, 05
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,7 +39,7 @@ def setup(profile: str, overrides: dict | None = None) -> Settings:
 # ---------------------------------------------------------------------------------------------
 # Model and run spec
 # ---------------------------------------------------------------------------------------------
-_LOADED: dict[tuple, Loaded] = {}      # (model, dtype, device, resident) -> the model; the last two
+_LOADED: dict[tuple, Loaded] = {}  # (model, dtype, device, resident) -> the model; the last two
 
 
 def load_model(P: Settings, resident: bool | None = None) -> Loaded:
@@ -46,13 +47,15 @@ def load_model(P: Settings, resident: bool | None = None) -> Loaded:
     offloaded, or as `resident` says). Every call first runs the checks that need no weights
     (artifact.offload.prepare, as generate, trace and the bench's ModelRunner do)."""
     if P.model is None:
-        raise ValueError(f"profile {P.name!r} has model: null; set it to a checkpoint directory "
-                         "(overrides = {'model': DIR} in the notebook, or --model DIR)")
+        raise ValueError(
+            f"profile {P.name!r} has model: null; set it to a checkpoint directory "
+            "(overrides = {'model': DIR} in the notebook, or --model DIR)"
+        )
     prepared = prepare(P.run_request())
     resident = P.trace_capacity is None if resident is None else resident
     key = (P.model, prepared.dtype, P.device, resident)
     loaded = _LOADED.pop(key, None) or prepared.load(resident=resident)
-    _LOADED[key] = loaded                              # the most recently used last
+    _LOADED[key] = loaded  # the most recently used last
     if len(_LOADED) > 2:
         del _LOADED[next(iter(_LOADED))]
     return loaded
@@ -67,8 +70,22 @@ def offload_spec(P: Settings, loaded, capacity: int, policy: str = "demand") -> 
 # Routing traces (01, 02)
 # ---------------------------------------------------------------------------------------------
 # Profile keys that decide what a trace holds; a stored trace made under other values is re-recorded.
-TRACE_SETTINGS = ("model", "dtype", "device", "link", "latency_us", "link_gbps", "mode", "gen_length", "steps",
-                  "threshold", "trace_n_prompts", "seed", "max_prompt_tokens", "trace_capacity")
+TRACE_SETTINGS = (
+    "model",
+    "dtype",
+    "device",
+    "link",
+    "latency_us",
+    "link_gbps",
+    "mode",
+    "gen_length",
+    "steps",
+    "threshold",
+    "trace_n_prompts",
+    "seed",
+    "max_prompt_tokens",
+    "trace_capacity",
+)
 
 
 def trace_path(P: Settings, task: str, batch_size: int) -> Path:
@@ -111,8 +128,11 @@ def _trace_of(P: Settings, path: Path, task: str, batch_size: int) -> Trace | No
         return None
     ids = [r["id"] for r in select(task, P.trace_n_prompts, P.seed)]
     want = (fingerprint(P, TRACE_SETTINGS), ids, batch_size)
-    return t if (t.meta.get("profile_fingerprint"), t.meta.get("prompt_ids"), t.meta.get("batch_size")) == want \
+    return (
+        t
+        if (t.meta.get("profile_fingerprint"), t.meta.get("prompt_ids"), t.meta.get("batch_size")) == want
         else None
+    )
 
 
 def traces(P: Settings, progress: bool = True) -> list[Trace]:
@@ -158,10 +178,15 @@ def record_trace(P: Settings, task: str, batch_size: int) -> Trace:
     spec = None
     if P.trace_capacity is not None:
         spec = offload_spec(P, loaded, min(P.trace_capacity, loaded.cfg.num_experts))
-    t = decode_prompts(loaded, ps, batch_size, P.run_options(), spec=spec, record=True, prompt_ids=ids,
-                       task=task).trace
-    t.meta["recorded_with"] = {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                               "torch_threads": torch.get_num_threads(), "device": P.device}
+    t = decode_prompts(
+        loaded, ps, batch_size, P.run_options(), spec=spec, record=True, prompt_ids=ids, task=task
+    ).trace
+    t.meta["recorded_with"] = {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
+        "device": P.device,
+    }
     return t
 
 
@@ -190,6 +215,6 @@ def run_grid(P: Settings, stem: str = "bench", progress: bool = True, log=print)
     """run_bench on the profile's grid into bench_file(P, stem): resumes, skips finished cells."""
     loaded = load_model(P) if P.model else None
     rows = run_bench(P, bench_file(P, stem), loaded=loaded, progress=progress, log=log)
-    cells = {c.key for c in grid(P)}                # the file may also hold cells of another grid
+    cells = {c.key for c in grid(P)}  # the file may also hold cells of another grid
     keep = [k in cells for k in cell_keys(rows)]
     return rows[keep].reset_index(drop=True)

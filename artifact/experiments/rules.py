@@ -1,5 +1,5 @@
-"""The verdict rules (docs/verdicts.md). A timing claim asks one question (`Question`), ruled on one interval per
-cell (one task, batch size, C/W, bandwidth: no interval pools cells), with three outcomes: reproduced, not
+"""The verdict rules (docs/verdicts.md). A timing claim asks one question (`Question`), ruled on one interval
+per cell (one task, batch size, C/W, bandwidth: no interval pools cells), with three outcomes: reproduced, not
 reproduced, inconclusive. Which interval: a stored result's is the t interval over its runs' per-cell means, a
 single run's the hull of its own interval and the stored pooled one (replication.py: the run is the unit of
 replication); `Interval.unit` says which. The three questions share one margin m (thresholds.MARGIN):
@@ -9,7 +9,8 @@ replication); `Interval.unit` says which. The three questions share one margin m
                  effect net of the A/A control (a difference in differences per matched pair, replication.py):
                  the control is the null, not a veto. The paper's magnitude is reported beside, never decides.
   NO_DIFFERENCE  "A and B do not differ" (equivalence within +-m, TOST at 2.5% per side): reproduced when the
-                 whole interval lies inside +-m, not reproduced when it lies wholly outside, else inconclusive.
+                 whole interval lies inside +-m, not reproduced when it lies wholly outside, else
+                 inconclusive.
   NOT_FASTER     "A is not faster than B by more than m" (non-superiority): reproduced when the interval lies
                  below +m, not reproduced when it lies above +m, else inconclusive.
 
@@ -18,17 +19,19 @@ inconclusive (tests/test_rules.py checks it over random intervals). So a single 
 interval and the pooled one, says the pooled verdict or inconclusive, never the opposite. Every rule decides,
 given enough runs, any true effect but one on its boundary (+m; or -m and +m).
 
-Equivalence and non-superiority ask about precision, so there the A/A control (settings.CONTROL, exactly demand's
-work, timed against demand in the same cells) gates: a cell whose control interval does not lie inside +-m is
-inconclusive (`control_ruling`). Beside every direction verdict the bias-bound alternative is printed: the
-undifferenced interval widened by the largest bias the control's interval allows (`bias_bound`). Exact counts
-have no interval; their verdicts compare a number with a threshold of criteria/thresholds.py and print the margin
-(`margin_below`, `margin_at_least`).
+Equivalence and non-superiority ask about precision, so there the A/A control (settings.CONTROL, exactly
+demand's work, timed against demand in the same cells) gates: a cell whose control interval does not lie
+inside +-m is inconclusive (`control_ruling`). Beside every direction verdict the bias-bound alternative is
+printed: the undifferenced interval widened by the largest bias the control's interval allows (`bias_bound`).
+Exact counts have no interval; their verdicts compare a number with a threshold of criteria/thresholds.py and
+print the margin (`margin_below`, `margin_at_least`).
 
 A GPU timing cell whose host time per forward is more than thresholds.HOST_SHARE_LIMIT of its wall time
 (`host_shares`, from the rows' host_ms_per_forward and wall_ms_per_forward) timed the host's Python and
-launches, not the link: its ruling is inconclusive (`rule_cell(..., host=)`). On the CPU the rule does not apply:
-the CPU computes on the host, so host time is the compute itself (host_shares returns nothing for CPU rows)."""
+launches, not the link: its ruling is inconclusive (`rule_cell(..., host=)`). On the CPU the rule does not
+apply:
+the CPU computes on the host, so host time is the compute itself (host_shares returns nothing for CPU
+rows)."""
 
 from __future__ import annotations
 
@@ -48,9 +51,11 @@ from artifact.experiments.stats import paired_table
 @dataclass(frozen=True)
 class Interval:
     """An effect (A over B, % per pair) and its 95% interval. `unit` says what the interval is over: "pairs"
-    (within one run), "runs" (pooled over runs: replication.METHOD), "run" (one run widened by the stored runs'
-    spread: replication.ONE_RUN) or "hull" (that one-run interval's hull with the pooled one, what a single run is
+    (within one run), "runs" (pooled over runs: replication.METHOD), "run" (one run widened by the stored
+    runs' spread: replication.ONE_RUN) or "hull" (that one-run interval's hull with the pooled one, what a
+    single run is
     ruled on: replication.SINGLE); `n` counts that unit (for "run" and "hull", the stored runs)."""
+
     mean: float
     low: float
     high: float
@@ -78,24 +83,31 @@ class Interval:
         return self.usable and (self.low > 0 or self.high < 0)
 
     def count_text(self) -> str:
-        return {"pairs": f"{self.n} pairs", "runs": f"{self.n} runs",
-                "hull": f"1 run and the pooled {self.n} runs"}.get(self.unit, f"1 run, sd of {self.n} runs")
+        return {
+            "pairs": f"{self.n} pairs",
+            "runs": f"{self.n} runs",
+            "hull": f"1 run and the pooled {self.n} runs",
+        }.get(self.unit, f"1 run, sd of {self.n} runs")
 
 
 @dataclass(frozen=True)
 class Ruling:
     verdict: str
-    why: str            # one phrase: what decided it
-    margin: str         # where the interval lies against the rule's bounds (printed by the claim cell)
-    magnitude: str = ""  # `faster` with a paper range: below, inside or above it (the direction is the verdict)
+    why: str  # one phrase: what decided it
+    margin: str  # where the interval lies against the rule's bounds (printed by the claim cell)
+    # `faster` with a paper range: below, inside or above it (the direction is the verdict)
+    magnitude: str = ""
 
 
 def _few(iv: Interval) -> Ruling | None:
     if iv.usable:
         return None
     if iv.n < iv.needed:
-        return Ruling(INCONCLUSIVE, f"{iv.count_text()}, the rule needs >= {iv.needed} {iv.unit.rstrip('s')}s",
-                      iv.count_text())
+        return Ruling(
+            INCONCLUSIVE,
+            f"{iv.count_text()}, the rule needs >= {iv.needed} {iv.unit.rstrip('s')}s",
+            iv.count_text(),
+        )
     return Ruling(INCONCLUSIVE, "no interval (the pairs have no spread to size it)", iv.count_text())
 
 
@@ -118,8 +130,10 @@ QUESTIONS = (FASTER, NO_DIFFERENCE, NOT_FASTER)
 
 @dataclass(frozen=True)
 class Question:
-    """What a timing claim asks of each cell's interval (A over B), with its margin m and, for a direction claim
+    """What a timing claim asks of each cell's interval (A over B), with its margin m and, for a direction
+    claim
     with a figure in the paper, the paper's range (reported beside the verdict, never deciding it)."""
+
     kind: str
     margin: float = thresholds.MARGIN
     paper: tuple[float, float] | None = None
@@ -139,8 +153,11 @@ class Question:
 
     def text(self) -> str:
         m = f"{self.margin:g}{self.unit}"
-        return {FASTER: f"faster by more than +{m}", NO_DIFFERENCE: f"no difference beyond +-{m}",
-                NOT_FASTER: f"not faster by more than +{m}"}[self.kind]
+        return {
+            FASTER: f"faster by more than +{m}",
+            NO_DIFFERENCE: f"no difference beyond +-{m}",
+            NOT_FASTER: f"not faster by more than +{m}",
+        }[self.kind]
 
     def __call__(self, iv: Interval) -> Ruling:
         few = _few(iv)
@@ -149,7 +166,9 @@ class Question:
         return {FASTER: _faster, NO_DIFFERENCE: _no_difference, NOT_FASTER: _not_faster}[self.kind](iv, self)
 
 
-def faster(margin: float = thresholds.MARGIN, paper: tuple[float, float] | None = None, unit: str = "%") -> Question:
+def faster(
+    margin: float = thresholds.MARGIN, paper: tuple[float, float] | None = None, unit: str = "%"
+) -> Question:
     return Question(FASTER, margin, paper, unit)
 
 
@@ -169,21 +188,31 @@ def _faster(iv: Interval, q: Question) -> Ruling:
     if iv.low > m:
         return Ruling(REPRODUCED, f"interval above +{m:g}{q.unit}", margin, magnitude)
     if iv.high < m:
-        return Ruling(NOT_REPRODUCED, f"interval below +{m:g}{q.unit}: not faster by more than the margin",
-                      margin, magnitude)
+        return Ruling(
+            NOT_REPRODUCED,
+            f"interval below +{m:g}{q.unit}: not faster by more than the margin",
+            margin,
+            magnitude,
+        )
     return Ruling(INCONCLUSIVE, f"interval crosses +{m:g}{q.unit}", margin, magnitude)
 
 
 def _significant(iv: Interval) -> str:
-    return (f"; the interval also excludes 0 ({iv.text()}): a significant difference, smaller than the margin"
-            if iv.excludes_zero else "")
+    return (
+        f"; the interval also excludes 0 ({iv.text()}): a significant difference, smaller than the margin"
+        if iv.excludes_zero
+        else ""
+    )
 
 
 def _no_difference(iv: Interval, q: Question) -> Ruling:
     m = q.margin
     spare = m - max(abs(iv.low), abs(iv.high))
-    text = (f"interval inside +-{m:g} by {spare:.1f} points" if spare >= 0 else
-            f"interval exceeds +-{m:g} by {-spare:.1f} points")
+    text = (
+        f"interval inside +-{m:g} by {spare:.1f} points"
+        if spare >= 0
+        else f"interval exceeds +-{m:g} by {-spare:.1f} points"
+    )
     if spare >= 0:
         return Ruling(REPRODUCED, f"interval inside +-{m:g}{q.unit}" + _significant(iv), text)
     if iv.low > m or iv.high < -m:
@@ -202,8 +231,9 @@ def _not_faster(iv: Interval, q: Question) -> Ruling:
 
 
 def control_ruling(control: Interval | None, margin: float = thresholds.MARGIN) -> str | None:
-    """Why an A/A control disqualifies its cell of an equivalence or non-superiority claim, or None when it shows
-    the instrument precise enough: its interval must lie inside +-margin (containing 0 is not enough: a wide
+    """Why an A/A control disqualifies its cell of an equivalence or non-superiority claim, or None when it
+    shows the instrument precise enough: its interval must lie inside +-margin (containing 0 is not enough: a
+    wide
     interval contains 0 and says the instrument is too noisy; a bias smaller than the margin passes)."""
     if control is None:
         return None
@@ -213,33 +243,52 @@ def control_ruling(control: Interval | None, margin: float = thresholds.MARGIN) 
     if not control.usable:
         return f"A/A control {control.text()}: {r.why}"
     if control.excludes_zero:
-        return (f"A/A control {control.text()} excludes 0 and is not inside +-{margin:g}%: the "
-                "instrument is biased here")
-    return f"A/A control {control.text()} is not inside +-{margin:g}%: the instrument is too noisy here to rule"
+        return (
+            f"A/A control {control.text()} excludes 0 and is not inside +-{margin:g}%: the "
+            "instrument is biased here"
+        )
+    return (
+        f"A/A control {control.text()} is not inside +-{margin:g}%: the instrument is too noisy here to rule"
+    )
 
 
-def rule_cell(q: Question, effect: Interval, control: Interval | None = None, host: float | None = None,
-              wide: Interval | None = None) -> Ruling:
-    """One cell's ruling. `effect` is the interval the question is asked of: for a direction claim, the effect net
-    of the A/A control (no gate: the control is its null); for the others, the effect itself, inconclusive when
-    the control's interval does not lie inside +-margin (control_ruling). Inconclusive when the cell is host-bound
-    (`host`: its host share of wall time on a GPU, host_shares; None: not measured, or not a GPU).
+def rule_cell(
+    q: Question,
+    effect: Interval,
+    control: Interval | None = None,
+    host: float | None = None,
+    wide: Interval | None = None,
+) -> Ruling:
+    """One cell's ruling. `effect` is the interval the question is asked of: for a direction claim, the effect
+    net of the A/A control (no gate: the control is its null); for the others, the effect itself, inconclusive
+    when the control's interval does not lie inside +-margin (control_ruling). Inconclusive when the cell is
+    host-bound (`host`: its host share of wall time on a GPU, host_shares; None: not measured, or not a GPU).
 
-    `wide`: the same cell's interval at the claim's simultaneous level (a claim over k cells is `not reproduced`
-    when any cell is, a union of k tests: replication.judge passes the Bonferroni interval at 1 - 0.05 / k). Then
-    `reproduced` is read off `effect` (every cell must be: an intersection, valid at the per-cell level) and `not
+    `wide`: the same cell's interval at the claim's simultaneous level (a claim over k cells is `not
+    reproduced` when any cell is, a union of k tests: replication.judge passes the Bonferroni interval at 1 -
+    0.05 / k). Then `reproduced` is read off `effect` (every cell must be: an intersection, valid at the
+    per-cell level) and `not
     reproduced` off `wide`; monotone in both, since `wide` holds `effect`."""
     ruling = q(effect)
     if wide is not None and ruling.verdict == NOT_REPRODUCED and q(wide).verdict != NOT_REPRODUCED:
-        ruling = Ruling(INCONCLUSIVE, f"{ruling.why}, but not at the simultaneous level over the claim's cells "
-                        f"({wide.text(q.unit)})", ruling.margin, ruling.magnitude)
+        ruling = Ruling(
+            INCONCLUSIVE,
+            f"{ruling.why}, but not at the simultaneous level over the claim's cells ({wide.text(q.unit)})",
+            ruling.margin,
+            ruling.magnitude,
+        )
     bad = None if q.net_of_control else control_ruling(control, q.margin)
     if bad:
         return Ruling(INCONCLUSIVE, bad, ruling.margin, ruling.magnitude)
     if host is not None and host > thresholds.HOST_SHARE_LIMIT:
-        return Ruling(INCONCLUSIVE, f"host-bound: host {host:.0%} of wall time per forward "
-                      f"(> {thresholds.HOST_SHARE_LIMIT:.0%}), so it timed the host, not the link", ruling.margin,
-                      ruling.magnitude)
+        return Ruling(
+            INCONCLUSIVE,
+            f"host-bound: host {host:.0%} of wall time per forward "
+            f"(> {thresholds.HOST_SHARE_LIMIT:.0%}), so it timed the host, not the "
+            "link",
+            ruling.margin,
+            ruling.magnitude,
+        )
     return ruling
 
 
@@ -252,7 +301,8 @@ def bias_bound(effect: Interval, control: Interval) -> Interval:
 
 
 def hull(a: Interval, b: Interval) -> Interval:
-    """The smallest interval holding both (a's mean, b's count): a single run's interval is the hull of its own
+    """The smallest interval holding both (a's mean, b's count): a single run's interval is the hull of its
+    own
     and the stored pooled one, so a monotone rule on it says the pooled verdict or inconclusive."""
     return Interval(a.mean, min(a.low, b.low), max(a.high, b.high), b.n, "hull")
 
@@ -266,14 +316,16 @@ def host_shares(rows, by: Sequence[str]) -> dict:
         return {}
     gpu = rows[rows.device.astype(str).str.startswith("cuda")]
     share = (gpu.host_ms_per_forward.astype(float) / gpu.wall_ms_per_forward.astype(float)).where(
-        gpu.wall_ms_per_forward.astype(float) > 0)
+        gpu.wall_ms_per_forward.astype(float) > 0
+    )
     per = gpu.assign(_share=share).dropna(subset=["_share"]).groupby([*by, "policy"])._share.median()
     out = per.groupby(level=list(range(len(by)))).max()
     return {(k if isinstance(k, tuple) else (k,)): float(v) for k, v in out.items()}
 
 
 def controls(rows, by: Sequence[str], metric: str = "tokens_per_second", base: str = "demand") -> dict:
-    """The A/A control per group of `by`: {key tuple: Interval of CONTROL over `base` in `metric`}; {} when the
+    """The A/A control per group of `by`: {key tuple: Interval of CONTROL over `base` in `metric`}; {} when
+    the
     rows carry no CONTROL runs (a grid recorded before the control existed)."""
     if CONTROL not in set(rows.policy) or base not in set(rows.policy):
         return {}
@@ -289,8 +341,13 @@ def combine(rulings: Iterable[tuple[str, Ruling]]) -> tuple[str, str, str]:
     if not rulings:
         return INCONCLUSIVE, "no cells", ""
     verdicts = [r.verdict for _, r in rulings]
-    verdict = (NOT_REPRODUCED if NOT_REPRODUCED in verdicts else REPRODUCED if all(v == REPRODUCED for v in verdicts)
-               else INCONCLUSIVE)
+    verdict = (
+        NOT_REPRODUCED
+        if NOT_REPRODUCED in verdicts
+        else REPRODUCED
+        if all(v == REPRODUCED for v in verdicts)
+        else INCONCLUSIVE
+    )
     if verdict == REPRODUCED:
         parts = [f"{label}: {r.magnitude}" for label, r in rulings if r.magnitude]
         extra = [f"{label}: {r.why.split('; ', 1)[1]}" for label, r in rulings if "; " in r.why]
@@ -301,10 +358,11 @@ def combine(rulings: Iterable[tuple[str, Ruling]]) -> tuple[str, str, str]:
 
 
 def at_most(low: float, high: float, limit: float) -> str:
-    """A figure judged `<= limit` that is known only to lie in [low, high]: reproduced when all of the range is at
-    most the limit, not reproduced when all of it is over, inconclusive when it straddles. Monotone: a wider range
-    never flips the verdict, it can only make it inconclusive. A single run's model error (08) is ruled on the
-    range between its own figure and the stored runs' median (`figure_range`), so it says the pooled verdict or
+    """A figure judged `<= limit` that is known only to lie in [low, high]: reproduced when all of the range
+    is at most the limit, not reproduced when all of it is over, inconclusive when it straddles. Monotone: a
+    wider range never flips the verdict, it can only make it inconclusive. A single run's model error (08) is
+    ruled on the range between its own figure and the stored runs' median (`figure_range`), so it says the
+    pooled verdict or
     inconclusive, as `hull` does for an interval."""
     if low > high:
         raise ValueError(f"at_most: the range [{low}, {high}] is empty (expected low <= high)")
@@ -315,9 +373,12 @@ def at_most(low: float, high: float, limit: float) -> str:
     return INCONCLUSIVE
 
 
-def median_interval(figures: Sequence[float], confidence: float = thresholds.CONFIDENCE) -> tuple[float, float]:
+def median_interval(
+    figures: Sequence[float], confidence: float = thresholds.CONFIDENCE
+) -> tuple[float, float]:
     """A distribution-free interval for the median of the runs' figures: the order statistics x_(k) and
-    x_(n-k+1), k the largest with 2 P(Binomial(n, 1/2) <= k - 1) <= 1 - confidence (n = 9: x_(2)..x_(8), about 96%);
+    x_(n-k+1), k the largest with 2 P(Binomial(n, 1/2) <= k - 1) <= 1 - confidence (n = 9: x_(2)..x_(8), about
+    96%);
     the whole range when n is too small for the level (n <= 5 at 95%: n = 3 covers 75%)."""
     x = np.sort(np.asarray(figures, dtype=float))
     n = len(x)
@@ -331,16 +392,19 @@ def median_interval(figures: Sequence[float], confidence: float = thresholds.CON
 
 
 def median_at_most(figures: Sequence[float], limit: float) -> tuple[str, float, tuple[float, float]]:
-    """(verdict, median, interval): the stored runs' figures (08: each run's model error) ruled with `at_most` on
-    the distribution-free interval of their median (`median_interval`): reproduced only when all of it is at most
+    """(verdict, median, interval): the stored runs' figures (08: each run's model error) ruled with `at_most`
+    on the distribution-free interval of their median (`median_interval`): reproduced only when all of it is
+    at most
     `limit`, so a median exactly at the limit is not reproduced by the luck of the draw."""
     low, high = median_interval(figures)
     return at_most(low, high, limit), float(np.median(np.asarray(figures, dtype=float))), (low, high)
 
 
 def figure_range(own: float, pooled: float | tuple[float, float] | None) -> tuple[float, float]:
-    """The range a single run's figure is ruled on: its own figure with the stored runs' pooled one (a figure, or
-    the interval of their median), the smallest range holding both (its own figure alone when nothing is pooled)."""
+    """The range a single run's figure is ruled on: its own figure with the stored runs' pooled one (a figure,
+    or
+    the interval of their median), the smallest range holding both (its own figure alone when nothing is
+    pooled)."""
     if pooled is None:
         return own, own
     lo, hi = pooled if isinstance(pooled, tuple) else (pooled, pooled)
@@ -350,9 +414,11 @@ def figure_range(own: float, pooled: float | tuple[float, float] | None) -> tupl
 def margin_below(value: float, threshold: float, pct: bool = True) -> str:
     """A number judged `< threshold`: how far below (or above) it lies."""
     if pct:
-        return (f"{value:.1%} vs < {threshold:.0%}: " +
-                (f"{(threshold - value) * 100:.1f} points under" if value < threshold else
-                 f"{(value - threshold) * 100:.1f} points over"))
+        return f"{value:.1%} vs < {threshold:.0%}: " + (
+            f"{(threshold - value) * 100:.1f} points under"
+            if value < threshold
+            else f"{(value - threshold) * 100:.1f} points over"
+        )
     side = "under" if value < threshold else "over"
     return f"{value:.3g} vs < {threshold:.3g}: {side} by {abs(threshold - value):.3g}"
 
@@ -360,4 +426,6 @@ def margin_below(value: float, threshold: float, pct: bool = True) -> str:
 def margin_at_least(value: float, threshold: float) -> str:
     """A share judged `>= threshold`."""
     d = (value - threshold) * 100
-    return f"{value:.1%} vs >= {threshold:.0%}: " + (f"{d:.1f} points over" if d >= 0 else f"{-d:.1f} points under")
+    return f"{value:.1%} vs >= {threshold:.0%}: " + (
+        f"{d:.1f} points over" if d >= 0 else f"{-d:.1f} points under"
+    )

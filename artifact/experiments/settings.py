@@ -10,6 +10,7 @@ a key given twice in one file, a wrong type, NaN or inf, or an out-of-range valu
 the key, the value and what is expected (profiles/checks.py reads and checks; profiles/slurm.py holds the
 `slurm:` section, layered key by key).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,16 +35,31 @@ from artifact.offload.prepare import RunRequest
 from artifact.offload.runner import RunOptions
 from artifact.validate import check_number, load_yaml
 
-__all__ = ["CONTROL", "PROFILE_DIR", "PROFILE_KEYS", "RANGES", "ProfileError", "Settings", "SlurmSettings",
-           "fingerprint", "list_profiles", "load_profile", "parse_override", "profile_path", "resolve_threads"]
+__all__ = [
+    "CONTROL",
+    "PROFILE_DIR",
+    "PROFILE_KEYS",
+    "RANGES",
+    "ProfileError",
+    "Settings",
+    "SlurmSettings",
+    "fingerprint",
+    "list_profiles",
+    "load_profile",
+    "parse_override",
+    "profile_path",
+    "resolve_threads",
+]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 
-PAPER_RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)           # C/W: the paper's grid
+PAPER_RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)  # C/W: the paper's grid
 PAPER_BATCH_SIZES = (1, 2, 4, 8)
-# The A/A control of every timing grid, a policy spec (offload/policy/policies.py): last_step_conservative loads only
+# The A/A control of every timing grid, a policy spec (offload/policy/policies.py): last_step_conservative
+# loads only
 # predicted experts that are not resident and never evicts for them, so on every cell it does exactly demand's
-# work (every count equal: tests/test_beyond.py, tests/test_priority.py). Its time against demand's measures the
+# work (every count equal: tests/test_beyond.py, tests/test_priority.py). Its time against demand's measures
+# the
 # bench's own bias. Stored rows name it by this spec in their `policy` column.
 CONTROL = "last_step_conservative"
 
@@ -51,21 +67,23 @@ CONTROL = "last_step_conservative"
 @dataclass(frozen=True)
 class Settings:
     """Every setting of a run, a benchmark grid or a notebook, with its default (lists become tuples)."""
-    name: str = field(default="defaults", metadata={"internal": True})   # the profile's name (file stem)
-    path: str = field(default="", metadata={"internal": True})           # the profile file it came from
+
+    name: str = field(default="defaults", metadata={"internal": True})  # the profile's name (file stem)
+    path: str = field(default="", metadata={"internal": True})  # the profile file it came from
     description: str = "defaults shared by every profile"
 
     # --- model and machine -------------------------------------------------------------------------
-    model: str | None = "tiny"           # 'tiny' (embedded, built on first use) or a HF checkpoint dir (None: --model)
-    dtype: str | None = None             # float32 | bfloat16 | float16; None: float32 for tiny, bfloat16 otherwise
-    device: str = "cpu"                  # cpu | cuda | cuda:N
-    link: str = "emulated"               # emulated (a modelled PCIe copy engine, any machine) | cuda (copy stream)
+    model: str | None = "tiny"  # 'tiny' (embedded, built on first use) or a HF checkpoint dir (None: --model)
+    dtype: str | None = None  # float32 | bfloat16 | float16; None: float32 for tiny, bfloat16 otherwise
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    link: str = "emulated"  # emulated (a modelled PCIe copy engine, any machine) | cuda (copy stream)
     latency_us: float = PCIE_LATENCY_US  # per-copy setup cost of the emulated link (microseconds)
-    link_priority: str = "fifo"          # fifo: one copy queue in issue order | demand: speculative copies wait
-                                         # while a demand copy is queued (offload/links/timeline.py)
+    link_priority: str = "fifo"  # fifo: one copy queue in issue order | demand: speculative copies wait
+    # while a demand copy is queued (offload/links/timeline.py)
     # The unthrottled bandwidth, GB/s. None = the link's own: emulated -> PCIe 4 (25 GB/s) scaled to this
     # model's expert size, so one expert costs what a LLaDA2.0-mini expert costs on PCIe 4
-    # (offload/links/link.py emulated_bandwidth_gbps); cuda -> the hardware's, measured once with a pinned copy
+    # (offload/links/link.py emulated_bandwidth_gbps); cuda -> the hardware's, measured once with a pinned
+    # copy
     # when a scale < 1 needs it.
     link_gbps: float | None = None
     # Time of the stream-driven runs of the performance model (python -m artifact model, notebook 08):
@@ -75,22 +93,22 @@ class Settings:
     # How the model runs its denoising forwards (artifact/model/options.py): eager = the reference forward;
     # segmented = segments between the router syncs, captured as CUDA graphs on a GPU (eager on the CPU).
     forward: str = DEFAULT_FORWARD
-    hardware: str = "cpu-emulated"       # the performance model's hardware profile: a5000 | h200 | cpu-emulated
+    hardware: str = "cpu-emulated"  # the performance model's hardware profile: a5000 | h200 | cpu-emulated
     # torch intra-op threads of every command (CLI --threads) and bench run. None: 1 for the tiny model on
     # the CPU (its ops are too small to gain from threads, and on 2 shared cores OpenMP spin-waiting made
     # `generate` 27 s instead of 1.2 s), else torch's default (one per core): see resolve_threads.
     torch_threads: int | None = None
 
     # --- decoding (block diffusion, temperature 0) -------------------------------------------------
-    mode: str = "cached"                 # cached (prefix KV cache) | full (re-run the whole prefix every step)
-    gen_length: int = 256                # tokens generated per prompt (whole 32-token blocks): the paper's length
-    steps: int = 32                      # at most this many denoising steps per 32-token block
-    threshold: float = 0.95              # accept every masked token whose probability exceeds this
+    mode: str = "cached"  # cached (prefix KV cache) | full (re-run the whole prefix every step)
+    gen_length: int = 256  # tokens generated per prompt (whole 32-token blocks): the paper's length
+    steps: int = 32  # at most this many denoising steps per 32-token block
+    threshold: float = 0.95  # accept every masked token whose probability exceeds this
 
     # --- prompts -----------------------------------------------------------------------------------
-    tasks: tuple[str, ...] = TASKS   # bench tasks (data/tasks/*.jsonl)
-    n_prompts: int = 8                   # prompts per bench cell, run in batches of the cell's size (>= max batch)
-    seed: int = 0                        # which prompts: a seeded sample of each task
+    tasks: tuple[str, ...] = TASKS  # bench tasks (data/tasks/*.jsonl)
+    n_prompts: int = 8  # prompts per bench cell, run in batches of the cell's size (>= max batch)
+    seed: int = 0  # which prompts: a seeded sample of each task
     max_prompt_tokens: int | None = None  # keep only the last N prompt tokens; None: the whole prompt
 
     # --- the paired throughput benchmark (python -m artifact bench) --------------------------------
@@ -102,24 +120,28 @@ class Settings:
     # hardware copies, < 1 caps the copy stream (token bucket), > 1 is not possible on real hardware.
     bandwidth_scales: tuple[float, ...] = (1.0,)
     # Run side by side on identical prompts (engine policies). CONTROL, the A/A control, does exactly demand's
-    # work: a direction claim rules net of it, an equivalence or non-superiority claim is inconclusive in a cell
+    # work: a direction claim rules net of it, an equivalence or non-superiority claim is inconclusive in a
+    # cell
     # whose control is not inside the margin (rules.rule_cell).
     policies: tuple[str, ...] = ("demand", "last_step", CONTROL)
     # Your own policies: modules imported before any policy is resolved, each a dotted module name on sys.path
     # or a path to a .py file (relative to the working directory) whose code registers policies
     # (docs/policies.md). Importing runs the module's code: name only your own.
     policy_modules: tuple[str, ...] = ()
-    repetitions: int = 5                 # R timed runs of every policy per cell, in balanced order (bench/order.py)
-    warmup: int = 1                      # untimed runs of every policy per cell before the R timed ones (listed order)
-    rotation: int = 0                    # repetition r of a grid of R runs its policies in slot_order(policies,
-                                         # rotation * R + r) (bench/order.py); stored run k: k - 1 (record_runs.py,
-                                         # its run.json). In no fingerprint: rows of any rotation are one grid.
-    lookahead: int = 1                   # last_step / oracle: prefetch this many MoE layers ahead
-    tau: int = 4                         # interval_refresh: refresh every tau denoising steps
+    repetitions: int = 5  # R timed runs of every policy per cell, in balanced order (bench/order.py)
+    warmup: int = 1  # untimed runs of every policy per cell before the R timed ones (listed order)
+    rotation: int = 0  # repetition r of a grid of R runs its policies in slot_order(policies,
+    # rotation * R + r) (bench/order.py); stored run k: k - 1
+    # (record_runs.py,
+    # its run.json). In no fingerprint: rows of any rotation are one
+    # grid.
+    lookahead: int = 1  # last_step / oracle: prefetch this many MoE layers ahead
+    tau: int = 4  # interval_refresh: refresh every tau denoising steps
     # The traced run that measures W: None = experts resident on the device; an integer C = offloaded
     # (demand, C slots per layer), for a model whose experts do not fit the GPU.
     trace_capacity: int | None = None
-    budget_minutes: float | None = None  # stated wall-clock budget of the whole bench (None: none); checked, reported
+    # stated wall-clock budget of the whole bench (None: none); checked, reported
+    budget_minutes: float | None = None
 
     # --- bandwidth throttling (notebook 03) --------------------------------------------------------
     # One cell per scale at C/W = throttle_ratio (first task, largest batch size, demand vs last_step):
@@ -134,10 +156,11 @@ class Settings:
     sim_policies: tuple[str, ...] = ("demand", "last_step", "oracle", "interval_refresh", "belady")
 
     # --- TIDE head to head -------------------------------------------------------------------------
-    tide_path: str | None = None         # a checkout of TIDE's released implementation (None: comparison skipped)
+    tide_path: str | None = None  # a checkout of TIDE's released implementation (None: comparison skipped)
 
     # --- jobs on a Slurm cluster (python -m artifact bench --submit slurm) ----------------------------
-    # A nested mapping (SlurmSettings, profiles/slurm.py): a profile's `slurm:` section or `--set slurm.KEY=VALUE`
+    # A nested mapping (SlurmSettings, profiles/slurm.py): a profile's `slurm:` section or `--set
+    # slurm.KEY=VALUE`
     # changes single keys.
     slurm: SlurmSettings = field(default_factory=lambda: SlurmSettings())
 
@@ -153,17 +176,23 @@ class Settings:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     def decode_config(self) -> DecodeConfig:
-        return DecodeConfig(gen_length=self.gen_length, steps=self.steps, threshold=self.threshold, mode=self.mode)
+        return DecodeConfig(
+            gen_length=self.gen_length, steps=self.steps, threshold=self.threshold, mode=self.mode
+        )
 
     def run_options(self, *, capture: bool = True) -> RunOptions:
-        """How this profile's runs decode (RunOptions: decoding, device, forward mode), passed whole to decode_prompts
-        by every entry point; capture=False for a timed or profiled run (no CUDA graph captured mid-measurement)."""
+        """How this profile's runs decode (RunOptions: decoding, device, forward mode), passed whole to
+        decode_prompts
+        by every entry point; capture=False for a timed or profiled run (no CUDA graph captured
+        mid-measurement)."""
         return RunOptions(self.decode_config(), self.device, self.forward, capture=capture)
 
     def run_request(self) -> RunRequest:
-        """What artifact.offload.prepare checks before this profile's model is loaded (every path that loads one)."""
-        return RunRequest(self.model, self.device, self.torch_dtype, self.gen_length, self.steps, self.threshold,
-                          self.mode)
+        """What artifact.offload.prepare checks before this profile's model is loaded (every path that loads
+        one)."""
+        return RunRequest(
+            self.model, self.device, self.torch_dtype, self.gen_length, self.steps, self.threshold, self.mode
+        )
 
     @property
     def threads(self) -> int:
@@ -176,7 +205,9 @@ class Settings:
         return self.dtype or ("float32" if self.model == "tiny" else "bfloat16")
 
 
-PROFILE_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Settings) if not f.metadata.get("internal"))
+PROFILE_KEYS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(Settings) if not f.metadata.get("internal")
+)
 _TYPES = typing.get_type_hints(Settings)
 
 
@@ -206,27 +237,34 @@ def profile_path(name_or_path: str | Path) -> Path:
         return path
     path = PROFILE_DIR / f"{s}.yaml"
     if not path.is_file():
-        raise ProfileError(f"unknown profile {s!r}; choose one of {list_profiles()} or give a path to a .yaml file")
+        raise ProfileError(
+            f"unknown profile {s!r}; choose one of {list_profiles()} or give a path to a .yaml file"
+        )
     return path
 
 
 def load_profile(name_or_path: str | Path, overrides: dict | None = None) -> Settings:
-    """The defaults, then the profile file's values, then `overrides` (e.g. from the command line), validated."""
+    """The defaults, then the profile file's values, then `overrides` (e.g. from the command line),
+    validated."""
     path = profile_path(name_or_path)
     given: dict = {}
     origin: dict = {}
     for src, data in ((str(path), read_profile(path)), ("overrides", dict(overrides or {}))):
         for k, v in data.items():
-            if str(k).partition(".")[0] == "slurm":        # a nested section: merged key by key
+            if str(k).partition(".")[0] == "slurm":  # a nested section: merged key by key
                 given["slurm"] = merge_slurm(given.get("slurm"), k, v, src)
                 origin["slurm"] = src
                 continue
             if k not in PROFILE_KEYS:
-                raise ProfileError(f"{src}: unknown key {k!r}{suggest(k, PROFILE_KEYS)}; "
-                                   f"valid keys: {', '.join(PROFILE_KEYS)}")
+                raise ProfileError(
+                    f"{src}: unknown key {k!r}{suggest(k, PROFILE_KEYS)}; "
+                    f"valid keys: {', '.join(PROFILE_KEYS)}"
+                )
             given[k], origin[k] = v, src
-    checked = {k: SlurmSettings(**v) if k == "slurm" else check_value(k, v, _TYPES[k], origin[k])
-               for k, v in given.items()}
+    checked = {
+        k: SlurmSettings(**v) if k == "slurm" else check_value(k, v, _TYPES[k], origin[k])
+        for k, v in given.items()
+    }
     settings = Settings(name=path.stem, path=str(path), **checked)
     check_values(settings, origin)
     return settings
@@ -241,9 +279,13 @@ def parse_override(text: str) -> tuple[str, object]:
     head, dot, sub = key.partition(".")
     if dot and head == "slurm":
         if sub not in SLURM_KEYS:
-            raise ProfileError(f"unknown key {key!r}{suggest(sub, SLURM_KEYS)}; slurm keys: {', '.join(SLURM_KEYS)}")
+            raise ProfileError(
+                f"unknown key {key!r}{suggest(sub, SLURM_KEYS)}; slurm keys: {', '.join(SLURM_KEYS)}"
+            )
     elif key not in PROFILE_KEYS:
-        raise ProfileError(f"unknown key {key!r}{suggest(key, PROFILE_KEYS)}; valid keys: {', '.join(PROFILE_KEYS)}")
+        raise ProfileError(
+            f"unknown key {key!r}{suggest(key, PROFILE_KEYS)}; valid keys: {', '.join(PROFILE_KEYS)}"
+        )
     try:
         return key, load_yaml(raw, f"--set {key}")
     except yaml.YAMLError as e:

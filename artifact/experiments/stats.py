@@ -9,6 +9,7 @@ weigh alike and drift between repetitions cancels. Intervals over pairs:
   bootstrap  percentile interval of the mean over resampled pairs (seeded numpy Generator)
 A difference "excludes zero" when its t interval lies entirely above or below 0.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -26,24 +27,26 @@ CONFIDENCE = thresholds.CONFIDENCE
 class CellKey(NamedTuple):
     """One cell of a grid, the unit every interval is computed in (nothing pools cells): the key of every
     study's {cell: effect} maps and of the bench's cells (bench.grid.Cell.key)."""
+
     task: str
     batch_size: int
     cache_ratio: float
     bandwidth_scale: float
 
 
-CELL_KEYS = CellKey._fields           # the result columns that name a cell
+CELL_KEYS = CellKey._fields  # the result columns that name a cell
 PAIR_KEYS = CELL_KEYS + ("rep",)
+
 
 @dataclass(frozen=True)
 class PairedDifference:
     n_pairs: int
     mean_a: float
     mean_b: float
-    diff_pct: float          # mean over pairs of (a - b) / b * 100
+    diff_pct: float  # mean over pairs of (a - b) / b * 100
     ci_low: float
     ci_high: float
-    p_value: float           # two-sided, H0: mean percentage difference = 0
+    p_value: float  # two-sided, H0: mean percentage difference = 0
 
     @property
     def excludes_zero(self) -> bool:
@@ -60,14 +63,18 @@ def percent_differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
     """(a - b) / b * 100 per pair; a[i] and b[i] are the two runs of pair i."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"a and b must be 1-d arrays of the same length (one value per pair), "
-                         f"got shapes {a.shape} and {b.shape}")
+        raise ValueError(
+            f"a and b must be 1-d arrays of the same length (one value per pair), "
+            f"got shapes {a.shape} and {b.shape}"
+        )
     if not (np.isfinite(a).all() and np.isfinite(b).all()) or (b <= 0).any():
         raise ValueError("paired values must be finite, and b > 0 (it is the per-pair baseline)")
     return (a - b) / b * 100.0
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> PairedDifference:
+def paired_difference(
+    a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
+) -> PairedDifference:
     """Mean per-pair percentage difference of a over b with a t interval over pairs."""
     d = percent_differences(a, b)
     n = len(d)
@@ -87,8 +94,9 @@ def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float 
     return PairedDifference(n, float(np.mean(a)), float(np.mean(b)), mean, float(lo), float(hi), p)
 
 
-def bootstrap_ci(values: Sequence[float], confidence: float = CONFIDENCE, n_resamples: int = 10_000,
-                 seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(
+    values: Sequence[float], confidence: float = CONFIDENCE, n_resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of `values` (e.g. per-pair percentages); deterministic
     for a seed."""
     v = np.asarray(values, dtype=float)
@@ -117,8 +125,10 @@ def wide_pairs(rows, policies: Sequence[str], columns: Sequence[str]) -> pd.Data
     dup = sel.duplicated([*PAIR_KEYS, "policy"])
     if dup.any():
         first = sel[dup].iloc[0]
-        raise ValueError(f"two rows for the same run: {dict(first[[*PAIR_KEYS, 'policy']])}; "
-                         "merge shards with `python -m artifact merge` (it refuses duplicates)")
+        raise ValueError(
+            f"two rows for the same run: {dict(first[[*PAIR_KEYS, 'policy']])}; "
+            "merge shards with `python -m artifact merge` (it refuses duplicates)"
+        )
     return sel.pivot(index=list(PAIR_KEYS), columns="policy", values=list(columns))
 
 
@@ -131,9 +141,16 @@ def pairs(rows, a: str, b: str, metric: str = "tokens_per_second"):
     return wide[[a, b]].reset_index()
 
 
-def paired_table(rows, a: str = "demand", b: str = "last_step", by: Sequence[str] = ("cache_ratio",),
-                 metric: str = "tokens_per_second", confidence: float = CONFIDENCE, n_resamples: int = 10_000,
-                 seed: int = 0):
+def paired_table(
+    rows,
+    a: str = "demand",
+    b: str = "last_step",
+    by: Sequence[str] = ("cache_ratio",),
+    metric: str = "tokens_per_second",
+    confidence: float = CONFIDENCE,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+):
     """The paper's table: policy A vs B per group (default per C/W), one row each with n_pairs,
     mean_a, mean_b, diff_pct (mean per-pair %), the t interval, the bootstrap interval, excludes_zero,
     p_value and verdict."""
@@ -143,7 +160,7 @@ def paired_table(rows, a: str = "demand", b: str = "last_step", by: Sequence[str
         raise ValueError(f"cannot group by {bad}; choose from {list(CELL_KEYS)}")
     pr = pairs(rows, a, b, metric)
     out = []
-    for key, g in (pr.groupby(by, sort=True) if by else [((), pr)]):
+    for key, g in pr.groupby(by, sort=True) if by else [((), pr)]:
         key = key if isinstance(key, tuple) else (key,)
         res = paired_difference(g[a].to_numpy(), g[b].to_numpy(), confidence)
         boot = bootstrap_ci(percent_differences(g[a], g[b]), confidence, n_resamples, seed)
@@ -151,15 +168,27 @@ def paired_table(rows, a: str = "demand", b: str = "last_step", by: Sequence[str
         row.update(asdict(res))
         row.update(boot_low=boot[0], boot_high=boot[1], excludes_zero=res.excludes_zero, verdict=res.verdict)
         out.append(row)
-    cols = by + ["n_pairs", "mean_a", "mean_b", "diff_pct", "ci_low", "ci_high", "boot_low", "boot_high",
-                 "excludes_zero", "p_value", "verdict"]
+    cols = by + [
+        "n_pairs",
+        "mean_a",
+        "mean_b",
+        "diff_pct",
+        "ci_low",
+        "ci_high",
+        "boot_low",
+        "boot_high",
+        "excludes_zero",
+        "p_value",
+        "verdict",
+    ]
     table = pd.DataFrame(out, columns=cols)
     table.attrs.update(a=a, b=b, metric=metric, confidence=confidence)
     return table
 
 
 def with_paper(table):
-    """Add the paper's figure and verdict per C/W (from criteria/paper.py; demand vs last_step tables grouped by
+    """Add the paper's figure and verdict per C/W (from criteria/paper.py; demand vs last_step tables grouped
+    by
     cache_ratio only) and whether the measured verdict agrees. Other tables come back unchanged."""
     if table.attrs.get("a") != "demand" or table.attrs.get("b") != "last_step" or "cache_ratio" not in table:
         return table

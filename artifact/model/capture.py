@@ -1,4 +1,5 @@
-"""Capturing the segmented forward's pieces as CUDA graphs, and the capture linter that checks them on the CPU.
+"""Capturing the segmented forward's pieces as CUDA graphs, and the capture linter that checks them on the
+CPU.
 
 CudaCapture is the only place that calls the CUDA graph API (a seam: a test passes an object with the same
 methods). capture() begins and ends one capture on a side stream and always leaves that stream's context,
@@ -19,20 +20,31 @@ segment or stage, on
     program's second run: its first is the warm-up): a replay reuses the captured allocation at its size and
     the captured values.
 """
+
 from __future__ import annotations
 
 import torch
 
-from artifact.model.op_watch import DATA_SIZED_OPS, HOST_DATA_FUNCTIONS, HOST_READ_FUNCTIONS, HOST_READ_OPS, OpWatch
+from artifact.model.op_watch import (
+    DATA_SIZED_OPS,
+    HOST_DATA_FUNCTIONS,
+    HOST_READ_FUNCTIONS,
+    HOST_READ_OPS,
+    OpWatch,
+)
 
 aten = torch.ops.aten
-FORBIDDEN = {**dict.fromkeys(HOST_READ_OPS, "a host read"),
-             **dict.fromkeys(DATA_SIZED_OPS, "an output sized by the data"),
-             aten.lift_fresh: "a tensor made from host data"}
+FORBIDDEN = {
+    **dict.fromkeys(HOST_READ_OPS, "a host read"),
+    **dict.fromkeys(DATA_SIZED_OPS, "an output sized by the data"),
+    aten.lift_fresh: "a tensor made from host data",
+}
 MASK_INDEXED = (aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_)
 COPIES = (aten.copy_, aten._to_copy)
-FUNCTION_READS = {**dict.fromkeys(HOST_READ_FUNCTIONS, "a host read"),
-                  **dict.fromkeys(HOST_DATA_FUNCTIONS, "a tensor made from host data")}
+FUNCTION_READS = {
+    **dict.fromkeys(HOST_READ_FUNCTIONS, "a host read"),
+    **dict.fromkeys(HOST_DATA_FUNCTIONS, "a tensor made from host data"),
+}
 
 
 class LintError(RuntimeError):
@@ -82,7 +94,7 @@ def first_line(e: BaseException) -> str:
 def capture(api, graph, pool, stream, fn) -> str | None:
     """Capture fn() into `graph` (memory from `pool`) on the side `stream`. -> None, or why it failed (the
     first error: fn's, else the end's). The stream's context is left whatever raised."""
-    api.synchronize()                          # nothing queued may run into the capture
+    api.synchronize()  # nothing queued may run into the capture
     error = None
     with api.use_stream(stream):
         try:
@@ -138,8 +150,12 @@ def _why(func, args, kwargs) -> str | None:
     packet = func.overloadpacket
     if packet in FORBIDDEN:
         return FORBIDDEN[packet]
-    if packet in MASK_INDEXED and len(args) > 1 and isinstance(args[1], (list, tuple)) and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
+    if (
+        packet in MASK_INDEXED
+        and len(args) > 1
+        and isinstance(args[1], (list, tuple))
+        and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
+    ):
         return "boolean-mask indexing: an output sized by the data"
     if packet in COPIES:
         src = args[1] if packet is aten.copy_ else args[0]
@@ -152,9 +168,10 @@ def _why(func, args, kwargs) -> str | None:
 
 
 class Linter(OpWatch):
-    """with Linter(where, shapes): ... checks every op run inside (see the module docstring). `where` names the
-    segment or stage; `shapes` is the list of (op, output shapes, host values) of the captured run, compared op
-    by op, or None (not compared); `recorded` holds this run's. With report=True the first finding is kept in
+    """with Linter(where, shapes): ... checks every op run inside (see the module docstring). `where` names
+    the segment or stage; `shapes` is the list of (op, output shapes, host values) of the captured run,
+    compared op by op, or None (not compared); `recorded` holds this run's. With report=True the first finding
+    is kept in
     `found` instead of raised (to name the op of a capture that failed)."""
 
     def __init__(self, where: str, shapes: list | None = None, report: bool = False):
@@ -193,11 +210,15 @@ class Linter(OpWatch):
 
     def function(self, func, args, kwargs) -> None:
         why = FUNCTION_READS.get(func)
-        if why is not None and not (func in HOST_DATA_FUNCTIONS and args and isinstance(args[0], torch.Tensor)):
+        if why is not None and not (
+            func in HOST_DATA_FUNCTIONS and args and isinstance(args[0], torch.Tensor)
+        ):
             self.fail(getattr(func, "__name__", str(func)), why)
 
     def __exit__(self, exc_type, *exc) -> None:
         super().__exit__(exc_type, *exc)
         if exc_type is None and self.shapes is not None and len(self.recorded) < len(self.shapes):
-            self.fail(f"{len(self.recorded)} ops", f"the captured run issued {len(self.shapes)}: the op sequence "
-                                                  "differs between runs")
+            self.fail(
+                f"{len(self.recorded)} ops",
+                f"the captured run issued {len(self.shapes)}: the op sequence differs between runs",
+            )

@@ -5,6 +5,7 @@ model.safetensors.index.json) and tokenizer files. Routed experts are not loaded
 they are packed into one (L_moe, E, 3*I*D) host tensor, which the caller hands to a backend
 (all resident, or the offloaded engine's host store).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,14 @@ from artifact.model.experts import ResidentExperts, pack_expert
 from artifact.model.llada2 import LLaDA2MoE
 from artifact.model.memory import check_slots_fit, pin_host
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 EXPERT_PARTS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -42,8 +49,11 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the loader needs, by its checkpoint name."""
     D, H, Hk, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     I, Ie = cfg.intermediate_size, cfg.moe_intermediate_size
-    s = {"model.word_embeddings.weight": (cfg.vocab_size, D), "model.norm.weight": (D,),
-         "lm_head.weight": (cfg.vocab_size, D)}
+    s = {
+        "model.word_embeddings.weight": (cfg.vocab_size, D),
+        "model.norm.weight": (D,),
+        "lm_head.weight": (cfg.vocab_size, D),
+    }
     for L in range(cfg.num_hidden_layers):
         p = f"model.layers.{L}."
         s[p + "input_layernorm.weight"] = (D,)
@@ -57,16 +67,25 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.use_bias:
             s[p + "attention.dense.bias"] = (D,)
         if L < cfg.first_k_dense_replace:
-            s.update({p + "mlp.gate_proj.weight": (I, D), p + "mlp.up_proj.weight": (I, D),
-                      p + "mlp.down_proj.weight": (D, I)})
+            s.update(
+                {
+                    p + "mlp.gate_proj.weight": (I, D),
+                    p + "mlp.up_proj.weight": (I, D),
+                    p + "mlp.down_proj.weight": (D, I),
+                }
+            )
             continue
         s[p + "mlp.gate.weight"] = (cfg.num_experts, D)
         s[p + "mlp.gate.expert_bias"] = (cfg.num_experts,)
         if cfg.num_shared_experts:
             Is = Ie * cfg.num_shared_experts
-            s.update({p + "mlp.shared_experts.gate_proj.weight": (Is, D),
-                      p + "mlp.shared_experts.up_proj.weight": (Is, D),
-                      p + "mlp.shared_experts.down_proj.weight": (D, Is)})
+            s.update(
+                {
+                    p + "mlp.shared_experts.gate_proj.weight": (Is, D),
+                    p + "mlp.shared_experts.up_proj.weight": (Is, D),
+                    p + "mlp.shared_experts.down_proj.weight": (D, Is),
+                }
+            )
         for e in range(cfg.num_experts):
             g, u, d = expert_names(cfg, L, e)
             s.update({g: (Ie, D), u: (Ie, D), d: (D, Ie)})
@@ -77,7 +96,7 @@ class CheckpointError(ValueError):
     """A checkpoint file or index that cannot be what it claims to be; the message names the file."""
 
 
-HEADER_LIMIT = 100 << 20     # safetensors refuses headers over 100 MB; a larger length field is a damaged file
+HEADER_LIMIT = 100 << 20  # safetensors refuses headers over 100 MB; a larger length field is a damaged file
 
 
 def read_header(path: Path) -> dict[str, dict]:
@@ -88,12 +107,17 @@ def read_header(path: Path) -> dict[str, dict]:
         head = f.read(8)
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
         if n < 2 or n > HEADER_LIMIT or 8 + n > size:
-            raise CheckpointError(f"{path}: not a complete safetensors file ({size} bytes; the header length field "
-                                  f"reads {n}); the file is truncated or damaged: copy it again")
+            raise CheckpointError(
+                f"{path}: not a complete safetensors file ({size} bytes; the header length "
+                "field "
+                f"reads {n}); the file is truncated or damaged: copy it again"
+            )
         try:
             table = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path}: safetensors header is not JSON ({e}); the file is damaged") from None
+            raise CheckpointError(
+                f"{path}: safetensors header is not JSON ({e}); the file is damaged"
+            ) from None
     if not isinstance(table, dict):
         raise CheckpointError(f"{path}: safetensors header is not a JSON object; the file is damaged")
     table.pop("__metadata__", None)
@@ -104,8 +128,12 @@ def read_header(path: Path) -> dict[str, dict]:
         except (TypeError, KeyError, ValueError):
             raise CheckpointError(f"{path}: tensor {name} has no valid data_offsets in the header") from None
         if not 0 <= start <= end <= data:
-            raise CheckpointError(f"{path}: tensor {name} needs bytes {start}-{end} of the data section, which has "
-                                  f"{data} bytes; the file is truncated ({size} bytes on disk): copy it again")
+            raise CheckpointError(
+                f"{path}: tensor {name} needs bytes {start}-{end} of the data section, "
+                "which has "
+                f"{data} bytes; the file is truncated ({size} bytes on disk): copy it "
+                "again"
+            )
     return table
 
 
@@ -113,8 +141,11 @@ def _shard_path(root: Path, index: Path, shard) -> Path:
     """A shard name from index.json, refused unless it names a file inside the checkpoint directory."""
     name = Path(str(shard))
     if not isinstance(shard, str) or not shard or name.is_absolute() or ".." in name.parts:
-        raise CheckpointError(f"{index}: shard name {shard!r} is not a file name inside {root} (absolute paths and "
-                              "'..' would read outside the checkpoint directory)")
+        raise CheckpointError(
+            f"{index}: shard name {shard!r} is not a file name inside {root} (absolute "
+            "paths and "
+            "'..' would read outside the checkpoint directory)"
+        )
     return root / name
 
 
@@ -128,7 +159,7 @@ class TensorIndex:
 
     def __init__(self, root: Path):
         self.root = root
-        self.tables: dict[Path, dict] = {}          # shard -> its checked header (read_header)
+        self.tables: dict[Path, dict] = {}  # shard -> its checked header (read_header)
         single, index = root / "model.safetensors", root / "model.safetensors.index.json"
         if index.is_file():
             try:
@@ -136,9 +167,13 @@ class TensorIndex:
                 if not isinstance(weight_map, dict):
                     raise TypeError("weight_map is not an object")
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-                raise CheckpointError(f"{index}: not a safetensors index (needs a 'weight_map' object "
-                                      f"{{tensor name: shard file}}): {e}") from None
-            shards = {shard: _shard_path(root, index, shard) for shard in set(map(_hashable, weight_map.values()))}
+                raise CheckpointError(
+                    f"{index}: not a safetensors index (needs a 'weight_map' object "
+                    f"{{tensor name: shard file}}): {e}"
+                ) from None
+            shards = {
+                shard: _shard_path(root, index, shard) for shard in set(map(_hashable, weight_map.values()))
+            }
             self.where = {name: shards[_hashable(shard)] for name, shard in weight_map.items()}
             by_shard: dict[Path, list[str]] = {}
             for name, shard in self.where.items():
@@ -147,12 +182,16 @@ class TensorIndex:
                 if not shard.is_file():
                     raise FileNotFoundError(
                         f"{shard}: shard listed in {index.name} is missing "
-                        f"({len(names)} tensors, e.g. {names[0]})")
+                        f"({len(names)} tensors, e.g. {names[0]})"
+                    )
                 table = self.tables[shard] = read_header(shard)
                 lacks = [n for n in names if n not in table]
                 if lacks:
-                    raise CheckpointError(f"{index}: names {len(lacks)} tensors in {shard.name} that the shard "
-                                          f"lacks (e.g. {lacks[0]}); the index and the shard files disagree")
+                    raise CheckpointError(
+                        f"{index}: names {len(lacks)} tensors in {shard.name} that the "
+                        "shard "
+                        f"lacks (e.g. {lacks[0]}); the index and the shard files disagree"
+                    )
         elif single.is_file():
             self.tables[single] = read_header(single)
             self.where = {name: single for name in self.tables[single]}
@@ -172,15 +211,15 @@ class TensorIndex:
             if path not in self._open:
                 self._open[path] = safe_open(path, "pt")
             t = self._open[path].get_tensor(name)
-        except SafetensorError as e:                   # not a ValueError: say which file and tensor
+        except SafetensorError as e:  # not a ValueError: say which file and tensor
             raise CheckpointError(f"{path}: cannot read tensor {name} ({e}); the file is damaged") from None
         if tuple(t.shape) != tuple(shape):
             raise ValueError(f"{path.name}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
         return t
 
 
-FULL_HASH_BYTES = 64 << 20   # files up to this size are hashed whole
-SAMPLE_BYTES = 64            # from larger files: the first bytes of every tensor
+FULL_HASH_BYTES = 64 << 20  # files up to this size are hashed whole
+SAMPLE_BYTES = 64  # from larger files: the first bytes of every tensor
 
 
 def weights_fingerprint(path: str | Path) -> str:
@@ -206,7 +245,9 @@ def weights_fingerprint(path: str | Path) -> str:
                 for block in iter(lambda: fh.read(1 << 20), b""):
                     h.update(block)
                 continue
-            for start, end in sorted(tuple(int(x) for x in info["data_offsets"]) for info in index.tables[f].values()):
+            for start, end in sorted(
+                tuple(int(x) for x in info["data_offsets"]) for info in index.tables[f].values()
+            ):
                 fh.seek(8 + n + start)
                 h.update(fh.read(min(SAMPLE_BYTES, end - start)))
     return h.hexdigest()[:16]
@@ -214,22 +255,25 @@ def weights_fingerprint(path: str | Path) -> str:
 
 @dataclass
 class Loaded:
-    model: LLaDA2MoE            # non-expert weights on the device; backend = all experts resident
-    experts: torch.Tensor       # (L_moe, E, 3*I*D) packed routed experts on the host, in `dtype`
+    model: LLaDA2MoE  # non-expert weights on the device; backend = all experts resident
+    experts: torch.Tensor  # (L_moe, E, 3*I*D) packed routed experts on the host, in `dtype`
     tokenizer: object
     cfg: ModelConfig
     path: Path | None
 
 
-def load_checkpoint(path: str | Path, dtype="float32", device="cpu", resident: bool = True,
-                    capacity: int | None = None) -> Loaded:
+def load_checkpoint(
+    path: str | Path, dtype="float32", device="cpu", resident: bool = True, capacity: int | None = None
+) -> Loaded:
     """Load a LLaDA2 checkpoint directory (the tiny one: tiny.checkpoint_dir("tiny")).
     resident=True puts all experts on `device` as the model's backend; with False the caller sets one.
     capacity: the offloaded cache's slots per MoE layer, if one will be built; a capacity whose slots do
     not fit in the device's free memory is refused here, before any tensor is read."""
     root = Path(path)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: checkpoint directory not found (expected config.json + *.safetensors)")
+        raise FileNotFoundError(
+            f"{root}: checkpoint directory not found (expected config.json + *.safetensors)"
+        )
     dtype = parse_dtype(dtype)
     tok = load_tokenizer(root)
     cfg = ModelConfig.from_hf(root)
@@ -243,7 +287,7 @@ def load_checkpoint(path: str | Path, dtype="float32", device="cpu", resident: b
     for name in model.state_dict():
         t = index.get(name, shapes[name])
         if name.endswith("expert_bias"):
-            biases[name] = t.float()          # the router adds it in fp32: kept bit for bit, never via dtype
+            biases[name] = t.float()  # the router adds it in fp32: kept bit for bit, never via dtype
         state[name] = t.to(dtype)
     model.load_state_dict(state, strict=True)
     model.to(device=device, dtype=dtype)
@@ -275,13 +319,15 @@ def restore_expert_bias(model: LLaDA2MoE, biases: dict[str, torch.Tensor]) -> No
 def load_tokenizer(root: Path):
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
+
     level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()     # config.json's model_type is unknown to transformers: expected
+    hf_logging.set_verbosity_error()  # config.json's model_type is unknown to transformers: expected
     try:
         return AutoTokenizer.from_pretrained(str(root), local_files_only=True)
     except (OSError, ValueError) as e:
-        raise FileNotFoundError(f"{root}: no loadable tokenizer (tokenizer.json + tokenizer_config.json): {e}") \
-            from None
+        raise FileNotFoundError(
+            f"{root}: no loadable tokenizer (tokenizer.json + tokenizer_config.json): {e}"
+        ) from None
     finally:
         hf_logging.set_verbosity(level)
 
@@ -289,6 +335,7 @@ def load_tokenizer(root: Path):
 def with_token_ids(cfg: ModelConfig, tok, root: Path) -> ModelConfig:
     """mask/eos ids come from the tokenizer when it knows <|mask|> (they are not in config.json)."""
     import dataclasses
+
     mask = tok.convert_tokens_to_ids("<|mask|>")
     if mask is None or mask == tok.unk_token_id:
         return cfg

@@ -1,4 +1,5 @@
 """Model configuration: parsed from a Hugging Face config.json of model_type llada2_moe, or a preset."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,8 @@ def expert_params_of(hidden_size: int, moe_intermediate_size: int) -> int:
 class ModelConfig:
     vocab_size: int = 157184
     hidden_size: int = 2048
-    intermediate_size: int = 5120          # dense MLP of the first (non-MoE) layers
-    moe_intermediate_size: int = 512       # one routed expert; the shared expert is num_shared_experts x this
+    intermediate_size: int = 5120  # dense MLP of the first (non-MoE) layers
+    moe_intermediate_size: int = 512  # one routed expert; the shared expert is num_shared_experts x this
     num_hidden_layers: int = 20
     num_attention_heads: int = 16
     num_key_value_heads: int = 4
@@ -30,11 +31,11 @@ class ModelConfig:
     num_experts: int = 256
     num_experts_per_tok: int = 8
     num_shared_experts: int = 1
-    n_group: int = 8                       # experts are routed in groups of num_experts / n_group ...
-    topk_group: int = 4                    # ... and a token may only pick experts from its best topk_group groups
-    first_k_dense_replace: int = 1         # layers [0, k) use a dense MLP, the rest are MoE
+    n_group: int = 8  # experts are routed in groups of num_experts / n_group ...
+    topk_group: int = 4  # ... and a token may only pick experts from its best topk_group groups
+    first_k_dense_replace: int = 1  # layers [0, k) use a dense MLP, the rest are MoE
     routed_scaling_factor: float = 2.5
-    partial_rotary_factor: float = 0.5     # RoPE rotates the first head_dim * this dims of each head
+    partial_rotary_factor: float = 0.5  # RoPE rotates the first head_dim * this dims of each head
     rope_theta: float = 600000.0
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 32768
@@ -44,14 +45,16 @@ class ModelConfig:
     # Decoding ids: not in the released config.json, they come from the tokenizer / generation config.
     mask_token_id: int = 156895
     eos_token_id: int = 156892
-    block_length: int = 32                 # diffusion block; the attention mask is block-causal in these units
+    block_length: int = 32  # diffusion block; the attention mask is block-causal in these units
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self):
         problems = []
         if self.num_attention_heads % self.num_key_value_heads:
-            problems.append(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                            f"num_key_value_heads={self.num_key_value_heads}")
+            problems.append(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
         if self.num_experts % self.n_group:
             problems.append(f"num_experts={self.num_experts} is not a multiple of n_group={self.n_group}")
         if not 1 <= self.topk_group <= self.n_group:
@@ -98,7 +101,9 @@ class ModelConfig:
             if path.is_dir():
                 path = path / "config.json"
             if not path.is_file():
-                raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face checkpoint directory)")
+                raise FileNotFoundError(
+                    f"{path}: no config.json (expected a Hugging Face checkpoint directory)"
+                )
             where = str(path)
             try:
                 source = json.loads(path.read_text())
@@ -110,7 +115,9 @@ class ModelConfig:
             raise ValueError(f"{where}: model_type is {mt!r}, expected {MODEL_TYPE!r} (LLaDA2.0-mini/flash)")
         sf = source.get("score_function", "sigmoid")
         if sf != "sigmoid":
-            raise ValueError(f"{where}: score_function {sf!r} is not supported (LLaDA2 routes with 'sigmoid')")
+            raise ValueError(
+                f"{where}: score_function {sf!r} is not supported (LLaDA2 routes with 'sigmoid')"
+            )
         known = {f.name for f in dataclasses.fields(cls)} - {"name"}
         kw = {k: v for k, v in source.items() if k in known}
         if "head_dim" not in kw:
@@ -122,24 +129,47 @@ class ModelConfig:
     def to_hf(self) -> dict:
         d = dataclasses.asdict(self)
         d.pop("name")
-        d.update(model_type=MODEL_TYPE, architectures=["LLaDA2MoeModelLM"], hidden_act="silu",
-                 score_function="sigmoid", norm_topk_prob=True, use_qk_norm=True,
-                 moe_router_enable_expert_bias=True, pad_token_id=self.eos_token_id)
+        d.update(
+            model_type=MODEL_TYPE,
+            architectures=["LLaDA2MoeModelLM"],
+            hidden_act="silu",
+            score_function="sigmoid",
+            norm_topk_prob=True,
+            use_qk_norm=True,
+            moe_router_enable_expert_bias=True,
+            pad_token_id=self.eos_token_id,
+        )
         return d
 
 
 PRESETS: dict[str, ModelConfig] = {
     "llada2-mini": ModelConfig(name="llada2-mini"),
     "llada2-flash": ModelConfig(
-        name="llada2-flash", hidden_size=4096, intermediate_size=9216, moe_intermediate_size=1024,
-        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=4),
+        name="llada2-flash",
+        hidden_size=4096,
+        intermediate_size=9216,
+        moe_intermediate_size=1024,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+    ),
     # Real routing structure (256 experts, top-8, 8 groups keep 4, 1 shared, dense layer 0, block 32);
     # only widths and depth shrink so a denoising step takes milliseconds on one CPU core.
     # vocab/mask/eos are those of the tokenizer that build_tiny_checkpoint trains.
     "tiny": ModelConfig(
-        name="tiny", vocab_size=2048, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-        num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=4096, mask_token_id=2, eos_token_id=1),
+        name="tiny",
+        vocab_size=2048,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        mask_token_id=2,
+        eos_token_id=1,
+    ),
 }
 
 

@@ -15,6 +15,7 @@ Two modes give the same tokens; generate runs the block rounds, and each mode's 
           step of a block also feeds the previous block's final tokens, whose keys and values are then
           committed once.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,14 +29,14 @@ from artifact.model.options import EAGER, ForwardOptions
 from artifact.model.routing import StepInfo
 
 MODES = ("cached", "full")
-MAX_BATCH = 8                  # prompts decoded together: the batch sizes the paper measures (1-8)
+MAX_BATCH = 8  # prompts decoded together: the batch sizes the paper measures (1-8)
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    gen_length: int = 64           # tokens generated per prompt (rounded up to whole blocks internally)
-    steps: int = 32                # at most this many denoising steps per block
-    threshold: float = 0.95        # accept every masked token above this probability
+    gen_length: int = 64  # tokens generated per prompt (rounded up to whole blocks internally)
+    steps: int = 32  # at most this many denoising steps per block
+    threshold: float = 0.95  # accept every masked token above this probability
     mode: str = "cached"
     eos_early_stop: bool = True
 
@@ -53,24 +54,25 @@ class DecodeConfig:
 @dataclass
 class DecodeStats:
     """What one generate did."""
+
     batch_size: int
     mode: str
-    forwards: int                    # denoising forwards
+    forwards: int  # denoising forwards
     prefill_forwards: int
     tokens_generated: int
     seconds: float
     tokens_per_second: float
     tokens_per_forward: float
-    blocks: int                      # block rounds
-    forward_host_ms: list[float]     # per denoising forward: host ms less the time blocked in router syncs
-    forward_wall_ms: list[float]     # per denoising forward: CUDA event ms (GPU), elapsed ms (CPU)
+    blocks: int  # block rounds
+    forward_host_ms: list[float]  # per denoising forward: host ms less the time blocked in router syncs
+    forward_wall_ms: list[float]  # per denoising forward: CUDA event ms (GPU), elapsed ms (CPU)
 
 
 @dataclass
 class Generation:
-    tokens: list[list[int]]                   # generated ids per prompt, cut before the first eos
+    tokens: list[list[int]]  # generated ids per prompt, cut before the first eos
     stats: DecodeStats
-    step_logits: dict = field(default_factory=dict)   # (row, block, step) -> (block, V), when recorded
+    step_logits: dict = field(default_factory=dict)  # (row, block, step) -> (block, V), when recorded
 
 
 def _event_pair(dev: torch.device):
@@ -95,7 +97,7 @@ def accept(block: torch.Tensor, logits: torch.Tensor, mask_id: int, threshold: f
     n_masked = int(masked.sum())
     if n_masked == 0:
         return
-    p, x0 = torch.softmax(logits.float(), dim=-1).max(dim=-1)          # (n,) greedy token and its probability
+    p, x0 = torch.softmax(logits.float(), dim=-1).max(dim=-1)  # (n,) greedy token and its probability
     conf = torch.where(masked, p, torch.full_like(p, -float("inf")))
     high = conf > threshold
     quota = min(quota, n_masked)
@@ -107,8 +109,9 @@ def accept(block: torch.Tensor, logits: torch.Tensor, mask_id: int, threshold: f
     block[chosen] = x0[chosen]
 
 
-def prefill(model: LLaDA2MoE, forwards: Forwards, seqs: list[torch.Tensor], first: list[int],
-            nblocks: list[int]) -> KVCache:
+def prefill(
+    model: LLaDA2MoE, forwards: Forwards, seqs: list[torch.Tensor], first: list[int], nblocks: list[int]
+) -> KVCache:
     """cached mode: one batched cache from the model's pool (the same tensors for every run of this shape, so
     graphs captured over it stay valid), each row's prompt prefilled alone into its row."""
     cfg, n = model.cfg, model.cfg.block_length
@@ -119,27 +122,53 @@ def prefill(model: LLaDA2MoE, forwards: Forwards, seqs: list[torch.Tensor], firs
         full = first[b] * n
         if full:
             c = cache.row(b)
-            forwards("prefill", -1, -1, seq[None, :full], torch.arange(full, device=dev)[None], cache=c, commit=full,
-                logits_rows=slice(0, 0))
+            forwards(
+                "prefill",
+                -1,
+                -1,
+                seq[None, :full],
+                torch.arange(full, device=dev)[None],
+                cache=c,
+                commit=full,
+                logits_rows=slice(0, 0),
+            )
             cache.lengths[b] = c.lengths[0]
     return cache
 
 
-def step_cached(forwards: Forwards, seqs, rows: list[int], active: list[int], blk: dict, r: int, s: int, n: int,
-                cache: KVCache):
+def step_cached(
+    forwards: Forwards,
+    seqs,
+    rows: list[int],
+    active: list[int],
+    blk: dict,
+    r: int,
+    s: int,
+    n: int,
+    cache: KVCache,
+):
     """One denoising step, cached mode: every row still decoding feeds its current block (the first step of a
     block also feeds the previous block's final tokens, committed to the cache); rows whose block is done are
     fed but not routed. -> (logits (len(rows), n, V), the rows they belong to)."""
     dev = seqs[0].device
     commit = n if (r > 0 and s == 0) else 0
     lo = [(blk[b] * n - commit) for b in rows]
-    ids = torch.stack([seqs[b][a:a + commit + n] for b, a in zip(rows, lo)])
+    ids = torch.stack([seqs[b][a : a + commit + n] for b, a in zip(rows, lo)])
     pos = torch.stack([torch.arange(a, a + commit + n, device=dev) for a in lo])
     routed = None
-    if len(active) < len(rows):                                         # finished rows wait, not routed
+    if len(active) < len(rows):  # finished rows wait, not routed
         routed = torch.tensor([b in active for b in rows], device=dev)[:, None].expand_as(ids)
-    return forwards("denoise", r, s, ids, pos, cache=cache, commit=commit, rows=routed,
-               logits_rows=slice(commit, commit + n)), rows
+    return forwards(
+        "denoise",
+        r,
+        s,
+        ids,
+        pos,
+        cache=cache,
+        commit=commit,
+        rows=routed,
+        logits_rows=slice(commit, commit + n),
+    ), rows
 
 
 def step_full(forwards: Forwards, seqs, active: list[int], blk: dict, r: int, s: int, n: int, mask_id: int):
@@ -159,8 +188,9 @@ def step_full(forwards: Forwards, seqs, active: list[int], blk: dict, r: int, s:
 
 
 class Forwards:
-    """The decoder's forwards: each is passed its StepInfo and the run's options; a denoising forward is timed.
-    Per denoising forward: host ms (the Python of the forward, minus the time blocked in the router syncs)
+    """The decoder's forwards: each is passed its StepInfo and the run's options; a denoising forward is
+    timed. Per denoising forward: host ms (the Python of the forward, minus the time blocked in the router
+    syncs)
     and wall ms (CUDA: an event pair around it on the compute stream, read once at the end; CPU: elapsed)."""
 
     def __init__(self, model: LLaDA2MoE, options: ForwardOptions):
@@ -171,7 +201,7 @@ class Forwards:
         self.timers: list = []
 
     def __call__(self, kind: str, block: int, step: int, *args, **kw) -> torch.Tensor:
-        info = StepInfo(self.counter["forward"], block, step, kind)     # passed with the forward, not kept
+        info = StepInfo(self.counter["forward"], block, step, kind)  # passed with the forward, not kept
         self.counter["forward"] += 1
         self.counter[kind] += 1
         if kind != "denoise":
@@ -196,10 +226,11 @@ class Forwards:
 @dataclass
 class Layout:
     """The sequences of a batch: each row's prompt then masks up to whole blocks."""
-    seqs: list[torch.Tensor]      # (nblocks[b] * n,) per row
-    plen: list[int]               # prompt lengths
-    nblocks: list[int]            # blocks per row
-    first: list[int]              # first block each row decodes
+
+    seqs: list[torch.Tensor]  # (nblocks[b] * n,) per row
+    plen: list[int]  # prompt lengths
+    nblocks: list[int]  # blocks per row
+    first: list[int]  # first block each row decodes
 
 
 def check_prompts(cfg, prompts: list[list[int]], dc: DecodeConfig) -> None:
@@ -213,8 +244,10 @@ def check_prompts(cfg, prompts: list[list[int]], dc: DecodeConfig) -> None:
     n = cfg.block_length
     need = max(-(-(len(p) + dc.gen_length) // n) for p in prompts) * n
     if need > cfg.max_position_embeddings:
-        raise ValueError(f"prompt + gen_length needs {need} positions > "
-                         f"max_position_embeddings {cfg.max_position_embeddings}")
+        raise ValueError(
+            f"prompt + gen_length needs {need} positions > "
+            f"max_position_embeddings {cfg.max_position_embeddings}"
+        )
 
 
 def layout(cfg, prompts: list[list[int]], dc: DecodeConfig, dev) -> Layout:
@@ -224,19 +257,27 @@ def layout(cfg, prompts: list[list[int]], dc: DecodeConfig, dev) -> Layout:
     seqs = []
     for p, nb in zip(prompts, nblocks):
         x = torch.full((nb * n,), cfg.mask_token_id, dtype=torch.long, device=dev)
-        x[:len(p)] = torch.tensor(p, device=dev)
+        x[: len(p)] = torch.tensor(p, device=dev)
         seqs.append(x)
     return Layout(seqs, plen, nblocks, [p // n for p in plen])
 
 
-def decode_round(forwards: Forwards, lay: Layout, rows: list[int], r: int, cache: KVCache | None, dc: DecodeConfig,
-                 schedule: list[int], logits_out: dict | None) -> dict[int, int]:
+def decode_round(
+    forwards: Forwards,
+    lay: Layout,
+    rows: list[int],
+    r: int,
+    cache: KVCache | None,
+    dc: DecodeConfig,
+    schedule: list[int],
+    logits_out: dict | None,
+) -> dict[int, int]:
     """Block round r: every row in `rows` denoises its current block (the rows' first block + r) until no mask
     is left or the schedule ends. -> each row's block."""
     cfg = forwards.model.cfg
     n, mask_id = cfg.block_length, cfg.mask_token_id
     blk = {b: lay.first[b] + r for b in rows}
-    views = {b: lay.seqs[b][blk[b] * n:(blk[b] + 1) * n] for b in rows}   # views: updates write through
+    views = {b: lay.seqs[b][blk[b] * n : (blk[b] + 1) * n] for b in rows}  # views: updates write through
     for s, quota in enumerate(schedule):
         active = [b for b in rows if bool((views[b] == mask_id).any())]
         if not active:
@@ -259,15 +300,20 @@ def finished_rows(cfg, lay: Layout, rows: list[int], blk: dict[int, int], dc: De
     n = cfg.block_length
     out = []
     for b in rows:
-        gen = lay.seqs[b][lay.plen[b]:(blk[b] + 1) * n]
+        gen = lay.seqs[b][lay.plen[b] : (blk[b] + 1) * n]
         if blk[b] + 1 == lay.nblocks[b] or (dc.eos_early_stop and bool((gen == cfg.eos_token_id).any())):
             out.append(b)
     return out
 
 
 @torch.no_grad()
-def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = DecodeConfig(),
-             record_logits: bool = False, options: ForwardOptions = EAGER) -> Generation:
+def generate(
+    model: LLaDA2MoE,
+    prompts: list[list[int]],
+    dc: DecodeConfig = DecodeConfig(),
+    record_logits: bool = False,
+    options: ForwardOptions = EAGER,
+) -> Generation:
     """Decode a batch of prompts; every forward runs with `options` (artifact/model/options.py)."""
     cfg = model.cfg
     check_prompts(cfg, prompts, dc)
@@ -277,7 +323,7 @@ def generate(model: LLaDA2MoE, prompts: list[list[int]], dc: DecodeConfig = Deco
     forwards = Forwards(model, options)
     logits_out: dict = {}
     t0 = time.perf_counter()
-    rows = list(range(len(prompts)))                                    # rows still decoding
+    rows = list(range(len(prompts)))  # rows still decoding
     cache = prefill(model, forwards, lay.seqs, lay.first, lay.nblocks) if dc.mode == "cached" else None
     r = 0
     while rows:
@@ -300,20 +346,28 @@ def tokens_of(cfg, lay: Layout, dc: DecodeConfig) -> list[list[int]]:
     """Each row's generated ids, cut before the first eos."""
     tokens = []
     for b, seq in enumerate(lay.seqs):
-        gen = seq[lay.plen[b]:lay.plen[b] + dc.gen_length].tolist()
+        gen = seq[lay.plen[b] : lay.plen[b] + dc.gen_length].tolist()
         if cfg.eos_token_id in gen:
-            gen = gen[:gen.index(cfg.eos_token_id)]
+            gen = gen[: gen.index(cfg.eos_token_id)]
         tokens.append(gen)
     return tokens
 
 
-def decode_stats(forwards: Forwards, batch: int, dc: DecodeConfig, seconds: float, blocks: int,
-                 tokens: list[list[int]]) -> DecodeStats:
+def decode_stats(
+    forwards: Forwards, batch: int, dc: DecodeConfig, seconds: float, blocks: int, tokens: list[list[int]]
+) -> DecodeStats:
     produced = sum(len(t) for t in tokens)
     denoise = forwards.counter["denoise"]
     return DecodeStats(
-        batch_size=batch, mode=dc.mode, forwards=denoise, prefill_forwards=forwards.counter["prefill"],
-        tokens_generated=produced, seconds=seconds,
+        batch_size=batch,
+        mode=dc.mode,
+        forwards=denoise,
+        prefill_forwards=forwards.counter["prefill"],
+        tokens_generated=produced,
+        seconds=seconds,
         tokens_per_second=produced / seconds if seconds > 0 else float("nan"),
-        tokens_per_forward=produced / max(denoise, 1), blocks=blocks, forward_host_ms=forwards.host_ms,
-        forward_wall_ms=forwards.wall_ms())
+        tokens_per_forward=produced / max(denoise, 1),
+        blocks=blocks,
+        forward_host_ms=forwards.host_ms,
+        forward_wall_ms=forwards.wall_ms(),
+    )

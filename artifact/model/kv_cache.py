@@ -1,4 +1,5 @@
 """The prefix KV cache of the cached decoding mode, at a fixed number of token positions."""
+
 from __future__ import annotations
 
 import torch
@@ -9,7 +10,8 @@ from artifact.model.experts import small_tensor
 
 class KVCache:
     """Prefix KV cache of a fixed number of token positions: per layer (B, Hk, positions, hd); row b holds
-    positions [0, lengths[b]). (`capacity` in this artifact is the expert cache's slots; here it is `positions`.)
+    positions [0, lengths[b]). (`capacity` in this artifact is the expert cache's slots; here it is
+    `positions`.)
 
     Static shapes: attention always reads every position and masks the keys past each row's length, so
     a forward's shapes do not change as the prefix grows (a captured CUDA graph stays valid). The lengths
@@ -23,7 +25,7 @@ class KVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_hidden_layers)]
         self.lengths = [0] * batch
-        self.lens = torch.zeros(batch, dtype=torch.long, device=device)       # (B,) device copy of lengths
+        self.lens = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) device copy of lengths
         self.positions = positions
 
     def key_valid(self) -> torch.Tensor:
@@ -34,14 +36,16 @@ class KVCache:
         """Host-side check before a forward commits n keys per row (the host knows every length)."""
         for b, start in enumerate(self.lengths):
             if start + n > self.positions:
-                raise ValueError(f"KV cache overflow: row {b} needs {start + n} > its {self.positions} positions")
+                raise ValueError(
+                    f"KV cache overflow: row {b} needs {start + n} > its {self.positions} positions"
+                )
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Commit k, v (B, Hk, n, hd) after each row's prefix, at the device lengths (advance moves them)."""
         B, n = k.shape[0], k.shape[2]
-        at = self.lens[:, None] + torch.arange(n, device=k.device)                  # (B, n) positions
-        rows = torch.arange(B, device=k.device)[:, None]                            # (B, 1)
-        self.k[layer][rows, :, at] = k.transpose(1, 2)                              # (B, n, Hk, hd)
+        at = self.lens[:, None] + torch.arange(n, device=k.device)  # (B, n) positions
+        rows = torch.arange(B, device=k.device)[:, None]  # (B, 1)
+        self.k[layer][rows, :, at] = k.transpose(1, 2)  # (B, n, Hk, hd)
         self.v[layer][rows, :, at] = v.transpose(1, 2)
 
     def advance(self, n: int):
@@ -52,9 +56,9 @@ class KVCache:
         """Row b as a cache of batch 1 over the same memory (a commit into it writes through, its device
         length too). Its host length is its own: the caller copies it back after writing."""
         out = object.__new__(KVCache)
-        out.k = [t[b:b + 1] for t in self.k]
-        out.v = [t[b:b + 1] for t in self.v]
-        out.lens = self.lens[b:b + 1]
+        out.k = [t[b : b + 1] for t in self.k]
+        out.v = [t[b : b + 1] for t in self.v]
+        out.lens = self.lens[b : b + 1]
         out.lengths = [self.lengths[b]]
         out.positions = self.positions
         return out
@@ -80,8 +84,9 @@ class KVCache:
 
 
 class KVPool:
-    """The KV cache tensors of a model, kept with it (LLaDA2MoE.kv_pool) and reused run after run: a cache of a
-    shape seen before gets the same tensors, so captured graphs that read them stay valid (segments.program_key).
+    """The KV cache tensors of a model, kept with it (LLaDA2MoE.kv_pool) and reused run after run: a cache of
+    a shape seen before gets the same tensors, so captured graphs that read them stay valid
+    (segments.program_key).
     Stale keys past each length are masked, never read."""
 
     def __init__(self):
@@ -93,9 +98,11 @@ class KVPool:
         key = (layers, tuple(shape), torch.device(device), dtype)
         got = self.tensors.get(key)
         if got is None:
-            got = self.tensors[key] = ([torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)],
-                                       [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)],
-                                       torch.zeros(shape[0], dtype=torch.long, device=device))
+            got = self.tensors[key] = (
+                [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)],
+                [torch.zeros(shape, device=device, dtype=dtype) for _ in range(layers)],
+                torch.zeros(shape[0], dtype=torch.long, device=device),
+            )
         out = object.__new__(KVCache)
         out.k, out.v, out.positions = got[0], got[1], shape[2]
         out.lens = got[2].zero_()

@@ -10,6 +10,7 @@ Capacity. `check_slots_fit` refuses a cache capacity whose slots cannot fit in f
 the checkpoint is read, with the numbers in the message. It lives in the model layer because the
 checkpoint loader calls it; the offload layer re-exports both from offload/backend/store.py.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -19,11 +20,12 @@ import torch
 from artifact.model.config import ModelConfig
 
 GIB = 1 << 30
-DEFAULT_RESERVE_BYTES = 4 * GIB    # activations, KV cache, allocator slack and the CUDA context
+DEFAULT_RESERVE_BYTES = 4 * GIB  # activations, KV cache, allocator slack and the CUDA context
 
 
 _registered: dict[int, weakref.finalize] = {}
-HOST_REGISTER_PORTABLE = 1     # cudaHostRegisterPortable: pinned for every CUDA context, not only the current one
+# cudaHostRegisterPortable: pinned for every CUDA context, not only the current one
+HOST_REGISTER_PORTABLE = 1
 
 
 def pin_host(t: torch.Tensor) -> torch.Tensor:
@@ -32,8 +34,9 @@ def pin_host(t: torch.Tensor) -> torch.Tensor:
     garbage-collected. An empty tensor has no bytes to lock (cudaHostRegister refuses a size of 0): it is
     returned as it is."""
     if t.device.type != "cpu" or not t.is_contiguous():
-        raise ValueError(f"pin_host needs a contiguous CPU tensor, got device {t.device}, "
-                         f"contiguous={t.is_contiguous()}")
+        raise ValueError(
+            f"pin_host needs a contiguous CPU tensor, got device {t.device}, contiguous={t.is_contiguous()}"
+        )
     if not torch.cuda.is_available():
         raise RuntimeError("pinning host memory needs CUDA, and torch.cuda.is_available() is False")
     ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
@@ -62,13 +65,25 @@ def non_expert_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     attn = (H + 2 * Hk) * hd * D + H * hd * D + 2 * hd + 2 * D
     dense = 3 * D * cfg.intermediate_size
     moe = cfg.num_experts * D + cfg.expert_params * cfg.num_shared_experts
-    params = (2 * cfg.vocab_size * D + D + cfg.num_hidden_layers * attn + cfg.first_k_dense_replace * dense
-              + len(cfg.moe_layers) * moe)
+    params = (
+        2 * cfg.vocab_size * D
+        + D
+        + cfg.num_hidden_layers * attn
+        + cfg.first_k_dense_replace * dense
+        + len(cfg.moe_layers) * moe
+    )
     return params * dtype_bytes + len(cfg.moe_layers) * cfg.num_experts * 4
 
 
-def check_slots_fit(cfg: ModelConfig, capacity: int, dtype: torch.dtype, device, free_bytes: int | None = None,
-                    reserve_bytes: int = DEFAULT_RESERVE_BYTES, weights_loaded: bool = False) -> dict | None:
+def check_slots_fit(
+    cfg: ModelConfig,
+    capacity: int,
+    dtype: torch.dtype,
+    device,
+    free_bytes: int | None = None,
+    reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+    weights_loaded: bool = False,
+) -> dict | None:
     """Refuse a capacity whose slots (capacity x expert bytes x MoE layers), plus the non-expert weights
     and a reserve, exceed the device's free memory. Call it before the checkpoint loads; once the model
     is on the device (weights_loaded) its weights are already out of the free figure. free_bytes
@@ -83,13 +98,21 @@ def check_slots_fit(cfg: ModelConfig, capacity: int, dtype: torch.dtype, device,
     fixed = (0 if weights_loaded else non_expert_bytes(cfg, dtype_bytes)) + reserve_bytes
     need = capacity * per_slot + fixed
     max_capacity = max(0, (free_bytes - fixed) // per_slot)
-    budget = {"capacity": capacity, "slot_bytes": per_slot, "fixed_bytes": fixed, "need_bytes": need,
-              "free_bytes": free_bytes, "max_capacity": int(min(max_capacity, cfg.num_experts))}
+    budget = {
+        "capacity": capacity,
+        "slot_bytes": per_slot,
+        "fixed_bytes": fixed,
+        "need_bytes": need,
+        "free_bytes": free_bytes,
+        "max_capacity": int(min(max_capacity, cfg.num_experts)),
+    }
     if need > free_bytes:
         what = "reserve" if weights_loaded else "non-expert weights and reserve"
         raise ValueError(
             f"cache capacity {capacity} does not fit on {device}: {capacity} slots x {per_slot / 1e6:.0f} MB "
-            f"(one expert across {len(cfg.moe_layers)} MoE layers) = {capacity * per_slot / 1e9:.1f} GB, plus "
+            f"(one expert across {len(cfg.moe_layers)} MoE layers) = {capacity * per_slot / 1e9:.1f} GB, "
+            "plus "
             f"{fixed / 1e9:.1f} GB of {what}, is {need / 1e9:.1f} GB > "
-            f"{free_bytes / 1e9:.1f} GB free; the largest capacity that fits is {budget['max_capacity']}")
+            f"{free_bytes / 1e9:.1f} GB free; the largest capacity that fits is {budget['max_capacity']}"
+        )
     return budget

@@ -1,8 +1,8 @@
 """How one forward runs: the options a caller passes down the call (LLaDA2MoE.forward(..., options=...)).
 
 Nothing here is kept on the model: a run makes one ForwardOptions (artifact.offload.runner.RunOptions
-.forward_options, the one place a run makes them) and every forward of the run gets it; the decoder passes each
-forward's step beside it (LLaDA2MoE.forward(..., step=...)).
+.forward_options, the one place a run makes them) and every forward of the run gets it; the decoder passes
+each forward's step beside it (LLaDA2MoE.forward(..., step=...)).
 
   forward        "eager": the reference path, one module call after another (LLaDA2MoE.forward).
                  "segmented": a denoising forward over a prefix KV cache is cut into segments between the
@@ -19,6 +19,7 @@ forward's step beside it (LLaDA2MoE.forward(..., step=...)).
 The forward mode and the kernel are checked here, and only here (check_forward, check_kernel): RunOptions and
 the profile's settings reach them through a ForwardOptions.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +28,8 @@ from artifact.errors import SettingError
 from artifact.model.experts import EXPERT_KERNELS, ExpertBackend
 
 FORWARD_MODES = ("eager", "segmented")
-DEFAULT_FORWARD = "eager"        # the one default: Settings.forward, RunOptions and the CLI read it from here
-DEFAULT_KERNEL = EXPERT_KERNELS[0]     # "grouped"
+DEFAULT_FORWARD = "eager"  # the one default: Settings.forward, RunOptions and the CLI read it from here
+DEFAULT_KERNEL = EXPERT_KERNELS[0]  # "grouped"
 
 
 def check_forward(forward: str) -> str:

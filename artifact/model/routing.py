@@ -4,6 +4,7 @@ One Demand per (forward, MoE layer): the decoder passes each forward its StepInf
 step=...)), the router fills the rest. Routing is what the MoE layers of one model share (who listens to
 demands, the next layer's router, the host counts); nothing of one forward or one engine is kept there.
 """
+
 from __future__ import annotations
 
 import time
@@ -19,21 +20,21 @@ from artifact.model.config import ModelConfig
 
 @dataclass(frozen=True)
 class StepInfo:
-    forward: int        # index of the forward in this run (the paper's denoising step t, prefill included)
-    block: int          # block round of the decoder (-1 for prefill)
-    block_step: int     # denoising step inside the block round (-1 for prefill)
-    kind: str           # "prefill" | "denoise"
+    forward: int  # index of the forward in this run (the paper's denoising step t, prefill included)
+    block: int  # block round of the decoder (-1 for prefill)
+    block_step: int  # denoising step inside the block round (-1 for prefill)
+    kind: str  # "prefill" | "denoise"
 
 
-FIRST_STEP = StepInfo(0, -1, -1, "denoise")    # the step of a forward called without one (a lone forward)
+FIRST_STEP = StepInfo(0, -1, -1, "denoise")  # the step of a forward called without one (a lone forward)
 
 
 @dataclass(frozen=True)
 class Demand:
     step: StepInfo
-    layer: int                   # model layer index (first MoE layer is cfg.first_k_dense_replace)
-    experts: tuple[int, ...]     # distinct routed experts the fed tokens selected, ascending
-    counts: tuple[int, ...]      # tokens per expert, aligned with experts
+    layer: int  # model layer index (first MoE layer is cfg.first_k_dense_replace)
+    experts: tuple[int, ...]  # distinct routed experts the fed tokens selected, ascending
+    counts: tuple[int, ...]  # tokens per expert, aligned with experts
     # Cross-layer prediction of the *next* MoE layer's demand at this step (experts ascending, counts):
     # that layer's router applied to this layer's routed hidden states. None unless the model was asked
     # for it (ForwardOptions.predict_next) or this is the last MoE layer.
@@ -42,7 +43,6 @@ class Demand:
     @property
     def working_set(self) -> int:
         return len(self.experts)
-
 
 
 class HostCounts:
@@ -54,9 +54,9 @@ class HostCounts:
     on the host. On the CPU, `tolist` of the counts is the one read."""
 
     def __init__(self):
-        self.buffers: dict[tuple, torch.Tensor] = {}       # (device, E) -> pinned (E,) int64
+        self.buffers: dict[tuple, torch.Tensor] = {}  # (device, E) -> pinned (E,) int64
         self.events: dict[object, object] = {}
-        self.wait_seconds = 0.0       # host time blocked in the layer syncs (CUDA), so a timer can take it out
+        self.wait_seconds = 0.0  # host time blocked in the layer syncs (CUDA), so a timer can take it out
 
     def read(self, counts: torch.Tensor) -> list[int]:
         if counts.device.type != "cuda":
@@ -68,15 +68,16 @@ class HostCounts:
         ev = self.events.get(counts.device)
         if ev is None:
             ev = self.events[counts.device] = torch.cuda.Event()
-        buf.copy_(counts, non_blocking=True)               # one D2H transfer, queued behind the router
+        buf.copy_(counts, non_blocking=True)  # one D2H transfer, queued behind the router
         ev.record(torch.cuda.current_stream(counts.device))
         t0 = time.perf_counter()
-        ev.synchronize()                                   # the one host sync of the layer
+        ev.synchronize()  # the one host sync of the layer
         self.wait_seconds += time.perf_counter() - t0
-        return buf.tolist()                                # host memory: no further sync
+        return buf.tolist()  # host memory: no further sync
 
     def wait(self, buf: torch.Tensor) -> list[int]:
-        """A pinned buffer that a copy (forward "segmented") fills on the current stream: one event, one sync."""
+        """A pinned buffer that a copy (forward "segmented") fills on the current stream: one event, one
+        sync."""
         ev = self.events.get(buf.device)
         if ev is None:
             ev = self.events[buf.device] = torch.cuda.Event()
@@ -97,11 +98,12 @@ class Router(nn.Module):
         self.cfg = cfg
         self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
         self.register_buffer("expert_bias", torch.zeros(cfg.num_experts, dtype=torch.float32))
-        self._fp32 = None                  # (key, weight in fp32): cast once, not on every call
+        self._fp32 = None  # (key, weight in fp32): cast once, not on every call
 
     def weight_fp32(self) -> torch.Tensor:
         """The router weight in fp32, cast once and kept while the weight is unchanged (same storage,
-        device and version: a load_state_dict or .to() makes a new cast). fp32 weights are used as they are."""
+        device and version: a load_state_dict or .to() makes a new cast). fp32 weights are used as they
+        are."""
         w = self.weight
         if w.dtype == torch.float32:
             return w
@@ -110,21 +112,24 @@ class Router(nn.Module):
             self._fp32 = (key, w.detach().float())
         return self._fp32[1]
 
-    def forward(self, x):                                               # x (N, D)
+    def forward(self, x):  # x (N, D)
         c = self.cfg
         N = x.shape[0]
-        scores = torch.sigmoid(F.linear(x.float(), self.weight_fp32()))   # (N, E) fp32
+        scores = torch.sigmoid(F.linear(x.float(), self.weight_fp32()))  # (N, E) fp32
         biased = scores + self.expert_bias
-        group = biased.view(N, c.n_group, -1).topk(2, dim=-1).values.sum(-1)          # (N, n_group)
+        group = biased.view(N, c.n_group, -1).topk(2, dim=-1).values.sum(-1)  # (N, n_group)
         keep = torch.zeros_like(group).scatter_(1, group.topk(c.topk_group, dim=-1).indices, 1.0)
-        allowed = keep.bool().repeat_interleave(c.num_experts // c.n_group, dim=1)     # (N, E)
-        idx = biased.masked_fill(~allowed, float("-inf")).topk(c.num_experts_per_tok, dim=-1).indices  # (N, k)
+        allowed = keep.bool().repeat_interleave(c.num_experts // c.n_group, dim=1)  # (N, E)
+        # (N, k)
+        idx = biased.masked_fill(~allowed, float("-inf")).topk(c.num_experts_per_tok, dim=-1).indices
         w = scores.gather(1, idx)
         w = w / (w.sum(-1, keepdim=True) + 1e-20) * c.routed_scaling_factor
-        return idx, w                                                   # (N, k) long, (N, k) fp32
+        return idx, w  # (N, k) long, (N, k) fp32
 
 
-def expert_counts(idx: torch.Tensor, num_experts: int, pair_valid: torch.Tensor | None = None) -> torch.Tensor:
+def expert_counts(
+    idx: torch.Tensor, num_experts: int, pair_valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """Tokens per expert of router choices idx (N, k), as a fixed-size (E,) device tensor: a scatter_add_ of
     ones, not bincount, whose output is sized by the data (a host sync on CUDA). pair_valid (N*k,) bool, if
     given, counts only the pairs of tokens that route (the static-shape path routes every fed token)."""
@@ -139,20 +144,23 @@ def nonzero_counts(counts: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]
     return experts, tuple(counts[e] for e in experts)
 
 
-def predict_counts(next_router: Router, x: torch.Tensor, pair_valid: torch.Tensor | None = None) -> torch.Tensor:
+def predict_counts(
+    next_router: Router, x: torch.Tensor, pair_valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """Cross-layer prediction (the predictor of Pre-gated MoE, ProMoE, HOBBIT): the next MoE layer's
     router applied to this layer's MoE input x (N, D), the post-attention-norm hidden states of the
     tokens that route here. The input, not this layer's output: the prediction must exist when this
     layer's demand is served, before its experts compute, so the link can move the next layer's experts
     meanwhile. Returns the predicted tokens per expert (E,) on the device; MoE.routed reads it to the host
     in the same copy as the layer's own counts. Pure: the model's outputs do not change."""
-    idx, _ = next_router(x)                                             # (N, k)
+    idx, _ = next_router(x)  # (N, k)
     return expert_counts(idx, next_router.cfg.num_experts, pair_valid)
 
 
 class Routing:
-    """What the MoE layers of one model share: who listens to demands, the next MoE layer's router and the host
-    counts. How a forward runs (its step, expert backend and kernel, the cross-layer prediction, the forward
+    """What the MoE layers of one model share: who listens to demands, the next MoE layer's router and the
+    host counts. How a forward runs (its step, expert backend and kernel, the cross-layer prediction, the
+    forward
     mode) is not here: the forward's step and options carry it (artifact/model/options.py)."""
 
     def __init__(self):
@@ -160,4 +168,4 @@ class Routing:
         # Cross-layer prediction (ForwardOptions.predict_next): next_router maps a MoE layer to the next one's
         # router; kept here, not on the modules, so the routers are not registered twice in the state dict.
         self.next_router: dict[int, Router] = {}
-        self.host_counts = HostCounts()     # the router's counts to the host: the one sync per MoE layer
+        self.host_counts = HostCounts()  # the router's counts to the host: the one sync per MoE layer

@@ -48,6 +48,7 @@ layer's slots (LLaDA2MoE.slot_pool) are the model's, reused run after run, so a 
 Legend: B batch, T fed tokens, N = B*T, k experts per token, P = N*k (token, slot) pairs, E experts,
 G rows of a weight stack, D hidden.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -63,16 +64,18 @@ from artifact.model.kv_cache import KVCache
 from artifact.model.options import ForwardOptions
 from artifact.model.routing import Demand, StepInfo, nonzero_counts
 
-MAX_PROGRAMS = 8          # forward shapes kept per model (each holds its graphs' memory pool)
-RING = 64                 # pinned row-map buffers in flight on CUDA (a buffer is reused once its copy is done)
+MAX_PROGRAMS = 8  # forward shapes kept per model (each holds its graphs' memory pool)
+RING = 64  # pinned row-map buffers in flight on CUDA (a buffer is reused once its copy is done)
 
 
 @dataclass
 class SegmentCounts:
     """What the segmented forward did: forwards run as segments (on any device: the CPU's are eager segments),
     graphs captured and replayed, segments and stages run eagerly on CUDA for want of a graph (a timed forward
-    meeting an uncaptured shape, or capture off after an error), and the model's capture error, if any (capture
+    meeting an uncaptured shape, or capture off after an error), and the model's capture error, if any
+    (capture
     is then off for every shape of the model)."""
+
     forwards: int = 0
     captures: int = 0
     replays: int = 0
@@ -86,8 +89,13 @@ class SegmentCounts:
 
     def since(self, before: SegmentCounts) -> SegmentCounts:
         """The counts added since `before` (the error is the model's: kept)."""
-        return SegmentCounts(self.forwards - before.forwards, self.captures - before.captures,
-                             self.replays - before.replays, self.eager - before.eager, self.capture_error)
+        return SegmentCounts(
+            self.forwards - before.forwards,
+            self.captures - before.captures,
+            self.replays - before.replays,
+            self.eager - before.eager,
+            self.capture_error,
+        )
 
 
 class Programs(OrderedDict):
@@ -99,21 +107,35 @@ class Programs(OrderedDict):
         super().__init__()
         self.counts = SegmentCounts()
         self.active = 0
-        self.api = api          # the capture API (capture.CudaCapture's methods); None: CudaCapture on CUDA
-        self.lint = lint        # the capture linter on eager segments; None: on the CPU only
-        self.stream = None      # the side stream of every warm-up and capture (made on first use)
+        self.api = api  # the capture API (capture.CudaCapture's methods); None: CudaCapture on CUDA
+        self.lint = lint  # the capture linter on eager segments; None: on the CPU only
+        self.stream = None  # the side stream of every warm-up and capture (made on first use)
 
 
 class Program:
     """One forward shape: its static state, its segment functions and, on CUDA, their graphs."""
 
-    def __init__(self, model, opts: ForwardOptions, cache: KVCache, B: int, T: int, commit: int,
-                 logits_rows: slice | None):
+    def __init__(
+        self,
+        model,
+        opts: ForwardOptions,
+        cache: KVCache,
+        B: int,
+        T: int,
+        commit: int,
+        logits_rows: slice | None,
+    ):
         cfg = model.cfg
-        self.model, self.opts, self.cache, self.commit, self.logits_rows = model, opts, cache, commit, logits_rows
+        self.model, self.opts, self.cache, self.commit, self.logits_rows = (
+            model,
+            opts,
+            cache,
+            commit,
+            logits_rows,
+        )
         self.all: Programs = model.programs
         self.layers = list(model.model.layers)
-        self.moe = [i for i, layer in enumerate(self.layers) if layer.is_moe]      # model layer indices
+        self.moe = [i for i, layer in enumerate(self.layers) if layer.is_moe]  # model layer indices
         dev = model.lm_head.weight.device
         self.device = dev
         self.cuda = dev.type == "cuda"
@@ -122,15 +144,22 @@ class Program:
         self.ids = torch.zeros(B, T, dtype=torch.long, device=dev)
         self.pos = torch.zeros(B, T, dtype=torch.long, device=dev)
         self.key_valid = torch.ones(B, T, dtype=torch.bool, device=dev)
-        self.valid = torch.ones(B, T, dtype=torch.bool, device=dev)               # tokens that route
-        self.st: dict = {}                 # tensors passed between segments (graph-owned once captured)
-        # The host counts of each MoE layer, sized by its own counts: (2E,) when the next MoE layer's prediction
+        self.valid = torch.ones(B, T, dtype=torch.bool, device=dev)  # tokens that route
+        self.st: dict = {}  # tensors passed between segments (graph-owned once captured)
+        # The host counts of each MoE layer, sized by its own counts: (2E,) when the next MoE layer's
+        # prediction
         # rides along, (E,) for the last MoE layer (it has no next router) and without the prediction.
         nxt = model.routing.next_router
-        self.host = [torch.zeros(2 * self.E if opts.predict_next and nxt.get(m) is not None else self.E,
-                                 dtype=torch.long, pin_memory=self.cuda) for m in self.moe]
-        self.rowmaps: dict = {}            # stack_key -> device (E,) long
-        self.rowmap_np: dict = {}          # CPU: the same keys -> the numpy array behind the row map
+        self.host = [
+            torch.zeros(
+                2 * self.E if opts.predict_next and nxt.get(m) is not None else self.E,
+                dtype=torch.long,
+                pin_memory=self.cuda,
+            )
+            for m in self.moe
+        ]
+        self.rowmaps: dict = {}  # stack_key -> device (E,) long
+        self.rowmap_np: dict = {}  # CPU: the same keys -> the numpy array behind the row map
         if self.cuda:
             self.ring = torch.empty(RING, self.E, dtype=torch.long, pin_memory=True)
             self.ring_np = self.ring.numpy()
@@ -139,9 +168,9 @@ class Program:
         self.runs = 0
         self.api = self.all.api if self.all.api is not None else (CudaCapture() if self.cuda else None)
         self.lint = self.all.lint if self.all.lint is not None else not self.cuda
-        self.lint_shapes: dict = {}        # launch name -> (op, output shapes) of its captured run (the linter's)
-        self.warm = False                  # a warm-up run went by on the capture stream
-        self.warming = False               # this run is the warm-up
+        self.lint_shapes: dict = {}  # launch name -> (op, output shapes) of its captured run (the linter's)
+        self.warm = False  # a warm-up run went by on the capture stream
+        self.warming = False  # this run is the warm-up
         self.graphs: dict = {}
         self.step: StepInfo | None = None  # the step of the forward now running (Program.run sets it)
         self.pool = None
@@ -153,40 +182,53 @@ class Program:
         st, model = self.st, self.model
         if i == 0:
             x, cos, sin, mask = model.prologue(self.ids, self.pos, self.cache, self.key_valid)
-            st.update(cos=cos, sin=sin, mask=mask, pair_valid=self.valid.reshape(-1).repeat_interleave(self.k))
+            st.update(
+                cos=cos, sin=sin, mask=mask, pair_valid=self.valid.reshape(-1).repeat_interleave(self.k)
+            )
             lo = 0
         else:
             prev = self.moe[i - 1]
-            x = self.layers[prev].mlp.finish(st[f"x_res{i - 1}"], st[f"ys{i - 1}"], st[f"w{i - 1}"],
-                                             st[f"shared{i - 1}"])
+            x = self.layers[prev].mlp.finish(
+                st[f"x_res{i - 1}"], st[f"ys{i - 1}"], st[f"w{i - 1}"], st[f"shared{i - 1}"]
+            )
             lo = prev + 1
         hi = self.moe[i] if i < len(self.moe) else len(self.layers)
         cos, sin, mask = st["cos"], st["sin"], st["mask"]
-        for layer in self.layers[lo:hi]:                                   # dense layers
+        for layer in self.layers[lo:hi]:  # dense layers
             x = layer(x, cos, sin, mask, self.cache, self.commit, None, self.opts, self.step)
         if i < len(self.moe):
             layer = self.layers[hi]
             x_res, h = layer.attend(x, cos, sin, mask, self.cache, self.commit)
             flat, idx, w, counts, shared = layer.mlp.start(h, st["pair_valid"], self.opts.predict_next)
             ys = torch.zeros(flat.shape[0] * self.k, flat.shape[1], dtype=flat.dtype, device=flat.device)
-            st.update({f"x_res{i}": x_res, f"flat{i}": flat, f"idx{i}": idx, f"w{i}": w, f"counts{i}": counts,
-                       f"shared{i}": shared, f"ys{i}": ys})
+            st.update(
+                {
+                    f"x_res{i}": x_res,
+                    f"flat{i}": flat,
+                    f"idx{i}": idx,
+                    f"w{i}": w,
+                    f"counts{i}": counts,
+                    f"shared{i}": shared,
+                    f"ys{i}": ys,
+                }
+            )
         else:
             if self.commit:
-                self.cache.lens.add_(self.commit)                          # the device lengths; the host's after
+                self.cache.lens.add_(self.commit)  # the device lengths; the host's after
             st["logits"] = model.head(x, self.logits_rows)
 
     def stage(self, i: int, rowmap: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> None:
         st = self.st
-        self.layers[self.moe[i]].mlp.stage(st[f"flat{i}"], st[f"idx{i}"], st["pair_valid"], rowmap, gate_up, down,
-                                           st[f"ys{i}"])
+        self.layers[self.moe[i]].mlp.stage(
+            st[f"flat{i}"], st[f"idx{i}"], st["pair_valid"], rowmap, gate_up, down, st[f"ys{i}"]
+        )
 
     def stage_loop(self, i: int, rowmap: torch.Tensor, group, per_expert: list[int]) -> None:
         """The per-expert loop kernel (and CUDA without a grouped GEMM): eager, sized by the host's counts."""
         st, G = self.st, group.gate_up.shape[0]
         row = torch.where(st["pair_valid"], rowmap[st[f"idx{i}"].view(-1)], G)
         n = sum(per_expert[e] for e in group.experts)
-        order = torch.argsort(row, stable=True)[:n]                        # (n,) the group's pairs, by row
+        order = torch.argsort(row, stable=True)[:n]  # (n,) the group's pairs, by row
         xs = st[f"flat{i}"].index_select(0, order // self.k)
         ys = torch.empty_like(xs)
         a = 0
@@ -198,11 +240,12 @@ class Program:
 
     # --- running ---------------------------------------------------------------------------------------
     def launch(self, name, fn) -> None:
-        """Run a segment or expert stage. CPU: eagerly, under the capture linter. With a capture API (CUDA): the
-        first run of the program is the warm-up, eager on the capture stream; a later one captures once and
-        replays. A forward whose options forbid capture (timed, profiled), or any forward once a capture of
+        """Run a segment or expert stage. CPU: eagerly, under the capture linter. With a capture API (CUDA):
+        the first run of the program is the warm-up, eager on the capture stream; a later one captures once
+        and replays. A forward whose options forbid capture (timed, profiled), or any forward once a capture
+        of
         the model failed, runs a piece without a graph eagerly, counted (SegmentCounts.eager)."""
-        self.all.active += 1               # what runs in here is a graph on CUDA (benchmarks count the rest)
+        self.all.active += 1  # what runs in here is a graph on CUDA (benchmarks count the rest)
         try:
             if self.api is None:
                 self.eager(name, fn)
@@ -254,12 +297,15 @@ class Program:
             return
         self.api.synchronize()
         with Linter(where(self, name), report=True) as lint:
-            fn()                           # the eager run this forward needs; the linter names the op
+            fn()  # the eager run this forward needs; the linter names the op
         found = f" ({lint.found})" if lint.found else ""
         self.all.counts.capture_error = f"capture of {where(self, name)} failed: {error}{found}"
         self.all.counts.eager += 1
-        warnings.warn(f"forward segmented: {self.all.counts.capture_error}; capture is off for this model, "
-                      "its segments run eagerly", stacklevel=3)
+        warnings.warn(
+            f"forward segmented: {self.all.counts.capture_error}; capture is off for this model, "
+            "its segments run eagerly",
+            stacklevel=3,
+        )
 
     def rowmap(self, i: int, group) -> torch.Tensor:
         """The group's plan as a device (E,) row map: each member's stack row, G for every other expert."""
@@ -268,11 +314,11 @@ class Program:
         dev = self.rowmaps.get(key)
         if dev is None and self.cuda:
             dev = self.rowmaps[key] = torch.empty(self.E, dtype=torch.long, device=self.device)
-        elif dev is None:                  # CPU: the tensor shares the numpy array the host writes
+        elif dev is None:  # CPU: the tensor shares the numpy array the host writes
             arr = self.rowmap_np[key] = np.empty(self.E, dtype=np.int64)
             dev = self.rowmaps[key] = torch.from_numpy(arr)
         if not self.cuda:
-            arr = self.rowmap_np[key]                                      # written in place: no host list
+            arr = self.rowmap_np[key]  # written in place: no host list
             arr.fill(G)
             arr[list(group.experts)] = group.rows
             return dev
@@ -280,11 +326,11 @@ class Program:
         self.ring_next = (j + 1) % RING
         ev = self.ring_events[j]
         if ev is not None and not ev.query():
-            ev.synchronize()               # RING copies still queued: the host is far ahead of the device
+            ev.synchronize()  # RING copies still queued: the host is far ahead of the device
         arr = self.ring_np[j]
         arr.fill(G)
         arr[list(group.experts)] = group.rows
-        dev.copy_(self.ring[j], non_blocking=True)                         # one small H2D copy per group
+        dev.copy_(self.ring[j], non_blocking=True)  # one small H2D copy per group
         if ev is None:
             ev = self.ring_events[j] = torch.cuda.Event()
         ev.record()
@@ -354,14 +400,17 @@ class Program:
             rowmap = self.rowmap(i, group)
             if grouped:
                 gu, dn = group.gate_up, group.down
-                self.launch(("stage", *stack_key(i, group)), lambda r=rowmap, gu=gu, dn=dn: self.stage(i, r, gu, dn))
+                self.launch(
+                    ("stage", *stack_key(i, group)), lambda r=rowmap, gu=gu, dn=dn: self.stage(i, r, gu, dn)
+                )
             else:
                 self.stage_loop(i, rowmap, group, per)
             served.update(group.experts)
             computed += len(group.experts)
-        assert computed == len(demand.experts) and served == set(demand.experts), \
-            f"layer {demand.layer}: the backend served {computed} experts ({len(served)} distinct) of " \
+        assert computed == len(demand.experts) and served == set(demand.experts), (
+            f"layer {demand.layer}: the backend served {computed} experts ({len(served)} distinct) of "
             f"{len(demand.experts)}"
+        )
 
     def st_probe(self) -> torch.Tensor:
         """A tensor of the hidden dtype on the device, for the grouped GEMM's capability check."""
@@ -369,8 +418,9 @@ class Program:
 
 
 def stack_key(i: int, group) -> tuple:
-    """What a captured expert stage bakes in of its weight stacks: addresses, shapes and strides. A new engine's
-    slots may come back at a freed engine's address; only with the same shape and strides is the old stage
+    """What a captured expert stage bakes in of its weight stacks: addresses, shapes and strides. A new
+    engine's slots may come back at a freed engine's address; only with the same shape and strides is the old
+    stage
     graph valid for them (it then reads the new slots, which is right)."""
     gu, dn = group.gate_up, group.down
     return (i, gu.data_ptr(), tuple(gu.shape), gu.stride(), dn.data_ptr(), tuple(dn.shape), dn.stride())
@@ -387,8 +437,17 @@ def program_key(model, opts: ForwardOptions, ids, cache: KVCache, commit: int, l
     """What a captured graph bakes in: shapes, the cache's tensors, the logits slice, the layer options."""
     B, T = ids.shape
     sl = (logits_rows.start, logits_rows.stop, logits_rows.step) if logits_rows is not None else None
-    return (B, T, commit, cache.positions, cache.k[0].data_ptr(), cache.lens.data_ptr(), sl, opts.predict_next,
-            opts.expert_kernel)
+    return (
+        B,
+        T,
+        commit,
+        cache.positions,
+        cache.k[0].data_ptr(),
+        cache.lens.data_ptr(),
+        sl,
+        opts.predict_next,
+        opts.expert_kernel,
+    )
 
 
 def programs(model) -> Programs:
@@ -396,8 +455,19 @@ def programs(model) -> Programs:
     return model.programs
 
 
-def run_segments(model, opts: ForwardOptions, step: StepInfo, ids, pos, *, cache: KVCache, commit: int = 0,
-                 key_valid=None, rows=None, logits_rows: slice | None = None) -> torch.Tensor:
+def run_segments(
+    model,
+    opts: ForwardOptions,
+    step: StepInfo,
+    ids,
+    pos,
+    *,
+    cache: KVCache,
+    commit: int = 0,
+    key_valid=None,
+    rows=None,
+    logits_rows: slice | None = None,
+) -> torch.Tensor:
     """LLaDA2MoE.forward for forward "segmented" (see the module docstring); the same logits as the eager
     forward. `opts` carries the forward's backend and kernel, `step` its StepInfo."""
     progs = programs(model)
@@ -409,6 +479,5 @@ def run_segments(model, opts: ForwardOptions, step: StepInfo, ids, pos, *, cache
             progs.popitem(last=False)
     else:
         progs.move_to_end(key)
-        prog.opts = opts                   # the same key: the same shapes and prediction; the backend may be new
+        prog.opts = opts  # the same key: the same shapes and prediction; the backend may be new
     return prog.run(step, ids, pos, key_valid, rows, cache)
-

@@ -18,13 +18,20 @@ On the CPU nothing really syncs, but the same calls are counted, so a test on th
 CUDA run would wait for. `by_key` splits the count by whatever `key` was set to when each one happened
 (the benchmark and the tests set it to the MoE layer running, with forward hooks).
 """
+
 from __future__ import annotations
 
 from collections import Counter
 
 import torch
 
-from artifact.model.op_watch import DATA_SIZED_OPS, HOST_DATA_FUNCTIONS, HOST_READ_FUNCTIONS, HOST_READ_OPS, OpWatch
+from artifact.model.op_watch import (
+    DATA_SIZED_OPS,
+    HOST_DATA_FUNCTIONS,
+    HOST_READ_FUNCTIONS,
+    HOST_READ_OPS,
+    OpWatch,
+)
 
 aten = torch.ops.aten
 _SYNC_PACKETS = HOST_READ_OPS | DATA_SIZED_OPS
@@ -35,7 +42,7 @@ def _device_of(x) -> torch.device | None:
     return x.device if isinstance(x, torch.Tensor) else None
 
 
-UPLOADS = ("blocking copy to device", "tensor from host data")     # the host-to-device kinds
+UPLOADS = ("blocking copy to device", "tensor from host data")  # the host-to-device kinds
 
 
 class SyncCounter(OpWatch):
@@ -48,8 +55,8 @@ class SyncCounter(OpWatch):
         self.total = 0
         self.key = None
         self.by_key: Counter = Counter()
-        self.reads_by_key: Counter = Counter()       # by_key, the device-to-host reads only
-        self.uploads_by_key: Counter = Counter()     # by_key, the host-to-device kinds only
+        self.reads_by_key: Counter = Counter()  # by_key, the device-to-host reads only
+        self.uploads_by_key: Counter = Counter()  # by_key, the host-to-device kinds only
         self.kinds: Counter = Counter()
 
     def note(self, kind: str) -> None:
@@ -77,13 +84,21 @@ class SyncCounter(OpWatch):
                 self.note("copy to host")
             elif src is not None and dst is not None and src.type == "cpu" and dst.type != "cpu":
                 pinned = args[1].is_pinned() if packet is aten.copy_ else args[0].is_pinned()
-                if not (kwargs.get("non_blocking") or (packet is aten.copy_ and len(args) > 2 and args[2])) \
-                        or not pinned:
+                if (
+                    not (kwargs.get("non_blocking") or (packet is aten.copy_ and len(args) > 2 and args[2]))
+                    or not pinned
+                ):
                     self.note("blocking copy to device")
 
     def function(self, func, args, kwargs) -> None:
-        if func in HOST_READ_FUNCTIONS and not (args and args[0].device.type == "cpu" and args[0].is_pinned()):
+        if func in HOST_READ_FUNCTIONS and not (
+            args and args[0].device.type == "cpu" and args[0].is_pinned()
+        ):
             self.note(func.__name__)
-        elif func in HOST_DATA_FUNCTIONS and args and not isinstance(args[0], torch.Tensor) \
-                and not kwargs.get("pin_memory"):
+        elif (
+            func in HOST_DATA_FUNCTIONS
+            and args
+            and not isinstance(args[0], torch.Tensor)
+            and not kwargs.get("pin_memory")
+        ):
             self.note("tensor from host data")

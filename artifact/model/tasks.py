@@ -1,4 +1,5 @@
 """The five benchmark prompt sets (data/tasks/*.jsonl, sources and licences in data/tasks/SOURCES.md)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -48,13 +49,14 @@ def select(name: str, n: int, seed: int = 0) -> list[dict]:
 
 def encode(tokenizer, text: str, max_prompt_tokens: int | None = None) -> list[int]:
     """A user turn in the model's chat template, ready for the assistant's answer."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                        add_generation_prompt=True)
-    if hasattr(ids, "input_ids"):        # newer transformers return a BatchEncoding
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True
+    )
+    if hasattr(ids, "input_ids"):  # newer transformers return a BatchEncoding
         ids = ids["input_ids"]
     ids = list(ids)
     if max_prompt_tokens and len(ids) > max_prompt_tokens:
-        ids = ids[-max_prompt_tokens:]   # keep the end: the question and the assistant turn
+        ids = ids[-max_prompt_tokens:]  # keep the end: the question and the assistant turn
     return ids
 
 
@@ -65,5 +67,6 @@ def prompts(tokenizer, name: str, n: int, seed: int = 0, max_prompt_tokens: int 
 
 
 def tokens_sha(tokens: list[list[int]]) -> str:
-    """A fingerprint of token lists (generated outputs, or a command-line prompt): equal hashes, equal tokens."""
+    """A fingerprint of token lists (generated outputs, or a command-line prompt): equal hashes, equal
+    tokens."""
     return hashlib.sha1(json.dumps(tokens).encode()).hexdigest()[:12]

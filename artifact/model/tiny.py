@@ -2,6 +2,7 @@
 shards; seeded random weights of any shape; the deterministic tiny checkpoint (weights and a byte-level BPE
 tokenizer trained on the bundled task prompts), built once into the cache. Reading them is checkpoint.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,13 +19,14 @@ from artifact.model.experts import ResidentExperts, pack_expert
 from artifact.model.llada2 import LLaDA2MoE
 from artifact.paths import cache_dir, data_dir
 
-TINY_FORMAT = 2     # bump when build_tiny_checkpoint writes something different: old caches are rebuilt
+TINY_FORMAT = 2  # bump when build_tiny_checkpoint writes something different: old caches are rebuilt
 SPECIAL_TOKENS = ["<|startoftext|>", "<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"]
 # LLaDA2 / Ling style turns: <role>HUMAN</role>text<|role_end|><role>ASSISTANT</role>
 CHAT_TEMPLATE = (
     "{% set names = {'user': 'HUMAN', 'assistant': 'ASSISTANT', 'system': 'SYSTEM'} %}"
     "{% for m in messages %}<role>{{ names.get(m['role'], m['role'] | upper) }}</role>{{ m['content'] }}"
-    "<|role_end|>{% endfor %}{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}")
+    "<|role_end|>{% endfor %}{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}"
+)
 
 
 def state_tensors(model: LLaDA2MoE, experts: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -36,9 +38,9 @@ def state_tensors(model: LLaDA2MoE, experts: torch.Tensor) -> dict[str, torch.Te
         for e in range(cfg.num_experts):
             flat = experts[i, e]
             g, u, d = expert_names(cfg, L, e)
-            out[g] = flat[:I * D].view(I, D).clone()
-            out[u] = flat[I * D:2 * I * D].view(I, D).clone()
-            out[d] = flat[2 * I * D:].view(D, I).clone()
+            out[g] = flat[: I * D].view(I, D).clone()
+            out[u] = flat[I * D : 2 * I * D].view(I, D).clone()
+            out[d] = flat[2 * I * D :].view(D, I).clone()
     return out
 
 
@@ -53,7 +55,7 @@ def save_checkpoint(root: Path, cfg: ModelConfig, tensors: dict[str, torch.Tenso
     per = -(-len(names) // shards)
     weight_map = {}
     for s in range(shards):
-        part = names[s * per:(s + 1) * per]
+        part = names[s * per : (s + 1) * per]
         fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
         save_file({n: tensors[n] for n in part}, str(root / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in part})
@@ -65,19 +67,31 @@ def train_tiny_tokenizer(vocab_size: int):
     """A byte-level BPE trained on the bundled task prompts, with LLaDA2's special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
     texts = []
     for f in sorted((data_dir() / "tasks").glob("*.jsonl")):
         texts += [json.loads(line)["prompt"] for line in f.read_text().splitlines() if line.strip()]
     if not texts:
-        raise FileNotFoundError(f"{data_dir() / 'tasks'}: no *.jsonl task prompts to train the tiny tokenizer on")
+        raise FileNotFoundError(
+            f"{data_dir() / 'tasks'}: no *.jsonl task prompts to train the tiny tokenizer on"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>", mask_token="<|mask|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        mask_token="<|mask|>",
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -108,12 +122,15 @@ def init_random_weights(cfg: ModelConfig, seed: int, dtype=torch.float32) -> tup
     experts = torch.empty(len(cfg.moe_layers), cfg.num_experts, cfg.expert_params, dtype=dtype)
     for i in range(len(cfg.moe_layers)):
         for e in range(cfg.num_experts):
-            experts[i, e] = pack_expert(normal((I, D), D ** -0.5), normal((I, D), D ** -0.5),
-                                        normal((D, I), I ** -0.5)).to(dtype)
+            experts[i, e] = pack_expert(
+                normal((I, D), D**-0.5), normal((I, D), D**-0.5), normal((D, I), I**-0.5)
+            ).to(dtype)
     return model, experts
 
 
-def random_model(cfg: ModelConfig, seed: int = 0, dtype="float32", device="cpu", resident: bool = True) -> Loaded:
+def random_model(
+    cfg: ModelConfig, seed: int = 0, dtype="float32", device="cpu", resident: bool = True
+) -> Loaded:
     """A model of any shape with seeded random weights and no tokenizer (GPU checks, benchmarks of
     real-model shapes where no checkpoint is at hand). Random weights route unlike a trained model."""
     dtype = parse_dtype(dtype)
@@ -135,8 +152,10 @@ def build_tiny_checkpoint(root: str | Path, seed: int = 0, shards: int = 1) -> P
         raise RuntimeError(f"tiny tokenizer has {len(tok)} tokens > vocab_size {cfg.vocab_size}")
     ids = (tok.convert_tokens_to_ids("<|mask|>"), tok.eos_token_id)
     if ids != (cfg.mask_token_id, cfg.eos_token_id):
-        raise RuntimeError(f"tiny tokenizer mask/eos ids {ids} differ from the preset's "
-                           f"{(cfg.mask_token_id, cfg.eos_token_id)}")
+        raise RuntimeError(
+            f"tiny tokenizer mask/eos ids {ids} differ from the preset's "
+            f"{(cfg.mask_token_id, cfg.eos_token_id)}"
+        )
     model, experts = init_random_weights(cfg, seed)
     save_checkpoint(root, cfg, state_tensors(model, experts), shards=shards)
     tok.save_pretrained(str(root))
@@ -160,7 +179,7 @@ def tiny_checkpoint(seed: int = 0) -> Path:
         build_tiny_checkpoint(tmp, seed)
         try:
             tmp.rename(root)
-        except OSError:                                                 # another process won the race
+        except OSError:  # another process won the race
             if not (root / "config.json").is_file():
                 raise
     finally:

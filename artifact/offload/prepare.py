@@ -12,6 +12,7 @@ The checks run in one fixed order, so the first error a user sees does not depen
 values -> architecture -> offload spec -> outputs -> task prompts -> positions -> tokenizer -> prompt
 positions -> oracle trace.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,6 +36,7 @@ from artifact.validate import check_number
 class Output:
     """A file the run will write, probed before the load. `force` replaces an existing one; `exists_ok`
     accepts one (a resumable result file)."""
+
     path: Path | None
     flag: str
     force: bool = False
@@ -45,6 +47,7 @@ class Output:
 class Offload:
     """An offloaded run's knobs: capacity C, the policy, the link settings (a Settings or RunSettings) and
     an optional extra cap; `oracle_trace` is read by the policies that need one."""
+
     capacity: int | None
     policy: str
     settings: LinkSettings
@@ -55,6 +58,7 @@ class Offload:
 @dataclass(frozen=True)
 class TaskPrompts:
     """n prompts of a bundled task (a seeded sample), decoded in batches of batch_size."""
+
     task: str
     n: int
     batch_size: int = 1
@@ -64,15 +68,15 @@ class TaskPrompts:
 
 @dataclass(frozen=True)
 class RunRequest:
-    model: str                                 # 'tiny' or a checkpoint directory
+    model: str  # 'tiny' or a checkpoint directory
     device: str = "cpu"
-    dtype: str | None = None                   # None: float32 for tiny, bfloat16 otherwise
+    dtype: str | None = None  # None: float32 for tiny, bfloat16 otherwise
     gen_length: int = 64
     steps: int = 32
     threshold: float = 0.95
     mode: str = "cached"
-    texts: tuple[str, ...] | None = None       # prompts given as text (one batch); or `task`, or neither
-    raw: bool = False                          # texts encoded as they are, without the chat template
+    texts: tuple[str, ...] | None = None  # prompts given as text (one batch); or `task`, or neither
+    raw: bool = False  # texts encoded as they are, without the chat template
     task: TaskPrompts | None = None
     offload: Offload | None = None
     outputs: tuple[Output, ...] = ()
@@ -83,7 +87,7 @@ class Prepared:
     request: RunRequest
     dc: DecodeConfig
     dtype: str
-    cfg: ModelConfig                            # with the tokenizer's mask/eos ids, as the loader will have it
+    cfg: ModelConfig  # with the tokenizer's mask/eos ids, as the loader will have it
     tokenizer: object
     spec: OffloadSpec | None = None
     prompts: list[list[int]] = field(default_factory=list)
@@ -92,11 +96,16 @@ class Prepared:
     oracle: Trace | None = None
 
     def load(self, resident: bool | None = None) -> Loaded:
-        """The weights (resident unless the run is offloaded). The loader must arrive at the checked config."""
+        """The weights (resident unless the run is offloaded). The loader must arrive at the checked
+        config."""
         r = self.request
         with checkpoint_errors(r.model):
-            loaded = load_checkpoint(checkpoint_dir(r.model), dtype=self.dtype, device=r.device,
-                                     resident=(r.offload is None) if resident is None else resident)
+            loaded = load_checkpoint(
+                checkpoint_dir(r.model),
+                dtype=self.dtype,
+                device=r.device,
+                resident=(r.offload is None) if resident is None else resident,
+            )
         assert loaded.cfg.config_hash() == self.cfg.config_hash(), "checked another config than loaded"
         return loaded
 
@@ -149,9 +158,12 @@ def tokenizer_and_config(model: str, cfg: ModelConfig):
         tok = load_tokenizer(root)
         cfg = with_token_ids(cfg, tok, root)
     if len(tok) > cfg.vocab_size:
-        raise CheckpointError(f"{root}: the tokenizer has {len(tok)} tokens but config.json's vocab_size is "
-                              f"{cfg.vocab_size}, so ids >= {cfg.vocab_size} have no embedding; use the tokenizer "
-                              "that belongs to this checkpoint")
+        raise CheckpointError(
+            f"{root}: the tokenizer has {len(tok)} tokens but config.json's vocab_size is "
+            f"{cfg.vocab_size}, so ids >= {cfg.vocab_size} have no embedding; use the "
+            "tokenizer "
+            "that belongs to this checkpoint"
+        )
     return tok, cfg
 
 
@@ -160,8 +172,11 @@ def check_positions(cfg: ModelConfig, gen_length: int, prompt_lengths: list[int]
     n = cfg.block_length
     need = max(-(-(p + gen_length) // n) * n for p in (prompt_lengths or [1]))
     if need > cfg.max_position_embeddings:
-        raise SettingError(f"--gen-length {gen_length} with these prompts needs {need} positions > the model's "
-                           f"max_position_embeddings {cfg.max_position_embeddings}")
+        raise SettingError(
+            f"--gen-length {gen_length} with these prompts needs {need} positions > the "
+            "model's "
+            f"max_position_embeddings {cfg.max_position_embeddings}"
+        )
 
 
 def prompt_id(tokens: list[int]) -> str:
@@ -175,11 +190,13 @@ def offload_spec(o: Offload, cfg: ModelConfig, dtype: str, device: str) -> Offlo
         raise SettingError("--offload needs --cache-experts C (device slots per MoE layer)")
     check_number("--bandwidth-gbps", o.settings.link_gbps, low=0, low_open=True, allow_none=True)
     check_number("--cap-gbps", o.cap_gbps, low=0, low_open=True, allow_none=True)
-    eb = cfg.expert_params * DTYPES[dtype].itemsize       # what one expert transfer moves once loaded
+    eb = cfg.expert_params * DTYPES[dtype].itemsize  # what one expert transfer moves once loaded
     spec = OffloadSpec.from_settings(o.settings, o.capacity, o.policy, expert_bytes=eb, cap_gbps=o.cap_gbps)
     spec.check(cfg.num_experts, device)
     if check_policy(spec.policy).needs_trace and o.oracle_trace is None:
-        raise SettingError(f"policy {spec.policy!r} needs --oracle-trace FILE (a trace of an identical earlier run)")
+        raise SettingError(
+            f"policy {spec.policy!r} needs --oracle-trace FILE (a trace of an identical earlier run)"
+        )
     if o.oracle_trace is not None and not check_policy(spec.policy).needs_trace:
         users = sorted(n for n, c in POLICIES.items() if c.needs_trace and c.engine_ok)
         raise SettingError(f"--oracle-trace is read only by {users}; policy {spec.policy!r} would ignore it")
@@ -192,7 +209,7 @@ def _check_task(t: TaskPrompts) -> None:
     if t.task not in TASKS:
         raise SettingError(f"unknown task {t.task!r}; choose one of {TASKS}")
     check_number("--n", t.n, low=1, high=len(load_task(t.task)), integer=True)
-    if t.batch_size > t.n:                   # the trace would say batch size B but hold smaller batches
+    if t.batch_size > t.n:  # the trace would say batch size B but hold smaller batches
         raise SettingError(f"--batch-size {t.batch_size} needs at least that many prompts; got --n {t.n}")
 
 
@@ -208,7 +225,9 @@ def prepare(r: RunRequest) -> Prepared:
         if not 1 <= len(r.texts) <= MAX_BATCH:
             raise SettingError(f"give 1-{MAX_BATCH} --prompt values (one batch), got {len(r.texts)}")
         if any(not p.strip() for p in r.texts):
-            raise SettingError("a --prompt is empty" + (" (--raw)" if r.raw else "") + "; give the text to answer")
+            raise SettingError(
+                "a --prompt is empty" + (" (--raw)" if r.raw else "") + "; give the text to answer"
+            )
     cfg = model_config(r.model)
     spec = offload_spec(r.offload, cfg, dtype, r.device) if r.offload is not None else None
     for o in r.outputs:
@@ -216,7 +235,7 @@ def prepare(r: RunRequest) -> Prepared:
     if r.task is not None:
         _check_task(r.task)
     check_positions(cfg, dc.gen_length)
-    tok, cfg = tokenizer_and_config(r.model, cfg)           # the tokenizer only: no weights read yet
+    tok, cfg = tokenizer_and_config(r.model, cfg)  # the tokenizer only: no weights read yet
     run = Prepared(r, dc, dtype, cfg, tok, spec)
     if r.texts is not None:
         run.prompts = [tok.encode(p) if r.raw else encode(tok, p) for p in r.texts]

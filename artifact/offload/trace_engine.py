@@ -19,6 +19,7 @@ the run's time spread over its demands. Both spins are host time: they model a C
 link (on a GPU leave the calibration empty and let the matmul run on the device). The experts are seeded
 random tensors of the calibrated model's shape (values do not change what is loaded or how long it takes).
 """
+
 from __future__ import annotations
 
 import time
@@ -48,8 +49,9 @@ from artifact.validate import check_number
 @dataclass(frozen=True)
 class ExpertShape:
     """The matrices of one routed expert (expert_views reads these two names)."""
-    hidden_size: int               # D
-    moe_intermediate_size: int     # I
+
+    hidden_size: int  # D
+    moe_intermediate_size: int  # I
 
     @property
     def params(self) -> int:
@@ -59,8 +61,9 @@ class ExpertShape:
 @dataclass(frozen=True)
 class Calibration:
     """Per-demand costs the stream replaces the model by (microseconds on the machine that measured them)."""
-    compute_us_per_expert: float | None = None   # None: the bare matmul's own time
-    other_us_per_demand: float = 0.0             # non-expert time per (forward, MoE layer)
+
+    compute_us_per_expert: float | None = None  # None: the bare matmul's own time
+    other_us_per_demand: float = 0.0  # non-expert time per (forward, MoE layer)
     source: str = "given"
 
     def __post_init__(self):
@@ -85,7 +88,7 @@ class TimedExperts:
         self.demands += 1
         for g in self.inner.groups(demand):
             t0 = time.perf_counter()
-            yield g                      # the model computes this group before resuming us
+            yield g  # the model computes this group before resuming us
             self.expert_seconds += time.perf_counter() - t0
             self.experts_computed += len(g.experts)
 
@@ -98,18 +101,20 @@ def calibrate(loaded, prompts: list[list[int]], dc, batch_size: int = 1) -> Cali
     resident = own if isinstance(own, ResidentExperts) else ResidentExperts(loaded.experts, loaded.cfg)
     timed = TimedExperts(resident)
     options = ForwardOptions(backend=timed)
-    generate(model, prompts[:1], dc, options=options)               # warm-up
+    generate(model, prompts[:1], dc, options=options)  # warm-up
     timed.__init__(resident)
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        generate(model, prompts[i:i + batch_size], dc, options=options)
+        generate(model, prompts[i : i + batch_size], dc, options=options)
     total = time.perf_counter() - t0
     if not timed.experts_computed:
         raise ValueError("calibration run computed no routed experts (empty prompts?)")
-    return Calibration(compute_us_per_expert=1e6 * timed.expert_seconds / timed.experts_computed,
-                       other_us_per_demand=1e6 * max(total - timed.expert_seconds, 0.0) / timed.demands,
-                       source=f"{loaded.cfg.name}: {len(prompts)} prompts, {timed.demands} demands, "
-                              f"{timed.experts_computed} expert computes")
+    return Calibration(
+        compute_us_per_expert=1e6 * timed.expert_seconds / timed.experts_computed,
+        other_us_per_demand=1e6 * max(total - timed.expert_seconds, 0.0) / timed.demands,
+        source=f"{loaded.cfg.name}: {len(prompts)} prompts, {timed.demands} demands, "
+        f"{timed.experts_computed} expert computes",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,27 +123,36 @@ def calibrate(loaded, prompts: list[list[int]], dc, batch_size: int = 1) -> Cali
 def expert_compute(weights: ExpertWeights, x: torch.Tensor) -> torch.Tensor:
     """The one per-expert compute of a stream run (the place to switch to grouped experts): the FFN of
     `x` (n, D) through one expert's weights."""
-    return expert_ffn(x, weights)                                       # (n, D)
+    return expert_ffn(x, weights)  # (n, D)
 
 
 def _spin_until(deadline: float) -> None:
-    while time.perf_counter() < deadline:     # microsecond costs: sleep overshoots by ~100 us
+    while time.perf_counter() < deadline:  # microsecond costs: sleep overshoots by ~100 us
         pass
 
 
-def make_store(trace: Trace, shape: ExpertShape, seed: int = 0, pin: bool = False,
-               dtype: torch.dtype = torch.float32) -> HostStore:
+def make_store(
+    trace: Trace, shape: ExpertShape, seed: int = 0, pin: bool = False, dtype: torch.dtype = torch.float32
+) -> HostStore:
     """Seeded random experts of `shape` for every (MoE layer, expert) of the trace, packed as the engine
     expects: (L_moe, E, 3 I D) (small values, so FFN outputs stay finite)."""
     layers, E = trace.meta["moe_layers"], int(trace.meta["num_experts"])
     g = torch.Generator().manual_seed(seed)
-    packed = (torch.randn(len(layers), E, shape.params, generator=g) * 0.05).to(dtype)    # (L_moe, E, P)
+    packed = (torch.randn(len(layers), E, shape.params, generator=g) * 0.05).to(dtype)  # (L_moe, E, P)
     return HostStore(packed, layers, pin=pin)
 
 
-def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration: Calibration = Calibration(),
-               device: str = "cpu", store: HostStore | None = None, seed: int = 0, verify: bool = False,
-               costs: Costs | None = None) -> dict:
+def run_stream(
+    trace: Trace,
+    spec: OffloadSpec,
+    shape: ExpertShape,
+    calibration: Calibration = Calibration(),
+    device: str = "cpu",
+    store: HostStore | None = None,
+    seed: int = 0,
+    verify: bool = False,
+    costs: Costs | None = None,
+) -> dict:
     """Serve every demand of `trace` through an offloaded engine built from `spec` (the oracle's future is
     the trace itself), computing as described in the module docstring. Returns the stats of a model-driven
     run: the cache counts, the link's transfers, bytes, busy and stall seconds, wall seconds, forwards
@@ -154,13 +168,16 @@ def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration:
     if store is None:
         store = make_store(trace, shape, seed, pin=torch.device(device).type == "cuda")
     if store.packed.shape[2] != shape.params or store.num_experts != E:
-        raise ValueError(f"host store holds {tuple(store.packed.shape)} experts; the trace needs "
-                         f"(L_moe, {E}, {shape.params})")
+        raise ValueError(
+            f"host store holds {tuple(store.packed.shape)} experts; the trace needs "
+            f"(L_moe, {E}, {shape.params})"
+        )
     engine, link = _engine(trace, spec, shape, store, device)
     demands = trace.demands
     tokens = max((max(d.counts) for d in demands if d.counts), default=1)
     g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(tokens, shape.hidden_size, generator=g).to(device, store.packed.dtype)    # (T_max, D) tokens
+    # (T_max, D) tokens
+    x = torch.randn(tokens, shape.hidden_size, generator=g).to(device, store.packed.dtype)
     other = calibration.other_us_per_demand * 1e-6
     per_expert = calibration.compute_us_per_expert
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
@@ -172,12 +189,13 @@ def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration:
                 _spin_until(time.perf_counter() + other)
             count = dict(zip(d.experts, d.counts, strict=True))
             for g in engine.groups(d):
-                for e, row in zip(g.experts, g.rows):                 # the group's experts, each its own FFN
+                for e, row in zip(g.experts, g.rows):  # the group's experts, each its own FFN
                     start = time.perf_counter()
-                    y = expert_compute((g.gate_up[row], g.down[row]), x[:count[e]])    # (n, D)
+                    y = expert_compute((g.gate_up[row], g.down[row]), x[: count[e]])  # (n, D)
                     if verify:
-                        ref = expert_compute(expert_views(store.expert(d.layer, e).to(device), shape),
-                                             x[:count[e]])
+                        ref = expert_compute(
+                            expert_views(store.expert(d.layer, e).to(device), shape), x[: count[e]]
+                        )
                         assert torch.equal(y, ref), f"layer {d.layer} expert {e}: computed from a stale slot"
                     if per_expert is not None:
                         _spin_until(start + per_expert * 1e-6)
@@ -189,49 +207,77 @@ def run_stream(trace: Trace, spec: OffloadSpec, shape: ExpertShape, calibration:
     return _totals(stats, trace, spec, link, seconds)
 
 
-def _engine(trace: Trace, spec: OffloadSpec, shape: ExpertShape, store: HostStore, device: str, clock=None,
-            expert_bytes: int | None = None):
+def _engine(
+    trace: Trace,
+    spec: OffloadSpec,
+    shape: ExpertShape,
+    store: HostStore,
+    device: str,
+    clock=None,
+    expert_bytes: int | None = None,
+):
     """The engine and link of a stream run; with `clock` (virtual time) every copy stands for
     `expert_bytes` whatever the store's rows hold."""
     layers, E = trace.meta["moe_layers"], int(trace.meta["num_experts"])
     future = trace.future() if check_policy(spec.policy).needs_trace else None
-    policy = make_policy(spec.policy, len(layers), E, future=future, engine=True, lookahead=spec.lookahead,
-                         tau=spec.tau)
+    policy = make_policy(
+        spec.policy, len(layers), E, future=future, engine=True, lookahead=spec.lookahead, tau=spec.tau
+    )
     nbytes = expert_bytes or store.expert_bytes
-    link = make_link(spec.link, device=device, bandwidth_gbps=spec.bandwidth_gbps, latency_us=spec.latency_us,
-                     cap_gbps=spec.cap_gbps, expert_bytes=nbytes, priority=spec.link_priority, clock=clock)
+    link = make_link(
+        spec.link,
+        device=device,
+        bandwidth_gbps=spec.bandwidth_gbps,
+        latency_us=spec.latency_us,
+        cap_gbps=spec.cap_gbps,
+        expert_bytes=nbytes,
+        priority=spec.link_priority,
+        clock=clock,
+    )
     cache = ExpertCache(layers, E, spec.capacity, policy, nbytes)
     return OffloadEngine(store, cache, link, shape, device), link
 
 
 def _totals(stats: dict, trace: Trace, spec: OffloadSpec, link, seconds: float) -> dict:
     prefill = trace.kind == KINDS.index("prefill")
-    forwards = len(np.unique(trace.forward[~prefill]))            # denoising forwards, as the decoder counts them
+    forwards = len(np.unique(trace.forward[~prefill]))  # denoising forwards, as the decoder counts them
     prefills = len(np.unique(trace.forward[prefill]))
-    stats.update(seconds=seconds, forwards=forwards, prefill_forwards=prefills, demands=len(trace),
-                 accesses=trace.accesses, forwards_per_second=forwards / seconds if seconds else float("nan"),
-                 policy=spec.policy, link=spec.link, link_bandwidth_gbps=getattr(link, "bandwidth_gbps", None),
-                 offload=True, driven_by="stream")
+    stats.update(
+        seconds=seconds,
+        forwards=forwards,
+        prefill_forwards=prefills,
+        demands=len(trace),
+        accesses=trace.accesses,
+        forwards_per_second=forwards / seconds if seconds else float("nan"),
+        policy=spec.policy,
+        link=spec.link,
+        link_bandwidth_gbps=getattr(link, "bandwidth_gbps", None),
+        offload=True,
+        driven_by="stream",
+    )
     return stats
 
 
 # ---------------------------------------------------------------------------------------------
 # Virtual time
 # ---------------------------------------------------------------------------------------------
-STAND_IN = ExpertShape(1, 1)      # the store of a virtual run: 3 numbers per expert (bytes come from costs)
+STAND_IN = ExpertShape(1, 1)  # the store of a virtual run: 3 numbers per expert (bytes come from costs)
 
 
 def run_virtual(trace: Trace, spec: OffloadSpec, costs: Costs, seed: int = 0) -> dict:
     """The stream run on virtual time: the same engine, cache, policy and link (an EmulatedLink on a
-    VirtualClock, every copy costs.expert_bytes), with each action charged its modelled cost (offload/links/costs.py)
-    instead of being done. The host store is a stand-in (STAND_IN), so any model shape replays in kilobytes.
+    VirtualClock, every copy costs.expert_bytes), with each action charged its modelled cost
+    (offload/links/costs.py) instead of being done. The host store is a stand-in (STAND_IN), so any model
+    shape replays in kilobytes.
 
     Besides run_stream's stats, `time` holds the modelled split in seconds: compute (non-expert), experts,
     host, stall, and the same per phase (prefill, first, later), plus steps."""
     E = int(trace.meta["num_experts"])
     spec.check(E, "cpu")
     if spec.link != "emulated":
-        raise ValueError(f"a virtual-time run models the link on its timeline: give link 'emulated', not {spec.link!r}")
+        raise ValueError(
+            f"a virtual-time run models the link on its timeline: give link 'emulated', not {spec.link!r}"
+        )
     clock = VirtualClock()
     store = make_store(trace, STAND_IN, seed)
     engine, link = _engine(trace, spec, STAND_IN, store, "cpu", clock=clock, expert_bytes=costs.expert_bytes)
@@ -249,7 +295,7 @@ def run_virtual(trace: Trace, spec: OffloadSpec, costs: Costs, seed: int = 0) ->
             count = dict(zip(d.experts, d.counts, strict=True))
             first = True
             for g in engine.groups(d):
-                if first:          # the host issued the layer's copies (Python per copy) before computing
+                if first:  # the host issued the layer's copies (Python per copy) before computing
                     dh = costs.per_copy * (link.stats.transfers - copies0)
                     clock.advance(dh)
                     h += dh

@@ -5,6 +5,7 @@ batch sizes, then bandwidth scales, then C/W ratios, each in the profile's order
 (0 <= i < n) takes the cells whose grid index % n == i, so n GPUs or a job array run one grid; shard i of n
 writes `<stem>.shard-I-of-N.csv` beside the grid's result file (`shard_file`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ class Cell:
 
 def cell_key(row) -> CellKey:
     """The key of the cell a result row (a mapping with the CELL_KEYS) belongs to, typed as Cell.key."""
-    return CellKey(str(row["task"]), int(row["batch_size"]), float(row["cache_ratio"]), float(row["bandwidth_scale"]))
+    return CellKey(
+        str(row["task"]), int(row["batch_size"]), float(row["cache_ratio"]), float(row["bandwidth_scale"])
+    )
 
 
 def cell_keys(df) -> list[CellKey]:
@@ -41,8 +44,13 @@ def cell_keys(df) -> list[CellKey]:
 
 
 def grid(P: Settings) -> list[Cell]:
-    return [Cell(t, b, r, s) for t in P.tasks for b in P.batch_sizes for s in P.bandwidth_scales
-            for r in P.cache_ratios]
+    return [
+        Cell(t, b, r, s)
+        for t in P.tasks
+        for b in P.batch_sizes
+        for s in P.bandwidth_scales
+        for r in P.cache_ratios
+    ]
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -52,7 +60,9 @@ def parse_shard(text: str) -> tuple[int, int]:
     except ValueError:
         raise SettingError(f"--shard must be i/n with integers, e.g. 0/4, got {text!r}") from None
     if n < 1 or not 0 <= i < n:
-        raise SettingError(f"--shard i/n needs n >= 1 and 0 <= i < n (shards are numbered from 0), got {text!r}")
+        raise SettingError(
+            f"--shard i/n needs n >= 1 and 0 <= i < n (shards are numbered from 0), got {text!r}"
+        )
     return i, n
 
 

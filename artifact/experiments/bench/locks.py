@@ -1,18 +1,19 @@
 """A result file's locks: one writer at a time, and the cells being run claimed.
 
-A result file may be shared by several processes (shards of one grid, or a rerun started while an earlier one still
-runs). They coordinate through an exclusive fcntl.flock on the sidecar `<out>.lock` (`locked`), which a writer holds
-only while it reads the file and appends one finished cell (milliseconds, never while a cell runs). A second process
-therefore WAITS for the lock, saying once which PID holds it; it never refuses. Under the lock a writer re-reads the
-file, so a cell that another process finished meanwhile is skipped (before it runs) or its rows are dropped (if both
-ran it): every run is in the file once. Processes on the same shard also split the work: a cell being run is claimed
-(CellClaims), others run unclaimed cells first and then wait for the claimed ones, running one only if its claimant
-died before finishing it.
+A result file may be shared by several processes (shards of one grid, or a rerun started while an earlier one
+still runs). They coordinate through an exclusive fcntl.flock on the sidecar `<out>.lock` (`locked`), which a
+writer holds only while it reads the file and appends one finished cell (milliseconds, never while a cell
+runs). A second process therefore WAITS for the lock, saying once which PID holds it; it never refuses. Under
+the lock a writer re-reads the file, so a cell that another process finished meanwhile is skipped (before it
+runs) or its rows are dropped (if both ran it): every run is in the file once. Processes on the same shard
+also split the work: a cell being run is claimed (CellClaims), others run unclaimed cells first and then wait
+for the claimed ones, running one only if its claimant died before finishing it.
 
-The lock file stays in place (removing it would let two processes lock different files); flock is released by the
-kernel when its holder exits or is killed, so a crash leaves no stale lock. The file itself (its columns, reading,
-repair, appending, merging) is results.py's.
+The lock file stays in place (removing it would let two processes lock different files); flock is released by
+the kernel when its holder exits or is killed, so a crash leaves no stale lock. The file itself (its columns,
+reading, repair, appending, merging) is results.py's.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -30,7 +31,7 @@ def lock_path(path: Path | str) -> Path:
     return path.with_name(path.name + ".lock")
 
 
-QUIET_WAIT_S = 2.0       # a wait for the result file's lock is logged after this long
+QUIET_WAIT_S = 2.0  # a wait for the result file's lock is logged after this long
 
 
 def _try_flock(fd: int, mode: int, seconds: float) -> bool:
@@ -54,10 +55,13 @@ def locked(path: Path | str, shared: bool = False, log=print):
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        if not _try_flock(fd, mode, QUIET_WAIT_S):     # appends take milliseconds: only a longer wait is news
+        if not _try_flock(fd, mode, QUIET_WAIT_S):  # appends take milliseconds: only a longer wait is news
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            log(f"waiting for PID {holder}, which is writing {path} (lock file {lock})" if holder else
-                f"waiting for another process reading {path} (lock file {lock})")
+            log(
+                f"waiting for PID {holder}, which is writing {path} (lock file {lock})"
+                if holder
+                else f"waiting for another process reading {path} (lock file {lock})"
+            )
             fcntl.flock(fd, mode)
         if not shared:
             os.ftruncate(fd, 0)
@@ -68,7 +72,7 @@ def locked(path: Path | str, shared: bool = False, log=print):
             if not shared:
                 os.ftruncate(fd, 0)
     finally:
-        os.close(fd)                                   # releases the flock
+        os.close(fd)  # releases the flock
 
 
 class CellClaims:
@@ -88,7 +92,7 @@ class CellClaims:
         return self
 
     def __exit__(self, *exc) -> None:
-        os.close(self.fd)                              # releases every claim still held
+        os.close(self.fd)  # releases every claim still held
 
     @staticmethod
     def _offset(cell: Cell) -> int:
@@ -97,7 +101,7 @@ class CellClaims:
     def take(self, cell: Cell, wait: bool) -> bool:
         try:
             fcntl.lockf(self.fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1, self._offset(cell))
-        except (BlockingIOError, PermissionError):     # held by another process (EAGAIN or EACCES)
+        except (BlockingIOError, PermissionError):  # held by another process (EAGAIN or EACCES)
             return False
         return True
 

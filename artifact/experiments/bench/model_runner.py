@@ -5,6 +5,7 @@ are read), traces each (task, batch size) once to measure W (the run doubles as 
 feeds the oracle), and measures one policy at a capacity (ModelRunner.measure), returning a row of the result
 file's STAT_COLUMNS.
 """
+
 from __future__ import annotations
 
 import os
@@ -75,20 +76,25 @@ class ModelRunner:
         if P.torch_threads is not None:
             torch.set_num_threads(P.torch_threads)
         self.P = P
-        if loaded is None:           # every check that needs no weights first (artifact.offload.prepare)
+        if loaded is None:  # every check that needs no weights first (artifact.offload.prepare)
             loaded = prepare(P.run_request()).load(resident=P.trace_capacity is None)
         self.loaded = loaded
         if P.device.startswith("cuda") and not self.loaded.experts.is_pinned():
-            self.loaded.experts = self.loaded.experts.pin_memory()   # once, not in every run's HostStore
+            self.loaded.experts = self.loaded.experts.pin_memory()  # once, not in every run's HostStore
         cfg = self.loaded.cfg
         self.num_experts = cfg.num_experts
         self.expert_bytes = cfg.expert_params * self.loaded.experts.element_size()
-        self.options = P.run_options()       # every run of the bench decodes so: the profile's forward mode too
-        self.meta = {"model": cfg.name, "model_hash": cfg.config_hash(),
-                     "weights_fingerprint": weights_fingerprint(self.loaded.path) if self.loaded.path else "none",
-                     "dtype": str(self.loaded.experts.dtype).removeprefix("torch."), "device": P.device,
-                     "link": P.link, "hardware": hardware(P.device)}
-        self._group = None           # (task, batch size) -> (W, ids, prompts, trace): the last one only
+        self.options = P.run_options()  # every run of the bench decodes so: the profile's forward mode too
+        self.meta = {
+            "model": cfg.name,
+            "model_hash": cfg.config_hash(),
+            "weights_fingerprint": weights_fingerprint(self.loaded.path) if self.loaded.path else "none",
+            "dtype": str(self.loaded.experts.dtype).removeprefix("torch."),
+            "device": P.device,
+            "link": P.link,
+            "hardware": hardware(P.device),
+        }
+        self._group = None  # (task, batch size) -> (W, ids, prompts, trace): the last one only
         self._nominal = None
 
     def _measure(self) -> float:
@@ -98,8 +104,14 @@ class ModelRunner:
         return self._nominal
 
     def spec(self, capacity: int, policy: str = "demand", bandwidth_scale: float = 1.0) -> OffloadSpec:
-        return OffloadSpec.from_settings(self.P, capacity, policy, expert_bytes=self.expert_bytes,
-                                         bandwidth_scale=bandwidth_scale, measure=self._measure)
+        return OffloadSpec.from_settings(
+            self.P,
+            capacity,
+            policy,
+            expert_bytes=self.expert_bytes,
+            bandwidth_scale=bandwidth_scale,
+            measure=self._measure,
+        )
 
     def _prompts(self, task: str, batch_size: int):
         if self._group is None or self._group[0] != (task, batch_size):
@@ -108,8 +120,9 @@ class ModelRunner:
             spec = None
             if P.trace_capacity is not None:
                 spec = self.spec(min(P.trace_capacity, self.num_experts))
-            res = decode_prompts(self.loaded, ps, batch_size, self.options, spec=spec, record=True, prompt_ids=ids,
-                                 task=task)
+            res = decode_prompts(
+                self.loaded, ps, batch_size, self.options, spec=spec, record=True, prompt_ids=ids, task=task
+            )
             self._group = ((task, batch_size), mean_working_set(res.trace), ids, ps, res.trace)
         return self._group
 
@@ -117,12 +130,21 @@ class ModelRunner:
         return self._prompts(task, batch_size)[1]
 
     def measure(self, cell: Cell, policy: str, capacity: int) -> dict:
-        """One run of `policy` at `capacity` on the cell's prompts: its row of STAT_COLUMNS (and phases, host ms)."""
+        """One run of `policy` at `capacity` on the cell's prompts: its row of STAT_COLUMNS (and phases, host
+        ms)."""
         _, _, ids, ps, trace = self._prompts(cell.task, cell.batch_size)
         spec = self.spec(capacity, policy, cell.bandwidth_scale)
         oracle = trace if check_policy(policy).needs_trace else None
-        res = decode_prompts(self.loaded, ps, cell.batch_size, self.options, spec=spec, oracle=oracle,
-                             prompt_ids=ids, task=cell.task)
+        res = decode_prompts(
+            self.loaded,
+            ps,
+            cell.batch_size,
+            self.options,
+            spec=spec,
+            oracle=oracle,
+            prompt_ids=ids,
+            task=cell.task,
+        )
         out = {k: getattr(res.stats, k, None) for k in STAT_COLUMNS}
         out.update(phase_stats(res.stats.by_phase))
         out["tokens"] = res.stats.tokens_generated
@@ -130,4 +152,3 @@ class ModelRunner:
         out["tokens_sha"] = tokens_sha(res.tokens)
         out.update(host_medians(res.stats.forward_host_ms, res.stats.forward_wall_ms))
         return out
-

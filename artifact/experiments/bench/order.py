@@ -1,8 +1,8 @@
 """The order in which a timing grid runs its policies, repetition by repetition: a Williams design.
 
 A repetition runs every policy once, one after another; its order puts each policy in a slot (0 = first). Any
-bias of a slot (the first run after a capacity change, the run after a heavy one) then falls on whichever policy
-sits there, so the orders of a sequence of repetitions are balanced:
+bias of a slot (the first run after a capacity change, the run after a heavy one) then falls on whichever
+policy sits there, so the orders of a sequence of repetitions are balanced:
 
 - every policy sits in every slot equally often, and
 - every ordered pair of policies (a directly before b) is adjacent equally often,
@@ -20,9 +20,10 @@ j + k/2), so any two consecutive repetitions starting at an even index give ever
 (k - 1) / 2. The listed policy at position p carries label s[p], so index 0 (row 0) is the listed order and
 index 1 its reverse, as in the warm-up and for two policies the whole cycle.
 
-Repetition r of a grid whose profile has `rotation` q and R repetitions uses index q * R + r (bench/run.py), so
-the order continues across stored runs (scripts/record_runs.py measures run k with rotation k - 1).
+Repetition r of a grid whose profile has `rotation` q and R repetitions uses index q * R + r (bench/run.py),
+so the order continues across stored runs (scripts/record_runs.py measures run k with rotation k - 1).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -51,14 +52,17 @@ def _base_row(k: int) -> list[int]:
 
 def slot_order(policies: Sequence[str], index: int) -> tuple[str, ...]:
     """The order of the `index`-th repetition (index >= 0, counted over a whole sequence of repetitions):
-    `policies` permuted by row index % cycle_length(len(policies)) of their Williams design (module docstring)."""
+    `policies` permuted by row index % cycle_length(len(policies)) of their Williams design (module
+    docstring)."""
     policies = tuple(policies)
     if not policies:
         raise ValueError("slot_order needs at least one policy, got an empty list")
     if len(set(policies)) != len(policies):
         twice = sorted({p for p in policies if policies.count(p) > 1})
-        raise ValueError(f"slot_order needs distinct policies; {', '.join(map(repr, twice))} listed twice "
-                         f"in {list(policies)}")
+        raise ValueError(
+            f"slot_order needs distinct policies; {', '.join(map(repr, twice))} listed twice "
+            f"in {list(policies)}"
+        )
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(f"slot_order's repetition index must be an integer >= 0, got {index!r}")
     k = len(policies)
@@ -68,6 +72,6 @@ def slot_order(policies: Sequence[str], index: int) -> tuple[str, ...]:
     else:
         shift, mirrored = c // 2, c % 2 == 1
     base = _base_row(k)
-    where = {label: pos for pos, label in enumerate(base)}     # the listed policy p carries label s[p]
+    where = {label: pos for pos, label in enumerate(base)}  # the listed policy p carries label s[p]
     row = [policies[where[(label + shift) % k]] for label in base]
     return tuple(row[::-1] if mirrored else row)

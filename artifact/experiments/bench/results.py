@@ -4,6 +4,7 @@ A result file (data/results/<profile>/<grid>.csv) holds one row per timed run, w
 shared by several processes (shards of one grid, or a rerun started while an earlier one still runs): they
 coordinate through its locks (locks.py); "Result files" below says how an interrupted append is repaired.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,30 +27,98 @@ from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsyn
 # Profile keys that change what a run measures: a result file made under other values cannot be
 # resumed or merged. The grid axes are not among them (a cell names its own axis values), nor is
 # the model path (rows carry the model's config hash and its weights fingerprint instead).
-SETTINGS = ("dtype", "device", "link", "latency_us", "link_gbps", "torch_threads", "mode", "gen_length", "steps",
-            "threshold", "n_prompts", "seed", "max_prompt_tokens", "policies", "repetitions", "warmup", "lookahead",
-            "tau", "trace_capacity", "link_priority")
-META_COLUMNS = ("profile", "fingerprint", "model", "model_hash", "weights_fingerprint", "dtype", "device", "link",
-                "hardware", "grid_cells")
+SETTINGS = (
+    "dtype",
+    "device",
+    "link",
+    "latency_us",
+    "link_gbps",
+    "torch_threads",
+    "mode",
+    "gen_length",
+    "steps",
+    "threshold",
+    "n_prompts",
+    "seed",
+    "max_prompt_tokens",
+    "policies",
+    "repetitions",
+    "warmup",
+    "lookahead",
+    "tau",
+    "trace_capacity",
+    "link_priority",
+)
+META_COLUMNS = (
+    "profile",
+    "fingerprint",
+    "model",
+    "model_hash",
+    "weights_fingerprint",
+    "dtype",
+    "device",
+    "link",
+    "hardware",
+    "grid_cells",
+)
 RUN_COLUMNS = ("policy", "rep", "order", "working_set", "cache_experts", "link_gbps")
-STAT_COLUMNS = ("seconds", "tokens", "tokens_per_second", "forwards", "tokens_per_forward", "demand_hits",
-                "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "bytes_h2d",
-                "stall_seconds", "link_busy_seconds", "achieved_gbps", "tokens_sha")
+STAT_COLUMNS = (
+    "seconds",
+    "tokens",
+    "tokens_per_second",
+    "forwards",
+    "tokens_per_forward",
+    "demand_hits",
+    "demand_misses",
+    "speculative_transfers",
+    "prefetch_hits",
+    "wasted_prefetches",
+    "bytes_h2d",
+    "stall_seconds",
+    "link_busy_seconds",
+    "achieved_gbps",
+    "tokens_sha",
+)
 # Every engine count per phase of the demand stream (plans.PHASES: prefill, first = a block's step 0, later),
 # e.g. demand_misses_prefill; each count's phases add up to its total in STAT_COLUMNS.
 PHASE_COLUMNS = tuple(f"{c}_{phase}" for c in COUNTS for phase in PHASES)
-# Per run, the medians over its denoising forwards of the host ms (the forward's CPU time less the time blocked
+# Per run, the medians over its denoising forwards of the host ms (the forward's CPU time less the time
+# blocked
 # in the router syncs) and of the wall ms (CUDA: an event pair on the compute stream): a GPU cell whose host
 # time is most of its wall time timed the host, not the link (rules.rule_cell, thresholds.HOST_SHARE_LIMIT).
 HOST_COLUMNS = ("host_ms_per_forward", "wall_ms_per_forward")
 COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS + PHASE_COLUMNS + HOST_COLUMNS
 # A file written before rows carried host time: read with those columns empty, appended to in its own columns.
-BEFORE_HOST = COLUMNS[:-len(HOST_COLUMNS)]
-STR_COLUMNS = ("profile", "fingerprint", "model", "model_hash", "weights_fingerprint", "dtype", "device", "link",
-               "hardware", "task", "policy", "tokens_sha")
-# Numbers every row must hold (the other numeric columns may be empty, e.g. link_gbps of an unpaced cuda link).
-FINITE_COLUMNS = ("grid_cells", "batch_size", "cache_ratio", "bandwidth_scale", "rep", "order", "working_set",
-                  "cache_experts", "seconds", "tokens", "tokens_per_second")
+BEFORE_HOST = COLUMNS[: -len(HOST_COLUMNS)]
+STR_COLUMNS = (
+    "profile",
+    "fingerprint",
+    "model",
+    "model_hash",
+    "weights_fingerprint",
+    "dtype",
+    "device",
+    "link",
+    "hardware",
+    "task",
+    "policy",
+    "tokens_sha",
+)
+# Numbers every row must hold (the other numeric columns may be empty, e.g. link_gbps of an unpaced cuda
+# link).
+FINITE_COLUMNS = (
+    "grid_cells",
+    "batch_size",
+    "cache_ratio",
+    "bandwidth_scale",
+    "rep",
+    "order",
+    "working_set",
+    "cache_experts",
+    "seconds",
+    "tokens",
+    "tokens_per_second",
+)
 SORT = ("task", "batch_size", "bandwidth_scale", "cache_ratio", "rep", "order")
 
 
@@ -60,8 +129,9 @@ def default_out(P: Settings, shard: tuple[int, int] = (0, 1)) -> Path:
 
 
 def fingerprint_keys(P: Settings) -> tuple[str, ...]:
-    """The settings a result file's fingerprint hashes: SETTINGS, and `forward` when the run's forward mode is not
-    the default (eager). A segmented run's rows then never resume or pool with eager ones, while every eager file,
+    """The settings a result file's fingerprint hashes: SETTINGS, and `forward` when the run's forward mode is
+    not the default (eager). A segmented run's rows then never resume or pool with eager ones, while every
+    eager file,
     the stored runs among them, keeps the hash it was written with."""
     return SETTINGS + (("forward",) if P.forward != DEFAULT_FORWARD else ())
 
@@ -98,16 +168,23 @@ def _parse(data: bytes, path: Path):
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise ResultFileError(f"{path}: not a bench CSV: {e}") from None
     missing = [c for c in COLUMNS if c not in df.columns]
-    if missing == list(HOST_COLUMNS):             # written before rows carried host time: not measured
+    if missing == list(HOST_COLUMNS):  # written before rows carried host time: not measured
         df = df.assign(**{c: np.nan for c in HOST_COLUMNS})
         missing = []
     if missing == ["weights_fingerprint"]:
-        raise ResultFileError(f"{path}: written before bench rows recorded the checkpoint's weights fingerprint, so "
-                              "its rows cannot be matched to a checkpoint; re-run the bench into a fresh --out "
-                              "(or move this file away)")
+        raise ResultFileError(
+            f"{path}: written before bench rows recorded the checkpoint's weights "
+            "fingerprint, so "
+            "its rows cannot be matched to a checkpoint; re-run the bench into a fresh "
+            "--out "
+            "(or move this file away)"
+        )
     if missing and set(missing) == set(PHASE_COLUMNS):
-        raise ResultFileError(f"{path}: written before bench rows carried per-phase counts (columns such as "
-                              f"{PHASE_COLUMNS[0]}); re-run the bench into a fresh --out (or move this file away)")
+        raise ResultFileError(
+            f"{path}: written before bench rows carried per-phase counts (columns such as "
+            f"{PHASE_COLUMNS[0]}); re-run the bench into a fresh --out (or move this file "
+            "away)"
+        )
     if missing:
         raise ResultFileError(f"{path}: not a bench CSV of this version (lacks columns {missing})")
     return df[list(COLUMNS)]
@@ -129,8 +206,10 @@ def check_rows(df, path: Path | str, expected: set[tuple[str, int]] | None = Non
             i = int(np.flatnonzero(bad.to_numpy())[0])
             v = df[col].iloc[i]
             shown = "empty or nan" if pd.isna(v) else repr(v) if isinstance(v, str) else str(v)
-            raise ResultFileError(f"{path}: line {i + 2}, column {col}: {shown} is not a "
-                                  f"{'name' if col in STR_COLUMNS else 'finite number'}; the file is damaged")
+            raise ResultFileError(
+                f"{path}: line {i + 2}, column {col}: {shown} is not a "
+                f"{'name' if col in STR_COLUMNS else 'finite number'}; the file is damaged"
+            )
     if not len(df):
         return
     if expected is None:
@@ -140,9 +219,13 @@ def check_rows(df, path: Path | str, expected: set[tuple[str, int]] | None = Non
         if runs != sorted(expected):
             pols = sorted({pol for pol, _ in expected})
             reps = len({r for _, r in expected})
-            raise ResultFileError(f"{path}: cell {Cell(*cell_key(dict(zip(CELL_KEYS, key))))} has {len(runs)} "
-                                  f"runs, expected each of policies {pols} x {reps} repetitions once; the file is "
-                                  "damaged")
+            raise ResultFileError(
+                f"{path}: cell {Cell(*cell_key(dict(zip(CELL_KEYS, key))))} has "
+                f"{len(runs)} "
+                f"runs, expected each of policies {pols} x {reps} repetitions once; the "
+                "file is "
+                "damaged"
+            )
 
 
 def read_rows(path: Path | str):
@@ -155,13 +238,16 @@ def read_rows(path: Path | str):
         try:
             with locked(path, shared=True, log=lambda s: print(s, file=sys.stderr)):
                 data = path.read_bytes()
-        except PermissionError:                        # a read-only copy: nobody can be writing it
+        except PermissionError:  # a read-only copy: nobody can be writing it
             data = path.read_bytes()
     else:
         data = path.read_bytes()
     if data and not data.endswith(b"\n"):
-        raise ResultFileError(f"{path}: the last line is torn (an interrupted write); rerun `bench` on this file "
-                              "to repair it, then read it")
+        raise ResultFileError(
+            f"{path}: the last line is torn (an interrupted write); rerun `bench` on this "
+            "file "
+            "to repair it, then read it"
+        )
     df = _parse(data, path)
     check_rows(df, path)
     return df
@@ -189,18 +275,24 @@ def append_rows(path: Path, rows) -> None:
     try:
         size = os.fstat(fd).st_size
         new = size == 0
-        view = memoryview(pd.DataFrame(rows, columns=list(_file_columns(path, new))).to_csv(
-            index=False, header=new).encode())
+        view = memoryview(
+            pd.DataFrame(rows, columns=list(_file_columns(path, new)))
+            .to_csv(index=False, header=new)
+            .encode()
+        )
         try:
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
-        except OSError as e:             # disk full, quota, read-only: the file goes back to its whole cells
+        except OSError as e:  # disk full, quota, read-only: the file goes back to its whole cells
             os.ftruncate(fd, size)
             if not existed:
                 path.unlink(missing_ok=True)
-            raise OSError(e.errno, f"{e.strerror} while appending a cell (the file keeps its whole cells; the "
-                                   "cell runs again)", str(path)) from None
+            raise OSError(
+                e.errno,
+                f"{e.strerror} while appending a cell (the file keeps its whole cells; the cell runs again)",
+                str(path),
+            ) from None
     finally:
         os.close(fd)
     if new:
@@ -224,9 +316,13 @@ def load_for_append(path: Path, P: Settings, log=print):
         notes.append(f"a torn last line ({len(data) - keep} bytes)")
     header = data[:keep].split(b"\n", 1)[0].decode(errors="replace").strip()
     if header and header not in (",".join(COLUMNS), ",".join(BEFORE_HOST)):
-        _parse(data[:keep], path)                  # names an old version's or a foreign file's columns first
-        raise ResultFileError(f"{path}: its columns are not in this version's order ({', '.join(COLUMNS)}), so rows "
-                              "cannot be appended to it; re-run into a fresh --out (merge rewrites files in order)")
+        _parse(data[:keep], path)  # names an old version's or a foreign file's columns first
+        raise ResultFileError(
+            f"{path}: its columns are not in this version's order ({', '.join(COLUMNS)}), "
+            "so rows "
+            "cannot be appended to it; re-run into a fresh --out (merge rewrites files in "
+            "order)"
+        )
     df = _parse(data[:keep], path)
     lines = data[:keep].splitlines(keepends=True)[1:]
     if len(lines) != len(df):
@@ -234,20 +330,28 @@ def load_for_append(path: Path, P: Settings, log=print):
     for col, want in (("fingerprint", bench_fingerprint(P)), ("profile", P.name)):
         have = sorted(set(df[col]))
         if have and have != [want]:
-            raise ResultFileError(f"{path}: rows of {col} {have}, not this profile's {want!r} (settings "
-                                  f"{', '.join(fingerprint_keys(P))} must match to resume); choose another --out or "
-                                  "move the file")
+            raise ResultFileError(
+                f"{path}: rows of {col} {have}, not this profile's {want!r} (settings "
+                f"{', '.join(fingerprint_keys(P))} must match to resume); choose another "
+                "--out or "
+                "move the file"
+            )
     if len(df):
         keys = cell_keys(df)
         k = next((i for i, key in enumerate(reversed(keys)) if key != keys[-1]), len(keys))
-        tail = df.iloc[len(df) - k:]
-        if keys[-1] not in keys[:-k] and sorted(zip(tail.policy, tail.rep.astype(int))) != sorted(expected_runs(P)):
-            keep -= sum(len(line) for line in lines[len(lines) - k:])
-            df = df.iloc[:len(df) - k]
+        tail = df.iloc[len(df) - k :]
+        if keys[-1] not in keys[:-k] and sorted(zip(tail.policy, tail.rep.astype(int))) != sorted(
+            expected_runs(P)
+        ):
+            keep -= sum(len(line) for line in lines[len(lines) - k :])
+            df = df.iloc[: len(df) - k]
             notes.append(f"the incomplete last cell {Cell(*keys[-1])} ({k} of {len(expected_runs(P))} runs)")
     if notes:
         atomic_write_bytes(path, data[:keep])
-        log(f"note: {path}: dropped {' and '.join(notes)}, left by an interrupted append; that cell runs again")
+        log(
+            f"note: {path}: dropped {' and '.join(notes)}, left by an interrupted append; that cell runs "
+            "again"
+        )
     check_rows(df, path, expected_runs(P))
     return df.reset_index(drop=True)
 
@@ -260,16 +364,28 @@ def finished_cells(df) -> set[tuple]:
 
 def check_same_model(df, meta: dict, path: Path) -> None:
     """Rows of a result file must come from this model config and these very weights."""
-    for col, what in (("model_hash", "model config hash"), ("weights_fingerprint", "checkpoint weights fingerprint")):
+    for col, what in (
+        ("model_hash", "model config hash"),
+        ("weights_fingerprint", "checkpoint weights fingerprint"),
+    ):
         have = sorted(set(df[col]))
         if have and have != [meta[col]]:
-            raise ResultFileError(f"{path}: rows of model {sorted(set(df.model))} with {what} {have}, not this "
-                                  f"run's {meta['model']} ({meta[col]}); results of different checkpoints are never "
-                                  "mixed: choose a fresh --out or move the file")
+            raise ResultFileError(
+                f"{path}: rows of model {sorted(set(df.model))} with {what} {have}, not "
+                "this "
+                f"run's {meta['model']} ({meta[col]}); results of different checkpoints "
+                "are never "
+                "mixed: choose a fresh --out or move the file"
+            )
 
 
-def merge(inputs: list[Path | str], out: Path | str | None = None, force: bool = False, partial: bool = False,
-          log=print):
+def merge(
+    inputs: list[Path | str],
+    out: Path | str | None = None,
+    force: bool = False,
+    partial: bool = False,
+    log=print,
+):
     """Join shard files into one, refusing duplicates, mixed profiles or settings, and (unless
     `partial`) an incomplete grid. Never overwrites `out` unless `force`."""
     if not inputs:
@@ -288,20 +404,23 @@ def merge(inputs: list[Path | str], out: Path | str | None = None, force: bool =
     if len(dup):
         first = dup.iloc[0]
         files = sorted(dup[(dup[run_key] == first[run_key]).all(axis=1)]._file)
-        raise ResultFileError(f"run {dict(first[run_key])} appears twice (in {files}); a cell belongs to one shard")
+        raise ResultFileError(
+            f"run {dict(first[run_key])} appears twice (in {files}); a cell belongs to one shard"
+        )
     n_cells = df.groupby(list(CELL_KEYS)).ngroups
     want = int(df.grid_cells.iloc[0])
     if n_cells < want and not partial:
-        raise ResultFileError(f"the shards hold {n_cells} of the grid's {want} cells; run the missing shards "
-                         "(or pass --partial to merge what there is)")
+        raise ResultFileError(
+            f"the shards hold {n_cells} of the grid's {want} cells; run the missing shards "
+            "(or pass --partial to merge what there is)"
+        )
     hw = sorted(set(df.hardware))
     if len(hw) > 1:
         log(f"note: the shards ran on different hardware: {hw}")
     out = Path(out) if out else data_dir() / "results" / str(df.profile.iloc[0]) / "bench.csv"
     merged = df.drop(columns="_file").sort_values(list(SORT), kind="stable").reset_index(drop=True)
-    with locked(out, log=log):                     # not while a bench appends to the same file
+    with locked(out, log=log):  # not while a bench appends to the same file
         refuse_overwrite(out, force)
         write_rows(out, merged)
     log(f"merged {len(inputs)} files: {n_cells} of {want} cells, {len(merged)} rows -> {out}")
     return merged
-

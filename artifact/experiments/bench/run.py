@@ -18,8 +18,10 @@ cells it already has (bench/results.py: concurrent writers and interrupted appen
 Sharding: `--shard i/n` (0 <= i < n) takes the cells whose grid index % n == i, so n GPUs or a job
 array (Slurm: --array=0-(n-1), --shard $SLURM_ARRAY_TASK_ID/n) run one grid; each shard writes its
 own file by default and `python -m artifact merge` joins them. Shards may also share one --out.
-`--submit slurm|local --shards n` (experiments/submit/) submits the n shards as jobs through submitit, waits and merges.
+`--submit slurm|local --shards n` (experiments/submit/) submits the n shards as jobs through submitit, waits
+and merges.
 """
+
 from __future__ import annotations
 
 import sys
@@ -46,12 +48,13 @@ from artifact.offload.replay.sim import capacity_for
 
 
 def run_claimed(out: Path, todo: list[Cell], run_cell, log=print) -> int:
-    """Run each cell of `todo` under its claim on `out` (CellClaims): first the cells nobody else is running, then,
+    """Run each cell of `todo` under its claim on `out` (CellClaims): first the cells nobody else is running,
+    then,
     waiting for each, those another process held. Returns how many cells `run_cell` wrote here."""
     ran = 0
     with CellClaims(out) as claims:
         later = []
-        for cell in todo:                            # cells nobody else is running, first
+        for cell in todo:  # cells nobody else is running, first
             if not claims.take(cell, wait=False):
                 later.append(cell)
                 continue
@@ -60,10 +63,13 @@ def run_claimed(out: Path, todo: list[Cell], run_cell, log=print) -> int:
             finally:
                 claims.release(cell)
         if later:
-            log(f"note: {len(later)} cells (e.g. {later[0]}) were being run by another process writing {out}; "
-                "waiting for each, then running it here only if that process did not finish it")
+            log(
+                f"note: {len(later)} cells (e.g. {later[0]}) were being run by another process writing "
+                f"{out}; "
+                "waiting for each, then running it here only if that process did not finish it"
+            )
         for cell in later:
-            claims.take(cell, wait=True)             # returns when the other process finished it or died
+            claims.take(cell, wait=True)  # returns when the other process finished it or died
             try:
                 ran += run_cell(cell)
             finally:
@@ -72,27 +78,40 @@ def run_claimed(out: Path, todo: list[Cell], run_cell, log=print) -> int:
 
 
 def _cells_to_run(P: Settings, out: Path, cells: list[Cell], shard: tuple[int, int], skip, log):
-    """The rows `out` holds and this shard's cells still to run (neither finished there nor in `skip`), said."""
+    """The rows `out` holds and this shard's cells still to run (neither finished there nor in `skip`),
+    said."""
     mine = shard_cells(cells, shard)
     with locked(out, log=log):
         old = load_for_append(out, P, log)
     done = finished_cells(old)
     todo = [c for c in mine if c.key not in done and c.key not in skip]
     elsewhere = sum(c.key in skip and c.key not in done for c in mine)
-    log(f"bench {P.name}: shard {shard[0]}/{shard[1]} has {len(mine)} of {len(cells)} cells; "
-        f"{len(mine) - len(todo) - elsewhere} done in {out}, " + (f"{elsewhere} done elsewhere, " if elsewhere else "")
-        + f"{len(todo)} to run")
+    log(
+        f"bench {P.name}: shard {shard[0]}/{shard[1]} has {len(mine)} of {len(cells)} cells; "
+        f"{len(mine) - len(todo) - elsewhere} done in {out}, "
+        + (f"{elsewhere} done elsewhere, " if elsewhere else "")
+        + f"{len(todo)} to run"
+    )
     extra = len(done - {c.key for c in cells})
     if extra:
         log(f"note: {out} also holds {extra} cells outside this profile's grid; they are kept")
     return old, todo
 
 
-def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int] = (0, 1), runner=None,
-              loaded=None, progress: bool = True, log=print, skip=frozenset(), on_cell=lambda cell: None):
-    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`. The coordinator:
-    which cells are this shard's and still to run, the cell claims and the file's lock around each cell; the
-    measurement itself is measure_cell's.
+def run_bench(
+    P: Settings,
+    out: Path | str | None = None,
+    shard: tuple[int, int] = (0, 1),
+    runner=None,
+    loaded=None,
+    progress: bool = True,
+    log=print,
+    skip=frozenset(),
+    on_cell=lambda cell: None,
+):
+    """Run (or resume) this shard of the profile's grid into `out`; returns all rows of `out`. The
+    coordinator: which cells are this shard's and still to run, the cell claims and the file's lock around
+    each cell; the measurement itself is measure_cell's.
     Safe to run concurrently with other shards or reruns on the same `out` (see "Result files").
     `skip`: keys of cells that are complete elsewhere (a submission's merged target file), not run here.
     `on_cell(cell)`: called after each cell whose rows this process wrote (the file's lock released)."""
@@ -106,8 +125,13 @@ def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int]
     check_same_model(old, meta, out)
     policies, R = list(P.policies), P.repetitions
     t0 = time.perf_counter()
-    bar = tqdm(total=len(todo) * len(policies) * (R + P.warmup), unit="run", desc=f"bench {P.name}",
-               disable=not progress, file=sys.stderr)
+    bar = tqdm(
+        total=len(todo) * len(policies) * (R + P.warmup),
+        unit="run",
+        desc=f"bench {P.name}",
+        disable=not progress,
+        file=sys.stderr,
+    )
 
     def run_cell(cell: Cell) -> bool:
         """Measure one cell and append its rows; False when another process had finished it."""
@@ -118,14 +142,16 @@ def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int]
                 return False
         bar.set_postfix_str(str(cell))
         new = measure_cell(runner, cell, policies, R, P.warmup, meta, on_run=bar.update, rotation=P.rotation)
-        with locked(out, log=log):                       # re-read: another process may have appended meanwhile
+        with locked(out, log=log):  # re-read: another process may have appended meanwhile
             now = load_for_append(out, P, log)
             check_same_model(now, meta, out)
             if cell.key in finished_cells(now):
-                log(f"note: another process writing {out} finished {cell} first; this run's rows are dropped "
-                    "so that no run is in the file twice")
+                log(
+                    f"note: another process writing {out} finished {cell} first; this run's rows are dropped "
+                    "so that no run is in the file twice"
+                )
                 return False
-            append_rows(out, new)                        # whole cells only: the resume invariant
+            append_rows(out, new)  # whole cells only: the resume invariant
         on_cell(cell)
         return True
 
@@ -138,13 +164,23 @@ def run_bench(P: Settings, out: Path | str | None = None, shard: tuple[int, int]
     if P.budget_minutes is not None and ran == len(cells):
         note = f"; budget {P.budget_minutes:g} min: {'within' if minutes <= P.budget_minutes else 'OVER'}"
     rows = read_rows(out)
-    log(f"bench {P.name}: ran {ran} cells ({ran * len(policies) * R} timed runs) in {minutes:.2f} min{note}; "
-        f"{len(rows)} rows in {out}")
+    log(
+        f"bench {P.name}: ran {ran} cells ({ran * len(policies) * R} timed runs) in {minutes:.2f} min{note}; "
+        f"{len(rows)} rows in {out}"
+    )
     return rows
 
 
-def measure_cell(runner, cell: Cell, policies: list[str], repetitions: int, warmup: int, meta: dict,
-                 on_run=lambda: None, rotation: int = 0) -> list[dict]:
+def measure_cell(
+    runner,
+    cell: Cell,
+    policies: list[str],
+    repetitions: int,
+    warmup: int,
+    meta: dict,
+    on_run=lambda: None,
+    rotation: int = 0,
+) -> list[dict]:
     """One cell's rows, measured: W from the runner's traced run, C from the cell's C/W, `warmup` untimed runs
     of every policy in the listed order, then `repetitions` timed ones, repetition r in the order
     slot_order(policies, rotation * repetitions + r); a row's `order` is its run's slot. No file, no lock:
@@ -160,8 +196,20 @@ def measure_cell(runner, cell: Cell, policies: list[str], repetitions: int, warm
     for r in range(repetitions):
         for pos, pol in enumerate(slot_order(policies, rotation * repetitions + r)):
             s = runner.measure(cell, pol, C)
-            rows.append({**meta, "task": cell.task, "batch_size": cell.batch_size,
-                         "cache_ratio": cell.cache_ratio, "bandwidth_scale": cell.bandwidth_scale,
-                         "policy": pol, "rep": r, "order": pos, "working_set": W, "cache_experts": C, **s})
+            rows.append(
+                {
+                    **meta,
+                    "task": cell.task,
+                    "batch_size": cell.batch_size,
+                    "cache_ratio": cell.cache_ratio,
+                    "bandwidth_scale": cell.bandwidth_scale,
+                    "policy": pol,
+                    "rep": r,
+                    "order": pos,
+                    "working_set": W,
+                    "cache_experts": C,
+                    **s,
+                }
+            )
             on_run()
     return rows

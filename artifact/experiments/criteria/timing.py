@@ -1,45 +1,48 @@
-"""Each timing claim's definition, written once: which policy is A and which is B (and so which one is demand, the
-role the A/A control's sign follows), the question it asks of each cell, the basis a pair is measured on, the metric,
-the cells it rules on and the paper's range. The studies read their claims from here (replication.rule_claim), and
-so does the calibration harness (python -m artifact calibrate): one definition for the verdict and for its check
-against known truth. Being under criteria/, every change to a definition is a rule change
-(criteria.RULE_FILES, tests/test_rule_history.py).
+"""Each timing claim's definition, written once: which policy is A and which is B (and so which one is demand,
+the role the A/A control's sign follows), the question it asks of each cell, the basis a pair is measured on,
+the metric, the cells it rules on and the paper's range. The studies read their claims from here
+(replication.rule_claim), and so does the calibration harness (python -m artifact calibrate): one definition
+for the verdict and for its check against known truth. Being under criteria/, every change to a definition is
+a rule change (criteria.RULE_FILES, tests/test_rule_history.py).
 
 `a` may be OTHERS: every policy of the grid but B, demand and the A/A control (06's predictors, 09's best
-eviction), one comparison each. `select` keeps a cell when, for every (key, values) pair, the cell's key field lies
+eviction), one comparison each. `select` keeps a cell when, for every (key, values) pair, the cell's key field
+lies
 in `values` (two numbers: an inclusive range; else a set of allowed values)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from artifact.experiments.criteria import paper
 
-FASTER, NO_DIFFERENCE, NOT_FASTER = "faster", "no difference", "not faster"   # rules.Question's kinds
-PERCENT, STALL_SHARE = "percent", "stall share"                               # rules.Basis's names
-OTHERS = "*"                 # `a`: every other policy of the grid (each against B)
-DEMAND = "demand"            # the policy whose double, settings.CONTROL, is the A/A control
+FASTER, NO_DIFFERENCE, NOT_FASTER = "faster", "no difference", "not faster"  # rules.Question's kinds
+PERCENT, STALL_SHARE = "percent", "stall share"  # rules.Basis's names
+OTHERS = "*"  # `a`: every other policy of the grid (each against B)
+DEMAND = "demand"  # the policy whose double, settings.CONTROL, is the A/A control
 
-CELL = ("task", "batch_size", "cache_ratio", "bandwidth_scale")   # stats.CELL_KEYS (one interval per cell)
+CELL = ("task", "batch_size", "cache_ratio", "bandwidth_scale")  # stats.CELL_KEYS (one interval per cell)
 
 
 @dataclass(frozen=True)
 class TimingClaim:
-    key: str                                  # "<notebook number>-<short name>"
+    key: str  # "<notebook number>-<short name>"
     notebook: str
     a: str
     b: str
-    question: str                             # FASTER, NO_DIFFERENCE or NOT_FASTER
+    question: str  # FASTER, NO_DIFFERENCE or NOT_FASTER
     metric: str
     basis: str = PERCENT
-    by: tuple[str, ...] = CELL                # the keys of one cell
+    by: tuple[str, ...] = CELL  # the keys of one cell
     select: tuple[tuple[str, tuple], ...] = ()
     paper: tuple[float, float] | None = None  # a direction claim's paper range, reported beside, never ruling
     unit: str = "%"
 
     def __post_init__(self):
         if self.question not in (FASTER, NO_DIFFERENCE, NOT_FASTER):
-            raise ValueError(f"{self.key}: question {self.question!r} is not one of faster, no difference, "
-                             "not faster")
+            raise ValueError(
+                f"{self.key}: question {self.question!r} is not one of faster, no difference, not faster"
+            )
         if DEMAND not in (self.a, self.b):
             raise ValueError(f"{self.key}: demand must be A or B (the A/A control is demand's double)")
         for k, _ in self.select:
@@ -48,7 +51,7 @@ class TimingClaim:
 
     @property
     def demand_role(self) -> str:
-        """"A" or "B": the side demand takes, which orients the A/A control (rules.run_effects)."""
+        """ "A" or "B": the side demand takes, which orients the A/A control (rules.run_effects)."""
         return "A" if self.a == DEMAND else "B"
 
     def keeps(self, key: tuple) -> bool:
@@ -63,17 +66,61 @@ class TimingClaim:
         return True
 
 
-CLAIMS = {c.key: c for c in (
-    TimingClaim("03-stall", "03_bandwidth_throttling", "last_step", DEMAND, FASTER, "stall_seconds", STALL_SHARE,
-                unit=" points"),
-    TimingClaim("04-faster", "04_capacity_sweep", DEMAND, "last_step", FASTER, "tokens_per_second",
-                select=(("cache_ratio", paper.FASTER_RANGE),), paper=paper.FASTER_PCT),
-    TimingClaim("04-equal", "04_capacity_sweep", DEMAND, "last_step", NO_DIFFERENCE, "tokens_per_second",
-                select=(("cache_ratio", (paper.AT_LOW.cache_ratio,)),)),
-    TimingClaim("05-refresh", "05_tide_head_to_head", "interval_refresh", DEMAND, NOT_FASTER, "tokens_per_second"),
-    TimingClaim("06-priority", "06_beyond_the_paper", OTHERS, DEMAND, NOT_FASTER, "tokens_per_second",
-                by=("link_priority", *CELL), select=(("link_priority", ("demand",)),)),
-    TimingClaim("07-streams", "07_routing_map", DEMAND, "last_step", FASTER, "forwards_per_second", by=("task",),
-                paper=paper.FASTER_PCT),
-    TimingClaim("09-eviction", "09_cache_design_space", OTHERS, DEMAND, FASTER, "tokens_per_second"),
-)}
+CLAIMS = {
+    c.key: c
+    for c in (
+        TimingClaim(
+            "03-stall",
+            "03_bandwidth_throttling",
+            "last_step",
+            DEMAND,
+            FASTER,
+            "stall_seconds",
+            STALL_SHARE,
+            unit=" points",
+        ),
+        TimingClaim(
+            "04-faster",
+            "04_capacity_sweep",
+            DEMAND,
+            "last_step",
+            FASTER,
+            "tokens_per_second",
+            select=(("cache_ratio", paper.FASTER_RANGE),),
+            paper=paper.FASTER_PCT,
+        ),
+        TimingClaim(
+            "04-equal",
+            "04_capacity_sweep",
+            DEMAND,
+            "last_step",
+            NO_DIFFERENCE,
+            "tokens_per_second",
+            select=(("cache_ratio", (paper.AT_LOW.cache_ratio,)),),
+        ),
+        TimingClaim(
+            "05-refresh", "05_tide_head_to_head", "interval_refresh", DEMAND, NOT_FASTER, "tokens_per_second"
+        ),
+        TimingClaim(
+            "06-priority",
+            "06_beyond_the_paper",
+            OTHERS,
+            DEMAND,
+            NOT_FASTER,
+            "tokens_per_second",
+            by=("link_priority", *CELL),
+            select=(("link_priority", ("demand",)),),
+        ),
+        TimingClaim(
+            "07-streams",
+            "07_routing_map",
+            DEMAND,
+            "last_step",
+            FASTER,
+            "forwards_per_second",
+            by=("task",),
+            paper=paper.FASTER_PCT,
+        ),
+        TimingClaim("09-eviction", "09_cache_design_space", OTHERS, DEMAND, FASTER, "tokens_per_second"),
+    )
+}

@@ -18,6 +18,7 @@ nbformat and papermill are imported inside the functions that use them: the CLI 
 register the command (artifact/cli/notebooks.py), and the two take seconds to import (jsonschema,
 nbclient), which every `python -m artifact ...` call would pay.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,28 +39,28 @@ from artifact.experiments.settings import (
 )
 from artifact.paths import repo_root
 
-KERNEL = "artifact"                 # the kernel scripts/env.sh registers in the venv (KERNELSPEC)
+KERNEL = "artifact"  # the kernel scripts/env.sh registers in the venv (KERNELSPEC)
 CELL_TIMEOUT_S = 1800
 CHECK = "# NBVAL_CHECK_OUTPUT"
-PARAMETERS = ("profile", "overrides")      # the one parameters cell every notebook has
-SETTINGS_KEY = "artifact_settings"         # executed notebook metadata: the profile's values it ran with
+PARAMETERS = ("profile", "overrides")  # the one parameters cell every notebook has
+SETTINGS_KEY = "artifact_settings"  # executed notebook metadata: the profile's values it ran with
 _LINE = re.compile(r"^(claim|verdict)(?: \[[a-z]+\])?: (.*)$")
 _SAVED = re.compile(r"^saved (\S+) and (\S+)$")
-_TMP = re.compile(r"^\..+\.(\d+)\.tmp\.ipynb$")       # execute()'s temporary name: .NAME.<pid>.tmp.ipynb
+_TMP = re.compile(r"^\..+\.(\d+)\.tmp\.ipynb$")  # execute()'s temporary name: .NAME.<pid>.tmp.ipynb
 
 
 class NotebookError(ValueError):
     def __init__(self, message: str, failed: int = 1):
         super().__init__(message)
-        self.failed = failed          # notebooks this error stops (the exit code counts them)
+        self.failed = failed  # notebooks this error stops (the exit code counts them)
 
 
 @dataclass
 class Outcome:
     name: str
-    status: str                      # ok | skipped (complete) | FAILED
+    status: str  # ok | skipped (complete) | FAILED
     seconds: float = 0.0
-    claims: list[tuple[str, str]] = field(default_factory=list)    # (claim, verdict)
+    claims: list[tuple[str, str]] = field(default_factory=list)  # (claim, verdict)
     error: str = ""
 
 
@@ -74,8 +75,9 @@ def find_notebooks(directory: Path, only: list[str] | None = None) -> list[Path]
         keep = [p for p in paths if any(p.stem == o or p.stem.split("_")[0] == o for o in only)]
         unknown = [o for o in only if not any(p.stem == o or p.stem.split("_")[0] == o for p in paths)]
         if unknown:
-            raise NotebookError(f"--only {','.join(unknown)}: no such notebook in {directory}; "
-                                f"have {[p.stem for p in paths]}")
+            raise NotebookError(
+                f"--only {','.join(unknown)}: no such notebook in {directory}; have {[p.stem for p in paths]}"
+            )
         paths = keep
     if not paths:
         raise NotebookError(f"{directory}: no numbered notebooks (NN_name.ipynb)")
@@ -88,20 +90,28 @@ def declared_parameters(path: Path) -> list[str]:
     import papermill
 
     nb = nbformat.read(path, as_version=4)
-    if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells if c.cell_type == "code"):
-        raise NotebookError(f"{path}: no code cell tagged 'parameters' (papermill injects the profile after it)")
+    if not any(
+        "parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells if c.cell_type == "code"
+    ):
+        raise NotebookError(
+            f"{path}: no code cell tagged 'parameters' (papermill injects the profile after it)"
+        )
     return list(papermill.inspect_notebook(str(path)))
 
 
-def injected_parameters(paths: list[Path], profile_arg: str, overrides: dict | None = None) -> dict[Path, dict]:
+def injected_parameters(
+    paths: list[Path], profile_arg: str, overrides: dict | None = None
+) -> dict[Path, dict]:
     """Per notebook: {"profile": profile_arg, "overrides": overrides}. Every notebook whose parameters cell
     does not set exactly `profile` and `overrides` is reported at once, before anything runs."""
     errors = []
     for path in paths:
         names = declared_parameters(path)
         if sorted(names) != sorted(PARAMETERS):
-            errors.append(f"{path}: the parameters cell sets {names}; it must set exactly `profile` and "
-                          "`overrides` (settings are profile keys, given as overrides)")
+            errors.append(
+                f"{path}: the parameters cell sets {names}; it must set exactly `profile` and "
+                "`overrides` (settings are profile keys, given as overrides)"
+            )
     if errors:
         raise NotebookError("\n".join(errors), len(errors))
     return {path: {"profile": profile_arg, "overrides": dict(overrides or {})} for path in paths}
@@ -120,7 +130,7 @@ def claims_of(nb) -> list[tuple[str, str]]:
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if out.get("output_type") != "stream" or out.get("name") != "stdout":
                 continue
-            for line in unwrap(out.get("text", "")).splitlines():       # a claim line printed over several
+            for line in unwrap(out.get("text", "")).splitlines():  # a claim line printed over several
                 m = _LINE.match(line.strip())
                 if m and m.group(1) == "claim":
                     claim = m.group(2)
@@ -131,8 +141,11 @@ def claims_of(nb) -> list[tuple[str, str]]:
 
 
 def _code(nb) -> list[str]:
-    return [c.source for c in nb.cells if c.cell_type == "code" and
-            "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+    return [
+        c.source
+        for c in nb.cells
+        if c.cell_type == "code" and "injected-parameters" not in c.get("metadata", {}).get("tags", [])
+    ]
 
 
 def saved_files(nb) -> list[Path]:
@@ -158,7 +171,7 @@ def complete(path: Path, params: dict, settings: dict, source: Path | None = Non
         return False
     try:
         nb = nbformat.read(path, as_version=4)
-    except Exception:                    # unreadable: run it again
+    except Exception:  # unreadable: run it again
         return False
     pm = nb.metadata.get("papermill", {})
     if pm.get("exception") or pm.get("parameters") != params or nb.metadata.get(SETTINGS_KEY) != settings:
@@ -176,9 +189,11 @@ def complete(path: Path, params: dict, settings: dict, source: Path | None = Non
 
 
 def ipc_kernel_manager():
-    """The kernel manager papermill starts each notebook's kernel with: jupyter_client's, over IPC transport (Unix
-    sockets beside the kernel's connection file) instead of TCP on localhost. The kernel then has no unencrypted
-    TCP ports to warn about (ipykernel's "Kernel is running over TCP without encryption" on every notebook)."""
+    """The kernel manager papermill starts each notebook's kernel with: jupyter_client's, over IPC transport
+    (Unix sockets beside the kernel's connection file) instead of TCP on localhost. The kernel then has no
+    unencrypted
+    TCP ports to warn about (ipykernel's "Kernel is running over TCP without encryption" on every
+    notebook)."""
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
@@ -190,26 +205,36 @@ def ipc_kernel_manager():
     return IPCKernelManager
 
 
-def execute(path: Path, out: Path, params: dict, settings: dict, cwd: Path, timeout: int,
-            progress: bool = True) -> None:
+def execute(
+    path: Path, out: Path, params: dict, settings: dict, cwd: Path, timeout: int, progress: bool = True
+) -> None:
     """papermill into a temporary file beside `out`, the settings recorded in its metadata, renamed onto `out`
-    once written (also when the notebook failed, so its error can be read; complete() then asks for a rerun)."""
+    once written (also when the notebook failed, so its error can be read; complete() then asks for a
+    rerun)."""
     import nbformat
     import papermill
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.ipynb")
     try:
-        papermill.execute_notebook(str(path), str(tmp), parameters=params, kernel_name=KERNEL, cwd=str(cwd),
-                                   execution_timeout=timeout, progress_bar=progress, log_output=False,
-                                   kernel_manager_class=ipc_kernel_manager())
+        papermill.execute_notebook(
+            str(path),
+            str(tmp),
+            parameters=params,
+            kernel_name=KERNEL,
+            cwd=str(cwd),
+            execution_timeout=timeout,
+            progress_bar=progress,
+            log_output=False,
+            kernel_manager_class=ipc_kernel_manager(),
+        )
     finally:
         if tmp.is_file():
             try:
                 nb = nbformat.read(tmp, as_version=4)
                 nb.metadata[SETTINGS_KEY] = settings
                 nbformat.write(nb, tmp)
-            except (OSError, ValueError):     # unreadable: without the settings complete() asks for a rerun
+            except (OSError, ValueError):  # unreadable: without the settings complete() asks for a rerun
                 pass
             os.replace(tmp, out)
 
@@ -236,28 +261,38 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:              # exists, owned by someone else
+    except PermissionError:  # exists, owned by someone else
         return True
     return True
 
 
-def run_notebooks(profile: str = "cpu", overrides: dict | None = None, force: bool = False,
-                  only: list[str] | None = None, directory: Path | None = None, results: Path | None = None,
-                  timeout: int = CELL_TIMEOUT_S, progress: bool = True, log=print) -> list[Outcome]:
+def run_notebooks(
+    profile: str = "cpu",
+    overrides: dict | None = None,
+    force: bool = False,
+    only: list[str] | None = None,
+    directory: Path | None = None,
+    results: Path | None = None,
+    timeout: int = CELL_TIMEOUT_S,
+    progress: bool = True,
+    log=print,
+) -> list[Outcome]:
     """Run (or skip, when complete) the numbered notebooks for `profile` with `overrides` laid over it."""
 
     directory = Path(directory or notebook_dir())
     paths = find_notebooks(directory, only)
-    P = load_profile(profile, overrides)          # a bad profile or override fails here
-    # a bundled profile is injected by name, one given as a file by absolute path (the kernel runs in notebooks/)
+    P = load_profile(profile, overrides)  # a bad profile or override fails here
+    # a bundled profile is injected by name, one given as a file by absolute path (the kernel runs in
+    # notebooks/)
     bundled = profile_path(profile).resolve().parent == PROFILE_DIR
     arg = P.name if bundled else str(Path(profile).resolve())
     params = injected_parameters(paths, arg, overrides)
     settings = settings_of(P)
-    outdir = Path(results) / P.name if results else run_dir(P)        # ARTIFACT_OUTPUT relocates it, as for the kernels
+    # ARTIFACT_OUTPUT relocates it, as for the kernels
+    outdir = Path(results) / P.name if results else run_dir(P)
     clean_stale_temps(outdir, log)
     saved_env = os.environ.get("ARTIFACT_OUTPUT")
-    if results is not None and saved_env is None:   # the kernels save figures and data beside the notebooks
+    if results is not None and saved_env is None:  # the kernels save figures and data beside the notebooks
         os.environ["ARTIFACT_OUTPUT"] = str(Path(results).resolve())
     try:
         return _run_each(paths, P, params, settings, outdir, directory, force, timeout, progress, log)
@@ -266,15 +301,18 @@ def run_notebooks(profile: str = "cpu", overrides: dict | None = None, force: bo
             os.environ.pop("ARTIFACT_OUTPUT", None)
 
 
-def _run_each(paths, P, params, settings, outdir: Path, directory: Path, force: bool, timeout: int, progress: bool,
-              log) -> list[Outcome]:
+def _run_each(
+    paths, P, params, settings, outdir: Path, directory: Path, force: bool, timeout: int, progress: bool, log
+) -> list[Outcome]:
     import nbformat
 
     outcomes = []
     for path in paths:
         out = outdir / path.name
         if not force and complete(out, params[path], settings, path):
-            outcomes.append(Outcome(path.stem, "skipped (complete)", 0.0, claims_of(nbformat.read(out, as_version=4))))
+            outcomes.append(
+                Outcome(path.stem, "skipped (complete)", 0.0, claims_of(nbformat.read(out, as_version=4)))
+            )
             log(f"{path.stem}: executed copy {out} is complete; skipped (--force reruns it)")
             continue
         log(f"{path.stem}: running on profile {P.name} -> {out}")
@@ -282,7 +320,7 @@ def _run_each(paths, P, params, settings, outdir: Path, directory: Path, force: 
         try:
             execute(path, out, params[path], settings, directory, timeout, progress)
             status, error = "ok", ""
-        except Exception as e:            # keep going: the table reports it, the exit code counts it
+        except Exception as e:  # keep going: the table reports it, the exit code counts it
             status, error = "FAILED", _short(e)
             log(f"{path.stem}: FAILED: {error}")
         claims = claims_of(nbformat.read(out, as_version=4)) if out.is_file() else []
@@ -305,9 +343,16 @@ def summary_table(outcomes: list[Outcome], width: int = 70) -> str:
         # read like a success).
         pairs = list(o.claims) + ([("error", o.error)] if o.claims and o.error else [])
         for k, (claim, verdict) in enumerate(pairs or [("-", o.error or "-")]):
-            c = claim if len(claim) <= width else claim[:width - 3] + "..."
-            rows.append((o.name if k == 0 else "", o.status if k == 0 else "",
-                         f"{o.seconds:.0f}" if k == 0 else "", c, verdict))
+            c = claim if len(claim) <= width else claim[: width - 3] + "..."
+            rows.append(
+                (
+                    o.name if k == 0 else "",
+                    o.status if k == 0 else "",
+                    f"{o.seconds:.0f}" if k == 0 else "",
+                    c,
+                    verdict,
+                )
+            )
     head = ("notebook", "status", "seconds", "claim", "verdict")
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
@@ -320,8 +365,12 @@ def summary_table(outcomes: list[Outcome], width: int = 70) -> str:
     return "\n".join(lines)
 
 
-TIMING_NOTE = ("Timing verdicts (03-09) of a run come from that run alone, each cell ruled on the hull of its own "
-               "interval and the stored runs' pooled one, so it is the stored verdict or inconclusive (its claim cell "
-               f"says so); the stored result, in the README, pools >= {thresholds.MIN_RUNS} runs (with its "
-               "leave-one-out stability and how often a fresh run decides alone). "
-               "docs/verdicts.md")
+TIMING_NOTE = (
+    "Timing verdicts (03-09) of a run come from that run alone, each cell ruled on the hull of "
+    "its own "
+    "interval and the stored runs' pooled one, so it is the stored verdict or inconclusive (its "
+    "claim cell "
+    f"says so); the stored result, in the README, pools >= {thresholds.MIN_RUNS} runs (with its "
+    "leave-one-out stability and how often a fresh run decides alone). "
+    "docs/verdicts.md"
+)

@@ -6,7 +6,8 @@ stored notebook's claim cell holds). Other profiles with records under data/resu
                                               verdict per profile, and for a timing claim its leave-one-out
                                               stability (k of N), how often a fresh run decides alone (the
                                               calibration table) and the paper's criterion
-    render(profile_name)                   -> docs/claims.md's table: one row per claim with the paper's figure,
+    render(profile_name)                   -> docs/claims.md's table: one row per claim with the paper's
+    figure,
                                               the measured one, the basis (counting, interval, pairs) and
                                               the run it came from (command, date, commit), listed under it
     render_agreement(profile_name)         -> per timing claim, its verdict in each stored run and pooled
@@ -15,6 +16,7 @@ stored notebook's claim cell holds). Other profiles with records under data/resu
 
 Each file holds its block between `<!-- claims:<profile>:begin -->` and `<!-- claims:<profile>:end -->`;
 tests/test_claims_table.py regenerates both from the committed records and fails on any difference."""
+
 from __future__ import annotations
 
 import json
@@ -50,7 +52,11 @@ def read_record(path: Path) -> dict:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise ResultFileError(f"{path}: unreadable ({e}); {expected}") from None
-    if not isinstance(doc, dict) or any(k not in doc for k in RECORD_KEYS) or not isinstance(doc["claims"], list):
+    if (
+        not isinstance(doc, dict)
+        or any(k not in doc for k in RECORD_KEYS)
+        or not isinstance(doc["claims"], list)
+    ):
         raise ResultFileError(f"{path}: not a claim record; {expected}")
     for i, c in enumerate(doc["claims"]):
         missing = [k for k in CLAIM_KEYS if k not in c] if isinstance(c, dict) else list(CLAIM_KEYS)
@@ -72,8 +78,15 @@ def records(profile_name: str, results: Path | None = None) -> list[dict]:
 def other_profiles(profile_name: str, results: Path | None = None) -> list[str]:
     """Profiles other than `profile_name` with claim records under data/results/ (a GPU profile's run)."""
     root = Path(results or data_dir() / "results")
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != profile_name
-                  and any(p.glob(f"[0-9][0-9]_*{RECORD_SUFFIX}"))) if root.is_dir() else []
+    return (
+        sorted(
+            p.name
+            for p in root.iterdir()
+            if p.is_dir() and p.name != profile_name and any(p.glob(f"[0-9][0-9]_*{RECORD_SUFFIX}"))
+        )
+        if root.is_dir()
+        else []
+    )
 
 
 def figures(notebook: str, notebook_dir: Path | None = None) -> list[str]:
@@ -104,20 +117,34 @@ def _run_key(r: dict) -> tuple:
     return (r.get("command", "unknown"), r.get("date", "unknown"), r.get("commit", "unknown"))
 
 
-def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir: Path | None = None,
-           root: str = "../") -> str:
-    """The full claims block for `profile_name` (docs/claims.md): a Markdown table, one row per recorded claim,
+def render(
+    profile_name: str = "cpu",
+    results: Path | None = None,
+    notebook_dir: Path | None = None,
+    root: str = "../",
+) -> str:
+    """The full claims block for `profile_name` (docs/claims.md): a Markdown table, one row per recorded
+    claim,
     and its runs. `root`: the repository root as seen from the file that holds the block (its links)."""
     recs = records(profile_name, results)
     if not recs:
         return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
-    others = {p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)}
+    others = {
+        p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)
+    }
     runs: list[tuple] = []
     for r in recs:
         if _run_key(r) not in runs:
             runs.append(_run_key(r))
-    head = ["notebook (module, figures)", "claim", "paper", f"measured ({profile_name})",
-            f"verdict ({profile_name})", "basis (counting; interval; pairs)", "run"]
+    head = [
+        "notebook (module, figures)",
+        "claim",
+        "paper",
+        f"measured ({profile_name})",
+        f"verdict ({profile_name})",
+        "basis (counting; interval; pairs)",
+        "run",
+    ]
     head += [f"{p}: verdict (measured)" for p in others]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in recs:
@@ -130,7 +157,15 @@ def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir:
         run = f"run {runs.index(_run_key(r)) + 1}"
         for k, c in enumerate(r["claims"]):
             measured = c.get("measured", "") + (f" (margin: {c['margin']})" if c.get("margin") else "")
-            row = [where if k == 0 else "", c["claim"], c.get("paper", ""), measured, verdict(c), basis(c), run]
+            row = [
+                where if k == 0 else "",
+                c["claim"],
+                c.get("paper", ""),
+                measured,
+                verdict(c),
+                basis(c),
+                run,
+            ]
             for by_nb in others.values():
                 oc = by_nb.get(nb, {}).get("claims", [])
                 row.append(f"{verdict(oc[k])} ({oc[k].get('measured', '')})" if k < len(oc) else "not run")
@@ -145,12 +180,14 @@ def render(profile_name: str = "cpu", results: Path | None = None, notebook_dir:
     return "\n".join(lines)
 
 
-CALIBRATION = "calibration.csv"     # data/results/<profile>/calibration.csv: `python -m artifact calibrate --out`
-AS_STORED = "as stored"             # its scenario whose truth is the stored runs' own estimates
+# data/results/<profile>/calibration.csv: `python -m artifact calibrate --out`
+CALIBRATION = "calibration.csv"
+AS_STORED = "as stored"  # its scenario whose truth is the stored runs' own estimates
 
 
 def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
-    """{timing claim key: % of fresh runs that decide alone} from the committed calibration table (scenario "as
+    """{timing claim key: % of fresh runs that decide alone} from the committed calibration table (scenario
+    "as
     stored": a fresh run of this commit, the truth being what the stored runs measured); {} without one."""
     path = Path(results or data_dir() / "results") / profile_name / CALIBRATION
     if not path.is_file():
@@ -158,8 +195,10 @@ def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
     lines = path.read_text().splitlines()
     head = lines[0].split(",") if lines else []
     if not {"claim", "scenario", "fresh_decides"} <= set(head):
-        raise ResultFileError(f"{path}: not a calibration table (expected the columns claim, scenario and "
-                              "fresh_decides of `python -m artifact calibrate --out`)")
+        raise ResultFileError(
+            f"{path}: not a calibration table (expected the columns claim, scenario and "
+            "fresh_decides of `python -m artifact calibrate --out`)"
+        )
     out = {}
     for line in lines[1:]:
         row = dict(zip(head, line.split(",")))
@@ -168,24 +207,35 @@ def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
     return out
 
 
-def render_compact(profile_name: str = "cpu", results: Path | None = None, notebook_dir: Path | None = None) -> str:
+def render_compact(
+    profile_name: str = "cpu", results: Path | None = None, notebook_dir: Path | None = None
+) -> str:
     """The README's claims block: one row per claim with its notebook, the notebook's first figure (first
     row), the verdict of every profile with records, and, for a timing claim, its leave-one-out stability
     (loo_text), how often a fresh run decides alone (the calibration harness) and the paper's criterion."""
     recs = records(profile_name, results)
     if not recs:
         return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
-    others = {p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)}
+    others = {
+        p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)
+    }
     decides = fresh_decides(profile_name, results)
-    head = (["notebook", "claim", "figure", f"{profile_name}"] + list(others)
-            + ["leave one out", "a fresh run decides", "paper's criterion"])
+    head = (
+        ["notebook", "claim", "figure", f"{profile_name}"]
+        + list(others)
+        + ["leave one out", "a fresh run decides", "paper's criterion"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in recs:
         nb = r["notebook"]
         figs = [f"[{f}](figures/{profile_name}/{f}.png)" for f in figures(nb, notebook_dir)][:1]
         for k, c in enumerate(r["claims"]):
-            row = [f"[{nb[:2]}](notebooks/{nb}.ipynb)" if k == 0 else "", c["claim"], "".join(figs) if k == 0 else "",
-                   c["verdict"]]
+            row = [
+                f"[{nb[:2]}](notebooks/{nb}.ipynb)" if k == 0 else "",
+                c["claim"],
+                "".join(figs) if k == 0 else "",
+                c["verdict"],
+            ]
             for by_nb in others.values():
                 oc = by_nb.get(nb, {}).get("claims", [])
                 row.append(oc[k]["verdict"] if k < len(oc) else "not run")
@@ -196,7 +246,8 @@ def render_compact(profile_name: str = "cpu", results: Path | None = None, noteb
 
 
 def loo_text(c: dict) -> str:
-    """'k of N': with each stored run left out in turn, how many of the N pooled verdicts over the others are the
+    """'k of N': with each stored run left out in turn, how many of the N pooled verdicts over the others are
+    the
     pooled verdict ("" for a claim that is not timed or has no leave-one-out views)."""
     views = c.get("leave_one_out") or []
     if not c.get("timing") or not views:
@@ -212,10 +263,12 @@ def criterion_text(c: dict) -> str:
 
 
 # --- how stable the timing verdicts are ------------------------------------------------------------
-# A timing claim's record holds the verdict each stored run gets on its own (`per_run`, replication.py) beside the
+# A timing claim's record holds the verdict each stored run gets on its own (`per_run`, replication.py) beside
+# the
 # pooled one: the README counts them (k of N), docs/claims.md lists them.
 def k_of_n(c: dict) -> str:
-    """'k of N' stored runs whose own verdict is the pooled one, with the count of opposite verdicts when there
+    """'k of N' stored runs whose own verdict is the pooled one, with the count of opposite verdicts when
+    there
     are any; "" for a claim that is not timed, "one run" for a timing claim without stored runs."""
     if not c.get("timing"):
         return ""
@@ -229,10 +282,12 @@ def k_of_n(c: dict) -> str:
 
 
 def render_agreement(profile_name: str = "cpu", results: Path | None = None) -> str:
-    """Per timing claim: each stored run's own verdict, the pooled verdict, and k of N; then the count of claims
-    where no run gave the opposite of the pooled verdict (a single run's verdict is the pooled one or
+    """Per timing claim: each stored run's own verdict, the pooled verdict, and k of N; then the count of
+    claims where no run gave the opposite of the pooled verdict (a single run's verdict is the pooled one or
     inconclusive)."""
-    recs = [(r["notebook"], c) for r in records(profile_name, results) for c in r["claims"] if c.get("timing")]
+    recs = [
+        (r["notebook"], c) for r in records(profile_name, results) for c in r["claims"] if c.get("timing")
+    ]
     n = max((len(c.get("per_run") or []) for _, c in recs), default=0)
     if n < 2:
         return "Fewer than two stored runs: nothing to compare."
@@ -242,21 +297,34 @@ def render_agreement(profile_name: str = "cpu", results: Path | None = None) -> 
     for nb, c in recs:
         runs = list(c.get("per_run") or []) + ["not run"] * (n - len(c.get("per_run") or []))
         holds += "opposite" not in k_of_n(c)
-        lines.append("| " + " | ".join(_cell(x) for x in [nb.split("_")[0], c["claim"], *runs,
-                                                            c.get("pooled") or "", k_of_n(c)]) + " |")
-    lines += ["", f"In {holds} of {len(recs)} timing claims no stored run's own verdict is the opposite of the "
-                  "pooled one."]
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(x) for x in [nb.split("_")[0], c["claim"], *runs, c.get("pooled") or "", k_of_n(c)]
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        f"In {holds} of {len(recs)} timing claims no stored run's own verdict is the opposite of "
+        "the "
+        "pooled one.",
+    ]
     return "\n".join(lines)
 
 
 def render_this_run(profile_name: str, run_data: Path, results: Path | None = None) -> str:
-    """A run's timing verdicts (its claim records in `run_data`, e.g. results/<profile>/data/) beside the stored
-    pooled ones: per claim whether the single-run property holds (the run's verdict is the pooled one or
+    """A run's timing verdicts (its claim records in `run_data`, e.g. results/<profile>/data/) beside the
+    stored pooled ones: per claim whether the single-run property holds (the run's verdict is the pooled one
+    or
     inconclusive, never the other one), and the count."""
     mine = read_records(run_data)
     if not mine:
-        raise ResultFileError(f"{run_data}: no claim records (NN_*{RECORD_SUFFIX}); expected a run's records, e.g. "
-                              f"results/{profile_name}/data/")
+        raise ResultFileError(
+            f"{run_data}: no claim records (NN_*{RECORD_SUFFIX}); expected a run's "
+            "records, e.g. "
+            f"results/{profile_name}/data/"
+        )
     stored = {r["notebook"]: r for r in records(profile_name, results)}
     head = ["notebook", "claim", "this run", "pooled (stored)", "holds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -270,8 +338,13 @@ def render_this_run(profile_name: str, run_data: Path, results: Path | None = No
             mine_v = c.get("this_run") or c["verdict"]
             ok = mine_v in (pooled, "inconclusive")
             holds, total = holds + ok, total + 1
-            lines.append("| " + " | ".join(_cell(x) for x in [r["notebook"][:2], c["claim"], mine_v, pooled,
-                                                                "yes" if ok else "NO"]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    _cell(x) for x in [r["notebook"][:2], c["claim"], mine_v, pooled, "yes" if ok else "NO"]
+                )
+                + " |"
+            )
     lines += ["", f"The single-run property holds for {holds} of {total} timing claims."]
     return "\n".join(lines)
 
@@ -289,22 +362,27 @@ def replace_block(text: str, profile_name: str, block: str, marks: tuple[str, st
     return f"{head}{begin}\n{block}\n{end}{tail}"
 
 
-CLAIMS_DOC = "docs/claims.md"     # the full table and the agreement block, beside the README's compact one
+CLAIMS_DOC = "docs/claims.md"  # the full table and the agreement block, beside the README's compact one
 
 
-def update_readme(readme_path: Path | str | None = None, profile_name: str = "cpu",
-                  claims_doc: Path | str | None = None) -> bool:
+def update_readme(
+    readme_path: Path | str | None = None, profile_name: str = "cpu", claims_doc: Path | str | None = None
+) -> bool:
     """Rewrite the README's compact block for `profile_name` and docs/claims.md's full and agreement blocks
     (beside that README) from the records, atomically; True when either changed."""
     path = Path(readme_path or repo_root() / "README.md")
     doc = Path(claims_doc or path.parent / CLAIMS_DOC)
     changed = _rewrite(path, lambda t: replace_block(t, profile_name, render_compact(profile_name)))
     if doc.is_file():
+
         def full(text: str) -> str:
             new = replace_block(text, profile_name, render(profile_name))
             if agreement_markers(profile_name)[0] in new:
-                new = replace_block(new, profile_name, render_agreement(profile_name), agreement_markers(profile_name))
+                new = replace_block(
+                    new, profile_name, render_agreement(profile_name), agreement_markers(profile_name)
+                )
             return new
+
         changed = _rewrite(doc, full) or changed
     return changed
 

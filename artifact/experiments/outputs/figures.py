@@ -2,6 +2,7 @@
 entry per label (`legend`, `figure_legend`), and `save`, which writes a figure (<name>.png into
 outputs.figures_dir) with the data it drew (<name>.csv into outputs.run_data_dir) and prints what
 outputs/figure_check.py finds unreadable in it."""
+
 from __future__ import annotations
 
 import io
@@ -16,15 +17,25 @@ from artifact.experiments.outputs.paths import figures_dir, run_data_dir, short_
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.paths import atomic_write_bytes, atomic_write_text
 
-COLORS = {"demand": "tab:blue", "last_step": "tab:orange", "oracle": "tab:green", "interval_refresh": "tab:purple",
-          "belady": "tab:gray", "resident": "tab:gray"}
-CONTROL_COLOR = "dimgray"     # the A/A control (settings.CONTROL over demand): never a policy's colour
-AA_LABEL = f"A/A control ({CONTROL} over demand)"     # its series in every timing figure
+COLORS = {
+    "demand": "tab:blue",
+    "last_step": "tab:orange",
+    "oracle": "tab:green",
+    "interval_refresh": "tab:purple",
+    "belady": "tab:gray",
+    "resident": "tab:gray",
+}
+CONTROL_COLOR = "dimgray"  # the A/A control (settings.CONTROL over demand): never a policy's colour
+AA_LABEL = f"A/A control ({CONTROL} over demand)"  # its series in every timing figure
 # what an interval is over (rules.Interval.unit), as a figure's title says it
-INTERVAL_BASIS = {"runs": "pooled over runs", "hull": "one run: hull of its interval and the pooled one",
-                  "run": "one run, widened by the stored runs' spread", "pairs": "within one run"}
-PAPER_STYLE = dict(color="crimson", lw=1.5, ls="--")     # how the paper's figures are marked on a plot
-LEGEND_PT = 8           # the smallest text a figure has (figure_check.MIN_FONT_PT)
+INTERVAL_BASIS = {
+    "runs": "pooled over runs",
+    "hull": "one run: hull of its interval and the pooled one",
+    "run": "one run, widened by the stored runs' spread",
+    "pairs": "within one run",
+}
+PAPER_STYLE = dict(color="crimson", lw=1.5, ls="--")  # how the paper's figures are marked on a plot
+LEGEND_PT = 8  # the smallest text a figure has (figure_check.MIN_FONT_PT)
 
 
 def title(fig, P: Settings, text: str, legend_columns: int = 0) -> None:
@@ -34,8 +45,10 @@ def title(fig, P: Settings, text: str, legend_columns: int = 0) -> None:
         fig.set_layout_engine("constrained")
     if legend_columns:
         figure_legend(fig, ncol=legend_columns)
-    fig.suptitle(f"{text}  [profile {P.name}: {P.model if P.model == 'tiny' else 'checkpoint'}, {P.device}]",
-                 fontsize=11)
+    fig.suptitle(
+        f"{text}  [profile {P.name}: {P.model if P.model == 'tiny' else 'checkpoint'}, {P.device}]",
+        fontsize=11,
+    )
 
 
 CLIPPED = "interval runs off the axis (its end printed)"
@@ -54,10 +67,13 @@ def mean_interval(values) -> tuple[float, float]:
     return mean, float(stats.t.ppf(0.5 + thresholds.CONFIDENCE / 2, len(v) - 1)) * sd / math.sqrt(len(v))
 
 
-def interval_limits(keep, ends=(), room: float = 0.5, floor: float = 10.0, pad: float = 0.08) -> tuple[float, float]:
+def interval_limits(
+    keep, ends=(), room: float = 0.5, floor: float = 10.0, pad: float = 0.08
+) -> tuple[float, float]:
     """The y range a reader needs: every value in `keep` (the means, the intervals a verdict is read from, the
-    marks it is compared with), and of the other interval ends (`ends`: e.g. a single run's wide ones) no more than
-    `room` x the span of `keep` (at least `floor`) beyond it; padded by `pad` of the span. mark_clipped marks what
+    marks it is compared with), and of the other interval ends (`ends`: e.g. a single run's wide ones) no more
+    than `room` x the span of `keep` (at least `floor`) beyond it; padded by `pad` of the span. mark_clipped
+    marks what
     runs past it."""
     keep = [float(v) for v in keep if math.isfinite(v)]
     ends = [float(v) for v in ends if math.isfinite(v)]
@@ -69,18 +85,27 @@ def interval_limits(keep, ends=(), room: float = 0.5, floor: float = 10.0, pad: 
 
 
 def mark_clipped(ax, x, low, high, color, label: str = CLIPPED) -> int:
-    """For each interval (x, low, high) that runs past ax's y limits: an arrow at the edge it crosses, with the
+    """For each interval (x, low, high) that runs past ax's y limits: an arrow at the edge it crosses, with
+    the
     interval's end printed beside it (LEGEND_PT). Call after the limits are final; returns how many ends."""
     y0, y1 = ax.get_ylim()
     x0, x1 = ax.get_xlim()
     n = 0
     for xi, lo, hi in zip(x, low, high):
-        right = (xi - x0) / (x1 - x0) > 0.85          # near the right edge: print the end on the arrow's left
+        right = (xi - x0) / (x1 - x0) > 0.85  # near the right edge: print the end on the arrow's left
         for v, edge, marker, dy, va in ((hi, y1, "^", -3, "top"), (lo, y0, "v", 3, "bottom")):
             if (v > edge) if marker == "^" else (v < edge):
                 ax.plot([xi], [edge], marker=marker, ms=7, color=color, ls="none", clip_on=False, label=label)
-                ax.annotate(f"{v:+.0f}", (xi, edge), xytext=(-5 if right else 5, dy), textcoords="offset points",
-                            ha="right" if right else "left", va=va, fontsize=LEGEND_PT, color=color)
+                ax.annotate(
+                    f"{v:+.0f}",
+                    (xi, edge),
+                    xytext=(-5 if right else 5, dy),
+                    textcoords="offset points",
+                    ha="right" if right else "left",
+                    va=va,
+                    fontsize=LEGEND_PT,
+                    color=color,
+                )
                 n += 1
     return n
 
@@ -101,12 +126,15 @@ def legend(ax, **kw):
 
 
 def figure_legend(fig, ncol: int = 2, axes=None, **kw):
-    """One legend for the whole figure (or for `axes`' series) below its panels (over no title and no axes), one
+    """One legend for the whole figure (or for `axes`' series) below its panels (over no title and no axes),
+    one
     entry per label."""
     if fig.get_layout_engine() is None:
         fig.set_layout_engine("constrained")
-    return fig.legend(*entries(fig.axes if axes is None else axes),
-                      **{"loc": "outside lower center", "ncol": ncol, "fontsize": LEGEND_PT, "frameon": False, **kw})
+    return fig.legend(
+        *entries(fig.axes if axes is None else axes),
+        **{"loc": "outside lower center", "ncol": ncol, "fontsize": LEGEND_PT, "frameon": False, **kw},
+    )
 
 
 def save(fig, df, P: Settings, name: str, log=print) -> tuple[Path, Path]:

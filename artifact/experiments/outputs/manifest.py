@@ -1,11 +1,13 @@
 """The manifest of a stored run, and the check every reader of the stored runs makes before it rules.
 
-A stored run (data/results/<profile>/runs/run<k>/, artifact/experiments/replication.py) holds its raw row files,
-run.json and manifest.json: per row file its row count (CSV data rows, header excluded) and sha256, and the sha256
-of run.json. scripts/record_runs.py writes it with the run. `check_runs` refuses, with one line naming the run and
-what is wrong (artifact.errors.RunsError): a run folder without run.json or manifest.json, a row file missing,
-added, or whose row count or sha256 differs from the manifest, a gap in the run numbers, and runs at more than one
+A stored run (data/results/<profile>/runs/run<k>/, artifact/experiments/replication.py) holds its raw row
+files, run.json and manifest.json: per row file its row count (CSV data rows, header excluded) and sha256, and
+the sha256 of run.json. scripts/record_runs.py writes it with the run. `check_runs` refuses, with one line
+naming the run and what is wrong (artifact.errors.RunsError): a run folder without run.json or manifest.json,
+a row file missing, added, or whose row count or sha256 differs from the manifest, a gap in the run numbers,
+and runs at more than one
 commit. So a damaged run is never read as fewer rows or fewer runs."""
+
 from __future__ import annotations
 
 import csv
@@ -35,8 +37,10 @@ def row_count(path: Path) -> int:
 def manifest_of(run: Path) -> dict:
     """What a run's manifest holds: run.json's sha256 and, per row file (*.csv), its row count and sha256."""
     run = Path(run)
-    return {RUN_JSON: sha256(run / RUN_JSON),
-            "files": {p.name: {"rows": row_count(p), "sha256": sha256(p)} for p in sorted(run.glob("*.csv"))}}
+    return {
+        RUN_JSON: sha256(run / RUN_JSON),
+        "files": {p.name: {"rows": row_count(p), "sha256": sha256(p)} for p in sorted(run.glob("*.csv"))},
+    }
 
 
 def write_manifest(run: Path) -> Path:
@@ -47,7 +51,9 @@ def write_manifest(run: Path) -> Path:
 def _json(path: Path, what: str) -> dict:
     name = short_path(path.parent)
     if not path.is_file():
-        raise RunsError(f"{name}: no {path.name} ({what}); a stored run is recorded by scripts/record_runs.py")
+        raise RunsError(
+            f"{name}: no {path.name} ({what}); a stored run is recorded by scripts/record_runs.py"
+        )
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -65,13 +71,17 @@ def check_run(run: Path) -> dict:
     man = _json(run / MANIFEST, "each row file's row count and sha256")
     files = man.get("files")
     if not isinstance(files, dict) or not isinstance(man.get(RUN_JSON), str):
-        raise RunsError(f"{name}/{MANIFEST}: lacks 'files' or '{RUN_JSON}'; expected each row file's row count "
-                        "and sha256 and run.json's sha256")
+        raise RunsError(
+            f"{name}/{MANIFEST}: lacks 'files' or '{RUN_JSON}'; expected each row file's row "
+            "count "
+            "and sha256 and run.json's sha256"
+        )
     if sha256(run / RUN_JSON) != man[RUN_JSON]:
         raise RunsError(f"{name}/{RUN_JSON}: sha256 differs from {MANIFEST} (edited after it was recorded)")
     if sorted(meta.get("files") or []) != sorted(files):
-        raise RunsError(f"{name}: {RUN_JSON} lists files {sorted(meta.get('files') or [])}, {MANIFEST} "
-                        f"{sorted(files)}")
+        raise RunsError(
+            f"{name}: {RUN_JSON} lists files {sorted(meta.get('files') or [])}, {MANIFEST} {sorted(files)}"
+        )
     extra = sorted({p.name for p in run.glob("*.csv")} - set(files))
     if extra:
         raise RunsError(f"{name}/{extra[0]}: not in {MANIFEST} (added after the run was recorded)")
@@ -81,7 +91,9 @@ def check_run(run: Path) -> dict:
             raise RunsError(f"{name}/{f}: missing ({MANIFEST} lists it with {want.get('rows')} rows)")
         rows = row_count(path)
         if rows != want.get("rows"):
-            raise RunsError(f"{name}/{f}: {rows} rows, {MANIFEST} says {want.get('rows')} (truncated or edited)")
+            raise RunsError(
+                f"{name}/{f}: {rows} rows, {MANIFEST} says {want.get('rows')} (truncated or edited)"
+            )
         if sha256(path) != want.get("sha256"):
             raise RunsError(f"{name}/{f}: sha256 differs from {MANIFEST}, with the same {rows} rows (edited)")
     return meta
@@ -91,16 +103,21 @@ def check_runs(root: Path) -> list[Path]:
     """The stored runs under `root` (run1, run2, ... in number order), each checked (check_run), numbered
     1..N without a gap and all at one commit; else RunsError naming the run and the fault."""
     root = Path(root)
-    found = sorted((p for p in root.glob("run*") if p.is_dir() and p.name[3:].isdigit()),
-                   key=lambda p: int(p.name[3:]))
+    found = sorted(
+        (p for p in root.glob("run*") if p.is_dir() and p.name[3:].isdigit()), key=lambda p: int(p.name[3:])
+    )
     for k, p in enumerate(found, 1):
         if p.name != f"run{k}":
-            raise RunsError(f"{short_path(root)}/run{k}: missing (the stored runs are "
-                            f"{', '.join(q.name for q in found)}; expected run1, run2, ... without a gap)")
+            raise RunsError(
+                f"{short_path(root)}/run{k}: missing (the stored runs are "
+                f"{', '.join(q.name for q in found)}; expected run1, run2, ... without a gap)"
+            )
     commits: dict[str, list[str]] = {}
     for p in found:
         commits.setdefault(str(check_run(p).get("commit")), []).append(p.name)
     if len(commits) > 1:
         at = "; ".join(f"{', '.join(names)} at {c}" for c, names in commits.items())
-        raise RunsError(f"{short_path(root)}: runs at mixed commits ({at}); a stored result is runs at one commit")
+        raise RunsError(
+            f"{short_path(root)}: runs at mixed commits ({at}); a stored result is runs at one commit"
+        )
     return found

@@ -1,10 +1,12 @@
 """Where a profile's outputs go. A run writes only into ignored places: results/<profile>/ (ARTIFACT_OUTPUT
-relocates it) holds the executed notebooks, figures/ (ARTIFACT_FIGURES relocates it) and data/ (each figure's CSV
-and each claim cell's record); the resumable bench grids and the traces live in data/results/<profile>/ and
-data/traces/<profile>/ (ignored but for the reference files). The committed reference results,
-figures/<profile>/*.png, data/results/<profile>/NN_*.csv and NN_*.claims.json, and the routing traces they were
-computed from, data/results/<profile>/traces/, change only with an explicit `--store` (notebooks.store.store_outputs
+relocates it) holds the executed notebooks, figures/ (ARTIFACT_FIGURES relocates it) and data/ (each figure's
+CSV and each claim cell's record); the resumable bench grids and the traces live in data/results/<profile>/
+and data/traces/<profile>/ (ignored but for the reference files). The committed reference results,
+figures/<profile>/*.png, data/results/<profile>/NN_*.csv and NN_*.claims.json, and the routing traces they
+were computed from, data/results/<profile>/traces/, change only with an explicit `--store`
+(notebooks.store.store_outputs
 copies a run's files there)."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +15,7 @@ from pathlib import Path
 from artifact.experiments.settings import Settings
 from artifact.paths import data_dir, repo_root
 
-RECORD_SUFFIX = ".claims.json"    # a notebook's claim record: results/<profile>/data/<notebook>.claims.json
+RECORD_SUFFIX = ".claims.json"  # a notebook's claim record: results/<profile>/data/<notebook>.claims.json
 
 
 def run_dir(P: Settings) -> Path:

@@ -1,6 +1,7 @@
 """Reading a profile file and checking its values (artifact.experiments.settings.load_profile): each value
 converted to its field's type (int -> float, list -> tuple), then ranges (RANGES) and choices, every error
 naming the key, the file or override it came from, the value and what is expected."""
+
 from __future__ import annotations
 
 import difflib
@@ -32,15 +33,31 @@ DEFAULTS_ORIGIN = "defaults (artifact/experiments/settings.py)"
 _GT0 = {"low": 0, "low_open": True}
 _GE0 = {"low": 0}
 _BATCH = {"low": 1, "high": MAX_BATCH, "integer": True}
-_THREADS = {"low": 1, "high": 1024, "integer": True}   # more only fails later, spawning the threads
+_THREADS = {"low": 1, "high": 1024, "integer": True}  # more only fails later, spawning the threads
 RANGES: dict[str, dict] = {
-    "latency_us": _GE0, "link_gbps": _GT0, "torch_threads": _THREADS,
-    "gen_length": _GT0, "steps": _GT0, "threshold": {"low": 0, "low_open": True, "high": 1},
-    "n_prompts": _GT0, "seed": _GE0, "max_prompt_tokens": _GT0,
-    "batch_sizes": _BATCH, "cache_ratios": _GT0, "bandwidth_scales": _GT0, "repetitions": _GT0, "warmup": _GE0,
-    "rotation": _GE0, "lookahead": _GT0, "tau": _GT0, "trace_capacity": _GT0, "budget_minutes": _GT0,
-    "throttle_scales": _GT0, "throttle_ratio": _GT0,
-    "trace_n_prompts": _GT0, "trace_batch_sizes": _BATCH,
+    "latency_us": _GE0,
+    "link_gbps": _GT0,
+    "torch_threads": _THREADS,
+    "gen_length": _GT0,
+    "steps": _GT0,
+    "threshold": {"low": 0, "low_open": True, "high": 1},
+    "n_prompts": _GT0,
+    "seed": _GE0,
+    "max_prompt_tokens": _GT0,
+    "batch_sizes": _BATCH,
+    "cache_ratios": _GT0,
+    "bandwidth_scales": _GT0,
+    "repetitions": _GT0,
+    "warmup": _GE0,
+    "rotation": _GE0,
+    "lookahead": _GT0,
+    "tau": _GT0,
+    "trace_capacity": _GT0,
+    "budget_minutes": _GT0,
+    "throttle_scales": _GT0,
+    "throttle_ratio": _GT0,
+    "trace_n_prompts": _GT0,
+    "trace_batch_sizes": _BATCH,
 }
 
 
@@ -82,6 +99,7 @@ def describe(tp) -> str:
 
 def check_value(key: str, value, tp, src: str):
     """The value converted to the field's type (int -> float, list -> tuple), or a ProfileError."""
+
     def bad():
         return ProfileError(f"{src}: {key} must be {describe(tp)}, got {value!r} ({type(value).__name__})")
 
@@ -119,6 +137,7 @@ def check_values(P, origin: dict) -> None:
     """Ranges and choices of P (the Settings being loaded; this module sits under settings.py, so untyped),
     each error naming the key, the file it came from (origin: key -> file or 'overrides') and the valid
     values."""
+
     def src(key):
         return origin.get(key, DEFAULTS_ORIGIN)
 
@@ -140,7 +159,7 @@ def check_values(P, origin: dict) -> None:
     choices("mode", [P.mode], MODES)
     choices("tasks", P.tasks, TASKS)
     choices("trace_tasks", P.trace_tasks, TASKS)
-    try:                                        # before the policy names: a module may define them
+    try:  # before the policy names: a module may define them
         load_policy_modules(P.policy_modules, f"{src('policy_modules')}: policy_modules")
     except SettingError as e:
         raise ProfileError(str(e)) from None
@@ -152,7 +171,7 @@ def check_values(P, origin: dict) -> None:
                 fail(key, f"has {spec!r}: {e}")
     if P.dtype is not None:
         choices("dtype", [P.dtype], list(DTYPES))
-    try:                                        # the forward mode: checked where the run's options are made
+    try:  # the forward mode: checked where the run's options are made
         P.run_options()
     except SettingError as e:
         raise ProfileError(f"{src('forward')}: forward: {e}") from None
@@ -165,7 +184,7 @@ def _check_ranges(P, src) -> None:
     for key, rng in RANGES.items():
         value = getattr(P, key)
         nullable = type(None) in typing.get_args(hints[key])
-        for v in (value if isinstance(value, tuple) else (value,)):
+        for v in value if isinstance(value, tuple) else (value,):
             if v is None and nullable:
                 continue
             try:
@@ -186,11 +205,20 @@ def _check_together(P, fail) -> None:
         fail("link", f"'cuda' computes on the GPU, but device is {P.device!r}; use link: emulated on the CPU")
     for key in ("bandwidth_scales", "throttle_scales"):
         if P.link == "cuda" and max(getattr(P, key)) > 1:
-            fail(key, f"above 1 ({max(getattr(P, key))}) cannot speed up real hardware; "
-                      "on the cuda link use scales <= 1 (a cap)")
+            fail(
+                key,
+                f"above 1 ({max(getattr(P, key))}) cannot speed up real hardware; "
+                "on the cuda link use scales <= 1 (a cap)",
+            )
     if P.n_prompts < max(P.batch_sizes):
-        fail("n_prompts", f"= {P.n_prompts} cannot fill a batch of {max(P.batch_sizes)} (batch_sizes); "
-                          f"give at least {max(P.batch_sizes)}")
+        fail(
+            "n_prompts",
+            f"= {P.n_prompts} cannot fill a batch of {max(P.batch_sizes)} (batch_sizes); "
+            f"give at least {max(P.batch_sizes)}",
+        )
     if P.trace_n_prompts < max(P.trace_batch_sizes):
-        fail("trace_n_prompts", f"= {P.trace_n_prompts} cannot fill a batch of {max(P.trace_batch_sizes)} "
-                                f"(trace_batch_sizes); give at least {max(P.trace_batch_sizes)}")
+        fail(
+            "trace_n_prompts",
+            f"= {P.trace_n_prompts} cannot fill a batch of {max(P.trace_batch_sizes)} "
+            f"(trace_batch_sizes); give at least {max(P.trace_batch_sizes)}",
+        )

@@ -1,5 +1,6 @@
 """The `slurm:` section of a profile: a mapping whose keys are layered one by one (the defaults, the profile's
 `slurm:` mapping, --set slurm.KEY=VALUE), each value checked where it came from."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,16 +17,17 @@ __all__ = ["SLURM_KEYS", "SlurmSettings", "merge_slurm"]
 class SlurmSettings:
     """The `slurm:` section of a profile: what each job of a --submit slurm array asks for.
     A profile (or --set slurm.KEY=VALUE) changes single keys; the others keep these defaults."""
-    partition: str | None = None        # None: the cluster's default partition
+
+    partition: str | None = None  # None: the cluster's default partition
     account: str | None = None
     qos: str | None = None
-    constraint: str | None = None       # a node feature, e.g. a GPU type
-    time_minutes: int = 240             # wall-clock limit of one job (one shard, or one trace)
-    gpus_per_task: int = 1              # 0 for a CPU profile
+    constraint: str | None = None  # a node feature, e.g. a GPU type
+    time_minutes: int = 240  # wall-clock limit of one job (one shard, or one trace)
+    gpus_per_task: int = 1  # 0 for a CPU profile
     cpus_per_task: int = 4
-    mem_gb: float | None = None         # None: the partition's default
-    array_parallelism: int | None = None   # at most this many array tasks at once (None: all)
-    setup: tuple[str, ...] = ()         # shell lines each job runs first, e.g. "module load cuda/12.4"
+    mem_gb: float | None = None  # None: the partition's default
+    array_parallelism: int | None = None  # at most this many array tasks at once (None: all)
+    setup: tuple[str, ...] = ()  # shell lines each job runs first, e.g. "module load cuda/12.4"
 
 
 SLURM_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SlurmSettings))
@@ -42,12 +44,16 @@ def merge_slurm(current: dict | None, key: str, value, src: str) -> dict:
     elif isinstance(value, dict):
         updates = value
     else:
-        raise ProfileError(f"{src}: slurm must be a mapping of {', '.join(SLURM_KEYS)}, got {value!r} "
-                           f"({type(value).__name__})")
+        raise ProfileError(
+            f"{src}: slurm must be a mapping of {', '.join(SLURM_KEYS)}, got {value!r} "
+            f"({type(value).__name__})"
+        )
     for k, v in updates.items():
         if k not in SLURM_KEYS:
-            raise ProfileError(f"{src}: unknown key slurm.{k}{suggest(str(k), SLURM_KEYS)}; "
-                               f"slurm keys: {', '.join(SLURM_KEYS)}")
+            raise ProfileError(
+                f"{src}: unknown key slurm.{k}{suggest(str(k), SLURM_KEYS)}; "
+                f"slurm keys: {', '.join(SLURM_KEYS)}"
+            )
         merged[k] = _check_slurm_key(k, v, src)
     return merged
 

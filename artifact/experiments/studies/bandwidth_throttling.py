@@ -2,6 +2,7 @@
 do speculative transfers compete with demand transfers? The stall verdict is ruled per cell (bandwidth, batch
 size, C/W) on an interval over runs (replication.py), net of its A/A control (the direction claim's null: a
 difference in differences per matched pair, criteria/timing.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,25 +18,38 @@ from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.effects import STALL_SHARE
 from artifact.experiments.harness import run_grid
-from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, figure_legend, title
+from artifact.experiments.outputs.figures import (
+    AA_LABEL,
+    COLORS,
+    CONTROL_COLOR,
+    INTERVAL_BASIS,
+    figure_legend,
+    title,
+)
 from artifact.experiments.replication import Compared, Replicas, gather
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
 from artifact.offload.links.link import PCIE4_GBPS
 
-STEM = "throttle_runs"      # data/results/<profile>/throttle_runs.csv
+STEM = "throttle_runs"  # data/results/<profile>/throttle_runs.csv
 METRIC = "stall_seconds"
-CLAIM = CLAIMS["03-stall"]  # the stall claim's definition (criteria/timing.py): last_step over demand, STALL_SHARE
+# the stall claim's definition (criteria/timing.py): last_step over demand, STALL_SHARE
+CLAIM = CLAIMS["03-stall"]
 
 
 def throttle_profile(P: Settings) -> Settings:
     """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step with
     the A/A control (settings.CONTROL), one cell per bandwidth in throttle_scales, with at least
     thresholds.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
-    return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(max(P.batch_sizes),),
-                               cache_ratios=(P.throttle_ratio,), bandwidth_scales=tuple(P.throttle_scales),
-                               policies=("demand", "last_step", CONTROL),
-                               repetitions=max(P.repetitions, thresholds.MIN_PAIRS))
+    return dataclasses.replace(
+        P,
+        tasks=P.tasks[:1],
+        batch_sizes=(max(P.batch_sizes),),
+        cache_ratios=(P.throttle_ratio,),
+        bandwidth_scales=tuple(P.throttle_scales),
+        policies=("demand", "last_step", CONTROL),
+        repetitions=max(P.repetitions, thresholds.MIN_PAIRS),
+    )
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
@@ -56,10 +70,15 @@ def summary_table(rows) -> pd.DataFrame:
     if len(nominal):
         rows = rows.assign(link_gbps=rows.link_gbps.fillna(rows.bandwidth_scale * nominal.median()))
     g = rows.groupby(["bandwidth_scale", "link_gbps", "policy"], sort=True, dropna=False).agg(
-        runs=("seconds", "size"), tokens_per_second=("tokens_per_second", "mean"),
-        stall_seconds=("stall_seconds", "mean"), link_busy_seconds=("link_busy_seconds", "mean"),
-        seconds=("seconds", "mean"), demand_misses=("demand_misses", "first"),
-        speculative_transfers=("speculative_transfers", "first"), transfers=("transfers", "first"))
+        runs=("seconds", "size"),
+        tokens_per_second=("tokens_per_second", "mean"),
+        stall_seconds=("stall_seconds", "mean"),
+        link_busy_seconds=("link_busy_seconds", "mean"),
+        seconds=("seconds", "mean"),
+        demand_misses=("demand_misses", "first"),
+        speculative_transfers=("speculative_transfers", "first"),
+        transfers=("transfers", "first"),
+    )
     return g.reset_index()
 
 
@@ -67,15 +86,15 @@ def summary_table(rows) -> pd.DataFrame:
 @dataclass(frozen=True)
 class Numbers:
     # counts of one run (the first row; counts never depend on the bandwidth: no timing enters them)
-    fewer_demand: float          # 1 - last_step's demand loads / demand's
-    more_speculative: float      # last_step's speculative loads / demand's transfers
-    extra_transfers: float       # last_step's transfers / demand's - 1
-    by_bandwidth: tuple          # (link GB/s, stall demand, stall last_step, tokens/s demand, tokens/s last_step),
-                                 # this run's means, highest bandwidth first
-    stall: Compared = Compared({})                # {cell: Replicated} last_step's stall over demand's (STALL_SHARE),
-                                                  # highest bandwidth first, with the A/A control's stall over
-                                                  # demand's and the cells' GPU host shares
-    gbps: dict = field(default_factory=dict)      # {bandwidth scale: link GB/s}
+    fewer_demand: float  # 1 - last_step's demand loads / demand's
+    more_speculative: float  # last_step's speculative loads / demand's transfers
+    extra_transfers: float  # last_step's transfers / demand's - 1
+    by_bandwidth: tuple  # (link GB/s, stall demand, stall last_step, tokens/s demand, tokens/s last_step),
+    # this run's means, highest bandwidth first
+    stall: Compared = Compared({})  # {cell: Replicated} last_step's stall over demand's (STALL_SHARE),
+    # highest bandwidth first, with the A/A control's stall over
+    # demand's and the cells' GPU host shares
+    gbps: dict = field(default_factory=dict)  # {bandwidth scale: link GB/s}
 
 
 def _fastest_first(effects: dict) -> dict:
@@ -89,14 +108,29 @@ def numbers(reps: Replicas) -> Numbers:
     s = summary[summary.policy == "last_step"].set_index("bandwidth_scale")
     scales = sorted(d.index, reverse=True)
     stall = claim_compared(reps, CLAIM)
-    return Numbers(1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
-                   s.speculative_transfers.iloc[0] / d.transfers.iloc[0],
-                   s.transfers.iloc[0] / d.transfers.iloc[0] - 1,
-                   tuple((d.link_gbps[x], d.stall_seconds[x], s.stall_seconds[x], d.tokens_per_second[x],
-                          s.tokens_per_second[x]) for x in scales),
-                   Compared(_fastest_first(stall.effects), _fastest_first(stall.control), stall.host,
-                            _fastest_first(stall.net), stall.basis),
-                   {float(x): float(d.link_gbps[x]) for x in scales})
+    return Numbers(
+        1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
+        s.speculative_transfers.iloc[0] / d.transfers.iloc[0],
+        s.transfers.iloc[0] / d.transfers.iloc[0] - 1,
+        tuple(
+            (
+                d.link_gbps[x],
+                d.stall_seconds[x],
+                s.stall_seconds[x],
+                d.tokens_per_second[x],
+                s.tokens_per_second[x],
+            )
+            for x in scales
+        ),
+        Compared(
+            _fastest_first(stall.effects),
+            _fastest_first(stall.control),
+            stall.host,
+            _fastest_first(stall.net),
+            stall.basis,
+        ),
+        {float(x): float(d.link_gbps[x]) for x in scales},
+    )
 
 
 def label(key, gbps: dict) -> str:
@@ -107,32 +141,42 @@ def label(key, gbps: dict) -> str:
 
 
 def counts_text(n: Numbers) -> str:
-    return (f"per run, last_step vs demand: {n.fewer_demand:.0%} fewer demand loads, "
-            f"{n.more_speculative:.0%} more speculative ones, {n.extra_transfers:+.0%} link transfers in all")
+    return (
+        f"per run, last_step vs demand: {n.fewer_demand:.0%} fewer demand loads, "
+        f"{n.more_speculative:.0%} more speculative ones, {n.extra_transfers:+.0%} link transfers in all"
+    )
 
 
 def stall_text(n: Numbers) -> str:
     """This run's means per bandwidth (the claim rules on the per-cell intervals before it)."""
     return "this run's means: " + "; ".join(
         f"{gbps:.3g} GB/s: stall {sd:.2f} s (demand) vs {ss:.2f} s (last_step), {td:.1f} vs {ts:.1f} tokens/s"
-        for gbps, sd, ss, td, ts in n.by_bandwidth)
+        for gbps, sd, ss, td, ts in n.by_bandwidth
+    )
 
 
 def verdicts(n: Numbers) -> list[Claim]:
     counts = Claim(
         "last-step prefetch puts more transfers on the link than demand loading serves misses",
         "speculative transfers compete with demand transfers for host-to-device bandwidth",
-        counts_text(n), verdict_of(n.extra_transfers > 0), counting=PER_RUN, interval=EXACT,
-        margin=f"{n.extra_transfers:+.1%} link transfers vs > 0")
+        counts_text(n),
+        verdict_of(n.extra_transfers > 0),
+        counting=PER_RUN,
+        interval=EXACT,
+        margin=f"{n.extra_transfers:+.1%} link transfers vs > 0",
+    )
     q = question(CLAIM)
     t = rule_claim(n.stall, CLAIM, lambda k: label(k, n.gbps))
     stall = timed_claim(
-        "speculative transfers delay demand transfers: last_step stalls longer than demand at every bandwidth, "
+        "speculative transfers delay demand transfers: last_step stalls longer than demand at every "
+        "bandwidth, "
         f"{q.text()} of demand's wall time per forward, net of the A/A control",
-        "speculative loads queue ahead of demand loads on the copy engine (qualitative)", t,
+        "speculative loads queue ahead of demand loads on the copy engine (qualitative)",
+        t,
         f"stall seconds per forward: {STALL_SHARE.text} (last_step over demand), one interval per cell "
         "(bandwidth, batch, C/W)",
-        note=stall_text(n))
+        note=stall_text(n),
+    )
     return [counts, stall]
 
 
@@ -143,11 +187,15 @@ def stored_claims(P: Settings) -> list[Claim]:
 
 
 def reading(n: Numbers) -> str:
-    """What the figure shows, from the fastest link to the slowest, in this run's means (printed by notebook 03)."""
+    """What the figure shows, from the fastest link to the slowest, in this run's means (printed by notebook
+    03)."""
     (g0, sd0, ss0, td0, ts0), (g1, sd1, ss1, td1, ts1) = n.by_bandwidth[0], n.by_bandwidth[-1]
-    return (f"From {g0:.3g} GB/s to {g1:.3g} GB/s, last_step's stall minus demand's goes from {ss0 - sd0:+.2f} s to "
-            f"{ss1 - sd1:+.2f} s per run, and its tokens/s relative to demand's from {ts0 / td0 - 1:+.0%} to "
-            f"{ts1 / td1 - 1:+.0%} (means over repetitions; the claim below rules on one interval per cell).")
+    return (
+        f"From {g0:.3g} GB/s to {g1:.3g} GB/s, last_step's stall minus demand's goes from "
+        f"{ss0 - sd0:+.2f} s to "
+        f"{ss1 - sd1:+.2f} s per run, and its tokens/s relative to demand's from {ts0 / td0 - 1:+.0%} to "
+        f"{ts1 / td1 - 1:+.0%} (means over repetitions; the claim below rules on one interval per cell)."
+    )
 
 
 # --- figure ---------------------------------------------------------------------------------------
@@ -156,8 +204,9 @@ def _color(pol: str):
 
 
 def plot(summary, n: Numbers, P: Settings):
-    """(a) tokens/s and (b) stall seconds vs link bandwidth, per policy (this run's means; the A/A control in its
-    own colour); (c) last_step's stall over demand's per cell with the interval it is ruled on, beside the A/A
+    """(a) tokens/s and (b) stall seconds vs link bandwidth, per policy (this run's means; the A/A control in
+    its own colour); (c) last_step's stall over demand's per cell with the interval it is ruled on, beside the
+    A/A
     control's with its interval; one legend below the panels."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.4), layout="constrained")
     _means(ax1, ax2, summary)
@@ -166,18 +215,27 @@ def plot(summary, n: Numbers, P: Settings):
     basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else "no intervals"
     why, ticks = _bandwidth_axis(summary, P)
     ax1.set(xlabel="link bandwidth (GB/s)", ylabel="throughput (tokens/s)", title="throughput (means)")
-    ax2.set(xlabel="link bandwidth (GB/s)", ylabel="stall per run (seconds)",
-            title="compute waiting on the link (means)")
-    ax3.set(xlabel="link bandwidth (GB/s)", ylabel="A - B stall per forward\n(% of B's wall per forward)",
-            title=f"stall per cell, 95% intervals ({basis})")
+    ax2.set(
+        xlabel="link bandwidth (GB/s)",
+        ylabel="stall per run (seconds)",
+        title="compute waiting on the link (means)",
+    )
+    ax3.set(
+        xlabel="link bandwidth (GB/s)",
+        ylabel="A - B stall per forward\n(% of B's wall per forward)",
+        title=f"stall per cell, 95% intervals ({basis})",
+    )
     for ax in (ax1, ax2, ax3):
         ax.title.set_fontsize(10)
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(ticks), list(ticks.values()))
         ax.minorticks_off()
-    figure_legend(fig, ncol=3, title=why or None, title_fontsize=9)      # why the link is that slow, over the legend
+    # why the link is that slow, over the legend
+    figure_legend(fig, ncol=3, title=why or None, title_fontsize=9)
     title(fig, P, "03 bandwidth throttling (no paper figure: qualitative)")
-    df = pd.concat([summary.assign(panel="means"), pd.DataFrame(rows).assign(panel="intervals")], ignore_index=True)
+    df = pd.concat(
+        [summary.assign(panel="means"), pd.DataFrame(rows).assign(panel="intervals")], ignore_index=True
+    )
     return fig, df
 
 
@@ -190,25 +248,54 @@ def _means(ax1, ax2, summary):
 
 
 def _stall_intervals(ax3, n: Numbers) -> list[dict]:
-    """(c) last_step's stall over demand's per cell and the A/A control's, each with the interval it is ruled on,
+    """(c) last_step's stall over demand's per cell and the A/A control's, each with the interval it is ruled
+    on,
     against the margin; returns the panel's figure data."""
     rows = []
     aa = AA_LABEL
-    for name, src, color, shift in (("last_step over demand", n.stall.effects, COLORS["last_step"], 2 ** -0.05),
-                                    (aa, n.stall.control, CONTROL_COLOR, 2 ** 0.05)):
+    for name, src, color, shift in (
+        ("last_step over demand", n.stall.effects, COLORS["last_step"], 2**-0.05),
+        (aa, n.stall.control, CONTROL_COLOR, 2**0.05),
+    ):
         groups = sorted({k[:3] for k in src})
         for j, group in enumerate(groups):
             keys = [k for k in src if k[:3] == group and k[3] in n.gbps]
             iv = [src[k].ruled for k in keys]
             x = [n.gbps[k[3]] * shift for k in keys]
             cell = f"b={group[1]} C/W {group[2]:g}" + (f" {group[0]}" if group[0] != "gsm8k" else "")
-            ax3.errorbar(x, [i.mean for i in iv], yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
-                         fmt="os^D"[j % 4], capsize=3, ms=4, color=color, label=f"{name}, {cell}")
-            rows += [dict(series=name, task=k[0], batch_size=k[1], cache_ratio=k[2], bandwidth_scale=k[3],
-                          link_gbps=n.gbps[k[3]], diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
-                     for k, i in zip(keys, iv)]
-    ax3.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12,
-                label=f"+-{thresholds.MARGIN:g} (the margin; faster means above +{thresholds.MARGIN:g})")
+            ax3.errorbar(
+                x,
+                [i.mean for i in iv],
+                yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
+                fmt="os^D"[j % 4],
+                capsize=3,
+                ms=4,
+                color=color,
+                label=f"{name}, {cell}",
+            )
+            rows += [
+                dict(
+                    series=name,
+                    task=k[0],
+                    batch_size=k[1],
+                    cache_ratio=k[2],
+                    bandwidth_scale=k[3],
+                    link_gbps=n.gbps[k[3]],
+                    diff_pct=i.mean,
+                    low=i.low,
+                    high=i.high,
+                    interval=i.unit,
+                    n=i.n,
+                )
+                for k, i in zip(keys, iv)
+            ]
+    ax3.axhspan(
+        -thresholds.MARGIN,
+        thresholds.MARGIN,
+        color="gray",
+        alpha=0.12,
+        label=f"+-{thresholds.MARGIN:g} (the margin; faster means above +{thresholds.MARGIN:g})",
+    )
     ax3.axhline(0, color="black", lw=1, ls=":")
     return rows
 
@@ -222,9 +309,12 @@ def _bandwidth_axis(summary, P: Settings) -> tuple[str, dict]:
     scaled = P.link == "emulated" and P.link_gbps is None
     if not scaled:
         return "", {g: f"{g:.3g}" for g in pairs.link_gbps}
-    return (f"emulated link, scaled to the {P.model} model's experts: one costs what a LLaDA2.0-mini expert costs "
-            f"on the PCIe x16 link named (PCIe 4 = {PCIE4_GBPS:g} GB/s)",
-            {g: f"{g:.3g}\n~{_pcie(s)}" for g, s in zip(pairs.link_gbps, pairs.bandwidth_scale)})
+    return (
+        f"emulated link, scaled to the {P.model} model's experts: one costs what a LLaDA2.0-mini expert "
+        "costs "
+        f"on the PCIe x16 link named (PCIe 4 = {PCIE4_GBPS:g} GB/s)",
+        {g: f"{g:.3g}\n~{_pcie(s)}" for g, s in zip(pairs.link_gbps, pairs.bandwidth_scale)},
+    )
 
 
 def _pcie(scale: float) -> str:

@@ -1,12 +1,14 @@
 """09 the cache's own design space (this artifact's own results, not the paper's): is LRU the right
-cache for diffusion MoE? Every eviction policy (offload/policy/eviction.py) replays the profile's traces exactly,
-against LRU and the two floors belady (this cache's rules) and min (any demand-paging schedule), per C/W,
-batch size and phase; the best eviction is combined with last_step, cross_layer and oracle prefetching; and
-libCacheSim's LRU, fed each demand hits first, is checked against `demand` on every request; and a small
+cache for diffusion MoE? Every eviction policy (offload/policy/eviction.py) replays the profile's traces
+exactly, against LRU and the two floors belady (this cache's rules) and min (any demand-paging schedule), per
+C/W, batch size and phase; the best eviction is combined with last_step, cross_layer and oracle prefetching;
+and libCacheSim's LRU, fed each demand hits first, is checked against `demand` on every request; and a small
 paired bench times the best eviction against lru end to end (tokens/s, ruled per cell on an interval over runs
-net of the A/A control, as the other direction claims: criteria/timing.py). The count claims rule on the denoising steps
-(prefill excluded), as notebooks 02 and 06 and the paper's oracle figure count, and print all demands beside
+net of the A/A control, as the other direction claims: criteria/timing.py). The count claims rule on the
+denoising steps (prefill excluded), as notebooks 02 and 06 and the paper's oracle figure count, and print all
+demands beside
 them where that basis would give another verdict (claims.on_bases)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,22 +30,40 @@ from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import CELL_KEYS
 from artifact.experiments.stored_runs import stored_rows
 from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
-from artifact.offload.replay.sim import by_basis, capacity_for, phase_columns, relative_to_lru, ruling_basis, sweep
+from artifact.offload.replay.sim import (
+    by_basis,
+    capacity_for,
+    phase_columns,
+    relative_to_lru,
+    ruling_basis,
+    sweep,
+)
 from artifact.offload.replay.trace import mean_working_set
 
 OWN = "not a claim of the paper: this artifact's own result"
 RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)
-EVICTIONS = ("demand", "demand+token_lru", "demand+token_lru:reverse=true", "demand+lfu", "demand+lfu:perfect=true",
-             "demand+lfu_window:steps=8", "demand+lrfu:lam=0.5", "demand+lrfu:lam=2", "demand+block_tokens",
-             "demand+arc", "demand+s3fifo")
+EVICTIONS = (
+    "demand",
+    "demand+token_lru",
+    "demand+token_lru:reverse=true",
+    "demand+lfu",
+    "demand+lfu:perfect=true",
+    "demand+lfu_window:steps=8",
+    "demand+lrfu:lam=0.5",
+    "demand+lrfu:lam=2",
+    "demand+block_tokens",
+    "demand+arc",
+    "demand+s3fifo",
+)
 FLOORS = ("belady", "min")
 FLOOR_STYLE = {"belady": dict(ls=":", lw=2, color="black"), "min": dict(ls="--", lw=1.5, color="dimgray")}
 PREFETCH = ("last_step", "cross_layer", "oracle")
-BENCH_RATIO = 1.0                    # the timed cell's C/W: the cache holds one mean working set
-BENCH_PROMPTS = 2                    # prompts per timed run: 3 policies x 5 runs stay well under a minute on cpu
-STEM = "cache_design_runs"           # data/results/<profile>/cache_design_runs.csv
-CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
-CLAIM = CLAIMS["09-eviction"]  # the bench claim (criteria/timing.py): the best eviction over lru (demand), faster
+BENCH_RATIO = 1.0  # the timed cell's C/W: the cache holds one mean working set
+BENCH_PROMPTS = 2  # prompts per timed run: 3 policies x 5 runs stay well under a minute on cpu
+STEM = "cache_design_runs"  # data/results/<profile>/cache_design_runs.csv
+CELL = list(CELL_KEYS)  # one interval per cell (stats.CellKey): nothing pooled
+# the bench claim (criteria/timing.py): the best eviction over lru (demand), faster
+CLAIM = CLAIMS["09-eviction"]
 
 
 def label(spec: str) -> str:
@@ -116,6 +136,7 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
     except ImportError:
         return pd.DataFrame()
     from artifact.offload.replay.export import request_streams
+
     rows = []
     req = lcs.Request()
     req.obj_size = 1
@@ -131,9 +152,18 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
                     got = cache.get(req)
                     n, differ = n + 1, differ + (got != h)
                     ours, theirs = ours + (not h), theirs + (not got)
-            rows.append({"task": t.meta.get("task"), "batch_size": t.meta.get("batch_size"), "cache_ratio": r,
-                         "cache_experts": C, "requests": n, "demand_misses": ours, "libcachesim_lru_misses": theirs,
-                         "requests_that_differ": differ})
+            rows.append(
+                {
+                    "task": t.meta.get("task"),
+                    "batch_size": t.meta.get("batch_size"),
+                    "cache_ratio": r,
+                    "cache_experts": C,
+                    "requests": n,
+                    "demand_misses": ours,
+                    "libcachesim_lru_misses": theirs,
+                    "requests_that_differ": differ,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -142,10 +172,17 @@ def bench_profile(P: Settings, best: str) -> Settings:
     """The 09 bench: lru (`demand`) vs the best eviction (`demand+<eviction>`) with the A/A control
     (settings.CONTROL), one cell (the first task, batch size 1, C/W BENCH_RATIO, at most BENCH_PROMPTS
     prompts), one warm-up run of each policy and enough repetitions for thresholds.MIN_PAIRS pairs."""
-    return dataclasses.replace(P, tasks=P.tasks[:1], batch_sizes=(1,), cache_ratios=(BENCH_RATIO,),
-                               bandwidth_scales=(1.0,), policies=("demand", best, CONTROL),
-                               n_prompts=min(P.n_prompts, BENCH_PROMPTS),
-                               repetitions=max(P.repetitions, thresholds.MIN_PAIRS), warmup=1)
+    return dataclasses.replace(
+        P,
+        tasks=P.tasks[:1],
+        batch_sizes=(1,),
+        cache_ratios=(BENCH_RATIO,),
+        bandwidth_scales=(1.0,),
+        policies=("demand", best, CONTROL),
+        n_prompts=min(P.n_prompts, BENCH_PROMPTS),
+        repetitions=max(P.repetitions, thresholds.MIN_PAIRS),
+        warmup=1,
+    )
 
 
 def measure_bench(P: Settings, best: str, progress: bool = True) -> pd.DataFrame:
@@ -165,9 +202,9 @@ def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Replicas:
 
 @dataclass(frozen=True)
 class BenchNumbers:
-    best: str                # the eviction spec timed against lru
-    over_lru: Compared       # {cell: Replicated} tokens/s of the best eviction over lru's, with the A/A control
-    misses: tuple            # (lru's, the best's) demand misses, summed over this run's timed runs
+    best: str  # the eviction spec timed against lru
+    over_lru: Compared  # {cell: Replicated} tokens/s of the best eviction over lru's, with the A/A control
+    misses: tuple  # (lru's, the best's) demand misses, summed over this run's timed runs
 
 
 def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
@@ -178,7 +215,11 @@ def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
 
 def bench_label(key) -> str:
     task, b, ratio, scale = key
-    return f"C/W {ratio:g} b={b}" + (f" {task}" if task != "gsm8k" else "") + (f" x{scale:g}" if scale != 1 else "")
+    return (
+        f"C/W {ratio:g} b={b}"
+        + (f" {task}" if task != "gsm8k" else "")
+        + (f" x{scale:g}" if scale != 1 else "")
+    )
 
 
 def bench_verdict(b: BenchNumbers) -> Claim:
@@ -186,17 +227,21 @@ def bench_verdict(b: BenchNumbers) -> Claim:
     t = rule_claim(merge_others({b.best: b.over_lru}), CLAIM, lambda k: bench_label(k[1]))
     lru, ours = b.misses
     return timed_claim(
-        f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end: {q.text()} net of the "
+        f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end: {q.text()} net of "
+        "the "
         f"A/A control (tokens/s, C/W {BENCH_RATIO:g}, batch size 1)",
         f"{OWN}; the same statistics as the paper's timing claims (one interval per cell, over runs), net of "
-        "the A/A control", t,
+        "the A/A control",
+        t,
         f"tokens/s per run, {label(b.best)} over lru % per pair, one interval per cell",
-        note=f"demand misses over this run's timed runs: lru {lru}, {label(b.best)} {ours}")
+        note=f"demand misses over this run's timed runs: lru {lru}, {label(b.best)} {ours}",
+    )
 
 
 def stored_claims(P: Settings) -> list[Claim]:
-    """The bench's timing claim as a `--store` run of the stored runs' last one rules it, from the committed rows
-    alone (tests/test_stored_runs.py); the best eviction is the one policy the stored bench times beside lru and
+    """The bench's timing claim as a `--store` run of the stored runs' last one rules it, from the committed
+    rows alone (tests/test_stored_runs.py); the best eviction is the one policy the stored bench times beside
+    lru and
     the A/A control."""
     names = {p for _, rows in stored_rows(P, STEM) for p in set(rows.policy)} - {"demand", CONTROL}
     if len(names) != 1:
@@ -209,10 +254,11 @@ def stored_claims(P: Settings) -> list[Claim]:
 @dataclass(frozen=True)
 class Counts:
     """The exact counts of one counting basis (sim.BASES)."""
-    removed: dict            # eviction label -> max over (batch, C/W) of misses removed beyond LRU / LRU's
-    best: str                # best eviction spec (fewest pooled misses)
-    gap_closed: dict         # C/W (and "pooled") -> share of LRU's gap to min the best eviction closes
-    token: dict              # 'lru' / 'token_lru' / 'token_lru:reverse=true' -> pooled exact demand misses
+
+    removed: dict  # eviction label -> max over (batch, C/W) of misses removed beyond LRU / LRU's
+    best: str  # best eviction spec (fewest pooled misses)
+    gap_closed: dict  # C/W (and "pooled") -> share of LRU's gap to min the best eviction closes
+    token: dict  # 'lru' / 'token_lru' / 'token_lru:reverse=true' -> pooled exact demand misses
 
 
 def counts(s: pd.DataFrame) -> Counts:
@@ -231,9 +277,9 @@ def counts(s: pd.DataFrame) -> Counts:
 
 @dataclass(frozen=True)
 class Numbers:
-    basis: str               # the counting basis the count claims rule on (sim.ruling_basis)
-    by_prefill: dict         # counting basis -> Counts
-    check: pd.DataFrame      # the libCacheSim table
+    basis: str  # the counting basis the count claims rule on (sim.ruling_basis)
+    by_prefill: dict  # counting basis -> Counts
+    check: pd.DataFrame  # the libCacheSim table
 
     # the counts on the basis the count claims rule on
     removed, best, gap_closed, token = (on_basis(f) for f in ("removed", "best", "gap_closed", "token"))
@@ -267,45 +313,68 @@ def eviction_claim(n: Numbers) -> Claim:
     top = max(n.removed, key=n.removed.get)
     bases = n.by_prefill
     tops = {p: max(c.removed, key=c.removed.get) for p, c in bases.items()}
-    verdict, note = on_bases({p: c.removed[tops[p]] > thresholds.EVICTION_GAIN for p, c in bases.items()},
-                             {p: f"the best, {tops[p]}, removes {c.removed[tops[p]]:.1%}" for p, c in bases.items()},
-                             n.basis)
+    verdict, note = on_bases(
+        {p: c.removed[tops[p]] > thresholds.EVICTION_GAIN for p, c in bases.items()},
+        {p: f"the best, {tops[p]}, removes {c.removed[tops[p]]:.1%}" for p, c in bases.items()},
+        n.basis,
+    )
     return Claim(
-        f"[own result] an eviction policy removes more than {thresholds.EVICTION_GAIN:.0%} of LRU's demand misses (no "
+        f"[own result] an eviction policy removes more than {thresholds.EVICTION_GAIN:.0%} of LRU's demand "
+        "misses (no "
         "prefetch) at some batch size and C/W",
-        f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4, over the "
+        f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4, over "
+        "the "
         f"{BASIS_SHORT[n.basis]}",
-        "largest share removed per eviction: " + ", ".join(f"{k} {v:+.1%}" for k, v in
-                                                          sorted(n.removed.items(), key=lambda kv: -kv[1])),
+        "largest share removed per eviction: "
+        + ", ".join(f"{k} {v:+.1%}" for k, v in sorted(n.removed.items(), key=lambda kv: -kv[1])),
         verdict,
-        note or ("" if n.removed[top] > thresholds.EVICTION_GAIN else f"the best, {top}, removes {n.removed[top]:.1%}"),
-        margin=f"best ({top}): " + margin_below(n.removed[top], thresholds.EVICTION_GAIN), **_exact(n))
+        note
+        or (
+            ""
+            if n.removed[top] > thresholds.EVICTION_GAIN
+            else f"the best, {top}, removes {n.removed[top]:.1%}"
+        ),
+        margin=f"best ({top}): " + margin_below(n.removed[top], thresholds.EVICTION_GAIN),
+        **_exact(n),
+    )
 
 
 def gap_claim(n: Numbers) -> Claim:
     """The best eviction closes less than GAP_LEFT of LRU's gap to min."""
     per = {r: v for r, v in n.gap_closed.items() if r != "pooled"}
     bases = n.by_prefill
-    verdict, note = on_bases({p: c.gap_closed["pooled"] < thresholds.GAP_LEFT for p, c in bases.items()},
-                             {p: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}" for p, c in bases.items()},
-                             n.basis)
+    verdict, note = on_bases(
+        {p: c.gap_closed["pooled"] < thresholds.GAP_LEFT for p, c in bases.items()},
+        {p: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}" for p, c in bases.items()},
+        n.basis,
+    )
     return Claim(
         f"[own result] most of the gap is left: the best eviction ({label(n.best)}) closes less than half of "
         "LRU's gap to min, pooled over C/W and batch sizes",
-        f"{OWN}; gap = LRU's misses - min's (min: relaxed MIN, the floor of any demand-paging schedule), over the "
+        f"{OWN}; gap = LRU's misses - min's (min: relaxed MIN, the floor of any demand-paging schedule), "
+        "over the "
         f"{BASIS_SHORT[n.basis]}",
         f"share of the gap closed: pooled {n.gap_closed['pooled']:.0%}; "
         + ", ".join(f"C/W {r:g}: {v:.0%}" for r, v in sorted(per.items())),
-        verdict, note, margin="pooled: " + margin_below(n.gap_closed["pooled"], thresholds.GAP_LEFT), **_exact(n))
+        verdict,
+        note,
+        margin="pooled: " + margin_below(n.gap_closed["pooled"], thresholds.GAP_LEFT),
+        **_exact(n),
+    )
 
 
 def token_claim(n: Numbers) -> Claim:
     """token_lru has fewer demand misses than lru, and its reverse more."""
     lru, tok, rev = n.token["lru"], n.token["token_lru"], n.token["token_lru:reverse=true"]
     bases = n.by_prefill
-    verdict, note = on_bases({p: c.token["token_lru"] < c.token["lru"] < c.token["token_lru:reverse=true"]
-                              for p, c in bases.items()},
-                             {p: _order(c.token) for p, c in bases.items()}, n.basis)
+    verdict, note = on_bases(
+        {
+            p: c.token["token_lru"] < c.token["lru"] < c.token["token_lru:reverse=true"]
+            for p, c in bases.items()
+        },
+        {p: _order(c.token) for p, c in bases.items()},
+        n.basis,
+    )
     return Claim(
         "[own result] token counts carry the signal: token_lru (a demand's most used expert becomes the most "
         "recent) has fewer demand misses than lru, and reversing that order has more",
@@ -313,19 +382,27 @@ def token_claim(n: Numbers) -> Claim:
         f"{BASIS_SHORT[n.basis]}",
         f"demand misses: lru {lru}, token_lru {tok} ({tok / lru - 1:+.1%}), token_lru reversed {rev} "
         f"({rev / lru - 1:+.1%})" + ("" if tok < lru else "; token_lru is NOT lower than lru"),
-        verdict, note, margin="exact: the order holds or not", **_exact(n))
+        verdict,
+        note,
+        margin="exact: the order holds or not",
+        **_exact(n),
+    )
 
 
 def libcachesim_claim(check: pd.DataFrame) -> Claim:
     """libCacheSim's LRU equals the demand policy on every request (the libcachesim_check table)."""
     differ = int(check.requests_that_differ.sum())
     return Claim(
-        "[own result] libCacheSim's LRU, fed each demand's resident experts first and then its misses, equals "
+        "[own result] libCacheSim's LRU, fed each demand's resident experts first and then its misses, "
+        "equals "
         "the demand policy on every request",
         f"{OWN}; libCacheSim {_lcs_version()} as an independent oracle",
         f"{differ} of {int(check.requests.sum())} requests differ over {len(check)} trace x C/W pairs",
-        verdict_of(differ == 0), margin="exact: equal or not", counting="every request of every layer",
-        interval=EXACT)
+        verdict_of(differ == 0),
+        margin="exact: equal or not",
+        counting="every request of every layer",
+        interval=EXACT,
+    )
 
 
 def _order(token: dict) -> str:
@@ -334,13 +411,15 @@ def _order(token: dict) -> str:
 
 def _lcs_version() -> str:
     from importlib.metadata import version
+
     return version("libcachesim")
 
 
 # --- figure ---------------------------------------------------------------------------------------
 def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
     """(a, b) demand misses relative to LRU per eviction vs C/W, batch 1 and batch 4, with belady and min;
-    (c) each prefetcher's demand misses + transfers relative to LRU's misses, with lru and with the best eviction.
+    (c) each prefetcher's demand misses + transfers relative to LRU's misses, with lru and with the best
+    eviction.
     (a, b) are drawn on the basis the claims rule on (sim.ruling_basis); the saved data holds both bases."""
     basis = ruling_basis(s)
     drawn = s[s.prefill == basis]
@@ -350,22 +429,54 @@ def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
         g = drawn[drawn.batch_size == b]
         for k, pol in enumerate([*EVICTIONS, *FLOORS]):
             h = g[g.policy == pol]
-            style = FLOOR_STYLE[pol] if pol in FLOORS else dict(ls="-", marker="os^"[k // 10], ms=3, color=f"C{k % 10}")
-            ax.plot(h.cache_ratio, 100 * h.misses_vs_lru, label=label(pol) + (" (floor)" if pol in FLOORS else ""),
-                    **style)
+            style = (
+                FLOOR_STYLE[pol]
+                if pol in FLOORS
+                else dict(ls="-", marker="os^"[k // 10], ms=3, color=f"C{k % 10}")
+            )
+            ax.plot(
+                h.cache_ratio,
+                100 * h.misses_vs_lru,
+                label=label(pol) + (" (floor)" if pol in FLOORS else ""),
+                **style,
+            )
         ax.axhline(100, color="gray", lw=0.8, ls=":")
-        ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses",
-               title=f"eviction policies, batch {int(b)}, exact replay, {BASIS_SHORT[basis]}")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=7, fontsize=8,
-               title="eviction (left two panels)", title_fontsize=8)
+        ax.set(
+            xlabel="cache capacity C/W",
+            ylabel="% of LRU's demand misses",
+            title=f"eviction policies, batch {int(b)}, exact replay, {BASIS_SHORT[basis]}",
+        )
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        loc="outside lower center",
+        ncol=7,
+        fontsize=8,
+        title="eviction (left two panels)",
+        title_fontsize=8,
+    )
     ax = axes[-1]
     for pol, h in comb.groupby("policy", sort=False):
-        ax.plot(h.cache_ratio, 100 * h.transfers_vs_lru, marker="o", ms=3, ls="--" if "+" in pol else "-",
-                label=pol)
+        ax.plot(
+            h.cache_ratio,
+            100 * h.transfers_vs_lru,
+            marker="o",
+            ms=3,
+            ls="--" if "+" in pol else "-",
+            label=pol,
+        )
     ax.axhline(100, color="gray", lw=0.8, ls=":")
-    ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses\n(misses + prefetches)",
-           title="prefetching with lru vs the best eviction, all demands")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), title="prefetch (+ eviction)", title_fontsize=8)
+    ax.set(
+        xlabel="cache capacity C/W",
+        ylabel="% of LRU's demand misses\n(misses + prefetches)",
+        title="prefetching with lru vs the best eviction, all demands",
+    )
+    ax.legend(
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1),
+        title="prefetch (+ eviction)",
+        title_fontsize=8,
+    )
     for ax in axes:
         ax.title.set_fontsize(10)
     title(fig, P, "09 the cache's own design space (this artifact's own results)")

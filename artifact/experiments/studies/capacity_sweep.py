@@ -1,8 +1,10 @@
 """04 capacity sweep: demand-async vs async last-step prefetch end to end over the profile's grid (tasks x
 batch sizes x C/W), paired by repetition, with 95% intervals over runs. Both claims are defined in
 criteria/timing.py: the direction claim (C/W 0.83-1.73) rules on the effect net of the grid's A/A control
-(settings.CONTROL, demand's work in the other role: the difference in differences oriented by demand's role, demand
+(settings.CONTROL, demand's work in the other role: the difference in differences oriented by demand's role,
+demand
 being A here); the equivalence claim (C/W 0.43) on the effect itself, gated by the control."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,9 +33,10 @@ from artifact.experiments.settings import Settings
 from artifact.experiments.stats import CELL_KEYS, paired_table
 from artifact.experiments.timed import claim_cells, claim_compared, question, rule_claim, timed_claim
 
-STEM = "bench"      # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
-FASTER_CLAIM, EQUAL_CLAIM = CLAIMS["04-faster"], CLAIMS["04-equal"]   # the claims' definitions (criteria/timing.py)
-CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
+STEM = "bench"  # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
+# the claims' definitions (criteria/timing.py)
+FASTER_CLAIM, EQUAL_CLAIM = CLAIMS["04-faster"], CLAIMS["04-equal"]
+CELL = list(CELL_KEYS)  # one interval per cell (stats.CellKey): nothing pooled
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
@@ -46,7 +49,8 @@ def replicas(P: Settings, rows) -> Replicas:
 
 
 def tables(rows) -> pd.DataFrame:
-    """demand vs last_step within this run, one row per cell (task, batch size, C/W), with the paper's figure."""
+    """demand vs last_step within this run, one row per cell (task, batch size, C/W), with the paper's
+    figure."""
     t = paired_table(rows, "demand", "last_step", CELL)
     t.attrs.update(a="demand", b="last_step")
     return t
@@ -55,9 +59,9 @@ def tables(rows) -> pd.DataFrame:
 # --- verdicts -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Numbers:
-    same_cells: int              # cells where every policy and repetition decoded the same tokens ...
-    cells: int                   # ... of all cells
-    timed: Compared              # {cell: Replicated} demand over last_step, tokens/s, with the A/A control and host
+    same_cells: int  # cells where every policy and repetition decoded the same tokens ...
+    cells: int  # ... of all cells
+    timed: Compared  # {cell: Replicated} demand over last_step, tokens/s, with the A/A control and host
 
 
 def numbers(reps: Replicas) -> Numbers:
@@ -68,29 +72,54 @@ def numbers(reps: Replicas) -> Numbers:
 
 def label(key) -> str:
     task, b, ratio, scale = key
-    return f"C/W {ratio:g} b={b}" + (f" {task}" if task != "gsm8k" else "") + (f" x{scale:g}" if scale != 1 else "")
+    return (
+        f"C/W {ratio:g} b={b}"
+        + (f" {task}" if task != "gsm8k" else "")
+        + (f" x{scale:g}" if scale != 1 else "")
+    )
 
 
 def verdicts(n: Numbers) -> list[Claim]:
     lo, hi = paper.FASTER_RANGE
     counting = "tokens/s per run, demand over last_step % per pair, one interval per cell (task, batch, C/W)"
-    claims = [Claim("offloading changes time, never results: every policy decoded the same tokens in every cell",
-                    "the engine is exact (design invariant)", f"{n.same_cells} of {n.cells} cells identical",
-                    verdict_of(n.same_cells == n.cells), counting=PER_RUN, interval=EXACT,
-                    margin=f"{n.cells - n.same_cells} cells differ")]
+    claims = [
+        Claim(
+            "offloading changes time, never results: every policy decoded the same tokens in every cell",
+            "the engine is exact (design invariant)",
+            f"{n.same_cells} of {n.cells} cells identical",
+            verdict_of(n.same_cells == n.cells),
+            counting=PER_RUN,
+            interval=EXACT,
+            margin=f"{n.cells - n.same_cells} cells differ",
+        )
+    ]
     if claim_cells(n.timed, FASTER_CLAIM).effects:
         q = question(FASTER_CLAIM)
         t = rule_claim(n.timed, FASTER_CLAIM, label)
-        claims.append(timed_claim(
-            f"demand-async is faster than async last-step prefetch at C/W {lo:g}-{hi:g}: {q.text()} net of the "
-            "A/A control, in every cell",
-            f"+{paper.FASTER_PCT[0]} to +{paper.FASTER_PCT[1]}%, CIs exclude zero", t, counting))
+        claims.append(
+            timed_claim(
+                f"demand-async is faster than async last-step prefetch at C/W {lo:g}-{hi:g}: {q.text()} net "
+                "of "
+                "the "
+                "A/A control, in every cell",
+                f"+{paper.FASTER_PCT[0]} to +{paper.FASTER_PCT[1]}%, CIs exclude zero",
+                t,
+                counting,
+            )
+        )
     if claim_cells(n.timed, EQUAL_CLAIM).effects:
         q = question(EQUAL_CLAIM)
         t = rule_claim(n.timed, EQUAL_CLAIM, label)
-        claims.append(timed_claim(
-            f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not differ: "
-            f"{q.text()} (equivalence)", paper.paired_text(paper.AT_LOW, "%"), t, counting))
+        claims.append(
+            timed_claim(
+                f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not "
+                "differ: "
+                f"{q.text()} (equivalence)",
+                paper.paired_text(paper.AT_LOW, "%"),
+                t,
+                counting,
+            )
+        )
     return claims
 
 
@@ -112,21 +141,35 @@ def _intervals(src: dict, keys: list) -> tuple[list, list]:
 
 def plot(n: Numbers, P: Settings):
     """Small multiples, one column per batch size (x: C/W), one row per series, each point a cell with the 95%
-    interval it is ruled on: demand over last_step (% tokens/s) with the paper's figures (the band at C/W 0.83-1.73,
-    the diamond at 0.43) and the +-3% margin of the C/W 0.43 equivalence claim; the same net of the A/A control at
-    the C/W the direction claim rules (the difference in differences it is ruled on, against its +3% margin); and
-    the A/A control (settings.CONTROL over demand, identical work), which must lie inside +-3%. A run that is not a
-    stored one is ruled on the hull of its interval and the stored runs' pooled one: the pooled interval is drawn
-    beside it (hollow), and each row's y axis is scaled to the means and the pooled intervals, so an interval
+    interval it is ruled on: demand over last_step (% tokens/s) with the paper's figures (the band at C/W
+    0.83-1.73, the diamond at 0.43) and the +-3% margin of the C/W 0.43 equivalence claim; the same net of the
+    A/A control at the C/W the direction claim rules (the difference in differences it is ruled on, against
+    its +3% margin); and the A/A control (settings.CONTROL over demand, identical work), which must lie inside
+    +-3%. A run that is not a stored one is ruled on the hull of its interval and the stored runs' pooled one:
+    the pooled interval is drawn beside it (hollow), and each row's y axis is scaled to the means and the
+    pooled intervals, so an interval
     that runs past it ends in an arrow with its end printed."""
     lo, hi = paper.FASTER_RANGE
     net = {k: v for k, v in n.timed.net.items() if lo <= k.cache_ratio <= hi}
-    series = [(name, src, color) for name, src, color in ((EFFECT, n.timed.effects, COLORS["demand"]),
-                                                          (NET, net, COLORS["demand"]),
-                                                          (AA_LABEL, n.timed.control, CONTROL_COLOR)) if src]
+    series = [
+        (name, src, color)
+        for name, src, color in (
+            (EFFECT, n.timed.effects, COLORS["demand"]),
+            (NET, net, COLORS["demand"]),
+            (AA_LABEL, n.timed.control, CONTROL_COLOR),
+        )
+        if src
+    ]
     batches = sorted({k.batch_size for k in n.timed.effects})
-    fig, axes = plt.subplots(max(len(series), 1), max(len(batches), 1), figsize=(4.2 * len(batches) + 1, 7.6),
-                             sharex=True, sharey="row", squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        max(len(series), 1),
+        max(len(batches), 1),
+        figsize=(4.2 * len(batches) + 1, 7.6),
+        sharex=True,
+        sharey="row",
+        squeeze=False,
+        layout="constrained",
+    )
     look = _look(n)
     rows, drawn = [], []
     for r, (name, src, color) in enumerate(series):
@@ -146,7 +189,7 @@ def plot(n: Numbers, P: Settings):
             if r == len(series) - 1:
                 ax.set_xlabel("cache capacity C/W")
         axes[r, 0].set_ylim(*interval_limits(keep, ends))
-    for ax, x, ruled, color in drawn:                # once every limit is set
+    for ax, x, ruled, color in drawn:  # once every limit is set
         mark_clipped(ax, x, [i.low for i in ruled], [i.high for i in ruled], color)
     figure_legend(fig, ncol=2)
     title(fig, P, "04 capacity sweep: demand vs last_step per cell")
@@ -157,9 +200,10 @@ def plot(n: Numbers, P: Settings):
 class _Look:
     """How every panel draws its intervals: what they are over, and whether the stored runs' pooled ones are
     drawn beside them (a fresh run beside stored runs)."""
+
     unit: str
     beside: bool
-    dx: float                 # the ruled intervals' shift left of the C/W, the pooled ones' right
+    dx: float  # the ruled intervals' shift left of the C/W, the pooled ones' right
     ruled_label: str
     pooled_label: str
 
@@ -167,7 +211,7 @@ class _Look:
 def _look(n: Numbers) -> _Look:
     one = next(iter(n.timed.effects.values()), None)
     unit = one.ruled.unit if one else "runs"
-    beside = one is not None and one.pooled is not None and not one.stored     # a fresh run beside stored runs
+    beside = one is not None and one.pooled is not None and not one.stored  # a fresh run beside stored runs
     if unit == "runs":
         ruled_label = f"95% interval {INTERVAL_BASIS['runs']} ({one.ruled.n} stored runs)"
     else:
@@ -176,19 +220,36 @@ def _look(n: Numbers) -> _Look:
     return _Look(unit, beside, 0.025 if beside else 0.0, ruled_label, pooled_label)
 
 
-def _draw_intervals(ax, keys: list, ruled: list, pooled: list, color, look: _Look, keep: list, ends: list) -> list:
+def _draw_intervals(
+    ax, keys: list, ruled: list, pooled: list, color, look: _Look, keep: list, ends: list
+) -> list:
     """One panel's intervals: the ruled ones, and the pooled ones beside them; adds to `keep` the values the
     row's y axis is scaled to and to `ends` those it may clip. Returns the ruled intervals' x."""
     x = [k.cache_ratio - look.dx for k in keys]
-    ax.errorbar(x, [i.mean for i in ruled], yerr=[[i.mean - i.low for i in ruled],
-                                                  [i.high - i.mean for i in ruled]],
-                fmt="o", capsize=3, ms=4, color=color, label=look.ruled_label)
+    ax.errorbar(
+        x,
+        [i.mean for i in ruled],
+        yerr=[[i.mean - i.low for i in ruled], [i.high - i.mean for i in ruled]],
+        fmt="o",
+        capsize=3,
+        ms=4,
+        color=color,
+        label=look.ruled_label,
+    )
     keep += [i.mean for i in ruled]
     if look.beside:
         have = [(k, p) for k, p in zip(keys, pooled) if p is not None]
-        ax.errorbar([k.cache_ratio + look.dx for k, _ in have], [p.mean for _, p in have],
-                    yerr=[[p.mean - p.low for _, p in have], [p.high - p.mean for _, p in have]],
-                    fmt="o", capsize=3, ms=4, color=color, mfc="white", label=look.pooled_label)
+        ax.errorbar(
+            [k.cache_ratio + look.dx for k, _ in have],
+            [p.mean for _, p in have],
+            yerr=[[p.mean - p.low for _, p in have], [p.high - p.mean for _, p in have]],
+            fmt="o",
+            capsize=3,
+            ms=4,
+            color=color,
+            mfc="white",
+            label=look.pooled_label,
+        )
         keep += [v for _, p in have for v in (p.low, p.high)]
         ends += [v for i in ruled for v in (i.low, i.high)]
     else:
@@ -198,31 +259,62 @@ def _draw_intervals(ax, keys: list, ruled: list, pooled: list, color, look: _Loo
 
 def _rows(name: str, keys: list, ruled: list, pooled: list) -> list[dict]:
     """The figure data of one panel: per cell, the ruled interval and the stored runs' pooled one."""
-    return [dict(series=name, task=k.task, batch_size=k.batch_size, cache_ratio=k.cache_ratio,
-                 diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n,
-                 pooled_diff_pct=p.mean if p else None, pooled_low=p.low if p else None,
-                 pooled_high=p.high if p else None, pooled_n=p.n if p else None)
-            for k, i, p in zip(keys, ruled, pooled)]
+    return [
+        dict(
+            series=name,
+            task=k.task,
+            batch_size=k.batch_size,
+            cache_ratio=k.cache_ratio,
+            diff_pct=i.mean,
+            low=i.low,
+            high=i.high,
+            interval=i.unit,
+            n=i.n,
+            pooled_diff_pct=p.mean if p else None,
+            pooled_low=p.low if p else None,
+            pooled_high=p.high if p else None,
+            pooled_n=p.n if p else None,
+        )
+        for k, i, p in zip(keys, ruled, pooled)
+    ]
 
 
 def _marks(ax, name: str) -> list[float]:
-    """The paper's figures and the margins a row's claim reads its intervals against; returns their y values."""
+    """The paper's figures and the margins a row's claim reads its intervals against; returns their y
+    values."""
     lo, hi = paper.FASTER_RANGE
     m = thresholds.MARGIN
     out = []
     if name in (EFFECT, NET):
-        ax.fill_between([lo, hi], *paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
-                        label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}")
+        ax.fill_between(
+            [lo, hi],
+            *paper.FASTER_PCT,
+            color=PAPER_STYLE["color"],
+            alpha=0.15,
+            label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}",
+        )
         out += list(paper.FASTER_PCT)
     if name == EFFECT:
         low = paper.AT_LOW
-        ax.errorbar([low.cache_ratio], [low.diff_pct], yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
-                    fmt="D", color=PAPER_STYLE["color"], capsize=4, ms=5,
-                    label=f"paper at C/W {low.cache_ratio:g}: {paper.paired_text(low, '%')}")
+        ax.errorbar(
+            [low.cache_ratio],
+            [low.diff_pct],
+            yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
+            fmt="D",
+            color=PAPER_STYLE["color"],
+            capsize=4,
+            ms=5,
+            label=f"paper at C/W {low.cache_ratio:g}: {paper.paired_text(low, '%')}",
+        )
         out += [low.ci_low, low.ci_high]
     if name == NET:
         ax.axhline(m, color="black", lw=1, ls="--", label=f"+{m:g}%: 'faster' needs the interval above it")
     else:
-        ax.axhspan(-m, m, color="gray", alpha=0.12,
-                   label=f"+-{m:g}%: the equivalence margin (C/W {paper.AT_LOW.cache_ratio:g}; the A/A control)")
+        ax.axhspan(
+            -m,
+            m,
+            color="gray",
+            alpha=0.12,
+            label=f"+-{m:g}%: the equivalence margin (C/W {paper.AT_LOW.cache_ratio:g}; the A/A control)",
+        )
     return out

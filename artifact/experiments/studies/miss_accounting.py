@@ -7,6 +7,7 @@ the prefill forwards excluded (denoising steps only). The verdicts rule on the d
 oracle figure counts decode steps, and a prefill forward is a one-off demand (several times W: prefill_text
 prints the multiple on the run's traces) that no step-to-step predictor sees coming. Where all demands would
 give another verdict, the claim prints both (claims.on_bases)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from artifact.offload.replay.sim import (
 )
 from artifact.offload.replay.trace import mean_working_set, working_set_by_phase
 
-BOUND = "min"    # replayed beside the profile's sim_policies (a bound, not a policy: not in Settings' list)
+BOUND = "min"  # replayed beside the profile's sim_policies (a bound, not a policy: not in Settings' list)
 SUMMED = ("demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "accesses")
 
 
@@ -41,9 +42,11 @@ def miss_sweep(ts, P: Settings, progress: bool = True) -> pd.DataFrame:
     """Every trace x C/W x (simulator policy, and the bound min), replayed (exact counts; sim.sweep), with
     each count per phase as <count>_<phase> columns (prefill, first, later)."""
     policies = list(P.sim_policies) + ([BOUND] if BOUND not in P.sim_policies else [])
-    df = sweep(ts, P.cache_ratios, policies, progress=progress, by_phase=True, lookahead=P.lookahead, tau=P.tau)
+    df = sweep(
+        ts, P.cache_ratios, policies, progress=progress, by_phase=True, lookahead=P.lookahead, tau=P.tau
+    )
     df = phase_columns(df, (*COUNTS, "accesses"))
-    df["trace"] = [Path(p).name for p in df.trace]          # no machine paths in saved data
+    df["trace"] = [Path(p).name for p in df.trace]  # no machine paths in saved data
     return df.drop(columns=["replay_seconds"])
 
 
@@ -67,10 +70,17 @@ def prefill_multiples(ts) -> list[float]:
 def prefill_text(ts) -> str:
     """The sentence notebook 02 prints on why its verdicts count denoising steps only."""
     m = prefill_multiples(ts)
-    size = (f"a prefill forward demands {min(m):.1f}-{max(m):.1f}x the denoising steps' W on these {len(m)} traces"
-            if m else "these traces have no prefill forwards")
-    return (f"The verdicts count denoising steps only: the paper's oracle figure counts decode steps, and {size}, "
-            "a one-off demand that no step-to-step predictor sees coming.")
+    size = (
+        f"a prefill forward demands {min(m):.1f}-{max(m):.1f}x the denoising steps' W on these {len(m)} "
+        "traces"
+        if m
+        else "these traces have no prefill forwards"
+    )
+    return (
+        "The verdicts count denoising steps only: the paper's oracle figure counts decode steps, and "
+        f"{size}, "
+        "a one-off demand that no step-to-step predictor sees coming."
+    )
 
 
 # --- verdicts -------------------------------------------------------------------------------------
@@ -85,13 +95,13 @@ def _nearest(ratios, target: float) -> float:
 @dataclass(frozen=True)
 class Numbers:
     ratios: tuple[float, ...]
-    basis: str                   # the basis the verdicts rule on (sim.ruling_basis: 'excluded' when measured)
+    basis: str  # the basis the verdicts rule on (sim.ruling_basis: 'excluded' when measured)
     # per basis (sim.BASES), at each C/W in the paper's W-scale range: (misses removed / LRU's, speculative
     # transfers / LRU's misses, speculative transfers > misses removed); empty without last_step
     last_step_by_prefill: dict
-    refresh_by_prefill: dict     # basis -> {C/W -> misses removed by interval_refresh / LRU's}; empty without it
+    refresh_by_prefill: dict  # basis -> {C/W -> misses removed by interval_refresh / LRU's}; empty without it
     oracle_cut_by_prefill: dict  # basis -> {C/W -> LRU / oracle misses}; empty without oracle
-    min_cut: dict                # C/W -> LRU misses / min's loads (on basis); empty without min
+    min_cut: dict  # C/W -> LRU misses / min's loads (on basis); empty without min
 
     @property
     def last_step(self) -> dict:
@@ -118,8 +128,11 @@ def numbers(summary) -> Numbers:
             last[p] = {}
             for r in in_range:
                 s = _at(g, "last_step", r)
-                last[p][r] = (s.misses_removed / s.lru_misses, s.speculative_transfers / s.lru_misses,
-                              bool(s.speculative_transfers > s.misses_removed))
+                last[p][r] = (
+                    s.misses_removed / s.lru_misses,
+                    s.speculative_transfers / s.lru_misses,
+                    bool(s.speculative_transfers > s.misses_removed),
+                )
         if "interval_refresh" in policies:
             refresh[p] = {}
             for r in ratios:
@@ -133,28 +146,41 @@ def numbers(summary) -> Numbers:
 
 
 def last_step_text(n: Numbers) -> str:
-    return "; ".join(f"C/W {r:g}: {removed:.0%} removed, speculative transfers +{spec:.0%} of LRU's misses"
-                     for r, (removed, spec, _) in n.last_step.items())
+    return "; ".join(
+        f"C/W {r:g}: {removed:.0%} removed, speculative transfers +{spec:.0%} of LRU's misses"
+        for r, (removed, spec, _) in n.last_step.items()
+    )
 
 
 def _label(prefill: str) -> str:
-    return "denoising steps (prefill excluded)" if prefill == DENOISING_ONLY else "all demands (prefill included)"
+    return (
+        "denoising steps (prefill excluded)"
+        if prefill == DENOISING_ONLY
+        else "all demands (prefill included)"
+    )
 
 
 def oracle_text(n: Numbers, r1: float) -> str:
-    parts = [f"{_label(n.basis)}: LRU/oracle misses at C/W = {r1:g}: {n.oracle_cut[r1]:.1f}x (by C/W: "
-             + ", ".join(f"{r:g}: {v:.1f}x" for r, v in n.oracle_cut.items()) + ")"]
+    parts = [
+        f"{_label(n.basis)}: LRU/oracle misses at C/W = {r1:g}: {n.oracle_cut[r1]:.1f}x (by C/W: "
+        + ", ".join(f"{r:g}: {v:.1f}x" for r, v in n.oracle_cut.items())
+        + ")"
+    ]
     for p, cut in n.oracle_cut_by_prefill.items():
         if p != n.basis:
             parts.append(f"{_label(p)}: {cut[r1]:.1f}x at C/W = {r1:g}")
     if n.min_cut:
-        parts.append(f"LRU misses / the floor min's loads (any C-slot demand paging) at C/W = {r1:g}: "
-                     f"{n.min_cut[r1]:.1f}x")
+        parts.append(
+            f"LRU misses / the floor min's loads (any C-slot demand paging) at C/W = {r1:g}: "
+            f"{n.min_cut[r1]:.1f}x"
+        )
     return "; ".join(parts)
 
 
 def refresh_text(n: Numbers) -> str:
-    return "misses removed beyond LRU by C/W: " + ", ".join(f"{r:g}: {v:+.0%}" for r, v in n.refresh_removed.items())
+    return "misses removed beyond LRU by C/W: " + ", ".join(
+        f"{r:g}: {v:+.0%}" for r, v in n.refresh_removed.items()
+    )
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -182,17 +208,30 @@ def last_step_claim(n: Numbers) -> Claim:
     lo, hi = paper.FASTER_RANGE
     FEW = thresholds.FEW
     if not n.last_step:
-        return Claim("W-scale caches make last-step prefetch nearly useless", "few or no misses removed",
-                     "-", NOT_MEASURABLE,
-                     f"no last_step policy or no C/W in {lo:g}-{hi:g} in sim_policies/cache_ratios")
+        return Claim(
+            "W-scale caches make last-step prefetch nearly useless",
+            "few or no misses removed",
+            "-",
+            NOT_MEASURABLE,
+            f"no last_step policy or no C/W in {lo:g}-{hi:g} in sim_policies/cache_ratios",
+        )
 
-    def most(by):                # the C/W where last_step removes the most
+    def most(by):  # the C/W where last_step removes the most
         return max(by, key=lambda r: by[r][0])
-    holds = {p: all(removed < FEW and more for removed, _, more in by.values())
-             for p, by in n.last_step_by_prefill.items()}
-    figures = {p: f"most removed {by[most(by)][0]:.1%} (C/W {most(by):g})"
-               + ("" if all(more for *_, more in by.values()) else ", fewer speculative transfers than misses "
-                  "removed somewhere") for p, by in n.last_step_by_prefill.items()}
+
+    holds = {
+        p: all(removed < FEW and more for removed, _, more in by.values())
+        for p, by in n.last_step_by_prefill.items()
+    }
+    figures = {
+        p: f"most removed {by[most(by)][0]:.1%} (C/W {most(by):g})"
+        + (
+            ""
+            if all(more for *_, more in by.values())
+            else ", fewer speculative transfers than misses removed somewhere"
+        )
+        for p, by in n.last_step_by_prefill.items()
+    }
     verdict, note = on_bases(holds, figures, n.basis)
     worst = most(n.last_step)
     return Claim(
@@ -200,38 +239,58 @@ def last_step_claim(n: Numbers) -> Claim:
         "extra speculative transfers",
         f"few or no misses removed; judged: < {FEW:.0%} of LRU's misses removed and more speculative "
         f"transfers than misses removed, at every C/W in {lo:g}-{hi:g}{_on(n)}",
-        last_step_text(n), verdict, note, **_exact(n),
-        margin=f"most removed (C/W {worst:g}): " + margin_below(n.last_step[worst][0], FEW))
+        last_step_text(n),
+        verdict,
+        note,
+        **_exact(n),
+        margin=f"most removed (C/W {worst:g}): " + margin_below(n.last_step[worst][0], FEW),
+    )
 
 
 def oracle_claim(n: Numbers) -> Claim:
     """The oracle's cut at the W-scale cache (C/W nearest 1) is the paper's within a factor FACTOR."""
     r1 = _nearest(n.ratios, 1.0)
     cut, FACTOR = paper.ORACLE_CUT, thresholds.FACTOR
-    why = (", the paper's oracle figure counts decode steps (a prefill forward is a one-off demand no "
-           "step-to-step predictor sees coming)") if n.basis == DENOISING_ONLY else ""
+    why = (
+        (
+            ", the paper's oracle figure counts decode steps (a prefill forward is a one-off demand no "
+            "step-to-step predictor sees coming)"
+        )
+        if n.basis == DENOISING_ONLY
+        else ""
+    )
     holds = {p: cut / FACTOR <= c[r1] <= cut * FACTOR for p, c in n.oracle_cut_by_prefill.items()}
     verdict, note = on_bases(holds, {p: f"{c[r1]:.1f}x" for p, c in n.oracle_cut_by_prefill.items()}, n.basis)
     return Claim(
         f"an oracle prefetcher cuts demand misses {cut}x versus LRU",
         f"{cut}x; judged at the W-scale cache C/W = {r1:g}, within a factor {FACTOR}{_on(n)}{why}",
-        oracle_text(n, r1), verdict, note, **_exact(n),
-        margin=f"{n.oracle_cut[r1]:.2f}x vs the band {cut / FACTOR:.2f}-{cut * FACTOR:.2f}x")
+        oracle_text(n, r1),
+        verdict,
+        note,
+        **_exact(n),
+        margin=f"{n.oracle_cut[r1]:.2f}x vs the band {cut / FACTOR:.2f}-{cut * FACTOR:.2f}x",
+    )
 
 
 def refresh_claim(n: Numbers) -> Claim:
     """Interval refresh removes fewer than FEW of LRU's misses at every C/W."""
     FEW = thresholds.FEW
     holds = {p: all(v < FEW for v in by.values()) for p, by in n.refresh_by_prefill.items()}
-    figures = {p: f"most removed {max(by.values()):.1%} (C/W {max(by, key=by.get):g})"
-               for p, by in n.refresh_by_prefill.items()}
+    figures = {
+        p: f"most removed {max(by.values()):.1%} (C/W {max(by, key=by.get):g})"
+        for p, by in n.refresh_by_prefill.items()
+    }
     verdict, note = on_bases(holds, figures, n.basis)
     return Claim(
         "interval refresh (TIDE-style) does not beat LRU",
         f"does not beat LRU; judged: removes < {FEW:.0%} of LRU's misses at every C/W{_on(n)}",
-        refresh_text(n), verdict, note, **_exact(n),
+        refresh_text(n),
+        verdict,
+        note,
+        **_exact(n),
         margin=f"most removed (C/W {max(n.refresh_removed, key=n.refresh_removed.get):g}): "
-        + margin_below(max(n.refresh_removed.values()), FEW))
+        + margin_below(max(n.refresh_removed.values()), FEW),
+    )
 
 
 # --- figure ---------------------------------------------------------------------------------------
@@ -247,25 +306,34 @@ def plot(summary, P: Settings):
             g = part[part.policy == pol]
             ax.plot(g.cache_ratio, 100 * g.misses_vs_lru, **_style(pol))
         ax.axhline(100 / paper.ORACLE_CUT, **PAPER_STYLE, label=f"paper: oracle = LRU / {paper.ORACLE_CUT}")
-        ax.set(xlabel="cache capacity C/W", ylabel="demand misses (% of LRU's)", ylim=(0, 110),
-               title=f"demand misses vs LRU: {_label(prefill)}")
+        ax.set(
+            xlabel="cache capacity C/W",
+            ylabel="demand misses (% of LRU's)",
+            ylim=(0, 110),
+            title=f"demand misses vs LRU: {_label(prefill)}",
+        )
     ax = axes[-1]
     part = summary[summary.prefill == WITH_PREFILL]
     for pol in [p for p in (*COLORS, BOUND) if p in set(part.policy)]:
         g = part[part.policy == pol]
         ax.plot(g.cache_ratio, 100 * g.transfers_vs_lru, **_style(pol))
     ax.axhline(100, color="black", lw=1, ls=":")
-    ax.set(xlabel="cache capacity C/W", ylabel="host-to-device transfers (% of LRU's)",
-           title="transfers (demand + speculative) vs LRU")
+    ax.set(
+        xlabel="cache capacity C/W",
+        ylabel="host-to-device transfers (% of LRU's)",
+        title="transfers (demand + speculative) vs LRU",
+    )
     for ax in axes:
         ax.title.set_fontsize(9)
-    handles = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels())}   # one per label
+    handles = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels())}  # one per label
     fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=4, fontsize=8)
     title(fig, P, "02 miss accounting (exact replay, all traces pooled)")
     return fig, summary.copy()
 
 
 def _style(policy: str) -> dict:
-    if policy == BOUND:          # a bound, not a policy: drawn as a floor
+    if policy == BOUND:  # a bound, not a policy: drawn as a floor
         return dict(marker="v", ms=4, color="black", ls="--", label="min (floor, any C-slot demand paging)")
-    return dict(marker="o", ms=4, color=COLORS.get(policy), label=policy + (" (LRU)" if policy == "demand" else ""))
+    return dict(
+        marker="o", ms=4, color=COLORS.get(policy), label=policy + (" (LRU)" if policy == "demand" else "")
+    )

@@ -1,5 +1,6 @@
 """00 quickstart: one prompt decoded resident, then offloaded (demand, C = cache_ratio x W); offloading
 changes time, never results."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,8 +17,16 @@ from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import mean_working_set
 from artifact.offload.runner import decode_prompts
 
-STAT_KEYS = ("tokens_generated", "forwards", "tokens_per_second", "demand_hits", "demand_misses", "stall_seconds",
-             "link_busy_seconds", "achieved_gbps")
+STAT_KEYS = (
+    "tokens_generated",
+    "forwards",
+    "tokens_per_second",
+    "demand_hits",
+    "demand_misses",
+    "stall_seconds",
+    "link_busy_seconds",
+    "achieved_gbps",
+)
 
 
 def quickstart(P: Settings, cache_ratio: float = 0.5) -> dict:
@@ -29,17 +38,32 @@ def quickstart(P: Settings, cache_ratio: float = 0.5) -> dict:
     resident = decode_prompts(loaded, ps, 1, options, record=True, prompt_ids=ids, task=task)
     W = mean_working_set(resident.trace)
     C = capacity_for(cache_ratio, W, loaded.cfg.num_experts)
-    offloaded = decode_prompts(loaded, ps, 1, options, spec=offload_spec(P, loaded, C), prompt_ids=ids, task=task)
-    return {"task": task, "prompt_id": ids[0], "text": loaded.tokenizer.decode(resident.tokens[0]),
-            "working_set": W, "cache_ratio": cache_ratio, "cache_experts": C, "num_experts": loaded.cfg.num_experts,
-            "resident": resident.stats.as_dict(), "offloaded": offloaded.stats.as_dict(),
-            "same_tokens": resident.tokens == offloaded.tokens, "segments": (resident.segments, offloaded.segments)}
+    offloaded = decode_prompts(
+        loaded, ps, 1, options, spec=offload_spec(P, loaded, C), prompt_ids=ids, task=task
+    )
+    return {
+        "task": task,
+        "prompt_id": ids[0],
+        "text": loaded.tokenizer.decode(resident.tokens[0]),
+        "working_set": W,
+        "cache_ratio": cache_ratio,
+        "cache_experts": C,
+        "num_experts": loaded.cfg.num_experts,
+        "resident": resident.stats.as_dict(),
+        "offloaded": offloaded.stats.as_dict(),
+        "same_tokens": resident.tokens == offloaded.tokens,
+        "segments": (resident.segments, offloaded.segments),
+    }
 
 
 def generated(q: dict, P: Settings) -> str:
     """The decoded text (its first 200 characters) and, for the tiny checkpoint, why it reads as gibberish."""
-    why = ("\n(the tiny checkpoint has seeded random weights, so this text is gibberish by design; "
-           "a real checkpoint, --model DIR, writes words)" if P.model == "tiny" else "")
+    why = (
+        "\n(the tiny checkpoint has seeded random weights, so this text is gibberish by design; "
+        "a real checkpoint, --model DIR, writes words)"
+        if P.model == "tiny"
+        else ""
+    )
     return "generated: " + repr(q["text"][:200]) + why
 
 
@@ -54,26 +78,40 @@ class Numbers:
     cache_experts: int
     num_experts: int
     cache_ratio: float
-    miss_share: float          # demand misses / expert uses, offloaded run
+    miss_share: float  # demand misses / expert uses, offloaded run
     same_tokens: bool
 
 
 def numbers(q: dict) -> Numbers:
     o = q["offloaded"]
-    return Numbers(q["cache_experts"], q["num_experts"], q["cache_ratio"],
-                   o["demand_misses"] / (o["demand_hits"] + o["demand_misses"]), bool(q["same_tokens"]))
+    return Numbers(
+        q["cache_experts"],
+        q["num_experts"],
+        q["cache_ratio"],
+        o["demand_misses"] / (o["demand_hits"] + o["demand_misses"]),
+        bool(q["same_tokens"]),
+    )
 
 
 def measured_text(n: Numbers) -> str:
-    return (f"C = {n.cache_experts} of {n.num_experts} experts per layer (C/W = {n.cache_ratio:g}), "
-            f"{n.miss_share:.0%} of expert uses missed, identical tokens: {'yes' if n.same_tokens else 'no'}")
+    return (
+        f"C = {n.cache_experts} of {n.num_experts} experts per layer (C/W = {n.cache_ratio:g}), "
+        f"{n.miss_share:.0%} of expert uses missed, identical tokens: {'yes' if n.same_tokens else 'no'}"
+    )
 
 
 def verdicts(n: Numbers) -> list[Claim]:
-    return [Claim("offloading changes time, never results: the offloaded run decodes the resident run's tokens",
-                  "the engine is exact (a design invariant of the paper's system, no figure)",
-                  measured_text(n), verdict_of(n.same_tokens), counting="the decoded tokens of one prompt, two runs",
-                  interval=EXACT, margin="exact: tokens equal or not")]
+    return [
+        Claim(
+            "offloading changes time, never results: the offloaded run decodes the resident run's tokens",
+            "the engine is exact (a design invariant of the paper's system, no figure)",
+            measured_text(n),
+            verdict_of(n.same_tokens),
+            counting="the decoded tokens of one prompt, two runs",
+            interval=EXACT,
+            margin="exact: tokens equal or not",
+        )
+    ]
 
 
 def reading(q: dict) -> str:
@@ -81,8 +119,11 @@ def reading(q: dict) -> str:
     r, o = q["resident"], q["offloaded"]
     extra = o["seconds"] - r["seconds"]
     share = f", {o['stall_seconds'] / extra:.0%} of the {extra:.2f} s it adds" if extra > 0 else ""
-    return (f"The offloaded run took {o['seconds']:.2f} s against {r['seconds']:.2f} s resident; its stall (compute "
-            f"waiting on the link) was {o['stall_seconds']:.2f} s{share}.")
+    return (
+        f"The offloaded run took {o['seconds']:.2f} s against {r['seconds']:.2f} s resident; its stall "
+        "(compute "
+        f"waiting on the link) was {o['stall_seconds']:.2f} s{share}."
+    )
 
 
 # --- figure ---------------------------------------------------------------------------------------
@@ -90,16 +131,24 @@ def plot(q: dict, P: Settings):
     """Wall-clock time of the two runs, the offloaded one split into compute and stall."""
     r, o = q["resident"], q["offloaded"]
     off = f"offloaded C={q['cache_experts']}"
-    df = pd.DataFrame([
-        {"run": "resident", "part": "compute", "seconds": r["seconds"]},
-        {"run": off, "part": "compute", "seconds": o["seconds"] - o["stall_seconds"]},
-        {"run": off, "part": "stall (waiting on the link)", "seconds": o["stall_seconds"]}])
+    df = pd.DataFrame(
+        [
+            {"run": "resident", "part": "compute", "seconds": r["seconds"]},
+            {"run": off, "part": "compute", "seconds": o["seconds"] - o["stall_seconds"]},
+            {"run": off, "part": "stall (waiting on the link)", "seconds": o["stall_seconds"]},
+        ]
+    )
     fig, ax = plt.subplots(figsize=(6, 3.2))
     left = {}
     for row in df.itertuples():
         label = "compute (offloaded: with the engine's work)" if row.part == "compute" else row.part
-        ax.barh(row.run, row.seconds, left=left.get(row.run, 0.0), color="tab:red" if "stall" in row.part else
-                "tab:blue", label=label)
+        ax.barh(
+            row.run,
+            row.seconds,
+            left=left.get(row.run, 0.0),
+            color="tab:red" if "stall" in row.part else "tab:blue",
+            label=label,
+        )
         left[row.run] = left.get(row.run, 0.0) + row.seconds
     ax.set_xlabel("wall-clock time for one prompt (seconds)")
     legend(ax, loc="lower right")

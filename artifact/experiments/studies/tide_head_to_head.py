@@ -1,5 +1,6 @@
 """05 head to head at the same expert budget: our engine (demand vs the TIDE-style interval_refresh policy)
 and, where it can run, TIDE's released implementation through its adapter (experiments/tide/adapter.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,10 +26,11 @@ from artifact.experiments.timed import claim_compared, question, rule_claim, tim
 from artifact.model.tasks import prompts
 from artifact.offload.replay.sim import capacity_for
 
-RATIOS = tuple(paper.TIDE_SPEEDUP)      # "the same budget" C = W, and half of it
-STEM = "tide_style_runs"                # data/results/<profile>/tide_style_runs.csv
-CELL = list(CELL_KEYS)      # one interval per cell (stats.CellKey): nothing pooled
-CLAIM = CLAIMS["05-refresh"]  # the claim's definition (criteria/timing.py): interval_refresh over demand, not faster
+RATIOS = tuple(paper.TIDE_SPEEDUP)  # "the same budget" C = W, and half of it
+STEM = "tide_style_runs"  # data/results/<profile>/tide_style_runs.csv
+CELL = list(CELL_KEYS)  # one interval per cell (stats.CellKey): nothing pooled
+# the claim's definition (criteria/timing.py): interval_refresh over demand, not faster
+CLAIM = CLAIMS["05-refresh"]
 
 
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
@@ -37,8 +39,14 @@ def tide_style_profile(P: Settings) -> Settings:
     control (settings.CONTROL), batch size 1 (TIDE decodes one prompt at a time), every task, with enough
     repetitions for thresholds.MIN_PAIRS pairs per C/W."""
     reps = max(P.repetitions, -(-thresholds.MIN_PAIRS // len(P.tasks)))
-    return dataclasses.replace(P, batch_sizes=(1,), cache_ratios=RATIOS, bandwidth_scales=(1.0,),
-                               policies=("demand", "interval_refresh", CONTROL), repetitions=reps)
+    return dataclasses.replace(
+        P,
+        batch_sizes=(1,),
+        cache_ratios=RATIOS,
+        bandwidth_scales=(1.0,),
+        policies=("demand", "interval_refresh", CONTROL),
+        repetitions=reps,
+    )
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
@@ -51,7 +59,8 @@ def replicas(P: Settings, rows) -> Replicas:
 
 
 def style_table(rows) -> pd.DataFrame:
-    """interval_refresh (A) over demand (B) within this run, paired, one row per cell (task, batch size, C/W)."""
+    """interval_refresh (A) over demand (B) within this run, paired, one row per cell (task, batch size,
+    C/W)."""
     return paired_table(rows, "interval_refresh", "demand", CELL)
 
 
@@ -66,8 +75,10 @@ def tide_unavailable(P: Settings) -> str | None:
     if not P.device.startswith("cuda"):
         reasons.append(f"TIDE's released code runs on CUDA only and the profile's device is {P.device!r}")
     if P.model in (None, "tiny"):
-        reasons.append("it needs a real LLaDA2.0 checkpoint (profile key model), not "
-                       + ("the tiny random model" if P.model == "tiny" else "null"))
+        reasons.append(
+            "it needs a real LLaDA2.0 checkpoint (profile key model), not "
+            + ("the tiny random model" if P.model == "tiny" else "null")
+        )
     if not reasons:
         if not torch.cuda.is_available():
             reasons.append("TIDE's released code runs on CUDA only and no GPU is present on this machine")
@@ -85,62 +96,86 @@ def tide_released(P: Settings, progress: bool = True) -> list[dict]:
     loaded = load_model(P, resident=False)
     task = P.tasks[0]
     W = ModelRunner(P, loaded).working_set(task, 1)
-    loaded.model.backend = None                  # drop the traced run's resident experts from the GPU ...
+    loaded.model.backend = None  # drop the traced run's resident experts from the GPU ...
     if torch.cuda.is_available():
-        torch.cuda.empty_cache()                 # ... since TIDE sizes its budget against free GPU memory
+        torch.cuda.empty_cache()  # ... since TIDE sizes its budget against free GPU memory
     _, ps = prompts(loaded.tokenizer, task, P.n_prompts, P.seed, P.max_prompt_tokens)
     rows = []
     for r in RATIOS:
         C = capacity_for(r, W, loaded.cfg.num_experts)
-        rows += compare_with_engine(loaded, P.tide_path, ps, C, JUMP_STEPS, P.run_options(), tau=P.tau,
-                                    reps=P.repetitions, task=task, cache_ratio=r, dtype=P.torch_dtype,
-                                    progress=progress)
+        rows += compare_with_engine(
+            loaded,
+            P.tide_path,
+            ps,
+            C,
+            JUMP_STEPS,
+            P.run_options(),
+            tau=P.tau,
+            reps=P.repetitions,
+            task=task,
+            cache_ratio=r,
+            dtype=P.torch_dtype,
+            progress=progress,
+        )
     return rows
 
 
 # --- verdicts -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StyleNumbers:
-    timed: Compared  # {cell: Replicated} interval_refresh over demand, tokens/s, highest C/W first, with the A/A
-                     # control and host shares
-    misses: dict     # {cell: interval_refresh's demand misses / demand's - 1}, this run
+    # {cell: Replicated} interval_refresh over demand, tokens/s, highest C/W first, with the A/A
+    timed: Compared
+    # control and host shares
+    misses: dict  # {cell: interval_refresh's demand misses / demand's - 1}, this run
 
 
 def style_numbers(reps: Replicas) -> StyleNumbers:
     """interval_refresh over demand per cell (the direction the claim is about: does it beat demand?)."""
     c = claim_compared(reps, CLAIM)
-    effects = dict(sorted(c.effects.items(), key=lambda kv: (-kv[0].cache_ratio, kv[0][:2], kv[0].bandwidth_scale)))
+    effects = dict(
+        sorted(c.effects.items(), key=lambda kv: (-kv[0].cache_ratio, kv[0][:2], kv[0].bandwidth_scale))
+    )
     m = reps.this.groupby([*CELL, "policy"]).demand_misses.sum()
     misses = {k: m[(*k, "interval_refresh")] / m[(*k, "demand")] - 1 for k in effects}
     return StyleNumbers(Compared(effects, c.control, c.host), misses)
 
 
 def label(key) -> str:
-    """A cell's name: its C/W (and task, batch size and bandwidth where they are not the grid's usual ones)."""
+    """A cell's name: its C/W (and task, batch size and bandwidth where they are not the grid's usual
+    ones)."""
     task, b, ratio, scale = key
-    return (f"C/W {ratio:g}" + (f" {task}" if task != "gsm8k" else "") + (f" b={b}" if b != 1 else "")
-            + (f" x{scale:g}" if scale != 1 else ""))
+    return (
+        f"C/W {ratio:g}"
+        + (f" {task}" if task != "gsm8k" else "")
+        + (f" b={b}" if b != 1 else "")
+        + (f" x{scale:g}" if scale != 1 else "")
+    )
 
 
 def style_text(n: StyleNumbers) -> str:
     """This run's misses per cell (the claim rules on the per-cell intervals before it)."""
     return "interval_refresh's demand misses vs demand's, this run: " + "; ".join(
-        f"{label(k)} {m:+.0%}" for k, m in n.misses.items())
+        f"{label(k)} {m:+.0%}" for k, m in n.misses.items()
+    )
 
 
 def style_verdict(n: StyleNumbers) -> Claim:
     q = question(CLAIM)
     t = rule_claim(n.timed, CLAIM, label)
     return timed_claim(
-        "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and half "
+        "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and "
+        "half "
         f"({q.text()}: non-superiority)",
-        "interval refresh does not beat LRU", t,
+        "interval refresh does not beat LRU",
+        t,
         "tokens/s per run, interval_refresh over demand % per pair, one interval per cell (task, C/W)",
-        note=style_text(n))
+        note=style_text(n),
+    )
 
 
 def stored_claims(P: Settings) -> list[Claim]:
-    """The timing claim ruled on our engine, as a `--store` run of the stored runs' last one rules it, from the
+    """The timing claim ruled on our engine, as a `--store` run of the stored runs' last one rules it, from
+    the
     committed rows alone (tests/test_stored_runs.py)."""
     return [style_verdict(style_numbers(replicas(P, None).last_stored()))]
 
@@ -151,8 +186,11 @@ def released_numbers(rows: list[dict]) -> dict:
 
 
 def released_text(parts: dict) -> str:
-    return "; ".join(f"C/W {r:g}: {p['speedup_total']:.1f}x (KV cache {p['speedup_kv_cache']:.1f}x, "
-                     f"offload {p['speedup_offload']:.1f}x)" for r, p in parts.items())
+    return "; ".join(
+        f"C/W {r:g}: {p['speedup_total']:.1f}x (KV cache {p['speedup_kv_cache']:.1f}x, "
+        f"offload {p['speedup_offload']:.1f}x)"
+        for r, p in parts.items()
+    )
 
 
 def released_verdict(parts: dict | None, reason: str | None) -> Claim:
@@ -161,17 +199,26 @@ def released_verdict(parts: dict | None, reason: str | None) -> Claim:
     text = f"{paper.TIDE_SPEEDUP[1.0]}x at the same budget, {paper.TIDE_SPEEDUP[0.5]}x at half of it"
     if parts is None:
         return Claim(claim, text, "-", NOT_MEASURABLE, reason or "not run")
-    return Claim(claim, text, released_text(parts), verdict_of(all(p["speedup_total"] > 1 for p in parts.values())),
-                 timing=True)
+    return Claim(
+        claim,
+        text,
+        released_text(parts),
+        verdict_of(all(p["speedup_total"] > 1 for p in parts.values())),
+        timing=True,
+    )
 
 
 # --- figure ---------------------------------------------------------------------------------------
 def _per_budget(r) -> pd.DataFrame:
-    """Per C/W and policy: the mean tokens/s over tasks x repetitions with its 95% interval (ci: the half-width)."""
+    """Per C/W and policy: the mean tokens/s over tasks x repetitions with its 95% interval (ci: the
+    half-width)."""
     g = r.groupby(["cache_ratio", "policy"], sort=False).agg(
-        tokens_per_second=("tokens_per_second", "mean"), sd=("tokens_per_second", "std"),
-        ci=("tokens_per_second", lambda v: mean_interval(v)[1]), runs=("tokens_per_second", "size"),
-        cache_experts=("cache_experts", lambda c: "/".join(str(int(x)) for x in dict.fromkeys(c))))
+        tokens_per_second=("tokens_per_second", "mean"),
+        sd=("tokens_per_second", "std"),
+        ci=("tokens_per_second", lambda v: mean_interval(v)[1]),
+        runs=("tokens_per_second", "size"),
+        cache_experts=("cache_experts", lambda c: "/".join(str(int(x)) for x in dict.fromkeys(c))),
+    )
     return g.reset_index()
 
 
@@ -181,7 +228,8 @@ def _label(pol: str) -> str:
 
 def plot(rows, P: Settings, released=None):
     """Tokens/s of our engine, demand vs TIDE-style interval_refresh (and the A/A control, which does demand's
-    work), at the budget and half of it, each bar a mean over tasks x repetitions with its 95% interval; TIDE's
+    work), at the budget and half of it, each bar a mean over tasks x repetitions with its 95% interval;
+    TIDE's
     released code beside them when it was measured."""
     df = _per_budget(rows).assign(system="engine")
     if released:
@@ -194,14 +242,30 @@ def plot(rows, P: Settings, released=None):
     width = 0.8 / len(pols)
     for k, pol in enumerate(pols):
         g = df[df.policy == pol].set_index("cache_ratio").reindex(budgets)
-        ax.bar([i + k * width for i in range(len(budgets))], g.tokens_per_second, width, yerr=g.ci.fillna(0),
-               capsize=3, color=CONTROL_COLOR if pol == CONTROL else COLORS.get(pol, "tab:red"), label=_label(pol))
+        ax.bar(
+            [i + k * width for i in range(len(budgets))],
+            g.tokens_per_second,
+            width,
+            yerr=g.ci.fillna(0),
+            capsize=3,
+            color=CONTROL_COLOR if pol == CONTROL else COLORS.get(pol, "tab:red"),
+            label=_label(pol),
+        )
     ticks = [f"C/W {b:g} (C = {df[df.cache_ratio == b].cache_experts.iloc[0]})" for b in budgets]
     ax.set_xticks([i + width * (len(pols) - 1) / 2 for i in range(len(budgets))], ticks)
-    ax.set(xlabel="expert budget per MoE layer (C per task: " + ", ".join(dict.fromkeys(rows.task)) + ")",
-           ylabel="throughput (tokens/s): mean over\ntasks x reps, bars: its 95% interval")
-    note = "" if released else (f"TIDE released: not run on this profile (paper: engine {paper.TIDE_SPEEDUP[1.0]}x "
-                                f"faster, {paper.TIDE_SPEEDUP[0.5]}x at half)")
+    ax.set(
+        xlabel="expert budget per MoE layer (C per task: " + ", ".join(dict.fromkeys(rows.task)) + ")",
+        ylabel="throughput (tokens/s): mean over\ntasks x reps, bars: its 95% interval",
+    )
+    note = (
+        ""
+        if released
+        else (
+            "TIDE released: not run on this profile (paper: engine "
+            f"{paper.TIDE_SPEEDUP[1.0]}x "
+            f"faster, {paper.TIDE_SPEEDUP[0.5]}x at half)"
+        )
+    )
     ax.set_title(note, fontsize=8, color="crimson")
     legend(ax, loc="upper right")
     title(fig, P, "05 head to head at the same expert budget")

@@ -1,6 +1,8 @@
 """01 the per-step expert working set W and its step-to-step stability, from routing traces. Every figure
 counts the denoising steps only (prefill excluded): W, the reuse of D(t-1, l) and the share of each step's
-demanded experts already resident under LRU (the demand policy's hits over the denoising steps, sim.denoising_only)."""
+demanded experts already resident under LRU (the demand policy's hits over the denoising steps,
+sim.denoising_only)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +35,8 @@ SHARE = ("demand_hits", "demand_misses")
 
 def lru_share(ts, ratios) -> pd.DataFrame:
     """The share of each denoising step's demanded experts already resident under LRU, per trace and C/W: the
-    demand hit rate over the denoising steps only (prefill excluded, sim.denoising_only) of replaying the trace
+    demand hit rate over the denoising steps only (prefill excluded, sim.denoising_only) of replaying the
+    trace
     through the 'demand' policy at C = ratio * W. The prefill forwards still fill the cache the steps meet."""
     df = denoising_only(phase_columns(sweep(ts, ratios, ["demand"], by_phase=True)), SHARE)
     df["batch_size"] = df.batch_size.astype(int)
@@ -45,38 +48,52 @@ def lru_share(ts, ratios) -> pd.DataFrame:
 @dataclass(frozen=True)
 class Numbers:
     mean_working_set: float
-    reuse: float                 # mean share of D(t, l) already in D(t-1, l)
-    reuse_by_task: dict          # task -> mean reuse
+    reuse: float  # mean share of D(t, l) already in D(t-1, l)
+    reuse_by_task: dict  # task -> mean reuse
     jaccard: float
-    lru_ratio: float             # the C/W closest to 1 ...
-    lru_resident: float          # ... and the share of the denoising steps' demands already resident under LRU there
+    lru_ratio: float  # the C/W closest to 1 ...
+    lru_resident: float  # ... and the share of the denoising steps' demands already resident under LRU there
 
 
 def numbers(ws, sim, share) -> Numbers:
     at1 = share.loc[(share.cache_ratio - 1.0).abs().idxmin()].cache_ratio
     s1 = share[share.cache_ratio == at1]
-    return Numbers(float(ws.working_set.mean()), float(sim.reuse.mean()), sim.groupby("task").reuse.mean().to_dict(),
-                   float(sim.jaccard.mean()), float(at1),
-                   float(s1.demand_hits.sum() / (s1.demand_hits.sum() + s1.demand_misses.sum())))
+    return Numbers(
+        float(ws.working_set.mean()),
+        float(sim.reuse.mean()),
+        sim.groupby("task").reuse.mean().to_dict(),
+        float(sim.jaccard.mean()),
+        float(at1),
+        float(s1.demand_hits.sum() / (s1.demand_hits.sum() + s1.demand_misses.sum())),
+    )
 
 
 def measured_text(n: Numbers) -> str:
     worst = min(n.reuse_by_task, key=n.reuse_by_task.get)
-    return (f"mean W {n.mean_working_set:.0f} experts/layer/step; share of D(t, l) in D(t-1, l) {n.reuse:.2f} "
-            f"(lowest task {worst}: {n.reuse_by_task[worst]:.2f}), Jaccard {n.jaccard:.2f}; "
-            f"share of the denoising steps' demands already resident under LRU at C/W = {n.lru_ratio:g}: "
-            f"{n.lru_resident:.2f}")
+    return (
+        f"mean W {n.mean_working_set:.0f} experts/layer/step; share of D(t, l) in D(t-1, l) "
+        f"{n.reuse:.2f} "
+        f"(lowest task {worst}: {n.reuse_by_task[worst]:.2f}), Jaccard {n.jaccard:.2f}; "
+        f"share of the denoising steps' demands already resident under LRU at C/W = {n.lru_ratio:g}: "
+        f"{n.lru_resident:.2f}"
+    )
 
 
 def verdicts(n: Numbers) -> list[Claim]:
     worst = min(n.reuse_by_task, key=n.reuse_by_task.get)
-    return [Claim("expert routing is very stable from one denoising step to the next",
-                  f"qualitative (no figure); judged: >= {thresholds.STABLE:.0%} of D(t, l) already in D(t-1, l) on "
-                  "every task",
-                  measured_text(n), verdict_of(all(v >= thresholds.STABLE for v in n.reuse_by_task.values())),
-                  counting=f"{DENOISING}: W, the reuse of D(t-1, l) and the share resident under LRU",
-                  interval=EXACT,
-                  margin=f"lowest task {worst}: " + margin_at_least(n.reuse_by_task[worst], thresholds.STABLE))]
+    return [
+        Claim(
+            "expert routing is very stable from one denoising step to the next",
+            f"qualitative (no figure); judged: >= {thresholds.STABLE:.0%} of D(t, l) already in D(t-1, "
+            "l) on "
+            "every task",
+            measured_text(n),
+            verdict_of(all(v >= thresholds.STABLE for v in n.reuse_by_task.values())),
+            counting=f"{DENOISING}: W, the reuse of D(t-1, l) and the share resident under LRU",
+            interval=EXACT,
+            margin=f"lowest task {worst}: " + margin_at_least(n.reuse_by_task[worst], thresholds.STABLE),
+        )
+    ]
 
 
 def reading(ws) -> str:
@@ -85,9 +102,13 @@ def reading(ws) -> str:
     by_step = ws[ws.batch_size == b0].groupby("block_step").working_set.mean()
     by_size = ws.groupby("batch_size").working_set.mean()
     sizes = ", ".join(f"{w:.0f} at batch size {b}" for b, w in by_size.items())
-    return (f"At batch size {b0}, mean W over layers goes from {by_step.iloc[0]:.0f} experts at the first denoising "
-            f"step of a block to {by_step.iloc[-1]:.0f} at the last (range {by_step.min():.0f}-{by_step.max():.0f}); "
-            f"mean W by batch size: {sizes}.")
+    return (
+        f"At batch size {b0}, mean W over layers goes from {by_step.iloc[0]:.0f} experts at the first "
+        "denoising "
+        f"step of a block to {by_step.iloc[-1]:.0f} at the last (range "
+        f"{by_step.min():.0f}-{by_step.max():.0f}); "
+        f"mean W by batch size: {sizes}."
+    )
 
 
 # --- figures --------------------------------------------------------------------------------------
@@ -111,35 +132,64 @@ def plot_working_set(ws, P):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     for layer, g in a.groupby("layer"):
         ax1.plot(g.block_step, g.working_set, marker=".", label=f"layer {layer}")
-    ax1.set(xlabel="denoising step within a block", ylabel="working set W (experts)",
-            title=f"W per layer and step (batch size {b0}, all tasks)")
+    ax1.set(
+        xlabel="denoising step within a block",
+        ylabel="working set W (experts)",
+        title=f"W per layer and step (batch size {b0}, all tasks)",
+    )
     ax1.legend(fontsize=8)
     _, sizes = _grouped_bars(ax2, b, "working_set")
-    ax2.set(ylabel="mean working set W (experts)", title="mean W per task", ylim=(0, 1.25 * b.working_set.max()))
+    ax2.set(
+        ylabel="mean working set W (experts)", title="mean W per task", ylim=(0, 1.25 * b.working_set.max())
+    )
     ax2.legend(fontsize=8, loc="upper left", ncol=len(sizes))
     title(fig, P, "01 working set")
-    df = pd.concat([a.assign(panel="W per layer and step", batch_size=b0),
-                    b.assign(panel="mean W per task and batch size")], ignore_index=True)
+    df = pd.concat(
+        [
+            a.assign(panel="W per layer and step", batch_size=b0),
+            b.assign(panel="mean W per task and batch size"),
+        ],
+        ignore_index=True,
+    )
     return fig, df
 
 
 def plot_stability(sim, share, P):
     """(a) share of D(t, l) already in D(t-1, l) per task and batch size, the STABLE threshold marked;
     (b) share of each step's experts already resident under LRU vs C/W, per task and batch size."""
-    a = sim.groupby(["task", "batch_size"]).agg(reuse=("reuse", "mean"), jaccard=("jaccard", "mean")).reset_index()
+    a = (
+        sim.groupby(["task", "batch_size"])
+        .agg(reuse=("reuse", "mean"), jaccard=("jaccard", "mean"))
+        .reset_index()
+    )
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     tasks, sizes = _grouped_bars(ax1, a, "reuse", 100)
-    ax1.axhline(100 * thresholds.STABLE, color="black", lw=1, ls=":",
-                label=f"'very stable' threshold {thresholds.STABLE:.0%}")
+    ax1.axhline(
+        100 * thresholds.STABLE,
+        color="black",
+        lw=1,
+        ls=":",
+        label=f"'very stable' threshold {thresholds.STABLE:.0%}",
+    )
     ax1.set(ylabel="D(t, l) already in D(t-1, l) (%)", ylim=(0, 118), title="step-to-step reuse")
     ax1.legend(fontsize=8, loc="upper left", ncol=3)
     styles = ["-", "--", ":", "-."]
     for (task, s), g in share.groupby(["task", "batch_size"], sort=False):
-        ax2.plot(g.cache_ratio, 100 * g.resident_share, ls=styles[sizes.index(s) % 4], marker="o", ms=3,
-                 color=f"C{tasks.index(task) % 10}", label=f"{task} b={s}")
-    ax2.set(xlabel="cache capacity C/W (C slots per layer / mean W)",
-            ylabel="demanded experts already resident (%)", ylim=(0, 100),
-            title="LRU: resident share, denoising steps")
+        ax2.plot(
+            g.cache_ratio,
+            100 * g.resident_share,
+            ls=styles[sizes.index(s) % 4],
+            marker="o",
+            ms=3,
+            color=f"C{tasks.index(task) % 10}",
+            label=f"{task} b={s}",
+        )
+    ax2.set(
+        xlabel="cache capacity C/W (C slots per layer / mean W)",
+        ylabel="demanded experts already resident (%)",
+        ylim=(0, 100),
+        title="LRU: resident share, denoising steps",
+    )
     ax2.legend(fontsize=8, ncol=2)
     title(fig, P, "01 step-to-step stability")
     df = pd.concat([a.assign(panel="reuse"), share.assign(panel="LRU resident share")], ignore_index=True)

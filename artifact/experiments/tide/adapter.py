@@ -46,6 +46,7 @@ Use (notebook 05; the profile key tide_path names the checkout, run where TIDE's
                                options=RunOptions(dc, "cuda"))
     parts = speedup_parts(rows)      # speedup_total = speedup_kv_cache x speedup_offload
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -60,37 +61,72 @@ from artifact.experiments.tide.released import TideRun, check_prompts, open_tide
 from artifact.model.tasks import tokens_sha
 from artifact.offload.runner import OffloadSpec, RunOptions, RunSettings, decode_prompts, expert_bytes
 
-JUMP_STEPS = (1, 2, 4)      # TIDE's defaults (enable_predictive_expert_offload: 1, main.py: 2) and our tau
+JUMP_STEPS = (1, 2, 4)  # TIDE's defaults (enable_predictive_expert_offload: 1, main.py: 2) and our tau
 
 
-def engine_row(loaded, prompts: list[list[int]], budget_experts: int, options: RunOptions, *,
-               policy: str = "demand", tau: int = 4, rep: int = 0, task: str | None = None,
-               cache_ratio: float | None = None) -> tuple[dict, list[list[int]]]:
+def engine_row(
+    loaded,
+    prompts: list[list[int]],
+    budget_experts: int,
+    options: RunOptions,
+    *,
+    policy: str = "demand",
+    tau: int = 4,
+    rep: int = 0,
+    task: str | None = None,
+    cache_ratio: float | None = None,
+) -> tuple[dict, list[list[int]]]:
     """Our engine at the same budget, batch size 1, decoding as `options` say (RunOptions: decoding, device,
     forward mode), in the benchmark row format (CUDA link on a GPU, the emulated link on the CPU)."""
     dc = options.decode
     link = "cuda" if torch.device(options.device).type == "cuda" else "emulated"
-    spec = OffloadSpec.from_settings(RunSettings(link=link, tau=tau), budget_experts, policy,
-                                     expert_bytes=expert_bytes(loaded))
+    spec = OffloadSpec.from_settings(
+        RunSettings(link=link, tau=tau), budget_experts, policy, expert_bytes=expert_bytes(loaded)
+    )
     res = decode_prompts(loaded, prompts, 1, options, spec=spec, task=task)
-    row = {"system": "engine", "policy": policy, "mode": dc.mode, "task": task, "batch_size": 1,
-           "cache_ratio": cache_ratio, "cache_experts": budget_experts, "rep": rep, "prompts": len(prompts),
-           "gen_length": dc.gen_length, "steps": dc.steps, "threshold": dc.threshold}
-    row.update({k: getattr(res.stats, k, None) for k in STAT_COLUMNS})    # the bench's columns
-    row.update(tokens=res.stats.tokens_generated, tokens_sha=tokens_sha(res.tokens),
-               threads=torch.get_num_threads())
+    row = {
+        "system": "engine",
+        "policy": policy,
+        "mode": dc.mode,
+        "task": task,
+        "batch_size": 1,
+        "cache_ratio": cache_ratio,
+        "cache_experts": budget_experts,
+        "rep": rep,
+        "prompts": len(prompts),
+        "gen_length": dc.gen_length,
+        "steps": dc.steps,
+        "threshold": dc.threshold,
+    }
+    row.update({k: getattr(res.stats, k, None) for k in STAT_COLUMNS})  # the bench's columns
+    row.update(
+        tokens=res.stats.tokens_generated, tokens_sha=tokens_sha(res.tokens), threads=torch.get_num_threads()
+    )
     row["seconds_per_forward"] = row["seconds"] / row["forwards"] if row.get("forwards") else None
     return row, res.tokens
 
 
-ON_CUDA = RunOptions(device="cuda")          # compare_with_engine's default: the paper's decoding, on the GPU
+ON_CUDA = RunOptions(device="cuda")  # compare_with_engine's default: the paper's decoding, on the GPU
 
 
-def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_experts: int,
-                        jump_steps: int | Sequence[int] = JUMP_STEPS, options: RunOptions = ON_CUDA,
-                        *, checkpoint=None, reps: int = 3, policies: tuple[str, ...] = ("demand",), tau: int = 4,
-                        task: str | None = None, cache_ratio: float | None = None, dtype: str = "bfloat16",
-                        threads: int | None = None, progress: bool = True) -> list[dict]:
+def compare_with_engine(
+    loaded,
+    tide_path,
+    prompts: list[list[int]],
+    budget_experts: int,
+    jump_steps: int | Sequence[int] = JUMP_STEPS,
+    options: RunOptions = ON_CUDA,
+    *,
+    checkpoint=None,
+    reps: int = 3,
+    policies: tuple[str, ...] = ("demand",),
+    tau: int = 4,
+    task: str | None = None,
+    cache_ratio: float | None = None,
+    dtype: str = "bfloat16",
+    threads: int | None = None,
+    progress: bool = True,
+) -> list[dict]:
     """Engine cached, engine full and TIDE released at each of `jump_steps` (default JUMP_STEPS), at one
     budget, interleaved by repetition (the order rotates each rep, so drift hits all alike). `loaded` is
     our model (load_checkpoint(..., resident=False)); both models sit in host memory at once. `tau` is the
@@ -106,18 +142,40 @@ def compare_with_engine(loaded, tide_path, prompts: list[list[int]], budget_expe
     _refuse_unfair_setup(loaded, budget_experts, sweep, options, checkpoint)
     dc, cfg = options.decode, loaded.cfg
     if torch.device(options.device).type == "cuda" and not loaded.experts.is_pinned():
-        loaded.experts = loaded.experts.pin_memory()   # once, not in every run's HostStore (as ModelRunner does)
-    run = open_tide(tide_path, checkpoint, budget_experts, sweep[0], dc, device=options.device, dtype=dtype,
-                    mask_id=cfg.mask_token_id, eos_id=cfg.eos_token_id, block_length=cfg.block_length,
-                    warmup_prompt=prompts[0], threads=threads)
+        # once, not in every run's HostStore (as ModelRunner does)
+        loaded.experts = loaded.experts.pin_memory()
+    run = open_tide(
+        tide_path,
+        checkpoint,
+        budget_experts,
+        sweep[0],
+        dc,
+        device=options.device,
+        dtype=dtype,
+        mask_id=cfg.mask_token_id,
+        eos_id=cfg.eos_token_id,
+        block_length=cfg.block_length,
+        warmup_prompt=prompts[0],
+        threads=threads,
+    )
     warm = replace(options, decode=replace(dc, gen_length=cfg.block_length))
-    engine_row(loaded, prompts[:1], budget_experts, warm)             # warm-up, as for TIDE
+    engine_row(loaded, prompts[:1], budget_experts, warm)  # warm-up, as for TIDE
     jobs = [("engine", mode, p) for p in policies for mode in ("cached", "full")]
     jobs += [("tide_released", "full", j) for j in sweep]
     rows = []
     for rep in tqdm(range(reps), desc="tide vs engine", disable=not progress):
-        rows += _one_rep(loaded, run, prompts, budget_experts, options, jobs, rep, tau=tau, task=task,
-                         cache_ratio=cache_ratio)
+        rows += _one_rep(
+            loaded,
+            run,
+            prompts,
+            budget_experts,
+            options,
+            jobs,
+            rep,
+            tau=tau,
+            task=task,
+            cache_ratio=cache_ratio,
+        )
     return rows
 
 
@@ -129,22 +187,47 @@ def _refuse_unfair_setup(loaded, budget_experts: int, sweep: tuple, options: Run
     if torch.device(options.device).type == "cuda":
         require_cuda()
         if loaded.experts.dtype != torch.bfloat16:
-            raise ValueError(f"our model is in {loaded.experts.dtype}; TIDE runs in bfloat16 only, so load ours "
-                             "with dtype='bfloat16' for a like-for-like comparison")
+            raise ValueError(
+                f"our model is in {loaded.experts.dtype}; TIDE runs in bfloat16 only, so load "
+                "ours "
+                "with dtype='bfloat16' for a like-for-like comparison"
+            )
         if loaded.model.backend is not None:
-            raise ValueError("our model's experts are resident on the GPU (load_checkpoint(..., resident=False), or "
-                             "set loaded.model.backend = None after a resident run): TIDE sizes its budget "
-                             "against the free GPU memory")
+            raise ValueError(
+                "our model's experts are resident on the GPU (load_checkpoint(..., "
+                "resident=False), or "
+                "set loaded.model.backend = None after a resident run): TIDE sizes its budget "
+                "against the free GPU memory"
+            )
     if checkpoint is None:
         raise ValueError("loaded has no checkpoint directory (random_model?): pass checkpoint=PATH for TIDE")
     dc, cfg = options.decode, loaded.cfg
     for j in sweep:
-        tide_arguments(budget_experts, j, dc.gen_length, dc.steps, dc.threshold, cfg.block_length,
-                       mask_id=cfg.mask_token_id, eos_id=cfg.eos_token_id)
+        tide_arguments(
+            budget_experts,
+            j,
+            dc.gen_length,
+            dc.steps,
+            dc.threshold,
+            cfg.block_length,
+            mask_id=cfg.mask_token_id,
+            eos_id=cfg.eos_token_id,
+        )
 
 
-def _one_rep(loaded, run: TideRun, prompts: list[list[int]], budget_experts: int, options: RunOptions,
-             jobs: list[tuple], rep: int, *, tau: int, task: str | None, cache_ratio: float | None) -> list[dict]:
+def _one_rep(
+    loaded,
+    run: TideRun,
+    prompts: list[list[int]],
+    budget_experts: int,
+    options: RunOptions,
+    jobs: list[tuple],
+    rep: int,
+    *,
+    tau: int,
+    task: str | None,
+    cache_ratio: float | None,
+) -> list[dict]:
     """One repetition: each job once, in `jobs` rotated by `rep` (so drift hits all alike). TIDE rows get
     same_tokens_as_engine against the engine's first full-mode tokens of this rep."""
     shift = rep % len(jobs)
@@ -152,15 +235,24 @@ def _one_rep(loaded, run: TideRun, prompts: list[list[int]], budget_experts: int
     for order, (system, mode, arg) in enumerate(jobs[shift:] + jobs[:shift]):
         if system == "engine":
             mode_options = replace(options, decode=replace(options.decode, mode=mode))
-            row, toks = engine_row(loaded, prompts, budget_experts, mode_options, policy=arg, tau=tau, rep=rep,
-                                   task=task, cache_ratio=cache_ratio)
+            row, toks = engine_row(
+                loaded,
+                prompts,
+                budget_experts,
+                mode_options,
+                policy=arg,
+                tau=tau,
+                rep=rep,
+                task=task,
+                cache_ratio=cache_ratio,
+            )
             if mode == "full" and engine_tokens is None:
                 engine_tokens = toks
         else:
             run.set_jump_steps(arg)
             row, toks = run.measure(prompts, rep, task, cache_ratio)
             tide_rows.append((row, toks))
-        row["order"] = order                   # position in this rep's rotated order
+        row["order"] = order  # position in this rep's rotated order
         rows.append(row)
     for row, toks in tide_rows:
         row["same_tokens_as_engine"] = sum(a == b for a, b in zip(toks, engine_tokens)) / len(prompts)
@@ -173,27 +265,45 @@ def speedup_parts(rows: list[dict], policy: str = "demand", jump_steps: int | No
           = kv_cache (prefix KV cache)                           x offload (the offloading design).
     TIDE is taken at `jump_steps`, or by default at its fastest jump_steps among the rows (the fair
     reading of a sweep: TIDE at its best setting); the choice is returned as tide_jump_steps."""
+
     def mean(system, mode, pol, key="tokens_per_second", j=None):
-        v = [r[key] for r in rows if r["system"] == system and r["mode"] == mode
-             and (pol is None or r["policy"] == pol) and (j is None or r.get("jump_steps") == j)
-             and r.get(key) is not None]
+        v = [
+            r[key]
+            for r in rows
+            if r["system"] == system
+            and r["mode"] == mode
+            and (pol is None or r["policy"] == pol)
+            and (j is None or r.get("jump_steps") == j)
+            and r.get(key) is not None
+        ]
         if not v:
-            raise ValueError(f"no rows for system={system!r} mode={mode!r} policy={pol!r}"
-                             + (f" jump_steps={j}" if j is not None else ""))
+            raise ValueError(
+                f"no rows for system={system!r} mode={mode!r} policy={pol!r}"
+                + (f" jump_steps={j}" if j is not None else "")
+            )
         return sum(v) / len(v)
+
     cached, full = mean("engine", "cached", policy), mean("engine", "full", policy)
     if jump_steps is None:
         swept = sorted({r.get("jump_steps") for r in rows if r["system"] == "tide_released"}, key=str)
         jump_steps = max(swept, key=lambda j: mean("tide_released", "full", None, j=j)) if swept else None
     tide = mean("tide_released", "full", None, j=jump_steps)
-    out = {"engine_cached_tps": cached, "engine_full_tps": full, "tide_tps": tide, "tide_jump_steps": jump_steps,
-           "speedup_total": cached / tide, "speedup_kv_cache": cached / full, "speedup_offload": full / tide}
-    for name, system, mode, pol, j in (("engine_cached", "engine", "cached", policy, None),
-                                       ("engine_full", "engine", "full", policy, None),
-                                       ("tide", "tide_released", "full", None, jump_steps)):
+    out = {
+        "engine_cached_tps": cached,
+        "engine_full_tps": full,
+        "tide_tps": tide,
+        "tide_jump_steps": jump_steps,
+        "speedup_total": cached / tide,
+        "speedup_kv_cache": cached / full,
+        "speedup_offload": full / tide,
+    }
+    for name, system, mode, pol, j in (
+        ("engine_cached", "engine", "cached", policy, None),
+        ("engine_full", "engine", "full", policy, None),
+        ("tide", "tide_released", "full", None, jump_steps),
+    ):
         try:
             out[f"{name}_seconds_per_forward"] = mean(system, mode, pol, "seconds_per_forward", j)
-        except ValueError:                         # rows without forward counts (collect_stats=False)
+        except ValueError:  # rows without forward counts (collect_stats=False)
             out[f"{name}_seconds_per_forward"] = None
     return out
-

@@ -28,6 +28,7 @@ count belongs to the phase of the demand whose plan made it, and a prefetch's fa
 wasted prefetch) belongs to the phase of the demand that issued the prefetch, so in every phase
 speculative_transfers == prefetch_hits + wasted_prefetches once the run is finished.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -62,30 +63,34 @@ class LayerCache:
 
     def __init__(self, capacity: int, num_experts: int):
         self.capacity, self.num_experts = capacity, num_experts
-        self.slot_of = np.full(num_experts, EMPTY, dtype=np.int64)    # (E,) slot or EMPTY
-        self.expert_in = np.full(capacity, EMPTY, dtype=np.int64)     # (C,) expert or EMPTY
-        self.unused = np.zeros(num_experts, dtype=np.int8)            # (E,) prefetched, not yet demanded: 1 + phase
+        self.slot_of = np.full(num_experts, EMPTY, dtype=np.int64)  # (E,) slot or EMPTY
+        self.expert_in = np.full(capacity, EMPTY, dtype=np.int64)  # (C,) expert or EMPTY
+        self.unused = np.zeros(num_experts, dtype=np.int8)  # (E,) prefetched, not yet demanded: 1 + phase
         self.filled = 0
-        self.prefetched = False      # a prefetch was ever placed here: only then is `unused` looked at
+        self.prefetched = False  # a prefetch was ever placed here: only then is `unused` looked at
 
     def resident(self) -> np.ndarray:
-        return self.expert_in[:self.filled]
+        return self.expert_in[: self.filled]
 
     def check(self) -> None:
         """Raise RuntimeError, naming what is wrong, unless the slots and the experts are one bijection: slots
         [0, filled) each hold a distinct expert, slots [filled, C) hold none, and slot_of maps exactly the
         resident experts back to their slots (EMPTY for every other expert)."""
-        held = self.expert_in[:self.filled]
+        held = self.expert_in[: self.filled]
         if not 0 <= self.filled <= self.capacity:
             raise RuntimeError(f"layer cache: filled = {self.filled} outside [0, {self.capacity}]")
-        if (held == EMPTY).any() or (self.expert_in[self.filled:] != EMPTY).any():
-            raise RuntimeError(f"layer cache: the slots in use are not exactly [0, {self.filled}): "
-                               f"expert_in = {self.expert_in.tolist()}")
+        if (held == EMPTY).any() or (self.expert_in[self.filled :] != EMPTY).any():
+            raise RuntimeError(
+                f"layer cache: the slots in use are not exactly [0, {self.filled}): "
+                f"expert_in = {self.expert_in.tolist()}"
+            )
         if len(np.unique(held)) != len(held):
             raise RuntimeError(f"layer cache: an expert sits in two slots: expert_in = {held.tolist()}")
         wrong = [(int(e), s, int(self.slot_of[e])) for s, e in enumerate(held) if self.slot_of[e] != s]
         if wrong:
-            raise RuntimeError(f"layer cache: slot_of disagrees with expert_in (expert, slot, slot_of): {wrong}")
+            raise RuntimeError(
+                f"layer cache: slot_of disagrees with expert_in (expert, slot, slot_of): {wrong}"
+            )
         stray = np.flatnonzero(self.slot_of != EMPTY)
         if len(stray) != len(held):
             extra = sorted(set(stray.tolist()) - set(held.tolist()))
@@ -96,13 +101,18 @@ class ExpertCache:
     """C slots for each MoE layer, driven by one policy. `serve` takes the model's Demand (model layer
     index); `plan` is the same call on the MoE position with arrays (the simulator's entry)."""
 
-    def __init__(self, moe_layers: list[int], num_experts: int, capacity: int, policy: Policy,
-                 expert_bytes: int):
+    def __init__(
+        self, moe_layers: list[int], num_experts: int, capacity: int, policy: Policy, expert_bytes: int
+    ):
         if not 1 <= capacity <= num_experts:
-            raise SettingError(f"cache capacity must be in [1, {num_experts}] experts per layer, got {capacity}")
+            raise SettingError(
+                f"cache capacity must be in [1, {num_experts}] experts per layer, got {capacity}"
+            )
         if policy.num_layers != len(moe_layers) or policy.num_experts != num_experts:
-            raise ValueError(f"policy built for {policy.num_layers} layers x {policy.num_experts} experts, "
-                             f"cache has {len(moe_layers)} x {num_experts}")
+            raise ValueError(
+                f"policy built for {policy.num_layers} layers x {policy.num_experts} experts, "
+                f"cache has {len(moe_layers)} x {num_experts}"
+            )
         self.moe_layers = list(moe_layers)
         self.index = {layer: i for i, layer in enumerate(self.moe_layers)}
         self.capacity, self.num_experts, self.expert_bytes = capacity, num_experts, expert_bytes
@@ -110,9 +120,9 @@ class ExpertCache:
         self.policy = policy
         self.counts = CacheCounts(self._still_unused)
         self.finished = False
-        self._slots = np.arange(capacity, dtype=np.int64)           # slot ids, sliced for free slots
+        self._slots = np.arange(capacity, dtype=np.int64)  # slot ids, sliced for free slots
         self._slots.flags.writeable = False
-        self._keep = np.zeros(num_experts, dtype=bool)              # scratch mark for oversized demands
+        self._keep = np.zeros(num_experts, dtype=bool)  # scratch mark for oversized demands
         # The eviction hooks, resolved once (the one dispatch): a policy that defines one decides it (belady,
         # interval_refresh's keep order), else its eviction policy does (policy.eviction: LRU unless the
         # spec named one). Fast paths: the LRU keep order is computed inline, and victims come from
@@ -142,12 +152,18 @@ class ExpertCache:
 
     def serve_plans(self, demand) -> tuple[Plan, Plan | None]:
         """serve, with the prefetch as its plan (arrays; None: no prefetch): the engine's entry."""
-        return self.plan(self.index[demand.layer], np.asarray(demand.experts, dtype=np.int64),
-                         np.asarray(demand.counts, dtype=np.int64), demand.step, phase_of(demand.step),
-                         getattr(demand, "predicted", None))
+        return self.plan(
+            self.index[demand.layer],
+            np.asarray(demand.experts, dtype=np.int64),
+            np.asarray(demand.counts, dtype=np.int64),
+            demand.step,
+            phase_of(demand.step),
+            getattr(demand, "predicted", None),
+        )
 
-    def plan(self, i: int, experts: np.ndarray, counts: np.ndarray, step, phase: int,
-             predicted=None) -> tuple[Plan, Plan | None]:
+    def plan(
+        self, i: int, experts: np.ndarray, counts: np.ndarray, step, phase: int, predicted=None
+    ) -> tuple[Plan, Plan | None]:
         """Plan the demand of MoE layer i (experts ascending, int64), then ask the policy for a
         prediction and plan it. Returns (demand plan, prefetch plan or None)."""
         pol = self.policy
@@ -159,8 +175,8 @@ class ExpertCache:
         if guess is None:
             return plan, None
         if type(guess) is not Prediction:
-            guess = Prediction(*guess)                 # a policy may return a plain tuple
-        if guess.target == i:                          # never prefetch into the layer being computed
+            guess = Prediction(*guess)  # a policy may return a plain tuple
+        if guess.target == i:  # never prefetch into the layer being computed
             return plan, None
         return plan, self._plan_prefetch(guess.target, guess.experts, guess.counts, phase)
 
@@ -201,8 +217,8 @@ class ExpertCache:
         m = n - nh
         tally[HITS] += nh
         tally[MISSES] += m
-        if lc.prefetched:                                 # demanded prefetches are used now (CacheCounts
-            lc.unused[experts] = 0                        # derives prefetch hits per issuing phase)
+        if lc.prefetched:  # demanded prefetches are used now (CacheCounts
+            lc.unused[experts] = 0  # derives prefetch hits per issuing phase)
         layer = self.moe_layers[i]
         if m == 0:
             self._touch(i, experts if self._lru_keep else self._keep_order(i, experts, counts, hit, step))
@@ -212,7 +228,7 @@ class ExpertCache:
             hit_experts, hit_slots = experts[hit], slots[hit]
         else:
             hit_experts = hit_slots = NONE
-        if self._lru_keep:                                # LRU keep order: hits, then misses, each ascending
+        if self._lru_keep:  # LRU keep order: hits, then misses, each ascending
             misses = experts[~hit] if nh else experts
             order = np.concatenate((hit_experts, misses)) if nh else experts
         else:
@@ -235,23 +251,25 @@ class ExpertCache:
         free = min(self.capacity - filled, k)
         rest = k - free
         if rest == 0:
-            return self._slots[filled:filled + k], k, NONE
-        if self._victim_order is not None:                # a policy that orders candidates itself
+            return self._slots[filled : filled + k], k, NONE
+        if self._victim_order is not None:  # a policy that orders candidates itself
             keep = np.ones(filled, dtype=bool)
             keep[protected_slots] = False
             evicted = self._victim_order(i, lc.expert_in[:filled][keep])[:rest]
             taken = lc.slot_of[evicted]
         else:
             residents = lc.expert_in[:filled]
-            keys = self._victim_keys(i, residents)                       # (filled,) by slot; a fresh array
+            keys = self._victim_keys(i, residents)  # (filled,) by slot; a fresh array
             keys[protected_slots] = _NEVER_EVICT
-            taken = np.lexsort((residents, keys))[:rest]                 # slots, first victim first (victim_order)
+            taken = np.lexsort((residents, keys))[:rest]  # slots, first victim first (victim_order)
             evicted = residents[taken]
         if free == 0:
             return taken, 0, evicted
-        return np.concatenate((self._slots[filled:filled + free], taken)), free, evicted
+        return np.concatenate((self._slots[filled : filled + free], taken)), free, evicted
 
-    def _place(self, i: int, lc: LayerCache, experts: np.ndarray, slots: np.ndarray, evicted: np.ndarray) -> None:
+    def _place(
+        self, i: int, lc: LayerCache, experts: np.ndarray, slots: np.ndarray, evicted: np.ndarray
+    ) -> None:
         """Copy `experts` into `slots` (distinct), evicting the residents `evicted` (the rest were free)."""
         if len(evicted):
             if self._evicted is not None:
@@ -266,8 +284,16 @@ class ExpertCache:
         lc.expert_in[slots] = experts
         lc.slot_of[experts] = slots
 
-    def _stream_through(self, i: int, lc: LayerCache, order: np.ndarray, misses: np.ndarray,
-                        hit_experts: np.ndarray, hit_slots: np.ndarray, layer: int) -> Plan:
+    def _stream_through(
+        self,
+        i: int,
+        lc: LayerCache,
+        order: np.ndarray,
+        misses: np.ndarray,
+        hit_experts: np.ndarray,
+        hit_slots: np.ndarray,
+        layer: int,
+    ) -> Plan:
         """A demand larger than C: its misses stream through the slots in waves; the last C of `order`
         stay resident.
 
@@ -281,27 +307,32 @@ class ExpertCache:
         its slot to the stream."""
         C, n, m = self.capacity, len(order), len(misses)
         nh = len(hit_experts)
-        if nh and self._lru_keep:                        # order = hits, misses: the first n - C hits go
-            going_hits = hit_experts[:n - C]
+        if nh and self._lru_keep:  # order = hits, misses: the first n - C hits go
+            going_hits = hit_experts[: n - C]
         elif nh:
             keep = self._keep
-            kept = order[n - C:]
+            kept = order[n - C :]
             keep[kept] = True
             going_hits = hit_experts[~keep[hit_experts]]
             keep[kept] = False
-            if len(going_hits) == 0 and nh == C:                      # p = 0: demote one kept hit
+            if len(going_hits) == 0 and nh == C:  # p = 0: demote one kept hit
                 going_hits = kept[lc.slot_of[kept] >= 0][:1]
         else:
             going_hits = NONE
         a = C - nh
-        first, free, evicted = self._take_slots(i, lc, a, hit_slots)     # every non-demanded resident goes
+        first, free, evicted = self._take_slots(i, lc, a, hit_slots)  # every non-demanded resident goes
         period = np.concatenate((first, lc.slot_of[going_hits])) if len(going_hits) else first
         p = len(period)
         # State afterwards: the last period of copies, j = m-p .. m-1 into period[j % p], holds the kept
         # misses; the streamed-through experts and the hits that gave up their slots are gone.
         r = (m - p) % p
-        self._place(i, lc, misses[m - p:], np.concatenate((period[r:], period[:r])) if r else period,
-                    np.concatenate((evicted, going_hits)) if len(going_hits) else evicted)
+        self._place(
+            i,
+            lc,
+            misses[m - p :],
+            np.concatenate((period[r:], period[:r])) if r else period,
+            np.concatenate((evicted, going_hits)) if len(going_hits) else evicted,
+        )
         return Plan(layer, i, hit_experts, hit_slots, misses, None, free, evicted, (period, a, going_hits))
 
     def _plan_prefetch(self, i: int, experts, counts, phase: int) -> Plan | None:
@@ -319,7 +350,7 @@ class ExpertCache:
             slots = lc.slot_of[experts]
             present = slots >= 0
             resident = np.count_nonzero(present)
-            if resident == len(present) or (conservative and resident == C):   # nothing to load, or no room
+            if resident == len(present) or (conservative and resident == C):  # nothing to load, or no room
                 return None
             absent = ~present
             wanted = experts[absent]
@@ -331,8 +362,8 @@ class ExpertCache:
             slots = lc.slot_of[target]
             present = slots >= 0
             wanted = target[~present]
-        if conservative:                                  # room: free slots + residents outside the prediction
-            wanted = wanted[:C - int(np.count_nonzero(present))]
+        if conservative:  # room: free slots + residents outside the prediction
+            wanted = wanted[: C - int(np.count_nonzero(present))]
         k = len(wanted)
         if k == 0:
             return None

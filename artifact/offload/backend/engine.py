@@ -19,6 +19,7 @@ with waves a copy's ticket is looked up when the scan reaches it, and a group st
 already holds. tests/test_engine_golden.py pins the calls on the link and the groups to those of the
 engine before this path.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,13 +35,14 @@ from artifact.offload.backend.plans import EMPTY, Plan
 from artifact.offload.backend.store import HostStore, check_slots_fit
 from artifact.offload.links.link import Link
 
-NUMPY_SORT = 32          # a group of at least this many experts is sorted by its slots in numpy
+NUMPY_SORT = 32  # a group of at least this many experts is sorted by its slots in numpy
 
 
 @dataclass
 class Queue:
     """Experts of one demand in the order their groups compute them, as columns: their slots and the tickets
     of their copies still to wait on (columns, not an object per copy: the host path's budget per copy)."""
+
     experts: list[int]
     slots: list[int]
     tickets: list
@@ -51,43 +53,70 @@ def _pick(seq, index: list[int]) -> tuple:
     return itemgetter(*index)(seq) if len(index) > 1 else (seq[index[0]],)
 
 
-def allocate_slots(store: HostStore, cache: ExpertCache, device: torch.device,
-                   slot_pool: SlotPool | None = None) -> dict[int, torch.Tensor]:
-    """The device slots: per MoE layer one (C, P) tensor of the experts' dtype, a row per slot, from the model's
-    pool when given (a new engine then reuses the previous engine's slots, and the stages captured over them)."""
+def allocate_slots(
+    store: HostStore, cache: ExpertCache, device: torch.device, slot_pool: SlotPool | None = None
+) -> dict[int, torch.Tensor]:
+    """The device slots: per MoE layer one (C, P) tensor of the experts' dtype, a row per slot, from the
+    model's
+    pool when given (a new engine then reuses the previous engine's slots, and the stages captured over
+    them)."""
     P = store.packed.shape[2]
     pool = slot_pool or SlotPool()
-    return {layer: pool.slots(layer, cache.capacity, P, store.packed.dtype, device) for layer in cache.moe_layers}
+    return {
+        layer: pool.slots(layer, cache.capacity, P, store.packed.dtype, device) for layer in cache.moe_layers
+    }
 
 
 class OffloadEngine:
-    def __init__(self, store: HostStore, cache: ExpertCache, link: Link, cfg, device: torch.device | str = "cpu",
-                 slot_pool: SlotPool | None = None):
+    def __init__(
+        self,
+        store: HostStore,
+        cache: ExpertCache,
+        link: Link,
+        cfg,
+        device: torch.device | str = "cpu",
+        slot_pool: SlotPool | None = None,
+    ):
         self.store, self.cache, self.link = store, cache, link
         self.device = torch.device(device)
-        self.slots = allocate_slots(store, cache, self.device, slot_pool)   # (C, P) per MoE layer
-        self.stacks = {layer: stack_views(s, cfg) for layer, s in self.slots.items()}   # (C, 2I, D), (C, D, I)
-        self.slot_rows = {layer: s.unbind(0) for layer, s in self.slots.items()}    # (P,) view per slot, made once
+        self.slots = allocate_slots(store, cache, self.device, slot_pool)  # (C, P) per MoE layer
+        self.stacks = {layer: stack_views(s, cfg) for layer, s in self.slots.items()}  # (C, 2I, D), (C, D, I)
+        # (P,) view per slot, made once
+        self.slot_rows = {layer: s.unbind(0) for layer, s in self.slots.items()}
         # A copy's label names its expert (the slot is its destination): made once, so a copy costs no string.
-        self.labels = {layer: [f"layer {layer} expert {e}" for e in range(store.num_experts)]
-                       for layer in cache.moe_layers}
-        self.pending = {layer: {} for layer in cache.moe_layers}        # layer -> {slot: ticket not yet waited}
-        self.freed = {layer: None for layer in cache.moe_layers}        # layer -> marker after its last compute
+        self.labels = {
+            layer: [f"layer {layer} expert {e}" for e in range(store.num_experts)]
+            for layer in cache.moe_layers
+        }
+        self.pending = {layer: {} for layer in cache.moe_layers}  # layer -> {slot: ticket not yet waited}
+        self.freed = {layer: None for layer in cache.moe_layers}  # layer -> marker after its last compute
         self.finished = False
 
-    def _issue(self, layer: int, experts: list[int], slots: list[int], after, speculative: bool = False) -> list:
+    def _issue(
+        self, layer: int, experts: list[int], slots: list[int], after, speculative: bool = False
+    ) -> list:
         """One batch of copies on the link, experts[k] into slots[k]; `after` orders them behind the compute
         that freed their slots. Returns the tickets, also kept in `pending` until waited."""
-        items = list(zip(_pick(self.slot_rows[layer], slots), _pick(self.store.rows[layer], experts),
-                         _pick(self.labels[layer], experts)))
+        items = list(
+            zip(
+                _pick(self.slot_rows[layer], slots),
+                _pick(self.store.rows[layer], experts),
+                _pick(self.labels[layer], experts),
+            )
+        )
         tickets = self.link.copy(items, after=after, speculative=speculative)
         self.pending[layer].update(zip(slots, tickets))
         return tickets
 
     def _issue_speculative(self, prefetch: Plan) -> None:
         """The policy's prefetches (one target layer), behind that layer's last compute."""
-        self._issue(prefetch.layer, prefetch.load_experts.tolist(), prefetch.load_slots.tolist(),
-                    self.freed[prefetch.layer], speculative=True)
+        self._issue(
+            prefetch.layer,
+            prefetch.load_experts.tolist(),
+            prefetch.load_slots.tolist(),
+            self.freed[prefetch.layer],
+            speculative=True,
+        )
 
     def _group(self, layer: int, experts: list[int], slots: list[int], arrays=None) -> ExpertGroup:
         """The group of experts[k] in slots[k], listed by ascending slot (the stack rows). `arrays`: the same
@@ -95,34 +124,37 @@ class OffloadEngine:
         gate_up, down = self.stacks[layer]
         if arrays is not None and len(slots) >= NUMPY_SORT:
             order = arrays[1].argsort()
-            return ExpertGroup(tuple(arrays[0][order].tolist()), tuple(arrays[1][order].tolist()), gate_up, down)
+            return ExpertGroup(
+                tuple(arrays[0][order].tolist()), tuple(arrays[1][order].tolist()), gate_up, down
+            )
         order = sorted(range(len(slots)), key=slots.__getitem__)
-        return ExpertGroup(tuple(map(experts.__getitem__, order)), tuple(map(slots.__getitem__, order)), gate_up,
-                           down)
+        return ExpertGroup(
+            tuple(map(experts.__getitem__, order)), tuple(map(slots.__getitem__, order)), gate_up, down
+        )
 
     def groups(self, demand: Demand):
         """The demand's expert groups, in compute order (the module docstring): its resident experts in one
         group while the misses' copies are in flight, then the rest as their copies land."""
         plan, prefetch = self.cache.serve_plans(demand)
         layer, link = demand.layer, self.link
-        link.pump()                                         # issue points: here and after each group
+        link.pump()  # issue points: here and after each group
         pending = self.pending[layer]
         hit_e, hit_s = plan.hit_experts.tolist(), plan.hit_slots.tolist()
-        if pending:                                         # demand priority: a demanded prefetch is demand,
-            for s in hit_s:                                 # queued ahead of this layer's misses
+        if pending:  # demand priority: a demanded prefetch is demand,
+            for s in hit_s:  # queued ahead of this layer's misses
                 if s in pending:
                     link.promote(pending[s])
         load_e, load_s = plan.load_experts.tolist(), plan.load_slots.tolist()
         now_e, now_s, waiting = self._split_waves(plan, load_e, load_s)
         # This layer's copies wait for its last compute; speculative ones for their own layer's.
         now_t = self._issue(layer, now_e, now_s, self.freed[layer]) if now_e else []
-        if not waiting and prefetch is not None:    # every demand load is issued: now the prefetches (else
-            self._issue_speculative(prefetch)       # after the last wave)
+        if not waiting and prefetch is not None:  # every demand load is issued: now the prefetches (else
+            self._issue_speculative(prefetch)  # after the last wave)
             prefetch = None
         ready, queue, hits = self._partition(layer, plan, hit_e, hit_s, Queue(load_e, load_s, now_t))
         streams = bool(waiting)
         if ready.experts:
-            link.wait(ready.tickets)                                    # landed: no stall, but ordered
+            link.wait(ready.tickets)  # landed: no stall, but ordered
             yield self._group(layer, ready.experts, ready.slots, hits)
             prefetch = self._release(layer, ready.experts, waiting, prefetch)
             link.pump()
@@ -134,7 +166,8 @@ class OffloadEngine:
 
     @staticmethod
     def _split_waves(plan: Plan, load_e: list[int], load_s: list[int]) -> tuple[list[int], list[int], dict]:
-        """The demand's loads to issue now, and those whose slot's occupant is demanded too (a wave): they wait
+        """The demand's loads to issue now, and those whose slot's occupant is demanded too (a wave): they
+        wait
         for its compute, as `waiting`: occupant -> (experts, slots)."""
         waiting: dict[int, tuple[list[int], list[int]]] = {}
         if not plan.streams:
@@ -180,24 +213,29 @@ class OffloadEngine:
         the next expert in copy order, then every following one whose copy is ready."""
         pending, link = self.pending[layer], self.link
         tickets, n, i, ready = queue.tickets, len(queue.tickets), 0, link.ready
-        h = n - len(plan.load_slots)                       # in-flight hits ahead of the loads
+        h = n - len(plan.load_slots)  # in-flight hits ahead of the loads
         while i < n:
             j = i + 1
             while j < n and ready(tickets[j]):
                 j += 1
-            if len(pending) == j - i:                       # the group's copies are all that is pending
+            if len(pending) == j - i:  # the group's copies are all that is pending
                 pending.clear()
             else:
                 for s in queue.slots[i:j]:
                     del pending[s]
             link.wait(tickets[i:j])
-            loads = (plan.load_experts[i - h:j - h], plan.load_slots[i - h:j - h]) \
-                if i >= h and j - i >= NUMPY_SORT else None
+            loads = (
+                (plan.load_experts[i - h : j - h], plan.load_slots[i - h : j - h])
+                if i >= h and j - i >= NUMPY_SORT
+                else None
+            )
             yield self._group(layer, queue.experts[i:j], queue.slots[i:j], loads)
             link.pump()
             i = j
 
-    def _waves(self, layer: int, queue_e: list[int], queue_s: list[int], waiting: dict, prefetch: Plan | None):
+    def _waves(
+        self, layer: int, queue_e: list[int], queue_s: list[int], waiting: dict, prefetch: Plan | None
+    ):
         """The groups of a demand whose copies stream through the slots in waves: a wave's copy is issued
         only once the group that computed its slot's occupant is done, so its ticket is looked up when the
         scan reaches it; a group stops before a slot it already holds."""
@@ -220,8 +258,13 @@ class OffloadEngine:
             i = j
         assert not waiting, f"layer {layer}: loads never issued for {waiting}"
 
-    def _release(self, layer: int, computed: list[int], waiting: dict[int, tuple[list[int], list[int]]],
-                 prefetch: Plan | None) -> Plan | None:
+    def _release(
+        self,
+        layer: int,
+        computed: list[int],
+        waiting: dict[int, tuple[list[int], list[int]]],
+        prefetch: Plan | None,
+    ) -> Plan | None:
         """After a group's compute: issue the wave copies that waited for one of its experts; once the last
         one is issued, the held prefetch. Returns the prefetch still held."""
         if not waiting:
@@ -242,18 +285,25 @@ class OffloadEngine:
     def finish(self) -> dict:
         """End of run: land outstanding copies, settle link timing, count unused prefetches."""
         finished = self.cache.finish()
-        counts = {**finished.as_dict(), "by_phase": finished.by_phase()}     # the phases add up to the totals
-        for p in self.pending.values():          # unused prefetches: their link time is already counted
+        counts = {**finished.as_dict(), "by_phase": finished.by_phase()}  # the phases add up to the totals
+        for p in self.pending.values():  # unused prefetches: their link time is already counted
             p.clear()
         link = self.link.finish()
         self.finished = True
-        return {**counts, "transfers": link.transfers, "link_bytes": link.bytes,
-                "stall_seconds": link.stall_seconds, "link_busy_seconds": link.busy_seconds,
-                "achieved_gbps": link.achieved_gbps, "cache_experts": self.cache.capacity}
+        return {
+            **counts,
+            "transfers": link.transfers,
+            "link_bytes": link.bytes,
+            "stall_seconds": link.stall_seconds,
+            "link_busy_seconds": link.busy_seconds,
+            "achieved_gbps": link.achieved_gbps,
+            "cache_experts": self.cache.capacity,
+        }
 
 
 def offload(model, experts: torch.Tensor, capacity: int, policy, link: Link, device="cpu") -> OffloadEngine:
-    """An offloaded engine over the packed host experts, its slots from the model's slot pool. The model is left
+    """An offloaded engine over the packed host experts, its slots from the model's slot pool. The model is
+    left
     as it is: pass the engine in a forward's options (ForwardOptions.backend; a run does), or install it."""
     cfg = model.cfg
     check_slots_fit(cfg, capacity, experts.dtype, device, weights_loaded=True)
@@ -264,6 +314,7 @@ def offload(model, experts: torch.Tensor, capacity: int, policy, link: Link, dev
 
 def install(model, backend):
     """Make `backend` (an offloaded engine, or resident experts) the model's own expert backend, used by every
-    forward whose options name none; returns the backend it replaces, to put back (install(model, previous))."""
+    forward whose options name none; returns the backend it replaces, to put back (install(model,
+    previous))."""
     previous, model.backend = model.backend, backend
     return previous

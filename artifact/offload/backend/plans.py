@@ -1,20 +1,27 @@
 """What an ExpertCache hands the engine and what it counts: a Plan per demand (its hits, then its loads, each
-Load a copy into a slot, in the order they are loaded and computed) and CacheCounts, every count kept per phase
-of the demand stream (PHASES: prefill, the first denoising step of a block round, later steps). The cache that
-makes them is cache.py.
+Load a copy into a slot, in the order they are loaded and computed) and CacheCounts, every count kept per
+phase of the demand stream (PHASES: prefill, the first denoising step of a block round, later steps). The
+cache that makes them is cache.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-EMPTY = -1                 # no expert (a free slot), no slot (an expert not resident)
-NONE = np.zeros(0, dtype=np.int64)     # an empty expert list, shared: read-only
+EMPTY = -1  # no expert (a free slot), no slot (an expert not resident)
+NONE = np.zeros(0, dtype=np.int64)  # an empty expert list, shared: read-only
 NONE.flags.writeable = False
 PHASES = ("prefill", "first", "later")
-COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches",
-          "bytes_h2d")
+COUNTS = (
+    "demand_hits",
+    "demand_misses",
+    "speculative_transfers",
+    "prefetch_hits",
+    "wasted_prefetches",
+    "bytes_h2d",
+)
 HITS, MISSES, SPECULATIVE, PREFETCH_HITS, WASTED, BYTES = range(len(COUNTS))
 
 
@@ -27,14 +34,14 @@ def phase_of(step) -> int:
 
 @dataclass(frozen=True)
 class Load:
-    layer: int            # model layer index
+    layer: int  # model layer index
     expert: int
     slot: int
-    victim: int           # expert evicted from the slot, EMPTY if it was free
-    after: int            # demanded expert whose compute must finish before the copy starts, EMPTY: none
+    victim: int  # expert evicted from the slot, EMPTY if it was free
+    after: int  # demanded expert whose compute must finish before the copy starts, EMPTY: none
     speculative: bool = False
 
-    def __str__(self) -> str:            # the copy's label: formatted only when a message needs it
+    def __str__(self) -> str:  # the copy's label: formatted only when a message needs it
         return f"layer {self.layer} expert {self.expert} -> slot {self.slot}"
 
 
@@ -55,12 +62,36 @@ class Plan:
     them), and so are, for tests and inspection, `.hits` (list of (expert, slot)) and `.loads` (list of
     Load). `.layer` is the model layer index."""
 
-    __slots__ = ("layer", "index", "hit_experts", "hit_slots", "load_experts", "speculative", "_slots", "_free",
-                 "_evicted", "_wave", "_victims", "_after", "_hits", "_loads")
+    __slots__ = (
+        "layer",
+        "index",
+        "hit_experts",
+        "hit_slots",
+        "load_experts",
+        "speculative",
+        "_slots",
+        "_free",
+        "_evicted",
+        "_wave",
+        "_victims",
+        "_after",
+        "_hits",
+        "_loads",
+    )
 
-    def __init__(self, layer: int, index: int, hit_experts: np.ndarray, hit_slots: np.ndarray,
-                 load_experts: np.ndarray = NONE, load_slots: np.ndarray | None = NONE, free: int = 0,
-                 evicted: np.ndarray = NONE, wave: tuple | None = None, speculative: bool = False):
+    def __init__(
+        self,
+        layer: int,
+        index: int,
+        hit_experts: np.ndarray,
+        hit_slots: np.ndarray,
+        load_experts: np.ndarray = NONE,
+        load_slots: np.ndarray | None = NONE,
+        free: int = 0,
+        evicted: np.ndarray = NONE,
+        wave: tuple | None = None,
+        speculative: bool = False,
+    ):
         """Without `wave`: copy j goes to load_slots[j]; the first `free` slots were free, the rest
         evict `evicted` in order. With wave = (period, a, going_hits): slot j = period[j % p] and copy
         j >= a waits for the slot's occupant (see ExpertCache._stream_through)."""
@@ -84,8 +115,9 @@ class Plan:
                 self._after = np.full(m, EMPTY, dtype=np.int64)
             else:
                 period, a, going_hits = self._wave
-                self._after = np.concatenate((np.full(a, EMPTY, dtype=np.int64), going_hits,
-                                              self.load_experts[:m - len(period)]))
+                self._after = np.concatenate(
+                    (np.full(a, EMPTY, dtype=np.int64), going_hits, self.load_experts[: m - len(period)])
+                )
         return self._after
 
     @property
@@ -93,7 +125,7 @@ class Plan:
         if self._victims is None:
             parts = [np.full(self._free, EMPTY, dtype=np.int64), self._evicted]
             if self._wave is not None:
-                parts.append(self.load_after[self._wave[1]:])
+                parts.append(self.load_after[self._wave[1] :])
             self._victims = np.concatenate(parts)
         return self._victims
 
@@ -112,14 +144,22 @@ class Plan:
     @property
     def loads(self) -> list[Load]:
         if self._loads is None:
-            self._loads = [Load(self.layer, e, s, v, a, self.speculative) for e, s, v, a in zip(
-                self.load_experts.tolist(), self.load_slots.tolist(), self.load_victims.tolist(),
-                self.load_after.tolist())]
+            self._loads = [
+                Load(self.layer, e, s, v, a, self.speculative)
+                for e, s, v, a in zip(
+                    self.load_experts.tolist(),
+                    self.load_slots.tolist(),
+                    self.load_victims.tolist(),
+                    self.load_after.tolist(),
+                )
+            ]
         return self._loads
 
     def __repr__(self) -> str:
-        return (f"Plan(layer={self.layer}, hits={self.hits}, loads={self.loads}"
-                f"{', speculative' if self.speculative else ''})")
+        return (
+            f"Plan(layer={self.layer}, hits={self.hits}, loads={self.loads}"
+            f"{', speculative' if self.speculative else ''})"
+        )
 
 
 class CacheCounts:
@@ -139,8 +179,8 @@ class CacheCounts:
     FIELDS = COUNTS
 
     def __init__(self, unused=None):
-        self.phases: list[list[int]] = [[0] * len(COUNTS) for _ in PHASES]   # PREFETCH_HITS column unused
-        self._unused = unused or (lambda: [0] * len(PHASES))   # still-unused prefetches per issuing phase
+        self.phases: list[list[int]] = [[0] * len(COUNTS) for _ in PHASES]  # PREFETCH_HITS column unused
+        self._unused = unused or (lambda: [0] * len(PHASES))  # still-unused prefetches per issuing phase
 
     def rows(self) -> list[list[int]]:
         """Per phase, every count in COUNTS order (prefetch hits derived)."""
@@ -164,5 +204,5 @@ class CacheCounts:
         return f"CacheCounts({self.as_dict()})"
 
 
-for _f in COUNTS:                                # counts.demand_misses etc.: read-only totals
+for _f in COUNTS:  # counts.demand_misses etc.: read-only totals
     setattr(CacheCounts, _f, property(lambda self, f=_f: self.total(f)))

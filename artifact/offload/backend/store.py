@@ -3,6 +3,7 @@
 Pinned with artifact.model.memory.pin_host (cudaHostRegister in place: no power-of-two rounding);
 check_slots_fit (the device budget for the slots) is re-exported here for the offload layer's callers.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,9 +21,11 @@ class HostStore:
         if packed.device.type != "cpu":
             raise ValueError(f"the host store needs experts in host memory, got device {packed.device}")
         if packed.dim() != 3 or packed.shape[0] != len(moe_layers):
-            raise ValueError(f"packed experts must be (L_moe={len(moe_layers)}, E, P), got {tuple(packed.shape)}")
+            raise ValueError(
+                f"packed experts must be (L_moe={len(moe_layers)}, E, P), got {tuple(packed.shape)}"
+            )
         self.packed = packed.contiguous()
-        if pin and not self.packed.is_pinned():      # load_checkpoint pins once for CUDA; this is the fallback
+        if pin and not self.packed.is_pinned():  # load_checkpoint pins once for CUDA; this is the fallback
             pin_host(self.packed)
         self.index = {layer: i for i, layer in enumerate(moe_layers)}
         self.expert_bytes = packed.shape[2] * packed.element_size()

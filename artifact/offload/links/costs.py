@@ -21,6 +21,7 @@ length is the stall.
 A calibrated Hardware (expert_us, other_us_per_demand) replaces the rooflines by measured per-action costs
 (the cpu-emulated profile: the tiny model's compute on this CPU, measured by trace_engine.calibrate).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,23 +38,25 @@ class Hardware:
     """A device, its host link and the host that drives it: the numbers the model charges (units in the
     names). Either the rooflines (bf16_tflops, memory_gbps) or, on a calibrated profile, measured costs per
     action (expert_us, other_us_per_demand) price the compute."""
+
     name: str
-    h2d_gbps: float                  # achieved pinned host-to-device bandwidth of expert-sized copies
-    copy_latency_us: float           # per copy (chunk) setup: its first byte's delay
-    launch_us: float                 # host time per kernel launch (eager PyTorch issues one kernel at a time)
-    sync_us: float                   # one host sync (the router's ids, once per MoE layer)
-    plan_us: float                   # the cache's planning and the engine's bookkeeping per MoE layer (host)
-    copy_host_us: float              # host time per copy issued (planning, events, the copy call)
+    h2d_gbps: float  # achieved pinned host-to-device bandwidth of expert-sized copies
+    copy_latency_us: float  # per copy (chunk) setup: its first byte's delay
+    launch_us: float  # host time per kernel launch (eager PyTorch issues one kernel at a time)
+    sync_us: float  # one host sync (the router's ids, once per MoE layer)
+    plan_us: float  # the cache's planning and the engine's bookkeeping per MoE layer (host)
+    copy_host_us: float  # host time per copy issued (planning, events, the copy call)
     bf16_tflops: float | None = None  # dense bf16 peak
     memory_gbps: float | None = None  # device memory bandwidth
-    compute_efficiency: float = 0.6  # share of the peak a matmul of these sizes reaches (stated, not measured)
-    memory_efficiency: float = 0.8   # share of the memory bandwidth a weight read reaches (stated)
-    kernels_per_layer: int = 120     # launches of one layer's non-expert forward
-    kernels_per_group: int = 4       # launches of one group's expert compute: gate_up, activation, down, scatter
-    expert_us: float | None = None   # calibrated: one expert's compute (gather, FFN, weighting, scatter)
-    other_us_per_demand: float | None = None   # calibrated: everything else per (forward, MoE layer)
-    scale_link: bool = False         # True: h2d_gbps is for a 6 MiB expert and the link scales with the
-                                     # expert's size (the emulated link's rule, link.emulated_bandwidth_gbps)
+    # share of the peak a matmul of these sizes reaches (stated, not measured)
+    compute_efficiency: float = 0.6
+    memory_efficiency: float = 0.8  # share of the memory bandwidth a weight read reaches (stated)
+    kernels_per_layer: int = 120  # launches of one layer's non-expert forward
+    kernels_per_group: int = 4  # launches of one group's expert compute: gate_up, activation, down, scatter
+    expert_us: float | None = None  # calibrated: one expert's compute (gather, FFN, weighting, scatter)
+    other_us_per_demand: float | None = None  # calibrated: everything else per (forward, MoE layer)
+    scale_link: bool = False  # True: h2d_gbps is for a 6 MiB expert and the link scales with the
+    # expert's size (the emulated link's rule, link.emulated_bandwidth_gbps)
 
     def __post_init__(self):
         check_number("h2d_gbps", self.h2d_gbps, low=0, low_open=True)
@@ -74,9 +77,10 @@ class Hardware:
 @dataclass(frozen=True)
 class Shape:
     """The model dimensions the costs need (from a model.config preset)."""
+
     hidden_size: int
     moe_intermediate_size: int
-    intermediate_size: int           # the dense MLP of the first layers
+    intermediate_size: int  # the dense MLP of the first layers
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
@@ -86,14 +90,25 @@ class Shape:
     dense_layers: int
     vocab_size: int
     block_length: int
-    dtype_bytes: int = 2             # bf16
+    dtype_bytes: int = 2  # bf16
 
     @classmethod
     def of(cls, cfg, dtype_bytes: int = 2) -> Shape:
-        return cls(cfg.hidden_size, cfg.moe_intermediate_size, cfg.intermediate_size, cfg.num_attention_heads,
-                   cfg.num_key_value_heads, cfg.head_dim, cfg.num_experts, cfg.num_experts_per_tok,
-                   cfg.num_shared_experts, cfg.first_k_dense_replace, cfg.vocab_size, cfg.block_length,
-                   dtype_bytes)
+        return cls(
+            cfg.hidden_size,
+            cfg.moe_intermediate_size,
+            cfg.intermediate_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            cfg.num_shared_experts,
+            cfg.first_k_dense_replace,
+            cfg.vocab_size,
+            cfg.block_length,
+            dtype_bytes,
+        )
 
     @property
     def expert_params(self) -> int:
@@ -115,15 +130,18 @@ class Costs:
     @property
     def link_gbps(self) -> float:
         if self.hw.scale_link:
-            return emulated_bandwidth_gbps(self.expert_bytes, self.hw.h2d_gbps)     # per LLaDA2.0-mini expert
+            return emulated_bandwidth_gbps(self.expert_bytes, self.hw.h2d_gbps)  # per LLaDA2.0-mini expert
         return self.hw.h2d_gbps
 
     def roofline(self, flops: float, nbytes: float, launches: int) -> float:
         """The slowest of the device's compute, its memory reads and the host issuing the kernels (the device
         runs each kernel as it is launched, so a host slower than the device sets the pace)."""
         hw = self.hw
-        return max(flops / (hw.bf16_tflops * 1e12 * hw.compute_efficiency),
-                   nbytes / (hw.memory_gbps * 1e9 * hw.memory_efficiency), launches * hw.launch_us * 1e-6)
+        return max(
+            flops / (hw.bf16_tflops * 1e12 * hw.compute_efficiency),
+            nbytes / (hw.memory_gbps * 1e9 * hw.memory_efficiency),
+            launches * hw.launch_us * 1e-6,
+        )
 
     def tokens(self, d: Demand) -> int:
         """Tokens fed to the layer: each selects top_k experts."""
@@ -134,8 +152,10 @@ class Costs:
         qkv = s.hidden_size * (s.num_attention_heads + 2 * s.num_key_value_heads) * s.head_dim
         o = s.num_attention_heads * s.head_dim * s.hidden_size
         flops = 2 * T * (qkv + o) + 4 * T * ctx * s.num_attention_heads * s.head_dim
-        rows = max(1, T // s.block_length)                              # sequences in the batch
-        nbytes = (qkv + o) * s.dtype_bytes + rows * ctx * 2 * s.num_key_value_heads * s.head_dim * s.dtype_bytes
+        rows = max(1, T // s.block_length)  # sequences in the batch
+        nbytes = (
+            qkv + o
+        ) * s.dtype_bytes + rows * ctx * 2 * s.num_key_value_heads * s.head_dim * s.dtype_bytes
         return flops, nbytes
 
     def compute(self, d: Demand, first_layer: bool) -> float:
@@ -145,9 +165,9 @@ class Costs:
             return self.hw.other_us_per_demand * 1e-6
         s = self.shape
         T = self.tokens(d)
-        ctx = (d.step.block + 1) * s.block_length           # prefix KV cache and the block being denoised
+        ctx = (d.step.block + 1) * s.block_length  # prefix KV cache and the block being denoised
         flops, nbytes = self._attention(T, ctx)
-        flops += 2 * T * s.hidden_size * s.num_experts                                       # router
+        flops += 2 * T * s.hidden_size * s.num_experts  # router
         shared = s.expert_params * s.num_shared_experts
         flops += 2 * T * shared
         nbytes += (s.hidden_size * s.num_experts + shared) * s.dtype_bytes
@@ -155,7 +175,9 @@ class Costs:
         if first_layer:
             af, ab = self._attention(T, ctx)
             mlp = 3 * s.hidden_size * s.intermediate_size
-            t += s.dense_layers * self.roofline(af + 2 * T * mlp, ab + mlp * s.dtype_bytes, self.hw.kernels_per_layer)
+            t += s.dense_layers * self.roofline(
+                af + 2 * T * mlp, ab + mlp * s.dtype_bytes, self.hw.kernels_per_layer
+            )
             head = s.hidden_size * s.vocab_size
             t += self.roofline(2 * T * head, head * s.dtype_bytes, 2)
         return t

@@ -5,6 +5,7 @@ and self-tests it once with two crossed copies; probe_in_child runs that probe f
 so a binding this code got wrong cannot take the run with it. Set NO_BATCH_ENV to 1 and the probe is never
 made: the link copies with its copy_ loop (an A/B comparison of the two paths).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +17,7 @@ import sys
 
 import torch
 
-NO_BATCH_ENV = "ARTIFACT_NO_MEMCPY_BATCH"     # set to 1: never probe cudaMemcpyBatchAsync (the copy_ loop)
+NO_BATCH_ENV = "ARTIFACT_NO_MEMCPY_BATCH"  # set to 1: never probe cudaMemcpyBatchAsync (the copy_ loop)
 
 
 class _MemLocation(ctypes.Structure):
@@ -24,13 +25,17 @@ class _MemLocation(ctypes.Structure):
 
 
 class _MemcpyAttributes(ctypes.Structure):
-    _fields_ = [("srcAccessOrder", ctypes.c_int), ("srcLocHint", _MemLocation), ("dstLocHint", _MemLocation),
-                ("flags", ctypes.c_uint)]
+    _fields_ = [
+        ("srcAccessOrder", ctypes.c_int),
+        ("srcLocHint", _MemLocation),
+        ("dstLocHint", _MemLocation),
+        ("flags", ctypes.c_uint),
+    ]
 
 
-SRC_ACCESS_ORDER_STREAM = 1    # cudaMemcpySrcAccessOrderStream: sources are read in stream order (pinned rows)
-BATCH_MIN_RUNTIME = 12080      # cudaMemcpyBatchAsync appeared in CUDA 12.8 ...
-BATCH_NO_FAIL_IDX = 13000      # ... with a failIdx out-parameter before the stream, which CUDA 13 dropped
+SRC_ACCESS_ORDER_STREAM = 1  # cudaMemcpySrcAccessOrderStream: sources are read in stream order (pinned rows)
+BATCH_MIN_RUNTIME = 12080  # cudaMemcpyBatchAsync appeared in CUDA 12.8 ...
+BATCH_NO_FAIL_IDX = 13000  # ... with a failIdx out-parameter before the stream, which CUDA 13 dropped
 
 
 def _libcudart():
@@ -72,8 +77,8 @@ def probe_memcpy_batch(device: torch.device, lib=None, runtime=None):
     try:
         if not self_test(issue, device, runtime):
             return None, "cudaMemcpyBatchAsync self-test landed the wrong bytes"
-    except Exception as e:          # any failure of the probe means: use the copy_ loop
-        lib.cudaGetLastError()      # and leave no sticky error behind for the next CUDA call to report
+    except Exception as e:  # any failure of the probe means: use the copy_ loop
+        lib.cudaGetLastError()  # and leave no sticky error behind for the next CUDA call to report
         return None, f"cudaMemcpyBatchAsync self-test failed: {e}"
     return issue, f"cudaMemcpyBatchAsync (CUDA runtime {v.value})"
 
@@ -85,19 +90,33 @@ def bind(lib, fn, version: int):
     P, S = ctypes.c_void_p, ctypes.c_size_t
     fail_idx = version < BATCH_NO_FAIL_IDX
     fn.restype = ctypes.c_int
-    fn.argtypes = ([ctypes.POINTER(P), ctypes.POINTER(P), ctypes.POINTER(S), S, ctypes.POINTER(_MemcpyAttributes),
-                    ctypes.POINTER(S), S] + ([ctypes.POINTER(S)] if fail_idx else []) + [P])
-    attrs = _MemcpyAttributes(srcAccessOrder=SRC_ACCESS_ORDER_STREAM)      # location hints: none (type 0)
-    first = (S * 1)(0)                                                      # the one attribute covers copy 0..n-1
+    fn.argtypes = (
+        [
+            ctypes.POINTER(P),
+            ctypes.POINTER(P),
+            ctypes.POINTER(S),
+            S,
+            ctypes.POINTER(_MemcpyAttributes),
+            ctypes.POINTER(S),
+            S,
+        ]
+        + ([ctypes.POINTER(S)] if fail_idx else [])
+        + [P]
+    )
+    attrs = _MemcpyAttributes(srcAccessOrder=SRC_ACCESS_ORDER_STREAM)  # location hints: none (type 0)
+    first = (S * 1)(0)  # the one attribute covers copy 0..n-1
     failed = S(0)
     tail = (ctypes.byref(failed),) if fail_idx else ()
 
     def issue(dsts: list[int], srcs: list[int], sizes: list[int], stream) -> None:
         n = len(dsts)
-        rc = fn((P * n)(*dsts), (P * n)(*srcs), (S * n)(*sizes), n, attrs, first, 1, *tail, stream.cuda_stream)
+        rc = fn(
+            (P * n)(*dsts), (P * n)(*srcs), (S * n)(*sizes), n, attrs, first, 1, *tail, stream.cuda_stream
+        )
         if rc:
             lib.cudaGetLastError()
             raise RuntimeError(f"cudaMemcpyBatchAsync of {n} copies failed with CUDA error {rc}")
+
     return issue
 
 
@@ -114,7 +133,9 @@ def self_test(issue, device: torch.device, runtime=None) -> bool:
         else:
             s, current = runtime.stream(device), runtime.current_stream(device)
         s.wait_stream(current)
-        issue([dst.data_ptr(), dst.data_ptr() + 4096], [src.data_ptr() + 4096, src.data_ptr()], [4096, 4096], s)
+        issue(
+            [dst.data_ptr(), dst.data_ptr() + 4096], [src.data_ptr() + 4096, src.data_ptr()], [4096, 4096], s
+        )
         s.synchronize()
         return torch.equal(dst.cpu(), torch.cat([src[4096:], src[:4096]]))
 
@@ -123,15 +144,20 @@ def probe_in_child(device: torch.device, timeout_s: float = 120.0) -> tuple[bool
     """probe_memcpy_batch in a fresh interpreter: (passed, its note, or how the child failed)."""
     if os.environ.get(NO_BATCH_ENV, "") not in ("", "0"):
         return False, f"{NO_BATCH_ENV} is set"
-    code = ("import sys, torch\n"
-            "from artifact.offload.links.cuda_batch import probe_memcpy_batch\n"
-            f"issue, note = probe_memcpy_batch(torch.device('cuda', {device.index}))\n"
-            "print(note)\n"
-            "sys.exit(0 if issue is not None else 3)\n")
-    root = str(pathlib.Path(__file__).resolve().parents[__name__.count(".")])  # the checkout this module came from
+    code = (
+        "import sys, torch\n"
+        "from artifact.offload.links.cuda_batch import probe_memcpy_batch\n"
+        f"issue, note = probe_memcpy_batch(torch.device('cuda', {device.index}))\n"
+        "print(note)\n"
+        "sys.exit(0 if issue is not None else 3)\n"
+    )
+    # the checkout this module came from
+    root = str(pathlib.Path(__file__).resolve().parents[__name__.count(".")])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
     try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"the cudaMemcpyBatchAsync probe did not run: {e}"
     note = (r.stdout.strip().splitlines() or [""])[-1]

@@ -6,8 +6,8 @@ Copies go from pinned host rows to device slots, non_blocking, on a dedicated co
   stream.wait_event(after)   the compute that read the slots is done (only when `after` is given)
   timing pair                start and end events around the copies: busy time, the pacing feedback
   the copies                 one cudaMemcpyBatchAsync where the runtime has it (CUDA >= 12.8, probed once
-                             per process with a self-test copy: cuda_batch.py), else one copy_ per copy; capped or
-                             chunked, copy_ per chunk with a spin after each (pacing.py)
+                             per process with a self-test copy: cuda_batch.py), else one copy_ per copy;
+                             capped or chunked, copy_ per chunk with a spin after each (pacing.py)
   one event                  recorded after the copies: the batch's ticket
 
 Every copy of a batch gets the batch as its ticket: a copy lands when its batch does, and compute waits
@@ -29,13 +29,21 @@ close() drops the speculative chunks still held and drains the copy stream (a wa
 close_timeout_s); if that wait times out it keeps the destinations of every copy alive (never freed, so
 never reused) and raises LinkTimeout.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
 
-from artifact.offload.links.cuda_runtime import CudaBatch, EventClock, HeldCopy, TimingPairs, torch_cuda, wait_event
+from artifact.offload.links.cuda_runtime import (
+    CudaBatch,
+    EventClock,
+    HeldCopy,
+    TimingPairs,
+    torch_cuda,
+    wait_event,
+)
 from artifact.offload.links.link import (
     CLOSE_TIMEOUT_S,
     WAIT_TIMEOUT_S,
@@ -47,8 +55,8 @@ from artifact.offload.links.link import (
 from artifact.offload.links.pacing import Pacing, calibrate_rate
 from artifact.offload.links.timeline import REFERENCE_CHUNK_BYTES, SpeculativeHold, check_priority
 
-_QUARANTINE: list = []     # destinations of copies a close() could not drain: kept alive, never reused
-VIEW_CACHE = 1 << 16       # tensors whose views a link keeps; past it the cache starts over (fresh views per call)
+_QUARANTINE: list = []  # destinations of copies a close() could not drain: kept alive, never reused
+VIEW_CACHE = 1 << 16  # tensors whose views a link keeps; past it the cache starts over (fresh views per call)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,26 +71,39 @@ def _bad_items(items) -> Exception | None:
             if not isinstance(t, torch.Tensor):
                 return TypeError(f"copy {i} ({item[2]}): its {what} is a {type(t).__name__}, not a tensor")
             if not t.is_contiguous():
-                return ValueError(f"copy {i} ({item[2]}): its {what} is not contiguous (shape {tuple(t.shape)}, "
-                                  f"strides {t.stride()})")
+                return ValueError(
+                    f"copy {i} ({item[2]}): its {what} is not contiguous (shape "
+                    f"{tuple(t.shape)}, "
+                    f"strides {t.stride()})"
+                )
     return None
 
 
 class CudaLink:
     kind = "cuda"
 
-    def __init__(self, device: torch.device | str = "cuda", cap_gbps: float | None = None,
-                 chunk_bytes: int | None = None, timeout_s: float = WAIT_TIMEOUT_S,
-                 pacing: Pacing | None = None, priority: str = "fifo", hold_depth: int = 1,
-                 close_timeout_s: float = CLOSE_TIMEOUT_S, runtime=None):
+    def __init__(
+        self,
+        device: torch.device | str = "cuda",
+        cap_gbps: float | None = None,
+        chunk_bytes: int | None = None,
+        timeout_s: float = WAIT_TIMEOUT_S,
+        pacing: Pacing | None = None,
+        priority: str = "fifo",
+        hold_depth: int = 1,
+        close_timeout_s: float = CLOSE_TIMEOUT_S,
+        runtime=None,
+    ):
         """chunk_bytes: under fifo the pacing chunk (None: whole copies); under demand priority the size of
         a held speculative chunk (None: REFERENCE_CHUNK_BYTES). hold_depth: speculative chunks in flight
         at once under demand priority (a demand copy waits for at most that many). runtime: the CUDA calls
         (None: torch.cuda, see TorchCuda)."""
         self.rt = rt = runtime if runtime is not None else torch_cuda()
         if not rt.is_available():
-            raise RuntimeError("--link cuda needs a CUDA GPU, and torch.cuda.is_available() is False "
-                               "(use --link emulated on CPU)")
+            raise RuntimeError(
+                "--link cuda needs a CUDA GPU, and torch.cuda.is_available() is False "
+                "(use --link emulated on CPU)"
+            )
         if cap_gbps is not None and cap_gbps <= 0:
             raise ValueError(f"bandwidth cap must be > 0 GB/s, got {cap_gbps}")
         check_priority(priority, chunk_bytes)
@@ -95,27 +116,36 @@ class CudaLink:
         self.timeout, self.close_timeout = timeout_s, close_timeout_s
         self.stats = LinkStats()
         self.timing = TimingPairs(rt, on_busy=self._observe)
-        self.layer_events: dict[object, object] = {}    # key -> re-recorded "compute that read it done"
-        self._views: dict[int, tuple] = {}              # id(t) -> (t, data_ptr, bytes, uint8 view), made once
-        self._dsts: dict[int, torch.Tensor] = {}        # dst data_ptr -> the tensor (kept if close times out)
-        self._schedules: dict[int, list] = {}           # nbytes -> pacing schedule (reset by feedback)
+        self.layer_events: dict[object, object] = {}  # key -> re-recorded "compute that read it done"
+        self._views: dict[int, tuple] = {}  # id(t) -> (t, data_ptr, bytes, uint8 view), made once
+        self._dsts: dict[int, torch.Tensor] = {}  # dst data_ptr -> the tensor (kept if close times out)
+        self._schedules: dict[int, list] = {}  # nbytes -> pacing schedule (reset by feedback)
         self.last: CudaBatch | HeldCopy | None = None
         self.closed = False
         self.priority = priority
         pace_chunk = chunk_bytes if priority == "fifo" else None
-        self.pacing = pacing or (self._calibrate(cap_gbps, pace_chunk) if cap_gbps else
-                                 Pacing(peak_gbps=math.inf, cap_gbps=None, chunk_bytes=pace_chunk))
+        self.pacing = pacing or (
+            self._calibrate(cap_gbps, pace_chunk)
+            if cap_gbps
+            else Pacing(peak_gbps=math.inf, cap_gbps=None, chunk_bytes=pace_chunk)
+        )
         self.cap = self.pacing.cap_gbps
         # Paced (a cap, or chunks): copy_ per chunk with its spin. Else whole copies, batched where possible.
         self.paced = self.pacing.cap_gbps is not None or self.pacing.chunk_bytes is not None
         self._batch, self.batch_note = rt.memcpy_batch(self.device)
-        self.copy_path = ("copy_ per chunk, paced" if self.paced else
-                          "cudaMemcpyBatchAsync" if self._batch is not None else "copy_ loop")
+        self.copy_path = (
+            "copy_ per chunk, paced"
+            if self.paced
+            else "cudaMemcpyBatchAsync"
+            if self._batch is not None
+            else "copy_ loop"
+        )
         self.hold: SpeculativeHold | None = None
-        self.demand_done = None                         # the last demand batch's event
+        self.demand_done = None  # the last demand batch's event
         if priority == "demand":
-            self.hold = SpeculativeHold(self._issue_held, self._drained, chunk_bytes or REFERENCE_CHUNK_BYTES,
-                                        depth=hold_depth)
+            self.hold = SpeculativeHold(
+                self._issue_held, self._drained, chunk_bytes or REFERENCE_CHUNK_BYTES, depth=hold_depth
+            )
 
     def _calibrate(self, cap_gbps: float, chunk_bytes: int | None, nbytes: int = 64 << 20) -> Pacing:
         """Peak pinned H2D rate and the spin kernel's cycles per second, timed with CUDA events once at
@@ -161,11 +191,13 @@ class CudaLink:
                 d = cache.get(id(dst)) or view(dst, dst=True)
                 s = cache.get(id(src)) or view(src)
                 if d[2] != s[2] or not s[2]:
-                    raise ValueError(f"{describe(label, s[2])}: its destination holds {d[2]} bytes; a copy "
-                                     "moves all of its source's bytes, and at least one")
+                    raise ValueError(
+                        f"{describe(label, s[2])}: its destination holds {d[2]} bytes; a copy "
+                        "moves all of its source's bytes, and at least one"
+                    )
                 pairs.append((d, s))
         except (AttributeError, TypeError, ValueError, RuntimeError) as e:
-            bad = _bad_items(items)          # the happy path pays nothing for this check
+            bad = _bad_items(items)  # the happy path pays nothing for this check
             if bad is not None:
                 raise bad from None
             raise e from None
@@ -180,19 +212,19 @@ class CudaLink:
             return self._hold(items, after)
         pairs = self._pairs(items)
         if self.hold is not None:
-            for d, _ in pairs:                        # a held copy into one of these slots goes first
+            for d, _ in pairs:  # a held copy into one of these slots goes first
                 self.hold.before_copy(d[1])
         rt, stream = self.rt, self.stream
         if self.pacing.cap_gbps is not None:
-            self.timing.harvest(window=4)             # pacing feedback from batches that have finished
+            self.timing.harvest(window=4)  # pacing feedback from batches that have finished
         total = sum(s[2] for _, s in pairs)
         if after is not None:
             stream.wait_event(after)
-        end = self.timing.start(stream, "busy", total)   # after the wait: waiting is not busy
+        end = self.timing.start(stream, "busy", total)  # after the wait: waiting is not busy
         if self._batch is not None and not self.paced:
             self._batch([d[1] for d, _ in pairs], [s[1] for _, s in pairs], [s[2] for _, s in pairs], stream)
         else:
-            with rt.on(stream):                       # entered once per batch
+            with rt.on(stream):  # entered once per batch
                 if self.paced:
                     for d, s in pairs:
                         dv, sv = d[3], s[3]
@@ -207,7 +239,7 @@ class CudaLink:
         done = rt.event()
         done.record(stream)
         batch = CudaBatch(done, items, total)
-        if self.hold is not None:                     # drained() reads this: the demand copies issued so far
+        if self.hold is not None:  # drained() reads this: the demand copies issued so far
             self.demand_done = done
         self.stats.transfers += len(pairs)
         self.stats.bytes += total
@@ -243,7 +275,7 @@ class CudaLink:
             if spin:
                 rt.sleep(spin)
         end.record(stream)
-        if hi == t.nbytes:                            # its last chunk: the ticket's event is the chunk's
+        if hi == t.nbytes:  # its last chunk: the ticket's event is the chunk's
             t.done.record(stream)
             t.held = False
             self.last = t
@@ -265,7 +297,7 @@ class CudaLink:
         return not t.held and not t.cancelled and t.done.query()
 
     def ready(self, t) -> bool:
-        return True          # issued copies are ordered before compute on the GPU, not by the host
+        return True  # issued copies are ordered before compute on the GPU, not by the host
 
     def wait(self, tickets) -> None:
         if isinstance(tickets, (CudaBatch, HeldCopy)):
@@ -273,18 +305,18 @@ class CudaLink:
         if self.closed:
             raise LinkClosed("wait on a closed link: its copies were drained or cancelled")
         events = {}
-        for t in tickets:                             # a batch's copies share its event: wait on it once
-            if t.held:       # an unrecorded event would not order anything: issue its chunks first
+        for t in tickets:  # a batch's copies share its event: wait on it once
+            if t.held:  # an unrecorded event would not order anything: issue its chunks first
                 self.promote(t)
             events[id(t.done)] = t.done
         events = [ev for ev in events.values() if not ev.query()]
         if not events:
             return
         stream = self.rt.current_stream(self.device)
-        end = self.timing.start(stream, "stall")          # the compute stream reaches its wait ...
+        end = self.timing.start(stream, "stall")  # the compute stream reaches its wait ...
         for ev in events:
             stream.wait_event(ev)
-        end.record(stream)                                # ... and passes it: the interval is the stall
+        end.record(stream)  # ... and passes it: the interval is the stall
 
     def compute_done(self, key):
         ev = self.layer_events.get(key)
@@ -325,7 +357,9 @@ class CudaLink:
         ev.record(self.stream)
         last = self.last.what() if self.last else "no copy"
         try:
-            wait_event(ev, self.close_timeout, f"closing the link: the copy stream's copies (last issued: {last})")
+            wait_event(
+                ev, self.close_timeout, f"closing the link: the copy stream's copies (last issued: {last})"
+            )
         except LinkTimeout:
             _QUARANTINE.extend(self._dsts.values())
             raise

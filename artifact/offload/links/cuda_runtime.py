@@ -2,6 +2,7 @@
 copy; cuda_stub.StubCuda stands in on the CPU), the tickets of its copies (a batch's event, a held speculative
 copy), the pool of timing event pairs read without a host sync, and the bounded wait on an event.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,7 +26,7 @@ class TorchCuda:
     per device). cuda_stub.StubCuda has the same methods."""
 
     def __init__(self):
-        self._batch: dict = {}          # device -> (issue or None, note)
+        self._batch: dict = {}  # device -> (issue or None, note)
 
     def is_available(self) -> bool:
         return torch.cuda.is_available()
@@ -56,7 +57,7 @@ class TorchCuda:
         first in a child process: a raw call this code got wrong could crash, and must not take the run
         with it; only if the child's self-test passed does this process probe (and self-test) too."""
         if device not in self._batch:
-            if device.index != torch.cuda.current_device():      # the raw call uses the current device
+            if device.index != torch.cuda.current_device():  # the raw call uses the current device
                 self._batch[device] = (None, f"{device} is not the current device")
             else:
                 ok, note = probe_in_child(device)
@@ -81,28 +82,32 @@ def torch_cuda() -> TorchCuda:
 class CudaBatch:
     """The ticket of every copy of one batch: they land together, when `done` (recorded after the last
     copy) completes."""
-    done: object            # the batch's event
-    items: Sequence         # the batch's (dst, src, label), read only when a message names a copy
-    nbytes: int             # bytes of the whole batch
-    held = False            # (class attributes) a batch is on the stream as soon as it is issued
+
+    done: object  # the batch's event
+    items: Sequence  # the batch's (dst, src, label), read only when a message names a copy
+    nbytes: int  # bytes of the whole batch
+    held = False  # (class attributes) a batch is on the stream as soon as it is issued
     cancelled = False
 
     def what(self) -> str:
         _, src, label = self.items[-1]
         n = len(self.items)
-        return describe(label, src.numel() * src.element_size()) + (f", last of a batch of {n}" if n > 1 else "")
+        return describe(label, src.numel() * src.element_size()) + (
+            f", last of a batch of {n}" if n > 1 else ""
+        )
 
 
 @dataclass(eq=False)
 class HeldCopy:
     """A speculative copy under demand priority: held on the host, issued chunk by chunk; its own ticket."""
-    done: object            # its event, recorded after its last chunk (never recorded: query() is True)
-    label: object           # str() names the copy (built only when a message needs it)
+
+    done: object  # its event, recorded after its last chunk (never recorded: query() is True)
+    label: object  # str() names the copy (built only when a message needs it)
     nbytes: int
-    d: object               # destination bytes (uint8 view)
-    s: object               # source bytes (uint8 view)
-    after: object = None    # the event its first chunk waits for on the copy stream
-    held: bool = True       # some chunks not yet on the stream: `done` does not describe this copy yet
+    d: object  # destination bytes (uint8 view)
+    s: object  # source bytes (uint8 view)
+    after: object = None  # the event its first chunk waits for on the copy stream
+    held: bool = True  # some chunks not yet on the stream: `done` does not describe this copy yet
     cancelled: bool = False  # dropped by close(): it never lands
 
     def what(self) -> str:
@@ -115,9 +120,9 @@ class TimingPairs:
     def __init__(self, runtime, on_busy: Callable[[int, float], None] | None = None):
         self.rt = runtime
         self.free: list[tuple] = []
-        self.live: list[tuple] = []         # (start, end, kind, bytes)
+        self.live: list[tuple] = []  # (start, end, kind, bytes)
         self.seconds = {"busy": 0.0, "stall": 0.0}
-        self.on_busy = on_busy              # (bytes, seconds) of each finished busy pair: the pacing feedback
+        self.on_busy = on_busy  # (bytes, seconds) of each finished busy pair: the pacing feedback
 
     def start(self, stream, kind: str, nbytes: int = 0):
         if not self.free:
@@ -146,17 +151,22 @@ class TimingPairs:
         self.live = keep
 
 
-
-
-def wait_event(ev, timeout_s: float, what: str, clock: Callable[[], float] = time.perf_counter,
-               sleep: Callable[[float], None] = time.sleep) -> None:
+def wait_event(
+    ev,
+    timeout_s: float,
+    what: str,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Poll `ev.query()` until it is done; past timeout_s raise LinkTimeout naming `what`."""
     t0 = clock()
     pause = 1e-5
     while not ev.query():
         if clock() - t0 > timeout_s:
-            raise LinkTimeout(f"{what} did not complete within {timeout_s:g} s (the copy stream or the "
-                              "compute it waits for is stuck)")
+            raise LinkTimeout(
+                f"{what} did not complete within {timeout_s:g} s (the copy stream or the "
+                "compute it waits for is stuck)"
+            )
         sleep(pause)
         pause = min(pause * 2, 1e-3)
 

@@ -16,6 +16,7 @@ events by their number (creation order), streams by name ("copy": the link's str
 current stream). StubCudart stands in for libcudart's batched copy (cuda_batch.probe_memcpy_batch's calls).
 What a stub cannot show (real asynchrony, timing, pinned memory) is in tests/test_cuda.py.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,12 +33,12 @@ class StubEvent:
 
     def record(self, stream=None) -> None:
         self.recorded = True
-        self.left = -1 if self.cuda.stuck else self.cuda.delay      # -1: never completes
+        self.left = -1 if self.cuda.stuck else self.cuda.delay  # -1: never completes
         if self.cuda.log:
             self.cuda.calls.append(("record", self.n, stream.name if stream is not None else None))
 
     def query(self) -> bool:
-        if not self.recorded:               # as on CUDA: an event never recorded reads as complete
+        if not self.recorded:  # as on CUDA: an event never recorded reads as complete
             return True
         if self.left > 0:
             self.left -= 1
@@ -56,7 +57,7 @@ class StubEvent:
 class StubStream:
     def __init__(self, cuda: StubCuda, name: str):
         self.cuda, self.name, self.waits = cuda, name, []
-        self.cuda_stream = id(self)         # the handle a raw runtime call takes
+        self.cuda_stream = id(self)  # the handle a raw runtime call takes
         cuda.by_handle[self.cuda_stream] = self
 
     def wait_event(self, ev: StubEvent) -> None:
@@ -81,8 +82,14 @@ class StubCuda:
     """batched: offer the batched copy (cudaMemcpyBatchAsync); False: the link falls back to its copy_ loop.
     elapsed_ms: what every timing pair reads."""
 
-    def __init__(self, batched: bool = True, move: bool = True, log: bool = True, delay: int = 0,
-                 elapsed_ms: float = 0.5):
+    def __init__(
+        self,
+        batched: bool = True,
+        move: bool = True,
+        log: bool = True,
+        delay: int = 0,
+        elapsed_ms: float = 0.5,
+    ):
         self.batched, self.move, self.log = batched, move, log
         self.delay, self.stuck, self.elapsed_ms = delay, False, elapsed_ms
         self.calls: list[tuple] = []
@@ -130,7 +137,7 @@ class StubCuda:
     def _batch(self, dsts: list[int], srcs: list[int], sizes: list[int], stream: StubStream) -> None:
         if self.log:
             self.calls.append(("batch", stream.name, tuple(zip(dsts, srcs, sizes))))
-        if self.move:                       # CPU tensors' memory: the pointers are real
+        if self.move:  # CPU tensors' memory: the pointers are real
             for d, s, n in zip(dsts, srcs, sizes):
                 ctypes.memmove(d, s, n)
 
@@ -149,7 +156,7 @@ class StubCudart:
         self.cuda, self.version, self.fail, self.last_error = cuda, version, fail, 0
 
         def get_version(ref) -> int:
-            ref._obj.value = self.version          # ctypes.byref(c_int): the int it points at
+            ref._obj.value = self.version  # ctypes.byref(c_int): the int it points at
             return 0
 
         def batch(dsts, srcs, sizes, n, attrs, first, n_attrs, *rest) -> int:
@@ -166,4 +173,7 @@ class StubCudart:
             return err
 
         self.cudaRuntimeGetVersion, self.cudaMemcpyBatchAsync, self.cudaGetLastError = (
-            get_version, batch, get_last_error)
+            get_version,
+            batch,
+            get_last_error,
+        )

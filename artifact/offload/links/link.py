@@ -21,6 +21,7 @@ the link writes into its destination any more, so the engine's slots may be free
 bytes only in `wait`, which a closed link refuses; CudaLink drains its copy stream (cuda_link.py).
 
 """
+
 from __future__ import annotations
 
 import time
@@ -38,11 +39,12 @@ from artifact.offload.links.timeline import (
 )
 
 LINKS = ("emulated", "cuda")
-PCIE4_GBPS = 25.0          # effective host-to-device bandwidth of a PCIe 4.0 x16 slot
-PCIE_LATENCY_US = 10.0     # per-copy setup cost
-REFERENCE_EXPERT_BYTES = PRESETS["llada2-mini"].expert_bytes(2)   # one LLaDA2.0-mini routed expert in bf16 (6 MiB)
-WAIT_TIMEOUT_S = 60.0      # a host-side wait longer than this is a hang, not a slow link: raise
-CLOSE_TIMEOUT_S = 10.0     # close(): the copy stream's in-flight copies get this long to land
+PCIE4_GBPS = 25.0  # effective host-to-device bandwidth of a PCIe 4.0 x16 slot
+PCIE_LATENCY_US = 10.0  # per-copy setup cost
+# one LLaDA2.0-mini routed expert in bf16 (6 MiB)
+REFERENCE_EXPERT_BYTES = PRESETS["llada2-mini"].expert_bytes(2)
+WAIT_TIMEOUT_S = 60.0  # a host-side wait longer than this is a hang, not a slow link: raise
+CLOSE_TIMEOUT_S = 10.0  # close(): the copy stream's in-flight copies get this long to land
 
 
 class LinkClosed(RuntimeError):
@@ -74,10 +76,12 @@ class LinkTimeout(TimeoutError):
 
 class Link(Protocol):
     """What the engine needs from a host-to-device link. `after` values come from compute_done."""
+
     stats: LinkStats
 
-    def copy(self, items: Sequence[tuple[torch.Tensor, torch.Tensor, str]], after=None,
-             speculative: bool = False) -> list:
+    def copy(
+        self, items: Sequence[tuple[torch.Tensor, torch.Tensor, str]], after=None, speculative: bool = False
+    ) -> list:
         """Issue the copies (dst, src, label) in order, all after `after`; one ticket per copy (copies of
         one batch may share one, landing together). `speculative`: prefetches, which a demand-priority link
         never lets delay a demand copy."""
@@ -152,11 +156,18 @@ class EmulatedLink:
     kind = "emulated"
 
     # priority/chunk_bytes/speculative: the demand-priority link, see offload/links/timeline.py.
-    def __init__(self, bandwidth_gbps: float, latency_us: float = PCIE_LATENCY_US,
-                 cap_gbps: float | None = None, clock: Callable[[], float] = time.perf_counter,
-                 sleep: Callable[[float], None] = time.sleep, priority: str = "fifo",
-                 chunk_bytes: int | None = None, timeout_s: float = WAIT_TIMEOUT_S,
-                 copy_bytes: int | None = None):
+    def __init__(
+        self,
+        bandwidth_gbps: float,
+        latency_us: float = PCIE_LATENCY_US,
+        cap_gbps: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+        priority: str = "fifo",
+        chunk_bytes: int | None = None,
+        timeout_s: float = WAIT_TIMEOUT_S,
+        copy_bytes: int | None = None,
+    ):
         """copy_bytes: the bytes every copy stands for on the timeline and in the counts, whatever the
         tensors hold (a virtual-time run of a real model's shape over a small stand-in store)."""
         if bandwidth_gbps <= 0:
@@ -189,7 +200,7 @@ class EmulatedLink:
             c = self.timeline.issue(self.clock(), nbytes, speculative, key=dst.data_ptr())
             self.stats.transfers += 1
             self.stats.bytes += nbytes
-            self.stats.busy_seconds += sum(self.duration(n) for n in c.chunks)   # latency once per chunk
+            self.stats.busy_seconds += sum(self.duration(n) for n in c.chunks)  # latency once per chunk
             out.append(EmulatedTicket(dst, src, c, self, label))
         return out
 
@@ -204,16 +215,20 @@ class EmulatedLink:
         for t in tickets:
             if t.landed:
                 continue
-            if self.closed:          # the bytes move here: a closed link's destinations may be freed
-                raise LinkClosed(f"wait for {describe(t.label, t.src.numel() * t.src.element_size())} on a "
-                                 "closed link: the copy was cancelled")
+            if self.closed:  # the bytes move here: a closed link's destinations may be freed
+                raise LinkClosed(
+                    f"wait for {describe(t.label, t.src.numel() * t.src.element_size())} on a "
+                    "closed link: the copy was cancelled"
+                )
             now = self.clock()
-            end = t.end            # final: nothing is issued while this thread sleeps
+            end = t.end  # final: nothing is issued while this thread sleeps
             if now < end:
                 if end - now > self.timeout:
-                    raise LinkTimeout(f"{describe(t.label, t.src.numel() * t.src.element_size())} lands in "
-                                      f"{end - now:.1f} s, beyond the {self.timeout:.0f} s wait timeout "
-                                      f"(is the link bandwidth {self.bandwidth_gbps:g} GB/s what you meant?)")
+                    raise LinkTimeout(
+                        f"{describe(t.label, t.src.numel() * t.src.element_size())} lands in "
+                        f"{end - now:.1f} s, beyond the {self.timeout:.0f} s wait timeout "
+                        f"(is the link bandwidth {self.bandwidth_gbps:g} GB/s what you meant?)"
+                    )
                 self._sleep_until(end)
                 self.stats.stall_seconds += self.clock() - now
             t.dst.copy_(t.src)
@@ -222,27 +237,27 @@ class EmulatedLink:
     def landed(self, t: EmulatedTicket) -> bool:
         return t.landed or self.clock() >= t.end
 
-    ready = landed          # compute on the CPU host waits on the host: only a landed copy costs nothing
+    ready = landed  # compute on the CPU host waits on the host: only a landed copy costs nothing
 
     def compute_done(self, key):
-        return None          # CPU compute is synchronous: a slot is free as soon as the call returns
+        return None  # CPU compute is synchronous: a slot is free as soon as the call returns
 
     def _sleep_until(self, deadline: float) -> None:
         exact = getattr(self.clock, "sleep_until", None)
-        if exact is not None:          # a virtual clock: jump to the deadline
+        if exact is not None:  # a virtual clock: jump to the deadline
             exact(deadline)
             return
-        while True:          # coarse sleep, then a short spin: time.sleep overshoots by ~0.1 ms
+        while True:  # coarse sleep, then a short spin: time.sleep overshoots by ~0.1 ms
             left = deadline - self.clock()
             if left <= 0:
                 return
             if left > 1e-3:
-                self.sleep(left - 5e-4)      # > 0.5 ms: never a negative argument
+                self.sleep(left - 5e-4)  # > 0.5 ms: never a negative argument
             elif self.sleep is not time.sleep:
                 self.sleep(left)
 
     def pump(self) -> None:
-        pass                 # the timeline orders speculative copies itself
+        pass  # the timeline orders speculative copies itself
 
     def finish(self) -> LinkStats:
         return self.stats

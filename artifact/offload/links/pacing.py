@@ -8,6 +8,7 @@
 CudaLink (offload/links/cuda_link.py) holds one Pacing and replaces it with the feedback of each finished
 batch (`observed`); nothing here touches CUDA.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,11 +23,12 @@ class Pacing:
     seconds; the stream then spins (b / cap - b / peak) seconds, so over any run of chunks the rate is
     the cap, on the GPU timeline, with no host thread. Uncapped (cap None, or cap >= peak) the spin is
     zero and nothing else changes: capped and uncapped are the same copies in the same chunks."""
-    peak_gbps: float                   # measured pinned H2D rate of a chunk
+
+    peak_gbps: float  # measured pinned H2D rate of a chunk
     cap_gbps: float | None = None
-    spin_hz: float = 1.0               # GPU spin cycles per second (torch.cuda._sleep), calibrated
-    chunk_bytes: int | None = None     # None: a copy is one chunk (the cap then holds per copy)
-    spin_scale: float = 1.0            # feedback: corrects the spin for a peak or clock that drifted
+    spin_hz: float = 1.0  # GPU spin cycles per second (torch.cuda._sleep), calibrated
+    chunk_bytes: int | None = None  # None: a copy is one chunk (the cap then holds per copy)
+    spin_scale: float = 1.0  # feedback: corrects the spin for a peak or clock that drifted
 
     def __post_init__(self):
         if not self.peak_gbps > 0:
@@ -61,14 +63,16 @@ class Pacing:
         copy = nbytes / (self.peak_gbps * 1e9)
         ratio = (target - copy) / (seconds - copy) if seconds > copy else 2.0
         ratio = min(2.0, max(0.5, ratio))
-        return dataclasses.replace(self, spin_scale=self.spin_scale * ratio ** weight)
+        return dataclasses.replace(self, spin_scale=self.spin_scale * ratio**weight)
 
     def schedule(self, nbytes: int) -> list[tuple[int, int, int]]:
         """(start, end, spin cycles after it) for each chunk of a copy."""
         return [(a, b, self.spin_cycles(b - a)) for a, b in self.chunks(nbytes)]
 
 
-def calibrate_rate(run: Callable[[int], None], clock: Callable[[], float], units: int, reps: int = 3) -> float:
+def calibrate_rate(
+    run: Callable[[int], None], clock: Callable[[], float], units: int, reps: int = 3
+) -> float:
     """Units per second of `run(units)` timed by `clock`, free of any fixed cost per measurement.
 
     Each timed interval holds the work and a fixed overhead: on CUDA the host's sync on the start event,
@@ -91,9 +95,12 @@ def calibrate_rate(run: Callable[[int], None], clock: Callable[[], float], units
 
     one, two = best(units), best(2 * units)
     if not one > 0 or not two > 0:
-        raise RuntimeError(f"calibration measured {min(one, two)} s for {units} units: the clock did not advance")
+        raise RuntimeError(
+            f"calibration measured {min(one, two)} s for {units} units: the clock did not advance"
+        )
     if not two > one:
-        raise RuntimeError(f"calibration: {2 * units} units took {two:.3g} s, not longer than {units} units "
-                           f"({one:.3g} s); the measurement is noise, not the work")
+        raise RuntimeError(
+            f"calibration: {2 * units} units took {two:.3g} s, not longer than {units} units "
+            f"({one:.3g} s); the measurement is noise, not the work"
+        )
     return units / (two - one)
-

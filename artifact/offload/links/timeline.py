@@ -1,4 +1,5 @@
-"""Link priority: when speculative copies may use the copy engine, modelled (CopyTimeline) and held (SpeculativeHold).
+"""Link priority: when speculative copies may use the copy engine, modelled (CopyTimeline) and held
+(SpeculativeHold).
 
   fifo    one queue in issue order, whole copies: a demand copy waits for every copy issued before it,
           speculative or not (the paper's setting).
@@ -21,6 +22,7 @@ keeps speculative chunks on the host and issues them, at the engine's issue poin
 `drained()` says the demand copies are done (on CUDA: event.query() on the last demand copy's event)
 and fewer than `depth` speculative chunks are in flight. No host thread: nothing moves between pumps.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 PRIORITIES = ("fifo", "demand")
-CLOCKS = ("wall", "virtual")          # real time, or a VirtualClock advanced by modelled costs (offload/links/costs.py)
-REFERENCE_CHUNK_BYTES = 1 << 20       # 1 MiB: ~42 us on PCIe 4, a sixth of a LLaDA2.0-mini expert
+# real time, or a VirtualClock advanced by modelled costs (offload/links/costs.py)
+CLOCKS = ("wall", "virtual")
+REFERENCE_CHUNK_BYTES = 1 << 20  # 1 MiB: ~42 us on PCIe 4, a sixth of a LLaDA2.0-mini expert
 
 
 def check_priority(priority: str, chunk_bytes: int | None) -> None:
@@ -53,37 +56,38 @@ def split(nbytes: int, chunk_bytes: int | None) -> list[int]:
 class Copy:
     nbytes: int
     speculative: bool
-    issued: float                     # host time of the copy call
-    key: Hashable                     # its destination; a later copy to the same key promotes this one
-    chunks: list[int]                 # chunk sizes in bytes
-    start: float | None = None        # when its first chunk started (committed)
-    end: float | None = None          # when its last chunk ended (committed)
+    issued: float  # host time of the copy call
+    key: Hashable  # its destination; a later copy to the same key promotes this one
+    chunks: list[int]  # chunk sizes in bytes
+    start: float | None = None  # when its first chunk started (committed)
+    end: float | None = None  # when its last chunk ended (committed)
 
 
 class CopyTimeline:
     """One copy engine with a demand queue and a speculative queue (see the module docstring).
     Queue entries are [copy, next chunk index, host time it became available to this queue]."""
 
-    def __init__(self, bandwidth_gbps: float, latency: float, priority: str = "fifo",
-                 chunk_bytes: int | None = None):
+    def __init__(
+        self, bandwidth_gbps: float, latency: float, priority: str = "fifo", chunk_bytes: int | None = None
+    ):
         check_priority(priority, chunk_bytes)
         self.bandwidth_gbps, self.latency = bandwidth_gbps, latency
         self.priority = priority
-        self.chunk_bytes = chunk_bytes if priority == "demand" else None   # fifo: whole copies, never chunked
-        self.free_at = 0.0                 # end of the last committed chunk
+        self.chunk_bytes = chunk_bytes if priority == "demand" else None  # fifo: whole copies, never chunked
+        self.free_at = 0.0  # end of the last committed chunk
         self.demand: deque[list] = deque()
         self.speculative: deque[list] = deque()
         self._last: dict[Hashable, Copy] = {}
 
     def chunk_seconds(self, nbytes: int) -> float:
-        return self.latency + nbytes / (self.bandwidth_gbps * 1e9)      # the EmulatedLink formula, term for term
+        return self.latency + nbytes / (self.bandwidth_gbps * 1e9)  # the EmulatedLink formula, term for term
 
     def issue(self, now: float, nbytes: int, speculative: bool = False, key: Hashable = None) -> Copy:
         self.advance(now)
         if key is not None:
             prev = self._last.get(key)
             if prev is not None and prev.end is None:
-                self.promote(prev, now)          # its slot's bytes must land before ours: keep them in order
+                self.promote(prev, now)  # its slot's bytes must land before ours: keep them in order
             self._last[key] = c = Copy(nbytes, speculative, now, key, [])
         else:
             c = Copy(nbytes, speculative, now, key, [])
@@ -102,7 +106,8 @@ class CopyTimeline:
                 return
 
     def advance(self, now: float) -> None:
-        """Commit every chunk that starts at or before host time `now` (all copies issued by then are known)."""
+        """Commit every chunk that starts at or before host time `now` (all copies issued by then are
+        known)."""
         self.free_at = self._run(self.free_at, self.demand, self.speculative, now, commit=True)
 
     def end(self, c: Copy, now: float) -> float:
@@ -119,13 +124,15 @@ class CopyTimeline:
         self.advance(math.inf)
         return self.free_at
 
-    def _run(self, free_at: float, dq: deque, sq: deque, until: float, commit: bool, stop: Copy | None = None):
+    def _run(
+        self, free_at: float, dq: deque, sq: deque, until: float, commit: bool, stop: Copy | None = None
+    ):
         """Start chunks in priority order while their start is <= until. Returns the link's free time,
         or with `stop`, the end of that copy's last chunk."""
         while dq or sq:
             td = max(free_at, dq[0][2]) if dq else math.inf
             ts = max(free_at, sq[0][2]) if sq else math.inf
-            q, s = (dq, td) if td <= ts else (sq, ts)       # a waiting demand copy always goes first
+            q, s = (dq, td) if td <= ts else (sq, ts)  # a waiting demand copy always goes first
             if s > until:
                 break
             entry = q[0]
@@ -150,10 +157,10 @@ class Event(Protocol):
 
 @dataclass(eq=False)
 class Held:
-    copy: object                       # the link's handle for the whole copy
+    copy: object  # the link's handle for the whole copy
     nbytes: int
     key: Hashable
-    chunks: deque = field(default_factory=deque)    # (lo, hi) byte ranges not yet issued
+    chunks: deque = field(default_factory=deque)  # (lo, hi) byte ranges not yet issued
 
 
 class SpeculativeHold:
@@ -165,8 +172,13 @@ class SpeculativeHold:
     slot's bytes land in order), `promote(copy)` when a held copy is demanded, `pump()` at every issue
     point of the engine, and `flush()` at the end of a run."""
 
-    def __init__(self, issue: Callable[[object, int, int], Event], drained: Callable[[], bool],
-                 chunk_bytes: int, depth: int = 1):
+    def __init__(
+        self,
+        issue: Callable[[object, int, int], Event],
+        drained: Callable[[], bool],
+        chunk_bytes: int,
+        depth: int = 1,
+    ):
         check_priority("demand", chunk_bytes)
         if depth < 1:
             raise ValueError(f"depth (speculative chunks in flight) must be >= 1, got {depth}")
@@ -246,4 +258,3 @@ class VirtualClock(ManualClock):
 
     def sleep_until(self, deadline: float) -> None:
         self.t = max(self.t, deadline)
-

@@ -17,7 +17,8 @@ resident, step the model's StepInfo; i is the MoE position):
   demanded(i, experts, counts, hit, step)   every demand, once, before it is planned (update scores)
   keep_order(i, experts, counts, hit, step) the demanded experts, least worth keeping first: when the demand
                                             outgrows C the last C stay, and `touch` gets this order
-  victim_keys(i, residents)                 a fresh array of keys (int64, or complex: ordered by real part, then
+  victim_keys(i, residents)                 a fresh array of keys (int64, or complex: ordered by real part,
+  then
                                             imaginary part), distinct among residents; the lowest is evicted
                                             first (or override victim_order(i, candidates))
   touch(i, ordered)                         uses in order, the later the more recent (demands and prefetches)
@@ -38,6 +39,7 @@ Registered here (`@register_eviction`), built by policies.make_policy from a spe
 arc, s3fifo and lfu equal libCacheSim's ARC, S3FIFO and LFU request for request where a demand is one
 expert, and lru equals libCacheSim's LRU on the hits-first feed (tests/test_oracle.py).
 """
+
 from __future__ import annotations
 
 import decimal
@@ -68,7 +70,7 @@ class TokenLRU(Eviction):
         self.reverse = reverse
 
     def keep_order(self, i, experts, counts, hit, step):
-        key = counts * self.num_experts + experts               # distinct: ties in counts by expert id
+        key = counts * self.num_experts + experts  # distinct: ties in counts by expert id
         return experts[(-key if self.reverse else key).argsort(kind="stable")]
 
 
@@ -80,7 +82,7 @@ class _ScoredEviction(Eviction):
     def __init__(self, num_layers: int, num_experts: int):
         super().__init__(num_layers, num_experts)
         self.score = np.zeros((num_layers, num_experts), dtype=np.float64)
-        self._score_rows = list(self.score)                                # row views, built once
+        self._score_rows = list(self.score)  # row views, built once
 
     def current_row(self, i: int) -> np.ndarray:
         """(E,) the scores of layer i's experts now (a view; read only)."""
@@ -94,7 +96,8 @@ class _ScoredEviction(Eviction):
         return experts[np.lexsort((experts, ~hit, self.current_row(i)[experts]))]
 
     def victim_keys(self, i, residents):
-        # score first, then last use, as one complex key: numpy orders complex numbers by their real part, then
+        # score first, then last use, as one complex key: numpy orders complex numbers by their real part,
+        # then
         # their imaginary part (np.sort), so its argsort is lexsort((stamp, score))'s; stamps are exact in
         # float64 (< 2**53), and the cache's never-evict mark (int64 max) exceeds every score
         return self.current_row(i)[residents] + self._stamp_rows[i][residents] * 1j
@@ -117,7 +120,7 @@ class LFU(_ScoredEviction):
     def demanded(self, i, experts, counts, hit, step):
         row = self._score_rows[i]
         if not self.perfect:
-            row[experts[~hit]] = 0.0          # a miss is loaded now (also one that streams through)
+            row[experts[~hit]] = 0.0  # a miss is loaded now (also one that streams through)
         row[experts] += 1.0
 
     def evicted(self, i, experts):
@@ -136,7 +139,7 @@ class LFUWindow(_ScoredEviction):
 
     def __init__(self, num_layers: int, num_experts: int, steps: int = 8):
         super().__init__(num_layers, num_experts)
-        self.steps = check_number(f"eviction {self.name!r}: steps", steps, low=1, integer=True)     # forwards
+        self.steps = check_number(f"eviction {self.name!r}: steps", steps, low=1, integer=True)  # forwards
         self.window = [deque() for _ in range(num_layers)]
 
     def demanded(self, i, experts, counts, hit, step):
@@ -147,21 +150,25 @@ class LFUWindow(_ScoredEviction):
             row[w.popleft()] -= 1.0
 
 
-_DECAYS: dict[float, np.ndarray] = {}              # lam -> [d] 2**(-lam d), grown on demand (decays)
+_DECAYS: dict[float, np.ndarray] = {}  # lam -> [d] 2**(-lam d), grown on demand (decays)
 _DECIMAL = decimal.Context(prec=40, Emin=decimal.MIN_EMIN, Emax=decimal.MAX_EMAX)
-_UNDERFLOW = 1075                                   # 2**-x rounds to 0.0 in float64 for x > 1075
+_UNDERFLOW = 1075  # 2**-x rounds to 0.0 in float64 for x > 1075
 
 
 def decays(lam: float, n: int) -> np.ndarray:
-    """(>= n + 1,) float64, [d] = 2**(-lam d), the decay of d forwards, each rounded to the nearest float64 from
-    40-digit decimal arithmetic: the same bits on every machine. (numpy's exp2 rounds differently on its AVX-512
-    and baseline paths, and so may a libm with FMA variants; an ulp there decides between two equal scores.)"""
+    """(>= n + 1,) float64, [d] = 2**(-lam d), the decay of d forwards, each rounded to the nearest float64
+    from 40-digit decimal arithmetic: the same bits on every machine. (numpy's exp2 rounds differently on its
+    AVX-512
+    and baseline paths, and so may a libm with FMA variants; an ulp there decides between two equal
+    scores.)"""
     t = _DECAYS.get(lam)
     if t is None or len(t) <= n:
         have = 0 if t is None else len(t)
-        exponent = -decimal.Decimal(lam)                           # exact: a float's decimal value
-        new = [0.0 if lam * d > _UNDERFLOW else float(_DECIMAL.power(2, exponent * d))
-               for d in range(have, max(2 * have, n + 1, 64))]
+        exponent = -decimal.Decimal(lam)  # exact: a float's decimal value
+        new = [
+            0.0 if lam * d > _UNDERFLOW else float(_DECIMAL.power(2, exponent * d))
+            for d in range(have, max(2 * have, n + 1, 64))
+        ]
         t = _DECAYS[lam] = np.concatenate((t, new)) if t is not None else np.array(new)
     return t
 
@@ -178,9 +185,9 @@ class LRFU(_ScoredEviction):
 
     def __init__(self, num_layers: int, num_experts: int, lam: float = 0.5):
         super().__init__(num_layers, num_experts)
-        self.lam = check_number(f"eviction {self.name!r}: lam", lam, low=0)        # the decay per forward: 2**-lam
-        self.now = np.zeros(num_layers, dtype=_INT64)                     # forwards seen per layer
-        self.at = np.zeros((num_layers, num_experts), dtype=_INT64)       # when score was last brought up to date
+        self.lam = check_number(f"eviction {self.name!r}: lam", lam, low=0)  # the decay per forward: 2**-lam
+        self.now = np.zeros(num_layers, dtype=_INT64)  # forwards seen per layer
+        self.at = np.zeros((num_layers, num_experts), dtype=_INT64)  # when score was last brought up to date
         # The decayed scores of each layer at its `now`: a layer's scores change only at its own forwards, so
         # they are computed once per forward (every expert's, elementwise) and read by keep_order,
         # victim_keys and the prefetches into the layer until its next forward.

@@ -1,8 +1,9 @@
 """The eviction interface: the `Eviction` base (LRU, the default), the registry EVICTIONS and its decorator.
 
-The hooks and the policies registered on it are described in eviction.py, which imports every policy module, so
-`artifact.offload.policy.eviction.EVICTIONS` is the complete registry; this module alone holds only LRU.
+The hooks and the policies registered on it are described in eviction.py, which imports every policy module,
+so `artifact.offload.policy.eviction.EVICTIONS` is the complete registry; this module alone holds only LRU.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,8 @@ class Eviction:
 
     def __init__(self, num_layers: int, num_experts: int):
         self.num_layers, self.num_experts = num_layers, num_experts
-        self.stamp = np.full((num_layers, num_experts), -1, dtype=_INT64)   # last use
-        self._stamp_rows = list(self.stamp)                                 # row views, built once
+        self.stamp = np.full((num_layers, num_experts), -1, dtype=_INT64)  # last use
+        self._stamp_rows = list(self.stamp)  # row views, built once
         self.clock = 0
 
     def attach(self, capacity: int) -> None:
@@ -31,18 +32,22 @@ class Eviction:
     def demanded(self, i: int, experts: np.ndarray, counts: np.ndarray, hit: np.ndarray, step) -> None:
         """Every demand, once, before it is planned."""
 
-    def keep_order(self, i: int, experts: np.ndarray, counts: np.ndarray, hit: np.ndarray, step) -> np.ndarray:
+    def keep_order(
+        self, i: int, experts: np.ndarray, counts: np.ndarray, hit: np.ndarray, step
+    ) -> np.ndarray:
         """The demanded experts least worth keeping first. LRU: hits then misses, each ascending (`experts` is
         ascending and the sort stable: ties by expert id)."""
         return experts[(~hit).argsort(kind="stable")]
 
     def victim_keys(self, i: int, residents: np.ndarray) -> np.ndarray:
-        """Eviction keys of layer i's residents (a new array), distinct; the lowest goes first (were two equal,
+        """Eviction keys of layer i's residents (a new array), distinct; the lowest goes first (were two
+        equal,
         the lower expert id would go first). LRU: last use."""
         return self._stamp_rows[i][residents]
 
     def victim_order(self, i: int, candidates: np.ndarray) -> np.ndarray:
-        """Candidates, the first to evict first (derived from victim_keys unless overridden): lowest key first,
+        """Candidates, the first to evict first (derived from victim_keys unless overridden): lowest key
+        first,
         ties by ascending expert id, as the cache orders victim keys itself (ExpertCache._take_slots)."""
         return candidates[np.lexsort((candidates, self.victim_keys(i, candidates)))]
 
@@ -71,4 +76,3 @@ def register_eviction(cls: type[Eviction]) -> type[Eviction]:
 
 
 register_eviction(Eviction)
-

@@ -1,5 +1,6 @@
 """The list-based adaptive eviction policies, ARC and S3-FIFO, made set-aware (registered in EVICTIONS; the
 interface and every policy's summary: eviction.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,7 +60,9 @@ class ARC(_ListEviction):
     def _replace(self, i, demand: set, in_b2: bool) -> int:
         T1, T2 = self.T1[i], self.T2[i]
         first_t1 = len(T1) >= 1 and (len(T1) > self.p[i] or (in_b2 and len(T1) == self.p[i]))
-        for lst, ghost in ((T1, self.B1[i]), (T2, self.B2[i])) if first_t1 else ((T2, self.B2[i]), (T1, self.B1[i])):
+        for lst, ghost in (
+            ((T1, self.B1[i]), (T2, self.B2[i])) if first_t1 else ((T2, self.B2[i]), (T1, self.B1[i]))
+        ):
             v = self._oldest(lst, demand)
             if v is not None:
                 del lst[v]
@@ -79,16 +82,16 @@ class ARC(_ListEviction):
         self._demanding = True
         demand = set(experts.tolist())
         hits = experts[hit].tolist()
-        if hits:                                           # the hits move to T2's most recent end, in order
-            moved = set(hits)                              # (T1 and T2 rebuilt: one pass, not a pop per hit)
+        if hits:  # the hits move to T2's most recent end, in order
+            moved = set(hits)  # (T1 and T2 rebuilt: one pass, not a pop per hit)
             if not moved.isdisjoint(T1):
                 T1 = self.T1[i] = {e: True for e in T1 if e not in moved}
             T2 = self.T2[i] = {e: True for e in T2 if e not in moved}
             T2.update(dict.fromkeys(hits, True))
         misses = experts[~hit].tolist()
         self._victims = None
-        if len(experts) > C:                               # a wave: LRU's last C stay (the misses come last);
-            loaded = set(misses)                           # the cache reports the residents it evicts
+        if len(experts) > C:  # a wave: LRU's last C stay (the misses come last);
+            loaded = set(misses)  # the cache reports the residents it evicts
             if not loaded.isdisjoint(B1):
                 B1 = self.B1[i] = {e: True for e in B1 if e not in loaded}
             if not loaded.isdisjoint(B2):
@@ -173,7 +176,8 @@ class S3FIFO(_ListEviction):
         self.small_size = int(capacity * self.SMALL)
         self.main_size = capacity - self.small_size
         self.ghost_size = int(capacity * self.GHOST)
-        self.small, self.main, self.ghost = ([{} for _ in range(L)] for _ in range(3))   # id -> uses; oldest first
+        # id -> uses; oldest first
+        self.small, self.main, self.ghost = ([{} for _ in range(L)] for _ in range(3))
         self.has_evicted = [False] * L
 
     def _ghost_add(self, i, e):
@@ -208,8 +212,11 @@ class S3FIFO(_ListEviction):
     def _evict(self, i, demand) -> int:
         self.has_evicted[i] = True
         small, main = self.small[i], self.main[i]
-        order = (self._evict_main, self._evict_small) if len(main) > self.main_size or not small else \
-            (self._evict_small, self._evict_main)
+        order = (
+            (self._evict_main, self._evict_small)
+            if len(main) > self.main_size or not small
+            else (self._evict_small, self._evict_main)
+        )
         for how in order:
             v = how(i, demand)
             if v is not None:
@@ -220,7 +227,7 @@ class S3FIFO(_ListEviction):
         if ghost_hit:
             self.main[i][e] = 0
         elif self.small_size == 0:
-            self.main[i][e] = 0           # libCacheSim would not admit it (size 1 >= small size 0); a cache must
+            self.main[i][e] = 0  # libCacheSim would not admit it (size 1 >= small size 0); a cache must
         elif not self.has_evicted[i] and len(self.small[i]) >= self.small_size:
             self.main[i][e] = 0
         else:
@@ -237,9 +244,9 @@ class S3FIFO(_ListEviction):
                 main[e] += 1
         misses = experts[~hit].tolist()
         C = self.capacity
-        if len(experts) > C:                               # a wave: LRU's last C stay (the misses come last)
-            ghost, size = self.ghost[i], self.ghost_size   # (_ghost_add and _insert inlined: a wave is most
-            for e in misses[:-C]:                          # of a demand's misses)
+        if len(experts) > C:  # a wave: LRU's last C stay (the misses come last)
+            ghost, size = self.ghost[i], self.ghost_size  # (_ghost_add and _insert inlined: a wave is most
+            for e in misses[:-C]:  # of a demand's misses)
                 ghost.pop(e, None)
                 if size > 0:
                     if len(ghost) >= size:
@@ -255,7 +262,7 @@ class S3FIFO(_ListEviction):
         demand = set(experts.tolist())
         victims = []
         for x in misses:
-            ghost_hit = self.ghost[i].pop(x, None) is not None     # looked up before evicting, as libCacheSim
+            ghost_hit = self.ghost[i].pop(x, None) is not None  # looked up before evicting, as libCacheSim
             if len(small) + len(main) >= C:
                 victims.append(self._evict(i, demand))
             self._insert(i, x, ghost_hit)
@@ -265,7 +272,7 @@ class S3FIFO(_ListEviction):
         small, main, ghost, size = self.small[i], self.main[i], self.ghost[i], self.ghost_size
         for e in experts.tolist():
             if small.pop(e, None) is not None:
-                if size > 0 and e not in ghost:           # _ghost_add, inlined: a wave evicts many
+                if size > 0 and e not in ghost:  # _ghost_add, inlined: a wave evicts many
                     if len(ghost) >= size:
                         del ghost[next(iter(ghost))]
                     ghost[e] = True

@@ -1,9 +1,10 @@
 """Cache policies: the registry of prefetch policies, their specs, and the one factory.
 
-A policy decides who to evict, who to keep when a demand outgrows the cache, and what to prefetch. Its interface
-(`Policy`, `Prediction`, `TraceFuture`) is prefetch_base.py, the registered policies (demand, last_step,
-last_step_conservative, cross_layer, oracle, interval_refresh, belady) are prefetch.py, and eviction policies
-are eviction.py. A policy of your own imports `Policy`, `Prediction` and `register` from here.
+A policy decides who to evict, who to keep when a demand outgrows the cache, and what to prefetch. Its
+interface (`Policy`, `Prediction`, `TraceFuture`) is prefetch_base.py, the registered policies (demand,
+last_step, last_step_conservative, cross_layer, oracle, interval_refresh, belady) are prefetch.py, and
+eviction policies are eviction.py. A policy of your own imports `Policy`, `Prediction` and `register` from
+here.
 
 The registry is built from the classes: `@register` reads the class attributes (name, needs_trace,
 engine_ok, needs_prediction, summary) and takes the options from the constructor's keyword parameters.
@@ -11,6 +12,7 @@ engine_ok, needs_prediction, summary) and takes the options from the constructor
 `last_step:lookahead=2`) and rejects unknown options by name. A spec may add an eviction policy after a
 '+' (`last_step+token_lru`, eviction.py); without one, eviction is LRU. See docs/policies.md.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -32,8 +34,11 @@ _POSITIONAL = ("self", "num_layers", "num_experts", "future")
 
 def options_of(cls: type[Policy]) -> dict[str, Any]:
     """A policy's options: its constructor's keyword parameters and their defaults."""
-    return {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
-            if p.name not in _POSITIONAL and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {
+        p.name: p.default
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.name not in _POSITIONAL and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -44,18 +49,32 @@ def register(cls: type[Policy]) -> type[Policy]:
     if not cls.name:
         raise TypeError(f"policy class {cls.__qualname__} has no name (set the class attribute `name`)")
     params = inspect.signature(cls.__init__).parameters.values()
-    bad = [p.name for p in params if p.name not in _POSITIONAL and p.default is inspect.Parameter.empty
-           and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    bad = [
+        p.name
+        for p in params
+        if p.name not in _POSITIONAL
+        and p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     if bad:
-        raise TypeError(f"policy {cls.name!r}: options {bad} need defaults (they are keyword options of the spec)")
+        raise TypeError(
+            f"policy {cls.name!r}: options {bad} need defaults (they are keyword options of the spec)"
+        )
     if cls.needs_trace != ("future" in inspect.signature(cls.__init__).parameters):
-        raise TypeError(f"policy {cls.name!r}: needs_trace={cls.needs_trace} but its constructor "
-                        f"{'lacks' if cls.needs_trace else 'takes'} a `future` parameter")
+        raise TypeError(
+            f"policy {cls.name!r}: needs_trace={cls.needs_trace} but its constructor "
+            f"{'lacks' if cls.needs_trace else 'takes'} a `future` parameter"
+        )
     old = POLICIES.get(cls.name)
-    files = [getattr(sys.modules.get(c.__module__), "__file__", c.__module__) for c in (old, cls)] if old else []
-    if files and files[0] != files[1]:             # a class of the same file (a module imported twice) replaces
-        raise TypeError(f"policy name {cls.name!r} is taken by {old.__module__}.{old.__qualname__} ({files[0]}); "
-                        f"give {cls.__qualname__} another name")
+    files = (
+        [getattr(sys.modules.get(c.__module__), "__file__", c.__module__) for c in (old, cls)] if old else []
+    )
+    if files and files[0] != files[1]:  # a class of the same file (a module imported twice) replaces
+        raise TypeError(
+            f"policy name {cls.name!r} is taken by {old.__module__}.{old.__qualname__} "
+            f"({files[0]}); "
+            f"give {cls.__qualname__} another name"
+        )
     POLICIES[cls.name] = cls
     return cls
 
@@ -78,7 +97,9 @@ def _coerce(name: str, option: str, raw: str, default: Any):
         if isinstance(default, float):
             return float(raw)
     except ValueError:
-        raise SettingError(f"policy {name!r}: option {option}={raw!r} is not a {type(default).__name__}") from None
+        raise SettingError(
+            f"policy {name!r}: option {option}={raw!r} is not a {type(default).__name__}"
+        ) from None
     return raw
 
 
@@ -95,8 +116,10 @@ def _options(kind: str, cls, spec: str, rest: str) -> dict[str, Any]:
         if not eq or not key:
             raise SettingError(f"policy spec {spec!r}: expected key=value after ':', got {item!r}")
         if key not in valid:
-            raise SettingError(f"{kind} {cls.name!r} has no option {key!r}; its options: "
-                               f"{', '.join(f'{k}={v!r}' for k, v in valid.items()) or 'none'}")
+            raise SettingError(
+                f"{kind} {cls.name!r} has no option {key!r}; its options: "
+                f"{', '.join(f'{k}={v!r}' for k, v in valid.items()) or 'none'}"
+            )
         options[key] = _coerce(cls.name, key, raw, valid[key])
     return options
 
@@ -105,8 +128,11 @@ def split_spec(spec: str) -> tuple[str, str | None]:
     """'prefetch[:opts][+eviction[:opts]]' -> (prefetch part, eviction part or None)."""
     head, plus, tail = spec.partition("+")
     if plus and ("+" in tail or not tail.strip() or not head.strip()):
-        raise SettingError(f"policy spec {spec!r}: expected 'prefetch[:opts]+eviction[:opts]' (one '+', a name "
-                           f"on each side), e.g. 'last_step+token_lru'")
+        raise SettingError(
+            f"policy spec {spec!r}: expected 'prefetch[:opts]+eviction[:opts]' (one '+', a "
+            "name "
+            f"on each side), e.g. 'last_step+token_lru'"
+        )
     return head, (tail if plus else None)
 
 
@@ -115,8 +141,9 @@ def parse_eviction(text: str, spec: str | None = None) -> tuple[type[Eviction], 
     name, _, rest = text.strip().partition(":")
     cls = EVICTIONS.get(name.strip())
     if cls is None:
-        raise SettingError(f"unknown eviction policy {name.strip()!r} in {spec or text!r}; choose one of "
-                           f"{sorted(EVICTIONS)}")
+        raise SettingError(
+            f"unknown eviction policy {name.strip()!r} in {spec or text!r}; choose one of {sorted(EVICTIONS)}"
+        )
     return cls, _options("eviction", cls, spec or text, rest)
 
 
@@ -124,26 +151,39 @@ def parse_spec(spec: str) -> tuple[type[Policy], dict[str, Any], type[Eviction],
     """`prefetch[:key=value,...][+eviction[:key=value,...]]` -> (policy class, options, eviction class,
     options); the eviction is LRU when none is named. Every name and option is checked."""
     if not isinstance(spec, str) or not spec.strip():
-        raise SettingError(f"a policy spec is 'name[:key=value,...][+eviction[:key=value,...]]', got {spec!r}")
+        raise SettingError(
+            f"a policy spec is 'name[:key=value,...][+eviction[:key=value,...]]', got {spec!r}"
+        )
     head, tail = split_spec(spec.strip())
     name, _, rest = head.strip().partition(":")
     cls = POLICIES.get(name.strip())
     if cls is None and name.strip() in SIMULATOR_BOUNDS:
-        raise SettingError(f"{name.strip()!r} is a bound (bounds.relaxed_min, the demand-paging floor), not a cache "
-                           "policy: the engine, the bench and a profile's policy lists do not take it; the "
-                           "simulator replays it (python -m artifact simulate --policies demand,belady,min; "
-                           "notebook 02 adds it)")
+        raise SettingError(
+            f"{name.strip()!r} is a bound (bounds.relaxed_min, the demand-paging floor), not "
+            "a cache "
+            "policy: the engine, the bench and a profile's policy lists do not take it; the "
+            "simulator replays it (python -m artifact simulate --policies demand,belady,min; "
+            "notebook 02 adds it)"
+        )
     if cls is None and name.strip() in EVICTIONS:
-        raise SettingError(f"{name.strip()!r} is an eviction policy, not a prefetch policy: combine it with one, "
-                           f"e.g. 'demand+{head.strip()}' (LRU's place in the demand policy)")
+        raise SettingError(
+            f"{name.strip()!r} is an eviction policy, not a prefetch policy: combine it with "
+            "one, "
+            f"e.g. 'demand+{head.strip()}' (LRU's place in the demand policy)"
+        )
     if cls is None:
-        raise SettingError(f"unknown policy {name.strip()!r}; choose one of {sorted(POLICIES)} (a policy of your own: "
-                           "name its module with --policy-module or the profile key policy_modules)")
+        raise SettingError(
+            f"unknown policy {name.strip()!r}; choose one of {sorted(POLICIES)} (a policy of "
+            "your own: "
+            "name its module with --policy-module or the profile key policy_modules)"
+        )
     options = _options("policy", cls, spec, rest)
     if tail is None:
         return cls, options, LRU, {}
     if cls.owns_eviction:
-        raise SettingError(f"policy {cls.name!r} decides eviction itself; it takes no '+eviction' (got {spec!r})")
+        raise SettingError(
+            f"policy {cls.name!r} decides eviction itself; it takes no '+eviction' (got {spec!r})"
+        )
     ev, ev_options = parse_eviction(tail, spec)
     return cls, options, ev, ev_options
 
@@ -173,13 +213,21 @@ def check_policy(spec: str, engine: bool = False) -> type[Policy]:
     """Validate a policy spec without building it (for checking arguments before a model loads)."""
     cls, _ = parse_policy(spec)
     if engine and not cls.engine_ok:
-        raise SettingError(f"policy {cls.name!r} needs the whole future and runs in the simulator only "
-                         "(python -m artifact simulate); the engine takes 'oracle' for future knowledge")
+        raise SettingError(
+            f"policy {cls.name!r} needs the whole future and runs in the simulator only "
+            "(python -m artifact simulate); the engine takes 'oracle' for future knowledge"
+        )
     return cls
 
 
-def make_policy(spec: str, num_layers: int, num_experts: int, future: TraceFuture | None = None,
-                engine: bool = False, **settings) -> Policy:
+def make_policy(
+    spec: str,
+    num_layers: int,
+    num_experts: int,
+    future: TraceFuture | None = None,
+    engine: bool = False,
+    **settings,
+) -> Policy:
     """The one factory. `spec` is a policy name with optional options, `name[:key=value,...]`, and
     optionally an eviction policy after a '+' (`last_step+token_lru`, `demand+lrfu:lam=0.25`; eviction.py;
     LRU without one); an option the policy does not take is an error naming the policy's valid options.
@@ -197,7 +245,9 @@ def make_policy(spec: str, num_layers: int, num_experts: int, future: TraceFutur
     kwargs.update(options)
     if cls.needs_trace:
         if future is None:
-            raise SettingError(f"policy {cls.name!r} needs a trace of an identical earlier run (--oracle-trace FILE)")
+            raise SettingError(
+                f"policy {cls.name!r} needs a trace of an identical earlier run (--oracle-trace FILE)"
+            )
         kwargs["future"] = future
     policy = cls(num_layers, num_experts, **kwargs)
     if ev_cls is not LRU or ev_options:
@@ -212,5 +262,14 @@ def describe_evictions() -> list[dict]:
 
 def describe() -> list[dict]:
     """One row per registered policy (name, options, flags, summary), for help texts and docs."""
-    return [{"name": n, "options": options_of(c), "needs_trace": c.needs_trace, "engine_ok": c.engine_ok,
-             "needs_prediction": c.needs_prediction, "summary": c.summary} for n, c in POLICIES.items()]
+    return [
+        {
+            "name": n,
+            "options": options_of(c),
+            "needs_trace": c.needs_trace,
+            "engine_ok": c.engine_ok,
+            "needs_prediction": c.needs_prediction,
+            "summary": c.summary,
+        }
+        for n, c in POLICIES.items()
+    ]

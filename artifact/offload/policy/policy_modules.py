@@ -9,6 +9,7 @@ name that happens to import (a standard-library module, say) is refused instead 
 Importing is idempotent: a file is loaded once per process (by its resolved path), a dotted name once by
 Python's own module cache.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,10 @@ from artifact.errors import SettingError
 from artifact.offload.policy.eviction import EVICTIONS
 from artifact.offload.policy.policies import POLICIES
 
-EXPECTED = ("expected a dotted module name importable from sys.path (e.g. mypkg.policies) or a path to a .py "
-            "file, whose code registers a policy (@register) or an eviction policy (@register_eviction)")
+EXPECTED = (
+    "expected a dotted module name importable from sys.path (e.g. mypkg.policies) or a path to a .py "
+    "file, whose code registers a policy (@register) or an eviction policy (@register_eviction)"
+)
 
 
 def is_path(name: str) -> bool:
@@ -60,8 +63,11 @@ def _import_file(path: Path) -> ModuleType:
 
 def _where(e: BaseException) -> str:
     """' at FILE:LINE' of the innermost frame of an exception raised by a module's code (else '')."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if not f.filename.startswith("<") and f.filename not in (__file__, importlib.__file__)]
+    frames = [
+        f
+        for f in traceback.extract_tb(e.__traceback__)
+        if not f.filename.startswith("<") and f.filename not in (__file__, importlib.__file__)
+    ]
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
@@ -81,9 +87,10 @@ def load_policy_module(name: str, key: str = "--policy-module") -> ModuleType:
             module = importlib.import_module(name)
     except SettingError:
         raise
-    except Exception as e:              # the user's code: any error it raises is theirs to fix, in one line
-        raise SettingError(f"{key}: {name!r} cannot be imported ({type(e).__name__}: {e}{_where(e)}); "
-                           f"{EXPECTED}") from e
+    except Exception as e:  # the user's code: any error it raises is theirs to fix, in one line
+        raise SettingError(
+            f"{key}: {name!r} cannot be imported ({type(e).__name__}: {e}{_where(e)}); {EXPECTED}"
+        ) from e
     defined = [n for n, c in (*POLICIES.items(), *EVICTIONS.items()) if c.__module__ == module.__name__]
     if not defined:
         raise SettingError(f"{key}: {name!r} was imported but registers no policy; {EXPECTED}")

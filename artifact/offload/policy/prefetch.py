@@ -1,6 +1,6 @@
-"""The registered prefetch policies (each a `Policy`, prefetch_base.py; registered by policies.py). A policy sees
-the demand stream one (forward, layer) event at a time, in the order the model computes them. Layers are MoE
-positions i = 0..L_moe-1 throughout.
+"""The registered prefetch policies (each a `Policy`, prefetch_base.py; registered by policies.py). A policy
+sees the demand stream one (forward, layer) event at a time, in the order the model computes them. Layers are
+MoE positions i = 0..L_moe-1 throughout.
 
   demand                  LRU eviction, no prefetch (the design the paper argues for)
   last_step               LRU + when layer i starts, make the C most wanted of the target layer's
@@ -15,6 +15,7 @@ positions i = 0..L_moe-1 throughout.
   belady                  evict the expert whose next use is farthest (needs the trace; the miss floor
                           under this cache's rules)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +25,8 @@ from artifact.validate import check_number
 
 
 class DemandPolicy(Policy):
-    """LRU eviction, no prefetch: every miss loads on demand (the paper's design; the base's defaults, named)."""
+    """LRU eviction, no prefetch: every miss loads on demand (the paper's design; the base's defaults,
+    named)."""
 
     name = "demand"
     summary = "LRU, misses load on demand"
@@ -39,7 +41,8 @@ class LastStep(Policy):
 
     def __init__(self, num_layers: int, num_experts: int, lookahead: int = 1):
         super().__init__(num_layers, num_experts)
-        self.lookahead = check_number(f"policy {self.name!r}: lookahead", lookahead, low=1, integer=True)   # MoE layers
+        # MoE layers
+        self.lookahead = check_number(f"policy {self.name!r}: lookahead", lookahead, low=1, integer=True)
         self.last: list[tuple[np.ndarray, np.ndarray] | None] = [None] * num_layers
 
     def predict(self, i, experts, counts, step):
@@ -79,10 +82,14 @@ class CrossLayer(Policy):
             return None
         if self.predicted is None:
             raise ValueError(
-                f"policy 'cross_layer' needs the cross-layer prediction of each demand (Demand.predicted: the "
-                f"next MoE layer's router on this layer's hidden states), and demand {self.position} (MoE layer "
-                f"{i}) has none: run the model with the prediction switched on, or replay a trace that records "
-                "it (trace schema 2)")
+                "policy 'cross_layer' needs the cross-layer prediction of each demand (Demand.predicted: "
+                "the "
+                f"next MoE layer's router on this layer's hidden states), and demand {self.position} (MoE "
+                "layer "
+                f"{i}) has none: run the model with the prediction switched on, or replay a trace that "
+                "records "
+                "it (trace schema 2)"
+            )
         e, c = self.predicted
         return Prediction(i + 1, np.asarray(e, dtype=np.int64), np.asarray(c, dtype=np.int64))
 
@@ -97,7 +104,8 @@ class Oracle(Policy):
     def __init__(self, num_layers: int, num_experts: int, future: TraceFuture, lookahead: int = 1):
         super().__init__(num_layers, num_experts)
         self.future = future
-        self.lookahead = check_number(f"policy {self.name!r}: lookahead", lookahead, low=1, integer=True)   # demands
+        # demands
+        self.lookahead = check_number(f"policy {self.name!r}: lookahead", lookahead, low=1, integer=True)
 
     def observe(self, i, experts, counts, step):
         self.future.check(self.position, i, experts, step)
@@ -123,7 +131,7 @@ class IntervalRefresh(Policy):
 
     def __init__(self, num_layers: int, num_experts: int, tau: int = 4):
         super().__init__(num_layers, num_experts)
-        self.tau = check_number(f"policy {self.name!r}: tau", tau, low=1, integer=True)     # denoising steps
+        self.tau = check_number(f"policy {self.name!r}: tau", tau, low=1, integer=True)  # denoising steps
 
     def refreshing(self, step) -> bool:
         return step.kind == "denoise" and step.block_step % self.tau == 0
@@ -131,7 +139,8 @@ class IntervalRefresh(Policy):
     def keep_order(self, i, experts, counts, hit, step):
         if not self.refreshing(step):
             return self.eviction.keep_order(i, experts, counts, hit, step)
-        return experts[(counts * self.num_experts - experts).argsort(kind="stable")]   # fewest tokens, then higher id
+        # fewest tokens, then higher id
+        return experts[(counts * self.num_experts - experts).argsort(kind="stable")]
 
 
 class Belady(Policy):
@@ -149,13 +158,13 @@ class Belady(Policy):
     def __init__(self, num_layers: int, num_experts: int, future: TraceFuture):
         super().__init__(num_layers, num_experts)
         self.future = future
-        self.never = len(future)                      # "no next use": farther than any stream position
+        self.never = len(future)  # "no next use": farther than any stream position
         self._next = future.next_uses()
         # Eviction key of each expert, set when it is demanded: (never - next use) * E + id, so the
         # lowest key is the farthest next use, ties (never used again) by ascending id.
         self.key = np.zeros((num_layers, num_experts), dtype=np.int64)
         self._key_rows = list(self.key)
-        self._keys_at = (-1, None)                   # (position, keys of that demand's experts)
+        self._keys_at = (-1, None)  # (position, keys of that demand's experts)
 
     def observe(self, i, experts, counts, step):
         self.future.check(self.position, i, experts, step)
@@ -172,7 +181,7 @@ class Belady(Policy):
     def keep_order(self, i, experts, counts, hit, step):
         return experts[self._demand_keys().argsort(kind="stable")]  # farthest next use, then lower id
 
-    def touch(self, i, ordered):                                       # no LRU stamps: keys decide
+    def touch(self, i, ordered):  # no LRU stamps: keys decide
         self._key_rows[i][self.future.experts[self.position]] = self._demand_keys()
 
 

@@ -6,6 +6,7 @@ in policies.py, which also exports `Policy` and `Prediction`: what a policy of y
 (docs/policies.md). Imports nothing from the model or the engine: the same objects serve the live engine and
 the trace simulator (offload/backend/cache.py drives them).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
@@ -22,14 +23,15 @@ class Prediction(NamedTuple):
     """What `Policy.predict` asks the cache to make resident in layer `target`: `experts` ranked most wanted
     first, or, with `counts` (their token counts), ranked by count (most first, then id) by the cache, and
     only when something is to load. A plain (target, experts[, counts]) tuple is read the same way."""
+
     target: int
     experts: np.ndarray
     counts: np.ndarray | None = None
 
 
 class Policy:
-    """The base of every prefetch policy (registered: DemandPolicy, LastStep, ...; itself none): its defaults are LRU
-    eviction and no prefetch. Per-layer state is indexed by the MoE position i.
+    """The base of every prefetch policy (registered: DemandPolicy, LastStep, ...; itself none): its defaults
+    are LRU eviction and no prefetch. Per-layer state is indexed by the MoE position i.
 
     Hooks (override to make a policy):
       observe(i, experts, counts, step)             every demand, before it is planned
@@ -48,22 +50,23 @@ class Policy:
     __init__ with defaults (they become the policy's spec options).
     """
 
-    name = ""                  # the registered name (a spec's); every registered subclass sets its own
-    summary = ""               # one line for the policy list
-    needs_trace = False        # True: built from a recorded run of the same prompts (future knowledge)
-    engine_ok = True           # False: simulator only
-    needs_prediction = False   # True: reads the cross-layer prediction each demand carries (Demand.predicted)
-    conservative = False       # True: a prefetch never evicts a predicted expert (see ExpertCache)
-    owns_eviction = False      # True: decides eviction itself (belady); refuses a spec's `+eviction`
+    name = ""  # the registered name (a spec's); every registered subclass sets its own
+    summary = ""  # one line for the policy list
+    needs_trace = False  # True: built from a recorded run of the same prompts (future knowledge)
+    engine_ok = True  # False: simulator only
+    needs_prediction = False  # True: reads the cross-layer prediction each demand carries (Demand.predicted)
+    conservative = False  # True: a prefetch never evicts a predicted expert (see ExpertCache)
+    owns_eviction = False  # True: decides eviction itself (belady); refuses a spec's `+eviction`
 
     def __init__(self, num_layers: int, num_experts: int):
         self.num_layers, self.num_experts = num_layers, num_experts
-        self.eviction: Eviction = LRU(num_layers, num_experts)   # make_policy puts a spec's `+eviction` here
-        self.position = 0          # index of the current event in the demand stream
-        self.predicted = None      # the current demand's (experts, counts) prediction; set when needs_prediction
+        self.eviction: Eviction = LRU(num_layers, num_experts)  # make_policy puts a spec's `+eviction` here
+        self.position = 0  # index of the current event in the demand stream
+        self.predicted = None  # the current demand's (experts, counts) prediction; set when needs_prediction
 
     def decides(self, hook: str) -> bool:
-        """Whether this policy's class defines the eviction hook `hook` itself (else self.eviction decides)."""
+        """Whether this policy's class defines the eviction hook `hook` itself (else self.eviction
+        decides)."""
         return hasattr(type(self), hook)
 
     def predict(self, i: int, experts: np.ndarray, counts: np.ndarray, step) -> Prediction | None:
@@ -92,8 +95,13 @@ class TraceFuture:
         self.counts = [np.asarray(c, dtype=np.int64) for _, _, _, c in events]
 
     @classmethod
-    def from_arrays(cls, forward: Sequence[int], index: Sequence[int], experts: Sequence[np.ndarray],
-                    counts: Sequence[np.ndarray]) -> "TraceFuture":
+    def from_arrays(
+        cls,
+        forward: Sequence[int],
+        index: Sequence[int],
+        experts: Sequence[np.ndarray],
+        counts: Sequence[np.ndarray],
+    ) -> "TraceFuture":
         f = cls()
         f.forward, f.index, f.experts, f.counts = forward, index, experts, counts
         return f
@@ -107,14 +115,19 @@ class TraceFuture:
 
     def check(self, position: int, i: int, experts: np.ndarray, step) -> None:
         if position >= len(self.index):
-            raise TraceError(f"the run has more demands than the trace ({len(self.index)} events): "
-                               "the trace was recorded on other prompts or decoding settings")
+            raise TraceError(
+                f"the run has more demands than the trace ({len(self.index)} events): "
+                "the trace was recorded on other prompts or decoding settings"
+            )
         te = self.experts[position]
-        if experts is te:                                  # replaying the trace itself
+        if experts is te:  # replaying the trace itself
             return
-        if self.index[position] != i or not np.array_equal(te, experts):   # forward indices restart per batch
-            raise TraceError(f"demand {position} (layer index {i}) differs from the trace's (forward "
-                               f"{self.forward[position]}, layer index {self.index[position]}): not the same run")
+        if self.index[position] != i or not np.array_equal(te, experts):  # forward indices restart per batch
+            raise TraceError(
+                f"demand {position} (layer index {i}) differs from the trace's (forward "
+                f"{self.forward[position]}, layer index {self.index[position]}): not the same "
+                "run"
+            )
 
     def next_uses(self) -> list[np.ndarray]:
         """For each demand, the stream position of each demanded expert's next demand in that layer

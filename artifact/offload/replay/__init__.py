@@ -1,1 +1,2 @@
-"""Routing traces and their replay without the model: exact counts, the demand-paging floor, synthetic streams."""
+"""Routing traces and their replay without the model: exact counts, the demand-paging floor, synthetic
+streams."""

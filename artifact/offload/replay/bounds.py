@@ -8,6 +8,7 @@ What the schedules are, why the greedy is optimal with the streaming slot (Belad
 set demands) and where the two differ: docs/bounds.md. Counts use the keys of `sim.replay`; `by_phase=True`
 splits them into prefill (prefill forwards), first (a denoising block's step 0) and later (its other steps).
 """
+
 from __future__ import annotations
 
 import time
@@ -18,8 +19,15 @@ from artifact.offload.replay.trace import KINDS, Trace
 from artifact.validate import check_number
 
 PHASES = ("prefill", "first", "later")
-COUNTS = ("demand_hits", "demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches",
-          "bytes_h2d", "accesses")
+COUNTS = (
+    "demand_hits",
+    "demand_misses",
+    "speculative_transfers",
+    "prefetch_hits",
+    "wasted_prefetches",
+    "bytes_h2d",
+    "accesses",
+)
 
 
 def phase_of(trace: Trace) -> np.ndarray:
@@ -32,9 +40,9 @@ def next_use(trace: Trace) -> np.ndarray:
     """(M,) for each access (demand n, expert e): the index of the next demand of the same layer that
     asks for e again, or len(trace) when e is never asked for again in that layer."""
     N, M = len(trace), trace.accesses
-    demand = np.repeat(np.arange(N, dtype=np.int64), np.diff(trace.offsets))       # (M,) demand of each access
-    pair = trace.layer.astype(np.int64)[demand] * (1 << 16) + trace.experts               # (M,) (layer, expert)
-    order = np.argsort(pair, kind="stable")        # grouped by (layer, expert); stable keeps stream order
+    demand = np.repeat(np.arange(N, dtype=np.int64), np.diff(trace.offsets))  # (M,) demand of each access
+    pair = trace.layer.astype(np.int64)[demand] * (1 << 16) + trace.experts  # (M,) (layer, expert)
+    order = np.argsort(pair, kind="stable")  # grouped by (layer, expert); stable keeps stream order
     same = pair[order][1:] == pair[order][:-1]
     out = np.full(M, N, dtype=np.int64)
     out[order[:-1]] = np.where(same, demand[order][1:], N)
@@ -47,7 +55,9 @@ def relaxed_min(trace: Trace, capacity: int, expert_bytes: int | None = None, by
     return _greedy(trace, capacity, expert_bytes, by_phase, streaming_slot=True)
 
 
-def min_schedule(trace: Trace, capacity: int, expert_bytes: int | None = None, by_phase: bool = False) -> dict:
+def min_schedule(
+    trace: Trace, capacity: int, expert_bytes: int | None = None, by_phase: bool = False
+) -> dict:
     """Loads of the greedy schedule within exactly `capacity` slots per layer: an upper bound on the C-slot
     optimum, and never below relaxed_min."""
     return _greedy(trace, capacity, expert_bytes, by_phase, streaming_slot=False)
@@ -64,12 +74,12 @@ def _greedy(trace: Trace, capacity, expert_bytes, by_phase: bool, streaming_slot
     o = trace.offsets.astype(np.int64)
     experts = trace.experts.astype(np.int64)
     # Eviction key: next use first, expert id breaks ties, so the schedule is deterministic.
-    key = next_use(trace) * E + experts                                                 # (M,)
+    key = next_use(trace) * E + experts  # (M,)
     index = {layer: i for i, layer in enumerate(trace.meta["moe_layers"])}
     layer_of = [index[int(x)] for x in trace.layer]
-    resident = np.zeros((len(index), E), dtype=bool)          # per layer: which experts hold a slot
-    held = np.zeros(len(index), dtype=np.int64)               # per layer: slots in use
-    state = np.zeros((len(index), E), dtype=np.int64)         # per layer: eviction key of each resident
+    resident = np.zeros((len(index), E), dtype=bool)  # per layer: which experts hold a slot
+    held = np.zeros(len(index), dtype=np.int64)  # per layer: slots in use
+    state = np.zeros((len(index), E), dtype=np.int64)  # per layer: eviction key of each resident
     misses = np.zeros(N, dtype=np.int64)
     for n in range(N):
         i, a, b = layer_of[n], o[n], o[n + 1]
@@ -77,19 +87,19 @@ def _greedy(trace: Trace, capacity, expert_bytes, by_phase: bool, streaming_slot
         hit = res[e]
         m = int(len(e) - hit.sum())
         misses[n] = m
-        state[i, e] = k                                       # computed experts now wait for their next use
+        state[i, e] = k  # computed experts now wait for their next use
         if m == 0:
             continue
-        if held[i] + m <= C:                                  # room for every miss: nothing is evicted
+        if held[i] + m <= C:  # room for every miss: nothing is evicted
             res[e] = True
             held[i] += m
             continue
         miss = e[~hit]
-        pool = np.concatenate([np.flatnonzero(res), miss])    # everyone who held a slot during D
+        pool = np.concatenate([np.flatnonzero(res), miss])  # everyone who held a slot during D
         res[:] = False
         keep = C
         if not streaming_slot:
-            last = miss[np.argmin(k[~hit])]                   # the miss needed soonest, loaded last, stays
+            last = miss[np.argmin(k[~hit])]  # the miss needed soonest, loaded last, stays
             res[last] = True
             pool = pool[pool != last]
             keep = C - 1
@@ -108,4 +118,6 @@ def _greedy(trace: Trace, capacity, expert_bytes, by_phase: bool, streaming_slot
 
 
 def _counts(accesses: int, misses: int, expert_bytes: int) -> dict:
-    return dict(zip(COUNTS, (accesses - misses, misses, 0, 0, 0, misses * expert_bytes, accesses), strict=True))
+    return dict(
+        zip(COUNTS, (accesses - misses, misses, 0, 0, 0, misses * expert_bytes, accesses), strict=True)
+    )

@@ -14,6 +14,7 @@ Formats:
                  uint32 obj_size, int64 next_access_vtime (the request index of the object's next request
                  in this layer's stream, -1 for none), one file per layer
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +26,9 @@ from artifact.offload.replay.sim import build_cache
 from artifact.paths import atomic_write_bytes
 
 FORMATS = ("oracleGeneral", "csv")
-ORACLE_GENERAL = np.dtype([("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"),
-                           ("next_access_vtime", "<i8")])
+ORACLE_GENERAL = np.dtype(
+    [("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"), ("next_access_vtime", "<i8")]
+)
 
 
 def request_streams(trace, policy: str, capacity: int, **settings) -> dict[int, dict[str, np.ndarray]]:
@@ -35,17 +37,21 @@ def request_streams(trace, policy: str, capacity: int, **settings) -> dict[int, 
     cache = build_cache(trace, policy, capacity, **settings)
     parts: dict[int, list] = {layer: [] for layer in trace.meta["moe_layers"]}
     layers = trace.meta["moe_layers"]
-    for n, (i, e, c, s, p) in enumerate(zip(trace.positions, trace.expert_arrays, trace.count_arrays,
-                                             trace.steps, trace.phases)):
+    for n, (i, e, c, s, p) in enumerate(
+        zip(trace.positions, trace.expert_arrays, trace.count_arrays, trace.steps, trace.phases)
+    ):
         plan, _ = cache.plan(i, e, c, s, p)
         parts[layers[i]].append((n, plan.hit_experts, plan.load_experts))
     out = {}
     for layer, rows in parts.items():
         ids = [np.concatenate((h, m)) for _, h, m in rows]
-        out[layer] = {"obj_id": np.concatenate(ids) if ids else np.zeros(0, np.int64),
-                      "time": np.repeat([n for n, _, _ in rows], [len(x) for x in ids]).astype(np.int64),
-                      "hit": np.concatenate([np.r_[np.ones(len(h), bool), np.zeros(len(m), bool)]
-                                             for _, h, m in rows]) if rows else np.zeros(0, bool)}
+        out[layer] = {
+            "obj_id": np.concatenate(ids) if ids else np.zeros(0, np.int64),
+            "time": np.repeat([n for n, _, _ in rows], [len(x) for x in ids]).astype(np.int64),
+            "hit": np.concatenate([np.r_[np.ones(len(h), bool), np.zeros(len(m), bool)] for _, h, m in rows])
+            if rows
+            else np.zeros(0, bool),
+        }
     return out
 
 
@@ -69,8 +75,9 @@ def oracle_general(stream: dict[str, np.ndarray]) -> bytes:
     return rec.tobytes()
 
 
-def export(trace, out_dir: Path, fmt: str, policy: str = "demand", capacity: int | None = None,
-           **settings) -> list[Path]:
+def export(
+    trace, out_dir: Path, fmt: str, policy: str = "demand", capacity: int | None = None, **settings
+) -> list[Path]:
     """Write one file per MoE layer into out_dir (layer<L>.csv or layer<L>.oracleGeneral); returns them."""
     if fmt not in FORMATS:
         raise SettingError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -81,8 +88,9 @@ def export(trace, out_dir: Path, fmt: str, policy: str = "demand", capacity: int
     paths = []
     for layer, s in request_streams(trace, policy, C, **settings).items():
         if fmt == "csv":
-            body = "time,obj_id,layer\n" + "".join(f"{t},{o},{layer}\n" for t, o in zip(s["time"].tolist(),
-                                                                                      s["obj_id"].tolist()))
+            body = "time,obj_id,layer\n" + "".join(
+                f"{t},{o},{layer}\n" for t, o in zip(s["time"].tolist(), s["obj_id"].tolist())
+            )
             data = body.encode()
         else:
             data = oracle_general(s)

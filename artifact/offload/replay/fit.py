@@ -1,12 +1,14 @@
-"""The fit of the synthetic streams' statistics (synth.py) to any trace, so a real LLaDA2 trace's statistics can be
-regenerated.
+"""The fit of the synthetic streams' statistics (synth.py) to any trace, so a real LLaDA2 trace's statistics
+can be regenerated.
 
 `measure` measures the generator's statistics on a trace (moments under synth.py's model): mean W; the depth
 slope from per-layer means; growth and first-step multiple from W relative to its layer's mean, by block step;
 spread from what remains (less the generator's rounding variance); persistence from the mean squared
 step-to-step change of what remains inside blocks; novelty and block-start novelty as the mean share of a
-demand not in the layer's previous demand; prefill as mean prefill W over w. `fit` turns them into SynthParams.
+demand not in the layer's previous demand; prefill as mean prefill W over w. `fit` turns them into
+SynthParams.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,14 +26,14 @@ def sequence_ids(trace: Trace) -> np.ndarray:
     """(N,) which generate call each demand belongs to: a call starts at the first forward, at a prefill
     after a denoising forward, and where the (block, step) of denoising forwards stops increasing."""
     f = trace.forward.astype(np.int64)
-    first = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])                 # (F,) first row of each forward
+    first = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])  # (F,) first row of each forward
     kind, block, step = trace.kind[first], trace.block[first].astype(np.int64), trace.block_step[first]
     start = np.ones(len(first), dtype=bool)
     if len(first) > 1:
         prev_dn, dn = kind[:-1] == DENOISE, kind[1:] == DENOISE
         back = (block[1:] < block[:-1]) | ((block[1:] == block[:-1]) & (step[1:] <= step[:-1]))
         start[1:] = (~dn & prev_dn) | (dn & prev_dn & back)
-    seq = np.cumsum(start) - 1                                           # (F,)
+    seq = np.cumsum(start) - 1  # (F,)
     return seq[np.cumsum(np.r_[True, f[1:] != f[:-1]]) - 1]
 
 
@@ -40,13 +42,13 @@ def measure(trace: Trace) -> dict:
     notes = []
     meta, o = trace.meta, trace.offsets
     E, L = int(meta["num_experts"]), len(meta["moe_layers"])
-    W = np.diff(o).astype(np.float64)                                    # (N,)
+    W = np.diff(o).astype(np.float64)  # (N,)
     dn = trace.kind == DENOISE
     if not dn.any():
         raise TraceError(f"{getattr(trace, 'path', None) or 'trace'}: no denoising demands, nothing to fit")
     top_k = _top_k(meta, notes)
     seq = sequence_ids(trace)
-    pos = np.searchsorted(meta["moe_layers"], trace.layer.astype(np.int64))   # (N,) MoE layer position
+    pos = np.searchsorted(meta["moe_layers"], trace.layer.astype(np.int64))  # (N,) MoE layer position
     step = trace.block_step.astype(np.int64)
     w = float(W[dn].mean())
     blocks, steps_per, S = _blocks_and_steps(trace, seq, step, dn)
@@ -58,22 +60,42 @@ def measure(trace: Trace) -> dict:
     counts_sum = np.add.reduceat(trace.counts.astype(np.int64), o[:-1]) if len(trace) else np.zeros(0)
     tokens = max(1, round(float(np.median(counts_sum[prof.later if prof.later.any() else dn])) / top_k))
     prefills = pf.sum() / max(L, 1) / (seq.max() + 1)
-    return {"layers": L, "experts": E, "top_k": top_k, "tokens": tokens, "blocks": max(1, round(blocks)),
-            "steps": S, "sequences": int(seq.max() + 1),
-            "batch_size": int(meta.get("batch_size") or max(1, round(prefills))), "w": w, "w_spread": prof.spread,
-            "w_depth": depth, "w_growth": prof.growth, "w_first": prof.w_first, "w_persistence": nov.persistence,
-            "novelty": nov.novelty,
-            "block_novelty": nov.block_novelty, "prefill": prefill,
-            "measured": {"w_cv_total": float(W[dn].std() / w), "denoise_demands": int(dn.sum()),
-                         "prefill_demands": int(pf.sum()), "novelty_pairs": int(nov.within.sum()),
-                         "block_start_pairs": int(nov.at_start.sum()),
-                         "steps_per_block_mean": float(np.mean(steps_per)),
-                         "blocks_per_sequence_mean": float(blocks), "notes": notes}}
+    return {
+        "layers": L,
+        "experts": E,
+        "top_k": top_k,
+        "tokens": tokens,
+        "blocks": max(1, round(blocks)),
+        "steps": S,
+        "sequences": int(seq.max() + 1),
+        "batch_size": int(meta.get("batch_size") or max(1, round(prefills))),
+        "w": w,
+        "w_spread": prof.spread,
+        "w_depth": depth,
+        "w_growth": prof.growth,
+        "w_first": prof.w_first,
+        "w_persistence": nov.persistence,
+        "novelty": nov.novelty,
+        "block_novelty": nov.block_novelty,
+        "prefill": prefill,
+        "measured": {
+            "w_cv_total": float(W[dn].std() / w),
+            "denoise_demands": int(dn.sum()),
+            "prefill_demands": int(pf.sum()),
+            "novelty_pairs": int(nov.within.sum()),
+            "block_start_pairs": int(nov.at_start.sum()),
+            "steps_per_block_mean": float(np.mean(steps_per)),
+            "blocks_per_sequence_mean": float(blocks),
+            "notes": notes,
+        },
+    }
 
 
-def _blocks_and_steps(trace: Trace, seq: np.ndarray, step: np.ndarray, dn: np.ndarray) -> tuple[float, list, int]:
+def _blocks_and_steps(
+    trace: Trace, seq: np.ndarray, step: np.ndarray, dn: np.ndarray
+) -> tuple[float, list, int]:
     """Blocks per sequence, the steps of each (sequence, block), and S: their mean, rounded (at least 1)."""
-    blk = np.unique(np.stack([seq[dn], trace.block[dn]]), axis=1)       # (2, blocks)
+    blk = np.unique(np.stack([seq[dn], trace.block[dn]]), axis=1)  # (2, blocks)
     blocks = blk.shape[1] / (seq.max() + 1)
     steps_per = [len(np.unique(step[dn & (seq == q) & (trace.block == b)])) for q, b in blk.T]
     return blocks, steps_per, max(1, round(float(np.mean(steps_per))))
@@ -95,18 +117,20 @@ def _depth_fit(W: np.ndarray, dn: np.ndarray, pos: np.ndarray, L: int) -> tuple[
 @dataclass(frozen=True)
 class _Profile:
     """The step profile's fit (_step_profile) and what the novelty and persistence measures read from it."""
+
     growth: float
     w_first: float
     spread: float
     var: float
-    resid: np.ndarray           # (denoising demands,) W over its fitted profile, less 1
-    rounding: np.ndarray        # (denoising demands,) the generator's rounding variance of each, relative
-    later: np.ndarray           # (N,) denoising demands at block step >= 1
-    first: np.ndarray           # (N,) denoising demands at block step 0
+    resid: np.ndarray  # (denoising demands,) W over its fitted profile, less 1
+    rounding: np.ndarray  # (denoising demands,) the generator's rounding variance of each, relative
+    later: np.ndarray  # (N,) denoising demands at block step >= 1
+    first: np.ndarray  # (N,) denoising demands at block step 0
 
 
-def _step_profile(W: np.ndarray, dn: np.ndarray, step: np.ndarray, S: int, m_of: np.ndarray,
-                  layers_fitted: int) -> _Profile:
+def _step_profile(
+    W: np.ndarray, dn: np.ndarray, step: np.ndarray, S: int, m_of: np.ndarray, layers_fitted: int
+) -> _Profile:
     """Step profile: W relative to its layer's mean, a line over y = s / (S - 1) for s >= 1, then step 0; the
     spread is what remains."""
     ratio = W / m_of
@@ -118,14 +142,14 @@ def _step_profile(W: np.ndarray, dn: np.ndarray, step: np.ndarray, S: int, m_of:
     growth = beta / alpha
     at0 = alpha - beta / 2
     w_first = float(ratio[first].mean() / at0) if first.any() and later.any() else 1.0
-    fit_ratio = (alpha + beta * (y - 0.5)) * np.where(step == 0, w_first, 1.0)      # (N,)
+    fit_ratio = (alpha + beta * (y - 0.5)) * np.where(step == 0, w_first, 1.0)  # (N,)
     resid = ratio[dn] / fit_ratio[dn] - 1
     # The residuals lost one degree of freedom per fitted number (layer means, the step line, w_first).
     fitted = layers_fitted + (2 if beta else 1) + (1 if first.any() and later.any() else 0)
     dof = max(int(dn.sum()) - fitted, 1)
     # Stochastic rounding adds variance frac (1 - frac), 1/6 on average, to each W: not part of the spread.
     rounding = 1 / (6 * (m_of[dn] * fit_ratio[dn]) ** 2)
-    var = float(np.sum(resid ** 2) / dof - np.mean(rounding))
+    var = float(np.sum(resid**2) / dof - np.mean(rounding))
     return _Profile(growth, w_first, math.sqrt(max(var, 0.0)), var, resid, rounding, later, first)
 
 
@@ -134,13 +158,15 @@ class _Novelty:
     novelty: float
     block_novelty: float
     persistence: float
-    within: np.ndarray          # (N,) denoising demands whose previous demand is the step before, in the block
-    at_start: np.ndarray        # (N,) denoising demands at a block start with an earlier demand
+    within: np.ndarray  # (N,) denoising demands whose previous demand is the step before, in the block
+    at_start: np.ndarray  # (N,) denoising demands at a block start with an earlier demand
 
 
-def _novelty_stats(trace: Trace, seq: np.ndarray, step: np.ndarray, dn: np.ndarray, E: int, prof: _Profile,
-             notes: list) -> _Novelty:
-    """Novelty: share of a demand not in its layer's previous demand of the same sequence, inside blocks and at
+def _novelty_stats(
+    trace: Trace, seq: np.ndarray, step: np.ndarray, dn: np.ndarray, E: int, prof: _Profile, notes: list
+) -> _Novelty:
+    """Novelty: share of a demand not in its layer's previous demand of the same sequence, inside blocks and
+    at
     block starts; persistence of the profile's residuals from step to step inside blocks."""
     prev_idx = _previous(trace, seq)
     new_share = _new_share(trace, prev_idx, E)
@@ -152,7 +178,8 @@ def _novelty_stats(trace: Trace, seq: np.ndarray, step: np.ndarray, dn: np.ndarr
     within = dn & has & (step >= 1) & (prev_kind == DENOISE) & (prev_step == step - 1)
     at_start = dn & has & (step == 0)
     novelty = float(new_share[within].mean()) if within.any() else 0.0
-    # Persistence from the step-to-step differences of the residuals, E (e(s) - e(s-1))^2 = 2 sigma^2 (1 - rho)
+    # Persistence from the step-to-step differences of the residuals, E (e(s) - e(s-1))^2 = 2 sigma^2 (1 -
+    # rho)
     # plus both steps' rounding variance: differences are blind to the layer means the profile fitted (a
     # lag-1 covariance would lose their variance, biasing rho low by about var(mean z of a layer)).
     res_all, rnd = np.full(len(trace), np.nan), np.full(len(trace), np.nan)
@@ -199,7 +226,9 @@ def _previous(trace: Trace, seq: np.ndarray) -> np.ndarray:
     """(N,) index of the same layer's previous demand in the same sequence, -1 if none."""
     n = np.arange(len(trace))
     order = np.lexsort((n, trace.layer, seq))
-    same = np.r_[False, (trace.layer[order][1:] == trace.layer[order][:-1]) & (seq[order][1:] == seq[order][:-1])]
+    same = np.r_[
+        False, (trace.layer[order][1:] == trace.layer[order][:-1]) & (seq[order][1:] == seq[order][:-1])
+    ]
     out = np.full(len(trace), -1, dtype=np.int64)
     out[order[same]] = order[np.flatnonzero(same) - 1]
     return out
@@ -208,10 +237,10 @@ def _previous(trace: Trace, seq: np.ndarray) -> np.ndarray:
 def _new_share(trace: Trace, prev: np.ndarray, E: int) -> np.ndarray:
     """(N,) share of each demand's experts not in the demand `prev` points to (nan where prev is -1)."""
     lengths = np.diff(trace.offsets)
-    demand = np.repeat(np.arange(len(trace)), lengths)                    # (M,)
+    demand = np.repeat(np.arange(len(trace)), lengths)  # (M,)
     experts = trace.experts.astype(np.int64)
-    own = demand * E + experts                                            # (M,) sorted: experts ascend per demand
-    ask = prev[demand] * E + experts                                      # the same expert in the previous demand
+    own = demand * E + experts  # (M,) sorted: experts ascend per demand
+    ask = prev[demand] * E + experts  # the same expert in the previous demand
     at = np.clip(np.searchsorted(own, ask), 0, len(own) - 1)
     inside = (prev[demand] >= 0) & (own[at] == ask)
     shared = np.bincount(demand, weights=inside, minlength=len(trace))

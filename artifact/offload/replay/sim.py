@@ -19,6 +19,7 @@ Every count is also kept per phase (`by_phase=True`): prefill (prefill forwards)
 block's step 0) and later (its other steps); the phases add up to the totals. So every count has two
 counting bases (BASES): all demands (`included`: the totals) and denoising steps only (`excluded`: the
 totals less the prefill phase, `denoising_only`); `by_basis` pools a sweep's counts on both."""
+
 from __future__ import annotations
 
 import time
@@ -31,8 +32,23 @@ from artifact.offload.policy.policies import make_policy, parse_policy
 from artifact.offload.replay.bounds import relaxed_min
 from artifact.offload.replay.trace import Trace, mean_working_set
 
-__all__ = ["BASES", "BOUNDS", "COUNTS", "DENOISING_ONLY", "PHASES", "WITH_PREFILL", "build_cache", "by_basis",
-           "capacity_for", "check_spec", "denoising_only", "phase_columns", "replay", "ruling_basis", "sweep"]
+__all__ = [
+    "BASES",
+    "BOUNDS",
+    "COUNTS",
+    "DENOISING_ONLY",
+    "PHASES",
+    "WITH_PREFILL",
+    "build_cache",
+    "by_basis",
+    "capacity_for",
+    "check_spec",
+    "denoising_only",
+    "phase_columns",
+    "replay",
+    "ruling_basis",
+    "sweep",
+]
 
 # The two counting bases of a count, by what happens to the prefill phase: included (all demands) or
 # excluded (denoising steps only: the first and later phases). The paper's oracle figure counts decode steps.
@@ -64,18 +80,24 @@ def build_cache(trace: Trace, policy: str, capacity: int, expert_bytes: int = 1,
     layers, E = meta["moe_layers"], meta["num_experts"]
     cls, _ = parse_policy(policy)
     future = trace.future() if cls.needs_trace else None
-    if cls.needs_prediction:                        # reads Demand.predicted (cross_layer)
+    if cls.needs_prediction:  # reads Demand.predicted (cross_layer)
         trace.require_predictions(f"policy {policy!r}")
     pol = make_policy(policy, len(layers), E, future=future, **settings)
     return ExpertCache(layers, E, capacity, pol, expert_bytes)
 
 
-def replay(trace: Trace, policy: str, capacity: int, expert_bytes: int | None = None, by_phase: bool = False,
-           **settings) -> dict:
+def replay(
+    trace: Trace,
+    policy: str,
+    capacity: int,
+    expert_bytes: int | None = None,
+    by_phase: bool = False,
+    **settings,
+) -> dict:
     """Counts of one policy (spec), or of the bound `min`, at one capacity over the whole trace; with
     by_phase, also {"by_phase": {"prefill": {...}, "first": {...}, "later": {...}}} (the count keys and
     accesses), whose phases add up to the totals."""
-    if isinstance(policy, str) and policy.strip() in BOUNDS:      # a bound: no cache, no policy settings
+    if isinstance(policy, str) and policy.strip() in BOUNDS:  # a bound: no cache, no policy settings
         out = BOUNDS[policy.strip()](trace, capacity, expert_bytes, by_phase=by_phase)
         out.setdefault("accesses", trace.accesses)
         return out
@@ -86,45 +108,64 @@ def replay(trace: Trace, policy: str, capacity: int, expert_bytes: int | None = 
     cache = build_cache(trace, policy, capacity, expert_bytes, **settings)
     predicted = trace.predicted
     if cache.policy.needs_prediction and predicted is None:
-        raise TraceError(f"policy {policy!r} needs the cross-layer prediction of each demand, and trace "
-                         f"{trace.path or '(in memory)'} does not record it (schema {trace.meta.get('schema', 1)}): "
-                         "record the trace with the prediction switched on (trace schema 2)")
+        raise TraceError(
+            f"policy {policy!r} needs the cross-layer prediction of each demand, and trace "
+            f"{trace.path or '(in memory)'} does not record it (schema "
+            f"{trace.meta.get('schema', 1)}): "
+            "record the trace with the prediction switched on (trace schema 2)"
+        )
     plan = cache.plan
     if predicted is None:
-        for i, e, c, s, p in zip(trace.positions, trace.expert_arrays, trace.count_arrays, trace.steps,
-                                 trace.phases):
+        for i, e, c, s, p in zip(
+            trace.positions, trace.expert_arrays, trace.count_arrays, trace.steps, trace.phases
+        ):
             plan(i, e, c, s, p)
     else:
-        for i, e, c, s, p, q in zip(trace.positions, trace.expert_arrays, trace.count_arrays, trace.steps,
-                                    trace.phases, predicted):
+        for i, e, c, s, p, q in zip(
+            trace.positions, trace.expert_arrays, trace.count_arrays, trace.steps, trace.phases, predicted
+        ):
             plan(i, e, c, s, p, q)
     counts = cache.finish()
     out = counts.as_dict()
     if by_phase:
         out["by_phase"] = counts.by_phase()
-        for phase in out["by_phase"].values():      # every demanded expert is a hit or a miss
+        for phase in out["by_phase"].values():  # every demanded expert is a hit or a miss
             phase["accesses"] = phase["demand_hits"] + phase["demand_misses"]
     out["replay_seconds"] = time.perf_counter() - t0
     out["accesses"] = trace.accesses
     return out
 
 
-def sweep(traces: Iterable[Trace], ratios: Iterable[float], policies: Iterable[str], progress: bool = False,
-          by_phase: bool = False, **settings):
+def sweep(
+    traces: Iterable[Trace],
+    ratios: Iterable[float],
+    policies: Iterable[str],
+    progress: bool = False,
+    by_phase: bool = False,
+    **settings,
+):
     """Every (trace, C/W, policy spec or bound) replayed; a DataFrame with one row each, W measured per
     trace. With by_phase, each row also holds a `by_phase` dict (see replay; phase_columns flattens it)."""
     import pandas as pd
     from tqdm.auto import tqdm
+
     traces, ratios, policies = list(traces), list(ratios), list(policies)
     for p in policies:
-        check_spec(p)                        # every spec checked before any replay
+        check_spec(p)  # every spec checked before any replay
     rows = []
     jobs = [(t, r, p) for t in traces for r in ratios for p in policies]
     for t, r, p in tqdm(jobs, desc="replay", disable=not progress):
         W = mean_working_set(t)
         C = capacity_for(r, W, t.meta["num_experts"])
-        row = {"task": t.meta.get("task"), "batch_size": t.meta.get("batch_size"), "trace": str(t.path or ""),
-               "policy": p, "cache_ratio": r, "working_set": W, "cache_experts": C}
+        row = {
+            "task": t.meta.get("task"),
+            "batch_size": t.meta.get("batch_size"),
+            "trace": str(t.path or ""),
+            "policy": p,
+            "cache_ratio": r,
+            "working_set": W,
+            "cache_experts": C,
+        }
         row.update(replay(t, p, C, by_phase=by_phase, **settings))
         rows.append(row)
     df = pd.DataFrame(rows)
@@ -133,17 +174,27 @@ def sweep(traces: Iterable[Trace], ratios: Iterable[float], policies: Iterable[s
     return df
 
 
-def replay_capacities(traces: Iterable[Trace], capacities: Iterable[int], policies: Iterable[str], **settings):
+def replay_capacities(
+    traces: Iterable[Trace], capacities: Iterable[int], policies: Iterable[str], **settings
+):
     """Like sweep, at absolute capacities C instead of ratios C/W (cache_ratio = C / W per trace), so an
     engine run at --cache-experts C can be replayed by hand."""
     import pandas as pd
+
     rows = []
     for t in traces:
         W = mean_working_set(t)
         for C in capacities:
             for p in policies:
-                row = {"task": t.meta.get("task"), "batch_size": t.meta.get("batch_size"), "trace": str(t.path or ""),
-                       "policy": p, "cache_ratio": C / W, "working_set": W, "cache_experts": C}
+                row = {
+                    "task": t.meta.get("task"),
+                    "batch_size": t.meta.get("batch_size"),
+                    "trace": str(t.path or ""),
+                    "policy": p,
+                    "cache_ratio": C / W,
+                    "working_set": W,
+                    "cache_experts": C,
+                }
                 row.update(replay(t, p, C, **settings))
                 rows.append(row)
     df = pd.DataFrame(rows)
@@ -191,6 +242,7 @@ def by_basis(df, keys, counts):
     relative to LRU's at the same keys and basis (relative_to_lru). The `excluded` rows (denoising steps only)
     need the per-phase columns (sweep(by_phase=True), then phase_columns); without them only `included`."""
     import pandas as pd
+
     keys, counts = list(keys), list(counts)
     parts = []
     for basis in BASES:

@@ -10,6 +10,7 @@ File format: safetensors (no pickle), flat int arrays plus JSON metadata:
 Metadata: schema version, model config hash, model name, task, prompt ids, batch size, decoding
 parameters, MoE layer list, number of experts.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,11 +27,11 @@ from artifact.offload.policy.policies import TraceFuture
 from artifact.paths import atomic_write_bytes
 
 SCHEMA = 2
-READS = ("1", "2")          # schema 1: no prediction arrays; it loads with no predictions
+READS = ("1", "2")  # schema 1: no prediction arrays; it loads with no predictions
 FORMAT = "artifact-routing-trace"
 KINDS = ("prefill", "denoise")
 ARRAYS = ("forward", "layer", "block", "block_step", "kind", "offsets", "experts", "counts")
-PRED_ARRAYS = ("pred_offsets", "pred_experts", "pred_counts")     # schema 2, optional
+PRED_ARRAYS = ("pred_offsets", "pred_experts", "pred_counts")  # schema 2, optional
 
 
 class TraceRecorder:
@@ -46,7 +47,7 @@ class TraceRecorder:
         self._last = -1
 
     def __call__(self, d: Demand) -> None:
-        if d.step.forward + self._base < self._last:     # a new generate call restarted at forward 0
+        if d.step.forward + self._base < self._last:  # a new generate call restarted at forward 0
             self._base = self._last + 1
         f = d.step.forward + self._base
         self._last = f
@@ -62,17 +63,23 @@ class TraceRecorder:
         if any(p is not None for p in self.predicted):
             preds = [p or ((), ()) for p in self.predicted]
             plen = np.array([len(e) for e, _ in preds], dtype=np.int64)
-            pred = dict(pred_offsets=np.concatenate([[0], np.cumsum(plen)]).astype(np.int64),
-                        pred_experts=np.fromiter((x for e, _ in preds for x in e), dtype=np.int16),
-                        pred_counts=np.fromiter((x for _, c in preds for x in c), dtype=np.int32))
+            pred = dict(
+                pred_offsets=np.concatenate([[0], np.cumsum(plen)]).astype(np.int64),
+                pred_experts=np.fromiter((x for e, _ in preds for x in e), dtype=np.int16),
+                pred_counts=np.fromiter((x for _, c in preds for x in c), dtype=np.int32),
+            )
         return Trace(
             meta=dict(meta),
-            forward=rows[:, 0].astype(np.int32), layer=rows[:, 1].astype(np.int16),
-            block=rows[:, 2].astype(np.int32), block_step=rows[:, 3].astype(np.int32),
+            forward=rows[:, 0].astype(np.int32),
+            layer=rows[:, 1].astype(np.int16),
+            block=rows[:, 2].astype(np.int32),
+            block_step=rows[:, 3].astype(np.int32),
             kind=rows[:, 4].astype(np.uint8),
             offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             experts=np.fromiter((x for e in self.experts for x in e), dtype=np.int16),
-            counts=np.fromiter((x for c in self.counts for x in c), dtype=np.int32), **pred)
+            counts=np.fromiter((x for c in self.counts for x in c), dtype=np.int32),
+            **pred,
+        )
 
 
 @dataclass(eq=False)
@@ -87,7 +94,7 @@ class Trace:
     experts: np.ndarray
     counts: np.ndarray
     path: Path | None = field(default=None, compare=False)
-    pred_offsets: np.ndarray | None = None      # cross-layer predictions (schema 2), None if not recorded
+    pred_offsets: np.ndarray | None = None  # cross-layer predictions (schema 2), None if not recorded
     pred_experts: np.ndarray | None = None
     pred_counts: np.ndarray | None = None
 
@@ -96,11 +103,15 @@ class Trace:
         return self.pred_offsets is not None
 
     def require_predictions(self, who: str) -> None:
-        """For a consumer of Demand.predicted (the cross_layer policy): a clear error when they are missing."""
+        """For a consumer of Demand.predicted (the cross_layer policy): a clear error when they are
+        missing."""
         if not self.has_predictions:
-            raise TraceError(f"{self.path or 'trace'}: {who} needs the cross-layer predictions (Demand.predicted), "
-                             "and this trace has none (a schema-1 trace, or a run that did not predict); "
-                             "re-record it with `python -m artifact trace`, which records them (schema 2)")
+            raise TraceError(
+                f"{self.path or 'trace'}: {who} needs the cross-layer predictions "
+                "(Demand.predicted), "
+                "and this trace has none (a schema-1 trace, or a run that did not predict); "
+                "re-record it with `python -m artifact trace`, which records them (schema 2)"
+            )
 
     @cached_property
     def predicted(self) -> list | None:
@@ -131,7 +142,8 @@ class Trace:
 
     @cached_property
     def phases(self) -> list[int]:
-        """Phase of each demand: 0 prefill, 1 first denoising step of a block round, 2 later (plans.PHASES)."""
+        """Phase of each demand: 0 prefill, 1 first denoising step of a block round, 2 later
+        (plans.PHASES)."""
         return np.where(self.kind == KINDS.index("prefill"), 0, np.where(self.block_step == 0, 1, 2)).tolist()
 
     @cached_property
@@ -160,13 +172,22 @@ class Trace:
         """The stream as the model emitted it (forward indices run on across batches), as Demand objects.
         For the engine-facing view and tests; the simulator reads the arrays above."""
         pred = self.predicted or [None] * len(self)
-        return [Demand(s, int(layer), tuple(e.tolist()), tuple(c.tolist()),
-                       None if q is None else (tuple(q[0].tolist()), tuple(q[1].tolist())))
-                for s, layer, e, c, q in zip(self.steps, self.layer, self.expert_arrays, self.count_arrays, pred)]
+        return [
+            Demand(
+                s,
+                int(layer),
+                tuple(e.tolist()),
+                tuple(c.tolist()),
+                None if q is None else (tuple(q[0].tolist()), tuple(q[1].tolist())),
+            )
+            for s, layer, e, c, q in zip(self.steps, self.layer, self.expert_arrays, self.count_arrays, pred)
+        ]
 
     def future(self) -> TraceFuture:
         """Future knowledge for the oracle and Belady over this trace's arrays (no copy)."""
-        return TraceFuture.from_arrays(self.forward.tolist(), self.positions, self.expert_arrays, self.count_arrays)
+        return TraceFuture.from_arrays(
+            self.forward.tolist(), self.positions, self.expert_arrays, self.count_arrays
+        )
 
     def equal_routing(self, other: "Trace") -> bool:
         return all(np.array_equal(getattr(self, a), getattr(other, a)) for a in ARRAYS)
@@ -174,6 +195,7 @@ class Trace:
     # --- file ---------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         from safetensors.numpy import save
+
         meta = {"format": FORMAT, "schema": str(SCHEMA), "meta": json.dumps(self.meta, sort_keys=True)}
         names = ARRAYS + (PRED_ARRAYS if self.has_predictions else ())
         data = save({a: np.ascontiguousarray(getattr(self, a)) for a in names}, metadata=meta)
@@ -183,6 +205,7 @@ class Trace:
     def load(cls, path: str | Path, expect_config_hash: str | None = None) -> "Trace":
         from safetensors import SafetensorError
         from safetensors.numpy import load
+
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: trace file not found")
@@ -191,19 +214,27 @@ class Trace:
             arrays = load(raw)
             header = _header(raw)
         except (SafetensorError, ValueError, OSError) as e:
-            raise TraceError(f"{path}: not a readable trace file (corrupt or truncated safetensors: {e})") from None
+            raise TraceError(
+                f"{path}: not a readable trace file (corrupt or truncated safetensors: {e})"
+            ) from None
         if header.get("format") != FORMAT:
-            raise TraceError(f"{path}: not a routing trace (format {header.get('format')!r}, expected {FORMAT!r})")
+            raise TraceError(
+                f"{path}: not a routing trace (format {header.get('format')!r}, expected {FORMAT!r})"
+            )
         if header.get("schema") not in READS:
-            raise TraceError(f"{path}: trace schema {header.get('schema')!r}, this code reads schemas "
-                             f"{', '.join(READS)}; re-record it with `python -m artifact trace`")
+            raise TraceError(
+                f"{path}: trace schema {header.get('schema')!r}, this code reads schemas "
+                f"{', '.join(READS)}; re-record it with `python -m artifact trace`"
+            )
         missing = [a for a in ARRAYS if a not in arrays]
         if missing:
             raise TraceError(f"{path}: trace lacks arrays {missing}")
         present = [a for a in PRED_ARRAYS if a in arrays]
         if present and (header["schema"] == "1" or len(present) != len(PRED_ARRAYS)):
-            raise TraceError(f"{path}: prediction arrays {present} in a schema-{header['schema']} trace; "
-                             f"expected all of {list(PRED_ARRAYS)} in a schema-2 trace, or none")
+            raise TraceError(
+                f"{path}: prediction arrays {present} in a schema-{header['schema']} trace; "
+                f"expected all of {list(PRED_ARRAYS)} in a schema-2 trace, or none"
+            )
         try:
             meta = json.loads(header["meta"])
         except KeyError:
@@ -215,22 +246,31 @@ class Trace:
         t = cls(meta=meta, path=path, **{a: arrays[a] for a in ARRAYS + tuple(present)})
         t.validate(str(path))
         if expect_config_hash is not None and meta.get("config_hash") != expect_config_hash:
-            raise TraceError(f"{path}: trace was recorded on model {meta.get('model')!r} (config hash "
-                             f"{meta.get('config_hash')}), not on this model (config hash {expect_config_hash})")
+            raise TraceError(
+                f"{path}: trace was recorded on model {meta.get('model')!r} (config hash "
+                f"{meta.get('config_hash')}), not on this model (config hash "
+                f"{expect_config_hash})"
+            )
         return t
 
     def validate(self, where: str = "trace") -> None:
         bad = {a: str(getattr(self, a).dtype) for a in ARRAYS if getattr(self, a).dtype.kind not in "iu"}
         if bad:
-            raise TraceError(f"{where}: arrays hold {bad}, expected integers (expert ids, layers, steps, counts "
-                             "and offsets are whole numbers)")
+            raise TraceError(
+                f"{where}: arrays hold {bad}, expected integers (expert ids, layers, steps, "
+                "counts "
+                "and offsets are whole numbers)"
+            )
         flat = [a for a in ARRAYS if getattr(self, a).ndim != 1]
         if flat:
             raise TraceError(f"{where}: arrays {flat} are not one-dimensional")
         E, layers = self.meta.get("num_experts"), self.meta.get("moe_layers")
         if not _is_int(E) or not isinstance(layers, list) or not all(_is_int(x) for x in layers):
-            raise TraceError(f"{where}: metadata needs num_experts (an integer) and moe_layers (a list of integers), "
-                             f"got {E!r} and {layers!r}")
+            raise TraceError(
+                f"{where}: metadata needs num_experts (an integer) and moe_layers (a list of "
+                "integers), "
+                f"got {E!r} and {layers!r}"
+            )
         n = len(self.forward)
         for a in ("layer", "block", "block_step", "kind"):
             if len(getattr(self, a)) != n:
@@ -243,16 +283,26 @@ class Trace:
         if len(self.experts) and (self.experts.min() < 0 or self.experts.max() >= E):
             raise TraceError(f"{where}: expert ids outside [0, {E})")
         if not set(np.unique(self.layer).tolist()) <= set(self.meta["moe_layers"]):
-            raise TraceError(f"{where}: layers {sorted(set(self.layer.tolist()))} are not MoE layers "
-                             f"{self.meta['moe_layers']}")
+            raise TraceError(
+                f"{where}: layers {sorted(set(self.layer.tolist()))} are not MoE layers "
+                f"{self.meta['moe_layers']}"
+            )
         if (self.counts <= 0).any() or (self.kind >= len(KINDS)).any():
             raise TraceError(f"{where}: non-positive token counts or unknown event kinds")
         if self.has_predictions:
             po, pe, pc = self.pred_offsets, self.pred_experts, self.pred_counts
-            if len(po) != n + 1 or po[0] != 0 or po[-1] != len(pe) or (np.diff(po) < 0).any() or len(pc) != len(pe):
+            if (
+                len(po) != n + 1
+                or po[0] != 0
+                or po[-1] != len(pe)
+                or (np.diff(po) < 0).any()
+                or len(pc) != len(pe)
+            ):
                 raise TraceError(f"{where}: pred_offsets do not index the pred_experts / pred_counts arrays")
             if len(pe) and (pe.min() < 0 or pe.max() >= E or (pc <= 0).any()):
-                raise TraceError(f"{where}: predicted expert ids outside [0, {E}) or non-positive predicted counts")
+                raise TraceError(
+                    f"{where}: predicted expert ids outside [0, {E}) or non-positive predicted counts"
+                )
 
 
 def _is_int(x) -> bool:
@@ -261,7 +311,7 @@ def _is_int(x) -> bool:
 
 def _header(raw: bytes) -> dict:
     n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n]).get("__metadata__") or {}
+    header = json.loads(raw[8 : 8 + n]).get("__metadata__") or {}
     if not isinstance(header, dict):
         raise ValueError("__metadata__ is not a JSON object")
     return header
@@ -274,9 +324,18 @@ def working_sets(trace: Trace, denoise_only: bool = True):
     """One row per (forward, layer): W = distinct experts demanded, and the demand's phase (PHASES).
     A pandas DataFrame."""
     import pandas as pd
-    df = pd.DataFrame({"forward": trace.forward, "layer": trace.layer, "block": trace.block,
-                       "block_step": trace.block_step, "kind": [KINDS[k] for k in trace.kind],
-                       "phase": [PHASES[p] for p in trace.phases], "working_set": np.diff(trace.offsets)})
+
+    df = pd.DataFrame(
+        {
+            "forward": trace.forward,
+            "layer": trace.layer,
+            "block": trace.block,
+            "block_step": trace.block_step,
+            "kind": [KINDS[k] for k in trace.kind],
+            "phase": [PHASES[p] for p in trace.phases],
+            "working_set": np.diff(trace.offsets),
+        }
+    )
     return df[df.kind == "denoise"].reset_index(drop=True) if denoise_only else df
 
 
@@ -301,17 +360,26 @@ def step_similarity(trace: Trace):
     """Jaccard similarity of D(t, l) and D(t-1, l) for consecutive denoising steps of the same block
     round, one row per (forward, layer), with the share of D(t, l) already in D(t-1, l)."""
     import pandas as pd
+
     o, rows = trace.offsets, []
     prev: dict[int, tuple[int, int, set]] = {}
     for n in range(len(trace)):
         if trace.kind[n] != 1:
             continue
         layer, block, step = int(trace.layer[n]), int(trace.block[n]), int(trace.block_step[n])
-        cur = set(trace.experts[o[n]:o[n + 1]].tolist())
+        cur = set(trace.experts[o[n] : o[n + 1]].tolist())
         p = prev.get(layer)
         if p is not None and p[0] == block and p[1] == step - 1:
             inter = len(cur & p[2])
-            rows.append({"forward": int(trace.forward[n]), "layer": layer, "block": block, "block_step": step,
-                         "jaccard": inter / len(cur | p[2]), "reuse": inter / len(cur)})
+            rows.append(
+                {
+                    "forward": int(trace.forward[n]),
+                    "layer": layer,
+                    "block": block,
+                    "block_step": step,
+                    "jaccard": inter / len(cur | p[2]),
+                    "reuse": inter / len(cur),
+                }
+            )
         prev[layer] = (block, step, cur)
     return pd.DataFrame(rows, columns=["forward", "layer", "block", "block_step", "jaccard", "reuse"])

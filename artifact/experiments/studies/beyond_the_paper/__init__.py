@@ -10,9 +10,10 @@ throughput runs demand against the predictors under each link priority, one benc
 
 The study's three parts: misses.py (the exact replay, its counts and the count claims (2)), throughput.py (the
 paired bench under both link priorities and the priority claim (1)) and findings.py (both parts' numbers, the
-verdicts and the figure); notebook 06 and the stored-run machinery (replication.TIMED_STUDIES) read them as one
-module, `beyond_the_paper.X`.
+verdicts and the figure); notebook 06 and the stored-run machinery (replication.TIMED_STUDIES) read them as
+one module, `beyond_the_paper.X`.
 """
+
 from artifact.experiments.studies.beyond_the_paper.findings import (  # noqa: F401
     STYLE,
     Numbers,

@@ -1,8 +1,10 @@
-"""06 beyond the paper, the exact part: every predictor's traces replayed exactly against the miss floors belady
-(this cache's rules) and min (relaxed MIN, any demand-paging schedule), each count per phase; their summary, the
-counts of each counting basis, and the count claims (2a, 2b and the conservative predictor's), ruled on the
-denoising steps (prefill excluded) with all demands printed beside where that basis would give another verdict
+"""06 beyond the paper, the exact part: every predictor's traces replayed exactly against the miss floors
+belady (this cache's rules) and min (relaxed MIN, any demand-paging schedule), each count per phase; their
+summary, the counts of each counting basis, and the count claims (2a, 2b and the conservative predictor's),
+ruled on the denoising steps (prefill excluded) with all demands printed beside where that basis would give
+another verdict
 (claims.on_bases)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,9 +20,16 @@ from artifact.offload.replay.sim import by_basis, phase_columns, ruling_basis, s
 
 OWN = "not a claim of the paper: this artifact's own result"
 
-# Miss accounting: every predictor, then the floors. "min" is bounds.relaxed_min, a bound the simulator replays.
-PREDICTORS = ("last_step", "last_step:lookahead=2", "last_step_conservative", "last_step_conservative:lookahead=2",
-              "cross_layer", "oracle")
+# Miss accounting: every predictor, then the floors. "min" is bounds.relaxed_min, a bound the simulator
+# replays.
+PREDICTORS = (
+    "last_step",
+    "last_step:lookahead=2",
+    "last_step_conservative",
+    "last_step_conservative:lookahead=2",
+    "cross_layer",
+    "oracle",
+)
 MISS_POLICIES = ("demand",) + PREDICTORS + ("belady",)
 MIN = "min"
 BOUNDS = ("belady", MIN)
@@ -28,12 +37,20 @@ SUMMED = ("demand_misses", "speculative_transfers", "prefetch_hits", "wasted_pre
 
 
 def miss_sweep(ts, P: Settings, progress: bool = True) -> pd.DataFrame:
-    """Every trace x C/W x policy and the relaxed-MIN floor 'min' replayed (sim.sweep, exact counts), each count
+    """Every trace x C/W x policy and the relaxed-MIN floor 'min' replayed (sim.sweep, exact counts), each
+    count
     also per phase (<count>_<phase> columns, sim.phase_columns), so that both counting bases can be pooled."""
-    df = sweep(ts, P.cache_ratios, MISS_POLICIES + (MIN,), progress=progress, by_phase=True, lookahead=P.lookahead,
-               tau=P.tau)
+    df = sweep(
+        ts,
+        P.cache_ratios,
+        MISS_POLICIES + (MIN,),
+        progress=progress,
+        by_phase=True,
+        lookahead=P.lookahead,
+        tau=P.tau,
+    )
     df = phase_columns(df)
-    df["trace"] = [Path(p).name for p in df.trace]          # no machine paths in saved data
+    df["trace"] = [Path(p).name for p in df.trace]  # no machine paths in saved data
     return df.drop(columns=["replay_seconds", "misses_vs_lru"], errors="ignore")
 
 
@@ -44,7 +61,9 @@ def miss_summary(sweep_df) -> pd.DataFrame:
     (`of_oracle`) on the same basis."""
     g = by_basis(sweep_df, ["cache_ratio"], SUMMED)
     oracle = g[g.policy == "oracle"].set_index(["prefill", "cache_ratio"]).misses_removed
-    oracle_removed = pd.Series([oracle.get(k, float("nan")) for k in zip(g.prefill, g.cache_ratio)], index=g.index)
+    oracle_removed = pd.Series(
+        [oracle.get(k, float("nan")) for k in zip(g.prefill, g.cache_ratio)], index=g.index
+    )
     g["of_oracle"] = g.misses_removed / oracle_removed.where(oracle_removed > 0)
     return g
 
@@ -52,15 +71,20 @@ def miss_summary(sweep_df) -> pd.DataFrame:
 @dataclass(frozen=True)
 class Counts:
     """The exact counts of one counting basis (sim.BASES)."""
-    conservative_is_lru: bool        # last_step_conservative: no transfer, demand's misses, at every C/W
-    removed: dict                    # policy -> {C/W: misses removed beyond LRU / LRU's misses}
-    of_oracle: dict                  # policy -> {C/W: share of the oracle's removed misses}
+
+    conservative_is_lru: bool  # last_step_conservative: no transfer, demand's misses, at every C/W
+    removed: dict  # policy -> {C/W: misses removed beyond LRU / LRU's misses}
+    of_oracle: dict  # policy -> {C/W: share of the oracle's removed misses}
 
 
 def counts(summary) -> Counts:
     cons = summary[summary.policy.str.startswith("last_step_conservative")]
-    is_lru = bool(len(cons)) and bool((cons.speculative_transfers == 0).all() and (cons.misses_vs_lru == 1).all())
-    removed = {p: dict(zip(g.cache_ratio, g.misses_removed / g.lru_misses)) for p, g in summary.groupby("policy")}
+    is_lru = bool(len(cons)) and bool(
+        (cons.speculative_transfers == 0).all() and (cons.misses_vs_lru == 1).all()
+    )
+    removed = {
+        p: dict(zip(g.cache_ratio, g.misses_removed / g.lru_misses)) for p, g in summary.groupby("policy")
+    }
     of_or = {p: dict(zip(g.cache_ratio, g.of_oracle)) for p, g in summary.groupby("policy")}
     return Counts(is_lru, removed, of_or)
 
@@ -94,8 +118,11 @@ def headroom_claim(bases: dict[str, Counts], basis: str) -> Claim:
     share = {p: _of_oracle(c.removed["last_step"], c.removed["oracle"]) for p, c in bases.items()}
     worst = {p: max(sh, key=sh.get) if sh else None for p, sh in share.items()}
     holds = {p: all(v < thresholds.HEADROOM for v in sh.values()) for p, sh in share.items()}
-    verdict, note = on_bases(holds, {p: f"{share[p][worst[p]]:.1%} at C/W {worst[p]:g}" if worst[p] is not None
-                                     else "-" for p in bases}, basis)
+    verdict, note = on_bases(
+        holds,
+        {p: f"{share[p][worst[p]]:.1%} at C/W {worst[p]:g}" if worst[p] is not None else "-" for p in bases},
+        basis,
+    )
     ls, orc, w = bases[basis].removed["last_step"], bases[basis].removed["oracle"], worst[basis]
     return Claim(
         "[own result] (2a) last-step understates what prediction can do: it removes less than "
@@ -103,46 +130,71 @@ def headroom_claim(bases: dict[str, Counts], basis: str) -> Claim:
         f"{OWN}; judged on exact replay (the oracle is the ceiling of any predictor), over the {on}",
         f"misses removed beyond LRU ({on}): last_step {_by_ratio(ls)}; oracle {_by_ratio(orc)}; last_step's "
         f"share of the oracle's: {_by_ratio(share[basis], '{:.1%}')}",
-        verdict, note, counting=BASIS[basis], interval=EXACT,
-        margin="" if w is None else f"largest share of the oracle's (C/W {w:g}): "
-        + margin_below(share[basis][w], thresholds.HEADROOM))
+        verdict,
+        note,
+        counting=BASIS[basis],
+        interval=EXACT,
+        margin=""
+        if w is None
+        else f"largest share of the oracle's (C/W {w:g}): "
+        + margin_below(share[basis][w], thresholds.HEADROOM),
+    )
 
 
 def cross_layer_claim(bases: dict[str, Counts], basis: str) -> Claim:
     """(2b) the cross-layer predictor removes more of LRU's misses than last_step at every C/W."""
     on = BASIS_SHORT[basis]
-    gap = {p: {r: (c.removed["cross_layer"][r] - v) * 100 for r, v in c.removed["last_step"].items()}
-           for p, c in bases.items()}
+    gap = {
+        p: {r: (c.removed["cross_layer"][r] - v) * 100 for r, v in c.removed["last_step"].items()}
+        for p, c in bases.items()
+    }
     least = {p: min(g, key=g.get) for p, g in gap.items()}
     holds = {p: all(v > 0 for v in g.values()) for p, g in gap.items()}
-    verdict, note = on_bases(holds, {p: f"smallest lead {gap[p][least[p]]:+.1f} points at C/W {least[p]:g}"
-                                     for p in bases}, basis)
+    verdict, note = on_bases(
+        holds, {p: f"smallest lead {gap[p][least[p]]:+.1f} points at C/W {least[p]:g}" for p in bases}, basis
+    )
     r = least[basis]
     return Claim(
         "[own result] (2b) a better predictor exists: the cross-layer predictor (layer l+1's router on layer "
         "l's hidden states) removes more of LRU's misses than last_step at every C/W",
-        f"{OWN}; judged on exact replay: cross_layer's misses removed > last_step's at every C/W, over the {on}",
-        f"misses removed beyond LRU ({on}): cross_layer {_by_ratio(bases[basis].removed['cross_layer'])}; its share "
+        f"{OWN}; judged on exact replay: cross_layer's misses removed > last_step's at every C/W, over the "
+        f"{on}",
+        f"misses removed beyond LRU ({on}): cross_layer {_by_ratio(bases[basis].removed['cross_layer'])}; "
+        "its share "
         f"of the oracle's: {_by_ratio(bases[basis].of_oracle['cross_layer'], '{:.0%}')}",
-        verdict, note, counting=BASIS[basis], interval=EXACT,
-        margin=f"smallest lead over last_step (C/W {r:g}): {gap[basis][r]:+.1f} points of LRU's misses vs > 0")
+        verdict,
+        note,
+        counting=BASIS[basis],
+        interval=EXACT,
+        margin=f"smallest lead over last_step (C/W {r:g}): {gap[basis][r]:+.1f} points of LRU's misses vs > "
+        "0",
+    )
 
 
 def conservative_claim(bases: dict[str, Counts], basis: str) -> Claim:
     """last_step_conservative issues no transfer: its counts equal demand's at every C/W, both lookaheads."""
     removed = bases[basis].removed
-    verdict, note = on_bases({p: c.conservative_is_lru for p, c in bases.items()},
-                             {p: "equal" if c.conservative_is_lru else "not equal" for p, c in bases.items()},
-                             basis)
+    verdict, note = on_bases(
+        {p: c.conservative_is_lru for p, c in bases.items()},
+        {p: "equal" if c.conservative_is_lru else "not equal" for p, c in bases.items()},
+        basis,
+    )
     return Claim(
         "[own result] last_step_conservative never issues a transfer under this cache's rules: its counts "
         "equal demand's (LRU already holds or fills the slots with the previous demand)",
         f"{OWN}; judged: zero speculative transfers and LRU's demand misses at every C/W, lookahead 1 and 2, "
         f"over the {BASIS_SHORT[basis]}",
-        "conservative lookahead 1: " + _by_ratio(removed["last_step_conservative"])
-        + "; lookahead 2: " + _by_ratio(removed.get("last_step_conservative:lookahead=2", {}))
-        + " misses removed", verdict, note, counting=BASIS[basis], interval=EXACT,
-        margin="exact: equal counts or not")
+        "conservative lookahead 1: "
+        + _by_ratio(removed["last_step_conservative"])
+        + "; lookahead 2: "
+        + _by_ratio(removed.get("last_step_conservative:lookahead=2", {}))
+        + " misses removed",
+        verdict,
+        note,
+        counting=BASIS[basis],
+        interval=EXACT,
+        margin="exact: equal counts or not",
+    )
 
 
 def lookahead_text(summary) -> str:
@@ -160,13 +212,25 @@ def lookahead_text(summary) -> str:
         cols = ["demand_misses", "speculative_transfers"]
         same = [r for r in a.index if r in b.index and (a.loc[r, cols] == b.loc[r, cols]).all()]
         diff = [r for r in a.index if r in b.index and r not in same]
-        text = (f"{pol}: lookahead 2 gives lookahead 1's counts at "
-                + (f"C/W {', '.join(f'{r:g}' for r in same)}" if same else "no C/W"))
+        text = f"{pol}: lookahead 2 gives lookahead 1's counts at " + (
+            f"C/W {', '.join(f'{r:g}' for r in same)}" if same else "no C/W"
+        )
         if diff:
-            text += "; elsewhere its speculative transfers are " + ", ".join(
-                f"{int(b.loc[r, 'speculative_transfers'])} vs {int(a.loc[r, 'speculative_transfers'])} "
-                f"(C/W {r:g})" for r in diff) + " and its demand misses " + ", ".join(
-                f"{int(b.loc[r, 'demand_misses'])} vs {int(a.loc[r, 'demand_misses'])}" for r in diff)
+            text += (
+                "; elsewhere its speculative transfers are "
+                + ", ".join(
+                    f"{int(b.loc[r, 'speculative_transfers'])} vs {int(a.loc[r, 'speculative_transfers'])} "
+                    f"(C/W {r:g})"
+                    for r in diff
+                )
+                + " and its demand misses "
+                + ", ".join(
+                    f"{int(b.loc[r, 'demand_misses'])} vs {int(a.loc[r, 'demand_misses'])}" for r in diff
+                )
+            )
         parts.append(text)
-    return (f"Lookahead in exact replay ({BASIS_SHORT[basis]}): " + "; ".join(parts) + "." if parts
-            else "No lookahead variants replayed.")
+    return (
+        f"Lookahead in exact replay ({BASIS_SHORT[basis]}): " + "; ".join(parts) + "."
+        if parts
+        else "No lookahead variants replayed."
+    )

@@ -1,6 +1,7 @@
 """06 beyond the paper, the timed part: demand against the predictors under each link priority (one bench file
 per priority), paired by repetition; the replicas of the stored runs, the table of this run's pairs and the
 priority claim (1): does prediction still lose once it can never delay a demand transfer?"""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,19 +19,28 @@ from artifact.experiments.stored_runs import stored_rows
 from artifact.experiments.studies.beyond_the_paper.misses import OWN
 from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
 
-# Throughput: demand against these, under each link priority (one bench file per priority); CONTROL among them.
+# Throughput: demand against these, under each link priority (one bench file per priority); CONTROL among
+# them.
 BENCH_PREDICTORS = ("last_step", CONTROL, "cross_layer")
 PRIORITIES = ("fifo", "demand")
-STEM = "beyond"          # data/results/<profile>/beyond-fifo.csv and beyond-demand.csv
+STEM = "beyond"  # data/results/<profile>/beyond-fifo.csv and beyond-demand.csv
 
 # The cpu profile's bench, trimmed to keep ./run_all.sh affordable on 2 cores: 96 timed and 48 untimed warm-up
-# runs of the tiny model (2 priorities x 3 C/W spanning 0.43-1.73 x 2 batch sizes x 4 policies x (2 repetitions
+# runs of the tiny model (2 priorities x 3 C/W spanning 0.43-1.73 x 2 batch sizes x 4 policies x (2
+# repetitions
 # + 1 warm-up)), one task, 4 prompts (the fewest that fill a batch of 4), 8 denoising steps per block: 2 pairs
 # per cell (priority, batch size, C/W) per run. The warm-up: 2 repetitions of 4 policies in balanced order
-# (bench/order.py) put only 2 of them first in a cell of one run. GPU profiles run their own grid unchanged, with
+# (bench/order.py) put only 2 of them first in a cell of one run. GPU profiles run their own grid unchanged,
+# with
 # the oracle added.
-CPU_TRIM = {"tasks": ("gsm8k",), "n_prompts": 4, "repetitions": 2, "warmup": 1, "steps": 8,
-            "cache_ratios": (0.43, 1.0, 1.73)}
+CPU_TRIM = {
+    "tasks": ("gsm8k",),
+    "n_prompts": 4,
+    "repetitions": 2,
+    "warmup": 1,
+    "steps": 8,
+    "cache_ratios": (0.43, 1.0, 1.73),
+}
 
 
 def bench_profile(P: Settings, priority: str) -> Settings:
@@ -50,8 +60,9 @@ def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-CELL = ["link_priority", *CELL_KEYS]   # one interval per cell
-CLAIM = CLAIMS["06-priority"]  # (1) (criteria/timing.py): each predictor over demand under link_priority demand
+CELL = ["link_priority", *CELL_KEYS]  # one interval per cell
+# (1) (criteria/timing.py): each predictor over demand under link_priority demand
+CLAIM = CLAIMS["06-priority"]
 
 
 def replicas(P: Settings, rows) -> Replicas:
@@ -89,18 +100,25 @@ def format_tables(table) -> str:
 
 def label(key) -> str:
     pr, task, b, ratio, scale = key
-    return f"C/W {ratio:g} b={b}" + (f" {task}" if task != "gsm8k" else "") + (f" x{scale:g}" if scale != 1 else "")
+    return (
+        f"C/W {ratio:g} b={b}"
+        + (f" {task}" if task != "gsm8k" else "")
+        + (f" x{scale:g}" if scale != 1 else "")
+    )
 
 
 def bootstrap_above_zero(table) -> list[str]:
     """Predictor cells whose bootstrap interval (shown, not ruled on) lies above zero."""
     t = table[(table.policy != CONTROL) & (table.boot_low > 0)]
-    return [f"{r.policy} at C/W {r.cache_ratio:g} b={r.batch_size} ({r.link_priority})" for r in t.itertuples()]
+    return [
+        f"{r.policy} at C/W {r.cache_ratio:g} b={r.batch_size} ({r.link_priority})" for r in t.itertuples()
+    ]
 
 
 def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
     """(1): under link_priority demand, no predictor is faster than demand-async (not_faster per predictor and
-    cell of `timed`, {predictor: Compared}, gated by the cell's A/A control); `table` (throughput_table, this run)
+    cell of `timed`, {predictor: Compared}, gated by the cell's A/A control); `table` (throughput_table, this
+    run)
     adds its bootstrap note."""
     q = question(CLAIM)
     t = rule_claim(merge_others(timed), CLAIM, lambda pk: f"{pk[0]} {label(pk[1])}")
@@ -109,9 +127,12 @@ def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
         "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
         f"link_priority demand no predictor is faster than demand-async at any measured C/W ({q.text()}: "
         "non-superiority)",
-        f"{OWN}; judged per cell (docs/verdicts.md), {CONTROL} vs demand as the A/A control", t,
+        f"{OWN}; judged per cell (docs/verdicts.md), {CONTROL} vs demand as the A/A control",
+        t,
         "tokens/s per run, predictor over demand % per pair, one interval per cell (task, batch, C/W)",
-        "this run's bootstrap intervals over pairs (not ruled on) above 0: " + (", ".join(boot) if boot else "none"))
+        "this run's bootstrap intervals over pairs (not ruled on) above 0: "
+        + (", ".join(boot) if boot else "none"),
+    )
 
 
 def stored_claims(P: Settings) -> list[Claim]:

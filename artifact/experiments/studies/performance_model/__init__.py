@@ -1,5 +1,5 @@
-"""The performance model: the engine on a virtual clock (offload/trace_engine.run_virtual) priced by a hardware
-profile (hardware.py), and its validation against measured runs.
+"""The performance model: the engine on a virtual clock (offload/trace_engine.run_virtual) priced by a
+hardware profile (hardware.py), and its validation against measured runs.
 
 model_grid replays routing traces (recorded or synthetic) through the real engine, cache, policies and
 link timeline for every policy x C/W x link priority and returns, per cell, the modelled seconds per step,
@@ -16,11 +16,12 @@ validate_gpu does the same for the runs of a gpu_check report, whose routing tra
 it (data/gpu_check/), with the h200 profile.
 
 The model-error claim (model_error.py) follows the protocol of docs/perf_model.md ("Validation"): `validation`
-keeps a run's rows, `model_errors` sets its figure (the median absolute error over its cells) beside every stored
-run's (data/results/<profile>/runs/run<k>/validation.csv), and the claim is ruled on the median of the stored runs'
-figures when this run is one of them, else on this run's own figure; each validation cell's measured
-demand-over-last_step difference is printed beside the virtual clock's, with their sign agreement.
+keeps a run's rows, `model_errors` sets its figure (the median absolute error over its cells) beside every
+stored run's (data/results/<profile>/runs/run<k>/validation.csv), and the claim is ruled on the median of the
+stored runs' figures when this run is one of them, else on this run's own figure; each validation cell's
+measured demand-over-last_step difference is printed beside the virtual clock's, with their sign agreement.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -87,7 +88,7 @@ def measure(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
 
 # --- notebook 08: the modelled grid, the figure and the claims ----------------------------------------
 GRID_RATIOS = (0.43, 0.83, 1.0, 1.73)
-GRID_POLICIES = ("demand", "last_step", CONTROL, "cross_layer", "oracle")      # CONTROL: the A/A control
+GRID_POLICIES = ("demand", "last_step", CONTROL, "cross_layer", "oracle")  # CONTROL: the A/A control
 GPUS = ("a5000", "h200")
 GPU_SHAPES = ("llada2-mini", "llada2-flash")
 
@@ -96,13 +97,21 @@ def paper_point(P: Settings) -> Trace:
     """A synthetic stream at the routing point the paper implies (notebook 07's 'paper point': its novelty
     and W spread, from the profile's committed 07 record, else the cpu profile's), 4 MoE layers, one block of
     16 steps, no prefill (short: the grid replays it 128 times)."""
-    committed = repo_root() / "data" / "results"         # inputs from the checkout, whatever ARTIFACT_DATA says
+    committed = repo_root() / "data" / "results"  # inputs from the checkout, whatever ARTIFACT_DATA says
     path = committed / P.name / "07_routing_map_throughput.csv"
     if not path.is_file():
         path = committed / "cpu" / "07_routing_map_throughput.csv"
     row = pd.read_csv(path).query("task == 'paper point'").iloc[0]
-    return synth(SynthParams(layers=4, blocks=1, steps=16, novelty=float(row.novelty),
-                             w_spread=float(row.w_spread), prefill=0.0))
+    return synth(
+        SynthParams(
+            layers=4,
+            blocks=1,
+            steps=16,
+            novelty=float(row.novelty),
+            w_spread=float(row.w_spread),
+            prefill=0.0,
+        )
+    )
 
 
 def gpu_grid(streams: dict[str, Trace], full: str = "paper point", progress: bool = True) -> pd.DataFrame:
@@ -110,8 +119,13 @@ def gpu_grid(streams: dict[str, Trace], full: str = "paper point", progress: boo
     on `full` for both shapes and both link priorities, on the others (recorded traces, longer) for
     llada2-mini under fifo (what the claims read), to keep the notebook's run time."""
     frames, floors = [], {}
-    jobs = [(hw, s, name) for hw in GPUS for s in GPU_SHAPES for name in streams
-            if name == full or s == "llada2-mini"]
+    jobs = [
+        (hw, s, name)
+        for hw in GPUS
+        for s in GPU_SHAPES
+        for name in streams
+        if name == full or s == "llada2-mini"
+    ]
     for hw, s, name in tqdm(jobs, desc="model grid", disable=not progress):
         t = streams[name]
         pols = [p for p in GRID_POLICIES if t.has_predictions or not check_policy(p).needs_prediction]
@@ -122,21 +136,27 @@ def gpu_grid(streams: dict[str, Trace], full: str = "paper point", progress: boo
     return df
 
 
-def diffs(grid: pd.DataFrame, a: str = "demand", b: str = "last_step", priority: str = "fifo") -> pd.DataFrame:
+def diffs(
+    grid: pd.DataFrame, a: str = "demand", b: str = "last_step", priority: str = "fifo"
+) -> pd.DataFrame:
     """Modelled tokens/s of a over b, %, per hardware x shape x stream x C/W."""
-    g = grid[grid.link_priority == priority].pivot_table(index=["hardware", "shape", "trace", "cache_ratio"],
-                                                         columns="policy", values="tokens_per_second")
+    g = grid[grid.link_priority == priority].pivot_table(
+        index=["hardware", "shape", "trace", "cache_ratio"], columns="policy", values="tokens_per_second"
+    )
     return (100 * (g[a] / g[b] - 1)).rename("diff_pct").reset_index()
 
 
-CLAIM_SHAPE = "llada2-mini"     # the shape the modelled claims rule on (every stream of the grid, fifo)
-# each policy's look in every panel: demand and last_step differ by a few percent at most, so last_step is a larger
+CLAIM_SHAPE = "llada2-mini"  # the shape the modelled claims rule on (every stream of the grid, fifo)
+# each policy's look in every panel: demand and last_step differ by a few percent at most, so last_step is a
+# larger
 # hollow square around demand's dot, and the A/A control (demand's work, the same modelled time) a cross on it
-STYLE = {"demand": dict(color=COLORS["demand"], marker="o", ms=5),
-         "last_step": dict(color=COLORS["last_step"], marker="s", ms=9, mfc="none", mew=1.5),
-         CONTROL: dict(color=CONTROL_COLOR, marker="x", ms=7, ls="none"),
-         "cross_layer": dict(color="tab:red", marker="D", ms=5),
-         "oracle": dict(color=COLORS["oracle"], marker="^", ms=6)}
+STYLE = {
+    "demand": dict(color=COLORS["demand"], marker="o", ms=5),
+    "last_step": dict(color=COLORS["last_step"], marker="s", ms=9, mfc="none", mew=1.5),
+    CONTROL: dict(color=CONTROL_COLOR, marker="x", ms=7, ls="none"),
+    "cross_layer": dict(color="tab:red", marker="D", ms=5),
+    "oracle": dict(color=COLORS["oracle"], marker="^", ms=6),
+}
 LIMIT = "physical limit (min's misses)"
 
 
@@ -145,10 +165,11 @@ def _policy_label(pol: str) -> str:
 
 
 def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper point"):
-    """A grid of at most 3 columns. Top left: modelled vs measured seconds per step (cpu validation, one dot per
-    cell). Bottom left: the modelled demand-over-last_step difference (fifo) the claims read, per GPU and stream, with
-    the paper's figures and the +-3% margin. The other panels: modelled tokens/s (log scale) per policy on each GPU
-    and each stream the claims rule on (CLAIM_SHAPE, fifo), the physical floor dotted black. The saved data holds
+    """A grid of at most 3 columns. Top left: modelled vs measured seconds per step (cpu validation, one dot
+    per cell). Bottom left: the modelled demand-over-last_step difference (fifo) the claims read, per GPU and
+    stream, with the paper's figures and the +-3% margin. The other panels: modelled tokens/s (log scale) per
+    policy on each GPU and each stream the claims rule on (CLAIM_SHAPE, fifo), the physical floor dotted
+    black. The saved data holds
     every cell of the grid (both link priorities, both shapes)."""
     streams = list(dict.fromkeys(grid.trace))
     streams = [full] + [s for s in streams if s != full] if full in streams else streams
@@ -164,35 +185,70 @@ def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper
     for ax in fig.axes:
         ax.title.set_fontsize(10)
     figure_legend(fig, ncol=3)
-    title(fig, P, f"08 performance model: validation, and modelled tokens/s on the streams the claims rule on "
-                  f"({CLAIM_SHAPE}, fifo; shaded: C/W {paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})")
-    cols = ["hardware", "shape", "trace", "cache_ratio", "link_priority", "policy", "tokens_per_second",
-            "seconds_per_step", "stall_per_step", "limit_per_step", "floor_per_step"]
+    title(
+        fig,
+        P,
+        "08 performance model: validation, and modelled tokens/s on the streams the claims rule "
+        "on "
+        f"({CLAIM_SHAPE}, fifo; shaded: C/W {paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})",
+    )
+    cols = [
+        "hardware",
+        "shape",
+        "trace",
+        "cache_ratio",
+        "link_priority",
+        "policy",
+        "tokens_per_second",
+        "seconds_per_step",
+        "stall_per_step",
+        "limit_per_step",
+        "floor_per_step",
+    ]
     return fig, grid[cols]
 
 
 def _plot_validation(ax, rows: pd.DataFrame) -> None:
     """Modelled against measured ms per step, per cell and policy of this run's cpu validation."""
     cells = rows.groupby(["batch_size", "cache_ratio", "policy"], as_index=False)[
-        ["measured_seconds_per_step", "modeled_seconds_per_step"]].mean()
+        ["measured_seconds_per_step", "modeled_seconds_per_step"]
+    ].mean()
     for pol, g in cells.groupby("policy"):
         st = STYLE.get(pol, {})
-        ax.scatter(1e3 * g.measured_seconds_per_step, 1e3 * g.modeled_seconds_per_step, label=_policy_label(pol),
-                   marker=st.get("marker", "o"), s=st.get("ms", 5) ** 2, linewidths=st.get("mew", 1),
-                   facecolors="none" if st.get("mfc") == "none" else st.get("color"), edgecolors=st.get("color"))
+        ax.scatter(
+            1e3 * g.measured_seconds_per_step,
+            1e3 * g.modeled_seconds_per_step,
+            label=_policy_label(pol),
+            marker=st.get("marker", "o"),
+            s=st.get("ms", 5) ** 2,
+            linewidths=st.get("mew", 1),
+            facecolors="none" if st.get("mfc") == "none" else st.get("color"),
+            edgecolors=st.get("color"),
+        )
     hi = 1e3 * float(cells[["measured_seconds_per_step", "modeled_seconds_per_step"]].max().max()) * 1.05
     ax.plot([0, hi], [0, hi], "k:", label="modelled = measured")
-    ax.set(xlabel="measured ms per step (cpu, wall clock)", ylabel="modelled ms per step (cpu-emulated)",
-           title="validation (cpu, this run)", xlim=(0, hi), ylim=(0, hi))
+    ax.set(
+        xlabel="measured ms per step (cpu, wall clock)",
+        ylabel="modelled ms per step (cpu-emulated)",
+        title="validation (cpu, this run)",
+        xlim=(0, hi),
+        ylim=(0, hi),
+    )
 
 
 def _plot_stream(ax, grid: pd.DataFrame, hw: str, st: str) -> None:
     """Modelled tokens/s per policy vs C/W on one GPU and stream (the claims' shape, fifo), with the floor."""
-    sel = grid[(grid.hardware == hw) & (grid["shape"] == CLAIM_SHAPE) & (grid.trace == st)
-               & (grid.link_priority == "fifo")]
+    sel = grid[
+        (grid.hardware == hw)
+        & (grid["shape"] == CLAIM_SHAPE)
+        & (grid.trace == st)
+        & (grid.link_priority == "fifo")
+    ]
     for pol, g in sel.groupby("policy", sort=False):
         g = g.sort_values("cache_ratio")
-        ax.plot(g.cache_ratio, g.tokens_per_second, **{"ls": "-", **STYLE.get(pol, {})}, label=_policy_label(pol))
+        ax.plot(
+            g.cache_ratio, g.tokens_per_second, **{"ls": "-", **STYLE.get(pol, {})}, label=_policy_label(pol)
+        )
     fl = sel[sel.policy == "demand"].sort_values("cache_ratio")
     ax.plot(fl.cache_ratio, fl.floor_tokens_per_second, "k:", label=LIMIT)
     ax.axvspan(*paper.FASTER_RANGE, color=PAPER_STYLE["color"], alpha=0.06)
@@ -200,7 +256,9 @@ def _plot_stream(ax, grid: pd.DataFrame, hw: str, st: str) -> None:
     ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set(xlabel="cache ratio C/W", ylabel="modelled tokens/s (log scale)", title=f"{hw}, {CLAIM_SHAPE}: {st}")
+    ax.set(
+        xlabel="cache ratio C/W", ylabel="modelled tokens/s (log scale)", title=f"{hw}, {CLAIM_SHAPE}: {st}"
+    )
 
 
 def _plot_diffs(ax, grid: pd.DataFrame, panels: list) -> None:
@@ -208,66 +266,127 @@ def _plot_diffs(ax, grid: pd.DataFrame, panels: list) -> None:
     d = diffs(grid)
     markers = dict(zip(dict.fromkeys(st for _, st in panels), "o^sv"))
     for hw, st in panels:
-        here = d[(d.hardware == hw) & (d["shape"] == CLAIM_SHAPE) & (d.trace == st)].sort_values("cache_ratio")
-        ax.plot(here.cache_ratio, here.diff_pct, ls="-" if hw == GPUS[0] else "--", marker=markers[st], ms=5,
-                color="black" if hw == GPUS[0] else "tab:gray", label=f"demand over last_step: {hw}, {st}")
+        here = d[(d.hardware == hw) & (d["shape"] == CLAIM_SHAPE) & (d.trace == st)].sort_values(
+            "cache_ratio"
+        )
+        ax.plot(
+            here.cache_ratio,
+            here.diff_pct,
+            ls="-" if hw == GPUS[0] else "--",
+            marker=markers[st],
+            ms=5,
+            color="black" if hw == GPUS[0] else "tab:gray",
+            label=f"demand over last_step: {hw}, {st}",
+        )
     lo, hi = paper.FASTER_RANGE
-    ax.fill_between([lo, hi], *paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
-                    label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}")
+    ax.fill_between(
+        [lo, hi],
+        *paper.FASTER_PCT,
+        color=PAPER_STYLE["color"],
+        alpha=0.15,
+        label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}",
+    )
     low = paper.AT_LOW
-    ax.errorbar([low.cache_ratio], [low.diff_pct], yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
-                fmt="D", color=PAPER_STYLE["color"], capsize=4, ms=5,
-                label=f"paper at C/W {low.cache_ratio:g}: {paper.paired_text(low, '%')}")
-    ax.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12,
-               label=f"+-{thresholds.MARGIN:g}%: the modelled equivalence margin")
+    ax.errorbar(
+        [low.cache_ratio],
+        [low.diff_pct],
+        yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
+        fmt="D",
+        color=PAPER_STYLE["color"],
+        capsize=4,
+        ms=5,
+        label=f"paper at C/W {low.cache_ratio:g}: {paper.paired_text(low, '%')}",
+    )
+    ax.axhspan(
+        -thresholds.MARGIN,
+        thresholds.MARGIN,
+        color="gray",
+        alpha=0.12,
+        label=f"+-{thresholds.MARGIN:g}%: the modelled equivalence margin",
+    )
     ax.axhline(0, color="black", lw=1, ls=":")
-    ax.set(xlabel="cache ratio C/W", ylabel="demand over last_step (% tokens/s)",
-           title=f"modelled demand vs last_step ({CLAIM_SHAPE}, fifo)")
+    ax.set(
+        xlabel="cache ratio C/W",
+        ylabel="demand over last_step (% tokens/s)",
+        title=f"modelled demand vs last_step ({CLAIM_SHAPE}, fifo)",
+    )
 
 
-def _model_claim(d: pd.DataFrame, lo: float, hi: float, text: str, paper_text: str, ok, judged_on: str) -> Claim:
+def _model_claim(
+    d: pd.DataFrame, lo: float, hi: float, text: str, paper_text: str, ok, judged_on: str
+) -> Claim:
     sel = d[(d.cache_ratio >= lo - 1e-9) & (d.cache_ratio <= hi + 1e-9) & (d["shape"] == CLAIM_SHAPE)]
     parts = [f"{r.hardware} {r.trace} C/W {r.cache_ratio:g}: {r.diff_pct:+.1f}%" for r in sel.itertuples()]
     good = bool(ok(sel.diff_pct).all())
-    return Claim(f"[modeled: {', '.join(GPUS)}, {CLAIM_SHAPE}] {text}", paper_text,
-                 "demand over last_step, modelled tokens/s, fifo: " + "; ".join(parts), verdict_of(good),
-                 counting="modelled tokens/s (virtual clock)", interval=MODELED,
-                 margin=f"range {sel.diff_pct.min():+.1f}..{sel.diff_pct.max():+.1f}% vs {judged_on}")
+    return Claim(
+        f"[modeled: {', '.join(GPUS)}, {CLAIM_SHAPE}] {text}",
+        paper_text,
+        "demand over last_step, modelled tokens/s, fifo: " + "; ".join(parts),
+        verdict_of(good),
+        counting="modelled tokens/s (virtual clock)",
+        interval=MODELED,
+        margin=f"range {sel.diff_pct.min():+.1f}..{sel.diff_pct.max():+.1f}% vs {judged_on}",
+    )
 
 
 def verdicts(grid: pd.DataFrame, errors: ModelErrors, gpu_summary: dict, source: str) -> list[Claim]:
     d = diffs(grid)
     lo, hi = paper.FASTER_RANGE
     claims = [
-        _model_claim(d, lo, hi, "demand-async is faster than async last-step prefetch at C/W 0.83-1.73",
-                     f"{paper.FASTER_PCT[0]:+.1f} to {paper.FASTER_PCT[1]:+.1f}%, CIs exclude zero; judged on the "
-                     "model: demand faster at every C/W 0.83-1.73 on both streams and both GPUs",
-                     lambda x: x > 0, "> 0"),
-        _model_claim(d, paper.AT_LOW.cache_ratio, paper.AT_LOW.cache_ratio,
-                     "at C/W 0.43 demand-async and async last-step prefetch do not differ (within +-3%)",
-                     f"{paper.paired_text(paper.AT_LOW)}; judged on the model: |difference| <= "
-                     f"{thresholds.MARGIN:g}% on both streams and both GPUs",
-                     lambda x: x.abs() <= thresholds.MARGIN, f"+-{thresholds.MARGIN:g}%"),
+        _model_claim(
+            d,
+            lo,
+            hi,
+            "demand-async is faster than async last-step prefetch at C/W 0.83-1.73",
+            f"{paper.FASTER_PCT[0]:+.1f} to {paper.FASTER_PCT[1]:+.1f}%, CIs exclude zero; judged "
+            "on the "
+            "model: demand faster at every C/W 0.83-1.73 on both streams and both GPUs",
+            lambda x: x > 0,
+            "> 0",
+        ),
+        _model_claim(
+            d,
+            paper.AT_LOW.cache_ratio,
+            paper.AT_LOW.cache_ratio,
+            "at C/W 0.43 demand-async and async last-step prefetch do not differ (within +-3%)",
+            f"{paper.paired_text(paper.AT_LOW)}; judged on the model: |difference| <= "
+            f"{thresholds.MARGIN:g}% on both streams and both GPUs",
+            lambda x: x.abs() <= thresholds.MARGIN,
+            f"+-{thresholds.MARGIN:g}%",
+        ),
     ]
-    h = grid[(grid.hardware == "h200") & (grid["shape"] == CLAIM_SHAPE) & (grid.cache_ratio == 1.0)
-             & (grid.link_priority == "fifo")].set_index(["trace", "policy"])
+    h = grid[
+        (grid.hardware == "h200")
+        & (grid["shape"] == CLAIM_SHAPE)
+        & (grid.cache_ratio == 1.0)
+        & (grid.link_priority == "fifo")
+    ].set_index(["trace", "policy"])
     parts, shares = [], []
     for tr in h.index.get_level_values(0).unique():
-        dem, ora, floor = (h.loc[(tr, "demand"), "seconds_per_step"], h.loc[(tr, "oracle"), "seconds_per_step"],
-                           h.loc[(tr, "demand"), "floor_per_step"])
+        dem, ora, floor = (
+            h.loc[(tr, "demand"), "seconds_per_step"],
+            h.loc[(tr, "oracle"), "seconds_per_step"],
+            h.loc[(tr, "demand"), "floor_per_step"],
+        )
         share = (dem - ora) / (dem - floor) if dem > floor else 1.0
         shares.append(share)
-        far = "; ".join(f"{p} {100 * (h.loc[(tr, p), 'seconds_per_step'] / floor - 1):+.0f}%"
-                        for p in h.loc[tr].index)
+        far = "; ".join(
+            f"{p} {100 * (h.loc[(tr, p), 'seconds_per_step'] / floor - 1):+.0f}%" for p in h.loc[tr].index
+        )
         parts.append(f"{tr}: over the floor {far}; the oracle closes {100 * share:.0f}% of demand's gap")
-    claims.append(Claim("[own result, modeled: h200, llada2-mini] most of demand's distance to the physical "
-                        "floor is beyond prediction: the oracle closes less than half of it at C/W 1",
-                        "not a claim of the paper: this artifact's own result; floor = max(compute, "
-                        "min's misses x expert bytes / bandwidth) per step",
-                        "; ".join(parts), verdict_of(max(shares) < thresholds.GAP_LEFT),
-                        counting="modelled seconds per step (virtual clock)",
-                        interval=MODELED,
-                        margin=f"largest share closed {100 * max(shares):.0f}% vs < {100 * thresholds.GAP_LEFT:.0f}%"))
+    claims.append(
+        Claim(
+            "[own result, modeled: h200, llada2-mini] most of demand's distance to the physical "
+            "floor is beyond prediction: the oracle closes less than half of it at C/W 1",
+            "not a claim of the paper: this artifact's own result; floor = max(compute, "
+            "min's misses x expert bytes / bandwidth) per step",
+            "; ".join(parts),
+            verdict_of(max(shares) < thresholds.GAP_LEFT),
+            counting="modelled seconds per step (virtual clock)",
+            interval=MODELED,
+            margin=f"largest share closed {100 * max(shares):.0f}% vs < {100 * thresholds.GAP_LEFT:.0f}%",
+        )
+    )
     claims.append(model_error_claim(errors, gpu_summary, source))
     return claims
 

@@ -2,6 +2,7 @@
 its validation rows) beside every stored run's (data/results/<profile>/runs/run<k>/validation.csv), each
 validation cell's measured demand-over-last_step difference beside the virtual clock's (CellSign), and the
 model-error claim ruled on them (model_error_claim)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,31 +17,39 @@ from artifact.experiments.replication import Replicas
 from artifact.experiments.rules import at_most, figure_range, median_interval
 from artifact.experiments.settings import Settings
 from artifact.experiments.stored_runs import stored_rows
-from artifact.experiments.studies.performance_model.validation import VALIDATION, validate_gpu, validation_summary
+from artifact.experiments.studies.performance_model.validation import (
+    VALIDATION,
+    validate_gpu,
+    validation_summary,
+)
 
-VALIDATION_CELL = ["batch_size", "cache_ratio"]     # a measured demand-vs-last_step comparison: one per cell
+VALIDATION_CELL = ["batch_size", "cache_ratio"]  # a measured demand-vs-last_step comparison: one per cell
 
 
 def same_rows(a: pd.DataFrame, b: pd.DataFrame) -> bool:
-    """Two runs' validation rows are the same rows (a run compared with its stored copy): same cells, repetitions
+    """Two runs' validation rows are the same rows (a run compared with its stored copy): same cells,
+    repetitions
     and policies, same measured and modelled seconds per step."""
     keys = ["batch_size", "cache_ratio", "policy", "rep"]
     vals = ["measured_seconds_per_step", "modeled_seconds_per_step"]
     if len(a) != len(b) or not set(keys + vals) <= set(a.columns) & set(b.columns):
         return False
     a, b = (x.sort_values(keys)[keys + vals].reset_index(drop=True) for x in (a, b))
-    return bool((a[keys].astype(str).to_numpy() == b[keys].astype(str).to_numpy()).all()
-                and np.allclose(a[vals].to_numpy(float), b[vals].to_numpy(float), rtol=1e-9, atol=0))
+    return bool(
+        (a[keys].astype(str).to_numpy() == b[keys].astype(str).to_numpy()).all()
+        and np.allclose(a[vals].to_numpy(float), b[vals].to_numpy(float), rtol=1e-9, atol=0)
+    )
 
 
 @dataclass(frozen=True)
 class CellSign:
     """One validation cell's demand over last_step (% steps per second): the measured interval it is ruled on
     (replication.py) beside the virtual clock's modelled value, and whether their signs agree."""
+
     batch_size: int
     cache_ratio: float
-    measured: object             # rules.Interval: the ruled interval (pooled, one run widened, or within)
-    modeled: float               # this run's modelled difference, %
+    measured: object  # rules.Interval: the ruled interval (pooled, one run widened, or within)
+    modeled: float  # this run's modelled difference, %
 
     @property
     def agrees(self) -> bool | None:
@@ -51,23 +60,29 @@ class CellSign:
 
     def text(self) -> str:
         if self.agrees is None:
-            why = "too few pairs for a sign" if not self.measured.usable else "crosses 0: no sign to agree with"
+            why = (
+                "too few pairs for a sign" if not self.measured.usable else "crosses 0: no sign to agree with"
+            )
         else:
             why = "signs agree" if self.agrees else "signs DISAGREE"
-        return (f"b={self.batch_size} C/W {self.cache_ratio:g}: measured {self.measured.text()}, modelled "
-                f"{self.modeled:+.1f}% ({why})")
+        return (
+            f"b={self.batch_size} C/W {self.cache_ratio:g}: measured {self.measured.text()}, modelled "
+            f"{self.modeled:+.1f}% ({why})"
+        )
 
 
 @dataclass(frozen=True)
 class ModelErrors:
-    """The model-error figure of every run: this run's and each stored run's validation_summary (docs/perf_model.md,
-    "Validation": a run's figure is the median absolute error over its cells; the claim is ruled on the median of
-    the stored runs' figures when this run is one of them, else on the range between this run's own figure and
+    """The model-error figure of every run: this run's and each stored run's validation_summary
+    (docs/perf_model.md, "Validation": a run's figure is the median absolute error over its cells; the claim
+    is ruled on the median of the stored runs' figures when this run is one of them, else on the range between
+    this run's own figure and
     that median, so that one run says the pooled verdict or inconclusive)."""
-    this: dict                                  # validation_summary of this run's rows
-    runs: tuple[tuple[str, dict], ...] = ()     # (stored run, its validation_summary), in run order
-    stored: str = ""                            # the stored run whose rows this run's rows are ("" when none)
-    cells: tuple[CellSign, ...] = ()            # measured vs modelled demand over last_step per cell
+
+    this: dict  # validation_summary of this run's rows
+    runs: tuple[tuple[str, dict], ...] = ()  # (stored run, its validation_summary), in run order
+    stored: str = ""  # the stored run whose rows this run's rows are ("" when none)
+    cells: tuple[CellSign, ...] = ()  # measured vs modelled demand over last_step per cell
 
     @property
     def figures(self) -> list[float]:
@@ -80,7 +95,8 @@ class ModelErrors:
 
     @property
     def pooled_range(self) -> tuple[float, float] | None:
-        """The 95% distribution-free interval of the stored runs' median figure (rules.median_interval; None with
+        """The 95% distribution-free interval of the stored runs' median figure (rules.median_interval; None
+        with
         fewer than 2 stored runs)."""
         return median_interval(self.figures) if len(self.runs) >= 2 else None
 
@@ -90,8 +106,9 @@ class ModelErrors:
 
     @property
     def ruled(self) -> tuple[float, float]:
-        """The range the claim is ruled on: the interval of the stored runs' median when this run is a stored one,
-        else the smallest range holding this run's figure and that interval (rules.figure_range; this run's figure
+        """The range the claim is ruled on: the interval of the stored runs' median when this run is a stored
+        one, else the smallest range holding this run's figure and that interval (rules.figure_range; this
+        run's figure
         alone when fewer than 2 runs are stored)."""
         if self.is_pooled:
             return self.pooled_range
@@ -100,33 +117,42 @@ class ModelErrors:
     def leave_one_out(self) -> tuple[str, ...]:
         """The pooled verdict over the other stored runs, each run left out in turn (run order)."""
         f = self.figures
-        return tuple(at_most(*median_interval(f[:i] + f[i + 1:]), thresholds.MODEL_ERROR) for i in range(len(f)))
+        return tuple(
+            at_most(*median_interval(f[:i] + f[i + 1 :]), thresholds.MODEL_ERROR) for i in range(len(f))
+        )
 
     def own(self, figure: float) -> str:
-        """One run's own verdict: its figure, with the interval of the pooled median when there is one, against
+        """One run's own verdict: its figure, with the interval of the pooled median when there is one,
+        against
         MODEL_ERROR (rules.at_most): the pooled verdict or inconclusive, never the opposite."""
         return at_most(*figure_range(figure, self.pooled_range), thresholds.MODEL_ERROR)
 
 
 def steps_per_second(rows: pd.DataFrame) -> pd.DataFrame:
     """Validation rows with measured and modelled steps per second (higher is faster, as tokens/s)."""
-    return rows.assign(measured_steps_per_second=1.0 / rows.measured_seconds_per_step,
-                       modeled_steps_per_second=1.0 / rows.modeled_seconds_per_step)
+    return rows.assign(
+        measured_steps_per_second=1.0 / rows.measured_seconds_per_step,
+        modeled_steps_per_second=1.0 / rows.modeled_seconds_per_step,
+    )
 
 
-def cell_signs(rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]], a: str = "demand",
-               b: str = "last_step") -> tuple[CellSign, ...]:
+def cell_signs(
+    rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]], a: str = "demand", b: str = "last_step"
+) -> tuple[CellSign, ...]:
     """Per validation cell, a over b in measured steps per second on the interval replication.py rules on (the
     stored runs' rows give the between-run spread), beside the modelled difference of this run."""
     if not {a, b} <= set(rows.policy):
         return ()
-    reps = Replicas(steps_per_second(rows), tuple((n, steps_per_second(r)) for n, r in stored),
-                 metric="measured_steps_per_second")
+    reps = Replicas(
+        steps_per_second(rows),
+        tuple((n, steps_per_second(r)) for n, r in stored),
+        metric="measured_steps_per_second",
+    )
     effects = reps.effects(a, b, VALIDATION_CELL)
     mod = rows.groupby([*VALIDATION_CELL, "policy"]).modeled_seconds_per_step.mean()
     out = []
     for (bs, ratio), r in effects.items():
-        modeled = 100.0 * (mod[(bs, ratio, b)] / mod[(bs, ratio, a)] - 1)     # steps/s: a over b
+        modeled = 100.0 * (mod[(bs, ratio, b)] / mod[(bs, ratio, a)] - 1)  # steps/s: a over b
         out.append(CellSign(int(bs), float(ratio), r.ruled, float(modeled)))
     return tuple(out)
 
@@ -134,8 +160,12 @@ def cell_signs(rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]], a: st
 def errors_of(rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]]) -> ModelErrors:
     """ModelErrors of this run's validation rows beside the stored runs' rows (each [(run name, rows)])."""
     same = next((name for name, r in stored if same_rows(rows, r)), "")
-    return ModelErrors(validation_summary(rows), tuple((name, validation_summary(r)) for name, r in stored), same,
-                       cell_signs(rows, stored))
+    return ModelErrors(
+        validation_summary(rows),
+        tuple((name, validation_summary(r)) for name, r in stored),
+        same,
+        cell_signs(rows, stored),
+    )
 
 
 def model_errors(P: Settings, rows: pd.DataFrame) -> ModelErrors:
@@ -151,15 +181,22 @@ def stored_claims(P: Settings) -> list[Claim]:
     if not stored:
         raise ValueError(f"profile {P.name}: no stored validation rows (data/results/{P.name}/runs/run<k>/)")
     rows = stored[-1][1]
-    return [model_error_claim(errors_of(rows, stored), validation_summary(validate_gpu()),
-                              str(rows.calibration.iloc[0]))]
+    return [
+        model_error_claim(
+            errors_of(rows, stored), validation_summary(validate_gpu()), str(rows.calibration.iloc[0])
+        )
+    ]
 
 
 def summary_text(s: dict) -> str:
-    """A run's figure: its median absolute error, the worst cell, and its sign agreement (validation_summary)."""
+    """A run's figure: its median absolute error, the worst cell, and its sign agreement
+    (validation_summary)."""
     signs = s["signs"]
-    return (f"{100 * s['median_abs_error']:.1f}% (worst {100 * s['worst_abs_error']:.1f}%, {s['cells']} cells, signs "
-            f"{sum(x['modeled_sign_agrees'] for x in signs)} of {len(signs)})")
+    return (
+        f"{100 * s['median_abs_error']:.1f}% (worst {100 * s['worst_abs_error']:.1f}%, {s['cells']} "
+        "cells, signs "
+        f"{sum(x['modeled_sign_agrees'] for x in signs)} of {len(signs)})"
+    )
 
 
 def errors_table(e: ModelErrors) -> pd.DataFrame:
@@ -167,32 +204,53 @@ def errors_table(e: ModelErrors) -> pd.DataFrame:
     sign agreement and its own verdict (ModelErrors.own: its figure with the stored median against
     thresholds.MODEL_ERROR)."""
     rows = [(name, s) for name, s in e.runs] + [(f"this run{f' (= {e.stored})' if e.stored else ''}", e.this)]
-    return pd.DataFrame([{"run": name, "median_abs_error": s["median_abs_error"],
-                          "worst_abs_error": s["worst_abs_error"], "cells": s["cells"],
-                          "signs_agree": f"{sum(x['modeled_sign_agrees'] for x in s['signs'])} of {len(s['signs'])}",
-                          "verdict": e.own(s["median_abs_error"])} for name, s in rows])
+    return pd.DataFrame(
+        [
+            {
+                "run": name,
+                "median_abs_error": s["median_abs_error"],
+                "worst_abs_error": s["worst_abs_error"],
+                "cells": s["cells"],
+                "signs_agree": f"{sum(x['modeled_sign_agrees'] for x in s['signs'])} of {len(s['signs'])}",
+                "verdict": e.own(s["median_abs_error"]),
+            }
+            for name, s in rows
+        ]
+    )
 
 
 def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
-    """The model-error claim (docs/perf_model.md, "Validation"): every run's figure printed, ruled on the median of
-    the stored runs' figures when this run is one of them, else on the range between this run's own figure and
-    that median (one run says the pooled verdict or inconclusive, never the opposite; its own figure alone when
-    fewer than 2 runs are stored); each stored run's own verdict (the same range rule) beside it. The measured
-    demand-over-last_step difference of every validation cell is printed beside the virtual clock's, with their
+    """The model-error claim (docs/perf_model.md, "Validation"): every run's figure printed, ruled on the
+    median of the stored runs' figures when this run is one of them, else on the range between this run's own
+    figure and that median (one run says the pooled verdict or inconclusive, never the opposite; its own
+    figure alone when fewer than 2 runs are stored); each stored run's own verdict (the same range rule)
+    beside it. The measured demand-over-last_step difference of every validation cell is printed beside the
+    virtual clock's, with their
     sign agreement."""
     limit = thresholds.MODEL_ERROR
     verdict, ruled, on, reason = _ruling(e)
     return Claim(
-        "[own result] the performance model predicts measured seconds per step within 10% (median absolute error "
+        "[own result] the performance model predicts measured seconds per step within 10% (median absolute "
+        "error "
         "over cells; cpu: the tiny model on the emulated link against the model with cpu-emulated costs)",
         "not a claim of the paper: this artifact's own result; judged: median absolute error <= "
-        f"{100 * limit:.0f}% (docs/perf_model.md, Validation: the interval of the median over the stored runs' "
+        f"{100 * limit:.0f}% (docs/perf_model.md, Validation: the interval of the median over the stored "
+        "runs' "
         "figures)",
-        _measured_text(e, gpu_summary, source), verdict, reason, timing=True,
-        counting="seconds per denoising step, modelled against measured (a cell: the mean of its 2 repetitions)",
-        interval=on, margin=_margin_text(e), per_run=tuple(e.own(f) for f in e.figures), pooled=_pooled_verdict(e),
-        this_run=e.own(e.this["median_abs_error"]), ruled=ruled,
-        leave_one_out=e.leave_one_out() if e.is_pooled else ())
+        _measured_text(e, gpu_summary, source),
+        verdict,
+        reason,
+        timing=True,
+        counting="seconds per denoising step, modelled against measured (a cell: the mean of its 2 "
+        "repetitions)",
+        interval=on,
+        margin=_margin_text(e),
+        per_run=tuple(e.own(f) for f in e.figures),
+        pooled=_pooled_verdict(e),
+        this_run=e.own(e.this["median_abs_error"]),
+        ruled=ruled,
+        leave_one_out=e.leave_one_out() if e.is_pooled else (),
+    )
 
 
 def _pooled_verdict(e: ModelErrors) -> str:
@@ -205,41 +263,73 @@ def _ruling(e: ModelErrors) -> tuple[str, str, str, str]:
     reason."""
     n = len(e.runs)
     if e.is_pooled:
-        on = (f"the 95% distribution-free interval (order statistics) of the median over N = {n} stored runs of "
-              "each run's median absolute error (runs are the unit)")
+        on = (
+            f"the 95% distribution-free interval (order statistics) of the median over N = {n} stored runs "
+            "of "
+            "each run's median absolute error (runs are the unit)"
+        )
         return _pooled_verdict(e), "pooled", on, f"the interval of the median of the {n} runs' figures"
     if e.pooled is not None:
-        on = (f"one run: the range holding its own median absolute error and the interval of the median of the "
-              f"N = {n} stored runs' (the pooled verdict or inconclusive)")
-        reason = ("one run: this run is not one of the stored runs, so the range holding its own figure and the "
-                  f"interval of the median of the {n} stored runs' rules")
+        on = (
+            "one run: the range holding its own median absolute error and the interval of the median of "
+            "the "
+            f"N = {n} stored runs' (the pooled verdict or inconclusive)"
+        )
+        reason = (
+            "one run: this run is not one of the stored runs, so the range holding its own figure and "
+            "the "
+            f"interval of the median of the {n} stored runs' rules"
+        )
     else:
-        on = (f"one run: its own median absolute error ({n} stored run beside it)" if n else
-              "one run: its own median absolute error (no stored runs to compare)")
-        reason = ("one run: this run is not one of the stored runs, so its own figure rules" if n else
-                  "one run: no stored runs")
+        on = (
+            f"one run: its own median absolute error ({n} stored run beside it)"
+            if n
+            else "one run: its own median absolute error (no stored runs to compare)"
+        )
+        reason = (
+            "one run: this run is not one of the stored runs, so its own figure rules"
+            if n
+            else "one run: no stored runs"
+        )
     return at_most(*e.ruled, thresholds.MODEL_ERROR), "this run", on, reason
 
 
 def _measured_text(e: ModelErrors, gpu_summary: dict, source: str) -> str:
-    """What was measured: every stored run's figure, their median, this run's, the cells' measured and modelled
+    """What was measured: every stored run's figure, their median, this run's, the cells' measured and
+    modelled
     differences, the h200 check and this run's calibration."""
     n = len(e.runs)
     runs_text = "; ".join(f"{name} {summary_text(s)}" for name, s in e.runs)
     this_text = f"this run{f' (it is {e.stored})' if e.stored else ''}: {summary_text(e.this)}"
     signed = [c for c in e.cells if c.agrees is not None]
-    cell_text = ("; ".join(c.text() for c in e.cells) + f"; the modelled sign agrees in "
-                 f"{sum(c.agrees for c in signed)} of {len(signed)} cells whose measured interval excludes 0"
-                 ) if e.cells else "no paired cells"
-    return ("cpu, each run's median absolute error of seconds per step (signs: the modelled sign agrees with k "
-            "of the n measured demand-vs-last_step differences whose interval over the run's pairs excludes 0): "
-            + (f"{runs_text}; median of the {n} runs {100 * e.pooled:.1f}% [{100 * e.pooled_range[0]:.1f}, "
-               f"{100 * e.pooled_range[1]:.1f}]; " if n >= 2 else
-               f"{runs_text}; " if n else "")
-            + f"{this_text}; demand over last_step per cell (steps/s), measured on the ruled interval vs "
-            f"modelled (virtual clock): {cell_text}; h200 (gpu_check runs, host costs fitted on them): median "
-            f"{100 * gpu_summary['median_abs_error']:.1f}%, worst {100 * gpu_summary['worst_abs_error']:.1f}%; "
-            f"calibration (this run): {source}")
+    cell_text = (
+        (
+            "; ".join(c.text() for c in e.cells) + f"; the modelled sign agrees in "
+            f"{sum(c.agrees for c in signed)} of {len(signed)} cells whose measured interval excludes 0"
+        )
+        if e.cells
+        else "no paired cells"
+    )
+    return (
+        "cpu, each run's median absolute error of seconds per step (signs: the modelled sign agrees with "
+        "k "
+        "of the n measured demand-vs-last_step differences whose interval over the run's pairs excludes "
+        "0): "
+        + (
+            f"{runs_text}; median of the {n} runs {100 * e.pooled:.1f}% [{100 * e.pooled_range[0]:.1f}, "
+            f"{100 * e.pooled_range[1]:.1f}]; "
+            if n >= 2
+            else f"{runs_text}; "
+            if n
+            else ""
+        )
+        + f"{this_text}; demand over last_step per cell (steps/s), measured on the ruled interval vs "
+        f"modelled (virtual clock): {cell_text}; h200 (gpu_check runs, host costs fitted on them): "
+        "median "
+        f"{100 * gpu_summary['median_abs_error']:.1f}%, worst "
+        f"{100 * gpu_summary['worst_abs_error']:.1f}%; "
+        f"calibration (this run): {source}"
+    )
 
 
 def _margin_text(e: ModelErrors) -> str:
@@ -247,11 +337,20 @@ def _margin_text(e: ModelErrors) -> str:
     limit = thresholds.MODEL_ERROR
     low, high = e.ruled
     if low == high:
-        side = (f"{(limit - low) * 100:.1f} points under" if low <= limit else
-                f"{(low - limit) * 100:.1f} points over")
-        return (f"{'median over runs' if e.is_pooled else 'this run'} {100 * low:.1f}% vs <= {100 * limit:.0f}%: "
-                f"{side}")
-    side = ("all under" if high <= limit else "all over" if low > limit else "straddles it")
-    head = (f"median over runs {100 * e.pooled:.1f}%, its interval" if e.is_pooled else
-            f"this run {100 * e.this['median_abs_error']:.1f}% and the interval of the median over runs")
+        side = (
+            f"{(limit - low) * 100:.1f} points under"
+            if low <= limit
+            else f"{(low - limit) * 100:.1f} points over"
+        )
+        return (
+            f"{'median over runs' if e.is_pooled else 'this run'} {100 * low:.1f}% vs <= "
+            f"{100 * limit:.0f}%: "
+            f"{side}"
+        )
+    side = "all under" if high <= limit else "all over" if low > limit else "straddles it"
+    head = (
+        f"median over runs {100 * e.pooled:.1f}%, its interval"
+        if e.is_pooled
+        else f"this run {100 * e.this['median_abs_error']:.1f}% and the interval of the median over runs"
+    )
     return f"{head}: range [{100 * low:.1f}%, {100 * high:.1f}%] vs <= {100 * limit:.0f}%: {side}"

@@ -1,7 +1,10 @@
-"""The performance model against measured runs: validate_cpu (the tiny model offloaded on the emulated link, each
-run modelled on its own routing with cpu-emulated costs calibrated in the same session), validate_gpu (a gpu_check
-report's runs with the h200 profile), `validation` (a run's rows, kept as a stored run's) and validation_summary
-(a run's figure: its errors and sign agreement). The model-error claim over the stored runs: model_error.py."""
+"""The performance model against measured runs: validate_cpu (the tiny model offloaded on the emulated link,
+each run modelled on its own routing with cpu-emulated costs calibrated in the same session), validate_gpu (a
+gpu_check report's runs with the h200 profile), `validation` (a run's rows, kept as a stored run's) and
+validation_summary
+(a run's figure: its errors and sign agreement). The model-error claim over the stored runs:
+model_error.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,11 +38,12 @@ VALIDATION_RATIOS = (0.43, 1.0, 1.73)
 VALIDATION_POLICIES = ("demand", "last_step")
 
 
-FAST_LINK = dict(link="emulated", bandwidth_gbps=1e6, latency_us=0.0)     # a link no compute ever waits on
+FAST_LINK = dict(link="emulated", bandwidth_gbps=1e6, latency_us=0.0)  # a link no compute ever waits on
 
 
-def cpu_emulated(P: Settings, loaded, ps: list[list[int]], batch_size: int = 1, reps: int = 1,
-                 trace: Trace | None = None) -> tuple[Hardware, str]:
+def cpu_emulated(
+    P: Settings, loaded, ps: list[list[int]], batch_size: int = 1, reps: int = 1, trace: Trace | None = None
+) -> tuple[Hardware, str]:
     """The cpu-emulated profile with its costs measured now, on this machine, on the offloaded engine:
     runs on a link too fast to wait on at two C (demand) give the host time per copy (the slope of time on
     copies) and the compute; trace_engine.calibrate's resident run splits that compute between the experts and
@@ -62,16 +66,29 @@ def cpu_emulated(P: Settings, loaded, ps: list[list[int]], batch_size: int = 1, 
     demands = len(trace)
     share = cal.compute_us_per_expert * 1e-6 * accesses / compute if compute > 0 else 0.0
     share = min(max(share, 0.0), 1.0)
-    hw = dataclasses.replace(HARDWARE["cpu-emulated"], expert_us=1e6 * compute * share / accesses,
-                             other_us_per_demand=1e6 * compute * (1 - share) / demands, plan_us=0.0,
-                             copy_host_us=1e6 * copy_s)
-    source = (f"{hw.expert_us:.1f} us per expert, {hw.other_us_per_demand:.0f} us other per demand, "
-              f"{hw.copy_host_us:.1f} us host per copy")
+    hw = dataclasses.replace(
+        HARDWARE["cpu-emulated"],
+        expert_us=1e6 * compute * share / accesses,
+        other_us_per_demand=1e6 * compute * (1 - share) / demands,
+        plan_us=0.0,
+        copy_host_us=1e6 * copy_s,
+    )
+    source = (
+        f"{hw.expert_us:.1f} us per expert, {hw.other_us_per_demand:.0f} us other per demand, "
+        f"{hw.copy_host_us:.1f} us host per copy"
+    )
     return hw, source
 
 
-def validate_cpu(P: Settings, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLICIES, batch_sizes=(1, 4),
-                 repetitions: int = 2, n_prompts: int = 2, progress: bool = True) -> tuple[pd.DataFrame, str]:
+def validate_cpu(
+    P: Settings,
+    ratios=VALIDATION_RATIOS,
+    policies=VALIDATION_POLICIES,
+    batch_sizes=(1, 4),
+    repetitions: int = 2,
+    n_prompts: int = 2,
+    progress: bool = True,
+) -> tuple[pd.DataFrame, str]:
     """Measured (wall clock, real compute, emulated link) against modelled seconds per step, one row per run;
     repetition rep runs the policies in the order slot_order(policies, P.rotation * repetitions + rep)
     (bench/order.py). Returns the rows and the calibration's description."""
@@ -82,7 +99,7 @@ def validate_cpu(P: Settings, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLI
     shp = shape("tiny") if loaded.cfg.name == "tiny" else Shape.of(loaded.cfg, 4)
     costs, sources = {}, []
     traces: dict[int, Trace] = {}
-    for b in batch_sizes:                  # compute per demand grows with the batch: calibrated per batch size
+    for b in batch_sizes:  # compute per demand grows with the batch: calibrated per batch size
         # The routing of every run of this batch size (offloading changes time, never results); measured runs
         # do not record, since recording also computes each layer's cross-layer prediction.
         traces[b] = decode_prompts(loaded, ps, b, options, record=True, task=task).trace
@@ -101,34 +118,51 @@ def validate_cpu(P: Settings, ratios=VALIDATION_RATIOS, policies=VALIDATION_POLI
             res = decode_prompts(loaded, ps, b, options, spec=spec, task=task)
             m = model_run(t, costs[b], C, policy, P.link_priority)
             s = res.stats
-            rows.append({"task": task, "batch_size": b, "cache_ratio": ratio, "bandwidth_scale": 1.0,
-                         "cache_experts": C, "rep": rep,
-                         "policy": policy, "measured_seconds_per_step": s.seconds / s.forwards,
-                         "modeled_seconds_per_step": m["seconds_per_step"],
-                         "measured_stall": s.stall_seconds, "modeled_stall": m["stall_per_step"] * m["steps"],
-                         "demand_misses": s.demand_misses, "modeled_demand_misses": m["demand_misses"],
-                         "forwards": s.forwards})
+            rows.append(
+                {
+                    "task": task,
+                    "batch_size": b,
+                    "cache_ratio": ratio,
+                    "bandwidth_scale": 1.0,
+                    "cache_experts": C,
+                    "rep": rep,
+                    "policy": policy,
+                    "measured_seconds_per_step": s.seconds / s.forwards,
+                    "modeled_seconds_per_step": m["seconds_per_step"],
+                    "measured_stall": s.stall_seconds,
+                    "modeled_stall": m["stall_per_step"] * m["steps"],
+                    "demand_misses": s.demand_misses,
+                    "modeled_demand_misses": m["demand_misses"],
+                    "forwards": s.forwards,
+                }
+            )
     df = pd.DataFrame(rows)
     df["error"] = df.modeled_seconds_per_step / df.measured_seconds_per_step - 1
     return df, source
 
 
-VALIDATION = "validation"    # data/results/<profile>/validation.csv: the timed validation rows (replication.py)
+VALIDATION = "validation"  # data/results/<profile>/validation.csv: the timed validation rows (replication.py)
 
 
 def validation(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
     """The validation protocol of docs/perf_model.md: validate_cpu at batch sizes 1 and 4 and every C/W of the
-    profile's grid, 2 repetitions, reused from data/results/<profile>/validation.csv when made under these settings
+    profile's grid, 2 repetitions, reused from data/results/<profile>/validation.csv when made under these
+    settings
     (stored_runs.cached_rows). Returns the rows and the calibration's description."""
+
     def measure():
-        df, source = validate_cpu(P, ratios=tuple(P.cache_ratios), batch_sizes=(1, 4), repetitions=2,
-                                  progress=progress)
+        df, source = validate_cpu(
+            P, ratios=tuple(P.cache_ratios), batch_sizes=(1, 4), repetitions=2, progress=progress
+        )
         return df.assign(calibration=source)
+
     rows = cached_rows(P, VALIDATION, bench_fingerprint(P), measure)
     return rows, str(rows.calibration.iloc[0]) if len(rows) else ""
 
 
-def validate_gpu(report: str | Path | None = None, traces: dict[int, str | Path] | None = None) -> pd.DataFrame:
+def validate_gpu(
+    report: str | Path | None = None, traces: dict[int, str | Path] | None = None
+) -> pd.DataFrame:
     """The runs of a gpu_check report against the model on their recorded routing (h200 profile with the
     report's measurements). One row per run: measured and modelled seconds per forward (prefill included,
     as gpu_check's ms_per_forward)."""
@@ -147,12 +181,19 @@ def validate_gpu(report: str | Path | None = None, traces: dict[int, str | Path]
             continue
         m = model_run(t, costs, run_["cache_experts"], run_["policy"], "fifo")
         forwards = m["steps"] + m["prefill_forwards"]
-        rows.append({"batch_size": run_["batch"], "cache_ratio": run_["cache_ratio"],
-                     "cache_experts": run_["cache_experts"], "policy": run_["policy"],
-                     "measured_seconds_per_step": run_["ms_per_forward"] / 1e3,
-                     "modeled_seconds_per_step": m["seconds"] / m["steps"],
-                     "measured_demand_misses": run_["demand_misses"], "modeled_demand_misses": m["demand_misses"],
-                     "forwards": forwards})
+        rows.append(
+            {
+                "batch_size": run_["batch"],
+                "cache_ratio": run_["cache_ratio"],
+                "cache_experts": run_["cache_experts"],
+                "policy": run_["policy"],
+                "measured_seconds_per_step": run_["ms_per_forward"] / 1e3,
+                "modeled_seconds_per_step": m["seconds"] / m["steps"],
+                "measured_demand_misses": run_["demand_misses"],
+                "modeled_demand_misses": m["demand_misses"],
+                "forwards": forwards,
+            }
+        )
     df = pd.DataFrame(rows)
     df["error"] = df.modeled_seconds_per_step / df.measured_seconds_per_step - 1
     return df
@@ -163,10 +204,16 @@ def validation_summary(rows: pd.DataFrame, a: str = "demand", b: str = "last_ste
     repetitions' mean), and sign agreement: every cell pair whose measured a-vs-b difference has an interval
     excluding 0 (paired t, stats.paired_table; needs repetitions) must have the modelled difference's sign."""
     keys = ["batch_size", "cache_ratio", "policy"]
-    cells = rows.groupby(keys, as_index=False)[["measured_seconds_per_step", "modeled_seconds_per_step"]].mean()
+    cells = rows.groupby(keys, as_index=False)[
+        ["measured_seconds_per_step", "modeled_seconds_per_step"]
+    ].mean()
     err = (cells.modeled_seconds_per_step / cells.measured_seconds_per_step - 1).abs()
-    out = {"cells": len(cells), "median_abs_error": float(err.median()), "worst_abs_error": float(err.max()),
-           "signs": []}
+    out = {
+        "cells": len(cells),
+        "median_abs_error": float(err.median()),
+        "worst_abs_error": float(err.max()),
+        "signs": [],
+    }
     if "rep" in rows and rows.rep.nunique() >= 2:
         tab = paired_table(rows, a, b, ["batch_size", "cache_ratio"], metric="measured_seconds_per_step")
         for r in tab.itertuples():
@@ -174,8 +221,13 @@ def validation_summary(rows: pd.DataFrame, a: str = "demand", b: str = "last_ste
                 continue
             mod = cells.set_index(keys).modeled_seconds_per_step
             d_mod = mod[(r.batch_size, r.cache_ratio, a)] - mod[(r.batch_size, r.cache_ratio, b)]
-            out["signs"].append({"batch_size": r.batch_size, "cache_ratio": r.cache_ratio,
-                                 "measured_diff_pct": r.diff_pct, "modeled_sign_agrees":
-                                 bool(np.sign(d_mod) == np.sign(r.diff_pct))})
+            out["signs"].append(
+                {
+                    "batch_size": r.batch_size,
+                    "cache_ratio": r.cache_ratio,
+                    "measured_diff_pct": r.diff_pct,
+                    "modeled_sign_agrees": bool(np.sign(d_mod) == np.sign(r.diff_pct)),
+                }
+            )
     out["all_signs_agree"] = all(s["modeled_sign_agrees"] for s in out["signs"])
     return out

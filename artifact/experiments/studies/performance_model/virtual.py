@@ -1,7 +1,9 @@
-"""The performance model's virtual runs: model_grid replays routing traces (recorded or synthetic) through the real
-engine, cache, policies and link timeline on a virtual clock priced by a hardware profile (hardware.py), for
-every policy x C/W x link priority, with the physical limit beside each cell. Every number is a pure function of
+"""The performance model's virtual runs: model_grid replays routing traces (recorded or synthetic) through the
+real engine, cache, policies and link timeline on a virtual clock priced by a hardware profile (hardware.py),
+for every policy x C/W x link priority, with the physical limit beside each cell. Every number is a pure
+function of
 the inputs: two runs give identical bits."""
+
 from __future__ import annotations
 
 import json
@@ -20,9 +22,16 @@ from artifact.offload.replay.trace import KINDS, Trace, mean_working_set
 from artifact.offload.runner import OffloadSpec
 from artifact.offload.trace_engine import Calibration, ExpertShape, run_stream, run_virtual
 
-SHAPES = ("llada2-mini", "llada2-flash", "tiny")     # model.config presets; tiny in float32 (the cpu profile)
-OUTPUTS = ("seconds_per_step", "tokens_per_second", "stall_per_step", "link_busy_over_wall", "host_per_step",
-           "limit_per_step", "floor_per_step")
+SHAPES = ("llada2-mini", "llada2-flash", "tiny")  # model.config presets; tiny in float32 (the cpu profile)
+OUTPUTS = (
+    "seconds_per_step",
+    "tokens_per_second",
+    "stall_per_step",
+    "link_busy_over_wall",
+    "host_per_step",
+    "limit_per_step",
+    "floor_per_step",
+)
 
 
 def shape(name: str) -> Shape:
@@ -34,40 +43,65 @@ def shape(name: str) -> Shape:
 def tokens_decoded(trace: Trace) -> int:
     """Tokens the traced run decoded: every block round decodes block_length tokens per batch row."""
     first = trace.meta["moe_layers"][0]
-    rounds = int(np.sum((trace.kind == KINDS.index("denoise")) & (trace.block_step == 0) & (trace.layer == first)))
+    rounds = int(
+        np.sum((trace.kind == KINDS.index("denoise")) & (trace.block_step == 0) & (trace.layer == first))
+    )
     block = int((trace.meta.get("decode") or {}).get("block_length", 32))
     return rounds * block * int(trace.meta.get("batch_size") or 1)
 
 
-def virtual_spec(costs: Costs, capacity: int, policy: str, priority: str, lookahead: int = 1,
-                 tau: int = 4) -> OffloadSpec:
-    return OffloadSpec(capacity, policy, "emulated", bandwidth_gbps=costs.link_gbps,
-                       latency_us=costs.hw.copy_latency_us, lookahead=lookahead, tau=tau, link_priority=priority)
+def virtual_spec(
+    costs: Costs, capacity: int, policy: str, priority: str, lookahead: int = 1, tau: int = 4
+) -> OffloadSpec:
+    return OffloadSpec(
+        capacity,
+        policy,
+        "emulated",
+        bandwidth_gbps=costs.link_gbps,
+        latency_us=costs.hw.copy_latency_us,
+        lookahead=lookahead,
+        tau=tau,
+        link_priority=priority,
+    )
 
 
-def model_run(trace: Trace, costs: Costs, capacity: int, policy: str, priority: str = "fifo",
-              min_misses: int | None = None) -> dict:
+def model_run(
+    trace: Trace,
+    costs: Costs,
+    capacity: int,
+    policy: str,
+    priority: str = "fifo",
+    min_misses: int | None = None,
+) -> dict:
     """One modelled run: run_virtual's stats and the outputs (module docstring), per denoising step."""
     st = run_virtual(trace, virtual_spec(costs, capacity, policy, priority), costs)
     steps = max(st["forwards"], 1)
     t = st["time"]
     tokens = tokens_decoded(trace)
     return {
-        "seconds": st["seconds"], "steps": st["forwards"], "prefill_forwards": st["prefill_forwards"],
+        "seconds": st["seconds"],
+        "steps": st["forwards"],
+        "prefill_forwards": st["prefill_forwards"],
         "seconds_per_step": st["seconds"] / steps,
-        "tokens_per_second": tokens / st["seconds"] if st["seconds"] else float("nan"), "tokens": tokens,
-        "stall_per_step": t["stall"] / steps, "host_per_step": t["host"] / steps,
-        "compute_per_step": t["compute"] / steps, "experts_per_step": t["experts"] / steps,
+        "tokens_per_second": tokens / st["seconds"] if st["seconds"] else float("nan"),
+        "tokens": tokens,
+        "stall_per_step": t["stall"] / steps,
+        "host_per_step": t["host"] / steps,
+        "compute_per_step": t["compute"] / steps,
+        "experts_per_step": t["experts"] / steps,
         "link_busy_over_wall": st["link_busy_seconds"] / st["seconds"] if st["seconds"] else float("nan"),
         **limits(trace, costs, capacity, st["transfers"], steps, min_misses),
-        "demand_misses": st["demand_misses"], "speculative_transfers": st["speculative_transfers"],
-        "prefetch_hits": st["prefetch_hits"], "transfers": st["transfers"],
+        "demand_misses": st["demand_misses"],
+        "speculative_transfers": st["speculative_transfers"],
+        "prefetch_hits": st["prefetch_hits"],
+        "transfers": st["transfers"],
         **{f"{k}_{ph}": v for ph, d in t["by_phase"].items() for k, v in d.items()},
     }
 
 
-def limits(trace: Trace, costs: Costs, capacity: int, transfers: int, steps: int,
-           min_misses: int | None = None) -> dict:
+def limits(
+    trace: Trace, costs: Costs, capacity: int, transfers: int, steps: int, min_misses: int | None = None
+) -> dict:
     """The physical limit per step, max(compute, transfers x expert bytes / bandwidth), and its floor with
     min's misses; compute is the device's (Costs.device_only: no host launch term), every demand's non-expert
     compute and all its experts in one group."""
@@ -77,44 +111,69 @@ def limits(trace: Trace, costs: Costs, capacity: int, transfers: int, steps: int
     link_s = costs.expert_bytes / (costs.link_gbps * 1e9)
     if min_misses is None:
         min_misses = replay(trace, "min", capacity)["demand_misses"]
-    return {"limit_per_step": max(compute, transfers * link_s) / steps,
-            "floor_per_step": max(compute, min_misses * link_s) / steps, "min_misses": min_misses}
+    return {
+        "limit_per_step": max(compute, transfers * link_s) / steps,
+        "floor_per_step": max(compute, min_misses * link_s) / steps,
+        "min_misses": min_misses,
+    }
 
 
-WALL_STORE_LIMIT = 2 << 30     # bytes: the wall clock replays real expert tensors on this machine
+WALL_STORE_LIMIT = 2 << 30  # bytes: the wall clock replays real expert tensors on this machine
 
 
-def wall_run(trace: Trace, costs: Costs, capacity: int, policy: str, priority: str = "fifo",
-             min_misses: int | None = None) -> dict:
+def wall_run(
+    trace: Trace,
+    costs: Costs,
+    capacity: int,
+    policy: str,
+    priority: str = "fifo",
+    min_misses: int | None = None,
+) -> dict:
     """The same cell on the wall clock (clock 'wall'): the stream engine with the emulated link sleeping and
     the calibrated compute spinning on this machine (cpu-emulated), for a check of the virtual clock."""
     hw, s = costs.hw, costs.shape
     check_clock("wall", hw)
     store = len(trace.meta["moe_layers"]) * trace.meta["num_experts"] * s.expert_bytes
     if store > WALL_STORE_LIMIT:
-        raise SettingError(f"clock 'wall' would allocate {store / 2**30:.1f} GiB of experts for this shape; "
-                           "use shape 'tiny' or clock 'virtual'")
+        raise SettingError(
+            f"clock 'wall' would allocate {store / 2**30:.1f} GiB of experts for this shape; "
+            "use shape 'tiny' or clock 'virtual'"
+        )
     spec = virtual_spec(costs, capacity, policy, priority)
-    st = run_stream(trace, spec, ExpertShape(s.hidden_size, s.moe_intermediate_size),
-                    Calibration(hw.expert_us, hw.other_us_per_demand, source=hw.name))
+    st = run_stream(
+        trace,
+        spec,
+        ExpertShape(s.hidden_size, s.moe_intermediate_size),
+        Calibration(hw.expert_us, hw.other_us_per_demand, source=hw.name),
+    )
     steps = max(st["forwards"], 1)
     tokens = tokens_decoded(trace)
-    return {"seconds": st["seconds"], "steps": st["forwards"], "prefill_forwards": st["prefill_forwards"],
-            "seconds_per_step": st["seconds"] / steps, "tokens": tokens,
-            "tokens_per_second": tokens / st["seconds"] if st["seconds"] else float("nan"),
-            "stall_per_step": st["stall_seconds"] / steps,
-            "link_busy_over_wall": st["link_busy_seconds"] / st["seconds"] if st["seconds"] else float("nan"),
-            **limits(trace, costs, capacity, st["transfers"], steps, min_misses),
-            "demand_misses": st["demand_misses"], "speculative_transfers": st["speculative_transfers"],
-            "prefetch_hits": st["prefetch_hits"], "transfers": st["transfers"]}
+    return {
+        "seconds": st["seconds"],
+        "steps": st["forwards"],
+        "prefill_forwards": st["prefill_forwards"],
+        "seconds_per_step": st["seconds"] / steps,
+        "tokens": tokens,
+        "tokens_per_second": tokens / st["seconds"] if st["seconds"] else float("nan"),
+        "stall_per_step": st["stall_seconds"] / steps,
+        "link_busy_over_wall": st["link_busy_seconds"] / st["seconds"] if st["seconds"] else float("nan"),
+        **limits(trace, costs, capacity, st["transfers"], steps, min_misses),
+        "demand_misses": st["demand_misses"],
+        "speculative_transfers": st["speculative_transfers"],
+        "prefetch_hits": st["prefetch_hits"],
+        "transfers": st["transfers"],
+    }
 
 
 def check_clock(clock: str, hw: Hardware) -> None:
     if clock not in CLOCKS:
         raise SettingError(f"unknown clock {clock!r}; choose one of {CLOCKS}")
     if clock == "wall" and not hw.calibrated:
-        raise SettingError(f"clock 'wall' runs the stream on this machine: it needs a calibrated hardware profile "
-                           f"(cpu-emulated), not {hw.name!r}; use clock 'virtual'")
+        raise SettingError(
+            "clock 'wall' runs the stream on this machine: it needs a calibrated hardware "
+            "profile "
+            f"(cpu-emulated), not {hw.name!r}; use clock 'virtual'"
+        )
 
 
 def check_grid(policies, ratios, priorities, batch_sizes=None) -> None:
@@ -123,7 +182,9 @@ def check_grid(policies, ratios, priorities, batch_sizes=None) -> None:
         raise SettingError("--policies is empty; give at least one engine policy, e.g. demand,last_step")
     for p in policies:
         if not check_policy(p).engine_ok:
-            raise SettingError(f"policy {p!r} runs in the simulator only; the model runs the engine's policies")
+            raise SettingError(
+                f"policy {p!r} runs in the simulator only; the model runs the engine's policies"
+            )
     if not ratios:
         raise SettingError("--cache-ratios is empty; give ratios C/W, e.g. 0.43,1,1.73")
     for r in ratios:
@@ -137,9 +198,18 @@ def check_grid(policies, ratios, priorities, batch_sizes=None) -> None:
             raise SettingError(f"--batch-sizes: a batch size is an integer >= 1, got {b!r}")
 
 
-def model_grid(traces: list[Trace], hw: Hardware, shape_name: str, policies, ratios, priorities=("fifo",),
-               progress: bool = False, names: list[str] | None = None, clock: str = "virtual",
-               floors: dict | None = None) -> pd.DataFrame:
+def model_grid(
+    traces: list[Trace],
+    hw: Hardware,
+    shape_name: str,
+    policies,
+    ratios,
+    priorities=("fifo",),
+    progress: bool = False,
+    names: list[str] | None = None,
+    clock: str = "virtual",
+    floors: dict | None = None,
+) -> pd.DataFrame:
     """One row per trace x C/W x link priority x policy (module docstring); clock 'wall' runs each cell on
     this machine instead (wall_run)."""
     check_grid(policies, ratios, priorities)
@@ -160,15 +230,25 @@ def model_grid(traces: list[Trace], hw: Hardware, shape_name: str, policies, rat
         for priority in priorities:
             for policy in policies:
                 out = one(t, costs, C, policy, priority, min_misses=floor)
-                rows.append({"trace": names[i] if names else str(t.path or i), "task": t.meta.get("task"),
-                             "batch_size": int(t.meta.get("batch_size") or 1), "hardware": hw.name,
-                             "shape": shape_name, "clock": clock, "cache_ratio": ratio, "cache_experts": C,
-                             "link_priority": priority, "policy": policy, **out})
+                rows.append(
+                    {
+                        "trace": names[i] if names else str(t.path or i),
+                        "task": t.meta.get("task"),
+                        "batch_size": int(t.meta.get("batch_size") or 1),
+                        "hardware": hw.name,
+                        "shape": shape_name,
+                        "clock": clock,
+                        "cache_ratio": ratio,
+                        "cache_experts": C,
+                        "link_priority": priority,
+                        "policy": policy,
+                        **out,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def to_json(df: pd.DataFrame) -> str:
-    """Rows as JSON, floats written by Python's repr (shortest round-trip): identical bits give identical text."""
+    """Rows as JSON, floats written by Python's repr (shortest round-trip): identical bits give identical
+    text."""
     return json.dumps(df.to_dict("records"), sort_keys=False)
-
-

@@ -5,16 +5,18 @@ paper's oracle cut is drawn as a contour, and two streams (at the paper's implie
 traces' point) run through the stream-driven engine (offload/trace_engine.py) on the emulated link, demand vs
 last_step, paired by repetition. The map is this artifact's own result, not a figure of the paper.
 
-The map's streams share one base (`base_params`): LLaDA2.0-mini's shape (E 256, top-k 8, 32 tokens and up to 32
-steps a block, W 70) with the generator's neutral W profile, except the W persistence (how W drifts from step to
-step) and the prefill W multiple: both the median of the cpu traces' fits (real routing drifts; without drift a
-large spread would force extra novelty through clipping, and the axes would not be independent). All streams of
-one map share a seed (common random numbers: neighbouring cells differ by the parameters, not by the draw).
+The map's streams share one base (`base_params`): LLaDA2.0-mini's shape (E 256, top-k 8, 32 tokens and up to
+32 steps a block, W 70) with the generator's neutral W profile, except the W persistence (how W drifts from
+step to step) and the prefill W multiple: both the median of the cpu traces' fits (real routing drifts;
+without drift a large spread would force extra novelty through clipping, and the axes would not be
+independent). All streams of one map share a seed (common random numbers: neighbouring cells differ by the
+parameters, not by the draw).
 
 The study's two parts: map.py (the replayed map, its numbers and verdicts, its figure) and streams.py (the
 timed streams through the stream-driven engine, their claim and figure); notebook 07 and the stored-run
 machinery (stored_runs.TIMED_STUDIES) read both as one module, `routing_map.X`.
 """
+
 from artifact.experiments.studies.routing_map.map import (  # noqa: F401
     CONTOUR,
     DEFAULT_GRID,

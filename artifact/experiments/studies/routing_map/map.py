@@ -1,7 +1,9 @@
-"""07 routing map, the map: synthetic streams over a grid of step novelty x W spread replayed at C/W 1 and 1.73
-(with and without prefill), the cpu traces placed on it, the paper's oracle cut as a contour; its numbers, verdicts
-and figure. The module docstring of the package (routing_map/__init__.py) says how the map is built.
+"""07 routing map, the map: synthetic streams over a grid of step novelty x W spread replayed at C/W 1 and
+1.73 (with and without prefill), the cpu traces placed on it, the paper's oracle cut as a contour; its
+numbers, verdicts and figure. The module docstring of the package (routing_map/__init__.py) says how the map
+is built.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,31 +26,49 @@ from artifact.offload.replay.sim import capacity_for, denoising_only, phase_colu
 from artifact.offload.replay.synth import SynthParams, synth
 from artifact.offload.replay.trace import Trace, mean_working_set
 
-POLICIES = ("last_step", "oracle", "min")      # each against LRU ('demand') at the same C
+POLICIES = ("last_step", "oracle", "min")  # each against LRU ('demand') at the same C
 
 
 @dataclass(frozen=True)
 class MapGrid:
     """How much of the map a profile computes (the grid, the streams' length, the timed repetitions)."""
-    novelty: tuple[float, ...]      # nu: share of D(t, l) not in D(t-1, l)
-    spread: tuple[float, ...]       # relative sd of W around its profile
-    ratios: tuple[float, ...]       # C/W; the first is the paper's W-scale cache
-    layers: int                     # MoE layers of a map stream (fewer than LLaDA2.0-mini's 19: run time)
+
+    novelty: tuple[float, ...]  # nu: share of D(t, l) not in D(t-1, l)
+    spread: tuple[float, ...]  # relative sd of W around its profile
+    ratios: tuple[float, ...]  # C/W; the first is the paper's W-scale cache
+    layers: int  # MoE layers of a map stream (fewer than LLaDA2.0-mini's 19: run time)
     blocks: int
     steps: int
     seed: int = 0
-    stream_layers: int = 4          # MoE layers of the timed streams (the tiny model's, whose compute is calibrated)
-    stream_steps: int = 16          # steps of a block in the timed streams (through the engine, in real time)
-    repetitions: int = 4            # timed pairs per stream (at least thresholds.MIN_PAIRS: the interval rule)
+    stream_layers: int = 4  # MoE layers of the timed streams (the tiny model's, whose compute is calibrated)
+    stream_steps: int = 16  # steps of a block in the timed streams (through the engine, in real time)
+    repetitions: int = 4  # timed pairs per stream (at least thresholds.MIN_PAIRS: the interval rule)
 
 
 # Grids by profile name (others get DEFAULT_GRID). The cpu grid replays 50 streams of ~13k accesses eight
-# times each and times 2 streams x 3 policies (demand, last_step, the A/A control) x (1 warm-up + 4 timed rounds).
-GRIDS = {"cpu": MapGrid(novelty=(0.02, 0.06, 0.12, 0.2, 0.3), spread=(0.0, 0.05, 0.1, 0.25, 0.5),
-                        ratios=(1.0, 1.73), layers=6, blocks=1, steps=32)}
-DEFAULT_GRID = MapGrid(novelty=(0.02, 0.04, 0.08, 0.12, 0.16, 0.2, 0.3), spread=(0.0, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5),
-                       ratios=(1.0, 1.73), layers=19, blocks=2, steps=32, stream_layers=19, stream_steps=32,
-                       repetitions=5)
+# times each and times 2 streams x 3 policies (demand, last_step, the A/A control) x (1 warm-up + 4 timed
+# rounds).
+GRIDS = {
+    "cpu": MapGrid(
+        novelty=(0.02, 0.06, 0.12, 0.2, 0.3),
+        spread=(0.0, 0.05, 0.1, 0.25, 0.5),
+        ratios=(1.0, 1.73),
+        layers=6,
+        blocks=1,
+        steps=32,
+    )
+}
+DEFAULT_GRID = MapGrid(
+    novelty=(0.02, 0.04, 0.08, 0.12, 0.16, 0.2, 0.3),
+    spread=(0.0, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5),
+    ratios=(1.0, 1.73),
+    layers=19,
+    blocks=2,
+    steps=32,
+    stream_layers=19,
+    stream_steps=32,
+    repetitions=5,
+)
 
 
 def grid_for(P: Settings) -> MapGrid:
@@ -63,20 +83,41 @@ def trace_fits(ts: list[Trace], ratio: float = 1.0) -> pd.DataFrame:
     rows = []
     for t in ts:
         m = routing_statistics(t)
-        replayed = denoising_only(phase_columns(sweep([t], [ratio], ["demand", "oracle"], by_phase=True)),
-                                  ["demand_misses"]).set_index("policy").demand_misses
+        replayed = (
+            denoising_only(
+                phase_columns(sweep([t], [ratio], ["demand", "oracle"], by_phase=True)), ["demand_misses"]
+            )
+            .set_index("policy")
+            .demand_misses
+        )
         lru, oracle = int(replayed["demand"]), int(replayed["oracle"])
-        rows.append({"task": t.meta.get("task"), "batch_size": int(t.meta.get("batch_size")), "w": m["w"],
-                     "novelty": m["novelty"], "w_spread": m["w_spread"], "w_cv_total": m["measured"]["w_cv_total"],
-                     "w_persistence": m["w_persistence"], "prefill": m["prefill"], "cache_ratio": ratio,
-                     "trace_oracle_cut": lru / oracle if oracle else float("inf")})
+        rows.append(
+            {
+                "task": t.meta.get("task"),
+                "batch_size": int(t.meta.get("batch_size")),
+                "w": m["w"],
+                "novelty": m["novelty"],
+                "w_spread": m["w_spread"],
+                "w_cv_total": m["measured"]["w_cv_total"],
+                "w_persistence": m["w_persistence"],
+                "prefill": m["prefill"],
+                "cache_ratio": ratio,
+                "trace_oracle_cut": lru / oracle if oracle else float("inf"),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def base_params(fits: pd.DataFrame, g: MapGrid) -> SynthParams:
     """The map's base stream (module docstring); its novelty, spread and prefill are set per cell."""
-    return SynthParams(layers=g.layers, blocks=g.blocks, steps=g.steps, seed=g.seed,
-                       w_persistence=float(np.clip(fits.w_persistence.median(), 0.0, 0.95)), prefill=0.0)
+    return SynthParams(
+        layers=g.layers,
+        blocks=g.blocks,
+        steps=g.steps,
+        seed=g.seed,
+        w_persistence=float(np.clip(fits.w_persistence.median(), 0.0, 0.95)),
+        prefill=0.0,
+    )
 
 
 def prefill_multiple(fits: pd.DataFrame) -> float:
@@ -98,18 +139,35 @@ def routing_map(base: SynthParams, g: MapGrid, prefill: float, progress: bool = 
             for p in POLICIES:
                 got = relaxed_min(t, C) if p == "min" else replay(t, p, C, lookahead=1)
                 m = got["demand_misses"]
-                rows.append({"prefill": pf > 0, "prefill_multiple": pf, "novelty": nu, "w_spread": s,
-                             "cache_ratio": r, "policy": p, "working_set": W, "cache_experts": C,
-                             "accesses": t.accesses, "lru_misses": lru, "demand_misses": m,
-                             "speculative_transfers": got["speculative_transfers"],
-                             "cut": lru / m if m else float("inf")})
+                rows.append(
+                    {
+                        "prefill": pf > 0,
+                        "prefill_multiple": pf,
+                        "novelty": nu,
+                        "w_spread": s,
+                        "cache_ratio": r,
+                        "policy": p,
+                        "working_set": W,
+                        "cache_experts": C,
+                        "accesses": t.accesses,
+                        "lru_misses": lru,
+                        "demand_misses": m,
+                        "speculative_transfers": got["speculative_transfers"],
+                        "cut": lru / m if m else float("inf"),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def cuts(map_df: pd.DataFrame, policy: str, ratio: float, prefill: bool) -> np.ndarray:
     """(len(novelty), len(spread)) LRU/policy cut, rows by novelty, columns by spread (both ascending)."""
     sel = map_df[(map_df.policy == policy) & (map_df.cache_ratio == ratio) & (map_df.prefill == prefill)]
-    return sel.pivot(index="novelty", columns="w_spread", values="cut").sort_index().sort_index(axis=1).to_numpy()
+    return (
+        sel.pivot(index="novelty", columns="w_spread", values="cut")
+        .sort_index()
+        .sort_index(axis=1)
+        .to_numpy()
+    )
 
 
 def at_point(map_df, policy: str, ratio: float, prefill: bool, novelty: float, spread: float) -> float:
@@ -124,17 +182,19 @@ def at_point(map_df, policy: str, ratio: float, prefill: bool, novelty: float, s
 @dataclass(frozen=True)
 class Numbers:
     ratio: float
-    target: float                            # the paper's oracle cut
-    limit: dict                              # (prefill, novelty) -> largest grid spread with cut >= target, or None
-    implied: tuple[float, float] | None      # at the grid novelty nearest the cpu traces', the spread where the cut
-                                             # falls to the target (no prefill); None if that row never reaches it
-    best: tuple[float, float, float]         # (novelty, spread, cut) of the largest no-prefill cut
-    cpu_point: tuple[float, float]           # median fitted (novelty, spread) of the cpu traces
-    cpu_inside: int                          # cpu traces whose map cut (no prefill) reaches the target
+    target: float  # the paper's oracle cut
+    limit: dict  # (prefill, novelty) -> largest grid spread with cut >= target, or None
+    # at the grid novelty nearest the cpu traces', the spread where the cut
+    implied: tuple[float, float] | None
+    # falls to the target (no prefill); None if that row never
+    # reaches it
+    best: tuple[float, float, float]  # (novelty, spread, cut) of the largest no-prefill cut
+    cpu_point: tuple[float, float]  # median fitted (novelty, spread) of the cpu traces
+    cpu_inside: int  # cpu traces whose map cut (no prefill) reaches the target
     cpu_traces: int
-    cpu_map_cut: tuple[float, float]         # (min, max) map cut at the traces' points, no prefill
-    cpu_trace_cut: tuple[float, float]       # (min, max) of the traces' own replayed cut
-    cpu_ranges: tuple[float, float, float, float]    # novelty min, max, spread min, max
+    cpu_map_cut: tuple[float, float]  # (min, max) map cut at the traces' points, no prefill
+    cpu_trace_cut: tuple[float, float]  # (min, max) of the traces' own replayed cut
+    cpu_ranges: tuple[float, float, float, float]  # novelty min, max, spread min, max
 
 
 def numbers(map_df: pd.DataFrame, fits: pd.DataFrame) -> Numbers:
@@ -148,21 +208,38 @@ def numbers(map_df: pd.DataFrame, fits: pd.DataFrame) -> Numbers:
             limit[(pf, float(nu))] = crossing(ss, c[i], target)
     c = cuts(map_df, "oracle", r, False)
     cpu = (round(float(fits.novelty.median()), 3), round(float(fits.w_spread.median()), 3))
-    # What the cpu routing would need: keep its novelty (the nearest grid row), find the spread that reaches the cut.
+    # What the cpu routing would need: keep its novelty (the nearest grid row), find the spread that reaches
+    # the cut.
     row = float(nus[np.argmin(np.abs(nus - cpu[0]))])
     implied = (row, limit[(False, row)]) if limit[(False, row)] is not None else None
     bi, bj = np.unravel_index(np.argmax(c), c.shape)
-    at = [at_point(map_df, "oracle", r, False, a, b) for a, b in zip(fits.novelty, fits.w_spread, strict=True)]
-    return Numbers(r, target, limit, implied, (float(nus[bi]), float(ss[bj]), float(c[bi, bj])), cpu,
-                   int(sum(v >= target for v in at)), len(fits), (min(at), max(at)),
-                   (float(fits.trace_oracle_cut.min()), float(fits.trace_oracle_cut.max())),
-                   (float(fits.novelty.min()), float(fits.novelty.max()), float(fits.w_spread.min()),
-                    float(fits.w_spread.max())))
+    at = [
+        at_point(map_df, "oracle", r, False, a, b) for a, b in zip(fits.novelty, fits.w_spread, strict=True)
+    ]
+    return Numbers(
+        r,
+        target,
+        limit,
+        implied,
+        (float(nus[bi]), float(ss[bj]), float(c[bi, bj])),
+        cpu,
+        int(sum(v >= target for v in at)),
+        len(fits),
+        (min(at), max(at)),
+        (float(fits.trace_oracle_cut.min()), float(fits.trace_oracle_cut.max())),
+        (
+            float(fits.novelty.min()),
+            float(fits.novelty.max()),
+            float(fits.w_spread.min()),
+            float(fits.w_spread.max()),
+        ),
+    )
 
 
 def crossing(spreads: np.ndarray, cut: np.ndarray, target: float) -> float | None:
     """The spread at which a row's cut falls to `target` (linear in log cut between grid cells): the largest
-    spread that still reaches it. None if even the smallest spread falls short; the last spread if all reach it."""
+    spread that still reaches it. None if even the smallest spread falls short; the last spread if all reach
+    it."""
     if cut[0] < target:
         return None
     below = np.flatnonzero(cut < target)
@@ -174,8 +251,11 @@ def crossing(spreads: np.ndarray, cut: np.ndarray, target: float) -> float | Non
 
 
 def region_text(n: Numbers, prefill: bool) -> str:
-    parts = [f"nu {nu:g}: spread <= {lim:.3f}" if lim is not None else f"nu {nu:g}: none"
-             for (pf, nu), lim in n.limit.items() if pf == prefill]
+    parts = [
+        f"nu {nu:g}: spread <= {lim:.3f}" if lim is not None else f"nu {nu:g}: none"
+        for (pf, nu), lim in n.limit.items()
+        if pf == prefill
+    ]
     return "; ".join(parts)
 
 
@@ -191,11 +271,20 @@ def reading(map_df: pd.DataFrame, n: Numbers) -> str:
         parts.append(f"{p} {c.min():.2f}-{c.max():.2f}x")
     orc = cuts(map_df, "oracle", r, False)
     lo_s, hi_s = n.cpu_ranges[2], n.cpu_ranges[3]
-    where = (f"the {n.target}x contour at the cpu traces' novelty lies at spread {n.implied[1]:.3f}, the traces at "
-             f"{lo_s:.2f}-{hi_s:.2f}" if n.implied else f"no cell at the cpu traces' novelty reaches {n.target}x")
-    return (f"At C/W {r:g} without prefill, LRU's misses over each policy's span: " + ", ".join(parts)
-            + f"; the oracle's cut at the smallest spread is {orc[:, 0].min():.1f}-{orc[:, 0].max():.1f}x and at the "
-            f"largest {orc[:, -1].min():.1f}-{orc[:, -1].max():.1f}x over novelty; {where}.")
+    where = (
+        f"the {n.target}x contour at the cpu traces' novelty lies at spread {n.implied[1]:.3f}, the "
+        "traces at "
+        f"{lo_s:.2f}-{hi_s:.2f}"
+        if n.implied
+        else f"no cell at the cpu traces' novelty reaches {n.target}x"
+    )
+    return (
+        f"At C/W {r:g} without prefill, LRU's misses over each policy's span: "
+        + ", ".join(parts)
+        + f"; the oracle's cut at the smallest spread is {orc[:, 0].min():.1f}-{orc[:, 0].max():.1f}x "
+        "and at the "
+        f"largest {orc[:, -1].min():.1f}-{orc[:, -1].max():.1f}x over novelty; {where}."
+    )
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -206,35 +295,61 @@ def verdicts(n: Numbers) -> list[Claim]:
     # with-prefill rows are printed beside them in (1), not ruled on).
     ruled = "synthetic streams without prefill forwards (every demand a denoising step)"
     basis = dict(counting=f"{ruled}; the with-prefill rows printed, not ruled on", interval=EXACT)
-    # Judged at the cpu traces' novelty (the grid row nearest it), on the contour: does any W spread there reach
+    # Judged at the cpu traces' novelty (the grid row nearest it), on the contour: does any W spread there
+    # reach
     # the paper's cut? It fails when the contour never reaches the target in that row, whatever other rows do.
-    claims = [Claim(
-        f"routing statistics under which an oracle cuts misses {n.target}x at C/W {n.ratio:g} exist at the cpu "
-        f"traces' novelty ({own})",
-        paper_text + f"; judged on {CONTOUR} at the grid novelty nearest the cpu traces': some W spread reaches "
-        f"{n.target}x",
-        f"by {CONTOUR}: cut >= {n.target}x without prefill at {region_text(n, False)}; with prefill at "
-        f"{region_text(n, True)}; "
-        + (f"at the cpu traces' novelty (nu {n.implied[0]:g}) it needs a W spread <= {n.implied[1]:.3f} (the cpu "
-           f"traces fit {n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f})" if n.implied else
-           f"no spread reaches it at the cpu traces' novelty; largest cut {n.best[2]:.1f}x at nu {n.best[0]:g}, "
-           f"spread {n.best[1]:g}"),
-        verdict_of(n.implied is not None) if any_region else NOT_MEASURABLE,
-        "" if any_region else "no grid cell reaches the paper's cut; widen the grid", **basis,
-        margin=(f"contour spread limit {n.implied[1]:.3f} at nu {n.implied[0]:g} vs the traces' fitted spread "
-                f"{n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f}" if n.implied else
-                f"no spread reaches {n.target}x at the traces' novelty; largest grid cut {n.best[2]:.2f}x (nu "
-                f"{n.best[0]:g}, spread {n.best[1]:g})"))]
+    claims = [
+        Claim(
+            f"routing statistics under which an oracle cuts misses {n.target}x at C/W {n.ratio:g} exist at "
+            "the "
+            "cpu "
+            f"traces' novelty ({own})",
+            paper_text + f"; judged on {CONTOUR} at the grid novelty nearest the cpu traces': some W spread "
+            "reaches "
+            f"{n.target}x",
+            f"by {CONTOUR}: cut >= {n.target}x without prefill at {region_text(n, False)}; with prefill at "
+            f"{region_text(n, True)}; "
+            + (
+                f"at the cpu traces' novelty (nu {n.implied[0]:g}) it needs a W spread <= {n.implied[1]:.3f} "
+                "(the "
+                "cpu "
+                f"traces fit {n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f})"
+                if n.implied
+                else f"no spread reaches it at the cpu traces' novelty; largest cut {n.best[2]:.1f}x at nu "
+                f"{n.best[0]:g}, "
+                f"spread {n.best[1]:g}"
+            ),
+            verdict_of(n.implied is not None) if any_region else NOT_MEASURABLE,
+            "" if any_region else "no grid cell reaches the paper's cut; widen the grid",
+            **basis,
+            margin=(
+                f"contour spread limit {n.implied[1]:.3f} at nu {n.implied[0]:g} vs the traces' fitted "
+                "spread "
+                f"{n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f}"
+                if n.implied
+                else f"no spread reaches {n.target}x at the traces' novelty; largest grid cut "
+                f"{n.best[2]:.2f}x "
+                "(nu "
+                f"{n.best[0]:g}, spread {n.best[1]:g})"
+            ),
+        )
+    ]
     lo_nu, hi_nu, lo_s, hi_s = n.cpu_ranges
-    claims.append(Claim(
-        f"the cpu traces' routing lies in the region where an oracle cuts misses {n.target}x ({own})",
-        paper_text + f"; judged on {CONTOUR}: the map's cut at each trace's fitted point",
-        f"{n.cpu_inside} of {n.cpu_traces} traces inside; fitted nu {lo_nu:.2f}-{hi_nu:.2f}, spread "
-        f"{lo_s:.2f}-{hi_s:.2f}; the map there (interpolated): {n.cpu_map_cut[0]:.1f}-{n.cpu_map_cut[1]:.1f}x; "
-        f"the traces' own replay (denoising steps): {n.cpu_trace_cut[0]:.1f}-{n.cpu_trace_cut[1]:.1f}x",
-        verdict_of(n.cpu_inside == n.cpu_traces), counting=f"{ruled}, at each cpu trace's fitted point", interval=EXACT,
-        margin=f"largest map cut at a trace {n.cpu_map_cut[1]:.2f}x vs {n.target}x: "
-        f"{n.cpu_map_cut[1] / n.target:.2f} of it"))
+    claims.append(
+        Claim(
+            f"the cpu traces' routing lies in the region where an oracle cuts misses {n.target}x ({own})",
+            paper_text + f"; judged on {CONTOUR}: the map's cut at each trace's fitted point",
+            f"{n.cpu_inside} of {n.cpu_traces} traces inside; fitted nu {lo_nu:.2f}-{hi_nu:.2f}, spread "
+            f"{lo_s:.2f}-{hi_s:.2f}; the map there (interpolated): "
+            f"{n.cpu_map_cut[0]:.1f}-{n.cpu_map_cut[1]:.1f}x; "
+            f"the traces' own replay (denoising steps): {n.cpu_trace_cut[0]:.1f}-{n.cpu_trace_cut[1]:.1f}x",
+            verdict_of(n.cpu_inside == n.cpu_traces),
+            counting=f"{ruled}, at each cpu trace's fitted point",
+            interval=EXACT,
+            margin=f"largest map cut at a trace {n.cpu_map_cut[1]:.2f}x vs {n.target}x: "
+            f"{n.cpu_map_cut[1] / n.target:.2f} of it",
+        )
+    )
     return claims
 
 
@@ -247,8 +362,13 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
     nus, ss = np.sort(map_df.novelty.unique()), np.sort(map_df.w_spread.unique())
     finite = map_df.cut[np.isfinite(map_df.cut)]
     norm = LogNorm(vmin=max(0.8, float(finite.min())), vmax=float(finite.max()))
-    fig, axes = plt.subplots(len(panels), len(POLICIES), figsize=(4 * len(POLICIES), 3.2 * len(panels)),
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        len(panels),
+        len(POLICIES),
+        figsize=(4 * len(POLICIES), 3.2 * len(panels)),
+        squeeze=False,
+        layout="constrained",
+    )
     xi = np.interp(fits.w_spread, ss, np.arange(len(ss)))
     yi = np.interp(fits.novelty, nus, np.arange(len(nus)))
     for row, (r, pf) in enumerate(panels):
@@ -257,13 +377,35 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
             c = cuts(map_df, p, r, pf)
             im = ax.imshow(c, origin="lower", cmap="viridis", norm=norm, aspect="auto")
             for (i, j), v in np.ndenumerate(c):
-                ax.text(j, i, f"{v:.2f}" if v < 2 else f"{v:.1f}", ha="center", va="center", fontsize=8,
-                        color="white" if v < np.sqrt(norm.vmin * norm.vmax) else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{v:.2f}" if v < 2 else f"{v:.1f}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if v < np.sqrt(norm.vmin * norm.vmax) else "black",
+                )
             if p == "oracle" and c.min() < n.target < c.max():
-                ax.contour(np.arange(len(ss)), np.arange(len(nus)), c, levels=[n.target],
-                           colors=PAPER_STYLE["color"], linestyles="dashed", linewidths=PAPER_STYLE["lw"])
-            ax.scatter(xi, yi, s=14, c="white", edgecolors="black", linewidths=0.5, zorder=3,
-                       label="the cpu traces (their fitted nu and W spread)")
+                ax.contour(
+                    np.arange(len(ss)),
+                    np.arange(len(nus)),
+                    c,
+                    levels=[n.target],
+                    colors=PAPER_STYLE["color"],
+                    linestyles="dashed",
+                    linewidths=PAPER_STYLE["lw"],
+                )
+            ax.scatter(
+                xi,
+                yi,
+                s=14,
+                c="white",
+                edgecolors="black",
+                linewidths=0.5,
+                zorder=3,
+                label="the cpu traces (their fitted nu and W spread)",
+            )
             ax.set_xticks(range(len(ss)), [f"{v:g}" for v in ss], fontsize=8)
             ax.set_yticks(range(len(nus)), [f"{v:g}" for v in nus], fontsize=8)
             ax.set_title(f"LRU / {p}: C/W {r:g}, {'with' if pf else 'no'} prefill", fontsize=9)
@@ -272,8 +414,10 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
             if col == 0:
                 ax.set_ylabel("step novelty nu")
     fig.colorbar(im, ax=axes, shrink=0.4, label="LRU's demand misses / the policy's (x)")
-    title(fig, P, f"07 routing map: where prediction wins (synthetic streams; dashed: the paper's oracle "
-                  f"{n.target}x)", legend_columns=1)
+    title(
+        fig,
+        P,
+        f"07 routing map: where prediction wins (synthetic streams; dashed: the paper's oracle {n.target}x)",
+        legend_columns=1,
+    )
     return fig, map_df.copy()
-
-

@@ -1,7 +1,9 @@
 """07 routing map, the timed part: two synthetic streams (the paper's implied point and the cpu traces' point
-on the map) through the stream-driven engine (offload/trace_engine.py) on the emulated link, demand vs last_step
-and the A/A control, paired by repetition; their rows, the replicas of the stored runs, and the streams claim.
+on the map) through the stream-driven engine (offload/trace_engine.py) on the emulated link, demand vs
+last_step and the A/A control, paired by repetition; their rows, the replicas of the stored runs, and the
+streams claim.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +20,14 @@ from artifact.experiments.claims import Claim
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, traces
-from artifact.experiments.outputs.figures import AA_LABEL, COLORS, CONTROL_COLOR, INTERVAL_BASIS, PAPER_STYLE, title
+from artifact.experiments.outputs.figures import (
+    AA_LABEL,
+    COLORS,
+    CONTROL_COLOR,
+    INTERVAL_BASIS,
+    PAPER_STYLE,
+    title,
+)
 from artifact.experiments.replication import Compared, Replicas, gather
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.stats import paired_table
@@ -49,34 +58,40 @@ def calibration(P: Settings) -> Calibration:
     if P.device != "cpu":
         return Calibration(source="none: device compute")
     loaded = load_model(P)
-    return calibrate(loaded, prompts(loaded.tokenizer, P.tasks[0], 2, P.seed, P.max_prompt_tokens)[1],
-                     P.decode_config())
+    return calibrate(
+        loaded, prompts(loaded.tokenizer, P.tasks[0], 2, P.seed, P.max_prompt_tokens)[1], P.decode_config()
+    )
 
 
 def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
-    """The timed streams: the paper's implied point (the largest spread reaching the cut at the traces' novelty;
+    """The timed streams: the paper's implied point (the largest spread reaching the cut at the traces'
+    novelty;
     the best cell if none does) and the cpu traces' median point."""
     paper_point = n.implied if n.implied is not None else n.best[:2]
     return {"paper point": paper_point, "cpu point": n.cpu_point}
 
 
-def stream_runs(P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: Calibration,
-                progress: bool = True) -> pd.DataFrame:
-    """demand, last_step and the A/A control (settings.CONTROL) at the grid's first C/W on each point's stream (no
-    prefill): one untimed warm-up run each (listed order), then g.repetitions rounds, round r in the order
+def stream_runs(
+    P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: Calibration, progress: bool = True
+) -> pd.DataFrame:
+    """demand, last_step and the A/A control (settings.CONTROL) at the grid's first C/W on each point's stream
+    (no prefill): one untimed warm-up run each (listed order), then g.repetitions rounds, round r in the order
     slot_order(policies, P.rotation * g.repetitions + r) (bench/order.py); a row per timed run."""
     loaded = load_model(P)
     shape = ExpertShape(loaded.cfg.hidden_size, loaded.cfg.moe_intermediate_size)
     ratio = g.ratios[0]
     rows = []
     policies = ("demand", "last_step", CONTROL)
-    jobs = [(name, rep) for name in points for rep in range(-1, g.repetitions)]      # rep -1: the warm-up
+    jobs = [(name, rep) for name in points for rep in range(-1, g.repetitions)]  # rep -1: the warm-up
     streams = {}
     for name, rep in tqdm(jobs, desc="stream engine", disable=not progress):
         if name not in streams:
             nu, s = points[name]
-            t = synth(dataclasses.replace(base, novelty=nu, w_spread=s, prefill=0.0, layers=g.stream_layers,
-                                          steps=g.stream_steps))
+            t = synth(
+                dataclasses.replace(
+                    base, novelty=nu, w_spread=s, prefill=0.0, layers=g.stream_layers, steps=g.stream_steps
+                )
+            )
             streams[name] = (t, stream_store(loaded, t, shape, g.seed, P.device))
         t, store = streams[name]
         C = capacity_for(ratio, mean_working_set(t), base.experts)
@@ -86,23 +101,41 @@ def stream_runs(P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: C
             st = run_stream(t, spec, shape, cal, device=P.device, store=store)
             if rep < 0:
                 continue
-            rows.append({"task": name, "batch_size": 1, "cache_ratio": ratio, "bandwidth_scale": 1.0, "rep": rep,
-                         "policy": policy, "novelty": points[name][0], "w_spread": points[name][1],
-                         "cache_experts": C, "forwards": st["forwards"], "seconds": st["seconds"],
-                         "forwards_per_second": st["forwards_per_second"], "stall_seconds": st["stall_seconds"],
-                         "link_busy_seconds": st["link_busy_seconds"], "demand_misses": st["demand_misses"],
-                         "speculative_transfers": st["speculative_transfers"], "transfers": st["transfers"],
-                         "calibration": cost_text(cal)})
+            rows.append(
+                {
+                    "task": name,
+                    "batch_size": 1,
+                    "cache_ratio": ratio,
+                    "bandwidth_scale": 1.0,
+                    "rep": rep,
+                    "policy": policy,
+                    "novelty": points[name][0],
+                    "w_spread": points[name][1],
+                    "cache_experts": C,
+                    "forwards": st["forwards"],
+                    "seconds": st["seconds"],
+                    "forwards_per_second": st["forwards_per_second"],
+                    "stall_seconds": st["stall_seconds"],
+                    "link_busy_seconds": st["link_busy_seconds"],
+                    "demand_misses": st["demand_misses"],
+                    "speculative_transfers": st["speculative_transfers"],
+                    "transfers": st["transfers"],
+                    "calibration": cost_text(cal),
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def cost_text(cal: Calibration) -> str:
     """The compute the timed streams spin per demand (the calibration), in words."""
-    return (f"{cal.compute_us_per_expert:.0f} us per expert, {cal.other_us_per_demand:.0f} us other per demand"
-            if cal.compute_us_per_expert is not None else "device compute")
+    return (
+        f"{cal.compute_us_per_expert:.0f} us per expert, {cal.other_us_per_demand:.0f} us other per demand"
+        if cal.compute_us_per_expert is not None
+        else "device compute"
+    )
 
 
-STREAMS = "streams"      # data/results/<profile>/streams.csv: the timed stream rows (stored_runs.cached_rows)
+STREAMS = "streams"  # data/results/<profile>/streams.csv: the timed stream rows (stored_runs.cached_rows)
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
@@ -110,8 +143,14 @@ def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     return streams(P, progress=progress)
 
 
-def streams(P: Settings, base: SynthParams | None = None, points: dict | None = None, g: MapGrid | None = None,
-            cal: Calibration | None = None, progress: bool = True) -> pd.DataFrame:
+def streams(
+    P: Settings,
+    base: SynthParams | None = None,
+    points: dict | None = None,
+    g: MapGrid | None = None,
+    cal: Calibration | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
     """stream_runs' rows, reused from data/results/<profile>/streams.csv when made under these settings (so a
     stored run is ruled on its own rows); the map's inputs are computed from the traces when not given."""
     if base is None or points is None or g is None:
@@ -122,6 +161,7 @@ def streams(P: Settings, base: SynthParams | None = None, points: dict | None = 
 
     def measure():
         return stream_runs(P, base, points, g, cal or calibration(P), progress=progress)
+
     return cached_rows(P, STREAMS, bench_fingerprint(P), measure)
 
 
@@ -130,19 +170,25 @@ def stream_store(loaded, t: Trace, shape: ExpertShape, seed: int, device: str) -
     else seeded random experts of its shape and dtype."""
     packed = loaded.experts
     pin = device.startswith("cuda")
-    if packed.device.type == "cpu" and tuple(packed.shape[:2]) == (len(t.meta["moe_layers"]), t.meta["num_experts"]):
+    if packed.device.type == "cpu" and tuple(packed.shape[:2]) == (
+        len(t.meta["moe_layers"]),
+        t.meta["num_experts"],
+    ):
         return HostStore(packed, t.meta["moe_layers"], pin=pin)
     return make_store(t, shape, seed=seed, pin=pin, dtype=packed.dtype)
 
 
-STREAM = ["task"]        # one cell per stream: the "task" column holds the stream's name (paper point, cpu point)
+STREAM = ["task"]  # one cell per stream: the "task" column holds the stream's name (paper point, cpu point)
 METRIC = "forwards_per_second"
-CLAIM = CLAIMS["07-streams"]   # the streams claim (criteria/timing.py): demand over last_step per stream, faster
-NET = "net of the A/A control"    # 07's figure: demand over last_step net of the control, what its claim rules on
+# the streams claim (criteria/timing.py): demand over last_step per stream, faster
+CLAIM = CLAIMS["07-streams"]
+# 07's figure: demand over last_step net of the control, what its claim rules on
+NET = "net of the A/A control"
 
 
 def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """demand vs last_step forwards/s per stream within this run, paired by repetition (stats.paired_table)."""
+    """demand vs last_step forwards/s per stream within this run, paired by repetition
+    (stats.paired_table)."""
     return paired_table(rows, "demand", "last_step", STREAM, metric=METRIC)
 
 
@@ -154,7 +200,8 @@ def replicas(P: Settings, rows: pd.DataFrame) -> Replicas:
 @dataclass(frozen=True)
 class Throughput(Compared):
     """{(stream,): Replicated} demand over last_step, forwards/s, with the A/A control and host shares."""
-    calibration: str = ""    # the compute the rows were timed with (their "calibration" column; "" if absent)
+
+    calibration: str = ""  # the compute the rows were timed with (their "calibration" column; "" if absent)
 
 
 def throughput(reps: Replicas) -> Throughput:
@@ -165,7 +212,8 @@ def throughput(reps: Replicas) -> Throughput:
 
 
 def stored_claims(P: Settings) -> list[Claim]:
-    """The timing claim recomputed from the committed rows alone, as `--store` ruled it (tests/test_stored_runs)."""
+    """The timing claim recomputed from the committed rows alone, as `--store` ruled it
+    (tests/test_stored_runs)."""
     return [throughput_claim(throughput(replicas(P, None).last_stored()))]
 
 
@@ -174,30 +222,40 @@ def stream_label(key) -> str:
 
 
 def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
-    """The streams' verdict: `faster` (direction; magnitude against the paper's range) per stream on the interval
+    """The streams' verdict: `faster` (direction; magnitude against the paper's range) per stream on the
+    interval
     replication.py rules it on, net of the A/A control on the same stream (criteria/timing.py)."""
     paper_verdict = paper.demand_vs_last_step(1.0)
     cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
     q = question(CLAIM)
     ruling = rule_claim(t, CLAIM, stream_label)
-    return timed_claim("demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
-                       f"stream-driven engine (emulated link, compute calibrated on the model): {q.text()} net of "
-                       "the A/A control, on every stream",
-                       f"{paper_verdict[0]} (a model-driven run)", ruling,
-                       "forwards/s per run, demand over last_step % per pair, one interval per stream",
-                       note=f"A/A control: {CONTROL} over demand; compute: {cost}")
+    return timed_claim(
+        "demand-async beats async last-step prefetch at C/W 1 on synthetic streams through "
+        "the "
+        f"stream-driven engine (emulated link, compute calibrated on the model): {q.text()} "
+        "net of "
+        "the A/A control, on every stream",
+        f"{paper_verdict[0]} (a model-driven run)",
+        ruling,
+        "forwards/s per run, demand over last_step % per pair, one interval per stream",
+        note=f"A/A control: {CONTROL} over demand; compute: {cost}",
+    )
 
 
 # --- figures ---
 def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
-    """Left: forwards/s per stream and policy (dots: repetitions, bar: mean); middle: link stall seconds; right:
-    demand over last_step per stream, with its interval, the same net of the A/A control (hollow: the
-    difference in differences the direction claim is ruled on) and the control in its colour, the paper's band."""
+    """Left: forwards/s per stream and policy (dots: repetitions, bar: mean); middle: link stall seconds;
+    right: demand over last_step per stream, with its interval, the same net of the A/A control (hollow: the
+    difference in differences the direction claim is ruled on) and the control in its colour, the paper's
+    band."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     names = list(dict.fromkeys(rows.task))
     _per_run(ax1, ax2, rows, names)
-    ticks = [f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:.3g}, spread {rows[rows.task == n].w_spread.iloc[0]:.3g}"
-             for n in names]
+    ticks = [
+        f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:.3g}, spread "
+        f"{rows[rows.task == n].w_spread.iloc[0]:.3g}"
+        for n in names
+    ]
     for ax in (ax1, ax2, ax3):
         ax.set_xticks(range(len(names)), ticks, fontsize=8)
     ratio = rows.cache_ratio.iloc[0]
@@ -209,40 +267,75 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
 
 
 def _per_run(ax1, ax2, rows: pd.DataFrame, names: list) -> None:
-    """Forwards/s (left) and link stall seconds (middle) per stream and policy: each repetition, and the mean."""
-    bars = [(p, CONTROL_COLOR if p == CONTROL else COLORS[p])
-            for p in ("demand", "last_step", CONTROL) if p in set(rows.policy)]
+    """Forwards/s (left) and link stall seconds (middle) per stream and policy: each repetition, and the
+    mean."""
+    bars = [
+        (p, CONTROL_COLOR if p == CONTROL else COLORS[p])
+        for p in ("demand", "last_step", CONTROL)
+        if p in set(rows.policy)
+    ]
     w = 0.8 / len(bars)
     for k, name in enumerate(names):
         for j, (p, color) in enumerate(bars):
             g = rows[(rows.task == name) & (rows.policy == p)]
             x = k + (j - (len(bars) - 1) / 2) * w
             for ax, col in ((ax1, "forwards_per_second"), (ax2, "stall_seconds")):
-                ax.bar(x, g[col].mean(), width=w * 0.95, color=color, alpha=0.6,
-                       label=p + (" (LRU)" if p == "demand" else " (A/A control)" if p == CONTROL else "") + ": mean")
+                ax.bar(
+                    x,
+                    g[col].mean(),
+                    width=w * 0.95,
+                    color=color,
+                    alpha=0.6,
+                    label=p
+                    + (" (LRU)" if p == "demand" else " (A/A control)" if p == CONTROL else "")
+                    + ": mean",
+                )
                 ax.scatter(np.full(len(g), x), g[col], s=10, color="black", zorder=3, label="one repetition")
 
 
 def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
-    """Right: per stream, demand over last_step, the same net of the A/A control and the control, each with the
+    """Right: per stream, demand over last_step, the same net of the A/A control and the control, each with
+    the
     interval it is ruled on, beside the paper's band and the margin; returns the intervals drawn."""
     out = []
-    for name, src, color, dx in (("demand over last_step", t.effects, COLORS["demand"], -0.15),
-                                 (NET, t.net, COLORS["demand"], 0.0), (AA_LABEL, t.control, CONTROL_COLOR, 0.15)):
+    for name, src, color, dx in (
+        ("demand over last_step", t.effects, COLORS["demand"], -0.15),
+        (NET, t.net, COLORS["demand"], 0.0),
+        (AA_LABEL, t.control, CONTROL_COLOR, 0.15),
+    ):
         keys = [(n,) for n in names if (n,) in src]
         if not keys:
             continue
         iv = [src[k].ruled for k in keys]
-        ax3.errorbar([names.index(k[0]) + dx for k in keys], [i.mean for i in iv],
-                     yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]], fmt="o", capsize=4,
-                     color=color, ms=5, mfc="none" if name == NET else color, label=name)
-        out += [dict(task=k[0], series=name, diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
-                for k, i in zip(keys, iv)]
-    ax3.axhspan(*paper.FASTER_PCT, color=PAPER_STYLE["color"], alpha=0.15,
-                label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% (C/W "
-                      f"{paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})")
-    ax3.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12,
-                label=f"+-{thresholds.MARGIN:g}% (equivalence margin)")
+        ax3.errorbar(
+            [names.index(k[0]) + dx for k in keys],
+            [i.mean for i in iv],
+            yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
+            fmt="o",
+            capsize=4,
+            color=color,
+            ms=5,
+            mfc="none" if name == NET else color,
+            label=name,
+        )
+        out += [
+            dict(task=k[0], series=name, diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
+            for k, i in zip(keys, iv)
+        ]
+    ax3.axhspan(
+        *paper.FASTER_PCT,
+        color=PAPER_STYLE["color"],
+        alpha=0.15,
+        label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% (C/W "
+        f"{paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})",
+    )
+    ax3.axhspan(
+        -thresholds.MARGIN,
+        thresholds.MARGIN,
+        color="gray",
+        alpha=0.12,
+        label=f"+-{thresholds.MARGIN:g}% (equivalence margin)",
+    )
     ax3.axhline(0, color="black", lw=1, ls=":")
     ax3.set_xlim(-0.6, len(names) - 0.4)
     any_iv = next(iter(t.effects.values()), None)
@@ -255,7 +348,9 @@ def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
 def _figure_data(rows: pd.DataFrame, out: list[dict]) -> pd.DataFrame:
     """The run's rows with each stream's drawn intervals beside them (the net and the control's prefixed)."""
     ruled = pd.DataFrame(out, columns=["task", "series", "diff_pct", "low", "high", "interval", "n"])
-    merged = rows.merge(ruled[ruled.series == "demand over last_step"].drop(columns="series"), on="task", how="left")
+    merged = rows.merge(
+        ruled[ruled.series == "demand over last_step"].drop(columns="series"), on="task", how="left"
+    )
     for series, prefix in ((NET, "net_"), (AA_LABEL, "control_")):
         part = ruled[ruled.series == series].drop(columns="series").add_prefix(prefix)
         merged = merged.merge(part.rename(columns={f"{prefix}task": "task"}), on="task", how="left")
