@@ -90,20 +90,7 @@ HOST_COLUMNS = ("host_ms_per_forward", "wall_ms_per_forward")
 COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS + PHASE_COLUMNS + HOST_COLUMNS
 # A file written before rows carried host time: read with those columns empty, appended to in its own columns.
 BEFORE_HOST = COLUMNS[: -len(HOST_COLUMNS)]
-STR_COLUMNS = (
-    "profile",
-    "fingerprint",
-    "model",
-    "model_hash",
-    "weights_fingerprint",
-    "dtype",
-    "device",
-    "link",
-    "hardware",
-    "task",
-    "policy",
-    "tokens_sha",
-)
+STR_COLUMNS = (*(c for c in META_COLUMNS if c != "grid_cells"), "task", "policy", "tokens_sha")
 # Numbers every row must hold (the other numeric columns may be empty, e.g. link_gbps of an unpaced cuda
 # link).
 FINITE_COLUMNS = (

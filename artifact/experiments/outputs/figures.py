@@ -11,7 +11,7 @@ from pathlib import Path
 
 from scipy import stats
 
-from artifact.experiments.criteria import thresholds
+from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figure_check import DPI, check_figure
 from artifact.experiments.outputs.paths import figures_dir, run_data_dir, short_path
 from artifact.experiments.settings import CONTROL, Settings
@@ -52,6 +52,33 @@ def title(fig, P: Settings, text: str, legend_columns: int = 0) -> None:
 
 
 CLIPPED = "interval runs off the axis (its end printed)"
+
+
+def mark_paper_04(ax, point: bool = True) -> list[float]:
+    """The paper's 04 figures on a demand-over-last_step axis (% tokens/s over C/W): its +range band over its
+    C/W range, and with `point` its interval at C/W 0.43 (paper.AT_LOW); returns the y values drawn."""
+    lo, hi = paper.FASTER_RANGE
+    ax.fill_between(
+        [lo, hi],
+        *paper.FASTER_PCT,
+        color=PAPER_STYLE["color"],
+        alpha=0.15,
+        label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}",
+    )
+    if not point:
+        return list(paper.FASTER_PCT)
+    low = paper.AT_LOW
+    ax.errorbar(
+        [low.cache_ratio],
+        [low.diff_pct],
+        yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
+        fmt="D",
+        color=PAPER_STYLE["color"],
+        capsize=4,
+        ms=5,
+        label=f"paper at C/W {low.cache_ratio:g}: {paper.paired_text(low, '%')}",
+    )
+    return [*paper.FASTER_PCT, low.ci_low, low.ci_high]
 
 
 def mean_interval(values) -> tuple[float, float]:

@@ -22,10 +22,10 @@ from artifact.experiments.outputs.figures import (
     COLORS,
     CONTROL_COLOR,
     INTERVAL_BASIS,
-    PAPER_STYLE,
     figure_legend,
     interval_limits,
     mark_clipped,
+    mark_paper_04,
     title,
 )
 from artifact.experiments.replication import Compared, Replicas, gather
@@ -282,31 +282,10 @@ def _rows(name: str, keys: list, ruled: list, pooled: list) -> list[dict]:
 def _marks(ax, name: str) -> list[float]:
     """The paper's figures and the margins a row's claim reads its intervals against; returns their y
     values."""
-    lo, hi = paper.FASTER_RANGE
     m = thresholds.MARGIN
     out = []
     if name in (EFFECT, NET):
-        ax.fill_between(
-            [lo, hi],
-            *paper.FASTER_PCT,
-            color=PAPER_STYLE["color"],
-            alpha=0.15,
-            label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}",
-        )
-        out += list(paper.FASTER_PCT)
-    if name == EFFECT:
-        low = paper.AT_LOW
-        ax.errorbar(
-            [low.cache_ratio],
-            [low.diff_pct],
-            yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
-            fmt="D",
-            color=PAPER_STYLE["color"],
-            capsize=4,
-            ms=5,
-            label=f"paper at C/W {low.cache_ratio:g}: {paper.paired_text(low, '%')}",
-        )
-        out += [low.ci_low, low.ci_high]
+        out += mark_paper_04(ax, point=name == EFFECT)
     if name == NET:
         ax.axhline(m, color="black", lw=1, ls="--", label=f"+{m:g}%: 'faster' needs the interval above it")
     else:

@@ -15,19 +15,12 @@ import time
 
 import numpy as np
 
+from artifact.offload.backend.plans import COUNTS as CACHE_COUNTS
+from artifact.offload.backend.plans import PHASES
 from artifact.offload.replay.trace import KINDS, Trace
 from artifact.validate import check_number
 
-PHASES = ("prefill", "first", "later")
-COUNTS = (
-    "demand_hits",
-    "demand_misses",
-    "speculative_transfers",
-    "prefetch_hits",
-    "wasted_prefetches",
-    "bytes_h2d",
-    "accesses",
-)
+COUNTS = (*CACHE_COUNTS, "accesses")  # the cache's counts, and the demands' expert accesses
 
 
 def phase_of(trace: Trace) -> np.ndarray:

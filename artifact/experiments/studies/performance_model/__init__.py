@@ -32,7 +32,14 @@ from tqdm.auto import tqdm
 from artifact.experiments.claims import MODELED, Claim, verdict_of
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.hardware import HARDWARE
-from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, PAPER_STYLE, figure_legend, title
+from artifact.experiments.outputs.figures import (
+    COLORS,
+    CONTROL_COLOR,
+    PAPER_STYLE,
+    figure_legend,
+    mark_paper_04,
+    title,
+)
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.performance_model.model_error import (
     VALIDATION_CELL,
@@ -278,25 +285,7 @@ def _plot_diffs(ax, grid: pd.DataFrame, panels: list) -> None:
             color="black" if hw == GPUS[0] else "tab:gray",
             label=f"demand over last_step: {hw}, {st}",
         )
-    lo, hi = paper.FASTER_RANGE
-    ax.fill_between(
-        [lo, hi],
-        *paper.FASTER_PCT,
-        color=PAPER_STYLE["color"],
-        alpha=0.15,
-        label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}",
-    )
-    low = paper.AT_LOW
-    ax.errorbar(
-        [low.cache_ratio],
-        [low.diff_pct],
-        yerr=[[low.diff_pct - low.ci_low], [low.ci_high - low.diff_pct]],
-        fmt="D",
-        color=PAPER_STYLE["color"],
-        capsize=4,
-        ms=5,
-        label=f"paper at C/W {low.cache_ratio:g}: {paper.paired_text(low, '%')}",
-    )
+    mark_paper_04(ax)
     ax.axhspan(
         -thresholds.MARGIN,
         thresholds.MARGIN,
