@@ -34,8 +34,7 @@ class ResultFileError(UserError):
 
 class RunsError(ResultFileError):
     """A stored run (data/results/<profile>/runs/run<k>/) that is damaged, missing or of another commit, or
-    too
-    few stored runs for what is asked."""
+    too few stored runs for what is asked."""
 
 
 class DeviceError(UserError):

@@ -83,8 +83,8 @@ def check_engine_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> Non
 def engine_parser(doc: str, out: str, ratios: str, which: str) -> argparse.ArgumentParser:
     """The parser with the engine step's flags, shared with scripts/gpu_check_graphs.py (check_engine_args
     checks them): `out` the report's file under results/, `ratios` the default C/W ratios, `which` what the
-    help says of
-    the configurations ("of step 7", ", in the order they run"). The caller adds its own flags."""
+    help says of the configurations ("of step 7", ", in the order they run"). The caller adds its own
+    flags."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / out)
     ap.add_argument("--ratios", default=ratios, help=f"C/W ratios{which}")

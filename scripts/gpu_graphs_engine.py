@@ -34,8 +34,7 @@ def median(xs: list[float]) -> float | None:
 # --- a row's forward mode: its keywords, its warm-up, its segments' counters ---------------------------
 def run_options(dc, device: str, forward: str, timed: bool = False):
     """The RunOptions of a run in forward mode `forward` (FORWARD_MODES); a timed or profiled run never
-    captures
-    (capture=False: its shapes were captured by the warm-up run before it)."""
+    captures (capture=False: its shapes were captured by the warm-up run before it)."""
     from artifact.offload.runner import RunOptions
 
     return RunOptions(dc, device, forward, capture=not timed)
@@ -45,8 +44,7 @@ def warm_up(run_once, forward: str):
     """The untimed warm-up of a configuration: the whole run once, and for forward "segmented" twice. A
     program captures on its second forward, and a shape the decoder feeds once per run (the first step of a
     later block, which also commits the previous block) is seen twice only over two runs: after them the timed
-    run replays
-    every piece (none eager). Returns the last warm-up run's result."""
+    run replays every piece (none eager). Returns the last warm-up run's result."""
     res = run_once()
     return run_once() if forward == "segmented" else res
 
@@ -293,8 +291,7 @@ def offloaded(
 def fp32_tokens(a, torch) -> dict:
     """Step 5 (CUDA): the tiny model in float32 on the GPU, batch 1, C/W 1, each policy and forward mode (the
     segmented one warmed up as in the engine step): tokens equal the resident eager run's. T5 judges tokens
-    here:
-    the engine's bf16 rows may diverge from the eager run after the first step, as tests/test_cuda.py
+    here: the engine's bf16 rows may diverge from the eager run after the first step, as tests/test_cuda.py
     allows."""
     if a.device != "cuda":
         return {"skipped": "on the CPU the engine rows run in float32: T5 judges their tokens"}

@@ -47,8 +47,7 @@ def call_kind(name: str) -> str | None:
 class ForwardHooks:
     """A context manager around each forward of `model`: before(kind) as the forward starts, with the kind of
     the step the decoder passed it (prefill or denoise), and after() as it returns (a forward pre-hook and a
-    forward
-    hook on the model, removed on exit). Subclasses say what they do."""
+    forward hook on the model, removed on exit). Subclasses say what they do."""
 
     def __init__(self, model):
         self.model, self.hooks = model, []

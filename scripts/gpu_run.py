@@ -76,8 +76,7 @@ def card_name(device: str) -> str:
 
 def card(a) -> int:
     """nvidia-smi's GPU names (one a line, on stdin) -> the name printed on stdout; with --name, a name that
-    is
-    not the GPU's is refused (one line on stderr, exit 2)."""
+    is not the GPU's is refused (one line on stderr, exit 2)."""
     found = [card_name(ln) for ln in sys.stdin.read().splitlines() if ln.strip()]
     found = [f for f in found if f]
     if not found:
@@ -180,8 +179,7 @@ def leftover_tmp(out: Path, name: str) -> list[Path]:
 def pack(out: Path, name: str) -> tuple[Path, list[Path]]:
     """One archive (NAME_gpu_run.tar.gz, written atomically) of the run's files under `out`, then the files
     beside it cut to MAX_FILES (KEEP_ORDER: the least needed leave the folder first; they stay in the
-    archive).
-    Returns the archive and the files left beside it."""
+    archive). Returns the archive and the files left beside it."""
     from artifact.paths import atomic_write_bytes
 
     n = names(out, name)

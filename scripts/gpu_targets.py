@@ -6,8 +6,7 @@ capture error); a row whose segments ran eagerly, or an old row without the coun
 path under another name: no target reads it, and a target that has nothing else to go on reads
 "not judged: N rows did not replay". A profiled run is read only if its own segment counters show it
 replayed (gpu_profile.replay_counters). Tokens are judged equal only in float32 (T5): in bf16 the segmented
-and
-eager forwards may legitimately diverge after the first step; the capped link's accuracy is judged apart
+and eager forwards may legitimately diverge after the first step; the capped link's accuracy is judged apart
 (T5b)."""
 
 from __future__ import annotations
@@ -179,8 +178,8 @@ def t4(runs: list[dict]) -> dict:
 
 def t5(runs: list[dict], fp32: list[dict] | None = None) -> dict:
     """Counts on every run; tokens on the float32 runs: `fp32` (the fp32_tokens step's rows, and the engine
-    rows
-    that ran in float32), or where not given the runs whose dtype is float32 (a row without one: float32)."""
+    rows that ran in float32), or where not given the runs whose dtype is float32 (a row without one:
+    float32)."""
     ok_runs = [r for r in runs if "error" not in r]
     tok = [
         r

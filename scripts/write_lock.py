@@ -11,8 +11,8 @@ checks all three agree).
 The closure follows each installed distribution's own requirements, markers evaluated here with the extras
 asked for, so a package this environment holds for another reason (a tool installed beside it) is not in it. A
 local version label is dropped (torch 2.13.0+cpu is locked as torch==2.13.0, which a CPU or a CUDA build of
-2.13.0
-satisfies), and no CUDA runtime (nvidia-*, triton) is ever locked: the lock installs on a CPU machine."""
+2.13.0 satisfies), and no CUDA runtime (nvidia-*, triton) is ever locked: the lock installs on a CPU
+machine."""
 
 from __future__ import annotations
 

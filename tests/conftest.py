@@ -69,8 +69,7 @@ def tiny_prompts(tiny):
 @pytest.fixture
 def user_policy():
     """examples/top_count_policy.py (docs/policies.md's example policy, `top_count`) imported as a policy
-    module;
-    afterwards its registration and module are removed, so no other test sees the extra policy."""
+    module; afterwards its registration and module are removed, so no other test sees the extra policy."""
     import sys
 
     from artifact.offload.policy.policies import POLICIES

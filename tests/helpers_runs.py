@@ -3,8 +3,7 @@
 make_rows builds one run's rows: per cell, `reps` pairs of policy A and B whose `metric` differs by the cell's
 percentage, +-noise points alternating pair by pair, and optionally the A/A control (settings.CONTROL) beside
 B. store_runs writes runs as data/results/<profile>/runs/run<k>/<stem>.csv with their run.json and
-manifest.json,
-the layout stored_runs.stored_runs reads (under ARTIFACT_DATA)."""
+manifest.json, the layout stored_runs.stored_runs reads (under ARTIFACT_DATA)."""
 
 from __future__ import annotations
 

@@ -21,8 +21,7 @@ def stream_rows(
     """Rows like routing_map.stream_runs: per stream, `reps` rounds of demand, last_step and the A/A control.
     demand is `effect[stream]` % faster than last_step in forwards/s, the control `control[stream]` % faster
     than demand (0 by default); each pair's difference moves by +-`jitter` points around it (alternating), so
-    a run's
-    mean is exactly the given effect and its pairs have a spread."""
+    a run's mean is exactly the given effect and its pairs have a spread."""
     control = control or {}
     rows = []
     for name, pct in effect.items():
@@ -65,8 +64,8 @@ def validation_rows(
 ) -> pd.DataFrame:
     """Rows like performance_model.validate_cpu whose every cell (batch x C/W x policy, its repetitions' mean)
     has modelled seconds per step exactly `error` above the measured: the run's median absolute error is
-    `error`.
-    last_step takes `last_step_over_demand` longer per step than demand, in the measurement and the model."""
+    `error`. last_step takes `last_step_over_demand` longer per step than demand, in the measurement and the
+    model."""
     rows = []
     for b in batches:
         for ratio in ratios:

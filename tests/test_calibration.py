@@ -1,8 +1,7 @@
 """The calibration harness (artifact/experiments/calibration): a small fixed-seed run in the unit tier. The
 full one (1,000 studies per claim and scenario, 10 fresh runs each) is a benchmark: `python -m artifact
-calibrate`, its table
-in docs/verdicts.md. The harness must find the truth it planted and must fail a pipeline that gets it
-wrong."""
+calibrate`, its table in docs/verdicts.md. The harness must find the truth it planted and must fail a pipeline
+that gets it wrong."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ def _run(P, claims, scenarios, studies=25, fresh=2):
 
 def test_the_harness_finds_the_planted_truth_with_demand_as_a_and_as_b(cpu):
     """A role bias of 5% either way at the boundary, demand as A (04) and as B (09): the net intervals cover
-    the
-    true effect, the effect intervals cover the biased one, and neither error rate runs away."""
+    the true effect, the effect intervals cover the biased one, and neither error rate runs away."""
     t = _run(cpu, ["04-faster", "09-eviction"], [SLOWER, FASTER])
     assert len(t) == 4 and set(t.demand) == {"A", "B"}
     assert (t.cover_net >= 85).all() and (t.cover_effect >= 85).all(), t
@@ -45,8 +43,8 @@ def test_the_harness_finds_the_planted_truth_with_demand_as_a_and_as_b(cpu):
 
 def test_the_harness_fails_the_pre_fix_sign(cpu, monkeypatch):
     """The same scenario through the rule this replaced (the control subtracted whatever demand's role): the
-    net
-    intervals miss the truth and the claim's verdict follows the bias, so the harness could not pass it."""
+    net intervals miss the truth and the claim's verdict follows the bias, so the harness could not pass
+    it."""
 
     def old(w, a, b, metric, basis):
         return basis.difference(w, a, b, metric) - basis.difference(

@@ -284,8 +284,7 @@ def test_the_aa_control_is_the_null_of_the_direction_claim_and_the_gate_of_the_e
     """A control that does demand's work and times like it leaves the verdicts alone and is printed. One that
     times like last_step says the non-demand role costs all of demand's lead (the control is demand's work in
     that role): net of it (CONTROL over last_step, pair by pair) demand is not faster, and the bias-bound
-    alternative
-    (the undifferenced +8 widened by 7.4) is inconclusive."""
+    alternative (the undifferenced +8 widened by 7.4) is inconclusive."""
     rows = bench_rows({0.43: 0.0, 0.83: 8.0, 1.0: 6.0, 1.73: 5.0}, reps=4)
     demand = rows[rows.policy == "demand"]
     wobble = np.where(np.arange(len(demand)) % 2, 1.002, 0.998)
@@ -315,8 +314,8 @@ def test_the_aa_control_is_the_null_of_the_direction_claim_and_the_gate_of_the_e
 
 def test_cache_design_bench_judges_the_best_eviction_against_lru_net_of_the_control():
     """09's throughput claim: the best eviction over lru in tokens/s, faster by more than the margin net of
-    the A/A
-    control per cell, labelled as the artifact's own result; its bench is one small cell with enough pairs."""
+    the A/A control per cell, labelled as the artifact's own result; its bench is one small cell with enough
+    pairs."""
     best = "demand+lrfu:lam=2"
 
     def verdict(rows):
@@ -379,8 +378,8 @@ def eviction_rows(misses: dict, lru=100, floor=50) -> pd.DataFrame:
 def test_eviction_claims_rule_on_the_denoising_steps_and_print_all_demands_where_the_verdict_flips():
     """Over the denoising steps lrfu removes 12% of LRU's misses and token_lru < lru < its reverse; the
     prefill forwards add misses where lrfu gains nothing and token_lru loses, so over all demands the first
-    claim would
-    fail (6%) and so would the token order; the gap to min (24% closed) is the same on both bases."""
+    claim would fail (6%) and so would the token order; the gap to min (24% closed) is the same on both
+    bases."""
     steps = eviction_rows(
         {"demand+lrfu:lam=2": 88, "demand+token_lru": 95, "demand+token_lru:reverse=true": 105, "belady": 60}
     )

@@ -1,7 +1,6 @@
 """The claims tables (the README's compact one, docs/claims.md's full one and its agreement block) are
 generated from the committed claim records (data/results/cpu/*.claims.json), and those records are what the
-stored
-notebooks' claim cells print. The README stays what an evaluator reads in ten minutes."""
+stored notebooks' claim cells print. The README stays what an evaluator reads in ten minutes."""
 
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ def test_the_agreement_block_is_the_generated_one():
 
 def test_the_compact_table_has_one_row_per_claim_and_the_stability_of_timing_claims():
     """Per timing claim: leave one out (k of N), how often a fresh run decides alone (the committed
-    calibration
-    table, data/results/cpu/calibration.csv) and, for a direction claim, the paper's criterion."""
+    calibration table, data/results/cpu/calibration.csv) and, for a direction claim, the paper's criterion."""
     block = claims_table.render_compact("cpu", RESULTS, ROOT / "notebooks")
     rows = [r for r in block.splitlines() if r.startswith("| ") and not r.startswith("| notebook")]
     recs = claims_table.records("cpu", RESULTS)

@@ -35,8 +35,7 @@ KEY = ("gsm8k", 1, 1.0, 1.0)
 def truth_rows(a: str, b: str, true_pct: float, beta_pct: float, reps: int = 4) -> pd.DataFrame:
     """One cell of tokens/s rows with a known truth: demand at the pair's base, the control (demand's work in
     the other role) at base x (1 + beta), the non-demand policy at base x (1 + beta) x (1 + T)^(+-1), so that
-    A over B
-    net of the role bias is exactly T. The base moves from pair to pair (the machine's state), which
+    A over B net of the role bias is exactly T. The base moves from pair to pair (the machine's state), which
     cancels."""
     other = a if b == DEMAND else b
     rows = []
@@ -65,8 +64,7 @@ def test_the_net_is_the_true_effect_whatever_the_role_bias_and_whichever_side_de
 
 def test_the_pre_fix_sign_fails_this_truth():
     """The rule this replaces, d(A over B) - d(CONTROL over demand), with demand as A and a 5% role bias: it
-    is off
-    by about twice the bias, so the truth above is a test that could fail."""
+    is off by about twice the bias, so the truth above is a test that could fail."""
     rows = truth_rows(DEMAND, "last_step", 6.0, 5.0)
     v = run_views(rows, DEMAND, "last_step", CELL, "tokens_per_second")
     old = v["effect"][KEY].mean - v["control"][KEY].mean
@@ -76,8 +74,7 @@ def test_the_pre_fix_sign_fails_this_truth():
 @pytest.mark.parametrize("beta", [-4.0, 0.0, 4.0])
 def test_the_stall_basis_nets_an_additive_role_bias_in_points(beta):
     """03: last_step (A) over demand (B) in points of demand's wall time per forward; the non-demand role
-    stalls
-    beta points more (the control too), last_step T = 7 points more than that."""
+    stalls beta points more (the control too), last_step T = 7 points more than that."""
     rows = []
     for rep in range(4):
         for policy, pts in ((DEMAND, 10.0), (CONTROL, 10.0 + beta), ("last_step", 17.0 + beta)):
@@ -105,8 +102,7 @@ def _nets(measured: str) -> list[float]:
 def test_a_role_bias_planted_in_the_stored_runs_moves_no_net_effect(tmp_path, monkeypatch):
     """Every non-demand policy's tokens/s x 1.05 in the stored runs' bench.csv (last_step and the control
     alike), manifests rewritten: the bias is common to both arms, so 04's net effects and its verdicts do not
-    move (the
-    pre-fix rule moved every net by about 10 points and turned the claim `not reproduced`)."""
+    move (the pre-fix rule moved every net by about 10 points and turned the claim `not reproduced`)."""
     from artifact.experiments.studies import capacity_sweep
 
     P = load_profile("cpu")
@@ -134,8 +130,7 @@ def test_a_role_bias_planted_in_the_stored_runs_moves_no_net_effect(tmp_path, mo
 def _independent_nets(claim) -> dict:
     """{cell key: pooled net effect} of a direction claim over the committed stored runs, from the raw rows
     with plain pandas: per pair the oriented difference in differences (log scale for tokens/s and forwards/s;
-    points of
-    demand's wall per forward for the stall basis), the mean per run, the mean over runs."""
+    points of demand's wall per forward for the stall basis), the mean per run, the mean over runs."""
     stem = {"03": "throttle_runs", "04": "bench", "07": "streams", "09": "cache_design_runs"}[
         claim.notebook[:2]
     ]

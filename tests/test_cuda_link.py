@@ -267,8 +267,8 @@ def test_the_batched_copy_probe_orders_its_copies_after_the_destination_is_fille
 @pytest.mark.parametrize("version", [12080, 13000])
 def test_a_failed_batched_copy_clears_the_runtimes_last_error(version):
     """A failed cudaMemcpyBatchAsync leaves its error as the runtime's last error, which the next unrelated
-    CUDA
-    call would report: the probe and the bound call both clear it (cudaGetLastError) before they say so."""
+    CUDA call would report: the probe and the bound call both clear it (cudaGetLastError) before they say
+    so."""
     cuda = StubCuda()
     lib = StubCudart(cuda, version=version, fail=700)
     issue, note = probe_memcpy_batch(torch.device("cpu"), lib=lib, runtime=cuda)

@@ -151,8 +151,7 @@ def test_a_reviewers_grid_fits_two_gpu_hours_and_the_readme_says_what_doctor_pri
 ):
     """`python -m artifact doctor --profile NAME_ae --model DIR` on a checkpoint of mini's shapes prints an
     estimate of at most 2 GPU-hours (its time does not depend on the checkpoint's size: forwards x a stated s
-    per forward); the
-    README's GPU section names the command and the figure it prints."""
+    per forward); the README's GPU section names the command and the figure it prints."""
     root, _ = mini4
     assert main(["doctor", "--profile", profile, "--model", str(root), "--gpu-memory-gb", str(gpu_gb)]) == 0
     out = capsys.readouterr().out

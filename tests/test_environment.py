@@ -1,8 +1,7 @@
 """The environment installs as written and every run says what it ran on: requirements.lock, environment.yml
 and pyproject.toml agree; scripts/env.sh installs with the lock (and without it when told or on another
 Python); CITATION.cff is whole; seaborn is neither declared nor imported. What a run records of its
-environment:
-tests/test_run_environment.py."""
+environment: tests/test_run_environment.py."""
 
 from __future__ import annotations
 

@@ -223,8 +223,7 @@ def test_save_reports_what_the_check_finds(tmp_path, monkeypatch):
 def test_every_notebook_shows_its_committed_figures(path):
     """A notebook on a repository browser shows the committed figure of each figure it saves: a markdown image
     of figures/cpu/<name>.png (git keeps no figure output: the strip script keeps only the claim cells'
-    output, and
-    nbval compares no markdown)."""
+    output, and nbval compares no markdown)."""
     import re
 
     import nbformat

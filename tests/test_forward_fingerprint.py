@@ -1,7 +1,6 @@
 """The bench fingerprint knows the forward mode (issue 45, part 3): `forward` enters the hash only when it is
 not the default, so every eager result file, the committed stored runs among them, keeps its hash, and a
-segmented run
-refuses to resume an eager file and never pools with the eager stored runs."""
+segmented run refuses to resume an eager file and never pools with the eager stored runs."""
 
 from __future__ import annotations
 

@@ -345,8 +345,7 @@ def _t7_report(
 
 def test_t7_step_wall_against_the_physical_limit():
     """T7: wall ms per forward <= 1.15 x max(compute, misses per forward x expert bytes / peak pinned H2D),
-    all
-    from the same report; link ms here = 100 x 6291456 / 50e9 s = 12.58 ms."""
+    all from the same report; link ms here = 100 x 6291456 / 50e9 s = 12.58 ms."""
     mod = load("gpu_targets")
     link_ms = 1e3 * 100 * 6_291_456 / 50e9
     met = mod.judge(_t7_report(wall=1.15 * link_ms - 0.01))["T7"]

@@ -261,8 +261,7 @@ def test_store_copies_a_runs_files_to_the_reference_and_only_with_the_profiles_o
 
 def test_the_runner_starts_kernels_over_ipc_not_unencrypted_tcp():
     """papermill's kernels talk over Unix sockets: ipykernel warns on every notebook that runs over TCP
-    without
-    encryption (a warning the user cannot act on), and says nothing over IPC."""
+    without encryption (a warning the user cannot act on), and says nothing over IPC."""
     from artifact.experiments.notebooks import ipc_kernel_manager
 
     km = ipc_kernel_manager()(kernel_name="python3")

@@ -1,6 +1,5 @@
 """The policies' run order (bench/order.py): a Williams design, balanced over slots and adjacent pairs,
-continued
-across stored runs by Settings.rotation; the bench's cells run in it and record each run's slot."""
+continued across stored runs by Settings.rotation; the bench's cells run in it and record each run's slot."""
 
 from __future__ import annotations
 
@@ -132,8 +131,8 @@ def test_rotation_is_a_checked_setting_outside_every_fingerprint():
 
 def test_record_runs_measures_stored_run_k_with_rotation_k_minus_1(tmp_path, monkeypatch):
     """scripts/record_runs.py end to end, its measurement replaced by one row file per run (the timing
-    notebooks'
-    real measurements take many minutes): each run's profile, and its run.json, carry rotation k - 1."""
+    notebooks' real measurements take many minutes): each run's profile, and its run.json, carry rotation k -
+    1."""
     monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))
     spec = importlib.util.spec_from_file_location("record_runs", ROOT / "scripts" / "record_runs.py")
     script = importlib.util.module_from_spec(spec)

@@ -1,7 +1,6 @@
 """The performance model: the engine on a virtual clock (offload/trace_engine.run_virtual,
-offload/links/costs.py),
-its hardware profiles (experiments/hardware.py), `python -m artifact model`, and the GPU validation's
-counts."""
+offload/links/costs.py), its hardware profiles (experiments/hardware.py), `python -m artifact model`, and the
+GPU validation's counts."""
 
 from __future__ import annotations
 
@@ -332,8 +331,7 @@ def test_model_error_of_a_stored_run_is_ruled_on_the_interval_of_the_median_of_t
 
 def test_a_median_at_the_limit_is_not_reproduced_by_the_luck_of_the_draw(monkeypatch, tmp_path):
     """Three stored runs at 12%, 6% and 7%: their median, 7%, is under 10%, but with three runs the interval
-    of
-    the median is their whole range, which straddles 10%: inconclusive (the point rule said reproduced)."""
+    of the median is their whole range, which straddles 10%: inconclusive (the point rule said reproduced)."""
     from artifact.experiments.studies import performance_model as pm
 
     P = stored_validation(monkeypatch, tmp_path, figures=(0.12, 0.06, 0.07))
@@ -345,9 +343,8 @@ def test_a_median_at_the_limit_is_not_reproduced_by_the_luck_of_the_draw(monkeyp
 def test_model_error_of_a_fresh_run_is_its_figure_with_the_stored_median(monkeypatch, tmp_path):
     """A run whose rows are no stored run's is ruled on the range holding its own figure and the interval of
     the stored runs' median, and says it is one run; the stored runs' figures and their median are printed
-    beside it.
-    A fresh run whose figure is over the limit where the interval is under says inconclusive, never the
-    opposite."""
+    beside it. A fresh run whose figure is over the limit where the interval is under says inconclusive, never
+    the opposite."""
     from artifact.experiments.studies import performance_model as pm
 
     P = stored_validation(monkeypatch, tmp_path)

@@ -123,8 +123,8 @@ def test_gpu_profiles_hold_the_papers_grid():
 @pytest.mark.parametrize("name", ["h200_ae", "a5000_ae"])
 def test_a_reviewers_profile_decides_04s_headline_claims(name):
     """Notebook 04's two claims (C/W 0.43; every C/W in 0.83-1.73) at batch sizes 1 and 4, one task, with the
-    A/A
-    control, at least MIN_PAIRS pairs per cell, on the GPU of its name (its time: tests/test_doctor.py)."""
+    A/A control, at least MIN_PAIRS pairs per cell, on the GPU of its name (its time:
+    tests/test_doctor.py)."""
     from artifact.experiments.criteria import paper, thresholds
     from artifact.experiments.settings import CONTROL
 
@@ -144,8 +144,7 @@ def test_a_reviewers_profile_decides_04s_headline_claims(name):
 
 def test_flash_writes_to_folders_of_its_own(tmp_path, monkeypatch):
     """LLaDA2.0-flash runs under h200_flash: its claim records, bench grids, traces and figures go to folders
-    named
-    after it, never to mini's (h200)."""
+    named after it, never to mini's (h200)."""
     from artifact.experiments.claims import Claim, record
     from artifact.experiments.outputs import paths
 

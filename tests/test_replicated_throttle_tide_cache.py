@@ -226,8 +226,7 @@ def test_stored_claims_rule_the_last_stored_run_pooled(name, data):
 
 def test_the_figures_of_a_fresh_run_beside_stored_runs_name_the_hull_they_draw(data):
     """A fresh run (not a stored one) is ruled on the hull of its interval and the pooled one: 03's figure
-    (and
-    04's, below) draws that interval and says so in its title."""
+    (and 04's, below) draws that interval and says so in its title."""
     st, P = STUDIES["throttle"], load_profile("cpu")
     stored(data, st, {1: st.good})
     n = throttle.numbers(throttle.replicas(P, st.rows({1: st.good}, 0.2)))

@@ -1,8 +1,7 @@
 """The run as the unit of replication (artifact/experiments/replication.py) and the verdict rules it feeds
 (rules.py): intervals over per-run means, one-run intervals and their hull with the pooled one, the A/A
 control as a direction claim's null (difference in differences) and an equivalence claim's gate, one interval
-per cell, the
-paper's magnitude reported apart, stored runs on disk."""
+per cell, the paper's magnitude reported apart, stored runs on disk."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def rows(
 ) -> pd.DataFrame:
     """Bench-like rows of one run: per cell key (batch size, C/W) demand at `base` tokens/s, last_step slower
     so that demand over last_step is effects[key] % per pair (+- jitter), the A/A control at control[key] %
-    over
-    demand."""
+    over demand."""
     rng = np.random.default_rng(seed)
     out = []
     for (b, ratio), eff in effects.items():
@@ -176,8 +174,7 @@ def test_the_07_case_a_paper_point_run_of_1_05_to_1_35_percent_cannot_read_repro
     """07's earlier stored runs (committed under data/results/cpu/earlier_runs/a7d8449) and a fresh run that
     is run 1 with its paper-point pairs at [1.05, 1.15, 1.25, 1.35] (demand over last_step, % forwards/s):
     under the rule this replaces both A/A controls passed and the claim read reproduced beside a pooled `not
-    reproduced`.
-    On its hull with the stored runs it says the pooled verdict or inconclusive."""
+    reproduced`. On its hull with the stored runs it says the pooled verdict or inconclusive."""
     from artifact.experiments.studies import routing_map as rm
 
     earlier = Path(__file__).resolve().parent.parent / "data" / "results" / "cpu" / "earlier_runs" / "a7d8449"
@@ -202,8 +199,7 @@ def test_a_direction_claim_rules_on_the_effect_net_of_the_control_per_matched_pa
     the non-demand role gains 4%. last_step runs in that role, so its role-free level is 4% below its measured
     one, and demand's true gain over it is 1.10 x 1.04 - 1 = +14.4% (demand as A: the bias is added back,
     never subtracted). The net is CONTROL over last_step per pair; the undifferenced +10 is reported beside,
-    the bias-bound alternative
-    printed."""
+    the bias-bound alternative printed."""
     ds = (-0.4, 0.0, 0.5)
     runs = stored(*(rows({(1, 1.0): 10.0 + d}, {(1, 1.0): 4.0 + d / 2}, reps=2) for d in ds))
     c = Replicas(runs[0][1], runs).compare("demand", "last_step", CELL)
@@ -225,8 +221,7 @@ def test_a_direction_claim_rules_on_the_effect_net_of_the_control_per_matched_pa
 
 def test_the_stall_basis_is_stall_per_forward_in_points_of_the_baselines_wall_per_forward():
     """03 at a fast link: demand stalls ~10 us a run, so a percentage of it is huge and noisy; the basis is
-    the
-    stall difference per forward as a share of demand's wall time per forward."""
+    the stall difference per forward as a share of demand's wall time per forward."""
     out = []
     for rep in range(4):
         cell = dict(task="gsm8k", batch_size=4, cache_ratio=1.0, bandwidth_scale=2.0, rep=rep)
@@ -273,8 +268,7 @@ def test_the_control_gates_an_equivalence_cell_in_every_view_and_never_a_directi
 # --- one cell, one interval -------------------------------------------------------------------------
 def test_no_interval_pools_batch_sizes_and_the_verdict_flips_with_it():
     """Batch 1 is faster by 14%, batch 4 slower by 4%: pooled over batch sizes the interval lies near +5,
-    above +3
-    (reproduced); per cell, batch 4 rules `not reproduced`, and so does the claim."""
+    above +3 (reproduced); per cell, batch 4 rules `not reproduced`, and so does the claim."""
     runs = stored(*(rows({(1, 1.0): 14.0 + d, (4, 1.0): -4.0 + d}) for d in (-0.3, 0.0, 0.4)))
     eff = Replicas(runs[0][1], runs).effects("demand", "last_step", CELL)
     assert len(eff) == 2
@@ -355,8 +349,7 @@ def test_cached_rows_are_reused_only_under_the_same_settings(cpu):
 
 def test_a_zero_baseline_has_no_percentage_and_its_cell_no_interval():
     """Where the baseline is 0 (demand never stalled), A over B in % is undefined: a percentage basis has no
-    pair
-    there (03 therefore rules on STALL_SHARE, whose baseline is the wall time)."""
+    pair there (03 therefore rules on STALL_SHARE, whose baseline is the wall time)."""
     r = rows({(1, 1.0): 5.0, (4, 1.0): 5.0}, reps=4)
     r.loc[(r.batch_size == 1) & (r.policy == "last_step"), "tokens_per_second"] = 0.0  # the baseline B below
     eff = Replicas(r).effects("last_step", "demand", CELL)

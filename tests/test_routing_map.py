@@ -158,8 +158,7 @@ def test_crossing_and_the_implied_region_on_a_hand_made_map():
 def test_the_claims_rule_on_the_rows_without_prefill_and_their_basis_says_so():
     """The map's rows without prefill forwards (every demand a denoising step) decide; the with-prefill rows
     are printed beside them. Here at the traces' novelty (0.15) only the with-prefill row reaches the cut, so
-    a rule
-    on it would say reproduced; with the rows swapped the verdict swaps."""
+    a rule on it would say reproduced; with the rows swapped the verdict swaps."""
     t = paper.ORACLE_CUT
     m = hand_map(
         {
@@ -300,8 +299,7 @@ def test_stream_claim_of_a_stored_run_is_the_pooled_one(monkeypatch, tmp_path):
 def test_stream_claim_of_a_fresh_run_is_its_own_and_may_differ_from_the_pooled(monkeypatch, tmp_path):
     """A run that is not a stored one is ruled on the hull of its own mean widened by the stored runs' spread
     and the pooled interval: +2% on the paper point crosses +3 there (inconclusive) while the stored runs,
-    pooled, are
-    reproduced; it can say the pooled verdict or inconclusive, never the opposite."""
+    pooled, are reproduced; it can say the pooled verdict or inconclusive, never the opposite."""
     P = stored_streams(monkeypatch, tmp_path)
     t = rm.throughput(rm.replicas(P, stream_rows({"paper point": 2.0, "cpu point": 6.5})))
     iv = t.effects[("paper point",)].ruled
@@ -326,8 +324,7 @@ def test_stream_claim_with_a_too_wide_control_is_inconclusive_by_the_width_of_it
 ):
     """The A/A control varies from -4% to +4% between runs: net of it the paper point's run means are 11, 8
     and 5, so its pooled interval crosses +3 (inconclusive by its width: the control is the null, not a veto),
-    while the
-    cpu point, whose control is calm, is ruled as usual."""
+    while the cpu point, whose control is calm, is ruled as usual."""
     wide = [
         ({"paper point": 8.0 + d, "cpu point": 6.0 + d}, {"paper point": c, "cpu point": 0.0})
         for d, c in ((-1, -4.0), (0, 0.0), (1, 4.0))

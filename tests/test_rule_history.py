@@ -38,8 +38,7 @@ def test_every_rule_change_after_the_stored_runs_has_a_row_in_docs_verdicts():
 
 def test_every_former_name_of_a_rule_file_since_the_stored_runs_is_a_rule_file():
     """A rule file renamed after the stored runs keeps its old name in RULE_FILES, so the commits before the
-    rename
-    stay listed."""
+    rename stay listed."""
     for commit in sorted(set().union(*rule_history.stored_commits(ROOT).values())):
         try:
             former = rule_history.renamed_from(commit, ROOT)
@@ -196,8 +195,7 @@ def test_a_clone_without_the_stored_commit_fails_in_one_line(repo, tmp_path_fact
 
 def test_a_rule_change_reverted_on_a_merged_branch_is_listed(repo):
     """Git's default history simplification follows only the parent a merge is identical to, so a branch whose
-    rule
-    change was reverted before the merge would vanish from the log; --full-history keeps both of its
+    rule change was reverted before the merge would vanish from the log; --full-history keeps both of its
     commits."""
     s = stored(repo)
     sh(repo, "checkout", "-q", "-b", "side")

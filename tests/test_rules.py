@@ -1,8 +1,7 @@
 """The verdict rules (artifact/experiments/rules.py, docs/verdicts.md): one question per claim (faster by more
 than the margin, no difference within it, not faster by more than it), three outcomes, every rule monotone
 under widening and able to decide any true effect off its boundary, the A/A control as a direction claim's
-null and
-an equivalence claim's precision gate."""
+null and an equivalence claim's precision gate."""
 
 from __future__ import annotations
 
@@ -101,8 +100,7 @@ widen = st.floats(0, 40, allow_nan=False, allow_infinity=False)
 )
 def test_every_rule_is_monotone_under_widening(x, y, wl, wh, which, ctrl):
     """If I lies inside J, verdict(J) is verdict(I) or inconclusive: for the rule alone, and with the A/A
-    control
-    gate (the control's interval widened too) as rule_cell applies it."""
+    control gate (the control's interval widened too) as rule_cell applies it."""
     q = QUESTIONS[which]
     inner = iv(min(x, y), max(x, y))
     outer = Interval(inner.mean, inner.low - wl, inner.high + wh, inner.n)
@@ -134,8 +132,7 @@ def test_combining_cells_is_monotone_too(cells, which):
 def test_the_model_error_rule_is_monotone_and_a_single_run_never_contradicts_the_median(a, b, wl, wh, own):
     """rules.at_most (08: a figure <= MODEL_ERROR) on a range: widening it gives the same verdict or
     inconclusive; a single run's range (its figure with the pooled median, rules.figure_range) gives the
-    pooled verdict or
-    inconclusive, whatever its own figure."""
+    pooled verdict or inconclusive, whatever its own figure."""
     limit = thresholds.MODEL_ERROR
     lo, hi = min(a, b), max(a, b)
     inner, outer = rules.at_most(lo, hi, limit), rules.at_most(max(0.0, lo - wl), hi + wh, limit)
@@ -156,9 +153,8 @@ def test_the_model_error_rule_decides_off_its_limit_and_refuses_an_empty_range()
 
 def test_the_old_faster_rule_was_not_monotone_and_this_one_is():
     """The rule this replaces said `not reproduced` for an interval crossing 0 below the paper's range, so
-    widening
-    [0.12, 1.24] (reproduced: above 0) to [-0.48, 1.46] gave `not reproduced`. Here neither decides the
-    opposite."""
+    widening [0.12, 1.24] (reproduced: above 0) to [-0.48, 1.46] gave `not reproduced`. Here neither decides
+    the opposite."""
     q = faster(paper=paper.FASTER_PCT)
     narrow, wide = q(iv(0.12, 1.24)).verdict, q(iv(-0.48, 1.46)).verdict
     assert wide in (narrow, INCONCLUSIVE)
@@ -176,8 +172,7 @@ def test_the_old_faster_rule_was_not_monotone_and_this_one_is():
 def test_every_rule_decides_any_true_effect_off_its_boundary_given_enough_runs(q, effects):
     """Runs drawn around a true effect (sd 2 points per run mean): with enough runs the pooled interval
     decides, the right way, for every effect not on the claim's boundary (+m, or +-m), 0 included (04 at b=4,
-    C/W 1.73
-    reads +0.3 [-5.5, 6.1]: a direction claim with its boundary at 0 could never decide it)."""
+    C/W 1.73 reads +0.3 [-5.5, 6.1]: a direction claim with its boundary at 0 could never decide it)."""
     rng = np.random.default_rng(0)
     for e in effects:
         x = rng.normal(e, 2.0, 400)

@@ -67,8 +67,7 @@ def test_without_proc_cpuinfo_the_cpu_is_what_platform_knows(monkeypatch, tmp_pa
 
 def test_the_committed_records_keep_their_bytes():
     """The environment is recorded going forward: the committed claim records and stored runs predate it and
-    are
-    not rewritten (their manifests hash run.json)."""
+    are not rewritten (their manifests hash run.json)."""
     for p in (ROOT / "data" / "results" / "cpu").glob("*.claims.json"):
         assert "environment" not in json.loads(p.read_text()), p.name
     for run in stored_runs.check_stored_runs("cpu"):  # each run.json still the bytes its manifest hashed

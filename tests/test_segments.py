@@ -69,8 +69,7 @@ def decode_like(model, opts, prefix, ids, rows):
 
 def options(tiny, policy, capacity, forward, predict_next=None):
     """Options of a forward with a fresh offloaded engine (policy at capacity C), or resident when policy is
-    None;
-    the cross-layer prediction when the policy reads it (or as given)."""
+    None; the cross-layer prediction when the policy reads it (or as given)."""
     if policy is None:
         return ForwardOptions(forward, predict_next=bool(predict_next))
     pol = make_policy(policy, len(tiny.cfg.moe_layers), tiny.cfg.num_experts, engine=True)

@@ -45,8 +45,7 @@ def one_line(text: str) -> str:
 
 def refused_everywhere(capsys, *fragments: str) -> None:
     """Every reader refuses: the CLI's claims views and stored-runs print one line naming `fragments`, rc 2
-    and
-    nothing on stdout; the stored-claims recomputation and a notebook's replicas raise RunsError with that
+    and nothing on stdout; the stored-claims recomputation and a notebook's replicas raise RunsError with that
     line."""
     for argv in (
         ["claims", "--profile", "cpu", "--agreement"],

@@ -117,8 +117,7 @@ WAIT_S = 600  # a failure guard only: an event that never comes fails the test i
 def cell_events(monkeypatch, on_event):
     """Shard jobs submitted inside tell each cell they wrote to a Unix socket and wait for its answer
     (submit._cell_written): on_event(line) runs for each, in a thread; True lets the shard go on, False holds
-    it
-    until the block ends. on_event's errors are raised at the end (and the shard is let go)."""
+    it until the block ends. on_event's errors are raised at the end (and the shard is let go)."""
     folder = tempfile.mkdtemp(prefix="cells-")  # short: a Unix socket's path has at most 107 bytes
     path = os.path.join(folder, "socket")
     server = socket.socket(socket.AF_UNIX)

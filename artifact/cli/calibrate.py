@@ -1,8 +1,7 @@
 """`calibrate`: the verdict pipeline checked against known truth (artifact.experiments.calibration): synthetic
 stored runs of every timing claim's grid with a known true effect, role bias, slot bias and noise sized on the
 stored runs, ruled by the real pipeline; prints coverage, verdict rates and fresh runs' opposite verdicts per
-claim and scenario,
-and 08's model-error rule beside them."""
+claim and scenario, and 08's model-error rule beside them."""
 
 from __future__ import annotations
 

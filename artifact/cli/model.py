@@ -1,7 +1,6 @@
 """`model`: the performance model (artifact.experiments.studies.performance_model): modelled tokens/s and
 seconds per step of every policy x C/W x link priority on routing traces, for a hardware profile and a model
-shape,
-with the physical limit beside each cell."""
+shape, with the physical limit beside each cell."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """`stored-runs`: the stored runs of a profile (data/results/PROFILE/runs/run<k>/: the timing notebooks' raw
 rows and run.json), the coverage of the A/A control's intervals over them, and each timing claim's verdict
-with the achieved
-half-widths of its intervals (each study's stored_claims)."""
+with the achieved half-widths of its intervals (each study's stored_claims)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ from artifact.experiments.stored_runs import TIMED_STEMS, TIMED_STUDIES, run_met
 def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dict:
     """Over every stored grid that times CONTROL beside `base`: in how many cells the pooled interval of the
     A/A control contains 0, and in how many (cell, run) the interval over one run's pairs does (its true
-    effect is
-    0, so a 95% interval should contain it about 95% of the time)."""
+    effect is 0, so a 95% interval should contain it about 95% of the time)."""
     out = {"pooled": [0, 0], "within": [0, 0], "runs": len(stored_runs(P.name))}
     for stem in stems:
         per_run = stored_rows(P, stem)
@@ -76,8 +74,7 @@ def coverage_text(P) -> str:
 
 def claims_text(P) -> str:
     """Every timing claim as the stored runs rule it (each study's `stored_claims`): its verdict, the runs
-    behind it
-    and the achieved half-widths of its intervals (effect and A/A control, in points)."""
+    behind it and the achieved half-widths of its intervals (effect and A/A control, in points)."""
     lines = ["timing claims on the stored runs:"]
     for t in TIMED_STUDIES:
         for c in importlib.import_module(f"artifact.experiments.studies.{t.module}").stored_claims(P):

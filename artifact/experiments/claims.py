@@ -215,8 +215,8 @@ def environment() -> dict:
     not installed); "torch_cpu_capability", torch's CPU kernel level (AVX2, AVX512, ...: the kernels that
     round the router's scores, docs/DESIGN.md "Exact counts"); "cpu", its model and its SIMD flags (SIMD and
     SIMD_FAMILIES, from /proc/cpuinfo; None where that file is not, e.g. on macOS, whose model is then what
-    `platform` knows).
-    Stored runs and claim records written before this was recorded lack it: nothing compares it."""
+    `platform` knows). Stored runs and claim records written before this was recorded lack it: nothing
+    compares it."""
     versions = {"python": platform.python_version()}
     for name in VERSIONED:
         try:
@@ -232,8 +232,7 @@ def environment() -> dict:
 
 def _cpu() -> dict:
     """{"model", "machine", "simd"} of this CPU: the first processor's entries in /proc/cpuinfo (x86: "model
-    name"
-    and "flags"; ARM: "Features"), else platform's names and simd None."""
+    name" and "flags"; ARM: "Features"), else platform's names and simd None."""
     fields: dict[str, str] = {}
     try:
         for line in CPUINFO.read_text().splitlines():

@@ -358,8 +358,7 @@ def _device_memory(
     P: Settings, kind: str, gpu_memory_gb: float | None, notes: list
 ) -> tuple[int | None, str]:
     """(device memory in bytes, where the figure comes from): the stated --gpu-memory-gb, this machine's GPU,
-    or
-    None on a CPU device (everything lives in host memory)."""
+    or None on a CPU device (everything lives in host memory)."""
     if gpu_memory_gb is not None:
         if kind == "cuda" and not torch.cuda.is_available():
             notes.append(

@@ -22,9 +22,8 @@ from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS, CellKey
 class RunEffect:
     """One run's effect in one cell: the mean per-pair value and the per-pair values; `pooled_sd` and
     `pooled_df`: the run's within-run standard deviation of a pair pooled over the cells of its comparison
-    (the ANOVA error
-    term: sum of squares about each cell's mean over sum(n_c - 1)), which sizes a one-run interval when
-    given."""
+    (the ANOVA error term: sum of squares about each cell's mean over sum(n_c - 1)), which sizes a one-run
+    interval when given."""
 
     mean: float
     diffs: tuple[float, ...]
@@ -50,8 +49,7 @@ class Basis:
     """How the two runs of one pair become one number, A over B: `difference(wide, a, b, metric)` over a frame
     indexed by pair with columns (column, policy); NaN where a pair has none (a 0 baseline). `ratio`: the
     number is a percentage of a ratio, so the difference in differences is taken on the log scale, where a
-    bias that scales
-    one role's metric cancels exactly (`net_difference`)."""
+    bias that scales one role's metric cancels exactly (`net_difference`)."""
 
     name: str
     unit: str
@@ -91,8 +89,7 @@ BASES = {b.name: b for b in (PERCENT, STALL_SHARE)}
 def demand_sign(a: str, b: str) -> int:
     """How the A/A control (CONTROL over demand: the bias beta of the non-demand role) enters A over B: +1
     when demand is B (A over demand carries +beta, so the net subtracts the control), -1 when demand is A
-    (demand over B
-    carries -beta, so the net adds it back). ValueError when demand is neither."""
+    (demand over B carries -beta, so the net adds it back). ValueError when demand is neither."""
     if b == "demand" and a != "demand":
         return 1
     if a == "demand" and b != "demand":
@@ -105,9 +102,8 @@ def net_difference(w, a: str, b: str, metric: str, basis: Basis) -> np.ndarray:
     difference in differences d(A over B) - sign * d(CONTROL over demand). On a ratio basis it is taken on the
     log scale, so it is exactly the claim's comparison with demand replaced by its double in the other role
     (demand as B: A over CONTROL; demand as A: CONTROL over B), and a bias that scales the non-demand role's
-    metric cancels exactly.
-    `w`: {(column, policy): per-pair values}, aligned by pair (a stats.wide_pairs frame or run_views'
-    arrays)."""
+    metric cancels exactly. `w`: {(column, policy): per-pair values}, aligned by pair (a stats.wide_pairs
+    frame or run_views' arrays)."""
     sign = demand_sign(a, b)
     if basis.ratio:
         x = {p: np.asarray(w[(metric, p)], dtype=float) for p in (a, b, CONTROL, "demand")}
@@ -209,8 +205,7 @@ def run_effects(
 ) -> dict[tuple, RunEffect]:
     """{cell key: RunEffect} of A over B in one run's rows on `basis`, per cell of `by` (run_views' "effect"),
     or with `net` the effect net of the A/A control (run_views' "net": a difference in differences per matched
-    pair,
-    oriented by demand's role; ValueError without control runs)."""
+    pair, oriented by demand's role; ValueError without control runs)."""
     if net:
         got = run_views(rows, a, b, by, metric, basis, ("effect", "net"))
         if "net" not in got:

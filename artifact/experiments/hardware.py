@@ -260,8 +260,8 @@ def from_graphs_check(report: dict) -> dict:
 
 def h200_graphs(path: str | Path | None = None) -> dict:
     """{"figures": GRAPHS_FIGURES -> value or None, "unmeasured": the names without a value, "source": the
-    report
-    or why there is none}: what the h200 profile knows of the GPU compute and the graphs-on host costs."""
+    report or why there is none}: what the h200 profile knows of the GPU compute and the graphs-on host
+    costs."""
     path = Path(path) if path is not None else repo_root() / "data" / GPU_CHECK_GRAPHS
     if not path.exists():
         return {

@@ -103,8 +103,7 @@ def one_run_interval(
     """A single run's interval (ONE_RUN): its mean +- max(t_(N-1) s, t_df w), s the sd of the stored runs'
     means (`spread`, when the caller has it), w the run's own standard error (RunEffect.se: its within-run sd
     pooled over the comparison's cells when the run carries it, on that pooled df); with fewer than 2 stored
-    runs, the t
-    interval over its own pairs."""
+    runs, the t interval over its own pairs."""
     if len(stored_means) < 2:
         if run.pooled_sd is not None and run.df >= 1 and len(run.diffs) >= 1:
             half = t_quantile(confidence, run.df) * run.se
@@ -125,8 +124,7 @@ class Replicated:
     """One cell's effect in every view: this run's, each stored run's, and pooled over the stored runs. Built
     by `replicate` from the runs' RunEffects (`own`, `per`), which it keeps, so `at` can give the same cell at
     another confidence level (the simultaneous level of a claim over several cells) or with a stored run left
-    out; built
-    from intervals alone (`own` None), it has only its own level."""
+    out; built from intervals alone (`own` None), it has only its own level."""
 
     this: Interval  # this run's own interval (ONE_RUN, or WITHIN without stored runs)
     # each stored run's one-run interval, in run order (None: the run lacks the
@@ -139,8 +137,7 @@ class Replicated:
 
     def single(self, own: Interval | None = None) -> Interval:
         """What one run (this run, or `own`: a stored run's one-run interval) is ruled on alone: the hull of
-        its
-        interval and the pooled one (SINGLE); its own interval when nothing is pooled."""
+        its interval and the pooled one (SINGLE); its own interval when nothing is pooled."""
         own = self.this if own is None else own
         return hull(own, self.pooled) if self.pooled is not None else own
 
@@ -152,8 +149,7 @@ class Replicated:
 
     def at(self, confidence: float = thresholds.CONFIDENCE, drop: int | None = None) -> "Replicated":
         """This cell at another confidence level, or with stored run `drop` (0-based) left out of the pool
-        (the
-        leave-one-out view); itself when built from intervals alone."""
+        (the leave-one-out view); itself when built from intervals alone."""
         if self.own is None:
             return self
         per = tuple(p for i, p in enumerate(self.per) if i != drop)
@@ -169,9 +165,8 @@ def replicate(
 ) -> Replicated:
     """One cell's Replicated from this run's effect and each stored run's (None where a run lacks the cell: it
     is left out of the pool, and its one-run interval is None, so the runs stay matched by name, never by
-    position).
-    `runs` False leaves out each stored run's one-run interval (the leave-one-out view needs only the
-    pool)."""
+    position). `runs` False leaves out each stored run's one-run interval (the leave-one-out view needs only
+    the pool)."""
     means = [p.mean for p in per if p is not None]
     spread = float(np.std(means, ddof=1)) if len(means) >= 2 else None
     each = (
@@ -195,8 +190,7 @@ class Compared:
     the rows carry no control runs), A over B net of the control per matched pair (`net`, the difference in
     differences a direction claim rules on, oriented by demand's role: effects.net_difference; {} without a
     control) and each cell's GPU host share of wall time per forward (`host`: {} on the CPU,
-    rules.host_shares): what
-    `judge` rules on, and what every timing study's numbers hold."""
+    rules.host_shares): what `judge` rules on, and what every timing study's numbers hold."""
 
     effects: dict
     control: dict = field(default_factory=dict)
@@ -221,8 +215,7 @@ class Replicas:
     """This run's rows beside the stored runs' rows of the same grid (same settings): the replicas every
     per-cell interval is computed over (`effects`, `compare`). Each run's views of one comparison are computed
     once (effects.run_views) and kept (`_memo`), so a comparison asked again, or a Replicas made `with_this`
-    another run,
-    does not pivot the stored runs again."""
+    another run, does not pivot the stored runs again."""
 
     this: pd.DataFrame
     stored: tuple[tuple[str, pd.DataFrame], ...] = ()
@@ -271,8 +264,7 @@ class Replicas:
         self, a: str, b: str, by: Sequence[str], metric: str | None = None, basis: Basis = PERCENT
     ) -> Compared:
         """A over B per cell of `by` on `basis`, with the A/A control (CONTROL over demand) in the same cells
-        and A
-        over B net of it (oriented by demand's role) when the rows carry it, and the cells' GPU host
+        and A over B net of it (oriented by demand's role) when the rows carry it, and the cells' GPU host
         shares."""
         metric = metric or self.metric
         mine, theirs, me_stored = self._all_views(a, b, by, metric, basis)
@@ -297,8 +289,7 @@ class Replicas:
         net: bool = False,
     ) -> dict[tuple, Replicated]:
         """{cell key: Replicated} of A over B per cell of `by` (the cells of this run), on `basis`, net of the
-        A/A
-        control when `net` (effects.run_views)."""
+        A/A control when `net` (effects.run_views)."""
         c = self.compare(a, b, by, metric, basis)
         return c.net if net else c.effects
 

@@ -29,8 +29,7 @@ print the margin (`margin_below`, `margin_at_least`).
 A GPU timing cell whose host time per forward is more than thresholds.HOST_SHARE_LIMIT of its wall time
 (`host_shares`, from the rows' host_ms_per_forward and wall_ms_per_forward) timed the host's Python and
 launches, not the link: its ruling is inconclusive (`rule_cell(..., host=)`). On the CPU the rule does not
-apply:
-the CPU computes on the host, so host time is the compute itself (host_shares returns nothing for CPU
+apply: the CPU computes on the host, so host time is the compute itself (host_shares returns nothing for CPU
 rows)."""
 
 from __future__ import annotations
@@ -53,8 +52,8 @@ class Interval:
     """An effect (A over B, % per pair) and its 95% interval. `unit` says what the interval is over: "pairs"
     (within one run), "runs" (pooled over runs: replication.METHOD), "run" (one run widened by the stored
     runs' spread: replication.ONE_RUN) or "hull" (that one-run interval's hull with the pooled one, what a
-    single run is
-    ruled on: replication.SINGLE); `n` counts that unit (for "run" and "hull", the stored runs)."""
+    single run is ruled on: replication.SINGLE); `n` counts that unit (for "run" and "hull", the stored
+    runs)."""
 
     mean: float
     low: float
@@ -131,8 +130,7 @@ QUESTIONS = (FASTER, NO_DIFFERENCE, NOT_FASTER)
 @dataclass(frozen=True)
 class Question:
     """What a timing claim asks of each cell's interval (A over B), with its margin m and, for a direction
-    claim
-    with a figure in the paper, the paper's range (reported beside the verdict, never deciding it)."""
+    claim with a figure in the paper, the paper's range (reported beside the verdict, never deciding it)."""
 
     kind: str
     margin: float = thresholds.MARGIN
@@ -233,8 +231,7 @@ def _not_faster(iv: Interval, q: Question) -> Ruling:
 def control_ruling(control: Interval | None, margin: float = thresholds.MARGIN) -> str | None:
     """Why an A/A control disqualifies its cell of an equivalence or non-superiority claim, or None when it
     shows the instrument precise enough: its interval must lie inside +-margin (containing 0 is not enough: a
-    wide
-    interval contains 0 and says the instrument is too noisy; a bias smaller than the margin passes)."""
+    wide interval contains 0 and says the instrument is too noisy; a bias smaller than the margin passes)."""
     if control is None:
         return None
     r = no_difference(margin)(control)
@@ -302,8 +299,7 @@ def bias_bound(effect: Interval, control: Interval) -> Interval:
 
 def hull(a: Interval, b: Interval) -> Interval:
     """The smallest interval holding both (a's mean, b's count): a single run's interval is the hull of its
-    own
-    and the stored pooled one, so a monotone rule on it says the pooled verdict or inconclusive."""
+    own and the stored pooled one, so a monotone rule on it says the pooled verdict or inconclusive."""
     return Interval(a.mean, min(a.low, b.low), max(a.high, b.high), b.n, "hull")
 
 
@@ -325,8 +321,7 @@ def host_shares(rows, by: Sequence[str]) -> dict:
 
 def controls(rows, by: Sequence[str], metric: str = "tokens_per_second", base: str = "demand") -> dict:
     """The A/A control per group of `by`: {key tuple: Interval of CONTROL over `base` in `metric`}; {} when
-    the
-    rows carry no CONTROL runs (a grid recorded before the control existed)."""
+    the rows carry no CONTROL runs (a grid recorded before the control existed)."""
     if CONTROL not in set(rows.policy) or base not in set(rows.policy):
         return {}
     t = paired_table(rows, CONTROL, base, list(by), metric=metric)
@@ -362,8 +357,7 @@ def at_most(low: float, high: float, limit: float) -> str:
     is at most the limit, not reproduced when all of it is over, inconclusive when it straddles. Monotone: a
     wider range never flips the verdict, it can only make it inconclusive. A single run's model error (08) is
     ruled on the range between its own figure and the stored runs' median (`figure_range`), so it says the
-    pooled verdict or
-    inconclusive, as `hull` does for an interval."""
+    pooled verdict or inconclusive, as `hull` does for an interval."""
     if low > high:
         raise ValueError(f"at_most: the range [{low}, {high}] is empty (expected low <= high)")
     if high <= limit:
@@ -378,8 +372,7 @@ def median_interval(
 ) -> tuple[float, float]:
     """A distribution-free interval for the median of the runs' figures: the order statistics x_(k) and
     x_(n-k+1), k the largest with 2 P(Binomial(n, 1/2) <= k - 1) <= 1 - confidence (n = 9: x_(2)..x_(8), about
-    96%);
-    the whole range when n is too small for the level (n <= 5 at 95%: n = 3 covers 75%)."""
+    96%); the whole range when n is too small for the level (n <= 5 at 95%: n = 3 covers 75%)."""
     x = np.sort(np.asarray(figures, dtype=float))
     n = len(x)
     if n == 0:
@@ -394,16 +387,14 @@ def median_interval(
 def median_at_most(figures: Sequence[float], limit: float) -> tuple[str, float, tuple[float, float]]:
     """(verdict, median, interval): the stored runs' figures (08: each run's model error) ruled with `at_most`
     on the distribution-free interval of their median (`median_interval`): reproduced only when all of it is
-    at most
-    `limit`, so a median exactly at the limit is not reproduced by the luck of the draw."""
+    at most `limit`, so a median exactly at the limit is not reproduced by the luck of the draw."""
     low, high = median_interval(figures)
     return at_most(low, high, limit), float(np.median(np.asarray(figures, dtype=float))), (low, high)
 
 
 def figure_range(own: float, pooled: float | tuple[float, float] | None) -> tuple[float, float]:
     """The range a single run's figure is ruled on: its own figure with the stored runs' pooled one (a figure,
-    or
-    the interval of their median), the smallest range holding both (its own figure alone when nothing is
+    or the interval of their median), the smallest range holding both (its own figure alone when nothing is
     pooled)."""
     if pooled is None:
         return own, own

@@ -182,8 +182,7 @@ class Settings:
 
     def run_options(self, *, capture: bool = True) -> RunOptions:
         """How this profile's runs decode (RunOptions: decoding, device, forward mode), passed whole to
-        decode_prompts
-        by every entry point; capture=False for a timed or profiled run (no CUDA graph captured
+        decode_prompts by every entry point; capture=False for a timed or profiled run (no CUDA graph captured
         mid-measurement)."""
         return RunOptions(self.decode_config(), self.device, self.forward, capture=capture)
 

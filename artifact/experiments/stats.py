@@ -188,8 +188,7 @@ def paired_table(
 
 def with_paper(table):
     """Add the paper's figure and verdict per C/W (from criteria/paper.py; demand vs last_step tables grouped
-    by
-    cache_ratio only) and whether the measured verdict agrees. Other tables come back unchanged."""
+    by cache_ratio only) and whether the measured verdict agrees. Other tables come back unchanged."""
     if table.attrs.get("a") != "demand" or table.attrs.get("b") != "last_step" or "cache_ratio" not in table:
         return table
     t = table.copy()

@@ -2,8 +2,7 @@
 into comparisons (`claim_parts`, `claim_compared`, `claim_cells`: replication.Replicas per cell), its question
 asked of each cell (rules.rule_cell) and the cells combined (rules.combine) by `judge`, which also gives each
 stored run's own verdict, the leave-one-out stability, the bias-bound alternative and the paper's criterion;
-`timed_claim` makes the
-Claim a claim cell prints."""
+`timed_claim` makes the Claim a claim cell prints."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ from artifact.experiments.settings import CONTROL
 def claim_parts(reps: Replicas, c: TimingClaim) -> dict[str, Compared]:
     """A timing claim's comparisons (criteria.timing), every cell of the rows, per A policy: {A: A over B on
     the claim's basis and metric, with the A/A control and the net effect}; with `a` OTHERS, one per other
-    policy of
-    the rows (every policy but B, demand and the control)."""
+    policy of the rows (every policy but B, demand and the control)."""
     basis = BASES[c.basis]
     others = (
         [c.a]
@@ -50,16 +48,14 @@ def merge_others(parts: dict[str, Compared]) -> Compared:
 
 def claim_compared(reps: Replicas, c: TimingClaim) -> Compared:
     """A timing claim's comparison, every cell of the rows (claim_parts; merged, keyed (policy, cell), when
-    `a` is
-    OTHERS)."""
+    `a` is OTHERS)."""
     parts = claim_parts(reps, c)
     return parts[c.a] if c.a != OTHERS else merge_others(parts)
 
 
 def claim_cells(compared: Compared, c: TimingClaim) -> Compared:
     """Only the claim's cells (TimingClaim.select) of a comparison made by claim_compared (Compared.where;
-    with
-    `a` OTHERS a key is (policy, cell))."""
+    with `a` OTHERS a key is (policy, cell))."""
     return compared.where(lambda k: c.keeps(k[1] if c.a == OTHERS else k))
 
 
@@ -71,8 +67,7 @@ def question(c: TimingClaim) -> Question:
 @dataclass(frozen=True)
 class Timed:
     """The verdict of one timing claim: ruled on this run (or pooled, when this run is a stored one), with
-    each
-    stored run's own verdict beside it."""
+    each stored run's own verdict beside it."""
 
     verdict: str
     reason: str
@@ -91,8 +86,7 @@ class Timed:
 
 def table(effects: dict[tuple, Replicated], keys: Sequence[str]) -> pd.DataFrame:
     """One row per cell: the interval it is ruled on, this run's one-run interval, the pooled interval over
-    the
-    stored runs and each stored run's mean (% A over B)."""
+    the stored runs and each stored run's mean (% A over B)."""
     out = []
     for k, r in effects.items():
         row = dict(zip(keys, k))
@@ -156,8 +150,8 @@ def judge(
     (this run, or pooled when this run is a stored one), each stored run, this run alone, pooled, and pooled
     with each stored run left out (the leave-one-out stability). `not reproduced` is read off each cell's
     interval at the claim's simultaneous level (family_level). A direction claim also prints its bias-bound
-    alternative (rules.bias_bound)
-    and the paper's criterion (how many cells' net interval excludes 0; never ruling)."""
+    alternative (rules.bias_bound) and the paper's criterion (how many cells' net interval excludes 0; never
+    ruling)."""
     net = q.net_of_control and bool(compared.net)
     effects, controls, host = (compared.net if net else compared.effects), compared.control, compared.host
     gate = {} if q.net_of_control else controls
@@ -208,8 +202,7 @@ def judge(
 
 def ruled_on_text(cells: Sequence[Replicated], n_runs: int, level: float, family: str) -> str:
     """What a claim's cells are ruled on (judge): METHOD when this run is a stored one, SINGLE with stored
-    runs to
-    borrow from, else WITHIN, with N; and the simultaneous level `not reproduced` is read at
+    runs to borrow from, else WITHIN, with N; and the simultaneous level `not reproduced` is read at
     (family_level)."""
     on = (
         f"{METHOD}, N = {n_runs}"
@@ -234,9 +227,8 @@ def direction_notes(
     label: Callable[[tuple], str],
 ) -> tuple[str, str]:
     """(the bias-bound alternative, the paper's criterion) that a direction claim prints beside its verdict,
-    never
-    ruling (judge; `effects`: the cells it rules on, net of the A/A control when `net`); ("", "") for the
-    others."""
+    never ruling (judge; `effects`: the cells it rules on, net of the A/A control when `net`); ("", "") for
+    the others."""
     controls, host = compared.control, compared.host
     alternative = criterion = ""
     if q.net_of_control:
@@ -276,8 +268,7 @@ def cells_text(
     label: Callable[[tuple], str],
 ) -> str:
     """Each ruled cell's interval (judge's `effects`), with its A over B and A/A control when ruled net of it,
-    else
-    with its A/A control when the rows carry one."""
+    else with its A/A control when the rows carry one."""
     controls = compared.control
 
     def cell_text(k) -> str:
@@ -304,8 +295,7 @@ def rule_claim(
 
 def timed_claim(claim: str, paper_text: str, t: Timed, counting: str, note: str = "") -> Claim:
     """The Claim of a timing verdict: measured per cell (with `note` after it), ruled on t.ruled_on, with
-    every
-    stored run's own verdict."""
+    every stored run's own verdict."""
     measured = t.measured + (f"; {note}" if note else "")
     margin = "; ".join(p for p in (t.margin, t.alternative) if p)
     return Claim(

@@ -171,8 +171,7 @@ class Linter(OpWatch):
     """with Linter(where, shapes): ... checks every op run inside (see the module docstring). `where` names
     the segment or stage; `shapes` is the list of (op, output shapes, host values) of the captured run,
     compared op by op, or None (not compared); `recorded` holds this run's. With report=True the first finding
-    is kept in
-    `found` instead of raised (to name the op of a capture that failed)."""
+    is kept in `found` instead of raised (to name the op of a capture that failed)."""
 
     def __init__(self, where: str, shapes: list | None = None, report: bool = False):
         super().__init__()

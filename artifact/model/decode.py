@@ -190,8 +190,8 @@ def step_full(forwards: Forwards, seqs, active: list[int], blk: dict, r: int, s:
 class Forwards:
     """The decoder's forwards: each is passed its StepInfo and the run's options; a denoising forward is
     timed. Per denoising forward: host ms (the Python of the forward, minus the time blocked in the router
-    syncs)
-    and wall ms (CUDA: an event pair around it on the compute stream, read once at the end; CPU: elapsed)."""
+    syncs) and wall ms (CUDA: an event pair around it on the compute stream, read once at the end; CPU:
+    elapsed)."""
 
     def __init__(self, model: LLaDA2MoE, options: ForwardOptions):
         self.model, self.options = model, options

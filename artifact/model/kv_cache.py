@@ -86,8 +86,7 @@ class KVCache:
 class KVPool:
     """The KV cache tensors of a model, kept with it (LLaDA2MoE.kv_pool) and reused run after run: a cache of
     a shape seen before gets the same tensors, so captured graphs that read them stay valid
-    (segments.program_key).
-    Stale keys past each length are masked, never read."""
+    (segments.program_key). Stale keys past each length are masked, never read."""
 
     def __init__(self):
         self.tensors: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]] = {}

@@ -402,8 +402,8 @@ class LLaDA2MoE(nn.Module):
 
 def segmented(step: StepInfo, cache: KVCache | None, logits_rows, rows) -> bool:
     """Whether forward "segmented" runs this forward as segments: a denoising forward over a prefix cache with
-    a slice
-    of logits (the shapes the decoder repeats every step). Prefill and the full (uncached) mode stay eager."""
+    a slice of logits (the shapes the decoder repeats every step). Prefill and the full (uncached) mode stay
+    eager."""
     return (
         cache is not None
         and step.kind == "denoise"

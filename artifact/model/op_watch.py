@@ -57,8 +57,7 @@ class _Function(TorchFunctionMode):
 class OpWatch:
     """A context manager that shows a subclass every op run inside it (see the module docstring). Override
     before_op(func, args, kwargs), after_op(func, args, kwargs, out) and function(func, args, kwargs); each
-    does
-    nothing here, and one that raises stops the op."""
+    does nothing here, and one that raises stops the op."""
 
     def __init__(self):
         self._modes = (_Function(), _Dispatch())

@@ -160,8 +160,7 @@ def predict_counts(
 class Routing:
     """What the MoE layers of one model share: who listens to demands, the next MoE layer's router and the
     host counts. How a forward runs (its step, expert backend and kernel, the cross-layer prediction, the
-    forward
-    mode) is not here: the forward's step and options carry it (artifact/model/options.py)."""
+    forward mode) is not here: the forward's step and options carry it (artifact/model/options.py)."""
 
     def __init__(self):
         self.listeners: list[Callable[[Demand], None]] = []

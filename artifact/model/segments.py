@@ -73,8 +73,7 @@ class SegmentCounts:
     """What the segmented forward did: forwards run as segments (on any device: the CPU's are eager segments),
     graphs captured and replayed, segments and stages run eagerly on CUDA for want of a graph (a timed forward
     meeting an uncaptured shape, or capture off after an error), and the model's capture error, if any
-    (capture
-    is then off for every shape of the model)."""
+    (capture is then off for every shape of the model)."""
 
     forwards: int = 0
     captures: int = 0
@@ -243,8 +242,7 @@ class Program:
         """Run a segment or expert stage. CPU: eagerly, under the capture linter. With a capture API (CUDA):
         the first run of the program is the warm-up, eager on the capture stream; a later one captures once
         and replays. A forward whose options forbid capture (timed, profiled), or any forward once a capture
-        of
-        the model failed, runs a piece without a graph eagerly, counted (SegmentCounts.eager)."""
+        of the model failed, runs a piece without a graph eagerly, counted (SegmentCounts.eager)."""
         self.all.active += 1  # what runs in here is a graph on CUDA (benchmarks count the rest)
         try:
             if self.api is None:
@@ -420,8 +418,7 @@ class Program:
 def stack_key(i: int, group) -> tuple:
     """What a captured expert stage bakes in of its weight stacks: addresses, shapes and strides. A new
     engine's slots may come back at a freed engine's address; only with the same shape and strides is the old
-    stage
-    graph valid for them (it then reads the new slots, which is right)."""
+    stage graph valid for them (it then reads the new slots, which is right)."""
     gu, dn = group.gate_up, group.down
     return (i, gu.data_ptr(), tuple(gu.shape), gu.stride(), dn.data_ptr(), tuple(dn.shape), dn.stride())
 

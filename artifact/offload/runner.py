@@ -190,8 +190,7 @@ class RunOptions:
       expert_kernel  grouped | loop (EXPERT_KERNELS): how a group of experts computes
 
     The forward mode and kernel are checked where a ForwardOptions is made (check_forward, check_kernel),
-    which
-    making a RunOptions does at once: a bad value fails here, before any weight is read."""
+    which making a RunOptions does at once: a bad value fails here, before any weight is read."""
 
     decode: DecodeConfig = DecodeConfig()
     device: str = "cpu"

@@ -118,8 +118,7 @@ def default_out(P: Settings, shard: tuple[int, int] = (0, 1)) -> Path:
 def fingerprint_keys(P: Settings) -> tuple[str, ...]:
     """The settings a result file's fingerprint hashes: SETTINGS, and `forward` when the run's forward mode is
     not the default (eager). A segmented run's rows then never resume or pool with eager ones, while every
-    eager file,
-    the stored runs among them, keeps the hash it was written with."""
+    eager file, the stored runs among them, keeps the hash it was written with."""
     return SETTINGS + (("forward",) if P.forward != DEFAULT_FORWARD else ())
 
 

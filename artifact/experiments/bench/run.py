@@ -49,8 +49,7 @@ from artifact.offload.replay.sim import capacity_for
 
 def run_claimed(out: Path, todo: list[Cell], run_cell, log=print) -> int:
     """Run each cell of `todo` under its claim on `out` (CellClaims): first the cells nobody else is running,
-    then,
-    waiting for each, those another process held. Returns how many cells `run_cell` wrote here."""
+    then, waiting for each, those another process held. Returns how many cells `run_cell` wrote here."""
     ran = 0
     with CellClaims(out) as claims:
         later = []

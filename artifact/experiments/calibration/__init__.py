@@ -24,8 +24,7 @@ counts, over the studies: how often the pooled 95% intervals of the effect and o
 true values; the claim's verdicts (family-wise over its cells) and the per-cell ones; and, for fresh runs
 drawn from the same model beside the stored ones (Replicas.with_this), how often one gives the verdict
 opposite to the pooled one, and how often it decides alone. 08's model error (a figure, not an interval) has
-its own simulation
-(`model_error`)."""
+its own simulation (`model_error`)."""
 
 from __future__ import annotations
 
@@ -200,8 +199,8 @@ def run(
     processes: int | None = None,
 ) -> list[Row]:
     """Every (claim, scenario): `studies` simulated studies, each with `fresh` fresh runs, in `processes`
-    worker
-    processes (default: one per core; 1: in this process). Seeded: the same arguments give the same table."""
+    worker processes (default: one per core; 1: in this process). Seeded: the same arguments give the same
+    table."""
     keys = list(claims or CLAIMS)
     unknown = [k for k in keys if k not in CLAIMS]
     if unknown:
@@ -248,8 +247,7 @@ def _pct(k: float, n: float) -> float:
 
 def table(rows: Sequence[Row]) -> pd.DataFrame:
     """One row per claim and scenario: coverage (%), the claim's verdict rates (%), the per-cell rates (%),
-    the
-    fresh runs' opposite verdicts (count) and how often one decides alone (%)."""
+    the fresh runs' opposite verdicts (count) and how often one decides alone (%)."""
     out = []
     for r in rows:
         t = r.tally

@@ -1,6 +1,6 @@
 """The synthetic stored runs of the calibration harness (the model in the package docstring): the scenarios,
-the
-noise sized on the stored runs, the true effect, and the generator that writes a claim's grid with them."""
+the noise sized on the stored runs, the true effect, and the generator that writes a claim's grid with
+them."""
 
 from __future__ import annotations
 
@@ -50,8 +50,7 @@ AS_STORED = SCENARIOS[-1].name
 class Noise:
     """The spread of the claim's per-pair effect in the stored runs (points on the additive scale): `pair`,
     the within-run sd of one pair's difference (pooled over cells and runs), `run`, the between-run sd of a
-    run's true
-    effect (the sd of the runs' per-cell means less the pairs' share, the median over cells)."""
+    run's true effect (the sd of the runs' per-cell means less the pairs' share, the median over cells)."""
 
     pair: float
     run: float
@@ -90,8 +89,7 @@ def true_effect(c: TimingClaim, s: Scenario, noise: Noise) -> float:
 
 class Generator:
     """Synthetic runs of one claim's grid in one scenario: the stored runs' rows as the template, the claim's
-    metric
-    (or the stall basis' columns) drawn from the model of the module docstring."""
+    metric (or the stall basis' columns) drawn from the model of the module docstring."""
 
     def __init__(
         self,
@@ -189,8 +187,7 @@ class Generator:
 
     def study(self) -> list[tuple[str, pd.DataFrame]]:
         """N synthetic stored runs (one of them an outlier run when the scenario says so; the first lacking
-        one
-        cell of the claim when it says so)."""
+        one cell of the claim when it says so)."""
         n = len(self.runs)
         odd = int(self.rng.integers(n)) if self.s.outlier else -1
         runs = [(name, self.run(k, outlier=k == odd)) for k, (name, _) in enumerate(self.runs)]
@@ -205,8 +202,7 @@ class Generator:
 
     def targets(self, key=None) -> tuple[float, float]:
         """(A over B, its net of the role bias) true values of a claim key in the claim's unit: what the
-        pooled effect
-        and net intervals should contain (`key` matters only for truth "stored")."""
+        pooled effect and net intervals should contain (`key` matters only for truth "stored")."""
         T, role = self._truth(key)
         tau = self._scale(T)
         if self.basis.ratio:

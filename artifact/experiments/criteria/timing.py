@@ -7,8 +7,7 @@ a rule change (criteria.RULE_FILES, tests/test_rule_history.py).
 
 `a` may be OTHERS: every policy of the grid but B, demand and the A/A control (06's predictors, 09's best
 eviction), one comparison each. `select` keeps a cell when, for every (key, values) pair, the cell's key field
-lies
-in `values` (two numbers: an inclusive range; else a set of allowed values)."""
+lies in `values` (two numbers: an inclusive range; else a set of allowed values)."""
 
 from __future__ import annotations
 

@@ -191,8 +191,7 @@ def complete(path: Path, params: dict, settings: dict, source: Path | None = Non
 def ipc_kernel_manager():
     """The kernel manager papermill starts each notebook's kernel with: jupyter_client's, over IPC transport
     (Unix sockets beside the kernel's connection file) instead of TCP on localhost. The kernel then has no
-    unencrypted
-    TCP ports to warn about (ipykernel's "Kernel is running over TCP without encryption" on every
+    unencrypted TCP ports to warn about (ipykernel's "Kernel is running over TCP without encryption" on every
     notebook)."""
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default

@@ -82,8 +82,8 @@ def store_outputs(
     data/results/<profile>/traces/ where no reference trace of the profile's settings is
     (harness.store_traces), and on the cpu profile its claim cells' outputs into the source notebook (what
     nbval compares); then the claims tables (README, docs/claims.md) are generated again. A reference is a
-    profile's own settings:
-    refused with --set overrides, and on the cpu profile with --model. False when nothing was stored."""
+    profile's own settings: refused with --set overrides, and on the cpu profile with --model. False when
+    nothing was stored."""
     if any(o.status == "FAILED" for o in outcomes):
         log("--store: some notebooks failed; their stored outputs are left as they were")
     P = load_profile(profile, {k: v for k, v in overrides.items() if k == "model"})

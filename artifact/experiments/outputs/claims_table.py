@@ -124,8 +124,8 @@ def render(
     root: str = "../",
 ) -> str:
     """The full claims block for `profile_name` (docs/claims.md): a Markdown table, one row per recorded
-    claim,
-    and its runs. `root`: the repository root as seen from the file that holds the block (its links)."""
+    claim, and its runs. `root`: the repository root as seen from the file that holds the block (its
+    links)."""
     recs = records(profile_name, results)
     if not recs:
         return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
@@ -187,8 +187,8 @@ AS_STORED = "as stored"  # its scenario whose truth is the stored runs' own esti
 
 def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
     """{timing claim key: % of fresh runs that decide alone} from the committed calibration table (scenario
-    "as
-    stored": a fresh run of this commit, the truth being what the stored runs measured); {} without one."""
+    "as stored": a fresh run of this commit, the truth being what the stored runs measured); {} without
+    one."""
     path = Path(results or data_dir() / "results") / profile_name / CALIBRATION
     if not path.is_file():
         return {}
@@ -247,8 +247,7 @@ def render_compact(
 
 def loo_text(c: dict) -> str:
     """'k of N': with each stored run left out in turn, how many of the N pooled verdicts over the others are
-    the
-    pooled verdict ("" for a claim that is not timed or has no leave-one-out views)."""
+    the pooled verdict ("" for a claim that is not timed or has no leave-one-out views)."""
     views = c.get("leave_one_out") or []
     if not c.get("timing") or not views:
         return ""
@@ -268,8 +267,7 @@ def criterion_text(c: dict) -> str:
 # pooled one: the README counts them (k of N), docs/claims.md lists them.
 def k_of_n(c: dict) -> str:
     """'k of N' stored runs whose own verdict is the pooled one, with the count of opposite verdicts when
-    there
-    are any; "" for a claim that is not timed, "one run" for a timing claim without stored runs."""
+    there are any; "" for a claim that is not timed, "one run" for a timing claim without stored runs."""
     if not c.get("timing"):
         return ""
     runs = c.get("per_run") or []
@@ -316,8 +314,7 @@ def render_agreement(profile_name: str = "cpu", results: Path | None = None) -> 
 def render_this_run(profile_name: str, run_data: Path, results: Path | None = None) -> str:
     """A run's timing verdicts (its claim records in `run_data`, e.g. results/<profile>/data/) beside the
     stored pooled ones: per claim whether the single-run property holds (the run's verdict is the pooled one
-    or
-    inconclusive, never the other one), and the count."""
+    or inconclusive, never the other one), and the count."""
     mine = read_records(run_data)
     if not mine:
         raise ResultFileError(

@@ -97,8 +97,7 @@ def _text_boxes(fig, skip: set) -> list[tuple[Text, Axes | None]]:
 
 def overlaps(fig) -> list[str]:
     """Legends and text boxes over a title or another axes; titles over each other or another axes; legends
-    over
-    each other. The figure must be drawn (check_figure draws it)."""
+    over each other. The figure must be drawn (check_figure draws it)."""
     r = fig.canvas.get_renderer()
     titles = [(t, ax, t.get_window_extent(r)) for t, ax in _titles(fig)]
     legends = [(lg, ax, lg.get_window_extent(r)) for lg, ax in _legends(fig)]

@@ -100,8 +100,7 @@ def interval_limits(
     """The y range a reader needs: every value in `keep` (the means, the intervals a verdict is read from, the
     marks it is compared with), and of the other interval ends (`ends`: e.g. a single run's wide ones) no more
     than `room` x the span of `keep` (at least `floor`) beyond it; padded by `pad` of the span. mark_clipped
-    marks what
-    runs past it."""
+    marks what runs past it."""
     keep = [float(v) for v in keep if math.isfinite(v)]
     ends = [float(v) for v in ends if math.isfinite(v)]
     lo, hi = (min(keep), max(keep)) if keep else (-floor / 2, floor / 2)
@@ -113,8 +112,8 @@ def interval_limits(
 
 def mark_clipped(ax, x, low, high, color, label: str = CLIPPED) -> int:
     """For each interval (x, low, high) that runs past ax's y limits: an arrow at the edge it crosses, with
-    the
-    interval's end printed beside it (LEGEND_PT). Call after the limits are final; returns how many ends."""
+    the interval's end printed beside it (LEGEND_PT). Call after the limits are final; returns how many
+    ends."""
     y0, y1 = ax.get_ylim()
     x0, x1 = ax.get_xlim()
     n = 0
@@ -154,8 +153,7 @@ def legend(ax, **kw):
 
 def figure_legend(fig, ncol: int = 2, axes=None, **kw):
     """One legend for the whole figure (or for `axes`' series) below its panels (over no title and no axes),
-    one
-    entry per label."""
+    one entry per label."""
     if fig.get_layout_engine() is None:
         fig.set_layout_engine("constrained")
     return fig.legend(

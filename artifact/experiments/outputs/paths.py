@@ -4,8 +4,7 @@ CSV and each claim cell's record); the resumable bench grids and the traces live
 and data/traces/<profile>/ (ignored but for the reference files). The committed reference results,
 figures/<profile>/*.png, data/results/<profile>/NN_*.csv and NN_*.claims.json, and the routing traces they
 were computed from, data/results/<profile>/traces/, change only with an explicit `--store`
-(notebooks.store.store_outputs
-copies a run's files there)."""
+(notebooks.store.store_outputs copies a run's files there)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ data existed is said in that table, with the stored verdicts it flipped.
 A commit is listed by `changes_after` when its diff touches a rule file: every non-merge commit in
 `git log <stored>..HEAD` that touches one (with --full-history, so no side of a merge is simplified away), and
 a merge commit only where its result differs in a rule file from every parent (a conflict resolved by new
-code);
-a merge that takes one side's rule files unchanged adds nothing the side's own commits do not list."""
+code); a merge that takes one side's rule files unchanged adds nothing the side's own commits do not list."""
 
 from __future__ import annotations
 

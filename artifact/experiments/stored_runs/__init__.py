@@ -9,8 +9,8 @@ notebooks (TIMED_STUDIES) at one commit, and their raw rows are committed:
 
 Here they are found, checked, read (stored_rows), recorded (record_run: a new run<k>, whole or absent) and the
 working row files cleared between runs (clear_working); cached_rows keeps a timing notebook's rows that are
-not a
-bench grid like one. What the runs mean to a verdict, pooled into per-cell intervals, is replication.py's."""
+not a bench grid like one. What the runs mean to a verdict, pooled into per-cell intervals, is
+replication.py's."""
 
 from __future__ import annotations
 
@@ -37,8 +37,7 @@ RUNS = "runs"
 class TimedStudy:
     """A timing notebook: its study (artifact/experiments/studies/<module>, whose `measure(P, progress)`
     writes the rows a stored run keeps and whose `stored_claims(P)` rules on the stored ones) and its raw row
-    files
-    (data/results/<profile>/<stem>.csv)."""
+    files (data/results/<profile>/<stem>.csv)."""
 
     notebook: str
     module: str
@@ -73,8 +72,7 @@ def stored_runs(profile_name: str, reference: Path | None = None) -> list[Path]:
 def check_stored_runs(profile_name: str, reference: Path | None = None, ruled_on: int = 0) -> list[Path]:
     """The stored runs of a profile, each matching its manifest, numbered without a gap, at one commit, and at
     least the `ruled_on` runs the claim records were ruled on (outputs/manifest.check_runs); else RunsError,
-    one
-    line naming the run and the fault. Every reader of the stored runs goes through it before it rules."""
+    one line naming the run and the fault. Every reader of the stored runs goes through it before it rules."""
     root = runs_root(profile_name, reference)
     found = check_runs(root)
     if len(found) < ruled_on:
@@ -121,8 +119,7 @@ def stored_rows(
 
 def next_run(profile_name: str, reference: Path | None = None) -> tuple[Path, dict]:
     """(the folder the next stored run goes to, this checkout's run_info), or RunsError when the stored runs
-    are
-    damaged (check_stored_runs) or of another commit than this checkout."""
+    are damaged (check_stored_runs) or of another commit than this checkout."""
     have = stored_runs(profile_name, reference)
     dest = runs_root(profile_name, reference) / f"run{int(have[-1].name[3:]) + 1 if have else 1}"
     info = run_info()
@@ -150,8 +147,8 @@ def record_run(
     """Copy this profile's working row files (results_dir) of `stems` into a new stored run, runs/run<k>/ with
     k one more than the last, with its run.json and manifest.json: written into a temporary folder and
     renamed, so a run is either whole or absent; never over an existing run, nor beside damaged runs or runs
-    of another commit.
-    `rotation`: the Settings.rotation the run was measured with, kept in run.json when given."""
+    of another commit. `rotation`: the Settings.rotation the run was measured with, kept in run.json when
+    given."""
     files = [f for s in stems for f in row_files(P, s)]
     if not files:
         only = ",".join(t.notebook[:2] for t in TIMED_STUDIES)
@@ -188,8 +185,7 @@ def record_run(
 
 def clear_working(P, stems: Sequence[str] = TIMED_STEMS, log=print) -> int:
     """Remove this profile's working row files of `stems` (and their lock sidecars), so the next run of the
-    timing
-    notebooks measures afresh. Stored runs and the committed reference are untouched."""
+    timing notebooks measures afresh. Stored runs and the committed reference are untouched."""
     n = 0
     for s in stems:
         for f in row_files(P, s):

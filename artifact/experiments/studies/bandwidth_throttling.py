@@ -206,8 +206,7 @@ def _color(pol: str):
 def plot(summary, n: Numbers, P: Settings):
     """(a) tokens/s and (b) stall seconds vs link bandwidth, per policy (this run's means; the A/A control in
     its own colour); (c) last_step's stall over demand's per cell with the interval it is ruled on, beside the
-    A/A
-    control's with its interval; one legend below the panels."""
+    A/A control's with its interval; one legend below the panels."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.4), layout="constrained")
     _means(ax1, ax2, summary)
     rows = _stall_intervals(ax3, n)
@@ -249,8 +248,7 @@ def _means(ax1, ax2, summary):
 
 def _stall_intervals(ax3, n: Numbers) -> list[dict]:
     """(c) last_step's stall over demand's per cell and the A/A control's, each with the interval it is ruled
-    on,
-    against the margin; returns the panel's figure data."""
+    on, against the margin; returns the panel's figure data."""
     rows = []
     aa = AA_LABEL
     for name, src, color, shift in (

@@ -6,8 +6,7 @@ and libCacheSim's LRU, fed each demand hits first, is checked against `demand` o
 paired bench times the best eviction against lru end to end (tokens/s, ruled per cell on an interval over runs
 net of the A/A control, as the other direction claims: criteria/timing.py). The count claims rule on the
 denoising steps (prefill excluded), as notebooks 02 and 06 and the paper's oracle figure count, and print all
-demands beside
-them where that basis would give another verdict (claims.on_bases)."""
+demands beside them where that basis would give another verdict (claims.on_bases)."""
 
 from __future__ import annotations
 
@@ -241,8 +240,7 @@ def bench_verdict(b: BenchNumbers) -> Claim:
 def stored_claims(P: Settings) -> list[Claim]:
     """The bench's timing claim as a `--store` run of the stored runs' last one rules it, from the committed
     rows alone (tests/test_stored_runs.py); the best eviction is the one policy the stored bench times beside
-    lru and
-    the A/A control."""
+    lru and the A/A control."""
     names = {p for _, rows in stored_rows(P, STEM) for p in set(rows.policy)} - {"demand", CONTROL}
     if len(names) != 1:
         raise RunsError(f"the stored {STEM} rows time {sorted(names)} beside lru: expected one best eviction")
@@ -419,8 +417,8 @@ def _lcs_version() -> str:
 def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
     """(a, b) demand misses relative to LRU per eviction vs C/W, batch 1 and batch 4, with belady and min;
     (c) each prefetcher's demand misses + transfers relative to LRU's misses, with lru and with the best
-    eviction.
-    (a, b) are drawn on the basis the claims rule on (sim.ruling_basis); the saved data holds both bases."""
+    eviction. (a, b) are drawn on the basis the claims rule on (sim.ruling_basis); the saved data holds both
+    bases."""
     basis = ruling_basis(s)
     drawn = s[s.prefill == basis]
     batches = sorted(drawn.batch_size.dropna().unique())

@@ -2,8 +2,7 @@
 batch sizes x C/W), paired by repetition, with 95% intervals over runs. Both claims are defined in
 criteria/timing.py: the direction claim (C/W 0.83-1.73) rules on the effect net of the grid's A/A control
 (settings.CONTROL, demand's work in the other role: the difference in differences oriented by demand's role,
-demand
-being A here); the equivalence claim (C/W 0.43) on the effect itself, gated by the control."""
+demand being A here); the equivalence claim (C/W 0.43) on the effect itself, gated by the control."""
 
 from __future__ import annotations
 

@@ -175,8 +175,7 @@ def style_verdict(n: StyleNumbers) -> Claim:
 
 def stored_claims(P: Settings) -> list[Claim]:
     """The timing claim ruled on our engine, as a `--store` run of the stored runs' last one rules it, from
-    the
-    committed rows alone (tests/test_stored_runs.py)."""
+    the committed rows alone (tests/test_stored_runs.py)."""
     return [style_verdict(style_numbers(replicas(P, None).last_stored()))]
 
 
@@ -229,8 +228,7 @@ def _label(pol: str) -> str:
 def plot(rows, P: Settings, released=None):
     """Tokens/s of our engine, demand vs TIDE-style interval_refresh (and the A/A control, which does demand's
     work), at the budget and half of it, each bar a mean over tasks x repetitions with its 95% interval;
-    TIDE's
-    released code beside them when it was measured."""
+    TIDE's released code beside them when it was measured."""
     df = _per_budget(rows).assign(system="engine")
     if released:
         r = pd.DataFrame(released)

@@ -36,8 +36,8 @@ SHARE = ("demand_hits", "demand_misses")
 def lru_share(ts, ratios) -> pd.DataFrame:
     """The share of each denoising step's demanded experts already resident under LRU, per trace and C/W: the
     demand hit rate over the denoising steps only (prefill excluded, sim.denoising_only) of replaying the
-    trace
-    through the 'demand' policy at C = ratio * W. The prefill forwards still fill the cache the steps meet."""
+    trace through the 'demand' policy at C = ratio * W. The prefill forwards still fill the cache the steps
+    meet."""
     df = denoising_only(phase_columns(sweep(ts, ratios, ["demand"], by_phase=True)), SHARE)
     df["batch_size"] = df.batch_size.astype(int)
     df["resident_share"] = df.demand_hits / (df.demand_hits + df.demand_misses)

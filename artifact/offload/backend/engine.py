@@ -57,9 +57,8 @@ def allocate_slots(
     store: HostStore, cache: ExpertCache, device: torch.device, slot_pool: SlotPool | None = None
 ) -> dict[int, torch.Tensor]:
     """The device slots: per MoE layer one (C, P) tensor of the experts' dtype, a row per slot, from the
-    model's
-    pool when given (a new engine then reuses the previous engine's slots, and the stages captured over
-    them)."""
+    model's pool when given (a new engine then reuses the previous engine's slots, and the stages captured
+    over them)."""
     P = store.packed.shape[2]
     pool = slot_pool or SlotPool()
     return {
@@ -167,8 +166,7 @@ class OffloadEngine:
     @staticmethod
     def _split_waves(plan: Plan, load_e: list[int], load_s: list[int]) -> tuple[list[int], list[int], dict]:
         """The demand's loads to issue now, and those whose slot's occupant is demanded too (a wave): they
-        wait
-        for its compute, as `waiting`: occupant -> (experts, slots)."""
+        wait for its compute, as `waiting`: occupant -> (experts, slots)."""
         waiting: dict[int, tuple[list[int], list[int]]] = {}
         if not plan.streams:
             return load_e, load_s, waiting
@@ -303,8 +301,8 @@ class OffloadEngine:
 
 def offload(model, experts: torch.Tensor, capacity: int, policy, link: Link, device="cpu") -> OffloadEngine:
     """An offloaded engine over the packed host experts, its slots from the model's slot pool. The model is
-    left
-    as it is: pass the engine in a forward's options (ForwardOptions.backend; a run does), or install it."""
+    left as it is: pass the engine in a forward's options (ForwardOptions.backend; a run does), or install
+    it."""
     cfg = model.cfg
     check_slots_fit(cfg, capacity, experts.dtype, device, weights_loaded=True)
     store = HostStore(experts, cfg.moe_layers, pin=torch.device(device).type == "cuda")

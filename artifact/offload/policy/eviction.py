@@ -158,8 +158,7 @@ _UNDERFLOW = 1075  # 2**-x rounds to 0.0 in float64 for x > 1075
 def decays(lam: float, n: int) -> np.ndarray:
     """(>= n + 1,) float64, [d] = 2**(-lam d), the decay of d forwards, each rounded to the nearest float64
     from 40-digit decimal arithmetic: the same bits on every machine. (numpy's exp2 rounds differently on its
-    AVX-512
-    and baseline paths, and so may a libm with FMA variants; an ulp there decides between two equal
+    AVX-512 and baseline paths, and so may a libm with FMA variants; an ulp there decides between two equal
     scores.)"""
     t = _DECAYS.get(lam)
     if t is None or len(t) <= n:

@@ -41,14 +41,13 @@ class Eviction:
 
     def victim_keys(self, i: int, residents: np.ndarray) -> np.ndarray:
         """Eviction keys of layer i's residents (a new array), distinct; the lowest goes first (were two
-        equal,
-        the lower expert id would go first). LRU: last use."""
+        equal, the lower expert id would go first). LRU: last use."""
         return self._stamp_rows[i][residents]
 
     def victim_order(self, i: int, candidates: np.ndarray) -> np.ndarray:
         """Candidates, the first to evict first (derived from victim_keys unless overridden): lowest key
-        first,
-        ties by ascending expert id, as the cache orders victim keys itself (ExpertCache._take_slots)."""
+        first, ties by ascending expert id, as the cache orders victim keys itself
+        (ExpertCache._take_slots)."""
         return candidates[np.lexsort((candidates, self.victim_keys(i, candidates)))]
 
     def touch(self, i: int, ordered: np.ndarray) -> None:

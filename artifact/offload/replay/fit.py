@@ -166,8 +166,7 @@ def _novelty_stats(
     trace: Trace, seq: np.ndarray, step: np.ndarray, dn: np.ndarray, E: int, prof: _Profile, notes: list
 ) -> _Novelty:
     """Novelty: share of a demand not in its layer's previous demand of the same sequence, inside blocks and
-    at
-    block starts; persistence of the profile's residuals from step to step inside blocks."""
+    at block starts; persistence of the profile's residuals from step to step inside blocks."""
     prev_idx = _previous(trace, seq)
     new_share = _new_share(trace, prev_idx, E)
     prev_step = np.full(len(trace), -2)

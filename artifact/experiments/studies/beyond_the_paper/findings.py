@@ -90,8 +90,7 @@ def plot(summary, n: "Numbers", P: Settings):
     to LRU's misses, with the floors belady and min (they bound every policy's transfers: a prefetch can be
     postponed to its first use); (c, d) each predictor's throughput over demand (% tokens/s, 95% CIs) vs C/W
     under FIFO and under demand priority. The counts are drawn on the basis the claims rule on
-    (sim.ruling_basis);
-    the saved data holds both."""
+    (sim.ruling_basis); the saved data holds both."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     basis = ruling_basis(summary)
     counted = summary[summary.prefill == basis]

@@ -2,8 +2,7 @@
 belady (this cache's rules) and min (relaxed MIN, any demand-paging schedule), each count per phase; their
 summary, the counts of each counting basis, and the count claims (2a, 2b and the conservative predictor's),
 ruled on the denoising steps (prefill excluded) with all demands printed beside where that basis would give
-another verdict
-(claims.on_bases)."""
+another verdict (claims.on_bases)."""
 
 from __future__ import annotations
 
@@ -38,8 +37,8 @@ SUMMED = ("demand_misses", "speculative_transfers", "prefetch_hits", "wasted_pre
 
 def miss_sweep(ts, P: Settings, progress: bool = True) -> pd.DataFrame:
     """Every trace x C/W x policy and the relaxed-MIN floor 'min' replayed (sim.sweep, exact counts), each
-    count
-    also per phase (<count>_<phase> columns, sim.phase_columns), so that both counting bases can be pooled."""
+    count also per phase (<count>_<phase> columns, sim.phase_columns), so that both counting bases can be
+    pooled."""
     df = sweep(
         ts,
         P.cache_ratios,

@@ -28,8 +28,7 @@ VALIDATION_CELL = ["batch_size", "cache_ratio"]  # a measured demand-vs-last_ste
 
 def same_rows(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     """Two runs' validation rows are the same rows (a run compared with its stored copy): same cells,
-    repetitions
-    and policies, same measured and modelled seconds per step."""
+    repetitions and policies, same measured and modelled seconds per step."""
     keys = ["batch_size", "cache_ratio", "policy", "rep"]
     vals = ["measured_seconds_per_step", "modeled_seconds_per_step"]
     if len(a) != len(b) or not set(keys + vals) <= set(a.columns) & set(b.columns):
@@ -96,8 +95,7 @@ class ModelErrors:
     @property
     def pooled_range(self) -> tuple[float, float] | None:
         """The 95% distribution-free interval of the stored runs' median figure (rules.median_interval; None
-        with
-        fewer than 2 stored runs)."""
+        with fewer than 2 stored runs)."""
         return median_interval(self.figures) if len(self.runs) >= 2 else None
 
     @property
@@ -108,8 +106,7 @@ class ModelErrors:
     def ruled(self) -> tuple[float, float]:
         """The range the claim is ruled on: the interval of the stored runs' median when this run is a stored
         one, else the smallest range holding this run's figure and that interval (rules.figure_range; this
-        run's figure
-        alone when fewer than 2 runs are stored)."""
+        run's figure alone when fewer than 2 runs are stored)."""
         if self.is_pooled:
             return self.pooled_range
         return figure_range(self.this["median_abs_error"], self.pooled_range)
@@ -123,8 +120,7 @@ class ModelErrors:
 
     def own(self, figure: float) -> str:
         """One run's own verdict: its figure, with the interval of the pooled median when there is one,
-        against
-        MODEL_ERROR (rules.at_most): the pooled verdict or inconclusive, never the opposite."""
+        against MODEL_ERROR (rules.at_most): the pooled verdict or inconclusive, never the opposite."""
         return at_most(*figure_range(figure, self.pooled_range), thresholds.MODEL_ERROR)
 
 
@@ -296,8 +292,7 @@ def _ruling(e: ModelErrors) -> tuple[str, str, str, str]:
 
 def _measured_text(e: ModelErrors, gpu_summary: dict, source: str) -> str:
     """What was measured: every stored run's figure, their median, this run's, the cells' measured and
-    modelled
-    differences, the h200 check and this run's calibration."""
+    modelled differences, the h200 check and this run's calibration."""
     n = len(e.runs)
     runs_text = "; ".join(f"{name} {summary_text(s)}" for name, s in e.runs)
     this_text = f"this run{f' (it is {e.stored})' if e.stored else ''}: {summary_text(e.this)}"

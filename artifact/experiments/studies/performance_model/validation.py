@@ -1,9 +1,8 @@
 """The performance model against measured runs: validate_cpu (the tiny model offloaded on the emulated link,
 each run modelled on its own routing with cpu-emulated costs calibrated in the same session), validate_gpu (a
 gpu_check report's runs with the h200 profile), `validation` (a run's rows, kept as a stored run's) and
-validation_summary
-(a run's figure: its errors and sign agreement). The model-error claim over the stored runs:
-model_error.py."""
+validation_summary (a run's figure: its errors and sign agreement). The model-error claim over the stored
+runs: model_error.py."""
 
 from __future__ import annotations
 
@@ -147,8 +146,7 @@ VALIDATION = "validation"  # data/results/<profile>/validation.csv: the timed va
 def validation(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
     """The validation protocol of docs/perf_model.md: validate_cpu at batch sizes 1 and 4 and every C/W of the
     profile's grid, 2 repetitions, reused from data/results/<profile>/validation.csv when made under these
-    settings
-    (stored_runs.cached_rows). Returns the rows and the calibration's description."""
+    settings (stored_runs.cached_rows). Returns the rows and the calibration's description."""
 
     def measure():
         df, source = validate_cpu(

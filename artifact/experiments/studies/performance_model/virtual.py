@@ -1,8 +1,7 @@
 """The performance model's virtual runs: model_grid replays routing traces (recorded or synthetic) through the
 real engine, cache, policies and link timeline on a virtual clock priced by a hardware profile (hardware.py),
 for every policy x C/W x link priority, with the physical limit beside each cell. Every number is a pure
-function of
-the inputs: two runs give identical bits."""
+function of the inputs: two runs give identical bits."""
 
 from __future__ import annotations
 

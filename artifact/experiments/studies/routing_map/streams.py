@@ -65,8 +65,7 @@ def calibration(P: Settings) -> Calibration:
 
 def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
     """The timed streams: the paper's implied point (the largest spread reaching the cut at the traces'
-    novelty;
-    the best cell if none does) and the cpu traces' median point."""
+    novelty; the best cell if none does) and the cpu traces' median point."""
     paper_point = n.implied if n.implied is not None else n.best[:2]
     return {"paper point": paper_point, "cpu point": n.cpu_point}
 
@@ -223,8 +222,7 @@ def stream_label(key) -> str:
 
 def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
     """The streams' verdict: `faster` (direction; magnitude against the paper's range) per stream on the
-    interval
-    replication.py rules it on, net of the A/A control on the same stream (criteria/timing.py)."""
+    interval replication.py rules it on, net of the A/A control on the same stream (criteria/timing.py)."""
     paper_verdict = paper.demand_vs_last_step(1.0)
     cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
     q = question(CLAIM)
@@ -295,8 +293,7 @@ def _per_run(ax1, ax2, rows: pd.DataFrame, names: list) -> None:
 
 def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
     """Right: per stream, demand over last_step, the same net of the A/A control and the control, each with
-    the
-    interval it is ruled on, beside the paper's band and the margin; returns the intervals drawn."""
+    the interval it is ruled on, beside the paper's band and the margin; returns the intervals drawn."""
     out = []
     for name, src, color, dx in (
         ("demand over last_step", t.effects, COLORS["demand"], -0.15),
