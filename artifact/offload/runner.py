@@ -142,6 +142,31 @@ class OffloadSpec:
         caps = [c for c in (self.bandwidth_gbps, self.cap_gbps) if c is not None]
         return min(caps) if caps else None
 
+    def make_policy(self, num_layers: int, num_experts: int, future=None):
+        """This run's policy for an engine over `num_layers` MoE layers of `num_experts` experts."""
+        return make_policy(
+            self.policy,
+            num_layers,
+            num_experts,
+            future=future,
+            engine=True,
+            lookahead=self.lookahead,
+            tau=self.tau,
+        )
+
+    def make_link(self, device: str, expert_bytes: int, clock=None):
+        """This run's link (with `clock`: on a virtual clock), each copy `expert_bytes`."""
+        return make_link(
+            self.link,
+            device=device,
+            bandwidth_gbps=self.bandwidth_gbps,
+            latency_us=self.latency_us,
+            cap_gbps=self.cap_gbps,
+            expert_bytes=expert_bytes,
+            priority=self.link_priority,
+            clock=clock,
+        )
+
     def check(self, num_experts: int, device: str) -> None:
         """Every bad value fails here, before a model is touched."""
         if (
@@ -445,24 +470,8 @@ def make_engine(
             )
         check_oracle_trace(oracle, meta)
         future = oracle.future()
-    pol = make_policy(
-        spec.policy,
-        len(cfg.moe_layers),
-        cfg.num_experts,
-        future=future,
-        engine=True,
-        lookahead=spec.lookahead,
-        tau=spec.tau,
-    )
-    link = make_link(
-        spec.link,
-        device=device,
-        bandwidth_gbps=spec.bandwidth_gbps,
-        latency_us=spec.latency_us,
-        cap_gbps=spec.cap_gbps,
-        expert_bytes=meta["expert_bytes"],
-        priority=spec.link_priority,
-    )
+    pol = spec.make_policy(len(cfg.moe_layers), cfg.num_experts, future)
+    link = spec.make_link(device, meta["expert_bytes"])
     return offload(loaded.model, loaded.experts, spec.capacity, pol, link, device)
 
 

@@ -38,9 +38,8 @@ from artifact.offload.backend.engine import OffloadEngine
 from artifact.offload.backend.plans import PHASES
 from artifact.offload.backend.store import HostStore
 from artifact.offload.links.costs import Costs
-from artifact.offload.links.link_factory import make_link
 from artifact.offload.links.timeline import VirtualClock
-from artifact.offload.policy.policies import check_policy, make_policy
+from artifact.offload.policy.policies import check_policy
 from artifact.offload.replay.trace import KINDS, Trace
 from artifact.offload.runner import OffloadSpec, check_device
 from artifact.validate import check_number
@@ -220,20 +219,9 @@ def _engine(
     `expert_bytes` whatever the store's rows hold."""
     layers, E = trace.meta["moe_layers"], int(trace.meta["num_experts"])
     future = trace.future() if check_policy(spec.policy).needs_trace else None
-    policy = make_policy(
-        spec.policy, len(layers), E, future=future, engine=True, lookahead=spec.lookahead, tau=spec.tau
-    )
+    policy = spec.make_policy(len(layers), E, future)
     nbytes = expert_bytes or store.expert_bytes
-    link = make_link(
-        spec.link,
-        device=device,
-        bandwidth_gbps=spec.bandwidth_gbps,
-        latency_us=spec.latency_us,
-        cap_gbps=spec.cap_gbps,
-        expert_bytes=nbytes,
-        priority=spec.link_priority,
-        clock=clock,
-    )
+    link = spec.make_link(device, nbytes, clock)
     cache = ExpertCache(layers, E, spec.capacity, policy, nbytes)
     return OffloadEngine(store, cache, link, shape, device), link
 

@@ -54,6 +54,17 @@ def title(fig, P: Settings, text: str, legend_columns: int = 0) -> None:
 CLIPPED = "interval runs off the axis (its end printed)"
 
 
+def interval_fields(i) -> dict:
+    """A ruled interval (rules.Interval) as a figure's data columns: diff_pct, low, high, interval (its
+    basis), n."""
+    return dict(diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
+
+
+def mark_margin(ax, label: str) -> None:
+    """The +-margin band a claim reads its intervals against (thresholds.MARGIN, in %), labelled `label`."""
+    ax.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12, label=label)
+
+
 def mark_paper_04(ax, point: bool = True) -> list[float]:
     """The paper's 04 figures on a demand-over-last_step axis (% tokens/s over C/W): its +range band over its
     C/W range, and with `point` its interval at C/W 0.43 (paper.AT_LOW); returns the y values drawn."""

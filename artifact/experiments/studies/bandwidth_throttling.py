@@ -24,6 +24,8 @@ from artifact.experiments.outputs.figures import (
     CONTROL_COLOR,
     INTERVAL_BASIS,
     figure_legend,
+    interval_fields,
+    mark_margin,
     title,
 )
 from artifact.experiments.replication import Compared, Replicas, gather
@@ -279,21 +281,11 @@ def _stall_intervals(ax3, n: Numbers) -> list[dict]:
                     cache_ratio=k[2],
                     bandwidth_scale=k[3],
                     link_gbps=n.gbps[k[3]],
-                    diff_pct=i.mean,
-                    low=i.low,
-                    high=i.high,
-                    interval=i.unit,
-                    n=i.n,
+                    **interval_fields(i),
                 )
                 for k, i in zip(keys, iv)
             ]
-    ax3.axhspan(
-        -thresholds.MARGIN,
-        thresholds.MARGIN,
-        color="gray",
-        alpha=0.12,
-        label=f"+-{thresholds.MARGIN:g} (the margin; faster means above +{thresholds.MARGIN:g})",
-    )
+    mark_margin(ax3, f"+-{thresholds.MARGIN:g} (the margin; faster means above +{thresholds.MARGIN:g})")
     ax3.axhline(0, color="black", lw=1, ls=":")
     return rows
 

@@ -22,8 +22,10 @@ from artifact.experiments.outputs.figures import (
     CONTROL_COLOR,
     INTERVAL_BASIS,
     figure_legend,
+    interval_fields,
     interval_limits,
     mark_clipped,
+    mark_margin,
     mark_paper_04,
     title,
 )
@@ -264,11 +266,7 @@ def _rows(name: str, keys: list, ruled: list, pooled: list) -> list[dict]:
             task=k.task,
             batch_size=k.batch_size,
             cache_ratio=k.cache_ratio,
-            diff_pct=i.mean,
-            low=i.low,
-            high=i.high,
-            interval=i.unit,
-            n=i.n,
+            **interval_fields(i),
             pooled_diff_pct=p.mean if p else None,
             pooled_low=p.low if p else None,
             pooled_high=p.high if p else None,
@@ -288,11 +286,7 @@ def _marks(ax, name: str) -> list[float]:
     if name == NET:
         ax.axhline(m, color="black", lw=1, ls="--", label=f"+{m:g}%: 'faster' needs the interval above it")
     else:
-        ax.axhspan(
-            -m,
-            m,
-            color="gray",
-            alpha=0.12,
-            label=f"+-{m:g}%: the equivalence margin (C/W {paper.AT_LOW.cache_ratio:g}; the A/A control)",
+        mark_margin(
+            ax, f"+-{m:g}%: the equivalence margin (C/W {paper.AT_LOW.cache_ratio:g}; the A/A control)"
         )
     return out

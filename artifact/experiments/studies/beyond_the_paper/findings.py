@@ -13,7 +13,7 @@ import pandas as pd
 from artifact.experiments.bench.results import same_tokens
 from artifact.experiments.claims import BASIS_SHORT, EXACT, PER_RUN, Claim, on_basis, verdict_of
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, title
+from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, interval_fields, mark_margin, title
 from artifact.experiments.replication import Replicas
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.beyond_the_paper.misses import BOUNDS, MIN, OWN, count_claims, counts
@@ -166,21 +166,11 @@ def _throughput_panel(ax, pr: str, series: dict) -> list[dict]:
                     policy=pol,
                     batch_size=b,
                     cache_ratio=c[3],
-                    diff_pct=i.mean,
-                    low=i.low,
-                    high=i.high,
-                    interval=i.unit,
-                    n=i.n,
+                    **interval_fields(i),
                 )
                 for c, i in zip(keys, iv)
             ]
-    ax.axhspan(
-        -thresholds.MARGIN,
-        thresholds.MARGIN,
-        color="gray",
-        alpha=0.12,
-        label=f"+-{thresholds.MARGIN:g}% (margin)",
-    )
+    mark_margin(ax, f"+-{thresholds.MARGIN:g}% (margin)")
     ax.axhline(0, color="black", lw=1, ls=":")
     ax.set(
         xlabel="cache capacity C/W",

@@ -37,6 +37,7 @@ from artifact.experiments.outputs.figures import (
     CONTROL_COLOR,
     PAPER_STYLE,
     figure_legend,
+    mark_margin,
     mark_paper_04,
     title,
 )
@@ -286,13 +287,7 @@ def _plot_diffs(ax, grid: pd.DataFrame, panels: list) -> None:
             label=f"demand over last_step: {hw}, {st}",
         )
     mark_paper_04(ax)
-    ax.axhspan(
-        -thresholds.MARGIN,
-        thresholds.MARGIN,
-        color="gray",
-        alpha=0.12,
-        label=f"+-{thresholds.MARGIN:g}%: the modelled equivalence margin",
-    )
+    mark_margin(ax, f"+-{thresholds.MARGIN:g}%: the modelled equivalence margin")
     ax.axhline(0, color="black", lw=1, ls=":")
     ax.set(
         xlabel="cache ratio C/W",

@@ -26,6 +26,8 @@ from artifact.experiments.outputs.figures import (
     CONTROL_COLOR,
     INTERVAL_BASIS,
     PAPER_STYLE,
+    interval_fields,
+    mark_margin,
     title,
 )
 from artifact.experiments.replication import Compared, Replicas, gather
@@ -315,10 +317,7 @@ def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
             mfc="none" if name == NET else color,
             label=name,
         )
-        out += [
-            dict(task=k[0], series=name, diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
-            for k, i in zip(keys, iv)
-        ]
+        out += [dict(task=k[0], series=name, **interval_fields(i)) for k, i in zip(keys, iv)]
     ax3.axhspan(
         *paper.FASTER_PCT,
         color=PAPER_STYLE["color"],
@@ -326,13 +325,7 @@ def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
         label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% (C/W "
         f"{paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})",
     )
-    ax3.axhspan(
-        -thresholds.MARGIN,
-        thresholds.MARGIN,
-        color="gray",
-        alpha=0.12,
-        label=f"+-{thresholds.MARGIN:g}% (equivalence margin)",
-    )
+    mark_margin(ax3, f"+-{thresholds.MARGIN:g}% (equivalence margin)")
     ax3.axhline(0, color="black", lw=1, ls=":")
     ax3.set_xlim(-0.6, len(names) - 0.4)
     any_iv = next(iter(t.effects.values()), None)
