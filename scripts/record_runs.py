@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 def measure(P, log=print) -> None:
     """Each timing study's `measure` (stored_runs.TIMED_STUDIES), in notebook order."""
-    from artifact.experiments.stored_runs import TIMED_STUDIES
+    from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES
 
     for t in tqdm(TIMED_STUDIES, desc="timing notebooks' measurements"):
         t0 = time.time()

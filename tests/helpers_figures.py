@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from artifact.experiments.outputs.paths import reference_data_dir
-from artifact.experiments.replication import Replicas
+from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.settings import Settings
 
 
@@ -97,7 +97,7 @@ def routing_map(P: Settings, ts, fresh: bool):
 
 def performance_model(P: Settings, ts, fresh: bool):
     from artifact.experiments.bench.results import bench_fingerprint
-    from artifact.experiments.stored_runs import stored_rows
+    from artifact.experiments.verdicts.stored_runs import stored_rows
     from artifact.experiments.studies import performance_model as pm
     from artifact.experiments.studies.performance_model.validation import VALIDATION
 

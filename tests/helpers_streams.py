@@ -10,7 +10,7 @@ import pandas as pd
 
 from artifact.experiments.outputs.manifest import write_manifest
 from artifact.experiments.settings import CONTROL
-from artifact.experiments.stored_runs import runs_root
+from artifact.experiments.verdicts.stored_runs import runs_root
 
 STREAM_NAMES = ("paper point", "cpu point")
 

@@ -10,7 +10,7 @@ import pytest
 
 from artifact.experiments import calibration, effects
 from artifact.experiments.calibration.generator import SCENARIOS, Generator, Noise, Scenario, true_effect
-from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.settings import load_profile

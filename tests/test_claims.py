@@ -22,14 +22,14 @@ from artifact.experiments import claims, harness, replication  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, write_rows  # noqa: E402
 
 # noqa: E402
-from artifact.experiments.claims import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim
+from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim
 from artifact.experiments.criteria import (
     paper,  # noqa: E402
     thresholds,  # noqa: E402
 )
 from artifact.experiments.notebooks import claims_of  # noqa: E402
 from artifact.experiments.outputs import figures  # noqa: E402
-from artifact.experiments.replication import WITHIN, Replicas
+from artifact.experiments.verdicts.pooling import WITHIN, Replicas
 from artifact.experiments.settings import (  # noqa: E402
     CONTROL,  # noqa: E402
     ProfileError,

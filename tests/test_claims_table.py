@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from artifact.experiments.claims import Claim, record, record_path, report, unwrap
+from artifact.experiments.verdicts.records import Claim, record, record_path, report, unwrap
 from artifact.experiments.outputs import claims_table
 from artifact.experiments.settings import load_profile
 

@@ -21,10 +21,10 @@ import pandas as pd
 import pytest
 
 from artifact.experiments.criteria.timing import CLAIMS, DEMAND, FASTER, OTHERS, PERCENT
-from artifact.experiments.effects import STALL_SHARE, run_views
+from artifact.experiments.verdicts.pairs import STALL_SHARE, run_views
 from artifact.experiments.outputs.manifest import write_manifest
 from artifact.experiments.settings import CONTROL, load_profile
-from artifact.experiments.stats import CELL_KEYS, PAIR_KEYS
+from artifact.experiments.outputs.paired_table import CELL_KEYS, PAIR_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "data" / "results" / "cpu" / "runs"

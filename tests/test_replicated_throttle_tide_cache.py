@@ -18,10 +18,10 @@ import pytest  # noqa: E402
 from helpers_runs import make_rows, read_back, store_runs  # noqa: E402
 
 from artifact.experiments.bench.results import bench_fingerprint  # noqa: E402
-from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
+from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.figures import AA_LABEL, CONTROL_COLOR
-from artifact.experiments.replication import METHOD, SINGLE, WITHIN, Replicas
+from artifact.experiments.verdicts.pooling import METHOD, SINGLE, WITHIN, Replicas
 from artifact.experiments.settings import (  # noqa: E402
     CONTROL,  # noqa: E402
     Settings,

@@ -14,14 +14,14 @@ import pytest
 from scipy import stats
 
 from artifact.experiments import replication, stored_runs
-from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.effects import STALL_SHARE, RunEffect, run_effects
-from artifact.experiments.replication import Compared, Replicas, Replicated, one_run_interval, pooled_interval
-from artifact.experiments.rules import Interval, control_ruling, faster, no_difference, not_faster
+from artifact.experiments.verdicts.pairs import STALL_SHARE, RunEffect, run_effects
+from artifact.experiments.verdicts.pooling import Compared, Replicas, Replicated, one_run_interval, pooled_interval
+from artifact.experiments.verdicts.rules import Interval, control_ruling, faster, no_difference, not_faster
 from artifact.experiments.settings import CONTROL, load_profile
-from artifact.experiments.stats import CELL_KEYS
-from artifact.experiments.timed import judge
+from artifact.experiments.outputs.paired_table import CELL_KEYS
+from artifact.experiments.verdicts.judge import judge
 
 CELL = list(CELL_KEYS)
 KEY = ("gsm8k", 1, 1.0, 1.0)

@@ -15,7 +15,7 @@ import pytest
 
 from artifact.experiments.criteria import RULE_FILES
 from artifact.experiments.outputs import rule_history
-from artifact.experiments.outputs.rule_history import RuleHistoryError
+from artifact.experiments.verdicts.rule_history import RuleHistoryError
 
 ROOT = Path(__file__).resolve().parent.parent
 VERDICTS_MD = ROOT / "docs" / "verdicts.md"

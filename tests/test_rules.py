@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from scipy import stats as sstats
 
 from artifact.experiments import rules
-from artifact.experiments.claims import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.rules import (
+from artifact.experiments.verdicts.rules import (
     Interval,
     Question,
     bias_bound,
@@ -25,7 +25,7 @@ from artifact.experiments.rules import (
     not_faster,
     rule_cell,
 )
-from artifact.experiments.stats import paired_difference
+from artifact.experiments.outputs.paired_table import paired_difference
 
 M = thresholds.MARGIN
 QUESTIONS = (faster(), faster(paper=paper.FASTER_PCT), no_difference(), not_faster(), faster(unit=" points"))

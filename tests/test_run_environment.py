@@ -15,7 +15,7 @@ import torch
 from test_replication import rows
 
 from artifact.experiments import claims, stored_runs
-from artifact.experiments.claims import Claim, environment, record, record_path
+from artifact.experiments.verdicts.records import Claim, environment, record, record_path
 from artifact.experiments.settings import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]

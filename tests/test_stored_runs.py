@@ -13,7 +13,7 @@ import pytest
 
 from artifact.experiments import stored_runs
 from artifact.experiments.criteria import thresholds
-from artifact.experiments.outputs.claims_table import records
+from artifact.experiments.verdicts.claims_table import records
 from artifact.experiments.settings import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent

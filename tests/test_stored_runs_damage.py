@@ -20,7 +20,7 @@ from artifact.cli import main
 from artifact.errors import ResultFileError, RunsError
 from artifact.experiments import stored_runs
 from artifact.experiments.criteria import thresholds
-from artifact.experiments.outputs.claims_table import records
+from artifact.experiments.verdicts.claims_table import records
 from artifact.experiments.outputs.manifest import MANIFEST, write_manifest
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies import capacity_sweep

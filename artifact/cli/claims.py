@@ -1,5 +1,5 @@
 """`claims`: the claims table for a profile, rendered from its stored claim records
-(artifact.experiments.outputs.claims_table): the README's compact table, or with --full docs/claims.md's. It
+(artifact.experiments.verdicts.claims_table): the README's compact table, or with --full docs/claims.md's. It
 first checks the stored runs the records were ruled on (stored_runs.check_stored_runs) and refuses damaged or
 missing ones. `--update-readme` rewrites the blocks between its markers in the README (the compact table) and
 docs/claims.md (the full table and the agreement of repeated runs)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 from artifact.errors import UserError
 from artifact.experiments.outputs import claims_table as table
 from artifact.experiments.settings import load_profile
-from artifact.experiments.stored_runs import check_stored_runs
+from artifact.experiments.verdicts.stored_runs import check_stored_runs
 
 
 def cmd_claims(a) -> int:

@@ -9,11 +9,11 @@ import math
 from collections.abc import Sequence
 
 from artifact.errors import UserError
-from artifact.experiments.effects import run_effects
-from artifact.experiments.replication import METHOD, Replicas, RunsError, t_interval
+from artifact.experiments.verdicts.pairs import run_effects
+from artifact.experiments.verdicts.pooling import METHOD, Replicas, RunsError, t_interval
 from artifact.experiments.settings import CONTROL, load_profile
-from artifact.experiments.stats import CELL_KEYS
-from artifact.experiments.stored_runs import TIMED_STEMS, TIMED_STUDIES, run_meta, stored_rows, stored_runs
+from artifact.experiments.outputs.paired_table import CELL_KEYS
+from artifact.experiments.verdicts.stored_runs import TIMED_STEMS, TIMED_STUDIES, run_meta, stored_rows, stored_runs
 
 
 def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from artifact.errors import SettingError
 from artifact.experiments.settings import Settings
-from artifact.experiments.stats import CELL_KEYS, CellKey
+from artifact.experiments.outputs.paired_table import CELL_KEYS, CellKey
 
 
 @dataclass(frozen=True)

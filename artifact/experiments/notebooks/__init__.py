@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifact.experiments.claims import unwrap
+from artifact.experiments.verdicts.records import unwrap
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.paths import run_dir
 from artifact.experiments.settings import (

@@ -13,10 +13,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import EXACT, PER_RUN, Claim, verdict_of
+from artifact.experiments.verdicts.records import EXACT, PER_RUN, Claim, verdict_of
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
-from artifact.experiments.effects import STALL_SHARE
+from artifact.experiments.verdicts.pairs import STALL_SHARE
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import (
     AA_LABEL,
@@ -28,9 +28,9 @@ from artifact.experiments.outputs.figures import (
     mark_margin,
     title,
 )
-from artifact.experiments.replication import Compared, Replicas, gather
+from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.judge import claim_compared, question, rule_claim, timed_claim
 from artifact.offload.links.link import PCIE4_GBPS
 
 STEM = "throttle_runs"  # data/results/<profile>/throttle_runs.csv

@@ -18,17 +18,17 @@ import numpy as np
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, on_bases, on_basis, verdict_of
+from artifact.experiments.verdicts.records import BASIS, BASIS_SHORT, EXACT, Claim, on_bases, on_basis, verdict_of
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, traces
 from artifact.experiments.outputs.figures import title
-from artifact.experiments.replication import Compared, Replicas, RunsError, gather
-from artifact.experiments.rules import margin_below
+from artifact.experiments.verdicts.pooling import Compared, Replicas, RunsError, gather
+from artifact.experiments.verdicts.rules import margin_below
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.stats import CELL_KEYS
-from artifact.experiments.stored_runs import stored_rows
-from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
+from artifact.experiments.outputs.paired_table import CELL_KEYS
+from artifact.experiments.verdicts.stored_runs import stored_rows
+from artifact.experiments.verdicts.judge import claim_parts, merge_others, question, rule_claim, timed_claim
 from artifact.offload.replay.sim import (
     by_basis,
     capacity_for,

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
-from artifact.experiments.claims import EXACT, PER_RUN, Claim, verdict_of
+from artifact.experiments.verdicts.records import EXACT, PER_RUN, Claim, verdict_of
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
@@ -29,10 +29,10 @@ from artifact.experiments.outputs.figures import (
     mark_paper_04,
     title,
 )
-from artifact.experiments.replication import Compared, Replicas, gather
+from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.settings import Settings
-from artifact.experiments.stats import CELL_KEYS, paired_table
-from artifact.experiments.timed import claim_cells, claim_compared, question, rule_claim, timed_claim
+from artifact.experiments.outputs.paired_table import CELL_KEYS, paired_table
+from artifact.experiments.verdicts.judge import claim_cells, claim_compared, question, rule_claim, timed_claim
 
 STEM = "bench"  # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
 # the claims' definitions (criteria/timing.py)

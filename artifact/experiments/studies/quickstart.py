@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments.claims import EXACT, Claim, verdict_of
+from artifact.experiments.verdicts.records import EXACT, Claim, verdict_of
 from artifact.experiments.harness import load_model, offload_spec
 from artifact.experiments.outputs.figures import legend, title
 from artifact.experiments.settings import Settings

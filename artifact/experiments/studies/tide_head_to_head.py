@@ -12,17 +12,17 @@ import torch
 
 from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import NOT_MEASURABLE, Claim, verdict_of
+from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, verdict_of
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, run_grid
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, legend, mean_interval, title
-from artifact.experiments.replication import Compared, Replicas, gather
+from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.stats import CELL_KEYS, paired_table
+from artifact.experiments.outputs.paired_table import CELL_KEYS, paired_table
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide.checkout import check_tide
-from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.judge import claim_compared, question, rule_claim, timed_claim
 from artifact.model.tasks import prompts
 from artifact.offload.replay.sim import capacity_for
 

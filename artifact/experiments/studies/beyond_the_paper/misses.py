@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from artifact.experiments.claims import BASIS, BASIS_SHORT, EXACT, Claim, on_bases
+from artifact.experiments.verdicts.records import BASIS, BASIS_SHORT, EXACT, Claim, on_bases
 from artifact.experiments.criteria import thresholds
-from artifact.experiments.rules import margin_below
+from artifact.experiments.verdicts.rules import margin_below
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.offload.replay.sim import by_basis, phase_columns, ruling_basis, sweep
 

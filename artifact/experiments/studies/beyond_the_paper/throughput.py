@@ -9,15 +9,15 @@ import dataclasses
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import Claim
+from artifact.experiments.verdicts.records import Claim
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
-from artifact.experiments.replication import Replicas
+from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.stats import CELL_KEYS, CONFIDENCE, format_table, paired_table
-from artifact.experiments.stored_runs import stored_rows
+from artifact.experiments.outputs.paired_table import CELL_KEYS, CONFIDENCE, format_table, paired_table
+from artifact.experiments.verdicts.stored_runs import stored_rows
 from artifact.experiments.studies.beyond_the_paper.misses import OWN
-from artifact.experiments.timed import claim_parts, merge_others, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.judge import claim_parts, merge_others, question, rule_claim, timed_claim
 
 # Throughput: demand against these, under each link priority (one bench file per priority); CONTROL among
 # them.

@@ -29,7 +29,7 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from tqdm.auto import tqdm
 
-from artifact.experiments.claims import MODELED, Claim, verdict_of
+from artifact.experiments.verdicts.records import MODELED, Claim, verdict_of
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.hardware import HARDWARE
 from artifact.experiments.outputs.figures import (

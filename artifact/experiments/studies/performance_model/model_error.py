@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import Claim
+from artifact.experiments.verdicts.records import Claim
 from artifact.experiments.criteria import thresholds
-from artifact.experiments.replication import Replicas
-from artifact.experiments.rules import at_most, figure_range, median_interval
+from artifact.experiments.verdicts.pooling import Replicas
+from artifact.experiments.verdicts.rules import at_most, figure_range, median_interval
 from artifact.experiments.settings import Settings
-from artifact.experiments.stored_runs import stored_rows
+from artifact.experiments.verdicts.stored_runs import stored_rows
 from artifact.experiments.studies.performance_model.validation import (
     VALIDATION,
     validate_gpu,

@@ -16,7 +16,7 @@ from matplotlib.colors import LogNorm
 from scipy.interpolate import RegularGridInterpolator
 from tqdm.auto import tqdm
 
-from artifact.experiments.claims import EXACT, NOT_MEASURABLE, Claim, verdict_of
+from artifact.experiments.verdicts.records import EXACT, NOT_MEASURABLE, Claim, verdict_of
 from artifact.experiments.criteria import paper
 from artifact.experiments.outputs.figures import PAPER_STYLE, title
 from artifact.experiments.settings import Settings

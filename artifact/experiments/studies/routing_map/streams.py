@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.claims import Claim
+from artifact.experiments.verdicts.records import Claim
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, traces
@@ -30,10 +30,10 @@ from artifact.experiments.outputs.figures import (
     mark_margin,
     title,
 )
-from artifact.experiments.replication import Compared, Replicas, gather
+from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.stats import paired_table
-from artifact.experiments.stored_runs import cached_rows
+from artifact.experiments.outputs.paired_table import paired_table
+from artifact.experiments.verdicts.stored_runs import cached_rows
 from artifact.experiments.studies.routing_map.map import (
     MapGrid,
     Numbers,
@@ -44,7 +44,7 @@ from artifact.experiments.studies.routing_map.map import (
     routing_map,
     trace_fits,
 )
-from artifact.experiments.timed import claim_compared, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.judge import claim_compared, question, rule_claim, timed_claim
 from artifact.model.tasks import prompts
 from artifact.offload.backend.store import HostStore
 from artifact.offload.replay.sim import capacity_for

@@ -1,41 +1,29 @@
-"""Paired comparisons of two policies' throughput, with 95% confidence intervals.
+"""Paired comparisons of two policies' throughput within one run, with 95% intervals over its pairs: a
+display table (the verdicts are ruled over runs: verdicts/).
 
 A pair is two runs of the same cell (task, batch size, C/W, bandwidth scale) and repetition, one per
 policy, on identical prompts, back to back. The effect of A over B is the mean over pairs of the
 per-pair percentage (a - b) / b * 100: each pair is its own baseline, so slow cells and fast cells
 weigh alike and drift between repetitions cancels. Intervals over pairs:
-  t          mean +- t_{n-1} * s / sqrt(n)  (scipy.stats.t; the same as a one-sample t-test of the
-             per-pair percentages, i.e. ttest_rel(a / b * 100, 100))
-  bootstrap  percentile interval of the mean over resampled pairs (seeded numpy Generator)
+  t          scipy.stats.ttest_1samp of the per-pair percentages: mean +- t_{n-1} * s / sqrt(n)
+  bootstrap  percentile interval of the mean over resampled pairs (scipy.stats.bootstrap, seeded)
 A difference "excludes zero" when its t interval lies entirely above or below 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
 from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.verdicts.pairs import CELL_KEYS, PAIR_KEYS, CellKey, wide
 
+__all__ = ["CELL_KEYS", "PAIR_KEYS", "CellKey", "paired_table", "format_table", "with_paper"]
 CONFIDENCE = thresholds.CONFIDENCE
-
-
-class CellKey(NamedTuple):
-    """One cell of a grid, the unit every interval is computed in (nothing pools cells): the key of every
-    study's {cell: effect} maps and of the bench's cells (bench.grid.Cell.key)."""
-
-    task: str
-    batch_size: int
-    cache_ratio: float
-    bandwidth_scale: float
-
-
-CELL_KEYS = CellKey._fields  # the result columns that name a cell
-PAIR_KEYS = CELL_KEYS + ("rep",)
 
 
 @dataclass(frozen=True)
@@ -64,72 +52,55 @@ def percent_differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(
-            f"a and b must be 1-d arrays of the same length (one value per pair), "
-            f"got shapes {a.shape} and {b.shape}"
+            f"a and b must be 1-d arrays of the same length (one value per pair), got shapes {a.shape} and {b.shape}"
         )
     if not (np.isfinite(a).all() and np.isfinite(b).all()) or (b <= 0).any():
         raise ValueError("paired values must be finite, and b > 0 (it is the per-pair baseline)")
     return (a - b) / b * 100.0
 
 
-def paired_difference(
-    a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
-) -> PairedDifference:
-    """Mean per-pair percentage difference of a over b with a t interval over pairs."""
+def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> PairedDifference:
+    """Mean per-pair percentage difference of a over b with its t interval over pairs (scipy.stats.ttest_1samp)."""
     d = percent_differences(a, b)
-    n = len(d)
-    if n == 0:
+    if len(d) == 0:
         raise ValueError("no pairs")
     mean = float(d.mean())
-    if n < 2:
+    if len(d) < 2:
         lo = hi = p = float("nan")
+    elif d.std() == 0:
+        lo = hi = mean
+        p = 1.0 if mean == 0 else 0.0
     else:
-        se = float(d.std(ddof=1)) / np.sqrt(n)
-        if se == 0:
-            lo = hi = mean
-            p = 1.0 if mean == 0 else 0.0
-        else:
-            lo, hi = stats.t.interval(confidence, n - 1, loc=mean, scale=se)
-            p = float(2 * stats.t.sf(abs(mean) / se, n - 1))
-    return PairedDifference(n, float(np.mean(a)), float(np.mean(b)), mean, float(lo), float(hi), p)
+        res = stats.ttest_1samp(d, 0.0)
+        ci = res.confidence_interval(confidence)
+        lo, hi, p = float(ci.low), float(ci.high), float(res.pvalue)
+    return PairedDifference(len(d), float(np.mean(a)), float(np.mean(b)), mean, lo, hi, p)
 
 
 def bootstrap_ci(
     values: Sequence[float], confidence: float = CONFIDENCE, n_resamples: int = 10_000, seed: int = 0
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of `values` (e.g. per-pair percentages); deterministic
-    for a seed."""
+    """Percentile bootstrap interval of the mean of `values` (scipy.stats.bootstrap, seeded)."""
     v = np.asarray(values, dtype=float)
-    if len(v) < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, len(v), size=(n_resamples, len(v)))].mean(axis=1)
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(means, [alpha, 1 - alpha])
-    return float(lo), float(hi)
+    if len(v) < 2 or v.std() == 0:
+        return (float("nan"), float("nan")) if len(v) < 2 else (float(v[0]), float(v[0]))
+    res = stats.bootstrap(
+        (v,), np.mean, confidence_level=confidence, n_resamples=n_resamples, method="percentile", rng=seed
+    )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def wide_pairs(rows, policies: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
-    """One row per pair (PAIR_KEYS: same cell, run and repetition), columns (column, policy) for each of
-    `columns` and `policies`; a pair missing a side has NaN there. Refuses rows without the bench's columns, a
-    policy the rows lack and two rows for the same run. Rows: the bench's CSV rows (a DataFrame)."""
+    """One row per pair (PAIR_KEYS), columns (column, policy), from arm A's rows (the A/A's second arm left
+    out); a pair missing a side has NaN there. Refuses a policy the rows lack and two rows for one run."""
     rows = pd.DataFrame(rows)
-    missing = [c for c in (*PAIR_KEYS, "policy", *columns) if c not in rows.columns]
-    if missing:
-        raise ValueError(f"rows lack columns {missing} (expected the bench's CSV)")
-    have = sorted(rows.policy.unique())
+    if "arm" in rows:
+        rows = rows[rows.arm.astype(str) != "B"]
+    have = sorted(rows.policy.unique()) if "policy" in rows else []
     for p in policies:
         if p not in have:
             raise ValueError(f"policy {p!r} is not in these rows; they hold {have}")
-    sel = rows[rows.policy.isin(list(policies))]
-    dup = sel.duplicated([*PAIR_KEYS, "policy"])
-    if dup.any():
-        first = sel[dup].iloc[0]
-        raise ValueError(
-            f"two rows for the same run: {dict(first[[*PAIR_KEYS, 'policy']])}; "
-            "merge shards with `python -m artifact merge` (it refuses duplicates)"
-        )
-    return sel.pivot(index=list(PAIR_KEYS), columns="policy", values=list(columns))
+    return wide(rows[rows.policy.isin(list(policies))], PAIR_KEYS, columns)
 
 
 def pairs(rows, a: str, b: str, metric: str = "tokens_per_second"):

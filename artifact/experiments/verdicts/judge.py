@@ -1,0 +1,226 @@
+"""A timing claim over its cells (criteria/timing.py defines each one): its comparisons (`claim_parts`,
+`claim_compared`), its question asked of every cell with the A/A gate (rules.rule_claim_cells), in every view
+(`judge`: the ruled one, each stored run alone, pooled, leave-one-out), and the Claim a notebook prints, whose
+`cells` hold the numbers the verdict used. `rule_stated` rules intervals given by hand (`python -m artifact
+rule`), and PAPER_RESULTS are the paper's own printed results, which must read reproduced."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria.timing import CLAIMS, OTHERS, TimingClaim
+from artifact.experiments.settings import CONTROL
+from artifact.experiments.verdicts.pairs import BASES
+from artifact.experiments.verdicts.pooling import Compared, Replicas, Replicated
+from artifact.experiments.verdicts.records import Claim
+from artifact.experiments.verdicts.rules import (
+    ABOVE_ZERO,
+    INCONCLUSIVE,
+    Interval,
+    aa_gate,
+    host_bound,
+    rule_claim_cells,
+)
+
+ONE_RUN_ALONE = (
+    "one run, and no stored runs of this profile to size the run-to-run variation: record >= 3 runs "
+    "(scripts/record_runs.py) to rule it"
+)
+
+
+def claim_parts(reps: Replicas, c: TimingClaim) -> dict[str, Compared]:
+    """{A: A over B on the claim's basis and metric, every cell of the rows}; with `a` OTHERS, one per other
+    policy of the rows (every policy but B, demand and the stand-in)."""
+    basis = BASES[c.basis]
+    rows = reps.rows
+    others = [c.a] if c.a != OTHERS else [p for p in dict.fromkeys(rows.policy) if p not in (c.b, "demand", CONTROL)]
+    return {p: reps.compare(p, c.b, c.by, c.metric, basis) for p in others}
+
+
+def merge_others(parts: dict[str, Compared]) -> Compared:
+    """Several A policies' comparisons as one, cells keyed (policy, cell); the A/A stays keyed by cell."""
+    first = next(iter(parts.values()), Compared({}))
+    effects = {(p, k): v for p, x in parts.items() for k, v in x.effects.items()}
+    return Compared(effects, first.aa, first.host, first.basis, first.aa_label)
+
+
+def claim_compared(reps: Replicas, c: TimingClaim) -> Compared:
+    parts = claim_parts(reps, c)
+    return parts[c.a] if c.a != OTHERS else merge_others(parts)
+
+
+def claim_cells(compared: Compared, c: TimingClaim) -> Compared:
+    """Only the claim's cells (TimingClaim.select)."""
+    return compared.where(lambda k: c.keeps(k[1] if c.a == OTHERS else k))
+
+
+@dataclass(frozen=True)
+class Timed:
+    verdict: str
+    reason: str
+    cells: list  # per cell: cell, effect, low, high, runs, aa_low, aa_high (the numbers the verdict used)
+    interval: str  # what the intervals are over
+    per_run: tuple[str, ...] = ()
+    pooled: str = ""
+    leave_one_out: tuple[str, ...] = ()
+    agreement: str = ""
+    key: str = ""
+    aa: str = ""  # the A/A's label (pairs.AA or the stand-in)
+    stored: bool = False  # ruled on the stored runs, pooled (else on this run alone)
+
+
+def _ruling(c: TimingClaim, compared: Compared, label, pick: Callable[[Replicated], Interval | None]):
+    """(verdict, reason, cells) of one view (`pick`: which interval of a Replicated)."""
+    aa_name = compared.aa_label or "A/A"
+    labelled, gates, cells = [], [], []
+    for k, r in compared.effects.items():
+        iv = pick(r) or Interval(math.nan, math.nan, math.nan, 0, "runs")
+        aa_r = compared.aa.get(k[1] if c.a == OTHERS else k)
+        aa = pick(aa_r) if aa_r is not None else None
+        gate = ONE_RUN_ALONE if iv.unit == "pairs" else aa_gate(aa, thresholds.MARGIN, aa_name)
+        gates.append(gate or host_bound(compared.host.get(k[1] if c.a == OTHERS else k)))
+        labelled.append((label(k), iv))
+        keys = c.by if c.a != OTHERS else ("policy", *c.by)
+        flat = (k[0], *k[1]) if c.a == OTHERS else k
+        cells.append(
+            dict(
+                cell={n: v for n, v in zip(keys, flat)},
+                effect=round(iv.mean, 3),
+                low=round(iv.low, 3),
+                high=round(iv.high, 3),
+                runs=r.n_runs if iv.unit == "runs" else 1,
+                aa_low=round(aa.low, 3) if aa else None,
+                aa_high=round(aa.high, 3) if aa else None,
+            )
+        )
+    verdict, reason = rule_claim_cells(c.question, labelled, gates, thresholds.MARGIN, c.unit)
+    return verdict, reason, cells
+
+
+def judge(compared: Compared, c: TimingClaim, label: Callable[[tuple], str]) -> Timed:
+    """The claim ruled on its cells of `compared`: pooled over the stored runs when `compared` rules them
+    (no run of its own), else this run alone; each stored run's own verdict, the leave-one-out (a stored run
+    dropped from the effect and the A/A alike) and a fresh run's agreement with the stored verdict beside it."""
+    compared = claim_cells(compared, c)
+    cells = list(compared.effects.values())
+    stored = all(r.this is None for r in cells)
+    verdict, reason, numbers = _ruling(c, compared, label, lambda r: r.ruled)
+    n_runs = max((len(r.per) for r in cells), default=0)
+    per_run = tuple(_ruling(c, compared, label, lambda r, i=i: r.runs[i] if r.runs else None)[0] for i in range(n_runs))
+    pooled = ""
+    if n_runs >= 2:
+        pooled = verdict if stored else _ruling(c, compared, label, lambda r: r.pooled)[0]
+    loo = ()
+    if stored and n_runs > thresholds.MIN_RUNS:
+        loo = tuple(_ruling(c, compared.without(i), label, lambda r: r.ruled)[0] for i in range(n_runs))
+    agreement = ""
+    if not stored and pooled:
+        agreement = (
+            "is inconclusive alone"
+            if verdict == INCONCLUSIVE or pooled == INCONCLUSIVE
+            else "agrees with the stored verdict"
+            if verdict == pooled
+            else "differs from the stored verdict"
+        )
+    unit = cells[0].ruled.unit if cells else "runs"
+    over = {
+        "runs": f"{thresholds.CONFIDENCE:.0%} t interval over the per-run means of {n_runs} stored runs",
+        "run": f"this run alone, widened by the spread of {n_runs} stored runs' means",
+        "pairs": "this run's pairs alone (no run-to-run variation)",
+    }.get(unit, unit)
+    aa = compared.aa_label or "no A/A"
+    return Timed(verdict, reason, numbers, f"{over}; gate: {aa}", per_run, pooled, loo, agreement, c.key, aa, stored)
+
+
+def cells_text(t: Timed, unit: str = "%", label: Callable[[dict], str] | None = None) -> str:
+    """The text columns, rendered from the cells' fields."""
+    out = []
+    for x in t.cells:
+        name = label(x["cell"]) if label else ", ".join(f"{k} {v}" for k, v in x["cell"].items())
+        iv = Interval(x["effect"], x["low"], x["high"])
+        aa = f"; A/A [{x['aa_low']:+.1f}, {x['aa_high']:+.1f}]" if x["aa_low"] is not None else ""
+        runs = f" ({x['runs']} runs)" if x["runs"] > 1 else ""
+        out.append(f"{name}: {iv.text(unit)}{runs}{aa}")
+    return "; ".join(out)
+
+
+def timed_claim(text: str, paper_text: str, t: Timed, counting: str, note: str = "", unit: str = "%") -> Claim:
+    measured = cells_text(t, unit) + (f"; {note}" if note else "")
+    return Claim(
+        text,
+        paper_text,
+        measured,
+        t.verdict,
+        t.reason,
+        timing=True,
+        counting=counting,
+        interval=t.interval,
+        per_run=t.per_run,
+        pooled=t.pooled,
+        ruled="pooled" if t.stored else "this run",
+        leave_one_out=t.leave_one_out,
+        agreement=t.agreement,
+        key=t.key,
+        cells=t.cells,
+    )
+
+
+def rule_claim(compared: Compared, c: TimingClaim, label: Callable[[tuple], str]) -> Timed:
+    return judge(compared, c, label)
+
+
+def question(c: TimingClaim) -> str:
+    """The claim's question in words."""
+    m = f"{thresholds.MARGIN:g}{c.unit}"
+    return {
+        "faster": f"A faster than B: every cell's {thresholds.CONFIDENCE:.0%} interval above 0",
+        "no difference": f"no difference: the interval inside +-{m}",
+        "not faster": f"not faster by more than +{m}",
+    }[c.question]
+
+
+# --- intervals given by hand: the paper's printed results, a reviewer's own table ----------------------------
+def parse_bound(text: str, effect: float, other: float | None = None) -> float:
+    """A bound as the `rule` command takes it: a number, ">0" (above 0, its value not stated), or "?" (not
+    stated: the other bound mirrored about the effect)."""
+    t = str(text).strip()
+    if t == ">0":
+        return ABOVE_ZERO
+    if t == "?":
+        if other is None or not math.isfinite(other):
+            raise ValueError("both bounds are '?': give at least one bound of the interval")
+        return 2 * effect - other
+    try:
+        return float(t)
+    except ValueError:
+        raise ValueError(f"bound {text!r}: expected a number, '>0' or '?'") from None
+
+
+def rule_stated(key: str, cells: Sequence[tuple[float, float, float]]) -> tuple[str, str]:
+    """(verdict, reason) of the claim `key` (criteria/timing.py) on 95% intervals given by hand, one per cell
+    (effect, low, high), with no A/A to gate them (the paper prints none)."""
+    if key not in CLAIMS:
+        raise ValueError(f"claim {key!r}: expected one of {', '.join(CLAIMS)}")
+    c = CLAIMS[key]
+    ivs = []
+    for i, (e, lo, hi) in enumerate(cells):
+        if not lo <= e <= hi:
+            raise ValueError(f"cell {i + 1}: effect {e:+g} is not inside its interval [{lo:+g}, {hi:+g}]")
+        ivs.append((f"cell {i + 1}", Interval(e, lo, hi)))
+    return rule_claim_cells(c.question, ivs, (), thresholds.MARGIN, c.unit)
+
+
+# the paper's own printed results (criteria/paper.py, each from a statement of its abstract), by claim
+PAPER_RESULTS = {
+    "04-faster": [(x, ABOVE_ZERO, 2 * x - ABOVE_ZERO) for x in paper.FASTER_PCT],
+    "04-equal": [(paper.AT_LOW.diff_pct, paper.AT_LOW.ci_low, paper.AT_LOW.ci_high)],
+}
+
+
+def paper_ruled(key: str) -> str:
+    """The paper's own result for a claim, ruled here ("" when the paper prints none for it)."""
+    return rule_stated(key, PAPER_RESULTS[key])[0] if key in PAPER_RESULTS else ""
+

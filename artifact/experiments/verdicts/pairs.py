@@ -1,0 +1,135 @@
+"""One run's paired effects per cell. A pair is the runs of one cell (task, batch size, C/W, bandwidth) and one
+repetition, one per policy, on identical prompts in alternated order; its effect of A over B is one number on
+the claim's basis (`Basis`: PERCENT, (A - B) / B x 100, or STALL_SHARE, A's stall per forward minus B's in % of
+B's wall time per forward). Nothing is added to it or subtracted from it.
+
+The A/A is the same comparison with demand on both sides: rows of policy demand told apart by their `arm`
+column (A, B: the bench's A/A pair). Runs recorded before that pair existed carry a stand-in, settings.CONTROL
+(last_step_conservative: last_step's prediction on the host, never a transfer) over demand, labelled so."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from artifact.experiments.settings import CONTROL
+
+
+class CellKey(NamedTuple):
+    """One cell of a grid, the unit every interval is computed in (nothing pools cells)."""
+
+    task: str
+    batch_size: int
+    cache_ratio: float
+    bandwidth_scale: float
+
+
+CELL_KEYS = CellKey._fields
+PAIR_KEYS = CELL_KEYS + ("rep",)
+DEMAND = "demand"
+ARM_B = "#B"  # a pivot label of the A/A's second arm: demand's rows with arm B
+AA = "A/A (demand over demand)"
+STAND_IN = f"stand-in A/A ({CONTROL} over demand)"
+
+
+@dataclass(frozen=True)
+class Basis:
+    """How a pair becomes one number, A over B: `difference(w, a, b, metric)` over a frame with columns
+    (column, slot), one row per pair; NaN where a pair has none."""
+
+    name: str
+    unit: str
+    columns: tuple[str, ...]  # the row columns it reads; () = the claim's metric
+    difference: Callable
+    text: str
+
+
+def _percent(w, a: str, b: str, metric: str) -> np.ndarray:
+    x, y = (np.asarray(w[(metric, p)], dtype=float) for p in (a, b))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(y > 0, (x - y) / y * 100.0, np.nan)
+
+
+def _stall_share(w, a: str, b: str, metric: str) -> np.ndarray:
+    def per_forward(col: str, p: str) -> np.ndarray:
+        return np.asarray(w[(col, p)], dtype=float) / np.asarray(w[("forwards", p)], dtype=float)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wall = per_forward("seconds", b)
+        d = (per_forward("stall_seconds", a) - per_forward("stall_seconds", b)) / wall * 100.0
+    return np.where(wall > 0, d, np.nan)
+
+
+PERCENT = Basis("percent", "%", (), _percent, "A over B, % per pair")
+STALL_SHARE = Basis(
+    "stall share",
+    " points",
+    ("stall_seconds", "forwards", "seconds"),
+    _stall_share,
+    "A's stall seconds per forward minus B's, in % of B's wall seconds per forward, per pair",
+)
+BASES = {b.name: b for b in (PERCENT, STALL_SHARE)}
+
+
+def slots(rows: pd.DataFrame) -> pd.Series:
+    """Each row's pivot label: its policy, and demand's A/A arm as demand#B."""
+    pol = rows.policy.astype(str)
+    if "arm" not in rows:
+        return pol
+    return pol.where(rows.arm.astype(str) != "B", pol + ARM_B)
+
+
+def wide(rows: pd.DataFrame, by: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
+    """One row per pair (the keys of `by` beyond the cell's, then PAIR_KEYS), columns (column, slot). Refuses
+    rows without the bench's columns and two rows for the same run."""
+    keys = list(dict.fromkeys([*[k for k in by if k not in PAIR_KEYS], *PAIR_KEYS]))
+    missing = [c for c in (*keys, "policy", *columns) if c not in rows.columns]
+    if missing:
+        raise ValueError(f"rows lack columns {missing} (expected the bench's CSV)")
+    r = rows.assign(_slot=slots(rows))
+    twice = r.duplicated([*keys, "_slot"])
+    if twice.any():
+        first = r[twice].iloc[0]
+        raise ValueError(
+            f"two rows for the same run: {dict(first[[*PAIR_KEYS, 'policy']])}; "
+            "merge shards with `python -m artifact merge` (it refuses duplicates)"
+        )
+    return r.pivot(index=keys, columns="_slot", values=list(columns))
+
+
+def aa_label(rows: pd.DataFrame) -> str | None:
+    """AA when the rows hold demand's A/A pair, STAND_IN when they hold only the stand-in, else None."""
+    have = set(slots(rows))
+    if {DEMAND, DEMAND + ARM_B} <= have:
+        return AA
+    return STAND_IN if {DEMAND, CONTROL} <= have else None
+
+
+def run_effects(
+    rows: pd.DataFrame, a: str, b: str, by: Sequence[str], metric: str, basis: Basis = PERCENT
+) -> dict[tuple, np.ndarray]:
+    """{cell key (values of `by`): the per-pair effects of A over B, finite only} of one run. `a` may be
+    "A/A": demand's arm B over its arm A, or the stand-in where the rows lack the pair."""
+    if a == "A/A":
+        label = aa_label(rows)
+        if label is None:
+            return {}
+        a, b = (DEMAND + ARM_B, DEMAND) if label == AA else (CONTROL, DEMAND)
+    columns = basis.columns or (metric,)
+    have = set(slots(rows))
+    for p in (a, b):
+        if p not in have:
+            raise ValueError(f"policy {p!r} is not in these rows; they hold {sorted(have)}")
+    w = wide(rows[slots(rows).isin([a, b])], by, columns)
+    d = np.asarray(basis.difference(w, a, b, metric), dtype=float)
+    cells = w.index.to_frame(index=False)[list(by)]
+    out = {}
+    for key, idx in cells.groupby(list(by), sort=True).indices.items():
+        key = tuple(v.item() if hasattr(v, "item") else v for v in (key if isinstance(key, tuple) else (key,)))
+        v = d[idx]
+        out[CellKey(*key) if tuple(by) == CELL_KEYS else key] = v[np.isfinite(v)]
+    return out

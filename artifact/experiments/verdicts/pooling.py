@@ -1,0 +1,193 @@
+"""Runs are the unit. The pairs of one run share the machine's state (its load, its clock, where the allocator
+put things), and in the stored cpu runs the runs differ from each other by more than the pairs inside a run
+do. So, per cell, with x_k the mean of run k's per-pair effects (pairs.run_effects):
+
+    pooled    a t interval over the per-run means of the runs that hold the cell (df = N - 1)     unit "runs"
+    one run   x +- max(t_(N-1) s, t_(n-1) w): s the sd of the stored runs' means (the run-to-run   unit "run"
+              spread, which holds the within-run noise of a run's mean too), w the run's own
+              standard error over its n pairs
+    alone     with fewer than 2 stored runs there is no run-to-run spread to size it: the t        unit "pairs"
+              interval over its pairs, which a timing verdict does not rule on (judge.py)
+
+A profile's stored verdict pools its stored runs; a fresh run (this run, not a stored one) is ruled alone on
+its one-run interval, never bounded by the stored verdict. A claim's cells are the union over the runs; a cell
+fewer runs hold is pooled over those that hold it. Leave-one-out drops a run from every input: the effect and
+the A/A alike (`Compared.without`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from artifact.experiments.verdicts.pairs import PERCENT, Basis, aa_label, run_effects
+from artifact.experiments.verdicts.rules import Interval, host_shares
+from artifact.experiments.verdicts.stored_runs import run_meta, runs_root, stored_rows
+
+
+def pooled(means: Sequence[float]) -> Interval | None:
+    """The t interval over per-run means (scipy.stats.ttest_1samp's), None with fewer than 2."""
+    x = np.asarray(means, dtype=float)
+    if len(x) < 2:
+        return None
+    ci = stats.ttest_1samp(x, 0.0).confidence_interval(0.95)
+    se = float(x.std(ddof=1) / math.sqrt(len(x)))
+    return Interval(float(x.mean()), float(ci.low), float(ci.high), len(x), "runs", se, len(x) - 1)
+
+
+def one_run(d: np.ndarray, others: Sequence[float]) -> Interval:
+    """A single run's interval: its mean widened by the run-to-run spread of `others` (the stored runs' means
+    in the cell), or by its own standard error when that is larger; over its own pairs alone ("pairs") when
+    fewer than 2 others hold the cell."""
+    d = np.asarray(d, dtype=float)
+    mean = float(d.mean()) if len(d) else float("nan")
+    se_w = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else float("nan")
+    if len(others) < 2:
+        if not math.isfinite(se_w):
+            return Interval(mean, float("nan"), float("nan"), len(d), "pairs")
+        return Interval.t(mean, se_w, len(d) - 1, len(d), "pairs")
+    s = float(np.std(others, ddof=1))
+    q_between, q_within = (stats.t.ppf(0.975, k) for k in (len(others) - 1, max(len(d) - 1, 1)))
+    if math.isfinite(se_w) and q_within * se_w > q_between * s:
+        return Interval.t(mean, se_w, len(d) - 1, len(others), "run")
+    return Interval.t(mean, s, len(others) - 1, len(others), "run")
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """One cell in every view: `ruled` (pooled when this run is a stored one, else this run's one-run
+    interval), `pooled` over the stored runs, `this` (this run's one-run interval; None when ruling the
+    stored runs), `runs` (each stored run's one-run interval against the others, None where it lacks the
+    cell); `per` and `own`: the per-pair effects behind them."""
+
+    ruled: Interval
+    pooled: Interval | None
+    this: Interval | None
+    runs: tuple[Interval | None, ...]
+    per: tuple[np.ndarray | None, ...] = field(repr=False, default=())
+    own: np.ndarray | None = field(repr=False, default=None)
+
+    @property
+    def n_runs(self) -> int:
+        return sum(p is not None for p in self.per)
+
+
+def replicate(own: np.ndarray | None, per: Sequence[np.ndarray | None]) -> Replicated:
+    """A cell's Replicated from this run's effects (None: ruling the stored runs) and each stored run's."""
+    means = [float(p.mean()) for p in per if p is not None and len(p)]
+    runs = []
+    for i, p in enumerate(per):
+        others = [float(q.mean()) for j, q in enumerate(per) if j != i and q is not None and len(q)]
+        runs.append(None if p is None or not len(p) else one_run(p, others))
+    pool = pooled(means)
+    this = one_run(own, means) if own is not None and len(own) else None
+    if own is None:
+        ruled = pool or Interval(float(np.mean(means)) if means else float("nan"), math.nan, math.nan, len(means), "runs")
+    else:
+        ruled = this or Interval(float("nan"), math.nan, math.nan, 0, "pairs")
+    return Replicated(ruled, pool, this, tuple(runs), tuple(per), own)
+
+
+@dataclass(frozen=True)
+class Compared:
+    """A over B per cell (`effects`), the A/A in the same cells (`aa`, labelled `aa_label`: pairs.AA or the
+    stand-in) and each GPU cell's host share of wall time (`host`): what judge.py rules on."""
+
+    effects: dict
+    aa: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)
+    basis: Basis = PERCENT
+    aa_label: str | None = None
+
+    def where(self, keep: Callable[[tuple], bool]) -> "Compared":
+        return Compared({k: v for k, v in self.effects.items() if keep(k)}, self.aa, self.host, self.basis, self.aa_label)
+
+    def without(self, i: int) -> "Compared":
+        """The stored runs' pooled view with stored run `i` left out of every input (effect and A/A)."""
+
+        def drop(r: Replicated) -> Replicated:
+            return replicate(None, [p for j, p in enumerate(r.per) if j != i])
+
+        return Compared(
+            {k: drop(v) for k, v in self.effects.items()},
+            {k: drop(v) for k, v in self.aa.items()},
+            self.host,
+            self.basis,
+            self.aa_label,
+        )
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """This run's rows (None: the stored runs are ruled, pooled) beside the stored runs' rows of the same
+    grid and settings."""
+
+    this: pd.DataFrame | None
+    stored: tuple[tuple[str, pd.DataFrame], ...] = ()
+    commit: str = ""  # the stored runs' commit(s)
+    metric: str = "tokens_per_second"
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.stored]
+
+    @property
+    def n(self) -> int:
+        return len(self.stored)
+
+    def last_stored(self) -> "Replicas":
+        """The stored runs alone, pooled (what their stored verdict is)."""
+        return Replicas(None, self.stored, self.commit, self.metric)
+
+    def with_this(self, rows: pd.DataFrame) -> "Replicas":
+        return Replicas(rows, self.stored, self.commit, self.metric)
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        """This run's rows, or the last stored run's when ruling the stored runs (for tables and figures)."""
+        return self.this if self.this is not None else self.stored[-1][1]
+
+    def compare(self, a: str, b: str, by: Sequence[str], metric: str | None = None, basis: Basis = PERCENT) -> Compared:
+        """A over B per cell of `by` (the union over the runs), with the A/A and the GPU host shares."""
+        metric = metric or self.metric
+        runs = [rows for _, rows in self.stored]
+        this = None if self.this is None or any(_same(self.this, r) for r in runs) else self.this
+
+        def view(x: str, y: str) -> dict:
+            mine = run_effects(this, x, y, by, metric, basis) if this is not None else {}
+            theirs = [run_effects(r, x, y, by, metric, basis) for r in runs]
+            keys = sorted(set(mine).union(*theirs), key=lambda k: tuple(str(v) for v in k))
+            if this is not None:
+                keys = [k for k in keys if k in mine]
+            return {k: replicate(mine.get(k) if this is not None else None, [t.get(k) for t in theirs]) for k in keys}
+
+        sources = ([this] if this is not None else []) + runs
+        labels = {aa_label(r) for r in sources}
+        label = None if None in labels or not labels else sorted(labels)[-1]
+        return Compared(view(a, b), view("A/A", "demand") if label else {}, host_shares(self.rows, by), basis, label)
+
+
+def _same(x: pd.DataFrame, y: pd.DataFrame) -> bool:
+    """Whether this run's rows are a stored run's (a notebook run under `--store` of the stored runs)."""
+    if len(x) != len(y) or list(x.columns) != list(y.columns):
+        return False
+    try:
+        return bool((x.reset_index(drop=True).astype(str) == y.reset_index(drop=True).astype(str)).all().all())
+    except ValueError:
+        return False
+
+
+def gather(P, this, stem, fingerprint=None, metric="tokens_per_second", reference: Path | None = None, read=pd.read_csv):
+    """This run's rows with the stored runs' rows of the same grid(s) and settings."""
+    by_run: dict[str, list[pd.DataFrame]] = {}
+    for s in [stem] if isinstance(stem, str) else list(stem):
+        for name, rows in stored_rows(P, s, fingerprint, reference, read):
+            by_run.setdefault(name, []).append(rows)
+    stored = tuple((n, pd.concat(fs, ignore_index=True)) for n, fs in by_run.items())
+    commits = sorted({run_meta(runs_root(P.name, reference) / n).get("commit", "?") for n, _ in stored})
+    return Replicas(this, stored, ", ".join(commits), metric)

@@ -1,0 +1,176 @@
+"""What every claim module hands a notebook: `Claim`s, printed by `report` as the lines the notebook runner
+parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the claims tables
+(claims_table.py). A run writes the record into an ignored place (results/<profile>/data: outputs.run_data_dir,
+relocatable by ARTIFACT_OUTPUT); only `--store` copies it to the committed data/results/<profile>/."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from artifact.experiments.outputs.paths import RECORD_SUFFIX, run_data_dir
+from artifact.experiments.outputs.provenance import run_info
+from artifact.experiments.settings import Settings
+from artifact.experiments.verdicts.rules import (
+    INCONCLUSIVE,
+    NOT_MEASURABLE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    VERDICTS,
+)
+from artifact.offload.replay.sim import DENOISING_ONLY, WITH_PREFILL
+from artifact.paths import atomic_write_text
+
+__all__ = ["INCONCLUSIVE", "NOT_MEASURABLE", "NOT_REPRODUCED", "REPRODUCED", "VERDICTS", "Claim", "report"]
+RULES_VERSION = 3  # bumped by every change to a rule; docs/verdicts.md's rule history has a row per version
+DENOISING, ALL_DEMANDS, PER_RUN = (
+    "denoising steps only (prefill excluded)",
+    "all demands (prefill included)",
+    "per run",
+)
+EXACT = "exact counts, no interval"
+BASIS = {DENOISING_ONLY: DENOISING, WITH_PREFILL: ALL_DEMANDS}  # a count's two bases (sim.BASES)
+BASIS_SHORT = {DENOISING_ONLY: "denoising steps", WITH_PREFILL: "all demands"}
+MODELED = "modelled: deterministic, no interval"  # a performance-model figure (virtual clock, notebook 08)
+
+
+@dataclass(frozen=True)
+class Claim:
+    claim: str
+    paper: str
+    measured: str
+    verdict: str
+    reason: str = ""
+    timing: bool = False  # judged from wall-clock time: may differ run to run (nbval masks these lines)
+    counting: str = ""  # what is counted or timed
+    interval: str = ""  # EXACT, or what the timing intervals are over (judge.py)
+    pairs: int | None = None  # pairs per cell behind the interval (the fewest over cells)
+    margin: str = ""  # where the measured value lies against the threshold
+    per_run: tuple = ()  # timing: each stored run's own verdict, in run order
+    pooled: str = ""  # timing: the stored runs' pooled verdict ("" with fewer than 2)
+    ruled: str = ""  # timing: "pooled" (the stored runs) or "this run"
+    leave_one_out: tuple = ()  # timing: the pooled verdict with each stored run left out of every input
+    agreement: str = ""  # timing, a fresh run: agrees with / differs from the stored verdict, or inconclusive
+    key: str = ""  # timing: the claim's definition in criteria/timing.py
+    cells: list = field(default_factory=list)  # timing: per cell, the interval the verdict uses (judge.py)
+
+    def __post_init__(self):
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict {self.verdict!r}: expected one of {', '.join(VERDICTS)}")
+
+    def basis(self) -> str:
+        parts = [p for p in (self.counting, self.interval) if p]
+        if self.pairs is not None:
+            parts.append(f"{self.pairs} pairs")
+        return "; ".join(parts)
+
+    def runs_text(self) -> str:
+        """Each stored run's own verdict beside the pooled one, the leave-one-out, and a fresh run's
+        agreement with the stored verdict (a display: it never decides)."""
+        if not self.per_run:
+            return "one run, no stored runs of this profile to compare"
+        n = len(self.per_run)
+        same = sum(v == self.pooled for v in self.per_run)
+        text = f"{n} stored runs: pooled {self.pooled}; alone, {same} of {n} runs say so ({', '.join(self.per_run)})"
+        if self.leave_one_out:
+            k = sum(v == self.pooled for v in self.leave_one_out)
+            text += f"; leave one out: {k} of {len(self.leave_one_out)} give the pooled verdict"
+        if self.agreement:
+            text += f"; this run {self.agreement}"
+        return text
+
+    def verdict_text(self) -> str:
+        return f"{self.verdict} ({self.reason})" if self.reason else self.verdict
+
+    def lines(self) -> list[str]:
+        tag = " [timing]" if self.timing else ""
+        out = [f"claim: {self.claim}", f"paper: {self.paper}"]
+        if self.basis():
+            out.append(f"basis{tag}: {self.basis()}")
+        out.append(f"measured{tag}: {self.measured}")
+        if self.margin:
+            out.append(f"margin{tag}: {self.margin}")
+        if self.timing:
+            out.append(f"runs{tag}: {self.runs_text()}")
+        return out + [f"verdict{tag}: {self.verdict_text()}"]
+
+
+WRAP = 88  # printed claim lines break at a word before this many characters (notebook output areas)
+CONTINUED = "    "  # ... and go on, indented by this, on the next line (unwrap joins them back)
+
+
+def wrapped(line: str) -> str:
+    """One claim line as printed: broken between words only (a long number or path stays whole)."""
+    return textwrap.fill(
+        line, WRAP, subsequent_indent=CONTINUED, break_long_words=False, break_on_hyphens=False
+    )
+
+
+def unwrap(text: str) -> str:
+    """Printed claim lines back to one line each: a line indented by CONTINUED continues the one above."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        if out and out[-1] and line.startswith(CONTINUED) and line.strip():
+            out[-1] += " " + line[len(CONTINUED) :]
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def verdict_of(ok: bool) -> str:
+    """The verdict of a claim that holds (`ok`) or does not: reproduced, else not reproduced."""
+    return REPRODUCED if ok else NOT_REPRODUCED
+
+
+def on_bases(holds: dict, figures: dict, rules: str) -> tuple[str, str]:
+    """A count claim judged on each counting basis (sim.BASES): `holds` says whether it holds on a basis,
+    `figures` its deciding figure there, and the claim rules on `rules` (docs/verdicts.md: denoising steps
+    where counted). Returns the verdict on `rules` and, where another basis would give another verdict, a
+    note naming both for the claim's measured text and reason ("denoising steps: 56.6% (rules); all
+    demands: 48.4% (would say reproduced)"), else ''."""
+    verdict = verdict_of(holds[rules])
+    other = [b for b in holds if b != rules and verdict_of(holds[b]) != verdict]
+    if not other:
+        return verdict, ""
+    return verdict, "; ".join(
+        [f"{BASIS_SHORT[rules]}: {figures[rules]} (rules)"]
+        + [f"{BASIS_SHORT[b]}: {figures[b]} (would say {verdict_of(holds[b])})" for b in other]
+    )
+
+
+def on_basis(field: str) -> property:
+    """A study's Numbers property: `field` of its counts on the basis its count claims rule on
+    (`self.by_prefill[self.basis].<field>`; by_prefill maps each counting basis to the study's counts)."""
+    return property(lambda n: getattr(n.by_prefill[n.basis], field), doc=f"{field} on the ruling basis")
+
+
+def report(*claims: Claim, P: Settings | None = None, notebook: str | None = None) -> None:
+    """The claim cell's output: a few lines per claim (the notebook runner parses claim and verdict). With a
+    profile and the notebook's name, the claims are also recorded with the run (record)."""
+    print("\n\n".join("\n".join(wrapped(line) for line in c.lines()) for c in claims))
+    if P is not None and notebook is not None:
+        record(P, notebook, claims)
+
+
+# ---------------------------------------------------------------------------------------------
+# The record of a claim cell's run: what the claims table is generated from
+# ---------------------------------------------------------------------------------------------
+
+
+def record_path(P: Settings, notebook: str) -> Path:
+    return run_data_dir(P) / f"{notebook}{RECORD_SUFFIX}"
+
+
+def record(P: Settings, notebook: str, claims) -> Path:
+    """Write <run dir>/data/<notebook>.claims.json atomically: the run (run_info) and every claim (`--store`
+    copies it to data/results/<profile>/, where the claims table is generated from)."""
+    doc = {
+        "notebook": notebook,
+        "profile": P.name,
+        **run_info(),
+        "rules_version": RULES_VERSION,
+        "claims": [asdict(c) for c in claims],
+    }
+    return atomic_write_text(record_path(P, notebook), json.dumps(doc, indent=1) + "\n")
