@@ -68,7 +68,8 @@ def main(argv=None) -> int:
 
 def record(a) -> None:
     from artifact.errors import SettingError
-    from artifact.experiments import harness, stored_runs
+    from artifact.experiments import harness
+    from artifact.experiments.verdicts import stored_runs
 
     if a.runs < 1:
         raise SettingError(f"--runs {a.runs}: give at least 1")

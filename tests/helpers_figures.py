@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pandas as pd
 
 from artifact.experiments.outputs.paths import reference_data_dir
-from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.settings import Settings
+from artifact.experiments.verdicts.pooling import Replicas
 
 
 def stored(reps: Replicas, fresh: bool) -> Replicas:
@@ -97,9 +97,9 @@ def routing_map(P: Settings, ts, fresh: bool):
 
 def performance_model(P: Settings, ts, fresh: bool):
     from artifact.experiments.bench.results import bench_fingerprint
-    from artifact.experiments.verdicts.stored_runs import stored_rows
     from artifact.experiments.studies import performance_model as pm
     from artifact.experiments.studies.performance_model.validation import VALIDATION
+    from artifact.experiments.verdicts.stored_runs import stored_rows
 
     runs = stored_rows(P, VALIDATION, bench_fingerprint(P))
     trace = ts[0]  # the notebook's is the largest batch size's: any trace draws the same

@@ -10,10 +10,10 @@ import pytest
 
 from artifact.experiments import calibration, effects
 from artifact.experiments.calibration.generator import SCENARIOS, Generator, Noise, Scenario, true_effect
-from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.settings import load_profile
+from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
 ROLE = {s.name: s for s in SCENARIOS}
 SLOWER, FASTER = ROLE["boundary, non-demand role 5% slower"], ROLE["boundary, non-demand role 5% faster"]

@@ -18,18 +18,15 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from test_phases import phase_split  # noqa: E402
 
-from artifact.experiments import claims, harness, replication  # noqa: E402
+from artifact.experiments import harness  # noqa: E402
+from artifact.experiments.verdicts import records as claims  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, write_rows  # noqa: E402
-
-# noqa: E402
-from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, Claim
 from artifact.experiments.criteria import (
     paper,  # noqa: E402
     thresholds,  # noqa: E402
 )
 from artifact.experiments.notebooks import claims_of  # noqa: E402
 from artifact.experiments.outputs import figures  # noqa: E402
-from artifact.experiments.verdicts.pooling import WITHIN, Replicas
 from artifact.experiments.settings import (  # noqa: E402
     CONTROL,  # noqa: E402
     ProfileError,
@@ -53,6 +50,16 @@ from artifact.experiments.studies import (  # noqa: E402
 )
 from artifact.experiments.studies import (  # noqa: E402
     tide_head_to_head as head_to_head,
+)
+from artifact.experiments.verdicts.pooling import WITHIN, Replicas
+
+# noqa: E402
+from artifact.experiments.verdicts.records import (
+    INCONCLUSIVE,
+    NOT_MEASURABLE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Claim,
 )
 from artifact.offload.replay.sim import replay  # noqa: E402
 from artifact.offload.replay.synth import SynthParams, synth  # noqa: E402

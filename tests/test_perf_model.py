@@ -373,8 +373,8 @@ def test_model_error_of_a_fresh_run_is_its_figure_with_the_stored_median(monkeyp
 
 
 def test_model_error_prints_measured_and_modelled_differences_with_their_signs(monkeypatch, tmp_path):
-    from artifact.experiments.verdicts.rules import Interval
     from artifact.experiments.studies import performance_model as pm
+    from artifact.experiments.verdicts.rules import Interval
 
     P = stored_validation(monkeypatch, tmp_path)
     this = pd.read_csv(tmp_path / "data" / "results" / "cpu" / "runs" / "run2" / f"{pm.VALIDATION}.csv")

@@ -145,8 +145,8 @@ def test_a_reviewers_profile_decides_04s_headline_claims(name):
 def test_flash_writes_to_folders_of_its_own(tmp_path, monkeypatch):
     """LLaDA2.0-flash runs under h200_flash: its claim records, bench grids, traces and figures go to folders
     named after it, never to mini's (h200)."""
-    from artifact.experiments.verdicts.records import Claim, record
     from artifact.experiments.outputs import paths
+    from artifact.experiments.verdicts.records import Claim, record
 
     monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "results"))
     monkeypatch.setenv("ARTIFACT_DATA", str(tmp_path / "data"))

@@ -18,10 +18,8 @@ import pytest  # noqa: E402
 from helpers_runs import make_rows, read_back, store_runs  # noqa: E402
 
 from artifact.experiments.bench.results import bench_fingerprint  # noqa: E402
-from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.figures import AA_LABEL, CONTROL_COLOR
-from artifact.experiments.verdicts.pooling import METHOD, SINGLE, WITHIN, Replicas
 from artifact.experiments.settings import (  # noqa: E402
     CONTROL,  # noqa: E402
     Settings,
@@ -30,6 +28,8 @@ from artifact.experiments.settings import (  # noqa: E402
 from artifact.experiments.studies import bandwidth_throttling as throttle  # noqa: E402
 from artifact.experiments.studies import cache_design_space as cache_design  # noqa: E402
 from artifact.experiments.studies import tide_head_to_head as head_to_head  # noqa: E402
+from artifact.experiments.verdicts.pooling import METHOD, SINGLE, WITHIN, Replicas
+from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
 
 BEST = "demand+lrfu:lam=2"
 OFFSETS = (-0.5, 0.0, 0.5)  # the stored runs' effects around the cell's: the spread between runs

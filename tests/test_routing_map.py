@@ -13,12 +13,12 @@ from helpers_streams import store_run, stream_rows
 
 from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figures import CONTROL_COLOR, save
-from artifact.experiments.verdicts.pooling import METHOD, SINGLE, WITHIN, Replicas
 from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.studies import routing_map as rm
+from artifact.experiments.verdicts.pooling import METHOD, SINGLE, WITHIN, Replicas
+from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from artifact.offload.replay.bounds import relaxed_min
 from artifact.offload.replay.sim import capacity_for, replay
 from artifact.offload.replay.synth import SynthParams, synth

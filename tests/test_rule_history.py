@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from artifact.experiments.criteria import RULE_FILES
-from artifact.experiments.outputs import rule_history
+from artifact.experiments.verdicts import rule_history
 from artifact.experiments.verdicts.rule_history import RuleHistoryError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from artifact.experiments.outputs.paired_table import (
+from artifact.experiments.paired_table import (
     bootstrap_ci,
     format_table,
     paired_difference,

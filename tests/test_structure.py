@@ -78,7 +78,7 @@ def tree_copy(tmp_path_factory):
         ),
         (
             "artifact/experiments/tide/adapter.py",
-            "from artifact.experiments import rules",
+            "from artifact.experiments.verdicts import rules",
             "TIDE's adapter imports only the bench and the settings",
         ),
         (

@@ -23,8 +23,8 @@ from artifact.experiments import submit
 from artifact.experiments.bench.grid import grid, shard_file
 from artifact.experiments.bench.results import read_rows, write_rows
 from artifact.experiments.harness import trace_current
+from artifact.experiments.paired_table import CELL_KEYS
 from artifact.experiments.settings import ProfileError, load_profile, parse_override
-from artifact.experiments.outputs.paired_table import CELL_KEYS
 from artifact.experiments.submit import jobs as job_machinery
 
 # A reduced cpu grid: one task, batch 1, one prompt, 32 tokens, one repetition of demand and last_step.

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from artifact.cli import bench, calibrate, claims, doctor, engine, jobs, model, notebooks, stored_runs, synth
+from artifact.cli import bench, calibrate, claims, doctor, engine, jobs, model, notebooks, rule, stored_runs, synth
 from artifact.cli.args import add_threads_arg, policy_modules_from_args, profile_from_args
 from artifact.errors import SettingError, UserError
 from artifact.experiments.bench.grid import parse_shard
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     claims.add_cli(sub)
     stored_runs.add_cli(sub)
     calibrate.add_cli(sub)
+    rule.add_cli(sub)
     doctor.add_cli(sub)
     jobs.add_cli(sub)
     synth.add_cli(sub)

@@ -14,7 +14,7 @@ from artifact.errors import ResultFileError, SettingError
 from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.grid import grid, parse_shard
 from artifact.experiments.bench.results import changed_tokens, default_out, merge, read_rows
-from artifact.experiments.outputs.paired_table import CELL_KEYS, format_table, paired_table, with_paper
+from artifact.experiments.paired_table import CELL_KEYS, format_table, paired_table, with_paper
 from artifact.experiments.submit import BACKENDS, SubmitError, submit_bench
 from artifact.paths import atomic_write_text, refuse_overwrite
 

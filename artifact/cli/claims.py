@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from artifact.errors import UserError
-from artifact.experiments.outputs import claims_table as table
+from artifact.experiments.verdicts import claims_table as table
 from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts.stored_runs import check_stored_runs
 

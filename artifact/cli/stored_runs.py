@@ -1,54 +1,56 @@
 """`stored-runs`: the stored runs of a profile (data/results/PROFILE/runs/run<k>/: the timing notebooks' raw
-rows and run.json), the coverage of the A/A control's intervals over them, and each timing claim's verdict
-with the achieved half-widths of its intervals (each study's stored_claims)."""
+rows and run.json), how often the A/A's intervals over them contain 0, and each timing claim's verdict as the
+stored runs rule it (each study's stored_claims). `--rule-again` writes those verdicts into the profile's
+committed claim records (the timing claims only, matched by their key), at the current rules version."""
 
 from __future__ import annotations
 
 import importlib
-import math
+import json
 from collections.abc import Sequence
+from dataclasses import asdict
 
-from artifact.errors import UserError
-from artifact.experiments.verdicts.pairs import run_effects
-from artifact.experiments.verdicts.pooling import METHOD, Replicas, RunsError, t_interval
-from artifact.experiments.settings import CONTROL, load_profile
-from artifact.experiments.outputs.paired_table import CELL_KEYS
-from artifact.experiments.verdicts.stored_runs import TIMED_STEMS, TIMED_STUDIES, run_meta, stored_rows, stored_runs
+from artifact.errors import RunsError, UserError
+from artifact.experiments.outputs.paths import RECORD_SUFFIX, reference_data_dir
+from artifact.experiments.settings import load_profile
+from artifact.experiments.verdicts.pairs import CELL_KEYS, run_effects
+from artifact.experiments.verdicts.pooling import one_run, pooled
+from artifact.experiments.verdicts.records import RULES_VERSION
+from artifact.experiments.verdicts.stored_runs import (
+    TIMED_STEMS,
+    TIMED_STUDIES,
+    run_meta,
+    stored_rows,
+    stored_runs,
+)
+from artifact.paths import atomic_write_text
 
 
-def coverage(P, stems: Sequence[str] = TIMED_STEMS, base: str = "demand") -> dict:
-    """Over every stored grid that times CONTROL beside `base`: in how many cells the pooled interval of the
-    A/A control contains 0, and in how many (cell, run) the interval over one run's pairs does (its true
-    effect is 0, so a 95% interval should contain it about 95% of the time)."""
+def coverage(P, stems: Sequence[str] = TIMED_STEMS) -> dict:
+    """Over every stored grid with an A/A (its true effect is 0): in how many cells its pooled interval over
+    the runs contains 0, and in how many (cell, run) the interval over one run's pairs does."""
     out = {"pooled": [0, 0], "within": [0, 0], "runs": len(stored_runs(P.name))}
     for stem in stems:
-        per_run = stored_rows(P, stem)
-        have = [(n, r) for n, r in per_run if {CONTROL, base} <= set(r.policy)] if per_run else []
-        if not have:
+        per_run = [rows for _, rows in stored_rows(P, stem)]
+        if not per_run:
             continue
-        for fp in sorted(
-            set.intersection(
-                *(set(r.fingerprint.astype(str)) if "fingerprint" in r else {""} for _, r in have)
-            )
-        ):
-            kept = tuple(
-                (n, r[r.fingerprint.astype(str) == fp] if "fingerprint" in r else r) for n, r in have
-            )
-            cols = set(kept[0][1].columns)
-            metric = next((m for m in ("tokens_per_second", "forwards_per_second") if m in cols), None)
-            if metric is None:
-                continue
-            by = [k for k in CELL_KEYS if k in cols]
-            for r in Replicas(kept[0][1], kept, metric=metric).effects(CONTROL, base, by).values():
-                if r.pooled is not None and r.pooled.usable:
-                    out["pooled"][0] += r.pooled.low <= 0 <= r.pooled.high
-                    out["pooled"][1] += 1
-            for _, rows in kept:
-                for eff in run_effects(rows, CONTROL, base, by, metric).values():
-                    _, lo, hi = t_interval(eff.diffs)
-                    if math.isfinite(lo):
-                        out["within"][0] += lo <= 0 <= hi
-                        out["within"][1] += 1
+        cols = set(per_run[0].columns)
+        metric = next((m for m in ("tokens_per_second", "forwards_per_second") if m in cols), None)
+        by = [k for k in CELL_KEYS if k in cols]
+        if metric is None:
+            continue
+        effects = [run_effects(rows, "A/A", "demand", by, metric) for rows in per_run]
+        for key in set().union(*effects):
+            means = [float(e[key].mean()) for e in effects if key in e and len(e[key])]
+            iv = pooled(means)
+            if iv is not None:
+                out["pooled"][0] += iv.low <= 0 <= iv.high
+                out["pooled"][1] += 1
+            for e in effects:
+                if key in e and len(e[key]) >= 2:
+                    w = one_run(e[key], [])
+                    out["within"][0] += w.low <= 0 <= w.high
+                    out["within"][1] += 1
     return out
 
 
@@ -57,51 +59,67 @@ def coverage_text(P) -> str:
     lines = [f"{len(runs)} stored runs of profile {P.name}:"]
     for r in runs:
         m = run_meta(r)
-        lines.append(
-            f"  {r.name}: commit {m.get('commit')}, {m.get('date')}, load average "
-            f"{', '.join(f'{x:.1f}' for x in m.get('load_average') or [])}, {m.get('seconds')} s, "
-            f"{len(m.get('files') or [])} row files"
-        )
+        load = m.get("load_average")
+        load = ", ".join(f"{x:.1f}" for x in load) if isinstance(load, list) else str(load)
+        lines.append(f"  {r.name}: commit {m.get('commit')}, {m.get('date')}, load average {load}")
     c = coverage(P)
-    for key, what in (("pooled", f"pooled over runs ({METHOD})"), ("within", "over one run's pairs")):
+    for key, what in (("pooled", "pooled over runs"), ("within", "over one run's pairs")):
         k, n = c[key]
-        lines.append(
-            f"A/A control, 95% interval {what}: contains 0 in {k} of {n} cells"
-            + (f" ({k / n:.0%})" if n else "")
-        )
+        share = f" ({k / n:.0%})" if n else ""
+        lines.append(f"A/A, 95% interval {what}: contains 0 in {k} of {n} cells{share}")
     return "\n".join(lines)
 
 
-def claims_text(P) -> str:
-    """Every timing claim as the stored runs rule it (each study's `stored_claims`): its verdict, the runs
-    behind it and the achieved half-widths of its intervals (effect and A/A control, in points)."""
-    lines = ["timing claims on the stored runs:"]
+def ruled_claims(P) -> dict[str, list]:
+    """{notebook: its timing claims as the stored runs rule them}."""
+    out = {}
     for t in TIMED_STUDIES:
-        for c in importlib.import_module(f"artifact.experiments.studies.{t.module}").stored_claims(P):
-            if not c.timing:
-                continue
-            lines.append(f"  {t.notebook[:2]} {c.claim}")
-            lines.append(
-                f"     verdict: {c.verdict}; pooled over {len(c.per_run)} runs; per run "
-                f"{', '.join(c.per_run) or '-'}"
-            )
-            widths = c.interval.split("; ", 1)[1] if "; " in c.interval else "no intervals"
-            lines.append(f"     {widths}")
+        module = importlib.import_module(f"artifact.experiments.studies.{t.module}")
+        out[t.notebook] = [c for c in module.stored_claims(P) if c.timing]
+    return out
+
+
+def claims_text(ruled: dict[str, list]) -> str:
+    lines = ["timing claims on the stored runs:"]
+    for notebook, claims in ruled.items():
+        for c in claims:
+            lines.append(f"  {notebook[:2]} {c.key or c.claim}: {c.verdict}; per run {', '.join(c.per_run) or '-'}")
     return "\n".join(lines)
+
+
+def rule_again(P, ruled: dict[str, list]) -> list[str]:
+    """Write the stored runs' timing verdicts into the committed claim records (matched by key, else by the
+    claim's text); returns the flips, one line each."""
+    flips = []
+    for notebook, claims in ruled.items():
+        path = reference_data_dir(P.name) / f"{notebook}{RECORD_SUFFIX}"
+        doc = json.loads(path.read_text())
+        old = [c for c in doc["claims"] if c.get("timing")]
+        kept = [c for c in doc["claims"] if not c.get("timing")]
+        for c in claims:
+            was = next((o for o in old if (o.get("key") or o["claim"]) == (c.key or c.claim)), None)
+            if was and was["verdict"] != c.verdict:
+                flips.append(f"{notebook} {c.key}: {was['verdict']} -> {c.verdict}")
+        doc["claims"] = kept + [asdict(c) for c in claims]
+        doc["rules_version"] = RULES_VERSION
+        atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+    return flips
 
 
 def cmd_stored_runs(a) -> int:
     P = load_profile(a.profile)
-    found = stored_runs(P.name)
-    if not found:
+    if not stored_runs(P.name):
         raise UserError(
-            f"profile {P.name}: no stored runs under data/results/{P.name}/runs/ (record them "
-            "with "
+            f"profile {P.name}: no stored runs under data/results/{P.name}/runs/ (record them with "
             f"`PYTHONPATH=. python scripts/record_runs.py --profile {P.name} --runs 9`)"
         )
     try:
         print(coverage_text(P))
-        print(claims_text(P))
+        ruled = ruled_claims(P)
+        print(claims_text(ruled))
+        if a.rule_again:
+            flips = rule_again(P, ruled)
+            print(f"records rewritten at rules version {RULES_VERSION}; flips: " + ("; ".join(flips) or "none"))
     except RunsError as e:
         raise UserError(str(e)) from e
     return 0
@@ -110,8 +128,12 @@ def cmd_stored_runs(a) -> int:
 def add_cli(subparsers) -> None:
     """Register `stored-runs`."""
     c = subparsers.add_parser(
-        "stored-runs",
-        help="the stored runs of a profile and how often the A/A control's intervals contain 0 over them",
+        "stored-runs", help="the stored runs of a profile, their A/A coverage and the timing verdicts they give"
     )
     c.add_argument("--profile", default="cpu", help="the profile whose stored runs to read (default: cpu)")
+    c.add_argument(
+        "--rule-again",
+        action="store_true",
+        help="write the stored runs' timing verdicts into the profile's committed claim records",
+    )
     c.set_defaults(fn=cmd_stored_runs)

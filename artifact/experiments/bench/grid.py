@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from artifact.errors import SettingError
+from artifact.experiments.paired_table import CELL_KEYS, CellKey
 from artifact.experiments.settings import Settings
-from artifact.experiments.outputs.paired_table import CELL_KEYS, CellKey
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import pandas as pd
 from artifact.errors import ResultFileError
 from artifact.experiments.bench.grid import Cell, cell_key, cell_keys, shard_file
 from artifact.experiments.bench.locks import lock_path, locked
+from artifact.experiments.paired_table import CELL_KEYS, PAIR_KEYS
 from artifact.experiments.settings import Settings, fingerprint
-from artifact.experiments.outputs.paired_table import CELL_KEYS, PAIR_KEYS
 from artifact.model.options import DEFAULT_FORWARD
 from artifact.offload.backend.plans import COUNTS, PHASES
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsync_dir, refuse_overwrite

@@ -28,7 +28,9 @@ class PairedResult:
     ci_high: float
 
 
-AT_LOW = PairedResult(0.43, 0.73, -1.16, 2.63)  # abstract: "falls to +0.73% (95% CI [-1.16,+2.63]) at C/W=0.43"
+AT_LOW = PairedResult(
+    0.43, 0.73, -1.16, 2.63
+)  # abstract: "falls to +0.73% (95% CI [-1.16,+2.63]) at C/W=0.43"
 
 # abstract: "our system achieves a 14.4x speedup (6.1x at half the budget)" against TIDE's released code at
 # the same expert budget (this artifact reads "the same budget" as C/W 1, its own choice) and half of it

@@ -1,11 +1,10 @@
-"""Each timing claim's definition, written once: which policy is A and which is B (and so which one is demand,
-the role the A/A control's sign follows), the question it asks of each cell, the basis a pair is measured on,
-the metric, the cells it rules on and the paper's range. The studies read their claims from here
-(replication.rule_claim), and so does the calibration harness (python -m artifact calibrate): one definition
-for the verdict and for its check against known truth. Being under criteria/, every change to a definition is
-a rule change (criteria.RULE_FILES, tests/test_rule_history.py).
+"""Each timing claim's definition, written once: which policy is A and which is B, the question it asks of
+each cell, the basis a pair is measured on, the metric, the cells it rules on and the paper's range. The
+studies read their claims from here (verdicts.judge), and so does the calibration harness (python -m artifact
+calibrate): one definition for the verdict and for its check against known truth. A change to a definition
+that changes a verdict is a rule change (verdicts/rule_history.py).
 
-`a` may be OTHERS: every policy of the grid but B, demand and the A/A control (06's predictors, 09's best
+`a` may be OTHERS: every policy of the grid but B, demand and the stand-in A/A (06's predictors, 09's best
 eviction), one comparison each. `select` keeps a cell when, for every (key, values) pair, the cell's key field
 lies in `values` (two numbers: an inclusive range; else a set of allowed values)."""
 
@@ -15,10 +14,10 @@ from dataclasses import dataclass
 
 from artifact.experiments.criteria import paper
 
-FASTER, NO_DIFFERENCE, NOT_FASTER = "faster", "no difference", "not faster"  # rules.Question's kinds
-PERCENT, STALL_SHARE = "percent", "stall share"  # rules.Basis's names
+FASTER, NO_DIFFERENCE, NOT_FASTER = "faster", "no difference", "not faster"  # verdicts.rules' questions
+PERCENT, STALL_SHARE = "percent", "stall share"  # verdicts.pairs' bases
 OTHERS = "*"  # `a`: every other policy of the grid (each against B)
-DEMAND = "demand"  # the policy whose double, settings.CONTROL, is the A/A control
+DEMAND = "demand"  # every claim compares a policy with demand; the A/A is demand against demand
 
 CELL = ("task", "batch_size", "cache_ratio", "bandwidth_scale")  # stats.CELL_KEYS (one interval per cell)
 
@@ -43,15 +42,10 @@ class TimingClaim:
                 f"{self.key}: question {self.question!r} is not one of faster, no difference, not faster"
             )
         if DEMAND not in (self.a, self.b):
-            raise ValueError(f"{self.key}: demand must be A or B (the A/A control is demand's double)")
+            raise ValueError(f"{self.key}: demand must be A or B (each claim compares a policy with demand)")
         for k, _ in self.select:
             if k not in self.by:
                 raise ValueError(f"{self.key}: select key {k!r} is not one of the cell keys {self.by}")
-
-    @property
-    def demand_role(self) -> str:
-        """ "A" or "B": the side demand takes, which orients the A/A control (rules.run_effects)."""
-        return "A" if self.a == DEMAND else "B"
 
     def keeps(self, key: tuple) -> bool:
         """Whether a cell (its key, in `by` order) is one of this claim's cells."""

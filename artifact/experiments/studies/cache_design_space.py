@@ -17,18 +17,27 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from artifact.errors import RunsError
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.verdicts.records import BASIS, BASIS_SHORT, EXACT, Claim, on_bases, on_basis, verdict_of
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, traces
 from artifact.experiments.outputs.figures import title
-from artifact.experiments.verdicts.pooling import Compared, Replicas, RunsError, gather
-from artifact.experiments.verdicts.rules import margin_below
+from artifact.experiments.paired_table import CELL_KEYS
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.outputs.paired_table import CELL_KEYS
-from artifact.experiments.verdicts.stored_runs import stored_rows
 from artifact.experiments.verdicts.judge import claim_parts, merge_others, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
+from artifact.experiments.verdicts.records import (
+    BASIS,
+    BASIS_SHORT,
+    EXACT,
+    Claim,
+    on_bases,
+    on_basis,
+    verdict_of,
+)
+from artifact.experiments.verdicts.rules import margin_below
+from artifact.experiments.verdicts.stored_runs import stored_rows
 from artifact.offload.replay.sim import (
     by_basis,
     capacity_for,
@@ -207,7 +216,7 @@ class BenchNumbers:
 
 
 def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
-    rows = reps.this
+    rows = reps.rows
     m = rows.groupby("policy").demand_misses.sum()
     return BenchNumbers(best, claim_parts(reps, CLAIM)[best], (int(m["demand"]), int(m[best])))
 
@@ -226,7 +235,7 @@ def bench_verdict(b: BenchNumbers) -> Claim:
     t = rule_claim(merge_others({b.best: b.over_lru}), CLAIM, lambda k: bench_label(k[1]))
     lru, ours = b.misses
     return timed_claim(
-        f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end: {q.text()} net of "
+        f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end: {q} net of "
         "the "
         f"A/A control (tokens/s, C/W {BENCH_RATIO:g}, batch size 1)",
         f"{OWN}; the same statistics as the paper's timing claims (one interval per cell, over runs), net of "

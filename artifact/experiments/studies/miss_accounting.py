@@ -16,11 +16,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments.verdicts.records import BASIS, EXACT, NOT_MEASURABLE, Claim, on_bases
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figures import COLORS, PAPER_STYLE, title
-from artifact.experiments.verdicts.rules import margin_below
 from artifact.experiments.settings import Settings
+from artifact.experiments.verdicts.records import BASIS, EXACT, NOT_MEASURABLE, Claim, on_bases
+from artifact.experiments.verdicts.rules import margin_below
 from artifact.offload.backend.plans import COUNTS
 from artifact.offload.replay.sim import (
     BASES,

@@ -12,17 +12,17 @@ import torch
 
 from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, verdict_of
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, run_grid
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, legend, mean_interval, title
-from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
+from artifact.experiments.paired_table import CELL_KEYS, paired_table
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.outputs.paired_table import CELL_KEYS, paired_table
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide.checkout import check_tide
 from artifact.experiments.verdicts.judge import claim_compared, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
+from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, verdict_of
 from artifact.model.tasks import prompts
 from artifact.offload.replay.sim import capacity_for
 
@@ -135,9 +135,9 @@ def style_numbers(reps: Replicas) -> StyleNumbers:
     effects = dict(
         sorted(c.effects.items(), key=lambda kv: (-kv[0].cache_ratio, kv[0][:2], kv[0].bandwidth_scale))
     )
-    m = reps.this.groupby([*CELL, "policy"]).demand_misses.sum()
+    m = reps.rows.groupby([*CELL, "policy"]).demand_misses.sum()
     misses = {k: m[(*k, "interval_refresh")] / m[(*k, "demand")] - 1 for k in effects}
-    return StyleNumbers(Compared(effects, c.control, c.host), misses)
+    return StyleNumbers(Compared(effects, c.aa, c.host, c.basis, c.aa_label), misses)
 
 
 def label(key) -> str:
@@ -165,7 +165,7 @@ def style_verdict(n: StyleNumbers) -> Claim:
     return timed_claim(
         "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and "
         "half "
-        f"({q.text()}: non-superiority)",
+        f"({q}: non-superiority)",
         "interval refresh does not beat LRU",
         t,
         "tokens/s per run, interval_refresh over demand % per pair, one interval per cell (task, C/W)",

@@ -24,6 +24,7 @@ import re
 from pathlib import Path
 
 from artifact.errors import ResultFileError
+from artifact.experiments.verdicts.judge import paper_ruled
 from artifact.experiments.outputs.paths import RECORD_SUFFIX
 from artifact.paths import atomic_write_text, data_dir, repo_root
 
@@ -223,7 +224,7 @@ def render_compact(
     head = (
         ["notebook", "claim", "figure", f"{profile_name}"]
         + list(others)
-        + ["leave one out", "a fresh run decides", "paper's criterion"]
+        + ["paper's result, ruled here", "leave one out", "a fresh run decides"]
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in recs:
@@ -240,7 +241,7 @@ def render_compact(
                 oc = by_nb.get(nb, {}).get("claims", [])
                 row.append(oc[k]["verdict"] if k < len(oc) else "not run")
             key = c.get("key") or ""
-            row += [loo_text(c), f"{decides[key]:.0f}%" if key in decides else "", criterion_text(c)]
+            row += [paper_ruled(key) if key else "", loo_text(c), decides.get(key, "")]
             lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
     return "\n".join(lines)
 
@@ -253,12 +254,6 @@ def loo_text(c: dict) -> str:
         return ""
     pooled = c.get("pooled") or c["verdict"]
     return f"{sum(v == pooled for v in views)} of {len(views)}"
-
-
-def criterion_text(c: dict) -> str:
-    """The paper's criterion, short: 'k of n cells above 0' ("" where the claim has none)."""
-    m = re.search(r"(\d+ of \d+ cells)", c.get("paper_criterion") or "")
-    return f"{m.group(1)} above 0" if m else ""
 
 
 # --- how stable the timing verdicts are ------------------------------------------------------------

@@ -36,7 +36,11 @@ def claim_parts(reps: Replicas, c: TimingClaim) -> dict[str, Compared]:
     policy of the rows (every policy but B, demand and the stand-in)."""
     basis = BASES[c.basis]
     rows = reps.rows
-    others = [c.a] if c.a != OTHERS else [p for p in dict.fromkeys(rows.policy) if p not in (c.b, "demand", CONTROL)]
+    others = (
+        [c.a]
+        if c.a != OTHERS
+        else [p for p in dict.fromkeys(rows.policy) if p not in (c.b, "demand", CONTROL)]
+    )
     return {p: reps.compare(p, c.b, c.by, c.metric, basis) for p in others}
 
 
@@ -87,6 +91,7 @@ def _ruling(c: TimingClaim, compared: Compared, label, pick: Callable[[Replicate
         flat = (k[0], *k[1]) if c.a == OTHERS else k
         cells.append(
             dict(
+                label=label(k),
                 cell={n: v for n, v in zip(keys, flat)},
                 effect=round(iv.mean, 3),
                 low=round(iv.low, 3),
@@ -109,7 +114,9 @@ def judge(compared: Compared, c: TimingClaim, label: Callable[[tuple], str]) -> 
     stored = all(r.this is None for r in cells)
     verdict, reason, numbers = _ruling(c, compared, label, lambda r: r.ruled)
     n_runs = max((len(r.per) for r in cells), default=0)
-    per_run = tuple(_ruling(c, compared, label, lambda r, i=i: r.runs[i] if r.runs else None)[0] for i in range(n_runs))
+    per_run = tuple(
+        _ruling(c, compared, label, lambda r, i=i: r.runs[i] if r.runs else None)[0] for i in range(n_runs)
+    )
     pooled = ""
     if n_runs >= 2:
         pooled = verdict if stored else _ruling(c, compared, label, lambda r: r.pooled)[0]
@@ -132,14 +139,16 @@ def judge(compared: Compared, c: TimingClaim, label: Callable[[tuple], str]) -> 
         "pairs": "this run's pairs alone (no run-to-run variation)",
     }.get(unit, unit)
     aa = compared.aa_label or "no A/A"
-    return Timed(verdict, reason, numbers, f"{over}; gate: {aa}", per_run, pooled, loo, agreement, c.key, aa, stored)
+    return Timed(
+        verdict, reason, numbers, f"{over}; gate: {aa}", per_run, pooled, loo, agreement, c.key, aa, stored
+    )
 
 
 def cells_text(t: Timed, unit: str = "%", label: Callable[[dict], str] | None = None) -> str:
     """The text columns, rendered from the cells' fields."""
     out = []
     for x in t.cells:
-        name = label(x["cell"]) if label else ", ".join(f"{k} {v}" for k, v in x["cell"].items())
+        name = label(x["cell"]) if label else x.get("label") or ", ".join(f"{k} {v}" for k, v in x["cell"].items())
         iv = Interval(x["effect"], x["low"], x["high"])
         aa = f"; A/A [{x['aa_low']:+.1f}, {x['aa_high']:+.1f}]" if x["aa_low"] is not None else ""
         runs = f" ({x['runs']} runs)" if x["runs"] > 1 else ""
@@ -147,7 +156,9 @@ def cells_text(t: Timed, unit: str = "%", label: Callable[[dict], str] | None = 
     return "; ".join(out)
 
 
-def timed_claim(text: str, paper_text: str, t: Timed, counting: str, note: str = "", unit: str = "%") -> Claim:
+def timed_claim(
+    text: str, paper_text: str, t: Timed, counting: str, note: str = "", unit: str = "%"
+) -> Claim:
     measured = cells_text(t, unit) + (f"; {note}" if note else "")
     return Claim(
         text,
@@ -223,4 +234,3 @@ PAPER_RESULTS = {
 def paper_ruled(key: str) -> str:
     """The paper's own result for a claim, ruled here ("" when the paper prints none for it)."""
     return rule_stated(key, PAPER_RESULTS[key])[0] if key in PAPER_RESULTS else ""
-

@@ -129,7 +129,9 @@ def run_effects(
     cells = w.index.to_frame(index=False)[list(by)]
     out = {}
     for key, idx in cells.groupby(list(by), sort=True).indices.items():
-        key = tuple(v.item() if hasattr(v, "item") else v for v in (key if isinstance(key, tuple) else (key,)))
+        key = tuple(
+            v.item() if hasattr(v, "item") else v for v in (key if isinstance(key, tuple) else (key,))
+        )
         v = d[idx]
         out[CellKey(*key) if tuple(by) == CELL_KEYS else key] = v[np.isfinite(v)]
     return out

@@ -87,7 +87,9 @@ def replicate(own: np.ndarray | None, per: Sequence[np.ndarray | None]) -> Repli
     pool = pooled(means)
     this = one_run(own, means) if own is not None and len(own) else None
     if own is None:
-        ruled = pool or Interval(float(np.mean(means)) if means else float("nan"), math.nan, math.nan, len(means), "runs")
+        ruled = pool or Interval(
+            float(np.mean(means)) if means else float("nan"), math.nan, math.nan, len(means), "runs"
+        )
     else:
         ruled = this or Interval(float("nan"), math.nan, math.nan, 0, "pairs")
     return Replicated(ruled, pool, this, tuple(runs), tuple(per), own)
@@ -105,7 +107,9 @@ class Compared:
     aa_label: str | None = None
 
     def where(self, keep: Callable[[tuple], bool]) -> "Compared":
-        return Compared({k: v for k, v in self.effects.items() if keep(k)}, self.aa, self.host, self.basis, self.aa_label)
+        return Compared(
+            {k: v for k, v in self.effects.items() if keep(k)}, self.aa, self.host, self.basis, self.aa_label
+        )
 
     def without(self, i: int) -> "Compared":
         """The stored runs' pooled view with stored run `i` left out of every input (effect and A/A)."""
@@ -152,7 +156,9 @@ class Replicas:
         """This run's rows, or the last stored run's when ruling the stored runs (for tables and figures)."""
         return self.this if self.this is not None else self.stored[-1][1]
 
-    def compare(self, a: str, b: str, by: Sequence[str], metric: str | None = None, basis: Basis = PERCENT) -> Compared:
+    def compare(
+        self, a: str, b: str, by: Sequence[str], metric: str | None = None, basis: Basis = PERCENT
+    ) -> Compared:
         """A over B per cell of `by` (the union over the runs), with the A/A and the GPU host shares."""
         metric = metric or self.metric
         runs = [rows for _, rows in self.stored]
@@ -164,12 +170,21 @@ class Replicas:
             keys = sorted(set(mine).union(*theirs), key=lambda k: tuple(str(v) for v in k))
             if this is not None:
                 keys = [k for k in keys if k in mine]
-            return {k: replicate(mine.get(k) if this is not None else None, [t.get(k) for t in theirs]) for k in keys}
+            return {
+                k: replicate(mine.get(k) if this is not None else None, [t.get(k) for t in theirs])
+                for k in keys
+            }
 
         sources = ([this] if this is not None else []) + runs
         labels = {aa_label(r) for r in sources}
         label = None if None in labels or not labels else sorted(labels)[-1]
-        return Compared(view(a, b), view("A/A", "demand") if label else {}, host_shares(self.rows, by), basis, label)
+        return Compared(
+            view(a, b), view("A/A", "demand") if label else {}, host_shares(self.rows, by), basis, label
+        )
+
+
+    def effects(self, a: str, b: str, by: Sequence[str], metric: str | None = None, basis: Basis = PERCENT) -> dict:
+        return self.compare(a, b, by, metric, basis).effects
 
 
 def _same(x: pd.DataFrame, y: pd.DataFrame) -> bool:
@@ -177,12 +192,22 @@ def _same(x: pd.DataFrame, y: pd.DataFrame) -> bool:
     if len(x) != len(y) or list(x.columns) != list(y.columns):
         return False
     try:
-        return bool((x.reset_index(drop=True).astype(str) == y.reset_index(drop=True).astype(str)).all().all())
+        return bool(
+            (x.reset_index(drop=True).astype(str) == y.reset_index(drop=True).astype(str)).all().all()
+        )
     except ValueError:
         return False
 
 
-def gather(P, this, stem, fingerprint=None, metric="tokens_per_second", reference: Path | None = None, read=pd.read_csv):
+def gather(
+    P,
+    this,
+    stem,
+    fingerprint=None,
+    metric="tokens_per_second",
+    reference: Path | None = None,
+    read=pd.read_csv,
+):
     """This run's rows with the stored runs' rows of the same grid(s) and settings."""
     by_run: dict[str, list[pd.DataFrame]] = {}
     for s in [stem] if isinstance(stem, str) else list(stem):

@@ -61,6 +61,10 @@ class Interval:
     def usable(self) -> bool:
         return math.isfinite(self.low) and math.isfinite(self.high)
 
+    @property
+    def excludes_zero(self) -> bool:
+        return self.usable and (self.low > 0 or self.high < 0)
+
     def at(self, confidence: float) -> "Interval":
         """The same effect at another two-sided level."""
         if confidence == CONFIDENCE or not self.usable:
@@ -69,7 +73,9 @@ class Interval:
             lo, hi = stats.t.interval(confidence, self.df, loc=self.mean, scale=self.se)
             return replace(self, low=float(lo), high=float(hi))
         k = stats.norm.ppf(0.5 + confidence / 2) / stats.norm.ppf(0.5 + CONFIDENCE / 2)
-        return replace(self, low=self.mean - k * (self.mean - self.low), high=self.mean + k * (self.high - self.mean))
+        return replace(
+            self, low=self.mean - k * (self.mean - self.low), high=self.mean + k * (self.high - self.mean)
+        )
 
     def p_value(self) -> float:
         """Two-sided p of H0 "the effect is 0" (on the interval's t, or normal, scale)."""
@@ -156,8 +162,9 @@ def rule_claim_cells(
     unit: str = "%",
 ) -> tuple[str, str]:
     """(verdict, reason) of a claim over its labelled cells. `gates`: per cell, why its A/A (or host) makes it
-    inconclusive, or None. Not reproduced if any cell is (for FASTER at the simultaneous level), reproduced if
-    every cell is and every gate is clean, else inconclusive; the reason names the cells that decided it."""
+    inconclusive, or None (a gated cell is inconclusive whatever its interval says). Not reproduced if any cell
+    is (for FASTER at the simultaneous level), reproduced if every cell is, else inconclusive; the reason names
+    the cells that decided it."""
     if not cells:
         return INCONCLUSIVE, "no cells"
     gates = list(gates) or [None] * len(cells)
@@ -165,12 +172,14 @@ def rule_claim_cells(
     if kind == FASTER:
         below = simultaneous([iv for _, iv in cells])
         rulings = [
-            Ruling(NOT_REPRODUCED, f"interval at or below 0 at the simultaneous level over {len(cells)} cells")
+            Ruling(
+                NOT_REPRODUCED, f"interval at or below 0 at the simultaneous level over {len(cells)} cells"
+            )
             if b
             else r
             for r, b in zip(rulings, below)
         ]
-    rulings = [Ruling(INCONCLUSIVE, g) if g and r.verdict != NOT_REPRODUCED else r for r, g in zip(rulings, gates)]
+    rulings = [Ruling(INCONCLUSIVE, g) if g else r for r, g in zip(rulings, gates)]
     verdicts = [r.verdict for r in rulings]
     if NOT_REPRODUCED in verdicts:
         verdict = NOT_REPRODUCED
@@ -180,7 +189,9 @@ def rule_claim_cells(
         verdict = INCONCLUSIVE
     if verdict == REPRODUCED:
         return verdict, f"every cell's {CONFIDENCE:.0%} interval: " + rulings[0].why
-    return verdict, "; ".join(f"{label}: {r.why}" for (label, _), r in zip(cells, rulings) if r.verdict == verdict)
+    return verdict, "; ".join(
+        f"{label}: {r.why}" for (label, _), r in zip(cells, rulings) if r.verdict == verdict
+    )
 
 
 def host_shares(rows, by: Sequence[str]) -> dict:
@@ -237,7 +248,9 @@ def margin_below(value: float, threshold: float, pct: bool = True) -> str:
     """A number judged `< threshold`: how far below (or above) it lies."""
     if pct:
         d = (threshold - value) * 100
-        return f"{value:.1%} vs < {threshold:.0%}: " + (f"{d:.1f} points under" if d > 0 else f"{-d:.1f} points over")
+        return f"{value:.1%} vs < {threshold:.0%}: " + (
+            f"{d:.1f} points under" if d > 0 else f"{-d:.1f} points over"
+        )
     side = "under" if value < threshold else "over"
     return f"{value:.3g} vs < {threshold:.3g}: {side} by {abs(threshold - value):.3g}"
 
@@ -245,7 +258,9 @@ def margin_below(value: float, threshold: float, pct: bool = True) -> str:
 def margin_at_least(value: float, threshold: float) -> str:
     """A share judged `>= threshold`."""
     d = (value - threshold) * 100
-    return f"{value:.1%} vs >= {threshold:.0%}: " + (f"{d:.1f} points over" if d >= 0 else f"{-d:.1f} points under")
+    return f"{value:.1%} vs >= {threshold:.0%}: " + (
+        f"{d:.1f} points over" if d >= 0 else f"{-d:.1f} points under"
+    )
 
 
 def combine(verdicts: Iterable[str]) -> str:

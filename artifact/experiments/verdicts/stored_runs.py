@@ -25,9 +25,9 @@ from pathlib import Path
 import pandas as pd
 
 from artifact.errors import RunsError
-from artifact.experiments.outputs.provenance import run_info
 from artifact.experiments.outputs.manifest import check_runs, write_manifest
 from artifact.experiments.outputs.paths import reference_data_dir, results_dir, short_path
+from artifact.experiments.outputs.provenance import run_info
 from artifact.paths import atomic_write_text
 
 RUNS = "runs"

@@ -11,14 +11,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments.bench.results import same_tokens
-from artifact.experiments.verdicts.records import BASIS_SHORT, EXACT, PER_RUN, Claim, on_basis, verdict_of
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, interval_fields, mark_margin, title
-from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.beyond_the_paper.misses import BOUNDS, MIN, OWN, count_claims, counts
 from artifact.experiments.studies.beyond_the_paper.throughput import CLAIM, PRIORITIES, priority_claim
 from artifact.experiments.verdicts.judge import claim_parts
+from artifact.experiments.verdicts.pooling import Replicas
+from artifact.experiments.verdicts.records import BASIS_SHORT, EXACT, PER_RUN, Claim, on_basis, verdict_of
 from artifact.offload.replay.sim import ruling_basis
 
 
@@ -42,7 +42,7 @@ class Numbers:
 
 
 def numbers(summary, table, reps: Replicas) -> Numbers:
-    rows = reps.this
+    rows = reps.rows
     n_same, n_cells = same_tokens(rows.assign(task=rows.task + "/" + rows.link_priority))
     fast = table[(table.verdict == paper.FASTER)]
     by_prefill = {p: counts(g) for p, g in summary.groupby("prefill", sort=False)}
@@ -99,7 +99,7 @@ def plot(summary, n: "Numbers", P: Settings):
         (axes[0, 1], "transfers_vs_lru", "transfers (demand + speculative)"),
     ):
         _counts_panel(ax, counted, col, f"{what}, exact replay, {BASIS_SHORT[basis]}")
-    control = next(iter(n.timed.values())).control if n.timed else {}
+    control = next(iter(n.timed.values())).aa if n.timed else {}
     series = {**{p: c.effects for p, c in n.timed.items()}, CONTROL: control}
     rows = []
     for ax, pr in zip(axes[1], PRIORITIES):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from artifact.experiments.verdicts.records import BASIS, BASIS_SHORT, EXACT, Claim, on_bases
 from artifact.experiments.criteria import thresholds
-from artifact.experiments.verdicts.rules import margin_below
 from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.verdicts.records import BASIS, BASIS_SHORT, EXACT, Claim, on_bases
+from artifact.experiments.verdicts.rules import margin_below
 from artifact.offload.replay.sim import by_basis, phase_columns, ruling_basis, sweep
 
 OWN = "not a claim of the paper: this artifact's own result"

@@ -9,15 +9,15 @@ import dataclasses
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.verdicts.records import Claim
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
-from artifact.experiments.verdicts.pooling import Replicas
+from artifact.experiments.paired_table import CELL_KEYS, CONFIDENCE, format_table, paired_table
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.outputs.paired_table import CELL_KEYS, CONFIDENCE, format_table, paired_table
-from artifact.experiments.verdicts.stored_runs import stored_rows
 from artifact.experiments.studies.beyond_the_paper.misses import OWN
 from artifact.experiments.verdicts.judge import claim_parts, merge_others, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.pooling import Replicas
+from artifact.experiments.verdicts.records import Claim
+from artifact.experiments.verdicts.stored_runs import stored_rows
 
 # Throughput: demand against these, under each link priority (one bench file per priority); CONTROL among
 # them.
@@ -124,7 +124,7 @@ def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
     boot = [] if table is None else [c for c in bootstrap_above_zero(table) if c.endswith("(demand)")]
     return timed_claim(
         "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
-        f"link_priority demand no predictor is faster than demand-async at any measured C/W ({q.text()}: "
+        f"link_priority demand no predictor is faster than demand-async at any measured C/W ({q}: "
         "non-superiority)",
         f"{OWN}; judged per cell (docs/verdicts.md), {CONTROL} vs demand as the A/A control",
         t,
@@ -138,5 +138,5 @@ def stored_claims(P: Settings) -> list[Claim]:
     """The timing claim as a `--store` run of the stored runs' last one rules it (tests/test_stored_runs.py
     recomputes the committed record with it): from the committed rows alone."""
     r = replicas(P, None).last_stored()
-    rows = r.this
+    rows = r.rows
     return [priority_claim(claim_parts(r, CLAIM), throughput_table(rows))]

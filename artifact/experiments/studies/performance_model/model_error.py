@@ -11,17 +11,17 @@ import numpy as np
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.verdicts.records import Claim
 from artifact.experiments.criteria import thresholds
-from artifact.experiments.verdicts.pooling import Replicas
-from artifact.experiments.verdicts.rules import at_most, figure_range, median_interval
 from artifact.experiments.settings import Settings
-from artifact.experiments.verdicts.stored_runs import stored_rows
 from artifact.experiments.studies.performance_model.validation import (
     VALIDATION,
     validate_gpu,
     validation_summary,
 )
+from artifact.experiments.verdicts.pooling import Replicas
+from artifact.experiments.verdicts.records import Claim
+from artifact.experiments.verdicts.rules import at_most, figure_range, median_interval
+from artifact.experiments.verdicts.stored_runs import stored_rows
 
 VALIDATION_CELL = ["batch_size", "cache_ratio"]  # a measured demand-vs-last_step comparison: one per cell
 
@@ -243,7 +243,6 @@ def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
         margin=_margin_text(e),
         per_run=tuple(e.own(f) for f in e.figures),
         pooled=_pooled_verdict(e),
-        this_run=e.own(e.this["median_abs_error"]),
         ruled=ruled,
         leave_one_out=e.leave_one_out() if e.is_pooled else (),
     )

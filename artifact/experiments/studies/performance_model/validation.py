@@ -17,13 +17,13 @@ from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
 from artifact.experiments.harness import load_model, offload_spec
+from artifact.experiments.paired_table import paired_table
 from artifact.experiments.settings import Settings
-from artifact.experiments.outputs.paired_table import paired_table
-from artifact.experiments.verdicts.stored_runs import cached_rows
 from artifact.experiments.studies.performance_model.virtual import (
     model_run,
     shape,
 )
+from artifact.experiments.verdicts.stored_runs import cached_rows
 from artifact.model.config import PRESETS
 from artifact.model.tasks import prompts
 from artifact.offload.links.costs import Costs, Hardware, Shape

@@ -41,7 +41,6 @@ from artifact.experiments.studies.routing_map.map import (  # noqa: F401
 from artifact.experiments.studies.routing_map.streams import (  # noqa: F401
     CLAIM,
     METRIC,
-    NET,
     STREAM,
     STREAMS,
     Throughput,

@@ -16,7 +16,6 @@ from tqdm.auto import tqdm
 
 from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.verdicts.records import Claim
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, traces
@@ -30,10 +29,8 @@ from artifact.experiments.outputs.figures import (
     mark_margin,
     title,
 )
-from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
+from artifact.experiments.paired_table import paired_table
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.outputs.paired_table import paired_table
-from artifact.experiments.verdicts.stored_runs import cached_rows
 from artifact.experiments.studies.routing_map.map import (
     MapGrid,
     Numbers,
@@ -45,6 +42,9 @@ from artifact.experiments.studies.routing_map.map import (
     trace_fits,
 )
 from artifact.experiments.verdicts.judge import claim_compared, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
+from artifact.experiments.verdicts.records import Claim
+from artifact.experiments.verdicts.stored_runs import cached_rows
 from artifact.model.tasks import prompts
 from artifact.offload.backend.store import HostStore
 from artifact.offload.replay.sim import capacity_for
@@ -183,8 +183,6 @@ STREAM = ["task"]  # one cell per stream: the "task" column holds the stream's n
 METRIC = "forwards_per_second"
 # the streams claim (criteria/timing.py): demand over last_step per stream, faster
 CLAIM = CLAIMS["07-streams"]
-# 07's figure: demand over last_step net of the control, what its claim rules on
-NET = "net of the A/A control"
 
 
 def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -206,10 +204,10 @@ class Throughput(Compared):
 
 
 def throughput(reps: Replicas) -> Throughput:
-    rows = reps.this
+    rows = reps.rows
     cal = rows.calibration.dropna().astype(str).unique() if "calibration" in rows else []
     c = claim_compared(reps, CLAIM)
-    return Throughput(c.effects, c.control, c.host, c.net, c.basis, "; ".join(cal))
+    return Throughput(c.effects, c.aa, c.host, c.basis, c.aa_label, "; ".join(cal))
 
 
 def stored_claims(P: Settings) -> list[Claim]:
@@ -223,8 +221,8 @@ def stream_label(key) -> str:
 
 
 def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
-    """The streams' verdict: `faster` (direction; magnitude against the paper's range) per stream on the
-    interval replication.py rules it on, net of the A/A control on the same stream (criteria/timing.py)."""
+    """The streams' verdict: `faster` (direction) per stream on the plain effect of demand over last_step,
+    gated by the A/A on the same stream (criteria/timing.py, verdicts/)."""
     paper_verdict = paper.demand_vs_last_step(1.0)
     cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
     q = question(CLAIM)
@@ -232,13 +230,11 @@ def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
     return timed_claim(
         "demand-async beats async last-step prefetch at C/W 1 on synthetic streams through "
         "the "
-        f"stream-driven engine (emulated link, compute calibrated on the model): {q.text()} "
-        "net of "
-        "the A/A control, on every stream",
+        f"stream-driven engine (emulated link, compute calibrated on the model): {q}, on every stream",
         f"{paper_verdict[0]} (a model-driven run)",
         ruling,
         "forwards/s per run, demand over last_step % per pair, one interval per stream",
-        note=f"A/A control: {CONTROL} over demand; compute: {cost}",
+        note=f"A/A: {t.aa_label or 'none'}; compute: {cost}",
     )
 
 
@@ -294,13 +290,12 @@ def _per_run(ax1, ax2, rows: pd.DataFrame, names: list) -> None:
 
 
 def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
-    """Right: per stream, demand over last_step, the same net of the A/A control and the control, each with
-    the interval it is ruled on, beside the paper's band and the margin; returns the intervals drawn."""
+    """Right: per stream, demand over last_step and the A/A, each with the interval it is ruled on, beside the
+    paper's band and the A/A's margin; returns the intervals drawn."""
     out = []
     for name, src, color, dx in (
-        ("demand over last_step", t.effects, COLORS["demand"], -0.15),
-        (NET, t.net, COLORS["demand"], 0.0),
-        (AA_LABEL, t.control, CONTROL_COLOR, 0.15),
+        ("demand over last_step", t.effects, COLORS["demand"], -0.1),
+        (t.aa_label or AA_LABEL, t.aa, CONTROL_COLOR, 0.1),
     ):
         keys = [(n,) for n in names if (n,) in src]
         if not keys:
@@ -314,7 +309,7 @@ def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
             capsize=4,
             color=color,
             ms=5,
-            mfc="none" if name == NET else color,
+            mfc=color,
             label=name,
         )
         out += [dict(task=k[0], series=name, **interval_fields(i)) for k, i in zip(keys, iv)]
@@ -336,12 +331,13 @@ def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
 
 
 def _figure_data(rows: pd.DataFrame, out: list[dict]) -> pd.DataFrame:
-    """The run's rows with each stream's drawn intervals beside them (the net and the control's prefixed)."""
+    """The run's rows with each stream's drawn intervals beside them (the A/A's prefixed control_)."""
     ruled = pd.DataFrame(out, columns=["task", "series", "diff_pct", "low", "high", "interval", "n"])
     merged = rows.merge(
         ruled[ruled.series == "demand over last_step"].drop(columns="series"), on="task", how="left"
     )
-    for series, prefix in ((NET, "net_"), (AA_LABEL, "control_")):
+    aa = [s for s in ruled.series.unique() if s != "demand over last_step"]
+    for series, prefix in ((aa[0] if aa else AA_LABEL, "control_"),):
         part = ruled[ruled.series == series].drop(columns="series").add_prefix(prefix)
         merged = merged.merge(part.rename(columns={f"{prefix}task": "task"}), on="task", how="left")
     return merged

@@ -59,7 +59,9 @@ def percent_differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
     return (a - b) / b * 100.0
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> PairedDifference:
+def paired_difference(
+    a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
+) -> PairedDifference:
     """Mean per-pair percentage difference of a over b with its t interval over pairs (scipy.stats.ttest_1samp)."""
     d = percent_differences(a, b)
     if len(d) == 0:

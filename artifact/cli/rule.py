@@ -1,0 +1,68 @@
+"""`rule`: a named claim's rule applied to 95% intervals given by hand, one per cell (the paper's printed
+results, or a reviewer's own table): prints the verdict and the reason. `--list` names the claims.
+
+    python -m artifact rule 04-equal --cell 0.73 -1.16 2.63
+    python -m artifact rule 04-faster --cell 4.9 '>0' '?' --cell 11.8 '>0' '?'
+
+A bound may be ">0" (stated only as above 0, as the paper states its direction intervals) or "?" (not
+stated: the other bound mirrored about the effect). No A/A gates intervals given by hand."""
+
+from __future__ import annotations
+
+from artifact.errors import UserError
+from artifact.experiments.criteria.timing import CLAIMS
+from artifact.experiments.verdicts.judge import PAPER_RESULTS, parse_bound, question, rule_stated
+
+
+def cmd_rule(a) -> int:
+    if a.list:
+        for key, c in CLAIMS.items():
+            paper = " (the paper prints a result: see --paper)" if key in PAPER_RESULTS else ""
+            print(f"{key}: {c.a} over {c.b}, {question(c)}{paper}")
+        return 0
+    if a.claim is None:
+        raise UserError("rule: name a claim (one of " + ", ".join(CLAIMS) + "), or give --list")
+    if a.claim not in CLAIMS:
+        raise UserError(f"rule: claim {a.claim!r} is not one of {', '.join(CLAIMS)} (see --list)")
+    if a.paper:
+        if a.cell:
+            raise UserError("rule: give --paper or --cell, not both")
+        cells = PAPER_RESULTS.get(a.claim)
+        if cells is None:
+            raise UserError(f"rule: the paper prints no result for {a.claim}; it has {', '.join(PAPER_RESULTS)}")
+    else:
+        if not a.cell:
+            raise UserError("rule: give at least one --cell EFFECT LOW HIGH (95% interval), or --paper")
+        cells = []
+        for i, (e, lo, hi) in enumerate(a.cell):
+            try:
+                effect = float(e)
+                low = parse_bound(lo, effect) if lo != "?" else None
+                high = parse_bound(hi, effect, low)
+                low = parse_bound(lo, effect, high) if low is None else low
+            except ValueError as err:
+                raise UserError(f"rule: --cell {i + 1} ({e} {lo} {hi}): {err}") from None
+            cells.append((effect, low, high))
+    try:
+        verdict, reason = rule_stated(a.claim, cells)
+    except ValueError as err:
+        raise UserError(f"rule: {err}") from None
+    print(f"{a.claim}: {question(CLAIMS[a.claim])}")
+    print(f"verdict: {verdict} ({reason})")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    """Register `rule`."""
+    c = subparsers.add_parser("rule", help="rule 95%% intervals given by hand under a named claim's rule")
+    c.add_argument("claim", nargs="?", help="the claim's key (see --list)")
+    c.add_argument(
+        "--cell",
+        nargs=3,
+        action="append",
+        metavar=("EFFECT", "LOW", "HIGH"),
+        help="one cell's effect and 95%% interval (%%); LOW/HIGH may be '>0' or '?'; repeat per cell",
+    )
+    c.add_argument("--paper", action="store_true", help="rule the paper's own printed result for the claim")
+    c.add_argument("--list", action="store_true", help="name the claims and their questions")
+    c.set_defaults(fn=cmd_rule)
