@@ -5,8 +5,9 @@ C/W, batch size and phase; the best eviction is combined with last_step, cross_l
 and libCacheSim's LRU, fed each demand hits first, is checked against `demand` on every request; and a small
 paired bench times the best eviction against lru end to end (tokens/s, ruled per cell on an interval over runs
 net of the A/A control, as the other direction claims: criteria/timing.py). The count claims rule on the
-denoising steps (prefill excluded), as notebooks 02 and 06 and the paper's oracle figure count, and print all
-demands beside them where that basis would give another verdict (claims.on_bases)."""
+denoising steps (prefill excluded), as notebooks 02 and 06 count (this artifact's choice: the abstract does
+not say which forwards its counts cover), and print all demands beside them where that basis would give
+another verdict (claims.on_bases)."""
 
 from __future__ import annotations
 

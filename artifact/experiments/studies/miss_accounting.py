@@ -2,11 +2,11 @@
 what each prefetcher removes beyond LRU, with the bound `min` (relaxed MIN, the floor of any demand paging
 with C slots; bounds.relaxed_min) beside `belady` (the floor under this cache's rules).
 
-Every count is kept per phase, so each comparison is made twice (sim.by_basis): over all demands, and with
-the prefill forwards excluded (denoising steps only). The verdicts rule on the denoising steps: the paper's
-oracle figure counts decode steps, and a prefill forward is a one-off demand (several times W: prefill_text
-prints the multiple on the run's traces) that no step-to-step predictor sees coming. Where all demands would
-give another verdict, the claim prints both (claims.on_bases)."""
+Every count is kept per phase, so each comparison is made twice (sim.by_basis): over all demands, and with the
+prefill forwards excluded (denoising steps only). The verdicts rule on the denoising steps (this artifact's
+choice: the abstract does not say which forwards its oracle cut counts): a prefill forward is a one-off demand
+(several times W: prefill_text prints the multiple on the run's traces) that no step-to-step predictor sees
+coming. Where all demands would give another verdict, the claim prints both (claims.on_bases)."""
 
 from __future__ import annotations
 
@@ -96,8 +96,9 @@ def _nearest(ratios, target: float) -> float:
 class Numbers:
     ratios: tuple[float, ...]
     basis: str  # the basis the verdicts rule on (sim.ruling_basis: 'excluded' when measured)
-    # per basis (sim.BASES), at each C/W in the paper's W-scale range: (misses removed / LRU's, speculative
-    # transfers / LRU's misses, speculative transfers > misses removed); empty without last_step
+    # per basis (sim.BASES), at each C/W in 0.83-1.73 (abstract: "significant for C/W=0.83-1.73"): (misses
+    # removed / LRU's, speculative transfers / LRU's misses, speculative transfers > misses removed); empty
+    # without last_step
     last_step_by_prefill: dict
     refresh_by_prefill: dict  # basis -> {C/W -> misses removed by interval_refresh / LRU's}; empty without it
     oracle_cut_by_prefill: dict  # basis -> {C/W -> LRU / oracle misses}; empty without oracle
@@ -203,8 +204,10 @@ def _exact(n: Numbers) -> dict:
 
 
 def last_step_claim(n: Numbers) -> Claim:
-    """Last-step prefetch removes fewer than FEW of LRU's misses at every C/W of the paper's range, with more
-    speculative transfers than misses removed (NOT_MEASURABLE without last_step or such a C/W)."""
+    """Last-step prefetch removes fewer than FEW of LRU's misses at every C/W in 0.83-1.73 (the abstract's
+    "near and above the working-set scale", read as its significant range C/W=0.83-1.73: this artifact's
+    reading), with more speculative transfers than misses removed (NOT_MEASURABLE without last_step or such a
+    C/W)."""
     lo, hi = paper.FASTER_RANGE
     FEW = thresholds.FEW
     if not n.last_step:
@@ -248,7 +251,9 @@ def last_step_claim(n: Numbers) -> Claim:
 
 
 def oracle_claim(n: Numbers) -> Claim:
-    """The oracle's cut at the W-scale cache (C/W nearest 1) is the paper's within a factor FACTOR."""
+    """The oracle's cut at the W-scale cache is the abstract's (paper.ORACLE_CUT: "an oracle with true future
+    routing cuts misses by ...") within a factor FACTOR; judged at the C/W nearest 1 (this artifact's choice:
+    the abstract states no C/W for the cut)."""
     r1 = _nearest(n.ratios, 1.0)
     cut, FACTOR = paper.ORACLE_CUT, thresholds.FACTOR
     why = (

@@ -26,7 +26,9 @@ from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, verdict
 from artifact.model.tasks import prompts
 from artifact.offload.replay.sim import capacity_for
 
-RATIOS = tuple(paper.TIDE_SPEEDUP)  # "the same budget" C = W, and half of it
+# abstract: "at the same expert budget" and "at half the budget"; reading the same budget as C = W (C/W 1)
+# is this artifact's choice
+RATIOS = tuple(paper.TIDE_SPEEDUP)
 STEM = "tide_style_runs"  # data/results/<profile>/tide_style_runs.csv
 CELL = list(CELL_KEYS)  # one interval per cell (stats.CellKey): nothing pooled
 # the claim's definition (criteria/timing.py): interval_refresh over demand, not faster

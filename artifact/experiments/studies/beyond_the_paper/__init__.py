@@ -2,11 +2,12 @@
 demand-priority link. Two questions:
   (1) does prediction still lose once it can never delay a demand transfer (link_priority: demand)?
   (2) is last-step the right predictor to judge prediction by?
-Miss accounting replays the profile's traces exactly for every predictor, against the miss floors belady
-(this cache's rules) and min (relaxed MIN, any demand-paging schedule), with every count per phase: the count
-claims rule on the denoising steps (prefill excluded), as notebook 02 and the paper's oracle figure count, and
-print all demands beside them where that basis would give another verdict (claims.on_bases). Paired
-throughput runs demand against the predictors under each link priority, one bench file per priority.
+Miss accounting replays the profile's traces exactly for every predictor, against the miss floors belady (this
+cache's rules) and min (relaxed MIN, any demand-paging schedule), with every count per phase: the count claims
+rule on the denoising steps (prefill excluded), as notebook 02 counts (this artifact's choice: the abstract
+does not say which forwards its counts cover), and print all demands beside them where that basis would give
+another verdict (claims.on_bases). Paired throughput runs demand against the predictors under each link
+priority, one bench file per priority.
 
 The study's three parts: misses.py (the exact replay, its counts and the count claims (2)), throughput.py (the
 paired bench under both link priorities and the priority claim (1)) and findings.py (both parts' numbers, the

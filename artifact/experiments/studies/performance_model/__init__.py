@@ -102,9 +102,10 @@ GPU_SHAPES = ("llada2-mini", "llada2-flash")
 
 
 def paper_point(P: Settings) -> Trace:
-    """A synthetic stream at the routing point the paper implies (notebook 07's 'paper point': its novelty
-    and W spread, from the profile's committed 07 record, else the cpu profile's), 4 MoE layers, one block of
-    16 steps, no prefill (short: the grid replays it 128 times)."""
+    """A synthetic stream at the routing point this artifact infers from the abstract's oracle cut (an
+    illustration; notebook 07's 'paper point': its novelty and W spread, from the profile's committed 07
+    record, else the cpu profile's), 4 MoE layers, one block of 16 steps, no prefill (short: the grid replays
+    it 128 times)."""
     committed = repo_root() / "data" / "results"  # inputs from the checkout, whatever ARTIFACT_DATA says
     path = committed / P.name / "07_routing_map_throughput.csv"
     if not path.is_file():

@@ -1,7 +1,8 @@
 """07 routing map: which routing statistics let prediction win. Synthetic streams (synth.py) over a grid
-of step novelty nu x W spread are replayed (sim.replay; `min` is bounds.relaxed_min) at C/W 1 and 1.73,
-with and without prefill forwards; the cpu traces are placed on the map from their fitted parameters, the
-paper's oracle cut is drawn as a contour, and two streams (at the paper's implied point and at the cpu
+of step novelty nu x W spread are replayed (sim.replay; `min` is bounds.relaxed_min) at C/W 1 and 1.73, with
+and without prefill forwards; the cpu traces are placed on the map from their fitted parameters, the
+abstract's oracle cut (paper.ORACLE_CUT, placed at C/W 1 by this artifact) is drawn as a contour, and two
+streams (at the point this artifact infers from that cut, the 'paper point', an illustration, and at the cpu
 traces' point) run through the stream-driven engine (offload/trace_engine.py) on the emulated link, demand vs
 last_step, paired by repetition. The map is this artifact's own result, not a figure of the paper.
 

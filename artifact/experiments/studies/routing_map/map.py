@@ -1,5 +1,5 @@
 """07 routing map, the map: synthetic streams over a grid of step novelty x W spread replayed at C/W 1 and
-1.73 (with and without prefill), the cpu traces placed on it, the paper's oracle cut as a contour; its
+1.73 (with and without prefill), the cpu traces placed on it, the abstract's oracle cut as a contour; its
 numbers, verdicts and figure. The module docstring of the package (routing_map/__init__.py) says how the map
 is built.
 """
@@ -35,7 +35,7 @@ class MapGrid:
 
     novelty: tuple[float, ...]  # nu: share of D(t, l) not in D(t-1, l)
     spread: tuple[float, ...]  # relative sd of W around its profile
-    ratios: tuple[float, ...]  # C/W; the first is the paper's W-scale cache
+    ratios: tuple[float, ...]  # C/W; the first is the W-scale cache (C/W 1: this artifact's choice)
     layers: int  # MoE layers of a map stream (fewer than LLaDA2.0-mini's 19: run time)
     blocks: int
     steps: int
@@ -178,11 +178,11 @@ def at_point(map_df, policy: str, ratio: float, prefill: bool, novelty: float, s
     return float(np.exp(f([[np.clip(novelty, nus[0], nus[-1]), np.clip(spread, ss[0], ss[-1])]])[0]))
 
 
-# --- what the paper's figure implies ----------------------------------------------------------------
+# --- what the abstract's 6.7x implies on the map (this artifact's inference) --------------------------
 @dataclass(frozen=True)
 class Numbers:
     ratio: float
-    target: float  # the paper's oracle cut
+    target: float  # the oracle cut (abstract: "cuts misses by 6.7x")
     limit: dict  # (prefill, novelty) -> largest grid spread with cut >= target, or None
     # at the grid novelty nearest the cpu traces', the spread where the cut
     implied: tuple[float, float] | None

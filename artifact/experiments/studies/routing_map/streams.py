@@ -1,7 +1,7 @@
-"""07 routing map, the timed part: two synthetic streams (the paper's implied point and the cpu traces' point
-on the map) through the stream-driven engine (offload/trace_engine.py) on the emulated link, demand vs
-last_step and the A/A control, paired by repetition; their rows, the replicas of the stored runs, and the
-streams claim.
+"""07 routing map, the timed part: two synthetic streams (the 'paper point', which this artifact infers from
+the abstract's oracle cut, an illustration; and the cpu traces' point on the map) through the stream-driven
+engine (offload/trace_engine.py) on the emulated link, demand vs last_step and the A/A control, paired by
+repetition; their rows, the replicas of the stored runs, and the streams claim.
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ def calibration(P: Settings) -> Calibration:
 
 
 def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
-    """The timed streams: the paper's implied point (the largest spread reaching the cut at the traces'
-    novelty; the best cell if none does) and the cpu traces' median point."""
+    """The timed streams: the 'paper point', this artifact's inference from the abstract's oracle cut (the
+    largest spread reaching the cut at the traces' novelty; the best cell if none does) and the cpu traces'
+    median point."""
     paper_point = n.implied if n.implied is not None else n.best[:2]
     return {"paper point": paper_point, "cpu point": n.cpu_point}
 
