@@ -38,6 +38,16 @@ CELL_KEYS = CellKey._fields  # the result columns that name a cell
 PAIR_KEYS = CELL_KEYS + ("rep",)
 
 
+def primary(rows):
+    """The bench rows of arm A: one run per (cell, repetition, policy), without the A/A pair's B arm (demand's
+    second run in a repetition, bench/run.py). Rows without an `arm` column (written before it) are all arm A
+    and come back as they are. What every table or figure that pivots rows by policy reads."""
+    if "arm" not in rows.columns:
+        return rows
+    keep = rows.arm.astype(str) != "B"
+    return rows if keep.all() else rows[keep]
+
+
 @dataclass(frozen=True)
 class PairedDifference:
     n_pairs: int
@@ -112,8 +122,9 @@ def bootstrap_ci(
 def wide_pairs(rows, policies: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
     """One row per pair (PAIR_KEYS: same cell, run and repetition), columns (column, policy) for each of
     `columns` and `policies`; a pair missing a side has NaN there. Refuses rows without the bench's columns, a
-    policy the rows lack and two rows for the same run. Rows: the bench's CSV rows (a DataFrame)."""
-    rows = pd.DataFrame(rows)
+    policy the rows lack and two rows for the same run. Rows: the bench's CSV rows (a DataFrame), of arm A
+    only (primary)."""
+    rows = primary(pd.DataFrame(rows))
     missing = [c for c in (*PAIR_KEYS, "policy", *columns) if c not in rows.columns]
     if missing:
         raise ValueError(f"rows lack columns {missing} (expected the bench's CSV)")
