@@ -201,3 +201,14 @@ def test_the_b_arm_runs_demands_code(tiny, tmp_path):
     assert (b.speculative_transfers == 0).all()
     ls = df[df.policy == "last_step"].set_index("rep")
     assert (ls.speculative_transfers > 0).all()  # the check can tell another policy's code apart
+
+
+def test_a_study_table_reads_arm_a_only():
+    """03's summary (runs and means per bandwidth and policy) is the same with the B arm's rows added."""
+    from artifact.experiments.studies.bandwidth_throttling import summary_table
+
+    rows = pd.read_csv(STORED[0].with_name("throttle_runs.csv"))
+    before = summary_table(rows)
+    b = rows[rows.policy == "demand"].assign(arm="B", tokens_per_second=lambda d: d.tokens_per_second * 3)
+    after = summary_table(pd.concat([rows.assign(arm="A"), b], ignore_index=True))
+    pd.testing.assert_frame_equal(after[before.columns], before)
