@@ -13,7 +13,7 @@ from artifact.cli import main as main_for_tests
 from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.grid import Cell, grid, parse_shard, shard_cells
 from artifact.experiments.bench.model_runner import ModelRunner
-from artifact.experiments.bench.results import COLUMNS, STAT_COLUMNS, merge, read_rows
+from artifact.experiments.bench.results import COLUMNS, STAT_COLUMNS, merge, primary, read_rows
 from artifact.experiments.settings import load_profile
 from artifact.offload.replay.sim import capacity_for
 
@@ -89,10 +89,14 @@ def test_rows_alternate_order_and_are_complete(tmp_path):
     runner = FakeRunner()
     df = run_bench(p, tmp_path / "b.csv", runner=runner, progress=False, log=quiet)
     assert list(df.columns) == list(COLUMNS)
-    assert len(df) == 2 * 2  # policies x repetitions
-    assert len(runner.calls) == 2 * (2 + 1)  # + one warm-up run per policy
-    first = df.sort_values(["rep", "order"]).policy.tolist()
-    assert first == ["demand", "last_step", "last_step", "demand"]
+    assert len(df) == 3 * 2  # (policies + demand's B arm) x repetitions
+    assert len(runner.calls) == 3 * 2 + 2  # + one warm-up run per policy (not per arm)
+    first = list(df.sort_values(["rep", "order"])[["policy", "arm"]].itertuples(index=False, name=None))
+    assert first == [("demand", "A"), ("last_step", "A"), ("demand", "B")] + [
+        ("demand", "B"),
+        ("last_step", "A"),
+        ("demand", "A"),
+    ]
     assert (df.cache_experts == capacity_for(1.0, 14.0, 256)).all() and (df.working_set == 14.0).all()
     # strings survive the CSV
     assert set(df.model_hash) == {"0123456789"} and set(df.tokens_sha) == {"000042"}
@@ -108,8 +112,8 @@ def test_interrupted_fake_bench_resumes_exactly(tmp_path):
     full = run_bench(p, out, runner=runner, progress=False, log=quiet)
     assert len(runner.cells) == 12 - 5  # only the missing cells ran
     assert (
-        len(full) == 12 * 2 * 2
-        and not full.duplicated(["task", "batch_size", "cache_ratio", "policy", "rep"]).any()
+        len(full) == 12 * 3 * 2
+        and not full.duplicated(["task", "batch_size", "cache_ratio", "policy", "arm", "rep"]).any()
     )
     pd.testing.assert_frame_equal(full.iloc[: len(part)], part)
     again = FakeRunner()
@@ -158,9 +162,9 @@ def test_resume_refuses_other_settings_and_damaged_files(tmp_path):
         run_bench(fake_profile(gen_length=64), out, runner=FakeRunner(), progress=False, log=quiet)
     df = read_rows(out)
     df.drop(index=1).to_csv(out, index=False)  # a cell missing a run (not the last cell: see below)
-    with pytest.raises(ValueError, match="has 3 runs, expected"):
+    with pytest.raises(ValueError, match="has 5 runs, expected"):
         run_bench(fake_profile(), out, runner=FakeRunner(), progress=False, log=quiet)
-    with pytest.raises(ValueError, match="has 3 runs, expected"):
+    with pytest.raises(ValueError, match="has 5 runs, expected"):
         read_rows(out)  # what report reads: refused like bench refuses it
     (tmp_path / "junk.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="lacks columns"):
@@ -229,10 +233,10 @@ def test_real_bench_interrupted_and_resumed(tiny, tmp_path, one_thread):
     with pytest.raises(RuntimeError, match="injected"):
         run_bench(p, out, runner=Failing(p, tiny), progress=False, log=quiet)
     first = read_rows(out)
-    assert len(first) == 4 and set(first.cache_ratio) == {1.3}
+    assert len(first) == 6 and set(first.cache_ratio) == {1.3}  # 2 reps x (demand A, B; last_step)
     full = run_bench(p, out, loaded=tiny, progress=False, log=quiet)
-    assert len(full) == 8
-    assert full.groupby(["cache_ratio", "policy", "rep"]).size().eq(1).all()
+    assert len(full) == 12
+    assert full.groupby(["cache_ratio", "policy", "arm", "rep"]).size().eq(1).all()
     pd.testing.assert_frame_equal(full[full.cache_ratio == 1.3].reset_index(drop=True), first)
     # the rows are real measurements of identical work
     W = full.working_set.iloc[0]
@@ -281,7 +285,7 @@ def test_real_bench_runs_every_engine_policy(tiny, tmp_path, one_thread):
             "policies": pols,
         },
     )
-    df = run_bench(p, tmp_path / "b.csv", loaded=tiny, progress=False, log=quiet).set_index("policy")
+    df = primary(run_bench(p, tmp_path / "b.csv", loaded=tiny, progress=False, log=quiet)).set_index("policy")
     assert list(df.index) == pols and df.tokens_sha.nunique() == 1
     assert df.speculative_transfers["demand"] == 0 and df.speculative_transfers["oracle"] > 0
     assert df.demand_misses["oracle"] < df.demand_misses["demand"]  # true future knowledge removes misses
@@ -301,7 +305,8 @@ def test_rows_carry_host_time_and_old_files_read_without_it(tmp_path):
         "wall_ms_per_forward": 6.0,
     }
     assert host_medians([], []) == {"host_ms_per_forward": None, "wall_ms_per_forward": None}
-    p = fake_profile(tasks=["gsm8k"], batch_sizes=[4], cache_ratios=[1.0, 1.73])
+    # a file of that version has no A/A pair either (aa_pair: false resumes it)
+    p = fake_profile(tasks=["gsm8k"], batch_sizes=[4], cache_ratios=[1.0, 1.73], aa_pair=False)
     out = tmp_path / "b.csv"
     df = run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet)
     old = df[df.cache_ratio == 1.0][list(BEFORE_HOST)]

@@ -16,11 +16,11 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from test_phases import phase_split  # noqa: E402
 
-from artifact.experiments.verdicts import records as claims  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, bench_fingerprint  # noqa: E402
 from artifact.experiments.outputs import figures  # noqa: E402
 from artifact.experiments.settings import load_profile  # noqa: E402
 from artifact.experiments.studies import beyond_the_paper as beyond  # noqa: E402
+from artifact.experiments.verdicts import records as claims  # noqa: E402
 from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.verdicts.records import NOT_REPRODUCED, REPRODUCED  # noqa: E402
 from artifact.model.decode import DecodeConfig  # noqa: E402

@@ -19,7 +19,6 @@ import pytest  # noqa: E402
 from test_phases import phase_split  # noqa: E402
 
 from artifact.experiments import harness  # noqa: E402
-from artifact.experiments.verdicts import records as claims  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, write_rows  # noqa: E402
 from artifact.experiments.criteria import (
     paper,  # noqa: E402
@@ -51,6 +50,7 @@ from artifact.experiments.studies import (  # noqa: E402
 from artifact.experiments.studies import (  # noqa: E402
     tide_head_to_head as head_to_head,
 )
+from artifact.experiments.verdicts import records as claims  # noqa: E402
 from artifact.experiments.verdicts.pooling import WITHIN, Replicas
 
 # noqa: E402

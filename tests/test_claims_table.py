@@ -12,8 +12,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from artifact.experiments.verdicts import claims_table
 from artifact.experiments.settings import load_profile
+from artifact.experiments.verdicts import claims_table
 from artifact.experiments.verdicts.records import Claim, record, record_path, report, unwrap
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,10 +14,9 @@ import pandas
 import torch
 from test_replication import rows
 
-from artifact.experiments.outputs import provenance
+from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import records as claims
 from artifact.experiments.verdicts import stored_runs
-from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts.records import Claim, environment, record, record_path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,19 @@ import sys
 
 import torch
 
-from artifact.cli import bench, calibrate, claims, doctor, engine, jobs, model, notebooks, rule, stored_runs, synth
+from artifact.cli import (
+    bench,
+    calibrate,
+    claims,
+    doctor,
+    engine,
+    jobs,
+    model,
+    notebooks,
+    rule,
+    stored_runs,
+    synth,
+)
 from artifact.cli.args import add_threads_arg, policy_modules_from_args, profile_from_args
 from artifact.errors import SettingError, UserError
 from artifact.experiments.bench.grid import parse_shard

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from artifact.errors import UserError
-from artifact.experiments.verdicts import claims_table as table
 from artifact.experiments.settings import load_profile
+from artifact.experiments.verdicts import claims_table as table
 from artifact.experiments.verdicts.stored_runs import check_stored_runs
 
 

@@ -29,7 +29,9 @@ def cmd_rule(a) -> int:
             raise UserError("rule: give --paper or --cell, not both")
         cells = PAPER_RESULTS.get(a.claim)
         if cells is None:
-            raise UserError(f"rule: the paper prints no result for {a.claim}; it has {', '.join(PAPER_RESULTS)}")
+            raise UserError(
+                f"rule: the paper prints no result for {a.claim}; it has {', '.join(PAPER_RESULTS)}"
+            )
     else:
         if not a.cell:
             raise UserError("rule: give at least one --cell EFFECT LOW HIGH (95% interval), or --paper")

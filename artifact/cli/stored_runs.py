@@ -83,7 +83,9 @@ def claims_text(ruled: dict[str, list]) -> str:
     lines = ["timing claims on the stored runs:"]
     for notebook, claims in ruled.items():
         for c in claims:
-            lines.append(f"  {notebook[:2]} {c.key or c.claim}: {c.verdict}; per run {', '.join(c.per_run) or '-'}")
+            lines.append(
+                f"  {notebook[:2]} {c.key or c.claim}: {c.verdict}; per run {', '.join(c.per_run) or '-'}"
+            )
     return "\n".join(lines)
 
 
@@ -119,7 +121,9 @@ def cmd_stored_runs(a) -> int:
         print(claims_text(ruled))
         if a.rule_again:
             flips = rule_again(P, ruled)
-            print(f"records rewritten at rules version {RULES_VERSION}; flips: " + ("; ".join(flips) or "none"))
+            print(
+                f"records rewritten at rules version {RULES_VERSION}; flips: " + ("; ".join(flips) or "none")
+            )
     except RunsError as e:
         raise UserError(str(e)) from e
     return 0
@@ -128,7 +132,8 @@ def cmd_stored_runs(a) -> int:
 def add_cli(subparsers) -> None:
     """Register `stored-runs`."""
     c = subparsers.add_parser(
-        "stored-runs", help="the stored runs of a profile, their A/A coverage and the timing verdicts they give"
+        "stored-runs",
+        help="the stored runs of a profile, their A/A coverage and the timing verdicts they give",
     )
     c.add_argument("--profile", default="cpu", help="the profile whose stored runs to read (default: cpu)")
     c.add_argument(

@@ -20,9 +20,9 @@ import pandas as pd
 from scipy import stats
 
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.verdicts.pairs import CELL_KEYS, PAIR_KEYS, CellKey, wide
+from artifact.experiments.verdicts.pairs import CELL_KEYS, PAIR_KEYS, CellKey, primary, wide
 
-__all__ = ["CELL_KEYS", "PAIR_KEYS", "CellKey", "paired_table", "format_table", "with_paper"]
+__all__ = ["CELL_KEYS", "PAIR_KEYS", "CellKey", "primary", "paired_table", "format_table", "with_paper"]
 CONFIDENCE = thresholds.CONFIDENCE
 
 
@@ -95,9 +95,7 @@ def bootstrap_ci(
 def wide_pairs(rows, policies: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
     """One row per pair (PAIR_KEYS), columns (column, policy), from arm A's rows (the A/A's second arm left
     out); a pair missing a side has NaN there. Refuses a policy the rows lack and two rows for one run."""
-    rows = pd.DataFrame(rows)
-    if "arm" in rows:
-        rows = rows[rows.arm.astype(str) != "B"]
+    rows = primary(pd.DataFrame(rows))
     have = sorted(rows.policy.unique()) if "policy" in rows else []
     for p in policies:
         if p not in have:

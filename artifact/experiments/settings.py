@@ -59,12 +59,11 @@ PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 PAPER_RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)
 # Batch sizes: this artifact's choice of points in the abstract's range ("batch sizes 1-8").
 PAPER_BATCH_SIZES = (1, 2, 4, 8)
-# The A/A control of every timing grid, a policy spec (offload/policy/policies.py): last_step_conservative
-# loads only
-# predicted experts that are not resident and never evicts for them, so on every cell it does exactly demand's
-# work (every count equal: tests/test_beyond.py, tests/test_priority.py). Its time against demand's measures
-# the
-# bench's own bias. Stored rows name it by this spec in their `policy` column.
+# A decomposition of every timing grid, a policy spec (offload/policy/policies.py): last_step_conservative
+# loads only predicted experts that are not resident and never evicts for them, so on every cell it does
+# exactly demand's loads (every count equal: tests/test_beyond.py, tests/test_priority.py) but runs the
+# prediction code on the host. Its time against demand's measures that host cost with the bench's bias; the
+# true A/A pair is demand timed twice (aa_pair). Stored rows name it by this spec in their `policy` column.
 CONTROL = "last_step_conservative"
 
 
@@ -125,11 +124,12 @@ class Settings:
     # A cell's bandwidth = scale * link_gbps. emulated: the link runs at that rate; cuda: 1.0 = unpaced
     # hardware copies, < 1 caps the copy stream (token bucket), > 1 is not possible on real hardware.
     bandwidth_scales: tuple[float, ...] = (1.0,)
-    # Run side by side on identical prompts (engine policies). CONTROL, the A/A control, does exactly demand's
-    # work: a direction claim rules net of it, an equivalence or non-superiority claim is inconclusive in a
-    # cell
-    # whose control is not inside the margin (rules.rule_cell).
+    # Run side by side on identical prompts (engine policies). CONTROL does exactly demand's loads with the
+    # prediction code on the host (a decomposition of a predictor's effect; see CONTROL above).
     policies: tuple[str, ...] = ("demand", "last_step", CONTROL)
+    # The A/A pair: a grid whose policies include demand runs it twice per repetition, two arms of the
+    # balanced order with the same code; rows `policy` demand, `arm` A and B (every other row arm A).
+    aa_pair: bool = True
     # Your own policies: modules imported before any policy is resolved, each a dotted module name on sys.path
     # or a path to a .py file (relative to the working directory) whose code registers policies
     # (docs/policies.md). Importing runs the module's code: name only your own.

@@ -22,13 +22,37 @@ index 1 its reverse, as in the warm-up and for two policies the whole cycle.
 
 Repetition r of a grid whose profile has `rotation` q and R repetitions uses index q * R + r (bench/run.py),
 so the order continues across stored runs (scripts/record_runs.py measures run k with rotation k - 1).
+
+The A/A pair (Settings.aa_pair): demand runs twice per repetition, as two arms. The design needs distinct
+labels, so its second arm takes the slot label `demand#B` (b_slot), listed after the policies (slots); a run's
+(policy, arm) is split from its label by slot_run, and only the policy reaches a row's `policy` column or the
+runner: both arms run exactly demand's code.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["cycle_length", "slot_order"]
+__all__ = ["AA_POLICY", "B_ARM", "b_slot", "cycle_length", "slot_order", "slot_run", "slots"]
+
+AA_POLICY = "demand"  # the policy the A/A pair runs twice
+B_ARM = "#B"  # the suffix of the B arm's slot label (never a policy spec's: check_policy refuses '#')
+
+
+def b_slot(policy: str) -> str:
+    """The slot label of `policy`'s B arm: `demand#B`."""
+    return f"{policy}{B_ARM}"
+
+
+def slots(policies: Sequence[str], aa_pair: bool) -> tuple[str, ...]:
+    """The labels a repetition runs: the policies, then demand's B arm when `aa_pair` and demand is listed."""
+    policies = tuple(policies)
+    return policies + ((b_slot(AA_POLICY),) if aa_pair and AA_POLICY in policies else ())
+
+
+def slot_run(slot: str) -> tuple[str, str]:
+    """(policy, arm) of a slot label: ('demand', 'B') for `demand#B`, (label, 'A') for any other."""
+    return (slot[: -len(B_ARM)], "B") if slot.endswith(B_ARM) else (slot, "A")
 
 
 def cycle_length(k: int) -> int:

@@ -3,6 +3,12 @@
 A result file (data/results/<profile>/<grid>.csv) holds one row per timed run, whole cells only. It may be
 shared by several processes (shards of one grid, or a rerun started while an earlier one still runs): they
 coordinate through its locks (locks.py); "Result files" below says how an interrupted append is repaired.
+
+A run is keyed by (cell, policy, arm, repetition). `arm` tells apart the A/A pair's two runs of demand in
+one repetition (Settings.aa_pair, bench/order.py): "A" and "B", both with `policy` demand; every other row
+is arm "A". A file written before the column reads as arm "A" everywhere. Tables and figures that pivot rows
+by policy read `primary(rows)`, the arm-A rows; the A/A is demand's arm B against its arm A, per (cell,
+repetition).
 """
 
 from __future__ import annotations
@@ -18,11 +24,15 @@ import pandas as pd
 from artifact.errors import ResultFileError
 from artifact.experiments.bench.grid import Cell, cell_key, cell_keys, shard_file
 from artifact.experiments.bench.locks import lock_path, locked
+from artifact.experiments.bench.order import slot_run, slots
 from artifact.experiments.paired_table import CELL_KEYS, PAIR_KEYS
 from artifact.experiments.settings import Settings, fingerprint
+from artifact.experiments.verdicts.pairs import primary
 from artifact.model.options import DEFAULT_FORWARD
 from artifact.offload.backend.plans import COUNTS, PHASES
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsync_dir, refuse_overwrite
+
+__all__ = ["primary"]  # re-exported from stats (below bench, where wide_pairs needs it); the rest by name
 
 # Profile keys that change what a run measures: a result file made under other values cannot be
 # resumed or merged. The grid axes are not among them (a cell names its own axis values), nor is
@@ -87,10 +97,16 @@ PHASE_COLUMNS = tuple(f"{c}_{phase}" for c in COUNTS for phase in PHASES)
 # in the router syncs) and of the wall ms (CUDA: an event pair on the compute stream): a GPU cell whose host
 # time is most of its wall time timed the host, not the link (rules.rule_cell, thresholds.HOST_SHARE_LIMIT).
 HOST_COLUMNS = ("host_ms_per_forward", "wall_ms_per_forward")
-COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS + PHASE_COLUMNS + HOST_COLUMNS
+# The run's arm: "B" for the A/A pair's second run of demand in a repetition, "A" for every other run. Last,
+# so a file written before it has a prefix of these columns.
+ARM_COLUMNS = ("arm",)
+ARMS = ("A", "B")
+COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS + PHASE_COLUMNS + HOST_COLUMNS + ARM_COLUMNS
+# A file written before rows carried their arm: read as arm A, appended to in its own columns (no A/A pair).
+BEFORE_ARM = COLUMNS[: -len(ARM_COLUMNS)]
 # A file written before rows carried host time: read with those columns empty, appended to in its own columns.
-BEFORE_HOST = COLUMNS[: -len(HOST_COLUMNS)]
-STR_COLUMNS = (*(c for c in META_COLUMNS if c != "grid_cells"), "task", "policy", "tokens_sha")
+BEFORE_HOST = BEFORE_ARM[: -len(HOST_COLUMNS)]
+STR_COLUMNS = (*(c for c in META_COLUMNS if c != "grid_cells"), "task", "policy", "tokens_sha", "arm")
 # Numbers every row must hold (the other numeric columns may be empty, e.g. link_gbps of an unpaced cuda
 # link).
 FINITE_COLUMNS = (
@@ -118,8 +134,15 @@ def default_out(P: Settings, shard: tuple[int, int] = (0, 1)) -> Path:
 def fingerprint_keys(P: Settings) -> tuple[str, ...]:
     """The settings a result file's fingerprint hashes: SETTINGS, and `forward` when the run's forward mode is
     not the default (eager). A segmented run's rows then never resume or pool with eager ones, while every
-    eager file, the stored runs among them, keeps the hash it was written with."""
+    eager file, the stored runs among them, keeps the hash it was written with. `aa_pair` is not hashed: the
+    stored runs measured before the A/A pair pool with later runs (their rows read as arm A: runs without the
+    pair); a file's arms are checked against the profile's where it is resumed (load_for_append)."""
     return SETTINGS + (("forward",) if P.forward != DEFAULT_FORWARD else ())
+
+
+def has_aa_pair(P: Settings) -> bool:
+    """Whether the profile's grids run the A/A pair: aa_pair on, and demand among the policies."""
+    return len(slots(P.policies, P.aa_pair)) > len(P.policies)
 
 
 def bench_fingerprint(P: Settings) -> str:
@@ -154,6 +177,9 @@ def _parse(data: bytes, path: Path):
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise ResultFileError(f"{path}: not a bench CSV: {e}") from None
     missing = [c for c in COLUMNS if c not in df.columns]
+    if missing[-len(ARM_COLUMNS) :] == list(ARM_COLUMNS):  # written before rows carried their arm: all A
+        df = df.assign(arm="A")
+        missing = missing[: -len(ARM_COLUMNS)]
     if missing == list(HOST_COLUMNS):  # written before rows carried host time: not measured
         df = df.assign(**{c: np.nan for c in HOST_COLUMNS})
         missing = []
@@ -176,12 +202,14 @@ def _parse(data: bytes, path: Path):
     return df[list(COLUMNS)]
 
 
-def check_rows(df, path: Path | str, expected: set[tuple[str, int]] | None = None) -> None:
-    """Refuse damaged rows: a non-number or a missing number where one is required, or a cell that does
-    not hold each (policy, repetition) exactly once. `expected` defaults to the file's own policies x
-    repetitions (every cell of one file was run under the same settings)."""
+def check_rows(df, path: Path | str, expected: set[tuple[str, str, int]] | None = None) -> None:
+    """Refuse damaged rows: a non-number or a missing number where one is required, an arm other than A or
+    B, or a cell that does not hold each (policy, arm, repetition) exactly once. `expected` defaults to the
+    file's own (policy, arm) runs x repetitions (every cell of one file was run under the same settings)."""
     for col in COLUMNS:
-        if col in STR_COLUMNS:
+        if col == "arm":
+            bad = ~df[col].isin(ARMS)
+        elif col in STR_COLUMNS:
             bad = df[col].isna() if col in ("task", "policy") else pd.Series(False, index=df.index)
         else:
             num = pd.to_numeric(df[col], errors="coerce")
@@ -194,23 +222,22 @@ def check_rows(df, path: Path | str, expected: set[tuple[str, int]] | None = Non
             shown = "empty or nan" if pd.isna(v) else repr(v) if isinstance(v, str) else str(v)
             raise ResultFileError(
                 f"{path}: line {i + 2}, column {col}: {shown} is not a "
-                f"{'name' if col in STR_COLUMNS else 'finite number'}; the file is damaged"
+                f"{'arm (A or B)' if col == 'arm' else 'name' if col in STR_COLUMNS else 'finite number'}; "
+                "the file is damaged"
             )
     if not len(df):
         return
     if expected is None:
-        expected = {(pol, r) for pol in set(df.policy) for r in range(int(df.rep.max()) + 1)}
+        arms = set(zip(df.policy, df.arm))
+        expected = {(pol, arm, r) for pol, arm in arms for r in range(int(df.rep.max()) + 1)}
     for key, g in df.groupby(list(CELL_KEYS), sort=False):
-        runs = sorted(zip(g.policy, g.rep.astype(int)))
+        runs = sorted(zip(g.policy, g.arm, g.rep.astype(int)))
         if runs != sorted(expected):
-            pols = sorted({pol for pol, _ in expected})
-            reps = len({r for _, r in expected})
+            pols = sorted({pol if arm == "A" else f"{pol} (arm {arm})" for pol, arm, _ in expected})
+            reps = len({r for _, _, r in expected})
             raise ResultFileError(
-                f"{path}: cell {Cell(*cell_key(dict(zip(CELL_KEYS, key))))} has "
-                f"{len(runs)} "
-                f"runs, expected each of policies {pols} x {reps} repetitions once; the "
-                "file is "
-                "damaged"
+                f"{path}: cell {Cell(*cell_key(dict(zip(CELL_KEYS, key))))} has {len(runs)} runs, expected "
+                f"each of policies {pols} x {reps} repetitions once; the file is damaged"
             )
 
 
@@ -245,12 +272,13 @@ def write_rows(path: Path, rows) -> None:
 
 
 def _file_columns(path: Path, new: bool) -> tuple[str, ...]:
-    """The columns rows are appended in: COLUMNS, or BEFORE_HOST for a file written before host time."""
+    """The columns rows are appended in: COLUMNS, or the file's own for a file written before the arm
+    (BEFORE_ARM) or host time (BEFORE_HOST)."""
     if new:
         return COLUMNS
     with open(path, "rb") as f:
         header = f.readline().decode(errors="replace").strip()
-    return BEFORE_HOST if header == ",".join(BEFORE_HOST) else COLUMNS
+    return next((c for c in (BEFORE_HOST, BEFORE_ARM) if header == ",".join(c)), COLUMNS)
 
 
 def append_rows(path: Path, rows) -> None:
@@ -261,11 +289,10 @@ def append_rows(path: Path, rows) -> None:
     try:
         size = os.fstat(fd).st_size
         new = size == 0
-        view = memoryview(
-            pd.DataFrame(rows, columns=list(_file_columns(path, new)))
-            .to_csv(index=False, header=new)
-            .encode()
-        )
+        columns = _file_columns(path, new)
+        if "arm" not in columns and any(r.get("arm", "A") != "A" for r in rows):
+            raise ResultFileError(f"{path}: written before rows carried their arm; a B arm's row can't go in")
+        view = memoryview(pd.DataFrame(rows, columns=list(columns)).to_csv(index=False, header=new).encode())
         try:
             while view:
                 view = view[os.write(fd, view) :]
@@ -285,8 +312,9 @@ def append_rows(path: Path, rows) -> None:
         fsync_dir(path.parent)
 
 
-def expected_runs(P: Settings) -> set[tuple[str, int]]:
-    return {(pol, r) for pol in P.policies for r in range(P.repetitions)}
+def expected_runs(P: Settings) -> set[tuple[str, str, int]]:
+    """(policy, arm, repetition) of every run of one of the profile's cells (the A/A pair's B arm too)."""
+    return {(*slot_run(s), r) for s in slots(P.policies, P.aa_pair) for r in range(P.repetitions)}
 
 
 def load_for_append(path: Path, P: Settings, log=print):
@@ -301,7 +329,7 @@ def load_for_append(path: Path, P: Settings, log=print):
         keep = data.rfind(b"\n") + 1
         notes.append(f"a torn last line ({len(data) - keep} bytes)")
     header = data[:keep].split(b"\n", 1)[0].decode(errors="replace").strip()
-    if header and header not in (",".join(COLUMNS), ",".join(BEFORE_HOST)):
+    if header and header not in (",".join(COLUMNS), ",".join(BEFORE_ARM), ",".join(BEFORE_HOST)):
         _parse(data[:keep], path)  # names an old version's or a foreign file's columns first
         raise ResultFileError(
             f"{path}: its columns are not in this version's order ({', '.join(COLUMNS)}), "
@@ -322,11 +350,22 @@ def load_for_append(path: Path, P: Settings, log=print):
                 "--out or "
                 "move the file"
             )
+    if header and "arm" not in header.split(",") and has_aa_pair(P):
+        raise ResultFileError(
+            f"{path}: written before bench rows carried their arm (column arm), so it has no A/A pair, and "
+            "this profile's grid runs one (aa_pair); re-run into a fresh --out (or move this file away), or "
+            "resume it without the pair (aa_pair: false)"
+        )
+    if (df.arm == "B").any() and not has_aa_pair(P):
+        raise ResultFileError(
+            f"{path}: its rows hold the A/A pair (arm B), and this profile's grid runs none (aa_pair off, or "
+            "no demand among the policies); resume it with aa_pair: true, or choose another --out"
+        )
     if len(df):
         keys = cell_keys(df)
         k = next((i for i, key in enumerate(reversed(keys)) if key != keys[-1]), len(keys))
         tail = df.iloc[len(df) - k :]
-        if keys[-1] not in keys[:-k] and sorted(zip(tail.policy, tail.rep.astype(int))) != sorted(
+        if keys[-1] not in keys[:-k] and sorted(zip(tail.policy, tail.arm, tail.rep.astype(int))) != sorted(
             expected_runs(P)
         ):
             keep -= sum(len(line) for line in lines[len(lines) - k :])
@@ -385,7 +424,7 @@ def merge(
         if len(vals) > 1:
             detail = "; ".join(f"{v!r} in {sorted(fs)}" for v, fs in vals.items())
             raise ResultFileError(f"shards disagree on {col}: {detail}; they are not one grid's shards")
-    run_key = list(PAIR_KEYS) + ["policy"]
+    run_key = list(PAIR_KEYS) + ["policy", "arm"]
     dup = df[df.duplicated(run_key, keep=False)]
     if len(dup):
         first = dup.iloc[0]

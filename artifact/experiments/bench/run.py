@@ -10,7 +10,9 @@ Per cell:
      index rotation * R + r (the profile's `rotation`): a Williams design, so over a cycle of repetitions
      every policy runs in every slot (first, second, ...) equally often, and every ordered pair of
      policies runs back to back equally often; `rotation` continues the cycle across stored runs. One CSV
-     row per timed run; its `order` is the run's slot (0 = first).
+     row per timed run; its `order` is the run's slot (0 = first). With the A/A pair (Settings.aa_pair)
+     demand runs twice per repetition, as two arms of the design (its B arm's slot label `demand#B`,
+     bench/order.py), both demand's code: rows `policy` demand, `arm` A and B; every other row arm A.
 After each cell its rows are appended to the CSV in one write and fsynced, under an exclusive lock on
 the sidecar `<out>.lock`, so the file only ever holds whole cells and a rerun resumes by skipping the
 cells it already has (bench/results.py: concurrent writers and interrupted appends).
@@ -33,13 +35,14 @@ from tqdm.auto import tqdm
 from artifact.experiments.bench.grid import Cell, grid, shard_cells
 from artifact.experiments.bench.locks import CellClaims, locked
 from artifact.experiments.bench.model_runner import ModelRunner
-from artifact.experiments.bench.order import slot_order
+from artifact.experiments.bench.order import slot_order, slot_run, slots
 from artifact.experiments.bench.results import (
     append_rows,
     bench_fingerprint,
     check_same_model,
     default_out,
     finished_cells,
+    has_aa_pair,
     load_for_append,
     read_rows,
 )
@@ -122,10 +125,11 @@ def run_bench(
     runner = runner or ModelRunner(P, loaded)
     meta = dict(runner.meta, profile=P.name, fingerprint=bench_fingerprint(P), grid_cells=len(cells))
     check_same_model(old, meta, out)
-    policies, R = list(P.policies), P.repetitions
+    policies, R, aa = list(P.policies), P.repetitions, has_aa_pair(P)
+    per_cell = len(policies) * P.warmup + len(slots(policies, aa)) * R  # runs of one cell
     t0 = time.perf_counter()
     bar = tqdm(
-        total=len(todo) * len(policies) * (R + P.warmup),
+        total=len(todo) * per_cell,
         unit="run",
         desc=f"bench {P.name}",
         disable=not progress,
@@ -137,10 +141,12 @@ def run_bench(
         with locked(out, log=log):
             if cell.key in finished_cells(load_for_append(out, P, log)):
                 log(f"note: {cell} was finished meanwhile by another process writing {out}; skipped")
-                bar.update(len(policies) * (R + P.warmup))
+                bar.update(per_cell)
                 return False
         bar.set_postfix_str(str(cell))
-        new = measure_cell(runner, cell, policies, R, P.warmup, meta, on_run=bar.update, rotation=P.rotation)
+        new = measure_cell(
+            runner, cell, policies, R, P.warmup, meta, on_run=bar.update, rotation=P.rotation, aa_pair=aa
+        )
         with locked(out, log=log):  # re-read: another process may have appended meanwhile
             now = load_for_append(out, P, log)
             check_same_model(now, meta, out)
@@ -164,7 +170,8 @@ def run_bench(
         note = f"; budget {P.budget_minutes:g} min: {'within' if minutes <= P.budget_minutes else 'OVER'}"
     rows = read_rows(out)
     log(
-        f"bench {P.name}: ran {ran} cells ({ran * len(policies) * R} timed runs) in {minutes:.2f} min{note}; "
+        f"bench {P.name}: ran {ran} cells ({ran * len(slots(policies, aa)) * R} timed runs) in {minutes:.2f} "
+        f"min{note}; "
         f"{len(rows)} rows in {out}"
     )
     return rows
@@ -179,12 +186,14 @@ def measure_cell(
     meta: dict,
     on_run=lambda: None,
     rotation: int = 0,
+    aa_pair: bool = False,
 ) -> list[dict]:
     """One cell's rows, measured: W from the runner's traced run, C from the cell's C/W, `warmup` untimed runs
     of every policy in the listed order, then `repetitions` timed ones, repetition r in the order
-    slot_order(policies, rotation * repetitions + r); a row's `order` is its run's slot. No file, no lock:
-    run_bench decides whether a cell runs and where its rows go. `on_run` is called after every run (a
-    progress bar)."""
+    slot_order(slots(policies, aa_pair), rotation * repetitions + r): with `aa_pair` and demand listed,
+    demand's B arm is one more slot, run as demand (its row: `policy` demand, `arm` B). A row's `order` is its
+    run's slot. No file, no lock: run_bench decides whether a cell runs and where its rows go. `on_run` is
+    called after every run (a progress bar)."""
     W = runner.working_set(cell.task, cell.batch_size)
     C = capacity_for(cell.cache_ratio, W, runner.num_experts)
     for _ in range(warmup):
@@ -193,7 +202,8 @@ def measure_cell(
             on_run()
     rows = []
     for r in range(repetitions):
-        for pos, pol in enumerate(slot_order(policies, rotation * repetitions + r)):
+        for pos, slot in enumerate(slot_order(slots(policies, aa_pair), rotation * repetitions + r)):
+            pol, arm = slot_run(slot)  # the B arm runs its policy's code; only the policy reaches the row
             s = runner.measure(cell, pol, C)
             rows.append(
                 {
@@ -208,6 +218,7 @@ def measure_cell(
                     "working_set": W,
                     "cache_experts": C,
                     **s,
+                    "arm": arm,
                 }
             )
             on_run()

@@ -5,12 +5,18 @@ parameters and the margins of its own results, each named once with its reason. 
 
 from __future__ import annotations
 
-CONFIDENCE = 0.95  # every timing interval's level: the paper's own intervals are 95% (abstract: "all paired 95%
+CONFIDENCE = (
+    0.95  # every timing interval's level: the paper's own intervals are 95% (abstract: "all paired 95%
+)
 # confidence intervals excluding zero"); a direction claim's `not reproduced` is read at the Bonferroni level
-MIN_PAIRS = 4  # the fewest repetitions (pairs) a timing grid records per cell: a run's own interval over 3 pairs
+MIN_PAIRS = (
+    4  # the fewest repetitions (pairs) a timing grid records per cell: a run's own interval over 3 pairs
+)
 # is about 1.6x wider than over 4 (t_{0.975,2} / sqrt 3 vs t_{0.975,3} / sqrt 4)
 MIN_RUNS = 3  # a stored (headline) result pools at least this many runs at one commit
-MARGIN = 3.0  # points, this artifact's choice: the equivalence margin (04 at C/W 0.43: the paper's own interval
+MARGIN = (
+    3.0  # points, this artifact's choice: the equivalence margin (04 at C/W 0.43: the paper's own interval
+)
 # [-1.16, +2.63] lies inside it), the non-superiority margin (05, 06) and the A/A gate (a cell's A/A interval
 # must lie inside +-MARGIN). Direction claims have no margin: the paper's criterion is the interval above 0
 STABLE = 0.80  # "very stable" routing: >= 80% of D(t, l) already in D(t-1, l) on every task (the paper

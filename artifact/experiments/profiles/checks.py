@@ -88,6 +88,8 @@ def describe(tp) -> str:
         return "an integer"
     if tp is float:
         return "a number"
+    if tp is bool:
+        return "true or false"
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (Union, types.UnionType):
         return " or ".join(describe(a) for a in args if a is not type(None)) + " or null"
@@ -124,6 +126,8 @@ def check_value(key: str, value, tp, src: str):
         if len(set(out)) != len(out):
             raise ProfileError(f"{src}: {key} lists a value twice: {value!r}")
         return tuple(out)
+    if tp is bool and isinstance(value, bool):
+        return value
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if tp is int and isinstance(value, int) and not isinstance(value, bool):

@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from artifact.experiments.bench.model_runner import ModelRunner
-from artifact.experiments.bench.results import bench_fingerprint
+from artifact.experiments.bench.results import bench_fingerprint, primary
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, run_grid
@@ -137,7 +137,7 @@ def style_numbers(reps: Replicas) -> StyleNumbers:
     effects = dict(
         sorted(c.effects.items(), key=lambda kv: (-kv[0].cache_ratio, kv[0][:2], kv[0].bandwidth_scale))
     )
-    m = reps.rows.groupby([*CELL, "policy"]).demand_misses.sum()
+    m = primary(reps.rows).groupby([*CELL, "policy"]).demand_misses.sum()  # arm A: one demand run per rep
     misses = {k: m[(*k, "interval_refresh")] / m[(*k, "demand")] - 1 for k in effects}
     return StyleNumbers(Compared(effects, c.aa, c.host, c.basis, c.aa_label), misses)
 
@@ -212,7 +212,8 @@ def released_verdict(parts: dict | None, reason: str | None) -> Claim:
 # --- figure ---------------------------------------------------------------------------------------
 def _per_budget(r) -> pd.DataFrame:
     """Per C/W and policy: the mean tokens/s over tasks x repetitions with its 95% interval (ci: the
-    half-width)."""
+    half-width). Arm A only (bench.results.primary)."""
+    r = primary(r)
     g = r.groupby(["cache_ratio", "policy"], sort=False).agg(
         tokens_per_second=("tokens_per_second", "mean"),
         sd=("tokens_per_second", "std"),

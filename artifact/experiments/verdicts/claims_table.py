@@ -24,8 +24,8 @@ import re
 from pathlib import Path
 
 from artifact.errors import ResultFileError
-from artifact.experiments.verdicts.judge import paper_ruled
 from artifact.experiments.outputs.paths import RECORD_SUFFIX
+from artifact.experiments.verdicts.judge import paper_ruled
 from artifact.paths import atomic_write_text, data_dir, repo_root
 
 _SAVE = re.compile(r'save\(fig, df, P, "([^"]+)"\)')

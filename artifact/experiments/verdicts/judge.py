@@ -148,7 +148,11 @@ def cells_text(t: Timed, unit: str = "%", label: Callable[[dict], str] | None = 
     """The text columns, rendered from the cells' fields."""
     out = []
     for x in t.cells:
-        name = label(x["cell"]) if label else x.get("label") or ", ".join(f"{k} {v}" for k, v in x["cell"].items())
+        name = (
+            label(x["cell"])
+            if label
+            else x.get("label") or ", ".join(f"{k} {v}" for k, v in x["cell"].items())
+        )
         iv = Interval(x["effect"], x["low"], x["high"])
         aa = f"; A/A [{x['aa_low']:+.1f}, {x['aa_high']:+.1f}]" if x["aa_low"] is not None else ""
         runs = f" ({x['runs']} runs)" if x["runs"] > 1 else ""

@@ -75,6 +75,16 @@ STALL_SHARE = Basis(
 BASES = {b.name: b for b in (PERCENT, STALL_SHARE)}
 
 
+def primary(rows):
+    """The bench rows of arm A: one run per (cell, repetition, policy), without the A/A pair's B arm. Rows
+    without an `arm` column (written before it) are all arm A. What every table or figure that pivots rows by
+    policy reads."""
+    if "arm" not in rows.columns:
+        return rows
+    keep = rows.arm.astype(str) != "B"
+    return rows if keep.all() else rows[keep]
+
+
 def slots(rows: pd.DataFrame) -> pd.Series:
     """Each row's pivot label: its policy, and demand's A/A arm as demand#B."""
     pol = rows.policy.astype(str)

@@ -182,8 +182,9 @@ class Replicas:
             view(a, b), view("A/A", "demand") if label else {}, host_shares(self.rows, by), basis, label
         )
 
-
-    def effects(self, a: str, b: str, by: Sequence[str], metric: str | None = None, basis: Basis = PERCENT) -> dict:
+    def effects(
+        self, a: str, b: str, by: Sequence[str], metric: str | None = None, basis: Basis = PERCENT
+    ) -> dict:
         return self.compare(a, b, by, metric, basis).effects
 
 
