@@ -1,0 +1,280 @@
+"""The verdict rules checked against known truth (`python -m artifact calibrate`).
+
+Noise per cell, from the stored runs (`noise`): each timing claim's cells (its A, B, cells, metric, basis:
+judge.claim_compared) give each run's per-pair effects of A over B, and per cell, nothing pooled over cells:
+sd, the within-run sd of a pair's effect (root of the mean of the runs' pair variances); n, pairs per run (the
+median); tau, the between-run sd of the true run means, tau^2 = max(0, var(run means) - sd^2 / n); the same
+for the cell's A/A. A synthetic study (`study`): N stored runs (default 9, the cpu profile's) and one fresh
+run, run means mu + tau e, pairs run mean + sd e, e standard normal or (heavy tails) t on 3 df scaled to unit
+variance; the A/A the same with mu = 0 and its own noise. The real code rules it: pooling.replicate builds
+each cell, judge.judge rules it (`pooled`: the N runs' verdict; `verdict`: the fresh run's alone). 06 and 09
+(A: every other policy) keep the stored A policies, keyed (policy, cell) as judge.merge_others keys them.
+
+Scenarios, mu the same in every cell ("as stored": each cell's pooled stored mean):
+    faster         as stored; zero (false reproduced); zero, t3; paper +4.9 (false not reproduced; power);
+                   03, the stall share, takes the same +4.9 in points of demand's wall time
+    no difference  as stored; margin +3 (false reproduced); margin, t3; zero (false not reproduced);
+                   paper +0.73 (power at the paper's own effect at C/W 0.43)
+    not faster     as stored; margin +3 (false reproduced); margin, t3; zero (false not reproduced; power)
+On "as stored" the fresh run's share of decided verdicts stands beside the stored runs' own (judge's per_run
+verdicts of the stored data: how many decide alone); decide_flag "disagree": an exact binomial test of the
+stored count against the fresh rate gives p < 0.05.
+
+The table (data/results/<profile>/calibration.csv), one row per claim and scenario, rates in %: claim,
+question, scenario, studies, truth, tails, coverage (cells whose pooled 95% interval holds mu),
+coverage_single (the fresh run's one-run interval), reproduced, not_reproduced (the pooled verdict), power
+(reproduced, power scenarios only), fresh_decides, stored_decide (as stored only), each with <name>_se, its
+Monte-Carlo se sqrt(p(1 - p) / k) over the k studies, cells or stored runs; decide_flag; checks."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from tqdm.auto import tqdm
+
+from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria.timing import CLAIMS, FASTER, NO_DIFFERENCE, OTHERS, TimingClaim
+from artifact.experiments.verdicts import judge
+from artifact.experiments.verdicts.pairs import Basis
+from artifact.experiments.verdicts.pooling import Compared, Replicas, replicate
+from artifact.experiments.verdicts.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES, stored_rows
+
+RUNS = 9  # stored runs per synthetic study: the cpu profile's count
+STUDIES = 300  # per claim and scenario, the default: under 5 minutes on 2 cores
+CHUNK = 50  # studies per worker job
+MARGIN = thresholds.MARGIN
+SMALLEST = paper.FASTER_PCT[0]  # the paper's smallest effect, +4.9%
+
+
+@dataclass(frozen=True)
+class Noise:
+    """One cell's noise on its claim's basis: sd of a pair's effect within a run, n pairs per run, tau the
+    between-run sd of the true run means, mean the stored pooled effect."""
+
+    sd: float
+    n: int
+    tau: float
+    mean: float
+
+    @classmethod
+    def of(cls, per: Sequence[np.ndarray | None]) -> "Noise":
+        runs = [np.asarray(p, dtype=float) for p in per if p is not None and len(p)]
+        if not runs:
+            raise ValueError("a cell without stored pairs")
+        means = np.array([p.mean() for p in runs])
+        spread = [p.var(ddof=1) for p in runs if len(p) >= 2]
+        within = float(np.mean(spread)) if spread else 0.0
+        n = max(int(round(float(np.median([len(p) for p in runs])))), 1)
+        tau2 = max(0.0, float(means.var(ddof=1)) - within / n) if len(means) >= 2 else 0.0
+        return cls(math.sqrt(within), n, math.sqrt(tau2), float(means.mean()))
+
+
+@dataclass(frozen=True)
+class ClaimNoise:
+    """A claim's cells and their noise ({key: Noise}, the effect's and the A/A's, keyed as judge keys them),
+    its basis and A/A label, and how many of its `runs` stored runs decide alone."""
+
+    claim: TimingClaim
+    cells: dict
+    aa: dict
+    basis: Basis
+    aa_label: str | None
+    stored_decide: int
+    runs: int
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    truth: float | None  # mu in every cell; None: each cell's stored pooled mean
+    checks: str  # the rate the row measures
+    tails: float = 0.0  # t degrees of freedom of the noise (0: normal)
+
+
+def scenarios(c: TimingClaim) -> tuple[Scenario, ...]:
+    """The claim's default scenarios (the module docstring)."""
+    stored = Scenario("as stored", None, "fresh run decides vs stored runs decide")
+    if c.question == FASTER:
+        return (
+            stored,
+            Scenario("zero", 0.0, "false reproduced"),
+            Scenario("zero, t3", 0.0, "false reproduced", 3.0),
+            Scenario("paper +4.9", SMALLEST, "false not reproduced; power"),
+        )
+    edge = (
+        Scenario("margin", MARGIN, "false reproduced"),
+        Scenario("margin, t3", MARGIN, "false reproduced", 3),
+    )
+    if c.question == NO_DIFFERENCE:
+        zero = Scenario("zero", 0.0, "false not reproduced")
+        return (
+            stored,
+            *edge,
+            zero,
+            Scenario(f"paper {paper.AT_LOW.diff_pct:+g}", paper.AT_LOW.diff_pct, "power"),
+        )
+    return (stored, *edge, Scenario("zero", 0.0, "false not reproduced; power"))
+
+
+def stored_compared(P, c: TimingClaim) -> Compared:
+    """The claim's cells of the profile's stored runs, pooled (what its stored verdict rules on)."""
+    stems = next(t.stems for t in TIMED_STUDIES if t.notebook == c.notebook)
+    by_run: dict[str, list[pd.DataFrame]] = {}
+    for stem in stems:
+        for name, rows in stored_rows(P, stem):
+            if "link_priority" in c.by and "link_priority" not in rows:  # 06: beyond-<priority>.csv
+                rows = rows.assign(link_priority=stem.split("-", 1)[1])
+            by_run.setdefault(name, []).append(rows)
+    if not by_run:
+        raise ValueError(f"{c.key}: profile {P.name} has no stored runs of {', '.join(stems)}")
+    stored = tuple((n, pd.concat(f, ignore_index=True)) for n, f in by_run.items())
+    return judge.claim_cells(judge.claim_compared(Replicas(None, stored, metric=c.metric), c), c)
+
+
+def noise(P, c: TimingClaim) -> ClaimNoise:
+    """Each cell's noise, read from the profile's stored runs."""
+    comp = stored_compared(P, c)
+    per_run = judge.judge(comp, c, str).per_run
+    aa_keys = {k[1] if c.a == OTHERS else k for k in comp.effects}
+    return ClaimNoise(
+        c,
+        {k: Noise.of(r.per) for k, r in comp.effects.items()},
+        {k: Noise.of(comp.aa[k].per) for k in aa_keys if k in comp.aa},
+        comp.basis,
+        comp.aa_label,
+        sum(v != INCONCLUSIVE for v in per_run),
+        len(per_run),
+    )
+
+
+def _draw(rng: np.random.Generator, shape, tails: float) -> np.ndarray:
+    if not tails:
+        return rng.standard_normal(shape)
+    return rng.standard_t(tails, shape) * math.sqrt((tails - 2) / tails)  # unit variance
+
+
+def _cell(rng: np.random.Generator, mu: float, z: Noise, runs: int, tails: float):
+    """One cell of runs + 1 runs (the last the fresh one), ruled by pooling.replicate."""
+    means = mu + z.tau * _draw(rng, runs + 1, tails)
+    pairs = means[:, None] + z.sd * _draw(rng, (runs + 1, z.n), tails)
+    return replicate(pairs[-1], list(pairs[:-1]))
+
+
+def _holds(iv, mu: float) -> bool:
+    return iv is not None and iv.low <= mu <= iv.high
+
+
+def study(cn: ClaimNoise, s: Scenario, rng: np.random.Generator, runs: int = RUNS) -> tuple:
+    """One synthetic study ruled by judge.judge: (pooled verdict, fresh verdict, cells whose pooled interval
+    holds mu, cells whose fresh one-run interval holds mu, cells)."""
+    truth = {k: z.mean if s.truth is None else s.truth for k, z in cn.cells.items()}
+    effects = {k: _cell(rng, truth[k], z, runs, s.tails) for k, z in cn.cells.items()}
+    aa = {k: _cell(rng, 0.0, z, runs, s.tails) for k, z in cn.aa.items()}
+    t = judge.judge(Compared(effects, aa, {}, cn.basis, cn.aa_label), cn.claim, label=str)
+    cover = sum(_holds(r.pooled, truth[k]) for k, r in effects.items())
+    single = sum(_holds(r.this, truth[k]) for k, r in effects.items())
+    return t.pooled, t.verdict, cover, single, len(effects)
+
+
+def _job(args) -> tuple[int, int, np.ndarray]:
+    """(claim index, scenario index, counts: studies, reproduced, not reproduced, fresh decides, covered,
+    single-covered, cells) of one chunk of studies."""
+    i, j, cn, s, studies, seed, runs = args
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(7, dtype=np.int64)
+    for _ in range(studies):
+        pooled, fresh, cover, single, cells = study(cn, s, rng, runs)
+        ruled = (pooled == REPRODUCED, pooled == NOT_REPRODUCED, fresh != INCONCLUSIVE)
+        counts += (1, *ruled, cover, single, cells)
+    return i, j, counts
+
+
+def _rate(k: float, n: float) -> tuple[float, float]:
+    """(rate %, its Monte-Carlo standard error %)."""
+    p = k / n if n else math.nan
+    return 100 * p, 100 * math.sqrt(p * (1 - p) / n) if n else math.nan
+
+
+def calibrate(noises, studies=STUDIES, seed=0, processes=2, progress=True, runs=RUNS, plan=None):
+    """The table (module docstring) over `noises`' claims and their scenarios (or `plan`'s, for every claim),
+    `studies` each, in `processes` worker processes (1: this one). Seeded: the same arguments, any
+    `processes`, give the same table."""
+    if studies < 1 or processes < 1 or runs < 2:
+        raise ValueError(f"studies {studies}, processes {processes}, runs {runs}: expected >= 1, >= 1, >= 2")
+    plans = [tuple(plan) if plan else scenarios(cn.claim) for cn in noises]
+    jobs = [
+        (i, j, cn, s, min(CHUNK, studies - k), [seed, i, j, k], runs)
+        for i, (cn, ss) in enumerate(zip(noises, plans))
+        for j, s in enumerate(ss)
+        for k in range(0, studies, CHUNK)
+    ]
+    totals: dict[tuple[int, int], np.ndarray] = {}
+    bar = tqdm(total=len(jobs), desc=f"calibrate, {studies} studies each", disable=not progress)
+    pool = multiprocessing.get_context("fork").Pool(processes) if processes > 1 else None
+    try:
+        for i, j, counts in pool.imap_unordered(_job, jobs) if pool else map(_job, jobs):
+            totals[i, j] = totals.get((i, j), 0) + counts
+            bar.update()
+    finally:
+        if pool:
+            pool.terminate()
+        bar.close()
+    return table(noises, plans, totals)
+
+
+def table(noises: Sequence[ClaimNoise], plans, totals: dict) -> pd.DataFrame:
+    out = []
+    for i, (cn, ss) in enumerate(zip(noises, plans)):
+        for j, s in enumerate(ss):
+            n, r, nr, decides, cover, single, cells = (int(x) for x in totals[i, j])
+            row = dict(claim=cn.claim.key, question=cn.claim.question, scenario=s.name, studies=n)
+            tails = f"t{s.tails:g}" if s.tails else "normal"
+            row.update(truth="stored" if s.truth is None else f"{s.truth:+g}", tails=tails)
+            stored = (cn.stored_decide, cn.runs) if s.truth is None else (0, 0)
+            power = (r, n) if "power" in s.checks else (0, 0)
+            rates = dict(coverage=(cover, cells), coverage_single=(single, cells), reproduced=(r, n))
+            rates.update(
+                not_reproduced=(nr, n), power=power, fresh_decides=(decides, n), stored_decide=stored
+            )
+            for name, (k, m) in rates.items():
+                row[name], row[f"{name}_se"] = _rate(k, m)
+            flag = ""
+            if s.truth is None and cn.runs:
+                p = min(max(decides / n, 0.5 / n), 1 - 0.5 / n)  # a rate of 0 or 1 is known to 1/(2 studies)
+                flag = "disagree" if stats.binomtest(cn.stored_decide, cn.runs, p).pvalue < 0.05 else "agree"
+            out.append(dict(row, decide_flag=flag, checks=s.checks))
+    return pd.DataFrame(out)
+
+
+def noise_table(noises: Sequence[ClaimNoise]) -> pd.DataFrame:
+    """Each cell's noise (the claim's unit): sd, n, tau of the effect and of its A/A, and the stored mean."""
+    out = []
+    for cn in noises:
+        for k, z in cn.cells.items():
+            aa = cn.aa.get(k[1] if cn.claim.a == OTHERS else k)
+            cell = ", ".join(str(v) for v in (k[:1] + tuple(k[1]) if cn.claim.a == OTHERS else k))
+            row = dict(claim=cn.claim.key, cell=cell, mean=z.mean, sd=z.sd, n=z.n, tau=z.tau)
+            out.append(row | dict(aa_sd=aa.sd if aa else math.nan, aa_tau=aa.tau if aa else math.nan))
+    return pd.DataFrame(out)
+
+
+def claim_keys(claims: Sequence[str] | None) -> list[str]:
+    """The claims asked for, each once, in the order given (all when none)."""
+    keys = list(dict.fromkeys(claims or CLAIMS))
+    bad = [k for k in keys if k not in CLAIMS]
+    if bad:
+        raise ValueError(f"claim {bad[0]!r}: expected one of {', '.join(CLAIMS)}")
+    return keys
+
+
+def run(P, claims=None, studies=STUDIES, seed=0, processes=2, progress=True) -> tuple[pd.DataFrame, ...]:
+    """(the table, the noise per cell) of profile P's stored runs."""
+    noises = [noise(P, CLAIMS[k]) for k in claim_keys(claims)]
+    return calibrate(noises, studies, seed, processes, progress), noise_table(noises)
