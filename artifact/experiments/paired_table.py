@@ -52,7 +52,8 @@ def percent_differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(
-            f"a and b must be 1-d arrays of the same length (one value per pair), got shapes {a.shape} and {b.shape}"
+            "a and b must be 1-d arrays of the same length (one value per pair), "
+            f"got shapes {a.shape} and {b.shape}"
         )
     if not (np.isfinite(a).all() and np.isfinite(b).all()) or (b <= 0).any():
         raise ValueError("paired values must be finite, and b > 0 (it is the per-pair baseline)")
@@ -62,7 +63,7 @@ def percent_differences(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
 def paired_difference(
     a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
 ) -> PairedDifference:
-    """Mean per-pair percentage difference of a over b with its t interval over pairs (scipy.stats.ttest_1samp)."""
+    """Mean per-pair percentage difference of a over b, its t interval over pairs (scipy's ttest_1samp)."""
     d = percent_differences(a, b)
     if len(d) == 0:
         raise ValueError("no pairs")

@@ -108,7 +108,8 @@ def _ruling(c: TimingClaim, compared: Compared, label, pick: Callable[[Replicate
 def judge(compared: Compared, c: TimingClaim, label: Callable[[tuple], str]) -> Timed:
     """The claim ruled on its cells of `compared`: pooled over the stored runs when `compared` rules them
     (no run of its own), else this run alone; each stored run's own verdict, the leave-one-out (a stored run
-    dropped from the effect and the A/A alike) and a fresh run's agreement with the stored verdict beside it."""
+    dropped from the effect and the A/A alike) and a fresh run's agreement with the stored verdict beside
+    it."""
     compared = claim_cells(compared, c)
     cells = list(compared.effects.values())
     stored = all(r.this is None for r in cells)
@@ -197,7 +198,7 @@ def question(c: TimingClaim) -> str:
     }[c.question]
 
 
-# --- intervals given by hand: the paper's printed results, a reviewer's own table ----------------------------
+# --- intervals given by hand: the paper's printed results, a reviewer's own table ---------------------------
 def parse_bound(text: str, effect: float, other: float | None = None) -> float:
     """A bound as the `rule` command takes it: a number, ">0" (above 0, its value not stated), or "?" (not
     stated: the other bound mirrored about the effect)."""

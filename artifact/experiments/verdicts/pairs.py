@@ -1,7 +1,7 @@
-"""One run's paired effects per cell. A pair is the runs of one cell (task, batch size, C/W, bandwidth) and one
-repetition, one per policy, on identical prompts in alternated order; its effect of A over B is one number on
-the claim's basis (`Basis`: PERCENT, (A - B) / B x 100, or STALL_SHARE, A's stall per forward minus B's in % of
-B's wall time per forward). Nothing is added to it or subtracted from it.
+"""One run's paired effects per cell. A pair is the runs of one cell (task, batch size, C/W, bandwidth) and
+one repetition, one per policy, on identical prompts in alternated order; its effect of A over B is one number
+on the claim's basis (`Basis`: PERCENT, (A - B) / B x 100, or STALL_SHARE, A's stall per forward minus B's
+in % of B's wall time per forward). Nothing is added to it or subtracted from it.
 
 The A/A is the same comparison with demand on both sides: rows of policy demand told apart by their `arm`
 column (A, B: the bench's A/A pair). Runs recorded before that pair existed carry a stand-in, settings.CONTROL

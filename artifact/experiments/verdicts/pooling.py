@@ -6,7 +6,7 @@ do. So, per cell, with x_k the mean of run k's per-pair effects (pairs.run_effec
     one run   x +- max(t_(N-1) s, t_(n-1) w): s the sd of the stored runs' means (the run-to-run   unit "run"
               spread, which holds the within-run noise of a run's mean too), w the run's own
               standard error over its n pairs
-    alone     with fewer than 2 stored runs there is no run-to-run spread to size it: the t        unit "pairs"
+    alone     with fewer than 2 stored runs there is no run-to-run spread to size it: the t       unit "pairs"
               interval over its pairs, which a timing verdict does not rule on (judge.py)
 
 A profile's stored verdict pools its stored runs; a fresh run (this run, not a stored one) is ruled alone on

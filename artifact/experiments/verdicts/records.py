@@ -1,7 +1,8 @@
 """What every claim module hands a notebook: `Claim`s, printed by `report` as the lines the notebook runner
 parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the claims tables
-(claims_table.py). A run writes the record into an ignored place (results/<profile>/data: outputs.run_data_dir,
-relocatable by ARTIFACT_OUTPUT); only `--store` copies it to the committed data/results/<profile>/."""
+(claims_table.py). A run writes the record into an ignored place (results/<profile>/data:
+outputs.run_data_dir, relocatable by ARTIFACT_OUTPUT); only `--store` copies it to the committed
+data/results/<profile>/."""
 
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ class Claim:
             return "one run, no stored runs of this profile to compare"
         n = len(self.per_run)
         same = sum(v == self.pooled for v in self.per_run)
-        text = f"{n} stored runs: pooled {self.pooled}; alone, {same} of {n} runs say so ({', '.join(self.per_run)})"
+        each = ", ".join(self.per_run)
+        text = f"{n} stored runs: pooled {self.pooled}; alone, {same} of {n} runs say so ({each})"
         if self.leave_one_out:
             k = sum(v == self.pooled for v in self.leave_one_out)
             text += f"; leave one out: {k} of {len(self.leave_one_out)} give the pooled verdict"

@@ -1,9 +1,9 @@
 """The rule history: every change to a rule bumps records.RULES_VERSION and adds a row to docs/verdicts.md's
-table "Rule history" (its version, what changed, the stored verdicts it flipped). A commit that changes no rule
-(formatting, imports, moves) bumps nothing and gets no row. tests/test_rule_history.py holds them together:
-the table has a row for every version up to the current one, and every committed claim record was ruled at
-the current version (`python -m artifact stored-runs --rule-again` re-rules the records and prints the flips
-for the row)."""
+table "Rule history" (its version, what changed, the stored verdicts it flipped). A commit that changes no
+rule (formatting, imports, moves) bumps nothing and gets no row; tests/test_rule_history.py holds them
+together: the table has a row for every version up to the current one, and every committed claim record was
+ruled at the current version (`python -m artifact stored-runs --rule-again` re-rules the records and prints
+the flips for the row)."""
 
 from __future__ import annotations
 

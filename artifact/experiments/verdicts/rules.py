@@ -1,6 +1,6 @@
-"""The verdict rules (docs/verdicts.md), one function per kind of claim. A timing claim is ruled per cell on the
-plain paired effect of A over B (nothing added to it or subtracted from it) and its 95% interval; a claim over
-several cells combines them. Three outcomes:
+"""The verdict rules (docs/verdicts.md), one function per kind of claim. A timing claim is ruled per cell on
+the plain paired effect of A over B (nothing added to it or subtracted from it) and its 95% interval; a claim
+over several cells combines them. Three outcomes:
 
   FASTER (direction)          reproduced: the A/A gate is clean and, in every cell, the 95% interval lies
                               above 0 (the paper's criterion: "all paired 95% confidence intervals excluding
@@ -162,9 +162,9 @@ def rule_claim_cells(
     unit: str = "%",
 ) -> tuple[str, str]:
     """(verdict, reason) of a claim over its labelled cells. `gates`: per cell, why its A/A (or host) makes it
-    inconclusive, or None (a gated cell is inconclusive whatever its interval says). Not reproduced if any cell
-    is (for FASTER at the simultaneous level), reproduced if every cell is, else inconclusive; the reason names
-    the cells that decided it."""
+    inconclusive, or None (a gated cell is inconclusive whatever its interval says). Not reproduced if any
+    cell is (for FASTER at the simultaneous level), reproduced if every cell is, else inconclusive; the reason
+    names the cells that decided it."""
     if not cells:
         return INCONCLUSIVE, "no cells"
     gates = list(gates) or [None] * len(cells)
@@ -219,7 +219,7 @@ def at_most(low: float, high: float, limit: float) -> str:
 
 def median_interval(figures: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The distribution-free interval of the median of the runs' figures: scipy.stats.quantile_test's
-    confidence interval for the 0.5 quantile (the whole range when there are too few figures for the level)."""
+    confidence interval for the 0.5 quantile (the whole range when too few figures for the level)."""
     x = np.asarray(figures, dtype=float)
     if len(x) == 0:
         raise ValueError("median_interval: no figures")
