@@ -5,11 +5,11 @@ every timing verdict (artifact/experiments/stored_runs/).
     PYTHONPATH=. python scripts/record_runs.py --profile cpu --runs 9
     PYTHONPATH=. python scripts/record_runs.py --profile h200_ae --model /models/LLaDA2.0-mini --runs 3
 
-Each run first clears the working row files (stored_runs.clear_working), then measures what the timing
+Each run first clears the working row files (recording.clear_working), then measures what the timing
 notebooks time (stored_runs.TIMED_STUDIES: 03's throttle grid, 04's bench grid, 05's TIDE-style grid, 06's two
 link-priority grids, 07's synthetic streams, 08's model validation cells, 09's end-to-end bench), each with
 its study's `measure`, in notebook order; then copies the row files into a new stored run
-(stored_runs.record_run). Stored run k measures with Settings.rotation = k - 1 (kept in its run.json), so the
+(recording.record_run). Stored run k measures with Settings.rotation = k - 1 (kept in its run.json), so the
 policies' run order (bench/order.py) continues from run to run and each policy sits in each slot equally often
 over whole cycles. `./run_all.sh PROFILE --force --store` afterwards rules every timing claim on the stored
 runs (it finds the last
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
 def record(a) -> None:
     from artifact.errors import SettingError
     from artifact.experiments import harness
-    from artifact.experiments.verdicts import stored_runs
+    from artifact.experiments import recording as stored_runs
 
     if a.runs < 1:
         raise SettingError(f"--runs {a.runs}: give at least 1")

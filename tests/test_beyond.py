@@ -16,11 +16,11 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from test_phases import phase_split  # noqa: E402
 
+from artifact.experiments import counting  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, bench_fingerprint  # noqa: E402
 from artifact.experiments.outputs import figures  # noqa: E402
 from artifact.experiments.settings import load_profile  # noqa: E402
 from artifact.experiments.studies import beyond_the_paper as beyond  # noqa: E402
-from artifact.experiments.verdicts import records as claims  # noqa: E402
 from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.verdicts.records import NOT_REPRODUCED, REPRODUCED  # noqa: E402
 from artifact.model.decode import DecodeConfig  # noqa: E402
@@ -136,7 +136,7 @@ def test_count_claims_rule_on_the_denoising_steps_and_print_all_demands_where_th
         for c in beyond.verdicts(n)
     }
     a, b, cons = got["2a"], got["2b"], got["last_step_conservative"]
-    assert all(c.counting == claims.DENOISING for c in (a, b, cons))
+    assert all(c.counting == counting.DENOISING for c in (a, b, cons))
     assert a.verdict == NOT_REPRODUCED and re.fullmatch(
         r"denoising steps: 60\.0% at C/W [\d.]+ \(rules\); "
         r"all "

@@ -18,7 +18,10 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from test_phases import phase_split  # noqa: E402
 
-from artifact.experiments import harness  # noqa: E402
+from artifact.experiments import (
+    counting,  # noqa: E402
+    harness,  # noqa: E402
+)
 from artifact.experiments.bench.results import COLUMNS, write_rows  # noqa: E402
 from artifact.experiments.criteria import (
     paper,  # noqa: E402
@@ -192,13 +195,13 @@ def test_miss_claims_judge_known_counts():
 
 
 def test_a_count_claim_rules_on_one_basis_and_names_the_other_only_where_it_disagrees():
-    assert claims.on_bases(
+    assert counting.on_bases(
         {"excluded": True, "included": True}, {"excluded": "1", "included": "2"}, "excluded"
     ) == (REPRODUCED, "")
-    assert claims.on_bases(
+    assert counting.on_bases(
         {"excluded": False, "included": True}, {"excluded": "56.6%", "included": "48.4%"}, "excluded"
     ) == (NOT_REPRODUCED, "denoising steps: 56.6% (rules); all demands: 48.4% (would say reproduced)")
-    assert claims.on_bases({"included": False}, {"included": "x"}, "included") == (NOT_REPRODUCED, "")
+    assert counting.on_bases({"included": False}, {"included": "x"}, "included") == (NOT_REPRODUCED, "")
 
 
 def test_miss_claims_rule_on_the_denoising_steps_and_print_all_demands_where_the_verdict_flips():
@@ -220,7 +223,7 @@ def test_miss_claims_rule_on_the_denoising_steps_and_print_all_demands_where_the
         refresh=[500, 300, 100],
     )
     useless, oracle, refresh = miss_verdicts(phase_split(steps, prefill, misses.SUMMED))
-    assert all(c.counting == claims.DENOISING for c in (useless, oracle, refresh))
+    assert all(c.counting == counting.DENOISING for c in (useless, oracle, refresh))
     assert useless.verdict == NOT_REPRODUCED and useless.reason == (
         "denoising steps: most removed 12.0% (C/W 1) (rules); all demands: most removed 6.0% (C/W 1) "
         "(would say reproduced)"
@@ -394,7 +397,7 @@ def test_eviction_claims_rule_on_the_denoising_steps_and_print_all_demands_where
     s = cache_design.summary(phase_split(steps, prefill, cache_design.SUMMED))
     assert cache_design.best_eviction(s) == "demand+lrfu:lam=2"
     gain, gap, token = cache_design.verdicts(cache_design.numbers(s, pd.DataFrame()))
-    assert all(c.counting == claims.DENOISING for c in (gain, gap, token))
+    assert all(c.counting == counting.DENOISING for c in (gain, gap, token))
     assert gain.verdict == REPRODUCED and gain.reason == (
         "denoising steps: the best, lrfu:lam=2, removes 12.0% (rules); all demands: the best, lrfu:lam=2, "
         "removes 6.0% (would say not reproduced)"
@@ -424,7 +427,7 @@ def test_the_lru_resident_share_counts_the_denoising_steps_as_its_label_says():
     (c,) = working_set.verdicts(n)
     assert n.lru_resident == pytest.approx(denoising)
     assert f"denoising steps' demands already resident under LRU at C/W = 1: {denoising:.2f}" in c.measured
-    assert c.counting.startswith(claims.DENOISING) and "resident under LRU" in c.counting
+    assert c.counting.startswith(counting.DENOISING) and "resident under LRU" in c.counting
 
 
 def throttle_rows(reps=1, jitter=0.0, last_step_stall=0.9):

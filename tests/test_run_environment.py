@@ -14,6 +14,7 @@ import pandas
 import torch
 from test_replication import rows
 
+from artifact.experiments import recording
 from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import records as claims
 from artifact.experiments.verdicts import stored_runs
@@ -48,7 +49,7 @@ def test_a_fresh_stored_run_records_the_versions_and_the_cpu(tmp_path, monkeypat
     work = tmp_path / "data" / "results" / "cpu"
     work.mkdir(parents=True)
     rows({(1, 1.0): 5.0}).to_csv(work / "bench.csv", index=False)
-    run = stored_runs.record_run(P, log=lambda s: None)
+    run = recording.record_run(P, log=lambda s: None)
     check_environment(json.loads((run / "run.json").read_text())["environment"])
     stored_runs.stored_runs("cpu")  # the manifest covers the new run.json
 

@@ -9,9 +9,28 @@ stated: the other bound mirrored about the effect). No A/A gates intervals given
 
 from __future__ import annotations
 
+import math
+
 from artifact.errors import UserError
 from artifact.experiments.criteria.timing import CLAIMS
-from artifact.experiments.verdicts.judge import PAPER_RESULTS, parse_bound, question, rule_stated
+from artifact.experiments.verdicts.judge import PAPER_RESULTS, question, rule_stated
+from artifact.experiments.verdicts.rules import ABOVE_ZERO
+
+
+def parse_bound(text: str, effect: float, other: float | None = None) -> float:
+    """A bound as the `rule` command takes it: a number, ">0" (above 0, its value not stated), or "?" (not
+    stated: the other bound mirrored about the effect)."""
+    t = str(text).strip()
+    if t == ">0":
+        return ABOVE_ZERO
+    if t == "?":
+        if other is None or not math.isfinite(other):
+            raise ValueError("both bounds are '?': give at least one bound of the interval")
+        return 2 * effect - other
+    try:
+        return float(t)
+    except ValueError:
+        raise ValueError(f"bound {text!r}: expected a number, '>0' or '?'") from None
 
 
 def cmd_rule(a) -> int:

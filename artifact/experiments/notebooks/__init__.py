@@ -365,11 +365,9 @@ def summary_table(outcomes: list[Outcome], width: int = 70) -> str:
 
 
 TIMING_NOTE = (
-    "Timing verdicts (03-09) of a run come from that run alone, each cell ruled on the hull of "
-    "its own "
-    "interval and the stored runs' pooled one, so it is the stored verdict or inconclusive (its "
-    "claim cell "
-    f"says so); the stored result, in the README, pools >= {thresholds.MIN_RUNS} runs (with its "
-    "leave-one-out stability and how often a fresh run decides alone). "
+    "Timing verdicts (03-09) of a run come from that run alone, each cell's interval widened by the stored "
+    "runs' run-to-run spread (with no stored runs of the profile: inconclusive), shown beside the stored "
+    "verdict as agrees / differs / inconclusive; the stored result, in the README, pools "
+    f">= {thresholds.MIN_RUNS} runs (with its leave-one-out and how often a fresh run decides alone). "
     "docs/verdicts.md"
 )

@@ -30,7 +30,6 @@ AA_LABEL = f"A/A control ({CONTROL} over demand)"  # its series in every timing 
 # what an interval is over (rules.Interval.unit), as a figure's title says it
 INTERVAL_BASIS = {
     "runs": "pooled over runs",
-    "hull": "one run: hull of its interval and the pooled one",
     "run": "one run, widened by the stored runs' spread",
     "pairs": "within one run",
 }

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint, primary
+from artifact.experiments.counting import EXACT, PER_RUN
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
@@ -27,10 +28,10 @@ from artifact.experiments.outputs.figures import (
     title,
 )
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.verdicts.judge import claim_compared, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.judge import claim_compared, judge, question, timed_claim
 from artifact.experiments.verdicts.pairs import STALL_SHARE
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
-from artifact.experiments.verdicts.records import EXACT, PER_RUN, Claim, verdict_of
+from artifact.experiments.verdicts.records import Claim, verdict_of
 from artifact.offload.links.link import PCIE4_GBPS
 
 STEM = "throttle_runs"  # data/results/<profile>/throttle_runs.csv
@@ -166,7 +167,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         margin=f"{n.extra_transfers:+.1%} link transfers vs > 0",
     )
     q = question(CLAIM)
-    t = rule_claim(n.stall, CLAIM, lambda k: label(k, n.gbps))
+    t = judge(n.stall, CLAIM, lambda k: label(k, n.gbps))
     stall = timed_claim(
         "speculative transfers delay demand transfers: last_step stalls longer than demand at every "
         "bandwidth, "

@@ -7,7 +7,7 @@ paired bench times the best eviction against lru end to end (tokens/s, ruled per
 net of the A/A control, as the other direction claims: criteria/timing.py). The count claims rule on the
 denoising steps (prefill excluded), as notebooks 02 and 06 count (this artifact's choice: the abstract does
 not say which forwards its counts cover), and print all demands beside them where that basis would give
-another verdict (claims.on_bases)."""
+another verdict (counting.on_bases)."""
 
 from __future__ import annotations
 
@@ -20,23 +20,16 @@ import pandas as pd
 
 from artifact.errors import RunsError
 from artifact.experiments.bench.results import bench_fingerprint, primary
+from artifact.experiments.counting import BASIS, BASIS_SHORT, EXACT, on_bases, on_basis
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, traces
 from artifact.experiments.outputs.figures import title
 from artifact.experiments.paired_table import CELL_KEYS
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.verdicts.judge import claim_parts, merge_others, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, question, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
-from artifact.experiments.verdicts.records import (
-    BASIS,
-    BASIS_SHORT,
-    EXACT,
-    Claim,
-    on_bases,
-    on_basis,
-    verdict_of,
-)
+from artifact.experiments.verdicts.records import Claim, verdict_of
 from artifact.experiments.verdicts.rules import margin_below
 from artifact.experiments.verdicts.stored_runs import stored_rows
 from artifact.offload.replay.sim import (
@@ -233,7 +226,7 @@ def bench_label(key) -> str:
 
 def bench_verdict(b: BenchNumbers) -> Claim:
     q = question(CLAIM)
-    t = rule_claim(merge_others({b.best: b.over_lru}), CLAIM, lambda k: bench_label(k[1]))
+    t = judge(merge_others({b.best: b.over_lru}), CLAIM, lambda k: bench_label(k[1]))
     lru, ours = b.misses
     return timed_claim(
         f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end: {q} net of "

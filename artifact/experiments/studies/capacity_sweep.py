@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
+from artifact.experiments.counting import EXACT, PER_RUN
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
@@ -31,10 +32,10 @@ from artifact.experiments.outputs.figures import (
 )
 from artifact.experiments.paired_table import CELL_KEYS, paired_table
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.verdicts.judge import claim_cells, claim_compared, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.judge import claim_cells, claim_compared, judge, question, timed_claim
 from artifact.experiments.verdicts.pairs import AA
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
-from artifact.experiments.verdicts.records import EXACT, PER_RUN, Claim, verdict_of
+from artifact.experiments.verdicts.records import Claim, verdict_of
 
 STEM = "bench"  # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
 # the claims' definitions (criteria/timing.py)
@@ -125,7 +126,7 @@ def verdicts(n: Numbers) -> list[Claim]:
     ]
     if claim_cells(n.timed, FASTER_CLAIM).effects:
         q = question(FASTER_CLAIM)
-        t = rule_claim(n.timed, FASTER_CLAIM, label)
+        t = judge(n.timed, FASTER_CLAIM, label)
         claims.append(
             timed_claim(
                 f"demand-async is faster than async last-step prefetch at C/W {lo:g}-{hi:g}: {q}",
@@ -136,7 +137,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         )
     if claim_cells(n.timed, EQUAL_CLAIM).effects:
         q = question(EQUAL_CLAIM)
-        t = rule_claim(n.timed, EQUAL_CLAIM, label)
+        t = judge(n.timed, EQUAL_CLAIM, label)
         claims.append(
             timed_claim(
                 f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not "
@@ -168,15 +169,13 @@ def _intervals(src: dict, keys: list) -> tuple[list, list]:
 
 def plot(n: Numbers, P: Settings):
     """Small multiples, one column per batch size (x: C/W), one row per series, each point a cell with the 95%
-    interval it is ruled on: demand over last_step (% tokens/s) with the abstract's figures (its gain range as
-    the band over C/W 0.83-1.73, this artifact's placement; its interval at 0.43, the diamond:
-    outputs/figures.mark_paper_04) and the +-3% margin of the C/W 0.43 equivalence claim; the same net of the
-    A/A control at the C/W the direction claim rules (the difference in differences it is ruled on, against
-    its +3% margin); and the A/A control (settings.CONTROL over demand, identical work), which must lie inside
-    +-3%. A run that is not a stored one is ruled on the hull of its interval and the stored runs' pooled one:
-    the pooled interval is drawn beside it (hollow), and each row's y axis is scaled to the means and the
-    pooled intervals, so an interval
-    that runs past it ends in an arrow with its end printed."""
+    interval it is ruled on: demand over last_step (% tokens/s), what both claims rule on, with the abstract's
+    figures (its gain range as the band over C/W 0.83-1.73, this artifact's placement; its interval at 0.43,
+    the diamond: outputs/figures.mark_paper_04) and the +-3% equivalence margin; the A/A (or its stand-in),
+    which must lie inside +-3% (the gate); and, when the A/A is demand's own pair, last_step_conservative
+    over demand (the prediction's host time, no transfers). A fresh run is ruled on its own interval, widened
+    by the stored runs' spread; the stored runs' pooled interval is drawn beside it (hollow). An interval that
+    runs past a row's y axis ends in an arrow with its end printed."""
     series = [
         (name, src, color)
         for name, src, color in (

@@ -6,7 +6,7 @@ Every count is kept per phase, so each comparison is made twice (sim.by_basis): 
 prefill forwards excluded (denoising steps only). The verdicts rule on the denoising steps (this artifact's
 choice: the abstract does not say which forwards its oracle cut counts): a prefill forward is a one-off demand
 (several times W: prefill_text prints the multiple on the run's traces) that no step-to-step predictor sees
-coming. Where all demands would give another verdict, the claim prints both (claims.on_bases)."""
+coming. Where all demands would give another verdict, the claim prints both (counting.on_bases)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from artifact.experiments.counting import BASIS, EXACT, on_bases
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figures import COLORS, PAPER_STYLE, title
 from artifact.experiments.settings import Settings
-from artifact.experiments.verdicts.records import BASIS, EXACT, NOT_MEASURABLE, Claim, on_bases
+from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim
 from artifact.experiments.verdicts.rules import margin_below
 from artifact.offload.backend.plans import COUNTS
 from artifact.offload.replay.sim import (

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from artifact.experiments.counting import EXACT
 from artifact.experiments.harness import load_model, offload_spec
 from artifact.experiments.outputs.figures import legend, title
 from artifact.experiments.settings import Settings
-from artifact.experiments.verdicts.records import EXACT, Claim, verdict_of
+from artifact.experiments.verdicts.records import Claim, verdict_of
 from artifact.model.tasks import prompts
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import mean_working_set

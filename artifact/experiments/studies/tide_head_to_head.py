@@ -20,7 +20,7 @@ from artifact.experiments.paired_table import CELL_KEYS, paired_table
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide.checkout import check_tide
-from artifact.experiments.verdicts.judge import claim_compared, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.judge import claim_compared, judge, question, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, verdict_of
 from artifact.model.tasks import prompts
@@ -163,7 +163,7 @@ def style_text(n: StyleNumbers) -> str:
 
 def style_verdict(n: StyleNumbers) -> Claim:
     q = question(CLAIM)
-    t = rule_claim(n.timed, CLAIM, label)
+    t = judge(n.timed, CLAIM, label)
     return timed_claim(
         "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and "
         "half "

@@ -1,21 +1,7 @@
-"""The claims tables, generated from the stored claim outputs: every claim cell records its claims with the
-run that printed them (claims.record: data/results/<profile>/<notebook>.claims.json, the same lines the
-stored notebook's claim cell holds). Other profiles with records under data/results/ get a column each.
-
-    render_compact(profile_name)           -> the README's table: one row per claim, its notebook, figures,
-                                              verdict per profile, and for a timing claim its leave-one-out
-                                              stability (k of N), how often a fresh run decides alone (the
-                                              calibration table) and the paper's criterion
-    render(profile_name)                   -> docs/claims.md's table: one row per claim with the paper's
-    figure,
-                                              the measured one, the basis (counting, interval, pairs) and
-                                              the run it came from (command, date, commit), listed under it
-    render_agreement(profile_name)         -> per timing claim, its verdict in each stored run and pooled
-    update_readme(readme_path, profile)    -> rewrite the blocks between the profile's markers in the README
-                                              and docs/claims.md; True if either changed
-
-Each file holds its block between `<!-- claims:<profile>:begin -->` and `<!-- claims:<profile>:end -->`;
-tests/test_claims_table.py regenerates both from the committed records and fails on any difference."""
+"""The claims tables, generated from the claim records (data/results/<profile>/NN_*.claims.json, the lines
+the stored notebook's claim cell holds), a column per profile with records: the README's (`render_compact`),
+docs/claims.md's (`render`, `render_agreement`), a run's beside the stored ones (`render_this_run`).
+tests/test_claims_table.py regenerates the committed blocks (`update_readme`) and fails on any difference."""
 
 from __future__ import annotations
 
@@ -23,17 +9,21 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
+
 from artifact.errors import ResultFileError
 from artifact.experiments.outputs.paths import RECORD_SUFFIX
 from artifact.experiments.verdicts.judge import paper_ruled
 from artifact.paths import atomic_write_text, data_dir, repo_root
 
 _SAVE = re.compile(r'save\(fig, df, P, "([^"]+)"\)')
+RECORD_KEYS, CLAIM_KEYS = ("notebook", "claims"), ("claim", "verdict")
+CALIBRATION = "calibration.csv"  # data/results/<profile>/: `python -m artifact calibrate --out`
+CLAIMS_DOC = "docs/claims.md"  # the full table and the agreement block, beside the README's compact one
 
 
 def study(notebook: str) -> str:
-    """The module behind a notebook, named after it: 04_capacity_sweep -> studies/capacity_sweep.py, or the
-    package's folder when the study has parts (07_routing_map -> studies/routing_map/)."""
+    """The module behind a notebook: 04_capacity_sweep -> studies/capacity_sweep.py (or its folder)."""
     name = f"artifact/experiments/studies/{notebook.split('_', 1)[1]}"
     return f"{name}/" if (repo_root() / name).is_dir() else f"{name}.py"
 
@@ -42,12 +32,12 @@ def markers(profile_name: str) -> tuple[str, str]:
     return f"<!-- claims:{profile_name}:begin -->", f"<!-- claims:{profile_name}:end -->"
 
 
-RECORD_KEYS = ("notebook", "claims")
-CLAIM_KEYS = ("claim", "verdict")
+def agreement_markers(profile_name: str) -> tuple[str, str]:
+    return f"<!-- agreement:{profile_name}:begin -->", f"<!-- agreement:{profile_name}:end -->"
 
 
 def read_record(path: Path) -> dict:
-    """One claim record (claims.record), or ResultFileError naming the file and what is wrong with it."""
+    """One claim record, or ResultFileError naming the file and what is wrong with it."""
     expected = f"expected a claim cell's record: JSON with {', '.join(RECORD_KEYS)}[{', '.join(CLAIM_KEYS)}]"
     try:
         doc = json.loads(Path(path).read_text())
@@ -67,26 +57,22 @@ def read_record(path: Path) -> dict:
 
 
 def read_records(directory: Path) -> list[dict]:
-    """The claim records in a folder, in notebook order (empty when it has none), each read_record."""
     return [read_record(p) for p in sorted(Path(directory).glob(f"[0-9][0-9]_*{RECORD_SUFFIX}"))]
 
 
 def records(profile_name: str, results: Path | None = None) -> list[dict]:
-    """The profile's claim records, in notebook order (empty when it has none)."""
     return read_records(Path(results or data_dir() / "results") / profile_name)
 
 
 def other_profiles(profile_name: str, results: Path | None = None) -> list[str]:
     """Profiles other than `profile_name` with claim records under data/results/ (a GPU profile's run)."""
     root = Path(results or data_dir() / "results")
-    return (
-        sorted(
-            p.name
-            for p in root.iterdir()
-            if p.is_dir() and p.name != profile_name and any(p.glob(f"[0-9][0-9]_*{RECORD_SUFFIX}"))
-        )
-        if root.is_dir()
-        else []
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in root.iterdir()
+        if p.is_dir() and p.name != profile_name and any(p.glob(f"[0-9][0-9]_*{RECORD_SUFFIX}"))
     )
 
 
@@ -95,23 +81,36 @@ def figures(notebook: str, notebook_dir: Path | None = None) -> list[str]:
     path = Path(notebook_dir or repo_root() / "notebooks") / f"{notebook}.ipynb"
     if not path.is_file():
         return []
-    cells = json.loads(path.read_text())["cells"]
-    return [m for c in cells for m in _SAVE.findall("".join(c["source"]))]
+    return [m for c in json.loads(path.read_text())["cells"] for m in _SAVE.findall("".join(c["source"]))]
 
 
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ").strip()
 
 
+def _row(cells) -> str:
+    return "| " + " | ".join(_cell(x) for x in cells) + " |"
+
+
+def _head(cells) -> list[str]:
+    return [_row(cells), "|" + "---|" * len(cells)]
+
+
 def basis(c: dict) -> str:
-    parts = [c.get("counting") or "", c.get("interval") or ""]
-    if c.get("pairs") is not None:
-        parts.append(f"{c['pairs']} pairs")
-    return "; ".join(p for p in parts if p)
+    pairs = f"{c['pairs']} pairs" if c.get("pairs") is not None else ""
+    return "; ".join(p for p in (c.get("counting"), c.get("interval"), pairs) if p)
 
 
-def verdict(c: dict) -> str:
+def verdict(c: dict) -> str:  # with its reason
     return f"{c['verdict']} ({c['reason']})" if c.get("reason") else c["verdict"]
+
+
+def _same_claim(r: dict | None, k: int, c: dict) -> dict | None:
+    """Another profile's record of the same claim: by its key when it has one, else by its place."""
+    claims = (r or {}).get("claims", [])
+    if c.get("key"):
+        return next((o for o in claims if o.get("key") == c["key"]), None)
+    return claims[k] if k < len(claims) else None
 
 
 def _run_key(r: dict) -> tuple:
@@ -119,45 +118,29 @@ def _run_key(r: dict) -> tuple:
 
 
 def render(
-    profile_name: str = "cpu",
-    results: Path | None = None,
-    notebook_dir: Path | None = None,
-    root: str = "../",
+    profile_name="cpu", results: Path | None = None, notebook_dir: Path | None = None, root="../"
 ) -> str:
-    """The full claims block for `profile_name` (docs/claims.md): a Markdown table, one row per recorded
-    claim, and its runs. `root`: the repository root as seen from the file that holds the block (its
-    links)."""
+    """docs/claims.md's block: a row per recorded claim, then its runs. `root`: the repository root as seen
+    from the file that holds the block (its links)."""
     recs = records(profile_name, results)
     if not recs:
         return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
     others = {
         p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)
     }
-    runs: list[tuple] = []
-    for r in recs:
-        if _run_key(r) not in runs:
-            runs.append(_run_key(r))
-    head = [
-        "notebook (module, figures)",
-        "claim",
-        "paper",
-        f"measured ({profile_name})",
-        f"verdict ({profile_name})",
-        "basis (counting; interval; pairs)",
-        "run",
-    ]
-    head += [f"{p}: verdict (measured)" for p in others]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    runs = list(dict.fromkeys(_run_key(r) for r in recs))
+    head = ["notebook (module, figures)", "claim", "paper", f"measured ({profile_name})"]
+    head += [f"verdict ({profile_name})", "basis (counting; interval; pairs)", "run"]
+    lines = _head(head + [f"{p}: verdict (measured)" for p in others])
     for r in recs:
         nb = r["notebook"]
-        num = nb.split("_")[0]
-        where = f"{num} ([{Path(study(nb)).stem}]({root}{study(nb)}))"
+        where = f"{nb.split('_')[0]} ([{Path(study(nb)).stem}]({root}{study(nb)}))"
         figs = figures(nb, notebook_dir)
         if figs:
             where += ": " + ", ".join(f"[{f}]({root}figures/{profile_name}/{f}.png)" for f in figs)
-        run = f"run {runs.index(_run_key(r)) + 1}"
         for k, c in enumerate(r["claims"]):
             measured = c.get("measured", "") + (f" (margin: {c['margin']})" if c.get("margin") else "")
+            run = f"run {runs.index(_run_key(r)) + 1}"
             row = [
                 where if k == 0 else "",
                 c["claim"],
@@ -168,12 +151,12 @@ def render(
                 run,
             ]
             for by_nb in others.values():
-                oc = by_nb.get(nb, {}).get("claims", [])
-                row.append(f"{verdict(oc[k])} ({oc[k].get('measured', '')})" if k < len(oc) else "not run")
-            lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
+                o = _same_claim(by_nb.get(nb), k, c)
+                row.append(f"{verdict(o)} ({o.get('measured', '')})" if o else "not run")
+            lines.append(_row(row))
     lines.append("")
     for i, (command, date, commit) in enumerate(runs, 1):
-        nbs = ", ".join(r["notebook"].split("_")[0] for r in recs if _run_key(r) == (command, date, commit))
+        nbs = ", ".join(r["notebook"][:2] for r in recs if _run_key(r) == (command, date, commit))
         lines.append(f"- run {i}: `{command}` on {date}, commit `{commit}` (notebooks {nbs})")
     for p, by_nb in others.items():
         prun = sorted({_run_key(r) for r in by_nb.values()})
@@ -181,39 +164,35 @@ def render(
     return "\n".join(lines)
 
 
-# data/results/<profile>/calibration.csv: `python -m artifact calibrate --out`
-CALIBRATION = "calibration.csv"
-AS_STORED = "as stored"  # its scenario whose truth is the stored runs' own estimates
-
-
 def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
-    """{timing claim key: % of fresh runs that decide alone} from the committed calibration table (scenario
-    "as stored": a fresh run of this commit, the truth being what the stored runs measured); {} without
-    one."""
+    """{timing claim key: "fresh % (stored %)"}: how often a fresh run decides alone, beside the share of the
+    stored runs that decide alone (the calibration table's "as stored" rows); {} without the table."""
     path = Path(results or data_dir() / "results") / profile_name / CALIBRATION
     if not path.is_file():
         return {}
-    lines = path.read_text().splitlines()
-    head = lines[0].split(",") if lines else []
-    if not {"claim", "scenario", "fresh_decides"} <= set(head):
+    try:
+        t = pd.read_csv(path)
+        rows = t[t.scenario == "as stored"].itertuples()
+        return {r.claim: f"{r.fresh_decides:.0f}% ({r.stored_decide:.0f}% of stored runs)" for r in rows}
+    except (ValueError, AttributeError, KeyError) as e:
         raise ResultFileError(
-            f"{path}: not a calibration table (expected the columns claim, scenario and "
-            "fresh_decides of `python -m artifact calibrate --out`)"
-        )
-    out = {}
-    for line in lines[1:]:
-        row = dict(zip(head, line.split(",")))
-        if row["scenario"] == AS_STORED:
-            out[row["claim"]] = float(row["fresh_decides"])
-    return out
+            f"{path}: not a calibration table ({e}); expected `calibrate --out`'s"
+        ) from None
 
 
-def render_compact(
-    profile_name: str = "cpu", results: Path | None = None, notebook_dir: Path | None = None
-) -> str:
-    """The README's claims block: one row per claim with its notebook, the notebook's first figure (first
-    row), the verdict of every profile with records, and, for a timing claim, its leave-one-out stability
-    (loo_text), how often a fresh run decides alone (the calibration harness) and the paper's criterion."""
+def loo_text(c: dict) -> str:
+    """'k of N': with each stored run left out of every input in turn, how many pooled verdicts are the
+    pooled one ("" for a claim without leave-one-out views)."""
+    views = c.get("leave_one_out") or []
+    if not c.get("timing") or not views:
+        return ""
+    return f"{sum(v == (c.get('pooled') or c['verdict']) for v in views)} of {len(views)}"
+
+
+def render_compact(profile_name="cpu", results: Path | None = None, notebook_dir: Path | None = None) -> str:
+    """The README's block: a row per claim with its notebook, the notebook's first figure, the verdict of
+    every profile with records, the paper's own result ruled here, the leave-one-out and a fresh run's
+    chance to decide alone."""
     recs = records(profile_name, results)
     if not recs:
         return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
@@ -221,128 +200,64 @@ def render_compact(
         p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)
     }
     decides = fresh_decides(profile_name, results)
-    head = (
-        ["notebook", "claim", "figure", f"{profile_name}"]
-        + list(others)
-        + ["paper's result, ruled here", "leave one out", "a fresh run decides"]
-    )
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = ["notebook", "claim", "figure", profile_name, *others, "paper's result, ruled here"]
+    lines = _head(head + ["leave one out", "a fresh run decides"])
     for r in recs:
         nb = r["notebook"]
         figs = [f"[{f}](figures/{profile_name}/{f}.png)" for f in figures(nb, notebook_dir)][:1]
         for k, c in enumerate(r["claims"]):
-            row = [
-                f"[{nb[:2]}](notebooks/{nb}.ipynb)" if k == 0 else "",
-                c["claim"],
-                "".join(figs) if k == 0 else "",
-                c["verdict"],
-            ]
+            row = [f"[{nb[:2]}](notebooks/{nb}.ipynb)" if k == 0 else "", c["claim"]]
+            row += ["".join(figs) if k == 0 else "", c["verdict"]]
             for by_nb in others.values():
-                oc = by_nb.get(nb, {}).get("claims", [])
-                row.append(oc[k]["verdict"] if k < len(oc) else "not run")
+                o = _same_claim(by_nb.get(nb), k, c)
+                row.append(o["verdict"] if o else "not run")
             key = c.get("key") or ""
-            row += [paper_ruled(key) if key else "", loo_text(c), decides.get(key, "")]
-            lines.append("| " + " | ".join(_cell(x) for x in row) + " |")
+            lines.append(_row(row + [paper_ruled(key) if key else "", loo_text(c), decides.get(key, "")]))
     return "\n".join(lines)
 
 
-def loo_text(c: dict) -> str:
-    """'k of N': with each stored run left out in turn, how many of the N pooled verdicts over the others are
-    the pooled verdict ("" for a claim that is not timed or has no leave-one-out views)."""
-    views = c.get("leave_one_out") or []
-    if not c.get("timing") or not views:
-        return ""
-    pooled = c.get("pooled") or c["verdict"]
-    return f"{sum(v == pooled for v in views)} of {len(views)}"
-
-
-# --- how stable the timing verdicts are ------------------------------------------------------------
-# A timing claim's record holds the verdict each stored run gets on its own (`per_run`, replication.py) beside
-# the
-# pooled one: the README counts them (k of N), docs/claims.md lists them.
 def k_of_n(c: dict) -> str:
-    """'k of N' stored runs whose own verdict is the pooled one, with the count of opposite verdicts when
-    there are any; "" for a claim that is not timed, "one run" for a timing claim without stored runs."""
-    if not c.get("timing"):
-        return ""
-    runs = c.get("per_run") or []
-    if not runs:
-        return "one run"
-    pooled = c.get("pooled") or c["verdict"]
-    same = sum(v == pooled for v in runs)
+    """'k of N' stored runs whose own verdict is the pooled one, the opposite ones counted."""
+    runs, pooled = c.get("per_run") or [], c.get("pooled") or c["verdict"]
     other = sum(v not in (pooled, "inconclusive") for v in runs)
-    return f"{same} of {len(runs)}" + (f" ({other} opposite)" if other else "")
+    return f"{sum(v == pooled for v in runs)} of {len(runs)}" + (f" ({other} opposite)" if other else "")
 
 
 def render_agreement(profile_name: str = "cpu", results: Path | None = None) -> str:
-    """Per timing claim: each stored run's own verdict, the pooled verdict, and k of N; then the count of
-    claims where no run gave the opposite of the pooled verdict (a single run's verdict is the pooled one or
-    inconclusive)."""
+    """Per timing claim: each stored run's own verdict (ruled alone), the pooled one, and k of N."""
     recs = [
-        (r["notebook"], c) for r in records(profile_name, results) for c in r["claims"] if c.get("timing")
+        (r["notebook"], c) for r in records(profile_name, results) for c in r["claims"] if c.get("per_run")
     ]
-    n = max((len(c.get("per_run") or []) for _, c in recs), default=0)
+    n = max((len(c["per_run"]) for _, c in recs), default=0)
     if n < 2:
         return "Fewer than two stored runs: nothing to compare."
-    head = ["notebook", "claim"] + [f"run {i}" for i in range(1, n + 1)] + ["pooled", "k of N"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    holds = 0
+    lines = _head(["notebook", "claim", *(f"run {i}" for i in range(1, n + 1)), "pooled", "k of N"])
     for nb, c in recs:
-        runs = list(c.get("per_run") or []) + ["not run"] * (n - len(c.get("per_run") or []))
-        holds += "opposite" not in k_of_n(c)
-        lines.append(
-            "| "
-            + " | ".join(
-                _cell(x) for x in [nb.split("_")[0], c["claim"], *runs, c.get("pooled") or "", k_of_n(c)]
-            )
-            + " |"
-        )
-    lines += [
-        "",
-        f"In {holds} of {len(recs)} timing claims no stored run's own verdict is the opposite of "
-        "the "
-        "pooled one.",
-    ]
-    return "\n".join(lines)
+        runs = list(c["per_run"]) + ["not run"] * (n - len(c["per_run"]))
+        lines.append(_row([nb[:2], c["claim"], *runs, c.get("pooled") or "", k_of_n(c)]))
+    holds = sum("opposite" not in k_of_n(c) for _, c in recs)
+    return "\n".join(
+        [*lines, "", f"In {holds} of {len(recs)} timing claims no stored run says the opposite."]
+    )
 
 
 def render_this_run(profile_name: str, run_data: Path, results: Path | None = None) -> str:
-    """A run's timing verdicts (its claim records in `run_data`, e.g. results/<profile>/data/) beside the
-    stored pooled ones: per claim whether the single-run property holds (the run's verdict is the pooled one
-    or inconclusive, never the other one), and the count."""
+    """A run's timing verdicts (its claim records in `run_data`) beside the stored ones, matched by the
+    claim's key, never by its place; records of another profile are refused."""
     mine = read_records(run_data)
     if not mine:
-        raise ResultFileError(
-            f"{run_data}: no claim records (NN_*{RECORD_SUFFIX}); expected a run's "
-            "records, e.g. "
-            f"results/{profile_name}/data/"
-        )
-    stored = {r["notebook"]: r for r in records(profile_name, results)}
-    head = ["notebook", "claim", "this run", "pooled (stored)", "holds"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    holds = total = 0
+        raise ResultFileError(f"{run_data}: no claim records (NN_*{RECORD_SUFFIX}); expected a run's records")
+    other = sorted({str(r.get("profile")) for r in mine} - {profile_name})
+    if other:
+        raise ResultFileError(f"{run_data}: records of profile {', '.join(other)}, not of {profile_name}")
+    stored = {c.get("key"): c for r in records(profile_name, results) for c in r["claims"] if c.get("key")}
+    lines = _head(["notebook", "claim", "this run", "stored", "this run against the stored verdict"])
     for r in mine:
-        ref = stored.get(r["notebook"], {}).get("claims", [])
-        for k, c in enumerate(r["claims"]):
-            if not c.get("timing"):
-                continue
-            pooled = (ref[k].get("pooled") or ref[k]["verdict"]) if k < len(ref) else "not stored"
-            mine_v = c.get("this_run") or c["verdict"]
-            ok = mine_v in (pooled, "inconclusive")
-            holds, total = holds + ok, total + 1
-            lines.append(
-                "| "
-                + " | ".join(
-                    _cell(x) for x in [r["notebook"][:2], c["claim"], mine_v, pooled, "yes" if ok else "NO"]
-                )
-                + " |"
-            )
-    lines += ["", f"The single-run property holds for {holds} of {total} timing claims."]
+        for c in (c for c in r["claims"] if c.get("timing") and c.get("key")):
+            ref = stored.get(c["key"], {}).get("verdict", "not stored")
+            says = c.get("agreement") or ("agrees" if c["verdict"] == ref else "differs")
+            lines.append(_row([r["notebook"][:2], c["claim"], c["verdict"], ref, says]))
     return "\n".join(lines)
-
-
-def agreement_markers(profile_name: str) -> tuple[str, str]:
-    return f"<!-- agreement:{profile_name}:begin -->", f"<!-- agreement:{profile_name}:end -->"
 
 
 def replace_block(text: str, profile_name: str, block: str, marks: tuple[str, str] | None = None) -> str:
@@ -350,18 +265,12 @@ def replace_block(text: str, profile_name: str, block: str, marks: tuple[str, st
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
         raise ValueError(f"expected one {begin} ... {end} pair in the file")
     head, rest = text.split(begin)
-    _, tail = rest.split(end)
-    return f"{head}{begin}\n{block}\n{end}{tail}"
+    return f"{head}{begin}\n{block}\n{end}{rest.split(end)[1]}"
 
 
-CLAIMS_DOC = "docs/claims.md"  # the full table and the agreement block, beside the README's compact one
-
-
-def update_readme(
-    readme_path: Path | str | None = None, profile_name: str = "cpu", claims_doc: Path | str | None = None
-) -> bool:
-    """Rewrite the README's compact block for `profile_name` and docs/claims.md's full and agreement blocks
-    (beside that README) from the records, atomically; True when either changed."""
+def update_readme(readme_path=None, profile_name: str = "cpu", claims_doc=None) -> bool:
+    """Rewrite the README's compact block and docs/claims.md's full and agreement blocks from the records,
+    atomically; True when either changed."""
     path = Path(readme_path or repo_root() / "README.md")
     doc = Path(claims_doc or path.parent / CLAIMS_DOC)
     changed = _rewrite(path, lambda t: replace_block(t, profile_name, render_compact(profile_name)))
@@ -369,11 +278,12 @@ def update_readme(
 
         def full(text: str) -> str:
             new = replace_block(text, profile_name, render(profile_name))
-            if agreement_markers(profile_name)[0] in new:
-                new = replace_block(
-                    new, profile_name, render_agreement(profile_name), agreement_markers(profile_name)
-                )
-            return new
+            marks = agreement_markers(profile_name)
+            return (
+                replace_block(new, profile_name, render_agreement(profile_name), marks)
+                if marks[0] in new
+                else new
+            )
 
         changed = _rewrite(doc, full) or changed
     return changed
@@ -382,7 +292,6 @@ def update_readme(
 def _rewrite(path: Path, edit) -> bool:
     text = path.read_text()
     new = edit(text)
-    if new == text:
-        return False
-    atomic_write_text(path, new)
-    return True
+    if new != text:
+        atomic_write_text(path, new)
+    return new != text

@@ -16,14 +16,7 @@ from artifact.experiments.settings import CONTROL
 from artifact.experiments.verdicts.pairs import BASES
 from artifact.experiments.verdicts.pooling import Compared, Replicas, Replicated
 from artifact.experiments.verdicts.records import Claim
-from artifact.experiments.verdicts.rules import (
-    ABOVE_ZERO,
-    INCONCLUSIVE,
-    Interval,
-    aa_gate,
-    host_bound,
-    rule_claim_cells,
-)
+from artifact.experiments.verdicts.rules import INCONCLUSIVE, Interval, aa_gate, host_bound, rule_claim_cells
 
 ONE_RUN_ALONE = (
     "one run, and no stored runs of this profile to size the run-to-run variation: record >= 3 runs "
@@ -34,14 +27,10 @@ ONE_RUN_ALONE = (
 def claim_parts(reps: Replicas, c: TimingClaim) -> dict[str, Compared]:
     """{A: A over B on the claim's basis and metric, every cell of the rows}; with `a` OTHERS, one per other
     policy of the rows (every policy but B, demand and the stand-in)."""
-    basis = BASES[c.basis]
-    rows = reps.rows
-    others = (
-        [c.a]
-        if c.a != OTHERS
-        else [p for p in dict.fromkeys(rows.policy) if p not in (c.b, "demand", CONTROL)]
-    )
-    return {p: reps.compare(p, c.b, c.by, c.metric, basis) for p in others}
+    others = [p for p in dict.fromkeys(reps.rows.policy) if p not in (c.b, "demand", CONTROL)]
+    return {
+        p: reps.compare(p, c.b, c.by, c.metric, BASES[c.basis]) for p in ([c.a] if c.a != OTHERS else others)
+    }
 
 
 def merge_others(parts: dict[str, Compared]) -> Compared:
@@ -76,6 +65,10 @@ class Timed:
     stored: bool = False  # ruled on the stored runs, pooled (else on this run alone)
 
 
+def _num(x: float) -> float | None:
+    return round(float(x), 3) if math.isfinite(x) else None
+
+
 def _ruling(c: TimingClaim, compared: Compared, label, pick: Callable[[Replicated], Interval | None]):
     """(verdict, reason, cells) of one view (`pick`: which interval of a Replicated)."""
     aa_name = compared.aa_label or "A/A"
@@ -93,12 +86,12 @@ def _ruling(c: TimingClaim, compared: Compared, label, pick: Callable[[Replicate
             dict(
                 label=label(k),
                 cell={n: v for n, v in zip(keys, flat)},
-                effect=round(iv.mean, 3),
-                low=round(iv.low, 3),
-                high=round(iv.high, 3),
+                effect=_num(iv.mean),
+                low=_num(iv.low),
+                high=_num(iv.high),
                 runs=r.n_runs if iv.unit == "runs" else 1,
-                aa_low=round(aa.low, 3) if aa else None,
-                aa_high=round(aa.high, 3) if aa else None,
+                aa_low=_num(aa.low) if aa else None,
+                aa_high=_num(aa.high) if aa else None,
             )
         )
     verdict, reason = rule_claim_cells(c.question, labelled, gates, thresholds.MARGIN, c.unit)
@@ -154,7 +147,8 @@ def cells_text(t: Timed, unit: str = "%", label: Callable[[dict], str] | None = 
             if label
             else x.get("label") or ", ".join(f"{k} {v}" for k, v in x["cell"].items())
         )
-        iv = Interval(x["effect"], x["low"], x["high"])
+        nan = float("nan")
+        iv = Interval(*(nan if x[f] is None else x[f] for f in ("effect", "low", "high")))
         aa = f"; A/A [{x['aa_low']:+.1f}, {x['aa_high']:+.1f}]" if x["aa_low"] is not None else ""
         runs = f" ({x['runs']} runs)" if x["runs"] > 1 else ""
         out.append(f"{name}: {iv.text(unit)}{runs}{aa}")
@@ -184,10 +178,6 @@ def timed_claim(
     )
 
 
-def rule_claim(compared: Compared, c: TimingClaim, label: Callable[[tuple], str]) -> Timed:
-    return judge(compared, c, label)
-
-
 def question(c: TimingClaim) -> str:
     """The claim's question in words."""
     m = f"{thresholds.MARGIN:g}{c.unit}"
@@ -199,22 +189,6 @@ def question(c: TimingClaim) -> str:
 
 
 # --- intervals given by hand: the paper's printed results, a reviewer's own table ---------------------------
-def parse_bound(text: str, effect: float, other: float | None = None) -> float:
-    """A bound as the `rule` command takes it: a number, ">0" (above 0, its value not stated), or "?" (not
-    stated: the other bound mirrored about the effect)."""
-    t = str(text).strip()
-    if t == ">0":
-        return ABOVE_ZERO
-    if t == "?":
-        if other is None or not math.isfinite(other):
-            raise ValueError("both bounds are '?': give at least one bound of the interval")
-        return 2 * effect - other
-    try:
-        return float(t)
-    except ValueError:
-        raise ValueError(f"bound {text!r}: expected a number, '>0' or '?'") from None
-
-
 def rule_stated(key: str, cells: Sequence[tuple[float, float, float]]) -> tuple[str, str]:
     """(verdict, reason) of the claim `key` (criteria/timing.py) on 95% intervals given by hand, one per cell
     (effect, low, high), with no A/A to gate them (the paper prints none)."""
@@ -229,11 +203,7 @@ def rule_stated(key: str, cells: Sequence[tuple[float, float, float]]) -> tuple[
     return rule_claim_cells(c.question, ivs, (), thresholds.MARGIN, c.unit)
 
 
-# the paper's own printed results (criteria/paper.py, each from a statement of its abstract), by claim
-PAPER_RESULTS = {
-    "04-faster": [(x, ABOVE_ZERO, 2 * x - ABOVE_ZERO) for x in paper.FASTER_PCT],
-    "04-equal": [(paper.AT_LOW.diff_pct, paper.AT_LOW.ci_low, paper.AT_LOW.ci_high)],
-}
+PAPER_RESULTS = paper.RESULTS  # the paper's own printed results, by claim
 
 
 def paper_ruled(key: str) -> str:

@@ -140,16 +140,9 @@ class Replicas:
     def names(self) -> list[str]:
         return [n for n, _ in self.stored]
 
-    @property
-    def n(self) -> int:
-        return len(self.stored)
-
     def last_stored(self) -> "Replicas":
         """The stored runs alone, pooled (what their stored verdict is)."""
         return Replicas(None, self.stored, self.commit, self.metric)
-
-    def with_this(self, rows: pd.DataFrame) -> "Replicas":
-        return Replicas(rows, self.stored, self.commit, self.metric)
 
     @property
     def rows(self) -> pd.DataFrame:

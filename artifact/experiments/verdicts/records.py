@@ -21,20 +21,10 @@ from artifact.experiments.verdicts.rules import (
     REPRODUCED,
     VERDICTS,
 )
-from artifact.offload.replay.sim import DENOISING_ONLY, WITH_PREFILL
 from artifact.paths import atomic_write_text
 
 __all__ = ["INCONCLUSIVE", "NOT_MEASURABLE", "NOT_REPRODUCED", "REPRODUCED", "VERDICTS", "Claim", "report"]
 RULES_VERSION = 3  # bumped by every change to a rule; docs/verdicts.md's rule history has a row per version
-DENOISING, ALL_DEMANDS, PER_RUN = (
-    "denoising steps only (prefill excluded)",
-    "all demands (prefill included)",
-    "per run",
-)
-EXACT = "exact counts, no interval"
-BASIS = {DENOISING_ONLY: DENOISING, WITH_PREFILL: ALL_DEMANDS}  # a count's two bases (sim.BASES)
-BASIS_SHORT = {DENOISING_ONLY: "denoising steps", WITH_PREFILL: "all demands"}
-MODELED = "modelled: deterministic, no interval"  # a performance-model figure (virtual clock, notebook 08)
 
 
 @dataclass(frozen=True)
@@ -124,28 +114,6 @@ def unwrap(text: str) -> str:
 def verdict_of(ok: bool) -> str:
     """The verdict of a claim that holds (`ok`) or does not: reproduced, else not reproduced."""
     return REPRODUCED if ok else NOT_REPRODUCED
-
-
-def on_bases(holds: dict, figures: dict, rules: str) -> tuple[str, str]:
-    """A count claim judged on each counting basis (sim.BASES): `holds` says whether it holds on a basis,
-    `figures` its deciding figure there, and the claim rules on `rules` (docs/verdicts.md: denoising steps
-    where counted). Returns the verdict on `rules` and, where another basis would give another verdict, a
-    note naming both for the claim's measured text and reason ("denoising steps: 56.6% (rules); all
-    demands: 48.4% (would say reproduced)"), else ''."""
-    verdict = verdict_of(holds[rules])
-    other = [b for b in holds if b != rules and verdict_of(holds[b]) != verdict]
-    if not other:
-        return verdict, ""
-    return verdict, "; ".join(
-        [f"{BASIS_SHORT[rules]}: {figures[rules]} (rules)"]
-        + [f"{BASIS_SHORT[b]}: {figures[b]} (would say {verdict_of(holds[b])})" for b in other]
-    )
-
-
-def on_basis(field: str) -> property:
-    """A study's Numbers property: `field` of its counts on the basis its count claims rule on
-    (`self.by_prefill[self.basis].<field>`; by_prefill maps each counting basis to the study's counts)."""
-    return property(lambda n: getattr(n.by_prefill[n.basis], field), doc=f"{field} on the ruling basis")
 
 
 def report(*claims: Claim, P: Settings | None = None, notebook: str | None = None) -> None:

@@ -19,14 +19,14 @@ Exact counts compare a number with a threshold (at_most, margin_below, margin_at
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from artifact.experiments.criteria import thresholds
+from artifact.experiments.criteria import paper, thresholds
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 NOT_MEASURABLE = "not measurable on this profile"
@@ -34,7 +34,7 @@ VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURABLE)
 FASTER, NO_DIFFERENCE, NOT_FASTER = "faster", "no difference", "not faster"
 QUESTIONS = (FASTER, NO_DIFFERENCE, NOT_FASTER)
 CONFIDENCE = thresholds.CONFIDENCE
-ABOVE_ZERO = math.nextafter(0.0, 1.0)  # a bound stated only as "above 0" (the paper's direction intervals)
+ABOVE_ZERO = paper.ABOVE_ZERO  # a bound stated only as "above 0" (the paper's direction intervals)
 
 
 @dataclass(frozen=True)
@@ -235,15 +235,6 @@ def median_at_most(figures: Sequence[float], limit: float) -> tuple[str, float, 
     return at_most(low, high, limit), float(np.median(np.asarray(figures, dtype=float))), (low, high)
 
 
-def figure_range(own: float, pooled: float | tuple[float, float] | None) -> tuple[float, float]:
-    """A single run's figure with the stored runs' (a figure or an interval): the smallest range holding
-    both."""
-    if pooled is None:
-        return own, own
-    lo, hi = pooled if isinstance(pooled, tuple) else (pooled, pooled)
-    return min(own, lo), max(own, hi)
-
-
 def margin_below(value: float, threshold: float, pct: bool = True) -> str:
     """A number judged `< threshold`: how far below (or above) it lies."""
     if pct:
@@ -261,11 +252,3 @@ def margin_at_least(value: float, threshold: float) -> str:
     return f"{value:.1%} vs >= {threshold:.0%}: " + (
         f"{d:.1f} points over" if d >= 0 else f"{-d:.1f} points under"
     )
-
-
-def combine(verdicts: Iterable[str]) -> str:
-    """Not reproduced if any is, reproduced if all are, else inconclusive."""
-    v = list(verdicts)
-    if NOT_REPRODUCED in v:
-        return NOT_REPRODUCED
-    return REPRODUCED if v and all(x == REPRODUCED for x in v) else INCONCLUSIVE

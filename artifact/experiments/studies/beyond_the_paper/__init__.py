@@ -6,7 +6,7 @@ Miss accounting replays the profile's traces exactly for every predictor, agains
 cache's rules) and min (relaxed MIN, any demand-paging schedule), with every count per phase: the count claims
 rule on the denoising steps (prefill excluded), as notebook 02 counts (this artifact's choice: the abstract
 does not say which forwards its counts cover), and print all demands beside them where that basis would give
-another verdict (claims.on_bases). Paired throughput runs demand against the predictors under each link
+another verdict (counting.on_bases). Paired throughput runs demand against the predictors under each link
 priority, one bench file per priority.
 
 The study's three parts: misses.py (the exact replay, its counts and the count claims (2)), throughput.py (the

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments.bench.results import same_tokens
+from artifact.experiments.counting import BASIS_SHORT, EXACT, PER_RUN, on_basis
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, interval_fields, mark_margin, title
 from artifact.experiments.settings import CONTROL, Settings
@@ -18,7 +19,7 @@ from artifact.experiments.studies.beyond_the_paper.misses import BOUNDS, MIN, OW
 from artifact.experiments.studies.beyond_the_paper.throughput import CLAIM, PRIORITIES, priority_claim
 from artifact.experiments.verdicts.judge import claim_parts
 from artifact.experiments.verdicts.pooling import Replicas
-from artifact.experiments.verdicts.records import BASIS_SHORT, EXACT, PER_RUN, Claim, on_basis, verdict_of
+from artifact.experiments.verdicts.records import Claim, verdict_of
 from artifact.offload.replay.sim import ruling_basis
 
 

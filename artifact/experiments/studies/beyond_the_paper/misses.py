@@ -2,7 +2,7 @@
 belady (this cache's rules) and min (relaxed MIN, any demand-paging schedule), each count per phase; their
 summary, the counts of each counting basis, and the count claims (2a, 2b and the conservative predictor's),
 ruled on the denoising steps (prefill excluded) with all demands printed beside where that basis would give
-another verdict (claims.on_bases)."""
+another verdict (counting.on_bases)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from artifact.experiments.counting import BASIS, BASIS_SHORT, EXACT, on_bases
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.verdicts.records import BASIS, BASIS_SHORT, EXACT, Claim, on_bases
+from artifact.experiments.verdicts.records import Claim
 from artifact.experiments.verdicts.rules import margin_below
 from artifact.offload.replay.sim import by_basis, phase_columns, ruling_basis, sweep
 

@@ -14,7 +14,7 @@ from artifact.experiments.harness import run_grid
 from artifact.experiments.paired_table import CELL_KEYS, CONFIDENCE, format_table, paired_table
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.beyond_the_paper.misses import OWN
-from artifact.experiments.verdicts.judge import claim_parts, merge_others, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, question, timed_claim
 from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.verdicts.records import Claim
 from artifact.experiments.verdicts.stored_runs import stored_rows
@@ -120,7 +120,7 @@ def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
     cell of `timed`, {predictor: Compared}, gated by the cell's A/A control); `table` (throughput_table, this
     run) adds its bootstrap note."""
     q = question(CLAIM)
-    t = rule_claim(merge_others(timed), CLAIM, lambda pk: f"{pk[0]} {label(pk[1])}")
+    t = judge(merge_others(timed), CLAIM, lambda pk: f"{pk[0]} {label(pk[1])}")
     boot = [] if table is None else [c for c in bootstrap_above_zero(table) if c.endswith("(demand)")]
     return timed_claim(
         "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "

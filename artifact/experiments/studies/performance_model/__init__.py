@@ -29,6 +29,7 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from tqdm.auto import tqdm
 
+from artifact.experiments.counting import MODELED
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.hardware import HARDWARE
 from artifact.experiments.outputs.figures import (
@@ -81,7 +82,7 @@ from artifact.experiments.studies.performance_model.virtual import (
     virtual_spec,
     wall_run,
 )
-from artifact.experiments.verdicts.records import MODELED, Claim, verdict_of
+from artifact.experiments.verdicts.records import Claim, verdict_of
 from artifact.offload.links.timeline import PRIORITIES
 from artifact.offload.policy.policies import check_policy
 from artifact.offload.replay.synth import SynthParams, synth

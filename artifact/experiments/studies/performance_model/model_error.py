@@ -20,7 +20,7 @@ from artifact.experiments.studies.performance_model.validation import (
 )
 from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.verdicts.records import Claim
-from artifact.experiments.verdicts.rules import at_most, figure_range, median_interval
+from artifact.experiments.verdicts.rules import at_most, median_interval
 from artifact.experiments.verdicts.stored_runs import stored_rows
 
 VALIDATION_CELL = ["batch_size", "cache_ratio"]  # a measured demand-vs-last_step comparison: one per cell
@@ -105,11 +105,10 @@ class ModelErrors:
     @property
     def ruled(self) -> tuple[float, float]:
         """The range the claim is ruled on: the interval of the stored runs' median when this run is a stored
-        one, else the smallest range holding this run's figure and that interval (rules.figure_range; this
-        run's figure alone when fewer than 2 runs are stored)."""
+        one, else this run's own figure (a run is evidence of its own: the stored verdict never bounds it)."""
         if self.is_pooled:
             return self.pooled_range
-        return figure_range(self.this["median_abs_error"], self.pooled_range)
+        return self.this["median_abs_error"], self.this["median_abs_error"]
 
     def leave_one_out(self) -> tuple[str, ...]:
         """The pooled verdict over the other stored runs, each run left out in turn (run order)."""
@@ -119,9 +118,8 @@ class ModelErrors:
         )
 
     def own(self, figure: float) -> str:
-        """One run's own verdict: its figure, with the interval of the pooled median when there is one,
-        against MODEL_ERROR (rules.at_most): the pooled verdict or inconclusive, never the opposite."""
-        return at_most(*figure_range(figure, self.pooled_range), thresholds.MODEL_ERROR)
+        """One run's own verdict: its figure against MODEL_ERROR (rules.at_most)."""
+        return at_most(figure, figure, thresholds.MODEL_ERROR)
 
 
 def steps_per_second(rows: pd.DataFrame) -> pd.DataFrame:

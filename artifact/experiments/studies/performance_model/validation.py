@@ -18,12 +18,12 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
 from artifact.experiments.harness import load_model, offload_spec
 from artifact.experiments.paired_table import paired_table
+from artifact.experiments.recording import cached_rows
 from artifact.experiments.settings import Settings
 from artifact.experiments.studies.performance_model.virtual import (
     model_run,
     shape,
 )
-from artifact.experiments.verdicts.stored_runs import cached_rows
 from artifact.model.config import PRESETS
 from artifact.model.tasks import prompts
 from artifact.offload.links.costs import Costs, Hardware, Shape
@@ -146,7 +146,7 @@ VALIDATION = "validation"  # data/results/<profile>/validation.csv: the timed va
 def validation(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
     """The validation protocol of docs/perf_model.md: validate_cpu at batch sizes 1 and 4 and every C/W of the
     profile's grid, 2 repetitions, reused from data/results/<profile>/validation.csv when made under these
-    settings (stored_runs.cached_rows). Returns the rows and the calibration's description."""
+    settings (recording.cached_rows). Returns the rows and the calibration's description."""
 
     def measure():
         df, source = validate_cpu(

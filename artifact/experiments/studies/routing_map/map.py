@@ -16,10 +16,11 @@ from matplotlib.colors import LogNorm
 from scipy.interpolate import RegularGridInterpolator
 from tqdm.auto import tqdm
 
+from artifact.experiments.counting import EXACT
 from artifact.experiments.criteria import paper
 from artifact.experiments.outputs.figures import PAPER_STYLE, title
 from artifact.experiments.settings import Settings
-from artifact.experiments.verdicts.records import EXACT, NOT_MEASURABLE, Claim, verdict_of
+from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, verdict_of
 from artifact.offload.replay.bounds import relaxed_min
 from artifact.offload.replay.fit import measure as routing_statistics
 from artifact.offload.replay.sim import capacity_for, denoising_only, phase_columns, replay, sweep

@@ -30,6 +30,7 @@ from artifact.experiments.outputs.figures import (
     title,
 )
 from artifact.experiments.paired_table import paired_table
+from artifact.experiments.recording import cached_rows
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.routing_map.map import (
     MapGrid,
@@ -41,10 +42,9 @@ from artifact.experiments.studies.routing_map.map import (
     routing_map,
     trace_fits,
 )
-from artifact.experiments.verdicts.judge import claim_compared, question, rule_claim, timed_claim
+from artifact.experiments.verdicts.judge import claim_compared, judge, question, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.verdicts.records import Claim
-from artifact.experiments.verdicts.stored_runs import cached_rows
 from artifact.model.tasks import prompts
 from artifact.offload.backend.store import HostStore
 from artifact.offload.replay.sim import capacity_for
@@ -137,7 +137,7 @@ def cost_text(cal: Calibration) -> str:
     )
 
 
-STREAMS = "streams"  # data/results/<profile>/streams.csv: the timed stream rows (stored_runs.cached_rows)
+STREAMS = "streams"  # data/results/<profile>/streams.csv: the timed stream rows (recording.cached_rows)
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
@@ -227,7 +227,7 @@ def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
     paper_verdict = paper.demand_vs_last_step(1.0)
     cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
     q = question(CLAIM)
-    ruling = rule_claim(t, CLAIM, stream_label)
+    ruling = judge(t, CLAIM, stream_label)
     return timed_claim(
         "demand-async beats async last-step prefetch at C/W 1 on synthetic streams through "
         "the "
