@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.grid import cell_keys, grid
-from artifact.experiments.bench.results import bench_fingerprint, read_rows
+from artifact.experiments.bench.results import bench_fingerprint, has_aa_pair, read_rows
 from artifact.experiments.outputs.paths import reference_traces_dir, results_dir, traces_dir
 from artifact.experiments.settings import Settings, fingerprint, load_profile
 from artifact.model.checkpoint import Loaded
@@ -211,10 +212,31 @@ def bench_file(P: Settings, stem: str = "bench") -> Path:
     return path
 
 
+def recorded_before_the_aa_pair(P: Settings, path: Path, log=print):
+    """A grid file written before the bench's A/A pair (no `arm` column: a stored run's rows put back in
+    place) that holds every run of every cell of the profile's grid without the pair: its rows, ruled with the
+    stand-in A/A (verdicts/pairs.py); None otherwise (the file is resumed, or refused, by the bench)."""
+    if not has_aa_pair(P) or not path.is_file():
+        return None
+    with open(path) as f:
+        if "arm" in f.readline().strip().split(","):
+            return None
+    rows = read_rows(path)
+    per_cell = pd.Series(cell_keys(rows)).value_counts()
+    if any(per_cell.get(c.key, 0) != len(P.policies) * P.repetitions for c in grid(P)):
+        return None
+    log(f"{path.name}: rows recorded before the A/A pair, every cell whole: ruled with the stand-in A/A")
+    return rows
+
+
 def run_grid(P: Settings, stem: str = "bench", progress: bool = True, log=print):
-    """run_bench on the profile's grid into bench_file(P, stem): resumes, skips finished cells."""
+    """run_bench on the profile's grid into bench_file(P, stem): resumes, skips finished cells (a whole grid
+    recorded before the A/A pair is read as it is: recorded_before_the_aa_pair)."""
     loaded = load_model(P) if P.model else None
-    rows = run_bench(P, bench_file(P, stem), loaded=loaded, progress=progress, log=log)
+    path = bench_file(P, stem)
+    rows = recorded_before_the_aa_pair(P, path, log)
+    if rows is None:
+        rows = run_bench(P, path, loaded=loaded, progress=progress, log=log)
     cells = {c.key for c in grid(P)}  # the file may also hold cells of another grid
     keep = [k in cells for k in cell_keys(rows)]
     return rows[keep].reset_index(drop=True)
