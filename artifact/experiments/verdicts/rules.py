@@ -98,8 +98,7 @@ class Ruling:
 
 
 def rule_cell(kind: str, iv: Interval, margin: float = thresholds.MARGIN, unit: str = "%") -> Ruling:
-    """One cell's ruling on its CONFIDENCE interval (for FASTER, `reproduced` or `inconclusive` only: `not
-    reproduced` is read at the simultaneous level, `simultaneous`)."""
+    """One cell's ruling on one interval (rule_claim_cells reads `not reproduced` at the simultaneous one)."""
     if kind not in QUESTIONS:
         raise ValueError(f"question {kind!r}: expected one of {', '.join(QUESTIONS)}")
     if not iv.usable:
@@ -108,7 +107,11 @@ def rule_cell(kind: str, iv: Interval, margin: float = thresholds.MARGIN, unit: 
     if kind == FASTER:
         if iv.low > 0:
             return Ruling(REPRODUCED, "interval above 0")
-        return Ruling(INCONCLUSIVE, "interval reaches 0" if iv.high > 0 else "interval at or below 0")
+        return (
+            Ruling(NOT_REPRODUCED, "interval at or below 0")
+            if iv.high <= 0
+            else Ruling(INCONCLUSIVE, "interval reaches 0")
+        )
     if kind == NO_DIFFERENCE:
         if -margin <= iv.low and iv.high <= margin:
             return Ruling(REPRODUCED, f"interval inside +-{m}")
@@ -122,15 +125,11 @@ def rule_cell(kind: str, iv: Interval, margin: float = thresholds.MARGIN, unit: 
     return Ruling(INCONCLUSIVE, f"interval crosses +{m}")
 
 
-def simultaneous(cells: Sequence[Interval]) -> list[bool]:
-    """For a direction claim: which cells lie at or below 0 at the simultaneous level over the claim's cells
-    (Bonferroni: statsmodels' multipletests gives the per-cell level 1 - 0.05 / k): the cells that make it
-    `not reproduced`."""
+def simultaneous(cells: Sequence[Interval]) -> float:
+    """The per-cell level at which a claim over these cells reads `not reproduced` (a union over the cells):
+    Bonferroni, 1 - 0.05 / k (statsmodels' multipletests over the cells' p of "the effect is 0")."""
     usable = [iv for iv in cells if iv.usable]
-    if not usable:
-        return [False] * len(cells)
-    alpha = multipletests([iv.p_value() for iv in usable], 1 - CONFIDENCE, "bonferroni")[3]
-    return [iv.usable and iv.at(1 - alpha).high <= 0 for iv in cells]
+    return 1 - multipletests([iv.p_value() for iv in usable] or [1.0], 1 - CONFIDENCE, "bonferroni")[3]
 
 
 def aa_gate(aa: Interval | None, margin: float = thresholds.MARGIN, label: str = "A/A") -> str | None:
@@ -163,22 +162,23 @@ def rule_claim_cells(
 ) -> tuple[str, str]:
     """(verdict, reason) of a claim over its labelled cells. `gates`: per cell, why its A/A (or host) makes it
     inconclusive, or None (a gated cell is inconclusive whatever its interval says). Not reproduced if any
-    cell is (for FASTER at the simultaneous level), reproduced if every cell is, else inconclusive; the reason
-    names the cells that decided it."""
+    cell is at the simultaneous level (Bonferroni over the cells), reproduced if every cell is at the 95%
+    level, else inconclusive; the reason names the cells that decided it."""
     if not cells:
         return INCONCLUSIVE, "no cells"
     gates = list(gates) or [None] * len(cells)
     rulings = [rule_cell(kind, iv, margin, unit) for _, iv in cells]
-    if kind == FASTER:
-        below = simultaneous([iv for _, iv in cells])
-        rulings = [
-            Ruling(
-                NOT_REPRODUCED, f"interval at or below 0 at the simultaneous level over {len(cells)} cells"
+    level = simultaneous([iv for _, iv in cells])
+    for i, ((_, iv), r) in enumerate(zip(cells, rulings)):
+        if (
+            r.verdict == NOT_REPRODUCED
+            and rule_cell(kind, iv.at(level), margin, unit).verdict != NOT_REPRODUCED
+        ):
+            rulings[i] = Ruling(
+                INCONCLUSIVE, f"{r.why}, but not at the simultaneous level over {len(cells)} cells"
             )
-            if b
-            else r
-            for r, b in zip(rulings, below)
-        ]
+        elif r.verdict == NOT_REPRODUCED and len(cells) > 1:
+            rulings[i] = Ruling(NOT_REPRODUCED, f"{r.why} at the simultaneous level over {len(cells)} cells")
     rulings = [Ruling(INCONCLUSIVE, g) if g else r for r, g in zip(rulings, gates)]
     verdicts = [r.verdict for r in rulings]
     if NOT_REPRODUCED in verdicts:
