@@ -35,6 +35,7 @@ import torch
 
 from artifact.errors import UserError
 from artifact.experiments.bench.grid import grid
+from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import current_trace
 from artifact.experiments.settings import Settings
 from artifact.model.checkpoint import DTYPES, TensorIndex, expected_shapes
@@ -146,6 +147,10 @@ class Report:
             f"grid: {self.grid_cells} cells, {self.runs} runs, about {self.forwards} forwards: roughly "
             f"{self.hours:.2f} h at a stated {SECONDS_PER_FORWARD[_kind(self.device)]} s per forward "
             "(an estimate, not a measurement)",
+            f"verdicts: a timing verdict pools >= {thresholds.MIN_RUNS} recorded runs of a profile (one run "
+            f"alone, with no stored runs to size the run-to-run spread, reads inconclusive): "
+            f"{thresholds.MIN_RUNS} x {self.hours:.2f} h = {thresholds.MIN_RUNS * self.hours:.2f} h for the "
+            f"bench grid (scripts/record_runs.py --runs {thresholds.MIN_RUNS})",
         ]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
