@@ -120,7 +120,8 @@ def test_a_bench_append_on_a_full_disk_leaves_no_empty_file_and_resumes(tmp_path
     assert not out.exists()  # no empty result file
     full_disk.undo()
     run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet)
-    assert len(read_rows(out)) == 2 * 2 * 2  # cells x policies x repetitions
+    # cells x runs of a repetition (2 policies and demand's B arm: the A/A pair) x repetitions
+    assert len(read_rows(out)) == 2 * 3 * 2
 
 
 @pytest.mark.parametrize("code", [c for c in DISK_ERRORS if c != errno.EFBIG], ids=errno.errorcode.get)
@@ -157,7 +158,8 @@ def test_bench_out_through_the_command_line_is_one_line_and_resumes(tmp_path, ca
     assert str(out) in line and os.strerror(code) in line and "run the same command again" in line
     assert not out.exists() and _leftovers(tmp_path) == []  # no result file, no temporary file
     monkeypatch.setattr(os, "fsync", REAL_FSYNC)
-    assert main(argv) == 0 and len(read_rows(out)) == 3  # 1 cell x 3 policies (the A/A control) x 1 rep
+    # 1 cell x 4 runs (the default 3 policies and demand's B arm: the A/A pair) x 1 rep
+    assert main(argv) == 0 and len(read_rows(out)) == 4
 
 
 def test_a_failed_append_to_an_existing_file_keeps_its_whole_cells(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import pytest
 from artifact.cli import main
 from artifact.errors import ProfileError, ResultFileError, SettingError
 from artifact.experiments.bench.results import (
+    ARM_COLUMNS,
     COLUMNS,
     HOST_COLUMNS,
     PHASE_COLUMNS,
@@ -202,7 +203,9 @@ def test_trace_metrics_per_phase():
 
 def test_bench_phase_columns_and_old_files(tmp_path):
     assert set(PHASE_COLUMNS) == {f"{c}_{p}" for c in COUNTS for p in PHASES}
-    assert list(COLUMNS[-len(PHASE_COLUMNS) - len(HOST_COLUMNS) : -len(HOST_COLUMNS)]) == list(PHASE_COLUMNS)
+    # the phase columns, then the host times, then the run's arm (the A/A pair's), last
+    tail = PHASE_COLUMNS + HOST_COLUMNS + ARM_COLUMNS
+    assert list(COLUMNS[-len(tail) :]) == list(tail)
     stats = {c: 0 for c in COUNTS}
     stats["by_phase"] = {p: {c: i + 10 * j for j, c in enumerate(COUNTS)} for i, p in enumerate(PHASES)}
     flat = phase_stats(stats["by_phase"])

@@ -36,7 +36,7 @@ from artifact.model.checkpoint import (
 from artifact.model.tiny import init_random_weights, save_checkpoint, state_tensors, tiny_checkpoint
 from artifact.offload.replay.trace import Trace, TraceError
 
-RUN_KEYS = ["task", "batch_size", "cache_ratio", "bandwidth_scale", "policy", "rep"]
+RUN_KEYS = ["task", "batch_size", "cache_ratio", "bandwidth_scale", "policy", "arm", "rep"]
 REAL_GRID = {
     "tasks": ["gsm8k"],
     "batch_sizes": [1],
@@ -54,10 +54,15 @@ def runs(df) -> list[tuple]:
 
 
 def expected_runs(p) -> list[tuple]:
+    """Every run of the grid, keyed like `runs`: each policy's (arm A) and, with the A/A pair (the default),
+    demand's second run (arm B), per cell and repetition."""
+    arms = [(pol, "A") for pol in p.policies]
+    if p.aa_pair and "demand" in p.policies:
+        arms.append(("demand", "B"))
     return sorted(
-        (c.task, c.batch_size, c.cache_ratio, c.bandwidth_scale, pol, r)
+        (c.task, c.batch_size, c.cache_ratio, c.bandwidth_scale, pol, arm, r)
         for c in grid(p)
-        for pol in p.policies
+        for pol, arm in arms
         for r in range(p.repetitions)
     )
 
@@ -213,7 +218,7 @@ def test_a_torn_last_line_is_refused_by_readers_and_repaired_by_the_next_bench(t
     out, p = tmp_path / "b.csv", fake_profile()
     full = run_bench(p, out, runner=FakeRunner(), progress=False, log=quiet)
     lines = out.read_bytes().splitlines(keepends=True)
-    out.write_bytes(b"".join(lines[:-2]) + lines[-2][:30])  # a kill 30 bytes into the cell's third row
+    out.write_bytes(b"".join(lines[:-2]) + lines[-2][:30])  # a kill 30 bytes into the cell's fifth row
     with pytest.raises(ValueError, match="last line is torn"):
         read_rows(out)
     assert main(["report", str(out)]) == 2
@@ -224,7 +229,7 @@ def test_a_torn_last_line_is_refused_by_readers_and_repaired_by_the_next_bench(t
     note = next(s for s in said if s.startswith("note:"))
     assert (
         "torn last line (30 bytes)" in note
-        and "incomplete last cell mbpp b=4 C/W=1.73 bw=1x (2 of 4 runs)" in note
+        and "incomplete last cell mbpp b=4 C/W=1.73 bw=1x (4 of 6 runs)" in note
     )
 
 
@@ -236,7 +241,7 @@ def test_whole_rows_of_an_unfinished_last_cell_are_dropped_too(tmp_path):
     said = []
     df = run_bench(p, out, runner=FakeRunner(), progress=False, log=said.append)
     assert runs(df) == expected_runs(p)
-    assert any("incomplete last cell" in s and "2 of 4 runs" in s for s in said)
+    assert any("incomplete last cell" in s and "4 of 6 runs" in s for s in said)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,7 +324,7 @@ def test_resume_and_merge_refuse_a_checkpoint_with_other_weights(tiny, other_wei
     assert other.cfg.config_hash() == tiny.cfg.config_hash()  # same shapes: only weights differ
     with pytest.raises(ValueError, match="checkpoint weights fingerprint"):
         run_bench(p, first, shard=(1, 2), loaded=other, progress=False, log=quiet)
-    assert len(read_rows(first)) == 2  # nothing appended
+    assert len(read_rows(first)) == 3  # shard 0's cell (demand A and B, last_step): nothing appended
     second = tmp_path / "b1.csv"
     run_bench(p, second, shard=(1, 2), loaded=other, progress=False, log=quiet)
     with pytest.raises(ValueError, match="shards disagree on weights_fingerprint"):

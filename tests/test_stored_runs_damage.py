@@ -18,6 +18,7 @@ import pytest
 
 from artifact.cli import main
 from artifact.errors import ResultFileError, RunsError
+from artifact.experiments import recording
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.manifest import MANIFEST, write_manifest
 from artifact.experiments.settings import load_profile
@@ -217,5 +218,5 @@ def test_recording_beside_runs_of_another_commit_is_refused(data):
     shutil.copy(COMMITTED / "runs" / "run1" / "bench.csv", data / "bench.csv")  # a working row file
     at = json.loads((COMMITTED / "runs" / "run1" / "run.json").read_text())["commit"]
     with pytest.raises(RunsError, match=rf"runs: the stored runs are at commit {at}, this checkout at \w+"):
-        stored_runs.record_run(load_profile("cpu"), log=lambda s: None)
+        recording.record_run(load_profile("cpu"), log=lambda s: None)
     assert sorted(p.name for p in (data / "runs").iterdir()) == sorted(stored_names())

@@ -32,7 +32,7 @@ from artifact.model.options import DEFAULT_FORWARD
 from artifact.offload.backend.plans import COUNTS, PHASES
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsync_dir, refuse_overwrite
 
-__all__ = ["primary"]  # re-exported from stats (below bench, where wide_pairs needs it); the rest by name
+__all__ = ["primary"]  # re-exported from verdicts.pairs (below bench, where wide_pairs needs it)
 
 # Profile keys that change what a run measures: a result file made under other values cannot be
 # resumed or merged. The grid axes are not among them (a cell names its own axis values), nor is

@@ -9,10 +9,8 @@ do. So, per cell, with x_k the mean of run k's per-pair effects (pairs.run_effec
     alone     with fewer than 2 stored runs there is no run-to-run spread to size it: the t       unit "pairs"
               interval over its pairs, which a timing verdict does not rule on (judge.py)
 
-A profile's stored verdict pools its stored runs; a fresh run (this run, not a stored one) is ruled alone on
-its one-run interval, never bounded by the stored verdict. A claim's cells are the union over the runs; a cell
-fewer runs hold is pooled over those that hold it. Leave-one-out drops a run from every input: the effect and
-the A/A alike (`Compared.without`)."""
+A fresh run is ruled alone, never bounded by the stored verdict. A claim's cells are the union over the runs
+(a cell is pooled over the runs that hold it). Leave-one-out drops a run from the effect and the A/A alike."""
 
 from __future__ import annotations
 
@@ -25,6 +23,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from artifact.errors import RunsError
+from artifact.experiments.criteria import thresholds
 from artifact.experiments.verdicts.pairs import PERCENT, Basis, aa_label, run_effects
 from artifact.experiments.verdicts.rules import Interval, host_shares
 from artifact.experiments.verdicts.stored_runs import run_meta, runs_root, stored_rows
@@ -141,7 +141,10 @@ class Replicas:
         return [n for n, _ in self.stored]
 
     def last_stored(self) -> "Replicas":
-        """The stored runs alone, pooled (what their stored verdict is)."""
+        """The stored runs alone, pooled (their stored verdict); RunsError with fewer than MIN_RUNS."""
+        if len(self.stored) < thresholds.MIN_RUNS:
+            have = f"{len(self.stored)} stored runs hold this grid's rows ({', '.join(self.names) or 'none'})"
+            raise RunsError(f"{have}: a pooled verdict needs thresholds.MIN_RUNS = {thresholds.MIN_RUNS}")
         return Replicas(None, self.stored, self.commit, self.metric)
 
     @property
