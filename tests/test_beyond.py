@@ -19,7 +19,7 @@ from test_phases import phase_split  # noqa: E402
 from artifact.experiments import counting  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, bench_fingerprint  # noqa: E402
 from artifact.experiments.outputs import figures  # noqa: E402
-from artifact.experiments.settings import load_profile  # noqa: E402
+from artifact.experiments.settings import CONTROL, load_profile  # noqa: E402
 from artifact.experiments.studies import beyond_the_paper as beyond  # noqa: E402
 from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.verdicts.records import NOT_REPRODUCED, REPRODUCED  # noqa: E402
@@ -57,9 +57,10 @@ def sweep_rows(removed: dict, lru=(100, 80, 60), spec=10):
     return pd.DataFrame(rows)
 
 
-def bench_rows(diffs: dict, priorities=beyond.PRIORITIES, reps=4):
-    """Bench rows per priority whose predictor tokens/s differ from demand's by diffs[(priority, policy)] %,
-    +-0.3 points alternating pair by pair."""
+def bench_rows(diffs: dict, priorities=beyond.PRIORITIES, reps=4, offset=0.0):
+    """Bench rows per priority whose predictor tokens/s differ from demand's by diffs[(priority, policy)] %
+    (+ `offset`, a run's shift), +-0.3 points alternating pair by pair. The stand-in A/A (CONTROL, one of the
+    bench's predictors) is level with demand unless `diffs` says otherwise."""
     rng = np.random.default_rng(0)
     rows, sign = [], 1
     for pr in priorities:
@@ -68,7 +69,7 @@ def bench_rows(diffs: dict, priorities=beyond.PRIORITIES, reps=4):
                 for rep in range(reps):
                     base, sign = 50 + 10 * rng.random(), -sign
                     for k, pol in enumerate(("demand",) + beyond.BENCH_PREDICTORS):
-                        d = 0.0 if pol == "demand" else diffs.get((pr, pol), 0.0) + 0.3 * sign
+                        d = 0.0 if pol == "demand" else diffs.get((pr, pol), 0.0) + offset + 0.3 * sign
                         rows.append(
                             {c: 0 for c in COLUMNS}
                             | {
@@ -85,6 +86,11 @@ def bench_rows(diffs: dict, priorities=beyond.PRIORITIES, reps=4):
                             }
                         )
     return pd.DataFrame(rows)
+
+
+def stored(diffs: dict, offsets=(-0.5, 0.0, 0.5)) -> Replicas:
+    """Stored runs of bench_rows (ruled pooled), one per offset."""
+    return Replicas(None, tuple((f"run{k}", bench_rows(diffs, offset=o)) for k, o in enumerate(offsets, 1)))
 
 
 def test_miss_summary_relates_every_policy_to_lru_and_the_oracle():
@@ -184,20 +190,37 @@ def test_throughput_claim_follows_the_intervals_under_demand_priority():
         (table.link_priority == "fifo") & (table.policy == "last_step") & (table.cache_ratio == 1.0)
     ].iloc[0]
     assert row.diff_pct == pytest.approx(-8.0, abs=0.5) and row.ci_high < 0  # predictor over demand
-    same, q1 = beyond.verdicts(beyond.numbers(summary, table, Replicas(slower)))[:2]
+    diffs = {
+        ("fifo", "last_step"): -8.0,
+        ("demand", "last_step"): -3.0,
+        ("fifo", "cross_layer"): -12.0,
+        ("demand", "cross_layer"): -5.0,
+    }
+    same, q1 = beyond.verdicts(beyond.numbers(summary, table, stored(diffs)))[:2]
     assert same.verdict == REPRODUCED and f"{3 * 2 * 2} of {3 * 2 * 2} cells" in same.measured
-    assert q1.timing and q1.verdict == REPRODUCED and "last_step C/W 0.43 b=1: -3.0%" in q1.measured
+    assert q1.timing and q1.verdict == REPRODUCED and "last_step C/W 0.43 b=1: -3.0% [" in q1.measured
+    assert q1.ruled == "pooled" and "3 stored runs" in q1.interval and "(3 runs); A/A [" in q1.measured
+    assert "fifo" not in q1.measured  # ruled under demand priority only
+    # one run alone: no run-to-run spread to size it
+    alone = beyond.verdicts(beyond.numbers(summary, table, Replicas(slower)))[1]
+    assert alone.verdict == "inconclusive" and "record >= 3 runs" in alone.reason
 
-    wins = bench_rows({("demand", "cross_layer"): 6.0})
-    q1 = beyond.verdicts(beyond.numbers(summary, beyond.throughput_table(wins), Replicas(wins)))[1]
+    wins = {("demand", "cross_layer"): 6.0}
+    five = stored(wins, offsets=(-0.4, -0.2, 0.0, 0.2, 0.4))  # not reproduced at the level over 12 cells
+    q1 = beyond.verdicts(beyond.numbers(summary, beyond.throughput_table(bench_rows(wins)), five))[1]
     assert q1.verdict == NOT_REPRODUCED and "cross_layer C/W 0.43 b=1" in q1.reason
+    # the stand-in A/A (CONTROL over demand) 6% off under demand priority gates every cell
+    gated = beyond.verdicts(beyond.numbers(summary, table, stored(diffs | {("demand", CONTROL): 6.0})))[1]
+    assert gated.verdict == "inconclusive" and "A/A" in gated.reason
+    assert "last_step C/W 0.43 b=1: -3.0% [" in gated.measured  # the effect stays the plain one
 
-    changed = slower.copy()
-    changed.loc[
-        (changed.policy == "cross_layer") & (changed.link_priority == "demand") & (changed.rep == 1),
+    changed = Replicas(None, stored(diffs).stored[:-1] + (("run3", slower.copy()),))
+    rows = changed.stored[-1][1]
+    rows.loc[
+        (rows.policy == "cross_layer") & (rows.link_priority == "demand") & (rows.rep == 1),
         "tokens_sha",
     ] = "def"
-    assert beyond.verdicts(beyond.numbers(summary, table, Replicas(changed)))[0].verdict == NOT_REPRODUCED
+    assert beyond.verdicts(beyond.numbers(summary, table, changed))[0].verdict == NOT_REPRODUCED
 
 
 def test_bench_profiles_differ_only_in_priority_and_never_share_a_file():

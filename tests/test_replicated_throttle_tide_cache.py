@@ -28,7 +28,7 @@ from artifact.experiments.settings import (  # noqa: E402
 from artifact.experiments.studies import bandwidth_throttling as throttle  # noqa: E402
 from artifact.experiments.studies import cache_design_space as cache_design  # noqa: E402
 from artifact.experiments.studies import tide_head_to_head as head_to_head  # noqa: E402
-from artifact.experiments.verdicts.pooling import METHOD, SINGLE, WITHIN, Replicas
+from artifact.experiments.verdicts.pooling import Replicas  # noqa: E402
 from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Claim  # noqa: E402
 
 BEST = "demand+lrfu:lam=2"

@@ -17,7 +17,7 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figures import CONTROL_COLOR, save
 from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.studies import routing_map as rm
-from artifact.experiments.verdicts.pooling import METHOD, SINGLE, WITHIN, Replicas
+from artifact.experiments.verdicts.pooling import Replicas  # noqa: E402
 from artifact.experiments.verdicts.records import INCONCLUSIVE, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED
 from artifact.offload.replay.bounds import relaxed_min
 from artifact.offload.replay.sim import capacity_for, replay
@@ -250,10 +250,11 @@ def test_throughput_table_and_claim():
     c = rm.throughput_claim(
         rm.throughput(Replicas(pd.DataFrame(rows), metric=rm.METRIC)), Calibration(50.0, 400.0)
     )
-    assert c.timing and c.verdict == NOT_REPRODUCED and "50 us per expert" in c.measured
+    assert c.timing and "50 us per expert" in c.measured and "paper point: +10.1% [" in c.measured
     assert paper.demand_vs_last_step(1.0)[0] in c.paper
-    # one run, nothing stored beside it
-    assert c.interval.startswith(WITHIN) and "no stored runs" in c.runs_text()
+    # one run, nothing stored beside it: no run-to-run spread to size it, inconclusive whatever its pairs say
+    assert c.verdict == INCONCLUSIVE and "record >= 3 runs" in c.reason
+    assert "pairs alone" in c.interval and "no stored runs" in c.runs_text()
 
 
 # --- the streams' verdict over stored runs (replication.py) --------------------------------------------
@@ -280,51 +281,49 @@ def test_stream_claim_of_a_stored_run_is_the_pooled_one(monkeypatch, tmp_path):
     reps = rm.replicas(P, this)
     assert reps.names == ["run1", "run2", "run3"] and reps.metric == "forwards_per_second"
     t = rm.throughput(reps)
-    assert set(t.effects) == {("paper point",), ("cpu point",)} and set(t.control) == set(t.effects)
+    assert set(t.effects) == {("paper point",), ("cpu point",)} and set(t.aa) == set(t.effects)
+    assert t.aa_label.startswith("stand-in A/A")  # the rows carry CONTROL, not demand's arm B
     iv = t.effects[("paper point",)].ruled
     # over the 3 runs' means 7, 8, 9
     assert iv.unit == "runs" and iv.mean == pytest.approx(8.0) and iv.low > 0
     c = rm.throughput_claim(t)
-    assert c.verdict == REPRODUCED and c.ruled == "pooled" and c.interval.startswith(METHOD)
-    assert set(c.per_run) <= {REPRODUCED, INCONCLUSIVE} and REPRODUCED in c.per_run and c.pooled == REPRODUCED
-    assert (
-        "paper point: net +8.0% [" in c.measured
-        and "A over B +8.0% [" in c.measured
-        and ", A/A " in c.measured
-    )
+    assert c.verdict == REPRODUCED and c.ruled == "pooled" and "3 stored runs" in c.interval
+    # each run alone is widened by the other two's spread (t with 1 df): shown beside, never an input
+    assert set(c.per_run) <= {REPRODUCED, INCONCLUSIVE} and len(c.per_run) == 3 and c.pooled == REPRODUCED
+    assert "paper point: +8.0% [" in c.measured and "(3 runs); A/A [" in c.measured  # the plain effect
     assert "compute: 20 us per expert" in c.measured  # the calibration the rows were timed with
-    assert "runs [timing]: this verdict is the pooled one" in "\n".join(c.lines())
+    assert "runs [timing]: 3 stored runs: pooled reproduced" in "\n".join(c.lines())
 
 
 def test_stream_claim_of_a_fresh_run_is_its_own_and_may_differ_from_the_pooled(monkeypatch, tmp_path):
-    """A run that is not a stored one is ruled on the hull of its own mean widened by the stored runs' spread
-    and the pooled interval: +2% on the paper point crosses +3 there (inconclusive) while the stored runs,
-    pooled, are reproduced; it can say the pooled verdict or inconclusive, never the opposite."""
+    """A run that is not a stored one is ruled alone, on its own mean widened by the stored runs' spread
+    (never bounded by the pooled interval): +2% on the paper point reaches 0 there (inconclusive) while the
+    stored runs, pooled, are reproduced; a fresh run well below them says not reproduced, the opposite of the
+    pooled verdict."""
     P = stored_streams(monkeypatch, tmp_path)
     t = rm.throughput(rm.replicas(P, stream_rows({"paper point": 2.0, "cpu point": 6.5})))
-    iv = t.effects[("paper point",)].ruled
-    assert iv.unit == "hull" and iv.mean == pytest.approx(2.0) and iv.low < 0 < iv.high
-    assert iv.high == pytest.approx(t.effects[("paper point",)].pooled.high)
+    r = t.effects[("paper point",)]
+    assert r.ruled.unit == "run" and r.ruled.mean == pytest.approx(2.0) and r.ruled.low < 0 < r.ruled.high
+    assert r.ruled.high < r.pooled.high  # its own interval, not a hull with the pooled one
     c = rm.throughput_claim(t)
-    assert c.verdict == INCONCLUSIVE and c.ruled == "this run" and c.interval.startswith(SINGLE)
-    assert (
-        c.pooled == REPRODUCED
-        and c.this_run == INCONCLUSIVE
-        and "paper point: interval crosses +3%" in c.reason
-    )
-    assert "this verdict comes from one run (this run alone: inconclusive)" in c.runs_text()
+    assert c.verdict == INCONCLUSIVE and c.ruled == "this run" and "this run alone" in c.interval
+    assert c.pooled == REPRODUCED and "paper point: interval reaches 0" in c.reason
+    assert c.agreement == "is inconclusive alone" and "this run is inconclusive alone" in c.runs_text()
     good = rm.throughput_claim(
         rm.throughput(rm.replicas(P, stream_rows({"paper point": 8.5, "cpu point": 7.5})))
     )
     assert good.verdict == REPRODUCED and good.ruled == "this run"
+    assert good.agreement == "agrees with the stored verdict"
+    bad = rm.throughput_claim(
+        rm.throughput(rm.replicas(P, stream_rows({"paper point": -30.0, "cpu point": 7.5})))
+    )
+    assert bad.verdict == NOT_REPRODUCED and bad.agreement == "differs from the stored verdict"
 
 
-def test_stream_claim_with_a_too_wide_control_is_inconclusive_by_the_width_of_its_net_interval(
-    monkeypatch, tmp_path
-):
-    """The A/A control varies from -4% to +4% between runs: net of it the paper point's run means are 11, 8
-    and 5, so its pooled interval crosses +3 (inconclusive by its width: the control is the null, not a veto),
-    while the cpu point, whose control is calm, is ruled as usual."""
+def test_stream_claim_with_a_too_wide_aa_is_inconclusive_by_the_gate(monkeypatch, tmp_path):
+    """The stand-in A/A varies from -4% to +4% between runs on the paper point: its pooled interval is not
+    inside +-3%, so that stream is inconclusive whatever its effect (+8%, every run above 0) says; the cpu
+    point, whose A/A is calm, is ruled as usual."""
     wide = [
         ({"paper point": 8.0 + d, "cpu point": 6.0 + d}, {"paper point": c, "cpu point": 0.0})
         for d, c in ((-1, -4.0), (0, 0.0), (1, 4.0))
@@ -333,11 +332,9 @@ def test_stream_claim_with_a_too_wide_control_is_inconclusive_by_the_width_of_it
     this = pd.read_csv(tmp_path / "data" / "results" / "cpu" / "runs" / "run1" / f"{rm.STREAMS}.csv")
     c = rm.throughput_claim(rm.throughput(rm.replicas(P, this)))
     assert c.verdict == INCONCLUSIVE and c.ruled == "pooled"
-    assert (
-        f"paper point: interval crosses +{thresholds.MARGIN:g}%" in c.reason and "A/A control" not in c.reason
-    )
-    assert "cpu point" not in c.reason  # its control is calm: ruled as usual
-    assert c.per_run == (INCONCLUSIVE,) * 3  # each run's interval holds the pooled one, which crosses +3
+    assert "paper point: stand-in A/A" in c.reason and f"is not inside +-{thresholds.MARGIN:g}%" in c.reason
+    assert "cpu point" not in c.reason  # its A/A is calm: ruled as usual
+    assert "paper point: +8.0% [" in c.measured  # the effect itself is untouched by the A/A
 
 
 def test_stream_figure_draws_the_ruled_intervals_the_control_and_the_papers_band(monkeypatch, tmp_path):
@@ -350,11 +347,11 @@ def test_stream_figure_draws_the_ruled_intervals_the_control_and_the_papers_band
     ax = fig.axes[2]
     labels = ax.get_legend_handles_labels()[1]
     assert any(lb.startswith(f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}%") for lb in labels)
-    assert f"A/A control ({CONTROL} over demand)" in labels and "demand over last_step" in labels
+    assert f"stand-in A/A ({CONTROL} over demand)" in labels and "demand over last_step" in labels
     colors = {c.get_label(): c.lines[0].get_color() for c in ax.containers}
-    assert colors[f"A/A control ({CONTROL} over demand)"] == CONTROL_COLOR
+    assert colors[f"stand-in A/A ({CONTROL} over demand)"] == CONTROL_COLOR
     pp = df[df.task == "paper point"].iloc[0]
-    ruled, control = t.effects[("paper point",)].ruled, t.control[("paper point",)].ruled
+    ruled, control = t.effects[("paper point",)].ruled, t.aa[("paper point",)].ruled
     assert (pp["diff_pct"], pp["low"], pp["high"], pp["interval"]) == (
         ruled.mean,
         ruled.low,
@@ -362,9 +359,6 @@ def test_stream_figure_draws_the_ruled_intervals_the_control_and_the_papers_band
         "runs",
     )
     assert (pp["control_diff_pct"], pp["control_low"]) == (control.mean, control.low)
-    net = t.net[("paper point",)].ruled  # the interval the direction claim rules on
-    assert (pp["net_diff_pct"], pp["net_low"], pp["net_high"]) == (net.mean, net.low, net.high)
-    assert rm.NET in labels and colors[rm.NET] == colors["demand over last_step"]
     assert len(df) == len(rows) and set(df.novelty) == {0.1}  # 08 reads the paper point's novelty here
     png, _ = save(fig, df, P, "07_test_streams", log=lambda *_: None)
     assert png.stat().st_size > 10_000
@@ -449,16 +443,5 @@ def test_timed_streams_run_through_the_engine(tiny):
         assert tuple(g.policy) == slot_order(("demand", "last_step", CONTROL), TINY.repetitions + rep)
     assert rows.groupby("rep").policy.first().tolist() == ["last_step", "demand"]
     claim = rm.throughput_claim(rm.throughput(Replicas(rows, metric=rm.METRIC)))
-    assert ", A/A " in claim.measured and "net " in claim.measured
-    assert f"A/A control: {CONTROL} over demand" in claim.measured
+    assert f"A/A: stand-in A/A ({CONTROL} over demand)" in claim.measured
     assert "compute: 20 us per expert, 100 us other per demand" in claim.measured  # the rows' own calibration
-
-
-def test_stream_figure_of_a_fresh_run_draws_its_hull(monkeypatch, tmp_path):
-    P = stored_streams(monkeypatch, tmp_path)
-    monkeypatch.setenv("ARTIFACT_FIGURES", str(tmp_path / "figures"))
-    monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "results"))
-    rows = stream_rows({"paper point": 8.5, "cpu point": 7.5})
-    t = rm.throughput(rm.replicas(P, rows))
-    fig, _ = rm.plot_throughput(rows, t, P)
-    assert "hull of its interval and the pooled one" in fig.axes[2].get_title()

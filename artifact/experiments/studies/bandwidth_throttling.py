@@ -1,7 +1,7 @@
 """03 bandwidth throttling: demand and last_step end to end at one C/W while the link's bandwidth is scaled;
 do speculative transfers compete with demand transfers? The stall verdict is ruled per cell (bandwidth, batch
-size, C/W) on an interval over runs (replication.py), net of its A/A control (the direction claim's null: a
-difference in differences per matched pair, criteria/timing.py)."""
+size, C/W) on the plain effect's interval over runs (verdicts/), gated by the grid's A/A
+(criteria/timing.py)."""
 
 from __future__ import annotations
 
@@ -177,6 +177,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         f"stall seconds per forward: {STALL_SHARE.text} (last_step over demand), one interval per cell "
         "(bandwidth, batch, C/W)",
         note=stall_text(n),
+        unit=CLAIM.unit,
     )
     return [counts, stall]
 

@@ -74,9 +74,8 @@ class CellSign:
 class ModelErrors:
     """The model-error figure of every run: this run's and each stored run's validation_summary
     (docs/perf_model.md, "Validation": a run's figure is the median absolute error over its cells; the claim
-    is ruled on the median of the stored runs' figures when this run is one of them, else on the range between
-    this run's own figure and
-    that median, so that one run says the pooled verdict or inconclusive)."""
+    is ruled on the median of the stored runs' figures when this run is one of them, else on this run's own
+    figure: a run is evidence of its own, never bounded by the stored verdict)."""
 
     this: dict  # validation_summary of this run's rows
     runs: tuple[tuple[str, dict], ...] = ()  # (stored run, its validation_summary), in run order
@@ -215,12 +214,9 @@ def errors_table(e: ModelErrors) -> pd.DataFrame:
 
 def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
     """The model-error claim (docs/perf_model.md, "Validation"): every run's figure printed, ruled on the
-    median of the stored runs' figures when this run is one of them, else on the range between this run's own
-    figure and that median (one run says the pooled verdict or inconclusive, never the opposite; its own
-    figure alone when fewer than 2 runs are stored); each stored run's own verdict (the same range rule)
-    beside it. The measured demand-over-last_step difference of every validation cell is printed beside the
-    virtual clock's, with their
-    sign agreement."""
+    median of the stored runs' figures when this run is one of them, else on this run's own figure; each
+    stored run's own verdict (its own figure) beside it. The measured demand-over-last_step difference of
+    every validation cell is printed beside the virtual clock's, with their sign agreement."""
     limit = thresholds.MODEL_ERROR
     verdict, ruled, on, reason = _ruling(e)
     return Claim(
@@ -262,28 +258,12 @@ def _ruling(e: ModelErrors) -> tuple[str, str, str, str]:
             "each run's median absolute error (runs are the unit)"
         )
         return _pooled_verdict(e), "pooled", on, f"the interval of the median of the {n} runs' figures"
-    if e.pooled is not None:
-        on = (
-            "one run: the range holding its own median absolute error and the interval of the median of "
-            "the "
-            f"N = {n} stored runs' (the pooled verdict or inconclusive)"
-        )
-        reason = (
-            "one run: this run is not one of the stored runs, so the range holding its own figure and "
-            "the "
-            f"interval of the median of the {n} stored runs' rules"
-        )
-    else:
-        on = (
-            f"one run: its own median absolute error ({n} stored run beside it)"
-            if n
-            else "one run: its own median absolute error (no stored runs to compare)"
-        )
-        reason = (
-            "one run: this run is not one of the stored runs, so its own figure rules"
-            if n
-            else "one run: no stored runs"
-        )
+    on = (
+        f"one run: its own median absolute error ({n} stored runs beside it, not bounding it)"
+        if n
+        else "one run: its own median absolute error (no stored runs to compare)"
+    )
+    reason = "one run: this run is not one of the stored runs, so its own figure rules" if n else "one run"
     return at_most(*e.ruled, thresholds.MODEL_ERROR), "this run", on, reason
 
 

@@ -242,9 +242,8 @@ def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
 # --- figures ---
 def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     """Left: forwards/s per stream and policy (dots: repetitions, bar: mean); middle: link stall seconds;
-    right: demand over last_step per stream, with its interval, the same net of the A/A control (hollow: the
-    difference in differences the direction claim is ruled on) and the control in its colour, the paper's
-    band."""
+    right: demand over last_step per stream, with the interval it is ruled on, the A/A (the gate) in its
+    colour, the paper's band."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     names = list(dict.fromkeys(rows.task))
     _per_run(ax1, ax2, rows, names)
