@@ -263,7 +263,11 @@ def _ruling(e: ModelErrors) -> tuple[str, str, str, str]:
         if n
         else "one run: its own median absolute error (no stored runs to compare)"
     )
-    reason = "one run: this run is not one of the stored runs, so its own figure rules" if n else "one run"
+    reason = (
+        "one run: this run is not one of the stored runs, so its own figure rules"
+        if n
+        else "one run: no stored runs"
+    )
     return at_most(*e.ruled, thresholds.MODEL_ERROR), "this run", on, reason
 
 
