@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -200,3 +201,14 @@ def test_a_single_run_without_stored_runs_is_inconclusive():
     fresh = _synthetic(1, 30.0)[0][1]
     t = judge(claim_compared(Replicas(fresh, ()), FASTER), FASTER, _label)
     assert t.verdict == INCONCLUSIVE and "record >= 3 runs" in t.reason
+
+
+def test_the_verdict_layer_is_one_small_package_on_standard_statistics():
+    """artifact/experiments/verdicts/: at most 1,700 lines, no module over 300, statistics from scipy.stats
+    and statsmodels."""
+    root = Path(__file__).resolve().parent.parent / "artifact" / "experiments" / "verdicts"
+    sizes = {p.name: len(p.read_text().splitlines()) for p in root.glob("*.py")}
+    assert sum(sizes.values()) <= 1700, sizes
+    assert max(sizes.values()) <= 300, sizes
+    text = "".join(p.read_text() for p in root.glob("*.py"))
+    assert "from scipy import stats" in text and "statsmodels" in text
