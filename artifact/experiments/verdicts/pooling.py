@@ -158,7 +158,9 @@ class Replicas:
         """A over B per cell of `by` (the union over the runs), with the A/A and the GPU host shares."""
         metric = metric or self.metric
         runs = [rows for _, rows in self.stored]
-        this = None if self.this is None or any(_same(self.this, r) for r in runs) else self.this
+        mine = run_effects(self.this, a, b, by, metric, basis) if self.this is not None else None
+        stored = mine is None or any(_same(mine, run_effects(r, a, b, by, metric, basis)) for r in runs)
+        this = None if stored else self.this
 
         def view(x: str, y: str) -> dict:
             mine = run_effects(this, x, y, by, metric, basis) if this is not None else {}
@@ -184,16 +186,9 @@ class Replicas:
         return self.compare(a, b, by, metric, basis).effects
 
 
-def _same(x: pd.DataFrame, y: pd.DataFrame) -> bool:
-    """Whether this run's rows are a stored run's (a notebook run under `--store` of the stored runs)."""
-    if len(x) != len(y) or list(x.columns) != list(y.columns):
-        return False
-    try:
-        return bool(
-            (x.reset_index(drop=True).astype(str) == y.reset_index(drop=True).astype(str)).all().all()
-        )
-    except ValueError:
-        return False
+def _same(x: dict, y: dict) -> bool:
+    """Whether this run's effects are a stored run's (a notebook run under `--store` of the stored runs)."""
+    return x.keys() == y.keys() and all(len(x[k]) == len(y[k]) and np.allclose(x[k], y[k]) for k in x)
 
 
 def gather(
