@@ -1,8 +1,9 @@
-"""Synthetic bench rows and stored runs for the timing claims' tests (replication.py): no model runs.
+"""Synthetic bench rows and stored runs for the timing claims' tests (verdicts/pooling.py): no model runs.
 
 make_rows builds one run's rows: per cell, `reps` pairs of policy A and B whose `metric` differs by the cell's
-percentage, +-noise points alternating pair by pair, and optionally the A/A control (settings.CONTROL) beside
-B. store_runs writes runs as data/results/<profile>/runs/run<k>/<stem>.csv with their run.json and
+percentage, +-noise points alternating pair by pair, and optionally the A/A beside B: the stand-in
+(settings.CONTROL), or with `arm` demand's own A/A pair (rows of demand told apart by their `arm` column).
+store_runs writes runs as data/results/<profile>/runs/run<k>/<stem>.csv with their run.json and
 manifest.json, the layout stored_runs.stored_runs reads (under ARTIFACT_DATA)."""
 
 from __future__ import annotations
@@ -28,20 +29,24 @@ def make_rows(
     fingerprint: str = "",
     misses: dict | None = None,
     base: float = 50.0,
+    arm: bool = False,
 ) -> pd.DataFrame:
     """One run's rows. cells: {(task, batch_size, cache_ratio, bandwidth_scale): % of A over B}; control: the
-    % of CONTROL over B (one number, or per cell; None: no control rows); misses: {policy: (demand misses,
-    speculative transfers)} per run (default 100 and 0 for every policy)."""
+        % of CONTROL over B (one number, or per cell; None: no control rows); misses: {policy: (demand misses,
+        speculative transfers)} per run (default 100 and 0 for every policy); arm: the A/A is demand's arm B
+    over its arm A (every row gets an `arm` column, A but for that second demand run), not CONTROL over B."""
     rows = []
     for (task, bs, ratio, scale), d in cells.items():
         aa = control.get((task, bs, ratio, scale), 0.0) if isinstance(control, dict) else control
         for rep in range(reps):
             sign = 1 if rep % 2 else -1
             value = base * (1 + 0.01 * rep) / scale
-            policies = [(b, value), (a, value * (1 + (d + noise * sign) / 100))]
+            policies = [(b, value, "A"), (a, value * (1 + (d + noise * sign) / 100), "A")]
             if aa is not None:
-                policies.append((CONTROL, value * (1 + (aa - control_noise * sign) / 100)))
-            for order, (pol, v) in enumerate(policies):
+                # the A/A is over demand: B must be demand for the arm-B row to pair with it
+                second = ("demand", "B") if arm else (CONTROL, "A")
+                policies.append((second[0], value * (1 + (aa - control_noise * sign) / 100), second[1]))
+            for order, (pol, v, which) in enumerate(policies):
                 m, spec = (misses or {}).get(pol, (100, 0))
                 seconds = v if metric != "tokens_per_second" else 128 / v
                 rows.append(
@@ -66,6 +71,7 @@ def make_rows(
                         "speculative_transfers": spec,
                         "cache_experts": 10,
                     }
+                    | ({"arm": which} if arm else {})
                     | {metric: v}
                 )
     return pd.DataFrame(rows)
