@@ -58,7 +58,7 @@ def bandwidth_throttling(P: Settings, ts, fresh: bool):
     from artifact.experiments.studies import bandwidth_throttling as bt
 
     reps = stored(bt.replicas(P, None), fresh)
-    return {"03_bandwidth_throttling": bt.plot(bt.summary_table(reps.this), bt.numbers(reps), P)[0]}
+    return {"03_bandwidth_throttling": bt.plot(bt.summary_table(reps.rows), bt.numbers(reps), P)[0]}
 
 
 def capacity_sweep(P: Settings, ts, fresh: bool):
@@ -70,7 +70,7 @@ def capacity_sweep(P: Settings, ts, fresh: bool):
 def tide_head_to_head(P: Settings, ts, fresh: bool):
     from artifact.experiments.studies import tide_head_to_head as th
 
-    return {"05_tide_head_to_head": th.plot(stored(th.replicas(P, None), fresh).this, P)[0]}
+    return {"05_tide_head_to_head": th.plot(stored(th.replicas(P, None), fresh).rows, P)[0]}
 
 
 def beyond_the_paper(P: Settings, ts, fresh: bool):
@@ -78,7 +78,7 @@ def beyond_the_paper(P: Settings, ts, fresh: bool):
 
     summary = bp.miss_summary(bp.miss_sweep(ts, P, progress=False))
     reps = stored(bp.replicas(P, None), fresh)
-    n = bp.numbers(summary, bp.throughput_table(reps.this), reps)
+    n = bp.numbers(summary, bp.throughput_table(reps.rows), reps)
     return {"06_beyond_the_paper": bp.plot(summary, n, P)[0]}
 
 
@@ -86,7 +86,7 @@ def routing_map(P: Settings, ts, fresh: bool):
     from artifact.experiments.studies import routing_map as rm
 
     reps = stored(rm.replicas(P, None), fresh)
-    out = {"07_routing_map_throughput": rm.plot_throughput(reps.this, rm.throughput(reps), P)[0]}
+    out = {"07_routing_map_throughput": rm.plot_throughput(reps.rows, rm.throughput(reps), P)[0]}
     if not fresh:  # the map is drawn from the traces alone: the same in a fresh run
         g = rm.grid_for(P)
         fits = rm.trace_fits(ts)

@@ -1,6 +1,6 @@
 """Every run says what it ran on: a fresh stored run's run.json and a claim record carry the versions of
 python, torch, numpy, pandas and transformers, torch's CPU kernel level and the CPU's model and SIMD flags
-(claims.environment); the committed records and stored runs predate it and keep their bytes."""
+(provenance.environment); the committed records and stored runs predate it and keep their bytes."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from pathlib import Path
 
 import numpy
 import pandas
+import pandas as pd
 import torch
-from test_replication import rows
 
 from artifact.experiments import recording
+from artifact.experiments.outputs import provenance
+from artifact.experiments.outputs.provenance import environment
 from artifact.experiments.settings import load_profile
-from artifact.experiments.verdicts import records as claims
 from artifact.experiments.verdicts import stored_runs
-from artifact.experiments.verdicts.records import Claim, environment, record, record_path
+from artifact.experiments.verdicts.records import Claim, record, record_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +49,10 @@ def test_a_fresh_stored_run_records_the_versions_and_the_cpu(tmp_path, monkeypat
     P = load_profile("cpu")
     work = tmp_path / "data" / "results" / "cpu"
     work.mkdir(parents=True)
-    rows({(1, 1.0): 5.0}).to_csv(work / "bench.csv", index=False)
+    cell = dict(task="gsm8k", batch_size=1, cache_ratio=1.0, bandwidth_scale=1.0, rep=0)
+    pd.DataFrame(
+        [dict(cell, policy=p, tokens_per_second=t) for p, t in (("demand", 105.0), ("last_step", 100.0))]
+    ).to_csv(work / "bench.csv", index=False)
     run = recording.record_run(P, log=lambda s: None)
     check_environment(json.loads((run / "run.json").read_text())["environment"])
     stored_runs.stored_runs("cpu")  # the manifest covers the new run.json
@@ -62,15 +66,15 @@ def test_a_claim_record_carries_the_environment(tmp_path, monkeypatch):
 
 
 def test_without_proc_cpuinfo_the_cpu_is_what_platform_knows(monkeypatch, tmp_path):
-    monkeypatch.setattr(claims, "CPUINFO", tmp_path / "absent")
+    monkeypatch.setattr(provenance, "CPUINFO", tmp_path / "absent")
     env = environment()
     assert env["cpu"]["simd"] is None and env["cpu"]["model"] and env["versions"]["python"]
 
 
-def test_the_committed_records_keep_their_bytes():
-    """The environment is recorded going forward: the committed claim records and stored runs predate it and
-    are not rewritten (their manifests hash run.json)."""
-    for p in (ROOT / "data" / "results" / "cpu").glob("*.claims.json"):
-        assert "environment" not in json.loads(p.read_text()), p.name
+def test_the_committed_records_carry_the_environment_and_the_stored_runs_keep_their_bytes():
+    """The committed claim records were written after the environment was recorded (--store under rules
+    version 3) and carry it; the stored runs predate it and are not rewritten (manifests hash run.json)."""
+    for p in (ROOT / "data" / "results" / "cpu").glob("[0-9][0-9]_*.claims.json"):
+        check_environment(json.loads(p.read_text())["environment"])
     for run in stored_runs.check_stored_runs("cpu"):  # each run.json still the bytes its manifest hashed
         assert "environment" not in stored_runs.run_meta(run), run.name
