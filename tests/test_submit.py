@@ -49,7 +49,7 @@ EXACT = [
     "working_set",
     "cache_experts",
 ]
-RUN_KEY = list(CELL_KEYS) + ["policy", "rep"]
+RUN_KEY = list(CELL_KEYS) + ["policy", "arm", "rep"]  # arm: the A/A pair runs demand twice
 
 
 def sets(*extra: str) -> list[str]:
@@ -102,7 +102,9 @@ def test_local_shards_equal_a_single_process_run(tmp_path, capsys):
     a, b = read_rows(single), read_rows(target)
     assert not b.duplicated(RUN_KEY).any()
     cells = lambda df: sorted(set(map(tuple, df[list(CELL_KEYS)].astype(str).values)))  # noqa: E731
-    assert cells(a) == cells(b) and len(cells(b)) == 2 and len(a) == len(b) == 4
+    assert (
+        cells(a) == cells(b) and len(cells(b)) == 2 and len(a) == len(b) == 6
+    )  # 2 cells x (demand A, B, last_step)
     a, b = a.set_index(RUN_KEY).sort_index(), b.set_index(RUN_KEY).sort_index()
     assert (a[EXACT] == b[EXACT]).all().all(), "sharded runs must count exactly what a single process counts"
     assert not list(target.parent.glob("*.shard-*.csv")), "merged shard files are removed"
@@ -232,7 +234,7 @@ def test_a_killed_shard_is_reported_and_resubmitting_completes_the_file(tmp_path
     assert any("in 1 of 2 shards" in ln for ln in lines), lines  # only the unfinished shard is resubmitted
     done = read_rows(target)
     assert (
-        done.groupby(list(CELL_KEYS)).ngroups == 4 and len(done) == 8 and not done.duplicated(RUN_KEY).any()
+        done.groupby(list(CELL_KEYS)).ngroups == 4 and len(done) == 12 and not done.duplicated(RUN_KEY).any()
     )
     first = done.merge(kept, on=RUN_KEY, suffixes=("", "_kept"))
     assert len(first) == len(kept) and (first.seconds == first.seconds_kept).all(), (
