@@ -76,7 +76,7 @@ def mark_paper_04(ax, point: bool = True) -> list[float]:
         *paper.FASTER_PCT,
         color=PAPER_STYLE["color"],
         alpha=0.15,
-        label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% at C/W {lo}-{hi}",
+        label=f"abstract: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% (over C/W {lo}-{hi}: our reading)",
     )
     if not point:
         return list(paper.FASTER_PCT)

@@ -78,7 +78,8 @@ def prefill_text(ts) -> str:
         else "these traces have no prefill forwards"
     )
     return (
-        "The verdicts count denoising steps only: the paper's oracle figure counts decode steps, and "
+        "The verdicts count denoising steps only (this artifact's choice: the abstract does not say which "
+        "forwards its oracle figure counts), and "
         f"{size}, "
         "a one-off demand that no step-to-step predictor sees coming."
     )
@@ -259,8 +260,8 @@ def oracle_claim(n: Numbers) -> Claim:
     cut, FACTOR = paper.ORACLE_CUT, thresholds.FACTOR
     why = (
         (
-            ", the paper's oracle figure counts decode steps (a prefill forward is a one-off demand no "
-            "step-to-step predictor sees coming)"
+            ", this artifact's choice: the abstract does not say which forwards its oracle figure counts (a "
+            "prefill forward is a one-off demand no step-to-step predictor sees coming)"
         )
         if n.basis == DENOISING_ONLY
         else ""

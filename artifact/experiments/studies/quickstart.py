@@ -105,7 +105,7 @@ def verdicts(n: Numbers) -> list[Claim]:
     return [
         Claim(
             "offloading changes time, never results: the offloaded run decodes the resident run's tokens",
-            "the engine is exact (a design invariant of the paper's system, no figure)",
+            "the engine is exact (this artifact's design invariant; the abstract gives no figure)",
             measured_text(n),
             verdict_of(n.same_tokens),
             counting="the decoded tokens of one prompt, two runs",

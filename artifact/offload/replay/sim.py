@@ -51,7 +51,8 @@ __all__ = [
 ]
 
 # The two counting bases of a count, by what happens to the prefill phase: included (all demands) or
-# excluded (denoising steps only: the first and later phases). The paper's oracle figure counts decode steps.
+# excluded (denoising steps only: the first and later phases).
+# Which forwards the paper's oracle figure counts, the abstract does not say.
 BASES = ("included", "excluded")
 WITH_PREFILL, DENOISING_ONLY = BASES
 

@@ -317,8 +317,7 @@ def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
         *paper.FASTER_PCT,
         color=PAPER_STYLE["color"],
         alpha=0.15,
-        label=f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% (C/W "
-        f"{paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})",
+        label=f"abstract: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% (its gain range)",
     )
     mark_margin(ax3, f"+-{thresholds.MARGIN:g}% (equivalence margin)")
     ax3.axhline(0, color="black", lw=1, ls=":")
