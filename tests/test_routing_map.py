@@ -346,7 +346,7 @@ def test_stream_figure_draws_the_ruled_intervals_the_control_and_the_papers_band
     fig, df = rm.plot_throughput(rows, t, P)
     ax = fig.axes[2]
     labels = ax.get_legend_handles_labels()[1]
-    assert any(lb.startswith(f"paper: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}%") for lb in labels)
+    assert any(lb.startswith(f"abstract: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}%") for lb in labels)
     assert f"stand-in A/A ({CONTROL} over demand)" in labels and "demand over last_step" in labels
     colors = {c.get_label(): c.lines[0].get_color() for c in ax.containers}
     assert colors[f"stand-in A/A ({CONTROL} over demand)"] == CONTROL_COLOR
