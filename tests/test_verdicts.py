@@ -212,3 +212,11 @@ def test_the_verdict_layer_is_one_small_package_on_standard_statistics():
     assert max(sizes.values()) <= 300, sizes
     text = "".join(p.read_text() for p in root.glob("*.py"))
     assert "from scipy import stats" in text and "statsmodels" in text
+
+
+def test_a_fresh_run_with_the_aa_pair_beside_stand_in_runs_names_both(stored):
+    """A fresh run with demand's A/A pair beside stored runs with only the stand-in: the label names both."""
+    fresh = _synthetic(1, 20.0)[0][1]
+    c = claim_compared(Replicas(fresh, stored.stored), FASTER)
+    assert "A/A (demand over demand)" in c.aa_label and "stand-in A/A" in c.aa_label
+    assert all(r.this is not None and r.this.unit == "run" for r in c.effects.values())

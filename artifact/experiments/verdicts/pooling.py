@@ -175,7 +175,7 @@ class Replicas:
 
         sources = ([this] if this is not None else []) + runs
         labels = {aa_label(r) for r in sources}
-        label = None if None in labels or not labels else sorted(labels)[-1]
+        label = None if None in labels or not labels else " and ".join(sorted(labels))  # mixed: both named
         return Compared(
             view(a, b), view("A/A", "demand") if label else {}, host_shares(self.rows, by), basis, label
         )
