@@ -5,15 +5,16 @@ every timing verdict (artifact/experiments/stored_runs/).
     PYTHONPATH=. python scripts/record_runs.py --profile cpu --runs 9
     PYTHONPATH=. python scripts/record_runs.py --profile h200_ae --model /models/LLaDA2.0-mini --runs 3
 
-Each run first clears the working row files (recording.clear_working), then measures what the timing
-notebooks time (stored_runs.TIMED_STUDIES: 03's throttle grid, 04's bench grid, 05's TIDE-style grid, 06's two
-link-priority grids, 07's synthetic streams, 08's model validation cells, 09's end-to-end bench), each with
-its study's `measure`, in notebook order; then copies the row files into a new stored run
-(recording.record_run). Stored run k measures with Settings.rotation = k - 1 (kept in its run.json), so the
-policies' run order (bench/order.py) continues from run to run and each policy sits in each slot equally often
-over whole cycles. `./run_all.sh PROFILE --force --store` afterwards rules every timing claim on the stored
-runs (it finds the last
-run's rows in place and measures nothing again)."""
+Every argument, the profile, the model (config.json and each weight file's header), the results folder and
+the stored runs are checked first: a bad one prints one line, `error: ...`, and exits 2 with nothing changed.
+Each run first moves the working row files aside (recording.working_aside: put back if the run fails), then
+measures what the timing notebooks time (stored_runs.TIMED_STUDIES: 03's throttle grid, 04's bench grid,
+05's TIDE-style grid, 06's two link-priority grids, 07's synthetic streams, 08's model validation cells, 09's
+end-to-end bench), each with its study's `measure`, in notebook order; then copies the row files into a new
+stored run (recording.record_run). Stored run k measures with Settings.rotation = k - 1 (kept in its
+run.json), so the policies' run order (bench/order.py) continues from run to run and each policy sits in each
+slot equally often over whole cycles. `./run_all.sh PROFILE --force --store` afterwards rules every timing
+claim on the stored runs (it finds the last run's rows in place and measures nothing again)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,33 @@ def measure(P, log=print) -> None:
         log(f"  {t.notebook}: {time.time() - t0:.0f} s")
 
 
+MAX_RUNS = 1000  # more runs than anyone records (the stored cpu runs are 9 of about 13 minutes each)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's errors (an unknown option, a missing value) as one line, `error: ...`, exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def run_count(text: str) -> int:
+    """--runs: a whole number from 1 to MAX_RUNS."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give at least 1") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: give at least 1")
+    if n > MAX_RUNS:
+        raise argparse.ArgumentTypeError(f"{n}: give at most {MAX_RUNS}")
+    return n
+
+
 def main(argv=None) -> int:
-    """Record the runs; a bad argument, profile or stored run prints one line (`error: ...`) and returns 2."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """Record the runs; a bad argument, profile, model or stored run prints one line (`error: ...`) and
+    returns 2, before any working row file is touched."""
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="cpu")
     ap.add_argument(
         "--model",
@@ -47,7 +72,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--runs",
-        type=int,
+        type=run_count,
         default=9,
         help="how many runs to record (default 9: the stored cpu "
         "runs' N, "
@@ -56,43 +81,59 @@ def main(argv=None) -> int:
         "docs/verdicts.md)",
     )
     a = ap.parse_args(argv)
+    from artifact.cli import USER_OS_ERRORS
     from artifact.errors import UserError
 
     try:
         record(a)
-    except UserError as e:
+    except (UserError, *USER_OS_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
 
 
-def record(a) -> None:
+def check(a):
+    """Everything that can be refused before a working row file is touched: the profile and its values, the
+    model (its config.json and every weight file's header: prepare.check_checkpoint), the results folder and
+    the stored runs (whole and of this commit). Returns the profile."""
     from artifact.errors import SettingError
     from artifact.experiments import harness
     from artifact.experiments import recording as stored_runs
+    from artifact.experiments.outputs.paths import results_dir
+    from artifact.experiments.verdicts.stored_runs import runs_root
+    from artifact.offload.prepare import check_checkpoint
+    from artifact.paths import check_writable
 
-    if a.runs < 1:
-        raise SettingError(f"--runs {a.runs}: give at least 1")
     P = harness.setup(a.profile, {"model": a.model} if a.model is not None else None)
     if P.model is None:
         raise SettingError(
             f"profile {P.name!r} has model: null: pass --model DIR (a LLaDA2.0 checkpoint directory)"
         )
+    check_checkpoint(P.model)
+    check_writable(results_dir(P) / "bench.csv", "the results folder", exists_ok=True)
+    check_writable(runs_root(P.name) / "run1", "the stored runs' folder", exists_ok=True)
     stored_runs.next_run(P.name)  # the stored runs are whole and of this commit, before any measurement
+    return P
+
+
+def record(a) -> None:
+    from artifact.experiments import recording as stored_runs
+
+    P = check(a)
     for k in range(a.runs):
         dest, _ = stored_runs.next_run(P.name)
         rotation = int(dest.name[3:]) - 1  # stored run n measures with rotation n - 1
         Pk = dataclasses.replace(P, rotation=rotation)
-        stored_runs.clear_working(Pk)
-        t0 = time.time()
-        print(f"run {k + 1} of {a.runs} (stored as {dest.name}, rotation {rotation})", flush=True)
-        measure(Pk)
-        stored_runs.record_run(
-            Pk,
-            seconds=round(time.time() - t0, 1),
-            rotation=rotation,
-            command=f"python scripts/record_runs.py {' '.join(sys.argv[1:])} (run {k + 1})",
-        )
+        with stored_runs.working_aside(Pk):  # put back if this run fails
+            t0 = time.time()
+            print(f"run {k + 1} of {a.runs} (stored as {dest.name}, rotation {rotation})", flush=True)
+            measure(Pk)
+            stored_runs.record_run(
+                Pk,
+                seconds=round(time.time() - t0, 1),
+                rotation=rotation,
+                command=f"python scripts/record_runs.py {' '.join(sys.argv[1:])} (run {k + 1})",
+            )
 
 
 if __name__ == "__main__":

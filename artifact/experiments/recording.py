@@ -1,10 +1,12 @@
 """Recording the stored runs (the reading side, and what the runs mean to a verdict, is verdicts/): a new
 run<k>/ whole or absent (`record_run`, after `next_run` checks the runs are whole and of this commit), the
-working row files cleared between runs (`clear_working`), and `cached_rows`, which keeps a timing notebook's
+working row files cleared between runs (`clear_working`; `working_aside` puts them back if the run
+fails), and `cached_rows`, which keeps a timing notebook's
 rows that are not a bench grid like one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -107,6 +109,36 @@ def clear_working(P, stems: Sequence[str] = TIMED_STEMS, log=print) -> int:
             n += 1
     log(f"cleared {n} working row files in {results_dir(P)}")
     return n
+
+
+@contextlib.contextmanager
+def working_aside(P, stems: Sequence[str] = TIMED_STEMS, log=print):
+    """Around one recorded run: this profile's working row files of `stems` (and their lock sidecars) are
+    moved aside into a hidden folder beside them, so the run measures afresh; if the run fails (an error,
+    Ctrl-C), the files it wrote in their place are removed and the moved ones put back, byte for byte; once it
+    succeeds the moved ones are removed (its own rows replace them, as clear_working would)."""
+    where = results_dir(P)
+    moved = [
+        g for s in stems for f in row_files(P, s) for g in (f, f.with_name(f.name + ".lock")) if g.exists()
+    ]
+    aside = where / f".aside.{os.getpid()}"
+    if moved:
+        shutil.rmtree(aside, ignore_errors=True)
+        aside.mkdir()
+    for g in moved:
+        g.rename(aside / g.name)
+    log(f"moved {len(moved)} working row files in {where} aside (into {aside.name}/)")
+    try:
+        yield aside
+    except BaseException:
+        for g in moved:
+            g.unlink(missing_ok=True)  # this failed run's rows in its place
+            (aside / g.name).rename(g)
+        if moved:
+            aside.rmdir()
+            log(f"the run failed: put the {len(moved)} working row files back in {where}")
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def cached_rows(

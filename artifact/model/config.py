@@ -18,6 +18,16 @@ def expert_params_of(hidden_size: int, moe_intermediate_size: int) -> int:
     return 3 * moe_intermediate_size * hidden_size
 
 
+def _fits(value, kind: type) -> bool:
+    """A config.json value of a field whose default is of type `kind` (an int is a float too; a bool is no
+    number)."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 157184
@@ -110,6 +120,8 @@ class ModelConfig:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: not valid JSON ({e})") from None
             name = name or path.parent.name
+        if not isinstance(source, dict):
+            raise ValueError(f"{where}: a JSON {type(source).__name__}, expected an object of config keys")
         mt = source.get("model_type")
         if mt != MODEL_TYPE:
             raise ValueError(f"{where}: model_type is {mt!r}, expected {MODEL_TYPE!r} (LLaDA2.0-mini/flash)")
@@ -120,10 +132,17 @@ class ModelConfig:
             )
         known = {f.name for f in dataclasses.fields(cls)} - {"name"}
         kw = {k: v for k, v in source.items() if k in known}
-        if "head_dim" not in kw:
-            kw["head_dim"] = source["hidden_size"] // source["num_attention_heads"]
         if source.get("num_shared_experts") is None and "num_shared_experts" in source:
             kw["num_shared_experts"] = 0
+        want = {int: "an integer", float: "a number", bool: "true or false"}
+        for f in dataclasses.fields(cls):
+            if f.name in kw and not _fits(kw[f.name], type(f.default)):
+                raise ValueError(f"{where}: {f.name} is {kw[f.name]!r}, expected {want[type(f.default)]}")
+        if "head_dim" not in kw:
+            for k in ("hidden_size", "num_attention_heads"):
+                if not _fits(source.get(k), int) or source[k] < 1:
+                    raise ValueError(f"{where}: {k} is {source.get(k)!r}, expected an integer >= 1")
+            kw["head_dim"] = source["hidden_size"] // source["num_attention_heads"]
         return cls(**kw, name=name or source.get("_name_or_path", "custom"))
 
     def to_hf(self) -> dict:

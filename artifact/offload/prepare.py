@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from artifact.errors import CheckpointError, SettingError, UserError
-from artifact.model.checkpoint import DTYPES, Loaded, load_checkpoint, load_tokenizer, with_token_ids
+from artifact.model.checkpoint import (
+    DTYPES,
+    Loaded,
+    TensorIndex,
+    load_checkpoint,
+    load_tokenizer,
+    with_token_ids,
+)
 from artifact.model.config import ModelConfig, get_preset
 from artifact.model.decode import MAX_BATCH, DecodeConfig
 from artifact.model.tasks import TASKS, encode, load_task, prompts, tokens_sha
@@ -133,6 +140,17 @@ def model_config(model: str) -> ModelConfig:
         return get_preset("tiny")
     with checkpoint_errors(model):
         return ModelConfig.from_hf(Path(model))
+
+
+def check_checkpoint(model: str) -> ModelConfig:
+    """The architecture (model_config) and every weight file's header checked against its size
+    (checkpoint.TensorIndex: a truncated or damaged safetensors file, an index naming a tensor its shard
+    lacks), without reading a tensor: what a command that runs long checks before it changes anything."""
+    cfg = model_config(model)
+    if model != "tiny":
+        with checkpoint_errors(model):
+            TensorIndex(checkpoint_dir(model))
+    return cfg
 
 
 def resolve_dtype(model: str, dtype: str | None) -> str:
