@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 
+import pandas as pd
+
 from artifact.errors import RunsError, UserError
-from artifact.experiments.outputs.paths import RECORD_SUFFIX, reference_data_dir
+from artifact.experiments.outputs.paths import RECORD_SUFFIX, reference_data_dir, short_path
 from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts.pairs import CELL_KEYS, run_effects
 from artifact.experiments.verdicts.pooling import one_run, pooled
@@ -19,11 +22,46 @@ from artifact.experiments.verdicts.records import RULES_VERSION
 from artifact.experiments.verdicts.stored_runs import (
     TIMED_STEMS,
     TIMED_STUDIES,
+    row_files,
     run_meta,
+    runs_root,
     stored_rows,
     stored_runs,
 )
 from artifact.paths import atomic_write_text
+
+
+def check_stored_rows(P, stems: Sequence[str] = TIMED_STEMS) -> None:
+    """Every stored run's row file of a grid has the columns and the policies that most of the runs' files of
+    that name have (what the claims rule on); else RunsError naming the run, the file and what differs: a
+    file that lost its metric column, or holds a policy no other run measured, is refused in one line rather
+    than failing inside a verdict."""
+    seen: dict[str, list[tuple[str, tuple, tuple]]] = {}
+    for run in stored_runs(P.name):
+        for stem in stems:
+            for f in row_files(P, stem, run):
+                try:
+                    rows = pd.read_csv(f)
+                except (OSError, ValueError) as e:
+                    raise RunsError(f"{short_path(f)}: unreadable as CSV ({e})") from None
+                policies = tuple(sorted(rows.policy.astype(str).unique())) if "policy" in rows else ()
+                seen.setdefault(f.name, []).append((run.name, tuple(sorted(rows.columns)), policies))
+    for name, per_run in seen.items():
+        for i, what in ((1, "columns"), (2, "policies")):
+            counts = Counter(r[i] for r in per_run)
+            want = counts.most_common(1)[0][0]
+            for r in per_run:
+                if r[i] != want:
+                    lacks, extra = sorted(set(want) - set(r[i])), sorted(set(r[i]) - set(want))
+                    raise RunsError(
+                        f"{short_path(runs_root(P.name))}/{r[0]}/{name}: "
+                        + "; ".join(
+                            ([f"lacks {what} {lacks}"] if lacks else [])
+                            + ([f"has {what} {extra}"] if extra else [])
+                        )
+                        + f", unlike {counts[want]} of the {len(per_run)} stored runs' {name}; the claims "
+                        "rule on what every run measured (record the runs again)"
+                    )
 
 
 def coverage(P, stems: Sequence[str] = TIMED_STEMS) -> dict:
@@ -116,6 +154,7 @@ def cmd_stored_runs(a) -> int:
             f"`PYTHONPATH=. python scripts/record_runs.py --profile {P.name} --runs 9`)"
         )
     try:
+        check_stored_rows(P)
         print(coverage_text(P))
         ruled = ruled_claims(P)
         print(claims_text(ruled))

@@ -4,9 +4,9 @@ A stored run (data/results/<profile>/runs/run<k>/, artifact/experiments/replicat
 files, run.json and manifest.json: per row file its row count (CSV data rows, header excluded) and sha256, and
 the sha256 of run.json. scripts/record_runs.py writes it with the run. `check_runs` refuses, with one line
 naming the run and what is wrong (artifact.errors.RunsError): a run folder without run.json or manifest.json,
-a row file missing, added, or whose row count or sha256 differs from the manifest, a gap in the run numbers,
-and runs at more than one
-commit. So a damaged run is never read as fewer rows or fewer runs."""
+a row file missing, added, or whose row count or sha256 differs from the manifest, a run.json that names no
+commit or whose files or load_average are not what record_run writes, a gap in the run numbers, and runs at
+more than one commit. So a damaged run is never read as fewer rows or fewer runs."""
 
 from __future__ import annotations
 
@@ -63,6 +63,26 @@ def _json(path: Path, what: str) -> dict:
     return doc
 
 
+def _check_meta(meta: dict, where: str) -> None:
+    """run.json's keys a reader uses, of the types record_run writes: `commit` a non-empty string, `files` a
+    list of file names, `load_average` a list of three numbers; else RunsError naming the key."""
+    bad = None
+    if not isinstance(meta.get("commit"), str) or not meta["commit"].strip():
+        bad = f"names no commit ({'commit' in meta and repr(meta['commit']) or 'no commit key'})"
+    elif not isinstance(meta.get("files"), list) or not all(isinstance(f, str) for f in meta["files"]):
+        bad = f"files is {meta.get('files')!r}, expected a list of the run's row file names"
+    else:
+        load = meta.get("load_average")
+        if not (
+            isinstance(load, list)
+            and len(load) == 3
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in load)
+        ):
+            bad = f"load_average is {load!r}, expected a list of three numbers (os.getloadavg())"
+    if bad:
+        raise RunsError(f"{where}: {bad}; a stored run is recorded by scripts/record_runs.py")
+
+
 def check_run(run: Path) -> dict:
     """run.json of a stored run whose files are those its manifest lists, with the same row counts and sha256;
     else RunsError naming the run and the fault."""
@@ -78,10 +98,9 @@ def check_run(run: Path) -> dict:
         )
     if sha256(run / RUN_JSON) != man[RUN_JSON]:
         raise RunsError(f"{name}/{RUN_JSON}: sha256 differs from {MANIFEST} (edited after it was recorded)")
-    if sorted(meta.get("files") or []) != sorted(files):
-        raise RunsError(
-            f"{name}: {RUN_JSON} lists files {sorted(meta.get('files') or [])}, {MANIFEST} {sorted(files)}"
-        )
+    _check_meta(meta, f"{name}/{RUN_JSON}")
+    if sorted(meta["files"]) != sorted(files):
+        raise RunsError(f"{name}: {RUN_JSON} lists files {sorted(meta['files'])}, {MANIFEST} {sorted(files)}")
     extra = sorted({p.name for p in run.glob("*.csv")} - set(files))
     if extra:
         raise RunsError(f"{name}/{extra[0]}: not in {MANIFEST} (added after the run was recorded)")
