@@ -111,7 +111,7 @@ def check(a):
         )
     check_checkpoint(P.model)
     check_writable(results_dir(P) / "bench.csv", "the results folder", exists_ok=True)
-    check_writable(runs_root(P.name) / "run1", "the stored runs' folder", exists_ok=True)
+    check_writable(runs_root(P.name) / "run.json", "the stored runs' folder", exists_ok=True)
     stored_runs.next_run(P.name)  # the stored runs are whole and of this commit, before any measurement
     return P
 

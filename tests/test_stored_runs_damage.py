@@ -198,7 +198,8 @@ def test_record_runs_refuses_a_bad_profile_in_one_line():
     assert r.returncode == 2 and r.stdout == ""
     assert one_line(r.stderr).startswith("error: unknown profile 'nope'; choose one of")
     r = record_runs("--runs", "0")
-    assert r.returncode == 2 and one_line(r.stderr) == "error: --runs 0: give at least 1"
+    assert r.returncode == 2
+    assert one_line(r.stderr) == "error: argument --runs: 0: give at least 1 (see --help)"
     r = record_runs("--profile", "h200_ae", "--runs", "1")  # a GPU profile names no checkpoint
     assert r.returncode == 2 and r.stdout == "" and "has model: null: pass --model DIR" in one_line(r.stderr)
 
