@@ -4,6 +4,8 @@
 environment and summary write their JSON under --out atomically; the shell script runs each under `timeout`
 and records its exit in NAME_gpu_run.steps.jsonl, one line per step.
 
+  python scripts/gpu_run.py args [GPU_RUN_ARGS ...] checks gpu_run.sh's arguments, prints them as shell
+                                                    assignments (one line on stderr and exit 2 if bad)
   python scripts/gpu_run.py card [--name NAME]      reads nvidia-smi's GPU names on stdin, prints the name
   python scripts/gpu_run.py environment --out DIR --name NAME [--dry-run]
   python scripts/gpu_run.py summary --out DIR --name NAME [--dry-run]
@@ -12,6 +14,12 @@ What a run leaves under --out fits a borrowed GPU machine's return (MAX_FILES fi
 environment, the step records, the graphs report, the CUDA tests' JSON and log, the summary, and one archive
 of all of them (NAME_gpu_run.tar.gz); a file beyond MAX_FILES would be left out of the folder (it stays in the
 archive), the least needed first. Temporary files of an atomic write that was killed are removed.
+
+`args` refuses, before anything is written: a flag it does not know, one without its value or given twice, a
+budget that is not a whole number of seconds in [1, MAX_BUDGET_S] (artifact.validate.check_number; no sign, no
+leading zero), an --out that is a file or cannot be written, and a dry run whose --out holds this name's files
+from a real run (a dry run never writes over a measurement; real_run_files). `environment` refuses (no CUDA
+GPU, or a GPU that is not --name) before it writes anything, so a run that stops there leaves --out as it was.
 
 Exit codes: 0 done; 2 bad arguments, or a --name that is not the GPU's; 3 (environment) no CUDA GPU visible on
 a run that is not --dry-run."""
@@ -24,13 +32,17 @@ import json
 import os
 import platform
 import re
+import shlex
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(1, str(ROOT))  # the artifact package (its validator), run from any folder
 STEPS = ("environment", "graphs", "cuda_tests", "summary")  # the order they run: the graphs check first
 PACKAGES = ("torch", "numpy", "safetensors", "pytest", "transformers", "tokenizers", "pandas")
 EXIT_USAGE, EXIT_NO_GPU = 2, 3
@@ -55,6 +67,140 @@ def names(out: Path, name: str) -> dict:
 # In the order a file is kept beside the archive when the folder holds too many: the summary and the archive
 # first, then what the performance model reads (the graphs report), then the rest.
 KEEP_ORDER = ("summary", "archive", "graphs", "tests_json", "steps", "environment", "tests_log")
+
+
+# --- gpu_run.sh's arguments ----------------------------------------------------------------------------
+KILL_S = 5  # timeout's grace after a step's budget, for a step that ignores the TERM
+MAX_BUDGET_S = 86_400  # a day: far beyond any step, and far from the shell's 64-bit arithmetic
+BUDGET_FLAGS = {
+    "--budget-environment": "B_ENV",
+    "--budget-graphs": "B_GRAPHS",
+    "--budget-tests": "B_TESTS",
+    "--budget-summary": "B_SUMMARY",
+}
+DEFAULT_BUDGETS = {  # by --full: environment, graphs, cuda_tests, summary
+    False: {"B_ENV": 60, "B_GRAPHS": 140, "B_TESTS": 60, "B_SUMMARY": 15},
+    True: {"B_ENV": 60, "B_GRAPHS": 260, "B_TESTS": 180, "B_SUMMARY": 15},
+}
+# by --dry-run; under the ignored results/ (.gitignore): no run writes into the checkout's tracked folders
+DEFAULT_OUT = {False: "results/gpu_run", True: "results/gpu_run_dry"}
+VALUE_FLAGS = {"--out": "a folder", "--name": "a name", **{f: "seconds" for f in BUDGET_FLAGS}}
+SWITCHES = {"--dry-run": "DRY", "--full": "FULL", "--show-budgets": "SHOW", "-h": "HELP", "--help": "HELP"}
+EXPECTED = "expected --out DIR, --name NAME, --dry-run, --full, --budget-STEP S, --show-budgets"
+
+
+class UsageError(Exception):
+    """A bad argument of gpu_run.sh: one line on stderr, exit 2."""
+
+
+def seconds(flag: str, text: str) -> int:
+    """A budget: a whole number of seconds in [1, MAX_BUDGET_S], written as plain digits (no sign, no leading
+    zero: bash would read 08 as octal)."""
+    from artifact.errors import SettingError
+    from artifact.validate import check_number
+
+    if not re.fullmatch(r"0|[1-9][0-9]*", text):
+        raise UsageError(
+            f"{flag} needs a whole number of seconds (digits, no sign or leading zero), got {text!r}"
+        )
+    if len(text) > len(str(MAX_BUDGET_S)) + 1:  # never parsed: an over-long integer is out of range anyway
+        raise UsageError(f"{flag} (seconds) must be in [1, {MAX_BUDGET_S}], got a {len(text)}-digit number")
+    try:
+        return check_number(f"{flag} (seconds)", int(text), low=1, high=MAX_BUDGET_S, integer=True)
+    except SettingError as e:
+        raise UsageError(str(e)) from None
+
+
+def real_run_files(out: Path, name: str) -> list[Path]:
+    """This name's run files under `out` that a real run (not a dry run) wrote: the graphs report unless it
+    says dry_run_on_cpu, every other file unless the environment beside it says dry_run (a file whose origin
+    cannot be told counts as measured)."""
+    n = names(out, name)
+    env, graphs = read(n["environment"]), read(n["graphs"])
+    env_dry = isinstance(env, dict) and env.get("dry_run") is True
+    graphs_dry = isinstance(graphs, dict) and graphs.get("dry_run_on_cpu") is True
+    return [p for k, p in n.items() if p.exists() and not (graphs_dry if k == "graphs" else env_dry)]
+
+
+def check_out(out: Path) -> None:
+    """--out is a folder (or can be made one) that this user can write in: a temporary file is created and
+    removed in it, or in its nearest existing parent, so nothing is left behind."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file, not a folder")
+    where = out
+    while not where.exists():
+        where = where.parent
+    if not where.is_dir():
+        raise UsageError(f"--out {str(out)!r}: {str(where)!r} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".gpu_run_probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:  # EACCES, EROFS, ENAMETOOLONG, ...
+        raise UsageError(
+            f"--out {str(out)!r}: cannot write there ({e.strerror or e}); choose another folder"
+        ) from None
+
+
+def parse_run_args(argv: list[str], cwd: Path) -> dict:
+    """gpu_run.sh's arguments -> the shell's variables (OUT absolute, not created; budgets and their TOTAL),
+    or a UsageError naming the first bad one. A relative --out is the caller's (cwd), the default the
+    checkout's."""
+    v = {"OUT": "", "NAME": "", "DRY": 0, "FULL": 0, "SHOW": 0, "HELP": 0}
+    given: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in SWITCHES:
+            v[SWITCHES[a]], i = 1, i + 1
+            continue
+        if a not in VALUE_FLAGS:
+            raise UsageError(f"unknown argument {a!r}; {EXPECTED}")
+        if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+            got = f", got the flag {argv[i + 1]!r}" if i + 1 < len(argv) else ""
+            raise UsageError(f"{a} needs {VALUE_FLAGS[a]}{got}")
+        if a in given:
+            raise UsageError(f"{a} given twice ({given[a]!r} and {argv[i + 1]!r})")
+        given[a], i = argv[i + 1], i + 2
+    if v["HELP"]:
+        return v
+    budgets = dict(DEFAULT_BUDGETS[bool(v["FULL"])])
+    for flag, key in BUDGET_FLAGS.items():
+        if flag in given:
+            budgets[key] = seconds(flag, given[flag])
+    v.update(budgets, KILL_S=KILL_S, TOTAL=sum(budgets.values()) + len(budgets) * KILL_S)
+    name = given.get("--name", "")
+    if "--name" in given and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", name):
+        raise UsageError(f"--name must be letters, digits, - or _ (1 to 32 of them), got {name!r}")
+    v["NAME"] = name
+    if v["SHOW"]:
+        return v
+    if "--out" in given and not given["--out"]:
+        raise UsageError("--out needs a folder, got ''")
+    out = cwd / given["--out"] if "--out" in given else ROOT / DEFAULT_OUT[bool(v["DRY"])]
+    out = Path(os.path.abspath(out))
+    check_out(out)
+    if v["DRY"]:
+        measured = real_run_files(out, name or "cpu") if out.is_dir() else []
+        if measured:
+            raise UsageError(
+                f"--out {str(out)!r} holds {measured[0].name}, written by a real run: a dry run never writes "
+                "over it; give the dry run another --out (or --name)"
+            )
+    v["OUT"] = str(out)
+    return v
+
+
+def run_args(argv: list[str]) -> int:
+    """`args`: gpu_run.sh's arguments checked, printed as shell assignments for its eval."""
+    try:
+        v = parse_run_args(argv, Path.cwd())
+    except UsageError as e:
+        print(f"gpu_run: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    for k, x in v.items():
+        print(f"{k}={shlex.quote(str(x))}")
+    return 0
 
 
 # --- the GPU's name ---------------------------------------------------------------------------------
@@ -116,7 +262,6 @@ def environment(a) -> int:
     if cuda:
         free, total = torch.cuda.mem_get_info()
         env.update(capability=list(torch.cuda.get_device_capability()), free_bytes=free, total_bytes=total)
-    atomic_write_text(names(a.out, a.name)["environment"], json.dumps(env, indent=2))
     print(
         f"environment: python {env['python_version']} "
         f"({'the checkout .venv' if env['venv'] else sys.executable}), "
@@ -127,10 +272,11 @@ def environment(a) -> int:
         "packages: " + ", ".join(f"{p} {'yes' if ok else 'no'}" for p, ok in env["packages"].items()),
         flush=True,
     )
+    # the refusals first: a run that stops here writes nothing (--out stays as it was)
     if not a.dry_run and not cuda:
         print(
-            "gpu_run: no CUDA GPU visible (torch.cuda.is_available() is False); nothing else runs. "
-            "--dry-run runs the steps on the CPU.",
+            f"gpu_run: no CUDA GPU visible (torch.cuda.is_available() is False); nothing written under "
+            f"{a.out}, nothing else runs. --dry-run runs the steps on the CPU.",
             file=sys.stderr,
             flush=True,
         )
@@ -143,6 +289,8 @@ def environment(a) -> int:
             flush=True,
         )
         return EXIT_USAGE
+    a.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(names(a.out, a.name)["environment"], json.dumps(env, indent=2))
     return 0
 
 
@@ -281,12 +429,21 @@ def summary(a) -> int:
         print("reports to commit:", flush=True)
         for p in files:
             print(f"  {p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}", flush=True)
+        if a.out.resolve() != (ROOT / "data" / "gpu_check").resolve():
+            print(
+                "  (copy them to data/gpu_check/ first: the performance model reads "
+                f"data/gpu_check/{a.name}_graphs.json)",
+                flush=True,
+            )
     return 0
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["args"]:  # gpu_run.sh's own flags, checked without argparse (one line, exit 2)
+        return run_args(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=("card", "environment", "summary"))
+    ap.add_argument("step", choices=("args", "card", "environment", "summary"))
     ap.add_argument("--out", type=Path)
     ap.add_argument("--name", help="the reports' name prefix (h200: data/gpu_check/h200_graphs.json)")
     ap.add_argument("--dry-run", action="store_true")

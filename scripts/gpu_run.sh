@@ -6,7 +6,8 @@
 #   3. cuda_tests   the CUDA tests of the new path (segmented forward, batched copy); --full: all (gpu_tests.py)
 #   4. summary      each step's result, T1-T7 with their verdicts, one archive, the reports to commit (gpu_run.py)
 # Each step runs under `timeout` with its budget (printed), on whatever torch the machine has: the checkout's
-# .venv where it was carried and imports torch, else the image's python3, with the checkout on PYTHONPATH.
+# .venv ($ARTIFACT_VENV, as scripts/env.sh) where it was carried and imports torch, else the image's python3,
+# with the checkout on PYTHONPATH.
 # The reports are named after the GPU: its short name from nvidia-smi (h200, h100, a5000); a --name that is not
 # the GPU's is refused (exit 2). Under --out, at most 8 files and no folder (what a borrowed GPU machine returns):
 # NAME_gpu_run.steps.jsonl (one line per step, as it ends), NAME_gpu_run_environment.json, NAME_graphs.json
@@ -14,8 +15,12 @@
 # NAME_gpu_run.tar.gz (all of them in one archive); temporary files of a killed atomic write are removed.
 #
 #   scripts/gpu_run.sh [--out DIR] [--name NAME] [--dry-run] [--full] [--budget-STEP S ...] [--show-budgets]
-#     --out DIR        where the reports go (default data/gpu_check; --dry-run: results/gpu_run_dry); on a
-#                      borrowed machine give it an empty folder
+#     --out DIR        where the reports go (default results/gpu_run; --dry-run: results/gpu_run_dry: both
+#                      ignored by git, so no run writes into the checkout's tracked folders; copy a real
+#                      run's reports to data/gpu_check/ to commit them); on a borrowed machine give it an
+#                      empty folder.
+#                      A dry run refuses a DIR holding this name's files from a real run (it never writes over
+#                      a measurement)
 #     --name NAME      check that the GPU is NAME (default: nvidia-smi's name; --dry-run: cpu);
 #                      DIR/h200_graphs.json is what the performance model reads (hardware.GPU_CHECK_GRAPHS)
 #     --dry-run        the same steps on the CPU with tiny shapes: the CUDA tests skip with their reason and
@@ -28,49 +33,36 @@
 # link copies with its copy_ loop (an A/B run of the two paths).
 # Exit codes: 0 every step ended in time (the verdicts are in the output); 1 a step failed or ran out of time;
 # 2 bad arguments, or a --name that is not the GPU's; 3 no CUDA GPU visible (only the environment step ran).
+# Each refusal (2, 3) is one line on stderr and comes before anything is written: --out is left as it was.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
+VENV="${ARTIFACT_VENV:-$ROOT/.venv}"      # as scripts/env.sh
 usage_error() { echo "gpu_run: $*" >&2; exit 2; }
-seconds_arg() {   # seconds_arg FLAG VALUE: a whole number of seconds >= 1
-    [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge 1 ] || usage_error "$1 needs a whole number of seconds >= 1, got '$2'"
-}
-OUT="" NAME="" DRY=0 FULL=0 SHOW=0 B_ENV="" B_GRAPHS="" B_TESTS="" B_SUMMARY=""
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --out) [ $# -ge 2 ] || usage_error "--out needs a folder"; OUT="$2"; shift 2 ;;
-        --name) [ $# -ge 2 ] || usage_error "--name needs a name"; NAME="$2"; shift 2 ;;
-        --dry-run) DRY=1; shift ;;
-        --full) FULL=1; shift ;;
-        --show-budgets) SHOW=1; shift ;;
-        --budget-environment|--budget-graphs|--budget-tests|--budget-summary)
-            [ $# -ge 2 ] || usage_error "$1 needs seconds"; seconds_arg "$1" "$2"
-            case "$1" in
-                --budget-environment) B_ENV="$2" ;; --budget-graphs) B_GRAPHS="$2" ;;
-                --budget-tests) B_TESTS="$2" ;; --budget-summary) B_SUMMARY="$2" ;;
-            esac
-            shift 2 ;;
-        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
-        *) usage_error "unknown argument '$1'; expected --out DIR, --name NAME, --dry-run, --full, --budget-STEP S, --show-budgets" ;;
-    esac
-done
-if [ -n "$NAME" ] && ! [[ "$NAME" =~ ^[A-Za-z0-9_-]+$ ]]; then usage_error "--name must be letters, digits, - or _, got '$NAME'"; fi
 
+# The arguments, checked by scripts/gpu_run.py (`args`) before anything is written: one line and exit 2 for a
+# bad one; else shell assignments (OUT absolute, a relative --out the caller's; NAME; DRY, FULL, SHOW, HELP;
+# the budgets B_ENV B_GRAPHS B_TESTS B_SUMMARY, KILL_S and TOTAL). Run from the caller's folder.
+ARGS_PY="$VENV/bin/python"
+[ -x "$ARGS_PY" ] || ARGS_PY="$(command -v python3 || command -v python)"
+[ -n "$ARGS_PY" ] || usage_error "no python found (looked for $VENV/bin/python, python3, python)"
+PARSED="$("$ARGS_PY" "$ROOT/scripts/gpu_run.py" args "$@")" || exit 2
+OUT="" NAME="" DRY=0 FULL=0 SHOW=0 HELP=0 B_ENV="" B_GRAPHS="" B_TESTS="" B_SUMMARY="" KILL_S="" TOTAL=""
+eval "$PARSED"
+cd "$ROOT"
+if [ "$HELP" = 1 ]; then
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0
+fi
 # Budgets in seconds, each with KILL_S of grace after it for a step that ignores the timeout's TERM. Default:
 # 60 + 140 + 60 + 15 + 4 x 5 = 295 s, under 5 minutes. The environment's 60 s cover a cold `import torch` and
 # CUDA's initialisation. Each step's own limit sits inside its budget. (Unmeasured on a GPU in this form.)
-KILL_S=5
-if [ "$FULL" = 1 ]; then D_ENV=60 D_GRAPHS=260 D_TESTS=180 D_SUMMARY=15; else D_ENV=60 D_GRAPHS=140 D_TESTS=60 D_SUMMARY=15; fi
-B_ENV="${B_ENV:-$D_ENV}" B_GRAPHS="${B_GRAPHS:-$D_GRAPHS}" B_TESTS="${B_TESTS:-$D_TESTS}" B_SUMMARY="${B_SUMMARY:-$D_SUMMARY}"
-TOTAL=$((B_ENV + B_GRAPHS + B_TESTS + B_SUMMARY + 4 * KILL_S))
 if [ "$SHOW" = 1 ]; then
     echo "gpu_run: budgets environment $B_ENV s, graphs $B_GRAPHS s, cuda_tests $B_TESTS s, summary $B_SUMMARY s," \
          "$KILL_S s of grace each: $TOTAL s"
     exit 0
 fi
 
-if [ -x "$ROOT/.venv/bin/python" ] && "$ROOT/.venv/bin/python" -c "import torch" >/dev/null 2>&1; then
-    PY="$ROOT/.venv/bin/python"
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+    PY="$VENV/bin/python"
 else
     PY="$(command -v python3 || command -v python)"
 fi
@@ -86,9 +78,6 @@ else
     NAME="${NAME:-gpu}"
 fi
 
-if [ "$DRY" = 1 ]; then OUT="${OUT:-results/gpu_run_dry}"; else OUT="${OUT:-data/gpu_check}"; fi
-mkdir -p "$OUT" || usage_error "cannot create --out $OUT"
-OUT="$(cd "$OUT" && pwd)"
 export PYTHONPATH="$ROOT:$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONHASHSEED=0
 export ARTIFACT_CACHE="${ARTIFACT_CACHE:-$ROOT/.cache}"
@@ -96,8 +85,13 @@ STEPS_FILE="$OUT/${NAME}_gpu_run.steps.jsonl"
 
 # Temporary files of atomic writes a kill left behind (artifact.paths: .FILE.XXXX.tmp; this script: FILE.tmp).
 clean_tmp() { find "$OUT" -maxdepth 1 -type f \( -name ".${NAME}_*.tmp" -o -name "${NAME}_*.tmp" \) -delete; }
-clean_tmp
-rm -f "$STEPS_FILE"                     # a fresh run: its own step records only
+# A run starts writing only once the environment step let it go on (a GPU, the right name): until then --out
+# is left as it was, a finished run's files included.
+start_writing() {
+    mkdir -p "$OUT" || usage_error "cannot create --out $OUT"
+    clean_tmp
+    rm -f "$STEPS_FILE"                 # a fresh run: its own step records only
+}
 
 DRY_ARGS=() TEST_ARGS=()
 GRAPHS_ARGS=(--budget-s $((B_GRAPHS * 7 / 10)))     # the rest: the configuration in flight, T1-T7, the last write
@@ -123,6 +117,11 @@ step() {
     t1=$(date +%s.%N)
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then timed_out=true; FAILED=1; elif [ "$rc" != 0 ]; then FAILED=1; fi
     secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+    if [ "$i" = 1 ] && { [ "$rc" = 2 ] || [ "$rc" = 3 ]; }; then
+        echo "== step 1/4 $name: exit $rc in $secs s: refused, nothing written under $OUT"
+        return "$rc"
+    fi
+    [ "$i" = 1 ] && start_writing
     { cat "$STEPS_FILE" 2>/dev/null
       printf '{"step": "%s", "budget_s": %s, "rc": %s, "timed_out": %s, "seconds": %s, "python": "%s"}\n' \
           "$name" "$budget" "$rc" "$timed_out" "$secs" "$PY"; } > "$STEPS_FILE.tmp" && mv "$STEPS_FILE.tmp" "$STEPS_FILE"
@@ -134,7 +133,7 @@ echo "gpu_run: python $PY, reports under $OUT (prefix ${NAME}_), 4 steps ($([ "$
 the new path)), $TOTAL s of budgets with grace"
 step 1 environment "$B_ENV" "$PY" scripts/gpu_run.py environment --out "$OUT" --name "$NAME" ${DRY_ARGS[@]+"${DRY_ARGS[@]}"}
 rc=$?
-if [ "$rc" = 2 ] || [ "$rc" = 3 ]; then clean_tmp; exit "$rc"; fi
+if [ "$rc" = 2 ] || [ "$rc" = 3 ]; then exit "$rc"; fi
 step 2 graphs "$B_GRAPHS" "$PY" scripts/gpu_check_graphs.py --out "$OUT/${NAME}_graphs.json" "${GRAPHS_ARGS[@]}"
 step 3 cuda_tests "$B_TESTS" "$PY" scripts/gpu_tests.py --out "$OUT" --name "$NAME" --timeout $((B_TESTS > 20 ? B_TESTS - 10 : B_TESTS)) \
     ${TEST_ARGS[@]+"${TEST_ARGS[@]}"}

@@ -91,8 +91,8 @@ def test_the_default_budgets_fit_5_minutes_full_is_the_rest_and_each_is_a_flag()
             ["--fast"],
             "unknown argument '--fast'; expected --out DIR, --name NAME, --dry-run, --full, --budget-STEP S",
         ),
-        (["--budget-tests", "0"], "--budget-tests needs a whole number of seconds >= 1, got '0'"),
-        (["--budget-graphs", "2m"], "--budget-graphs needs a whole number of seconds >= 1, got '2m'"),
+        (["--budget-tests", "0"], "--budget-tests (seconds) must be in [1, 86400], got 0"),
+        (["--budget-graphs", "2m"], "--budget-graphs needs a whole number of seconds (digits, no sign or"),
         (["--budget-summary"], "--budget-summary needs seconds"),
         (["--name", "h2 00"], "--name must be letters, digits, - or _"),
     ],
@@ -137,29 +137,29 @@ def test_a_name_that_is_not_the_gpus_is_refused_before_anything_runs(tmp_path):
 @pytest.mark.slow
 def test_the_reports_are_named_after_the_gpu_nvidia_smi_names(tmp_path):
     """nvidia-smi says A5000 (a PATH shim; this machine has no GPU, so the environment step then stops with
-    exit 3): the reports are a5000_*, never h200_*; a matching --name, in any case, is accepted."""
+    exit 3, before it writes anything): the reports are a5000_*, never h200_*; a matching --name, in any case,
+    is accepted."""
     shim = fake_nvidia_smi(tmp_path / "bin", "NVIDIA RTX A5000\n")
     for args in ([], ["--name", "A5000"]):
         out = tmp_path / f"out{len(args)}"
         p = gpu_run("--out", out, *args, path_dir=shim, timeout=120)
         assert p.returncode == 3 and "no CUDA GPU visible" in p.stderr
         assert "reports under" in p.stdout and "(prefix a5000_)" in p.stdout
-        assert steps_of(out, "a5000")["environment"]["rc"] == 3
-        assert (out / "a5000_gpu_run_environment.json").exists() and not list(out.glob("h200_*"))
+        assert "refused, nothing written under" in p.stdout and not out.exists()
 
 
 @no_gpu
 @pytest.mark.slow
 def test_gpu_run_stops_after_the_environment_without_a_gpu(tmp_path):
     """No GPU and an nvidia-smi that fails (as where no driver is loaded): the reports are named gpu_*, the
-    environment step says no CUDA GPU is visible, nothing else runs."""
+    environment step says no CUDA GPU is visible, nothing else runs and nothing is written."""
     shim = fake_nvidia_smi(tmp_path / "bin", "NVIDIA-SMI has failed because it couldn't communicate", rc=9)
     out = tmp_path / "out"
     p = gpu_run("--out", out, path_dir=shim, timeout=120)
     assert p.returncode == 3 and "no CUDA GPU visible" in p.stderr and "--dry-run runs the steps" in p.stderr
     assert "nvidia-smi gave no GPU name; the reports are named gpu_*" in p.stdout
     assert "== step 1/4 environment: budget 60 s" in p.stdout and "step 2/4" not in p.stdout
-    assert steps_of(out, "gpu")["environment"]["rc"] == 3 and not (out / "gpu_graphs.json").exists()
+    assert len(p.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
 # --- the dry run: what it leaves under --out ----------------------------------------------------------
