@@ -10,7 +10,7 @@ weights and refuses a checkpoint whose config differs from the one that was chec
 
 The checks run in one fixed order, so the first error a user sees does not depend on the command:
 values -> architecture -> offload spec -> outputs -> task prompts -> positions -> tokenizer -> prompt
-positions -> oracle trace.
+positions -> oracle trace -> safetensors headers (checked_checkpoint: complete files, every tensor's shape).
 """
 
 from __future__ import annotations
@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from artifact.errors import CheckpointError, SettingError, UserError
-from artifact.model.checkpoint import DTYPES, Loaded, load_checkpoint, load_tokenizer, with_token_ids
+from artifact.model.checkpoint import (
+    DTYPES,
+    Loaded,
+    TensorIndex,
+    check_checkpoint,
+    load_checkpoint,
+    load_tokenizer,
+    with_token_ids,
+)
 from artifact.model.config import ModelConfig, get_preset
 from artifact.model.decode import MAX_BATCH, DecodeConfig
 from artifact.model.tasks import TASKS, encode, load_task, prompts, tokens_sha
@@ -127,8 +135,16 @@ def checkpoint_errors(model: str):
         raise CheckpointError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from e
 
 
+def checked_checkpoint(model: str) -> tuple[ModelConfig, TensorIndex]:
+    """The architecture and the safetensors headers, checked without reading a weight (check_checkpoint,
+    the model layer's one check of config.json and the headers); a damaged checkpoint is a CheckpointError."""
+    with checkpoint_errors(model):
+        return check_checkpoint(checkpoint_dir(model))
+
+
 def model_config(model: str) -> ModelConfig:
-    """The architecture, read without loading weights (so arguments are checked first)."""
+    """The architecture, read without loading weights (so arguments are checked first); the safetensors
+    headers are checked last in prepare (checked_checkpoint), before the load."""
     if model == "tiny":
         return get_preset("tiny")
     with checkpoint_errors(model):
@@ -251,4 +267,5 @@ def prepare(r: RunRequest) -> Prepared:
     if r.offload is not None and r.offload.oracle_trace is not None:
         run.oracle = Trace.load(r.offload.oracle_trace, expect_config_hash=cfg.config_hash())
         check_oracle_before_load(run.oracle, cfg, run.prompt_ids, run.batch_size, dc)
+    checked_checkpoint(r.model)  # last: config.json and every safetensors header, before the load reads one
     return run
