@@ -94,14 +94,14 @@ def main(argv=None) -> int:
 
 def check(a):
     """Everything that can be refused before a working row file is touched: the profile and its values, the
-    model (its config.json and every weight file's header: prepare.check_checkpoint), the results folder and
+    model (its config.json and every weight file's header: prepare.checked_checkpoint), the results folder and
     the stored runs (whole and of this commit). Returns the profile."""
     from artifact.errors import SettingError
     from artifact.experiments import harness
     from artifact.experiments import recording as stored_runs
     from artifact.experiments.outputs.paths import results_dir
     from artifact.experiments.verdicts.stored_runs import runs_root
-    from artifact.offload.prepare import check_checkpoint
+    from artifact.offload.prepare import checked_checkpoint, model_config
     from artifact.paths import check_writable
 
     P = harness.setup(a.profile, {"model": a.model} if a.model is not None else None)
@@ -109,7 +109,7 @@ def check(a):
         raise SettingError(
             f"profile {P.name!r} has model: null: pass --model DIR (a LLaDA2.0 checkpoint directory)"
         )
-    check_checkpoint(P.model)
+    model_config(P.model) if P.model == "tiny" else checked_checkpoint(P.model)
     check_writable(results_dir(P) / "bench.csv", "the results folder", exists_ok=True)
     check_writable(runs_root(P.name) / "run.json", "the stored runs' folder", exists_ok=True)
     stored_runs.next_run(P.name)  # the stored runs are whole and of this commit, before any measurement

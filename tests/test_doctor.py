@@ -16,6 +16,7 @@ from test_cli import one_line_error
 
 import artifact.model.checkpoint as checkpoint
 from artifact.cli import main
+from artifact.errors import CheckpointError
 from artifact.experiments.doctor import CONTEXT_BYTES, GB, DoctorError, check
 from artifact.experiments.settings import load_profile
 from artifact.model.checkpoint import expected_shapes
@@ -100,7 +101,7 @@ def test_a_damaged_checkpoint_is_named_from_its_headers(tmp_path, monkeypatch, d
     cfg = get_preset("tiny")
     name = next(n for n in expected_shapes(cfg) if n.endswith("mlp.experts.3.down_proj.weight"))
     root = write_header_only_checkpoint(tmp_path / "bad", cfg, "F32", **{damage: name})
-    with pytest.raises(DoctorError, match=message):
+    with pytest.raises(CheckpointError, match=message):
         check(load_profile("cpu", {"model": str(root)}))
 
 

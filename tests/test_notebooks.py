@@ -58,8 +58,8 @@ def test_a_parameters_cell_that_is_not_profile_and_overrides_fails_before_anythi
     rc = main_for_tests(
         ["notebooks", "--notebook-dir", str(tmp_path), "--results", str(tmp_path / "results"), "--quiet"]
     )
-    assert rc == 1 and not (tmp_path / "results").exists()
-    assert main_for_tests(["notebooks", "--profile", "nope", "--notebook-dir", str(tmp_path), "--quiet"]) == 1
+    assert rc == 2 and not (tmp_path / "results").exists()
+    assert main_for_tests(["notebooks", "--profile", "nope", "--notebook-dir", str(tmp_path), "--quiet"]) == 2
     with pytest.raises(NotebookError, match="no such notebook"):
         find_notebooks(tmp_path, ["07"])
 
@@ -72,7 +72,7 @@ def test_a_bad_override_fails_before_anything_runs(tmp_path, capsys):
             ["notebooks", "--notebook-dir", str(tmp_path), "--results", str(res), "--quiet", *bad]
         )
         err = capsys.readouterr().err
-        assert rc == 1 and "nothing was run" in err and "gen_len" in err and not res.exists()
+        assert rc == 2 and "nothing was run" in err and "gen_len" in err and not res.exists()
     assert "did you mean 'gen_length'" in err or "gen_length" in err
 
 

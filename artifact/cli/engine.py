@@ -162,8 +162,8 @@ def cmd_generate(a):
         outputs=(Output(a.record_trace, "--record-trace", a.force),),
     )
     r = prepare(request)
+    options = RunOptions(r.dc, a.device, a.forward)  # before the load: a bad pair is refused first
     loaded = r.load()
-    options = RunOptions(r.dc, a.device, a.forward)
     res = decode_prompts(
         loaded,
         r.prompts,
@@ -196,8 +196,8 @@ def cmd_trace(a):
         outputs=(Output(a.out, "--out", a.force),),
     )
     r = prepare(request)
+    options = RunOptions(r.dc, a.device, a.forward)  # before the load: a bad pair is refused first
     loaded = r.load()
-    options = RunOptions(r.dc, a.device, a.forward)
     res = decode_prompts(
         loaded, r.prompts, r.batch_size, options, record=True, prompt_ids=r.prompt_ids, task=a.task
     )

@@ -11,11 +11,16 @@ from artifact.cli.args import add_profile_args, names, overrides_from_args
 from artifact.experiments.notebooks import CELL_TIMEOUT_S, NotebookError, run_notebooks, summary_table
 from artifact.experiments.notebooks.store import store_outputs
 from artifact.experiments.settings import ProfileError
+from artifact.validate import check_number
+
+MAX_TIMEOUT_S = 7 * 24 * 3600  # a cell's limit: a week at most (a longer or over-long integer is a typo)
 
 
 def cmd_notebooks(a) -> int:
-    """Returns the number of failed notebooks."""
+    """Returns the number of failed notebooks. A refusal before any notebook runs (a bad flag, profile,
+    override or notebook name) is one line and exit 2."""
     log = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    check_number("--timeout", a.timeout, low=1, high=MAX_TIMEOUT_S, integer=True)
     try:
         overrides = overrides_from_args(a)
         outcomes = run_notebooks(
@@ -30,9 +35,8 @@ def cmd_notebooks(a) -> int:
             log=log,
         )
     except (NotebookError, ProfileError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        print("nothing was run", file=sys.stderr)
-        return getattr(e, "failed", 1)
+        print(f"error: {e}; nothing was run", file=sys.stderr)
+        return 2
     print(summary_table(outcomes))
     if a.store:
         store_outputs(a.profile, overrides, outcomes, a.notebook_dir, a.results, log=log)

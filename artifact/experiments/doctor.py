@@ -38,11 +38,10 @@ from artifact.experiments.bench.grid import grid
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import current_trace
 from artifact.experiments.settings import Settings
-from artifact.model.checkpoint import DTYPES, TensorIndex, expected_shapes
+from artifact.model.checkpoint import DTYPES
 from artifact.model.memory import non_expert_bytes
 from artifact.model.tasks import prompts
-from artifact.model.tiny import checkpoint_dir
-from artifact.offload.prepare import model_config, tokenizer_and_config
+from artifact.offload.prepare import checked_checkpoint, tokenizer_and_config
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import mean_working_set
 from artifact.paths import data_dir
@@ -160,10 +159,6 @@ def _kind(device: str) -> str:
     return "cuda" if device.startswith("cuda") else "cpu"
 
 
-def _root(model: str) -> Path:
-    return checkpoint_dir(model)
-
-
 def _host_available() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -199,19 +194,6 @@ def _working_set(P: Settings, batch: int, bound: int) -> tuple[float, bool]:
     return max(ws)
 
 
-def check_tensors(index: TensorIndex, cfg) -> None:
-    """Every tensor the loader will read is in the headers, with its shape (no weight is read)."""
-    for name, shape in expected_shapes(cfg).items():
-        path = index.where.get(name)
-        if path is None:
-            raise DoctorError(
-                f"{index.root}: tensor {name} (shape {list(shape)}) is missing from the checkpoint"
-            )
-        have = tuple(index.tables[path][name]["shape"])
-        if have != tuple(shape):
-            raise DoctorError(f"{path.name}: tensor {name} has shape {list(have)}, expected {list(shape)}")
-
-
 def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
     """Everything a run of profile P needs, against this machine (or the stated GPU memory)."""
     if P.model is None:
@@ -220,10 +202,8 @@ def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
         )
     notes = []
     dtype = P.torch_dtype
-    cfg = model_config(P.model)
+    cfg, index = checked_checkpoint(P.model)  # config.json, the headers, every tensor's shape
     tok, cfg = tokenizer_and_config(P.model, cfg)
-    index = TensorIndex(_root(P.model))
-    check_tensors(index, cfg)
     ckpt = sum(
         int(i["data_offsets"][1]) - int(i["data_offsets"][0])
         for t in index.tables.values()

@@ -294,7 +294,11 @@ def parse_override(text: str) -> tuple[str, object]:
     try:
         return key, load_yaml(raw, f"--set {key}")
     except yaml.YAMLError as e:
-        raise ProfileError(f"{key}: value {raw!r} is not YAML: {e}") from None
+        where = getattr(e, "problem_mark", None)
+        at = f" at column {where.column + 1}" if where is not None else ""
+        raise ProfileError(
+            f"{key}: value {raw!r} is not YAML ({getattr(e, 'problem', None) or 'unparsable'}{at})"
+        ) from None
 
 
 def fingerprint(settings: Settings, keys: typing.Iterable[str]) -> str:

@@ -218,6 +218,30 @@ class TensorIndex:
         return t
 
 
+def check_checkpoint(root: Path) -> tuple[ModelConfig, TensorIndex]:
+    """The one check of a checkpoint directory before any weight is read, for every entry point (the loader,
+    prepare, the doctor): config.json is an object of well-typed keys (ModelConfig.from_hf), every
+    safetensors header is complete and agrees with its file's size (TensorIndex), and every tensor the
+    loader will read is in the headers with its shape. Errors are ValueErrors (CheckpointError), a KeyError
+    (a missing tensor) or FileNotFoundError, each naming the file."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"{root}: checkpoint directory not found (expected config.json + *.safetensors)"
+        )
+    cfg = ModelConfig.from_hf(root)
+    index = TensorIndex(root)
+    for name, shape in expected_shapes(cfg).items():
+        path = index.where.get(name)
+        if path is None:
+            raise KeyError(f"{root}: tensor {name} (shape {list(shape)}) is missing from the checkpoint")
+        info = index.tables[path][name]
+        have = info.get("shape") if isinstance(info, dict) else None
+        if not isinstance(have, list) or tuple(have) != tuple(shape):
+            raise CheckpointError(f"{path.name}: tensor {name} has shape {have}, expected {list(shape)}")
+    return cfg, index
+
+
 FULL_HASH_BYTES = 64 << 20  # files up to this size are hashed whole
 SAMPLE_BYTES = 64  # from larger files: the first bytes of every tensor
 
@@ -270,17 +294,12 @@ def load_checkpoint(
     capacity: the offloaded cache's slots per MoE layer, if one will be built; a capacity whose slots do
     not fit in the device's free memory is refused here, before any tensor is read."""
     root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(
-            f"{root}: checkpoint directory not found (expected config.json + *.safetensors)"
-        )
     dtype = parse_dtype(dtype)
+    cfg, index = check_checkpoint(root)
     tok = load_tokenizer(root)
-    cfg = ModelConfig.from_hf(root)
     cfg = with_token_ids(cfg, tok, root)
     if capacity is not None:
         check_slots_fit(cfg, capacity, dtype, device)
-    index = TensorIndex(root)
     shapes = expected_shapes(cfg)
     model = LLaDA2MoE(cfg)
     state, biases = {}, {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,16 +17,6 @@ def expert_params_of(hidden_size: int, moe_intermediate_size: int) -> int:
     (I x D each) and down (D x I), packed as one row [gate | up | down] (experts.expert_views). The one place
     this size is computed: every expert size in the artifact comes from here."""
     return 3 * moe_intermediate_size * hidden_size
-
-
-def _fits(value, kind: type) -> bool:
-    """A config.json value of a field whose default is of type `kind` (an int is a float too; a bool is no
-    number)."""
-    if kind is bool:
-        return isinstance(value, bool)
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
 
 
 @dataclass(frozen=True)
@@ -121,7 +112,7 @@ class ModelConfig:
                 raise ValueError(f"{path}: not valid JSON ({e})") from None
             name = name or path.parent.name
         if not isinstance(source, dict):
-            raise ValueError(f"{where}: a JSON {type(source).__name__}, expected an object of config keys")
+            raise ValueError(f"{where}: not a JSON object of config keys (got a {type(source).__name__})")
         mt = source.get("model_type")
         if mt != MODEL_TYPE:
             raise ValueError(f"{where}: model_type is {mt!r}, expected {MODEL_TYPE!r} (LLaDA2.0-mini/flash)")
@@ -132,16 +123,14 @@ class ModelConfig:
             )
         known = {f.name for f in dataclasses.fields(cls)} - {"name"}
         kw = {k: v for k, v in source.items() if k in known}
-        if source.get("num_shared_experts") is None and "num_shared_experts" in source:
+        if source.get("num_shared_experts", 0) is None:
             kw["num_shared_experts"] = 0
-        want = {int: "an integer", float: "a number", bool: "true or false"}
-        for f in dataclasses.fields(cls):
-            if f.name in kw and not _fits(kw[f.name], type(f.default)):
-                raise ValueError(f"{where}: {f.name} is {kw[f.name]!r}, expected {want[type(f.default)]}")
+        for k, v in kw.items():
+            _check_value(where, k, v, cls.__dataclass_fields__[k].default)
         if "head_dim" not in kw:
             for k in ("hidden_size", "num_attention_heads"):
-                if not _fits(source.get(k), int) or source[k] < 1:
-                    raise ValueError(f"{where}: {k} is {source.get(k)!r}, expected an integer >= 1")
+                if k not in kw:
+                    raise ValueError(f"{where}: has no head_dim and no {k} to derive it from")
             kw["head_dim"] = source["hidden_size"] // source["num_attention_heads"]
         return cls(**kw, name=name or source.get("_name_or_path", "custom"))
 
@@ -159,6 +148,25 @@ class ModelConfig:
             pad_token_id=self.eos_token_id,
         )
         return d
+
+
+# Keys that may be 0; every other integer key is a size or a count of at least 1.
+MAY_BE_ZERO = {"first_k_dense_replace", "num_shared_experts", "mask_token_id", "eos_token_id"}
+
+
+def _check_value(where: str, key: str, value, default) -> None:
+    """A config.json value of the type (and sign) ModelConfig's field has, or a ValueError naming it."""
+    if isinstance(default, bool):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        low = 0 if key in MAY_BE_ZERO else 1
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+        want = f"an integer >= {low}"
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok, want = ok and value > 0, "a number > 0"
+    if not ok:
+        raise ValueError(f"{where}: {key} is {value!r}, expected {want}")
 
 
 PRESETS: dict[str, ModelConfig] = {

@@ -10,7 +10,7 @@ weights and refuses a checkpoint whose config differs from the one that was chec
 
 The checks run in one fixed order, so the first error a user sees does not depend on the command:
 values -> architecture -> offload spec -> outputs -> task prompts -> positions -> tokenizer -> prompt
-positions -> oracle trace.
+positions -> oracle trace -> safetensors headers (checked_checkpoint: complete files, every tensor's shape).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from artifact.model.checkpoint import (
     DTYPES,
     Loaded,
     TensorIndex,
+    check_checkpoint,
     load_checkpoint,
     load_tokenizer,
     with_token_ids,
@@ -134,23 +135,20 @@ def checkpoint_errors(model: str):
         raise CheckpointError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from e
 
 
+def checked_checkpoint(model: str) -> tuple[ModelConfig, TensorIndex]:
+    """The architecture and the safetensors headers, checked without reading a weight (check_checkpoint,
+    the model layer's one check of config.json and the headers); a damaged checkpoint is a CheckpointError."""
+    with checkpoint_errors(model):
+        return check_checkpoint(checkpoint_dir(model))
+
+
 def model_config(model: str) -> ModelConfig:
-    """The architecture, read without loading weights (so arguments are checked first)."""
+    """The architecture, read without loading weights (so arguments are checked first); the safetensors
+    headers are checked last in prepare (checked_checkpoint), before the load."""
     if model == "tiny":
         return get_preset("tiny")
     with checkpoint_errors(model):
         return ModelConfig.from_hf(Path(model))
-
-
-def check_checkpoint(model: str) -> ModelConfig:
-    """The architecture (model_config) and every weight file's header checked against its size
-    (checkpoint.TensorIndex: a truncated or damaged safetensors file, an index naming a tensor its shard
-    lacks), without reading a tensor: what a command that runs long checks before it changes anything."""
-    cfg = model_config(model)
-    if model != "tiny":
-        with checkpoint_errors(model):
-            TensorIndex(checkpoint_dir(model))
-    return cfg
 
 
 def resolve_dtype(model: str, dtype: str | None) -> str:
@@ -269,4 +267,5 @@ def prepare(r: RunRequest) -> Prepared:
     if r.offload is not None and r.offload.oracle_trace is not None:
         run.oracle = Trace.load(r.offload.oracle_trace, expect_config_hash=cfg.config_hash())
         check_oracle_before_load(run.oracle, cfg, run.prompt_ids, run.batch_size, dc)
+    checked_checkpoint(r.model)  # last: config.json and every safetensors header, before the load reads one
     return run

@@ -226,6 +226,10 @@ class RunOptions:
     def __post_init__(self):
         if not isinstance(self.decode, DecodeConfig):
             raise SettingError(f"RunOptions.decode must be a DecodeConfig, got {type(self.decode).__name__}")
+        if self.forward == "segmented" and self.decode.mode != "cached":  # segments run over the KV cache
+            raise SettingError(
+                f"forward segmented needs mode cached (mode {self.decode.mode} runs every forward eagerly)"
+            )
         self.forward_options()
 
     def forward_options(

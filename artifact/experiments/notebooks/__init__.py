@@ -71,6 +71,8 @@ def notebook_dir() -> Path:
 def find_notebooks(directory: Path, only: list[str] | None = None) -> list[Path]:
     """The numbered notebooks NN_name.ipynb, in order; `only` keeps those whose number or name is listed."""
     paths = sorted(p for p in Path(directory).glob("[0-9][0-9]_*.ipynb"))
+    if only is not None and not only:
+        raise NotebookError(f"--only names no notebook; choose from {[p.stem for p in paths]}")
     if only:
         keep = [p for p in paths if any(p.stem == o or p.stem.split("_")[0] == o for o in only)]
         unknown = [o for o in only if not any(p.stem == o or p.stem.split("_")[0] == o for p in paths)]
@@ -281,6 +283,10 @@ def run_notebooks(
     directory = Path(directory or notebook_dir())
     paths = find_notebooks(directory, only)
     P = load_profile(profile, overrides)  # a bad profile or override fails here
+    if P.model is None:  # the GPU profiles name no checkpoint: every model notebook would fail
+        raise NotebookError(
+            f"profile {P.name!r} has model: null: pass --model DIR (a LLaDA2.0 checkpoint directory)"
+        )
     # a bundled profile is injected by name, one given as a file by absolute path (the kernel runs in
     # notebooks/)
     bundled = profile_path(profile).resolve().parent == PROFILE_DIR
