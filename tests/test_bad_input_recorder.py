@@ -142,7 +142,7 @@ def test_record_runs_refuses_bad_arguments_before_touching_anything(
         (["--runs", str(2**63)], f"{2**63}: give at most 1000"),
         (["--runs", "1", "--profile", "nope"], "unknown profile 'nope'"),
         (["--runs", "1", "--model"], "--model: expected one argument"),
-        (["--runs", "1", "--model", str(tmp_path / "absent")], "no config.json"),
+        (["--runs", "1", "--model", str(tmp_path / "absent")], "checkpoint directory not found"),
         (["--runs", "1", "--profile", "h200_ae"], "has model: null: pass --model DIR"),
     ]
     cases += [
