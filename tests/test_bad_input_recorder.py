@@ -123,7 +123,7 @@ def damaged_checkpoints(tiny: Path, tmp_path: Path) -> dict[str, tuple[Path, str
     out["short_header"] = (d, "not a complete safetensors file")
     d = copy("list_config")
     (d / "config.json").write_text("[1, 2]")
-    out["list_config"] = (d, "a JSON list, expected an object")
+    out["list_config"] = (d, "not a JSON object of config keys (got a list)")
     d = copy("text_hidden_size")
     cfg = json.loads((d / "config.json").read_text())
     cfg["hidden_size"] = "64"
