@@ -9,6 +9,11 @@
 #                   stored runs used (Python 3.11 only: under another Python it installs without, and says so);
 #                   0: without it, at the newest versions pyproject.toml's ranges allow
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+case "${ARTIFACT_LOCK:-1}" in
+  0 | 1) ;;
+  *) echo "error: ARTIFACT_LOCK=${ARTIFACT_LOCK}: expected 1 (install with requirements.lock, the default) or 0 (without it)" >&2
+     return 2 2>/dev/null || exit 2 ;;
+esac
 VENV="${ARTIFACT_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 if [ ! -x "$PY" ]; then
@@ -29,6 +34,9 @@ _stamp="$VENV/.artifact-installed"
 if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
   echo "[env] installing the project into $VENV (first run takes a few minutes)"
   "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
+  if [ ${#_lock[@]} -gt 0 ]; then   # a lock out of date with pyproject.toml: one sentence, not pip's resolver
+    "$PY" "$ROOT/scripts/check_lock.py" || return 2 2>/dev/null || exit 2
+  fi
   if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install -q --disable-pip-version-check "${ARTIFACT_TORCH:-torch==2.13.0}"
   fi

@@ -131,3 +131,22 @@ def test_run_all_refuses_in_one_line(damaged, args, message):
     assert p.returncode == 2 and len(lines) == 1 and message in lines[0], p.stderr
     assert "Traceback" not in p.stderr
     assert snapshot(ROOT / "results", ROOT / "data" / "results", damaged["truncated"]) == before
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["notebooks", "--timeout", "abc"],
+        ["bench", "--no-such-flag"],
+        ["rule", "--cell", "1"],
+        ["no-such-command"],
+    ],
+)
+def test_a_flag_argparse_refuses_is_one_line_too(capsys, argv):
+    """argparse's own refusals (a bad type, an unknown flag or command, a missing value): one line, exit 2,
+    never the usage block."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert "see --help" in err and "Traceback" not in err

@@ -39,8 +39,16 @@ from artifact.validate import check_number
 USER_OS_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag or value is one line on stderr, naming it (argparse's message), and exit 2: never the usage
+    block before it."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m artifact", description=__doc__)
+    ap = OneLineParser(prog="python -m artifact", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     engine.add_cli(sub)
     bench.add_cli(sub)
