@@ -65,7 +65,8 @@ def _json(path: Path, what: str) -> dict:
 
 def _check_meta(meta: dict, where: str) -> None:
     """run.json's keys a reader uses, of the types record_run writes: `commit` a non-empty string, `files` a
-    list of file names, `load_average` a list of three numbers; else RunsError naming the key."""
+    list of file names, `load_average` a list of three numbers (or null where the platform has no load
+    average); else RunsError naming the key."""
     bad = None
     if not isinstance(meta.get("commit"), str) or not meta["commit"].strip():
         bad = f"names no commit ({'commit' in meta and repr(meta['commit']) or 'no commit key'})"
@@ -73,12 +74,12 @@ def _check_meta(meta: dict, where: str) -> None:
         bad = f"files is {meta.get('files')!r}, expected a list of the run's row file names"
     else:
         load = meta.get("load_average")
-        if not (
+        if load is not None and not (
             isinstance(load, list)
             and len(load) == 3
             and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in load)
         ):
-            bad = f"load_average is {load!r}, expected a list of three numbers (os.getloadavg())"
+            bad = f"load_average is {load!r}, expected a list of three numbers (os.getloadavg()) or null"
     if bad:
         raise RunsError(f"{where}: {bad}; a stored run is recorded by scripts/record_runs.py")
 
