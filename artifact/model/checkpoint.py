@@ -295,11 +295,11 @@ def load_checkpoint(
     not fit in the device's free memory is refused here, before any tensor is read."""
     root = Path(path)
     dtype = parse_dtype(dtype)
+    if capacity is not None and root.is_dir():  # the device's memory first: no header read for a refusal
+        check_slots_fit(ModelConfig.from_hf(root), capacity, dtype, device)
     cfg, index = check_checkpoint(root)
     tok = load_tokenizer(root)
     cfg = with_token_ids(cfg, tok, root)
-    if capacity is not None:
-        check_slots_fit(cfg, capacity, dtype, device)
     shapes = expected_shapes(cfg)
     model = LLaDA2MoE(cfg)
     state, biases = {}, {}
