@@ -16,7 +16,7 @@ from scipy import stats
 from statsmodels.stats.weightstats import DescrStatsW
 
 from artifact.experiments.criteria.timing import CLAIMS
-from artifact.experiments.settings import load_profile
+from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.studies import capacity_sweep as cs
 from artifact.experiments.verdicts.judge import PAPER_RESULTS, claim_compared, judge, paper_ruled, rule_stated
 from artifact.experiments.verdicts.pooling import Replicas, pooled
@@ -220,3 +220,40 @@ def test_a_fresh_run_with_the_aa_pair_beside_stand_in_runs_names_both(stored):
     c = claim_compared(Replicas(fresh, stored.stored), FASTER)
     assert "A/A (demand over demand)" in c.aa_label and "stand-in A/A" in c.aa_label
     assert all(r.this is not None and r.this.unit == "run" for r in c.effects.values())
+
+
+def _planted(reps: Replicas, effect: float, seed: int = 0) -> Replicas:
+    """A copy of the stored runs with demand set to last_step x (1 + effect %) in every pair, and the stand-in
+    A/A to demand's own throughput, each with 0.5% noise per run: a known answer in the real rows' shape."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, rows in reps.stored:
+        rows = rows.copy()
+        key = ["task", "batch_size", "cache_ratio", "bandwidth_scale", "rep"]
+        base = rows[rows.policy == "last_step"].set_index(key).tokens_per_second
+        for pol, shift in (("demand", effect), (CONTROL, effect)):
+            m = rows.policy == pol
+            b = base.reindex(pd.MultiIndex.from_frame(rows.loc[m, key])).to_numpy()
+            noise = rng.normal(0, 0.5, m.sum())
+            rows.loc[m, "tokens_per_second"] = b * (1 + (shift + noise) / 100)
+        out.append((name, rows))
+    return Replicas(None, tuple(out))
+
+
+@pytest.mark.parametrize(
+    "effect, faster, equal",
+    [(10.0, REPRODUCED, NOT_REPRODUCED), (-10.0, NOT_REPRODUCED, NOT_REPRODUCED), (0.0, None, REPRODUCED)],
+)
+def test_a_planted_effect_in_the_stored_runs_reads_as_it_should(stored, effect, faster, equal):
+    """Demand faster by 10%, slower by 10%, or no different, planted in every pair of the 9 stored runs: 04's
+    direction claim reads reproduced, not reproduced, and (at 0) never reproduced; its equivalence claim at
+    C/W 0.43 reads not reproduced, not reproduced and reproduced."""
+    planted = _planted(stored, effect)
+    t_faster = judge(claim_compared(planted, FASTER), FASTER, cs.label)
+    t_equal = judge(claim_compared(planted, EQUAL), EQUAL, cs.label)
+    if faster is None:
+        assert t_faster.verdict != REPRODUCED, t_faster.reason
+    else:
+        assert t_faster.verdict == faster, t_faster.reason
+    assert t_equal.verdict == equal, t_equal.reason
+    assert all(abs(c["effect"] - effect) < 1.0 for c in t_faster.cells + t_equal.cells)
