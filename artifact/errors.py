@@ -13,7 +13,16 @@ class UserError(ValueError):
 
 
 class SettingError(UserError):
-    """A setting out of range or of the wrong kind: a CLI flag, an OffloadSpec field, a link knob."""
+    """A setting out of range or of the wrong kind: a CLI flag, a RunSpec field, a link knob."""
+
+
+class SpecError(SettingError):
+    """A RunSpec field out of its domain (artifact/offload/spec.py); `field` names it, so the profile reader
+    and the command line can name the key or the flag the value came from."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 class ProfileError(SettingError):

@@ -1,6 +1,7 @@
-"""`generate`, `trace`, `simulate` and `export-trace`: the engine's commands. generate and trace parse their
-flags into a RunRequest, call artifact.offload.prepare.prepare (every check that needs no weights), load,
-run and print; simulate and export-trace replay recorded traces."""
+"""`generate`, `trace`, `simulate` and `export-trace`: the engine's commands. generate and trace turn their
+flags into a RunSpec (run_spec_from_args: the flags' defaults are RunSpec's), call
+artifact.offload.prepare.prepare (every check that needs no weights), load, run and print; simulate and
+export-trace replay recorded traces."""
 
 from __future__ import annotations
 
@@ -22,15 +23,16 @@ from artifact.cli.args import (
     floats,
     ints,
 )
-from artifact.errors import SettingError
-from artifact.model.decode import MAX_BATCH
+from artifact.errors import SettingError, SpecError
+from artifact.model.decode import MAX_BATCH, DecodeConfig
+from artifact.model.experts import EXPERT_KERNELS
 from artifact.model.options import FORWARD_MODES
 from artifact.model.tasks import TASKS
 from artifact.offload.links.link import LINKS
 from artifact.offload.links.timeline import PRIORITIES
 from artifact.offload.policy.eviction import EVICTIONS
 from artifact.offload.policy.policies import POLICIES, split_policies
-from artifact.offload.prepare import Offload, Output, RunRequest, TaskPrompts, prepare
+from artifact.offload.prepare import Output, TaskPrompts, prepare
 from artifact.offload.replay.export import FORMATS, export
 from artifact.offload.replay.sim import (
     BOUNDS,
@@ -43,36 +45,35 @@ from artifact.offload.replay.sim import (
     sweep,
 )
 from artifact.offload.replay.trace import Trace, mean_working_set
-from artifact.offload.runner import RunOptions, RunSettings, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 from artifact.paths import atomic_write_text, check_writable
 from artifact.validate import check_number
 
-# Flags that only mean something for an offloaded run, with the defaults they take then (from Settings).
-# argparse's default is None, so "given explicitly" is known after parsing and such a flag without
-# --offload is refused instead of silently ignored.
-OFFLOAD_DEFAULTS = {
-    "cache_experts": None,
-    "policy": D.policies[0],
-    "link": D.link,
-    "bandwidth_gbps": D.link_gbps,
-    "latency_us": D.latency_us,
-    "link_priority": D.link_priority,
-    "cap_gbps": None,
-    "lookahead": D.lookahead,
-    "tau": D.tau,
-    "oracle_trace": None,
+# Flags that only mean something for an offloaded run: their RunSpec field (argparse's default is None, so
+# "given explicitly" is known after parsing and such a flag without --offload is refused, not ignored).
+OFFLOAD_FLAGS = {
+    "cache_experts": "capacity",
+    "policy": "policy",
+    "link": "link",
+    "bandwidth_gbps": "link_gbps",
+    "latency_us": "latency_us",
+    "link_priority": "link_priority",
+    "cap_gbps": "cap_gbps",
+    "lookahead": "lookahead",
+    "tau": "tau",
+    "oracle_trace": "oracle_trace",
 }
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
+FLAG_OF = {field: "--" + dest.replace("_", "-") for dest, field in OFFLOAD_FLAGS.items()}
+FLAG_OF.update({"decode": "--gen-length", "model": "--model", "dtype": "--dtype", "device": "--device"})
+RUN = RunSpec()  # the flags' defaults
 
 
 def add_offload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--offload", action="store_true", help="experts live in host memory behind a per-layer cache"
     )
-    # Defaults are None here and filled from OFFLOAD_DEFAULTS by offload_flags (see there).
+    # Defaults are None here: RunSpec's fill in what is not given (run_spec_from_args).
     p.add_argument(
         "--cache-experts", type=int, default=None, help="C: device slots per MoE layer (with --offload)"
     )
@@ -82,94 +83,75 @@ def add_offload_args(p: argparse.ArgumentParser) -> None:
         help=f"one of {sorted(n for n, s in POLICIES.items() if s.engine_ok)}, "
         f"optionally +eviction, one of {sorted(EVICTIONS)} (e.g. "
         "last_step+token_lru; default: "
-        f"{OFFLOAD_DEFAULTS['policy']})",
+        f"{RUN.policy})",
     )
-    p.add_argument("--link", default=None, help=f"one of {LINKS} (default: {OFFLOAD_DEFAULTS['link']})")
+    p.add_argument("--link", default=None, help=f"one of {LINKS} (default: {RUN.link})")
     p.add_argument(
         "--bandwidth-gbps",
         type=float,
         default=None,
         help="emulated link bandwidth (default: PCIe 4 scaled to this model's expert size)",
     )
-    p.add_argument(
-        "--latency-us", type=float, default=None, help=f"default: {OFFLOAD_DEFAULTS['latency_us']}"
-    )
+    p.add_argument("--latency-us", type=float, default=None, help=f"default: {RUN.latency_us}")
     p.add_argument(
         "--link-priority",
         choices=PRIORITIES,
         default=None,
         help="fifo: one copy queue in issue order; demand: speculative copies never delay a "
         "demand copy "
-        f"by more than one expert copy (default: {OFFLOAD_DEFAULTS['link_priority']})",
+        f"by more than one expert copy (default: {RUN.link_priority})",
     )
     p.add_argument("--cap-gbps", type=float, default=None, help="throttle: cap the link's bandwidth")
-    p.add_argument("--lookahead", type=int, default=None, help=f"default: {OFFLOAD_DEFAULTS['lookahead']}")
-    p.add_argument("--tau", type=int, default=None, help=f"default: {OFFLOAD_DEFAULTS['tau']}")
+    p.add_argument("--lookahead", type=int, default=None, help=f"default: {RUN.lookahead}")
+    p.add_argument("--tau", type=int, default=None, help=f"default: {RUN.tau}")
     p.add_argument(
         "--oracle-trace", type=Path, default=None, help="trace of an identical earlier run (oracle)"
     )
 
 
-def offload_flags(a) -> None:
-    """Refuse offload flags given without --offload (they would be ignored), then fill in the defaults."""
-    given = [_flag(k) for k in OFFLOAD_DEFAULTS if getattr(a, k) is not None]
-    if not a.offload and given:
+def run_spec_from_args(a) -> RunSpec:
+    """The command line's RunSpec: the decoding and forward flags, and with --offload the offload flags (a
+    flag not given takes RunSpec's default). Offload flags without --offload are refused (they would be
+    ignored); a bad value is refused naming its flag."""
+    given = {f: getattr(a, d, None) for d, f in OFFLOAD_FLAGS.items() if getattr(a, d, None) is not None}
+    offload = getattr(a, "offload", False)  # `trace` has no offload flags: its runs are resident
+    if not offload and given:
+        flags = [FLAG_OF[f] for f in given]
         raise SettingError(
-            f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --offload (without "
-            "it "
-            "every expert is resident and these flags would be ignored)"
+            f"{', '.join(flags)} {'needs' if len(flags) == 1 else 'need'} --offload (without it every expert "
+            "is resident and these flags would be ignored)"
         )
-    for k, v in OFFLOAD_DEFAULTS.items():
-        if getattr(a, k) is None:
-            setattr(a, k, v)
-
-
-def offload_request(a) -> Offload | None:
-    """The --offload flags as prepare's Offload (None for a resident run); flags without --offload are
-    refused."""
-    offload_flags(a)
-    if not a.offload:
-        return None
-    s = RunSettings(
-        link=a.link,
-        link_gbps=a.bandwidth_gbps,
-        latency_us=a.latency_us,
-        link_priority=a.link_priority,
-        lookahead=a.lookahead,
-        tau=a.tau,
-    )
-    return Offload(a.cache_experts, a.policy, s, cap_gbps=a.cap_gbps, oracle_trace=a.oracle_trace)
-
-
-def _decoding(a) -> dict:
-    return dict(
-        model=a.model,
-        device=a.device,
-        dtype=a.dtype,
-        gen_length=a.gen_length,
-        steps=a.steps,
-        threshold=a.threshold,
-        mode=a.mode,
-    )
+    if offload and a.cache_experts is None:
+        raise SettingError("--offload needs --cache-experts C (device slots per MoE layer)")
+    try:
+        return RunSpec(
+            model=a.model,
+            dtype=a.dtype,
+            device=a.device,
+            decode=DecodeConfig(gen_length=a.gen_length, steps=a.steps, threshold=a.threshold, mode=a.mode),
+            forward=a.forward,
+            expert_kernel=a.expert_kernel,
+            **given,
+        )
+    except SpecError as e:
+        flag = FLAG_OF.get(e.field, "--" + e.field.replace("_", "-"))
+        raise SettingError(f"{flag}: {e}") from None
 
 
 def cmd_generate(a):
-    request = RunRequest(
-        **_decoding(a),
+    spec = run_spec_from_args(a)
+    r = prepare(
+        spec,
         texts=tuple(a.prompt),
         raw=a.raw,
-        offload=offload_request(a),
         outputs=(Output(a.record_trace, "--record-trace", a.force),),
     )
-    r = prepare(request)
-    options = RunOptions(r.dc, a.device, a.forward)  # before the load: a bad pair is refused first
     loaded = r.load()
     res = decode_prompts(
         loaded,
         r.prompts,
         r.batch_size,
-        options,
-        spec=r.spec,
+        spec,
         oracle=r.oracle,
         record=bool(a.record_trace),
         prompt_ids=r.prompt_ids,
@@ -190,16 +172,12 @@ def cmd_generate(a):
 
 
 def cmd_trace(a):
-    request = RunRequest(
-        **_decoding(a),
-        task=TaskPrompts(a.task, a.n, a.batch_size, a.seed),
-        outputs=(Output(a.out, "--out", a.force),),
-    )
-    r = prepare(request)
-    options = RunOptions(r.dc, a.device, a.forward)  # before the load: a bad pair is refused first
+    spec = run_spec_from_args(a)
+    task = TaskPrompts(a.task, a.n, a.batch_size, a.seed)
+    r = prepare(spec, task=task, outputs=(Output(a.out, "--out", a.force),))
     loaded = r.load()
     res = decode_prompts(
-        loaded, r.prompts, r.batch_size, options, record=True, prompt_ids=r.prompt_ids, task=a.task
+        loaded, r.prompts, r.batch_size, spec, record=True, prompt_ids=r.prompt_ids, task=a.task
     )
     res.trace.save(a.out)
     segmented = f", {res.segments.forwards} forwards as segments" if res.segments is not None else ""
@@ -318,10 +296,17 @@ def add_forward_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--forward",
         choices=FORWARD_MODES,
-        default=D.forward,
+        default=RUN.forward,
         help="segmented: denoising forwards run as segments between the router syncs, captured as "
         "CUDA graphs on a GPU (eager on the CPU); eager: the reference forward (default: "
-        f"{D.forward})",
+        f"{RUN.forward})",
+    )
+    p.add_argument(
+        "--expert-kernel",
+        choices=EXPERT_KERNELS,
+        default=RUN.expert_kernel,
+        help="how a group of experts computes: grouped, one grouped GEMM (torch._grouped_mm where torch has "
+        f"one); loop, one call per expert (same results, other time; default: {RUN.expert_kernel})",
     )
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from artifact.cli.args import D, add_policy_module_arg, floats, ints, names
-from artifact.errors import SettingError
+from artifact.errors import SettingError, SpecError
 from artifact.experiments.hardware import HARDWARE, hardware
 from artifact.experiments.studies.performance_model import (
     SHAPES,
@@ -21,8 +21,10 @@ from artifact.experiments.studies.performance_model import (
 from artifact.offload.links.timeline import CLOCKS, PRIORITIES
 from artifact.offload.policy.policies import split_policies
 from artifact.offload.replay.trace import Trace
+from artifact.offload.spec import RunSpec
 from artifact.paths import atomic_write_text, check_writable
 
+DEFAULT_HARDWARE, DEFAULT_CLOCK = "cpu-emulated", "virtual"
 COLUMNS = [
     "trace",
     "batch_size",
@@ -45,6 +47,10 @@ def cmd_model(a) -> None:
         raise SettingError(f"--clock: unknown {a.clock!r}; choose one of {CLOCKS}")
     check_clock(a.clock, hw)
     check_grid(a.policies, a.cache_ratios, a.link_priority, a.batch_sizes)
+    try:  # the run every cell is (model_grid sets its capacity, policy and link priority)
+        spec = RunSpec(lookahead=a.lookahead, tau=a.tau)
+    except SpecError as e:
+        raise SettingError(f"--{e.field}: {e}") from None
     for flag, values in (
         ("--trace", [str(t.resolve()) for t in a.trace]),
         ("--policies", a.policies),
@@ -69,6 +75,7 @@ def cmd_model(a) -> None:
         traces,
         hw,
         a.shape,
+        spec,
         a.policies,
         a.cache_ratios,
         a.link_priority,
@@ -83,8 +90,7 @@ def cmd_model(a) -> None:
         print(to_json(df))
     elif not a.csv:
         print(
-            f"hardware {hw.name}, shape {a.shape}, clock {a.clock}; per denoising step: seconds, stall, "
-            "the "
+            f"hardware {hw.name}, shape {a.shape}, clock {a.clock}; per denoising step: seconds, stall, the "
             "limit max(compute, transfers x expert bytes / bandwidth) and its floor with min's misses"
         )
         print(df[COLUMNS].to_string(index=False))
@@ -94,15 +100,16 @@ def add_cli(sub) -> None:
     """Register `model`."""
     m = sub.add_parser(
         "model",
-        help="model tokens/s per policy, C/W and link priority on traces for a GPU "
-        "profile "
+        help="model tokens/s per policy, C/W and link priority on traces for a GPU profile "
         "(the engine on a virtual clock) with the physical limit",
     )
     m.add_argument(
         "--trace", type=Path, action="append", required=True, help="a routing trace (repeat for more)"
     )
     m.add_argument(
-        "--hardware", default=D.hardware, help=f"one of {sorted(HARDWARE)} (default: {D.hardware})"
+        "--hardware",
+        default=DEFAULT_HARDWARE,
+        help=f"one of {sorted(HARDWARE)} (default: {DEFAULT_HARDWARE})",
     )
     m.add_argument(
         "--gpu-check",
@@ -140,11 +147,12 @@ def add_cli(sub) -> None:
     )
     m.add_argument(
         "--clock",
-        default=D.clock,
-        help=f"one of {CLOCKS}: virtual = modelled costs, nothing sleeps; wall = the stream on "
-        "this "
-        f"machine (cpu-emulated, shape tiny) (default: {D.clock})",
+        default=DEFAULT_CLOCK,
+        help=f"one of {CLOCKS}: virtual = modelled costs, nothing sleeps; wall = the stream on this "
+        f"machine (cpu-emulated, shape tiny) (default: {DEFAULT_CLOCK})",
     )
+    m.add_argument("--lookahead", type=int, default=D.lookahead, help=f"default: {D.lookahead}")
+    m.add_argument("--tau", type=int, default=D.tau, help=f"default: {D.tau}")
     m.add_argument("--json", action="store_true")
     m.add_argument("--csv", type=Path, default=None)
     m.add_argument("--force", action="store_true", help="replace an existing --csv file")

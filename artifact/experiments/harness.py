@@ -24,7 +24,7 @@ from artifact.model.checkpoint import Loaded
 from artifact.model.tasks import prompts, select
 from artifact.offload.prepare import prepare
 from artifact.offload.replay.trace import Trace, TraceError
-from artifact.offload.runner import OffloadSpec, decode_prompts, expert_bytes
+from artifact.offload.runner import decode_prompts
 from artifact.paths import atomic_write_bytes
 
 
@@ -52,19 +52,14 @@ def load_model(P: Settings, resident: bool | None = None) -> Loaded:
             f"profile {P.name!r} has model: null; set it to a checkpoint directory "
             "(overrides = {'model': DIR} in the notebook, or --model DIR)"
         )
-    prepared = prepare(P.run_request())
+    prepared = prepare(P.run_spec())
     resident = P.trace_capacity is None if resident is None else resident
-    key = (P.model, prepared.dtype, P.device, resident)
+    key = (P.model, P.torch_dtype, P.device, resident)
     loaded = _LOADED.pop(key, None) or prepared.load(resident=resident)
     _LOADED[key] = loaded  # the most recently used last
     if len(_LOADED) > 2:
         del _LOADED[next(iter(_LOADED))]
     return loaded
-
-
-def offload_spec(P: Settings, loaded, capacity: int, policy: str = "demand") -> OffloadSpec:
-    """The one place the claim modules turn a profile into a run spec."""
-    return OffloadSpec.from_settings(P, capacity, policy, expert_bytes=expert_bytes(loaded))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,12 +171,9 @@ def record_trace(P: Settings, task: str, batch_size: int) -> Trace:
     version, CPU kernels and threads: a trace recorded elsewhere can differ in a near-tied top-k choice)."""
     loaded = load_model(P)
     ids, ps = prompts(loaded.tokenizer, task, P.trace_n_prompts, P.seed, P.max_prompt_tokens)
-    spec = None
-    if P.trace_capacity is not None:
-        spec = offload_spec(P, loaded, min(P.trace_capacity, loaded.cfg.num_experts))
-    t = decode_prompts(
-        loaded, ps, batch_size, P.run_options(), spec=spec, record=True, prompt_ids=ids, task=task
-    ).trace
+    capacity = None if P.trace_capacity is None else min(P.trace_capacity, loaded.cfg.num_experts)
+    spec = P.run_spec(capacity, "demand")
+    t = decode_prompts(loaded, ps, batch_size, spec, record=True, prompt_ids=ids, task=task).trace
     t.meta["recorded_with"] = {
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),

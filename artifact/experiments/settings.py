@@ -27,12 +27,9 @@ from artifact.errors import ProfileError
 from artifact.experiments.profiles.checks import RANGES, check_value, check_values, read_profile, suggest
 from artifact.experiments.profiles.slurm import SLURM_KEYS, SlurmSettings, merge_slurm
 from artifact.model.decode import DecodeConfig
-from artifact.model.options import DEFAULT_FORWARD
 from artifact.model.tasks import TASKS
-from artifact.offload.links.link import PCIE_LATENCY_US
 from artifact.offload.policy.policy_modules import load_policy_modules
-from artifact.offload.prepare import RunRequest
-from artifact.offload.runner import RunOptions
+from artifact.offload.spec import RunSpec
 from artifact.validate import check_number, load_yaml
 
 __all__ = [
@@ -66,6 +63,12 @@ PAPER_BATCH_SIZES = (1, 2, 4, 8)
 # true A/A pair is demand timed twice (aa_pair). Stored rows name it by this spec in their `policy` column.
 CONTROL = "last_step_conservative"
 
+# A run's defaults live in RunSpec and DecodeConfig (artifact/offload/spec.py, artifact/model/decode.py); the
+# profile keys below that a run reads take theirs from there (RUN_KEYS; a test keeps the lists whole).
+_RUN, _DECODE = RunSpec(), DecodeConfig()
+RUN_KEYS = ("model", "dtype", "device", "link", "latency_us", "link_priority", "link_gbps", "forward")
+RUN_KEYS += ("expert_kernel", "lookahead", "tau", "gen_length", "steps", "threshold", "mode")
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -76,39 +79,37 @@ class Settings:
     description: str = "defaults shared by every profile"
 
     # --- model and machine -------------------------------------------------------------------------
-    model: str | None = "tiny"  # 'tiny' (embedded, built on first use) or a HF checkpoint dir (None: --model)
-    dtype: str | None = None  # float32 | bfloat16 | float16; None: float32 for tiny, bfloat16 otherwise
-    device: str = "cpu"  # cpu | cuda | cuda:N
-    link: str = "emulated"  # emulated (a modelled PCIe copy engine, any machine) | cuda (copy stream)
-    latency_us: float = PCIE_LATENCY_US  # per-copy setup cost of the emulated link (microseconds)
-    link_priority: str = "fifo"  # fifo: one copy queue in issue order | demand: speculative copies wait
-    # while a demand copy is queued (offload/links/timeline.py)
+    model: str | None = (
+        _RUN.model
+    )  # 'tiny' (embedded, built on first use) or a HF checkpoint dir (None: --model)
+    dtype: str | None = _RUN.dtype  # float32 | bfloat16 | float16; None: float32 for tiny, bfloat16 otherwise
+    device: str = _RUN.device  # cpu | cuda | cuda:N
+    link: str = _RUN.link  # emulated (a modelled PCIe copy engine, any machine) | cuda (copy stream)
+    latency_us: float = _RUN.latency_us  # per-copy setup cost of the emulated link (microseconds)
+    # fifo: one copy queue in issue order | demand: speculative copies wait while a demand copy is queued
+    # (offload/links/timeline.py)
+    link_priority: str = _RUN.link_priority
     # The unthrottled bandwidth, GB/s. None = the link's own: emulated -> PCIe 4 (25 GB/s) scaled to this
     # model's expert size, so one expert costs what a LLaDA2.0-mini expert costs on PCIe 4
     # (offload/links/link.py emulated_bandwidth_gbps); cuda -> the hardware's, measured once with a pinned
-    # copy
-    # when a scale < 1 needs it.
-    link_gbps: float | None = None
-    # Time of the stream-driven runs of the performance model (python -m artifact model, notebook 08):
-    # wall = the emulated link sleeps and compute spins for real (cpu-emulated only); virtual = a virtual
-    # clock advances by the hardware profile's modelled costs, nothing sleeps (offload/links/costs.py).
-    clock: str = "virtual"
+    # copy when a scale < 1 needs it.
+    link_gbps: float | None = _RUN.link_gbps
     # How the model runs its denoising forwards (artifact/model/options.py): eager = the reference forward;
     # segmented = segments between the router syncs, captured as CUDA graphs on a GPU (eager on the CPU).
-    forward: str = DEFAULT_FORWARD
-    hardware: str = "cpu-emulated"  # the performance model's hardware profile: a5000 | h200 | cpu-emulated
+    forward: str = _RUN.forward
+    # How a group of experts computes (artifact/model/experts.py): grouped = one grouped GEMM
+    # (torch._grouped_mm, where torch has one); loop = one call per expert. Same results, other time.
+    expert_kernel: str = _RUN.expert_kernel
     # torch intra-op threads of every command (CLI --threads) and bench run. None: 1 for the tiny model on
     # the CPU (its ops are too small to gain from threads, and on 2 shared cores OpenMP spin-waiting made
     # `generate` 27 s instead of 1.2 s), else torch's default (one per core): see resolve_threads.
     torch_threads: int | None = None
 
-    # --- decoding (block diffusion, temperature 0) -------------------------------------------------
-    mode: str = "cached"  # cached (prefix KV cache) | full (re-run the whole prefix every step)
-    # tokens generated per prompt (whole 32-token blocks): this artifact's choice (the abstract states no
-    # length)
-    gen_length: int = 256
-    steps: int = 32  # at most this many denoising steps per 32-token block
-    threshold: float = 0.95  # accept every masked token whose probability exceeds this
+    # --- decoding (block diffusion, temperature 0; defaults: DecodeConfig) ---------------------------
+    mode: str = _DECODE.mode  # cached (prefix KV cache) | full (re-run the whole prefix every step)
+    gen_length: int = _DECODE.gen_length  # tokens generated per prompt (whole 32-token blocks)
+    steps: int = _DECODE.steps  # at most this many denoising steps per 32-token block
+    threshold: float = _DECODE.threshold  # accept every masked token whose probability exceeds this
 
     # --- prompts -----------------------------------------------------------------------------------
     tasks: tuple[str, ...] = TASKS  # bench tasks (data/tasks/*.jsonl)
@@ -141,8 +142,8 @@ class Settings:
     # (record_runs.py,
     # its run.json). In no fingerprint: rows of any rotation are one
     # grid.
-    lookahead: int = 1  # last_step / oracle: prefetch this many MoE layers ahead
-    tau: int = 4  # interval_refresh: refresh every tau denoising steps
+    lookahead: int = _RUN.lookahead  # last_step / oracle: prefetch this many MoE layers ahead
+    tau: int = _RUN.tau  # interval_refresh: refresh every tau denoising steps
     # The traced run that measures W: None = experts resident on the device; an integer C = offloaded
     # (demand, C slots per layer), for a model whose experts do not fit the GPU.
     trace_capacity: int | None = None
@@ -186,18 +187,27 @@ class Settings:
             gen_length=self.gen_length, steps=self.steps, threshold=self.threshold, mode=self.mode
         )
 
-    def run_options(self, *, capture: bool = True) -> RunOptions:
-        """How this profile's runs decode (RunOptions: decoding, device, forward mode), passed whole to
-        decode_prompts by every entry point; capture=False for a timed or profiled run (no CUDA graph captured
-        mid-measurement)."""
-        return RunOptions(self.decode_config(), self.device, self.forward, capture=capture)
-
-    def run_request(self) -> RunRequest:
-        """What artifact.offload.prepare checks before this profile's model is loaded (every path that loads
-        one)."""
-        return RunRequest(
-            self.model, self.device, self.torch_dtype, self.gen_length, self.steps, self.threshold, self.mode
+    def run_spec(self, capacity: int | None = None, policy: str | None = None, **changes) -> RunSpec:
+        """The one way a profile makes a run: its run keys (RUN_KEYS) as a RunSpec, resident (capacity None)
+        or offloaded at `capacity` with `policy` (default: the first of `policies`); `changes` set the fields
+        a profile does not hold (bandwidth_scale, capture, oracle_trace, cap_gbps), checked."""
+        fields = dict(
+            model=self.model,
+            dtype=self.dtype,
+            device=self.device,
+            decode=self.decode_config(),
+            forward=self.forward,
+            expert_kernel=self.expert_kernel,
+            capacity=capacity,
+            policy=self.policies[0] if policy is None else policy,
+            link=self.link,
+            link_gbps=self.link_gbps,
+            latency_us=self.latency_us,
+            link_priority=self.link_priority,
+            lookahead=self.lookahead,
+            tau=self.tau,
         )
+        return RunSpec(**{**fields, **changes})
 
     @property
     def threads(self) -> int:

@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from artifact.errors import SettingError, SpecError
 from artifact.model.kv_cache import KVCache
 from artifact.model.llada2 import LLaDA2MoE
 from artifact.model.options import EAGER, ForwardOptions
 from artifact.model.routing import StepInfo
+from artifact.validate import check_number
 
 MODES = ("cached", "full")
 MAX_BATCH = 8  # prompts decoded together: the batch sizes the paper measures (1-8)
@@ -34,21 +36,30 @@ MAX_BATCH = 8  # prompts decoded together: the batch sizes the paper measures (1
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    gen_length: int = 64  # tokens generated per prompt (rounded up to whole blocks internally)
+    """How the decoder runs (temperature 0). These are every run's decoding defaults (a profile's and the
+    command line's read them; stored traces record the field names), and this is their one validator: a bad
+    value is a SpecError naming the field."""
+
+    # tokens generated per prompt (rounded up to whole blocks internally): this artifact's choice (the
+    # abstract states no length)
+    gen_length: int = 256
     steps: int = 32  # at most this many denoising steps per block
     threshold: float = 0.95  # accept every masked token above this probability
-    mode: str = "cached"
+    mode: str = "cached"  # cached (prefix KV cache) | full (re-run the whole prefix every step)
     eos_early_stop: bool = True
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise ValueError(f"unknown decoding mode {self.mode!r}; choose one of {MODES}")
-        if self.gen_length < 1:
-            raise ValueError(f"gen_length must be >= 1, got {self.gen_length}")
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
-        if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+            raise SpecError("mode", f"unknown decoding mode {self.mode!r}; choose one of {MODES}")
+        for name, rng in (
+            ("gen_length", {"low": 1, "integer": True}),
+            ("steps", {"low": 1, "integer": True}),
+            ("threshold", {"low": 0, "low_open": True, "high": 1}),
+        ):
+            try:
+                check_number(name, getattr(self, name), **rng)
+            except SettingError as e:
+                raise SpecError(name, str(e)) from None
 
 
 @dataclass

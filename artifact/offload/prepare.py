@@ -1,16 +1,18 @@
 """Everything a run can check before a checkpoint's weights are read, in one place.
 
-`prepare(RunRequest(...))` is what `generate`, `trace` and the bench call before they load a model: it
-checks the values (decoding, device, dtype, prompts), reads the architecture and the tokenizer without the
-weights, builds the offload spec through OffloadSpec.from_settings and checks it, probes every output path
-for writability, checks the positions the prompts need against the model's limit, and checks an oracle
-trace against the run it is meant for. A bad input therefore costs seconds, not a long load or a finished
-run. It returns a `Prepared` run that holds what the load and the run need; `Prepared.load()` reads the
-weights and refuses a checkpoint whose config differs from the one that was checked.
+`prepare(spec, ...)` is what `generate`, `trace` and the bench call before they load a model. The RunSpec's
+values were checked when it was made (RunSpec.check); here come the checks that need more: the device on
+this machine, the prompts, the architecture and the tokenizer read without the weights (the capacity
+against the model's experts, RunSpec.fits), every output path probed for writability, the positions the
+prompts need against the model's limit, and an oracle trace against the run it is meant for. A bad input
+therefore costs seconds, not a long load or a finished run. It returns a `Prepared` run that holds the spec
+and what the load and the run need; `Prepared.load()` reads the weights and refuses a checkpoint whose
+config differs from the one that was checked.
 
 The checks run in one fixed order, so the first error a user sees does not depend on the command:
-values -> architecture -> offload spec -> outputs -> task prompts -> positions -> tokenizer -> prompt
-positions -> oracle trace -> safetensors headers (checked_checkpoint: complete files, every tensor's shape).
+device -> prompts -> architecture -> capacity and oracle policy -> outputs -> task prompts -> positions
+-> tokenizer -> prompt positions -> oracle trace -> safetensors headers (checked_checkpoint: complete
+files, every tensor's shape).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from pathlib import Path
 
 from artifact.errors import CheckpointError, SettingError, UserError
 from artifact.model.checkpoint import (
-    DTYPES,
     Loaded,
     TensorIndex,
     check_checkpoint,
@@ -30,12 +31,13 @@ from artifact.model.checkpoint import (
     with_token_ids,
 )
 from artifact.model.config import ModelConfig, get_preset
-from artifact.model.decode import MAX_BATCH, DecodeConfig
+from artifact.model.decode import MAX_BATCH
 from artifact.model.tasks import TASKS, encode, load_task, prompts, tokens_sha
 from artifact.model.tiny import checkpoint_dir
-from artifact.offload.policy.policies import POLICIES, check_policy
+from artifact.offload.policy.policies import check_policy
 from artifact.offload.replay.trace import Trace
-from artifact.offload.runner import LinkSettings, OffloadSpec, check_device, check_oracle_before_load
+from artifact.offload.runner import check_device, check_oracle_before_load
+from artifact.offload.spec import RunSpec
 from artifact.paths import check_writable
 from artifact.validate import check_number
 
@@ -52,18 +54,6 @@ class Output:
 
 
 @dataclass(frozen=True)
-class Offload:
-    """An offloaded run's knobs: capacity C, the policy, the link settings (a Settings or RunSettings) and
-    an optional extra cap; `oracle_trace` is read by the policies that need one."""
-
-    capacity: int | None
-    policy: str
-    settings: LinkSettings
-    cap_gbps: float | None = None
-    oracle_trace: Path | None = None
-
-
-@dataclass(frozen=True)
 class TaskPrompts:
     """n prompts of a bundled task (a seeded sample), decoded in batches of batch_size."""
 
@@ -74,30 +64,13 @@ class TaskPrompts:
     max_prompt_tokens: int | None = None
 
 
-@dataclass(frozen=True)
-class RunRequest:
-    model: str  # 'tiny' or a checkpoint directory
-    device: str = "cpu"
-    dtype: str | None = None  # None: float32 for tiny, bfloat16 otherwise
-    gen_length: int = 64
-    steps: int = 32
-    threshold: float = 0.95
-    mode: str = "cached"
-    texts: tuple[str, ...] | None = None  # prompts given as text (one batch); or `task`, or neither
-    raw: bool = False  # texts encoded as they are, without the chat template
-    task: TaskPrompts | None = None
-    offload: Offload | None = None
-    outputs: tuple[Output, ...] = ()
-
-
 @dataclass
 class Prepared:
-    request: RunRequest
-    dc: DecodeConfig
-    dtype: str
+    """A run checked before its weights are read: its RunSpec, the config and tokenizer, its prompts."""
+
+    spec: RunSpec
     cfg: ModelConfig  # with the tokenizer's mask/eos ids, as the loader will have it
     tokenizer: object
-    spec: OffloadSpec | None = None
     prompts: list[list[int]] = field(default_factory=list)
     prompt_ids: list[str] = field(default_factory=list)
     batch_size: int = 1
@@ -106,13 +79,13 @@ class Prepared:
     def load(self, resident: bool | None = None) -> Loaded:
         """The weights (resident unless the run is offloaded). The loader must arrive at the checked
         config."""
-        r = self.request
-        with checkpoint_errors(r.model):
+        s = self.spec
+        with checkpoint_errors(s.model):
             loaded = load_checkpoint(
-                checkpoint_dir(r.model),
-                dtype=self.dtype,
-                device=r.device,
-                resident=(r.offload is None) if resident is None else resident,
+                checkpoint_dir(s.model),
+                dtype=s.torch_dtype,
+                device=s.device,
+                resident=(not s.offloaded) if resident is None else resident,
             )
         assert loaded.cfg.config_hash() == self.cfg.config_hash(), "checked another config than loaded"
         return loaded
@@ -151,20 +124,6 @@ def model_config(model: str) -> ModelConfig:
         return ModelConfig.from_hf(Path(model))
 
 
-def resolve_dtype(model: str, dtype: str | None) -> str:
-    dtype = dtype or ("float32" if model == "tiny" else "bfloat16")
-    if dtype not in DTYPES:
-        raise SettingError(f"--dtype {dtype!r} unknown; choose one of {sorted(DTYPES)}")
-    return dtype
-
-
-def decode_config(gen_length: int, steps: int, threshold: float, mode: str) -> DecodeConfig:
-    check_number("--gen-length", gen_length, low=1, integer=True)
-    check_number("--steps", steps, low=1, integer=True)
-    check_number("--threshold", threshold, low=0, low_open=True, high=1)
-    return DecodeConfig(gen_length=gen_length, steps=steps, threshold=threshold, mode=mode)
-
-
 def tokenizer_and_config(model: str, cfg: ModelConfig):
     """The tokenizer and the config with the tokenizer's mask/eos ids (what the loader will use), read
     without the weights: prompt lengths, the oracle trace's prompt ids and config hash, and the tokenizer's
@@ -200,23 +159,12 @@ def prompt_id(tokens: list[int]) -> str:
     return "cli/" + tokens_sha(tokens)
 
 
-def offload_spec(o: Offload, cfg: ModelConfig, dtype: str, device: str) -> OffloadSpec:
-    """The offloaded run's spec (OffloadSpec.from_settings), checked against the model and the device."""
-    if o.capacity is None:
-        raise SettingError("--offload needs --cache-experts C (device slots per MoE layer)")
-    check_number("--bandwidth-gbps", o.settings.link_gbps, low=0, low_open=True, allow_none=True)
-    check_number("--cap-gbps", o.cap_gbps, low=0, low_open=True, allow_none=True)
-    eb = cfg.expert_params * DTYPES[dtype].itemsize  # what one expert transfer moves once loaded
-    spec = OffloadSpec.from_settings(o.settings, o.capacity, o.policy, expert_bytes=eb, cap_gbps=o.cap_gbps)
-    spec.check(cfg.num_experts, device)
-    if check_policy(spec.policy).needs_trace and o.oracle_trace is None:
+def check_oracle_policy(spec: RunSpec) -> None:
+    """An offloaded run whose policy reads the future needs its trace (spec.oracle_trace)."""
+    if spec.offloaded and check_policy(spec.policy).needs_trace and spec.oracle_trace is None:
         raise SettingError(
             f"policy {spec.policy!r} needs --oracle-trace FILE (a trace of an identical earlier run)"
         )
-    if o.oracle_trace is not None and not check_policy(spec.policy).needs_trace:
-        users = sorted(n for n, c in POLICIES.items() if c.needs_trace and c.engine_ok)
-        raise SettingError(f"--oracle-trace is read only by {users}; policy {spec.policy!r} would ignore it")
-    return spec
 
 
 def _check_task(t: TaskPrompts) -> None:
@@ -229,43 +177,54 @@ def _check_task(t: TaskPrompts) -> None:
         raise SettingError(f"--batch-size {t.batch_size} needs at least that many prompts; got --n {t.n}")
 
 
-def prepare(r: RunRequest) -> Prepared:
-    """Check everything that can be checked before the weights are read (the order: see the module doc)."""
-    dc = decode_config(r.gen_length, r.steps, r.threshold, r.mode)
-    check_device(r.device)
-    dtype = resolve_dtype(r.model, r.dtype)
-    for o in r.outputs:
+def prepare(
+    spec: RunSpec,
+    *,
+    texts: tuple[str, ...] | None = None,
+    raw: bool = False,
+    task: TaskPrompts | None = None,
+    outputs: tuple[Output, ...] = (),
+) -> Prepared:
+    """Check everything that can be checked before the weights are read (the order: see the module doc).
+    Prompts come as `texts` (one batch; `raw`: without the chat template), or a bundled `task`, or neither."""
+    if not isinstance(spec, RunSpec):
+        raise SettingError(f"prepare takes a RunSpec, got {type(spec).__name__}")
+    check_device(spec.device)
+    for o in outputs:
         if o.path is None and o.force:
             raise SettingError(f"--force replaces an existing {o.flag} file; give {o.flag} too")
-    if r.texts is not None:
-        if not 1 <= len(r.texts) <= MAX_BATCH:
-            raise SettingError(f"give 1-{MAX_BATCH} --prompt values (one batch), got {len(r.texts)}")
-        if any(not p.strip() for p in r.texts):
+    if texts is not None:
+        if not 1 <= len(texts) <= MAX_BATCH:
+            raise SettingError(f"give 1-{MAX_BATCH} --prompt values (one batch), got {len(texts)}")
+        if any(not p.strip() for p in texts):
             raise SettingError(
-                "a --prompt is empty" + (" (--raw)" if r.raw else "") + "; give the text to answer"
+                "a --prompt is empty" + (" (--raw)" if raw else "") + "; give the text to answer"
             )
-    cfg = model_config(r.model)
-    spec = offload_spec(r.offload, cfg, dtype, r.device) if r.offload is not None else None
-    for o in r.outputs:
+    cfg = model_config(spec.model)
+    spec.fits(cfg.num_experts)
+    check_oracle_policy(spec)
+    for o in outputs:
         check_writable(o.path, o.flag, o.force, o.exists_ok)
-    if r.task is not None:
-        _check_task(r.task)
+    if task is not None:
+        _check_task(task)
+    dc = spec.decode
     check_positions(cfg, dc.gen_length)
-    tok, cfg = tokenizer_and_config(r.model, cfg)  # the tokenizer only: no weights read yet
-    run = Prepared(r, dc, dtype, cfg, tok, spec)
-    if r.texts is not None:
-        run.prompts = [tok.encode(p) if r.raw else encode(tok, p) for p in r.texts]
+    tok, cfg = tokenizer_and_config(spec.model, cfg)  # the tokenizer only: no weights read yet
+    run = Prepared(spec, cfg, tok)
+    if texts is not None:
+        run.prompts = [tok.encode(p) if raw else encode(tok, p) for p in texts]
         if any(not p for p in run.prompts):
             raise SettingError("a --prompt encodes to no tokens; give the text to answer")
         run.prompt_ids, run.batch_size = [prompt_id(p) for p in run.prompts], len(run.prompts)
-    elif r.task is not None:
-        t = r.task
-        run.prompt_ids, run.prompts = prompts(tok, t.task, t.n, t.seed, t.max_prompt_tokens)
-        run.batch_size = t.batch_size
+    elif task is not None:
+        run.prompt_ids, run.prompts = prompts(tok, task.task, task.n, task.seed, task.max_prompt_tokens)
+        run.batch_size = task.batch_size
     if run.prompts:
         check_positions(cfg, dc.gen_length, [len(p) for p in run.prompts])
-    if r.offload is not None and r.offload.oracle_trace is not None:
-        run.oracle = Trace.load(r.offload.oracle_trace, expect_config_hash=cfg.config_hash())
+    if spec.oracle_trace is not None:
+        run.oracle = Trace.load(spec.oracle_trace, expect_config_hash=cfg.config_hash())
         check_oracle_before_load(run.oracle, cfg, run.prompt_ids, run.batch_size, dc)
-    checked_checkpoint(r.model)  # last: config.json and every safetensors header, before the load reads one
+    checked_checkpoint(
+        spec.model
+    )  # last: config.json and every safetensors header, before the load reads one
     return run

@@ -24,24 +24,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 import torch
 
+from artifact.errors import SettingError
 from artifact.model.config import expert_params_of
 from artifact.model.decode import generate
-from artifact.model.experts import ExpertWeights, ResidentExperts, expert_ffn, expert_views
-from artifact.model.options import ForwardOptions
+from artifact.model.experts import ExpertWeights, ResidentExperts, expert_ffn, expert_views, grouped_ffn
 from artifact.model.routing import Demand
-from artifact.offload.backend.cache import ExpertCache
-from artifact.offload.backend.engine import OffloadEngine
+from artifact.offload.backend.engine import Layout, build_engine
 from artifact.offload.backend.plans import PHASES
 from artifact.offload.backend.store import HostStore
 from artifact.offload.links.costs import Costs
 from artifact.offload.links.timeline import VirtualClock
 from artifact.offload.policy.policies import check_policy
 from artifact.offload.replay.trace import KINDS, Trace
-from artifact.offload.runner import OffloadSpec, check_device
+from artifact.offload.runner import check_device
+from artifact.offload.spec import RunSpec
 from artifact.validate import check_number
 
 
@@ -92,14 +93,19 @@ class TimedExperts:
             self.experts_computed += len(g.experts)
 
 
-def calibrate(loaded, prompts: list[list[int]], dc, batch_size: int = 1) -> Calibration:
-    """Per-expert compute and per-demand other time of a resident run of `loaded` on `prompts` (one run
-    after a warm-up forward of the first prompt, so first-call allocations are not counted)."""
+def calibrate(loaded, prompts: list[list[int]], spec: RunSpec, batch_size: int = 1) -> Calibration:
+    """Per-expert compute and per-demand other time of a resident run of `loaded` on `prompts`, decoded and
+    computed as `spec` says (its decoding, forward mode and expert kernel; one run after a warm-up forward
+    of the first prompt, so first-call allocations are not counted). An offloaded spec is refused: the
+    calibration measures the model's own compute, with every expert resident."""
+    if spec.offloaded:
+        raise SettingError("calibrate times a resident run: give a RunSpec without a capacity")
     model = loaded.model
     own = model.backend
     resident = own if isinstance(own, ResidentExperts) else ResidentExperts(loaded.experts, loaded.cfg)
     timed = TimedExperts(resident)
-    options = ForwardOptions(backend=timed)
+    options = spec.forward_options(backend=timed)
+    dc = spec.decode
     generate(model, prompts[:1], dc, options=options)  # warm-up
     timed.__init__(resident)
     t0 = time.perf_counter()
@@ -112,7 +118,7 @@ def calibrate(loaded, prompts: list[list[int]], dc, batch_size: int = 1) -> Cali
         compute_us_per_expert=1e6 * timed.expert_seconds / timed.experts_computed,
         other_us_per_demand=1e6 * max(total - timed.expert_seconds, 0.0) / timed.demands,
         source=f"{loaded.cfg.name}: {len(prompts)} prompts, {timed.demands} demands, "
-        f"{timed.experts_computed} expert computes",
+        f"{timed.experts_computed} expert computes ({spec.forward}, {spec.expert_kernel})",
     )
 
 
@@ -120,9 +126,29 @@ def calibrate(loaded, prompts: list[list[int]], dc, batch_size: int = 1) -> Cali
 # The stream's compute
 # ---------------------------------------------------------------------------------------------
 def expert_compute(weights: ExpertWeights, x: torch.Tensor) -> torch.Tensor:
-    """The one per-expert compute of a stream run (the place to switch to grouped experts): the FFN of
-    `x` (n, D) through one expert's weights."""
+    """The FFN of `x` (n, D) through one expert's weights (the reference a verified run compares with)."""
     return expert_ffn(x, weights)  # (n, D)
+
+
+def group_compute(group, tokens: list[int], x: torch.Tensor, kernel: str) -> list[torch.Tensor]:
+    """The experts of one group, each on its first tokens[j] rows of `x` (n, D), with the run's expert
+    kernel (grouped_ffn, as the model computes a group: "grouped" one grouped GEMM where torch has one,
+    "loop" one call per expert). -> each member's (tokens[j], D) output, in the group's order."""
+    order = sorted(range(len(group.rows)), key=lambda j: group.rows[j])  # grouped_ffn wants rows ascending
+    spans, parts, start = [], [], 0
+    for j in order:
+        n = tokens[j]
+        spans.append((group.rows[j], start, start + n))
+        parts.append(x[:n])
+        start += n
+    per_row = [0] * (max(group.rows) + 1)
+    for j in order:
+        per_row[group.rows[j]] = tokens[j]
+    ys = grouped_ffn(torch.cat(parts), group, spans, list(accumulate(per_row)), kernel)  # (sum n, D)
+    out = [None] * len(order)
+    for j, (_, a, b) in zip(order, spans):
+        out[j] = ys[a:b]
+    return out
 
 
 def _spin_until(deadline: float) -> None:
@@ -143,26 +169,27 @@ def make_store(
 
 def run_stream(
     trace: Trace,
-    spec: OffloadSpec,
+    spec: RunSpec,
     shape: ExpertShape,
     calibration: Calibration = Calibration(),
-    device: str = "cpu",
     store: HostStore | None = None,
     seed: int = 0,
     verify: bool = False,
     costs: Costs | None = None,
 ) -> dict:
-    """Serve every demand of `trace` through an offloaded engine built from `spec` (the oracle's future is
-    the trace itself), computing as described in the module docstring. Returns the stats of a model-driven
-    run: the cache counts, the link's transfers, bytes, busy and stall seconds, wall seconds, forwards
-    (and prefill forwards), plus demands, accesses and forwards_per_second.
+    """Serve every demand of `trace` through an offloaded engine built from `spec` (on spec.device; the
+    oracle's future is the trace itself), computing as described in the module docstring with the spec's
+    expert kernel. Returns the stats of a model-driven run: the cache counts, the link's transfers, bytes,
+    busy and stall seconds, wall seconds, forwards (and prefill forwards), plus demands, accesses and
+    forwards_per_second.
 
     With `costs` the run is on virtual time (clock "virtual", see run_virtual): nothing sleeps, spins or
     computes, and `seconds` is the modelled time."""
+    check_stream_spec(spec, "a stream-driven run")
     if costs is not None:
         return run_virtual(trace, spec, costs, seed=seed)
+    device = spec.device
     E = int(trace.meta["num_experts"])
-    spec.check(E, device)
     check_device(device)
     if store is None:
         store = make_store(trace, shape, seed, pin=torch.device(device).type == "cuda")
@@ -171,7 +198,8 @@ def run_stream(
             f"host store holds {tuple(store.packed.shape)} experts; the trace needs "
             f"(L_moe, {E}, {shape.params})"
         )
-    engine, link = _engine(trace, spec, shape, store, device)
+    engine = _engine(trace, spec, shape, store)
+    link = engine.link
     demands = trace.demands
     tokens = max((max(d.counts) for d in demands if d.counts), default=1)
     g = torch.Generator().manual_seed(seed + 1)
@@ -188,16 +216,17 @@ def run_stream(
                 _spin_until(time.perf_counter() + other)
             count = dict(zip(d.experts, d.counts, strict=True))
             for g in engine.groups(d):
-                for e, row in zip(g.experts, g.rows):  # the group's experts, each its own FFN
-                    start = time.perf_counter()
-                    y = expert_compute((g.gate_up[row], g.down[row]), x[: count[e]])  # (n, D)
-                    if verify:
+                start = time.perf_counter()
+                n = [count[e] for e in g.experts]
+                ys = group_compute(g, n, x, spec.expert_kernel)
+                if verify:
+                    for e, y in zip(g.experts, ys):
                         ref = expert_compute(
                             expert_views(store.expert(d.layer, e).to(device), shape), x[: count[e]]
                         )
                         assert torch.equal(y, ref), f"layer {d.layer} expert {e}: computed from a stale slot"
-                    if per_expert is not None:
-                        _spin_until(start + per_expert * 1e-6)
+                if per_expert is not None:  # the calibrated cost of each of the group's experts
+                    _spin_until(start + per_expert * 1e-6 * len(n))
         stats = engine.finish()
         sync()
         seconds = time.perf_counter() - t0
@@ -206,27 +235,29 @@ def run_stream(
     return _totals(stats, trace, spec, link, seconds)
 
 
-def _engine(
-    trace: Trace,
-    spec: OffloadSpec,
-    shape: ExpertShape,
-    store: HostStore,
-    device: str,
-    clock=None,
-    expert_bytes: int | None = None,
-):
-    """The engine and link of a stream run; with `clock` (virtual time) every copy stands for
-    `expert_bytes` whatever the store's rows hold."""
-    layers, E = trace.meta["moe_layers"], int(trace.meta["num_experts"])
+def check_stream_spec(spec: RunSpec, what: str) -> None:
+    """A stream-driven run replaces the model's forward: it cannot run one segmented. Refused in one line."""
+    if not isinstance(spec, RunSpec):
+        raise SettingError(f"{what} takes a RunSpec, got {type(spec).__name__}")
+    if spec.forward != "eager":
+        raise SettingError(
+            f"{what} has no model forward to run {spec.forward!r} (the trace replaces it): give forward eager"
+        )
+    if not spec.offloaded:
+        raise SettingError(
+            f"{what} serves the trace through an offloaded engine: give the RunSpec a capacity"
+        )
+
+
+def _engine(trace: Trace, spec: RunSpec, shape: ExpertShape, store: HostStore, clock=None, expert_bytes=None):
+    """The engine of a stream run; with `clock` (virtual time) every copy stands for `expert_bytes`
+    whatever the store's rows hold."""
     future = trace.future() if check_policy(spec.policy).needs_trace else None
-    policy = spec.make_policy(len(layers), E, future)
-    nbytes = expert_bytes or store.expert_bytes
-    link = spec.make_link(device, nbytes, clock)
-    cache = ExpertCache(layers, E, spec.capacity, policy, nbytes)
-    return OffloadEngine(store, cache, link, shape, device), link
+    layout = Layout.of_meta(trace.meta)
+    return build_engine(spec, layout, store, shape, future=future, clock=clock, expert_bytes=expert_bytes)
 
 
-def _totals(stats: dict, trace: Trace, spec: OffloadSpec, link, seconds: float) -> dict:
+def _totals(stats: dict, trace: Trace, spec: RunSpec, link, seconds: float) -> dict:
     prefill = trace.kind == KINDS.index("prefill")
     forwards = len(np.unique(trace.forward[~prefill]))  # denoising forwards, as the decoder counts them
     prefills = len(np.unique(trace.forward[prefill]))
@@ -239,6 +270,10 @@ def _totals(stats: dict, trace: Trace, spec: OffloadSpec, link, seconds: float) 
         forwards_per_second=forwards / seconds if seconds else float("nan"),
         policy=spec.policy,
         link=spec.link,
+        link_priority=spec.link_priority,
+        lookahead=spec.lookahead,
+        tau=spec.tau,
+        expert_kernel=spec.expert_kernel,
         link_bandwidth_gbps=getattr(link, "bandwidth_gbps", None),
         offload=True,
         driven_by="stream",
@@ -252,23 +287,30 @@ def _totals(stats: dict, trace: Trace, spec: OffloadSpec, link, seconds: float) 
 STAND_IN = ExpertShape(1, 1)  # the store of a virtual run: 3 numbers per expert (bytes come from costs)
 
 
-def run_virtual(trace: Trace, spec: OffloadSpec, costs: Costs, seed: int = 0) -> dict:
+def run_virtual(trace: Trace, spec: RunSpec, costs: Costs, seed: int = 0) -> dict:
     """The stream run on virtual time: the same engine, cache, policy and link (an EmulatedLink on a
     VirtualClock, every copy costs.expert_bytes), with each action charged its modelled cost
-    (offload/links/costs.py) instead of being done. The host store is a stand-in (STAND_IN), so any model
-    shape replays in kilobytes.
+    (offload/links/costs.py) instead of being done. The host store is a stand-in (STAND_IN) on the CPU, so
+    any model shape replays in kilobytes. The costs model eager forwards with the grouped expert kernel
+    (kernels_per_group launches a group): a spec asking for another kernel is refused.
 
     Besides run_stream's stats, `time` holds the modelled split in seconds: compute (non-expert), experts,
     host, stall, and the same per phase (prefill, first, later), plus steps."""
-    E = int(trace.meta["num_experts"])
-    spec.check(E, "cpu")
+    check_stream_spec(spec, "a virtual-time run")
     if spec.link != "emulated":
-        raise ValueError(
+        raise SettingError(
             f"a virtual-time run models the link on its timeline: give link 'emulated', not {spec.link!r}"
         )
+    if spec.expert_kernel != "grouped":
+        raise SettingError(
+            f"a virtual-time run's costs model the grouped expert kernel, not {spec.expert_kernel!r}: "
+            "give expert_kernel grouped"
+        )
+    spec = spec.replace(device="cpu")  # nothing computes: the stand-in slots live on the host
     clock = VirtualClock()
     store = make_store(trace, STAND_IN, seed)
-    engine, link = _engine(trace, spec, STAND_IN, store, "cpu", clock=clock, expert_bytes=costs.expert_bytes)
+    engine = _engine(trace, spec, STAND_IN, store, clock=clock, expert_bytes=costs.expert_bytes)
+    link = engine.link
     first_layer = trace.meta["moe_layers"][0]
     split = {ph: dict.fromkeys(("compute", "experts", "host", "stall", "seconds"), 0.0) for ph in PHASES}
     try:

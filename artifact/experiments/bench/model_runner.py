@@ -24,7 +24,8 @@ from artifact.model.tasks import prompts, tokens_sha
 from artifact.offload.policy.policies import check_policy
 from artifact.offload.prepare import prepare
 from artifact.offload.replay.trace import mean_working_set
-from artifact.offload.runner import OffloadSpec, check_device, decode_prompts
+from artifact.offload.runner import check_device, decode_prompts
+from artifact.offload.spec import RunSpec
 
 
 def usable_core_ids() -> list[int]:
@@ -77,14 +78,13 @@ class ModelRunner:
             torch.set_num_threads(P.torch_threads)
         self.P = P
         if loaded is None:  # every check that needs no weights first (artifact.offload.prepare)
-            loaded = prepare(P.run_request()).load(resident=P.trace_capacity is None)
+            loaded = prepare(P.run_spec()).load(resident=P.trace_capacity is None)
         self.loaded = loaded
         if P.device.startswith("cuda") and not self.loaded.experts.is_pinned():
             self.loaded.experts = self.loaded.experts.pin_memory()  # once, not in every run's HostStore
         cfg = self.loaded.cfg
         self.num_experts = cfg.num_experts
         self.expert_bytes = cfg.expert_params * self.loaded.experts.element_size()
-        self.options = P.run_options()  # every run of the bench decodes so: the profile's forward mode too
         self.meta = {
             "model": cfg.name,
             "model_hash": cfg.config_hash(),
@@ -103,25 +103,21 @@ class ModelRunner:
             self._nominal = measure_h2d_gbps(self.P.device)
         return self._nominal
 
-    def spec(self, capacity: int, policy: str = "demand", bandwidth_scale: float = 1.0) -> OffloadSpec:
-        return OffloadSpec.from_settings(
-            self.P,
-            capacity,
-            policy,
-            expert_bytes=self.expert_bytes,
-            bandwidth_scale=bandwidth_scale,
-            measure=self._measure,
-        )
+    def spec(self, capacity: int | None, policy: str = "demand", bandwidth_scale: float = 1.0) -> RunSpec:
+        """A run of the bench: the profile's RunSpec (every run key, the forward mode and kernel too) at
+        `capacity` (None: resident) with `policy`, its link at `bandwidth_scale`."""
+        spec = self.P.run_spec(capacity, policy, bandwidth_scale=bandwidth_scale)
+        if spec.link == "cuda" and bandwidth_scale != 1.0 and spec.link_gbps is None:
+            spec = spec.replace(link_gbps=self._measure())  # a cap below the hardware's measured rate
+        return spec
 
     def _prompts(self, task: str, batch_size: int):
         if self._group is None or self._group[0] != (task, batch_size):
             P = self.P
             ids, ps = prompts(self.loaded.tokenizer, task, P.n_prompts, P.seed, P.max_prompt_tokens)
-            spec = None
-            if P.trace_capacity is not None:
-                spec = self.spec(min(P.trace_capacity, self.num_experts))
+            capacity = None if P.trace_capacity is None else min(P.trace_capacity, self.num_experts)
             res = decode_prompts(
-                self.loaded, ps, batch_size, self.options, spec=spec, record=True, prompt_ids=ids, task=task
+                self.loaded, ps, batch_size, self.spec(capacity), record=True, prompt_ids=ids, task=task
             )
             self._group = ((task, batch_size), mean_working_set(res.trace), ids, ps, res.trace)
         return self._group
@@ -139,8 +135,7 @@ class ModelRunner:
             self.loaded,
             ps,
             cell.batch_size,
-            self.options,
-            spec=spec,
+            spec,
             oracle=oracle,
             prompt_ids=ids,
             task=cell.task,
@@ -148,7 +143,7 @@ class ModelRunner:
         out = {k: getattr(res.stats, k, None) for k in STAT_COLUMNS}
         out.update(phase_stats(res.stats.by_phase))
         out["tokens"] = res.stats.tokens_generated
-        out["link_gbps"] = spec.link_gbps
+        out["link_gbps"] = spec.link_rate(self.expert_bytes)
         out["tokens_sha"] = tokens_sha(res.tokens)
         out.update(host_medians(res.stats.forward_host_ms, res.stats.forward_wall_ms))
         return out

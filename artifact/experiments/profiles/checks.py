@@ -12,13 +12,9 @@ from typing import Union
 
 import yaml
 
-from artifact.errors import ProfileError, SettingError
-from artifact.experiments.hardware import HARDWARE
-from artifact.model.checkpoint import DTYPES
-from artifact.model.decode import MAX_BATCH, MODES
+from artifact.errors import ProfileError, SettingError, SpecError
+from artifact.model.decode import MAX_BATCH
 from artifact.model.tasks import TASKS
-from artifact.offload.links.link import LINKS
-from artifact.offload.links.timeline import CLOCKS, PRIORITIES
 from artifact.offload.policy.policies import check_policy
 from artifact.offload.policy.policy_modules import load_policy_modules
 from artifact.validate import check_number, load_yaml
@@ -28,19 +24,14 @@ __all__ = ["DEFAULTS_ORIGIN", "RANGES", "check_value", "check_values", "describe
 DEFAULTS_ORIGIN = "defaults (artifact/experiments/settings.py)"
 
 # Ranges of the numeric settings (check_number's keywords), applied to each element of a list setting.
-# Every int or float field is listed here (a test checks it), so NaN, inf and out-of-range values of a
-# new setting cannot slip through.
+# Every int or float field is listed here or is a run key (settings.RUN_KEYS, checked by RunSpec.check and
+# DecodeConfig; a test checks it), so NaN, inf and out-of-range values of a new setting cannot slip through.
 _GT0 = {"low": 0, "low_open": True}
 _GE0 = {"low": 0}
 _BATCH = {"low": 1, "high": MAX_BATCH, "integer": True}
 _THREADS = {"low": 1, "high": 1024, "integer": True}  # more only fails later, spawning the threads
 RANGES: dict[str, dict] = {
-    "latency_us": _GE0,
-    "link_gbps": _GT0,
     "torch_threads": _THREADS,
-    "gen_length": _GT0,
-    "steps": _GT0,
-    "threshold": {"low": 0, "low_open": True, "high": 1},
     "n_prompts": _GT0,
     "seed": _GE0,
     "max_prompt_tokens": _GT0,
@@ -50,8 +41,6 @@ RANGES: dict[str, dict] = {
     "repetitions": _GT0,
     "warmup": _GE0,
     "rotation": _GE0,
-    "lookahead": _GT0,
-    "tau": _GT0,
     "trace_capacity": _GT0,
     "budget_minutes": _GT0,
     "throttle_scales": _GT0,
@@ -155,30 +144,30 @@ def check_values(P, origin: dict) -> None:
             if v not in valid:
                 fail(key, f"has unknown value {v!r}; choose from {list(valid)}")
 
-    choices("device", [P.device.split(":")[0]], ("cpu", "cuda"))
-    choices("link", [P.link], LINKS)
-    choices("link_priority", [P.link_priority], PRIORITIES)
-    choices("clock", [P.clock], CLOCKS)
-    choices("hardware", [P.hardware], sorted(HARDWARE))
-    choices("mode", [P.mode], MODES)
     choices("tasks", P.tasks, TASKS)
     choices("trace_tasks", P.trace_tasks, TASKS)
     try:  # before the policy names: a module may define them
         load_policy_modules(P.policy_modules, f"{src('policy_modules')}: policy_modules")
     except SettingError as e:
         raise ProfileError(str(e)) from None
-    for key, engine in (("sim_policies", False), ("policies", True)):
-        for spec in getattr(P, key):
-            try:
-                check_policy(spec, engine=engine)
-            except SettingError as e:
-                fail(key, f"has {spec!r}: {e}")
-    if P.dtype is not None:
-        choices("dtype", [P.dtype], list(DTYPES))
-    try:  # the forward mode: checked where the run's options are made
-        P.run_options()
-    except SettingError as e:
-        raise ProfileError(f"{src('forward')}: forward: {e}") from None
+    for spec in P.sim_policies:
+        try:
+            check_policy(spec, engine=False)
+        except SettingError as e:
+            fail("sim_policies", f"has {spec!r}: {e}")
+    # The run keys: the profile's RunSpec, checked by the one validator (RunSpec.check), once per engine
+    # policy and per bandwidth scale; a SpecError names the field, here the key and the file it came from.
+    runs = [("policies", {"policy": p}) for p in P.policies]
+    runs += [
+        (k, {"bandwidth_scale": x}) for k in ("bandwidth_scales", "throttle_scales") for x in getattr(P, k)
+    ]
+    for key, changes in runs:
+        try:
+            P.run_spec(**changes)
+        except SpecError as e:
+            name = key if e.field in ("policy", "bandwidth_scale") else e.field
+            said = str(e) if str(e).startswith(name) else f"{name}: {e}"
+            raise ProfileError(f"{src(name)}: {said}") from None
     _check_together(P, fail)
 
 
@@ -203,17 +192,8 @@ def _check_ranges(P, src) -> None:
 
 
 def _check_together(P, fail) -> None:
-    """The settings that constrain each other: the cuda link and the device, scales above 1 on real hardware,
-    enough prompts to fill the largest batch."""
-    if P.link == "cuda" and not P.device.startswith("cuda"):
-        fail("link", f"'cuda' computes on the GPU, but device is {P.device!r}; use link: emulated on the CPU")
-    for key in ("bandwidth_scales", "throttle_scales"):
-        if P.link == "cuda" and max(getattr(P, key)) > 1:
-            fail(
-                key,
-                f"above 1 ({max(getattr(P, key))}) cannot speed up real hardware; "
-                "on the cuda link use scales <= 1 (a cap)",
-            )
+    """The settings that constrain each other beyond one run's (RunSpec.check): enough prompts to fill the
+    largest batch."""
     if P.n_prompts < max(P.batch_sizes):
         fail(
             "n_prompts",

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from artifact.experiments.counting import EXACT
-from artifact.experiments.harness import load_model, offload_spec
+from artifact.experiments.harness import load_model
 from artifact.experiments.outputs.figures import legend, title
 from artifact.experiments.settings import Settings
 from artifact.experiments.verdicts.records import Claim, verdict_of
@@ -35,13 +35,10 @@ def quickstart(P: Settings, cache_ratio: float = 0.5) -> dict:
     loaded = load_model(P)
     task = P.tasks[0]
     ids, ps = prompts(loaded.tokenizer, task, 1, P.seed, P.max_prompt_tokens)
-    options = P.run_options()
-    resident = decode_prompts(loaded, ps, 1, options, record=True, prompt_ids=ids, task=task)
+    resident = decode_prompts(loaded, ps, 1, P.run_spec(), record=True, prompt_ids=ids, task=task)
     W = mean_working_set(resident.trace)
     C = capacity_for(cache_ratio, W, loaded.cfg.num_experts)
-    offloaded = decode_prompts(
-        loaded, ps, 1, options, spec=offload_spec(P, loaded, C), prompt_ids=ids, task=task
-    )
+    offloaded = decode_prompts(loaded, ps, 1, P.run_spec(C, "demand"), prompt_ids=ids, task=task)
     return {
         "task": task,
         "prompt_id": ids[0],

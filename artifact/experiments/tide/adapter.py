@@ -43,7 +43,7 @@ Differences that matter for a fair reading (each handled or recorded):
 Use (notebook 05; the profile key tide_path names the checkout, run where TIDE's requirements are met):
     loaded = load_checkpoint(profile["model"], dtype="bfloat16", device="cuda", resident=False)
     rows = compare_with_engine(loaded, profile["tide_path"], prompts, budget_experts=C, jump_steps=tau,
-                               options=RunOptions(dc, "cuda"))
+                               spec=RunSpec(device="cuda", link="cuda", decode=dc))
     parts = speedup_parts(rows)      # speedup_total = speedup_kv_cache x speedup_offload
 """
 
@@ -55,11 +55,13 @@ from dataclasses import replace
 import torch
 from tqdm.auto import tqdm
 
+from artifact.errors import SettingError
 from artifact.experiments.bench.results import STAT_COLUMNS
 from artifact.experiments.tide.checkout import require_cuda
 from artifact.experiments.tide.released import TideRun, check_prompts, open_tide, tide_arguments
 from artifact.model.tasks import tokens_sha
-from artifact.offload.runner import OffloadSpec, RunOptions, RunSettings, decode_prompts, expert_bytes
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 JUMP_STEPS = (1, 2, 4)  # TIDE's defaults (enable_predictive_expert_offload: 1, main.py: 2) and our tau
 
@@ -68,22 +70,19 @@ def engine_row(
     loaded,
     prompts: list[list[int]],
     budget_experts: int,
-    options: RunOptions,
+    spec: RunSpec,
     *,
     policy: str = "demand",
-    tau: int = 4,
     rep: int = 0,
     task: str | None = None,
     cache_ratio: float | None = None,
 ) -> tuple[dict, list[list[int]]]:
-    """Our engine at the same budget, batch size 1, decoding as `options` say (RunOptions: decoding, device,
-    forward mode), in the benchmark row format (CUDA link on a GPU, the emulated link on the CPU)."""
-    dc = options.decode
-    link = "cuda" if torch.device(options.device).type == "cuda" else "emulated"
-    spec = OffloadSpec.from_settings(
-        RunSettings(link=link, tau=tau), budget_experts, policy, expert_bytes=expert_bytes(loaded)
-    )
-    res = decode_prompts(loaded, prompts, 1, options, spec=spec, task=task)
+    """Our engine at the same budget, batch size 1, run as `spec` says (RunSpec: decoding, device, forward
+    mode, kernel, link and its priority, lookahead, tau) with `policy` at `budget_experts` slots, in the
+    benchmark row format."""
+    dc = spec.decode
+    spec = spec.replace(capacity=budget_experts, policy=policy)
+    res = decode_prompts(loaded, prompts, 1, spec, task=task)
     row = {
         "system": "engine",
         "policy": policy,
@@ -97,6 +96,11 @@ def engine_row(
         "gen_length": dc.gen_length,
         "steps": dc.steps,
         "threshold": dc.threshold,
+        "forward": spec.forward,
+        "expert_kernel": spec.expert_kernel,
+        "link_priority": spec.link_priority,
+        "lookahead": spec.lookahead,
+        "tau": spec.tau,
     }
     row.update({k: getattr(res.stats, k, None) for k in STAT_COLUMNS})  # the bench's columns
     row.update(
@@ -106,7 +110,7 @@ def engine_row(
     return row, res.tokens
 
 
-ON_CUDA = RunOptions(device="cuda")  # compare_with_engine's default: the paper's decoding, on the GPU
+ON_CUDA = RunSpec(device="cuda", link="cuda")  # compare_with_engine's default: the paper's decoding on a GPU
 
 
 def compare_with_engine(
@@ -115,12 +119,11 @@ def compare_with_engine(
     prompts: list[list[int]],
     budget_experts: int,
     jump_steps: int | Sequence[int] = JUMP_STEPS,
-    options: RunOptions = ON_CUDA,
+    spec: RunSpec = ON_CUDA,
     *,
     checkpoint=None,
     reps: int = 3,
     policies: tuple[str, ...] = ("demand",),
-    tau: int = 4,
     task: str | None = None,
     cache_ratio: float | None = None,
     dtype: str = "bfloat16",
@@ -129,19 +132,20 @@ def compare_with_engine(
 ) -> list[dict]:
     """Engine cached, engine full and TIDE released at each of `jump_steps` (default JUMP_STEPS), at one
     budget, interleaved by repetition (the order rotates each rep, so drift hits all alike). `loaded` is
-    our model (load_checkpoint(..., resident=False)); both models sit in host memory at once. `tau` is the
-    engine's interval_refresh period (only that policy reads it). TIDE runs with `threads` torch threads
+    our model (load_checkpoint(..., resident=False)); both models sit in host memory at once. TIDE runs with
+    `threads` torch threads
     (default: the machine's cores), the engine with the caller's setting. TIDE rows get
     same_tokens_as_engine: the share of prompts where TIDE decoded exactly the engine's full-mode tokens
-    (bf16 numerics may differ). `options` (RunOptions) are our engine's: TIDE decodes with their decoding
-    settings on their device; the engine also with their forward mode (each decoding mode in turn).
+    (bf16 numerics may differ). `spec` (RunSpec) is our engine's run: TIDE decodes with its decoding
+    settings on its device; the engine also with its forward mode, kernel, link, link priority, lookahead
+    and tau (each decoding mode in turn).
     """
     check_prompts(prompts, reps)
     sweep = (jump_steps,) if isinstance(jump_steps, int) else tuple(jump_steps)
     checkpoint = checkpoint if checkpoint is not None else loaded.path
-    _refuse_unfair_setup(loaded, budget_experts, sweep, options, checkpoint)
-    dc, cfg = options.decode, loaded.cfg
-    if torch.device(options.device).type == "cuda" and not loaded.experts.is_pinned():
+    _refuse_unfair_setup(loaded, budget_experts, sweep, spec, checkpoint)
+    dc, cfg = spec.decode, loaded.cfg
+    if torch.device(spec.device).type == "cuda" and not loaded.experts.is_pinned():
         # once, not in every run's HostStore (as ModelRunner does)
         loaded.experts = loaded.experts.pin_memory()
     run = open_tide(
@@ -150,7 +154,7 @@ def compare_with_engine(
         budget_experts,
         sweep[0],
         dc,
-        device=options.device,
+        device=spec.device,
         dtype=dtype,
         mask_id=cfg.mask_token_id,
         eos_id=cfg.eos_token_id,
@@ -158,7 +162,7 @@ def compare_with_engine(
         warmup_prompt=prompts[0],
         threads=threads,
     )
-    warm = replace(options, decode=replace(dc, gen_length=cfg.block_length))
+    warm = spec.replace(decode=replace(dc, gen_length=cfg.block_length))
     engine_row(loaded, prompts[:1], budget_experts, warm)  # warm-up, as for TIDE
     jobs = [("engine", mode, p) for p in policies for mode in ("cached", "full")]
     jobs += [("tide_released", "full", j) for j in sweep]
@@ -169,22 +173,26 @@ def compare_with_engine(
             run,
             prompts,
             budget_experts,
-            options,
+            spec,
             jobs,
             rep,
-            tau=tau,
             task=task,
             cache_ratio=cache_ratio,
         )
     return rows
 
 
-def _refuse_unfair_setup(loaded, budget_experts: int, sweep: tuple, options: RunOptions, checkpoint) -> None:
+def _refuse_unfair_setup(loaded, budget_experts: int, sweep: tuple, spec: RunSpec, checkpoint) -> None:
     """compare_with_engine's checks, before the slow load: a usable sweep, on CUDA a like-for-like model
     (bfloat16, experts in host memory), a checkpoint directory for TIDE, and settings TIDE accepts."""
     if not sweep or len(set(sweep)) != len(sweep):
         raise ValueError(f"jump_steps must be one integer or distinct integers, got {sweep!r}")
-    if torch.device(options.device).type == "cuda":
+    if spec.forward != "eager":  # the engine's full-mode rows re-run the prefix: eager only
+        raise SettingError(
+            f"the comparison runs our engine in mode full too, which forward {spec.forward!r} cannot: "
+            "give forward eager"
+        )
+    if torch.device(spec.device).type == "cuda":
         require_cuda()
         if loaded.experts.dtype != torch.bfloat16:
             raise ValueError(
@@ -201,7 +209,7 @@ def _refuse_unfair_setup(loaded, budget_experts: int, sweep: tuple, options: Run
             )
     if checkpoint is None:
         raise ValueError("loaded has no checkpoint directory (random_model?): pass checkpoint=PATH for TIDE")
-    dc, cfg = options.decode, loaded.cfg
+    dc, cfg = spec.decode, loaded.cfg
     for j in sweep:
         tide_arguments(
             budget_experts,
@@ -220,11 +228,10 @@ def _one_rep(
     run: TideRun,
     prompts: list[list[int]],
     budget_experts: int,
-    options: RunOptions,
+    spec: RunSpec,
     jobs: list[tuple],
     rep: int,
     *,
-    tau: int,
     task: str | None,
     cache_ratio: float | None,
 ) -> list[dict]:
@@ -234,14 +241,13 @@ def _one_rep(
     rows, engine_tokens, tide_rows = [], None, []
     for order, (system, mode, arg) in enumerate(jobs[shift:] + jobs[:shift]):
         if system == "engine":
-            mode_options = replace(options, decode=replace(options.decode, mode=mode))
+            mode_spec = spec.replace(decode=replace(spec.decode, mode=mode))
             row, toks = engine_row(
                 loaded,
                 prompts,
                 budget_experts,
-                mode_options,
+                mode_spec,
                 policy=arg,
-                tau=tau,
                 rep=rep,
                 task=task,
                 cache_ratio=cache_ratio,

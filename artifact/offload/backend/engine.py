@@ -34,6 +34,7 @@ from artifact.offload.backend.cache import ExpertCache
 from artifact.offload.backend.plans import EMPTY, Plan
 from artifact.offload.backend.store import HostStore, check_slots_fit
 from artifact.offload.links.link import Link
+from artifact.offload.spec import RunSpec
 
 NUMPY_SORT = 32  # a group of at least this many experts is sorted by its slots in numpy
 
@@ -299,14 +300,57 @@ class OffloadEngine:
         }
 
 
+def build_cache(moe_layers: list[int], num_experts: int, capacity: int, policy, expert_bytes: int):
+    """The one place an ExpertCache is made: the model-driven and the stream-driven engine (build_engine,
+    offload), the replay simulator and the benchmarks all come here, so each runs the same cache over the
+    same policy code."""
+    return ExpertCache(moe_layers, num_experts, capacity, policy, expert_bytes)
+
+
+def build_engine(
+    spec: RunSpec,
+    layout,
+    store: HostStore,
+    shape,
+    *,
+    future=None,
+    clock=None,
+    expert_bytes: int | None = None,
+    slot_pool: SlotPool | None = None,
+) -> OffloadEngine:
+    """The engine of an offloaded run as `spec` says: its policy (an oracle's `future` when it needs one),
+    its link (on `clock` when given), a cache
+    of spec.capacity slots per MoE layer of `layout` (anything with moe_layers and num_experts: the model's
+    config, a trace's Layout), over `store`, computing experts of `shape` on spec.device. Every copy stands
+    for `expert_bytes` (default: the store's rows; a virtual-time run charges the modelled expert's)."""
+    spec.fits(layout.num_experts)
+    policy = spec.make_policy(len(layout.moe_layers), layout.num_experts, future)
+    nbytes = expert_bytes or store.expert_bytes
+    link = spec.make_link(nbytes, clock)
+    cache = build_cache(layout.moe_layers, layout.num_experts, spec.capacity, policy, nbytes)
+    return OffloadEngine(store, cache, link, shape, spec.device, slot_pool=slot_pool)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The MoE layers and experts per layer an engine serves, when no model config is at hand (a trace's)."""
+
+    moe_layers: tuple[int, ...]
+    num_experts: int
+
+    @classmethod
+    def of_meta(cls, meta: dict) -> Layout:
+        return cls(tuple(meta["moe_layers"]), int(meta["num_experts"]))
+
+
 def offload(model, experts: torch.Tensor, capacity: int, policy, link: Link, device="cpu") -> OffloadEngine:
-    """An offloaded engine over the packed host experts, its slots from the model's slot pool. The model is
-    left as it is: pass the engine in a forward's options (ForwardOptions.backend; a run does), or install
-    it."""
+    """An offloaded engine over the packed host experts from a policy and a link already made (a test's or a
+    script's; a run builds its own with build_engine), its slots from the model's slot pool. The model is left
+    as it is: pass the engine in a forward's options (ForwardOptions.backend), or install it."""
     cfg = model.cfg
     check_slots_fit(cfg, capacity, experts.dtype, device, weights_loaded=True)
     store = HostStore(experts, cfg.moe_layers, pin=torch.device(device).type == "cuda")
-    cache = ExpertCache(cfg.moe_layers, cfg.num_experts, capacity, policy, store.expert_bytes)
+    cache = build_cache(cfg.moe_layers, cfg.num_experts, capacity, policy, store.expert_bytes)
     return OffloadEngine(store, cache, link, cfg, device, slot_pool=model.slot_pool)
 
 

@@ -76,10 +76,10 @@ from artifact.experiments.studies.performance_model.virtual import (
     limits,
     model_grid,
     model_run,
+    priced_spec,
     shape,
     to_json,
     tokens_decoded,
-    virtual_spec,
     wall_run,
 )
 from artifact.experiments.verdicts.records import Claim, verdict_of
@@ -87,6 +87,7 @@ from artifact.offload.links.timeline import PRIORITIES
 from artifact.offload.policy.policies import check_policy
 from artifact.offload.replay.synth import SynthParams, synth
 from artifact.offload.replay.trace import Trace
+from artifact.offload.spec import RunSpec
 from artifact.paths import repo_root
 
 
@@ -124,10 +125,13 @@ def paper_point(P: Settings) -> Trace:
     )
 
 
-def gpu_grid(streams: dict[str, Trace], full: str = "paper point", progress: bool = True) -> pd.DataFrame:
-    """Every GPU x C/W x policy on every stream (cross_layer only where the trace carries its predictions):
-    on `full` for both shapes and both link priorities, on the others (recorded traces, longer) for
-    llada2-mini under fifo (what the claims read), to keep the notebook's run time."""
+def gpu_grid(
+    streams: dict[str, Trace], spec: RunSpec, full: str = "paper point", progress: bool = True
+) -> pd.DataFrame:
+    """Every GPU x C/W x policy on every stream (cross_layer only where the trace carries its predictions),
+    each cell `spec` (the profile's run: its lookahead and tau; model_grid sets capacity, policy and link
+    priority): on `full` for both shapes and both link priorities, on the others (recorded traces, longer)
+    for llada2-mini under fifo (what the claims read), to keep the notebook's run time."""
     frames, floors = [], {}
     jobs = [
         (hw, s, name)
@@ -140,7 +144,8 @@ def gpu_grid(streams: dict[str, Trace], full: str = "paper point", progress: boo
         t = streams[name]
         pols = [p for p in GRID_POLICIES if t.has_predictions or not check_policy(p).needs_prediction]
         prios = PRIORITIES if name == full else ("fifo",)
-        frames.append(model_grid([t], HARDWARE[hw], s, pols, GRID_RATIOS, prios, names=[name], floors=floors))
+        grid = model_grid([t], HARDWARE[hw], s, spec, pols, GRID_RATIOS, prios, names=[name], floors=floors)
+        frames.append(grid)
     df = pd.concat(frames, ignore_index=True)
     df["floor_tokens_per_second"] = df.tokens / (df.floor_per_step * df.steps)
     return df
@@ -382,7 +387,7 @@ __all__ = [
     "OUTPUTS",
     "shape",
     "tokens_decoded",
-    "virtual_spec",
+    "priced_spec",
     "model_run",
     "limits",
     "WALL_STORE_LIMIT",

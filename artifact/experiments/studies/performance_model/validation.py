@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.hardware import HARDWARE, committed_gpu_check, hardware, load_gpu_check
-from artifact.experiments.harness import load_model, offload_spec
+from artifact.experiments.harness import load_model
 from artifact.experiments.paired_table import paired_table
 from artifact.experiments.recording import cached_rows
 from artifact.experiments.settings import Settings
@@ -29,7 +29,8 @@ from artifact.model.tasks import prompts
 from artifact.offload.links.costs import Costs, Hardware, Shape
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import Trace, mean_working_set
-from artifact.offload.runner import OffloadSpec, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 from artifact.offload.trace_engine import calibrate
 
 # --- validation on the cpu profile -----------------------------------------------------------------
@@ -37,7 +38,7 @@ VALIDATION_RATIOS = (0.43, 1.0, 1.73)
 VALIDATION_POLICIES = ("demand", "last_step")
 
 
-FAST_LINK = dict(link="emulated", bandwidth_gbps=1e6, latency_us=0.0)  # a link no compute ever waits on
+FAST_LINK = dict(link="emulated", link_gbps=1e6, latency_us=0.0)  # a link no compute ever waits on
 
 
 def cpu_emulated(
@@ -47,16 +48,16 @@ def cpu_emulated(
     runs on a link too fast to wait on at two C (demand) give the host time per copy (the slope of time on
     copies) and the compute; trace_engine.calibrate's resident run splits that compute between the experts and
     the rest (its share of expert time)."""
-    options = P.run_options()
-    cal = calibrate(loaded, ps, options.decode, batch_size)
+    resident = P.run_spec()
+    cal = calibrate(loaded, ps, resident, batch_size)
     if trace is None:
-        trace = decode_prompts(loaded, ps, batch_size, options, record=True).trace
+        trace = decode_prompts(loaded, ps, batch_size, resident, record=True).trace
     W = mean_working_set(trace)
     points = []
     for ratio in (0.43, 3.0):
         C = capacity_for(ratio, W, loaded.cfg.num_experts)
-        spec = OffloadSpec(C, "demand", **FAST_LINK)
-        res = [decode_prompts(loaded, ps, batch_size, options, spec=spec) for _ in range(reps + 1)][1:]
+        spec = P.run_spec(C, "demand", **FAST_LINK)
+        res = [decode_prompts(loaded, ps, batch_size, spec) for _ in range(reps + 1)][1:]
         best = min(res, key=lambda r: r.stats.seconds).stats
         points.append((best.transfers, best.seconds, best.demand_hits + best.demand_misses))
     (x1, t1, accesses), (x2, t2, _) = points
@@ -94,14 +95,13 @@ def validate_cpu(
     loaded = load_model(P)
     task = P.tasks[0]
     _, ps = prompts(loaded.tokenizer, task, n_prompts, P.seed, P.max_prompt_tokens)
-    options = P.run_options()
     shp = shape("tiny") if loaded.cfg.name == "tiny" else Shape.of(loaded.cfg, 4)
     costs, sources = {}, []
     traces: dict[int, Trace] = {}
     for b in batch_sizes:  # compute per demand grows with the batch: calibrated per batch size
         # The routing of every run of this batch size (offloading changes time, never results); measured runs
         # do not record, since recording also computes each layer's cross-layer prediction.
-        traces[b] = decode_prompts(loaded, ps, b, options, record=True, task=task).trace
+        traces[b] = decode_prompts(loaded, ps, b, P.run_spec(), record=True, task=task).trace
         hw, source = cpu_emulated(P, loaded, ps, b, trace=traces[b])
         costs[b] = Costs(hw, shp)
         sources.append(f"batch {b}: {source}")
@@ -113,9 +113,10 @@ def validate_cpu(
         C = capacity_for(ratio, mean_working_set(t), loaded.cfg.num_experts)
         order = slot_order(policies, P.rotation * repetitions + rep)
         for policy in order:
-            spec = offload_spec(P, loaded, C, policy)
-            res = decode_prompts(loaded, ps, b, options, spec=spec, task=task)
-            m = model_run(t, costs[b], C, policy, P.link_priority)
+            spec = P.run_spec(C, policy)
+            res = decode_prompts(loaded, ps, b, spec, task=task)
+            # the run modelled: its policy, priority, lookahead and tau; the link priced by the calibration
+            m = model_run(t, costs[b], spec.replace(link_gbps=None))
             s = res.stats
             rows.append(
                 {
@@ -177,7 +178,8 @@ def validate_gpu(
         t = loaded.get(run_["batch"])
         if t is None:
             continue
-        m = model_run(t, costs, run_["cache_experts"], run_["policy"], "fifo")
+        # the GPU check's engine runs: fifo, the default lookahead and tau (scripts/gpu_check.py)
+        m = model_run(t, costs, RunSpec(capacity=run_["cache_experts"], policy=run_["policy"]))
         forwards = m["steps"] + m["prefill_forwards"]
         rows.append(
             {

@@ -18,7 +18,7 @@ from artifact.offload.links.timeline import CLOCKS, PRIORITIES
 from artifact.offload.policy.policies import check_policy
 from artifact.offload.replay.sim import capacity_for, replay
 from artifact.offload.replay.trace import KINDS, Trace, mean_working_set
-from artifact.offload.runner import OffloadSpec
+from artifact.offload.spec import RunSpec
 from artifact.offload.trace_engine import Calibration, ExpertShape, run_stream, run_virtual
 
 SHAPES = ("llada2-mini", "llada2-flash", "tiny")  # model.config presets; tiny in float32 (the cpu profile)
@@ -49,31 +49,22 @@ def tokens_decoded(trace: Trace) -> int:
     return rounds * block * int(trace.meta.get("batch_size") or 1)
 
 
-def virtual_spec(
-    costs: Costs, capacity: int, policy: str, priority: str, lookahead: int = 1, tau: int = 4
-) -> OffloadSpec:
-    return OffloadSpec(
-        capacity,
-        policy,
-        "emulated",
-        bandwidth_gbps=costs.link_gbps,
-        latency_us=costs.hw.copy_latency_us,
-        lookahead=lookahead,
-        tau=tau,
-        link_priority=priority,
-    )
+def priced_spec(costs: Costs, spec: RunSpec) -> RunSpec:
+    """`spec` on the modelled link: the hardware profile's bandwidth and copy latency (hardware.py). A spec
+    that sets its own link bandwidth, cap or scale is refused: the performance model would not read them."""
+    if spec.link_gbps is not None or spec.cap_gbps is not None or spec.bandwidth_scale != 1.0:
+        raise SettingError(
+            "the performance model's link is its hardware profile's (hardware.py): leave link_gbps, "
+            "cap_gbps and bandwidth_scale unset"
+        )
+    return spec.replace(link="emulated", link_gbps=costs.link_gbps, latency_us=costs.hw.copy_latency_us)
 
 
-def model_run(
-    trace: Trace,
-    costs: Costs,
-    capacity: int,
-    policy: str,
-    priority: str = "fifo",
-    min_misses: int | None = None,
-) -> dict:
-    """One modelled run: run_virtual's stats and the outputs (module docstring), per denoising step."""
-    st = run_virtual(trace, virtual_spec(costs, capacity, policy, priority), costs)
+def model_run(trace: Trace, costs: Costs, spec: RunSpec, min_misses: int | None = None) -> dict:
+    """One modelled run of `spec` (its capacity, policy, link priority, lookahead and tau; the link priced
+    by `costs`): run_virtual's stats and the outputs (module docstring), per denoising step."""
+    capacity = spec.capacity
+    st = run_virtual(trace, priced_spec(costs, spec), costs)
     steps = max(st["forwards"], 1)
     t = st["time"]
     tokens = tokens_decoded(trace)
@@ -120,17 +111,11 @@ def limits(
 WALL_STORE_LIMIT = 2 << 30  # bytes: the wall clock replays real expert tensors on this machine
 
 
-def wall_run(
-    trace: Trace,
-    costs: Costs,
-    capacity: int,
-    policy: str,
-    priority: str = "fifo",
-    min_misses: int | None = None,
-) -> dict:
+def wall_run(trace: Trace, costs: Costs, spec: RunSpec, min_misses: int | None = None) -> dict:
     """The same cell on the wall clock (clock 'wall'): the stream engine with the emulated link sleeping and
     the calibrated compute spinning on this machine (cpu-emulated), for a check of the virtual clock."""
     hw, s = costs.hw, costs.shape
+    capacity = spec.capacity
     check_clock("wall", hw)
     store = len(trace.meta["moe_layers"]) * trace.meta["num_experts"] * s.expert_bytes
     if store > WALL_STORE_LIMIT:
@@ -138,7 +123,7 @@ def wall_run(
             f"clock 'wall' would allocate {store / 2**30:.1f} GiB of experts for this shape; "
             "use shape 'tiny' or clock 'virtual'"
         )
-    spec = virtual_spec(costs, capacity, policy, priority)
+    spec = priced_spec(costs, spec)
     st = run_stream(
         trace,
         spec,
@@ -201,16 +186,19 @@ def model_grid(
     traces: list[Trace],
     hw: Hardware,
     shape_name: str,
+    spec: RunSpec,
     policies,
     ratios,
-    priorities=("fifo",),
+    priorities=None,
     progress: bool = False,
     names: list[str] | None = None,
     clock: str = "virtual",
     floors: dict | None = None,
 ) -> pd.DataFrame:
-    """One row per trace x C/W x link priority x policy (module docstring); clock 'wall' runs each cell on
-    this machine instead (wall_run)."""
+    """One row per trace x C/W x link priority x policy (module docstring), each cell `spec` at that capacity,
+    policy and priority (priorities None: the spec's own); clock 'wall' runs each cell on this machine
+    instead (wall_run)."""
+    priorities = (spec.link_priority,) if priorities is None else priorities
     check_grid(policies, ratios, priorities)
     check_clock(clock, hw)
     one = model_run if clock == "virtual" else wall_run
@@ -228,7 +216,8 @@ def model_grid(
                 floors[key] = floor
         for priority in priorities:
             for policy in policies:
-                out = one(t, costs, C, policy, priority, min_misses=floor)
+                cell = spec.replace(capacity=C, policy=policy, link_priority=priority)
+                out = one(t, costs, cell, min_misses=floor)
                 rows.append(
                     {
                         "trace": names[i] if names else str(t.path or i),

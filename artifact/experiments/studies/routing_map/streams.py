@@ -50,7 +50,6 @@ from artifact.offload.backend.store import HostStore
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.synth import SynthParams, synth
 from artifact.offload.replay.trace import Trace, mean_working_set
-from artifact.offload.runner import OffloadSpec
 from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 
 
@@ -61,7 +60,7 @@ def calibration(P: Settings) -> Calibration:
         return Calibration(source="none: device compute")
     loaded = load_model(P)
     return calibrate(
-        loaded, prompts(loaded.tokenizer, P.tasks[0], 2, P.seed, P.max_prompt_tokens)[1], P.decode_config()
+        loaded, prompts(loaded.tokenizer, P.tasks[0], 2, P.seed, P.max_prompt_tokens)[1], P.run_spec()
     )
 
 
@@ -99,8 +98,10 @@ def stream_runs(
         C = capacity_for(ratio, mean_working_set(t), base.experts)
         order = policies if rep < 0 else slot_order(policies, P.rotation * g.repetitions + rep)
         for policy in order:
-            spec = OffloadSpec.from_settings(P, C, policy, expert_bytes=store.expert_bytes)
-            st = run_stream(t, spec, shape, cal, device=P.device, store=store)
+            # The stream replaces the model's forward, so it runs none segmented (run_stream refuses that):
+            # the profile's forward mode is the calibration's; every other run key is the cell's.
+            spec = P.run_spec(C, policy, forward="eager")
+            st = run_stream(t, spec, shape, cal, store=store)
             if rep < 0:
                 continue
             rows.append(
