@@ -418,8 +418,7 @@ def engine_per_demand(queued: int, demands: int = 300, reps: int = 5) -> dict:
     the same demands). Best of `reps` runs of `demands` demands, in process CPU time: no device, no wait, so
     on an idle machine it is the wall time, and on a shared one it leaves out the time other jobs took."""
     from artifact.model.routing import Demand, StepInfo
-    from artifact.offload.backend.cache import ExpertCache
-    from artifact.offload.backend.engine import OffloadEngine
+    from artifact.offload.backend.engine import OffloadEngine, build_cache
     from artifact.offload.backend.store import HostStore
     from artifact.offload.trace_engine import STAND_IN
 
@@ -430,7 +429,7 @@ def engine_per_demand(queued: int, demands: int = 300, reps: int = 5) -> dict:
     ]
 
     def cache():
-        return ExpertCache([layer], E, queued, make_policy("demand", 1, E, engine=True), 1)
+        return build_cache([layer], E, queued, make_policy("demand", 1, E, engine=True), 1)
 
     def timed(serve) -> float:
         best = float("inf")

@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from artifact.cli.args import add_run_spec_args, run_spec_of
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig, generate
 from artifact.model.tasks import prompts
@@ -28,10 +29,9 @@ from artifact.model.tiny import tiny_checkpoint
 from artifact.offload.backend.engine import install, offload
 from artifact.offload.links.link import EmulatedLink, emulated_bandwidth_gbps, scaled_chunk_bytes
 from artifact.offload.links.timeline import ManualClock
-from artifact.offload.policy.policies import make_policy
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import mean_working_set
-from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
 
 CONFIGS = [(p, q) for p in ("demand", "last_step") for q in ("fifo", "demand")]
 
@@ -59,10 +59,11 @@ class Timed:
                 self.clock.t += self.per_expert + self.per_token * counts[e]
 
 
-def fit_compute(loaded, ps, batch, dc):
-    """(per layer, per expert, per token) seconds from one timed resident run."""
+def fit_compute(loaded, ps, batch, run):
+    """(per layer, per expert, per token) seconds from one timed resident run of RunSpec `run`."""
     model = loaded.model
-    decode_prompts(loaded, ps[:1], 1, RunOptions(dc))  # makes the resident backend, warms up
+    dc = run.decode
+    decode_prompts(loaded, ps[:1], 1, run)  # makes the resident backend, warms up
     timer = Timed(model.backend)
     saved = install(model, timer)
     demands = []
@@ -70,7 +71,7 @@ def fit_compute(loaded, ps, batch, dc):
         with model.listening(demands.append):
             t0 = time.perf_counter()
             for i in range(0, len(ps), batch):
-                generate(model, ps[i : i + batch], dc)
+                generate(model, ps[i : i + batch], dc, options=run.forward_options())
             total = time.perf_counter() - t0
     finally:
         install(model, saved)
@@ -80,8 +81,10 @@ def fit_compute(loaded, ps, batch, dc):
     return per_layer, max(per_expert, 0.0), max(per_token, 0.0)
 
 
-def run_virtual(loaded, ps, batch, dc, C, policy, prio, costs, chunk_bytes=None):
-    cfg = loaded.cfg
+def run_virtual(loaded, ps, batch, spec, costs, chunk_bytes=None):
+    """RunSpec `spec` (its capacity, policy, link priority, lookahead, tau, forward mode and kernel) on a
+    virtual clock: the emulated link timed by it, compute charged by the fitted `costs`."""
+    cfg, dc, prio = loaded.cfg, spec.decode, spec.link_priority
     per_layer, per_expert, per_token = costs
     expert_bytes = cfg.expert_params * loaded.experts.element_size()
     vc = VirtualClock()
@@ -92,15 +95,15 @@ def run_virtual(loaded, ps, batch, dc, C, policy, prio, costs, chunk_bytes=None)
         priority=prio,
         chunk_bytes=(chunk_bytes or scaled_chunk_bytes(expert_bytes)) if prio == "demand" else None,
     )
-    pol = make_policy(policy, len(cfg.moe_layers), cfg.num_experts, engine=True)
+    pol = spec.make_policy(len(cfg.moe_layers), cfg.num_experts)
     model = loaded.model
-    engine = offload(model, loaded.experts, C, pol, link)
+    engine = offload(model, loaded.experts, spec.capacity, pol, link)
     saved = install(model, Timed(engine, vc, per_expert, per_token))
     tokens = []
     try:
         with model.listening(lambda d: setattr(vc, "t", vc.t + per_layer)):  # attention etc. before routing
             for i in range(0, len(ps), batch):
-                tokens += generate(model, ps[i : i + batch], dc).tokens
+                tokens += generate(model, ps[i : i + batch], dc, options=spec.forward_options()).tokens
         stats = engine.finish()
     finally:
         install(model, saved)
@@ -128,12 +131,13 @@ def main():
         default=None,
         help="demand priority: speculative chunk size (default: scaled_chunk_bytes, a sixth of an expert)",
     )
+    add_run_spec_args(ap, sweeps=("link_priority",))  # the link priority: both, per configuration
     a = ap.parse_args()
     torch.set_num_threads(1)
     loaded = load_checkpoint(tiny_checkpoint())
     _, ps = prompts(loaded.tokenizer, "gsm8k", a.n, seed=0, max_prompt_tokens=64)
     dc = DecodeConfig(gen_length=a.gen_length)
-    options = RunOptions(dc)
+    options = run_spec_of(a, decode=dc)
     base = decode_prompts(loaded, ps, a.batch, options, record=True)
     W = mean_working_set(base.trace)
     print(
@@ -144,7 +148,7 @@ def main():
         costs = (
             tuple(float(c) * 1e-6 for c in a.costs.split(","))
             if a.costs
-            else fit_compute(loaded, ps, a.batch, dc)
+            else fit_compute(loaded, ps, a.batch, options)
         )
         print(
             "compute model (--costs): %.1f,%.2f,%.3f us per layer, per expert, per routed token"
@@ -160,14 +164,12 @@ def main():
         for rep in range(a.reps if a.wall else 1):
             for policy, prio in CONFIGS if rep % 2 == 0 else CONFIGS[::-1]:
                 if a.wall:
-                    r = decode_prompts(
-                        loaded, ps, a.batch, options, spec=OffloadSpec(C, policy, link_priority=prio)
-                    )
+                    spec = options.replace(capacity=C, policy=policy, link_priority=prio)
+                    r = decode_prompts(loaded, ps, a.batch, spec)
                     tokens, stats = r.tokens, r.stats.as_dict()
                 else:
-                    tokens, stats = run_virtual(
-                        loaded, ps, a.batch, dc, C, policy, prio, costs, a.chunk_bytes
-                    )
+                    spec = options.replace(capacity=C, policy=policy, link_priority=prio)
+                    tokens, stats = run_virtual(loaded, ps, a.batch, spec, costs, a.chunk_bytes)
                 assert tokens == base.tokens, "offloaded tokens differ from resident ones"
                 rows[(policy, prio)].append(stats)
         med = {

@@ -17,17 +17,15 @@ import time
 
 import torch
 
+from artifact.cli.args import add_run_spec_args, run_spec_of
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig, generate
-from artifact.model.options import ForwardOptions
 from artifact.model.tasks import prompts
 from artifact.model.tiny import tiny_checkpoint
 from artifact.offload.backend.engine import offload
-from artifact.offload.links.link_factory import make_link
-from artifact.offload.policy.policies import make_policy
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import mean_working_set
-from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
 
 
 def per_step(gen):
@@ -39,12 +37,13 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--gen-length", type=int, default=64)
+    add_run_spec_args(ap)
     a = ap.parse_args()
     torch.set_num_threads(1)
     loaded = load_checkpoint(tiny_checkpoint())
     _, ps = prompts(loaded.tokenizer, "gsm8k", a.batch, seed=0, max_prompt_tokens=64)
     dc = DecodeConfig(gen_length=a.gen_length)
-    options = RunOptions(dc)
+    options = run_spec_of(a, decode=dc)
     base = decode_prompts(loaded, ps, a.batch, options, record=True)
     W = mean_working_set(base.trace)
 
@@ -52,9 +51,7 @@ def main():
     res, off = [], []
     for _ in range(a.reps):
         res.append(per_step(decode_prompts(loaded, ps, a.batch, options).generations[0]))
-        second = decode_prompts(
-            loaded, ps + ps, a.batch, options, spec=OffloadSpec(256, "demand")
-        ).generations[1]
+        second = decode_prompts(loaded, ps + ps, a.batch, options.replace(capacity=256)).generations[1]
         off.append(per_step(second))
     r, o = statistics.median(res), statistics.median(off)
     print(
@@ -68,7 +65,7 @@ def main():
         rows = []
         for _ in range(a.reps):
             compute = decode_prompts(loaded, ps, a.batch, options).stats.seconds
-            rows.append((compute, *timed_layers(loaded, ps, dc, C)))
+            rows.append((compute, *timed_layers(loaded, ps, options.replace(capacity=C))))
         compute, total, busy, stall, causal = sorted(rows, key=lambda r: r[1] / max(r[0], r[2]))[
             len(rows) // 2
         ]
@@ -82,13 +79,12 @@ def main():
     loaded.model.backend = None
 
 
-def timed_layers(loaded, ps, dc, C):
-    """One offloaded run with every MoE layer's wall time, link time and stall recorded."""
-    cfg = loaded.cfg
-    link = make_link("emulated", expert_bytes=cfg.expert_bytes(loaded.experts.element_size()))
-    eng = offload(
-        loaded.model, loaded.experts, C, make_policy("demand", len(cfg.moe_layers), cfg.num_experts), link
-    )
+def timed_layers(loaded, ps, spec):
+    """One offloaded run of RunSpec `spec` with every MoE layer's wall time, link time and stall recorded."""
+    cfg, dc = loaded.cfg, spec.decode
+    link = spec.make_link(cfg.expert_bytes(loaded.experts.element_size()))
+    policy = spec.make_policy(len(cfg.moe_layers), cfg.num_experts)
+    eng = offload(loaded.model, loaded.experts, spec.capacity, policy, link)
     serve, layers = eng.groups, []
 
     def timed(d):
@@ -98,7 +94,7 @@ def timed_layers(loaded, ps, dc, C):
 
     eng.groups = timed
     t0 = time.perf_counter()
-    generate(loaded.model, ps, dc, options=ForwardOptions(backend=eng))
+    generate(loaded.model, ps, dc, options=spec.forward_options(backend=eng))
     total = time.perf_counter() - t0
     eng.finish()
     moe = sum(w for w, _, _ in layers)

@@ -31,7 +31,8 @@ from artifact.offload.policy.eviction import EVICTIONS
 from artifact.offload.policy.policies import POLICIES
 from artifact.offload.replay.sim import capacity_for, replay, sweep
 from artifact.offload.replay.trace import ARRAYS, Trace, mean_working_set
-from artifact.offload.runner import RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 
 def tiled(t: Trace, times: int) -> Trace:
@@ -164,7 +165,7 @@ def main():
     loaded = load_checkpoint(tiny_checkpoint())
     ids, ps = prompts(loaded.tokenizer, "gsm8k", 4, seed=0, max_prompt_tokens=64)
     base = decode_prompts(
-        loaded, ps, 4, RunOptions(DecodeConfig(gen_length=64)), record=True, prompt_ids=ids, task="gsm8k"
+        loaded, ps, 4, RunSpec(decode=DecodeConfig(gen_length=64)), record=True, prompt_ids=ids, task="gsm8k"
     ).trace
     big = tiled(base, -(-a.accesses // base.accesses))
     W = mean_working_set(big)

@@ -8,11 +8,12 @@ import argparse
 
 import torch
 
+from artifact.cli.args import add_run_spec_args, run_spec_of
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import prompts
 from artifact.model.tiny import tiny_checkpoint
-from artifact.offload.runner import RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
 
 
 def main():
@@ -20,18 +21,19 @@ def main():
     ap.add_argument("--gen-length", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--task", default="gsm8k")
+    add_run_spec_args(ap)
     a = ap.parse_args()
+    run = run_spec_of(a)
     torch.set_num_threads(a.threads)
     loaded = load_checkpoint(tiny_checkpoint())
     print(f"tiny model, {a.task}, gen_length {a.gen_length}, {a.threads} thread(s)")
     print(f"{'mode':>7} {'batch':>5} {'forwards':>8} {'s/step':>8} {'tokens/s':>9} {'tok/fwd':>7}")
     for batch in (1, 4):
         _, ps = prompts(loaded.tokenizer, a.task, batch, seed=0, max_prompt_tokens=64)
-        decode_prompts(loaded, ps, batch, RunOptions(DecodeConfig(gen_length=32)))  # warm-up
+        decode_prompts(loaded, ps, batch, run.replace(decode=DecodeConfig(gen_length=32)))  # warm-up
         for mode in ("cached", "full"):
-            s = decode_prompts(
-                loaded, ps, batch, RunOptions(DecodeConfig(gen_length=a.gen_length, mode=mode))
-            ).stats
+            spec = run.replace(decode=DecodeConfig(gen_length=a.gen_length, mode=mode))  # full: eager only
+            s = decode_prompts(loaded, ps, batch, spec).stats
             print(
                 f"{mode:>7} {batch:>5} {s.forwards:>8} {s.seconds / s.forwards:>8.4f} "
                 f"{s.tokens_per_second:>9.1f} {s.tokens_per_forward:>7.2f}"

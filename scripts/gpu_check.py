@@ -94,7 +94,34 @@ def engine_parser(doc: str, out: str, ratios: str, which: str) -> argparse.Argum
     ap.add_argument("--layers", type=int, default=6, help="model layers, layer 0 dense (step 7's model: 6)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu with --allow-cpu (dry run)")
     ap.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU: tiny shapes, emulated link")
+    # The run's options (artifact/offload/spec.py RunSpec); not given: RunSpec's defaults, read when the
+    # engine step builds its spec (base_spec), so this parser imports nothing of torch.
+    for flag, (kind, what) in RUN_FLAGS.items():
+        ap.add_argument(flag, type=kind, default=None, help=f"{what} (default: RunSpec's)")
     return ap
+
+
+RUN_FLAGS = {
+    "--forward": (str, "eager | segmented"),
+    "--expert-kernel": (str, "grouped | loop"),
+    "--link-priority": (str, "fifo | demand"),
+    "--lookahead": (int, "last_step: MoE layers ahead"),
+    "--tau": (int, "interval_refresh: steps between refreshes"),
+}
+
+
+def base_spec(a, **fields):
+    """The engine step's RunSpec: the run flags given (the rest RunSpec's defaults) and `fields`; a bad
+    value exits naming its flag."""
+    from artifact.errors import SpecError
+    from artifact.offload.spec import RunSpec
+
+    keys = [flag[2:].replace("-", "_") for flag in RUN_FLAGS]
+    given = {k: getattr(a, k) for k in keys if getattr(a, k, None) is not None}
+    try:
+        return RunSpec(**given, **fields)
+    except SpecError as e:
+        raise SystemExit(f"--{e.field.replace('_', '-')}: {e}") from None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -231,15 +258,18 @@ def engine(a, torch, cfg, dtype, report) -> dict:
     from artifact.model.tiny import random_model
     from artifact.offload.replay.sim import capacity_for
     from artifact.offload.replay.trace import mean_working_set
-    from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+    from artifact.offload.runner import decode_prompts
 
     cuda = a.device == "cuda"
-    link = "cuda" if cuda else "emulated"
+    run = base_spec(a, device=a.device, link="cuda" if cuda else "emulated")
     out = report["engine"] = {
         "model": cfg.name,
         "layers": cfg.num_hidden_layers,
         "runs": [],
         "measures": MEASURES,
+        "run": {
+            k: getattr(run, k) for k in ("forward", "expert_kernel", "link_priority", "lookahead", "tau")
+        },
     }
     t0 = time.perf_counter()
     loaded = random_model(cfg, seed=0, dtype=dtype, device=a.device, resident=True)
@@ -260,26 +290,28 @@ def engine(a, torch, cfg, dtype, report) -> dict:
         # Block-aligned prompts: a block holding prompt tokens has fewer masks and ends in fewer steps.
         length = -(-a.prompt_length // cfg.block_length) * cfg.block_length
         prompts = random_prompts(torch, cfg, batch, length, seed=batch, spread=0)
-        decode_prompts(loaded, prompts[:1], 1, RunOptions(warm, a.device))
+        decode_prompts(loaded, prompts[:1], 1, run.replace(decode=warm))
         with ForwardTimer(torch, loaded.model, cuda) as ft:
-            ref = decode_prompts(loaded, prompts, batch, RunOptions(dc, a.device), record=True)
+            ref = decode_prompts(loaded, prompts, batch, run.replace(decode=dc), record=True)
         W = mean_working_set(ref.trace)
         out.setdefault("resident", []).append(
             {
                 "batch": batch,
                 "working_set": W,
                 **ft.summary(),
-                "launches_per_forward": launches_per_forward(torch, a, loaded, prompts, batch, warm, None),
+                "launches_per_forward": launches_per_forward(
+                    torch, a, loaded, prompts, batch, run.replace(decode=warm)
+                ),
             }
         )
         for ratio in a.ratios:
             C = capacity_for(ratio, W, cfg.num_experts)
             for policy in ("demand", "last_step"):
-                spec = OffloadSpec(capacity=C, policy=policy, link=link)
+                spec = run.replace(capacity=C, policy=policy, decode=dc)
                 # warm-up, untimed
-                decode_prompts(loaded, prompts[:1], 1, RunOptions(warm, a.device), spec=spec)
+                decode_prompts(loaded, prompts[:1], 1, spec.replace(decode=warm))
                 with ForwardTimer(torch, loaded.model, cuda) as ft:
-                    res = decode_prompts(loaded, prompts, batch, RunOptions(dc, a.device), spec=spec)
+                    res = decode_prompts(loaded, prompts, batch, spec)
                 s, f = res.stats.as_dict(), ft.summary()
                 row = {
                     "batch": batch,
@@ -297,7 +329,9 @@ def engine(a, torch, cfg, dtype, report) -> dict:
                     "speculative_transfers": s["speculative_transfers"],
                     "link_bytes": s["link_bytes"],
                     "tokens_equal_resident": res.tokens == ref.tokens,
-                    "launches_per_forward": launches_per_forward(torch, a, loaded, prompts, batch, warm, spec)
+                    "launches_per_forward": launches_per_forward(
+                        torch, a, loaded, prompts, batch, spec.replace(decode=warm)
+                    )
                     if ratio == 1.0
                     else None,
                 }
@@ -315,16 +349,16 @@ def engine(a, torch, cfg, dtype, report) -> dict:
     return out
 
 
-def launches_per_forward(torch, a, loaded, prompts, batch, dc, spec) -> float | None:
+def launches_per_forward(torch, a, loaded, prompts, batch, spec) -> float | None:
     """CUDA kernel launches per forward of a one-block run, counted by torch.profiler (None on CPU)."""
     if a.device != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    from artifact.offload.runner import RunOptions, decode_prompts
+    from artifact.offload.runner import decode_prompts
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        res = decode_prompts(loaded, prompts, batch, RunOptions(dc, a.device), spec=spec)
+        res = decode_prompts(loaded, prompts, batch, spec)
     launches = sum(ev.count for ev in prof.key_averages() if call_kind(ev.key) == "launches")
     return launches / res.stats.forwards
 

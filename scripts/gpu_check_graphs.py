@@ -67,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     a = ap.parse_args(argv)
     base.check_engine_args(ap, a)
+    if a.forward is not None:
+        ap.error("--forward: this check runs every configuration in both forward modes; leave it out")
     if not a.budget_s > 0:
         ap.error(f"--budget-s must be > 0, got {a.budget_s}")
     a.store_gb, a.skip_tests = 0.0, True  # the shared steps read these; nothing here pins a store

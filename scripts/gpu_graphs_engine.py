@@ -32,12 +32,11 @@ def median(xs: list[float]) -> float | None:
 
 
 # --- a row's forward mode: its keywords, its warm-up, its segments' counters ---------------------------
-def run_options(dc, device: str, forward: str, timed: bool = False):
-    """The RunOptions of a run in forward mode `forward` (FORWARD_MODES); a timed or profiled run never
-    captures (capture=False: its shapes were captured by the warm-up run before it)."""
-    from artifact.offload.runner import RunOptions
-
-    return RunOptions(dc, device, forward, capture=not timed)
+def run_spec(a, dc, forward: str, timed: bool = False, **fields):
+    """The RunSpec of a row in forward mode `forward` (the check sweeps FORWARD_MODES), with the run flags
+    (gpu_check.base_spec: kernel, link priority, lookahead, tau) and `fields` (capacity, policy, link); a
+    timed or profiled run never captures (capture=False: its warm-up run captured its shapes)."""
+    return base.base_spec(a, device=a.device, decode=dc, forward=forward, capture=not timed, **fields)
 
 
 def warm_up(run_once, forward: str):
@@ -122,7 +121,7 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
     from artifact.model.tiny import random_model
     from artifact.offload.replay.sim import capacity_for, replay
     from artifact.offload.replay.trace import mean_working_set
-    from artifact.offload.runner import OffloadSpec, decode_prompts
+    from artifact.offload.runner import decode_prompts
 
     cuda = a.device == "cuda"
     link = "cuda" if cuda else "emulated"
@@ -156,7 +155,7 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
     prompts = {b: base.random_prompts(torch, cfg, b, length, seed=b, spread=0) for b in a.batches}
     ref, W = {}, {}
     for b in a.batches:  # the reference tokens and W: eager, resident, recorded (untimed)
-        res = decode_prompts(loaded, prompts[b], b, run_options(dc, a.device, "eager"), record=True)
+        res = decode_prompts(loaded, prompts[b], b, run_spec(a, dc, "eager"), record=True)
         ref[b], W[b] = res.tokens, mean_working_set(res.trace)
 
     def over_budget(what: dict) -> bool:
@@ -173,9 +172,9 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
                 continue
             row = {"forward": forward, "batch": b, "working_set": W[b], "dtype": dtype}
             try:
-                options = run_options(dc, a.device, forward)
+                options = run_spec(a, dc, forward)
                 warm = warm_up(partial(decode_prompts, loaded, prompts[b], b, options), forward)
-                res = decode_prompts(loaded, prompts[b], b, run_options(dc, a.device, forward, timed=True))
+                res = decode_prompts(loaded, prompts[b], b, run_spec(a, dc, forward, timed=True))
                 row.update(
                     timing(res.stats.as_dict()),
                     tokens_equal_resident=res.tokens == ref[b],
@@ -205,7 +204,7 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
                                 prompts[b],
                                 b,
                                 dc,
-                                OffloadSpec(capacity=C, policy=policy, link=link),
+                                dict(capacity=C, policy=policy, link=link),
                                 ref[b],
                                 expert_bytes,
                                 bandwidth_gbps,
@@ -234,7 +233,7 @@ def offloaded(
     prompts,
     batch,
     dc,
-    spec,
+    offload: dict,
     ref_tokens,
     expert_bytes,
     gbps,
@@ -244,10 +243,10 @@ def offloaded(
 ) -> dict:
     from artifact.offload.runner import decode_prompts
 
-    options, timed = run_options(dc, a.device, forward), run_options(dc, a.device, forward, timed=True)
-    warm = warm_up(partial(decode_prompts, loaded, prompts, batch, options, spec=spec), forward)
+    spec, timed = run_spec(a, dc, forward, **offload), run_spec(a, dc, forward, timed=True, **offload)
+    warm = warm_up(partial(decode_prompts, loaded, prompts, batch, spec), forward)
     w0 = loaded.model.routing.host_counts.wait_seconds
-    res = decode_prompts(loaded, prompts, batch, timed, spec=spec)
+    res = decode_prompts(loaded, prompts, batch, timed)
     wait = loaded.model.routing.host_counts.wait_seconds - w0
     s = res.stats.as_dict()
     denoise = s["forwards"]
@@ -272,8 +271,8 @@ def offloaded(
         row["host_ms_median"] / h2d if h2d > 0 and row["host_ms_median"] is not None else None
     )
     try:  # apart, so that a failure here keeps the timed run's figures
-        rec = decode_prompts(loaded, prompts, batch, options, spec=spec, record=True)
-        sim = replay(rec.trace, spec.policy, spec.capacity)
+        rec = decode_prompts(loaded, prompts, batch, spec, record=True)
+        sim = replay(rec.trace, spec.policy, spec.capacity, lookahead=spec.lookahead, tau=spec.tau)
         row["replay"] = {k: sim[k] for k in COUNT_KEYS}
         row["counts_equal_replay"] = (
             all(getattr(rec.stats, k) == sim[k] == s[k] for k in COUNT_KEYS) and rec.tokens == res.tokens
@@ -282,7 +281,7 @@ def offloaded(
         row["counts_equal_replay"], row["replay_error"] = None, f"{type(e).__name__}: {e}"
     if profile:
         try:
-            row["profile"] = profiled(torch, a, loaded, prompts, batch, timed, spec)
+            row["profile"] = profiled(torch, a, loaded, prompts, batch, timed)
         except Exception as e:
             row["profile"] = {"error": f"{type(e).__name__}: {e}"}
     return row
@@ -302,7 +301,7 @@ def fp32_tokens(a, torch) -> dict:
     from artifact.model.tiny import random_model
     from artifact.offload.replay.sim import capacity_for
     from artifact.offload.replay.trace import mean_working_set
-    from artifact.offload.runner import OffloadSpec, decode_prompts
+    from artifact.offload.runner import decode_prompts
 
     cfg = dataclasses.replace(get_preset("tiny"), num_hidden_layers=3, name="tiny-3L-random")
     loaded = random_model(cfg, seed=0, dtype="float32", device=a.device, resident=True)
@@ -310,7 +309,7 @@ def fp32_tokens(a, torch) -> dict:
         gen_length=2 * cfg.block_length, steps=cfg.block_length // 4, threshold=1.0, eos_early_stop=False
     )
     prompts = base.random_prompts(torch, cfg, 1, 2 * cfg.block_length, seed=1, spread=0)
-    ref = decode_prompts(loaded, prompts, 1, run_options(dc, a.device, "eager"), record=True)
+    ref = decode_prompts(loaded, prompts, 1, run_spec(a, dc, "eager"), record=True)
     C = capacity_for(1.0, mean_working_set(ref.trace), cfg.num_experts)
     out = {
         "model": cfg.name,
@@ -324,12 +323,10 @@ def fp32_tokens(a, torch) -> dict:
         for forward in FORWARD_MODES:
             row = {"forward": forward, "batch": 1, "cache_ratio": 1.0, "policy": policy, "dtype": "float32"}
             try:
-                spec = OffloadSpec(capacity=C, policy=policy, link="cuda")
-                options = run_options(dc, a.device, forward)
-                warm = warm_up(partial(decode_prompts, loaded, prompts, 1, options, spec=spec), forward)
-                res = decode_prompts(
-                    loaded, prompts, 1, run_options(dc, a.device, forward, timed=True), spec=spec
-                )
+                offload = dict(capacity=C, policy=policy, link="cuda")
+                spec = run_spec(a, dc, forward, **offload)
+                warm = warm_up(partial(decode_prompts, loaded, prompts, 1, spec), forward)
+                res = decode_prompts(loaded, prompts, 1, run_spec(a, dc, forward, timed=True, **offload))
                 row.update(
                     tokens_equal_resident=res.tokens == ref.tokens, **segment_counters(forward, warm, res)
                 )

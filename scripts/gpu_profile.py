@@ -142,7 +142,7 @@ def count_in_forwards(events: list[tuple[str, int, int]]) -> dict:
     return out
 
 
-def profiled(torch, a, loaded, prompts, batch, options, spec) -> dict:
+def profiled(torch, a, loaded, prompts, batch, spec) -> dict:
     """One run under torch.profiler and SyncCounter: per MoE layer of a denoising forward, the host-issued
     launches, copies and syncs (CUDA runtime calls), ATen ops called by the forward, and device reads."""
     from torch.profiler import ProfilerActivity, profile
@@ -154,10 +154,10 @@ def profiled(torch, a, loaded, prompts, batch, options, spec) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
     counter = SyncCounter()
     with profile(activities=acts) as prof, ForwardRanges(torch, loaded.model):
-        profiled_run = decode_prompts(loaded, prompts, batch, options, spec=spec)
+        profiled_run = decode_prompts(loaded, prompts, batch, spec)
     c = count_in_forwards(raw_events(torch, prof))
     with counter, ForwardRanges(torch, loaded.model, counter):  # apart: its modes would show in the profile
-        res = decode_prompts(loaded, prompts, batch, options, spec=spec)
+        res = decode_prompts(loaded, prompts, batch, spec)
     n = max(c["forwards"], 1)
     out = {f"{k}_per_moe_layer": v / n / moe for k, v in c.items() if k != "forwards"}
     out.update(
@@ -167,7 +167,7 @@ def profiled(torch, a, loaded, prompts, batch, options, spec) -> dict:
         host_data_uploads_per_moe_layer=counter.uploads_by_key["denoise"] / max(res.stats.forwards, 1) / moe,
         run_device_read_kinds=dict(counter.kinds),
     )  # the whole run's, decode loop included
-    if options.forward == "segmented":
+    if spec.forward == "segmented":
         out.update(replay_counters(profiled_run, res))
     return out
 

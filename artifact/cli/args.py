@@ -6,10 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from artifact.errors import SettingError, SpecError
 from artifact.experiments.settings import Settings, list_profiles, load_profile, parse_override
 from artifact.experiments.submit import BACKENDS, POLL_S
 from artifact.model.decode import MODES
+from artifact.model.experts import EXPERT_KERNELS
+from artifact.model.options import FORWARD_MODES
+from artifact.offload.links.timeline import PRIORITIES
 from artifact.offload.policy.policy_modules import load_policy_modules
+from artifact.offload.spec import RunSpec
 
 D = Settings()  # every default comes from the settings dataclass: one source of truth
 
@@ -140,3 +145,32 @@ def add_jobs_dir_args(p: argparse.ArgumentParser) -> None:
         help="submitit's folders and the jobs' logs (default: results/PROFILE/jobs/)",
     )
     p.add_argument("--poll-seconds", type=float, default=POLL_S, help=argparse.SUPPRESS)
+
+
+RUN_SPEC_FLAGS = {  # field: (type, choices, help)
+    "forward": (str, FORWARD_MODES, "eager | segmented"),
+    "expert_kernel": (str, EXPERT_KERNELS, "grouped | loop"),
+    "link_priority": (str, PRIORITIES, "fifo | demand"),
+    "lookahead": (int, None, "last_step / oracle: MoE layers ahead"),
+    "tau": (int, None, "interval_refresh: steps between refreshes"),
+}
+
+
+def add_run_spec_args(p: argparse.ArgumentParser, sweeps: tuple[str, ...] = ()) -> None:
+    """The run options a script or benchmark takes besides its own (RUN_SPEC_FLAGS), defaulting to RunSpec's;
+    read them with run_spec_of. `sweeps`: the fields the caller sets itself per run (no flag for them)."""
+    run = RunSpec()
+    for field, (kind, choices, what) in RUN_SPEC_FLAGS.items():
+        if field not in sweeps:
+            flag = "--" + field.replace("_", "-")
+            p.add_argument(flag, type=kind, choices=choices, default=getattr(run, field), help=what)
+
+
+def run_spec_of(a, **fields) -> RunSpec:
+    """A RunSpec of add_run_spec_args' flags and `fields` (device, decode, link, ...; a field the caller
+    sweeps); a bad value is refused naming its flag."""
+    flags = {k: getattr(a, k) for k in RUN_SPEC_FLAGS if hasattr(a, k)}
+    try:
+        return RunSpec(**{**flags, **fields})
+    except SpecError as e:
+        raise SettingError(f"--{e.field.replace('_', '-')}: {e}") from None

@@ -27,6 +27,7 @@ from typing import Iterable
 
 from artifact.errors import SettingError, TraceError
 from artifact.offload.backend.cache import ExpertCache
+from artifact.offload.backend.engine import build_cache as new_cache
 from artifact.offload.backend.plans import COUNTS, PHASES
 from artifact.offload.policy.policies import make_policy, parse_policy
 from artifact.offload.replay.bounds import relaxed_min
@@ -77,6 +78,8 @@ def capacity_for(ratio: float, working_set: float, num_experts: int) -> int:
 
 
 def build_cache(trace: Trace, policy: str, capacity: int, expert_bytes: int = 1, **settings) -> ExpertCache:
+    """The simulator's cache of `policy` (a spec, its settings: lookahead, tau) at `capacity` over the trace's
+    layers: the engine's own cache (backend.engine.build_cache), the oracle's future from the trace itself."""
     meta = trace.meta
     layers, E = meta["moe_layers"], meta["num_experts"]
     cls, _ = parse_policy(policy)
@@ -84,7 +87,7 @@ def build_cache(trace: Trace, policy: str, capacity: int, expert_bytes: int = 1,
     if cls.needs_prediction:  # reads Demand.predicted (cross_layer)
         trace.require_predictions(f"policy {policy!r}")
     pol = make_policy(policy, len(layers), E, future=future, **settings)
-    return ExpertCache(layers, E, capacity, pol, expert_bytes)
+    return new_cache(layers, E, capacity, pol, expert_bytes)
 
 
 def replay(
