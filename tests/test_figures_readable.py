@@ -240,3 +240,63 @@ def test_every_notebook_shows_its_committed_figures(path):
     for name in names:
         assert f"](../figures/cpu/{name}.png)" in shown, f"{path.name} does not show figures/cpu/{name}.png"
         assert (path.parent / ".." / "figures" / "cpu" / f"{name}.png").is_file()
+
+
+# the figures seaborn draws (a heatmap is a QuadMesh with its colour bar; its printed values are texts of its
+# axes): they are held to the check above, and here to what makes a heatmap readable
+SEABORN = {"01": ("01_working_set", 1), "09": ("09_cache_design_space", 2)}  # study: (figure, heatmaps)
+
+
+@pytest.mark.parametrize("study", sorted(SEABORN))
+def test_the_seaborn_heatmaps_carry_their_scale_and_values(study, traces):
+    from matplotlib.collections import QuadMesh
+
+    name, count = SEABORN[study]
+    fig = BUILDERS[study](P, traces, False)[name]
+    maps = [ax for ax in fig.axes if any(isinstance(c, QuadMesh) for c in ax.collections)]
+    cells = [ax for ax in maps if ax.get_xlabel()]  # the heatmaps; their colour bars have no x label
+    assert len(cells) == count, [ax.get_title() for ax in maps]
+    assert len(maps) == count + 1, "one colour bar for the heatmaps, labelled with its unit"
+    (bar,) = [ax for ax in maps if ax not in cells]
+    assert "(" in bar.get_ylabel() and ("experts" in bar.get_ylabel() or "%" in bar.get_ylabel())
+    for ax in cells:
+        mesh = next(c for c in ax.collections if isinstance(c, QuadMesh))
+        values = mesh.get_array()
+        shown = [t.get_text() for t in ax.texts]
+        assert len(shown) == values.size, "every cell's value is printed"
+        assert shown[0] == f"{float(values.flat[0]):.0f}"
+    assert check_figure(fig) == []
+
+
+def test_02_marks_the_oracle_cut_where_it_is_judged_and_the_few_line(traces):
+    from artifact.experiments.criteria import paper, thresholds
+
+    fig = BUILDERS["02"](P, traces, False)["02_miss_accounting"]
+    for ax in fig.axes[:-1]:  # the demand-miss panels
+        (mark,) = [c for c in ax.containers if "paper: oracle" in c.get_label()]
+        x, y = mark.lines[0].get_data()
+        assert list(x) == [1.0] and abs(y[0] - 100 / paper.ORACLE_CUT) < 1e-9  # one point, at C/W 1
+        assert any(
+            ln.get_ydata()[0] == 100 * (1 - thresholds.FEW) for ln in ax.lines if "'few'" in ln.get_label()
+        )
+    assert any("floor of demand paging" in t.get_text() for lg in fig.legends for t in lg.get_texts())
+
+
+def test_06s_bottom_row_reads_as_04s_demand_over_the_predictor(traces):
+    from artifact.experiments.studies import beyond_the_paper as bp
+
+    summary = bp.miss_summary(bp.miss_sweep(traces, P, progress=False))
+    reps = bp.replicas(P, None).last_stored()
+    n = bp.numbers(summary, bp.throughput_table(reps.rows), reps)
+    fig, df = bp.plot(summary, n, P)
+    bottom = fig.axes[2:4]
+    assert all(ax.get_ylabel().startswith("demand over predictor") for ax in bottom)
+    effects = df[df.panel == "throughput"]
+    assert set(effects.effect) == {"A/A control"} | {f"demand over {p}" for p in n.timed}
+    for (
+        pol,
+        compared,
+    ) in n.shown.items():  # the drawn effect is demand over pol, the ruled one pol over demand
+        for cell, drawn in compared.effects.items():
+            ruled = n.timed[pol].effects[cell].ruled.mean
+            assert drawn.ruled.mean == pytest.approx(100 * (100 / (100 + ruled) - 1), abs=1.0)

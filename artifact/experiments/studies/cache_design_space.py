@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
 
 from artifact.errors import RunsError
 from artifact.experiments.bench.results import bench_fingerprint, primary
@@ -58,7 +59,7 @@ EVICTIONS = (
     "demand+s3fifo",
 )
 FLOORS = ("belady", "min")
-FLOOR_STYLE = {"belady": dict(ls=":", lw=2, color="black"), "min": dict(ls="--", lw=1.5, color="dimgray")}
+
 PREFETCH = ("last_step", "cross_layer", "oracle")
 BENCH_RATIO = 1.0  # the timed cell's C/W: the cache holds one mean working set
 BENCH_PROMPTS = 2  # prompts per timed run: 3 policies x 5 runs stay well under a minute on cpu
@@ -416,44 +417,70 @@ def _lcs_version() -> str:
 
 # --- figure ---------------------------------------------------------------------------------------
 def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
-    """(a, b) demand misses relative to LRU per eviction vs C/W, batch 1 and batch 4, with belady and min;
-    (c) each prefetcher's demand misses + transfers relative to LRU's misses, with lru and with the best
-    eviction. (a, b) are drawn on the basis the claims rule on (sim.ruling_basis); the saved data holds both
-    bases."""
+    """(a, b) the design-space grid, one seaborn heatmap per batch size: demand misses relative to LRU per
+    eviction (rows) and C/W (columns), each cell's value printed, with belady and min as the last rows
+    (floors); blue = fewer misses than LRU, red = more, one colour scale for both (spanned by the
+    evictions). (c) each prefetcher's demand misses + transfers relative to LRU's misses, with lru and with
+    the best eviction. (a, b) are drawn on the basis the claims rule on (sim.ruling_basis); the saved data
+    holds both bases."""
     basis = ruling_basis(s)
     drawn = s[s.prefill == basis]
     batches = sorted(drawn.batch_size.dropna().unique())
-    fig, axes = plt.subplots(1, len(batches) + 1, figsize=(5 * (len(batches) + 1), 4.2))
-    for ax, b in zip(axes, batches):
-        g = drawn[drawn.batch_size == b]
-        for k, pol in enumerate([*EVICTIONS, *FLOORS]):
-            h = g[g.policy == pol]
-            style = (
-                FLOOR_STYLE[pol]
-                if pol in FLOORS
-                else dict(ls="-", marker="os^"[k // 10], ms=3, color=f"C{k % 10}")
-            )
-            ax.plot(
-                h.cache_ratio,
-                100 * h.misses_vs_lru,
-                label=label(pol) + (" (floor)" if pol in FLOORS else ""),
-                **style,
-            )
-        ax.axhline(100, color="gray", lw=0.8, ls=":")
+    fig, axes = plt.subplots(
+        1,
+        len(batches) + 1,
+        figsize=(4.6 * (len(batches) + 1) + 1, 5.2),
+        layout="constrained",
+        width_ratios=[1] * len(batches) + [1.25],
+    )
+    grids = [_eviction_grid(drawn[drawn.batch_size == b]) for b in batches]
+    # one colour scale for both, spanned by the evictions (the floors, far below, saturate; values printed)
+    span = max([float(np.nanmax(np.abs(g.to_numpy()[: len(EVICTIONS)] - 100))) for g in grids] + [5.0])
+    for k, (ax, b, grid) in enumerate(zip(axes, batches, grids)):
+        last = k == len(batches) - 1
+        sns.heatmap(
+            grid,
+            ax=ax,
+            cmap="vlag",
+            center=100,
+            vmin=100 - span,
+            vmax=100 + span,
+            annot=True,
+            fmt=".0f",
+            annot_kws={"fontsize": 8},
+            linewidths=0.4,
+            cbar=last,
+            cbar_kws={"label": "demand misses (% of LRU's; blue: fewer)"} if last else None,
+        )
+        ax.axhline(len(EVICTIONS), color="black", lw=2)  # the floors below it
         ax.set(
             xlabel="cache capacity C/W",
-            ylabel="% of LRU's demand misses",
-            title=f"eviction policies, batch {int(b)}, exact replay, {BASIS_SHORT[basis]}",
+            ylabel="eviction policy (floors below the line)" if k == 0 else "",
+            title=f"batch {int(b)}, exact replay, {BASIS_SHORT[basis]}",
         )
-    fig.legend(
-        *axes[0].get_legend_handles_labels(),
-        loc="outside lower center",
-        ncol=7,
-        fontsize=8,
-        title="eviction (left two panels)",
-        title_fontsize=8,
-    )
-    ax = axes[-1]
+        ax.tick_params(axis="y", rotation=0, labelsize=8)
+        if k:
+            ax.set_yticklabels([])
+    _prefetch_panel(axes[-1], comb)
+    for ax in axes:
+        ax.title.set_fontsize(10)
+    title(fig, P, "09 the cache's own design space (this artifact's own results)")
+    df = pd.concat([s.assign(panel="evictions"), comb.assign(panel="prefetch")], ignore_index=True)
+    return fig, df
+
+
+def _eviction_grid(g: pd.DataFrame) -> pd.DataFrame:
+    """One batch size's demand misses (% of LRU's): a row per eviction then per floor, a column per C/W."""
+    rows = [p for p in (*EVICTIONS, *FLOORS)]
+    grid = (100 * g.pivot_table(index="policy", columns="cache_ratio", values="misses_vs_lru")).reindex(rows)
+    grid.index = [label(p) + (" (floor)" if p in FLOORS else "") for p in rows]
+    grid.columns = [f"{c:g}" for c in grid.columns]
+    return grid
+
+
+def _prefetch_panel(ax, comb: pd.DataFrame) -> None:
+    """Each prefetcher's demand misses + transfers relative to LRU's misses, with lru and the best
+    eviction."""
     for pol, h in comb.groupby("policy", sort=False):
         ax.plot(
             h.cache_ratio,
@@ -466,18 +493,7 @@ def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
     ax.axhline(100, color="gray", lw=0.8, ls=":")
     ax.set(
         xlabel="cache capacity C/W",
-        ylabel="% of LRU's demand misses\n(misses + prefetches)",
+        ylabel="transfers: demand misses + prefetches\n(% of LRU's demand misses)",
         title="prefetching with lru vs the best eviction, all demands",
     )
-    ax.legend(
-        fontsize=8,
-        loc="upper left",
-        bbox_to_anchor=(1.02, 1),
-        title="prefetch (+ eviction)",
-        title_fontsize=8,
-    )
-    for ax in axes:
-        ax.title.set_fontsize(10)
-    title(fig, P, "09 the cache's own design space (this artifact's own results)")
-    df = pd.concat([s.assign(panel="evictions"), comb.assign(panel="prefetch")], ignore_index=True)
-    return fig, df
+    ax.legend(fontsize=8, loc="upper left", title="prefetch (+ eviction)", title_fontsize=8)

@@ -303,16 +303,18 @@ def refresh_claim(n: Numbers) -> Claim:
 # --- figure ---------------------------------------------------------------------------------------
 def plot(summary, P: Settings):
     """(a) demand misses relative to LRU per policy vs C/W over all demands, (b) the same over the denoising
-    steps only (prefill excluded), the paper's oracle cut marked on both; (c) all transfers (demand +
-    speculative; min's loads) relative to LRU's, all demands."""
+    steps only (prefill excluded), each with the paper's oracle cut where the claim judges it (the C/W
+    nearest 1, with the band a factor FACTOR either way) and the "few" line of the last_step and
+    interval_refresh claims (less than FEW of LRU's misses removed: above 100 - FEW %); (c) all transfers
+    (demand + speculative; min's loads) relative to LRU's, all demands. min is the floor of demand paging:
+    a prefetcher turns demand misses into prefetches, so its demand misses may go below it (the oracle does);
+    its transfers never do."""
     shown = [p for p in BASES if p in set(summary.prefill)]
-    fig, axes = plt.subplots(1, len(shown) + 1, figsize=(5.2 * (len(shown) + 1), 3.8))
+    fig, axes = plt.subplots(1, len(shown) + 1, figsize=(5.2 * (len(shown) + 1), 4.0), layout="constrained")
+    r1 = _nearest(sorted(set(summary.cache_ratio)), 1.0)
     for ax, prefill in zip(axes, shown):
-        part = summary[summary.prefill == prefill]
-        for pol in [p for p in (*COLORS, BOUND) if p in set(part.policy)]:
-            g = part[part.policy == pol]
-            ax.plot(g.cache_ratio, 100 * g.misses_vs_lru, **_style(pol))
-        ax.axhline(100 / paper.ORACLE_CUT, **PAPER_STYLE, label=f"paper: oracle = LRU / {paper.ORACLE_CUT}")
+        _policy_lines(ax, summary[summary.prefill == prefill], "misses_vs_lru")
+        _mark_paper(ax, r1)
         ax.set(
             xlabel="cache capacity C/W",
             ylabel="demand misses (% of LRU's)",
@@ -320,27 +322,70 @@ def plot(summary, P: Settings):
             title=f"demand misses vs LRU: {_label(prefill)}",
         )
     ax = axes[-1]
-    part = summary[summary.prefill == WITH_PREFILL]
-    for pol in [p for p in (*COLORS, BOUND) if p in set(part.policy)]:
-        g = part[part.policy == pol]
-        ax.plot(g.cache_ratio, 100 * g.transfers_vs_lru, **_style(pol))
+    _policy_lines(ax, summary[summary.prefill == WITH_PREFILL], "transfers_vs_lru")
     ax.axhline(100, color="black", lw=1, ls=":")
     ax.set(
         xlabel="cache capacity C/W",
         ylabel="host-to-device transfers (% of LRU's)",
-        title="transfers (demand + speculative) vs LRU",
+        title="transfers (demand + speculative) vs LRU, all demands",
     )
     for ax in axes:
         ax.title.set_fontsize(9)
     handles = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels())}  # one per label
-    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=4, fontsize=8)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=3, fontsize=8)
     title(fig, P, "02 miss accounting (exact replay, all traces pooled)")
     return fig, summary.copy()
 
 
-def _style(policy: str) -> dict:
-    if policy == BOUND:  # a bound, not a policy: drawn as a floor
-        return dict(marker="v", ms=4, color="black", ls="--", label="min (floor, any C-slot demand paging)")
-    return dict(
-        marker="o", ms=4, color=COLORS.get(policy), label=policy + (" (LRU)" if policy == "demand" else "")
+def _policy_lines(ax, part, col: str) -> None:
+    """One line per policy (and the floor min), LRU drawn wide and pale under the others so that a policy
+    equal to it (interval_refresh) stays visible on top."""
+    for pol in [p for p in (*COLORS, BOUND) if p in set(part.policy)]:
+        g = part[part.policy == pol]
+        ax.plot(g.cache_ratio, 100 * g[col], **_style(pol))
+
+
+def _mark_paper(ax, r1: float) -> None:
+    """The abstract's oracle cut (LRU / ORACLE_CUT) at the C/W the claim judges it, with its band (a factor
+    FACTOR either way), and the "few removed" line (FEW of LRU's misses)."""
+    cut, factor = paper.ORACLE_CUT, thresholds.FACTOR
+    mid, lo, hi = 100 / cut, 100 / (cut * factor), 100 / (cut / factor)
+    ax.errorbar(
+        [r1],
+        [mid],
+        yerr=[[mid - lo], [hi - mid]],
+        fmt="D",
+        ms=6,
+        capsize=5,
+        color=PAPER_STYLE["color"],
+        zorder=5,
+        label=f"paper: oracle = LRU / {cut} at C/W {r1:g} (band: within x{factor:g}, as judged)",
     )
+    few = 100 * (1 - thresholds.FEW)
+    ax.axhline(
+        few,
+        color="dimgray",
+        lw=1,
+        ls="-.",
+        zorder=1,
+        label=f"'few' removed (last_step, interval_refresh claims): above {few:g}%, i.e. < "
+        f"{thresholds.FEW:.0%} of LRU's misses removed",
+    )
+
+
+def _style(policy: str) -> dict:
+    if policy == BOUND:  # a bound on demand paging, not a policy: drawn as a floor
+        return dict(
+            marker="v",
+            ms=4,
+            color="black",
+            ls="--",
+            label="min: floor of demand paging (prefetchers' demand misses can go below; transfers cannot)",
+        )
+    if policy == "demand":  # wide and pale, under the policies that equal it
+        return dict(
+            color=COLORS[policy], lw=6, alpha=0.35, solid_capstyle="round", label="demand (LRU)", zorder=1
+        )
+    marker = {"interval_refresh": "s", "last_step": "^", "belady": "x"}.get(policy, "o")
+    ls = {"interval_refresh": "--", "belady": ":"}.get(policy, "-")
+    return dict(marker=marker, ms=4, ls=ls, color=COLORS.get(policy), label=policy, zorder=3)

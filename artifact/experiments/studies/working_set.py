@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import pandas as pd
+import seaborn as sns
 
 from artifact.experiments.counting import DENOISING, EXACT
 from artifact.experiments.criteria import thresholds
@@ -125,20 +126,29 @@ def _grouped_bars(ax, df, value, scale=1.0):
 
 
 def plot_working_set(ws, P):
-    """(a) W per denoising step of a block, per MoE layer (all tasks, the smallest batch size);
-    (b) mean W per task and batch size."""
+    """(a) W per denoising step of a block, per MoE layer (all tasks, the smallest batch size), as a heatmap
+    (seaborn: layer x step, each cell's W printed where it fits); (b) mean W per task and batch size."""
     b0 = ws.batch_size.min()
     a = ws[ws.batch_size == b0].groupby(["layer", "block_step"]).working_set.mean().reset_index()
     b = ws.groupby(["task", "batch_size"]).working_set.mean().reset_index()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
-    for layer, g in a.groupby("layer"):
-        ax1.plot(g.block_step, g.working_set, marker=".", label=f"layer {layer}")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 3.8), width_ratios=(1.6, 1), layout="constrained")
+    grid = a.pivot(index="layer", columns="block_step", values="working_set")
+    sns.heatmap(
+        grid,
+        ax=ax1,
+        cmap="viridis",
+        annot=grid.shape[0] <= 8 and grid.shape[1] <= 32,  # where a cell holds its number at 8 pt
+        fmt=".0f",
+        annot_kws={"fontsize": 8},
+        linewidths=0.3,
+        cbar_kws={"label": "working set W (experts)", "pad": 0.02},
+    )
     ax1.set(
         xlabel="denoising step within a block",
-        ylabel="working set W (experts)",
-        title=f"W per layer and step (batch size {b0}, all tasks)",
+        ylabel="MoE layer",
+        title=f"W per layer and step (batch size {b0}, all tasks; experts)",
     )
-    ax1.legend(fontsize=8)
+    ax1.tick_params(axis="y", rotation=0)
     _, sizes = _grouped_bars(ax2, b, "working_set")
     ax2.set(
         ylabel="mean working set W (experts)", title="mean W per task", ylim=(0, 1.25 * b.working_set.max())

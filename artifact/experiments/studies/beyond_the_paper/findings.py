@@ -18,6 +18,7 @@ from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.beyond_the_paper.misses import BOUNDS, MIN, OWN, count_claims, counts
 from artifact.experiments.studies.beyond_the_paper.throughput import CLAIM, PRIORITIES, priority_claim
 from artifact.experiments.verdicts.judge import claim_parts
+from artifact.experiments.verdicts.pairs import BASES, DEMAND
 from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.verdicts.records import Claim, verdict_of
 from artifact.offload.replay.sim import ruling_basis
@@ -35,6 +36,8 @@ class Numbers:
     # {policy: Compared} predictor over demand per cell,
     timed: dict = dataclasses.field(default_factory=dict)
     # with the A/A control and host shares
+    # {policy: Compared} demand over predictor per cell (04's sign): what the figure draws; drawing only
+    shown: dict = dataclasses.field(default_factory=dict)
 
     # the counts on the basis the count claims rule on
     conservative_is_lru, removed, of_oracle = (
@@ -47,7 +50,9 @@ def numbers(summary, table, reps: Replicas) -> Numbers:
     n_same, n_cells = same_tokens(rows.assign(task=rows.task + "/" + rows.link_priority))
     fast = table[(table.verdict == paper.FASTER)]
     by_prefill = {p: counts(g) for p, g in summary.groupby("prefill", sort=False)}
-    return Numbers(n_same, n_cells, fast, table, ruling_basis(summary), by_prefill, claim_parts(reps, CLAIM))
+    timed = claim_parts(reps, CLAIM)
+    shown = {p: reps.compare(DEMAND, p, CLAIM.by, CLAIM.metric, BASES[CLAIM.basis]) for p in timed}
+    return Numbers(n_same, n_cells, fast, table, ruling_basis(summary), by_prefill, timed, shown)
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -73,35 +78,42 @@ def verdicts(n: Numbers) -> list[Claim]:
 
 
 # --- figure ---------------------------------------------------------------------------------------
-STYLE = {
-    "demand": ("tab:blue", "o", "-"),
+STYLE = {  # (colour, marker, line style); the lookahead-2 variants are drawn with hollow, larger markers
+    "demand": ("tab:blue", "", "-"),
     "last_step": ("tab:orange", "o", "-"),
-    "last_step:lookahead=2": ("tab:orange", "^", "--"),
+    "last_step:lookahead=2": ("tab:olive", "^", "--"),
     "last_step_conservative": ("tab:brown", "s", "-"),
-    "last_step_conservative:lookahead=2": ("tab:brown", "v", "--"),
+    "last_step_conservative:lookahead=2": ("tab:pink", "v", "--"),
     "cross_layer": ("tab:red", "D", "-"),
     "oracle": (COLORS["oracle"], "o", "-"),
     "belady": ("black", "", ":"),
     MIN: ("black", "", "--"),
 }
+COUNT_AXES = {  # a count panel's column: (title, y label)
+    "misses_vs_lru": ("demand misses", "demand misses (% of LRU's)"),
+    "transfers_vs_lru": (
+        "transfers (demand + speculative)",
+        "transfers (% of LRU's transfers\n= LRU's demand misses)",
+    ),
+}
+EFFECT_LABEL = "demand over predictor (% tokens/s; as 04:\n> 0 = demand faster), 95% intervals"
 
 
 def plot(summary, n: "Numbers", P: Settings):
     """(a) demand misses relative to LRU per policy vs C/W; (b) all transfers (demand + speculative) relative
-    to LRU's misses, with the floors belady and min (they bound every policy's transfers: a prefetch can be
-    postponed to its first use); (c, d) each predictor's throughput over demand (% tokens/s, 95% CIs) vs C/W
-    under FIFO and under demand priority. The counts are drawn on the basis the claims rule on
-    (sim.ruling_basis); the saved data holds both."""
+    to LRU's (which are its demand misses), with the floors belady and min (they bound every policy's
+    transfers: a prefetch can be postponed to its first use); (c, d) demand's throughput over each predictor
+    (% tokens/s, 95% intervals over the same runs, computed as the claim's, with A and B swapped: 04's sign,
+    above 0 = demand faster) vs C/W under FIFO and under demand priority; the A/A control as the claim
+    draws it. The counts are drawn on the basis the claims rule on (sim.ruling_basis); the saved data holds
+    both."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     basis = ruling_basis(summary)
     counted = summary[summary.prefill == basis]
-    for ax, col, what in (
-        (axes[0, 0], "misses_vs_lru", "demand misses"),
-        (axes[0, 1], "transfers_vs_lru", "transfers (demand + speculative)"),
-    ):
-        _counts_panel(ax, counted, col, f"{what}, exact replay, {BASIS_SHORT[basis]}")
+    for ax, col in zip(axes[0], COUNT_AXES):
+        _counts_panel(ax, counted, col, f"{COUNT_AXES[col][0]}, exact replay, {BASIS_SHORT[basis]}")
     control = next(iter(n.timed.values())).aa if n.timed else {}
-    series = {**{p: c.effects for p, c in n.timed.items()}, CONTROL: control}
+    series = {**{p: c.effects for p, c in (n.shown or n.timed).items()}, CONTROL: control}
     rows = []
     for ax, pr in zip(axes[1], PRIORITIES):
         rows += _throughput_panel(ax, pr, series)
@@ -119,23 +131,29 @@ def plot(summary, n: "Numbers", P: Settings):
 
 
 def _counts_panel(ax, counted: pd.DataFrame, col: str, heading: str) -> None:
-    """One count (`col`, relative to LRU's demand misses) per policy vs C/W; the floors only on transfers."""
+    """One count (`col`, relative to LRU's demand misses) per policy vs C/W; the floors only on transfers.
+    LRU is drawn wide and pale under the rest, so that a policy equal to it (last_step_conservative) shows
+    on top; the lookahead-2 variants with larger hollow markers over their lookahead-1 ones."""
     for pol in [p for p in STYLE if p in set(counted.policy)]:
         if pol in BOUNDS and col == "misses_vs_lru":
             continue  # a floor on loads, not on a prefetcher's demand misses
         g = counted[counted.policy == pol]
         color, marker, ls = STYLE[pol]
         label = pol + (" (LRU)" if pol == "demand" else " (floor)" if pol in BOUNDS else "")
-        ax.plot(g.cache_ratio, 100 * g[col], marker=marker, ms=4, ls=ls, color=color, label=label)
+        look = dict(marker=marker, ms=4, ls=ls, color=color, zorder=3)
+        if pol == "demand":
+            look = dict(lw=6, alpha=0.35, color=color, solid_capstyle="round", zorder=1)
+        elif "lookahead=2" in pol:
+            look.update(ms=8, mfc="none", mew=1.3, zorder=4)
+        ax.plot(g.cache_ratio, 100 * g[col], label=label, **look)
     ax.axhline(100, color="gray", lw=0.8, ls=":")
-    ax.set(xlabel="cache capacity C/W", ylabel="% of LRU's demand misses", title=heading)
+    ax.set(xlabel="cache capacity C/W", ylabel=COUNT_AXES[col][1], title=heading)
     ax.set_ylim(bottom=0)
 
 
 def _throughput_panel(ax, pr: str, series: dict) -> list[dict]:
-    """Each predictor's (and the A/A control's) effect over demand per cell under link priority `pr`, with the
-    interval it is ruled on, beside the margin; `series` is {policy: {cell: Compared}}. Returns the figure
-    data."""
+    """Demand's effect over each predictor (and the A/A control's) per cell under link priority `pr`, with
+    its interval, beside the margin; `series` is {policy: {cell: Compared}}. Returns the figure data."""
     pols = list(series)
     batches = sorted({k[2] for eff in series.values() for k in eff})
     width = 0.02
@@ -158,11 +176,12 @@ def _throughput_panel(ax, pr: str, series: dict) -> list[dict]:
                 color=color,
                 capsize=3,
                 ms=4,
-                label=f"{pol}{' (A/A control)' if pol == CONTROL else ''}, b={b}",
+                label=f"{pol} (A/A control), b={b}" if pol == CONTROL else f"demand over {pol}, b={b}",
             )
             rows += [
                 dict(
                     panel="throughput",
+                    effect="A/A control" if pol == CONTROL else f"demand over {pol}",
                     link_priority=pr,
                     policy=pol,
                     batch_size=b,
@@ -175,7 +194,7 @@ def _throughput_panel(ax, pr: str, series: dict) -> list[dict]:
     ax.axhline(0, color="black", lw=1, ls=":")
     ax.set(
         xlabel="cache capacity C/W",
-        ylabel="predictor over demand (% tokens/s,\n95% intervals as ruled)",
-        title=f"tokens/s vs demand-async, link_priority {pr}",
+        ylabel=EFFECT_LABEL,
+        title=f"demand-async vs each predictor, link_priority {pr}",
     )
     return rows
