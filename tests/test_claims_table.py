@@ -1,6 +1,7 @@
-"""The claims tables (the README's compact one, docs/claims.md's full one and its agreement block) are
-generated from the committed claim records (data/results/cpu/*.claims.json), and those records are what the
-stored notebooks' claim cells print. The README stays what an evaluator reads in ten minutes."""
+"""The claims tables (the README's two, the paper's claims and beyond the paper; docs/claims.md's full one
+and its agreement block) are generated from the committed claim records (data/results/cpu/*.claims.json), and
+those records are what the stored notebooks' claim cells print. The README stays what an evaluator reads in
+ten minutes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import nbformat
 import pytest
 
 from artifact.errors import ResultFileError
+from artifact.experiments import claims_readme
+from artifact.experiments.criteria import paper
 from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import claims_table
 from artifact.experiments.verdicts.records import Claim, record, record_path, report, unwrap
@@ -30,13 +33,13 @@ def _block(path: Path, marks: tuple[str, str]) -> str:
 
 
 def test_the_readme_claims_table_is_the_generated_one():
-    assert _block(ROOT / "README.md", claims_table.markers("cpu")) == claims_table.render_compact(
+    assert _block(ROOT / "README.md", claims_readme.markers("cpu")) == claims_readme.render_compact(
         "cpu", RESULTS, ROOT / "notebooks"
     ), "README's claims table differs from the committed records: `python -m artifact claims --update-readme`"
 
 
 def test_the_full_claims_table_in_docs_is_the_generated_one():
-    assert _block(CLAIMS_DOC, claims_table.markers("cpu")) == claims_table.render(
+    assert _block(CLAIMS_DOC, claims_readme.markers("cpu")) == claims_table.render(
         "cpu", RESULTS, ROOT / "notebooks"
     ), (
         f"{claims_table.CLAIMS_DOC}'s claims table differs from the committed records: "
@@ -46,7 +49,7 @@ def test_the_full_claims_table_in_docs_is_the_generated_one():
 
 def test_the_agreement_block_is_the_generated_one():
     """docs/claims.md's per-run verdicts of the timing claims are rendered from the committed records."""
-    assert _block(CLAIMS_DOC, claims_table.agreement_markers("cpu")) == claims_table.render_agreement(
+    assert _block(CLAIMS_DOC, claims_readme.agreement_markers("cpu")) == claims_table.render_agreement(
         "cpu", RESULTS
     ), (
         "docs/claims.md's agreement block differs from the records: `python -m artifact claims "
@@ -54,37 +57,105 @@ def test_the_agreement_block_is_the_generated_one():
     )
 
 
+def _tables(block: str) -> dict[str, list[list[str]]]:
+    """{heading: rows (cells)} of the README's block: its two tables under their ### headings."""
+    out, name = {}, None
+    for line in block.splitlines():
+        if line.startswith("### "):
+            name = line[4:]
+            out[name] = []
+        elif line.startswith("| ") and name:
+            out[name].append([x.strip() for x in line.strip()[2:-2].split(" | ")])
+    return {k: rows[1:] for k, rows in out.items()}  # without the header (rows[0]); "|---|" is not "| "
+
+
 def test_the_compact_table_has_one_row_per_claim_and_the_stability_of_timing_claims():
-    """Per timing claim: the paper's own result ruled here (reproduced for the two the paper prints), leave
-    one out (k of N) and how often a fresh run decides alone (the committed calibration table,
-    data/results/cpu/calibration.csv)."""
-    block = claims_table.render_compact("cpu", RESULTS, ROOT / "notebooks")
-    rows = [r for r in block.splitlines() if r.startswith("| ") and not r.startswith("| notebook")]
-    recs = claims_table.records("cpu", RESULTS)
-    claims = [c for r in recs for c in r["claims"]]
-    decides = claims_table.fresh_decides("cpu", RESULTS)
-    assert len(rows) == len(claims)
-    for row, c in zip(rows, claims):
-        cells = [x.strip() for x in row.strip("|").split(" | ")]
-        assert cells[3] == c["verdict"], row
-        paper, loo, fresh = cells[-3:]
+    """Every claim in one of the two tables, the paper's in the first and the ordering row after 04's faster
+    claim; per timing claim: the paper's own result ruled here (reproduced for the two the paper prints),
+    leave one out (k of N) and how often a fresh run decides alone (data/results/cpu/calibration.csv)."""
+    block = claims_readme.render_compact("cpu", RESULTS, ROOT / "notebooks")
+    tables = _tables(block)
+    assert list(tables) == ["The paper's claims", "Beyond the paper"]
+    claims = [c for r in claims_table.records("cpu", RESULTS) for c in r["claims"]]
+    decides = claims_readme.fresh_decides("cpu", RESULTS)
+    mine = [c for c in claims if claims_readme.own(c)]
+    papers = [c for c in claims if not claims_readme.own(c)]
+    assert mine and papers and len(tables["Beyond the paper"]) == len(mine)
+    rows = [r for r in tables["The paper's claims"] if not r[2].startswith(paper.ordering_text())]
+    assert len(rows) == len(papers) == len(tables["The paper's claims"]) - 1
+    for cells, c in [*zip(rows, papers), *zip(tables["Beyond the paper"], mine)]:
+        assert cells[1] == c["claim"] and c["verdict"] in cells, cells
+        loo, fresh = cells[-2:]
         if not c.get("timing"):
-            assert (paper, loo, fresh) == ("", "", ""), row
+            assert (loo, fresh) == ("", ""), cells
             continue
         if c.get("leave_one_out"):
             n = len(c["leave_one_out"])
-            assert n == len(c["per_run"]) >= 4 and re.fullmatch(rf"\d of {n}", loo), row
+            assert n == len(c["per_run"]) >= 4 and re.fullmatch(rf"\d of {n}", loo), cells
         if c.get("key"):
-            assert fresh == decides[c["key"]] and "% of stored runs" in fresh, row
-        assert paper == ("reproduced" if c.get("key") in ("04-faster", "04-equal") else ""), row
+            assert fresh == decides[c["key"]] and "% of stored runs" in fresh, cells
+    for cells, c in zip(rows, papers):
+        assert cells[5] == c["verdict"] and cells[3] == claims_readme.measured_short(c), cells
+        assert cells[6] == ("reproduced" if c.get("key") in ("04-faster", "04-equal") else ""), cells
+
+
+def _paper_numbers() -> set[float]:
+    """Every number criteria/paper.py holds (its upper-case constants and the texts it writes)."""
+    texts = [str(getattr(paper, n)) for n in dir(paper) if n.isupper()]
+    texts += [paper.ordering_text(), paper.faster_text(), paper.paired_text(paper.AT_LOW)]
+    return {abs(float(x)) for t in texts for x in re.findall(r"\d+(?:\.\d+)?", t)}
+
+
+def test_the_readme_has_the_papers_claims_with_the_papers_figures_and_beyond_the_paper():
+    """The README's block is two tables, the paper's claims and beyond the paper (this artifact's own
+    results); each paper row carries the paper's figure (every number in it is paper.py's) beside the measured
+    one, the cpu column says it is the proxy, and the abstract's "same ordering across five tasks and batch
+    sizes 1-8" has a row that the cpu grid cannot rule and says why."""
+    readme = (ROOT / "README.md").read_text()
+    assert "### The paper's claims" in readme and "### Beyond the paper" in readme
+    tables = _tables(_block(ROOT / "README.md", claims_readme.markers("cpu")))
+    head = [x.strip() for x in readme.split("### The paper's claims")[1].split("\n| ")[1].split(" | ")]
+    assert head[2:6] == ["paper", "measured (cpu)", "figure", "cpu (proxy: tiny model, emulated link)"]
+    numbers = _paper_numbers()
+    for cells in tables["The paper's claims"]:
+        assert cells[2], f"a paper row without the paper's figure: {cells}"
+        found = {abs(float(x)) for x in re.findall(r"\d+(?:\.\d+)?", cells[2])}
+        assert found <= numbers, f"{cells[2]}: {found - numbers} is not a number of criteria/paper.py"
+    by_claim = {cells[1]: cells for cells in tables["The paper's claims"]}
+    faster = next(v for k, v in by_claim.items() if k.startswith("demand-async is faster than async"))
+    assert f"+{paper.FASTER_PCT[0]}" in faster[2] and f"+{paper.FASTER_PCT[1]}" in faster[2]
+    equal = next(v for k, v in by_claim.items() if k.startswith("at C/W 0.43"))
+    assert paper.paired_text(paper.AT_LOW, "%") == equal[2]
+    oracle = next(v for k, v in by_claim.items() if "oracle" in k)
+    assert oracle[2] == f"{paper.ORACLE_CUT}x"
+    order = next(v for v in tables["The paper's claims"] if v[2] == paper.ordering_text())
+    assert order[5] == "not ruled: grid covers tasks gsm8k, batch 1,4", order
+    assert all("own result" not in cells[1] for cells in tables["The paper's claims"])
+
+
+def test_the_ordering_row_is_ruled_only_on_a_grid_of_the_five_tasks_and_batch_sizes_1_to_8():
+    def recs(tasks, batches, verdict="reproduced"):
+        cells = [{"cell": {"task": t, "batch_size": b}, "effect": 5.0} for t in tasks for b in batches]
+        return [{"claims": [{"claim": "x", "key": "04-faster", "verdict": verdict, "cells": cells}]}]
+
+    five = ("gsm8k", "humaneval", "mbpp", "math500", "ifeval")
+    assert claims_readme.ordering([]) == "not run"
+    assert claims_readme.ordering(recs(["gsm8k"], [1, 4])) == "not ruled: grid covers tasks gsm8k, batch 1,4"
+    assert claims_readme.ordering(recs(five, [1, 4])).startswith(
+        "not ruled: grid covers tasks gsm8k, humaneval"
+    )
+    ruled = claims_readme.ordering(recs(five, [1, 2, 4, 8], "not reproduced"))
+    assert ruled.startswith("not reproduced (04's faster claim over tasks") and "batch 1,2,4,8" in ruled
 
 
 def test_the_readme_is_short():
+    """At most README_LINES lines, and no line of prose over README_WIDTH characters (a table's row renders
+    as a table whatever its width: the generated claims tables carry each claim's whole text)."""
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= README_LINES, (
         f"README.md has {len(lines)} lines (> {README_LINES}): move the detail to docs/"
     )
-    wide = [i + 1 for i, line in enumerate(lines) if len(line) > README_WIDTH]
+    wide = [i + 1 for i, line in enumerate(lines) if len(line) > README_WIDTH and not line.startswith("| ")]
     assert not wide, f"README.md lines {wide} are over {README_WIDTH} characters"
 
 
@@ -176,30 +247,34 @@ def test_records_render_update_and_a_gpu_column(tmp_path, monkeypatch, capsys):
     block = claims_table.render("cpu", results, tmp_path)
     assert "| c2 | p2 | m\\|2 (margin: upper bound +9) | inconclusive (too wide) | 4 pairs | run 1 |" in block
     assert "h200" not in block
-    compact = claims_table.render_compact("cpu", results, tmp_path)
-    assert "| c2 |  | inconclusive |  |  |  |" in compact and "| c1 |  | reproduced |  |  |  |" in compact
+    compact = claims_readme.render_compact("cpu", results, tmp_path)
+    assert (
+        "| c2 | p2 | m\\|2 |  | inconclusive |  |  |  |" in compact
+        and "| c1 | p1 | m1 |  | reproduced |  |" in compact
+    )
     gpu = load_profile("h200") if (ROOT / "artifact/experiments/profiles/h200.yaml").is_file() else None
     if gpu is not None:
         (results / "h200").mkdir()
         shutil.copy(record(gpu, "09_x", [Claim("c1", "p1", "g1", "not reproduced")]), results / "h200")
         block = claims_table.render("cpu", results, tmp_path)
         assert "h200: verdict (measured)" in block and "| not reproduced (g1) |" in block
-        compact = claims_table.render_compact("cpu", results, tmp_path)
-        assert "| cpu | h200 |" in compact and "| c1 |  | reproduced | not reproduced |  |  |  |" in compact
+        compact = claims_readme.render_compact("cpu", results, tmp_path)
+        assert "| cpu (proxy: tiny model, emulated link) | h200 |" in compact
+        assert "| c1 | p1 | m1 |  | reproduced | not reproduced |  |  |  |" in compact
     readme = tmp_path / "README.md"
     readme.write_text("head\n<!-- claims:cpu:begin -->\nold\n<!-- claims:cpu:end -->\ntail\n")
     doc = tmp_path / "docs" / "claims.md"
     doc.parent.mkdir()
     doc.write_text("top\n<!-- claims:cpu:begin -->\nold\n<!-- claims:cpu:end -->\n")
-    monkeypatch.setattr(claims_table, "render_compact", lambda name: "NEW")
+    monkeypatch.setattr(claims_readme, "render_compact", lambda name: "NEW")
     monkeypatch.setattr(claims_table, "render", lambda name: "FULL")
-    assert claims_table.update_readme(readme, "cpu") is True
+    assert claims_readme.update_readme(readme, "cpu") is True
     assert readme.read_text() == "head\n<!-- claims:cpu:begin -->\nNEW\n<!-- claims:cpu:end -->\ntail\n"
     assert doc.read_text() == "top\n<!-- claims:cpu:begin -->\nFULL\n<!-- claims:cpu:end -->\n"
-    assert claims_table.update_readme(readme, "cpu") is False
+    assert claims_readme.update_readme(readme, "cpu") is False
     readme.write_text("no markers")
     with pytest.raises(ValueError, match="claims:cpu:begin"):
-        claims_table.update_readme(readme, "cpu")
+        claims_readme.update_readme(readme, "cpu")
 
 
 def test_a_runs_verdicts_are_set_beside_the_stored_ones_by_key(tmp_path):

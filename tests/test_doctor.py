@@ -163,6 +163,9 @@ def test_a_reviewers_grid_fits_two_gpu_hours_and_the_readme_says_what_doctor_pri
     section = "\n".join(gpu_section())
     assert f"roughly {hours} h" in section and profile in section
     assert "python -m artifact doctor --profile h200_ae --model" in section
+    first = (ROOT / "README.md").read_text().split("\n## ")[0]  # the first screen: the figure, as an estimate
+    assert f"roughly {hours} h" in first and profile in first and "estimate" in first
+    assert "s per forward" in first and "not measured" in first
 
 
 def test_the_readmes_gpu_section_is_short_and_links_the_rest():

@@ -1,8 +1,9 @@
-"""`claims`: the claims table for a profile, rendered from its stored claim records
-(artifact.experiments.verdicts.claims_table): the README's compact table, or with --full docs/claims.md's. It
-first checks the stored runs the records were ruled on (stored_runs.check_stored_runs) and refuses damaged or
-missing ones. `--update-readme` rewrites the blocks between its markers in the README (the compact table) and
-docs/claims.md (the full table and the agreement of repeated runs)."""
+"""`claims`: the claims tables for a profile, rendered from its stored claim records
+(artifact.experiments.verdicts.claims_table, artifact.experiments.claims_readme): the README's two tables, or
+with --full docs/claims.md's. It first checks the stored runs the records were ruled on
+(stored_runs.check_stored_runs) and refuses damaged or missing ones. `--update-readme` rewrites the blocks
+between its markers in the README (its two tables) and docs/claims.md (the full table and the agreement of
+repeated runs)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 from artifact.errors import UserError
+from artifact.experiments import claims_readme as readme
 from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import claims_table as table
 from artifact.experiments.verdicts.stored_runs import check_stored_runs
@@ -20,7 +22,7 @@ def cmd_claims(a) -> int:
     ruled_on = max((len(c.get("per_run") or []) for r in table.records(name) for c in r["claims"]), default=0)
     check_stored_runs(name, ruled_on=ruled_on)  # the runs behind the records: whole, at one commit, all there
     if a.update_readme:
-        changed = table.update_readme(a.readme, name)
+        changed = readme.update_readme(a.readme, name)
         print(
             f"{a.readme or 'README.md'}: the {name} claims table "
             f"{'rewritten' if changed else 'already current'}",
@@ -40,7 +42,7 @@ def cmd_claims(a) -> int:
         print(table.render_this_run(name, a.this_run))
         return 0
     # docs/claims.md's table, or the README's
-    print(table.render(name) if a.full else table.render_compact(name))
+    print(table.render(name) if a.full else readme.render_compact(name))
     return 0
 
 

@@ -9,7 +9,8 @@ calibration/ the verdict pipeline checked against known truth (synthetic stored 
 criteria/   paper (the paper's numbers), thresholds (this artifact's), timing (each timing claim's
 definition) outputs/    paths (where a run's outputs go), figures (colours, titles, save), manifest,
 rule_history,
-            claims_table (the claims tables of the README and docs/claims.md)
+            claims_table (the claim records, docs/claims.md's tables); claims_readme (the README's two claims
+            tables, the writer of both files' generated blocks)
 bench/      grid, model_runner, results, run (run_bench)
 tide/       checkout, adapter
 studies/    one module per notebook, named after it"""

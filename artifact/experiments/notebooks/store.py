@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from artifact.experiments.notebooks import CHECK, Outcome, notebook_dir
-from artifact.experiments.verdicts.claims_table import update_readme
+from artifact.experiments.claims_readme import update_readme
 from artifact.experiments.outputs.paths import (
     figures_dir,
     reference_data_dir,

@@ -1,7 +1,8 @@
-"""The claims tables, generated from the claim records (data/results/<profile>/NN_*.claims.json, the lines
-the stored notebook's claim cell holds), a column per profile with records: the README's (`render_compact`),
-docs/claims.md's (`render`, `render_agreement`), a run's beside the stored ones (`render_this_run`).
-tests/test_claims_table.py regenerates the committed blocks (`update_readme`) and fails on any difference."""
+"""The claim records (data/results/<profile>/NN_*.claims.json, the lines the stored notebook's claim cell
+holds) and the tables made of them, a column per profile with records: docs/claims.md's (`render`,
+`render_agreement`), a run's beside the stored ones (`render_this_run`). The README's two tables and the
+writer of both files' blocks: artifact/experiments/claims_readme.py. tests/test_claims_table.py fails on any
+difference."""
 
 from __future__ import annotations
 
@@ -9,16 +10,12 @@ import json
 import re
 from pathlib import Path
 
-import pandas as pd
-
 from artifact.errors import ResultFileError
 from artifact.experiments.outputs.paths import RECORD_SUFFIX
-from artifact.experiments.verdicts.judge import paper_ruled
-from artifact.paths import atomic_write_text, data_dir, repo_root
+from artifact.paths import data_dir, repo_root
 
 _SAVE = re.compile(r'save\(fig, df, P, "([^"]+)"\)')
 RECORD_KEYS, CLAIM_KEYS = ("notebook", "claims"), ("claim", "verdict")
-CALIBRATION = "calibration.csv"  # data/results/<profile>/: `python -m artifact calibrate --out`
 CLAIMS_DOC = "docs/claims.md"  # the full table and the agreement block, beside the README's compact one
 
 
@@ -26,14 +23,6 @@ def study(notebook: str) -> str:
     """The module behind a notebook: 04_capacity_sweep -> studies/capacity_sweep.py (or its folder)."""
     name = f"artifact/experiments/studies/{notebook.split('_', 1)[1]}"
     return f"{name}/" if (repo_root() / name).is_dir() else f"{name}.py"
-
-
-def markers(profile_name: str) -> tuple[str, str]:
-    return f"<!-- claims:{profile_name}:begin -->", f"<!-- claims:{profile_name}:end -->"
-
-
-def agreement_markers(profile_name: str) -> tuple[str, str]:
-    return f"<!-- agreement:{profile_name}:begin -->", f"<!-- agreement:{profile_name}:end -->"
 
 
 def read_record(path: Path) -> dict:
@@ -88,12 +77,12 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ").strip()
 
 
-def _row(cells) -> str:
+def row(cells) -> str:
     return "| " + " | ".join(_cell(x) for x in cells) + " |"
 
 
-def _head(cells) -> list[str]:
-    return [_row(cells), "|" + "---|" * len(cells)]
+def head(cells) -> list[str]:
+    return [row(cells), "|" + "---|" * len(cells)]
 
 
 def basis(c: dict) -> str:
@@ -105,12 +94,17 @@ def verdict(c: dict) -> str:  # with its reason
     return f"{c['verdict']} ({c['reason']})" if c.get("reason") else c["verdict"]
 
 
-def _same_claim(r: dict | None, k: int, c: dict) -> dict | None:
+def same_claim(r: dict | None, k: int, c: dict) -> dict | None:
     """Another profile's record of the same claim: by its key when it has one, else by its place."""
     claims = (r or {}).get("claims", [])
     if c.get("key"):
         return next((o for o in claims if o.get("key") == c["key"]), None)
     return claims[k] if k < len(claims) else None
+
+
+def others(profile_name: str, results: Path | None = None) -> dict[str, dict[str, dict]]:
+    """{profile: {notebook: record}} of every other profile with records: a column each."""
+    return {p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)}
 
 
 def _run_key(r: dict) -> tuple:
@@ -125,13 +119,11 @@ def render(
     recs = records(profile_name, results)
     if not recs:
         return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
-    others = {
-        p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)
-    }
+    by_profile = others(profile_name, results)
     runs = list(dict.fromkeys(_run_key(r) for r in recs))
-    head = ["notebook (module, figures)", "claim", "paper", f"measured ({profile_name})"]
-    head += [f"verdict ({profile_name})", "basis (counting; interval; pairs)", "run"]
-    lines = _head(head + [f"{p}: verdict (measured)" for p in others])
+    cols = ["notebook (module, figures)", "claim", "paper", f"measured ({profile_name})"]
+    cols += [f"verdict ({profile_name})", "basis (counting; interval; pairs)", "run"]
+    lines = head(cols + [f"{p}: verdict (measured)" for p in by_profile])
     for r in recs:
         nb = r["notebook"]
         where = f"{nb.split('_')[0]} ([{Path(study(nb)).stem}]({root}{study(nb)}))"
@@ -141,7 +133,7 @@ def render(
         for k, c in enumerate(r["claims"]):
             measured = c.get("measured", "") + (f" (margin: {c['margin']})" if c.get("margin") else "")
             run = f"run {runs.index(_run_key(r)) + 1}"
-            row = [
+            cells = [
                 where if k == 0 else "",
                 c["claim"],
                 c.get("paper", ""),
@@ -150,69 +142,17 @@ def render(
                 basis(c),
                 run,
             ]
-            for by_nb in others.values():
-                o = _same_claim(by_nb.get(nb), k, c)
-                row.append(f"{verdict(o)} ({o.get('measured', '')})" if o else "not run")
-            lines.append(_row(row))
+            for by_nb in by_profile.values():
+                o = same_claim(by_nb.get(nb), k, c)
+                cells.append(f"{verdict(o)} ({o.get('measured', '')})" if o else "not run")
+            lines.append(row(cells))
     lines.append("")
     for i, (command, date, commit) in enumerate(runs, 1):
         nbs = ", ".join(r["notebook"][:2] for r in recs if _run_key(r) == (command, date, commit))
         lines.append(f"- run {i}: `{command}` on {date}, commit `{commit}` (notebooks {nbs})")
-    for p, by_nb in others.items():
+    for p, by_nb in by_profile.items():
         prun = sorted({_run_key(r) for r in by_nb.values()})
         lines.append(f"- {p}: " + "; ".join(f"`{c}` on {d}, commit `{h}`" for c, d, h in prun))
-    return "\n".join(lines)
-
-
-def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
-    """{timing claim key: "fresh % (stored %)"}: how often a fresh run decides alone, beside the share of the
-    stored runs that decide alone (the calibration table's "as stored" rows); {} without the table."""
-    path = Path(results or data_dir() / "results") / profile_name / CALIBRATION
-    if not path.is_file():
-        return {}
-    try:
-        t = pd.read_csv(path)
-        rows = t[t.scenario == "as stored"].itertuples()
-        return {r.claim: f"{r.fresh_decides:.0f}% ({r.stored_decide:.0f}% of stored runs)" for r in rows}
-    except (ValueError, AttributeError, KeyError) as e:
-        raise ResultFileError(
-            f"{path}: not a calibration table ({e}); expected `calibrate --out`'s"
-        ) from None
-
-
-def loo_text(c: dict) -> str:
-    """'k of N': with each stored run left out of every input in turn, how many pooled verdicts are the
-    pooled one ("" for a claim without leave-one-out views)."""
-    views = c.get("leave_one_out") or []
-    if not c.get("timing") or not views:
-        return ""
-    return f"{sum(v == (c.get('pooled') or c['verdict']) for v in views)} of {len(views)}"
-
-
-def render_compact(profile_name="cpu", results: Path | None = None, notebook_dir: Path | None = None) -> str:
-    """The README's block: a row per claim with its notebook, the notebook's first figure, the verdict of
-    every profile with records, the paper's own result ruled here, the leave-one-out and a fresh run's
-    chance to decide alone."""
-    recs = records(profile_name, results)
-    if not recs:
-        return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
-    others = {
-        p: {r["notebook"]: r for r in records(p, results)} for p in other_profiles(profile_name, results)
-    }
-    decides = fresh_decides(profile_name, results)
-    head = ["notebook", "claim", "figure", profile_name, *others, "paper's result, ruled here"]
-    lines = _head(head + ["leave one out", "a fresh run decides"])
-    for r in recs:
-        nb = r["notebook"]
-        figs = [f"[{f}](figures/{profile_name}/{f}.png)" for f in figures(nb, notebook_dir)][:1]
-        for k, c in enumerate(r["claims"]):
-            row = [f"[{nb[:2]}](notebooks/{nb}.ipynb)" if k == 0 else "", c["claim"]]
-            row += ["".join(figs) if k == 0 else "", c["verdict"]]
-            for by_nb in others.values():
-                o = _same_claim(by_nb.get(nb), k, c)
-                row.append(o["verdict"] if o else "not run")
-            key = c.get("key") or ""
-            lines.append(_row(row + [paper_ruled(key) if key else "", loo_text(c), decides.get(key, "")]))
     return "\n".join(lines)
 
 
@@ -231,10 +171,10 @@ def render_agreement(profile_name: str = "cpu", results: Path | None = None) -> 
     n = max((len(c["per_run"]) for _, c in recs), default=0)
     if n < 2:
         return "Fewer than two stored runs: nothing to compare."
-    lines = _head(["notebook", "claim", *(f"run {i}" for i in range(1, n + 1)), "pooled", "k of N"])
+    lines = head(["notebook", "claim", *(f"run {i}" for i in range(1, n + 1)), "pooled", "k of N"])
     for nb, c in recs:
         runs = list(c["per_run"]) + ["not run"] * (n - len(c["per_run"]))
-        lines.append(_row([nb[:2], c["claim"], *runs, c.get("pooled") or "", k_of_n(c)]))
+        lines.append(row([nb[:2], c["claim"], *runs, c.get("pooled") or "", k_of_n(c)]))
     holds = sum("opposite" not in k_of_n(c) for _, c in recs)
     return "\n".join(
         [*lines, "", f"In {holds} of {len(recs)} timing claims no stored run says the opposite."]
@@ -251,47 +191,10 @@ def render_this_run(profile_name: str, run_data: Path, results: Path | None = No
     if other:
         raise ResultFileError(f"{run_data}: records of profile {', '.join(other)}, not of {profile_name}")
     stored = {c.get("key"): c for r in records(profile_name, results) for c in r["claims"] if c.get("key")}
-    lines = _head(["notebook", "claim", "this run", "stored", "this run against the stored verdict"])
+    lines = head(["notebook", "claim", "this run", "stored", "this run against the stored verdict"])
     for r in mine:
         for c in (c for c in r["claims"] if c.get("timing") and c.get("key")):
             ref = stored.get(c["key"], {}).get("verdict", "not stored")
             says = c.get("agreement") or ("agrees" if c["verdict"] == ref else "differs")
-            lines.append(_row([r["notebook"][:2], c["claim"], c["verdict"], ref, says]))
+            lines.append(row([r["notebook"][:2], c["claim"], c["verdict"], ref, says]))
     return "\n".join(lines)
-
-
-def replace_block(text: str, profile_name: str, block: str, marks: tuple[str, str] | None = None) -> str:
-    begin, end = marks or markers(profile_name)
-    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
-        raise ValueError(f"expected one {begin} ... {end} pair in the file")
-    head, rest = text.split(begin)
-    return f"{head}{begin}\n{block}\n{end}{rest.split(end)[1]}"
-
-
-def update_readme(readme_path=None, profile_name: str = "cpu", claims_doc=None) -> bool:
-    """Rewrite the README's compact block and docs/claims.md's full and agreement blocks from the records,
-    atomically; True when either changed."""
-    path = Path(readme_path or repo_root() / "README.md")
-    doc = Path(claims_doc or path.parent / CLAIMS_DOC)
-    changed = _rewrite(path, lambda t: replace_block(t, profile_name, render_compact(profile_name)))
-    if doc.is_file():
-
-        def full(text: str) -> str:
-            new = replace_block(text, profile_name, render(profile_name))
-            marks = agreement_markers(profile_name)
-            return (
-                replace_block(new, profile_name, render_agreement(profile_name), marks)
-                if marks[0] in new
-                else new
-            )
-
-        changed = _rewrite(doc, full) or changed
-    return changed
-
-
-def _rewrite(path: Path, edit) -> bool:
-    text = path.read_text()
-    new = edit(text)
-    if new != text:
-        atomic_write_text(path, new)
-    return new != text

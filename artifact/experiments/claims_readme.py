@@ -1,0 +1,175 @@
+"""The README's claims tables, generated from the claim records (verdicts/claims_table.py reads them): the
+paper's claims, each with the paper's figure (as its record states it, written from criteria/paper.py) beside
+the measured one, and beyond the paper, this artifact's own results. `update_readme` rewrites the generated
+blocks of the README and docs/claims.md (`python -m artifact claims --update-readme`, and `--store`);
+tests/test_claims_table.py regenerates them and fails on any difference. A display of the verdicts: it rules
+nothing (the verdicts are the records')."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from artifact.errors import ResultFileError
+from artifact.experiments.criteria import paper
+from artifact.experiments.settings import PAPER_BATCH_SIZES
+from artifact.experiments.verdicts import claims_table as table
+from artifact.experiments.verdicts.judge import paper_ruled
+from artifact.model.tasks import TASKS
+from artifact.paths import atomic_write_text, data_dir, repo_root
+
+CALIBRATION = "calibration.csv"  # data/results/<profile>/: `python -m artifact calibrate --out`
+PROXY = {"cpu": "cpu (proxy: tiny model, emulated link)"}  # a profile's column header: what it measures
+NOT_RUN = {"verdict": "not run"}  # another profile's records lack the claim
+
+
+def own(c: dict) -> bool:
+    """This artifact's own result (so marked, or the engine's design invariant), not a claim of the paper."""
+    said = c.get("paper", "")
+    return "own result" in c["claim"] or said.startswith("not a claim") or "design invariant" in said
+
+
+def paper_figure(c: dict) -> str:
+    """The paper's figure as the claim's record states it (from criteria/paper.py), not how it is judged."""
+    return c.get("paper", "").split("; ")[0]
+
+
+def measured_short(c: dict, width: int = 100) -> str:
+    """The measured figure in a line: a timing claim's effects over its cells, else the clauses of its
+    measured text that fit `width` (docs/claims.md has it whole)."""
+    text, cells = c.get("measured", ""), [x for x in c.get("cells") or [] if "effect" in x]
+    unit = " points" if " points [" in text else "%"
+    if len(cells) == 1:
+        return f"{cells[0]['effect']:+.1f}{unit} [{cells[0]['low']:+.1f}, {cells[0]['high']:+.1f}]"
+    if cells:
+        e = sorted(x["effect"] for x in cells)
+        return f"{e[0]:+.1f}{unit} to {e[-1]:+.1f}{unit} over {len(cells)} cells"
+    short = ""
+    for part in text.split("; "):
+        if len(short) + len(part) + 2 > width:
+            break
+        short = f"{short}; {part}" if short else part
+    short = short or text[:width].rsplit(" ", 1)[0]
+    return short if short == text else f"{short} ..."
+
+
+def ordering(recs: list[dict]) -> str:
+    """The abstract's "same ordering across five tasks and batch sizes 1-8" on one profile: ruled only where
+    its 04 faster claim's cells cover the five tasks and batch sizes 1-8 (this artifact's TASKS and
+    PAPER_BATCH_SIZES), as that claim's verdict; else not ruled, naming the tasks and batch sizes covered."""
+    c = next((c for r in recs for c in r["claims"] if c.get("key") == "04-faster"), None)
+    if c is None:
+        return "not run"
+    cells = [x["cell"] for x in c.get("cells") or []]
+    tasks, batches = sorted({x["task"] for x in cells}), sorted({x["batch_size"] for x in cells})
+    covered = f"tasks {', '.join(tasks) or 'none'}, batch {','.join(map(str, batches)) or 'none'}"
+    if set(TASKS) <= set(tasks) and set(PAPER_BATCH_SIZES) <= set(batches):
+        return f"{c['verdict']} (04's faster claim over {covered})"
+    return f"not ruled: grid covers {covered}"
+
+
+def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
+    """{timing claim key: "fresh % (stored %)"}: how often a fresh run decides alone, beside the share of the
+    stored runs that decide alone (the calibration table's "as stored" rows); {} without the table."""
+    path = Path(results or data_dir() / "results") / profile_name / CALIBRATION
+    if not path.is_file():
+        return {}
+    try:
+        t = pd.read_csv(path)
+        rows = t[t.scenario == "as stored"].itertuples()
+        return {r.claim: f"{r.fresh_decides:.0f}% ({r.stored_decide:.0f}% of stored runs)" for r in rows}
+    except (ValueError, AttributeError, KeyError) as e:
+        raise ResultFileError(
+            f"{path}: not a calibration table ({e}); expected `calibrate --out`'s"
+        ) from None
+
+
+def loo_text(c: dict) -> str:
+    """'k of N': with each stored run left out of every input in turn, how many pooled verdicts are the
+    pooled one ("" for a claim without leave-one-out views)."""
+    views = c.get("leave_one_out") or []
+    if not c.get("timing") or not views:
+        return ""
+    return f"{sum(v == (c.get('pooled') or c['verdict']) for v in views)} of {len(views)}"
+
+
+def render_compact(profile_name="cpu", results: Path | None = None, notebook_dir: Path | None = None) -> str:
+    """The README's block, two tables. The paper's claims: the paper's figure beside the measured one, the
+    abstract's "same ordering" after 04's faster claim, the paper's own result ruled here. Beyond the paper:
+    this artifact's own results. A row per claim with its notebook, first figure, the verdict of every profile
+    with records and, for a timing claim, leave one out and how often a fresh run decides alone."""
+    recs = table.records(profile_name, results)
+    if not recs:
+        return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
+    others = table.others(profile_name, results)
+    decides, cols = fresh_decides(profile_name, results), [PROXY.get(profile_name, profile_name), *others]
+    measured, stable = f"measured ({profile_name})", ["leave one out", "a fresh run decides"]
+    ruled = ["paper's result, ruled here"]
+    papers = table.head(
+        ["notebook", "the paper's claim", "paper", measured, "figure", *cols, *ruled, *stable]
+    )
+    beyond = table.head(["notebook", "this artifact's own result", measured, "figure", *cols, *stable])
+    for r in recs:
+        nb, shown = r["notebook"], set()
+        fig = "".join([f"[{f}](figures/{profile_name}/{f}.png)" for f in table.figures(nb, notebook_dir)][:1])
+        for k, c in enumerate(r["claims"]):
+            rows, key = (beyond if own(c) else papers), c.get("key") or ""
+            first = id(rows) not in shown
+            shown.add(id(rows))
+            verdicts = [(table.same_claim(o.get(nb), k, c) or NOT_RUN)["verdict"] for o in others.values()]
+            cells = [f"[{nb[:2]}](notebooks/{nb}.ipynb)" if first else "", c["claim"]]
+            cells += [] if rows is beyond else [paper_figure(c)]
+            cells += [measured_short(c), fig if first else "", c["verdict"], *verdicts]
+            cells += [] if rows is beyond else [paper_ruled(key) if key else ""]
+            rows.append(table.row([*cells, loo_text(c), decides.get(key, "")]))
+            if key == "04-faster":  # the abstract's next sentence: the same ordering across tasks and batches
+                order = [ordering(recs), *(ordering(list(o.values())) for o in others.values())]
+                claim = "demand-async stays faster than async last-step prefetch across tasks and batch sizes"
+                papers.append(table.row(["", claim, paper.ordering_text(), "", "", *order, "", "", ""]))
+    return "\n".join(["### The paper's claims", "", *papers, "", "### Beyond the paper", "", *beyond])
+
+
+def markers(profile_name: str) -> tuple[str, str]:
+    return f"<!-- claims:{profile_name}:begin -->", f"<!-- claims:{profile_name}:end -->"
+
+
+def agreement_markers(profile_name: str) -> tuple[str, str]:
+    return f"<!-- agreement:{profile_name}:begin -->", f"<!-- agreement:{profile_name}:end -->"
+
+
+def replace_block(text: str, profile_name: str, block: str, marks: tuple[str, str] | None = None) -> str:
+    begin, end = marks or markers(profile_name)
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"expected one {begin} ... {end} pair in the file")
+    head, rest = text.split(begin)
+    return f"{head}{begin}\n{block}\n{end}{rest.split(end)[1]}"
+
+
+def update_readme(readme_path=None, profile_name: str = "cpu", claims_doc=None) -> bool:
+    """Rewrite the README's block (its two tables) and docs/claims.md's full and agreement blocks from the
+    records, atomically; True when either changed."""
+    path = Path(readme_path or repo_root() / "README.md")
+    doc = Path(claims_doc or path.parent / table.CLAIMS_DOC)
+    changed = _rewrite(path, lambda t: replace_block(t, profile_name, render_compact(profile_name)))
+    if doc.is_file():
+
+        def full(text: str) -> str:
+            new = replace_block(text, profile_name, table.render(profile_name))
+            marks = agreement_markers(profile_name)
+            return (
+                replace_block(new, profile_name, table.render_agreement(profile_name), marks)
+                if marks[0] in new
+                else new
+            )
+
+        changed = _rewrite(doc, full) or changed
+    return changed
+
+
+def _rewrite(path: Path, edit) -> bool:
+    text = path.read_text()
+    new = edit(text)
+    if new != text:
+        atomic_write_text(path, new)
+    return new != text
