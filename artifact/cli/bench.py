@@ -111,9 +111,7 @@ def _out_and_shard(b) -> None:
         type=Path,
         default=None,
         help="result CSV (default: data/results/PROFILE/bench.csv, or bench.shard-I-of-N.csv); "
-        "shards and "
-        "reruns may share one: cells are appended under a lock on OUT.lock, a second writer "
-        "waits",
+        "shards and reruns may share one: cells are appended under a lock on OUT.lock, a second writer waits",
     )
     b.add_argument("--shard", default="0/1", help="i/n: run the cells whose index %% n == i (0 <= i < n)")
 

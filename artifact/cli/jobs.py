@@ -76,8 +76,7 @@ def add_cli(subparsers) -> None:
             "run-jobs",
             cmd_run_jobs,
             "the notebooks' heavy stages as jobs (traces, then the bench, "
-            "throttling "
-            "and TIDE-style grids), each waited for and merged",
+            "throttling and TIDE-style grids), each waited for and merged",
         ),
     ):
         t = subparsers.add_parser(name, help=text)

@@ -195,8 +195,8 @@ class MoE(nn.Module):
             served.update(group.experts)
             computed += len(group.experts)
         assert computed == len(experts) and served == set(experts), (
-            f"layer {self.layer}: the backend served {computed} experts ({len(served)} distinct) of "
-            f"{len(experts)}"
+            f"layer {self.layer}: the backend served {computed} experts ({len(served)} distinct) "
+            f"of {len(experts)}"
         )
         # Combine the k outputs of each token in slot order, whatever order experts were computed in.
         return (ys.view(N, k, D).float() * w.unsqueeze(-1)).sum(1).to(x.dtype)

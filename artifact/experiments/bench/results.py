@@ -185,17 +185,14 @@ def _parse(data: bytes, path: Path):
         missing = []
     if missing == ["weights_fingerprint"]:
         raise ResultFileError(
-            f"{path}: written before bench rows recorded the checkpoint's weights "
-            "fingerprint, so "
-            "its rows cannot be matched to a checkpoint; re-run the bench into a fresh "
-            "--out "
-            "(or move this file away)"
+            f"{path}: written before bench rows recorded the checkpoint's weights fingerprint, "
+            "so its rows cannot be matched to a checkpoint; "
+            "re-run the bench into a fresh --out (or move this file away)"
         )
     if missing and set(missing) == set(PHASE_COLUMNS):
         raise ResultFileError(
             f"{path}: written before bench rows carried per-phase counts (columns such as "
-            f"{PHASE_COLUMNS[0]}); re-run the bench into a fresh --out (or move this file "
-            "away)"
+            f"{PHASE_COLUMNS[0]}); re-run the bench into a fresh --out (or move this file away)"
         )
     if missing:
         raise ResultFileError(f"{path}: not a bench CSV of this version (lacks columns {missing})")
@@ -257,9 +254,8 @@ def read_rows(path: Path | str):
         data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         raise ResultFileError(
-            f"{path}: the last line is torn (an interrupted write); rerun `bench` on this "
-            "file "
-            "to repair it, then read it"
+            f"{path}: the last line is torn (an interrupted write); "
+            "rerun `bench` on this file to repair it, then read it"
         )
     df = _parse(data, path)
     check_rows(df, path)
@@ -333,9 +329,7 @@ def load_for_append(path: Path, P: Settings, log=print):
         _parse(data[:keep], path)  # names an old version's or a foreign file's columns first
         raise ResultFileError(
             f"{path}: its columns are not in this version's order ({', '.join(COLUMNS)}), "
-            "so rows "
-            "cannot be appended to it; re-run into a fresh --out (merge rewrites files in "
-            "order)"
+            "so rows cannot be appended to it; re-run into a fresh --out (merge rewrites files in order)"
         )
     df = _parse(data[:keep], path)
     lines = data[:keep].splitlines(keepends=True)[1:]
@@ -346,9 +340,8 @@ def load_for_append(path: Path, P: Settings, log=print):
         if have and have != [want]:
             raise ResultFileError(
                 f"{path}: rows of {col} {have}, not this profile's {want!r} (settings "
-                f"{', '.join(fingerprint_keys(P))} must match to resume); choose another "
-                "--out or "
-                "move the file"
+                f"{', '.join(fingerprint_keys(P))} must match to resume); "
+                "choose another --out or move the file"
             )
     if header and "arm" not in header.split(",") and has_aa_pair(P):
         raise ResultFileError(
@@ -374,8 +367,8 @@ def load_for_append(path: Path, P: Settings, log=print):
     if notes:
         atomic_write_bytes(path, data[:keep])
         log(
-            f"note: {path}: dropped {' and '.join(notes)}, left by an interrupted append; that cell runs "
-            "again"
+            f"note: {path}: dropped {' and '.join(notes)}, left by an interrupted append; "
+            "that cell runs again"
         )
     check_rows(df, path, expected_runs(P))
     return df.reset_index(drop=True)
@@ -396,11 +389,9 @@ def check_same_model(df, meta: dict, path: Path) -> None:
         have = sorted(set(df[col]))
         if have and have != [meta[col]]:
             raise ResultFileError(
-                f"{path}: rows of model {sorted(set(df.model))} with {what} {have}, not "
-                "this "
-                f"run's {meta['model']} ({meta[col]}); results of different checkpoints "
-                "are never "
-                "mixed: choose a fresh --out or move the file"
+                f"{path}: rows of model {sorted(set(df.model))} with {what} {have}, "
+                f"not this run's {meta['model']} ({meta[col]}); "
+                "results of different checkpoints are never mixed: choose a fresh --out or move the file"
             )
 
 

@@ -169,8 +169,8 @@ def verdicts(n: Numbers) -> list[Claim]:
     q = question(CLAIM)
     t = judge(n.stall, CLAIM, lambda k: label(k, n.gbps))
     stall = timed_claim(
-        "speculative transfers delay demand transfers: last_step stalls longer than demand at every "
-        "bandwidth, "
+        "speculative transfers delay demand transfers: "
+        "last_step stalls longer than demand at every bandwidth, "
         f"{q} (points of demand's wall time per forward)",
         "speculative loads queue ahead of demand loads on the copy engine (qualitative)",
         t,
@@ -300,9 +300,9 @@ def _bandwidth_axis(summary, P: Settings) -> tuple[str, dict]:
     if not scaled:
         return "", {g: f"{g:.3g}" for g in pairs.link_gbps}
     return (
-        f"emulated link, scaled to the {P.model} model's experts: one costs what a LLaDA2.0-mini expert "
-        "costs "
-        f"on the PCIe x16 link named (PCIe 4 = {PCIE4_GBPS:g} GB/s)",
+        f"emulated link, scaled to the {P.model} model's experts: "
+        "one costs what a LLaDA2.0-mini expert costs on the PCIe x16 link named "
+        f"(PCIe 4 = {PCIE4_GBPS:g} GB/s)",
         {g: f"{g:.3g}\n~{_pcie(s)}" for g, s in zip(pairs.link_gbps, pairs.bandwidth_scale)},
     )
 

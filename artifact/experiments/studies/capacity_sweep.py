@@ -141,8 +141,7 @@ def verdicts(n: Numbers) -> list[Claim]:
         claims.append(
             timed_claim(
                 f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not "
-                "differ: "
-                f"{q} (equivalence)",
+                f"differ: {q} (equivalence)",
                 paper.paired_text(paper.AT_LOW, "%"),
                 t,
                 counting,

@@ -243,8 +243,8 @@ def wait_jobs(
         err = _outcome(job)
         if isinstance(err, submitit.core.utils.UncompletedJobError):
             msg = (
-                f"it ended without a result (state {job.state}): killed, cancelled, out of memory "
-                "or out of time"
+                f"it ended without a result (state {job.state}): killed, cancelled, "
+                "out of memory or out of time"
             )
             failures.append(Failure(label, str(job.job_id), msg, job.paths.stderr, job.paths.stdout))
         elif err is not None:

@@ -79,9 +79,9 @@ def tide_arguments(
     eff_steps = min(steps, block_length)  # our schedule's cap; TIDE's is gen_length
     if gen_length < eff_steps:
         raise ValueError(
-            f"gen_length={gen_length} < steps={eff_steps}: TIDE would cap its steps at "
-            "gen_length "
-            f"and use another transfer schedule than ours; use gen_length >= {eff_steps}"
+            f"gen_length={gen_length} < steps={eff_steps}: "
+            "TIDE would cap its steps at gen_length and use another transfer schedule than ours; "
+            f"use gen_length >= {eff_steps}"
         )
     if not eos_early_stop:
         raise ValueError(
@@ -265,9 +265,8 @@ def open_tide(
     TIDE runs with `threads` torch threads (default: the machine's cores; see tide_threads)."""
     if dtype not in ("bfloat16", "bf16", torch.bfloat16):
         raise ValueError(
-            f"dtype {dtype!r}: TIDE's generate builds its attention mask in bfloat16, so its "
-            "model "
-            "runs in bfloat16 only (compare with our engine in bfloat16 too)"
+            f"dtype {dtype!r}: TIDE's generate builds its attention mask in bfloat16, "
+            "so its model runs in bfloat16 only (compare with our engine in bfloat16 too)"
         )
     info = check_tide(tide_path, device)
     root = check_checkpoint(checkpoint)

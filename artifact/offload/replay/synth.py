@@ -111,8 +111,7 @@ class SynthParams:
         if peak > wmax:
             raise SettingError(
                 f"the W profile peaks at {peak:.1f} experts, more than min(E, tokens * top_k) "
-                "= "
-                f"{wmax}: lower w, w_depth, w_growth or w_first"
+                f"= {wmax}: lower w, w_depth, w_growth or w_first"
             )
         nu = max(self.novelty, self.block_novelty)
         if peak * (1 + nu) > self.experts:
@@ -124,8 +123,7 @@ class SynthParams:
         if self.prefill and self.prefill * self.w * _depth(self).max() > self.experts:
             raise SettingError(
                 f"prefill W = {self.prefill:g} x w = {self.prefill * self.w:.1f} (at most "
-                f"{self.prefill * self.w * _depth(self).max():.1f} by depth) exceeds E = "
-                f"{self.experts}"
+                f"{self.prefill * self.w * _depth(self).max():.1f} by depth) exceeds E = {self.experts}"
             )
         accesses = self.sequences * (
             self.blocks * self.steps * self.w + self.batch_size * self.prefill * self.w

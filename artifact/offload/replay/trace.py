@@ -258,8 +258,7 @@ class Trace:
         if bad:
             raise TraceError(
                 f"{where}: arrays hold {bad}, expected integers (expert ids, layers, steps, "
-                "counts "
-                "and offsets are whole numbers)"
+                "counts and offsets are whole numbers)"
             )
         flat = [a for a in ARRAYS if getattr(self, a).ndim != 1]
         if flat:
@@ -267,8 +266,7 @@ class Trace:
         E, layers = self.meta.get("num_experts"), self.meta.get("moe_layers")
         if not _is_int(E) or not isinstance(layers, list) or not all(_is_int(x) for x in layers):
             raise TraceError(
-                f"{where}: metadata needs num_experts (an integer) and moe_layers (a list of "
-                "integers), "
+                f"{where}: metadata needs num_experts (an integer) and moe_layers (a list of integers), "
                 f"got {E!r} and {layers!r}"
             )
         n = len(self.forward)

@@ -53,9 +53,8 @@ def numbers(summary, table, reps: Replicas) -> Numbers:
 def verdicts(n: Numbers) -> list[Claim]:
     claims = [
         Claim(
-            "[own result] offloading changes time, never results: every policy under both link "
-            "priorities "
-            "decoded the same tokens in every cell",
+            "[own result] offloading changes time, never results: "
+            "every policy under both link priorities decoded the same tokens in every cell",
             f"{OWN}; the engine is exact (design invariant)",
             f"{n.same_cells} of {n.cells} cells identical",
             verdict_of(n.same_cells == n.cells),
