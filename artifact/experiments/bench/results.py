@@ -78,12 +78,7 @@ STAT_COLUMNS = (
     "tokens_per_second",
     "forwards",
     "tokens_per_forward",
-    "demand_hits",
-    "demand_misses",
-    "speculative_transfers",
-    "prefetch_hits",
-    "wasted_prefetches",
-    "bytes_h2d",
+    *COUNTS,  # the engine's counts (plans.COUNTS), in its order
     "stall_seconds",
     "link_busy_seconds",
     "achieved_gbps",
