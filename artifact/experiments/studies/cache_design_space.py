@@ -25,7 +25,7 @@ from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, traces
 from artifact.experiments.outputs.figures import title
-from artifact.experiments.paired_table import CELL_KEYS
+from artifact.experiments.paired_table import CELL_KEYS, cell_label
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, question, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
@@ -215,18 +215,9 @@ def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
     return BenchNumbers(best, claim_parts(reps, CLAIM)[best], (int(m["demand"]), int(m[best])))
 
 
-def bench_label(key) -> str:
-    task, b, ratio, scale = key
-    return (
-        f"C/W {ratio:g} b={b}"
-        + (f" {task}" if task != "gsm8k" else "")
-        + (f" x{scale:g}" if scale != 1 else "")
-    )
-
-
 def bench_verdict(b: BenchNumbers) -> Claim:
     q = question(CLAIM)
-    t = judge(merge_others({b.best: b.over_lru}), CLAIM, lambda k: bench_label(k[1]))
+    t = judge(merge_others({b.best: b.over_lru}), CLAIM, lambda k: cell_label(k[1]))
     lru, ours = b.misses
     return timed_claim(
         f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end: {q} "

@@ -11,7 +11,7 @@ import pandas as pd
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
-from artifact.experiments.paired_table import CELL_KEYS, CONFIDENCE, format_table, paired_table
+from artifact.experiments.paired_table import CELL_KEYS, CONFIDENCE, cell_label, format_table, paired_table
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.beyond_the_paper.misses import OWN
 from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, question, timed_claim
@@ -99,12 +99,8 @@ def format_tables(table) -> str:
 
 
 def label(key) -> str:
-    pr, task, b, ratio, scale = key
-    return (
-        f"C/W {ratio:g} b={b}"
-        + (f" {task}" if task != "gsm8k" else "")
-        + (f" x{scale:g}" if scale != 1 else "")
-    )
+    """A cell's name; the key leads with its link priority, which the text names apart."""
+    return cell_label(key[1:])
 
 
 def bootstrap_above_zero(table) -> list[str]:
