@@ -36,7 +36,7 @@ import numpy as np
 
 from artifact.errors import SettingError
 from artifact.offload.links.link import REFERENCE_EXPERT_BYTES
-from artifact.offload.replay.trace import KINDS, Trace
+from artifact.offload.replay.trace import KINDS, Trace, demand_columns
 from artifact.validate import check_number
 
 PREFILL, DENOISE = KINDS.index("prefill"), KINDS.index("denoise")
@@ -211,8 +211,6 @@ def _follow(rng: np.random.Generator, prev: np.ndarray, W: int, nu: float, E: in
 
 
 def _trace(p: SynthParams, rows, sets, counts, expert_bytes: int) -> Trace:
-    r = np.array(rows, dtype=np.int64).reshape(-1, 5)
-    lengths = np.array([len(d) for d in sets], dtype=np.int64)
     digest = hashlib.sha1(json.dumps(asdict(p), sort_keys=True).encode()).hexdigest()[:12]
     meta = {
         "model": "synthetic",
@@ -228,12 +226,7 @@ def _trace(p: SynthParams, rows, sets, counts, expert_bytes: int) -> Trace:
     }
     t = Trace(
         meta=meta,
-        forward=r[:, 0].astype(np.int32),
-        layer=r[:, 1].astype(np.int16),
-        block=r[:, 2].astype(np.int32),
-        block_step=r[:, 3].astype(np.int32),
-        kind=r[:, 4].astype(np.uint8),
-        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        **demand_columns(rows, sets),
         experts=np.concatenate(sets).astype(np.int16),
         counts=np.concatenate(counts).astype(np.int32),
     )
