@@ -302,17 +302,13 @@ def run_tide(
     warmup: bool = True,
     task: str | None = None,
     cache_ratio: float | None = None,
-    device: str = "cuda",
-    dtype: str = "bfloat16",
-    mask_id: int | None = None,
-    eos_id: int | None = None,
-    block_length: int = 32,
-    collect_stats: bool = True,
-    threads: int | None = None,
+    **options,
 ) -> list[dict]:
     """Time TIDE's released generate on `prompts` (token lists): one row per repetition over all prompts.
-    jump_steps=1 is TIDE's own default (its main.py uses 2, eval.sh sweeps 1-31). mask/eos ids default to
-    the checkpoint's config.json, else LLaDA2.0's. device="cpu" only serves a stand-in TIDE (the tests')."""
+    jump_steps=1 is TIDE's own default (its main.py uses 2, eval.sh sweeps 1-31). `options` are open_tide's
+    (device, dtype, mask_id, eos_id, block_length, collect_stats, threads) with its defaults: mask/eos ids
+    from the checkpoint's config.json, else LLaDA2.0's; device="cpu" only serves a stand-in TIDE (the
+    tests')."""
     check_prompts(prompts, reps)
     run = open_tide(
         tide_path,
@@ -320,14 +316,8 @@ def run_tide(
         budget_experts,
         jump_steps,
         dc,
-        device=device,
-        dtype=dtype,
-        mask_id=mask_id,
-        eos_id=eos_id,
-        block_length=block_length,
-        collect_stats=collect_stats,
         warmup_prompt=prompts[0] if warmup else None,
-        threads=threads,
+        **options,
     )
     return [run.measure(prompts, rep, task, cache_ratio)[0] for rep in range(reps)]
 
