@@ -25,6 +25,7 @@ from artifact.experiments.outputs.figures import (
     figure_legend,
     interval_fields,
     mark_margin,
+    mark_zero,
     title,
 )
 from artifact.experiments.settings import CONTROL, Settings
@@ -286,7 +287,7 @@ def _stall_intervals(ax3, n: Numbers) -> list[dict]:
                 for k, i in zip(keys, iv)
             ]
     mark_margin(ax3, f"+-{thresholds.MARGIN:g}: the A/A gate (the claim needs every interval above 0)")
-    ax3.axhline(0, color="black", lw=1, ls=":")
+    mark_zero(ax3)
     return rows
 
 

@@ -28,6 +28,7 @@ from artifact.experiments.outputs.figures import (
     mark_clipped,
     mark_margin,
     mark_paper_04,
+    mark_zero,
     title,
 )
 from artifact.experiments.paired_table import CELL_KEYS, cell_label, paired_table
@@ -197,7 +198,7 @@ def plot(n: Numbers, P: Settings):
             drawn.append((ax, x, ruled, color))
             rows += _rows(name, keys, ruled, pooled)
             keep += _marks(ax, name)
-            ax.axhline(0, color="black", lw=1, ls=":")
+            mark_zero(ax)
             ax.set_title(f"{name}, b={b}", fontsize=9)
             if c == 0:
                 ax.set_ylabel("% tokens/s")
