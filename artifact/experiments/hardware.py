@@ -41,8 +41,7 @@ GPU_CHECK_H200 = "gpu_check/h200.json"  # under data/: the report the h200 profi
 # under data/: the graphs check of scripts/gpu_run.sh on an H200
 GPU_CHECK_GRAPHS = "gpu_check/h200_graphs.json"
 # What the graphs check measures for the model: the graphs-on host costs in Hardware's terms and the GPU
-# compute
-# of a resident forward per batch size (ms, CUDA events).
+# compute of a resident forward per batch size (ms, CUDA events).
 GRAPHS_FIGURES = ("launch_us", "kernels_per_layer", "copy_host_us", "gpu_forward_ms")
 HOST_SHARE_NOT_COMPUTE = 0.5  # the share of a resident forward's wall above which its host time paces it: its
 # wall is then not the GPU's compute

@@ -88,9 +88,9 @@ STAT_COLUMNS = (
 # e.g. demand_misses_prefill; each count's phases add up to its total in STAT_COLUMNS.
 PHASE_COLUMNS = tuple(f"{c}_{phase}" for c in COUNTS for phase in PHASES)
 # Per run, the medians over its denoising forwards of the host ms (the forward's CPU time less the time
-# blocked
-# in the router syncs) and of the wall ms (CUDA: an event pair on the compute stream): a GPU cell whose host
-# time is most of its wall time timed the host, not the link (rules.rule_cell, thresholds.HOST_SHARE_LIMIT).
+# blocked in the router syncs) and of the wall ms (CUDA: an event pair on the compute stream): a GPU cell
+# whose host time is most of its wall time timed the host, not the link (rules.rule_cell,
+# thresholds.HOST_SHARE_LIMIT).
 HOST_COLUMNS = ("host_ms_per_forward", "wall_ms_per_forward")
 # The run's arm: "B" for the A/A pair's second run of demand in a repetition, "A" for every other run. Last,
 # so a file written before it has a prefix of these columns.

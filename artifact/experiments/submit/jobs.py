@@ -77,8 +77,7 @@ def slurm_parameters(P: Settings, count: int, name: str) -> dict:
         "time": s.time_minutes,
         "cpus_per_task": s.cpus_per_task,
         "array_parallelism": min(count, s.array_parallelism or count),
-        # the requeue signal comes this long before the time limit (submitit's 90 s, less for short
-        # limits)
+        # the requeue signal comes this long before the time limit (submitit's 90 s, less for short limits)
         "signal_delay_s": min(90, 15 * s.time_minutes),
     }
     for key in ("partition", "account", "qos", "constraint"):

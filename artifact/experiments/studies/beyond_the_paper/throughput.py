@@ -27,12 +27,10 @@ STEM = "beyond"  # data/results/<profile>/beyond-fifo.csv and beyond-demand.csv
 
 # The cpu profile's bench, trimmed to keep ./run_all.sh affordable on 2 cores: 96 timed and 48 untimed warm-up
 # runs of the tiny model (2 priorities x 3 C/W spanning 0.43-1.73 x 2 batch sizes x 4 policies x (2
-# repetitions
-# + 1 warm-up)), one task, 4 prompts (the fewest that fill a batch of 4), 8 denoising steps per block: 2 pairs
-# per cell (priority, batch size, C/W) per run. The warm-up: 2 repetitions of 4 policies in balanced order
-# (bench/order.py) put only 2 of them first in a cell of one run. GPU profiles run their own grid unchanged,
-# with
-# the oracle added.
+# repetitions + 1 warm-up)), one task, 4 prompts (the fewest that fill a batch of 4), 8 denoising steps per
+# block: 2 pairs per cell (priority, batch size, C/W) per run. The warm-up: 2 repetitions of 4 policies in
+# balanced order (bench/order.py) put only 2 of them first in a cell of one run. GPU profiles run their own
+# grid unchanged, with the oracle added.
 CPU_TRIM = {
     "tasks": ("gsm8k",),
     "n_prompts": 4,

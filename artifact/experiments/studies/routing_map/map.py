@@ -295,8 +295,8 @@ def verdicts(n: Numbers) -> list[Claim]:
     ruled = "synthetic streams without prefill forwards (every demand a denoising step)"
     basis = dict(counting=f"{ruled}; the with-prefill rows printed, not ruled on", interval=EXACT)
     # Judged at the cpu traces' novelty (the grid row nearest it), on the contour: does any W spread there
-    # reach
-    # the paper's cut? It fails when the contour never reaches the target in that row, whatever other rows do.
+    # reach the paper's cut? It fails when the contour never reaches the target in that row, whatever other
+    # rows do.
     claims = [
         Claim(
             f"routing statistics under which an oracle cuts misses {n.target}x at C/W {n.ratio:g} exist at "
