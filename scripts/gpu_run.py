@@ -230,9 +230,8 @@ def card(a) -> int:
         return EXIT_USAGE
     if a.name and a.name.lower() != found[0]:
         print(
-            f"gpu_run: --name {a.name} but the GPU is {found[0]} (nvidia-smi): the reports would be named "
-            "after "
-            f"the wrong card; drop --name or pass --name {found[0]}",
+            f"gpu_run: --name {a.name} but the GPU is {found[0]} (nvidia-smi): "
+            f"the reports would be named after the wrong card; drop --name or pass --name {found[0]}",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -344,9 +343,9 @@ def pack(out: Path, name: str) -> tuple[Path, list[Path]]:
     others = [p for p in out.iterdir() if p not in ours]
     if others:
         print(
-            f"note: {out} holds {len(others)} other entries: a borrowed GPU machine returns at most "
-            f"{MAX_FILES} "
-            "files of its output folder (give this run an empty --out there)",
+            f"note: {out} holds {len(others)} other entries: "
+            f"a borrowed GPU machine returns at most {MAX_FILES} files of its output folder "
+            "(give this run an empty --out there)",
             flush=True,
         )
     excess = len(ours) - MAX_FILES  # this run's files; the others are not this run's to remove
@@ -392,9 +391,8 @@ def summary(a) -> int:
         runs = (report.get("engine") or {}).get("runs", [])
         out["targets"], out["rows_not_replayed"] = targets, len(did_not_replay(runs))
         print(
-            f"graphs check: {len(runs)} offloaded rows, {out['rows_not_replayed']} of them segmented rows "
-            "that "
-            "did not replay"
+            f"graphs check: {len(runs)} offloaded rows, "
+            f"{out['rows_not_replayed']} of them segmented rows that did not replay"
             + (
                 ""
                 if "targets" in report

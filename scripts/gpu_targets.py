@@ -26,31 +26,27 @@ T6_SHARE = 0.1
 T7_OVER_LIMIT = 1.15
 T7_COMPUTE = (
     "compute is the resident segmented run's wall ms per denoising forward (median, same batch): "
-    "it "
-    "overstates the GPU's compute by the router syncs' bubbles (the GPU idles while the host reads "
-    "each "
+    "it overstates the GPU's compute by the router syncs' bubbles (the GPU idles while the host reads each "
     "MoE layer's counts), so the limit is loose by that much"
 )
 RULES = {
-    "T1": f"segmented, demand: host / H2D per forward (medians) <= {T1_HOST_OVER_H2D} at C/W 1, batch 1 and "
-    "4; "
-    f"<= {T1_AT_173} at batch 1, C/W 1.73",
+    "T1": f"segmented, demand: host / H2D per forward (medians) <= {T1_HOST_OVER_H2D} at C/W 1, "
+    f"batch 1 and 4; <= {T1_AT_173} at batch 1, C/W 1.73",
     "T2": f"segmented, C/W 1, demand: host-issued kernel launches (graph launches included) per MoE layer <= "
     f"{T2_LAUNCHES}, the copies counted apart (copies_per_moe_layer)",
     "T3": "segmented, C/W 1, demand, per forward: one event sync per MoE layer, no stream or device sync, no "
     "blocking copy (CPU: SyncCounter's device reads, one per MoE layer)",
     "T4": f"segmented, batch 1, C/W 1, demand: link busy / wall >= {T4_BUSY}",
-    "T5": "every run (eager and segmented): counts equal sim.replay of its trace; every float32 run (the "
-    "CPU's "
-    "rows, the fp32_tokens step on a GPU): tokens equal resident (bf16 rows' tokens are shown, not "
-    "judged)",
+    "T5": "every run (eager and segmented): counts equal sim.replay of its trace; "
+    "every float32 run (the CPU's rows, the fp32_tokens step on a GPU): "
+    "tokens equal resident (bf16 rows' tokens are shown, not judged)",
     "T5b": f"the capped link at 0.5x and 0.25x within {T5_CAP:.0%} of its cap",
-    "T6": f"segmented, every batch and C/W with C < E: |host(last_step) - host(demand)| <= {T6_SHARE} x "
-    "demand's "
-    "H2D per forward (C = E copies nothing: no link time to compare against)",
-    "T7": f"segmented, C/W 1, demand: wall ms per denoising forward (median) <= {T7_OVER_LIMIT} x "
-    "max(compute, "
-    "demand misses per forward x expert bytes / the peak pinned H2D measured in the same run); " + T7_COMPUTE,
+    "T6": "segmented, every batch and C/W with C < E: "
+    f"|host(last_step) - host(demand)| <= {T6_SHARE} x demand's H2D per forward "
+    "(C = E copies nothing: no link time to compare against)",
+    "T7": "segmented, C/W 1, demand: wall ms per denoising forward (median) "
+    f"<= {T7_OVER_LIMIT} x max(compute, demand misses per forward x expert bytes / the peak pinned H2D "
+    "measured in the same run); " + T7_COMPUTE,
 }
 NO_GPU_TARGETS = "dry run on the CPU: the tiny model on the emulated link, not an H200"
 
@@ -99,9 +95,8 @@ def _profile_missing(runs: list[dict]) -> list[str]:
         "a profiled segmented run (C/W 1, demand)"
         + (
             f" whose own segment counters show a replay ({len(bad)} profiled "
-            f"run{'s' if len(bad) != 1 else ''} "
-            "did "
-            f"not: {bad[0]['profile'].get('not_replayed', 'no replays')})"
+            f"run{'s' if len(bad) != 1 else ''} did not: "
+            f"{bad[0]['profile'].get('not_replayed', 'no replays')})"
             if bad
             else ""
         )

@@ -74,11 +74,9 @@ def main(argv=None) -> int:
         "--runs",
         type=run_count,
         default=9,
-        help="how many runs to record (default 9: the stored cpu "
-        "runs' N, "
-        "at which 04's A/A half-width was at most 3 points in 10 of its 10 cells; 7 of 10 at N = "
-        "6, "
-        "docs/verdicts.md)",
+        help="how many runs to record (default 9: the stored cpu runs' N, "
+        "at which 04's A/A half-width was at most 3 points in 10 of its 10 cells; "
+        "7 of 10 at N = 6, docs/verdicts.md)",
     )
     a = ap.parse_args(argv)
     from artifact.cli import USER_OS_ERRORS

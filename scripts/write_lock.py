@@ -81,12 +81,12 @@ def render(pins: dict[str, str]) -> str:
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     head = [
         "# The exact versions the stored runs used: pyproject.toml's dependencies and its dev extra, with",
-        "# everything they pull in (scripts/write_lock.py writes it from the environment it runs in; do "
-        "not edit).",
-        "# scripts/env.sh installs with it: pip install -c requirements.lock -e .[dev] (ARTIFACT_LOCK=0: "
-        "without).",
-        "# A pip constraints file: it pins versions and installs nothing by itself. No CUDA runtime is "
-        "in it.",
+        "# everything they pull in "
+        "(scripts/write_lock.py writes it from the environment it runs in; do not edit).",
+        "# scripts/env.sh installs with it: "
+        "pip install -c requirements.lock -e .[dev] (ARTIFACT_LOCK=0: without).",
+        "# A pip constraints file: it pins versions and installs nothing by itself. "
+        "No CUDA runtime is in it.",
         f"# python: {py}",
     ]
     return "\n".join(head + [f"{n}=={public(v)}" for n, v in sorted(pins.items()) if n != "artifact"]) + "\n"

@@ -16,6 +16,7 @@ from scipy import stats
 from statsmodels.stats.weightstats import DescrStatsW
 
 from artifact.experiments.criteria.timing import CLAIMS
+from artifact.experiments.paired_table import cell_label
 from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.studies import capacity_sweep as cs
 from artifact.experiments.verdicts.judge import PAPER_RESULTS, claim_compared, judge, paper_ruled, rule_stated
@@ -107,7 +108,7 @@ def _plain_effect(reps: Replicas, ratio: float, batch: int) -> float:
 
 
 def test_04_effect_is_the_plain_paired_effect(stored):
-    t = judge(claim_compared(stored, FASTER), FASTER, cs.label)
+    t = judge(claim_compared(stored, FASTER), FASTER, cell_label)
     for c in t.cells:
         want = _plain_effect(stored, c["cell"]["cache_ratio"], c["cell"]["batch_size"])
         assert c["effect"] == pytest.approx(want, abs=0.3)
@@ -116,8 +117,8 @@ def test_04_effect_is_the_plain_paired_effect(stored):
 
 @pytest.mark.parametrize("factor", [0.5, 1.5])
 def test_demands_rows_move_04s_effect(stored, factor):
-    before = judge(claim_compared(stored, FASTER), FASTER, cs.label)
-    after = judge(claim_compared(_scaled(stored, "demand", factor), FASTER), FASTER, cs.label)
+    before = judge(claim_compared(stored, FASTER), FASTER, cell_label)
+    after = judge(claim_compared(_scaled(stored, "demand", factor), FASTER), FASTER, cell_label)
     for b, a in zip(before.cells, after.cells):
         assert a["effect"] == pytest.approx(((1 + b["effect"] / 100) * factor - 1) * 100, abs=1.0)
     # the stand-in A/A (last_step_conservative over demand) moves with demand: the gate speaks
@@ -181,8 +182,8 @@ def test_a_run_that_lacks_a_cell_is_pooled_over_the_runs_that_hold_it(stored):
         return rows[~((rows.cache_ratio == 1.73) & (rows.batch_size == 4))]
 
     partial = Replicas(None, tuple((n, drop(r) if n == "run9" else r) for n, r in stored.stored))
-    full = judge(claim_compared(stored, FASTER), FASTER, cs.label)
-    got = judge(claim_compared(partial, FASTER), FASTER, cs.label)
+    full = judge(claim_compared(stored, FASTER), FASTER, cell_label)
+    got = judge(claim_compared(partial, FASTER), FASTER, cell_label)
     cell = {c["label"]: c for c in got.cells}["C/W 1.73 b=4"]
     assert cell["runs"] == 8 and len(got.cells) == len(full.cells)
     assert got.verdict == full.verdict
@@ -249,8 +250,8 @@ def test_a_planted_effect_in_the_stored_runs_reads_as_it_should(stored, effect, 
     direction claim reads reproduced, not reproduced, and (at 0) never reproduced; its equivalence claim at
     C/W 0.43 reads not reproduced, not reproduced and reproduced."""
     planted = _planted(stored, effect)
-    t_faster = judge(claim_compared(planted, FASTER), FASTER, cs.label)
-    t_equal = judge(claim_compared(planted, EQUAL), EQUAL, cs.label)
+    t_faster = judge(claim_compared(planted, FASTER), FASTER, cell_label)
+    t_equal = judge(claim_compared(planted, EQUAL), EQUAL, cell_label)
     if faster is None:
         assert t_faster.verdict != REPRODUCED, t_faster.reason
     else:

@@ -115,9 +115,8 @@ def main(argv=None) -> int:
         if e.errno not in DISK_ERRORS:
             raise  # anything else is a bug: its traceback
         print(
-            f"error: {e.filename or 'an output'}: {e.strerror}: nothing partial was kept; make room (or "
-            "choose "
-            "another output) and run the same command again: finished work is kept",
+            f"error: {e.filename or 'an output'}: {e.strerror}: nothing partial was kept; "
+            "make room (or choose another output) and run the same command again: finished work is kept",
             file=sys.stderr,
         )
         return 2

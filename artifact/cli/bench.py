@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from artifact.cli.args import add_profile_args, add_submit_args, names, profile_from_args
-from artifact.cli.jobs import command, err
+from artifact.cli.jobs import job_options
 from artifact.errors import ResultFileError, SettingError
 from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.grid import grid, parse_shard
@@ -48,18 +48,7 @@ def cmd_bench_submit(a) -> int:
     P = profile_from_args(a)
     target = Path(a.out or default_out(P))
     extra = ["--submit", a.submit, "--shards", str(a.shards), "--wait"]
-    submit_bench(
-        P,
-        target,
-        a.shards,
-        a.submit,
-        a.wait,
-        a.jobs_dir,
-        command("bench", a, extra),
-        a.poll_seconds,
-        progress=not a.quiet,
-        log=err,
-    )
+    submit_bench(P, target, a.shards, a.submit, a.wait, **job_options(a, "bench", extra))
     return 0
 
 
@@ -111,9 +100,7 @@ def _out_and_shard(b) -> None:
         type=Path,
         default=None,
         help="result CSV (default: data/results/PROFILE/bench.csv, or bench.shard-I-of-N.csv); "
-        "shards and "
-        "reruns may share one: cells are appended under a lock on OUT.lock, a second writer "
-        "waits",
+        "shards and reruns may share one: cells are appended under a lock on OUT.lock, a second writer waits",
     )
     b.add_argument("--shard", default="0/1", help="i/n: run the cells whose index %% n == i (0 <= i < n)")
 

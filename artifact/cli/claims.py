@@ -36,8 +36,7 @@ def cmd_claims(a) -> int:
         if not a.this_run.is_dir():
             raise UserError(
                 f"--this-run {a.this_run}: no such directory (expected a run's claim records, "
-                "e.g. "
-                f"results/{name}/data/)"
+                f"e.g. results/{name}/data/)"
             )
         print(table.render_this_run(name, a.this_run))
         return 0
@@ -50,9 +49,8 @@ def add_cli(subparsers) -> None:
     """Register `claims`."""
     c = subparsers.add_parser(
         "claims",
-        help="the claims table (Markdown) generated from a profile's stored "
-        "claim "
-        "records under data/results/PROFILE/",
+        help="the claims table (Markdown) generated from a profile's stored claim records under "
+        "data/results/PROFILE/",
     )
     c.add_argument("--profile", default="cpu", help="the profile whose records to render (default: cpu)")
     c.add_argument(

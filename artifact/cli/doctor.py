@@ -19,9 +19,8 @@ def add_cli(subparsers) -> None:
     """Register `doctor`."""
     d = subparsers.add_parser(
         "doctor",
-        help="preflight: will the profile's grid fit in GPU and host memory "
-        "and "
-        "on disk, and how long will it take (reads no weights)",
+        help="preflight: will the profile's grid fit in GPU and host memory and on disk, "
+        "and how long will it take (reads no weights)",
     )
     add_profile_args(d)
     d.add_argument(

@@ -30,20 +30,22 @@ def err(s: str) -> None:
     print(s, file=sys.stderr, flush=True)
 
 
-def cmd_trace_all(a) -> int:
-    P = profile_from_args(a)
-    extra = ["--submit", a.submit] + (["--jobs", str(a.jobs)] if a.jobs else []) + ["--wait"]
-    submit_traces(
-        P,
-        a.submit,
-        a.jobs,
-        a.wait,
-        a.jobs_dir,
-        command("trace-all", a, extra),
-        a.poll_seconds,
+def job_options(a, name: str, extra: list[str]) -> dict:
+    """What every submission takes from its command line: the jobs folder, the command that repeats it
+    (`name` with `extra`), the polling interval, and progress and log on stderr."""
+    return dict(
+        folder=a.jobs_dir,
+        rerun=command(name, a, extra),
+        poll_s=a.poll_seconds,
         progress=not a.quiet,
         log=err,
     )
+
+
+def cmd_trace_all(a) -> int:
+    P = profile_from_args(a)
+    extra = ["--submit", a.submit] + (["--jobs", str(a.jobs)] if a.jobs else []) + ["--wait"]
+    submit_traces(P, a.submit, a.jobs, a.wait, **job_options(a, "trace-all", extra))
     return 0
 
 
@@ -51,16 +53,7 @@ def cmd_run_jobs(a) -> int:
     P = profile_from_args(a)
     shards = a.shards or (local_capacity(P) if a.submit == "local" else 1)
     extra = ["--submit", a.submit, "--shards", str(shards)]
-    run_jobs(
-        P,
-        a.submit,
-        shards,
-        a.jobs_dir,
-        command("run-jobs", a, extra),
-        a.poll_seconds,
-        progress=not a.quiet,
-        log=err,
-    )
+    run_jobs(P, a.submit, shards, **job_options(a, "run-jobs", extra))
     return 0
 
 
@@ -76,8 +69,7 @@ def add_cli(subparsers) -> None:
             "run-jobs",
             cmd_run_jobs,
             "the notebooks' heavy stages as jobs (traces, then the bench, "
-            "throttling "
-            "and TIDE-style grids), each waited for and merged",
+            "throttling and TIDE-style grids), each waited for and merged",
         ),
     ):
         t = subparsers.add_parser(name, help=text)

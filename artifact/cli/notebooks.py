@@ -57,11 +57,10 @@ def add_cli(subparsers) -> None:
     n.add_argument(
         "--store",
         action="store_true",
-        help="make this run the committed reference: its figures, their data and its claim "
-        "records into "
-        "figures/PROFILE/ and data/results/PROFILE/, the claim cells' outputs into "
-        "notebooks/ (cpu: "
-        "what nbval checks), and the claims tables (README, docs/claims.md)",
+        help="make this run the committed reference: its figures, "
+        "their data and its claim records into figures/PROFILE/ and data/results/PROFILE/, "
+        "the claim cells' outputs into notebooks/ (cpu: what nbval checks), "
+        "and the claims tables (README, docs/claims.md)",
     )
     n.add_argument("--notebook-dir", type=Path, default=None, help=argparse.SUPPRESS)
     n.add_argument("--results", type=Path, default=None, help=argparse.SUPPRESS)

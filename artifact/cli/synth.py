@@ -23,9 +23,9 @@ def cmd_synth(a: argparse.Namespace) -> None:
     t.save(a.out)
     got = measure(t)
     print(
-        f"{a.out}: {len(t)} demands, {t.accesses} expert accesses; measured W {got['w']:.1f} (asked "
-        f"{p.w:g}), "
-        f"spread {got['w_spread']:.3f} ({p.w_spread:g}), novelty {got['novelty']:.3f} ({p.novelty:g})"
+        f"{a.out}: {len(t)} demands, {t.accesses} expert accesses; "
+        f"measured W {got['w']:.1f} (asked {p.w:g}), spread {got['w_spread']:.3f} ({p.w_spread:g}), "
+        f"novelty {got['novelty']:.3f} ({p.novelty:g})"
     )
 
 

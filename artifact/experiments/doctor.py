@@ -124,8 +124,7 @@ class Report:
         if any(not c.measured_w for c in self.cells):
             lines.append(
                 "  * no current trace for this (task, batch size): W is its upper bound min(E, "
-                "batch x "
-                "block x top-k), so C and the slots are upper bounds too"
+                "batch x block x top-k), so C and the slots are upper bounds too"
             )
         if self.device_bytes is not None:  # the same condition under which _cells adds it to each total
             lines.append(
@@ -271,12 +270,11 @@ def _check_fit(cells: list[Cell], weights: int, device_bytes: int | None, source
     for c in cells:
         if not c.fits(device_bytes):
             raise DoctorError(
-                f"batch {c.batch_size} at C/W {c.cache_ratio:g} (C = {c.capacity}) needs "
-                f"{c.total / GB:.2f} GB of device memory ({weights / GB:.2f} GB weights + "
-                f"{c.slots / GB:.2f} GB slots + {c.kv / GB:.2f} GB KV cache + "
-                f"{c.activations / GB:.2f} GB activations + context) > {device_bytes / GB:.3g} "
-                "GB "
-                f"({source}); lower the batch size or C/W, or use a larger GPU"
+                f"batch {c.batch_size} at C/W {c.cache_ratio:g} (C = {c.capacity}) "
+                f"needs {c.total / GB:.2f} GB of device memory ({weights / GB:.2f} GB weights + "
+                f"{c.slots / GB:.2f} GB slots + {c.kv / GB:.2f} GB KV cache + {c.activations / GB:.2f} GB "
+                f"activations + context) > {device_bytes / GB:.3g} GB ({source}); "
+                "lower the batch size or C/W, or use a larger GPU"
             )
 
 
@@ -354,8 +352,7 @@ def _device_memory(
         if not torch.cuda.is_available():
             raise DoctorError(
                 f"profile {P.name!r} runs on {P.device}, and this machine has no CUDA GPU; "
-                "plan for "
-                "one with --gpu-memory-gb N"
+                "plan for one with --gpu-memory-gb N"
             )
         return (
             torch.cuda.get_device_properties(torch.device(P.device)).total_memory,

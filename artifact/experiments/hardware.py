@@ -41,8 +41,7 @@ GPU_CHECK_H200 = "gpu_check/h200.json"  # under data/: the report the h200 profi
 # under data/: the graphs check of scripts/gpu_run.sh on an H200
 GPU_CHECK_GRAPHS = "gpu_check/h200_graphs.json"
 # What the graphs check measures for the model: the graphs-on host costs in Hardware's terms and the GPU
-# compute
-# of a resident forward per batch size (ms, CUDA events).
+# compute of a resident forward per batch size (ms, CUDA events).
 GRAPHS_FIGURES = ("launch_us", "kernels_per_layer", "copy_host_us", "gpu_forward_ms")
 HOST_SHARE_NOT_COMPUTE = 0.5  # the share of a resident forward's wall above which its host time paces it: its
 # wall is then not the GPU's compute
@@ -87,11 +86,10 @@ HARDWARE: dict[str, Hardware] = {
 SOURCES: dict[str, dict[str, str]] = {
     "a5000": {
         "h2d_gbps": "PCIe 4.0 x16 achieved, offload/links/link.py PCIE4_GBPS (about 80% of the link's 31.5 "
-        "GB/s); "
-        "not measured here",
+        "GB/s); not measured here",
         "copy_latency_us": "offload/links/link.py PCIE_LATENCY_US (stated per-copy setup, not measured)",
-        "bf16_tflops": "NVIDIA RTX A5000 datasheet: 222.2 TFLOPS tensor performance with sparsity; dense is "
-        "half",
+        "bf16_tflops": "NVIDIA RTX A5000 datasheet: 222.2 TFLOPS tensor performance with "
+        "sparsity; dense is half",
         "memory_gbps": "NVIDIA RTX A5000 datasheet: 768 GB/s GDDR6",
         "host": "the H200 machine's host costs (see h200): an A5000 host runs the same Python and launches",
     },
@@ -107,28 +105,24 @@ SOURCES: dict[str, dict[str, str]] = {
         "kernels_per_layer": "gpu_check engine, resident batch 1: launches_per_forward / model layers",
         "copy_host_us": "gpu_check engine, batch 1: least-squares slope of host_ms_per_forward on transfers "
         "per forward over its 6 offloaded runs",
-        "sync_us": "0: inside the measured host time per launch (the run's syncs are among its launches' "
-        "time)",
+        "sync_us": "0: inside the measured host time per launch (the run's syncs are among "
+        "its launches' time)",
         "plan_us": "0: inside the measured host time per launch and per copy",
-        "gpu_compute": "unmeasured until scripts/gpu_run.sh runs on an H200 (h200_graphs, data/gpu_check/"
-        "h200_graphs.json): the CUDA-event time of a resident segmented forward that "
-        "replayed, "
-        "whose host is at most half its wall; meanwhile the physical limit's compute is the "
-        "rooflines' device compute alone (Costs.device_only)",
-        "graphs_on_host": "unmeasured until scripts/gpu_run.sh runs on an H200 (graphs_on(report) raises "
-        "until "
-        "then): launch_us, kernels_per_layer, copy_host_us of the segmented engine, "
-        "replayed",
+        "gpu_compute": "unmeasured until scripts/gpu_run.sh runs on an H200 (h200_graphs, "
+        "data/gpu_check/h200_graphs.json): the CUDA-event time of a resident segmented forward that "
+        "replayed, whose host is at most half its wall; "
+        "meanwhile the physical limit's compute is the rooflines' device compute alone (Costs.device_only)",
+        "graphs_on_host": "unmeasured until scripts/gpu_run.sh runs on an H200 (graphs_on(report) "
+        "raises until then): launch_us, kernels_per_layer, copy_host_us of the segmented engine, replayed",
     },
     "cpu-emulated": {
-        "h2d_gbps": "the emulated link: PCIe 4 (offload/links/link.py PCIE4_GBPS) scaled to the expert's "
-        "size "
-        "(emulated_bandwidth_gbps)",
+        "h2d_gbps": "the emulated link: PCIe 4 (offload/links/link.py PCIE4_GBPS) "
+        "scaled to the expert's size (emulated_bandwidth_gbps)",
         "copy_latency_us": "the emulated link's PCIE_LATENCY_US",
         "expert_us": "performance_model.cpu_emulated on this 2-core machine, batch 1 (2026-12-04): "
-        "python benchmarks/validate_model.py --calibrate; the offloaded engine's compute on a "
-        "link too "
-        "fast to wait on, split by stream.calibrate's share of expert time",
+        "python benchmarks/validate_model.py --calibrate; "
+        "the offloaded engine's compute on a link too fast to wait on, "
+        "split by stream.calibrate's share of expert time",
         "other_us_per_demand": "the same measurement: the rest of the compute per (forward, MoE layer)",
         "copy_host_us": "the same measurement: the slope of run time on copies between C/W 0.43 and 3",
         "plan_us": "0: inside other_us_per_demand (measured on the offloaded engine)",

@@ -22,8 +22,28 @@ from scipy import stats
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.verdicts.pairs import CELL_KEYS, PAIR_KEYS, CellKey, primary, wide
 
-__all__ = ["CELL_KEYS", "PAIR_KEYS", "CellKey", "primary", "paired_table", "format_table", "with_paper"]
+__all__ = [
+    "CELL_KEYS",
+    "PAIR_KEYS",
+    "CellKey",
+    "primary",
+    "paired_table",
+    "format_table",
+    "with_paper",
+    "cell_label",
+]
 CONFIDENCE = thresholds.CONFIDENCE
+
+
+def cell_label(key) -> str:
+    """A cell's name in a verdict's text: its C/W and batch size, then its task and bandwidth scale where
+    they are not the grid's usual ones (gsm8k, x1)."""
+    task, b, ratio, scale = key
+    return (
+        f"C/W {ratio:g} b={b}"
+        + (f" {task}" if task != "gsm8k" else "")
+        + (f" x{scale:g}" if scale != 1 else "")
+    )
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,9 @@ def next_run(profile_name: str, reference: Path | None = None) -> tuple[Path, di
         raise RunsError(
             f"{short_path(dest)}: exists already"
             if dest.exists()
-            else f"{short_path(dest.parent)}: the stored runs are at commit {at}, this checkout at "
-            f"{info['commit']}; a stored result is runs at one commit (move them away to record "
-            "anew)"
+            else f"{short_path(dest.parent)}: the stored runs are at commit {at}, "
+            f"this checkout at {info['commit']}; "
+            "a stored result is runs at one commit (move them away to record anew)"
         )
     return dest, info
 
@@ -67,9 +67,8 @@ def record_run(
     if not files:
         only = ",".join(t.notebook[:2] for t in TIMED_STUDIES)
         raise RunsError(
-            f"{results_dir(P)}: no row files of the timing notebooks ({', '.join(stems)}); run "
-            "them "
-            f"first (python -m artifact notebooks --only {only})"
+            f"{results_dir(P)}: no row files of the timing notebooks ({', '.join(stems)}); "
+            f"run them first (python -m artifact notebooks --only {only})"
         )
     dest, info = next_run(P.name, reference)
     root, k = dest.parent, int(dest.name[3:])

@@ -108,9 +108,8 @@ def read_header(path: Path) -> dict[str, dict]:
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
         if n < 2 or n > HEADER_LIMIT or 8 + n > size:
             raise CheckpointError(
-                f"{path}: not a complete safetensors file ({size} bytes; the header length "
-                "field "
-                f"reads {n}); the file is truncated or damaged: copy it again"
+                f"{path}: not a complete safetensors file ({size} bytes; "
+                f"the header length field reads {n}); the file is truncated or damaged: copy it again"
             )
         try:
             table = json.loads(f.read(n))
@@ -130,9 +129,7 @@ def read_header(path: Path) -> dict[str, dict]:
         if not 0 <= start <= end <= data:
             raise CheckpointError(
                 f"{path}: tensor {name} needs bytes {start}-{end} of the data section, "
-                "which has "
-                f"{data} bytes; the file is truncated ({size} bytes on disk): copy it "
-                "again"
+                f"which has {data} bytes; the file is truncated ({size} bytes on disk): copy it again"
             )
     return table
 
@@ -142,9 +139,8 @@ def _shard_path(root: Path, index: Path, shard) -> Path:
     name = Path(str(shard))
     if not isinstance(shard, str) or not shard or name.is_absolute() or ".." in name.parts:
         raise CheckpointError(
-            f"{index}: shard name {shard!r} is not a file name inside {root} (absolute "
-            "paths and "
-            "'..' would read outside the checkpoint directory)"
+            f"{index}: shard name {shard!r} is not a file name inside {root} "
+            "(absolute paths and '..' would read outside the checkpoint directory)"
         )
     return root / name
 
@@ -188,9 +184,8 @@ class TensorIndex:
                 lacks = [n for n in names if n not in table]
                 if lacks:
                     raise CheckpointError(
-                        f"{index}: names {len(lacks)} tensors in {shard.name} that the "
-                        "shard "
-                        f"lacks (e.g. {lacks[0]}); the index and the shard files disagree"
+                        f"{index}: names {len(lacks)} tensors in {shard.name} that the shard lacks "
+                        f"(e.g. {lacks[0]}); the index and the shard files disagree"
                     )
         elif single.is_file():
             self.tables[single] = read_header(single)

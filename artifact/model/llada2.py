@@ -195,8 +195,8 @@ class MoE(nn.Module):
             served.update(group.experts)
             computed += len(group.experts)
         assert computed == len(experts) and served == set(experts), (
-            f"layer {self.layer}: the backend served {computed} experts ({len(served)} distinct) of "
-            f"{len(experts)}"
+            f"layer {self.layer}: the backend served {computed} experts ({len(served)} distinct) "
+            f"of {len(experts)}"
         )
         # Combine the k outputs of each token in slot order, whatever order experts were computed in.
         return (ys.view(N, k, D).float() * w.unsqueeze(-1)).sum(1).to(x.dtype)
@@ -204,8 +204,7 @@ class MoE(nn.Module):
     # --- the static-shape pieces (forward "segmented", artifact/model/segments.py)
     # ----------------------------
     # Every fed token goes through the router (no data-sized selection); pair_valid (P,) marks the (token,
-    # slot)
-    # pairs of tokens that route. Shapes depend only on B and T, so each piece can be captured once.
+    # slot) pairs of tokens that route. Shapes depend only on B and T, so each piece can be captured once.
     def start(self, h: torch.Tensor, pair_valid: torch.Tensor, predict_next: bool):
         """h (B, T, D) -> flat (N, D), idx (N, k), w (N, k) fp32, counts (E,) or (2E,) with the next layer's
         predicted counts after this layer's, shared (B, T, D) or None. No host read."""

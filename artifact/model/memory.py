@@ -109,10 +109,10 @@ def check_slots_fit(
     if need > free_bytes:
         what = "reserve" if weights_loaded else "non-expert weights and reserve"
         raise ValueError(
-            f"cache capacity {capacity} does not fit on {device}: {capacity} slots x {per_slot / 1e6:.0f} MB "
-            f"(one expert across {len(cfg.moe_layers)} MoE layers) = {capacity * per_slot / 1e9:.1f} GB, "
-            "plus "
-            f"{fixed / 1e9:.1f} GB of {what}, is {need / 1e9:.1f} GB > "
-            f"{free_bytes / 1e9:.1f} GB free; the largest capacity that fits is {budget['max_capacity']}"
+            f"cache capacity {capacity} does not fit on {device}: "
+            f"{capacity} slots x {per_slot / 1e6:.0f} MB (one expert across {len(cfg.moe_layers)} MoE "
+            f"layers) = {capacity * per_slot / 1e9:.1f} GB, plus {fixed / 1e9:.1f} GB of {what}, "
+            f"is {need / 1e9:.1f} GB > {free_bytes / 1e9:.1f} GB free; "
+            f"the largest capacity that fits is {budget['max_capacity']}"
         )
     return budget

@@ -146,8 +146,8 @@ class Program:
         self.valid = torch.ones(B, T, dtype=torch.bool, device=dev)  # tokens that route
         self.st: dict = {}  # tensors passed between segments (graph-owned once captured)
         # The host counts of each MoE layer, sized by its own counts: (2E,) when the next MoE layer's
-        # prediction
-        # rides along, (E,) for the last MoE layer (it has no next router) and without the prediction.
+        # prediction rides along, (E,) for the last MoE layer (it has no next router) and without the
+        # prediction.
         nxt = model.routing.next_router
         self.host = [
             torch.zeros(

@@ -78,12 +78,7 @@ STAT_COLUMNS = (
     "tokens_per_second",
     "forwards",
     "tokens_per_forward",
-    "demand_hits",
-    "demand_misses",
-    "speculative_transfers",
-    "prefetch_hits",
-    "wasted_prefetches",
-    "bytes_h2d",
+    *COUNTS,  # the engine's counts (plans.COUNTS), in its order
     "stall_seconds",
     "link_busy_seconds",
     "achieved_gbps",
@@ -93,9 +88,9 @@ STAT_COLUMNS = (
 # e.g. demand_misses_prefill; each count's phases add up to its total in STAT_COLUMNS.
 PHASE_COLUMNS = tuple(f"{c}_{phase}" for c in COUNTS for phase in PHASES)
 # Per run, the medians over its denoising forwards of the host ms (the forward's CPU time less the time
-# blocked
-# in the router syncs) and of the wall ms (CUDA: an event pair on the compute stream): a GPU cell whose host
-# time is most of its wall time timed the host, not the link (rules.rule_cell, thresholds.HOST_SHARE_LIMIT).
+# blocked in the router syncs) and of the wall ms (CUDA: an event pair on the compute stream): a GPU cell
+# whose host time is most of its wall time timed the host, not the link (rules.rule_cell,
+# thresholds.HOST_SHARE_LIMIT).
 HOST_COLUMNS = ("host_ms_per_forward", "wall_ms_per_forward")
 # The run's arm: "B" for the A/A pair's second run of demand in a repetition, "A" for every other run. Last,
 # so a file written before it has a prefix of these columns.
@@ -185,17 +180,14 @@ def _parse(data: bytes, path: Path):
         missing = []
     if missing == ["weights_fingerprint"]:
         raise ResultFileError(
-            f"{path}: written before bench rows recorded the checkpoint's weights "
-            "fingerprint, so "
-            "its rows cannot be matched to a checkpoint; re-run the bench into a fresh "
-            "--out "
-            "(or move this file away)"
+            f"{path}: written before bench rows recorded the checkpoint's weights fingerprint, "
+            "so its rows cannot be matched to a checkpoint; "
+            "re-run the bench into a fresh --out (or move this file away)"
         )
     if missing and set(missing) == set(PHASE_COLUMNS):
         raise ResultFileError(
             f"{path}: written before bench rows carried per-phase counts (columns such as "
-            f"{PHASE_COLUMNS[0]}); re-run the bench into a fresh --out (or move this file "
-            "away)"
+            f"{PHASE_COLUMNS[0]}); re-run the bench into a fresh --out (or move this file away)"
         )
     if missing:
         raise ResultFileError(f"{path}: not a bench CSV of this version (lacks columns {missing})")
@@ -257,9 +249,8 @@ def read_rows(path: Path | str):
         data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         raise ResultFileError(
-            f"{path}: the last line is torn (an interrupted write); rerun `bench` on this "
-            "file "
-            "to repair it, then read it"
+            f"{path}: the last line is torn (an interrupted write); "
+            "rerun `bench` on this file to repair it, then read it"
         )
     df = _parse(data, path)
     check_rows(df, path)
@@ -333,9 +324,7 @@ def load_for_append(path: Path, P: Settings, log=print):
         _parse(data[:keep], path)  # names an old version's or a foreign file's columns first
         raise ResultFileError(
             f"{path}: its columns are not in this version's order ({', '.join(COLUMNS)}), "
-            "so rows "
-            "cannot be appended to it; re-run into a fresh --out (merge rewrites files in "
-            "order)"
+            "so rows cannot be appended to it; re-run into a fresh --out (merge rewrites files in order)"
         )
     df = _parse(data[:keep], path)
     lines = data[:keep].splitlines(keepends=True)[1:]
@@ -346,9 +335,8 @@ def load_for_append(path: Path, P: Settings, log=print):
         if have and have != [want]:
             raise ResultFileError(
                 f"{path}: rows of {col} {have}, not this profile's {want!r} (settings "
-                f"{', '.join(fingerprint_keys(P))} must match to resume); choose another "
-                "--out or "
-                "move the file"
+                f"{', '.join(fingerprint_keys(P))} must match to resume); "
+                "choose another --out or move the file"
             )
     if header and "arm" not in header.split(",") and has_aa_pair(P):
         raise ResultFileError(
@@ -374,8 +362,8 @@ def load_for_append(path: Path, P: Settings, log=print):
     if notes:
         atomic_write_bytes(path, data[:keep])
         log(
-            f"note: {path}: dropped {' and '.join(notes)}, left by an interrupted append; that cell runs "
-            "again"
+            f"note: {path}: dropped {' and '.join(notes)}, left by an interrupted append; "
+            "that cell runs again"
         )
     check_rows(df, path, expected_runs(P))
     return df.reset_index(drop=True)
@@ -396,11 +384,9 @@ def check_same_model(df, meta: dict, path: Path) -> None:
         have = sorted(set(df[col]))
         if have and have != [meta[col]]:
             raise ResultFileError(
-                f"{path}: rows of model {sorted(set(df.model))} with {what} {have}, not "
-                "this "
-                f"run's {meta['model']} ({meta[col]}); results of different checkpoints "
-                "are never "
-                "mixed: choose a fresh --out or move the file"
+                f"{path}: rows of model {sorted(set(df.model))} with {what} {have}, "
+                f"not this run's {meta['model']} ({meta[col]}); "
+                "results of different checkpoints are never mixed: choose a fresh --out or move the file"
             )
 
 

@@ -66,9 +66,9 @@ def run_claimed(out: Path, todo: list[Cell], run_cell, log=print) -> int:
                 claims.release(cell)
         if later:
             log(
-                f"note: {len(later)} cells (e.g. {later[0]}) were being run by another process writing "
-                f"{out}; "
-                "waiting for each, then running it here only if that process did not finish it"
+                f"note: {len(later)} cells (e.g. {later[0]}) "
+                f"were being run by another process writing {out}; waiting for each, "
+                "then running it here only if that process did not finish it"
             )
         for cell in later:
             claims.take(cell, wait=True)  # returns when the other process finished it or died
@@ -170,9 +170,8 @@ def run_bench(
         note = f"; budget {P.budget_minutes:g} min: {'within' if minutes <= P.budget_minutes else 'OVER'}"
     rows = read_rows(out)
     log(
-        f"bench {P.name}: ran {ran} cells ({ran * len(slots(policies, aa)) * R} timed runs) in {minutes:.2f} "
-        f"min{note}; "
-        f"{len(rows)} rows in {out}"
+        f"bench {P.name}: ran {ran} cells ({ran * len(slots(policies, aa)) * R} timed runs) "
+        f"in {minutes:.2f} min{note}; {len(rows)} rows in {out}"
     )
     return rows
 

@@ -28,8 +28,7 @@ FACTOR = 1.5  # a paper ratio (the oracle's 6.7x) is reproduced within a factor 
 HEADROOM = 0.5  # (06, 2a) last_step "understates" prediction when it removes < half of the misses the
 # oracle removes beyond LRU (the oracle is every predictor's ceiling)
 EVICTION_GAIN = 0.10  # (09) an eviction policy "beats" LRU when it removes more than 10% of LRU's misses: the
-# margin FlashMoE-style reports of +51% hits would clear by far, and FEW's mirror
-# image
+# margin FlashMoE-style reports of +51% hits would clear by far, and FEW's mirror image
 GAP_LEFT = 0.5  # (09) "most of the gap to min is left" when the best eviction closes under half of it
 
 # a GPU timing cell whose host ms per forward exceed this share of its wall ms is host-bound
@@ -39,5 +38,4 @@ HOST_SHARE_LIMIT = 0.5
 
 # (08) the performance model is validated when the median absolute error of its seconds per
 MODEL_ERROR = 0.10
-# step over measured cells is at most 10% (LLM inference simulators such as Vidur
-# report ~9%)
+# step over measured cells is at most 10% (LLM inference simulators such as Vidur report ~9%)

@@ -89,9 +89,8 @@ def store_outputs(
     P = load_profile(profile, {k: v for k, v in overrides.items() if k == "model"})
     if set(overrides) - {"model"} or (P.name == "cpu" and overrides):
         log(
-            "--store keeps the reference of a profile's own settings only (no --set; --model only off the "
-            "cpu "
-            "profile); skipped"
+            "--store keeps the reference of a profile's own settings only (no --set; "
+            "--model only off the cpu profile); skipped"
         )
         return False
     ok = [o.name for o in outcomes if o.status != "FAILED"]
@@ -118,8 +117,8 @@ def store_outputs(
             t = store_traces(P, data / "traces")
             if t:
                 log(
-                    f"stored {t} routing traces into {short_path(data / 'traces')} (the counts' reference "
-                    "input)"
+                    f"stored {t} routing traces into {short_path(data / 'traces')} (the counts' "
+                    "reference input)"
                 )
     if P.name == "cpu":
         directory = Path(notebooks or notebook_dir())

@@ -156,8 +156,7 @@ def small_text(fig, dpi: float, min_pt: float = MIN_FONT_PT) -> list[str]:
         if key not in seen:
             seen.add(key)
             out.append(
-                f"size: {_name(t)} is {t.get_fontsize():g} pt ({t.get_fontsize() * dpi / 72:.1f} px "
-                "at "
+                f"size: {_name(t)} is {t.get_fontsize():g} pt ({t.get_fontsize() * dpi / 72:.1f} px at "
                 f"{dpi:g} dpi), under {min_pt:g} pt"
             )
     return out

@@ -64,6 +64,11 @@ def mark_margin(ax, label: str) -> None:
     ax.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12, label=label)
 
 
+def mark_zero(ax) -> None:
+    """The dotted zero line of an A-over-B axis: no difference."""
+    ax.axhline(0, color="black", lw=1, ls=":")
+
+
 def mark_paper_04(ax, point: bool = True) -> list[float]:
     """The abstract's 04 figures on a demand-over-last_step axis (% tokens/s over C/W): its throughput gain
     (paper.FASTER_PCT, abstract: "improves throughput by ...") as a band over C/W 0.83-1.73

@@ -93,9 +93,8 @@ def check_run(run: Path) -> dict:
     files = man.get("files")
     if not isinstance(files, dict) or not isinstance(man.get(RUN_JSON), str):
         raise RunsError(
-            f"{name}/{MANIFEST}: lacks 'files' or '{RUN_JSON}'; expected each row file's row "
-            "count "
-            "and sha256 and run.json's sha256"
+            f"{name}/{MANIFEST}: lacks 'files' or '{RUN_JSON}'; "
+            "expected each row file's row count and sha256 and run.json's sha256"
         )
     if sha256(run / RUN_JSON) != man[RUN_JSON]:
         raise RunsError(f"{name}/{RUN_JSON}: sha256 differs from {MANIFEST} (edited after it was recorded)")

@@ -25,6 +25,7 @@ from artifact.experiments.outputs.figures import (
     figure_legend,
     interval_fields,
     mark_margin,
+    mark_zero,
     title,
 )
 from artifact.experiments.settings import CONTROL, Settings
@@ -169,8 +170,8 @@ def verdicts(n: Numbers) -> list[Claim]:
     q = question(CLAIM)
     t = judge(n.stall, CLAIM, lambda k: label(k, n.gbps))
     stall = timed_claim(
-        "speculative transfers delay demand transfers: last_step stalls longer than demand at every "
-        "bandwidth, "
+        "speculative transfers delay demand transfers: "
+        "last_step stalls longer than demand at every bandwidth, "
         f"{q} (points of demand's wall time per forward)",
         "speculative loads queue ahead of demand loads on the copy engine (qualitative)",
         t,
@@ -286,7 +287,7 @@ def _stall_intervals(ax3, n: Numbers) -> list[dict]:
                 for k, i in zip(keys, iv)
             ]
     mark_margin(ax3, f"+-{thresholds.MARGIN:g}: the A/A gate (the claim needs every interval above 0)")
-    ax3.axhline(0, color="black", lw=1, ls=":")
+    mark_zero(ax3)
     return rows
 
 
@@ -300,9 +301,9 @@ def _bandwidth_axis(summary, P: Settings) -> tuple[str, dict]:
     if not scaled:
         return "", {g: f"{g:.3g}" for g in pairs.link_gbps}
     return (
-        f"emulated link, scaled to the {P.model} model's experts: one costs what a LLaDA2.0-mini expert "
-        "costs "
-        f"on the PCIe x16 link named (PCIe 4 = {PCIE4_GBPS:g} GB/s)",
+        f"emulated link, scaled to the {P.model} model's experts: "
+        "one costs what a LLaDA2.0-mini expert costs on the PCIe x16 link named "
+        f"(PCIe 4 = {PCIE4_GBPS:g} GB/s)",
         {g: f"{g:.3g}\n~{_pcie(s)}" for g, s in zip(pairs.link_gbps, pairs.bandwidth_scale)},
     )
 

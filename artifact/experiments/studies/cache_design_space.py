@@ -26,7 +26,7 @@ from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, traces
 from artifact.experiments.outputs.figures import title
-from artifact.experiments.paired_table import CELL_KEYS
+from artifact.experiments.paired_table import CELL_KEYS, cell_label
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, question, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
@@ -216,18 +216,9 @@ def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
     return BenchNumbers(best, claim_parts(reps, CLAIM)[best], (int(m["demand"]), int(m[best])))
 
 
-def bench_label(key) -> str:
-    task, b, ratio, scale = key
-    return (
-        f"C/W {ratio:g} b={b}"
-        + (f" {task}" if task != "gsm8k" else "")
-        + (f" x{scale:g}" if scale != 1 else "")
-    )
-
-
 def bench_verdict(b: BenchNumbers) -> Claim:
     q = question(CLAIM)
-    t = judge(merge_others({b.best: b.over_lru}), CLAIM, lambda k: bench_label(k[1]))
+    t = judge(merge_others({b.best: b.over_lru}), CLAIM, lambda k: cell_label(k[1]))
     lru, ours = b.misses
     return timed_claim(
         f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end: {q} "
@@ -320,11 +311,9 @@ def eviction_claim(n: Numbers) -> Claim:
     )
     return Claim(
         f"[own result] an eviction policy removes more than {thresholds.EVICTION_GAIN:.0%} of LRU's demand "
-        "misses (no "
-        "prefetch) at some batch size and C/W",
-        f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4, over "
-        "the "
-        f"{BASIS_SHORT[n.basis]}",
+        "misses (no prefetch) at some batch size and C/W",
+        f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4, "
+        f"over the {BASIS_SHORT[n.basis]}",
         "largest share removed per eviction: "
         + ", ".join(f"{k} {v:+.1%}" for k, v in sorted(n.removed.items(), key=lambda kv: -kv[1])),
         verdict,
@@ -351,9 +340,8 @@ def gap_claim(n: Numbers) -> Claim:
     return Claim(
         f"[own result] most of the gap is left: the best eviction ({label(n.best)}) closes less than half of "
         "LRU's gap to min, pooled over C/W and batch sizes",
-        f"{OWN}; gap = LRU's misses - min's (min: relaxed MIN, the floor of any demand-paging schedule), "
-        "over the "
-        f"{BASIS_SHORT[n.basis]}",
+        f"{OWN}; gap = LRU's misses - min's (min: relaxed MIN, "
+        f"the floor of any demand-paging schedule), over the {BASIS_SHORT[n.basis]}",
         f"share of the gap closed: pooled {n.gap_closed['pooled']:.0%}; "
         + ", ".join(f"C/W {r:g}: {v:.0%}" for r, v in sorted(per.items())),
         verdict,
@@ -394,8 +382,7 @@ def libcachesim_claim(check: pd.DataFrame) -> Claim:
     differ = int(check.requests_that_differ.sum())
     return Claim(
         "[own result] libCacheSim's LRU, fed each demand's resident experts first and then its misses, "
-        "equals "
-        "the demand policy on every request",
+        "equals the demand policy on every request",
         f"{OWN}; libCacheSim {_lcs_version()} as an independent oracle",
         f"{differ} of {int(check.requests.sum())} requests differ over {len(check)} trace x C/W pairs",
         verdict_of(differ == 0),

@@ -28,9 +28,10 @@ from artifact.experiments.outputs.figures import (
     mark_clipped,
     mark_margin,
     mark_paper_04,
+    mark_zero,
     title,
 )
-from artifact.experiments.paired_table import CELL_KEYS, paired_table
+from artifact.experiments.paired_table import CELL_KEYS, cell_label, paired_table
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.verdicts.judge import claim_cells, claim_compared, judge, question, timed_claim
 from artifact.experiments.verdicts.pairs import AA
@@ -101,15 +102,6 @@ def cells_table(n: Numbers) -> pd.DataFrame:
     return pd.DataFrame(out).round(2)
 
 
-def label(key) -> str:
-    task, b, ratio, scale = key
-    return (
-        f"C/W {ratio:g} b={b}"
-        + (f" {task}" if task != "gsm8k" else "")
-        + (f" x{scale:g}" if scale != 1 else "")
-    )
-
-
 def verdicts(n: Numbers) -> list[Claim]:
     lo, hi = paper.FASTER_RANGE
     counting = "tokens/s per run, demand over last_step % per pair, one interval per cell (task, batch, C/W)"
@@ -126,7 +118,7 @@ def verdicts(n: Numbers) -> list[Claim]:
     ]
     if claim_cells(n.timed, FASTER_CLAIM).effects:
         q = question(FASTER_CLAIM)
-        t = judge(n.timed, FASTER_CLAIM, label)
+        t = judge(n.timed, FASTER_CLAIM, cell_label)
         claims.append(
             timed_claim(
                 f"demand-async is faster than async last-step prefetch at C/W {lo:g}-{hi:g}: {q}",
@@ -137,12 +129,11 @@ def verdicts(n: Numbers) -> list[Claim]:
         )
     if claim_cells(n.timed, EQUAL_CLAIM).effects:
         q = question(EQUAL_CLAIM)
-        t = judge(n.timed, EQUAL_CLAIM, label)
+        t = judge(n.timed, EQUAL_CLAIM, cell_label)
         claims.append(
             timed_claim(
                 f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not "
-                "differ: "
-                f"{q} (equivalence)",
+                f"differ: {q} (equivalence)",
                 paper.paired_text(paper.AT_LOW, "%"),
                 t,
                 counting,
@@ -207,7 +198,7 @@ def plot(n: Numbers, P: Settings):
             drawn.append((ax, x, ruled, color))
             rows += _rows(name, keys, ruled, pooled)
             keep += _marks(ax, name)
-            ax.axhline(0, color="black", lw=1, ls=":")
+            mark_zero(ax)
             ax.set_title(f"{name}, b={b}", fontsize=9)
             if c == 0:
                 ax.set_ylabel("% tokens/s")

@@ -72,15 +72,14 @@ def prefill_text(ts) -> str:
     """The sentence notebook 02 prints on why its verdicts count denoising steps only."""
     m = prefill_multiples(ts)
     size = (
-        f"a prefill forward demands {min(m):.1f}-{max(m):.1f}x the denoising steps' W on these {len(m)} "
-        "traces"
+        f"a prefill forward demands {min(m):.1f}-{max(m):.1f}x the denoising steps' W on "
+        f"these {len(m)} traces"
         if m
         else "these traces have no prefill forwards"
     )
     return (
-        "The verdicts count denoising steps only (this artifact's choice: the abstract does not say which "
-        "forwards its oracle figure counts), and "
-        f"{size}, "
+        "The verdicts count denoising steps only (this artifact's choice: "
+        f"the abstract does not say which forwards its oracle figure counts), and {size}, "
         "a one-off demand that no step-to-step predictor sees coming."
     )
 

@@ -164,9 +164,8 @@ def style_verdict(n: StyleNumbers) -> Claim:
     q = question(CLAIM)
     t = judge(n.timed, CLAIM, label)
     return timed_claim(
-        "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, at the budget and "
-        "half "
-        f"({q}: non-superiority)",
+        "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, "
+        f"at the budget and half ({q}: non-superiority)",
         "interval refresh does not beat LRU",
         t,
         "tokens/s per run, interval_refresh over demand % per pair, one interval per cell (task, C/W)",

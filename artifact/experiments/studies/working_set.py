@@ -74,8 +74,7 @@ def measured_text(n: Numbers) -> str:
     worst = min(n.reuse_by_task, key=n.reuse_by_task.get)
     return (
         f"mean W {n.mean_working_set:.0f} experts/layer/step; share of D(t, l) in D(t-1, l) "
-        f"{n.reuse:.2f} "
-        f"(lowest task {worst}: {n.reuse_by_task[worst]:.2f}), Jaccard {n.jaccard:.2f}; "
+        f"{n.reuse:.2f} (lowest task {worst}: {n.reuse_by_task[worst]:.2f}), Jaccard {n.jaccard:.2f}; "
         f"share of the denoising steps' demands already resident under LRU at C/W = {n.lru_ratio:g}: "
         f"{n.lru_resident:.2f}"
     )
@@ -86,9 +85,8 @@ def verdicts(n: Numbers) -> list[Claim]:
     return [
         Claim(
             "expert routing is very stable from one denoising step to the next",
-            f"qualitative (no figure); judged: >= {thresholds.STABLE:.0%} of D(t, l) already in D(t-1, "
-            "l) on "
-            "every task",
+            f"qualitative (no figure); judged: >= {thresholds.STABLE:.0%} of D(t, l) already in "
+            "D(t-1, l) on every task",
             measured_text(n),
             verdict_of(all(v >= thresholds.STABLE for v in n.reuse_by_task.values())),
             counting=f"{DENOISING}: W, the reuse of D(t-1, l) and the share resident under LRU",
@@ -106,10 +104,8 @@ def reading(ws) -> str:
     sizes = ", ".join(f"{w:.0f} at batch size {b}" for b, w in by_size.items())
     return (
         f"At batch size {b0}, mean W over layers goes from {by_step.iloc[0]:.0f} experts at the first "
-        "denoising "
-        f"step of a block to {by_step.iloc[-1]:.0f} at the last (range "
-        f"{by_step.min():.0f}-{by_step.max():.0f}); "
-        f"mean W by batch size: {sizes}."
+        f"denoising step of a block to {by_step.iloc[-1]:.0f} at the last (range "
+        f"{by_step.min():.0f}-{by_step.max():.0f}); mean W by batch size: {sizes}."
     )
 
 

@@ -182,11 +182,9 @@ def plan_bench(P: Settings, target: Path, n: int) -> BenchPlan:
     ]
     if others:
         raise SubmitError(
-            f"{', '.join(map(str, sorted(others)))}: shard files of another shard count; merge "
-            "them "
-            f"into {target} first (python -m artifact merge "
-            f"{target.parent}/{target.stem}.shard-*.csv "
-            f"--out {target} --partial) or move them away"
+            f"{', '.join(map(str, sorted(others)))}: shard files of another shard count; "
+            f"merge them into {target} first (python -m artifact merge "
+            f"{target.parent}/{target.stem}.shard-*.csv --out {target} --partial) or move them away"
         )
     todo = {}
     for i in range(n):
@@ -196,9 +194,8 @@ def plan_bench(P: Settings, target: Path, n: int) -> BenchPlan:
         twice = done & in_target
         if twice:
             raise SubmitError(
-                f"{f} holds {len(twice)} cells that {target} already has (left over from an "
-                "earlier "
-                f"merge?); delete {f} or merge by hand"
+                f"{f} holds {len(twice)} cells that {target} already has (left over from an earlier merge?); "
+                f"delete {f} or merge by hand"
             )
         todo[i] = [c for c in mine if c.key not in done and c.key not in in_target]
     return BenchPlan(P, target, n, frozenset(in_target), todo)
@@ -299,9 +296,8 @@ def submit_traces(
     todo = [j for j in trace_jobs(P) if not trace_current(P, *j)]
     folder = Path(folder or jobs_dir(P)) / "traces"
     log(
-        f"traces {P.name}: {len(trace_jobs(P))} (task, batch size) pairs, {len(trace_jobs(P)) - len(todo)} "
-        "current, "
-        f"{len(todo)} to record ({backend}; logs in {folder})"
+        f"traces {P.name}: {len(trace_jobs(P))} (task, batch size) pairs, "
+        f"{len(trace_jobs(P)) - len(todo)} current, {len(todo)} to record ({backend}; logs in {folder})"
     )
     if not todo:
         return todo

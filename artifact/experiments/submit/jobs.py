@@ -77,8 +77,7 @@ def slurm_parameters(P: Settings, count: int, name: str) -> dict:
         "time": s.time_minutes,
         "cpus_per_task": s.cpus_per_task,
         "array_parallelism": min(count, s.array_parallelism or count),
-        # the requeue signal comes this long before the time limit (submitit's 90 s, less for short
-        # limits)
+        # the requeue signal comes this long before the time limit (submitit's 90 s, less for short limits)
         "signal_delay_s": min(90, 15 * s.time_minutes),
     }
     for key in ("partition", "account", "qos", "constraint"):
@@ -243,8 +242,8 @@ def wait_jobs(
         err = _outcome(job)
         if isinstance(err, submitit.core.utils.UncompletedJobError):
             msg = (
-                f"it ended without a result (state {job.state}): killed, cancelled, out of memory "
-                "or out of time"
+                f"it ended without a result (state {job.state}): killed, cancelled, "
+                "out of memory or out of time"
             )
             failures.append(Failure(label, str(job.job_id), msg, job.paths.stderr, job.paths.stdout))
         elif err is not None:

@@ -105,9 +105,8 @@ def check_tide(path, device: str = "cuda", import_module: bool = True) -> TideIn
         lacking = [a for a in needed if a not in sigs[name]]
         if lacking:
             raise ValueError(
-                f"{modeling}: {MODEL_CLASS}.{name}() lacks arguments {lacking}; this adapter "
-                "was "
-                f"written against {WRITTEN_AGAINST}"
+                f"{modeling}: {MODEL_CLASS}.{name}() lacks arguments {lacking}; "
+                f"this adapter was written against {WRITTEN_AGAINST}"
             )
     _check_sampling(methods, modeling)
     imports = sorted(
@@ -137,12 +136,9 @@ def check_tide(path, device: str = "cuda", import_module: bool = True) -> TideIn
     )
     if not info.pinned:
         warnings.warn(
-            f"{modeling} is not the model file of {WRITTEN_AGAINST} (git blob "
-            f"{info.modeling_sha[:12]}, "
-            f"pinned {PINNED_MODELING_BLOB[:12]}); its interface checks passed, but results may "
-            "differ "
-            f"from the pinned revision's (git -C {root} checkout "
-            f"{TIDE_REVISION[:7]})",
+            f"{modeling} is not the model file of {WRITTEN_AGAINST} (git blob {info.modeling_sha[:12]}, "
+            f"pinned {PINNED_MODELING_BLOB[:12]}); its interface checks passed, "
+            f"but results may differ from the pinned revision's (git -C {root} checkout {TIDE_REVISION[:7]})",
             stacklevel=2,
         )
     if import_module:
@@ -244,11 +240,11 @@ def _check_sampling(methods: dict[str, ast.FunctionDef], where: Path) -> None:
         ):
             return
     raise ValueError(
-        f"{where}: {MODEL_CLASS}.generate() accepts do_sample but no sampler it calls branches "
-        "on it, "
-        "so do_sample=False would still sample (TIDE before commit 0d8c547, 'add deterministic "
-        f"method', always drew with torch.multinomial); check out {WRITTEN_AGAINST} "
-        f"(git checkout {TIDE_REVISION[:7]}), the revision this adapter was written against"
+        f"{where}: {MODEL_CLASS}.generate() accepts do_sample but no sampler it calls branches on it, "
+        "so do_sample=False would still sample (TIDE before commit 0d8c547, "
+        "'add deterministic method', always drew with torch.multinomial); "
+        f"check out {WRITTEN_AGAINST} (git checkout {TIDE_REVISION[:7]}), "
+        "the revision this adapter was written against"
     )
 
 

@@ -79,9 +79,9 @@ def tide_arguments(
     eff_steps = min(steps, block_length)  # our schedule's cap; TIDE's is gen_length
     if gen_length < eff_steps:
         raise ValueError(
-            f"gen_length={gen_length} < steps={eff_steps}: TIDE would cap its steps at "
-            "gen_length "
-            f"and use another transfer schedule than ours; use gen_length >= {eff_steps}"
+            f"gen_length={gen_length} < steps={eff_steps}: "
+            "TIDE would cap its steps at gen_length and use another transfer schedule than ours; "
+            f"use gen_length >= {eff_steps}"
         )
     if not eos_early_stop:
         raise ValueError(
@@ -265,9 +265,8 @@ def open_tide(
     TIDE runs with `threads` torch threads (default: the machine's cores; see tide_threads)."""
     if dtype not in ("bfloat16", "bf16", torch.bfloat16):
         raise ValueError(
-            f"dtype {dtype!r}: TIDE's generate builds its attention mask in bfloat16, so its "
-            "model "
-            "runs in bfloat16 only (compare with our engine in bfloat16 too)"
+            f"dtype {dtype!r}: TIDE's generate builds its attention mask in bfloat16, "
+            "so its model runs in bfloat16 only (compare with our engine in bfloat16 too)"
         )
     info = check_tide(tide_path, device)
     root = check_checkpoint(checkpoint)
@@ -303,17 +302,13 @@ def run_tide(
     warmup: bool = True,
     task: str | None = None,
     cache_ratio: float | None = None,
-    device: str = "cuda",
-    dtype: str = "bfloat16",
-    mask_id: int | None = None,
-    eos_id: int | None = None,
-    block_length: int = 32,
-    collect_stats: bool = True,
-    threads: int | None = None,
+    **options,
 ) -> list[dict]:
     """Time TIDE's released generate on `prompts` (token lists): one row per repetition over all prompts.
-    jump_steps=1 is TIDE's own default (its main.py uses 2, eval.sh sweeps 1-31). mask/eos ids default to
-    the checkpoint's config.json, else LLaDA2.0's. device="cpu" only serves a stand-in TIDE (the tests')."""
+    jump_steps=1 is TIDE's own default (its main.py uses 2, eval.sh sweeps 1-31). `options` are open_tide's
+    (device, dtype, mask_id, eos_id, block_length, collect_stats, threads) with its defaults: mask/eos ids
+    from the checkpoint's config.json, else LLaDA2.0's; device="cpu" only serves a stand-in TIDE (the
+    tests')."""
     check_prompts(prompts, reps)
     run = open_tide(
         tide_path,
@@ -321,14 +316,8 @@ def run_tide(
         budget_experts,
         jump_steps,
         dc,
-        device=device,
-        dtype=dtype,
-        mask_id=mask_id,
-        eos_id=eos_id,
-        block_length=block_length,
-        collect_stats=collect_stats,
         warmup_prompt=prompts[0] if warmup else None,
-        threads=threads,
+        **options,
     )
     return [run.measure(prompts, rep, task, cache_ratio)[0] for rep in range(reps)]
 

@@ -144,12 +144,15 @@ def probe_in_child(device: torch.device, timeout_s: float = 120.0) -> tuple[bool
     """probe_memcpy_batch in a fresh interpreter: (passed, its note, or how the child failed)."""
     if os.environ.get(NO_BATCH_ENV, "") not in ("", "0"):
         return False, f"{NO_BATCH_ENV} is set"
-    code = (
-        "import sys, torch\n"
-        "from artifact.offload.links.cuda_batch import probe_memcpy_batch\n"
-        f"issue, note = probe_memcpy_batch(torch.device('cuda', {device.index}))\n"
-        "print(note)\n"
-        "sys.exit(0 if issue is not None else 3)\n"
+    code = "\n".join(
+        [
+            "import sys, torch",
+            "from artifact.offload.links.cuda_batch import probe_memcpy_batch",
+            f"issue, note = probe_memcpy_batch(torch.device('cuda', {device.index}))",
+            "print(note)",
+            "sys.exit(0 if issue is not None else 3)",
+            "",
+        ]
     )
     # the checkout this module came from
     root = str(pathlib.Path(__file__).resolve().parents[__name__.count(".")])

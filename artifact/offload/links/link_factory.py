@@ -51,8 +51,8 @@ def make_link(
         bandwidth_gbps = emulated_bandwidth_gbps(expert_bytes)
     if chunk_bytes is None and priority == "demand":
         # One expert per chunk: a demand copy waits for at most one speculative expert copy. Smaller chunks
-        # pay
-        # the per-copy latency again each (measured: 1/6-expert chunks made demand priority slower than fifo).
+        # pay the per-copy latency again each (measured: 1/6-expert chunks made demand priority slower than
+        # fifo).
         chunk_bytes = expert_bytes if expert_bytes else REFERENCE_CHUNK_BYTES
     if clock is not None:  # virtual time (timeline.VirtualClock): copies of `expert_bytes` each
         return EmulatedLink(

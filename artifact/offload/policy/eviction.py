@@ -97,9 +97,8 @@ class _ScoredEviction(Eviction):
 
     def victim_keys(self, i, residents):
         # score first, then last use, as one complex key: numpy orders complex numbers by their real part,
-        # then
-        # their imaginary part (np.sort), so its argsort is lexsort((stamp, score))'s; stamps are exact in
-        # float64 (< 2**53), and the cache's never-evict mark (int64 max) exceeds every score
+        # then their imaginary part (np.sort), so its argsort is lexsort((stamp, score))'s; stamps are exact
+        # in float64 (< 2**53), and the cache's never-evict mark (int64 max) exceeds every score
         return self.current_row(i)[residents] + self._stamp_rows[i][residents] * 1j
 
 

@@ -71,8 +71,7 @@ def register(cls: type[Policy]) -> type[Policy]:
     )
     if files and files[0] != files[1]:  # a class of the same file (a module imported twice) replaces
         raise TypeError(
-            f"policy name {cls.name!r} is taken by {old.__module__}.{old.__qualname__} "
-            f"({files[0]}); "
+            f"policy name {cls.name!r} is taken by {old.__module__}.{old.__qualname__} ({files[0]}); "
             f"give {cls.__qualname__} another name"
         )
     POLICIES[cls.name] = cls
@@ -129,9 +128,8 @@ def split_spec(spec: str) -> tuple[str, str | None]:
     head, plus, tail = spec.partition("+")
     if plus and ("+" in tail or not tail.strip() or not head.strip()):
         raise SettingError(
-            f"policy spec {spec!r}: expected 'prefetch[:opts]+eviction[:opts]' (one '+', a "
-            "name "
-            f"on each side), e.g. 'last_step+token_lru'"
+            f"policy spec {spec!r}: expected 'prefetch[:opts]+eviction[:opts]' (one '+', "
+            "a name on each side), e.g. 'last_step+token_lru'"
         )
     return head, (tail if plus else None)
 
@@ -159,22 +157,19 @@ def parse_spec(spec: str) -> tuple[type[Policy], dict[str, Any], type[Eviction],
     cls = POLICIES.get(name.strip())
     if cls is None and name.strip() in SIMULATOR_BOUNDS:
         raise SettingError(
-            f"{name.strip()!r} is a bound (bounds.relaxed_min, the demand-paging floor), not "
-            "a cache "
-            "policy: the engine, the bench and a profile's policy lists do not take it; the "
-            "simulator replays it (python -m artifact simulate --policies demand,belady,min; "
+            f"{name.strip()!r} is a bound (bounds.relaxed_min, the demand-paging floor), "
+            "not a cache policy: the engine, the bench and a profile's policy lists do not take it; "
+            "the simulator replays it (python -m artifact simulate --policies demand,belady,min; "
             "notebook 02 adds it)"
         )
     if cls is None and name.strip() in EVICTIONS:
         raise SettingError(
-            f"{name.strip()!r} is an eviction policy, not a prefetch policy: combine it with "
-            "one, "
+            f"{name.strip()!r} is an eviction policy, not a prefetch policy: combine it with one, "
             f"e.g. 'demand+{head.strip()}' (LRU's place in the demand policy)"
         )
     if cls is None:
         raise SettingError(
-            f"unknown policy {name.strip()!r}; choose one of {sorted(POLICIES)} (a policy of "
-            "your own: "
+            f"unknown policy {name.strip()!r}; choose one of {sorted(POLICIES)} (a policy of your own: "
             "name its module with --policy-module or the profile key policy_modules)"
         )
     options = _options("policy", cls, spec, rest)

@@ -83,12 +83,10 @@ class CrossLayer(Policy):
         if self.predicted is None:
             raise ValueError(
                 "policy 'cross_layer' needs the cross-layer prediction of each demand (Demand.predicted: "
-                "the "
-                f"next MoE layer's router on this layer's hidden states), and demand {self.position} (MoE "
-                "layer "
-                f"{i}) has none: run the model with the prediction switched on, or replay a trace that "
-                "records "
-                "it (trace schema 2)"
+                "the next MoE layer's router on this layer's hidden states), "
+                f"and demand {self.position} (MoE layer {i}) has none: "
+                "run the model with the prediction switched on, "
+                "or replay a trace that records it (trace schema 2)"
             )
         e, c = self.predicted
         return Prediction(i + 1, np.asarray(e, dtype=np.int64), np.asarray(c, dtype=np.int64))

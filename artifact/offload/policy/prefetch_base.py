@@ -124,9 +124,9 @@ class TraceFuture:
             return
         if self.index[position] != i or not np.array_equal(te, experts):  # forward indices restart per batch
             raise TraceError(
-                f"demand {position} (layer index {i}) differs from the trace's (forward "
-                f"{self.forward[position]}, layer index {self.index[position]}): not the same "
-                "run"
+                f"demand {position} (layer index {i}) "
+                f"differs from the trace's (forward {self.forward[position]}, "
+                f"layer index {self.index[position]}): not the same run"
             )
 
     def next_uses(self) -> list[np.ndarray]:

@@ -178,8 +178,7 @@ def _novelty_stats(
     at_start = dn & has & (step == 0)
     novelty = float(new_share[within].mean()) if within.any() else 0.0
     # Persistence from the step-to-step differences of the residuals, E (e(s) - e(s-1))^2 = 2 sigma^2 (1 -
-    # rho)
-    # plus both steps' rounding variance: differences are blind to the layer means the profile fitted (a
+    # rho) plus both steps' rounding variance: differences are blind to the layer means the profile fitted (a
     # lag-1 covariance would lose their variance, biasing rho low by about var(mean z of a layer)).
     res_all, rnd = np.full(len(trace), np.nan), np.full(len(trace), np.nan)
     res_all[dn], rnd[dn] = prof.resid, prof.rounding

@@ -36,7 +36,7 @@ import numpy as np
 
 from artifact.errors import SettingError
 from artifact.offload.links.link import REFERENCE_EXPERT_BYTES
-from artifact.offload.replay.trace import KINDS, Trace
+from artifact.offload.replay.trace import KINDS, Trace, demand_columns
 from artifact.validate import check_number
 
 PREFILL, DENOISE = KINDS.index("prefill"), KINDS.index("denoise")
@@ -111,8 +111,7 @@ class SynthParams:
         if peak > wmax:
             raise SettingError(
                 f"the W profile peaks at {peak:.1f} experts, more than min(E, tokens * top_k) "
-                "= "
-                f"{wmax}: lower w, w_depth, w_growth or w_first"
+                f"= {wmax}: lower w, w_depth, w_growth or w_first"
             )
         nu = max(self.novelty, self.block_novelty)
         if peak * (1 + nu) > self.experts:
@@ -124,8 +123,7 @@ class SynthParams:
         if self.prefill and self.prefill * self.w * _depth(self).max() > self.experts:
             raise SettingError(
                 f"prefill W = {self.prefill:g} x w = {self.prefill * self.w:.1f} (at most "
-                f"{self.prefill * self.w * _depth(self).max():.1f} by depth) exceeds E = "
-                f"{self.experts}"
+                f"{self.prefill * self.w * _depth(self).max():.1f} by depth) exceeds E = {self.experts}"
             )
         accesses = self.sequences * (
             self.blocks * self.steps * self.w + self.batch_size * self.prefill * self.w
@@ -213,8 +211,6 @@ def _follow(rng: np.random.Generator, prev: np.ndarray, W: int, nu: float, E: in
 
 
 def _trace(p: SynthParams, rows, sets, counts, expert_bytes: int) -> Trace:
-    r = np.array(rows, dtype=np.int64).reshape(-1, 5)
-    lengths = np.array([len(d) for d in sets], dtype=np.int64)
     digest = hashlib.sha1(json.dumps(asdict(p), sort_keys=True).encode()).hexdigest()[:12]
     meta = {
         "model": "synthetic",
@@ -230,12 +226,7 @@ def _trace(p: SynthParams, rows, sets, counts, expert_bytes: int) -> Trace:
     }
     t = Trace(
         meta=meta,
-        forward=r[:, 0].astype(np.int32),
-        layer=r[:, 1].astype(np.int16),
-        block=r[:, 2].astype(np.int32),
-        block_step=r[:, 3].astype(np.int32),
-        kind=r[:, 4].astype(np.uint8),
-        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        **demand_columns(rows, sets),
         experts=np.concatenate(sets).astype(np.int16),
         counts=np.concatenate(counts).astype(np.int32),
     )

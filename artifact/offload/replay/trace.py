@@ -34,6 +34,26 @@ ARRAYS = ("forward", "layer", "block", "block_step", "kind", "offsets", "experts
 PRED_ARRAYS = ("pred_offsets", "pred_experts", "pred_counts")  # schema 2, optional
 
 
+def offsets_of(sets) -> np.ndarray:
+    """(N+1,) offsets into the concatenation of `sets`: sets[n] is flat[offsets[n]:offsets[n + 1]]."""
+    lengths = np.array([len(s) for s in sets], dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def demand_columns(rows, sets) -> dict:
+    """A trace's per-demand arrays, in its dtypes: the columns of `rows` (forward, layer, block, block_step,
+    kind) and the offsets of each demand's experts `sets` in the flat experts and counts arrays."""
+    r = np.array(rows, dtype=np.int64).reshape(-1, 5)
+    return dict(
+        forward=r[:, 0].astype(np.int32),
+        layer=r[:, 1].astype(np.int16),
+        block=r[:, 2].astype(np.int32),
+        block_step=r[:, 3].astype(np.int32),
+        kind=r[:, 4].astype(np.uint8),
+        offsets=offsets_of(sets),
+    )
+
+
 class TraceRecorder:
     """A demand listener (model.listening(recorder)). Forward indices run on across generate calls,
     so one trace can hold a whole task of several batches."""
@@ -57,25 +77,17 @@ class TraceRecorder:
         self.predicted.append(d.predicted)
 
     def trace(self, meta: dict) -> "Trace":
-        rows = np.array(self.rows, dtype=np.int64).reshape(-1, 5)
-        lengths = np.array([len(e) for e in self.experts], dtype=np.int64)
         pred = {}
         if any(p is not None for p in self.predicted):
             preds = [p or ((), ()) for p in self.predicted]
-            plen = np.array([len(e) for e, _ in preds], dtype=np.int64)
             pred = dict(
-                pred_offsets=np.concatenate([[0], np.cumsum(plen)]).astype(np.int64),
+                pred_offsets=offsets_of([e for e, _ in preds]),
                 pred_experts=np.fromiter((x for e, _ in preds for x in e), dtype=np.int16),
                 pred_counts=np.fromiter((x for _, c in preds for x in c), dtype=np.int32),
             )
         return Trace(
             meta=dict(meta),
-            forward=rows[:, 0].astype(np.int32),
-            layer=rows[:, 1].astype(np.int16),
-            block=rows[:, 2].astype(np.int32),
-            block_step=rows[:, 3].astype(np.int32),
-            kind=rows[:, 4].astype(np.uint8),
-            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            **demand_columns(self.rows, self.experts),
             experts=np.fromiter((x for e in self.experts for x in e), dtype=np.int16),
             counts=np.fromiter((x for c in self.counts for x in c), dtype=np.int32),
             **pred,
@@ -258,8 +270,7 @@ class Trace:
         if bad:
             raise TraceError(
                 f"{where}: arrays hold {bad}, expected integers (expert ids, layers, steps, "
-                "counts "
-                "and offsets are whole numbers)"
+                "counts and offsets are whole numbers)"
             )
         flat = [a for a in ARRAYS if getattr(self, a).ndim != 1]
         if flat:
@@ -267,8 +278,7 @@ class Trace:
         E, layers = self.meta.get("num_experts"), self.meta.get("moe_layers")
         if not _is_int(E) or not isinstance(layers, list) or not all(_is_int(x) for x in layers):
             raise TraceError(
-                f"{where}: metadata needs num_experts (an integer) and moe_layers (a list of "
-                "integers), "
+                f"{where}: metadata needs num_experts (an integer) and moe_layers (a list of integers), "
                 f"got {E!r} and {layers!r}"
             )
         n = len(self.forward)

@@ -13,7 +13,14 @@ import pandas as pd
 from artifact.experiments.bench.results import same_tokens
 from artifact.experiments.counting import BASIS_SHORT, EXACT, PER_RUN, on_basis
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, interval_fields, mark_margin, title
+from artifact.experiments.outputs.figures import (
+    COLORS,
+    CONTROL_COLOR,
+    interval_fields,
+    mark_margin,
+    mark_zero,
+    title,
+)
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.beyond_the_paper.misses import BOUNDS, MIN, OWN, count_claims, counts
 from artifact.experiments.studies.beyond_the_paper.throughput import CLAIM, PRIORITIES, priority_claim
@@ -58,9 +65,8 @@ def numbers(summary, table, reps: Replicas) -> Numbers:
 def verdicts(n: Numbers) -> list[Claim]:
     claims = [
         Claim(
-            "[own result] offloading changes time, never results: every policy under both link "
-            "priorities "
-            "decoded the same tokens in every cell",
+            "[own result] offloading changes time, never results: "
+            "every policy under both link priorities decoded the same tokens in every cell",
             f"{OWN}; the engine is exact (design invariant)",
             f"{n.same_cells} of {n.cells} cells identical",
             verdict_of(n.same_cells == n.cells),
@@ -191,7 +197,7 @@ def _throughput_panel(ax, pr: str, series: dict) -> list[dict]:
                 for c, i in zip(keys, iv)
             ]
     mark_margin(ax, f"+-{thresholds.MARGIN:g}% (margin)")
-    ax.axhline(0, color="black", lw=1, ls=":")
+    mark_zero(ax)
     ax.set(
         xlabel="cache capacity C/W",
         ylabel=EFFECT_LABEL,

@@ -157,17 +157,16 @@ def cross_layer_claim(bases: dict[str, Counts], basis: str) -> Claim:
     return Claim(
         "[own result] (2b) a better predictor exists: the cross-layer predictor (layer l+1's router on layer "
         "l's hidden states) removes more of LRU's misses than last_step at every C/W",
-        f"{OWN}; judged on exact replay: cross_layer's misses removed > last_step's at every C/W, over the "
-        f"{on}",
+        f"{OWN}; judged on exact replay: "
+        f"cross_layer's misses removed > last_step's at every C/W, over the {on}",
         f"misses removed beyond LRU ({on}): cross_layer {_by_ratio(bases[basis].removed['cross_layer'])}; "
-        "its share "
-        f"of the oracle's: {_by_ratio(bases[basis].of_oracle['cross_layer'], '{:.0%}')}",
+        f"its share of the oracle's: {_by_ratio(bases[basis].of_oracle['cross_layer'], '{:.0%}')}",
         verdict,
         note,
         counting=BASIS[basis],
         interval=EXACT,
-        margin=f"smallest lead over last_step (C/W {r:g}): {gap[basis][r]:+.1f} points of LRU's misses vs > "
-        "0",
+        margin=f"smallest lead over last_step (C/W {r:g}): "
+        f"{gap[basis][r]:+.1f} points of LRU's misses vs > 0",
     )
 
 
@@ -219,8 +218,8 @@ def lookahead_text(summary) -> str:
             text += (
                 "; elsewhere its speculative transfers are "
                 + ", ".join(
-                    f"{int(b.loc[r, 'speculative_transfers'])} vs {int(a.loc[r, 'speculative_transfers'])} "
-                    f"(C/W {r:g})"
+                    f"{int(b.loc[r, 'speculative_transfers'])} vs "
+                    f"{int(a.loc[r, 'speculative_transfers'])} (C/W {r:g})"
                     for r in diff
                 )
                 + " and its demand misses "

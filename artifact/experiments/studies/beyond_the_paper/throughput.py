@@ -11,7 +11,7 @@ import pandas as pd
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
-from artifact.experiments.paired_table import CELL_KEYS, CONFIDENCE, format_table, paired_table
+from artifact.experiments.paired_table import CELL_KEYS, CONFIDENCE, cell_label, format_table, paired_table
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.beyond_the_paper.misses import OWN
 from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, question, timed_claim
@@ -27,12 +27,10 @@ STEM = "beyond"  # data/results/<profile>/beyond-fifo.csv and beyond-demand.csv
 
 # The cpu profile's bench, trimmed to keep ./run_all.sh affordable on 2 cores: 96 timed and 48 untimed warm-up
 # runs of the tiny model (2 priorities x 3 C/W spanning 0.43-1.73 x 2 batch sizes x 4 policies x (2
-# repetitions
-# + 1 warm-up)), one task, 4 prompts (the fewest that fill a batch of 4), 8 denoising steps per block: 2 pairs
-# per cell (priority, batch size, C/W) per run. The warm-up: 2 repetitions of 4 policies in balanced order
-# (bench/order.py) put only 2 of them first in a cell of one run. GPU profiles run their own grid unchanged,
-# with
-# the oracle added.
+# repetitions + 1 warm-up)), one task, 4 prompts (the fewest that fill a batch of 4), 8 denoising steps per
+# block: 2 pairs per cell (priority, batch size, C/W) per run. The warm-up: 2 repetitions of 4 policies in
+# balanced order (bench/order.py) put only 2 of them first in a cell of one run. GPU profiles run their own
+# grid unchanged, with the oracle added.
 CPU_TRIM = {
     "tasks": ("gsm8k",),
     "n_prompts": 4,
@@ -99,12 +97,8 @@ def format_tables(table) -> str:
 
 
 def label(key) -> str:
-    pr, task, b, ratio, scale = key
-    return (
-        f"C/W {ratio:g} b={b}"
-        + (f" {task}" if task != "gsm8k" else "")
-        + (f" x{scale:g}" if scale != 1 else "")
-    )
+    """A cell's name; the key leads with its link priority, which the text names apart."""
+    return cell_label(key[1:])
 
 
 def bootstrap_above_zero(table) -> list[str]:

@@ -273,18 +273,16 @@ def reading(map_df: pd.DataFrame, n: Numbers) -> str:
     orc = cuts(map_df, "oracle", r, False)
     lo_s, hi_s = n.cpu_ranges[2], n.cpu_ranges[3]
     where = (
-        f"the {n.target}x contour at the cpu traces' novelty lies at spread {n.implied[1]:.3f}, the "
-        "traces at "
-        f"{lo_s:.2f}-{hi_s:.2f}"
+        f"the {n.target}x contour at the cpu traces' novelty lies at spread {n.implied[1]:.3f}, "
+        f"the traces at {lo_s:.2f}-{hi_s:.2f}"
         if n.implied
         else f"no cell at the cpu traces' novelty reaches {n.target}x"
     )
     return (
         f"At C/W {r:g} without prefill, LRU's misses over each policy's span: "
         + ", ".join(parts)
-        + f"; the oracle's cut at the smallest spread is {orc[:, 0].min():.1f}-{orc[:, 0].max():.1f}x "
-        "and at the "
-        f"largest {orc[:, -1].min():.1f}-{orc[:, -1].max():.1f}x over novelty; {where}."
+        + f"; the oracle's cut at the smallest spread is {orc[:, 0].min():.1f}-{orc[:, 0].max():.1f}x and at "
+        f"the largest {orc[:, -1].min():.1f}-{orc[:, -1].max():.1f}x over novelty; {where}."
     )
 
 
@@ -297,41 +295,33 @@ def verdicts(n: Numbers) -> list[Claim]:
     ruled = "synthetic streams without prefill forwards (every demand a denoising step)"
     basis = dict(counting=f"{ruled}; the with-prefill rows printed, not ruled on", interval=EXACT)
     # Judged at the cpu traces' novelty (the grid row nearest it), on the contour: does any W spread there
-    # reach
-    # the paper's cut? It fails when the contour never reaches the target in that row, whatever other rows do.
+    # reach the paper's cut? It fails when the contour never reaches the target in that row, whatever other
+    # rows do.
     claims = [
         Claim(
             f"routing statistics under which an oracle cuts misses {n.target}x at C/W {n.ratio:g} exist at "
-            "the "
-            "cpu "
-            f"traces' novelty ({own})",
-            paper_text + f"; judged on {CONTOUR} at the grid novelty nearest the cpu traces': some W spread "
-            "reaches "
-            f"{n.target}x",
+            f"the cpu traces' novelty ({own})",
+            paper_text + f"; judged on {CONTOUR} at the grid novelty nearest the cpu traces': "
+            f"some W spread reaches {n.target}x",
             f"by {CONTOUR}: cut >= {n.target}x without prefill at {region_text(n, False)}; with prefill at "
             f"{region_text(n, True)}; "
             + (
-                f"at the cpu traces' novelty (nu {n.implied[0]:g}) it needs a W spread <= {n.implied[1]:.3f} "
-                "(the "
-                "cpu "
-                f"traces fit {n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f})"
+                f"at the cpu traces' novelty (nu {n.implied[0]:g}) "
+                f"it needs a W spread <= {n.implied[1]:.3f} (the cpu traces fit "
+                f"{n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f})"
                 if n.implied
-                else f"no spread reaches it at the cpu traces' novelty; largest cut {n.best[2]:.1f}x at nu "
-                f"{n.best[0]:g}, "
-                f"spread {n.best[1]:g}"
+                else "no spread reaches it at the cpu traces' novelty; "
+                f"largest cut {n.best[2]:.1f}x at nu {n.best[0]:g}, spread {n.best[1]:g}"
             ),
             verdict_of(n.implied is not None) if any_region else NOT_MEASURABLE,
             "" if any_region else "no grid cell reaches the paper's cut; widen the grid",
             **basis,
             margin=(
                 f"contour spread limit {n.implied[1]:.3f} at nu {n.implied[0]:g} vs the traces' fitted "
-                "spread "
-                f"{n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f}"
+                f"spread {n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f}"
                 if n.implied
-                else f"no spread reaches {n.target}x at the traces' novelty; largest grid cut "
-                f"{n.best[2]:.2f}x "
-                "(nu "
-                f"{n.best[0]:g}, spread {n.best[1]:g})"
+                else f"no spread reaches {n.target}x at the traces' novelty; "
+                f"largest grid cut {n.best[2]:.2f}x (nu {n.best[0]:g}, spread {n.best[1]:g})"
             ),
         )
     ]
