@@ -245,8 +245,7 @@ def _measure_stub(batches: tuple[int, ...], calls: int, slots: int, expert_kib: 
 
 def print_stub(r: dict) -> None:
     print(
-        f"CudaLink host us per copy with the CUDA calls stubbed (median of {r['reps']} x {r['calls']} "
-        "calls, "
+        f"CudaLink host us per copy with the CUDA calls stubbed (median of {r['reps']} x {r['calls']} calls, "
         f"torch {r['torch']}):"
     )
     for row in r["rows"]:
@@ -271,9 +270,8 @@ def print_stub(r: dict) -> None:
             )
     ref = json.loads((ROOT / REFERENCE_FILE).read_text())
     print(
-        f"  today on the H200 ({REFERENCE_FILE}, batch {ref['batch']}): {ref['link_us_per_copy']} us per "
-        "copy, "
-        f"{ref['python_us_per_copy']} us of it the link's Python"
+        f"  today on the H200 ({REFERENCE_FILE}, batch {ref['batch']}): "
+        f"{ref['link_us_per_copy']} us per copy, {ref['python_us_per_copy']} us of it the link's Python"
     )
 
 
@@ -316,10 +314,10 @@ def main(argv=None) -> None:
     else:
         path = f"; {r['copy_path']}: {r['batch_note']}" if r["copy_path"] else ""
         print(
-            f"{r['link']} link on {r['device']}: {r['link_us_per_copy']} us per copy inside Link.copy, "
+            f"{r['link']} link on {r['device']}: "
+            f"{r['link_us_per_copy']} us per copy inside Link.copy, "
             f"{r['bare_us_per_copy']} us bare copy_ -> {r['python_us_per_copy']} us of the link's Python "
-            "per copy "
-            f"(median of {r['reps']}; batch {r['batch']}{path})"
+            f"per copy (median of {r['reps']}; batch {r['batch']}{path})"
         )
 
 

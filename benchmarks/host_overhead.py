@@ -480,10 +480,10 @@ def print_engine_per_demand(as_json: bool) -> None:
             )
         else:
             print(
-                f"engine, {queued} queued copies per demand: {r['engine_us_per_demand']:.1f} us host per "
-                "demand "
-                f"(of which planning {r['planning_us_per_demand']:.1f}); target <= {ENGINE_TARGET_US:g}: "
-                f"{'met' if r['met'] else 'not met'}",
+                f"engine, {queued} queued copies per demand: "
+                f"{r['engine_us_per_demand']:.1f} us host per demand (of which planning "
+                f"{r['planning_us_per_demand']:.1f}); "
+                f"target <= {ENGINE_TARGET_US:g}: {'met' if r['met'] else 'not met'}",
                 flush=True,
             )
 
@@ -543,14 +543,13 @@ def main():
                 )
             else:
                 print(
-                    f"offloaded tiny batch {batch} C/W {ratio}: ops {r['ops_per_moe_layer']:.1f}, syncs "
-                    f"{r['syncs_per_moe_layer']:.2f}, python {r['python_us_per_moe_layer']:.0f} us per MoE "
-                    "layer; "
-                    f"{r['copies_per_moe_layer']:.1f} copies, {r['groups_per_moe_layer']:.1f} groups; "
-                    "derived "
-                    f"{r['derived_host_ms_per_mini_step']:.1f} ms host per mini step at {a.launch_us:g} "
-                    "us/launch "
-                    f"(H2D at C/W 1.73: {H2D_MS_AT_173:g} ms)",
+                    f"offloaded tiny batch {batch} C/W {ratio}: ops {r['ops_per_moe_layer']:.1f}, "
+                    f"syncs {r['syncs_per_moe_layer']:.2f}, "
+                    f"python {r['python_us_per_moe_layer']:.0f} us per MoE layer; "
+                    f"{r['copies_per_moe_layer']:.1f} copies, "
+                    f"{r['groups_per_moe_layer']:.1f} groups; "
+                    f"derived {r['derived_host_ms_per_mini_step']:.1f} ms host per mini step at "
+                    f"{a.launch_us:g} us/launch (H2D at C/W 1.73: {H2D_MS_AT_173:g} ms)",
                     flush=True,
                 )
     if a.no_resident:
@@ -572,8 +571,7 @@ def main():
                 print(
                     f"{r['model']:10s} batch {r['batch']} {r['kernel']:7s} W {r['working_set']:6.1f}  "
                     f"ops/MoE layer {r['ops_per_moe_layer']:6.1f}  host {r['host_us_per_expert']:7.1f} "
-                    "us/expert  "
-                    f"step {r['step_ms']:8.2f} ms",
+                    f"us/expert  step {r['step_ms']:8.2f} ms",
                     flush=True,
                 )
         by = {(r["batch"], r["kernel"]): r for r in rows}

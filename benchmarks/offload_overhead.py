@@ -70,11 +70,9 @@ def main():
             len(rows) // 2
         ]
         print(
-            f"overlap C/W={ratio} (C={C}, W={W:.1f}): {total:.3f} s; "
-            f"bound max(compute {compute:.3f}, link {busy:.3f}) "
-            f"-> ratio {total / max(compute, busy):.3f} (target <= 1.15); causal per-layer bound "
-            f"{causal:.3f} "
-            f"-> ratio {total / causal:.3f}; stall {stall:.3f} s"
+            f"overlap C/W={ratio} (C={C}, W={W:.1f}): {total:.3f} s; bound max(compute {compute:.3f}, "
+            f"link {busy:.3f}) -> ratio {total / max(compute, busy):.3f} (target <= 1.15); "
+            f"causal per-layer bound {causal:.3f} -> ratio {total / causal:.3f}; stall {stall:.3f} s"
         )
     loaded.model.backend = None
 

@@ -237,19 +237,16 @@ class ForwardTimer(ForwardHooks):
 
 
 MEASURES = {
-    "prefill_ms": "wall ms of all prefill forwards of the run (the prompt's full blocks; not a denoising "
-    "step)",
+    "prefill_ms": "wall ms of all prefill forwards of the run (the prompt's full blocks; "
+    "not a denoising step)",
     "denoise_ms_per_forward": "mean wall ms of a denoising forward, the GPU synchronised at its end",
     "host_ms_per_forward": "mean CPU ms from a denoising forward's start to its return (after its last "
-    "launch), "
-    "less the time blocked in the layers' one sync each (sync_wait_ms_per_forward)",
+    "launch), less the time blocked in the layers' one sync each (sync_wait_ms_per_forward)",
     "sync_wait_ms_per_forward": "mean ms a denoising forward's host spent blocked in the router-count sync "
-    "of its "
-    "MoE layers (waiting for the GPU to reach that layer)",
+    "of its MoE layers (waiting for the GPU to reach that layer)",
     "stall_seconds": "time compute waited for copies (CUDA: event pairs around the compute stream's waits)",
     "link_busy_over_wall": "link busy seconds over the run's wall seconds (prefill and denoising forwards)",
-    "launches_per_forward": "CUDA kernel launches per forward of a one-block run (torch.profiler), C/W 1 "
-    "only",
+    "launches_per_forward": "CUDA kernel launches per forward of a one-block run (torch.profiler; C/W 1)",
 }
 
 
@@ -338,10 +335,9 @@ def engine(a, torch, cfg, dtype, report) -> dict:
                 out["runs"].append(row)
                 log(
                     f"batch {batch} C/W {ratio} C {C} {policy:9s} prefill {row['prefill_ms']:7.1f} ms, "
-                    "denoise "
-                    f"{row['denoise_ms_per_forward']:7.2f} ms/forward (host "
-                    f"{row['host_ms_per_forward']:6.2f}), "
-                    f"stall {row['stall_seconds']:.3f} s, busy/wall {row['link_busy_over_wall']:.2f}, "
+                    f"denoise {row['denoise_ms_per_forward']:7.2f} ms/forward (host "
+                    f"{row['host_ms_per_forward']:6.2f}), stall {row['stall_seconds']:.3f} s, "
+                    f"busy/wall {row['link_busy_over_wall']:.2f}, "
                     f"tokens equal: {row['tokens_equal_resident']}"
                 )
     out["all_tokens_equal_resident"] = all(r["tokens_equal_resident"] for r in out["runs"])

@@ -111,10 +111,10 @@ def host_costs(a, torch, expert_bytes: int) -> dict:
         "calls": CALLS,
         "repeats": REPEATS,
         "statistic": f"median of {REPEATS} batches of {CALLS} calls",
-        "measures": "host us per call: launch_us one in-place add on a 16-element tensor; event_record_us "
-        "torch.cuda.Event.record; copy_us one expert-sized copy_ from pinned host memory "
-        f"(non_blocking); batched_copy_us one torch._foreach_copy_ of {BATCH} such copies, "
-        "per copy; "
+        "measures": "host us per call: launch_us one in-place add on a 16-element tensor; "
+        "event_record_us torch.cuda.Event.record; "
+        "copy_us one expert-sized copy_ from pinned host memory (non_blocking); "
+        f"batched_copy_us one torch._foreach_copy_ of {BATCH} such copies, per copy; "
         f"graph_replay_us one replay of a captured CUDA graph of {GRAPH_OPS} in-place adds",
     }
     out["launch_us"] = _per_call_us(lambda: x.add_(1), sync=sync)
@@ -173,8 +173,8 @@ def main(argv=None) -> int:
         from artifact.paths import atomic_write_text
     except ImportError as e:
         print(
-            f"gpu_check_graphs: cannot import the artifact package ({e}); run scripts/gpu_run.sh from "
-            "the checkout",
+            f"gpu_check_graphs: cannot import the artifact package ({e}); "
+            "run scripts/gpu_run.sh from the checkout",
             file=sys.stderr,
         )
         return base.EXIT_USAGE

@@ -60,9 +60,8 @@ def pinned_peak(a, torch, expert_bytes: int) -> dict:
         "store_expert_copy_gbps": n * expert_bytes / store_small / 1e9,
         "expert_bytes": expert_bytes,
         "statistic": "best of 5",
-        "measures": "H2D GB/s of one 256 MiB copy and of back-to-back expert-sized copies, from a fresh "
-        "pin_memory() buffer and from a cudaHostRegister'd store (what the engine copies "
-        "from)",
+        "measures": "H2D GB/s of one 256 MiB copy and of back-to-back expert-sized copies, "
+        "from a fresh pin_memory() buffer and from a cudaHostRegister'd store (what the engine copies from)",
     }
 
 
@@ -79,10 +78,9 @@ def capped_link(a, torch, expert_bytes: int) -> dict:
         "copies": n,
         "expert_bytes": expert_bytes,
         "caps": [],
-        "measures": "per cap (a fraction of the link's calibrated peak): 64 expert-sized copies through "
-        "the "
-        "link, their bytes over the wall time from the first copy to the host seeing the last "
-        "land "
+        "measures": "per cap (a fraction of the link's calibrated peak): "
+        "64 expert-sized copies through the link, "
+        "their bytes over the wall time from the first copy to the host seeing the last land "
         "(achieved_gbps), against the cap (within_10pct: the pacing's accuracy)",
     }
     if cuda:
@@ -130,12 +128,10 @@ def moe_layer(a, torch, cfg, dtype) -> dict:
     out = {
         "tokens": None,
         "kernels": {},
-        "measures": "one MoE layer's forward on a batch of 4 blocks, experts resident, per expert kernel "
-        "(loop, "
-        "grouped): host_ms = CPU time of the call (launches and Python; the GPU runs behind "
-        "it), "
-        "gpu_ms = CUDA-event time of the same call on the GPU; medians of 5 after a warm-up; "
-        "loop vs grouped outputs within the stated bf16 tolerance",
+        "measures": "one MoE layer's forward on a batch of 4 blocks, experts resident, "
+        "per expert kernel (loop, grouped): host_ms = CPU time of the call (launches and Python; "
+        "the GPU runs behind it), gpu_ms = CUDA-event time of the same call on the GPU; "
+        "medians of 5 after a warm-up; loop vs grouped outputs within the stated bf16 tolerance",
     }
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, cfg.block_length, cfg.hidden_size, generator=g)  # (B, T, D): batch 4
@@ -201,9 +197,7 @@ def pinned_store(a, torch) -> dict:
         "allocate_seconds": alloc,
         "pin_seconds": pin,
         "measures": "page-locking a store_gb host tensor in place (cudaHostRegister, artifact pin_host): "
-        "the bytes "
-        "pinned (no power-of-two rounding, compare power_of_two_would_be) and the seconds it "
-        "takes",
+        "the bytes pinned (no power-of-two rounding, compare power_of_two_would_be) and the seconds it takes",
         "power_of_two_would_be": 1 << (nbytes - 1).bit_length(),
     }
     del store

@@ -102,12 +102,10 @@ MEASURES = {
     "bytes / the measured pinned H2D bandwidth, per denoising forward",
     "host_over_h2d": "host_ms_median / h2d_ms_per_forward",
     "link_busy_over_wall": "link busy seconds / the run's wall seconds (prefill included)",
-    "sync_wait_ms_per_forward": "ms blocked in the router syncs (routing.host_counts.wait_seconds) per "
-    "forward "
-    "of the run (prefill included)",
-    "counts_equal_replay": "a recorded run of the same configuration: its engine counts equal sim.replay of "
-    "its "
-    "own trace, and equal the timed run's counts",
+    "sync_wait_ms_per_forward": "ms blocked in the router syncs (routing.host_counts.wait_seconds) "
+    "per forward of the run (prefill included)",
+    "counts_equal_replay": "a recorded run of the same configuration: "
+    "its engine counts equal sim.replay of its own trace, and equal the timed run's counts",
     "profile": "C/W 1, demand: per MoE layer of a denoising forward (torch.profiler, the CUDA runtime calls "
     "inside the forward): launches (kernels and graph launches), copies, event / stream / device "
     "syncs, blocking copies; aten_ops: ATen ops the forward called directly (outside graphs); "
@@ -147,9 +145,8 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
         "threshold": 1.0,
         "steps_per_block": steps,
         "gen_length": a.gen_length,
-        "warm_up": "the whole run, same prompts and shapes, before the timed run: once for "
-        "forward eager, "
-        "twice for segmented (a shape fed once per run is captured in the second)",
+        "warm_up": "the whole run, same prompts and shapes, before the timed run: "
+        "once for forward eager, twice for segmented (a shape fed once per run is captured in the second)",
     }
     length = -(-a.prompt_length // cfg.block_length) * cfg.block_length  # block-aligned prompts
     prompts = {b: base.random_prompts(torch, cfg, b, length, seed=b, spread=0) for b in a.batches}

@@ -51,9 +51,9 @@ def add_threads_arg(p: argparse.ArgumentParser, bench_like: bool = False) -> Non
         "--threads",
         type=int,
         default=None,
-        help=f"torch intra-op threads (default: {where}; unset: 1 for the tiny model or no model "
-        "on "
-        "the CPU, where more threads only spin, else torch's default of one per core)",
+        help=f"torch intra-op threads (default: {where}; unset: "
+        "1 for the tiny model or no model on the CPU, where more threads only spin, "
+        "else torch's default of one per core)",
     )
 
 
@@ -91,10 +91,9 @@ def add_policy_module_arg(p: argparse.ArgumentParser, profile: bool = False) -> 
         action="append",
         default=None,
         metavar="MODULE",
-        help="import this module before the policies are resolved: a path to a .py file or a "
-        "dotted "
-        "module name, whose code registers policies (docs/policies.md); it runs as your code "
-        "(repeatable" + ("; added to the profile's policy_modules)" if profile else ")"),
+        help="import this module before the policies are resolved: "
+        "a path to a .py file or a dotted module name, whose code registers policies (docs/policies.md); "
+        "it runs as your code (repeatable" + ("; added to the profile's policy_modules)" if profile else ")"),
     )
 
 

@@ -80,10 +80,8 @@ def add_offload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         default=None,
-        help=f"one of {sorted(n for n, s in POLICIES.items() if s.engine_ok)}, "
-        f"optionally +eviction, one of {sorted(EVICTIONS)} (e.g. "
-        "last_step+token_lru; default: "
-        f"{RUN.policy})",
+        help=f"one of {sorted(n for n, s in POLICIES.items() if s.engine_ok)}, optionally +eviction, "
+        f"one of {sorted(EVICTIONS)} (e.g. last_step+token_lru; default: {RUN.policy})",
     )
     p.add_argument("--link", default=None, help=f"one of {LINKS} (default: {RUN.link})")
     p.add_argument(
@@ -97,9 +95,9 @@ def add_offload_args(p: argparse.ArgumentParser) -> None:
         "--link-priority",
         choices=PRIORITIES,
         default=None,
-        help="fifo: one copy queue in issue order; demand: speculative copies never delay a "
-        "demand copy "
-        f"by more than one expert copy (default: {RUN.link_priority})",
+        help="fifo: one copy queue in issue order; demand: "
+        "speculative copies never delay a demand copy by more than one expert copy (default: "
+        f"{RUN.link_priority})",
     )
     p.add_argument("--cap-gbps", type=float, default=None, help="throttle: cap the link's bandwidth")
     p.add_argument("--lookahead", type=int, default=None, help=f"default: {RUN.lookahead}")
@@ -297,9 +295,9 @@ def add_forward_arg(p: argparse.ArgumentParser) -> None:
         "--forward",
         choices=FORWARD_MODES,
         default=RUN.forward,
-        help="segmented: denoising forwards run as segments between the router syncs, captured as "
-        "CUDA graphs on a GPU (eager on the CPU); eager: the reference forward (default: "
-        f"{RUN.forward})",
+        help="segmented: denoising forwards run as segments between the router syncs, "
+        "captured as CUDA graphs on a GPU (eager on the CPU); eager: "
+        f"the reference forward (default: {RUN.forward})",
     )
     p.add_argument(
         "--expert-kernel",
@@ -377,9 +375,8 @@ def _add_simulate(sub) -> None:
     s.add_argument(
         "--by-phase",
         action="store_true",
-        help="also count per phase (prefill, first = a block's step 0, later): a by_phase object "
-        "per "
-        "JSON row, <count>_<phase> CSV columns, or a per-phase table",
+        help="also count per phase (prefill, first = a block's step 0, later): "
+        "a by_phase object per JSON row, <count>_<phase> CSV columns, or a per-phase table",
     )
     s.add_argument("--json", action="store_true")
     s.add_argument("--csv", type=Path, default=None)

@@ -134,10 +134,9 @@ def tokenizer_and_config(model: str, cfg: ModelConfig):
         cfg = with_token_ids(cfg, tok, root)
     if len(tok) > cfg.vocab_size:
         raise CheckpointError(
-            f"{root}: the tokenizer has {len(tok)} tokens but config.json's vocab_size is "
-            f"{cfg.vocab_size}, so ids >= {cfg.vocab_size} have no embedding; use the "
-            "tokenizer "
-            "that belongs to this checkpoint"
+            f"{root}: the tokenizer has {len(tok)} tokens but config.json's vocab_size is {cfg.vocab_size}, "
+            f"so ids >= {cfg.vocab_size} have no embedding; "
+            "use the tokenizer that belongs to this checkpoint"
         )
     return tok, cfg
 
@@ -148,8 +147,7 @@ def check_positions(cfg: ModelConfig, gen_length: int, prompt_lengths: list[int]
     need = max(-(-(p + gen_length) // n) * n for p in (prompt_lengths or [1]))
     if need > cfg.max_position_embeddings:
         raise SettingError(
-            f"--gen-length {gen_length} with these prompts needs {need} positions > the "
-            "model's "
+            f"--gen-length {gen_length} with these prompts needs {need} positions > the model's "
             f"max_position_embeddings {cfg.max_position_embeddings}"
         )
 

@@ -118,9 +118,8 @@ def reading(q: dict) -> str:
     extra = o["seconds"] - r["seconds"]
     share = f", {o['stall_seconds'] / extra:.0%} of the {extra:.2f} s it adds" if extra > 0 else ""
     return (
-        f"The offloaded run took {o['seconds']:.2f} s against {r['seconds']:.2f} s resident; its stall "
-        "(compute "
-        f"waiting on the link) was {o['stall_seconds']:.2f} s{share}."
+        f"The offloaded run took {o['seconds']:.2f} s against {r['seconds']:.2f} s resident; "
+        f"its stall (compute waiting on the link) was {o['stall_seconds']:.2f} s{share}."
     )
 
 

@@ -196,9 +196,8 @@ def _refuse_unfair_setup(loaded, budget_experts: int, sweep: tuple, spec: RunSpe
         require_cuda()
         if loaded.experts.dtype != torch.bfloat16:
             raise ValueError(
-                f"our model is in {loaded.experts.dtype}; TIDE runs in bfloat16 only, so load "
-                "ours "
-                "with dtype='bfloat16' for a like-for-like comparison"
+                f"our model is in {loaded.experts.dtype}; TIDE runs in bfloat16 only, "
+                "so load ours with dtype='bfloat16' for a like-for-like comparison"
             )
         if loaded.model.backend is not None:
             raise ValueError(

@@ -203,8 +203,7 @@ def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper
     title(
         fig,
         P,
-        "08 performance model: validation, and modelled tokens/s on the streams the claims rule "
-        "on "
+        "08 performance model: validation, and modelled tokens/s on the streams the claims rule on "
         f"({CLAIM_SHAPE}, fifo; shaded: C/W {paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})",
     )
     cols = [
@@ -329,9 +328,8 @@ def verdicts(grid: pd.DataFrame, errors: ModelErrors, gpu_summary: dict, source:
             lo,
             hi,
             "demand-async is faster than async last-step prefetch at C/W 0.83-1.73",
-            f"{paper.FASTER_PCT[0]:+.1f} to {paper.FASTER_PCT[1]:+.1f}%, CIs exclude zero; judged "
-            "on the "
-            "model: demand faster at every C/W 0.83-1.73 on both streams and both GPUs",
+            f"{paper.FASTER_PCT[0]:+.1f} to {paper.FASTER_PCT[1]:+.1f}%, CIs exclude zero; "
+            "judged on the model: demand faster at every C/W 0.83-1.73 on both streams and both GPUs",
             lambda x: x > 0,
             "> 0",
         ),

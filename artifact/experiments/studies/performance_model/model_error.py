@@ -186,9 +186,8 @@ def summary_text(s: dict) -> str:
     (validation_summary)."""
     signs = s["signs"]
     return (
-        f"{100 * s['median_abs_error']:.1f}% (worst {100 * s['worst_abs_error']:.1f}%, {s['cells']} "
-        "cells, signs "
-        f"{sum(x['modeled_sign_agrees'] for x in signs)} of {len(signs)})"
+        f"{100 * s['median_abs_error']:.1f}% (worst {100 * s['worst_abs_error']:.1f}%, "
+        f"{s['cells']} cells, signs {sum(x['modeled_sign_agrees'] for x in signs)} of {len(signs)})"
     )
 
 
@@ -221,18 +220,17 @@ def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
     verdict, ruled, on, reason = _ruling(e)
     return Claim(
         "[own result] the performance model predicts measured seconds per step within 10% (median absolute "
-        "error "
-        "over cells; cpu: the tiny model on the emulated link against the model with cpu-emulated costs)",
-        "not a claim of the paper: this artifact's own result; judged: median absolute error <= "
-        f"{100 * limit:.0f}% (docs/perf_model.md, Validation: the interval of the median over the stored "
-        "runs' "
-        "figures)",
+        "error over cells; cpu: the tiny model on the emulated link against the model with "
+        "cpu-emulated costs)",
+        "not a claim of the paper: this artifact's own result; judged: "
+        f"median absolute error <= {100 * limit:.0f}% (docs/perf_model.md, Validation: "
+        "the interval of the median over the stored runs' figures)",
         _measured_text(e, gpu_summary, source),
         verdict,
         reason,
         timing=True,
-        counting="seconds per denoising step, modelled against measured (a cell: the mean of its 2 "
-        "repetitions)",
+        counting="seconds per denoising step, modelled against measured (a cell: "
+        "the mean of its 2 repetitions)",
         interval=on,
         margin=_margin_text(e),
         per_run=tuple(e.own(f) for f in e.figures),
@@ -253,9 +251,8 @@ def _ruling(e: ModelErrors) -> tuple[str, str, str, str]:
     n = len(e.runs)
     if e.is_pooled:
         on = (
-            f"the 95% distribution-free interval (order statistics) of the median over N = {n} stored runs "
-            "of "
-            "each run's median absolute error (runs are the unit)"
+            "the 95% distribution-free interval (order statistics) "
+            f"of the median over N = {n} stored runs of each run's median absolute error (runs are the unit)"
         )
         return _pooled_verdict(e), "pooled", on, f"the interval of the median of the {n} runs' figures"
     on = (
@@ -287,10 +284,9 @@ def _measured_text(e: ModelErrors, gpu_summary: dict, source: str) -> str:
         else "no paired cells"
     )
     return (
-        "cpu, each run's median absolute error of seconds per step (signs: the modelled sign agrees with "
-        "k "
-        "of the n measured demand-vs-last_step differences whose interval over the run's pairs excludes "
-        "0): "
+        "cpu, each run's median absolute error of seconds per step (signs: "
+        "the modelled sign agrees with k of the n measured demand-vs-last_step differences whose interval "
+        "over the run's pairs excludes 0): "
         + (
             f"{runs_text}; median of the {n} runs {100 * e.pooled:.1f}% [{100 * e.pooled_range[0]:.1f}, "
             f"{100 * e.pooled_range[1]:.1f}]; "
@@ -299,12 +295,11 @@ def _measured_text(e: ModelErrors, gpu_summary: dict, source: str) -> str:
             if n
             else ""
         )
-        + f"{this_text}; demand over last_step per cell (steps/s), measured on the ruled interval vs "
-        f"modelled (virtual clock): {cell_text}; h200 (gpu_check runs, host costs fitted on them): "
-        "median "
-        f"{100 * gpu_summary['median_abs_error']:.1f}%, worst "
-        f"{100 * gpu_summary['worst_abs_error']:.1f}%; "
-        f"calibration (this run): {source}"
+        + f"{this_text}; demand over last_step per cell (steps/s), "
+        f"measured on the ruled interval vs modelled (virtual clock): {cell_text}; "
+        "h200 (gpu_check runs, host costs fitted on them): "
+        f"median {100 * gpu_summary['median_abs_error']:.1f}%, "
+        f"worst {100 * gpu_summary['worst_abs_error']:.1f}%; calibration (this run): {source}"
     )
 
 
@@ -320,8 +315,7 @@ def _margin_text(e: ModelErrors) -> str:
         )
         return (
             f"{'median over runs' if e.is_pooled else 'this run'} {100 * low:.1f}% vs <= "
-            f"{100 * limit:.0f}%: "
-            f"{side}"
+            f"{100 * limit:.0f}%: {side}"
         )
     side = "all under" if high <= limit else "all over" if low > limit else "straddles it"
     head = (

@@ -154,9 +154,8 @@ def check_clock(clock: str, hw: Hardware) -> None:
         raise SettingError(f"unknown clock {clock!r}; choose one of {CLOCKS}")
     if clock == "wall" and not hw.calibrated:
         raise SettingError(
-            "clock 'wall' runs the stream on this machine: it needs a calibrated hardware "
-            "profile "
-            f"(cpu-emulated), not {hw.name!r}; use clock 'virtual'"
+            "clock 'wall' runs the stream on this machine: "
+            f"it needs a calibrated hardware profile (cpu-emulated), not {hw.name!r}; use clock 'virtual'"
         )
 
 

@@ -230,8 +230,7 @@ def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
     q = question(CLAIM)
     ruling = judge(t, CLAIM, stream_label)
     return timed_claim(
-        "demand-async beats async last-step prefetch at C/W 1 on synthetic streams through "
-        "the "
+        "demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
         f"stream-driven engine (emulated link, compute calibrated on the model): {q}, on every stream",
         f"{paper_verdict[0]} (a model-driven run)",
         ruling,
