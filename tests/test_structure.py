@@ -6,12 +6,14 @@ were, no private name imported across modules, small files (artifact/ and script
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -178,7 +180,7 @@ def test_no_experiments_folder_is_a_flat_folder_of_more_than_12_modules():
 # --- the code's size and its import graph, file by file
 # --------------------------------------------------------
 MAX_FUNCTION_LINES = 80  # no function under artifact/ over this
-SIZED = ("artifact", "scripts")  # no file under these over MAX_LINES
+SIZED = ("artifact", "scripts", "benchmarks", "examples")  # no file under these over MAX_LINES
 
 
 def _py_files(*roots: str) -> list[Path]:
@@ -351,3 +353,51 @@ def test_no_private_name_is_imported_across_modules(tree_copy):
         assert private_imports([path], tree_copy), "the check must see a planted private import"
     finally:
         path.write_text(text)
+
+
+# --- string literals cut into fragments ------------------------------------------------------------------
+SHORT_PIECE = 15  # a piece of an implicit concatenation this short is a fragment of a cut string
+MAX_FRAGMENTED = 10  # fewer than this many concatenations with such a piece
+
+
+def fragmented_literals(path: Path) -> list[int]:
+    """Lines where adjacent string literals (implicit concatenation) include a piece of SHORT_PIECE characters
+    or fewer: a string cut mid-phrase to fit the line, not worded to fit it."""
+    skip = {tokenize.NL, tokenize.COMMENT, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+    toks = [t for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline) if t.type not in skip]
+    fstart, fend = getattr(tokenize, "FSTRING_START", -1), getattr(tokenize, "FSTRING_END", -1)
+    found, i = [], 0
+    while i < len(toks):
+        run = []  # (line, the literal's length) of each adjacent literal
+        while i < len(toks) and toks[i].type in (tokenize.STRING, fstart):
+            line, text, depth = toks[i].start[0], "", 0
+            while True:  # a STRING token, or an f-string's tokens up to its end (Python >= 3.12)
+                t = toks[i]
+                text += t.string
+                depth += (t.type == fstart) - (t.type == fend)
+                i += 1
+                if depth == 0:
+                    break
+            body = text.lstrip("rbfuRBFU")
+            quote = 3 if body[:3] in ('"""', "'''") else 1
+            run.append((line, len(body) - 2 * quote))
+        if len(run) > 1 and min(n for _, n in run) <= SHORT_PIECE:
+            found.append(run[0][0])
+        i += 0 if run else 1
+    return found
+
+
+def test_no_string_literal_is_cut_into_fragments():
+    found = {str(p.relative_to(ROOT)): n for p in _py_files(*SIZED) if (n := fragmented_literals(p))}
+    total = sum(len(n) for n in found.values())
+    assert total < MAX_FRAGMENTED, f"{total} cut strings (join them, or word the line to fit): {found}"
+
+
+def test_the_fragment_check_sees_a_cut_string(tmp_path):
+    cut = tmp_path / "cut.py"
+    cut.write_text('x = ("the tokenizer has more tokens than the model " "embeds; " "use its own")\n')
+    whole = tmp_path / "whole.py"
+    whole.write_text(
+        'x = ("the tokenizer has more tokens than the model embeds; " "use the tokenizer of it")\n'
+    )
+    assert fragmented_literals(cut) == [1] and fragmented_literals(whole) == []

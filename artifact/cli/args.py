@@ -173,3 +173,15 @@ def run_spec_of(a, **fields) -> RunSpec:
         return RunSpec(**{**flags, **fields})
     except SpecError as e:
         raise SettingError(f"--{e.field.replace('_', '-')}: {e}") from None
+
+
+def add_policy_knob_args(p: argparse.ArgumentParser) -> None:
+    """--lookahead and --tau of a command that replays or models policies (simulate, export-trace, model)."""
+    run = RunSpec()
+    p.add_argument("--lookahead", type=int, default=run.lookahead, help=f"default: {run.lookahead}")
+    p.add_argument("--tau", type=int, default=run.tau, help=f"default: {run.tau}")
+
+
+def policy_knobs(a) -> dict:
+    """add_policy_knob_args' flags, checked by RunSpec's one validator: {"lookahead": ..., "tau": ...}."""
+    return {k: getattr(run_spec_of(a), k) for k in ("lookahead", "tau")}

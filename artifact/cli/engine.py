@@ -18,10 +18,12 @@ from artifact.cli.args import (
     D,
     add_decode_args,
     add_model_args,
+    add_policy_knob_args,
     add_policy_module_arg,
     add_threads_arg,
     floats,
     ints,
+    policy_knobs,
 )
 from artifact.errors import SettingError, SpecError
 from artifact.model.decode import MAX_BATCH, DecodeConfig
@@ -191,8 +193,7 @@ def cmd_simulate(a):
         raise SettingError("--policies is empty; give at least one of " + ", ".join([*POLICIES, *BOUNDS]))
     for p in a.policies:
         check_spec(p)  # a policy spec, or the bound `min`
-    check_number("--lookahead", a.lookahead, low=1, integer=True)
-    check_number("--tau", a.tau, low=1, integer=True)
+    knobs = policy_knobs(a)
     if a.cache_experts is not None:
         if not a.cache_experts:
             raise SettingError("--cache-experts is empty; give capacities C, e.g. --cache-experts 40")
@@ -219,9 +220,7 @@ def cmd_simulate(a):
                 check_number(
                     f"--cache-experts (trace {t.path})", C, low=1, high=t.meta["num_experts"], integer=True
                 )
-        df = replay_capacities(
-            traces, a.cache_experts, a.policies, by_phase=a.by_phase, lookahead=a.lookahead, tau=a.tau
-        )
+        df = replay_capacities(traces, a.cache_experts, a.policies, by_phase=a.by_phase, **knobs)
     else:
         df = sweep(
             traces,
@@ -229,8 +228,7 @@ def cmd_simulate(a):
             a.policies,
             progress=not a.json,
             by_phase=a.by_phase,
-            lookahead=a.lookahead,
-            tau=a.tau,
+            **knobs,
         )
     if a.csv:  # a CSV holds flat columns: <count>_<phase> beside the totals
         atomic_write_text(a.csv, (phase_columns(df) if a.by_phase else df).to_csv(index=False))
@@ -249,8 +247,7 @@ def cmd_export_trace(a):
     check_spec(a.policy)
     if a.policy.strip() in BOUNDS:
         raise SettingError(f"--policy {a.policy!r} is a bound, not a cache: give a policy spec, e.g. demand")
-    check_number("--lookahead", a.lookahead, low=1, integer=True)
-    check_number("--tau", a.tau, low=1, integer=True)
+    knobs = policy_knobs(a)
     t = Trace.load(a.trace)
     E = t.meta["num_experts"]
     if a.cache_experts is not None:
@@ -261,7 +258,7 @@ def cmd_export_trace(a):
         C = capacity_for(a.cache_ratio, mean_working_set(t), E)
     for layer in t.meta["moe_layers"]:
         check_writable(a.out / f"layer{layer}.{a.format}", "--out", a.force)
-    paths = export(t, a.out, a.format, a.policy, C, lookahead=a.lookahead, tau=a.tau)
+    paths = export(t, a.out, a.format, a.policy, C, **knobs)
     print(
         f"wrote {len(paths)} per-layer {a.format} streams ({t.accesses} requests, hits-first feed of "
         f"{a.policy} at C = {C}) to {a.out}/layer<L>.{a.format}"
@@ -370,8 +367,7 @@ def _add_simulate(sub) -> None:
         "(relaxed MIN, the floor of any C-slot demand paging; belady is this cache's floor)",
     )
     add_policy_module_arg(s)
-    s.add_argument("--lookahead", type=int, default=D.lookahead)
-    s.add_argument("--tau", type=int, default=D.tau)
+    add_policy_knob_args(s)
     s.add_argument(
         "--by-phase",
         action="store_true",
@@ -408,7 +404,6 @@ def _add_export_trace(sub) -> None:
     xc.add_argument("--cache-experts", type=int, default=None, help="C, slots per MoE layer")
     xc.add_argument("--cache-ratio", type=float, default=1.0, help="C/W (default: 1)")
     add_policy_module_arg(x)
-    x.add_argument("--lookahead", type=int, default=D.lookahead)
-    x.add_argument("--tau", type=int, default=D.tau)
+    add_policy_knob_args(x)
     x.add_argument("--force", action="store_true", help="replace existing files")
     x.set_defaults(fn=cmd_export_trace)

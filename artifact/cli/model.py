@@ -7,11 +7,20 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from artifact.cli.args import D, add_policy_module_arg, floats, ints, names
-from artifact.errors import SettingError, SpecError
+from artifact.cli.args import (
+    D,
+    add_policy_knob_args,
+    add_policy_module_arg,
+    floats,
+    ints,
+    names,
+    policy_knobs,
+)
+from artifact.errors import SettingError
 from artifact.experiments.hardware import HARDWARE, hardware
 from artifact.experiments.studies.performance_model import (
     SHAPES,
+    TABLE_COLUMNS,
     check_clock,
     check_grid,
     model_grid,
@@ -25,19 +34,7 @@ from artifact.offload.spec import RunSpec
 from artifact.paths import atomic_write_text, check_writable
 
 DEFAULT_HARDWARE, DEFAULT_CLOCK = "cpu-emulated", "virtual"
-COLUMNS = [
-    "trace",
-    "batch_size",
-    "cache_ratio",
-    "cache_experts",
-    "link_priority",
-    "policy",
-    "tokens_per_second",
-    "seconds_per_step",
-    "stall_per_step",
-    "limit_per_step",
-    "floor_per_step",
-]
+COLUMNS = ["trace", "batch_size", "cache_ratio", "cache_experts", *TABLE_COLUMNS]
 
 
 def cmd_model(a) -> None:
@@ -47,10 +44,7 @@ def cmd_model(a) -> None:
         raise SettingError(f"--clock: unknown {a.clock!r}; choose one of {CLOCKS}")
     check_clock(a.clock, hw)
     check_grid(a.policies, a.cache_ratios, a.link_priority, a.batch_sizes)
-    try:  # the run every cell is (model_grid sets its capacity, policy and link priority)
-        spec = RunSpec(lookahead=a.lookahead, tau=a.tau)
-    except SpecError as e:
-        raise SettingError(f"--{e.field}: {e}") from None
+    spec = RunSpec(**policy_knobs(a))  # every cell's run (model_grid sets capacity, policy and priority)
     for flag, values in (
         ("--trace", [str(t.resolve()) for t in a.trace]),
         ("--policies", a.policies),
@@ -151,8 +145,7 @@ def add_cli(sub) -> None:
         help=f"one of {CLOCKS}: virtual = modelled costs, nothing sleeps; wall = the stream on this "
         f"machine (cpu-emulated, shape tiny) (default: {DEFAULT_CLOCK})",
     )
-    m.add_argument("--lookahead", type=int, default=D.lookahead, help=f"default: {D.lookahead}")
-    m.add_argument("--tau", type=int, default=D.tau, help=f"default: {D.tau}")
+    add_policy_knob_args(m)
     m.add_argument("--json", action="store_true")
     m.add_argument("--csv", type=Path, default=None)
     m.add_argument("--force", action="store_true", help="replace an existing --csv file")

@@ -25,6 +25,7 @@ from artifact.model.experts import ResidentExperts
 from artifact.model.options import DEFAULT_FORWARD
 from artifact.model.segments import SegmentCounts
 from artifact.offload.backend.engine import OffloadEngine, build_engine, install
+from artifact.offload.backend.plans import COUNTS
 from artifact.offload.backend.store import HostStore, check_slots_fit
 from artifact.offload.policy.policies import check_policy
 from artifact.offload.replay.trace import Trace, TraceError, TraceRecorder
@@ -88,12 +89,7 @@ class RunStats:
 
 
 OFFLOAD_ONLY = (
-    "demand_hits",
-    "demand_misses",
-    "speculative_transfers",
-    "prefetch_hits",
-    "wasted_prefetches",
-    "bytes_h2d",
+    *COUNTS,
     "by_phase",
     "transfers",
     "link_bytes",

@@ -230,15 +230,14 @@ class RunSpec:
     def make_link(self, expert_bytes: int, clock=None):
         """The run's link on its device (with `clock`: on a virtual clock), each copy `expert_bytes`."""
         bandwidth, cap = self.link_rates(expert_bytes)
+        rates = dict(bandwidth_gbps=bandwidth, cap_gbps=cap, latency_us=self.latency_us)
         return make_link(
             self.link,
             device=self.device,
-            bandwidth_gbps=bandwidth,
-            latency_us=self.latency_us,
-            cap_gbps=cap,
             expert_bytes=expert_bytes,
             priority=self.link_priority,
             clock=clock,
+            **rates,
         )
 
 

@@ -257,6 +257,10 @@ def _engine(trace: Trace, spec: RunSpec, shape: ExpertShape, store: HostStore, c
     return build_engine(spec, layout, store, shape, future=future, clock=clock, expert_bytes=expert_bytes)
 
 
+# What a stream run reports of its RunSpec beside its counts (the options it ran with).
+REPORTED = ("policy", "link", "link_priority", "lookahead", "tau", "expert_kernel")
+
+
 def _totals(stats: dict, trace: Trace, spec: RunSpec, link, seconds: float) -> dict:
     prefill = trace.kind == KINDS.index("prefill")
     forwards = len(np.unique(trace.forward[~prefill]))  # denoising forwards, as the decoder counts them
@@ -268,12 +272,7 @@ def _totals(stats: dict, trace: Trace, spec: RunSpec, link, seconds: float) -> d
         demands=len(trace),
         accesses=trace.accesses,
         forwards_per_second=forwards / seconds if seconds else float("nan"),
-        policy=spec.policy,
-        link=spec.link,
-        link_priority=spec.link_priority,
-        lookahead=spec.lookahead,
-        tau=spec.tau,
-        expert_kernel=spec.expert_kernel,
+        **{k: getattr(spec, k) for k in REPORTED},
         link_bandwidth_gbps=getattr(link, "bandwidth_gbps", None),
         offload=True,
         driven_by="stream",

@@ -299,15 +299,24 @@ def _exact(n: Numbers) -> dict:
     return dict(counting=BASIS[n.basis], interval=EXACT)
 
 
+def on_each_basis(n: Numbers, passes, says) -> tuple:
+    """on_bases over the counting bases of n (n.by_prefill: each basis's Numbers): whether each passes, and
+    what each says."""
+    bases = n.by_prefill
+    return on_bases({p: passes(c) for p, c in bases.items()}, {p: says(c) for p, c in bases.items()}, n.basis)
+
+
 def eviction_claim(n: Numbers) -> Claim:
     """Some eviction removes more than EVICTION_GAIN of LRU's demand misses."""
     top = max(n.removed, key=n.removed.get)
-    bases = n.by_prefill
-    tops = {p: max(c.removed, key=c.removed.get) for p, c in bases.items()}
-    verdict, note = on_bases(
-        {p: c.removed[tops[p]] > thresholds.EVICTION_GAIN for p, c in bases.items()},
-        {p: f"the best, {tops[p]}, removes {c.removed[tops[p]]:.1%}" for p, c in bases.items()},
-        n.basis,
+
+    def best(c: Numbers) -> str:
+        return max(c.removed, key=c.removed.get)
+
+    verdict, note = on_each_basis(
+        n,
+        lambda c: c.removed[best(c)] > thresholds.EVICTION_GAIN,
+        lambda c: f"the best, {best(c)}, removes {c.removed[best(c)]:.1%}",
     )
     return Claim(
         f"[own result] an eviction policy removes more than {thresholds.EVICTION_GAIN:.0%} of LRU's demand "
@@ -331,11 +340,10 @@ def eviction_claim(n: Numbers) -> Claim:
 def gap_claim(n: Numbers) -> Claim:
     """The best eviction closes less than GAP_LEFT of LRU's gap to min."""
     per = {r: v for r, v in n.gap_closed.items() if r != "pooled"}
-    bases = n.by_prefill
-    verdict, note = on_bases(
-        {p: c.gap_closed["pooled"] < thresholds.GAP_LEFT for p, c in bases.items()},
-        {p: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}" for p, c in bases.items()},
-        n.basis,
+    verdict, note = on_each_basis(
+        n,
+        lambda c: c.gap_closed["pooled"] < thresholds.GAP_LEFT,
+        lambda c: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}",
     )
     return Claim(
         f"[own result] most of the gap is left: the best eviction ({label(n.best)}) closes less than half of "

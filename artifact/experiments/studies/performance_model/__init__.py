@@ -70,6 +70,7 @@ from artifact.experiments.studies.performance_model.validation import (
 from artifact.experiments.studies.performance_model.virtual import (
     OUTPUTS,
     SHAPES,
+    TABLE_COLUMNS,
     WALL_STORE_LIMIT,
     check_clock,
     check_grid,
@@ -206,20 +207,7 @@ def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper
         "08 performance model: validation, and modelled tokens/s on the streams the claims rule on "
         f"({CLAIM_SHAPE}, fifo; shaded: C/W {paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})",
     )
-    cols = [
-        "hardware",
-        "shape",
-        "trace",
-        "cache_ratio",
-        "link_priority",
-        "policy",
-        "tokens_per_second",
-        "seconds_per_step",
-        "stall_per_step",
-        "limit_per_step",
-        "floor_per_step",
-    ]
-    return fig, grid[cols]
+    return fig, grid[["hardware", "shape", "trace", "cache_ratio", *TABLE_COLUMNS]]
 
 
 def _plot_validation(ax, rows: pd.DataFrame) -> None:
@@ -386,6 +374,7 @@ __all__ = [
     "shape",
     "tokens_decoded",
     "priced_spec",
+    "TABLE_COLUMNS",
     "model_run",
     "limits",
     "WALL_STORE_LIMIT",

@@ -22,6 +22,16 @@ from artifact.offload.spec import RunSpec
 from artifact.offload.trace_engine import Calibration, ExpertShape, run_stream, run_virtual
 
 SHAPES = ("llada2-mini", "llada2-flash", "tiny")  # model.config presets; tiny in float32 (the cpu profile)
+# A model grid's table: the cell and its modelled figures per denoising step (the CLI's and notebook 08's).
+TABLE_COLUMNS = (
+    "link_priority",
+    "policy",
+    "tokens_per_second",
+    "seconds_per_step",
+    "stall_per_step",
+    "limit_per_step",
+    "floor_per_step",
+)
 OUTPUTS = (
     "seconds_per_step",
     "tokens_per_second",
@@ -65,27 +75,32 @@ def model_run(trace: Trace, costs: Costs, spec: RunSpec, min_misses: int | None 
     by `costs`): run_virtual's stats and the outputs (module docstring), per denoising step."""
     capacity = spec.capacity
     st = run_virtual(trace, priced_spec(costs, spec), costs)
-    steps = max(st["forwards"], 1)
     t = st["time"]
+    split = {"host": t["host"], "compute": t["compute"], "experts": t["experts"]}
+    by_phase = {f"{k}_{ph}": v for ph, d in t["by_phase"].items() for k, v in d.items()}
+    return {**per_step(trace, costs, capacity, st, t["stall"], split, min_misses), **by_phase}
+
+
+def per_step(
+    trace: Trace, costs: Costs, capacity: int, st: dict, stall: float, split: dict, min_misses
+) -> dict:
+    """A modelled or wall run's outputs (module docstring) from its stats `st`: the figures per denoising
+    step, `split` (seconds by part, where the run has them), the physical limits and the counts."""
+    steps = max(st["forwards"], 1)
     tokens = tokens_decoded(trace)
+    seconds = st["seconds"]
     return {
-        "seconds": st["seconds"],
+        "seconds": seconds,
         "steps": st["forwards"],
         "prefill_forwards": st["prefill_forwards"],
-        "seconds_per_step": st["seconds"] / steps,
-        "tokens_per_second": tokens / st["seconds"] if st["seconds"] else float("nan"),
+        "seconds_per_step": seconds / steps,
+        "tokens_per_second": tokens / seconds if seconds else float("nan"),
         "tokens": tokens,
-        "stall_per_step": t["stall"] / steps,
-        "host_per_step": t["host"] / steps,
-        "compute_per_step": t["compute"] / steps,
-        "experts_per_step": t["experts"] / steps,
-        "link_busy_over_wall": st["link_busy_seconds"] / st["seconds"] if st["seconds"] else float("nan"),
+        "stall_per_step": stall / steps,
+        **{f"{part}_per_step": v / steps for part, v in split.items()},
+        "link_busy_over_wall": st["link_busy_seconds"] / seconds if seconds else float("nan"),
         **limits(trace, costs, capacity, st["transfers"], steps, min_misses),
-        "demand_misses": st["demand_misses"],
-        "speculative_transfers": st["speculative_transfers"],
-        "prefetch_hits": st["prefetch_hits"],
-        "transfers": st["transfers"],
-        **{f"{k}_{ph}": v for ph, d in t["by_phase"].items() for k, v in d.items()},
+        **{k: st[k] for k in ("demand_misses", "speculative_transfers", "prefetch_hits", "transfers")},
     }
 
 
@@ -130,23 +145,7 @@ def wall_run(trace: Trace, costs: Costs, spec: RunSpec, min_misses: int | None =
         ExpertShape(s.hidden_size, s.moe_intermediate_size),
         Calibration(hw.expert_us, hw.other_us_per_demand, source=hw.name),
     )
-    steps = max(st["forwards"], 1)
-    tokens = tokens_decoded(trace)
-    return {
-        "seconds": st["seconds"],
-        "steps": st["forwards"],
-        "prefill_forwards": st["prefill_forwards"],
-        "seconds_per_step": st["seconds"] / steps,
-        "tokens": tokens,
-        "tokens_per_second": tokens / st["seconds"] if st["seconds"] else float("nan"),
-        "stall_per_step": st["stall_seconds"] / steps,
-        "link_busy_over_wall": st["link_busy_seconds"] / st["seconds"] if st["seconds"] else float("nan"),
-        **limits(trace, costs, capacity, st["transfers"], steps, min_misses),
-        "demand_misses": st["demand_misses"],
-        "speculative_transfers": st["speculative_transfers"],
-        "prefetch_hits": st["prefetch_hits"],
-        "transfers": st["transfers"],
-    }
+    return per_step(trace, costs, capacity, st, st["stall_seconds"], {}, min_misses)
 
 
 def check_clock(clock: str, hw: Hardware) -> None:
