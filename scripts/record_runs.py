@@ -14,7 +14,12 @@ end-to-end bench), each with its study's `measure`, in notebook order; then copi
 stored run (recording.record_run). Stored run k measures with Settings.rotation = k - 1 (kept in its
 run.json), so the policies' run order (bench/order.py) continues from run to run and each policy sits in each
 slot equally often over whole cycles. `./run_all.sh PROFILE --force --store` afterwards rules every timing
-claim on the stored runs (it finds the last run's rows in place and measures nothing again)."""
+claim on the stored runs (it finds the last run's rows in place and measures nothing again).
+
+A set can be recorded in parts, each part committed (e.g. `--runs 3` three times, with
+`git add data/results/cpu/runs && git commit` after each): a run records the newest commit that changed
+anything besides stored runs (recording.runs_commit), so the parts are runs of one commit; any other change
+in between is refused."""
 
 from __future__ import annotations
 

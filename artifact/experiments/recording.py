@@ -1,5 +1,6 @@
 """Recording the stored runs (the reading side, and what the runs mean to a verdict, is verdicts/): a new
-run<k>/ whole or absent (`record_run`, after `next_run` checks the runs are whole and of this commit), the
+run<k>/ whole or absent (`record_run`, after `next_run` checks the runs are whole and of this commit: the
+checkout's, or the commit before commits that only add stored runs, so a set recorded in parts is of one), the
 working row files cleared between runs (`clear_working`; `working_aside` puts them back if the run
 fails), and `cached_rows`, which keeps a timing notebook's
 rows that are not a bench grid like one."""
@@ -11,6 +12,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -28,15 +30,49 @@ from artifact.experiments.verdicts.stored_runs import (
     runs_root,
     stored_runs,
 )
-from artifact.paths import atomic_write_text
+from artifact.paths import atomic_write_text, repo_root
+
+# What a commit that only adds stored runs changes (a set recorded in parts, each part committed).
+RUNS_PATHSPEC = ":(exclude,glob)data/results/*/runs/**"
+
+
+def runs_commit(head: str) -> str:
+    """The commit a stored run records: the newest commit that changed anything besides stored runs
+    (RUNS_PATHSPEC), so that runs recorded in parts, each part committed, are runs of one commit; `head` (the
+    checkout's, with "-dirty" when artifact/ differs) where git cannot tell."""
+    if head.endswith("-dirty") or head == "unknown":
+        return head
+    try:
+        out = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(repo_root()),
+                "log",
+                "-1",
+                "--format=%h",
+                "--abbrev=12",
+                "HEAD",
+                "--",
+                ".",
+                RUNS_PATHSPEC,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return head
+    return out or head
 
 
 def next_run(profile_name: str, reference: Path | None = None) -> tuple[Path, dict]:
-    """(the folder the next stored run goes to, this checkout's run_info), or RunsError when the stored runs
-    are damaged (check_stored_runs) or of another commit than this checkout."""
+    """(the folder the next stored run goes to, this checkout's run_info with runs_commit's commit), or
+    RunsError when the stored runs are damaged (check_stored_runs) or of another commit than this checkout."""
     have = stored_runs(profile_name, reference)
     dest = runs_root(profile_name, reference) / f"run{int(have[-1].name[3:]) + 1 if have else 1}"
     info = run_info()
+    info["commit"] = runs_commit(info["commit"])
     at = run_meta(have[-1]).get("commit") if have else info["commit"]
     if dest.exists() or at != info["commit"]:
         raise RunsError(
