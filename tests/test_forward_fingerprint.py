@@ -55,3 +55,10 @@ def test_a_segmented_run_refuses_to_resume_an_eager_file(tmp_path, eager, segmen
 def test_a_segmented_run_never_pools_with_the_eager_stored_runs(eager, segmented):
     assert len(stored_rows(eager, "bench", bench_fingerprint(eager))) >= 3
     assert stored_rows(segmented, "bench", bench_fingerprint(segmented)) == []
+
+
+def test_a_loop_kernel_run_has_its_own_hash_and_the_default_keeps_the_stored_one(eager):
+    loop = dataclasses.replace(eager, expert_kernel="loop")
+    assert "expert_kernel" in fingerprint_keys(loop) and "expert_kernel" not in fingerprint_keys(eager)
+    assert bench_fingerprint(loop) != bench_fingerprint(eager)
+    assert set(pd.read_csv(RUN1).fingerprint.astype(str)) == {bench_fingerprint(eager)}

@@ -28,8 +28,8 @@ from artifact.experiments.bench.order import slot_run, slots
 from artifact.experiments.paired_table import CELL_KEYS, PAIR_KEYS
 from artifact.experiments.settings import Settings, fingerprint
 from artifact.experiments.verdicts.pairs import primary
-from artifact.model.options import DEFAULT_FORWARD
 from artifact.offload.backend.plans import COUNTS, PHASES
+from artifact.offload.spec import RunSpec
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsync_dir, refuse_overwrite
 
 __all__ = ["primary"]  # re-exported from verdicts.pairs (below bench, where wide_pairs needs it)
@@ -127,12 +127,14 @@ def default_out(P: Settings, shard: tuple[int, int] = (0, 1)) -> Path:
 
 
 def fingerprint_keys(P: Settings) -> tuple[str, ...]:
-    """The settings a result file's fingerprint hashes: SETTINGS, and `forward` when the run's forward mode is
-    not the default (eager). A segmented run's rows then never resume or pool with eager ones, while every
-    eager file, the stored runs among them, keeps the hash it was written with. `aa_pair` is not hashed: the
-    stored runs measured before the A/A pair pool with later runs (their rows read as arm A: runs without the
-    pair); a file's arms are checked against the profile's where it is resumed (load_for_append)."""
-    return SETTINGS + (("forward",) if P.forward != DEFAULT_FORWARD else ())
+    """The settings a result file's fingerprint hashes: SETTINGS, and `forward` and `expert_kernel` each when
+    not its default (eager, grouped). A segmented or loop-kernel run's rows then never resume or pool with the
+    default's, while every default file, the stored runs among them, keeps the hash it was written with.
+    `aa_pair` is not hashed: the stored runs measured before the A/A pair pool with later runs (their rows
+    read as arm A: runs without the pair); a file's arms are checked against the profile's where it is
+    resumed (load_for_append)."""
+    run = RunSpec()
+    return SETTINGS + tuple(k for k in ("forward", "expert_kernel") if getattr(P, k) != getattr(run, k))
 
 
 def has_aa_pair(P: Settings) -> bool:
