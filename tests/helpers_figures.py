@@ -104,7 +104,7 @@ def performance_model(P: Settings, ts, fresh: bool):
     runs = stored_rows(P, VALIDATION, bench_fingerprint(P))
     trace = ts[0]  # the notebook's is the largest batch size's: any trace draws the same
     grid = pm.gpu_grid(
-        {"paper point": pm.paper_point(P), f"{trace.meta['task']} trace": trace}, progress=False
+        {"paper point": pm.paper_point(P), f"{trace.meta['task']} trace": trace}, P.run_spec(), progress=False
     )
     return {"08_performance_model": pm.plot(grid, runs[-1][1], P)[0]}
 

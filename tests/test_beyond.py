@@ -24,7 +24,8 @@ from artifact.experiments.studies import beyond_the_paper as beyond  # noqa: E40
 from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.verdicts.records import NOT_REPRODUCED, REPRODUCED  # noqa: E402
 from artifact.model.decode import DecodeConfig  # noqa: E402
-from artifact.offload.runner import RunOptions, decode_prompts  # noqa: E402
+from artifact.offload.runner import decode_prompts  # noqa: E402
+from artifact.offload.spec import RunSpec  # noqa: E402
 
 RATIOS = (0.43, 1.0, 1.73)
 
@@ -262,7 +263,7 @@ def recorded(tiny, tiny_prompts):
         tiny,
         tiny_prompts[:4],
         2,
-        RunOptions(DecodeConfig(gen_length=32)),
+        RunSpec(decode=DecodeConfig(gen_length=32)),
         record=True,
         prompt_ids=list("abcd"),
         task="test",

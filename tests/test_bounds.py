@@ -15,7 +15,8 @@ from artifact.model.routing import Demand, StepInfo
 from artifact.offload.replay.bounds import PHASES, min_schedule, next_use, relaxed_min
 from artifact.offload.replay.sim import capacity_for, replay
 from artifact.offload.replay.trace import TraceRecorder, mean_working_set
-from artifact.offload.runner import RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 COUNTS = (
     "demand_hits",
@@ -222,7 +223,7 @@ def recorded(tiny, tiny_prompts):
         tiny,
         tiny_prompts[2:5],
         2,
-        RunOptions(DecodeConfig(gen_length=40)),
+        RunSpec(decode=DecodeConfig(gen_length=40)),
         record=True,
         prompt_ids=["a", "b", "c"],
         task="test",

@@ -1,9 +1,10 @@
 """The command line: known errors are one line (exit 2), bugs keep their traceback; defaults come from the
-settings dataclass; OffloadSpec.from_settings derives every run alike; simulate --cache-experts replays an
-engine run at its absolute capacity."""
+settings dataclass (and RunSpec's); every run is one RunSpec, its link derived alike; simulate --cache-experts
+replays an engine run at its absolute capacity."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -16,13 +17,14 @@ import pytest
 import artifact.cli.engine as engine
 import artifact.offload.prepare as prepare
 from artifact.cli import build_parser, main
-from artifact.errors import DeviceError, SettingError, UserError
-from artifact.experiments.settings import Settings, load_profile
+from artifact.errors import DeviceError, SettingError, SpecError, UserError
+from artifact.experiments.settings import RUN_KEYS, Settings, load_profile
+from artifact.model.decode import DecodeConfig
 from artifact.model.options import ForwardOptions
 from artifact.model.routing import Demand, StepInfo
 from artifact.offload.links.link import REFERENCE_EXPERT_BYTES, emulated_bandwidth_gbps
 from artifact.offload.replay.trace import TraceRecorder
-from artifact.offload.runner import OffloadSpec, RunOptions, RunSettings
+from artifact.offload.spec import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 EB = REFERENCE_EXPERT_BYTES  # one LLaDA2.0-mini expert in bf16
@@ -69,27 +71,30 @@ def one_line_error(capsys, code) -> str:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["generate", "--prompt", "hi", "--threshold", "nan"], "--threshold must be a finite number"),
-        (["generate", "--prompt", "hi", "--gen-length", "0"], "--gen-length must be >= 1"),
+        (
+            ["generate", "--prompt", "hi", "--threshold", "nan"],
+            "--threshold: threshold must be a finite number",
+        ),
+        (["generate", "--prompt", "hi", "--gen-length", "0"], "--gen-length: gen_length must be >= 1"),
         (
             ["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--cap-gbps", "nan"],
-            "--cap-gbps must be a finite number",
+            "--cap-gbps: cap_gbps must be a finite number",
         ),
         (
             ["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--bandwidth-gbps", "inf"],
-            "--bandwidth-gbps must be a finite number",
+            "--bandwidth-gbps: link_gbps must be a finite number",
         ),
         (
             ["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--latency-us", "-1"],
-            "latency_us must be in [0, 1e+06]",
+            "--latency-us: latency_us must be in [0, 1e+06]",
         ),
         (
             ["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--tau", "0"],
-            "tau must be >= 1",
+            "--tau: tau must be >= 1",
         ),
         (["generate", "--prompt", "hi", "--cache-experts", "8"], "--cache-experts needs --offload"),
         (["generate", "--prompt", "  "], "a --prompt is empty"),
-        (["generate", "--prompt", "hi", "--dtype", "int8"], "--dtype 'int8' unknown"),
+        (["generate", "--prompt", "hi", "--dtype", "int8"], "--dtype: dtype 'int8' unknown"),
         (["generate", "--prompt", "hi", "--device", "tpu"], "unknown device 'tpu'"),
         (["generate", "--prompt", "hi", "--gen-length", "100000"], "max_position_embeddings"),
         (["trace", "--task", "squad", "--out", "x.safetensors"], "unknown task 'squad'"),
@@ -131,7 +136,7 @@ def test_a_checkpoint_config_error_is_a_checkpoint_error(no_load, capsys, tmp_pa
         (["--cache-experts", "0"], "--cache-experts (trace"),
         (["--cache-experts", "17"], "must be in [1, 16]"),
         (["--cache-experts", ""], "--cache-experts is empty"),
-        (["--lookahead", "0"], "--lookahead must be >= 1"),
+        (["--lookahead", "0"], "--lookahead: lookahead must be >= 1"),
         (["--cache-ratios", "1,0.5,1"], "--cache-ratios lists [1.0] more than once"),
         (["--cache-experts", "3,3"], "--cache-experts lists [3] more than once"),
         (["--policies", "demand,demand"], "--policies lists ['demand'] more than once"),
@@ -225,93 +230,104 @@ def test_user_errors_are_value_errors():
 # --- defaults come from the settings dataclass -------------------------------------------------
 def test_cli_defaults_are_the_settings_defaults():
     d = Settings()
-    g = build_parser().parse_args(["generate", "--prompt", "x", "--offload"])
+    g = build_parser().parse_args(["generate", "--prompt", "x", "--offload", "--cache-experts", "4"])
     assert (g.gen_length, g.steps, g.threshold, g.mode) == (d.gen_length, d.steps, d.threshold, d.mode)
     assert (g.model, g.dtype, g.device) == (d.model, d.dtype, d.device)
+    assert (g.forward, g.expert_kernel) == (d.forward, d.expert_kernel)
     assert g.link is None and g.tau is None  # offload flags: None until resolved, to see what was given
-    engine.offload_flags(g)
-    assert (g.link, g.latency_us, g.lookahead, g.tau) == (d.link, d.latency_us, d.lookahead, d.tau)
-    assert (g.bandwidth_gbps, g.policy, g.link_priority) == (d.link_gbps, d.policies[0], d.link_priority)
+    spec = engine.run_spec_from_args(g)  # the flags not given take RunSpec's defaults
+    assert (spec.link, spec.latency_us, spec.lookahead, spec.tau) == (
+        d.link,
+        d.latency_us,
+        d.lookahead,
+        d.tau,
+    )
+    assert (spec.link_gbps, spec.policy, spec.link_priority) == (d.link_gbps, d.policies[0], d.link_priority)
+    assert spec.capacity == 4 and spec.decode == d.decode_config() and spec == d.run_spec(4)
     t = build_parser().parse_args(["trace", "--task", "gsm8k", "--out", "x"])
     assert (t.n, t.seed, t.gen_length) == (d.trace_n_prompts, d.seed, d.gen_length)
     s = build_parser().parse_args(["simulate", "--trace", "x"])
     assert s.policies == list(d.sim_policies) and s.cache_ratios is None and s.cache_experts is None
     assert (s.lookahead, s.tau) == (d.lookahead, d.tau)
+    m = build_parser().parse_args(["model", "--trace", "x"])
+    assert (m.lookahead, m.tau) == (d.lookahead, d.tau)
 
 
 def test_core_run_defaults_equal_the_settings_defaults():
-    d = Settings()
-    for obj in (RunSettings(), OffloadSpec(capacity=1)):
-        for key in ("link", "latency_us", "lookahead", "tau"):
-            assert getattr(obj, key) == getattr(d, key), (type(obj).__name__, key)
-    assert RunSettings().link_gbps == d.link_gbps and OffloadSpec(capacity=1).policy == d.policies[0]
-    assert ForwardOptions().forward == RunOptions().forward == d.forward == d.run_options().forward
-    assert d.run_options() == RunOptions(d.decode_config(), d.device, d.forward)
+    """Settings' run keys (RUN_KEYS) default to RunSpec()'s and DecodeConfig()'s, and the list is whole: every
+    Settings field that is a RunSpec or DecodeConfig field is a run key."""
+    d, run, dc = Settings(), RunSpec(), DecodeConfig()
+    decode_keys = {f.name for f in dataclasses.fields(DecodeConfig)}
+    for key in RUN_KEYS:
+        core = getattr(dc, key) if key in decode_keys else getattr(run, key)
+        assert getattr(d, key) == core, key
+    shared = {f.name for f in dataclasses.fields(Settings)} & (
+        {f.name for f in dataclasses.fields(RunSpec)} | decode_keys
+    )
+    assert set(RUN_KEYS) == shared and len(RUN_KEYS) == len(shared)
+    assert run.policy == d.policies[0]
+    assert ForwardOptions().forward == run.forward == d.forward == d.run_spec().forward
+    assert ForwardOptions().expert_kernel == run.expert_kernel == d.expert_kernel
+    assert d.run_spec() == RunSpec(decode=d.decode_config()) == run
 
 
-# --- OffloadSpec.from_settings -----------------------------------------------------------------
-def test_from_settings_on_the_emulated_link_scales_the_bandwidth():
+# --- Settings.run_spec: the link's rates --------------------------------------------------------
+def test_run_spec_on_the_emulated_link_scales_the_bandwidth():
     p = load_profile("cpu", {"lookahead": 2, "tau": 3, "latency_us": 5.0})
-    spec = OffloadSpec.from_settings(p, 12, "last_step", expert_bytes=EB, bandwidth_scale=0.5)
-    assert spec.bandwidth_gbps == pytest.approx(emulated_bandwidth_gbps(EB) * 0.5) == pytest.approx(12.5)
-    assert (spec.capacity, spec.policy, spec.link, spec.cap_gbps) == (12, "last_step", "emulated", None)
+    spec = p.run_spec(12, "last_step", bandwidth_scale=0.5)
+    bandwidth, cap = spec.link_rates(EB)
+    assert bandwidth == pytest.approx(emulated_bandwidth_gbps(EB) * 0.5) == pytest.approx(12.5)
+    assert (spec.capacity, spec.policy, spec.link, cap) == (12, "last_step", "emulated", None)
     assert (spec.lookahead, spec.tau, spec.latency_us) == (2, 3, 5.0)  # never dropped (issue 10)
-    assert spec.link_gbps == spec.bandwidth_gbps
-    fixed = OffloadSpec.from_settings(
-        load_profile("cpu", {"link_gbps": 2.0}), 4, expert_bytes=EB, bandwidth_scale=2.0, cap_gbps=3.0
-    )
-    assert (fixed.bandwidth_gbps, fixed.cap_gbps, fixed.link_gbps) == (4.0, 3.0, 3.0)
+    assert spec.link_rate(EB) == bandwidth
+    assert spec.make_link(EB).bandwidth_gbps == pytest.approx(12.5)
+    fixed = load_profile("cpu", {"link_gbps": 2.0}).run_spec(4, bandwidth_scale=2.0, cap_gbps=3.0)
+    assert fixed.link_rates(EB) + (fixed.link_rate(EB),) == (4.0, 3.0, 3.0)
 
 
-def test_from_settings_on_the_cuda_link_caps_below_scale_one():
-    s = RunSettings(link="cuda", link_gbps=40.0, lookahead=2)
-    unpaced = OffloadSpec.from_settings(s, 8, expert_bytes=EB)
-    assert (unpaced.bandwidth_gbps, unpaced.cap_gbps, unpaced.link_gbps, unpaced.lookahead) == (
-        None,
-        None,
-        None,
-        2,
-    )
-    assert OffloadSpec.from_settings(s, 8, expert_bytes=EB, bandwidth_scale=0.25).cap_gbps == 10.0
-    calls = []
-    measured = OffloadSpec.from_settings(
-        RunSettings(link="cuda"),
-        8,
-        expert_bytes=EB,
-        bandwidth_scale=0.5,
-        measure=lambda: calls.append(1) or 50.0,
-    )
-    assert measured.cap_gbps == 25.0 and calls == [1]
+def test_run_spec_on_the_cuda_link_caps_below_scale_one():
+    s = RunSpec(device="cuda", capacity=8, link="cuda", link_gbps=40.0, lookahead=2)
+    assert s.link_rates(EB) + (s.link_rate(EB), s.lookahead) == (None, None, None, 2)  # unpaced
+    assert s.replace(bandwidth_scale=0.25).link_rates(EB) == (None, 10.0)
+    # no link_gbps in the profile: the bench fills in the measured pinned-copy rate (here 50 GB/s)
+    unmeasured = RunSpec(device="cuda", capacity=8, link="cuda", bandwidth_scale=0.5)
+    assert unmeasured.replace(link_gbps=50.0).link_rates(EB) == (None, 25.0)
     with pytest.raises(SettingError, match="needs link_gbps"):
-        OffloadSpec.from_settings(RunSettings(link="cuda"), 8, expert_bytes=EB, bandwidth_scale=0.5)
+        unmeasured.link_rates(EB)
     with pytest.raises(SettingError, match="finite"):
-        OffloadSpec.from_settings(s, 8, expert_bytes=EB, bandwidth_scale=math.nan)
+        s.replace(bandwidth_scale=math.nan)
+    with pytest.raises(SettingError, match=r"bandwidth_scale must be in \(0, 1\]"):
+        s.replace(bandwidth_scale=2.0)  # a cuda link cannot run faster than its hardware
 
 
 def test_spec_check_refuses_nan_and_bad_knobs():
     for bad, pattern in [
         (dict(cap_gbps=math.nan), "cap_gbps must be a finite"),
-        (dict(bandwidth_gbps=math.inf), "bandwidth_gbps must be a finite"),
+        (dict(link_gbps=math.inf), "link_gbps must be a finite"),
         (dict(latency_us=math.nan), "latency_us must be a finite"),
         (dict(lookahead=0), "lookahead must be >= 1"),
         (dict(capacity=True), "cache capacity must be an integer"),
     ]:
-        spec = OffloadSpec(**{"capacity": 4, **bad})
-        with pytest.raises(SettingError, match=re.escape(pattern)):
-            spec.check(16, "cpu")
+        with pytest.raises(SpecError, match=re.escape(pattern)) as e:
+            RunSpec(**{"capacity": 4, **bad})
+        assert e.value.field == next(iter(bad)), bad
 
 
-def test_every_run_is_built_with_from_settings():
-    """The hand-written copies the issue found (bench, analysis, tide, cli) all go through from_settings."""
-    for rel in (
-        "artifact/experiments/bench/model_runner.py",
-        "artifact/experiments/harness.py",
-        "artifact/experiments/tide/adapter.py",
-        "artifact/offload/prepare.py",
-    ):
+def test_every_run_is_built_as_one_run_spec():
+    """The hand-written copies the issue found (bench, analysis, tide, cli) all make their run one way: from
+    the profile (Settings.run_spec) or the flags (run_spec_from_args), or take a RunSpec whole; the link's
+    rates are derived in one place (RunSpec.link_rates, through RunSpec.make_link)."""
+    for rel in ("artifact/experiments/bench/model_runner.py", "artifact/experiments/harness.py"):
         text = (ROOT / rel).read_text()
-        assert "OffloadSpec.from_settings(" in text, rel
-        assert not re.search(r"OffloadSpec\((?!\*)", text.replace("OffloadSpec.from_settings(", "")), rel
+        assert ".run_spec(" in text and not re.search(r"(?<![\w.])RunSpec\(", text), rel
+    cli = (ROOT / "artifact/cli/engine.py").read_text()
+    assert len(re.findall(r"= run_spec_from_args\(a\)", cli)) == 2, "generate and trace"
+    for path in sorted((ROOT / "artifact").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "artifact/offload/spec.py" or rel.startswith("artifact/offload/links/"):
+            continue
+        text = path.read_text()
+        assert not re.search(r"(?<![\w.])make_link\(|emulated_bandwidth_gbps\(", text), rel
 
 
 # --- simulate --cache-experts reproduces an engine run -----------------------------------------

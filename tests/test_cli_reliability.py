@@ -345,9 +345,9 @@ def test_from_a_shell_bad_input_is_rc_2_without_a_traceback(tmp_path, argv, mess
 @pytest.mark.parametrize(
     "flag, value, message",
     [
-        ("--latency-us", "1e300", "latency_us must be in [0, 1e+06]"),
-        ("--bandwidth-gbps", "1e-300", "bandwidth_gbps must be >= 0.0001"),
-        ("--cap-gbps", "1e-300", "cap_gbps must be >= 0.0001"),
+        ("--latency-us", "1e300", "--latency-us: latency_us must be in [0, 1e+06]"),
+        ("--bandwidth-gbps", "1e-300", "--bandwidth-gbps: link_gbps must be >= 0.0001"),
+        ("--cap-gbps", "1e-300", "--cap-gbps: cap_gbps must be >= 0.0001"),
     ],
 )
 def test_link_knobs_too_extreme_to_sleep_on_are_refused_before_the_weights(
@@ -416,7 +416,9 @@ def test_an_oracle_trace_for_a_policy_that_ignores_it_is_refused(capsys, tmp_pat
             ]
         ),
     )
-    assert "--oracle-trace is read only by ['oracle']; policy 'demand' would ignore it" in line
+    assert (
+        "--oracle-trace: an oracle trace is read only by ['oracle']; policy 'demand' would ignore it" in line
+    )
 
 
 def test_force_without_an_output_is_refused(capsys):

@@ -11,7 +11,8 @@ from artifact.cli import main
 from artifact.model.decode import DecodeConfig, generate
 from artifact.model.options import ForwardOptions
 from artifact.offload.replay.trace import PRED_ARRAYS, SCHEMA, Trace, TraceError
-from artifact.offload.runner import RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 from artifact.paths import atomic_write_bytes
 
 DC = DecodeConfig(gen_length=32)
@@ -75,7 +76,7 @@ def test_prediction_does_not_change_the_model_and_is_the_next_router_on_this_lay
 
 def test_recorded_prediction_equals_the_live_prediction(tiny, tiny_prompts, tmp_path):
     live, _ = live_demands(tiny.model, tiny_prompts[:2], True)
-    rec = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), record=True, prompt_ids=["a", "b"])
+    rec = decode_prompts(tiny, tiny_prompts[:2], 2, RunSpec(decode=DC), record=True, prompt_ids=["a", "b"])
     t = rec.trace
     assert t.has_predictions and len(t) == len(live)
     assert [d.predicted for d in t.demands] == [d.predicted for d in live]
@@ -94,7 +95,7 @@ def write_raw(path, arrays: dict, schema: str, meta: dict):
 
 
 def test_schema_1_traces_load_without_predictions_and_a_consumer_says_so(tiny, tiny_prompts, tmp_path):
-    rec = decode_prompts(tiny, tiny_prompts[:1], 1, RunOptions(DC), record=True, prompt_ids=["a"]).trace
+    rec = decode_prompts(tiny, tiny_prompts[:1], 1, RunSpec(decode=DC), record=True, prompt_ids=["a"]).trace
     base = {
         a: getattr(rec, a)
         for a in ("forward", "layer", "block", "block_step", "kind", "offsets", "experts", "counts")
@@ -139,7 +140,7 @@ def test_a_policy_that_needs_predictions_refuses_a_trace_without_them(
 ):
     from artifact.offload.replay.sim import replay
 
-    rec = decode_prompts(tiny, tiny_prompts[:1], 1, RunOptions(DC), record=True, prompt_ids=["a"]).trace
+    rec = decode_prompts(tiny, tiny_prompts[:1], 1, RunSpec(decode=DC), record=True, prompt_ids=["a"]).trace
     assert rec.has_predictions  # recording turns the prediction on
     assert replay(rec, "cross_layer", 20)["speculative_transfers"] > 0
     base = {

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from artifact.model.decode import DecodeConfig
-from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 pytestmark = pytest.mark.cuda
 
@@ -25,13 +26,12 @@ def tiny_cuda():
 @pytest.mark.parametrize("policy", ["demand", "last_step", "interval_refresh"])
 def test_offloaded_tokens_equal_resident_on_cuda(tiny_cuda, tiny_prompts, policy, mode):
     dc = DecodeConfig(gen_length=48, mode=mode)
-    ref = decode_prompts(tiny_cuda, tiny_prompts, 2, RunOptions(dc, device="cuda"))
+    ref = decode_prompts(tiny_cuda, tiny_prompts, 2, RunSpec(decode=dc, device="cuda"))
     res = decode_prompts(
         tiny_cuda,
         tiny_prompts,
         2,
-        RunOptions(dc, device="cuda"),
-        spec=OffloadSpec(capacity=12, policy=policy, link="cuda"),
+        RunSpec(decode=dc, device="cuda", capacity=12, policy=policy, link="cuda"),
     )
     assert res.tokens == ref.tokens
     s = res.stats.as_dict()
@@ -44,13 +44,14 @@ def test_offloaded_tokens_equal_resident_on_cuda(tiny_cuda, tiny_prompts, policy
 
 def test_offloaded_logits_match_resident_on_cuda(tiny_cuda, tiny_prompts):
     dc = DecodeConfig(gen_length=32)
-    ref = decode_prompts(tiny_cuda, tiny_prompts[:1], 1, RunOptions(dc, device="cuda"), record_logits=True)
+    ref = decode_prompts(
+        tiny_cuda, tiny_prompts[:1], 1, RunSpec(decode=dc, device="cuda"), record_logits=True
+    )
     res = decode_prompts(
         tiny_cuda,
         tiny_prompts[:1],
         1,
-        RunOptions(dc, device="cuda"),
-        spec=OffloadSpec(capacity=8, link="cuda"),
+        RunSpec(decode=dc, device="cuda", capacity=8, link="cuda"),
         record_logits=True,
     )
     a, b = ref.generations[0].step_logits, res.generations[0].step_logits
@@ -162,13 +163,12 @@ def test_host_store_pins_memory_for_cuda(tiny):
 @pytest.mark.parametrize("policy", ["last_step", "cross_layer"])
 def test_demand_priority_on_cuda_tokens_equal_resident(tiny_cuda, tiny_prompts, policy):
     dc = DecodeConfig(gen_length=48)
-    ref = decode_prompts(tiny_cuda, tiny_prompts, 2, RunOptions(dc, device="cuda"))
+    ref = decode_prompts(tiny_cuda, tiny_prompts, 2, RunSpec(decode=dc, device="cuda"))
     res = decode_prompts(
         tiny_cuda,
         tiny_prompts,
         2,
-        RunOptions(dc, device="cuda"),
-        spec=OffloadSpec(capacity=12, policy=policy, link="cuda", link_priority="demand"),
+        RunSpec(decode=dc, device="cuda", capacity=12, policy=policy, link="cuda", link_priority="demand"),
     )
     assert res.tokens == ref.tokens and res.stats.link_priority == "demand"
     s = res.stats.as_dict()
@@ -180,8 +180,8 @@ def test_after_an_exception_in_a_forward_close_leaves_no_copy_in_flight(tiny_cud
     import artifact.offload.runner as runner
 
     engines = []
-    inner = runner.offload
-    monkeypatch.setattr(runner, "offload", lambda *a, **k: engines.append(inner(*a, **k)) or engines[-1])
+    inner = runner.build_engine
+    monkeypatch.setattr(runner, "build_engine", lambda *a, **k: engines.append(inner(*a, **k)) or engines[-1])
     seen = []
 
     def boom(demand):
@@ -189,11 +189,17 @@ def test_after_an_exception_in_a_forward_close_leaves_no_copy_in_flight(tiny_cud
         if len(seen) == 7:
             raise RuntimeError("injected failure inside a forward")
 
-    spec = OffloadSpec(capacity=6, policy="last_step", link="cuda", link_priority="demand", cap_gbps=0.05)
+    spec = RunSpec(
+        decode=DecodeConfig(gen_length=32),
+        device="cuda",
+        capacity=6,
+        policy="last_step",
+        link="cuda",
+        link_priority="demand",
+        cap_gbps=0.05,
+    )
     with tiny_cuda.model.listening(boom), pytest.raises(RuntimeError, match="injected failure"):
-        decode_prompts(
-            tiny_cuda, tiny_prompts[:1], 1, RunOptions(DecodeConfig(gen_length=32), device="cuda"), spec=spec
-        )
+        decode_prompts(tiny_cuda, tiny_prompts[:1], 1, spec)
     (eng,) = engines
     assert eng.link.closed and eng.link.stream.query()  # drained: nothing can land in freed slots
     assert all(t.cancelled or not t.held for p in eng.pending.values() for t in p.values())
@@ -264,29 +270,17 @@ def test_segmented_captures_and_replays_whole_recorded_runs_on_cuda(tiny_cuda, t
     from artifact.offload.replay.sim import replay
 
     dc = DecodeConfig(gen_length=48)
-    spec = None if policy is None else OffloadSpec(capacity=12, policy=policy, link="cuda")
+    spec = RunSpec(decode=dc, device="cuda", forward="segmented")
+    if policy is not None:
+        spec = spec.replace(capacity=12, policy=policy, link="cuda")
     programs(tiny_cuda.model).clear()
-    on = decode_prompts(
-        tiny_cuda,
-        tiny_prompts[:3],
-        3,
-        RunOptions(dc, device="cuda", forward="segmented"),
-        spec=spec,
-        record=True,
-    )
+    on = decode_prompts(tiny_cuda, tiny_prompts[:3], 3, spec, record=True)
     assert on.segments.replayed and on.segments.captures > 0, on.segments
-    if spec is not None:
+    if spec.offloaded:
         sim = replay(on.trace, policy, 12)
         for k in ("demand_hits", "demand_misses", "speculative_transfers"):
             assert getattr(on.stats, k) == sim[k], k
-    again = decode_prompts(
-        tiny_cuda,
-        tiny_prompts[:3],
-        3,
-        RunOptions(dc, device="cuda", forward="segmented", capture=False),
-        spec=spec,
-        record=True,
-    )
+    again = decode_prompts(tiny_cuda, tiny_prompts[:3], 3, spec.replace(capture=False), record=True)
     assert (
         again.segments.captures == 0 and again.segments.replays > 0 and again.segments.capture_error is None
     )
@@ -376,19 +370,15 @@ def test_segmented_grouped_stage_is_captured_in_bf16_on_cuda():
     loaded = random_model(cfg, seed=0, dtype="bfloat16", device="cuda")
     prompts = [[5, 6, 7, 8] * 10, [9, 10] * 30]
     dc = DecodeConfig(gen_length=64, threshold=1.0)
-    spec = OffloadSpec(capacity=16, policy="demand", link="cuda")
-    decode_prompts(loaded, prompts, 2, RunOptions(dc, device="cuda", forward="segmented"), spec=spec)
+    spec = RunSpec(decode=dc, device="cuda", forward="segmented", capacity=16, policy="demand", link="cuda")
+    decode_prompts(loaded, prompts, 2, spec)
     progs = programs(loaded.model)
     captured = sum(p.captures for p in progs.values())
     stages = sum(1 for p in progs.values() for name in p.graphs if name[0] == "stage")
     assert captured > 0 and stages > 0
-    again = decode_prompts(
-        loaded, prompts, 2, RunOptions(dc, device="cuda", forward="segmented"), spec=spec, record_logits=True
-    )
+    again = decode_prompts(loaded, prompts, 2, spec, record_logits=True)
     assert sum(p.captures for p in progs.values()) == captured
-    off = decode_prompts(
-        loaded, prompts, 2, RunOptions(dc, device="cuda", forward="eager"), spec=spec, record_logits=True
-    )
+    off = decode_prompts(loaded, prompts, 2, spec.replace(forward="eager"), record_logits=True)
     a, b = off.generations[0].step_logits, again.generations[0].step_logits
     first = min(a)
     torch.testing.assert_close(b[first], a[first], rtol=2e-2, atol=2e-2)  # bf16; later steps may diverge

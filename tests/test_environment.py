@@ -6,6 +6,7 @@ a run records of its environment: tests/test_run_environment.py."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess

@@ -116,9 +116,14 @@ def test_bad_input(tiny, bad, match):
 
 
 def test_bad_decode_config():
-    with pytest.raises(ValueError, match="unknown decoding mode 'fast'"):
-        DecodeConfig(mode="fast")
-    with pytest.raises(ValueError, match="gen_length"):
-        DecodeConfig(gen_length=0)
-    with pytest.raises(ValueError, match="threshold"):
-        DecodeConfig(threshold=1.5)
+    from artifact.errors import SpecError
+
+    for bad, field, match in (
+        (dict(mode="fast"), "mode", "unknown decoding mode 'fast'"),
+        (dict(gen_length=0), "gen_length", "gen_length must be >= 1, got 0"),
+        (dict(steps=0), "steps", "steps must be >= 1, got 0"),
+        (dict(threshold=1.5), "threshold", "threshold"),
+    ):
+        with pytest.raises(SpecError, match=match) as e:  # a ValueError too (SettingError)
+            DecodeConfig(**bad)
+        assert e.value.field == field and isinstance(e.value, ValueError)

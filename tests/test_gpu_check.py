@@ -647,6 +647,7 @@ def test_the_graphs_checks_warm_up_leaves_no_piece_of_a_timed_segmented_run_eage
     check's warm-up runs a segmented configuration twice, after which the timed run has no eager piece
     (the capture API stubbed on the CPU: tests/test_segments_capture.py)."""
     from functools import partial
+    from types import SimpleNamespace
 
     from test_segments_capture import StubCapture, programs_of
 
@@ -661,13 +662,14 @@ def test_the_graphs_checks_warm_up_leaves_no_piece_of_a_timed_segmented_run_eage
         eos_early_stop=False,
     )
     prompt = list(range(11, 11 + 2 * tiny.cfg.block_length))  # block-aligned, as the graphs check's prompts
-    once = partial(decode_prompts, tiny, [prompt], 1, graphs.run_options(dc, "cpu", "segmented"))
+    a = SimpleNamespace(device="cpu")  # the script's flags: none of the run flags given (RunSpec's defaults)
+    once = partial(decode_prompts, tiny, [prompt], 1, graphs.run_spec(a, dc, "segmented"))
     for warm_runs, eager in ((1, True), (2, False)):
         with programs_of(tiny.model, api=StubCapture(), lint=False):
             if warm_runs == 1:
                 once()
             else:
                 graphs.warm_up(once, "segmented")
-            timed = decode_prompts(tiny, [prompt], 1, graphs.run_options(dc, "cpu", "segmented", timed=True))
+            timed = decode_prompts(tiny, [prompt], 1, graphs.run_spec(a, dc, "segmented", timed=True))
         assert timed.segments.replays > 0 and (timed.segments.eager > 0) == eager, (warm_runs, timed.segments)
         assert timed.segments.replayed != eager

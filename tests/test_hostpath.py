@@ -18,7 +18,8 @@ from artifact.offload.links.cuda_runtime import wait_event
 from artifact.offload.links.link import EmulatedLink, LinkTimeout
 from artifact.offload.links.pacing import Pacing, calibrate_rate
 from artifact.offload.policy.policies import POLICIES
-from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 DC = DecodeConfig(gen_length=32)
 FAST_LINK = 1000.0  # GB/s: exactness does not depend on the link's speed, and the tests run faster
@@ -69,7 +70,7 @@ def test_model_grouped_equals_loop_and_rejects_unknown_kernels(tiny, tiny_prompt
     model = tiny.model
     ids = torch.tensor([tiny_prompts[4][:40], tiny_prompts[2][:40]])  # (2, 40)
     pos = torch.arange(40).expand(2, 40)
-    assert ForwardOptions().expert_kernel == RunOptions().expert_kernel == "grouped"
+    assert ForwardOptions().expert_kernel == RunSpec().expert_kernel == "grouped"
     grouped = model(ids, pos)
     assert torch.equal(model(ids, pos, options=ForwardOptions(expert_kernel="loop")), grouped)
     assert not hasattr(model, "expert_kernel") and not hasattr(model.routing, "expert_kernel")  # options only
@@ -80,13 +81,13 @@ def test_model_grouped_equals_loop_and_rejects_unknown_kernels(tiny, tiny_prompt
     ):
         ForwardOptions(expert_kernel="fused")
     with pytest.raises(SettingError, match="unknown expert_kernel 'fused'"):
-        RunOptions(DC, expert_kernel="fused")
+        RunSpec(decode=DC, expert_kernel="fused")
 
 
 # --- offloaded == resident for every engine policy, grouped kernel ---------------------------------
 @pytest.fixture(scope="module")
 def reference(tiny, tiny_prompts):
-    return decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), record=True, record_logits=True)
+    return decode_prompts(tiny, tiny_prompts[:2], 2, RunSpec(decode=DC), record=True, record_logits=True)
 
 
 def same_bits(a, b):
@@ -104,13 +105,12 @@ def test_offloaded_equals_resident_for_every_policy_and_capacity(tiny, tiny_prom
     W = mean_working_set(reference.trace)
     below_w = max(2, int(W * 0.5))
     for capacity in (1, below_w, tiny.cfg.num_experts):
-        spec = OffloadSpec(capacity, policy, bandwidth_gbps=FAST_LINK)
+        spec = RunSpec(decode=DC, capacity=capacity, policy=policy, link_gbps=FAST_LINK)
         off = decode_prompts(
             tiny,
             tiny_prompts[:2],
             2,
-            RunOptions(DC),
-            spec=spec,
+            spec,
             record_logits=True,
             oracle=reference.trace if POLICIES[policy].needs_trace else None,
         )
@@ -119,11 +119,9 @@ def test_offloaded_equals_resident_for_every_policy_and_capacity(tiny, tiny_prom
 
 
 def test_offloaded_loop_kernel_equals_resident_grouped(tiny, tiny_prompts, reference):
-    """The kernel travels in the run's options (RunOptions.expert_kernel), not on the model."""
-    spec = OffloadSpec(12, "demand", bandwidth_gbps=FAST_LINK)
-    off = decode_prompts(
-        tiny, tiny_prompts[:2], 2, RunOptions(DC, expert_kernel="loop"), spec=spec, record_logits=True
-    )
+    """The kernel travels in the run's options (RunSpec.expert_kernel), not on the model."""
+    spec = RunSpec(decode=DC, expert_kernel="loop", capacity=12, policy="demand", link_gbps=FAST_LINK)
+    off = decode_prompts(tiny, tiny_prompts[:2], 2, spec, record_logits=True)
     assert same_bits(off, reference) and off.stats.demand_misses > 0
 
 

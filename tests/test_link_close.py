@@ -185,16 +185,17 @@ def test_make_link_builds_cuda_with_demand_priority(fake_cuda):
 def test_after_an_exception_in_a_forward_no_copy_writes_into_the_slots(tiny, monkeypatch):
     import artifact.offload.runner as runner
     from artifact.model.decode import DecodeConfig
-    from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+    from artifact.offload.runner import decode_prompts
+    from artifact.offload.spec import RunSpec
 
     engines = []
-    inner = runner.offload
+    inner = runner.build_engine
 
     def keep(*a, **k):
         engines.append(inner(*a, **k))
         return engines[-1]
 
-    monkeypatch.setattr(runner, "offload", keep)
+    monkeypatch.setattr(runner, "build_engine", keep)
     seen = []
 
     def boom(demand):
@@ -203,9 +204,11 @@ def test_after_an_exception_in_a_forward_no_copy_writes_into_the_slots(tiny, mon
             raise RuntimeError("injected failure inside a forward")
 
     prompt = [list(range(10, 50))]
-    spec = OffloadSpec(capacity=6, policy="last_step", bandwidth_gbps=1e-3)  # slow: copies stay in flight
+    spec = RunSpec(  # slow: copies stay in flight
+        decode=DecodeConfig(gen_length=32), capacity=6, policy="last_step", link_gbps=1e-3
+    )
     with tiny.model.listening(boom), pytest.raises(RuntimeError, match="injected failure"):
-        decode_prompts(tiny, prompt, 1, RunOptions(DecodeConfig(gen_length=32)), spec=spec)
+        decode_prompts(tiny, prompt, 1, spec)
     (eng,) = engines
     assert eng.link.closed
     pending = [t for p in eng.pending.values() for t in p.values() if not t.landed]
@@ -282,15 +285,18 @@ def test_pin_host_is_portable_and_takes_empty_tensors(monkeypatch):
 
 
 # --- settings: cuda + demand priority is accepted; what is refused is refused before the load ---------
-def test_cuda_link_with_demand_priority_passes_the_settings_check(monkeypatch):
-    import artifact.offload.runner as runner
+def test_cuda_link_with_demand_priority_passes_the_settings_check():
     from artifact.errors import SettingError
-    from artifact.offload.runner import OffloadSpec
+    from artifact.offload.spec import RunSpec
 
-    monkeypatch.setattr(runner.torch.cuda, "is_available", lambda: True)
-    OffloadSpec(8, "last_step", link="cuda", link_priority="demand").check(256, "cuda")
-    with pytest.raises(SettingError, match="pass --device cuda"):
-        OffloadSpec(8, link="cuda", link_priority="demand").check(256, "cpu")
+    # the values alone (RunSpec.check, run when one is made): no GPU is needed to check them
+    spec = RunSpec(device="cuda", capacity=8, policy="last_step", link="cuda", link_priority="demand")
+    spec.check()
+    spec.fits(256)
+    with pytest.raises(
+        SettingError, match="link cuda computes on the GPU, but device is 'cpu'; use link emulated"
+    ):
+        RunSpec(capacity=8, link="cuda", link_priority="demand")
 
 
 def test_generate_cuda_demand_on_a_cpu_machine_fails_only_at_the_device_check(capsys, monkeypatch):

@@ -20,7 +20,8 @@ from artifact.offload.links.link_factory import make_link
 from artifact.offload.links.timeline import ManualClock
 from artifact.offload.policy.policies import make_policy
 from artifact.offload.policy.prefetch_base import TraceFuture
-from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 DC = DecodeConfig(gen_length=40)
 
@@ -28,7 +29,7 @@ DC = DecodeConfig(gen_length=40)
 @pytest.fixture(scope="module")
 def resident(tiny, tiny_prompts):
     """Resident reference run on two prompts (a batch), with per-step logits and the trace."""
-    return decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), record=True, record_logits=True)
+    return decode_prompts(tiny, tiny_prompts[:2], 2, RunSpec(decode=DC), record=True, record_logits=True)
 
 
 def same_bits(a, b):
@@ -52,7 +53,11 @@ def test_offloaded_equals_resident_bit_for_bit(tiny, tiny_prompts, resident, cap
 
     assert capacity < mean_working_set(resident.trace) or capacity == 256 or capacity == 1
     off = decode_prompts(
-        tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=OffloadSpec(capacity, policy), record_logits=True
+        tiny,
+        tiny_prompts[:2],
+        2,
+        RunSpec(decode=DC, capacity=capacity, policy=policy),
+        record_logits=True,
     )
     assert off.tokens == resident.tokens
     assert same_bits(off, resident)
@@ -64,8 +69,7 @@ def test_oracle_run_is_exact_too(tiny, tiny_prompts, resident):
         tiny,
         tiny_prompts[:2],
         2,
-        RunOptions(DC),
-        spec=OffloadSpec(20, "oracle"),
+        RunSpec(decode=DC, capacity=20, policy="oracle"),
         oracle=resident.trace,
         record_logits=True,
     )
@@ -74,7 +78,7 @@ def test_oracle_run_is_exact_too(tiny, tiny_prompts, resident):
 
 
 def test_full_capacity_has_only_compulsory_misses(tiny, tiny_prompts, resident):
-    off = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), spec=OffloadSpec(256, "demand"))
+    off = decode_prompts(tiny, tiny_prompts[:2], 2, RunSpec(decode=DC, capacity=256, policy="demand"))
     t = resident.trace
     pairs = {
         (int(layer), int(e))
@@ -246,7 +250,10 @@ def test_host_store_packs_each_expert_contiguously(tiny):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--cache-experts", "0"], "cache capacity must be an integer in [1, 256]"),
+        (
+            ["--cache-experts", "0"],
+            "--cache-experts: cache capacity must be at least 1 expert per layer, got 0",
+        ),
         (["--cache-experts", "257"], "cache capacity must be an integer in [1, 256]"),
         (["--cache-experts", "8", "--policy", "lru2"], "unknown policy 'lru2'"),
         (["--cache-experts", "8", "--link", "nvlink"], "unknown link 'nvlink'"),
@@ -272,7 +279,10 @@ def test_cuda_link_without_cuda_is_a_clear_error(capsys, monkeypatch):
     monkeypatch.setattr(
         ck, "load_checkpoint", lambda *a, **k: pytest.fail("loaded a model despite bad input")
     )
-    assert main(["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--link", "cuda"]) == 2
-    assert "--link cuda needs a CUDA GPU" in capsys.readouterr().err
+    offload = ["generate", "--prompt", "hi", "--offload", "--cache-experts", "8", "--link", "cuda"]
+    assert main(offload) == 2  # on the CPU device: the link's pairing refused (RunSpec.check)
+    assert "--link: link cuda computes on the GPU, but device is 'cpu'" in capsys.readouterr().err
+    assert main([*offload, "--device", "cuda"]) == 2  # on a cuda device: the missing GPU refused
+    assert "--device cuda asked for, but torch.cuda.is_available() is False" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="CUDA"):
         make_link("cuda", device="cuda")

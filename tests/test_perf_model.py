@@ -12,7 +12,7 @@ from helpers_streams import store_run, validation_rows
 from test_cli import one_line_error
 
 from artifact.cli import main
-from artifact.errors import ProfileError
+from artifact.errors import ProfileError, SettingError
 from artifact.experiments.hardware import (
     HARDWARE,
     committed_gpu_check,
@@ -29,7 +29,7 @@ from artifact.offload.policy.policies import POLICIES
 from artifact.offload.replay.sim import replay
 from artifact.offload.replay.synth import SynthParams, synth
 from artifact.offload.replay.trace import TraceRecorder
-from artifact.offload.runner import OffloadSpec
+from artifact.offload.spec import RunSpec
 from artifact.offload.trace_engine import run_virtual
 
 US = 1e-6
@@ -99,8 +99,13 @@ def hand_trace():
 def test_worked_example(priority, step1, stall):
     costs = Costs(HAND, HAND_SHAPE)
     assert costs.expert_bytes == 60_000 and costs.link_gbps == 1.0
-    spec = OffloadSpec(
-        2, "last_step", "emulated", bandwidth_gbps=1.0, latency_us=20.0, link_priority=priority
+    spec = RunSpec(
+        capacity=2,
+        policy="last_step",
+        link="emulated",
+        link_gbps=1.0,
+        latency_us=20.0,
+        link_priority=priority,
     )
     st = run_virtual(hand_trace(), spec, costs)
     by_phase = st["time"]["by_phase"]
@@ -128,8 +133,13 @@ def stream():
 @pytest.mark.parametrize("priority", ["fifo", "demand"])
 def test_virtual_counts_equal_the_simulator(stream, policy, priority):
     costs = Costs(HARDWARE["h200"], Shape.of(get_preset("llada2-mini"), 2))
-    spec = OffloadSpec(
-        40, policy, "emulated", bandwidth_gbps=costs.link_gbps, latency_us=10.0, link_priority=priority
+    spec = RunSpec(
+        capacity=40,
+        policy=policy,
+        link="emulated",
+        link_gbps=costs.link_gbps,
+        latency_us=10.0,
+        link_priority=priority,
     )
     st = run_virtual(stream, spec, costs)
     sim = replay(stream, policy, 40)
@@ -140,7 +150,13 @@ def test_virtual_counts_equal_the_simulator(stream, policy, priority):
 
 def test_limits_bound_the_modelled_time(stream):
     df = model_grid(
-        [stream], HARDWARE["h200"], "llada2-mini", ["demand", "oracle"], [0.5, 1.0], ["fifo", "demand"]
+        [stream],
+        HARDWARE["h200"],
+        "llada2-mini",
+        RunSpec(),
+        ["demand", "oracle"],
+        [0.5, 1.0],
+        ["fifo", "demand"],
     )
     assert len(df) == 8
     assert (df.floor_per_step <= df.limit_per_step + 1e-15).all()
@@ -206,7 +222,9 @@ def test_wall_clock_runs_the_same_counts(stream):
     """clock 'wall' (cpu-emulated, shape tiny): the same engine on real time, the same counts."""
     short = synth(SynthParams(layers=2, blocks=1, steps=4, w=20.0, seed=1))
     hw = HARDWARE["cpu-emulated"]
-    v, w = (model_grid([short], hw, "tiny", ["last_step"], [1.0], clock=c) for c in ("virtual", "wall"))
+    v, w = (
+        model_grid([short], hw, "tiny", RunSpec(), ["last_step"], [1.0], clock=c) for c in ("virtual", "wall")
+    )
     for k in ("demand_misses", "speculative_transfers", "prefetch_hits", "limit_per_step", "floor_per_step"):
         assert v[k].tolist() == w[k].tolist()
     assert (w.seconds > 0).all() and (w.clock == "wall").all()
@@ -227,11 +245,44 @@ def test_a_dry_run_report_is_refused(tmp_path):
         hardware("h200", p)
 
 
-def test_clock_and_hardware_are_settings():
-    assert load_profile("cpu", {"clock": "wall", "hardware": "a5000"}).clock == "wall"
-    for key, bad in (("clock", "sundial"), ("hardware", "h100")):
-        with pytest.raises(ProfileError, match=key):
-            load_profile("cpu", {key: bad})
+def test_clock_and_hardware_are_the_model_commands_flags_not_settings():
+    """No run read the profile keys clock and hardware: they are gone, and `model` takes them as flags (its
+    bad values: test_bad_input_is_one_line_and_exit_2)."""
+    from artifact.cli import build_parser
+
+    m = build_parser().parse_args(["model", "--trace", "x", "--clock", "wall", "--hardware", "a5000"])
+    assert (m.clock, m.hardware) == ("wall", "a5000")
+    m = build_parser().parse_args(["model", "--trace", "x"])
+    assert (m.clock, m.hardware) == ("virtual", "cpu-emulated")
+    for key, value in (("clock", "wall"), ("hardware", "a5000")):
+        with pytest.raises(ProfileError, match=f"unknown key '{key}'"):
+            load_profile("cpu", {key: value})
+
+
+def test_the_virtual_clock_models_one_run_spec_and_refuses_what_it_cannot_model(stream):
+    """model_run prices the spec's link from the hardware profile and keeps its policy knobs; run_virtual
+    refuses what its costs do not model (the cuda link, the loop kernel, a segmented forward)."""
+    from artifact.experiments.studies.performance_model import model_run, priced_spec
+
+    costs = Costs(HARDWARE["h200"], Shape.of(get_preset("llada2-mini"), 2))
+    spec = RunSpec(capacity=40, policy="last_step", lookahead=2, link_priority="demand")
+    priced = priced_spec(costs, spec)
+    assert (priced.link_gbps, priced.latency_us) == (costs.link_gbps, costs.hw.copy_latency_us)
+    assert (priced.lookahead, priced.link_priority, priced.capacity) == (2, "demand", 40)
+    with pytest.raises(SettingError, match="leave link_gbps"):
+        priced_spec(costs, spec.replace(link_gbps=1.0))
+    assert (
+        model_run(stream, costs, spec)["demand_misses"]
+        == replay(stream, "last_step:lookahead=2", 40)["demand_misses"]
+    )
+    for bad, says in (
+        (dict(device="cuda", link="cuda"), "give link 'emulated'"),
+        (dict(expert_kernel="loop"), "give expert_kernel grouped"),
+        (dict(forward="segmented"), "give forward eager"),
+        (dict(capacity=None), "give the RunSpec a capacity"),
+    ):
+        with pytest.raises(SettingError, match=says):
+            run_virtual(stream, priced.replace(**bad), costs)
 
 
 def test_gpu_validation_replays_the_measured_counts():
@@ -246,7 +297,7 @@ def test_notebook_grid_and_claims_on_a_small_stream():
     from artifact.experiments.studies import performance_model as pm
 
     small = synth(SynthParams(layers=2, blocks=1, steps=4, w=30.0, seed=2))
-    grid = pm.gpu_grid({"paper point": small, "other": small}, progress=False)
+    grid = pm.gpu_grid({"paper point": small, "other": small}, RunSpec(), progress=False)
     assert set(grid.hardware) == {"a5000", "h200"} and set(grid["shape"]) == {"llada2-mini", "llada2-flash"}
     assert set(grid[grid.trace == "other"]["shape"]) == {"llada2-mini"}
     assert "cross_layer" not in set(grid.policy)  # a synthetic stream carries no predictions
@@ -397,7 +448,7 @@ def test_the_physical_limit_is_the_devices_not_the_hosts(stream):
 
     slow_host = dataclasses.replace(HARDWARE["h200"], launch_us=10 * HARDWARE["h200"].launch_us)
     a, b = (
-        model_grid([stream], hw, "llada2-mini", ["demand"], [1.0], ["fifo"])
+        model_grid([stream], hw, "llada2-mini", RunSpec(), ["demand"], [1.0], ["fifo"])
         for hw in (HARDWARE["h200"], slow_host)
     )
     assert a.limit_per_step.tolist() == b.limit_per_step.tolist()

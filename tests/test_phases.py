@@ -38,7 +38,8 @@ from artifact.offload.replay.sim import (
     sweep,
 )
 from artifact.offload.replay.trace import TraceRecorder, mean_working_set, working_set_by_phase, working_sets
-from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 DC = DecodeConfig(gen_length=40)
 SIM_POLICIES = ["demand", "last_step", "oracle", "belady", "min"]
@@ -155,7 +156,7 @@ def test_min_is_refused_by_the_engine_and_the_bench_with_its_reason():
         with pytest.raises(SettingError, match="is a bound.*not a cache policy.*simulate"):
             check_policy("min", engine=engine)
     with pytest.raises(SettingError, match="is a bound"):
-        OffloadSpec(8, "min").check(16, "cpu")
+        RunSpec(capacity=8, policy="min")
     with pytest.raises(ProfileError, match="policies.*'min'.*is a bound"):
         load_profile("cpu", {"policies": ["demand", "min"]})
 
@@ -221,7 +222,7 @@ def test_bench_phase_columns_and_old_files(tmp_path):
 @pytest.fixture(scope="module")
 def recorded(tiny, tiny_prompts):
     return decode_prompts(
-        tiny, tiny_prompts[:3], 2, RunOptions(DC), record=True, prompt_ids=["a", "b", "c"], task="test"
+        tiny, tiny_prompts[:3], 2, RunSpec(decode=DC), record=True, prompt_ids=["a", "b", "c"], task="test"
     )
 
 
@@ -233,8 +234,7 @@ def test_engine_stats_by_phase_equal_the_replay(tiny, tiny_prompts, recorded, po
         tiny,
         tiny_prompts[:3],
         2,
-        RunOptions(DC),
-        spec=OffloadSpec(capacity, policy),
+        RunSpec(decode=DC, capacity=capacity, policy=policy),
         record=True,
         prompt_ids=["a", "b", "c"],
         task="test",

@@ -13,7 +13,8 @@ from artifact.offload.links.link import EmulatedLink, scaled_chunk_bytes
 from artifact.offload.links.link_factory import make_link
 from artifact.offload.links.timeline import CopyTimeline, ManualClock, SpeculativeHold, split
 from artifact.offload.replay.sim import replay
-from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 MB = 1_000_000
 COUNTS = (
@@ -175,7 +176,7 @@ def test_priority_settings_are_checked():
     with pytest.raises(ValueError, match="chunk_bytes must be a positive integer"):
         EmulatedLink(1.0, priority="demand", chunk_bytes=0)
     with pytest.raises(ValueError, match="unknown link priority"):
-        OffloadSpec(4, link_priority="urgent").check(256, "cpu")
+        RunSpec(capacity=4, link_priority="urgent")
     link = make_link("emulated", expert_bytes=24_576, priority="demand")
     assert link.priority == "demand" and link.chunk_bytes == 24_576  # one expert per chunk
     assert scaled_chunk_bytes(24_576) == 4096
@@ -292,16 +293,15 @@ def test_engine_issues_speculative_loads_after_all_demand_loads_of_the_layer(tin
 )
 def test_engine_counts_equal_replay_under_demand_priority(tiny, tiny_prompts, policy):
     ids = ["a", "b"]
-    rec = decode_prompts(tiny, tiny_prompts[:2], 2, RunOptions(DC), record=True, prompt_ids=ids)
+    rec = decode_prompts(tiny, tiny_prompts[:2], 2, RunSpec(decode=DC), record=True, prompt_ids=ids)
     out = {}
     for prio in ("fifo", "demand"):
-        spec = OffloadSpec(12, policy, link_priority=prio)
+        spec = RunSpec(decode=DC, capacity=12, policy=policy, link_priority=prio)
         out[prio] = decode_prompts(
             tiny,
             tiny_prompts[:2],
             2,
-            RunOptions(DC),
-            spec=spec,
+            spec,
             record=True,
             prompt_ids=ids,
             oracle=rec.trace if policy == "oracle" else None,

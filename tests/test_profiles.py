@@ -64,8 +64,13 @@ def _numeric(key):
 
 
 def test_every_numeric_setting_has_a_range():
+    """Every int/float setting is range-checked: by RANGES, or as a run key (settings.RUN_KEYS) by the one
+    validator of a run's values (RunSpec.check and DecodeConfig, through Settings.run_spec)."""
     numeric = {k for k in PROFILE_KEYS if _numeric(k)}
-    assert numeric == set(RANGES), "every int/float setting needs a RANGES entry (NaN, inf and range checks)"
+    assert numeric <= set(RANGES) | set(settings.RUN_KEYS), (
+        "every int/float setting needs a RANGES entry or is a run key (NaN, inf and range checks)"
+    )
+    assert not set(RANGES) & set(settings.RUN_KEYS), "a run key is checked by RunSpec, not twice"
 
 
 HINTS = typing.get_type_hints(Settings)
@@ -244,22 +249,36 @@ def test_wrong_types_name_key_type_and_value(tmp_path, text, pattern):
         ("bandwidth_scales: [-1]", r"bandwidth_scales must be > 0"),
         (
             "policies: [demand, belady]",
-            r"policies has 'belady': policy 'belady' needs the whole future and runs in the simulator only",
+            r"policies: policy 'belady' runs in the simulator only \(python -m artifact simulate\)",
         ),
-        ("policies: [demand, mru]", r"policies has 'mru': unknown policy 'mru'"),
+        ("policies: [demand, mru]", r"policies: unknown policy 'mru'"),
         (
             "policies: [demand, lru]",
-            r"policies has 'lru': 'lru' is an eviction policy, not a prefetch policy",
+            r"policies: 'lru' is an eviction policy, not a prefetch policy",
         ),
         ("sim_policies: [magic]", r"sim_policies has 'magic': unknown policy 'magic'"),
         ("tasks: [gsm8k, squad]", r"tasks has unknown value 'squad'; choose from \['gsm8k'"),
-        ("link: nvlink", r"link has unknown value 'nvlink'; choose from \['emulated', 'cuda'\]"),
-        ("mode: fast", r"mode has unknown value 'fast'; choose from \['cached', 'full'\]"),
+        ("link: nvlink", r"link: unknown link 'nvlink'; choose one of \('emulated', 'cuda'\)"),
+        ("mode: fast", r"mode: unknown decoding mode 'fast'; choose one of \('cached', 'full'\)"),
         ("forward: maybe", r"forward: unknown forward mode 'maybe'; choose one of \('eager', 'segmented'\)"),
-        ("dtype: int8", r"dtype has unknown value 'int8'"),
-        ("device: tpu", r"device has unknown value 'tpu'"),
-        ("link: cuda", r"link 'cuda' computes on the GPU, but device is 'cpu'"),
-        ("device: cuda\nlink: cuda\nbandwidth_scales: [2.0]", r"bandwidth_scales above 1"),
+        ("dtype: int8", r"dtype 'int8' unknown"),
+        ("device: tpu", r"device: unknown device 'tpu'"),
+        ("link: cuda", r"link cuda computes on the GPU, but device is 'cpu'; use link emulated"),
+        (
+            "device: cuda\nlink: cuda\nbandwidth_scales: [2.0]",
+            r"bandwidth_scales: bandwidth_scale must be in \(0, 1\], got 2.0",
+        ),
+        (
+            "device: cuda\nlink: cuda\nthrottle_scales: [1.0, 2.0]",
+            r"throttle_scales: bandwidth_scale must be in \(0, 1\], got 2.0",
+        ),
+        ("expert_kernel: fused", r"expert_kernel: unknown expert_kernel 'fused'"),
+        ("link_priority: urgent", r"link_priority: unknown link priority 'urgent'"),
+        ("lookahead: 0", r"lookahead must be >= 1, got 0"),
+        ("tau: 0", r"tau must be >= 1, got 0"),
+        ("latency_us: -1", r"latency_us must be in \[0, 1e\+06\]"),
+        ("gen_length: 0", r"gen_length must be >= 1, got 0"),
+        ("steps: 0", r"steps must be >= 1, got 0"),
         ("repetitions: 0", r"repetitions must be > 0, got 0"),
         ("warmup: -1", r"warmup must be >= 0"),
         ("threshold: 1.5", r"threshold must be in \(0, 1\]"),

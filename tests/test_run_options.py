@@ -1,4 +1,4 @@
-"""Issue 45: every entry point that decodes passes one RunOptions, so a profile's (or the flags') forward mode
+"""Issue 45: every entry point that decodes passes one RunSpec, so a profile's (or the flags') forward mode
 reaches every run. Each entry point runs here with forward "segmented" on the CPU, and the segment counter the
 run reports (SegmentCounts.forwards: RunResult.segments, the model's programs' counts, the CLI's output) shows
 its denoising forwards went through the segments; the same entry point with forward "eager" runs none."""
@@ -9,11 +9,12 @@ import json
 
 import pytest
 
-from artifact.errors import ProfileError, SettingError
+from artifact.errors import ProfileError, SettingError, SpecError
 from artifact.experiments.settings import load_profile
 from artifact.model.decode import DecodeConfig
 from artifact.model.options import ForwardOptions
-from artifact.offload.runner import RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 SMALL = {
     "gen_length": 32,
@@ -42,31 +43,33 @@ def ran(entry, loaded) -> int:
 
 
 # --- the object --------------------------------------------------------------------------------------------
-def test_run_options_are_built_once_from_the_profile_and_checked_on_the_way():
+def test_run_specs_are_built_once_from_the_profile_and_checked_on_the_way():
     P = profile("segmented")
-    o = P.run_options()
+    o = P.run_spec()
     assert (
-        o == RunOptions(P.decode_config(), P.device, "segmented")
+        (o.decode, o.device, o.forward) == (P.decode_config(), P.device, "segmented")
+        and not o.offloaded
         and o.capture
         and o.expert_kernel == "grouped"
     )
-    assert P.run_options(capture=False).capture is False
+    assert P.run_spec(capture=False).capture is False
     f = o.forward_options(backend=None, predict_next=True)
     assert f == ForwardOptions("segmented", predict_next=True, capture=True, expert_kernel="grouped")
     with pytest.raises(
         SettingError,
         match=r"unknown forward mode 'fast'; choose one of \('eager', "
         r"'segmented'\)",
-    ):
-        RunOptions(forward="fast")
+    ) as e:
+        RunSpec(forward="fast")
+    assert isinstance(e.value, SpecError) and e.value.field == "forward"
     with pytest.raises(ProfileError, match=r"overrides: forward: unknown forward mode 'fast'"):
         load_profile("cpu", {"forward": "fast"})
-    with pytest.raises(SettingError, match="RunOptions.decode must be a DecodeConfig, got dict"):
-        RunOptions({"gen_length": 32})
+    with pytest.raises(SpecError, match="decode must be a DecodeConfig, got dict"):
+        RunSpec(decode={"gen_length": 32})
 
 
 def test_decode_prompts_refuses_a_bare_decode_config(tiny):
-    with pytest.raises(SettingError, match="takes a RunOptions as its 4th argument, got DecodeConfig"):
+    with pytest.raises(SettingError, match="takes a RunSpec as its 4th argument, got DecodeConfig"):
         decode_prompts(tiny, [[11, 12]], 1, DecodeConfig(gen_length=32))
 
 
@@ -117,9 +120,9 @@ def test_the_performance_models_validation_runs_segmented():
         ),
         loaded,
     )
-    # its traced run, the calibration's offloaded runs at two C (a warm-up and one timed each), the measured
-    # row
-    assert n == 6 * int(out["rows"].forwards.iloc[0]) > 0
+    # its traced run, trace_engine.calibrate's resident runs (a warm-up and one timed: it decodes as the spec
+    # says), the calibration's offloaded runs at two C (a warm-up and one timed each), the measured row
+    assert n == 8 * int(out["rows"].forwards.iloc[0]) > 0
 
 
 def test_the_bench_runner_runs_segmented():
@@ -140,9 +143,9 @@ def test_the_bench_runner_runs_segmented():
 def test_the_tide_adapters_engine_run_runs_segmented(tiny, tiny_prompts):
     from artifact.experiments.tide.adapter import engine_row
 
-    options = RunOptions(DecodeConfig(gen_length=32), "cpu", "segmented")
+    spec = RunSpec(decode=DecodeConfig(gen_length=32), device="cpu", forward="segmented")
     out = {}
-    n = ran(lambda: out.update(row=engine_row(tiny, [tiny_prompts[3]], 12, options)[0]), tiny)
+    n = ran(lambda: out.update(row=engine_row(tiny, [tiny_prompts[3]], 12, spec)[0]), tiny)
     assert n == out["row"]["forwards"] > 0
 
 

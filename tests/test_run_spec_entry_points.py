@@ -287,8 +287,6 @@ REFUSES = {
     ("model_run", "expert_kernel"),
     ("model_grid", "forward"),
     ("model_grid", "expert_kernel"),
-    ("notebook 08 (validation)", "forward"),  # the measured runs honour both; the model prices neither
-    ("notebook 08 (validation)", "expert_kernel"),
 }
 # What an entry point has nothing to apply to: a resident run has no link or policy; the performance model
 # and the stream have no model forward to compute the kernel of (run_stream reports its kernel, below).

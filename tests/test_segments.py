@@ -215,31 +215,31 @@ def test_a_bad_forward_mode_is_refused():
 
 def test_a_run_refuses_a_bad_forward_mode_before_it_decodes(tiny):
     from artifact.errors import SettingError
-    from artifact.offload.runner import RunOptions, decode_prompts
+    from artifact.offload.runner import decode_prompts
+    from artifact.offload.spec import RunSpec
 
     with pytest.raises(
         SettingError,
         match=r"unknown forward mode 'on'; choose one of \('eager', "
         r"'segmented'\)",
     ):
-        decode_prompts(tiny, [[11, 12]], 1, RunOptions(forward="on"))
+        decode_prompts(tiny, [[11, 12]], 1, RunSpec(forward="on"))
 
 
 @pytest.mark.parametrize("policy", [None, "last_step"])
 def test_segmented_runs_equal_eager_runs(tiny, tiny_prompts, policy):
     """Whole runs: tokens, every step's logits and the engine's counts are the same."""
     from artifact.model.decode import DecodeConfig
-    from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+    from artifact.offload.runner import decode_prompts
+    from artifact.offload.spec import RunSpec
 
     dc = DecodeConfig(gen_length=40)
     # a link that never makes compute wait: the run checks exactness, not timing
-    spec = None if policy is None else OffloadSpec(12, policy, bandwidth_gbps=1000.0, latency_us=0.0)
-    off = decode_prompts(
-        tiny, tiny_prompts[:3], 3, RunOptions(dc, forward="eager"), spec=spec, record_logits=True
-    )
-    on = decode_prompts(
-        tiny, tiny_prompts[:3], 3, RunOptions(dc, forward="segmented"), spec=spec, record_logits=True
-    )
+    spec = RunSpec(decode=dc)
+    if policy is not None:
+        spec = spec.replace(capacity=12, policy=policy, link_gbps=1000.0, latency_us=0.0)
+    off = decode_prompts(tiny, tiny_prompts[:3], 3, spec.replace(forward="eager"), record_logits=True)
+    on = decode_prompts(tiny, tiny_prompts[:3], 3, spec.replace(forward="segmented"), record_logits=True)
     assert on.tokens == off.tokens and on.stats.forward == "segmented" and off.segments is None
     # CPU: eager segments
     assert on.segments.captures == on.segments.replays == 0 and not on.segments.replayed

@@ -22,7 +22,8 @@ from artifact.model.segments import Programs, programs
 from artifact.offload.backend.engine import offload
 from artifact.offload.links.link_factory import make_link
 from artifact.offload.policy.policies import make_policy
-from artifact.offload.runner import RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 PROMPTS = [[11, 12, 13] * 5, [14, 15] * 20]
 DC = DecodeConfig(gen_length=32)
@@ -96,9 +97,9 @@ def test_prediction_runs_segmented_through_host_buffers_sized_per_layer(tiny):
     """A recorded run (the cross-layer prediction on) segmented equals it eager; each MoE layer's host buffer
     has its own counts' size ((2E,) with a next router, (E,) for the last MoE layer), and the CPU fills it."""
     with programs_of(tiny.model) as progs:
-        eager = decode_prompts(tiny, PROMPTS, 2, RunOptions(DC), record=True, record_logits=True)
+        eager = decode_prompts(tiny, PROMPTS, 2, RunSpec(decode=DC), record=True, record_logits=True)
         seg = decode_prompts(
-            tiny, PROMPTS, 2, RunOptions(DC, forward="segmented"), record=True, record_logits=True
+            tiny, PROMPTS, 2, RunSpec(decode=DC, forward="segmented"), record=True, record_logits=True
         )
         assert seg.tokens == eager.tokens
         assert [d.predicted for d in seg.trace.demands] == [d.predicted for d in eager.trace.demands]
@@ -163,7 +164,7 @@ def test_a_failed_capture_leaves_the_stream_is_recorded_once_and_turns_capture_o
         decode_steps(tiny.model, opts, 2, batch=2)
         assert "begin" not in stub.calls[len(before) :] and progs.counts.eager > eager_before
         assert progs.counts.capture_error == error  # recorded once
-        res = decode_prompts(tiny, PROMPTS[:1], 1, RunOptions(DC, forward="segmented"))
+        res = decode_prompts(tiny, PROMPTS[:1], 1, RunSpec(decode=DC, forward="segmented"))
         assert res.segments.capture_error == error and res.segments.replays == 0 and not res.segments.replayed
         assert res.segments.eager > 0 and "begin" not in stub.calls[len(before) :]
 
@@ -191,7 +192,7 @@ def test_warm_up_runs_on_the_capture_stream_and_a_no_capture_forward_never_captu
         decode_steps(tiny.model, ForwardOptions("segmented", capture=False), 3)
         assert stub.calls == [] and progs.counts.eager > 0 and progs.counts.captures == 0
         # a timed run
-        res = decode_prompts(tiny, PROMPTS[:1], 1, RunOptions(DC, forward="segmented", capture=False))
+        res = decode_prompts(tiny, PROMPTS[:1], 1, RunSpec(decode=DC, forward="segmented", capture=False))
         assert (
             stub.calls == [] and res.segments.captures == res.segments.replays == 0 and res.segments.eager > 0
         )

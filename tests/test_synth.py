@@ -17,7 +17,8 @@ from artifact.offload.replay.fit import fit, measure
 from artifact.offload.replay.sim import replay
 from artifact.offload.replay.synth import SynthParams, synth
 from artifact.offload.replay.trace import Trace, mean_working_set, step_similarity
-from artifact.offload.runner import RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 Z = 4.0  # tolerance in standard errors: two-sided p ~ 6e-5 per check under a normal sampling error
 
@@ -342,7 +343,7 @@ def recorded(tiny, tiny_prompts):
         tiny,
         tiny_prompts[2:5],
         2,
-        RunOptions(DecodeConfig(gen_length=40)),
+        RunSpec(decode=DecodeConfig(gen_length=40)),
         record=True,
         prompt_ids=["a", "b", "c"],
         task="test",

@@ -18,6 +18,7 @@ import warnings
 import pytest
 import torch
 
+from artifact.errors import SettingError
 from artifact.experiments.bench.model_runner import usable_cores
 from artifact.experiments.tide import adapter as tide
 from artifact.experiments.tide import checkout as tide_checkout
@@ -25,7 +26,7 @@ from artifact.experiments.tide import released
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import tokens_sha
 from artifact.model.tiny import tiny_checkpoint
-from artifact.offload.runner import RunOptions
+from artifact.offload.spec import RunSpec
 
 # The fake is not TIDE's pinned model file: check_tide warns about that; the warning has its own test.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is not the model file of ims-kdks/TIDE:UserWarning")
@@ -354,7 +355,7 @@ def test_compare_with_engine_interleaves_three_systems(fake, tiny, tiny_prompts)
         prompts,
         budget_experts=96,
         jump_steps=2,
-        options=RunOptions(DecodeConfig(gen_length=32), "cpu"),
+        spec=RunSpec(decode=DecodeConfig(gen_length=32), device="cpu", lookahead=2),
         reps=2,
         progress=False,
     )
@@ -363,6 +364,9 @@ def test_compare_with_engine_interleaves_three_systems(fake, tiny, tiny_prompts)
     assert systems[3:] == [("engine", "full"), ("tide_released", "full"), ("engine", "cached")]  # rotated
     eng = [r for r in rows if r["system"] == "engine"]
     assert all(r["cache_experts"] == 96 and r["batch_size"] == 1 and r["demand_misses"] > 0 for r in eng)
+    run = ("eager", "grouped", "fifo", 2, 4)  # the spec's, in every engine row
+    keys = ("forward", "expert_kernel", "link_priority", "lookahead", "tau")
+    assert all(tuple(r[k] for k in keys) == run for r in eng)
     assert [r["order"] for r in rows] == [0, 1, 2, 0, 1, 2]
     from artifact.experiments.bench.results import STAT_COLUMNS
 
@@ -506,7 +510,7 @@ def test_compare_with_engine_sweeps_jump_steps_and_reports_seconds_per_forward(f
         fake,
         [tiny_prompts[3]],
         budget_experts=96,
-        options=RunOptions(DecodeConfig(gen_length=32), "cpu"),
+        spec=RunSpec(decode=DecodeConfig(gen_length=32), device="cpu"),
         reps=2,
         progress=False,
     )
@@ -536,8 +540,10 @@ def test_compare_with_engine_sweeps_jump_steps_and_reports_seconds_per_forward(f
     )
     with pytest.raises(ValueError, match="jump_steps"):
         tide.compare_with_engine(
-            tiny, fake, [[1, 2]], 96, jump_steps=(2, 2), options=RunOptions(device="cpu"), progress=False
+            tiny, fake, [[1, 2]], 96, jump_steps=(2, 2), spec=RunSpec(device="cpu"), progress=False
         )
+    with pytest.raises(SettingError, match="give forward eager"):  # the engine's full-mode rows: eager only
+        tide.compare_with_engine(tiny, fake, [[1, 2]], 96, spec=RunSpec(forward="segmented"), progress=False)
 
 
 def test_speedup_parts_takes_tide_at_its_best_jump_steps():

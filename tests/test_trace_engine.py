@@ -7,7 +7,8 @@ import pytest
 from artifact.model.decode import DecodeConfig
 from artifact.offload.replay.sim import replay
 from artifact.offload.replay.synth import SynthParams, synth
-from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 from artifact.offload.trace_engine import Calibration, ExpertShape, calibrate, make_store, run_stream
 
 DC = DecodeConfig(gen_length=40)
@@ -19,7 +20,7 @@ COUNTS = (
     "wasted_prefetches",
     "bytes_h2d",
 )
-FAST = dict(bandwidth_gbps=50.0, latency_us=0.0)  # the counts do not depend on the link's speed
+FAST = dict(link_gbps=50.0, latency_us=0.0)  # the counts do not depend on the link's speed
 
 
 def shape_of(loaded) -> ExpertShape:
@@ -30,7 +31,7 @@ def shape_of(loaded) -> ExpertShape:
 def recorded(tiny, tiny_prompts):
     """A resident run of two batches (three prompts, batch size 2), recorded."""
     return decode_prompts(
-        tiny, tiny_prompts[:3], 2, RunOptions(DC), record=True, prompt_ids=["a", "b", "c"], task="test"
+        tiny, tiny_prompts[:3], 2, RunSpec(decode=DC), record=True, prompt_ids=["a", "b", "c"], task="test"
     )
 
 
@@ -41,13 +42,12 @@ def recorded(tiny, tiny_prompts):
 def test_stream_counts_equal_the_model_driven_run_and_the_replay(
     tiny, tiny_prompts, recorded, policy, capacity
 ):
-    spec = OffloadSpec(capacity, policy, **FAST)
+    spec = RunSpec(decode=DC, capacity=capacity, policy=policy, **FAST)
     model = decode_prompts(
         tiny,
         tiny_prompts[:3],
         2,
-        RunOptions(DC),
-        spec=spec,
+        spec,
         record=True,
         prompt_ids=["a", "b", "c"],
         task="test",
@@ -84,7 +84,7 @@ def small_stream():
 
 def test_calibration_pads_compute_and_other_time():
     t, shape = small_stream(), ExpertShape(16, 8)
-    spec = OffloadSpec(32, "demand", **FAST)  # every expert fits: only compulsory loads
+    spec = RunSpec(capacity=32, policy="demand", **FAST)  # every expert fits: only compulsory loads
     bare = run_stream(t, spec, shape)
     slow = run_stream(t, spec, shape, Calibration(compute_us_per_expert=500.0, other_us_per_demand=1000.0))
     floor = (500.0 * t.accesses + 1000.0 * len(t)) * 1e-6
@@ -96,7 +96,7 @@ def test_calibration_pads_compute_and_other_time():
 
 
 def test_calibrate_measures_the_tiny_model(tiny, tiny_prompts):
-    c = calibrate(tiny, tiny_prompts[:2], DecodeConfig(gen_length=32))
+    c = calibrate(tiny, tiny_prompts[:2], RunSpec(decode=DecodeConfig(gen_length=32)))
     assert c.compute_us_per_expert > 0 and c.other_us_per_demand > 0
     assert "tiny" in c.source
 
@@ -105,7 +105,9 @@ def test_a_synthetic_stream_runs_and_the_link_stalls_on_misses():
     t = small_stream()
     shape = ExpertShape(16, 8)
     store = make_store(t, shape)
-    spec = OffloadSpec(8, "demand", bandwidth_gbps=0.01, latency_us=0.0)  # 1.5 KiB expert: ~150 us a copy
+    spec = RunSpec(
+        capacity=8, policy="demand", link_gbps=0.01, latency_us=0.0
+    )  # 1.5 KiB expert: ~150 us a copy
     s = run_stream(t, spec, shape, store=store, verify=True)
     assert s["demand_misses"] == replay(t, "demand", 8, expert_bytes=store.expert_bytes)["demand_misses"]
     assert s["stall_seconds"] > 0 and s["link_busy_seconds"] >= s["transfers"] * 1.5e-4 * 0.99
@@ -114,10 +116,14 @@ def test_a_synthetic_stream_runs_and_the_link_stalls_on_misses():
 
 def test_bad_input_fails_clearly(recorded, tiny):
     t = recorded.trace
-    with pytest.raises(ValueError, match="cache capacity"):
-        run_stream(t, OffloadSpec(0, "demand"), shape_of(tiny))
+    with pytest.raises(ValueError, match="cache capacity"):  # out of every model's range: refused when made
+        run_stream(t, RunSpec(capacity=0, policy="demand"), shape_of(tiny))
+    with pytest.raises(ValueError, match=r"cache capacity must be an integer in \[1, 256\]"):  # beyond E
+        run_stream(t, RunSpec(capacity=257, policy="demand"), shape_of(tiny))
     with pytest.raises(ValueError, match="host store"):
-        run_stream(t, OffloadSpec(8, "demand"), ExpertShape(8, 8), store=make_store(t, shape_of(tiny)))
+        run_stream(
+            t, RunSpec(capacity=8, policy="demand"), ExpertShape(8, 8), store=make_store(t, shape_of(tiny))
+        )
     with pytest.raises(ValueError, match="other_us_per_demand"):
         Calibration(other_us_per_demand=-1.0)
 
@@ -125,7 +131,7 @@ def test_bad_input_fails_clearly(recorded, tiny):
 @pytest.mark.cuda
 def test_stream_on_the_cuda_link_counts_like_the_replay():
     t, shape = small_stream(), ExpertShape(16, 8)
-    s = run_stream(t, OffloadSpec(8, "last_step", link="cuda"), shape, device="cuda", verify=True)
+    s = run_stream(t, RunSpec(device="cuda", capacity=8, policy="last_step", link="cuda"), shape, verify=True)
     sim = replay(t, "last_step", 8, expert_bytes=shape.params * 4)
     for k in COUNTS:
         assert s[k] == sim[k], k

@@ -23,7 +23,8 @@ from artifact.offload.replay.trace import (
     step_similarity,
     working_sets,
 )
-from artifact.offload.runner import OffloadSpec, RunOptions, decode_prompts
+from artifact.offload.runner import decode_prompts
+from artifact.offload.spec import RunSpec
 
 DC = DecodeConfig(gen_length=40)
 COUNTS = (
@@ -40,13 +41,13 @@ COUNTS = (
 def recorded(tiny, tiny_prompts):
     """A resident run of two batches (three prompts, batch size 2), recorded."""
     return decode_prompts(
-        tiny, tiny_prompts[:3], 2, RunOptions(DC), record=True, prompt_ids=["a", "b", "c"], task="test"
+        tiny, tiny_prompts[:3], 2, RunSpec(decode=DC), record=True, prompt_ids=["a", "b", "c"], task="test"
     )
 
 
 def test_a_second_greedy_run_reproduces_the_trace(tiny, tiny_prompts, recorded):
     again = decode_prompts(
-        tiny, tiny_prompts[:3], 2, RunOptions(DC), record=True, prompt_ids=["a", "b", "c"], task="test"
+        tiny, tiny_prompts[:3], 2, RunSpec(decode=DC), record=True, prompt_ids=["a", "b", "c"], task="test"
     )
     assert again.trace.equal_routing(recorded.trace) and again.tokens == recorded.tokens
     assert recorded.trace.meta["batch_size"] == 2 and recorded.stats.batches == 2
@@ -74,8 +75,7 @@ def test_engine_counts_equal_the_simulator_replay(tiny, tiny_prompts, recorded, 
         tiny,
         tiny_prompts[:3],
         2,
-        RunOptions(DC),
-        spec=OffloadSpec(capacity, policy, tau=2, lookahead=lookahead),
+        RunSpec(decode=DC, capacity=capacity, policy=policy, tau=2, lookahead=lookahead),
         record=True,
         oracle=recorded.trace if policy == "oracle" else None,
         prompt_ids=["a", "b", "c"],
@@ -111,8 +111,7 @@ def test_every_eviction_counts_alike_in_engine_and_replay(tiny, tiny_prompts, re
         tiny,
         tiny_prompts[:3],
         2,
-        RunOptions(DC),
-        spec=OffloadSpec(capacity, spec, tau=2),
+        RunSpec(decode=DC, capacity=capacity, policy=spec, tau=2),
         record=True,
         prompt_ids=["a", "b", "c"],
         task="test",
@@ -217,8 +216,7 @@ def test_oracle_refuses_a_trace_of_another_run(tiny, tiny_prompts, recorded):
             tiny,
             tiny_prompts[1:4],
             2,
-            RunOptions(DC),
-            spec=OffloadSpec(20, "oracle"),
+            RunSpec(decode=DC, capacity=20, policy="oracle"),
             oracle=recorded.trace,
             prompt_ids=["b", "c", "d"],
             task="test",
@@ -298,8 +296,7 @@ def test_a_user_policy_runs_in_engine_and_simulator_alike(tiny, tiny_prompts, re
         tiny,
         tiny_prompts[:3],
         2,
-        RunOptions(DC),
-        spec=OffloadSpec(20, "top_count"),
+        RunSpec(decode=DC, capacity=20, policy="top_count"),
         record=True,
         prompt_ids=["a", "b", "c"],
         task="test",

@@ -184,4 +184,9 @@ def add_policy_knob_args(p: argparse.ArgumentParser) -> None:
 
 def policy_knobs(a) -> dict:
     """add_policy_knob_args' flags, checked by RunSpec's one validator: {"lookahead": ..., "tau": ...}."""
-    return {k: getattr(run_spec_of(a), k) for k in ("lookahead", "tau")}
+    knobs = {k: getattr(a, k) for k in ("lookahead", "tau")}
+    try:
+        RunSpec(**knobs)
+    except SpecError as e:
+        raise SettingError(f"--{e.field}: {e}") from None
+    return knobs

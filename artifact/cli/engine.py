@@ -6,6 +6,7 @@ export-trace replay recorded traces."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -123,7 +124,7 @@ def run_spec_from_args(a) -> RunSpec:
         )
     if offload and a.cache_experts is None:
         raise SettingError("--offload needs --cache-experts C (device slots per MoE layer)")
-    try:
+    with flag_errors():
         return RunSpec(
             model=a.model,
             dtype=a.dtype,
@@ -133,6 +134,13 @@ def run_spec_from_args(a) -> RunSpec:
             expert_kernel=a.expert_kernel,
             **given,
         )
+
+
+@contextlib.contextmanager
+def flag_errors():
+    """A RunSpec field's error (SpecError) as the error of the flag that set it: '<flag>: <message>'."""
+    try:
+        yield
     except SpecError as e:
         flag = FLAG_OF.get(e.field, "--" + e.field.replace("_", "-"))
         raise SettingError(f"{flag}: {e}") from None
@@ -140,12 +148,13 @@ def run_spec_from_args(a) -> RunSpec:
 
 def cmd_generate(a):
     spec = run_spec_from_args(a)
-    r = prepare(
-        spec,
-        texts=tuple(a.prompt),
-        raw=a.raw,
-        outputs=(Output(a.record_trace, "--record-trace", a.force),),
-    )
+    with flag_errors():
+        r = prepare(
+            spec,
+            texts=tuple(a.prompt),
+            raw=a.raw,
+            outputs=(Output(a.record_trace, "--record-trace", a.force),),
+        )
     loaded = r.load()
     res = decode_prompts(
         loaded,
@@ -174,7 +183,8 @@ def cmd_generate(a):
 def cmd_trace(a):
     spec = run_spec_from_args(a)
     task = TaskPrompts(a.task, a.n, a.batch_size, a.seed)
-    r = prepare(spec, task=task, outputs=(Output(a.out, "--out", a.force),))
+    with flag_errors():
+        r = prepare(spec, task=task, outputs=(Output(a.out, "--out", a.force),))
     loaded = r.load()
     res = decode_prompts(
         loaded, r.prompts, r.batch_size, spec, record=True, prompt_ids=r.prompt_ids, task=a.task

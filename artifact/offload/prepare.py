@@ -187,6 +187,10 @@ def prepare(
     Prompts come as `texts` (one batch; `raw`: without the chat template), or a bundled `task`, or neither."""
     if not isinstance(spec, RunSpec):
         raise SettingError(f"prepare takes a RunSpec, got {type(spec).__name__}")
+    if spec.model is None:
+        raise SettingError(
+            "no model to run: pass --model DIR (a checkpoint directory) or set the profile's model"
+        )
     check_device(spec.device)
     for o in outputs:
         if o.path is None and o.force:

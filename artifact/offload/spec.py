@@ -57,7 +57,9 @@ class RunSpec:
     `capacity`, `policy` (a profile lists several), `cap_gbps` (the CLI's --cap-gbps), `bandwidth_scale`
     (a bench cell's scale of link_gbps) and `oracle_trace`."""
 
-    model: str = "tiny"  # 'tiny' (embedded) or a checkpoint directory
+    model: str | None = (
+        "tiny"  # 'tiny' (embedded) or a checkpoint directory; None: not given yet (prepare refuses)
+    )
     dtype: str | None = None  # None: float32 for tiny, bfloat16 otherwise (torch_dtype)
     device: str = "cpu"  # cpu | cuda | cuda:N
     decode: DecodeConfig = DecodeConfig()
@@ -84,7 +86,7 @@ class RunSpec:
 
     def check(self) -> None:
         """Every value in its domain, or a SpecError naming the field (no model or machine needed)."""
-        if not isinstance(self.model, str) or not self.model:
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise SpecError("model", f"model must be 'tiny' or a checkpoint directory, got {self.model!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise SpecError("dtype", f"dtype {self.dtype!r} unknown; choose one of {sorted(DTYPES)}")

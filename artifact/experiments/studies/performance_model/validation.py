@@ -115,8 +115,10 @@ def validate_cpu(
         for policy in order:
             spec = P.run_spec(C, policy)
             res = decode_prompts(loaded, ps, b, spec, task=task)
-            # the run modelled: its policy, priority, lookahead and tau; the link priced by the calibration
-            m = model_run(t, costs[b], spec.replace(link_gbps=None))
+            # The run modelled: its policy, priority, lookahead and tau. Its forward mode and kernel are in
+            # the costs, calibrated on this run's own forwards (cpu_emulated); a virtual run has no forward.
+            modelled = spec.replace(link_gbps=None, forward="eager", expert_kernel="grouped")
+            m = model_run(t, costs[b], modelled)
             s = res.stats
             rows.append(
                 {
