@@ -249,12 +249,12 @@ def test_wrong_types_name_key_type_and_value(tmp_path, text, pattern):
         ("bandwidth_scales: [-1]", r"bandwidth_scales must be > 0"),
         (
             "policies: [demand, belady]",
-            r"policies: policy 'belady' runs in the simulator only \(python -m artifact simulate\)",
+            r"policies has 'belady': policy 'belady' runs in the simulator only",
         ),
-        ("policies: [demand, mru]", r"policies: unknown policy 'mru'"),
+        ("policies: [demand, mru]", r"policies has 'mru': unknown policy 'mru'"),
         (
             "policies: [demand, lru]",
-            r"policies: 'lru' is an eviction policy, not a prefetch policy",
+            r"policies has 'lru': 'lru' is an eviction policy, not a prefetch policy",
         ),
         ("sim_policies: [magic]", r"sim_policies has 'magic': unknown policy 'magic'"),
         ("tasks: [gsm8k, squad]", r"tasks has unknown value 'squad'; choose from \['gsm8k'"),

@@ -166,7 +166,10 @@ def check_values(P, origin: dict) -> None:
             P.run_spec(**changes)
         except SpecError as e:
             name = key if e.field in ("policy", "bandwidth_scale") else e.field
-            said = str(e) if str(e).startswith(name) else f"{name}: {e}"
+            if e.field == "policy":  # as sim_policies': the value that failed, then why
+                said = f"{name} has {changes['policy']!r}: {e}"
+            else:
+                said = str(e) if str(e).startswith(name) else f"{name}: {e}"
             raise ProfileError(f"{src(name)}: {said}") from None
     _check_together(P, fail)
 
