@@ -71,6 +71,7 @@ from artifact.offload.backend.engine import install, offload
 from artifact.offload.links.link_factory import make_link
 from artifact.offload.policy.policies import make_policy
 from artifact.offload.replay.sim import capacity_for
+from artifact.offload.spec import RunSpec
 
 MINI_MOE_LAYERS = 19
 H2D_MS_AT_173 = 22.0  # docs/host_path.md: LLaDA2.0-mini batch 1 at C/W 1.73, 50 GB/s
@@ -138,13 +139,15 @@ def measure(name: str, cfg, dtype: str, batch: int, reps: int) -> list[dict]:
     ids = torch.randint(8, cfg.vocab_size - 8, (batch, cfg.block_length), generator=g)  # (B, 32)
     pos = torch.arange(cfg.block_length).expand(batch, -1)
     resident = model.backend
-    kernels = {k: ForwardOptions(expert_kernel=k) for k in KERNELS}  # the resident experts, each kernel
+    kernels = {
+        k: RunSpec(expert_kernel=k).forward_options() for k in KERNELS
+    }  # resident experts, each kernel
     out = {}
     for kernel in KERNELS:
         model(ids, pos, options=kernels[kernel])  # warm-up
         ops = count_ops(model, ids, pos, kernels[kernel])
         timed = TimedBackend(resident)
-        model(ids, pos, options=ForwardOptions(backend=timed, expert_kernel=kernel))
+        model(ids, pos, options=RunSpec(expert_kernel=kernel).forward_options(backend=timed))
         out[kernel] = {
             "model": name,
             "batch": batch,
@@ -163,7 +166,7 @@ def measure(name: str, cfg, dtype: str, batch: int, reps: int) -> list[dict]:
     for kernel in KERNELS:
         timed = TimedBackend(resident)
         for _ in range(max(3, reps // 4)):
-            model(ids, pos, options=ForwardOptions(backend=timed, expert_kernel=kernel))
+            model(ids, pos, options=RunSpec(expert_kernel=kernel).forward_options(backend=timed))
         out[kernel]["host_us_per_expert"] = 1e6 * timed.seconds / timed.experts
     rows = []
     for kernel in KERNELS:
@@ -317,7 +320,7 @@ def graphs_side_by_side(batch: int, ratio: float, reps: int) -> list[dict]:
         engine = offload(
             model, loaded.experts, C, pol, make_link("emulated", bandwidth_gbps=1000.0, latency_us=0.0)
         )
-        opts = ForwardOptions(forward, backend=engine)
+        opts = RunSpec(forward=forward).forward_options(backend=engine)
         cache = KVCache(cfg, batch, 2 * n, "cpu", torch.float32)
         model(
             prefix,

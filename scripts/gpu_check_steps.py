@@ -117,9 +117,9 @@ def capped_link(a, torch, expert_bytes: int) -> dict:
 
 
 def moe_layer(a, torch, cfg, dtype) -> dict:
-    from artifact.model.options import ForwardOptions
     from artifact.model.routing import FIRST_STEP
     from artifact.model.tiny import random_model
+    from artifact.offload.spec import RunSpec
 
     one = dataclasses.replace(cfg, num_hidden_layers=2, name=cfg.name + "-1moe")
     loaded = random_model(one, seed=0, dtype=dtype, device=a.device, resident=True)
@@ -140,7 +140,7 @@ def moe_layer(a, torch, cfg, dtype) -> dict:
     results = {}
     for kernel in ("loop", "grouped"):
         # the layer's experts: resident
-        opts = ForwardOptions(backend=loaded.model.backend, expert_kernel=kernel)
+        opts = RunSpec(device=a.device, expert_kernel=kernel).forward_options(backend=loaded.model.backend)
         layer(x, None, opts, FIRST_STEP)  # warm-up
         if cuda:
             torch.cuda.synchronize()
