@@ -36,7 +36,7 @@ from artifact.experiments.studies.performance_model.explain import (
     Sensitivity,
     decomposition,
     decomposition_text,
-    explain,
+    explain_paper_point,
     sensitivity,
     sensitivity_text,
 )
@@ -158,7 +158,7 @@ def explanation(trace: Trace, spec: RunSpec) -> str:
     would need, and which reading that supports (explain.py), on every GPU at the claim's C/W range."""
     lo, hi = paper.FASTER_RANGE
     ratios = [r for r in GRID_RATIOS if lo <= r <= hi]
-    return explain(trace, spec, {g: HARDWARE[g] for g in GPUS}, ratios)
+    return explain_paper_point(trace, spec, {g: HARDWARE[g] for g in GPUS}, ratios)
 
 
 def _model_claim(

@@ -289,7 +289,7 @@ def finding_text(decs: list[Decomposition], sens: list[Sensitivity]) -> str:
     )
 
 
-def explain(trace: Trace, spec: RunSpec, hardware: dict[str, Hardware], ratios) -> str:
+def explain_paper_point(trace: Trace, spec: RunSpec, hardware: dict[str, Hardware], ratios) -> str:
     """Notebook 08's explanation at the paper point: each GPU's decomposition at EXPLAIN_RATIO, the
     sensitivity line at each C/W of `ratios`, and the finding."""
     decs = [decomposition(trace, hw, spec) for hw in hardware.values()]
