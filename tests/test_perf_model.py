@@ -315,8 +315,16 @@ def test_notebook_grid_and_claims_on_a_small_stream():
     fig, _ = pm.plot(grid, rows, load_profile("cpu"))
     titles = [ax.get_title() for ax in fig.axes[1:]]
     assert titles == [
-        f"{hw}, {pm.CLAIM_SHAPE}: {st}" for hw in pm.GPUS for st in ("paper point", "other")
+        f"{hw}, {pm.CLAIM_SHAPE}: {st}" for hw in pm.GPUS for st in ("paper point (synthetic)", "other")
     ] + [f"modelled demand vs last_step ({pm.CLAIM_SHAPE}, fifo)"]
+    # each panel group's legend is attached to it (none below the figure), and the paper point explained
+    assert not fig.legends and all(ax.get_legend() for ax in (fig.axes[0], fig.axes[2], fig.axes[-1]))
+    assert "synthetic stream" in " ".join(t.get_text() for t in fig.axes[2].get_legend().get_texts())
+    fig.canvas.draw()
+    for ax in fig.axes[1:-1]:  # the log axes: at least 4 labels in view
+        lo, hi = ax.get_ylim()
+        shown = [t for t in ax.get_yticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi]
+        assert len(shown) >= 4, (ax.get_title(), [t.get_text() for t in shown])
     assert max(ax.get_subplotspec().colspan.stop for ax in fig.axes) <= 3
     from artifact.experiments.outputs.figure_check import check_figure
 

@@ -24,24 +24,22 @@ measured demand-over-last_step difference is printed beside the virtual clock's,
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from tqdm.auto import tqdm
 
 from artifact.experiments.counting import MODELED
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.hardware import HARDWARE
-from artifact.experiments.outputs.figures import (
-    COLORS,
-    CONTROL_COLOR,
-    PAPER_STYLE,
-    figure_legend,
-    mark_margin,
-    mark_paper_04,
-    title,
-)
 from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.studies.performance_model.explain import (
+    Decomposition,
+    Sensitivity,
+    decomposition,
+    decomposition_text,
+    explain_paper_point,
+    sensitivity,
+    sensitivity_text,
+)
 from artifact.experiments.studies.performance_model.model_error import (
     VALIDATION_CELL,
     CellSign,
@@ -56,6 +54,7 @@ from artifact.experiments.studies.performance_model.model_error import (
     stored_claims,
     summary_text,
 )
+from artifact.experiments.studies.performance_model.plots import plot
 from artifact.experiments.studies.performance_model.validation import (
     FAST_LINK,
     VALIDATION,
@@ -68,12 +67,15 @@ from artifact.experiments.studies.performance_model.validation import (
     validation_summary,
 )
 from artifact.experiments.studies.performance_model.virtual import (
+    CLAIM_SHAPE,
+    GPUS,
     OUTPUTS,
     SHAPES,
     TABLE_COLUMNS,
     WALL_STORE_LIMIT,
     check_clock,
     check_grid,
+    diffs,
     limits,
     model_grid,
     model_run,
@@ -100,7 +102,6 @@ def measure(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
 # --- notebook 08: the modelled grid, the figure and the claims ----------------------------------------
 GRID_RATIOS = (0.43, 0.83, 1.0, 1.73)
 GRID_POLICIES = ("demand", "last_step", CONTROL, "cross_layer", "oracle")  # CONTROL: the A/A control
-GPUS = ("a5000", "h200")
 GPU_SHAPES = ("llada2-mini", "llada2-flash")
 
 
@@ -152,142 +153,12 @@ def gpu_grid(
     return df
 
 
-def diffs(
-    grid: pd.DataFrame, a: str = "demand", b: str = "last_step", priority: str = "fifo"
-) -> pd.DataFrame:
-    """Modelled tokens/s of a over b, %, per hardware x shape x stream x C/W."""
-    g = grid[grid.link_priority == priority].pivot_table(
-        index=["hardware", "shape", "trace", "cache_ratio"], columns="policy", values="tokens_per_second"
-    )
-    return (100 * (g[a] / g[b] - 1)).rename("diff_pct").reset_index()
-
-
-CLAIM_SHAPE = "llada2-mini"  # the shape the modelled claims rule on (every stream of the grid, fifo)
-# each policy's look in every panel: demand and last_step differ by a few percent at most, so last_step is a
-# larger
-# hollow square around demand's dot, and the A/A control (demand's work, the same modelled time) a cross on it
-STYLE = {
-    "demand": dict(color=COLORS["demand"], marker="o", ms=5),
-    "last_step": dict(color=COLORS["last_step"], marker="s", ms=9, mfc="none", mew=1.5),
-    CONTROL: dict(color=CONTROL_COLOR, marker="x", ms=7, ls="none"),
-    "cross_layer": dict(color="tab:red", marker="D", ms=5),
-    "oracle": dict(color=COLORS["oracle"], marker="^", ms=6),
-}
-LIMIT = "physical limit (min's misses)"
-
-
-def _policy_label(pol: str) -> str:
-    return f"A/A control ({pol}: demand's work)" if pol == CONTROL else pol
-
-
-def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper point"):
-    """A grid of at most 3 columns. Top left: modelled vs measured seconds per step (cpu validation, one dot
-    per cell). Bottom left: the modelled demand-over-last_step difference (fifo) the claims read, per GPU and
-    stream, with the paper's figures and the +-3% margin. The other panels: modelled tokens/s (log scale) per
-    policy on each GPU and each stream the claims rule on (CLAIM_SHAPE, fifo), the physical floor dotted
-    black. The saved data holds
-    every cell of the grid (both link priorities, both shapes)."""
-    streams = list(dict.fromkeys(grid.trace))
-    streams = [full] + [s for s in streams if s != full] if full in streams else streams
-    panels = [(hw, st) for hw in GPUS for st in streams]
-    per_row = min(2, len(streams))
-    nrows = max(2, -(-len(panels) // per_row))
-    fig = plt.figure(figsize=(4.3 * (1 + per_row), 3.5 * nrows + 1.2), layout="constrained")
-    gs = fig.add_gridspec(nrows, 1 + per_row)
-    _plot_validation(fig.add_subplot(gs[0, 0]), rows)
-    for i, (hw, st) in enumerate(panels):
-        _plot_stream(fig.add_subplot(gs[i // per_row, 1 + i % per_row]), grid, hw, st)
-    _plot_diffs(fig.add_subplot(gs[1, 0]), grid, panels)
-    for ax in fig.axes:
-        ax.title.set_fontsize(10)
-    figure_legend(fig, ncol=3)
-    title(
-        fig,
-        P,
-        "08 performance model: validation, and modelled tokens/s on the streams the claims rule on "
-        f"({CLAIM_SHAPE}, fifo; shaded: C/W {paper.FASTER_RANGE[0]}-{paper.FASTER_RANGE[1]})",
-    )
-    return fig, grid[["hardware", "shape", "trace", "cache_ratio", *TABLE_COLUMNS]]
-
-
-def _plot_validation(ax, rows: pd.DataFrame) -> None:
-    """Modelled against measured ms per step, per cell and policy of this run's cpu validation."""
-    cells = rows.groupby(["batch_size", "cache_ratio", "policy"], as_index=False)[
-        ["measured_seconds_per_step", "modeled_seconds_per_step"]
-    ].mean()
-    for pol, g in cells.groupby("policy"):
-        st = STYLE.get(pol, {})
-        ax.scatter(
-            1e3 * g.measured_seconds_per_step,
-            1e3 * g.modeled_seconds_per_step,
-            label=_policy_label(pol),
-            marker=st.get("marker", "o"),
-            s=st.get("ms", 5) ** 2,
-            linewidths=st.get("mew", 1),
-            facecolors="none" if st.get("mfc") == "none" else st.get("color"),
-            edgecolors=st.get("color"),
-        )
-    hi = 1e3 * float(cells[["measured_seconds_per_step", "modeled_seconds_per_step"]].max().max()) * 1.05
-    ax.plot([0, hi], [0, hi], "k:", label="modelled = measured")
-    ax.set(
-        xlabel="measured ms per step (cpu, wall clock)",
-        ylabel="modelled ms per step (cpu-emulated)",
-        title="validation (cpu, this run)",
-        xlim=(0, hi),
-        ylim=(0, hi),
-    )
-
-
-def _plot_stream(ax, grid: pd.DataFrame, hw: str, st: str) -> None:
-    """Modelled tokens/s per policy vs C/W on one GPU and stream (the claims' shape, fifo), with the floor."""
-    sel = grid[
-        (grid.hardware == hw)
-        & (grid["shape"] == CLAIM_SHAPE)
-        & (grid.trace == st)
-        & (grid.link_priority == "fifo")
-    ]
-    for pol, g in sel.groupby("policy", sort=False):
-        g = g.sort_values("cache_ratio")
-        ax.plot(
-            g.cache_ratio, g.tokens_per_second, **{"ls": "-", **STYLE.get(pol, {})}, label=_policy_label(pol)
-        )
-    fl = sel[sel.policy == "demand"].sort_values("cache_ratio")
-    ax.plot(fl.cache_ratio, fl.floor_tokens_per_second, "k:", label=LIMIT)
-    ax.axvspan(*paper.FASTER_RANGE, color=PAPER_STYLE["color"], alpha=0.06)
-    ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set(
-        xlabel="cache ratio C/W", ylabel="modelled tokens/s (log scale)", title=f"{hw}, {CLAIM_SHAPE}: {st}"
-    )
-
-
-def _plot_diffs(ax, grid: pd.DataFrame, panels: list) -> None:
-    """The modelled demand-over-last_step difference (fifo) per GPU and stream: what the claims read."""
-    d = diffs(grid)
-    markers = dict(zip(dict.fromkeys(st for _, st in panels), "o^sv"))
-    for hw, st in panels:
-        here = d[(d.hardware == hw) & (d["shape"] == CLAIM_SHAPE) & (d.trace == st)].sort_values(
-            "cache_ratio"
-        )
-        ax.plot(
-            here.cache_ratio,
-            here.diff_pct,
-            ls="-" if hw == GPUS[0] else "--",
-            marker=markers[st],
-            ms=5,
-            color="black" if hw == GPUS[0] else "tab:gray",
-            label=f"demand over last_step: {hw}, {st}",
-        )
-    mark_paper_04(ax)
-    mark_margin(ax, f"+-{thresholds.MARGIN:g}%: the modelled equivalence margin")
-    ax.axhline(0, color="black", lw=1, ls=":")
-    ax.set(
-        xlabel="cache ratio C/W",
-        ylabel="demand over last_step (% tokens/s)",
-        title=f"modelled demand vs last_step ({CLAIM_SHAPE}, fifo)",
-    )
+def explanation(trace: Trace, spec: RunSpec) -> str:
+    """Why the model puts demand and last_step level on `trace` (the paper point), what the paper's +4.9%
+    would need, and which reading that supports (explain.py), on every GPU at the claim's C/W range."""
+    lo, hi = paper.FASTER_RANGE
+    ratios = [r for r in GRID_RATIOS if lo <= r <= hi]
+    return explain_paper_point(trace, spec, {g: HARDWARE[g] for g in GPUS}, ratios)
 
 
 def _model_claim(
@@ -414,4 +285,11 @@ __all__ = [
     "CLAIM_SHAPE",
     "plot",
     "verdicts",
+    "Decomposition",
+    "Sensitivity",
+    "decomposition",
+    "decomposition_text",
+    "sensitivity",
+    "sensitivity_text",
+    "explanation",
 ]

@@ -238,3 +238,17 @@ def to_json(df: pd.DataFrame) -> str:
     """Rows as JSON, floats written by Python's repr (shortest round-trip): identical bits give identical
     text."""
     return json.dumps(df.to_dict("records"), sort_keys=False)
+
+
+GPUS = ("a5000", "h200")  # notebook 08's modelled GPUs (hardware.HARDWARE)
+CLAIM_SHAPE = "llada2-mini"  # the shape the modelled claims rule on (every stream of the grid, fifo)
+
+
+def diffs(
+    grid: pd.DataFrame, a: str = "demand", b: str = "last_step", priority: str = "fifo"
+) -> pd.DataFrame:
+    """Modelled tokens/s of a over b, %, per hardware x shape x stream x C/W."""
+    g = grid[grid.link_priority == priority].pivot_table(
+        index=["hardware", "shape", "trace", "cache_ratio"], columns="policy", values="tokens_per_second"
+    )
+    return (100 * (g[a] / g[b] - 1)).rename("diff_pct").reset_index()
