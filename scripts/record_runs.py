@@ -17,9 +17,9 @@ slot equally often over whole cycles. `./run_all.sh PROFILE --force --store` aft
 claim on the stored runs (it finds the last run's rows in place and measures nothing again).
 
 A set can be recorded in parts, each part committed (e.g. `--runs 3` three times, with
-`git add data/results/cpu/runs && git commit` after each): a run records the newest commit that changed
-anything besides stored runs (recording.runs_commit), so the parts are runs of one commit; any other change
-in between is refused."""
+`git add data/results/cpu/runs && git commit` after each, and the claims re-ruled on them if you like): a run
+records the newest commit that changed the code it measures (recording.runs_commit: artifact/, scripts/, the
+environment's pins, the prompts), so the parts are runs of one commit; a code change in between is refused."""
 
 from __future__ import annotations
 

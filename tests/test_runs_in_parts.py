@@ -1,6 +1,6 @@
 """A set of stored runs recorded in parts, each part committed: the runs of every part record one commit (the
-newest that changed anything besides stored runs: recording.runs_commit), so `next_run` accepts part two
-after part one's commit, and refuses once anything else has changed."""
+newest that changed the code the runs measure: recording.runs_commit), so `next_run` accepts part two after
+part one's commit (and the claims re-ruled on it), and refuses once the code has changed."""
 
 from __future__ import annotations
 
@@ -56,12 +56,17 @@ def test_a_commit_that_only_adds_stored_runs_keeps_the_runs_commit(repo):
     assert recording.runs_commit(head(repo)) == code
 
 
-def test_any_other_change_is_a_new_commit_for_the_runs(repo):
+def test_a_code_change_is_a_new_commit_for_the_runs_and_records_beside_them_are_not(repo):
     commit_file(repo, "data/results/cpu/runs/run1/run.json", "{}\n", "part one")
     commit_file(repo, "artifact/engine.py", "x = 2\n", "an engine change")
-    assert recording.runs_commit(head(repo)) == head(repo)
-    commit_file(repo, "data/results/cpu/claims.json", "{}\n", "a record beside the runs")
-    assert recording.runs_commit(head(repo)) == head(repo)
+    code = head(repo)
+    assert recording.runs_commit(code) == code
+    commit_file(repo, "data/results/cpu/claims.json", "{}\n", "the claims re-ruled on part one")
+    commit_file(repo, "README.md", "the table\n", "the README's table")
+    assert recording.runs_commit(head(repo)) == code
+    for path in ("scripts/record_runs.py", "pyproject.toml", "data/tasks/gsm8k.jsonl"):
+        commit_file(repo, path, "changed\n", f"a change to {path}")
+        assert recording.runs_commit(head(repo)) == head(repo)
 
 
 def test_a_dirty_checkout_stays_dirty(repo):

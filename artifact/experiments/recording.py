@@ -1,6 +1,6 @@
 """Recording the stored runs (the reading side, and what the runs mean to a verdict, is verdicts/): a new
 run<k>/ whole or absent (`record_run`, after `next_run` checks the runs are whole and of this commit: the
-checkout's, or the commit before commits that only add stored runs, so a set recorded in parts is of one), the
+checkout's, or the newest that changed the code the runs measure: a set recorded in parts is of one), the
 working row files cleared between runs (`clear_working`; `working_aside` puts them back if the run
 fails), and `cached_rows`, which keeps a timing notebook's
 rows that are not a bench grid like one."""
@@ -32,14 +32,16 @@ from artifact.experiments.verdicts.stored_runs import (
 )
 from artifact.paths import atomic_write_text, repo_root
 
-# What a commit that only adds stored runs changes (a set recorded in parts, each part committed).
-RUNS_PATHSPEC = ":(exclude,glob)data/results/*/runs/**"
+# What a stored run's measurements depend on: the code that measures (record_runs runs the studies' `measure`,
+# not the notebooks), its pinned environment and the bundled prompts. A commit that changes none of these (a
+# part of a set of runs, the claims re-ruled on them, the README) leaves the runs' commit where it was.
+CODE_PATHS = ("artifact", "scripts", "pyproject.toml", "requirements.lock", "environment.yml", "data/tasks")
 
 
 def runs_commit(head: str) -> str:
-    """The commit a stored run records: the newest commit that changed anything besides stored runs
-    (RUNS_PATHSPEC), so that runs recorded in parts, each part committed, are runs of one commit; `head` (the
-    checkout's, with "-dirty" when artifact/ differs) where git cannot tell."""
+    """The commit a stored run records: the newest commit that changed CODE_PATHS, so that runs recorded in
+    parts, each part committed (and re-ruled), are runs of one commit; `head` (the checkout's, with "-dirty"
+    when artifact/ differs) where git cannot tell."""
     if head.endswith("-dirty") or head == "unknown":
         return head
     try:
@@ -54,8 +56,7 @@ def runs_commit(head: str) -> str:
                 "--abbrev=12",
                 "HEAD",
                 "--",
-                ".",
-                RUNS_PATHSPEC,
+                *CODE_PATHS,
             ],
             capture_output=True,
             text=True,
