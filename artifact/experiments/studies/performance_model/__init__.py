@@ -154,8 +154,9 @@ def gpu_grid(
 
 
 def explanation(trace: Trace, spec: RunSpec) -> str:
-    """Why the model puts demand and last_step level on `trace` (the paper point), what the paper's +4.9%
-    would need, and which reading that supports (explain.py), on every GPU at the claim's C/W range."""
+    """Why the model puts demand and last_step level on `trace` (the paper point), what the paper's smallest
+    gain (paper.FASTER_PCT[0]) would need, and which reading that supports (explain.py), on every GPU at the
+    claim's C/W range."""
     lo, hi = paper.FASTER_RANGE
     ratios = [r for r in GRID_RATIOS if lo <= r <= hi]
     return explain_paper_point(trace, spec, {g: HARDWARE[g] for g in GPUS}, ratios)

@@ -1,6 +1,6 @@
 """Why the model puts demand and last_step level at the paper point, where the abstract reports demand
-4.9-11.8% faster: the split of each policy's modelled step into its terms, and what the paper's +4.9% would
-take of the model.
+faster (paper.FASTER_PCT): the split of each policy's modelled step into its terms, and what the paper's
+smallest gain would take of the model.
 
 `decomposition` splits demand's and last_step's modelled seconds per denoising step (model_run) into
 compute (non-expert), experts, host and the exposed transfer (stall), which add up to the step, with their
