@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from helpers_cli import one_line_error
+from test_cli import one_line_error
 
 import artifact.experiments.doctor as doctor
 import artifact.model.checkpoint as checkpoint
