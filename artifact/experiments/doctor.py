@@ -16,8 +16,14 @@ W is the mean working set of the profile's stored trace for that (task, batch si
 memory is the GPU's total (torch.cuda.get_device_properties), or --gpu-memory-gb to plan for another GPU.
 Host memory must hold the expert store (MemAvailable in /proc/meminfo); on CUDA it is page-locked in place
 (RLIMIT_MEMLOCK is reported). Disk must hold the traces and result files (estimated from their formats).
-The run time is an estimate from a stated seconds-per-forward figure (SECONDS_PER_FORWARD), not a
-measurement: no performance model exists yet.
+The run time of a GPU profile's grid is the performance model's (performance_model.estimate): every run of
+every cell (warm-ups, repetitions, the A/A arm, every policy) and one traced run per (task, batch size),
+priced per denoising forward by model_run on a synthetic stream shaped like the cell (the checkpoint's real
+MoE layers and experts, the cell's batch size, W and C) on the hardware profile (h200, calibrated on the
+committed H200 gpu_check runs; a5000 for the a5000 profiles). It prints a range: the model's time times the
+least and the largest ratio of measured to modelled seconds per denoising forward over the committed H200
+runs, and names what it extrapolates beyond them (their 5 MoE layers, their batch sizes 1 and 4, their W).
+On a CPU device the time is forwards x a stated CPU_SECONDS_PER_FORWARD (the tiny model on 2 cores).
 
 A blocking problem (a cell that does not fit, an expert store larger than host memory, a profile that
 cannot run on this machine) is raised as DoctorError naming it; otherwise `check` returns the report.
@@ -35,6 +41,8 @@ import torch
 
 from artifact.errors import UserError
 from artifact.experiments.bench.grid import grid
+from artifact.experiments.bench.order import slots
+from artifact.experiments.bench.results import has_aa_pair
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import current_trace
 from artifact.experiments.settings import Settings
@@ -52,10 +60,9 @@ ACTIVATION_FACTOR = 16  # hidden-sized float tensors alive at once in a layer's 
 TRACE_BYTES_PER_EXPERT = 6  # a trace stores an expert id (int16) and its token count (int32) per use
 TRACE_BYTES_PER_DEMAND = 24  # and a position, step and phase per (forward, MoE layer)
 RESULT_BYTES_PER_ROW = 1024  # a bench CSV row, rounded up
-# Seconds per forward of one batch, stated (not measured) for the estimate: the tiny model on 2 CPU cores,
-# and an LLaDA2.0-mini-sized forward on a data-centre GPU. Replace with your own figure via the profile's
-# bench (its CSV's seconds / forwards) once one cell has run.
-SECONDS_PER_FORWARD = {"cpu": 0.02, "cuda": 0.05}
+# Seconds per forward of one batch of the tiny model on 2 CPU cores, stated (not measured) for a CPU device's
+# estimate; a GPU profile's time is the performance model's (module docstring).
+CPU_SECONDS_PER_FORWARD = 0.02
 
 
 class DoctorError(UserError):
@@ -97,7 +104,9 @@ class Report:
     grid_cells: int
     runs: int
     forwards: int
-    hours: float
+    hours: tuple[float, float]  # low, high (equal on a CPU device: a stated figure)
+    time_basis: str  # how `hours` was made
+    extrapolated: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def table(self) -> str:
@@ -142,16 +151,24 @@ class Report:
             f"disk: traces and results need about {self.disk_need / GB:.3f} GB; "
             f"{self.disk_free / GB:.1f} GB "
             f"free under {data_dir()}",
-            f"grid: {self.grid_cells} cells, {self.runs} runs, about {self.forwards} forwards: roughly "
-            f"{self.hours:.2f} h at a stated {SECONDS_PER_FORWARD[_kind(self.device)]} s per forward "
-            "(an estimate, not a measurement)",
-            f"verdicts: a timing verdict pools >= {thresholds.MIN_RUNS} recorded runs of a profile (one run "
-            f"alone, with no stored runs to size the run-to-run spread, reads inconclusive): "
-            f"{thresholds.MIN_RUNS} x {self.hours:.2f} h = {thresholds.MIN_RUNS * self.hours:.2f} h for the "
-            f"bench grid (scripts/record_runs.py --runs {thresholds.MIN_RUNS})",
+            f"grid: {self.grid_cells} cells, {self.runs} runs (warm-ups, repetitions, the A/A arm) and a "
+            f"traced run per (task, batch size), about {self.forwards} forwards: {self.time_basis}",
         ]
+        if self.extrapolated:
+            lines.append(f"  extrapolated: {'; '.join(self.extrapolated)}")
+        n, (lo, hi) = thresholds.MIN_RUNS, self.hours
+        lines.append(
+            f"verdicts: a timing verdict pools >= {n} recorded runs of a profile (one run "
+            f"alone, with no stored runs to size the run-to-run spread, reads inconclusive): "
+            f"{n} x ({_hours(lo, hi)}) = {_hours(n * lo, n * hi)} for the "
+            f"bench grid (scripts/record_runs.py --runs {n})"
+        )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _hours(lo: float, hi: float) -> str:
+    return f"{lo:.2f} h" if lo == hi else f"{lo:.2f}-{hi:.2f} h"
 
 
 def _kind(device: str) -> str:
@@ -222,6 +239,7 @@ def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
     grid_cells, runs, forwards, forwards_per_prompt = _grid_size(P, cfg)
     disk_need, free = _disk(P, cfg, runs, forwards_per_prompt)
     notes += _profile_notes(P)
+    hours, basis, extrapolated = _time(P, cfg, nbytes, kind, forwards, cells)
     return Report(
         P.name,
         cfg.name if P.model == "tiny" else str(P.model),
@@ -240,9 +258,29 @@ def check(P: Settings, gpu_memory_gb: float | None = None) -> Report:
         grid_cells,
         runs,
         forwards,
-        forwards * SECONDS_PER_FORWARD[kind] / 3600,
+        hours,
+        basis,
+        extrapolated,
         notes,
     )
+
+
+def _time(P: Settings, cfg, nbytes: int, kind: str, forwards: int, cells: list[Cell]):
+    """((low, high) hours, how they were made, what they extrapolate): the performance model's range on a
+    GPU (performance_model.estimate), forwards x CPU_SECONDS_PER_FORWARD on a CPU device."""
+    if kind != "cuda":
+        h = forwards * CPU_SECONDS_PER_FORWARD / 3600
+        basis = f"roughly {h:.2f} h at a stated {CPU_SECONDS_PER_FORWARD} s per forward "
+        basis += "(cpu; an estimate, not a measurement)"
+        return (h, h), basis, []
+    from artifact.experiments.studies.performance_model.estimate import (
+        estimate,
+    )  # pandas, the model: here only
+
+    measured = {c.batch_size: (c.working_set, c.measured_w) for c in cells}
+    e = estimate(P, cfg, nbytes, measured)
+    assert e.forwards == forwards, (e.forwards, forwards)  # one count: the bench's runs (_grid_size)
+    return (e.low_hours, e.high_hours), e.text(), e.extrapolated
 
 
 def _cells(
@@ -299,17 +337,16 @@ def _host_memory(store: int, kind: str, cells: list[Cell], notes: list) -> tuple
 
 
 def _grid_size(P: Settings, cfg) -> tuple[int, int, int, int]:
-    """(grid cells, bench runs, forwards, forwards per prompt) of the profile's bench, warm-up runs
-    included."""
+    """(grid cells, bench runs, forwards, forwards per prompt) of the profile's bench as run_bench runs it:
+    per cell `warmup` runs of every policy and R repetitions of every slot (the A/A arm one of them); the
+    forwards add one traced run per (task, batch size)."""
     # at most steps per block, + prefill
     forwards_per_prompt = (P.gen_length // cfg.block_length) * P.steps + 1
     cells = grid(P)
-    runs = len(cells) * len(P.policies) * (P.repetitions + P.warmup)
-    forwards = (
-        sum(-(-P.n_prompts // c.batch_size) * forwards_per_prompt for c in cells)
-        * len(P.policies)
-        * (P.repetitions + P.warmup)
-    )
+    per_cell = len(P.policies) * P.warmup + len(slots(P.policies, has_aa_pair(P))) * P.repetitions
+    runs = len(cells) * per_cell
+    per_run = {b: -(-P.n_prompts // b) * forwards_per_prompt for b in P.batch_sizes}
+    forwards = sum(per_run[c.batch_size] for c in cells) * per_cell + len(P.tasks) * sum(per_run.values())
     return len(cells), runs, forwards, forwards_per_prompt
 
 

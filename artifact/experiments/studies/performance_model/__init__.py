@@ -31,6 +31,7 @@ from artifact.experiments.counting import MODELED
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.hardware import HARDWARE
 from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.studies.performance_model.estimate import paper_point_stats
 from artifact.experiments.studies.performance_model.explain import (
     Decomposition,
     Sensitivity,
@@ -91,7 +92,6 @@ from artifact.offload.policy.policies import check_policy
 from artifact.offload.replay.synth import SynthParams, synth
 from artifact.offload.replay.trace import Trace
 from artifact.offload.spec import RunSpec
-from artifact.paths import repo_root
 
 
 def measure(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
@@ -110,21 +110,8 @@ def paper_point(P: Settings) -> Trace:
     illustration; notebook 07's 'paper point': its novelty and W spread, from the profile's committed 07
     record, else the cpu profile's), 4 MoE layers, one block of 16 steps, no prefill (short: the grid replays
     it 128 times)."""
-    committed = repo_root() / "data" / "results"  # inputs from the checkout, whatever ARTIFACT_DATA says
-    path = committed / P.name / "07_routing_map_throughput.csv"
-    if not path.is_file():
-        path = committed / "cpu" / "07_routing_map_throughput.csv"
-    row = pd.read_csv(path).query("task == 'paper point'").iloc[0]
-    return synth(
-        SynthParams(
-            layers=4,
-            blocks=1,
-            steps=16,
-            novelty=float(row.novelty),
-            w_spread=float(row.w_spread),
-            prefill=0.0,
-        )
-    )
+    novelty, w_spread = paper_point_stats(P)  # inputs from the checkout, whatever ARTIFACT_DATA says
+    return synth(SynthParams(layers=4, blocks=1, steps=16, novelty=novelty, w_spread=w_spread, prefill=0.0))
 
 
 def gpu_grid(

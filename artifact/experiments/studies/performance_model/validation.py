@@ -162,14 +162,14 @@ def validation(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
 
 
 def validate_gpu(
-    report: str | Path | None = None, traces: dict[int, str | Path] | None = None
+    report: str | Path | None = None, traces: dict[int, str | Path] | None = None, hw: Hardware | None = None
 ) -> pd.DataFrame:
-    """The runs of a gpu_check report against the model on their recorded routing (h200 profile with the
-    report's measurements). One row per run: measured and modelled seconds per forward (prefill included,
-    as gpu_check's ms_per_forward)."""
+    """The runs of a gpu_check report against the model on their recorded routing (`hw`, by default the h200
+    profile with the report's measurements). One row per run: measured and modelled seconds per forward
+    (prefill included, as gpu_check's ms_per_forward), and per denoising forward (prefill left out)."""
     report = Path(report) if report else committed_gpu_check()
     r = load_gpu_check(report)
-    hw = hardware("h200", report)
+    hw = hw or hardware("h200", report)
     traces = traces or {b: report.parent / f"h200_trace_b{b}.safetensors" for b in (1, 4)}
     eng = r["engine"]
     cfg = dataclasses.replace(PRESETS["llada2-mini"], num_hidden_layers=eng["layers"], vocab_size=32768)
@@ -191,6 +191,8 @@ def validate_gpu(
                 "policy": run_["policy"],
                 "measured_seconds_per_step": run_["ms_per_forward"] / 1e3,
                 "modeled_seconds_per_step": m["seconds"] / m["steps"],
+                "measured_seconds_per_denoise": run_["denoise_ms_per_forward"] / 1e3,
+                "modeled_seconds_per_denoise": (m["seconds"] - m["seconds_prefill"]) / m["steps"],
                 "measured_demand_misses": run_["demand_misses"],
                 "modeled_demand_misses": m["demand_misses"],
                 "forwards": forwards,
