@@ -13,11 +13,11 @@ from artifact.experiments.verdicts.stored_runs import run_meta, stored_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ("artifact/offload", "artifact/model")
+RECORD = "`PYTHONPATH=. python scripts/record_runs.py --profile cpu --runs 9`"
 AGAIN = (
     "record the stored runs again at this commit: move data/results/cpu/runs/ to "
-    "data/results/cpu/earlier_runs/<their commit>/, then `PYTHONPATH=. python scripts/record_runs.py --profile "
-    "cpu --runs 9` (or in parts: --runs 3, committing data/results/cpu/runs after each), then "
-    "`./run_all.sh cpu --force --store`"
+    f"data/results/cpu/earlier_runs/<their commit>/, then {RECORD} (or in parts: --runs 3, "
+    "committing data/results/cpu/runs after each), then `./run_all.sh cpu --force --store`"
 )
 
 
@@ -34,4 +34,5 @@ def test_the_engine_has_not_changed_since_the_stored_runs_were_recorded():
         timeout=60,
     )
     assert diff.returncode == 0, f"git cannot compare the runs' commit {at} with HEAD: {diff.stderr.strip()}"
-    assert diff.stdout == "", f"{', '.join(ENGINE)} changed since the runs' commit {at}:\n{diff.stdout}{AGAIN}"
+    changed = f"{', '.join(ENGINE)} changed since the runs' commit {at}"
+    assert diff.stdout == "", f"{changed}:\n{diff.stdout}{AGAIN}"
