@@ -28,6 +28,8 @@ from artifact.experiments.settings import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 STORED = sorted((ROOT / "data" / "results" / "cpu" / "runs").glob("run*/bench.csv"))
+# the nine runs of 0a2396f, recorded before bench rows carried their arm (earlier_runs/README.md)
+EARLIER = sorted((ROOT / "data" / "results" / "cpu" / "earlier_runs" / "0a2396ff3627").glob("run*/bench.csv"))
 RUN_KEYS = ["task", "batch_size", "cache_ratio", "bandwidth_scale", "policy", "arm", "rep"]
 
 
@@ -88,8 +90,8 @@ def test_the_b_arm_is_balanced_in_the_williams_order():
 
 
 def test_old_files_without_arm_read_as_arm_a(tmp_path):
-    assert STORED, "the committed stored runs of the cpu profile"
-    for f in STORED[:2]:
+    assert EARLIER, "the committed earlier runs of the cpu profile"
+    for f in EARLIER[:2]:
         assert "arm" not in f.read_text().split("\n", 1)[0].split(",")
         df = read_rows(f)  # never rewritten: read as it is
         assert list(df.columns) == list(COLUMNS) and set(df.arm) == {"A"}
@@ -157,13 +159,21 @@ def test_shards_with_arms_merge_and_a_run_twice_is_refused(tmp_path):
 def test_tables_read_arm_a_only():
     """stats.paired_table (every consumer's table) is the same with and without the B arm's rows, however
     different their times."""
-    rows = read_rows(STORED[0])
-    rows = rows[rows.policy.isin(["demand", "last_step"])].reset_index(drop=True)
+    stored = read_rows(STORED[0])
+    assert set(stored[stored.arm == "B"].policy) == {"demand"}  # the stored runs hold the pair
+    rows = stored[stored.policy.isin(["demand", "last_step"]) & (stored.arm == "A")].reset_index(drop=True)
     before = paired_table(rows, "demand", "last_step", ("cache_ratio",))
     b = rows[rows.policy == "demand"].assign(arm="B", tokens_per_second=lambda d: d.tokens_per_second * 3)
     both = pd.concat([rows, b], ignore_index=True)
     pd.testing.assert_frame_equal(paired_table(both, "demand", "last_step", ("cache_ratio",)), before)
     assert len(primary(both)) == len(rows) and set(primary(both).arm) == {"A"}
+    # the stored run's own B rows change nothing either
+    pd.testing.assert_frame_equal(
+        paired_table(
+            stored[stored.policy.isin(["demand", "last_step"])], "demand", "last_step", ("cache_ratio",)
+        ),
+        before,
+    )
 
 
 @pytest.mark.slow
@@ -207,8 +217,11 @@ def test_a_study_table_reads_arm_a_only():
     """03's summary (runs and means per bandwidth and policy) is the same with the B arm's rows added."""
     from artifact.experiments.studies.bandwidth_throttling import summary_table
 
-    rows = pd.read_csv(STORED[0].with_name("throttle_runs.csv"))
+    stored = pd.read_csv(STORED[0].with_name("throttle_runs.csv"))
+    assert (stored.arm == "B").any()  # the stored run holds the pair
+    rows = stored[stored.arm == "A"].reset_index(drop=True)
     before = summary_table(rows)
     b = rows[rows.policy == "demand"].assign(arm="B", tokens_per_second=lambda d: d.tokens_per_second * 3)
-    after = summary_table(pd.concat([rows.assign(arm="A"), b], ignore_index=True))
+    after = summary_table(pd.concat([rows, b], ignore_index=True))
     pd.testing.assert_frame_equal(after[before.columns], before)
+    pd.testing.assert_frame_equal(summary_table(stored)[before.columns], before)

@@ -23,6 +23,7 @@ from artifact.model.tiny import checkpoint_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "data" / "results" / "cpu"
+N_RUNS = len(list((COMMITTED / "runs").glob("run*")))  # the committed stored runs
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -216,7 +217,7 @@ def rename_policy(rows: pd.DataFrame) -> pd.DataFrame:
         (edit_meta(commit=""), "run1/run.json: names no commit"),
         (
             edit_bench(lambda rows: rows.drop(columns=["tokens_per_second"])),
-            "run1/bench.csv: lacks columns ['tokens_per_second'], unlike 8 of the 9",
+            f"run1/bench.csv: lacks columns ['tokens_per_second'], unlike {N_RUNS - 1} of the {N_RUNS}",
         ),
         (edit_bench(rename_policy), "run1/bench.csv: lacks policies ['last_step']; has policies ['no_such"),
     ],

@@ -79,8 +79,12 @@ def test_the_committed_stored_runs_match_their_manifests():
 
 def test_a_truncated_row_file_is_refused(data, capsys):
     f = data / "runs" / "run2" / "bench.csv"
-    f.write_text("".join(f.read_text().splitlines(keepends=True)[:-5]))
-    refused_everywhere(capsys, "run2/bench.csv: 55 rows, manifest.json says 60 (truncated or edited)")
+    lines = f.read_text().splitlines(keepends=True)
+    rows = len(lines) - 1  # less the header
+    f.write_text("".join(lines[:-5]))
+    refused_everywhere(
+        capsys, f"run2/bench.csv: {rows - 5} rows, manifest.json says {rows} (truncated or edited)"
+    )
 
 
 def test_a_row_file_edited_with_the_same_row_count_is_refused(data, capsys):
@@ -91,7 +95,8 @@ def test_a_row_file_edited_with_the_same_row_count_is_refused(data, capsys):
     lines[-1] = last[:i] + str((int(last[i]) + 1) % 10) + last[i + 1 :]
     f.write_text("".join(lines))
     refused_everywhere(
-        capsys, "run1/bench.csv: sha256 differs from manifest.json, with the same 60 rows (edited)"
+        capsys,
+        f"run1/bench.csv: sha256 differs from manifest.json, with the same {len(lines) - 1} rows (edited)",
     )
 
 
@@ -217,7 +222,11 @@ def test_record_runs_refuses_damaged_stored_runs_before_measuring(tmp_path):
 
 def test_recording_beside_runs_of_another_commit_is_refused(data):
     shutil.copy(COMMITTED / "runs" / "run1" / "bench.csv", data / "bench.csv")  # a working row file
-    at = json.loads((COMMITTED / "runs" / "run1" / "run.json").read_text())["commit"]
+    at = "0123456789ab"  # every stored run, whole, but of a commit this checkout is not at
+    for run in (data / "runs").glob("run*"):
+        meta = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps({**meta, "commit": at}, indent=1) + "\n")
+        write_manifest(run)
     with pytest.raises(RunsError, match=rf"runs: the stored runs are at commit {at}, this checkout at \w+"):
         recording.record_run(load_profile("cpu"), log=lambda s: None)
     assert sorted(p.name for p in (data / "runs").iterdir()) == sorted(stored_names())

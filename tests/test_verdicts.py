@@ -87,10 +87,12 @@ def stored():
     return cs.replicas(load_profile("cpu"), None).last_stored()
 
 
-def _scaled(reps: Replicas, policy: str, factor: float) -> Replicas:
+def _scaled(reps: Replicas, policy: str, factor: float, arm: str | None = None) -> Replicas:
+    """The stored runs with `policy`'s throughput times `factor` (in `arm` only, when given)."""
+
     def scale(rows):
         rows = rows.copy()
-        m = rows.policy == policy
+        m = (rows.policy == policy) & ((rows.arm == arm) if arm else True)
         rows.loc[m, "tokens_per_second"] = rows.loc[m, "tokens_per_second"] * factor
         return rows
 
@@ -101,7 +103,7 @@ def _plain_effect(reps: Replicas, ratio: float, batch: int) -> float:
     """demand over last_step, % per pair, mean over each run's pairs, then over runs: by hand."""
     means = []
     for _, rows in reps.stored:
-        r = rows[(rows.cache_ratio == ratio) & (rows.batch_size == batch)]
+        r = rows[(rows.cache_ratio == ratio) & (rows.batch_size == batch) & (rows.arm == "A")]
         w = r.pivot_table(index="rep", columns="policy", values="tokens_per_second")
         means.append(((w["demand"] / w["last_step"] - 1) * 100).mean())
     return float(np.mean(means))
@@ -112,7 +114,8 @@ def test_04_effect_is_the_plain_paired_effect(stored):
     for c in t.cells:
         want = _plain_effect(stored, c["cell"]["cache_ratio"], c["cell"]["batch_size"])
         assert c["effect"] == pytest.approx(want, abs=0.3)
-        assert c["low"] < c["effect"] < c["high"] and c["runs"] == 9 and c["aa_low"] is not None
+        assert c["low"] < c["effect"] < c["high"] and c["aa_low"] is not None
+        assert c["runs"] == len(stored.stored)
 
 
 @pytest.mark.parametrize("factor", [0.5, 1.5])
@@ -121,8 +124,12 @@ def test_demands_rows_move_04s_effect(stored, factor):
     after = judge(claim_compared(_scaled(stored, "demand", factor), FASTER), FASTER, cell_label)
     for b, a in zip(before.cells, after.cells):
         assert a["effect"] == pytest.approx(((1 + b["effect"] / 100) * factor - 1) * 100, abs=1.0)
-    # the stand-in A/A (last_step_conservative over demand) moves with demand: the gate speaks
-    assert after.verdict == INCONCLUSIVE and "A/A" in after.reason
+        # the true A/A is demand over demand: both arms scale, so it holds still and the gate stays quiet
+        assert (a["aa_low"], a["aa_high"]) == pytest.approx((b["aa_low"], b["aa_high"]), abs=0.5)
+    assert after.verdict == (REPRODUCED if factor > 1 else NOT_REPRODUCED), after.reason
+    # demand's arm A alone scaled: the A/A (arm B over arm A) moves with it and the gate speaks
+    one_arm = judge(claim_compared(_scaled(stored, "demand", factor, arm="A"), FASTER), FASTER, cell_label)
+    assert one_arm.verdict == INCONCLUSIVE and "A/A" in one_arm.reason
 
 
 def _synthetic(runs: int, effect: float, aa_bias=None, seed: int = 0, cells=((1, 1.0), (4, 1.0))) -> list:
@@ -181,11 +188,12 @@ def test_a_run_that_lacks_a_cell_is_pooled_over_the_runs_that_hold_it(stored):
     def drop(rows):
         return rows[~((rows.cache_ratio == 1.73) & (rows.batch_size == 4))]
 
-    partial = Replicas(None, tuple((n, drop(r) if n == "run9" else r) for n, r in stored.stored))
+    last = stored.stored[-1][0]
+    partial = Replicas(None, tuple((n, drop(r) if n == last else r) for n, r in stored.stored))
     full = judge(claim_compared(stored, FASTER), FASTER, cell_label)
     got = judge(claim_compared(partial, FASTER), FASTER, cell_label)
     cell = {c["label"]: c for c in got.cells}["C/W 1.73 b=4"]
-    assert cell["runs"] == 8 and len(got.cells) == len(full.cells)
+    assert cell["runs"] == len(stored.stored) - 1 and len(got.cells) == len(full.cells)
     assert got.verdict == full.verdict
 
 
@@ -215,10 +223,20 @@ def test_the_verdict_layer_is_one_small_package_on_standard_statistics():
     assert "from scipy import stats" in text and "statsmodels" in text
 
 
-def test_a_fresh_run_with_the_aa_pair_beside_stand_in_runs_names_both(stored):
+def _stand_in_only(runs: list) -> tuple:
+    """Runs as recorded before the A/A pair: no arm B, and the stand-in (CONTROL) run beside demand."""
+    out = []
+    for name, rows in runs:
+        a = rows[rows.arm == "A"]
+        control = a[a.policy == "demand"].assign(policy=CONTROL)
+        out.append((name, pd.concat([a, control], ignore_index=True).drop(columns="arm")))
+    return tuple(out)
+
+
+def test_a_fresh_run_with_the_aa_pair_beside_stand_in_runs_names_both():
     """A fresh run with demand's A/A pair beside stored runs with only the stand-in: the label names both."""
     fresh = _synthetic(1, 20.0)[0][1]
-    c = claim_compared(Replicas(fresh, stored.stored), FASTER)
+    c = claim_compared(Replicas(fresh, _stand_in_only(_synthetic(4, 8.0, seed=3))), FASTER)
     assert "A/A (demand over demand)" in c.aa_label and "stand-in A/A" in c.aa_label
     assert all(r.this is not None and r.this.unit == "run" for r in c.effects.values())
 
