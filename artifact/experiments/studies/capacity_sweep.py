@@ -150,7 +150,7 @@ def stored_claims(P: Settings) -> list[Claim]:
 
 # --- figure ---------------------------------------------------------------------------------------
 EFFECT = "demand over last_step"
-SPLIT = f"{CONTROL} over demand (prediction's host time, no transfers)"
+SPLIT = f"{CONTROL} over demand (host time only)"  # its prediction runs; it never transfers
 
 
 def _intervals(src: dict, keys: list) -> tuple[list, list]:
