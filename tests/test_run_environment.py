@@ -16,7 +16,7 @@ import torch
 
 from artifact.experiments import recording
 from artifact.experiments.outputs import provenance
-from artifact.experiments.outputs.provenance import environment
+from artifact.experiments.outputs.provenance import VERSIONED, environment
 from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import stored_runs
 from artifact.experiments.verdicts.records import Claim, record, record_path
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def check_environment(env: dict) -> None:
     versions = env["versions"]
-    assert set(versions) == {"python", "torch", "numpy", "pandas", "transformers"}
+    assert set(versions) == {"python", *VERSIONED}
     assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
     assert (versions["torch"], versions["numpy"], versions["pandas"]) == (
         torch.__version__,
@@ -78,10 +78,10 @@ def test_the_committed_records_and_stored_runs_carry_the_environment():
     hashed."""
     for p in (ROOT / "data" / "results" / "cpu").glob("[0-9][0-9]_*.claims.json"):
         env = json.loads(p.read_text())["environment"]
-        assert set(env["versions"]) == {"python", "torch", "numpy", "pandas", "transformers"}, p.name
+        assert set(env["versions"]) == {"python", *VERSIONED}, p.name
     runs = stored_runs.check_stored_runs("cpu")  # each run.json still the bytes its manifest hashed
     assert runs
     for run in runs:
         env = stored_runs.run_meta(run)["environment"]
-        assert set(env["versions"]) == {"python", "torch", "numpy", "pandas", "transformers"}, run.name
+        assert set(env["versions"]) == {"python", *VERSIONED}, run.name
         assert all(env["versions"].values()) and env["cpu"]["model"] and env["cpu"]["machine"], run.name

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from artifact.experiments.outputs.provenance import VERSIONED
 from artifact.experiments.verdicts.stored_runs import run_meta, stored_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ def test_the_stored_set_is_nine_runs_with_their_environment_and_the_aa_pair():
     assert len(runs) == 9, f"{len(runs)} stored cpu runs, the release's set is 9: {AGAIN}"
     for run in runs:
         versions = run_meta(run)["environment"]["versions"]
-        assert {"python", "torch", "numpy", "pandas", "transformers"} <= set(versions), run.name
+        assert {"python", *VERSIONED} <= set(versions), run.name
         bench = pd.read_csv(run / "bench.csv")
         arms = bench.groupby("policy").arm.agg(set)
         assert arms["demand"] == {"A", "B"} and all(a == {"A"} for p, a in arms.items() if p != "demand")
