@@ -5,8 +5,11 @@ every timing verdict (artifact/experiments/stored_runs/).
     PYTHONPATH=. python scripts/record_runs.py --profile cpu --runs 9
     PYTHONPATH=. python scripts/record_runs.py --profile h200_ae --model /models/LLaDA2.0-mini --runs 3
 
-Every argument, the profile, the model (config.json and each weight file's header), the results folder and
-the stored runs are checked first: a bad one prints one line, `error: ...`, and exits 2 with nothing changed.
+Every argument, the profile, the model (config.json and each weight file's header), the results folder, the
+stored runs and the checkout are checked first: a bad one prints one line, `error: ...`, and exits 2 with
+nothing changed. The checkout must have no uncommitted change (modified, staged, or untracked and not ignored)
+under the code the runs measure (recording.CODE_PATHS: artifact/, scripts/, the environment's pins, the
+prompts in data/tasks/): a run records its commit, so that commit must be the code that measured it.
 Each run first moves the working row files aside (recording.working_aside: put back if the run fails), then
 measures what the timing notebooks time (stored_runs.TIMED_STUDIES: 03's throttle grid, 04's bench grid,
 05's TIDE-style grid, 06's two link-priority grids, 07's synthetic streams, 08's model validation cells, 09's
@@ -97,8 +100,9 @@ def main(argv=None) -> int:
 
 def check(a):
     """Everything that can be refused before a working row file is touched: the profile and its values, the
-    model (its config.json and every weight file's header: prepare.checked_checkpoint), the results folder and
-    the stored runs (whole and of this commit). Returns the profile."""
+    model (its config.json and every weight file's header: prepare.checked_checkpoint), the results folder,
+    the stored runs (whole and of this commit) and the checkout (no uncommitted code:
+    recording.check_committed). Returns the profile."""
     from artifact.errors import SettingError
     from artifact.experiments import harness
     from artifact.experiments import recording as stored_runs
@@ -116,6 +120,7 @@ def check(a):
     check_writable(results_dir(P) / "bench.csv", "the results folder", exists_ok=True)
     check_writable(runs_root(P.name) / "run.json", "the stored runs' folder", exists_ok=True)
     stored_runs.next_run(P.name)  # the stored runs are whole and of this commit, before any measurement
+    stored_runs.check_committed()  # and the commit a run records is the code that measures it
     return P
 
 

@@ -13,6 +13,7 @@ import pytest
 from test_bench import FakeRunner
 
 from artifact.errors import ProfileError
+from artifact.experiments import recording
 from artifact.experiments.bench.grid import Cell
 from artifact.experiments.bench.order import cycle_length, slot_order
 from artifact.experiments.bench.results import bench_fingerprint
@@ -146,6 +147,8 @@ def test_record_runs_measures_stored_run_k_with_rotation_k_minus_1(tmp_path, mon
         out.write_text(f"rotation\n{P.rotation}\n")
 
     monkeypatch.setattr(script, "measure", measure)
+    # the checkout's own uncommitted edits aside (tests/test_record_runs_dirty_tree.py)
+    monkeypatch.setattr(recording, "check_committed", lambda root=None: None)
     script.record(argparse.Namespace(profile="cpu", model=None, runs=2))
     # a later call continues the numbering
     script.record(argparse.Namespace(profile="cpu", model=None, runs=1))

@@ -1,6 +1,7 @@
 """Recording the stored runs (the reading side, and what the runs mean to a verdict, is verdicts/): a new
 run<k>/ whole or absent (`record_run`, after `next_run` checks the runs are whole and of this commit: the
-checkout's, or the newest that changed the code the runs measure: a set recorded in parts is of one), the
+checkout's, or the newest that changed the code the runs measure: a set recorded in parts is of one; and
+`check_committed` refuses a checkout whose code differs from its commit), the
 working row files cleared between runs (`clear_working`; `working_aside` puts them back if the run
 fails), and `cached_rows`, which keeps a timing notebook's
 rows that are not a bench grid like one."""
@@ -36,6 +37,45 @@ from artifact.paths import atomic_write_text, repo_root
 # not the notebooks), its pinned environment and the bundled prompts. A commit that changes none of these (a
 # part of a set of runs, the claims re-ruled on them, the README) leaves the runs' commit where it was.
 CODE_PATHS = ("artifact", "scripts", "pyproject.toml", "requirements.lock", "environment.yml", "data/tasks")
+
+
+def dirty_code_paths(root: Path | None = None) -> list[str]:
+    """The paths under CODE_PATHS that differ from the commit checked out at `root` (default: the checkout's
+    root), as `git status` names them (relative to the repository): modified, staged, deleted, or untracked
+    and not ignored; [] where git cannot tell (no git, not a checkout: the runs then record commit
+    "unknown"). A run recorded from such a tree would carry the commit's label but not its code."""
+    root = Path(root) if root is not None else repo_root()
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain=v1", "-z", "--untracked-files=all", "--"]
+            + list(CODE_PATHS),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    paths, entries = [], iter(out.stdout.split("\0"))
+    for entry in entries:
+        if entry:
+            paths.append(entry[3:])  # "XY path"
+            if "R" in entry[:2] or "C" in entry[:2]:
+                next(entries, None)  # a rename's or copy's source path follows
+    return paths
+
+
+def check_committed(root: Path | None = None) -> None:
+    """RunsError naming the first of dirty_code_paths, if any: stored runs are measured from committed code
+    only, so the commit they record is the code that measured them."""
+    dirty = dirty_code_paths(root)
+    if dirty:
+        more = f" (and {len(dirty) - 1} more)" if len(dirty) > 1 else ""
+        raise RunsError(
+            f"{dirty[0]}{more}: uncommitted change under the code the runs measure "
+            f"({', '.join(CODE_PATHS)}); a stored run records the commit, so commit or stash it first"
+        )
 
 
 def runs_commit(head: str) -> str:
