@@ -73,8 +73,8 @@ def test_a_one_run_interval_without_the_run_to_run_spread_fails_the_coverage_che
     covers the truth far less often than 93%."""
     real = pooling.one_run
 
-    def narrow(d, others):
-        iv = real(d, others)
+    def narrow(d, others, *within):
+        iv = real(d, others, *within)
         k = math.sqrt(max(len(others), 1))
         return dataclasses.replace(
             iv, low=iv.mean - (iv.mean - iv.low) / k, high=iv.mean + (iv.high - iv.mean) / k
@@ -145,7 +145,10 @@ def test_the_command_writes_the_table(tmp_path, capsys):
     import pandas as pd
 
     t = pd.read_csv(out)
-    assert list(t.claim) == ["09-eviction"] * 4 and (t.studies == 2).all()
+    assert (
+        list(t.claim) == ["09-eviction"] * len(cal.scenarios(CLAIMS["09-eviction"]))
+        and (t.studies == 2).all()
+    )
     for name in ("coverage", "coverage_single", "reproduced", "not_reproduced", "power", "fresh_decides"):
         assert name in t and f"{name}_se" in t
     assert "stored_decide" in t and "09-eviction" in capsys.readouterr().out

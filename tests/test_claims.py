@@ -345,7 +345,7 @@ def test_the_aa_gates_both_claims_and_never_corrects_the_effect():
     biased = capacity_claims(stored(lambda o, a: bench_rows(shifted(PLANTED, o), reps=4, aa=a + 5.0)))
     for c, b in zip(clean[1:], biased[1:]):
         assert c.verdict == REPRODUCED and b.verdict == INCONCLUSIVE
-        assert "A/A (demand over demand)" in b.reason and "is not inside +-3%" in b.reason
+        assert "A/A (demand over demand)" in b.reason and "wholly outside +-3%" in b.reason
         assert effects(b) == effects(c) and all(x["aa_low"] > 3 for x in b.cells)
     # biased at C/W 0.43 only: the equivalence claim's cells are gated, the direction claim's are not
     only_low = capacity_claims(

@@ -180,12 +180,24 @@ def pooled_interval(means) -> tuple[float, float, float]:
     return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
 
 
-def one_run_interval(pairs, stored_means) -> tuple[float, float, float]:
-    """A fresh run's mean +- the larger of t_(N-1) x the stored runs' spread and t_(n-1) x its own se."""
+def pooled_var(cells) -> tuple[float, int]:
+    """The variance of a pair's effect pooled over cells (one-way ANOVA's), with its df."""
+    cells = [np.asarray(c, dtype=float) for c in cells if len(c) >= 2]
+    df = sum(len(c) - 1 for c in cells)
+    return sum(((c - c.mean()) ** 2).sum() for c in cells) / df, df
+
+
+def one_run_interval(pairs, stored_means, fresh: pd.Series, stored_pairs) -> tuple[float, float, float]:
+    """A fresh run's mean +- t se, se^2 = s^2 + max(0, w^2 - w_s^2) / n: s the stored runs' spread, w^2 the
+    fresh run's pooled within-run variance over its cells, w_s^2 the stored runs' (docs/verdicts.md), df by
+    Welch-Satterthwaite."""
     d, s = np.asarray(pairs, dtype=float), np.asarray(stored_means, dtype=float)
-    between = stats.t.ppf(0.975, len(s) - 1) * s.std(ddof=1)
-    within = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
-    half = max(between, within)
+    w2, wdf = pooled_var([g.to_numpy() for _, g in fresh.groupby(level=KEY)])
+    ws2, _ = pooled_var([g.to_numpy() for p in stored_pairs for _, g in p.groupby(level=KEY)])
+    s2, k = s.var(ddof=1), len(s) - 1
+    excess = max(0.0, w2 - ws2) / len(d)
+    df = (s2 + excess) ** 2 / (s2**2 / k + excess**2 / wdf)
+    half = stats.t.ppf(0.975, df) * math.sqrt(s2 + excess)
     return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
 
 
@@ -218,7 +230,7 @@ def test_stored_runs_are_ruled_pooled_on_a_t_interval_over_their_run_means(name,
 
 
 @pytest.mark.parametrize("name", STUDIES)
-def test_a_fresh_run_is_ruled_alone_on_its_widened_interval_with_its_agreement(name, data):
+def test_a_fresh_run_is_ruled_alone_on_its_own_interval_with_its_agreement(name, data):
     st, P = STUDIES[name], load_profile("cpu")
     runs = stored(data, st, {1: st.good})
     means = [run_means(st, r) for r in runs]
@@ -231,9 +243,10 @@ def test_a_fresh_run_is_ruled_alone_on_its_widened_interval_with_its_agreement(n
         assert (c.verdict, c.ruled, c.agreement) == (verdict, "this run", agreement)
         assert c.pooled == REPRODUCED and len(c.per_run) == len(runs) and "this run alone" in c.interval
         d = pair_effects(st, fresh, st.a, st.b)
+        theirs = [pair_effects(st, r, st.a, st.b) for r in runs]
         for k, x in by_cell(c).items():
             assert x["runs"] == 1
-            assert_cell(x, one_run_interval(d.xs(k, level=KEY), [m[k] for m in means]))
+            assert_cell(x, one_run_interval(d.xs(k, level=KEY), [m[k] for m in means], d, theirs))
         assert f"this run {agreement}" in c.runs_text()
 
 

@@ -23,6 +23,8 @@ SHOWN = (
     "not_reproduced",
     "power",
     "fresh_decides",
+    "fresh_wrong",
+    "clear_decide",
     "stored_decide",
 )
 

@@ -27,7 +27,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifact.experiments.verdicts.records import unwrap
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.outputs.paths import run_dir
 from artifact.experiments.settings import (
@@ -37,6 +36,7 @@ from artifact.experiments.settings import (
     load_profile,
     profile_path,
 )
+from artifact.experiments.verdicts.records import unwrap
 from artifact.paths import repo_root
 
 KERNEL = "artifact"  # the kernel scripts/env.sh registers in the venv (KERNELSPEC)
@@ -44,7 +44,8 @@ CELL_TIMEOUT_S = 1800
 CHECK = "# NBVAL_CHECK_OUTPUT"
 PARAMETERS = ("profile", "overrides")  # the one parameters cell every notebook has
 SETTINGS_KEY = "artifact_settings"  # executed notebook metadata: the profile's values it ran with
-_LINE = re.compile(r"^(claim|verdict)(?: \[[a-z]+\])?: (.*)$")
+_LINE = re.compile(r"^(claim|runs|verdict|to decide)(?: \[[a-z]+\])?: (.*)$")
+_STORED = re.compile(r"stored runs: pooled ([a-z ]+?);")
 _SAVED = re.compile(r"^saved (\S+) and (\S+)$")
 _TMP = re.compile(r"^\..+\.(\d+)\.tmp\.ipynb$")  # execute()'s temporary name: .NAME.<pid>.tmp.ipynb
 
@@ -126,19 +127,27 @@ def settings_of(P: Settings) -> dict:
 
 
 def claims_of(nb) -> list[tuple[str, str]]:
-    """(claim, verdict) pairs printed by the notebook's cells (a claim line, then its verdict line)."""
-    pairs, claim = [], None
+    """(claim, verdict) pairs printed by the notebook's cells (a claim line, then its verdict line). A timing
+    claim ruled on this run alone shows its verdict without the cell-by-cell reason, beside the stored
+    verdict and, when inconclusive, what would decide it."""
+    pairs, claim, stored = [], None, ""
     for cell in nb.cells:
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if out.get("output_type") != "stream" or out.get("name") != "stdout":
                 continue
             for line in unwrap(out.get("text", "")).splitlines():  # a claim line printed over several
                 m = _LINE.match(line.strip())
-                if m and m.group(1) == "claim":
-                    claim = m.group(2)
-                elif m and claim is not None:
-                    pairs.append((claim, m.group(2)))
+                kind, text = (m.group(1), m.group(2)) if m else ("", "")
+                if kind == "claim":
+                    claim, stored = text, ""
+                elif kind == "runs" and "this run" in text:
+                    found = _STORED.search(text)
+                    stored = found.group(1) if found else ""
+                elif kind == "verdict" and claim is not None:
+                    pairs.append((claim, f"{text.split(' (')[0]}; stored: {stored}" if stored else text))
                     claim = None
+                elif kind == "to decide" and pairs:
+                    pairs[-1] = (pairs[-1][0], f"{pairs[-1][1]}; to decide: {text}")
     return pairs
 
 
@@ -371,9 +380,9 @@ def summary_table(outcomes: list[Outcome], width: int = 70) -> str:
 
 
 TIMING_NOTE = (
-    "Timing verdicts (03-09) of a run come from that run alone, each cell's interval widened by the stored "
-    "runs' run-to-run spread (with no stored runs of the profile: inconclusive), shown beside the stored "
-    "verdict as agrees / differs / inconclusive; the stored result, in the README, pools "
+    "Timing verdicts (03-09) of a run come from that run alone, each cell's interval sized by the stored "
+    "runs' run-to-run spread and widened by this run's own excess noise (with no stored runs of the profile: "
+    "inconclusive), shown beside the stored verdict; the stored result, in the README, pools "
     f">= {thresholds.MIN_RUNS} runs (with its leave-one-out and how often a fresh run decides alone). "
     "docs/verdicts.md"
 )

@@ -20,8 +20,8 @@ from artifact.experiments.counting import BASIS, EXACT, on_bases
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figures import COLORS, PAPER_STYLE, title
 from artifact.experiments.settings import Settings
+from artifact.experiments.verdicts.counts import margin_below
 from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim
-from artifact.experiments.verdicts.rules import margin_below
 from artifact.offload.backend.plans import COUNTS
 from artifact.offload.replay.sim import (
     BASES,

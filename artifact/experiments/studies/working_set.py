@@ -15,8 +15,8 @@ from artifact.experiments.counting import DENOISING, EXACT
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import trace_label
 from artifact.experiments.outputs.figures import title
+from artifact.experiments.verdicts.counts import margin_at_least
 from artifact.experiments.verdicts.records import Claim, verdict_of
-from artifact.experiments.verdicts.rules import margin_at_least
 from artifact.offload.replay.sim import denoising_only, phase_columns, sweep
 from artifact.offload.replay.trace import step_similarity, working_sets
 

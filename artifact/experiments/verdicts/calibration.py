@@ -38,19 +38,18 @@ import pandas as pd
 from scipy import stats
 from tqdm.auto import tqdm
 
-from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.criteria.timing import CLAIMS, FASTER, NO_DIFFERENCE, OTHERS, TimingClaim
+from artifact.experiments.criteria.timing import CLAIMS, OTHERS, TimingClaim
 from artifact.experiments.verdicts import judge
 from artifact.experiments.verdicts.pairs import Basis
-from artifact.experiments.verdicts.pooling import Compared, Replicas, replicate
+from artifact.experiments.verdicts.pooling import Compared, Replicas, replicate_all
 from artifact.experiments.verdicts.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from artifact.experiments.verdicts.scenarios import Scenario, distance, right_verdict, scenarios
 from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES, stored_rows
 
 RUNS = 9  # stored runs per synthetic study: the cpu profile's count
 STUDIES = 300  # per claim and scenario, the default: under 5 minutes on 2 cores
 CHUNK = 50  # studies per worker job
-MARGIN = thresholds.MARGIN
-SMALLEST = paper.FASTER_PCT[0]  # the paper's smallest direction effect
+CLEAR = 4.0  # a "clear" cell: its true effect >= 4 between-run sds from the claim's boundary
 
 
 @dataclass(frozen=True)
@@ -90,39 +89,6 @@ class ClaimNoise:
     runs: int
 
 
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    truth: float | None  # mu in every cell; None: each cell's stored pooled mean
-    checks: str  # the rate the row measures
-    tails: float = 0.0  # t degrees of freedom of the noise (0: normal)
-
-
-def scenarios(c: TimingClaim) -> tuple[Scenario, ...]:
-    """The claim's default scenarios (the module docstring)."""
-    stored = Scenario("as stored", None, "fresh run decides vs stored runs decide")
-    if c.question == FASTER:
-        return (
-            stored,
-            Scenario("zero", 0.0, "false reproduced"),
-            Scenario("zero, t3", 0.0, "false reproduced", 3.0),
-            Scenario(f"paper {SMALLEST:+g}", SMALLEST, "false not reproduced; power"),
-        )
-    edge = (
-        Scenario("margin", MARGIN, "false reproduced"),
-        Scenario("margin, t3", MARGIN, "false reproduced", 3),
-    )
-    if c.question == NO_DIFFERENCE:
-        zero = Scenario("zero", 0.0, "false not reproduced")
-        return (
-            stored,
-            *edge,
-            zero,
-            Scenario(f"paper {paper.AT_LOW.diff_pct:+g}", paper.AT_LOW.diff_pct, "power"),
-        )
-    return (stored, *edge, Scenario("zero", 0.0, "false not reproduced; power"))
-
-
 def stored_compared(P, c: TimingClaim) -> Compared:
     """The claim's cells of the profile's stored runs, pooled (what its stored verdict rules on)."""
     stems = next(t.stems for t in TIMED_STUDIES if t.notebook == c.notebook)
@@ -160,39 +126,72 @@ def _draw(rng: np.random.Generator, shape, tails: float) -> np.ndarray:
     return rng.standard_t(tails, shape) * math.sqrt((tails - 2) / tails)  # unit variance
 
 
-def _cell(rng: np.random.Generator, mu: float, z: Noise, runs: int, tails: float):
-    """One cell of runs + 1 runs (the last the fresh one), ruled by pooling.replicate."""
+def _runs(rng: np.random.Generator, mu: float, z: Noise, runs: int, tails: float, noise: float) -> list:
+    """One cell's pairs of runs + 1 runs (the last the fresh one, its pairs' noise x `noise`)."""
     means = mu + z.tau * _draw(rng, runs + 1, tails)
     pairs = means[:, None] + z.sd * _draw(rng, (runs + 1, z.n), tails)
-    return replicate(pairs[-1], list(pairs[:-1]))
+    pairs[-1] = means[-1] + noise * (pairs[-1] - means[-1])
+    return list(pairs)
+
+
+def _replicated(draws: dict) -> dict:
+    """{cell: Replicated} ruled as pooling.replicate_all rules a comparison: each run's within-run noise
+    pooled over the cells."""
+    keys = list(draws)
+    fresh = {k: draws[k][-1] for k in keys}
+    stored = [{k: draws[k][i] for k in keys} for i in range(len(draws[keys[0]]) - 1)] if keys else []
+    return replicate_all(fresh, stored, keys)
 
 
 def _holds(iv, mu: float) -> bool:
     return iv is not None and iv.low <= mu <= iv.high
 
 
-def study(cn: ClaimNoise, s: Scenario, rng: np.random.Generator, runs: int = RUNS) -> tuple:
-    """One synthetic study ruled by judge.judge: (pooled verdict, fresh verdict, cells whose pooled interval
-    holds mu, cells whose fresh one-run interval holds mu, cells)."""
+@dataclass(frozen=True)
+class Outcome:
+    """One synthetic study: the pooled and the fresh verdict, whether the fresh one is wrong, cells whose
+    pooled (fresh) interval holds mu, cells, and the clear cells (>= CLEAR between-run sds from the boundary)
+    and how many of them the fresh run decides in their direction."""
+
+    pooled: str
+    fresh: str
+    wrong: bool
+    cover: int
+    single: int
+    cells: int
+    clear: int
+    clear_decided: int
+
+
+def study(cn: ClaimNoise, s: Scenario, rng: np.random.Generator, runs: int = RUNS) -> Outcome:
+    """One synthetic study ruled by judge.judge."""
+    c = cn.claim
     truth = {k: z.mean if s.truth is None else s.truth for k, z in cn.cells.items()}
-    effects = {k: _cell(rng, truth[k], z, runs, s.tails) for k, z in cn.cells.items()}
-    aa = {k: _cell(rng, 0.0, z, runs, s.tails) for k, z in cn.aa.items()}
-    t = judge.judge(Compared(effects, aa, {}, cn.basis, cn.aa_label), cn.claim, label=str)
+    effects = _replicated({k: _runs(rng, truth[k], z, runs, s.tails, s.noise) for k, z in cn.cells.items()})
+    aa = _replicated({k: _runs(rng, 0.0, z, runs, s.tails, s.noise) for k, z in cn.aa.items()})
+    t = judge.judge(Compared(effects, aa, {}, cn.basis, cn.aa_label), c, label=str)
     cover = sum(_holds(r.pooled, truth[k]) for k, r in effects.items())
     single = sum(_holds(r.this, truth[k]) for k, r in effects.items())
-    return t.pooled, t.verdict, cover, single, len(effects)
+    clear = decided = 0
+    for (k, z), x in zip(cn.cells.items(), t.cells):
+        d = distance(c, truth[k])
+        if abs(d) >= CLEAR * math.hypot(z.tau, z.sd / math.sqrt(z.n)):
+            clear += 1
+            decided += x["ruling"] == (REPRODUCED if d > 0 else NOT_REPRODUCED)
+    wrong = t.verdict not in right_verdict(c, truth)
+    return Outcome(t.pooled, t.verdict, wrong, cover, single, len(effects), clear, decided)
 
 
 def _job(args) -> tuple[int, int, np.ndarray]:
     """(claim index, scenario index, counts: studies, reproduced, not reproduced, fresh decides, covered,
-    single-covered, cells) of one chunk of studies."""
+    single-covered, cells, fresh wrong, clear cells, clear cells decided) of one chunk of studies."""
     i, j, cn, s, studies, seed, runs = args
     rng = np.random.default_rng(seed)
-    counts = np.zeros(7, dtype=np.int64)
+    counts = np.zeros(10, dtype=np.int64)
     for _ in range(studies):
-        pooled, fresh, cover, single, cells = study(cn, s, rng, runs)
-        ruled = (pooled == REPRODUCED, pooled == NOT_REPRODUCED, fresh != INCONCLUSIVE)
-        counts += (1, *ruled, cover, single, cells)
+        o = study(cn, s, rng, runs)
+        ruled = (o.pooled == REPRODUCED, o.pooled == NOT_REPRODUCED, o.fresh != INCONCLUSIVE)
+        counts += (1, *ruled, o.cover, o.single, o.cells, o.wrong, o.clear, o.clear_decided)
     return i, j, counts
 
 
@@ -233,20 +232,23 @@ def table(noises: Sequence[ClaimNoise], plans, totals: dict) -> pd.DataFrame:
     out = []
     for i, (cn, ss) in enumerate(zip(noises, plans)):
         for j, s in enumerate(ss):
-            n, r, nr, decides, cover, single, cells = (int(x) for x in totals[i, j])
+            n, r, nr, decides, cover, single, cells, wrong, clear, clear_decided = (
+                int(x) for x in totals[i, j]
+            )
             row = dict(claim=cn.claim.key, question=cn.claim.question, scenario=s.name, studies=n)
             tails = f"t{s.tails:g}" if s.tails else "normal"
-            row.update(truth="stored" if s.truth is None else f"{s.truth:+g}", tails=tails)
-            stored = (cn.stored_decide, cn.runs) if s.truth is None else (0, 0)
+            row.update(truth="stored" if s.truth is None else f"{s.truth:+g}", tails=tails, noise=s.noise)
+            stored = (cn.stored_decide, cn.runs) if s.truth is None and s.noise == 1 else (0, 0)
             power = (r, n) if "power" in s.checks else (0, 0)
             rates = dict(coverage=(cover, cells), coverage_single=(single, cells), reproduced=(r, n))
             rates.update(
                 not_reproduced=(nr, n), power=power, fresh_decides=(decides, n), stored_decide=stored
             )
+            rates.update(fresh_wrong=(wrong, n), clear_decide=(clear_decided, clear))
             for name, (k, m) in rates.items():
                 row[name], row[f"{name}_se"] = _rate(k, m)
             flag = ""
-            if s.truth is None and cn.runs:
+            if s.truth is None and s.noise == 1 and cn.runs:
                 p = min(max(decides / n, 0.5 / n), 1 - 0.5 / n)  # a rate of 0 or 1 is known to 1/(2 studies)
                 flag = "disagree" if stats.binomtest(cn.stored_decide, cn.runs, p).pvalue < 0.05 else "agree"
             out.append(dict(row, decide_flag=flag, checks=s.checks))

@@ -13,10 +13,19 @@ from dataclasses import dataclass
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS, OTHERS, TimingClaim
 from artifact.experiments.settings import CONTROL
+from artifact.experiments.verdicts import next_step
 from artifact.experiments.verdicts.pairs import BASES
 from artifact.experiments.verdicts.pooling import Compared, Replicas, Replicated
 from artifact.experiments.verdicts.records import Claim
-from artifact.experiments.verdicts.rules import INCONCLUSIVE, Interval, aa_gate, host_bound, rule_claim_cells
+from artifact.experiments.verdicts.rules import (
+    INCONCLUSIVE,
+    Interval,
+    aa_gate,
+    claim_verdict,
+    host_bound,
+    rule_cells,
+    rule_claim_cells,
+)
 
 ONE_RUN_ALONE = (
     "one run, and no stored runs of this profile to size the run-to-run variation: record >= 3 runs "
@@ -63,6 +72,7 @@ class Timed:
     key: str = ""
     aa: str = ""  # the A/A's label (pairs.AA or the stand-in)
     stored: bool = False  # ruled on the stored runs, pooled (else on this run alone)
+    to_decide: str = ""  # inconclusive: what would decide it, in one line (next_step.py)
 
 
 def _num(x: float) -> float | None:
@@ -72,13 +82,14 @@ def _num(x: float) -> float | None:
 def _ruling(c: TimingClaim, compared: Compared, label, pick: Callable[[Replicated], Interval | None]):
     """(verdict, reason, cells) of one view (`pick`: which interval of a Replicated)."""
     aa_name = compared.aa_label or "A/A"
-    labelled, gates, cells = [], [], []
+    labelled, gates, aas, cells = [], [], [], []
     for k, r in compared.effects.items():
         iv = pick(r) or Interval(math.nan, math.nan, math.nan, 0, "runs")
         aa_r = compared.aa.get(k[1] if c.a == OTHERS else k)
         aa = pick(aa_r) if aa_r is not None else None
         gate = ONE_RUN_ALONE if iv.unit == "pairs" else aa_gate(aa, thresholds.MARGIN, aa_name)
         gates.append(gate or host_bound(compared.host.get(k[1] if c.a == OTHERS else k)))
+        aas.append(aa)
         labelled.append((label(k), iv))
         keys = c.by if c.a != OTHERS else ("policy", *c.by)
         flat = (k[0], *k[1]) if c.a == OTHERS else k
@@ -94,8 +105,20 @@ def _ruling(c: TimingClaim, compared: Compared, label, pick: Callable[[Replicate
                 aa_high=_num(aa.high) if aa else None,
             )
         )
-    verdict, reason = rule_claim_cells(c.question, labelled, gates, thresholds.MARGIN, c.unit)
-    return verdict, reason, cells
+    rulings = rule_cells(c.question, labelled, gates, thresholds.MARGIN, c.unit, aas, aa_name)
+    for x, r in zip(cells, rulings):
+        x["ruling"] = r.verdict
+    verdict, reason = claim_verdict([name for name, _ in labelled], rulings)
+    to_decide = ""
+    if verdict == INCONCLUSIVE:
+        reps = list(compared.effects.items())
+        hints = [
+            next_step.hint(name, c.question, r, iv, compared.aa.get(k[1] if c.a == OTHERS else k), a, x.why)
+            for (name, iv), (k, r), a, x in zip(labelled, reps, aas, rulings)
+            if x.verdict == INCONCLUSIVE
+        ]
+        to_decide = max(hints, key=lambda h: h[0])[1] if hints else ""
+    return verdict, reason, cells, to_decide
 
 
 def judge(compared: Compared, c: TimingClaim, label: Callable[[tuple], str]) -> Timed:
@@ -106,7 +129,7 @@ def judge(compared: Compared, c: TimingClaim, label: Callable[[tuple], str]) -> 
     compared = claim_cells(compared, c)
     cells = list(compared.effects.values())
     stored = all(r.this is None for r in cells)
-    verdict, reason, numbers = _ruling(c, compared, label, lambda r: r.ruled)
+    verdict, reason, numbers, to_decide = _ruling(c, compared, label, lambda r: r.ruled)
     n_runs = max((len(r.per) for r in cells), default=0)
     per_run = tuple(
         _ruling(c, compared, label, lambda r, i=i: r.runs[i] if r.runs else None)[0] for i in range(n_runs)
@@ -129,12 +152,23 @@ def judge(compared: Compared, c: TimingClaim, label: Callable[[tuple], str]) -> 
     unit = cells[0].ruled.unit if cells else "runs"
     over = {
         "runs": f"{thresholds.CONFIDENCE:.0%} t interval over the per-run means of {n_runs} stored runs",
-        "run": f"this run alone, widened by the spread of {n_runs} stored runs' means",
+        "run": f"this run alone: {n_runs} stored runs' spread, widened by this run's excess noise",
         "pairs": "this run's pairs alone (no run-to-run variation)",
     }.get(unit, unit)
     aa = compared.aa_label or "no A/A"
     return Timed(
-        verdict, reason, numbers, f"{over}; gate: {aa}", per_run, pooled, loo, agreement, c.key, aa, stored
+        verdict,
+        reason,
+        numbers,
+        f"{over}; gate: {aa}",
+        per_run,
+        pooled,
+        loo,
+        agreement,
+        c.key,
+        aa,
+        stored,
+        to_decide,
     )
 
 
@@ -175,6 +209,7 @@ def timed_claim(
         agreement=t.agreement,
         key=t.key,
         cells=t.cells,
+        to_decide=t.to_decide,
     )
 
 

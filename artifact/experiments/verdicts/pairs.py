@@ -145,3 +145,17 @@ def run_effects(
         v = d[idx]
         out[CellKey(*key) if tuple(by) == CELL_KEYS else key] = v[np.isfinite(v)]
     return out
+
+
+def host_shares(rows, by: Sequence[str]) -> dict:
+    """{key tuple of `by`: the cell's host share of wall time per forward} over GPU rows: per row host ms over
+    wall ms, the median per policy, the largest over the policies. {} for CPU rows (the CPU computes on the
+    host, so the rule does not apply) and rows without host time."""
+    if rows is None or not {"host_ms_per_forward", "wall_ms_per_forward", "device"} <= set(rows.columns):
+        return {}
+    gpu = rows[rows.device.astype(str).str.startswith("cuda")]
+    wall = gpu.wall_ms_per_forward.astype(float)
+    share = (gpu.host_ms_per_forward.astype(float) / wall).where(wall > 0)
+    per = gpu.assign(_share=share).dropna(subset=["_share"]).groupby([*by, "policy"])._share.median()
+    out = per.groupby(level=list(range(len(by)))).max()
+    return {(k if isinstance(k, tuple) else (k,)): float(v) for k, v in out.items()}

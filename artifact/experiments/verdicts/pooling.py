@@ -3,9 +3,14 @@ put things), and in the stored cpu runs the runs differ from each other by more 
 do. So, per cell, with x_k the mean of run k's per-pair effects (pairs.run_effects):
 
     pooled    a t interval over the per-run means of the runs that hold the cell (df = N - 1)     unit "runs"
-    one run   x +- max(t_(N-1) s, t_(n-1) w): s the sd of the stored runs' means (the run-to-run   unit "run"
-              spread, which holds the within-run noise of a run's mean too), w the run's own
-              standard error over its n pairs
+    one run   x +- t_df se, se^2 = s^2 + max(0, w_run^2 - w_stored^2) / n: s the sd of the stored   unit "run"
+              runs' means (the run-to-run spread, which holds a stored run's within-run noise of its
+              mean too); w_run^2 the run's own within-run variance of a pair's effect, pooled over the
+              cells of the comparison (one-way ANOVA's pooled variance: sum (n_c - 1) var_c / sum (n_c - 1),
+              so it rests on every cell's pairs, not a cell's two); w_stored^2 the same pooled over the
+              stored runs; n the cell's pairs. A run as quiet as the stored ones is sized by their spread
+              alone; a noisier one is widened by its excess noise. df: Welch-Satterthwaite over s^2 (N - 1
+              df) and the excess (the run's pooled df).
     alone     with fewer than 2 stored runs there is no run-to-run spread to size it: the t       unit "pairs"
               interval over its pairs, which a timing verdict does not rule on (judge.py)
 
@@ -15,7 +20,7 @@ A fresh run is ruled alone, never bounded by the stored verdict. A claim's cells
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +30,8 @@ from scipy import stats
 
 from artifact.errors import RunsError
 from artifact.experiments.criteria import thresholds
-from artifact.experiments.verdicts.pairs import PERCENT, Basis, aa_label, run_effects
-from artifact.experiments.verdicts.rules import Interval, host_shares
+from artifact.experiments.verdicts.pairs import PERCENT, Basis, aa_label, host_shares, run_effects
+from artifact.experiments.verdicts.rules import Interval
 from artifact.experiments.verdicts.stored_runs import run_meta, runs_root, stored_rows
 
 
@@ -40,22 +45,53 @@ def pooled(means: Sequence[float]) -> Interval | None:
     return Interval(float(x.mean()), float(ci.low), float(ci.high), len(x), "runs", se, len(x) - 1)
 
 
-def one_run(d: np.ndarray, others: Sequence[float]) -> Interval:
-    """A single run's interval: its mean widened by the run-to-run spread of `others` (the stored runs' means
-    in the cell), or by its own standard error when that is larger; over its own pairs alone ("pairs") when
-    fewer than 2 others hold the cell."""
+@dataclass(frozen=True)
+class Within:
+    """A run's within-run noise of one comparison: the variance of a pair's effect pooled over its cells
+    (`var`) and its degrees of freedom (`df`: sum over cells of pairs - 1)."""
+
+    var: float
+    df: int
+
+    @classmethod
+    def of(cls, cells: Iterable[np.ndarray | None]) -> "Within":
+        held = [np.asarray(d, dtype=float) for d in cells if d is not None and len(d) >= 2]
+        df = sum(len(d) - 1 for d in held)
+        ss = sum(float(((d - d.mean()) ** 2).sum()) for d in held)
+        return cls(ss / df if df else math.nan, df)
+
+    @classmethod
+    def pooled(cls, runs: Iterable["Within"]) -> "Within":
+        held = [w for w in runs if w.df]
+        df = sum(w.df for w in held)
+        return cls(sum(w.var * w.df for w in held) / df if df else math.nan, df)
+
+
+def one_run(
+    d: np.ndarray, others: Sequence[float], own: Within | None = None, stored: Within | None = None
+) -> Interval:
+    """A single run's interval (the module docstring): its mean, sized by the run-to-run spread of `others`
+    (the stored runs' means in the cell) widened by the run's noise beyond the stored runs' (`own` and
+    `stored`: pooled within-run variances; by default the cell's own pairs, and no excess); over its own
+    pairs alone ("pairs") when fewer than 2 others hold the cell."""
     d = np.asarray(d, dtype=float)
-    mean = float(d.mean()) if len(d) else float("nan")
-    se_w = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else float("nan")
+    n = len(d)
+    mean = float(d.mean()) if n else float("nan")
+    own = own if own is not None and own.df else Within.of([d])
     if len(others) < 2:
-        if not math.isfinite(se_w):
-            return Interval(mean, float("nan"), float("nan"), len(d), "pairs")
-        return Interval.t(mean, se_w, len(d) - 1, len(d), "pairs")
-    s = float(np.std(others, ddof=1))
-    q_between, q_within = (stats.t.ppf(0.975, k) for k in (len(others) - 1, max(len(d) - 1, 1)))
-    if math.isfinite(se_w) and q_within * se_w > q_between * s:
-        return Interval.t(mean, se_w, len(d) - 1, len(others), "run")
-    return Interval.t(mean, s, len(others) - 1, len(others), "run")
+        if not own.df or not math.isfinite(own.var):
+            return Interval(mean, float("nan"), float("nan"), n, "pairs")
+        return Interval.t(mean, math.sqrt(own.var / n), own.df, n, "pairs")
+    s2 = float(np.var(others, ddof=1))
+    k = len(others) - 1
+    excess = 0.0
+    if stored is not None and stored.df and own.df and math.isfinite(own.var) and math.isfinite(stored.var):
+        excess = max(0.0, own.var - stored.var) / n
+    total = s2 + excess
+    if total <= 0:
+        return Interval.t(mean, 0.0, k, len(others), "run")
+    df = total**2 / (s2**2 / k + (excess**2 / own.df if excess else 0.0))
+    return Interval.t(mean, math.sqrt(total), df, len(others), "run")
 
 
 @dataclass(frozen=True)
@@ -77,15 +113,25 @@ class Replicated:
         return sum(p is not None for p in self.per)
 
 
-def replicate(own: np.ndarray | None, per: Sequence[np.ndarray | None]) -> Replicated:
-    """A cell's Replicated from this run's effects (None: ruling the stored runs) and each stored run's."""
+def replicate(
+    own: np.ndarray | None,
+    per: Sequence[np.ndarray | None],
+    own_within: Within | None = None,
+    per_within: Sequence[Within | None] = (),
+) -> Replicated:
+    """A cell's Replicated from this run's effects (None: ruling the stored runs) and each stored run's; the
+    within-run noise of this run and of each stored run (Within, over the comparison's cells: replicate_all)
+    sizes the one-run intervals (each stored run's against the others, pooled over the others)."""
     means = [float(p.mean()) for p in per if p is not None and len(p)]
+    per_within = list(per_within) or [None] * len(per)
     runs = []
     for i, p in enumerate(per):
         others = [float(q.mean()) for j, q in enumerate(per) if j != i and q is not None and len(q)]
-        runs.append(None if p is None or not len(p) else one_run(p, others))
+        rest = Within.pooled(w for j, w in enumerate(per_within) if j != i and w is not None)
+        runs.append(None if p is None or not len(p) else one_run(p, others, per_within[i], rest))
     pool = pooled(means)
-    this = one_run(own, means) if own is not None and len(own) else None
+    stored = Within.pooled(w for w in per_within if w is not None)
+    this = one_run(own, means, own_within, stored) if own is not None and len(own) else None
     if own is None:
         ruled = pool or Interval(
             float(np.mean(means)) if means else float("nan"), math.nan, math.nan, len(means), "runs"
@@ -93,6 +139,21 @@ def replicate(own: np.ndarray | None, per: Sequence[np.ndarray | None]) -> Repli
     else:
         ruled = this or Interval(float("nan"), math.nan, math.nan, 0, "pairs")
     return Replicated(ruled, pool, this, tuple(runs), tuple(per), own)
+
+
+def replicate_all(mine: dict | None, theirs: Sequence[dict], keys: Sequence | None = None) -> dict:
+    """{cell: Replicated} of one comparison: this run's per-cell effects (`mine`; None: ruling the stored
+    runs) and each stored run's, each run's within-run noise pooled over its cells (Within.of)."""
+    if keys is None:
+        keys = sorted(set(mine or {}).union(*theirs), key=lambda k: tuple(str(v) for v in k))
+        if mine is not None:
+            keys = [k for k in keys if k in mine]
+    own = Within.of(mine.values()) if mine is not None else None
+    per = [Within.of(t.values()) for t in theirs]
+    return {
+        k: replicate(mine.get(k) if mine is not None else None, [t.get(k) for t in theirs], own, per)
+        for k in keys
+    }
 
 
 @dataclass(frozen=True)
@@ -163,15 +224,8 @@ class Replicas:
         this = None if stored else self.this
 
         def view(x: str, y: str) -> dict:
-            mine = run_effects(this, x, y, by, metric, basis) if this is not None else {}
-            theirs = [run_effects(r, x, y, by, metric, basis) for r in runs]
-            keys = sorted(set(mine).union(*theirs), key=lambda k: tuple(str(v) for v in k))
-            if this is not None:
-                keys = [k for k in keys if k in mine]
-            return {
-                k: replicate(mine.get(k) if this is not None else None, [t.get(k) for t in theirs])
-                for k in keys
-            }
+            mine = run_effects(this, x, y, by, metric, basis) if this is not None else None
+            return replicate_all(mine, [run_effects(r, x, y, by, metric, basis) for r in runs])
 
         sources = ([this] if this is not None else []) + runs
         labels = {aa_label(r) for r in sources}

@@ -46,6 +46,7 @@ class Claim:
     agreement: str = ""  # timing, a fresh run: agrees with / differs from the stored verdict, or inconclusive
     key: str = ""  # timing: the claim's definition in criteria/timing.py
     cells: list = field(default_factory=list)  # timing: per cell, the interval the verdict uses (judge.py)
+    to_decide: str = ""  # timing, inconclusive: what would decide it, in one line (verdicts/next_step.py)
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -86,7 +87,8 @@ class Claim:
             out.append(f"margin{tag}: {self.margin}")
         if self.timing:
             out.append(f"runs{tag}: {self.runs_text()}")
-        return out + [f"verdict{tag}: {self.verdict_text()}"]
+        out.append(f"verdict{tag}: {self.verdict_text()}")
+        return out + ([f"to decide{tag}: {self.to_decide}"] if self.to_decide else [])
 
 
 WRAP = 88  # printed claim lines break at a word before this many characters (notebook output areas)

@@ -11,18 +11,20 @@ over several cells combines them. Three outcomes:
                               reproduced: it lies wholly outside; else inconclusive.
   NOT_FASTER (non-superior.)  reproduced: the interval lies below +MARGIN; not reproduced: above it.
 
-The A/A gate: a cell whose A/A interval (demand against demand, or the stand-in on runs recorded before the
-true A/A existed) does not lie inside +-MARGIN is inconclusive, with the reason. It never corrects the effect.
-A GPU cell whose host time is over HOST_SHARE_LIMIT of its wall time is inconclusive too (host_shares).
+The A/A gate (demand against demand, or the stand-in on runs recorded before the true A/A existed) gates a
+cell, never corrects it: a cell with no A/A, or whose A/A interval lies wholly outside +-MARGIN (a bias beyond
+the margin is shown), is inconclusive; a cell whose A/A interval is not inside +-MARGIN keeps its ruling only
+when the ruling also holds on its interval widened by the A/A's furthest bound (no bias the A/A leaves
+possible could explain it). A GPU cell whose host time is over HOST_SHARE_LIMIT of its wall time is
+inconclusive too (host_shares).
 Exact counts compare a number with a threshold (at_most, margin_below, margin_at_least)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
@@ -117,7 +119,9 @@ def rule_cell(kind: str, iv: Interval, margin: float = thresholds.MARGIN, unit: 
             return Ruling(REPRODUCED, f"interval inside +-{m}")
         if iv.low > margin or iv.high < -margin:
             return Ruling(NOT_REPRODUCED, f"interval wholly outside +-{m}")
-        return Ruling(INCONCLUSIVE, f"interval too wide for +-{m}")
+        if iv.high - iv.low > 2 * margin:
+            return Ruling(INCONCLUSIVE, f"interval too wide for +-{m}")
+        return Ruling(INCONCLUSIVE, f"interval crosses {'+' if iv.high > margin else '-'}{m}")
     if iv.high < margin:
         return Ruling(REPRODUCED, f"interval below +{m}")
     if iv.low > margin:
@@ -126,22 +130,33 @@ def rule_cell(kind: str, iv: Interval, margin: float = thresholds.MARGIN, unit: 
 
 
 def simultaneous(cells: Sequence[Interval]) -> float:
-    """The per-cell level at which a claim over these cells reads `not reproduced` (a union over the cells):
-    Bonferroni, 1 - 0.05 / k (statsmodels' multipletests over the cells' p of "the effect is 0")."""
+    """The per-cell level at which a claim reads `not reproduced` (a union over the cells): Bonferroni,
+    1 - 0.05 / k (statsmodels' multipletests)."""
     usable = [iv for iv in cells if iv.usable]
     return 1 - multipletests([iv.p_value() for iv in usable] or [1.0], 1 - CONFIDENCE, "bonferroni")[3]
 
 
 def aa_gate(aa: Interval | None, margin: float = thresholds.MARGIN, label: str = "A/A") -> str | None:
-    """Why a cell's A/A makes it inconclusive, or None when clean: its interval must lie inside +-margin
-    (containing 0 is not enough: a wide A/A says the instrument is too noisy to rule)."""
+    """Why a cell's A/A makes it inconclusive whatever its effect, or None: no A/A, an A/A without an
+    interval, or an A/A that lies wholly outside +-margin (a bias beyond the margin is shown: the instrument
+    is broken in this cell). An A/A that is merely wide is `aa_bias`'s case."""
     if aa is None:
         return f"no {label} in this cell"
     if not aa.usable:
         return f"{label} has no interval"
-    if -margin <= aa.low and aa.high <= margin:
+    if aa.low > margin or aa.high < -margin:
+        return f"{label} {aa.text()} lies wholly outside +-{margin:g}%: the two arms differ in this cell"
+    return None
+
+
+def aa_bias(aa: Interval | None, margin: float = thresholds.MARGIN) -> float | None:
+    """The largest bias a cell's A/A leaves possible when its interval is not inside +-margin (the furthest
+    bound from 0), else None (a clean A/A). rule_claim_cells keeps such a cell's ruling only when the same
+    ruling holds on the effect's interval widened by it on both sides: no bias the A/A allows could explain
+    it. The effect itself is never moved."""
+    if aa is None or not aa.usable or (-margin <= aa.low and aa.high <= margin):
         return None
-    return f"{label} {aa.text()} is not inside +-{margin:g}%"
+    return max(abs(aa.low), abs(aa.high))
 
 
 def host_bound(host: float | None) -> str | None:
@@ -153,102 +168,98 @@ def host_bound(host: float | None) -> str | None:
     return None
 
 
+def _widened(iv: Interval, bias: float) -> Callable[[float], Interval]:
+    """The effect's interval at a level, widened by `bias` on both sides (aa_bias)."""
+
+    def at(level: float) -> Interval:
+        x = iv.at(level)
+        return Interval(x.mean, x.low - bias, x.high + bias, x.n, x.unit)
+
+    return at
+
+
+def _ruled(
+    kind: str, at: Callable[[float], Interval], level: float, k: int, margin: float, unit: str
+) -> Ruling:
+    """One cell's ruling among k: `at(level)` its interval at a two-sided level; `not reproduced` read at the
+    simultaneous level."""
+    r = rule_cell(kind, at(CONFIDENCE), margin, unit)
+    if r.verdict != NOT_REPRODUCED:
+        return r
+    if rule_cell(kind, at(level), margin, unit).verdict != NOT_REPRODUCED:
+        return Ruling(INCONCLUSIVE, f"{r.why}, but not at the simultaneous level over {k} cells")
+    return Ruling(NOT_REPRODUCED, f"{r.why} at the simultaneous level over {k} cells") if k > 1 else r
+
+
+def rule_cells(
+    kind: str,
+    cells: Sequence[tuple[str, Interval]],
+    gates: Sequence[str | None] = (),
+    margin: float = thresholds.MARGIN,
+    unit: str = "%",
+    aa: Sequence[Interval | None] = (),
+    aa_name: str = "A/A",
+) -> list[Ruling]:
+    """Each cell's ruling. `gates`: per cell, why it is inconclusive whatever its interval says (no A/A, an
+    A/A shown biased beyond the margin, a host-bound GPU cell), or None. `aa`: per cell, its A/A interval;
+    one that is not inside +-margin (aa_bias) keeps the cell's ruling only when the ruling also holds on the
+    effect's interval widened by the A/A's furthest bound."""
+    gates = list(gates) or [None] * len(cells)
+    aa = list(aa) or [None] * len(cells)
+    level = simultaneous([iv for _, iv in cells])
+    out = []
+    for (_, iv), gate, a in zip(cells, gates, aa):
+        r = _ruled(kind, iv.at, level, len(cells), margin, unit)
+        bias = aa_bias(a, margin)
+        if gate:
+            r = Ruling(INCONCLUSIVE, gate)
+        elif bias is not None and r.verdict != INCONCLUSIVE:
+            wide = _ruled(kind, _widened(iv, bias), level, len(cells), margin, unit)
+            if wide.verdict != r.verdict:
+                r = Ruling(
+                    INCONCLUSIVE,
+                    f"{r.why}, but {aa_name} {a.text()} is not inside +-{margin:g}% and a bias of "
+                    f"{bias:.1f}{unit} could change it",
+                )
+        out.append(r)
+    return out
+
+
 def rule_claim_cells(
     kind: str,
     cells: Sequence[tuple[str, Interval]],
     gates: Sequence[str | None] = (),
     margin: float = thresholds.MARGIN,
     unit: str = "%",
+    aa: Sequence[Interval | None] = (),
+    aa_name: str = "A/A",
 ) -> tuple[str, str]:
-    """(verdict, reason) of a claim over its labelled cells. `gates`: per cell, why its A/A (or host) makes it
-    inconclusive, or None (a gated cell is inconclusive whatever its interval says). Not reproduced if any
-    cell is at the simultaneous level (Bonferroni over the cells), reproduced if every cell is at the 95%
+    """(verdict, reason) of a claim over its labelled cells (rule_cells rules each): not reproduced if any
+    cell is (at the simultaneous level, Bonferroni over the cells), reproduced if every cell is at the 95%
     level, else inconclusive; the reason names the cells that decided it."""
     if not cells:
         return INCONCLUSIVE, "no cells"
-    gates = list(gates) or [None] * len(cells)
-    rulings = [rule_cell(kind, iv, margin, unit) for _, iv in cells]
-    level = simultaneous([iv for _, iv in cells])
-    for i, ((_, iv), r) in enumerate(zip(cells, rulings)):
-        if (
-            r.verdict == NOT_REPRODUCED
-            and rule_cell(kind, iv.at(level), margin, unit).verdict != NOT_REPRODUCED
-        ):
-            rulings[i] = Ruling(
-                INCONCLUSIVE, f"{r.why}, but not at the simultaneous level over {len(cells)} cells"
-            )
-        elif r.verdict == NOT_REPRODUCED and len(cells) > 1:
-            rulings[i] = Ruling(NOT_REPRODUCED, f"{r.why} at the simultaneous level over {len(cells)} cells")
-    rulings = [Ruling(INCONCLUSIVE, g) if g else r for r, g in zip(rulings, gates)]
-    verdicts = [r.verdict for r in rulings]
-    if NOT_REPRODUCED in verdicts:
-        verdict = NOT_REPRODUCED
-    elif all(v == REPRODUCED for v in verdicts):
-        verdict = REPRODUCED
-    else:
-        verdict = INCONCLUSIVE
+    return claim_verdict(
+        [label for label, _ in cells], rule_cells(kind, cells, gates, margin, unit, aa, aa_name)
+    )
+
+
+def claim_verdict(labels: Sequence[str], rulings: Sequence[Ruling]) -> tuple[str, str]:
+    """(verdict, reason) from the cells' rulings (combine); the reason names the cells that decided it."""
+    if not rulings:
+        return INCONCLUSIVE, "no cells"
+    verdict = combine([r.verdict for r in rulings])
     if verdict == REPRODUCED:
         return verdict, f"every cell's {CONFIDENCE:.0%} interval: " + rulings[0].why
     return verdict, "; ".join(
-        f"{label}: {r.why}" for (label, _), r in zip(cells, rulings) if r.verdict == verdict
+        f"{label}: {r.why}" for label, r in zip(labels, rulings) if r.verdict == verdict
     )
 
 
-def host_shares(rows, by: Sequence[str]) -> dict:
-    """{key tuple of `by`: the cell's host share of wall time per forward} over GPU rows: per row host ms over
-    wall ms, the median per policy, the largest over the policies. {} for CPU rows (the CPU computes on the
-    host, so the rule does not apply) and rows without host time."""
-    if rows is None or not {"host_ms_per_forward", "wall_ms_per_forward", "device"} <= set(rows.columns):
-        return {}
-    gpu = rows[rows.device.astype(str).str.startswith("cuda")]
-    wall = gpu.wall_ms_per_forward.astype(float)
-    share = (gpu.host_ms_per_forward.astype(float) / wall).where(wall > 0)
-    per = gpu.assign(_share=share).dropna(subset=["_share"]).groupby([*by, "policy"])._share.median()
-    out = per.groupby(level=list(range(len(by)))).max()
-    return {(k if isinstance(k, tuple) else (k,)): float(v) for k, v in out.items()}
-
-
-# --- figures judged against a threshold (exact counts, the performance model's error) ---------------------
-def at_most(low: float, high: float, limit: float) -> str:
-    """A figure known to lie in [low, high], judged `<= limit`: reproduced when all of it is, not reproduced
-    when none of it is, else inconclusive."""
-    if low > high:
-        raise ValueError(f"at_most: the range [{low}, {high}] is empty (expected low <= high)")
-    return REPRODUCED if high <= limit else NOT_REPRODUCED if low > limit else INCONCLUSIVE
-
-
-def median_interval(figures: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """The distribution-free interval of the median of the runs' figures: scipy.stats.quantile_test's
-    confidence interval for the 0.5 quantile (the whole range when too few figures for the level)."""
-    x = np.asarray(figures, dtype=float)
-    if len(x) == 0:
-        raise ValueError("median_interval: no figures")
-    ci = stats.quantile_test(x, q=float(np.median(x)), p=0.5).confidence_interval(confidence)
-    lo = float(ci.low) if math.isfinite(ci.low) else float(x.min())
-    hi = float(ci.high) if math.isfinite(ci.high) else float(x.max())
-    return lo, hi
-
-
-def median_at_most(figures: Sequence[float], limit: float) -> tuple[str, float, tuple[float, float]]:
-    """(verdict, median, interval): the runs' figures ruled `<= limit` on the interval of their median."""
-    low, high = median_interval(figures)
-    return at_most(low, high, limit), float(np.median(np.asarray(figures, dtype=float))), (low, high)
-
-
-def margin_below(value: float, threshold: float, pct: bool = True) -> str:
-    """A number judged `< threshold`: how far below (or above) it lies."""
-    if pct:
-        d = (threshold - value) * 100
-        return f"{value:.1%} vs < {threshold:.0%}: " + (
-            f"{d:.1f} points under" if d > 0 else f"{-d:.1f} points over"
-        )
-    side = "under" if value < threshold else "over"
-    return f"{value:.3g} vs < {threshold:.3g}: {side} by {abs(threshold - value):.3g}"
-
-
-def margin_at_least(value: float, threshold: float) -> str:
-    """A share judged `>= threshold`."""
-    d = (value - threshold) * 100
-    return f"{value:.1%} vs >= {threshold:.0%}: " + (
-        f"{d:.1f} points over" if d >= 0 else f"{-d:.1f} points under"
-    )
+def combine(verdicts: Sequence[str]) -> str:
+    """A claim's verdict from its cells': not reproduced if any is, reproduced if all are, else neither."""
+    if NOT_REPRODUCED in verdicts:
+        return NOT_REPRODUCED
+    if verdicts and all(v == REPRODUCED for v in verdicts):
+        return REPRODUCED
+    return INCONCLUSIVE

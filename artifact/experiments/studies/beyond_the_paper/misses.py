@@ -14,8 +14,8 @@ import pandas as pd
 from artifact.experiments.counting import BASIS, BASIS_SHORT, EXACT, on_bases
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.settings import CONTROL, Settings
+from artifact.experiments.verdicts.counts import margin_below
 from artifact.experiments.verdicts.records import Claim
-from artifact.experiments.verdicts.rules import margin_below
 from artifact.offload.replay.sim import by_basis, phase_columns, ruling_basis, sweep
 
 OWN = "not a claim of the paper: this artifact's own result"

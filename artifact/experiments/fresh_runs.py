@@ -1,0 +1,166 @@
+"""Real fresh runs, kept to check the calibration's model of one (data/results/<profile>/fresh_runs/): each is
+the timing row files of one plain `./run_all.sh` in a fresh clone (TIMED_STEMS) with a run.json (its code
+commit, date, wall time and the machine's load). Nothing rules on them; they answer two questions:
+
+    noise_ratio   how much noisier a fresh run's pairs are than the stored runs': per timing claim, the sd
+                  of a pair's effect pooled over the claim's comparison cells (pooling.Within), fresh over
+                  stored; the median over claims and runs is what the harness's "fresh run" scenario
+                  assumes (scenarios.FRESH_NOISE)
+    decided       each timing claim ruled on each fresh run alone against the stored runs (judge.judge), as
+                  ./run_all.sh rules it: how many claims a real fresh run decides, beside the share the
+                  harness predicts
+
+    python -m artifact.experiments.fresh_runs keep SRC NAME [--note TEXT]   copy a clone's rows in
+    python -m artifact.experiments.fresh_runs                              print both tables"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from artifact.experiments.criteria.timing import CLAIMS
+from artifact.experiments.settings import load_profile
+from artifact.experiments.verdicts import judge
+from artifact.experiments.verdicts.pooling import Replicas, Within
+from artifact.experiments.verdicts.rules import INCONCLUSIVE
+from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES, row_files, runs_root, stored_rows
+from artifact.paths import atomic_write_text
+
+FOLDER = "fresh_runs"
+
+
+def root(profile: str) -> Path:
+    return runs_root(profile).parent / FOLDER
+
+
+def fresh_runs(profile: str) -> list[Path]:
+    d = root(profile)
+    return sorted(p for p in d.iterdir() if p.is_dir() and (p / "run.json").is_file()) if d.is_dir() else []
+
+
+def _rows(P, c, folder: Path | None) -> tuple[pd.DataFrame | None, tuple]:
+    """(the fresh run's rows of the claim's grids, or None; the stored runs' (name, rows))."""
+    stems = next(t.stems for t in TIMED_STUDIES if t.notebook == c.notebook)
+
+    def tagged(rows: pd.DataFrame, stem: str) -> pd.DataFrame:
+        if "link_priority" in c.by and "link_priority" not in rows:  # 06: beyond-<priority>.csv
+            rows = rows.assign(link_priority=stem.split("-", 1)[1])
+        return rows
+
+    by_run: dict[str, list[pd.DataFrame]] = {}
+    mine = []
+    for stem in stems:
+        for name, rows in stored_rows(P, stem):
+            by_run.setdefault(name, []).append(tagged(rows, stem))
+        if folder is not None:
+            mine += [tagged(pd.read_csv(f), stem) for f in row_files(P, stem, folder)]
+    stored = tuple((n, pd.concat(f, ignore_index=True)) for n, f in by_run.items())
+    return (pd.concat(mine, ignore_index=True) if mine else None), stored
+
+
+def rule(P, key: str, folder: Path) -> judge.Timed | None:
+    """Claim `key` ruled on the fresh run in `folder` alone, against the stored runs (None: no rows)."""
+    c = CLAIMS[key]
+    this, stored = _rows(P, c, folder)
+    if this is None:
+        return None
+    return judge.judge(judge.claim_compared(Replicas(this, stored), c), c, str)
+
+
+def _within(compared) -> tuple[Within, Within]:
+    """(this run's, the stored runs') within-run noise of the claim's effect, pooled over its cells."""
+    reps = list(compared.effects.values())
+    if not reps:
+        return Within(float("nan"), 0), Within(float("nan"), 0)
+    mine = Within.of(r.own for r in reps)
+    theirs = Within.pooled(Within.of(r.per[i] for r in reps) for i in range(len(reps[0].per)))
+    return mine, theirs
+
+
+def tables(profile: str = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per fresh run and claim: verdict, the stored verdict, noise ratio; per claim: decided of runs)."""
+    P = load_profile(profile)
+    out = []
+    for folder in fresh_runs(profile):
+        for key in CLAIMS:
+            c = CLAIMS[key]
+            this, stored = _rows(P, c, folder)
+            if this is None:
+                continue
+            comp = judge.claim_cells(judge.claim_compared(Replicas(this, stored), c), c)
+            t = judge.judge(comp, c, str)
+            mine, theirs = _within(comp)
+            ratio = float(np.sqrt(mine.var / theirs.var)) if theirs.var > 0 and mine.df else float("nan")
+            out.append(
+                dict(run=folder.name, claim=key, verdict=t.verdict, stored=t.pooled, noise_ratio=ratio)
+            )
+    per = pd.DataFrame(out)
+    if per.empty:
+        return per, per
+    summary = per.groupby("claim", sort=False).agg(
+        runs=("run", "size"),
+        decided=("verdict", lambda v: int((v != INCONCLUSIVE).sum())),
+        agree=("verdict", lambda v: int((v == per.loc[v.index, "stored"]).sum())),
+        noise_ratio=("noise_ratio", "median"),
+    )
+    return per, summary.reset_index()
+
+
+def keep(src: Path, name: str, profile: str = "cpu", note: str = "", seconds: float | None = None) -> Path:
+    """Copy a clone's timing row files (its data/results/<profile>/) into fresh_runs/NAME with a run.json;
+    refuses an existing NAME (results are never overwritten)."""
+    dest = root(profile) / name
+    if dest.exists():
+        raise FileExistsError(f"{dest} exists: choose another NAME (fresh runs are never overwritten)")
+    P = load_profile(profile)
+    files = [f for t in TIMED_STUDIES for s in t.stems for f in row_files(P, s, src)]
+    if not files:
+        raise FileNotFoundError(
+            f"{src}: no timing row files ({', '.join(t.stems[0] for t in TIMED_STUDIES)})"
+        )
+    tmp = dest.with_name(f".{name}.tmp")
+    tmp.mkdir(parents=True)
+    for f in files:
+        shutil.copy2(f, tmp / f.name)
+    clone = src.resolve().parents[2]
+    commit = subprocess.run(
+        ["git", "-C", str(clone), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    meta = dict(date=str(date.today()), commit=commit, note=note, seconds=seconds, load=os.getloadavg())
+    atomic_write_text(tmp / "run.json", json.dumps(meta, indent=1) + "\n")
+    tmp.rename(dest)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m artifact.experiments.fresh_runs", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd")
+    k = sub.add_parser("keep")
+    k.add_argument("src", type=Path, help="a clone's data/results/<profile>/ after ./run_all.sh")
+    k.add_argument("name")
+    k.add_argument("--note", default="")
+    k.add_argument("--seconds", type=float, default=None, help="the run's wall seconds")
+    a = ap.parse_args(argv)
+    if a.cmd == "keep":
+        print(f"kept {keep(a.src, a.name, note=a.note, seconds=a.seconds)}")
+        return 0
+    per, summary = tables()
+    if per.empty:
+        print("no fresh runs kept (data/results/cpu/fresh_runs/)")
+        return 0
+    print(per.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    print(summary.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
