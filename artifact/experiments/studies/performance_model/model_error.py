@@ -18,9 +18,9 @@ from artifact.experiments.studies.performance_model.validation import (
     validate_gpu,
     validation_summary,
 )
+from artifact.experiments.verdicts.counts import at_most, median_interval
 from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.verdicts.records import Claim
-from artifact.experiments.verdicts.rules import at_most, median_interval
 from artifact.experiments.verdicts.stored_runs import stored_rows
 
 VALIDATION_CELL = ["batch_size", "cache_ratio"]  # a measured demand-vs-last_step comparison: one per cell
@@ -93,7 +93,7 @@ class ModelErrors:
 
     @property
     def pooled_range(self) -> tuple[float, float] | None:
-        """The 95% distribution-free interval of the stored runs' median figure (rules.median_interval; None
+        """The 95% distribution-free interval of the stored runs' median figure (counts.median_interval; None
         with fewer than 2 stored runs)."""
         return median_interval(self.figures) if len(self.runs) >= 2 else None
 
@@ -117,7 +117,7 @@ class ModelErrors:
         )
 
     def own(self, figure: float) -> str:
-        """One run's own verdict: its figure against MODEL_ERROR (rules.at_most)."""
+        """One run's own verdict: its figure against MODEL_ERROR (counts.at_most)."""
         return at_most(figure, figure, thresholds.MODEL_ERROR)
 
 
