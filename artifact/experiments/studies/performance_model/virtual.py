@@ -1,7 +1,8 @@
 """The performance model's virtual runs: model_grid replays routing traces (recorded or synthetic) through the
 real engine, cache, policies and link timeline on a virtual clock priced by a hardware profile (hardware.py),
-for every policy x C/W x link priority, with the physical limit beside each cell. Every number is a pure
-function of the inputs: two runs give identical bits."""
+for every policy x C/W x link priority, with the physical limit beside each cell, on the eager engine's costs
+or the segmented engine's (engines.py: which engine is priced, and the host's share of each modelled step).
+Every number is a pure function of the inputs: two runs give identical bits."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from artifact.errors import SettingError
+from artifact.experiments.studies.performance_model.engines import EAGER, Metered, costs_for, host_work
 from artifact.model.config import get_preset
 from artifact.offload.links.costs import Costs, Hardware, Shape
 from artifact.offload.links.timeline import CLOCKS, PRIORITIES
@@ -40,6 +42,7 @@ OUTPUTS = (
     "host_per_step",
     "limit_per_step",
     "floor_per_step",
+    "host_share",
 )
 
 
@@ -72,13 +75,18 @@ def priced_spec(costs: Costs, spec: RunSpec) -> RunSpec:
 
 def model_run(trace: Trace, costs: Costs, spec: RunSpec, min_misses: int | None = None) -> dict:
     """One modelled run of `spec` (its capacity, policy, link priority, lookahead and tau; the link priced
-    by `costs`): run_virtual's stats and the outputs (module docstring), per denoising step."""
+    by `costs`): run_virtual's stats and the outputs (module docstring), per denoising step, with the device's
+    part of both compute terms (device_compute_per_step, device_experts_per_step: their rooflines alone) and
+    the host's share of the step (engines.host_work)."""
     capacity = spec.capacity
-    st = run_virtual(trace, priced_spec(costs, spec), costs)
+    meter = Metered(costs)
+    st = run_virtual(trace, priced_spec(costs, spec), meter)
     t = st["time"]
     split = {"host": t["host"], "compute": t["compute"], "experts": t["experts"]}
+    split |= {f"device_{k}": v for k, v in meter.device.items()}
     by_phase = {f"{k}_{ph}": v for ph, d in t["by_phase"].items() for k, v in d.items()}
-    return {**per_step(trace, costs, capacity, st, t["stall"], split, min_misses), **by_phase}
+    out = per_step(trace, costs, capacity, st, t["stall"], split, min_misses)
+    return {**out, "host_share": host_work(out)["share"], **by_phase}
 
 
 def per_step(
@@ -192,15 +200,16 @@ def model_grid(
     names: list[str] | None = None,
     clock: str = "virtual",
     floors: dict | None = None,
+    engine: str = EAGER,
 ) -> pd.DataFrame:
     """One row per trace x C/W x link priority x policy (module docstring), each cell `spec` at that capacity,
-    policy and priority (priorities None: the spec's own); clock 'wall' runs each cell on this machine
-    instead (wall_run)."""
+    policy and priority (priorities None: the spec's own), priced as `engine` (engines.ENGINES); clock 'wall'
+    runs each cell on this machine instead (wall_run)."""
     priorities = (spec.link_priority,) if priorities is None else priorities
     check_grid(policies, ratios, priorities)
     check_clock(clock, hw)
     one = model_run if clock == "virtual" else wall_run
-    costs = Costs(hw, shape(shape_name))
+    costs = costs_for(hw, shape(shape_name), engine)
     rows = []
     jobs = [(i, r) for i in range(len(traces)) for r in ratios]
     for i, ratio in tqdm(jobs, desc="model", disable=not progress):
@@ -222,6 +231,7 @@ def model_grid(
                         "task": t.meta.get("task"),
                         "batch_size": int(t.meta.get("batch_size") or 1),
                         "hardware": hw.name,
+                        "engine": engine,
                         "shape": shape_name,
                         "clock": clock,
                         "cache_ratio": ratio,
