@@ -36,7 +36,7 @@ def check_number(
         raise SettingError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     if integer and (not isinstance(value, int) and not float(value).is_integer()):
         raise SettingError(f"{name} must be an integer, got {value!r}")
-    if not math.isfinite(value):
+    if not isinstance(value, int) and not math.isfinite(value):  # an int is finite (and may not fit a float)
         raise SettingError(f"{name} must be a finite number, got {value!r}")
     lo_bad = low is not None and (value <= low if low_open else value < low)
     hi_bad = high is not None and (value >= high if high_open else value > high)

@@ -60,7 +60,11 @@ from engine_per_demand import print_engine_per_demand  # beside this script: the
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from artifact.cli import OneLineParser
+from artifact.cli.args import floats, ints, names, positive_floats, refused_in_one_line
+from artifact.errors import SettingError
 from artifact.model.config import get_preset
+from artifact.model.decode import MAX_BATCH
 from artifact.model.kv_cache import KVCache
 from artifact.model.llada2 import MoE
 from artifact.model.options import FORWARD_MODES, ForwardOptions
@@ -72,6 +76,7 @@ from artifact.offload.links.link_factory import make_link
 from artifact.offload.policy.policies import make_policy
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.spec import RunSpec
+from artifact.validate import check_number
 
 MINI_MOE_LAYERS = 19
 H2D_MS_AT_173 = 22.0  # docs/host_path.md: LLaDA2.0-mini batch 1 at C/W 1.73, 50 GB/s
@@ -373,21 +378,32 @@ def graphs_side_by_side(batch: int, ratio: float, reps: int) -> list[dict]:
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--models", default="tiny,mini-width")
-    ap.add_argument("--batches", default="1,4")
+    ap.add_argument("--models", type=names, default=["tiny", "mini-width"], help="tiny, mini-width")
+    ap.add_argument("--batches", type=ints, default=[1, 4], help=f"batch sizes (1-{MAX_BATCH})")
     ap.add_argument("--launch-us", type=float, default=5.0, help="stated host cost of one CUDA op launch, us")
-    ap.add_argument("--ratios", default="0.83,1.73", help="C/W of the offloaded rows")
+    ap.add_argument("--ratios", type=floats, default=[0.83, 1.73], help="C/W of the offloaded rows")
     ap.add_argument("--no-resident", action="store_true", help="only the offloaded rows")
     ap.add_argument(
         "--lean-only",
         action="store_true",
         help="only the lean host path: the engine per demand, the link per copy, eager vs segmented",
     )
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    known = models()
+    with refused_in_one_line(ap):  # every value, before anything is measured
+        check_number("--reps", a.reps, low=1, integer=True)
+        check_number("--launch-us", a.launch_us, low=0)
+        positive_floats("--ratios", a.ratios)
+        if not a.batches:
+            raise SettingError("--batches: expected at least one batch size")
+        for b in a.batches:
+            check_number("--batches", b, low=1, high=MAX_BATCH, integer=True)
+        if not a.models or any(m not in known for m in a.models):
+            raise SettingError(f"--models: expected names from {sorted(known)}, got {a.models}")
     torch.set_num_threads(1)
     print_engine_per_demand(a.json)
     # the link's own us
@@ -396,9 +412,8 @@ def main():
         print(json.dumps({"path": "link", **link}), flush=True)
     else:
         copy_overhead.print_stub(link)
-    known = models()
-    for batch in (int(b) for b in a.batches.split(",")):
-        for ratio in (float(r) for r in a.ratios.split(",")):
+    for batch in a.batches:
+        for ratio in a.ratios:
             rows = graphs_side_by_side(batch, ratio, max(3, a.reps // 4))
             for r in rows:
                 if a.json:
@@ -418,8 +433,8 @@ def main():
                     )
     if a.lean_only:
         return
-    for batch in (int(b) for b in a.batches.split(",")):
-        for ratio in (float(r) for r in a.ratios.split(",")):
+    for batch in a.batches:
+        for ratio in a.ratios:
             r = offloaded("tiny", *known["tiny"], batch, ratio, max(3, a.reps // 4), a.launch_us)
             if a.json:
                 print(
@@ -439,12 +454,10 @@ def main():
                 )
     if a.no_resident:
         return
-    for name in a.models.split(","):
-        if name not in known:
-            ap.error(f"unknown model {name!r}; choose from {sorted(known)}")
+    for name in a.models:
         cfg, dtype = known[name]
         rows = []
-        for batch in (int(b) for b in a.batches.split(",")):
+        for batch in a.batches:
             rows += measure(name, cfg, dtype, batch, a.reps)
         for r in rows:
             if a.json:

@@ -12,19 +12,22 @@ Counts (misses, transfers) are exact and the same under both priorities.
 
     .venv/bin/python benchmarks/link_priority.py [--batch 1] [--n 2] [--ratios 0.43,0.83,1,1.73] [--wall
     --reps 3]
+
+A bad flag or value is refused in one line naming it, exit 2, before anything runs.
 """
 
-import argparse
 import statistics
 import time
 
 import numpy as np
 import torch
 
-from artifact.cli.args import add_run_spec_args, run_spec_of
+from artifact.cli import OneLineParser
+from artifact.cli.args import add_run_spec_args, floats, positive_floats, refused_in_one_line, run_spec_of
+from artifact.errors import SettingError
 from artifact.model.checkpoint import load_checkpoint
-from artifact.model.decode import DecodeConfig, generate
-from artifact.model.tasks import prompts
+from artifact.model.decode import MAX_BATCH, DecodeConfig, generate
+from artifact.model.tasks import load_task, prompts
 from artifact.model.tiny import tiny_checkpoint
 from artifact.offload.backend.engine import install, offload
 from artifact.offload.links.link import EmulatedLink, emulated_bandwidth_gbps, scaled_chunk_bytes
@@ -32,6 +35,7 @@ from artifact.offload.links.timeline import ManualClock
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import mean_working_set
 from artifact.offload.runner import decode_prompts
+from artifact.validate import check_number
 
 CONFIGS = [(p, q) for p in ("demand", "last_step") for q in ("fifo", "demand")]
 
@@ -111,16 +115,17 @@ def run_virtual(loaded, ps, batch, spec, costs, chunk_bytes=None):
     return tokens, {**stats, "tokens_per_second": n / vc.t, "seconds": vc.t}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__)
+def main(argv=None):
+    ap = OneLineParser(description=__doc__)
     ap.add_argument("--wall", action="store_true", help="real clock instead of virtual time")
     ap.add_argument("--reps", type=int, default=3, help="--wall: repetitions")
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=1, help=f"prompts decoded together (1-{MAX_BATCH})")
     ap.add_argument("--n", type=int, default=2, help="prompts (gsm8k)")
     ap.add_argument("--gen-length", type=int, default=32)
-    ap.add_argument("--ratios", default="0.43,0.83,1,1.73")
+    ap.add_argument("--ratios", type=floats, default=[0.43, 0.83, 1, 1.73], help="C/W ratios")
     ap.add_argument(
         "--costs",
+        type=floats,
         default=None,
         help="virtual time: compute model 'layer,expert,token' in us "
         "(default: fitted from a timed resident run); pin it to compare two runs of this script",
@@ -132,12 +137,21 @@ def main():
         help="demand priority: speculative chunk size (default: scaled_chunk_bytes, a sixth of an expert)",
     )
     add_run_spec_args(ap, sweeps=("link_priority",))  # the link priority: both, per configuration
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    with refused_in_one_line(ap):  # every value, before the checkpoint is loaded
+        check_number("--reps", a.reps, low=1, integer=True)
+        check_number("--batch", a.batch, low=1, high=MAX_BATCH, integer=True)
+        check_number("--n", a.n, low=1, high=len(load_task("gsm8k")), integer=True)
+        positive_floats("--ratios", a.ratios)
+        if a.costs is not None and len(a.costs) != 3:
+            raise SettingError(f"--costs: expected three numbers 'layer,expert,token' (us), got {a.costs}")
+        for c in a.costs or ():
+            check_number("--costs", c, low=0)
+        check_number("--chunk-bytes", a.chunk_bytes, low=1, integer=True, allow_none=True)
+        options = run_spec_of(a, decode=DecodeConfig(gen_length=a.gen_length))
     torch.set_num_threads(1)
     loaded = load_checkpoint(tiny_checkpoint())
     _, ps = prompts(loaded.tokenizer, "gsm8k", a.n, seed=0, max_prompt_tokens=64)
-    dc = DecodeConfig(gen_length=a.gen_length)
-    options = run_spec_of(a, decode=dc)
     base = decode_prompts(loaded, ps, a.batch, options, record=True)
     W = mean_working_set(base.trace)
     print(
@@ -145,11 +159,7 @@ def main():
         + ("wall clock, %d repetitions" % a.reps if a.wall else "virtual time")
     )
     if not a.wall:
-        costs = (
-            tuple(float(c) * 1e-6 for c in a.costs.split(","))
-            if a.costs
-            else fit_compute(loaded, ps, a.batch, options)
-        )
+        costs = tuple(c * 1e-6 for c in a.costs) if a.costs else fit_compute(loaded, ps, a.batch, options)
         print(
             "compute model (--costs): %.1f,%.2f,%.3f us per layer, per expert, per routed token"
             % tuple(c * 1e6 for c in costs)
@@ -158,7 +168,7 @@ def main():
         f"{'C/W':>5} {'C':>3} {'policy':>10} {'priority':>8} {'tok/s':>7} {'stall s':>8} {'busy s':>7} "
         f"{'misses':>6} {'spec':>5}"
     )
-    for ratio in (float(r) for r in a.ratios.split(",")):
+    for ratio in a.ratios:
         C = capacity_for(ratio, W, loaded.cfg.num_experts)
         rows = {c: [] for c in CONFIGS}
         for rep in range(a.reps if a.wall else 1):

@@ -9,41 +9,46 @@ overlap   emulated link with C near the working set: measured seconds against th
           too: non-MoE time + the sum over (step, layer) of max(that layer's compute, its link time).
 
   .venv/bin/python benchmarks/offload_overhead.py [--reps 3]
+
+A bad flag or value (--lookahead 0, --batch 9) is refused in one line naming it, exit 2, before anything runs.
 """
 
-import argparse
 import statistics
 import time
 
 import torch
 
-from artifact.cli.args import add_run_spec_args, run_spec_of
+from artifact.cli import OneLineParser
+from artifact.cli.args import add_run_spec_args, refused_in_one_line, run_spec_of
 from artifact.model.checkpoint import load_checkpoint
-from artifact.model.decode import DecodeConfig, generate
+from artifact.model.decode import MAX_BATCH, DecodeConfig, generate
 from artifact.model.tasks import prompts
 from artifact.model.tiny import tiny_checkpoint
 from artifact.offload.backend.engine import offload
 from artifact.offload.replay.sim import capacity_for
 from artifact.offload.replay.trace import mean_working_set
 from artifact.offload.runner import decode_prompts
+from artifact.validate import check_number
 
 
 def per_step(gen):
     return gen.stats.seconds / gen.stats.forwards
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__)
+def main(argv=None):
+    ap = OneLineParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=2, help=f"prompts decoded together (1-{MAX_BATCH})")
     ap.add_argument("--gen-length", type=int, default=64)
     add_run_spec_args(ap)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    with refused_in_one_line(ap):  # every value, before the checkpoint is loaded
+        check_number("--reps", a.reps, low=1, integer=True)
+        check_number("--batch", a.batch, low=1, high=MAX_BATCH, integer=True)
+        options = run_spec_of(a, decode=DecodeConfig(gen_length=a.gen_length))
     torch.set_num_threads(1)
     loaded = load_checkpoint(tiny_checkpoint())
     _, ps = prompts(loaded.tokenizer, "gsm8k", a.batch, seed=0, max_prompt_tokens=64)
-    dc = DecodeConfig(gen_length=a.gen_length)
-    options = run_spec_of(a, decode=dc)
     base = decode_prompts(loaded, ps, a.batch, options, record=True)
     W = mean_working_set(base.trace)
 

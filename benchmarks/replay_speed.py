@@ -23,6 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from artifact.cli import OneLineParser
+from artifact.cli.args import refused_in_one_line
+from artifact.errors import SettingError
 from artifact.model.checkpoint import load_checkpoint
 from artifact.model.decode import DecodeConfig
 from artifact.model.tasks import prompts
@@ -33,6 +36,7 @@ from artifact.offload.replay.sim import capacity_for, replay, sweep
 from artifact.offload.replay.trace import ARRAYS, Trace, mean_working_set
 from artifact.offload.runner import decode_prompts
 from artifact.offload.spec import RunSpec
+from artifact.validate import check_number
 
 
 def tiled(t: Trace, times: int) -> Trace:
@@ -153,14 +157,21 @@ def best_of(jobs: dict, rounds: int) -> dict:
     return best
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", nargs="*", default=[])
     ap.add_argument("--accesses", type=int, default=1_000_000)
     ap.add_argument("--ratio", type=float, default=1.0, help="C/W of the timed replays")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; each policy's best round counts")
     ap.add_argument("--json", action="store_true")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    with refused_in_one_line(ap):  # every value, before anything is measured
+        check_number("--accesses", a.accesses, low=1, integer=True)
+        check_number("--ratio", a.ratio, low=0, low_open=True)
+        check_number("--repeat", a.repeat, low=1, integer=True)
+        for p in a.traces:  # loaded after the timings: a typo would cost them
+            if not Path(p).is_file():
+                raise SettingError(f"--traces: {p}: no such file")
     torch.set_num_threads(1)
     loaded = load_checkpoint(tiny_checkpoint())
     ids, ps = prompts(loaded.tokenizer, "gsm8k", 4, seed=0, max_prompt_tokens=64)

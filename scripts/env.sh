@@ -14,11 +14,28 @@ case "${ARTIFACT_LOCK:-1}" in
   *) echo "error: ARTIFACT_LOCK=${ARTIFACT_LOCK}: expected 1 (install with requirements.lock, the default) or 0 (without it)" >&2
      return 2 2>/dev/null || exit 2 ;;
 esac
+# ARTIFACT_TORCH: one pip requirement for torch (a version, specifiers, a local build tag or a URL), checked
+# before anything is created or installed: pip would say so only later, in several lines.
+if [ -n "${ARTIFACT_TORCH:-}" ]; then
+  _v='[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?'      # a version (PEP 440)
+  _v+='(\+[A-Za-z0-9]+(\.[A-Za-z0-9]+)*)?(\.\*)?'                           # a local tag (+cu126), a .*
+  _op="(===?|!=|<=|>=|~=|<|>) *$_v"
+  _req="^torch *(\[[A-Za-z0-9_, -]*\])? *(($_op)( *, *$_op)*|@ *[^ ]+)?$"
+  if ! [[ "$ARTIFACT_TORCH" =~ $_req ]]; then
+    echo "error: ARTIFACT_TORCH='${ARTIFACT_TORCH}': expected one pip requirement for torch," \
+      "e.g. torch==2.13.0, torch==2.13.0+cu126 or 'torch @ URL'" >&2
+    return 2 2>/dev/null || exit 2
+  fi
+fi
 VENV="${ARTIFACT_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
+# An install step that fails stops here, before the install stamp is written: the next call installs again.
 if [ ! -x "$PY" ]; then
   echo "[env] creating $VENV"
-  "${PYTHON:-python3}" -m venv "$VENV"
+  if ! "${PYTHON:-python3}" -m venv "$VENV"; then
+    echo "error: [env] could not create the environment $VENV (${PYTHON:-python3} -m venv)" >&2
+    return 1 2>/dev/null || exit 1
+  fi
 fi
 _lock=()
 if [ "${ARTIFACT_LOCK:-1}" != 0 ]; then
@@ -33,14 +50,25 @@ _want="$(cat "$ROOT/pyproject.toml" "$ROOT/requirements.lock" | sha256sum | cut 
 _stamp="$VENV/.artifact-installed"
 if [ "$(cat "$_stamp" 2>/dev/null)" != "$_want" ]; then
   echo "[env] installing the project into $VENV (first run takes a few minutes)"
-  "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
+  if ! "$PY" -m pip install -q --disable-pip-version-check --upgrade pip; then
+    echo "error: [env] upgrading pip in $VENV failed (pip's message above); not marked installed" >&2
+    return 1 2>/dev/null || exit 1
+  fi
   if [ ${#_lock[@]} -gt 0 ]; then   # a lock out of date with pyproject.toml: one sentence, not pip's resolver
     "$PY" "$ROOT/scripts/check_lock.py" || return 2 2>/dev/null || exit 2
   fi
   if ! "$PY" -c "import torch" 2>/dev/null; then
-    "$PY" -m pip install -q --disable-pip-version-check "${ARTIFACT_TORCH:-torch==2.13.0}"
+    if ! "$PY" -m pip install -q --disable-pip-version-check "${ARTIFACT_TORCH:-torch==2.13.0}"; then
+      echo "error: [env] installing ${ARTIFACT_TORCH:-torch==2.13.0} into $VENV failed (pip's message" \
+        "above); not marked installed: set ARTIFACT_TORCH to a torch this machine can install" >&2
+      return 1 2>/dev/null || exit 1
+    fi
   fi
-  "$PY" -m pip install -q --disable-pip-version-check ${_lock[@]+"${_lock[@]}"} -e "$ROOT[dev]"
+  if ! "$PY" -m pip install -q --disable-pip-version-check ${_lock[@]+"${_lock[@]}"} -e "$ROOT[dev]"; then
+    echo "error: [env] installing the project into $VENV failed (pip's message above);" \
+      "not marked installed" >&2
+    return 1 2>/dev/null || exit 1
+  fi
   echo "$_want" > "$_stamp"
 fi
 # The notebooks' kernel, registered inside the venv (committed notebooks name it, never a machine path):

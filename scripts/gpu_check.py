@@ -58,8 +58,17 @@ NOTE = (
 NO_GPU = "gpu_check: no CUDA GPU visible (torch.cuda.is_available() is False); nothing was run."
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag or value is one line on stderr and exit 2, as `python -m artifact` refuses one (its
+    OneLineParser, which this script does not import: it reads its flags before anything of the package)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see --help)\n")
+
+
 def check_engine_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    """The engine step's flags, shared with scripts/gpu_check_graphs.py: parsed in place, or ap.error."""
+    """The engine step's flags, shared with scripts/gpu_check_graphs.py: parsed in place, or ap.error; the
+    run flags by RunSpec's own check (base_spec), before the script looks for a GPU."""
     try:
         a.ratios = [float(r) for r in a.ratios.split(",") if r.strip()]
         a.batches = [int(b) for b in a.batches.split(",") if b.strip()]
@@ -78,6 +87,12 @@ def check_engine_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> Non
         ap.error(f"--device must be cuda or cpu, got {a.device!r}")
     if a.device == "cpu" and not a.allow_cpu:
         ap.error("--device cpu is a dry run of the pipeline: add --allow-cpu")
+    try:
+        base_spec(a, device=a.device, link="cuda" if a.device == "cuda" else "emulated")
+    except ImportError as e:
+        ap.error(f"cannot import the artifact package ({e}); run scripts/gpu_check.sh from the checkout")
+    except ValueError as e:  # artifact.errors.SettingError, naming the flag
+        ap.error(str(e))
 
 
 def engine_parser(doc: str, out: str, ratios: str, which: str) -> argparse.ArgumentParser:
@@ -85,7 +100,7 @@ def engine_parser(doc: str, out: str, ratios: str, which: str) -> argparse.Argum
     checks them): `out` the report's file under results/, `ratios` the default C/W ratios, `which` what the
     help says of the configurations ("of step 7", ", in the order they run"). The caller adds its own
     flags."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / out)
     ap.add_argument("--ratios", default=ratios, help=f"C/W ratios{which}")
     ap.add_argument("--batches", default="1,4", help=f"batch sizes{which}")
@@ -94,8 +109,8 @@ def engine_parser(doc: str, out: str, ratios: str, which: str) -> argparse.Argum
     ap.add_argument("--layers", type=int, default=6, help="model layers, layer 0 dense (step 7's model: 6)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu with --allow-cpu (dry run)")
     ap.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU: tiny shapes, emulated link")
-    # The run's options (artifact/offload/spec.py RunSpec); not given: RunSpec's defaults, read when the
-    # engine step builds its spec (base_spec), so this parser imports nothing of torch.
+    # The run's options (artifact/offload/spec.py RunSpec); not given: RunSpec's defaults (base_spec), checked
+    # by check_engine_args once the flags are read.
     for flag, (kind, what) in RUN_FLAGS.items():
         ap.add_argument(flag, type=kind, default=None, help=f"{what} (default: RunSpec's)")
     return ap
@@ -112,8 +127,8 @@ RUN_FLAGS = {
 
 def base_spec(a, **fields):
     """The engine step's RunSpec: the run flags given (the rest RunSpec's defaults) and `fields`; a bad
-    value exits naming its flag."""
-    from artifact.errors import SpecError
+    value is a SettingError naming its flag (check_engine_args refuses it before the run)."""
+    from artifact.errors import SettingError, SpecError
     from artifact.offload.spec import RunSpec
 
     keys = [flag[2:].replace("-", "_") for flag in RUN_FLAGS]
@@ -121,7 +136,7 @@ def base_spec(a, **fields):
     try:
         return RunSpec(**given, **fields)
     except SpecError as e:
-        raise SystemExit(f"--{e.field.replace('_', '-')}: {e}") from None
+        raise SettingError(f"--{e.field.replace('_', '-')}: {e}") from None
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -133,6 +148,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     check_engine_args(ap, a)
     if not a.store_gb > 0:
         ap.error(f"--store-gb must be > 0, got {a.store_gb}")
+    if a.test_timeout < 1:
+        ap.error(f"--test-timeout must be >= 1 (seconds), got {a.test_timeout}")
     return a
 
 
@@ -386,7 +403,7 @@ def random_prompts(torch, cfg, n: int, length: int, seed: int = 0, spread: int =
 
 
 def main(argv=None) -> int:
-    a = parse_args(argv)
+    a = parse_args(argv)  # every flag checked (exit 2) before the GPU is looked for (exit 3)
     t_start = time.perf_counter()
     import torch
 

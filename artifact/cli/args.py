@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
-from artifact.errors import SettingError, SpecError
+from artifact.errors import SettingError, SpecError, UserError
 from artifact.experiments.settings import Settings, list_profiles, load_profile, parse_override
 from artifact.experiments.submit import BACKENDS, POLL_S
 from artifact.model.decode import MODES
@@ -15,6 +16,7 @@ from artifact.model.options import FORWARD_MODES
 from artifact.offload.links.timeline import PRIORITIES
 from artifact.offload.policy.policy_modules import load_policy_modules
 from artifact.offload.spec import RunSpec
+from artifact.validate import check_number
 
 D = Settings()  # every default comes from the settings dataclass: one source of truth
 
@@ -173,6 +175,29 @@ def run_spec_of(a, **fields) -> RunSpec:
         return RunSpec(**{**flags, **fields})
     except SpecError as e:
         raise SettingError(f"--{e.field.replace('_', '-')}: {e}") from None
+
+
+@contextlib.contextmanager
+def refused_in_one_line(ap: argparse.ArgumentParser):
+    """Around the checks a script or benchmark makes of its flags before any work (run_spec_of, a
+    DecodeConfig of its decoding flags, check_number of its counts): a bad value is the parser's error, one
+    line and exit 2 with `python -m artifact`'s OneLineParser, naming the flag: a SpecError by its field's
+    flag when the parser has one (DecodeConfig's gen_length: --gen-length), any other UserError in its own
+    words (run_spec_of's and check_number's name the flag already)."""
+    try:
+        yield
+    except SpecError as e:
+        flag = "--" + e.field.replace("_", "-")
+        ap.error(f"{flag}: {e}" if flag in ap._option_string_actions else str(e))
+    except UserError as e:
+        ap.error(str(e))
+
+
+def positive_floats(name: str, values: list[float]) -> list[float]:
+    """A comma-separated flag's numbers (`floats`), each > 0 (C/W ratios), or a SettingError naming it."""
+    if not values:
+        raise SettingError(f"{name}: expected at least one number")
+    return [check_number(name, v, low=0, low_open=True) for v in values]
 
 
 def add_policy_knob_args(p: argparse.ArgumentParser) -> None:

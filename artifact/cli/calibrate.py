@@ -15,6 +15,7 @@ from artifact.errors import UserError
 from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import calibration
 from artifact.paths import atomic_write_text, check_writable
+from artifact.validate import check_number
 
 SHOWN = (
     "coverage",
@@ -45,10 +46,9 @@ def render(t: pd.DataFrame) -> str:
 
 
 def cmd_calibrate(a) -> int:
-    if a.studies < 1:
-        raise UserError(f"--studies {a.studies}: expected a whole number >= 1")
-    if a.processes < 1:
-        raise UserError(f"--processes {a.processes}: expected a whole number >= 1")
+    check_number("--studies", a.studies, low=1, integer=True)  # each integer flag named, as every command's
+    check_number("--processes", a.processes, low=1, integer=True)
+    check_number("--seed", a.seed, low=0, integer=True)  # numpy's "expected non-negative integer" names none
     try:
         claims = calibration.claim_keys(a.claim)
     except ValueError as e:

@@ -8,21 +8,44 @@ import sys
 from pathlib import Path
 
 from artifact.cli.args import add_profile_args, names, overrides_from_args
+from artifact.errors import CheckpointError, DeviceError
 from artifact.experiments.notebooks import CELL_TIMEOUT_S, NotebookError, run_notebooks, summary_table
 from artifact.experiments.notebooks.store import store_outputs
-from artifact.experiments.settings import ProfileError
+from artifact.experiments.settings import ProfileError, load_profile
+from artifact.offload.prepare import checked_checkpoint
+from artifact.offload.runner import check_device
 from artifact.validate import check_number
 
 MAX_TIMEOUT_S = 7 * 24 * 3600  # a cell's limit: a week at most (a longer or over-long integer is a typo)
 
 
+def check_machine_and_model(profile: str, overrides: dict) -> None:
+    """What the profile's notebooks need of this machine and its model, checked before any notebook runs
+    (else the first notebook that loads the model fails, exit 1): the device first (a CUDA profile on a
+    machine without CUDA), then the checkpoint (config.json and every weight file's header, no weight read).
+    A profile with model: null is refused by run_notebooks, which names --model."""
+    P = load_profile(profile, overrides)
+    try:
+        check_device(P.device)
+    except DeviceError:
+        raise DeviceError(
+            f"profile {P.name!r} runs on device {P.device}, and this machine has no CUDA device "
+            "(torch.cuda.is_available() is False): run it on a GPU machine, or choose a CPU profile "
+            "(--profile cpu)"
+        ) from None
+    if P.model not in (None, "tiny"):
+        checked_checkpoint(P.model)
+
+
 def cmd_notebooks(a) -> int:
     """Returns the number of failed notebooks. A refusal before any notebook runs (a bad flag, profile,
-    override or notebook name) is one line and exit 2."""
+    override or notebook name, a device this machine lacks, a model folder that is not a checkpoint) is one
+    line and exit 2."""
     log = lambda s: print(s, file=sys.stderr)  # noqa: E731
     check_number("--timeout", a.timeout, low=1, high=MAX_TIMEOUT_S, integer=True)
     try:
         overrides = overrides_from_args(a)
+        check_machine_and_model(a.profile, overrides)
         outcomes = run_notebooks(
             a.profile,
             overrides,
@@ -34,7 +57,7 @@ def cmd_notebooks(a) -> int:
             progress=not a.quiet,
             log=log,
         )
-    except (NotebookError, ProfileError, FileNotFoundError) as e:
+    except (NotebookError, ProfileError, DeviceError, CheckpointError, FileNotFoundError) as e:
         print(f"error: {e}; nothing was run", file=sys.stderr)
         return 2
     print(summary_table(outcomes))
