@@ -152,3 +152,53 @@ def test_the_command_writes_the_table(tmp_path, capsys):
     for name in ("coverage", "coverage_single", "reproduced", "not_reproduced", "power", "fresh_decides"):
         assert name in t and f"{name}_se" in t
     assert "stored_decide" in t and "09-eviction" in capsys.readouterr().out
+
+
+# --- the planted answers of a reviewer's own run, read from the committed table ----------------------------
+TABLE = Path(__file__).resolve().parents[1] / "data" / "results" / "cpu" / "calibration.csv"
+
+
+@pytest.fixture(scope="module")
+def table():
+    import pandas as pd
+
+    return pd.read_csv(TABLE)
+
+
+def _bound(rate, se, studies):
+    """A rate's allowance: 3 Monte-Carlo standard errors (at least that of a 5% rate over the studies)."""
+    return 3 * max(se, math.sqrt(0.05 * 0.95 / studies) * 100)
+
+
+def test_the_committed_table_holds_every_scenario_of_every_claim(table):
+    for key, c in CLAIMS.items():
+        assert list(table[table.claim == key].scenario) == [s.name for s in cal.scenarios(c)], key
+
+
+def test_twice_the_noise_still_decides_04_equal_and_nothing_reads_wrong(table):
+    x2 = table[table.scenario == "as stored, x2 noise"]
+    eq = x2[x2.claim == "04-equal"].iloc[0]
+    assert eq.fresh_decides >= 80, eq  # not reproduced, the stored verdict, or nothing at all
+    for _, r in x2.iterrows():
+        assert r.fresh_wrong <= 5 + _bound(r.fresh_wrong, r.fresh_wrong_se, r.studies), r
+
+
+def test_three_times_the_noise_reads_wrong_in_at_most_five_percent(table):
+    x3 = table[table.scenario.str.contains("x3 noise")]
+    assert len(x3) == 2 * len(CLAIMS)
+    for _, r in x3.iterrows():
+        assert r.fresh_wrong <= 5 + _bound(r.fresh_wrong, r.fresh_wrong_se, r.studies), r
+
+
+def test_clear_cells_decide_in_their_direction_in_at_least_80_percent(table):
+    stored = table[table.scenario == "as stored"]
+    clear = stored.dropna(subset=["clear_decide"])
+    assert len(clear) >= 4, stored  # claims with a cell >= 4 between-run sds from its boundary
+    for _, r in clear.iterrows():
+        assert r.clear_decide >= 80 - 3 * r.clear_decide_se, r
+
+
+def test_a_fresh_run_noisier_than_stored_reads_wrong_no_more_often_live(noises):
+    """The table's x3 bound, live on one claim: 60 studies of 09 at a true 0 with three times the noise."""
+    r = _row(noises["09-eviction"], cal.Scenario("zero, x3", 0.0, "false reproduced", noise=3.0), 60)
+    assert r.fresh_wrong <= 5 + _bound(r.fresh_wrong, r.fresh_wrong_se, 60), r

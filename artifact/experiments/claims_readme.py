@@ -70,19 +70,29 @@ def ordering(recs: list[dict]) -> str:
 
 
 def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
-    """{timing claim key: "fresh % (stored %)"}: how often a fresh run decides alone, beside the share of the
-    stored runs that decide alone (the calibration table's "as stored" rows); {} without the table."""
-    path = Path(results or data_dir() / "results") / profile_name / CALIBRATION
+    """{timing claim key: "fresh % (observed k of m)"}: how often a fresh run here decides alone, as the
+    calibration predicts it at the noise measured in real fresh runs (the "as stored, fresh run x..." rows;
+    "as stored" in a table without them), beside how many of the kept real fresh runs decided
+    (fresh_runs/decided.csv, written by `python -m artifact.experiments.fresh_runs`); {} without the table."""
+    root = Path(results or data_dir() / "results") / profile_name
+    path = root / CALIBRATION
     if not path.is_file():
         return {}
     try:
         t = pd.read_csv(path)
-        rows = t[t.scenario == "as stored"].itertuples()
-        return {r.claim: f"{r.fresh_decides:.0f}% ({r.stored_decide:.0f}% of stored runs)" for r in rows}
+        here = t[t.scenario.str.startswith("as stored, fresh run")]
+        rows = (here if len(here) else t[t.scenario == "as stored"]).itertuples()
+        out = {r.claim: f"{r.fresh_decides:.0f}%" for r in rows}
     except (ValueError, AttributeError, KeyError) as e:
         raise ResultFileError(
             f"{path}: not a calibration table ({e}); expected `calibrate --out`'s"
         ) from None
+    observed = root / "fresh_runs" / "decided.csv"
+    if observed.is_file():
+        for r in pd.read_csv(observed).itertuples():
+            if r.claim in out:
+                out[r.claim] += f" (real runs: {r.decided} of {r.runs})"
+    return out
 
 
 def loo_text(c: dict) -> str:

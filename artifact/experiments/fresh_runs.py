@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(per.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
     print(summary.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    out = root("cpu") / "decided.csv"
+    atomic_write_text(out, summary.round(3).to_csv(index=False))
+    print(f"wrote {out} (the README's column 'a fresh run decides' reads it)")
     return 0
 
 

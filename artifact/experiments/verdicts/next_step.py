@@ -62,7 +62,7 @@ def hint(label: str, kind: str, r, iv: Interval, aa_r, aa: Interval | None, why:
     if gated and abs(aa.mean) >= thresholds.MARGIN:
         return (
             math.inf,
-            f"{label}: its A/A {aa.text()} shows the two arms differ; check the machine, then rerun",
+            f"{label}: its A/A {aa.text()} centres beyond +-{thresholds.MARGIN:g}%: rerun on a quiet machine",
         )
     what, asked, rep = ("its A/A ", aa, aa_r) if gated else ("", iv, r)
     d = thresholds.MARGIN - abs(aa.mean) if gated else distance(kind, iv.mean)
