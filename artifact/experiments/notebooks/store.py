@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from artifact.experiments.notebooks import CHECK, Outcome, notebook_dir
 from artifact.experiments.claims_readme import update_readme
+from artifact.experiments.notebooks import CHECK, Outcome, notebook_dir
 from artifact.experiments.outputs.paths import (
     figures_dir,
     reference_data_dir,
