@@ -213,8 +213,8 @@ def test_a_single_run_without_stored_runs_is_inconclusive():
 
 
 def test_the_verdict_layer_is_one_small_package_on_standard_statistics():
-    """artifact/experiments/verdicts/: at most 1,950 lines (the single-run rule, the scenarios of the calibration and next_step grew it from 1,700), no module over 300, statistics from scipy.stats
-    and statsmodels."""
+    """artifact/experiments/verdicts/: at most 1,950 lines (the single-run rule, the calibration's scenarios
+    and next_step grew it from 1,700), no module over 300, statistics from scipy.stats and statsmodels."""
     root = Path(__file__).resolve().parent.parent / "artifact" / "experiments" / "verdicts"
     sizes = {p.name: len(p.read_text().splitlines()) for p in root.glob("*.py")}
     assert sum(sizes.values()) <= 1950, sizes

@@ -20,6 +20,7 @@ from artifact.cli import (
     claims,
     doctor,
     engine,
+    fresh_runs,
     jobs,
     model,
     notebooks,
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     claims.add_cli(sub)
     stored_runs.add_cli(sub)
     calibrate.add_cli(sub)
+    fresh_runs.add_cli(sub)
     rule.add_cli(sub)
     doctor.add_cli(sub)
     jobs.add_cli(sub)

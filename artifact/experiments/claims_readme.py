@@ -73,7 +73,7 @@ def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
     """{timing claim key: "fresh % (observed k of m)"}: how often a fresh run here decides alone, as the
     calibration predicts it at the noise measured in real fresh runs (the "as stored, fresh run x..." rows;
     "as stored" in a table without them), beside how many of the kept real fresh runs decided
-    (fresh_runs/decided.csv, written by `python -m artifact.experiments.fresh_runs`); {} without the table."""
+    (fresh_runs/decided.csv, written by `python -m artifact fresh-runs`); {} without the table."""
     root = Path(results or data_dir() / "results") / profile_name
     path = root / CALIBRATION
     if not path.is_file():

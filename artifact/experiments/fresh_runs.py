@@ -10,17 +10,15 @@ commit, date, wall time and the machine's load). Nothing rules on them; they ans
                   ./run_all.sh rules it: how many claims a real fresh run decides, beside the share the
                   harness predicts
 
-    python -m artifact.experiments.fresh_runs keep SRC NAME [--note TEXT]   copy a clone's rows in
-    python -m artifact.experiments.fresh_runs                              print both tables"""
+    python -m artifact fresh-runs --keep SRC NAME [--note TEXT]   copy a clone's rows in
+    python -m artifact fresh-runs                                print both tables, write decided.csv"""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
-import sys
 from datetime import date
 from pathlib import Path
 
@@ -139,31 +137,3 @@ def keep(src: Path, name: str, profile: str = "cpu", note: str = "", seconds: fl
     atomic_write_text(tmp / "run.json", json.dumps(meta, indent=1) + "\n")
     tmp.rename(dest)
     return dest
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m artifact.experiments.fresh_runs", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd")
-    k = sub.add_parser("keep")
-    k.add_argument("src", type=Path, help="a clone's data/results/<profile>/ after ./run_all.sh")
-    k.add_argument("name")
-    k.add_argument("--note", default="")
-    k.add_argument("--seconds", type=float, default=None, help="the run's wall seconds")
-    a = ap.parse_args(argv)
-    if a.cmd == "keep":
-        print(f"kept {keep(a.src, a.name, note=a.note, seconds=a.seconds)}")
-        return 0
-    per, summary = tables()
-    if per.empty:
-        print("no fresh runs kept (data/results/cpu/fresh_runs/)")
-        return 0
-    print(per.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
-    print(summary.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
-    out = root("cpu") / "decided.csv"
-    atomic_write_text(out, summary.round(3).to_csv(index=False))
-    print(f"wrote {out} (the README's column 'a fresh run decides' reads it)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
