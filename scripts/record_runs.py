@@ -3,7 +3,7 @@ data/results/<profile>/runs/run<k>/ (its raw row files, run.json and manifest.js
 every timing verdict (artifact/experiments/stored_runs/).
 
     PYTHONPATH=. python scripts/record_runs.py --profile cpu --runs 9
-    PYTHONPATH=. python scripts/record_runs.py --profile h200_ae --model /models/LLaDA2.0-mini --runs 3
+    PYTHONPATH=. python scripts/record_runs.py --profile h200_ae --model DIR --runs 3 --only 04
 
 Every argument, the profile, the model (config.json and each weight file's header), the results folder, the
 stored runs and the checkout are checked first: a bad one prints one line, `error: ...`, and exits 2 with
@@ -35,11 +35,17 @@ import time
 from tqdm.auto import tqdm
 
 
-def measure(P, log=print) -> None:
-    """Each timing study's `measure` (stored_runs.TIMED_STUDIES), in notebook order."""
+def studies(only=None) -> list:
+    """The timing studies to measure (stored_runs.TIMED_STUDIES, in notebook order): all, or those whose
+    notebook number is in `only` (e.g. ["04"]: a GPU reviewer grid's stored runs for notebook 04 alone)."""
     from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES
 
-    for t in tqdm(TIMED_STUDIES, desc="timing notebooks' measurements"):
+    return [t for t in TIMED_STUDIES if not only or t.notebook[:2] in only]
+
+
+def measure(P, log=print, only=None) -> None:
+    """Each timing study's `measure` (studies(only)), in notebook order."""
+    for t in tqdm(studies(only), desc="timing notebooks' measurements"):
         t0 = time.time()
         importlib.import_module(f"artifact.experiments.studies.{t.module}").measure(P, progress=False)
         log(f"  {t.notebook}: {time.time() - t0:.0f} s")
@@ -86,7 +92,21 @@ def main(argv=None) -> int:
         "at which 04's A/A half-width was at most 3 points in 10 of its 10 cells; "
         "7 of 10 at N = 6, docs/verdicts.md)",
     )
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NN",
+        default=None,
+        help="measure only these timing notebooks (e.g. --only 04: a GPU reviewer grid's verdict, the runs "
+        "doctor prices); the other notebooks' timing claims then have no stored runs of this profile",
+    )
     a = ap.parse_args(argv)
+    from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES
+
+    known = [t.notebook[:2] for t in TIMED_STUDIES]
+    bad = [x for x in a.only or [] if x not in known]
+    if bad:
+        ap.error(f"argument --only: {bad[0]!r} is not a timing notebook; expected some of {', '.join(known)}")
     from artifact.cli import USER_OS_ERRORS
     from artifact.errors import UserError
 
@@ -135,9 +155,10 @@ def record(a) -> None:
         with stored_runs.working_aside(Pk):  # put back if this run fails
             t0 = time.time()
             print(f"run {k + 1} of {a.runs} (stored as {dest.name}, rotation {rotation})", flush=True)
-            measure(Pk)
+            measure(Pk, only=a.only)
             stored_runs.record_run(
                 Pk,
+                stems=[s for t in studies(a.only) for s in t.stems],
                 seconds=round(time.time() - t0, 1),
                 rotation=rotation,
                 command=f"python scripts/record_runs.py {' '.join(sys.argv[1:])} (run {k + 1})",

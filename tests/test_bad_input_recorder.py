@@ -145,6 +145,8 @@ def test_record_runs_refuses_bad_arguments_before_touching_anything(
         (["--runs", "1", "--model"], "--model: expected one argument"),
         (["--runs", "1", "--model", str(tmp_path / "absent")], "checkpoint directory not found"),
         (["--runs", "1", "--profile", "h200_ae"], "has model: null: pass --model DIR"),
+        (["--runs", "1", "--only", "02"], "--only: '02' is not a timing notebook; expected some of 03"),
+        (["--runs", "1", "--only"], "--only: expected at least one argument"),
     ]
     cases += [
         (["--runs", "1", "--model", str(d)], says) for d, says in damaged_checkpoints(tiny, tmp_path).values()
@@ -260,3 +262,15 @@ def test_claims_this_run_refuses_another_profiles_records_and_a_folder_without_r
         out, err = capsys.readouterr()
         assert out == "" and says in one_line(err), (argv, err)
     unchanged(tmp_path, before)
+
+
+def test_only_measures_the_named_timing_notebooks():
+    """--only 04: a GPU reviewer grid's stored runs hold notebook 04's bench grid alone (doctor prices it)."""
+    import importlib.util as u
+
+    spec = u.spec_from_file_location("record_runs_mod", ROOT / "scripts" / "record_runs.py")
+    m = u.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    assert [t.notebook for t in m.studies(["04"])] == ["04_capacity_sweep"]
+    assert [t.stems for t in m.studies(["04", "09"])] == [("bench",), ("cache_design_runs",)]
+    assert len(m.studies(None)) == 7

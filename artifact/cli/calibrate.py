@@ -66,6 +66,8 @@ def power_table(t: pd.DataFrame) -> str:
 def cmd_calibrate(a) -> int:
     check_number("--studies", a.studies, low=1, integer=True)  # each integer flag named, as every command's
     check_number("--processes", a.processes, low=1, integer=True)
+    if a.pairs is not None:
+        check_number("--pairs", a.pairs, low=2, integer=True)
     check_number("--seed", a.seed, low=0, integer=True)  # numpy's "expected non-negative integer" names none
     try:
         claims = calibration.claim_keys(a.claim)
@@ -75,7 +77,9 @@ def cmd_calibrate(a) -> int:
         check_writable(a.out, "--out", a.force)
     P = load_profile(a.profile)
     try:
-        t, noise = calibration.run(P, claims, a.studies, a.seed, a.processes, progress=not a.quiet)
+        t, noise = calibration.run(
+            P, claims, a.studies, a.seed, a.processes, progress=not a.quiet, pairs=a.pairs
+        )
     except ValueError as e:
         raise UserError(str(e)) from e
     print(
@@ -119,6 +123,12 @@ def add_cli(subparsers) -> None:
     )
     c.add_argument("--processes", type=int, default=2, help="worker processes (default 2; 1: this process)")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument(
+        "--pairs",
+        type=int,
+        default=None,
+        help="what if every run measured this many pairs per cell (a grid design; default: as stored)",
+    )
     c.add_argument(
         "--out", type=Path, help="also write the table as CSV (atomically; an existing file needs --force)"
     )

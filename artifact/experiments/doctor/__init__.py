@@ -339,8 +339,8 @@ def _profile_notes(P: Settings, shape: str | None) -> list[str]:
     if shape:
         notes.append(TOKENIZER_NOTE)
     notes.append(
-        "scripts/record_runs.py records every timing notebook in each run (03 and 05-09 as well): only "
-        "notebook 04's bench grid is priced here"
+        "only notebook 04's bench grid is priced here: record a verdict's runs of it alone with "
+        "scripts/record_runs.py --only 04 (without --only, every timing notebook is measured in each run)"
     )
     return notes
 

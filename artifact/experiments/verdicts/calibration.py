@@ -6,28 +6,26 @@ sd, the within-run sd of a pair's effect (root of the mean of the runs' pair var
 median); tau, the between-run sd of the true run means, tau^2 = max(0, var(run means) - sd^2 / n); the same
 for the cell's A/A. A synthetic study (`study`): N stored runs (default 9, the cpu profile's) and one fresh
 run, run means mu + tau e, pairs run mean + sd e, e standard normal or (heavy tails) t on 3 df scaled to unit
-variance; the A/A the same with mu = 0 and its own noise. The real code rules it: pooling.replicate builds
-each cell, judge.judge rules it (`pooled`: the N runs' verdict; `verdict`: the fresh run's alone). 06 and 09
-(A: every other policy) keep the stored A policies, keyed (policy, cell) as judge.merge_others keys them.
+variance; the fresh run's pairs scaled by the scenario's `noise`; the A/A the same with mu = 0 and its own
+noise. The real code rules it: pooling.replicate_all builds each comparison (each run's within-run noise
+pooled over its cells), judge.judge rules it (`pooled`: the N runs' verdict; `verdict`: the fresh run's
+alone). 06 and 09 (A: every other policy) keep the stored A policies, keyed (policy, cell).
 
-Scenarios, mu the same in every cell ("as stored": each cell's pooled stored mean):
-    faster         as stored; zero (false reproduced); zero, t3; the paper's smallest effect,
-                   paper.FASTER_PCT[0] (false not reproduced; power); 03 takes it in points of wall time
-    no difference  as stored; margin +3 (false reproduced); margin, t3; zero (false not reproduced);
-                   the paper's own effect at C/W 0.43, paper.AT_LOW (power)
-    not faster     as stored; margin +3 (false reproduced); margin, t3; zero (false not reproduced; power)
-On "as stored" the fresh run's share of decided verdicts stands beside the stored runs' own (judge's per_run
-verdicts of the stored data: how many decide alone); decide_flag "disagree": an exact binomial test of the
+Scenarios: scenarios.py. On "as stored" the fresh run's share of decided verdicts stands beside the stored
+runs' own (judge's per_run verdicts of the stored data); decide_flag "disagree": an exact binomial test of the
 stored count against the fresh rate gives p < 0.05.
 
 The table (data/results/<profile>/calibration.csv), one row per claim and scenario, rates in %: claim,
-question, scenario, studies, truth, tails, coverage (cells whose pooled 95% interval holds mu),
+question, scenario, studies, truth, tails, noise, coverage (cells whose pooled 95% interval holds mu),
 coverage_single (the fresh run's one-run interval), reproduced, not_reproduced (the pooled verdict), power
-(reproduced, power scenarios only), fresh_decides, stored_decide (as stored only), each with <name>_se, its
+(reproduced, power scenarios only), fresh_decides, fresh_wrong (the fresh run's verdict is wrong for the
+planted truth: scenarios.right_verdict), clear_decide (cells >= CLEAR between-run sds from their boundary that
+the fresh run decides in their direction), stored_decide (as stored only), each with <name>_se, its
 Monte-Carlo se sqrt(p(1 - p) / k) over the k studies, cells or stored runs; decide_flag; checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing
 from collections.abc import Sequence
@@ -276,7 +274,14 @@ def claim_keys(claims: Sequence[str] | None) -> list[str]:
     return keys
 
 
-def run(P, claims=None, studies=STUDIES, seed=0, processes=2, progress=True) -> tuple[pd.DataFrame, ...]:
-    """(the table, the noise per cell) of profile P's stored runs."""
+def run(P, claims=None, studies=STUDIES, seed=0, processes=2, progress=True, pairs=None) -> tuple:
+    """(the table, the noise per cell) of profile P's stored runs; `pairs`: a what-if design with that many
+    pairs per cell in every run (each cell's within-run sd and between-run tau as measured)."""
     noises = [noise(P, CLAIMS[k]) for k in claim_keys(claims)]
+    if pairs:
+
+        def more(cells: dict) -> dict:
+            return {k: dataclasses.replace(z, n=pairs) for k, z in cells.items()}
+
+        noises = [dataclasses.replace(cn, cells=more(cn.cells), aa=more(cn.aa)) for cn in noises]
     return calibrate(noises, studies, seed, processes, progress), noise_table(noises)
