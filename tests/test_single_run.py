@@ -138,3 +138,27 @@ def test_an_inconclusive_claim_says_in_one_line_what_would_decide_it(bench):
     assert "C/W" in t.to_decide or "1.73" in t.to_decide or "(" in t.to_decide
     decided = ruled(as_fresh(bench, 0), "04-equal")
     assert decided.verdict != INCONCLUSIVE and decided.to_decide == ""
+
+
+def test_the_run_summary_prints_a_fresh_verdict_beside_the_stored_one_and_what_would_decide_it():
+    """The notebook runner's summary (notebooks.claims_of) of a claim cell ruled on a fresh run: the verdict
+    without its cell-by-cell reason, the stored verdict, and the one line that would decide it."""
+    import nbformat
+
+    from artifact.experiments.notebooks import claims_of
+    from artifact.experiments.verdicts.records import Claim
+
+    fresh = Claim(
+        "demand faster", "p", "m", INCONCLUSIVE, "C/W 1.73 b=4: interval reaches 0", timing=True,
+        per_run=(REPRODUCED,) * 3, pooled=REPRODUCED, agreement="is inconclusive alone",
+        to_decide="C/W 1.73 b=4: one run cannot; about 12 runs pooled would (scripts/record_runs.py)",
+    )  # fmt: skip
+    stored = Claim("demand not equal", "p", "m", NOT_REPRODUCED, "wholly outside", timing=True)
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("")
+    text = "\n".join(fresh.lines() + stored.lines()) + "\n"
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+    nb.cells = [cell]
+    (c1, v1), (c2, v2) = claims_of(nb)
+    assert c1 == "demand faster" and v1.startswith("inconclusive; stored: reproduced; to decide: C/W 1.73")
+    assert "interval reaches 0" not in v1 and v2 == "not reproduced (wholly outside)"

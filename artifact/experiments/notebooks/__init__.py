@@ -36,7 +36,7 @@ from artifact.experiments.settings import (
     load_profile,
     profile_path,
 )
-from artifact.experiments.verdicts.records import unwrap
+from artifact.experiments.verdicts.records import TO_DECIDE, unwrap
 from artifact.paths import repo_root
 
 KERNEL = "artifact"  # the kernel scripts/env.sh registers in the venv (KERNELSPEC)
@@ -44,7 +44,7 @@ CELL_TIMEOUT_S = 1800
 CHECK = "# NBVAL_CHECK_OUTPUT"
 PARAMETERS = ("profile", "overrides")  # the one parameters cell every notebook has
 SETTINGS_KEY = "artifact_settings"  # executed notebook metadata: the profile's values it ran with
-_LINE = re.compile(r"^(claim|runs|verdict|to decide)(?: \[[a-z]+\])?: (.*)$")
+_LINE = re.compile(r"^(claim|runs|verdict)(?: \[[a-z]+\])?: (.*)$")
 _STORED = re.compile(r"stored runs: pooled ([a-z ]+?);")
 _SAVED = re.compile(r"^saved (\S+) and (\S+)$")
 _TMP = re.compile(r"^\..+\.(\d+)\.tmp\.ipynb$")  # execute()'s temporary name: .NAME.<pid>.tmp.ipynb
@@ -144,10 +144,11 @@ def claims_of(nb) -> list[tuple[str, str]]:
                     found = _STORED.search(text)
                     stored = found.group(1) if found else ""
                 elif kind == "verdict" and claim is not None:
-                    pairs.append((claim, f"{text.split(' (')[0]}; stored: {stored}" if stored else text))
+                    text, _, decide = text.partition(f"; {TO_DECIDE}")
+                    if stored:
+                        text = f"{text.split(' (')[0]}; stored: {stored}"
+                    pairs.append((claim, text + (f"; {TO_DECIDE}{decide}" if decide else "")))
                     claim = None
-                elif kind == "to decide" and pairs:
-                    pairs[-1] = (pairs[-1][0], f"{pairs[-1][1]}; to decide: {text}")
     return pairs
 
 

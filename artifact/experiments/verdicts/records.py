@@ -24,7 +24,7 @@ from artifact.experiments.verdicts.rules import (
 from artifact.paths import atomic_write_text
 
 __all__ = ["INCONCLUSIVE", "NOT_MEASURABLE", "NOT_REPRODUCED", "REPRODUCED", "VERDICTS", "Claim", "report"]
-RULES_VERSION = 3  # bumped by every change to a rule; docs/verdicts.md's rule history has a row per version
+RULES_VERSION = 4  # bumped by every change to a rule; docs/verdicts.md's rule history has a row per version
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,11 @@ class Claim:
             out.append(f"margin{tag}: {self.margin}")
         if self.timing:
             out.append(f"runs{tag}: {self.runs_text()}")
-        out.append(f"verdict{tag}: {self.verdict_text()}")
-        return out + ([f"to decide{tag}: {self.to_decide}"] if self.to_decide else [])
+        decide = f"; {TO_DECIDE}{self.to_decide}" if self.to_decide else ""
+        return out + [f"verdict{tag}: {self.verdict_text()}{decide}"]
 
 
+TO_DECIDE = "to decide: "  # an inconclusive timing claim's verdict line ends with what would decide it
 WRAP = 88  # printed claim lines break at a word before this many characters (notebook output areas)
 CONTINUED = "    "  # ... and go on, indented by this, on the next line (unwrap joins them back)
 
