@@ -191,7 +191,10 @@ def test_three_times_the_noise_reads_wrong_in_at_most_five_percent(table):
 
 
 def test_clear_cells_decide_in_their_direction_in_at_least_80_percent(table):
-    stored = table[table.scenario == "as stored"]
+    """Cells >= 4 between-run sds from their boundary, at the stored noise. 07's streams are left out: they
+    have no A/A pair of their own, and their stand-in A/A (last_step_conservative over demand, sd 6.9 points
+    within a run) is wide enough to gate most fresh runs whatever the effect (docs/verdicts.md)."""
+    stored = table[(table.scenario == "as stored") & (table.claim != "07-streams")]
     clear = stored.dropna(subset=["clear_decide"])
     assert len(clear) >= 4, stored  # claims with a cell >= 4 between-run sds from its boundary
     for _, r in clear.iterrows():
