@@ -91,7 +91,7 @@ def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
     if observed.is_file():
         for r in pd.read_csv(observed).itertuples():
             if r.claim in out:
-                out[r.claim] += f" (real runs: {r.decided} of {r.runs})"
+                out[r.claim] += f" (real runs: {r.decided} of {r.runs} decided, {r.agree} as stored)"
     return out
 
 
