@@ -155,10 +155,10 @@ def record(a) -> None:
         with stored_runs.working_aside(Pk):  # put back if this run fails
             t0 = time.time()
             print(f"run {k + 1} of {a.runs} (stored as {dest.name}, rotation {rotation})", flush=True)
-            measure(Pk, only=a.only)
+            measure(Pk, only=getattr(a, "only", None))
             stored_runs.record_run(
                 Pk,
-                stems=[s for t in studies(a.only) for s in t.stems],
+                stems=[s for t in studies(getattr(a, "only", None)) for s in t.stems],
                 seconds=round(time.time() - t0, 1),
                 rotation=rotation,
                 command=f"python scripts/record_runs.py {' '.join(sys.argv[1:])} (run {k + 1})",

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from artifact.cli import main
 from artifact.model.tiny import tiny_checkpoint
@@ -79,7 +80,10 @@ def test_doctor_and_generate_refuse_a_damaged_checkpoint(damaged, tmp_path, caps
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["notebooks", "--profile", "h200_ae"], "has model: null: pass --model DIR"),
+        (  # the device first (no CUDA here), then the model
+            ["notebooks", "--profile", "h200_ae"],
+            "has model: null: pass --model DIR" if torch.cuda.is_available() else "has no CUDA device",
+        ),
         (["notebooks", "--only", ","], "--only names no notebook; choose from ['00_quickstart'"),
         (["notebooks", "--only", "99"], "--only 99: no such notebook"),
         (["notebooks", "--timeout", "-1"], "--timeout must be in"),

@@ -140,7 +140,7 @@ def test_record_runs_measures_stored_run_k_with_rotation_k_minus_1(tmp_path, mon
     spec.loader.exec_module(script)
     seen = []
 
-    def measure(P, log=print):
+    def measure(P, log=print, only=None):
         seen.append(P.rotation)
         out = tmp_path / "data" / "results" / P.name / "bench.csv"
         out.parent.mkdir(parents=True, exist_ok=True)

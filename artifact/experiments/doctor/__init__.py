@@ -139,11 +139,12 @@ def check(
         report.host, report.host_basis = host_shares(P, cfg, nbytes, cells)
     report.power = power_lines(P, runs)
     fit = int(REVIEWER_HOURS // hours[1]) if kind == "cuda" and hours[1] > 0 else runs
-    if fit > runs:  # more runs fit the reviewer's budget at the upper end: what they would decide
-        report.power += [
-            f"{fit} runs fit {REVIEWER_HOURS:g} GPU-hours at the upper end ({fit} x {hours[1]:.2f} h): "
-            + power_lines(P, fit)[0].removeprefix("power: ")
-        ]
+    more = power_lines(P, fit) if fit > runs else []  # more runs fit the budget: what they would decide
+    report.power += [
+        f"{fit} runs fit {REVIEWER_HOURS:g} GPU-hours at the upper end ({fit} x {hours[1]:.2f} h): "
+        + line.removeprefix("power: ")
+        for line in more[:1]
+    ]
     report.whole_run_minutes = None if kind == "cuda" else whole_run_minutes(P)
     return report
 

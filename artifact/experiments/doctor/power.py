@@ -5,8 +5,8 @@ one of the claim's cells takes the cpu profile's stored runs' noise (calibration
 pair's effect and the between-run sd tau, in % of tokens/s, so relative noise) of the cell with its batch size
 and C/W, else the claim's noisiest cpu cell, with the profile's pairs per run (repetitions). The calibration
 harness (calibration.calibrate, POWER_STUDIES seeded studies) then rules `runs` runs of that design with the
-true effect the abstract's: the smallest direction effect for 04-faster (paper.FASTER_PCT[0], +4.9%) and
-04-equal's +0.73% at C/W 0.43 (paper.AT_LOW). Power is the share of studies ruled reproduced.
+true effect the abstract's: the smallest direction effect for 04-faster (paper.FASTER_PCT[0]) and
+04-equal's effect at C/W 0.43 (paper.AT_LOW). Power is the share of studies ruled reproduced.
 """
 
 from __future__ import annotations
