@@ -91,7 +91,11 @@ def test_a_reviewers_verdict_fits_two_gpu_hours_and_the_docs_say_what_doctor_pri
     for one, total in ((lo, total_lo), (hi, total_hi)):  # each printed to 0.01 h
         assert abs(int(runs) * float(one) - float(total)) <= 0.005 * (int(runs) + 1)
     assert float(total_lo) < float(total_hi) <= 2.0, first
-    assert "budget 3 x 40 min = 2.00 h: within" in first
+    assert "budget 3 x 24 min = 1.20 h: within" in first
+    fit = next(x for x in text.splitlines() if x.startswith("5 runs fit 2 GPU-hours at the upper end"))
+        line for line in text.splitlines() if line.startswith("5 runs fit 2 GPU-hours at the upper end")
+    )
+    assert 5 * float(hi) <= 2.0 and "04-faster at +4.9%" in fit, fit  # the runs the profile says to record
     assert "32.51 GB of tensors in the checkpoint" in text
     assert "llada2-mini (its public shapes: a header-only checkpoint, no weights)" in text
     assert "extrapolated: the model's error measured with 5 MoE layers, carried to 19" in text
@@ -105,11 +109,12 @@ def test_a_reviewers_verdict_fits_two_gpu_hours_and_the_docs_say_what_doctor_pri
 
 def test_the_reviewers_grids_keep_what_decides_04(ae_output):
     """C/W 0.43 (04-equal) and both ends of 0.83-1.73 (04-faster), at least MIN_PAIRS pairs per cell, and a
-    run's budget that makes MIN_RUNS runs 2 h."""
+    run's budget that makes the 5 runs the profiles say to record 2 h."""
     for profile in AE:
         P = load_profile(profile)
         assert P.cache_ratios == (paper.AT_LOW.cache_ratio, *paper.FASTER_RANGE)
-        assert P.repetitions >= thresholds.MIN_PAIRS and P.budget_minutes * thresholds.MIN_RUNS == 120
+        assert P.repetitions >= thresholds.MIN_PAIRS and P.budget_minutes * 5 == 120
+        assert "--runs 5 --only 04" in (PROFILE_DIR / f"{profile}.yaml").read_text()
 
 
 def test_the_headline_counts_the_runs_asked_for(mini4, quick):
@@ -119,7 +124,7 @@ def test_the_headline_counts_the_runs_asked_for(mini4, quick):
     five = check(P, gpu_memory_gb=141, runs=5)
     assert five.verdict_hours == (5 * one.hours[0], 5 * one.hours[1]) and one.hours == five.hours
     assert "no stored verdict" in one.headline() and "no stored verdict" not in five.headline()
-    assert "budget 5 x 40 min = 3.33 h" in five.headline()
+    assert "budget 5 x 24 min = 2.00 h" in five.headline()
     assert five.table().splitlines()[0] == five.headline()
 
 
