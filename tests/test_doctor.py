@@ -93,8 +93,6 @@ def test_a_reviewers_verdict_fits_two_gpu_hours_and_the_docs_say_what_doctor_pri
     assert float(total_lo) < float(total_hi) <= 2.0, first
     assert "budget 3 x 24 min = 1.20 h: within" in first
     fit = next(x for x in text.splitlines() if x.startswith("5 runs fit 2 GPU-hours at the upper end"))
-        line for line in text.splitlines() if line.startswith("5 runs fit 2 GPU-hours at the upper end")
-    )
     assert 5 * float(hi) <= 2.0 and "04-faster at +4.9%" in fit, fit  # the runs the profile says to record
     assert "32.51 GB of tensors in the checkpoint" in text
     assert "llada2-mini (its public shapes: a header-only checkpoint, no weights)" in text
