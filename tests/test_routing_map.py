@@ -257,7 +257,7 @@ def test_throughput_table_and_claim():
     assert "pairs alone" in c.interval and "no stored runs" in c.runs_text()
 
 
-# --- the streams' verdict over stored runs (replication.py) --------------------------------------------
+# --- the streams' verdict over stored runs (verdicts/pooling.py) --------------------------------------------
 STORED = [
     ({"paper point": 7.0, "cpu point": 6.0}, {"paper point": 0.2, "cpu point": -0.1}),
     ({"paper point": 8.0, "cpu point": 5.0}, {"paper point": 0.0, "cpu point": 0.2}),

@@ -1,7 +1,7 @@
 """The experiments layer: settings, the bench, statistics and verdicts, one study per notebook, TIDE.
 
 run level   submit, notebooks (the runner), doctor, harness (setup, model, traces, grids), timed (a timing
-            claim over its cells), replication (the run as the unit: per-cell intervals over runs),
+            claim over its cells), verdicts.pooling (the run as the unit: per-cell intervals over runs),
             effects (a run's effect per cell on a claim's basis), rules (the verdict rules), stats,
             claims, settings, hardware
 calibration/ the verdict pipeline checked against known truth (synthetic stored runs, python -m artifact

@@ -1,6 +1,6 @@
 """The manifest of a stored run, and the check every reader of the stored runs makes before it rules.
 
-A stored run (data/results/<profile>/runs/run<k>/, artifact/experiments/replication.py) holds its raw row
+A stored run (data/results/<profile>/runs/run<k>/, artifact/experiments/verdicts/pooling.py) holds its raw row
 files, run.json and manifest.json: per row file its row count (CSV data rows, header excluded) and sha256, and
 the sha256 of run.json. scripts/record_runs.py writes it with the run. `check_runs` refuses, with one line
 naming the run and what is wrong (artifact.errors.RunsError): a run folder without run.json or manifest.json,

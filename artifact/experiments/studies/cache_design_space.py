@@ -199,7 +199,7 @@ def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
 
 
 def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Replicas:
-    """The bench's rows with the stored runs' rows of the same grid and settings (replication.py)."""
+    """The bench's rows with the stored runs' rows of the same grid and settings (verdicts/pooling.py)."""
     return gather(P, rows, STEM, bench_fingerprint(bench_profile(P, best)))
 
 

@@ -49,7 +49,7 @@ def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
 
 
 def replicas(P: Settings, rows) -> Replicas:
-    """This run's rows with the stored runs' rows of the same grid (replication.py)."""
+    """This run's rows with the stored runs' rows of the same grid (verdicts/pooling.py)."""
     return gather(P, rows, STEM, bench_fingerprint(P))
 
 

@@ -11,7 +11,7 @@ priority, one bench file per priority.
 
 The study's three parts: misses.py (the exact replay, its counts and the count claims (2)), throughput.py (the
 paired bench under both link priorities and the priority claim (1)) and findings.py (both parts' numbers, the
-verdicts and the figure); notebook 06 and the stored-run machinery (replication.TIMED_STUDIES) read them as
+verdicts and the figure); notebook 06 and the stored-run machinery (stored_runs.TIMED_STUDIES) read them as
 one module, `beyond_the_paper.X`.
 """
 

@@ -64,7 +64,7 @@ CLAIM = CLAIMS["06-priority"]
 
 
 def replicas(P: Settings, rows) -> Replicas:
-    """This run's rows of both priorities with the stored runs' rows of the same grids (replication.py)."""
+    """This run's rows of both priorities with the stored runs' rows of the same grids (pooling.py)."""
     stored: dict[str, list] = {}
     for pr in PRIORITIES:
         for name, df in stored_rows(P, f"{STEM}-{pr}", bench_fingerprint(bench_profile(P, pr))):
@@ -75,7 +75,7 @@ def replicas(P: Settings, rows) -> Replicas:
 def throughput_table(rows, by=("task", "batch_size", "cache_ratio")) -> pd.DataFrame:
     """Each predictor over demand (% tokens/s, positive = the predictor is faster) within this run, per link
     priority and cell, with 95% t intervals over its pairs (stats.paired_table; shown, the verdicts rule on
-    replication's intervals)."""
+    verdicts.pooling's intervals)."""
     out = []
     for pr, g in rows.groupby("link_priority", sort=False):
         for pol in [p for p in g.policy.unique() if p != "demand"]:
@@ -120,7 +120,7 @@ def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
         "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
         f"link_priority demand no predictor is faster than demand-async at any measured C/W ({q}: "
         "non-superiority)",
-        f"{OWN}; judged per cell (docs/verdicts.md), {CONTROL} vs demand as the A/A control",
+        f"{OWN}; judged per cell (docs/verdicts.md), its A/A demand against demand",
         t,
         "tokens/s per run, predictor over demand % per pair, one interval per cell (task, batch, C/W)",
         "this run's bootstrap intervals over pairs (not ruled on) above 0: "

@@ -43,7 +43,7 @@ def same_rows(a: pd.DataFrame, b: pd.DataFrame) -> bool:
 @dataclass(frozen=True)
 class CellSign:
     """One validation cell's demand over last_step (% steps per second): the measured interval it is ruled on
-    (replication.py) beside the virtual clock's modelled value, and whether their signs agree."""
+    (verdicts/pooling.py) beside the virtual clock's modelled value, and whether their signs agree."""
 
     batch_size: int
     cache_ratio: float
@@ -132,7 +132,7 @@ def steps_per_second(rows: pd.DataFrame) -> pd.DataFrame:
 def cell_signs(
     rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]], a: str = "demand", b: str = "last_step"
 ) -> tuple[CellSign, ...]:
-    """Per validation cell, a over b in measured steps per second on the interval replication.py rules on (the
+    """Per validation cell, a over b in measured steps per second on the interval pooling.py rules on (the
     stored runs' rows give the between-run spread), beside the modelled difference of this run."""
     if not {a, b} <= set(rows.policy):
         return ()

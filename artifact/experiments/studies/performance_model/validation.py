@@ -143,7 +143,7 @@ def validate_cpu(
     return df, source
 
 
-VALIDATION = "validation"  # data/results/<profile>/validation.csv: the timed validation rows (replication.py)
+VALIDATION = "validation"  # data/results/<profile>/validation.csv: the timed validation rows (pooling)
 
 
 def validation(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:

@@ -194,7 +194,7 @@ def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def replicas(P: Settings, rows: pd.DataFrame) -> Replicas:
-    """This run's stream rows with the stored runs' rows of the same streams and settings (replication.py)."""
+    """This run's stream rows with the stored runs' rows of the same streams and settings (pooling.py)."""
     return gather(P, rows, STREAMS, bench_fingerprint(P), metric=METRIC)
 
 
