@@ -162,3 +162,39 @@ def test_the_run_summary_prints_a_fresh_verdict_beside_the_stored_one_and_what_w
     (c1, v1), (c2, v2) = claims_of(nb)
     assert c1 == "demand faster" and v1.startswith("inconclusive; stored: reproduced; to decide: C/W 1.73")
     assert "interval reaches 0" not in v1 and v2 == "not reproduced (wholly outside)"
+
+
+def planted(runs, other: str, target: float):
+    """Copies of the stored runs with `other`'s tokens/s set so that demand (arm A) over it averages `target`
+    % in every cell over the runs; each pair's and each run's deviation from that mean is kept."""
+    key = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]
+
+    def effects(rows):
+        a = rows[(rows.policy == "demand") & (rows.arm.astype(str) != "B")].set_index([*key, "rep"])
+        b = rows[rows.policy == other].set_index([*key, "rep"])
+        return a.tokens_per_second / b.tokens_per_second - 1
+
+    mean = pd.concat([effects(r) for _, r in runs]).groupby(level=key).mean()
+    out = []
+    for name, rows in runs:
+        rows = rows.copy()
+        m = rows.policy == other
+        b = rows[m].set_index([*key, "rep"]).tokens_per_second
+        shift = mean.reindex(b.index.droplevel("rep")).to_numpy()
+        rows.loc[m, "tokens_per_second"] = (b * (1 + shift) / (1 + target / 100)).to_numpy()
+        out.append((name, rows))
+    return out
+
+
+@pytest.mark.parametrize(
+    "target, faster, equal",
+    [
+        (10.0, REPRODUCED, NOT_REPRODUCED),  # demand faster
+        (0.0, INCONCLUSIVE, REPRODUCED),  # no difference: the direction claim cannot clear 0
+        (-10.0, NOT_REPRODUCED, NOT_REPRODUCED),  # demand slower
+    ],
+)
+def test_planted_effects_read_as_they_should_pooled_and_in_a_fresh_run(bench, target, faster, equal):
+    runs = planted(bench, "last_step", target)
+    for reps in (Replicas(None, tuple(runs)), as_fresh(runs, 0)):
+        assert (ruled(reps, "04-faster").verdict, ruled(reps, "04-equal").verdict) == (faster, equal)
