@@ -30,7 +30,7 @@ from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import judge
 from artifact.experiments.verdicts.pooling import Replicas, Within
 from artifact.experiments.verdicts.rules import INCONCLUSIVE
-from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES, row_files, runs_root, stored_rows
+from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES, claim_rows, row_files, runs_root
 from artifact.paths import atomic_write_text
 
 FOLDER = "fresh_runs"
@@ -45,30 +45,10 @@ def fresh_runs(profile: str) -> list[Path]:
     return sorted(p for p in d.iterdir() if p.is_dir() and (p / "run.json").is_file()) if d.is_dir() else []
 
 
-def _rows(P, c, folder: Path | None) -> tuple[pd.DataFrame | None, tuple]:
-    """(the fresh run's rows of the claim's grids, or None; the stored runs' (name, rows))."""
-    stems = next(t.stems for t in TIMED_STUDIES if t.notebook == c.notebook)
-
-    def tagged(rows: pd.DataFrame, stem: str) -> pd.DataFrame:
-        if "link_priority" in c.by and "link_priority" not in rows:  # 06: beyond-<priority>.csv
-            rows = rows.assign(link_priority=stem.split("-", 1)[1])
-        return rows
-
-    by_run: dict[str, list[pd.DataFrame]] = {}
-    mine = []
-    for stem in stems:
-        for name, rows in stored_rows(P, stem):
-            by_run.setdefault(name, []).append(tagged(rows, stem))
-        if folder is not None:
-            mine += [tagged(pd.read_csv(f), stem) for f in row_files(P, stem, folder)]
-    stored = tuple((n, pd.concat(f, ignore_index=True)) for n, f in by_run.items())
-    return (pd.concat(mine, ignore_index=True) if mine else None), stored
-
-
 def rule(P, key: str, folder: Path) -> judge.Timed | None:
     """Claim `key` ruled on the fresh run in `folder` alone, against the stored runs (None: no rows)."""
     c = CLAIMS[key]
-    this, stored = _rows(P, c, folder)
+    this, stored = claim_rows(P, c, folder)
     if this is None:
         return None
     return judge.judge(judge.claim_compared(Replicas(this, stored), c), c, str)
@@ -91,7 +71,7 @@ def tables(profile: str = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
     for folder in fresh_runs(profile):
         for key in CLAIMS:
             c = CLAIMS[key]
-            this, stored = _rows(P, c, folder)
+            this, stored = claim_rows(P, c, folder)
             if this is None:
                 continue
             comp = judge.claim_cells(judge.claim_compared(Replicas(this, stored), c), c)

@@ -42,7 +42,7 @@ from artifact.experiments.verdicts.pairs import Basis
 from artifact.experiments.verdicts.pooling import Compared, Replicas, replicate_all
 from artifact.experiments.verdicts.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.verdicts.scenarios import Scenario, distance, right_verdict, scenarios
-from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES, stored_rows
+from artifact.experiments.verdicts.stored_runs import claim_rows
 
 RUNS = 9  # stored runs per synthetic study: the cpu profile's count
 STUDIES = 300  # per claim and scenario, the default: under 5 minutes on 2 cores
@@ -89,16 +89,9 @@ class ClaimNoise:
 
 def stored_compared(P, c: TimingClaim) -> Compared:
     """The claim's cells of the profile's stored runs, pooled (what its stored verdict rules on)."""
-    stems = next(t.stems for t in TIMED_STUDIES if t.notebook == c.notebook)
-    by_run: dict[str, list[pd.DataFrame]] = {}
-    for stem in stems:
-        for name, rows in stored_rows(P, stem):
-            if "link_priority" in c.by and "link_priority" not in rows:  # 06: beyond-<priority>.csv
-                rows = rows.assign(link_priority=stem.split("-", 1)[1])
-            by_run.setdefault(name, []).append(rows)
-    if not by_run:
-        raise ValueError(f"{c.key}: profile {P.name} has no stored runs of {', '.join(stems)}")
-    stored = tuple((n, pd.concat(f, ignore_index=True)) for n, f in by_run.items())
+    _, stored = claim_rows(P, c)
+    if not stored:
+        raise ValueError(f"{c.key}: profile {P.name} has no stored runs of notebook {c.notebook}")
     return judge.claim_cells(judge.claim_compared(Replicas(None, stored, metric=c.metric), c), c)
 
 

@@ -25,12 +25,13 @@ MAX_RUNS = 100  # beyond this many runs a cell is out of a reviewer's reach
 
 
 def distance(kind: str, mean: float, margin: float = thresholds.MARGIN) -> float:
-    """How far an effect lies from the boundary its interval must clear (>= 0)."""
+    """How far an effect lies from the boundary of a claim of kind `kind`, signed: > 0 on the side that reads
+    reproduced (the calibration's scenarios ask it of a true effect too)."""
     if kind == FASTER:
-        return abs(mean)
+        return mean
     if kind == NO_DIFFERENCE:
-        return abs(margin - abs(mean))
-    return abs(margin - mean)
+        return margin - abs(mean)
+    return margin - mean
 
 
 def needs(iv: Interval, r, d: float) -> tuple[str, int] | None:
@@ -65,7 +66,7 @@ def hint(label: str, kind: str, r, iv: Interval, aa_r, aa: Interval | None, why:
             f"{label}: its A/A {aa.text()} centres beyond +-{thresholds.MARGIN:g}%: rerun on a quiet machine",
         )
     what, asked, rep = ("its A/A ", aa, aa_r) if gated else ("", iv, r)
-    d = thresholds.MARGIN - abs(aa.mean) if gated else distance(kind, iv.mean)
+    d = thresholds.MARGIN - abs(aa.mean) if gated else abs(distance(kind, iv.mean))
     need = needs(asked, rep, d)
     if need is None:
         return (

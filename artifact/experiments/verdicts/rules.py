@@ -225,23 +225,13 @@ def rule_cells(
     return out
 
 
-def rule_claim_cells(
-    kind: str,
-    cells: Sequence[tuple[str, Interval]],
-    gates: Sequence[str | None] = (),
-    margin: float = thresholds.MARGIN,
-    unit: str = "%",
-    aa: Sequence[Interval | None] = (),
-    aa_name: str = "A/A",
-) -> tuple[str, str]:
-    """(verdict, reason) of a claim over its labelled cells (rule_cells rules each): not reproduced if any
-    cell is (at the simultaneous level, Bonferroni over the cells), reproduced if every cell is at the 95%
-    level, else inconclusive; the reason names the cells that decided it."""
+def rule_claim_cells(kind: str, cells: Sequence[tuple[str, Interval]], *options, **named) -> tuple[str, str]:
+    """(verdict, reason) of a claim over its labelled cells, each ruled by rule_cells (`options`: its gates,
+    margin, unit, aa, aa_name): not reproduced if any cell is (at the simultaneous level, Bonferroni over the
+    cells), reproduced if every cell is at the 95% level, else inconclusive; the reason names the cells."""
     if not cells:
         return INCONCLUSIVE, "no cells"
-    return claim_verdict(
-        [label for label, _ in cells], rule_cells(kind, cells, gates, margin, unit, aa, aa_name)
-    )
+    return claim_verdict([label for label, _ in cells], rule_cells(kind, cells, *options, **named))
 
 
 def claim_verdict(labels: Sequence[str], rulings: Sequence[Ruling]) -> tuple[str, str]:

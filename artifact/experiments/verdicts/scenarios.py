@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import FASTER, NO_DIFFERENCE, TimingClaim
+from artifact.experiments.verdicts import next_step
 from artifact.experiments.verdicts.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
 MARGIN = thresholds.MARGIN
@@ -68,12 +69,8 @@ def scenarios(c: TimingClaim) -> tuple[Scenario, ...]:
 
 
 def distance(c: TimingClaim, mu: float) -> float:
-    """How far a true effect lies from the claim's boundary, signed: > 0 on the side that reads reproduced."""
-    if c.question == FASTER:
-        return mu
-    if c.question == NO_DIFFERENCE:
-        return MARGIN - abs(mu)
-    return MARGIN - mu
+    """How far a true effect lies from the claim's boundary, signed (next_step.distance)."""
+    return next_step.distance(c.question, mu, MARGIN)
 
 
 def right_verdict(c: TimingClaim, truth: dict) -> tuple[str, str]:

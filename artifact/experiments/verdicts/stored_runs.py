@@ -105,3 +105,24 @@ def stored_rows(
         if frames:
             out.append((run.name, pd.concat(frames, ignore_index=True)))
     return out
+
+
+def claim_rows(P, c, folder: Path | None = None) -> tuple[pd.DataFrame | None, tuple]:
+    """(a run's rows of timing claim `c`'s grids from `folder`, or None; the stored runs' (name, rows)), each
+    file of 06's grids tagged with its link priority (beyond-<priority>.csv) where the rows lack it."""
+    stems = next(t.stems for t in TIMED_STUDIES if t.notebook == c.notebook)
+
+    def tagged(rows: pd.DataFrame, stem: str) -> pd.DataFrame:
+        if "link_priority" in c.by and "link_priority" not in rows:
+            rows = rows.assign(link_priority=stem.split("-", 1)[1])
+        return rows
+
+    by_run: dict[str, list[pd.DataFrame]] = {}
+    mine = []
+    for stem in stems:
+        for name, rows in stored_rows(P, stem):
+            by_run.setdefault(name, []).append(tagged(rows, stem))
+        if folder is not None:
+            mine += [tagged(pd.read_csv(f), stem) for f in row_files(P, stem, folder)]
+    stored = tuple((n, pd.concat(f, ignore_index=True)) for n, f in by_run.items())
+    return (pd.concat(mine, ignore_index=True) if mine else None), stored
