@@ -13,14 +13,13 @@ from test_bench import FakeRunner, fake_profile, quiet
 
 from artifact.errors import ResultFileError
 from artifact.experiments.bench import run_bench
-from artifact.experiments.bench.order import slot_order, slot_run, slots
+from artifact.experiments.bench.order import primary, slot_order, slot_run, slots
 from artifact.experiments.bench.results import (
     COLUMNS,
     check_rows,
     expected_runs,
     load_for_append,
     merge,
-    primary,
     read_rows,
 )
 from artifact.experiments.paired_table import paired_table

@@ -13,7 +13,8 @@ from artifact.cli import main as main_for_tests
 from artifact.experiments.bench import run_bench
 from artifact.experiments.bench.grid import Cell, grid, parse_shard, shard_cells
 from artifact.experiments.bench.model_runner import ModelRunner
-from artifact.experiments.bench.results import COLUMNS, STAT_COLUMNS, merge, primary, read_rows
+from artifact.experiments.bench.order import primary
+from artifact.experiments.bench.results import COLUMNS, STAT_COLUMNS, merge, read_rows
 from artifact.experiments.settings import load_profile
 from artifact.offload.replay.sim import capacity_for
 

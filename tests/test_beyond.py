@@ -18,6 +18,7 @@ from test_phases import phase_split  # noqa: E402
 
 from artifact.experiments import counting  # noqa: E402
 from artifact.experiments.bench.results import COLUMNS, bench_fingerprint  # noqa: E402
+from artifact.experiments.criteria import paper  # noqa: E402
 from artifact.experiments.outputs import figures  # noqa: E402
 from artifact.experiments.settings import CONTROL, load_profile  # noqa: E402
 from artifact.experiments.studies import beyond_the_paper as beyond  # noqa: E402
@@ -113,7 +114,7 @@ def test_miss_verdicts_follow_the_counts():
             Replicas(bench_rows({})),
         )
         out = beyond.verdicts(n)
-        assert all("[own result]" in c.claim and beyond.OWN in c.paper for c in out)
+        assert all("[own result]" in c.claim and c.paper.startswith(paper.OWN) for c in out)
         return {
             c.claim.split(")")[0].split("(")[-1] if "(2" in c.claim else c.claim.split()[2]: c for c in out
         }

@@ -27,6 +27,7 @@ from artifact.experiments.criteria import (
     paper,  # noqa: E402
     thresholds,  # noqa: E402
 )
+from artifact.experiments.criteria.claims import STATED
 from artifact.experiments.notebooks import claims_of  # noqa: E402
 from artifact.experiments.outputs import figures  # noqa: E402
 from artifact.experiments.settings import (  # noqa: E402
@@ -313,7 +314,7 @@ def test_capacity_claims_follow_the_per_cell_intervals():
     cells = {c["label"]: c for c in faster.cells}
     assert len(cells) == 12 and all(c["runs"] == 3 and c["low"] > 0 for c in cells.values())
     assert cells["C/W 1.73 b=1"]["effect"] == pytest.approx(5.0, abs=0.05)  # the plain effect: nothing added
-    assert low.verdict == REPRODUCED and low.paper == "+0.73% [-1.16, +2.63]" and "inside +-3%" in low.reason
+    assert low.verdict == REPRODUCED and low.paper == STATED["04-equal"].said and "inside +-3%" in low.reason
     assert len(capacity.tables(reps.rows)) == 16
     other = {0.43: 20.0, 0.83: 8.0, 1.73: -5.0}
 

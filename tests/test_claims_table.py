@@ -81,7 +81,7 @@ def test_the_compact_table_has_one_row_per_claim_and_the_stability_of_timing_cla
     mine = [c for c in claims if claims_readme.own(c)]
     papers = [c for c in claims if not claims_readme.own(c)]
     assert mine and papers and len(tables["Beyond the paper"]) == len(mine)
-    rows = [r for r in tables["The paper's claims"] if not r[2].startswith(paper.ordering_text())]
+    rows = [r for r in tables["The paper's claims"] if not r[2].startswith(paper.quote("ordering"))]
     assert len(rows) == len(papers) == len(tables["The paper's claims"]) - 1
     for cells, c in [*zip(rows, papers), *zip(tables["Beyond the paper"], mine)]:
         assert cells[1] == c["claim"] and c["verdict"] in cells, cells
@@ -102,7 +102,7 @@ def test_the_compact_table_has_one_row_per_claim_and_the_stability_of_timing_cla
 def _paper_numbers() -> set[float]:
     """Every number criteria/paper.py holds (its upper-case constants and the texts it writes)."""
     texts = [str(getattr(paper, n)) for n in dir(paper) if n.isupper()]
-    texts += [paper.ordering_text(), paper.faster_text(), paper.paired_text(paper.AT_LOW)]
+    texts += [paper.quote("ordering"), paper.faster_text(), paper.paired_text(paper.AT_LOW)]
     return {abs(float(x)) for t in texts for x in re.findall(r"\d+(?:\.\d+)?", t)}
 
 
@@ -128,7 +128,7 @@ def test_the_readme_has_the_papers_claims_with_the_papers_figures_and_beyond_the
     assert paper.paired_text(paper.AT_LOW, "%") == equal[2]
     oracle = next(v for k, v in by_claim.items() if "oracle" in k)
     assert oracle[2] == f"{paper.ORACLE_CUT}x"
-    order = next(v for v in tables["The paper's claims"] if v[2] == paper.ordering_text())
+    order = next(v for v in tables["The paper's claims"] if v[2] == paper.quote("ordering"))
     assert order[5] == "not ruled: grid covers tasks gsm8k, batch 1,4", order
     assert all("own result" not in cells[1] for cells in tables["The paper's claims"])
 

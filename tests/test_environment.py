@@ -201,7 +201,7 @@ def test_the_citation_names_the_paper_as_an_article_and_invents_no_author():
     (ref,) = [r for r in cff["references"] if r["title"] == PAPER_TITLE]
     assert ref["type"] == "article" and ref["authors"] == [{}]
     assert PAPER_TITLE in cff["title"] and PAPER_TITLE in cff["abstract"]
-    for figure in ("6.7x", "4.9-11.8%", "+0.73%", "[-1.16, +2.63]", "14.4x", "6.1x", "five tasks"):
+    for figure in ("6.7x", "4.9-11.8%", "+0.73%", "[-1.16,+2.63]", "14.4x", "6.1x", "five tasks"):
         assert figure in cff["abstract"], figure
     names = [a.get("name") or a.get("family-names") for a in cff["authors"]]
     assert names and all(names) and not any(PLACEHOLDER.search(n) for n in names)

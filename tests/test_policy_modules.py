@@ -16,8 +16,8 @@ import pytest
 
 from artifact.cli import main
 from artifact.errors import ProfileError, SettingError
+from artifact.experiments.bench.order import primary
 from artifact.experiments.settings import load_profile
-from artifact.experiments.verdicts.pairs import primary
 from artifact.offload.policy.policies import POLICIES, Policy, register
 from artifact.offload.policy.policy_modules import load_policy_module
 from artifact.offload.policy.prefetch import DemandPolicy

@@ -55,7 +55,7 @@ def test_a_fresh_stored_run_records_the_versions_and_the_cpu(tmp_path, monkeypat
     ).to_csv(work / "bench.csv", index=False)
     run = recording.record_run(P, log=lambda s: None)
     check_environment(json.loads((run / "run.json").read_text())["environment"])
-    stored_runs.stored_runs("cpu")  # the manifest covers the new run.json
+    stored_runs.check_stored_runs("cpu")  # the manifest covers the new run.json
 
 
 def test_a_claim_record_carries_the_environment(tmp_path, monkeypatch):

@@ -33,7 +33,7 @@ def cpu():
 
 
 def test_the_stored_result_is_at_least_three_runs_at_one_commit():
-    runs = stored_runs.stored_runs("cpu", ROOT)
+    runs = stored_runs.check_stored_runs("cpu", ROOT)
     assert len(runs) >= thresholds.MIN_RUNS, (
         f"data/results/cpu/runs/ must hold >= {thresholds.MIN_RUNS} runs (scripts/record_runs.py)"
     )

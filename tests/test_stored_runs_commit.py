@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from artifact.experiments.outputs.provenance import VERSIONED
-from artifact.experiments.verdicts.stored_runs import run_meta, stored_runs
+from artifact.experiments.verdicts.stored_runs import check_stored_runs, run_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ("artifact/offload", "artifact/model")
@@ -28,7 +28,7 @@ AGAIN = (
 def test_the_engine_has_not_changed_since_the_stored_runs_were_recorded():
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: the runs' commit cannot be compared")
-    commits = {run_meta(r)["commit"] for r in stored_runs("cpu")}
+    commits = {run_meta(r)["commit"] for r in check_stored_runs("cpu")}
     assert len(commits) == 1, f"the stored cpu runs are of {sorted(commits)}: {AGAIN}"
     (at,) = commits
     shallow = subprocess.run(
@@ -51,7 +51,7 @@ def test_the_engine_has_not_changed_since_the_stored_runs_were_recorded():
 
 
 def test_the_stored_set_is_nine_runs_with_their_environment_and_the_aa_pair():
-    runs = stored_runs("cpu")
+    runs = check_stored_runs("cpu")
     assert len(runs) == 9, f"{len(runs)} stored cpu runs, the release's set is 9: {AGAIN}"
     for run in runs:
         versions = run_meta(run)["environment"]["versions"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from artifact.errors import UserError
+from artifact.experiments.criteria.claims import STATED
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.verdicts.judge import PAPER_RESULTS, question, rule_stated
 from artifact.experiments.verdicts.rules import ABOVE_ZERO
@@ -36,8 +37,10 @@ def parse_bound(text: str, effect: float, other: float | None = None) -> float:
 def cmd_rule(a) -> int:
     if a.list:
         for key, c in CLAIMS.items():
-            paper = " (the paper prints a result: see --paper)" if key in PAPER_RESULTS else ""
-            print(f"{key}: {c.a} over {c.b}, {question(c)}{paper}")
+            s = STATED[key]
+            printed = "; the paper prints a result: see --paper" if key in PAPER_RESULTS else ""
+            print(f"{key}: {s.claim_text(question=question(c), best='A', ratio=1.0)}")
+            print(f"    {c.a} over {c.b}; {s.said}{printed}")
         return 0
     if a.claim is None:
         raise UserError("rule: name a claim (one of " + ", ".join(CLAIMS) + "), or give --list")

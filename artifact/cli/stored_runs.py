@@ -14,19 +14,20 @@ from dataclasses import asdict
 import pandas as pd
 
 from artifact.errors import RunsError, UserError
+from artifact.experiments.bench.grid import CELL_KEYS
 from artifact.experiments.outputs.paths import RECORD_SUFFIX, reference_data_dir, short_path
 from artifact.experiments.settings import load_profile
-from artifact.experiments.verdicts.pairs import CELL_KEYS, run_effects
+from artifact.experiments.verdicts.pairs import run_effects
 from artifact.experiments.verdicts.pooling import one_run, pooled
 from artifact.experiments.verdicts.records import RULES_VERSION
 from artifact.experiments.verdicts.stored_runs import (
     TIMED_STEMS,
     TIMED_STUDIES,
+    check_stored_runs,
     row_files,
     run_meta,
     runs_root,
     stored_rows,
-    stored_runs,
 )
 from artifact.paths import atomic_write_text
 
@@ -37,7 +38,7 @@ def check_stored_rows(P, stems: Sequence[str] = TIMED_STEMS) -> None:
     file that lost its metric column, or holds a policy no other run measured, is refused in one line rather
     than failing inside a verdict."""
     seen: dict[str, list[tuple[str, tuple, tuple]]] = {}
-    for run in stored_runs(P.name):
+    for run in check_stored_runs(P.name):
         for stem in stems:
             for f in row_files(P, stem, run):
                 try:
@@ -67,7 +68,7 @@ def check_stored_rows(P, stems: Sequence[str] = TIMED_STEMS) -> None:
 def coverage(P, stems: Sequence[str] = TIMED_STEMS) -> dict:
     """Over every stored grid with an A/A (its true effect is 0): in how many cells its pooled interval over
     the runs contains 0, and in how many (cell, run) the interval over one run's pairs does."""
-    out = {"pooled": [0, 0], "within": [0, 0], "runs": len(stored_runs(P.name))}
+    out = {"pooled": [0, 0], "within": [0, 0], "runs": len(check_stored_runs(P.name))}
     for stem in stems:
         per_run = [rows for _, rows in stored_rows(P, stem)]
         if not per_run:
@@ -93,7 +94,7 @@ def coverage(P, stems: Sequence[str] = TIMED_STEMS) -> dict:
 
 
 def coverage_text(P) -> str:
-    runs = stored_runs(P.name)
+    runs = check_stored_runs(P.name)
     lines = [f"{len(runs)} stored runs of profile {P.name}:"]
     for r in runs:
         m = run_meta(r)
@@ -148,7 +149,7 @@ def rule_again(P, ruled: dict[str, list]) -> list[str]:
 
 def cmd_stored_runs(a) -> int:
     P = load_profile(a.profile)
-    if not stored_runs(P.name):
+    if not check_stored_runs(P.name):
         raise UserError(
             f"profile {P.name}: no stored runs under data/results/{P.name}/runs/ (record them with "
             f"`PYTHONPATH=. python scripts/record_runs.py --profile {P.name} --runs 9`)"

@@ -7,32 +7,35 @@ nothing (the verdicts are the records')."""
 
 from __future__ import annotations
 
+import json
+import textwrap
 from pathlib import Path
 
 import pandas as pd
 
 from artifact.errors import ResultFileError
 from artifact.experiments.criteria import paper
+from artifact.experiments.criteria.claims import STATED
 from artifact.experiments.settings import PAPER_BATCH_SIZES
 from artifact.experiments.verdicts import claims_table as table
 from artifact.experiments.verdicts.judge import paper_ruled
 from artifact.model.tasks import TASKS
 from artifact.paths import atomic_write_text, data_dir, repo_root
 
+CITATION, ZENODO = "CITATION.cff", ".zenodo.json"  # beside the README, their abstracts rendered here
 CALIBRATION = "calibration.csv"  # data/results/<profile>/: `python -m artifact calibrate --out`
 PROXY = {"cpu": "cpu (proxy: tiny model, emulated link)"}  # a profile's column header: what it measures
 NOT_RUN = {"verdict": "not run"}  # another profile's records lack the claim
 
 
 def own(c: dict) -> bool:
-    """This artifact's own result (so marked, or the engine's design invariant), not a claim of the paper."""
-    said = c.get("paper", "")
-    return "own result" in c["claim"] or said.startswith("not a claim") or "design invariant" in said
+    """This artifact's own result, not a claim of the paper (criteria/claims.py)."""
+    return STATED[c["key"]].own
 
 
 def paper_figure(c: dict) -> str:
-    """The paper's figure as the claim's record states it (from criteria/paper.py), not how it is judged."""
-    return c.get("paper", "").split("; ")[0]
+    """The paper's words the claim answers, quoted from the abstract (criteria/claims.py)."""
+    return paper.quote(*STATED[c["key"]].paper)
 
 
 def measured_short(c: dict, width: int = 100) -> str:
@@ -136,7 +139,7 @@ def render_compact(profile_name="cpu", results: Path | None = None, notebook_dir
             if key == "04-faster":  # the abstract's next sentence: the same ordering across tasks and batches
                 order = [ordering(recs), *(ordering(list(o.values())) for o in others.values())]
                 claim = "demand-async stays faster than async last-step prefetch across tasks and batch sizes"
-                papers.append(table.row(["", claim, paper.ordering_text(), "", "", *order, "", "", ""]))
+                papers.append(table.row(["", claim, paper.quote("ordering"), "", "", *order, "", "", ""]))
     return "\n".join(["### The paper's claims", "", *papers, "", "### Beyond the paper", "", *beyond])
 
 
@@ -174,7 +177,47 @@ def update_readme(readme_path=None, profile_name: str = "cpu", claims_doc=None) 
             )
 
         changed = _rewrite(doc, full) or changed
+    for name, edit in ((CITATION, _citation), (ZENODO, _zenodo)):
+        if (path.parent / name).is_file():
+            changed = _rewrite(path.parent / name, edit) or changed
     return changed
+
+
+# CITATION.cff's abstract and .zenodo.json's description: the abstract's claims quoted from
+# criteria/paper.py, then what this artifact is (rewritten by update_readme, checked by
+# tests/test_paper_words.py)
+ABOUT = (
+    "The artifact is an inference engine for LLaDA2.0-style diffusion MoE models whose routed experts live "
+    "in host memory behind a per-layer GPU cache: prefetch and eviction policies driven through one code "
+    "path by the engine and an exact trace simulator, a paired benchmark with 95% intervals over stored "
+    "runs, an adapter for TIDE's released code, a performance model, and ten notebooks that each print a "
+    "claim with its measured figure and a verdict. Its stored results are from the cpu profile, a tiny random-weight "
+    "model on an emulated link: they show the mechanisms, not the paper's GPU numbers."
+)
+
+
+def citation_abstract() -> str:
+    """The archive's abstract: the paper's claims as verbatim phrases of its abstract, then ABOUT."""
+    quoted = "; ".join(f'"{p.words}"' for p in paper.PHRASES.values())
+    return (
+        f'This artifact reproduces the paper "{paper.TITLE}". The claims of its abstract that this artifact '
+        f"rules, quoted from it: {quoted}. {ABOUT}"
+    )
+
+
+def _citation(text: str) -> str:
+    """CITATION.cff with its `abstract: >-` block rendered from citation_abstract."""
+    head, rest = text.split("abstract: >-\n", 1)
+    lines = rest.splitlines(True)
+    tail = "".join(lines[next(i for i, line in enumerate(lines) if not line.startswith("  ")) :])
+    block = textwrap.fill(citation_abstract(), 110, initial_indent="  ", subsequent_indent="  ")
+    return f"{head}abstract: >-\n{block}\n{tail}"
+
+
+def _zenodo(text: str) -> str:
+    doc = json.loads(text)
+    doc["description"] = citation_abstract()
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
 def _rewrite(path: Path, edit) -> bool:

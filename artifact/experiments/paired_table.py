@@ -19,8 +19,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from artifact.experiments.bench.grid import CELL_KEYS, PAIR_KEYS, CellKey
+from artifact.experiments.bench.order import primary
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.verdicts.pairs import CELL_KEYS, PAIR_KEYS, CellKey, primary, wide
+from artifact.experiments.verdicts.pairs import wide
 
 __all__ = [
     "CELL_KEYS",

@@ -10,10 +10,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from artifact.errors import SettingError
-from artifact.experiments.paired_table import CELL_KEYS, CellKey
 from artifact.experiments.settings import Settings
+
+
+class CellKey(NamedTuple):
+    """One cell of a grid, the unit every interval is computed in (nothing pools cells)."""
+
+    task: str
+    batch_size: int
+    cache_ratio: float
+    bandwidth_scale: float
+
+
+CELL_KEYS = CellKey._fields
+PAIR_KEYS = CELL_KEYS + ("rep",)  # a pair: one repetition of a cell, one run per policy
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["AA_POLICY", "B_ARM", "b_slot", "cycle_length", "slot_order", "slot_run", "slots"]
-
 AA_POLICY = "demand"  # the policy the A/A pair runs twice
+AA = f"A/A ({AA_POLICY} over {AA_POLICY})"  # the A/A's name wherever it is shown
+ARMS = ("A", "B")  # a row's `arm`: B for the A/A pair's second run of demand in a repetition, else A
 B_ARM = "#B"  # the suffix of the B arm's slot label (never a policy spec's: check_policy refuses '#')
 
 
@@ -53,6 +53,24 @@ def slots(policies: Sequence[str], aa_pair: bool) -> tuple[str, ...]:
 def slot_run(slot: str) -> tuple[str, str]:
     """(policy, arm) of a slot label: ('demand', 'B') for `demand#B`, (label, 'A') for any other."""
     return (slot[: -len(B_ARM)], "B") if slot.endswith(B_ARM) else (slot, "A")
+
+
+def primary(rows):
+    """The bench rows of arm A: one run per (cell, repetition, policy), without the A/A pair's B arm. Rows
+    without an `arm` column (written before it) are all arm A. What every table or figure that pivots rows by
+    policy reads."""
+    if "arm" not in rows.columns:
+        return rows
+    keep = rows.arm.astype(str) != "B"
+    return rows if keep.all() else rows[keep]
+
+
+def row_slots(rows):
+    """Each row's slot label: its policy, and demand's A/A arm B as demand#B (b_slot)."""
+    pol = rows.policy.astype(str)
+    if "arm" not in rows:
+        return pol
+    return pol.where(rows.arm.astype(str) != "B", pol + B_ARM)
 
 
 def cycle_length(k: int) -> int:

@@ -22,17 +22,13 @@ import numpy as np
 import pandas as pd
 
 from artifact.errors import ResultFileError
-from artifact.experiments.bench.grid import Cell, cell_key, cell_keys, shard_file
+from artifact.experiments.bench.grid import CELL_KEYS, PAIR_KEYS, Cell, cell_key, cell_keys, shard_file
 from artifact.experiments.bench.locks import lock_path, locked
-from artifact.experiments.bench.order import slot_run, slots
-from artifact.experiments.paired_table import CELL_KEYS, PAIR_KEYS
+from artifact.experiments.bench.order import ARMS, slot_run, slots
 from artifact.experiments.settings import Settings, fingerprint
-from artifact.experiments.verdicts.pairs import primary
 from artifact.offload.backend.plans import COUNTS, PHASES
 from artifact.offload.spec import RunSpec
 from artifact.paths import atomic_write_bytes, atomic_write_text, data_dir, fsync_dir, refuse_overwrite
-
-__all__ = ["primary"]  # re-exported from verdicts.pairs (below bench, where wide_pairs needs it)
 
 # Profile keys that change what a run measures: a result file made under other values cannot be
 # resumed or merged. The grid axes are not among them (a cell names its own axis values), nor is
@@ -95,7 +91,6 @@ HOST_COLUMNS = ("host_ms_per_forward", "wall_ms_per_forward")
 # The run's arm: "B" for the A/A pair's second run of demand in a repetition, "A" for every other run. Last,
 # so a file written before it has a prefix of these columns.
 ARM_COLUMNS = ("arm",)
-ARMS = ("A", "B")
 COLUMNS = META_COLUMNS + CELL_KEYS + RUN_COLUMNS + STAT_COLUMNS + PHASE_COLUMNS + HOST_COLUMNS + ARM_COLUMNS
 # A file written before rows carried their arm: read as arm A, appended to in its own columns (no A/A pair).
 BEFORE_ARM = COLUMNS[: -len(ARM_COLUMNS)]

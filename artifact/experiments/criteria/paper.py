@@ -1,11 +1,90 @@
-"""The paper's numbers, written once. Claim texts, figure marks, the verdict rules (rules.py) and the paired
-table's paper column all derive from here; the thresholds this artifact judges them by are in thresholds.py
-(the claims are listed in docs/DESIGN.md, the rules in docs/verdicts.md)."""
+"""The paper's words and numbers, written once. Its only source is its abstract, kept verbatim in
+docs/paper-abstract.txt. PHRASES are the words this artifact attributes to the paper, each a verbatim
+phrase of the abstract (its LaTeX math written as plain text by `plain`) beside the sentence it comes from;
+`said` renders them for a claim, with this artifact's reading marked as such. The numbers below feed the
+claim texts, figure marks, the verdict rules (rules.py) and the paired table's paper column; the thresholds
+this artifact judges them by are in thresholds.py, the claims in claims.py (the rules in docs/verdicts.md)."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from functools import cache
+
+from artifact.paths import repo_root
+
+TITLE = "Rethinking Expert Prefetching for Offloaded Diffusion MoE Inference"
+ABSTRACT = "docs/paper-abstract.txt"  # the abstract, verbatim: the only source of the paper's words here
+READING = "this artifact's reading: "  # what follows is this artifact's, not the paper's
+OWN = "this artifact's own result (not a claim of the paper)"
+
+
+def plain(text: str) -> str:
+    """The abstract's LaTeX math as plain text ($6.7\\times$ -> 6.7x, \\% -> %, $\\cap /W$ -> C/W, an en dash
+    -> '-'), whitespace collapsed: the form its phrases are quoted in."""
+    for latex, word in (("\\cap /W", "C/W"), ("\\times", "x"), ("\\%", "%"), ("$", ""), ("\u2013", "-")):
+        text = text.replace(latex, word)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+@cache
+def abstract() -> str:
+    """The abstract's text, plain (its first line, the title, left out)."""
+    return plain((repo_root() / ABSTRACT).read_text().split("\n", 1)[1])
+
+
+def sentences() -> list[str]:
+    return [s if s.endswith(".") else s + "." for s in re.split(r"(?<=\.) (?=[A-Z])", abstract())]
+
+
+@dataclass(frozen=True)
+class Phrase:
+    words: str  # verbatim in the plain abstract
+
+    @property
+    def sentence(self) -> str:
+        """The abstract's sentence the phrase comes from."""
+        return next(s for s in sentences() if self.words in s)
+
+
+PHRASES = {
+    "stable": Phrase("making expert routing highly stable over time"),
+    "few or no": Phrase(
+        "near and above the working-set scale, last-step prefetching reduces few or no demand misses beyond "
+        "LRU while still introducing speculative transfers"
+    ),
+    "oracle": Phrase("an oracle with true future routing cuts misses by 6.7x"),
+    "compete": Phrase("these speculative transfers compete with demand traffic for host-to-device bandwidth"),
+    "faster": Phrase(
+        "improves throughput by 4.9-11.8% over asynchronous last-step prefetching near and above the "
+        "per-step working-set scale, with all paired 95% confidence intervals excluding zero"
+    ),
+    "significant": Phrase("the no-prefetch advantage is significant for C/W=0.83-1.73"),
+    "at low": Phrase("falls to +0.73% (95% CI [-1.16,+2.63]) at C/W=0.43"),
+    "ordering": Phrase("The same ordering holds across five tasks and batch sizes 1-8"),
+    "refresh": Phrase(
+        "An interval-refresh placement policy inspired by TIDE does not reduce misses below LRU in our "
+        "execution setting"
+    ),
+    "tide budget": Phrase("Head-to-head against TIDE's released implementation at the same expert budget"),
+    "tide": Phrase("our system achieves a 14.4x speedup (6.1x at half the budget)"),
+}
+
+
+def quote(*keys: str) -> str:
+    """The phrases, quoted as the abstract's; two or more are said to be joined by this artifact."""
+    said = " + ".join(f'"{PHRASES[k].words}"' for k in keys)
+    return f"abstract: {said}" + (" (joined by this artifact)" if len(keys) > 1 else "")
+
+
+def said(keys: tuple[str, ...], reading: str = "") -> str:
+    """A claim's paper field: its phrases quoted, this artifact's reading after them; with no phrase, this
+    artifact's own result (`reading` then says how it is judged)."""
+    if not keys:
+        return f"{OWN}; judged: {reading}" if reading else OWN
+    return quote(*keys) + (f"; {READING}{reading}" if reading else "")
+
 
 # The C/W values this artifact's grids measure (its own choice): the abstract names C/W 0.43 and the range
 # 0.83-1.73 ("significant for C/W=0.83-1.73, but falls to +0.73% ... at C/W=0.43"); 1.0 and 1.3 are points
@@ -34,11 +113,6 @@ class PairedResult:
 # choice (settings: TASKS, PAPER_BATCH_SIZES); only a profile whose grid covers them can rule it (the README's
 # claims table, artifact/experiments/claims_readme.py).
 ORDERING_TASKS, ORDERING_BATCH_SIZES = 5, (1, 8)
-
-
-def ordering_text() -> str:
-    lo, hi = ORDERING_BATCH_SIZES
-    return f"the same ordering across {ORDERING_TASKS} tasks and batch sizes {lo}-{hi}"
 
 
 AT_LOW = PairedResult(

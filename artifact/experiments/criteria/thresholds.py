@@ -1,7 +1,7 @@
-"""This artifact's thresholds: its readings of the paper's words ("very stable", "few"), the interval rule's
-parameters and the margins of its own results, each named once with its reason. The verdict rules
-(rules.py) and the claims judge by them; every claim cell prints its margin to the threshold it is judged by
-(docs/verdicts.md)."""
+"""This artifact's thresholds: its readings of the paper's words ("highly stable", "few or no"), the
+interval rule's parameters and the margins of its own results, each named once with its reason. The
+verdict rules (rules.py) and the claims judge by them; every claim cell prints its margin to the threshold
+it is judged by (docs/verdicts.md)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ MARGIN = (
 )
 # [-1.16, +2.63] lies inside it), the non-superiority margin (05, 06) and the A/A gate (a cell's A/A interval
 # must lie inside +-MARGIN). Direction claims have no margin: the paper's criterion is the interval above 0
-STABLE = 0.80  # "very stable" routing: >= 80% of D(t, l) already in D(t-1, l) on every task (the paper
+STABLE = 0.80  # "highly stable" routing: >= 80% of D(t, l) already in D(t-1, l) on every task (the paper
 # gives no number; 80% is the share at which most of a step's experts are a repeat)
-FEW = 0.10  # "few or no misses removed": under 10% of LRU's misses (an order of magnitude below
+FEW = 0.10  # "few or no demand misses" removed: under 10% of LRU's misses (an order of magnitude below
 # LRU's own misses, and below the oracle's 6.7x cut by far)
 FACTOR = 1.5  # a paper ratio (the oracle's 6.7x) is reproduced within a factor of 1.5 either way: the
 # tiny model's routing is not LLaDA2.0's, so only the order of the cut can carry over

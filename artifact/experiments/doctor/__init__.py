@@ -54,7 +54,7 @@ from artifact.experiments.doctor.report import CONTEXT_BYTES, GB, Cell, HostCell
 from artifact.experiments.doctor.shapes import PLANNED_GPU_GB, SHAPES, TOKENIZER_NOTE
 from artifact.experiments.harness import current_trace
 from artifact.experiments.settings import Settings
-from artifact.experiments.verdicts.stored_runs import run_meta, stored_rows, stored_runs
+from artifact.experiments.verdicts.stored_runs import check_stored_runs, run_meta, stored_rows
 from artifact.model.checkpoint import DTYPES
 from artifact.model.memory import non_expert_bytes
 from artifact.model.tasks import prompts
@@ -239,7 +239,7 @@ def whole_run_minutes(P: Settings) -> float | None:
     """The median minutes of the profile's stored runs as a whole (run.json `seconds`: scripts/record_runs.py,
     every timing notebook), or None without them."""
     try:
-        whole = [s for run in stored_runs(P.name) if (s := run_meta(run).get("seconds"))]
+        whole = [s for run in check_stored_runs(P.name) if (s := run_meta(run).get("seconds"))]
     except RunsError:
         return None
     return statistics.median(whole) / 60 if whole else None

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments.bench.results import bench_fingerprint, primary
+from artifact.experiments.bench.order import primary
+from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.counting import EXACT, PER_RUN
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
@@ -21,6 +22,7 @@ from artifact.experiments.outputs.figures import (
     AA_LABEL,
     COLORS,
     CONTROL_COLOR,
+    CONTROL_LABEL,
     INTERVAL_BASIS,
     figure_legend,
     interval_fields,
@@ -29,10 +31,10 @@ from artifact.experiments.outputs.figures import (
     title,
 )
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.verdicts.judge import claim_compared, judge, question, timed_claim
+from artifact.experiments.verdicts.judge import claim_compared, judge, timed_claim
 from artifact.experiments.verdicts.pairs import STALL_SHARE
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
-from artifact.experiments.verdicts.records import Claim, verdict_of
+from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 from artifact.offload.links.link import PCIE4_GBPS
 
 STEM = "throttle_runs"  # data/results/<profile>/throttle_runs.csv
@@ -43,8 +45,9 @@ CLAIM = CLAIMS["03-stall"]
 
 def throttle_profile(P: Settings) -> Settings:
     """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step with
-    the A/A control (settings.CONTROL), one cell per bandwidth in throttle_scales, with at least
-    thresholds.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
+    last_step_conservative (settings.CONTROL: demand's loads + host time), one cell per bandwidth in
+    throttle_scales, with at least thresholds.MIN_PAIRS repetitions (the fewest pairs the interval rule rules
+    on)."""
     return dataclasses.replace(
         P,
         tasks=P.tasks[:1],
@@ -69,7 +72,7 @@ def replicas(P: Settings, rows) -> Replicas:
 def summary_table(rows) -> pd.DataFrame:
     """Mean over repetitions per (bandwidth, policy): tokens/s, stall and link-busy seconds, transfers.
     On the cuda link the unpaced scale 1 has no link_gbps in the rows: it is filled in from the others. Arm A
-    only (bench.results.primary): the A/A pair's second demand run is not a policy of the table."""
+    only (bench.order.primary): the A/A pair's second demand run is not a policy of the table."""
     rows = primary(rows)
     rows = rows.assign(transfers=rows.demand_misses + rows.speculative_transfers)
     nominal = (rows.link_gbps / rows.bandwidth_scale).dropna()
@@ -98,8 +101,8 @@ class Numbers:
     by_bandwidth: tuple  # (link GB/s, stall demand, stall last_step, tokens/s demand, tokens/s last_step),
     # this run's means, highest bandwidth first
     stall: Compared = Compared({})  # {cell: Replicated} last_step's stall over demand's (STALL_SHARE),
-    # highest bandwidth first, with the A/A control's stall over
-    # demand's and the cells' GPU host shares
+    # highest bandwidth first, with the A/A's (demand's arm B over
+    # its arm A) and the cells' GPU host shares
     gbps: dict = field(default_factory=dict)  # {bandwidth scale: link GB/s}
 
 
@@ -158,27 +161,20 @@ def stall_text(n: Numbers) -> str:
 
 
 def verdicts(n: Numbers) -> list[Claim]:
-    counts = Claim(
-        "last-step prefetch puts more transfers on the link than demand loading serves misses",
-        "speculative transfers compete with demand transfers for host-to-device bandwidth",
+    counts = stated(
+        "03-transfers",
         counts_text(n),
         verdict_of(n.extra_transfers > 0),
         counting=PER_RUN,
         interval=EXACT,
         margin=f"{n.extra_transfers:+.1%} link transfers vs > 0",
     )
-    q = question(CLAIM)
-    t = judge(n.stall, CLAIM, lambda k: label(k, n.gbps))
     stall = timed_claim(
-        "speculative transfers delay demand transfers: "
-        "last_step stalls longer than demand at every bandwidth, "
-        f"{q} (points of demand's wall time per forward)",
-        "speculative loads queue ahead of demand loads on the copy engine (qualitative)",
-        t,
+        CLAIM.key,
+        judge(n.stall, CLAIM, lambda k: label(k, n.gbps)),
         f"stall seconds per forward: {STALL_SHARE.text} (last_step over demand), one interval per cell "
         "(bandwidth, batch, C/W)",
         note=stall_text(n),
-        unit=CLAIM.unit,
     )
     return [counts, stall]
 
@@ -207,9 +203,10 @@ def _color(pol: str):
 
 
 def plot(summary, n: Numbers, P: Settings):
-    """(a) tokens/s and (b) stall seconds vs link bandwidth, per policy (this run's means; the A/A control in
-    its own colour); (c) last_step's stall over demand's per cell with the interval it is ruled on, beside the
-    A/A control's with its interval; one legend below the panels."""
+    """(a) tokens/s and (b) stall seconds vs link bandwidth, per policy (this run's means;
+    last_step_conservative in the A/A's colour); (c) last_step's stall over demand's per cell with the
+    interval it is ruled on, beside the A/A's (demand over demand) with its interval; one legend below the
+    panels."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.4), layout="constrained")
     _means(ax1, ax2, summary)
     rows = _stall_intervals(ax3, n)
@@ -244,14 +241,14 @@ def plot(summary, n: Numbers, P: Settings):
 def _means(ax1, ax2, summary):
     """(a) tokens/s and (b) stall seconds vs link bandwidth per policy, this run's means."""
     for pol, g in summary.groupby("policy", sort=False):
-        kw = dict(marker="o", color=_color(pol), label=f"A/A control ({pol})" if pol == CONTROL else pol)
+        kw = dict(marker="o", color=_color(pol), label=CONTROL_LABEL if pol == CONTROL else pol)
         ax1.plot(g.link_gbps, g.tokens_per_second, **kw)
         ax2.plot(g.link_gbps, g.stall_seconds, **kw)
 
 
 def _stall_intervals(ax3, n: Numbers) -> list[dict]:
-    """(c) last_step's stall over demand's per cell and the A/A control's, each with the interval it is ruled
-    on, against the margin; returns the panel's figure data."""
+    """(c) last_step's stall over demand's per cell and the A/A's (demand over demand), each with the interval
+    it is ruled on, against the margin; returns the panel's figure data."""
     rows = []
     aa = n.stall.aa_label or AA_LABEL
     for name, src, color, shift in (

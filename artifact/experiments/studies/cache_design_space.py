@@ -20,7 +20,8 @@ import pandas as pd
 import seaborn as sns
 
 from artifact.errors import RunsError
-from artifact.experiments.bench.results import bench_fingerprint, primary
+from artifact.experiments.bench.order import primary
+from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.counting import BASIS, BASIS_SHORT, EXACT, on_bases, on_basis
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import CLAIMS
@@ -29,9 +30,9 @@ from artifact.experiments.outputs.figures import title
 from artifact.experiments.paired_table import CELL_KEYS, cell_label
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.verdicts.counts import margin_below
-from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, question, timed_claim
+from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
-from artifact.experiments.verdicts.records import Claim, verdict_of
+from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 from artifact.experiments.verdicts.stored_runs import stored_rows
 from artifact.offload.replay.sim import (
     by_basis,
@@ -43,7 +44,6 @@ from artifact.offload.replay.sim import (
 )
 from artifact.offload.replay.trace import mean_working_set
 
-OWN = "not a claim of the paper: this artifact's own result"
 RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)
 EVICTIONS = (
     "demand",
@@ -172,9 +172,10 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
 
 # --- throughput ---------------------------------------------------------------------------------
 def bench_profile(P: Settings, best: str) -> Settings:
-    """The 09 bench: lru (`demand`) vs the best eviction (`demand+<eviction>`) with the A/A control
-    (settings.CONTROL), one cell (the first task, batch size 1, C/W BENCH_RATIO, at most BENCH_PROMPTS
-    prompts), one warm-up run of each policy and enough repetitions for thresholds.MIN_PAIRS pairs."""
+    """The 09 bench: lru (`demand`) vs the best eviction (`demand+<eviction>`) with last_step_conservative
+    (settings.CONTROL: demand's loads + host time), one cell (the first task, batch size 1, C/W BENCH_RATIO,
+    at most BENCH_PROMPTS prompts), one warm-up run of each policy and enough repetitions for
+    thresholds.MIN_PAIRS pairs."""
     return dataclasses.replace(
         P,
         tasks=P.tasks[:1],
@@ -206,7 +207,7 @@ def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Replicas:
 @dataclass(frozen=True)
 class BenchNumbers:
     best: str  # the eviction spec timed against lru
-    over_lru: Compared  # {cell: Replicated} tokens/s of the best eviction over lru's, with the A/A control
+    over_lru: Compared  # {cell: Replicated} tokens/s of the best eviction over lru's, with the A/A
     misses: tuple  # (lru's, the best's) demand misses, summed over this run's timed runs
 
 
@@ -217,16 +218,15 @@ def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
 
 
 def bench_verdict(b: BenchNumbers) -> Claim:
-    q = question(CLAIM)
     t = judge(merge_others({b.best: b.over_lru}), CLAIM, lambda k: cell_label(k[1]))
     lru, ours = b.misses
     return timed_claim(
-        f"[own result] the best eviction ({label(b.best)}) is faster than lru end to end: {q} "
-        f"(tokens/s, C/W {BENCH_RATIO:g}, batch size 1)",
-        f"{OWN}; the same rules as the paper's timing claims (an interval per cell over runs; the A/A gates)",
+        CLAIM.key,
         t,
         f"tokens/s per run, {label(b.best)} over lru % per pair, one interval per cell",
         note=f"demand misses over this run's timed runs: lru {lru}, {label(b.best)} {ours}",
+        best=label(b.best),
+        ratio=BENCH_RATIO,
     )
 
 
@@ -318,15 +318,12 @@ def eviction_claim(n: Numbers) -> Claim:
         lambda c: c.removed[best(c)] > thresholds.EVICTION_GAIN,
         lambda c: f"the best, {best(c)}, removes {c.removed[best(c)]:.1%}",
     )
-    return Claim(
-        f"[own result] an eviction policy removes more than {thresholds.EVICTION_GAIN:.0%} of LRU's demand "
-        "misses (no prefetch) at some batch size and C/W",
-        f"{OWN}; judged on exact replay of every eviction, C/W {RATIOS[0]}-{RATIOS[-1]}, batch 1 and 4, "
-        f"over the {BASIS_SHORT[n.basis]}",
+    return stated(
+        "09-evictions",
         "largest share removed per eviction: "
         + ", ".join(f"{k} {v:+.1%}" for k, v in sorted(n.removed.items(), key=lambda kv: -kv[1])),
         verdict,
-        note
+        reason=note
         or (
             ""
             if n.removed[top] > thresholds.EVICTION_GAIN
@@ -345,15 +342,13 @@ def gap_claim(n: Numbers) -> Claim:
         lambda c: c.gap_closed["pooled"] < thresholds.GAP_LEFT,
         lambda c: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}",
     )
-    return Claim(
-        f"[own result] most of the gap is left: the best eviction ({label(n.best)}) closes less than half of "
-        "LRU's gap to min, pooled over C/W and batch sizes",
-        f"{OWN}; gap = LRU's misses - min's (min: relaxed MIN, "
-        f"the floor of any demand-paging schedule), over the {BASIS_SHORT[n.basis]}",
+    return stated(
+        "09-gap",
         f"share of the gap closed: pooled {n.gap_closed['pooled']:.0%}; "
         + ", ".join(f"C/W {r:g}: {v:.0%}" for r, v in sorted(per.items())),
         verdict,
-        note,
+        {"best": label(n.best)},
+        reason=note,
         margin="pooled: " + margin_below(n.gap_closed["pooled"], thresholds.GAP_LEFT),
         **_exact(n),
     )
@@ -371,15 +366,12 @@ def token_claim(n: Numbers) -> Claim:
         {p: _order(c.token) for p, c in bases.items()},
         n.basis,
     )
-    return Claim(
-        "[own result] token counts carry the signal: token_lru (a demand's most used expert becomes the most "
-        "recent) has fewer demand misses than lru, and reversing that order has more",
-        f"{OWN}; exact counts pooled over the profile's traces and C/W {RATIOS[0]}-{RATIOS[-1]}, over the "
-        f"{BASIS_SHORT[n.basis]}",
+    return stated(
+        "09-tokens",
         f"demand misses: lru {lru}, token_lru {tok} ({tok / lru - 1:+.1%}), token_lru reversed {rev} "
         f"({rev / lru - 1:+.1%})" + ("" if tok < lru else "; token_lru is NOT lower than lru"),
         verdict,
-        note,
+        reason=note,
         margin="exact: the order holds or not",
         **_exact(n),
     )
@@ -388,10 +380,8 @@ def token_claim(n: Numbers) -> Claim:
 def libcachesim_claim(check: pd.DataFrame) -> Claim:
     """libCacheSim's LRU equals the demand policy on every request (the libcachesim_check table)."""
     differ = int(check.requests_that_differ.sum())
-    return Claim(
-        "[own result] libCacheSim's LRU, fed each demand's resident experts first and then its misses, "
-        "equals the demand policy on every request",
-        f"{OWN}; libCacheSim {_lcs_version()} as an independent oracle",
+    return stated(
+        "09-libcachesim",
         f"{differ} of {int(check.requests.sum())} requests differ over {len(check)} trace x C/W pairs",
         verdict_of(differ == 0),
         margin="exact: equal or not",

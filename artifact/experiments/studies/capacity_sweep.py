@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from artifact.experiments.bench.order import AA
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
 from artifact.experiments.counting import EXACT, PER_RUN
 from artifact.experiments.criteria import paper, thresholds
@@ -33,10 +34,9 @@ from artifact.experiments.outputs.figures import (
 )
 from artifact.experiments.paired_table import CELL_KEYS, cell_label, paired_table
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.verdicts.judge import claim_cells, claim_compared, judge, question, timed_claim
-from artifact.experiments.verdicts.pairs import AA
+from artifact.experiments.verdicts.judge import claim_cells, claim_compared, judge, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
-from artifact.experiments.verdicts.records import Claim, verdict_of
+from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 
 STEM = "bench"  # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
 # the claims' definitions (criteria/timing.py)
@@ -103,12 +103,10 @@ def cells_table(n: Numbers) -> pd.DataFrame:
 
 
 def verdicts(n: Numbers) -> list[Claim]:
-    lo, hi = paper.FASTER_RANGE
     counting = "tokens/s per run, demand over last_step % per pair, one interval per cell (task, batch, C/W)"
     claims = [
-        Claim(
-            "offloading changes time, never results: every policy decoded the same tokens in every cell",
-            "the engine is exact (design invariant)",
+        stated(
+            "04-exact",
             f"{n.same_cells} of {n.cells} cells identical",
             verdict_of(n.same_cells == n.cells),
             counting=PER_RUN,
@@ -116,29 +114,9 @@ def verdicts(n: Numbers) -> list[Claim]:
             margin=f"{n.cells - n.same_cells} cells differ",
         )
     ]
-    if claim_cells(n.timed, FASTER_CLAIM).effects:
-        q = question(FASTER_CLAIM)
-        t = judge(n.timed, FASTER_CLAIM, cell_label)
-        claims.append(
-            timed_claim(
-                f"demand-async is faster than async last-step prefetch at C/W {lo:g}-{hi:g}: {q}",
-                f"+{paper.FASTER_PCT[0]} to +{paper.FASTER_PCT[1]}%, CIs exclude zero",
-                t,
-                counting,
-            )
-        )
-    if claim_cells(n.timed, EQUAL_CLAIM).effects:
-        q = question(EQUAL_CLAIM)
-        t = judge(n.timed, EQUAL_CLAIM, cell_label)
-        claims.append(
-            timed_claim(
-                f"at C/W {paper.AT_LOW.cache_ratio:g} demand-async and async last-step prefetch do not "
-                f"differ: {q} (equivalence)",
-                paper.paired_text(paper.AT_LOW, "%"),
-                t,
-                counting,
-            )
-        )
+    for c in (FASTER_CLAIM, EQUAL_CLAIM):
+        if claim_cells(n.timed, c).effects:
+            claims.append(timed_claim(c.key, judge(n.timed, c, cell_label), counting))
     return claims
 
 

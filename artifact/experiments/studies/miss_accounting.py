@@ -21,7 +21,7 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figures import COLORS, PAPER_STYLE, title
 from artifact.experiments.settings import Settings
 from artifact.experiments.verdicts.counts import margin_below
-from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim
+from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, stated
 from artifact.offload.backend.plans import COUNTS
 from artifact.offload.replay.sim import (
     BASES,
@@ -194,11 +194,6 @@ def verdicts(n: Numbers) -> list[Claim]:
     return claims
 
 
-def _on(n: Numbers) -> str:
-    """The count claims' counting basis, as their paper column ends."""
-    return f"; counted over {_label(n.basis)}"
-
-
 def _exact(n: Numbers) -> dict:
     """The count claims' basis: exact counts on the ruling counting basis."""
     return dict(counting=BASIS[n.basis], interval=EXACT)
@@ -212,12 +207,11 @@ def last_step_claim(n: Numbers) -> Claim:
     lo, hi = paper.FASTER_RANGE
     FEW = thresholds.FEW
     if not n.last_step:
-        return Claim(
-            "W-scale caches make last-step prefetch nearly useless",
-            "few or no misses removed",
+        return stated(
+            "02-few",
             "-",
             NOT_MEASURABLE,
-            f"no last_step policy or no C/W in {lo:g}-{hi:g} in sim_policies/cache_ratios",
+            reason=f"no last_step policy or no C/W in {lo:g}-{hi:g} in sim_policies/cache_ratios",
         )
 
     def most(by):  # the C/W where last_step removes the most
@@ -238,14 +232,11 @@ def last_step_claim(n: Numbers) -> Claim:
     }
     verdict, note = on_bases(holds, figures, n.basis)
     worst = most(n.last_step)
-    return Claim(
-        "W-scale caches make last-step prefetch nearly useless: few or no misses removed beyond LRU, "
-        "extra speculative transfers",
-        f"few or no misses removed; judged: < {FEW:.0%} of LRU's misses removed and more speculative "
-        f"transfers than misses removed, at every C/W in {lo:g}-{hi:g}{_on(n)}",
+    return stated(
+        "02-few",
         last_step_text(n),
         verdict,
-        note,
+        reason=note,
         **_exact(n),
         margin=f"most removed (C/W {worst:g}): " + margin_below(n.last_step[worst][0], FEW),
     )
@@ -257,22 +248,13 @@ def oracle_claim(n: Numbers) -> Claim:
     the abstract states no C/W for the cut)."""
     r1 = _nearest(n.ratios, 1.0)
     cut, FACTOR = paper.ORACLE_CUT, thresholds.FACTOR
-    why = (
-        (
-            ", this artifact's choice: the abstract does not say which forwards its oracle figure counts (a "
-            "prefill forward is a one-off demand no step-to-step predictor sees coming)"
-        )
-        if n.basis == DENOISING_ONLY
-        else ""
-    )
     holds = {p: cut / FACTOR <= c[r1] <= cut * FACTOR for p, c in n.oracle_cut_by_prefill.items()}
     verdict, note = on_bases(holds, {p: f"{c[r1]:.1f}x" for p, c in n.oracle_cut_by_prefill.items()}, n.basis)
-    return Claim(
-        f"an oracle prefetcher cuts demand misses {cut}x versus LRU",
-        f"{cut}x; judged at the W-scale cache C/W = {r1:g}, within a factor {FACTOR}{_on(n)}{why}",
+    return stated(
+        "02-oracle",
         oracle_text(n, r1),
         verdict,
-        note,
+        reason=note,
         **_exact(n),
         margin=f"{n.oracle_cut[r1]:.2f}x vs the band {cut / FACTOR:.2f}-{cut * FACTOR:.2f}x",
     )
@@ -287,12 +269,11 @@ def refresh_claim(n: Numbers) -> Claim:
         for p, by in n.refresh_by_prefill.items()
     }
     verdict, note = on_bases(holds, figures, n.basis)
-    return Claim(
-        "interval refresh (TIDE-style) does not beat LRU",
-        f"does not beat LRU; judged: removes < {FEW:.0%} of LRU's misses at every C/W{_on(n)}",
+    return stated(
+        "02-refresh",
         refresh_text(n),
         verdict,
-        note,
+        reason=note,
         **_exact(n),
         margin=f"most removed (C/W {max(n.refresh_removed, key=n.refresh_removed.get):g}): "
         + margin_below(max(n.refresh_removed.values()), FEW),

@@ -11,18 +11,26 @@ import pandas as pd
 import torch
 
 from artifact.experiments.bench.model_runner import ModelRunner
-from artifact.experiments.bench.results import bench_fingerprint, primary
+from artifact.experiments.bench.order import primary
+from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, run_grid
-from artifact.experiments.outputs.figures import COLORS, CONTROL_COLOR, legend, mean_interval, title
+from artifact.experiments.outputs.figures import (
+    COLORS,
+    CONTROL_COLOR,
+    CONTROL_LABEL,
+    legend,
+    mean_interval,
+    title,
+)
 from artifact.experiments.paired_table import CELL_KEYS, paired_table
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
 from artifact.experiments.tide.checkout import check_tide
-from artifact.experiments.verdicts.judge import claim_compared, judge, question, timed_claim
+from artifact.experiments.verdicts.judge import claim_compared, judge, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
-from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, verdict_of
+from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, stated, verdict_of
 from artifact.model.tasks import prompts
 from artifact.offload.replay.sim import capacity_for
 
@@ -37,9 +45,9 @@ CLAIM = CLAIMS["05-refresh"]
 
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
 def tide_style_profile(P: Settings) -> Settings:
-    """The 05 grid: our engine at the TIDE budget and half of it, demand vs interval_refresh with the A/A
-    control (settings.CONTROL), batch size 1 (TIDE decodes one prompt at a time), every task, with enough
-    repetitions for thresholds.MIN_PAIRS pairs per C/W."""
+    """The 05 grid: our engine at the TIDE budget and half of it, demand vs interval_refresh with
+    last_step_conservative (settings.CONTROL: demand's loads + host time), batch size 1 (TIDE decodes one
+    prompt at a time), every task, with enough repetitions for thresholds.MIN_PAIRS pairs per C/W."""
     reps = max(P.repetitions, -(-thresholds.MIN_PAIRS // len(P.tasks)))
     return dataclasses.replace(
         P,
@@ -126,7 +134,7 @@ def tide_released(P: Settings, progress: bool = True) -> list[dict]:
 class StyleNumbers:
     # {cell: Replicated} interval_refresh over demand, tokens/s, highest C/W first, with the A/A
     timed: Compared
-    # control and host shares
+    # and host shares
     misses: dict  # {cell: interval_refresh's demand misses / demand's - 1}, this run
 
 
@@ -161,13 +169,9 @@ def style_text(n: StyleNumbers) -> str:
 
 
 def style_verdict(n: StyleNumbers) -> Claim:
-    q = question(CLAIM)
-    t = judge(n.timed, CLAIM, label)
     return timed_claim(
-        "a TIDE-style interval refresh does not beat demand loading (LRU) in our engine, "
-        f"at the budget and half ({q}: non-superiority)",
-        "interval refresh does not beat LRU",
-        t,
+        CLAIM.key,
+        judge(n.timed, CLAIM, label),
         "tokens/s per run, interval_refresh over demand % per pair, one interval per cell (task, C/W)",
         note=style_text(n),
     )
@@ -194,13 +198,10 @@ def released_text(parts: dict) -> str:
 
 def released_verdict(parts: dict | None, reason: str | None) -> Claim:
     """parts: released_numbers(rows), or None when TIDE's code did not run (reason says why)."""
-    claim = "this engine is faster than TIDE's released implementation at the same expert budget"
-    text = f"{paper.TIDE_SPEEDUP[1.0]}x at the same budget, {paper.TIDE_SPEEDUP[0.5]}x at half of it"
     if parts is None:
-        return Claim(claim, text, "-", NOT_MEASURABLE, reason or "not run")
-    return Claim(
-        claim,
-        text,
+        return stated("05-tide", "-", NOT_MEASURABLE, reason=reason or "not run")
+    return stated(
+        "05-tide",
         released_text(parts),
         verdict_of(all(p["speedup_total"] > 1 for p in parts.values())),
         timing=True,
@@ -210,7 +211,7 @@ def released_verdict(parts: dict | None, reason: str | None) -> Claim:
 # --- figure ---------------------------------------------------------------------------------------
 def _per_budget(r) -> pd.DataFrame:
     """Per C/W and policy: the mean tokens/s over tasks x repetitions with its 95% interval (ci: the
-    half-width). Arm A only (bench.results.primary)."""
+    half-width). Arm A only (bench.order.primary)."""
     r = primary(r)
     g = r.groupby(["cache_ratio", "policy"], sort=False).agg(
         tokens_per_second=("tokens_per_second", "mean"),
@@ -223,13 +224,13 @@ def _per_budget(r) -> pd.DataFrame:
 
 
 def _label(pol: str) -> str:
-    return f"A/A control ({pol})" if pol == CONTROL else pol
+    return CONTROL_LABEL if pol == CONTROL else pol
 
 
 def plot(rows, P: Settings, released=None):
-    """Tokens/s of our engine, demand vs TIDE-style interval_refresh (and the A/A control, which does demand's
-    work), at the budget and half of it, each bar a mean over tasks x repetitions with its 95% interval;
-    TIDE's released code beside them when it was measured."""
+    """Tokens/s of our engine, demand vs TIDE-style interval_refresh (and last_step_conservative, which does
+    demand's loads plus the prediction's host time), at the budget and half of it, each bar a mean over tasks
+    x repetitions with its 95% interval; TIDE's released code beside them when it was measured."""
     df = _per_budget(rows).assign(system="engine")
     if released:
         r = pd.DataFrame(released)

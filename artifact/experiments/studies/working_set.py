@@ -16,7 +16,7 @@ from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import trace_label
 from artifact.experiments.outputs.figures import title
 from artifact.experiments.verdicts.counts import margin_at_least
-from artifact.experiments.verdicts.records import Claim, verdict_of
+from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 from artifact.offload.replay.sim import denoising_only, phase_columns, sweep
 from artifact.offload.replay.trace import step_similarity, working_sets
 
@@ -83,10 +83,8 @@ def measured_text(n: Numbers) -> str:
 def verdicts(n: Numbers) -> list[Claim]:
     worst = min(n.reuse_by_task, key=n.reuse_by_task.get)
     return [
-        Claim(
-            "expert routing is very stable from one denoising step to the next",
-            f"qualitative (no figure); judged: >= {thresholds.STABLE:.0%} of D(t, l) already in "
-            "D(t-1, l) on every task",
+        stated(
+            "01-stable",
             measured_text(n),
             verdict_of(all(v >= thresholds.STABLE for v in n.reuse_by_task.values())),
             counting=f"{DENOISING}: W, the reuse of D(t-1, l) and the share resident under LRU",
@@ -176,7 +174,7 @@ def plot_stability(sim, share, P):
         color="black",
         lw=1,
         ls=":",
-        label=f"'very stable' threshold {thresholds.STABLE:.0%}",
+        label=f'threshold {thresholds.STABLE:.0%} (this artifact\'s reading of "highly stable")',
     )
     ax1.set(ylabel="D(t, l) already in D(t-1, l) (%)", ylim=(0, 118), title="step-to-step reuse")
     ax1.legend(fontsize=8, loc="upper left", ncol=3)

@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.criteria.timing import CLAIMS, OTHERS, TimingClaim
+from artifact.experiments.criteria.timing import CLAIMS, OTHERS, STALL_SHARE, TimingClaim
 from artifact.experiments.settings import CONTROL
 from artifact.experiments.verdicts import next_step
 from artifact.experiments.verdicts.pairs import BASES
 from artifact.experiments.verdicts.pooling import Compared, Replicas, Replicated
-from artifact.experiments.verdicts.records import Claim
+from artifact.experiments.verdicts.records import Claim, stated
 from artifact.experiments.verdicts.rules import (
     INCONCLUSIVE,
     Interval,
@@ -189,16 +189,16 @@ def cells_text(t: Timed, unit: str = "%", label: Callable[[dict], str] | None = 
     return "; ".join(out)
 
 
-def timed_claim(
-    text: str, paper_text: str, t: Timed, counting: str, note: str = "", unit: str = "%"
-) -> Claim:
-    measured = cells_text(t, unit) + (f"; {note}" if note else "")
-    return Claim(
-        text,
-        paper_text,
-        measured,
+def timed_claim(key: str, t: Timed, counting: str, note: str = "", **fill) -> Claim:
+    """The timing claim `key` as a notebook prints it: its text and the paper's words from the registry
+    (criteria/claims.py), the cells' intervals from `t`."""
+    c = CLAIMS[key]
+    return stated(
+        key,
+        cells_text(t, c.unit) + (f"; {note}" if note else ""),
         t.verdict,
-        t.reason,
+        {"question": question(c), **fill},
+        reason=t.reason,
         timing=True,
         counting=counting,
         interval=t.interval,
@@ -207,17 +207,17 @@ def timed_claim(
         ruled="pooled" if t.stored else "this run",
         leave_one_out=t.leave_one_out,
         agreement=t.agreement,
-        key=t.key,
         cells=t.cells,
         to_decide=t.to_decide,
     )
 
 
 def question(c: TimingClaim) -> str:
-    """The claim's question in words."""
+    """The claim's question in words (a stall-share claim asks whether A stalls longer)."""
     m = f"{thresholds.MARGIN:g}{c.unit}"
+    faster = "A stalls longer than B" if c.basis == STALL_SHARE else "A faster than B"
     return {
-        "faster": f"A faster than B: every cell's {thresholds.CONFIDENCE:.0%} interval above 0",
+        "faster": f"{faster}: every cell's {thresholds.CONFIDENCE:.0%} interval above 0",
         "no difference": f"no difference: the interval inside +-{m}",
         "not faster": f"not faster by more than +{m}",
     }[c.question]

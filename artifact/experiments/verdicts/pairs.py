@@ -11,28 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from artifact.experiments.bench.grid import CELL_KEYS, PAIR_KEYS, CellKey
+from artifact.experiments.bench.order import AA, AA_POLICY, b_slot, row_slots
 from artifact.experiments.settings import CONTROL
 
-
-class CellKey(NamedTuple):
-    """One cell of a grid, the unit every interval is computed in (nothing pools cells)."""
-
-    task: str
-    batch_size: int
-    cache_ratio: float
-    bandwidth_scale: float
-
-
-CELL_KEYS = CellKey._fields
-PAIR_KEYS = CELL_KEYS + ("rep",)
-DEMAND = "demand"
-ARM_B = "#B"  # a pivot label of the A/A's second arm: demand's rows with arm B
-AA = "A/A (demand over demand)"
 STAND_IN = f"stand-in A/A ({CONTROL} over demand)"
 
 
@@ -75,24 +61,6 @@ STALL_SHARE = Basis(
 BASES = {b.name: b for b in (PERCENT, STALL_SHARE)}
 
 
-def primary(rows):
-    """The bench rows of arm A: one run per (cell, repetition, policy), without the A/A pair's B arm. Rows
-    without an `arm` column (written before it) are all arm A. What every table or figure that pivots rows by
-    policy reads."""
-    if "arm" not in rows.columns:
-        return rows
-    keep = rows.arm.astype(str) != "B"
-    return rows if keep.all() else rows[keep]
-
-
-def slots(rows: pd.DataFrame) -> pd.Series:
-    """Each row's pivot label: its policy, and demand's A/A arm as demand#B."""
-    pol = rows.policy.astype(str)
-    if "arm" not in rows:
-        return pol
-    return pol.where(rows.arm.astype(str) != "B", pol + ARM_B)
-
-
 def wide(rows: pd.DataFrame, by: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
     """One row per pair (the keys of `by` beyond the cell's, then PAIR_KEYS), columns (column, slot). Refuses
     rows without the bench's columns and two rows for the same run."""
@@ -100,7 +68,7 @@ def wide(rows: pd.DataFrame, by: Sequence[str], columns: Sequence[str]) -> pd.Da
     missing = [c for c in (*keys, "policy", *columns) if c not in rows.columns]
     if missing:
         raise ValueError(f"rows lack columns {missing} (expected the bench's CSV)")
-    r = rows.assign(_slot=slots(rows))
+    r = rows.assign(_slot=row_slots(rows))
     twice = r.duplicated([*keys, "_slot"])
     if twice.any():
         first = r[twice].iloc[0]
@@ -113,10 +81,10 @@ def wide(rows: pd.DataFrame, by: Sequence[str], columns: Sequence[str]) -> pd.Da
 
 def aa_label(rows: pd.DataFrame) -> str | None:
     """AA when the rows hold demand's A/A pair, STAND_IN when they hold only the stand-in, else None."""
-    have = set(slots(rows))
-    if {DEMAND, DEMAND + ARM_B} <= have:
+    have = set(row_slots(rows))
+    if {AA_POLICY, b_slot(AA_POLICY)} <= have:
         return AA
-    return STAND_IN if {DEMAND, CONTROL} <= have else None
+    return STAND_IN if {AA_POLICY, CONTROL} <= have else None
 
 
 def run_effects(
@@ -128,13 +96,13 @@ def run_effects(
         label = aa_label(rows)
         if label is None:
             return {}
-        a, b = (DEMAND + ARM_B, DEMAND) if label == AA else (CONTROL, DEMAND)
+        a, b = (b_slot(AA_POLICY), AA_POLICY) if label == AA else (CONTROL, AA_POLICY)
     columns = basis.columns or (metric,)
-    have = set(slots(rows))
+    have = set(row_slots(rows))
     for p in (a, b):
         if p not in have:
             raise ValueError(f"policy {p!r} is not in these rows; they hold {sorted(have)}")
-    w = wide(rows[slots(rows).isin([a, b])], by, columns)
+    w = wide(rows[row_slots(rows).isin([a, b])], by, columns)
     d = np.asarray(basis.difference(w, a, b, metric), dtype=float)
     cells = w.index.to_frame(index=False)[list(by)]
     out = {}

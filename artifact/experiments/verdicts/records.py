@@ -11,6 +11,7 @@ import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from artifact.experiments.criteria.claims import STATED
 from artifact.experiments.outputs.paths import RECORD_SUFFIX, run_data_dir
 from artifact.experiments.outputs.provenance import run_info
 from artifact.experiments.settings import Settings
@@ -44,7 +45,7 @@ class Claim:
     ruled: str = ""  # timing: "pooled" (the stored runs) or "this run"
     leave_one_out: tuple = ()  # timing: the pooled verdict with each stored run left out of every input
     agreement: str = ""  # timing, a fresh run: agrees with / differs from the stored verdict, or inconclusive
-    key: str = ""  # timing: the claim's definition in criteria/timing.py
+    key: str = ""  # the claim's definition in criteria/claims.py (a timing claim's rule: criteria/timing.py)
     cells: list = field(default_factory=list)  # timing: per cell, the interval the verdict uses (judge.py)
     to_decide: str = ""  # timing, inconclusive: what would decide it, in one line (verdicts/next_step.py)
 
@@ -112,6 +113,13 @@ def unwrap(text: str) -> str:
         else:
             out.append(line)
     return "\n".join(out)
+
+
+def stated(key: str, measured: str, verdict: str, fill: dict | None = None, **fields) -> Claim:
+    """The claim `key` of the registry (criteria/claims.py), its text and the paper's words rendered from
+    there, with what was measured and its verdict."""
+    s = STATED[key]
+    return Claim(s.claim_text(**(fill or {})), s.said, measured, verdict, key=key, **fields)
 
 
 def verdict_of(ok: bool) -> str:

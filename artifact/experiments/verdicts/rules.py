@@ -7,9 +7,11 @@ over several cells combines them. Three outcomes:
                               zero"; an intersection needs no multiplicity correction). Not reproduced: some
                               cell's interval at the simultaneous level over the claim's cells (Bonferroni,
                               statsmodels' multipletests) lies at or below 0. Else inconclusive.
-  NO_DIFFERENCE (equivalence) reproduced: the 95% interval lies inside +-MARGIN (TOST at 2.5% per side); not
-                              reproduced: it lies wholly outside; else inconclusive.
-  NOT_FASTER (non-superior.)  reproduced: the interval lies below +MARGIN; not reproduced: above it.
+  NO_DIFFERENCE (equivalence) reproduced: the 95% interval lies inside +-MARGIN, a bound on the margin
+                              counting as inside (TOST at 2.5% per side, closed margin); not reproduced: it
+                              lies wholly outside; else inconclusive (it straddles -MARGIN, +MARGIN or both).
+  NOT_FASTER (non-superior.)  reproduced: the interval lies at or below +MARGIN (the same closed margin);
+                              not reproduced: wholly above it; else inconclusive (it straddles +MARGIN).
 
 The A/A gate (demand against demand, or the stand-in on runs recorded before the true A/A existed) gates a
 cell, never corrects it: a cell with no A/A, or whose A/A interval lies wholly outside +-MARGIN (a bias beyond
@@ -114,19 +116,21 @@ def rule_cell(kind: str, iv: Interval, margin: float = thresholds.MARGIN, unit: 
             if iv.high <= 0
             else Ruling(INCONCLUSIVE, "interval reaches 0")
         )
+    # one comparison at the margin for both: a bound on it counts as inside (a closed margin)
     if kind == NO_DIFFERENCE:
         if -margin <= iv.low and iv.high <= margin:
-            return Ruling(REPRODUCED, f"interval inside +-{m}")
+            on = " (a bound on the margin)" if margin in (-iv.low, iv.high) else ""
+            return Ruling(REPRODUCED, f"interval inside +-{m}{on}")
         if iv.low > margin or iv.high < -margin:
             return Ruling(NOT_REPRODUCED, f"interval wholly outside +-{m}")
-        if iv.high - iv.low > 2 * margin:
-            return Ruling(INCONCLUSIVE, f"interval too wide for +-{m}")
-        return Ruling(INCONCLUSIVE, f"interval crosses {'+' if iv.high > margin else '-'}{m}")
-    if iv.high < margin:
-        return Ruling(REPRODUCED, f"interval below +{m}")
+        if iv.low < -margin and iv.high > margin:
+            return Ruling(INCONCLUSIVE, f"interval straddles both -{m} and +{m}")
+        return Ruling(INCONCLUSIVE, f"interval straddles {'+' if iv.high > margin else '-'}{m}")
+    if iv.high <= margin:
+        return Ruling(REPRODUCED, f"interval {'below' if iv.high < margin else 'at or below'} +{m}")
     if iv.low > margin:
         return Ruling(NOT_REPRODUCED, f"interval above +{m}: faster by more than the margin")
-    return Ruling(INCONCLUSIVE, f"interval crosses +{m}")
+    return Ruling(INCONCLUSIVE, f"interval straddles +{m}")
 
 
 def simultaneous(cells: Sequence[Interval]) -> float:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from artifact.errors import RunsError
+from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.outputs.manifest import check_runs
 from artifact.experiments.outputs.paths import reference_data_dir, results_dir, short_path
 
@@ -34,16 +35,9 @@ class TimedStudy:
     stems: tuple[str, ...]
 
 
-# The timing notebooks, once: scripts/record_runs.py measures them, tests/test_stored_runs.py recomputes them.
-TIMED_STUDIES = (
-    TimedStudy("03_bandwidth_throttling", "bandwidth_throttling", ("throttle_runs",)),
-    TimedStudy("04_capacity_sweep", "capacity_sweep", ("bench",)),
-    TimedStudy("05_tide_head_to_head", "tide_head_to_head", ("tide_style_runs",)),
-    TimedStudy("06_beyond_the_paper", "beyond_the_paper", ("beyond-fifo", "beyond-demand")),
-    TimedStudy("07_routing_map", "routing_map", ("streams",)),
-    TimedStudy("08_performance_model", "performance_model", ("validation",)),
-    TimedStudy("09_cache_design_space", "cache_design_space", ("cache_design_runs",)),
-)
+# The timing notebooks (criteria/claims.py ROW_FILES): scripts/record_runs.py measures them,
+# tests/test_stored_runs.py recomputes them.
+TIMED_STUDIES = tuple(TimedStudy(nb, module, stems) for nb, (module, stems) in ROW_FILES.items())
 TIMED_STEMS = tuple(s for t in TIMED_STUDIES for s in t.stems)  # what a stored run keeps
 
 
@@ -52,11 +46,6 @@ def runs_root(profile_name: str, reference: Path | None = None) -> Path:
         Path(reference) / "data" / "results" / profile_name if reference else reference_data_dir(profile_name)
     )
     return base / RUNS
-
-
-def stored_runs(profile_name: str, reference: Path | None = None) -> list[Path]:
-    """The stored runs of a profile, run1, run2, ... in number order, checked (check_stored_runs)."""
-    return check_stored_runs(profile_name, reference)
 
 
 def check_stored_runs(profile_name: str, reference: Path | None = None, ruled_on: int = 0) -> list[Path]:
@@ -94,7 +83,7 @@ def stored_rows(
     """[(run name, its rows of grid `stem`)] over the stored runs that hold rows made under `fingerprint`
     (every row when None or when the file has no fingerprint column)."""
     out = []
-    for run in stored_runs(P.name, reference):
+    for run in check_stored_runs(P.name, reference):
         frames = []
         for f in row_files(P, stem, run):
             df = read(f)

@@ -26,7 +26,6 @@ from artifact.experiments.studies.beyond_the_paper.misses import (  # noqa: F401
     BOUNDS,
     MIN,
     MISS_POLICIES,
-    OWN,
     PREDICTORS,
     SUMMED,
     Counts,

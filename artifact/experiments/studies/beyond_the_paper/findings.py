@@ -13,7 +13,9 @@ import pandas as pd
 from artifact.experiments.bench.results import same_tokens
 from artifact.experiments.counting import BASIS_SHORT, EXACT, PER_RUN, on_basis
 from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria.timing import DEMAND
 from artifact.experiments.outputs.figures import (
+    AA_LABEL,
     COLORS,
     CONTROL_COLOR,
     interval_fields,
@@ -22,12 +24,12 @@ from artifact.experiments.outputs.figures import (
     title,
 )
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.studies.beyond_the_paper.misses import BOUNDS, MIN, OWN, count_claims, counts
+from artifact.experiments.studies.beyond_the_paper.misses import BOUNDS, MIN, count_claims, counts
 from artifact.experiments.studies.beyond_the_paper.throughput import CLAIM, PRIORITIES, priority_claim
 from artifact.experiments.verdicts.judge import claim_parts
-from artifact.experiments.verdicts.pairs import BASES, DEMAND
+from artifact.experiments.verdicts.pairs import BASES, STAND_IN
 from artifact.experiments.verdicts.pooling import Replicas
-from artifact.experiments.verdicts.records import Claim, verdict_of
+from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 from artifact.offload.replay.sim import ruling_basis
 
 
@@ -42,7 +44,7 @@ class Numbers:
     by_prefill: dict  # counting basis -> Counts
     # {policy: Compared} predictor over demand per cell,
     timed: dict = dataclasses.field(default_factory=dict)
-    # with the A/A control and host shares
+    # with the A/A and host shares
     # {policy: Compared} demand over predictor per cell (04's sign): what the figure draws; drawing only
     shown: dict = dataclasses.field(default_factory=dict)
 
@@ -64,10 +66,8 @@ def numbers(summary, table, reps: Replicas) -> Numbers:
 
 def verdicts(n: Numbers) -> list[Claim]:
     claims = [
-        Claim(
-            "[own result] offloading changes time, never results: "
-            "every policy under both link priorities decoded the same tokens in every cell",
-            f"{OWN}; the engine is exact (design invariant)",
+        stated(
+            "06-exact",
             f"{n.same_cells} of {n.cells} cells identical",
             verdict_of(n.same_cells == n.cells),
             counting=PER_RUN,
@@ -110,19 +110,20 @@ def plot(summary, n: "Numbers", P: Settings):
     to LRU's (which are its demand misses), with the floors belady and min (they bound every policy's
     transfers: a prefetch can be postponed to its first use); (c, d) demand's throughput over each predictor
     (% tokens/s, 95% intervals over the same runs, computed as the claim's, with A and B swapped: 04's sign,
-    above 0 = demand faster) vs C/W under FIFO and under demand priority; the A/A control as the claim
-    draws it. The counts are drawn on the basis the claims rule on (sim.ruling_basis); the saved data holds
-    both."""
+    above 0 = demand faster) vs C/W under FIFO and under demand priority; the A/A (demand over demand, or
+    the stand-in on runs without that pair) as the claim gates with it. The counts are drawn on the basis the
+    claims rule on (sim.ruling_basis); the saved data holds both."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     basis = ruling_basis(summary)
     counted = summary[summary.prefill == basis]
     for ax, col in zip(axes[0], COUNT_AXES):
         _counts_panel(ax, counted, col, f"{COUNT_AXES[col][0]}, exact replay, {BASIS_SHORT[basis]}")
-    control = next(iter(n.timed.values())).aa if n.timed else {}
-    series = {**{p: c.effects for p, c in (n.shown or n.timed).items()}, CONTROL: control}
+    first = next(iter(n.timed.values()), None)
+    aa = (first.aa_label if first else None) or AA_LABEL
+    series = {**{p: c.effects for p, c in (n.shown or n.timed).items()}, aa: first.aa if first else {}}
     rows = []
     for ax, pr in zip(axes[1], PRIORITIES):
-        rows += _throughput_panel(ax, pr, series)
+        rows += _throughput_panel(ax, pr, series, aa)
     lo = min(a.get_ylim()[0] for a in axes[1])
     hi = max(a.get_ylim()[1] for a in axes[1])
     for a in axes[1]:
@@ -157,9 +158,10 @@ def _counts_panel(ax, counted: pd.DataFrame, col: str, heading: str) -> None:
     ax.set_ylim(bottom=0)
 
 
-def _throughput_panel(ax, pr: str, series: dict) -> list[dict]:
-    """Demand's effect over each predictor (and the A/A control's) per cell under link priority `pr`, with
-    its interval, beside the margin; `series` is {policy: {cell: Compared}}. Returns the figure data."""
+def _throughput_panel(ax, pr: str, series: dict, aa: str) -> list[dict]:
+    """Demand's effect over each predictor (and the A/A, the series named `aa`) per cell under link priority
+    `pr`, with its interval, beside the margin; `series` is {policy or `aa`: {cell: Replicated}}. Returns the
+    figure data."""
     pols = list(series)
     batches = sorted({k[2] for eff in series.values() for k in eff})
     width = 0.02
@@ -171,9 +173,7 @@ def _throughput_panel(ax, pr: str, series: dict) -> list[dict]:
                 continue
             iv = [series[pol][c].ruled for c in keys]
             x = [c[3] + (k * len(batches) + j - (len(pols) * len(batches) - 1) / 2) * width for c in keys]
-            color, marker, _ = STYLE.get(pol, ("gray", "o", "-"))
-            if pol == CONTROL:
-                color = CONTROL_COLOR
+            color, marker, _ = (CONTROL_COLOR, "s", "-") if pol == aa else STYLE.get(pol, ("gray", "o", "-"))
             ax.errorbar(
                 x,
                 [i.mean for i in iv],
@@ -182,14 +182,14 @@ def _throughput_panel(ax, pr: str, series: dict) -> list[dict]:
                 color=color,
                 capsize=3,
                 ms=4,
-                label=f"{pol} (A/A control), b={b}" if pol == CONTROL else f"demand over {pol}, b={b}",
+                label=f"{aa}, b={b}" if pol == aa else f"demand over {pol}, b={b}",
             )
             rows += [
                 dict(
                     panel="throughput",
-                    effect="A/A control" if pol == CONTROL else f"demand over {pol}",
+                    effect=aa if pol == aa else f"demand over {pol}",
                     link_priority=pr,
-                    policy=pol,
+                    policy=(CONTROL if aa == STAND_IN else DEMAND) if pol == aa else pol,
                     batch_size=b,
                     cache_ratio=c[3],
                     **interval_fields(i),

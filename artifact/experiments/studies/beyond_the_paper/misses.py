@@ -15,10 +15,9 @@ from artifact.experiments.counting import BASIS, BASIS_SHORT, EXACT, on_bases
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.verdicts.counts import margin_below
-from artifact.experiments.verdicts.records import Claim
+from artifact.experiments.verdicts.records import Claim, stated
 from artifact.offload.replay.sim import by_basis, phase_columns, ruling_basis, sweep
 
-OWN = "not a claim of the paper: this artifact's own result"
 
 # Miss accounting: every predictor, then the floors. "min" is bounds.relaxed_min, a bound the simulator
 # replays.
@@ -124,14 +123,12 @@ def headroom_claim(bases: dict[str, Counts], basis: str) -> Claim:
         basis,
     )
     ls, orc, w = bases[basis].removed["last_step"], bases[basis].removed["oracle"], worst[basis]
-    return Claim(
-        "[own result] (2a) last-step understates what prediction can do: it removes less than "
-        f"{thresholds.HEADROOM:.0%} of the misses the oracle removes beyond LRU at every C/W",
-        f"{OWN}; judged on exact replay (the oracle is the ceiling of any predictor), over the {on}",
+    return stated(
+        "06-headroom",
         f"misses removed beyond LRU ({on}): last_step {_by_ratio(ls)}; oracle {_by_ratio(orc)}; last_step's "
         f"share of the oracle's: {_by_ratio(share[basis], '{:.1%}')}",
         verdict,
-        note,
+        reason=note,
         counting=BASIS[basis],
         interval=EXACT,
         margin=""
@@ -154,15 +151,12 @@ def cross_layer_claim(bases: dict[str, Counts], basis: str) -> Claim:
         holds, {p: f"smallest lead {gap[p][least[p]]:+.1f} points at C/W {least[p]:g}" for p in bases}, basis
     )
     r = least[basis]
-    return Claim(
-        "[own result] (2b) a better predictor exists: the cross-layer predictor (layer l+1's router on layer "
-        "l's hidden states) removes more of LRU's misses than last_step at every C/W",
-        f"{OWN}; judged on exact replay: "
-        f"cross_layer's misses removed > last_step's at every C/W, over the {on}",
+    return stated(
+        "06-cross-layer",
         f"misses removed beyond LRU ({on}): cross_layer {_by_ratio(bases[basis].removed['cross_layer'])}; "
         f"its share of the oracle's: {_by_ratio(bases[basis].of_oracle['cross_layer'], '{:.0%}')}",
         verdict,
-        note,
+        reason=note,
         counting=BASIS[basis],
         interval=EXACT,
         margin=f"smallest lead over last_step (C/W {r:g}): "
@@ -178,18 +172,15 @@ def conservative_claim(bases: dict[str, Counts], basis: str) -> Claim:
         {p: "equal" if c.conservative_is_lru else "not equal" for p, c in bases.items()},
         basis,
     )
-    return Claim(
-        "[own result] last_step_conservative never issues a transfer under this cache's rules: its counts "
-        "equal demand's (LRU already holds or fills the slots with the previous demand)",
-        f"{OWN}; judged: zero speculative transfers and LRU's demand misses at every C/W, lookahead 1 and 2, "
-        f"over the {BASIS_SHORT[basis]}",
+    return stated(
+        "06-conservative",
         "conservative lookahead 1: "
         + _by_ratio(removed["last_step_conservative"])
         + "; lookahead 2: "
         + _by_ratio(removed.get("last_step_conservative:lookahead=2", {}))
         + " misses removed",
         verdict,
-        note,
+        reason=note,
         counting=BASIS[basis],
         interval=EXACT,
         margin="exact: equal counts or not",

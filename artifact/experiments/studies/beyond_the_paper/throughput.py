@@ -13,8 +13,7 @@ from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
 from artifact.experiments.paired_table import CELL_KEYS, CONFIDENCE, cell_label, format_table, paired_table
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.studies.beyond_the_paper.misses import OWN
-from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, question, timed_claim
+from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, timed_claim
 from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.verdicts.records import Claim
 from artifact.experiments.verdicts.stored_runs import stored_rows
@@ -113,14 +112,10 @@ def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
     """(1): under link_priority demand, no predictor is faster than demand-async (not_faster per predictor and
     cell of `timed`, {predictor: Compared}, gated by the cell's A/A control); `table` (throughput_table, this
     run) adds its bootstrap note."""
-    q = question(CLAIM)
     t = judge(merge_others(timed), CLAIM, lambda pk: f"{pk[0]} {label(pk[1])}")
     boot = [] if table is None else [c for c in bootstrap_above_zero(table) if c.endswith("(demand)")]
     return timed_claim(
-        "[own result] (1) prediction still does not pay once it can never delay a demand transfer: under "
-        f"link_priority demand no predictor is faster than demand-async at any measured C/W ({q}: "
-        "non-superiority)",
-        f"{OWN}; judged per cell (docs/verdicts.md), its A/A demand against demand",
+        CLAIM.key,
         t,
         "tokens/s per run, predictor over demand % per pair, one interval per cell (task, batch, C/W)",
         "this run's bootstrap intervals over pairs (not ruled on) above 0: "

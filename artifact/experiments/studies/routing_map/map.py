@@ -20,7 +20,7 @@ from artifact.experiments.counting import EXACT
 from artifact.experiments.criteria import paper
 from artifact.experiments.outputs.figures import PAPER_STYLE, title
 from artifact.experiments.settings import Settings
-from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, verdict_of
+from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, stated, verdict_of
 from artifact.offload.replay.bounds import relaxed_min
 from artifact.offload.replay.fit import measure as routing_statistics
 from artifact.offload.replay.sim import capacity_for, denoising_only, phase_columns, replay, sweep
@@ -47,8 +47,8 @@ class MapGrid:
 
 
 # Grids by profile name (others get DEFAULT_GRID). The cpu grid replays 50 streams of ~13k accesses eight
-# times each and times 2 streams x 3 policies (demand, last_step, the A/A control) x (1 warm-up + 4 timed
-# rounds).
+# times each and times 2 streams x 3 policies (demand, last_step, and last_step_conservative: the stand-in)
+# x (1 warm-up + 4 timed rounds).
 GRIDS = {
     "cpu": MapGrid(
         novelty=(0.02, 0.06, 0.12, 0.2, 0.3),
@@ -287,8 +287,7 @@ def reading(map_df: pd.DataFrame, n: Numbers) -> str:
 
 
 def verdicts(n: Numbers) -> list[Claim]:
-    own = "this artifact's own result: synthetic streams, exact replay"
-    paper_text = f"an oracle prefetcher cuts demand misses {paper.ORACLE_CUT}x versus LRU (C/W {n.ratio:g})"
+    fill = {"target": n.target, "ratio": n.ratio}
     any_region = any(v is not None for (pf, _), v in n.limit.items() if not pf)
     # Both claims rule on the map's rows without prefill forwards, where every demand is a denoising step (the
     # with-prefill rows are printed beside them in (1), not ruled on).
@@ -298,11 +297,8 @@ def verdicts(n: Numbers) -> list[Claim]:
     # reach the paper's cut? It fails when the contour never reaches the target in that row, whatever other
     # rows do.
     claims = [
-        Claim(
-            f"routing statistics under which an oracle cuts misses {n.target}x at C/W {n.ratio:g} exist at "
-            f"the cpu traces' novelty ({own})",
-            paper_text + f"; judged on {CONTOUR} at the grid novelty nearest the cpu traces': "
-            f"some W spread reaches {n.target}x",
+        stated(
+            "07-contour",
             f"by {CONTOUR}: cut >= {n.target}x without prefill at {region_text(n, False)}; with prefill at "
             f"{region_text(n, True)}; "
             + (
@@ -314,7 +310,8 @@ def verdicts(n: Numbers) -> list[Claim]:
                 f"largest cut {n.best[2]:.1f}x at nu {n.best[0]:g}, spread {n.best[1]:g}"
             ),
             verdict_of(n.implied is not None) if any_region else NOT_MEASURABLE,
-            "" if any_region else "no grid cell reaches the paper's cut; widen the grid",
+            fill,
+            reason="" if any_region else "no grid cell reaches the paper's cut; widen the grid",
             **basis,
             margin=(
                 f"contour spread limit {n.implied[1]:.3f} at nu {n.implied[0]:g} vs the traces' fitted "
@@ -327,14 +324,14 @@ def verdicts(n: Numbers) -> list[Claim]:
     ]
     lo_nu, hi_nu, lo_s, hi_s = n.cpu_ranges
     claims.append(
-        Claim(
-            f"the cpu traces' routing lies in the region where an oracle cuts misses {n.target}x ({own})",
-            paper_text + f"; judged on {CONTOUR}: the map's cut at each trace's fitted point",
+        stated(
+            "07-traces",
             f"{n.cpu_inside} of {n.cpu_traces} traces inside; fitted nu {lo_nu:.2f}-{hi_nu:.2f}, spread "
             f"{lo_s:.2f}-{hi_s:.2f}; the map there (interpolated): "
             f"{n.cpu_map_cut[0]:.1f}-{n.cpu_map_cut[1]:.1f}x; "
             f"the traces' own replay (denoising steps): {n.cpu_trace_cut[0]:.1f}-{n.cpu_trace_cut[1]:.1f}x",
             verdict_of(n.cpu_inside == n.cpu_traces),
+            fill,
             counting=f"{ruled}, at each cpu trace's fitted point",
             interval=EXACT,
             margin=f"largest map cut at a trace {n.cpu_map_cut[1]:.2f}x vs {n.target}x: "

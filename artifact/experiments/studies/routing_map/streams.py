@@ -1,7 +1,8 @@
 """07 routing map, the timed part: two synthetic streams (the 'paper point', which this artifact infers from
 the abstract's oracle cut, an illustration; and the cpu traces' point on the map) through the stream-driven
-engine (offload/trace_engine.py) on the emulated link, demand vs last_step and the A/A control, paired by
-repetition; their rows, the replicas of the stored runs, and the streams claim.
+engine (offload/trace_engine.py) on the emulated link, demand vs last_step and last_step_conservative (the
+stand-in A/A: the streams have no demand-against-demand pair), paired by repetition; their rows, the
+replicas of the stored runs, and the streams claim.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from artifact.experiments.studies.routing_map.map import (
     routing_map,
     trace_fits,
 )
-from artifact.experiments.verdicts.judge import claim_compared, judge, question, timed_claim
+from artifact.experiments.verdicts.judge import claim_compared, judge, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.verdicts.records import Claim
 from artifact.model.tasks import prompts
@@ -75,7 +76,7 @@ def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
 def stream_runs(
     P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: Calibration, progress: bool = True
 ) -> pd.DataFrame:
-    """demand, last_step and the A/A control (settings.CONTROL) at the grid's first C/W on each point's stream
+    """demand, last_step and the stand-in (settings.CONTROL) at the grid's first C/W on each point's stream
     (no prefill): one untimed warm-up run each (listed order), then g.repetitions rounds, round r in the order
     slot_order(policies, P.rotation * g.repetitions + r) (bench/order.py); a row per timed run."""
     loaded = load_model(P)
@@ -200,7 +201,7 @@ def replicas(P: Settings, rows: pd.DataFrame) -> Replicas:
 
 @dataclass(frozen=True)
 class Throughput(Compared):
-    """{(stream,): Replicated} demand over last_step, forwards/s, with the A/A control and host shares."""
+    """{(stream,): Replicated} demand over last_step, forwards/s, with the stand-in A/A and host shares."""
 
     calibration: str = ""  # the compute the rows were timed with (their "calibration" column; "" if absent)
 
@@ -225,15 +226,10 @@ def stream_label(key) -> str:
 def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
     """The streams' verdict: `faster` (direction) per stream on the plain effect of demand over last_step,
     gated by the A/A on the same stream (criteria/timing.py, verdicts/)."""
-    paper_verdict = paper.demand_vs_last_step(1.0)
     cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
-    q = question(CLAIM)
-    ruling = judge(t, CLAIM, stream_label)
     return timed_claim(
-        "demand-async beats async last-step prefetch at C/W 1 on synthetic streams through the "
-        f"stream-driven engine (emulated link, compute calibrated on the model): {q}, on every stream",
-        f"{paper_verdict[0]} (a model-driven run)",
-        ruling,
+        CLAIM.key,
+        judge(t, CLAIM, stream_label),
         "forwards/s per run, demand over last_step % per pair, one interval per stream",
         note=f"A/A: {t.aa_label or 'none'}; compute: {cost}",
     )
@@ -283,7 +279,7 @@ def _per_run(ax1, ax2, rows: pd.DataFrame, names: list) -> None:
                     color=color,
                     alpha=0.6,
                     label=p
-                    + (" (LRU)" if p == "demand" else " (A/A control)" if p == CONTROL else "")
+                    + (" (LRU)" if p == "demand" else " (stand-in A/A)" if p == CONTROL else "")
                     + ": mean",
                 )
                 ax.scatter(np.full(len(g), x), g[col], s=10, color="black", zorder=3, label="one repetition")
