@@ -18,10 +18,10 @@ STREAM_NAMES = ("paper point", "cpu point")
 def stream_rows(
     effect: dict[str, float], control: dict[str, float] | None = None, reps: int = 4, jitter: float = 0.2
 ) -> pd.DataFrame:
-    """Rows like routing_map.stream_runs: per stream, `reps` rounds of demand, last_step and the A/A control.
-    demand is `effect[stream]` % faster than last_step in forwards/s, the control `control[stream]` % faster
-    than demand (0 by default); each pair's difference moves by +-`jitter` points around it (alternating), so
-    a run's mean is exactly the given effect and its pairs have a spread."""
+    """Rows like routing_map.stream_runs: per stream, `reps` rounds of demand, last_step and the stand-in A/A
+    (CONTROL). demand is `effect[stream]` % faster than last_step in forwards/s, the stand-in
+    `control[stream]` % faster than demand (0 by default); each pair's difference moves by +-`jitter` points
+    around it (alternating), so a run's mean is exactly the given effect and its pairs have a spread."""
     control = control or {}
     rows = []
     for name, pct in effect.items():

@@ -283,6 +283,7 @@ def test_02_marks_the_oracle_cut_where_it_is_judged_and_the_few_line(traces):
 
 
 def test_06s_bottom_row_reads_as_04s_demand_over_the_predictor(traces):
+    from artifact.experiments.bench.order import AA
     from artifact.experiments.studies import beyond_the_paper as bp
 
     summary = bp.miss_summary(bp.miss_sweep(traces, P, progress=False))
@@ -292,7 +293,9 @@ def test_06s_bottom_row_reads_as_04s_demand_over_the_predictor(traces):
     bottom = fig.axes[2:4]
     assert all(ax.get_ylabel().startswith("demand over predictor") for ax in bottom)
     effects = df[df.panel == "throughput"]
-    assert set(effects.effect) == {"A/A control"} | {f"demand over {p}" for p in n.timed}
+    aa = next(iter(n.timed.values())).aa_label  # the stored runs hold demand's A/A pair
+    assert aa == AA and set(effects.effect) == {AA} | {f"demand over {p}" for p in n.timed}
+    assert set(effects[effects.effect == AA].policy) == {"demand"}
     for (
         pol,
         compared,

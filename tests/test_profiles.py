@@ -128,7 +128,7 @@ def test_gpu_profiles_hold_the_papers_grid():
 @pytest.mark.parametrize("name, faster", [("h200_ae", [0.83, 1.73]), ("a5000_ae", [0.83, 1.73])])
 def test_a_reviewers_profile_decides_04s_headline_claims(name, faster):
     """Notebook 04's two claims (C/W 0.43; the C/W of 0.83-1.73 its grid has, both ends among them) at batch
-    size 1, one task, with the A/A control, at least MIN_PAIRS pairs per cell, on the GPU of its name (its
+    size 1, one task, with demand's A/A pair, at least MIN_PAIRS pairs per cell, on the GPU of its name (its
     time, within its budget: tests/test_doctor.py)."""
     from artifact.experiments.criteria import paper, thresholds
     from artifact.experiments.settings import CONTROL
@@ -167,7 +167,7 @@ def test_cpu_profile_is_small_and_states_a_budget():
     p = load_profile("cpu")
     assert p.model == "tiny" and p.link == "emulated" and p.device == "cpu"
     assert p.cache_ratios == PAPER_RATIOS
-    # the A/A control (settings.CONTROL)
+    # with last_step_conservative (settings.CONTROL: demand's loads + host time); the A/A pair: demand twice
     assert p.policies == ("demand", "last_step", "last_step_conservative")
     assert p.budget_minutes is not None and p.budget_minutes <= 15
     assert p.torch_dtype == "float32"

@@ -432,7 +432,7 @@ def test_timed_streams_run_through_the_engine(tiny):
     P = load_profile("cpu", {"rotation": 1})
     points = {"paper point": (0.05, 0.0), "cpu point": (0.3, 0.3)}
     rows = rm.stream_runs(P, BASE, points, TINY, Calibration(20.0, 100.0), progress=False)
-    assert len(rows) == 2 * 3 * TINY.repetitions  # demand, last_step, the A/A control; no warm-up row
+    assert len(rows) == 2 * 3 * TINY.repetitions  # demand, last_step, the stand-in; no warm-up row
     assert (rows.forwards == TINY.stream_steps).all() and (rows.forwards_per_second > 0).all()
     for _, g in rows.groupby("task"):
         by = g.groupby("policy")

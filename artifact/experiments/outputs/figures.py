@@ -1,6 +1,6 @@
 """Figures: the colours of the policies and the paper's marks, the figure title naming the profile, one legend
 entry per label (`legend`, `figure_legend`), and `save`, which writes a figure (<name>.png into
-outputs.figures_dir) with the data it drew (<name>.csv into outputs.run_data_dir) and prints what
+outputs.paths.figures_dir) with the data it drew (<name>.csv into outputs.paths.run_data_dir) and prints what
 outputs/figure_check.py finds unreadable in it."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from scipy import stats
 
+from artifact.experiments.bench.order import AA
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figure_check import DPI, check_figure
 from artifact.experiments.outputs.paths import figures_dir, run_data_dir, short_path
@@ -25,8 +26,11 @@ COLORS = {
     "belady": "tab:gray",
     "resident": "tab:gray",
 }
-CONTROL_COLOR = "dimgray"  # the A/A control (settings.CONTROL over demand): never a policy's colour
-AA_LABEL = f"A/A control ({CONTROL} over demand)"  # its series in every timing figure
+# the A/A's series (demand over demand, or 07's stand-in) and settings.CONTROL's: never a policy's colour
+CONTROL_COLOR = "dimgray"
+AA_LABEL = AA  # the A/A's series (demand over demand) where a comparison carries no label of its own
+# settings.CONTROL in a figure: last_step's prediction on the host, no transfers (demand's loads + host time)
+CONTROL_LABEL = f"{CONTROL} (demand's loads + host time)"
 # what an interval is over (rules.Interval.unit), as a figure's title says it
 INTERVAL_BASIS = {
     "runs": "pooled over runs",
