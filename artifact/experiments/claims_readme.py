@@ -191,8 +191,8 @@ ABOUT = (
     "in host memory behind a per-layer GPU cache: prefetch and eviction policies driven through one code "
     "path by the engine and an exact trace simulator, a paired benchmark with 95% intervals over stored "
     "runs, an adapter for TIDE's released code, a performance model, and ten notebooks that each print a "
-    "claim with its measured figure and a verdict. Its stored results are from the cpu profile, a tiny random-weight "
-    "model on an emulated link: they show the mechanisms, not the paper's GPU numbers."
+    "claim with its measured figure and a verdict. Its stored results are from the cpu profile, a tiny "
+    "random-weight model on an emulated link: they show the mechanisms, not the paper's GPU numbers."
 )
 
 

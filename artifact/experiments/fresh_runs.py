@@ -30,7 +30,7 @@ from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import judge
 from artifact.experiments.verdicts.pooling import Replicas, Within
 from artifact.experiments.verdicts.rules import INCONCLUSIVE
-from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES, claim_rows, row_files, runs_root
+from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES, notebook_rows, row_files, runs_root
 from artifact.paths import atomic_write_text
 
 FOLDER = "fresh_runs"
@@ -48,7 +48,7 @@ def fresh_runs(profile: str) -> list[Path]:
 def rule(P, key: str, folder: Path) -> judge.Timed | None:
     """Claim `key` ruled on the fresh run in `folder` alone, against the stored runs (None: no rows)."""
     c = CLAIMS[key]
-    this, stored = claim_rows(P, c, folder)
+    this, stored = notebook_rows(P, c.notebook, folder)
     if this is None:
         return None
     return judge.judge(judge.claim_compared(Replicas(this, stored), c), c, str)
@@ -71,7 +71,7 @@ def tables(profile: str = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
     for folder in fresh_runs(profile):
         for key in CLAIMS:
             c = CLAIMS[key]
-            this, stored = claim_rows(P, c, folder)
+            this, stored = notebook_rows(P, c.notebook, folder)
             if this is None:
                 continue
             comp = judge.claim_cells(judge.claim_compared(Replicas(this, stored), c), c)

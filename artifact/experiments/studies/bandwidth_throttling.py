@@ -16,6 +16,7 @@ from artifact.experiments.bench.order import primary
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.counting import EXACT, PER_RUN
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import (
@@ -37,7 +38,8 @@ from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 from artifact.offload.links.link import PCIE4_GBPS
 
-STEM = "throttle_runs"  # data/results/<profile>/throttle_runs.csv
+NOTEBOOK = "03_bandwidth_throttling"
+(STEM,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/throttle_runs.csv
 METRIC = "stall_seconds"
 # the stall claim's definition (criteria/timing.py): last_step over demand, STALL_SHARE
 CLAIM = CLAIMS["03-stall"]
@@ -66,7 +68,7 @@ def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
 
 def replicas(P: Settings, rows) -> Replicas:
     """This run's rows with the stored runs' rows of the same grid and settings (verdicts/pooling.py)."""
-    return gather(P, rows, STEM, bench_fingerprint(throttle_profile(P)), metric=METRIC)
+    return gather(P, rows, NOTEBOOK, bench_fingerprint(throttle_profile(P)), metric=METRIC)
 
 
 def summary_table(rows) -> pd.DataFrame:

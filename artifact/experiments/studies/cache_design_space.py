@@ -24,6 +24,7 @@ from artifact.experiments.bench.order import primary
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.counting import BASIS, BASIS_SHORT, EXACT, on_bases, on_basis
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, traces
 from artifact.experiments.outputs.figures import title
@@ -63,7 +64,8 @@ FLOORS = ("belady", "min")
 PREFETCH = ("last_step", "cross_layer", "oracle")
 BENCH_RATIO = 1.0  # the timed cell's C/W: the cache holds one mean working set
 BENCH_PROMPTS = 2  # prompts per timed run: 3 policies x 5 runs stay well under a minute on cpu
-STEM = "cache_design_runs"  # data/results/<profile>/cache_design_runs.csv
+NOTEBOOK = "09_cache_design_space"
+(STEM,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/cache_design_runs.csv
 CELL = list(CELL_KEYS)  # one interval per cell (stats.CellKey): nothing pooled
 # the bench claim (criteria/timing.py): the best eviction over lru (demand), faster
 CLAIM = CLAIMS["09-eviction"]
@@ -201,7 +203,7 @@ def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
 
 def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Replicas:
     """The bench's rows with the stored runs' rows of the same grid and settings (verdicts/pooling.py)."""
-    return gather(P, rows, STEM, bench_fingerprint(bench_profile(P, best)))
+    return gather(P, rows, NOTEBOOK, bench_fingerprint(bench_profile(P, best)))
 
 
 @dataclass(frozen=True)

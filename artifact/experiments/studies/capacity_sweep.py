@@ -17,6 +17,7 @@ from artifact.experiments.bench.order import AA
 from artifact.experiments.bench.results import bench_fingerprint, same_tokens
 from artifact.experiments.counting import EXACT, PER_RUN
 from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import (
@@ -38,7 +39,8 @@ from artifact.experiments.verdicts.judge import claim_cells, claim_compared, jud
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 
-STEM = "bench"  # data/results/<profile>/bench.csv, the same file `python -m artifact bench` writes
+NOTEBOOK = "04_capacity_sweep"
+(STEM,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/bench.csv, also `python -m artifact bench`'s
 # the claims' definitions (criteria/timing.py)
 FASTER_CLAIM, EQUAL_CLAIM = CLAIMS["04-faster"], CLAIMS["04-equal"]
 CELL = list(CELL_KEYS)  # one interval per cell (stats.CellKey): nothing pooled
@@ -50,7 +52,7 @@ def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
 
 def replicas(P: Settings, rows) -> Replicas:
     """This run's rows with the stored runs' rows of the same grid (verdicts/pooling.py)."""
-    return gather(P, rows, STEM, bench_fingerprint(P))
+    return gather(P, rows, NOTEBOOK, bench_fingerprint(P))
 
 
 def tables(rows) -> pd.DataFrame:

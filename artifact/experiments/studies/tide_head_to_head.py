@@ -14,6 +14,7 @@ from artifact.experiments.bench.model_runner import ModelRunner
 from artifact.experiments.bench.order import primary
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, run_grid
 from artifact.experiments.outputs.figures import (
@@ -37,7 +38,8 @@ from artifact.offload.replay.sim import capacity_for
 # abstract: "at the same expert budget" and "at half the budget"; reading the same budget as C = W (C/W 1)
 # is this artifact's choice
 RATIOS = tuple(paper.TIDE_SPEEDUP)
-STEM = "tide_style_runs"  # data/results/<profile>/tide_style_runs.csv
+NOTEBOOK = "05_tide_head_to_head"
+(STEM,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/tide_style_runs.csv
 CELL = list(CELL_KEYS)  # one interval per cell (stats.CellKey): nothing pooled
 # the claim's definition (criteria/timing.py): interval_refresh over demand, not faster
 CLAIM = CLAIMS["05-refresh"]
@@ -65,7 +67,7 @@ def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
 
 def replicas(P: Settings, rows) -> Replicas:
     """This run's rows with the stored runs' rows of the same grid and settings (verdicts/pooling.py)."""
-    return gather(P, rows, STEM, bench_fingerprint(tide_style_profile(P)))
+    return gather(P, rows, NOTEBOOK, bench_fingerprint(tide_style_profile(P)))
 
 
 def style_table(rows) -> pd.DataFrame:

@@ -42,7 +42,7 @@ from artifact.experiments.verdicts.pairs import Basis
 from artifact.experiments.verdicts.pooling import Compared, Replicas, replicate_all
 from artifact.experiments.verdicts.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.verdicts.scenarios import Scenario, distance, right_verdict, scenarios
-from artifact.experiments.verdicts.stored_runs import claim_rows
+from artifact.experiments.verdicts.stored_runs import notebook_rows
 
 RUNS = 9  # stored runs per synthetic study: the cpu profile's count
 STUDIES = 300  # per claim and scenario, the default: under 5 minutes on 2 cores
@@ -89,7 +89,7 @@ class ClaimNoise:
 
 def stored_compared(P, c: TimingClaim) -> Compared:
     """The claim's cells of the profile's stored runs, pooled (what its stored verdict rules on)."""
-    _, stored = claim_rows(P, c)
+    _, stored = notebook_rows(P, c.notebook)
     if not stored:
         raise ValueError(f"{c.key}: profile {P.name} has no stored runs of notebook {c.notebook}")
     return judge.claim_cells(judge.claim_compared(Replicas(None, stored, metric=c.metric), c), c)

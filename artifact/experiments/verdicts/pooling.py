@@ -32,7 +32,7 @@ from artifact.errors import RunsError
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.verdicts.pairs import PERCENT, Basis, aa_label, host_shares, run_effects
 from artifact.experiments.verdicts.rules import Interval
-from artifact.experiments.verdicts.stored_runs import run_meta, runs_root, stored_rows
+from artifact.experiments.verdicts.stored_runs import notebook_rows, run_meta, runs_root
 
 
 def pooled(means: Sequence[float]) -> Interval | None:
@@ -248,17 +248,14 @@ def _same(x: dict, y: dict) -> bool:
 def gather(
     P,
     this,
-    stem,
+    notebook: str,
     fingerprint=None,
     metric="tokens_per_second",
     reference: Path | None = None,
     read=pd.read_csv,
 ):
-    """This run's rows with the stored runs' rows of the same grid(s) and settings."""
-    by_run: dict[str, list[pd.DataFrame]] = {}
-    for s in [stem] if isinstance(stem, str) else list(stem):
-        for name, rows in stored_rows(P, s, fingerprint, reference, read):
-            by_run.setdefault(name, []).append(rows)
-    stored = tuple((n, pd.concat(fs, ignore_index=True)) for n, fs in by_run.items())
+    """This run's rows with the stored runs' rows of the notebook's grids made under the same settings
+    (stored_runs.notebook_rows)."""
+    stored = notebook_rows(P, notebook, None, fingerprint, reference, read)[1]
     commits = sorted({run_meta(runs_root(P.name, reference) / n).get("commit", "?") for n, _ in stored})
     return Replicas(this, stored, ", ".join(commits), metric)

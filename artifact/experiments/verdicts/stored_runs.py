@@ -96,20 +96,24 @@ def stored_rows(
     return out
 
 
-def claim_rows(P, c, folder: Path | None = None) -> tuple[pd.DataFrame | None, tuple]:
-    """(a run's rows of timing claim `c`'s grids from `folder`, or None; the stored runs' (name, rows)), each
-    file of 06's grids tagged with its link priority (beyond-<priority>.csv) where the rows lack it."""
-    stems = next(t.stems for t in TIMED_STUDIES if t.notebook == c.notebook)
+def notebook_rows(
+    P, notebook: str, folder: Path | None = None, fingerprint=None, reference: Path | None = None, read=pd.read_csv
+) -> tuple[pd.DataFrame | None, tuple]:
+    """(a run's rows of the notebook's row files (criteria/claims.py ROW_FILES) from `folder`, or None; the
+    stored runs' (name, rows) made under `fingerprint`: one for every file, or {stem: fingerprint}). The
+    files of a grid split by link priority (06's beyond-<priority>.csv) tag their rows with it where the rows
+    lack it. The one place a verdict's rows are gathered: the studies, the calibration and the fresh runs."""
 
     def tagged(rows: pd.DataFrame, stem: str) -> pd.DataFrame:
-        if "link_priority" in c.by and "link_priority" not in rows:
+        if "-" in stem and "link_priority" not in rows:
             rows = rows.assign(link_priority=stem.split("-", 1)[1])
         return rows
 
     by_run: dict[str, list[pd.DataFrame]] = {}
     mine = []
-    for stem in stems:
-        for name, rows in stored_rows(P, stem):
+    for stem in ROW_FILES[notebook][1]:
+        fp = fingerprint.get(stem) if isinstance(fingerprint, dict) else fingerprint
+        for name, rows in stored_rows(P, stem, fp, reference, read):
             by_run.setdefault(name, []).append(tagged(rows, stem))
         if folder is not None:
             mine += [tagged(pd.read_csv(f), stem) for f in row_files(P, stem, folder)]

@@ -9,20 +9,21 @@ import dataclasses
 import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint
+from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
 from artifact.experiments.paired_table import CELL_KEYS, CONFIDENCE, cell_label, format_table, paired_table
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, timed_claim
-from artifact.experiments.verdicts.pooling import Replicas
+from artifact.experiments.verdicts.pooling import Replicas, gather
 from artifact.experiments.verdicts.records import Claim
-from artifact.experiments.verdicts.stored_runs import stored_rows
 
 # Throughput: demand against these, under each link priority (one bench file per priority); CONTROL among
 # them.
 BENCH_PREDICTORS = ("last_step", CONTROL, "cross_layer")
 PRIORITIES = ("fifo", "demand")
-STEM = "beyond"  # data/results/<profile>/beyond-fifo.csv and beyond-demand.csv
+NOTEBOOK = "06_beyond_the_paper"
+STEM = dict(zip(PRIORITIES, ROW_FILES[NOTEBOOK][1]))  # data/results/<profile>/beyond-<priority>.csv
 
 # The cpu profile's bench, trimmed to keep ./run_all.sh affordable on 2 cores: 96 timed and 48 untimed warm-up
 # runs of the tiny model (2 priorities x 3 C/W spanning 0.43-1.73 x 2 batch sizes x 4 policies x (2
@@ -53,7 +54,7 @@ def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     frames = []
     for pr in PRIORITIES:
         Q = bench_profile(P, pr)
-        frames.append(run_grid(Q, f"{STEM}-{pr}", progress=progress).assign(link_priority=pr))
+        frames.append(run_grid(Q, STEM[pr], progress=progress).assign(link_priority=pr))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -64,11 +65,8 @@ CLAIM = CLAIMS["06-priority"]
 
 def replicas(P: Settings, rows) -> Replicas:
     """This run's rows of both priorities with the stored runs' rows of the same grids (pooling.py)."""
-    stored: dict[str, list] = {}
-    for pr in PRIORITIES:
-        for name, df in stored_rows(P, f"{STEM}-{pr}", bench_fingerprint(bench_profile(P, pr))):
-            stored.setdefault(name, []).append(df.assign(link_priority=pr))
-    return Replicas(rows, tuple((n, pd.concat(f, ignore_index=True)) for n, f in stored.items()))
+    fingerprints = {STEM[pr]: bench_fingerprint(bench_profile(P, pr)) for pr in PRIORITIES}
+    return gather(P, rows, NOTEBOOK, fingerprints)
 
 
 def throughput_table(rows, by=("task", "batch_size", "cache_ratio")) -> pd.DataFrame:

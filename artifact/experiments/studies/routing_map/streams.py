@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, traces
 from artifact.experiments.outputs.figures import (
@@ -139,7 +140,8 @@ def cost_text(cal: Calibration) -> str:
     )
 
 
-STREAMS = "streams"  # data/results/<profile>/streams.csv: the timed stream rows (recording.cached_rows)
+NOTEBOOK = "07_routing_map"
+(STREAMS,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/streams.csv: the timed rows (recording.cached_rows)
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
@@ -196,7 +198,7 @@ def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 def replicas(P: Settings, rows: pd.DataFrame) -> Replicas:
     """This run's stream rows with the stored runs' rows of the same streams and settings (pooling.py)."""
-    return gather(P, rows, STREAMS, bench_fingerprint(P), metric=METRIC)
+    return gather(P, rows, NOTEBOOK, bench_fingerprint(P), metric=METRIC)
 
 
 @dataclass(frozen=True)
