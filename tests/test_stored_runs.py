@@ -14,7 +14,7 @@ import pytest
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import stored_runs
-from artifact.experiments.verdicts.claims_table import records
+from artifact.experiments.claims_table import records
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "data" / "results"

@@ -24,7 +24,7 @@ from artifact.experiments.outputs.manifest import MANIFEST, write_manifest
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies import capacity_sweep
 from artifact.experiments.verdicts import stored_runs
-from artifact.experiments.verdicts.claims_table import records
+from artifact.experiments.claims_table import records
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "data" / "results" / "cpu"

@@ -1,5 +1,5 @@
 """`claims`: the claims tables for a profile, rendered from its stored claim records
-(artifact.experiments.verdicts.claims_table, artifact.experiments.claims_readme): the README's two tables, or
+(artifact.experiments.claims_table, artifact.experiments.claims_readme): the README's two tables, or
 with --full docs/claims.md's. It first checks the stored runs the records were ruled on
 (stored_runs.check_stored_runs) and refuses damaged or missing ones. `--update-readme` rewrites the blocks
 between its markers in the README (its two tables) and docs/claims.md (the full table and the agreement of
@@ -13,7 +13,7 @@ from pathlib import Path
 from artifact.errors import UserError
 from artifact.experiments import claims_readme as readme
 from artifact.experiments.settings import load_profile
-from artifact.experiments.verdicts import claims_table as table
+from artifact.experiments import claims_table as table
 from artifact.experiments.verdicts.stored_runs import check_stored_runs
 
 

@@ -1,4 +1,4 @@
-"""The README's claims tables, generated from the claim records (verdicts/claims_table.py reads them): the
+"""The README's claims tables, generated from the claim records (claims_table.py reads them): the
 paper's claims, each with the paper's figure (as its record states it, written from criteria/paper.py) beside
 the measured one, and beyond the paper, this artifact's own results. `update_readme` rewrites the generated
 blocks of the README and docs/claims.md (`python -m artifact claims --update-readme`, and `--store`);
@@ -17,7 +17,7 @@ from artifact.errors import ResultFileError
 from artifact.experiments.criteria import paper
 from artifact.experiments.criteria.claims import STATED
 from artifact.experiments.settings import PAPER_BATCH_SIZES
-from artifact.experiments.verdicts import claims_table as table
+from artifact.experiments import claims_table as table
 from artifact.experiments.verdicts.judge import paper_ruled
 from artifact.model.tasks import TASKS
 from artifact.paths import atomic_write_text, data_dir, repo_root
