@@ -4,8 +4,8 @@ cpu (default): the validation protocol of docs/perf_model.md ("Validation", perf
 tiny model offloaded on the emulated link, wall clock, real compute (the cpu profile's first task, batch 1 and
 4, every C/W of the profile's grid, demand and last_step, 2 repetitions in alternating order); each run's own
 routing is replayed on the virtual clock with the cpu-emulated profile, whose compute costs are calibrated on
-the model in the same process (trace_engine.calibrate). The rows are reused from
-data/results/cpu/validation.csv when made under the same settings (remove it to measure again). Prints one row
+the model in the same process (trace_engine.calibrate). The rows are reused from the working file
+data/results/<profile>/validation.csv under the same settings (remove it to measure again). Prints one row
 per timed run (measured and modelled seconds per step, the error), the summary (median and worst absolute
 error over cells, and for every cell whose measured demand-vs-last_step interval excludes 0 whether the
 modelled difference has its sign), and every stored run's figure (data/results/cpu/runs/run<k>/validation.csv)

@@ -12,7 +12,7 @@
 A gpu_check JSON report (`from_gpu_check`) overrides what it measures: the H2D rate of expert copies from
 a registered store, the host time per launch, the launches per layer and the host time per copy.
 
-GPU compute and host time are apart. The physical limit's compute is the device's alone (perf_model.limits,
+GPU compute and host time are apart. The physical limit's compute is the device's alone (virtual.model_run,
 Costs.device_only: the rooflines without the host's launch term). The measured GPU compute, the CUDA-event
 time of a resident forward that the host does not pace (forward "segmented", host at most
 HOST_SHARE_NOT_COMPUTE of the wall), and the host costs of the segmented forward (its segments replayed as
