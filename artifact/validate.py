@@ -1,4 +1,4 @@
-"""One validator for every number a user gives: CLI flags, profile keys, OffloadSpec fields, link knobs; and
+"""One validator for every number a user gives: CLI flags, profile keys, RunSpec fields, link knobs; and
 the YAML reader of what a user writes (profiles, --set values), which refuses a key given twice.
 
 NaN and inf fail every check here (`v <= 0` is False for NaN, so a plain range test lets it through).

@@ -1,7 +1,7 @@
 """Host-bound cells in advance: each cell's predicted host share of wall time per forward, per forward mode.
 
 A GPU cell whose host ms per forward exceed thresholds.HOST_SHARE_LIMIT of its wall ms is ruled inconclusive
-(rules.host_shares: per policy the median, the largest over the policies). Here the performance model runs
+(pairs.host_shares: per policy the median, the largest over the policies). Here the performance model runs
 each cell and policy on virtual time (trace_engine.run_virtual, one block of the synthetic stream the time
 estimate prices), and the host's time is counted as the run charges it: every host-issued launch x its cost
 + every copy x copy_host_us + every (forward, MoE layer) x (sync_us + plan_us), over the modelled wall.
