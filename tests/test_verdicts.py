@@ -26,6 +26,7 @@ from artifact.experiments.verdicts.rules import (
     NOT_REPRODUCED,
     REPRODUCED,
     Interval,
+    rule_cell,
     rule_claim_cells,
 )
 
@@ -53,6 +54,34 @@ def test_the_rule_command_rules_given_intervals():
     assert "04-faster" in rule("--list").stdout
 
 
+@pytest.mark.parametrize(
+    "claim, cell, refusal",
+    [
+        # '>0' states a low bound only: never its internal stand-in (the smallest float above 0)
+        ("04-faster", ("1", "0.5", ">0"), "--cell 1 (1 0.5 >0): HIGH '>0': expected a finite number or '?'"),
+        # a NaN effect is not a number to place in an interval
+        ("04-equal", ("nan", "-1", "1"), "--cell 1 (nan -1 1): EFFECT 'nan': expected a finite number"),
+        # -inf is a value, not a flag, and is refused as a bound
+        (
+            "04-equal",
+            ("0", "-inf", "1"),
+            "--cell 1 (0 -inf 1): LOW '-inf': expected a finite number, '>0' or '?'",
+        ),
+    ],
+)
+def test_the_rule_command_names_a_refused_value_as_typed(claim, cell, refusal, capsys, tmp_path, monkeypatch):
+    """One line, exit 2, the argument and its value as typed and what is expected; nothing written."""
+    from artifact.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ARTIFACT_OUTPUT", str(tmp_path / "results"))
+    assert main(["rule", claim, "--cell", *cell]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"error: rule: {refusal}") and err.count("\n") == 1, err
+    assert "e-324" not in err and "+nan" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_direction_needs_every_cell_above_zero_and_excludes_at_the_simultaneous_level():
     above = Interval(5.0, 1.0, 9.0)
     assert rule_stated("04-faster", [(5, 1, 9), (8, 2, 14)])[0] == REPRODUCED
@@ -61,7 +90,29 @@ def test_direction_needs_every_cell_above_zero_and_excludes_at_the_simultaneous_
     assert rule_stated("04-faster", [(5, 1, 9), (-1.0, -1.95, -0.05)])[0] == INCONCLUSIVE
     assert rule_stated("04-faster", [(5, 1, 9), (-3, -5, -1)])[0] == NOT_REPRODUCED
     # a gate makes a cell inconclusive whatever its interval says
-    assert rule_claim_cells("faster", [("a", above)], ["A/A too wide"])[0] == INCONCLUSIVE
+    assert rule_claim_cells("faster", [("a", above)], ["A/A wholly outside +-3%"])[0] == INCONCLUSIVE
+
+
+@pytest.mark.parametrize(
+    "kind, low, high, verdict, why",
+    [
+        # no difference: the reason says which bound the interval straddles, never "too wide" for one side
+        ("no difference", -1.0, 2.0, REPRODUCED, "interval inside +-3%"),
+        ("no difference", -1.0, 6.0, INCONCLUSIVE, "interval straddles +3%"),  # 7 wide, one side only
+        ("no difference", -6.0, 1.0, INCONCLUSIVE, "interval straddles -3%"),
+        ("no difference", -4.0, 4.0, INCONCLUSIVE, "interval straddles both -3% and +3%"),
+        ("no difference", 3.5, 6.0, NOT_REPRODUCED, "interval wholly outside +-3%"),
+        # one comparison at the margin for both: a bound on +-3 counts as inside (a closed margin)
+        ("no difference", -3.0, 3.0, REPRODUCED, "interval inside +-3% (a bound on the margin)"),
+        ("not faster", -1.0, 2.0, REPRODUCED, "interval below +3%"),
+        ("not faster", -1.0, 3.0, REPRODUCED, "interval at or below +3%"),
+        ("not faster", -1.0, 5.0, INCONCLUSIVE, "interval straddles +3%"),
+        ("not faster", 3.5, 6.0, NOT_REPRODUCED, "interval above +3%: faster by more than the margin"),
+    ],
+)
+def test_each_reason_names_what_its_interval_did(kind, low, high, verdict, why):
+    r = rule_cell(kind, Interval((low + high) / 2, low, high))
+    assert (r.verdict, r.why) == (verdict, why)
 
 
 def test_equivalence_is_tost_at_2_5_percent_per_side():
