@@ -44,23 +44,26 @@ VirtualClock = ManualClock  # virtual time: the clock moves only when slept on
 
 
 class Timed:
-    """Expert backend wrapper: after each expert the caller computed, advance the virtual clock by the
-    compute model (without a clock: measure the caller's real compute time, for the fit)."""
+    """Expert backend wrapper (the model's ExpertBackend: groups of experts): after each group the caller
+    computed, advance the virtual clock by the compute model, per expert and per routed token of the group
+    (without a clock: measure the caller's real compute time of each group, for the fit)."""
 
     def __init__(self, inner, clock=None, per_expert=0.0, per_token=0.0):
         self.inner, self.clock = inner, clock
         self.per_expert, self.per_token = per_expert, per_token
-        self.samples: list[tuple[int, float]] = []
+        self.samples: list[tuple[int, int, float]] = []  # per group: (experts, routed tokens, seconds)
 
-    def experts(self, demand):
+    def groups(self, demand):
         counts = dict(zip(demand.experts, demand.counts, strict=True))
-        for e, w in self.inner.experts(demand):
+        for group in self.inner.groups(demand):
             t0 = time.perf_counter()
-            yield e, w
+            yield group  # the model computes this group before asking for the next
+            seconds = time.perf_counter() - t0
+            experts, tokens = len(group.experts), sum(counts[e] for e in group.experts)
             if self.clock is None:
-                self.samples.append((counts[e], time.perf_counter() - t0))
+                self.samples.append((experts, tokens, seconds))
             else:
-                self.clock.t += self.per_expert + self.per_token * counts[e]
+                self.clock.t += self.per_expert * experts + self.per_token * tokens
 
 
 def fit_compute(loaded, ps, batch, run):
@@ -79,8 +82,9 @@ def fit_compute(loaded, ps, batch, run):
             total = time.perf_counter() - t0
     finally:
         install(model, saved)
-    n, t = np.array(timer.samples, dtype=float).T
-    per_token, per_expert = np.polyfit(n, t, 1)
+    g, n, t = np.array(timer.samples, dtype=float).T
+    # a group's time: per_expert x its experts + per_token x its routed tokens (least squares, no intercept)
+    (per_expert, per_token), *_ = np.linalg.lstsq(np.c_[g, n], t, rcond=None)
     per_layer = (total - t.sum()) / len(demands)
     return per_layer, max(per_expert, 0.0), max(per_token, 0.0)
 
@@ -115,7 +119,9 @@ def run_virtual(loaded, ps, batch, spec, costs, chunk_bytes=None):
     return tokens, {**stats, "tokens_per_second": n / vc.t, "seconds": vc.t}
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The flags, every value checked (refused in one line, exit 2) before the checkpoint is loaded: the
+    namespace and the run's RunSpec (its decoding and run options)."""
     ap = OneLineParser(description=__doc__)
     ap.add_argument("--wall", action="store_true", help="real clock instead of virtual time")
     ap.add_argument("--reps", type=int, default=3, help="--wall: repetitions")
@@ -149,6 +155,52 @@ def main(argv=None):
             check_number("--costs", c, low=0)
         check_number("--chunk-bytes", a.chunk_bytes, low=1, integer=True, allow_none=True)
         options = run_spec_of(a, decode=DecodeConfig(gen_length=a.gen_length))
+    return a, options
+
+
+def measure(a, loaded, ps, options, base, C: int, costs) -> dict:
+    """(policy, priority) -> the stats of its runs at capacity C: one run each on the virtual clock
+    (compute charged by `costs`), or a.reps under --wall, the order reversed on odd repetitions. Every
+    run's tokens must equal the resident run's (`base`)."""
+    rows = {c: [] for c in CONFIGS}
+    for rep in range(a.reps if a.wall else 1):
+        for policy, prio in CONFIGS if rep % 2 == 0 else CONFIGS[::-1]:
+            if a.wall:
+                spec = options.replace(capacity=C, policy=policy, link_priority=prio)
+                r = decode_prompts(loaded, ps, a.batch, spec)
+                tokens, stats = r.tokens, r.stats.as_dict()
+            else:
+                spec = options.replace(capacity=C, policy=policy, link_priority=prio)
+                tokens, stats = run_virtual(loaded, ps, a.batch, spec, costs, a.chunk_bytes)
+            assert tokens == base.tokens, "offloaded tokens differ from resident ones"
+            rows[(policy, prio)].append(stats)
+    return rows
+
+
+def print_ratio(ratio: float, C: int, rows: dict) -> None:
+    """One C/W's table rows (medians over the repetitions, the counts of the first) and, per priority,
+    last_step's tokens/s over demand's."""
+    med = {
+        c: {
+            k: statistics.median(s[k] for s in v)
+            for k in ("tokens_per_second", "stall_seconds", "link_busy_seconds")
+        }
+        for c, v in rows.items()
+    }
+    for (policy, prio), m in med.items():
+        s = rows[(policy, prio)][0]
+        print(
+            f"{ratio:>5g} {C:>3} {policy:>10} {prio:>8} {m['tokens_per_second']:>7.1f} "
+            f"{m['stall_seconds']:>8.3f} {m['link_busy_seconds']:>7.3f} {s['demand_misses']:>6} "
+            f"{s['speculative_transfers']:>5}"
+        )
+    for prio in dict.fromkeys(q for _, q in CONFIGS):
+        rel = med[("last_step", prio)]["tokens_per_second"] / med[("demand", prio)]["tokens_per_second"]
+        print(f"{'':>5} last_step / demand tokens/s under {prio}: {rel:.3f}")
+
+
+def main(argv=None):
+    a, options = parse_args(argv)
     torch.set_num_threads(1)
     loaded = load_checkpoint(tiny_checkpoint())
     _, ps = prompts(loaded.tokenizer, "gsm8k", a.n, seed=0, max_prompt_tokens=64)
@@ -158,6 +210,7 @@ def main(argv=None):
         f"W = {W:.1f} experts/layer/step; {a.n} prompts, batch {a.batch}, "
         + ("wall clock, %d repetitions" % a.reps if a.wall else "virtual time")
     )
+    costs = None  # the compute model of virtual time (--wall: none)
     if not a.wall:
         costs = tuple(c * 1e-6 for c in a.costs) if a.costs else fit_compute(loaded, ps, a.batch, options)
         print(
@@ -170,35 +223,7 @@ def main(argv=None):
     )
     for ratio in a.ratios:
         C = capacity_for(ratio, W, loaded.cfg.num_experts)
-        rows = {c: [] for c in CONFIGS}
-        for rep in range(a.reps if a.wall else 1):
-            for policy, prio in CONFIGS if rep % 2 == 0 else CONFIGS[::-1]:
-                if a.wall:
-                    spec = options.replace(capacity=C, policy=policy, link_priority=prio)
-                    r = decode_prompts(loaded, ps, a.batch, spec)
-                    tokens, stats = r.tokens, r.stats.as_dict()
-                else:
-                    spec = options.replace(capacity=C, policy=policy, link_priority=prio)
-                    tokens, stats = run_virtual(loaded, ps, a.batch, spec, costs, a.chunk_bytes)
-                assert tokens == base.tokens, "offloaded tokens differ from resident ones"
-                rows[(policy, prio)].append(stats)
-        med = {
-            c: {
-                k: statistics.median(s[k] for s in v)
-                for k in ("tokens_per_second", "stall_seconds", "link_busy_seconds")
-            }
-            for c, v in rows.items()
-        }
-        for (policy, prio), m in med.items():
-            s = rows[(policy, prio)][0]
-            print(
-                f"{ratio:>5g} {C:>3} {policy:>10} {prio:>8} {m['tokens_per_second']:>7.1f} "
-                f"{m['stall_seconds']:>8.3f} {m['link_busy_seconds']:>7.3f} {s['demand_misses']:>6} "
-                f"{s['speculative_transfers']:>5}"
-            )
-        for prio in dict.fromkeys(q for _, q in CONFIGS):
-            rel = med[("last_step", prio)]["tokens_per_second"] / med[("demand", prio)]["tokens_per_second"]
-            print(f"{'':>5} last_step / demand tokens/s under {prio}: {rel:.3f}")
+        print_ratio(ratio, C, measure(a, loaded, ps, options, base, C, costs))
 
 
 if __name__ == "__main__":
