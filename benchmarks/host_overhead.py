@@ -378,7 +378,8 @@ def graphs_side_by_side(batch: int, ratio: float, reps: int) -> list[dict]:
     return out
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The flags, each value checked before anything is measured (a bad one: exit 2); and models()."""
     ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
     ap.add_argument("--reps", type=int, default=20)
@@ -404,23 +405,21 @@ def main(argv=None):
             check_number("--batches", b, low=1, high=MAX_BATCH, integer=True)
         if not a.models or any(m not in known for m in a.models):
             raise SettingError(f"--models: expected names from {sorted(known)}, got {a.models}")
-    torch.set_num_threads(1)
-    print_engine_per_demand(a.json)
-    # the link's own us
-    link = copy_overhead.measure_stub((1, 8), calls=2000, slots=64, expert_kib=64, reps=5)
-    if a.json:
-        print(json.dumps({"path": "link", **link}), flush=True)
-    else:
-        copy_overhead.print_stub(link)
+    return a, known
+
+
+def json_line(r: dict) -> str:
+    """A row as one JSON object, its floats rounded to 3 decimals (--json)."""
+    return json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def print_graphs_rows(a) -> None:
+    """The lean host path's forward eager / segmented rows, per batch and C/W."""
     for batch in a.batches:
         for ratio in a.ratios:
-            rows = graphs_side_by_side(batch, ratio, max(3, a.reps // 4))
-            for r in rows:
+            for r in graphs_side_by_side(batch, ratio, max(3, a.reps // 4)):
                 if a.json:
-                    print(
-                        json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
-                        flush=True,
-                    )
+                    print(json_line(r), flush=True)
                 else:
                     print(
                         f"forward {r['forward']:9s} tiny batch {batch} C/W {ratio}: per MoE layer "
@@ -431,16 +430,15 @@ def main(argv=None):
                         f"{r['host_data_tensors_per_moe_layer']:.2f} tensors from host data",
                         flush=True,
                     )
-    if a.lean_only:
-        return
+
+
+def print_offloaded_rows(a, known: dict) -> None:
+    """The offloaded path's rows (the tiny model), per batch and C/W."""
     for batch in a.batches:
         for ratio in a.ratios:
             r = offloaded("tiny", *known["tiny"], batch, ratio, max(3, a.reps // 4), a.launch_us)
             if a.json:
-                print(
-                    json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
-                    flush=True,
-                )
+                print(json_line(r), flush=True)
             else:
                 print(
                     f"offloaded tiny batch {batch} C/W {ratio}: ops {r['ops_per_moe_layer']:.1f}, "
@@ -452,8 +450,10 @@ def main(argv=None):
                     f"{a.launch_us:g} us/launch (H2D at C/W 1.73: {H2D_MS_AT_173:g} ms)",
                     flush=True,
                 )
-    if a.no_resident:
-        return
+
+
+def print_resident_rows(a, known: dict) -> None:
+    """The resident rows, loop and grouped, per model and batch; then grouped / loop step time per batch."""
     for name in a.models:
         cfg, dtype = known[name]
         rows = []
@@ -461,10 +461,7 @@ def main(argv=None):
             rows += measure(name, cfg, dtype, batch, a.reps)
         for r in rows:
             if a.json:
-                print(
-                    json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
-                    flush=True,
-                )
+                print(json_line(r), flush=True)
             else:
                 print(
                     f"{r['model']:10s} batch {r['batch']} {r['kernel']:7s} W {r['working_set']:6.1f}  "
@@ -477,6 +474,25 @@ def main(argv=None):
             ratio = by[batch, "grouped"]["step_ms"] / by[batch, "loop"]["step_ms"]
             if not a.json:
                 print(f"{name:10s} batch {batch}: grouped / loop step time {ratio:.2f}", flush=True)
+
+
+def main(argv=None):
+    a, known = parse_args(argv)
+    torch.set_num_threads(1)
+    print_engine_per_demand(a.json)
+    # the link's own us
+    link = copy_overhead.measure_stub((1, 8), calls=2000, slots=64, expert_kib=64, reps=5)
+    if a.json:
+        print(json.dumps({"path": "link", **link}), flush=True)
+    else:
+        copy_overhead.print_stub(link)
+    print_graphs_rows(a)
+    if a.lean_only:
+        return
+    print_offloaded_rows(a, known)
+    if a.no_resident:
+        return
+    print_resident_rows(a, known)
 
 
 if __name__ == "__main__":

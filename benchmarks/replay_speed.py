@@ -157,7 +157,8 @@ def best_of(jobs: dict, rounds: int) -> dict:
     return best
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The flags, every value checked (refused in one line, exit 2) before anything is measured."""
     ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", nargs="*", default=[])
     ap.add_argument("--accesses", type=int, default=1_000_000)
@@ -172,49 +173,61 @@ def main(argv=None):
         for p in a.traces:  # loaded after the timings: a typo would cost them
             if not Path(p).is_file():
                 raise SettingError(f"--traces: {p}: no such file")
-    torch.set_num_threads(1)
+    return a
+
+
+def recorded_trace() -> Trace:
+    """The tiny model's routing trace of 4 gsm8k prompts decoded together (gen_length 64)."""
     loaded = load_checkpoint(tiny_checkpoint())
     ids, ps = prompts(loaded.tokenizer, "gsm8k", 4, seed=0, max_prompt_tokens=64)
-    base = decode_prompts(
+    return decode_prompts(
         loaded, ps, 4, RunSpec(decode=DecodeConfig(gen_length=64)), record=True, prompt_ids=ids, task="gsm8k"
     ).trace
-    big = tiled(base, -(-a.accesses // base.accesses))
-    W = mean_working_set(big)
+
+
+def timed_jobs(big: Trace, C: int, folder: str) -> dict:
+    """The jobs best_of times on the trace at capacity C, by name: reference_lru, libcachesim_lru (when
+    libcachesim is installed; its exported streams under `folder`), every policy (a policy that needs a
+    prediction on the trace with next-layer predictions) and demand+<eviction>. The streams are decoded
+    first, untimed."""
     E = big.meta["num_experts"]
-    C = capacity_for(a.ratio, W, E)
     replay(big, "demand", E)  # decode the stream once, untimed
     predicted = with_next_layer_predictions(big)
     replay(predicted, "demand", E)
     demands = stream(big)
     L = len(big.meta["moe_layers"])
     jobs = {"reference_lru": lambda: reference_lru(demands, L, E, C)}
-    folder = tempfile.mkdtemp(prefix="replay-speed-")
     lcs_job = libcachesim_lru(big, C, folder)
     if lcs_job is not None:
         jobs["libcachesim_lru"] = lcs_job
     for p in [*POLICIES, *(f"demand+{e}" for e in EVICTIONS if e != "lru")]:
         name = p.partition("+")[0]
         jobs[p] = functools.partial(replay, predicted if POLICIES[name].needs_prediction else big, p, C)
-    best = best_of(jobs, a.repeat)
-    shutil.rmtree(folder, ignore_errors=True)
+    return jobs
+
+
+def rows_of(best: dict, accesses: int) -> tuple[list[dict], dict | None]:
+    """The rows of best_of's timings (reference_lru first, then the replays) and libCacheSim's row apart
+    (None when it did not run); reference_lru and libCacheSim taken out of `best`. Exits when either's
+    counts differ from the demand replay's (not the same semantics)."""
     lcs_row = None
-    if lcs_job is not None:
+    if "libcachesim_lru" in best:
         s, lcs_misses = best.pop("libcachesim_lru")
         lcs_row = {
             "policy": "libcachesim_lru (process_trace)",
-            "accesses_per_s": big.accesses / s,
+            "accesses_per_s": accesses / s,
             "seconds": s,
             "demand_misses": lcs_misses,
         }
     s, (hits, misses) = best.pop("reference_lru")
     rows = [
-        {"policy": "reference_lru", "accesses_per_s": big.accesses / s, "seconds": s, "demand_misses": misses}
+        {"policy": "reference_lru", "accesses_per_s": accesses / s, "seconds": s, "demand_misses": misses}
     ]
     for p, (s, r) in best.items():
         rows.append(
             {
                 "policy": p,
-                "accesses_per_s": big.accesses / s,
+                "accesses_per_s": accesses / s,
                 "seconds": s,
                 "demand_misses": r["demand_misses"],
             }
@@ -225,31 +238,34 @@ def main(argv=None):
             f"reference_lru counts ({hits}, {misses}) differ from the demand replay's "
             f"({lru['demand_hits']}, {lru['demand_misses']}): not the same semantics"
         )
+    if lcs_row is not None and lcs_row["demand_misses"] != lru["demand_misses"]:
+        raise SystemExit(
+            f"libCacheSim's LRU misses ({lcs_row['demand_misses']}) differ from the demand "
+            f"replay's ({lru['demand_misses']}): not the same semantics"
+        )
+    return rows, lcs_row
+
+
+def compared(rows: list[dict], lcs_row: dict | None, replays: dict, **fields) -> list[dict]:
+    """The rows with libCacheSim's second when it ran, each with its rate against reference_lru's (the
+    first row), its time against the demand replay's (the second, the first policy), `fields`,
+    within_2x_of_demand for the replays (`replays`: their names) and vs_libcachesim when it ran."""
     ref, lru_rate = rows[0]["accesses_per_s"], rows[1]["accesses_per_s"]
     if lcs_row is not None:
-        if lcs_row["demand_misses"] != lru["demand_misses"]:
-            raise SystemExit(
-                f"libCacheSim's LRU misses ({lcs_row['demand_misses']}) differ from the demand "
-                f"replay's ({lru['demand_misses']}): not the same semantics"
-            )
         rows.insert(1, lcs_row)
     for r in rows:
         r.update(
-            vs_reference=r["accesses_per_s"] / ref,
-            time_vs_demand=lru_rate / r["accesses_per_s"],
-            accesses=big.accesses,
-            cache_experts=C,
-            cache_ratio=a.ratio,
+            vs_reference=r["accesses_per_s"] / ref, time_vs_demand=lru_rate / r["accesses_per_s"], **fields
         )
-        if r["policy"] in best:  # the issue's bound: every policy within 2x demand's time
+        if r["policy"] in replays:  # the issue's bound: every policy within 2x demand's time
             r["within_2x_of_demand"] = r["time_vs_demand"] <= 2.0
         if lcs_row is not None:
             r["vs_libcachesim"] = r["accesses_per_s"] / lcs_row["accesses_per_s"]
-    if a.json:
-        for r in rows:
-            print(json.dumps(r))
-        return
-    print(f"trace: {big.accesses:,} accesses, {len(big):,} demands, W = {W:.1f}, C = {C} (C/W = {a.ratio})")
+    return rows
+
+
+def print_table(rows: list[dict], big: Trace, W: float, C: int, ratio: float) -> None:
+    print(f"trace: {big.accesses:,} accesses, {len(big):,} demands, W = {W:.1f}, C = {C} (C/W = {ratio})")
     for r in rows:
         print(
             f"  {r['policy']:>24}: {r['accesses_per_s']:>12,.0f} accesses/s ({r['seconds']:.2f} s, "
@@ -257,7 +273,10 @@ def main(argv=None):
             f"{'' if r.get('within_2x_of_demand', True) else ', NOT within 2x'}), "
             f"misses {r['demand_misses']:,}"
         )
-    traces = [Trace.load(p) for p in a.traces] or [base]
+
+
+def print_sweep(traces: list[Trace]) -> None:
+    """The time of a 5-ratio sweep over every policy that needs no prediction, on `traces`."""
     t0 = time.perf_counter()
     names = [p for p, c in POLICIES.items() if not c.needs_prediction]
     df = sweep(traces, [0.43, 0.83, 1.0, 1.3, 1.73], names)
@@ -265,6 +284,26 @@ def main(argv=None):
         f"sweep: {len(traces)} traces x 5 ratios x {len(names)} policies = {len(df)} replays, "
         f"{sum(t.accesses for t in traces) * 25:,} accesses in {time.perf_counter() - t0:.1f} s"
     )
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    torch.set_num_threads(1)
+    base = recorded_trace()
+    big = tiled(base, -(-a.accesses // base.accesses))
+    W = mean_working_set(big)
+    C = capacity_for(a.ratio, W, big.meta["num_experts"])
+    folder = tempfile.mkdtemp(prefix="replay-speed-")
+    best = best_of(timed_jobs(big, C, folder), a.repeat)
+    shutil.rmtree(folder, ignore_errors=True)
+    rows, lcs_row = rows_of(best, big.accesses)
+    rows = compared(rows, lcs_row, best, accesses=big.accesses, cache_experts=C, cache_ratio=a.ratio)
+    if a.json:
+        for r in rows:
+            print(json.dumps(r))
+        return
+    print_table(rows, big, W, C, a.ratio)
+    print_sweep([Trace.load(p) for p in a.traces] or [base])
 
 
 if __name__ == "__main__":

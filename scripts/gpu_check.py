@@ -322,33 +322,7 @@ def engine(a, torch, cfg, dtype, report) -> dict:
             C = capacity_for(ratio, W, cfg.num_experts)
             for policy in ("demand", "last_step"):
                 spec = run.replace(capacity=C, policy=policy, decode=dc)
-                # warm-up, untimed
-                decode_prompts(loaded, prompts[:1], 1, spec.replace(decode=warm))
-                with ForwardTimer(torch, loaded.model, cuda) as ft:
-                    res = decode_prompts(loaded, prompts, batch, spec)
-                s, f = res.stats.as_dict(), ft.summary()
-                row = {
-                    "batch": batch,
-                    "cache_ratio": ratio,
-                    "cache_experts": C,
-                    "policy": policy,
-                    **f,
-                    "ms_per_forward": 1e3 * s["seconds"] / s["forwards"],
-                    "forwards": s["forwards"],
-                    "all_forwards_denoising_steps": f["denoise_forwards"] == s["forwards"] == blocks * steps,
-                    "stall_seconds": s["stall_seconds"],
-                    "link_busy_seconds": s["link_busy_seconds"],
-                    "link_busy_over_wall": s["link_busy_seconds"] / s["seconds"] if s["seconds"] else None,
-                    "demand_misses": s["demand_misses"],
-                    "speculative_transfers": s["speculative_transfers"],
-                    "link_bytes": s["link_bytes"],
-                    "tokens_equal_resident": res.tokens == ref.tokens,
-                    "launches_per_forward": launches_per_forward(
-                        torch, a, loaded, prompts, batch, spec.replace(decode=warm)
-                    )
-                    if ratio == 1.0
-                    else None,
-                }
+                row = offloaded_row(a, torch, loaded, prompts, batch, ratio, spec, warm, ref, blocks * steps)
                 out["runs"].append(row)
                 log(
                     f"batch {batch} C/W {ratio} C {C} {policy:9s} prefill {row['prefill_ms']:7.1f} ms, "
@@ -360,6 +334,39 @@ def engine(a, torch, cfg, dtype, report) -> dict:
     out["all_tokens_equal_resident"] = all(r["tokens_equal_resident"] for r in out["runs"])
     out["all_forwards_denoising_steps"] = all(r["all_forwards_denoising_steps"] for r in out["runs"])
     return out
+
+
+def offloaded_row(a, torch, loaded, prompts, batch, ratio, spec, warm, ref, forwards: int) -> dict:
+    """Step 7's row of RunSpec `spec` (its capacity and policy) at C/W `ratio`: an untimed warm-up block,
+    then the timed run; `forwards` the denoising forwards it must take (blocks x steps per block)."""
+    from artifact.offload.runner import decode_prompts
+
+    decode_prompts(loaded, prompts[:1], 1, spec.replace(decode=warm))
+    with ForwardTimer(torch, loaded.model, a.device == "cuda") as ft:
+        res = decode_prompts(loaded, prompts, batch, spec)
+    s, f = res.stats.as_dict(), ft.summary()
+    return {
+        "batch": batch,
+        "cache_ratio": ratio,
+        "cache_experts": spec.capacity,
+        "policy": spec.policy,
+        **f,
+        "ms_per_forward": 1e3 * s["seconds"] / s["forwards"],
+        "forwards": s["forwards"],
+        "all_forwards_denoising_steps": f["denoise_forwards"] == s["forwards"] == forwards,
+        "stall_seconds": s["stall_seconds"],
+        "link_busy_seconds": s["link_busy_seconds"],
+        "link_busy_over_wall": s["link_busy_seconds"] / s["seconds"] if s["seconds"] else None,
+        "demand_misses": s["demand_misses"],
+        "speculative_transfers": s["speculative_transfers"],
+        "link_bytes": s["link_bytes"],
+        "tokens_equal_resident": res.tokens == ref.tokens,
+        "launches_per_forward": launches_per_forward(
+            torch, a, loaded, prompts, batch, spec.replace(decode=warm)
+        )
+        if ratio == 1.0
+        else None,
+    }
 
 
 def launches_per_forward(torch, a, loaded, prompts, batch, spec) -> float | None:

@@ -161,6 +161,72 @@ def host_costs(a, torch, expert_bytes: int) -> dict:
     return out
 
 
+class Writer:
+    """write(): the report to --out, atomically, with the seconds since the start and the exit code so far
+    (`code`, which a failing step sets)."""
+
+    def __init__(self, report: dict, out: Path, t_start: float, atomic_write_text):
+        self.report, self.out, self.t_start, self.atomic_write_text = report, out, t_start, atomic_write_text
+        self.code = base.EXIT_OK
+
+    def __call__(self) -> None:
+        self.report["seconds_total"] = time.perf_counter() - self.t_start
+        self.report["exit_code"] = self.code
+        self.atomic_write_text(self.out, json.dumps(self.report, indent=2, default=str))
+
+
+def bandwidth(report: dict, cuda: bool, expert_bytes: int) -> float:
+    """GB/s H2D time is costed at: the registered store's expert-sized copies (CUDA), the emulated
+    link's."""
+    peak = report.get("pinned_peak") or {}
+    if isinstance(peak.get("store_expert_copy_gbps"), (int, float)):
+        return float(peak["store_expert_copy_gbps"])
+    if cuda:
+        raise RuntimeError("pinned_peak measured no bandwidth: H2D time cannot be costed")
+    from artifact.offload.links.link import emulated_bandwidth_gbps
+
+    return emulated_bandwidth_gbps(expert_bytes)
+
+
+def step_table(a, torch, cfg, dtype: str, report: dict, deadline: float, write: Writer) -> dict:
+    """Each step's name -> the call that measures it (the engine's bandwidth read when it starts, after
+    pinned_peak)."""
+    cuda = a.device == "cuda"
+    expert_bytes = cfg.expert_params * (2 if cuda else 4)
+    return {
+        "environment": lambda: environment(a, torch),
+        "host_costs": lambda: host_costs(a, torch, expert_bytes),
+        "pinned_peak": lambda: base.pinned_peak(a, torch, expert_bytes),
+        "capped_link": lambda: base.capped_link(a, torch, expert_bytes),
+        "fp32_tokens": lambda: torch.no_grad()(rows.fp32_tokens)(a, torch),
+        "engine": lambda: torch.no_grad()(rows.engine)(
+            a, torch, cfg, dtype, report, bandwidth(report, cuda, expert_bytes), deadline, write
+        ),
+    }
+
+
+def run_step(i: int, name: str, step, report: dict, write: Writer) -> None:
+    """Step i: its result under report[name], or what it had recorded with the error (the exit code set
+    to EXIT_ERROR; the other steps go on), and its seconds."""
+    base.log(f"step {i}/{len(STEPS)}: {name}")
+    t0 = time.perf_counter()
+    try:
+        report[name] = step()
+    except Exception as e:  # keep the other steps
+        report[name] = {
+            **(report.get(name) or {}),
+            "error": {
+                "type": type(e).__name__,
+                "message": str(e),
+                "traceback": traceback.format_exc()[-4000:],
+            },
+        }
+        base.log(f"{name} failed: {type(e).__name__}: {e}")
+        write.code = base.EXIT_ERROR
+    report[name]["seconds"] = time.perf_counter() - t0
+    report["steps"].append(name)
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     t_start = time.perf_counter()
@@ -183,7 +249,6 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)
     cfg = base.model_config(a, a.layers)
     dtype = "bfloat16" if cuda else "float32"
-    expert_bytes = cfg.expert_params * (2 if cuda else 4)
     report = {
         "note": base.NOTE,
         "dry_run_on_cpu": not cuda,
@@ -191,54 +256,10 @@ def main(argv=None) -> int:
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "steps": [],
     }
-    code = base.EXIT_OK
-
-    def write():
-        report["seconds_total"] = time.perf_counter() - t_start
-        report["exit_code"] = code
-        atomic_write_text(a.out, json.dumps(report, indent=2, default=str))
-
-    def bandwidth() -> float:
-        """GB/s H2D time is costed at: the registered store's expert-sized copies (CUDA), the emulated
-        link's."""
-        peak = report.get("pinned_peak") or {}
-        if isinstance(peak.get("store_expert_copy_gbps"), (int, float)):
-            return float(peak["store_expert_copy_gbps"])
-        if cuda:
-            raise RuntimeError("pinned_peak measured no bandwidth: H2D time cannot be costed")
-        from artifact.offload.links.link import emulated_bandwidth_gbps
-
-        return emulated_bandwidth_gbps(expert_bytes)
-
-    deadline = t_start + a.budget_s
-    steps = {
-        "environment": lambda: environment(a, torch),
-        "host_costs": lambda: host_costs(a, torch, expert_bytes),
-        "pinned_peak": lambda: base.pinned_peak(a, torch, expert_bytes),
-        "capped_link": lambda: base.capped_link(a, torch, expert_bytes),
-        "fp32_tokens": lambda: torch.no_grad()(rows.fp32_tokens)(a, torch),
-        "engine": lambda: torch.no_grad()(rows.engine)(
-            a, torch, cfg, dtype, report, bandwidth(), deadline, write
-        ),
-    }
+    write = Writer(report, a.out, t_start, atomic_write_text)
+    steps = step_table(a, torch, cfg, dtype, report, t_start + a.budget_s, write)
     for i, name in enumerate(STEPS, 1):
-        base.log(f"step {i}/{len(STEPS)}: {name}")
-        t0 = time.perf_counter()
-        try:
-            report[name] = steps[name]()
-        except Exception as e:  # keep the other steps
-            report[name] = {
-                **(report.get(name) or {}),
-                "error": {
-                    "type": type(e).__name__,
-                    "message": str(e),
-                    "traceback": traceback.format_exc()[-4000:],
-                },
-            }
-            base.log(f"{name} failed: {type(e).__name__}: {e}")
-            code = base.EXIT_ERROR
-        report[name]["seconds"] = time.perf_counter() - t0
-        report["steps"].append(name)
+        run_step(i, name, steps[name], report, write)
         if cuda:
             torch.cuda.empty_cache()
         write()
@@ -248,7 +269,7 @@ def main(argv=None) -> int:
         print(line(name, t), flush=True)
     write()
     base.log(f"wrote {a.out} in {report['seconds_total']:.0f} s. NOTE: {base.NOTE}")
-    return code
+    return write.code
 
 
 if __name__ == "__main__":

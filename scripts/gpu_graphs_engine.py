@@ -8,7 +8,9 @@ import math
 import statistics
 import time
 import traceback
+from dataclasses import dataclass
 from functools import partial
+from typing import Any, Callable
 
 import gpu_check as base  # scripts/gpu_check.py: the shared shapes and the log
 from gpu_profile import profiled
@@ -115,11 +117,7 @@ MEASURES = {
 
 def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float, write=lambda: None) -> dict:
     """Step 6; `write` is called after every row, so each row is on disk as soon as it is measured."""
-    from artifact.model.decode import DecodeConfig
     from artifact.model.tiny import random_model
-    from artifact.offload.replay.sim import capacity_for, replay
-    from artifact.offload.replay.trace import mean_working_set
-    from artifact.offload.runner import decode_prompts
 
     cuda = a.device == "cuda"
     link = "cuda" if cuda else "emulated"
@@ -139,6 +137,27 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
     t0 = time.perf_counter()
     loaded = random_model(cfg, seed=0, dtype=dtype, device=a.device, resident=True)
     out["build_seconds"] = time.perf_counter() - t0
+    dc = decoding(a, cfg, out)
+    length = -(-a.prompt_length // cfg.block_length) * cfg.block_length  # block-aligned prompts
+    prompts = {b: base.random_prompts(torch, cfg, b, length, seed=b, spread=0) for b in a.batches}
+    ref, W = references(a, loaded, prompts, dc)
+    bench = Bench(a, cfg, loaded, dc, dtype, prompts, ref, W, out, deadline, write)
+    # In order of what the targets need first, so that a budget running out leaves the rest: each batch's
+    # resident rows, then per batch the C/W ratios in the order given, each policy, each forward mode.
+    resident_rows(bench)
+    offloaded_rows(bench, torch, link, expert_bytes, bandwidth_gbps)
+    ok = [r for r in out["runs"] if "error" not in r]
+    out["all_tokens_equal_resident"] = bool(ok) and all(r["tokens_equal_resident"] for r in ok)
+    out["all_counts_equal_replay"] = bool(ok) and all(r["counts_equal_replay"] for r in ok)
+    out["errors"] = sum("error" in r for r in out["runs"] + out["resident"])
+    return out
+
+
+def decoding(a, cfg, out: dict):
+    """The rows' DecodeConfig (threshold 1.0: a fixed count of steps per block, no early stop), described
+    under out["decode"]."""
+    from artifact.model.decode import DecodeConfig
+
     steps = cfg.block_length // 4
     dc = DecodeConfig(gen_length=a.gen_length, steps=steps, threshold=1.0, eos_early_stop=False)
     out["decode"] = {
@@ -148,61 +167,104 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
         "warm_up": "the whole run, same prompts and shapes, before the timed run: "
         "once for forward eager, twice for segmented (a shape fed once per run is captured in the second)",
     }
-    length = -(-a.prompt_length // cfg.block_length) * cfg.block_length  # block-aligned prompts
-    prompts = {b: base.random_prompts(torch, cfg, b, length, seed=b, spread=0) for b in a.batches}
+    return dc
+
+
+def references(a, loaded, prompts: dict, dc) -> tuple[dict, dict]:
+    """Per batch, the reference tokens and the mean working set W: eager, resident, recorded (untimed)."""
+    from artifact.offload.replay.trace import mean_working_set
+    from artifact.offload.runner import decode_prompts
+
     ref, W = {}, {}
-    for b in a.batches:  # the reference tokens and W: eager, resident, recorded (untimed)
+    for b in a.batches:
         res = decode_prompts(loaded, prompts[b], b, run_spec(a, dc, "eager"), record=True)
         ref[b], W[b] = res.tokens, mean_working_set(res.trace)
+    return ref, W
 
-    def over_budget(what: dict) -> bool:
-        if time.perf_counter() < deadline:
+
+@dataclass(frozen=True)
+class Bench:
+    """What step 6's rows share: the flags, the model (resident) and its config, the decoding, the rows'
+    dtype; per batch the prompts, the reference tokens and W; the report's section (`out`), written to
+    disk by `write` after each row, and the deadline past which a configuration is skipped."""
+
+    a: Any
+    cfg: Any
+    loaded: Any
+    dc: Any
+    dtype: str
+    prompts: dict
+    ref: dict
+    W: dict
+    out: dict
+    deadline: float
+    write: Callable[[], None]
+
+    def over_budget(self, what: dict) -> bool:
+        """Past the deadline (--budget-s): configuration `what` is recorded as skipped, and True."""
+        if time.perf_counter() < self.deadline:
             return False
-        out["skipped"].append({**what, "why": f"--budget-s {a.budget_s:g} s spent"})
+        self.out["skipped"].append({**what, "why": f"--budget-s {self.a.budget_s:g} s spent"})
         return True
 
-    # In order of what the targets need first, so that a budget running out leaves the rest: each batch's
-    # resident rows, then per batch the C/W ratios in the order given, each policy, each forward mode.
+    def record(self, rows: str, kind: str, row: dict) -> None:
+        """The row under out[rows], on disk at once, and logged."""
+        self.out[rows].append(row)
+        self.write()
+        log_row(kind, row)
+
+
+def resident_rows(bench: Bench) -> None:
+    """Each batch's resident rows, one per forward mode: warmed up, timed, tokens against the reference."""
+    from artifact.offload.runner import decode_prompts
+
+    a, loaded, prompts, dc = bench.a, bench.loaded, bench.prompts, bench.dc
     for b in a.batches:
         for forward in FORWARD_MODES:
-            if over_budget({"forward": forward, "batch": b, "resident": True}):
+            if bench.over_budget({"forward": forward, "batch": b, "resident": True}):
                 continue
-            row = {"forward": forward, "batch": b, "working_set": W[b], "dtype": dtype}
+            row = {"forward": forward, "batch": b, "working_set": bench.W[b], "dtype": bench.dtype}
             try:
                 options = run_spec(a, dc, forward)
                 warm = warm_up(partial(decode_prompts, loaded, prompts[b], b, options), forward)
                 res = decode_prompts(loaded, prompts[b], b, run_spec(a, dc, forward, timed=True))
                 row.update(
                     timing(res.stats.as_dict()),
-                    tokens_equal_resident=res.tokens == ref[b],
+                    tokens_equal_resident=res.tokens == bench.ref[b],
                     forwards=res.stats.forwards,
                     **segment_counters(forward, warm, res),
                 )
             except Exception as e:  # keep the other configurations: GPU time is scarce
                 row["error"] = f"{type(e).__name__}: {e}"
-            out["resident"].append(row)
-            write()
-            log_row("resident", row)
+            bench.record("resident", "resident", row)
+
+
+def offloaded_rows(bench: Bench, torch, link: str, expert_bytes: int, bandwidth_gbps: float) -> None:
+    """Per batch, C/W ratio (in the order given), policy and forward mode, the offloaded row (offloaded());
+    a configuration that raises is recorded with its error and traceback."""
+    from artifact.offload.replay.sim import capacity_for, replay
+
+    a, cfg = bench.a, bench.cfg
     for b in a.batches:
         for ratio in a.ratios:
-            C = capacity_for(ratio, W[b], cfg.num_experts)
+            C = capacity_for(ratio, bench.W[b], cfg.num_experts)
             for policy in POLICIES:
                 for forward in FORWARD_MODES:
                     what = {"forward": forward, "batch": b, "cache_ratio": ratio, "policy": policy}
-                    if over_budget(what):
+                    if bench.over_budget(what):
                         continue
-                    row = {**what, "cache_experts": C, "num_experts": cfg.num_experts, "dtype": dtype}
+                    row = {**what, "cache_experts": C, "num_experts": cfg.num_experts, "dtype": bench.dtype}
                     try:
                         row.update(
                             offloaded(
                                 torch,
                                 a,
-                                loaded,
-                                prompts[b],
+                                bench.loaded,
+                                bench.prompts[b],
                                 b,
-                                dc,
+                                bench.dc,
                                 dict(capacity=C, policy=policy, link=link),
-                                ref[b],
+                                bench.ref[b],
                                 expert_bytes,
                                 bandwidth_gbps,
                                 replay,
@@ -213,14 +275,7 @@ def engine(a, torch, cfg, dtype, report, bandwidth_gbps: float, deadline: float,
                     except Exception as e:
                         row["error"] = f"{type(e).__name__}: {e}"
                         row["traceback"] = traceback.format_exc()[-2000:]
-                    out["runs"].append(row)
-                    write()
-                    log_row("offloaded", row)
-    ok = [r for r in out["runs"] if "error" not in r]
-    out["all_tokens_equal_resident"] = bool(ok) and all(r["tokens_equal_resident"] for r in ok)
-    out["all_counts_equal_replay"] = bool(ok) and all(r["counts_equal_replay"] for r in ok)
-    out["errors"] = sum("error" in r for r in out["runs"] + out["resident"])
-    return out
+                    bench.record("runs", "offloaded", row)
 
 
 def offloaded(
