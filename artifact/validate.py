@@ -54,11 +54,6 @@ def check_number(
     return int(value) if integer else float(value)
 
 
-def positive(name: str, value, allow_none: bool = False):
-    """> 0 and finite."""
-    return check_number(name, value, low=0, low_open=True, allow_none=allow_none)
-
-
 class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load that refuses a mapping with a key given twice (plain YAML keeps the last one silently)."""
 

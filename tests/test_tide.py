@@ -223,11 +223,42 @@ def test_check_checkpoint_errors(tmp_path):
 
 
 # --- running TIDE (the fake) ------------------------------------------------------------------------
+def run_tide(
+    tide_path,
+    checkpoint,
+    prompts: list[list[int]],
+    budget_experts: int,
+    jump_steps: int = 1,
+    dc: DecodeConfig = DecodeConfig(),
+    *,
+    reps: int = 1,
+    warmup: bool = True,
+    task: str | None = None,
+    cache_ratio: float | None = None,
+    **options,
+) -> list[dict]:
+    """TIDE's released generate timed on `prompts` (token lists), as the adapter drives it
+    (released.check_prompts, open_tide, TideRun.measure): one row per repetition over all prompts.
+    jump_steps=1 is TIDE's own default. `options` are open_tide's (device, dtype, mask_id, eos_id,
+    block_length, collect_stats, threads) with its defaults; device="cpu" only serves a stand-in TIDE."""
+    released.check_prompts(prompts, reps)
+    run = released.open_tide(
+        tide_path,
+        checkpoint,
+        budget_experts,
+        jump_steps,
+        dc,
+        warmup_prompt=prompts[0] if warmup else None,
+        **options,
+    )
+    return [run.measure(prompts, rep, task, cache_ratio)[0] for rep in range(reps)]
+
+
 def test_run_tide_maps_arguments_and_builds_rows(fake):
     prompts = [[5, 6, 7], list(range(10, 50))]
     dc = DecodeConfig(gen_length=64, steps=16, threshold=0.9)
     path_before = list(sys.path)
-    rows = released.run_tide(
+    rows = run_tide(
         fake,
         tiny_checkpoint(),
         prompts,
@@ -289,7 +320,7 @@ def test_run_tide_maps_arguments_and_builds_rows(fake):
 
 
 def test_run_tide_reports_a_capped_budget(fake):
-    rows = released.run_tide(
+    rows = run_tide(
         fake,
         tiny_checkpoint(),
         [[1, 2, 3]],
@@ -304,18 +335,18 @@ def test_run_tide_reports_a_capped_budget(fake):
 
 def test_run_tide_refuses_before_loading(fake, tmp_path):
     with pytest.raises(ValueError, match="bfloat16"):
-        released.run_tide(fake, tiny_checkpoint(), [[1, 2]], 8, device="cpu", dtype="float32")
+        run_tide(fake, tiny_checkpoint(), [[1, 2]], 8, device="cpu", dtype="float32")
     with pytest.raises(FileNotFoundError, match="checkpoint directory not found"):
-        released.run_tide(fake, tmp_path / "no-ckpt", [[1, 2]], 8, device="cpu")
+        run_tide(fake, tmp_path / "no-ckpt", [[1, 2]], 8, device="cpu")
     with pytest.raises(ValueError, match="empty prompt"):
-        released.run_tide(fake, tiny_checkpoint(), [[]], 8, device="cpu")
+        run_tide(fake, tiny_checkpoint(), [[]], 8, device="cpu")
     assert calls(fake) == []  # nothing was loaded or generated
 
 
 @no_gpu
 def test_run_tide_on_cuda_without_a_gpu_says_so(fake):
     with pytest.raises(RuntimeError, match="CUDA only"):
-        released.run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8)
+        run_tide(fake, tiny_checkpoint(), [[1, 2, 3]], 8)
     assert calls(fake) == []
 
 
@@ -436,7 +467,7 @@ def test_real_tide_without_a_gpu_fails_clearly(tmp_path):
     ours = random_model(get_preset("tiny"), seed=1)
     root = save_checkpoint(tmp_path / "ck", ours.cfg, state_tensors(ours.model, ours.experts))
     with pytest.raises(RuntimeError, match="enable_predictive_expert_offload failed: CUDA is not available"):
-        released.run_tide(os.environ["ARTIFACT_TIDE_PATH"], root, [[5, 6, 7]], 8, device="cpu")
+        run_tide(os.environ["ARTIFACT_TIDE_PATH"], root, [[5, 6, 7]], 8, device="cpu")
 
 
 # --- fairness: pinned revision, jump_steps sweep, seconds per forward, threads -----------------------
@@ -473,7 +504,7 @@ def test_the_pinned_revision_is_recognised_by_the_model_file(fake, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tide_checkout.check_tide(fake, device="cpu").pinned
-    row = released.run_tide(
+    row = run_tide(
         fake, tiny_checkpoint(), [[1, 2, 3]], 8, device="cpu", warmup=False, dc=DecodeConfig(gen_length=32)
     )[0]
     assert row["tide_pinned"] is True and row["tide_modeling_sha"] == tide_checkout._blob_sha(modeling)
@@ -481,14 +512,14 @@ def test_the_pinned_revision_is_recognised_by_the_model_file(fake, monkeypatch):
 
 def test_tide_runs_on_the_machines_cores_and_restores_the_bench_threads(fake):
     assert torch.get_num_threads() == 1  # the bench's (conftest's) setting
-    rows = released.run_tide(
+    rows = run_tide(
         fake, tiny_checkpoint(), [[1, 2, 3], [4, 5]], 8, device="cpu", reps=2, dc=DecodeConfig(gen_length=32)
     )
     seen = tide_checkout.load_tide_module(tide_checkout.check_tide(fake, device="cpu")).THREADS
     assert seen == [usable_cores()] * (1 + 2 * 2)  # warm-up and every timed generate
     assert all(r["threads"] == usable_cores() for r in rows)
     assert torch.get_num_threads() == 1  # restored
-    released.run_tide(
+    run_tide(
         fake,
         tiny_checkpoint(),
         [[1, 2, 3]],

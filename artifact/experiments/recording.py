@@ -2,7 +2,7 @@
 run<k>/ whole or absent (`record_run`, after `next_run` checks the runs are whole and of this commit: the
 checkout's, or the newest that changed the code the runs measure: a set recorded in parts is of one; and
 `check_committed` refuses a checkout whose code differs from its commit), the
-working row files cleared between runs (`clear_working`; `working_aside` puts them back if the run
+working row files moved aside during a run (`working_aside`, which puts them back if the run
 fails), and `cached_rows`, which keeps a timing notebook's
 rows that are not a bench grid like one."""
 
@@ -173,26 +173,12 @@ def record_run(
     return dest
 
 
-def clear_working(P, stems: Sequence[str] = TIMED_STEMS, log=print) -> int:
-    """Remove this profile's working row files of `stems` (and their lock sidecars), so the next run of the
-    timing notebooks measures afresh. Stored runs and the committed reference are untouched."""
-    n = 0
-    for s in stems:
-        for f in row_files(P, s):
-            for g in (f, f.with_name(f.name + ".lock")):
-                if g.exists():
-                    g.unlink()
-            n += 1
-    log(f"cleared {n} working row files in {results_dir(P)}")
-    return n
-
-
 @contextlib.contextmanager
 def working_aside(P, stems: Sequence[str] = TIMED_STEMS, log=print):
     """Around one recorded run: this profile's working row files of `stems` (and their lock sidecars) are
     moved aside into a hidden folder beside them, so the run measures afresh; if the run fails (an error,
     Ctrl-C), the files it wrote in their place are removed and the moved ones put back, byte for byte; once it
-    succeeds the moved ones are removed (its own rows replace them, as clear_working would)."""
+    succeeds the moved ones are removed (its own rows replace them)."""
     where = results_dir(P)
     moved = [
         g for s in stems for f in row_files(P, s) for g in (f, f.with_name(f.name + ".lock")) if g.exists()

@@ -1,7 +1,7 @@
 """TIDE's released model, driven as its own code drives it: our settings mapped to its call arguments
 (tide_arguments), the model loaded from the user's checkout with offloading on (load_tide, open_tide), one
 timed generate (tide_generate), and rows in the benchmark row format summed from its patched per-step
-counters (TideRun.measure, run_tide; TIDE's counters under keys prefixed "tide_"). Why each argument is
+counters (TideRun.measure; TIDE's counters under keys prefixed "tide_"). Why each argument is
 what it is, and what differs from our engine, is listed in adapter's docstring; adapter puts these rows
 beside the engine's (compare_with_engine).
 """
@@ -288,38 +288,6 @@ def open_tide(
         if warmup_prompt:  # CUDA context, allocator, kernels: not TIDE's speed
             tide_generate(model, warmup_prompt, {**args["generate"], "gen_length": block_length}, device)
     return TideRun(info, model, args, offload_info, budget_experts, device, threads)
-
-
-def run_tide(
-    tide_path,
-    checkpoint,
-    prompts: list[list[int]],
-    budget_experts: int,
-    jump_steps: int = 1,
-    dc: DecodeConfig = DecodeConfig(),
-    *,
-    reps: int = 1,
-    warmup: bool = True,
-    task: str | None = None,
-    cache_ratio: float | None = None,
-    **options,
-) -> list[dict]:
-    """Time TIDE's released generate on `prompts` (token lists): one row per repetition over all prompts.
-    jump_steps=1 is TIDE's own default (its main.py uses 2, eval.sh sweeps 1-31). `options` are open_tide's
-    (device, dtype, mask_id, eos_id, block_length, collect_stats, threads) with its defaults: mask/eos ids
-    from the checkpoint's config.json, else LLaDA2.0's; device="cpu" only serves a stand-in TIDE (the
-    tests')."""
-    check_prompts(prompts, reps)
-    run = open_tide(
-        tide_path,
-        checkpoint,
-        budget_experts,
-        jump_steps,
-        dc,
-        warmup_prompt=prompts[0] if warmup else None,
-        **options,
-    )
-    return [run.measure(prompts, rep, task, cache_ratio)[0] for rep in range(reps)]
 
 
 def check_prompts(prompts, reps: int) -> None:
