@@ -134,7 +134,7 @@ RESULTS = {
     "04-equal": [(AT_LOW.diff_pct, AT_LOW.ci_low, AT_LOW.ci_high)],
 }
 
-# verdicts in the words of stats.PairedDifference.verdict
+# verdicts in the words of the paired table (paired_table.paired_table, its verdict column)
 FASTER, NO_DIFFERENCE = "A faster", "no difference"
 
 

@@ -66,7 +66,7 @@ BENCH_RATIO = 1.0  # the timed cell's C/W: the cache holds one mean working set
 BENCH_PROMPTS = 2  # prompts per timed run: 3 policies x 5 runs stay well under a minute on cpu
 NOTEBOOK = "09_cache_design_space"
 (STEM,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/cache_design_runs.csv
-CELL = list(CELL_KEYS)  # one interval per cell (stats.CellKey): nothing pooled
+CELL = list(CELL_KEYS)  # one interval per cell (bench.grid.CellKey): nothing pooled
 # the bench claim (criteria/timing.py): the best eviction over lru (demand), faster
 CLAIM = CLAIMS["09-eviction"]
 

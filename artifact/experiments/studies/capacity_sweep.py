@@ -43,7 +43,7 @@ NOTEBOOK = "04_capacity_sweep"
 (STEM,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/bench.csv, also `python -m artifact bench`'s
 # the claims' definitions (criteria/timing.py)
 FASTER_CLAIM, EQUAL_CLAIM = CLAIMS["04-faster"], CLAIMS["04-equal"]
-CELL = list(CELL_KEYS)  # one interval per cell (stats.CellKey): nothing pooled
+CELL = list(CELL_KEYS)  # one interval per cell (bench.grid.CellKey): nothing pooled
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:

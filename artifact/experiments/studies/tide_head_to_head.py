@@ -40,7 +40,7 @@ from artifact.offload.replay.sim import capacity_for
 RATIOS = tuple(paper.TIDE_SPEEDUP)
 NOTEBOOK = "05_tide_head_to_head"
 (STEM,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/tide_style_runs.csv
-CELL = list(CELL_KEYS)  # one interval per cell (stats.CellKey): nothing pooled
+CELL = list(CELL_KEYS)  # one interval per cell (bench.grid.CellKey): nothing pooled
 # the claim's definition (criteria/timing.py): interval_refresh over demand, not faster
 CLAIM = CLAIMS["05-refresh"]
 
@@ -103,7 +103,7 @@ def tide_unavailable(P: Settings) -> str | None:
 
 
 def tide_released(P: Settings, progress: bool = True) -> list[dict]:
-    """TIDE's released implementation vs our engine at the budget and half of it (tide.compare_with_engine),
+    """TIDE's released implementation vs our engine at the budget and half of it (adapter.compare_with_engine),
     on the bench's prompts of the first task; C from the bench's W for that task at batch size 1."""
     loaded = load_model(P, resident=False)
     task = P.tasks[0]
@@ -186,7 +186,7 @@ def stored_claims(P: Settings) -> list[Claim]:
 
 
 def released_numbers(rows: list[dict]) -> dict:
-    """C/W -> tide.speedup_parts of the released-code rows at that budget."""
+    """C/W -> adapter.speedup_parts of the released-code rows at that budget."""
     return {r: speedup_parts([x for x in rows if x["cache_ratio"] == r]) for r in RATIOS}
 
 

@@ -1,7 +1,7 @@
 """What every claim module hands a notebook: `Claim`s, printed by `report` as the lines the notebook runner
 parses, and recorded with the run that printed them in <notebook>.claims.json, the source of the claims tables
 (claims_table.py). A run writes the record into an ignored place (results/<profile>/data:
-outputs.run_data_dir, relocatable by ARTIFACT_OUTPUT); only `--store` copies it to the committed
+outputs.paths.run_data_dir, relocatable by ARTIFACT_OUTPUT); only `--store` copies it to the committed
 data/results/<profile>/."""
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def replicas(P: Settings, rows) -> Replicas:
 
 def throughput_table(rows, by=("task", "batch_size", "cache_ratio")) -> pd.DataFrame:
     """Each predictor over demand (% tokens/s, positive = the predictor is faster) within this run, per link
-    priority and cell, with 95% t intervals over its pairs (stats.paired_table; shown, the verdicts rule on
+    priority and cell, with 95% t intervals over its pairs (paired_table.paired_table; shown, the verdicts rule on
     verdicts.pooling's intervals)."""
     out = []
     for pr, g in rows.groupby("link_priority", sort=False):
@@ -84,7 +84,7 @@ def throughput_table(rows, by=("task", "batch_size", "cache_ratio")) -> pd.DataF
 
 
 def format_tables(table) -> str:
-    """stats.format_table per (link priority, predictor): the predictor (A) over demand (B)."""
+    """paired_table.format_table per (link priority, predictor): the predictor (A) over demand (B)."""
     parts = []
     for (pr, pol), t in table.groupby(["link_priority", "policy"], sort=False):
         t = t.drop(columns=["link_priority", "policy"]).reset_index(drop=True)

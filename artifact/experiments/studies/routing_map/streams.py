@@ -192,7 +192,7 @@ CLAIM = CLAIMS["07-streams"]
 
 def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
     """demand vs last_step forwards/s per stream within this run, paired by repetition
-    (stats.paired_table)."""
+    (paired_table.paired_table)."""
     return paired_table(rows, "demand", "last_step", STREAM, metric=METRIC)
 
 
