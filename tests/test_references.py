@@ -549,7 +549,7 @@ def unresolved() -> list[str]:
 # the next recording; the list may only shrink.
 FROZEN = frozenset(
     {
-        "artifact/model/options.py:3: artifact.offload.runner.RunOptions",  # now artifact.offload.spec.RunSpec
+        "artifact/model/options.py:3: artifact.offload.runner.RunOptions",  # now offload.spec.RunSpec
         "artifact/model/options.py:19: RunOptions",
         "artifact/model/options.py:31: RunOptions",
     }

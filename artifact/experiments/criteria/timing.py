@@ -19,7 +19,7 @@ PERCENT, STALL_SHARE = "percent", "stall share"  # verdicts.pairs' bases
 OTHERS = "*"  # `a`: every other policy of the grid (each against B)
 DEMAND = "demand"  # every claim compares a policy with demand; the A/A is demand against demand
 
-CELL = ("task", "batch_size", "cache_ratio", "bandwidth_scale")  # bench.grid.CELL_KEYS (one interval per cell)
+CELL = ("task", "batch_size", "cache_ratio", "bandwidth_scale")  # bench.grid.CELL_KEYS: an interval each
 
 
 @dataclass(frozen=True)

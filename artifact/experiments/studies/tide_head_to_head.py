@@ -103,7 +103,7 @@ def tide_unavailable(P: Settings) -> str | None:
 
 
 def tide_released(P: Settings, progress: bool = True) -> list[dict]:
-    """TIDE's released implementation vs our engine at the budget and half of it (adapter.compare_with_engine),
+    """TIDE's released implementation vs our engine at the budget and half of it (compare_with_engine),
     on the bench's prompts of the first task; C from the bench's W for that task at batch size 1."""
     loaded = load_model(P, resident=False)
     task = P.tasks[0]

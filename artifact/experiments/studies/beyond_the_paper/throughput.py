@@ -71,8 +71,8 @@ def replicas(P: Settings, rows) -> Replicas:
 
 def throughput_table(rows, by=("task", "batch_size", "cache_ratio")) -> pd.DataFrame:
     """Each predictor over demand (% tokens/s, positive = the predictor is faster) within this run, per link
-    priority and cell, with 95% t intervals over its pairs (paired_table.paired_table; shown, the verdicts rule on
-    verdicts.pooling's intervals)."""
+    priority and cell, with 95% t intervals over its pairs (paired_table.paired_table; shown, the verdicts
+    rule on verdicts.pooling's intervals)."""
     out = []
     for pr, g in rows.groupby("link_priority", sort=False):
         for pol in [p for p in g.policy.unique() if p != "demand"]:

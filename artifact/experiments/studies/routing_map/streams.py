@@ -141,7 +141,7 @@ def cost_text(cal: Calibration) -> str:
 
 
 NOTEBOOK = "07_routing_map"
-(STREAMS,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/streams.csv: the timed rows (recording.cached_rows)
+(STREAMS,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/streams.csv (recording.cached_rows)
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
