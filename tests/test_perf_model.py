@@ -314,9 +314,11 @@ def test_notebook_grid_and_claims_on_a_small_stream():
     # glance
     fig, _ = pm.plot(grid, rows, load_profile("cpu"))
     titles = [ax.get_title() for ax in fig.axes[1:]]
+    priced = f"\n(2 MoE layers, priced on {pm.CLAIM_SHAPE}'s shape)"  # what each tokens/s panel prices
     assert titles == [
-        f"{hw}, {pm.CLAIM_SHAPE}: {st}" for hw in pm.GPUS for st in ("paper point (synthetic)", "other")
+        f"{hw}: {st} (synthetic){priced}" for hw in pm.GPUS for st in ("paper point", "other")
     ] + [f"modelled demand vs last_step ({pm.CLAIM_SHAPE}, fifo)"]
+    assert fig.axes[0].get_title() == "validation cells (cpu: batch x C/W x policy)"  # what is drawn
     # each panel group's legend is attached to it (none below the figure), and the paper point explained
     assert not fig.legends and all(ax.get_legend() for ax in (fig.axes[0], fig.axes[2], fig.axes[-1]))
     assert "synthetic stream" in " ".join(t.get_text() for t in fig.axes[2].get_legend().get_texts())

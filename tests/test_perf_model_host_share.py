@@ -13,6 +13,7 @@ from artifact.experiments.hardware import HARDWARE
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies import performance_model as pm
 from artifact.experiments.studies.performance_model import explain as ex
+from artifact.experiments.studies.performance_model import search as se
 from artifact.experiments.verdicts import rules
 from artifact.offload.links.costs import Costs
 from artifact.offload.replay.synth import SynthParams, synth
@@ -131,9 +132,9 @@ def test_the_paper_points_eager_step_is_84_percent_host_work(paper_point):
 def test_segmented_pricing_puts_the_host_share_under_eagers(paper_point):
     spec = P.run_spec()
     for gpu in pm.GPUS:
-        eager = ex.pair_runs(paper_point, HARDWARE[gpu], spec, 1.0, engine=pm.EAGER)
-        seg = ex.pair_runs(paper_point, HARDWARE[gpu], spec, 1.0, engine=pm.SEGMENTED)
-        for p in ex.PAIR:
+        eager = se.pair_runs(paper_point, HARDWARE[gpu], spec, 1.0, engine=pm.EAGER)
+        seg = se.pair_runs(paper_point, HARDWARE[gpu], spec, 1.0, engine=pm.SEGMENTED)
+        for p in se.PAIR:
             assert pm.host_work(seg[p])["share"] < pm.host_work(eager[p])["share"]
             # the same engine work on the device, the same copies and their host time: only launches differ
             assert seg[p]["transfers"] == eager[p]["transfers"]

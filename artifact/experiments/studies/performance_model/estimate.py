@@ -1,20 +1,13 @@
 """A bench grid's GPU time from the performance model (`python -m artifact doctor`), as a range.
 
-Every cell of the grid (batch size, C/W, bandwidth scale) and every policy run in it is priced by model_run on
-a synthetic routing stream shaped like the cell: the checkpoint's MoE layers, experts and top-k, one block of
-the profile's steps at the cell's batch size (tokens = batch x block), its W, and the novelty and W spread
-of the 'paper point' (notebook 07's committed record, as notebook 08's stream). The stream starts with an
-empty cache, so a block's first steps miss more than in a long run: the model's seconds per forward lean
+Every run of every cell (batch size, C/W, bandwidth scale) is priced by model_run on one block of a synthetic
+stream shaped like the cell (block_stream: the checkpoint's MoE layers, experts and top-k, the profile's
+steps, the cell's batch size and W, the 'paper point''s novelty and W spread): from an empty cache, it leans
 high. W is the profile's trace's where one is current, else the committed H200 traces' (mini's shapes,
-random weights, batch sizes 1 and 4), through W = W1 x batch^a at other batch sizes, capped where the
-generator can still draw a new block's experts.
-
-The costs are the hardware profile's (hardware.py: the h200 profile calibrated on the committed H200 gpu_check
-report; the a5000 profile's link and device from datasheets, its host costs the H200 machine's). The range
-multiplies the model's time by the least and the largest ratio of measured to modelled seconds per denoising
-forward over the runs of the committed H200 reports (validate_gpu with the h200 profile): what the model
-missed on measured runs, carried over to the grid. Those runs had 5 MoE layers and batch sizes 1 and 4; the
-estimate names what it extrapolates beyond them.
+random weights, batch sizes 1 and 4) through W = W1 x batch^a. The costs are the hardware profile's
+(hardware.py); the range multiplies the model's time by the least and the largest measured / modelled seconds
+per denoising forward over the committed H200 reports' runs (validate_gpu: 5 MoE layers, batch sizes 1 and
+4), and the estimate names what it extrapolates beyond them.
 """
 
 from __future__ import annotations
@@ -82,6 +75,25 @@ def paper_point_stats(P: Settings) -> tuple[float, float]:
     return float(row.novelty), float(row.w_spread)
 
 
+def block_stream(P: Settings, cfg, batch: int, W: float, novelty: float, spread: float) -> Trace:
+    """One block of the synthetic stream the time estimate prices for this batch size and W: the config's
+    MoE layers, experts and top-k, P.steps steps, the paper point's `novelty` and W `spread`."""
+    return synth(
+        SynthParams(
+            layers=len(cfg.moe_layers),
+            experts=cfg.num_experts,
+            top_k=cfg.num_experts_per_tok,
+            tokens=batch * cfg.block_length,
+            blocks=1,
+            steps=P.steps,
+            batch_size=batch,
+            w=W,
+            novelty=novelty,
+            w_spread=spread,
+        )
+    )
+
+
 @lru_cache(maxsize=None)
 def measured_working_sets() -> dict[int, float]:
     """{batch size: mean W} of the committed H200 traces (mini's shapes, random weights)."""
@@ -115,75 +127,43 @@ def gpu_hardware(P: Settings) -> str:
     return "a5000" if P.name.startswith("a5000") else "h200"
 
 
-class _Pricer:
-    """Seconds per denoising forward of (batch, W, C, policy, bandwidth scale), each modelled once."""
-
-    def __init__(self, P: Settings, cfg, hw: Hardware, nbytes: int):
-        self.P, self.cfg, self.hw = P, cfg, hw
-        self.shape = Shape.of(cfg, nbytes)
-        self.novelty, self.w_spread = paper_point_stats(P)
-        self.streams: dict[tuple[int, float], Trace] = {}
-        self.seconds: dict[tuple, float] = {}
-
-    def stream(self, batch: int, W: float) -> Trace:
-        key = (batch, round(W, 6))
-        if key not in self.streams:
-            c = self.cfg
-            self.streams[key] = synth(
-                SynthParams(
-                    layers=len(c.moe_layers),
-                    experts=c.num_experts,
-                    top_k=c.num_experts_per_tok,
-                    tokens=batch * c.block_length,
-                    blocks=1,
-                    steps=self.P.steps,
-                    batch_size=batch,
-                    w=W,
-                    novelty=self.novelty,
-                    w_spread=self.w_spread,
-                )
-            )
-        return self.streams[key]
-
-    def __call__(self, batch: int, W: float, C: int, policy: str, scale: float) -> float:
-        key = (batch, round(W, 6), C, policy, scale)
-        if key not in self.seconds:
-            hw = dataclasses.replace(self.hw, h2d_gbps=self.hw.h2d_gbps * scale)
-            spec = self.P.run_spec(C, policy).replace(link_gbps=None)
-            m = model_run(self.stream(batch, W), Costs(hw, self.shape), spec, min_misses=0)
-            self.seconds[key] = (m["seconds"] - m["seconds_prefill"]) / m["steps"]
-        return self.seconds[key]
-
-
 def estimate(P: Settings, cfg, nbytes: int, working_sets: dict[int, tuple[float, bool]]) -> TimeEstimate:
     """P's bench grid on one GPU: every run of every cell, as run_bench runs them (the `warmup` runs of each
     policy, R repetitions of every slot, the A/A arm among them), and one traced run per (task, batch size)
     priced as demand at trace_capacity (or every expert: resident); `working_sets` is {batch: (W, measured)}
     where the profile's traces measured it."""
     hw_name = gpu_hardware(P)
-    price = _Pricer(P, cfg, HARDWARE[hw_name], nbytes)
+    hw, shp = HARDWARE[hw_name], Shape.of(cfg, nbytes)
+    novelty, spread = paper_point_stats(P)
+    stream = lru_cache(maxsize=None)(lambda b, W: block_stream(P, cfg, b, W, novelty, spread))
+
+    @lru_cache(maxsize=None)
+    def price(b: int, W: float, C: int, policy: str, scale: float) -> float:
+        """Seconds per denoising forward of one run, each modelled once."""
+        costs = Costs(dataclasses.replace(hw, h2d_gbps=hw.h2d_gbps * scale), shp)
+        m = model_run(stream(b, W), costs, P.run_spec(C, policy).replace(link_gbps=None), min_misses=0)
+        return (m["seconds"] - m["seconds_prefill"]) / m["steps"]
+
     blocks = P.gen_length // cfg.block_length
-    per_run = dict(warmup=P.warmup, slots=slots(P.policies, has_aa_pair(P)))
-    seconds, forwards, runs = 0.0, 0, 0
+    pols = list(P.policies) * P.warmup
+    pols += [slot_run(s)[0] for s in slots(P.policies, has_aa_pair(P))] * P.repetitions
+    trace_C = min(P.trace_capacity or cfg.num_experts, cfg.num_experts)
+    seconds, forwards = 0.0, 0
     for _task in P.tasks:
         for b in P.batch_sizes:
             W, measured = working_sets.get(b, (None, False))
-            W = W if measured else stated_working_set(b, cfg, price.novelty)
+            W = W if measured else stated_working_set(b, cfg, novelty)
             n = -(-P.n_prompts // b) * (blocks * P.steps + 1)  # forwards of one run, as doctor counts them
-            trace_C = min(P.trace_capacity or cfg.num_experts, cfg.num_experts)
             seconds += n * price(b, W, trace_C, "demand", 1.0)
-            forwards += n
             for scale in P.bandwidth_scales:
                 for r in P.cache_ratios:
                     C = capacity_for(r, W, cfg.num_experts)
-                    pols = list(P.policies) * per_run["warmup"]
-                    pols += [slot_run(s)[0] for s in per_run["slots"]] * P.repetitions
                     seconds += sum(n * price(b, W, C, p, scale) for p in pols)
-                    forwards += n * len(pols)
-                    runs += len(pols)
+            forwards += n * (1 + len(P.bandwidth_scales) * len(P.cache_ratios) * len(pols))
     lo, hi, compared = error_ratios()
     hours = seconds / 3600
     traced = len(P.tasks) * len(P.batch_sizes)
+    runs = traced * len(P.bandwidth_scales) * len(P.cache_ratios) * len(pols)
     notes = _extrapolated(P, cfg, working_sets, hw_name)
     return TimeEstimate(
         hw_name, hours, hours * lo, hours * hi, (lo, hi), compared, forwards, runs, traced, notes
@@ -192,7 +172,7 @@ def estimate(P: Settings, cfg, nbytes: int, working_sets: dict[int, tuple[float,
 
 def _extrapolated(P: Settings, cfg, working_sets: dict, hw_name: str) -> list[str]:
     """What the estimate carries beyond the committed H200 measurements, each in a few words."""
-    layers = len(committed_moe_layers())
+    layers = len(Trace.load(committed(GPU_CHECK_TRACES[1])).meta["moe_layers"])
     notes = [
         f"the model's error measured with {layers} MoE layers, carried to {len(cfg.moe_layers)}",
         "prefill forwards priced as denoising ones",
@@ -211,10 +191,3 @@ def _extrapolated(P: Settings, cfg, working_sets: dict, hw_name: str) -> list[st
     if any(s != 1.0 for s in P.bandwidth_scales):
         notes.append("capped links priced as a slower link (the cap's pacing not modelled)")
     return notes
-
-
-@lru_cache(maxsize=None)
-def committed_moe_layers() -> tuple[int, ...]:
-    """The MoE layers of the committed H200 runs (their traces' metadata)."""
-    t = Trace.load(committed(GPU_CHECK_TRACES[1]))
-    return tuple(t.meta["moe_layers"])

@@ -24,6 +24,7 @@ from artifact.experiments.verdicts.records import Claim
 from artifact.experiments.verdicts.stored_runs import stored_rows
 
 VALIDATION_CELL = ["batch_size", "cache_ratio"]  # a measured demand-vs-last_step comparison: one per cell
+LIMIT = thresholds.MODEL_ERROR
 
 
 def same_rows(a: pd.DataFrame, b: pd.DataFrame) -> bool:
@@ -58,12 +59,8 @@ class CellSign:
         return bool(np.sign(self.measured.mean) == np.sign(self.modeled))
 
     def text(self) -> str:
-        if self.agrees is None:
-            why = (
-                "too few pairs for a sign" if not self.measured.usable else "crosses 0: no sign to agree with"
-            )
-        else:
-            why = "signs agree" if self.agrees else "signs DISAGREE"
+        why = {True: "signs agree", False: "signs DISAGREE", None: "crosses 0: no sign to agree with"}
+        why = why[self.agrees] if self.measured.usable else "too few pairs for a sign"
         return (
             f"b={self.batch_size} C/W {self.cache_ratio:g}: measured {self.measured.text()}, modelled "
             f"{self.modeled:+.1f}% ({why})"
@@ -72,10 +69,9 @@ class CellSign:
 
 @dataclass(frozen=True)
 class ModelErrors:
-    """The model-error figure of every run: this run's and each stored run's validation_summary
-    (docs/perf_model.md, "Validation": a run's figure is the median absolute error over its cells; the claim
-    is ruled on the median of the stored runs' figures when this run is one of them, else on this run's own
-    figure: a run is evidence of its own, never bounded by the stored verdict)."""
+    """The model-error figure (validation_summary's median absolute error over cells) of this run and of
+    each stored run. The claim is ruled on the median of the stored runs' figures when this run is one of
+    them, else on this run's own figure: a run is evidence of its own, never bounded by the stored verdict."""
 
     this: dict  # validation_summary of this run's rows
     runs: tuple[tuple[str, dict], ...] = ()  # (stored run, its validation_summary), in run order
@@ -93,9 +89,13 @@ class ModelErrors:
 
     @property
     def pooled_range(self) -> tuple[float, float] | None:
-        """The 95% distribution-free interval of the stored runs' median figure (counts.median_interval; None
-        with fewer than 2 stored runs)."""
+        """The 95% distribution-free interval of the stored runs' median (counts.median_interval)."""
         return median_interval(self.figures) if len(self.runs) >= 2 else None
+
+    @property
+    def pooled_verdict(self) -> str:
+        """The verdict on pooled_range ("" with fewer than 2 stored runs)."""
+        return at_most(*self.pooled_range, LIMIT) if self.pooled_range is not None else ""
 
     @property
     def is_pooled(self) -> bool:
@@ -103,8 +103,7 @@ class ModelErrors:
 
     @property
     def ruled(self) -> tuple[float, float]:
-        """The range the claim is ruled on: the interval of the stored runs' median when this run is a stored
-        one, else this run's own figure (a run is evidence of its own: the stored verdict never bounds it)."""
+        """The range the claim is ruled on: pooled_range when this run is a stored one, else its figure."""
         if self.is_pooled:
             return self.pooled_range
         return self.this["median_abs_error"], self.this["median_abs_error"]
@@ -112,58 +111,46 @@ class ModelErrors:
     def leave_one_out(self) -> tuple[str, ...]:
         """The pooled verdict over the other stored runs, each run left out in turn (run order)."""
         f = self.figures
-        return tuple(
-            at_most(*median_interval(f[:i] + f[i + 1 :]), thresholds.MODEL_ERROR) for i in range(len(f))
-        )
+        return tuple(at_most(*median_interval(f[:i] + f[i + 1 :]), LIMIT) for i in range(len(f)))
 
     def own(self, figure: float) -> str:
         """One run's own verdict: its figure against MODEL_ERROR (counts.at_most)."""
-        return at_most(figure, figure, thresholds.MODEL_ERROR)
-
-
-def steps_per_second(rows: pd.DataFrame) -> pd.DataFrame:
-    """Validation rows with measured and modelled steps per second (higher is faster, as tokens/s)."""
-    return rows.assign(
-        measured_steps_per_second=1.0 / rows.measured_seconds_per_step,
-        modeled_steps_per_second=1.0 / rows.modeled_seconds_per_step,
-    )
+        return at_most(figure, figure, LIMIT)
 
 
 def cell_signs(
     rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]], a: str = "demand", b: str = "last_step"
 ) -> tuple[CellSign, ...]:
-    """Per validation cell, a over b in measured steps per second on the interval pooling.py rules on (the
-    stored runs' rows give the between-run spread), beside the modelled difference of this run."""
+    """Per validation cell, a over b in measured steps per second (higher is faster, as tokens/s) on the
+    interval pooling.py rules on (the stored runs' rows give the between-run spread), beside the modelled
+    difference of this run."""
     if not {a, b} <= set(rows.policy):
         return ()
+
+    def per_second(r: pd.DataFrame) -> pd.DataFrame:
+        return r.assign(measured_steps_per_second=1.0 / r.measured_seconds_per_step)
+
     reps = Replicas(
-        steps_per_second(rows),
-        tuple((n, steps_per_second(r)) for n, r in stored),
-        metric="measured_steps_per_second",
+        per_second(rows), tuple((n, per_second(r)) for n, r in stored), metric="measured_steps_per_second"
     )
-    effects = reps.effects(a, b, VALIDATION_CELL)
     mod = rows.groupby([*VALIDATION_CELL, "policy"]).modeled_seconds_per_step.mean()
-    out = []
-    for (bs, ratio), r in effects.items():
-        modeled = 100.0 * (mod[(bs, ratio, b)] / mod[(bs, ratio, a)] - 1)  # steps/s: a over b
-        out.append(CellSign(int(bs), float(ratio), r.ruled, float(modeled)))
-    return tuple(out)
+    return tuple(
+        CellSign(
+            int(bs), float(ratio), r.ruled, float(100.0 * (mod[(bs, ratio, b)] / mod[(bs, ratio, a)] - 1))
+        )
+        for (bs, ratio), r in reps.effects(a, b, VALIDATION_CELL).items()
+    )
 
 
 def errors_of(rows: pd.DataFrame, stored: list[tuple[str, pd.DataFrame]]) -> ModelErrors:
     """ModelErrors of this run's validation rows beside the stored runs' rows (each [(run name, rows)])."""
     same = next((name for name, r in stored if same_rows(rows, r)), "")
-    return ModelErrors(
-        validation_summary(rows),
-        tuple((name, validation_summary(r)) for name, r in stored),
-        same,
-        cell_signs(rows, stored),
-    )
+    summaries = tuple((name, validation_summary(r)) for name, r in stored)
+    return ModelErrors(validation_summary(rows), summaries, same, cell_signs(rows, stored))
 
 
 def model_errors(P: Settings, rows: pd.DataFrame) -> ModelErrors:
-    """errors_of this run's rows (performance_model.validation) and the stored runs' rows of the same settings
-    (data/results/<profile>/runs/run<k>/validation.csv, stored_runs.stored_rows)."""
+    """errors_of this run's rows and the stored runs' rows of the same settings (stored_runs.stored_rows)."""
     return errors_of(rows, stored_rows(P, VALIDATION, bench_fingerprint(P)))
 
 
@@ -174,36 +161,33 @@ def stored_claims(P: Settings) -> list[Claim]:
     if not stored:
         raise ValueError(f"profile {P.name}: no stored validation rows (data/results/{P.name}/runs/run<k>/)")
     rows = stored[-1][1]
-    return [
-        model_error_claim(
-            errors_of(rows, stored), validation_summary(validate_gpu()), str(rows.calibration.iloc[0])
-        )
-    ]
+    gpu = validation_summary(validate_gpu())
+    return [model_error_claim(errors_of(rows, stored), gpu, str(rows.calibration.iloc[0]))]
+
+
+def signs_text(s: dict) -> str:
+    """A validation_summary's sign agreement: "k of n"."""
+    return f"{sum(x['modeled_sign_agrees'] for x in s['signs'])} of {len(s['signs'])}"
 
 
 def summary_text(s: dict) -> str:
-    """A run's figure: its median absolute error, the worst cell, and its sign agreement
-    (validation_summary)."""
-    signs = s["signs"]
+    """A run's figure: its median absolute error, the worst cell, and its sign agreement."""
     return (
         f"{100 * s['median_abs_error']:.1f}% (worst {100 * s['worst_abs_error']:.1f}%, "
-        f"{s['cells']} cells, signs {sum(x['modeled_sign_agrees'] for x in signs)} of {len(signs)})"
+        f"{s['cells']} cells, signs {signs_text(s)})"
     )
 
 
 def errors_table(e: ModelErrors) -> pd.DataFrame:
     """One row per run (every stored run, then this run): its median and worst absolute error, its cells, its
-    sign agreement and its own verdict (ModelErrors.own: its figure with the stored median against
-    thresholds.MODEL_ERROR)."""
-    rows = [(name, s) for name, s in e.runs] + [(f"this run{f' (= {e.stored})' if e.stored else ''}", e.this)]
+    sign agreement and its own verdict (ModelErrors.own)."""
+    rows = [*e.runs, (f"this run{f' (= {e.stored})' if e.stored else ''}", e.this)]
     return pd.DataFrame(
         [
             {
                 "run": name,
-                "median_abs_error": s["median_abs_error"],
-                "worst_abs_error": s["worst_abs_error"],
-                "cells": s["cells"],
-                "signs_agree": f"{sum(x['modeled_sign_agrees'] for x in s['signs'])} of {len(s['signs'])}",
+                **{k: s[k] for k in ("median_abs_error", "worst_abs_error", "cells")},
+                "signs_agree": signs_text(s),
                 "verdict": e.own(s["median_abs_error"]),
             }
             for name, s in rows
@@ -212,18 +196,35 @@ def errors_table(e: ModelErrors) -> pd.DataFrame:
 
 
 def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
-    """The model-error claim (docs/perf_model.md, "Validation"): every run's figure printed, ruled on the
-    median of the stored runs' figures when this run is one of them, else on this run's own figure; each
-    stored run's own verdict (its own figure) beside it. The measured demand-over-last_step difference of
-    every validation cell is printed beside the virtual clock's, with their sign agreement."""
-    limit = thresholds.MODEL_ERROR
-    verdict, ruled, on, reason = _ruling(e)
+    """The model-error claim (docs/perf_model.md, "Validation"): every run's figure printed, ruled as
+    ModelErrors says; each stored run's own verdict beside it, and every validation cell's measured
+    demand-over-last_step difference beside the virtual clock's, with their sign agreement."""
+    n = len(e.runs)
+    if e.is_pooled:
+        verdict, ruled = e.pooled_verdict, "pooled"
+        on = (
+            "the 95% distribution-free interval (order statistics) "
+            f"of the median over N = {n} stored runs of each run's median absolute error (runs are the unit)"
+        )
+        reason = f"the interval of the median of the {n} runs' figures"
+    else:
+        verdict, ruled = at_most(*e.ruled, LIMIT), "this run"
+        on = (
+            f"one run: its own median absolute error ({n} stored runs beside it, not bounding it)"
+            if n
+            else "one run: its own median absolute error (no stored runs to compare)"
+        )
+        reason = (
+            "one run: this run is not one of the stored runs, so its own figure rules"
+            if n
+            else "one run: no stored runs"
+        )
     return Claim(
         "[own result] the performance model predicts measured seconds per step within 10% (median absolute "
         "error over cells; cpu: the tiny model on the emulated link against the model with "
         "cpu-emulated costs)",
         "not a claim of the paper: this artifact's own result; judged: "
-        f"median absolute error <= {100 * limit:.0f}% (docs/perf_model.md, Validation: "
+        f"median absolute error <= {100 * LIMIT:.0f}% (docs/perf_model.md, Validation: "
         "the interval of the median over the stored runs' figures)",
         _measured_text(e, gpu_summary, source),
         verdict,
@@ -234,69 +235,34 @@ def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
         interval=on,
         margin=_margin_text(e),
         per_run=tuple(e.own(f) for f in e.figures),
-        pooled=_pooled_verdict(e),
+        pooled=e.pooled_verdict,
         ruled=ruled,
         leave_one_out=e.leave_one_out() if e.is_pooled else (),
     )
-
-
-def _pooled_verdict(e: ModelErrors) -> str:
-    """The verdict on the interval of the stored runs' median ("" with fewer than 2 stored runs)."""
-    return at_most(*e.pooled_range, thresholds.MODEL_ERROR) if e.pooled_range is not None else ""
-
-
-def _ruling(e: ModelErrors) -> tuple[str, str, str, str]:
-    """What the claim is ruled on: its verdict, "pooled" or "this run", the interval's description and the
-    reason."""
-    n = len(e.runs)
-    if e.is_pooled:
-        on = (
-            "the 95% distribution-free interval (order statistics) "
-            f"of the median over N = {n} stored runs of each run's median absolute error (runs are the unit)"
-        )
-        return _pooled_verdict(e), "pooled", on, f"the interval of the median of the {n} runs' figures"
-    on = (
-        f"one run: its own median absolute error ({n} stored runs beside it, not bounding it)"
-        if n
-        else "one run: its own median absolute error (no stored runs to compare)"
-    )
-    reason = (
-        "one run: this run is not one of the stored runs, so its own figure rules"
-        if n
-        else "one run: no stored runs"
-    )
-    return at_most(*e.ruled, thresholds.MODEL_ERROR), "this run", on, reason
 
 
 def _measured_text(e: ModelErrors, gpu_summary: dict, source: str) -> str:
     """What was measured: every stored run's figure, their median, this run's, the cells' measured and
     modelled differences, the h200 check and this run's calibration."""
     n = len(e.runs)
-    runs_text = "; ".join(f"{name} {summary_text(s)}" for name, s in e.runs)
-    this_text = f"this run{f' (it is {e.stored})' if e.stored else ''}: {summary_text(e.this)}"
+    runs_text = "".join(f"{name} {summary_text(s)}; " for name, s in e.runs)
+    if n >= 2:
+        lo, hi = e.pooled_range
+        runs_text += f"median of the {n} runs {100 * e.pooled:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]; "
     signed = [c for c in e.cells if c.agrees is not None]
     cell_text = (
-        (
-            "; ".join(c.text() for c in e.cells) + f"; the modelled sign agrees in "
-            f"{sum(c.agrees for c in signed)} of {len(signed)} cells whose measured interval excludes 0"
-        )
+        "; ".join(c.text() for c in e.cells) + f"; the modelled sign agrees in "
+        f"{sum(c.agrees for c in signed)} of {len(signed)} cells whose measured interval excludes 0"
         if e.cells
         else "no paired cells"
     )
     return (
         "cpu, each run's median absolute error of seconds per step (signs: "
         "the modelled sign agrees with k of the n measured demand-vs-last_step differences whose interval "
-        "over the run's pairs excludes 0): "
-        + (
-            f"{runs_text}; median of the {n} runs {100 * e.pooled:.1f}% [{100 * e.pooled_range[0]:.1f}, "
-            f"{100 * e.pooled_range[1]:.1f}]; "
-            if n >= 2
-            else f"{runs_text}; "
-            if n
-            else ""
-        )
-        + f"{this_text}; demand over last_step per cell (steps/s), "
-        f"measured on the ruled interval vs modelled (virtual clock): {cell_text}; "
+        f"over the run's pairs excludes 0): {runs_text}"
+        f"this run{f' (it is {e.stored})' if e.stored else ''}: {summary_text(e.this)}; "
+        "demand over last_step per cell (steps/s), measured on the ruled interval vs modelled (virtual "
+        f"clock): {cell_text}; "
         "h200 (gpu_check runs, host costs fitted on them): "
         f"median {100 * gpu_summary['median_abs_error']:.1f}%, "
         f"worst {100 * gpu_summary['worst_abs_error']:.1f}%; calibration (this run): {source}"
@@ -305,22 +271,19 @@ def _measured_text(e: ModelErrors, gpu_summary: dict, source: str) -> str:
 
 def _margin_text(e: ModelErrors) -> str:
     """How far the ruled figure (or range) is from the limit."""
-    limit = thresholds.MODEL_ERROR
     low, high = e.ruled
     if low == high:
         side = (
-            f"{(limit - low) * 100:.1f} points under"
-            if low <= limit
-            else f"{(low - limit) * 100:.1f} points over"
+            f"{(LIMIT - low) * 100:.1f} points under"
+            if low <= LIMIT
+            else f"{(low - LIMIT) * 100:.1f} points over"
         )
-        return (
-            f"{'median over runs' if e.is_pooled else 'this run'} {100 * low:.1f}% vs <= "
-            f"{100 * limit:.0f}%: {side}"
-        )
-    side = "all under" if high <= limit else "all over" if low > limit else "straddles it"
+        who = "median over runs" if e.is_pooled else "this run"
+        return f"{who} {100 * low:.1f}% vs <= {100 * LIMIT:.0f}%: {side}"
+    side = "all under" if high <= LIMIT else "all over" if low > LIMIT else "straddles it"
     head = (
         f"median over runs {100 * e.pooled:.1f}%, its interval"
         if e.is_pooled
         else f"this run {100 * e.this['median_abs_error']:.1f}% and the interval of the median over runs"
     )
-    return f"{head}: range [{100 * low:.1f}%, {100 * high:.1f}%] vs <= {100 * limit:.0f}%: {side}"
+    return f"{head}: range [{100 * low:.1f}%, {100 * high:.1f}%] vs <= {100 * LIMIT:.0f}%: {side}"

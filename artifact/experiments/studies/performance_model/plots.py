@@ -1,8 +1,7 @@
 """Notebook 08's figure: the validation, the modelled demand-over-last_step difference the claims read, and
 modelled tokens/s per policy on each GPU and stream, with the physical floor. Each panel group carries its
-own legend beside it: the validation's in its panel, the difference's under its panel (colour = GPU, marker =
-stream), the policies' (shared by every tokens/s panel) beside the top right panel, with what the paper point
-is."""
+legend beside it: the validation's in its panel, the difference's under it (colour = GPU, marker = stream),
+the policies' (every tokens/s panel's) beside the top right panel, with what the paper point is."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.performance_model.virtual import CLAIM_SHAPE, GPUS, TABLE_COLUMNS, diffs
 
 # each policy's look in every panel: demand and last_step differ by a few percent at most, so last_step is a
-# larger hollow square around demand's dot, and the A/A control (demand's work, the same modelled time) a
-# cross on it
+# larger hollow square around demand's dot, and CONTROL (demand's work, the same modelled time) a cross on it
 STYLE = {
     "demand": dict(color=COLORS["demand"], marker="o", ms=5),
     "last_step": dict(color=COLORS["last_step"], marker="s", ms=9, mfc="none", mew=1.5),
@@ -39,30 +37,26 @@ STYLE = {
     "cross_layer": dict(color="tab:red", marker="D", ms=5),
     "oracle": dict(color=COLORS["oracle"], marker="^", ms=6),
 }
+LABELS = {CONTROL: f"{CONTROL}: last_step's prediction\non the host, no transfers (demand's work)"}
 LIMIT = "physical limit (min's misses)"
-# the difference panel: colour = GPU (dark grey, dark purple: no policy's colour)
+# the difference panel: colour = GPU (dark grey, dark purple: no policy's colour), marker = stream
 GPU_COLORS = dict(zip(GPUS, [sns.color_palette("dark")[i] for i in (7, 4)]))
-STREAM_MARKERS = "o^sv"  # the difference panel: marker = stream, in the panels' order
+STREAM_MARKERS = "o^sv"
 PAPER_POINT_NOTE = (
     "paper point: a synthetic stream at the\nrouting point this artifact infers from\n"
     f"the abstract's {paper.ORACLE_CUT}x oracle cut (notebook 07's\n'paper point'; an illustration, not a\n"
     "recorded trace)"
 )
-# log-axis labels: the mantissas labelled, more of them on an axis spanning under a decade
 NARROW_SUBS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0)
 WIDE_SUBS = (1.0, 2.0, 3.0, 5.0, 7.0)
 
 
-def _policy_label(pol: str) -> str:
-    return f"A/A control ({pol}: demand's work)" if pol == CONTROL else pol
-
-
 def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper point"):
-    """A grid of at most 3 columns. Top left: modelled vs measured seconds per step (cpu validation, one dot
-    per cell). Bottom left: the modelled demand-over-last_step difference (fifo) the claims read, per GPU and
-    stream, with the paper's figures and the +-3% margin. The other panels: modelled tokens/s (log scale) per
-    policy on each GPU and each stream the claims rule on (CLAIM_SHAPE, fifo), the physical floor dotted
-    black. The saved data holds every cell of the grid (both link priorities, both shapes)."""
+    """A grid of at most 3 columns. Top left: modelled vs measured seconds per step (`rows`, the cpu
+    validation, one dot per cell). Bottom left: the modelled demand-over-last_step difference (fifo) the
+    claims read, per GPU and stream, with the paper's figures and the +-3% margin. The others: modelled
+    tokens/s (log scale) per policy on each GPU and stream the claims rule on (CLAIM_SHAPE, fifo), the
+    physical floor dotted. The saved data holds every cell of `grid` (gpu_grid's)."""
     streams = list(dict.fromkeys(grid.trace))
     streams = [full] + [s for s in streams if s != full] if full in streams else streams
     panels = [(hw, st) for hw in GPUS for st in streams]
@@ -76,11 +70,12 @@ def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper
     tok = []
     for i, (hw, st) in enumerate(panels):
         tok.append(fig.add_subplot(gs[i // per_row, 1 + i % per_row]))
-        _plot_stream(tok[-1], grid, hw, st, full)
+        _plot_stream(tok[-1], grid, hw, st)
     dif = fig.add_subplot(gs[1, 0])
     _plot_diffs(dif, grid, panels, streams)
     legend(dif, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
-    pairs = sorted(zip(*entries(tok)), key=lambda e: e[1] not in map(_policy_label, STYLE))  # policies first
+    policies = [LABELS.get(p, p) for p in STYLE]
+    pairs = sorted(zip(*entries(tok)), key=lambda e: e[1] not in policies)  # policies first
     handles, labels = [h for h, _ in pairs], [label for _, label in pairs]
     if full in streams:
         handles.append(Line2D([], [], ls="none"))
@@ -107,44 +102,25 @@ def plot(grid: pd.DataFrame, rows: pd.DataFrame, P: Settings, full: str = "paper
 
 
 def _plot_validation(ax, rows: pd.DataFrame) -> None:
-    """Modelled against measured ms per step, per cell and policy of this run's cpu validation."""
+    """Modelled against measured ms per step, one dot per validation cell (batch x C/W x policy)."""
     cells = rows.groupby(["batch_size", "cache_ratio", "policy"], as_index=False)[
         ["measured_seconds_per_step", "modeled_seconds_per_step"]
     ].mean()
     for pol, g in cells.groupby("policy"):
-        st = STYLE.get(pol, {})
-        ax.scatter(
-            1e3 * g.measured_seconds_per_step,
-            1e3 * g.modeled_seconds_per_step,
-            label=_policy_label(pol),
-            marker=st.get("marker", "o"),
-            s=st.get("ms", 5) ** 2,
-            linewidths=st.get("mew", 1),
-            facecolors="none" if st.get("mfc") == "none" else st.get("color"),
-            edgecolors=st.get("color"),
-        )
+        look = {**STYLE.get(pol, {}), "ls": "none", "label": LABELS.get(pol, pol)}
+        ax.plot(1e3 * g.measured_seconds_per_step, 1e3 * g.modeled_seconds_per_step, **look)
     hi = 1e3 * float(cells[["measured_seconds_per_step", "modeled_seconds_per_step"]].max().max()) * 1.05
     ax.plot([0, hi], [0, hi], "k:", label="modelled = measured")
     ax.set(
         xlabel="measured ms per step (cpu, wall clock)",
         ylabel="modelled ms per step (cpu-emulated)",
-        title="validation (cpu, this run)",
+        title="validation cells (cpu: batch x C/W x policy)",
         xlim=(0, hi),
         ylim=(0, hi),
     )
 
 
-def log_ticks(ax) -> None:
-    """Labels on a log y axis at 1, 2, 3, 5, 7 x 10^k (and 1.5, 4 within a decade), minor ticks unlabelled."""
-    lo, hi = ax.get_ylim()
-    subs = NARROW_SUBS if math.log10(hi / lo) < 1 else WIDE_SUBS
-    ax.yaxis.set_major_locator(LogLocator(subs=subs))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_locator(LogLocator(subs="all"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-
-
-def _plot_stream(ax, grid: pd.DataFrame, hw: str, st: str, full: str) -> None:
+def _plot_stream(ax, grid: pd.DataFrame, hw: str, st: str) -> None:
     """Modelled tokens/s per policy vs C/W on one GPU and stream (the claims' shape, fifo), with the floor."""
     sel = grid[
         (grid.hardware == hw)
@@ -154,24 +130,32 @@ def _plot_stream(ax, grid: pd.DataFrame, hw: str, st: str, full: str) -> None:
     ]
     for pol, g in sel.groupby("policy", sort=False):
         g = g.sort_values("cache_ratio")
-        ax.plot(
-            g.cache_ratio, g.tokens_per_second, **{"ls": "-", **STYLE.get(pol, {})}, label=_policy_label(pol)
-        )
+        look = {"ls": "-", **STYLE.get(pol, {}), "label": LABELS.get(pol, pol)}
+        ax.plot(g.cache_ratio, g.tokens_per_second, **look)
     fl = sel[sel.policy == "demand"].sort_values("cache_ratio")
     ax.plot(fl.cache_ratio, fl.floor_tokens_per_second, "k:", label=LIMIT)
     lo, hi = paper.FASTER_RANGE
     ax.axvspan(lo, hi, color=PAPER_STYLE["color"], alpha=0.06, label=f"C/W {lo}-{hi}: the claims' range")
     ax.set_yscale("log")
-    log_ticks(ax)
-    name = f"{st} (synthetic)" if st == full else st
+    # labels at 1, 2, 3, 5, 7 x 10^k (and 1.5, 4 on an axis spanning under a decade), minor ticks unlabelled
+    bottom, top = ax.get_ylim()
+    ax.yaxis.set_major_locator(LogLocator(subs=NARROW_SUBS if math.log10(top / bottom) < 1 else WIDE_SUBS))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_locator(LogLocator(subs="all"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    # what the panel prices: the stream (synthetic, or which model's trace), its MoE layers, on CLAIM_SHAPE
+    model = str(sel.recorded_by.iloc[0])
+    who = "tiny model" if model.startswith("tiny") else model
+    what = f"{st} (synthetic)" if model == "synthetic" else f"{who}'s {st}"
     ax.set(
-        xlabel="cache ratio C/W", ylabel="modelled tokens/s (log scale)", title=f"{hw}, {CLAIM_SHAPE}: {name}"
+        xlabel="cache ratio C/W",
+        ylabel="modelled tokens/s (log scale)",
+        title=f"{hw}: {what}\n({sel.moe_layers.iloc[0]} MoE layers, priced on {CLAIM_SHAPE}'s shape)",
     )
 
 
 def _plot_diffs(ax, grid: pd.DataFrame, panels: list, streams: list) -> None:
-    """The modelled demand-over-last_step difference (fifo) per GPU (colour) and stream (marker): what the
-    claims read."""
+    """The modelled demand-over-last_step difference (fifo) per GPU (colour) and stream (marker)."""
     d = diffs(grid)
     markers = dict(zip(streams, STREAM_MARKERS))
     for hw, st in panels:

@@ -1,8 +1,7 @@
 """The performance model against measured runs: validate_cpu (the tiny model offloaded on the emulated link,
 each run modelled on its own routing with cpu-emulated costs calibrated in the same session), validate_gpu (a
 gpu_check report's runs with the h200 profile), `validation` (a run's rows, kept as a stored run's) and
-validation_summary (a run's figure: its errors and sign agreement). The model-error claim over the stored
-runs: model_error.py."""
+validation_summary (a run's figure). The model-error claim over the stored runs: model_error.py."""
 
 from __future__ import annotations
 
@@ -20,10 +19,7 @@ from artifact.experiments.harness import load_model
 from artifact.experiments.paired_table import paired_table
 from artifact.experiments.recording import cached_rows
 from artifact.experiments.settings import Settings
-from artifact.experiments.studies.performance_model.virtual import (
-    model_run,
-    shape,
-)
+from artifact.experiments.studies.performance_model.virtual import model_run, shape
 from artifact.model.config import PRESETS
 from artifact.model.tasks import prompts
 from artifact.offload.links.costs import Costs, Hardware, Shape
@@ -33,11 +29,9 @@ from artifact.offload.runner import decode_prompts
 from artifact.offload.spec import RunSpec
 from artifact.offload.trace_engine import calibrate
 
-# --- validation on the cpu profile -----------------------------------------------------------------
 VALIDATION_RATIOS = (0.43, 1.0, 1.73)
 VALIDATION_POLICIES = ("demand", "last_step")
-
-
+VALIDATION = "validation"  # data/results/<profile>/validation.csv: the timed validation rows (pooling)
 FAST_LINK = dict(link="emulated", link_gbps=1e6, latency_us=0.0)  # a link no compute ever waits on
 
 
@@ -143,9 +137,6 @@ def validate_cpu(
     return df, source
 
 
-VALIDATION = "validation"  # data/results/<profile>/validation.csv: the timed validation rows (pooling)
-
-
 def validation(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
     """The validation protocol of docs/perf_model.md: validate_cpu at batch sizes 1 and 4 and every C/W of the
     profile's grid, 2 repetitions, reused from data/results/<profile>/validation.csv when made under these
@@ -161,28 +152,22 @@ def validation(P: Settings, progress: bool = True) -> tuple[pd.DataFrame, str]:
     return rows, str(rows.calibration.iloc[0]) if len(rows) else ""
 
 
-def validate_gpu(
-    report: str | Path | None = None, traces: dict[int, str | Path] | None = None, hw: Hardware | None = None
-) -> pd.DataFrame:
-    """The runs of a gpu_check report against the model on their recorded routing (`hw`, by default the h200
-    profile with the report's measurements). One row per run: measured and modelled seconds per forward
-    (prefill included, as gpu_check's ms_per_forward), and per denoising forward (prefill left out)."""
+def validate_gpu(report: str | Path | None = None, hw: Hardware | None = None) -> pd.DataFrame:
+    """A gpu_check report's runs against the model on their routing (the h200_trace_b1 and _b4 beside the
+    report; `hw`, by default the h200 profile with the report's measurements). One row per run: measured and
+    modelled seconds per forward (prefill included, as gpu_check's ms_per_forward) and per denoising one."""
     report = Path(report) if report else committed_gpu_check()
-    r = load_gpu_check(report)
+    eng = load_gpu_check(report)["engine"]
     hw = hw or hardware("h200", report)
-    traces = traces or {b: report.parent / f"h200_trace_b{b}.safetensors" for b in (1, 4)}
-    eng = r["engine"]
+    traces = {b: Trace.load(report.parent / f"h200_trace_b{b}.safetensors") for b in (1, 4)}
     cfg = dataclasses.replace(PRESETS["llada2-mini"], num_hidden_layers=eng["layers"], vocab_size=32768)
     costs = Costs(hw, Shape.of(cfg, 2))
     rows = []
-    loaded = {b: Trace.load(p) for b, p in traces.items()}
-    for run_ in eng["runs"]:
-        t = loaded.get(run_["batch"])
-        if t is None:
-            continue
+    for run_ in (r for r in eng["runs"] if r["batch"] in traces):
         # the GPU check's engine runs: fifo, the default lookahead and tau (scripts/gpu_check.py)
-        m = model_run(t, costs, RunSpec(capacity=run_["cache_experts"], policy=run_["policy"]))
-        forwards = m["steps"] + m["prefill_forwards"]
+        m = model_run(
+            traces[run_["batch"]], costs, RunSpec(capacity=run_["cache_experts"], policy=run_["policy"])
+        )
         rows.append(
             {
                 "batch_size": run_["batch"],
@@ -195,7 +180,7 @@ def validate_gpu(
                 "modeled_seconds_per_denoise": (m["seconds"] - m["seconds_prefill"]) / m["steps"],
                 "measured_demand_misses": run_["demand_misses"],
                 "modeled_demand_misses": m["demand_misses"],
-                "forwards": forwards,
+                "forwards": m["steps"] + m["prefill_forwards"],
             }
         )
     df = pd.DataFrame(rows)
@@ -205,8 +190,8 @@ def validate_gpu(
 
 def validation_summary(rows: pd.DataFrame, a: str = "demand", b: str = "last_step") -> dict:
     """Median and worst absolute error of seconds per step over cells (a cell: batch x C/W x policy, its
-    repetitions' mean), and sign agreement: every cell pair whose measured a-vs-b difference has an interval
-    excluding 0 (paired t, stats.paired_table; needs repetitions) must have the modelled difference's sign."""
+    repetitions' mean), and sign agreement: each cell pair whose measured a-vs-b difference has an interval
+    excluding 0 (paired t, paired_table.paired_table; needs repetitions) against the modelled sign."""
     keys = ["batch_size", "cache_ratio", "policy"]
     cells = rows.groupby(keys, as_index=False)[
         ["measured_seconds_per_step", "modeled_seconds_per_step"]
@@ -219,11 +204,9 @@ def validation_summary(rows: pd.DataFrame, a: str = "demand", b: str = "last_ste
         "signs": [],
     }
     if "rep" in rows and rows.rep.nunique() >= 2:
+        mod = cells.set_index(keys).modeled_seconds_per_step
         tab = paired_table(rows, a, b, ["batch_size", "cache_ratio"], metric="measured_seconds_per_step")
-        for r in tab.itertuples():
-            if not r.excludes_zero:
-                continue
-            mod = cells.set_index(keys).modeled_seconds_per_step
+        for r in tab[tab.excludes_zero.astype(bool)].itertuples():
             d_mod = mod[(r.batch_size, r.cache_ratio, a)] - mod[(r.batch_size, r.cache_ratio, b)]
             out["signs"].append(
                 {

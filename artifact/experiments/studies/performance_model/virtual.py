@@ -1,7 +1,6 @@
 """The performance model's virtual runs: model_grid replays routing traces (recorded or synthetic) through the
-real engine, cache, policies and link timeline on a virtual clock priced by a hardware profile (hardware.py),
-for every policy x C/W x link priority, with the physical limit beside each cell, on the eager engine's costs
-or the segmented engine's (engines.py: which engine is priced, and the host's share of each modelled step).
+real engine, cache, policies and link timeline on a virtual clock priced by a hardware profile (hardware.py)
+and an engine (engines.py), for every policy x C/W x link priority, with the physical limit beside each cell.
 Every number is a pure function of the inputs: two runs give identical bits."""
 
 from __future__ import annotations
@@ -34,16 +33,11 @@ TABLE_COLUMNS = (
     "limit_per_step",
     "floor_per_step",
 )
-OUTPUTS = (
-    "seconds_per_step",
-    "tokens_per_second",
-    "stall_per_step",
-    "link_busy_over_wall",
-    "host_per_step",
-    "limit_per_step",
-    "floor_per_step",
-    "host_share",
-)
+WALL_STORE_LIMIT = 2 << 30  # bytes: the wall clock replays real expert tensors on this machine
+# notebook 08's grid: its C/W, its modelled GPUs (hardware.HARDWARE), the shape its claims rule on
+GRID_RATIOS = (0.43, 0.83, 1.0, 1.73)
+GPUS = ("a5000", "h200")
+CLAIM_SHAPE = "llada2-mini"
 
 
 def shape(name: str) -> Shape:
@@ -74,29 +68,36 @@ def priced_spec(costs: Costs, spec: RunSpec) -> RunSpec:
 
 
 def model_run(trace: Trace, costs: Costs, spec: RunSpec, min_misses: int | None = None) -> dict:
-    """One modelled run of `spec` (its capacity, policy, link priority, lookahead and tau; the link priced
-    by `costs`): run_virtual's stats and the outputs (module docstring), per denoising step, with the device's
-    part of both compute terms (device_compute_per_step, device_experts_per_step: their rooflines alone) and
-    the host's share of the step (engines.host_work)."""
-    capacity = spec.capacity
+    """One modelled run of `spec` (capacity, policy, link priority, lookahead, tau; the link priced by
+    `costs`): per_step's figures with the time split (host, compute, experts, and the rooflines alone of
+    both compute terms: device_compute_per_step, device_experts_per_step), by phase, and the host share
+    (engines.host_work)."""
     meter = Metered(costs)
     st = run_virtual(trace, priced_spec(costs, spec), meter)
     t = st["time"]
     split = {"host": t["host"], "compute": t["compute"], "experts": t["experts"]}
     split |= {f"device_{k}": v for k, v in meter.device.items()}
     by_phase = {f"{k}_{ph}": v for ph, d in t["by_phase"].items() for k, v in d.items()}
-    out = per_step(trace, costs, capacity, st, t["stall"], split, min_misses)
+    out = per_step(trace, costs, spec.capacity, st, t["stall"], split, min_misses)
     return {**out, "host_share": host_work(out)["share"], **by_phase}
 
 
 def per_step(
     trace: Trace, costs: Costs, capacity: int, st: dict, stall: float, split: dict, min_misses
 ) -> dict:
-    """A modelled or wall run's outputs (module docstring) from its stats `st`: the figures per denoising
-    step, `split` (seconds by part, where the run has them), the physical limits and the counts."""
+    """A modelled or wall run's figures per denoising step from its stats `st`: time, tokens/s, stall,
+    `split` (seconds by part, where the run has them), link busy / wall, the counts, and the physical limit,
+    max(compute, transfers x expert bytes / bandwidth), with its floor on min's misses. The compute is the
+    device's (Costs.device_only: no launches), each demand's non-expert compute and experts in one group."""
     steps = max(st["forwards"], 1)
     tokens = tokens_decoded(trace)
     seconds = st["seconds"]
+    first = trace.meta["moe_layers"][0]
+    dev = costs.device_only()
+    compute = sum(dev.compute(d, d.layer == first) + dev.group(list(d.counts)) for d in trace.demands)
+    link_s = costs.expert_bytes / (costs.link_gbps * 1e9)
+    if min_misses is None:
+        min_misses = replay(trace, "min", capacity)["demand_misses"]
     return {
         "seconds": seconds,
         "steps": st["forwards"],
@@ -107,38 +108,17 @@ def per_step(
         "stall_per_step": stall / steps,
         **{f"{part}_per_step": v / steps for part, v in split.items()},
         "link_busy_over_wall": st["link_busy_seconds"] / seconds if seconds else float("nan"),
-        **limits(trace, costs, capacity, st["transfers"], steps, min_misses),
+        "limit_per_step": max(compute, st["transfers"] * link_s) / steps,
+        "floor_per_step": max(compute, min_misses * link_s) / steps,
+        "min_misses": min_misses,
         **{k: st[k] for k in ("demand_misses", "speculative_transfers", "prefetch_hits", "transfers")},
     }
 
 
-def limits(
-    trace: Trace, costs: Costs, capacity: int, transfers: int, steps: int, min_misses: int | None = None
-) -> dict:
-    """The physical limit per step, max(compute, transfers x expert bytes / bandwidth), and its floor with
-    min's misses; compute is the device's (Costs.device_only: no host launch term), every demand's non-expert
-    compute and all its experts in one group."""
-    first = trace.meta["moe_layers"][0]
-    dev = costs.device_only()
-    compute = sum(dev.compute(d, d.layer == first) + dev.group(list(d.counts)) for d in trace.demands)
-    link_s = costs.expert_bytes / (costs.link_gbps * 1e9)
-    if min_misses is None:
-        min_misses = replay(trace, "min", capacity)["demand_misses"]
-    return {
-        "limit_per_step": max(compute, transfers * link_s) / steps,
-        "floor_per_step": max(compute, min_misses * link_s) / steps,
-        "min_misses": min_misses,
-    }
-
-
-WALL_STORE_LIMIT = 2 << 30  # bytes: the wall clock replays real expert tensors on this machine
-
-
 def wall_run(trace: Trace, costs: Costs, spec: RunSpec, min_misses: int | None = None) -> dict:
-    """The same cell on the wall clock (clock 'wall'): the stream engine with the emulated link sleeping and
-    the calibrated compute spinning on this machine (cpu-emulated), for a check of the virtual clock."""
+    """The same cell on the wall clock: the stream engine with the emulated link sleeping and the calibrated
+    compute spinning on this machine (cpu-emulated), to check the virtual clock."""
     hw, s = costs.hw, costs.shape
-    capacity = spec.capacity
     check_clock("wall", hw)
     store = len(trace.meta["moe_layers"]) * trace.meta["num_experts"] * s.expert_bytes
     if store > WALL_STORE_LIMIT:
@@ -146,14 +126,13 @@ def wall_run(trace: Trace, costs: Costs, spec: RunSpec, min_misses: int | None =
             f"clock 'wall' would allocate {store / 2**30:.1f} GiB of experts for this shape; "
             "use shape 'tiny' or clock 'virtual'"
         )
-    spec = priced_spec(costs, spec)
     st = run_stream(
         trace,
-        spec,
+        priced_spec(costs, spec),
         ExpertShape(s.hidden_size, s.moe_intermediate_size),
         Calibration(hw.expert_us, hw.other_us_per_demand, source=hw.name),
     )
-    return per_step(trace, costs, capacity, st, st["stall_seconds"], {}, min_misses)
+    return per_step(trace, costs, spec.capacity, st, st["stall_seconds"], {}, min_misses)
 
 
 def check_clock(clock: str, hw: Hardware) -> None:
@@ -202,29 +181,25 @@ def model_grid(
     floors: dict | None = None,
     engine: str = EAGER,
 ) -> pd.DataFrame:
-    """One row per trace x C/W x link priority x policy (module docstring), each cell `spec` at that capacity,
-    policy and priority (priorities None: the spec's own), priced as `engine` (engines.ENGINES); clock 'wall'
-    runs each cell on this machine instead (wall_run)."""
+    """One row per trace x C/W x link priority x policy, each cell `spec` at that capacity, policy and
+    priority (priorities None: the spec's own), priced as `engine` (engines.ENGINES); clock 'wall' runs each
+    cell on this machine instead (wall_run). `floors` caches min's misses per (trace, C) across calls."""
     priorities = (spec.link_priority,) if priorities is None else priorities
     check_grid(policies, ratios, priorities)
     check_clock(clock, hw)
     one = model_run if clock == "virtual" else wall_run
     costs = costs_for(hw, shape(shape_name), engine)
+    floors = {} if floors is None else floors
     rows = []
     jobs = [(i, r) for i in range(len(traces)) for r in ratios]
     for i, ratio in tqdm(jobs, desc="model", disable=not progress):
         t = traces[i]
         C = capacity_for(ratio, mean_working_set(t), t.meta["num_experts"])
-        key = (id(t), C)
-        floor = floors.get(key) if floors is not None else None
-        if floor is None:
-            floor = replay(t, "min", C)["demand_misses"]
-            if floors is not None:
-                floors[key] = floor
+        if (id(t), C) not in floors:
+            floors[id(t), C] = replay(t, "min", C)["demand_misses"]
         for priority in priorities:
             for policy in policies:
                 cell = spec.replace(capacity=C, policy=policy, link_priority=priority)
-                out = one(t, costs, cell, min_misses=floor)
                 rows.append(
                     {
                         "trace": names[i] if names else str(t.path or i),
@@ -238,20 +213,15 @@ def model_grid(
                         "cache_experts": C,
                         "link_priority": priority,
                         "policy": policy,
-                        **out,
+                        **one(t, costs, cell, min_misses=floors[id(t), C]),
                     }
                 )
     return pd.DataFrame(rows)
 
 
 def to_json(df: pd.DataFrame) -> str:
-    """Rows as JSON, floats written by Python's repr (shortest round-trip): identical bits give identical
-    text."""
+    """Rows as JSON, floats by Python's repr (shortest round-trip): identical bits give identical text."""
     return json.dumps(df.to_dict("records"), sort_keys=False)
-
-
-GPUS = ("a5000", "h200")  # notebook 08's modelled GPUs (hardware.HARDWARE)
-CLAIM_SHAPE = "llada2-mini"  # the shape the modelled claims rule on (every stream of the grid, fifo)
 
 
 def diffs(
