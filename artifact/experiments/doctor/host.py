@@ -27,7 +27,6 @@ from artifact.experiments.hardware import HARDWARE, graphs_on, h200_graphs
 from artifact.experiments.settings import Settings
 from artifact.offload.links.costs import Costs, Shape
 from artifact.offload.replay.sim import capacity_for
-from artifact.offload.replay.synth import SynthParams, synth
 from artifact.offload.trace_engine import run_virtual
 
 # Host time of one CUDA graph replay of a segment or an expert stage, us: ASSUMED, unmeasured (no graphs check
@@ -104,7 +103,7 @@ def host_shares(P: Settings, cfg, nbytes: int, cells: list[Cell]) -> tuple[list[
     for c in cells:
         W = c.working_set if c.measured_w else est.stated_working_set(c.batch_size, cfg, novelty)
         if (c.batch_size, W) not in streams:
-            streams[c.batch_size, W] = _stream(P, cfg, c.batch_size, W, novelty, spread)
+            streams[c.batch_size, W] = est.block_stream(P, cfg, c.batch_size, W, novelty, spread)
         out.append(HostCell(c.batch_size, c.cache_ratio, {}, {}))
         at.append((streams[c.batch_size, W], capacity_for(c.cache_ratio, W, cfg.num_experts)))
 
@@ -124,24 +123,6 @@ def host_shares(P: Settings, cfg, nbytes: int, cells: list[Cell]) -> tuple[list[
 
 def _fresh(c: CountedCosts) -> CountedCosts:
     return CountedCosts(c.hw, c.shape, c.replay, c.per_layer, c.per_group)
-
-
-def _stream(P: Settings, cfg, batch: int, W: float, novelty: float, spread: float):
-    """One block of the synthetic stream the time estimate prices for this batch size and W."""
-    return synth(
-        SynthParams(
-            layers=len(cfg.moe_layers),
-            experts=cfg.num_experts,
-            top_k=cfg.num_experts_per_tok,
-            tokens=batch * cfg.block_length,
-            blocks=1,
-            steps=P.steps,
-            batch_size=batch,
-            w=W,
-            novelty=novelty,
-            w_spread=spread,
-        )
-    )
 
 
 def cell_share(P: Settings, stream, make, C: int) -> tuple[tuple[float, float], tuple[float, float]]:
