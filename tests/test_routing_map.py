@@ -14,6 +14,7 @@ from helpers_streams import store_run, stream_rows
 from artifact.experiments.bench.order import slot_order
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria.claims import STATED
 from artifact.experiments.outputs.figures import CONTROL_COLOR, save
 from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.studies import routing_map as rm
@@ -152,7 +153,7 @@ def test_crossing_and_the_implied_region_on_a_hand_made_map():
         and "nu 0.05: none" in c1.measured
     )
     assert c2.verdict == NOT_REPRODUCED and c2.measured.startswith("1 of 2 traces inside")
-    assert "own result" in c1.claim and "own result" in c2.claim
+    assert c1.paper == STATED["07-contour"].said and c2.paper == STATED["07-traces"].said
 
 
 def test_the_claims_rule_on_the_rows_without_prefill_and_their_basis_says_so():
@@ -251,7 +252,7 @@ def test_throughput_table_and_claim():
         rm.throughput(Replicas(pd.DataFrame(rows), metric=rm.METRIC)), Calibration(50.0, 400.0)
     )
     assert c.timing and "50 us per expert" in c.measured and "paper point: +10.1% [" in c.measured
-    assert paper.demand_vs_last_step(1.0)[0] in c.paper
+    assert c.paper == STATED["07-streams"].said and "only the direction is ruled" in c.paper
     # one run, nothing stored beside it: no run-to-run spread to size it, inconclusive whatever its pairs say
     assert c.verdict == INCONCLUSIVE and "record >= 3 runs" in c.reason
     assert "pairs alone" in c.interval and "no stored runs" in c.runs_text()

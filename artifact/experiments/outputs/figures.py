@@ -11,7 +11,6 @@ from pathlib import Path
 
 from scipy import stats
 
-from artifact.experiments.bench.order import AA
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.outputs.figure_check import DPI, check_figure
 from artifact.experiments.outputs.paths import figures_dir, run_data_dir, short_path
@@ -28,7 +27,6 @@ COLORS = {
 }
 # the A/A's series (demand over demand, or 07's stand-in) and settings.CONTROL's: never a policy's colour
 CONTROL_COLOR = "dimgray"
-AA_LABEL = AA  # the A/A's series (demand over demand) where a comparison carries no label of its own
 # settings.CONTROL in a figure: last_step's prediction on the host, no transfers (demand's loads + host time)
 CONTROL_LABEL = f"{CONTROL} (demand's loads + host time)"
 # what an interval is over (rules.Interval.unit), as a figure's title says it

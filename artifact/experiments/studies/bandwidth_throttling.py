@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments.bench.order import primary
+from artifact.experiments.bench.order import AA, primary
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.counting import EXACT, PER_RUN
 from artifact.experiments.criteria import thresholds
@@ -20,7 +20,6 @@ from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import (
-    AA_LABEL,
     COLORS,
     CONTROL_COLOR,
     CONTROL_LABEL,
@@ -252,7 +251,7 @@ def _stall_intervals(ax3, n: Numbers) -> list[dict]:
     """(c) last_step's stall over demand's per cell and the A/A's (demand over demand), each with the interval
     it is ruled on, against the margin; returns the panel's figure data."""
     rows = []
-    aa = n.stall.aa_label or AA_LABEL
+    aa = n.stall.aa_label or AA
     for name, src, color, shift in (
         ("last_step over demand", n.stall.effects, COLORS["last_step"], 2**-0.05),
         (aa, n.stall.aa, CONTROL_COLOR, 2**0.05),

@@ -235,7 +235,7 @@ def bench_verdict(b: BenchNumbers) -> Claim:
 def stored_claims(P: Settings) -> list[Claim]:
     """The bench's timing claim as a `--store` run of the stored runs' last one rules it, from the committed
     rows alone (tests/test_stored_runs.py); the best eviction is the one policy the stored bench times beside
-    lru and the A/A control."""
+    lru and last_step_conservative."""
     names = {p for _, rows in stored_rows(P, STEM) for p in set(rows.policy)} - {"demand", CONTROL}
     if len(names) != 1:
         raise RunsError(f"the stored {STEM} rows time {sorted(names)} beside lru: expected one best eviction")

@@ -25,7 +25,7 @@ from artifact.experiments.verdicts.rules import (
 from artifact.paths import atomic_write_text
 
 __all__ = ["INCONCLUSIVE", "NOT_MEASURABLE", "NOT_REPRODUCED", "REPRODUCED", "VERDICTS", "Claim", "report"]
-RULES_VERSION = 4  # bumped by every change to a rule; docs/verdicts.md's rule history has a row per version
+RULES_VERSION = 5  # bumped by every change to a rule; docs/verdicts.md's rule history has a row per version
 
 
 @dataclass(frozen=True)

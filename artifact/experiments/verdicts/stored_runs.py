@@ -97,7 +97,7 @@ def stored_rows(
 
 
 def notebook_rows(
-    P, notebook: str, folder: Path | None = None, fingerprint=None, reference: Path | None = None, read=pd.read_csv
+    P, notebook: str, folder: Path | None = None, fingerprint=None, reference: Path | None = None, read=None
 ) -> tuple[pd.DataFrame | None, tuple]:
     """(a run's rows of the notebook's row files (criteria/claims.py ROW_FILES) from `folder`, or None; the
     stored runs' (name, rows) made under `fingerprint`: one for every file, or {stem: fingerprint}). The
@@ -113,7 +113,7 @@ def notebook_rows(
     mine = []
     for stem in ROW_FILES[notebook][1]:
         fp = fingerprint.get(stem) if isinstance(fingerprint, dict) else fingerprint
-        for name, rows in stored_rows(P, stem, fp, reference, read):
+        for name, rows in stored_rows(P, stem, fp, reference, read or pd.read_csv):
             by_run.setdefault(name, []).append(tagged(rows, stem))
         if folder is not None:
             mine += [tagged(pd.read_csv(f), stem) for f in row_files(P, stem, folder)]

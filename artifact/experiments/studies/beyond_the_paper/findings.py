@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from artifact.experiments.bench.order import AA
 from artifact.experiments.bench.results import same_tokens
 from artifact.experiments.counting import BASIS_SHORT, EXACT, PER_RUN, on_basis
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.timing import DEMAND
 from artifact.experiments.outputs.figures import (
-    AA_LABEL,
     COLORS,
     CONTROL_COLOR,
     interval_fields,
@@ -119,7 +119,7 @@ def plot(summary, n: "Numbers", P: Settings):
     for ax, col in zip(axes[0], COUNT_AXES):
         _counts_panel(ax, counted, col, f"{COUNT_AXES[col][0]}, exact replay, {BASIS_SHORT[basis]}")
     first = next(iter(n.timed.values()), None)
-    aa = (first.aa_label if first else None) or AA_LABEL
+    aa = (first.aa_label if first else None) or AA
     series = {**{p: c.effects for p, c in (n.shown or n.timed).items()}, aa: first.aa if first else {}}
     rows = []
     for ax, pr in zip(axes[1], PRIORITIES):

@@ -108,7 +108,7 @@ def bootstrap_above_zero(table) -> list[str]:
 
 def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
     """(1): under link_priority demand, no predictor is faster than demand-async (not_faster per predictor and
-    cell of `timed`, {predictor: Compared}, gated by the cell's A/A control); `table` (throughput_table, this
+    cell of `timed`, {predictor: Compared}, gated by the cell's A/A); `table` (throughput_table, this
     run) adds its bootstrap note."""
     t = judge(merge_others(timed), CLAIM, lambda pk: f"{pk[0]} {label(pk[1])}")
     boot = [] if table is None else [c for c in bootstrap_above_zero(table) if c.endswith("(demand)")]

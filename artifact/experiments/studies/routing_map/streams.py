@@ -15,14 +15,13 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from artifact.experiments.bench.order import slot_order
+from artifact.experiments.bench.order import AA, slot_order
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, traces
 from artifact.experiments.outputs.figures import (
-    AA_LABEL,
     COLORS,
     CONTROL_COLOR,
     INTERVAL_BASIS,
@@ -293,7 +292,7 @@ def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
     out = []
     for name, src, color, dx in (
         ("demand over last_step", t.effects, COLORS["demand"], -0.1),
-        (t.aa_label or AA_LABEL, t.aa, CONTROL_COLOR, 0.1),
+        (t.aa_label or AA, t.aa, CONTROL_COLOR, 0.1),
     ):
         keys = [(n,) for n in names if (n,) in src]
         if not keys:
@@ -334,7 +333,7 @@ def _figure_data(rows: pd.DataFrame, out: list[dict]) -> pd.DataFrame:
         ruled[ruled.series == "demand over last_step"].drop(columns="series"), on="task", how="left"
     )
     aa = [s for s in ruled.series.unique() if s != "demand over last_step"]
-    for series, prefix in ((aa[0] if aa else AA_LABEL, "control_"),):
+    for series, prefix in ((aa[0] if aa else AA, "control_"),):
         part = ruled[ruled.series == series].drop(columns="series").add_prefix(prefix)
         merged = merged.merge(part.rename(columns={f"{prefix}task": "task"}), on="task", how="left")
     return merged
