@@ -26,10 +26,10 @@ from artifact.experiments.outputs.provenance import run_info
 from artifact.experiments.verdicts.stored_runs import (
     TIMED_STEMS,
     TIMED_STUDIES,
+    check_stored_runs,
     row_files,
     run_meta,
     runs_root,
-    stored_runs,
 )
 from artifact.paths import atomic_write_text, repo_root
 
@@ -110,7 +110,7 @@ def runs_commit(head: str) -> str:
 def next_run(profile_name: str, reference: Path | None = None) -> tuple[Path, dict]:
     """(the folder the next stored run goes to, this checkout's run_info with runs_commit's commit), or
     RunsError when the stored runs are damaged (check_stored_runs) or of another commit than this checkout."""
-    have = stored_runs(profile_name, reference)
+    have = check_stored_runs(profile_name, reference)
     dest = runs_root(profile_name, reference) / f"run{int(have[-1].name[3:]) + 1 if have else 1}"
     info = run_info()
     info["commit"] = runs_commit(info["commit"])

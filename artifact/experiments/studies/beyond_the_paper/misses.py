@@ -18,7 +18,6 @@ from artifact.experiments.verdicts.counts import margin_below
 from artifact.experiments.verdicts.records import Claim, stated
 from artifact.offload.replay.sim import by_basis, phase_columns, ruling_basis, sweep
 
-
 # Miss accounting: every predictor, then the floors. "min" is bounds.relaxed_min, a bound the simulator
 # replays.
 PREDICTORS = (
