@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 def studies(only=None) -> list:
     """The timing studies to measure (stored_runs.TIMED_STUDIES, in notebook order): all, or those whose
     notebook number is in `only` (e.g. ["04"]: a GPU reviewer grid's stored runs for notebook 04 alone)."""
-    from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES
+    from artifact.experiments.outputs.stored_runs import TIMED_STUDIES
 
     return [t for t in TIMED_STUDIES if not only or t.notebook[:2] in only]
 
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
         "doctor prices); the other notebooks' timing claims then have no stored runs of this profile",
     )
     a = ap.parse_args(argv)
-    from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES
+    from artifact.experiments.outputs.stored_runs import TIMED_STUDIES
 
     known = [t.notebook[:2] for t in TIMED_STUDIES]
     bad = [x for x in a.only or [] if x not in known]
@@ -127,7 +127,7 @@ def check(a):
     from artifact.experiments import harness
     from artifact.experiments import recording as stored_runs
     from artifact.experiments.outputs.paths import results_dir
-    from artifact.experiments.verdicts.stored_runs import runs_root
+    from artifact.experiments.outputs.stored_runs import runs_root
     from artifact.offload.prepare import checked_checkpoint, model_config
     from artifact.paths import check_writable
 

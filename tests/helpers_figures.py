@@ -97,9 +97,9 @@ def routing_map(P: Settings, ts, fresh: bool):
 
 def performance_model(P: Settings, ts, fresh: bool):
     from artifact.experiments.bench.results import bench_fingerprint
+    from artifact.experiments.outputs.stored_runs import stored_rows
     from artifact.experiments.studies import performance_model as pm
     from artifact.experiments.studies.performance_model.validation import VALIDATION
-    from artifact.experiments.verdicts.stored_runs import stored_rows
 
     runs = stored_rows(P, VALIDATION, bench_fingerprint(P))
     trace = ts[0]  # the notebook's is the largest batch size's: any trace draws the same

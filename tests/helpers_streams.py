@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from artifact.experiments.outputs.manifest import write_manifest
+from artifact.experiments.outputs.stored_runs import runs_root
 from artifact.experiments.settings import CONTROL
-from artifact.experiments.verdicts.stored_runs import runs_root
 
 STREAM_NAMES = ("paper point", "cpu point")
 

@@ -15,11 +15,11 @@ import pytest
 
 from artifact.errors import UserError
 from artifact.experiments.criteria.timing import CLAIMS
+from artifact.experiments.outputs.stored_runs import stored_rows
 from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import calibration as cal
 from artifact.experiments.verdicts import pooling
 from artifact.experiments.verdicts.pairs import run_effects
-from artifact.experiments.verdicts.stored_runs import stored_rows
 
 ZERO = cal.Scenario("zero", 0.0, "false reproduced")
 PLANTED = cal.Scenario("planted +30", 30.0, "power")

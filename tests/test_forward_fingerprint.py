@@ -13,8 +13,8 @@ import pytest
 
 from artifact.errors import ResultFileError
 from artifact.experiments.bench.results import SETTINGS, bench_fingerprint, fingerprint_keys, load_for_append
+from artifact.experiments.outputs.stored_runs import stored_rows
 from artifact.experiments.settings import fingerprint, load_profile
-from artifact.experiments.verdicts.stored_runs import stored_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN1 = ROOT / "data" / "results" / "cpu" / "runs" / "run1" / "bench.csv"

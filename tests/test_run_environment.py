@@ -15,10 +15,9 @@ import pandas as pd
 import torch
 
 from artifact.experiments import recording
-from artifact.experiments.outputs import provenance
+from artifact.experiments.outputs import provenance, stored_runs
 from artifact.experiments.outputs.provenance import VERSIONED, environment
 from artifact.experiments.settings import load_profile
-from artifact.experiments.verdicts import stored_runs
 from artifact.experiments.verdicts.records import Claim, record, record_path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 
 from artifact.experiments.criteria.timing import CLAIMS
+from artifact.experiments.outputs.stored_runs import stored_rows
 from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import judge
 from artifact.experiments.verdicts.pooling import Replicas
 from artifact.experiments.verdicts.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
-from artifact.experiments.verdicts.stored_runs import stored_rows
 
 ORDER = {NOT_REPRODUCED: 0, INCONCLUSIVE: 1, REPRODUCED: 2}
 

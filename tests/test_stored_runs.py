@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from artifact.experiments.criteria import thresholds
-from artifact.experiments.settings import load_profile
-from artifact.experiments.verdicts import stored_runs
 from artifact.experiments.claims_table import records
+from artifact.experiments.criteria import thresholds
+from artifact.experiments.outputs import stored_runs
+from artifact.experiments.settings import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "data" / "results"

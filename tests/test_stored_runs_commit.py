@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from artifact.experiments.outputs.provenance import VERSIONED
-from artifact.experiments.verdicts.stored_runs import check_stored_runs, run_meta
+from artifact.experiments.outputs.stored_runs import check_stored_runs, run_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ("artifact/offload", "artifact/model")

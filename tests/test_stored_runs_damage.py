@@ -19,12 +19,12 @@ import pytest
 from artifact.cli import main
 from artifact.errors import ResultFileError, RunsError
 from artifact.experiments import recording
+from artifact.experiments.claims_table import records
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.outputs import stored_runs
 from artifact.experiments.outputs.manifest import MANIFEST, write_manifest
 from artifact.experiments.settings import load_profile
 from artifact.experiments.studies import capacity_sweep
-from artifact.experiments.verdicts import stored_runs
-from artifact.experiments.claims_table import records
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "data" / "results" / "cpu"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from artifact.errors import UserError
 from artifact.experiments import claims_readme as readme
-from artifact.experiments.settings import load_profile
 from artifact.experiments import claims_table as table
-from artifact.experiments.verdicts.stored_runs import check_stored_runs
+from artifact.experiments.outputs.stored_runs import check_stored_runs
+from artifact.experiments.settings import load_profile
 
 
 def cmd_claims(a) -> int:

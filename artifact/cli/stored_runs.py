@@ -16,11 +16,7 @@ import pandas as pd
 from artifact.errors import RunsError, UserError
 from artifact.experiments.bench.grid import CELL_KEYS
 from artifact.experiments.outputs.paths import RECORD_SUFFIX, reference_data_dir, short_path
-from artifact.experiments.settings import load_profile
-from artifact.experiments.verdicts.pairs import run_effects
-from artifact.experiments.verdicts.pooling import one_run, pooled
-from artifact.experiments.verdicts.records import RULES_VERSION
-from artifact.experiments.verdicts.stored_runs import (
+from artifact.experiments.outputs.stored_runs import (
     TIMED_STEMS,
     TIMED_STUDIES,
     check_stored_runs,
@@ -29,6 +25,10 @@ from artifact.experiments.verdicts.stored_runs import (
     runs_root,
     stored_rows,
 )
+from artifact.experiments.settings import load_profile
+from artifact.experiments.verdicts.pairs import run_effects
+from artifact.experiments.verdicts.pooling import one_run, pooled
+from artifact.experiments.verdicts.records import RULES_VERSION
 from artifact.paths import atomic_write_text
 
 

@@ -26,11 +26,11 @@ import numpy as np
 import pandas as pd
 
 from artifact.experiments.criteria.timing import CLAIMS
+from artifact.experiments.outputs.stored_runs import TIMED_STUDIES, notebook_rows, row_files, runs_root
 from artifact.experiments.settings import load_profile
 from artifact.experiments.verdicts import judge
 from artifact.experiments.verdicts.pooling import Replicas, Within
 from artifact.experiments.verdicts.rules import INCONCLUSIVE
-from artifact.experiments.verdicts.stored_runs import TIMED_STUDIES, notebook_rows, row_files, runs_root
 from artifact.paths import atomic_write_text
 
 FOLDER = "fresh_runs"

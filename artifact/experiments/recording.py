@@ -23,7 +23,7 @@ from artifact.errors import RunsError
 from artifact.experiments.outputs.manifest import write_manifest
 from artifact.experiments.outputs.paths import results_dir, short_path
 from artifact.experiments.outputs.provenance import run_info
-from artifact.experiments.verdicts.stored_runs import (
+from artifact.experiments.outputs.stored_runs import (
     TIMED_STEMS,
     TIMED_STUDIES,
     check_stored_runs,

@@ -53,8 +53,8 @@ from artifact.experiments.doctor.power import power_lines
 from artifact.experiments.doctor.report import CONTEXT_BYTES, GB, Cell, HostCell, Report
 from artifact.experiments.doctor.shapes import PLANNED_GPU_GB, SHAPES, TOKENIZER_NOTE
 from artifact.experiments.harness import current_trace
+from artifact.experiments.outputs.stored_runs import check_stored_runs, run_meta, stored_rows
 from artifact.experiments.settings import Settings
-from artifact.experiments.verdicts.stored_runs import check_stored_runs, run_meta, stored_rows
 from artifact.model.checkpoint import DTYPES
 from artifact.model.memory import non_expert_bytes
 from artifact.model.tasks import prompts

@@ -1,5 +1,5 @@
 """Where a run ran: its date, commit, command and environment (software versions, CPU), recorded with every
-claim record (verdicts/records.py) and stored run (verdicts/stored_runs.py)."""
+claim record (verdicts/records.py) and stored run (outputs/stored_runs.py)."""
 
 from __future__ import annotations
 

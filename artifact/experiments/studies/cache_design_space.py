@@ -28,13 +28,13 @@ from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, traces
 from artifact.experiments.outputs.figures import title
+from artifact.experiments.outputs.stored_runs import stored_rows
 from artifact.experiments.paired_table import CELL_KEYS, cell_label
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.verdicts.counts import margin_below
 from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.verdicts.records import Claim, stated, verdict_of
-from artifact.experiments.verdicts.stored_runs import stored_rows
 from artifact.offload.replay.sim import (
     by_basis,
     capacity_for,

@@ -37,12 +37,12 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from artifact.experiments.criteria.timing import CLAIMS, OTHERS, TimingClaim
+from artifact.experiments.outputs.stored_runs import notebook_rows
 from artifact.experiments.verdicts import judge
 from artifact.experiments.verdicts.pairs import Basis
 from artifact.experiments.verdicts.pooling import Compared, Replicas, replicate_all
 from artifact.experiments.verdicts.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from artifact.experiments.verdicts.scenarios import Scenario, distance, right_verdict, scenarios
-from artifact.experiments.verdicts.stored_runs import notebook_rows
 
 RUNS = 9  # stored runs per synthetic study: the cpu profile's count
 STUDIES = 300  # per claim and scenario, the default: under 5 minutes on 2 cores

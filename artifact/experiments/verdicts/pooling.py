@@ -30,9 +30,9 @@ from scipy import stats
 
 from artifact.errors import RunsError
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.outputs.stored_runs import notebook_rows, run_meta, runs_root
 from artifact.experiments.verdicts.pairs import PERCENT, Basis, aa_label, host_shares, run_effects
 from artifact.experiments.verdicts.rules import Interval
-from artifact.experiments.verdicts.stored_runs import notebook_rows, run_meta, runs_root
 
 
 def pooled(means: Sequence[float]) -> Interval | None:
