@@ -107,3 +107,15 @@ def test_citation_and_zenodo_quote_the_abstract_as_rendered():
     assert claims_readme._citation(cff) == cff
     zen = (ROOT / ".zenodo.json").read_text()
     assert claims_readme._zenodo(zen) == zen
+
+
+def test_rule_list_renders_each_timing_claim_from_the_registry(capsys):
+    """`python -m artifact rule --list` prints each timing claim's text and paper field from the registry."""
+    from types import SimpleNamespace
+
+    from artifact.cli.rule import cmd_rule
+
+    assert cmd_rule(SimpleNamespace(list=True)) == 0
+    out = capsys.readouterr().out
+    for key in TIMING:
+        assert f"{key}: " in out and STATED[key].said in out, key

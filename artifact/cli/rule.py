@@ -16,7 +16,7 @@ import re
 
 from artifact.errors import UserError
 from artifact.experiments.criteria.claims import STATED
-from artifact.experiments.criteria.timing import CLAIMS
+from artifact.experiments.criteria.timing import CLAIMS, OTHERS
 from artifact.experiments.verdicts.judge import PAPER_RESULTS, question, rule_stated
 from artifact.experiments.verdicts.rules import ABOVE_ZERO
 
@@ -89,7 +89,8 @@ def cmd_rule(a) -> int:
             s = STATED[key]
             printed = "; the paper prints a result: see --paper" if key in PAPER_RESULTS else ""
             print(f"{key}: {s.claim_text(question=question(c), best='A', ratio=1.0)}")
-            print(f"    {c.a} over {c.b}; {s.said}{printed}")
+            a_is = "A: each other policy of the grid" if c.a == OTHERS else f"A: {c.a}"
+            print(f"    {a_is}, B: {c.b}; {s.said}{printed}")
         return 0
     if a.claim is None:
         raise UserError("rule: name a claim (one of " + ", ".join(CLAIMS) + "), or give --list")
