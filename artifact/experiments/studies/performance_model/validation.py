@@ -90,8 +90,7 @@ def validate_cpu(
     task = P.tasks[0]
     _, ps = prompts(loaded.tokenizer, task, n_prompts, P.seed, P.max_prompt_tokens)
     shp = shape("tiny") if loaded.cfg.name == "tiny" else Shape.of(loaded.cfg, 4)
-    costs, sources = {}, []
-    traces: dict[int, Trace] = {}
+    costs, sources, traces = {}, [], {}
     for b in batch_sizes:  # compute per demand grows with the batch: calibrated per batch size
         # The routing of every run of this batch size (offloading changes time, never results); measured runs
         # do not record, since recording also computes each layer's cross-layer prediction.
