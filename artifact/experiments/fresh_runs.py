@@ -93,15 +93,6 @@ def tables(profile: str = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
     return per, summary.reset_index()
 
 
-def quiet_ratio(per: pd.DataFrame, profile: str = "cpu") -> float:
-    """The median noise ratio over the kept runs whose note says "quiet" (claims with a true A/A pair: 07's
-    streams carry none, so its within-run noise is not a pair's), what scenarios.FRESH_NOISE states."""
-    notes = {p.name: json.loads((p / "run.json").read_text()).get("note", "") for p in fresh_runs(profile)}
-    quiet = [name for name, note in notes.items() if "quiet" in note]
-    rows = per[per.run.isin(quiet) & (per.claim != "07-streams")]
-    return float(rows.noise_ratio.median())
-
-
 def keep(src: Path, name: str, profile: str = "cpu", note: str = "", seconds: float | None = None) -> Path:
     """Copy a clone's timing row files (its data/results/<profile>/) into fresh_runs/NAME with a run.json;
     refuses an existing NAME (results are never overwritten)."""

@@ -271,7 +271,3 @@ STATED = {
         ),
     )
 }
-
-
-def of_notebook(notebook: str) -> list[Stated]:
-    return [s for s in STATED.values() if s.notebook == notebook]

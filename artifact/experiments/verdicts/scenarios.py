@@ -23,7 +23,7 @@ from artifact.experiments.verdicts.rules import INCONCLUSIVE, NOT_REPRODUCED, RE
 MARGIN = thresholds.MARGIN
 SMALLEST = paper.FASTER_PCT[0]  # the paper's smallest direction effect
 FRESH_NOISE = 1.7  # a fresh run's within-run sd over the stored runs': the quiet kept runs' median
-# (fresh_runs.quiet_ratio; tests/test_fresh_runs.py holds the two together)
+# (tests/test_fresh_runs.py measures it on the kept quiet runs and holds the two together)
 
 
 @dataclass(frozen=True)

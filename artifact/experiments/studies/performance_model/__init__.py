@@ -65,7 +65,7 @@ from artifact.experiments.studies.performance_model.virtual import (  # noqa: F4
     to_json,
 )
 from artifact.experiments.verdicts import rules
-from artifact.experiments.verdicts.records import Claim, verdict_of
+from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 from artifact.experiments.verdicts.rules import Interval
 from artifact.offload.links.timeline import PRIORITIES
 from artifact.offload.policy.policies import check_policy
@@ -140,20 +140,22 @@ def rule_modelled(kind: str, cells: pd.DataFrame) -> tuple[str, str]:
     return rules.rule_claim_cells(kind, ivs, [g if isinstance(g, str) else None for g in cells.gate])
 
 
-def _model_claim(d: pd.DataFrame, lo: float, hi: float, text: str, paper_text: str, kind: str) -> Claim:
+def _model_claim(d: pd.DataFrame, lo: float, hi: float, key: str, kind: str) -> Claim:
     sel = d[(d.cache_ratio >= lo - 1e-9) & (d.cache_ratio <= hi + 1e-9) & (d["shape"] == CLAIM_SHAPE)]
     parts = [
         f"{r.hardware} {r.trace} C/W {r.cache_ratio:g}: {r.diff_pct:+.1f}% (host {100 * r.host_share:.0f}%)"
         for r in sel.itertuples()
     ]
     judged = "> 0" if kind == rules.FASTER else f"+-{thresholds.MARGIN:g}%"
-    return Claim(
-        f"[modeled: {', '.join(GPUS)}, {CLAIM_SHAPE}, {ENGINE} engine] {text}",
-        paper_text,
+    verdict, reason = rule_modelled(kind, sel)
+    return stated(
+        key,
         f"demand over last_step, modelled tokens/s, fifo, {ENGINE} engine (the measured launch costs); per "
         "cell the host share of the modelled step (host term + launches above the rooflines, "
         "engines.host_work): " + "; ".join(parts),
-        *rule_modelled(kind, sel),
+        verdict,
+        {"modelled": f"{', '.join(GPUS)}, {CLAIM_SHAPE}, {ENGINE} engine"},
+        reason=reason,
         counting=f"modelled tokens/s (virtual clock, {ENGINE} engine)",
         interval=MODELED,
         margin=f"range {sel.diff_pct.min():+.1f}..{sel.diff_pct.max():+.1f}% vs {judged}; "
@@ -178,11 +180,8 @@ def _floor_claim(grid: pd.DataFrame) -> Claim:
         shares.append((dem - ora) / (dem - floor) if dem > floor else 1.0)
         far = "; ".join(f"{p} {100 * (s / floor - 1):+.0f}%" for p, s in sec.items())
         parts.append(f"{tr}: over the floor {far}; the oracle closes {100 * shares[-1]:.0f}% of demand's gap")
-    return Claim(
-        "[own result, modeled: h200, llada2-mini] most of demand's distance to the physical "
-        "floor is beyond prediction: the oracle closes less than half of it at C/W 1",
-        "not a claim of the paper: this artifact's own result; floor = max(compute, "
-        "min's misses x expert bytes / bandwidth) per step",
+    return stated(
+        "08-floor",
         "; ".join(parts),
         verdict_of(max(shares) < thresholds.GAP_LEFT),
         counting="modelled seconds per step (virtual clock)",
@@ -196,28 +195,10 @@ def verdicts(grid: pd.DataFrame, errors: ModelErrors, gpu_summary: dict, source:
     eager engine, whose launch costs are measured) by the measured timing claims' rule, the host-share gate
     included (rule_modelled); then the floor claim and the model-error claim."""
     d = modelled_cells(grid)
-    lo, hi = paper.FASTER_RANGE
-    gated = f"a cell whose host share is over {100 * thresholds.HOST_SHARE_LIMIT:.0f}% inconclusive"
+    low = paper.AT_LOW.cache_ratio
     return [
-        _model_claim(
-            d,
-            lo,
-            hi,
-            "demand-async is faster than async last-step prefetch at C/W 0.83-1.73",
-            f"{paper.FASTER_PCT[0]:+.1f} to {paper.FASTER_PCT[1]:+.1f}%, CIs exclude zero; "
-            "judged on the model: demand faster at every C/W 0.83-1.73 on both streams and both GPUs, "
-            f"{gated}",
-            rules.FASTER,
-        ),
-        _model_claim(
-            d,
-            paper.AT_LOW.cache_ratio,
-            paper.AT_LOW.cache_ratio,
-            "at C/W 0.43 demand-async and async last-step prefetch do not differ (within +-3%)",
-            f"{paper.paired_text(paper.AT_LOW)}; judged on the model: |difference| <= "
-            f"{thresholds.MARGIN:g}% on both streams and both GPUs, {gated}",
-            rules.NO_DIFFERENCE,
-        ),
+        _model_claim(d, *paper.FASTER_RANGE, "08-faster", rules.FASTER),
+        _model_claim(d, low, low, "08-equal", rules.NO_DIFFERENCE),
         _floor_claim(grid),
         model_error_claim(errors, gpu_summary, source),
     ]

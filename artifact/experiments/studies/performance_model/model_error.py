@@ -12,6 +12,7 @@ import pandas as pd
 
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.criteria import thresholds
+from artifact.experiments.outputs.stored_runs import stored_rows
 from artifact.experiments.settings import Settings
 from artifact.experiments.studies.performance_model.validation import (
     VALIDATION,
@@ -20,8 +21,7 @@ from artifact.experiments.studies.performance_model.validation import (
 )
 from artifact.experiments.verdicts.counts import at_most, median_interval
 from artifact.experiments.verdicts.pooling import Replicas
-from artifact.experiments.verdicts.records import Claim
-from artifact.experiments.verdicts.stored_runs import stored_rows
+from artifact.experiments.verdicts.records import Claim, stated
 
 VALIDATION_CELL = ["batch_size", "cache_ratio"]  # a measured demand-vs-last_step comparison: one per cell
 LIMIT = thresholds.MODEL_ERROR
@@ -219,16 +219,11 @@ def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
             if n
             else "one run: no stored runs"
         )
-    return Claim(
-        "[own result] the performance model predicts measured seconds per step within 10% (median absolute "
-        "error over cells; cpu: the tiny model on the emulated link against the model with "
-        "cpu-emulated costs)",
-        "not a claim of the paper: this artifact's own result; judged: "
-        f"median absolute error <= {100 * LIMIT:.0f}% (docs/perf_model.md, Validation: "
-        "the interval of the median over the stored runs' figures)",
+    return stated(
+        "08-model-error",
         _measured_text(e, gpu_summary, source),
         verdict,
-        reason,
+        reason=reason,
         timing=True,
         counting="seconds per denoising step, modelled against measured (a cell: "
         "the mean of its 2 repetitions)",
