@@ -4,7 +4,7 @@ records (verdicts/records.py), shared by the studies."""
 
 from __future__ import annotations
 
-from artifact.experiments.verdicts.records import verdict_of
+from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 from artifact.offload.replay.sim import DENOISING_ONLY, WITH_PREFILL
 
 DENOISING, ALL_DEMANDS, PER_RUN = (
@@ -31,6 +31,20 @@ def on_bases(holds: dict, figures: dict, rules: str) -> tuple[str, str]:
     return verdict, "; ".join(
         [f"{BASIS_SHORT[rules]}: {figures[rules]} (rules)"]
         + [f"{BASIS_SHORT[b]}: {figures[b]} (would say {verdict_of(holds[b])})" for b in other]
+    )
+
+
+def stated_on_bases(
+    key: str, measured: str, bases: dict, rules: str, holds, figure, reason="", **fields
+) -> Claim:
+    """Count claim `key` (records.stated) ruled by on_bases over `bases` (counting basis -> a study's counts):
+    `holds(counts)` and its deciding `figure(counts)` per basis; exact counts on `rules`. Its reason is
+    on_bases' note, else `reason`."""
+    verdict, note = on_bases(
+        {b: holds(c) for b, c in bases.items()}, {b: figure(c) for b, c in bases.items()}, rules
+    )
+    return stated(
+        key, measured, verdict, reason=note or reason, counting=BASIS[rules], interval=EXACT, **fields
     )
 
 

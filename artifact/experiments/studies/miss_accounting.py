@@ -16,26 +16,19 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from artifact.experiments.counting import BASIS, EXACT, on_bases
+from artifact.experiments.counting import on_basis, stated_on_bases
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.outputs.figures import COLORS, PAPER_STYLE, title
+from artifact.experiments.outputs.figures import COLORS, PAPER_STYLE, figure_legend, title
 from artifact.experiments.settings import Settings
 from artifact.experiments.verdicts.counts import margin_below
 from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, stated
-from artifact.offload.backend.plans import COUNTS
-from artifact.offload.replay.sim import (
-    BASES,
-    DENOISING_ONLY,
-    WITH_PREFILL,
-    by_basis,
-    phase_columns,
-    ruling_basis,
-    sweep,
-)
+from artifact.offload.replay import sim
+from artifact.offload.replay.sim import DENOISING_ONLY, WITH_PREFILL
 from artifact.offload.replay.trace import mean_working_set, working_set_by_phase
 
 BOUND = "min"  # replayed beside the profile's sim_policies (a bound, not a policy: not in Settings' list)
 SUMMED = ("demand_misses", "speculative_transfers", "prefetch_hits", "wasted_prefetches", "accesses")
+LABEL = {DENOISING_ONLY: "denoising steps (prefill excluded)", WITH_PREFILL: "all demands (prefill included)"}
 
 
 # --- replay and table -----------------------------------------------------------------------------
@@ -43,34 +36,25 @@ def miss_sweep(ts, P: Settings, progress: bool = True) -> pd.DataFrame:
     """Every trace x C/W x (simulator policy, and the bound min), replayed (exact counts; sim.sweep), with
     each count per phase as <count>_<phase> columns (prefill, first, later)."""
     policies = list(P.sim_policies) + ([BOUND] if BOUND not in P.sim_policies else [])
-    df = sweep(
+    df = sim.sweep(
         ts, P.cache_ratios, policies, progress=progress, by_phase=True, lookahead=P.lookahead, tau=P.tau
     )
-    df = phase_columns(df, (*COUNTS, "accesses"))
+    df = sim.phase_columns(df)
     df["trace"] = [Path(p).name for p in df.trace]  # no machine paths in saved data
     return df.drop(columns=["replay_seconds"])
 
 
 def miss_summary(sweep_df) -> pd.DataFrame:
-    """Counts pooled over traces per (prefill included or excluded, C/W, policy), relative to LRU ('demand')
-    at the same C/W and prefill setting (sim.by_basis). Without per-phase columns only the 'included' rows
-    are made."""
-    return by_basis(sweep_df, ["cache_ratio"], SUMMED)
-
-
-def prefill_multiples(ts) -> list[float]:
-    """Per trace with prefill forwards: the prefill forwards' mean W over the denoising steps' mean W."""
-    out = []
-    for t in ts:
-        by = working_set_by_phase(t).set_index("phase")
-        if "prefill" in by.index:
-            out.append(float(by.loc["prefill", "mean_working_set"]) / mean_working_set(t))
-    return out
+    """Counts pooled over traces per counting basis, C/W and policy, relative to LRU ('demand') at the same
+    C/W and basis (sim.by_basis; without per-phase columns, all demands only)."""
+    return sim.by_basis(sweep_df, ["cache_ratio"], SUMMED)
 
 
 def prefill_text(ts) -> str:
-    """The sentence notebook 02 prints on why its verdicts count denoising steps only."""
-    m = prefill_multiples(ts)
+    """The sentence notebook 02 prints on why its verdicts count denoising steps only, with the prefill
+    forwards' mean W over the denoising steps' per trace that has them."""
+    by = [working_set_by_phase(t).set_index("phase").mean_working_set for t in ts]
+    m = [float(w["prefill"]) / mean_working_set(t) for t, w in zip(ts, by) if "prefill" in w.index]
     size = (
         f"a prefill forward demands {min(m):.1f}-{max(m):.1f}x the denoising steps' W on "
         f"these {len(m)} traces"
@@ -85,8 +69,10 @@ def prefill_text(ts) -> str:
 
 
 # --- verdicts -------------------------------------------------------------------------------------
-def _at(summary, policy: str, ratio: float):
-    return summary[(summary.policy == policy) & (summary.cache_ratio == ratio)].iloc[0]
+def _per(g, policy: str, ratios, f) -> dict:
+    """{C/W: f(the summary row of `policy` at that C/W)} over `ratios`; empty where `g` lacks `policy`."""
+    rows = g[g.policy == policy]
+    return {r: f(rows[rows.cache_ratio == r].iloc[0]) for r in ratios} if len(rows) else {}
 
 
 def _nearest(ratios, target: float) -> float:
@@ -94,95 +80,51 @@ def _nearest(ratios, target: float) -> float:
 
 
 @dataclass(frozen=True)
+class Counts:
+    """One counting basis's counts (sim.BASES), each empty without its policy."""
+
+    # at each C/W in 0.83-1.73 (abstract: "significant for C/W=0.83-1.73"): (misses removed / LRU's,
+    # speculative transfers / LRU's misses, speculative transfers > misses removed)
+    last_step: dict
+    refresh_removed: dict  # C/W -> misses removed by interval_refresh / LRU's
+    oracle_cut: dict  # C/W -> LRU / oracle misses
+
+
+@dataclass(frozen=True)
 class Numbers:
     ratios: tuple[float, ...]
     basis: str  # the basis the verdicts rule on (sim.ruling_basis: 'excluded' when measured)
-    # per basis (sim.BASES), at each C/W in 0.83-1.73 (abstract: "significant for C/W=0.83-1.73"): (misses
-    # removed / LRU's, speculative transfers / LRU's misses, speculative transfers > misses removed); empty
-    # without last_step
-    last_step_by_prefill: dict
-    refresh_by_prefill: dict  # basis -> {C/W -> misses removed by interval_refresh / LRU's}; empty without it
-    oracle_cut_by_prefill: dict  # basis -> {C/W -> LRU / oracle misses}; empty without oracle
+    by_prefill: dict  # counting basis -> Counts
     min_cut: dict  # C/W -> LRU misses / min's loads (on basis); empty without min
 
-    @property
-    def last_step(self) -> dict:
-        return self.last_step_by_prefill.get(self.basis, {})
-
-    @property
-    def oracle_cut(self) -> dict:
-        return self.oracle_cut_by_prefill.get(self.basis, {})
-
-    @property
-    def refresh_removed(self) -> dict:
-        return self.refresh_by_prefill.get(self.basis, {})
+    last_step, refresh_removed, oracle_cut = (
+        on_basis(f) for f in ("last_step", "refresh_removed", "oracle_cut")
+    )
 
 
 def numbers(summary) -> Numbers:
-    judged_on = ruling_basis(summary)
-    by_prefill = {p: summary[summary.prefill == p] for p in BASES if p in set(summary.prefill)}
-    ratios = tuple(sorted(float(r) for r in by_prefill[judged_on].cache_ratio.unique()))
-    policies = set(summary.policy)
+    basis = sim.ruling_basis(summary)
+    ratios = tuple(sorted(float(r) for r in summary[summary.prefill == basis].cache_ratio.unique()))
     in_range = [r for r in ratios if paper.FASTER_RANGE[0] <= r <= paper.FASTER_RANGE[1]]
-    last, refresh, cuts = {}, {}, {}
-    for p, g in by_prefill.items():
-        if "last_step" in policies:
-            last[p] = {}
-            for r in in_range:
-                s = _at(g, "last_step", r)
-                last[p][r] = (
-                    s.misses_removed / s.lru_misses,
-                    s.speculative_transfers / s.lru_misses,
-                    bool(s.speculative_transfers > s.misses_removed),
-                )
-        if "interval_refresh" in policies:
-            refresh[p] = {}
-            for r in ratios:
-                s = _at(g, "interval_refresh", r)
-                refresh[p][r] = s.misses_removed / s.lru_misses
-        if "oracle" in policies:
-            cuts[p] = {r: 1 / _at(g, "oracle", r).misses_vs_lru for r in ratios}
-    g = by_prefill[judged_on]
-    floor = {r: 1 / _at(g, BOUND, r).misses_vs_lru for r in ratios} if BOUND in policies else {}
-    return Numbers(ratios, judged_on, last, refresh, cuts, floor)
 
+    def removed(s):
+        return s.misses_removed / s.lru_misses
 
-def last_step_text(n: Numbers) -> str:
-    return "; ".join(
-        f"C/W {r:g}: {removed:.0%} removed, speculative transfers +{spec:.0%} of LRU's misses"
-        for r, (removed, spec, _) in n.last_step.items()
-    )
+    def last(s):
+        spec = s.speculative_transfers
+        return removed(s), spec / s.lru_misses, bool(spec > s.misses_removed)
 
-
-def _label(prefill: str) -> str:
-    return (
-        "denoising steps (prefill excluded)"
-        if prefill == DENOISING_ONLY
-        else "all demands (prefill included)"
-    )
-
-
-def oracle_text(n: Numbers, r1: float) -> str:
-    parts = [
-        f"{_label(n.basis)}: LRU/oracle misses at C/W = {r1:g}: {n.oracle_cut[r1]:.1f}x (by C/W: "
-        + ", ".join(f"{r:g}: {v:.1f}x" for r, v in n.oracle_cut.items())
-        + ")"
-    ]
-    for p, cut in n.oracle_cut_by_prefill.items():
-        if p != n.basis:
-            parts.append(f"{_label(p)}: {cut[r1]:.1f}x at C/W = {r1:g}")
-    if n.min_cut:
-        parts.append(
-            f"LRU misses / the floor min's loads (any C-slot demand paging) at C/W = {r1:g}: "
-            f"{n.min_cut[r1]:.1f}x"
+    by_prefill = {
+        p: Counts(
+            _per(g, "last_step", in_range, last),
+            _per(g, "interval_refresh", ratios, removed),
+            _per(g, "oracle", ratios, lambda s: 1 / s.misses_vs_lru),
         )
-    return "; ".join(parts)
-
-
-def refresh_text(n: Numbers) -> str:
-    return "misses removed beyond LRU by C/W: " + ", ".join(
-        f"{r:g}: {v:+.0%}" for r, v in n.refresh_removed.items()
-    )
+        for p in sim.BASES
+        if len(g := summary[summary.prefill == p])
+    }
+    floor = _per(summary[summary.prefill == basis], BOUND, ratios, lambda s: 1 / s.misses_vs_lru)
+    return Numbers(ratios, basis, by_prefill, floor)
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -192,11 +134,6 @@ def verdicts(n: Numbers) -> list[Claim]:
     if n.refresh_removed:
         claims.append(refresh_claim(n))
     return claims
-
-
-def _exact(n: Numbers) -> dict:
-    """The count claims' basis: exact counts on the ruling counting basis."""
-    return dict(counting=BASIS[n.basis], interval=EXACT)
 
 
 def last_step_claim(n: Numbers) -> Claim:
@@ -217,27 +154,23 @@ def last_step_claim(n: Numbers) -> Claim:
     def most(by):  # the C/W where last_step removes the most
         return max(by, key=lambda r: by[r][0])
 
-    holds = {
-        p: all(removed < FEW and more for removed, _, more in by.values())
-        for p, by in n.last_step_by_prefill.items()
-    }
-    figures = {
-        p: f"most removed {by[most(by)][0]:.1%} (C/W {most(by):g})"
-        + (
-            ""
-            if all(more for *_, more in by.values())
-            else ", fewer speculative transfers than misses removed somewhere"
+    def figure(c: Counts) -> str:
+        by, fewer = c.last_step, ", fewer speculative transfers than misses removed somewhere"
+        return f"most removed {by[most(by)][0]:.1%} (C/W {most(by):g})" + (
+            "" if all(more for *_, more in by.values()) else fewer
         )
-        for p, by in n.last_step_by_prefill.items()
-    }
-    verdict, note = on_bases(holds, figures, n.basis)
+
     worst = most(n.last_step)
-    return stated(
+    return stated_on_bases(
         "02-few",
-        last_step_text(n),
-        verdict,
-        reason=note,
-        **_exact(n),
+        "; ".join(
+            f"C/W {r:g}: {removed:.0%} removed, speculative transfers +{spec:.0%} of LRU's misses"
+            for r, (removed, spec, _) in n.last_step.items()
+        ),
+        n.by_prefill,
+        n.basis,
+        lambda c: all(removed < FEW and more for removed, _, more in c.last_step.values()),
+        figure,
         margin=f"most removed (C/W {worst:g}): " + margin_below(n.last_step[worst][0], FEW),
     )
 
@@ -248,35 +181,47 @@ def oracle_claim(n: Numbers) -> Claim:
     the abstract states no C/W for the cut)."""
     r1 = _nearest(n.ratios, 1.0)
     cut, FACTOR = paper.ORACLE_CUT, thresholds.FACTOR
-    holds = {p: cut / FACTOR <= c[r1] <= cut * FACTOR for p, c in n.oracle_cut_by_prefill.items()}
-    verdict, note = on_bases(holds, {p: f"{c[r1]:.1f}x" for p, c in n.oracle_cut_by_prefill.items()}, n.basis)
-    return stated(
+    parts = [
+        f"{LABEL[n.basis]}: LRU/oracle misses at C/W = {r1:g}: {n.oracle_cut[r1]:.1f}x (by C/W: "
+        + ", ".join(f"{r:g}: {v:.1f}x" for r, v in n.oracle_cut.items())
+        + ")"
+    ]
+    parts += [
+        f"{LABEL[p]}: {c.oracle_cut[r1]:.1f}x at C/W = {r1:g}"
+        for p, c in n.by_prefill.items()
+        if p != n.basis
+    ]
+    if n.min_cut:
+        parts.append(
+            f"LRU misses / the floor min's loads (any C-slot demand paging) at C/W = {r1:g}: "
+            f"{n.min_cut[r1]:.1f}x"
+        )
+    return stated_on_bases(
         "02-oracle",
-        oracle_text(n, r1),
-        verdict,
-        reason=note,
-        **_exact(n),
+        "; ".join(parts),
+        n.by_prefill,
+        n.basis,
+        lambda c: cut / FACTOR <= c.oracle_cut[r1] <= cut * FACTOR,
+        lambda c: f"{c.oracle_cut[r1]:.1f}x",
         margin=f"{n.oracle_cut[r1]:.2f}x vs the band {cut / FACTOR:.2f}-{cut * FACTOR:.2f}x",
     )
 
 
 def refresh_claim(n: Numbers) -> Claim:
     """Interval refresh removes fewer than FEW of LRU's misses at every C/W."""
-    FEW = thresholds.FEW
-    holds = {p: all(v < FEW for v in by.values()) for p, by in n.refresh_by_prefill.items()}
-    figures = {
-        p: f"most removed {max(by.values()):.1%} (C/W {max(by, key=by.get):g})"
-        for p, by in n.refresh_by_prefill.items()
-    }
-    verdict, note = on_bases(holds, figures, n.basis)
-    return stated(
+    FEW, by = thresholds.FEW, n.refresh_removed
+
+    def most(by):  # the C/W where interval_refresh removes the most
+        return max(by, key=by.get)
+
+    return stated_on_bases(
         "02-refresh",
-        refresh_text(n),
-        verdict,
-        reason=note,
-        **_exact(n),
-        margin=f"most removed (C/W {max(n.refresh_removed, key=n.refresh_removed.get):g}): "
-        + margin_below(max(n.refresh_removed.values()), FEW),
+        "misses removed beyond LRU by C/W: " + ", ".join(f"{r:g}: {v:+.0%}" for r, v in by.items()),
+        n.by_prefill,
+        n.basis,
+        lambda c: all(v < FEW for v in c.refresh_removed.values()),
+        lambda c: f"most removed {max(c.refresh_removed.values()):.1%} (C/W {most(c.refresh_removed):g})",
+        margin=f"most removed (C/W {most(by):g}): " + margin_below(max(by.values()), FEW),
     )
 
 
@@ -289,7 +234,7 @@ def plot(summary, P: Settings):
     (demand + speculative; min's loads) relative to LRU's, all demands. min is the floor of demand paging:
     a prefetcher turns demand misses into prefetches, so its demand misses may go below it (the oracle does);
     its transfers never do."""
-    shown = [p for p in BASES if p in set(summary.prefill)]
+    shown = [p for p in sim.BASES if p in set(summary.prefill)]
     fig, axes = plt.subplots(1, len(shown) + 1, figsize=(5.2 * (len(shown) + 1), 4.0), layout="constrained")
     r1 = _nearest(sorted(set(summary.cache_ratio)), 1.0)
     for ax, prefill in zip(axes, shown):
@@ -299,7 +244,7 @@ def plot(summary, P: Settings):
             xlabel="cache capacity C/W",
             ylabel="demand misses (% of LRU's)",
             ylim=(0, 110),
-            title=f"demand misses vs LRU: {_label(prefill)}",
+            title=f"demand misses vs LRU: {LABEL[prefill]}",
         )
     ax = axes[-1]
     _policy_lines(ax, summary[summary.prefill == WITH_PREFILL], "transfers_vs_lru")
@@ -311,8 +256,7 @@ def plot(summary, P: Settings):
     )
     for ax in axes:
         ax.title.set_fontsize(9)
-    handles = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels())}  # one per label
-    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=3, fontsize=8)
+    figure_legend(fig, ncol=3, frameon=True)
     title(fig, P, "02 miss accounting (exact replay, all traces pooled)")
     return fig, summary.copy()
 
