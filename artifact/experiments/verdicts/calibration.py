@@ -99,7 +99,7 @@ def noise(P, c: TimingClaim) -> ClaimNoise:
     """Each cell's noise, read from the profile's stored runs."""
     comp = stored_compared(P, c)
     per_run = judge.judge(comp, c, str).per_run
-    aa_keys = {k[1] if c.a == OTHERS else k for k in comp.effects}
+    aa_keys = dict.fromkeys(k[1] if c.a == OTHERS else k for k in comp.effects)  # in order: the seed's draws
     return ClaimNoise(
         c,
         {k: Noise.of(r.per) for k, r in comp.effects.items()},
