@@ -1,7 +1,6 @@
-"""03 bandwidth throttling: demand and last_step end to end at one C/W while the link's bandwidth is scaled;
-do speculative transfers compete with demand transfers? The stall verdict is ruled per cell (bandwidth, batch
-size, C/W) on the plain effect's interval over runs (verdicts/), gated by the grid's A/A
-(criteria/timing.py)."""
+"""03 bandwidth throttling: demand and last_step end to end at one C/W, the link's bandwidth scaled; do
+speculative transfers compete with demand transfers? The stall verdict is ruled per cell (bandwidth, batch
+size, C/W) on the plain effect's interval over runs (verdicts/), gated by the A/A (criteria/timing.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from artifact.experiments.bench.grid import CELL_KEYS
 from artifact.experiments.bench.order import AA, primary
 from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.counting import EXACT, PER_RUN
@@ -40,15 +40,13 @@ from artifact.offload.links.link import PCIE4_GBPS
 NOTEBOOK = "03_bandwidth_throttling"
 (STEM,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/throttle_runs.csv
 METRIC = "stall_seconds"
-# the stall claim's definition (criteria/timing.py): last_step over demand, STALL_SHARE
-CLAIM = CLAIMS["03-stall"]
+CLAIM = CLAIMS["03-stall"]  # last_step over demand, STALL_SHARE (criteria/timing.py)
 
 
 def throttle_profile(P: Settings) -> Settings:
-    """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, demand and last_step with
-    last_step_conservative (settings.CONTROL: demand's loads + host time), one cell per bandwidth in
-    throttle_scales, with at least thresholds.MIN_PAIRS repetitions (the fewest pairs the interval rule rules
-    on)."""
+    """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, one cell per bandwidth in
+    throttle_scales; demand, last_step and last_step_conservative (settings.CONTROL: demand's loads + host
+    time), with at least thresholds.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
     return dataclasses.replace(
         P,
         tasks=P.tasks[:1],
@@ -71,9 +69,9 @@ def replicas(P: Settings, rows) -> Replicas:
 
 
 def summary_table(rows) -> pd.DataFrame:
-    """Mean over repetitions per (bandwidth, policy): tokens/s, stall and link-busy seconds, transfers.
-    On the cuda link the unpaced scale 1 has no link_gbps in the rows: it is filled in from the others. Arm A
-    only (bench.order.primary): the A/A pair's second demand run is not a policy of the table."""
+    """Mean over repetitions per (bandwidth, policy): tokens/s, stall and link-busy seconds, transfers; arm A
+    only (bench.order.primary: the A/A's second demand run is no policy). On the cuda link the unpaced scale 1
+    has no link_gbps in the rows: it is filled in from the others."""
     rows = primary(rows)
     rows = rows.assign(transfers=rows.demand_misses + rows.speculative_transfers)
     nominal = (rows.link_gbps / rows.bandwidth_scale).dropna()
@@ -95,15 +93,15 @@ def summary_table(rows) -> pd.DataFrame:
 # --- verdicts -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Numbers:
-    # counts of one run (the first row; counts never depend on the bandwidth: no timing enters them)
+    # counts of one run (the first row): no timing enters them, so they never depend on the bandwidth
     fewer_demand: float  # 1 - last_step's demand loads / demand's
     more_speculative: float  # last_step's speculative loads / demand's transfers
     extra_transfers: float  # last_step's transfers / demand's - 1
-    by_bandwidth: tuple  # (link GB/s, stall demand, stall last_step, tokens/s demand, tokens/s last_step),
-    # this run's means, highest bandwidth first
-    stall: Compared = Compared({})  # {cell: Replicated} last_step's stall over demand's (STALL_SHARE),
-    # highest bandwidth first, with the A/A's (demand's arm B over
-    # its arm A) and the cells' GPU host shares
+    # this run's means, highest bandwidth first: (GB/s, demand's and last_step's stall, then their tokens/s)
+    by_bandwidth: tuple
+    # {cell: Replicated} last_step's stall over demand's (STALL_SHARE), highest bandwidth first, with the
+    # A/A's (demand's arm B over its arm A) and the cells' GPU host shares
+    stall: Compared = Compared({})
     gbps: dict = field(default_factory=dict)  # {bandwidth scale: link GB/s}
 
 
@@ -112,29 +110,17 @@ def _fastest_first(effects: dict) -> dict:
 
 
 def numbers(reps: Replicas) -> Numbers:
-    rows = reps.rows
-    summary = summary_table(rows)
-    d = summary[summary.policy == "demand"].set_index("bandwidth_scale")
-    s = summary[summary.policy == "last_step"].set_index("bandwidth_scale")
+    summary = summary_table(reps.rows)
+    d, s = (summary[summary.policy == p].set_index("bandwidth_scale") for p in ("demand", "last_step"))
     scales = sorted(d.index, reverse=True)
+    means = (d.link_gbps, d.stall_seconds, s.stall_seconds, d.tokens_per_second, s.tokens_per_second)
     stall = claim_compared(reps, CLAIM)
     return Numbers(
         1 - s.demand_misses.iloc[0] / d.demand_misses.iloc[0],
         s.speculative_transfers.iloc[0] / d.transfers.iloc[0],
         s.transfers.iloc[0] / d.transfers.iloc[0] - 1,
-        tuple(
-            (
-                d.link_gbps[x],
-                d.stall_seconds[x],
-                s.stall_seconds[x],
-                d.tokens_per_second[x],
-                s.tokens_per_second[x],
-            )
-            for x in scales
-        ),
-        Compared(
-            _fastest_first(stall.effects), _fastest_first(stall.aa), stall.host, stall.basis, stall.aa_label
-        ),
+        tuple(zip(*(m[scales] for m in means))),
+        dataclasses.replace(stall, effects=_fastest_first(stall.effects), aa=_fastest_first(stall.aa)),
         {float(x): float(d.link_gbps[x]) for x in scales},
     )
 
@@ -146,25 +132,18 @@ def label(key, gbps: dict) -> str:
     return f"{link} b={b} C/W {ratio:g}" + (f" {task}" if task != "gsm8k" else "")
 
 
-def counts_text(n: Numbers) -> str:
-    return (
+def verdicts(n: Numbers) -> list[Claim]:
+    counts = (
         f"per run, last_step vs demand: {n.fewer_demand:.0%} fewer demand loads, "
         f"{n.more_speculative:.0%} more speculative ones, {n.extra_transfers:+.0%} link transfers in all"
     )
-
-
-def stall_text(n: Numbers) -> str:
-    """This run's means per bandwidth (the claim rules on the per-cell intervals before it)."""
-    return "this run's means: " + "; ".join(
+    means = "this run's means: " + "; ".join(  # per bandwidth (the claim rules on the per-cell intervals)
         f"{gbps:.3g} GB/s: stall {sd:.2f} s (demand) vs {ss:.2f} s (last_step), {td:.1f} vs {ts:.1f} tokens/s"
         for gbps, sd, ss, td, ts in n.by_bandwidth
     )
-
-
-def verdicts(n: Numbers) -> list[Claim]:
-    counts = stated(
+    transfers = stated(
         "03-transfers",
-        counts_text(n),
+        counts,
         verdict_of(n.extra_transfers > 0),
         counting=PER_RUN,
         interval=EXACT,
@@ -175,9 +154,9 @@ def verdicts(n: Numbers) -> list[Claim]:
         judge(n.stall, CLAIM, lambda k: label(k, n.gbps)),
         f"stall seconds per forward: {STALL_SHARE.text} (last_step over demand), one interval per cell "
         "(bandwidth, batch, C/W)",
-        note=stall_text(n),
+        note=means,
     )
-    return [counts, stall]
+    return [transfers, stall]
 
 
 def stored_claims(P: Settings) -> list[Claim]:
@@ -187,8 +166,7 @@ def stored_claims(P: Settings) -> list[Claim]:
 
 
 def reading(n: Numbers) -> str:
-    """What the figure shows, from the fastest link to the slowest, in this run's means (printed by notebook
-    03)."""
+    """What the figure shows, fastest link to slowest, in this run's means (printed by notebook 03)."""
     (g0, sd0, ss0, td0, ts0), (g1, sd1, ss1, td1, ts1) = n.by_bandwidth[0], n.by_bandwidth[-1]
     return (
         f"From {g0:.3g} GB/s to {g1:.3g} GB/s, last_step's stall minus demand's goes from "
@@ -199,39 +177,32 @@ def reading(n: Numbers) -> str:
 
 
 # --- figure ---------------------------------------------------------------------------------------
-def _color(pol: str):
-    return CONTROL_COLOR if pol == CONTROL else COLORS.get(pol)
-
-
 def plot(summary, n: Numbers, P: Settings):
-    """(a) tokens/s and (b) stall seconds vs link bandwidth, per policy (this run's means;
-    last_step_conservative in the A/A's colour); (c) last_step's stall over demand's per cell with the
-    interval it is ruled on, beside the A/A's (demand over demand) with its interval; one legend below the
-    panels."""
+    """(a) tokens/s and (b) stall seconds vs link bandwidth per policy, this run's means
+    (last_step_conservative in the A/A's colour); (c) last_step's stall over demand's per cell beside the
+    A/A's (demand over demand), each with the interval it is ruled on; one legend below the panels."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.4), layout="constrained")
-    _means(ax1, ax2, summary)
+    for pol, g in summary.groupby("policy", sort=False):
+        color, name = (CONTROL_COLOR, CONTROL_LABEL) if pol == CONTROL else (COLORS.get(pol), pol)
+        for ax, y in ((ax1, g.tokens_per_second), (ax2, g.stall_seconds)):
+            ax.plot(g.link_gbps, y, marker="o", color=color, label=name)
     rows = _stall_intervals(ax3, n)
     any_iv = next(iter(n.stall.effects.values()), None)
     basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else "no intervals"
     why, ticks = _bandwidth_axis(summary, P)
-    ax1.set(xlabel="link bandwidth (GB/s)", ylabel="throughput (tokens/s)", title="throughput (means)")
-    ax2.set(
-        xlabel="link bandwidth (GB/s)",
-        ylabel="stall per run (seconds)",
-        title="compute waiting on the link (means)",
-    )
+    ax1.set(ylabel="throughput (tokens/s)", title="throughput (means)")
+    ax2.set(ylabel="stall per run (seconds)", title="compute waiting on the link (means)")
     ax3.set(
-        xlabel="link bandwidth (GB/s)",
         ylabel="A - B stall per forward\n(% of B's wall per forward)",
         title=f"stall per cell, 95% intervals ({basis})",
     )
     for ax in (ax1, ax2, ax3):
         ax.title.set_fontsize(10)
+        ax.set_xlabel("link bandwidth (GB/s)")
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(ticks), list(ticks.values()))
         ax.minorticks_off()
-    # why the link is that slow, over the legend
-    figure_legend(fig, ncol=3, title=why or None, title_fontsize=9)
+    figure_legend(fig, ncol=3, title=why or None, title_fontsize=9)  # why the link is that slow, over it
     title(fig, P, "03 bandwidth throttling (no paper figure: qualitative)")
     df = pd.concat(
         [summary.assign(panel="means"), pd.DataFrame(rows).assign(panel="intervals")], ignore_index=True
@@ -239,31 +210,20 @@ def plot(summary, n: Numbers, P: Settings):
     return fig, df
 
 
-def _means(ax1, ax2, summary):
-    """(a) tokens/s and (b) stall seconds vs link bandwidth per policy, this run's means."""
-    for pol, g in summary.groupby("policy", sort=False):
-        kw = dict(marker="o", color=_color(pol), label=CONTROL_LABEL if pol == CONTROL else pol)
-        ax1.plot(g.link_gbps, g.tokens_per_second, **kw)
-        ax2.plot(g.link_gbps, g.stall_seconds, **kw)
-
-
-def _stall_intervals(ax3, n: Numbers) -> list[dict]:
+def _stall_intervals(ax, n: Numbers) -> list[dict]:
     """(c) last_step's stall over demand's per cell and the A/A's (demand over demand), each with the interval
     it is ruled on, against the margin; returns the panel's figure data."""
     rows = []
-    aa = n.stall.aa_label or AA
     for name, src, color, shift in (
         ("last_step over demand", n.stall.effects, COLORS["last_step"], 2**-0.05),
-        (aa, n.stall.aa, CONTROL_COLOR, 2**0.05),
+        (n.stall.aa_label or AA, n.stall.aa, CONTROL_COLOR, 2**0.05),
     ):
-        groups = sorted({k[:3] for k in src})
-        for j, group in enumerate(groups):
+        for j, group in enumerate(sorted({k[:3] for k in src})):
             keys = [k for k in src if k[:3] == group and k[3] in n.gbps]
             iv = [src[k].ruled for k in keys]
-            x = [n.gbps[k[3]] * shift for k in keys]
             cell = f"b={group[1]} C/W {group[2]:g}" + (f" {group[0]}" if group[0] != "gsm8k" else "")
-            ax3.errorbar(
-                x,
+            ax.errorbar(
+                [n.gbps[k[3]] * shift for k in keys],
                 [i.mean for i in iv],
                 yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
                 fmt="os^D"[j % 4],
@@ -273,30 +233,20 @@ def _stall_intervals(ax3, n: Numbers) -> list[dict]:
                 label=f"{name}, {cell}",
             )
             rows += [
-                dict(
-                    series=name,
-                    task=k[0],
-                    batch_size=k[1],
-                    cache_ratio=k[2],
-                    bandwidth_scale=k[3],
-                    link_gbps=n.gbps[k[3]],
-                    **interval_fields(i),
-                )
+                dict(series=name, **dict(zip(CELL_KEYS, k)), link_gbps=n.gbps[k[3]], **interval_fields(i))
                 for k, i in zip(keys, iv)
             ]
-    mark_margin(ax3, f"+-{thresholds.MARGIN:g}: the A/A gate (the claim needs every interval above 0)")
-    mark_zero(ax3)
+    mark_margin(ax, f"+-{thresholds.MARGIN:g}: the A/A gate (the claim needs every interval above 0)")
+    mark_zero(ax)
     return rows
 
 
 def _bandwidth_axis(summary, P: Settings) -> tuple[str, dict]:
     """Why the link is that slow (a line under the panels, or "") and the x ticks {GB/s: label}. The emulated
-    link's default bandwidth is PCIe 4 scaled
-    to this model's expert size (offload.links.link.emulated_bandwidth_gbps): a tiny expert then costs what a
-    LLaDA2.0-mini expert costs on PCIe 4, so scale s is the PCIe generation whose rate is s x PCIe 4's."""
+    link's default rate (offload.links.link.emulated_bandwidth_gbps) prices a tiny expert as PCIe 4 prices a
+    LLaDA2.0-mini one, so scale s is the PCIe generation s x as fast as PCIe 4."""
     pairs = summary[["link_gbps", "bandwidth_scale"]].drop_duplicates().sort_values("link_gbps")
-    scaled = P.link == "emulated" and P.link_gbps is None
-    if not scaled:
+    if P.link != "emulated" or P.link_gbps is not None:
         return "", {g: f"{g:.3g}" for g in pairs.link_gbps}
     return (
         f"emulated link, scaled to the {P.model} model's experts: "

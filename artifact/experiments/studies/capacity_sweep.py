@@ -1,10 +1,9 @@
 """04 capacity sweep: demand-async vs async last-step prefetch end to end over the profile's grid (tasks x
-batch sizes x C/W), paired by repetition, with 95% intervals over runs. Both claims are defined in
-criteria/timing.py and ruled on the plain effect of demand over last_step (verdicts/): the direction claim at
-C/W 0.83-1.73 (every cell's interval above 0, the paper's criterion), the equivalence claim at C/W 0.43
-(inside +-3%), each gated by the grid's A/A. last_step_conservative over demand (last_step's prediction on
-the host, no transfers) is shown as a decomposition when the A/A is demand's own pair; on runs without that
-pair it is the stand-in A/A."""
+batch sizes x C/W), paired by repetition, with 95% intervals over runs. Both claims (criteria/timing.py) rule
+on the plain effect of demand over last_step (verdicts/), gated by the grid's A/A: direction at C/W 0.83-1.73
+(every cell's interval above 0, the paper's criterion), equivalence at C/W 0.43 (inside +-3%).
+last_step_conservative over demand (last_step's prediction on the host, no transfers) is drawn as a
+decomposition when the A/A is demand's own pair; on runs without that pair it is the stand-in A/A."""
 
 from __future__ import annotations
 
@@ -77,30 +76,27 @@ def numbers(reps: Replicas) -> Numbers:
     rows = reps.rows
     n_same, n_cells = same_tokens(rows)
     timed = claim_compared(reps, FASTER_CLAIM)
-    split = None
-    if timed.aa_label == AA and CONTROL in set(rows.policy):
-        split = reps.compare(CONTROL, "demand", CELL)
-    return Numbers(n_same, n_cells, timed, split)
+    own = timed.aa_label == AA and CONTROL in set(rows.policy)  # the A/A is demand's own pair
+    return Numbers(n_same, n_cells, timed, reps.compare(CONTROL, "demand", CELL) if own else None)
 
 
 def cells_table(n: Numbers) -> pd.DataFrame:
     """One row per cell: demand over last_step as ruled (% tokens/s, 95% interval), the runs it pools, and
     the A/A's interval."""
-    out = []
-    for k, r in n.timed.effects.items():
-        aa = n.timed.aa.get(k)
-        out.append(
-            dict(
-                zip(CELL, k),
-                effect=r.ruled.mean,
-                low=r.ruled.low,
-                high=r.ruled.high,
-                over=r.ruled.unit,
-                runs=r.n_runs,
-                aa_low=aa.ruled.low if aa else None,
-                aa_high=aa.ruled.high if aa else None,
-            )
+    aa = n.timed.aa
+    out = [
+        dict(
+            zip(CELL, k),
+            effect=r.ruled.mean,
+            low=r.ruled.low,
+            high=r.ruled.high,
+            over=r.ruled.unit,
+            runs=r.n_runs,
+            aa_low=aa[k].ruled.low if aa.get(k) else None,
+            aa_high=aa[k].ruled.high if aa.get(k) else None,
         )
+        for k, r in n.timed.effects.items()
+    ]
     return pd.DataFrame(out).round(2)
 
 
@@ -133,29 +129,19 @@ EFFECT = "demand over last_step"
 SPLIT = f"{CONTROL} over demand (host time only)"  # its prediction runs; it never transfers
 
 
-def _intervals(src: dict, keys: list) -> tuple[list, list]:
-    """Per cell: the interval it is ruled on, and the stored runs' pooled one (None when it has none)."""
-    return [src[k].ruled for k in keys], [src[k].pooled for k in keys]
-
-
 def plot(n: Numbers, P: Settings):
     """Small multiples, one column per batch size (x: C/W), one row per series, each point a cell with the 95%
     interval it is ruled on: demand over last_step (% tokens/s), what both claims rule on, with the abstract's
-    figures (its gain range as the band over C/W 0.83-1.73, this artifact's placement; its interval at 0.43,
-    the diamond: outputs/figures.mark_paper_04) and the +-3% equivalence margin; the A/A (or its stand-in),
-    which must lie inside +-3% (the gate); and, when the A/A is demand's own pair, last_step_conservative
-    over demand (the prediction's host time, no transfers). A fresh run is ruled on its own interval, widened
-    by the stored runs' spread; the stored runs' pooled interval is drawn beside it (hollow). An interval that
-    runs past a row's y axis ends in an arrow with its end printed."""
-    series = [
-        (name, src, color)
-        for name, src, color in (
-            (EFFECT, n.timed.effects, COLORS["demand"]),
-            (n.timed.aa_label or "A/A", n.timed.aa, CONTROL_COLOR),
-            (SPLIT, n.decomposition.effects if n.decomposition else {}, COLORS["last_step"]),
-        )
-        if src
-    ]
+    figures (outputs/figures.mark_paper_04) and the +-3% margin; the A/A (or its stand-in), which must lie
+    inside +-3% (the gate); and, when the A/A is demand's own pair, last_step_conservative over demand (host
+    time, no transfers). A fresh run's interval (widened by the stored runs' spread) has the stored runs'
+    pooled one beside it (hollow); one past a row's y axis ends in an arrow, its end printed."""
+    series = (
+        (EFFECT, n.timed.effects, COLORS["demand"]),
+        (n.timed.aa_label or "A/A", n.timed.aa, CONTROL_COLOR),
+        (SPLIT, n.decomposition.effects if n.decomposition else {}, COLORS["last_step"]),
+    )
+    series = [s for s in series if s[1]]
     batches = sorted({k.batch_size for k in n.timed.effects})
     fig, axes = plt.subplots(
         max(len(series), 1),
@@ -173,11 +159,14 @@ def plot(n: Numbers, P: Settings):
         for c, b in enumerate(batches):
             ax = axes[r, c]
             keys = sorted(k for k in src if k.batch_size == b)
-            ruled, pooled = _intervals(src, keys)
-            x = _draw_intervals(ax, keys, ruled, pooled, color, look, keep, ends)
+            x, ruled, data = _draw_intervals(ax, name, keys, src, color, look, keep, ends)
             drawn.append((ax, x, ruled, color))
-            rows += _rows(name, keys, ruled, pooled)
-            keep += _marks(ax, name)
+            rows += data
+            if name == EFFECT:
+                keep += mark_paper_04(ax)
+            if name != SPLIT:
+                margin = f"the equivalence margin (C/W {paper.AT_LOW.cache_ratio:g}; the A/A gate)"
+                mark_margin(ax, f"+-{thresholds.MARGIN:g}%: {margin}")
             mark_zero(ax)
             ax.set_title(f"{name}, b={b}", fontsize=9)
             if c == 0:
@@ -192,19 +181,9 @@ def plot(n: Numbers, P: Settings):
     return fig, pd.DataFrame(rows)
 
 
-@dataclass(frozen=True)
-class _Look:
-    """How every panel draws its intervals: what they are over, and whether the stored runs' pooled ones are
-    drawn beside them (a fresh run beside stored runs)."""
-
-    unit: str
-    beside: bool
-    dx: float  # the ruled intervals' shift left of the C/W, the pooled ones' right
-    ruled_label: str
-    pooled_label: str
-
-
-def _look(n: Numbers) -> _Look:
+def _look(n: Numbers) -> tuple[str, str, str]:
+    """How every panel draws its intervals: what they are over, the ruled ones' label and, when a fresh run's
+    are drawn beside the stored runs' pooled ones, the pooled ones' label (else "")."""
     one = next(iter(n.timed.effects.values()), None)
     unit = one.ruled.unit if one else "runs"
     beside = one is not None and one.pooled is not None and one.this is not None  # a fresh run beside stored
@@ -213,49 +192,34 @@ def _look(n: Numbers) -> _Look:
     else:
         ruled_label = f"this run, 95% interval as ruled ({INTERVAL_BASIS[unit]})"
     pooled_label = f"the {one.pooled.n} stored runs, 95% interval {INTERVAL_BASIS['runs']}" if beside else ""
-    return _Look(unit, beside, 0.025 if beside else 0.0, ruled_label, pooled_label)
+    return unit, ruled_label, pooled_label
 
 
-def _draw_intervals(
-    ax, keys: list, ruled: list, pooled: list, color, look: _Look, keep: list, ends: list
-) -> list:
-    """One panel's intervals: the ruled ones, and the pooled ones beside them; adds to `keep` the values the
-    row's y axis is scaled to and to `ends` those it may clip. Returns the ruled intervals' x."""
-    x = [k.cache_ratio - look.dx for k in keys]
-    ax.errorbar(
-        x,
-        [i.mean for i in ruled],
-        yerr=[[i.mean - i.low for i in ruled], [i.high - i.mean for i in ruled]],
-        fmt="o",
-        capsize=3,
-        ms=4,
-        color=color,
-        label=look.ruled_label,
-    )
+def _errorbar(ax, x: list, iv: list, color, label: str, **kw) -> None:
+    """Intervals (mean, low, high) at x: a dot at the mean, a bar over the interval."""
+    yerr = [[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]]
+    ax.errorbar(x, [i.mean for i in iv], yerr=yerr, fmt="o", capsize=3, ms=4, color=color, label=label, **kw)
+
+
+def _draw_intervals(ax, name: str, keys: list, src: dict, color, look: tuple, keep: list, ends: list):
+    """One panel: the cells' ruled intervals and beside them the stored runs' pooled ones (`look`: _look's);
+    adds to `keep` the values the row's y axis is scaled to and to `ends` those it may clip. Returns the ruled
+    intervals' x, the intervals and the panel's figure data (per cell: both intervals)."""
+    unit, ruled_label, pooled_label = look
+    dx = 0.025 if pooled_label else 0.0  # the ruled intervals' shift left of the C/W, the pooled ones' right
+    ruled, pooled = [src[k].ruled for k in keys], [src[k].pooled for k in keys]
+    x = [k.cache_ratio - dx for k in keys]
+    _errorbar(ax, x, ruled, color, ruled_label)
     keep += [i.mean for i in ruled]
-    if look.beside:
-        have = [(k, p) for k, p in zip(keys, pooled) if p is not None]
-        ax.errorbar(
-            [k.cache_ratio + look.dx for k, _ in have],
-            [p.mean for _, p in have],
-            yerr=[[p.mean - p.low for _, p in have], [p.high - p.mean for _, p in have]],
-            fmt="o",
-            capsize=3,
-            ms=4,
-            color=color,
-            mfc="white",
-            label=look.pooled_label,
-        )
+    bounds = [v for i in ruled for v in (i.low, i.high)]
+    if pooled_label:
+        have = [(k.cache_ratio + dx, p) for k, p in zip(keys, pooled) if p is not None]
+        _errorbar(ax, [xp for xp, _ in have], [p for _, p in have], color, pooled_label, mfc="white")
         keep += [v for _, p in have for v in (p.low, p.high)]
-        ends += [v for i in ruled for v in (i.low, i.high)]
+        ends += bounds
     else:
-        (keep if look.unit == "runs" else ends).extend(v for i in ruled for v in (i.low, i.high))
-    return x
-
-
-def _rows(name: str, keys: list, ruled: list, pooled: list) -> list[dict]:
-    """The figure data of one panel: per cell, the ruled interval and the stored runs' pooled one."""
-    return [
+        (keep if unit == "runs" else ends).extend(bounds)
+    data = [
         dict(
             series=name,
             task=k.task,
@@ -269,15 +233,4 @@ def _rows(name: str, keys: list, ruled: list, pooled: list) -> list[dict]:
         )
         for k, i, p in zip(keys, ruled, pooled)
     ]
-
-
-def _marks(ax, name: str) -> list[float]:
-    """The paper's figures and the margins a row's claim reads its intervals against; returns their y
-    values."""
-    m = thresholds.MARGIN
-    out = []
-    if name == EFFECT:
-        out += mark_paper_04(ax)
-    if name != SPLIT:
-        mark_margin(ax, f"+-{m:g}%: the equivalence margin (C/W {paper.AT_LOW.cache_ratio:g}; the A/A gate)")
-    return out
+    return x, ruled, data

@@ -91,18 +91,15 @@ def numbers(q: dict) -> Numbers:
     )
 
 
-def measured_text(n: Numbers) -> str:
-    return (
+def verdicts(n: Numbers) -> list[Claim]:
+    measured = (
         f"C = {n.cache_experts} of {n.num_experts} experts per layer (C/W = {n.cache_ratio:g}), "
         f"{n.miss_share:.0%} of expert uses missed, identical tokens: {'yes' if n.same_tokens else 'no'}"
     )
-
-
-def verdicts(n: Numbers) -> list[Claim]:
     return [
         stated(
             "00-exact",
-            measured_text(n),
+            measured,
             verdict_of(n.same_tokens),
             counting="the decoded tokens of one prompt, two runs",
             interval=EXACT,
@@ -135,17 +132,13 @@ def plot(q: dict, P: Settings):
         ]
     )
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    left = {}
-    for row in df.itertuples():
-        label = "compute (offloaded: with the engine's work)" if row.part == "compute" else row.part
-        ax.barh(
-            row.run,
-            row.seconds,
-            left=left.get(row.run, 0.0),
-            color="tab:red" if "stall" in row.part else "tab:blue",
-            label=label,
-        )
-        left[row.run] = left.get(row.run, 0.0) + row.seconds
+    left = (
+        df.groupby("run", sort=False).seconds.cumsum() - df.seconds
+    )  # the bar's start: its run's parts before it
+    for row, x0 in zip(df.itertuples(), left):
+        stall = "stall" in row.part
+        label = row.part if stall else "compute (offloaded: with the engine's work)"
+        ax.barh(row.run, row.seconds, left=x0, color="tab:red" if stall else "tab:blue", label=label)
     ax.set_xlabel("wall-clock time for one prompt (seconds)")
     legend(ax, loc="lower right")
     title(fig, P, "00 quickstart: resident vs offloaded (demand, LRU)")

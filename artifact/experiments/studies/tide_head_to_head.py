@@ -35,14 +35,12 @@ from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, stated,
 from artifact.model.tasks import prompts
 from artifact.offload.replay.sim import capacity_for
 
-# abstract: "at the same expert budget" and "at half the budget"; reading the same budget as C = W (C/W 1)
-# is this artifact's choice
+# abstract: "at the same expert budget" and "at half the budget"; the same budget as C = W is our reading
 RATIOS = tuple(paper.TIDE_SPEEDUP)
 NOTEBOOK = "05_tide_head_to_head"
 (STEM,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/tide_style_runs.csv
 CELL = list(CELL_KEYS)  # one interval per cell (bench.grid.CellKey): nothing pooled
-# the claim's definition (criteria/timing.py): interval_refresh over demand, not faster
-CLAIM = CLAIMS["05-refresh"]
+CLAIM = CLAIMS["05-refresh"]  # interval_refresh over demand, not faster (criteria/timing.py)
 
 
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
@@ -71,8 +69,7 @@ def replicas(P: Settings, rows) -> Replicas:
 
 
 def style_table(rows) -> pd.DataFrame:
-    """interval_refresh (A) over demand (B) within this run, paired, one row per cell (task, batch size,
-    C/W)."""
+    """interval_refresh (A) over demand (B) within this run, paired, one row per cell (task, batch, C/W)."""
     return paired_table(rows, "interval_refresh", "demand", CELL)
 
 
@@ -87,18 +84,15 @@ def tide_unavailable(P: Settings) -> str | None:
     if not P.device.startswith("cuda"):
         reasons.append(f"TIDE's released code runs on CUDA only and the profile's device is {P.device!r}")
     if P.model in (None, "tiny"):
-        reasons.append(
-            "it needs a real LLaDA2.0 checkpoint (profile key model), not "
-            + ("the tiny random model" if P.model == "tiny" else "null")
-        )
-    if not reasons:
-        if not torch.cuda.is_available():
-            reasons.append("TIDE's released code runs on CUDA only and no GPU is present on this machine")
-        else:
-            try:
-                check_tide(P.tide_path, P.device)
-            except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
-                reasons.append(str(e))
+        model = "the tiny random model" if P.model == "tiny" else "null"
+        reasons.append(f"it needs a real LLaDA2.0 checkpoint (profile key model), not {model}")
+    if not reasons and not torch.cuda.is_available():
+        reasons.append("TIDE's released code runs on CUDA only and no GPU is present on this machine")
+    elif not reasons:
+        try:
+            check_tide(P.tide_path, P.device)
+        except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
+            reasons.append(str(e))
     return "; ".join(reasons) or None
 
 
@@ -112,31 +106,19 @@ def tide_released(P: Settings, progress: bool = True) -> list[dict]:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # ... since TIDE sizes its budget against free GPU memory
     _, ps = prompts(loaded.tokenizer, task, P.n_prompts, P.seed, P.max_prompt_tokens)
+    kw = dict(reps=P.repetitions, task=task, dtype=P.torch_dtype, progress=progress)
     rows = []
     for r in RATIOS:
         C = capacity_for(r, W, loaded.cfg.num_experts)
-        rows += compare_with_engine(
-            loaded,
-            P.tide_path,
-            ps,
-            C,
-            JUMP_STEPS,
-            P.run_spec(),
-            reps=P.repetitions,
-            task=task,
-            cache_ratio=r,
-            dtype=P.torch_dtype,
-            progress=progress,
-        )
+        rows += compare_with_engine(loaded, P.tide_path, ps, C, JUMP_STEPS, P.run_spec(), cache_ratio=r, **kw)
     return rows
 
 
 # --- verdicts -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StyleNumbers:
-    # {cell: Replicated} interval_refresh over demand, tokens/s, highest C/W first, with the A/A
+    # {cell: Replicated} interval_refresh over demand, tokens/s, highest C/W first; the A/A, host shares
     timed: Compared
-    # and host shares
     misses: dict  # {cell: interval_refresh's demand misses / demand's - 1}, this run
 
 
@@ -148,7 +130,7 @@ def style_numbers(reps: Replicas) -> StyleNumbers:
     )
     m = primary(reps.rows).groupby([*CELL, "policy"]).demand_misses.sum()  # arm A: one demand run per rep
     misses = {k: m[(*k, "interval_refresh")] / m[(*k, "demand")] - 1 for k in effects}
-    return StyleNumbers(Compared(effects, c.aa, c.host, c.basis, c.aa_label), misses)
+    return StyleNumbers(dataclasses.replace(c, effects=effects), misses)
 
 
 def label(key) -> str:
@@ -163,19 +145,14 @@ def label(key) -> str:
     )
 
 
-def style_text(n: StyleNumbers) -> str:
-    """This run's misses per cell (the claim rules on the per-cell intervals before it)."""
-    return "interval_refresh's demand misses vs demand's, this run: " + "; ".join(
-        f"{label(k)} {m:+.0%}" for k, m in n.misses.items()
-    )
-
-
 def style_verdict(n: StyleNumbers) -> Claim:
+    """Ruled on the per-cell intervals; the note gives this run's misses per cell."""
+    misses = "; ".join(f"{label(k)} {m:+.0%}" for k, m in n.misses.items())
     return timed_claim(
         CLAIM.key,
         judge(n.timed, CLAIM, label),
         "tokens/s per run, interval_refresh over demand % per pair, one interval per cell (task, C/W)",
-        note=style_text(n),
+        note=f"interval_refresh's demand misses vs demand's, this run: {misses}",
     )
 
 
@@ -190,23 +167,17 @@ def released_numbers(rows: list[dict]) -> dict:
     return {r: speedup_parts([x for x in rows if x["cache_ratio"] == r]) for r in RATIOS}
 
 
-def released_text(parts: dict) -> str:
-    return "; ".join(
-        f"C/W {r:g}: {p['speedup_total']:.1f}x (KV cache {p['speedup_kv_cache']:.1f}x, "
-        f"offload {p['speedup_offload']:.1f}x)"
-        for r, p in parts.items()
-    )
-
-
 def released_verdict(parts: dict | None, reason: str | None) -> Claim:
     """parts: released_numbers(rows), or None when TIDE's code did not run (reason says why)."""
     if parts is None:
         return stated("05-tide", "-", NOT_MEASURABLE, reason=reason or "not run")
+    measured = "; ".join(
+        f"C/W {r:g}: {p['speedup_total']:.1f}x (KV cache {p['speedup_kv_cache']:.1f}x, "
+        f"offload {p['speedup_offload']:.1f}x)"
+        for r, p in parts.items()
+    )
     return stated(
-        "05-tide",
-        released_text(parts),
-        verdict_of(all(p["speedup_total"] > 1 for p in parts.values())),
-        timing=True,
+        "05-tide", measured, verdict_of(all(p["speedup_total"] > 1 for p in parts.values())), timing=True
     )
 
 
@@ -223,10 +194,6 @@ def _per_budget(r) -> pd.DataFrame:
         cache_experts=("cache_experts", lambda c: "/".join(str(int(x)) for x in dict.fromkeys(c))),
     )
     return g.reset_index()
-
-
-def _label(pol: str) -> str:
-    return CONTROL_LABEL if pol == CONTROL else pol
 
 
 def plot(rows, P: Settings, released=None):
@@ -251,7 +218,7 @@ def plot(rows, P: Settings, released=None):
             yerr=g.ci.fillna(0),
             capsize=3,
             color=CONTROL_COLOR if pol == CONTROL else COLORS.get(pol, "tab:red"),
-            label=_label(pol),
+            label=CONTROL_LABEL if pol == CONTROL else pol,
         )
     ticks = [f"C/W {b:g} (C = {df[df.cache_ratio == b].cache_experts.iloc[0]})" for b in budgets]
     ax.set_xticks([i + width * (len(pols) - 1) / 2 for i in range(len(budgets))], ticks)
@@ -259,16 +226,10 @@ def plot(rows, P: Settings, released=None):
         xlabel="expert budget per MoE layer (C per task: " + ", ".join(dict.fromkeys(rows.task)) + ")",
         ylabel="throughput (tokens/s): mean over\ntasks x reps, bars: its 95% interval",
     )
-    note = (
-        ""
-        if released
-        else (
-            "TIDE released: not run on this profile (paper: engine "
-            f"{paper.TIDE_SPEEDUP[1.0]}x "
-            f"faster, {paper.TIDE_SPEEDUP[0.5]}x at half)"
-        )
+    said = f"paper: engine {paper.TIDE_SPEEDUP[1.0]}x faster, {paper.TIDE_SPEEDUP[0.5]}x at half"
+    ax.set_title(
+        "" if released else f"TIDE released: not run on this profile ({said})", fontsize=8, color="crimson"
     )
-    ax.set_title(note, fontsize=8, color="crimson")
     legend(ax, loc="upper right")
     title(fig, P, "05 head to head at the same expert budget")
     return fig, df

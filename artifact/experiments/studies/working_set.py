@@ -1,7 +1,6 @@
 """01 the per-step expert working set W and its step-to-step stability, from routing traces. Every figure
-counts the denoising steps only (prefill excluded): W, the reuse of D(t-1, l) and the share of each step's
-demanded experts already resident under LRU (the demand policy's hits over the denoising steps,
-sim.denoising_only)."""
+counts the denoising steps only (prefill excluded, sim.denoising_only): W, the reuse of D(t-1, l) and the
+share of each step's demanded experts already resident under LRU (the demand policy's hits)."""
 
 from __future__ import annotations
 
@@ -37,9 +36,8 @@ SHARE = ("demand_hits", "demand_misses")
 
 def lru_share(ts, ratios) -> pd.DataFrame:
     """The share of each denoising step's demanded experts already resident under LRU, per trace and C/W: the
-    demand hit rate over the denoising steps only (prefill excluded, sim.denoising_only) of replaying the
-    trace through the 'demand' policy at C = ratio * W. The prefill forwards still fill the cache the steps
-    meet."""
+    denoising steps' demand hit rate (sim.denoising_only) of replaying the trace through the 'demand' policy
+    at C = ratio * W. The prefill forwards still fill the cache the steps meet."""
     df = denoising_only(phase_columns(sweep(ts, ratios, ["demand"], by_phase=True)), SHARE)
     df["batch_size"] = df.batch_size.astype(int)
     df["resident_share"] = df.demand_hits / (df.demand_hits + df.demand_misses)
@@ -70,22 +68,18 @@ def numbers(ws, sim, share) -> Numbers:
     )
 
 
-def measured_text(n: Numbers) -> str:
+def verdicts(n: Numbers) -> list[Claim]:
     worst = min(n.reuse_by_task, key=n.reuse_by_task.get)
-    return (
+    measured = (
         f"mean W {n.mean_working_set:.0f} experts/layer/step; share of D(t, l) in D(t-1, l) "
         f"{n.reuse:.2f} (lowest task {worst}: {n.reuse_by_task[worst]:.2f}), Jaccard {n.jaccard:.2f}; "
         f"share of the denoising steps' demands already resident under LRU at C/W = {n.lru_ratio:g}: "
         f"{n.lru_resident:.2f}"
     )
-
-
-def verdicts(n: Numbers) -> list[Claim]:
-    worst = min(n.reuse_by_task, key=n.reuse_by_task.get)
     return [
         stated(
             "01-stable",
-            measured_text(n),
+            measured,
             verdict_of(all(v >= thresholds.STABLE for v in n.reuse_by_task.values())),
             counting=f"{DENOISING}: W, the reuse of D(t-1, l) and the share resident under LRU",
             interval=EXACT,
