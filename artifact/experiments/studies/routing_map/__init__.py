@@ -13,48 +13,38 @@ without drift a large spread would force extra novelty through clipping, and the
 independent). All streams of one map share a seed (common random numbers: neighbouring cells differ by the
 parameters, not by the draw).
 
-The study's two parts: map.py (the replayed map, its numbers and verdicts, its figure) and streams.py (the
-timed streams through the stream-driven engine, their claim and figure); notebook 07 and the stored-run
-machinery (stored_runs.TIMED_STUDIES) read both as one module, `routing_map.X`.
+map.py holds the replayed map (its numbers, verdicts, figure), streams.py the timed streams (their claim and
+figure); notebook 07, the tests and the stored-run machinery (stored_runs.TIMED_STUDIES) read them as one
+module, `routing_map.X`: what they use is re-exported here.
 """
 
 from artifact.experiments.studies.routing_map.map import (  # noqa: F401
-    CONTOUR,
     DEFAULT_GRID,
     GRIDS,
     POLICIES,
     MapGrid,
-    Numbers,
     at_point,
     base_params,
     crossing,
-    cuts,
     grid_for,
     numbers,
     plot_map,
     prefill_multiple,
     reading,
-    region_text,
     routing_map,
     trace_fits,
     verdicts,
 )
 from artifact.experiments.studies.routing_map.streams import (  # noqa: F401
-    CLAIM,
     METRIC,
-    STREAM,
     STREAMS,
-    Throughput,
     calibration,
-    cost_text,
     measure,
     plot_throughput,
     replicas,
     stored_claims,
-    stream_label,
     stream_points,
     stream_runs,
-    stream_store,
     streams,
     throughput,
     throughput_claim,

@@ -1,8 +1,5 @@
-"""07 routing map, the map: synthetic streams over a grid of step novelty x W spread replayed at C/W 1 and
-1.73 (with and without prefill), the cpu traces placed on it, the abstract's oracle cut as a contour; its
-numbers, verdicts and figure. The module docstring of the package (routing_map/__init__.py) says how the map
-is built.
-"""
+"""07 routing map, the map (built as routing_map/__init__.py says): the replayed grid, the cpu traces placed
+on it, the abstract's oracle cut as a contour; its numbers, verdicts and figure."""
 
 from __future__ import annotations
 
@@ -46,9 +43,8 @@ class MapGrid:
     repetitions: int = 4  # timed pairs per stream (at least thresholds.MIN_PAIRS: the interval rule)
 
 
-# Grids by profile name (others get DEFAULT_GRID). The cpu grid replays 50 streams of ~13k accesses eight
-# times each and times 2 streams x 3 policies (demand, last_step, and last_step_conservative: the stand-in)
-# x (1 warm-up + 4 timed rounds).
+# Grids by profile name (others get DEFAULT_GRID). cpu: 50 streams of ~13k accesses replayed eight times each;
+# it times 2 streams x 3 policies (demand, last_step, the stand-in CONTROL) x (1 warm-up + 4 timed rounds).
 GRIDS = {
     "cpu": MapGrid(
         novelty=(0.02, 0.06, 0.12, 0.2, 0.3),
@@ -78,20 +74,14 @@ def grid_for(P: Settings) -> MapGrid:
 
 # --- the cpu traces' statistics -------------------------------------------------------------------
 def trace_fits(ts: list[Trace], ratio: float = 1.0) -> pd.DataFrame:
-    """One row per trace: its fitted statistics (synth.measure) and its own replayed LRU / oracle cut over its
-    denoising steps (prefill excluded, sim.denoising_only: the basis of the map's no-prefill rows, which the
-    claims rule on)."""
+    """One row per trace: its fitted statistics (fit.measure) and its own replayed LRU / oracle cut over its
+    denoising steps (sim.denoising_only: the basis of the map's no-prefill rows, which the claims rule on)."""
     rows = []
     for t in ts:
         m = routing_statistics(t)
-        replayed = (
-            denoising_only(
-                phase_columns(sweep([t], [ratio], ["demand", "oracle"], by_phase=True)), ["demand_misses"]
-            )
-            .set_index("policy")
-            .demand_misses
-        )
-        lru, oracle = int(replayed["demand"]), int(replayed["oracle"])
+        swept = phase_columns(sweep([t], [ratio], ["demand", "oracle"], by_phase=True))
+        misses = denoising_only(swept, ["demand_misses"]).set_index("policy").demand_misses
+        lru, oracle = int(misses["demand"]), int(misses["oracle"])
         rows.append(
             {
                 "task": t.meta.get("task"),
@@ -173,8 +163,7 @@ def cuts(map_df: pd.DataFrame, policy: str, ratio: float, prefill: bool) -> np.n
 
 def at_point(map_df, policy: str, ratio: float, prefill: bool, novelty: float, spread: float) -> float:
     """The map's cut at (novelty, spread), interpolated linearly in log(cut), clamped to the grid."""
-    sel = map_df[(map_df.policy == policy) & (map_df.cache_ratio == ratio) & (map_df.prefill == prefill)]
-    nus, ss = np.sort(sel.novelty.unique()), np.sort(sel.w_spread.unique())
+    nus, ss = np.sort(map_df.novelty.unique()), np.sort(map_df.w_spread.unique())
     f = RegularGridInterpolator((nus, ss), np.log(cuts(map_df, policy, ratio, prefill)))
     return float(np.exp(f([[np.clip(novelty, nus[0], nus[-1]), np.clip(spread, ss[0], ss[-1])]])[0]))
 
@@ -185,10 +174,9 @@ class Numbers:
     ratio: float
     target: float  # the oracle cut (abstract: "cuts misses by 6.7x")
     limit: dict  # (prefill, novelty) -> largest grid spread with cut >= target, or None
-    # at the grid novelty nearest the cpu traces', the spread where the cut
+    # (novelty, spread): at the grid novelty nearest the cpu traces', the spread where the cut falls to the
+    # target (no prefill); None if that row never reaches it
     implied: tuple[float, float] | None
-    # falls to the target (no prefill); None if that row never
-    # reaches it
     best: tuple[float, float, float]  # (novelty, spread, cut) of the largest no-prefill cut
     cpu_point: tuple[float, float]  # median fitted (novelty, spread) of the cpu traces
     cpu_inside: int  # cpu traces whose map cut (no prefill) reaches the target
@@ -202,17 +190,15 @@ def numbers(map_df: pd.DataFrame, fits: pd.DataFrame) -> Numbers:
     r = float(min(map_df.cache_ratio))
     target = paper.ORACLE_CUT
     nus, ss = np.sort(map_df.novelty.unique()), np.sort(map_df.w_spread.unique())
-    limit = {}
-    for pf in (False, True):
-        c = cuts(map_df, "oracle", r, pf)
-        for i, nu in enumerate(nus):
-            limit[(pf, float(nu))] = crossing(ss, c[i], target)
+    limit = {
+        (pf, float(nu)): crossing(ss, row, target)
+        for pf in (False, True)
+        for nu, row in zip(nus, cuts(map_df, "oracle", r, pf))
+    }
     c = cuts(map_df, "oracle", r, False)
     cpu = (round(float(fits.novelty.median()), 3), round(float(fits.w_spread.median()), 3))
-    # What the cpu routing would need: keep its novelty (the nearest grid row), find the spread that reaches
-    # the cut.
+    # what the cpu routing would need: its novelty (the nearest grid row), the spread that reaches the cut
     row = float(nus[np.argmin(np.abs(nus - cpu[0]))])
-    implied = (row, limit[(False, row)]) if limit[(False, row)] is not None else None
     bi, bj = np.unravel_index(np.argmax(c), c.shape)
     at = [
         at_point(map_df, "oracle", r, False, a, b) for a, b in zip(fits.novelty, fits.w_spread, strict=True)
@@ -221,19 +207,14 @@ def numbers(map_df: pd.DataFrame, fits: pd.DataFrame) -> Numbers:
         r,
         target,
         limit,
-        implied,
+        (row, limit[(False, row)]) if limit[(False, row)] is not None else None,
         (float(nus[bi]), float(ss[bj]), float(c[bi, bj])),
         cpu,
         int(sum(v >= target for v in at)),
         len(fits),
         (min(at), max(at)),
         (float(fits.trace_oracle_cut.min()), float(fits.trace_oracle_cut.max())),
-        (
-            float(fits.novelty.min()),
-            float(fits.novelty.max()),
-            float(fits.w_spread.min()),
-            float(fits.w_spread.max()),
-        ),
+        tuple(float(f(fits[col])) for col in ("novelty", "w_spread") for f in (np.min, np.max)),
     )
 
 
@@ -252,12 +233,11 @@ def crossing(spreads: np.ndarray, cut: np.ndarray, target: float) -> float | Non
 
 
 def region_text(n: Numbers, prefill: bool) -> str:
-    parts = [
+    return "; ".join(
         f"nu {nu:g}: spread <= {lim:.3f}" if lim is not None else f"nu {nu:g}: none"
         for (pf, nu), lim in n.limit.items()
         if pf == prefill
-    ]
-    return "; ".join(parts)
+    )
 
 
 CONTOUR = "the interpolated contour (linear in log cut between grid cells)"
@@ -265,46 +245,39 @@ CONTOUR = "the interpolated contour (linear in log cut between grid cells)"
 
 def reading(map_df: pd.DataFrame, n: Numbers) -> str:
     """What the map shows, in this run's numbers (printed by notebook 07)."""
-    r = n.ratio
-    parts = []
-    for p in POLICIES:
-        c = cuts(map_df, p, r, False)
-        parts.append(f"{p} {c.min():.2f}-{c.max():.2f}x")
-    orc = cuts(map_df, "oracle", r, False)
-    lo_s, hi_s = n.cpu_ranges[2], n.cpu_ranges[3]
+    span = {p: cuts(map_df, p, n.ratio, False) for p in POLICIES}
+    orc = span["oracle"]
     where = (
         f"the {n.target}x contour at the cpu traces' novelty lies at spread {n.implied[1]:.3f}, "
-        f"the traces at {lo_s:.2f}-{hi_s:.2f}"
+        f"the traces at {n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f}"
         if n.implied
         else f"no cell at the cpu traces' novelty reaches {n.target}x"
     )
     return (
-        f"At C/W {r:g} without prefill, LRU's misses over each policy's span: "
-        + ", ".join(parts)
+        f"At C/W {n.ratio:g} without prefill, LRU's misses over each policy's span: "
+        + ", ".join(f"{p} {c.min():.2f}-{c.max():.2f}x" for p, c in span.items())
         + f"; the oracle's cut at the smallest spread is {orc[:, 0].min():.1f}-{orc[:, 0].max():.1f}x and at "
         f"the largest {orc[:, -1].min():.1f}-{orc[:, -1].max():.1f}x over novelty; {where}."
     )
 
 
 def verdicts(n: Numbers) -> list[Claim]:
+    """Both claims rule on the map's rows without prefill forwards, where every demand is a denoising step
+    (the with-prefill rows are printed beside them, not ruled on). The contour is judged at the cpu traces'
+    novelty (the grid row nearest it): does some W spread there reach the paper's cut? It fails when that
+    row never does, whatever other rows do."""
     fill = {"target": n.target, "ratio": n.ratio}
     any_region = any(v is not None for (pf, _), v in n.limit.items() if not pf)
-    # Both claims rule on the map's rows without prefill forwards, where every demand is a denoising step (the
-    # with-prefill rows are printed beside them in (1), not ruled on).
     ruled = "synthetic streams without prefill forwards (every demand a denoising step)"
-    basis = dict(counting=f"{ruled}; the with-prefill rows printed, not ruled on", interval=EXACT)
-    # Judged at the cpu traces' novelty (the grid row nearest it), on the contour: does any W spread there
-    # reach the paper's cut? It fails when the contour never reaches the target in that row, whatever other
-    # rows do.
-    claims = [
+    lo_nu, hi_nu, lo_s, hi_s = n.cpu_ranges
+    return [
         stated(
             "07-contour",
             f"by {CONTOUR}: cut >= {n.target}x without prefill at {region_text(n, False)}; with prefill at "
             f"{region_text(n, True)}; "
             + (
                 f"at the cpu traces' novelty (nu {n.implied[0]:g}) "
-                f"it needs a W spread <= {n.implied[1]:.3f} (the cpu traces fit "
-                f"{n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f})"
+                f"it needs a W spread <= {n.implied[1]:.3f} (the cpu traces fit {lo_s:.2f}-{hi_s:.2f})"
                 if n.implied
                 else "no spread reaches it at the cpu traces' novelty; "
                 f"largest cut {n.best[2]:.1f}x at nu {n.best[0]:g}, spread {n.best[1]:g}"
@@ -312,18 +285,16 @@ def verdicts(n: Numbers) -> list[Claim]:
             verdict_of(n.implied is not None) if any_region else NOT_MEASURABLE,
             fill,
             reason="" if any_region else "no grid cell reaches the paper's cut; widen the grid",
-            **basis,
+            counting=f"{ruled}; the with-prefill rows printed, not ruled on",
+            interval=EXACT,
             margin=(
                 f"contour spread limit {n.implied[1]:.3f} at nu {n.implied[0]:g} vs the traces' fitted "
-                f"spread {n.cpu_ranges[2]:.2f}-{n.cpu_ranges[3]:.2f}"
+                f"spread {lo_s:.2f}-{hi_s:.2f}"
                 if n.implied
                 else f"no spread reaches {n.target}x at the traces' novelty; "
                 f"largest grid cut {n.best[2]:.2f}x (nu {n.best[0]:g}, spread {n.best[1]:g})"
             ),
-        )
-    ]
-    lo_nu, hi_nu, lo_s, hi_s = n.cpu_ranges
-    claims.append(
+        ),
         stated(
             "07-traces",
             f"{n.cpu_inside} of {n.cpu_traces} traces inside; fitted nu {lo_nu:.2f}-{hi_nu:.2f}, spread "
@@ -336,9 +307,8 @@ def verdicts(n: Numbers) -> list[Claim]:
             interval=EXACT,
             margin=f"largest map cut at a trace {n.cpu_map_cut[1]:.2f}x vs {n.target}x: "
             f"{n.cpu_map_cut[1] / n.target:.2f} of it",
-        )
-    )
-    return claims
+        ),
+    ]
 
 
 # --- figures --------------------------------------------------------------------------------------
@@ -374,10 +344,8 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
                     fontsize=8,
                     color="white" if v < np.sqrt(norm.vmin * norm.vmax) else "black",
                 )
-            if p == "oracle" and c.min() < n.target < c.max():
+            if p == "oracle" and c.min() < n.target < c.max():  # on the cells' indices, as imshow
                 ax.contour(
-                    np.arange(len(ss)),
-                    np.arange(len(nus)),
                     c,
                     levels=[n.target],
                     colors=PAPER_STYLE["color"],

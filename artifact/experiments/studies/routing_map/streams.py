@@ -1,9 +1,6 @@
-"""07 routing map, the timed part: two synthetic streams (the 'paper point', which this artifact infers from
-the abstract's oracle cut, an illustration; and the cpu traces' point on the map) through the stream-driven
-engine (offload/trace_engine.py) on the emulated link, demand vs last_step and last_step_conservative (the
-stand-in A/A: the streams have no demand-against-demand pair), paired by repetition; their rows, the
-replicas of the stored runs, and the streams claim.
-"""
+"""07 routing map, the timed part: the two streams (routing_map/__init__.py) through the stream-driven engine,
+demand vs last_step and last_step_conservative (the stand-in A/A: the streams have no demand-against-demand
+pair), paired by repetition; their rows, the replicas of the stored runs, the streams claim and figure."""
 
 from __future__ import annotations
 
@@ -78,55 +75,48 @@ def stream_runs(
 ) -> pd.DataFrame:
     """demand, last_step and the stand-in (settings.CONTROL) at the grid's first C/W on each point's stream
     (no prefill): one untimed warm-up run each (listed order), then g.repetitions rounds, round r in the order
-    slot_order(policies, P.rotation * g.repetitions + r) (bench/order.py); a row per timed run."""
+    slot_order(policies, P.rotation * g.repetitions + r) (bench/order.py); a row per timed run. The stream
+    replaces the model's forward, so it runs none segmented (run_stream refuses that): the profile's forward
+    mode is the calibration's; every other run key is the cell's."""
     loaded = load_model(P)
     shape = ExpertShape(loaded.cfg.hidden_size, loaded.cfg.moe_intermediate_size)
     ratio = g.ratios[0]
-    rows = []
     policies = ("demand", "last_step", CONTROL)
-    jobs = [(name, rep) for name in points for rep in range(-1, g.repetitions)]  # rep -1: the warm-up
-    streams = {}
-    for name, rep in tqdm(jobs, desc="stream engine", disable=not progress):
-        if name not in streams:
-            nu, s = points[name]
-            t = synth(
-                dataclasses.replace(
-                    base, novelty=nu, w_spread=s, prefill=0.0, layers=g.stream_layers, steps=g.stream_steps
-                )
-            )
-            streams[name] = (t, stream_store(loaded, t, shape, g.seed, P.device))
-        t, store = streams[name]
+    rows = []
+    for name, (nu, s) in tqdm(points.items(), desc="stream engine", disable=not progress):
+        stream = dataclasses.replace(
+            base, novelty=nu, w_spread=s, prefill=0.0, layers=g.stream_layers, steps=g.stream_steps
+        )
+        t = synth(stream)
+        store = stream_store(loaded, t, shape, g.seed, P.device)
         C = capacity_for(ratio, mean_working_set(t), base.experts)
-        order = policies if rep < 0 else slot_order(policies, P.rotation * g.repetitions + rep)
-        for policy in order:
-            # The stream replaces the model's forward, so it runs none segmented (run_stream refuses that):
-            # the profile's forward mode is the calibration's; every other run key is the cell's.
-            spec = P.run_spec(C, policy, forward="eager")
-            st = run_stream(t, spec, shape, cal, store=store)
-            if rep < 0:
-                continue
-            rows.append(
-                {
-                    "task": name,
-                    "batch_size": 1,
-                    "cache_ratio": ratio,
-                    "bandwidth_scale": 1.0,
-                    "rep": rep,
-                    "policy": policy,
-                    "novelty": points[name][0],
-                    "w_spread": points[name][1],
-                    "cache_experts": C,
-                    "forwards": st["forwards"],
-                    "seconds": st["seconds"],
-                    "forwards_per_second": st["forwards_per_second"],
-                    "stall_seconds": st["stall_seconds"],
-                    "link_busy_seconds": st["link_busy_seconds"],
-                    "demand_misses": st["demand_misses"],
-                    "speculative_transfers": st["speculative_transfers"],
-                    "transfers": st["transfers"],
-                    "calibration": cost_text(cal),
-                }
-            )
+        for rep in range(-1, g.repetitions):  # rep -1: the warm-up
+            for policy in policies if rep < 0 else slot_order(policies, P.rotation * g.repetitions + rep):
+                st = run_stream(t, P.run_spec(C, policy, forward="eager"), shape, cal, store=store)
+                if rep < 0:
+                    continue
+                rows.append(
+                    {
+                        "task": name,
+                        "batch_size": 1,
+                        "cache_ratio": ratio,
+                        "bandwidth_scale": 1.0,
+                        "rep": rep,
+                        "policy": policy,
+                        "novelty": nu,
+                        "w_spread": s,
+                        "cache_experts": C,
+                        "forwards": st["forwards"],
+                        "seconds": st["seconds"],
+                        "forwards_per_second": st["forwards_per_second"],
+                        "stall_seconds": st["stall_seconds"],
+                        "link_busy_seconds": st["link_busy_seconds"],
+                        "demand_misses": st["demand_misses"],
+                        "speculative_transfers": st["speculative_transfers"],
+                        "transfers": st["transfers"],
+                        "calibration": cost_text(cal),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -141,11 +131,6 @@ def cost_text(cal: Calibration) -> str:
 
 NOTEBOOK = "07_routing_map"
 (STREAMS,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/streams.csv (recording.cached_rows)
-
-
-def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
-    """What a stored run keeps of notebook 07 (stored_runs.TIMED_STUDIES): the timed streams."""
-    return streams(P, progress=progress)
 
 
 def streams(
@@ -164,10 +149,13 @@ def streams(
         base = base_params(fits, g)
         points = stream_points(numbers(routing_map(base, g, prefill_multiple(fits), progress=False), fits))
 
-    def measure():
+    def run():
         return stream_runs(P, base, points, g, cal or calibration(P), progress=progress)
 
-    return cached_rows(P, STREAMS, bench_fingerprint(P), measure)
+    return cached_rows(P, STREAMS, bench_fingerprint(P), run)
+
+
+measure = streams  # what a stored run keeps of notebook 07 (stored_runs.TIMED_STUDIES): the timed streams
 
 
 def stream_store(loaded, t: Trace, shape: ExpertShape, seed: int, device: str) -> HostStore:
@@ -175,23 +163,19 @@ def stream_store(loaded, t: Trace, shape: ExpertShape, seed: int, device: str) -
     else seeded random experts of its shape and dtype."""
     packed = loaded.experts
     pin = device.startswith("cuda")
-    if packed.device.type == "cpu" and tuple(packed.shape[:2]) == (
-        len(t.meta["moe_layers"]),
-        t.meta["num_experts"],
-    ):
-        return HostStore(packed, t.meta["moe_layers"], pin=pin)
+    layers = t.meta["moe_layers"]
+    if packed.device.type == "cpu" and tuple(packed.shape[:2]) == (len(layers), t.meta["num_experts"]):
+        return HostStore(packed, layers, pin=pin)
     return make_store(t, shape, seed=seed, pin=pin, dtype=packed.dtype)
 
 
 STREAM = ["task"]  # one cell per stream: the "task" column holds the stream's name (paper point, cpu point)
 METRIC = "forwards_per_second"
-# the streams claim (criteria/timing.py): demand over last_step per stream, faster
-CLAIM = CLAIMS["07-streams"]
+CLAIM = CLAIMS["07-streams"]  # demand over last_step per stream, faster (criteria/timing.py)
 
 
 def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """demand vs last_step forwards/s per stream within this run, paired by repetition
-    (paired_table.paired_table)."""
+    """demand vs last_step forwards/s per stream in this run, paired by repetition (paired_table.py)."""
     return paired_table(rows, "demand", "last_step", STREAM, metric=METRIC)
 
 
@@ -220,17 +204,13 @@ def stored_claims(P: Settings) -> list[Claim]:
     return [throughput_claim(throughput(replicas(P, None).last_stored()))]
 
 
-def stream_label(key) -> str:
-    return str(key[0])
-
-
 def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
     """The streams' verdict: `faster` (direction) per stream on the plain effect of demand over last_step,
     gated by the A/A on the same stream (criteria/timing.py, verdicts/)."""
     cost = t.calibration or (cost_text(cal) if cal is not None else "not recorded")
     return timed_claim(
         CLAIM.key,
-        judge(t, CLAIM, stream_label),
+        judge(t, CLAIM, lambda key: str(key[0])),
         "forwards/s per run, demand over last_step % per pair, one interval per stream",
         note=f"A/A: {t.aa_label or 'none'}; compute: {cost}",
     )
@@ -244,11 +224,8 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     names = list(dict.fromkeys(rows.task))
     _per_run(ax1, ax2, rows, names)
-    ticks = [
-        f"{n}\nnu {rows[rows.task == n].novelty.iloc[0]:.3g}, spread "
-        f"{rows[rows.task == n].w_spread.iloc[0]:.3g}"
-        for n in names
-    ]
+    point = rows.groupby("task").first()
+    ticks = [f"{n}\nnu {point.novelty[n]:.3g}, spread {point.w_spread[n]:.3g}" for n in names]
     for ax in (ax1, ax2, ax3):
         ax.set_xticks(range(len(names)), ticks, fontsize=8)
     ratio = rows.cache_ratio.iloc[0]
@@ -329,11 +306,8 @@ def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
 def _figure_data(rows: pd.DataFrame, out: list[dict]) -> pd.DataFrame:
     """The run's rows with each stream's drawn intervals beside them (the A/A's prefixed control_)."""
     ruled = pd.DataFrame(out, columns=["task", "series", "diff_pct", "low", "high", "interval", "n"])
-    merged = rows.merge(
-        ruled[ruled.series == "demand over last_step"].drop(columns="series"), on="task", how="left"
+    effect = ruled.series == "demand over last_step"
+    ruled = ruled.drop(columns="series").set_index("task")
+    return rows.join(ruled[effect.to_numpy()], on="task").join(
+        ruled[~effect.to_numpy()].add_prefix("control_"), on="task"
     )
-    aa = [s for s in ruled.series.unique() if s != "demand over last_step"]
-    for series, prefix in ((aa[0] if aa else AA, "control_"),):
-        part = ruled[ruled.series == series].drop(columns="series").add_prefix(prefix)
-        merged = merged.merge(part.rename(columns={f"{prefix}task": "task"}), on="task", how="left")
-    return merged
