@@ -69,8 +69,6 @@ class Timed:
     pooled: str = ""
     leave_one_out: tuple[str, ...] = ()
     agreement: str = ""
-    key: str = ""
-    aa: str = ""  # the A/A's label (pairs.AA or the stand-in)
     stored: bool = False  # ruled on the stored runs, pooled (else on this run alone)
     to_decide: str = ""  # inconclusive: what would decide it, in one line (next_step.py)
 
@@ -80,23 +78,23 @@ def _num(x: float) -> float | None:
 
 
 def _ruling(c: TimingClaim, compared: Compared, label, pick: Callable[[Replicated], Interval | None]):
-    """(verdict, reason, cells) of one view (`pick`: which interval of a Replicated)."""
-    aa_name = compared.aa_label or "A/A"
-    labelled, gates, aas, cells = [], [], [], []
+    """(verdict, reason, cells, to_decide) of one view (`pick`: which interval of a Replicated)."""
+    aa_name, others = compared.aa_label or "A/A", c.a == OTHERS
+    by = ("policy", *c.by) if others else c.by
+    labelled, gates, aa_reps, aas, cells = [], [], [], [], []
     for k, r in compared.effects.items():
         iv = pick(r) or Interval(math.nan, math.nan, math.nan, 0, "runs")
-        aa_r = compared.aa.get(k[1] if c.a == OTHERS else k)
+        aa_r = compared.aa.get(k[1] if others else k)
         aa = pick(aa_r) if aa_r is not None else None
         gate = ONE_RUN_ALONE if iv.unit == "pairs" else aa_gate(aa, thresholds.MARGIN, aa_name)
-        gates.append(gate or host_bound(compared.host.get(k[1] if c.a == OTHERS else k)))
+        gates.append(gate or host_bound(compared.host.get(k[1] if others else k)))
+        aa_reps.append(aa_r)
         aas.append(aa)
         labelled.append((label(k), iv))
-        keys = c.by if c.a != OTHERS else ("policy", *c.by)
-        flat = (k[0], *k[1]) if c.a == OTHERS else k
         cells.append(
             dict(
                 label=label(k),
-                cell={n: v for n, v in zip(keys, flat)},
+                cell=dict(zip(by, (k[0], *k[1]) if others else k)),
                 effect=_num(iv.mean),
                 low=_num(iv.low),
                 high=_num(iv.high),
@@ -111,10 +109,9 @@ def _ruling(c: TimingClaim, compared: Compared, label, pick: Callable[[Replicate
     verdict, reason = claim_verdict([name for name, _ in labelled], rulings)
     to_decide = ""
     if verdict == INCONCLUSIVE:
-        reps = list(compared.effects.items())
         hints = [
-            next_step.hint(name, c.question, r, iv, compared.aa.get(k[1] if c.a == OTHERS else k), a, x.why)
-            for (name, iv), (k, r), a, x in zip(labelled, reps, aas, rulings)
+            next_step.hint(name, c.question, r, iv, aa_r, a, x.why)
+            for (name, iv), r, aa_r, a, x in zip(labelled, compared.effects.values(), aa_reps, aas, rulings)
             if x.verdict == INCONCLUSIVE
         ]
         to_decide = max(hints, key=lambda h: h[0])[1] if hints else ""
@@ -130,59 +127,39 @@ def judge(compared: Compared, c: TimingClaim, label: Callable[[tuple], str]) -> 
     cells = list(compared.effects.values())
     stored = all(r.this is None for r in cells)
     verdict, reason, numbers, to_decide = _ruling(c, compared, label, lambda r: r.ruled)
+
+    def view(pick: Callable[[Replicated], Interval | None], of: Compared = compared) -> str:
+        return _ruling(c, of, label, pick)[0]
+
     n_runs = max((len(r.per) for r in cells), default=0)
-    per_run = tuple(
-        _ruling(c, compared, label, lambda r, i=i: r.runs[i] if r.runs else None)[0] for i in range(n_runs)
-    )
-    pooled = ""
-    if n_runs >= 2:
-        pooled = verdict if stored else _ruling(c, compared, label, lambda r: r.pooled)[0]
+    per_run = tuple(view(lambda r, i=i: r.runs[i] if r.runs else None) for i in range(n_runs))
+    pooled = (verdict if stored else view(lambda r: r.pooled)) if n_runs >= 2 else ""
     loo = ()
     if stored and n_runs > thresholds.MIN_RUNS:
-        loo = tuple(_ruling(c, compared.without(i), label, lambda r: r.ruled)[0] for i in range(n_runs))
+        loo = tuple(view(lambda r: r.ruled, compared.without(i)) for i in range(n_runs))
     agreement = ""
     if not stored and pooled:
-        agreement = (
-            "is inconclusive alone"
-            if verdict == INCONCLUSIVE or pooled == INCONCLUSIVE
-            else "agrees with the stored verdict"
-            if verdict == pooled
-            else "differs from the stored verdict"
-        )
+        same = "agrees with" if verdict == pooled else "differs from"
+        alone = INCONCLUSIVE in (verdict, pooled)
+        agreement = "is inconclusive alone" if alone else f"{same} the stored verdict"
     unit = cells[0].ruled.unit if cells else "runs"
     over = {
         "runs": f"{thresholds.CONFIDENCE:.0%} t interval over the per-run means of {n_runs} stored runs",
         "run": f"this run alone: {n_runs} stored runs' spread, widened by this run's excess noise",
         "pairs": "this run's pairs alone (no run-to-run variation)",
     }.get(unit, unit)
-    aa = compared.aa_label or "no A/A"
+    gate = compared.aa_label or "no A/A"
     return Timed(
-        verdict,
-        reason,
-        numbers,
-        f"{over}; gate: {aa}",
-        per_run,
-        pooled,
-        loo,
-        agreement,
-        c.key,
-        aa,
-        stored,
-        to_decide,
+        verdict, reason, numbers, f"{over}; gate: {gate}", per_run, pooled, loo, agreement, stored, to_decide
     )
 
 
-def cells_text(t: Timed, unit: str = "%", label: Callable[[dict], str] | None = None) -> str:
+def cells_text(t: Timed, unit: str = "%") -> str:
     """The text columns, rendered from the cells' fields."""
     out = []
     for x in t.cells:
-        name = (
-            label(x["cell"])
-            if label
-            else x.get("label") or ", ".join(f"{k} {v}" for k, v in x["cell"].items())
-        )
-        nan = float("nan")
-        iv = Interval(*(nan if x[f] is None else x[f] for f in ("effect", "low", "high")))
+        name = x.get("label") or ", ".join(f"{k} {v}" for k, v in x["cell"].items())
+        iv = Interval(*(math.nan if x[f] is None else x[f] for f in ("effect", "low", "high")))
         aa = f"; A/A [{x['aa_low']:+.1f}, {x['aa_high']:+.1f}]" if x["aa_low"] is not None else ""
         runs = f" ({x['runs']} runs)" if x["runs"] > 1 else ""
         out.append(f"{name}: {iv.text(unit)}{runs}{aa}")

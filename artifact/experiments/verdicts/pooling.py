@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -132,12 +131,12 @@ def replicate(
     pool = pooled(means)
     stored = Within.pooled(w for w in per_within if w is not None)
     this = one_run(own, means, own_within, stored) if own is not None and len(own) else None
-    if own is None:
-        ruled = pool or Interval(
-            float(np.mean(means)) if means else float("nan"), math.nan, math.nan, len(means), "runs"
-        )
+    if own is not None:
+        ruled = this or Interval(math.nan, math.nan, math.nan, 0, "pairs")
     else:
-        ruled = this or Interval(float("nan"), math.nan, math.nan, 0, "pairs")
+        ruled = pool or Interval(
+            float(np.mean(means)) if means else math.nan, math.nan, math.nan, len(means), "runs"
+        )
     return Replicated(ruled, pool, this, tuple(runs), tuple(per), own)
 
 
@@ -168,23 +167,15 @@ class Compared:
     aa_label: str | None = None
 
     def where(self, keep: Callable[[tuple], bool]) -> "Compared":
-        return Compared(
-            {k: v for k, v in self.effects.items() if keep(k)}, self.aa, self.host, self.basis, self.aa_label
-        )
+        return replace(self, effects={k: v for k, v in self.effects.items() if keep(k)})
 
     def without(self, i: int) -> "Compared":
         """The stored runs' pooled view with stored run `i` left out of every input (effect and A/A)."""
 
-        def drop(r: Replicated) -> Replicated:
-            return replicate(None, [p for j, p in enumerate(r.per) if j != i])
+        def drop(cells: dict) -> dict:
+            return {k: replicate(None, [p for j, p in enumerate(r.per) if j != i]) for k, r in cells.items()}
 
-        return Compared(
-            {k: drop(v) for k, v in self.effects.items()},
-            {k: drop(v) for k, v in self.aa.items()},
-            self.host,
-            self.basis,
-            self.aa_label,
-        )
+        return replace(self, effects=drop(self.effects), aa=drop(self.aa))
 
 
 @dataclass(frozen=True)
@@ -245,17 +236,9 @@ def _same(x: dict, y: dict) -> bool:
     return x.keys() == y.keys() and all(len(x[k]) == len(y[k]) and np.allclose(x[k], y[k]) for k in x)
 
 
-def gather(
-    P,
-    this,
-    notebook: str,
-    fingerprint=None,
-    metric="tokens_per_second",
-    reference: Path | None = None,
-    read=pd.read_csv,
-):
+def gather(P, this, notebook: str, fingerprint=None, metric="tokens_per_second") -> Replicas:
     """This run's rows with the stored runs' rows of the notebook's grids made under the same settings
     (stored_runs.notebook_rows)."""
-    stored = notebook_rows(P, notebook, None, fingerprint, reference, read)[1]
-    commits = sorted({run_meta(runs_root(P.name, reference) / n).get("commit", "?") for n, _ in stored})
+    stored = notebook_rows(P, notebook, None, fingerprint)[1]
+    commits = sorted({run_meta(runs_root(P.name) / n).get("commit", "?") for n, _ in stored})
     return Replicas(this, stored, ", ".join(commits), metric)

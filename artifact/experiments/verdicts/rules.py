@@ -16,15 +16,13 @@ over several cells combines them. Three outcomes:
 The A/A gate (demand against demand, or the stand-in on runs recorded before the true A/A existed) gates a
 cell, never corrects it: a cell with no A/A, or whose A/A interval lies wholly outside +-MARGIN (a bias beyond
 the margin is shown), is inconclusive; a cell whose A/A interval is not inside +-MARGIN keeps its ruling only
-when the ruling also holds on its interval widened by the A/A's furthest bound (no bias the A/A leaves
-possible could explain it). A GPU cell whose host time is over HOST_SHARE_LIMIT of its wall time is
-inconclusive too (host_shares).
-Exact counts compare a number with a threshold (at_most, margin_below, margin_at_least)."""
+when the ruling also holds on its interval widened by the A/A's furthest bound. A GPU cell whose host time is
+over HOST_SHARE_LIMIT of its wall time is inconclusive too (host_shares). Exact counts: counts.py."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from scipy import stats
@@ -89,10 +87,8 @@ class Interval:
         return float(2 * stats.norm.sf(abs(self.mean) / half)) if half > 0 else float(self.mean == 0)
 
     def text(self, unit: str = "%") -> str:
-        def bound(x):
-            return ">0" if x == ABOVE_ZERO else f"{x:+.1f}"
-
-        return f"{self.mean:+.1f}{unit} [{bound(self.low)}, {bound(self.high)}]"
+        bounds = ", ".join(">0" if x == ABOVE_ZERO else f"{x:+.1f}" for x in (self.low, self.high))
+        return f"{self.mean:+.1f}{unit} [{bounds}]"
 
 
 @dataclass(frozen=True)
@@ -111,11 +107,9 @@ def rule_cell(kind: str, iv: Interval, margin: float = thresholds.MARGIN, unit: 
     if kind == FASTER:
         if iv.low > 0:
             return Ruling(REPRODUCED, "interval above 0")
-        return (
-            Ruling(NOT_REPRODUCED, "interval at or below 0")
-            if iv.high <= 0
-            else Ruling(INCONCLUSIVE, "interval reaches 0")
-        )
+        if iv.high <= 0:
+            return Ruling(NOT_REPRODUCED, "interval at or below 0")
+        return Ruling(INCONCLUSIVE, "interval reaches 0")
     # one comparison at the margin for both: a bound on it counts as inside (a closed margin)
     if kind == NO_DIFFERENCE:
         if -margin <= iv.low and iv.high <= margin:
@@ -154,10 +148,9 @@ def aa_gate(aa: Interval | None, margin: float = thresholds.MARGIN, label: str =
 
 
 def aa_bias(aa: Interval | None, margin: float = thresholds.MARGIN) -> float | None:
-    """The largest bias a cell's A/A leaves possible when its interval is not inside +-margin (the furthest
-    bound from 0), else None (a clean A/A). rule_claim_cells keeps such a cell's ruling only when the same
-    ruling holds on the effect's interval widened by it on both sides: no bias the A/A allows could explain
-    it. The effect itself is never moved."""
+    """The largest bias (its bound furthest from 0) a cell's A/A leaves possible when its interval is not
+    inside +-margin, else None: the cell keeps its ruling only if it also holds on the effect's interval
+    widened by it on both sides (rule_cells); the effect itself is never moved."""
     if aa is None or not aa.usable or (-margin <= aa.low and aa.high <= margin):
         return None
     return max(abs(aa.low), abs(aa.high))
@@ -172,25 +165,18 @@ def host_bound(host: float | None) -> str | None:
     return None
 
 
-def _widened(iv: Interval, bias: float) -> Callable[[float], Interval]:
-    """The effect's interval at a level, widened by `bias` on both sides (aa_bias)."""
+def _ruled(kind: str, iv: Interval, level: float, k: int, margin: float, unit: str, bias: float = 0.0):
+    """One cell's ruling among k, on its interval widened by `bias` on both sides (aa_bias); `not reproduced`
+    read at the simultaneous `level`."""
 
-    def at(level: float) -> Interval:
-        x = iv.at(level)
-        return Interval(x.mean, x.low - bias, x.high + bias, x.n, x.unit)
+    def at(confidence: float) -> Ruling:
+        x = iv.at(confidence)
+        return rule_cell(kind, replace(x, low=x.low - bias, high=x.high + bias), margin, unit)
 
-    return at
-
-
-def _ruled(
-    kind: str, at: Callable[[float], Interval], level: float, k: int, margin: float, unit: str
-) -> Ruling:
-    """One cell's ruling among k: `at(level)` its interval at a two-sided level; `not reproduced` read at the
-    simultaneous level."""
-    r = rule_cell(kind, at(CONFIDENCE), margin, unit)
+    r = at(CONFIDENCE)
     if r.verdict != NOT_REPRODUCED:
         return r
-    if rule_cell(kind, at(level), margin, unit).verdict != NOT_REPRODUCED:
+    if at(level).verdict != NOT_REPRODUCED:
         return Ruling(INCONCLUSIVE, f"{r.why}, but not at the simultaneous level over {k} cells")
     return Ruling(NOT_REPRODUCED, f"{r.why} at the simultaneous level over {k} cells") if k > 1 else r
 
@@ -213,13 +199,12 @@ def rule_cells(
     level = simultaneous([iv for _, iv in cells])
     out = []
     for (_, iv), gate, a in zip(cells, gates, aa):
-        r = _ruled(kind, iv.at, level, len(cells), margin, unit)
+        r = _ruled(kind, iv, level, len(cells), margin, unit)
         bias = aa_bias(a, margin)
         if gate:
             r = Ruling(INCONCLUSIVE, gate)
         elif bias is not None and r.verdict != INCONCLUSIVE:
-            wide = _ruled(kind, _widened(iv, bias), level, len(cells), margin, unit)
-            if wide.verdict != r.verdict:
+            if _ruled(kind, iv, level, len(cells), margin, unit, bias).verdict != r.verdict:
                 r = Ruling(
                     INCONCLUSIVE,
                     f"{r.why}, but {aa_name} {a.text()} is not inside +-{margin:g}% and a bias of "
@@ -230,30 +215,20 @@ def rule_cells(
 
 
 def rule_claim_cells(kind: str, cells: Sequence[tuple[str, Interval]], *options, **named) -> tuple[str, str]:
-    """(verdict, reason) of a claim over its labelled cells, each ruled by rule_cells (`options`: its gates,
-    margin, unit, aa, aa_name): not reproduced if any cell is (at the simultaneous level, Bonferroni over the
-    cells), reproduced if every cell is at the 95% level, else inconclusive; the reason names the cells."""
-    if not cells:
-        return INCONCLUSIVE, "no cells"
+    """(verdict, reason) of a claim over its labelled cells: rule_cells (`options`: its gates, margin, unit,
+    aa, aa_name), then claim_verdict."""
     return claim_verdict([label for label, _ in cells], rule_cells(kind, cells, *options, **named))
 
 
 def claim_verdict(labels: Sequence[str], rulings: Sequence[Ruling]) -> tuple[str, str]:
-    """(verdict, reason) from the cells' rulings (combine); the reason names the cells that decided it."""
-    if not rulings:
+    """(verdict, reason) from the cells' rulings: not reproduced if any is, reproduced if all are, else
+    inconclusive; the reason names the cells that decided it."""
+    verdicts = [r.verdict for r in rulings]
+    if not verdicts:
         return INCONCLUSIVE, "no cells"
-    verdict = combine([r.verdict for r in rulings])
-    if verdict == REPRODUCED:
-        return verdict, f"every cell's {CONFIDENCE:.0%} interval: " + rulings[0].why
+    if all(v == REPRODUCED for v in verdicts):
+        return REPRODUCED, f"every cell's {CONFIDENCE:.0%} interval: " + rulings[0].why
+    verdict = NOT_REPRODUCED if NOT_REPRODUCED in verdicts else INCONCLUSIVE
     return verdict, "; ".join(
         f"{label}: {r.why}" for label, r in zip(labels, rulings) if r.verdict == verdict
     )
-
-
-def combine(verdicts: Sequence[str]) -> str:
-    """A claim's verdict from its cells': not reproduced if any is, reproduced if all are, else neither."""
-    if NOT_REPRODUCED in verdicts:
-        return NOT_REPRODUCED
-    if verdicts and all(v == REPRODUCED for v in verdicts):
-        return REPRODUCED
-    return INCONCLUSIVE
