@@ -72,7 +72,6 @@ def grid_for(P: Settings) -> MapGrid:
     return GRIDS.get(P.name, DEFAULT_GRID)
 
 
-# --- the cpu traces' statistics -------------------------------------------------------------------
 def trace_fits(ts: list[Trace], ratio: float = 1.0) -> pd.DataFrame:
     """One row per trace: its fitted statistics (fit.measure) and its own replayed LRU / oracle cut over its
     denoising steps (sim.denoising_only: the basis of the map's no-prefill rows, which the claims rule on)."""
@@ -101,13 +100,9 @@ def trace_fits(ts: list[Trace], ratio: float = 1.0) -> pd.DataFrame:
 
 def base_params(fits: pd.DataFrame, g: MapGrid) -> SynthParams:
     """The map's base stream (module docstring); its novelty, spread and prefill are set per cell."""
+    persistence = float(np.clip(fits.w_persistence.median(), 0.0, 0.95))
     return SynthParams(
-        layers=g.layers,
-        blocks=g.blocks,
-        steps=g.steps,
-        seed=g.seed,
-        w_persistence=float(np.clip(fits.w_persistence.median(), 0.0, 0.95)),
-        prefill=0.0,
+        layers=g.layers, blocks=g.blocks, steps=g.steps, seed=g.seed, w_persistence=persistence, prefill=0.0
     )
 
 
@@ -115,7 +110,6 @@ def prefill_multiple(fits: pd.DataFrame) -> float:
     return float(fits.prefill.median())
 
 
-# --- the map --------------------------------------------------------------------------------------
 def routing_map(base: SynthParams, g: MapGrid, prefill: float, progress: bool = True) -> pd.DataFrame:
     """Every (prefill or not) x nu x spread stream, replayed at each C/W: one row per policy with its
     demand misses, speculative transfers, LRU's misses and cut = LRU misses / the policy's."""
@@ -153,12 +147,8 @@ def routing_map(base: SynthParams, g: MapGrid, prefill: float, progress: bool = 
 def cuts(map_df: pd.DataFrame, policy: str, ratio: float, prefill: bool) -> np.ndarray:
     """(len(novelty), len(spread)) LRU/policy cut, rows by novelty, columns by spread (both ascending)."""
     sel = map_df[(map_df.policy == policy) & (map_df.cache_ratio == ratio) & (map_df.prefill == prefill)]
-    return (
-        sel.pivot(index="novelty", columns="w_spread", values="cut")
-        .sort_index()
-        .sort_index(axis=1)
-        .to_numpy()
-    )
+    table = sel.pivot(index="novelty", columns="w_spread", values="cut")
+    return table.sort_index().sort_index(axis=1).to_numpy()
 
 
 def at_point(map_df, policy: str, ratio: float, prefill: bool, novelty: float, spread: float) -> float:
@@ -219,9 +209,8 @@ def numbers(map_df: pd.DataFrame, fits: pd.DataFrame) -> Numbers:
 
 
 def crossing(spreads: np.ndarray, cut: np.ndarray, target: float) -> float | None:
-    """The spread at which a row's cut falls to `target` (linear in log cut between grid cells): the largest
-    spread that still reaches it. None if even the smallest spread falls short; the last spread if all reach
-    it."""
+    """The largest spread whose cut still reaches `target` (linear in log cut between grid cells); None if
+    even the smallest spread falls short, the last spread if all reach it."""
     if cut[0] < target:
         return None
     below = np.flatnonzero(cut < target)
@@ -321,11 +310,7 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
     finite = map_df.cut[np.isfinite(map_df.cut)]
     norm = LogNorm(vmin=max(0.8, float(finite.min())), vmax=float(finite.max()))
     fig, axes = plt.subplots(
-        len(panels),
-        len(POLICIES),
-        figsize=(4 * len(POLICIES), 3.2 * len(panels)),
-        squeeze=False,
-        layout="constrained",
+        len(panels), len(POLICIES), figsize=(4 * len(POLICIES), 3.2 * len(panels)), layout="constrained"
     )
     xi = np.interp(fits.w_spread, ss, np.arange(len(ss)))
     yi = np.interp(fits.novelty, nus, np.arange(len(nus)))

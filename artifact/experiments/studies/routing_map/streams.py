@@ -30,16 +30,7 @@ from artifact.experiments.outputs.figures import (
 from artifact.experiments.paired_table import paired_table
 from artifact.experiments.recording import cached_rows
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.studies.routing_map.map import (
-    MapGrid,
-    Numbers,
-    base_params,
-    grid_for,
-    numbers,
-    prefill_multiple,
-    routing_map,
-    trace_fits,
-)
+from artifact.experiments.studies.routing_map import map as the_map
 from artifact.experiments.verdicts.judge import claim_compared, judge, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.verdicts.records import Claim
@@ -57,27 +48,24 @@ def calibration(P: Settings) -> Calibration:
     if P.device != "cpu":
         return Calibration(source="none: device compute")
     loaded = load_model(P)
-    return calibrate(
-        loaded, prompts(loaded.tokenizer, P.tasks[0], 2, P.seed, P.max_prompt_tokens)[1], P.run_spec()
-    )
+    ids = prompts(loaded.tokenizer, P.tasks[0], 2, P.seed, P.max_prompt_tokens)[1]
+    return calibrate(loaded, ids, P.run_spec())
 
 
-def stream_points(n: Numbers) -> dict[str, tuple[float, float]]:
-    """The timed streams: the 'paper point', this artifact's inference from the abstract's oracle cut (the
-    largest spread reaching the cut at the traces' novelty; the best cell if none does) and the cpu traces'
-    median point."""
+def stream_points(n: the_map.Numbers) -> dict[str, tuple[float, float]]:
+    """The 'paper point' (inferred from the abstract's oracle cut: the largest spread reaching it at the
+    traces' novelty, else the best cell) and the cpu traces' median point."""
     paper_point = n.implied if n.implied is not None else n.best[:2]
     return {"paper point": paper_point, "cpu point": n.cpu_point}
 
 
 def stream_runs(
-    P: Settings, base: SynthParams, points: dict, g: MapGrid, cal: Calibration, progress: bool = True
+    P: Settings, base: SynthParams, points: dict, g: the_map.MapGrid, cal: Calibration, progress: bool = True
 ) -> pd.DataFrame:
     """demand, last_step and the stand-in (settings.CONTROL) at the grid's first C/W on each point's stream
-    (no prefill): one untimed warm-up run each (listed order), then g.repetitions rounds, round r in the order
-    slot_order(policies, P.rotation * g.repetitions + r) (bench/order.py); a row per timed run. The stream
-    replaces the model's forward, so it runs none segmented (run_stream refuses that): the profile's forward
-    mode is the calibration's; every other run key is the cell's."""
+    (no prefill): an untimed warm-up run each (listed order), then g.repetitions rounds, round r in the order
+    slot_order(policies, P.rotation * g.repetitions + r) (bench/order.py); a row per timed run. Forwards run
+    eager (the stream replaces the model's; run_stream refuses segmented); other run keys are the cell's."""
     loaded = load_model(P)
     shape = ExpertShape(loaded.cfg.hidden_size, loaded.cfg.moe_intermediate_size)
     ratio = g.ratios[0]
@@ -93,30 +81,29 @@ def stream_runs(
         for rep in range(-1, g.repetitions):  # rep -1: the warm-up
             for policy in policies if rep < 0 else slot_order(policies, P.rotation * g.repetitions + rep):
                 st = run_stream(t, P.run_spec(C, policy, forward="eager"), shape, cal, store=store)
-                if rep < 0:
-                    continue
-                rows.append(
-                    {
-                        "task": name,
-                        "batch_size": 1,
-                        "cache_ratio": ratio,
-                        "bandwidth_scale": 1.0,
-                        "rep": rep,
-                        "policy": policy,
-                        "novelty": nu,
-                        "w_spread": s,
-                        "cache_experts": C,
-                        "forwards": st["forwards"],
-                        "seconds": st["seconds"],
-                        "forwards_per_second": st["forwards_per_second"],
-                        "stall_seconds": st["stall_seconds"],
-                        "link_busy_seconds": st["link_busy_seconds"],
-                        "demand_misses": st["demand_misses"],
-                        "speculative_transfers": st["speculative_transfers"],
-                        "transfers": st["transfers"],
-                        "calibration": cost_text(cal),
-                    }
-                )
+                if rep >= 0:  # not the warm-up
+                    rows.append(
+                        {
+                            "task": name,
+                            "batch_size": 1,
+                            "cache_ratio": ratio,
+                            "bandwidth_scale": 1.0,
+                            "rep": rep,
+                            "policy": policy,
+                            "novelty": nu,
+                            "w_spread": s,
+                            "cache_experts": C,
+                            "forwards": st["forwards"],
+                            "seconds": st["seconds"],
+                            "forwards_per_second": st["forwards_per_second"],
+                            "stall_seconds": st["stall_seconds"],
+                            "link_busy_seconds": st["link_busy_seconds"],
+                            "demand_misses": st["demand_misses"],
+                            "speculative_transfers": st["speculative_transfers"],
+                            "transfers": st["transfers"],
+                            "calibration": cost_text(cal),
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -137,17 +124,18 @@ def streams(
     P: Settings,
     base: SynthParams | None = None,
     points: dict | None = None,
-    g: MapGrid | None = None,
+    g: the_map.MapGrid | None = None,
     cal: Calibration | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
     """stream_runs' rows, reused from data/results/<profile>/streams.csv when made under these settings (so a
     stored run is ruled on its own rows); the map's inputs are computed from the traces when not given."""
     if base is None or points is None or g is None:
-        g = grid_for(P)
-        fits = trace_fits(traces(P))
-        base = base_params(fits, g)
-        points = stream_points(numbers(routing_map(base, g, prefill_multiple(fits), progress=False), fits))
+        g = the_map.grid_for(P)
+        fits = the_map.trace_fits(traces(P))
+        base = the_map.base_params(fits, g)
+        rmap = the_map.routing_map(base, g, the_map.prefill_multiple(fits), progress=False)
+        points = stream_points(the_map.numbers(rmap, fits))
 
     def run():
         return stream_runs(P, base, points, g, cal or calibration(P), progress=progress)
@@ -194,13 +182,11 @@ class Throughput(Compared):
 def throughput(reps: Replicas) -> Throughput:
     rows = reps.rows
     cal = rows.calibration.dropna().astype(str).unique() if "calibration" in rows else []
-    c = claim_compared(reps, CLAIM)
-    return Throughput(c.effects, c.aa, c.host, c.basis, c.aa_label, "; ".join(cal))
+    return Throughput(**vars(claim_compared(reps, CLAIM)), calibration="; ".join(cal))
 
 
 def stored_claims(P: Settings) -> list[Claim]:
-    """The timing claim recomputed from the committed rows alone, as `--store` ruled it
-    (tests/test_stored_runs)."""
+    """The timing claim from the committed rows alone, as `--store` ruled it (tests/test_stored_runs.py)."""
     return [throughput_claim(throughput(replicas(P, None).last_stored()))]
 
 
@@ -216,11 +202,9 @@ def throughput_claim(t: Throughput, cal: Calibration | None = None) -> Claim:
     )
 
 
-# --- figures ---
 def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
     """Left: forwards/s per stream and policy (dots: repetitions, bar: mean); middle: link stall seconds;
-    right: demand over last_step per stream, with the interval it is ruled on, the A/A (the gate) in its
-    colour, the paper's band."""
+    right: demand over last_step per stream with its ruled interval, the A/A (the gate), the paper's band."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 3.8), layout="constrained")
     names = list(dict.fromkeys(rows.task))
     _per_run(ax1, ax2, rows, names)
@@ -237,16 +221,12 @@ def plot_throughput(rows: pd.DataFrame, t: Throughput, P: Settings):
 
 
 def _per_run(ax1, ax2, rows: pd.DataFrame, names: list) -> None:
-    """Forwards/s (left) and link stall seconds (middle) per stream and policy: each repetition, and the
-    mean."""
-    bars = [
-        (p, CONTROL_COLOR if p == CONTROL else COLORS[p])
-        for p in ("demand", "last_step", CONTROL)
-        if p in set(rows.policy)
-    ]
+    """Forwards/s (left) and link stall seconds (middle) per stream and policy: each run and the mean."""
+    bars = [p for p in ("demand", "last_step", CONTROL) if p in set(rows.policy)]
+    what = {"demand": " (LRU)", CONTROL: " (stand-in A/A)"}
     w = 0.8 / len(bars)
     for k, name in enumerate(names):
-        for j, (p, color) in enumerate(bars):
+        for j, p in enumerate(bars):
             g = rows[(rows.task == name) & (rows.policy == p)]
             x = k + (j - (len(bars) - 1) / 2) * w
             for ax, col in ((ax1, "forwards_per_second"), (ax2, "stall_seconds")):
@@ -254,11 +234,9 @@ def _per_run(ax1, ax2, rows: pd.DataFrame, names: list) -> None:
                     x,
                     g[col].mean(),
                     width=w * 0.95,
-                    color=color,
+                    color=CONTROL_COLOR if p == CONTROL else COLORS[p],
                     alpha=0.6,
-                    label=p
-                    + (" (LRU)" if p == "demand" else " (stand-in A/A)" if p == CONTROL else "")
-                    + ": mean",
+                    label=f"{p}{what.get(p, '')}: mean",
                 )
                 ax.scatter(np.full(len(g), x), g[col], s=10, color="black", zorder=3, label="one repetition")
 
@@ -283,7 +261,6 @@ def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
             capsize=4,
             color=color,
             ms=5,
-            mfc=color,
             label=name,
         )
         out += [dict(task=k[0], series=name, **interval_fields(i)) for k, i in zip(keys, iv)]
