@@ -44,9 +44,8 @@ CLAIM = CLAIMS["03-stall"]  # last_step over demand, STALL_SHARE (criteria/timin
 
 
 def throttle_profile(P: Settings) -> Settings:
-    """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, one cell per bandwidth in
-    throttle_scales; demand, last_step and last_step_conservative (settings.CONTROL: demand's loads + host
-    time), with at least thresholds.MIN_PAIRS repetitions (the fewest pairs the interval rule rules on)."""
+    """The 03 grid: the first task, the largest batch size, C/W = throttle_ratio, a cell per throttle_scales;
+    demand, last_step, settings.CONTROL; thresholds.MIN_PAIRS repetitions or more (the fewest it rules on)."""
     return dataclasses.replace(
         P,
         tasks=P.tasks[:1],
@@ -69,23 +68,17 @@ def replicas(P: Settings, rows) -> Replicas:
 
 
 def summary_table(rows) -> pd.DataFrame:
-    """Mean over repetitions per (bandwidth, policy): tokens/s, stall and link-busy seconds, transfers; arm A
-    only (bench.order.primary: the A/A's second demand run is no policy). On the cuda link the unpaced scale 1
-    has no link_gbps in the rows: it is filled in from the others."""
+    """Means over repetitions per (bandwidth, policy), arm A only (bench.order.primary); the cuda link's
+    unpaced scale 1, which has no link_gbps in the rows, gets it from the others."""
     rows = primary(rows)
     rows = rows.assign(transfers=rows.demand_misses + rows.speculative_transfers)
     nominal = (rows.link_gbps / rows.bandwidth_scale).dropna()
     if len(nominal):
         rows = rows.assign(link_gbps=rows.link_gbps.fillna(rows.bandwidth_scale * nominal.median()))
+    means = ("tokens_per_second", "stall_seconds", "link_busy_seconds", "seconds")
+    counts = ("demand_misses", "speculative_transfers", "transfers")  # a run's, the first
     g = rows.groupby(["bandwidth_scale", "link_gbps", "policy"], sort=True, dropna=False).agg(
-        runs=("seconds", "size"),
-        tokens_per_second=("tokens_per_second", "mean"),
-        stall_seconds=("stall_seconds", "mean"),
-        link_busy_seconds=("link_busy_seconds", "mean"),
-        seconds=("seconds", "mean"),
-        demand_misses=("demand_misses", "first"),
-        speculative_transfers=("speculative_transfers", "first"),
-        transfers=("transfers", "first"),
+        runs=("seconds", "size"), **{c: (c, "mean") for c in means}, **{c: (c, "first") for c in counts}
     )
     return g.reset_index()
 
@@ -99,8 +92,7 @@ class Numbers:
     extra_transfers: float  # last_step's transfers / demand's - 1
     # this run's means, highest bandwidth first: (GB/s, demand's and last_step's stall, then their tokens/s)
     by_bandwidth: tuple
-    # {cell: Replicated} last_step's stall over demand's (STALL_SHARE), highest bandwidth first, with the
-    # A/A's (demand's arm B over its arm A) and the cells' GPU host shares
+    # {cell: Replicated} last_step's stall over demand's (STALL_SHARE), fastest first; the A/A, host shares
     stall: Compared = Compared({})
     gbps: dict = field(default_factory=dict)  # {bandwidth scale: link GB/s}
 
@@ -160,8 +152,7 @@ def verdicts(n: Numbers) -> list[Claim]:
 
 
 def stored_claims(P: Settings) -> list[Claim]:
-    """The timing claims as a `--store` run of the stored runs' last one rules them, from the committed rows
-    alone (tests/test_stored_runs.py recomputes the committed record with it)."""
+    """The timing claims as `--store` rules them, from committed rows alone (tests/test_stored_runs.py)."""
     return [c for c in verdicts(numbers(replicas(P, None).last_stored())) if c.timing]
 
 
@@ -178,9 +169,8 @@ def reading(n: Numbers) -> str:
 
 # --- figure ---------------------------------------------------------------------------------------
 def plot(summary, n: Numbers, P: Settings):
-    """(a) tokens/s and (b) stall seconds vs link bandwidth per policy, this run's means
-    (last_step_conservative in the A/A's colour); (c) last_step's stall over demand's per cell beside the
-    A/A's (demand over demand), each with the interval it is ruled on; one legend below the panels."""
+    """(a) tokens/s and (b) stall seconds vs link bandwidth per policy, this run's means; (c) per cell, the
+    stall of last_step over demand and of the A/A, each with the interval it is ruled on."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.4), layout="constrained")
     for pol, g in summary.groupby("policy", sort=False):
         color, name = (CONTROL_COLOR, CONTROL_LABEL) if pol == CONTROL else (COLORS.get(pol), pol)
@@ -211,8 +201,7 @@ def plot(summary, n: Numbers, P: Settings):
 
 
 def _stall_intervals(ax, n: Numbers) -> list[dict]:
-    """(c) last_step's stall over demand's per cell and the A/A's (demand over demand), each with the interval
-    it is ruled on, against the margin; returns the panel's figure data."""
+    """Panel (c) against the margin; returns its figure data."""
     rows = []
     for name, src, color, shift in (
         ("last_step over demand", n.stall.effects, COLORS["last_step"], 2**-0.05),
@@ -222,16 +211,10 @@ def _stall_intervals(ax, n: Numbers) -> list[dict]:
             keys = [k for k in src if k[:3] == group and k[3] in n.gbps]
             iv = [src[k].ruled for k in keys]
             cell = f"b={group[1]} C/W {group[2]:g}" + (f" {group[0]}" if group[0] != "gsm8k" else "")
-            ax.errorbar(
-                [n.gbps[k[3]] * shift for k in keys],
-                [i.mean for i in iv],
-                yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
-                fmt="os^D"[j % 4],
-                capsize=3,
-                ms=4,
-                color=color,
-                label=f"{name}, {cell}",
-            )
+            x = [n.gbps[k[3]] * shift for k in keys]
+            yerr = [[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]]
+            style = dict(fmt="os^D"[j % 4], capsize=3, ms=4, color=color, label=f"{name}, {cell}")
+            ax.errorbar(x, [i.mean for i in iv], yerr=yerr, **style)
             rows += [
                 dict(series=name, **dict(zip(CELL_KEYS, k)), link_gbps=n.gbps[k[3]], **interval_fields(i))
                 for k, i in zip(keys, iv)

@@ -1,9 +1,8 @@
 """04 capacity sweep: demand-async vs async last-step prefetch end to end over the profile's grid (tasks x
-batch sizes x C/W), paired by repetition, with 95% intervals over runs. Both claims (criteria/timing.py) rule
-on the plain effect of demand over last_step (verdicts/), gated by the grid's A/A: direction at C/W 0.83-1.73
-(every cell's interval above 0, the paper's criterion), equivalence at C/W 0.43 (inside +-3%).
-last_step_conservative over demand (last_step's prediction on the host, no transfers) is drawn as a
-decomposition when the A/A is demand's own pair; on runs without that pair it is the stand-in A/A."""
+batch sizes x C/W), paired by repetition. Both claims (criteria/timing.py) rule on demand over last_step, per
+cell, gated by the A/A (verdicts/): direction at C/W 0.83-1.73 (every interval above 0, the paper's
+criterion), equivalence at C/W 0.43 (inside +-3%). last_step_conservative over demand (the prediction's host
+time, no transfers) is a decomposition beside demand's own A/A pair, else the stand-in A/A."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 
 NOTEBOOK = "04_capacity_sweep"
 (STEM,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/bench.csv, also `python -m artifact bench`'s
-# the claims' definitions (criteria/timing.py)
-FASTER_CLAIM, EQUAL_CLAIM = CLAIMS["04-faster"], CLAIMS["04-equal"]
+FASTER_CLAIM, EQUAL_CLAIM = CLAIMS["04-faster"], CLAIMS["04-equal"]  # criteria/timing.py
 CELL = list(CELL_KEYS)  # one interval per cell (bench.grid.CellKey): nothing pooled
 
 
@@ -56,8 +54,7 @@ def replicas(P: Settings, rows) -> Replicas:
 
 def tables(rows) -> pd.DataFrame:
     """demand vs last_step within this run, one row per cell (task, batch size, C/W), with the paper's figure
-    where criteria/paper.py gives one (paper.demand_vs_last_step: the abstract's gain range at each C/W in
-    0.83-1.73, this artifact's reading; its interval at C/W 0.43)."""
+    where criteria/paper.py gives one (paper.demand_vs_last_step)."""
     t = paired_table(rows, "demand", "last_step", CELL)
     t.attrs.update(a="demand", b="last_step")
     return t
@@ -81,8 +78,7 @@ def numbers(reps: Replicas) -> Numbers:
 
 
 def cells_table(n: Numbers) -> pd.DataFrame:
-    """One row per cell: demand over last_step as ruled (% tokens/s, 95% interval), the runs it pools, and
-    the A/A's interval."""
+    """Per cell: demand over last_step as ruled (% tokens/s, 95% interval), runs pooled, the A/A interval."""
     aa = n.timed.aa
     out = [
         dict(
@@ -119,8 +115,7 @@ def verdicts(n: Numbers) -> list[Claim]:
 
 
 def stored_claims(P: Settings) -> list[Claim]:
-    """The timing claims as a `--store` run of the stored runs' last one rules them, from the committed rows
-    alone (tests/test_stored_runs.py recomputes the committed record with it)."""
+    """The timing claims as `--store` rules them, from committed rows alone (tests/test_stored_runs.py)."""
     return [c for c in verdicts(numbers(replicas(P, None).last_stored())) if c.timing]
 
 
@@ -130,12 +125,10 @@ SPLIT = f"{CONTROL} over demand (host time only)"  # its prediction runs; it nev
 
 
 def plot(n: Numbers, P: Settings):
-    """Small multiples, one column per batch size (x: C/W), one row per series, each point a cell with the 95%
-    interval it is ruled on: demand over last_step (% tokens/s), what both claims rule on, with the abstract's
-    figures (outputs/figures.mark_paper_04) and the +-3% margin; the A/A (or its stand-in), which must lie
-    inside +-3% (the gate); and, when the A/A is demand's own pair, last_step_conservative over demand (host
-    time, no transfers). A fresh run's interval (widened by the stored runs' spread) has the stored runs'
-    pooled one beside it (hollow); one past a row's y axis ends in an arrow, its end printed."""
+    """A column per batch size (x: C/W), a row per series, each point a cell with the 95% interval it is ruled
+    on: demand over last_step (% tokens/s) with the abstract's figures (outputs/figures.mark_paper_04) and the
+    +-3% margin; the A/A, inside +-3% (the gate); the decomposition. Beside a fresh run's interval, hollow,
+    the stored runs' pooled one; an interval past the y axis ends in an arrow, its end printed."""
     series = (
         (EFFECT, n.timed.effects, COLORS["demand"]),
         (n.timed.aa_label or "A/A", n.timed.aa, CONTROL_COLOR),
@@ -182,8 +175,7 @@ def plot(n: Numbers, P: Settings):
 
 
 def _look(n: Numbers) -> tuple[str, str, str]:
-    """How every panel draws its intervals: what they are over, the ruled ones' label and, when a fresh run's
-    are drawn beside the stored runs' pooled ones, the pooled ones' label (else "")."""
+    """Every panel's (unit of the intervals, their label, the stored runs' pooled ones' label or "": none)."""
     one = next(iter(n.timed.effects.values()), None)
     unit = one.ruled.unit if one else "runs"
     beside = one is not None and one.pooled is not None and one.this is not None  # a fresh run beside stored
@@ -202,9 +194,8 @@ def _errorbar(ax, x: list, iv: list, color, label: str, **kw) -> None:
 
 
 def _draw_intervals(ax, name: str, keys: list, src: dict, color, look: tuple, keep: list, ends: list):
-    """One panel: the cells' ruled intervals and beside them the stored runs' pooled ones (`look`: _look's);
-    adds to `keep` the values the row's y axis is scaled to and to `ends` those it may clip. Returns the ruled
-    intervals' x, the intervals and the panel's figure data (per cell: both intervals)."""
+    """One panel's ruled intervals, the pooled ones beside them; adds to `keep` the values the y axis is
+    scaled to, to `ends` those it may clip. Returns the ruled ones' x, the ruled ones and the figure data."""
     unit, ruled_label, pooled_label = look
     dx = 0.025 if pooled_label else 0.0  # the ruled intervals' shift left of the C/W, the pooled ones' right
     ruled, pooled = [src[k].ruled for k in keys], [src[k].pooled for k in keys]

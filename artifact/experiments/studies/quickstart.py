@@ -82,13 +82,8 @@ class Numbers:
 
 def numbers(q: dict) -> Numbers:
     o = q["offloaded"]
-    return Numbers(
-        q["cache_experts"],
-        q["num_experts"],
-        q["cache_ratio"],
-        o["demand_misses"] / (o["demand_hits"] + o["demand_misses"]),
-        bool(q["same_tokens"]),
-    )
+    miss_share = o["demand_misses"] / (o["demand_hits"] + o["demand_misses"])
+    return Numbers(q["cache_experts"], q["num_experts"], q["cache_ratio"], miss_share, bool(q["same_tokens"]))
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -132,9 +127,7 @@ def plot(q: dict, P: Settings):
         ]
     )
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    left = (
-        df.groupby("run", sort=False).seconds.cumsum() - df.seconds
-    )  # the bar's start: its run's parts before it
+    left = df.groupby("run", sort=False).seconds.cumsum() - df.seconds  # where each bar starts
     for row, x0 in zip(df.itertuples(), left):
         stall = "stall" in row.part
         label = row.part if stall else "compute (offloaded: with the engine's work)"

@@ -45,9 +45,8 @@ CLAIM = CLAIMS["05-refresh"]  # interval_refresh over demand, not faster (criter
 
 # --- our engine at TIDE's budgets -----------------------------------------------------------------
 def tide_style_profile(P: Settings) -> Settings:
-    """The 05 grid: our engine at the TIDE budget and half of it, demand vs interval_refresh with
-    last_step_conservative (settings.CONTROL: demand's loads + host time), batch size 1 (TIDE decodes one
-    prompt at a time), every task, with enough repetitions for thresholds.MIN_PAIRS pairs per C/W."""
+    """The 05 grid: our engine at the TIDE budget and half of it, demand, interval_refresh, settings.CONTROL,
+    batch size 1 (as TIDE decodes), every task, repetitions enough for thresholds.MIN_PAIRS pairs per C/W."""
     reps = max(P.repetitions, -(-thresholds.MIN_PAIRS // len(P.tasks)))
     return dataclasses.replace(
         P,
@@ -102,9 +101,8 @@ def tide_released(P: Settings, progress: bool = True) -> list[dict]:
     loaded = load_model(P, resident=False)
     task = P.tasks[0]
     W = ModelRunner(P, loaded).working_set(task, 1)
-    loaded.model.backend = None  # drop the traced run's resident experts from the GPU ...
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()  # ... since TIDE sizes its budget against free GPU memory
+    loaded.model.backend = None  # drop the traced run's resident experts from the GPU (a no-op without one):
+    torch.cuda.empty_cache()  # TIDE sizes its budget against free GPU memory
     _, ps = prompts(loaded.tokenizer, task, P.n_prompts, P.seed, P.max_prompt_tokens)
     kw = dict(reps=P.repetitions, task=task, dtype=P.torch_dtype, progress=progress)
     rows = []
@@ -134,8 +132,7 @@ def style_numbers(reps: Replicas) -> StyleNumbers:
 
 
 def label(key) -> str:
-    """A cell's name: its C/W (and task, batch size and bandwidth where they are not the grid's usual
-    ones)."""
+    """A cell's name: its C/W (and task, batch size and bandwidth where not the grid's usual ones)."""
     task, b, ratio, scale = key
     return (
         f"C/W {ratio:g}"
@@ -157,8 +154,7 @@ def style_verdict(n: StyleNumbers) -> Claim:
 
 
 def stored_claims(P: Settings) -> list[Claim]:
-    """The timing claim ruled on our engine, as a `--store` run of the stored runs' last one rules it, from
-    the committed rows alone (tests/test_stored_runs.py)."""
+    """The timing claim as `--store` rules it, from committed rows alone (tests/test_stored_runs.py)."""
     return [style_verdict(style_numbers(replicas(P, None).last_stored()))]
 
 
@@ -183,8 +179,7 @@ def released_verdict(parts: dict | None, reason: str | None) -> Claim:
 
 # --- figure ---------------------------------------------------------------------------------------
 def _per_budget(r) -> pd.DataFrame:
-    """Per C/W and policy: the mean tokens/s over tasks x repetitions with its 95% interval (ci: the
-    half-width). Arm A only (bench.order.primary)."""
+    """Per C/W and policy, arm A only: mean tokens/s over tasks x repetitions, ci: its 95% half-width."""
     r = primary(r)
     g = r.groupby(["cache_ratio", "policy"], sort=False).agg(
         tokens_per_second=("tokens_per_second", "mean"),
@@ -197,9 +192,8 @@ def _per_budget(r) -> pd.DataFrame:
 
 
 def plot(rows, P: Settings, released=None):
-    """Tokens/s of our engine, demand vs TIDE-style interval_refresh (and last_step_conservative, which does
-    demand's loads plus the prediction's host time), at the budget and half of it, each bar a mean over tasks
-    x repetitions with its 95% interval; TIDE's released code beside them when it was measured."""
+    """Tokens/s of our engine's policies at the budget and half of it, each bar a mean over tasks x reps with
+    its 95% interval; TIDE's released code beside them when it was measured."""
     df = _per_budget(rows).assign(system="engine")
     if released:
         r = pd.DataFrame(released)

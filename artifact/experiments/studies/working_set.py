@@ -156,33 +156,17 @@ def plot_working_set(ws, P):
 def plot_stability(sim, share, P):
     """(a) share of D(t, l) already in D(t-1, l) per task and batch size, the STABLE threshold marked;
     (b) share of each step's experts already resident under LRU vs C/W, per task and batch size."""
-    a = (
-        sim.groupby(["task", "batch_size"])
-        .agg(reuse=("reuse", "mean"), jaccard=("jaccard", "mean"))
-        .reset_index()
-    )
+    a = sim.groupby(["task", "batch_size"])[["reuse", "jaccard"]].mean().reset_index()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     tasks, sizes = _grouped_bars(ax1, a, "reuse", 100)
-    ax1.axhline(
-        100 * thresholds.STABLE,
-        color="black",
-        lw=1,
-        ls=":",
-        label=f'threshold {thresholds.STABLE:.0%} (this artifact\'s reading of "highly stable")',
-    )
+    stable = f'threshold {thresholds.STABLE:.0%} (this artifact\'s reading of "highly stable")'
+    ax1.axhline(100 * thresholds.STABLE, color="black", lw=1, ls=":", label=stable)
     ax1.set(ylabel="D(t, l) already in D(t-1, l) (%)", ylim=(0, 118), title="step-to-step reuse")
     ax1.legend(fontsize=8, loc="upper left", ncol=3)
     styles = ["-", "--", ":", "-."]
     for (task, s), g in share.groupby(["task", "batch_size"], sort=False):
-        ax2.plot(
-            g.cache_ratio,
-            100 * g.resident_share,
-            ls=styles[sizes.index(s) % 4],
-            marker="o",
-            ms=3,
-            color=f"C{tasks.index(task) % 10}",
-            label=f"{task} b={s}",
-        )
+        style = dict(ls=styles[sizes.index(s) % 4], marker="o", ms=3, color=f"C{tasks.index(task) % 10}")
+        ax2.plot(g.cache_ratio, 100 * g.resident_share, label=f"{task} b={s}", **style)
     ax2.set(
         xlabel="cache capacity C/W (C slots per layer / mean W)",
         ylabel="demanded experts already resident (%)",
