@@ -39,10 +39,11 @@ from tqdm.auto import tqdm
 from artifact.experiments.criteria.timing import CLAIMS, OTHERS, TimingClaim
 from artifact.experiments.outputs.stored_runs import notebook_rows
 from artifact.experiments.verdicts import judge
+from artifact.experiments.verdicts.next_step import distance
 from artifact.experiments.verdicts.pairs import Basis
 from artifact.experiments.verdicts.pooling import Compared, Replicas, replicate_all
 from artifact.experiments.verdicts.rules import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
-from artifact.experiments.verdicts.scenarios import Scenario, distance, right_verdict, scenarios
+from artifact.experiments.verdicts.scenarios import Scenario, right_verdict, scenarios
 
 RUNS = 9  # stored runs per synthetic study: the cpu profile's count
 STUDIES = 300  # per claim and scenario, the default: under 5 minutes on 2 cores
@@ -87,17 +88,13 @@ class ClaimNoise:
     runs: int
 
 
-def stored_compared(P, c: TimingClaim) -> Compared:
-    """The claim's cells of the profile's stored runs, pooled (what its stored verdict rules on)."""
+def noise(P, c: TimingClaim) -> ClaimNoise:
+    """Each cell's noise, read from the claim's cells of the profile's stored runs, pooled (what its stored
+    verdict rules on)."""
     _, stored = notebook_rows(P, c.notebook)
     if not stored:
         raise ValueError(f"{c.key}: profile {P.name} has no stored runs of notebook {c.notebook}")
-    return judge.claim_cells(judge.claim_compared(Replicas(None, stored, metric=c.metric), c), c)
-
-
-def noise(P, c: TimingClaim) -> ClaimNoise:
-    """Each cell's noise, read from the profile's stored runs."""
-    comp = stored_compared(P, c)
+    comp = judge.claim_cells(judge.claim_compared(Replicas(None, stored, metric=c.metric), c), c)
     per_run = judge.judge(comp, c, str).per_run
     aa_keys = dict.fromkeys(k[1] if c.a == OTHERS else k for k in comp.effects)  # in order: the seed's draws
     return ClaimNoise(
@@ -138,24 +135,11 @@ def _holds(iv, mu: float) -> bool:
     return iv is not None and iv.low <= mu <= iv.high
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """One synthetic study: the pooled and the fresh verdict, whether the fresh one is wrong, cells whose
-    pooled (fresh) interval holds mu, cells, and the clear cells (>= CLEAR between-run sds from the boundary)
-    and how many of them the fresh run decides in their direction."""
-
-    pooled: str
-    fresh: str
-    wrong: bool
-    cover: int
-    single: int
-    cells: int
-    clear: int
-    clear_decided: int
-
-
-def study(cn: ClaimNoise, s: Scenario, rng: np.random.Generator, runs: int = RUNS) -> Outcome:
-    """One synthetic study ruled by judge.judge."""
+def study(cn: ClaimNoise, s: Scenario, rng: np.random.Generator, runs: int = RUNS) -> np.ndarray:
+    """One synthetic study ruled by judge.judge, as counts: 1 (the study), pooled reproduced, pooled not
+    reproduced, the fresh run decides, cells whose pooled interval holds mu, cells whose fresh one does,
+    cells, the fresh verdict is wrong, clear cells (>= CLEAR between-run sds from the boundary), clear cells
+    the fresh run decides in their direction."""
     c = cn.claim
     truth = {k: z.mean if s.truth is None else s.truth for k, z in cn.cells.items()}
     effects = _replicated({k: _runs(rng, truth[k], z, runs, s.tails, s.noise) for k, z in cn.cells.items()})
@@ -165,25 +149,20 @@ def study(cn: ClaimNoise, s: Scenario, rng: np.random.Generator, runs: int = RUN
     single = sum(_holds(r.this, truth[k]) for k, r in effects.items())
     clear = decided = 0
     for (k, z), x in zip(cn.cells.items(), t.cells):
-        d = distance(c, truth[k])
+        d = distance(c.question, truth[k])
         if abs(d) >= CLEAR * math.hypot(z.tau, z.sd / math.sqrt(z.n)):
             clear += 1
             decided += x["ruling"] == (REPRODUCED if d > 0 else NOT_REPRODUCED)
+    ruled = (t.pooled == REPRODUCED, t.pooled == NOT_REPRODUCED, t.verdict != INCONCLUSIVE)
     wrong = t.verdict not in right_verdict(c, truth)
-    return Outcome(t.pooled, t.verdict, wrong, cover, single, len(effects), clear, decided)
+    return np.array((1, *ruled, cover, single, len(effects), wrong, clear, decided), dtype=np.int64)
 
 
 def _job(args) -> tuple[int, int, np.ndarray]:
-    """(claim index, scenario index, counts: studies, reproduced, not reproduced, fresh decides, covered,
-    single-covered, cells, fresh wrong, clear cells, clear cells decided) of one chunk of studies."""
+    """(claim index, scenario index, the study counts summed over one chunk of studies)."""
     i, j, cn, s, studies, seed, runs = args
     rng = np.random.default_rng(seed)
-    counts = np.zeros(10, dtype=np.int64)
-    for _ in range(studies):
-        o = study(cn, s, rng, runs)
-        ruled = (o.pooled == REPRODUCED, o.pooled == NOT_REPRODUCED, o.fresh != INCONCLUSIVE)
-        counts += (1, *ruled, o.cover, o.single, o.cells, o.wrong, o.clear, o.clear_decided)
-    return i, j, counts
+    return i, j, sum(study(cn, s, rng, runs) for _ in range(studies))
 
 
 def _rate(k: float, n: float) -> tuple[float, float]:

@@ -53,12 +53,6 @@ class Claim:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict {self.verdict!r}: expected one of {', '.join(VERDICTS)}")
 
-    def basis(self) -> str:
-        parts = [p for p in (self.counting, self.interval) if p]
-        if self.pairs is not None:
-            parts.append(f"{self.pairs} pairs")
-        return "; ".join(parts)
-
     def runs_text(self) -> str:
         """Each stored run's own verdict beside the pooled one, the leave-one-out, and a fresh run's
         agreement with the stored verdict (a display: it never decides)."""
@@ -75,21 +69,22 @@ class Claim:
             text += f"; this run {self.agreement}"
         return text
 
-    def verdict_text(self) -> str:
-        return f"{self.verdict} ({self.reason})" if self.reason else self.verdict
-
     def lines(self) -> list[str]:
+        """The printed lines; basis: what is counted or timed, what the interval is over, and its pairs."""
         tag = " [timing]" if self.timing else ""
+        basis = (self.counting, self.interval, f"{self.pairs} pairs" if self.pairs is not None else "")
+        basis = "; ".join(p for p in basis if p)
         out = [f"claim: {self.claim}", f"paper: {self.paper}"]
-        if self.basis():
-            out.append(f"basis{tag}: {self.basis()}")
+        if basis:
+            out.append(f"basis{tag}: {basis}")
         out.append(f"measured{tag}: {self.measured}")
         if self.margin:
             out.append(f"margin{tag}: {self.margin}")
         if self.timing:
             out.append(f"runs{tag}: {self.runs_text()}")
+        verdict = f"{self.verdict} ({self.reason})" if self.reason else self.verdict
         decide = f"; {TO_DECIDE}{self.to_decide}" if self.to_decide else ""
-        return out + [f"verdict{tag}: {self.verdict_text()}{decide}"]
+        return out + [f"verdict{tag}: {verdict}{decide}"]
 
 
 TO_DECIDE = "to decide: "  # an inconclusive timing claim's verdict line ends with what would decide it
@@ -135,9 +130,7 @@ def report(*claims: Claim, P: Settings | None = None, notebook: str | None = Non
         record(P, notebook, claims)
 
 
-# ---------------------------------------------------------------------------------------------
-# The record of a claim cell's run: what the claims table is generated from
-# ---------------------------------------------------------------------------------------------
+# --- the record of a claim cell's run: what the claims table is generated from ---------------------------
 
 
 def record_path(P: Settings, notebook: str) -> Path:

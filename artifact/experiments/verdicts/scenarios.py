@@ -68,15 +68,10 @@ def scenarios(c: TimingClaim) -> tuple[Scenario, ...]:
     return (*stored, *edge, Scenario("zero", 0.0, "false not reproduced; power"))
 
 
-def distance(c: TimingClaim, mu: float) -> float:
-    """How far a true effect lies from the claim's boundary, signed (next_step.distance)."""
-    return next_step.distance(c.question, mu, MARGIN)
-
-
 def right_verdict(c: TimingClaim, truth: dict) -> tuple[str, str]:
     """The verdicts that are not wrong for these true effects: reproduced (or inconclusive) when the claim
     holds strictly in every cell, else not reproduced (or inconclusive): a true effect on the boundary
-    (0 for a direction claim, the margin otherwise) is the rules' null, where `reproduced` is the error."""
-    if all(distance(c, mu) > 0 for mu in truth.values()):
-        return (REPRODUCED, INCONCLUSIVE)
-    return (NOT_REPRODUCED, INCONCLUSIVE)
+    (0 for a direction claim, the margin otherwise; next_step.distance) is the rules' null, where `reproduced`
+    is the error."""
+    holds = all(next_step.distance(c.question, mu, MARGIN) > 0 for mu in truth.values())
+    return (REPRODUCED if holds else NOT_REPRODUCED, INCONCLUSIVE)
