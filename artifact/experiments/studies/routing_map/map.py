@@ -229,9 +229,6 @@ def region_text(n: Numbers, prefill: bool) -> str:
     )
 
 
-CONTOUR = "the interpolated contour (linear in log cut between grid cells)"
-
-
 def reading(map_df: pd.DataFrame, n: Numbers) -> str:
     """What the map shows, in this run's numbers (printed by notebook 07)."""
     span = {p: cuts(map_df, p, n.ratio, False) for p in POLICIES}
@@ -262,8 +259,8 @@ def verdicts(n: Numbers) -> list[Claim]:
     return [
         stated(
             "07-contour",
-            f"by {CONTOUR}: cut >= {n.target}x without prefill at {region_text(n, False)}; with prefill at "
-            f"{region_text(n, True)}; "
+            f"by the interpolated contour (linear in log cut between grid cells): cut >= {n.target}x without "
+            f"prefill at {region_text(n, False)}; with prefill at {region_text(n, True)}; "
             + (
                 f"at the cpu traces' novelty (nu {n.implied[0]:g}) "
                 f"it needs a W spread <= {n.implied[1]:.3f} (the cpu traces fit {lo_s:.2f}-{hi_s:.2f})"
