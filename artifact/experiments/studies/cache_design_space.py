@@ -1,13 +1,12 @@
 """09 the cache's own design space (this artifact's own results, not the paper's): is LRU the right cache for
-diffusion MoE? Every eviction policy (offload/policy/eviction.py) replays the profile's traces exactly,
-against LRU and the two floors belady (this cache's rules) and min (any demand-paging schedule), per C/W,
-batch size and phase; the best eviction is combined with last_step, cross_layer and oracle prefetching; and
-libCacheSim's LRU, fed each demand hits first, is checked against `demand` on every request; and a small
-paired bench times the best eviction against lru end to end (tokens/s, ruled per cell on the plain effect's
-interval over runs, gated by the A/A, as the other direction claims: criteria/timing.py). The count claims
-rule on the denoising steps (prefill excluded), as notebooks 02 and 06 count (this artifact's choice: the
-abstract does not say which forwards its counts cover), and print all demands beside them where that basis
-would give another verdict (counting.on_bases)."""
+diffusion MoE? Every eviction policy (offload/policy/eviction.py) replays the profile's traces exactly against
+LRU and the floors belady (this cache's rules) and min (any demand paging), per C/W, batch size and phase; the
+best eviction is combined with last_step, cross_layer and oracle prefetching; libCacheSim's LRU, fed each
+demand hits first, is checked against `demand` on every request; a small paired bench times the best eviction
+against lru end to end (tokens/s, ruled per cell and gated by the A/A, as the other direction claims:
+criteria/timing.py). The count claims rule on the denoising steps, as notebooks 02 and 06 count (this
+artifact's choice: the abstract does not say which forwards its counts cover), printing all demands beside
+them where that basis would give another verdict (counting.on_bases)."""
 
 from __future__ import annotations
 
@@ -22,27 +21,20 @@ import seaborn as sns
 from artifact.errors import RunsError
 from artifact.experiments.bench.order import primary
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.counting import BASIS, BASIS_SHORT, EXACT, on_bases, on_basis
+from artifact.experiments.counting import BASIS_SHORT, EXACT, on_basis, stated_on_bases
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, traces
 from artifact.experiments.outputs.figures import title
 from artifact.experiments.outputs.stored_runs import stored_rows
-from artifact.experiments.paired_table import CELL_KEYS, cell_label
+from artifact.experiments.paired_table import cell_label
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.verdicts.counts import margin_below
 from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, timed_claim
 from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
 from artifact.experiments.verdicts.records import Claim, stated, verdict_of
-from artifact.offload.replay.sim import (
-    by_basis,
-    capacity_for,
-    phase_columns,
-    relative_to_lru,
-    ruling_basis,
-    sweep,
-)
+from artifact.offload.replay import sim
 from artifact.offload.replay.trace import mean_working_set
 
 RATIOS = (0.43, 0.83, 1.0, 1.3, 1.73)
@@ -60,15 +52,18 @@ EVICTIONS = (
     "demand+s3fifo",
 )
 FLOORS = ("belady", "min")
-
+TOKEN = (
+    "demand",
+    "demand+token_lru",
+    "demand+token_lru:reverse=true",
+)  # the token claim's order, low to high
 PREFETCH = ("last_step", "cross_layer", "oracle")
+SUMMED = ("demand_misses", "speculative_transfers", "accesses")
 BENCH_RATIO = 1.0  # the timed cell's C/W: the cache holds one mean working set
 BENCH_PROMPTS = 2  # prompts per timed run: 3 policies x 5 runs stay well under a minute on cpu
 NOTEBOOK = "09_cache_design_space"
 (STEM,) = ROW_FILES[NOTEBOOK][1]  # data/results/<profile>/cache_design_runs.csv
-CELL = list(CELL_KEYS)  # one interval per cell (bench.grid.CellKey): nothing pooled
-# the bench claim (criteria/timing.py): the best eviction over lru (demand), faster
-CLAIM = CLAIMS["09-eviction"]
+CLAIM = CLAIMS["09-eviction"]  # the bench claim (criteria/timing.py): the best eviction over lru, faster
 
 
 def label(spec: str) -> str:
@@ -76,27 +71,20 @@ def label(spec: str) -> str:
     return "lru" if spec == "demand" else spec.removeprefix("demand+")
 
 
-SUMMED = ("demand_misses", "speculative_transfers", "accesses")
-
-
 def eviction_sweep(ts, P: Settings) -> pd.DataFrame:
     """Every eviction (with no prefetch), belady and the bound min per trace x C/W, by phase; exact counts."""
-    df = phase_columns(sweep(ts, RATIOS, EVICTIONS + FLOORS, by_phase=True, lookahead=P.lookahead, tau=P.tau))
+    df = sim.phase_columns(
+        sim.sweep(ts, RATIOS, EVICTIONS + FLOORS, by_phase=True, lookahead=P.lookahead, tau=P.tau)
+    )
     return df.drop(columns=["trace", "replay_seconds", "misses_vs_lru"], errors="ignore")
 
 
 def summary(df: pd.DataFrame, by=("batch_size", "cache_ratio")) -> pd.DataFrame:
     """Misses pooled over traces per counting basis (column `prefill`, sim.by_basis: 'excluded' = denoising
-    steps only, 'included' = all demands) x `by` x policy: against LRU, and the share of LRU's gap to min
-    removed."""
-    return _gap(by_basis(df, by, SUMMED), ["prefill", *by])
-
-
-def _gap(g: pd.DataFrame, keys: list) -> pd.DataFrame:
-    """Pooled counts against LRU (relative_to_lru at `keys`) with min's misses at the same keys and the share
-    of LRU's gap to them that each policy closes."""
+    steps only, 'included' = all demands) x `by` x policy: against LRU, min's misses at the same keys
+    (min_misses) and the share of LRU's gap to them each policy closes (gap_closed)."""
+    g, keys = sim.by_basis(df, by, SUMMED), ["prefill", *by]
     floor = g[g.policy == "min"].set_index(keys).demand_misses
-    g = g.copy()
     g["min_misses"] = [floor.get(tuple(k), np.nan) for k in g[keys].itertuples(index=False)]
     g["gap_closed"] = (g.lru_misses - g.demand_misses) / (g.lru_misses - g.min_misses)
     g["eviction"] = g.policy.map(label)
@@ -105,20 +93,16 @@ def _gap(g: pd.DataFrame, keys: list) -> pd.DataFrame:
 
 def phase_table(df: pd.DataFrame) -> pd.DataFrame:
     """Misses relative to LRU per phase (prefill, first, later), pooled over traces and C/W."""
-    cols = {ph: f"demand_misses_{ph}" for ph in ("prefill", "first", "later")}
-    d = df[df.policy.isin(EVICTIONS)].groupby("policy")[list(cols.values())].sum()
-    out = d / d.loc["demand"]
-    out.columns = list(cols)
-    out.index = [label(p) for p in out.index]
-    return out.round(3)
+    d = df[df.policy.isin(EVICTIONS)].groupby("policy")[[f"demand_misses_{ph}" for ph in sim.PHASES]].sum()
+    out = (d / d.loc["demand"]).set_axis(sim.PHASES, axis=1)
+    return out.set_axis([label(p) for p in out.index]).round(3)
 
 
 def best_eviction(s: pd.DataFrame) -> str:
     """The eviction spec with the fewest misses pooled over every batch size and C/W, on the basis the claims
     rule on (sim.ruling_basis)."""
-    s = s[s.prefill == ruling_basis(s)]
-    tot = s[s.policy.isin(EVICTIONS[1:])].groupby("policy").demand_misses.sum()
-    return str(tot.idxmin())
+    s = s[s.prefill == sim.ruling_basis(s)]
+    return str(s[s.policy.isin(EVICTIONS[1:])].groupby("policy").demand_misses.sum().idxmin())
 
 
 def combined(ts, P: Settings, best: str) -> pd.DataFrame:
@@ -126,11 +110,12 @@ def combined(ts, P: Settings, best: str) -> pd.DataFrame:
     demands (a figure panel, no claim)."""
     ev = best.partition("+")[2]
     specs = ["demand", best] + [p for q in PREFETCH for p in (q, f"{q}+{ev}")]
-    have = [t for t in ts if t.has_predictions]
-    use = specs if len(have) == len(ts) else [s for s in specs if not s.startswith("cross_layer")]
-    df = sweep(ts, RATIOS, use, lookahead=P.lookahead, tau=P.tau)
+    use = (
+        specs if all(t.has_predictions for t in ts) else [s for s in specs if not s.startswith("cross_layer")]
+    )
+    df = sim.sweep(ts, RATIOS, use, lookahead=P.lookahead, tau=P.tau)
     g = df.groupby(["cache_ratio", "policy"])[["demand_misses", "speculative_transfers"]].sum().reset_index()
-    return relative_to_lru(g, ["cache_ratio"])
+    return sim.relative_to_lru(g, ["cache_ratio"])
 
 
 def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
@@ -148,25 +133,25 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
     for t in ts:
         W = mean_working_set(t)
         for r in ratios:
-            C = capacity_for(r, W, t.meta["num_experts"])
-            n = differ = ours = theirs = 0
+            C = sim.capacity_for(r, W, t.meta["num_experts"])
+            ours, theirs = [], []  # hit or not per request: `demand`'s replay, libCacheSim's LRU
             for s in request_streams(t, "demand", C).values():
                 cache = lcs.LRU(C)
-                for o, h in zip(s["obj_id"].tolist(), s["hit"].tolist()):
+                for o in s["obj_id"].tolist():
                     req.obj_id = o
-                    got = cache.get(req)
-                    n, differ = n + 1, differ + (got != h)
-                    ours, theirs = ours + (not h), theirs + (not got)
+                    theirs.append(cache.get(req))
+                ours += s["hit"].tolist()
+            ours, theirs = np.array(ours, bool), np.array(theirs, bool)
             rows.append(
                 {
                     "task": t.meta.get("task"),
                     "batch_size": t.meta.get("batch_size"),
                     "cache_ratio": r,
                     "cache_experts": C,
-                    "requests": n,
-                    "demand_misses": ours,
-                    "libcachesim_lru_misses": theirs,
-                    "requests_that_differ": differ,
+                    "requests": len(ours),
+                    "demand_misses": int((~ours).sum()),
+                    "libcachesim_lru_misses": int((~theirs).sum()),
+                    "requests_that_differ": int((ours != theirs).sum()),
                 }
             )
     return pd.DataFrame(rows)
@@ -174,10 +159,9 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
 
 # --- throughput ---------------------------------------------------------------------------------
 def bench_profile(P: Settings, best: str) -> Settings:
-    """The 09 bench: lru (`demand`) vs the best eviction (`demand+<eviction>`) with last_step_conservative
-    (settings.CONTROL: demand's loads + host time), one cell (the first task, batch size 1, C/W BENCH_RATIO,
-    at most BENCH_PROMPTS prompts), one warm-up run of each policy and enough repetitions for
-    thresholds.MIN_PAIRS pairs."""
+    """The 09 bench: lru (`demand`) vs the best eviction with last_step_conservative (settings.CONTROL), one
+    cell (the first task, batch size 1, C/W BENCH_RATIO, at most BENCH_PROMPTS prompts), one warm-up run of
+    each policy and enough repetitions for thresholds.MIN_PAIRS pairs."""
     return dataclasses.replace(
         P,
         tasks=P.tasks[:1],
@@ -196,8 +180,7 @@ def measure_bench(P: Settings, best: str, progress: bool = True) -> pd.DataFrame
 
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
-    """What a stored run keeps of notebook 09 (stored_runs.TIMED_STUDIES): the end-to-end bench of the best
-    eviction on the profile's traces."""
+    """What a stored run keeps of notebook 09 (stored_runs.TIMED_STUDIES): the bench of the best eviction."""
     return measure_bench(P, best_eviction(summary(eviction_sweep(traces(P, progress=progress), P))), progress)
 
 
@@ -214,8 +197,7 @@ class BenchNumbers:
 
 
 def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
-    rows = primary(reps.rows)  # arm A: one demand run per repetition
-    m = rows.groupby("policy").demand_misses.sum()
+    m = primary(reps.rows).groupby("policy").demand_misses.sum()  # arm A: one demand run per repetition
     return BenchNumbers(best, claim_parts(reps, CLAIM)[best], (int(m["demand"]), int(m[best])))
 
 
@@ -251,7 +233,7 @@ class Counts:
     removed: dict  # eviction label -> max over (batch, C/W) of misses removed beyond LRU / LRU's
     best: str  # best eviction spec (fewest pooled misses)
     gap_closed: dict  # C/W (and "pooled") -> share of LRU's gap to min the best eviction closes
-    token: dict  # 'lru' / 'token_lru' / 'token_lru:reverse=true' -> pooled exact demand misses
+    token: dict  # label of each TOKEN spec -> pooled exact demand misses
 
 
 def counts(s: pd.DataFrame) -> Counts:
@@ -259,13 +241,11 @@ def counts(s: pd.DataFrame) -> Counts:
     ev = s[s.policy.isin(EVICTIONS)]
     removed = {label(p): float((1 - g.misses_vs_lru).max()) for p, g in ev.groupby("policy")}
     best = best_eviction(s)
-    by_r = summary_by_ratio(s)
-    b = by_r[by_r.policy == best]
-    gap = dict(zip(b.cache_ratio, b.gap_closed))
-    gap["pooled"] = float((b.lru_misses - b.demand_misses).sum() / (b.lru_misses - b.min_misses).sum())
+    b = s[s.policy == best].groupby("cache_ratio").sum(numeric_only=True, min_count=1)  # over batch sizes
+    closed, gap = b.lru_misses - b.demand_misses, b.lru_misses - b.min_misses
+    gap_closed = {**(closed / gap).to_dict(), "pooled": float(closed.sum() / gap.sum())}
     tot = ev.groupby("policy").demand_misses.sum()
-    token = {label(p): int(tot[p]) for p in ("demand", "demand+token_lru", "demand+token_lru:reverse=true")}
-    return Counts(removed, best, gap, token)
+    return Counts(removed, best, gap_closed, {label(p): int(tot[p]) for p in TOKEN})
 
 
 @dataclass(frozen=True)
@@ -279,14 +259,7 @@ class Numbers:
 
 
 def numbers(s: pd.DataFrame, check: pd.DataFrame) -> Numbers:
-    return Numbers(ruling_basis(s), {p: counts(g) for p, g in s.groupby("prefill", sort=False)}, check)
-
-
-def summary_by_ratio(s: pd.DataFrame) -> pd.DataFrame:
-    """A summary pooled over batch sizes: per counting basis x C/W x policy."""
-    keys = ["prefill", "cache_ratio"]
-    raw = s.groupby([*keys, "policy"])[list(SUMMED)].sum().reset_index()
-    return _gap(relative_to_lru(raw, keys), keys)
+    return Numbers(sim.ruling_basis(s), {p: counts(g) for p, g in s.groupby("prefill", sort=False)}, check)
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -296,86 +269,55 @@ def verdicts(n: Numbers) -> list[Claim]:
     return claims
 
 
-def _exact(n: Numbers) -> dict:
-    """The count claims' basis: exact counts on the ruling counting basis."""
-    return dict(counting=BASIS[n.basis], interval=EXACT)
-
-
-def on_each_basis(n: Numbers, passes, says) -> tuple:
-    """on_bases over the counting bases of n (n.by_prefill: each basis's Numbers): whether each passes, and
-    what each says."""
-    bases = n.by_prefill
-    return on_bases({p: passes(c) for p, c in bases.items()}, {p: says(c) for p, c in bases.items()}, n.basis)
+def _top(removed: dict) -> str:
+    """The eviction that removes the most of LRU's misses."""
+    return max(removed, key=removed.get)
 
 
 def eviction_claim(n: Numbers) -> Claim:
     """Some eviction removes more than EVICTION_GAIN of LRU's demand misses."""
-    top = max(n.removed, key=n.removed.get)
-
-    def best(c: Numbers) -> str:
-        return max(c.removed, key=c.removed.get)
-
-    verdict, note = on_each_basis(
-        n,
-        lambda c: c.removed[best(c)] > thresholds.EVICTION_GAIN,
-        lambda c: f"the best, {best(c)}, removes {c.removed[best(c)]:.1%}",
-    )
-    return stated(
+    top, gain = _top(n.removed), thresholds.EVICTION_GAIN
+    return stated_on_bases(
         "09-evictions",
         "largest share removed per eviction: "
         + ", ".join(f"{k} {v:+.1%}" for k, v in sorted(n.removed.items(), key=lambda kv: -kv[1])),
-        verdict,
-        reason=note
-        or (
-            ""
-            if n.removed[top] > thresholds.EVICTION_GAIN
-            else f"the best, {top}, removes {n.removed[top]:.1%}"
-        ),
-        margin=f"best ({top}): " + margin_below(n.removed[top], thresholds.EVICTION_GAIN),
-        **_exact(n),
+        n.by_prefill,
+        n.basis,
+        lambda c: c.removed[_top(c.removed)] > gain,
+        lambda c: f"the best, {_top(c.removed)}, removes {c.removed[_top(c.removed)]:.1%}",
+        reason="" if n.removed[top] > gain else f"the best, {top}, removes {n.removed[top]:.1%}",
+        margin=f"best ({top}): " + margin_below(n.removed[top], gain),
     )
 
 
 def gap_claim(n: Numbers) -> Claim:
     """The best eviction closes less than GAP_LEFT of LRU's gap to min."""
     per = {r: v for r, v in n.gap_closed.items() if r != "pooled"}
-    verdict, note = on_each_basis(
-        n,
-        lambda c: c.gap_closed["pooled"] < thresholds.GAP_LEFT,
-        lambda c: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}",
-    )
-    return stated(
+    return stated_on_bases(
         "09-gap",
         f"share of the gap closed: pooled {n.gap_closed['pooled']:.0%}; "
         + ", ".join(f"C/W {r:g}: {v:.0%}" for r, v in sorted(per.items())),
-        verdict,
-        {"best": label(n.best)},
-        reason=note,
+        n.by_prefill,
+        n.basis,
+        lambda c: c.gap_closed["pooled"] < thresholds.GAP_LEFT,
+        lambda c: f"{label(c.best)} closes {c.gap_closed['pooled']:.0%}",
+        fill={"best": label(n.best)},
         margin="pooled: " + margin_below(n.gap_closed["pooled"], thresholds.GAP_LEFT),
-        **_exact(n),
     )
 
 
 def token_claim(n: Numbers) -> Claim:
     """token_lru has fewer demand misses than lru, and its reverse more."""
-    lru, tok, rev = n.token["lru"], n.token["token_lru"], n.token["token_lru:reverse=true"]
-    bases = n.by_prefill
-    verdict, note = on_bases(
-        {
-            p: c.token["token_lru"] < c.token["lru"] < c.token["token_lru:reverse=true"]
-            for p, c in bases.items()
-        },
-        {p: _order(c.token) for p, c in bases.items()},
-        n.basis,
-    )
-    return stated(
+    lru, tok, rev = (n.token[label(p)] for p in TOKEN)
+    return stated_on_bases(
         "09-tokens",
         f"demand misses: lru {lru}, token_lru {tok} ({tok / lru - 1:+.1%}), token_lru reversed {rev} "
         f"({rev / lru - 1:+.1%})" + ("" if tok < lru else "; token_lru is NOT lower than lru"),
-        verdict,
-        reason=note,
+        n.by_prefill,
+        n.basis,
+        lambda c: c.token["token_lru"] < c.token["lru"] < c.token["token_lru:reverse=true"],
+        lambda c: "lru {}, token_lru {}, reversed {}".format(*(c.token[label(p)] for p in TOKEN)),
         margin="exact: the order holds or not",
-        **_exact(n),
     )
 
 
@@ -392,16 +334,6 @@ def libcachesim_claim(check: pd.DataFrame) -> Claim:
     )
 
 
-def _order(token: dict) -> str:
-    return f"lru {token['lru']}, token_lru {token['token_lru']}, reversed {token['token_lru:reverse=true']}"
-
-
-def _lcs_version() -> str:
-    from importlib.metadata import version
-
-    return version("libcachesim")
-
-
 # --- figure ---------------------------------------------------------------------------------------
 def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
     """(a, b) the design-space grid, one seaborn heatmap per batch size: demand misses relative to LRU per
@@ -410,7 +342,7 @@ def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
     evictions). (c) each prefetcher's demand misses + transfers relative to LRU's misses, with lru and with
     the best eviction. (a, b) are drawn on the basis the claims rule on (sim.ruling_basis); the saved data
     holds both bases."""
-    basis = ruling_basis(s)
+    basis = sim.ruling_basis(s)
     drawn = s[s.prefill == basis]
     batches = sorted(drawn.batch_size.dropna().unique())
     fig, axes = plt.subplots(
@@ -448,26 +380,7 @@ def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
         ax.tick_params(axis="y", rotation=0, labelsize=8)
         if k:
             ax.set_yticklabels([])
-    _prefetch_panel(axes[-1], comb)
-    for ax in axes:
-        ax.title.set_fontsize(10)
-    title(fig, P, "09 the cache's own design space (this artifact's own results)")
-    df = pd.concat([s.assign(panel="evictions"), comb.assign(panel="prefetch")], ignore_index=True)
-    return fig, df
-
-
-def _eviction_grid(g: pd.DataFrame) -> pd.DataFrame:
-    """One batch size's demand misses (% of LRU's): a row per eviction then per floor, a column per C/W."""
-    rows = [p for p in (*EVICTIONS, *FLOORS)]
-    grid = (100 * g.pivot_table(index="policy", columns="cache_ratio", values="misses_vs_lru")).reindex(rows)
-    grid.index = [label(p) + (" (floor)" if p in FLOORS else "") for p in rows]
-    grid.columns = [f"{c:g}" for c in grid.columns]
-    return grid
-
-
-def _prefetch_panel(ax, comb: pd.DataFrame) -> None:
-    """Each prefetcher's demand misses + transfers relative to LRU's misses, with lru and the best
-    eviction."""
+    ax = axes[-1]  # (c)
     for pol, h in comb.groupby("policy", sort=False):
         ax.plot(
             h.cache_ratio,
@@ -484,3 +397,17 @@ def _prefetch_panel(ax, comb: pd.DataFrame) -> None:
         title="prefetching with lru vs the best eviction, all demands",
     )
     ax.legend(fontsize=8, loc="upper left", title="prefetch (+ eviction)", title_fontsize=8)
+    for ax in axes:
+        ax.title.set_fontsize(10)
+    title(fig, P, "09 the cache's own design space (this artifact's own results)")
+    df = pd.concat([s.assign(panel="evictions"), comb.assign(panel="prefetch")], ignore_index=True)
+    return fig, df
+
+
+def _eviction_grid(g: pd.DataFrame) -> pd.DataFrame:
+    """One batch size's demand misses (% of LRU's): a row per eviction then per floor, a column per C/W."""
+    rows = [*EVICTIONS, *FLOORS]
+    grid = (100 * g.pivot_table(index="policy", columns="cache_ratio", values="misses_vs_lru")).reindex(rows)
+    grid.index = [label(p) + (" (floor)" if p in FLOORS else "") for p in rows]
+    grid.columns = [f"{c:g}" for c in grid.columns]
+    return grid
