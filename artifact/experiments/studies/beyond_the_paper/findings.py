@@ -4,7 +4,6 @@ figure."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -12,8 +11,8 @@ import pandas as pd
 
 from artifact.experiments.bench.order import AA
 from artifact.experiments.bench.results import same_tokens
-from artifact.experiments.counting import BASIS_SHORT, EXACT, PER_RUN, on_basis
-from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.counting import BASIS_SHORT, EXACT, PER_RUN
+from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import DEMAND
 from artifact.experiments.outputs.figures import (
     COLORS,
@@ -38,30 +37,20 @@ from artifact.offload.replay.sim import ruling_basis
 class Numbers:
     same_cells: int  # cells where every policy and repetition decoded the same tokens ...
     cells: int  # ... of all cells (both priorities)
-    faster: pd.DataFrame  # throughput rows where a predictor beats demand (CI excludes zero)
-    table: pd.DataFrame  # every predictor over demand, per link priority and C/W
+    table: pd.DataFrame  # this run's every predictor over demand, per link priority and cell
     basis: str  # the counting basis the count claims rule on (sim.ruling_basis)
     by_prefill: dict  # counting basis -> Counts
-    # {policy: Compared} predictor over demand per cell,
-    timed: dict = dataclasses.field(default_factory=dict)
-    # with the A/A and host shares
-    # {policy: Compared} demand over predictor per cell (04's sign): what the figure draws; drawing only
-    shown: dict = dataclasses.field(default_factory=dict)
-
-    # the counts on the basis the count claims rule on
-    conservative_is_lru, removed, of_oracle = (
-        on_basis(f) for f in ("conservative_is_lru", "removed", "of_oracle")
-    )
+    timed: dict  # {policy: Compared} predictor over demand per cell, with the A/A and host shares
+    shown: dict  # {policy: Compared} demand over predictor (04's sign): what the figure draws, never ruled
 
 
 def numbers(summary, table, reps: Replicas) -> Numbers:
     rows = reps.rows
     n_same, n_cells = same_tokens(rows.assign(task=rows.task + "/" + rows.link_priority))
-    fast = table[(table.verdict == paper.FASTER)]
     by_prefill = {p: counts(g) for p, g in summary.groupby("prefill", sort=False)}
     timed = claim_parts(reps, CLAIM)
     shown = {p: reps.compare(DEMAND, p, CLAIM.by, CLAIM.metric, BASES[CLAIM.basis]) for p in timed}
-    return Numbers(n_same, n_cells, fast, table, ruling_basis(summary), by_prefill, timed, shown)
+    return Numbers(n_same, n_cells, table, ruling_basis(summary), by_prefill, timed, shown)
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -79,7 +68,6 @@ def verdicts(n: Numbers) -> list[Claim]:
     if any(k[0] == "demand" for c in n.timed.values() for k in c.effects):
         claims.append(priority_claim(n.timed, n.table))
     # (2) is last-step the right predictor to judge prediction by? Exact counts, ruled on n.basis
-    # (docs/verdicts.md)
     return claims + count_claims(n.by_prefill, n.basis)
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from artifact.experiments.counting import BASIS, BASIS_SHORT, EXACT, on_bases
+from artifact.experiments.counting import BASIS_SHORT, stated_on_bases
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.verdicts.counts import margin_below
-from artifact.experiments.verdicts.records import Claim, stated
+from artifact.experiments.verdicts.records import Claim
 from artifact.offload.replay.sim import by_basis, phase_columns, ruling_basis, sweep
 
 # Miss accounting: every predictor, then the floors. "min" is bounds.relaxed_min, a bound the simulator
@@ -58,11 +58,9 @@ def miss_summary(sweep_df) -> pd.DataFrame:
     without per-phase columns only 'included'), and each predictor's share of the misses the oracle removes
     (`of_oracle`) on the same basis."""
     g = by_basis(sweep_df, ["cache_ratio"], SUMMED)
-    oracle = g[g.policy == "oracle"].set_index(["prefill", "cache_ratio"]).misses_removed
-    oracle_removed = pd.Series(
-        [oracle.get(k, float("nan")) for k in zip(g.prefill, g.cache_ratio)], index=g.index
-    )
-    g["of_oracle"] = g.misses_removed / oracle_removed.where(oracle_removed > 0)
+    oracle = g[g.policy == "oracle"].set_index(["prefill", "cache_ratio"]).misses_removed.rename("oracle")
+    removed = g.join(oracle, on=["prefill", "cache_ratio"]).oracle  # NaN where no oracle was replayed
+    g["of_oracle"] = g.misses_removed / removed.where(removed > 0)
     return g
 
 
@@ -91,11 +89,6 @@ def _by_ratio(d: dict, fmt: str = "{:+.0%}") -> str:
     return ", ".join(f"{r:g}: {fmt.format(v)}" for r, v in sorted(d.items()))
 
 
-def _of_oracle(ls: dict, orc: dict) -> dict:
-    """{C/W: last_step's misses removed / the oracle's} where the oracle removes any."""
-    return {r: ls[r] / orc[r] for r in ls if orc[r] > 0}
-
-
 # --- the count claims: (2) is last-step the right predictor to judge prediction by? ----------------------
 def count_claims(bases: dict[str, Counts], basis: str) -> list[Claim]:
     """The count claims on `bases` (counting basis -> Counts), ruled on `basis` (docs/verdicts.md), each where
@@ -110,78 +103,62 @@ def count_claims(bases: dict[str, Counts], basis: str) -> list[Claim]:
     return claims
 
 
+def _share(ls: dict, orc: dict) -> dict:
+    """{C/W: last_step's misses removed / the oracle's} where the oracle removes any."""
+    return {r: ls[r] / orc[r] for r in ls if orc[r] > 0}
+
+
 def headroom_claim(bases: dict[str, Counts], basis: str) -> Claim:
     """(2a) last_step removes less than HEADROOM of the misses the oracle removes beyond LRU, at every C/W."""
-    on = BASIS_SHORT[basis]
-    share = {p: _of_oracle(c.removed["last_step"], c.removed["oracle"]) for p, c in bases.items()}
-    worst = {p: max(sh, key=sh.get) if sh else None for p, sh in share.items()}
-    holds = {p: all(v < thresholds.HEADROOM for v in sh.values()) for p, sh in share.items()}
-    verdict, note = on_bases(
-        holds,
-        {p: f"{share[p][worst[p]]:.1%} at C/W {worst[p]:g}" if worst[p] is not None else "-" for p in bases},
-        basis,
-    )
-    ls, orc, w = bases[basis].removed["last_step"], bases[basis].removed["oracle"], worst[basis]
-    return stated(
+    share = {p: _share(c.removed["last_step"], c.removed["oracle"]) for p, c in bases.items()}
+    ls, orc, sh = bases[basis].removed["last_step"], bases[basis].removed["oracle"], share[basis]
+    w = max(sh, key=sh.get) if sh else None
+    return stated_on_bases(
         "06-headroom",
-        f"misses removed beyond LRU ({on}): last_step {_by_ratio(ls)}; oracle {_by_ratio(orc)}; last_step's "
-        f"share of the oracle's: {_by_ratio(share[basis], '{:.1%}')}",
-        verdict,
-        reason=note,
-        counting=BASIS[basis],
-        interval=EXACT,
+        f"misses removed beyond LRU ({BASIS_SHORT[basis]}): last_step {_by_ratio(ls)}; oracle "
+        f"{_by_ratio(orc)}; last_step's share of the oracle's: {_by_ratio(sh, '{:.1%}')}",
+        share,
+        basis,
+        lambda sh: all(v < thresholds.HEADROOM for v in sh.values()),
+        lambda sh: f"{max(sh.values()):.1%} at C/W {max(sh, key=sh.get):g}" if sh else "-",
         margin=""
         if w is None
-        else f"largest share of the oracle's (C/W {w:g}): "
-        + margin_below(share[basis][w], thresholds.HEADROOM),
+        else f"largest share of the oracle's (C/W {w:g}): " + margin_below(sh[w], thresholds.HEADROOM),
     )
 
 
 def cross_layer_claim(bases: dict[str, Counts], basis: str) -> Claim:
     """(2b) the cross-layer predictor removes more of LRU's misses than last_step at every C/W."""
-    on = BASIS_SHORT[basis]
     gap = {
         p: {r: (c.removed["cross_layer"][r] - v) * 100 for r, v in c.removed["last_step"].items()}
         for p, c in bases.items()
     }
-    least = {p: min(g, key=g.get) for p, g in gap.items()}
-    holds = {p: all(v > 0 for v in g.values()) for p, g in gap.items()}
-    verdict, note = on_bases(
-        holds, {p: f"smallest lead {gap[p][least[p]]:+.1f} points at C/W {least[p]:g}" for p in bases}, basis
-    )
-    r = least[basis]
-    return stated(
+    r = min(gap[basis], key=gap[basis].get)
+    return stated_on_bases(
         "06-cross-layer",
-        f"misses removed beyond LRU ({on}): cross_layer {_by_ratio(bases[basis].removed['cross_layer'])}; "
-        f"its share of the oracle's: {_by_ratio(bases[basis].of_oracle['cross_layer'], '{:.0%}')}",
-        verdict,
-        reason=note,
-        counting=BASIS[basis],
-        interval=EXACT,
-        margin=f"smallest lead over last_step (C/W {r:g}): "
-        f"{gap[basis][r]:+.1f} points of LRU's misses vs > 0",
+        f"misses removed beyond LRU ({BASIS_SHORT[basis]}): cross_layer "
+        f"{_by_ratio(bases[basis].removed['cross_layer'])}; its share of the oracle's: "
+        f"{_by_ratio(bases[basis].of_oracle['cross_layer'], '{:.0%}')}",
+        gap,
+        basis,
+        lambda g: all(v > 0 for v in g.values()),
+        lambda g: f"smallest lead {min(g.values()):+.1f} points at C/W {min(g, key=g.get):g}",
+        margin=f"smallest lead over last_step (C/W {r:g}): {gap[basis][r]:+.1f} points of LRU's misses "
+        "vs > 0",
     )
 
 
 def conservative_claim(bases: dict[str, Counts], basis: str) -> Claim:
     """last_step_conservative issues no transfer: its counts equal demand's at every C/W, both lookaheads."""
     removed = bases[basis].removed
-    verdict, note = on_bases(
-        {p: c.conservative_is_lru for p, c in bases.items()},
-        {p: "equal" if c.conservative_is_lru else "not equal" for p, c in bases.items()},
-        basis,
-    )
-    return stated(
+    return stated_on_bases(
         "06-conservative",
-        "conservative lookahead 1: "
-        + _by_ratio(removed["last_step_conservative"])
-        + "; lookahead 2: "
-        + _by_ratio(removed.get("last_step_conservative:lookahead=2", {}))
-        + " misses removed",
-        verdict,
-        reason=note,
-        counting=BASIS[basis],
-        interval=EXACT,
+        f"conservative lookahead 1: {_by_ratio(removed['last_step_conservative'])}; lookahead 2: "
+        f"{_by_ratio(removed.get('last_step_conservative:lookahead=2', {}))} misses removed",
+        bases,
+        basis,
+        lambda c: c.conservative_is_lru,
+        lambda c: "equal" if c.conservative_is_lru else "not equal",
         margin="exact: equal counts or not",
     )
 
@@ -194,32 +171,22 @@ def lookahead_text(summary) -> str:
     summary = summary[summary.prefill == basis]
     parts = []
     for pol in ("last_step", CONTROL):
-        a = summary[summary.policy == pol].set_index("cache_ratio")
-        b = summary[summary.policy == f"{pol}:lookahead=2"].set_index("cache_ratio")
+        a, b = (summary[summary.policy == p].set_index("cache_ratio") for p in (pol, f"{pol}:lookahead=2"))
         if a.empty or b.empty:
             continue
+        both = [r for r in a.index if r in b.index]
         cols = ["demand_misses", "speculative_transfers"]
-        same = [r for r in a.index if r in b.index and (a.loc[r, cols] == b.loc[r, cols]).all()]
-        diff = [r for r in a.index if r in b.index and r not in same]
+        same = [r for r in both if (a.loc[r, cols] == b.loc[r, cols]).all()]
+        diff = [r for r in both if r not in same]
+        vs = {c: [f"{int(b.loc[r, c])} vs {int(a.loc[r, c])}" for r in diff] for c in cols}
         text = f"{pol}: lookahead 2 gives lookahead 1's counts at " + (
             f"C/W {', '.join(f'{r:g}' for r in same)}" if same else "no C/W"
         )
         if diff:
-            text += (
-                "; elsewhere its speculative transfers are "
-                + ", ".join(
-                    f"{int(b.loc[r, 'speculative_transfers'])} vs "
-                    f"{int(a.loc[r, 'speculative_transfers'])} (C/W {r:g})"
-                    for r in diff
-                )
-                + " and its demand misses "
-                + ", ".join(
-                    f"{int(b.loc[r, 'demand_misses'])} vs {int(a.loc[r, 'demand_misses'])}" for r in diff
-                )
-            )
+            spec = ", ".join(f"{x} (C/W {r:g})" for x, r in zip(vs["speculative_transfers"], diff))
+            text += f"; elsewhere its speculative transfers are {spec} and its demand misses "
+            text += ", ".join(vs["demand_misses"])
         parts.append(text)
-    return (
-        f"Lookahead in exact replay ({BASIS_SHORT[basis]}): " + "; ".join(parts) + "."
-        if parts
-        else "No lookahead variants replayed."
-    )
+    if not parts:
+        return "No lookahead variants replayed."
+    return f"Lookahead in exact replay ({BASIS_SHORT[basis]}): " + "; ".join(parts) + "."

@@ -12,25 +12,23 @@ from artifact.experiments.bench.results import bench_fingerprint
 from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
-from artifact.experiments.paired_table import CELL_KEYS, CONFIDENCE, cell_label, format_table, paired_table
+from artifact.experiments.paired_table import CONFIDENCE, cell_label, format_table, paired_table
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, timed_claim
 from artifact.experiments.verdicts.pooling import Replicas, gather
 from artifact.experiments.verdicts.records import Claim
 
-# Throughput: demand against these, under each link priority (one bench file per priority); CONTROL among
-# them.
-BENCH_PREDICTORS = ("last_step", CONTROL, "cross_layer")
+BENCH_PREDICTORS = ("last_step", CONTROL, "cross_layer")  # demand against these, under each priority
 PRIORITIES = ("fifo", "demand")
 NOTEBOOK = "06_beyond_the_paper"
 STEM = dict(zip(PRIORITIES, ROW_FILES[NOTEBOOK][1]))  # data/results/<profile>/beyond-<priority>.csv
+CLAIM = CLAIMS["06-priority"]  # (1): each predictor over demand under link_priority demand
 
 # The cpu profile's bench, trimmed to keep ./run_all.sh affordable on 2 cores: 96 timed and 48 untimed warm-up
-# runs of the tiny model (2 priorities x 3 C/W spanning 0.43-1.73 x 2 batch sizes x 4 policies x (2
-# repetitions + 1 warm-up)), one task, 4 prompts (the fewest that fill a batch of 4), 8 denoising steps per
-# block: 2 pairs per cell (priority, batch size, C/W) per run. The warm-up: 2 repetitions of 4 policies in
-# balanced order (bench/order.py) put only 2 of them first in a cell of one run. GPU profiles run their own
-# grid unchanged, with the oracle added.
+# runs of the tiny model (2 priorities x 3 C/W x 2 batch sizes x 4 policies x (2 repetitions + 1 warm-up,
+# which in balanced order (bench/order.py) puts only 2 of the 4 policies first in a cell)), one task, 4
+# prompts (the fewest that fill a batch of 4), 8 denoising steps per block: 2 pairs per cell per run. GPU
+# profiles run their own grid, with the oracle added.
 CPU_TRIM = {
     "tasks": ("gsm8k",),
     "n_prompts": 4,
@@ -51,16 +49,11 @@ def bench_profile(P: Settings, priority: str) -> Settings:
 
 def measure(P: Settings, progress: bool = True) -> pd.DataFrame:
     """Both priorities' bench rows (column link_priority), each from its own resumable file."""
-    frames = []
-    for pr in PRIORITIES:
-        Q = bench_profile(P, pr)
-        frames.append(run_grid(Q, STEM[pr], progress=progress).assign(link_priority=pr))
-    return pd.concat(frames, ignore_index=True)
-
-
-CELL = ["link_priority", *CELL_KEYS]  # one interval per cell
-# (1) (criteria/timing.py): each predictor over demand under link_priority demand
-CLAIM = CLAIMS["06-priority"]
+    runs = [
+        run_grid(bench_profile(P, pr), STEM[pr], progress=progress).assign(link_priority=pr)
+        for pr in PRIORITIES
+    ]
+    return pd.concat(runs, ignore_index=True)
 
 
 def replicas(P: Settings, rows) -> Replicas:
@@ -93,25 +86,15 @@ def format_tables(table) -> str:
     return "\n\n".join(parts)
 
 
-def label(key) -> str:
-    """A cell's name; the key leads with its link priority, which the text names apart."""
-    return cell_label(key[1:])
-
-
-def bootstrap_above_zero(table) -> list[str]:
-    """Predictor cells whose bootstrap interval (shown, not ruled on) lies above zero."""
-    t = table[(table.policy != CONTROL) & (table.boot_low > 0)]
-    return [
-        f"{r.policy} at C/W {r.cache_ratio:g} b={r.batch_size} ({r.link_priority})" for r in t.itertuples()
-    ]
-
-
 def priority_claim(timed: dict, table: pd.DataFrame | None = None) -> Claim:
     """(1): under link_priority demand, no predictor is faster than demand-async (not_faster per predictor and
-    cell of `timed`, {predictor: Compared}, gated by the cell's A/A); `table` (throughput_table, this
-    run) adds its bootstrap note."""
-    t = judge(merge_others(timed), CLAIM, lambda pk: f"{pk[0]} {label(pk[1])}")
-    boot = [] if table is None else [c for c in bootstrap_above_zero(table) if c.endswith("(demand)")]
+    cell of `timed`, {predictor: Compared}, gated by the cell's A/A); `table` (throughput_table, this run)
+    adds the predictor cells whose bootstrap interval (shown, not ruled on) lies above 0."""
+    t = judge(merge_others(timed), CLAIM, lambda pk: f"{pk[0]} {cell_label(pk[1][1:])}")  # [1:]: the priority
+    boot = []
+    if table is not None:
+        up = table[(table.link_priority == "demand") & (table.policy != CONTROL) & (table.boot_low > 0)]
+        boot = [f"{r.policy} at C/W {r.cache_ratio:g} b={r.batch_size} (demand)" for r in up.itertuples()]
     return timed_claim(
         CLAIM.key,
         t,
@@ -125,5 +108,4 @@ def stored_claims(P: Settings) -> list[Claim]:
     """The timing claim as a `--store` run of the stored runs' last one rules it (tests/test_stored_runs.py
     recomputes the committed record with it): from the committed rows alone."""
     r = replicas(P, None).last_stored()
-    rows = r.rows
-    return [priority_claim(claim_parts(r, CLAIM), throughput_table(rows))]
+    return [priority_claim(claim_parts(r, CLAIM), throughput_table(r.rows))]
