@@ -182,10 +182,8 @@ def plot(summary, n: Numbers, P: Settings):
     why, ticks = _bandwidth_axis(summary, P)
     ax1.set(ylabel="throughput (tokens/s)", title="throughput (means)")
     ax2.set(ylabel="stall per run (seconds)", title="compute waiting on the link (means)")
-    ax3.set(
-        ylabel="A - B stall per forward\n(% of B's wall per forward)",
-        title=f"stall per cell, 95% intervals ({basis})",
-    )
+    ax3.set_ylabel("A - B stall per forward\n(% of B's wall per forward)")
+    ax3.set_title(f"stall per cell, 95% intervals ({basis})")
     for ax in (ax1, ax2, ax3):
         ax.title.set_fontsize(10)
         ax.set_xlabel("link bandwidth (GB/s)")
@@ -194,10 +192,8 @@ def plot(summary, n: Numbers, P: Settings):
         ax.minorticks_off()
     figure_legend(fig, ncol=3, title=why or None, title_fontsize=9)  # why the link is that slow, over it
     title(fig, P, "03 bandwidth throttling (no paper figure: qualitative)")
-    df = pd.concat(
-        [summary.assign(panel="means"), pd.DataFrame(rows).assign(panel="intervals")], ignore_index=True
-    )
-    return fig, df
+    intervals = pd.DataFrame(rows).assign(panel="intervals")
+    return fig, pd.concat([summary.assign(panel="means"), intervals], ignore_index=True)
 
 
 def _stall_intervals(ax, n: Numbers) -> list[dict]:

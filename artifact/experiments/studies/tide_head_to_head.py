@@ -47,14 +47,13 @@ CLAIM = CLAIMS["05-refresh"]  # interval_refresh over demand, not faster (criter
 def tide_style_profile(P: Settings) -> Settings:
     """The 05 grid: our engine at the TIDE budget and half of it, demand, interval_refresh, settings.CONTROL,
     batch size 1 (as TIDE decodes), every task, repetitions enough for thresholds.MIN_PAIRS pairs per C/W."""
-    reps = max(P.repetitions, -(-thresholds.MIN_PAIRS // len(P.tasks)))
     return dataclasses.replace(
         P,
         batch_sizes=(1,),
         cache_ratios=RATIOS,
         bandwidth_scales=(1.0,),
         policies=("demand", "interval_refresh", CONTROL),
-        repetitions=reps,
+        repetitions=max(P.repetitions, -(-thresholds.MIN_PAIRS // len(P.tasks))),
     )
 
 
@@ -74,9 +73,8 @@ def style_table(rows) -> pd.DataFrame:
 
 # --- TIDE's released code -------------------------------------------------------------------------
 def tide_unavailable(P: Settings) -> str | None:
-    """Why TIDE's released code cannot run on this profile, or None when it can. The profile's own reasons
-    come first and alone (so the cpu profile's answer is the same on every machine); the machine's and the
-    checkout's only when the profile asks for TIDE."""
+    """Why TIDE's released code cannot run on this profile, or None. The profile's reasons come first, alone
+    (the cpu profile's answer is the same on every machine); the machine's and the checkout's only after."""
     reasons = []
     if P.tide_path is None:
         reasons.append(f"tide_path is null in profile {P.name!r} (set it to a clone of TIDE's repository)")
@@ -101,8 +99,8 @@ def tide_released(P: Settings, progress: bool = True) -> list[dict]:
     loaded = load_model(P, resident=False)
     task = P.tasks[0]
     W = ModelRunner(P, loaded).working_set(task, 1)
-    loaded.model.backend = None  # drop the traced run's resident experts from the GPU (a no-op without one):
-    torch.cuda.empty_cache()  # TIDE sizes its budget against free GPU memory
+    loaded.model.backend = None  # free the traced run's resident experts: TIDE sizes its budget against
+    torch.cuda.empty_cache()  # free GPU memory (empty_cache: a no-op where CUDA never started)
     _, ps = prompts(loaded.tokenizer, task, P.n_prompts, P.seed, P.max_prompt_tokens)
     kw = dict(reps=P.repetitions, task=task, dtype=P.torch_dtype, progress=progress)
     rows = []
@@ -123,9 +121,8 @@ class StyleNumbers:
 def style_numbers(reps: Replicas) -> StyleNumbers:
     """interval_refresh over demand per cell (the direction the claim is about: does it beat demand?)."""
     c = claim_compared(reps, CLAIM)
-    effects = dict(
-        sorted(c.effects.items(), key=lambda kv: (-kv[0].cache_ratio, kv[0][:2], kv[0].bandwidth_scale))
-    )
+    order = sorted(c.effects, key=lambda k: (-k.cache_ratio, k[:2], k.bandwidth_scale))  # highest C/W first
+    effects = {k: c.effects[k] for k in order}
     m = primary(reps.rows).groupby([*CELL, "policy"]).demand_misses.sum()  # arm A: one demand run per rep
     misses = {k: m[(*k, "interval_refresh")] / m[(*k, "demand")] - 1 for k in effects}
     return StyleNumbers(dataclasses.replace(c, effects=effects), misses)
@@ -205,25 +202,16 @@ def plot(rows, P: Settings, released=None):
     width = 0.8 / len(pols)
     for k, pol in enumerate(pols):
         g = df[df.policy == pol].set_index("cache_ratio").reindex(budgets)
-        ax.bar(
-            [i + k * width for i in range(len(budgets))],
-            g.tokens_per_second,
-            width,
-            yerr=g.ci.fillna(0),
-            capsize=3,
-            color=CONTROL_COLOR if pol == CONTROL else COLORS.get(pol, "tab:red"),
-            label=CONTROL_LABEL if pol == CONTROL else pol,
-        )
+        color, name = (CONTROL_COLOR, CONTROL_LABEL) if pol == CONTROL else (COLORS.get(pol, "tab:red"), pol)
+        x = [i + k * width for i in range(len(budgets))]
+        ax.bar(x, g.tokens_per_second, width, yerr=g.ci.fillna(0), capsize=3, color=color, label=name)
     ticks = [f"C/W {b:g} (C = {df[df.cache_ratio == b].cache_experts.iloc[0]})" for b in budgets]
     ax.set_xticks([i + width * (len(pols) - 1) / 2 for i in range(len(budgets))], ticks)
-    ax.set(
-        xlabel="expert budget per MoE layer (C per task: " + ", ".join(dict.fromkeys(rows.task)) + ")",
-        ylabel="throughput (tokens/s): mean over\ntasks x reps, bars: its 95% interval",
-    )
+    ax.set_xlabel("expert budget per MoE layer (C per task: " + ", ".join(dict.fromkeys(rows.task)) + ")")
+    ax.set_ylabel("throughput (tokens/s): mean over\ntasks x reps, bars: its 95% interval")
     said = f"paper: engine {paper.TIDE_SPEEDUP[1.0]}x faster, {paper.TIDE_SPEEDUP[0.5]}x at half"
-    ax.set_title(
-        "" if released else f"TIDE released: not run on this profile ({said})", fontsize=8, color="crimson"
-    )
+    note = "" if released else f"TIDE released: not run on this profile ({said})"
+    ax.set_title(note, fontsize=8, color="crimson")
     legend(ax, loc="upper right")
     title(fig, P, "05 head to head at the same expert budget")
     return fig, df

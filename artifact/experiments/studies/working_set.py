@@ -31,17 +31,15 @@ def stability_table(ts) -> pd.DataFrame:
     return pd.concat([step_similarity(t).assign(**trace_label(t)) for t in ts], ignore_index=True)
 
 
-SHARE = ("demand_hits", "demand_misses")
-
-
 def lru_share(ts, ratios) -> pd.DataFrame:
     """The share of each denoising step's demanded experts already resident under LRU, per trace and C/W: the
     denoising steps' demand hit rate (sim.denoising_only) of replaying the trace through the 'demand' policy
     at C = ratio * W. The prefill forwards still fill the cache the steps meet."""
-    df = denoising_only(phase_columns(sweep(ts, ratios, ["demand"], by_phase=True)), SHARE)
+    hits = ("demand_hits", "demand_misses")
+    df = denoising_only(phase_columns(sweep(ts, ratios, ["demand"], by_phase=True)), hits)
     df["batch_size"] = df.batch_size.astype(int)
     df["resident_share"] = df.demand_hits / (df.demand_hits + df.demand_misses)
-    return df[["task", "batch_size", "cache_ratio", "working_set", "cache_experts", *SHARE, "resident_share"]]
+    return df[["task", "batch_size", "cache_ratio", "working_set", "cache_experts", *hits, "resident_share"]]
 
 
 # --- verdict --------------------------------------------------------------------------------------
@@ -131,26 +129,16 @@ def plot_working_set(ws, P):
         linewidths=0.3,
         cbar_kws={"label": "working set W (experts)", "pad": 0.02},
     )
-    ax1.set(
-        xlabel="denoising step within a block",
-        ylabel="MoE layer",
-        title=f"W per layer and step (batch size {b0}, all tasks; experts)",
-    )
+    ax1.set(xlabel="denoising step within a block", ylabel="MoE layer")
+    ax1.set_title(f"W per layer and step (batch size {b0}, all tasks; experts)")
     ax1.tick_params(axis="y", rotation=0)
     _, sizes = _grouped_bars(ax2, b, "working_set")
-    ax2.set(
-        ylabel="mean working set W (experts)", title="mean W per task", ylim=(0, 1.25 * b.working_set.max())
-    )
+    ax2.set(ylabel="mean working set W (experts)", title="mean W per task")
+    ax2.set_ylim(0, 1.25 * b.working_set.max())
     ax2.legend(fontsize=8, loc="upper left", ncol=len(sizes))
     title(fig, P, "01 working set")
-    df = pd.concat(
-        [
-            a.assign(panel="W per layer and step", batch_size=b0),
-            b.assign(panel="mean W per task and batch size"),
-        ],
-        ignore_index=True,
-    )
-    return fig, df
+    a = a.assign(panel="W per layer and step", batch_size=b0)
+    return fig, pd.concat([a, b.assign(panel="mean W per task and batch size")], ignore_index=True)
 
 
 def plot_stability(sim, share, P):
