@@ -1,17 +1,15 @@
 """09 the cache's own design space (this artifact's own results, not the paper's): is LRU the right cache for
 diffusion MoE? Every eviction policy (offload/policy/eviction.py) replays the profile's traces exactly against
 LRU and the floors belady (this cache's rules) and min (any demand paging), per C/W, batch size and phase; the
-best eviction is combined with last_step, cross_layer and oracle prefetching; libCacheSim's LRU, fed each
-demand hits first, is checked against `demand` on every request; a small paired bench times the best eviction
-against lru end to end (tokens/s, ruled per cell and gated by the A/A, as the other direction claims:
-criteria/timing.py). The count claims rule on the denoising steps, as notebooks 02 and 06 count (this
-artifact's choice: the abstract does not say which forwards its counts cover), printing all demands beside
-them where that basis would give another verdict (counting.on_bases)."""
+best one is combined with prefetching; libCacheSim's LRU is checked against `demand` request by request; and a
+small paired bench times the best eviction against lru (tokens/s, ruled per cell and gated by the A/A, as the
+other direction claims: criteria/timing.py). The count claims rule on the denoising steps, as 02 and 06 count
+(the abstract does not say which forwards its counts cover), and print all demands beside them where that
+basis would give another verdict (counting.on_bases)."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -25,7 +23,7 @@ from artifact.experiments.counting import BASIS_SHORT, EXACT, on_basis, stated_o
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
-from artifact.experiments.harness import run_grid, traces
+from artifact.experiments.harness import run_grid, trace_label, traces
 from artifact.experiments.outputs.figures import title
 from artifact.experiments.outputs.stored_runs import stored_rows
 from artifact.experiments.paired_table import cell_label
@@ -108,12 +106,9 @@ def best_eviction(s: pd.DataFrame) -> str:
 def combined(ts, P: Settings, best: str) -> pd.DataFrame:
     """Each prefetcher with LRU and with the best eviction: misses and transfers per C/W, pooled over all
     demands (a figure panel, no claim)."""
-    ev = best.partition("+")[2]
-    specs = ["demand", best] + [p for q in PREFETCH for p in (q, f"{q}+{ev}")]
-    use = (
-        specs if all(t.has_predictions for t in ts) else [s for s in specs if not s.startswith("cross_layer")]
-    )
-    df = sim.sweep(ts, RATIOS, use, lookahead=P.lookahead, tau=P.tau)
+    ev, cross = best.partition("+")[2], all(t.has_predictions for t in ts)  # cross_layer needs predictions
+    specs = ["demand", best] + [p for q in PREFETCH if cross or q != "cross_layer" for p in (q, f"{q}+{ev}")]
+    df = sim.sweep(ts, RATIOS, specs, lookahead=P.lookahead, tau=P.tau)
     g = df.groupby(["cache_ratio", "policy"])[["demand_misses", "speculative_transfers"]].sum().reset_index()
     return sim.relative_to_lru(g, ["cache_ratio"])
 
@@ -144,8 +139,7 @@ def libcachesim_check(ts, ratios=(0.43, 1.0, 1.73)) -> pd.DataFrame:
             ours, theirs = np.array(ours, bool), np.array(theirs, bool)
             rows.append(
                 {
-                    "task": t.meta.get("task"),
-                    "batch_size": t.meta.get("batch_size"),
+                    **trace_label(t),
                     "cache_ratio": r,
                     "cache_experts": C,
                     "requests": len(ours),
@@ -189,7 +183,7 @@ def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Replicas:
     return gather(P, rows, NOTEBOOK, bench_fingerprint(bench_profile(P, best)))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class BenchNumbers:
     best: str  # the eviction spec timed against lru
     over_lru: Compared  # {cell: Replicated} tokens/s of the best eviction over lru's, with the A/A
@@ -203,21 +197,19 @@ def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
 
 def bench_verdict(b: BenchNumbers) -> Claim:
     t = judge(merge_others({b.best: b.over_lru}), CLAIM, lambda k: cell_label(k[1]))
-    lru, ours = b.misses
     return timed_claim(
         CLAIM.key,
         t,
         f"tokens/s per run, {label(b.best)} over lru % per pair, one interval per cell",
-        note=f"demand misses over this run's timed runs: lru {lru}, {label(b.best)} {ours}",
+        note=f"demand misses over this run's timed runs: lru {b.misses[0]}, {label(b.best)} {b.misses[1]}",
         best=label(b.best),
         ratio=BENCH_RATIO,
     )
 
 
 def stored_claims(P: Settings) -> list[Claim]:
-    """The bench's timing claim as a `--store` run of the stored runs' last one rules it, from the committed
-    rows alone (tests/test_stored_runs.py); the best eviction is the one policy the stored bench times beside
-    lru and last_step_conservative."""
+    """The bench's timing claim as a `--store` run rules it on the stored runs, from the committed rows alone
+    (tests/test_stored_runs.py); the best eviction: the one policy timed beside lru and CONTROL."""
     names = {p for _, rows in stored_rows(P, STEM) for p in set(rows.policy)} - {"demand", CONTROL}
     if len(names) != 1:
         raise RunsError(f"the stored {STEM} rows time {sorted(names)} beside lru: expected one best eviction")
@@ -226,7 +218,7 @@ def stored_claims(P: Settings) -> list[Claim]:
 
 
 # --- verdicts -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Counts:
     """The exact counts of one counting basis (sim.BASES)."""
 
@@ -248,7 +240,7 @@ def counts(s: pd.DataFrame) -> Counts:
     return Counts(removed, best, gap_closed, {label(p): int(tot[p]) for p in TOKEN})
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Numbers:
     basis: str  # the counting basis the count claims rule on (sim.ruling_basis)
     by_prefill: dict  # counting basis -> Counts
@@ -336,12 +328,10 @@ def libcachesim_claim(check: pd.DataFrame) -> Claim:
 
 # --- figure ---------------------------------------------------------------------------------------
 def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
-    """(a, b) the design-space grid, one seaborn heatmap per batch size: demand misses relative to LRU per
-    eviction (rows) and C/W (columns), each cell's value printed, with belady and min as the last rows
-    (floors); blue = fewer misses than LRU, red = more, one colour scale for both (spanned by the
-    evictions). (c) each prefetcher's demand misses + transfers relative to LRU's misses, with lru and with
-    the best eviction. (a, b) are drawn on the basis the claims rule on (sim.ruling_basis); the saved data
-    holds both bases."""
+    """(a, b) one heatmap per batch size: demand misses (% of LRU's) per eviction (rows, the floors belady and
+    min last) and C/W (columns), values printed; blue = fewer than LRU, red = more, one colour scale spanned
+    by the evictions; drawn on the ruling basis (sim.ruling_basis), the saved data holds both. (c) each
+    prefetcher's demand misses + transfers (% of LRU's misses), with lru and with the best eviction."""
     basis = sim.ruling_basis(s)
     drawn = s[s.prefill == basis]
     batches = sorted(drawn.batch_size.dropna().unique())

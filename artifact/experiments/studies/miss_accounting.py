@@ -1,16 +1,14 @@
-"""02 miss accounting: every trace replayed through the engine's own cache and policies (exact counts), and
-what each prefetcher removes beyond LRU, with the bound `min` (relaxed MIN, the floor of any demand paging
-with C slots; bounds.relaxed_min) beside `belady` (the floor under this cache's rules).
-
-Every count is kept per phase, so each comparison is made twice (sim.by_basis): over all demands, and with the
-prefill forwards excluded (denoising steps only). The verdicts rule on the denoising steps (this artifact's
+"""02 miss accounting: every trace replayed through the engine's own cache and policies (exact counts): what
+each prefetcher removes beyond LRU, beside the floors belady (this cache's rules) and min (relaxed MIN, any
+demand paging with C slots; bounds.relaxed_min). Each count is kept per phase, so each comparison is made over
+all demands and over the denoising steps only (sim.by_basis). The verdicts rule on the latter (this artifact's
 choice: the abstract does not say which forwards its oracle cut counts): a prefill forward is a one-off demand
-(several times W: prefill_text prints the multiple on the run's traces) that no step-to-step predictor sees
-coming. Where all demands would give another verdict, the claim prints both (counting.on_bases)."""
+of several times W (prefill_text) that no step-to-step predictor sees coming. Where all demands would give
+another verdict, the claim prints both (counting.on_bases)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -88,43 +86,43 @@ class Counts:
     last_step: dict
     refresh_removed: dict  # C/W -> misses removed by interval_refresh / LRU's
     oracle_cut: dict  # C/W -> LRU / oracle misses
+    min_cut: dict  # C/W -> LRU misses / min's loads
 
 
 @dataclass(frozen=True)
 class Numbers:
-    ratios: tuple[float, ...]
     basis: str  # the basis the verdicts rule on (sim.ruling_basis: 'excluded' when measured)
     by_prefill: dict  # counting basis -> Counts
-    min_cut: dict  # C/W -> LRU misses / min's loads (on basis); empty without min
 
-    last_step, refresh_removed, oracle_cut = (
-        on_basis(f) for f in ("last_step", "refresh_removed", "oracle_cut")
-    )
+    last_step, refresh_removed, oracle_cut, min_cut = (on_basis(f.name) for f in fields(Counts))
 
 
 def numbers(summary) -> Numbers:
     basis = sim.ruling_basis(summary)
-    ratios = tuple(sorted(float(r) for r in summary[summary.prefill == basis].cache_ratio.unique()))
+    ratios = sorted(float(r) for r in summary[summary.prefill == basis].cache_ratio.unique())
     in_range = [r for r in ratios if paper.FASTER_RANGE[0] <= r <= paper.FASTER_RANGE[1]]
 
-    def removed(s):
+    def removed(s):  # misses removed beyond LRU / LRU's
         return s.misses_removed / s.lru_misses
 
     def last(s):
         spec = s.speculative_transfers
         return removed(s), spec / s.lru_misses, bool(spec > s.misses_removed)
 
+    def cut(s):  # LRU's misses / the policy's
+        return 1 / s.misses_vs_lru
+
     by_prefill = {
         p: Counts(
             _per(g, "last_step", in_range, last),
             _per(g, "interval_refresh", ratios, removed),
-            _per(g, "oracle", ratios, lambda s: 1 / s.misses_vs_lru),
+            _per(g, "oracle", ratios, cut),
+            _per(g, BOUND, ratios, cut),
         )
         for p in sim.BASES
         if len(g := summary[summary.prefill == p])
     }
-    floor = _per(summary[summary.prefill == basis], BOUND, ratios, lambda s: 1 / s.misses_vs_lru)
-    return Numbers(ratios, basis, by_prefill, floor)
+    return Numbers(basis, by_prefill)
 
 
 def verdicts(n: Numbers) -> list[Claim]:
@@ -179,7 +177,7 @@ def oracle_claim(n: Numbers) -> Claim:
     """The oracle's cut at the W-scale cache is the abstract's (paper.ORACLE_CUT: "an oracle with true future
     routing cuts misses by ...") within a factor FACTOR; judged at the C/W nearest 1 (this artifact's choice:
     the abstract states no C/W for the cut)."""
-    r1 = _nearest(n.ratios, 1.0)
+    r1 = _nearest(n.oracle_cut, 1.0)
     cut, FACTOR = paper.ORACLE_CUT, thresholds.FACTOR
     parts = [
         f"{LABEL[n.basis]}: LRU/oracle misses at C/W = {r1:g}: {n.oracle_cut[r1]:.1f}x (by C/W: "
@@ -227,13 +225,11 @@ def refresh_claim(n: Numbers) -> Claim:
 
 # --- figure ---------------------------------------------------------------------------------------
 def plot(summary, P: Settings):
-    """(a) demand misses relative to LRU per policy vs C/W over all demands, (b) the same over the denoising
-    steps only (prefill excluded), each with the paper's oracle cut where the claim judges it (the C/W
-    nearest 1, with the band a factor FACTOR either way) and the "few" line of the last_step and
-    interval_refresh claims (less than FEW of LRU's misses removed: above 100 - FEW %); (c) all transfers
-    (demand + speculative; min's loads) relative to LRU's, all demands. min is the floor of demand paging:
-    a prefetcher turns demand misses into prefetches, so its demand misses may go below it (the oracle does);
-    its transfers never do."""
+    """(a, b) demand misses (% of LRU's) per policy vs C/W over all demands and over the denoising steps, with
+    the paper's oracle cut as the claim judges it (C/W nearest 1, the band a factor FACTOR either way) and the
+    claims' "few" line (FEW of LRU's misses removed); (c) all transfers (demand + speculative; min's loads)
+    vs LRU's, all demands. min is the floor of demand paging: a prefetcher's demand misses may go below it
+    (the oracle's do), its transfers never."""
     shown = [p for p in sim.BASES if p in set(summary.prefill)]
     fig, axes = plt.subplots(1, len(shown) + 1, figsize=(5.2 * (len(shown) + 1), 4.0), layout="constrained")
     r1 = _nearest(sorted(set(summary.cache_ratio)), 1.0)
