@@ -32,15 +32,12 @@ def median_interval(figures: Sequence[float], confidence: float = CONFIDENCE) ->
     return lo, hi
 
 
-def margin_below(value: float, threshold: float, pct: bool = True) -> str:
-    """A number judged `< threshold`: how far below (or above) it lies."""
-    if pct:
-        d = (threshold - value) * 100
-        return f"{value:.1%} vs < {threshold:.0%}: " + (
-            f"{d:.1f} points under" if d > 0 else f"{-d:.1f} points over"
-        )
-    side = "under" if value < threshold else "over"
-    return f"{value:.3g} vs < {threshold:.3g}: {side} by {abs(threshold - value):.3g}"
+def margin_below(value: float, threshold: float) -> str:
+    """A share judged `< threshold`: how far below (or above) it lies."""
+    d = (threshold - value) * 100
+    return f"{value:.1%} vs < {threshold:.0%}: " + (
+        f"{d:.1f} points under" if d > 0 else f"{-d:.1f} points over"
+    )
 
 
 def margin_at_least(value: float, threshold: float) -> str:

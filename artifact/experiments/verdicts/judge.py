@@ -1,8 +1,7 @@
-"""A timing claim over its cells (criteria/timing.py defines each one): its comparisons (`claim_parts`,
-`claim_compared`), its question asked of every cell with the A/A gate (rules.rule_claim_cells), in every view
-(`judge`: the ruled one, each stored run alone, pooled, leave-one-out), and the Claim a notebook prints, whose
-`cells` hold the numbers the verdict used. `rule_stated` rules intervals given by hand (`python -m artifact
-rule`), and PAPER_RESULTS are the paper's own printed results, which must read reproduced."""
+"""A timing claim (criteria/timing.py) over its cells: its comparisons (`claim_parts`, `claim_compared`), its
+question asked of every cell with the A/A gate (rules.rule_cells) in every view (`judge`: the ruled one, each
+stored run alone, pooled, leave-one-out), and the Claim a notebook prints (`timed_claim`; its `cells` hold the
+numbers the verdict used). `rule_stated` rules intervals given by hand (`python -m artifact rule`)."""
 
 from __future__ import annotations
 
@@ -170,22 +169,16 @@ def timed_claim(key: str, t: Timed, counting: str, note: str = "", **fill) -> Cl
     """The timing claim `key` as a notebook prints it: its text and the paper's words from the registry
     (criteria/claims.py), the cells' intervals from `t`."""
     c = CLAIMS[key]
+    carried = ("reason", "interval", "per_run", "pooled", "leave_one_out", "agreement", "cells", "to_decide")
     return stated(
         key,
         cells_text(t, c.unit) + (f"; {note}" if note else ""),
         t.verdict,
         {"question": question(c), **fill},
-        reason=t.reason,
         timing=True,
         counting=counting,
-        interval=t.interval,
-        per_run=t.per_run,
-        pooled=t.pooled,
         ruled="pooled" if t.stored else "this run",
-        leave_one_out=t.leave_one_out,
-        agreement=t.agreement,
-        cells=t.cells,
-        to_decide=t.to_decide,
+        **{f: getattr(t, f) for f in carried},  # Timed's fields of the same name
     )
 
 
@@ -215,7 +208,7 @@ def rule_stated(key: str, cells: Sequence[tuple[float, float, float]]) -> tuple[
     return rule_claim_cells(c.question, ivs, (), thresholds.MARGIN, c.unit)
 
 
-PAPER_RESULTS = paper.RESULTS  # the paper's own printed results, by claim
+PAPER_RESULTS = paper.RESULTS  # the paper's own printed results, by claim: they must read reproduced
 
 
 def paper_ruled(key: str) -> str:

@@ -1,7 +1,7 @@
-"""What would decide an inconclusive claim, in one line: the cell that blocks it and whether more pairs per
-cell or more runs would help, and roughly how many. An estimate, and it says so: it asks how small the cell's
-standard error must be for its interval to clear the boundary it is nearest, at the same t quantile, and how
-that error shrinks (docs/verdicts.md, "What would decide it"):
+"""What would decide an inconclusive claim, in one line: the cell that blocks it, and whether (roughly how
+many) more pairs per cell or more runs would help. An estimate: how small the cell's standard error must be
+for its interval, at the same t quantile, to clear its nearest boundary, and how that error shrinks
+(docs/verdicts.md, "What would decide it"):
 
     a fresh run ("run")     se^2 = s^2 + e / n: the stored runs' spread s^2 stays; the run's excess noise
                             e / n falls with more pairs n. When t s alone is too wide, one run cannot decide:
@@ -18,13 +18,13 @@ import math
 
 import numpy as np
 
-from artifact.experiments.criteria import thresholds
+from artifact.experiments.criteria.thresholds import MARGIN, MIN_RUNS
 from artifact.experiments.verdicts.rules import FASTER, NO_DIFFERENCE, Interval
 
 MAX_RUNS = 100  # beyond this many runs a cell is out of a reviewer's reach
 
 
-def distance(kind: str, mean: float, margin: float = thresholds.MARGIN) -> float:
+def distance(kind: str, mean: float, margin: float = MARGIN) -> float:
     """How far an effect lies from the boundary of a claim of kind `kind`, signed: > 0 on the side that reads
     reproduced (the calibration's scenarios ask it of a true effect too)."""
     if kind == FASTER:
@@ -55,18 +55,15 @@ def hint(label: str, kind: str, r, iv: Interval, aa_r, aa: Interval | None, why:
     if why.startswith("host-bound"):
         return math.inf, f"{label} is host-bound: run the segmented forward (forward: segmented)"
     if iv.unit == "pairs":
-        return (
-            math.inf,
-            f"{label}: record >= {thresholds.MIN_RUNS} runs of this profile (scripts/record_runs.py)",
-        )
+        return math.inf, f"{label}: record >= {MIN_RUNS} runs of this profile (scripts/record_runs.py)"
     gated = aa is not None and aa_r is not None and "A/A" in why
-    if gated and abs(aa.mean) >= thresholds.MARGIN:
+    if gated and abs(aa.mean) >= MARGIN:
         return (
             math.inf,
-            f"{label}: its A/A {aa.text()} centres beyond +-{thresholds.MARGIN:g}%: rerun on a quiet machine",
+            f"{label}: its A/A {aa.text()} centres beyond +-{MARGIN:g}%: rerun on a quiet machine",
         )
     what, asked, rep = ("its A/A ", aa, aa_r) if gated else ("", iv, r)
-    d = thresholds.MARGIN - abs(aa.mean) if gated else abs(distance(kind, iv.mean))
+    d = MARGIN - abs(aa.mean) if gated else abs(distance(kind, iv.mean))
     need = needs(asked, rep, d)
     if need is None:
         return (

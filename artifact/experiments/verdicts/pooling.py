@@ -1,18 +1,17 @@
-"""Runs are the unit. The pairs of one run share the machine's state (its load, its clock, where the allocator
-put things), and in the stored cpu runs the runs differ from each other by more than the pairs inside a run
-do. So, per cell, with x_k the mean of run k's per-pair effects (pairs.run_effects):
+"""Runs are the unit: the pairs of one run share the machine's state (load, clock, allocation), and the stored
+cpu runs differ from each other by more than the pairs inside a run do. Per cell, with x_k the mean of run k's
+per-pair effects (pairs.run_effects):
 
     pooled    a t interval over the per-run means of the runs that hold the cell (df = N - 1)     unit "runs"
     one run   x +- t_df se, se^2 = s^2 + max(0, w_run^2 - w_stored^2) / n: s the sd of the stored   unit "run"
-              runs' means (the run-to-run spread, which holds a stored run's within-run noise of its
-              mean too); w_run^2 the run's own within-run variance of a pair's effect, pooled over the
-              cells of the comparison (one-way ANOVA's pooled variance: sum (n_c - 1) var_c / sum (n_c - 1),
-              so it rests on every cell's pairs, not a cell's two); w_stored^2 the same pooled over the
-              stored runs; n the cell's pairs. A run as quiet as the stored ones is sized by their spread
-              alone; a noisier one is widened by its excess noise. df: Welch-Satterthwaite over s^2 (N - 1
-              df) and the excess (the run's pooled df).
-    alone     with fewer than 2 stored runs there is no run-to-run spread to size it: the t       unit "pairs"
-              interval over its pairs, which a timing verdict does not rule on (judge.py)
+              runs' means (the run-to-run spread, holding their within-run noise too); w_run^2 the run's
+              within-run variance of a pair's effect pooled over the comparison's cells (one-way ANOVA:
+              sum (n_c - 1) var_c / sum (n_c - 1), resting on every cell's pairs, not a cell's two);
+              w_stored^2 the same over the stored runs; n the cell's pairs. A run as quiet as the stored
+              ones is sized by their spread alone, a noisier one widened by its excess. df:
+              Welch-Satterthwaite over s^2 (N - 1 df) and the excess (the run's pooled df).
+    alone     fewer than 2 stored runs: no run-to-run spread to size it; the t interval    unit "pairs"
+              over its pairs, which a timing verdict does not rule on (judge.py)
 
 A fresh run is ruled alone, never bounded by the stored verdict. A claim's cells are the union over the runs
 (a cell is pooled over the runs that hold it). Leave-one-out drops a run from the effect and the A/A alike."""
@@ -69,10 +68,9 @@ class Within:
 def one_run(
     d: np.ndarray, others: Sequence[float], own: Within | None = None, stored: Within | None = None
 ) -> Interval:
-    """A single run's interval (the module docstring): its mean, sized by the run-to-run spread of `others`
-    (the stored runs' means in the cell) widened by the run's noise beyond the stored runs' (`own` and
-    `stored`: pooled within-run variances; by default the cell's own pairs, and no excess); over its own
-    pairs alone ("pairs") when fewer than 2 others hold the cell."""
+    """A single run's interval (module docstring): sized by the spread of `others` (the stored runs' means in
+    the cell), widened by its within-run variance `own` beyond the stored runs' `stored` (by default the
+    cell's own pairs, no excess); over its own pairs ("pairs") when fewer than 2 others hold the cell."""
     d = np.asarray(d, dtype=float)
     n = len(d)
     mean = float(d.mean()) if n else float("nan")
@@ -118,9 +116,9 @@ def replicate(
     own_within: Within | None = None,
     per_within: Sequence[Within | None] = (),
 ) -> Replicated:
-    """A cell's Replicated from this run's effects (None: ruling the stored runs) and each stored run's; the
-    within-run noise of this run and of each stored run (Within, over the comparison's cells: replicate_all)
-    sizes the one-run intervals (each stored run's against the others, pooled over the others)."""
+    """A cell's Replicated from this run's effects (None: ruling the stored runs) and each stored run's; each
+    run's Within (over the comparison's cells: replicate_all) sizes the one-run intervals (a stored run's
+    against the others)."""
     means = [float(p.mean()) for p in per if p is not None and len(p)]
     per_within = list(per_within) or [None] * len(per)
     runs = []

@@ -127,13 +127,6 @@ def rule_cell(kind: str, iv: Interval, margin: float = thresholds.MARGIN, unit: 
     return Ruling(INCONCLUSIVE, f"interval straddles +{m}")
 
 
-def simultaneous(cells: Sequence[Interval]) -> float:
-    """The per-cell level at which a claim reads `not reproduced` (a union over the cells): Bonferroni,
-    1 - 0.05 / k (statsmodels' multipletests)."""
-    usable = [iv for iv in cells if iv.usable]
-    return 1 - multipletests([iv.p_value() for iv in usable] or [1.0], 1 - CONFIDENCE, "bonferroni")[3]
-
-
 def aa_gate(aa: Interval | None, margin: float = thresholds.MARGIN, label: str = "A/A") -> str | None:
     """Why a cell's A/A makes it inconclusive whatever its effect, or None: no A/A, an A/A without an
     interval, or an A/A that lies wholly outside +-margin (a bias beyond the margin is shown: the instrument
@@ -196,20 +189,22 @@ def rule_cells(
     effect's interval widened by the A/A's furthest bound."""
     gates = list(gates) or [None] * len(cells)
     aa = list(aa) or [None] * len(cells)
-    level = simultaneous([iv for _, iv in cells])
+    # the per-cell level at which `not reproduced` is read (a union over the cells): Bonferroni, 1 - 0.05 / k
+    p = [iv.p_value() for _, iv in cells if iv.usable] or [1.0]
+    level = 1 - multipletests(p, 1 - CONFIDENCE, "bonferroni")[3]
     out = []
     for (_, iv), gate, a in zip(cells, gates, aa):
         r = _ruled(kind, iv, level, len(cells), margin, unit)
         bias = aa_bias(a, margin)
+        wide = r if bias is None else _ruled(kind, iv, level, len(cells), margin, unit, bias)
         if gate:
             r = Ruling(INCONCLUSIVE, gate)
-        elif bias is not None and r.verdict != INCONCLUSIVE:
-            if _ruled(kind, iv, level, len(cells), margin, unit, bias).verdict != r.verdict:
-                r = Ruling(
-                    INCONCLUSIVE,
-                    f"{r.why}, but {aa_name} {a.text()} is not inside +-{margin:g}% and a bias of "
-                    f"{bias:.1f}{unit} could change it",
-                )
+        elif r.verdict not in (INCONCLUSIVE, wide.verdict):  # a bias the A/A leaves possible changes it
+            r = Ruling(
+                INCONCLUSIVE,
+                f"{r.why}, but {aa_name} {a.text()} is not inside +-{margin:g}% and a bias of "
+                f"{bias:.1f}{unit} could change it",
+            )
         out.append(r)
     return out
 
