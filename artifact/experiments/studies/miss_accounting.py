@@ -184,11 +184,9 @@ def oracle_claim(n: Numbers) -> Claim:
         + ", ".join(f"{r:g}: {v:.1f}x" for r, v in n.oracle_cut.items())
         + ")"
     ]
-    parts += [
-        f"{LABEL[p]}: {c.oracle_cut[r1]:.1f}x at C/W = {r1:g}"
-        for p, c in n.by_prefill.items()
-        if p != n.basis
-    ]
+    for p, c in n.by_prefill.items():
+        if p != n.basis:
+            parts.append(f"{LABEL[p]}: {c.oracle_cut[r1]:.1f}x at C/W = {r1:g}")
     if n.min_cut:
         parts.append(
             f"LRU misses / the floor min's loads (any C-slot demand paging) at C/W = {r1:g}: "
