@@ -1,6 +1,5 @@
-"""03 bandwidth throttling: demand and last_step end to end at one C/W, the link's bandwidth scaled; do
-speculative transfers compete with demand transfers? The stall verdict is ruled per cell (bandwidth, batch
-size, C/W) on the plain effect's interval over runs (verdicts/), gated by the A/A (criteria/timing.py)."""
+"""03 bandwidth throttling: demand vs last_step at one C/W as the link's bandwidth is scaled (do speculative
+transfers compete with demand ones?); the stall claim (criteria/timing.py) is ruled per cell, A/A-gated."""
 
 from __future__ import annotations
 
@@ -70,8 +69,7 @@ def replicas(P: Settings, rows) -> Replicas:
 def summary_table(rows) -> pd.DataFrame:
     """Means over repetitions per (bandwidth, policy), arm A only (bench.order.primary); the cuda link's
     unpaced scale 1, which has no link_gbps in the rows, gets it from the others."""
-    rows = primary(rows)
-    rows = rows.assign(transfers=rows.demand_misses + rows.speculative_transfers)
+    rows = primary(rows).assign(transfers=lambda r: r.demand_misses + r.speculative_transfers)
     nominal = (rows.link_gbps / rows.bandwidth_scale).dropna()
     if len(nominal):
         rows = rows.assign(link_gbps=rows.link_gbps.fillna(rows.bandwidth_scale * nominal.median()))

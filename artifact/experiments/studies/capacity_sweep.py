@@ -1,8 +1,8 @@
 """04 capacity sweep: demand-async vs async last-step prefetch end to end over the profile's grid (tasks x
-batch sizes x C/W), paired by repetition. Both claims (criteria/timing.py) rule on demand over last_step, per
-cell, gated by the A/A (verdicts/): direction at C/W 0.83-1.73 (every interval above 0, the paper's
-criterion), equivalence at C/W 0.43 (inside +-3%). last_step_conservative over demand (the prediction's host
-time, no transfers) is a decomposition beside demand's own A/A pair, else the stand-in A/A."""
+batch sizes x C/W), paired by repetition. Both claims (criteria/timing.py) rule on demand over last_step per
+cell, gated by the A/A (verdicts/): direction at C/W 0.83-1.73 (every interval above 0), equivalence at 0.43
+(inside +-3%). last_step_conservative over demand (host time, no transfers) is a decomposition beside
+demand's own A/A pair, else the stand-in A/A."""
 
 from __future__ import annotations
 
@@ -70,10 +70,9 @@ class Numbers:
 
 
 def numbers(reps: Replicas) -> Numbers:
-    rows = reps.rows
-    n_same, n_cells = same_tokens(rows)
+    n_same, n_cells = same_tokens(reps.rows)
     timed = claim_compared(reps, FASTER_CLAIM)
-    own = timed.aa_label == AA and CONTROL in set(rows.policy)  # the A/A is demand's own pair
+    own = timed.aa_label == AA and CONTROL in set(reps.rows.policy)  # the A/A is demand's own pair
     return Numbers(n_same, n_cells, timed, reps.compare(CONTROL, "demand", CELL) if own else None)
 
 
@@ -145,14 +144,14 @@ def plot(n: Numbers, P: Settings):
         squeeze=False,
         layout="constrained",
     )
-    look = _look(n)
+    one = next(iter(n.timed.effects.values()), None)  # what every panel's intervals are over
     rows, drawn = [], []
     for r, (name, src, color) in enumerate(series):
         keep, ends = [0.0, -thresholds.MARGIN, thresholds.MARGIN], []
         for c, b in enumerate(batches):
             ax = axes[r, c]
             keys = sorted(k for k in src if k.batch_size == b)
-            x, ruled, data = _draw_intervals(ax, name, keys, src, color, look, keep, ends)
+            x, ruled, data = _draw_intervals(ax, name, keys, src, color, one, keep, ends)
             drawn.append((ax, x, ruled, color))
             rows += data
             if name == EFFECT:
@@ -174,37 +173,31 @@ def plot(n: Numbers, P: Settings):
     return fig, pd.DataFrame(rows)
 
 
-def _look(n: Numbers) -> tuple[str, str, str]:
-    """Every panel's (unit of the intervals, their label, the stored runs' pooled ones' label or "": none)."""
-    one = next(iter(n.timed.effects.values()), None)
-    unit = one.ruled.unit if one else "runs"
-    beside = one is not None and one.pooled is not None and one.this is not None  # a fresh run beside stored
-    if unit == "runs":
-        ruled_label = f"95% interval {INTERVAL_BASIS['runs']} ({one.ruled.n} stored runs)"
-    else:
-        ruled_label = f"this run, 95% interval as ruled ({INTERVAL_BASIS[unit]})"
-    pooled_label = f"the {one.pooled.n} stored runs, 95% interval {INTERVAL_BASIS['runs']}" if beside else ""
-    return unit, ruled_label, pooled_label
-
-
 def _errorbar(ax, x: list, iv: list, color, label: str, **kw) -> None:
     """Intervals (mean, low, high) at x: a dot at the mean, a bar over the interval."""
     yerr = [[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]]
     ax.errorbar(x, [i.mean for i in iv], yerr=yerr, fmt="o", capsize=3, ms=4, color=color, label=label, **kw)
 
 
-def _draw_intervals(ax, name: str, keys: list, src: dict, color, look: tuple, keep: list, ends: list):
-    """One panel's ruled intervals, the pooled ones beside them; adds to `keep` the values the y axis is
-    scaled to, to `ends` those it may clip. Returns the ruled ones' x, the ruled ones and the figure data."""
-    unit, ruled_label, pooled_label = look
-    dx = 0.025 if pooled_label else 0.0  # the ruled intervals' shift left of the C/W, the pooled ones' right
+def _draw_intervals(ax, name: str, keys: list, src: dict, color, one, keep: list, ends: list):
+    """One panel's ruled intervals and, for a fresh run (as `one`, the first cell's effect, says), the stored
+    runs' pooled ones beside them; adds to `keep` the values the y axis is scaled to, to `ends` those it may
+    clip. Returns the ruled ones' x, the ruled ones and the figure data."""
+    unit = one.ruled.unit if one else "runs"
+    beside = one is not None and one.pooled is not None and one.this is not None  # a fresh run beside stored
+    if unit == "runs":
+        ruled_label = f"95% interval {INTERVAL_BASIS['runs']} ({one.ruled.n} stored runs)"
+    else:
+        ruled_label = f"this run, 95% interval as ruled ({INTERVAL_BASIS[unit]})"
+    dx = 0.025 if beside else 0.0  # the ruled intervals' shift left of the C/W, the pooled ones' right
     ruled, pooled = [src[k].ruled for k in keys], [src[k].pooled for k in keys]
     x = [k.cache_ratio - dx for k in keys]
     _errorbar(ax, x, ruled, color, ruled_label)
     keep += [i.mean for i in ruled]
     bounds = [v for i in ruled for v in (i.low, i.high)]
-    if pooled_label:
+    if beside:
         have = [(k.cache_ratio + dx, p) for k, p in zip(keys, pooled) if p is not None]
+        pooled_label = f"the {one.pooled.n} stored runs, 95% interval {INTERVAL_BASIS['runs']}"
         _errorbar(ax, [xp for xp, _ in have], [p for _, p in have], color, pooled_label, mfc="white")
         keep += [v for _, p in have for v in (p.low, p.high)]
         ends += bounds

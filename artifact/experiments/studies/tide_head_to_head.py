@@ -140,7 +140,6 @@ def label(key) -> str:
 
 
 def style_verdict(n: StyleNumbers) -> Claim:
-    """Ruled on the per-cell intervals; the note gives this run's misses per cell."""
     misses = "; ".join(f"{label(k)} {m:+.0%}" for k, m in n.misses.items())
     return timed_claim(
         CLAIM.key,

@@ -1,6 +1,5 @@
-"""01 the per-step expert working set W and its step-to-step stability, from routing traces. Every figure
-counts the denoising steps only (prefill excluded, sim.denoising_only): W, the reuse of D(t-1, l) and the
-share of each step's demanded experts already resident under LRU (the demand policy's hits)."""
+"""01 the per-step expert working set W and its step-to-step stability, from routing traces, over the
+denoising steps only (sim.denoising_only): W, the reuse of D(t-1, l), the share already resident under LRU."""
 
 from __future__ import annotations
 
@@ -32,9 +31,8 @@ def stability_table(ts) -> pd.DataFrame:
 
 
 def lru_share(ts, ratios) -> pd.DataFrame:
-    """The share of each denoising step's demanded experts already resident under LRU, per trace and C/W: the
-    denoising steps' demand hit rate (sim.denoising_only) of replaying the trace through the 'demand' policy
-    at C = ratio * W. The prefill forwards still fill the cache the steps meet."""
+    """Per trace and C/W, the share of the denoising steps' demanded experts already resident under LRU: the
+    'demand' policy's hit rate at C = ratio * W over those steps (the prefill still fills the cache)."""
     hits = ("demand_hits", "demand_misses")
     df = denoising_only(phase_columns(sweep(ts, ratios, ["demand"], by_phase=True)), hits)
     df["batch_size"] = df.batch_size.astype(int)
@@ -155,12 +153,9 @@ def plot_stability(sim, share, P):
     for (task, s), g in share.groupby(["task", "batch_size"], sort=False):
         style = dict(ls=styles[sizes.index(s) % 4], marker="o", ms=3, color=f"C{tasks.index(task) % 10}")
         ax2.plot(g.cache_ratio, 100 * g.resident_share, label=f"{task} b={s}", **style)
-    ax2.set(
-        xlabel="cache capacity C/W (C slots per layer / mean W)",
-        ylabel="demanded experts already resident (%)",
-        ylim=(0, 100),
-        title="LRU: resident share, denoising steps",
-    )
+    ax2.set_xlabel("cache capacity C/W (C slots per layer / mean W)")
+    ax2.set_ylabel("demanded experts already resident (%)")
+    ax2.set(ylim=(0, 100), title="LRU: resident share, denoising steps")
     ax2.legend(fontsize=8, ncol=2)
     title(fig, P, "01 step-to-step stability")
     df = pd.concat([a.assign(panel="reuse"), share.assign(panel="LRU resident share")], ignore_index=True)
