@@ -28,7 +28,6 @@ class Basis:
     (column, slot), one row per pair; NaN where a pair has none."""
 
     name: str
-    unit: str
     columns: tuple[str, ...]  # the row columns it reads; () = the claim's metric
     difference: Callable
     text: str
@@ -50,10 +49,9 @@ def _stall_share(w, a: str, b: str, metric: str) -> np.ndarray:
     return np.where(wall > 0, d, np.nan)
 
 
-PERCENT = Basis("percent", "%", (), _percent, "A over B, % per pair")
+PERCENT = Basis("percent", (), _percent, "A over B, % per pair")
 STALL_SHARE = Basis(
     "stall share",
-    " points",
     ("stall_seconds", "forwards", "seconds"),
     _stall_share,
     "A's stall seconds per forward minus B's, in % of B's wall seconds per forward, per pair",

@@ -18,8 +18,7 @@ from artifact.experiments.verdicts.counts import margin_below
 from artifact.experiments.verdicts.records import Claim
 from artifact.offload.replay.sim import by_basis, phase_columns, ruling_basis, sweep
 
-# Miss accounting: every predictor, then the floors. "min" is bounds.relaxed_min, a bound the simulator
-# replays.
+# Miss accounting: every predictor, then the floors ("min": bounds.relaxed_min, which the simulator replays)
 PREDICTORS = (
     "last_step",
     "last_step:lookahead=2",
@@ -75,14 +74,10 @@ class Counts:
 
 def counts(summary) -> Counts:
     cons = summary[summary.policy.str.startswith("last_step_conservative")]
-    is_lru = bool(len(cons)) and bool(
-        (cons.speculative_transfers == 0).all() and (cons.misses_vs_lru == 1).all()
-    )
-    removed = {
-        p: dict(zip(g.cache_ratio, g.misses_removed / g.lru_misses)) for p, g in summary.groupby("policy")
-    }
-    of_or = {p: dict(zip(g.cache_ratio, g.of_oracle)) for p, g in summary.groupby("policy")}
-    return Counts(is_lru, removed, of_or)
+    is_lru = bool(len(cons) and (cons.speculative_transfers == 0).all() and (cons.misses_vs_lru == 1).all())
+    by = summary.groupby("policy")
+    removed = {p: dict(zip(g.cache_ratio, g.misses_removed / g.lru_misses)) for p, g in by}
+    return Counts(is_lru, removed, {p: dict(zip(g.cache_ratio, g.of_oracle)) for p, g in by})
 
 
 def _by_ratio(d: dict, fmt: str = "{:+.0%}") -> str:
