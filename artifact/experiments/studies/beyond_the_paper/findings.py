@@ -150,40 +150,30 @@ def _throughput_panel(ax, pr: str, series: dict, aa: str) -> list[dict]:
     """Demand's effect over each predictor (and the A/A, the series named `aa`) per cell under link priority
     `pr`, with its interval, beside the margin; `series` is {policy or `aa`: {cell: Replicated}}. Returns the
     figure data."""
-    pols = list(series)
     batches = sorted({k[2] for eff in series.values() for k in eff})
-    width = 0.02
     rows = []
-    for k, pol in enumerate(pols):
+    for k, (pol, cells) in enumerate(series.items()):
+        name = aa if pol == aa else f"demand over {pol}"
+        color, marker, _ = (CONTROL_COLOR, "s", "-") if pol == aa else STYLE.get(pol, ("gray", "o", "-"))
+        policy = (CONTROL if aa == STAND_IN else DEMAND) if pol == aa else pol
         for j, b in enumerate(batches):
-            keys = sorted(c for c in series[pol] if c[0] == pr and c[2] == b)
+            keys = sorted(c for c in cells if c[0] == pr and c[2] == b)
             if not keys:
                 continue
-            iv = [series[pol][c].ruled for c in keys]
-            x = [c[3] + (k * len(batches) + j - (len(pols) * len(batches) - 1) / 2) * width for c in keys]
-            color, marker, _ = (CONTROL_COLOR, "s", "-") if pol == aa else STYLE.get(pol, ("gray", "o", "-"))
+            iv = [cells[c].ruled for c in keys]
+            offset = (k * len(batches) + j - (len(series) * len(batches) - 1) / 2) * 0.02  # side by side
             ax.errorbar(
-                x,
+                [c[3] + offset for c in keys],
                 [i.mean for i in iv],
                 yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
                 fmt=marker if j == 0 else "x",
                 color=color,
                 capsize=3,
                 ms=4,
-                label=f"{aa}, b={b}" if pol == aa else f"demand over {pol}, b={b}",
+                label=f"{name}, b={b}",
             )
-            rows += [
-                dict(
-                    panel="throughput",
-                    effect=aa if pol == aa else f"demand over {pol}",
-                    link_priority=pr,
-                    policy=(CONTROL if aa == STAND_IN else DEMAND) if pol == aa else pol,
-                    batch_size=b,
-                    cache_ratio=c[3],
-                    **interval_fields(i),
-                )
-                for c, i in zip(keys, iv)
-            ]
+            row = dict(panel="throughput", effect=name, link_priority=pr, policy=policy, batch_size=b)
+            rows += [dict(row, cache_ratio=c[3], **interval_fields(i)) for c, i in zip(keys, iv)]
     mark_margin(ax, f"+-{thresholds.MARGIN:g}% (margin)")
     mark_zero(ax)
     ax.set(
