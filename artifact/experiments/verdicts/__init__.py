@@ -1,3 +1,3 @@
 """The verdict layer, docs/verdicts.md in code: rules.py (the rule per kind of claim, the A/A gate), pairs.py
 (one run's plain paired effects), pooling.py (runs as the unit), judge.py (a claim over its cells),
-records.py, stored_runs.py, calibration.py, claims_table.py, rule_history.py. Claims are data in criteria/."""
+records.py, calibration.py, rule_history.py. Claims are data in criteria/, stored runs in outputs/."""

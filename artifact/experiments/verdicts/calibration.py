@@ -1,27 +1,24 @@
 """The verdict rules checked against known truth (`python -m artifact calibrate`).
 
-Noise per cell, from the stored runs (`noise`): each timing claim's cells (its A, B, cells, metric, basis:
-judge.claim_compared) give each run's per-pair effects of A over B, and per cell, nothing pooled over cells:
-sd, the within-run sd of a pair's effect (root of the mean of the runs' pair variances); n, pairs per run (the
-median); tau, the between-run sd of the true run means, tau^2 = max(0, var(run means) - sd^2 / n); the same
-for the cell's A/A. A synthetic study (`study`): N stored runs (default 9, the cpu profile's) and one fresh
-run, run means mu + tau e, pairs run mean + sd e, e standard normal or (heavy tails) t on 3 df scaled to unit
-variance; the fresh run's pairs scaled by the scenario's `noise`; the A/A the same with mu = 0 and its own
-noise. The real code rules it: pooling.replicate_all builds each comparison (each run's within-run noise
-pooled over its cells), judge.judge rules it (`pooled`: the N runs' verdict; `verdict`: the fresh run's
-alone). 06 and 09 (A: every other policy) keep the stored A policies, keyed (policy, cell).
+Noise per cell (`noise`), from the stored runs: each timing claim's comparison (judge.claim_compared) gives
+each run's per-pair effects per cell, nothing pooled over cells: sd, the within-run sd of a pair's effect
+(root of the mean of the runs' pair variances); n, the median pairs per run; tau, the between-run sd of the
+true run means, tau^2 = max(0, var(run means) - sd^2 / n); the same for the cell's A/A. A synthetic study
+(`study`): N stored runs (default 9, the cpu profile's) and one fresh run, run means mu + tau e, pairs run
+mean + sd e, e standard normal or (heavy tails) t on 3 df scaled to unit variance, the fresh run's pairs
+scaled by the scenario's `noise`; the A/A the same with mu = 0 and its own noise. The real code rules it:
+pooling.replicate_all builds each comparison, judge.judge rules it (`pooled`: the N runs' verdict; `verdict`:
+the fresh run's alone). 06 and 09 (A: every other policy) keep the stored A policies, keyed (policy, cell).
+Scenarios: scenarios.py.
 
-Scenarios: scenarios.py. On "as stored" the fresh run's share of decided verdicts stands beside the stored
-runs' own (judge's per_run verdicts of the stored data); decide_flag "disagree": an exact binomial test of the
-stored count against the fresh rate gives p < 0.05.
-
-The table (data/results/<profile>/calibration.csv), one row per claim and scenario, rates in %: claim,
-question, scenario, studies, truth, tails, noise, coverage (cells whose pooled 95% interval holds mu),
-coverage_single (the fresh run's one-run interval), reproduced, not_reproduced (the pooled verdict), power
-(reproduced, power scenarios only), fresh_decides, fresh_wrong (the fresh run's verdict is wrong for the
-planted truth: scenarios.right_verdict), clear_decide (cells >= CLEAR between-run sds from their boundary that
-the fresh run decides in their direction), stored_decide (as stored only), each with <name>_se, its
-Monte-Carlo se sqrt(p(1 - p) / k) over the k studies, cells or stored runs; decide_flag; checks."""
+The table (data/results/<profile>/calibration.csv), one row per claim and scenario, rates in %: coverage
+(cells whose pooled 95% interval holds mu), coverage_single (the fresh run's one-run interval), reproduced,
+not_reproduced (the pooled verdict), power (reproduced, power scenarios only), fresh_decides, fresh_wrong (the
+fresh verdict is wrong for the planted truth: scenarios.right_verdict), clear_decide (cells >= CLEAR
+between-run sds from their boundary that the fresh run decides in their direction), stored_decide ("as
+stored" only: the stored runs' own per_run verdicts that decide), each with <name>_se, its Monte-Carlo se
+sqrt(p(1 - p) / k) over the k studies, cells or stored runs; decide_flag ("as stored": "disagree" when an
+exact binomial test of the stored count against the fresh rate gives p < 0.05); checks."""
 
 from __future__ import annotations
 
@@ -136,10 +133,9 @@ def _holds(iv, mu: float) -> bool:
 
 
 def study(cn: ClaimNoise, s: Scenario, rng: np.random.Generator, runs: int = RUNS) -> np.ndarray:
-    """One synthetic study ruled by judge.judge, as counts: 1 (the study), pooled reproduced, pooled not
-    reproduced, the fresh run decides, cells whose pooled interval holds mu, cells whose fresh one does,
-    cells, the fresh verdict is wrong, clear cells (>= CLEAR between-run sds from the boundary), clear cells
-    the fresh run decides in their direction."""
+    """One synthetic study ruled by judge.judge, as counts: 1, pooled reproduced, pooled not reproduced, fresh
+    decides, cells whose pooled interval holds mu, cells whose fresh one does, cells, fresh wrong, clear cells
+    (>= CLEAR between-run sds from the boundary), clear cells the fresh run decides in their direction."""
     c = cn.claim
     truth = {k: z.mean if s.truth is None else s.truth for k, z in cn.cells.items()}
     effects = _replicated({k: _runs(rng, truth[k], z, runs, s.tails, s.noise) for k, z in cn.cells.items()})
@@ -202,9 +198,7 @@ def table(noises: Sequence[ClaimNoise], plans, totals: dict) -> pd.DataFrame:
     out = []
     for i, (cn, ss) in enumerate(zip(noises, plans)):
         for j, s in enumerate(ss):
-            n, r, nr, decides, cover, single, cells, wrong, clear, clear_decided = (
-                int(x) for x in totals[i, j]
-            )
+            n, r, nr, decides, cover, single, cells, wrong, clear, clear_decided = map(int, totals[i, j])
             row = dict(claim=cn.claim.key, question=cn.claim.question, scenario=s.name, studies=n)
             tails = f"t{s.tails:g}" if s.tails else "normal"
             row.update(truth="stored" if s.truth is None else f"{s.truth:+g}", tails=tails, noise=s.noise)

@@ -118,10 +118,9 @@ def _ruling(c: TimingClaim, compared: Compared, label, pick: Callable[[Replicate
 
 
 def judge(compared: Compared, c: TimingClaim, label: Callable[[tuple], str]) -> Timed:
-    """The claim ruled on its cells of `compared`: pooled over the stored runs when `compared` rules them
-    (no run of its own), else this run alone; each stored run's own verdict, the leave-one-out (a stored run
-    dropped from the effect and the A/A alike) and a fresh run's agreement with the stored verdict beside
-    it."""
+    """The claim ruled on its cells of `compared`: pooled over the stored runs when it has no run of its own,
+    else this run alone; beside it each stored run's own verdict, the leave-one-out (a stored run dropped
+    from the effect and the A/A alike) and a fresh run's agreement with the stored verdict."""
     compared = claim_cells(compared, c)
     cells = list(compared.effects.values())
     stored = all(r.this is None for r in cells)

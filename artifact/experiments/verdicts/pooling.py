@@ -93,10 +93,9 @@ def one_run(
 
 @dataclass(frozen=True)
 class Replicated:
-    """One cell in every view: `ruled` (pooled when this run is a stored one, else this run's one-run
-    interval), `pooled` over the stored runs, `this` (this run's one-run interval; None when ruling the
-    stored runs), `runs` (each stored run's one-run interval against the others, None where it lacks the
-    cell); `per` and `own`: the per-pair effects behind them."""
+    """One cell in every view: `ruled` (`pooled` over the stored runs when ruling them, else `this`, this
+    run's one-run interval), `runs` (each stored run's one-run interval against the others, None where it
+    lacks the cell); `per` and `own`: the per-pair effects behind them."""
 
     ruled: Interval
     pooled: Interval | None

@@ -128,9 +128,8 @@ def rule_cell(kind: str, iv: Interval, margin: float = thresholds.MARGIN, unit: 
 
 
 def aa_gate(aa: Interval | None, margin: float = thresholds.MARGIN, label: str = "A/A") -> str | None:
-    """Why a cell's A/A makes it inconclusive whatever its effect, or None: no A/A, an A/A without an
-    interval, or an A/A that lies wholly outside +-margin (a bias beyond the margin is shown: the instrument
-    is broken in this cell). An A/A that is merely wide is `aa_bias`'s case."""
+    """Why a cell's A/A makes it inconclusive whatever its effect, or None: no A/A, one without an interval,
+    or one wholly outside +-margin (the instrument is broken in this cell); a merely wide one: `aa_bias`."""
     if aa is None:
         return f"no {label} in this cell"
     if not aa.usable:
@@ -184,9 +183,7 @@ def rule_cells(
     aa_name: str = "A/A",
 ) -> list[Ruling]:
     """Each cell's ruling. `gates`: per cell, why it is inconclusive whatever its interval says (no A/A, an
-    A/A shown biased beyond the margin, a host-bound GPU cell), or None. `aa`: per cell, its A/A interval;
-    one that is not inside +-margin (aa_bias) keeps the cell's ruling only when the ruling also holds on the
-    effect's interval widened by the A/A's furthest bound."""
+    A/A shown biased beyond the margin, a host-bound GPU cell), or None. `aa`: per cell, its A/A (aa_bias)."""
     gates = list(gates) or [None] * len(cells)
     aa = list(aa) or [None] * len(cells)
     # the per-cell level at which `not reproduced` is read (a union over the cells): Bonferroni, 1 - 0.05 / k

@@ -63,9 +63,8 @@ def scenarios(c: TimingClaim) -> tuple[Scenario, ...]:
 
 
 def right_verdict(c: TimingClaim, truth: dict) -> tuple[str, str]:
-    """The verdicts that are not wrong for these true effects: reproduced (or inconclusive) when the claim
-    holds strictly in every cell, else not reproduced (or inconclusive): a true effect on the boundary
-    (0 for a direction claim, the margin otherwise; next_step.distance) is the rules' null, where `reproduced`
-    is the error."""
+    """The verdicts not wrong for these true effects: reproduced or inconclusive when the claim holds strictly
+    in every cell, else not reproduced or inconclusive (on the boundary, next_step.distance 0, the rules'
+    null holds: `reproduced` is the error)."""
     holds = all(next_step.distance(c.question, mu) > 0 for mu in truth.values())
     return (REPRODUCED if holds else NOT_REPRODUCED, INCONCLUSIVE)

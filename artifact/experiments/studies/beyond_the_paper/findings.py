@@ -94,13 +94,11 @@ EFFECT_LABEL = "demand over predictor (% tokens/s; as 04:\n> 0 = demand faster),
 
 
 def plot(summary, n: "Numbers", P: Settings):
-    """(a) demand misses relative to LRU per policy vs C/W; (b) all transfers (demand + speculative) relative
-    to LRU's (which are its demand misses), with the floors belady and min (they bound every policy's
-    transfers: a prefetch can be postponed to its first use); (c, d) demand's throughput over each predictor
-    (% tokens/s, 95% intervals over the same runs, computed as the claim's, with A and B swapped: 04's sign,
-    above 0 = demand faster) vs C/W under FIFO and under demand priority; the A/A (demand over demand, or
-    the stand-in on runs without that pair) as the claim gates with it. The counts are drawn on the basis the
-    claims rule on (sim.ruling_basis); the saved data holds both."""
+    """(a) demand misses and (b) all transfers (demand + speculative) relative to LRU's demand misses per
+    policy vs C/W, (b) with the floors belady and min (a prefetch can be postponed to its first use), on the
+    basis the claims rule on (sim.ruling_basis; the saved data holds both); (c, d) demand over each predictor
+    (% tokens/s: the claim's 95% intervals with A and B swapped, 04's sign) vs C/W under FIFO and demand
+    priority, with the A/A (demand over demand, or the stand-in) the claim gates with."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     basis = ruling_basis(summary)
     counted = summary[summary.prefill == basis]

@@ -34,9 +34,8 @@ SUMMED = ("demand_misses", "speculative_transfers", "prefetch_hits", "wasted_pre
 
 
 def miss_sweep(ts, P: Settings, progress: bool = True) -> pd.DataFrame:
-    """Every trace x C/W x policy and the relaxed-MIN floor 'min' replayed (sim.sweep, exact counts), each
-    count also per phase (<count>_<phase> columns, sim.phase_columns), so that both counting bases can be
-    pooled."""
+    """Every trace x C/W x policy and the floor 'min' replayed (sim.sweep, exact counts), each count also per
+    phase (<count>_<phase> columns, sim.phase_columns) for both counting bases."""
     df = sweep(
         ts,
         P.cache_ratios,
@@ -52,10 +51,9 @@ def miss_sweep(ts, P: Settings, progress: bool = True) -> pd.DataFrame:
 
 
 def miss_summary(sweep_df) -> pd.DataFrame:
-    """Counts pooled over traces per (counting basis, C/W, policy), relative to LRU ('demand') at the same C/W
-    and basis (sim.by_basis: column `prefill`, 'excluded' = denoising steps only, 'included' = all demands;
-    without per-phase columns only 'included'), and each predictor's share of the misses the oracle removes
-    (`of_oracle`) on the same basis."""
+    """Counts pooled over traces per (counting basis, C/W, policy), relative to LRU's at the same C/W and
+    basis (sim.by_basis: `prefill` 'excluded' = denoising steps only, 'included' = all demands, the only one
+    without per-phase columns), and each predictor's share of the oracle's removed misses (`of_oracle`)."""
     g = by_basis(sweep_df, ["cache_ratio"], SUMMED)
     oracle = g[g.policy == "oracle"].set_index(["prefill", "cache_ratio"]).misses_removed.rename("oracle")
     removed = g.join(oracle, on=["prefill", "cache_ratio"]).oracle  # NaN where no oracle was replayed
