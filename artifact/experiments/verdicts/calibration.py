@@ -244,10 +244,7 @@ def run(P, claims=None, studies=STUDIES, seed=0, processes=2, progress=True, pai
     """(the table, the noise per cell) of profile P's stored runs; `pairs`: a what-if design with that many
     pairs per cell in every run (each cell's within-run sd and between-run tau as measured)."""
     noises = [noise(P, CLAIMS[k]) for k in claim_keys(claims)]
-    if pairs:
-
-        def more(cells: dict) -> dict:
-            return {k: dataclasses.replace(z, n=pairs) for k, z in cells.items()}
-
-        noises = [dataclasses.replace(cn, cells=more(cn.cells), aa=more(cn.aa)) for cn in noises]
+    for i, cn in enumerate(noises if pairs else ()):
+        cells, aa = ({k: dataclasses.replace(z, n=pairs) for k, z in d.items()} for d in (cn.cells, cn.aa))
+        noises[i] = dataclasses.replace(cn, cells=cells, aa=aa)
     return calibrate(noises, studies, seed, processes, progress), noise_table(noises)

@@ -215,8 +215,7 @@ class Replicas:
             mine = run_effects(this, x, y, by, metric, basis) if this is not None else None
             return replicate_all(mine, [run_effects(r, x, y, by, metric, basis) for r in runs])
 
-        sources = ([this] if this is not None else []) + runs
-        labels = {aa_label(r) for r in sources}
+        labels = {aa_label(r) for r in ([this] if this is not None else []) + runs}
         label = None if None in labels or not labels else " and ".join(sorted(labels))  # mixed: both named
         return Compared(
             view(a, b), view("A/A", "demand") if label else {}, host_shares(self.rows, by), basis, label
