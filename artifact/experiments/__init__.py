@@ -1,16 +1,12 @@
-"""The experiments layer: settings, the bench, statistics and verdicts, one study per notebook, TIDE.
+"""The experiments layer: settings, the bench, the verdicts, one study per notebook, TIDE (its order:
+docs/DESIGN.md, "The experiments layer"; every module: docs/layout.md).
 
-run level   submit, notebooks (the runner), doctor, harness (setup, model, traces, grids), timed (a timing
-            claim over its cells), verdicts.pooling (the run as the unit: per-cell intervals over runs),
-            effects (a run's effect per cell on a claim's basis), rules (the verdict rules), stats,
-            claims, settings, hardware
-calibration/ the verdict pipeline checked against known truth (synthetic stored runs, python -m artifact
-            calibrate)
-criteria/   paper (the paper's numbers), thresholds (this artifact's), timing (each timing claim's
-definition) outputs/    paths (where a run's outputs go), figures (colours, titles, save), manifest,
-rule_history,
-            claims_table (the claim records, docs/claims.md's tables); claims_readme (the README's two claims
-            tables, the writer of both files' generated blocks)
-bench/      grid, model_runner, results, run (run_bench)
-tide/       checkout, adapter
+run level   submit/, notebooks/ (the runner), doctor/, fresh_runs, harness (setup, model, traces, grids),
+            recording (the stored runs written), paired_table (a run's paired table, a display), counting,
+            claims_readme and claims_table (the claims tables, rendered from the records), settings, hardware
+criteria/   claims (every claim, once), paper (the abstract's phrases and numbers), thresholds, timing
+verdicts/   the rules and what applies them: pairs, pooling, judge, records, calibration
+bench/      run, model_runner, results, locks, grid, order (the run order and the A/A vocabulary)
+outputs/    stored_runs, figures, manifest, provenance, figure_check, paths
+tide/       checkout, released, adapter
 studies/    one module per notebook, named after it"""

@@ -2,7 +2,7 @@
 each cell, the basis a pair is measured on, the metric, the cells it rules on and the paper's range. The
 studies read their claims from here (verdicts.judge), and so does the calibration harness (python -m artifact
 calibrate): one definition for the verdict and for its check against known truth. A change to a definition
-that changes a verdict is a rule change (verdicts/rule_history.py).
+that changes a verdict is a rule change (docs/verdicts.md's rule history).
 
 `a` may be OTHERS: every policy of the grid but B, demand and the stand-in A/A (06's predictors, 09's best
 eviction), one comparison each. `select` keeps a cell when, for every (key, values) pair, the cell's key field
