@@ -15,11 +15,12 @@ import pytest
 from scipy import stats
 from statsmodels.stats.weightstats import DescrStatsW
 
+from artifact.experiments.criteria import paper
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.paired_table import cell_label
 from artifact.experiments.settings import CONTROL, load_profile
 from artifact.experiments.studies import capacity_sweep as cs
-from artifact.experiments.verdicts.judge import PAPER_RESULTS, claim_compared, judge, paper_ruled, rule_stated
+from artifact.experiments.verdicts.judge import claim_compared, judge, paper_ruled, rule_stated
 from artifact.experiments.verdicts.pooling import Replicas, pooled
 from artifact.experiments.verdicts.rules import (
     INCONCLUSIVE,
@@ -37,7 +38,7 @@ FASTER, EQUAL = CLAIMS["04-faster"], CLAIMS["04-equal"]
 def test_the_papers_printed_results_read_reproduced():
     assert paper_ruled("04-faster") == REPRODUCED  # +4.9..+11.8%, every interval above 0
     assert paper_ruled("04-equal") == REPRODUCED  # +0.73% [-1.16, +2.63] inside +-3%
-    assert set(PAPER_RESULTS) == {"04-faster", "04-equal"}
+    assert set(paper.RESULTS) == {"04-faster", "04-equal"}
 
 
 def test_the_rule_command_rules_given_intervals():

@@ -15,9 +15,10 @@ import math
 import re
 
 from artifact.errors import UserError
+from artifact.experiments.criteria import paper
 from artifact.experiments.criteria.claims import STATED
 from artifact.experiments.criteria.timing import CLAIMS, OTHERS
-from artifact.experiments.verdicts.judge import PAPER_RESULTS, question, rule_stated
+from artifact.experiments.verdicts.judge import question, rule_stated
 from artifact.experiments.verdicts.rules import ABOVE_ZERO
 
 NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$", re.I)
@@ -87,7 +88,7 @@ def cmd_rule(a) -> int:
     if a.list:
         for key, c in CLAIMS.items():
             s = STATED[key]
-            printed = "; the paper prints a result: see --paper" if key in PAPER_RESULTS else ""
+            printed = "; the paper prints a result: see --paper" if key in paper.RESULTS else ""
             print(f"{key}: {s.claim_text(question=question(c), best='A', ratio=1.0)}")
             a_is = "A: each other policy of the grid" if c.a == OTHERS else f"A: {c.a}"
             print(f"    {a_is}, B: {c.b}; {s.said}{printed}")
@@ -99,10 +100,10 @@ def cmd_rule(a) -> int:
     if a.paper:
         if a.cell:
             raise UserError("rule: give --paper or --cell, not both")
-        cells = PAPER_RESULTS.get(a.claim)
+        cells = paper.RESULTS.get(a.claim)
         if cells is None:
             raise UserError(
-                f"rule: the paper prints no result for {a.claim}; it has {', '.join(PAPER_RESULTS)}"
+                f"rule: the paper prints no result for {a.claim}; it has {', '.join(paper.RESULTS)}"
             )
     else:
         if not a.cell:

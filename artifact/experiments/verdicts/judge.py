@@ -207,9 +207,7 @@ def rule_stated(key: str, cells: Sequence[tuple[float, float, float]]) -> tuple[
     return rule_claim_cells(c.question, ivs, (), thresholds.MARGIN, c.unit)
 
 
-PAPER_RESULTS = paper.RESULTS  # the paper's own printed results, by claim: they must read reproduced
-
-
 def paper_ruled(key: str) -> str:
-    """The paper's own result for a claim, ruled here ("" when the paper prints none for it)."""
-    return rule_stated(key, PAPER_RESULTS[key])[0] if key in PAPER_RESULTS else ""
+    """The paper's own result for a claim (paper.RESULTS), ruled here: it must read reproduced ("" when the
+    paper prints none for it)."""
+    return rule_stated(key, paper.RESULTS[key])[0] if key in paper.RESULTS else ""
