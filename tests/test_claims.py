@@ -385,7 +385,7 @@ def test_cache_design_bench_judges_the_best_eviction_against_lru():
     best = "demand+lrfu:lam=2"
 
     def verdict(reps):
-        return cache_design.bench_verdict(cache_design.bench_numbers(reps, best))
+        return cache_design.bench_verdict(reps, best)
 
     def runs(d, noise=0.3, aa=True, **kw):
         return stored(

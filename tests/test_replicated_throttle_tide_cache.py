@@ -138,9 +138,7 @@ STUDIES = {
         10.0,
         -6.0,
         lambda P: bench_fingerprint(cache_design.bench_profile(P, BEST)),
-        lambda P, rows: cache_design.bench_verdict(
-            cache_design.bench_numbers(cache_design.bench_replicas(P, BEST, rows), BEST)
-        ),
+        lambda P, rows: cache_design.bench_verdict(cache_design.bench_replicas(P, BEST, rows), BEST),
     ),
 }
 KEY = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]

@@ -30,7 +30,7 @@ from artifact.experiments.paired_table import cell_label
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.verdicts.counts import margin_below
 from artifact.experiments.verdicts.judge import claim_parts, judge, merge_others, timed_claim
-from artifact.experiments.verdicts.pooling import Compared, Replicas, gather
+from artifact.experiments.verdicts.pooling import Replicas, gather
 from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 from artifact.offload.replay import sim
 from artifact.offload.replay.trace import mean_working_set
@@ -183,26 +183,17 @@ def bench_replicas(P: Settings, best: str, rows: pd.DataFrame) -> Replicas:
     return gather(P, rows, NOTEBOOK, bench_fingerprint(bench_profile(P, best)))
 
 
-@dataclasses.dataclass(frozen=True)
-class BenchNumbers:
-    best: str  # the eviction spec timed against lru
-    over_lru: Compared  # {cell: Replicated} tokens/s of the best eviction over lru's, with the A/A
-    misses: tuple  # (lru's, the best's) demand misses, summed over this run's timed runs
-
-
-def bench_numbers(reps: Replicas, best: str) -> BenchNumbers:
-    m = primary(reps.rows).groupby("policy").demand_misses.sum()  # arm A: one demand run per repetition
-    return BenchNumbers(best, claim_parts(reps, CLAIM)[best], (int(m["demand"]), int(m[best])))
-
-
-def bench_verdict(b: BenchNumbers) -> Claim:
-    t = judge(merge_others({b.best: b.over_lru}), CLAIM, lambda k: cell_label(k[1]))
+def bench_verdict(reps: Replicas, best: str) -> Claim:
+    """The best eviction (`best`) over lru, tokens/s per cell with the A/A; beside it, the demand misses of
+    this run's timed runs (arm A: one demand run per repetition)."""
+    m = primary(reps.rows).groupby("policy").demand_misses.sum().astype(int)
+    t = judge(merge_others({best: claim_parts(reps, CLAIM)[best]}), CLAIM, lambda k: cell_label(k[1]))
     return timed_claim(
         CLAIM.key,
         t,
-        f"tokens/s per run, {label(b.best)} over lru % per pair, one interval per cell",
-        note=f"demand misses over this run's timed runs: lru {b.misses[0]}, {label(b.best)} {b.misses[1]}",
-        best=label(b.best),
+        f"tokens/s per run, {label(best)} over lru % per pair, one interval per cell",
+        note=f"demand misses over this run's timed runs: lru {m['demand']}, {label(best)} {m[best]}",
+        best=label(best),
         ratio=BENCH_RATIO,
     )
 
@@ -214,7 +205,7 @@ def stored_claims(P: Settings) -> list[Claim]:
     if len(names) != 1:
         raise RunsError(f"the stored {STEM} rows time {sorted(names)} beside lru: expected one best eviction")
     best = names.pop()
-    return [bench_verdict(bench_numbers(bench_replicas(P, best, None).last_stored(), best))]
+    return [bench_verdict(bench_replicas(P, best, None).last_stored(), best)]
 
 
 # --- verdicts -------------------------------------------------------------------------------------
