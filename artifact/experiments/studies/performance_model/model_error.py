@@ -209,15 +209,10 @@ def model_error_claim(e: ModelErrors, gpu_summary: dict, source: str) -> Claim:
         reason = f"the interval of the median of the {n} runs' figures"
     else:
         verdict, ruled = at_most(*e.ruled, LIMIT), "this run"
-        on = (
-            f"one run: its own median absolute error ({n} stored runs beside it, not bounding it)"
-            if n
-            else "one run: its own median absolute error (no stored runs to compare)"
-        )
-        reason = (
-            "one run: this run is not one of the stored runs, so its own figure rules"
-            if n
-            else "one run: no stored runs"
+        beside = f"{n} stored runs beside it, not bounding it" if n else "no stored runs to compare"
+        on = f"one run: its own median absolute error ({beside})"
+        reason = "one run: " + (
+            "this run is not one of the stored runs, so its own figure rules" if n else "no stored runs"
         )
     return stated(
         "08-model-error",
@@ -268,11 +263,7 @@ def _margin_text(e: ModelErrors) -> str:
     """How far the ruled figure (or range) is from the limit."""
     low, high = e.ruled
     if low == high:
-        side = (
-            f"{(LIMIT - low) * 100:.1f} points under"
-            if low <= LIMIT
-            else f"{(low - LIMIT) * 100:.1f} points over"
-        )
+        side = f"{abs(LIMIT - low) * 100:.1f} points {'under' if low <= LIMIT else 'over'}"
         who = "median over runs" if e.is_pooled else "this run"
         return f"{who} {100 * low:.1f}% vs <= {100 * LIMIT:.0f}%: {side}"
     side = "all under" if high <= LIMIT else "all over" if low > LIMIT else "straddles it"
