@@ -92,8 +92,9 @@ def test_the_compact_table_has_one_row_per_claim_and_the_stability_of_timing_cla
         if c.get("leave_one_out"):
             n = len(c["leave_one_out"])
             assert n == len(c["per_run"]) >= 4 and re.fullmatch(rf"\d of {n}", loo), cells
-        if c.get("key"):
-            assert fresh == decides[c["key"]] and "(real runs: " in fresh, cells
+        assert fresh == decides.get(c["key"], ""), cells
+        if c["key"] in decides:
+            assert "(real runs: " in fresh, cells
     for cells, c in zip(rows, papers):
         assert cells[5] == c["verdict"] and cells[3] == claims_readme.measured_short(c), cells
         assert cells[6] == ("reproduced" if c.get("key") in ("04-faster", "04-equal") else ""), cells
@@ -123,11 +124,11 @@ def test_the_readme_has_the_papers_claims_with_the_papers_figures_and_beyond_the
         assert found <= numbers, f"{cells[2]}: {found - numbers} is not a number of criteria/paper.py"
     by_claim = {cells[1]: cells for cells in tables["The paper's claims"]}
     faster = next(v for k, v in by_claim.items() if k.startswith("demand-async is faster than async"))
-    assert f"+{paper.FASTER_PCT[0]}" in faster[2] and f"+{paper.FASTER_PCT[1]}" in faster[2]
+    assert faster[2] == paper.quote("faster", "significant") and "4.9-11.8%" in faster[2]
     equal = next(v for k, v in by_claim.items() if k.startswith("at C/W 0.43"))
-    assert paper.paired_text(paper.AT_LOW, "%") == equal[2]
+    assert equal[2] == paper.quote("at low")
     oracle = next(v for k, v in by_claim.items() if "oracle" in k)
-    assert oracle[2] == f"{paper.ORACLE_CUT}x"
+    assert oracle[2] == paper.quote("oracle") and f"{paper.ORACLE_CUT}x" in oracle[2]
     order = next(v for v in tables["The paper's claims"] if v[2] == paper.quote("ordering"))
     assert order[5] == "not ruled: grid covers tasks gsm8k, batch 1,4", order
     assert all("own result" not in cells[1] for cells in tables["The paper's claims"])

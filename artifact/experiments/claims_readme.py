@@ -29,13 +29,17 @@ NOT_RUN = {"verdict": "not run"}  # another profile's records lack the claim
 
 
 def own(c: dict) -> bool:
-    """This artifact's own result, not a claim of the paper (criteria/claims.py)."""
-    return STATED[c["key"]].own
+    """This artifact's own result, not a claim of the paper (criteria/claims.py; a record of a claim the
+    registry does not hold, a user's own, by its paper field)."""
+    s = STATED.get(c.get("key", ""))
+    return s.own if s else c.get("paper", "").startswith(paper.OWN)
 
 
 def paper_figure(c: dict) -> str:
-    """The paper's words the claim answers, quoted from the abstract (criteria/claims.py)."""
-    return paper.quote(*STATED[c["key"]].paper)
+    """The paper's words the claim answers, quoted from the abstract (criteria/claims.py; a claim the
+    registry does not hold: its record's paper field, to its first ';')."""
+    s = STATED.get(c.get("key", ""))
+    return paper.quote(*s.paper) if s else c.get("paper", "").split("; ")[0]
 
 
 def measured_short(c: dict, width: int = 100) -> str:
