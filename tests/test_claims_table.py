@@ -14,10 +14,9 @@ import nbformat
 import pytest
 
 from artifact.errors import ResultFileError
-from artifact.experiments import claims_readme
+from artifact.experiments import claims_readme, claims_table
 from artifact.experiments.criteria import paper
 from artifact.experiments.settings import load_profile
-from artifact.experiments import claims_table
 from artifact.experiments.verdicts.records import Claim, record, record_path, report, unwrap
 
 ROOT = Path(__file__).resolve().parent.parent

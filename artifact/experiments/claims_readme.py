@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 
 from artifact.errors import ResultFileError
+from artifact.experiments import claims_table as table
 from artifact.experiments.criteria import paper
 from artifact.experiments.criteria.claims import STATED
 from artifact.experiments.settings import PAPER_BATCH_SIZES
-from artifact.experiments import claims_table as table
 from artifact.experiments.verdicts.judge import paper_ruled
 from artifact.model.tasks import TASKS
 from artifact.paths import atomic_write_text, data_dir, repo_root
