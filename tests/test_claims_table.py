@@ -80,10 +80,10 @@ def test_the_compact_table_has_one_row_per_claim_and_the_stability_of_timing_cla
     mine = [c for c in claims if claims_readme.own(c)]
     papers = [c for c in claims if not claims_readme.own(c)]
     assert mine and papers and len(tables["Beyond the paper"]) == len(mine)
-    rows = [r for r in tables["The paper's claims"] if not r[2].startswith(paper.quote("ordering"))]
+    rows = [r for r in tables["The paper's claims"] if r[2] != paper.quote_short("ordering")]
     assert len(rows) == len(papers) == len(tables["The paper's claims"]) - 1
     for cells, c in [*zip(rows, papers), *zip(tables["Beyond the paper"], mine)]:
-        assert cells[1] == c["claim"] and c["verdict"] in cells, cells
+        assert cells[1] == claims_readme.title(c) and c["verdict"] in cells, cells
         loo, fresh = cells[-2:]
         if not c.get("timing"):
             assert (loo, fresh) == ("", ""), cells
@@ -93,10 +93,11 @@ def test_the_compact_table_has_one_row_per_claim_and_the_stability_of_timing_cla
             assert n == len(c["per_run"]) >= 4 and re.fullmatch(rf"\d of {n}", loo), cells
         assert fresh == decides.get(c["key"], ""), cells
         if c["key"] in decides:
-            assert "(real runs: " in fresh, cells
+            assert "(real: " in fresh, cells
     for cells, c in zip(rows, papers):
-        assert cells[5] == c["verdict"] and cells[3] == claims_readme.measured_short(c), cells
-        assert cells[6] == ("reproduced" if c.get("key") in ("04-faster", "04-equal") else ""), cells
+        assert cells[4] == c["verdict"] and cells[3] == claims_readme.measured_short(c, 60), cells
+        assert cells[2] == claims_readme.paper_short(c), cells
+        assert cells[5] == ("reproduced" if c.get("key") in ("04-faster", "04-equal") else ""), cells
 
 
 def _paper_numbers() -> set[float]:
@@ -115,7 +116,12 @@ def test_the_readme_has_the_papers_claims_with_the_papers_figures_and_beyond_the
     assert "### The paper's claims" in readme and "### Beyond the paper" in readme
     tables = _tables(_block(ROOT / "README.md", claims_readme.markers("cpu")))
     head = [x.strip() for x in readme.split("### The paper's claims")[1].split("\n| ")[1].split(" | ")]
-    assert head[2:6] == ["paper", "measured (cpu)", "figure", "cpu (proxy: tiny model, emulated link)"]
+    assert head[2:6] == [
+        "abstract",
+        "measured (cpu)",
+        "cpu (proxy: tiny model, emulated link)",
+        "the paper's result",
+    ]
     numbers = _paper_numbers()
     for cells in tables["The paper's claims"]:
         assert cells[2], f"a paper row without the paper's figure: {cells}"
@@ -123,13 +129,13 @@ def test_the_readme_has_the_papers_claims_with_the_papers_figures_and_beyond_the
         assert found <= numbers, f"{cells[2]}: {found - numbers} is not a number of criteria/paper.py"
     by_claim = {cells[1]: cells for cells in tables["The paper's claims"]}
     faster = next(v for k, v in by_claim.items() if k.startswith("demand-async is faster than async"))
-    assert faster[2] == paper.quote("faster", "significant") and "4.9-11.8%" in faster[2]
+    assert faster[2] == paper.quote_short("faster", "significant") and "4.9-11.8%" in faster[2]
     equal = next(v for k, v in by_claim.items() if k.startswith("at C/W 0.43"))
-    assert equal[2] == paper.quote("at low")
+    assert equal[2] == paper.quote_short("at low")
     oracle = next(v for k, v in by_claim.items() if "oracle" in k)
-    assert oracle[2] == paper.quote("oracle") and f"{paper.ORACLE_CUT}x" in oracle[2]
-    order = next(v for v in tables["The paper's claims"] if v[2] == paper.quote("ordering"))
-    assert order[5] == "not ruled: grid covers tasks gsm8k, batch 1,4", order
+    assert oracle[2] == paper.quote_short("oracle") and f"{paper.ORACLE_CUT}x" in oracle[2]
+    order = next(v for v in tables["The paper's claims"] if v[2] == paper.quote_short("ordering"))
+    assert order[4] == "not ruled: grid covers tasks gsm8k, batch 1,4", order
     assert all("own result" not in cells[1] for cells in tables["The paper's claims"])
 
 
@@ -249,8 +255,8 @@ def test_records_render_update_and_a_gpu_column(tmp_path, monkeypatch, capsys):
     assert "h200" not in block
     compact = claims_readme.render_compact("cpu", results, tmp_path)
     assert (
-        "| c2 | p2 | m\\|2 |  | inconclusive |  |  |  |" in compact
-        and "| c1 | p1 | m1 |  | reproduced |  |" in compact
+        "| c2 | p2 | m\\|2 | inconclusive |  |  |  |" in compact
+        and "| c1 | p1 | m1 | reproduced |  |" in compact
     )
     gpu = load_profile("h200") if (ROOT / "artifact/experiments/profiles/h200.yaml").is_file() else None
     if gpu is not None:
@@ -260,7 +266,7 @@ def test_records_render_update_and_a_gpu_column(tmp_path, monkeypatch, capsys):
         assert "h200: verdict (measured)" in block and "| not reproduced (g1) |" in block
         compact = claims_readme.render_compact("cpu", results, tmp_path)
         assert "| cpu (proxy: tiny model, emulated link) | h200 |" in compact
-        assert "| c1 | p1 | m1 |  | reproduced | not reproduced |  |  |  |" in compact
+        assert "| c1 | p1 | m1 | reproduced | not reproduced |  |  |  |" in compact
     readme = tmp_path / "README.md"
     readme.write_text("head\n<!-- claims:cpu:begin -->\nold\n<!-- claims:cpu:end -->\ntail\n")
     doc = tmp_path / "docs" / "claims.md"

@@ -8,12 +8,14 @@ nothing (the verdicts are the records')."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
 import pandas as pd
 
 from artifact.errors import ResultFileError
+from artifact.experiments import claims_forest
 from artifact.experiments import claims_table as table
 from artifact.experiments.criteria import paper
 from artifact.experiments.criteria.claims import STATED
@@ -23,6 +25,7 @@ from artifact.model.tasks import TASKS
 from artifact.paths import atomic_write_text, data_dir, repo_root
 
 CITATION, ZENODO = "CITATION.cff", ".zenodo.json"  # beside the README, their abstracts rendered here
+FRESH = "a fresh run decides (harness; real: decided/kept runs)"  # the README column fresh_decides fills
 CALIBRATION = "calibration.csv"  # data/results/<profile>/: `python -m artifact calibrate --out`
 PROXY = {"cpu": "cpu (proxy: tiny model, emulated link)"}  # a profile's column header: what it measures
 NOT_RUN = {"verdict": "not run"}  # another profile's records lack the claim
@@ -98,7 +101,7 @@ def fresh_decides(profile_name: str, results: Path | None = None) -> dict:
     if observed.is_file():
         for r in pd.read_csv(observed).itertuples():
             if r.claim in out:
-                out[r.claim] += f" (real runs: {r.decided} of {r.runs} decided, {r.agree} as stored)"
+                out[r.claim] += f" (real: {r.decided}/{r.runs}, {r.agree} as stored)"
     return out
 
 
@@ -111,39 +114,58 @@ def loo_text(c: dict) -> str:
     return f"{sum(v == (c.get('pooled') or c['verdict']) for v in views)} of {len(views)}"
 
 
+def title(c: dict) -> str:
+    """A claim's text to its first clause, without its tags ([own result], [modeled: ...]): the README's
+    cell (docs/claims.md has it whole)."""
+    text, depth = re.sub(r"^(\[[^\]]*\]\s*)+", "", c["claim"]), 0
+    for i, ch in enumerate(text):  # the first ": " outside parentheses ends the first clause
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and text.startswith(": ", i):
+            text = text[:i]
+            break
+    text = re.sub(r"(\s*\([^()]*\))+$", "", text)  # a closing remark in parentheses
+    return text + (" (modelled)" if "[modeled" in c["claim"] else "")
+
+
+def paper_short(c: dict) -> str:
+    """The cores of the abstract's phrases the claim answers (paper.quote_short); a record the registry does
+    not hold: its own paper field, to its first ';'."""
+    s = STATED.get(c.get("key", ""))
+    return paper.quote_short(*s.paper) if s else paper_figure(c)
+
+
 def render_compact(profile_name="cpu", results: Path | None = None, notebook_dir: Path | None = None) -> str:
-    """The README's block, two tables. The paper's claims: the paper's figure beside the measured one, the
-    abstract's "same ordering" after 04's faster claim, the paper's own result ruled here. Beyond the paper:
-    this artifact's own results. A row per claim with its notebook, first figure, the verdict of every profile
-    with records and, for a timing claim, leave one out and how often a fresh run decides alone."""
+    """The README's block, two tables of short cells (docs/claims.md has every text whole). The paper's
+    claims: the abstract's words beside the measured figure, the abstract's "same ordering" after 04's faster
+    claim, the paper's own result ruled here. Beyond the paper: this artifact's own results. A row per claim
+    with its notebook, the verdict of every profile with records and, for a timing claim, leave one out and
+    how often a fresh run decides alone."""
     recs = table.records(profile_name, results)
     if not recs:
         return f"No claim records for profile {profile_name} (run `./run_all.sh {profile_name}`)."
     others = table.others(profile_name, results)
     decides, cols = fresh_decides(profile_name, results), [PROXY.get(profile_name, profile_name), *others]
     measured, stable = f"measured ({profile_name})", ["leave one out", "a fresh run decides"]
-    ruled = ["paper's result, ruled here"]
     papers = table.head(
-        ["notebook", "the paper's claim", "paper", measured, "figure", *cols, *ruled, *stable]
+        ["nb", "the paper's claim", "abstract", measured, *cols, "the paper's result", *stable]
     )
-    beyond = table.head(["notebook", "this artifact's own result", measured, "figure", *cols, *stable])
+    beyond = table.head(["nb", "this artifact's own result", measured, *cols, *stable])
     for r in recs:
         nb, shown = r["notebook"], set()
-        fig = "".join([f"[{f}](figures/{profile_name}/{f}.png)" for f in table.figures(nb, notebook_dir)][:1])
         for k, c in enumerate(r["claims"]):
             rows, key = (beyond if own(c) else papers), c.get("key") or ""
             first = id(rows) not in shown
             shown.add(id(rows))
             verdicts = [(table.same_claim(o.get(nb), k, c) or NOT_RUN)["verdict"] for o in others.values()]
-            cells = [f"[{nb[:2]}](notebooks/{nb}.ipynb)" if first else "", c["claim"]]
-            cells += [] if rows is beyond else [paper_figure(c)]
-            cells += [measured_short(c), fig if first else "", c["verdict"], *verdicts]
+            cells = [f"[{nb[:2]}](notebooks/{nb}.ipynb)" if first else "", title(c)]
+            cells += [] if rows is beyond else [paper_short(c)]
+            cells += [measured_short(c, 60), c["verdict"], *verdicts]
             cells += [] if rows is beyond else [paper_ruled(key) if key else ""]
             rows.append(table.row([*cells, loo_text(c), decides.get(key, "")]))
             if key == "04-faster":  # the abstract's next sentence: the same ordering across tasks and batches
                 order = [ordering(recs), *(ordering(list(o.values())) for o in others.values())]
-                claim = "demand-async stays faster than async last-step prefetch across tasks and batch sizes"
-                papers.append(table.row(["", claim, paper.quote("ordering"), "", "", *order, "", "", ""]))
+                claim = "demand-async stays faster across tasks and batch sizes"
+                papers.append(table.row(["", claim, paper.quote_short("ordering"), "", *order, "", "", ""]))
     return "\n".join(["### The paper's claims", "", *papers, "", "### Beyond the paper", "", *beyond])
 
 
@@ -181,6 +203,8 @@ def update_readme(readme_path=None, profile_name: str = "cpu", claims_doc=None) 
             )
 
         changed = _rewrite(doc, full) or changed
+    if path == repo_root() / "README.md":  # the committed README's picture of the claims, from the records
+        claims_forest.write(profile_name)
     for name, edit in ((CITATION, _citation), (ZENODO, _zenodo)):
         if (path.parent / name).is_file():
             changed = _rewrite(path.parent / name, edit) or changed
