@@ -1,6 +1,7 @@
 """Every saved figure reads at a glance (outputs/figure_check.py): no legend or text box over a title or
 another axes, no text under 8 pt at the saved DPI, no image wider than 1800 px, a legend entry for every data
-series.
+series, no series hidden under another and no value printed on a heatmap under a line or a marker (those two
+planted in tests/test_figure_check_hidden.py).
 
 The check itself is tested on figures made to break each rule; then every notebook's figure is built as its
 notebook builds it, from committed inputs only (tests/helpers_figures.py: the stored runs, the committed 00
