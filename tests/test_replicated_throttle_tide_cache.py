@@ -30,7 +30,12 @@ from artifact.experiments.bench.order import AA  # noqa: E402
 from artifact.experiments.bench.results import bench_fingerprint  # noqa: E402
 from artifact.experiments.criteria import thresholds  # noqa: E402
 from artifact.experiments.criteria.timing import FASTER, NOT_FASTER, TimingClaim  # noqa: E402
-from artifact.experiments.outputs.figures import CONTROL_COLOR, CONTROL_LABEL, INTERVAL_BASIS  # noqa: E402
+from artifact.experiments.outputs.figures import (  # noqa: E402
+    CONTROL_COLOR,
+    CONTROL_LABEL,
+    INTERVAL_BASIS,
+    style,
+)
 from artifact.experiments.settings import CONTROL, Settings, load_profile  # noqa: E402
 from artifact.experiments.studies import bandwidth_throttling as throttle  # noqa: E402
 from artifact.experiments.studies import cache_design_space as cache_design  # noqa: E402
@@ -362,7 +367,7 @@ def test_the_throttle_figure_draws_the_aa_apart_with_intervals(data, arm):
     ax1, ax2, ax3 = fig.axes[:3]
     colors = {line.get_label(): line.get_color() for line in ax2.get_lines()}
     if not arm:
-        assert colors[CONTROL_LABEL] == CONTROL_COLOR != colors["demand"]
+        assert colors[CONTROL_LABEL] == style(CONTROL)["color"] != colors["demand"]
     assert set(colors) == ({"demand", "last_step"} | (set() if arm else {CONTROL_LABEL}))
     assert len(ax3.containers) == 2  # last_step over demand and the A/A, with error bars
     assert ax3.containers[1].lines[0].get_color() == CONTROL_COLOR

@@ -1,14 +1,19 @@
-"""Figures: the colours of the policies and the paper's marks, the figure title naming the profile, one legend
-entry per label (`legend`, `figure_legend`), and `save`, which writes a figure (<name>.png into
-outputs.paths.figures_dir) with the data it drew (<name>.csv into outputs.paths.run_data_dir) and prints what
-outputs/figure_check.py finds unreadable in it."""
+"""Figures: each policy's one look in every figure (`style`: colour, marker) and the greys of what is not a
+policy, the paper's marks, the figure title naming the profile, one legend entry per label (`legend`,
+`figure_legend`), and `save`, which writes a figure (<name>.png into outputs.paths.figures_dir) with the data
+it drew (<name>.csv into outputs.paths.run_data_dir) and prints what outputs/figure_check.py finds unreadable
+in it."""
 
 from __future__ import annotations
 
 import io
 import math
+import re
+import zlib
 from pathlib import Path
 
+import seaborn as sns
+from matplotlib.colors import to_hex, to_rgb
 from scipy import stats
 
 from artifact.experiments.criteria import paper, thresholds
@@ -17,16 +22,60 @@ from artifact.experiments.outputs.paths import figures_dir, run_data_dir, short_
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.paths import atomic_write_bytes, atomic_write_text
 
-COLORS = {
-    "demand": "tab:blue",
-    "last_step": "tab:orange",
-    "oracle": "tab:green",
-    "interval_refresh": "tab:purple",
-    "belady": "tab:gray",
-    "resident": "tab:gray",
+_CB = sns.color_palette("colorblind").as_hex()  # seaborn's colour-blind-safe palette
+# Each policy's (colour, marker, line style), the same in every figure; `style` draws its variants from it. A
+# comparison "A over B" takes the look of its side that is not demand (the predictor); the A/A (demand over
+# demand, or 07's stand-in) CONTROL_COLOR. What is not a policy (batch sizes, GPUs, a run's parts) is a grey.
+POLICY_STYLE = {
+    "demand": (_CB[0], "o", "-"),  # demand paging, LRU eviction
+    "last_step": (_CB[1], "s", "-"),
+    CONTROL: (_CB[5], "X", "-"),
+    "interval_refresh": (_CB[4], "P", "-"),
+    "cross_layer": (_CB[3], "D", "-"),
+    "oracle": (_CB[2], "^", "-"),
+    "TIDE released": (_CB[8], "*", "-"),
+    "belady": ("#000000", "x", ":"),  # the floors (bounds, not prefetchers): black, told apart by line style
+    "min": ("#000000", "v", "--"),
 }
-# the A/A's series (demand over demand, or 07's stand-in) and settings.CONTROL's: never a policy's colour
+SPARE = (_CB[6], _CB[9])  # a policy of your own (docs/policies.md): one of these, chosen by its name
+# the look of a series drawn wide and pale under those equal to it (demand: CONTROL makes the same loads)
+UNDER = dict(lw=6, alpha=0.35, solid_capstyle="round", zorder=1)
+# the A/A's series (demand over demand, or 07's stand-in): a grey no policy uses
 CONTROL_COLOR = "dimgray"
+
+
+def style(policy: str) -> dict:
+    """A policy's look in every figure: dict(color, marker, ls). A variant (a spec with options after ':' or
+    an eviction after '+': "last_step:lookahead=2", "demand+lrfu:lam=2") is drawn as its base policy, in a
+    lighter shade, dashed, its marker hollow; a policy POLICY_STYLE lacks gets one of SPARE, by its name."""
+    base = re.split(r"[:+]", policy, maxsplit=1)[0]
+    color, marker, ls = POLICY_STYLE.get(base) or (SPARE[zlib.crc32(base.encode()) % len(SPARE)], "o", "-")
+    if base == policy:
+        return dict(color=color, marker=marker, ls=ls)
+    return dict(color=to_hex([c + 0.45 * (1 - c) for c in to_rgb(color)]), marker=marker, ls="--", mfc="none")
+
+
+def in_order(policies) -> list[str]:
+    """The policies once each, in POLICY_STYLE's order of their base policies, each variant after its base
+    (those of a base it lacks last, by name): the order a figure draws them in and its legend lists them."""
+    order = list(POLICY_STYLE)
+    base = {p: re.split(r"[:+]", p, maxsplit=1)[0] for p in set(policies)}
+    return sorted(base, key=lambda p: (order.index(base[p]) if base[p] in order else len(order), base[p], p))
+
+
+def grey(level: float) -> str:
+    """The colour of a series that is not a policy: a grey, 0 the lightest (0.75) .. 1 the darkest (0.2),
+    never the floors' black nor any policy's colour."""
+    return to_hex([0.75 - 0.55 * level] * 3)
+
+
+def batch_color(batch_size: int) -> str:
+    """A batch size's grey, the same in every figure: darker as it doubles (1 the lightest, 32 and over the
+    darkest)."""
+    return grey(min(math.log2(max(batch_size, 1)) / 5, 1.0))
+
+
+HARDWARE = {"cpu": grey(0.5), "a5000": grey(1.0), "h200": grey(0.3)}  # a hardware profile's grey
 # settings.CONTROL in a figure: last_step's prediction on the host, no transfers (demand's loads + host time)
 CONTROL_LABEL = f"{CONTROL} (demand's loads + host time)"
 # what an interval is over (rules.Interval.unit), as a figure's title says it
@@ -61,9 +110,16 @@ def interval_fields(i) -> dict:
     return dict(diff_pct=i.mean, low=i.low, high=i.high, interval=i.unit, n=i.n)
 
 
-def mark_margin(ax, label: str) -> None:
-    """The +-margin band a claim reads its intervals against (thresholds.MARGIN, in %), labelled `label`."""
-    ax.axhspan(-thresholds.MARGIN, thresholds.MARGIN, color="gray", alpha=0.12, label=label)
+def mark_margin(ax, what: str, unit: str = "%") -> None:
+    """The +-margin band a claim reads its intervals against (thresholds.MARGIN, in the axis' `unit`),
+    labelled "+-3<unit>: <what>"."""
+    ax.axhspan(
+        -thresholds.MARGIN,
+        thresholds.MARGIN,
+        color="gray",
+        alpha=0.12,
+        label=f"+-{thresholds.MARGIN:g}{unit}: {what}",
+    )
 
 
 def mark_zero(ax) -> None:

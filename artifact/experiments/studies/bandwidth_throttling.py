@@ -19,14 +19,15 @@ from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import (
-    COLORS,
     CONTROL_COLOR,
     CONTROL_LABEL,
     INTERVAL_BASIS,
+    UNDER,
     figure_legend,
     interval_fields,
     mark_margin,
     mark_zero,
+    style,
     title,
 )
 from artifact.experiments.settings import CONTROL, Settings
@@ -170,10 +171,10 @@ def plot(summary, n: Numbers, P: Settings):
     """(a) tokens/s and (b) stall seconds vs link bandwidth per policy, this run's means; (c) per cell, the
     stall of last_step over demand and of the A/A, each with the interval it is ruled on."""
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.4), layout="constrained")
-    for pol, g in summary.groupby("policy", sort=False):
-        color, name = (CONTROL_COLOR, CONTROL_LABEL) if pol == CONTROL else (COLORS.get(pol), pol)
+    for pol, g in summary.groupby("policy", sort=False):  # demand wide and pale under CONTROL (its loads)
+        look = dict(color=style(pol)["color"], **UNDER) if pol == "demand" else dict(style(pol), zorder=3)
         for ax, y in ((ax1, g.tokens_per_second), (ax2, g.stall_seconds)):
-            ax.plot(g.link_gbps, y, marker="o", color=color, label=name)
+            ax.plot(g.link_gbps, y, label=CONTROL_LABEL if pol == CONTROL else pol, **look)
     rows = _stall_intervals(ax3, n)
     any_iv = next(iter(n.stall.effects.values()), None)
     basis = INTERVAL_BASIS[any_iv.ruled.unit] if any_iv else "no intervals"
@@ -198,7 +199,7 @@ def _stall_intervals(ax, n: Numbers) -> list[dict]:
     """Panel (c) against the margin; returns its figure data."""
     rows = []
     for name, src, color, shift in (
-        ("last_step over demand", n.stall.effects, COLORS["last_step"], 2**-0.05),
+        ("last_step over demand", n.stall.effects, style("last_step")["color"], 2**-0.05),
         (n.stall.aa_label or AA, n.stall.aa, CONTROL_COLOR, 2**0.05),
     ):
         for j, group in enumerate(sorted({k[:3] for k in src})):
@@ -207,13 +208,13 @@ def _stall_intervals(ax, n: Numbers) -> list[dict]:
             cell = f"b={group[1]} C/W {group[2]:g}" + (f" {group[0]}" if group[0] != "gsm8k" else "")
             x = [n.gbps[k[3]] * shift for k in keys]
             yerr = [[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]]
-            style = dict(fmt="os^D"[j % 4], capsize=3, ms=4, color=color, label=f"{name}, {cell}")
-            ax.errorbar(x, [i.mean for i in iv], yerr=yerr, **style)
+            look = dict(fmt="os^D"[j % 4], capsize=3, ms=4, color=color, label=f"{name}, {cell}")
+            ax.errorbar(x, [i.mean for i in iv], yerr=yerr, **look)
             rows += [
                 dict(series=name, **dict(zip(CELL_KEYS, k)), link_gbps=n.gbps[k[3]], **interval_fields(i))
                 for k, i in zip(keys, iv)
             ]
-    mark_margin(ax, f"+-{thresholds.MARGIN:g}: the A/A gate (the claim needs every interval above 0)")
+    mark_margin(ax, "the A/A gate (the claim needs every interval above 0)", unit="% of B's wall")
     mark_zero(ax)
     return rows
 

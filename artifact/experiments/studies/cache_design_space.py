@@ -24,7 +24,7 @@ from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid, trace_label, traces
-from artifact.experiments.outputs.figures import title
+from artifact.experiments.outputs.figures import style, title
 from artifact.experiments.outputs.stored_runs import stored_rows
 from artifact.experiments.paired_table import cell_label
 from artifact.experiments.settings import CONTROL, Settings
@@ -357,15 +357,8 @@ def plot(s: pd.DataFrame, comb: pd.DataFrame, P: Settings):
         if k:
             ax.set_yticklabels([])
     ax = axes[-1]  # (c)
-    for pol, h in comb.groupby("policy", sort=False):
-        ax.plot(
-            h.cache_ratio,
-            100 * h.transfers_vs_lru,
-            marker="o",
-            ms=3,
-            ls="--" if "+" in pol else "-",
-            label=pol,
-        )
+    for pol, h in comb.groupby("policy", sort=False):  # with the best eviction: its prefetcher's look, paler
+        ax.plot(h.cache_ratio, 100 * h.transfers_vs_lru, ms=4, label=pol, **style(pol))
     ax.axhline(100, color="gray", lw=0.8, ls=":")
     ax.set(
         xlabel="cache capacity C/W",

@@ -19,7 +19,6 @@ from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import run_grid
 from artifact.experiments.outputs.figures import (
-    COLORS,
     CONTROL_COLOR,
     INTERVAL_BASIS,
     figure_legend,
@@ -29,6 +28,7 @@ from artifact.experiments.outputs.figures import (
     mark_margin,
     mark_paper_04,
     mark_zero,
+    style,
     title,
 )
 from artifact.experiments.paired_table import CELL_KEYS, cell_label, paired_table
@@ -129,9 +129,9 @@ def plot(n: Numbers, P: Settings):
     +-3% margin; the A/A, inside +-3% (the gate); the decomposition. Beside a fresh run's interval, hollow,
     the stored runs' pooled one; an interval past the y axis ends in an arrow, its end printed."""
     series = (
-        (EFFECT, n.timed.effects, COLORS["demand"]),
+        (EFFECT, n.timed.effects, style("last_step")["color"]),
         (n.timed.aa_label or "A/A", n.timed.aa, CONTROL_COLOR),
-        (SPLIT, n.decomposition.effects if n.decomposition else {}, COLORS["last_step"]),
+        (SPLIT, n.decomposition.effects if n.decomposition else {}, style(CONTROL)["color"]),
     )
     series = [s for s in series if s[1]]
     batches = sorted({k.batch_size for k in n.timed.effects})
@@ -158,7 +158,7 @@ def plot(n: Numbers, P: Settings):
                 keep += mark_paper_04(ax)
             if name != SPLIT:
                 margin = f"the equivalence margin (C/W {paper.AT_LOW.cache_ratio:g}; the A/A gate)"
-                mark_margin(ax, f"+-{thresholds.MARGIN:g}%: {margin}")
+                mark_margin(ax, margin)
             mark_zero(ax)
             ax.set_title(f"{name}, b={b}", fontsize=9)
             if c == 0:
@@ -188,7 +188,7 @@ def _draw_intervals(ax, name: str, keys: list, src: dict, color, one, keep: list
     if unit == "runs":
         ruled_label = f"95% interval {INTERVAL_BASIS['runs']} ({one.ruled.n} stored runs)"
     else:
-        ruled_label = f"this run, 95% interval as ruled ({INTERVAL_BASIS[unit]})"
+        ruled_label = f"the fresh run, 95% interval as ruled ({INTERVAL_BASIS[unit]})"
     dx = 0.025 if beside else 0.0  # the ruled intervals' shift left of the C/W, the pooled ones' right
     ruled, pooled = [src[k].ruled for k in keys], [src[k].pooled for k in keys]
     x = [k.cache_ratio - dx for k in keys]

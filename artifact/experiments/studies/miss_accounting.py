@@ -16,7 +16,7 @@ import pandas as pd
 
 from artifact.experiments.counting import on_basis, stated_on_bases
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.outputs.figures import COLORS, PAPER_STYLE, figure_legend, title
+from artifact.experiments.outputs.figures import PAPER_STYLE, UNDER, figure_legend, in_order, style, title
 from artifact.experiments.settings import Settings
 from artifact.experiments.verdicts.counts import margin_below
 from artifact.experiments.verdicts.records import NOT_MEASURABLE, Claim, stated
@@ -258,7 +258,7 @@ def plot(summary, P: Settings):
 def _policy_lines(ax, part, col: str) -> None:
     """One line per policy (and the floor min), LRU drawn wide and pale under the others so that a policy
     equal to it (interval_refresh) stays visible on top."""
-    for pol in [p for p in (*COLORS, BOUND) if p in set(part.policy)]:
+    for pol in in_order(part.policy):
         g = part[part.policy == pol]
         ax.plot(g.cache_ratio, 100 * g[col], **_style(pol))
 
@@ -292,18 +292,7 @@ def _mark_paper(ax, r1: float) -> None:
 
 
 def _style(policy: str) -> dict:
-    if policy == BOUND:  # a bound on demand paging, not a policy: drawn as a floor
-        return dict(
-            marker="v",
-            ms=4,
-            color="black",
-            ls="--",
-            label="min: floor of demand paging (prefetchers' demand misses can go below; transfers cannot)",
-        )
     if policy == "demand":  # wide and pale, under the policies that equal it
-        return dict(
-            color=COLORS[policy], lw=6, alpha=0.35, solid_capstyle="round", label="demand (LRU)", zorder=1
-        )
-    marker = {"interval_refresh": "s", "last_step": "^", "belady": "x"}.get(policy, "o")
-    ls = {"interval_refresh": "--", "belady": ":"}.get(policy, "-")
-    return dict(marker=marker, ms=4, ls=ls, color=COLORS.get(policy), label=policy, zorder=3)
+        return dict(color=style(policy)["color"], label="demand (LRU)", **UNDER)
+    label = {BOUND: "min: floor of demand paging (prefetchers' demand misses can go below; transfers cannot)"}
+    return dict(style(policy), ms=4, label=label.get(policy, policy), zorder=3)

@@ -10,7 +10,7 @@ import pandas as pd
 
 from artifact.experiments.counting import EXACT
 from artifact.experiments.harness import load_model
-from artifact.experiments.outputs.figures import legend, title
+from artifact.experiments.outputs.figures import grey, legend, title
 from artifact.experiments.settings import Settings
 from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 from artifact.model.tasks import prompts
@@ -131,7 +131,7 @@ def plot(q: dict, P: Settings):
     for row, x0 in zip(df.itertuples(), left):
         stall = "stall" in row.part
         label = row.part if stall else "compute (offloaded: with the engine's work)"
-        ax.barh(row.run, row.seconds, left=x0, color="tab:red" if stall else "tab:blue", label=label)
+        ax.barh(row.run, row.seconds, left=x0, color=grey(0.9 if stall else 0.1), label=label)
     ax.set_xlabel("wall-clock time for one prompt (seconds)")
     legend(ax, loc="lower right")
     title(fig, P, "00 quickstart: resident vs offloaded (demand, LRU)")

@@ -17,14 +17,7 @@ from artifact.experiments.criteria import paper, thresholds
 from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, run_grid
-from artifact.experiments.outputs.figures import (
-    COLORS,
-    CONTROL_COLOR,
-    CONTROL_LABEL,
-    legend,
-    mean_interval,
-    title,
-)
+from artifact.experiments.outputs.figures import CONTROL_LABEL, legend, mean_interval, style, title
 from artifact.experiments.paired_table import CELL_KEYS, paired_table
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.tide.adapter import JUMP_STEPS, compare_with_engine, speedup_parts
@@ -201,7 +194,7 @@ def plot(rows, P: Settings, released=None):
     width = 0.8 / len(pols)
     for k, pol in enumerate(pols):
         g = df[df.policy == pol].set_index("cache_ratio").reindex(budgets)
-        color, name = (CONTROL_COLOR, CONTROL_LABEL) if pol == CONTROL else (COLORS.get(pol, "tab:red"), pol)
+        name, color = CONTROL_LABEL if pol == CONTROL else pol, style(pol)["color"]
         x = [i + k * width for i in range(len(budgets))]
         ax.bar(x, g.tokens_per_second, width, yerr=g.ci.fillna(0), capsize=3, color=color, label=name)
     ticks = [f"C/W {b:g} (C = {df[df.cache_ratio == b].cache_experts.iloc[0]})" for b in budgets]

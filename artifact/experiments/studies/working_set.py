@@ -12,7 +12,7 @@ import seaborn as sns
 from artifact.experiments.counting import DENOISING, EXACT
 from artifact.experiments.criteria import thresholds
 from artifact.experiments.harness import trace_label
-from artifact.experiments.outputs.figures import title
+from artifact.experiments.outputs.figures import batch_color, title
 from artifact.experiments.verdicts.counts import margin_at_least
 from artifact.experiments.verdicts.records import Claim, stated, verdict_of
 from artifact.offload.replay.sim import denoising_only, phase_columns, sweep
@@ -104,7 +104,8 @@ def _grouped_bars(ax, df, value, scale=1.0):
     width = 0.8 / len(sizes)
     for k, s in enumerate(sizes):
         g = df[df.batch_size == s].set_index("task").reindex(tasks)
-        ax.bar([i + k * width for i in range(len(tasks))], scale * g[value], width, label=f"batch size {s}")
+        x = [i + k * width for i in range(len(tasks))]
+        ax.bar(x, scale * g[value], width, color=batch_color(s), label=f"batch size {s}")
     ax.set_xticks([i + width * (len(sizes) - 1) / 2 for i in range(len(tasks))], tasks)
     return tasks, sizes
 
@@ -151,8 +152,8 @@ def plot_stability(sim, share, P):
     ax1.legend(fontsize=8, loc="upper left", ncol=3)
     styles = ["-", "--", ":", "-."]
     for (task, s), g in share.groupby(["task", "batch_size"], sort=False):
-        style = dict(ls=styles[sizes.index(s) % 4], marker="o", ms=3, color=f"C{tasks.index(task) % 10}")
-        ax2.plot(g.cache_ratio, 100 * g.resident_share, label=f"{task} b={s}", **style)
+        look = dict(ls=styles[sizes.index(s) % 4], marker="hp<>8H"[tasks.index(task) % 6], ms=4)
+        ax2.plot(g.cache_ratio, 100 * g.resident_share, color=batch_color(s), label=f"{task} b={s}", **look)
     ax2.set_xlabel("cache capacity C/W (C slots per layer / mean W)")
     ax2.set_ylabel("demanded experts already resident (%)")
     ax2.set(ylim=(0, 100), title="LRU: resident share, denoising steps")

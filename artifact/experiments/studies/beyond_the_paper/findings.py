@@ -12,18 +12,19 @@ import pandas as pd
 from artifact.experiments.bench.order import AA
 from artifact.experiments.bench.results import same_tokens
 from artifact.experiments.counting import BASIS_SHORT, EXACT, PER_RUN
-from artifact.experiments.criteria import thresholds
 from artifact.experiments.criteria.timing import DEMAND
 from artifact.experiments.outputs.figures import (
-    COLORS,
     CONTROL_COLOR,
+    UNDER,
+    in_order,
     interval_fields,
     mark_margin,
     mark_zero,
+    style,
     title,
 )
 from artifact.experiments.settings import CONTROL, Settings
-from artifact.experiments.studies.beyond_the_paper.misses import BOUNDS, MIN, count_claims, counts
+from artifact.experiments.studies.beyond_the_paper.misses import BOUNDS, count_claims, counts
 from artifact.experiments.studies.beyond_the_paper.throughput import CLAIM, PRIORITIES, priority_claim
 from artifact.experiments.verdicts.judge import claim_parts
 from artifact.experiments.verdicts.pairs import BASES, STAND_IN
@@ -72,17 +73,6 @@ def verdicts(n: Numbers) -> list[Claim]:
 
 
 # --- figure ---------------------------------------------------------------------------------------
-STYLE = {  # (colour, marker, line style); the lookahead-2 variants are drawn with hollow, larger markers
-    "demand": ("tab:blue", "", "-"),
-    "last_step": ("tab:orange", "o", "-"),
-    "last_step:lookahead=2": ("tab:olive", "^", "--"),
-    "last_step_conservative": ("tab:brown", "s", "-"),
-    "last_step_conservative:lookahead=2": ("tab:pink", "v", "--"),
-    "cross_layer": ("tab:red", "D", "-"),
-    "oracle": (COLORS["oracle"], "o", "-"),
-    "belady": ("black", "", ":"),
-    MIN: ("black", "", "--"),
-}
 COUNT_AXES = {  # a count panel's column: (title, y label)
     "misses_vs_lru": ("demand misses", "demand misses (% of LRU's)"),
     "transfers_vs_lru": (
@@ -127,17 +117,16 @@ def _counts_panel(ax, counted: pd.DataFrame, col: str, heading: str) -> None:
     """One count (`col`, relative to LRU's demand misses) per policy vs C/W; the floors only on transfers.
     LRU is drawn wide and pale under the rest, so that a policy equal to it (last_step_conservative) shows
     on top; the lookahead-2 variants with larger hollow markers over their lookahead-1 ones."""
-    for pol in [p for p in STYLE if p in set(counted.policy)]:
+    for pol in in_order(counted.policy):
         if pol in BOUNDS and col == "misses_vs_lru":
             continue  # a floor on loads, not on a prefetcher's demand misses
         g = counted[counted.policy == pol]
-        color, marker, ls = STYLE[pol]
         label = pol + (" (LRU)" if pol == "demand" else " (floor)" if pol in BOUNDS else "")
-        look = dict(marker=marker, ms=4, ls=ls, color=color, zorder=3)
+        look = dict(style(pol), ms=4, zorder=3)
         if pol == "demand":
-            look = dict(lw=6, alpha=0.35, color=color, solid_capstyle="round", zorder=1)
+            look = dict(color=look["color"], **UNDER)
         elif "lookahead=2" in pol:
-            look.update(ms=8, mfc="none", mew=1.3, zorder=4)
+            look.update(ms=8, mew=1.3, zorder=4)
         ax.plot(g.cache_ratio, 100 * g[col], label=label, **look)
     ax.axhline(100, color="gray", lw=0.8, ls=":")
     ax.set(xlabel="cache capacity C/W", ylabel=COUNT_AXES[col][1], title=heading)
@@ -152,7 +141,7 @@ def _throughput_panel(ax, pr: str, series: dict, aa: str) -> list[dict]:
     rows = []
     for k, (pol, cells) in enumerate(series.items()):
         name = aa if pol == aa else f"demand over {pol}"
-        color, marker, _ = (CONTROL_COLOR, "s", "-") if pol == aa else STYLE.get(pol, ("gray", "o", "-"))
+        look = dict(color=CONTROL_COLOR, marker="s") if pol == aa else style(pol)
         policy = (CONTROL if aa == STAND_IN else DEMAND) if pol == aa else pol
         for j, b in enumerate(batches):
             keys = sorted(c for c in cells if c[0] == pr and c[2] == b)
@@ -164,15 +153,15 @@ def _throughput_panel(ax, pr: str, series: dict, aa: str) -> list[dict]:
                 [c[3] + offset for c in keys],
                 [i.mean for i in iv],
                 yerr=[[i.mean - i.low for i in iv], [i.high - i.mean for i in iv]],
-                fmt=marker if j == 0 else "x",
-                color=color,
+                fmt=look["marker"] if j == 0 else "x",
+                color=look["color"],
                 capsize=3,
                 ms=4,
                 label=f"{name}, b={b}",
             )
             row = dict(panel="throughput", effect=name, link_priority=pr, policy=policy, batch_size=b)
             rows += [dict(row, cache_ratio=c[3], **interval_fields(i)) for c, i in zip(keys, iv)]
-    mark_margin(ax, f"+-{thresholds.MARGIN:g}% (margin)")
+    mark_margin(ax, "the margin")
     mark_zero(ax)
     ax.set(
         xlabel="cache capacity C/W",

@@ -9,38 +9,37 @@ import math
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria import paper
 from artifact.experiments.outputs.figures import (
-    COLORS,
-    CONTROL_COLOR,
+    HARDWARE,
     LEGEND_PT,
     PAPER_STYLE,
     entries,
     legend,
     mark_margin,
     mark_paper_04,
+    style,
     title,
 )
 from artifact.experiments.settings import CONTROL, Settings
 from artifact.experiments.studies.performance_model.virtual import CLAIM_SHAPE, GPUS, TABLE_COLUMNS, diffs
 
-# each policy's look in every panel: demand and last_step differ by a few percent at most, so last_step is a
-# larger hollow square around demand's dot, and CONTROL (demand's work, the same modelled time) a cross on it
+# each policy's look (outputs/figures.style) in every panel: demand and last_step differ by a few percent at
+# most, so last_step is a larger hollow square around demand's dot, and CONTROL (demand's work, the same
+# modelled time) its marker alone on it
 STYLE = {
-    "demand": dict(color=COLORS["demand"], marker="o", ms=5),
-    "last_step": dict(color=COLORS["last_step"], marker="s", ms=9, mfc="none", mew=1.5),
-    CONTROL: dict(color=CONTROL_COLOR, marker="x", ms=7, ls="none"),
-    "cross_layer": dict(color="tab:red", marker="D", ms=5),
-    "oracle": dict(color=COLORS["oracle"], marker="^", ms=6),
+    "demand": dict(style("demand"), ms=5),
+    "last_step": dict(style("last_step"), ms=9, mfc="none", mew=1.5),
+    CONTROL: dict(style(CONTROL), ms=7, ls="none"),
+    "cross_layer": dict(style("cross_layer"), ms=5),
+    "oracle": dict(style("oracle"), ms=6),
 }
 LABELS = {CONTROL: f"{CONTROL}: last_step's prediction\non the host, no transfers (demand's work)"}
 LIMIT = "physical limit (min's misses)"
-# the difference panel: colour = GPU (dark grey, dark purple: no policy's colour), marker = stream
-GPU_COLORS = dict(zip(GPUS, [sns.color_palette("dark")[i] for i in (7, 4)]))
+# the difference panel: colour = GPU (figures.HARDWARE's greys: no policy's colour), marker and line = stream
 STREAM_MARKERS = "o^sv"
 PAPER_POINT_NOTE = (
     "paper point: a synthetic stream at the\nrouting point this artifact infers from\n"
@@ -144,18 +143,25 @@ def _plot_stream(ax, grid: pd.DataFrame, hw: str, st: str) -> None:
     ax.yaxis.set_minor_locator(LogLocator(subs="all"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     # what the panel prices: the stream (synthetic, or which model's trace), its MoE layers, on CLAIM_SHAPE
-    model = str(sel.recorded_by.iloc[0])
-    who = "tiny model" if model.startswith("tiny") else model
-    what = f"{st} (synthetic)" if model == "synthetic" else f"{who}'s {st}"
+    shape = f"{sel.moe_layers.iloc[0]} MoE layers, priced on {CLAIM_SHAPE}'s shape"
     ax.set(
         xlabel="cache ratio C/W",
         ylabel="modelled tokens/s (log scale)",
-        title=f"{hw}: {what}\n({sel.moe_layers.iloc[0]} MoE layers, priced on {CLAIM_SHAPE}'s shape)",
+        title=f"{hw}: {_stream(grid, st)}\n({shape})",
     )
 
 
+def _stream(grid: pd.DataFrame, st: str) -> str:
+    """Stream `st` as a figure names it: "<st> (synthetic)", or whose trace it is ("tiny model's ...")."""
+    model = str(grid[grid.trace == st].recorded_by.iloc[0])
+    who = "tiny model" if model.startswith("tiny") else model
+    return f"{st} (synthetic)" if model == "synthetic" else f"{who}'s {st}"
+
+
 def _plot_diffs(ax, grid: pd.DataFrame, panels: list, streams: list) -> None:
-    """The modelled demand-over-last_step difference (fifo) per GPU (colour) and stream (marker)."""
+    """The modelled demand-over-last_step difference (fifo) per GPU (grey; the first one's markers filled, the
+    others' hollow, each GPU's points shifted along C/W so that equal ones stay apart) and stream (marker and
+    line)."""
     d = diffs(grid)
     markers = dict(zip(streams, STREAM_MARKERS))
     for hw, st in panels:
@@ -163,16 +169,17 @@ def _plot_diffs(ax, grid: pd.DataFrame, panels: list, streams: list) -> None:
             "cache_ratio"
         )
         ax.plot(
-            here.cache_ratio,
+            here.cache_ratio + 0.03 * (GPUS.index(hw) - (len(GPUS) - 1) / 2),
             here.diff_pct,
             ls="-" if st == streams[0] else "--",
             marker=markers[st],
             ms=5,
-            color=GPU_COLORS[hw],
-            label=f"{hw}, {st}",
+            mfc=None if hw == GPUS[0] else "white",
+            color=HARDWARE[hw],
+            label=f"{hw}, {_stream(grid, st)}",
         )
     mark_paper_04(ax)
-    mark_margin(ax, f"+-{thresholds.MARGIN:g}%: the modelled equivalence margin")
+    mark_margin(ax, "the modelled equivalence margin")
     ax.axhline(0, color="black", lw=1, ls=":")
     ax.set(
         xlabel="cache ratio C/W",

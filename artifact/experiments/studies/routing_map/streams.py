@@ -14,17 +14,17 @@ from tqdm.auto import tqdm
 
 from artifact.experiments.bench.order import AA, slot_order
 from artifact.experiments.bench.results import bench_fingerprint
-from artifact.experiments.criteria import paper, thresholds
+from artifact.experiments.criteria import paper
 from artifact.experiments.criteria.claims import ROW_FILES
 from artifact.experiments.criteria.timing import CLAIMS
 from artifact.experiments.harness import load_model, traces
 from artifact.experiments.outputs.figures import (
-    COLORS,
     CONTROL_COLOR,
     INTERVAL_BASIS,
     PAPER_STYLE,
     interval_fields,
     mark_margin,
+    style,
     title,
 )
 from artifact.experiments.paired_table import paired_table
@@ -234,7 +234,7 @@ def _per_run(ax1, ax2, rows: pd.DataFrame, names: list) -> None:
                     x,
                     g[col].mean(),
                     width=w * 0.95,
-                    color=CONTROL_COLOR if p == CONTROL else COLORS[p],
+                    color=style(p)["color"],
                     alpha=0.6,
                     label=f"{p}{what.get(p, '')}: mean",
                 )
@@ -246,7 +246,7 @@ def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
     paper's band and the A/A's margin; returns the intervals drawn."""
     out = []
     for name, src, color, dx in (
-        ("demand over last_step", t.effects, COLORS["demand"], -0.1),
+        ("demand over last_step", t.effects, style("last_step")["color"], -0.1),
         (t.aa_label or AA, t.aa, CONTROL_COLOR, 0.1),
     ):
         keys = [(n,) for n in names if (n,) in src]
@@ -270,7 +270,7 @@ def _verdict_intervals(ax3, t: Throughput, names: list) -> list[dict]:
         alpha=0.15,
         label=f"abstract: +{paper.FASTER_PCT[0]}..+{paper.FASTER_PCT[1]}% (its gain range)",
     )
-    mark_margin(ax3, f"+-{thresholds.MARGIN:g}% (equivalence margin)")
+    mark_margin(ax3, "the equivalence margin")
     ax3.axhline(0, color="black", lw=1, ls=":")
     ax3.set_xlim(-0.6, len(names) - 0.4)
     any_iv = next(iter(t.effects.values()), None)
