@@ -1,8 +1,8 @@
 """One picture of every timing claim, the README's first screen: a forest plot drawn from the claim records
 (claims_table.records), a row per claim and cell with the effect and its 95% interval as the record states it
-(pooled over the stored runs), the claim's boundary (0 for a direction claim, +-3% for the others), the
-abstract's value where it states one (04: its 4.9-11.8% range and its +0.73% [-1.16, +2.63]) and the cell's
-ruling as the marker's fill. A display of the records: it rules nothing. `write` saves
+(pooled over the stored runs), the claim's boundary (0 for a direction claim, the margin for the others),
+the abstract's value where it states one (04: its gain range, and its interval at C/W 0.43; paper.py) and
+the cell's ruling as the marker's fill. A display of the records: it rules nothing. `write` saves
 figures/<profile>/claims_forest.png and the rows it drew (data/results/<profile>/claims_forest.csv);
 claims_readme.update_readme calls it, tests/test_claims_forest.py holds it to the records."""
 

@@ -300,7 +300,8 @@ def verdicts(n: Numbers) -> list[Claim]:
 # --- figures --------------------------------------------------------------------------------------
 def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
     """Rows: (C/W, prefill or not); columns: LRU misses / policy misses for last_step, oracle, min. The
-    paper's oracle cut is the dashed contour; the cpu traces are the white dots (nu, spread from the fit)."""
+    paper's oracle cut is the dashed contour, passing under the printed values; the cpu traces are the white
+    dots (nu, spread from the fit)."""
     ratios = sorted(map_df.cache_ratio.unique())
     panels = [(r, pf) for r in ratios for pf in (False, True)]
     nus, ss = np.sort(map_df.novelty.unique()), np.sort(map_df.w_spread.unique())
@@ -325,6 +326,8 @@ def plot_map(map_df: pd.DataFrame, fits: pd.DataFrame, n: Numbers, P: Settings):
                     va="center",
                     fontsize=8,
                     color="white" if v < np.sqrt(norm.vmin * norm.vmax) else "black",
+                    zorder=4,  # over the contour, on a box of the cell's own colour: the value stays readable
+                    bbox=dict(boxstyle="square,pad=0.05", fc=im.cmap(norm(v)), ec="none"),
                 )
             if p == "oracle" and c.min() < n.target < c.max():  # on the cells' indices, as imshow
                 ax.contour(
