@@ -25,7 +25,6 @@ from artifact.model.tasks import TASKS
 from artifact.paths import atomic_write_text, data_dir, repo_root
 
 CITATION, ZENODO = "CITATION.cff", ".zenodo.json"  # beside the README, their abstracts rendered here
-FRESH = "a fresh run decides (harness; real: decided/kept runs)"  # the README column fresh_decides fills
 CALIBRATION = "calibration.csv"  # data/results/<profile>/: `python -m artifact calibrate --out`
 PROXY = {"cpu": "cpu (proxy: tiny model, emulated link)"}  # a profile's column header: what it measures
 NOT_RUN = {"verdict": "not run"}  # another profile's records lack the claim
