@@ -164,24 +164,29 @@ def test_the_run_summary_prints_a_fresh_verdict_beside_the_stored_one_and_what_w
     assert "interval reaches 0" not in v1 and v2 == "not reproduced (wholly outside)"
 
 
-def planted(runs, other: str, target: float):
-    """Copies of the stored runs with `other`'s tokens/s set so that demand (arm A) over it averages `target`
-    % in every cell over the runs; each pair's and each run's deviation from that mean is kept."""
-    key = ["task", "batch_size", "cache_ratio", "bandwidth_scale"]
+def planted(runs, a: str, b: str, target: float, metric: str = "tokens_per_second", by=None):
+    """Copies of the stored runs with the metric of the side that is not demand set so that `a` (demand: its
+    arm A) over `b` averages `target` % in every cell over the runs; each pair's and each run's deviation
+    from that mean is kept, and demand's rows (its A/A pair) are left as they are."""
+    key = list(by or ["task", "batch_size", "cache_ratio", "bandwidth_scale"])
+
+    def arm_a(rows, p):
+        m = rows.policy == p
+        return m & (rows.arm.astype(str) != "B") if "arm" in rows else m
 
     def effects(rows):
-        a = rows[(rows.policy == "demand") & (rows.arm.astype(str) != "B")].set_index([*key, "rep"])
-        b = rows[rows.policy == other].set_index([*key, "rep"])
-        return a.tokens_per_second / b.tokens_per_second - 1
+        x = rows[arm_a(rows, a)].set_index([*key, "rep"])[metric]
+        return x / rows[arm_a(rows, b)].set_index([*key, "rep"])[metric] - 1
 
     mean = pd.concat([effects(r) for _, r in runs]).groupby(level=key).mean()
     out = []
     for name, rows in runs:
         rows = rows.copy()
-        m = rows.policy == other
-        b = rows[m].set_index([*key, "rep"]).tokens_per_second
-        shift = mean.reindex(b.index.droplevel("rep")).to_numpy()
-        rows.loc[m, "tokens_per_second"] = (b * (1 + shift) / (1 + target / 100)).to_numpy()
+        side = a if b == "demand" else b  # A over B scales as A, and as 1 / B
+        m = arm_a(rows, side)
+        y = rows[m].set_index([*key, "rep"])[metric]
+        ratio = (1 + mean.reindex(y.index.droplevel("rep")).to_numpy()) / (1 + target / 100)
+        rows.loc[m, metric] = (y / ratio if side == a else y * ratio).to_numpy()
         out.append((name, rows))
     return out
 
@@ -195,6 +200,28 @@ def planted(runs, other: str, target: float):
     ],
 )
 def test_planted_effects_read_as_they_should_pooled_and_in_a_fresh_run(bench, target, faster, equal):
-    runs = planted(bench, "last_step", target)
+    runs = planted(bench, "demand", "last_step", target)
     for reps in (Replicas(None, tuple(runs)), as_fresh(runs, 0)):
         assert (ruled(reps, "04-faster").verdict, ruled(reps, "04-equal").verdict) == (faster, equal)
+
+
+@pytest.mark.parametrize("target", [10.0, 0.0, -10.0], ids=["A faster", "no difference", "A slower"])
+@pytest.mark.parametrize(
+    "key, a, b, stem, metric, by",
+    [
+        ("05-refresh", "interval_refresh", "demand", "tide_style_runs", "tokens_per_second", None),
+        ("07-streams", "demand", "last_step", "streams", "forwards_per_second", ["task"]),
+        ("09-eviction", "demand+lrfu:lam=2", "demand", "cache_design_runs", "tokens_per_second", None),
+    ],
+)
+def test_planted_effects_read_as_each_claims_question_says(key, a, b, stem, metric, by, target):
+    """Each timing claim on copies of its stored runs with an effect of A over B planted: a direction claim
+    (07, 09) reads reproduced at +10%, inconclusive at 0 and not reproduced at -10%; the non-superiority
+    claim (05: interval refresh not faster than demand by more than +3%) not reproduced at +10% and
+    reproduced at 0 and -10% (07's streams carry the stand-in A/A, last_step_conservative over demand)."""
+    runs = planted(stored_rows(load_profile("cpu"), stem), a, b, target, metric, by)
+    want = {
+        "faster": {10.0: REPRODUCED, 0.0: INCONCLUSIVE, -10.0: NOT_REPRODUCED},
+        "not faster": {10.0: NOT_REPRODUCED, 0.0: REPRODUCED, -10.0: REPRODUCED},
+    }[CLAIMS[key].question][target]
+    assert ruled(Replicas(None, tuple(runs), metric=metric), key).verdict == want
