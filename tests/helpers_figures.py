@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pandas as pd
+import pytest
 
 from artifact.experiments.outputs.paths import reference_data_dir
 from artifact.experiments.settings import Settings
@@ -131,3 +132,20 @@ BUILDERS: dict[str, Callable] = {
 }
 TIMED = ("03", "04", "05", "06", "07")  # the figures a fresh run draws differently (stored runs beside it)
 TRACED = ("01", "02", "06", "07", "08", "09")  # the figures drawn from routing traces
+SLOW = {
+    ("07", False),
+    ("08", False),
+}  # stored figures that take seconds (07's routing map, 08's modelled grid)
+
+
+def figure_cases(fresh: tuple[str, ...] = TIMED) -> list:
+    """pytest params (study, fresh): every figure as `--store` draws it, and the studies of `fresh` as a fresh
+    run draws them; SLOW ones in the slow tier."""
+    return [
+        pytest.param(
+            s, f, id=f"{s}-{'fresh' if f else 'stored'}", marks=[pytest.mark.slow] * ((s, f) in SLOW)
+        )
+        for s in BUILDERS
+        for f in (False, True)
+        if not f or s in fresh
+    ]

@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from helpers_figures import BUILDERS, TRACED  # noqa: E402
+from helpers_figures import BUILDERS, TRACED, figure_cases  # noqa: E402
 
 from artifact.experiments import harness  # noqa: E402
 from artifact.experiments.settings import CONTROL, load_profile  # noqa: E402
@@ -192,15 +192,7 @@ def wrong_labels(labels: set[str]) -> list[str]:
 
 # (study, fresh): every figure as `--store` draws it; 07 as a fresh run draws it (its throughput figure
 # only: the routing map, like 08's modelled grid, takes long enough for the slow tier)
-SLOW = {("07", False), ("08", False)}
-CASES = [
-    pytest.param(
-        s, f, id=f"{s}-{'fresh' if f else 'stored'}", marks=[pytest.mark.slow] if (s, f) in SLOW else []
-    )
-    for s in BUILDERS
-    for f in (False, True)
-    if not f or s == "07"
-]
+CASES = figure_cases(fresh=("07",))
 
 
 @pytest.mark.parametrize("study,fresh", CASES)

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from helpers_figures import BUILDERS, TIMED, TRACED  # noqa: E402
+from helpers_figures import BUILDERS, TRACED, figure_cases  # noqa: E402
 
 from artifact.experiments import harness  # noqa: E402
 from artifact.experiments.outputs.figure_check import (  # noqa: E402
@@ -165,20 +165,9 @@ def traces():
     return found
 
 
-# (study, fresh): every figure as `--store` draws it, and the timing studies' as a fresh run does; the two
-# that take
-# seconds to compute (07's routing map, 08's modelled grid) run in the slow tier (test_perf_model.py holds
-# 08's
-# figure to the check on a small stream in the unit tier)
-SLOW = {("07", False), ("08", False)}
-CASES = [
-    pytest.param(
-        s, f, id=f"{s}-{'fresh' if f else 'stored'}", marks=[pytest.mark.slow] if (s, f) in SLOW else []
-    )
-    for s in BUILDERS
-    for f in (False, True)
-    if not f or s in TIMED
-]
+# (study, fresh): every figure as `--store` draws it, and the timing studies' as a fresh run does; 07's map
+# and 08's grid run in the slow tier (test_perf_model.py holds 08's figure to the check in the unit tier)
+CASES = figure_cases()
 
 
 @pytest.mark.parametrize("study,fresh", CASES)

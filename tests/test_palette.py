@@ -31,7 +31,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from helpers_figures import BUILDERS, TIMED, TRACED  # noqa: E402
+from helpers_figures import BUILDERS, TRACED, figure_cases  # noqa: E402
 from matplotlib.collections import Collection  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.container import BarContainer, ErrorbarContainer  # noqa: E402
@@ -233,14 +233,8 @@ def test_the_check_sees_a_policy_in_two_colours_and_a_batch_size_in_a_policys():
 UNITLESS = re.compile(
     r"(?:\+-|±)\s*\d+(?:\.\d+)?(?!\d|\.\d|\s*(?:%|points?\b|pp\b|x\b))|\bthreshold \d+(?![\d.%])"
 )
-TEXTS = [  # every figure as `--store` draws it, and the timing studies' as a fresh run does
-    pytest.param(
-        (s,), f, id=f"{s}-{'fresh' if f else 'stored'}", marks=[pytest.mark.slow] * (s in SLOW and not f)
-    )
-    for s in BUILDERS
-    for f in (False, True)
-    if not f or s in TIMED
-]
+# every figure as `--store` draws it, and the timing studies' as a fresh run does (helpers_figures)
+TEXTS = [pytest.param((p.values[0],), p.values[1], id=p.id, marks=p.marks) for p in figure_cases()]
 
 
 @pytest.mark.parametrize("studies,fresh", TEXTS)

@@ -19,7 +19,7 @@ from artifact.experiments.criteria.timing import CLAIMS as TIMING
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = sorted((ROOT / "data" / "results").glob("*/*.claims.json"))
 # A quotation attributed to the paper: the cue, then one or more quoted phrases ("a", "b" and "c").
-CUE = r"(?:abstract|paper's words|paper says|paper calls it|the paper's)"
+CUE = r"(?:abstract(?:'s)?|paper's words|paper says|paper calls it|the paper's)"
 QUOTED = r"""(?<=[\s(:])(?:"[^"\n]{3,300}"|\u201c[^\u201d\n]{3,300}\u201d|'[^'\n]{3,300}'(?![a-z]))"""
 ATTRIBUTED = re.compile(rf"{CUE}[:,]?\s*\(?((?:{QUOTED}(?:\s*(?:,|;|\+|and|or)\s*)?)+)", re.I)
 
@@ -63,6 +63,7 @@ def test_the_check_finds_words_the_abstract_does_not_contain():
     assert not_verbatim('abstract: "last-step prefetching reduces ... beyond LRU"') == []
     assert not_verbatim('abstract: "speculative loads queue ahead of demand loads"') != []
     assert not_verbatim("# abstract: 'highly stable over time'") == []
+    assert not_verbatim('the abstract\'s "very stable" routing') == ["very stable"]
 
 
 def test_nothing_shows_words_as_the_papers_that_the_abstract_does_not_contain():

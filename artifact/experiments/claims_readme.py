@@ -64,8 +64,8 @@ def measured_short(c: dict, width: int = 100) -> str:
 
 
 def ordering(recs: list[dict]) -> str:
-    """The abstract's "same ordering across five tasks and batch sizes 1-8" on one profile: ruled only where
-    its 04 faster claim's cells cover the five tasks and batch sizes 1-8 (this artifact's TASKS and
+    """The abstract's "The same ordering holds across five tasks and batch sizes 1-8", on one profile: ruled
+    only where its 04 faster claim's cells cover the five tasks and batch sizes 1-8 (this artifact's TASKS and
     PAPER_BATCH_SIZES), as that claim's verdict; else not ruled, naming the tasks and batch sizes covered."""
     c = next((c for r in recs for c in r["claims"] if c.get("key") == "04-faster"), None)
     if c is None:

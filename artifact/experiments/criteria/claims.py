@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from artifact.experiments.criteria import paper, thresholds
-from artifact.experiments.criteria.timing import CLAIMS as TIMING
-from artifact.experiments.criteria.timing import TimingClaim
 
 NOTEBOOKS = (
     "00_quickstart",
@@ -60,10 +58,6 @@ class Stated:
     @property
     def own(self) -> bool:
         return not self.paper
-
-    @property
-    def timing(self) -> TimingClaim | None:
-        return TIMING.get(self.key)
 
     @property
     def said(self) -> str:

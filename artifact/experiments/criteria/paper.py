@@ -134,13 +134,6 @@ class PairedResult:
     ci_high: float
 
 
-# abstract: "The same ordering holds across five tasks and batch sizes 1–8." (the ordering: demand-async
-# faster than async last-step prefetch). Which five tasks and which batch sizes inside 1-8 is this artifact's
-# choice (settings: TASKS, PAPER_BATCH_SIZES); only a profile whose grid covers them can rule it (the README's
-# claims table, artifact/experiments/claims_readme.py).
-ORDERING_TASKS, ORDERING_BATCH_SIZES = 5, (1, 8)
-
-
 AT_LOW = PairedResult(
     0.43, 0.73, -1.16, 2.63
 )  # abstract: "falls to +0.73% (95% CI [-1.16,+2.63]) at C/W=0.43"
